@@ -1,0 +1,1 @@
+"""One module per `tapdeck` CLI command; each exposes `register(app)`."""

@@ -1,0 +1,1 @@
+"""Wire dialects: each translates its requests to chat-completions and replies back."""

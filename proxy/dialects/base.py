@@ -1,0 +1,77 @@
+"""The contract every wire dialect implements.
+
+A dialect turns its own request body into a chat-completions request (the proxy's one internal
+form), and turns the proxy's chat-completions reply back into its own response body or SSE event
+sequence. Upstream is always called without streaming; streams are synthesised from the full reply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+
+class DialectError(Exception):
+    """A request this dialect refuses; rendered as `status` in the caller's own error envelope."""
+
+    def __init__(self, status: int, message: str, *, kind: str = "invalid_request_error",
+                 param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+        self.param = param
+
+
+@dataclass
+class DialectRequest:
+    """A harness request, normalised."""
+
+    chat: dict[str, Any]
+    """The chat-completions request body to send upstream (before the engine client forces capture
+    fields): `messages`, `tools`, sampling parameters, `max_tokens`, `stop`, ..."""
+    stream: bool
+    """The caller wants SSE in its own dialect."""
+    client_model: str | None
+    """The model name the caller asked for; replies show it back."""
+    context: dict[str, Any] = field(default_factory=dict)
+    """Anything the dialect needs later to render the reply (ids, requested output shape)."""
+
+
+@dataclass(frozen=True)
+class SSEEvent:
+    """One server-sent event. `data` is JSON-encoded unless it is already a string (`[DONE]`)."""
+
+    data: Mapping[str, Any] | str
+    event: str | None = None
+
+
+class Dialect(Protocol):
+    """One wire dialect (chat-completions, Responses, Anthropic Messages, Google generateContent)."""
+
+    name: ClassVar[str]
+
+    def matches(self, path: str) -> bool:
+        """Whether a model-call path belongs to this dialect (compare case-insensitively)."""
+        ...
+
+    def parse(self, body: Mapping[str, Any], path: str, query: Mapping[str, str]) -> DialectRequest:
+        """Translate a request; raise DialectError for one the proxy must refuse."""
+        ...
+
+    def render(self, reply: Mapping[str, Any], request: DialectRequest) -> dict[str, Any]:
+        """The non-streaming response body for a chat-completions reply."""
+        ...
+
+    def render_stream(self, reply: Mapping[str, Any], request: DialectRequest) -> Iterator[SSEEvent]:
+        """The full SSE event sequence for a chat-completions reply, terminator included."""
+        ...
+
+    def error_body(self, status: int, message: str, kind: str, param: str | None = None) -> dict[str, Any]:
+        """This dialect's error envelope."""
+        ...
+
+    def stream_error(self, status: int, message: str, kind: str) -> Iterator[SSEEvent]:
+        """The error as this dialect's SSE events (a stream never gets a JSON body)."""
+        ...

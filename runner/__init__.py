@@ -1,0 +1,1 @@
+"""Harbor runner: datasets, harness seams, sandboxes, engines, rollouts, batches, training."""

@@ -1,0 +1,1 @@
+"""The embedded engine: a small real model served in vLLM's wire format."""

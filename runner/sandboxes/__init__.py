@@ -1,0 +1,1 @@
+"""Sandboxes tapdeck adds to Harbor's backends."""
