@@ -1,0 +1,369 @@
+"""The one way the proxy talks to an inference engine (vLLM's OpenAI-compatible wire format).
+
+`prepare` turns a harness's chat-completions request into the upstream body: capture fields forced
+on, streaming off (streams are synthesised from the full reply), requests vLLM would refuse fixed,
+and at the training tier the sampling knobs that truncate the distribution reset to no-ops.
+`complete` sends it and classifies every failure as an `EngineError`; `parse_capture` reads the
+token ids and logprobs out of the reply.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+
+import httpx
+import numpy as np
+import orjson
+
+from tapdeck.proxy.dialects.base import DialectError
+from tapdeck.proxy.findings import Finding
+from tapdeck.proxy.tokens import as_ids, as_logprobs
+
+if TYPE_CHECKING:
+    from tapdeck.proxy.tiers import EngineSpec, Tier
+
+DEFAULT_MAX_TOKENS_CAP = 8192
+DEFAULT_TIMEOUT = httpx.Timeout(connect=10.0, read=900.0, write=60.0, pool=60.0)
+
+NEUTRAL_SAMPLING: dict[str, float | int] = {
+    "top_p": 1.0, "top_k": -1, "min_p": 0.0,
+    "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
+}
+"""No-op values of the knobs that reshape the distribution: with processed logprobs a truncated
+or penalised distribution's logprobs no longer match what a trainer recomputes."""
+SAMPLING_KEYS = ("temperature", *NEUTRAL_SAMPLING, "seed", "max_tokens", "max_completion_tokens",
+                 "stop", "n", "logit_bias", "response_format", "tool_choice")
+GUIDED_KEYS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
+               "guided_whitespace_pattern", "structured_outputs", "allowed_token_ids", "bad_words")
+
+ErrorKind = Literal["unreachable", "timeout", "bad_reply", "upstream_4xx", "upstream_5xx",
+                    "context_length"]
+PASSTHROUGH_STATUS = (400, 413, 422)
+"""Upstream refusals the harness must see as-is: a 502 would make it resend the same input."""
+_CONTEXT_LENGTH = re.compile(
+    r"maximum context length|context length|context window|prompt is too long|"
+    r"input tokens.*exceeds|too many (input )?tokens", re.IGNORECASE)
+
+
+class EngineError(Exception):
+    """An engine call that produced no usable reply. `status` is what the harness should get."""
+
+    def __init__(self, kind: ErrorKind, status: int, message: str, url: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.status = status
+        self.message = message
+        self.url = url
+
+    def __repr__(self) -> str:
+        return f"EngineError({self.kind!r}, {self.status}, {self.message!r})"
+
+
+class Capture(NamedTuple):
+    """What one reply holds for training. Arrays are None when the reply has no such data."""
+
+    prompt_ids: np.ndarray | None
+    sampled_ids: np.ndarray | None
+    logprobs: np.ndarray | None
+    token_texts: list[str] | None
+    top_logprobs: list[list[tuple[str, float]]] | None
+    findings: list[Finding]
+
+
+def prepare_request(chat: Mapping[str, Any], tier: Tier | str, served_model: str, training: bool,
+                    *, max_tokens_cap: int = DEFAULT_MAX_TOKENS_CAP) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The upstream body for a chat request, and the sampling record `{"submitted", "requested"}`.
+
+    `chat` is never mutated. Raises DialectError(400) for what the proxy refuses: `n > 1`, and at the
+    training tier logit_bias, guided decoding, non-text response formats and forced tool choice.
+    """
+    n = chat.get("n")
+    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n > 1):
+        raise DialectError(400, f"n={n!r} is not supported: the capture proxy records one completion "
+                                "per call; send n separate requests", param="n")
+    if training:
+        _refuse_untrainable(chat)
+
+    body = dict(chat)
+    body.pop("stream_options", None)
+    body["stream"] = False
+    body["model"] = served_model
+    for key in ("tools", "functions"):
+        if key in body and not body[key]:
+            del body[key]
+    if "tools" not in body and "functions" not in body:
+        body.pop("tool_choice", None)
+        body.pop("parallel_tool_calls", None)
+        body.pop("function_call", None)
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        body["messages"] = _reasoning_as_reasoning(messages)
+
+    limits = [k for k in ("max_tokens", "max_completion_tokens") if body.get(k) is not None]
+    for key in limits:
+        if isinstance(body[key], int) and body[key] > max_tokens_cap:
+            body[key] = max_tokens_cap
+    if not limits:
+        body["max_tokens"] = max_tokens_cap
+
+    if str(tier) != "text":
+        body["return_token_ids"] = True
+        body["logprobs"] = True
+        if body.get("top_logprobs") is None:
+            body["top_logprobs"] = 0
+
+    requested = {k: copy.deepcopy(chat[k]) for k in SAMPLING_KEYS if k in chat}
+    if training:
+        body.update(NEUTRAL_SAMPLING)
+    submitted = {k: body[k] for k in SAMPLING_KEYS if k in body}
+    return body, {"submitted": submitted, "requested": requested}
+
+
+def _refuse_untrainable(chat: Mapping[str, Any]) -> None:
+    """Training-tier refusals: each of these makes the sampled distribution differ from the policy."""
+    def refuse(param: str, why: str) -> None:
+        raise DialectError(400, f"`{param}` is not allowed in a training session: {why}", param=param)
+
+    if chat.get("logit_bias"):
+        refuse("logit_bias", "it shifts the distribution the logprobs are read from")
+    for key in GUIDED_KEYS:
+        if chat.get(key) is not None:
+            refuse(key, "constrained decoding masks tokens the policy would sample")
+    fmt = chat.get("response_format")
+    if isinstance(fmt, Mapping) and fmt.get("type") not in (None, "text"):
+        refuse("response_format", f"a {fmt.get('type')!r} format constrains decoding")
+    choice = chat.get("tool_choice")
+    if choice == "required" or isinstance(choice, Mapping):
+        refuse("tool_choice", "a forced tool choice constrains decoding")
+
+
+def _reasoning_as_reasoning(messages: list[Any]) -> list[Any]:
+    """Earlier assistant turns' `reasoning_content` is sent as `reasoning` (the field vLLM's chat
+    template renders); otherwise the thinking renders empty and the next prompt stops extending
+    the last one. Messages are copied only when changed."""
+    out = None
+    for i, msg in enumerate(messages):
+        if isinstance(msg, Mapping) and msg.get("role") == "assistant" and "reasoning_content" in msg:
+            fixed = dict(msg)
+            text = fixed.pop("reasoning_content")
+            if fixed.get("reasoning") is None:
+                fixed["reasoning"] = text
+            if out is None:
+                out = list(messages)
+            out[i] = fixed
+    return messages if out is None else out
+
+
+def zero_filled_usage(usage: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Usage with `*_tokens_details` as objects, never null (clients read `cached_tokens` blindly)."""
+    out = dict(usage or {})
+    for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        if not isinstance(out.get(key), int):
+            out[key] = 0
+    out["prompt_tokens_details"] = {"cached_tokens": 0, "audio_tokens": 0,
+                                    **(out.get("prompt_tokens_details") or {})}
+    out["completion_tokens_details"] = {"reasoning_tokens": 0, "audio_tokens": 0,
+                                        "accepted_prediction_tokens": 0,
+                                        "rejected_prediction_tokens": 0,
+                                        **(out.get("completion_tokens_details") or {})}
+    return out
+
+
+def _ids(value: Any) -> np.ndarray:
+    """Wire ids → int32 array; fast path for a plain list of ints, strict check otherwise."""
+    if isinstance(value, list):
+        arr = np.asarray(value) if value else np.zeros(0, dtype=np.int32)
+        if arr.ndim == 1 and arr.dtype.kind == "i":
+            return as_ids(arr)
+    return as_ids(value)
+
+
+def parse_capture(reply: Mapping[str, Any]) -> Capture:
+    """Token ids and logprobs of `choices[0]`.
+
+    Prompt ids come from the top-level `prompt_token_ids` (vLLM chat); SGLang's per-choice field is
+    used only when the top level is empty. With `--return-tokens-as-token-ids` each `token_id:N`
+    is checked against `token_ids[i]`: a mismatch drops the logprobs (ids stay, as context) with a
+    FATAL finding. A null logprob makes the turn untrainable rather than failing the call.
+    """
+    findings: list[Finding] = []
+    choices = reply.get("choices") or [{}]
+    choice = choices[0] if isinstance(choices[0], Mapping) else {}
+
+    raw_prompt = reply.get("prompt_token_ids") or choice.get("prompt_token_ids")
+    prompt_ids = sampled_ids = None
+    try:
+        prompt_ids = _ids(raw_prompt) if raw_prompt else None
+    except ValueError as exc:
+        findings.append(Finding.fatal("bad_prompt_ids", str(exc)))
+    try:
+        raw_sampled = choice.get("token_ids")
+        sampled_ids = _ids(raw_sampled) if raw_sampled is not None else None
+    except ValueError as exc:
+        findings.append(Finding.fatal("bad_sampled_ids", str(exc)))
+
+    content = (choice.get("logprobs") or {}).get("content") if isinstance(choice.get("logprobs"), Mapping) else None
+    if not content:
+        return Capture(prompt_ids, sampled_ids, None, None, None, findings)
+
+    values = [entry.get("logprob") if isinstance(entry, Mapping) else None for entry in content]
+    logprobs: np.ndarray | None
+    if any(v is None or isinstance(v, bool) or not isinstance(v, (int, float)) for v in values):
+        first = next(i for i, v in enumerate(values)
+                     if v is None or isinstance(v, bool) or not isinstance(v, (int, float)))
+        findings.append(Finding.fatal("logprob_missing",
+                                      f"logprob {first} of {len(values)} is {values[first]!r}; "
+                                      "the turn is kept as context only"))
+        logprobs = None
+    else:
+        logprobs = as_logprobs(values)
+
+    known: dict[str, str] = {}
+    token_texts: list[str] = []
+    for i, entry in enumerate(content):
+        entry = entry if isinstance(entry, Mapping) else {}
+        token = str(entry.get("token", ""))
+        if token.startswith("token_id:"):
+            # vLLM's --return-tokens-as-token-ids: the sampled entry's `bytes` still hold the real
+            # token text (its top_logprobs' `bytes` hold the "token_id:N" string instead).
+            text = bytes(entry.get("bytes") or []).decode("utf-8", errors="replace")
+            known[token] = text
+            if logprobs is not None and not _token_id_matches(token, sampled_ids, i):
+                have = None if sampled_ids is None or i >= sampled_ids.size else int(sampled_ids[i])
+                findings.append(Finding.fatal(
+                    "token_id_mismatch",
+                    f"logprob entry {i} is {token!r} but token_ids[{i}] is {have}; logprobs dropped, "
+                    "ids kept as context"))
+                logprobs = None
+            token = text
+        token_texts.append(token)
+
+    top: list[list[tuple[str, float]]] = []
+    for entry in content:
+        alts = entry.get("top_logprobs") if isinstance(entry, Mapping) else None
+        top.append([(known.get(str(a.get("token")), str(a.get("token"))), float(a["logprob"]))
+                    for a in alts or [] if isinstance(a, Mapping)
+                    and isinstance(a.get("logprob"), (int, float))])
+    return Capture(prompt_ids, sampled_ids, logprobs, token_texts, top, findings)
+
+
+def _token_id_matches(token: str, sampled_ids: np.ndarray | None, i: int) -> bool:
+    try:
+        value = int(token.removeprefix("token_id:"))
+    except ValueError:
+        return False
+    return sampled_ids is not None and i < sampled_ids.size and int(sampled_ids[i]) == value
+
+
+class EngineClient:
+    """One engine, one pooled HTTP client. Safe to share between sessions on one event loop."""
+
+    parse_capture = staticmethod(parse_capture)
+
+    def __init__(self, spec: EngineSpec, *, http: httpx.AsyncClient | None = None,
+                 timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
+                 max_tokens_cap: int = DEFAULT_MAX_TOKENS_CAP,
+                 max_model_len: int | None = None) -> None:
+        self.spec = spec
+        self.url = spec.url.rstrip("/")
+        self.max_tokens_cap = max_tokens_cap
+        self.max_model_len = max_model_len
+        """From the probe; when known, `max_tokens` is also kept within it (vLLM refuses more)."""
+        headers = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else {}
+        self._owns_http = http is None
+        self._http = http or httpx.AsyncClient(
+            timeout=timeout,
+            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
+        self._headers = headers
+
+    @property
+    def cap(self) -> int:
+        """The largest `max_tokens` sent upstream."""
+        if self.max_model_len:
+            return min(self.max_tokens_cap, self.max_model_len)
+        return self.max_tokens_cap
+
+    def prepare(self, chat: Mapping[str, Any], tier: Tier | str, served_model: str,
+                training: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+        """See `prepare_request`; the cap is this engine's."""
+        return prepare_request(chat, tier, served_model, training, max_tokens_cap=self.cap)
+
+    async def models(self) -> dict[str, Any]:
+        """`GET {url}/models`."""
+        return await self._call("GET", "/models", None)
+
+    async def complete(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """`POST {url}/chat/completions` (non-streaming); the reply with usage details zero-filled.
+
+        Raises EngineError: upstream 400/413/422 keep their status (`upstream_4xx`, or
+        `context_length` for a prompt that does not fit); anything else is a 502 of a named kind.
+        """
+        reply = await self._call("POST", "/chat/completions", body)
+        choices = reply.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
+            raise EngineError("bad_reply", 502, f"engine at {self.url} answered HTTP 200 without "
+                                                "choices", self.url)
+        reply["usage"] = zero_filled_usage(reply.get("usage"))
+        return reply
+
+    async def _call(self, method: str, path: str, body: Mapping[str, Any] | None) -> dict[str, Any]:
+        url = self.url + path
+        try:
+            if body is None:
+                resp = await self._http.request(method, url, headers=self._headers)
+            else:
+                resp = await self._http.request(method, url, content=orjson.dumps(body),
+                                                headers={**self._headers,
+                                                         "Content-Type": "application/json"})
+        except httpx.TimeoutException as exc:
+            raise EngineError("timeout", 502, f"engine at {self.url} timed out "
+                                              f"({type(exc).__name__})", self.url) from None
+        except (httpx.TransportError, OSError) as exc:
+            raise EngineError("unreachable", 502, f"engine at {self.url} is unreachable: "
+                                                  f"{exc or type(exc).__name__}", self.url) from None
+        try:
+            payload = orjson.loads(resp.content)
+        except orjson.JSONDecodeError:
+            payload = None
+        if resp.status_code >= 400:
+            raise self._http_error(resp, payload)
+        if not isinstance(payload, dict):
+            snippet = resp.text[:120].replace("\n", " ").strip()
+            raise EngineError("bad_reply", 502, f"engine at {self.url} answered HTTP "
+                                                f"{resp.status_code} with a body that is not a JSON "
+                                                f"object: {snippet!r}", self.url)
+        return payload
+
+    def _http_error(self, resp: httpx.Response, payload: Any) -> EngineError:
+        status = resp.status_code
+        message = _error_message(payload) or resp.text[:200].strip() or resp.reason_phrase
+        if status in PASSTHROUGH_STATUS:
+            param = payload.get("error", {}).get("param") if isinstance(payload, dict) and \
+                isinstance(payload.get("error"), dict) else None
+            kind: ErrorKind = "context_length" if (param == "input_tokens" or
+                                                   _CONTEXT_LENGTH.search(message)) else "upstream_4xx"
+            return EngineError(kind, status, message, self.url)
+        kind = "upstream_4xx" if status < 500 else "upstream_5xx"
+        return EngineError(kind, 502, f"engine at {self.url} answered HTTP {status}: {message}", self.url)
+
+    async def aclose(self) -> None:
+        """Close the pooled connections (only if this client created them)."""
+        if self._owns_http:
+            await self._http.aclose()
+
+
+def _error_message(payload: Any) -> str | None:
+    if isinstance(payload, dict):
+        err = payload.get("error")
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+        for key in ("message", "detail"):
+            if isinstance(payload.get(key), str):
+                return payload[key]
+    return None
+

@@ -1,0 +1,260 @@
+"""Export: the rollout document, the per-call training trace, and run files (JSONL / Parquet).
+
+`reward: null` means the rollout was never graded; the proxy never sets a reward itself (it only
+copies `reward` from the session metadata the runner annotated).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from tapdeck.proxy.findings import Finding
+from tapdeck.proxy.graph import RolloutGraph
+from tapdeck.proxy.validation import is_train, rollout_ok, validate_rollout
+
+SCHEMA_VERSION = 1
+
+
+class ExportRefused(Exception):
+    """The rollout cannot be exported as training data (eval tier or eval rollout)."""
+
+
+class ExportError(Exception):
+    """The graph produced inconsistent training data (a bug, never silently exported)."""
+
+
+def _rollout_type(session: dict[str, Any], tier: str) -> str:
+    declared = str(session.get("rollout_type") or "auto")
+    if declared == "auto":
+        return "train" if str(tier) == "tokens" else "eval"
+    return declared
+
+
+def _reward(session: dict[str, Any]) -> float | None:
+    meta = session.get("metadata") or {}
+    value = meta.get("reward", session.get("reward"))
+    return None if value is None else float(value)
+
+
+def _out(arr: np.ndarray | None, lists: bool) -> Any:
+    if arr is None:
+        return None
+    return arr.tolist() if lists else arr
+
+
+def _logps_out(arr: np.ndarray | None, lists: bool) -> Any:
+    """Logprobs with a missing (NaN) value exported as null, never as NaN."""
+    if arr is None:
+        return None
+    arr = np.asarray(arr, dtype=np.float64)
+    if np.isnan(arr).any():
+        return [None if v != v else v for v in arr.tolist()]
+    return arr.tolist() if lists else arr
+
+
+def nest_tool_calls(message: dict[str, Any]) -> dict[str, Any]:
+    """The assistant message with tool calls as `{id, type: "function", function: {name, arguments}}`."""
+    calls = message.get("tool_calls")
+    if not calls:
+        return dict(message)
+    nested = []
+    for i, tc in enumerate(calls):
+        fn = tc.get("function") if isinstance(tc.get("function"), dict) else tc
+        args = fn.get("arguments")
+        if not isinstance(args, str):
+            args = orjson.dumps(args if args is not None else {}).decode()
+        nested.append({"id": tc.get("id") or f"call_{i}", "type": "function",
+                       "function": {"name": fn.get("name") or "", "arguments": args}})
+    return dict(message) | {"tool_calls": nested}
+
+
+def _check_masks(graph: RolloutGraph, sequences: list[Any]) -> None:
+    """A call shared by several sequences must carry the same mask in each (capture-case 56)."""
+    seen: dict[int, int] = {}
+    for s in sequences:
+        if s.loss_mask is None:
+            continue
+        for seq, start, end in s.spans:
+            span = s.loss_mask[start:end]
+            value = int(span[0]) if span.size else 0
+            if span.size and (span != value).any():
+                raise ExportError(f"turn {seq}: mixed loss mask inside its sampled span")
+            if seen.setdefault(seq, value) != value:
+                raise ExportError(f"turn {seq}: loss mask {value} in one sequence, "
+                                  f"{seen[seq]} in another")
+
+
+def rollout_document(session: dict[str, Any], graph: RolloutGraph, tier: str, *,
+                     lists: bool = True) -> dict[str, Any]:
+    """The whole rollout: turns, stats, sequences (input_ids, loss_mask, logprobs, role), findings.
+
+    Eval rollouts get all-zero loss masks (no trainable rows). `lists=False` keeps numpy arrays
+    (for orjson with OPT_SERIALIZE_NUMPY), which is much faster for long rollouts.
+    """
+    rtype = _rollout_type(session, tier)
+    train = is_train(tier, rtype)
+    tools = graph.has_tools()
+    rollout_findings = validate_rollout(graph, tier, rollout_type=rtype)
+    sequences = graph.sequences()
+    _check_masks(graph, sequences)
+    seq_docs = []
+    for s in sequences:
+        mask, lps = s.loss_mask, s.logprobs
+        if not train and mask is not None:
+            mask, lps = np.zeros_like(mask), np.zeros_like(lps)
+        seq_docs.append({
+            "nodes": s.nodes, "role": s.role,
+            "input_ids": _out(s.input_ids, lists), "loss_mask": _out(mask, lists),
+            "logprobs": _out(lps, lists),
+            "spans": [{"seq": a, "start": b, "end": c} for a, b, c in s.spans],
+            "findings": [str(f) for f in rollout_findings if f.turn == s.nodes[-1]],
+        })
+    turns = []
+    for seq in sorted(graph.nodes):
+        n = graph.nodes[seq]
+        t = n.turn
+        turns.append({
+            "seq": seq, "parent": n.parent, "link_kind": n.kind, "link_offset": n.offset,
+            "role": graph.node_role(seq, tools=tools), "discarded": graph.discarded(seq),
+            "trainable": train and graph.node_mask_on(seq, tools=tools),
+            "prompt_len": n.prompt_len if n.has_prompt else None,
+            "sampled_len": n.sampled_len if n.sampled is not None else None,
+            "finish_reason": t.finish_reason, "request": t.request,
+            "response": nest_tool_calls(t.response or {}), "sampling": t.sampling,
+            "meta": t.meta, "created_at": t.created_at,
+            "findings": [str(f) for f in t.findings + n.link_findings],
+        })
+    stats = asdict(graph.stats())
+    if not train:
+        stats["trainable_tokens"] = 0
+    all_findings: list[Finding] = graph.findings() + rollout_findings
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "session_id": session.get("id"),
+        "tier": str(tier),
+        "rollout_type": rtype,
+        "ok": rollout_ok(graph, rollout_findings),
+        "reward": _reward(session),
+        "metadata": session.get("metadata") or {},
+        "stats": stats,
+        "paths": [{"nodes": p, "role": graph.role(p)} for p in graph.paths()],
+        "sequences": seq_docs,
+        "turns": turns,
+        "findings": [str(f) for f in all_findings],
+    }
+
+
+def training_trace(session: dict[str, Any], graph: RolloutGraph, tier: str, *,
+                   lists: bool = True) -> dict[str, Any]:
+    """Per-call training data: one entry per agent turn (each call once, arrival order).
+
+    Each entry has its own `prompt_token_ids` (exactly the engine's), `completion_token_ids`,
+    `per_token_logps`, and `loss_mask` over prompt+completion (prompt all 0; completion 1 only
+    when the turn's logprobs are aligned and valid). Raises ExportRefused for eval rollouts.
+    """
+    rtype = _rollout_type(session, tier)
+    if not is_train(tier, rtype):
+        raise ExportRefused(f"session {session.get('id')} is an eval rollout (tier {tier}, "
+                            f"rollout type {rtype}): no training trace; export the rollout "
+                            "document instead")
+    tools = graph.has_tools()
+    entries = []
+    for seq in sorted(graph.nodes):
+        n = graph.nodes[seq]
+        if graph.node_role(seq, tools=tools) != "agent" or not n.has_prompt or n.sampled is None:
+            continue
+        prompt = graph.full_prompt(seq)
+        on = graph.node_mask_on(seq, tools=tools)
+        mask = np.zeros(prompt.size + n.sampled.size, dtype=np.int8)
+        if on:
+            mask[prompt.size:] = 1
+        t = n.turn
+        entries.append({
+            "node_id": seq,
+            "prompt_token_ids": _out(prompt, lists),
+            "completion_token_ids": _out(n.sampled, lists),
+            "per_token_logps": _logps_out(t.logprobs, lists) if t.logprobs is not None else None,
+            "loss_mask": _out(mask, lists),
+            "request": t.request,
+            "response": nest_tool_calls(t.response or {}),
+            "metadata": {
+                "session_id": session.get("id"), "parent": n.parent, "link_kind": n.kind,
+                "link_offset": n.offset, "finish_reason": t.finish_reason, "trainable": on,
+                "sampling": t.sampling, "meta": t.meta, "created_at": t.created_at,
+                "findings": [str(f) for f in t.findings + n.link_findings],
+            },
+        })
+    return {"schema_version": SCHEMA_VERSION, "session_id": session.get("id"),
+            "tier": str(tier), "reward": _reward(session), "turns": entries}
+
+
+def trace_rows(session: dict[str, Any], graph: RolloutGraph, tier: str, *,
+               group_id: str | None = None, rollout_id: str | None = None,
+               reward: float | None = None) -> list[dict[str, Any]]:
+    """Rows for a run file: one per trainable-capable agent turn, with group id and reward.
+
+    `reward` defaults to the session's annotated reward; None stays None (never graded).
+    Eval rollouts give no rows.
+    """
+    try:
+        trace = training_trace(session, graph, tier, lists=False)
+    except ExportRefused:
+        return []
+    if reward is None:
+        reward = trace["reward"]
+    return [{"rollout_id": rollout_id or session.get("id"), "group_id": group_id,
+             "session_id": session.get("id"), "reward": reward} | entry
+            for entry in trace["turns"]]
+
+
+_ARRAY_TYPES = {"prompt_token_ids": "int32", "completion_token_ids": "int32",
+                "loss_mask": "int8", "per_token_logps": "float64"}
+
+
+def write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> Path:
+    """One JSON object per line (numpy arrays written as lists). Returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    opts = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS | orjson.OPT_APPEND_NEWLINE
+    with path.open("wb") as f:
+        for row in rows:
+            f.write(orjson.dumps(row, option=opts))
+    return path
+
+
+def write_parquet(path: Path, rows: Iterable[dict[str, Any]]) -> Path:
+    """Parquet for a whole run: token columns as typed lists, nested dicts as JSON strings."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = list(rows)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    keys: list[str] = []
+    for row in rows:
+        keys.extend(k for k in row if k not in keys)
+    columns = {}
+    for key in keys:
+        values = [row.get(key) for row in rows]
+        if key in _ARRAY_TYPES:
+            values = [None if v is None else np.asarray(
+                [np.nan if x is None else x for x in v] if isinstance(v, list) else v,
+                dtype=_ARRAY_TYPES[key]) for v in values]
+            columns[key] = pa.array(values, type=pa.list_(getattr(pa, _ARRAY_TYPES[key])()))
+        elif key == "reward":
+            columns[key] = pa.array([None if v is None else float(v) for v in values],
+                                    type=pa.float64())
+        elif any(isinstance(v, (dict, list)) for v in values):
+            columns[key] = pa.array([None if v is None else orjson.dumps(
+                v, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS).decode()
+                for v in values], type=pa.string())
+        else:
+            columns[key] = pa.array(values)
+    pq.write_table(pa.table(columns), path)
+    return path

@@ -1,0 +1,806 @@
+"""The rollout graph: one node per captured model call, linked by exact token prefix.
+
+Parent of a new call = the node whose prompt+sampled ids is the longest exact prefix of the new
+prompt (the node's prompt strictly shorter than the new one; ties go to the earliest arrival).
+Arrival order does not matter: a late ancestor adopts the descendants that already arrived.
+
+Memory: a node keeps only the prompt ids beyond its base (`prompt_tail`) plus its own sampled ids
+and logprobs, so memory grows with unique tokens, not with turns². The full sequence is rebuilt on
+demand by walking bases (`full_prompt`, `full_sequence`).
+
+Lookup: the new prompt is hashed once, vectorised (two independent 64-bit polynomial hashes over
+per-token random values, numpy uint64 wrap-around arithmetic): this yields the hash of every prefix
+in O(prompt) with a tiny constant (a gather, a multiply and a cumsum per hash). Each node is indexed
+by the two hashes of its end sequence (prompt+sampled) and of its prompt. Candidate ends are found
+with one vectorised `searchsorted` over the sorted index keys at the distinct node lengths below the
+prompt length; no per-node Python work, no scan of node contents. Two independent 64-bit hashes
+plus the length make a false match negligible.
+
+Prefix breaks (real vLLM, see tests/fixtures/vllm/README.md) are linked visibly:
+* a turn cut by `length` gets an end token the model never sampled: still an exact prefix (INFO);
+* the new prompt starts with a node's prompt and its request carries that node's reply as *text*,
+  but the ids differ (re-tokenisation, special tokens dropped from content): a `retokenized` edge
+  with a WARN naming the node and the absolute offset where the ids diverge;
+* the messages continue a node but the prompt ids do not even start with its prompt: linked to the
+  best exact prefix (or a root) with a WARN `prefix_break`, counted as a break.
+Nothing is rebuilt by concatenating ids across a break: each segment keeps its own engine ids.
+
+Calls without ids (text/logprobs tiers) are linked by message prefix (`message` edges).
+Not thread-safe: the caller serialises `add` per session.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import orjson
+
+from tapdeck.proxy.findings import Finding, has_fatal
+from tapdeck.proxy.tokens import ID_DTYPE, as_ids
+from tapdeck.proxy.turn import Turn
+
+LinkKind = Literal["root", "prefix", "retokenized", "message"]
+Role = Literal["agent", "auxiliary", "discarded"]
+
+_LOGPROB_SLACK = 1e-6
+"""Logprobs up to this above 0 are float rounding of log(1), not a positive logprob."""
+
+
+# ---------------------------------------------------------------------------------------------
+# prefix hashing
+
+
+class _PrefixHasher:
+    """Two polynomial hashes (independent random bases) of every prefix of a token array.
+
+    Tokens are first mapped through one table of random odd 64-bit values (ids outside the table
+    through splitmix64), which keeps structured id sequences from colliding. Vectorised: one
+    gather, then a multiply and a cumsum per hash, all wrapping uint64.
+    """
+
+    _TABLE_BITS = 18
+
+    def __init__(self, seed: int = 0x7A9DEC) -> None:
+        rng = np.random.default_rng(seed)
+        size = 1 << self._TABLE_BITS
+        self._table = rng.integers(0, 2**63, size, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+        self._bases = [np.uint64(int(rng.integers(1, 2**62)) * 2 + 1) for _ in range(2)]
+        self._powers = [np.ones(1, dtype=np.uint64) for _ in range(2)]
+
+    def _power(self, which: int, start: int, stop: int) -> np.ndarray:
+        pw = self._powers[which]
+        if pw.size < stop:
+            grow = max(stop, 2 * pw.size) - pw.size
+            ext = np.cumprod(np.full(grow, self._bases[which], dtype=np.uint64)) * pw[-1]
+            pw = self._powers[which] = np.concatenate([pw, ext])
+        return pw[start:stop]
+
+    def prefix_hashes(self, ids: np.ndarray, offset: int = 0,
+                      start: tuple[int, int] = (0, 0)) -> tuple[np.ndarray, np.ndarray]:
+        """`(g1, g2)` with `g[i]` = hash of `prefix + ids[:i+1]`, where the prefix has length
+        `offset` and hashes `start` (so a sequence can be hashed in two pieces)."""
+        mask = (1 << self._TABLE_BITS) - 1
+        vals = self._table[ids & mask]
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) > mask):
+            wide = (ids < 0) | (ids > mask)
+            vals[wide] = _splitmix(ids[wide].astype(np.int64).view(np.uint64))
+        out = []
+        for which in range(2):
+            g = vals * self._power(which, offset, offset + ids.size)
+            if start[which]:
+                g[:1] += np.array([start[which]], dtype=np.uint64)
+            out.append(np.cumsum(g, dtype=np.uint64))
+        return out[0], out[1]
+
+
+def _splitmix(x: np.ndarray) -> np.ndarray:
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+_HASHER = _PrefixHasher()
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+
+Key = tuple[int, int, int]
+"""(length, hash1, hash2) of a token sequence."""
+
+
+class _LengthIndex:
+    """Token sequences indexed by (length, hash1, hash2); queried with a prompt's prefix hashes."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[Key, list[int]] = {}
+        self._lens = np.zeros(0, dtype=np.int64)
+        self._len_count: dict[int, int] = {}
+        self._packed = np.zeros(0, dtype=np.uint64)
+
+    @staticmethod
+    def _pack(length: np.ndarray, h1: np.ndarray) -> np.ndarray:
+        return np.asarray(h1, dtype=np.uint64) ^ (np.asarray(length, dtype=np.uint64) * _MIX)
+
+    def add(self, key: Key, seq: int) -> None:
+        seqs = self._by_key.setdefault(key, [])
+        seqs.append(seq)
+        seqs.sort()
+        length = key[0]
+        if self._len_count.get(length, 0) == 0:
+            self._lens = np.insert(self._lens, np.searchsorted(self._lens, length), length)
+        self._len_count[length] = self._len_count.get(length, 0) + 1
+        packed = self._pack(np.array([length]), np.array([key[1]], dtype=np.uint64))
+        self._packed = np.insert(self._packed, np.searchsorted(self._packed, packed), packed)
+
+    def get(self, key: Key) -> list[int]:
+        return self._by_key.get(key, [])
+
+    def longest(self, g1: np.ndarray, g2: np.ndarray, lo: int, hi: int,
+                accept: Any = None) -> tuple[int, list[int]] | None:
+        """Longest length L with lo < L <= hi whose prefix hash is indexed: `(L, seqs)`."""
+        if not self._packed.size or hi <= lo:
+            return None
+        a, b = np.searchsorted(self._lens, [lo, hi], side="right")
+        cand = self._lens[a:b]
+        if not cand.size:
+            return None
+        probe = self._pack(cand, g1[cand - 1])
+        pos = np.searchsorted(self._packed, probe)
+        pos[pos >= self._packed.size] = 0
+        hits = cand[self._packed[pos] == probe]
+        for length in hits[::-1].tolist():
+            seqs = self._by_key.get((length, int(g1[length - 1]), int(g2[length - 1])))
+            if seqs:
+                ok = [s for s in seqs if accept is None or accept(s)]
+                if ok:
+                    return length, ok
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# message normalisation (for calls without ids and for re-tokenisation checks)
+
+
+def _canon_args(args: Any) -> str:
+    if isinstance(args, str):
+        try:
+            args = orjson.loads(args)
+        except orjson.JSONDecodeError:
+            return args
+    return orjson.dumps(args, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def _text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, dict) and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+            elif isinstance(part, str):
+                parts.append(part)
+            else:
+                parts.append(orjson.dumps(part, option=orjson.OPT_SORT_KEYS).decode())
+        return "".join(parts)
+    return orjson.dumps(content, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def normalize_message(msg: dict[str, Any]) -> bytes:
+    """Canonical bytes of a message for prefix comparison.
+
+    Compares role, text and tool calls (name + canonical JSON arguments). Ignores `refusal`,
+    `annotations`, `audio`, ids and the like; null and "" are the same; a role-less reply is the
+    assistant's.
+    """
+    role = msg.get("role") or "assistant"
+    calls = []
+    for tc in msg.get("tool_calls") or []:
+        fn = tc.get("function") if isinstance(tc.get("function"), dict) else tc
+        calls.append([fn.get("name") or "", _canon_args(fn.get("arguments"))])
+    if isinstance(msg.get("function_call"), dict):
+        fc = msg["function_call"]
+        calls.append([fc.get("name") or "", _canon_args(fc.get("arguments"))])
+    return orjson.dumps([role, _text(msg.get("content")), calls])
+
+
+def conversation(request: dict[str, Any]) -> list[dict[str, Any]]:
+    """The request's messages without the leading system/developer messages."""
+    msgs = [m for m in (request.get("messages") or []) if isinstance(m, dict)]
+    start = 0
+    while start < len(msgs) and msgs[start].get("role") in ("system", "developer"):
+        start += 1
+    return msgs[start:]
+
+
+def _chain(prev: bytes, msg: dict[str, Any]) -> bytes:
+    return hashlib.blake2b(prev + normalize_message(msg), digest_size=16).digest()
+
+
+def _chain_hashes(msgs: list[dict[str, Any]], start: bytes = b"") -> list[bytes]:
+    out, h = [], start
+    for m in msgs:
+        h = _chain(h, m)
+        out.append(h)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# public data
+
+
+@dataclass
+class Link:
+    """How a call was attached when it arrived.
+
+    `offset`: for `prefix`, where the new tokens start (the parent's prompt+sampled length);
+    for `retokenized`, the absolute index where the ids diverge from the parent's; else None.
+    `adopted`: earlier-arrived calls this one became the parent of (a late ancestor).
+    """
+
+    seq: int
+    parent: int | None
+    kind: LinkKind
+    offset: int | None
+    findings: list[Finding] = field(default_factory=list)
+    adopted: list[int] = field(default_factory=list)
+
+
+@dataclass
+class GraphStats:
+    """Counts the operator sees. `fragmentation` = token segments per real conversation (1.0 = none)."""
+
+    turns: int = 0
+    roots: int = 0
+    forks: int = 0
+    breaks: int = 0
+    discarded: int = 0
+    trainable_tokens: int = 0
+    fragmentation: float = 0.0
+    conversations: int = 0
+
+
+@dataclass(eq=False)
+class Node:
+    """One call in the graph. `turn.prompt_ids` is None here: the prompt is held as a delta."""
+
+    seq: int
+    turn: Turn
+    has_prompt: bool
+    prompt_len: int
+    sampled: np.ndarray | None
+    trainable: bool
+    tools: bool
+    parent: int | None = None
+    kind: LinkKind = "root"
+    offset: int | None = None
+    base_len: int = 0
+    prompt_tail: np.ndarray | None = None
+    children: list[int] = field(default_factory=list)
+    end_key: Key | None = None
+    prompt_key: Key | None = None
+    conv_len: int = 0
+    conv_hash: bytes | None = None
+    break_of: int | None = None
+    link_findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def sampled_len(self) -> int:
+        return 0 if self.sampled is None else int(self.sampled.size)
+
+    @property
+    def full_len(self) -> int:
+        return self.prompt_len + self.sampled_len
+
+
+@dataclass
+class Sequence:
+    """One training sequence: a token-contiguous run of nodes (split at prefix breaks)."""
+
+    nodes: list[int]
+    role: Role
+    input_ids: np.ndarray | None
+    loss_mask: np.ndarray | None
+    logprobs: np.ndarray | None
+    spans: list[tuple[int, int, int]]
+    """(seq, start, end) of each node's sampled span in sequence coordinates."""
+
+
+def turn_trainable(turn: Turn) -> bool:
+    """Ids and aligned, finite, non-positive logprobs, and no FATAL finding on the turn."""
+    if turn.prompt_ids is None or turn.sampled_ids is None or turn.logprobs is None:
+        return False
+    lp = np.asarray(turn.logprobs, dtype=np.float64)
+    if lp.shape != (len(turn.sampled_ids),) or lp.size == 0:
+        return False
+    if not np.isfinite(lp).all() or (lp > _LOGPROB_SLACK).any():
+        return False
+    for arr in (turn.prompt_ids, turn.sampled_ids):
+        a = np.asarray(arr)
+        if a.size and (a.dtype.kind not in "iu" or a.min() < 0):
+            return False
+    return not has_fatal(turn.findings)
+
+
+def _has_tools(request: dict[str, Any]) -> bool:
+    return bool(request.get("tools") or request.get("functions"))
+
+
+def _is_special(text: str | None) -> bool:
+    return bool(text) and text.startswith("<") and text.endswith(">") and "|" in text
+
+
+# ---------------------------------------------------------------------------------------------
+# the graph
+
+
+class RolloutGraph:
+    """Nodes per call, linked by exact token prefix (message prefix when there are no ids)."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[int, Node] = {}
+        self._roots: list[int] = []
+        self._ends = _LengthIndex()
+        self._prompts = _LengthIndex()
+        self._conv: dict[bytes, list[int]] = {}
+        self._root_groups: dict[Any, list[int]] = {}
+
+    # -- queries ---------------------------------------------------------------------------
+
+    @property
+    def nodes(self) -> dict[int, Node]:
+        """Nodes by arrival index."""
+        return self._nodes
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def roots(self) -> list[int]:
+        """Root nodes in arrival order."""
+        return sorted(self._roots)
+
+    def children(self, seq: int) -> list[int]:
+        """Children of a node in arrival order."""
+        return sorted(self._nodes[seq].children)
+
+    def link(self, seq: int) -> Link:
+        """The node's current link (it may have changed since `add` through adoption)."""
+        n = self._nodes[seq]
+        return Link(seq, n.parent, n.kind, n.offset, list(n.link_findings))
+
+    def turn(self, seq: int) -> Turn:
+        """The captured call with its full prompt ids rebuilt."""
+        n = self._nodes[seq]
+        return dataclasses.replace(n.turn, prompt_ids=self.full_prompt(seq) if n.has_prompt else None)
+
+    def full_prompt(self, seq: int) -> np.ndarray:
+        """Exactly the prompt ids the engine returned for this call.
+
+        Walks the bases upward collecting only the slices still needed, then concatenates
+        once: O(prompt + depth), no intermediate copies.
+        """
+        n = self._nodes[seq]
+        if n.prompt_tail is None:
+            return np.zeros(0, dtype=ID_DTYPE)
+        pieces = [n.prompt_tail]
+        need = n.base_len
+        while need > 0:
+            p = self._nodes[n.parent]
+            own = need - p.base_len
+            tail = p.prompt_tail
+            if own > tail.size:
+                pieces.append(p.sampled[: own - tail.size])
+                pieces.append(tail)
+            else:
+                pieces.append(tail[:own])
+            need = p.base_len
+            n = p
+        if len(pieces) == 1:
+            return pieces[0].copy()
+        return np.concatenate(pieces[::-1])
+
+    def full_sequence(self, seq: int) -> np.ndarray:
+        """Prompt ids plus sampled ids of this call."""
+        n = self._nodes[seq]
+        if n.sampled is None or not n.sampled.size:
+            return self.full_prompt(seq)
+        return np.concatenate([self.full_prompt(seq), n.sampled])
+
+    def paths(self) -> list[list[int]]:
+        """Every root→leaf path, ordered by the leaf's arrival."""
+        out: list[list[int]] = []
+        for root in self.roots():
+            stack = [[root]]
+            while stack:
+                path = stack.pop()
+                kids = self._nodes[path[-1]].children
+                if not kids:
+                    out.append(path)
+                for k in kids:
+                    stack.append(path + [k])
+        out.sort(key=lambda p: p[-1])
+        return out
+
+    def discarded(self, seq: int) -> bool:
+        """A childless call whose sibling (same parent, or an identical-prompt root) continued."""
+        n = self._nodes[seq]
+        if n.children:
+            return False
+        if n.parent is not None:
+            siblings = self._nodes[n.parent].children
+        else:
+            siblings = self._root_groups.get(self._root_key(n), [])
+        return any(s != seq and self._nodes[s].children for s in siblings)
+
+    def has_tools(self) -> bool:
+        """True when any live (not discarded) call carried a tool manifest."""
+        return any(n.tools and not self.discarded(n.seq) for n in self._nodes.values())
+
+    def node_role(self, seq: int, *, tools: bool | None = None) -> Role:
+        """agent / auxiliary / discarded for one call (capture-cases H)."""
+        if self.discarded(seq):
+            return "discarded"
+        if tools is None:
+            tools = self.has_tools()
+        if not tools or self._nodes[seq].tools:
+            return "agent"
+        return "auxiliary"
+
+    def role(self, path: list[int]) -> Role:
+        """Role of a root→leaf path: discarded leaf → discarded; any agent call → agent."""
+        if self.discarded(path[-1]):
+            return "discarded"
+        tools = self.has_tools()
+        if any(self.node_role(s, tools=tools) == "agent" for s in path):
+            return "agent"
+        return "auxiliary"
+
+    def node_mask_on(self, seq: int, *, tools: bool | None = None) -> bool:
+        """Whether this call's sampled ids are trained (agent role and trainable)."""
+        return self._nodes[seq].trainable and self.node_role(seq, tools=tools) == "agent"
+
+    def sequences(self) -> list[Sequence]:
+        """Training sequences: each path split at re-tokenised edges, de-duplicated.
+
+        A segment's ids are exactly the engine's ids of its last call (earlier calls of the
+        segment are exact prefixes of it). Sampled spans of agent, trainable calls get mask 1;
+        everything else (context, auxiliary or discarded calls, untrainable turns) mask 0.
+        """
+        tools = self.has_tools()
+        priority = {"agent": 0, "auxiliary": 1, "discarded": 2}
+        found: dict[tuple[int, ...], Role] = {}
+        order: list[tuple[int, ...]] = []
+        for path in self.paths():
+            role = self.role(path)
+            segments: list[list[int]] = []
+            seg: list[int] = []
+            for s in path:
+                if seg and self._nodes[s].kind == "retokenized":
+                    segments.append(seg)
+                    seg = []
+                seg.append(s)
+            segments.append(seg)
+            for part in segments:
+                key = tuple(part)
+                if key not in found:
+                    order.append(key)
+                    found[key] = role
+                elif priority[role] < priority[found[key]]:
+                    found[key] = role
+        return [self._build_sequence(list(k), found[k], tools) for k in order]
+
+    def _build_sequence(self, nodes: list[int], role: Role, tools: bool) -> Sequence:
+        last = self._nodes[nodes[-1]]
+        if not all(self._nodes[s].has_prompt and self._nodes[s].sampled is not None for s in nodes):
+            spans = [(s, -1, -1) for s in nodes]
+            return Sequence(nodes, role, None, None, None, spans)
+        ids = self.full_sequence(last.seq)
+        mask = np.zeros(ids.size, dtype=np.int8)
+        lps = np.zeros(ids.size, dtype=np.float64)
+        spans = []
+        for s in nodes:
+            n = self._nodes[s]
+            start, end = n.prompt_len, n.full_len
+            spans.append((s, start, end))
+            if self.node_mask_on(s, tools=tools):
+                mask[start:end] = 1
+                lps[start:end] = np.asarray(n.turn.logprobs, dtype=np.float64)
+        return Sequence(nodes, role, ids, mask, lps, spans)
+
+    def findings(self) -> list[Finding]:
+        """Every turn and link finding, in arrival order."""
+        out: list[Finding] = []
+        for s in sorted(self._nodes):
+            n = self._nodes[s]
+            out.extend(n.turn.findings)
+            out.extend(n.link_findings)
+        return out
+
+    def stats(self) -> GraphStats:
+        """Turns, roots, forks, breaks, discarded, trainable tokens over unique turns, fragmentation."""
+        nodes = self._nodes.values()
+        tools = self.has_tools()
+        roots = len(self._roots)
+        forks = sum(max(0, len(n.children) - 1) for n in nodes)
+        forks += sum(max(0, len(g) - 1) for g in self._root_groups.values())
+        retok = sum(1 for n in nodes if n.kind == "retokenized")
+        broken = sum(1 for n in nodes if n.break_of is not None)
+        broken_roots = sum(1 for s in self._roots if self._nodes[s].break_of is not None)
+        duplicate_roots = sum(max(0, len(g) - 1) for g in self._root_groups.values())
+        conversations = max(0, roots - broken_roots - duplicate_roots)
+        breaks = retok + broken
+        discarded = sum(1 for n in nodes if self.discarded(n.seq))
+        trainable = sum(n.sampled_len for n in nodes if self.node_mask_on(n.seq, tools=tools))
+        frag = (conversations + breaks) / max(conversations, 1) if self._nodes else 0.0
+        return GraphStats(len(self._nodes), roots, forks, breaks, discarded, trainable,
+                          round(frag, 4), conversations)
+
+    # -- adding ----------------------------------------------------------------------------
+
+    def add(self, turn: Turn) -> Link:
+        """Link one captured call; re-parent calls that arrived earlier but descend from it."""
+        if turn.seq in self._nodes:
+            raise ValueError(f"turn {turn.seq} is already in the graph")
+        has_prompt = turn.prompt_ids is not None
+        prompt = as_ids(turn.prompt_ids) if has_prompt else np.zeros(0, dtype=ID_DTYPE)
+        sampled = as_ids(turn.sampled_ids) if turn.sampled_ids is not None else None
+        node = Node(seq=turn.seq, turn=dataclasses.replace(turn, prompt_ids=None),
+                    has_prompt=has_prompt, prompt_len=int(prompt.size), sampled=sampled,
+                    trainable=turn_trainable(turn), tools=_has_tools(turn.request))
+        conv = conversation(turn.request)
+        node.conv_len = len(conv) + 1
+        if has_prompt:
+            g1, g2 = self._hashes(node, prompt)
+            self._link_by_tokens(node, prompt, g1, g2, conv)
+        else:
+            self._link_by_messages(node, conv)
+        self._insert(node)
+        self._finish_conv_hash(node, conv)
+        adopted = self._adopt_into(node)
+        return Link(node.seq, node.parent, node.kind, node.offset, list(node.link_findings), adopted)
+
+    @staticmethod
+    def _hashes(node: Node, prompt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Prefix hashes of the prompt; sets the node's prompt and end keys (sampled hashed apart,
+        so the prompt is never copied)."""
+        n = prompt.size
+        if n:
+            g1, g2 = _HASHER.prefix_hashes(prompt)
+            node.prompt_key = (n, int(g1[-1]), int(g2[-1]))
+        else:
+            g1 = g2 = np.zeros(0, dtype=np.uint64)
+            node.prompt_key = (0, 0, 0)
+        s = node.sampled
+        if s is not None and s.size:
+            e1, e2 = _HASHER.prefix_hashes(s, n, node.prompt_key[1:])
+            node.end_key = (n + s.size, int(e1[-1]), int(e2[-1]))
+        else:
+            node.end_key = node.prompt_key
+        return g1, g2
+
+    def _link_by_tokens(self, node: Node, prompt: np.ndarray, g1: np.ndarray, g2: np.ndarray,
+                        conv: list[dict[str, Any]]) -> None:
+        n = prompt.size
+        best = self._ends.longest(g1, g2, 0, n, accept=lambda s: (
+            s != node.seq and self._nodes[s].has_prompt and self._nodes[s].prompt_len < n))
+        exact = best[1][0] if best else None
+        exact_len = best[0] if best else 0
+        # A deeper call whose prompt (not its reply) starts this prompt: maybe a re-tokenisation.
+        retok = self._prompts.longest(g1, g2, max(0, exact_len - 1), n - 1, accept=lambda s: (
+            s != node.seq and self._nodes[s].sampled_len > 0 and self._nodes[s].prompt_len < n))
+        if retok is not None:
+            cand = self._nodes[retok[1][0]]
+            deeper = exact is None or cand.conv_len > self._nodes[exact].conv_len
+            if deeper and self._continues_as_text(cand, conv):
+                self._set_link(node, cand.seq, "retokenized", self._divergence(cand, prompt), prompt)
+                return
+        if exact is not None:
+            self._set_link(node, exact, "prefix", exact_len, prompt)
+        else:
+            self._set_link(node, None, "root", None, prompt)
+        self._check_message_break(node, conv, prompt, exact)
+
+    def _link_by_messages(self, node: Node, conv: list[dict[str, Any]]) -> None:
+        hashes = _chain_hashes(conv)
+        for i in range(len(hashes), 0, -1):
+            seqs = [s for s in self._conv.get(hashes[i - 1], []) if s != node.seq]
+            if seqs:
+                self._set_link(node, min(seqs), "message", None, None)
+                return
+        self._set_link(node, None, "root", None, None)
+
+    def _continues_as_text(self, cand: Node, conv: list[dict[str, Any]]) -> bool:
+        """The new request holds the candidate's messages and its reply, compared as text."""
+        k = cand.conv_len
+        if len(conv) < k:
+            return False
+        return _chain_hashes(conv[:k])[-1] == self._conv_hash(cand)
+
+    @staticmethod
+    def _divergence(cand: Node, prompt: np.ndarray) -> int:
+        """Absolute index where the new prompt stops matching the candidate's prompt+sampled."""
+        start = cand.prompt_len
+        s = cand.sampled if cand.sampled is not None else np.zeros(0, dtype=ID_DTYPE)
+        m = min(s.size, prompt.size - start)
+        diff = np.flatnonzero(prompt[start:start + m] != s[:m])
+        return start + (int(diff[0]) if diff.size else m)
+
+    def _check_message_break(self, node: Node, conv: list[dict[str, Any]], prompt: np.ndarray,
+                             exact: int | None) -> None:
+        """Messages continue a deeper call than the token prefix explains: a visible break.
+
+        Checked for roots, and for prefix links only when the messages beyond the parent hold an
+        assistant reply (history the parent does not explain), so the common case (one new
+        observation after an exact prefix) hashes no message text.
+        """
+        floor = 0
+        if exact is not None:
+            floor = self._nodes[exact].conv_len
+            if not any((m.get("role") or "assistant") == "assistant" for m in conv[floor:]):
+                return
+        hashes = _chain_hashes(conv)
+        for i in range(len(hashes), floor, -1):
+            seqs = [s for s in self._conv.get(hashes[i - 1], []) if s != node.seq]
+            if seqs:
+                other = self._nodes[min(seqs)]
+                if not other.has_prompt:
+                    return
+                node.break_of = other.seq
+                at = self._first_mismatch(self.full_sequence(other.seq), prompt)
+                node.link_findings.append(Finding.warn(
+                    "prefix_break",
+                    f"messages continue turn {other.seq} but the prompt ids diverge from its ids "
+                    f"at offset {at}; linked as {node.kind}"
+                    + (f" to turn {node.parent}" if node.parent is not None else ""),
+                    turn=node.seq))
+                return
+
+    @staticmethod
+    def _first_mismatch(a: np.ndarray, b: np.ndarray) -> int:
+        m = min(a.size, b.size)
+        diff = np.flatnonzero(a[:m] != b[:m])
+        return int(diff[0]) if diff.size else m
+
+    def _set_link(self, node: Node, parent: int | None, kind: LinkKind, offset: int | None,
+                  prompt: np.ndarray | None) -> None:
+        """Attach `node` under `parent`, keeping only the prompt ids beyond the shared prefix."""
+        node.parent, node.kind, node.offset = parent, kind, offset
+        node.base_len = offset if kind in ("prefix", "retokenized") and offset else 0
+        node.break_of = None
+        node.link_findings = []
+        if node.has_prompt and prompt is not None:
+            node.prompt_tail = np.array(prompt[node.base_len:], dtype=ID_DTYPE, copy=True)
+        if parent is None:
+            return
+        p = self._nodes[parent]
+        if kind == "prefix" and p.turn.finish_reason == "length":
+            extra = node.prompt_tail[:3].tolist() if node.prompt_tail is not None else []
+            node.link_findings.append(Finding.info(
+                "truncated_parent",
+                f"turn {parent} was cut by length; this prompt continues at offset {offset} with "
+                f"ids {extra} the model never sampled (context, mask 0)", turn=node.seq))
+        if kind == "retokenized":
+            j = offset - p.prompt_len
+            why = "the reply's text re-tokenises to other ids"
+            texts = p.turn.token_texts
+            if texts and 0 <= j < len(texts) and _is_special(texts[j]):
+                why = f"special token {texts[j]!r} inside the reply (dropped from its text)"
+            if p.turn.finish_reason == "length":
+                why += f"; turn {parent} was also cut by length"
+            node.link_findings.append(Finding.warn(
+                "retokenized",
+                f"prompt continues turn {parent}'s reply as text but the ids diverge at offset "
+                f"{offset} (reply token {j}): {why}", turn=node.seq))
+
+    def _insert(self, node: Node) -> None:
+        self._nodes[node.seq] = node
+        self._attach(node)
+        if node.has_prompt:
+            self._ends.add(node.end_key, node.seq)
+            self._prompts.add(node.prompt_key, node.seq)
+
+    def _attach(self, node: Node) -> None:
+        if node.parent is None:
+            self._roots.append(node.seq)
+            self._root_groups.setdefault(self._root_key(node), []).append(node.seq)
+        else:
+            self._nodes[node.parent].children.append(node.seq)
+
+    def _detach(self, node: Node) -> None:
+        if node.parent is None:
+            self._roots.remove(node.seq)
+            self._root_groups[self._root_key(node)].remove(node.seq)
+        else:
+            self._nodes[node.parent].children.remove(node.seq)
+
+    def _root_key(self, node: Node) -> Any:
+        if node.has_prompt:
+            return ("ids", node.prompt_key)
+        if node.conv_hash is None:
+            self._conv_hash(node)
+        return ("msgs", node.conv_len, self._request_hash(node))
+
+    @staticmethod
+    def _request_hash(node: Node) -> bytes:
+        hashes = _chain_hashes(conversation(node.turn.request))
+        return hashes[-1] if hashes else b""
+
+    def _conv_hash(self, node: Node) -> bytes:
+        if node.conv_hash is None:
+            msgs = conversation(node.turn.request) + [node.turn.response or {}]
+            node.conv_hash = _chain_hashes(msgs)[-1]
+        return node.conv_hash
+
+    def _finish_conv_hash(self, node: Node, conv: list[dict[str, Any]]) -> None:
+        """Index the call's conversation (request + reply) by message hash.
+
+        After an exact token link the parent's messages rendered to the same ids, so only the
+        messages beyond the parent's conversation are hashed (cost ∝ new messages).
+        """
+        p = self._nodes[node.parent] if node.parent is not None else None
+        if (node.conv_hash is None and p is not None and node.kind == "prefix"
+                and p.conv_hash is not None and len(conv) >= p.conv_len):
+            node.conv_hash = _chain_hashes(conv[p.conv_len:] + [node.turn.response or {}],
+                                           start=p.conv_hash)[-1]
+        self._conv.setdefault(self._conv_hash(node), []).append(node.seq)
+
+    # -- adoption --------------------------------------------------------------------------
+
+    def _adopt_into(self, new: Node) -> list[int]:
+        """Re-link earlier arrivals the new call may now be the parent of.
+
+        Candidates are only the calls that could have hung where `new` would: the new call's
+        siblings (or the roots when it is a root) and the children of calls with the same
+        prompt+sampled ids or the same prompt (whose children may hang there by re-tokenisation). Each candidate is cheaply pre-checked (its prompt starts with the
+        new call's prompt), then re-linked with the same rule as `add`, so the graph is the one
+        in-order arrival would have built.
+        """
+        cands: set[int] = set(self._roots if new.parent is None else self._nodes[new.parent].children)
+        if new.has_prompt:
+            for twin in self._ends.get(new.end_key) + self._prompts.get(new.prompt_key):
+                cands.update(self._nodes[twin].children)
+        cands.discard(new.seq)
+        adopted = []
+        for s in sorted(cands):
+            c = self._nodes[s]
+            if not self._may_descend(new, c):
+                continue
+            before = (c.parent, c.kind, c.offset)
+            self._relink(c)
+            if (c.parent, c.kind, c.offset) != before and c.parent == new.seq:
+                adopted.append(s)
+        return adopted
+
+    def _may_descend(self, new: Node, c: Node) -> bool:
+        """c's prompt starts with new's prompt (ids), or its messages with new's conversation."""
+        if new.has_prompt != c.has_prompt:
+            return False
+        if not new.has_prompt:
+            if c.conv_len <= new.conv_len:
+                return False
+            hashes = _chain_hashes(conversation(c.turn.request)[: new.conv_len])
+            return len(hashes) == new.conv_len and hashes[-1] == self._conv_hash(new)
+        n = new.prompt_len
+        if n >= c.prompt_len:
+            return False
+        if new.parent == c.parent and new.base_len == c.base_len:
+            # Same base: the shared part is identical, compare only the new ids.
+            t = new.prompt_tail
+            return bool(np.array_equal(c.prompt_tail[: t.size], t))
+        return bool(np.array_equal(self.full_prompt(c.seq)[:n], self.full_prompt(new.seq)))
+
+    def _relink(self, c: Node) -> None:
+        prompt = self.full_prompt(c.seq) if c.has_prompt else None
+        self._detach(c)
+        conv = conversation(c.turn.request)
+        if prompt is not None:
+            g1, g2 = _HASHER.prefix_hashes(prompt) if prompt.size else (np.zeros(0, np.uint64),) * 2
+            self._link_by_tokens(c, prompt, g1, g2, conv)
+        else:
+            self._link_by_messages(c, conv)
+        self._attach(c)

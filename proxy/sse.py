@@ -1,0 +1,62 @@
+"""Server-sent events: encoding, and keeping a stream alive while the engine works.
+
+The proxy always calls the engine without streaming and synthesises the client's stream from the
+full reply, so a long generation would leave a streaming client with a silent socket; harnesses and
+tunnels drop those. SSE comments (`: keepalive`) are ignored by every SSE parser and keep it open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+
+import orjson
+
+from tapdeck.proxy.dialects.base import SSEEvent
+
+KEEPALIVE_SECONDS = 10.0
+KEEPALIVE = b": keepalive\n\n"
+DISCONNECT_POLL_SECONDS = 1.0
+
+
+def encode(event: SSEEvent) -> bytes:
+    """`event: NAME\\n` (if named) and `data: ...\\n\\n`; mapping data is compact JSON."""
+    data = event.data if isinstance(event.data, str) else orjson.dumps(event.data).decode()
+    head = f"event: {event.event}\n" if event.event else ""
+    lines = "".join(f"data: {line}\n" for line in data.split("\n"))
+    return f"{head}{lines}\n".encode()
+
+
+async def stream_with_keepalive(
+    call: Awaitable[Iterable[SSEEvent]], *,
+    interval: float = KEEPALIVE_SECONDS,
+    is_disconnected: Callable[[], Awaitable[bool]] | None = None,
+    poll: float = DISCONNECT_POLL_SECONDS,
+) -> AsyncIterator[bytes]:
+    """Encoded SSE bytes for a stream whose events come from one awaited call.
+
+    While `call` runs: a `: keepalive` comment every `interval` seconds. When the client goes away
+    (`is_disconnected()` true, or this generator closed/cancelled by the server) the call is
+    cancelled, so the engine stops generating for nobody. An exception from `call` propagates:
+    the caller turns it into its dialect's error events.
+    """
+    task = asyncio.ensure_future(call)
+    try:
+        last = time.monotonic()
+        while True:
+            wait = min(poll, interval) if is_disconnected is not None else interval
+            done, _ = await asyncio.wait({task}, timeout=max(0.0, min(wait, last + interval - time.monotonic())))
+            if done:
+                break
+            if is_disconnected is not None and await is_disconnected():
+                task.cancel()
+                return
+            if time.monotonic() - last >= interval:
+                yield KEEPALIVE
+                last = time.monotonic()
+        for event in task.result():
+            yield encode(event)
+    finally:
+        if not task.done():
+            task.cancel()

@@ -1,0 +1,74 @@
+"""Token and logprob arrays: the one in-memory form (numpy) and the one stored form (bytes).
+
+Ids are int32 (every real vocabulary fits), logprobs float64. The stored form is raw
+little-endian bytes: compact, exact, and decoded with a single `np.frombuffer` call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+ID_DTYPE = np.dtype("<i4")
+LOGPROB_DTYPE = np.dtype("<f8")
+
+
+def as_ids(seq: Iterable[int] | np.ndarray | None) -> np.ndarray:
+    """Return `seq` as a contiguous int32 array (no copy when it already is one).
+
+    Raises ValueError when a value is not an integer or does not fit int32, so a bad id
+    from the wire is reported instead of silently wrapping.
+    """
+    if seq is None:
+        return np.zeros(0, dtype=ID_DTYPE)
+    if isinstance(seq, np.ndarray):
+        arr = seq
+    else:
+        seq = list(seq)
+        if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in seq):
+            bad = next(v for v in seq if isinstance(v, bool) or not isinstance(v, (int, np.integer)))
+            raise ValueError(f"token id {bad!r} is not an integer")
+        arr = np.asarray(seq, dtype=np.int64) if seq else np.zeros(0, dtype=np.int64)
+    if arr.dtype == ID_DTYPE and arr.flags.c_contiguous and arr.ndim == 1:
+        return arr
+    if arr.ndim != 1:
+        raise ValueError(f"token ids must be one-dimensional, got shape {arr.shape}")
+    if arr.size and arr.dtype.kind not in "iu":
+        raise ValueError(f"token ids must be integers, got dtype {arr.dtype}")
+    if arr.size and (arr.min() < np.iinfo(np.int32).min or arr.max() > np.iinfo(np.int32).max):
+        raise ValueError("token id out of int32 range")
+    return np.ascontiguousarray(arr, dtype=ID_DTYPE)
+
+
+def as_logprobs(seq: Iterable[float | None] | np.ndarray | None) -> np.ndarray:
+    """Return `seq` as a contiguous float64 array; `None` entries become NaN (not trainable)."""
+    if seq is None:
+        return np.zeros(0, dtype=LOGPROB_DTYPE)
+    if isinstance(seq, np.ndarray):
+        return np.ascontiguousarray(seq, dtype=LOGPROB_DTYPE).reshape(-1)
+    return np.asarray([np.nan if v is None else float(v) for v in seq], dtype=LOGPROB_DTYPE)
+
+
+def ids_to_bytes(ids: np.ndarray | None) -> bytes:
+    """Compact binary form of a token id array (little-endian int32)."""
+    return as_ids(ids).tobytes()
+
+
+def ids_from_bytes(blob: bytes | None) -> np.ndarray:
+    """Inverse of `ids_to_bytes` (a read-only view is copied so callers may mutate it)."""
+    if not blob:
+        return np.zeros(0, dtype=ID_DTYPE)
+    return np.frombuffer(blob, dtype=ID_DTYPE).copy()
+
+
+def logprobs_to_bytes(logprobs: np.ndarray | None) -> bytes:
+    """Compact binary form of a logprob array (little-endian float64)."""
+    return as_logprobs(logprobs).tobytes()
+
+
+def logprobs_from_bytes(blob: bytes | None) -> np.ndarray:
+    """Inverse of `logprobs_to_bytes`."""
+    if not blob:
+        return np.zeros(0, dtype=LOGPROB_DTYPE)
+    return np.frombuffer(blob, dtype=LOGPROB_DTYPE).copy()

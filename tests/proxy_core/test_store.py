@@ -1,0 +1,170 @@
+"""SQLite capture store: exact round trips, durability under kill -9, restart."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+from proxy_core_fixtures import turn_from_fixture
+
+from tapdeck.proxy.findings import Finding
+from tapdeck.proxy.graph import RolloutGraph
+from tapdeck.proxy.store import Store
+
+TINY = ["tiny/chat_multiturn_1", "tiny/chat_multiturn_2", "tiny/chat_multiturn_3"]
+MULTI = ["chat_multiturn_1", "chat_multiturn_2", "chat_multiturn_3"]
+
+
+def capture(store, session, turns, order=None):
+    g = RolloutGraph()
+    for i in order if order is not None else range(len(turns)):
+        store.append_turn(turns[i], g.add(turns[i]))
+    return g
+
+
+def assert_same(a, b):
+    assert a.seq == b.seq and a.finish_reason == b.finish_reason
+    for x, y in ((a.prompt_ids, b.prompt_ids), (a.sampled_ids, b.sampled_ids)):
+        assert (x is None) == (y is None)
+        if x is not None:
+            assert y.dtype == np.int32 and np.array_equal(x, y)
+    assert np.array_equal(a.logprobs, b.logprobs)
+    assert a.request == b.request and a.response == b.response and a.token_texts == b.token_texts
+    assert a.findings == b.findings and a.meta == b.meta
+
+
+def test_session_round_trip_is_exact_including_breaks(tmp_path):
+    store = Store(tmp_path / "capture.db")
+    store.create_session({"id": "s1", "tier": "tokens", "metadata": {"task": "t"}})
+    turns = [turn_from_fixture(n, i) for i, n in enumerate(MULTI + TINY)]
+    turns[1].findings = [Finding.warn("truncated", "x", 1)]
+    capture(store, "s1", turns)
+    rec, loaded = store.load_session("s1")
+    assert rec["metadata"] == {"task": "t"}
+    for a, b in zip(turns, loaded, strict=True):
+        assert_same(a, b)
+
+
+def test_prompts_are_stored_as_deltas(tmp_path):
+    store = Store(tmp_path / "capture.db")
+    store.create_session({"id": "s1"})
+    turns = [turn_from_fixture(n, i) for i, n in enumerate(MULTI)]
+    capture(store, "s1", turns)
+    db = sqlite3.connect(tmp_path / "capture.db")
+    rows = db.execute("SELECT seq, base_seq, base_len, length(prompt_tail) FROM turns "
+                      "ORDER BY seq").fetchall()
+    assert rows == [(0, None, 0, 48 * 4), (1, 0, 64, (87 - 64) * 4), (2, 1, 100, (121 - 100) * 4)]
+
+
+def test_reconstruction_stays_exact_after_reparenting(tmp_path):
+    """Turn 2 arrives before its parent: stored against turn 0, later adopted by turn 1."""
+    store = Store(tmp_path / "capture.db")
+    store.create_session({"id": "s1"})
+    turns = [turn_from_fixture(n, i) for i, n in enumerate(MULTI)]
+    g = capture(store, "s1", turns, order=[0, 2, 1])
+    assert g.nodes[2].parent == 1
+    _, loaded = store.load_session("s1")
+    for a, b in zip(turns, loaded, strict=True):
+        assert_same(a, b)
+    _, rebuilt = store.load_graph("s1")
+    assert {s: rebuilt.link(s).parent for s in rebuilt.nodes} == {0: None, 1: 0, 2: 1}
+
+
+def test_update_and_list_sessions_survive_restart(tmp_path):
+    path = tmp_path / "capture.db"
+    store = Store(path)
+    store.create_session({"id": "a", "created_at": 1.0})
+    store.create_session({"id": "b", "created_at": 2.0})
+    capture(store, "b", [turn_from_fixture(n, i, "b") for i, n in enumerate(MULTI)])
+    store.update_session("b", state="closed", metadata={"reward": 1.0})
+    store.close()
+    again = Store(path)
+    listed = again.list_sessions()
+    assert [s["id"] for s in listed] == ["a", "b"]
+    assert listed[1]["state"] == "closed" and listed[1]["stored_turns"] == 3
+    rec, g = again.load_graph("b")
+    assert rec["metadata"] == {"reward": 1.0} and g.stats().turns == 3 and g.stats().roots == 1
+
+
+def test_wal_and_full_sync_are_on(tmp_path):
+    store = Store(tmp_path / "capture.db")
+    assert store._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert store._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+
+
+def test_concurrent_appends_from_threads(tmp_path):
+    store = Store(tmp_path / "capture.db")
+    base = turn_from_fixture("chat_basic", 0)
+    errors = []
+
+    def worker(sid):
+        try:
+            store.create_session({"id": sid})
+            g = RolloutGraph()
+            for i in range(20):
+                t = dataclasses.replace(base, session_id=sid, seq=i)
+                store.append_turn(t, g.add(t))
+        except Exception as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(f"s{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert [s["stored_turns"] for s in store.list_sessions()] == [20] * 4
+
+
+WRITER = r"""
+import sys
+import numpy as np
+sys.path.insert(0, sys.argv[2])
+from proxy_core_fixtures import turn_from_fixture
+from tapdeck.proxy.graph import RolloutGraph
+from tapdeck.proxy.store import Store
+
+store = Store(sys.argv[1])
+store.create_session({"id": "live"})
+g = RolloutGraph()
+t = turn_from_fixture("chat_multiturn_1", 0, "live")
+prompt, sampled = t.prompt_ids, t.sampled_ids
+seq = 0
+while True:
+    t.seq, t.prompt_ids, t.sampled_ids = seq, prompt, sampled
+    store.append_turn(t, g.add(t))
+    print(seq, len(prompt), flush=True)
+    prompt = np.concatenate([prompt, sampled, np.array([198, 1, 4093, 198, seq % 500 + 10], np.int32)])
+    seq += 1
+"""
+
+
+def test_every_acknowledged_turn_survives_kill_9(tmp_path):
+    path = tmp_path / "capture.db"
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path), str(Path(__file__).parent)],
+                            stdout=subprocess.PIPE, text=True)
+    acked = {}
+    try:
+        for line in proc.stdout:
+            seq, plen = map(int, line.split())
+            acked[seq] = plen
+            if seq >= 40:
+                break
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGKILL
+    _, turns = Store(path).load_session("live")
+    got = {t.seq: len(t.prompt_ids) for t in turns}
+    assert all(got.get(s) == n for s, n in acked.items())
+    for a, b in zip(turns, turns[1:]):  # every stored prompt extends the previous exactly
+        assert np.array_equal(b.prompt_ids[: len(a.prompt_ids)], a.prompt_ids)

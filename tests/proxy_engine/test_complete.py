@@ -1,0 +1,209 @@
+"""capture-cases B19/B20/B21/B22 and E31/E32: reading recorded vLLM replies and classifying failures."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import httpx
+import numpy as np
+import pytest
+
+from tapdeck.proxy.engine_client import EngineClient, EngineError, parse_capture
+from tapdeck.proxy.findings import Level
+from tapdeck.proxy.tiers import EngineSpec, Tier
+
+URL = "http://vllm.test:8111/v1"
+SPEC = EngineSpec(url=URL)
+
+
+def test_ids_and_logprobs_read_from_recorded_reply(vllm):
+    reply = vllm("chat_basic")["response"]
+    cap = parse_capture(reply)
+    assert cap.prompt_ids.dtype == np.int32 and cap.prompt_ids.tolist() == reply["prompt_token_ids"]
+    assert cap.sampled_ids.tolist() == [504, 3575, 282, 4649, 314, 7042, 30, 2]
+    assert cap.logprobs.dtype == np.float64
+    assert cap.logprobs.tolist() == [e["logprob"] for e in reply["choices"][0]["logprobs"]["content"]]
+    assert cap.token_texts[-1] == "<|im_end|>" and "".join(cap.token_texts[:-1]) == "The capital of France is Paris."
+    assert cap.findings == []
+
+
+def test_per_choice_prompt_ids_used_only_when_top_level_empty(vllm):
+    # completions_ids.json is a real reply with per-choice prompt_token_ids (the SGLang placement).
+    per_choice = vllm("completions_ids")["response"]
+    assert "prompt_token_ids" not in per_choice or not per_choice.get("prompt_token_ids")
+    assert parse_capture(per_choice).prompt_ids.tolist() == [504, 3575, 282, 4649, 314]
+
+    chat = vllm("chat_basic")["response"]
+    chat["choices"][0]["prompt_token_ids"] = [9, 9, 9]
+    assert parse_capture(chat).prompt_ids.tolist() == chat["prompt_token_ids"]
+    chat["prompt_token_ids"] = []
+    assert parse_capture(chat).prompt_ids.tolist() == [9, 9, 9]
+
+
+def test_top_alternatives_read_with_ordering_quirk(vllm):
+    cap = parse_capture(vllm("chat_top2")["response"])
+    assert cap.top_logprobs[0] == [("The", pytest.approx(-0.5493447)), ("Le", pytest.approx(-2.5493448))]
+    assert all(len(alts) == 2 for alts in cap.top_logprobs)
+
+
+def test_token_id_strings_checked_against_token_ids(vllm):
+    reply = vllm("chat_token_id_strings")["response"]
+    cap = parse_capture(reply)
+    assert cap.findings == []
+    assert cap.logprobs is not None and cap.logprobs.size == cap.sampled_ids.size
+    # The sampled entry's bytes are the real token; shown as text, not "token_id:504".
+    assert cap.token_texts[0] == "The"
+    # Alternatives' bytes hold the "token_id:N" string (vLLM quirk): a sampled id's text is reused,
+    # an unseen id stays in its token_id form.
+    assert cap.top_logprobs[0][0][0] == "The"
+    assert cap.top_logprobs[0][1][0] == "token_id:7026"
+
+
+def test_token_id_mismatch_drops_logprobs_keeps_ids(vllm):
+    reply = vllm("chat_token_id_strings")["response"]
+    reply["choices"][0]["logprobs"]["content"][3]["token"] = "token_id:999"
+    cap = parse_capture(reply)
+    assert cap.logprobs is None
+    assert cap.sampled_ids.tolist() == reply["choices"][0]["token_ids"]
+    assert cap.prompt_ids is not None
+    [finding] = cap.findings
+    assert finding.level is Level.FATAL and finding.code == "token_id_mismatch" and "3" in finding.detail
+    assert str(finding).startswith("[FATAL] ")
+
+
+def test_null_logprob_makes_turn_untrainable_not_a_crash(vllm):
+    reply = vllm("chat_basic")["response"]
+    reply["choices"][0]["logprobs"]["content"][2]["logprob"] = None
+    cap = parse_capture(reply)
+    assert cap.logprobs is None and cap.sampled_ids.size == 8
+    assert [f.code for f in cap.findings] == ["logprob_missing"]
+    assert cap.findings[0].level is Level.FATAL
+
+
+def test_reply_without_capture_fields_has_nothing_to_train_on(vllm):
+    # errors.json's 200 case: a request without capture fields comes back with null logprobs/ids.
+    reply = next(c for c in vllm("errors")["cases"] if c["case"] == "max_tokens_plus_prompt_over_context")["body"]
+    cap = parse_capture(reply)
+    assert cap.logprobs is None and cap.sampled_ids is None and cap.token_texts is None
+
+
+async def test_complete_returns_recorded_reply_with_zero_filled_usage(upstream, basic_chat):
+    client = EngineClient(SPEC, http=upstream.client())
+    body, _ = client.prepare(basic_chat, Tier.TOKENS, "smollm2", training=False)
+    reply = await client.complete(body)
+    assert reply["prompt_token_ids"][:3] == [1, 9690, 198]
+    assert reply["usage"]["prompt_tokens_details"] == {"cached_tokens": 0, "audio_tokens": 0}
+    assert reply["usage"]["completion_tokens_details"]["reasoning_tokens"] == 0
+    assert reply["usage"]["prompt_tokens"] == 37
+
+
+async def test_upstream_400_passed_through_with_engine_message(make_upstream, vllm_error, basic_chat):
+    status, body = vllm_error("top_logprobs_too_large")
+    up = make_upstream(reply=lambda _b: (status, body))
+    with pytest.raises(EngineError) as err:
+        await EngineClient(SPEC, http=up.client()).complete(basic_chat)
+    assert (err.value.kind, err.value.status) == ("upstream_4xx", 400)
+    assert err.value.message == body["error"]["message"]
+
+
+@pytest.mark.parametrize("status", [413, 422])
+async def test_upstream_413_422_keep_their_status(make_upstream, basic_chat, status):
+    up = make_upstream(reply=lambda _b: (status, {"error": {"message": "too big", "type": "x",
+                                                            "param": None, "code": status}}))
+    with pytest.raises(EngineError) as err:
+        await EngineClient(SPEC, http=up.client()).complete(basic_chat)
+    assert (err.value.kind, err.value.status, err.value.message) == ("upstream_4xx", status, "too big")
+
+
+async def test_context_length_400_classified(make_upstream, vllm_error, basic_chat):
+    status, body = vllm_error("prompt_over_context")
+    up = make_upstream(reply=lambda _b: (status, body))
+    with pytest.raises(EngineError) as err:
+        await EngineClient(SPEC, http=up.client()).complete(basic_chat)
+    assert (err.value.kind, err.value.status) == ("context_length", 400)
+
+
+async def test_unknown_model_404_becomes_classified_502(upstream, basic_chat):
+    with pytest.raises(EngineError) as err:
+        await EngineClient(SPEC, http=upstream.client()).complete({**basic_chat, "model": "no-such-model"})
+    assert (err.value.kind, err.value.status) == ("upstream_4xx", 502)
+    assert "does not exist" in err.value.message and URL in err.value.message
+
+
+async def test_upstream_500_becomes_502(make_upstream, basic_chat):
+    up = make_upstream(reply=lambda _b: (500, {"error": {"message": "EngineCore died"}}))
+    with pytest.raises(EngineError) as err:
+        await EngineClient(SPEC, http=up.client()).complete(basic_chat)
+    assert (err.value.kind, err.value.status) == ("upstream_5xx", 502)
+    assert "EngineCore died" in err.value.message
+
+
+async def test_200_without_choices_is_bad_reply(make_upstream, vllm, basic_chat):
+    reply = vllm("chat_basic")["response"]
+    del reply["choices"]
+    up = make_upstream(reply=lambda _b: (200, reply))
+    with pytest.raises(EngineError) as err:
+        await EngineClient(SPEC, http=up.client()).complete(basic_chat)
+    assert (err.value.kind, err.value.status) == ("bad_reply", 502)
+
+
+async def test_html_error_page_named_with_engine_url(make_upstream, basic_chat):
+    page = "<html><body><h1>502 Bad Gateway</h1>tunnel closed</body></html>"
+    for status in (200, 502):
+        up = make_upstream(reply=lambda _b, s=status: (s, page))
+        with pytest.raises(EngineError) as err:
+            await EngineClient(SPEC, http=up.client()).complete(basic_chat)
+        assert err.value.status == 502 and URL in err.value.message
+        assert err.value.kind == ("bad_reply" if status == 200 else "upstream_5xx")
+
+
+async def test_connection_refused_is_unreachable_naming_url(basic_chat):
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/v1"
+    client = EngineClient(EngineSpec(url=url))
+    try:
+        with pytest.raises(EngineError) as err:
+            await client.complete(basic_chat)
+    finally:
+        await client.aclose()
+    assert (err.value.kind, err.value.status) == ("unreachable", 502)
+    assert url in err.value.message
+
+
+async def test_timeout_is_classified_not_a_hang(basic_chat):
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("read timed out", request=request)
+
+    client = EngineClient(SPEC, http=httpx.AsyncClient(transport=httpx.MockTransport(handler)))
+    with pytest.raises(EngineError) as err:
+        await client.complete(basic_chat)
+    assert (err.value.kind, err.value.status) == ("timeout", 502) and URL in err.value.message
+
+
+async def test_real_slow_socket_times_out(basic_chat):
+    # A loopback server that accepts and never answers: the client's read timeout must fire.
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(65536)
+        await asyncio.sleep(30)
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = EngineClient(EngineSpec(url=f"http://127.0.0.1:{port}/v1"), timeout=0.2)
+    try:
+        with pytest.raises(EngineError) as err:
+            await client.complete(basic_chat)
+        assert err.value.kind == "timeout"
+    finally:
+        await client.aclose()
+        server.close()
+
+
+async def test_api_key_sent_as_bearer(make_upstream, basic_chat):
+    up = make_upstream()
+    client = EngineClient(EngineSpec(url=URL, api_key="sk-engine"), http=up.client())
+    await client.complete(basic_chat)
+    assert up.requests[-1].headers["authorization"] == "Bearer sk-engine"
+    assert "sk-engine" not in repr(client.spec)
