@@ -22,6 +22,13 @@ app = typer.Typer(
 # Each module under tapdeck.app.commands registers its own command(s).
 COMMAND_MODULES = [
     "engine",
+    "tui",
+    "attach",
+    "info",
+    "serve",
+    "export",
+    "train",
+    "rollout",
 ]
 
 

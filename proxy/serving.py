@@ -75,11 +75,14 @@ class ThreadedServer:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
-    def start(self, timeout: float = 30.0) -> ThreadedServer:
-        """Bind, start the serving thread and wait until it is accepting connections."""
-        self._sock = bind_socket(self.host, self.requested_port)
+    def start(self, timeout: float = 30.0, *, sock: socket.socket | None = None) -> ThreadedServer:
+        """Bind (or take `sock`, bound earlier with `bind_socket`), start the serving thread and
+        wait until it is accepting connections."""
+        self._sock = sock if sock is not None else bind_socket(self.host, self.requested_port)
+        # loop="asyncio": the runner executes Harbor trials on this loop, and under uvloop the host
+        # sandbox's `tmux new-session` exec never returns (terminus-2 setup hangs until timeout).
         config = uvicorn.Config(self.app, log_config=None, access_log=False, lifespan="on",
-                                timeout_graceful_shutdown=2)
+                                timeout_graceful_shutdown=2, loop="asyncio")
         self._server = _QuietServer(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
                                         name=self.name, daemon=True)

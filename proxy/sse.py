@@ -31,12 +31,14 @@ def encode(event: SSEEvent) -> bytes:
 async def stream_with_keepalive(
     call: Awaitable[Iterable[SSEEvent]], *,
     interval: float = KEEPALIVE_SECONDS,
+    keepalive: bytes = KEEPALIVE,
     is_disconnected: Callable[[], Awaitable[bool]] | None = None,
     poll: float = DISCONNECT_POLL_SECONDS,
 ) -> AsyncIterator[bytes]:
     """Encoded SSE bytes for a stream whose events come from one awaited call.
 
-    While `call` runs: a `: keepalive` comment every `interval` seconds. When the client goes away
+    While `call` runs: `keepalive` (a `: keepalive` comment unless the dialect needs other bytes)
+    every `interval` seconds. When the client goes away
     (`is_disconnected()` true, or this generator closed/cancelled by the server) the call is
     cancelled, so the engine stops generating for nobody. An exception from `call` propagates:
     the caller turns it into its dialect's error events.
@@ -53,7 +55,7 @@ async def stream_with_keepalive(
                 task.cancel()
                 return
             if time.monotonic() - last >= interval:
-                yield KEEPALIVE
+                yield keepalive
                 last = time.monotonic()
         for event in task.result():
             yield encode(event)

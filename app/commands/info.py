@@ -1,0 +1,112 @@
+"""`tapdeck info`: what this machine can run right now (sandboxes, datasets, harnesses, engines).
+
+Nothing is started: sandbox backends are checked by import + preflight, the embedded engine by its
+package and model file, an `--engine URL` by a short `GET /v1/models` (plus the proxy's tier probe
+unless `--no-probe`).
+"""
+
+from __future__ import annotations
+
+import typer
+
+
+# Sandboxes listed even when unavailable (the usual choices), so their reason is visible.
+ALWAYS_SHOWN = ("host", "docker")
+
+
+def _yes(value: bool) -> str:
+    return "[green]yes[/]" if value else "[red]no[/]"
+
+
+def render(catalog, *, show_all: bool = False, width: int = 80):
+    """The catalog as rich renderables that fit `width` columns (80 by default)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    def table(title: str, *columns: tuple[str, dict]) -> Table:
+        t = Table(title=title, title_justify="left", expand=False, show_lines=False, pad_edge=False)
+        for name, opts in columns:
+            t.add_column(name, **opts)
+        return t
+
+    wrap = {"overflow": "fold"}
+    out = []
+
+    sandboxes = table("Sandboxes", ("name", {"no_wrap": True}), ("ok", {"no_wrap": True}),
+                      ("why", {"ratio": 1, **wrap}))
+    hidden = 0
+    for s in catalog.sandboxes:
+        if not show_all and not s.available and s.name not in ALWAYS_SHOWN:
+            hidden += 1
+            continue
+        sandboxes.add_row(s.name, _yes(s.available), escape(s.why))
+    if hidden:
+        sandboxes.caption = f"{hidden} more Harbor backends unavailable here (--all lists them)"
+    out.append(sandboxes)
+
+    for d in catalog.datasets:
+        count = f"{len(d.tasks)} task{'s' if len(d.tasks) != 1 else ''}"
+        width_used = min(24, max((len(t.name) for t in d.tasks), default=5))
+        datasets = table(f"Dataset {escape(d.name)} ({count})",
+                         ("task", {"no_wrap": True, "min_width": width_used}),
+                         ("instruction", {"overflow": "ellipsis", "no_wrap": True,
+                                          "max_width": max(10, width - width_used - 7)}))
+        if d.error:
+            datasets.add_row("[red]error[/]", escape(d.error))
+        for t in d.tasks:
+            datasets.add_row(escape(t.name), escape(t.instruction))
+        out.append(datasets)
+
+    harnesses = table("Harnesses", ("name", {"no_wrap": True}), ("dialect", {"no_wrap": True}),
+                      ("runs", {"no_wrap": True}), ("valid.", {"no_wrap": True}),
+                      ("ok", {"no_wrap": True}))
+    for h in catalog.harnesses:
+        harnesses.add_row(h.name, h.dialect, h.placement, _yes(h.validated), _yes(h.available))
+    harnesses.caption = ("validated = run end to end here; installed harnesses need internet in "
+                         "the sandbox")
+    out.append(harnesses)
+
+    engines = table("Engines", ("name", {"max_width": 28, **wrap}), ("tier", {"no_wrap": True}),
+                    ("ok", {"no_wrap": True}), ("why", {"ratio": 1, **wrap}))
+    for e in catalog.engines:
+        engines.add_row(escape(e.name), e.tier or "-", _yes(e.reachable), escape(e.why))
+    out.append(engines)
+
+    d = catalog.defaults
+    out.append(f"defaults: dataset={d['dataset']} harness={d['harness']} "
+               f"sandbox={d['sandbox']} engine={d['engine']}")
+    return out
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `info` command."""
+
+    @app.command("info")
+    def info(
+        engine: list[str] = typer.Option([], "--engine", help="Engine base URL to check (repeatable)."),
+        engine_api_key: str | None = typer.Option(None, "--engine-api-key", envvar="TAPDECK_ENGINE_API_KEY",
+                                                  help="API key for --engine (never printed)."),
+        dataset: list[str] = typer.Option([], "--dataset",
+                                          help="Extra dataset to list (folder, name@version, org/name, git URL)."),
+        probe: bool = typer.Option(True, "--probe/--no-probe",
+                                   help="Ask the engine's capture tier (a few 1-token calls)."),
+        as_json: bool = typer.Option(False, "--json", help="Print the catalog as JSON."),
+        show_all: bool = typer.Option(False, "--all", help="List every Harbor sandbox backend."),
+    ) -> None:
+        """Show what this machine can run now: sandboxes, datasets, harnesses, engines."""
+        import os
+
+        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        from tapdeck.runner.catalog import build_catalog
+
+        catalog = build_catalog(engine_urls=engine or None, engine_api_key=engine_api_key,
+                                datasets=dataset or None, probe=probe)
+        if as_json:
+            typer.echo(catalog.model_dump_json(indent=2))
+            return
+        from rich.console import Console
+
+        console = Console(width=min(Console().width, 100))
+        for part in render(catalog, show_all=show_all, width=console.width):
+            console.print(part)
+            console.print()

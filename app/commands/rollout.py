@@ -1,0 +1,184 @@
+"""`tapdeck rollout`: run a batch of rollouts headless and print one row per rollout.
+
+With no flags it runs the sample dataset's first task once with terminus-2 on the host sandbox
+against the embedded engine (offline, no key). Without `--server` it starts a tapdeck server in this
+process on a free loopback port; with `--server URL` it submits the run to that server instead.
+The small embedded model never solves tasks (reward 0): it exercises capture, not skill.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+
+POLL_S = 1.0
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `rollout` command."""
+
+    @app.command("rollout")
+    def rollout(
+        dataset: str | None = typer.Option(None, "--dataset", help="Dataset: a local folder, a Harbor "
+                                           "registry name, a git URL (default: the sample dataset)."),
+        task: list[str] | None = typer.Option(None, "--task", help="Task name (repeatable; default: "
+                                              "the first -n tasks)."),
+        harness: str = typer.Option("terminus-2", "--harness", help="Agent harness."),
+        sandbox: str = typer.Option("host", "--sandbox", help="Sandbox: host or a Harbor backend."),
+        engine: str = typer.Option("embedded", "--engine", help="`embedded` or an engine URL (…/v1)."),
+        engine_model: str | None = typer.Option(None, "--engine-model", help="Model name on that engine."),
+        n_tasks: int = typer.Option(1, "-n", "--tasks", min=1, help="How many tasks (N)."),
+        k: int = typer.Option(1, "-k", "--rollouts", min=1, help="Rollouts per task (GRPO group size)."),
+        concurrency: int = typer.Option(1, "-c", "--concurrency", min=1, help="Rollouts at once."),
+        reward_key: str | None = typer.Option(None, "--reward-key",
+                                              help="Which verifier reward to use when there are several."),
+        timeout: float = typer.Option(300.0, "--timeout", help="Hard limit per rollout, seconds."),
+        max_turns: int | None = typer.Option(None, "--max-turns", help="Agent turns (terminus-2)."),
+        data_dir: Path | None = typer.Option(None, "--data-dir",
+                                             help="Data directory (default $TAPDECK_DATA_DIR or ~/.tapdeck)."),
+        server: str | None = typer.Option(None, "--server", help="Submit to this tapdeck server "
+                                          "instead of starting one here."),
+        admin_key: str | None = typer.Option(None, "--admin-key", envvar="TAPDECK_ADMIN_KEY",
+                                             help="Admin key of --server (default: <data-dir>/admin.key)."),
+        resume: str | None = typer.Option(None, "--resume", help="Resume an interrupted run by id "
+                                          "(finished rollouts are not redone)."),
+    ) -> None:
+        """Run N tasks × K rollouts through the capture proxy and print the results."""
+        import os
+
+        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        from tapdeck.proxy.config import ServerConfig, default_data_dir, read_admin_key
+
+        data = (data_dir or default_data_dir()).expanduser()
+        plan: dict[str, Any] = {
+            "dataset": dataset, "tasks": task or None, "n_tasks": None if task else n_tasks,
+            "harness": harness, "sandbox": sandbox, "engine": engine, "engine_model": engine_model,
+            "k": k, "concurrency": concurrency, "timeout_s": timeout, "reward_key": reward_key,
+            "agent_kwargs": {"max_turns": max_turns} if max_turns else None,
+        }
+        local = None
+        url_engine = None
+        if server is None:
+            from tapdeck.app.host import LocalServer
+
+            url_engine = engine if engine.strip().lower() not in ("", "embedded", "default") else None
+            config = ServerConfig(port=0, data_dir=data, engine_url=url_engine, engine_model=engine_model)
+            plan["engine"] = "embedded"  # the server's default engine is the one asked for
+            typer.echo("starting a local tapdeck server"
+                       + (" and the embedded engine…" if url_engine is None else "…"), err=True)
+            try:
+                local = LocalServer(config).start()
+            except Exception as exc:  # a clear line, not a traceback
+                typer.echo(f"tapdeck rollout: could not start a local server: {exc}", err=True)
+                raise typer.Exit(1) from None
+            base, key = local.url, local.admin_key
+        else:
+            base, key = server.rstrip("/"), admin_key or read_admin_key(data)
+        try:
+            code = _drive(base, key, plan, resume, tiny_engine=local is not None and url_engine is None)
+        finally:
+            if local is not None:
+                local.stop()
+        raise typer.Exit(code)
+
+
+def _drive(base: str, key: str | None, plan: dict[str, Any], resume: str | None,
+           tiny_engine: bool = False) -> int:
+    """Submit (or resume) the run, follow it until it ends, print the table; the exit code."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    with httpx.Client(base_url=base, headers=headers, timeout=30.0) as http:
+        try:
+            if resume:
+                resp = http.post(f"/admin/runs/{resume}/resume")
+            else:
+                resp = http.post("/admin/runs", json=plan)
+        except httpx.HTTPError as exc:
+            typer.echo(f"tapdeck rollout: server {base} unreachable: {exc}", err=True)
+            return 1
+        if resp.status_code != 200:
+            typer.echo(f"tapdeck rollout: {_detail(resp)}", err=True)
+            return 1
+        run_id = resp.json()["id"]
+        typer.echo(f"run {run_id}", err=True)
+        try:
+            doc = _follow(http, run_id)
+        except KeyboardInterrupt:
+            typer.echo("cancelling (tearing sandboxes down)…", err=True)
+            http.post(f"/admin/runs/{run_id}/cancel")
+            doc = _follow(http, run_id)
+    _print_table(doc, tiny_engine)
+    counts = doc["counts"]
+    return 0 if doc["state"] == "finished" and counts["failed"] == 0 else 2
+
+
+def _follow(http: Any, run_id: str) -> dict[str, Any]:
+    """Poll the run, showing a one-line progress status, until it is no longer running."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    with console.status("") as status:
+        while True:
+            doc = http.get(f"/admin/runs/{run_id}").json()
+            status.update(_status_line(doc))
+            if doc["state"] != "running":
+                return doc
+            time.sleep(POLL_S)
+
+
+def _status_line(doc: dict[str, Any]) -> str:
+    c = doc["counts"]
+    phases: dict[str, int] = {}
+    for r in doc.get("rollouts", []):
+        if r["phase"] not in ("done", "failed", "queued"):
+            phases[r["phase"]] = phases.get(r["phase"], 0) + 1
+    live = ", ".join(f"{n} {p}" for p, n in sorted(phases.items()))
+    return (f"{c['done']}/{c['total']} done · {c['ok']} ok · {c['failed']} failed"
+            + (f" · {live}" if live else ""))
+
+
+def _print_table(doc: dict[str, Any], tiny_engine: bool = False) -> None:
+    """One row per rollout (task, group, reward, ok, turns, atif, error), at most 80 columns."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=min(80, Console().width))
+    table = Table(box=None, pad_edge=False, expand=False, show_edge=False)
+    table.add_column("task", no_wrap=True, overflow="ellipsis", max_width=20)
+    table.add_column("grp", justify="right", width=3)
+    table.add_column("reward", justify="right", width=6)
+    table.add_column("ok", width=3)
+    table.add_column("turns", justify="right", width=5)
+    table.add_column("atif", width=8)
+    table.add_column("error", no_wrap=True, overflow="ellipsis", max_width=26)
+    for r in doc.get("rollouts", []):
+        reward = "-" if r.get("reward") is None else f"{r['reward']:.2f}"
+        ok = "yes" if r.get("ok") else ("…" if r.get("phase") not in ("done", "failed") else "no")
+        table.add_row(r["task"], str(r["group"]), reward, ok, str(r.get("turns", 0)),
+                      r.get("atif", "none"), r.get("error_kind") or "")
+    console.print(table)
+    c = doc["counts"]
+    mean = "-" if doc.get("mean_reward") is None else f"{doc['mean_reward']:.3f}"
+    rate = "-" if doc.get("pass_rate") is None else f"{doc['pass_rate']:.0%}"
+    console.print(f"run {doc['id']} {doc['state']}: {c['done']}/{c['total']} done, {c['ok']} ok, "
+                  f"{c['failed']} failed")
+    console.print(f"mean reward {mean} (graded only) · pass rate {rate}")
+    if doc.get("failures"):
+        console.print("failures: " + ", ".join(f"{k} {v}" for k, v in sorted(doc["failures"].items())))
+    console.print(f"results: {doc.get('path', '')}")
+    plan = doc.get("plan") or {}
+    if tiny_engine and plan.get("harness") not in ("oracle", "nop"):
+        console.print("note: the embedded model (SmolLM2-135M) exercises capture but never solves "
+                      "tasks (reward 0); use --engine URL for a real model")
+
+
+def _detail(resp: Any) -> str:
+    try:
+        body = resp.json()
+    except ValueError:
+        return f"HTTP {resp.status_code}: {resp.text[:200]}"
+    return f"HTTP {resp.status_code}: {body.get('detail', body) if isinstance(body, dict) else body}"

@@ -1,0 +1,62 @@
+"""`tapdeck serve`: run the capture proxy + admin API (and the embedded engine) in the foreground."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `serve` command."""
+
+    @app.command("serve")
+    def serve(
+        port: int = typer.Option(8300, "--port", help="Port to listen on."),
+        host: str = typer.Option("127.0.0.1", "--host",
+                                 help="Address to bind. Beyond loopback an explicit --admin-key is required."),
+        engine: str | None = typer.Option(None, "--engine",
+                                          help="Default engine base URL (…/v1). Omitted: start the embedded engine."),
+        engine_model: str | None = typer.Option(None, "--engine-model", help="Model name on that engine."),
+        engine_api_key: str | None = typer.Option(None, "--engine-api-key", envvar="TAPDECK_ENGINE_API_KEY",
+                                                  help="API key for that engine (never logged)."),
+        admin_key: str | None = typer.Option(None, "--admin-key", envvar="TAPDECK_ADMIN_KEY",
+                                             help="Admin API key. Omitted: generate one and write <data-dir>/admin.key."),
+        data_dir: Path | None = typer.Option(None, "--data-dir",
+                                             help="Data directory (default $TAPDECK_DATA_DIR or ~/.tapdeck)."),
+    ) -> None:
+        """Serve the capture proxy and admin API until interrupted (Ctrl-C or SIGTERM)."""
+        import signal
+        import threading
+
+        from tapdeck.app.host import LocalServer
+        from tapdeck.proxy.config import ConfigError, ServerConfig
+        from tapdeck.proxy.serving import PortInUseError
+
+        fields = {"host": host, "port": port, "admin_key": admin_key, "engine_url": engine,
+                  "engine_model": engine_model, "engine_api_key": engine_api_key}
+        if data_dir is not None:
+            fields["data_dir"] = data_dir
+        config = ServerConfig(**fields)
+        server = LocalServer(config)
+        if engine is None:
+            typer.echo("starting the embedded engine (SmolLM2-135M; it never solves tasks, "
+                       "reward 0 — pass --engine URL for a real model)…", err=True)
+        try:
+            server.start()
+        except (ConfigError, PortInUseError) as exc:
+            typer.echo(f"tapdeck serve: {exc}", err=True)
+            raise typer.Exit(2) from None
+        stop = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        typer.echo(f"tapdeck server at {server.url}  (engine: {server.engine_url}; "
+                   f"data: {config.data_dir})")
+        if server.admin_key_generated:
+            typer.echo(f"admin key: {server.admin_key}  (also in {config.admin_key_path})")
+        try:
+            while not stop.wait(0.5):
+                pass
+        finally:
+            typer.echo("stopping…", err=True)
+            server.stop()

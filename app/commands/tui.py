@@ -1,0 +1,82 @@
+"""`tapdeck` (no command) / `tapdeck tui`: the TUI on an embedded server started in this process.
+
+The server (`LocalServer`: capture proxy, admin API, runner routes, embedded engine) runs on loopback
+in its own thread; the TUI talks to it over HTTP exactly as `tapdeck attach` talks to a remote one.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import typer
+
+
+def _log_to_file(path: Path) -> logging.Handler:
+    """Send all logging to a file while the TUI owns the terminal (stderr would tear the screen)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    return handler
+
+
+def run_app(base_url: str, admin_key: str | None, *, server_label: str, settings_path: Path) -> None:
+    """Run the App against a server URL (shared by embedded and attached mode)."""
+    from tapdeck.app.client import TapdeckClient
+    from tapdeck.app.tui import TapdeckApp
+
+    TapdeckApp(TapdeckClient(base_url, admin_key), server_label=server_label,
+               settings_path=settings_path).run()
+
+
+def run_embedded(data_dir: Path | None = None, *, port: int = 0, engine_url: str | None = None,
+                 engine_model: str | None = None, engine_api_key: str | None = None) -> None:
+    """Start a LocalServer on loopback (any free port by default), run the TUI on it, stop it on exit."""
+    from tapdeck.app.host import LocalServer
+    from tapdeck.app.settings import default_settings_path
+    from tapdeck.app.tui import TapdeckApp  # noqa: F401 - import the UI before starting anything
+    from tapdeck.proxy.config import ServerConfig, default_data_dir
+
+    data_dir = (data_dir or default_data_dir()).expanduser()
+    config = ServerConfig(host="127.0.0.1", port=port, data_dir=data_dir, engine_url=engine_url,
+                          engine_model=engine_model, engine_api_key=engine_api_key)
+    _log_to_file(data_dir / "tui.log")
+    print(f"tapdeck: starting the embedded server ({'engine ' + engine_url if engine_url else 'embedded engine'}"
+          f", data in {data_dir})…", file=sys.stderr, flush=True)
+    server = LocalServer(config)
+    try:
+        server.start()
+    except Exception as exc:  # noqa: BLE001 - any start failure is reported as one line, no traceback
+        print(f"tapdeck: could not start the embedded server: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from None
+    try:
+        run_app(server.url, server.admin_key, server_label=f"embedded {server.url}",
+                settings_path=default_settings_path(data_dir))
+    finally:
+        server.stop()
+
+
+def register(app: typer.Typer) -> None:
+    """Add `tapdeck tui` (the same as `tapdeck` with no command, with options)."""
+
+    @app.command("tui")
+    def tui(
+        data_dir: Path | None = typer.Option(None, "--data-dir",
+                                             help="Data directory (default $TAPDECK_DATA_DIR or ~/.tapdeck)."),
+        port: int = typer.Option(0, "--port", help="Loopback port of the embedded server (0 = any free)."),
+        engine: str | None = typer.Option(None, "--engine",
+                                          help="Engine base URL (…/v1), e.g. a vLLM server. Omitted: the "
+                                               "embedded SmolLM2 engine (never solves tasks)."),
+        engine_model: str | None = typer.Option(None, "--engine-model", help="Model name on that engine."),
+        engine_api_key: str | None = typer.Option(None, "--engine-api-key", envvar="TAPDECK_ENGINE_API_KEY",
+                                                  help="API key for that engine (never logged)."),
+    ) -> None:
+        """Open the TUI on an embedded tapdeck server (what `tapdeck` with no command does)."""
+        run_embedded(data_dir, port=port, engine_url=engine, engine_model=engine_model,
+                     engine_api_key=engine_api_key)

@@ -1,0 +1,131 @@
+"""A tapdeck server in this process: what `tapdeck serve` runs and what the TUI embeds (one code path).
+
+Start order matters: the port is bound first (a held port fails before anything else starts), then
+the embedded engine (when no engine URL is given), the capture store, the service and the runner's
+routes, and finally uvicorn on the already-bound socket. If any step fails, everything started so
+far is stopped and the port freed.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+import httpx
+
+from tapdeck.proxy.config import ServerConfig, check_bind, new_admin_key, write_admin_key
+from tapdeck.proxy.server import create_app
+from tapdeck.proxy.service import CaptureService
+from tapdeck.proxy.serving import ThreadedServer, bind_socket
+from tapdeck.proxy.store import Store
+from tapdeck.proxy.tiers import EngineSpec
+
+log = logging.getLogger("tapdeck.host")
+
+
+class LocalServer:
+    """Start/stop a full tapdeck server (HTTP, capture service, store, maybe the embedded engine)."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.admin_key: str = config.admin_key or ""
+        self.admin_key_generated = False
+        self.service: CaptureService | None = None
+        self.default_engine: EngineSpec | None = None
+        self.instance: str | None = None
+        self._engine = None
+        self._store: Store | None = None
+        self._http: ThreadedServer | None = None
+        self._sock: socket.socket | None = None
+
+    @property
+    def url(self) -> str:
+        """`http://host:port` of the running server."""
+        if self._http is None:
+            raise RuntimeError("server not started")
+        return self._http.url
+
+    @property
+    def engine_url(self) -> str | None:
+        """The default engine's base URL (the embedded one when it was started here)."""
+        return self.default_engine.url if self.default_engine else None
+
+    def start(self) -> LocalServer:
+        """Bind, start the parts in order, and check that /health answers with our instance id."""
+        cfg = self.config
+        check_bind(cfg)
+        self._sock = bind_socket(cfg.host, cfg.port)
+        try:
+            cfg.data_dir.mkdir(parents=True, exist_ok=True)
+            if not cfg.admin_key:
+                self.admin_key = new_admin_key()
+                self.admin_key_generated = True
+                write_admin_key(cfg.admin_key_path, self.admin_key)
+            self.default_engine = self._start_engine()
+            self._store = Store(cfg.capture_db)
+            port = self._sock.getsockname()[1]
+            public_host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::", "") else cfg.host
+            public_host = f"[{public_host}]" if ":" in public_host else public_host
+            self.service = CaptureService(self._store, default_engine=self.default_engine,
+                                          public_url=f"http://{public_host}:{port}")
+            app = create_app(self.service, admin_key=self.admin_key, routers=self._runner_routers())
+            self.instance = app.state.instance
+            self._http = ThreadedServer(app, cfg.host, port, name="tapdeck-server")
+            self._http.start(sock=self._sock)
+            self._check_health()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_engine(self) -> EngineSpec:
+        cfg = self.config
+        if cfg.engine_url:
+            return EngineSpec(url=cfg.engine_url, model=cfg.engine_model, api_key=cfg.engine_api_key)
+        from tapdeck.runner.engine.embedded import EmbeddedEngine
+
+        self._engine = EmbeddedEngine().start()
+        return EngineSpec(url=self._engine.base_url, model=self._engine.served_name)
+
+    def _runner_routers(self) -> list:
+        try:
+            from tapdeck.runner.api import create_runner_router
+        except ModuleNotFoundError as exc:
+            if exc.name != "tapdeck.runner.api":
+                raise
+            log.warning("runner routes unavailable (tapdeck.runner.api is not installed)")
+            return []
+        assert self.service is not None
+        return [create_runner_router(self.service, data_dir=self.config.data_dir,
+                                     default_engine=self.default_engine)]
+
+    def _check_health(self) -> None:
+        """A stale server on a reused port would answer with another instance id."""
+        health_host = "127.0.0.1" if self.config.host in ("0.0.0.0", "") else self.config.host
+        health_host = "::1" if health_host == "::" else health_host
+        health_host = f"[{health_host}]" if ":" in health_host else health_host
+        resp = httpx.get(f"http://{health_host}:{self._http.port}/health", timeout=10.0)
+        resp.raise_for_status()
+        if resp.json().get("instance") != self.instance:
+            raise RuntimeError(f"another server answered on port {self._http.port}")
+
+    def stop(self) -> None:
+        """Stop everything that was started (safe to call twice, or after a failed start)."""
+        if self._http is not None:
+            self._http.stop()
+            self._http = None
+        elif self._sock is not None:
+            self._sock.close()
+        self._sock = None
+        if self._engine is not None:
+            self._engine.stop()
+            self._engine = None
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+    def __enter__(self) -> LocalServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

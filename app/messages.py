@@ -1,0 +1,46 @@
+"""Messages the TUI passes between its event worker, the App and the screens.
+
+The high-rate ones coalesce in the queue (`can_replace`), so a burst of server events becomes one
+refresh instead of one per event.
+"""
+
+from __future__ import annotations
+
+from textual.message import Message
+
+
+class SessionsChanged(Message):
+    """The session board changed (one or many events)."""
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, SessionsChanged)
+
+
+class TurnCaptured(Message):
+    """A new turn reached a session's rollout graph."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__()
+        self.session_id = session_id
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, TurnCaptured) and message.session_id == self.session_id
+
+
+class RunsChanged(Message):
+    """A run started, progressed or finished."""
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, RunsChanged)
+
+
+class ConnectionChanged(Message):
+    """The event stream connected or was lost (`error` says why and what to do)."""
+
+    def __init__(self, connected: bool, error: str = "") -> None:
+        super().__init__()
+        self.connected = connected
+        self.error = error
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, ConnectionChanged)

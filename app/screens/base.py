@@ -1,0 +1,34 @@
+"""What every tapdeck screen shares: the nav bar on top, the status line and footer below."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from textual.app import ComposeResult
+from textual.screen import Screen
+from textual.widget import Widget
+from textual.widgets import Footer
+
+from tapdeck.app.widgets.nav_bar import NavBar
+from tapdeck.app.widgets.status_line import StatusLine
+
+
+class TapdeckScreen(Screen):
+    """Subclasses set `MODE` and implement `compose_body()`."""
+
+    MODE = ""
+    HELP = ""
+
+    def compose(self) -> ComposeResult:
+        yield NavBar(self.MODE)
+        yield from self.compose_body()
+        yield StatusLine()
+        yield Footer()
+
+    def compose_body(self) -> Iterable[Widget]:
+        return ()
+
+    @property
+    def client(self):
+        """The app's `TapdeckClient`."""
+        return self.app.client

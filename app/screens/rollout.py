@@ -1,0 +1,184 @@
+"""Rollout: the graph of one session's model calls, and each turn's messages and tokens.
+
+Works while the rollout runs: a `turn_captured` event for this session triggers a refresh that adds
+the new nodes to the tree without losing the cursor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from textual import on, work
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.content import Content
+from textual.widget import Widget
+from textual.widgets import Static, TabbedContent, TabPane, Tree
+
+from tapdeck.app.screens.base import TapdeckScreen
+from tapdeck.app.views import (finding_level, finding_text, message_text, rollout_nodes,
+                               short_id, token_detail)
+from tapdeck.app.widgets.rollout_tree import RolloutTree
+from tapdeck.app.widgets.token_view import TokenView
+
+LEVEL_STYLES = {"FATAL": "bold $error", "WARN": "$warning", "INFO": "$text-muted"}
+
+
+class RolloutScreen(TapdeckScreen):
+    """Shows `session_id` (set by `App.open_rollout`)."""
+
+    MODE = "rollout"
+    HELP = RolloutTree.HELP
+
+    BINDINGS = [
+        Binding("t", "tab('tokens')", "Tokens", id="rollout.tokens"),
+        Binding("m", "tab('messages')", "Messages", id="rollout.messages"),
+        Binding("f", "tab('findings')", "Findings", id="rollout.findings"),
+        Binding("r", "reload", "Reload", id="rollout.reload"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.session_id: str | None = None
+        self.document: dict[str, Any] | None = None
+        self.turn: dict[str, Any] | None = None
+        self.turn_seq: int | None = None
+
+    def compose_body(self) -> Iterable[Widget]:
+        yield Static("No rollout open: pick a session on Sessions (2) and press Enter.",
+                     id="rollout-header")
+        with Horizontal(id="rollout-body"):
+            yield RolloutTree(id="graph")
+            with Vertical(id="turn-pane"):
+                yield Static("", id="turn-header")
+                with TabbedContent(initial="tokens", id="turn-tabs"):
+                    with TabPane("Tokens", id="tokens"):
+                        with VerticalScroll(id="tokens-scroll"):
+                            yield TokenView(id="token-view")
+                    with TabPane("Messages", id="messages"):
+                        with VerticalScroll():
+                            yield Static("", id="messages-text")
+                    with TabPane("Findings", id="findings"):
+                        with VerticalScroll():
+                            yield Static("", id="findings-text")
+                yield Static("", id="token-detail")
+
+    def show_session(self, session_id: str) -> None:
+        """Open another session (clears the view) and load it."""
+        if session_id != self.session_id:
+            self.session_id = session_id
+            self.document = None
+            self.turn = None
+            self.turn_seq = None
+            if self.is_mounted:
+                self.query_one(RolloutTree).load({})
+                self.query_one(TokenView).show(None)
+                self.query_one("#token-detail", Static).update("")
+                self.query_one("#turn-header", Static).update("")
+        self.action_reload()
+
+    def action_reload(self) -> None:
+        """Fetch the rollout document again."""
+        if self.session_id and self.is_mounted:
+            self.load_rollout(self.session_id)
+
+    def action_tab(self, tab: str) -> None:
+        self.query_one(TabbedContent).active = tab
+
+    def turn_captured(self, session_id: str) -> None:
+        """Called by the App for each (coalesced) turn_captured event."""
+        if session_id == self.session_id:
+            self.action_reload()
+
+    @work(exclusive=True, group="rollout", exit_on_error=False)
+    async def load_rollout(self, session_id: str) -> None:
+        document = await self.client.rollout(session_id)
+        if session_id != self.session_id:
+            return
+        self.document = document
+        self.apply_document(document)
+        if self.turn_seq is None:
+            nodes = rollout_nodes(document)
+            if nodes:
+                first = min(nodes)
+                self.query_one(RolloutTree).select_seq(first)
+                self.load_turn(session_id, first)
+
+    def apply_document(self, document: dict[str, Any]) -> None:
+        """Header, tree and rollout-level findings from a rollout document."""
+        stats = document.get("stats") or {}
+        summary = self.app.board.get(self.session_id or "") or {}
+        meta = summary.get("metadata") or document.get("metadata") or {}
+        parts = [f"session {short_id(self.session_id)}"]
+        if meta.get("task"):
+            parts.append(str(meta["task"]))
+        parts.append(f"tier {document.get('tier', summary.get('tier', '?'))}")
+        for key in ("turns", "roots", "forks", "breaks", "discarded", "trainable_tokens"):
+            if key in stats:
+                parts.append(f"{key.replace('_', ' ')} {stats[key]}")
+        if "fragmentation" in stats and stats["fragmentation"] is not None:
+            parts.append(f"fragmentation {float(stats['fragmentation']):.2f}")
+        self.query_one("#rollout-header", Static).update(" · ".join(parts))
+        self.query_one(RolloutTree).load(rollout_nodes(document))
+        self._show_findings()
+
+    def _show_findings(self) -> None:
+        lines: list[tuple[str, str]] = []
+        rollout_findings = [finding_text(f) for f in (self.document or {}).get("findings") or []]
+        if rollout_findings:
+            lines.append(("Rollout\n", "bold"))
+            lines.extend((f"{f}\n", LEVEL_STYLES[finding_level(f)]) for f in rollout_findings)
+        if self.turn is not None:
+            turn_findings = [finding_text(f) for f in self.turn.get("findings") or []]
+            lines.append((f"Turn #{self.turn.get('seq')}\n", "bold"))
+            lines.extend((f"{f}\n", LEVEL_STYLES[finding_level(f)]) for f in turn_findings)
+            if not turn_findings:
+                lines.append(("no findings\n", "$text-muted"))
+        if not lines:
+            lines.append(("No findings.", "$text-muted"))
+        self.query_one("#findings-text", Static).update(Content.assemble(*lines))
+
+    @on(Tree.NodeSelected, "#graph")
+    def _node_selected(self, event: Tree.NodeSelected) -> None:
+        if event.node.data is not None and self.session_id:
+            self.load_turn(self.session_id, int(event.node.data))
+
+    @work(exclusive=True, group="turn", exit_on_error=False)
+    async def load_turn(self, session_id: str, seq: int) -> None:
+        turn = await self.client.turn(session_id, seq)
+        if session_id != self.session_id:
+            return
+        self.show_turn(turn)
+
+    def show_turn(self, turn: dict[str, Any]) -> None:
+        """Messages, tokens and findings of one turn."""
+        self.turn = turn
+        self.turn_seq = turn.get("seq")
+        sampled = turn.get("sampled_ids") or turn.get("token_texts") or []
+        header = [f"turn #{turn.get('seq')}",
+                  "" if turn.get("link_kind") in (None, "root") else str(turn["link_kind"]),
+                  f"parent #{turn['parent']}" if turn.get("parent") is not None else "root",
+                  f"prompt {turn.get('prompt_len', '?')} tok", f"sampled {len(sampled)}",
+                  f"finish {turn.get('finish_reason') or '?'}"]
+        self.query_one("#turn-header", Static).update(" · ".join(p for p in header if p))
+        self.query_one(TokenView).show(turn)
+        self.query_one("#token-detail", Static).update(
+            Content.styled("Click a token (or , .) for its logprob and alternatives.", "$text-muted"))
+        request = turn.get("request") or {}
+        parts: list[tuple[str, str]] = []
+        for message in request.get("messages") or []:
+            parts.append((message_text(message)[:4000] + "\n\n",
+                          "bold $secondary" if message.get("role") == "system" else ""))
+        response = turn.get("response") or {}
+        if response:
+            parts.append(("⇒ " + message_text(response)[:4000], "bold $accent"))
+        self.query_one("#messages-text", Static).update(
+            Content.assemble(*parts) if parts else Content("(no messages recorded)"))
+        self._show_findings()
+
+    @on(TokenView.Picked)
+    def _token_picked(self, event: TokenView.Picked) -> None:
+        if self.turn is not None:
+            self.query_one("#token-detail", Static).update(
+                Content(token_detail(self.turn, event.index)))

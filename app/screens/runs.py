@@ -1,0 +1,174 @@
+"""Runs: batches with per-task groups, rewards, pass rates and failures by cause; export a run."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from textual import on, work
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.widget import Widget
+from textual.widgets import DataTable, Static
+
+from tapdeck.app.screens.base import TapdeckScreen
+from tapdeck.app.views import failures_by_cause, fmt_rate, fmt_reward, run_groups, short_id
+
+
+class RunsScreen(TapdeckScreen):
+    """Top: all runs. Below: the highlighted run's groups, failures and rollouts."""
+
+    MODE = "runs"
+    HELP = ("Batches started from Setup (or the CLI). Enter shows a run's groups; o opens the "
+            "highlighted rollout; e / p export the run as JSONL / Parquet on the server's machine.")
+
+    BINDINGS = [
+        Binding("e", "export('jsonl')", "Export JSONL", id="runs.export_jsonl"),
+        Binding("p", "export('parquet')", "Parquet", id="runs.export_parquet"),
+        Binding("x", "cancel", "Cancel run", id="runs.cancel"),
+        Binding("o", "open_rollout", "Open rollout", id="runs.open"),
+        Binding("r", "reload", "Reload", id="runs.reload"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runs: list[dict[str, Any]] = []
+        self.run_id: str | None = None
+        self.detail: dict[str, Any] | None = None
+
+    def compose_body(self) -> Iterable[Widget]:
+        runs = DataTable(id="runs-table", cursor_type="row", zebra_stripes=True)
+        runs.add_columns("run", "state", "done", "ok", "failed", "reward", "pass")
+        yield runs
+        yield Static("", id="run-header")
+        with Horizontal(id="run-detail"):
+            with Vertical(id="groups-pane"):
+                groups = DataTable(id="groups-table", cursor_type="row")
+                groups.add_columns("task", "done", "rewards", "mean", "pass")
+                yield groups
+                yield Static("", id="failures")
+            rollouts = DataTable(id="rollouts-table", cursor_type="row")
+            rollouts.add_columns("task", "#", "phase", "reward", "turns", "error")
+            yield rollouts
+
+    def on_mount(self) -> None:
+        self.action_reload()
+
+    def on_screen_resume(self) -> None:
+        self.action_reload()
+
+    def action_reload(self) -> None:
+        """Fetch the runs and the shown run."""
+        self.load_runs()
+
+    def runs_changed(self) -> None:
+        """Called by the App on (coalesced) run events."""
+        if self.is_mounted:
+            self.load_runs()
+
+    @work(exclusive=True, group="runs", exit_on_error=False)
+    async def load_runs(self) -> None:
+        runs = await self.client.runs()
+        self.runs = sorted(runs, key=lambda r: r.get("created_at") or 0, reverse=True)
+        table = self.query_one("#runs-table", DataTable)
+        cursor = table.cursor_row
+        with self.app.batch_update():
+            table.clear()
+            for run in self.runs:
+                counts = run.get("counts") or {}
+                table.add_row(short_id(run.get("id"), 12), str(run.get("state", "?")),
+                              f"{counts.get('done', 0)}/{counts.get('total', 0)}",
+                              str(counts.get("ok", 0)), str(counts.get("failed", 0)),
+                              fmt_reward(run.get("mean_reward")), fmt_rate(run.get("pass_rate")),
+                              key=run.get("id"))
+            if self.runs:
+                table.move_cursor(row=min(cursor, len(self.runs) - 1))
+        if not self.runs:
+            self.query_one("#run-header", Static).update("No runs yet: start a batch on Setup (1).")
+            return
+        wanted = self.run_id if any(r.get("id") == self.run_id for r in self.runs) else self.runs[0]["id"]
+        self.run_id = wanted
+        detail = await self.client.run(wanted)
+        self.show_detail(detail)
+
+    @on(DataTable.RowHighlighted, "#runs-table")
+    def _run_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        key = event.row_key.value if event.row_key else None
+        if key and key != self.run_id:
+            self.run_id = key
+            self.load_detail(key)
+
+    @work(exclusive=True, group="run-detail", exit_on_error=False)
+    async def load_detail(self, run_id: str) -> None:
+        self.show_detail(await self.client.run(run_id))
+
+    def show_detail(self, detail: dict[str, Any]) -> None:
+        """Groups, failures and rollouts of one run."""
+        self.detail = detail
+        plan = detail.get("plan") or {}
+        self.query_one("#run-header", Static).update(
+            f"run {detail.get('id', '?')} · {plan.get('dataset', '?')} · {plan.get('harness', '?')} · "
+            f"{plan.get('sandbox', '?')} · {plan.get('engine', '?')} · K={plan.get('k', '?')}")
+        rollouts = detail.get("rollouts") or []
+        groups = self.query_one("#groups-table", DataTable)
+        table = self.query_one("#rollouts-table", DataTable)
+        with self.app.batch_update():
+            groups.clear()
+            for group in run_groups(rollouts):
+                groups.add_row(group.task[:28], f"{group.done}/{group.total}",
+                               " ".join(fmt_reward(r) for r in group.rewards)[:24],
+                               fmt_reward(group.mean), fmt_rate(group.pass_rate), key=group.task)
+            table.clear()
+            for r in sorted(rollouts, key=lambda r: (str(r.get("task")), r.get("index", 0))):
+                table.add_row(str(r.get("task", "?"))[:24], str(r.get("index", "")),
+                              str(r.get("phase", "?")), fmt_reward(r.get("reward")),
+                              str(r.get("turns", "")), str(r.get("error_kind") or ""),
+                              key=r.get("rollout_id") or f"{r.get('task')}:{r.get('index')}")
+        failures = failures_by_cause(rollouts)
+        self.query_one("#failures", Static).update(
+            "failures: " + ", ".join(f"{kind} {n}" for kind, n in failures.most_common())
+            if failures else "failures: none")
+
+    def _selected_rollout(self) -> dict[str, Any] | None:
+        table = self.query_one("#rollouts-table", DataTable)
+        if not self.detail or table.row_count == 0:
+            return None
+        key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        return next((r for r in self.detail.get("rollouts") or []
+                     if (r.get("rollout_id") or f"{r.get('task')}:{r.get('index')}") == key), None)
+
+    def action_open_rollout(self) -> None:
+        """Open the highlighted rollout's capture session."""
+        rollout = self._selected_rollout()
+        if rollout is None or not rollout.get("session_id"):
+            self.app.notify("This rollout has no capture session yet.", severity="warning")
+            return
+        self.app.open_rollout(rollout["session_id"])
+
+    @on(DataTable.RowSelected, "#rollouts-table")
+    def _rollout_selected(self) -> None:
+        self.action_open_rollout()
+
+    def action_export(self, fmt: str) -> None:
+        """Export the shown run's training data."""
+        if not self.run_id:
+            self.app.notify("No run to export.", severity="warning")
+            return
+        self.export_run(self.run_id, fmt)
+
+    @work(group="export", exit_on_error=False)
+    async def export_run(self, run_id: str, fmt: str) -> None:
+        self.app.notify(f"exporting run {run_id} as {fmt}…")
+        result = await self.client.export_run(run_id, fmt)
+        self.app.notify(f"wrote {result.get('path')}", title="Export done", timeout=10)
+
+    def action_cancel(self) -> None:
+        """Cancel the shown run."""
+        if self.run_id:
+            self.cancel_run(self.run_id)
+
+    @work(group="cancel", exit_on_error=False)
+    async def cancel_run(self, run_id: str) -> None:
+        await self.client.cancel_run(run_id)
+        self.app.notify(f"run {run_id} cancelled")
+        self.load_runs()

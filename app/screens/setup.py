@@ -1,0 +1,241 @@
+"""Setup: choose dataset, tasks, harness, sandbox, engine, K and concurrency; start a batch.
+
+Every choice shows whether this machine can run it and why not, as `/admin/catalog` reports it —
+nothing is assumed available.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from textual import on, work
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.content import Content
+from textual.widget import Widget
+from textual.widgets import Button, Input, Label, Select, SelectionList, Static
+
+from tapdeck.app.messages import RunsChanged
+from tapdeck.app.screens.base import TapdeckScreen
+
+SMALL_MODEL_NOTE = ("The embedded engine (SmolLM2-135M) never solves tasks: every reward is 0. It "
+                    "exercises capture and this UI; a bigger engine is one flag away "
+                    "(tapdeck tui --engine URL).")
+
+
+def _ok(item: dict, key: str) -> bool:
+    return bool(item.get(key, False))
+
+
+class SetupScreen(TapdeckScreen):
+    """The rollout plan editor."""
+
+    MODE = "setup"
+    HELP = "Pick what to run. ✓ = this machine can run it; ✗ = it cannot, and the line below says why."
+
+    BINDINGS = [
+        Binding("ctrl+s", "start", "Start batch", id="setup.start"),
+        Binding("ctrl+r", "reload", "Reload catalog", id="setup.reload"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.catalog: dict[str, Any] | None = None
+
+    def compose_body(self) -> Iterable[Widget]:
+        with Horizontal(id="setup-body"):
+            with VerticalScroll(id="setup-left"):
+                yield Static(SMALL_MODEL_NOTE, id="small-model-note")
+                yield Label("Dataset")
+                yield Select[str]([], id="dataset", prompt="loading catalog…", compact=True)
+                yield Input(placeholder="…or a dataset path / registry name", id="dataset-path", compact=True)
+                yield Static("", id="why-dataset", classes="why")
+                yield Label("Harness")
+                yield Select[str]([], id="harness", prompt="–", compact=True)
+                yield Static("", id="why-harness", classes="why")
+                yield Label("Sandbox")
+                yield Select[str]([], id="sandbox", prompt="–", compact=True)
+                yield Static("", id="why-sandbox", classes="why")
+                yield Label("Engine")
+                yield Select[str]([], id="engine", prompt="–", compact=True)
+                yield Static("", id="why-engine", classes="why")
+                with Horizontal(id="numbers"):
+                    with Vertical():
+                        yield Label("K per task")
+                        yield Input("1", id="k", type="integer", compact=True)
+                    with Vertical():
+                        yield Label("Concurrency")
+                        yield Input("1", id="concurrency", type="integer", compact=True)
+                yield Button("Start batch", id="start", variant="primary", compact=True)
+            with Vertical(id="setup-right"):
+                yield Label("Tasks (none ticked = all)")
+                yield SelectionList[str](id="tasks")
+                yield Static("", id="instruction")
+
+    def on_mount(self) -> None:
+        self.action_reload()
+
+    def action_reload(self) -> None:
+        """Fetch `/admin/catalog` again (e.g. after installing a sandbox SDK)."""
+        self.load_catalog()
+
+    @work(exclusive=True, group="catalog", exit_on_error=False)
+    async def load_catalog(self) -> None:
+        body = self.query_one("#setup-body")
+        body.loading = True  # probing engines and sandboxes can take a few seconds
+        try:
+            catalog = await self.client.catalog()
+        finally:
+            body.loading = False
+        self.apply_catalog(catalog)
+        self.query_one("#dataset", Select).focus()
+
+    def apply_catalog(self, catalog: dict[str, Any]) -> None:
+        """Fill the pickers from a catalog and select its defaults."""
+        self.catalog = catalog
+        defaults = catalog.get("defaults") or {}
+
+        def fill(select_id: str, items: list[dict], ok_key: str, extra: str = "") -> None:
+            options = []
+            for item in items:
+                mark = "✓" if _ok(item, ok_key) else "✗"
+                label = f"{mark} {item['name']}"
+                if extra and item.get(extra):
+                    label += f" ({item[extra]})"
+                options.append((label, item["name"]))
+            select = self.query_one(f"#{select_id}", Select)
+            select.set_options(options)
+            default = defaults.get(select_id)
+            names = [item["name"] for item in items]
+            if default in names:
+                select.value = default
+            elif names:
+                select.value = names[0]
+
+        datasets = catalog.get("datasets") or []
+        for d in datasets:
+            d.setdefault("_ok", not d.get("error"))
+        fill("dataset", datasets, "_ok")
+        fill("harness", catalog.get("harnesses") or [], "available", "dialect")
+        fill("sandbox", catalog.get("sandboxes") or [], "available")
+        fill("engine", catalog.get("engines") or [], "reachable", "tier")
+        self.query_one("#dataset", Select).prompt = "–"
+        self._show_dataset()
+        for kind in ("harness", "sandbox", "engine"):
+            self._show_why(kind)
+
+    def _item(self, kind: str) -> dict | None:
+        if not self.catalog:
+            return None
+        value = self.query_one(f"#{kind}", Select).value
+        items = {"dataset": "datasets", "harness": "harnesses", "sandbox": "sandboxes",
+                 "engine": "engines"}[kind]
+        return next((i for i in self.catalog.get(items) or [] if i.get("name") == value), None)
+
+    def _why(self, kind: str, item: dict | None) -> tuple[bool, str]:
+        """(can run, a line saying so or why not)."""
+        if item is None:
+            return False, "nothing to choose (catalog not loaded)"
+        if kind == "dataset":
+            if item.get("error"):
+                return False, f"✗ {item['error']}"
+            return True, f"✓ {len(item.get('tasks') or [])} tasks · {item.get('source', '')}"
+        if kind == "engine":
+            tier = item.get("tier") or "text"
+            if not item.get("reachable"):
+                return False, f"✗ unreachable: {item.get('why') or 'no answer'}"
+            trainable = "trainable" if tier == "tokens" else "eval only"
+            return True, f"✓ tier {tier} ({trainable}) · {item.get('url', '')}"
+        ok = bool(item.get("available"))
+        detail = item.get("why") or ""
+        if kind == "harness":
+            extra = f"{item.get('placement', '')}, {'validated' if item.get('validated') else 'not validated'}"
+            return ok, (f"✓ {extra}" if ok else f"✗ {detail or 'not available'}") + (
+                f" · {detail}" if ok and detail else "")
+        return ok, (f"✓ {detail}" if ok and detail else "✓ available") if ok else f"✗ {detail or 'not available'}"
+
+    def _show_why(self, kind: str) -> None:
+        ok, text = self._why(kind, self._item(kind))
+        self.query_one(f"#why-{kind}", Static).update(
+            Content.styled(text, "$success" if ok else "$error"))
+
+    def _show_dataset(self) -> None:
+        self._show_why("dataset")
+        item = self._item("dataset")
+        tasks = self.query_one("#tasks", SelectionList)
+        tasks.clear_options()
+        for task in (item or {}).get("tasks") or []:
+            tasks.add_option((task["name"], task["name"]))
+        self._preview((item or {}).get("tasks", [{}])[0].get("name") if (item or {}).get("tasks") else None)
+
+    def _preview(self, task_name: str | None) -> None:
+        item = self._item("dataset") or {}
+        task = next((t for t in item.get("tasks") or [] if t.get("name") == task_name), None)
+        text = (task or {}).get("instruction") or ""
+        preview = self.query_one("#instruction", Static)
+        if task is None:
+            preview.update(Content.styled("No task to preview.", "$text-muted"))
+        else:
+            preview.update(Content.assemble((f"{task['name']}\n", "bold"), text.strip()[:2000]))
+
+    @on(Select.Changed)
+    def _select_changed(self, event: Select.Changed) -> None:
+        kind = event.select.id or ""
+        if kind == "dataset":
+            self._show_dataset()
+        elif kind in ("harness", "sandbox", "engine"):
+            self._show_why(kind)
+
+    @on(SelectionList.SelectionHighlighted, "#tasks")
+    def _task_highlighted(self, event: SelectionList.SelectionHighlighted) -> None:
+        self._preview(event.selection.value)
+
+    @on(Button.Pressed, "#start")
+    def _start_pressed(self) -> None:
+        self.action_start()
+
+    def plan(self) -> dict[str, Any]:
+        """The RunPlan for `POST /admin/runs`; raises ValueError with what to fix."""
+        custom = self.query_one("#dataset-path", Input).value.strip()
+        dataset = custom or self.query_one("#dataset", Select).value
+        if not dataset or dataset is Select.NULL:
+            raise ValueError("choose a dataset (or type a path)")
+        for kind in ("harness", "sandbox", "engine"):
+            item = self._item(kind)
+            ok, why = self._why(kind, item)
+            if not ok:
+                raise ValueError(f"{kind} {item['name'] if item else ''} cannot run here: {why.lstrip('✗ ')}")
+        if not custom:
+            ok, why = self._why("dataset", self._item("dataset"))
+            if not ok:
+                raise ValueError(f"dataset {dataset} cannot be used: {why.lstrip('✗ ')}")
+        numbers = {}
+        for name in ("k", "concurrency"):
+            raw = self.query_one(f"#{name}", Input).value.strip()
+            if not raw.isdigit() or int(raw) < 1:
+                raise ValueError(f"{'K' if name == 'k' else 'concurrency'} must be a whole number ≥ 1")
+            numbers[name] = int(raw)
+        ticked = list(self.query_one("#tasks", SelectionList).selected)
+        return {"dataset": str(dataset), "tasks": ticked or None,
+                "harness": self.query_one("#harness", Select).value,
+                "sandbox": self.query_one("#sandbox", Select).value,
+                "engine": self.query_one("#engine", Select).value,
+                "k": numbers["k"], "concurrency": numbers["concurrency"]}
+
+    def action_start(self) -> None:
+        """Start a batch with the current choices."""
+        try:
+            plan = self.plan()
+        except ValueError as exc:
+            self.app.notify(str(exc), title="Cannot start", severity="warning")
+            return
+        self.start_run(plan)
+
+    @work(exclusive=True, group="start-run", exit_on_error=False)
+    async def start_run(self, plan: dict[str, Any]) -> None:
+        run = await self.client.start_run(plan)
+        self.app.notify(f"run {run.get('id', '?')} started: {run.get('counts', {}).get('total', '?')} rollouts",
+                        title="Batch started")
+        self.app.post_message(RunsChanged())
+        self.app.switch_mode("sessions")

@@ -1,0 +1,54 @@
+"""The TUI's small remembered settings (theme, key map) in one JSON file. Free of Textual.
+
+Embedded mode keeps it in the data dir (`<data_dir>/tui.json`); attached mode in
+`~/.config/tapdeck/tui.json`. A missing or broken file means defaults, never an error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+def default_settings_path(data_dir: Path | None = None) -> Path:
+    """Where settings live: the data dir when there is one, else `$XDG_CONFIG_HOME/tapdeck`."""
+    if data_dir is not None:
+        return data_dir / "tui.json"
+    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    return base / "tapdeck" / "tui.json"
+
+
+@dataclass
+class Settings:
+    """`theme`: a theme name; `keymap`: binding id → keys (e.g. `{"app.help": "f2"}`)."""
+
+    theme: str | None = None
+    keymap: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: Path | None) -> Settings:
+        if path is None or not path.is_file():
+            return cls()
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return cls()
+        if not isinstance(raw, dict):
+            return cls()
+        keymap = raw.get("keymap") if isinstance(raw.get("keymap"), dict) else {}
+        theme = raw.get("theme") if isinstance(raw.get("theme"), str) else None
+        return cls(theme=theme, keymap={str(k): str(v) for k, v in keymap.items()})
+
+    def save(self, path: Path | None) -> None:
+        """Write atomically; a read-only location is silently skipped (settings are a convenience)."""
+        if path is None:
+            return
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(asdict(self), indent=2))
+            tmp.replace(path)
+        except OSError:
+            pass

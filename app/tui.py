@@ -1,0 +1,306 @@
+"""The tapdeck TUI: one App over a `TapdeckClient`, the same for embedded and attached servers.
+
+The App owns the live state (the session board fed by `/admin/events`), the theme and key map, and
+the single place where worker errors become notifications (`on_worker_state_changed`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+from textual import work
+from textual.app import App
+from textual.binding import Binding
+from textual.command import DiscoveryHit, Hit, Hits, Provider
+from textual.reactive import reactive
+from textual.theme import Theme
+from textual.worker import Worker, WorkerState
+
+from tapdeck.app.client import ApiError, TapdeckClient
+from tapdeck.app.messages import ConnectionChanged, RunsChanged, SessionsChanged, TurnCaptured
+from tapdeck.app.screens.help import HelpScreen
+from tapdeck.app.screens.info import InfoScreen
+from tapdeck.app.screens.rollout import RolloutScreen
+from tapdeck.app.screens.runs import RunsScreen
+from tapdeck.app.screens.sessions import SessionsScreen
+from tapdeck.app.screens.setup import SetupScreen
+from tapdeck.app.screens.train import TrainScreen
+from tapdeck.app.settings import Settings
+from tapdeck.app.views import SessionBoard
+from tapdeck.themes import STYLESHEET
+from tapdeck.themes.palettes import DEFAULT_THEME, THEMES, VARIABLE_DEFAULTS
+
+SESSION_EVENTS = {"session_opened", "turn_captured", "session_updated", "session_closed"}
+RUN_EVENTS = {"run_started", "rollout_updated", "run_finished"}
+RECONNECT_S = (0.5, 1.0, 2.0, 5.0)
+
+SCREEN_TITLES = {"setup": "Setup", "sessions": "Sessions", "rollout": "Rollout", "runs": "Runs",
+                 "info": "Info", "train": "Train"}
+
+
+def build_themes() -> list[Theme]:
+    """tapdeck's themes (data in tapdeck.themes.palettes) as Textual Themes."""
+    return [Theme(name=name, **spec) for name, spec in THEMES.items()]
+
+
+def describe_error(error: BaseException) -> str:
+    """A line a person can act on, for any error a worker raised."""
+    if isinstance(error, ApiError):
+        return error.message
+    if isinstance(error, (OSError, TimeoutError)):
+        return f"{type(error).__name__}: {error}"
+    return f"unexpected {type(error).__name__}: {error}"
+
+
+class TapdeckCommands(Provider):
+    """Command palette entries for tapdeck's actions."""
+
+    def _commands(self) -> list[tuple[str, Callable[[], object], str]]:
+        app: TapdeckApp = self.app  # type: ignore[assignment]
+        commands: list[tuple[str, Callable[[], object], str]] = [
+            (f"Go to {title}", partial(app.switch_mode, mode), f"show the {title} screen")
+            for mode, title in SCREEN_TITLES.items()
+        ]
+        commands += [
+            ("Start batch", app.action_start_batch, "start a batch with the Setup choices"),
+            ("Export run as JSONL", partial(app.action_export_run, "jsonl"), "export the run shown on Runs"),
+            ("Export run as Parquet", partial(app.action_export_run, "parquet"), "export the run shown on Runs"),
+            ("Reload sessions", app.action_resync, "re-read all sessions from the server"),
+            ("Help", app.action_help, "keys and screens"),
+        ]
+        commands += [(f"Theme: {name}", partial(setattr, app, "theme", name), "switch theme")
+                     for name in THEMES]
+        return commands
+
+    async def discover(self) -> Hits:
+        for name, callback, help_text in self._commands():
+            yield DiscoveryHit(name, callback, help=help_text)
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        for name, callback, help_text in self._commands():
+            score = matcher.match(name)
+            if score > 0:
+                yield Hit(score, matcher.highlight(name), callback, help=help_text)
+
+
+class TapdeckApp(App[None]):
+    """`TapdeckApp(client, server_label=..., settings_path=...)`."""
+
+    TITLE = "tapdeck"
+    CSS_PATH = STYLESHEET
+    COMMANDS = App.COMMANDS | {TapdeckCommands}
+    DEFAULT_MODE = "sessions"
+
+    BINDINGS = [
+        Binding("1", "switch_mode('setup')", "Setup", show=False, id="app.setup"),
+        Binding("2", "switch_mode('sessions')", "Sessions", show=False, id="app.sessions"),
+        Binding("3", "switch_mode('rollout')", "Rollout", show=False, id="app.rollout"),
+        Binding("4", "switch_mode('runs')", "Runs", show=False, id="app.runs"),
+        Binding("5", "switch_mode('info')", "Info", show=False, id="app.info"),
+        Binding("6", "switch_mode('train')", "Train", show=False, id="app.train"),
+        Binding("f1,question_mark", "help", "Help", id="app.help"),
+        Binding("ctrl+t", "next_theme", "Theme", show=False, id="app.theme"),
+        Binding("q", "quit", "Quit", id="app.quit"),
+    ]
+
+    status: reactive[str] = reactive("")
+    status_level: reactive[str] = reactive("info")
+
+    def __init__(self, client: TapdeckClient, *, server_label: str = "", settings_path: Path | None = None,
+                 follow_events: bool = True, clock: Callable[[], float] = time.monotonic,
+                 initial_mode: str = "sessions") -> None:
+        super().__init__()
+        self.client = client
+        self.server_label = server_label or client.base_url
+        self.settings_path = settings_path
+        self.settings = Settings.load(settings_path)
+        self.follow_events = follow_events
+        self.clock = clock
+        self.initial_mode = initial_mode
+        self.board = SessionBoard()
+        self.connected = False
+        self.screens_by_mode = {"setup": SetupScreen(), "sessions": SessionsScreen(),
+                                "rollout": RolloutScreen(), "runs": RunsScreen(), "info": InfoScreen(),
+                                "train": TrainScreen()}
+        for mode, screen in self.screens_by_mode.items():
+            # One screen instance per mode, so the App can reach each screen directly.
+            self.add_mode(mode, lambda screen=screen: screen)
+
+    # -- start-up ---------------------------------------------------------------------------------
+    def get_theme_variable_defaults(self) -> dict[str, str]:
+        return {**super().get_theme_variable_defaults(), **VARIABLE_DEFAULTS}
+
+    def on_mount(self) -> None:
+        for theme in build_themes():
+            self.register_theme(theme)
+        wanted = self.settings.theme or DEFAULT_THEME
+        try:
+            self.theme = wanted
+        except Exception:  # noqa: BLE001 - InvalidThemeError: an old settings file names a removed theme
+            self.theme = DEFAULT_THEME
+            self.notify(f"theme {wanted!r} not found; using {DEFAULT_THEME}", severity="warning")
+        self.theme_changed_signal.subscribe(self, self._remember_theme)
+        if self.settings.keymap:
+            self.set_keymap(self.settings.keymap)
+        self.status = f"connecting to {self.server_label}…"
+        self.switch_mode(self.initial_mode)
+        if self.follow_events:
+            self.follow()
+        else:
+            self.resync()
+
+    def _remember_theme(self, theme: Theme) -> None:
+        self.settings.theme = theme.name
+        self.settings.save(self.settings_path)
+
+    async def on_unmount(self) -> None:
+        await self.client.aclose()
+
+    # -- live state -------------------------------------------------------------------------------
+    async def _load_board(self) -> None:
+        """Replace the board with `GET /admin/sessions` plus the rollouts of running runs."""
+        self.board.replace_all(await self.client.sessions(), self.clock())
+        try:
+            runs = await self.client.runs()
+        except ApiError as exc:
+            if exc.kind != "not_found":  # a server without runner routes lists sessions only
+                raise
+            runs = []
+        for run in runs:
+            if run.get("state") == "running":
+                for rollout in (await self.client.run(run["id"])).get("rollouts") or []:
+                    self.board.upsert_rollout(rollout)
+        self.post_message(SessionsChanged())
+
+    @work(group="resync", exclusive=True, exit_on_error=False)
+    async def resync(self) -> None:
+        """Re-read all sessions from the server."""
+        await self._load_board()
+        if not self.follow_events:
+            self.status = f"{self.server_label}"
+
+    @work(group="events", exclusive=True, exit_on_error=False)
+    async def follow(self) -> None:
+        """Follow `/admin/events` forever: resync on (re)connect, back off while the server is gone."""
+        attempt = 0
+        while True:
+            try:
+                await self._load_board()
+                self.post_message(ConnectionChanged(True))
+                attempt = 0
+                async for event in self.client.events():
+                    self.take_event(event)
+                raise ApiError(f"the server at {self.server_label} closed the event stream",
+                               kind="unreachable")
+            except ApiError as exc:
+                if exc.kind == "auth":
+                    self.post_message(ConnectionChanged(False, exc.message))
+                    return
+                delay = RECONNECT_S[min(attempt, len(RECONNECT_S) - 1)]
+                attempt += 1
+                self.post_message(ConnectionChanged(False, f"{exc.message} · retrying in {delay:g} s"))
+                await asyncio.sleep(delay)
+
+    def take_event(self, event: dict) -> None:
+        """Apply one server event to the live state and tell the screens (coalesced)."""
+        kind = event.get("type")
+        if kind in SESSION_EVENTS and isinstance(event.get("session"), dict):
+            self.board.upsert(event["session"], self.clock())
+            self.post_message(SessionsChanged())
+        if kind == "rollout_updated" and isinstance(event.get("rollout"), dict):
+            self.board.upsert_rollout(event["rollout"])
+            self.post_message(SessionsChanged())
+        if kind == "turn_captured":
+            session_id = event.get("session_id") or (event.get("session") or {}).get("id")
+            if session_id:
+                self.post_message(TurnCaptured(session_id))
+        session_meta = (event.get("session") or {}).get("metadata") or {}
+        if kind in RUN_EVENTS or (kind in ("session_updated", "session_closed") and session_meta.get("run_id")):
+            self.post_message(RunsChanged())
+
+    def _mode_screen(self, mode: str):
+        """The base screen of `mode` (one instance per mode for the App's life)."""
+        return self.screens_by_mode.get(mode)
+
+    def on_turn_captured(self, message: TurnCaptured) -> None:
+        screen = self._mode_screen("rollout")
+        if isinstance(screen, RolloutScreen):
+            screen.turn_captured(message.session_id)
+
+    def on_runs_changed(self, message: RunsChanged) -> None:
+        screen = self._mode_screen("runs")
+        if isinstance(screen, RunsScreen) and self.current_mode == "runs":
+            screen.runs_changed()
+
+    def on_sessions_changed(self, message: SessionsChanged) -> None:
+        """Nothing to do here: the Sessions screen polls `board.version` at its own rate."""
+
+    def on_connection_changed(self, message: ConnectionChanged) -> None:
+        was = self.connected
+        self.connected = message.connected
+        if message.connected:
+            self.status = f"connected to {self.server_label}"
+            self.status_level = "info"
+            rollout = self._mode_screen("rollout")
+            if not was and rollout.is_mounted and rollout.session_id:
+                rollout.action_reload()
+        else:
+            self.status = message.error
+            self.status_level = "error"
+            if was:
+                self.notify(message.error, title="Server connection lost", severity="error", timeout=8)
+
+    # -- errors: the one place ----------------------------------------------------------------------
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        """Every worker's failure ends here: a notification and the status line, never a traceback."""
+        if event.state != WorkerState.ERROR or event.worker.error is None:
+            return
+        text = describe_error(event.worker.error)
+        self.status = text
+        self.status_level = "error"
+        self.notify(text, title=f"{event.worker.group or event.worker.name} failed", severity="error",
+                    timeout=8)
+
+    # -- actions ---------------------------------------------------------------------------------
+    def open_rollout(self, session_id: str) -> None:
+        """Show a session on the Rollout screen."""
+        self.run_worker(self._switch_and_show(session_id), group="open-rollout", exclusive=True,
+                        exit_on_error=False)
+
+    async def _switch_and_show(self, session_id: str) -> None:
+        await self.switch_mode("rollout")
+        self.screens_by_mode["rollout"].show_session(session_id)
+
+    def action_help(self) -> None:
+        """Help for the focused widget, then the whole help."""
+        if isinstance(self.screen, HelpScreen):
+            return
+        focused = self.focused
+        parts = [getattr(self.screen, "HELP", ""), getattr(focused, "HELP", "") if focused else ""]
+        self.push_screen(HelpScreen("\n".join(p for p in dict.fromkeys(parts) if p)))
+
+    def action_next_theme(self) -> None:
+        """Cycle through tapdeck's themes."""
+        names = list(THEMES)
+        current = names.index(self.theme) if self.theme in names else -1
+        self.theme = names[(current + 1) % len(names)]
+
+    def action_resync(self) -> None:
+        self.resync()
+
+    async def action_start_batch(self) -> None:
+        await self.switch_mode("setup")
+        screen = self._mode_screen("setup")
+        if isinstance(screen, SetupScreen) and screen.catalog is not None:
+            screen.action_start()
+
+    async def action_export_run(self, fmt: str) -> None:
+        await self.switch_mode("runs")
+        screen = self._mode_screen("runs")
+        if isinstance(screen, RunsScreen):
+            screen.action_export(fmt)

@@ -1,0 +1,97 @@
+"""A turn's sampled tokens coloured by logprob; click (or , and .) to inspect one token."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from textual.binding import Binding
+from textual.content import Content
+from textual.message import Message
+from textual.widgets import Static
+
+from tapdeck.app.views import logprob_tone, token_display
+
+TONE_STYLES = {
+    "sure": "",
+    "mid": "on $logprob-mid",
+    "low": "on $logprob-low",
+    "vlow": "bold on $logprob-vlow",
+    "masked": "italic strike $logprob-masked",
+}
+
+
+class TokenView(Static, can_focus=True):
+    """Sampled tokens of one turn. Background = how unlikely the token was; struck-through = masked."""
+
+    HELP = ("Sampled tokens coloured by logprob: no background ≥ -0.1, yellow ≥ -1, orange ≥ -3, "
+            "red below (low-probability tokens stand out). Struck-through grey = masked (no "
+            "aligned logprob, not trained on). Click a token or use , and . to see its logprob "
+            "and the top alternatives.")
+
+    DEFAULT_CSS = """
+    TokenView { link-style: not underline; link-color: $foreground; link-background: transparent;
+                link-style-hover: bold not underline; link-background-hover: $primary 40%; }
+    """
+
+    BINDINGS = [
+        Binding("comma", "step(-1)", "Prev token", id="tokens.prev"),
+        Binding("full_stop", "step(1)", "Next token", id="tokens.next"),
+    ]
+
+    class Picked(Message):
+        """A token was selected (click or keys)."""
+
+        def __init__(self, index: int) -> None:
+            super().__init__()
+            self.index = index
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__("", **kwargs)
+        self.turn: dict | None = None
+        self.selected: int | None = None
+
+    def show(self, turn: dict | None) -> None:
+        """Show a turn (the `GET /admin/sessions/{id}/turns/{seq}` body)."""
+        self.turn = turn
+        self.selected = None
+        self._paint()
+
+    def _paint(self) -> None:
+        turn = self.turn
+        if not turn:
+            self.update(Content.styled("Select a turn in the graph to see its tokens.", "$text-muted"))
+            return
+        texts = turn.get("token_texts") or []
+        if not texts:
+            ids = turn.get("sampled_ids") or []
+            texts = [f"⟨{i}⟩" for i in ids]
+        if not texts:
+            self.update(Content.styled("This turn has no sampled tokens (text tier or no reply).",
+                                       "$text-muted"))
+            return
+        logprobs = turn.get("logprobs") or []
+        mask = turn.get("mask") or []
+        parts: list[tuple[str, str]] = []
+        for i, text in enumerate(texts):
+            lp = logprobs[i] if i < len(logprobs) else None
+            masked = bool(mask) and i < len(mask) and not mask[i]
+            style = TONE_STYLES[logprob_tone(lp, masked)]
+            if i == self.selected:
+                style = f"{style} reverse bold"
+            parts.append((token_display(text) or "∅", f"{style} @click=pick({i})".strip()))
+        self.update(Content.assemble(*parts))
+
+    def action_pick(self, index: int) -> None:
+        """Select token `index` and tell the screen."""
+        if self.turn is None:
+            return
+        count = len(self.turn.get("token_texts") or self.turn.get("sampled_ids") or [])
+        if not 0 <= index < count:
+            return
+        self.selected = index
+        self._paint()
+        self.post_message(self.Picked(index))
+
+    def action_step(self, delta: int) -> None:
+        """Move the selection by `delta` tokens."""
+        self.action_pick(0 if self.selected is None else self.selected + delta)

@@ -1,0 +1,98 @@
+"""Server configuration: where it listens, where it keeps data, which engine it defaults to.
+
+Also the admin-key rules: a key given explicitly is used as is; otherwise one is generated per start
+and written to `<data_dir>/admin.key` (mode 0600) so a local client can read it. A bind address other
+than loopback is refused unless the operator chose the key explicitly.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import secrets
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+DATA_DIR_ENV = "TAPDECK_DATA_DIR"
+ADMIN_KEY_FILE = "admin.key"
+CAPTURE_DB = "capture.db"
+
+
+def default_data_dir() -> Path:
+    """`$TAPDECK_DATA_DIR` when set, else `~/.tapdeck`."""
+    env = os.environ.get(DATA_DIR_ENV)
+    return Path(env).expanduser() if env else Path.home() / ".tapdeck"
+
+
+class ServerConfig(BaseModel):
+    """Everything `LocalServer` needs to start (also what `tapdeck serve` parses its flags into)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8300
+    admin_key: str | None = None
+    """None → a fresh key is generated at start and written to `<data_dir>/admin.key`."""
+    data_dir: Path = Field(default_factory=default_data_dir)
+    engine_url: str | None = None
+    """None → the embedded engine is started and used as the default engine."""
+    engine_model: str | None = None
+    engine_api_key: str | None = None
+
+    @property
+    def capture_db(self) -> Path:
+        """The SQLite capture store."""
+        return self.data_dir / CAPTURE_DB
+
+    @property
+    def admin_key_path(self) -> Path:
+        """Where the admin key is written for local clients."""
+        return self.data_dir / ADMIN_KEY_FILE
+
+
+class ConfigError(ValueError):
+    """A configuration the server refuses to start with."""
+
+
+def is_loopback(host: str) -> bool:
+    """True for `localhost` and loopback addresses (127.0.0.0/8, ::1)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(config: ServerConfig) -> None:
+    """Refuse a non-loopback bind without an explicitly chosen admin key."""
+    if not is_loopback(config.host) and not config.admin_key:
+        raise ConfigError(
+            f"refusing to listen on {config.host}: binding beyond loopback exposes the admin API, so "
+            "an admin key must be given explicitly (--admin-key KEY); or bind 127.0.0.1 and use an SSH tunnel")
+
+
+def new_admin_key() -> str:
+    """A fresh unguessable admin key."""
+    return "tdk-admin-" + secrets.token_urlsafe(32)
+
+
+def write_admin_key(path: Path, key: str) -> None:
+    """Write the key readable by its owner only (created 0600; never world-readable, even briefly)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, (key + "\n").encode())
+    finally:
+        os.close(fd)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+def read_admin_key(data_dir: Path) -> str | None:
+    """The admin key a local server wrote into `data_dir`, if any."""
+    path = data_dir / ADMIN_KEY_FILE
+    try:
+        return path.read_text().strip() or None
+    except FileNotFoundError:
+        return None

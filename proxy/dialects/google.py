@@ -1,0 +1,311 @@
+"""Google generateContent / streamGenerateContent ⇄ chat-completions.
+
+Request: `systemInstruction`, `contents[].parts[]` (`text`, `thought` text, `functionCall`,
+`functionResponse`), `tools[].functionDeclarations` (OpenAPI-style upper-case schema types are
+lowered to JSON Schema), `toolConfig.functionCallingConfig`, `generationConfig`. REST accepts both
+camelCase and snake_case field names, so both are read. Function calls carry no id unless the client
+sends one, so the k-th call of a conversation gets the id `call_k` (replies number their calls the
+same way): a re-sent history renders identically whether or not the client echoes ids.
+Streaming is requested in the URL (`:streamGenerateContent` or `alt=sse`), never in the body; the
+stream is data-only SSE, each event one GenerateContentResponse chunk.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any, ClassVar
+
+from tapdeck.proxy.dialects.arguments import MEMO
+from tapdeck.proxy.dialects.base import DialectError, DialectRequest, SSEEvent
+from tapdeck.proxy.dialects.reply import ChatReply, join_text, read_reply
+
+_MODEL_IN_PATH = re.compile(r"/models/([^/:]+)", re.IGNORECASE)
+_NON_TEXT = ("inlineData", "inline_data", "fileData", "file_data")
+_STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
+           409: "ABORTED", 413: "INVALID_ARGUMENT", 422: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED",
+           499: "CANCELLED", 500: "INTERNAL", 501: "UNIMPLEMENTED", 502: "UNAVAILABLE",
+           503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
+_SCHEMA_TYPES = {"STRING", "NUMBER", "INTEGER", "BOOLEAN", "ARRAY", "OBJECT", "NULL"}
+
+
+def _get(mapping: Mapping[str, Any], camel: str, snake: str) -> Any:
+    value = mapping.get(camel)
+    return mapping.get(snake) if value is None else value
+
+
+def is_streaming(path: str, query: Mapping[str, str]) -> bool:
+    """Google streams when the method is `:streamGenerateContent` or the query asks `alt=sse`."""
+    if "streamgeneratecontent" in path.lower():
+        return True
+    return any(k.lower() == "alt" and str(v).lower() == "sse" for k, v in query.items())
+
+
+def model_from_path(path: str) -> str | None:
+    """`/v1beta/models/gemini-2.5-pro:generateContent` → `gemini-2.5-pro`."""
+    match = _MODEL_IN_PATH.search(path)
+    return match.group(1) if match else None
+
+
+def json_schema(schema: Any) -> Any:
+    """An OpenAPI-subset Google schema as JSON Schema (`"type": "OBJECT"` → `"object"`)."""
+    if isinstance(schema, list):
+        return [json_schema(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key == "type" and isinstance(value, str) and value.upper() in _SCHEMA_TYPES:
+            out[key] = value.lower()
+        elif key in ("properties", "$defs", "definitions") and isinstance(value, dict):
+            out[key] = {name: json_schema(sub) for name, sub in value.items()}
+        else:
+            out[key] = json_schema(value)
+    return out
+
+
+def _text_only(key: str, where: str) -> DialectError:
+    return DialectError(400, f"{where}: '{key}' parts are not supported; the engine behind this proxy "
+                             "is text-only (send text parts only)", param=where)
+
+
+def _system_text(body: Mapping[str, Any]) -> str:
+    system = _get(body, "systemInstruction", "system_instruction")
+    if system is None:
+        return ""
+    if isinstance(system, str):
+        return system
+    parts = []
+    for i, part in enumerate(system.get("parts") or []):
+        for key in _NON_TEXT:
+            if key in part:
+                raise _text_only(key, f"systemInstruction.parts[{i}]")
+        if part.get("text"):
+            parts.append(part["text"])
+    return join_text(parts)
+
+
+def _response_text(response: Any) -> str:
+    return json.dumps(response if response is not None else {}, ensure_ascii=False)
+
+
+def _convert_contents(contents: Any) -> tuple[list[dict[str, Any]], int]:
+    """Chat messages and the number of function calls seen (the next call's id index)."""
+    if not isinstance(contents, list) or not contents:
+        raise DialectError(400, "contents: a non-empty list of contents is required", param="contents")
+    out: list[dict[str, Any]] = []
+    call_count = 0
+    pending: list[tuple[str, str]] = []
+    for c, content in enumerate(contents):
+        where = f"contents[{c}]"
+        if not isinstance(content, dict):
+            raise DialectError(400, f"{where} must be an object", param=where)
+        role = content.get("role") or "user"
+        parts = content.get("parts") or []
+        for p, part in enumerate(parts):
+            for key in _NON_TEXT:
+                if key in part:
+                    raise _text_only(key, f"{where}.parts[{p}]")
+        if role == "model":
+            text, thoughts, calls = [], [], []
+            for part in parts:
+                call = _get(part, "functionCall", "function_call")
+                if call is not None:
+                    name = call.get("name") or ""
+                    call_id = call.get("id") or f"call_{call_count}"
+                    call_count += 1
+                    pending.append((call_id, name))
+                    calls.append({"id": call_id, "type": "function",
+                                  "function": {"name": name,
+                                               "arguments": MEMO.encode(name, call.get("args") or {})}})
+                elif part.get("thought") and part.get("text"):
+                    thoughts.append(part["text"])
+                elif part.get("text"):
+                    text.append(part["text"])
+            message: dict[str, Any] = {"role": "assistant", "content": "".join(text)}
+            if thoughts:
+                message["reasoning_content"] = "".join(thoughts)
+            if calls:
+                message["tool_calls"] = calls
+            out.append(message)
+            continue
+        if role not in ("user", "function", "tool"):
+            raise DialectError(400, f"{where}.role must be 'user' or 'model', got {role!r}",
+                               param=f"{where}.role")
+        texts: list[str] = []
+        for part in parts:
+            response = _get(part, "functionResponse", "function_response")
+            if response is not None:
+                if texts:
+                    out.append({"role": "user", "content": join_text(texts)})
+                    texts = []
+                out.append({"role": "tool", "tool_call_id": _match_call(response, pending),
+                            "content": _response_text(response.get("response"))})
+            elif part.get("text") is not None:
+                texts.append(part["text"])
+        if texts or not parts:
+            out.append({"role": "user", "content": join_text(texts)})
+    return out, call_count
+
+
+def _match_call(response: Mapping[str, Any], pending: list[tuple[str, str]]) -> str:
+    """The id of the call a functionResponse answers: its own id, else the oldest open call by name."""
+    wanted = response.get("id")
+    name = response.get("name")
+    for index, (call_id, call_name) in enumerate(pending):
+        if (wanted and call_id == wanted) or (not wanted and call_name == name):
+            del pending[index]
+            return call_id
+    return wanted or (pending.pop(0)[0] if pending else f"call_{name or 'unknown'}")
+
+
+def _convert_tools(tools: Any) -> list[dict[str, Any]]:
+    out = []
+    for tool in tools or []:
+        for declaration in _get(tool, "functionDeclarations", "function_declarations") or []:
+            parameters = _get(declaration, "parametersJsonSchema", "parameters_json_schema")
+            if parameters is None:
+                parameters = json_schema(declaration.get("parameters")) or {"type": "object",
+                                                                          "properties": {}}
+            function: dict[str, Any] = {"name": declaration.get("name") or "", "parameters": parameters}
+            if declaration.get("description"):
+                function["description"] = declaration["description"]
+            out.append({"type": "function", "function": function})
+        # googleSearch / codeExecution / urlContext run at Google; a local engine cannot.
+    return out
+
+
+def _convert_tool_choice(body: Mapping[str, Any]) -> Any:
+    config = _get(body, "toolConfig", "tool_config") or {}
+    calling = _get(config, "functionCallingConfig", "function_calling_config") or {}
+    mode = str(calling.get("mode") or "").upper()
+    allowed = _get(calling, "allowedFunctionNames", "allowed_function_names") or []
+    if mode == "NONE":
+        return "none"
+    if mode == "ANY":
+        if len(allowed) == 1:
+            return {"type": "function", "function": {"name": allowed[0]}}
+        return "required"
+    if mode in ("AUTO", "VALIDATED"):
+        return "auto"
+    return None
+
+
+class GoogleDialect:
+    """Google Gemini generateContent / streamGenerateContent."""
+
+    name: ClassVar[str] = "google"
+    sse_keepalive: ClassVar[bytes] = b"\n"
+    """google-genai parses any non-`data:` line (an SSE comment too) as a JSON chunk and fails on
+    `: keepalive`; a bare blank line is skipped by its parser and by every SSE parser."""
+
+    def matches(self, path: str) -> bool:
+        lowered = path.split("?", 1)[0].lower()
+        return "generatecontent" in lowered or lowered.rstrip("/").endswith(":counttokens")
+
+    def parse(self, body: Mapping[str, Any], path: str, query: Mapping[str, str]) -> DialectRequest:
+        if not isinstance(body, Mapping):
+            raise DialectError(400, "the request body must be a JSON object")
+        messages, call_count = _convert_contents(body.get("contents"))
+        system = _system_text(body)
+        if system:
+            messages.insert(0, {"role": "system", "content": system})
+        model = model_from_path(path)
+        chat: dict[str, Any] = {"model": model, "messages": messages}
+        tools = _convert_tools(body.get("tools"))
+        if tools:
+            chat["tools"] = tools
+            choice = _convert_tool_choice(body)
+            if choice is not None:
+                chat["tool_choice"] = choice
+        config = _get(body, "generationConfig", "generation_config") or {}
+        candidates = _get(config, "candidateCount", "candidate_count")
+        if isinstance(candidates, int) and candidates > 1:
+            raise DialectError(400, "generationConfig.candidateCount > 1 is not supported: one candidate "
+                                    "per call", param="generationConfig.candidateCount")
+        for camel, snake, key in (("temperature", "temperature", "temperature"), ("topP", "top_p", "top_p"),
+                                  ("topK", "top_k", "top_k"), ("maxOutputTokens", "max_output_tokens",
+                                                               "max_tokens"),
+                                  ("seed", "seed", "seed"),
+                                  ("presencePenalty", "presence_penalty", "presence_penalty"),
+                                  ("frequencyPenalty", "frequency_penalty", "frequency_penalty")):
+            value = _get(config, camel, snake)
+            if value is not None:
+                chat[key] = value
+        stops = _get(config, "stopSequences", "stop_sequences")
+        if stops:
+            chat["stop"] = list(stops)
+        mime = _get(config, "responseMimeType", "response_mime_type")
+        schema = _get(config, "responseJsonSchema", "response_json_schema") or json_schema(
+            _get(config, "responseSchema", "response_schema"))
+        if mime == "application/json":
+            chat["response_format"] = ({"type": "json_schema", "json_schema": {"name": "response",
+                                                                              "schema": schema}}
+                                       if schema else {"type": "json_object"})
+        return DialectRequest(chat=chat, stream=is_streaming(path, query), client_model=model,
+                              context={"call_base": call_count})
+
+    # ---- replies -------------------------------------------------------------------------------
+
+    @staticmethod
+    def _parts(reply: ChatReply, request: DialectRequest) -> list[dict[str, Any]]:
+        parts: list[dict[str, Any]] = []
+        if reply.reasoning:
+            parts.append({"text": reply.reasoning, "thought": True})
+        if reply.text:
+            parts.append({"text": reply.text})
+        base = int(request.context.get("call_base") or 0)
+        for n, call in enumerate(reply.tool_calls):
+            parts.append({"functionCall": {"id": f"call_{base + n}", "name": call.name,
+                                           "args": MEMO.decode(call.name, call.arguments)}})
+        return parts
+
+    @staticmethod
+    def _finish(reply: ChatReply) -> str:
+        return {"length": "MAX_TOKENS", "content_filter": "SAFETY"}.get(reply.finish_reason, "STOP")
+
+    @staticmethod
+    def _usage(reply: ChatReply) -> dict[str, Any]:
+        usage = {"promptTokenCount": reply.prompt_tokens, "candidatesTokenCount": reply.completion_tokens,
+                 "totalTokenCount": reply.total_tokens}
+        if reply.reasoning_tokens:
+            usage["thoughtsTokenCount"] = reply.reasoning_tokens
+        if reply.cached_tokens:
+            usage["cachedContentTokenCount"] = reply.cached_tokens
+        return usage
+
+    def _chunk(self, reply: ChatReply, request: DialectRequest, parts: list[dict[str, Any]],
+               final: bool) -> dict[str, Any]:
+        candidate: dict[str, Any] = {"content": {"role": "model", "parts": parts}, "index": 0}
+        chunk: dict[str, Any] = {"candidates": [candidate]}
+        if final:
+            candidate["finishReason"] = self._finish(reply)
+            chunk["usageMetadata"] = self._usage(reply)
+        chunk["modelVersion"] = request.client_model or ""
+        chunk["responseId"] = reply.id
+        return chunk
+
+    def render(self, reply: Mapping[str, Any], request: DialectRequest) -> dict[str, Any]:
+        parsed = read_reply(reply)
+        parts = self._parts(parsed, request) or [{"text": ""}]
+        return self._chunk(parsed, request, parts, final=True)
+
+    def render_stream(self, reply: Mapping[str, Any], request: DialectRequest) -> Iterator[SSEEvent]:
+        parsed = read_reply(reply)
+        parts = self._parts(parsed, request) or [{"text": ""}]
+        # One chunk per part; the last carries finishReason and usage (clients read both from it).
+        for index, part in enumerate(parts):
+            yield SSEEvent(data=self._chunk(parsed, request, [part], final=index == len(parts) - 1))
+
+    # ---- errors --------------------------------------------------------------------------------
+
+    def error_body(self, status: int, message: str, kind: str, param: str | None = None) -> dict[str, Any]:
+        fallback = "INVALID_ARGUMENT" if 400 <= status < 500 else "INTERNAL"
+        return {"error": {"code": status, "message": message, "status": _STATUS.get(status, fallback)}}
+
+    def stream_error(self, status: int, message: str, kind: str) -> Iterator[SSEEvent]:
+        yield SSEEvent(data=self.error_body(status, message, kind))
+
+
+DIALECT = GoogleDialect()

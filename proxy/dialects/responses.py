@@ -1,0 +1,432 @@
+"""OpenAI Responses (`POST /v1/responses`) ⇄ chat-completions.
+
+Request: `instructions`, `input` (a string or items: messages of any role, `reasoning`,
+`function_call` / `function_call_output`, `local_shell_call` / `_output`, `custom_tool_call` /
+`_output`), function / `local_shell` / `custom` tools, `tool_choice`, sampling, `max_output_tokens`,
+`text.format`. Consecutive assistant-side items (reasoning, message, calls) become one assistant
+message, which is exactly how a chat reply is split into items, so a re-sent history renders as the
+engine produced it. Reply: a `response` object (status completed / incomplete, zero-filled usage
+details) or the SSE sequence response.created ... response.completed with `sequence_number`s.
+A tool call is replayed as `local_shell_call` only when the request declared a `local_shell` tool.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any, ClassVar
+
+from tapdeck.proxy.dialects.base import DialectError, DialectRequest, SSEEvent
+from tapdeck.proxy.dialects.reply import ChatReply, join_text, read_reply
+
+LOCAL_SHELL = "local_shell"
+_LOCAL_SHELL_PARAMETERS = {
+    "type": "object",
+    "properties": {
+        "command": {"type": "array", "items": {"type": "string"}},
+        "workdir": {"type": "string"},
+        "timeout_ms": {"type": "integer"},
+    },
+    "required": ["command"],
+}
+_CUSTOM_PARAMETERS = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
+_TEXT_PARTS = {"input_text", "output_text", "text", "summary_text", "reasoning_text"}
+_NON_TEXT_PARTS = {"input_image", "input_file", "input_audio", "image_url", "image", "file"}
+_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
+             "frequency_penalty", "repetition_penalty", "parallel_tool_calls")
+
+
+def _text_only(kind: str, where: str) -> DialectError:
+    return DialectError(400, f"{where}: content of type '{kind}' is not supported; the engine behind "
+                             "this proxy is text-only (send text content only)", param=where)
+
+
+def _content_text(content: Any, where: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise DialectError(400, f"{where} must be a string or a list of content parts", param=where)
+    parts = []
+    for i, part in enumerate(content):
+        if isinstance(part, str):
+            parts.append(part)
+            continue
+        kind = part.get("type")
+        if kind in _NON_TEXT_PARTS:
+            raise _text_only(kind, f"{where}[{i}]")
+        if kind == "refusal":
+            parts.append(part.get("refusal") or "")
+        elif kind in _TEXT_PARTS or "text" in part:
+            parts.append(part.get("text") or "")
+    return join_text(parts)
+
+
+class _Builder:
+    """Accumulates chat messages, folding assistant-side items into one assistant message."""
+
+    def __init__(self) -> None:
+        self.system: list[str] = []
+        self.messages: list[dict[str, Any]] = []
+        self._assistant: dict[str, Any] | None = None
+
+    def assistant(self) -> dict[str, Any]:
+        if self._assistant is None:
+            self._assistant = {"role": "assistant", "content": ""}
+            self.messages.append(self._assistant)
+        return self._assistant
+
+    def add_text(self, text: str) -> None:
+        message = self.assistant()
+        message["content"] = join_text([message["content"], text]) if message["content"] else text
+
+    def add_reasoning(self, text: str) -> None:
+        message = self.assistant()
+        previous = message.get("reasoning_content")
+        message["reasoning_content"] = join_text([previous, text]) if previous else text
+
+    def add_call(self, call_id: str, name: str, arguments: str) -> None:
+        self.assistant().setdefault("tool_calls", []).append(
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
+
+    def add(self, message: dict[str, Any]) -> None:
+        self.close_turn()
+        self.messages.append(message)
+
+    def close_turn(self) -> None:
+        """The next assistant-side item starts a new assistant message."""
+        self._assistant = None
+
+
+def _convert_input(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    builder = _Builder()
+    if isinstance(body.get("instructions"), str) and body["instructions"]:
+        builder.system.append(body["instructions"])
+    items = body.get("input")
+    if items is None:
+        raise DialectError(400, "input: a string or a list of input items is required", param="input")
+    if isinstance(items, str):
+        items = [{"type": "message", "role": "user", "content": items}]
+    if not isinstance(items, list):
+        raise DialectError(400, "input must be a string or a list of items", param="input")
+    for i, item in enumerate(items):
+        where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise DialectError(400, f"{where} must be an object", param=where)
+        kind = item.get("type") or ("message" if "role" in item else None)
+        if kind == "message":
+            role = item.get("role")
+            text = _content_text(item.get("content"), f"{where}.content")
+            if role in ("system", "developer"):
+                builder.system.append(text)
+                builder.close_turn()
+            elif role == "assistant":
+                builder.add_text(text)
+            elif role == "user":
+                builder.add({"role": "user", "content": text})
+            else:
+                raise DialectError(400, f"{where}.role {role!r} is not one of user, assistant, system, "
+                                        "developer", param=f"{where}.role")
+        elif kind == "reasoning":
+            content = item.get("content") or item.get("summary") or []
+            text = _content_text(content, f"{where}.content")
+            if text:
+                builder.add_reasoning(text)
+        elif kind == "function_call":
+            builder.add_call(item.get("call_id") or item.get("id") or f"call_{i}", item.get("name") or "",
+                             item.get("arguments") or "{}")
+        elif kind == "custom_tool_call":
+            builder.add_call(item.get("call_id") or item.get("id") or f"call_{i}", item.get("name") or "",
+                             json.dumps({"input": item.get("input") or ""}, ensure_ascii=False))
+        elif kind == "local_shell_call":
+            action = item.get("action") or {}
+            arguments: dict[str, Any] = {"command": action.get("command") or []}
+            if action.get("working_directory"):
+                arguments["workdir"] = action["working_directory"]
+            if action.get("timeout_ms") is not None:
+                arguments["timeout_ms"] = action["timeout_ms"]
+            builder.add_call(item.get("call_id") or item.get("id") or f"call_{i}", LOCAL_SHELL,
+                             json.dumps(arguments, ensure_ascii=False))
+        elif kind in ("function_call_output", "custom_tool_call_output", "local_shell_call_output"):
+            builder.add({"role": "tool", "tool_call_id": item.get("call_id") or item.get("id") or "",
+                         "content": _content_text(item.get("output"), f"{where}.output")})
+        elif kind == "item_reference":
+            raise DialectError(400, f"{where}: item_reference is not supported; this proxy stores no "
+                                    "responses, so send the full input", param=where)
+        elif kind in _NON_TEXT_PARTS:
+            raise _text_only(kind, where)
+        else:
+            raise DialectError(400, f"{where}: input item type {kind!r} is not supported", param=where)
+    messages = builder.messages
+    if builder.system:
+        messages.insert(0, {"role": "system", "content": "\n\n".join(builder.system)})
+    return messages
+
+
+def _convert_tools(tools: Any) -> tuple[list[dict[str, Any]], set[str], set[str], list[str]]:
+    """Chat tools, the declared custom tool names, local_shell names, and the hosted tools dropped."""
+    out, custom, local, dropped = [], set(), set(), []
+    for tool in tools or []:
+        kind = tool.get("type")
+        if kind == "function":
+            function: dict[str, Any] = {"name": tool.get("name") or "",
+                                        "parameters": tool.get("parameters") or {"type": "object",
+                                                                                 "properties": {}}}
+            if tool.get("description"):
+                function["description"] = tool["description"]
+            if tool.get("strict") is not None:
+                function["strict"] = tool["strict"]
+            out.append({"type": "function", "function": function})
+        elif kind == "custom":
+            custom.add(tool.get("name") or "")
+            function = {"name": tool.get("name") or "", "parameters": _CUSTOM_PARAMETERS}
+            if tool.get("description"):
+                function["description"] = tool["description"]
+            out.append({"type": "function", "function": function})
+        elif kind == LOCAL_SHELL:
+            local.add(LOCAL_SHELL)
+            out.append({"type": "function", "function": {
+                "name": LOCAL_SHELL, "description": "Run a command on the local machine.",
+                "parameters": _LOCAL_SHELL_PARAMETERS}})
+        else:
+            # Hosted tools (web_search, file_search, ...) run at OpenAI; a local engine cannot.
+            dropped.append(str(kind))
+    return out, custom, local, dropped
+
+
+def _convert_tool_choice(choice: Any) -> Any:
+    if isinstance(choice, str):
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        return {"type": "function", "function": {"name": choice.get("name") or ""}}
+    if isinstance(choice, dict) and choice.get("type") == "custom":
+        return {"type": "function", "function": {"name": choice.get("name") or ""}}
+    return None
+
+
+def _response_format(text: Any) -> dict[str, Any] | None:
+    fmt = (text or {}).get("format") if isinstance(text, dict) else None
+    if not isinstance(fmt, dict) or fmt.get("type") in (None, "text"):
+        return None
+    if fmt.get("type") == "json_schema":
+        schema = {"name": fmt.get("name") or "response", "schema": fmt.get("schema") or {}}
+        if fmt.get("strict") is not None:
+            schema["strict"] = fmt["strict"]
+        return {"type": "json_schema", "json_schema": schema}
+    return {"type": fmt["type"]}
+
+
+class ResponsesDialect:
+    """OpenAI Responses API."""
+
+    name: ClassVar[str] = "responses"
+
+    def matches(self, path: str) -> bool:
+        return path.split("?", 1)[0].lower().rstrip("/").endswith("/responses")
+
+    def parse(self, body: Mapping[str, Any], path: str, query: Mapping[str, str]) -> DialectRequest:
+        if not isinstance(body, Mapping):
+            raise DialectError(400, "the request body must be a JSON object")
+        if body.get("previous_response_id"):
+            raise DialectError(400, "previous_response_id is not supported: this proxy stores no "
+                                    "responses, so send the full conversation as input (store=false)",
+                               param="previous_response_id")
+        if isinstance(body.get("n"), int) and body["n"] > 1:
+            raise DialectError(400, "n > 1 is not supported: one completion per call", param="n")
+        chat: dict[str, Any] = {"model": body.get("model"), "messages": _convert_input(body)}
+        tools, custom, local, dropped = _convert_tools(body.get("tools"))
+        if tools:
+            chat["tools"] = tools
+            choice = _convert_tool_choice(body.get("tool_choice"))
+            if choice is not None:
+                chat["tool_choice"] = choice
+        for key in _SAMPLING:
+            if body.get(key) is not None:
+                chat[key] = body[key]
+        if body.get("max_output_tokens") is not None:
+            chat["max_tokens"] = body["max_output_tokens"]
+        if body.get("stop"):
+            chat["stop"] = body["stop"]
+        fmt = _response_format(body.get("text"))
+        if fmt is not None:
+            chat["response_format"] = fmt
+        echo = {key: body.get(key) for key in ("instructions", "temperature", "top_p",
+                                              "max_output_tokens", "metadata", "user")}
+        echo["tools"] = list(body.get("tools") or [])
+        echo["tool_choice"] = body.get("tool_choice") or "auto"
+        echo["parallel_tool_calls"] = body.get("parallel_tool_calls", True) is not False
+        echo["text"] = body.get("text") or {"format": {"type": "text"}}
+        echo["reasoning"] = body.get("reasoning")
+        return DialectRequest(chat=chat, stream=body.get("stream") is True,
+                              client_model=body.get("model"),
+                              context={"echo": echo, "custom_tools": sorted(custom),
+                                       "local_shell": bool(local), "dropped_tools": dropped})
+
+    # ---- replies -------------------------------------------------------------------------------
+
+    @staticmethod
+    def _items(reply: ChatReply, request: DialectRequest) -> list[dict[str, Any]]:
+        status = "incomplete" if reply.truncated else "completed"
+        items: list[dict[str, Any]] = []
+        if reply.reasoning:
+            items.append({"type": "reasoning", "id": f"rs_{reply.id}", "summary": [],
+                          "content": [{"type": "reasoning_text", "text": reply.reasoning}],
+                          "status": status})
+        if reply.text or not reply.tool_calls:
+            items.append({"type": "message", "id": f"msg_{reply.id}", "status": status,
+                          "role": "assistant",
+                          "content": [{"type": "output_text", "text": reply.text, "annotations": [],
+                                       "logprobs": []}]})
+        custom = set(request.context.get("custom_tools") or [])
+        for n, call in enumerate(reply.tool_calls):
+            item_id = f"fc_{reply.id}_{n}"
+            if call.name == LOCAL_SHELL and request.context.get("local_shell"):
+                arguments = _object(call.arguments)
+                action: dict[str, Any] = {"type": "exec", "command": arguments.get("command") or [],
+                                          "env": {}}
+                if arguments.get("workdir"):
+                    action["working_directory"] = arguments["workdir"]
+                if arguments.get("timeout_ms") is not None:
+                    action["timeout_ms"] = arguments["timeout_ms"]
+                items.append({"type": "local_shell_call", "id": item_id, "call_id": call.id,
+                              "action": action, "status": "completed"})
+            elif call.name in custom:
+                items.append({"type": "custom_tool_call", "id": item_id, "call_id": call.id,
+                              "name": call.name, "input": str(_object(call.arguments).get("input", ""))})
+            else:
+                items.append({"type": "function_call", "id": item_id, "call_id": call.id,
+                              "name": call.name, "arguments": call.arguments, "status": "completed"})
+        return items
+
+    @staticmethod
+    def _usage(reply: ChatReply) -> dict[str, Any]:
+        return {"input_tokens": reply.prompt_tokens,
+                "input_tokens_details": {"cached_tokens": reply.cached_tokens, "cache_write_tokens": 0},
+                "output_tokens": reply.completion_tokens,
+                "output_tokens_details": {"reasoning_tokens": reply.reasoning_tokens},
+                "total_tokens": reply.total_tokens}
+
+    @staticmethod
+    def _response(reply: ChatReply, request: DialectRequest, *, status: str,
+                  output: list[dict[str, Any]], usage: dict[str, Any] | None) -> dict[str, Any]:
+        echo = request.context.get("echo") or {}
+        incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
+        return {
+            "id": f"resp_{reply.id}", "object": "response", "created_at": reply.created,
+            "status": status, "completed_at": int(time.time()) if status != "in_progress" else None,
+            "error": None, "incomplete_details": incomplete,
+            "instructions": echo.get("instructions"), "max_output_tokens": echo.get("max_output_tokens"),
+            "model": request.client_model or "", "output": output,
+            "parallel_tool_calls": echo.get("parallel_tool_calls", True),
+            "previous_response_id": None, "reasoning": echo.get("reasoning"),
+            "store": False, "temperature": echo.get("temperature"),
+            "text": echo.get("text") or {"format": {"type": "text"}},
+            "tool_choice": echo.get("tool_choice") or "auto", "tools": echo.get("tools") or [],
+            "top_p": echo.get("top_p"), "truncation": "disabled", "usage": usage,
+            "user": echo.get("user"), "metadata": echo.get("metadata") or {},
+        }
+
+    def render(self, reply: Mapping[str, Any], request: DialectRequest) -> dict[str, Any]:
+        parsed = read_reply(reply)
+        status = "incomplete" if parsed.truncated else "completed"
+        return self._response(parsed, request, status=status, output=self._items(parsed, request),
+                              usage=self._usage(parsed))
+
+    def render_stream(self, reply: Mapping[str, Any], request: DialectRequest) -> Iterator[SSEEvent]:
+        parsed = read_reply(reply)
+        status = "incomplete" if parsed.truncated else "completed"
+        items = self._items(parsed, request)
+        counter = iter(range(1 << 30))
+
+        def event(kind: str, **fields: Any) -> SSEEvent:
+            return SSEEvent(data={"type": kind, "sequence_number": next(counter), **fields}, event=kind)
+
+        shell = self._response(parsed, request, status="in_progress", output=[], usage=None)
+        yield event("response.created", response=shell)
+        yield event("response.in_progress", response=shell)
+        for index, item in enumerate(items):
+            item_id = item["id"]
+            kind = item["type"]
+            if kind == "message":
+                yield event("response.output_item.added", output_index=index,
+                            item=item | {"status": "in_progress", "content": []})
+                part = item["content"][0]
+                yield event("response.content_part.added", item_id=item_id, output_index=index,
+                            content_index=0, part=part | {"text": ""})
+                if part["text"]:
+                    yield event("response.output_text.delta", item_id=item_id, output_index=index,
+                                content_index=0, delta=part["text"], logprobs=[])
+                yield event("response.output_text.done", item_id=item_id, output_index=index,
+                            content_index=0, text=part["text"], logprobs=[])
+                yield event("response.content_part.done", item_id=item_id, output_index=index,
+                            content_index=0, part=part)
+            elif kind == "reasoning":
+                yield event("response.output_item.added", output_index=index,
+                            item=item | {"status": "in_progress", "content": []})
+                text = item["content"][0]["text"]
+                yield event("response.content_part.added", item_id=item_id, output_index=index,
+                            content_index=0, part={"type": "reasoning_text", "text": ""})
+                yield event("response.reasoning_text.delta", item_id=item_id, output_index=index,
+                            content_index=0, delta=text)
+                yield event("response.reasoning_text.done", item_id=item_id, output_index=index,
+                            content_index=0, text=text)
+                yield event("response.content_part.done", item_id=item_id, output_index=index,
+                            content_index=0, part=item["content"][0])
+            elif kind == "function_call":
+                yield event("response.output_item.added", output_index=index,
+                            item=item | {"status": "in_progress", "arguments": ""})
+                yield event("response.function_call_arguments.delta", item_id=item_id,
+                            output_index=index, delta=item["arguments"])
+                yield event("response.function_call_arguments.done", item_id=item_id,
+                            output_index=index, name=item["name"], arguments=item["arguments"])
+            elif kind == "custom_tool_call":
+                yield event("response.output_item.added", output_index=index, item=item | {"input": ""})
+                yield event("response.custom_tool_call_input.delta", item_id=item_id,
+                            output_index=index, delta=item["input"])
+                yield event("response.custom_tool_call_input.done", item_id=item_id,
+                            output_index=index, input=item["input"])
+            else:
+                yield event("response.output_item.added", output_index=index,
+                            item=item | {"status": "in_progress"})
+            yield event("response.output_item.done", output_index=index, item=item)
+        yield event("response.completed", response=self._response(
+            parsed, request, status=status, output=items, usage=self._usage(parsed)))
+
+    # ---- errors --------------------------------------------------------------------------------
+
+    def error_body(self, status: int, message: str, kind: str, param: str | None = None) -> dict[str, Any]:
+        return {"error": {"message": message, "type": kind, "param": param, "code": _error_code(status)}}
+
+    def stream_error(self, status: int, message: str, kind: str) -> Iterator[SSEEvent]:
+        code = _error_code(status)
+        yield SSEEvent(data={"type": "error", "sequence_number": 0, "code": code, "message": message,
+                             "param": None}, event="error")
+        failed = {"id": "resp_error", "object": "response", "created_at": int(time.time()),
+                  "status": "failed", "error": {"code": code, "message": message},
+                  "incomplete_details": None, "model": "", "output": [], "parallel_tool_calls": True,
+                  "tool_choice": "auto", "tools": [], "usage": None}
+        yield SSEEvent(data={"type": "response.failed", "sequence_number": 1, "response": failed},
+                       event="response.failed")
+
+
+def _error_code(status: int) -> str:
+    if status == 401:
+        return "invalid_api_key"
+    if status == 429:
+        return "rate_limit_exceeded"
+    if status >= 500:
+        return "server_error"
+    return "invalid_request_error"
+
+
+def _object(arguments: str) -> dict[str, Any]:
+    try:
+        value = json.loads(arguments)
+    except (TypeError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+DIALECT = ResponsesDialect()

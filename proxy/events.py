@@ -1,0 +1,76 @@
+"""The server's event bus: what `GET /admin/events` streams to the TUI.
+
+`publish` may be called from any thread and any event loop (the runner's rollouts may live on their
+own loop); each subscriber owns a bounded queue on its own loop. A subscriber that cannot keep up
+loses its oldest events rather than growing without bound or slowing the capture path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+QUEUE_LIMIT = 1000
+
+
+class _Subscriber:
+    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int) -> None:
+        self.loop = loop
+        self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=limit)
+        self.dropped = 0
+
+    def put(self, event: dict[str, Any]) -> None:
+        """Runs on the subscriber's loop."""
+        if self.queue.full():
+            self.queue.get_nowait()
+            self.dropped += 1
+        self.queue.put_nowait(event)
+
+
+class EventBus:
+    """Fan-out of JSON-able event dicts to every live subscriber."""
+
+    def __init__(self, limit: int = QUEUE_LIMIT) -> None:
+        self._limit = limit
+        self._subscribers: set[_Subscriber] = set()
+        self._lock = threading.Lock()
+
+    def publish(self, event: dict[str, Any]) -> None:
+        """Send an event (must carry a `"type"`) to every subscriber; never blocks, never raises."""
+        event = {"ts": time.time(), **event}
+        with self._lock:
+            subscribers = list(self._subscribers)
+        try:
+            current = asyncio.get_running_loop()
+        except RuntimeError:
+            current = None
+        for sub in subscribers:
+            if sub.loop is current:
+                sub.put(event)
+            elif not sub.loop.is_closed():
+                try:
+                    sub.loop.call_soon_threadsafe(sub.put, event)
+                except RuntimeError:
+                    # The loop closed between the check and the call: that subscriber is gone.
+                    pass
+
+    @property
+    def subscriber_count(self) -> int:
+        """How many subscribers are attached (for tests and diagnostics)."""
+        with self._lock:
+            return len(self._subscribers)
+
+    async def subscribe(self) -> AsyncIterator[dict[str, Any]]:
+        """Yield events published after this call, until the consumer stops iterating."""
+        sub = _Subscriber(asyncio.get_running_loop(), self._limit)
+        with self._lock:
+            self._subscribers.add(sub)
+        try:
+            while True:
+                yield await sub.queue.get()
+        finally:
+            with self._lock:
+                self._subscribers.discard(sub)

@@ -1,0 +1,531 @@
+"""The capture service: sessions, the model-call flow, and the queries behind the admin API.
+
+One model call: detect the dialect by path → check the session key → parse → budget check →
+prepare the upstream body → call the engine → parse the capture → build a Turn → link it into the
+session's rollout graph → validate → commit to the store (in a thread; committed before the reply
+is sent) → publish an event → render the reply in the caller's dialect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import orjson
+
+from tapdeck.proxy.aux import aux_dialect, count_tokens, match_aux
+from tapdeck.proxy.dialects import detect
+from tapdeck.proxy.dialects.base import Dialect, DialectError, DialectRequest, SSEEvent
+from tapdeck.proxy.dialects.chat import DIALECT as CHAT
+from tapdeck.proxy.engine_client import DEFAULT_TIMEOUT, EngineClient, EngineError
+from tapdeck.proxy.events import EventBus
+from tapdeck.proxy.export import ExportRefused, rollout_document, training_trace
+from tapdeck.proxy.findings import Finding, Level
+from tapdeck.proxy.graph import Link, RolloutGraph
+from tapdeck.proxy.sessions import (
+    EngineRef,
+    SessionError,
+    SessionInfo,
+    SessionSpec,
+    SessionSummary,
+    is_session_key,
+    key_from_request,
+    new_session_id,
+    new_session_key,
+)
+from tapdeck.proxy.sse import stream_with_keepalive
+from tapdeck.proxy.store import Store
+from tapdeck.proxy.tiers import EngineSpec, ProbeResult, Tier, probe
+from tapdeck.proxy.turn import Turn
+from tapdeck.proxy.validation import validate_rollout, validate_turn
+
+log = logging.getLogger("tapdeck.proxy")
+
+KEEPALIVE_S = 10.0
+"""Seconds between SSE comment lines while a streaming caller waits for the engine."""
+BUDGET_STOP_TEXT = ("[tapdeck] This session's model-call budget ({budget} calls) is used up; "
+                    "the conversation ends here.")
+CONTEXT_STOP_TEXT = ("[tapdeck] The conversation no longer fits the model's context window; "
+                     "the conversation ends here.")
+SESSION_HEADER = "x-session-id"
+"""opencode's own session header: recorded in turn meta, never used for routing."""
+
+
+@dataclass
+class CallReply:
+    """What the HTTP layer sends back: a JSON body, or an SSE byte stream."""
+
+    status: int = 200
+    body: Any = None
+    stream: AsyncIterator[bytes] | None = None
+
+
+class _CallFailed(Exception):
+    """A call that ends in an error reply in the caller's dialect."""
+
+    def __init__(self, status: int, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+
+
+@dataclass
+class _Session:
+    """A session's live state. Cold (restarted) sessions get a graph only when first asked."""
+
+    id: str
+    record: dict[str, Any]
+    tier: Tier
+    engine: EngineSpec | None
+    client: EngineClient | None
+    served_model: str | None
+    state: str
+    call_budget: int | None = None
+    training: bool = False
+    training_sampling: dict[str, Any] | None = None
+    graph: RolloutGraph | None = None
+    turns: int = 0
+    in_flight: int = 0
+    last_call_at: float | None = None
+    fatal: int = 0
+    warn: int = 0
+    findings: list[Finding] = field(default_factory=list)
+    """Session-level findings (probe results, context-full stops); turn findings live on turns."""
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Orders a session's commits (one append at a time, in seq order)."""
+    rw: threading.RLock = field(default_factory=threading.RLock)
+    """Guards the graph: admin reads run in worker threads while the loop links new turns."""
+
+    def count(self, findings: list[Finding]) -> None:
+        for f in findings:
+            if f.level is Level.FATAL:
+                self.fatal += 1
+            elif f.level is Level.WARN:
+                self.warn += 1
+
+
+class CaptureService:
+    """Owns the sessions of one server and everything a model call goes through."""
+
+    def __init__(self, store: Store, *, default_engine: EngineSpec | None, public_url: str,
+                 keepalive_s: float = KEEPALIVE_S,
+                 engine_timeout: httpx.Timeout | float = DEFAULT_TIMEOUT) -> None:
+        self.store = store
+        self.default_engine = default_engine
+        self.public_url = public_url.rstrip("/")
+        self.keepalive_s = keepalive_s
+        self.engine_timeout = engine_timeout
+        self.events = EventBus()
+        self._sessions: dict[str, _Session] = {}
+        self._by_key: dict[str, _Session] = {}
+        self._clients: dict[tuple[str, str | None, str], EngineClient] = {}
+        self._aux_http: httpx.AsyncClient | None = None
+        self._load_existing()
+
+    # ----------------------------------------------------------------- lifecycle
+
+    def _load_existing(self) -> None:
+        """Sessions from an earlier server on this store: listed, exportable, never callable.
+
+        One left `open` lost its server mid-rollout, so it is marked `interrupted`.
+        """
+        for record in self.store.list_sessions():
+            state = record.get("state", "closed")
+            if state == "open":
+                state = "interrupted"
+                self.store.update_session(record["id"], state=state)
+            record = {**record, "state": state}
+            engine = record.get("engine") or {}
+            self._sessions[record["id"]] = _Session(
+                id=record["id"], record=record, tier=Tier(record.get("tier", Tier.TEXT)),
+                engine=None, client=None, served_model=engine.get("model"), state=state,
+                turns=int(record.get("stored_turns") or 0),
+                findings=[Finding.model_validate(f) for f in record.get("findings") or []])
+
+    async def aclose(self) -> None:
+        """Close the pooled engine connections."""
+        for client in self._clients.values():
+            await client.aclose()
+        self._clients.clear()
+        if self._aux_http is not None:
+            await self._aux_http.aclose()
+            self._aux_http = None
+
+    def _client_for(self, spec: EngineSpec) -> EngineClient:
+        key = spec.cache_key()
+        client = self._clients.get(key)
+        if client is None:
+            client = self._clients[key] = EngineClient(spec, timeout=self.engine_timeout)
+        return client
+
+    # ----------------------------------------------------------------- sessions
+
+    async def open_session(self, spec: SessionSpec) -> SessionInfo:
+        """Probe the session's engine (cached), pick the rollout type, mint the key."""
+        engine = spec.engine or self.default_engine
+        if engine is None:
+            raise SessionError(400, "no engine given and this server has no default engine; "
+                                    "name one in the session's `engine` field")
+        client = self._client_for(engine)
+        result: ProbeResult = await probe(engine, client, allow_raw_logprobs=spec.allow_raw_logprobs)
+        if spec.rollout_type == "train" and result.tier is not Tier.TOKENS:
+            raise SessionError(400, f"training needs an engine at the tokens tier; {engine.base_url} "
+                                    f"is at the {result.tier} tier ({result.detail})")
+        rollout_type = "train" if (spec.rollout_type == "train" or (
+            spec.rollout_type == "auto" and result.tier is Tier.TOKENS)) else "eval"
+        now = time.time()
+        sid, key = new_session_id(), new_session_key()
+        ref = EngineRef(url=engine.base_url, model=result.served_model or engine.model)
+        record = {
+            "id": sid, "state": "open", "tier": str(result.tier), "rollout_type": rollout_type,
+            "engine": ref.model_dump(), "created_at": now, "metadata": dict(spec.metadata),
+            "call_budget": spec.call_budget, "probe": result.detail,
+            "findings": [f.model_dump(mode="json") for f in result.findings],
+        }
+        await asyncio.to_thread(self.store.create_session, record)
+        session = _Session(id=sid, record=record, tier=result.tier, engine=engine, client=client,
+                           served_model=ref.model, state="open", call_budget=spec.call_budget,
+                           training=rollout_type == "train",
+                           training_sampling=spec.training_sampling, graph=RolloutGraph(),
+                           findings=list(result.findings))
+        session.count(session.findings)
+        self._sessions[sid] = session
+        self._by_key[key] = session
+        self.events.publish({"type": "session_opened", "session": self._summary(session).model_dump(mode="json")})
+        return SessionInfo(
+            id=sid, api_key=key, tier=result.tier, rollout_type=rollout_type,
+            base_urls={"openai": f"{self.public_url}/v1", "anthropic": self.public_url,
+                       "google": self.public_url},
+            engine=ref, created_at=now, metadata=record["metadata"])
+
+    async def close_session(self, session_id: str) -> SessionSummary:
+        """Stop accepting calls on the session; its data stays."""
+        session = self._get(session_id)
+        if session.state == "open":
+            session.state = "closed"
+            session.record["state"] = "closed"
+            for key, s in list(self._by_key.items()):
+                if s is session:
+                    del self._by_key[key]
+            await asyncio.to_thread(self.store.update_session, session_id, state="closed")
+        summary = self._summary(session)
+        self.events.publish({"type": "session_closed", "session": summary.model_dump(mode="json")})
+        return summary
+
+    def get(self, session_id: str) -> SessionSummary:
+        """One session's summary."""
+        return self._summary(self._get(session_id))
+
+    def list(self) -> list[SessionSummary]:
+        """Every session this server knows, newest first."""
+        return sorted((self._summary(s) for s in self._sessions.values()),
+                      key=lambda s: s.created_at, reverse=True)
+
+    def annotate(self, session_id: str, **metadata: Any) -> SessionSummary:
+        """Merge `metadata` into the session's (phase, reward, run_id, ...) and publish it."""
+        session = self._get(session_id)
+        session.record["metadata"] = {**session.record.get("metadata", {}), **metadata}
+        self.store.update_session(session_id, metadata=session.record["metadata"])
+        summary = self._summary(session)
+        self.events.publish({"type": "session_updated", "session": summary.model_dump(mode="json")})
+        return summary
+
+    def findings(self, session_id: str) -> list[str]:
+        """Session, turn and rollout findings, rendered `[LEVEL] code: detail`."""
+        session = self._get(session_id)
+        with session.rw:
+            graph = self._graph(session)
+            out = [str(f) for f in session.findings]
+            out.extend(str(f) for f in graph.findings())
+            out.extend(str(f) for f in validate_rollout(
+                graph, session.tier, rollout_type=session.record.get("rollout_type", "auto")))
+        return out
+
+    def rollout_document(self, session_id: str, *, lists: bool = True) -> dict[str, Any]:
+        """The rollout document (turns, stats, sequences, findings, tier). `lists=False` keeps
+        token arrays as numpy (for orjson's numpy serialisation: far faster on long rollouts)."""
+        session = self._get(session_id)
+        with session.rw:
+            return rollout_document(self._record(session), self._graph(session), session.tier,
+                                    lists=lists)
+
+    def training_trace(self, session_id: str, *, lists: bool = True) -> dict[str, Any]:
+        """The per-call training trace; refused (409) for an eval rollout. `lists` as above."""
+        session = self._get(session_id)
+        try:
+            with session.rw:
+                return training_trace(self._record(session), self._graph(session), session.tier,
+                                      lists=lists)
+        except ExportRefused as exc:
+            raise SessionError(409, str(exc)) from exc
+
+    def turn_detail(self, session_id: str, seq: int) -> dict[str, Any]:
+        """Everything the TUI shows for one turn."""
+        session = self._get(session_id)
+        with session.rw:
+            graph = self._graph(session)
+            if seq not in graph.nodes:
+                raise SessionError(404, f"session {session_id} has no turn {seq}")
+            turn = graph.turn(seq)
+            link = graph.link(seq)
+            mask_on = graph.node_mask_on(seq)
+        sampled = turn.sampled_ids
+        prompt = turn.prompt_ids
+        return {
+            "seq": seq, "parent": link.parent, "link_kind": link.kind,
+            "request": turn.request, "response": turn.response,
+            "prompt_len": None if prompt is None else int(len(prompt)),
+            "sampled_ids": None if sampled is None else sampled.tolist(),
+            "token_texts": turn.token_texts,
+            "logprobs": None if turn.logprobs is None else turn.logprobs.tolist(),
+            "top_logprobs": turn.top_logprobs,
+            "mask": None if sampled is None else [1 if mask_on else 0] * len(sampled),
+            "finish_reason": turn.finish_reason,
+            "findings": [str(f) for f in [*turn.findings, *link.findings]],
+            "sampling": turn.sampling, "meta": turn.meta,
+        }
+
+    # ----------------------------------------------------------------- helpers
+
+    def _get(self, session_id: str) -> _Session:
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise SessionError(404, f"no session {session_id}")
+        return session
+
+    def _record(self, session: _Session) -> dict[str, Any]:
+        return {**session.record, "state": session.state, "turns": session.turns,
+                "last_call_at": session.last_call_at}
+
+    def _graph(self, session: _Session) -> RolloutGraph:
+        """The session's graph; a cold session's is rebuilt from the store on first use."""
+        if session.graph is None:
+            _record, graph = self.store.load_graph(session.id)
+            session.fatal = session.warn = 0
+            session.count([*session.findings, *graph.findings()])
+            session.graph = graph
+            session.turns = len(graph)
+            session.last_call_at = max((n.turn.created_at for n in graph.nodes.values()), default=None)
+        return session.graph
+
+    def _summary(self, session: _Session) -> SessionSummary:
+        with session.rw:
+            stats = dataclasses.asdict(self._graph(session).stats())
+        now = time.time()
+        return SessionSummary(
+            id=session.id, state=session.state, tier=session.tier,
+            rollout_type=session.record.get("rollout_type", "eval"),
+            turns=session.turns, roots=stats.get("roots", 0), forks=stats.get("forks", 0),
+            breaks=stats.get("breaks", 0), discarded=stats.get("discarded", 0),
+            trainable_tokens=stats.get("trainable_tokens", 0),
+            created_at=session.record.get("created_at", 0.0), last_call_at=session.last_call_at,
+            seconds_since_last_call=None if session.last_call_at is None else now - session.last_call_at,
+            metadata=session.record.get("metadata") or {}, fatal=session.fatal, warn=session.warn,
+            engine=EngineRef(**(session.record.get("engine") or {"url": ""})))
+
+    # ----------------------------------------------------------------- model calls
+
+    def session_for_key(self, key: str | None) -> _Session | None:
+        """The open session a key names (charset-checked before any lookup)."""
+        if not key or not is_session_key(key):
+            return None
+        return self._by_key.get(key)
+
+    def models_listing(self, headers: Mapping[str, str], query: Mapping[str, str]) -> CallReply:
+        """`GET /v1/models` with a session key: the session's model only."""
+        session = self.session_for_key(key_from_request(headers, query))
+        if session is None:
+            return _error(CHAT, 401, "unknown or closed session key", "authentication_error")
+        name = session.served_model or "model"
+        return CallReply(body={"object": "list", "data": [
+            {"id": name, "object": "model", "created": int(session.record["created_at"]),
+             "owned_by": "tapdeck"}]})
+
+    async def handle_call(self, path: str, query: Mapping[str, str], headers: Mapping[str, str],
+                          body: bytes,
+                          until_disconnect: Callable[[], Awaitable[None]] | None = None) -> CallReply:
+        """Answer one harness request (any dialect); see the module docstring for the flow.
+
+        `until_disconnect` completes when the client hangs up; a non-streaming call is then
+        cancelled (a streaming one is cancelled by the HTTP layer stopping the stream).
+        """
+        aux_kind = match_aux("POST", path)
+        dialect = aux_dialect(aux_kind) if aux_kind else detect(path)
+        if dialect is None:
+            return _error(CHAT, 404, f"tapdeck does not serve POST {path}", "not_found_error")
+        session = self.session_for_key(key_from_request(headers, query))
+        if session is None:
+            return _error(dialect, 401, "unknown or closed session key: use the api_key tapdeck "
+                                        "returned when the session was opened", "authentication_error")
+        try:
+            payload = orjson.loads(body) if body else {}
+        except orjson.JSONDecodeError as exc:
+            return _error(dialect, 400, f"request body is not valid JSON: {exc}", "invalid_request_error")
+        if not isinstance(payload, dict):
+            return _error(dialect, 400, "request body must be a JSON object", "invalid_request_error")
+        if aux_kind:
+            return await self._aux(session, dialect, aux_kind, payload)
+        try:
+            req = dialect.parse(payload, path, query)
+        except DialectError as exc:
+            return _error(dialect, exc.status, exc.message, exc.kind, exc.param)
+        meta = {"dialect": dialect.name, "client_model": req.client_model, "path": path}
+        header_session = headers.get(SESSION_HEADER)
+        if header_session:
+            meta["header_session_id"] = header_session
+        if req.stream:
+            return CallReply(stream=self._stream(session, dialect, req, meta))
+        task = asyncio.create_task(self._call(session, req, meta))
+        try:
+            reply = await _unless_disconnected(task, until_disconnect)
+        except _CallFailed as exc:
+            return _error(dialect, exc.status, exc.message, exc.kind)
+        return CallReply(body=dialect.render(reply, req))
+
+    async def _aux(self, session: _Session, dialect: Dialect, kind: Any,
+                   payload: dict[str, Any]) -> CallReply:
+        """Token counts: answered from the session's engine (or estimated); never a turn."""
+        assert session.engine is not None
+        if self._aux_http is None:
+            self._aux_http = httpx.AsyncClient()
+        try:
+            body, _method = await count_tokens(kind, payload, engine_url=session.engine.url,
+                                               served_model=session.served_model,
+                                               api_key=session.engine.api_key, client=self._aux_http)
+        except DialectError as exc:
+            return _error(dialect, exc.status, exc.message, exc.kind, exc.param)
+        return CallReply(body=body)
+
+    def _stream(self, session: _Session, dialect: Dialect, req: DialectRequest,
+                meta: dict[str, Any]) -> AsyncIterator[bytes]:
+        """SSE in the caller's dialect: keepalive comments while waiting, then the whole reply (or
+        the error as the dialect's error events). The HTTP layer closing the stream (client gone)
+        cancels the engine call."""
+
+        async def events() -> Iterable[SSEEvent]:
+            try:
+                reply = await self._call(session, req, meta)
+            except _CallFailed as exc:
+                return list(dialect.stream_error(exc.status, exc.message, exc.kind))
+            return list(dialect.render_stream(reply, req))
+
+        keepalive = getattr(dialect, "sse_keepalive", None)  # a dialect whose clients choke on comments
+        if keepalive is not None:
+            return stream_with_keepalive(events(), interval=self.keepalive_s, keepalive=keepalive)
+        return stream_with_keepalive(events(), interval=self.keepalive_s)
+
+    async def _call(self, session: _Session, req: DialectRequest, meta: dict[str, Any]) -> dict[str, Any]:
+        """One model call → a chat-completions reply (real, or a synthetic stop). Raises _CallFailed."""
+        assert session.client is not None
+        if self._budget_reached(session):
+            return _stop_reply(BUDGET_STOP_TEXT.format(budget=session.call_budget), session)
+        chat = dict(req.chat)
+        if session.training and session.training_sampling:
+            chat.update(session.training_sampling)
+        try:
+            # No served name known (the probe could not list models): the client's name is the
+            # best guess left; a wrong one comes back as the engine's own 404.
+            served = session.served_model or req.client_model or "default"
+            upstream, sampling = session.client.prepare(chat, session.tier, served, session.training)
+        except DialectError as exc:
+            raise _CallFailed(exc.status, exc.message, exc.kind) from exc
+        # Re-checked with no await since: concurrent calls cannot overshoot the budget.
+        if self._budget_reached(session):
+            return _stop_reply(BUDGET_STOP_TEXT.format(budget=session.call_budget), session)
+        session.in_flight += 1
+        started = time.perf_counter()
+        try:
+            reply = await session.client.complete(upstream)
+        except EngineError as exc:
+            if exc.kind == "context_length":
+                finding = Finding.warn("context_full", f"engine refused the prompt as too long; "
+                                                       f"answered with a stop reply ({exc.message})")
+                session.findings.append(finding)
+                session.count([finding])
+                session.record["findings"] = [f.model_dump(mode="json") for f in session.findings]
+                await asyncio.to_thread(self.store.update_session, session.id,
+                                        findings=session.record["findings"])
+                log.warning("session %s: %s", session.id, finding)
+                self._publish_update(session)
+                return _stop_reply(CONTEXT_STOP_TEXT, session)
+            raise _CallFailed(exc.status, exc.message, exc.kind) from exc
+        finally:
+            session.in_flight -= 1
+        meta = {**meta, "latency_ms": round((time.perf_counter() - started) * 1000, 3),
+                "usage": reply.get("usage")}
+        # From here the engine did the work: record it even if the caller hangs up meanwhile.
+        await asyncio.shield(self._record_turn(session, req, reply, sampling, meta))
+        return reply
+
+    def _budget_reached(self, session: _Session) -> bool:
+        return session.call_budget is not None and session.turns + session.in_flight >= session.call_budget
+
+    async def _record_turn(self, session: _Session, req: DialectRequest, reply: dict[str, Any],
+                           sampling: dict[str, Any], meta: dict[str, Any]) -> None:
+        cap = EngineClient.parse_capture(reply)
+        choice = (reply.get("choices") or [{}])[0]
+        async with session.lock:
+            assert session.graph is not None
+            turn = Turn(session_id=session.id, seq=session.turns, prompt_ids=cap.prompt_ids,
+                        sampled_ids=cap.sampled_ids, logprobs=cap.logprobs,
+                        finish_reason=choice.get("finish_reason"), request=req.chat,
+                        response=choice.get("message") or {}, sampling=sampling,
+                        token_texts=cap.token_texts, top_logprobs=cap.top_logprobs,
+                        findings=list(cap.findings), meta=meta)
+            # Validated before linking: the graph decides trainability from the turn's findings.
+            turn.findings.extend(validate_turn(turn, session.tier))
+            with session.rw:
+                link: Link = session.graph.add(turn)
+            session.turns += 1
+            session.last_call_at = turn.created_at
+            session.count([*turn.findings, *link.findings])
+            await asyncio.to_thread(self.store.append_turn, turn, link)
+        self.events.publish({"type": "turn_captured", "seq": turn.seq, "parent": link.parent,
+                             "link_kind": link.kind,
+                             "session": self._summary(session).model_dump(mode="json")})
+
+    def _publish_update(self, session: _Session) -> None:
+        self.events.publish({"type": "session_updated", "session": self._summary(session).model_dump(mode="json")})
+
+
+async def _unless_disconnected(task: asyncio.Task[dict[str, Any]],
+                               until_disconnect: Callable[[], Awaitable[None]] | None) -> dict[str, Any]:
+    """Await the call, cancelling it if the client hangs up first."""
+    if until_disconnect is None:
+        return await task
+    watcher = asyncio.ensure_future(until_disconnect())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        raise _CallFailed(499, "client closed the request", "client_closed")
+    return task.result()
+
+
+def _error(dialect: Dialect, status: int, message: str, kind: str, param: str | None = None) -> CallReply:
+    return CallReply(status=status, body=dialect.error_body(status, message, kind, param))
+
+
+def _stop_reply(text: str, session: _Session) -> dict[str, Any]:
+    """A chat-completions reply that ends the conversation; never becomes a node."""
+    return {
+        "id": f"chatcmpl-tapdeck-{time.time_ns():x}", "object": "chat.completion",
+        "created": int(time.time()), "model": session.served_model or "model",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                     "finish_reason": "stop", "logprobs": None}],
+        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+        "tapdeck_synthetic": True,
+    }
+
+
+__all__ = ["CallReply", "CaptureService"]

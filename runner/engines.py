@@ -1,0 +1,69 @@
+"""Engine choice → `EngineSpec`: "embedded" (the server's default engine) or the URL of a served model.
+
+A URL is an OpenAI-compatible server: real vLLM gives the `tokens` tier (trainable), anything else is
+probed by the proxy and may end at `logprobs` or `text` (eval only). The API key of a URL engine is
+only ever handed to the proxy, never to a harness or a sandbox.
+"""
+
+from __future__ import annotations
+
+import os
+from urllib.parse import urlsplit, urlunsplit
+
+from tapdeck.proxy.tiers import EngineSpec
+
+EMBEDDED = "embedded"
+API_KEY_ENV = "TAPDECK_ENGINE_API_KEY"
+"""Environment variable the runner reads a URL engine's key from when none is passed explicitly."""
+
+
+class EngineChoiceError(ValueError):
+    """An engine choice that cannot be resolved (bad URL, no embedded engine running)."""
+
+
+def normalize_engine_url(url: str) -> str:
+    """`host:port`, `http://host:port` or `.../v1/` → `http(s)://host:port/v1` (OpenAI base URL form)."""
+    text = url.strip()
+    if "://" not in text:
+        text = "http://" + text
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise EngineChoiceError(f"engine {url!r} is not an http(s) URL; pass e.g. "
+                                "--engine http://gpu-box:8000/v1 or --engine embedded")
+    path = parts.path.rstrip("/")
+    if not path:
+        path = "/v1"
+    return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+
+
+def is_embedded(choice: str | None) -> bool:
+    """True when the choice names the embedded engine (the default)."""
+    return choice is None or choice.strip().lower() in ("", EMBEDDED, "default")
+
+
+def resolve_engine(choice: str | None, *, model: str | None = None, api_key: str | None = None,
+                   default: EngineSpec | None = None) -> EngineSpec:
+    """Resolve an engine choice to the spec a capture session names.
+
+    `choice` None/"embedded" → `default` (the server's default engine, the embedded one unless the
+    server was started with an engine URL). A URL → a spec for it, with `model` (None = the engine's
+    only served model) and `api_key` (None → `$TAPDECK_ENGINE_API_KEY`, else no key).
+    """
+    if is_embedded(choice):
+        if default is None:
+            raise EngineChoiceError("no embedded engine is running on this server; start it with "
+                                    "the engine extra installed, or pass --engine URL")
+        if model is None and api_key is None:
+            return default
+        return EngineSpec(url=default.url, model=model or default.model,
+                          api_key=api_key if api_key is not None else default.api_key)
+    assert choice is not None
+    key = api_key if api_key is not None else (os.environ.get(API_KEY_ENV) or None)
+    return EngineSpec(url=normalize_engine_url(choice), model=model, api_key=key)
+
+
+def describe_engine(spec: EngineSpec | None) -> str:
+    """A short label for tables and logs (never the key)."""
+    if spec is None:
+        return EMBEDDED
+    return f"{spec.url}" + (f" ({spec.model})" if spec.model else "")

@@ -1,0 +1,271 @@
+"""Harness seams: how each agent harness is pointed at the capture proxy.
+
+One row per harness: the Harbor agent that runs it, the wire dialect it speaks, how its model calls
+are routed to the proxy (Harbor's `AgentConfig.base_url` + `model_name` + `model_api_format`, which
+Harbor projects into the harness's own env vars or config file), where it runs, and whether it was
+validated on this project (only harnesses actually run end to end here count as validated).
+
+The only credential a harness ever gets is the capture session key: every API-key variable the
+harness reads is set to it explicitly (Harbor otherwise falls back to the host's environment, which
+may hold a real provider key), and real-looking secrets are stripped from any extra env passed in.
+Anything Harbor can load (`module:Class`) runs as an unvalidated harness.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class Placement(StrEnum):
+    """Where a harness's agent loop runs."""
+
+    HOST_SIDE = "host-side"
+    """In the Harbor process; the sandbox is only reached through `exec` (any sandbox works)."""
+    INSTALLED = "installed"
+    """Installed into the sandbox at setup (needs internet there, and the proxy reachable from it)."""
+    NO_MODEL = "no-model"
+    """Makes no model calls (oracle, nop)."""
+
+
+class Dialect(StrEnum):
+    """The wire dialect a harness speaks to the proxy (the proxy's dialect names)."""
+
+    CHAT = "chat"
+    RESPONSES = "responses"
+    ANTHROPIC = "anthropic"
+    GOOGLE = "google"
+    NONE = "none"
+
+
+# The proxy's session `base_urls` key and Harbor's `model_api_format` for each dialect.
+_BASE_URL_KEY = {Dialect.CHAT: "openai", Dialect.RESPONSES: "openai",
+                 Dialect.ANTHROPIC: "anthropic", Dialect.GOOGLE: "google"}
+_API_FORMAT = {Dialect.CHAT: "openai_chat_completions", Dialect.RESPONSES: "openai_responses",
+               Dialect.ANTHROPIC: "anthropic_messages", Dialect.GOOGLE: "google_generate_content"}
+
+
+@dataclass(frozen=True)
+class Harness:
+    """One row of the seam table."""
+
+    name: str
+    """tapdeck's name for it (the Harbor agent name for built-ins)."""
+    agent: str
+    """Harbor agent name, or `module:Class` import path."""
+    dialect: Dialect
+    placement: Placement
+    model_prefix: str = ""
+    """LiteLLM-style provider prefix of `model_name` (`openai/<served>`)."""
+    key_env: tuple[str, ...] = ()
+    """Env vars the harness (or Harbor for it) reads the API key from: all set to the session key."""
+    base_url_env: tuple[str, ...] = ()
+    """Env vars carrying the proxy URL (Harbor projects `base_url` into these)."""
+    config_file: str | None = None
+    """A config file Harbor writes with the base URL, when the harness reads one instead of env."""
+    validated: bool = False
+    """Run end to end here (through Harbor and the host sandbox)."""
+    notes: str = ""
+    default_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def makes_model_calls(self) -> bool:
+        """False for oracle/nop (Harbor refuses model overrides on them)."""
+        return self.placement is not Placement.NO_MODEL
+
+    @property
+    def model_api_format(self) -> str | None:
+        """Harbor's `ModelApiFormat` value for this harness's dialect."""
+        return _API_FORMAT.get(self.dialect)
+
+
+_OPENAI_KEYS = ("OPENAI_API_KEY",)
+_INSTALLED_NOTE = "installed in the sandbox at setup: needs internet there and the proxy reachable"
+
+HARNESSES: dict[str, Harness] = {h.name: h for h in (
+    Harness("terminus-2", "terminus-2", Dialect.CHAT, Placement.HOST_SIDE, "openai/", _OPENAI_KEYS,
+            validated=True,
+            notes="Harbor's own agent loop (LiteLLM) in the Harbor process; drives tmux in the "
+                  "sandbox via exec; proxy on loopback works with any sandbox. Run here on the "
+                  "host sandbox against the embedded engine (calls answered; SmolLM2 never "
+                  "solves a task, reward 0)"),
+    Harness("oracle", "oracle", Dialect.NONE, Placement.NO_MODEL, validated=True,
+            notes="runs the task's solution/solve.sh (reward 1 on a correct task)"),
+    Harness("nop", "nop", Dialect.NONE, Placement.NO_MODEL, validated=True,
+            notes="does nothing (reward-0 baseline)"),
+    Harness("mini-swe-agent", "mini-swe-agent", Dialect.CHAT, Placement.INSTALLED, "openai/",
+            _OPENAI_KEYS, ("OPENAI_BASE_URL",),
+            notes=_INSTALLED_NOTE + "; its installer fetches uv from astral.sh"),
+    Harness("opencode", "opencode", Dialect.CHAT, Placement.INSTALLED, "openai/", _OPENAI_KEYS,
+            config_file="opencode.json (provider baseURL)", notes=_INSTALLED_NOTE),
+    Harness("codex", "codex", Dialect.RESPONSES, Placement.INSTALLED, "openai/", _OPENAI_KEYS,
+            ("OPENAI_BASE_URL",), notes=_INSTALLED_NOTE),
+    Harness("claude-code", "claude-code", Dialect.ANTHROPIC, Placement.INSTALLED, "anthropic/",
+            ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN"), ("ANTHROPIC_BASE_URL",),
+            notes=_INSTALLED_NOTE + "; base URL without /v1 (the client appends /v1/messages)"),
+    Harness("gemini-cli", "gemini-cli", Dialect.GOOGLE, Placement.INSTALLED, "gemini/",
+            ("GEMINI_API_KEY", "GOOGLE_API_KEY"), ("GOOGLE_GEMINI_BASE_URL",),
+            notes=_INSTALLED_NOTE),
+    Harness("goose", "goose", Dialect.CHAT, Placement.INSTALLED, "openai/", _OPENAI_KEYS,
+            ("OPENAI_HOST",), notes=_INSTALLED_NOTE),
+    Harness("openhands-sdk", "openhands-sdk", Dialect.CHAT, Placement.INSTALLED, "openai/",
+            ("LLM_API_KEY", "OPENAI_API_KEY"), ("LLM_BASE_URL",), notes=_INSTALLED_NOTE),
+    Harness("openhands", "openhands", Dialect.CHAT, Placement.INSTALLED, "openai/",
+            ("LLM_API_KEY", "OPENAI_API_KEY"), ("LLM_BASE_URL",), notes=_INSTALLED_NOTE),
+    Harness("qwen-coder", "qwen-coder", Dialect.CHAT, Placement.INSTALLED, "openai/", _OPENAI_KEYS,
+            ("OPENAI_BASE_URL",), notes=_INSTALLED_NOTE),
+    Harness("aider", "aider", Dialect.CHAT, Placement.INSTALLED, "openai/", _OPENAI_KEYS,
+            ("OPENAI_BASE_URL",), notes=_INSTALLED_NOTE),
+    Harness("swe-agent", "swe-agent", Dialect.CHAT, Placement.INSTALLED, "openai/", _OPENAI_KEYS,
+            ("OPENAI_BASE_URL",), notes=_INSTALLED_NOTE),
+)}
+
+DEFAULT_HARNESS = "terminus-2"
+
+
+@dataclass(frozen=True)
+class RunDefaults:
+    """Per-rollout settings a harness config is built with (embedded-defaults.md)."""
+
+    context_tokens: int = 8192
+    max_output_tokens: int = 256
+    max_turns: int = 6
+    agent_timeout_s: float | None = 180.0
+    model_prefix: str | None = None
+    """Override the model-name prefix: `hosted_vllm/` for a vLLM engine (terminus-2 then needs the
+    full `model_info`, which is always given, and a name matching `[A-Za-z0-9._-]{1,64}`)."""
+
+
+_HOSTED_VLLM_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+# Env var names that carry credentials; any of these passed as extra env is dropped unless its
+# value is the session key itself.
+_SECRET_NAME = re.compile(r"(API_?KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL|AUTH)", re.IGNORECASE)
+
+
+def get_harness(name: str) -> Harness:
+    """The table row for `name`; a `module:Class` path becomes an unvalidated row of its own.
+
+    Raises KeyError naming the known harnesses otherwise.
+    """
+    if name in HARNESSES:
+        return HARNESSES[name]
+    if ":" in name:
+        return Harness(name, name, Dialect.CHAT, Placement.INSTALLED, "openai/", _OPENAI_KEYS,
+                       ("OPENAI_BASE_URL",),
+                       notes="custom Harbor agent loaded by import path (unvalidated; assumed to "
+                             "speak chat completions through OPENAI_BASE_URL/OPENAI_API_KEY)")
+    raise KeyError(f"unknown harness {name!r}; known: {', '.join(HARNESSES)} "
+                   "(or any Harbor agent as module:Class)")
+
+
+def strip_secrets(env: dict[str, str] | None, session_key: str | None) -> dict[str, str]:
+    """Drop credential-looking variables (other than the session key) from an env mapping."""
+    return {k: v for k, v in (env or {}).items()
+            if not _SECRET_NAME.search(k) or (session_key is not None and v == session_key)}
+
+
+@dataclass(frozen=True)
+class AgentPieces:
+    """The Harbor `AgentConfig` fields for one rollout (`to_agent_config()` builds it)."""
+
+    name: str | None
+    import_path: str | None
+    model_name: str | None
+    base_url: str | None
+    model_api_format: str | None
+    env: dict[str, str]
+    kwargs: dict[str, Any]
+    override_timeout_sec: float | None
+
+    def to_agent_config(self):
+        """Harbor's trial-side `AgentConfig` (imported lazily)."""
+        from harbor.models.trial.config import AgentConfig
+
+        fields: dict[str, Any] = {"env": self.env, "kwargs": self.kwargs}
+        for key in ("name", "import_path", "model_name", "base_url", "model_api_format",
+                    "override_timeout_sec"):
+            value = getattr(self, key)
+            if value is not None:
+                fields[key] = value
+        return AgentConfig(**fields)
+
+
+def terminus2_kwargs(defaults: RunDefaults) -> dict[str, Any]:
+    """terminus-2 options for small local models (embedded-defaults.md)."""
+    return {
+        "collect_rollout_details": True,
+        "record_terminal_session": False,
+        "enable_summarize": False,
+        "max_turns": defaults.max_turns,
+        "suppress_max_turns_warning": True,
+        "model_info": {
+            "max_input_tokens": defaults.context_tokens,
+            "max_output_tokens": defaults.max_output_tokens,
+            "input_cost_per_token": 0.0,
+            "output_cost_per_token": 0.0,
+        },
+        "llm_kwargs": {"max_tokens": defaults.max_output_tokens},
+    }
+
+
+def build_agent_pieces(
+    harness: str | Harness,
+    *,
+    base_urls: dict[str, str] | None,
+    session_key: str | None,
+    served_model: str | None,
+    defaults: RunDefaults | None = None,
+    agent_kwargs: dict[str, Any] | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> AgentPieces:
+    """Point `harness` at the proxy for one capture session.
+
+    `base_urls` is the session's `{"openai": ".../v1", "anthropic": ..., "google": ...}`,
+    `session_key` its API key, `served_model` the engine's served name. `agent_kwargs` are merged
+    over the harness defaults; `extra_env` is passed with credential-looking names stripped.
+    """
+    row = harness if isinstance(harness, Harness) else get_harness(harness)
+    defaults = defaults or RunDefaults()
+    name, import_path = (None, row.agent) if ":" in row.agent else (row.agent, None)
+    kwargs: dict[str, Any] = dict(row.default_kwargs)
+    if row.agent == "terminus-2":
+        kwargs.update(terminus2_kwargs(defaults))
+    kwargs.update(agent_kwargs or {})
+    env = strip_secrets(extra_env, session_key)
+    if not row.makes_model_calls:
+        return AgentPieces(name, import_path, None, None, None, env, kwargs,
+                           defaults.agent_timeout_s)
+
+    if not (base_urls and session_key and served_model):
+        raise ValueError(f"harness {row.name!r} makes model calls: it needs the session's base "
+                         "URLs, session key and served model name")
+    base_url = base_urls[_BASE_URL_KEY[row.dialect]]
+    prefix = defaults.model_prefix or row.model_prefix
+    if prefix == "hosted_vllm/" and not _HOSTED_VLLM_NAME.match(served_model):
+        prefix = row.model_prefix
+    for var in row.key_env:
+        env[var] = session_key
+    for var in row.base_url_env:
+        env[var] = base_url
+    if row.agent == "terminus-2":
+        kwargs.setdefault("llm_kwargs", {})["api_key"] = session_key
+    return AgentPieces(name, import_path, f"{prefix}{served_model}", base_url,
+                       row.model_api_format, env, kwargs, defaults.agent_timeout_s)
+
+
+def build_agent_config(harness: str | Harness, **options):
+    """`build_agent_pieces(...).to_agent_config()`: Harbor's trial `AgentConfig`."""
+    return build_agent_pieces(harness, **options).to_agent_config()
+
+
+def harness_table() -> list[dict[str, Any]]:
+    """The seam table as plain rows (for the catalog, the CLI and the TUI)."""
+    return [{
+        "name": h.name, "agent": h.agent, "dialect": h.dialect.value,
+        "placement": h.placement.value, "validated": h.validated,
+        "model_name": f"{h.model_prefix}<served>" if h.makes_model_calls else None,
+        "key_env": list(h.key_env), "base_url_env": list(h.base_url_env),
+        "config_file": h.config_file, "notes": h.notes,
+    } for h in HARNESSES.values()]

@@ -1,0 +1,373 @@
+"""`data-check`: check an exported run against TRL's trainer contract and score it as GRPO would.
+
+It does NOT train: no weights change (no CPU recipe here does; see `tapdeck.runner.recipes`). What it
+does, on any machine, step by step so a live plot shows it working:
+
+1. Reads the JSONL of a tapdeck run export — one row per captured agent turn as written by
+   `tapdeck export RUN` (`tapdeck.proxy.export.trace_rows` + `write_jsonl`), or one row per rollout
+   with a nested `turns` list as written by `POST /admin/runs/{id}/export`.
+2. Validates every turn as TRL AsyncGRPO's loop-owning worker would read it: `loss_mask` covers
+   prompt+completion and is 0 on the whole prompt, `per_token_logps` is as long as the completion,
+   every trained token has a finite, non-positive logprob; ids are non-negative integers.
+3. Chains each rollout's turns into training rows the way TRL does in lossless mode (a turn whose
+   prompt extends the row so far is appended: the new context with mask 0, then its completion;
+   anything else starts a new row, a fork), checks `input_ids`, `completion_mask`, `old_log_probs`
+   have one length, and drops rows with no trained token.
+4. Per group (`group_id`): the GRPO advantage of each scorable rollout,
+   `(r − mean) / (std + 1e-8)` over the group's scorable rollouts only; `reward: null` is excluded
+   (never read as 0); a group with no scorable rollout is unscorable (advantage 0, no rows).
+   std is the sample std (n − 1, like `torch.Tensor.std`), 0 for a single scorable rollout;
+   `--population-std` uses n. Which one TRL's async GRPO uses was not verified here.
+5. Logs one trackio step per group, TRL's metric names where they exist (`train/reward`,
+   `train/reward_std`, `train/batch/trained_tokens_per_step`, …) and `check/…` for what is ours
+   (`check/advantages/<i>` = the i-th rollout of the group by rollout id, running totals of
+   valid/invalid rows). Also writes `advantages.jsonl` and `summary.json` into `--out-dir`.
+
+Exit code 0 when every row is valid, 1 when some row breaks the contract (listed in the log),
+2 when the input cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+EPS = 1e-8
+
+
+@dataclass
+class TurnRow:
+    """One captured call as exported."""
+
+    node_id: Any
+    prompt: list[Any] | None
+    completion: list[Any] | None
+    logps: list[Any] | None
+    mask: list[Any] | None
+
+
+@dataclass
+class Rollout:
+    """One rollout: its group, reward (None = never graded) and turns in capture order."""
+
+    rollout_id: str
+    group_id: str
+    reward: float | None
+    turns: list[TurnRow] = field(default_factory=list)
+    findings: list[str] = field(default_factory=list)
+    rows: list[TrainingRow] = field(default_factory=list)
+    forks: int = 0
+    dropped_rows: int = 0
+    advantage: float | None = None
+
+
+@dataclass
+class TrainingRow:
+    """A row as TRL's trainer takes it (before advantage and padding)."""
+
+    input_ids: np.ndarray
+    completion_mask: np.ndarray
+    old_log_probs: np.ndarray
+
+    @property
+    def trained_tokens(self) -> int:
+        return int(self.completion_mask.sum())
+
+
+def _reward(value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def load_rollouts(path: Path) -> list[Rollout]:
+    """Rollouts from an export JSONL (per-turn rows or per-rollout rows with `turns`)."""
+    rollouts: dict[str, Rollout] = {}
+    with Path(path).open("rb") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as exc:
+                raise ValueError(f"{path}:{lineno}: not JSON ({exc})") from exc
+            rid = str(row.get("rollout_id") or row.get("session_id") or f"line-{lineno}")
+            group = row.get("group_id", row.get("group"))
+            rollout = rollouts.get(rid)
+            if rollout is None:
+                # No group id: the rollout is its own group (its advantage is then 0).
+                rollout = rollouts[rid] = Rollout(rid, rid if group is None else str(group),
+                                                  _reward(row.get("reward")))
+            turns = row["turns"] if isinstance(row.get("turns"), list) else [row]
+            for t in turns:
+                rollout.turns.append(TurnRow(t.get("node_id"), t.get("prompt_token_ids"),
+                                             t.get("completion_token_ids"), t.get("per_token_logps"),
+                                             t.get("loss_mask")))
+    return list(rollouts.values())
+
+
+def _ids(values: list[Any]) -> np.ndarray | None:
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        return None
+    return np.asarray(values, dtype=np.int64)
+
+
+def check_turn(turn: TurnRow) -> list[str]:
+    """Contract findings for one turn (empty = TRL can use it)."""
+    where = f"turn {turn.node_id}"
+    missing = [n for n, v in (("prompt_token_ids", turn.prompt), ("completion_token_ids", turn.completion),
+                              ("loss_mask", turn.mask)) if not isinstance(v, list)]
+    if missing:
+        return [f"{where}: missing {', '.join(missing)}"]
+    out = []
+    if _ids(turn.prompt) is None or _ids(turn.completion) is None:
+        out.append(f"{where}: token ids must be non-negative integers")
+    n_prompt, n_completion = len(turn.prompt), len(turn.completion)
+    if len(turn.mask) != n_prompt + n_completion:
+        return out + [f"{where}: loss_mask has {len(turn.mask)} entries, prompt+completion "
+                      f"{n_prompt}+{n_completion}"]
+    if any(m not in (0, 1) or isinstance(m, bool) for m in turn.mask):
+        out.append(f"{where}: loss_mask values must be 0 or 1")
+    if any(turn.mask[:n_prompt]):
+        out.append(f"{where}: loss_mask is 1 inside the prompt")
+    trained = [i for i, m in enumerate(turn.mask[n_prompt:]) if m == 1]
+    if trained:
+        if not isinstance(turn.logps, list) or len(turn.logps) != n_completion:
+            have = len(turn.logps) if isinstance(turn.logps, list) else "no"
+            return out + [f"{where}: {have} per_token_logps for {n_completion} completion tokens"]
+        for i in trained:
+            lp = turn.logps[i]
+            if lp is None:
+                out.append(f"{where}: trained token {i} has no logprob")
+                break
+            if not math.isfinite(lp):
+                out.append(f"{where}: trained token {i} has a non-finite logprob ({lp})")
+                break
+            if lp > 0:
+                out.append(f"{where}: trained token {i} has a positive logprob ({lp})")
+                break
+    return out
+
+
+def build_rows(turns: list[TurnRow]) -> tuple[list[TrainingRow], int]:
+    """Chain turns into rows (exact-prefix continuation, else a fork); the rows and the fork count."""
+    rows: list[TrainingRow] = []
+    ids: list[int] = []
+    mask: list[int] = []
+    logps: list[float] = []
+    forks = 0
+
+    def flush() -> None:
+        if ids:
+            rows.append(TrainingRow(np.asarray(ids, np.int64), np.asarray(mask, np.int64),
+                                    np.asarray(logps, np.float32)))
+
+    for turn in turns:
+        prompt = list(turn.prompt or [])
+        completion = list(turn.completion or [])
+        out_mask = [int(m) for m in (turn.mask or [])[len(prompt):]]
+        out_logps = [float(lp) if (m and lp is not None) else 0.0
+                     for m, lp in zip(out_mask, turn.logps or [0.0] * len(completion))]
+        if ids and prompt[:len(ids)] == ids:
+            tail = prompt[len(ids):]
+        else:
+            if ids:
+                forks += 1
+            flush()
+            ids, mask, logps = [], [], []
+            tail = prompt
+        ids += tail + completion
+        mask += [0] * len(tail) + out_mask
+        logps += [0.0] * len(tail) + out_logps
+    flush()
+    return rows, forks
+
+
+def row_findings(row: TrainingRow, index: int) -> list[str]:
+    """The trainer-side checks on a built row."""
+    n = row.input_ids.size
+    if row.completion_mask.size != n or row.old_log_probs.size != n:
+        return [f"row {index}: input_ids {n}, completion_mask {row.completion_mask.size}, "
+                f"old_log_probs {row.old_log_probs.size}"]
+    trained = row.old_log_probs[row.completion_mask == 1]
+    if trained.size and (not np.isfinite(trained).all() or (trained > 0).any()):
+        return [f"row {index}: trained tokens need finite non-positive logprobs"]
+    return []
+
+
+def group_advantages(rewards: list[float | None], *, ddof: int = 1) -> list[float | None]:
+    """GRPO advantages of one group; None for unscorable rollouts (and for all of an all-null group)."""
+    scored = np.asarray([r for r in rewards if r is not None], dtype=np.float64)
+    if scored.size == 0:
+        return [None] * len(rewards)
+    mean = float(scored.mean())
+    std = float(scored.std(ddof=ddof)) if scored.size > ddof else 0.0
+    return [None if r is None else (r - mean) / (std + EPS) for r in rewards]
+
+
+def _arg_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tapdeck.runner.recipes.data_check",
+                                description="Check and score exported training rows (no weight update).")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--rows", type=Path, help="An export JSONL (tapdeck export RUN).")
+    src.add_argument("--run", help="A tapdeck run id: reads <data-dir>/exports/<run>.jsonl "
+                                   "or <data-dir>/runs/<run>/export.jsonl.")
+    p.add_argument("--data-dir", type=Path, default=None,
+                   help="Data dir for --run (default $TAPDECK_DATA_DIR or ~/.tapdeck).")
+    p.add_argument("--project", default=os.environ.get("TAPDECK_TRAIN_PROJECT", "tapdeck"))
+    p.add_argument("--name", default=os.environ.get("TAPDECK_TRAIN_RUN_ID", "data-check"),
+                   help="trackio run name (the launcher passes its run id).")
+    p.add_argument("--out-dir", type=Path, default=None,
+                   help="Where advantages.jsonl and summary.json go (default: the trackio dir's parent).")
+    p.add_argument("--population-std", action="store_true", help="Group std over n instead of n − 1.")
+    p.add_argument("--step-delay", type=float, default=0.0,
+                   help="Seconds to pause between steps (to watch the plot fill in; default 0).")
+    return p
+
+
+def resolve_rows(args: argparse.Namespace) -> Path:
+    """The JSONL to read, or FileNotFoundError saying how to produce it."""
+    if args.rows is not None:
+        if not args.rows.is_file():
+            raise FileNotFoundError(f"no export file at {args.rows}")
+        return args.rows
+    data_dir = args.data_dir or Path(os.environ.get("TAPDECK_DATA_DIR") or Path.home() / ".tapdeck")
+    for candidate in (data_dir / "exports" / f"{args.run}.jsonl",
+                      data_dir / "runs" / args.run / "export.jsonl"):
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(f"run {args.run!r} has no JSONL export under {data_dir}; "
+                            f"write one with `tapdeck export {args.run}`")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the check; the exit code (0 all valid, 1 contract violations, 2 unreadable input)."""
+    args = _arg_parser().parse_args(argv)
+    try:
+        path = resolve_rows(args)
+        rollouts = load_rollouts(path)
+    except (OSError, ValueError) as exc:
+        print(f"data-check: {exc}", file=sys.stderr)
+        return 2
+    print(f"data-check: {len(rollouts)} rollout(s) from {path}")
+    print("data-check: this recipe checks and scores data; it does not update any weights")
+
+    # Validate and build rows before logging, so a bad row is reported once, with its rollout.
+    for r in rollouts:
+        for turn in r.turns:
+            r.findings += check_turn(turn)
+        if r.findings:
+            continue
+        r.rows, r.forks = build_rows(r.turns)
+        for i, row in enumerate(r.rows):
+            r.findings += row_findings(row, i)
+        kept = [row for row in r.rows if row.trained_tokens > 0]
+        r.dropped_rows, r.rows = len(r.rows) - len(kept), kept
+    groups: dict[str, list[Rollout]] = defaultdict(list)
+    for r in rollouts:
+        groups[r.group_id].append(r)
+
+    import trackio  # only here: the recipe process pays its import, never the launcher or the TUI
+
+    out_dir = args.out_dir or Path(os.environ.get("TRACKIO_DIR") or ".").resolve().parent
+    out_dir.mkdir(parents=True, exist_ok=True)
+    trackio.init(project=args.project, name=args.name,
+                 config={"recipe": "data-check", "rows_file": str(path), "updates_weights": False,
+                         "std_ddof": 0 if args.population_std else 1})
+    totals = {"rows_valid": 0, "rows_invalid": 0, "rollouts_invalid": 0, "trained_tokens": 0,
+              "unscorable_groups": 0}
+    adv_lines = []
+    try:
+        for step, gid in enumerate(sorted(groups, key=_group_order)):
+            members = sorted(groups[gid], key=lambda r: r.rollout_id)
+            valid = [r for r in members if not r.findings]
+            for r in members:
+                for finding in r.findings:
+                    print(f"data-check: INVALID rollout {r.rollout_id}: {finding}")
+            advantages = group_advantages([r.reward for r in valid],
+                                          ddof=0 if args.population_std else 1)
+            for r, a in zip(valid, advantages):
+                r.advantage = a
+            scored = [r.reward for r in valid if r.reward is not None]
+            unscorable = not scored
+            # A rollout without a reward has no advantage: TRL cannot train on its rows.
+            rows = [row for r in valid if r.advantage is not None for row in r.rows]
+            trained = sum(row.trained_tokens for row in rows)
+            totals["rows_valid"] += sum(len(r.rows) for r in valid)
+            totals["rows_invalid"] += sum(len(r.turns) for r in members if r.findings)
+            totals["rollouts_invalid"] += len(members) - len(valid)
+            totals["trained_tokens"] += trained
+            totals["unscorable_groups"] += int(unscorable)
+            turns = [len(r.turns) for r in valid] or [0]
+            lengths = [len(t.completion or []) for r in valid for t in r.turns] or [0]
+            metrics: dict[str, float] = {
+                "train/global_step": step + 1,
+                "train/batch/samples_per_step": len(rows),
+                "train/batch/groups_per_step": 0 if unscorable else 1,
+                "train/batch/trained_tokens_per_step": trained,
+                "train/batch/forwarded_tokens_per_step": sum(row.input_ids.size for row in rows),
+                "train/rollout/turns_mean": float(np.mean(turns)),
+                "train/rollout/turns_max": float(max(turns)),
+                "train/rollout/fork_frac": (sum(r.forks for r in valid) / max(1, sum(len(r.turns) for r in valid))),
+                "train/completions/mean_length": float(np.mean(lengths)),
+                "train/completions/max_length": float(max(lengths)),
+                "check/group_size": len(members),
+                "check/scorable": len(scored),
+                "check/unscorable": int(unscorable),
+                "check/invalid_rollouts": len(members) - len(valid),
+                "check/rows_valid_total": totals["rows_valid"],
+                "check/rows_invalid_total": totals["rows_invalid"],
+                "check/trained_tokens_total": totals["trained_tokens"],
+            }
+            if scored:
+                metrics["train/reward"] = float(np.mean(scored))
+                metrics["train/reward_std"] = float(np.std(scored, ddof=0 if args.population_std else 1)) \
+                    if len(scored) > (0 if args.population_std else 1) else 0.0
+            for i, r in enumerate(valid):
+                if r.advantage is not None:
+                    metrics[f"check/advantages/{i}"] = r.advantage
+                adv_lines.append({"step": step, "group_id": gid, "index": i, "rollout_id": r.rollout_id,
+                                  "reward": r.reward, "advantage": r.advantage, "rows": len(r.rows),
+                                  "trained_tokens": sum(row.trained_tokens for row in r.rows)})
+            trackio.log(metrics, step=step)
+            shown = ", ".join("null" if r.advantage is None else f"{r.advantage:+.3f}" for r in valid)
+            reward_text = f"{metrics['train/reward']:.3f}" if "train/reward" in metrics else "—"
+            print(f"step {step}: group {gid}: {len(members)} rollout(s), reward {reward_text}, "
+                  f"advantages [{shown}], "
+                  f"{len(rows)} row(s), {trained} trained token(s)"
+                  + (" — unscorable (no graded rollout)" if unscorable else ""))
+            if args.step_delay > 0:
+                time.sleep(args.step_delay)
+    finally:
+        trackio.finish()
+    with (out_dir / "advantages.jsonl").open("w") as f:
+        for line in adv_lines:
+            f.write(json.dumps(line) + "\n")
+    summary = {"rollouts": len(rollouts), "groups": len(groups), **totals,
+               "ok": totals["rollouts_invalid"] == 0}
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    print("data-check: summary " + " ".join(f"{k}={v}" for k, v in summary.items()))
+    return 0 if summary["ok"] else 1
+
+
+def _group_order(gid: str) -> tuple[int, Any]:
+    """Numeric group ids in numeric order, then the rest by name."""
+    return (0, int(gid)) if gid.lstrip("-").isdigit() else (1, gid)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

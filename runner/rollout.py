@@ -1,0 +1,499 @@
+"""One rollout = one capture session + one Harbor trial. It never raises.
+
+Flow: open a capture session on the proxy (engine probed, per-session call budget) → point the
+harness at the proxy through its seam (the session key is the only credential it gets) → create and
+run a Harbor `Trial` (its own retries are never used: `Trial` has none, and a retry would merge two
+attempts into one graph) → read the reward with the reward rule → reconcile the harness's ATIF
+trajectory with the capture → judge ok-ness → close the session (shielded) → return a
+`RolloutResult` with a classified error when something failed.
+
+A hard `asyncio.timeout` bounds the whole rollout, sandbox start included; Harbor's own teardown
+(environment stop) is shielded, and so is ours. Progress goes to the capture session's metadata
+(`phase`, `reward`, `run_id`) and to the event bus as `rollout_updated`.
+
+No process environment is touched: the proxy URL and the session key reach the harness through its
+Trial config only, so concurrent rollouts cannot see each other's keys (capture-cases M79-81 avoided
+by construction, not by a lock), and no real provider key is ever put into a sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+from pydantic import BaseModel, Field
+
+from tapdeck.proxy.findings import Finding, Level
+from tapdeck.proxy.sessions import SessionInfo, SessionSpec
+from tapdeck.proxy.tiers import EngineSpec, Tier
+from tapdeck.runner.atif import CapturedCall, reconcile_file
+from tapdeck.runner.rewards import choose_reward, read_reward_files
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+log = logging.getLogger("tapdeck.runner")
+
+Phase = Literal["queued", "sandbox", "agent_setup", "agent", "verify", "done", "failed"]
+MAX_FINDINGS = 200
+"""Findings kept on a result (the session keeps all of them)."""
+BUDGET_PER_TURN = 3
+"""Call budget = this × max_turns: terminus-2 re-asks after a length cut without counting a turn."""
+
+
+class RolloutResult(BaseModel):
+    """What one rollout produced (also one line of a run's results.jsonl)."""
+
+    rollout_id: str
+    run_id: str | None = None
+    task: str
+    group: int = 0
+    """GRPO group: the task's index in the run's plan (all K rollouts of a task share it)."""
+    index: int = 0
+    session_id: str | None = None
+    ok: bool = False
+    reward: float | None = None
+    """None = never graded (or the reward rule refused): never read as 0."""
+    rewards: dict[str, float] = Field(default_factory=dict)
+    reward_key: str | None = None
+    tier: str | None = None
+    rollout_type: str | None = None
+    turns: int = 0
+    findings: list[str] = Field(default_factory=list)
+    atif: Literal["match", "mismatch", "none"] = "none"
+    timings: dict[str, float] = Field(default_factory=dict)
+    error_kind: str | None = None
+    error: str | None = None
+    phase: Phase = "queued"
+    harness: str | None = None
+    sandbox: str | None = None
+    trial_dir: str | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+
+
+@dataclass
+class RolloutSpec:
+    """Everything one rollout needs; the agent, sandbox and engine are chosen per rollout."""
+
+    task: str
+    task_path: Path
+    trials_dir: Path
+    trial_name: str | None = None
+    harness: str = "terminus-2"
+    sandbox: str = "host"
+    engine: EngineSpec | None = None
+    """None → the capture service's default engine (the embedded one)."""
+    timeout_s: float = 300.0
+    reward_key: str | None = None
+    agent_kwargs: dict[str, Any] | None = None
+    rollout_id: str | None = None
+    run_id: str | None = None
+    group: int = 0
+    index: int = 0
+    call_budget: int | None = None
+    """None → BUDGET_PER_TURN × max_turns."""
+    agent_timeout_s: float | None = None
+    """None → the task's own agent timeout (capped by `timeout_s` anyway)."""
+    sandbox_kwargs: dict[str, Any] | None = None
+    """Constructor kwargs of the sandbox (Harbor's `EnvironmentConfig.kwargs`)."""
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+# Harbor exception type names → our error kinds. Anything not listed is classified by phase.
+_EXCEPTION_KINDS: dict[str, str] = {
+    "AgentTimeoutError": "agent_timeout",
+    "AgentSetupTimeoutError": "sandbox_failed",
+    "EnvironmentStartTimeoutError": "sandbox_failed",
+    "HealthcheckError": "sandbox_failed",
+    "VerifierTimeoutError": "verifier_failed",
+    "RewardFileNotFoundError": "verifier_failed",
+    "RewardFileEmptyError": "verifier_failed",
+    "VerifierOutputParseError": "verifier_failed",
+    "AddTestsDirError": "verifier_failed",
+    "DownloadVerifierDirError": "verifier_failed",
+    "ContextLengthExceededError": "context_length",
+    "ContextWindowExceededError": "context_length",
+    "OutputLengthExceededError": "context_length",
+    "CancelledError": "cancelled",
+    "NonZeroAgentExitCodeError": "agent_failed",
+    "AuthenticationError": "proxy_rejected",
+    "PermissionDeniedError": "proxy_rejected",
+    "BadRequestError": "engine_rejected",
+    "UnprocessableEntityError": "engine_rejected",
+    "NotFoundError": "engine_rejected",
+}
+_ENGINE_TYPES = frozenset({
+    "APIConnectionError", "ApiConnectionError", "NetworkConnectionError", "InternalServerError",
+    "ServiceUnavailableError", "APIError", "ApiError", "Timeout", "ApiInternalServerError",
+    "UnknownApiError", "ApiResponseStalledError", "ApiConnectionClosedError", "RateLimitError",
+})
+
+
+def classify_exception(exception_type: str, phase: Phase) -> str:
+    """Our error kind for a Harbor `exception_info.exception_type` raised during `phase`."""
+    if exception_type in _EXCEPTION_KINDS:
+        return _EXCEPTION_KINDS[exception_type]
+    if exception_type in _ENGINE_TYPES:
+        return "engine_unreachable"
+    return {"sandbox": "sandbox_failed", "agent_setup": "sandbox_failed", "agent": "agent_failed",
+            "verify": "verifier_failed"}.get(phase, "internal")
+
+
+def _failed_phase(result: Any) -> Phase:
+    """Which phase a trial's recorded exception happened in, from Harbor's phase timings."""
+    if result.agent_setup is None:
+        return "sandbox"
+    if result.agent_execution is None:
+        return "agent_setup"
+    if result.verifier is None:
+        return "agent"
+    return "verify"
+
+
+def _seconds(timing: Any) -> float | None:
+    if timing is None or timing.started_at is None or timing.finished_at is None:
+        return None
+    started: datetime = timing.started_at
+    return max(0.0, (timing.finished_at - started).total_seconds())
+
+
+class _Progress:
+    """The rollout's live result: phase changes go to the session metadata and the event bus."""
+
+    def __init__(self, service: Any, result: RolloutResult,
+                 on_update: Callable[[RolloutResult], None] | None) -> None:
+        self.service = service
+        self.result = result
+        self.on_update = on_update
+
+    def phase(self, phase: Phase) -> None:
+        self.result.phase = phase
+        self.publish()
+
+    def publish(self) -> None:
+        r = self.result
+        if r.session_id is not None:
+            with contextlib.suppress(Exception):  # a progress note must never fail a rollout
+                self.service.annotate(r.session_id, phase=r.phase, reward=r.reward, run_id=r.run_id,
+                                      rollout_id=r.rollout_id, task=r.task, group=r.group)
+        snapshot = r.model_copy(deep=True)
+        if self.on_update is not None:
+            with contextlib.suppress(Exception):
+                self.on_update(snapshot)
+        else:
+            with contextlib.suppress(Exception):
+                self.service.events.publish({"type": "rollout_updated", "run_id": r.run_id,
+                                             "rollout": snapshot.model_dump(mode="json")})
+
+
+async def run_rollout(service: Any, spec: RolloutSpec, *,
+                      on_update: Callable[[RolloutResult], None] | None = None) -> RolloutResult:
+    """Run one rollout on `service` (a CaptureService on this loop). Never raises.
+
+    Cancellation of the calling task comes back as a result with `error_kind="cancelled"` after the
+    sandbox has been torn down.
+    """
+    from tapdeck.runner.harnesses import get_harness
+
+    rid = spec.rollout_id or spec.trial_name or f"{spec.task}-{spec.index}"
+    result = RolloutResult(rollout_id=rid, run_id=spec.run_id, task=spec.task, group=spec.group,
+                           index=spec.index, harness=spec.harness, sandbox=spec.sandbox,
+                           started_at=time.time())
+    progress = _Progress(service, result, on_update)
+    findings: list[Finding] = []
+    trial_result: Any = None
+    trial_dir: Path | None = None
+    started = time.monotonic()
+    uses_model = True
+    try:
+        async with asyncio.timeout(spec.timeout_s):
+            try:
+                uses_model = get_harness(spec.harness).makes_model_calls
+            except KeyError as exc:
+                raise RolloutSetupError("bad_plan", str(exc).strip("'\"")) from None
+            environment = environment_config(spec.sandbox, spec.sandbox_kwargs)
+            info: SessionInfo | None = None
+            progress.phase("sandbox")
+            await asyncio.to_thread(_preflight, environment)
+            if uses_model:
+                info = await _open_session(service, spec, rid)
+                result.session_id = info.id
+                result.tier = str(info.tier)
+                result.rollout_type = info.rollout_type
+                result.timings["session_open"] = time.monotonic() - started
+                progress.publish()
+                if info.tier is Tier.TEXT:
+                    reason = await _engine_unreachable(info.engine.url, spec.engine)
+                    if reason is not None:
+                        raise RolloutSetupError("engine_unreachable", reason)
+            config = _trial_config(spec, rid, info, environment)
+            trial_dir = Path(config.trials_dir) / config.trial_name
+            result.trial_dir = str(trial_dir)
+            trial_result = await _run_trial(config, progress)
+    except TimeoutError:
+        _fail(result, "timeout", f"the rollout exceeded its {spec.timeout_s:g} s limit "
+                                 f"(in phase {result.phase})")
+    except asyncio.CancelledError:
+        # Turned into a result on purpose (a rollout never raises); the caller sees it as such.
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        _fail(result, "cancelled", f"cancelled in phase {result.phase}")
+    except Exception as exc:  # a bug or a broken setup: classified, never raised
+        kind = getattr(exc, "error_kind", None) or "internal"
+        if kind == "internal":
+            log.exception("rollout %s failed", rid)
+        else:
+            log.warning("rollout %s: %s: %s", rid, kind, exc)
+        _fail(result, kind, str(exc) if kind != "internal" else f"{type(exc).__name__}: {exc}")
+        if kind == "internal":
+            findings.append(Finding.fatal("internal", traceback.format_exc(limit=3).strip()))
+    finally:
+        result.timings["total"] = time.monotonic() - started
+    # Everything below is local bookkeeping plus shielded session calls: quick and bounded.
+    try:
+        await asyncio.shield(_finish(service, spec, result, trial_result, trial_dir, findings,
+                                     uses_model))
+    except asyncio.CancelledError:
+        if result.error_kind is None:
+            _fail(result, "cancelled", "cancelled while finishing")
+    except Exception as exc:
+        log.exception("rollout %s: finishing failed", rid)
+        if result.error_kind is None:
+            _fail(result, "internal", f"{type(exc).__name__}: {exc}")
+    result.finished_at = time.time()
+    result.phase = "done" if result.ok else "failed"
+    progress.publish()
+    return result
+
+
+class RolloutSetupError(RuntimeError):
+    """A rollout that could not be set up (unknown harness/sandbox...), with its error kind."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.error_kind = kind
+
+
+def _fail(result: RolloutResult, kind: str, message: str) -> RolloutResult:
+    if result.error_kind is None:
+        result.error_kind = kind
+        result.error = message
+    result.ok = False
+    return result
+
+
+async def _open_session(service: Any, spec: RolloutSpec, rid: str) -> SessionInfo:
+    from tapdeck.runner.harnesses import RunDefaults
+
+    max_turns = int((spec.agent_kwargs or {}).get("max_turns") or RunDefaults().max_turns)
+    budget = spec.call_budget or BUDGET_PER_TURN * max_turns
+    metadata = {"run_id": spec.run_id, "rollout_id": rid, "task": spec.task, "group": spec.group,
+                "index": spec.index, "harness": spec.harness, "sandbox": spec.sandbox,
+                "phase": "sandbox", **spec.metadata}
+    try:
+        return await service.open_session(SessionSpec(engine=spec.engine, metadata=metadata,
+                                                      call_budget=budget, rollout_type="auto"))
+    except Exception as exc:
+        raise RolloutSetupError("engine_unreachable" if "engine" in str(exc).lower() else "internal",
+                                f"could not open a capture session: {exc}") from exc
+
+
+async def _engine_unreachable(url: str, spec: EngineSpec | None) -> str | None:
+    """At the text tier, check the engine answers at all: a dead engine fails fast, before a sandbox boots."""
+    headers = {"Authorization": f"Bearer {spec.api_key}"} if spec is not None and spec.api_key else {}
+    try:
+        async with httpx.AsyncClient(timeout=10.0) as client:
+            await client.get(url.rstrip("/") + "/models", headers=headers)
+    except httpx.HTTPError as exc:
+        return f"engine {url} is unreachable ({type(exc).__name__}: {exc or 'no answer'})"
+    return None
+
+
+def environment_config(sandbox: str, kwargs: dict[str, Any] | None = None) -> Any:
+    """Harbor's EnvironmentConfig for a sandbox name: `host`, a Harbor backend, or `module:Class`."""
+    from tapdeck.runner.catalog import sandbox_environment_config
+
+    try:
+        return sandbox_environment_config(sandbox, **(kwargs or {}))
+    except ValueError as exc:
+        raise RolloutSetupError("bad_plan", str(exc)) from None
+
+
+def _preflight(environment: Any) -> None:
+    """Harbor's own sandbox preflight (Trial never runs it); SystemExit → sandbox_failed."""
+    from harbor.environments.factory import EnvironmentFactory
+
+    try:
+        EnvironmentFactory.run_preflight(environment.type, environment.import_path)
+    except SystemExit as exc:
+        raise RolloutSetupError("sandbox_failed", f"sandbox preflight failed: {exc}") from None
+    except Exception as exc:
+        raise RolloutSetupError("sandbox_failed", f"sandbox preflight failed: "
+                                                  f"{type(exc).__name__}: {exc}") from None
+
+
+def _trial_config(spec: RolloutSpec, rid: str, info: SessionInfo | None, environment: Any) -> Any:
+    """The Harbor TrialConfig: task, harness seam (pointed at the proxy), sandbox."""
+    from harbor.models.trial.config import TaskConfig, TrialConfig
+
+    from tapdeck.runner.harnesses import RunDefaults, build_agent_config
+
+    defaults = RunDefaults(agent_timeout_s=spec.agent_timeout_s)
+    try:
+        agent = build_agent_config(
+            spec.harness, base_urls=info.base_urls if info else None,
+            session_key=info.api_key if info else None,
+            served_model=info.engine.model if info else None,
+            defaults=defaults, agent_kwargs=spec.agent_kwargs)
+    except (KeyError, ValueError) as exc:
+        raise RolloutSetupError("bad_plan", str(exc).strip("'\"")) from exc
+    return TrialConfig(task=TaskConfig(path=spec.task_path), trials_dir=spec.trials_dir,
+                       trial_name=spec.trial_name or rid, agent=agent, environment=environment)
+
+
+async def _run_trial(config: Any, progress: _Progress) -> Any:
+    """Create and run the Harbor trial, mirroring its lifecycle into the rollout's phase."""
+    from harbor.trial.hooks import TrialEvent
+    from harbor.trial.trial import Trial
+
+    try:
+        trial = await Trial.create(config)
+    except Exception as exc:
+        raise RolloutSetupError("bad_task", f"Harbor could not load the trial: "
+                                            f"{type(exc).__name__}: {exc}") from exc
+    phases: dict[TrialEvent, Phase] = {TrialEvent.ENVIRONMENT_START: "sandbox",
+                                       TrialEvent.AGENT_START: "agent",
+                                       TrialEvent.VERIFICATION_START: "verify"}
+    for event, phase in phases.items():
+        async def hook(_event: Any, phase: Phase = phase) -> None:
+            progress.phase(phase)
+        trial.add_hook(event, hook)
+    return await trial.run()
+
+
+async def _finish(service: Any, spec: RolloutSpec, result: RolloutResult, trial_result: Any,
+                  trial_dir: Path | None, findings: list[Finding], uses_model: bool) -> None:
+    """Reward, capture summary, ATIF, ok-ness; close the session."""
+    if trial_result is not None:
+        _read_trial(spec, result, trial_result, trial_dir, findings)
+    elif trial_dir is not None:
+        _read_timings(result, trial_dir)
+    if result.session_id is not None:
+        summary = await service.close_session(result.session_id)
+        result.turns = summary.turns
+        result.tier = str(summary.tier)
+        result.rollout_type = summary.rollout_type
+        capture = [parse_finding(s) for s in service.findings(result.session_id)]
+        if trial_dir is not None:
+            calls = captured_calls(service.rollout_document(result.session_id))
+            report = reconcile_file(calls, trial_dir / "agent" / "trajectory.json",
+                                    rollout_type=summary.rollout_type)
+            result.atif = report.verdict
+            findings.extend(report.findings)
+        findings[:0] = capture
+        if result.error_kind is None:
+            if uses_model and summary.turns == 0:
+                _fail(result, "no_model_calls", "the harness made no model call through the proxy")
+            elif summary.rollout_type == "train" and summary.trainable_tokens == 0:
+                _fail(result, "no_trainable", "a train rollout with no trainable sequence")
+    if result.error_kind is None and any(f.level is Level.FATAL for f in findings):
+        first = next(f for f in findings if f.level is Level.FATAL)
+        _fail(result, "capture_fatal", str(first))
+    result.findings = [str(f) for f in findings[:MAX_FINDINGS]]
+    if len(findings) > MAX_FINDINGS:
+        result.findings.append(f"[INFO] findings_truncated: {len(findings) - MAX_FINDINGS} more "
+                               "in the session")
+    result.ok = result.error_kind is None
+    if result.session_id is not None:
+        with contextlib.suppress(Exception):
+            service.annotate(result.session_id, phase="done" if result.ok else "failed",
+                             reward=result.reward, ok=result.ok, error_kind=result.error_kind)
+
+
+def _read_timings(result: RolloutResult, trial_dir: Path) -> None:
+    """Phase timings of a trial we cut short (Harbor still writes result.json when cancelled)."""
+    from harbor.models.trial.result import TrialResult
+
+    try:
+        trial = TrialResult.model_validate_json((trial_dir / "result.json").read_text())
+    except (OSError, ValueError):
+        return
+    _copy_timings(result, trial)
+
+
+def _copy_timings(result: RolloutResult, trial: Any) -> None:
+    for name in ("environment_setup", "agent_setup", "agent_execution", "verifier"):
+        seconds = _seconds(getattr(trial, name, None))
+        if seconds is not None:
+            result.timings[name] = seconds
+
+
+def _read_trial(spec: RolloutSpec, result: RolloutResult, trial: Any, trial_dir: Path | None,
+                findings: list[Finding]) -> None:
+    """Timings, reward and the classified exception from a TrialResult."""
+    _copy_timings(result, trial)
+    raw = trial.verifier_result.rewards if trial.verifier_result is not None else None
+    exc = trial.exception_info
+    recovered = False
+    if raw is None and trial_dir is not None:
+        raw, read_findings = read_reward_files(trial_dir / "verifier")
+        findings.extend(read_findings)
+        # Harbor drops a whole reward.json for one bad value; re-read, it is recovered per value.
+        recovered = raw is not None and exc is not None and exc.exception_type == "VerifierOutputParseError"
+    choice = choose_reward(raw, spec.reward_key)
+    result.reward, result.rewards, result.reward_key = choice.reward, choice.rewards, choice.key
+    findings.extend(choice.findings)
+    if exc is not None and not (recovered and choice.reward is not None):
+        phase = _failed_phase(trial)
+        kind = classify_exception(exc.exception_type, phase)
+        message = exc.exception_message.strip().splitlines()[0] if exc.exception_message.strip() else ""
+        _fail(result, kind, f"{exc.exception_type} during {phase}: {message}"[:500])
+    elif exc is not None:
+        findings.append(Finding.warn("reward_recovered",
+                                     f"Harbor refused the reward file ({exc.exception_type}); "
+                                     "read value by value instead"))
+    if choice.error_kind is not None:
+        _fail(result, choice.error_kind, choice.error or choice.error_kind)
+
+
+def parse_finding(text: str) -> Finding:
+    """Parse a rendered `[LEVEL] code: detail` finding back (the service returns them rendered)."""
+    level = Level.INFO
+    rest = text
+    if text.startswith("[") and "]" in text:
+        name, rest = text[1:].split("]", 1)
+        with contextlib.suppress(ValueError):
+            level = Level(name)
+    code, _, detail = rest.strip().partition(":")
+    return Finding(level=level, code=code.strip(), detail=detail.strip())
+
+
+def captured_calls(document: dict[str, Any]) -> list[CapturedCall]:
+    """Agent-role calls of a rollout document, in arrival order (auxiliary and discarded ones out).
+
+    Counts are the captured ids where the tier has them, else the engine's usage numbers.
+    """
+    calls = []
+    for turn in sorted(document.get("turns") or [], key=lambda t: t["seq"]):
+        if turn.get("role") != "agent":
+            continue
+        usage = (turn.get("meta") or {}).get("usage") or {}
+        completion = turn.get("sampled_len")
+        prompt = turn.get("prompt_len")
+        calls.append(CapturedCall(
+            seq=turn["seq"],
+            completion_tokens=completion if completion is not None else usage.get("completion_tokens"),
+            prompt_tokens=prompt if prompt is not None else usage.get("prompt_tokens"),
+            synthetic=bool((turn.get("meta") or {}).get("synthetic"))))
+    return calls

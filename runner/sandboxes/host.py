@@ -1,0 +1,518 @@
+"""The host sandbox: a Harbor environment that runs a trial as host processes.
+
+Harbor's commands and task scripts hard-code absolute paths (`/logs/verifier/...`, `/tests`,
+`/solution`, `/installed-agent`, the workdir such as `/app`), so rewriting arguments cannot work:
+those paths must exist in the processes' own view of the filesystem. Each trial therefore gets a
+private mount namespace, held open by one `sleep infinity` process, in which per-trial host
+directories are bind-mounted over those paths (and over `/tmp`). Everything else is the real host.
+
+What this is and is not:
+- It needs root (CAP_SYS_ADMIN) to create mount namespaces and the empty mount points on the host
+  (`/app` or the task's workdir, `/logs`, `/tests`, `/solution`, `/installed-agent`,
+  `/run/tapdeck-host-stage`: created once if missing, left in place, always empty on the host).
+- Each trial also gets a private `/tmp` (with its own `TMUX_TMPDIR`: terminus-2 always names its
+  tmux session `terminus-2`) and, for root, a private HOME inside it. A task that asks for no
+  network gets a private network namespace with loopback only (host-side harnesses such as
+  terminus-2 run in the Harbor process and still reach a loopback proxy).
+- It ignores the task's Dockerfile: the host is the image, so every tool a task's Dockerfile would
+  install must already be on the host; installed agents would install into the host.
+- It is NOT a security boundary: processes run as real host users, see the real host filesystem
+  (outside the bound paths), the host's processes and, unless the task asks for no network, the
+  host's network.
+
+Harbor loads it by import path:
+`EnvironmentConfig(import_path="tapdeck.runner.sandboxes.host:HostSandbox")`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import contextlib
+import ctypes
+import os
+import posixpath
+import pwd
+import re
+import secrets
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from harbor.environments.base import BaseEnvironment, ExecResult
+from harbor.environments.capabilities import EnvironmentCapabilities
+
+IMPORT_PATH = "tapdeck.runner.sandboxes.host:HostSandbox"
+TYPE_NAME = "tapdeck-host"
+
+# Paths Harbor and its agents use inside an environment; each gets its own per-trial directory.
+FIXED_TARGETS = ("/logs", "/tests", "/solution", "/installed-agent", "/tmp")
+DEFAULT_WORKDIR = "/app"
+# An empty directory on the host where each namespace briefly mounts its per-trial root.
+STAGING_POINT = "/run/tapdeck-host-stage"
+# root's HOME inside the sandbox (in the private /tmp, so it vanishes with the trial).
+PRIVATE_HOME = "/tmp/tapdeck-home"
+# A container-like PATH: the host user's own PATH (pyenv shims, cargo, ...) does not leak in.
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+REQUIRED_TOOLS = ("unshare", "nsenter", "bash", "mount")
+_HOLDER_READY_TIMEOUT_S = 10.0
+_CHECK_TIMEOUT_S = 5.0
+_POLL_S = 0.05
+_DRAIN_AFTER_EXIT_S = 0.5
+
+LIMITATIONS = (
+    "runs the trial as host processes in a private mount namespace; needs root "
+    "(CAP_SYS_ADMIN); ignores the task's Dockerfile (tools it would install must already be on "
+    "the host); NOT a security boundary (real host users, filesystem, processes and network)"
+)
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the forked holder: get SIGKILL if the process that started it dies (no stray holders)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def check() -> tuple[bool, str]:
+    """Whether the host sandbox can run here, without raising: `(ok, why)`.
+
+    Creates (and immediately drops) one mount namespace to prove the kernel allows it: a root user
+    inside an unprivileged container may still lack CAP_SYS_ADMIN. Bounded in time.
+    """
+    if not sys.platform.startswith("linux"):
+        return False, f"host sandbox needs Linux mount namespaces (this is {sys.platform}); {LIMITATIONS}"
+    if os.geteuid() != 0:
+        return False, (
+            "host sandbox needs root: it creates mount namespaces and empty mount points such as "
+            "/app and /logs on the host (rootless user-namespace mode is not implemented); "
+            + LIMITATIONS
+        )
+    missing = [tool for tool in REQUIRED_TOOLS if shutil.which(tool) is None]
+    if missing:
+        return False, f"host sandbox needs {', '.join(missing)} (util-linux) on PATH; {LIMITATIONS}"
+    try:
+        probe = subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", "--", "true"],
+            capture_output=True, text=True, timeout=_CHECK_TIMEOUT_S, check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, f"host sandbox could not create a mount namespace ({exc}); {LIMITATIONS}"
+    if probe.returncode != 0:
+        return False, (
+            "host sandbox could not create a mount namespace (needs CAP_SYS_ADMIN): "
+            f"{probe.stderr.strip() or probe.returncode}; {LIMITATIONS}"
+        )
+    return True, f"available: {LIMITATIONS}"
+
+
+def dockerfile_workdir(environment_dir: Path) -> str | None:
+    """The last absolute `WORKDIR` of the task's Dockerfile (the only thing read from it)."""
+    dockerfile = environment_dir / "Dockerfile"
+    if not dockerfile.is_file():
+        return None
+    workdir = None
+    for line in dockerfile.read_text(errors="replace").splitlines():
+        match = re.match(r"\s*WORKDIR\s+(\S+)\s*$", line, re.IGNORECASE)
+        if match and match.group(1).startswith("/"):
+            workdir = match.group(1)
+    return workdir
+
+
+def _mount_namespace(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/mnt")
+    except OSError:
+        return None
+
+
+def processes_in_namespace(namespace: str) -> list[int]:
+    """Pids of every process whose mount namespace is `namespace` (e.g. `mnt:[4026532177]`)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and _mount_namespace(int(entry)) == namespace:
+            pids.append(int(entry))
+    return pids
+
+
+class HostSandbox(BaseEnvironment):
+    """Harbor environment running a trial as host processes in a private mount namespace.
+
+    Constructor kwargs (via `EnvironmentConfig(kwargs=...)`): `base_dir` (where per-trial
+    directories are made; default the system temp dir), `path` (PATH inside the sandbox),
+    `network` (`"auto"`: cut the network when the task asks for no network, `"host"`, `"none"`),
+    `private_home` (root's HOME is a fresh per-trial directory, so the host's dotfiles — e.g. a
+    `.bashrc` that runs pyenv — and anything an agent installs under HOME stay out of the trial;
+    other users keep their real home).
+    """
+
+    def __init__(
+        self,
+        *args,
+        base_dir: str | Path | None = None,
+        path: str = DEFAULT_PATH,
+        network: str = "auto",
+        private_home: bool = True,
+        **kwargs,
+    ):
+        if network not in ("auto", "host", "none"):
+            raise ValueError(f"network must be 'auto', 'host' or 'none', not {network!r}")
+        self._base_dir = Path(base_dir) if base_dir else None
+        self._path = path
+        self._network_choice = network
+        self._private_home = private_home
+        self._holder: asyncio.subprocess.Process | None = None
+        self._namespace: str | None = None
+        self._root: Path | None = None
+        self._binds: dict[str, Path] = {}
+        self._tmux_tmpdir = f"/tmp/tapdeck-tmux-{secrets.token_hex(6)}"
+        super().__init__(*args, **kwargs)
+        self.workdir = (
+            self.task_env_config.workdir
+            or dockerfile_workdir(self.environment_dir)
+            or DEFAULT_WORKDIR
+        )
+
+    @staticmethod
+    def type() -> str:
+        """The environment type name (not one of Harbor's `EnvironmentType` members)."""
+        return TYPE_NAME
+
+    @property
+    def capabilities(self) -> EnvironmentCapabilities:
+        """Honest flags: only a no-network cut-off (a private network namespace, loopback only)."""
+        return EnvironmentCapabilities(disable_internet=True)
+
+    def _validate_definition(self) -> None:
+        """Nothing to validate: the Dockerfile is ignored (the host is the image)."""
+
+    @classmethod
+    def preflight(cls) -> None:
+        """Harbor's 0.25 preflight: raise SystemExit with the reason when the host cannot run it."""
+        ok, why = check()
+        if not ok:
+            raise SystemExit(why)
+
+    @property
+    def no_network(self) -> bool:
+        """Whether this trial's processes get a private network namespace with loopback only."""
+        if self._network_choice == "none":
+            return True
+        if self._network_choice == "host":
+            return False
+        from harbor.models.task.config import NetworkMode
+
+        return self._network_disabled or self.task_env_config.network_mode == NetworkMode.NO_NETWORK
+
+    @property
+    def tmux_tmpdir(self) -> str:
+        """The per-trial `TMUX_TMPDIR` (terminus-2 always names its session `terminus-2`)."""
+        return self._tmux_tmpdir
+
+    @property
+    def host_root(self) -> Path | None:
+        """The host directory holding this trial's per-trial directories (None when stopped)."""
+        return self._root
+
+    @property
+    def namespace(self) -> str | None:
+        """The holder's mount namespace id, e.g. `mnt:[4026532177]` (None when stopped)."""
+        return self._namespace
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def start(self, force_build: bool) -> None:
+        """Create per-trial directories, the namespace holder, and the bind mounts."""
+        ok, why = check()
+        if not ok:
+            raise RuntimeError(why)
+        try:
+            await self._start()
+        except BaseException:
+            # Harbor may not call stop() after a failed start: leave nothing behind.
+            await self.stop(delete=True)
+            raise
+
+    async def _start(self) -> None:
+        if (self.environment_dir / "Dockerfile").is_file():
+            self.logger.debug("host sandbox ignores %s/Dockerfile", self.environment_dir)
+        self._root = Path(tempfile.mkdtemp(prefix="tapdeck-host-", dir=self._base_dir))
+        self._root.chmod(0o755)
+        targets = [self.workdir, *FIXED_TARGETS]
+        for target in targets:
+            host_dir = self._root / target.strip("/").replace("/", "__")
+            host_dir.mkdir(parents=True, exist_ok=True)
+            host_dir.chmod(0o1777 if target == "/tmp" else 0o755)
+            self._binds[target] = host_dir
+        for sub in ("agent", "verifier", "artifacts"):
+            (self._binds["/logs"] / sub).mkdir(mode=0o777, exist_ok=True)
+            (self._binds["/logs"] / sub).chmod(0o777)
+
+        unshare = ["unshare", "--mount", "--propagation", "private"]
+        if self.no_network:
+            unshare.append("--net")
+        self._holder = await asyncio.create_subprocess_exec(
+            *unshare, "--", "sleep", "infinity",
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+        self._namespace = await self._wait_for_namespace(self._holder)
+
+        # The per-trial root may live under a path about to be covered (the default is under
+        # /tmp), so it is first bound at a staging point and every bind reads from there.
+        # Parents are bound first, so a workdir nested under /tmp (say) lands on top, not hidden.
+        stage = shlex.quote(STAGING_POINT)
+        Path(STAGING_POINT).mkdir(parents=True, exist_ok=True)
+        script = ["set -e", f"mount --bind {shlex.quote(str(self._root))} {stage}"]
+        for target, host_dir in sorted(self._binds.items(), key=lambda kv: kv[0].count("/")):
+            source = shlex.quote(f"{STAGING_POINT}/{host_dir.name}")
+            # A bind needs an existing mount point: on the host it stays, empty (under a
+            # private parent such as /tmp it is made there).
+            script.append(f"mkdir -p {shlex.quote(target)} && mount --bind {source} {shlex.quote(target)}")
+        script.append(f"umount {stage}")
+        script.append(f"mkdir -p -m 700 {shlex.quote(self._tmux_tmpdir)} {PRIVATE_HOME}")
+        if self.no_network:
+            # sysfs shows the network namespace it was mounted in: remount it for this one.
+            script += ["ip link set lo up", "mount -t sysfs sysfs /sys"]
+        result = await self._run_in_namespace(["bash", "-c", "\n".join(script)], timeout_sec=30)
+        if result.return_code != 0:
+            raise RuntimeError(
+                f"host sandbox could not set up its mounts: {result.stderr or result.stdout}"
+            )
+        await self._upload_environment_dir_after_start()
+
+    async def _wait_for_namespace(self, holder: asyncio.subprocess.Process) -> str:
+        """Wait until the holder has left our mount namespace and exec'd `sleep`."""
+        own = _mount_namespace(os.getpid())
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _HOLDER_READY_TIMEOUT_S
+        while loop.time() < deadline:
+            if holder.returncode is not None:
+                err = (await holder.stderr.read()).decode(errors="replace") if holder.stderr else ""
+                raise RuntimeError(f"host sandbox namespace holder exited: {err.strip()}")
+            namespace = _mount_namespace(holder.pid)
+            with contextlib.suppress(OSError):
+                comm = Path(f"/proc/{holder.pid}/comm").read_text().strip()
+                if comm == "sleep" and namespace and namespace != own:
+                    return namespace
+            await asyncio.sleep(0.01)
+        raise RuntimeError("host sandbox namespace holder did not start in time")
+
+    async def stop(self, delete: bool) -> None:
+        """Kill every process in the trial's mount namespace, then remove the per-trial dirs.
+
+        With `delete=False` the per-trial directories are kept (their path is logged).
+        """
+        await self._kill_namespace()
+        if self._root is not None:
+            if delete:
+                await asyncio.to_thread(shutil.rmtree, self._root, True)
+            else:
+                self.logger.info("host sandbox kept its directories at %s", self._root)
+            self._root = None
+        self._binds = {}
+
+    async def _kill_namespace(self) -> None:
+        namespace, holder = self._namespace, self._holder
+        self._namespace, self._holder = None, None
+        if namespace is not None and namespace != _mount_namespace(os.getpid()):
+            # Loop: a process may fork while we kill its siblings.
+            for _ in range(50):
+                pids = processes_in_namespace(namespace)
+                if not pids:
+                    break
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                await asyncio.sleep(0.02)
+        if holder is not None:
+            if holder.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    holder.kill()
+            await holder.wait()
+
+    # ---------------------------------------------------------------- exec
+
+    def _nsenter(self) -> list[str]:
+        if self._holder is None:
+            raise RuntimeError("host sandbox is not started")
+        argv = ["nsenter", "-t", str(self._holder.pid), "-m"]
+        if self.no_network:
+            argv.append("-n")
+        return [*argv, "--"]
+
+    def _base_env(self, home: str) -> dict[str, str]:
+        return {
+            "PATH": self._path,
+            "HOME": home,
+            "LANG": "C.UTF-8",
+            "TERM": "xterm-256color",
+            "TMUX_TMPDIR": self._tmux_tmpdir,
+        }
+
+    async def exec(
+        self,
+        command: str,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout_sec: int | None = None,
+        user: str | int | None = None,
+    ) -> ExecResult:
+        """Run `command` with bash inside the trial's namespace, as `user` (default: root).
+
+        On timeout the whole process group is killed and RuntimeError raised (as Harbor's docker
+        environment does); the environment is clean apart from the merged Harbor env.
+        """
+        user = self._resolve_user(user)
+        name, home = self._host_user(user)
+        if name == "root" and self._private_home:
+            home = PRIVATE_HOME
+        argv = self._nsenter()
+        if name != "root":
+            argv += ["runuser", "-u", name, "--"]
+        workdir = cwd or self.workdir
+        argv += ["bash", "-c", f"cd {shlex.quote(workdir)} && {command}"]
+        process_env = {**self._base_env(home), **(self._merge_env(env) or {})}
+        return await self._run(argv, process_env, timeout_sec, self._output_callback())
+
+    async def _run_in_namespace(self, argv: list[str], timeout_sec: int) -> ExecResult:
+        return await self._run(self._nsenter() + argv, self._base_env("/root"), timeout_sec, None)
+
+    @staticmethod
+    def _host_user(user: str | int | None) -> tuple[str, str]:
+        if user is None:
+            return "root", "/root"
+        try:
+            entry = pwd.getpwuid(user) if isinstance(user, int) else pwd.getpwnam(str(user))
+        except KeyError:
+            raise RuntimeError(
+                f"user {user!r} does not exist on this host: the host sandbox runs commands as "
+                "real host users (the task's Dockerfile is ignored)"
+            ) from None
+        return entry.pw_name, entry.pw_dir
+
+    @staticmethod
+    async def _run(argv, env, timeout_sec, on_output) -> ExecResult:
+        process = await asyncio.create_subprocess_exec(
+            *argv,
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )
+
+        async def pump(stream: asyncio.StreamReader, name: str, sink: list[str]) -> None:
+            decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            while chunk := await stream.read(65536):
+                text = decoder.decode(chunk)
+                if text:
+                    sink.append(text)
+                    if on_output is not None:
+                        await on_output(text, name)
+            tail = decoder.decode(b"", final=True)
+            if tail:
+                sink.append(tail)
+
+        out: list[str] = []
+        err: list[str] = []
+        pumps = asyncio.ensure_future(asyncio.gather(pump(process.stdout, "stdout", out),
+                                                     pump(process.stderr, "stderr", err)))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_sec if timeout_sec else None
+        try:
+            while not pumps.done():
+                if process.returncode is not None:
+                    # Exited, but a detached child (`cmd &`) may hold the pipes open: take what
+                    # is buffered, then stop reading instead of waiting for that child.
+                    await asyncio.wait({pumps}, timeout=_DRAIN_AFTER_EXIT_S)
+                    break
+                if deadline is not None and loop.time() >= deadline:
+                    _kill_group(process.pid)
+                    await _group_gone(process.pid)
+                    raise RuntimeError(f"Command timed out after {timeout_sec} seconds")
+                await asyncio.wait({pumps}, timeout=_POLL_S)
+        except BaseException:
+            _kill_group(process.pid)
+            raise
+        finally:
+            if not pumps.done():
+                pumps.cancel()
+                # Private, but the only handle that closes our ends of the pipes.
+                process._transport.close()  # noqa: SLF001
+            with contextlib.suppress(BaseException):
+                await pumps
+        return_code = await process.wait()
+        return ExecResult(stdout="".join(out) or None, stderr="".join(err) or None, return_code=return_code)
+
+    # ---------------------------------------------------------------- files
+
+    def host_path(self, sandbox_path: str) -> Path:
+        """Where a sandbox path lives on the host: its per-trial directory, else via the holder.
+
+        Paths outside the bound directories are reached through `/proc/<holder>/root`, i.e. in the
+        namespace's own view (which for them is the real host filesystem).
+        """
+        if self._holder is None:
+            raise RuntimeError("host sandbox is not started")
+        path = posixpath.normpath(posixpath.join(self.workdir, sandbox_path))
+        best = max(
+            (t for t in self._binds if path == t or path.startswith(t.rstrip("/") + "/")),
+            key=len, default=None,
+        )
+        if best is None:
+            return Path(f"/proc/{self._holder.pid}/root") / path.lstrip("/")
+        return self._binds[best] / posixpath.relpath(path, best)
+
+    async def upload_file(self, source_path: Path | str, target_path: str) -> None:
+        """Copy a host file to `target_path` in the sandbox (parents created)."""
+        target = self.host_path(target_path)
+
+        def copy() -> None:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source_path, target)
+
+        await asyncio.to_thread(copy)
+
+    async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
+        """Copy a host directory's contents into `target_dir` in the sandbox."""
+        target = self.host_path(target_dir)
+        await asyncio.to_thread(shutil.copytree, source_dir, target, symlinks=True, dirs_exist_ok=True)
+
+    async def download_file(self, source_path: str, target_path: Path | str) -> None:
+        """Copy a sandbox file to a host path (parents created)."""
+        source = self.host_path(source_path)
+
+        def copy() -> None:
+            Path(target_path).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target_path)
+
+        await asyncio.to_thread(copy)
+
+    async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
+        """Copy a sandbox directory's contents into a host directory (overwriting)."""
+        source = self.host_path(source_dir)
+        await asyncio.to_thread(shutil.copytree, source, target_dir, symlinks=True, dirs_exist_ok=True)
+
+
+async def _group_gone(pgid: int, *, attempts: int = 100) -> None:
+    """Give a SIGKILLed process group a moment to actually die (signals land asynchronously)."""
+    for _ in range(attempts):
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        await asyncio.sleep(_POLL_S / 5)
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)

@@ -1,0 +1,281 @@
+"""The training launcher: one recipe run = one subprocess in its own process group.
+
+Each run gets `<data_dir>/train/<run_id>/` holding `run.json` (state, exit code, command line, the
+environment variables tapdeck set), `train.log` (the run's output, ANSI stripped) and `trackio/`
+(the recipe's `TRACKIO_DIR`; read it with `tapdeck.runner.trackio_reader`). This process never
+imports trackio or torch: the recipe does, in its own interpreter.
+
+States: `running` → `finished` (exit 0) | `failed` (non-zero exit) | `stopped` (ended by `stop()`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from tapdeck.runner.recipes import Recipe, get_recipe
+
+TRACKIO_PROJECT = "tapdeck"
+"""Every run logs to this trackio project inside its own TRACKIO_DIR; the trackio run name is the run id."""
+
+RunState = Literal["running", "finished", "failed", "stopped"]
+
+# CSI sequences (colours, cursor moves) and OSC sequences (titles, hyperlinks) — trackio and tqdm print both.
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+
+
+def strip_ansi(line: str) -> str:
+    """The text of a terminal line: escape sequences removed; for `\\r` progress redraws, the last frame."""
+    text = _ANSI.sub("", line).rstrip("\r\n")
+    if "\r" in text:
+        frames = [f for f in text.split("\r") if f]
+        text = frames[-1] if frames else ""
+    return text
+
+
+def train_root(data_dir: Path) -> Path:
+    """`<data_dir>/train`."""
+    return Path(data_dir) / "train"
+
+
+def new_run_id() -> str:
+    """`t-YYYYmmdd-HHMMSS-xxxx`: sortable by start time, unique enough for one machine."""
+    return f"t-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+@dataclass
+class RunRecord:
+    """What `run.json` holds."""
+
+    run_id: str
+    recipe: str
+    argv: list[str]
+    env: dict[str, str]
+    """Only the variables tapdeck set for the run (the rest is inherited)."""
+    cwd: str
+    run_dir: str
+    trackio_dir: str
+    trackio_project: str
+    state: RunState = "running"
+    exit_code: int | None = None
+    pid: int | None = None
+    started_at: float = field(default_factory=time.time)
+    finished_at: float | None = None
+
+    def save(self) -> None:
+        """Write run.json atomically (a reader never sees half a file)."""
+        path = Path(self.run_dir) / "run.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2))
+        os.replace(tmp, path)
+
+
+def load_run(data_dir: Path, run_id: str) -> RunRecord:
+    """The record of a launched run (FileNotFoundError when there is none)."""
+    doc = json.loads((train_root(data_dir) / run_id / "run.json").read_text())
+    return RunRecord(**doc)
+
+
+def list_runs(data_dir: Path) -> list[RunRecord]:
+    """Every launched run under `<data_dir>/train`, newest first (unreadable records skipped)."""
+    root = train_root(data_dir)
+    if not root.is_dir():
+        return []
+    records = []
+    for path in root.glob("*/run.json"):
+        try:
+            records.append(RunRecord(**json.loads(path.read_text())))
+        except (OSError, ValueError, TypeError):
+            continue
+    return sorted(records, key=lambda r: r.started_at, reverse=True)
+
+
+_DONE = object()
+
+
+class TrainingRun:
+    """Start a recipe as a subprocess, stream its output, record its state, stop it.
+
+    `on_line(text)` is called from a reader thread for every output line (ANSI stripped); `lines()`
+    is the same stream as an async iterator. `wait()` blocks until the process exits and the output
+    is drained; `stop()` sends SIGTERM to the process group, then SIGKILL after `grace_s`.
+    """
+
+    def __init__(self, recipe: str | Recipe, args: Sequence[str] = (), *, data_dir: Path,
+                 run_id: str | None = None, python: str = sys.executable,
+                 extra_env: dict[str, str] | None = None,
+                 on_line: Callable[[str], None] | None = None) -> None:
+        self.recipe = recipe if isinstance(recipe, Recipe) else get_recipe(recipe)
+        self.run_id = run_id or new_run_id()
+        self.data_dir = Path(data_dir)
+        self.run_dir = train_root(self.data_dir) / self.run_id
+        self.trackio_dir = self.run_dir / "trackio"
+        self.log_path = self.run_dir / "train.log"
+        self.argv = [python, "-u", "-m", self.recipe.module, *args]
+        self.env = {"TRACKIO_DIR": str(self.trackio_dir), "TAPDECK_TRAIN_RUN_ID": self.run_id,
+                    "TAPDECK_TRAIN_PROJECT": TRACKIO_PROJECT, "TAPDECK_DATA_DIR": str(self.data_dir),
+                    "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+        self.on_line = on_line
+        self.record: RunRecord | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._reader: threading.Thread | None = None
+        self._stopping = False
+        self._lock = threading.Lock()
+        self._listeners: list[tuple[asyncio.AbstractEventLoop, asyncio.Queue[object]]] = []
+        self._finished = threading.Event()
+
+    # -- start --------------------------------------------------------------------------------------
+    def start(self) -> TrainingRun:
+        """Create the run directory, write run.json and start the process (its own session/group)."""
+        if self.run_dir.exists() and (self.run_dir / "run.json").exists():
+            raise FileExistsError(f"training run {self.run_id} already exists at {self.run_dir}")
+        self.trackio_dir.mkdir(parents=True, exist_ok=True)
+        self.record = RunRecord(run_id=self.run_id, recipe=self.recipe.name, argv=list(self.argv),
+                                env=dict(self.env), cwd=os.getcwd(), run_dir=str(self.run_dir),
+                                trackio_dir=str(self.trackio_dir), trackio_project=TRACKIO_PROJECT)
+        try:
+            # start_new_session: the recipe and everything it spawns (vLLM clients, dataloader workers)
+            # share one process group that stop() can signal as a whole.
+            self._proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, env={**os.environ, **self.env},
+                                          start_new_session=True)
+        except OSError as exc:
+            self.record.state, self.record.finished_at = "failed", time.time()
+            self.record.save()
+            raise RuntimeError(f"could not start {self.argv[0]}: {exc}") from exc
+        self.record.pid = self._proc.pid
+        self.record.save()
+        self._reader = threading.Thread(target=self._pump, name=f"train-{self.run_id}", daemon=True)
+        self._reader.start()
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        """The recipe process id (also its process group id)."""
+        return self._proc.pid if self._proc else None
+
+    @property
+    def state(self) -> RunState:
+        """The recorded state."""
+        return self.record.state if self.record else "running"
+
+    @property
+    def exit_code(self) -> int | None:
+        """The process's exit code once it ended (negative = killed by that signal)."""
+        return self.record.exit_code if self.record else None
+
+    # -- output -------------------------------------------------------------------------------------
+    def _pump(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        with self.log_path.open("a", encoding="utf-8") as log:
+            for raw in self._proc.stdout:
+                text = strip_ansi(raw.decode("utf-8", errors="replace"))
+                log.write(text + "\n")
+                log.flush()
+                self._emit(text)
+        code = self._proc.wait()
+        with self._lock:
+            assert self.record is not None
+            self.record.exit_code = code
+            self.record.finished_at = time.time()
+            # A run that ended on its own just as stop() was called keeps its own verdict.
+            self.record.state = ("stopped" if self._stopping and code != 0
+                                 else "finished" if code == 0 else "failed")
+            self.record.save()
+            # Set under the lock: a listener either registered before (and gets _DONE) or sees done.
+            self._finished.set()
+            listeners = list(self._listeners)
+        self._deliver(listeners, _DONE)
+
+    def _emit(self, text: str) -> None:
+        if self.on_line is not None:
+            try:
+                self.on_line(text)
+            except Exception:  # noqa: BLE001 - a broken callback must not stop the pump or lose the state
+                self.on_line = None
+        with self._lock:
+            listeners = list(self._listeners)
+        self._deliver(listeners, text)
+
+    @staticmethod
+    def _deliver(listeners: list[tuple[asyncio.AbstractEventLoop, asyncio.Queue[object]]],
+                 item: object) -> None:
+        for loop, queue in listeners:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:  # that listener's loop has closed
+                continue
+
+    def lines(self) -> AsyncIterator[str]:
+        """The output from this call on, line by line, until the process ends.
+
+        Subscribes immediately (call it before `start()` to miss nothing); iterate on the same loop.
+        """
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[object] = asyncio.Queue()
+        with self._lock:
+            done = self._finished.is_set()
+            if not done:
+                self._listeners.append((loop, queue))
+        return self._drain(loop, queue, done)
+
+    async def _drain(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[object],
+                     done: bool) -> AsyncIterator[str]:
+        if done:
+            return
+        try:
+            while (item := await queue.get()) is not _DONE:
+                yield item  # type: ignore[misc]
+        finally:
+            with self._lock:
+                self._listeners.remove((loop, queue))
+
+    # -- end ----------------------------------------------------------------------------------------
+    def wait(self, timeout: float | None = None) -> int:
+        """Block until the process has exited and its output is drained; the exit code."""
+        if self._proc is None:
+            raise RuntimeError("training run not started")
+        if not self._finished.wait(timeout):
+            raise TimeoutError(f"training run {self.run_id} still running")
+        assert self.record is not None and self.record.exit_code is not None
+        return self.record.exit_code
+
+    async def wait_async(self) -> int:
+        """`wait()` without blocking the event loop."""
+        return await asyncio.to_thread(self.wait)
+
+    def stop(self, grace_s: float = 5.0) -> int:
+        """SIGTERM the process group, SIGKILL it after `grace_s` if anything is left; the exit code."""
+        if self._proc is None:
+            raise RuntimeError("training run not started")
+        if self._finished.is_set():
+            return self.wait()
+        self._stopping = True
+        pgid = self._proc.pid  # start_new_session made the recipe its group's leader
+        _signal_group(pgid, signal.SIGTERM)
+        try:
+            self._proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        # Children can outlive the leader (or ignore SIGTERM): the group is killed either way.
+        _signal_group(pgid, signal.SIGKILL)
+        return self.wait()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,44 @@
+"""SVG snapshots of every screen at 80×24 and 160×48 over recorded API bodies (no ports, no clocks).
+
+Update after an intended change: `pytest tests/app/test_snapshots.py --snapshot-update`, then look at
+the SVGs (rsvg-convert → PNG).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+SIZES = [(80, 24), (160, 48)]
+SCREENS = ["setup", "sessions", "runs", "info"]
+
+
+@pytest.mark.parametrize("size", SIZES, ids=["80x24", "160x48"])
+@pytest.mark.parametrize("mode", SCREENS)
+def test_screen_snapshot(snap_compare, make_app, mode, size):
+    async def settle(pilot):
+        await pilot.pause(0.5)
+        await pilot.wait_for_scheduled_animations()
+
+    assert snap_compare(make_app(mode), terminal_size=size, run_before=settle)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=["80x24", "160x48"])
+def test_rollout_snapshot_with_a_token_selected(snap_compare, make_app, size):
+    async def open_and_pick(pilot):
+        await pilot.pause(0.3)
+        pilot.app.open_rollout("sess0000recorded")
+        await pilot.pause(0.6)
+        pilot.app.screen.query_one("TokenView").action_pick(2)
+        await pilot.pause(0.2)
+        await pilot.wait_for_scheduled_animations()
+
+    assert snap_compare(make_app("sessions"), terminal_size=size, run_before=open_and_pick)
+
+
+def test_help_snapshot(snap_compare, make_app):
+    async def open_help(pilot):
+        await pilot.pause(0.3)
+        await pilot.press("f1")
+        await pilot.pause(0.3)
+
+    assert snap_compare(make_app("sessions"), terminal_size=(80, 24), run_before=open_help)

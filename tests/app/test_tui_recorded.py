@@ -1,0 +1,171 @@
+"""Pilot tests of the App over recorded API bodies (deterministic; the live server tests are separate)."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+from textual.widgets import DataTable
+
+from tapdeck.app.client import TapdeckClient
+from tapdeck.app.tui import TapdeckApp
+from tapdeck.app.widgets.session_table import SessionTable
+from tapdeck.app.widgets.token_view import TokenView
+
+
+async def test_sessions_table_shows_states_and_updates_only_changed_cells(make_app, api_data):
+    app = make_app("sessions")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause(0.3)
+        table = app.screen.query_one(SessionTable)
+        assert table.row_count == 6
+        states = {row.value: str(table.get_cell(row, "state")) for row in table.rows}
+        assert states == {"sess0000recorded": "running", "sess0001recorded": "finished",
+                          "sess0002recorded": "running", "sess0003recorded": "booting",
+                          "sess0004recorded": "failed", "sess0005recorded": "no call yet"}
+        assert str(table.get_cell("sess0002recorded", "idle")) == "75"  # long idle (≥ 60 s)
+        running = next(s for s in api_data["sessions"] if s["id"] == "sess0000recorded")
+        app.take_event({"type": "turn_captured", "session": dict(running, turns=4)})
+        touched = table.apply(app.board.rows(app.clock()))
+        assert touched == 1  # one cell (turns) changed: no rebuild
+        assert str(table.get_cell("sess0000recorded", "turns")) == "4"
+
+
+async def test_many_sessions_refresh_by_diff_without_rebuilding(make_app, api_data):
+    app = make_app("sessions")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause(0.3)
+        template = api_data["sessions"][0]
+        for i in range(300):
+            app.take_event({"type": "session_opened", "session": dict(template, id=f"bulk{i:05d}", created_at=2e9 + i)})
+        await pilot.pause(0.6)
+        table = app.screen.query_one(SessionTable)
+        assert table.row_count == 306
+        for i in range(0, 300, 3):
+            app.take_event({"type": "turn_captured", "session": dict(template, id=f"bulk{i:05d}", turns=9,
+                                                                     created_at=2e9 + i)})
+        assert table.apply(app.board.rows(app.clock())) == 100
+
+
+async def test_open_rollout_and_click_a_token_shows_its_logprob(make_app):
+    app = make_app("sessions")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause(0.3)
+        await pilot.press("enter")  # first row: sess0000recorded
+        await pilot.pause(0.6)
+        assert app.current_mode == "rollout"
+        tree = app.screen.query_one("#graph")
+        labels = [str(node.label) for node in tree.root.children]
+        assert labels[0].startswith("#0 agent") and labels[1].startswith("#1 discarded")
+        assert str(tree.root.children[0].children[0].label).startswith("#2 agent")
+        view = app.screen.query_one(TokenView)
+        assert view.turn is not None and view.turn["seq"] == 0
+        await pilot.click(TokenView, offset=(2, 0))  # "'m" (token 1)
+        await pilot.pause(0.2)
+        assert view.selected == 1
+        detail = str(app.screen.query_one("#token-detail").render())
+        assert f"logprob {view.turn['logprobs'][1]:.3f}" in detail and "\"'m\"" in detail
+        await pilot.press("full_stop")
+        assert view.selected == 2
+        await pilot.press("m")
+        await pilot.pause(0.1)
+        assert "Solve hello-file." in str(app.screen.query_one("#messages-text").render())
+
+
+async def test_setup_refuses_an_unavailable_sandbox_with_the_reason(make_app):
+    app = make_app("setup")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause(0.3)
+        screen = app.screen
+        screen.query_one("#sandbox").value = "docker"
+        await pilot.pause(0.1)
+        assert "Docker daemon is not running" in str(screen.query_one("#why-sandbox").render())
+        screen.action_start()
+        await pilot.pause(0.1)
+        notes = [n.message for n in app._notifications]
+        assert any("Docker daemon is not running" in n for n in notes)
+
+
+async def test_server_gone_becomes_a_notification_and_status_line_not_a_traceback(make_app):
+    with socket.socket() as sock:  # a port with nothing listening
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    app = TapdeckApp(TapdeckClient(f"http://127.0.0.1:{port}", "k"), follow_events=False,
+                     initial_mode="info")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause(0.5)
+        assert "not reachable" in app.status and app.status_level == "error"
+        assert any("is it running?" in n.message for n in app._notifications)
+        assert app.is_running
+
+
+async def test_theme_switch_is_remembered(make_app, tmp_path):
+    settings = tmp_path / "tui.json"
+    app = make_app("sessions", settings_path=settings)
+    async with app.run_test(size=(80, 24)) as pilot:
+        assert app.theme == "tapdeck-dark"
+        await pilot.press("ctrl+t")
+        await pilot.pause(0.1)
+        assert app.theme == "tapdeck-light"
+    assert json.loads(settings.read_text())["theme"] == "tapdeck-light"
+    again = make_app("sessions", settings_path=settings)
+    async with again.run_test(size=(80, 24)):
+        assert again.theme == "tapdeck-light"
+
+
+async def test_keymap_from_settings_rebinds_by_binding_id(make_app, tmp_path):
+    settings = tmp_path / "tui.json"
+    settings.write_text(json.dumps({"keymap": {"app.help": "f2"}}))
+    app = make_app("sessions", settings_path=settings)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("f2")
+        await pilot.pause(0.2)
+        assert type(app.screen).__name__ == "HelpScreen"
+
+
+async def test_help_opens_with_f1_and_question_mark_and_closes_with_escape(make_app):
+    app = make_app("sessions")
+    async with app.run_test(size=(80, 24)) as pilot:
+        for key in ("f1", "question_mark"):
+            await pilot.press(key)
+            await pilot.pause(0.2)
+            assert type(app.screen).__name__ == "HelpScreen"
+            await pilot.press("escape")
+            await pilot.pause(0.1)
+            assert type(app.screen).__name__ == "SessionsScreen"
+
+
+async def test_command_palette_offers_tapdeck_actions(make_app):
+    app = make_app("sessions")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("ctrl+p")
+        await pilot.pause(0.2)
+        await pilot.press(*"go to runs")
+        await pilot.pause(0.5)
+        await pilot.press("enter")
+        await pilot.pause(0.5)
+        assert app.current_mode == "runs"
+
+
+async def test_number_keys_switch_screens_and_resize_does_not_crash(make_app):
+    app = make_app("sessions")
+    async with app.run_test(size=(80, 24)) as pilot:
+        for key, mode in (("1", "setup"), ("3", "rollout"), ("4", "runs"), ("5", "info"), ("2", "sessions")):
+            await pilot.press(key)
+            await pilot.pause(0.2)
+            assert app.current_mode == mode
+            await pilot.resize_terminal(40, 12)
+            await pilot.pause(0.1)
+            await pilot.resize_terminal(160, 48)
+            await pilot.pause(0.1)
+        assert app.is_running
+
+
+async def test_runs_screen_shows_groups_and_failures_by_cause(make_app):
+    app = make_app("runs")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause(0.5)
+        groups = app.screen.query_one("#groups-table", DataTable)
+        assert groups.row_count == 3
+        assert "agent_timeout 1" in str(app.screen.query_one("#failures").render())
+        assert str(groups.get_row("hello-file")[4]) == "100%"

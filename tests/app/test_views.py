@@ -1,0 +1,125 @@
+"""The Textual-free view layer: session states, diffs, rollout trees, run groups."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tapdeck.app.views import (SessionBoard, diff_rows, failures_by_cause, fmt_reward, logprob_tone,
+                               rollout_nodes, rollout_roots, run_groups, session_state, token_detail,
+                               turn_label)
+
+
+def _summary(**kw):
+    base = {"id": "s1", "state": "open", "turns": 0, "metadata": {}, "created_at": 1.0,
+            "seconds_since_last_call": None}
+    base.update(kw)
+    return base
+
+
+def test_session_state_follows_runner_phase_then_turns():
+    assert session_state(_summary(metadata={"phase": "sandbox"})) == "booting"
+    assert session_state(_summary(metadata={"phase": "agent_setup"})) == "booting"
+    assert session_state(_summary(metadata={"phase": "agent"}, turns=0)) == "no call yet"
+    assert session_state(_summary(metadata={"phase": "agent"}, turns=3)) == "running"
+    assert session_state(_summary(metadata={"phase": "done"}, state="closed")) == "finished"
+    assert session_state(_summary(metadata={"phase": "failed"})) == "failed"
+    assert session_state(_summary(state="closed", turns=2, fatal=1)) == "failed"
+    assert session_state(_summary(turns=0)) == "no call yet"  # a raw harness session, no runner phase
+
+
+def test_reward_null_means_never_graded_not_zero():
+    assert fmt_reward(None) == "–"
+    assert fmt_reward(0) == "0.00"
+    assert fmt_reward(float("nan")) == "–"
+
+
+def test_diff_rows_touches_only_changed_cells():
+    old = {"a": (("a", ""), ("1", "")), "b": (("b", ""), ("2", ""))}
+    new = {"a": (("a", ""), ("5", "")), "c": (("c", ""), ("3", ""))}
+    diff = diff_rows(old, new)
+    assert diff.removed == ["b"]
+    assert diff.added == [("c", (("c", ""), ("3", "")))]
+    assert diff.changed == [("a", 1, ("5", ""))]
+    assert diff_rows(new, new).changed == []
+
+
+def test_board_idle_seconds_advance_locally_and_long_idle_is_flagged():
+    board = SessionBoard()
+    board.upsert(_summary(turns=2, seconds_since_last_call=50.0, metadata={"phase": "agent"}), now=100.0)
+    assert board.idle_seconds("s1", 105.0) == 55.0
+    row = board.rows(now=100.0)["s1"]
+    assert row[7] == ("50", "")
+    assert board.rows(now=111.0)["s1"][7] == ("61", "idle")
+
+
+def test_board_upsert_keeps_metadata_when_an_event_omits_it():
+    board = SessionBoard()
+    board.upsert(_summary(metadata={"phase": "agent", "task": "t"}), now=0.0)
+    board.upsert({"id": "s1", "turns": 1, "state": "open"}, now=1.0)
+    assert board.get("s1")["metadata"]["task"] == "t"
+
+
+def test_rollout_nodes_of_a_recorded_rollout_mark_roots_and_discarded(api_data):
+    nodes = rollout_nodes(api_data["rollouts"]["sess0000recorded"])
+    assert rollout_roots(nodes) == [0, 1]  # a resample of the first prompt is its own root...
+    assert nodes[1].discarded and turn_label(nodes[1]).startswith("#1 discarded")  # ...and discarded
+    assert nodes[0].children == [2] and nodes[2].kind == "prefix"
+    assert "!warn" in turn_label(nodes[0])  # truncated by max_tokens
+    assert "24 tok" in turn_label(nodes[0]) and "length" in turn_label(nodes[0])
+
+
+def test_retokenized_edges_are_marked():
+    doc = {"turns": [{"seq": 0, "parent": None, "link_kind": "root"},
+                     {"seq": 1, "parent": 0, "link_kind": "retokenized",
+                      "findings": ["[WARN] retokenized: diverges from node 0 at offset 40"]}]}
+    assert "≈retok" in turn_label(rollout_nodes(doc)[1])
+
+
+def test_rollout_nodes_take_roles_from_sequences():
+    doc = {"turns": [{"seq": 0, "parent": None}, {"seq": 1, "parent": None}],
+           "sequences": [{"role": "agent", "turns": [0]}, {"role": "auxiliary", "turns": [1]}]}
+    nodes = rollout_nodes(doc)
+    assert (nodes[0].role, nodes[1].role) == ("agent", "auxiliary")
+
+
+def test_logprob_tones_make_unlikely_and_masked_tokens_distinct():
+    assert logprob_tone(-0.01, False) == "sure"
+    assert logprob_tone(-0.5, False) == "mid"
+    assert logprob_tone(-2.0, False) == "low"
+    assert logprob_tone(-7.0, False) == "vlow"
+    assert logprob_tone(-7.0, True) == "masked"
+    assert logprob_tone(None, False) == "masked"
+
+
+def test_token_detail_names_logprob_probability_and_alternatives():
+    turn = {"token_texts": ["a", " list"], "sampled_ids": [5, 1002], "logprobs": [-0.01, -2.2],
+            "top_logprobs": [[], [[" list", -2.2], ["x", -3.2]]], "mask": [1, 0]}
+    line = token_detail(turn, 1)
+    assert "' list'" in line and "id 1002" in line and "logprob -2.200" in line and "p=0.111" in line
+    assert "'x' -3.20" in line and "masked" in line
+    assert "no alternatives recorded" in token_detail(turn, 0)
+
+
+def test_token_detail_of_a_recorded_turn(api_data):
+    turn = api_data["turns"]["sess0000recorded"]["0"]
+    assert f"logprob {turn['logprobs'][0]:.3f}" in token_detail(turn, 0)
+
+
+def test_run_groups_and_failures(api_data):
+    rollouts = next(iter(api_data["run_details"].values()))["rollouts"]
+    groups = {g.task: g for g in run_groups(rollouts)}
+    assert groups["hello-file"].total == 2 and groups["hello-file"].mean == 1.0
+    assert groups["hello-file"].pass_rate == 1.0
+    assert groups["sum-numbers"].mean is None  # nothing graded: no mean, no pass rate
+    assert failures_by_cause(rollouts) == {"agent_timeout": 1}
+
+
+def test_core_modules_do_not_import_textual():
+    code = ("import sys, json\n"
+            "import tapdeck.app.views, tapdeck.app.client, tapdeck.app.settings, tapdeck.themes.palettes\n"
+            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'textual')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == []

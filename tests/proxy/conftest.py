@@ -1,0 +1,165 @@
+"""Fixtures for the server tests: a tapdeck server in-process, and misbehaving loopback upstreams.
+
+The upstreams are real HTTP servers on loopback whose bodies are the recorded vLLM ones
+(tests/fixtures/vllm), so the proxy meets exactly what vLLM sends, plus the failures vLLM can't be
+made to produce on demand (HTML bodies, hangs, 5xx).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from tapdeck.app.host import LocalServer
+from tapdeck.proxy.config import ServerConfig
+from tapdeck.proxy.serving import ThreadedServer
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "vllm"
+
+
+def recorded(name: str) -> dict[str, Any]:
+    """A recorded vLLM exchange (see tests/fixtures/vllm/README.md)."""
+    return json.loads((FIXTURES / f"{name}.json").read_text())
+
+
+def recorded_error(case: str) -> tuple[int, dict[str, Any]]:
+    """Status and body of one case of errors.json."""
+    for c in recorded("errors")["cases"]:
+        if c["case"] == case:
+            return c["status"], c["body"]
+    raise KeyError(case)
+
+
+@dataclass
+class Upstream:
+    """A loopback vLLM-shaped server whose behaviour a test sets with `mode`."""
+
+    mode: str = "vllm"
+    """vllm | no_logprobs | html | slow | context_full | http500 | no_choices"""
+    delay: float = 0.0
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    cancelled: int = 0
+    server: ThreadedServer | None = None
+
+    @property
+    def base_url(self) -> str:
+        assert self.server is not None
+        return f"{self.server.url}/v1"
+
+
+def _upstream_app(up: Upstream) -> FastAPI:
+    app = FastAPI()
+    models = recorded("models")["models"]["response"]
+    basic = recorded("chat_basic")["response"]
+
+    @app.get("/v1/models")
+    async def list_models() -> Response:
+        if up.mode == "html":
+            return PlainTextResponse("<html><body>502 Bad Gateway</body></html>", media_type="text/html")
+        return JSONResponse(models)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        body = await request.json()
+        up.requests.append(body)
+        if up.mode == "slow":
+            # uvicorn does not cancel a handler when its client leaves; it has to look.
+            deadline = asyncio.get_running_loop().time() + up.delay
+            while asyncio.get_running_loop().time() < deadline:
+                if await request.is_disconnected():
+                    up.cancelled += 1
+                    return Response(status_code=499)
+                await asyncio.sleep(0.02)
+        if up.mode == "html":
+            return PlainTextResponse("<html><body>502 Bad Gateway</body></html>", media_type="text/html")
+        if up.mode == "context_full":
+            status, err = recorded_error("prompt_over_context")
+            return JSONResponse(err, status_code=status)
+        if up.mode == "http500":
+            return JSONResponse({"error": {"message": "engine core died", "type": "InternalServerError",
+                                           "code": 500}}, status_code=500)
+        if up.mode == "no_choices":
+            return JSONResponse({"id": "x", "object": "chat.completion", "choices": []})
+        reply = copy.deepcopy(basic)
+        if up.mode == "no_logprobs" or not body.get("logprobs"):
+            reply.pop("prompt_token_ids", None)
+            for choice in reply["choices"]:
+                choice["logprobs"] = None
+                choice.pop("token_ids", None)
+        return JSONResponse(reply)
+
+    return app
+
+
+@pytest.fixture
+def upstream() -> Iterator[Upstream]:
+    """A fresh loopback upstream per test (started; set `.mode` before calling)."""
+    up = Upstream()
+    up.server = ThreadedServer(_upstream_app(up), "127.0.0.1", 0, name="fake-upstream").start()
+    try:
+        yield up
+    finally:
+        up.server.stop()
+
+
+def free_port() -> int:
+    """A loopback port nobody holds right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def dead_engine_url() -> str:
+    """A loopback URL where nothing listens."""
+    return f"http://127.0.0.1:{free_port()}/v1"
+
+
+@pytest.fixture
+def make_server(tmp_path: Path) -> Iterator[Any]:
+    """`make_server(engine_url, **config)` → a started LocalServer on a free port (stopped at the end)."""
+    started: list[LocalServer] = []
+
+    def make(engine_url: str, **overrides: Any) -> LocalServer:
+        fields = {"host": "127.0.0.1", "port": 0, "data_dir": tmp_path / "data",
+                  "engine_url": engine_url, **overrides}
+        server = LocalServer(ServerConfig(**fields)).start()
+        started.append(server)
+        return server
+
+    yield make
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def admin_for() -> Iterator[Any]:
+    """`admin_for(server)` → a sync httpx client carrying the server's admin key."""
+    clients: list[httpx.Client] = []
+
+    def make(server: LocalServer) -> httpx.Client:
+        client = httpx.Client(base_url=server.url, timeout=120,
+                              headers={"Authorization": f"Bearer {server.admin_key}"})
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        client.close()
+
+
+@pytest.fixture
+def port_factory() -> Any:
+    """`port_factory()` → a loopback port nobody holds right now."""
+    return free_port

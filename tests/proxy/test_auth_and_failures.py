@@ -1,0 +1,224 @@
+"""Auth, budgets and upstream failures, against real loopback servers (recorded vLLM bodies)."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+CHAT = {"model": "x", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+
+
+def _open(admin: httpx.Client, **spec) -> dict:
+    resp = admin.post("/admin/sessions", json=spec)
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+def _sse_data(text: str) -> list[str]:
+    return [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+
+
+def test_health_leaks_nothing(upstream, make_server):
+    server = make_server(upstream.base_url)
+    body = httpx.get(f"{server.url}/health").json()
+    assert set(body) == {"status", "instance"}
+    assert body["status"] == "ok" and body["instance"] == server.instance
+
+
+@pytest.mark.parametrize("auth", [None, "Bearer wrong-key", "Basic abc", "Bearer"])
+def test_admin_routes_need_the_admin_key(upstream, make_server, auth):
+    server = make_server(upstream.base_url)
+    headers = {"Authorization": auth} if auth else {}
+    for method, path in [("GET", "/admin/sessions"), ("POST", "/admin/sessions"), ("GET", "/admin/events"),
+                         ("GET", "/admin/sessions/s-0000000000000000"), ("DELETE", "/admin/sessions/x")]:
+        resp = httpx.request(method, f"{server.url}{path}", headers=headers, json={})
+        assert resp.status_code == 401, (method, path)
+
+
+def test_unknown_session_key_is_401_in_openai_shape(upstream, make_server):
+    server = make_server(upstream.base_url)
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="tdk-" + "A" * 43, max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as err:
+        client.chat.completions.create(**CHAT)
+    assert err.value.status_code == 401
+    assert err.value.body["type"] == "authentication_error"
+    assert not upstream.requests
+
+
+def test_models_lists_only_the_sessions_model(upstream, make_server, admin_for):
+    server = make_server(upstream.base_url)
+    info = _open(admin_for(server))
+    for headers, params in [({"Authorization": f"Bearer {info['api_key']}"}, {}),
+                            ({"x-goog-api-key": info["api_key"]}, {}), ({}, {"key": info["api_key"]})]:
+        body = httpx.get(f"{server.url}/v1/models", headers=headers, params=params).json()
+        assert [m["id"] for m in body["data"]] == ["smollm2"]
+    assert httpx.get(f"{server.url}/v1/models").status_code == 401
+
+
+def test_training_on_a_text_tier_engine_is_refused_at_session_creation(upstream, make_server, admin_for):
+    upstream.mode = "no_logprobs"
+    server = make_server(upstream.base_url)
+    admin = admin_for(server)
+    resp = admin.post("/admin/sessions", json={"rollout_type": "train"})
+    assert resp.status_code == 400
+    assert "tokens tier" in resp.json()["detail"]
+    assert _open(admin)["rollout_type"] == "eval"
+
+
+def test_budget_reached_gives_a_non_empty_stop_and_no_node(upstream, make_server, admin_for):
+    server = make_server(upstream.base_url)
+    admin = admin_for(server)
+    info = _open(admin, call_budget=1)
+    client = openai.OpenAI(base_url=info["base_urls"]["openai"], api_key=info["api_key"], max_retries=0)
+    first = client.chat.completions.create(**CHAT)
+    assert first.choices[0].message.content == "The capital of France is Paris."
+    calls = len(upstream.requests)
+    second = client.chat.completions.create(**CHAT)
+    assert second.choices[0].finish_reason == "stop"
+    assert "budget" in second.choices[0].message.content
+    stream = client.chat.completions.create(**CHAT, stream=True)
+    streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert "budget" in streamed
+    assert len(upstream.requests) == calls
+    assert admin.get(f"/admin/sessions/{info['id']}").json()["turns"] == 1
+
+
+def test_engine_down_is_a_502_naming_the_url(dead_engine_url, make_server, admin_for):
+    server = make_server(dead_engine_url)
+    info = _open(admin_for(server))
+    assert info["tier"] == "text"
+    resp = httpx.post(f"{server.url}/v1/chat/completions", json=CHAT,
+                      headers={"Authorization": f"Bearer {info['api_key']}"})
+    assert resp.status_code == 502
+    err = resp.json()["error"]
+    assert err["type"] == "unreachable"
+    assert dead_engine_url.rstrip("/") in err["message"]
+
+
+def test_html_body_is_a_classified_bad_reply(upstream, make_server, admin_for):
+    upstream.mode = "html"
+    server = make_server(upstream.base_url)
+    info = _open(admin_for(server))
+    client = openai.OpenAI(base_url=info["base_urls"]["openai"], api_key=info["api_key"], max_retries=0)
+    with pytest.raises(openai.APIStatusError) as err:
+        client.chat.completions.create(**CHAT)
+    assert err.value.status_code == 502
+    assert "not a JSON object" in err.value.message
+
+
+def test_upstream_5xx_while_streaming_arrives_as_sse_error_events(upstream, make_server, admin_for):
+    server = make_server(upstream.base_url)
+    info = _open(admin_for(server))
+    upstream.mode = "http500"
+    resp = httpx.post(f"{server.url}/v1/chat/completions", json={**CHAT, "stream": True},
+                      headers={"Authorization": f"Bearer {info['api_key']}"})
+    assert resp.headers["content-type"].startswith("text/event-stream")
+    data = _sse_data(resp.text)
+    assert data[-1] == "[DONE]"
+    assert "engine core died" in data[0] and '"code":502' in data[0]
+    client = openai.OpenAI(base_url=info["base_urls"]["openai"], api_key=info["api_key"], max_retries=0)
+    with pytest.raises(openai.APIError):
+        list(client.chat.completions.create(**CHAT, stream=True))
+
+
+def test_upstream_timeout_is_classified_and_cancels_nothing_else(upstream, tmp_path, admin_for):
+    from tapdeck.app.host import LocalServer
+    from tapdeck.proxy.config import ServerConfig
+
+    server = LocalServer(ServerConfig(port=0, data_dir=tmp_path, engine_url=upstream.base_url)).start()
+    try:
+        server.service.engine_timeout = 0.3
+        info = _open(admin_for(server))
+        upstream.mode, upstream.delay = "slow", 5.0
+        resp = httpx.post(f"{server.url}/v1/chat/completions", json=CHAT, timeout=30,
+                          headers={"Authorization": f"Bearer {info['api_key']}"})
+        assert resp.status_code == 502
+        assert resp.json()["error"]["type"] == "timeout"
+        assert upstream.base_url in resp.json()["error"]["message"]
+    finally:
+        server.stop()
+
+
+def test_context_length_400_becomes_a_normal_stop_with_a_warning(upstream, make_server, admin_for):
+    server = make_server(upstream.base_url)
+    admin = admin_for(server)
+    info = _open(admin)
+    upstream.mode = "context_full"
+    client = openai.OpenAI(base_url=info["base_urls"]["openai"], api_key=info["api_key"], max_retries=0)
+    reply = client.chat.completions.create(**CHAT)
+    assert reply.choices[0].finish_reason == "stop"
+    assert reply.choices[0].message.content
+    stream = client.chat.completions.create(**CHAT, stream=True)
+    chunks = [c for c in stream if c.choices]
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    summary = admin.get(f"/admin/sessions/{info['id']}").json()
+    assert summary["turns"] == 0 and summary["warn"] >= 2
+    assert any("context_full" in f for f in summary["findings"])
+
+
+def test_upstream_400_passes_through_with_its_status(upstream, make_server, admin_for):
+    server = make_server(upstream.base_url)
+    info = _open(admin_for(server))
+    client = openai.OpenAI(base_url=info["base_urls"]["openai"], api_key=info["api_key"], max_retries=0)
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(**CHAT, n=2)
+    assert not upstream.requests or all(r.get("n") in (None, 1) for r in upstream.requests)
+
+
+def test_streaming_client_gets_keepalives_and_hang_up_cancels_the_call(upstream, make_server, admin_for):
+    server = make_server(upstream.base_url)
+    info = _open(admin_for(server))
+    server.service.keepalive_s = 0.05
+    upstream.mode, upstream.delay = "slow", 0.4
+    resp = httpx.post(f"{server.url}/v1/chat/completions", json={**CHAT, "stream": True}, timeout=30,
+                      headers={"Authorization": f"Bearer {info['api_key']}"})
+    assert ": keepalive" in resp.text and _sse_data(resp.text)[-1] == "[DONE]"
+
+    upstream.delay = 30.0
+    before = upstream.cancelled
+    with httpx.Client(timeout=30) as client, client.stream(
+            "POST", f"{server.url}/v1/chat/completions", json={**CHAT, "stream": True},
+            headers={"Authorization": f"Bearer {info['api_key']}"}) as stream:
+        assert next(stream.iter_lines()) == ": keepalive"
+    # The client hung up: the proxy's engine request is aborted, so the upstream sees a cancel.
+    deadline = 100
+    while upstream.cancelled == before and deadline:
+        import time
+        time.sleep(0.05)
+        deadline -= 1
+    assert upstream.cancelled > before
+
+
+def test_admin_events_stream_session_and_turn_events(upstream, make_server, admin_for):
+    import threading
+
+    server = make_server(upstream.base_url)
+    admin = admin_for(server)
+    seen: list[str] = []
+    ready = threading.Event()
+
+    def listen() -> None:
+        with httpx.Client(timeout=30) as c, c.stream(
+                "GET", f"{server.url}/admin/events",
+                headers={"Authorization": f"Bearer {server.admin_key}"}) as s:
+            for line in s.iter_lines():
+                if line.startswith(": connected"):
+                    ready.set()
+                if line.startswith("data: "):
+                    import json
+                    event = json.loads(line[6:])
+                    seen.append(event["type"])
+                    if event["type"] == "session_closed":
+                        return
+
+    thread = threading.Thread(target=listen, daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    info = _open(admin)
+    httpx.post(f"{server.url}/v1/chat/completions", json=CHAT,
+               headers={"Authorization": f"Bearer {info['api_key']}"})
+    server.service.events.publish({"type": "run_started", "run_id": "r1"})
+    admin.delete(f"/admin/sessions/{info['id']}")
+    thread.join(10)
+    assert seen == ["session_opened", "turn_captured", "run_started", "session_closed"]

@@ -1,0 +1,103 @@
+"""Config, admin-key file, session keys and the event bus: the small pieces the server stands on."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+
+from tapdeck.proxy.config import ConfigError, ServerConfig, check_bind, is_loopback, read_admin_key, write_admin_key
+from tapdeck.proxy.events import EventBus
+from tapdeck.proxy.sessions import is_session_key, key_from_request, new_session_key
+
+
+def test_admin_key_file_is_owner_only(tmp_path: Path) -> None:
+    path = tmp_path / "d" / "admin.key"
+    write_admin_key(path, "tdk-admin-abc")
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert read_admin_key(tmp_path / "d") == "tdk-admin-abc"
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "10.1.2.3", "::", "example.org"])
+def test_non_loopback_bind_without_explicit_admin_key_is_refused(host: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="--admin-key"):
+        check_bind(ServerConfig(host=host, data_dir=tmp_path))
+    check_bind(ServerConfig(host=host, data_dir=tmp_path, admin_key="chosen-by-operator"))
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.5.5.5", "::1", "localhost"])
+def test_loopback_binds_need_no_admin_key(host: str, tmp_path: Path) -> None:
+    assert is_loopback(host)
+    check_bind(ServerConfig(host=host, data_dir=tmp_path))
+
+
+def test_data_dir_defaults_to_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("TAPDECK_DATA_DIR", str(tmp_path))
+    assert ServerConfig().data_dir == tmp_path
+    assert ServerConfig().capture_db == tmp_path / "capture.db"
+
+
+def test_session_keys_are_unguessable_and_charset_checked() -> None:
+    keys = {new_session_key() for _ in range(200)}
+    assert len(keys) == 200
+    assert all(is_session_key(k) for k in keys)
+    key = next(iter(keys))
+    for bad in ("", "tdk-", key + "x", key[:-1] + "!", key.replace("tdk-", "sk-"), "tdk-" + "a" * 43 + "\n"):
+        assert not is_session_key(bad)
+
+
+@pytest.mark.parametrize("headers,query", [
+    ({"authorization": "Bearer K"}, {}),
+    ({"authorization": "bearer   K "}, {}),
+    ({"x-api-key": "K"}, {}),
+    ({"x-goog-api-key": "K"}, {}),
+    ({}, {"key": "K"}),
+])
+def test_key_is_read_from_every_provider_location(headers: dict, query: dict) -> None:
+    assert key_from_request(headers, query) == "K"
+
+
+def test_no_key_anywhere_is_none() -> None:
+    assert key_from_request({"authorization": "Basic abc"}, {}) is None
+
+
+async def test_event_bus_delivers_in_order_and_from_other_threads() -> None:
+    bus = EventBus()
+    got: list[dict] = []
+
+    async def consume() -> None:
+        async with contextlib.aclosing(bus.subscribe()) as events:
+            async for event in events:
+                got.append(event)
+                if len(got) == 3:
+                    return
+
+    task = asyncio.create_task(consume())
+    while bus.subscriber_count == 0:
+        await asyncio.sleep(0.001)
+    bus.publish({"type": "a"})
+    thread = threading.Thread(target=bus.publish, args=({"type": "b"},))
+    thread.start()
+    thread.join()
+    await asyncio.sleep(0.01)
+    bus.publish({"type": "c"})
+    await asyncio.wait_for(task, 5)
+    assert [e["type"] for e in got] == ["a", "b", "c"]
+    assert bus.subscriber_count == 0
+
+
+async def test_slow_event_subscriber_loses_oldest_not_memory() -> None:
+    bus = EventBus(limit=5)
+    agen = bus.subscribe()
+    first = asyncio.ensure_future(anext(agen))
+    await asyncio.sleep(0)
+    for i in range(20):
+        bus.publish({"type": "n", "i": i})
+    got = [(await first)["i"]] + [(await anext(agen))["i"] for _ in range(4)]
+    assert got == [15, 16, 17, 18, 19]
+    await agen.aclose()

@@ -1,0 +1,119 @@
+"""LocalServer start-up rules: bind first, clear errors, nothing left running after a failure,
+and a restarted server that still lists and exports what the previous one captured."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tapdeck.app.host import LocalServer
+from tapdeck.proxy.config import ConfigError, ServerConfig, read_admin_key
+from tapdeck.proxy.serving import PortInUseError, bind_socket
+
+CHAT = {"model": "x", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+
+
+def test_held_port_is_a_clear_error_naming_it(upstream, tmp_path: Path):
+    holder = bind_socket("127.0.0.1", 0)
+    port = holder.getsockname()[1]
+    try:
+        with pytest.raises(PortInUseError, match=str(port)):
+            LocalServer(ServerConfig(port=port, data_dir=tmp_path, engine_url=upstream.base_url)).start()
+        assert not (tmp_path / "capture.db").exists(), "nothing may start before the port is bound"
+    finally:
+        holder.close()
+
+
+def test_failed_later_start_step_frees_the_port(upstream, tmp_path: Path, port_factory):
+    port = port_factory()
+    (tmp_path / "capture.db").mkdir()  # the store cannot open a directory: a late start failure
+    with pytest.raises(Exception):
+        LocalServer(ServerConfig(port=port, data_dir=tmp_path, engine_url=upstream.base_url)).start()
+    bind_socket("127.0.0.1", port).close()
+
+
+def test_non_loopback_bind_without_admin_key_refused_before_binding(tmp_path: Path):
+    with pytest.raises(ConfigError, match="--admin-key"):
+        LocalServer(ServerConfig(host="0.0.0.0", port=0, data_dir=tmp_path,
+                                 engine_url="http://127.0.0.1:1/v1")).start()
+    assert not (tmp_path / "admin.key").exists()
+
+
+def test_generated_admin_key_written_and_explicit_key_used(upstream, make_server, tmp_path: Path):
+    server = make_server(upstream.base_url)
+    assert server.admin_key_generated
+    assert read_admin_key(server.config.data_dir) == server.admin_key
+    other = make_server(upstream.base_url, data_dir=tmp_path / "other", admin_key="operator-chosen")
+    assert not other.admin_key_generated and other.admin_key == "operator-chosen"
+    assert not (tmp_path / "other" / "admin.key").exists()
+    ok = httpx.get(f"{other.url}/admin/sessions", headers={"Authorization": "Bearer operator-chosen"})
+    assert ok.status_code == 200
+
+
+def test_restarted_server_lists_old_sessions_as_interrupted_and_exports_them(upstream, tmp_path: Path):
+    cfg = ServerConfig(port=0, data_dir=tmp_path, engine_url=upstream.base_url)
+    first = LocalServer(cfg).start()
+    try:
+        admin = {"Authorization": f"Bearer {first.admin_key}"}
+        open_id = httpx.post(f"{first.url}/admin/sessions", json={}, headers=admin).json()
+        closed = httpx.post(f"{first.url}/admin/sessions", json={}, headers=admin).json()
+        for info in (open_id, closed):
+            r = httpx.post(f"{first.url}/v1/chat/completions", json=CHAT,
+                           headers={"Authorization": f"Bearer {info['api_key']}"})
+            assert r.status_code == 200, r.text
+        httpx.delete(f"{first.url}/admin/sessions/{closed['id']}", headers=admin)
+    finally:
+        first.stop()
+
+    second = LocalServer(cfg).start()
+    try:
+        admin = {"Authorization": f"Bearer {second.admin_key}"}
+        sessions = {s["id"]: s for s in httpx.get(f"{second.url}/admin/sessions", headers=admin).json()["sessions"]}
+        assert sessions[open_id["id"]]["state"] == "interrupted"
+        assert sessions[closed["id"]]["state"] == "closed"
+        assert sessions[open_id["id"]]["turns"] == 1
+        assert sessions[open_id["id"]]["last_call_at"] is not None
+        # session-level findings (the probe's) survive the restart too
+        findings = httpx.get(f"{second.url}/admin/sessions/{open_id['id']}", headers=admin).json()["findings"]
+        assert any("logprobs_mode_unknown" in f for f in findings)
+        doc = httpx.get(f"{second.url}/admin/sessions/{open_id['id']}/rollout", headers=admin).json()
+        assert doc["stats"]["turns"] == 1
+        trace = httpx.get(f"{second.url}/admin/sessions/{open_id['id']}/trace", headers=admin).json()
+        assert len(trace["turns"]) == 1 and trace["turns"][0]["prompt_token_ids"]
+        # the old key died with the old server
+        r = httpx.post(f"{second.url}/v1/chat/completions", json=CHAT,
+                       headers={"Authorization": f"Bearer {open_id['api_key']}"})
+        assert r.status_code == 401
+    finally:
+        second.stop()
+
+
+def test_port_is_free_after_stop(upstream, tmp_path: Path, port_factory):
+    port = port_factory()
+    server = LocalServer(ServerConfig(port=port, data_dir=tmp_path, engine_url=upstream.base_url)).start()
+    server.stop()
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+
+
+def test_serve_cli_refuses_public_bind_and_names_a_held_port(tmp_path: Path):
+    from typer.testing import CliRunner
+
+    from tapdeck.app.cli import app
+
+    runner = CliRunner()
+    res = runner.invoke(app, ["serve", "--host", "0.0.0.0", "--engine", "http://127.0.0.1:9/v1",
+                              "--data-dir", str(tmp_path)])
+    assert res.exit_code == 2 and "--admin-key" in res.output
+    holder = bind_socket("127.0.0.1", 0)
+    port = holder.getsockname()[1]
+    try:
+        res = runner.invoke(app, ["serve", "--port", str(port), "--engine", "http://127.0.0.1:9/v1",
+                                  "--data-dir", str(tmp_path)])
+        assert res.exit_code == 2 and str(port) in res.output
+    finally:
+        holder.close()

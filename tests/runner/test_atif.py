@@ -1,0 +1,146 @@
+"""ATIF reconciliation, one test per capture-cases L item (71-78).
+
+Trajectories are built with Harbor's own ATIF models so they are shaped exactly as harnesses write them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+from harbor.models.trajectories import Agent, Metrics, Step, Trajectory  # noqa: E402
+
+from tapdeck.proxy.findings import Level  # noqa: E402
+from tapdeck.runner.atif import CapturedCall, reconcile, reconcile_file  # noqa: E402
+
+
+def _trajectory(counts: list[int | None], *, prompts: list[int] | None = None,
+                llm_call_counts: list[int | None] | None = None,
+                subagents: bool = False) -> dict[str, Any]:
+    steps = [Step(step_id=1, source="user", message="do the task")]
+    for i, count in enumerate(counts):
+        metrics = Metrics(completion_tokens=count,
+                          prompt_tokens=prompts[i] if prompts else 100 + i)
+        steps.append(Step(step_id=len(steps) + 1, source="agent", message=f"reply {i}", metrics=metrics,
+                          llm_call_count=llm_call_counts[i] if llm_call_counts else None))
+    traj = Trajectory(session_id="s", agent=Agent(name="terminus-2", version="2.0"), steps=steps)
+    if subagents:
+        sub = Trajectory(session_id="s", trajectory_id="sub-1", agent=Agent(name="helper", version="1"),
+                         steps=[Step(step_id=1, source="user", message="sub")])
+        traj = traj.model_copy(update={"subagent_trajectories": [sub]})
+    return traj.to_json_dict()
+
+
+def _calls(counts: list[int | None], *, first_prompt: int = 100, synthetic: set[int] = frozenset()) -> list[CapturedCall]:
+    return [CapturedCall(seq=i, completion_tokens=c, prompt_tokens=first_prompt + i, synthetic=i in synthetic)
+            for i, c in enumerate(counts)]
+
+
+def _codes(report) -> dict[str, Level]:
+    return {f.code: f.level for f in report.findings}
+
+
+def test_no_trajectory_file_is_none_with_info(tmp_path: Path) -> None:
+    report = reconcile_file(_calls([5]), tmp_path / "agent" / "trajectory.json")
+    assert report.verdict == "none"
+    assert _codes(report) == {"atif_absent": Level.INFO}
+
+
+def test_equal_counts_in_arrival_order_match(tmp_path: Path) -> None:
+    path = tmp_path / "trajectory.json"
+    path.write_text(json.dumps(_trajectory([12, 40, 7])))
+    report = reconcile_file(_calls([12, 40, 7]), path)
+    assert report.verdict == "match" and report.findings == []
+
+
+def test_same_counts_in_another_order_mismatch() -> None:
+    report = reconcile(_calls([12, 40, 7]), _trajectory([40, 12, 7]))
+    assert report.verdict == "mismatch"
+    fatal = [f for f in report.findings if f.level is Level.FATAL]
+    assert fatal and "[12, 40, 7]" in fatal[0].detail and "[40, 12, 7]" in fatal[0].detail
+
+
+def test_theirs_a_subsequence_covering_half_or_more_is_auxiliary_warn() -> None:
+    report = reconcile(_calls([12, 3, 40, 7]), _trajectory([12, 40, 7]))
+    assert report.verdict == "match"
+    assert _codes(report) == {"atif_extra_calls": Level.WARN}
+
+
+def test_theirs_a_subsequence_covering_under_half_is_fatal() -> None:
+    ours = [12, 3, 4, 5, 40, 6, 7, 8, 9, 10]
+    report = reconcile(_calls(ours), _trajectory([12, 40]))
+    assert report.verdict == "mismatch"
+    assert _codes(report)["atif_mismatch"] is Level.FATAL
+
+
+def test_all_zero_counts_warn_not_mismatch() -> None:
+    report = reconcile(_calls([12, 40]), _trajectory([0, 0]))
+    assert report.verdict != "mismatch"
+    assert _codes(report) == {"atif_no_counts": Level.WARN}
+
+
+def test_no_agent_steps_warn_not_mismatch() -> None:
+    report = reconcile(_calls([12, 40]), _trajectory([]))
+    assert report.verdict != "mismatch"
+    assert _codes(report) == {"atif_no_counts": Level.WARN}
+
+
+def test_some_counts_missing_rest_equal_warn() -> None:
+    report = reconcile(_calls([12, 40, 7]), _trajectory([12, None, 7]))
+    assert report.verdict == "match"
+    assert _codes(report) == {"atif_counts_missing": Level.WARN}
+
+
+def test_subagent_trajectories_are_fatal() -> None:
+    report = reconcile(_calls([12]), _trajectory([12], subagents=True))
+    assert report.verdict == "mismatch"
+    assert _codes(report)["atif_subagents"] is Level.FATAL
+
+
+def test_zero_token_synthetic_steps_are_dropped_before_comparing() -> None:
+    traj = _trajectory([12, 0, 7], prompts=[100, 0, 102])
+    report = reconcile(_calls([12, 7]), traj)
+    assert report.verdict == "match"
+    assert _codes(report) == {"atif_synthetic_steps": Level.INFO}
+
+
+def test_our_budget_stop_replies_are_dropped_before_comparing() -> None:
+    report = reconcile(_calls([12, 7, 9], synthetic={2}), _trajectory([12, 7]))
+    assert report.verdict == "match" and report.findings == []
+
+
+def test_multi_call_step_warns() -> None:
+    report = reconcile(_calls([12, 7]), _trajectory([12, 7], llm_call_counts=[1, 2]))
+    assert report.verdict == "match"
+    assert _codes(report) == {"atif_multi_call_steps": Level.WARN}
+
+
+def test_first_prompt_length_difference_warns() -> None:
+    report = reconcile(_calls([12, 7], first_prompt=90), _trajectory([12, 7], prompts=[100, 101]))
+    assert report.verdict == "match"
+    assert _codes(report) == {"atif_first_prompt_differs": Level.WARN}
+
+
+def test_eval_rollouts_compare_call_counts_only() -> None:
+    calls = _calls([None, None], first_prompt=1)
+    assert reconcile(calls, _trajectory([12, 7]), rollout_type="eval").verdict == "match"
+    assert reconcile(calls, _trajectory([12]), rollout_type="eval").verdict == "mismatch"
+
+
+def test_anything_else_is_a_fatal_mismatch_with_both_lists() -> None:
+    report = reconcile(_calls([12, 40]), _trajectory([12, 41]))
+    assert report.verdict == "mismatch"
+    fatal = [f for f in report.findings if f.level is Level.FATAL]
+    assert len(fatal) == 1 and "[12, 40]" in fatal[0].detail and "[12, 41]" in fatal[0].detail
+
+
+def test_unparseable_trajectory_is_a_warn_and_none(tmp_path: Path) -> None:
+    path = tmp_path / "trajectory.json"
+    path.write_text("{not json")
+    report = reconcile_file(_calls([5]), path)
+    assert report.verdict == "none"
+    assert _codes(report)["atif_unreadable"] is Level.WARN

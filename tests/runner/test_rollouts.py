@@ -1,0 +1,94 @@
+"""Rollouts through the real server, the real Harbor package and the host sandbox.
+
+Every failure comes back as a classified result (`ok: false`, `error_kind`), never an exception.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from tests.runner.conftest import RunnerServer, make_task
+
+pytestmark = pytest.mark.slow
+
+
+def _only(doc: dict) -> dict:
+    assert len(doc["rollouts"]) == 1, doc
+    return doc["rollouts"][0]
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_oracle_on_a_sample_task_through_the_batch_api(runner_server: RunnerServer) -> None:
+    doc = runner_server.run(harness="oracle", tasks=["hello-file"], k=2, concurrency=2, timeout_s=120)
+    assert doc["state"] == "finished"
+    assert doc["counts"] == {"total": 2, "done": 2, "ok": 2, "failed": 0, "running": 0}
+    assert doc["mean_reward"] == 1.0 and doc["pass_rate"] == 1.0
+    for r in doc["rollouts"]:
+        assert r["ok"] and r["reward"] == 1.0 and r["rewards"] == {"reward": 1.0}
+        assert r["group"] == 0 and r["phase"] == "done" and r["error_kind"] is None
+        assert r["session_id"] is None  # oracle makes no model calls: nothing to capture
+        assert {"environment_setup", "agent_execution", "verifier", "total"} <= set(r["timings"])
+    assert sorted(r["index"] for r in doc["rollouts"]) == [0, 1]
+    run_dir = Path(doc["path"])
+    assert (run_dir / "plan.json").is_file()
+    assert len((run_dir / "results.jsonl").read_text().splitlines()) == 2
+    assert all((run_dir / "trials" / r["rollout_id"] / "result.json").is_file() for r in doc["rollouts"])
+
+
+def test_engine_down_is_engine_unreachable(runner_server: RunnerServer) -> None:
+    url = f"http://127.0.0.1:{_closed_port()}/v1"
+    r = _only(runner_server.run(tasks=["hello-file"], engine=url, timeout_s=120))
+    assert not r["ok"] and r["error_kind"] == "engine_unreachable"
+    assert r["reward"] is None and url.rsplit("/", 1)[0] in r["error"]
+    assert r["phase"] == "failed" and r["session_id"] is not None
+
+
+def test_sandbox_start_failure_is_sandbox_failed(runner_server: RunnerServer, tmp_path: Path) -> None:
+    r = _only(runner_server.run(harness="oracle", tasks=["hello-file"], timeout_s=120,
+                                sandbox_kwargs={"base_dir": str(tmp_path / "missing" / "dir")}))
+    assert not r["ok"] and r["error_kind"] == "sandbox_failed"
+    assert r["reward"] is None
+    assert "sandbox" in r["error"]
+
+
+def test_agent_timeout_is_agent_timeout_and_still_graded(runner_server: RunnerServer, tmp_path: Path) -> None:
+    make_task(tmp_path, "slow-agent", "echo 0 > /logs/verifier/reward.txt\n", agent_timeout_s=1.0)
+    r = _only(runner_server.run(dataset=str(tmp_path), timeout_s=120))
+    assert not r["ok"] and r["error_kind"] == "agent_timeout"
+    assert r["reward"] == 0.0  # Harbor still verifies after an agent timeout
+
+
+def test_verifier_writing_garbage_is_verifier_failed_with_null_reward(runner_server: RunnerServer,
+                                                                       tmp_path: Path) -> None:
+    make_task(tmp_path, "garbage-verifier", "echo 'all good!' > /logs/verifier/reward.txt\n")
+    r = _only(runner_server.run(dataset=str(tmp_path), harness="oracle", timeout_s=120))
+    assert not r["ok"] and r["error_kind"] == "verifier_failed"
+    assert r["reward"] is None
+    assert any("reward_value_dropped" in f for f in r["findings"])
+
+
+def test_multi_key_reward_without_a_chosen_key_is_refused(runner_server: RunnerServer,
+                                                          tmp_path: Path) -> None:
+    make_task(tmp_path, "two-rewards",
+              "echo '{\"passed\": 1, \"style\": 0.5}' > /logs/verifier/reward.json\n")
+    r = _only(runner_server.run(dataset=str(tmp_path), harness="oracle", timeout_s=120))
+    assert not r["ok"] and r["error_kind"] == "reward_ambiguous"
+    assert r["reward"] is None and r["rewards"] == {"passed": 1.0, "style": 0.5}
+    assert "passed" in r["error"] and "style" in r["error"]
+    chosen = _only(runner_server.run(dataset=str(tmp_path), harness="oracle", timeout_s=120,
+                                     reward_key="style"))
+    assert chosen["ok"] and chosen["reward"] == 0.5 and chosen["reward_key"] == "style"
+
+
+def test_outer_timeout_covers_the_whole_rollout(runner_server: RunnerServer) -> None:
+    r = _only(runner_server.run(tasks=["hello-file"], timeout_s=2))
+    assert not r["ok"] and r["error_kind"] == "timeout"
+    assert r["reward"] is None

@@ -1,0 +1,109 @@
+"""Engine resolution, error classification and run bookkeeping (no server needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tapdeck.proxy.tiers import EngineSpec
+from tapdeck.runner.batch import (
+    BatchRunner,
+    PlanError,
+    RunPlan,
+    _Run,
+    load_results,
+    rollout_id,
+    summarize,
+)
+from tapdeck.runner.engines import EngineChoiceError, normalize_engine_url, resolve_engine
+from tapdeck.runner.rollout import RolloutResult, classify_exception, parse_finding
+
+DEFAULT = EngineSpec(url="http://127.0.0.1:9/v1", model="smollm2")
+
+
+def test_embedded_engine_is_the_servers_default_engine() -> None:
+    assert resolve_engine(None, default=DEFAULT) is DEFAULT
+    assert resolve_engine("embedded", default=DEFAULT) is DEFAULT
+
+
+def test_embedded_without_a_running_engine_says_what_to_do() -> None:
+    with pytest.raises(EngineChoiceError, match="--engine URL"):
+        resolve_engine("embedded", default=None)
+
+
+@pytest.mark.parametrize(("given", "expected"), [
+    ("gpu-box:8000", "http://gpu-box:8000/v1"),
+    ("http://gpu-box:8000/", "http://gpu-box:8000/v1"),
+    ("https://api.example.com/v1/", "https://api.example.com/v1"),
+])
+def test_engine_urls_are_normalised_to_openai_base_urls(given: str, expected: str) -> None:
+    assert normalize_engine_url(given) == expected
+
+
+def test_url_engine_carries_model_and_key_but_never_shows_the_key() -> None:
+    spec = resolve_engine("http://gpu:8000", model="qwen", api_key="sk-real", default=DEFAULT)
+    assert (spec.url, spec.model, spec.api_key) == ("http://gpu:8000/v1", "qwen", "sk-real")
+    assert "sk-real" not in repr(spec)
+
+
+def test_bad_engine_url_is_refused() -> None:
+    with pytest.raises(EngineChoiceError):
+        resolve_engine("ftp://nowhere", default=DEFAULT)
+
+
+@pytest.mark.parametrize(("exception_type", "phase", "kind"), [
+    ("AgentTimeoutError", "agent", "agent_timeout"),
+    ("RewardFileNotFoundError", "verify", "verifier_failed"),
+    ("VerifierOutputParseError", "verify", "verifier_failed"),
+    ("EnvironmentStartTimeoutError", "sandbox", "sandbox_failed"),
+    ("FileNotFoundError", "sandbox", "sandbox_failed"),
+    ("RuntimeError", "agent_setup", "sandbox_failed"),
+    ("APIConnectionError", "agent", "engine_unreachable"),
+    ("InternalServerError", "agent", "engine_unreachable"),
+    ("CancelledError", "agent", "cancelled"),
+    ("ValueError", "agent", "agent_failed"),
+])
+def test_exceptions_are_classified_by_type_then_phase(exception_type: str, phase: str, kind: str) -> None:
+    assert classify_exception(exception_type, phase) == kind  # type: ignore[arg-type]
+
+
+def test_rendered_findings_parse_back() -> None:
+    f = parse_finding("[FATAL] bad_ids: negative id at 3")
+    assert (f.level.value, f.code, f.detail) == ("FATAL", "bad_ids", "negative id at 3")
+
+
+def _result(run_id: str, i: int, *, ok: bool, reward: float | None, kind: str | None = None) -> RolloutResult:
+    return RolloutResult(rollout_id=rollout_id(run_id, 0, i), run_id=run_id, task="t", index=i, ok=ok,
+                         reward=reward, error_kind=kind, phase="done" if ok else "failed")
+
+
+def test_summary_counts_mean_reward_over_graded_and_failures_by_cause(tmp_path: Path) -> None:
+    run = _Run("r", tmp_path, RunPlan(k=4), [{"name": "t", "path": "/x"}], 0.0)
+    for r in (_result("r", 0, ok=True, reward=1.0), _result("r", 1, ok=True, reward=0.0),
+              _result("r", 2, ok=False, reward=None, kind="timeout")):
+        run.results[r.rollout_id] = r
+    s = summarize(run)
+    assert s.counts.model_dump() == {"total": 4, "done": 3, "ok": 2, "failed": 1, "running": 0}
+    assert s.mean_reward == 0.5  # the null reward is not a 0
+    assert s.pass_rate == pytest.approx(1 / 3)
+    assert s.failures == {"timeout": 1}
+
+
+def test_results_file_with_a_torn_last_line_loads_the_complete_ones(tmp_path: Path) -> None:
+    path = tmp_path / "results.jsonl"
+    path.write_text(_result("r", 0, ok=True, reward=1.0).model_dump_json() + "\n{\"rollout_id\": \"r.g0")
+    assert list(load_results(path)) == [rollout_id("r", 0, 0)]
+
+
+async def test_unknown_task_is_refused_listing_the_tasks(tmp_path: Path) -> None:
+    batch = BatchRunner(None, data_dir=tmp_path, default_engine=None)
+    with pytest.raises(PlanError, match="hello-file"):
+        await batch.create(RunPlan(harness="oracle", tasks=["no-such-task"]))
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+async def test_unknown_harness_is_refused(tmp_path: Path) -> None:
+    batch = BatchRunner(None, data_dir=tmp_path, default_engine=None)
+    with pytest.raises(PlanError, match="unknown harness"):
+        await batch.create(RunPlan(harness="no-such-harness"))

@@ -1,0 +1,122 @@
+"""The catalog (what this machine can run) and `tapdeck info`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+
+import pytest
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+from rich.console import Console  # noqa: E402
+from typer.testing import CliRunner  # noqa: E402
+
+from tapdeck.app.cli import app  # noqa: E402
+from tapdeck.app.commands.info import render  # noqa: E402
+from tapdeck.proxy.serving import ThreadedServer  # noqa: E402
+from tapdeck.runner import catalog  # noqa: E402
+from tests.conftest import vllm_fixture  # noqa: E402
+
+
+def test_sandbox_catalog_lists_host_and_every_harbor_backend() -> None:
+    from harbor.models.environment_type import EnvironmentType
+
+    rows = {r.name: r for r in catalog.sandbox_catalog(refresh=True)}
+    assert set(rows) == {"host"} | {t.value for t in EnvironmentType}
+    assert rows["host"].available and rows["host"].import_path.endswith(":HostSandbox")
+    assert "NOT a security boundary" in rows["host"].why and "Dockerfile" in rows["host"].why
+    # No Docker daemon on this machine: docker's own preflight says so.
+    assert not rows["docker"].available and "Docker" in rows["docker"].why
+    for row in rows.values():
+        assert row.why
+
+
+def test_sandbox_environment_config_for_host_and_harbor_types() -> None:
+    host = catalog.sandbox_environment_config("host", network="none")
+    assert host.import_path == catalog.HOST_IMPORT_PATH and host.kwargs == {"network": "none"}
+    assert catalog.sandbox_environment_config("docker").type.value == "docker"
+    with pytest.raises(ValueError, match="unknown sandbox"):
+        catalog.sandbox_environment_config("nope")
+
+
+def test_harness_availability_follows_the_sandboxes() -> None:
+    host_only = [catalog.SandboxInfo(name="host", available=True, why="")]
+    rows = {r.name: r for r in catalog.harness_catalog(host_only)}
+    assert rows["oracle"].available and rows["terminus-2"].available
+    assert not rows["codex"].available and "no container sandbox" in rows["codex"].why
+    with_docker = host_only + [catalog.SandboxInfo(name="docker", available=True, why="")]
+    assert {r.name: r for r in catalog.harness_catalog(with_docker)}["codex"].available
+
+
+def test_dataset_catalog_reports_errors_instead_of_raising(tmp_path) -> None:
+    rows = catalog.dataset_catalog([str(tmp_path / "missing")])
+    assert rows[0].name == "sample" and len(rows[0].tasks) == 5 and rows[0].error is None
+    assert rows[1].tasks == [] and "does not exist" in rows[1].error
+
+
+def test_embedded_engine_is_available_without_starting_it() -> None:
+    info = catalog.embedded_engine_info()
+    assert info.reachable and info.tier == "tokens" and "not started" in info.why
+
+
+def test_unreachable_engine_url_is_reported_not_raised() -> None:
+    info = asyncio.run(catalog.url_engine_info("http://127.0.0.1:9/v1"))
+    assert not info.reachable and info.tier is None and "127.0.0.1:9" in info.why
+
+
+def test_engine_listing_without_probe_counts_as_text_tier() -> None:
+    from fastapi import FastAPI
+
+    listing = vllm_fixture("models")["models"]["response"]
+    upstream = FastAPI()
+    upstream.get("/v1/models")(lambda: listing)
+    server = ThreadedServer(upstream, host="127.0.0.1", port=0).start()
+    try:
+        info = asyncio.run(catalog.url_engine_info(f"http://127.0.0.1:{server.port}", probe=False))
+    finally:
+        server.stop()
+    assert info.reachable and info.served_model == "smollm2"
+    assert info.tier == "text" and "not probed" in info.why
+
+
+@pytest.mark.slow
+def test_engine_url_tier_comes_from_the_proxy_probe(embedded_engine) -> None:
+    info = asyncio.run(catalog.url_engine_info(embedded_engine.base_url))
+    assert info.reachable and info.served_model == "smollm2"
+    assert info.tier == "tokens", info.why
+
+
+def test_info_command_fits_80_columns_and_says_what_matters() -> None:
+    result = CliRunner().invoke(app, ["info", "--engine", "http://127.0.0.1:9/v1"],
+                                env={"COLUMNS": "80", "TERM": "dumb"})
+    assert result.exit_code == 0, result.output
+    out = result.output
+    for needle in ("Sandboxes", "host", "NOT a security boundary", "Dataset sample (5 tasks)",
+                   "hello-file", "Harnesses", "terminus-2", "Engines", "embedded",
+                   "127.0.0.1:9", "defaults: dataset=sample harness=terminus-2 sandbox=host"):
+        assert needle in out, needle
+    assert max(len(line) for line in out.splitlines()) <= 80
+
+
+def test_info_json_is_the_catalog_document() -> None:
+    result = CliRunner().invoke(app, ["info", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert set(doc) == {"datasets", "harnesses", "sandboxes", "engines", "defaults"}
+    assert doc["defaults"] == {"dataset": "sample", "harness": "terminus-2", "sandbox": "host",
+                               "engine": "embedded"}
+    assert {"name", "dialect", "placement", "validated", "available", "why"} <= set(doc["harnesses"][0])
+
+
+def test_render_hides_unavailable_backends_unless_asked() -> None:
+    cat = catalog.build_catalog()
+    console = Console(width=80, record=True, color_system=None)
+    for part in render(cat, show_all=False):
+        console.print(part)
+    short = console.export_text()
+    for part in render(cat, show_all=True):
+        console.print(part)
+    full = console.export_text()
+    assert "--all lists them" in short and "e2b" not in short and "e2b" in full

@@ -1,0 +1,309 @@
+"""The host sandbox on the real Harbor package: trials, isolation, cleanup, exec semantics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+from harbor import Trial  # noqa: E402
+from harbor.agents.base import BaseAgent  # noqa: E402
+from harbor.models.task.config import EnvironmentConfig as TaskEnvironmentConfig  # noqa: E402
+from harbor.models.trial.config import AgentConfig, TaskConfig, TrialConfig  # noqa: E402
+from harbor.models.trial.paths import TrialPaths  # noqa: E402
+
+from tapdeck.runner.catalog import sandbox_environment_config  # noqa: E402
+from tapdeck.runner.datasets import sample_dataset  # noqa: E402
+from tapdeck.runner.sandboxes import host  # noqa: E402
+from tapdeck.runner.sandboxes.host import HostSandbox, processes_in_namespace  # noqa: E402
+
+SAMPLE = sample_dataset()
+TASK_NAMES = [t.name for t in SAMPLE.tasks]
+
+
+def _reward(result) -> float:
+    assert result.exception_info is None, result.exception_info
+    assert result.verifier_result is not None
+    return float(result.verifier_result.rewards["reward"])
+
+
+async def _trial(task_path: Path, agent: AgentConfig, tmp_path: Path, name: str, **env_kwargs):
+    config = TrialConfig(
+        task=TaskConfig(path=task_path), trials_dir=tmp_path / "trials", trial_name=name,
+        agent=agent,
+        environment=sandbox_environment_config("host", base_dir=str(tmp_path / "hostdirs"), **env_kwargs),
+    )
+    trial = await Trial.create(config)
+    return await trial.run()
+
+
+@pytest.fixture
+def hostdirs(tmp_path: Path) -> Path:
+    path = tmp_path / "hostdirs"
+    path.mkdir()
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", TASK_NAMES)
+async def test_oracle_solves_every_sample_task(task: str, tmp_path: Path, hostdirs: Path) -> None:
+    result = await _trial(SAMPLE.task(task).path, AgentConfig(name="oracle"), tmp_path, f"{task}__oracle")
+    assert _reward(result) == 1.0
+    assert list(hostdirs.iterdir()) == [], "per-trial directories left on the host"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", TASK_NAMES)
+async def test_nop_scores_zero_on_every_sample_task(task: str, tmp_path: Path, hostdirs: Path) -> None:
+    result = await _trial(SAMPLE.task(task).path, AgentConfig(name="nop"), tmp_path, f"{task}__nop")
+    assert _reward(result) == 0.0
+    assert list(hostdirs.iterdir()) == []
+
+
+class ProbeAgent(BaseAgent):
+    """Writes its own file to /app, lists /app, starts tmux session `terminus-2` (as terminus-2
+    does) and records what it saw, plus the sandbox's namespace and host dir, in its logs dir."""
+
+    @staticmethod
+    def name() -> str:
+        return "tapdeck-probe"
+
+    def version(self) -> str:
+        return "1"
+
+    async def setup(self, environment) -> None:
+        return None
+
+    async def run(self, instruction, environment, context) -> None:
+        me = self.logs_dir.parent.name
+        await environment.exec(f"echo {me} > /app/{me}.txt")
+        await asyncio.sleep(0.2)  # let the other trials write theirs
+        listing = await environment.exec("ls /app")
+        tmux = await environment.exec(
+            "tmux new-session -d -s terminus-2 -x 80 -y 24 && tmux display -p '#{socket_path}'")
+        assert tmux.return_code == 0, tmux.stderr
+        (self.logs_dir / "probe.txt").write_text("\n".join([
+            (listing.stdout or "").strip().replace("\n", ","),
+            (tmux.stdout or "").strip(),
+            environment.namespace,
+            str(environment.host_root),
+        ]))
+
+
+_agents = types.ModuleType("tapdeck_test_host_agents")
+_agents.ProbeAgent = ProbeAgent
+sys.modules[_agents.__name__] = _agents
+
+
+@pytest.mark.slow
+async def test_three_concurrent_trials_are_isolated_and_leave_nothing(tmp_path: Path, hostdirs: Path) -> None:
+    task = SAMPLE.task("hello-file").path
+    agent = AgentConfig(import_path="tapdeck_test_host_agents:ProbeAgent")
+    names = [f"iso{i}" for i in range(3)]
+    results = await asyncio.gather(*(_trial(task, agent, tmp_path, n) for n in names))
+    seen = {}
+    for name, result in zip(names, results, strict=True):
+        assert result.exception_info is None, result.exception_info
+        listing, socket, namespace, root = (tmp_path / "trials" / name / "agent" / "probe.txt").read_text().splitlines()
+        assert listing == f"{name}.txt", "a trial saw another trial's /app"
+        seen[name] = (socket, namespace)
+        assert processes_in_namespace(namespace) == [], "processes left in the trial's namespace"
+        assert not Path(root).exists()
+    sockets = {s for s, _ in seen.values()}
+    namespaces = {ns for _, ns in seen.values()}
+    assert len(sockets) == 3 and len(namespaces) == 3
+    assert not any(Path("/app").glob("iso*.txt")), "a trial wrote through to the host's /app"
+    assert list(hostdirs.iterdir()) == []
+
+
+def _sandbox(tmp_path: Path, **kwargs) -> HostSandbox:
+    env_dir = tmp_path / "task" / "environment"
+    env_dir.mkdir(parents=True)
+    (env_dir / "Dockerfile").write_text("FROM debian:12\nWORKDIR /work/proj\n")
+    trial_paths = TrialPaths(tmp_path / "trial")
+    trial_paths.mkdir()
+    task_env = TaskEnvironmentConfig(**kwargs.pop("task_env", {}))
+    return HostSandbox(environment_dir=env_dir, environment_name="t", session_id="t__env",
+                       trial_paths=trial_paths, task_env_config=task_env,
+                       logger=logging.getLogger("test"), base_dir=str(tmp_path / "hostdirs"), **kwargs)
+
+
+@pytest.fixture
+async def sandbox(tmp_path: Path):
+    (tmp_path / "hostdirs").mkdir()
+    env = _sandbox(tmp_path)
+    await env.start(force_build=False)
+    yield env
+    await env.stop(delete=True)
+
+
+async def test_workdir_comes_from_the_dockerfile_and_exec_starts_there(sandbox: HostSandbox) -> None:
+    assert sandbox.workdir == "/work/proj"
+    result = await sandbox.exec("pwd")
+    assert result.stdout.strip() == "/work/proj"
+
+
+async def test_exec_env_is_clean_and_has_a_private_tmux_tmpdir(sandbox: HostSandbox, monkeypatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-real-provider-key")
+    result = await sandbox.exec("env", env={"EXTRA": "1"})
+    env = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
+    assert "OPENAI_API_KEY" not in env
+    assert env["EXTRA"] == "1"
+    assert env["TMUX_TMPDIR"] == sandbox.tmux_tmpdir
+    assert env["PATH"] == host.DEFAULT_PATH
+
+
+async def test_exec_runs_as_the_requested_host_user(sandbox: HostSandbox) -> None:
+    assert (await sandbox.exec("id -un")).stdout.strip() == "root"
+    assert (await sandbox.exec("id -un", user="nobody", cwd="/tmp")).stdout.strip() == "nobody"
+    with pytest.raises(RuntimeError, match="does not exist on this host"):
+        await sandbox.exec("true", user="no-such-user-tapdeck")
+
+
+async def test_exec_timeout_kills_the_process_group(sandbox: HostSandbox) -> None:
+    with pytest.raises(RuntimeError, match="timed out"):
+        await sandbox.exec("sleep 300 & sleep 301; wait", timeout_sec=1)
+    survivors = [pid for pid in processes_in_namespace(sandbox.namespace)
+                 if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sleep\x0030")]
+    assert survivors == []
+
+
+async def test_exec_streams_output_to_the_output_callback(sandbox: HostSandbox) -> None:
+    chunks: list[tuple[str, str]] = []
+
+    async def collect(text: str, stream: str) -> None:
+        chunks.append((stream, text))
+
+    with sandbox.scoped_output_callback(collect):
+        result = await sandbox.exec("echo out; echo err >&2")
+    assert ("stdout", "out\n") in chunks and ("stderr", "err\n") in chunks
+    assert result.stdout == "out\n" and result.stderr == "err\n"
+
+
+async def test_files_round_trip_through_bound_and_unbound_paths(sandbox: HostSandbox, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / "a.txt").write_text("A")
+    await sandbox.upload_dir(src, "/tests")
+    await sandbox.upload_file(src / "sub" / "a.txt", "/tmp/x/b.txt")
+    check = await sandbox.exec("cat /tests/sub/a.txt /tmp/x/b.txt")
+    assert check.stdout == "AA"
+    assert not Path("/tmp/x/b.txt").exists(), "/tmp inside the sandbox is private"
+    await sandbox.exec("mkdir -p /logs/agent/d && echo hi > /logs/agent/d/f")
+    await sandbox.download_dir("/logs/agent", tmp_path / "out")
+    await sandbox.download_file("/tmp/x/b.txt", tmp_path / "out2" / "b.txt")
+    assert (tmp_path / "out" / "d" / "f").read_text() == "hi\n"
+    assert (tmp_path / "out2" / "b.txt").read_text() == "A"
+
+
+async def test_stop_kills_every_process_in_the_namespace_and_removes_dirs(tmp_path: Path) -> None:
+    (tmp_path / "hostdirs").mkdir()
+    env = _sandbox(tmp_path)
+    await env.start(force_build=False)
+    await env.exec("tmux new-session -d -s terminus-2 'sleep 600'; (setsid sleep 601 &)")
+    namespace, root = env.namespace, env.host_root
+    assert len(processes_in_namespace(namespace)) >= 3  # holder, tmux server, escaped sleep
+    await env.stop(delete=True)
+    assert processes_in_namespace(namespace) == []
+    assert not root.exists()
+    assert list((tmp_path / "hostdirs").iterdir()) == []
+
+
+async def test_no_network_task_gets_loopback_only(tmp_path: Path) -> None:
+    (tmp_path / "hostdirs").mkdir()
+    env = _sandbox(tmp_path, task_env={"network_mode": "no-network"})
+    assert env.no_network
+    await env.start(force_build=False)
+    try:
+        links = await env.exec("ls /sys/class/net")
+        assert links.stdout.split() == ["lo"]
+        loop = await env.exec(
+            "python3 -c 'import socket; s=socket.socket(); s.bind((\"127.0.0.1\", 0)); s.listen();"
+            " c=socket.create_connection(s.getsockname()); print(\"ok\")'")
+        assert loop.stdout.strip() == "ok"
+    finally:
+        await env.stop(delete=True)
+
+
+def test_check_and_preflight_explain_root_dockerfile_and_no_security(monkeypatch) -> None:
+    ok, why = host.check()
+    assert ok, why
+    HostSandbox.preflight()  # passes here (root, util-linux, namespaces allowed)
+    monkeypatch.setattr(host.os, "geteuid", lambda: 1000)
+    ok, why = host.check()
+    assert not ok
+    assert "needs root" in why and "Dockerfile" in why and "NOT a security boundary" in why
+    with pytest.raises(SystemExit) as exc:
+        HostSandbox.preflight()
+    assert "needs root" in str(exc.value)
+
+
+def test_capabilities_are_reported_honestly(tmp_path: Path) -> None:
+    env = _sandbox(tmp_path)
+    caps = env.capabilities
+    assert caps.disable_internet
+    assert not (caps.gpus or caps.mounted or caps.network_allowlist or caps.docker_compose or caps.windows)
+
+
+@pytest.mark.slow
+async def test_no_network_task_trial_sees_only_loopback(tmp_path: Path, hostdirs: Path) -> None:
+    task = tmp_path / "offline-task"
+    for sub in ("environment", "tests", "solution"):
+        (task / sub).mkdir(parents=True)
+    (task / "task.toml").write_text('schema_version = "1.4"\n[agent]\ntimeout_sec = 60.0\n'
+                                    '[verifier]\ntimeout_sec = 60.0\n[environment]\n'
+                                    'network_mode = "no-network"\n')
+    (task / "instruction.md").write_text("Do nothing.\n")
+    (task / "environment" / "Dockerfile").write_text("FROM debian:12\nWORKDIR /app\n")
+    (task / "solution" / "solve.sh").write_text("#!/bin/bash\nls /sys/class/net > /app/links\n")
+    (task / "tests" / "test.sh").write_text(
+        '#!/bin/bash\n[ "$(cat /app/links)" = "lo" ] && [ "$(ls /sys/class/net)" = "lo" ] '
+        '&& echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n')
+    result = await _trial(task, AgentConfig(name="oracle"), tmp_path, "offline__oracle")
+    assert _reward(result) == 1.0
+    assert list(hostdirs.iterdir()) == []
+
+
+async def test_root_gets_a_private_home_so_host_dotfiles_stay_out(sandbox: HostSandbox) -> None:
+    home = (await sandbox.exec("echo $HOME; ls -A $HOME | wc -l")).stdout.split()
+    assert home == [host.PRIVATE_HOME, "0"]
+    assert (await sandbox.exec("echo $HOME", user="nobody", cwd="/tmp")).stdout.strip() == "/nonexistent"
+
+
+@pytest.mark.slow
+async def test_terminus2_drives_tmux_in_the_host_sandbox_and_reaches_the_engine(
+        tmp_path: Path, hostdirs: Path, embedded_engine) -> None:
+    from tapdeck.runner.harnesses import RunDefaults, build_agent_config
+
+    agent = build_agent_config(
+        "terminus-2", base_urls={"openai": embedded_engine.base_url}, session_key="tdk-test-key",
+        served_model=embedded_engine.served_name,
+        defaults=RunDefaults(max_turns=2, max_output_tokens=16, agent_timeout_s=30))
+    result = await _trial(SAMPLE.task("hello-file").path, agent, tmp_path, "hello__t2")
+    # SmolLM2 never solves it: the agent runs out of time, the verifier still grades.
+    assert result.exception_info is None or result.exception_info.exception_type == "AgentTimeoutError"
+    assert result.verifier_result.rewards == {"reward": 0.0}
+    trial_dir = tmp_path / "trials" / "hello__t2"
+    assert "root@" in (trial_dir / "agent" / "terminus_2.pane").read_text()  # tmux shell ran
+    assert "/app#" in (trial_dir / "agent" / "terminus_2.pane").read_text()
+    assert "hit max_tokens limit" in (trial_dir / "trial.log").read_text()  # a reply came back
+    assert list(hostdirs.iterdir()) == []
+
+
+async def test_a_workdir_nested_under_tmp_is_bound_on_top_of_the_private_tmp(tmp_path: Path) -> None:
+    (tmp_path / "hostdirs").mkdir()
+    env = _sandbox(tmp_path, task_env={"workdir": "/tmp/work"})
+    await env.start(force_build=False)
+    try:
+        await env.exec("echo x > made.txt")
+        assert (env.host_root / "tmp__work" / "made.txt").read_text() == "x\n"
+        assert (await env.exec("ls /tmp/work")).stdout.split() == ["made.txt"]
+    finally:
+        await env.stop(delete=True)
