@@ -4,6 +4,10 @@ Ours: the completion-token counts of the agent-rooted captured calls, in arrival
 own budget-stop replies left out). Theirs: `metrics.completion_tokens` of the agent steps in
 `agent/trajectory.json` (zero-token synthetic API-error steps and non-LLM dispatch steps left out).
 The verdict is `match`, `mismatch` or `none`, with findings exactly as capture-cases L71-78 pin them.
+
+One harness behaviour is recognised rather than called a mismatch: terminus-2 re-asks after a reply
+cut by `max_tokens` and never records the cut call in its trajectory. When theirs equals ours with
+exactly the length-cut calls left out, the verdict is `match` with a WARN that names them.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ class CapturedCall:
     prompt_tokens: int | None = None
     synthetic: bool = False
     """A reply the proxy made itself (call budget reached): never a real model call."""
+    truncated: bool = False
+    """The engine cut the reply at max_tokens (finish_reason `length`)."""
 
 
 @dataclass
@@ -127,15 +133,26 @@ def reconcile(calls: list[CapturedCall], trajectory: dict[str, Any] | None, *,
             return done("match")
         return done(_mismatch(findings, ours, theirs, "call counts differ"))
 
-    if real_calls:
+    recorded = [c for c in real_calls if not c.truncated]
+    truncated_unrecorded = (len(recorded) < len(real_calls)
+                            and theirs == [c.completion_tokens for c in recorded])
+    if truncated_unrecorded:
+        cut = [c.seq for c in real_calls if c.truncated]
+        findings.append(Finding.warn(
+            "atif_truncated_unrecorded",
+            f"{len(cut)} call(s) cut by max_tokens (turns {cut}) are not in the trajectory: the "
+            "harness re-asked without recording them; every other call agrees"))
+    aligned = recorded if truncated_unrecorded else real_calls
+
+    if aligned:
         first_theirs = (steps[0].get("metrics") or {}).get("prompt_tokens")
-        first_ours = real_calls[0].prompt_tokens
+        first_ours = aligned[0].prompt_tokens
         if first_theirs is not None and first_ours is not None and first_theirs != first_ours:
             findings.append(Finding.warn("atif_first_prompt_differs",
                                          f"first prompt: captured {first_ours} tokens, "
                                          f"trajectory says {first_theirs}"))
 
-    if theirs == ours:
+    if theirs == ours or truncated_unrecorded:
         return done("match")
     if len(theirs) == len(ours) and any(t is None for t in theirs):
         missing = [i for i, t in enumerate(theirs) if t is None]

@@ -495,5 +495,6 @@ def captured_calls(document: dict[str, Any]) -> list[CapturedCall]:
             seq=turn["seq"],
             completion_tokens=completion if completion is not None else usage.get("completion_tokens"),
             prompt_tokens=prompt if prompt is not None else usage.get("prompt_tokens"),
-            synthetic=bool((turn.get("meta") or {}).get("synthetic"))))
+            synthetic=bool((turn.get("meta") or {}).get("synthetic")),
+            truncated=turn.get("finish_reason") == "length"))
     return calls

@@ -25,9 +25,9 @@ def register(app: typer.Typer) -> None:
         threads: int | None = typer.Option(None, "--threads",
                                            help="CPU threads (default: all cores)."),
     ) -> None:
-        """Serve a small real model on an OpenAI/vLLM-compatible API (prompt and sampled token ids,
-        processed logprobs). The default model is tiny: good for exercising capture, not for
-        solving tasks."""
+        """Serve a small real model in vLLM's wire format (token ids, processed logprobs).
+
+        The default model is tiny: good for exercising capture, not for solving tasks."""
         import threading
 
         from tapdeck.runner.engine.embedded import EmbeddedEngine

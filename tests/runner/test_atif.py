@@ -144,3 +144,29 @@ def test_unparseable_trajectory_is_a_warn_and_none(tmp_path: Path) -> None:
     report = reconcile_file(_calls([5]), path)
     assert report.verdict == "none"
     assert _codes(report)["atif_unreadable"] is Level.WARN
+
+
+def test_length_cut_calls_missing_from_the_trajectory_match_with_a_warning() -> None:
+    # terminus-2 re-asks after a max_tokens cut without recording the cut call (measured here:
+    # ours [256, 178, 256, 96], theirs [178, 96]). The first prompt is compared with the first
+    # recorded call's, not with the cut one's.
+    calls = [CapturedCall(seq=0, completion_tokens=256, prompt_tokens=838, truncated=True),
+             CapturedCall(seq=1, completion_tokens=178, prompt_tokens=1177),
+             CapturedCall(seq=2, completion_tokens=256, prompt_tokens=1400, truncated=True),
+             CapturedCall(seq=3, completion_tokens=96, prompt_tokens=1700)]
+    report = reconcile(calls, _trajectory([178, 96], prompts=[1177, 1700]))
+    assert report.verdict == "match"
+    assert _codes(report) == {"atif_truncated_unrecorded": Level.WARN}
+    assert "turns [0, 2]" in str(report.findings[0])
+
+
+def test_recorded_calls_missing_besides_the_length_cut_ones_are_still_a_mismatch() -> None:
+    # Left out are the cut call and two complete ones: under half of ours is accounted for.
+    calls = [CapturedCall(seq=0, completion_tokens=256, prompt_tokens=838, truncated=True),
+             CapturedCall(seq=1, completion_tokens=178, prompt_tokens=1177),
+             CapturedCall(seq=2, completion_tokens=60, prompt_tokens=1400),
+             CapturedCall(seq=3, completion_tokens=61, prompt_tokens=1500),
+             CapturedCall(seq=4, completion_tokens=96, prompt_tokens=1700)]
+    report = reconcile(calls, _trajectory([178, 96], prompts=[1177, 1700]))
+    assert report.verdict == "mismatch"
+    assert _codes(report)["atif_mismatch"] is Level.FATAL
