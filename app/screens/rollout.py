@@ -36,6 +36,9 @@ class RolloutScreen(TapdeckScreen):
         Binding("m", "tab('messages')", "Messages", id="rollout.messages"),
         Binding("f", "tab('findings')", "Findings", id="rollout.findings"),
         Binding("r", "reload", "Reload", id="rollout.reload"),
+        # Screen-level so stepping works whichever pane has focus (the tree usually does).
+        Binding("comma", "step_token(-1)", "Prev token", show=False, id="rollout.prev_token"),
+        Binding("full_stop", "step_token(1)", "Next token", show=False, id="rollout.next_token"),
     ]
 
     def __init__(self) -> None:
@@ -63,6 +66,10 @@ class RolloutScreen(TapdeckScreen):
                         with VerticalScroll():
                             yield Static("", id="findings-text")
                 yield Static("", id="token-detail")
+
+    def action_step_token(self, delta: int) -> None:
+        """Select the previous/next sampled token of the shown turn."""
+        self.query_one(TokenView).action_step(delta)
 
     def show_session(self, session_id: str) -> None:
         """Open another session (clears the view) and load it."""

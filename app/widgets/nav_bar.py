@@ -7,7 +7,7 @@ from textual.widgets import Static
 
 SCREENS: tuple[tuple[str, str, str], ...] = (
     ("1", "setup", "Setup"), ("2", "sessions", "Sessions"), ("3", "rollout", "Rollout"),
-    ("4", "runs", "Runs"), ("5", "info", "Info"),
+    ("4", "runs", "Runs"), ("5", "info", "Info"), ("6", "train", "Train"),
 )
 
 

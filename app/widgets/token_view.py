@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from textual.binding import Binding
 from textual.content import Content
 from textual.message import Message
 from textual.widgets import Static
@@ -32,11 +31,6 @@ class TokenView(Static, can_focus=True):
     TokenView { link-style: not underline; link-color: $foreground; link-background: transparent;
                 link-style-hover: bold not underline; link-background-hover: $primary 40%; }
     """
-
-    BINDINGS = [
-        Binding("comma", "step(-1)", "Prev token", id="tokens.prev"),
-        Binding("full_stop", "step(1)", "Next token", id="tokens.next"),
-    ]
 
     class Picked(Message):
         """A token was selected (click or keys)."""

@@ -67,6 +67,9 @@ async def test_open_rollout_and_click_a_token_shows_its_logprob(make_app):
         assert f"logprob {view.turn['logprobs'][1]:.3f}" in detail and "\"'m\"" in detail
         await pilot.press("full_stop")
         assert view.selected == 2
+        tree.focus()  # where focus sits after opening a rollout: stepping must still work
+        await pilot.press("comma")
+        assert view.selected == 1
         await pilot.press("m")
         await pilot.pause(0.1)
         assert "Solve hello-file." in str(app.screen.query_one("#messages-text").render())
