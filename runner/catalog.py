@@ -16,8 +16,11 @@ import concurrent.futures
 import contextlib
 import importlib.util
 import io
+import os
 import shutil
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -98,6 +101,25 @@ def _first_line(text: str) -> str:
     return next((line.strip() for line in text.splitlines() if line.strip()), text.strip())
 
 
+def _aws_credentials_configured() -> bool:
+    # Read only the environment and the config files: boto3's own credential chain would also ask
+    # the instance-metadata address, which is no place to send traffic from here.
+    aws = Path(os.environ.get("AWS_CONFIG_FILE", "~/.aws/config")).expanduser()
+    creds = Path(os.environ.get("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials")).expanduser()
+    return bool(os.environ.get("AWS_ACCESS_KEY_ID") or os.environ.get("AWS_PROFILE")
+                or aws.is_file() or creds.is_file())
+
+
+UNCHECKED_BY_PREFLIGHT: dict[str, tuple[Callable[[], bool], str]] = {
+    "ec2": (_aws_credentials_configured,
+            "no AWS credentials configured (AWS_ACCESS_KEY_ID, AWS_PROFILE or ~/.aws); Harbor's "
+            "preflight checks only boto3 and ssh"),
+    "opensandbox": (lambda: bool(os.environ.get("OPENSANDBOX_DOMAIN")),
+                    "OPENSANDBOX_DOMAIN is not set: no OpenSandbox server to start trials on"),
+}
+"""Requirements Harbor's preflight lets pass (it only warns, or checks the SDK alone)."""
+
+
 def _check_harbor_environment(env_type: str) -> tuple[bool, str]:
     """Import one Harbor environment class and run its preflight; never raises."""
     from harbor.environments.factory import _load_environment_class
@@ -123,6 +145,9 @@ def _check_harbor_environment(env_type: str) -> tuple[bool, str]:
         return False, _first_line(str(exc.code if exc.code is not None else "preflight failed"))
     except Exception as exc:  # noqa: BLE001
         return False, f"preflight failed: {type(exc).__name__}: {_first_line(str(exc))}"
+    extra = UNCHECKED_BY_PREFLIGHT.get(env_type)
+    if extra is not None and not extra[0]():
+        return False, extra[1]
     return True, "SDK installed; Harbor's preflight passed (it checks only what it checks)"
 
 
@@ -242,9 +267,11 @@ def embedded_engine_info() -> EngineInfo:
     if not path.is_file():
         return EngineInfo(name="embedded", url=None, tier=None, reachable=False,
                           why=f"model file {path} is missing")
-    return EngineInfo(name="embedded", url=None, tier="tokens", reachable=True, served_model="smollm2",
-                      why=f"available (not started): SmolLM2-135M at {path.name}; it never solves "
-                          "tasks (reward 0) — use --engine URL for a bigger model")
+    # Not started, so not probed: no tier is claimed (the server probes it when it starts).
+    return EngineInfo(name="embedded", url=None, tier=None, reachable=True, served_model="smollm2",
+                      why=f"available (not started; probed when a server starts it): SmolLM2-135M "
+                          f"at {path.name}; it never solves tasks (reward 0) — use --engine URL "
+                          "for a bigger model")
 
 
 async def url_engine_info(url: str, *, api_key: str | None = None, probe: bool = True,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 
 import pytest
 
@@ -56,9 +57,31 @@ def test_dataset_catalog_reports_errors_instead_of_raising(tmp_path) -> None:
     assert rows[1].tasks == [] and "does not exist" in rows[1].error
 
 
-def test_embedded_engine_is_available_without_starting_it() -> None:
+def test_embedded_engine_is_available_without_starting_it_and_claims_no_tier() -> None:
     info = catalog.embedded_engine_info()
-    assert info.reachable and info.tier == "tokens" and "not started" in info.why
+    assert info.reachable and "not started" in info.why
+    assert info.tier is None  # unprobed: never assume the stronger tier
+
+
+def test_ec2_without_aws_credentials_is_unavailable_though_harbor_preflight_passes(
+        monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    ok, why = catalog._check_harbor_environment("ec2")
+    assert not ok and "AWS credentials" in why
+    if shutil.which("ssh") is None:
+        pytest.skip("Harbor's own ec2 preflight needs the ssh client")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIA-test")
+    ok, why = catalog._check_harbor_environment("ec2")
+    assert ok, why
+
+
+def test_opensandbox_without_a_server_domain_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENSANDBOX_DOMAIN", raising=False)
+    ok, why = catalog._check_harbor_environment("opensandbox")
+    assert not ok
 
 
 def test_unreachable_engine_url_is_reported_not_raised() -> None:
