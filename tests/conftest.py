@@ -26,6 +26,14 @@ def vllm_fixture(name: str) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+def vllm_error_case(case: str) -> tuple[int, dict[str, Any]]:
+    """Status and body of one recorded case of errors.json (`"unknown_model"`, ...)."""
+    for c in vllm_fixture("errors")["cases"]:
+        if c["case"] == case:
+            return c["status"], c["body"]
+    raise KeyError(case)
+
+
 def assert_same_shape(ours: Any, recorded: Any, path: str = "$", *,
                       mappings: tuple[str, ...] = ()) -> None:
     """Assert `ours` has the structure of a recorded vLLM body: the same keys at every level and

@@ -8,7 +8,6 @@ import sys
 
 import pytest
 
-import tapdeck
 
 FORBIDDEN = {
     "tapdeck.proxy": ("tapdeck.runner", "tapdeck.app", "tapdeck.themes", "textual", "harbor"),

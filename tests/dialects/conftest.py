@@ -8,18 +8,14 @@ arguments}}], `finish_reason` "tool_calls". A reasoning reply carries vLLM 0.32'
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
-
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm"
-
+from tests.conftest import vllm_fixture
 
 def _recorded(name: str) -> dict[str, Any]:
-    return json.loads((FIXTURES / f"{name}.json").read_text())["response"]
+    return vllm_fixture(name)["response"]
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import json
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -24,21 +23,10 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from tapdeck.app.host import LocalServer
 from tapdeck.proxy.config import ServerConfig
 from tapdeck.proxy.serving import ThreadedServer
-
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "vllm"
-
-
-def recorded(name: str) -> dict[str, Any]:
-    """A recorded vLLM exchange (see tests/fixtures/vllm/README.md)."""
-    return json.loads((FIXTURES / f"{name}.json").read_text())
+from tests.conftest import vllm_error_case as recorded_error, vllm_fixture as recorded
 
 
-def recorded_error(case: str) -> tuple[int, dict[str, Any]]:
-    """Status and body of one case of errors.json."""
-    for c in recorded("errors")["cases"]:
-        if c["case"] == case:
-            return c["status"], c["body"]
-    raise KeyError(case)
+
 
 
 @dataclass

@@ -11,27 +11,15 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from tests.conftest import vllm_error_case as recorded_error, vllm_fixture as recorded
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm"
 ENGINE_URL = "http://vllm.test:8111/v1"
 
 
-def recorded(name: str) -> dict[str, Any]:
-    """A fixture file, parsed (a fresh copy each time)."""
-    return json.loads((FIXTURES / f"{name}.json").read_text())
-
-
-def recorded_error(case: str) -> tuple[int, dict[str, Any]]:
-    """(status, body) of one case in errors.json."""
-    for c in recorded("errors")["cases"]:
-        if c["case"] == case:
-            return c["status"], c["body"]
-    raise KeyError(case)
 
 
 def vllm_refusal(body: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
