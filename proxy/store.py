@@ -1,7 +1,10 @@
 """Durable capture store: SQLite in WAL mode with `synchronous=FULL`, one file per data dir.
 
 `append_turn` commits before it returns, so a turn whose append returned survives a crash
-(kill -9, power loss as far as fsync goes). Token arrays are compact little-endian blobs. A turn's
+(kill -9, power loss as far as fsync goes). Writes are group-committed: a caller queues its write
+and the first caller to get the write lock runs every queued write in one transaction (one fsync),
+so concurrent sessions share the commit instead of queueing one fsync each. Reads use their own
+connection and see only committed data. Token arrays are compact little-endian blobs. A turn's
 prompt is stored as a delta: the id of a base turn, how many ids of that base's prompt+sampled
 sequence it starts with, and the tail beyond them. The base is always a turn stored earlier and its
 sequence never changes, so reconstruction stays exact even after the graph re-parents a node.
@@ -12,6 +15,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,23 +64,114 @@ def _dumps(obj: Any) -> bytes:
     return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
 
 
-class Store:
-    """Sessions and their captured turns. Thread-safe (one connection behind a lock)."""
+class _Write:
+    """One queued write: the work to run inside the group transaction, then its outcome."""
 
-    def __init__(self, path: Path) -> None:
+    __slots__ = ("done", "error", "op", "result")
+
+    def __init__(self, op: Callable[[sqlite3.Connection], Any]) -> None:
+        self.op = op
+        self.done = False
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+class Store:
+    """Sessions and their captured turns. Thread-safe; writes from many threads share commits."""
+
+    def __init__(self, path: Path, *, busy_timeout: float = 10.0) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self.commits = 0
+        """Write transactions committed (one per group of writes, not one per write)."""
+        self._closed = False
+        self._queue: list[_Write] = []
+        self._queue_lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self._read_lock = threading.Lock()
+        self._db = self._connect(busy_timeout)
         self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA busy_timeout=10000")
         self._db.executescript(_SCHEMA)
+        self._reader = self._connect(busy_timeout)
+
+    def _connect(self, busy_timeout: float) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        db.execute("PRAGMA synchronous=FULL")
+        db.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
+        return db
+
+    @property
+    def queued(self) -> int:
+        """Writes waiting for the next group commit."""
+        with self._queue_lock:
+            return len(self._queue)
 
     def close(self) -> None:
-        """Close the connection (committed data is already on disk)."""
-        with self._lock:
+        """Commit the writes still queued, then close (committed data is already on disk)."""
+        with self._write_lock:
+            with self._queue_lock:
+                self._closed = True
+                batch, self._queue = self._queue, []
+            self._commit_group(batch)
             self._db.close()
+        with self._read_lock:
+            self._reader.close()
+
+    def _write(self, op: Callable[[sqlite3.Connection], Any]) -> Any:
+        """Run `op` in a committed write transaction, shared with whatever else is queued.
+
+        Returns once the transaction holding `op` has committed (or failed): `op`'s result, or
+        its error re-raised. An error of one write fails only that write (it runs in a
+        savepoint); a failed BEGIN or COMMIT fails every write of the group.
+        """
+        item = _Write(op)
+        with self._queue_lock:
+            if self._closed:
+                raise RuntimeError(f"store {self.path} is closed")
+            self._queue.append(item)
+        with self._write_lock:
+            if not item.done:  # no earlier group took it: lead a group of everything queued
+                with self._queue_lock:
+                    batch, self._queue = self._queue, []
+                self._commit_group(batch)
+        if item.error is not None:
+            raise item.error
+        return item.result
+
+    def _commit_group(self, batch: list[_Write]) -> None:
+        """One transaction for `batch` (caller holds the write lock); outcomes set on each."""
+        if not batch:
+            return
+        db = self._db
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                for item in batch:
+                    db.execute("SAVEPOINT write")
+                    try:
+                        item.result = item.op(db)
+                    except Exception as exc:
+                        db.execute("ROLLBACK TO write")
+                        item.error = exc
+                    db.execute("RELEASE write")
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+            self.commits += 1
+        except BaseException as exc:
+            # The leader's own interrupt is re-raised below; its group-mates get a plain error.
+            shared = exc if isinstance(exc, Exception) else RuntimeError(
+                f"write to {self.path} interrupted ({type(exc).__name__}); nothing committed")
+            for item in batch:
+                if item.error is None:
+                    item.error, item.result = shared, None
+            if shared is not exc:
+                raise
+        finally:
+            for item in batch:
+                item.done = True
 
     def __enter__(self) -> Store:
         return self
@@ -91,42 +186,40 @@ class Store:
         if not record.get("id"):
             raise ValueError("session record needs an 'id'")
         now = time.time()
-        with self._lock:
-            self._db.execute(
-                "INSERT INTO sessions (id, record, created_at, updated_at) VALUES (?, ?, ?, ?)",
-                (record["id"], _dumps(record), float(record.get("created_at") or now), now))
+        row = (record["id"], _dumps(record), float(record.get("created_at") or now), now)
+
+        def insert(db: sqlite3.Connection) -> None:
+            db.execute("INSERT INTO sessions (id, record, created_at, updated_at) "
+                       "VALUES (?, ?, ?, ?)", row)
+
+        self._write(insert)
 
     def update_session(self, session_id: str, **fields: Any) -> dict[str, Any]:
         """Merge `fields` into the stored record; returns the new record."""
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                row = self._db.execute("SELECT record FROM sessions WHERE id = ?",
-                                       (session_id,)).fetchone()
-                if row is None:
-                    raise KeyError(f"no session {session_id!r} in {self.path}")
-                record = orjson.loads(row[0]) | fields
-                self._db.execute("UPDATE sessions SET record = ?, updated_at = ? WHERE id = ?",
-                                 (_dumps(record), time.time(), session_id))
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-        return record
+        def update(db: sqlite3.Connection) -> dict[str, Any]:
+            row = db.execute("SELECT record FROM sessions WHERE id = ?", (session_id,)).fetchone()
+            if row is None:
+                raise KeyError(f"no session {session_id!r} in {self.path}")
+            record = orjson.loads(row[0]) | fields
+            db.execute("UPDATE sessions SET record = ?, updated_at = ? WHERE id = ?",
+                       (_dumps(record), time.time(), session_id))
+            return record
+
+        return self._write(update)
 
     def list_sessions(self) -> list[dict[str, Any]]:
         """All session records, oldest first, each with `turns` (stored turn count)."""
-        with self._lock:
-            rows = self._db.execute(
+        with self._read_lock:
+            rows = self._reader.execute(
                 "SELECT s.record, (SELECT COUNT(*) FROM turns t WHERE t.session_id = s.id) "
                 "FROM sessions s ORDER BY s.created_at, s.id").fetchall()
         return [orjson.loads(rec) | {"stored_turns": n} for rec, n in rows]
 
     def get_session(self, session_id: str) -> dict[str, Any]:
         """One session record; KeyError when unknown."""
-        with self._lock:
-            row = self._db.execute("SELECT record FROM sessions WHERE id = ?",
-                                   (session_id,)).fetchone()
+        with self._read_lock:
+            row = self._reader.execute("SELECT record FROM sessions WHERE id = ?",
+                                       (session_id,)).fetchone()
         if row is None:
             raise KeyError(f"no session {session_id!r} in {self.path}")
         return orjson.loads(row[0])
@@ -150,40 +243,39 @@ class Store:
             "link_findings": [f.model_dump(mode="json") for f in link.findings],
             "meta": turn.meta, "has_logprobs": turn.logprobs is not None,
         }
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                base_seq, base_len = None, 0
-                if (prompt is not None and link.parent is not None and link.offset
-                        and link.kind in ("prefix", "retokenized")):
-                    row = self._db.execute(
-                        "SELECT prompt_len, length(sampled) FROM turns "
-                        "WHERE session_id = ? AND seq = ?", (turn.session_id, link.parent)).fetchone()
-                    if row is not None and row[0] is not None:
-                        base_full = row[0] + (row[1] or 0) // 4
-                        if link.offset <= min(base_full, prompt.size):
-                            base_seq, base_len = link.parent, int(link.offset)
-                self._db.execute(
-                    "INSERT INTO turns (session_id, seq, base_seq, base_len, prompt_len, "
-                    "prompt_tail, sampled, logprobs, finish_reason, link_parent, link_kind, "
-                    "link_offset, doc, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                    (turn.session_id, turn.seq, base_seq, base_len,
-                     None if prompt is None else int(prompt.size),
-                     None if prompt is None else ids_to_bytes(prompt[base_len:]),
-                     None if sampled is None else ids_to_bytes(sampled),
-                     None if turn.logprobs is None else logprobs_to_bytes(turn.logprobs),
-                     turn.finish_reason, link.parent, link.kind, link.offset, _dumps(doc),
-                     float(turn.created_at)))
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+        doc_b = _dumps(doc)
+        sampled_b = None if sampled is None else ids_to_bytes(sampled)
+        logprobs_b = None if turn.logprobs is None else logprobs_to_bytes(turn.logprobs)
+
+        def insert(db: sqlite3.Connection) -> None:
+            # The base is looked up inside the transaction: it may be a turn of the same group.
+            base_seq, base_len = None, 0
+            if (prompt is not None and link.parent is not None and link.offset
+                    and link.kind in ("prefix", "retokenized")):
+                row = db.execute(
+                    "SELECT prompt_len, length(sampled) FROM turns "
+                    "WHERE session_id = ? AND seq = ?", (turn.session_id, link.parent)).fetchone()
+                if row is not None and row[0] is not None:
+                    base_full = row[0] + (row[1] or 0) // 4
+                    if link.offset <= min(base_full, prompt.size):
+                        base_seq, base_len = link.parent, int(link.offset)
+            db.execute(
+                "INSERT INTO turns (session_id, seq, base_seq, base_len, prompt_len, "
+                "prompt_tail, sampled, logprobs, finish_reason, link_parent, link_kind, "
+                "link_offset, doc, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (turn.session_id, turn.seq, base_seq, base_len,
+                 None if prompt is None else int(prompt.size),
+                 None if prompt is None else ids_to_bytes(prompt[base_len:]),
+                 sampled_b, logprobs_b, turn.finish_reason, link.parent, link.kind, link.offset,
+                 doc_b, float(turn.created_at)))
+
+        self._write(insert)
 
     def load_session(self, session_id: str) -> tuple[dict[str, Any], list[Turn]]:
         """The session record and its turns in arrival order, prompts rebuilt exactly."""
         record = self.get_session(session_id)
-        with self._lock:
-            rows = self._db.execute(
+        with self._read_lock:
+            rows = self._reader.execute(
                 "SELECT seq, base_seq, base_len, prompt_len, prompt_tail, sampled, logprobs, "
                 "finish_reason, doc, created_at FROM turns WHERE session_id = ? ORDER BY seq",
                 (session_id,)).fetchall()

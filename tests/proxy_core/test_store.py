@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 import numpy as np
+import pytest
 from proxy_core_fixtures import turn_from_fixture
 
 from tapdeck.proxy.findings import Finding
@@ -96,7 +97,8 @@ def test_update_and_list_sessions_survive_restart(tmp_path):
 def test_wal_and_full_sync_are_on(tmp_path):
     store = Store(tmp_path / "capture.db")
     assert store._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert store._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    for db in (store._db, store._reader):
+        assert db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
 
 
 def test_concurrent_appends_from_threads(tmp_path):
@@ -168,3 +170,119 @@ def test_every_acknowledged_turn_survives_kill_9(tmp_path):
     assert all(got.get(s) == n for s, n in acked.items())
     for a, b in zip(turns, turns[1:]):  # every stored prompt extends the previous exactly
         assert np.array_equal(b.prompt_ids[: len(a.prompt_ids)], a.prompt_ids)
+
+
+# -- group commit ---------------------------------------------------------------------------
+
+def _hold_write_lock(path):
+    """Another connection holding SQLite's write lock: the store's next BEGIN waits behind it."""
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    return other
+
+
+def _append_in_threads(store, turns, results):
+    def worker(i):
+        try:
+            store.append_turn(turns[i], RolloutGraph().add(turns[i]))
+            results[i] = None
+        except Exception as exc:  # checked by the test
+            results[i] = exc
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(turns))]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def _wait_until_queued(store, n, threads):
+    """Until `n` writes wait behind the blocked group leader (or every thread is done)."""
+    while store.queued < n and any(t.is_alive() for t in threads):
+        threading.Event().wait(0.001)
+
+
+def test_concurrent_appends_share_commits_and_all_are_durable(tmp_path):
+    path = tmp_path / "capture.db"
+    store = Store(path)
+    store.create_session({"id": "s1"})
+    base = turn_from_fixture("chat_basic", 0)
+    turns = [dataclasses.replace(base, seq=i) for i in range(32)]
+    commits_before = store.commits
+    results = {}
+    other = _hold_write_lock(path)
+    threads = _append_in_threads(store, turns, results)
+    _wait_until_queued(store, 2, threads)
+    other.execute("COMMIT")
+    for t in threads:
+        t.join()
+    assert results == {i: None for i in range(32)}
+    # Every write queued behind the blocked leader went into the next single transaction.
+    assert 1 <= store.commits - commits_before < len(turns)
+    store.close()
+    _, loaded = Store(path).load_session("s1")
+    assert [t.seq for t in loaded] == list(range(32))
+    for a, b in zip(turns, loaded, strict=True):
+        assert_same(a, b)
+
+
+def test_failed_write_fails_only_itself_and_its_group_mates_commit(tmp_path):
+    path = tmp_path / "capture.db"
+    store = Store(path)
+    store.create_session({"id": "s1"})
+    base = turn_from_fixture("chat_basic", 0)
+    store.append_turn(base, RolloutGraph().add(base))
+    turns = [dataclasses.replace(base, seq=i) for i in range(8)]  # seq 0 is stored already
+    results = {}
+    other = _hold_write_lock(path)
+    threads = _append_in_threads(store, turns, results)
+    _wait_until_queued(store, 2, threads)
+    other.execute("COMMIT")
+    for t in threads:
+        t.join()
+    assert isinstance(results[0], sqlite3.IntegrityError)
+    assert all(results[i] is None for i in range(1, 8))
+    store.close()
+    assert [t.seq for t in Store(path).load_session("s1")[1]] == list(range(8))
+
+
+def test_failed_group_commit_reaches_every_waiter_and_stores_nothing(tmp_path):
+    path = tmp_path / "capture.db"
+    store = Store(path, busy_timeout=0.2)
+    store.create_session({"id": "s1"})
+    base = turn_from_fixture("chat_basic", 0)
+    turns = [dataclasses.replace(base, seq=i) for i in range(8)]
+    results = {}
+    other = _hold_write_lock(path)  # held throughout: every group's BEGIN times out
+    threads = _append_in_threads(store, turns, results)
+    _wait_until_queued(store, 2, threads)
+    for t in threads:
+        t.join()
+    other.execute("ROLLBACK")
+    errors = list(results.values())
+    assert len(errors) == 8
+    assert all(isinstance(e, sqlite3.OperationalError) and "locked" in str(e) for e in errors)
+    assert len({id(e) for e in errors}) < len(errors)  # a group's one failure reached all its waiters
+    assert store.load_session("s1")[1] == []
+    store.append_turn(base, RolloutGraph().add(base))  # the store still works afterwards
+    assert [t.seq for t in store.load_session("s1")[1]] == [0]
+
+
+def test_close_commits_queued_appends_then_refuses_writes(tmp_path):
+    path = tmp_path / "capture.db"
+    store = Store(path)
+    store.create_session({"id": "s1"})
+    base = turn_from_fixture("chat_basic", 0)
+    turns = [dataclasses.replace(base, seq=i) for i in range(8)]
+    results = {}
+    other = _hold_write_lock(path)
+    threads = _append_in_threads(store, turns, results)
+    _wait_until_queued(store, 1, threads)
+    closer = threading.Thread(target=store.close)
+    closer.start()
+    other.execute("COMMIT")
+    for t in [*threads, closer]:
+        t.join()
+    assert results == {i: None for i in range(8)}
+    assert [t.seq for t in Store(path).load_session("s1")[1]] == list(range(8))
+    with pytest.raises(RuntimeError, match="closed"):
+        store.append_turn(base, RolloutGraph().add(base))

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 
 import httpx
 import numpy as np
 import pytest
 
-from tapdeck.proxy.engine_client import EngineClient, EngineError, parse_capture
+from tapdeck.proxy.engine_client import POOL_LOAD, EngineClient, EngineError, parse_capture
 from tapdeck.proxy.findings import Level
 from tapdeck.proxy.tiers import EngineSpec, Tier
 
@@ -207,3 +208,47 @@ async def test_api_key_sent_as_bearer(make_upstream, basic_chat):
     await client.complete(basic_chat)
     assert up.requests[-1].headers["authorization"] == "Bearer sk-engine"
     assert "sk-engine" not in repr(client.spec)
+
+
+async def test_concurrent_calls_spread_over_small_pools_and_each_gets_its_reply(vllm, basic_chat):
+    """Many sessions on one engine: calls are all in flight at once (no pool caps them), split
+    over several small connection pools, and every caller gets the engine's reply."""
+    payload = json.dumps(vllm("chat_basic")["response"]).encode()
+    calls = 4 * POOL_LOAD + 1
+    arrived, all_in = 0, asyncio.Event()
+
+    async def engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal arrived
+        try:
+            while True:  # HTTP/1.1 keep-alive: one request after another on this connection
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                                  if line.lower().startswith(b"content-length")))
+                await reader.readexactly(length)
+                arrived += 1
+                if arrived == calls:
+                    all_in.set()
+                await all_in.wait()
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                             b"content-length: %d\r\n\r\n%s" % (len(payload), payload))
+                await writer.drain()
+        except asyncio.IncompleteReadError:  # the client closed the connection
+            writer.close()
+
+    server = await asyncio.start_server(engine, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = EngineClient(EngineSpec(url=f"http://127.0.0.1:{port}/v1"))
+    try:
+        replies = await asyncio.wait_for(
+            asyncio.gather(*(client.complete(basic_chat) for _ in range(calls))), 30)
+        assert len(client._pools) == 5  # one more pool each time every pool had POOL_LOAD calls
+        await client.complete(basic_chat)  # a later call reuses the pools
+        assert len(client._pools) == 5
+    finally:
+        await client.aclose()
+        server.close()
+    assert arrived == calls + 1
+    assert all(parse_capture(r).prompt_ids.tolist() == vllm("chat_basic")["response"]["prompt_token_ids"]
+               for r in replies)
+    with pytest.raises(RuntimeError, match="closed"):
+        await client.complete(basic_chat)
