@@ -14,6 +14,7 @@ import copy
 import re
 import ssl
 from collections.abc import Mapping
+from functools import partial
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import httpx
@@ -352,13 +353,18 @@ class EngineClient:
         url = self.url + path
         pool = self._pool()
         self._in_flight[pool] += 1
+        if body is None:
+            send = partial(self._pools[pool].request, method, url, headers=self._headers)
+        else:
+            send = partial(self._pools[pool].request, method, url, content=orjson.dumps(body),
+                           headers={**self._headers, "Content-Type": "application/json"})
         try:
-            if body is None:
-                resp = await self._pools[pool].request(method, url, headers=self._headers)
-            else:
-                resp = await self._pools[pool].request(method, url, content=orjson.dumps(body),
-                                                       headers={**self._headers,
-                                                                "Content-Type": "application/json"})
+            try:
+                resp = await send()
+            except httpx.RemoteProtocolError:
+                # A pooled keep-alive connection the engine closed just as it was reused: the
+                # request never reached it, so one retry on a fresh connection is safe.
+                resp = await send()
         except httpx.TimeoutException as exc:
             raise EngineError("timeout", 502, f"engine at {self.url} timed out "
                                               f"({type(exc).__name__})", self.url) from None

@@ -252,3 +252,39 @@ async def test_concurrent_calls_spread_over_small_pools_and_each_gets_its_reply(
                for r in replies)
     with pytest.raises(RuntimeError, match="closed"):
         await client.complete(basic_chat)
+
+
+async def test_keepalive_connection_closed_by_the_engine_is_retried_once_on_a_fresh_one(vllm, basic_chat):
+    """The engine closes an idle keep-alive connection just as the next call reuses it (uvicorn's
+    5 s keep-alive, seen in bench/proxy.py): the caller must get the reply, not a 502."""
+    payload = json.dumps(vllm("chat_basic")["response"]).encode()
+    connections = 0
+
+    async def engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length")))
+        await reader.readexactly(length)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                     b"content-length: %d\r\n\r\n%s" % (len(payload), payload))
+        await writer.drain()
+        # Keep the connection "alive" for the client, then drop the next request unanswered.
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError:
+            pass
+        writer.close()
+
+    server = await asyncio.start_server(engine, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = EngineClient(EngineSpec(url=f"http://127.0.0.1:{port}/v1"))
+    try:
+        first = await client.complete(basic_chat)
+        second = await asyncio.wait_for(client.complete(basic_chat), 30)
+    finally:
+        await client.aclose()
+        server.close()
+    assert first["id"] == second["id"] == vllm("chat_basic")["response"]["id"]
+    assert connections == 2  # the first call and its dropped reuse, then the retry's fresh one
