@@ -8,10 +8,16 @@ connection and see only committed data. Token arrays are compact little-endian b
 prompt is stored as a delta: the id of a base turn, how many ids of that base's prompt+sampled
 sequence it starts with, and the tail beyond them. The base is always a turn stored earlier and its
 sequence never changes, so reconstruction stays exact even after the graph re-parents a node.
+
+A harness resends the whole conversation on every call, so a turn's `messages` and `tools` lists
+are stored content-addressed: each element once in `messages` (keyed by the sha256 of its
+canonical JSON, written in the turn's transaction), the turn's request keeping only the keys. A
+late turn of a long rollout then writes its new messages and a list of keys, not the conversation.
 """
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 import threading
 import time
@@ -57,11 +63,52 @@ CREATE TABLE IF NOT EXISTS turns (
     created_at REAL NOT NULL,
     PRIMARY KEY (session_id, seq)
 );
+CREATE TABLE IF NOT EXISTS messages (
+    hash TEXT PRIMARY KEY,
+    body BLOB NOT NULL
+);
 """
+
+_CONTENT_ADDRESSED = ("messages", "tools")
+"""Request keys whose list elements are stored once each in `messages`, by content hash."""
+
+_HASH_BATCH = 500
+"""Keys per `IN (...)` lookup when loading (well under SQLite's bound-parameter limit)."""
 
 
 def _dumps(obj: Any) -> bytes:
     return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
+
+
+def content_key(obj: Any) -> str:
+    """The content key of a message or tool: sha256 (hex) of its canonical JSON (keys sorted).
+
+    Equal messages get equal keys whatever their key order, so a conversation resent on every call
+    is stored, and can be interned in memory, once per distinct message.
+    """
+    return hashlib.sha256(orjson.dumps(obj, option=orjson.OPT_SORT_KEYS
+                                       | orjson.OPT_SERIALIZE_NUMPY
+                                       | orjson.OPT_NON_STR_KEYS)).hexdigest()
+
+
+def _split_request(request: dict[str, Any]) -> tuple[dict[str, Any], list[str], dict[str, Any]]:
+    """The request with its content-addressed lists replaced by key lists, the names of those
+    lists, and the elements by key."""
+    items: dict[str, Any] = {}
+    stored = dict(request)
+    refs = []
+    for name in _CONTENT_ADDRESSED:
+        values = request.get(name)
+        if not isinstance(values, list):
+            continue
+        keys = []
+        for value in values:
+            key = content_key(value)
+            items.setdefault(key, value)
+            keys.append(key)
+        stored[name] = keys
+        refs.append(name)
+    return stored, refs, items
 
 
 class _Write:
@@ -85,6 +132,9 @@ class Store:
         self.commits = 0
         """Write transactions committed (one per group of writes, not one per write)."""
         self._closed = False
+        self._stored_keys: set[str] = set()
+        """Content keys known committed in `messages` (rows are never deleted), so a turn only
+        hands SQLite the messages it adds."""
         self._queue: list[_Write] = []
         self._queue_lock = threading.Lock()
         self._write_lock = threading.Lock()
@@ -235,8 +285,9 @@ class Store:
         """
         prompt = as_ids(turn.prompt_ids) if turn.prompt_ids is not None else None
         sampled = as_ids(turn.sampled_ids) if turn.sampled_ids is not None else None
+        request, refs, items = _split_request(turn.request)
         doc = {
-            "request": turn.request, "response": turn.response, "sampling": turn.sampling,
+            "request": request, "refs": refs, "response": turn.response, "sampling": turn.sampling,
             "token_texts": turn.token_texts,
             "top_logprobs": turn.top_logprobs,
             "findings": [f.model_dump(mode="json") for f in turn.findings],
@@ -246,8 +297,12 @@ class Store:
         doc_b = _dumps(doc)
         sampled_b = None if sampled is None else ids_to_bytes(sampled)
         logprobs_b = None if turn.logprobs is None else logprobs_to_bytes(turn.logprobs)
+        # Bodies keep the sender's key order (only the key is canonical), so loads are exact.
+        new_bodies = [(k, _dumps(v)) for k, v in items.items() if k not in self._stored_keys]
 
         def insert(db: sqlite3.Connection) -> None:
+            # Same transaction as the turn: a committed turn never points at a missing message.
+            db.executemany("INSERT OR IGNORE INTO messages (hash, body) VALUES (?, ?)", new_bodies)
             # The base is looked up inside the transaction: it may be a turn of the same group.
             base_seq, base_len = None, 0
             if (prompt is not None and link.parent is not None and link.offset
@@ -270,6 +325,7 @@ class Store:
                  doc_b, float(turn.created_at)))
 
         self._write(insert)
+        self._stored_keys.update(k for k, _ in new_bodies)
 
     def load_session(self, session_id: str) -> tuple[dict[str, Any], list[Turn]]:
         """The session record and its turns in arrival order, prompts rebuilt exactly."""
@@ -279,13 +335,17 @@ class Store:
                 "SELECT seq, base_seq, base_len, prompt_len, prompt_tail, sampled, logprobs, "
                 "finish_reason, doc, created_at FROM turns WHERE session_id = ? ORDER BY seq",
                 (session_id,)).fetchall()
+            docs = [orjson.loads(row[8]) for row in rows]
+            contents = self._load_contents(docs)
         # Keep a rebuilt sequence only until the last turn stored against it has been rebuilt.
         last_use = {row[1]: row[0] for row in rows if row[1] is not None}
         sequences: dict[int, np.ndarray] = {}
         turns: list[Turn] = []
-        for (seq, base_seq, base_len, prompt_len, tail, sampled_b, lp_b, finish, doc_b,
-             created) in rows:
-            doc = orjson.loads(doc_b)
+        for (seq, base_seq, base_len, prompt_len, tail, sampled_b, lp_b, finish, _doc_b,
+             created), doc in zip(rows, docs, strict=True):
+            request = doc["request"]
+            for name in doc.get("refs", ()):
+                request[name] = [contents[key] for key in request[name]]
             prompt = None
             sampled = None if sampled_b is None else ids_from_bytes(sampled_b)
             if prompt_len is not None:
@@ -307,13 +367,31 @@ class Store:
             turns.append(Turn(
                 session_id=session_id, seq=seq, prompt_ids=prompt, sampled_ids=sampled,
                 logprobs=None if lp_b is None else logprobs_from_bytes(lp_b),
-                finish_reason=finish, request=doc["request"], response=doc["response"],
+                finish_reason=finish, request=request, response=doc["response"],
                 sampling=doc["sampling"], token_texts=doc["token_texts"],
                 top_logprobs=None if doc["top_logprobs"] is None else
                 [[(t, lp) for t, lp in pos] for pos in doc["top_logprobs"]],
                 findings=[Finding.model_validate(f) for f in doc["findings"]],
                 meta=doc["meta"], created_at=created))
         return record, turns
+
+    def _load_contents(self, docs: list[dict[str, Any]]) -> dict[str, Any]:
+        """The messages / tools the docs refer to, by key; each parsed once and shared between
+        turns (caller holds the read lock)."""
+        keys = sorted({key for doc in docs for name in doc.get("refs", ())
+                       for key in doc["request"][name]})
+        contents: dict[str, Any] = {}
+        for i in range(0, len(keys), _HASH_BATCH):
+            chunk = keys[i:i + _HASH_BATCH]
+            marks = ",".join("?" * len(chunk))
+            for key, body in self._reader.execute(
+                    f"SELECT hash, body FROM messages WHERE hash IN ({marks})", chunk):
+                contents[key] = orjson.loads(body)
+        missing = [k for k in keys if k not in contents]
+        if missing:
+            raise ValueError(f"{self.path}: {len(missing)} stored message(s) missing, "
+                             f"e.g. {missing[0]}")
+        return contents
 
     def load_graph(self, session_id: str) -> tuple[dict[str, Any], RolloutGraph]:
         """The session record and its rollout graph, rebuilt by re-adding turns in arrival order."""

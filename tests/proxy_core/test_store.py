@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pytest
 from proxy_core_fixtures import turn_from_fixture
 
@@ -286,3 +287,70 @@ def test_close_commits_queued_appends_then_refuses_writes(tmp_path):
     assert [t.seq for t in Store(path).load_session("s1")[1]] == list(range(8))
     with pytest.raises(RuntimeError, match="closed"):
         store.append_turn(base, RolloutGraph().add(base))
+
+
+def _conversation_turns(n):
+    """`n` turns of one agent conversation: each resends every earlier message plus two new ones."""
+    tools = [{"type": "function", "function": {"name": "bash", "description": "run a command",
+                                               "parameters": {"type": "object", "properties": {
+                                                   "cmd": {"type": "string"}}}}}]
+    msgs = [{"role": "system", "content": "You are an agent."},
+            {"role": "user", "content": [{"type": "text", "text": "fix the bug"},
+                                         {"type": "text", "text": "in main.py"}]}]
+    turns = []
+    for k in range(n):
+        reply = {"role": "assistant", "content": None,
+                 "tool_calls": [{"id": f"call_{k}", "type": "function",
+                                 "function": {"name": "bash", "arguments": f'{{"cmd": "ls {k}"}}'}}]}
+        turns.append(dataclasses.replace(
+            turn_from_fixture(MULTI[0], k),
+            request={"model": "m", "messages": list(msgs), "tools": tools, "temperature": 0.5},
+            response=reply))
+        msgs = msgs + [reply, {"role": "tool", "tool_call_id": f"call_{k}", "content": f"out {k}"}]
+    return turns
+
+
+def test_requests_round_trip_exactly_through_content_addressed_messages(tmp_path):
+    store = Store(tmp_path / "capture.db")
+    store.create_session({"id": "s1"})
+    turns = _conversation_turns(4)
+    # Same message, other key order: one stored row (the key is canonical), equal on load.
+    turns[3].request["messages"][0] = {"content": "You are an agent.", "role": "system"}
+    turns.append(dataclasses.replace(turn_from_fixture(MULTI[0], 4), request={"messages": "odd"}))
+    capture(store, "s1", turns)
+    _, loaded = store.load_session("s1")
+    for a, b in zip(turns, loaded, strict=True):
+        assert b.request == a.request
+    # The body keeps the key order it was first sent with.
+    assert orjson.dumps(loaded[0].request) == orjson.dumps(turns[0].request)
+
+
+def test_each_distinct_message_is_stored_once(tmp_path):
+    store = Store(tmp_path / "capture.db")
+    store.create_session({"id": "s1"})
+    turns = _conversation_turns(50)
+    capture(store, "s1", turns)
+    db = sqlite3.connect(tmp_path / "capture.db")
+    # system + user + (assistant + tool) per earlier turn, + the one tool definition
+    assert db.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 2 + 2 * 49 + 1
+    last_doc = db.execute("SELECT doc FROM turns WHERE seq = 49").fetchone()[0]
+    assert b"out 48" not in last_doc
+    _, loaded = store.load_session("s1")
+    assert [t.request for t in loaded] == [t.request for t in turns]
+    # One parsed object per distinct message, shared by every turn that sent it.
+    assert loaded[49].request["messages"][0] is loaded[1].request["messages"][0]
+
+
+def test_failed_append_leaves_no_message_behind_and_a_later_turn_stores_it(tmp_path):
+    store = Store(tmp_path / "capture.db")
+    store.create_session({"id": "s1"})
+    turns = _conversation_turns(3)
+    store.append_turn(turns[0], RolloutGraph().add(turns[0]))
+    dup = dataclasses.replace(turns[2], seq=0)  # same key as turn 0: the insert fails
+    with pytest.raises(sqlite3.IntegrityError):
+        store.append_turn(dup, RolloutGraph().add(dup))
+    db = sqlite3.connect(tmp_path / "capture.db")
+    assert db.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 3
+    store.append_turn(turns[2], RolloutGraph().add(turns[2]))
+    _, loaded = store.load_session("s1")
+    assert [t.request for t in loaded] == [turns[0].request, turns[2].request]

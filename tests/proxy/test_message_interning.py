@@ -1,0 +1,55 @@
+"""A session holds each distinct message once: consecutive turns share the objects they resend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+
+from tapdeck.proxy.server import create_app
+from tapdeck.proxy.service import CaptureService
+from tapdeck.proxy.store import Store
+from tapdeck.proxy.tiers import EngineSpec
+
+ADMIN = {"Authorization": "Bearer k"}
+
+
+def _conversation(k: int) -> dict:
+    msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi"}]
+    for i in range(k):
+        msgs += [{"role": "assistant", "content": f"reply {i}"},
+                 {"role": "user", "content": [{"type": "text", "text": f"more {i}"}]}]
+    return {"model": "x", "messages": msgs, "max_tokens": 4,
+            "tools": [{"type": "function", "function": {"name": "ls", "parameters": {}}}]}
+
+
+async def _call(client: httpx.AsyncClient, key: str, k: int) -> None:
+    resp = await client.post("/v1/chat/completions", json=_conversation(k),
+                             headers={"Authorization": f"Bearer {key}"})
+    assert resp.status_code == 200, resp.text
+
+
+def _requests(service: CaptureService, sid: str) -> list[dict]:
+    graph = service._graph(service._sessions[sid])
+    return [graph.nodes[s].turn.request for s in sorted(graph.nodes)]
+
+
+async def test_consecutive_turns_share_the_message_objects_they_resend(upstream, tmp_path: Path):
+    store = Store(tmp_path / "capture.db")
+    service = CaptureService(store, default_engine=EngineSpec(url=upstream.base_url),
+                             public_url="http://testserver")
+    transport = httpx.ASGITransport(app=create_app(service, admin_key="k"))
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+        info = (await client.post("/admin/sessions", json={}, headers=ADMIN)).json()
+        for k in range(3):
+            await _call(client, info["api_key"], k)
+        first, second, third = _requests(service, info["id"])
+        assert third["messages"] == _conversation(2)["messages"]
+        assert all(a is b for a, b in zip(first["messages"], second["messages"], strict=False))
+        assert all(a is b for a, b in zip(second["messages"], third["messages"], strict=False))
+        assert first["tools"][0] is third["tools"][0]
+        # Equal content only: a new message is its own object.
+        assert third["messages"][-1] is not second["messages"][-1]
+    await service.aclose()
+    store.close()
+
