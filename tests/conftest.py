@@ -7,6 +7,7 @@ assert_same_shape` (pytest runs with --import-mode=importlib, which registers th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterator
@@ -93,3 +94,18 @@ def embedded_engine() -> Iterator[Any]:
         yield engine
     finally:
         engine.stop()
+
+
+@contextlib.contextmanager
+def local_server_on(engine: Any, data_dir: Path) -> Iterator[Any]:
+    """A full LocalServer (capture proxy, admin API, runner routes) whose default engine is `engine`."""
+    from tapdeck.app.host import LocalServer
+    from tapdeck.proxy.config import ServerConfig
+
+    server = LocalServer(ServerConfig(port=0, data_dir=data_dir, engine_url=engine.base_url,
+                                      engine_model=engine.served_name)).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+

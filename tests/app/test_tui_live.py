@@ -16,6 +16,7 @@ from tapdeck.app.views import session_state
 from tapdeck.app.widgets.rollout_tree import RolloutTree
 from tapdeck.app.widgets.session_table import SessionTable
 from tapdeck.app.widgets.token_view import TokenView
+from tests.conftest import local_server_on
 
 WAIT_S = 120.0  # a generous bound for a rollout to finish on 2 shared cores (not a speed check)
 
@@ -23,16 +24,8 @@ WAIT_S = 120.0  # a generous bound for a rollout to finish on 2 shared cores (no
 @pytest.fixture(scope="module")
 def live_server(embedded_engine, tmp_path_factory) -> Iterator[object]:
     """A full LocalServer (capture proxy, admin API, runner routes) using the shared embedded engine."""
-    from tapdeck.app.host import LocalServer
-    from tapdeck.proxy.config import ServerConfig
-
-    data_dir: Path = tmp_path_factory.mktemp("tapdeck-data")
-    server = LocalServer(ServerConfig(port=0, data_dir=data_dir, engine_url=embedded_engine.base_url,
-                                      engine_model=embedded_engine.served_name)).start()
-    try:
+    with local_server_on(embedded_engine, tmp_path_factory.mktemp("tapdeck-data")) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def _app(server, mode: str, tmp_path: Path) -> TapdeckApp:

@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+from tests.conftest import local_server_on
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -51,18 +52,13 @@ class RunnerServer:
 @pytest.fixture(scope="session")
 def runner_server(embedded_engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunnerServer]:
     """A tapdeck server whose default engine is the shared embedded engine."""
-    from tapdeck.app.host import LocalServer
-    from tapdeck.proxy.config import ServerConfig
-
     data_dir = tmp_path_factory.mktemp("tapdeck-data")
-    local = LocalServer(ServerConfig(port=0, data_dir=data_dir, engine_url=embedded_engine.base_url,
-                                     engine_model=embedded_engine.served_name)).start()
-    server = RunnerServer(local, data_dir)
-    try:
-        yield server
-    finally:
-        server.http.close()
-        local.stop()
+    with local_server_on(embedded_engine, data_dir) as local:
+        server = RunnerServer(local, data_dir)
+        try:
+            yield server
+        finally:
+            server.http.close()
 
 
 def make_task(root: Path, name: str, test_sh: str, *, agent_timeout_s: float = 180.0) -> Path:

@@ -22,22 +22,15 @@ from tapdeck.runner.recipes.grpo_trl import (
     task_name,
     vllm_command,
 )
+from tests.conftest import local_server_on
 
 pytestmark = pytest.mark.slow  # drives the real embedded model and a real Harbor trial
 
 
 @pytest.fixture(scope="module")
 def tapdeck_server(embedded_engine, tmp_path_factory):
-    from tapdeck.app.host import LocalServer
-    from tapdeck.proxy.config import ServerConfig
-
-    data_dir: Path = tmp_path_factory.mktemp("tapdeck-train-data")
-    server = LocalServer(ServerConfig(port=0, data_dir=data_dir, engine_url=embedded_engine.base_url,
-                                      engine_model=embedded_engine.served_name)).start()
-    try:
+    with local_server_on(embedded_engine, tmp_path_factory.mktemp("tapdeck-train-data")) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.mark.parametrize("module", ["trl", "torch", "openenv"])
