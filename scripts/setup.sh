@@ -50,6 +50,10 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 mkdir -p "$wheels"
 # The wheel loads its shared library through ctypes, so it is tagged py3-none and any Python reuses it.
 if ! ls "$wheels"/llama_cpp_python-"$llama_version"-*.whl >/dev/null 2>&1; then
+    if ! command -v cc >/dev/null 2>&1 && ! command -v gcc >/dev/null 2>&1; then
+        echo "setup: building llama.cpp needs a C/C++ compiler: install one (Debian/Ubuntu: apt-get install build-essential) and run this again" >&2
+        exit 1
+    fi
     echo "setup: building llama-cpp-python $llama_version from source (once; about 7 minutes on 2 cores)"
     # Native CPU tuning builds binaries that die with an illegal instruction on some hosts.
     CMAKE_ARGS="-DGGML_NATIVE=OFF" "${pip[@]}" wheel --no-deps -w "$wheels" "llama-cpp-python==$llama_version"
