@@ -8,7 +8,6 @@ far is stopped and the port freed.
 
 from __future__ import annotations
 
-import logging
 import socket
 
 import httpx
@@ -19,8 +18,8 @@ from tapdeck.proxy.service import CaptureService
 from tapdeck.proxy.serving import ThreadedServer, bind_socket
 from tapdeck.proxy.store import Store
 from tapdeck.proxy.tiers import EngineSpec
+from tapdeck.runner.api import create_runner_router
 
-log = logging.getLogger("tapdeck.host")
 
 
 class LocalServer:
@@ -88,13 +87,6 @@ class LocalServer:
         return EngineSpec(url=self._engine.base_url, model=self._engine.served_name)
 
     def _runner_routers(self) -> list:
-        try:
-            from tapdeck.runner.api import create_runner_router
-        except ModuleNotFoundError as exc:
-            if exc.name != "tapdeck.runner.api":
-                raise
-            log.warning("runner routes unavailable (tapdeck.runner.api is not installed)")
-            return []
         assert self.service is not None
         return [create_runner_router(self.service, data_dir=self.config.data_dir,
                                      default_engine=self.default_engine)]
