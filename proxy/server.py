@@ -47,7 +47,7 @@ def _service(request: Request) -> CaptureService:
 
 def _reply(reply: CallReply) -> Response:
     if reply.stream is not None:
-        return StreamingResponse(reply.stream, media_type="text/event-stream", headers=SSE_HEADERS)
+        return StreamingResponse(reply.stream, media_type=reply.media_type, headers=SSE_HEADERS)
     return _JSON(reply.body, status_code=reply.status)
 
 

@@ -24,6 +24,7 @@ from tapdeck.proxy.aux import aux_dialect, count_tokens, match_aux
 from tapdeck.proxy.dialects import detect
 from tapdeck.proxy.dialects.base import Dialect, DialectError, DialectRequest, SSEEvent
 from tapdeck.proxy.dialects.chat import DIALECT as CHAT
+from tapdeck.proxy.dialects.google import JSON_ARRAY
 from tapdeck.proxy.engine_client import DEFAULT_TIMEOUT, EngineClient, EngineError
 from tapdeck.proxy.events import EventBus
 from tapdeck.proxy.export import ExportRefused, rollout_document, training_trace
@@ -40,7 +41,7 @@ from tapdeck.proxy.sessions import (
     new_session_id,
     new_session_key,
 )
-from tapdeck.proxy.sse import stream_with_keepalive
+from tapdeck.proxy.sse import json_array_with_keepalive, stream_with_keepalive
 from tapdeck.proxy.store import Store, content_key
 from tapdeck.proxy.tiers import EngineSpec, ProbeResult, Tier, probe
 from tapdeck.proxy.turn import Turn
@@ -65,6 +66,8 @@ class CallReply:
     status: int = 200
     body: Any = None
     stream: AsyncIterator[bytes] | None = None
+    media_type: str = "text/event-stream"
+    """The stream's content type (Google's non-SSE stream is a JSON array)."""
 
 
 class _CallFailed(Exception):
@@ -398,6 +401,9 @@ class CaptureService:
         if header_session:
             meta["header_session_id"] = header_session
         if req.stream:
+            if req.context.get("stream_format") == JSON_ARRAY:
+                return CallReply(stream=self._stream(session, dialect, req, meta),
+                                 media_type="application/json")
             return CallReply(stream=self._stream(session, dialect, req, meta))
         task = asyncio.create_task(self._call(session, req, meta))
         try:
@@ -433,6 +439,8 @@ class CaptureService:
                 return list(dialect.stream_error(exc.status, exc.message, exc.kind))
             return list(dialect.render_stream(reply, req))
 
+        if req.context.get("stream_format") == JSON_ARRAY:
+            return json_array_with_keepalive(events(), interval=self.keepalive_s)
         keepalive = getattr(dialect, "sse_keepalive", None)  # a dialect whose clients choke on comments
         if keepalive is not None:
             return stream_with_keepalive(events(), interval=self.keepalive_s, keepalive=keepalive)
@@ -495,7 +503,7 @@ class CaptureService:
                         finish_reason=choice.get("finish_reason"), request=session.intern(req.chat),
                         response=choice.get("message") or {}, sampling=sampling,
                         token_texts=cap.token_texts, top_logprobs=cap.top_logprobs,
-                        findings=list(cap.findings), meta=meta)
+                        findings=[*cap.findings, *_request_findings(req)], meta=meta)
             # Validated before linking: the graph decides trainability from the turn's findings.
             turn.findings.extend(validate_turn(turn, session.tier))
             with session.rw:
@@ -526,6 +534,14 @@ async def _unless_disconnected(task: asyncio.Task[dict[str, Any]],
         task.cancel()
         raise _CallFailed(499, "client closed the request", "client_closed")
     return task.result()
+
+
+def _request_findings(req: DialectRequest) -> list[Finding]:
+    """What the dialect had to leave out of the request, as turn findings."""
+    dropped = req.context.get("dropped_tools") or []
+    if not dropped:
+        return []
+    return [Finding.warn("dropped_tools", f"{', '.join(dropped)} (the engine cannot run hosted tools)")]
 
 
 def _error(dialect: Dialect, status: int, message: str, kind: str, param: str | None = None) -> CallReply:

@@ -8,6 +8,7 @@ tunnels drop those. SSE comments (`: keepalive`) are ignored by every SSE parser
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 
@@ -34,6 +35,7 @@ async def stream_with_keepalive(
     keepalive: bytes = KEEPALIVE,
     is_disconnected: Callable[[], Awaitable[bool]] | None = None,
     poll: float = DISCONNECT_POLL_SECONDS,
+    encode: Callable[[SSEEvent], bytes] = encode,
 ) -> AsyncIterator[bytes]:
     """Encoded SSE bytes for a stream whose events come from one awaited call.
 
@@ -41,7 +43,7 @@ async def stream_with_keepalive(
     every `interval` seconds. When the client goes away
     (`is_disconnected()` true, or this generator closed/cancelled by the server) the call is
     cancelled, so the engine stops generating for nobody. An exception from `call` propagates:
-    the caller turns it into its dialect's error events.
+    the caller turns it into its dialect's error events. `encode` writes one event (SSE by default).
     """
     task = asyncio.ensure_future(call)
     try:
@@ -62,3 +64,28 @@ async def stream_with_keepalive(
     finally:
         if not task.done():
             task.cancel()
+
+
+async def json_array_with_keepalive(
+    call: Awaitable[Iterable[SSEEvent]], *,
+    interval: float = KEEPALIVE_SECONDS,
+) -> AsyncIterator[bytes]:
+    """The events' data objects as one streamed JSON array (Google's non-SSE stream form).
+
+    `[` is sent at once, so the keepalive can be a newline: whitespace between array elements is
+    valid JSON, where an SSE comment would corrupt the array. Closing this generator cancels `call`.
+    """
+    count = 0
+
+    def element(event: SSEEvent) -> bytes:
+        nonlocal count
+        count += 1
+        data = event.data.encode() if isinstance(event.data, str) else orjson.dumps(event.data)
+        return (b"\r\n," if count > 1 else b"") + data
+
+    yield b"["
+    async with contextlib.aclosing(stream_with_keepalive(call, interval=interval, keepalive=b"\n",
+                                                         encode=element)) as chunks:
+        async for chunk in chunks:
+            yield chunk
+    yield b"]"

@@ -34,7 +34,18 @@ def register(app: typer.Typer) -> None:
             print(f"tapdeck attach: no tapdeck server answers at {base} ({exc}); start one with "
                   "`tapdeck serve` or check the URL / SSH tunnel", file=sys.stderr)
             raise typer.Exit(1) from None
-        if not admin_key:
-            print("tapdeck attach: no --admin-key given (or $TAPDECK_ADMIN_KEY): admin routes will be "
-                  "refused; the key is in the server's <data-dir>/admin.key", file=sys.stderr)
+        # Check the key before the TUI takes the terminal: a refused key is one line, not a dead screen.
+        headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
+        try:
+            status = httpx.get(f"{base}/admin/sessions", headers=headers, timeout=15.0).status_code
+        except httpx.HTTPError as exc:
+            print(f"tapdeck attach: the server at {base} answered /health but not /admin/sessions ({exc})",
+                  file=sys.stderr)
+            raise typer.Exit(1) from None
+        if status == 401:
+            problem = ("no --admin-key given (or $TAPDECK_ADMIN_KEY)" if not admin_key
+                       else f"the server at {base} rejected the admin key (401)")
+            print(f"tapdeck attach: {problem}; pass the key from the server's <data-dir>/admin.key "
+                  "with --admin-key", file=sys.stderr)
+            raise typer.Exit(1) from None
         run_app(base, admin_key, server_label=base, settings_path=default_settings_path(None))

@@ -127,17 +127,20 @@ def _convert_messages(messages: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _convert_tools(tools: Any) -> list[dict[str, Any]]:
-    out = []
+def _convert_tools(tools: Any) -> tuple[list[dict[str, Any]], list[str]]:
+    """Chat tools, and the server tools dropped (by their versioned type, e.g. `web_search_20250305`)."""
+    out, dropped = [], []
     for tool in tools or []:
         if not isinstance(tool, dict) or "input_schema" not in tool:
-            # Anthropic server tools (web_search, ...) run at Anthropic; a local engine cannot.
+            # Server tools (web_search, code_execution, bash/text_editor computer use) run at
+            # Anthropic or in its client-side harness contract; a local engine cannot run them.
+            dropped.append(str(tool.get("type") or tool.get("name")) if isinstance(tool, dict) else str(tool))
             continue
         function: dict[str, Any] = {"name": tool.get("name") or "", "parameters": tool["input_schema"]}
         if tool.get("description"):
             function["description"] = tool["description"]
         out.append({"type": "function", "function": function})
-    return out
+    return out, dropped
 
 
 def _convert_tool_choice(choice: Any) -> tuple[Any, bool | None]:
@@ -175,7 +178,7 @@ class AnthropicDialect:
         chat: dict[str, Any] = {"model": body.get("model"), "messages": messages}
         if isinstance(body.get("n"), int) and body["n"] > 1:
             raise DialectError(400, "n > 1 is not supported: one completion per call", param="n")
-        tools = _convert_tools(body.get("tools"))
+        tools, dropped = _convert_tools(body.get("tools"))
         if tools:
             chat["tools"] = tools
             choice, parallel = _convert_tool_choice(body.get("tool_choice"))
@@ -195,7 +198,7 @@ class AnthropicDialect:
                                        "json_schema": {"name": "output", "schema": fmt.get("schema") or {}}}
         return DialectRequest(chat=chat, stream=body.get("stream") is True,
                               client_model=body.get("model"),
-                              context={"stop_sequences": list(stops or [])})
+                              context={"stop_sequences": list(stops or []), "dropped_tools": dropped})
 
     # ---- replies -------------------------------------------------------------------------------
 

@@ -6,8 +6,11 @@ lowered to JSON Schema), `toolConfig.functionCallingConfig`, `generationConfig`.
 camelCase and snake_case field names, so both are read. Function calls carry no id unless the client
 sends one, so the k-th call of a conversation gets the id `call_k` (replies number their calls the
 same way): a re-sent history renders identically whether or not the client echoes ids.
-Streaming is requested in the URL (`:streamGenerateContent` or `alt=sse`), never in the body; the
-stream is data-only SSE, each event one GenerateContentResponse chunk.
+Streaming is requested in the URL (`:streamGenerateContent` or `alt=sse`), never in the body. With
+`alt=sse` the stream is data-only SSE, each event one GenerateContentResponse chunk; without it,
+Google's JSON-array form: `[`, the same chunks comma-separated, `]` (application/json). Built-in
+tools (googleSearch, codeExecution, urlContext, ...) are dropped and named in
+`context["dropped_tools"]`.
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ _STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DEN
            499: "CANCELLED", 500: "INTERNAL", 501: "UNIMPLEMENTED", 502: "UNAVAILABLE",
            503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
 _SCHEMA_TYPES = {"STRING", "NUMBER", "INTEGER", "BOOLEAN", "ARRAY", "OBJECT", "NULL"}
+JSON_ARRAY = "json_array"
+"""`DialectRequest.context["stream_format"]` of a stream without `alt=sse`: Google then sends one
+JSON array of GenerateContentResponse objects (application/json), not SSE."""
 
 
 def _get(mapping: Mapping[str, Any], camel: str, snake: str) -> Any:
@@ -35,11 +41,14 @@ def _get(mapping: Mapping[str, Any], camel: str, snake: str) -> Any:
     return mapping.get(snake) if value is None else value
 
 
+def is_sse(query: Mapping[str, str]) -> bool:
+    """Whether the query asks for server-sent events (`alt=sse`, any case)."""
+    return any(k.lower() == "alt" and str(v).lower() == "sse" for k, v in query.items())
+
+
 def is_streaming(path: str, query: Mapping[str, str]) -> bool:
     """Google streams when the method is `:streamGenerateContent` or the query asks `alt=sse`."""
-    if "streamgeneratecontent" in path.lower():
-        return True
-    return any(k.lower() == "alt" and str(v).lower() == "sse" for k, v in query.items())
+    return "streamgeneratecontent" in path.lower() or is_sse(query)
 
 
 def model_from_path(path: str) -> str | None:
@@ -160,9 +169,20 @@ def _match_call(response: Mapping[str, Any], pending: list[tuple[str, str]]) -> 
     return wanted or (pending.pop(0)[0] if pending else f"call_{name or 'unknown'}")
 
 
-def _convert_tools(tools: Any) -> list[dict[str, Any]]:
-    out = []
+def _camel(key: str) -> str:
+    head, *rest = key.split("_")
+    return head + "".join(word[:1].upper() + word[1:] for word in rest)
+
+
+def _convert_tools(tools: Any) -> tuple[list[dict[str, Any]], list[str]]:
+    """Chat tools, and the built-in tools dropped (camelCase keys: `googleSearch`, `codeExecution`)."""
+    out, dropped = [], []
     for tool in tools or []:
+        if not isinstance(tool, dict):
+            continue
+        # googleSearch / codeExecution / urlContext / ... run at Google; a local engine cannot.
+        dropped.extend(_camel(key) for key, value in tool.items()
+                       if value is not None and key not in ("functionDeclarations", "function_declarations"))
         for declaration in _get(tool, "functionDeclarations", "function_declarations") or []:
             parameters = _get(declaration, "parametersJsonSchema", "parameters_json_schema")
             if parameters is None:
@@ -172,8 +192,7 @@ def _convert_tools(tools: Any) -> list[dict[str, Any]]:
             if declaration.get("description"):
                 function["description"] = declaration["description"]
             out.append({"type": "function", "function": function})
-        # googleSearch / codeExecution / urlContext run at Google; a local engine cannot.
-    return out
+    return out, dropped
 
 
 def _convert_tool_choice(body: Mapping[str, Any]) -> Any:
@@ -213,7 +232,7 @@ class GoogleDialect:
             messages.insert(0, {"role": "system", "content": system})
         model = model_from_path(path)
         chat: dict[str, Any] = {"model": model, "messages": messages}
-        tools = _convert_tools(body.get("tools"))
+        tools, dropped = _convert_tools(body.get("tools"))
         if tools:
             chat["tools"] = tools
             choice = _convert_tool_choice(body)
@@ -243,8 +262,11 @@ class GoogleDialect:
             chat["response_format"] = ({"type": "json_schema", "json_schema": {"name": "response",
                                                                               "schema": schema}}
                                        if schema else {"type": "json_object"})
-        return DialectRequest(chat=chat, stream=is_streaming(path, query), client_model=model,
-                              context={"call_base": call_count})
+        stream = is_streaming(path, query)
+        context: dict[str, Any] = {"call_base": call_count, "dropped_tools": dropped}
+        if stream and not is_sse(query):
+            context["stream_format"] = JSON_ARRAY
+        return DialectRequest(chat=chat, stream=stream, client_model=model, context=context)
 
     # ---- replies -------------------------------------------------------------------------------
 

@@ -89,6 +89,20 @@ def test_tool_round_trip_history_becomes_chat_tool_calls_and_results() -> None:
     assert parse(json.loads(json.dumps(body))).chat == chat
 
 
+def test_server_tools_dropped_and_listed_by_type() -> None:
+    req = parse({"model": "claude-x", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+                 "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 3},
+                           {"name": "bash", "input_schema": {"type": "object", "properties": {}}},
+                           {"type": "code_execution_20250522", "name": "code_execution"},
+                           {"type": "bash_20250124", "name": "bash"},
+                           {"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"}]})
+    assert [t["function"]["name"] for t in req.chat["tools"]] == ["bash"]
+    assert req.context["dropped_tools"] == ["web_search_20250305", "code_execution_20250522",
+                                            "bash_20250124", "text_editor_20250728"]
+    assert parse({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
+                 ).context["dropped_tools"] == []
+
+
 def test_tool_use_input_re_sent_as_the_sampled_arguments_text(tool_reply) -> None:
     """The engine sampled `{"cmd":"ls"}` (no space); the next request renders that exact string."""
     req = parse({"messages": [{"role": "user", "content": "go"}]})

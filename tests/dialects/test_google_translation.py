@@ -87,6 +87,26 @@ def test_function_declarations_with_openapi_types_become_json_schema() -> None:
     assert req.chat["tool_choice"] == "required"
 
 
+def test_built_in_tools_dropped_and_listed_in_camel_case() -> None:
+    req = parse({"contents": [{"role": "user", "parts": [{"text": "x"}]}],
+                 "tools": [{"googleSearch": {}}, {"code_execution": {}},
+                           {"functionDeclarations": [{"name": "run"}], "urlContext": {}}]})
+    assert [t["function"]["name"] for t in req.chat["tools"]] == ["run"]
+    assert req.context["dropped_tools"] == ["googleSearch", "codeExecution", "urlContext"]
+
+
+@pytest.mark.parametrize("path, query, fmt", [
+    ("/v1beta/models/g:streamGenerateContent", {}, "json_array"),
+    ("/v1beta/models/g:STREAMGENERATECONTENT", {"alt": "json"}, "json_array"),
+    ("/v1beta/models/g:streamGenerateContent", {"alt": "sse"}, None),
+    ("/v1beta/models/g:streamGenerateContent", {"Alt": "SSE"}, None),
+    ("/v1beta/models/g:generateContent", {}, None),
+])
+def test_stream_without_alt_sse_is_the_json_array_form(path, query, fmt) -> None:
+    req = parse({"contents": [{"role": "user", "parts": [{"text": "x"}]}]}, path, query)
+    assert req.context.get("stream_format") == fmt
+
+
 def test_function_call_history_gets_positional_ids_and_links_responses() -> None:
     body = {"contents": [
         {"role": "user", "parts": [{"text": "list"}]},

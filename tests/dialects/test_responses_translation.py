@@ -111,9 +111,11 @@ def test_custom_tool_round_trip(tool_reply) -> None:
 
 
 def test_hosted_tools_dropped_and_listed() -> None:
-    req = parse({"input": "x", "tools": [{"type": "web_search"}, EXECUTE]})
+    req = parse({"input": "x", "tools": [{"type": "web_search"}, EXECUTE, {"type": "file_search"},
+                                         {"type": "code_interpreter", "container": {"type": "auto"}}]})
     assert [t["function"]["name"] for t in req.chat["tools"]] == ["execute"]
-    assert req.context["dropped_tools"] == ["web_search"]
+    assert req.context["dropped_tools"] == ["web_search", "file_search", "code_interpreter"]
+    assert parse({"input": "x", "tools": [EXECUTE]}).context["dropped_tools"] == []
 
 
 @pytest.mark.parametrize("part", [{"type": "input_image", "image_url": "data:image/png;base64,AA"},

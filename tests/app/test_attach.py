@@ -1,0 +1,168 @@
+"""A person's check of `tapdeck attach`: the TUI on a tapdeck server running in another process, as
+over an SSH tunnel. The server is the installed `tapdeck serve`; attach runs in a real terminal (tmux)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+TAPDECK = Path("/work/main/.venv/bin/tapdeck")
+if not TAPDECK.exists():  # a checkout elsewhere (CI clone): the venv next to this repo
+    TAPDECK = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "tapdeck"
+
+ADMIN_KEY = "attach-test-admin-key"
+
+pytestmark = pytest.mark.skipif(not TAPDECK.exists(), reason="needs the installed tapdeck console script")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _env(tmp: Path) -> dict[str, str]:
+    """The child's environment: no settings or data written outside the test's tmp dir."""
+    return {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "XDG_CONFIG_HOME": str(tmp / "config"),
+            "TAPDECK_DATA_DIR": str(tmp / "client-data")}
+
+
+@dataclass
+class Served:
+    url: str
+    process: subprocess.Popen
+    log: Path
+
+    def healthy(self) -> bool:
+        try:
+            return httpx.get(f"{self.url}/health", timeout=5).json().get("status") == "ok"
+        except (httpx.HTTPError, ValueError):
+            return False
+
+
+@pytest.fixture(scope="module")
+def served(embedded_engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """`tapdeck serve` as its own process, on a free port, over the shared embedded engine."""
+    tmp = tmp_path_factory.mktemp("serve")
+    port = _free_port()
+    log = tmp / "serve.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [str(TAPDECK), "serve", "--port", str(port), "--engine", embedded_engine.base_url,
+             "--engine-model", embedded_engine.served_name, "--admin-key", ADMIN_KEY,
+             "--data-dir", str(tmp / "data")],
+            stdout=out, stderr=subprocess.STDOUT, env=_env(tmp))
+    server = Served(f"http://127.0.0.1:{port}", process, log)
+    try:
+        deadline = time.monotonic() + 120
+        while not server.healthy():
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"tapdeck serve never answered /health; its log:\n{log.read_text()}")
+            time.sleep(0.3)
+        yield server
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+
+
+class Tmux:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def keys(self, *keys: str) -> None:
+        for key in keys:
+            subprocess.run(["tmux", "send-keys", "-t", self.name, key], check=True)
+            time.sleep(0.3)
+
+    def screen(self) -> str:
+        out = subprocess.run(["tmux", "capture-pane", "-p", "-t", self.name], check=True,
+                             capture_output=True, text=True).stdout
+        return "\n".join(line.rstrip() for line in out.splitlines())
+
+    def wait_for(self, pattern: str, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            screen = self.screen()
+            if re.search(pattern, screen):
+                return screen
+            time.sleep(0.5)
+        raise AssertionError(f"{pattern!r} never appeared; screen:\n{self.screen()}")
+
+
+def _attach(url: str, key: str, tmp: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(TAPDECK), "attach", url, "--admin-key", key], capture_output=True,
+                          text=True, timeout=120, env=_env(tmp), stdin=subprocess.DEVNULL, check=False)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+def test_attach_shows_a_remote_session_with_its_turn_and_quits_leaving_the_server_up(served, tmp_path):
+    from openai import OpenAI
+
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    reply = httpx.post(f"{served.url}/admin/sessions", json={"metadata": {"task": "attach-chat"}},
+                       headers=admin, timeout=60)
+    reply.raise_for_status()
+    session = reply.json()
+    agent = OpenAI(base_url=f"{served.url}/v1", api_key=session["api_key"], timeout=120)
+    agent.chat.completions.create(model="any", messages=[{"role": "user", "content": "Say hello."}],
+                                  max_tokens=8)
+
+    name = f"tapdeck-attach-{os.getpid()}"
+    rc_file = tmp_path / "rc"
+    env = " ".join(f"{k}={v}" for k, v in _env(tmp_path).items()
+                   if k in ("LITELLM_LOCAL_MODEL_COST_MAP", "XDG_CONFIG_HOME", "TAPDECK_DATA_DIR"))
+    command = (f"env {env} {TAPDECK} attach {served.url} --admin-key {ADMIN_KEY}; "
+               f"echo $? > {rc_file}; sleep 60")
+    subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "80", "-y", "24", command], check=True)
+    tmux = Tmux(name)
+    try:
+        tmux.wait_for(re.escape(f"connected to {served.url}"), 120)
+        # The row: short id, task, state, then the turn count.
+        screen = tmux.wait_for(rf"{re.escape(session['id'][:8])}\s+attach-chat\s+\S+\s+1\b", 60)
+        assert "Traceback" not in screen
+        tmux.keys("q")
+        deadline = time.monotonic() + 60
+        while not rc_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert rc_file.exists(), f"attach did not exit on q; screen:\n{tmux.screen()}"
+        assert rc_file.read_text().strip() == "0", tmux.screen()
+        assert "Traceback" not in tmux.screen()
+        # attach does not own the server: it is still running and answering.
+        assert served.process.poll() is None
+        assert served.healthy()
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", name], check=False, capture_output=True)
+
+
+def test_attach_with_a_wrong_admin_key_exits_with_one_line_naming_the_key(served, tmp_path):
+    result = _attach(served.url, "not-the-key", tmp_path)
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "admin key" in lines[0] and "Traceback" not in result.stderr + result.stdout
+    assert served.healthy()
+
+
+def test_attach_to_an_unreachable_url_exits_with_one_line_naming_the_url(tmp_path):
+    url = f"http://127.0.0.1:{_free_port()}"
+    result = _attach(url, ADMIN_KEY, tmp_path)
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert url in lines[0] and "Traceback" not in result.stderr + result.stdout

@@ -1,0 +1,171 @@
+"""Through the real app and a recorded-vLLM upstream: hosted tools become a WARN finding on the
+stored turn, and Google's `:streamGenerateContent` without `alt=sse` is a streamed JSON array.
+
+The upstream is a loopback server answering with the recorded vLLM 0.32 bodies (tests/fixtures/vllm:
+`models` and `chat_basic`, whose text is "The capital of France is Paris."), after a short pause
+so that the proxy's keepalives (every 20 ms here) land inside the streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from tests.conftest import vllm_fixture
+
+from tapdeck.proxy.server import create_app
+from tapdeck.proxy.service import CaptureService
+from tapdeck.proxy.serving import ThreadedServer, bind_socket
+from tapdeck.proxy.store import Store
+from tapdeck.proxy.tiers import EngineSpec
+
+ADMIN = "hosted-tools-admin"
+UPSTREAM_PAUSE_S = 0.15
+HOSTED = "the engine cannot run hosted tools"
+BODY = {"contents": [{"role": "user", "parts": [{"text": "What is the capital of France?"}]}],
+        "generationConfig": {"maxOutputTokens": 8}}
+
+
+def _upstream_app() -> FastAPI:
+    app = FastAPI()
+    models = vllm_fixture("models")["models"]["response"]
+    basic = vllm_fixture("chat_basic")["response"]
+
+    @app.get("/v1/models")
+    async def list_models() -> JSONResponse:
+        return JSONResponse(models)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> JSONResponse:
+        body = await request.json()
+        await asyncio.sleep(UPSTREAM_PAUSE_S)
+        reply = copy.deepcopy(basic)
+        if not body.get("logprobs"):
+            reply.pop("prompt_token_ids", None)
+            for choice in reply["choices"]:
+                choice["logprobs"] = None
+                choice.pop("token_ids", None)
+        return JSONResponse(reply)
+
+    return app
+
+
+@dataclass
+class App:
+    url: str
+    admin: httpx.Client
+
+    def session(self) -> dict[str, Any]:
+        reply = self.admin.post("/admin/sessions", json={})
+        reply.raise_for_status()
+        return reply.json()
+
+    def turn(self, session_id: str, seq: int) -> dict[str, Any]:
+        reply = self.admin.get(f"/admin/sessions/{session_id}/turns/{seq}")
+        reply.raise_for_status()
+        return reply.json()
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[App]:
+    upstream = ThreadedServer(_upstream_app(), "127.0.0.1", 0, name="recorded-vllm").start()
+    store = Store(Path(tmp_path_factory.mktemp("capture")) / "capture.db")
+    sock = bind_socket("127.0.0.1", 0)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    service = CaptureService(store, default_engine=EngineSpec(url=f"{upstream.url}/v1"), public_url=url,
+                             keepalive_s=0.02)
+    server = ThreadedServer(create_app(service, admin_key=ADMIN), "127.0.0.1",
+                            sock.getsockname()[1]).start(sock=sock)
+    admin = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30)
+    try:
+        yield App(url=url, admin=admin)
+    finally:
+        admin.close()
+        server.stop()
+        store.close()
+        upstream.stop()
+
+
+def _dropped(turn: dict[str, Any]) -> list[str]:
+    return [f for f in turn["findings"] if f.startswith("[WARN] dropped_tools:")]
+
+
+@pytest.mark.parametrize("path, body, names", [
+    ("/v1/responses", {"model": "m", "input": "hi", "max_output_tokens": 8,
+                       "tools": [{"type": "web_search"}, {"type": "file_search", "vector_store_ids": ["v"]}]},
+     "web_search, file_search"),
+    ("/v1/messages", {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
+                      "tools": [{"type": "web_search_20250305", "name": "web_search"}]},
+     "web_search_20250305"),
+    ("/v1beta/models/g:generateContent", {**BODY, "tools": [{"googleSearch": {}}, {"codeExecution": {}}]},
+     "googleSearch, codeExecution"),
+], ids=["responses", "anthropic", "google"])
+def test_dropped_hosted_tools_are_a_warn_finding_on_the_stored_turn(app: App, path: str, body: dict,
+                                                                    names: str) -> None:
+    info = app.session()
+    reply = httpx.post(f"{app.url}{path}", json=body, timeout=30,
+                       headers={"Authorization": f"Bearer {info['api_key']}", "x-api-key": info["api_key"],
+                                "x-goog-api-key": info["api_key"]})
+    assert reply.status_code == 200, reply.text
+    assert _dropped(app.turn(info["id"], 0)) == [f"[WARN] dropped_tools: {names} ({HOSTED})"]
+
+
+def test_no_dropped_tools_no_finding(app: App) -> None:
+    info = app.session()
+    reply = httpx.post(f"{app.url}/v1beta/models/g:generateContent", json=BODY, timeout=30,
+                       headers={"x-goog-api-key": info["api_key"]})
+    assert reply.status_code == 200
+    assert _dropped(app.turn(info["id"], 0)) == []
+
+
+def _text(response: dict[str, Any]) -> str:
+    return "".join(p.get("text", "") for c in response["candidates"] for p in c["content"]["parts"]
+                   if not p.get("thought"))
+
+
+@pytest.mark.parametrize("method", ["streamGenerateContent", "STREAMGENERATECONTENT"])
+def test_google_stream_without_alt_sse_is_a_json_array(app: App, method: str) -> None:
+    info = app.session()
+    headers = {"x-goog-api-key": info["api_key"]}
+    whole = httpx.post(f"{app.url}/v1beta/models/g:generateContent", json=BODY, headers=headers, timeout=30)
+    with httpx.stream("POST", f"{app.url}/v1beta/models/g:{method}", json=BODY, headers=headers,
+                      timeout=30) as stream:
+        assert stream.status_code == 200
+        assert stream.headers["content-type"].startswith("application/json")
+        raw = b"".join(stream.iter_bytes())
+    assert raw.startswith(b"[") and raw.endswith(b"]")
+    # The upstream pause spans several keepalive intervals: whitespace, never an SSE comment.
+    assert b"\n" in raw and b": keepalive" not in raw and b"data:" not in raw
+    chunks = json.loads(raw)
+    assert isinstance(chunks, list) and chunks
+    assert "".join(_text(c) for c in chunks) == _text(whole.json()) == "The capital of France is Paris."
+    assert chunks[-1]["candidates"][0]["finishReason"] == "STOP" and chunks[-1]["usageMetadata"]
+
+
+def test_google_stream_with_alt_sse_stays_sse(app: App) -> None:
+    info = app.session()
+    reply = httpx.post(f"{app.url}/v1beta/models/g:streamGenerateContent", params={"ALT": "SSE"}, json=BODY,
+                       headers={"x-goog-api-key": info["api_key"]}, timeout=30)
+    assert reply.headers["content-type"].startswith("text/event-stream")
+    events = [json.loads(line[6:]) for line in reply.text.splitlines() if line.startswith("data: ")]
+    assert "".join(_text(e) for e in events) == "The capital of France is Paris."
+
+
+def test_google_json_array_stream_error_is_an_error_element(app: App) -> None:
+    dead = bind_socket("127.0.0.1", 0)
+    port = dead.getsockname()[1]
+    dead.close()
+    info = app.admin.post("/admin/sessions", json={"engine": {"url": f"http://127.0.0.1:{port}/v1"}}).json()
+    reply = httpx.post(f"{app.url}/v1beta/models/g:streamGenerateContent", json=BODY,
+                       headers={"x-goog-api-key": info["api_key"]}, timeout=30)
+    body = json.loads(reply.content)
+    assert isinstance(body, list) and body[-1]["error"]["code"] >= 500 and body[-1]["error"]["status"]
