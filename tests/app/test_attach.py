@@ -17,9 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-TAPDECK = Path("/work/main/.venv/bin/tapdeck")
-if not TAPDECK.exists():  # a checkout elsewhere (CI clone): the venv next to this repo
-    TAPDECK = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "tapdeck"
+from tests.app.tmux_driver import TAPDECK, Tmux
+
 
 ADMIN_KEY = "attach-test-admin-key"
 
@@ -78,30 +77,6 @@ def served(embedded_engine: Any, tmp_path_factory: pytest.TempPathFactory) -> It
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(10)
-
-
-class Tmux:
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def keys(self, *keys: str) -> None:
-        for key in keys:
-            subprocess.run(["tmux", "send-keys", "-t", self.name, key], check=True)
-            time.sleep(0.3)
-
-    def screen(self) -> str:
-        out = subprocess.run(["tmux", "capture-pane", "-p", "-t", self.name], check=True,
-                             capture_output=True, text=True).stdout
-        return "\n".join(line.rstrip() for line in out.splitlines())
-
-    def wait_for(self, pattern: str, timeout: float) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            screen = self.screen()
-            if re.search(pattern, screen):
-                return screen
-            time.sleep(0.5)
-        raise AssertionError(f"{pattern!r} never appeared; screen:\n{self.screen()}")
 
 
 def _attach(url: str, key: str, tmp: Path) -> subprocess.CompletedProcess:

@@ -8,42 +8,15 @@ import shutil
 import socket
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
-TAPDECK = Path("/work/main/.venv/bin/tapdeck")
-if not TAPDECK.exists():  # a checkout elsewhere (CI clone): the venv next to this repo
-    TAPDECK = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "tapdeck"
+from tests.app.tmux_driver import TAPDECK, Tmux
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux"),
     pytest.mark.skipif(not TAPDECK.exists(), reason="needs the installed tapdeck console script"),
 ]
-
-
-class Tmux:
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def keys(self, *keys: str, pause: float = 0.3) -> None:
-        for key in keys:
-            subprocess.run(["tmux", "send-keys", "-t", self.name, key], check=True)
-            time.sleep(pause)
-
-    def screen(self) -> str:
-        out = subprocess.run(["tmux", "capture-pane", "-p", "-t", self.name], check=True,
-                             capture_output=True, text=True).stdout
-        return "\n".join(line.rstrip() for line in out.splitlines())
-
-    def wait_for(self, pattern: str, timeout: float = 120.0) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            screen = self.screen()
-            if re.search(pattern, screen):
-                return screen
-            time.sleep(0.5)
-        raise AssertionError(f"{pattern!r} never appeared; screen:\n{self.screen()}")
 
 
 def _port_is_free(port: int) -> bool:
