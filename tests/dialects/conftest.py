@@ -7,12 +7,23 @@ arguments}}], `finish_reason` "tool_calls". A reasoning reply carries vLLM 0.32'
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+
+from tapdeck.proxy.server import create_app
+from tapdeck.proxy.service import CaptureService
+from tapdeck.proxy.serving import ThreadedServer, bind_socket
+from tapdeck.proxy.store import Store
+from tapdeck.proxy.tiers import EngineSpec
 from tests.conftest import vllm_fixture
+
 
 def _recorded(name: str) -> dict[str, Any]:
     return vllm_fixture(name)["response"]
@@ -53,3 +64,45 @@ def reasoning_reply() -> dict[str, Any]:
     reply = _recorded("chat_basic")
     reply["choices"][0]["message"]["reasoning"] = "France's capital is Paris."
     return reply
+
+
+@dataclass
+class CaptureServer:
+    """A running capture app (proxy routes + admin API) and an admin client for it."""
+
+    url: str
+    admin: httpx.Client
+
+    def open_session(self) -> dict[str, Any]:
+        reply = self.admin.post("/admin/sessions", json={})
+        reply.raise_for_status()
+        return reply.json()
+
+    def summary(self, session_id: str) -> dict[str, Any]:
+        reply = self.admin.get(f"/admin/sessions/{session_id}")
+        reply.raise_for_status()
+        return reply.json()
+
+    def turn(self, session_id: str, seq: int) -> dict[str, Any]:
+        reply = self.admin.get(f"/admin/sessions/{session_id}/turns/{seq}")
+        reply.raise_for_status()
+        return reply.json()
+
+
+@contextlib.contextmanager
+def capture_server(engine: EngineSpec, data_dir: Path, *, keepalive_s: float) -> Iterator[CaptureServer]:
+    """The capture app on a loopback socket bound first, with `engine` as its default engine."""
+    admin_key = "dialects-test-admin-key"
+    store = Store(data_dir / "capture.db")
+    sock = bind_socket("127.0.0.1", 0)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    service = CaptureService(store, default_engine=engine, public_url=url, keepalive_s=keepalive_s)
+    server = ThreadedServer(create_app(service, admin_key=admin_key), "127.0.0.1",
+                            sock.getsockname()[1]).start(sock=sock)
+    admin = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin_key}"}, timeout=60)
+    try:
+        yield CaptureServer(url=url, admin=admin)
+    finally:
+        admin.close()
+        server.stop()
+        store.close()

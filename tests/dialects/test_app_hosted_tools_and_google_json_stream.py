@@ -12,8 +12,6 @@ import asyncio
 import copy
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -22,13 +20,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from tests.conftest import vllm_fixture
 
-from tapdeck.proxy.server import create_app
-from tapdeck.proxy.service import CaptureService
 from tapdeck.proxy.serving import ThreadedServer, bind_socket
-from tapdeck.proxy.store import Store
 from tapdeck.proxy.tiers import EngineSpec
+from tests.dialects.conftest import CaptureServer, capture_server
 
-ADMIN = "hosted-tools-admin"
 UPSTREAM_PAUSE_S = 0.15
 HOSTED = "the engine cannot run hosted tools"
 BODY = {"contents": [{"role": "user", "parts": [{"text": "What is the capital of France?"}]}],
@@ -59,39 +54,14 @@ def _upstream_app() -> FastAPI:
     return app
 
 
-@dataclass
-class App:
-    url: str
-    admin: httpx.Client
-
-    def session(self) -> dict[str, Any]:
-        reply = self.admin.post("/admin/sessions", json={})
-        reply.raise_for_status()
-        return reply.json()
-
-    def turn(self, session_id: str, seq: int) -> dict[str, Any]:
-        reply = self.admin.get(f"/admin/sessions/{session_id}/turns/{seq}")
-        reply.raise_for_status()
-        return reply.json()
-
-
 @pytest.fixture(scope="module")
-def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[App]:
+def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CaptureServer]:
     upstream = ThreadedServer(_upstream_app(), "127.0.0.1", 0, name="recorded-vllm").start()
-    store = Store(Path(tmp_path_factory.mktemp("capture")) / "capture.db")
-    sock = bind_socket("127.0.0.1", 0)
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    service = CaptureService(store, default_engine=EngineSpec(url=f"{upstream.url}/v1"), public_url=url,
-                             keepalive_s=0.02)
-    server = ThreadedServer(create_app(service, admin_key=ADMIN), "127.0.0.1",
-                            sock.getsockname()[1]).start(sock=sock)
-    admin = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30)
     try:
-        yield App(url=url, admin=admin)
+        with capture_server(EngineSpec(url=f"{upstream.url}/v1"), tmp_path_factory.mktemp("capture"),
+                            keepalive_s=0.02) as server:
+            yield server
     finally:
-        admin.close()
-        server.stop()
-        store.close()
         upstream.stop()
 
 
@@ -109,9 +79,9 @@ def _dropped(turn: dict[str, Any]) -> list[str]:
     ("/v1beta/models/g:generateContent", {**BODY, "tools": [{"googleSearch": {}}, {"codeExecution": {}}]},
      "googleSearch, codeExecution"),
 ], ids=["responses", "anthropic", "google"])
-def test_dropped_hosted_tools_are_a_warn_finding_on_the_stored_turn(app: App, path: str, body: dict,
+def test_dropped_hosted_tools_are_a_warn_finding_on_the_stored_turn(app: CaptureServer, path: str, body: dict,
                                                                     names: str) -> None:
-    info = app.session()
+    info = app.open_session()
     reply = httpx.post(f"{app.url}{path}", json=body, timeout=30,
                        headers={"Authorization": f"Bearer {info['api_key']}", "x-api-key": info["api_key"],
                                 "x-goog-api-key": info["api_key"]})
@@ -119,8 +89,8 @@ def test_dropped_hosted_tools_are_a_warn_finding_on_the_stored_turn(app: App, pa
     assert _dropped(app.turn(info["id"], 0)) == [f"[WARN] dropped_tools: {names} ({HOSTED})"]
 
 
-def test_no_dropped_tools_no_finding(app: App) -> None:
-    info = app.session()
+def test_no_dropped_tools_no_finding(app: CaptureServer) -> None:
+    info = app.open_session()
     reply = httpx.post(f"{app.url}/v1beta/models/g:generateContent", json=BODY, timeout=30,
                        headers={"x-goog-api-key": info["api_key"]})
     assert reply.status_code == 200
@@ -133,8 +103,8 @@ def _text(response: dict[str, Any]) -> str:
 
 
 @pytest.mark.parametrize("method", ["streamGenerateContent", "STREAMGENERATECONTENT"])
-def test_google_stream_without_alt_sse_is_a_json_array(app: App, method: str) -> None:
-    info = app.session()
+def test_google_stream_without_alt_sse_is_a_json_array(app: CaptureServer, method: str) -> None:
+    info = app.open_session()
     headers = {"x-goog-api-key": info["api_key"]}
     whole = httpx.post(f"{app.url}/v1beta/models/g:generateContent", json=BODY, headers=headers, timeout=30)
     with httpx.stream("POST", f"{app.url}/v1beta/models/g:{method}", json=BODY, headers=headers,
@@ -151,8 +121,8 @@ def test_google_stream_without_alt_sse_is_a_json_array(app: App, method: str) ->
     assert chunks[-1]["candidates"][0]["finishReason"] == "STOP" and chunks[-1]["usageMetadata"]
 
 
-def test_google_stream_with_alt_sse_stays_sse(app: App) -> None:
-    info = app.session()
+def test_google_stream_with_alt_sse_stays_sse(app: CaptureServer) -> None:
+    info = app.open_session()
     reply = httpx.post(f"{app.url}/v1beta/models/g:streamGenerateContent", params={"ALT": "SSE"}, json=BODY,
                        headers={"x-goog-api-key": info["api_key"]}, timeout=30)
     assert reply.headers["content-type"].startswith("text/event-stream")
@@ -160,7 +130,7 @@ def test_google_stream_with_alt_sse_stays_sse(app: App) -> None:
     assert "".join(_text(e) for e in events) == "The capital of France is Paris."
 
 
-def test_google_json_array_stream_error_is_an_error_element(app: App) -> None:
+def test_google_json_array_stream_error_is_an_error_element(app: CaptureServer) -> None:
     dead = bind_socket("127.0.0.1", 0)
     port = dead.getsockname()[1]
     dead.close()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import anthropic
@@ -22,9 +21,11 @@ from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types
 
+from tapdeck.proxy.tiers import EngineSpec
+from tests.dialects.conftest import CaptureServer, capture_server
+
 pytestmark = pytest.mark.slow
 
-ADMIN = "dialects-test-admin-key"
 SYSTEM = "You are a helpful assistant working in a shell. Answer briefly."
 FIRST_QUESTION = "List the files in the current directory."
 OBSERVATION = "notes.txt\nmain.py"
@@ -33,54 +34,15 @@ MAX_TOKENS = 12
 KEEPALIVE_S = 0.05
 
 
-@dataclass
-class Proxy:
-    url: str
-    admin: httpx.Client
-
-    def open_session(self) -> dict[str, Any]:
-        reply = self.admin.post("/admin/sessions", json={})
-        reply.raise_for_status()
-        return reply.json()
-
-    def summary(self, session_id: str) -> dict[str, Any]:
-        reply = self.admin.get(f"/admin/sessions/{session_id}")
-        reply.raise_for_status()
-        return reply.json()
-
-    def turn(self, session_id: str, seq: int) -> dict[str, Any]:
-        reply = self.admin.get(f"/admin/sessions/{session_id}/turns/{seq}")
-        reply.raise_for_status()
-        return reply.json()
-
-
 @pytest.fixture(scope="module")
-def proxy(embedded_engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
-    from tapdeck.proxy.server import create_app
-    from tapdeck.proxy.service import CaptureService
-    from tapdeck.proxy.serving import ThreadedServer, bind_socket
-    from tapdeck.proxy.store import Store
-    from tapdeck.proxy.tiers import EngineSpec
-
-    store = Store(tmp_path_factory.mktemp("capture") / "capture.db")
-    sock = bind_socket("127.0.0.1", 0)
-    port = sock.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
+def proxy(embedded_engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[CaptureServer]:
     # Keepalives every 50 ms: every streamed reply below has them interleaved (each SDK must cope).
-    service = CaptureService(store, default_engine=EngineSpec(url=embedded_engine.base_url,
-                                                              model=embedded_engine.served_name),
-                             public_url=url, keepalive_s=KEEPALIVE_S)
-    server = ThreadedServer(create_app(service, admin_key=ADMIN), "127.0.0.1", port).start(sock=sock)
-    admin = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=60)
-    try:
-        yield Proxy(url=url, admin=admin)
-    finally:
-        admin.close()
-        server.stop()
-        store.close()
+    engine = EngineSpec(url=embedded_engine.base_url, model=embedded_engine.served_name)
+    with capture_server(engine, tmp_path_factory.mktemp("capture"), keepalive_s=KEEPALIVE_S) as server:
+        yield server
 
 
-def assert_one_conversation(proxy: Proxy, session_id: str, *, tool_call_id: str) -> list[dict[str, Any]]:
+def assert_one_conversation(proxy: CaptureServer, session_id: str, *, tool_call_id: str) -> list[dict[str, Any]]:
     """Three captured turns in one chain from one root, ids on each, the tool round trip linked."""
     summary = proxy.summary(session_id)
     assert summary["turns"] == 3, summary
@@ -130,7 +92,7 @@ def _anthropic_continue(messages: list[dict[str, Any]], message: anthropic.types
 
 
 @pytest.mark.parametrize("streaming", [False, True], ids=["json", "sse"])
-def test_anthropic_sdk_three_turn_tool_conversation_is_one_root(proxy: Proxy, streaming: bool) -> None:
+def test_anthropic_sdk_three_turn_tool_conversation_is_one_root(proxy: CaptureServer, streaming: bool) -> None:
     info = proxy.open_session()
     assert info["tier"] == "tokens"
     client = anthropic.Anthropic(api_key=info["api_key"], base_url=info["base_urls"]["anthropic"], max_retries=0)
@@ -156,7 +118,7 @@ def test_anthropic_sdk_three_turn_tool_conversation_is_one_root(proxy: Proxy, st
     assert turns[0]["meta"]["dialect"] == "anthropic"
 
 
-def test_anthropic_count_tokens_is_not_a_turn(proxy: Proxy) -> None:
+def test_anthropic_count_tokens_is_not_a_turn(proxy: CaptureServer) -> None:
     info = proxy.open_session()
     client = anthropic.Anthropic(api_key=info["api_key"], base_url=info["base_urls"]["anthropic"], max_retries=0)
     count = client.messages.count_tokens(model="claude-test", system=SYSTEM, messages=_anthropic_history(),
@@ -165,7 +127,7 @@ def test_anthropic_count_tokens_is_not_a_turn(proxy: Proxy) -> None:
     assert proxy.summary(info["id"])["turns"] == 0
 
 
-def test_anthropic_unknown_key_401_and_image_400_in_anthropic_envelope(proxy: Proxy) -> None:
+def test_anthropic_unknown_key_401_and_image_400_in_anthropic_envelope(proxy: CaptureServer) -> None:
     info = proxy.open_session()
     bad = anthropic.Anthropic(api_key="sk-not-a-session", base_url=info["base_urls"]["anthropic"], max_retries=0)
     with pytest.raises(anthropic.AuthenticationError) as err:
@@ -196,7 +158,7 @@ def _responses_history() -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("streaming", [False, True], ids=["json", "sse"])
-def test_openai_responses_sdk_three_turn_tool_conversation_is_one_root(proxy: Proxy, streaming: bool) -> None:
+def test_openai_responses_sdk_three_turn_tool_conversation_is_one_root(proxy: CaptureServer, streaming: bool) -> None:
     info = proxy.open_session()
     client = openai.OpenAI(api_key=info["api_key"], base_url=info["base_urls"]["openai"], max_retries=0)
     items = _responses_history()
@@ -231,7 +193,7 @@ def test_openai_responses_sdk_three_turn_tool_conversation_is_one_root(proxy: Pr
     assert turns[0]["meta"]["dialect"] == "responses"
 
 
-def test_openai_responses_unknown_key_401(proxy: Proxy) -> None:
+def test_openai_responses_unknown_key_401(proxy: CaptureServer) -> None:
     bad = openai.OpenAI(api_key="sk-not-a-session", base_url=f"{proxy.url}/v1", max_retries=0)
     with pytest.raises(openai.AuthenticationError) as err:
         bad.responses.create(model="m", input="hi")
@@ -262,7 +224,7 @@ def _google_client(info: dict[str, Any], key: str | None = None) -> genai.Client
 
 
 @pytest.mark.parametrize("streaming", [False, True], ids=["json", "sse"])
-def test_google_genai_sdk_three_turn_tool_conversation_is_one_root(proxy: Proxy, streaming: bool) -> None:
+def test_google_genai_sdk_three_turn_tool_conversation_is_one_root(proxy: CaptureServer, streaming: bool) -> None:
     info = proxy.open_session()
     client = _google_client(info)
     contents = _google_history()
@@ -298,7 +260,7 @@ def test_google_genai_sdk_three_turn_tool_conversation_is_one_root(proxy: Proxy,
     assert turns[0]["meta"]["dialect"] == "google"
 
 
-def test_google_count_tokens_is_not_a_turn(proxy: Proxy) -> None:
+def test_google_count_tokens_is_not_a_turn(proxy: CaptureServer) -> None:
     info = proxy.open_session()
     client = _google_client(info)
     count = client.models.count_tokens(model="gemini-test", contents=_google_history())
@@ -306,7 +268,7 @@ def test_google_count_tokens_is_not_a_turn(proxy: Proxy) -> None:
     assert proxy.summary(info["id"])["turns"] == 0
 
 
-def test_google_key_in_query_and_unknown_key_401(proxy: Proxy) -> None:
+def test_google_key_in_query_and_unknown_key_401(proxy: CaptureServer) -> None:
     info = proxy.open_session()
     body = {"contents": [{"role": "user", "parts": [{"text": "Say hi."}]}],
             "generationConfig": {"maxOutputTokens": 4, "temperature": 0}}
@@ -328,7 +290,7 @@ def test_google_key_in_query_and_unknown_key_401(proxy: Proxy) -> None:
     assert proxy.summary(info["id"])["turns"] == 2
 
 
-def test_google_candidate_count_refused_in_google_envelope(proxy: Proxy) -> None:
+def test_google_candidate_count_refused_in_google_envelope(proxy: CaptureServer) -> None:
     client = _google_client(proxy.open_session())
     with pytest.raises(genai_errors.ClientError) as err:
         client.models.generate_content(
@@ -339,7 +301,7 @@ def test_google_candidate_count_refused_in_google_envelope(proxy: Proxy) -> None
 # ---- engine failures while streaming: SSE errors in each dialect (B15) --------------------------
 
 @pytest.fixture
-def dead_engine_session(proxy: Proxy) -> dict[str, Any]:
+def dead_engine_session(proxy: CaptureServer) -> dict[str, Any]:
     """A session whose engine refuses connections: every call fails upstream (502, unreachable)."""
     import socket
 
@@ -351,7 +313,7 @@ def dead_engine_session(proxy: Proxy) -> dict[str, Any]:
     return reply.json()
 
 
-def test_stream_failures_arrive_as_each_dialects_sse_error(proxy: Proxy, dead_engine_session: dict[str, Any]) -> None:
+def test_stream_failures_arrive_as_each_dialects_sse_error(proxy: CaptureServer, dead_engine_session: dict[str, Any]) -> None:
     info = dead_engine_session
     ant = anthropic.Anthropic(api_key=info["api_key"], base_url=info["base_urls"]["anthropic"], max_retries=0)
     with pytest.raises(anthropic.APIStatusError) as err:
