@@ -168,6 +168,9 @@ class HostSandbox(BaseEnvironment):
         self._private_home = private_home
         self._holder: asyncio.subprocess.Process | None = None
         self._namespace: str | None = None
+        # An open fd on the namespace pins it: the kernel reuses a freed namespace's id at once,
+        # so without the pin, stopping this trial could kill the next trial's processes.
+        self._namespace_fd: int | None = None
         self._root: Path | None = None
         self._binds: dict[str, Path] = {}
         self._tmux_tmpdir = f"/tmp/tapdeck-tmux-{secrets.token_hex(6)}"
@@ -265,6 +268,7 @@ class HostSandbox(BaseEnvironment):
             preexec_fn=_die_with_parent,
         )
         self._namespace = await self._wait_for_namespace(self._holder)
+        self._namespace_fd = self._pin_namespace(self._holder.pid, self._namespace)
 
         # The per-trial root may live under a path about to be covered (the default is under
         # /tmp), so it is first bound at a staging point and every bind reads from there.
@@ -306,6 +310,15 @@ class HostSandbox(BaseEnvironment):
             await asyncio.sleep(0.01)
         raise RuntimeError("host sandbox namespace holder did not start in time")
 
+    @staticmethod
+    def _pin_namespace(pid: int, namespace: str) -> int:
+        """Open the holder's mount namespace and check it is still `namespace`."""
+        fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        if os.readlink(f"/proc/self/fd/{fd}") != namespace:
+            os.close(fd)
+            raise RuntimeError("host sandbox namespace holder exited while starting")
+        return fd
+
     async def stop(self, delete: bool) -> None:
         """Kill every process in the trial's mount namespace, then remove the per-trial dirs.
 
@@ -321,18 +334,22 @@ class HostSandbox(BaseEnvironment):
         self._binds = {}
 
     async def _kill_namespace(self) -> None:
-        namespace, holder = self._namespace, self._holder
-        self._namespace, self._holder = None, None
-        if namespace is not None and namespace != _mount_namespace(os.getpid()):
-            # Loop: a process may fork while we kill its siblings.
-            for _ in range(50):
-                pids = processes_in_namespace(namespace)
-                if not pids:
-                    break
-                for pid in pids:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-                await asyncio.sleep(0.02)
+        namespace, holder, pin = self._namespace, self._holder, self._namespace_fd
+        self._namespace, self._holder, self._namespace_fd = None, None, None
+        # Only a pinned namespace's id is known to still be ours; unpinned, kill just the holder.
+        if pin is not None:
+            try:
+                # Loop: a process may fork while we kill its siblings.
+                for _ in range(50):
+                    pids = processes_in_namespace(namespace)
+                    if not pids:
+                        break
+                    for pid in pids:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, signal.SIGKILL)
+                    await asyncio.sleep(0.02)
+            finally:
+                os.close(pin)
         if holder is not None:
             if holder.returncode is None:
                 with contextlib.suppress(ProcessLookupError):

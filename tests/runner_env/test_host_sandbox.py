@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import sys
 import types
 from pathlib import Path
@@ -125,10 +126,10 @@ async def test_three_concurrent_trials_are_isolated_and_leave_nothing(tmp_path: 
 
 def _sandbox(tmp_path: Path, **kwargs) -> HostSandbox:
     env_dir = tmp_path / "task" / "environment"
-    env_dir.mkdir(parents=True)
+    env_dir.mkdir(parents=True, exist_ok=True)
     (env_dir / "Dockerfile").write_text("FROM debian:12\nWORKDIR /work/proj\n")
     trial_paths = TrialPaths(tmp_path / "trial")
-    trial_paths.mkdir()
+    trial_paths.mkdir()  # idempotent: two sandboxes may share one task and trial
     task_env = TaskEnvironmentConfig(**kwargs.pop("task_env", {}))
     return HostSandbox(environment_dir=env_dir, environment_name="t", session_id="t__env",
                        trial_paths=trial_paths, task_env_config=task_env,
@@ -214,6 +215,26 @@ async def test_stop_kills_every_process_in_the_namespace_and_removes_dirs(tmp_pa
     assert processes_in_namespace(namespace) == []
     assert not root.exists()
     assert list((tmp_path / "hostdirs").iterdir()) == []
+
+
+async def test_stopping_a_trial_never_kills_a_later_trial_given_its_freed_namespace_id(
+    tmp_path: Path,
+) -> None:
+    # The kernel hands a freed namespace id to the next namespace at once; this was seen in CI as
+    # a concurrent batch's next trial failing with "namespace holder exited".
+    (tmp_path / "hostdirs").mkdir()
+    first, second = _sandbox(tmp_path), _sandbox(tmp_path)
+    await first.start(force_build=False)
+    namespace = first.namespace
+    for pid in processes_in_namespace(namespace):
+        os.kill(pid, signal.SIGKILL)
+    await second.start(force_build=False)
+    try:
+        assert second.namespace != namespace
+        await first.stop(delete=True)
+        assert (await second.exec("echo alive")).stdout.strip() == "alive"
+    finally:
+        await second.stop(delete=True)
 
 
 async def test_no_network_task_gets_loopback_only(tmp_path: Path) -> None:
