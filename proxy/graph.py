@@ -8,13 +8,17 @@ Memory: a node keeps only the prompt ids beyond its base (`prompt_tail`) plus it
 and logprobs, so memory grows with unique tokens, not with turns². The full sequence is rebuilt on
 demand by walking bases (`full_prompt`, `full_sequence`).
 
-Lookup: the new prompt is hashed once, vectorised (two independent 64-bit polynomial hashes over
-per-token random values, numpy uint64 wrap-around arithmetic): this yields the hash of every prefix
-in O(prompt) with a tiny constant (a gather, a multiply and a cumsum per hash). Each node is indexed
-by the two hashes of its end sequence (prompt+sampled) and of its prompt. Candidate ends are found
-with one vectorised `searchsorted` over the sorted index keys at the distinct node lengths below the
-prompt length; no per-node Python work, no scan of node contents. Two independent 64-bit hashes
-plus the length make a false match negligible.
+Lookup: prefixes are hashed vectorised (two independent 64-bit polynomial hashes over per-token
+random values, numpy uint64 wrap-around arithmetic: a gather, a multiply and a cumsum per hash).
+Each node is indexed by the two hashes of its end sequence (prompt+sampled) and of its prompt.
+Candidate ends are found with one vectorised `searchsorted` over the sorted index keys at the
+distinct node lengths below the prompt length; no per-node Python work, no scan of node contents.
+Two independent 64-bit hashes plus the length make a false match negligible.
+
+Only the new tokens are hashed in the common case: when the prompt starts with the last call's
+ids (or those of an ancestor it extends: a retry, a fork), compares prove the shared part and
+hashing resumes from that end's stored hash. Otherwise (a parallel agent, an edit, a break) every
+prefix of the prompt is hashed, O(prompt) with the tiny constant above. Both give the same link.
 
 Prefix breaks (real vLLM, see tests/fixtures/vllm/README.md) are linked visibly:
 * a turn cut by `length` gets an end token the model never sampled: still an exact prefix (INFO);
@@ -97,6 +101,20 @@ class _PrefixHasher:
         return out[0], out[1]
 
 
+    def window(self, ids: np.ndarray, base: int = 0,
+               start: tuple[int, int] = (0, 0)) -> tuple[np.ndarray, np.ndarray]:
+        """`(g1, g2)` with `g[i]` = hash of `ids[:base + i]` for i in 0..len(ids) - base, given
+        `start`, the hashes of `ids[:base]` (only `ids[base:]` is hashed)."""
+        tail = ids[base:]
+        out = []
+        for which, g in enumerate(self.prefix_hashes(tail, base, start)):
+            w = np.empty(tail.size + 1, dtype=np.uint64)
+            w[0] = start[which]
+            w[1:] = g
+            out.append(w)
+        return out[0], out[1]
+
+
 def _splitmix(x: np.ndarray) -> np.ndarray:
     x = x + np.uint64(0x9E3779B97F4A7C15)
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
@@ -138,21 +156,26 @@ class _LengthIndex:
     def get(self, key: Key) -> list[int]:
         return self._by_key.get(key, [])
 
-    def longest(self, g1: np.ndarray, g2: np.ndarray, lo: int, hi: int,
+    def longest(self, g1: np.ndarray, g2: np.ndarray, base: int, lo: int, hi: int,
                 accept: Any = None) -> tuple[int, list[int]] | None:
-        """Longest length L with lo < L <= hi whose prefix hash is indexed: `(L, seqs)`."""
+        """Longest length L with lo < L <= hi whose prefix hash is indexed: `(L, seqs)`.
+
+        `g1`, `g2` are a window from `_PrefixHasher.window` starting at length `base`; lengths
+        below `base` are not looked at.
+        """
+        lo = max(lo, base - 1)
         if not self._packed.size or hi <= lo:
             return None
         a, b = np.searchsorted(self._lens, [lo, hi], side="right")
         cand = self._lens[a:b]
         if not cand.size:
             return None
-        probe = self._pack(cand, g1[cand - 1])
+        probe = self._pack(cand, g1[cand - base])
         pos = np.searchsorted(self._packed, probe)
         pos[pos >= self._packed.size] = 0
         hits = cand[self._packed[pos] == probe]
         for length in hits[::-1].tolist():
-            seqs = self._by_key.get((length, int(g1[length - 1]), int(g2[length - 1])))
+            seqs = self._by_key.get((length, int(g1[length - base]), int(g2[length - base])))
             if seqs:
                 ok = [s for s in seqs if accept is None or accept(s)]
                 if ok:
@@ -349,6 +372,8 @@ class RolloutGraph:
         self._prompts = _LengthIndex()
         self._conv: dict[bytes, list[int]] = {}
         self._root_groups: dict[Any, list[int]] = {}
+        # The last call with ids: its prompt and sampled arrays (one prompt's memory per graph).
+        self._hot: tuple[int, np.ndarray, np.ndarray | None] | None = None
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -555,55 +580,92 @@ class RolloutGraph:
         conv = conversation(turn.request)
         node.conv_len = len(conv) + 1
         if has_prompt:
-            g1, g2 = self._hashes(node, prompt)
-            self._link_by_tokens(node, prompt, g1, g2, conv)
+            self._set_keys(node, self._link_by_tokens(node, prompt, conv))
         else:
             self._link_by_messages(node, conv)
         self._insert(node)
         self._finish_conv_hash(node, conv)
+        if has_prompt:
+            self._hot = (node.seq, prompt, sampled)
         adopted = self._adopt_into(node)
         return Link(node.seq, node.parent, node.kind, node.offset, list(node.link_findings), adopted)
 
     @staticmethod
-    def _hashes(node: Node, prompt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Prefix hashes of the prompt; sets the node's prompt and end keys (sampled hashed apart,
-        so the prompt is never copied)."""
-        n = prompt.size
-        if n:
-            g1, g2 = _HASHER.prefix_hashes(prompt)
-            node.prompt_key = (n, int(g1[-1]), int(g2[-1]))
-        else:
-            g1 = g2 = np.zeros(0, dtype=np.uint64)
-            node.prompt_key = (0, 0, 0)
+    def _set_keys(node: Node, prompt_hash: tuple[int, int]) -> None:
+        """The node's prompt and end keys (the sampled ids hashed on from the prompt's hash)."""
+        n = node.prompt_len
+        node.prompt_key = (n, *prompt_hash)
         s = node.sampled
         if s is not None and s.size:
-            e1, e2 = _HASHER.prefix_hashes(s, n, node.prompt_key[1:])
+            e1, e2 = _HASHER.prefix_hashes(s, n, prompt_hash)
             node.end_key = (n + s.size, int(e1[-1]), int(e2[-1]))
         else:
             node.end_key = node.prompt_key
-        return g1, g2
 
-    def _link_by_tokens(self, node: Node, prompt: np.ndarray, g1: np.ndarray, g2: np.ndarray,
-                        conv: list[dict[str, Any]]) -> None:
+    def _hot_start(self, prompt: np.ndarray) -> tuple[int, tuple[int, int]] | None:
+        """`(L, hashes)`: the longest end (prompt+sampled ids, length L) of the last call or of
+        an ancestor it extends by exact prefix, that the prompt starts with.
+
+        The common agent step extends the last call, a retry or fork extends one of its
+        ancestors; then only the ids beyond L are hashed, and compares (memcmp-like) prove the
+        shared part, so linking costs what the new tokens cost.
+        """
+        if self._hot is None:
+            return None
+        seq, hot_prompt, hot_sampled = self._hot
+        node = self._nodes.get(seq)
+        if node is None:
+            return None
+        a = hot_prompt.size
+        shared = self._first_mismatch(prompt, hot_prompt)
+        if shared == a and hot_sampled is not None:
+            shared += self._first_mismatch(prompt[a:], hot_sampled)
+        while node.end_key[0] > shared or not node.end_key[0]:
+            if node.kind != "prefix":
+                return None
+            node = self._nodes[node.parent]
+        return node.end_key[0], node.end_key[1:]
+
+    def _link_by_tokens(self, node: Node, prompt: np.ndarray,
+                        conv: list[dict[str, Any]]) -> tuple[int, int]:
+        """Link by the longest exact token prefix; returns the prompt's hashes.
+
+        Tries the window beyond the last call first; only when no call at or beyond it is an
+        exact parent are all of the prompt's prefixes hashed. Both give the same link.
+        """
         n = prompt.size
-        best = self._ends.longest(g1, g2, 0, n, accept=lambda s: (
-            s != node.seq and self._nodes[s].has_prompt and self._nodes[s].prompt_len < n))
+
+        def is_end(s: int) -> bool:
+            return s != node.seq and self._nodes[s].has_prompt and self._nodes[s].prompt_len < n
+
+        best = None
+        hot = self._hot_start(prompt)
+        if hot is not None:
+            base = hot[0]
+            g1, g2 = _HASHER.window(prompt, base, hot[1])
+            best = self._ends.longest(g1, g2, base, 0, n, accept=is_end)
+        if best is None:
+            base = 0
+            g1, g2 = _HASHER.window(prompt)
+            best = self._ends.longest(g1, g2, base, 0, n, accept=is_end)
         exact = best[1][0] if best else None
         exact_len = best[0] if best else 0
         # A deeper call whose prompt (not its reply) starts this prompt: maybe a re-tokenisation.
-        retok = self._prompts.longest(g1, g2, max(0, exact_len - 1), n - 1, accept=lambda s: (
+        retok = self._prompts.longest(g1, g2, base, max(0, exact_len - 1), n - 1, accept=lambda s: (
             s != node.seq and self._nodes[s].sampled_len > 0 and self._nodes[s].prompt_len < n))
+        prompt_hash = (int(g1[-1]), int(g2[-1]))
         if retok is not None:
             cand = self._nodes[retok[1][0]]
             deeper = exact is None or cand.conv_len > self._nodes[exact].conv_len
             if deeper and self._continues_as_text(cand, conv):
                 self._set_link(node, cand.seq, "retokenized", self._divergence(cand, prompt), prompt)
-                return
+                return prompt_hash
         if exact is not None:
             self._set_link(node, exact, "prefix", exact_len, prompt)
         else:
             self._set_link(node, None, "root", None, prompt)
         self._check_message_break(node, conv, prompt, exact)
+        return prompt_hash
 
     def _link_by_messages(self, node: Node, conv: list[dict[str, Any]]) -> None:
         hashes = _chain_hashes(conv)
@@ -662,7 +724,10 @@ class RolloutGraph:
 
     @staticmethod
     def _first_mismatch(a: np.ndarray, b: np.ndarray) -> int:
+        """Length of the common prefix of `a` and `b`."""
         m = min(a.size, b.size)
+        if np.array_equal(a[:m], b[:m]):
+            return m
         diff = np.flatnonzero(a[:m] != b[:m])
         return int(diff[0]) if diff.size else m
 
@@ -799,8 +864,7 @@ class RolloutGraph:
         self._detach(c)
         conv = conversation(c.turn.request)
         if prompt is not None:
-            g1, g2 = _HASHER.prefix_hashes(prompt) if prompt.size else (np.zeros(0, np.uint64),) * 2
-            self._link_by_tokens(c, prompt, g1, g2, conv)
+            self._link_by_tokens(c, prompt, conv)
         else:
             self._link_by_messages(c, conv)
         self._attach(c)

@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 from proxy_core_fixtures import turn_from_fixture
 
+from tapdeck.proxy import graph as graph_module
 from tapdeck.proxy.graph import RolloutGraph
+from tapdeck.proxy.turn import Turn
 
 MULTI = ["chat_multiturn_1", "chat_multiturn_2", "chat_multiturn_3"]
 TINY = ["tiny/chat_multiturn_1", "tiny/chat_multiturn_2", "tiny/chat_multiturn_3"]
@@ -80,6 +82,62 @@ def test_linking_reads_no_stored_node_tokens(monkeypatch):
     for t in turns:
         g.add(t)
     assert g.nodes[2].parent == 1
+
+
+def _agent_loop(n_turns, first=300, new=40, seed=0):
+    """Synthetic turns shaped like an agent loop: each prompt extends the previous call."""
+    rng = np.random.default_rng(seed)
+    prompt, turns = rng.integers(3, 49152, first, dtype=np.int32), []
+    for k in range(n_turns):
+        sampled = rng.integers(3, 49152, new // 2, dtype=np.int32)
+        msgs = [{"role": "user", "content": "task"}]
+        for j in range(k):
+            msgs += [{"role": "assistant", "content": f"reply {j}"}, {"role": "user", "content": f"obs {j}"}]
+        turns.append(Turn(session_id="s", seq=k, prompt_ids=prompt, sampled_ids=sampled,
+                          logprobs=np.full(sampled.size, -0.5), finish_reason="stop",
+                          request={"messages": msgs}, response={"content": f"reply {k}"}))
+        prompt = np.concatenate([prompt, sampled, rng.integers(3, 49152, new - new // 2, dtype=np.int32)])
+    return turns
+
+
+def test_linking_an_extending_call_hashes_only_its_new_tokens(monkeypatch):
+    hashed = []
+    real = graph_module._HASHER.prefix_hashes
+    monkeypatch.setattr(graph_module._HASHER, "prefix_hashes",
+                        lambda ids, *a, **k: hashed.append(ids.size) or real(ids, *a, **k))
+    turns = _agent_loop(20)
+    g = RolloutGraph()
+    for prev, t in zip([None, *turns], turns):
+        hashed.clear()
+        g.add(t)
+        new = t.prompt_ids.size - (prev.prompt_ids.size + prev.sampled_ids.size if prev else 0)
+        assert sum(hashed) == new + t.sampled_ids.size
+    assert [g.link(t.seq).parent for t in turns] == [None, *range(19)]
+
+
+def test_linking_from_the_last_call_gives_the_graph_full_hashing_gives():
+    """Forks, retries, edits and out-of-order arrivals: the shortcut never changes a link."""
+    rng = random.Random(3)
+    for trial in range(40):
+        turns = _agent_loop(4, first=50, new=10, seed=trial)
+        for seq in range(4, 24):
+            parent = rng.choice(turns)
+            full = np.concatenate([parent.prompt_ids, parent.sampled_ids])
+            cut = rng.choice([full.size, full.size, parent.prompt_ids.size, rng.randrange(1, full.size)])
+            prompt = np.concatenate([full[:cut], np.asarray(rng.sample(range(3, 999), 5), dtype=np.int32)])
+            if rng.random() < 0.2:
+                prompt = parent.prompt_ids  # a retry of the same call
+            turns.append(dataclasses.replace(parent, seq=seq, prompt_ids=prompt,
+                                             sampled_ids=np.asarray(rng.sample(range(3, 999), 4), dtype=np.int32),
+                                             logprobs=np.full(4, -0.5)))
+        order = list(range(len(turns)))
+        rng.shuffle(order)
+        fast, _ = build(turns, order)
+        slow = RolloutGraph()
+        slow._hot_start = lambda prompt: None
+        for i in order:
+            slow.add(turns[i])
+        assert shape(fast) == shape(slow), trial
 
 
 def test_truncated_turn_links_as_prefix_with_info_about_the_unsampled_end_token():
