@@ -42,7 +42,8 @@ from tapdeck.proxy.sessions import (
     new_session_key,
 )
 from tapdeck.proxy.sse import json_array_with_keepalive, stream_with_keepalive
-from tapdeck.proxy.store import Store, content_key
+from tapdeck.proxy.interning import Interner
+from tapdeck.proxy.store import Store
 from tapdeck.proxy.tiers import EngineSpec, ProbeResult, Tier, probe
 from tapdeck.proxy.turn import Turn
 from tapdeck.proxy.validation import validate_rollout, validate_turn
@@ -106,18 +107,9 @@ class _Session:
     """Orders a session's commits (one append at a time, in seq order)."""
     rw: threading.RLock = field(default_factory=threading.RLock)
     """Guards the graph: admin reads run in worker threads while the loop links new turns."""
-    interned: dict[str, Any] = field(default_factory=dict)
-    """Content key -> the first message / tool object seen with it: every turn's request refers
-    to these, so a conversation resent on each call is held once, not once per turn."""
-
-    def intern(self, request: dict[str, Any]) -> dict[str, Any]:
-        """`request` with its messages and tools replaced by this session's shared objects."""
-        out = dict(request)
-        for name in _INTERNED:
-            items = request.get(name)
-            if isinstance(items, list):
-                out[name] = [self.interned.setdefault(content_key(m), m) for m in items]
-        return out
+    interner: Interner = field(default_factory=Interner)
+    """Every turn's request refers to the session's shared message and tool objects, so a
+    conversation resent on each call is held once, not once per turn."""
 
     def count(self, findings: list[Finding]) -> None:
         for f in findings:
@@ -125,10 +117,6 @@ class _Session:
                 self.fatal += 1
             elif f.level is Level.WARN:
                 self.warn += 1
-
-
-_INTERNED = ("messages", "tools")
-"""Request lists a harness resends whole on every call."""
 
 
 class CaptureService:
@@ -498,9 +486,11 @@ class CaptureService:
         choice = (reply.get("choices") or [{}])[0]
         async with session.lock:
             assert session.graph is not None
+            interned = session.interner.intern(req.chat)
             turn = Turn(session_id=session.id, seq=session.turns, prompt_ids=cap.prompt_ids,
                         sampled_ids=cap.sampled_ids, logprobs=cap.logprobs,
-                        finish_reason=choice.get("finish_reason"), request=session.intern(req.chat),
+                        finish_reason=choice.get("finish_reason"), request=interned.request,
+                        content_keys=interned.keys,
                         response=choice.get("message") or {}, sampling=sampling,
                         token_texts=cap.token_texts, top_logprobs=cap.top_logprobs,
                         findings=[*cap.findings, *_request_findings(req)], meta=meta)

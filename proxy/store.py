@@ -11,13 +11,14 @@ sequence never changes, so reconstruction stays exact even after the graph re-pa
 
 A harness resends the whole conversation on every call, so a turn's `messages` and `tools` lists
 are stored content-addressed: each element once in `messages` (keyed by the sha256 of its
-canonical JSON, written in the turn's transaction), the turn's request keeping only the keys. A
-late turn of a long rollout then writes its new messages and a list of keys, not the conversation.
+canonical JSON, written in the turn's transaction), the turn's request keeping only the keys, and
+those as a delta too: `{"base": seq, "keep": n, "add": [...]}` is the first n keys of the session's
+previously stored turn plus the new ones. A late turn of a long rollout then writes its new
+messages and their keys, not the conversation nor a list that grows with it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import sqlite3
 import threading
 import time
@@ -30,6 +31,7 @@ import orjson
 
 from tapdeck.proxy.findings import Finding
 from tapdeck.proxy.graph import Link, RolloutGraph
+from tapdeck.proxy.interning import CONTENT_ADDRESSED, common_prefix, content_key
 from tapdeck.proxy.tokens import (
     as_ids,
     ids_from_bytes,
@@ -69,9 +71,6 @@ CREATE TABLE IF NOT EXISTS messages (
 );
 """
 
-_CONTENT_ADDRESSED = ("messages", "tools")
-"""Request keys whose list elements are stored once each in `messages`, by content hash."""
-
 _HASH_BATCH = 500
 """Keys per `IN (...)` lookup when loading (well under SQLite's bound-parameter limit)."""
 
@@ -80,35 +79,39 @@ def _dumps(obj: Any) -> bytes:
     return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
 
 
-def content_key(obj: Any) -> str:
-    """The content key of a message or tool: sha256 (hex) of its canonical JSON (keys sorted).
-
-    Equal messages get equal keys whatever their key order, so a conversation resent on every call
-    is stored, and can be interned in memory, once per distinct message.
-    """
-    return hashlib.sha256(orjson.dumps(obj, option=orjson.OPT_SORT_KEYS
-                                       | orjson.OPT_SERIALIZE_NUMPY
-                                       | orjson.OPT_NON_STR_KEYS)).hexdigest()
-
-
-def _split_request(request: dict[str, Any]) -> tuple[dict[str, Any], list[str], dict[str, Any]]:
-    """The request with its content-addressed lists replaced by key lists, the names of those
-    lists, and the elements by key."""
+def _split_request(request: dict[str, Any], known: dict[str, list[str]] | None
+                   ) -> tuple[dict[str, Any], dict[str, list[str]], dict[str, Any]]:
+    """The request with its content-addressed lists replaced by their keys (`known` ones reused),
+    those keys by list name, and the elements by key."""
     items: dict[str, Any] = {}
     stored = dict(request)
-    refs = []
-    for name in _CONTENT_ADDRESSED:
+    keys: dict[str, list[str]] = {}
+    for name in CONTENT_ADDRESSED:
         values = request.get(name)
         if not isinstance(values, list):
             continue
-        keys = []
-        for value in values:
-            key = content_key(value)
+        names = (known or {}).get(name)
+        if names is None or len(names) != len(values):
+            names = [content_key(value) for value in values]
+        for key, value in zip(names, values):
             items.setdefault(key, value)
-            keys.append(key)
-        stored[name] = keys
-        refs.append(name)
-    return stored, refs, items
+        keys[name] = stored[name] = names
+    return stored, keys, items
+
+
+def _resolve_refs(docs: dict[int, dict[str, Any]], path: Path, session_id: str) -> None:
+    """Replace each doc's key deltas (`{"base", "keep", "add"}`) with full key lists, in place."""
+    for seq in docs:
+        for name in docs[seq].get("refs", ()):
+            chain = [seq]
+            while not isinstance(ref := docs[chain[-1]]["request"][name], list):
+                if ref["base"] not in docs:
+                    raise ValueError(f"{path}: turn {session_id}/{chain[-1]}'s {name} are stored "
+                                     f"against turn {ref['base']}, which is missing")
+                chain.append(ref["base"])
+            for s in reversed(chain[:-1]):
+                ref = docs[s]["request"][name]
+                docs[s]["request"][name] = docs[ref["base"]]["request"][name][:ref["keep"]] + ref["add"]
 
 
 class _Write:
@@ -135,6 +138,8 @@ class Store:
         self._stored_keys: set[str] = set()
         """Content keys known committed in `messages` (rows are never deleted), so a turn only
         hands SQLite the messages it adds."""
+        self._previous: dict[str, tuple[int, dict[str, list[str]]]] = {}
+        """Per session, the last committed turn's seq and content keys: the base of key deltas."""
         self._queue: list[_Write] = []
         self._queue_lock = threading.Lock()
         self._write_lock = threading.Lock()
@@ -285,9 +290,14 @@ class Store:
         """
         prompt = as_ids(turn.prompt_ids) if turn.prompt_ids is not None else None
         sampled = as_ids(turn.sampled_ids) if turn.sampled_ids is not None else None
-        request, refs, items = _split_request(turn.request)
+        request, keys, items = _split_request(turn.request, turn.content_keys)
+        with self._queue_lock:
+            previous = self._previous.get(turn.session_id)
+        for name, names in keys.items():
+            shared = common_prefix(names, previous[1].get(name, [])) if previous else 0
+            request[name] = {"base": previous[0], "keep": shared, "add": names[shared:]} if shared else names
         doc = {
-            "request": request, "refs": refs, "response": turn.response, "sampling": turn.sampling,
+            "request": request, "refs": list(keys), "response": turn.response, "sampling": turn.sampling,
             "token_texts": turn.token_texts,
             "top_logprobs": turn.top_logprobs,
             "findings": [f.model_dump(mode="json") for f in turn.findings],
@@ -326,6 +336,8 @@ class Store:
 
         self._write(insert)
         self._stored_keys.update(k for k, _ in new_bodies)
+        with self._queue_lock:
+            self._previous[turn.session_id] = (turn.seq, keys)
 
     def load_session(self, session_id: str) -> tuple[dict[str, Any], list[Turn]]:
         """The session record and its turns in arrival order, prompts rebuilt exactly."""
@@ -336,6 +348,8 @@ class Store:
                 "finish_reason, doc, created_at FROM turns WHERE session_id = ? ORDER BY seq",
                 (session_id,)).fetchall()
             docs = [orjson.loads(row[8]) for row in rows]
+            _resolve_refs({row[0]: doc for row, doc in zip(rows, docs, strict=True)}, self.path,
+                          session_id)
             contents = self._load_contents(docs)
         # Keep a rebuilt sequence only until the last turn stored against it has been rebuilt.
         last_use = {row[1]: row[0] for row in rows if row[1] is not None}

@@ -33,6 +33,8 @@ class Turn:
     findings: list[Finding] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
     created_at: float = field(default_factory=time.time)
+    content_keys: dict[str, list[str]] | None = None
+    """Content keys of the request's messages and tools, when capture already computed them."""
 
     @property
     def has_ids(self) -> bool:

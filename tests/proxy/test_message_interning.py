@@ -6,6 +6,7 @@ from pathlib import Path
 
 import httpx
 
+from tapdeck.proxy import interning
 from tapdeck.proxy.server import create_app
 from tapdeck.proxy.service import CaptureService
 from tapdeck.proxy.store import Store
@@ -53,3 +54,27 @@ async def test_consecutive_turns_share_the_message_objects_they_resend(upstream,
     await service.aclose()
     store.close()
 
+
+
+def test_interner_keys_only_the_messages_the_previous_call_did_not_send(monkeypatch):
+    keyed = []
+    real = interning.content_key
+    monkeypatch.setattr(interning, "content_key", lambda obj: keyed.append(obj) or real(obj))
+    interner = interning.Interner()
+    for k in range(5):
+        keyed.clear()
+        out = interner.intern(_conversation(k))
+        # the first call keys its 2 messages and 1 tool; later ones only their 2 new messages
+        assert len(keyed) == (3 if k == 0 else 2)
+        assert out.keys["messages"] == [real(m) for m in _conversation(k)["messages"]]
+    retry = interner.intern(_conversation(2))
+    assert retry.request["messages"][4] is out.request["messages"][4]
+
+
+def test_interner_keeps_apart_messages_python_calls_equal():
+    interner = interning.Interner()
+    sent = [{"role": "user", "content": "x", "n": value} for value in (1, True, 1.0)]
+    keys = [interner.intern({"messages": [m]}).keys["messages"][0] for m in sent]
+    assert len(set(keys)) == 3
+    assert [interner.objects[k]["n"] for k in keys] == [1, True, 1.0]
+    assert [type(interner.objects[k]["n"]) for k in keys] == [int, bool, float]

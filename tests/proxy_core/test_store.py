@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -323,6 +325,55 @@ def test_requests_round_trip_exactly_through_content_addressed_messages(tmp_path
         assert b.request == a.request
     # The body keeps the key order it was first sent with.
     assert orjson.dumps(loaded[0].request) == orjson.dumps(turns[0].request)
+
+
+def _stored_keys(doc: bytes) -> int:
+    return len(re.findall(rb'"[0-9a-f]{64}"', doc))
+
+
+def test_a_late_turn_stores_its_new_message_keys_not_the_conversations(tmp_path):
+    store = Store(tmp_path / "capture.db")
+    store.create_session({"id": "s1"})
+    turns = _conversation_turns(50)
+    capture(store, "s1", turns)
+    db = sqlite3.connect(tmp_path / "capture.db")
+    docs = dict(db.execute("SELECT seq, doc FROM turns"))
+    # Turn 0 names its 2 messages and 1 tool; each later turn only its 2 new messages.
+    assert [_stored_keys(docs[k]) for k in (0, 1, 25, 49)] == [3, 2, 2, 2]
+    assert len(docs[49]) < 2 * len(docs[1])
+
+
+def test_message_key_deltas_load_whatever_order_turns_were_stored_in(tmp_path):
+    turns = _conversation_turns(8)
+    # A retry of turn 2 (fewer messages than the turn stored before it) and an edited history.
+    turns.append(dataclasses.replace(turns[2], seq=8))
+    edited = copy.deepcopy(turns[6].request)
+    edited["messages"][1] = {"role": "user", "content": "another task"}
+    turns.append(dataclasses.replace(turns[6], seq=9, request=edited))
+    order = [0, 3, 1, 2, 8, 5, 4, 9, 7, 6]
+    store = Store(tmp_path / "capture.db")
+    store.create_session({"id": "s1"})
+    g = RolloutGraph()
+    for i in order[:5]:
+        store.append_turn(turns[i], g.add(turns[i]))
+    store.close()
+    store = Store(tmp_path / "capture.db")  # a restart: no previous turn in memory
+    for i in order[5:]:
+        store.append_turn(turns[i], g.add(turns[i]))
+    _, loaded = store.load_session("s1")
+    assert [t.request for t in loaded] == [t.request for t in turns]
+
+
+def test_a_missing_message_delta_base_is_a_clear_error(tmp_path):
+    store = Store(tmp_path / "capture.db")
+    store.create_session({"id": "s1"})
+    capture(store, "s1", [dataclasses.replace(t, prompt_ids=None) for t in _conversation_turns(3)])
+    store.close()
+    db = sqlite3.connect(tmp_path / "capture.db")
+    db.execute("DELETE FROM turns WHERE seq = 1")
+    db.commit()
+    with pytest.raises(ValueError, match="turn s1/2's messages are stored against turn 1, which is missing"):
+        Store(tmp_path / "capture.db").load_session("s1")
 
 
 def test_each_distinct_message_is_stored_once(tmp_path):
