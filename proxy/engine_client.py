@@ -83,8 +83,12 @@ class Capture(NamedTuple):
 
 
 def prepare_request(chat: Mapping[str, Any], tier: Tier | str, served_model: str, training: bool,
-                    *, max_tokens_cap: int = DEFAULT_MAX_TOKENS_CAP) -> tuple[dict[str, Any], dict[str, Any]]:
+                    *, max_tokens_cap: int = DEFAULT_MAX_TOKENS_CAP,
+                    alternatives: int = 0) -> tuple[dict[str, Any], dict[str, Any]]:
     """The upstream body for a chat request, and the sampling record `{"submitted", "requested"}`.
+
+    At least `alternatives` top logprobs are asked for per token, for inspection; the dialects
+    give the client only as many as it asked for.
 
     `chat` is never mutated. Raises DialectError(400) for what the proxy refuses: `n > 1`, and at the
     training tier logit_bias, guided decoding, non-text response formats and forced tool choice.
@@ -121,8 +125,9 @@ def prepare_request(chat: Mapping[str, Any], tier: Tier | str, served_model: str
     if str(tier) != "text":
         body["return_token_ids"] = True
         body["logprobs"] = True
-        if body.get("top_logprobs") is None:
-            body["top_logprobs"] = 0
+        asked = body.get("top_logprobs")
+        if asked is None or (type(asked) is int and asked < alternatives):
+            body["top_logprobs"] = max(alternatives, 0)
 
     requested = {k: copy.deepcopy(chat[k]) for k in SAMPLING_KEYS if k in chat}
     if training:
@@ -327,9 +332,10 @@ class EngineClient:
         return self.max_tokens_cap
 
     def prepare(self, chat: Mapping[str, Any], tier: Tier | str, served_model: str,
-                training: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+                training: bool, alternatives: int = 0) -> tuple[dict[str, Any], dict[str, Any]]:
         """See `prepare_request`; the cap is this engine's."""
-        return prepare_request(chat, tier, served_model, training, max_tokens_cap=self.cap)
+        return prepare_request(chat, tier, served_model, training, max_tokens_cap=self.cap,
+                               alternatives=alternatives)
 
     async def models(self) -> dict[str, Any]:
         """`GET {url}/models`."""

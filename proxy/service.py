@@ -195,6 +195,7 @@ class CaptureService:
             "id": sid, "state": "open", "tier": str(result.tier), "rollout_type": rollout_type,
             "engine": ref.model_dump(), "created_at": now, "metadata": dict(spec.metadata),
             "call_budget": spec.call_budget, "probe": result.detail,
+            "alternatives": result.alternatives,
             "findings": [f.model_dump(mode="json") for f in result.findings],
         }
         await asyncio.to_thread(self.store.create_session, record)
@@ -446,7 +447,8 @@ class CaptureService:
             # No served name known (the probe could not list models): the client's name is the
             # best guess left; a wrong one comes back as the engine's own 404.
             served = session.served_model or req.client_model or "default"
-            upstream, sampling = session.client.prepare(chat, session.tier, served, session.training)
+            upstream, sampling = session.client.prepare(chat, session.tier, served, session.training,
+                                                        session.record.get("alternatives", 0))
         except DialectError as exc:
             raise _CallFailed(exc.status, exc.message, exc.kind) from exc
         # Re-checked with no await since: concurrent calls cannot overshoot the budget.

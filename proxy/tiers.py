@@ -89,6 +89,9 @@ class ProbeResult:
     """The tier the capture call showed, before any demotion for raw logprobs."""
     cacheable: bool = True
     """False when the engine could not be reached: the next session probes again."""
+    alternatives: int = 0
+    """Top alternatives per token the engine returned when asked (0: it refused or was not asked);
+    every call asks for this many, so the TUI can show them (clients get what they asked for)."""
 
 
 def classify_logprobs_mode(t1: Mapping[str, Any], t2: Mapping[str, Any], *,
@@ -280,7 +283,7 @@ async def _probe_engine(spec: EngineSpec, client: EngineClient) -> ProbeResult:
         return _text("the engine returns no per-token logprobs", served=served, max_len=max_len)
     measured = Tier.TOKENS if has_ids else Tier.LOGPROBS
 
-    mode, mode_detail = await _ratio_probe(client, served)
+    mode, mode_detail, alternatives = await _ratio_probe(client, served)
     findings = list(cap.findings)
     if mode == "unknown" and measured is Tier.TOKENS:
         findings.append(Finding.warn("logprobs_mode_unknown",
@@ -288,11 +291,13 @@ async def _probe_engine(spec: EngineSpec, client: EngineClient) -> ProbeResult:
     what = "prompt ids, sampled ids and logprobs" if has_ids else "logprobs but no token ids"
     return ProbeResult(tier=measured, served_model=served, logprobs_mode=mode, max_model_len=max_len,
                        detail=f"engine returns {what}; logprobs {mode} ({mode_detail})",
-                       findings=findings, measured_tier=measured)
+                       findings=findings, measured_tier=measured, alternatives=alternatives)
 
 
-async def _ratio_probe(client: EngineClient, served: str) -> tuple[LogprobsMode, str]:
-    """One generated token at T=1 and T=2 with 5 alternatives each; compare the top-2 gap."""
+async def _ratio_probe(client: EngineClient, served: str) -> tuple[LogprobsMode, str, int]:
+    """One generated token at T=1 and T=2 with 5 alternatives each; compare the top-2 gap.
+
+    Also returns how many alternatives the engine gave (0 when a call failed or gave none)."""
     entries: list[Mapping[str, Any]] = []
     for temperature in (1.0, 2.0):
         body = {"model": served, "messages": PROBE_MESSAGES, "max_tokens": 1,
@@ -301,12 +306,13 @@ async def _ratio_probe(client: EngineClient, served: str) -> tuple[LogprobsMode,
         try:
             reply = await client.complete(body)
         except EngineError as exc:
-            return "unknown", f"T={temperature} call failed: {exc.message}"
+            return "unknown", f"T={temperature} call failed: {exc.message}", 0
         content = _first_content(reply)
         if not content:
-            return "unknown", f"T={temperature} reply has no logprobs"
+            return "unknown", f"T={temperature} reply has no logprobs", 0
         entries.append(content[0])
-    return classify_logprobs_mode(entries[0], entries[1])
+    given = min(len(e.get("top_logprobs") or []) for e in entries)
+    return (*classify_logprobs_mode(entries[0], entries[1]), min(given, RATIO_TOP_LOGPROBS))
 
 
 def _first_content(reply: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:

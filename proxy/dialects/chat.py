@@ -101,8 +101,10 @@ class ChatDialect:
                 choice.pop("prompt_token_ids", None)
             if not ctx.get("logprobs"):
                 choice["logprobs"] = None
-            elif not ctx.get("top_logprobs") and isinstance(choice.get("logprobs"), Mapping):
-                choice["logprobs"] = _without_alternatives(choice["logprobs"])
+            elif isinstance(choice.get("logprobs"), Mapping):
+                asked = ctx.get("top_logprobs")
+                choice["logprobs"] = _alternatives_cut(choice["logprobs"],
+                                                       asked if type(asked) is int else 0)
             choices.append(choice)
         out["choices"] = choices
         return out
@@ -163,13 +165,15 @@ class ChatDialect:
         yield DONE
 
 
-def _without_alternatives(logprobs: Mapping[str, Any]) -> dict[str, Any]:
-    """The client asked for logprobs but no alternatives: empty each `top_logprobs`."""
+def _alternatives_cut(logprobs: Mapping[str, Any], asked: int) -> dict[str, Any]:
+    """Each `top_logprobs` cut to the `asked` alternatives the client wanted (the proxy may have
+    asked the engine for more, to capture them)."""
     content = logprobs.get("content")
     if not isinstance(content, list):
         return dict(logprobs)
-    return {**logprobs, "content": [{**e, "top_logprobs": []} if isinstance(e, Mapping) else e
-                                    for e in content]}
+    return {**logprobs, "content": [
+        {**e, "top_logprobs": (e.get("top_logprobs") or [])[:max(asked, 0)]}
+        if isinstance(e, Mapping) else e for e in content]}
 
 
 DIALECT = ChatDialect()

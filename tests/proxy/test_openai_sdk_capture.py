@@ -76,7 +76,7 @@ def test_openai_sdk_stream_matches_capture_and_turn_is_durable_first(embedded_en
                              {"role": "user", "content": "What is the capital of France?"}],
         max_tokens=10, temperature=0, stream=True, stream_options={"include_usage": True},
         logprobs=True, top_logprobs=2)
-    text, logprobs, finish, usage = "", [], None, None
+    text, logprobs, alternatives, finish, usage = "", [], set(), None, None
     for chunk in stream:
         if chunk.usage is not None:
             usage = chunk.usage
@@ -84,6 +84,7 @@ def test_openai_sdk_stream_matches_capture_and_turn_is_durable_first(embedded_en
             text += choice.delta.content or ""
             if choice.logprobs and choice.logprobs.content:
                 logprobs.extend(e.logprob for e in choice.logprobs.content)
+                alternatives.update(len(e.top_logprobs) for e in choice.logprobs.content)
             finish = choice.finish_reason or finish
     # Read the store from a separate connection right away: the turn was committed before the reply.
     _record, turns = Store(server.config.capture_db).load_session(info["id"])
@@ -94,6 +95,9 @@ def test_openai_sdk_stream_matches_capture_and_turn_is_durable_first(embedded_en
     assert usage is not None and usage.completion_tokens == len(turn.sampled_ids)
     assert logprobs == pytest.approx(turn.logprobs.tolist())
     assert turn.prompt_ids is not None and len(turn.prompt_ids) > 0
+    # The client gets the 2 alternatives it asked for; the capture keeps the 5 the probe found.
+    assert alternatives == {2}
+    assert {len(alts) for alts in turn.top_logprobs} == {5}
 
 
 def test_session_header_and_alternative_key_headers_are_recorded(embedded_engine, make_server, admin_for):

@@ -69,6 +69,13 @@ def test_harness_top_logprobs_kept_and_logprobs_tier_forces_too(basic_chat):
     assert body["top_logprobs"] == 3 and body["logprobs"] is True
 
 
+@pytest.mark.parametrize(("asked", "sent"), [(None, 5), (0, 5), (2, 5), (8, 8), ("x", "x")])
+def test_calls_ask_the_engine_for_at_least_the_probed_alternatives(basic_chat, asked, sent):
+    body, _ = prepare_request({**basic_chat, "top_logprobs": asked}, Tier.TOKENS, "smollm2", False,
+                              alternatives=5)
+    assert body["top_logprobs"] == sent  # a bad value is the engine's to refuse, in its words
+
+
 async def test_text_tier_adds_no_capture_fields(upstream, basic_chat):
     client = client_for(upstream)
     body, _ = client.prepare({**basic_chat, "top_logprobs": None}, Tier.TEXT, "smollm2", training=False)

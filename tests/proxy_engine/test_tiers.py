@@ -96,6 +96,17 @@ async def test_probe_full_vllm_is_tokens_tier_with_served_name(make_upstream, vl
     assert capture["return_token_ids"] is True and capture["model"] == "smollm2"
     assert (t1["temperature"], t2["temperature"]) == (1.0, 2.0)
     assert t1["top_logprobs"] == t2["top_logprobs"] == 5 and t1["max_tokens"] == 1
+    assert result.alternatives == 2  # what the recorded replies carry: calls will ask for 2
+
+
+async def test_probe_engine_refusing_alternatives_keeps_tokens_and_asks_for_none(make_upstream, vllm,
+                                                                                 vllm_error):
+    status, error = vllm_error("top_logprobs_too_large")
+    good = probe_replies(vllm, "processed")
+    up = make_upstream(reply=lambda body: (status, error) if body.get("top_logprobs") else good(body))
+    result = await probe(EngineSpec(url=URL), up.client())
+    assert result.tier is Tier.TOKENS and result.logprobs_mode == "unknown"
+    assert result.alternatives == 0
 
 
 async def test_probe_raw_logprobs_demotes_with_fatal(make_upstream, vllm, monkeypatch):
