@@ -95,8 +95,10 @@ class TapdeckClient:
         return await self._request("GET", "/health")
 
     async def catalog(self) -> dict:
-        """`GET /admin/catalog`: what this server's machine can run, and why not."""
-        return await self._request("GET", "/admin/catalog")
+        """`GET /admin/catalog`: what this server's machine can run, and why not.
+
+        A server's first catalog imports Harbor and probes its engine: slow on a busy machine."""
+        return await self._request("GET", "/admin/catalog", timeout=120.0)
 
     async def sessions(self) -> list[dict]:
         """`GET /admin/sessions` → the SessionSummary list."""

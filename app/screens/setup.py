@@ -86,6 +86,12 @@ class SetupScreen(TapdeckScreen):
         body.loading = True  # probing engines and sandboxes can take a few seconds
         try:
             catalog = await self.client.catalog()
+        except Exception:
+            if self.catalog is None:
+                dataset = self.query_one("#dataset", Select)
+                dataset.prompt = "catalog not loaded: ctrl+r retries"
+                dataset.set_options([])
+            raise  # the app turns it into a notification and the status line
         finally:
             body.loading = False
         self.apply_catalog(catalog)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import socket
 
-from textual.widgets import DataTable
+from textual.widgets import DataTable, Select
 
 from tapdeck.app.client import TapdeckClient
 from tapdeck.app.tui import TapdeckApp
@@ -100,6 +100,20 @@ async def test_server_gone_becomes_a_notification_and_status_line_not_a_tracebac
         assert "not reachable" in app.status and app.status_level == "error"
         assert any("is it running?" in n.message for n in app._notifications)
         assert app.is_running
+
+
+async def test_setup_without_a_catalog_says_so_and_how_to_retry(make_app):
+    with socket.socket() as sock:  # a port with nothing listening
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    app = TapdeckApp(TapdeckClient(f"http://127.0.0.1:{port}", "k"), follow_events=False,
+                     initial_mode="setup")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause(0.5)
+        dataset = app.screen.query_one("#dataset", Select)
+        assert dataset.prompt == "catalog not loaded: ctrl+r retries"
+        assert "catalog not loaded" in str(dataset.query_one("SelectCurrent #label").render())
+        assert any("is it running?" in n.message for n in app._notifications)
 
 
 async def test_theme_switch_is_remembered(make_app, tmp_path):
