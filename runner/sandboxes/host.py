@@ -8,8 +8,9 @@ directories are bind-mounted over those paths (and over `/tmp`). Everything else
 
 What this is and is not:
 - It needs root (CAP_SYS_ADMIN) to create mount namespaces and the empty mount points on the host
-  (`/app` or the task's workdir, `/logs`, `/tests`, `/solution`, `/installed-agent`,
-  `/run/tapdeck-host-stage`: created once if missing, left in place, always empty on the host).
+  (`/app` or the task's workdir, `/logs`, `/tests`, `/solution`, `/installed-agent`: created when
+  missing, always empty on the host, removed when the last trial using them ends; see
+  `mount_points.py`).
 - Each trial also gets a private `/tmp` (with its own `TMUX_TMPDIR`: terminus-2 always names its
   tmux session `terminus-2`) and, for root, a private HOME inside it. A task that asks for no
   network gets a private network namespace with loopback only (host-side harnesses such as
@@ -46,6 +47,8 @@ from pathlib import Path
 from harbor.environments.base import BaseEnvironment, ExecResult
 from harbor.environments.capabilities import EnvironmentCapabilities
 
+from tapdeck.runner.sandboxes.mount_points import STATE_DIR, MountPoints
+
 IMPORT_PATH = "tapdeck.runner.sandboxes.host:HostSandbox"
 TYPE_NAME = "tapdeck-host"
 
@@ -53,7 +56,7 @@ TYPE_NAME = "tapdeck-host"
 FIXED_TARGETS = ("/logs", "/tests", "/solution", "/installed-agent", "/tmp")
 DEFAULT_WORKDIR = "/app"
 # An empty directory on the host where each namespace briefly mounts its per-trial root.
-STAGING_POINT = "/run/tapdeck-host-stage"
+STAGING_POINT = str(STATE_DIR / "stage")
 # root's HOME inside the sandbox (in the private /tmp, so it vanishes with the trial).
 PRIVATE_HOME = "/tmp/tapdeck-home"
 # A container-like PATH: the host user's own PATH (pyenv shims, cargo, ...) does not leak in.
@@ -90,7 +93,8 @@ def check() -> tuple[bool, str]:
     if os.geteuid() != 0:
         return False, (
             "host sandbox needs root: it creates mount namespaces and empty mount points such as "
-            "/app and /logs on the host (rootless user-namespace mode is not implemented); "
+            "/app and /logs on the host, removed after the last trial (rootless user-namespace mode "
+            "is not implemented); "
             + LIMITATIONS
         )
     missing = [tool for tool in REQUIRED_TOOLS if shutil.which(tool) is None]
@@ -173,6 +177,7 @@ class HostSandbox(BaseEnvironment):
         self._namespace_fd: int | None = None
         self._root: Path | None = None
         self._binds: dict[str, Path] = {}
+        self._mount_points: MountPoints | None = None
         self._tmux_tmpdir = f"/tmp/tapdeck-tmux-{secrets.token_hex(6)}"
         super().__init__(*args, **kwargs)
         self.workdir = (
@@ -256,6 +261,12 @@ class HostSandbox(BaseEnvironment):
             (self._binds["/logs"] / sub).mkdir(mode=0o777, exist_ok=True)
             (self._binds["/logs"] / sub).chmod(0o777)
 
+        # Mount points under another bound path (a workdir in /tmp) are made privately, in the
+        # namespace; the rest must exist on the host.
+        on_host = [t for t in targets if not any(t.startswith(o.rstrip("/") + "/") for o in targets)]
+        self._mount_points = MountPoints()
+        await asyncio.to_thread(self._mount_points.claim, [STAGING_POINT, *on_host])
+
         unshare = ["unshare", "--mount", "--propagation", "private"]
         if self.no_network:
             unshare.append("--net")
@@ -274,12 +285,11 @@ class HostSandbox(BaseEnvironment):
         # /tmp), so it is first bound at a staging point and every bind reads from there.
         # Parents are bound first, so a workdir nested under /tmp (say) lands on top, not hidden.
         stage = shlex.quote(STAGING_POINT)
-        Path(STAGING_POINT).mkdir(parents=True, exist_ok=True)
         script = ["set -e", f"mount --bind {shlex.quote(str(self._root))} {stage}"]
         for target, host_dir in sorted(self._binds.items(), key=lambda kv: kv[0].count("/")):
             source = shlex.quote(f"{STAGING_POINT}/{host_dir.name}")
-            # A bind needs an existing mount point: on the host it stays, empty (under a
-            # private parent such as /tmp it is made there).
+            # A bind needs an existing mount point (claimed on the host above; under a private
+            # parent such as /tmp it is made here).
             script.append(f"mkdir -p {shlex.quote(target)} && mount --bind {source} {shlex.quote(target)}")
         script.append(f"umount {stage}")
         script.append(f"mkdir -p -m 700 {shlex.quote(self._tmux_tmpdir)} {PRIVATE_HOME}")
@@ -325,6 +335,11 @@ class HostSandbox(BaseEnvironment):
         With `delete=False` the per-trial directories are kept (their path is logged).
         """
         await self._kill_namespace()
+        if self._mount_points is not None:
+            removed = await asyncio.to_thread(self._mount_points.release)
+            self._mount_points = None
+            if removed:
+                self.logger.debug("host sandbox removed the mount points it made: %s", removed)
         if self._root is not None:
             if delete:
                 await asyncio.to_thread(shutil.rmtree, self._root, True)

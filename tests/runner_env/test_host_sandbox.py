@@ -237,6 +237,26 @@ async def test_stopping_a_trial_never_kills_a_later_trial_given_its_freed_namesp
         await second.stop(delete=True)
 
 
+async def test_a_workdir_missing_on_the_host_is_made_and_removed_after_the_last_trial(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "hostdirs").mkdir()
+    top = Path(f"/tapdeck-test-{os.getpid()}-{tmp_path.name[-12:]}")
+    workdir = top / "proj"
+    first = _sandbox(tmp_path, task_env={"workdir": str(workdir)})
+    second = _sandbox(tmp_path, task_env={"workdir": str(workdir)})
+    await first.start(force_build=False)
+    await second.start(force_build=False)
+    try:
+        assert (await second.exec("pwd")).stdout.strip() == str(workdir)
+        assert workdir.is_dir() and list(workdir.iterdir()) == []  # empty on the host
+        await first.stop(delete=True)
+        assert workdir.is_dir()  # the second trial still binds over it
+    finally:
+        await second.stop(delete=True)
+    assert not top.exists()
+
+
 async def test_no_network_task_gets_loopback_only(tmp_path: Path) -> None:
     (tmp_path / "hostdirs").mkdir()
     env = _sandbox(tmp_path, task_env={"network_mode": "no-network"})
