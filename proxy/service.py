@@ -15,21 +15,24 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import httpx
 import orjson
-
 from tapdeck.proxy.aux import aux_dialect, count_tokens, match_aux
 from tapdeck.proxy.dialects import detect
 from tapdeck.proxy.dialects.base import Dialect, DialectError, DialectRequest, SSEEvent
 from tapdeck.proxy.dialects.chat import DIALECT as CHAT
 from tapdeck.proxy.dialects.google import JSON_ARRAY
+from tapdeck.proxy.dialects.responses import DIALECT as RESPONSES
+from tapdeck.proxy.dialects.stored_responses import StoredResponses
 from tapdeck.proxy.engine_client import DEFAULT_TIMEOUT, EngineClient, EngineError
 from tapdeck.proxy.events import EventBus
 from tapdeck.proxy.export import ExportRefused, rollout_document, training_trace
 from tapdeck.proxy.findings import Finding, Level
 from tapdeck.proxy.graph import Link, RolloutGraph
+from tapdeck.proxy.interning import Interner
 from tapdeck.proxy.sessions import (
     EngineRef,
     SessionError,
@@ -42,7 +45,6 @@ from tapdeck.proxy.sessions import (
     new_session_key,
 )
 from tapdeck.proxy.sse import json_array_with_keepalive, stream_with_keepalive
-from tapdeck.proxy.interning import Interner
 from tapdeck.proxy.store import Store
 from tapdeck.proxy.tiers import EngineSpec, ProbeResult, Tier, probe
 from tapdeck.proxy.turn import Turn
@@ -107,6 +109,8 @@ class _Session:
     """Orders a session's commits (one append at a time, in seq order)."""
     rw: threading.RLock = field(default_factory=threading.RLock)
     """Guards the graph: admin reads run in worker threads while the loop links new turns."""
+    stored_responses: StoredResponses = field(default_factory=StoredResponses)
+    """Responses API replies, for calls that name a `previous_response_id`."""
     interner: Interner = field(default_factory=Interner)
     """Every turn's request refers to the session's shared message and tool objects, so a
     conversation resent on each call is held once, not once per turn."""
@@ -381,8 +385,14 @@ class CaptureService:
             return _error(dialect, 400, "request body must be a JSON object", "invalid_request_error")
         if aux_kind:
             return await self._aux(session, dialect, aux_kind, payload)
+        remember: Callable[[dict[str, Any]], None] | None = None
         try:
-            req = dialect.parse(payload, path, query)
+            if dialect is RESPONSES:
+                # Stateful: a call naming a previous response gets the input that stands for.
+                req = dialect.parse(session.stored_responses.expand(payload), path, query)
+                remember = partial(session.stored_responses.remember, payload)
+            else:
+                req = dialect.parse(payload, path, query)
         except DialectError as exc:
             return _error(dialect, exc.status, exc.message, exc.kind, exc.param)
         meta = {"dialect": dialect.name, "client_model": req.client_model, "path": path}
@@ -391,15 +401,18 @@ class CaptureService:
             meta["header_session_id"] = header_session
         if req.stream:
             if req.context.get("stream_format") == JSON_ARRAY:
-                return CallReply(stream=self._stream(session, dialect, req, meta),
+                return CallReply(stream=self._stream(session, dialect, req, meta, remember),
                                  media_type="application/json")
-            return CallReply(stream=self._stream(session, dialect, req, meta))
+            return CallReply(stream=self._stream(session, dialect, req, meta, remember))
         task = asyncio.create_task(self._call(session, req, meta))
         try:
             reply = await _unless_disconnected(task, until_disconnect)
         except _CallFailed as exc:
             return _error(dialect, exc.status, exc.message, exc.kind)
-        return CallReply(body=dialect.render(reply, req))
+        rendered = dialect.render(reply, req)
+        if remember is not None:
+            remember(rendered)
+        return CallReply(body=rendered)
 
     async def _aux(self, session: _Session, dialect: Dialect, kind: Any,
                    payload: dict[str, Any]) -> CallReply:
@@ -415,8 +428,8 @@ class CaptureService:
             return _error(dialect, exc.status, exc.message, exc.kind, exc.param)
         return CallReply(body=body)
 
-    def _stream(self, session: _Session, dialect: Dialect, req: DialectRequest,
-                meta: dict[str, Any]) -> AsyncIterator[bytes]:
+    def _stream(self, session: _Session, dialect: Dialect, req: DialectRequest, meta: dict[str, Any],
+                remember: Callable[[dict[str, Any]], None] | None = None) -> AsyncIterator[bytes]:
         """SSE in the caller's dialect: keepalive comments while waiting, then the whole reply (or
         the error as the dialect's error events). The HTTP layer closing the stream (client gone)
         cancels the engine call."""
@@ -426,6 +439,8 @@ class CaptureService:
                 reply = await self._call(session, req, meta)
             except _CallFailed as exc:
                 return list(dialect.stream_error(exc.status, exc.message, exc.kind))
+            if remember is not None:
+                remember(dialect.render(reply, req))
             return list(dialect.render_stream(reply, req))
 
         if req.context.get("stream_format") == JSON_ARRAY:

@@ -8,6 +8,7 @@ message, which is exactly how a chat reply is split into items, so a re-sent his
 engine produced it. Reply: a `response` object (status completed / incomplete, zero-filled usage
 details) or the SSE sequence response.created ... response.completed with `sequence_number`s.
 A tool call is replayed as `local_shell_call` only when the request declared a `local_shell` tool.
+`previous_response_id` is resolved before translation, by the session's `StoredResponses`.
 """
 
 from __future__ import annotations
@@ -229,10 +230,6 @@ class ResponsesDialect:
     def parse(self, body: Mapping[str, Any], path: str, query: Mapping[str, str]) -> DialectRequest:
         if not isinstance(body, Mapping):
             raise DialectError(400, "the request body must be a JSON object")
-        if body.get("previous_response_id"):
-            raise DialectError(400, "previous_response_id is not supported: this proxy stores no "
-                                    "responses, so send the full conversation as input (store=false)",
-                               param="previous_response_id")
         if isinstance(body.get("n"), int) and body["n"] > 1:
             raise DialectError(400, "n > 1 is not supported: one completion per call", param="n")
         chat: dict[str, Any] = {"model": body.get("model"), "messages": _convert_input(body)}
@@ -259,6 +256,8 @@ class ResponsesDialect:
         echo["parallel_tool_calls"] = body.get("parallel_tool_calls", True) is not False
         echo["text"] = body.get("text") or {"format": {"type": "text"}}
         echo["reasoning"] = body.get("reasoning")
+        echo["previous_response_id"] = body.get("previous_response_id")
+        echo["store"] = body.get("store") is not False
         return DialectRequest(chat=chat, stream=body.get("stream") is True,
                               client_model=body.get("model"),
                               context={"echo": echo, "custom_tools": sorted(custom),
@@ -320,8 +319,8 @@ class ResponsesDialect:
             "instructions": echo.get("instructions"), "max_output_tokens": echo.get("max_output_tokens"),
             "model": request.client_model or "", "output": output,
             "parallel_tool_calls": echo.get("parallel_tool_calls", True),
-            "previous_response_id": None, "reasoning": echo.get("reasoning"),
-            "store": False, "temperature": echo.get("temperature"),
+            "previous_response_id": echo.get("previous_response_id"), "reasoning": echo.get("reasoning"),
+            "store": echo.get("store", True), "temperature": echo.get("temperature"),
             "text": echo.get("text") or {"format": {"type": "text"}},
             "tool_choice": echo.get("tool_choice") or "auto", "tools": echo.get("tools") or [],
             "top_p": echo.get("top_p"), "truncation": "disabled", "usage": usage,

@@ -7,10 +7,10 @@ import json
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
-
 from tapdeck.proxy.dialects import detect
 from tapdeck.proxy.dialects.base import DialectError
 from tapdeck.proxy.dialects.responses import DIALECT
+from tapdeck.proxy.dialects.stored_responses import StoredResponses
 
 EXECUTE = {"type": "function", "name": "execute", "description": "Run a shell command",
            "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
@@ -127,11 +127,39 @@ def test_image_input_refused_with_400(part) -> None:
     assert DIALECT.error_body(400, err.value.message, err.value.kind, err.value.param)["error"]["param"]
 
 
-def test_previous_response_id_and_n_refused() -> None:
-    with pytest.raises(DialectError):
-        parse({"input": "x", "previous_response_id": "resp_1"})
+def test_n_above_one_refused() -> None:
     with pytest.raises(DialectError):
         parse({"input": "x", "n": 2})
+
+
+def test_previous_response_id_expands_to_every_earlier_input_and_output_in_order() -> None:
+    stored = StoredResponses()
+    first = {"instructions": "old rules", "input": "list files"}
+    stored.remember(first, {"id": "resp_a", "output": [{"type": "function_call", "call_id": "c1",
+                                                        "name": "ls", "arguments": "{}"}]})
+    second = {"previous_response_id": "resp_a",
+              "input": [{"type": "function_call_output", "call_id": "c1", "output": "a.txt"}]}
+    stored.remember(second, {"id": "resp_b", "output": [{"type": "message", "role": "assistant",
+                                                         "content": [{"type": "output_text", "text": "a.txt"}]}]})
+    body = stored.expand({"previous_response_id": "resp_b", "instructions": "new rules", "input": "thanks"})
+    assert [item.get("type") for item in body["input"]] == [
+        "message", "function_call", "function_call_output", "message", "message"]
+    assert body["input"][-1] == {"type": "message", "role": "user", "content": "thanks"}
+    chat = parse(body).chat
+    # only the new instructions: OpenAI does not carry earlier ones over
+    assert chat["messages"][0] == {"role": "system", "content": "new rules"}
+    assert [m["role"] for m in chat["messages"]] == ["system", "user", "assistant", "tool", "assistant", "user"]
+    assert len(stored) == 2
+
+
+def test_unknown_or_unstored_previous_response_is_a_400_naming_it() -> None:
+    stored = StoredResponses()
+    stored.remember({"input": "x", "store": False}, {"id": "resp_private", "output": []})
+    for missing in ("resp_nope", "resp_private"):
+        with pytest.raises(DialectError) as err:
+            stored.expand({"previous_response_id": missing, "input": "y"})
+        assert err.value.status == 400 and err.value.param == "previous_response_id"
+        assert repr(missing) in err.value.message and "full conversation" in err.value.message
 
 
 def test_json_schema_text_format_becomes_response_format() -> None:

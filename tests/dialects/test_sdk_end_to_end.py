@@ -193,6 +193,32 @@ def test_openai_responses_sdk_three_turn_tool_conversation_is_one_root(proxy: Ca
     assert turns[0]["meta"]["dialect"] == "responses"
 
 
+@pytest.mark.parametrize("streaming", [False, True], ids=["json", "sse"])
+def test_openai_responses_sdk_chained_by_previous_response_id_is_one_root(proxy: CaptureServer,
+                                                                          streaming: bool) -> None:
+    info = proxy.open_session()
+    client = openai.OpenAI(api_key=info["api_key"], base_url=info["base_urls"]["openai"], max_retries=0)
+    new_items, previous = _responses_history(), None
+    for turn in range(3):
+        kwargs = dict(model="gpt-test", instructions=SYSTEM, input=new_items, tools=[EXECUTE],
+                      max_output_tokens=MAX_TOKENS, temperature=0)
+        if previous is not None:
+            kwargs["previous_response_id"] = previous
+        if streaming:
+            response = list(client.responses.create(stream=True, **kwargs))[-1].response
+        else:
+            response = client.responses.create(**kwargs)
+        assert response.previous_response_id == previous and response.store is True
+        previous = response.id
+        calls = [item for item in response.output if item.type == "function_call"]
+        new_items = ([{"type": "function_call_output", "call_id": c.call_id, "output": OBSERVATION}
+                      for c in calls] or [{"role": "user", "content": FOLLOW_UPS[min(turn, 1)]}])
+    assert_one_conversation(proxy, info["id"], tool_call_id="call_ls")
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model="gpt-test", input="hi", previous_response_id="resp_unknown")
+    assert "'resp_unknown' is not known to this session" in err.value.message
+
+
 def test_openai_responses_unknown_key_401(proxy: CaptureServer) -> None:
     bad = openai.OpenAI(api_key="sk-not-a-session", base_url=f"{proxy.url}/v1", max_retries=0)
     with pytest.raises(openai.AuthenticationError) as err:
