@@ -197,13 +197,20 @@ def _convert_tools(tools: Any) -> tuple[list[dict[str, Any]], set[str], set[str]
     return out, custom, local, dropped
 
 
-def _convert_tool_choice(choice: Any) -> Any:
+def _convert_tool_choice(choice: Any, dropped: list[str]) -> Any:
+    """The chat `tool_choice`; None for auto. A choice forcing a dropped hosted tool is a 400:
+    answering without it would silently do something else than the client asked."""
     if isinstance(choice, str):
         return choice
-    if isinstance(choice, dict) and choice.get("type") == "function":
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind in ("function", "custom"):
         return {"type": "function", "function": {"name": choice.get("name") or ""}}
-    if isinstance(choice, dict) and choice.get("type") == "custom":
-        return {"type": "function", "function": {"name": choice.get("name") or ""}}
+    if kind == LOCAL_SHELL:
+        return {"type": "function", "function": {"name": LOCAL_SHELL}}
+    if kind in dropped:
+        raise DialectError(400, f"tool_choice forces the hosted tool {kind!r}, which runs only at "
+                                "OpenAI: tapdeck drops hosted tools, so the engine cannot call it",
+                           param="tool_choice")
     return None
 
 
@@ -234,9 +241,9 @@ class ResponsesDialect:
             raise DialectError(400, "n > 1 is not supported: one completion per call", param="n")
         chat: dict[str, Any] = {"model": body.get("model"), "messages": _convert_input(body)}
         tools, custom, local, dropped = _convert_tools(body.get("tools"))
+        choice = _convert_tool_choice(body.get("tool_choice"), dropped)
         if tools:
             chat["tools"] = tools
-            choice = _convert_tool_choice(body.get("tool_choice"))
             if choice is not None:
                 chat["tool_choice"] = choice
         for key in _SAMPLING:

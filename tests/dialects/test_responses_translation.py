@@ -127,6 +127,16 @@ def test_image_input_refused_with_400(part) -> None:
     assert DIALECT.error_body(400, err.value.message, err.value.kind, err.value.param)["error"]["param"]
 
 
+def test_tool_choice_forcing_a_dropped_hosted_tool_is_a_400() -> None:
+    tools = [EXECUTE, {"type": "web_search_preview"}]
+    with pytest.raises(DialectError) as err:
+        parse({"input": "x", "tools": tools, "tool_choice": {"type": "web_search_preview"}})
+    assert err.value.status == 400 and err.value.param == "tool_choice"
+    assert "'web_search_preview'" in err.value.message
+    forced = parse({"input": "x", "tools": [{"type": "local_shell"}], "tool_choice": {"type": "local_shell"}})
+    assert forced.chat["tool_choice"] == {"type": "function", "function": {"name": "local_shell"}}
+
+
 def test_n_above_one_refused() -> None:
     with pytest.raises(DialectError):
         parse({"input": "x", "n": 2})
