@@ -12,14 +12,18 @@ import socket
 
 import httpx
 
-from tapdeck.proxy.config import ServerConfig, check_bind, new_admin_key, write_admin_key
+from tapdeck.proxy.config import (
+    ServerConfig,
+    check_bind,
+    new_admin_key,
+    write_admin_key,
+)
 from tapdeck.proxy.server import create_app
 from tapdeck.proxy.service import CaptureService
 from tapdeck.proxy.serving import ThreadedServer, bind_socket
 from tapdeck.proxy.store import Store
 from tapdeck.proxy.tiers import EngineSpec
 from tapdeck.runner.api import create_runner_router
-
 
 
 class LocalServer:

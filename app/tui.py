@@ -21,7 +21,12 @@ from textual.theme import Theme
 from textual.worker import Worker, WorkerState
 
 from tapdeck.app.client import ApiError, TapdeckClient
-from tapdeck.app.messages import ConnectionChanged, RunsChanged, SessionsChanged, TurnCaptured
+from tapdeck.app.messages import (
+    ConnectionChanged,
+    RunsChanged,
+    SessionsChanged,
+    TurnCaptured,
+)
 from tapdeck.app.screens.help import HelpScreen
 from tapdeck.app.screens.info import InfoScreen
 from tapdeck.app.screens.rollout import RolloutScreen

@@ -19,7 +19,6 @@ from tapdeck.proxy.dialects.anthropic import DIALECT as ANTHROPIC
 from tapdeck.proxy.dialects.base import Dialect, DialectError
 from tapdeck.proxy.dialects.google import DIALECT as GOOGLE
 
-
 AuxKind = Literal["anthropic_count_tokens", "google_count_tokens"]
 
 _CHARS_PER_TOKEN = 4

@@ -100,7 +100,6 @@ class _PrefixHasher:
             out.append(np.cumsum(g, dtype=np.uint64))
         return out[0], out[1]
 
-
     def window(self, ids: np.ndarray, base: int = 0,
                start: tuple[int, int] = (0, 0)) -> tuple[np.ndarray, np.ndarray]:
         """`(g1, g2)` with `g[i]` = hash of `ids[:base + i]` for i in 0..len(ids) - base, given

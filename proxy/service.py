@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 import orjson
+
 from tapdeck.proxy.aux import aux_dialect, count_tokens, match_aux
 from tapdeck.proxy.dialects import detect
 from tapdeck.proxy.dialects.base import Dialect, DialectError, DialectRequest, SSEEvent

@@ -307,7 +307,8 @@ async def url_engine_info(url: str, *, api_key: str | None = None, probe: bool =
     if not probe:
         return EngineInfo(name=url, url=base, tier="text", reachable=True, served_model=served,
                           why=f"serves {listed}; tier not probed (counts as text until probed)")
-    from tapdeck.proxy.tiers import EngineSpec, probe as probe_tier
+    from tapdeck.proxy.tiers import EngineSpec
+    from tapdeck.proxy.tiers import probe as probe_tier
 
     try:
         result = await asyncio.wait_for(probe_tier(EngineSpec(url=base, api_key=api_key)),

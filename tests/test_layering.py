@@ -8,7 +8,6 @@ import sys
 
 import pytest
 
-
 FORBIDDEN = {
     "tapdeck.proxy": ("tapdeck.runner", "tapdeck.app", "tapdeck.themes", "textual", "harbor"),
     "tapdeck.runner": ("tapdeck.app", "tapdeck.themes", "textual"),

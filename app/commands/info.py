@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import typer
 
-
 # Sandboxes listed even when unavailable (the usual choices), so their reason is visible.
 ALWAYS_SHOWN = ("host", "docker")
 

@@ -17,8 +17,14 @@ from textual.widget import Widget
 from textual.widgets import Static, TabbedContent, TabPane, Tree
 
 from tapdeck.app.screens.base import TapdeckScreen
-from tapdeck.app.views import (finding_level, finding_text, message_text, rollout_nodes,
-                               short_id, token_detail)
+from tapdeck.app.views import (
+    finding_level,
+    finding_text,
+    message_text,
+    rollout_nodes,
+    short_id,
+    token_detail,
+)
 from tapdeck.app.widgets.rollout_tree import RolloutTree
 from tapdeck.app.widgets.token_view import TokenView
 

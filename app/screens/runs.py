@@ -12,7 +12,13 @@ from textual.widget import Widget
 from textual.widgets import DataTable, Static
 
 from tapdeck.app.screens.base import TapdeckScreen
-from tapdeck.app.views import failures_by_cause, fmt_rate, fmt_reward, run_groups, short_id
+from tapdeck.app.views import (
+    failures_by_cause,
+    fmt_rate,
+    fmt_reward,
+    run_groups,
+    short_id,
+)
 
 
 class RunsScreen(TapdeckScreen):

@@ -170,9 +170,13 @@ class SetupScreen(TapdeckScreen):
         self._show_why("dataset")
         item = self._item("dataset")
         tasks = self.query_one("#tasks", SelectionList)
-        tasks.clear_options()
-        for task in (item or {}).get("tasks") or []:
-            tasks.add_option((task["name"], task["name"]))
+        names = [task["name"] for task in (item or {}).get("tasks") or []]
+        # Refilled on every dataset change event, including the one a catalog (re)load causes:
+        # keep what is ticked, or a tick made meanwhile would silently widen the batch to all.
+        if names != [option.value for option in tasks.options]:
+            ticked = set(tasks.selected)
+            tasks.clear_options()
+            tasks.add_options([(name, name, name in ticked) for name in names])
         self._preview((item or {}).get("tasks", [{}])[0].get("name") if (item or {}).get("tasks") else None)
 
     def _preview(self, task_name: str | None) -> None:

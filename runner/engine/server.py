@@ -16,16 +16,25 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
+from tapdeck.runner.engine import wire
 from tapdeck.runner.engine.core import EngineCore
-from tapdeck.runner.engine.errors import (EngineHTTPError, bad_param, context_exceeded,
-                                          invalid_json, model_not_found, validation_error)
+from tapdeck.runner.engine.errors import (
+    EngineHTTPError,
+    bad_param,
+    context_exceeded,
+    invalid_json,
+    model_not_found,
+    validation_error,
+)
 from tapdeck.runner.engine.generation import Choice
-from tapdeck.runner.engine.protocol import (ChatCompletionRequest, CompletionRequest,
-                                            TokenizeRequest)
+from tapdeck.runner.engine.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    TokenizeRequest,
+)
 from tapdeck.runner.engine.template import TemplateError
 from tapdeck.runner.engine.toolcalls import START as TOOL_START
 from tapdeck.runner.engine.toolcalls import parse_tool_calls
-from tapdeck.runner.engine import wire
 
 _Req = TypeVar("_Req", bound=BaseModel)
 SSE_TYPE = "text/event-stream; charset=utf-8"

@@ -140,7 +140,8 @@ class TapdeckSession:
                                   f"{self.result.get('error') or 'nothing to train on'})")
         trace = fetch_trace(self.http, session_id)
         try:
-            from openenv.core.harness import TrainingTrace  # unverified path; present with TRL on a GPU box
+            # Unverified path; present with TRL on a GPU box.
+            from openenv.core.harness import TrainingTrace
         except ImportError:
             return trace
         return TrainingTrace.model_validate({k: trace[k] for k in ("schema_version", "turns")})
@@ -309,7 +310,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         from datasets import Dataset
-        from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer, HarnessRolloutWorker
+        from trl.experimental.async_grpo import (
+            AsyncGRPOConfig,
+            AsyncGRPOTrainer,
+            HarnessRolloutWorker,
+        )
     except ImportError as exc:
         print(f"grpo-trl: needs trl 1.16 (+ torch, openenv, datasets) on a GPU box: {exc}. "
               "No training step can run on this machine.", file=sys.stderr)

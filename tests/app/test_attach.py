@@ -19,7 +19,6 @@ import pytest
 
 from tests.app.tmux_driver import TAPDECK, Tmux
 
-
 ADMIN_KEY = "attach-test-admin-key"
 
 pytestmark = pytest.mark.skipif(not TAPDECK.exists(), reason="needs the installed tapdeck console script")

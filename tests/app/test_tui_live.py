@@ -53,8 +53,10 @@ async def _start_batch(pilot, harness: str, task: str) -> None:
     assert screen.query_one("#dataset", Select).value == "sample"
     screen.query_one("#harness", Select).value = harness
     tasks = screen.query_one("#tasks", SelectionList)
+    await _until(pilot, lambda: task in [option.value for option in tasks.options], "the task list")
     tasks.select(task)
     await pilot.pause(0.1)
+    assert tasks.selected == [task]
     assert "✓" in str(screen.query_one("#why-harness").render())
     await pilot.press("ctrl+s")
     await _until(pilot, lambda: app.current_mode == "sessions", "the switch to Sessions", 60)

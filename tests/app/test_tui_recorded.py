@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import socket
 
-from textual.widgets import DataTable, Select
+from textual.widgets import DataTable, Select, SelectionList
 
 from tapdeck.app.client import TapdeckClient
 from tapdeck.app.tui import TapdeckApp
@@ -87,6 +87,20 @@ async def test_setup_refuses_an_unavailable_sandbox_with_the_reason(make_app):
         await pilot.pause(0.1)
         notes = [n.message for n in app._notifications]
         assert any("Docker daemon is not running" in n for n in notes)
+
+
+async def test_ticked_tasks_survive_a_catalog_reload(make_app):
+    app = make_app("setup")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause(0.3)
+        tasks = app.screen.query_one("#tasks", SelectionList)
+        names = [option.value for option in tasks.options]
+        assert len(names) > 1
+        tasks.select(names[1])
+        await pilot.press("ctrl+r")
+        await pilot.pause(0.3)
+        assert [option.value for option in tasks.options] == names
+        assert tasks.selected == [names[1]]
 
 
 async def test_server_gone_becomes_a_notification_and_status_line_not_a_traceback(make_app):

@@ -6,9 +6,19 @@ import json
 import subprocess
 import sys
 
-from tapdeck.app.views import (SessionBoard, diff_rows, failures_by_cause, fmt_reward, logprob_tone,
-                               rollout_nodes, rollout_roots, run_groups, session_state, token_detail,
-                               turn_label)
+from tapdeck.app.views import (
+    SessionBoard,
+    diff_rows,
+    failures_by_cause,
+    fmt_reward,
+    logprob_tone,
+    rollout_nodes,
+    rollout_roots,
+    run_groups,
+    session_state,
+    token_detail,
+    turn_label,
+)
 
 
 def _summary(**kw):

@@ -18,10 +18,10 @@ import httpx
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from tests.conftest import vllm_fixture
 
 from tapdeck.proxy.serving import ThreadedServer, bind_socket
 from tapdeck.proxy.tiers import EngineSpec
+from tests.conftest import vllm_fixture
 from tests.dialects.conftest import CaptureServer, capture_server
 
 UPSTREAM_PAUSE_S = 0.15

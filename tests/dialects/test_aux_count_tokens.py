@@ -7,7 +7,13 @@ import socket
 import httpx
 import pytest
 
-from tapdeck.proxy.aux import aux_dialect, count_tokens, estimate_tokens, match_aux, tokenize_url
+from tapdeck.proxy.aux import (
+    aux_dialect,
+    count_tokens,
+    estimate_tokens,
+    match_aux,
+    tokenize_url,
+)
 
 
 def test_aux_paths_recognised_case_insensitively() -> None:

@@ -7,6 +7,7 @@ import json
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
+
 from tapdeck.proxy.dialects import detect
 from tapdeck.proxy.dialects.base import DialectError
 from tapdeck.proxy.dialects.responses import DIALECT

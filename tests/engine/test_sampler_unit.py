@@ -5,7 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tapdeck.runner.engine.sampling import Sampler, SamplingParams, log_softmax, top_candidates
+from tapdeck.runner.engine.sampling import (
+    Sampler,
+    SamplingParams,
+    log_softmax,
+    top_candidates,
+)
 
 LOGITS = np.array([2.0, 1.0, 0.5, -1.0, -3.0])
 

@@ -23,10 +23,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from tapdeck.app.host import LocalServer
 from tapdeck.proxy.config import ServerConfig
 from tapdeck.proxy.serving import ThreadedServer
-from tests.conftest import vllm_error_case as recorded_error, vllm_fixture as recorded
-
-
-
+from tests.conftest import vllm_error_case as recorded_error
+from tests.conftest import vllm_fixture as recorded
 
 
 @dataclass

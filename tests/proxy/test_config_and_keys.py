@@ -11,7 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from tapdeck.proxy.config import ConfigError, ServerConfig, check_bind, is_loopback, read_admin_key, write_admin_key
+from tapdeck.proxy.config import (
+    ConfigError,
+    ServerConfig,
+    check_bind,
+    is_loopback,
+    read_admin_key,
+    write_admin_key,
+)
 from tapdeck.proxy.events import EventBus
 from tapdeck.proxy.sessions import is_session_key, key_from_request, new_session_key
 

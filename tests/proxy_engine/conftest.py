@@ -15,7 +15,9 @@ from typing import Any
 
 import httpx
 import pytest
-from tests.conftest import vllm_error_case as recorded_error, vllm_fixture as recorded
+
+from tests.conftest import vllm_error_case as recorded_error
+from tests.conftest import vllm_fixture as recorded
 
 ENGINE_URL = "http://vllm.test:8111/v1"
 

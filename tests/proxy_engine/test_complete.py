@@ -10,7 +10,12 @@ import httpx
 import numpy as np
 import pytest
 
-from tapdeck.proxy.engine_client import POOL_LOAD, EngineClient, EngineError, parse_capture
+from tapdeck.proxy.engine_client import (
+    POOL_LOAD,
+    EngineClient,
+    EngineError,
+    parse_capture,
+)
 from tapdeck.proxy.findings import Level
 from tapdeck.proxy.tiers import EngineSpec, Tier
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from tests.conftest import local_server_on
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")

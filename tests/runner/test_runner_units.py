@@ -16,7 +16,11 @@ from tapdeck.runner.batch import (
     rollout_id,
     summarize,
 )
-from tapdeck.runner.engines import EngineChoiceError, normalize_engine_url, resolve_engine
+from tapdeck.runner.engines import (
+    EngineChoiceError,
+    normalize_engine_url,
+    resolve_engine,
+)
 from tapdeck.runner.rollout import RolloutResult, classify_exception, parse_finding
 
 DEFAULT = EngineSpec(url="http://127.0.0.1:9/v1", model="smollm2")

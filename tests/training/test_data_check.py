@@ -9,7 +9,12 @@ import orjson
 import pytest
 from training_data import EXPECTED_ADVANTAGES, ROLLOUTS, rollout_rows
 
-from tapdeck.runner.recipes.data_check import build_rows, check_turn, group_advantages, load_rollouts
+from tapdeck.runner.recipes.data_check import (
+    build_rows,
+    check_turn,
+    group_advantages,
+    load_rollouts,
+)
 from tapdeck.runner.trackio_reader import TrackioReader
 from tapdeck.runner.training import TRACKIO_PROJECT, TrainingRun, load_run
 

@@ -10,7 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from tapdeck.runner.trackio_reader import MetricPoint, TrackioReader, list_projects, series
+from tapdeck.runner.trackio_reader import (
+    MetricPoint,
+    TrackioReader,
+    list_projects,
+    series,
+)
 
 WRITER = """
 import json, sys, trackio
