@@ -8,6 +8,7 @@ has left is cancelled between tokens.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -104,7 +105,9 @@ class EngineCore:
                     result.set_exception(value)
                 else:
                     result.set_result(value)
-            loop.call_soon_threadsafe(deliver)
+            # The caller's loop may be gone (its server stopped mid-generation): nobody to tell.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(deliver)
 
         worker = threading.Thread(target=self._run_all, args=(gens, cancel, None, done),
                                   name="tapdeck-engine-gen", daemon=True)

@@ -6,11 +6,18 @@ those paths must exist in the processes' own view of the filesystem. Each trial 
 private mount namespace, held open by one `sleep infinity` process, in which per-trial host
 directories are bind-mounted over those paths (and over `/tmp`). Everything else is the real host.
 
+Two modes:
+- As root (CAP_SYS_ADMIN), the namespace binds over the real paths; the empty mount points on the
+  host (`/app` or the task's workdir, `/logs`, `/tests`, `/solution`, `/installed-agent`) are made
+  when missing and removed when the last trial using them ends (`mount_points.py`).
+- Rootless (any other user, with unprivileged user namespaces): a user namespace maps the invoking
+  user to root, and the trial gets its own root directory: every top-level host directory
+  rbind-mounted into it, the per-trial directories bound at their paths, then `chroot`. Nothing is
+  made on the host outside the per-trial directory. Every command runs as the invoking user (seen
+  as root inside); other users cannot be switched to, and a workdir nested in an existing host
+  directory must already exist there.
+
 What this is and is not:
-- It needs root (CAP_SYS_ADMIN) to create mount namespaces and the empty mount points on the host
-  (`/app` or the task's workdir, `/logs`, `/tests`, `/solution`, `/installed-agent`: created when
-  missing, always empty on the host, removed when the last trial using them ends; see
-  `mount_points.py`).
 - Each trial also gets a private `/tmp` (with its own `TMUX_TMPDIR`: terminus-2 always names its
   tmux session `terminus-2`) and, for root, a private HOME inside it. A task that asks for no
   network gets a private network namespace with loopback only (host-side harnesses such as
@@ -55,21 +62,22 @@ TYPE_NAME = "tapdeck-host"
 # Paths Harbor and its agents use inside an environment; each gets its own per-trial directory.
 FIXED_TARGETS = ("/logs", "/tests", "/solution", "/installed-agent", "/tmp")
 DEFAULT_WORKDIR = "/app"
-# An empty directory on the host where each namespace briefly mounts its per-trial root.
-STAGING_POINT = str(STATE_DIR / "stage")
 # root's HOME inside the sandbox (in the private /tmp, so it vanishes with the trial).
 PRIVATE_HOME = "/tmp/tapdeck-home"
 # A container-like PATH: the host user's own PATH (pyenv shims, cargo, ...) does not leak in.
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 REQUIRED_TOOLS = ("unshare", "nsenter", "bash", "mount")
+# A user namespace mapping the invoking user to root, with its own mount namespace.
+ROOTLESS_UNSHARE = ("--user", "--map-root-user", "--mount", "--propagation", "private")
 _HOLDER_READY_TIMEOUT_S = 10.0
 _CHECK_TIMEOUT_S = 5.0
 _POLL_S = 0.05
 _DRAIN_AFTER_EXIT_S = 0.5
 
 LIMITATIONS = (
-    "runs the trial as host processes in a private mount namespace; needs root "
-    "(CAP_SYS_ADMIN); ignores the task's Dockerfile (tools it would install must already be on "
+    "runs the trial as host processes in a private mount namespace; needs root (CAP_SYS_ADMIN) "
+    "or unprivileged user namespaces (rootless: every command runs as the invoking user, seen as "
+    "root inside); ignores the task's Dockerfile (tools it would install must already be on "
     "the host); NOT a security boundary (real host users, filesystem, processes and network)"
 )
 
@@ -82,37 +90,36 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def check() -> tuple[bool, str]:
+def check(rootless: bool | None = None) -> tuple[bool, str]:
     """Whether the host sandbox can run here, without raising: `(ok, why)`.
 
-    Creates (and immediately drops) one mount namespace to prove the kernel allows it: a root user
-    inside an unprivileged container may still lack CAP_SYS_ADMIN. Bounded in time.
+    `rootless` None means: rootless unless running as root. Creates (and immediately drops) one
+    namespace to prove the kernel allows it: a root user inside an unprivileged container may
+    still lack CAP_SYS_ADMIN, and many systems disable unprivileged user namespaces. Bounded in
+    time.
     """
     if not sys.platform.startswith("linux"):
         return False, f"host sandbox needs Linux mount namespaces (this is {sys.platform}); {LIMITATIONS}"
-    if os.geteuid() != 0:
-        return False, (
-            "host sandbox needs root: it creates mount namespaces and empty mount points such as "
-            "/app and /logs on the host, removed after the last trial (rootless user-namespace mode "
-            "is not implemented); "
-            + LIMITATIONS
-        )
-    missing = [tool for tool in REQUIRED_TOOLS if shutil.which(tool) is None]
+    rootless = os.geteuid() != 0 if rootless is None else rootless
+    tools = (*REQUIRED_TOOLS, "chroot") if rootless else REQUIRED_TOOLS
+    missing = [tool for tool in tools if shutil.which(tool) is None]
     if missing:
         return False, f"host sandbox needs {', '.join(missing)} (util-linux) on PATH; {LIMITATIONS}"
+    argv = ["unshare", *ROOTLESS_UNSHARE] if rootless else ["unshare", "--mount", "--propagation", "private"]
+    what = "a user namespace" if rootless else "a mount namespace"
     try:
-        probe = subprocess.run(
-            ["unshare", "--mount", "--propagation", "private", "--", "true"],
-            capture_output=True, text=True, timeout=_CHECK_TIMEOUT_S, check=False,
-        )
+        probe = subprocess.run([*argv, "--", "true"], capture_output=True, text=True,
+                               timeout=_CHECK_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return False, f"host sandbox could not create a mount namespace ({exc}); {LIMITATIONS}"
+        return False, f"host sandbox could not create {what} ({exc}); {LIMITATIONS}"
     if probe.returncode != 0:
-        return False, (
-            "host sandbox could not create a mount namespace (needs CAP_SYS_ADMIN): "
-            f"{probe.stderr.strip() or probe.returncode}; {LIMITATIONS}"
-        )
-    return True, f"available: {LIMITATIONS}"
+        need = ("unprivileged user namespaces, which this system refuses (see "
+                "/proc/sys/user/max_user_namespaces and kernel.apparmor_restrict_unprivileged_userns)"
+                "; or run as root" if rootless else "CAP_SYS_ADMIN")
+        return False, (f"host sandbox could not create {what} (needs {need}): "
+                       f"{probe.stderr.strip() or probe.returncode}; {LIMITATIONS}")
+    mode = "rootless, as this user (seen as root inside)" if rootless else "as root"
+    return True, f"available ({mode}): {LIMITATIONS}"
 
 
 def dockerfile_workdir(environment_dir: Path) -> str | None:
@@ -152,7 +159,9 @@ class HostSandbox(BaseEnvironment):
     `network` (`"auto"`: cut the network when the task asks for no network, `"host"`, `"none"`),
     `private_home` (root's HOME is a fresh per-trial directory, so the host's dotfiles — e.g. a
     `.bashrc` that runs pyenv — and anything an agent installs under HOME stay out of the trial;
-    other users keep their real home).
+    other users keep their real home), `rootless` (None: rootless unless running as root),
+    `state_dir` (the lock shared by every trial that uses the same host mount points, and the
+    staging point; not under /tmp, which the trial covers).
     """
 
     def __init__(
@@ -162,6 +171,8 @@ class HostSandbox(BaseEnvironment):
         path: str = DEFAULT_PATH,
         network: str = "auto",
         private_home: bool = True,
+        rootless: bool | None = None,
+        state_dir: str | Path = STATE_DIR,
         **kwargs,
     ):
         if network not in ("auto", "host", "none"):
@@ -170,6 +181,10 @@ class HostSandbox(BaseEnvironment):
         self._path = path
         self._network_choice = network
         self._private_home = private_home
+        self._rootless = os.geteuid() != 0 if rootless is None else rootless
+        self._state_dir = Path(state_dir)
+        if self._state_dir.is_relative_to("/tmp"):
+            raise ValueError(f"state_dir {state_dir} is under /tmp, which each trial covers")
         self._holder: asyncio.subprocess.Process | None = None
         self._namespace: str | None = None
         # An open fd on the namespace pins it: the kernel reuses a freed namespace's id at once,
@@ -218,6 +233,11 @@ class HostSandbox(BaseEnvironment):
         return self._network_disabled or self.task_env_config.network_mode == NetworkMode.NO_NETWORK
 
     @property
+    def rootless(self) -> bool:
+        """Whether the trial runs in a user namespace, as the invoking user seen as root."""
+        return self._rootless
+
+    @property
     def tmux_tmpdir(self) -> str:
         """The per-trial `TMUX_TMPDIR` (terminus-2 always names its session `terminus-2`)."""
         return self._tmux_tmpdir
@@ -236,7 +256,7 @@ class HostSandbox(BaseEnvironment):
 
     async def start(self, force_build: bool) -> None:
         """Create per-trial directories, the namespace holder, and the bind mounts."""
-        ok, why = check()
+        ok, why = check(self._rootless)
         if not ok:
             raise RuntimeError(why)
         try:
@@ -249,6 +269,15 @@ class HostSandbox(BaseEnvironment):
     async def _start(self) -> None:
         if (self.environment_dir / "Dockerfile").is_file():
             self.logger.debug("host sandbox ignores %s/Dockerfile", self.environment_dir)
+        targets = self._make_trial_dirs()
+        if self._rootless:
+            await self._start_rootless()
+        else:
+            await self._start_as_root(targets)
+        await self._upload_environment_dir_after_start()
+
+    def _make_trial_dirs(self) -> list[str]:
+        """The per-trial host directories, one per bound path; returns the bound paths."""
         self._root = Path(tempfile.mkdtemp(prefix="tapdeck-host-", dir=self._base_dir))
         self._root.chmod(0o755)
         targets = [self.workdir, *FIXED_TARGETS]
@@ -260,34 +289,27 @@ class HostSandbox(BaseEnvironment):
         for sub in ("agent", "verifier", "artifacts"):
             (self._binds["/logs"] / sub).mkdir(mode=0o777, exist_ok=True)
             (self._binds["/logs"] / sub).chmod(0o777)
+        return targets
 
+    async def _start_as_root(self, targets: list[str]) -> None:
         # Mount points under another bound path (a workdir in /tmp) are made privately, in the
         # namespace; the rest must exist on the host.
         on_host = [t for t in targets if not any(t.startswith(o.rstrip("/") + "/") for o in targets)]
-        self._mount_points = MountPoints()
-        await asyncio.to_thread(self._mount_points.claim, [STAGING_POINT, *on_host])
+        self._mount_points = MountPoints(self._state_dir)
+        # An empty directory on the host where the namespace briefly mounts the per-trial root.
+        staging = str(self._mount_points.state_dir / "stage")
+        await asyncio.to_thread(self._mount_points.claim, [staging, *on_host])
 
-        unshare = ["unshare", "--mount", "--propagation", "private"]
-        if self.no_network:
-            unshare.append("--net")
-        self._holder = await asyncio.create_subprocess_exec(
-            *unshare, "--", "sleep", "infinity",
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
-        )
-        self._namespace = await self._wait_for_namespace(self._holder)
-        self._namespace_fd = self._pin_namespace(self._holder.pid, self._namespace)
+        await self._spawn_holder(["unshare", "--mount", "--propagation", "private"],
+                                 ["sleep", "infinity"])
 
         # The per-trial root may live under a path about to be covered (the default is under
         # /tmp), so it is first bound at a staging point and every bind reads from there.
         # Parents are bound first, so a workdir nested under /tmp (say) lands on top, not hidden.
-        stage = shlex.quote(STAGING_POINT)
+        stage = shlex.quote(staging)
         script = ["set -e", f"mount --bind {shlex.quote(str(self._root))} {stage}"]
         for target, host_dir in sorted(self._binds.items(), key=lambda kv: kv[0].count("/")):
-            source = shlex.quote(f"{STAGING_POINT}/{host_dir.name}")
+            source = shlex.quote(f"{staging}/{host_dir.name}")
             # A bind needs an existing mount point (claimed on the host above; under a private
             # parent such as /tmp it is made here).
             script.append(f"mkdir -p {shlex.quote(target)} && mount --bind {source} {shlex.quote(target)}")
@@ -301,7 +323,61 @@ class HostSandbox(BaseEnvironment):
             raise RuntimeError(
                 f"host sandbox could not set up its mounts: {result.stderr or result.stdout}"
             )
-        await self._upload_environment_dir_after_start()
+
+    async def _start_rootless(self) -> None:
+        """The holder builds the trial's root directory in its own namespaces, then chroots."""
+        assert self._root is not None
+        tmp = self._binds["/tmp"]
+        for private in (self._tmux_tmpdir, PRIVATE_HOME):
+            (tmp / posixpath.relpath(private, "/tmp")).mkdir(mode=0o700, parents=True, exist_ok=True)
+        rootfs = self._root / "rootfs"
+        rootfs.mkdir()
+        await self._spawn_holder(["unshare", *ROOTLESS_UNSHARE],
+                                 ["bash", "-c", self._rootless_script(rootfs)])
+
+    async def _spawn_holder(self, unshare: list[str], command: list[str]) -> None:
+        """Start the holder (`command` ends as `sleep infinity` in the new namespaces), wait for
+        it, and pin its namespace."""
+        if self.no_network:
+            unshare = [*unshare, "--net"]
+        self._holder = await asyncio.create_subprocess_exec(
+            *unshare, "--", *command,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+        self._namespace = await self._wait_for_namespace(self._holder)
+        self._namespace_fd = self._pin_namespace(self._holder.pid, self._namespace)
+
+    def _rootless_script(self, rootfs: Path) -> str:
+        """Bash for the holder: host top-level entries into `rootfs`, the binds, then chroot."""
+        root = str(rootfs)
+        whole = {t.strip("/") for t in self._binds if t.count("/") == 1}
+        lines = ["set -e"]
+        for entry in sorted(os.listdir("/")):
+            if entry in whole:
+                continue
+            source, target = shlex.quote(f"/{entry}"), shlex.quote(f"{root}/{entry}")
+            if os.path.islink(f"/{entry}"):
+                lines.append(f"ln -s {shlex.quote(os.readlink(f'/{entry}'))} {target}")
+            elif os.path.isdir(f"/{entry}"):
+                lines.append(f"mkdir {target} && mount --rbind {source} {target}")
+            elif os.path.isfile(f"/{entry}"):
+                lines.append(f"touch {target} && mount --bind {source} {target}")
+        for target, host_dir in sorted(self._binds.items(), key=lambda kv: kv[0].count("/")):
+            top = target.strip("/").split("/")[0]
+            if top not in whole and not os.path.isdir(target):
+                raise RuntimeError(
+                    f"rootless host sandbox cannot make {target}: /{top} is the host's own "
+                    "directory (making it there would need root); use a top-level workdir")
+            point = shlex.quote(f"{root}{target}")
+            lines.append(f"mkdir -p {point} && mount --bind {shlex.quote(str(host_dir))} {point}")
+        if self.no_network:
+            lines += ["ip link set lo up", f"mount -t sysfs sysfs {shlex.quote(root)}/sys"]
+        lines.append(f"exec chroot {shlex.quote(root)} sleep infinity")
+        return "\n".join(lines)
 
     async def _wait_for_namespace(self, holder: asyncio.subprocess.Process) -> str:
         """Wait until the holder has left our mount namespace and exec'd `sleep`."""
@@ -377,6 +453,10 @@ class HostSandbox(BaseEnvironment):
         if self._holder is None:
             raise RuntimeError("host sandbox is not started")
         argv = ["nsenter", "-t", str(self._holder.pid), "-m"]
+        if self._rootless:
+            # Keep our uid (mapped to root inside: setgroups is denied there) and take the
+            # holder's root and working directory, i.e. the trial's root directory.
+            argv += ["-U", "--preserve-credentials", "-r", "-w"]
         if self.no_network:
             argv.append("-n")
         return [*argv, "--"]
@@ -409,6 +489,10 @@ class HostSandbox(BaseEnvironment):
             home = PRIVATE_HOME
         argv = self._nsenter()
         if name != "root":
+            if self._rootless:
+                raise RuntimeError(
+                    f"the rootless host sandbox runs every command as the invoking user (seen as "
+                    f"root inside); it cannot run one as {name!r}: run tapdeck as root for that")
             argv += ["runuser", "-u", name, "--"]
         workdir = cwd or self.workdir
         argv += ["bash", "-c", f"cd {shlex.quote(workdir)} && {command}"]

@@ -5,8 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import signal
+import subprocess
 import sys
+import tempfile
+import time
 import types
 from pathlib import Path
 
@@ -54,8 +58,11 @@ def hostdirs(tmp_path: Path) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("task", TASK_NAMES)
-async def test_oracle_solves_every_sample_task(task: str, tmp_path: Path, hostdirs: Path) -> None:
-    result = await _trial(SAMPLE.task(task).path, AgentConfig(name="oracle"), tmp_path, f"{task}__oracle")
+@pytest.mark.parametrize("rootless", [False, True], ids=["root", "rootless"])
+async def test_oracle_solves_every_sample_task(task: str, rootless: bool, tmp_path: Path,
+                                               hostdirs: Path) -> None:
+    result = await _trial(SAMPLE.task(task).path, AgentConfig(name="oracle"), tmp_path,
+                          f"{task}__oracle", rootless=rootless)
     assert _reward(result) == 1.0
     assert list(hostdirs.iterdir()) == [], "per-trial directories left on the host"
 
@@ -131,9 +138,10 @@ def _sandbox(tmp_path: Path, **kwargs) -> HostSandbox:
     trial_paths = TrialPaths(tmp_path / "trial")
     trial_paths.mkdir()  # idempotent: two sandboxes may share one task and trial
     task_env = TaskEnvironmentConfig(**kwargs.pop("task_env", {}))
+    kwargs.setdefault("base_dir", str(tmp_path / "hostdirs"))
     return HostSandbox(environment_dir=env_dir, environment_name="t", session_id="t__env",
                        trial_paths=trial_paths, task_env_config=task_env,
-                       logger=logging.getLogger("test"), base_dir=str(tmp_path / "hostdirs"), **kwargs)
+                       logger=logging.getLogger("test"), **kwargs)
 
 
 @pytest.fixture
@@ -243,8 +251,10 @@ async def test_a_workdir_missing_on_the_host_is_made_and_removed_after_the_last_
     (tmp_path / "hostdirs").mkdir()
     top = Path(f"/tapdeck-test-{os.getpid()}-{tmp_path.name[-12:]}")
     workdir = top / "proj"
-    first = _sandbox(tmp_path, task_env={"workdir": str(workdir)})
-    second = _sandbox(tmp_path, task_env={"workdir": str(workdir)})
+    # A state dir of its own: a tapdeck run elsewhere on the machine holds the shared one.
+    state = Path(f"/run/tapdeck-test-{os.getpid()}-{tmp_path.name[-12:]}")
+    first = _sandbox(tmp_path, task_env={"workdir": str(workdir)}, state_dir=state)
+    second = _sandbox(tmp_path, task_env={"workdir": str(workdir)}, state_dir=state)
     await first.start(force_build=False)
     await second.start(force_build=False)
     try:
@@ -254,7 +264,71 @@ async def test_a_workdir_missing_on_the_host_is_made_and_removed_after_the_last_
         assert workdir.is_dir()  # the second trial still binds over it
     finally:
         await second.stop(delete=True)
+        shutil.rmtree(state, ignore_errors=True)
     assert not top.exists()
+
+
+async def test_rootless_trial_runs_in_its_own_root_and_makes_nothing_on_the_host(tmp_path: Path) -> None:
+    (tmp_path / "hostdirs").mkdir()
+    before = sorted(os.listdir("/"))
+    env = _sandbox(tmp_path, rootless=True, task_env={"workdir": "/app"})
+    await env.start(force_build=False)
+    try:
+        assert env.rootless
+        result = await env.exec("id -u; pwd; echo made > here; ls /logs; echo $HOME; "
+                                "test -x /usr/bin/python3 && echo host-tools")
+        assert result.stdout.split() == ["0", "/app", "agent", "artifacts", "verifier",
+                                         "/tmp/tapdeck-home", "host-tools"], result
+        assert (env.host_root / "app" / "here").read_text() == "made\n"
+        assert sorted(os.listdir("/")) == before  # no /app, /logs, ... made on the host
+        with pytest.raises(RuntimeError, match="runs every command as the invoking user"):
+            await env.exec("true", user="nobody")
+    finally:
+        await env.stop(delete=True)
+    assert list((tmp_path / "hostdirs").iterdir()) == []
+
+
+async def test_rootless_refuses_a_workdir_it_would_have_to_make_in_a_host_directory(tmp_path: Path) -> None:
+    (tmp_path / "hostdirs").mkdir()
+    env = _sandbox(tmp_path, rootless=True)  # WORKDIR /work/proj: /work is the host's
+    with pytest.raises(RuntimeError, match="cannot make /work/proj: /work is the host's own"):
+        await env.start(force_build=False)
+    assert list((tmp_path / "hostdirs").iterdir()) == []
+
+
+def test_rootless_namespace_works_for_an_unprivileged_user(tmp_path: Path) -> None:
+    # The orchestration stays in this (root) process, whose Python `nobody` cannot run; the holder
+    # script and every exec run as `nobody`, exactly as a non-root tapdeck would spawn them.
+    base = Path(tempfile.mkdtemp(prefix="tapdeck-rootless-"))
+    base.chmod(0o755)
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
+    holder = None
+    try:
+        env = _sandbox(tmp_path, rootless=True, base_dir=str(base), task_env={"workdir": "/app"})
+        env._make_trial_dirs()
+        subprocess.run(["chown", "-R", "65534:65534", str(env.host_root)], check=True)
+        rootfs = env.host_root / "rootfs"
+        rootfs.mkdir()
+        os.chown(rootfs, 65534, 65534)
+        holder = subprocess.Popen([*nobody, "unshare", *host.ROOTLESS_UNSHARE, "--", "bash", "-c",
+                                   env._rootless_script(rootfs)], stderr=subprocess.PIPE, text=True)
+        for _ in range(200):
+            if Path(f"/proc/{holder.pid}/comm").read_text().strip() == "sleep":
+                break
+            assert holder.poll() is None, holder.stderr.read()
+            time.sleep(0.05)
+        env._holder = holder  # only its pid is used, to build the nsenter command
+        out = subprocess.run([*nobody, *env._nsenter(), "bash", "-c",
+                              "id -u; cd /app && echo made > here && cat here; ls /proc/self/ns/mnt"],
+                             capture_output=True, text=True, timeout=30)
+        assert out.stdout.split() == ["0", "made", "/proc/self/ns/mnt"], out.stderr
+        made = env.host_root / "app" / "here"
+        assert made.read_text() == "made\n" and made.stat().st_uid == 65534
+    finally:
+        if holder is not None:
+            holder.kill()
+            holder.wait()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 async def test_no_network_task_gets_loopback_only(tmp_path: Path) -> None:
@@ -273,17 +347,22 @@ async def test_no_network_task_gets_loopback_only(tmp_path: Path) -> None:
         await env.stop(delete=True)
 
 
-def test_check_and_preflight_explain_root_dockerfile_and_no_security(monkeypatch) -> None:
+def test_check_and_preflight_say_what_they_need_the_dockerfile_and_no_security(monkeypatch) -> None:
     ok, why = host.check()
-    assert ok, why
+    assert ok and "(as root)" in why, why
     HostSandbox.preflight()  # passes here (root, util-linux, namespaces allowed)
     monkeypatch.setattr(host.os, "geteuid", lambda: 1000)
     ok, why = host.check()
+    assert ok and "rootless" in why, why  # this kernel allows unprivileged user namespaces
+    # A system refusing them (the flag stands in for the refusal).
+    monkeypatch.setattr(host, "ROOTLESS_UNSHARE", ("--user", "--map-root-user", "--refused"))
+    ok, why = host.check()
     assert not ok
-    assert "needs root" in why and "Dockerfile" in why and "NOT a security boundary" in why
+    assert "unprivileged user namespaces" in why and "or run as root" in why
+    assert "Dockerfile" in why and "NOT a security boundary" in why
     with pytest.raises(SystemExit) as exc:
         HostSandbox.preflight()
-    assert "needs root" in str(exc.value)
+    assert "user namespace" in str(exc.value)
 
 
 def test_capabilities_are_reported_honestly(tmp_path: Path) -> None:
@@ -319,15 +398,16 @@ async def test_root_gets_a_private_home_so_host_dotfiles_stay_out(sandbox: HostS
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("rootless", [False, True], ids=["root", "rootless"])
 async def test_terminus2_drives_tmux_in_the_host_sandbox_and_reaches_the_engine(
-        tmp_path: Path, hostdirs: Path, embedded_engine) -> None:
+        rootless: bool, tmp_path: Path, hostdirs: Path, embedded_engine) -> None:
     from tapdeck.runner.harnesses import RunDefaults, build_agent_config
 
     agent = build_agent_config(
         "terminus-2", base_urls={"openai": embedded_engine.base_url}, session_key="tdk-test-key",
         served_model=embedded_engine.served_name,
         defaults=RunDefaults(max_turns=2, max_output_tokens=16, agent_timeout_s=30))
-    result = await _trial(SAMPLE.task("hello-file").path, agent, tmp_path, "hello__t2")
+    result = await _trial(SAMPLE.task("hello-file").path, agent, tmp_path, "hello__t2", rootless=rootless)
     # SmolLM2 never solves it: the agent runs out of time, the verifier still grades.
     assert result.exception_info is None or result.exception_info.exception_type == "AgentTimeoutError"
     assert result.verifier_result.rewards == {"reward": 0.0}
