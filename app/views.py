@@ -326,7 +326,7 @@ def token_detail(turn: Mapping[str, Any], index: int) -> str:
         alts = ", ".join(f"{_alt_text(a)!r} {_alt_lp(a):.2f}" for a in alternatives[:5])
         parts.append(f"top: {alts}")
     else:
-        parts.append("no alternatives recorded (the harness asked for no top_logprobs)")
+        parts.append("no alternatives captured (Setup: Alternatives)")
     return " · ".join(parts)
 
 

@@ -87,8 +87,8 @@ def prepare_request(chat: Mapping[str, Any], tier: Tier | str, served_model: str
                     alternatives: int = 0) -> tuple[dict[str, Any], dict[str, Any]]:
     """The upstream body for a chat request, and the sampling record `{"submitted", "requested"}`.
 
-    At least `alternatives` top logprobs are asked for per token, for inspection; the dialects
-    give the client only as many as it asked for.
+    At least `alternatives` top logprobs are asked for per token when a session captures them for
+    inspection; the dialects give the client only as many as it asked for.
 
     `chat` is never mutated. Raises DialectError(400) for what the proxy refuses: `n > 1`, and at the
     training tier logit_bias, guided decoding, non-text response formats and forced tool choice.

@@ -200,7 +200,7 @@ class CaptureService:
             "id": sid, "state": "open", "tier": str(result.tier), "rollout_type": rollout_type,
             "engine": ref.model_dump(), "created_at": now, "metadata": dict(spec.metadata),
             "call_budget": spec.call_budget, "probe": result.detail,
-            "alternatives": result.alternatives,
+            "alternatives": min(spec.alternatives, result.alternatives),
             "findings": [f.model_dump(mode="json") for f in result.findings],
         }
         await asyncio.to_thread(self.store.create_session, record)

@@ -76,6 +76,10 @@ class SessionSpec(BaseModel):
     """Accept an engine whose logprobs are raw (pre-temperature) for training."""
     training_sampling: dict[str, Any] | None = None
     """Sampling overrides applied to every call of a training session (e.g. temperature)."""
+    alternatives: int = Field(default=0, ge=0, le=20)
+    """Top alternatives per sampled token to capture for inspection (the TUI shows them), as many
+    as the engine gave the probe at most. 0, the design's default, asks for none a harness did
+    not ask for: they multiply the size of every reply. Harnesses get only what they asked for."""
 
 
 class EngineRef(BaseModel):

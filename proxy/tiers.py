@@ -90,8 +90,8 @@ class ProbeResult:
     cacheable: bool = True
     """False when the engine could not be reached: the next session probes again."""
     alternatives: int = 0
-    """Top alternatives per token the engine returned when asked (0: it refused or was not asked);
-    every call asks for this many, so the TUI can show them (clients get what they asked for)."""
+    """Top alternatives per token the engine gave the probe (0: it refused them): the most a
+    session may capture for inspection."""
 
 
 def classify_logprobs_mode(t1: Mapping[str, Any], t2: Mapping[str, Any], *,

@@ -61,6 +61,8 @@ class RunPlan(BaseModel):
     agent_kwargs: dict[str, Any] | None = None
     call_budget: int | None = Field(default=None, ge=1)
     """Model calls per rollout before the proxy answers with a stop (None → 3 × max_turns)."""
+    alternatives: int = Field(default=0, ge=0, le=20)
+    """Top alternatives per sampled token to capture for inspection (0: as the harness asks)."""
 
 
 class RunCounts(BaseModel):
@@ -233,7 +235,7 @@ class BatchRunner:
                     sandbox_kwargs=run.plan.sandbox_kwargs,
                     timeout_s=run.plan.timeout_s, reward_key=run.plan.reward_key,
                     agent_kwargs=run.plan.agent_kwargs, call_budget=run.plan.call_budget,
-                    rollout_id=rid, run_id=run.id,
+                    alternatives=run.plan.alternatives, rollout_id=rid, run_id=run.id,
                     group=group, index=index)
 
                 def on_update(partial: RolloutResult) -> None:

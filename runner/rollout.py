@@ -102,6 +102,8 @@ class RolloutSpec:
     index: int = 0
     call_budget: int | None = None
     """None → BUDGET_PER_TURN × max_turns."""
+    alternatives: int = 0
+    """Top alternatives per sampled token to capture for inspection (`SessionSpec.alternatives`)."""
     agent_timeout_s: float | None = None
     """None → the task's own agent timeout (capped by `timeout_s` anyway)."""
     sandbox_kwargs: dict[str, Any] | None = None
@@ -303,7 +305,8 @@ async def _open_session(service: Any, spec: RolloutSpec, rid: str) -> SessionInf
                 "phase": "sandbox", **spec.metadata}
     try:
         return await service.open_session(SessionSpec(engine=spec.engine, metadata=metadata,
-                                                      call_budget=budget, rollout_type="auto"))
+                                                      call_budget=budget, rollout_type="auto",
+                                                      alternatives=spec.alternatives))
     except Exception as exc:
         raise RolloutSetupError("engine_unreachable" if "engine" in str(exc).lower() else "internal",
                                 f"could not open a capture session: {exc}") from exc

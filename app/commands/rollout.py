@@ -37,6 +37,9 @@ def register(app: typer.Typer) -> None:
                                               help="Which verifier reward to use when there are several."),
         timeout: float = typer.Option(300.0, "--timeout", help="Hard limit per rollout, seconds."),
         max_turns: int | None = typer.Option(None, "--max-turns", help="Agent turns (terminus-2)."),
+        alternatives: int = typer.Option(0, "--alternatives", min=0, max=20,
+                                         help="Top alternatives per sampled token to capture for "
+                                         "inspection (default: only what the harness asks for)."),
         data_dir: Path | None = typer.Option(None, "--data-dir",
                                              help="Data directory (default $TAPDECK_DATA_DIR or ~/.tapdeck)."),
         server: str | None = typer.Option(None, "--server", help="Submit to this tapdeck server "
@@ -58,6 +61,7 @@ def register(app: typer.Typer) -> None:
             "harness": harness, "sandbox": sandbox, "engine": engine, "engine_model": engine_model,
             "k": k, "concurrency": concurrency, "timeout_s": timeout, "reward_key": reward_key,
             "agent_kwargs": {"max_turns": max_turns} if max_turns else None,
+            "alternatives": alternatives,
         }
         local = None
         url_engine = None

@@ -1,4 +1,5 @@
-"""Setup: choose dataset, tasks, harness, sandbox, engine, K and concurrency; start a batch.
+"""Setup: choose dataset, tasks, harness, sandbox, engine, K, concurrency and the alternatives to
+capture; start a batch.
 
 Every choice shows whether this machine can run it and why not, as `/admin/catalog` reports it —
 nothing is assumed available.
@@ -18,6 +19,9 @@ from textual.widgets import Button, Input, Label, Select, SelectionList, Static
 
 from tapdeck.app.messages import RunsChanged
 from tapdeck.app.screens.base import TapdeckScreen
+
+DEFAULT_ALTERNATIVES = 5
+"""Top alternatives per token captured for runs started here (the Rollout screen shows them)."""
 
 SMALL_MODEL_NOTE = ("The embedded engine (SmolLM2-135M) never solves tasks: every reward is 0. It "
                     "exercises capture and this UI; a bigger engine is one flag away "
@@ -67,6 +71,12 @@ class SetupScreen(TapdeckScreen):
                     with Vertical():
                         yield Label("Concurrency")
                         yield Input("1", id="concurrency", type="integer", compact=True)
+                    with Vertical():
+                        yield Label("Alternatives")
+                        # Shown per token on the Rollout screen; an explicit choice here, as the
+                        # engine client asks for none a harness did not ask for.
+                        yield Input(str(DEFAULT_ALTERNATIVES), id="alternatives", type="integer",
+                                    compact=True)
                 yield Button("Start batch", id="start", variant="primary", compact=True)
             with Vertical(id="setup-right"):
                 yield Label("Tasks (none ticked = all)")
@@ -221,17 +231,20 @@ class SetupScreen(TapdeckScreen):
             if not ok:
                 raise ValueError(f"dataset {dataset} cannot be used: {why.lstrip('✗ ')}")
         numbers = {}
-        for name in ("k", "concurrency"):
+        for name, label, low, high in (("k", "K", 1, None), ("concurrency", "concurrency", 1, None),
+                                       ("alternatives", "alternatives", 0, 20)):
             raw = self.query_one(f"#{name}", Input).value.strip()
-            if not raw.isdigit() or int(raw) < 1:
-                raise ValueError(f"{'K' if name == 'k' else 'concurrency'} must be a whole number ≥ 1")
+            if not raw.isdigit() or int(raw) < low or (high is not None and int(raw) > high):
+                bound = f"from {low} to {high}" if high is not None else f"≥ {low}"
+                raise ValueError(f"{label} must be a whole number {bound}")
             numbers[name] = int(raw)
         ticked = list(self.query_one("#tasks", SelectionList).selected)
         return {"dataset": str(dataset), "tasks": ticked or None,
                 "harness": self.query_one("#harness", Select).value,
                 "sandbox": self.query_one("#sandbox", Select).value,
                 "engine": self.query_one("#engine", Select).value,
-                "k": numbers["k"], "concurrency": numbers["concurrency"]}
+                "k": numbers["k"], "concurrency": numbers["concurrency"],
+                "alternatives": numbers["alternatives"]}
 
     def action_start(self) -> None:
         """Start a batch with the current choices."""

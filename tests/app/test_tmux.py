@@ -42,8 +42,8 @@ def test_tapdeck_runs_a_rollout_by_keystrokes_and_quits_freeing_the_port(tmp_pat
         # Harness: Tab to it, open it, pick the next entry (oracle: runs the task's solution).
         tmux.keys("Tab", "Tab", "Enter", "Down", "Enter")
         tmux.wait_for(r"✓ oracle", 10)
-        # Tasks list (after sandbox, engine, K, concurrency, Start): tick the third task.
-        tmux.keys("Tab", "Tab", "Tab", "Tab", "Tab", "Tab", "Down", "Down", "Down", "Space")
+        # Tasks list (after sandbox, engine, K, concurrency, alternatives, Start): tick the third.
+        tmux.keys(*["Tab"] * 7, "Down", "Down", "Down", "Space")
         tmux.keys("C-s")
         screen = tmux.wait_for(r"hello-file\s+finished", 120)
         assert "1 sessions · 1 finished" in screen

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import socket
 
-from textual.widgets import DataTable, Select, SelectionList
+import pytest
+from textual.widgets import DataTable, Input, Select, SelectionList
 
 from tapdeck.app.client import TapdeckClient
 from tapdeck.app.tui import TapdeckApp
@@ -101,6 +102,19 @@ async def test_ticked_tasks_survive_a_catalog_reload(make_app):
         await pilot.pause(0.3)
         assert [option.value for option in tasks.options] == names
         assert tasks.selected == [names[1]]
+
+
+async def test_setup_plan_captures_five_alternatives_unless_told_otherwise(make_app):
+    app = make_app("setup")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause(0.3)
+        screen = app.screen
+        assert screen.plan()["alternatives"] == 5
+        screen.query_one("#alternatives", Input).value = "21"
+        with pytest.raises(ValueError, match="alternatives must be a whole number from 0 to 20"):
+            screen.plan()
+        screen.query_one("#alternatives", Input).value = "0"
+        assert screen.plan()["alternatives"] == 0
 
 
 async def test_server_gone_becomes_a_notification_and_status_line_not_a_traceback(make_app):

@@ -109,7 +109,7 @@ def test_token_detail_names_logprob_probability_and_alternatives():
     line = token_detail(turn, 1)
     assert "' list'" in line and "id 1002" in line and "logprob -2.200" in line and "p=0.111" in line
     assert "'x' -3.20" in line and "masked" in line
-    assert "no alternatives recorded" in token_detail(turn, 0)
+    assert "no alternatives captured" in token_detail(turn, 0)
 
 
 def test_token_detail_of_a_recorded_turn(api_data):

@@ -69,7 +69,7 @@ def test_openai_sdk_stream_matches_capture_and_turn_is_durable_first(embedded_en
                                                                      admin_for, tmp_path):
     server = make_server(embedded_engine.base_url)
     admin = admin_for(server)
-    info = _open(admin)
+    info = _open(admin, alternatives=5)
     client = openai.OpenAI(base_url=info["base_urls"]["openai"], api_key=info["api_key"], max_retries=0)
     stream = client.chat.completions.create(
         model="m", messages=[{"role": "system", "content": SYSTEM},
@@ -95,7 +95,7 @@ def test_openai_sdk_stream_matches_capture_and_turn_is_durable_first(embedded_en
     assert usage is not None and usage.completion_tokens == len(turn.sampled_ids)
     assert logprobs == pytest.approx(turn.logprobs.tolist())
     assert turn.prompt_ids is not None and len(turn.prompt_ids) > 0
-    # The client gets the 2 alternatives it asked for; the capture keeps the 5 the probe found.
+    # The client gets the 2 alternatives it asked for; the session captures the 5 it asked for.
     assert alternatives == {2}
     assert {len(alts) for alts in turn.top_logprobs} == {5}
 
