@@ -249,10 +249,12 @@ class TapdeckApp(App[None]):
         was = self.connected
         self.connected = message.connected
         if message.connected:
+            if was:
+                return  # a resync while connected: keep whatever the status line says (an error)
             self.status = f"connected to {self.server_label}"
             self.status_level = "info"
             rollout = self._mode_screen("rollout")
-            if not was and rollout.is_mounted and rollout.session_id:
+            if rollout.is_mounted and rollout.session_id:
                 rollout.action_reload()
         else:
             self.status = message.error
