@@ -331,9 +331,10 @@ def test_rootless_namespace_works_for_an_unprivileged_user(tmp_path: Path) -> No
         shutil.rmtree(base, ignore_errors=True)
 
 
-async def test_no_network_task_gets_loopback_only(tmp_path: Path) -> None:
+@pytest.mark.parametrize("rootless", [False, True], ids=["root", "rootless"])
+async def test_no_network_task_gets_loopback_only(rootless: bool, tmp_path: Path) -> None:
     (tmp_path / "hostdirs").mkdir()
-    env = _sandbox(tmp_path, task_env={"network_mode": "no-network"})
+    env = _sandbox(tmp_path, rootless=rootless, task_env={"network_mode": "no-network", "workdir": "/app"})
     assert env.no_network
     await env.start(force_build=False)
     try:
