@@ -31,6 +31,9 @@ from tapdeck.runner.sandboxes.host import HostSandbox, processes_in_namespace  #
 
 SAMPLE = sample_dataset()
 TASK_NAMES = [t.name for t in SAMPLE.tasks]
+USERNS_OK, USERNS_WHY = host.check(rootless=True)
+needs_userns = pytest.mark.skipif(not USERNS_OK, reason=f"no user namespaces here: {USERNS_WHY}")
+MODES = [pytest.param(False, id="root"), pytest.param(True, id="rootless", marks=needs_userns)]
 
 
 def _reward(result) -> float:
@@ -58,7 +61,7 @@ def hostdirs(tmp_path: Path) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("task", TASK_NAMES)
-@pytest.mark.parametrize("rootless", [False, True], ids=["root", "rootless"])
+@pytest.mark.parametrize("rootless", MODES)
 async def test_oracle_solves_every_sample_task(task: str, rootless: bool, tmp_path: Path,
                                                hostdirs: Path) -> None:
     result = await _trial(SAMPLE.task(task).path, AgentConfig(name="oracle"), tmp_path,
@@ -268,6 +271,7 @@ async def test_a_workdir_missing_on_the_host_is_made_and_removed_after_the_last_
     assert not top.exists()
 
 
+@needs_userns
 async def test_rootless_trial_runs_in_its_own_root_and_makes_nothing_on_the_host(tmp_path: Path) -> None:
     (tmp_path / "hostdirs").mkdir()
     before = sorted(os.listdir("/"))
@@ -288,6 +292,7 @@ async def test_rootless_trial_runs_in_its_own_root_and_makes_nothing_on_the_host
     assert list((tmp_path / "hostdirs").iterdir()) == []
 
 
+@needs_userns
 async def test_rootless_refuses_a_workdir_it_would_have_to_make_in_a_host_directory(tmp_path: Path) -> None:
     (tmp_path / "hostdirs").mkdir()
     env = _sandbox(tmp_path, rootless=True)  # WORKDIR /work/proj: /work is the host's
@@ -296,6 +301,7 @@ async def test_rootless_refuses_a_workdir_it_would_have_to_make_in_a_host_direct
     assert list((tmp_path / "hostdirs").iterdir()) == []
 
 
+@needs_userns
 def test_rootless_namespace_works_for_an_unprivileged_user(tmp_path: Path) -> None:
     # The orchestration stays in this (root) process, whose Python `nobody` cannot run; the holder
     # script and every exec run as `nobody`, exactly as a non-root tapdeck would spawn them.
@@ -331,7 +337,7 @@ def test_rootless_namespace_works_for_an_unprivileged_user(tmp_path: Path) -> No
         shutil.rmtree(base, ignore_errors=True)
 
 
-@pytest.mark.parametrize("rootless", [False, True], ids=["root", "rootless"])
+@pytest.mark.parametrize("rootless", MODES)
 async def test_no_network_task_gets_loopback_only(rootless: bool, tmp_path: Path) -> None:
     (tmp_path / "hostdirs").mkdir()
     env = _sandbox(tmp_path, rootless=rootless, task_env={"network_mode": "no-network", "workdir": "/app"})
@@ -348,13 +354,21 @@ async def test_no_network_task_gets_loopback_only(rootless: bool, tmp_path: Path
         await env.stop(delete=True)
 
 
-def test_check_and_preflight_say_what_they_need_the_dockerfile_and_no_security(monkeypatch) -> None:
+def test_check_and_preflight_pass_as_root_here() -> None:
     ok, why = host.check()
     assert ok and "(as root)" in why, why
     HostSandbox.preflight()  # passes here (root, util-linux, namespaces allowed)
+
+
+@needs_userns
+def test_check_as_another_user_offers_the_rootless_mode(monkeypatch) -> None:
     monkeypatch.setattr(host.os, "geteuid", lambda: 1000)
     ok, why = host.check()
-    assert ok and "rootless" in why, why  # this kernel allows unprivileged user namespaces
+    assert ok and "rootless" in why, why
+
+
+def test_check_and_preflight_say_what_is_needed_when_user_namespaces_are_refused(monkeypatch) -> None:
+    monkeypatch.setattr(host.os, "geteuid", lambda: 1000)
     # A system refusing them (the flag stands in for the refusal).
     monkeypatch.setattr(host, "ROOTLESS_UNSHARE", ("--user", "--map-root-user", "--refused"))
     ok, why = host.check()
@@ -399,7 +413,7 @@ async def test_root_gets_a_private_home_so_host_dotfiles_stay_out(sandbox: HostS
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("rootless", [False, True], ids=["root", "rootless"])
+@pytest.mark.parametrize("rootless", MODES)
 async def test_terminus2_drives_tmux_in_the_host_sandbox_and_reaches_the_engine(
         rootless: bool, tmp_path: Path, hostdirs: Path, embedded_engine) -> None:
     from tapdeck.runner.harnesses import RunDefaults, build_agent_config
