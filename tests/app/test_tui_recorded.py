@@ -117,12 +117,16 @@ async def test_setup_plan_captures_five_alternatives_unless_told_otherwise(make_
         assert screen.plan()["alternatives"] == 0
 
 
-async def test_server_gone_becomes_a_notification_and_status_line_not_a_traceback(make_app):
+def _app_on_a_dead_server(mode: str) -> TapdeckApp:
     with socket.socket() as sock:  # a port with nothing listening
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    app = TapdeckApp(TapdeckClient(f"http://127.0.0.1:{port}", "k"), follow_events=False,
-                     initial_mode="info")
+    return TapdeckApp(TapdeckClient(f"http://127.0.0.1:{port}", "k"), follow_events=False,
+                      initial_mode=mode)
+
+
+async def test_server_gone_becomes_a_notification_and_status_line_not_a_traceback():
+    app = _app_on_a_dead_server("info")
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause(0.5)
         assert "not reachable" in app.status and app.status_level == "error"
@@ -130,12 +134,8 @@ async def test_server_gone_becomes_a_notification_and_status_line_not_a_tracebac
         assert app.is_running
 
 
-async def test_setup_without_a_catalog_says_so_and_how_to_retry(make_app):
-    with socket.socket() as sock:  # a port with nothing listening
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    app = TapdeckApp(TapdeckClient(f"http://127.0.0.1:{port}", "k"), follow_events=False,
-                     initial_mode="setup")
+async def test_setup_without_a_catalog_says_so_and_how_to_retry():
+    app = _app_on_a_dead_server("setup")
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause(0.5)
         dataset = app.screen.query_one("#dataset", Select)
