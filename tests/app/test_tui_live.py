@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from tapdeck.app.views import session_state
 from tapdeck.app.widgets.rollout_tree import RolloutTree
 from tapdeck.app.widgets.session_table import SessionTable
 from tapdeck.app.widgets.token_view import TokenView
+from tests.app.pilot_wait import until
 from tests.conftest import local_server_on
 
 WAIT_S = 120.0  # a generous bound for a rollout to finish on 2 shared cores (not a speed check)
@@ -33,15 +33,6 @@ def _app(server, mode: str, tmp_path: Path) -> TapdeckApp:
                       initial_mode=mode)
 
 
-async def _until(pilot, predicate, what: str, timeout: float = WAIT_S) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}; status: {pilot.app.status!r}")
-        await pilot.pause(0.25)
-
-
 def _states(table: SessionTable) -> list[str]:
     return [str(table.get_cell(row, "state")) for row in table.rows]
 
@@ -49,17 +40,17 @@ def _states(table: SessionTable) -> list[str]:
 async def _start_batch(pilot, harness: str, task: str) -> None:
     app = pilot.app
     screen = app.screen
-    await _until(pilot, lambda: screen.catalog is not None, "the catalog", 60)
+    await until(pilot, lambda: screen.catalog is not None, "the catalog", 60)
     assert screen.query_one("#dataset", Select).value == "sample"
     screen.query_one("#harness", Select).value = harness
     tasks = screen.query_one("#tasks", SelectionList)
-    await _until(pilot, lambda: task in [option.value for option in tasks.options], "the task list")
+    await until(pilot, lambda: task in [option.value for option in tasks.options], "the task list", WAIT_S)
     tasks.select(task)
     await pilot.pause(0.1)
     assert tasks.selected == [task]
     assert "✓" in str(screen.query_one("#why-harness").render())
     await pilot.press("ctrl+s")
-    await _until(pilot, lambda: app.current_mode == "sessions", "the switch to Sessions", 60)
+    await until(pilot, lambda: app.current_mode == "sessions", "the switch to Sessions", 60)
 
 
 async def test_oracle_batch_reaches_finished_and_run_exports(live_server, tmp_path):
@@ -67,16 +58,16 @@ async def test_oracle_batch_reaches_finished_and_run_exports(live_server, tmp_pa
     async with app.run_test(size=(80, 24)) as pilot:
         await _start_batch(pilot, "oracle", "hello-file")
         table = app.screen.query_one(SessionTable)
-        await _until(pilot, lambda: "finished" in _states(table) or "failed" in _states(table),
-                     "the oracle rollout to end")
+        await until(pilot, lambda: "finished" in _states(table) or "failed" in _states(table),
+                    "the oracle rollout to end", WAIT_S)
         assert "finished" in _states(table), app.status
         await pilot.press("4")
-        await _until(pilot, lambda: app.screen.query_one("#groups-table", DataTable).row_count == 1,
-                     "the run's group")
+        await until(pilot, lambda: app.screen.query_one("#groups-table", DataTable).row_count == 1,
+                    "the run's group", WAIT_S)
         groups = app.screen.query_one("#groups-table", DataTable)
         assert str(groups.get_row_at(0)[0]) == "hello-file"
         await pilot.press("e")
-        await _until(pilot, lambda: any("wrote" in n.message for n in app._notifications), "the export", 60)
+        await until(pilot, lambda: any("wrote" in n.message for n in app._notifications), "the export", 60)
         path = next(n.message for n in app._notifications if "wrote" in n.message).split("wrote ", 1)[1]
         assert Path(path).is_file()
 
@@ -94,10 +85,10 @@ async def test_live_session_rollout_grows_and_a_token_can_be_selected(live_serve
         app = _app(live_server, "sessions", tmp_path)
         async with app.run_test(size=(80, 24)) as pilot:
             table = app.screen.query_one(SessionTable)
-            await _until(pilot, lambda: info["id"] in [r.value for r in table.rows], "the session row", 30)
+            await until(pilot, lambda: info["id"] in [r.value for r in table.rows], "the session row", 30)
             app.open_rollout(info["id"])
-            await _until(pilot, lambda: app.current_mode == "rollout"
-                         and app.screen.query_one(TokenView).turn is not None, "turn 0", 30)
+            await until(pilot, lambda: app.current_mode == "rollout"
+                        and app.screen.query_one(TokenView).turn is not None, "turn 0", 30)
             view = app.screen.query_one(TokenView)
             assert view.turn["token_texts"] and len(view.turn["logprobs"]) == len(view.turn["token_texts"])
             await pilot.click(TokenView, offset=(0, 0))
@@ -109,7 +100,7 @@ async def test_live_session_rollout_grows_and_a_token_can_be_selected(live_serve
             messages += [first["choices"][0]["message"], {"role": "user", "content": "Again."}]
             await http.post("/v1/chat/completions", json={**body, "messages": messages}, headers=key)
             tree = app.screen.query_one(RolloutTree)
-            await _until(pilot, lambda: 1 in tree._seq_nodes, "turn 1 in the tree", 60)
+            await until(pilot, lambda: 1 in tree._seq_nodes, "turn 1 in the tree", 60)
             await http.delete(f"/admin/sessions/{info['id']}", headers=admin)
 
 
@@ -117,7 +108,7 @@ async def test_live_session_rollout_grows_and_a_token_can_be_selected(live_serve
 async def test_terminus2_rollout_finishes_with_captured_turns(live_server, tmp_path):
     app = _app(live_server, "setup", tmp_path)
     async with app.run_test(size=(80, 24)) as pilot:
-        await _until(pilot, lambda: app.screen.catalog is not None, "the catalog", 60)
+        await until(pilot, lambda: app.screen.catalog is not None, "the catalog", 60)
         before = set(app.board.entries)
         await _start_batch(pilot, "terminus-2", "hello-file")
 
@@ -125,10 +116,10 @@ async def test_terminus2_rollout_finishes_with_captured_turns(live_server, tmp_p
             return [sid for sid in set(app.board.entries) - before
                     if session_state(app.board.get(sid)) in ("finished", "failed")]
 
-        await _until(pilot, lambda: bool(ended()), "the terminus-2 rollout to end", 400)
+        await until(pilot, lambda: bool(ended()), "the terminus-2 rollout to end", 400)
         session_id = ended()[0]
         assert app.board.get(session_id)["turns"] > 0
         app.open_rollout(session_id)
-        await _until(pilot, lambda: app.current_mode == "rollout"
-                     and app.screen.query_one(TokenView).turn is not None, "a captured turn", 60)
+        await until(pilot, lambda: app.current_mode == "rollout"
+                    and app.screen.query_one(TokenView).turn is not None, "a captured turn", 60)
         assert app.screen.query_one(RolloutTree)._seq_nodes

@@ -12,14 +12,14 @@ from tapdeck.app.client import TapdeckClient
 from tapdeck.app.tui import TapdeckApp
 from tapdeck.app.widgets.session_table import SessionTable
 from tapdeck.app.widgets.token_view import TokenView
+from tests.app.pilot_wait import until
 
 
 async def test_sessions_table_shows_states_and_updates_only_changed_cells(make_app, api_data):
     app = make_app("sessions")
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.pause(0.3)
         table = app.screen.query_one(SessionTable)
-        assert table.row_count == 6
+        await until(pilot, lambda: table.row_count == 6, "the recorded sessions")
         states = {row.value: str(table.get_cell(row, "state")) for row in table.rows}
         assert states == {"sess0000recorded": "running", "sess0001recorded": "finished",
                           "sess0002recorded": "running", "sess0003recorded": "booting",
@@ -35,13 +35,12 @@ async def test_sessions_table_shows_states_and_updates_only_changed_cells(make_a
 async def test_many_sessions_refresh_by_diff_without_rebuilding(make_app, api_data):
     app = make_app("sessions")
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.pause(0.3)
+        table = app.screen.query_one(SessionTable)
+        await until(pilot, lambda: table.row_count == 6, "the recorded sessions")
         template = api_data["sessions"][0]
         for i in range(300):
             app.take_event({"type": "session_opened", "session": dict(template, id=f"bulk{i:05d}", created_at=2e9 + i)})
-        await pilot.pause(0.6)
-        table = app.screen.query_one(SessionTable)
-        assert table.row_count == 306
+        await until(pilot, lambda: table.row_count == 306, "300 more sessions")
         for i in range(0, 300, 3):
             app.take_event({"type": "turn_captured", "session": dict(template, id=f"bulk{i:05d}", turns=9,
                                                                      created_at=2e9 + i)})
@@ -51,10 +50,11 @@ async def test_many_sessions_refresh_by_diff_without_rebuilding(make_app, api_da
 async def test_open_rollout_and_click_a_token_shows_its_logprob(make_app):
     app = make_app("sessions")
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.pause(0.3)
+        table = app.screen.query_one(SessionTable)
+        await until(pilot, lambda: table.row_count == 6, "the recorded sessions")
         await pilot.press("enter")  # first row: sess0000recorded
-        await pilot.pause(0.6)
-        assert app.current_mode == "rollout"
+        await until(pilot, lambda: app.current_mode == "rollout"
+                    and app.screen.query_one(TokenView).turn is not None, "turn 0 on Rollout")
         tree = app.screen.query_one("#graph")
         labels = [str(node.label) for node in tree.root.children]
         assert labels[0].startswith("#0 agent") and labels[1].startswith("#1 discarded")
@@ -76,10 +76,15 @@ async def test_open_rollout_and_click_a_token_shows_its_logprob(make_app):
         assert "Solve hello-file." in str(app.screen.query_one("#messages-text").render())
 
 
+async def _catalog_loaded(pilot) -> None:
+    await until(pilot, lambda: pilot.app.screen.catalog is not None
+                and pilot.app.screen.query_one("#tasks", SelectionList).option_count > 0, "the catalog")
+
+
 async def test_setup_refuses_an_unavailable_sandbox_with_the_reason(make_app):
     app = make_app("setup")
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.pause(0.3)
+        await _catalog_loaded(pilot)
         screen = app.screen
         screen.query_one("#sandbox").value = "docker"
         await pilot.pause(0.1)
@@ -93,13 +98,15 @@ async def test_setup_refuses_an_unavailable_sandbox_with_the_reason(make_app):
 async def test_ticked_tasks_survive_a_catalog_reload(make_app):
     app = make_app("setup")
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.pause(0.3)
+        await _catalog_loaded(pilot)
         tasks = app.screen.query_one("#tasks", SelectionList)
         names = [option.value for option in tasks.options]
         assert len(names) > 1
         tasks.select(names[1])
+        before = app.screen.catalog
         await pilot.press("ctrl+r")
-        await pilot.pause(0.3)
+        await until(pilot, lambda: app.screen.catalog is not before, "the reloaded catalog")
+        await pilot.pause(0.3)  # the dataset change events it caused
         assert [option.value for option in tasks.options] == names
         assert tasks.selected == [names[1]]
 
@@ -107,7 +114,7 @@ async def test_ticked_tasks_survive_a_catalog_reload(make_app):
 async def test_setup_plan_captures_five_alternatives_unless_told_otherwise(make_app):
     app = make_app("setup")
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.pause(0.3)
+        await _catalog_loaded(pilot)
         screen = app.screen
         assert screen.plan()["alternatives"] == 5
         screen.query_one("#alternatives", Input).value = "21"

@@ -20,6 +20,7 @@ from training_data import write_export
 
 from tapdeck.app.client import TapdeckClient
 from tapdeck.app.screens.train import TrainScreen
+from tests.app.pilot_wait import until
 
 SHOT_DIR = os.environ.get("TAPDECK_SHOT_DIR")
 RECORDED_RUNS = json.loads((Path(__file__).parents[1] / "app" / "fixtures" / "api.json").read_text())["runs"]
@@ -58,25 +59,17 @@ class TrainOnlyApp(App[None]):
         self.push_screen(self.train)
 
 
-async def _until(pilot, predicate, what: str, polls: int = 600) -> None:
-    for _ in range(polls):
-        if predicate():
-            return
-        await pilot.pause(0.1)
-    raise AssertionError(f"never happened: {what}")
-
-
 async def test_train_screen_launches_data_check_and_plots_its_metrics(tmp_path: Path) -> None:
     export = write_export(tmp_path / "exports" / "r-test.jsonl")
     client = TapdeckClient("http://tapdeck.test", "test-key", transport=api(export))
     app = TrainOnlyApp(client, tmp_path / "data")
     async with app.run_test(size=(80, 24)) as pilot:
         screen = app.train
-        await _until(pilot, lambda: screen.query_one("#train-run", Select).value == "r-test", "runs loaded")
+        await until(pilot, lambda: screen.query_one("#train-run", Select).value == "r-test", "runs loaded")
         assert "does not update weights" in str(screen.query_one("#train-state", Static).render())
         await pilot.press("l")
-        await _until(pilot, lambda: screen.job is not None and screen.job.state != "running", "recipe ended")
-        await _until(pilot, lambda: "exit code 0" in str(screen.query_one("#train-state", Static).render()),
+        await until(pilot, lambda: screen.job is not None and screen.job.state != "running", "recipe ended")
+        await until(pilot, lambda: "exit code 0" in str(screen.query_one("#train-state", Static).render()),
                      "final state shown")
         assert screen.job.state == "finished"
         assert screen.points["train/reward"] == [(0, 0.5), (2, 0.5)]  # group 1 is unscorable: no reward
@@ -103,8 +96,8 @@ async def test_train_screen_is_reachable_in_the_tapdeck_app_with_key_6(tmp_path:
                      settings_path=tmp_path / "tui.json")
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("6")
-        await _until(pilot, lambda: app.current_mode == "train", "switched to Train")
+        await until(pilot, lambda: app.current_mode == "train", "switched to Train")
         screen = app.screen
         assert isinstance(screen, TrainScreen)
-        await _until(pilot, lambda: screen.query_one("#train-run", Select).value == "r-test", "runs loaded")
+        await until(pilot, lambda: screen.query_one("#train-run", Select).value == "r-test", "runs loaded")
         assert screen.job is None  # nothing launches until asked
