@@ -7,16 +7,29 @@ the SVGs (rsvg-convert → PNG).
 from __future__ import annotations
 
 import pytest
+from textual.widgets import DataTable
+
+from tapdeck.app.widgets.session_table import SessionTable
+from tapdeck.app.widgets.token_view import TokenView
+from tests.app.pilot_wait import until
 
 SIZES = [(80, 24), (160, 48)]
 SCREENS = ["setup", "sessions", "runs", "info"]
+LOADED = {
+    "setup": lambda screen: screen.catalog is not None,
+    "sessions": lambda screen: screen.query_one(SessionTable).row_count == 6,
+    "runs": lambda screen: screen.query_one("#groups-table", DataTable).row_count == 3,
+    "info": lambda screen: screen.catalog is not None,
+}
+"""When each screen shows all of the recorded data."""
 
 
 @pytest.mark.parametrize("size", SIZES, ids=["80x24", "160x48"])
 @pytest.mark.parametrize("mode", SCREENS)
 def test_screen_snapshot(snap_compare, make_app, mode, size):
     async def settle(pilot):
-        await pilot.pause(0.5)
+        await until(pilot, lambda: LOADED[mode](pilot.app.screen), f"the {mode} screen's data")
+        await pilot.pause(0.3)  # a refresh tick after the data, and any layout it causes
         await pilot.wait_for_scheduled_animations()
 
     assert snap_compare(make_app(mode), terminal_size=size, run_before=settle)
@@ -25,10 +38,12 @@ def test_screen_snapshot(snap_compare, make_app, mode, size):
 @pytest.mark.parametrize("size", SIZES, ids=["80x24", "160x48"])
 def test_rollout_snapshot_with_a_token_selected(snap_compare, make_app, size):
     async def open_and_pick(pilot):
-        await pilot.pause(0.3)
+        await until(pilot, lambda: LOADED["sessions"](pilot.app.screen), "the recorded sessions")
         pilot.app.open_rollout("sess0000recorded")
-        await pilot.pause(0.6)
-        pilot.app.screen.query_one("TokenView").action_pick(2)
+        await until(pilot, lambda: pilot.app.current_mode == "rollout"
+                    and pilot.app.screen.query_one(TokenView).turn is not None, "turn 0")
+        await pilot.pause(0.3)
+        pilot.app.screen.query_one(TokenView).action_pick(2)
         await pilot.pause(0.2)
         await pilot.wait_for_scheduled_animations()
 

@@ -6,6 +6,7 @@ import json
 import socket
 
 import pytest
+from textual.command import CommandList, CommandPalette
 from textual.widgets import DataTable, Input, Select, SelectionList
 
 from tapdeck.app.client import TapdeckClient
@@ -191,12 +192,11 @@ async def test_command_palette_offers_tapdeck_actions(make_app):
     app = make_app("sessions")
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("ctrl+p")
-        await pilot.pause(0.2)
+        await until(pilot, lambda: isinstance(app.screen, CommandPalette), "the palette")
         await pilot.press(*"go to runs")
-        await pilot.pause(0.5)
+        await until(pilot, lambda: app.screen.query_one(CommandList).option_count > 0, "a match")
         await pilot.press("enter")
-        await pilot.pause(0.5)
-        assert app.current_mode == "runs"
+        await until(pilot, lambda: app.current_mode == "runs", "the Runs screen")
 
 
 async def test_number_keys_switch_screens_and_resize_does_not_crash(make_app):
@@ -216,8 +216,7 @@ async def test_number_keys_switch_screens_and_resize_does_not_crash(make_app):
 async def test_runs_screen_shows_groups_and_failures_by_cause(make_app):
     app = make_app("runs")
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.pause(0.5)
         groups = app.screen.query_one("#groups-table", DataTable)
-        assert groups.row_count == 3
+        await until(pilot, lambda: groups.row_count == 3, "the recorded run's groups")
         assert "agent_timeout 1" in str(app.screen.query_one("#failures").render())
         assert str(groups.get_row("hello-file")[4]) == "100%"
