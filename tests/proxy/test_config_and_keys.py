@@ -91,7 +91,11 @@ async def test_event_bus_delivers_in_order_and_from_other_threads() -> None:
     thread = threading.Thread(target=bus.publish, args=({"type": "b"},))
     thread.start()
     thread.join()
-    await asyncio.sleep(0.01)
+    async def delivered(n: int) -> None:
+        while len(got) < n:
+            await asyncio.sleep(0.001)
+
+    await asyncio.wait_for(delivered(2), 5)  # a publish from another thread lands a turn later
     bus.publish({"type": "c"})
     await asyncio.wait_for(task, 5)
     assert [e["type"] for e in got] == ["a", "b", "c"]
