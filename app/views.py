@@ -264,6 +264,40 @@ def rollout_roots(nodes: Mapping[int, TurnNode]) -> list[int]:
     return sorted(seq for seq, n in nodes.items() if n.parent is None or n.parent not in nodes)
 
 
+def display_parents(nodes: Mapping[int, TurnNode]) -> dict[int, int | None]:
+    """Where each turn is listed in the tree (None: at the top).
+
+    A chain of single continuations is listed flat under its head (a root, or one child of a
+    fork) rather than one level deeper per turn, which at 80 columns would push a 40-turn
+    rollout's labels off the screen; only forks nest.
+    """
+    roots = set(rollout_roots(nodes))
+
+    def is_head(seq: int) -> bool:
+        return seq in roots or len(nodes[nodes[seq].parent].children) > 1
+
+    heads: dict[int, int] = {}
+    out: dict[int, int | None] = {}
+    for seq in nodes:
+        walk = []
+        at = seq
+        while at not in heads and not is_head(at):
+            walk.append(at)
+            at = nodes[at].parent
+        head = heads.get(at, at)
+        for step in walk:
+            heads[step] = head
+        heads[at] = head
+    for seq, node in nodes.items():
+        if seq in roots:
+            out[seq] = None
+        elif is_head(seq):
+            out[seq] = node.parent
+        else:
+            out[seq] = heads[node.parent]
+    return out
+
+
 def turn_label(node: TurnNode) -> str:
     """Plain label of a tree node: `#3 agent ↻retok  42 tok  length`."""
     parts = [f"#{node.seq}", node.role]

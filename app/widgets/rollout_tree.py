@@ -1,7 +1,9 @@
 """The rollout graph as a Tree: roots, forks, discarded branches and re-tokenised edges marked.
 
-Refreshing while a rollout runs adds only the new nodes (the cursor and expansion stay put); a
-structural change (a late ancestor adopting nodes) rebuilds the tree.
+A chain of continuations is listed flat under its head (a root, or a fork's child); forks nest
+(`display_parents`). Refreshing while a rollout runs adds only the new nodes (the cursor and
+expansion stay put); a turn changing place (a fork appearing, a late ancestor adopting nodes)
+rebuilds the tree.
 """
 
 from __future__ import annotations
@@ -10,13 +12,15 @@ from rich.text import Text
 from textual.widgets import Tree
 from textual.widgets.tree import TreeNode
 
-from tapdeck.app.views import TurnNode, finding_level, rollout_roots, turn_label
+from tapdeck.app.views import TurnNode, display_parents, finding_level, turn_label
 
 
 class RolloutTree(Tree[int]):
     """Nodes carry the turn's seq as data."""
 
-    HELP = ("The rollout graph: each node is one model call, children continue its token prefix. "
+    HELP = ("The rollout graph: each node is one model call. A chain of calls, each continuing the "
+            "one above, is listed flat under its first call; a fork (calls continuing the same one) "
+            "nests its branches. "
             "role agent/auxiliary/discarded; ≈retok = linked despite a re-tokenisation break; "
             "!warn/!fatal = findings. Enter/click a turn to see its tokens.")
 
@@ -46,9 +50,10 @@ class RolloutTree(Tree[int]):
         return text
 
     def load(self, nodes: dict[int, TurnNode]) -> None:
-        """Show `nodes`; incremental when the known structure is unchanged."""
-        structure_changed = any(self._seq_parents.get(seq, n.parent) != n.parent
-                                for seq, n in nodes.items() if seq in self._seq_parents)
+        """Show `nodes`; incremental when every shown turn keeps its place."""
+        places = display_parents(nodes)
+        structure_changed = any(self._seq_parents.get(seq, place) != place
+                                for seq, place in places.items() if seq in self._seq_parents)
         structure_changed |= any(seq not in nodes for seq in self._seq_nodes)
         if structure_changed:
             self.clear()
@@ -56,19 +61,24 @@ class RolloutTree(Tree[int]):
             self._seq_parents.clear()
             self._seq_labels.clear()
         pending = [seq for seq in sorted(nodes) if seq not in self._seq_nodes]
-        roots = set(rollout_roots(nodes))
         while pending:
             progressed = False
             for seq in list(pending):
-                node = nodes[seq]
-                if seq in roots:
-                    parent_tree = self.root
-                elif node.parent in self._seq_nodes:
-                    parent_tree = self._seq_nodes[node.parent]
+                node, place = nodes[seq], places[seq]
+                if place is None:
+                    container = self.root
+                elif place in self._seq_nodes and node.parent in self._seq_nodes:
+                    container = self._seq_nodes[place]
+                    container.allow_expand = True  # only turns with something under them fold
                 else:
                     continue
-                self._seq_nodes[seq] = parent_tree.add(self._label(node), data=seq, expand=True)
-                self._seq_parents[seq] = node.parent
+                # A fork's child or a head's first continuation goes last; a later continuation
+                # right after the turn it continues.
+                after = None if place in (None, node.parent) else self._seq_nodes[node.parent]
+                added = container.add(self._label(node), data=seq, expand=True, allow_expand=False,
+                                      after=after)
+                self._seq_nodes[seq] = added
+                self._seq_parents[seq] = place
                 self._seq_labels[seq] = turn_label(node)
                 pending.remove(seq)
                 progressed = True

@@ -9,6 +9,7 @@ import sys
 from tapdeck.app.views import (
     SessionBoard,
     diff_rows,
+    display_parents,
     failures_by_cause,
     fmt_reward,
     logprob_tone,
@@ -133,3 +134,20 @@ def test_core_modules_do_not_import_textual():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == []
+
+
+def _graph(parents: dict[int, int | None]) -> dict:
+    turns = [{"seq": seq, "parent": parent, "sampled_len": 4} for seq, parent in parents.items()]
+    return rollout_nodes({"turns": turns})
+
+
+def test_a_chain_of_continuations_is_listed_flat_and_only_forks_nest():
+    # 0 → 1 → 2, which forks into 3 and 4; 4 → 5; a second root 6 → 7.
+    nodes = _graph({0: None, 1: 0, 2: 1, 3: 2, 4: 2, 5: 4, 6: None, 7: 6})
+    assert display_parents(nodes) == {0: None, 1: 0, 2: 0, 3: 2, 4: 2, 5: 4, 6: None, 7: 6}
+
+
+def test_a_long_chain_stays_one_level_deep():
+    nodes = _graph({0: None, **{k: k - 1 for k in range(1, 200)}})
+    assert set(display_parents(nodes).values()) == {None, 0}
+
