@@ -319,9 +319,9 @@ def test_rootless_namespace_works_for_an_unprivileged_user(tmp_path: Path) -> No
         holder = subprocess.Popen([*nobody, "unshare", *host.ROOTLESS_UNSHARE, "--", "bash", "-c",
                                    env._rootless_script(rootfs)], stderr=subprocess.PIPE, text=True)
         for _ in range(200):
+            assert holder.poll() is None, holder.stderr.read()  # the script failed: say why
             if Path(f"/proc/{holder.pid}/comm").read_text().strip() == "sleep":
                 break
-            assert holder.poll() is None, holder.stderr.read()
             time.sleep(0.05)
         env._holder = holder  # only its pid is used, to build the nsenter command
         out = subprocess.run([*nobody, *env._nsenter(), "bash", "-c",
