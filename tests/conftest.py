@@ -8,6 +8,7 @@ assert_same_shape` (pytest runs with --import-mode=importlib, which registers th
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 from collections.abc import Iterator
@@ -25,6 +26,18 @@ def vllm_fixture(name: str) -> dict[str, Any]:
     """A recorded vLLM exchange by file name, `.json` optional (`"chat_basic"`, `"tiny/chat_basic"`)."""
     path = FIXTURES / (name if name.endswith(".json") else f"{name}.json")
     return json.loads(path.read_text())
+
+
+def vllm_reply_to(body: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a recorded reply as vLLM answers `body`: a request that asked for no logprobs gets
+    no prompt ids, token ids or logprobs."""
+    reply = copy.deepcopy(reply)
+    if not body.get("logprobs"):
+        reply.pop("prompt_token_ids", None)
+        for choice in reply["choices"]:
+            choice["logprobs"] = None
+            choice.pop("token_ids", None)
+    return reply
 
 
 def vllm_error_case(case: str) -> tuple[int, dict[str, Any]]:

@@ -9,7 +9,6 @@ so that the proxy's keepalives (every 20 ms here) land inside the streams.
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -21,7 +20,7 @@ from fastapi.responses import JSONResponse
 
 from tapdeck.proxy.serving import ThreadedServer, bind_socket
 from tapdeck.proxy.tiers import EngineSpec
-from tests.conftest import vllm_fixture
+from tests.conftest import vllm_fixture, vllm_reply_to
 from tests.dialects.conftest import CaptureServer, capture_server
 
 UPSTREAM_PAUSE_S = 0.15
@@ -43,13 +42,7 @@ def _upstream_app() -> FastAPI:
     async def chat(request: Request) -> JSONResponse:
         body = await request.json()
         await asyncio.sleep(UPSTREAM_PAUSE_S)
-        reply = copy.deepcopy(basic)
-        if not body.get("logprobs"):
-            reply.pop("prompt_token_ids", None)
-            for choice in reply["choices"]:
-                choice["logprobs"] = None
-                choice.pop("token_ids", None)
-        return JSONResponse(reply)
+        return JSONResponse(vllm_reply_to(body, basic))
 
     return app
 

@@ -8,7 +8,6 @@ made to produce on demand (HTML bodies, hangs, 5xx).
 from __future__ import annotations
 
 import asyncio
-import copy
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from tapdeck.proxy.config import ServerConfig
 from tapdeck.proxy.serving import ThreadedServer
 from tests.conftest import vllm_error_case as recorded_error
 from tests.conftest import vllm_fixture as recorded
+from tests.conftest import vllm_reply_to
 
 
 @dataclass
@@ -77,13 +77,8 @@ def _upstream_app(up: Upstream) -> FastAPI:
                                            "code": 500}}, status_code=500)
         if up.mode == "no_choices":
             return JSONResponse({"id": "x", "object": "chat.completion", "choices": []})
-        reply = copy.deepcopy(basic)
-        if up.mode == "no_logprobs" or not body.get("logprobs"):
-            reply.pop("prompt_token_ids", None)
-            for choice in reply["choices"]:
-                choice["logprobs"] = None
-                choice.pop("token_ids", None)
-        return JSONResponse(reply)
+        # "no_logprobs": an engine that ignores the capture fields it was sent.
+        return JSONResponse(vllm_reply_to({} if up.mode == "no_logprobs" else body, basic))
 
     return app
 

@@ -19,6 +19,14 @@ import pytest
 pytestmark = pytest.mark.slow
 
 TAPDECK = str(Path(sys.executable).with_name("tapdeck"))
+ENV = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+
+
+def _serve(port: int, data: Path, engine_url: str) -> subprocess.Popen:
+    """A `tapdeck serve` process on `port` with its data in `data`."""
+    return subprocess.Popen([TAPDECK, "serve", "--port", str(port), "--data-dir", str(data),
+                             "--engine", engine_url], env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 def _wait_health(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
@@ -39,10 +47,7 @@ def test_kill_9_mid_rollout_loses_no_replied_turn(embedded_engine, tmp_path: Pat
     data = tmp_path / "data"
     port = port_factory()
     url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-    proc = subprocess.Popen([TAPDECK, "serve", "--port", str(port), "--data-dir", str(data),
-                             "--engine", embedded_engine.base_url], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = _serve(port, data, embedded_engine.base_url)
     try:
         _wait_health(url, proc)
         admin_key = (data / "admin.key").read_text().strip()
@@ -82,9 +87,7 @@ def test_kill_9_mid_rollout_loses_no_replied_turn(embedded_engine, tmp_path: Pat
             proc.wait()
 
     # Restart on the same data dir (the held port must be free again, too).
-    proc = subprocess.Popen([TAPDECK, "serve", "--port", str(port), "--data-dir", str(data),
-                             "--engine", embedded_engine.base_url], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = _serve(port, data, embedded_engine.base_url)
     try:
         _wait_health(url, proc)
         admin_key = (data / "admin.key").read_text().strip()
@@ -104,7 +107,7 @@ def test_kill_9_mid_rollout_loses_no_replied_turn(embedded_engine, tmp_path: Pat
 
     out = tmp_path / "export.jsonl"
     done = subprocess.run([TAPDECK, "export", info["id"], "--format", "jsonl", "--out", str(out),
-                           "--data-dir", str(data)], env=env, capture_output=True, text=True, timeout=120)
+                           "--data-dir", str(data)], env=ENV, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) >= len(replied)

@@ -204,13 +204,9 @@ def _wait_until_queued(store, n, threads):
         threading.Event().wait(0.001)
 
 
-def test_concurrent_appends_share_commits_and_all_are_durable(tmp_path):
-    path = tmp_path / "capture.db"
-    store = Store(path)
-    store.create_session({"id": "s1"})
-    base = turn_from_fixture("chat_basic", 0)
-    turns = [dataclasses.replace(base, seq=i) for i in range(32)]
-    commits_before = store.commits
+def _append_behind_a_released_lock(store, path, turns):
+    """Append `turns` from threads while another connection holds the write lock, release it once
+    writes queue behind the blocked leader; returns each append's error (None when it committed)."""
     results = {}
     other = _hold_write_lock(path)
     threads = _append_in_threads(store, turns, results)
@@ -218,6 +214,17 @@ def test_concurrent_appends_share_commits_and_all_are_durable(tmp_path):
     other.execute("COMMIT")
     for t in threads:
         t.join()
+    return results
+
+
+def test_concurrent_appends_share_commits_and_all_are_durable(tmp_path):
+    path = tmp_path / "capture.db"
+    store = Store(path)
+    store.create_session({"id": "s1"})
+    base = turn_from_fixture("chat_basic", 0)
+    turns = [dataclasses.replace(base, seq=i) for i in range(32)]
+    commits_before = store.commits
+    results = _append_behind_a_released_lock(store, path, turns)
     assert results == {i: None for i in range(32)}
     # Every write queued behind the blocked leader went into the next single transaction.
     assert 1 <= store.commits - commits_before < len(turns)
@@ -235,13 +242,7 @@ def test_failed_write_fails_only_itself_and_its_group_mates_commit(tmp_path):
     base = turn_from_fixture("chat_basic", 0)
     store.append_turn(base, RolloutGraph().add(base))
     turns = [dataclasses.replace(base, seq=i) for i in range(8)]  # seq 0 is stored already
-    results = {}
-    other = _hold_write_lock(path)
-    threads = _append_in_threads(store, turns, results)
-    _wait_until_queued(store, 2, threads)
-    other.execute("COMMIT")
-    for t in threads:
-        t.join()
+    results = _append_behind_a_released_lock(store, path, turns)
     assert isinstance(results[0], sqlite3.IntegrityError)
     assert all(results[i] is None for i in range(1, 8))
     store.close()

@@ -33,24 +33,27 @@ async def test_keepalives_while_waiting_then_events():
     assert out[-2:] == [b'data: {"n":1}\n\n', b"data: [DONE]\n\n"]
 
 
+async def _hanging_call(started: asyncio.Event, cancelled: asyncio.Event) -> list:
+    """An upstream call that never answers; records that it started and that it was cancelled."""
+    started.set()
+    try:
+        await asyncio.sleep(3600)
+    except asyncio.CancelledError:
+        cancelled.set()
+        raise
+    return []
+
+
 async def test_disconnect_cancels_upstream_call():
     started, cancelled = asyncio.Event(), asyncio.Event()
     gone = False
-
-    async def call():
-        started.set()
-        try:
-            await asyncio.sleep(3600)
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
-        return []
 
     async def is_disconnected() -> bool:
         return gone
 
     out = []
-    async for chunk in stream_with_keepalive(call(), interval=0.01, poll=0.01, is_disconnected=is_disconnected):
+    call = _hanging_call(started, cancelled)
+    async for chunk in stream_with_keepalive(call, interval=0.01, poll=0.01, is_disconnected=is_disconnected):
         out.append(chunk)
         gone = True
     await asyncio.wait_for(cancelled.wait(), 5)
@@ -58,17 +61,8 @@ async def test_disconnect_cancels_upstream_call():
 
 
 async def test_closing_the_generator_cancels_upstream_call():
-    cancelled = asyncio.Event()
-
-    async def call():
-        try:
-            await asyncio.sleep(3600)
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
-        return []
-
-    gen = stream_with_keepalive(call(), interval=0.01)
+    started, cancelled = asyncio.Event(), asyncio.Event()
+    gen = stream_with_keepalive(_hanging_call(started, cancelled), interval=0.01)
     assert await gen.__anext__() == KEEPALIVE
     await gen.aclose()  # what the ASGI server does when the client goes away
     await asyncio.wait_for(cancelled.wait(), 5)
