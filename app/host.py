@@ -18,6 +18,7 @@ from tapdeck.proxy.config import (
     new_admin_key,
     write_admin_key,
 )
+from tapdeck.proxy.engine_address import settle_blocking
 from tapdeck.proxy.server import create_app
 from tapdeck.proxy.service import CaptureService
 from tapdeck.proxy.serving import ThreadedServer, bind_socket
@@ -84,7 +85,10 @@ class LocalServer:
     def _start_engine(self) -> EngineSpec:
         cfg = self.config
         if cfg.engine_url:
-            return EngineSpec(url=cfg.engine_url, model=cfg.engine_model, api_key=cfg.engine_api_key)
+            # HOST:PORT, http://HOST:PORT and …/v1 all work: the address is settled to the base URL
+            # that answers, and one where nothing answers stops the start (EngineAddressError).
+            settled = settle_blocking(cfg.engine_url, api_key=cfg.engine_api_key)
+            return EngineSpec(url=settled.base_url, model=cfg.engine_model, api_key=cfg.engine_api_key)
         from tapdeck.runner.engine.embedded import EmbeddedEngine
 
         self._engine = EmbeddedEngine().start()

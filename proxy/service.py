@@ -28,6 +28,7 @@ from tapdeck.proxy.dialects.chat import DIALECT as CHAT
 from tapdeck.proxy.dialects.google import JSON_ARRAY
 from tapdeck.proxy.dialects.responses import DIALECT as RESPONSES
 from tapdeck.proxy.dialects.stored_responses import StoredResponses
+from tapdeck.proxy.engine_address import EngineAddressError, settle
 from tapdeck.proxy.engine_client import DEFAULT_TIMEOUT, EngineClient, EngineError
 from tapdeck.proxy.events import EventBus
 from tapdeck.proxy.export import ExportRefused, rollout_document, training_trace
@@ -139,6 +140,8 @@ class CaptureService:
         self._sessions: dict[str, _Session] = {}
         self._by_key: dict[str, _Session] = {}
         self._clients: dict[tuple[str, str | None, str], EngineClient] = {}
+        self._settled: dict[tuple[str, str | None, str], str] = {}
+        """Engine address (as a session named it) → the base URL it settled on."""
         self._aux_http: httpx.AsyncClient | None = None
         self._load_existing()
 
@@ -178,11 +181,26 @@ class CaptureService:
             client = self._clients[key] = EngineClient(spec, timeout=self.engine_timeout)
         return client
 
+    async def _settle(self, spec: EngineSpec) -> EngineSpec:
+        """`spec` at the base URL its address settled on (asked once per address and key).
+
+        An address where nothing answers is refused, naming the URLs tried, rather than opening a
+        text-tier session whose every call would fail."""
+        key = spec.cache_key()
+        base = self._settled.get(key)
+        if base is None:
+            try:
+                settled = await settle(spec.url, api_key=spec.api_key)
+            except EngineAddressError as exc:
+                raise SessionError(exc.status, str(exc)) from None
+            base = self._settled[key] = settled.base_url
+        return spec if base == spec.base_url else spec.model_copy(update={"url": base})
+
     # ----------------------------------------------------------------- sessions
 
     async def open_session(self, spec: SessionSpec) -> SessionInfo:
         """Probe the session's engine (cached), pick the rollout type, mint the key."""
-        engine = spec.engine or self.default_engine
+        engine = await self._settle(spec.engine) if spec.engine else self.default_engine
         if engine is None:
             raise SessionError(400, "no engine given and this server has no default engine; "
                                     "name one in the session's `engine` field")

@@ -23,7 +23,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 from pydantic import BaseModel
 
 from tapdeck.runner import datasets as datasets_mod
@@ -279,34 +278,22 @@ async def url_engine_info(url: str, *, api_key: str | None = None, probe: bool =
                           probe_timeout_s: float = ENGINE_PROBE_TIMEOUT_S) -> EngineInfo:
     """Reach an engine URL with a short `GET /v1/models`; with `probe`, ask the proxy's tier probe.
 
-    An unprobed engine counts as the `text` tier (never assume the stronger tier).
+    The address may be `HOST:PORT`, `http://HOST:PORT` or `…/v1`: `url` in the answer is the base
+    URL it settled on. An unprobed engine counts as the `text` tier (never assume the stronger tier).
     """
-    from tapdeck.runner.engines import EngineChoiceError, normalize_engine_url
+    from tapdeck.proxy.engine_address import EngineAddressError, settle
 
     try:
-        base = normalize_engine_url(url)
-    except EngineChoiceError as exc:
-        return EngineInfo(name=url, url=url, tier=None, reachable=False, why=str(exc))
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    try:
-        async with httpx.AsyncClient(timeout=list_timeout_s) as client:
-            reply = await client.get(f"{base}/models", headers=headers)
-    except httpx.HTTPError as exc:
-        return EngineInfo(name=url, url=base, tier=None, reachable=False,
-                          why=f"GET {base}/models failed: {type(exc).__name__}: {exc}".rstrip(": "))
-    if reply.status_code != 200:
-        return EngineInfo(name=url, url=base, tier=None, reachable=False,
-                          why=f"GET {base}/models answered HTTP {reply.status_code}")
-    try:
-        models = [m.get("id") for m in reply.json().get("data") or [] if isinstance(m, dict)]
-    except ValueError:
-        return EngineInfo(name=url, url=base, tier=None, reachable=False,
-                          why=f"GET {base}/models did not answer JSON")
+        settled = await settle(url, api_key=api_key, timeout=list_timeout_s)
+    except EngineAddressError as exc:
+        return EngineInfo(name=url, url=None, tier=None, reachable=False, why=str(exc))
+    base, models = settled.base_url, settled.model_ids()
     served = models[0] if len(models) == 1 else None
-    listed = ", ".join(str(m) for m in models) or "no models"
+    # Led by the base URL the address settled on: that is what sessions talk to.
+    listed = f"{base} serves " + (", ".join(str(m) for m in models) or "no models")
     if not probe:
         return EngineInfo(name=url, url=base, tier="text", reachable=True, served_model=served,
-                          why=f"serves {listed}; tier not probed (counts as text until probed)")
+                          why=f"{listed}; tier not probed (counts as text until probed)")
     from tapdeck.proxy.tiers import EngineSpec
     from tapdeck.proxy.tiers import probe as probe_tier
 
@@ -315,9 +302,9 @@ async def url_engine_info(url: str, *, api_key: str | None = None, probe: bool =
                                         timeout=probe_timeout_s)
     except TimeoutError:
         return EngineInfo(name=url, url=base, tier="text", reachable=True, served_model=served,
-                          why=f"serves {listed}; tier probe did not finish in {probe_timeout_s:.0f} s")
+                          why=f"{listed}; tier probe did not finish in {probe_timeout_s:.0f} s")
     return EngineInfo(name=url, url=base, tier=result.tier.value, reachable=True,
-                      served_model=result.served_model or served, why=f"serves {listed}; {result.detail}")
+                      served_model=result.served_model or served, why=f"{listed}; {result.detail}")
 
 
 def engine_catalog(urls: list[str] | None = None, *, api_key: str | None = None,

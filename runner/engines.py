@@ -8,8 +8,8 @@ only ever handed to the proxy, never to a harness or a sandbox.
 from __future__ import annotations
 
 import os
-from urllib.parse import urlsplit, urlunsplit
 
+from tapdeck.proxy.engine_address import EngineAddressError, normalize_address
 from tapdeck.proxy.tiers import EngineSpec
 
 EMBEDDED = "embedded"
@@ -22,18 +22,14 @@ class EngineChoiceError(ValueError):
 
 
 def normalize_engine_url(url: str) -> str:
-    """`host:port`, `http://host:port` or `.../v1/` → `http(s)://host:port/v1` (OpenAI base URL form)."""
-    text = url.strip()
-    if "://" not in text:
-        text = "http://" + text
-    parts = urlsplit(text)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise EngineChoiceError(f"engine {url!r} is not an http(s) URL; pass e.g. "
-                                "--engine http://gpu-box:8000/v1 or --engine embedded")
-    path = parts.path.rstrip("/")
-    if not path:
-        path = "/v1"
-    return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+    """`host:port` → `http://host:port`, trailing slash dropped; the path is left as given.
+
+    Which base URL an address without a path means (`/v1` or the root) is settled by the proxy
+    when a session opens, by asking the engine (tapdeck.proxy.engine_address)."""
+    try:
+        return normalize_address(url)
+    except EngineAddressError as exc:
+        raise EngineChoiceError(f"{exc}, or --engine embedded") from None
 
 
 def is_embedded(choice: str | None) -> bool:

@@ -11,6 +11,7 @@ import contextlib
 import copy
 import json
 import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,19 @@ def assert_same_shape(ours: Any, recorded: Any, path: str = "$", *,
             f"{path}: expected {type(recorded).__name__}, got {type(ours).__name__} ({ours!r})")
 
 
+def free_port() -> int:
+    """A loopback port nobody holds right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def dead_engine_url() -> str:
+    """A loopback engine URL where nothing listens."""
+    return f"http://127.0.0.1:{free_port()}/v1"
+
+
 @pytest.fixture(scope="session")
 def embedded_engine() -> Iterator[Any]:
     """The embedded engine (SmolLM2-135M) on a free loopback port, shared by the whole session.
@@ -107,6 +121,24 @@ def embedded_engine() -> Iterator[Any]:
         yield engine
     finally:
         engine.stop()
+
+
+@contextlib.contextmanager
+def models_only_engine(path: str = "/v1") -> Iterator[str]:
+    """A loopback server answering only `GET {path}/models`, with the recorded vLLM listing: an
+    engine address that settles, whose model calls fail. Yields `http://127.0.0.1:PORT` (no path)."""
+    from fastapi import FastAPI
+
+    from tapdeck.proxy.serving import ThreadedServer
+
+    listing = vllm_fixture("models")["models"]["response"]
+    app = FastAPI()
+    app.get(f"{path}/models")(lambda: listing)
+    server = ThreadedServer(app, "127.0.0.1", 0, name="models-only-engine").start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
 
 
 @contextlib.contextmanager

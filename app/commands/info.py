@@ -1,8 +1,8 @@
 """`tapdeck info`: what this machine can run right now (sandboxes, datasets, harnesses, engines).
 
 Nothing is started: sandbox backends are checked by import + preflight, the embedded engine by its
-package and model file, an `--engine URL` by a short `GET /v1/models` (plus the proxy's tier probe
-unless `--no-probe`).
+package and model file, an `--engine URL` by a short `GET …/models` at the base URL its address
+settles on, which is shown (plus the proxy's tier probe unless `--no-probe`).
 """
 
 from __future__ import annotations
@@ -82,7 +82,8 @@ def register(app: typer.Typer) -> None:
 
     @app.command("info")
     def info(
-        engine: list[str] = typer.Option([], "--engine", help="Engine base URL to check (repeatable)."),
+        engine: list[str] = typer.Option([], "--engine", help="Engine to check: HOST:PORT, "
+                                         "http://HOST:PORT or …/v1 (repeatable)."),
         engine_api_key: str | None = typer.Option(None, "--engine-api-key", envvar="TAPDECK_ENGINE_API_KEY",
                                                   help="API key for --engine (never printed)."),
         dataset: list[str] = typer.Option([], "--dataset",

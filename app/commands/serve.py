@@ -16,7 +16,8 @@ def register(app: typer.Typer) -> None:
         host: str = typer.Option("127.0.0.1", "--host",
                                  help="Address to bind. Beyond loopback an explicit --admin-key is required."),
         engine: str | None = typer.Option(None, "--engine",
-                                          help="Default engine base URL (…/v1). Omitted: start the embedded engine."),
+                                          help="Default engine: HOST:PORT, http://HOST:PORT or …/v1 "
+                                               "(settled by asking …/models). Omitted: start the embedded engine."),
         engine_model: str | None = typer.Option(None, "--engine-model", help="Model name on that engine."),
         engine_api_key: str | None = typer.Option(None, "--engine-api-key", envvar="TAPDECK_ENGINE_API_KEY",
                                                   help="API key for that engine (never logged)."),
@@ -31,6 +32,7 @@ def register(app: typer.Typer) -> None:
 
         from tapdeck.app.host import LocalServer
         from tapdeck.proxy.config import ConfigError, ServerConfig
+        from tapdeck.proxy.engine_address import EngineAddressError
         from tapdeck.proxy.serving import PortInUseError
 
         fields = {"host": host, "port": port, "admin_key": admin_key, "engine_url": engine,
@@ -47,6 +49,9 @@ def register(app: typer.Typer) -> None:
         except (ConfigError, PortInUseError) as exc:
             typer.echo(f"tapdeck serve: {exc}", err=True)
             raise typer.Exit(2) from None
+        except EngineAddressError as exc:
+            typer.echo(f"tapdeck serve: {exc}", err=True)
+            raise typer.Exit(2 if exc.status == 400 else 1) from None
         stop = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())

@@ -42,6 +42,7 @@ def run_embedded(data_dir: Path | None = None, *, port: int = 0, engine_url: str
     from tapdeck.app.settings import default_settings_path
     from tapdeck.app.tui import TapdeckApp  # noqa: F401 - import the UI before starting anything
     from tapdeck.proxy.config import ServerConfig, default_data_dir
+    from tapdeck.proxy.engine_address import EngineAddressError
 
     data_dir = (data_dir or default_data_dir()).expanduser()
     config = ServerConfig(host="127.0.0.1", port=port, data_dir=data_dir, engine_url=engine_url,
@@ -52,9 +53,14 @@ def run_embedded(data_dir: Path | None = None, *, port: int = 0, engine_url: str
     server = LocalServer(config)
     try:
         server.start()
+    except EngineAddressError as exc:
+        print(f"tapdeck: {exc}", file=sys.stderr)
+        raise typer.Exit(2 if exc.status == 400 else 1) from None
     except Exception as exc:  # noqa: BLE001 - any start failure is reported as one line, no traceback
         print(f"tapdeck: could not start the embedded server: {exc}", file=sys.stderr)
         raise typer.Exit(1) from None
+    if engine_url:
+        print(f"tapdeck: engine {server.engine_url}", file=sys.stderr, flush=True)
     try:
         run_app(server.url, server.admin_key, server_label=f"embedded {server.url}",
                 settings_path=default_settings_path(data_dir))
@@ -71,8 +77,8 @@ def register(app: typer.Typer) -> None:
                                              help="Data directory (default $TAPDECK_DATA_DIR or ~/.tapdeck)."),
         port: int = typer.Option(0, "--port", help="Loopback port of the embedded server (0 = any free)."),
         engine: str | None = typer.Option(None, "--engine",
-                                          help="Engine base URL (…/v1), e.g. a vLLM server. Omitted: the "
-                                               "embedded SmolLM2 engine (never solves tasks)."),
+                                          help="Engine, e.g. a vLLM server: HOST:PORT, http://HOST:PORT or "
+                                               "…/v1. Omitted: the embedded SmolLM2 engine (never solves tasks)."),
         engine_model: str | None = typer.Option(None, "--engine-model", help="Model name on that engine."),
         engine_api_key: str | None = typer.Option(None, "--engine-api-key", envvar="TAPDECK_ENGINE_API_KEY",
                                                   help="API key for that engine (never logged)."),

@@ -18,9 +18,9 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from tapdeck.proxy.serving import ThreadedServer, bind_socket
+from tapdeck.proxy.serving import ThreadedServer
 from tapdeck.proxy.tiers import EngineSpec
-from tests.conftest import vllm_fixture, vllm_reply_to
+from tests.conftest import models_only_engine, vllm_fixture, vllm_reply_to
 from tests.dialects.conftest import CaptureServer, capture_server
 
 UPSTREAM_PAUSE_S = 0.15
@@ -124,10 +124,8 @@ def test_google_stream_with_alt_sse_stays_sse(app: CaptureServer) -> None:
 
 
 def test_google_json_array_stream_error_is_an_error_element(app: CaptureServer) -> None:
-    dead = bind_socket("127.0.0.1", 0)
-    port = dead.getsockname()[1]
-    dead.close()
-    info = app.admin.post("/admin/sessions", json={"engine": {"url": f"http://127.0.0.1:{port}/v1"}}).json()
+    with models_only_engine() as engine:  # gone once the session is open: every call fails
+        info = app.admin.post("/admin/sessions", json={"engine": {"url": engine}}).json()
     reply = httpx.post(f"{app.url}/v1beta/models/g:streamGenerateContent", json=BODY,
                        headers={"x-goog-api-key": info["api_key"]}, timeout=30)
     body = json.loads(reply.content)

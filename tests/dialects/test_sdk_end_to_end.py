@@ -22,6 +22,7 @@ from google.genai import errors as genai_errors
 from google.genai import types
 
 from tapdeck.proxy.tiers import EngineSpec
+from tests.conftest import models_only_engine
 from tests.dialects.conftest import CaptureServer, capture_server
 
 pytestmark = pytest.mark.slow
@@ -328,13 +329,9 @@ def test_google_candidate_count_refused_in_google_envelope(proxy: CaptureServer)
 
 @pytest.fixture
 def dead_engine_session(proxy: CaptureServer) -> dict[str, Any]:
-    """A session whose engine refuses connections: every call fails upstream (502, unreachable)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    reply = proxy.admin.post("/admin/sessions", json={"engine": {"url": f"http://127.0.0.1:{port}/v1"}})
+    """A session whose engine went away once it opened: every call fails upstream (502, unreachable)."""
+    with models_only_engine() as engine:
+        reply = proxy.admin.post("/admin/sessions", json={"engine": {"url": engine}})
     reply.raise_for_status()
     return reply.json()
 

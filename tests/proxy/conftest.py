@@ -8,7 +8,6 @@ made to produce on demand (HTML bodies, hangs, 5xx).
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from tapdeck.app.host import LocalServer
 from tapdeck.proxy.config import ServerConfig
 from tapdeck.proxy.serving import ThreadedServer
+from tests.conftest import free_port
 from tests.conftest import vllm_error_case as recorded_error
 from tests.conftest import vllm_fixture as recorded
 from tests.conftest import vllm_reply_to
@@ -92,19 +92,6 @@ def upstream() -> Iterator[Upstream]:
         yield up
     finally:
         up.server.stop()
-
-
-def free_port() -> int:
-    """A loopback port nobody holds right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def dead_engine_url() -> str:
-    """A loopback URL where nothing listens."""
-    return f"http://127.0.0.1:{free_port()}/v1"
 
 
 @pytest.fixture

@@ -48,7 +48,9 @@ def test_engine_down_is_engine_unreachable(runner_server: RunnerServer) -> None:
     r = _only(runner_server.run(tasks=["hello-file"], engine=url, timeout_s=120))
     assert not r["ok"] and r["error_kind"] == "engine_unreachable"
     assert r["reward"] is None and url.rsplit("/", 1)[0] in r["error"]
-    assert r["phase"] == "failed" and r["session_id"] is not None
+    # The capture session is refused (no engine answered), so no sandbox ever boots.
+    assert r["phase"] == "failed" and r["session_id"] is None
+    assert f"tried GET {url}/models" in r["error"]
 
 
 def test_sandbox_start_failure_is_sandbox_failed(runner_server: RunnerServer, tmp_path: Path) -> None:

@@ -37,17 +37,18 @@ def test_embedded_without_a_running_engine_says_what_to_do() -> None:
 
 
 @pytest.mark.parametrize(("given", "expected"), [
-    ("gpu-box:8000", "http://gpu-box:8000/v1"),
-    ("http://gpu-box:8000/", "http://gpu-box:8000/v1"),
+    ("gpu-box:8000", "http://gpu-box:8000"),
+    ("http://gpu-box:8000/", "http://gpu-box:8000"),
     ("https://api.example.com/v1/", "https://api.example.com/v1"),
 ])
-def test_engine_urls_are_normalised_to_openai_base_urls(given: str, expected: str) -> None:
+def test_engine_urls_get_a_scheme_and_keep_their_path_for_the_proxy_to_settle(
+        given: str, expected: str) -> None:
     assert normalize_engine_url(given) == expected
 
 
 def test_url_engine_carries_model_and_key_but_never_shows_the_key() -> None:
     spec = resolve_engine("http://gpu:8000", model="qwen", api_key="sk-real", default=DEFAULT)
-    assert (spec.url, spec.model, spec.api_key) == ("http://gpu:8000/v1", "qwen", "sk-real")
+    assert (spec.url, spec.model, spec.api_key) == ("http://gpu:8000", "qwen", "sk-real")
     assert "sk-real" not in repr(spec)
 
 

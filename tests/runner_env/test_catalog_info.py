@@ -16,9 +16,8 @@ from typer.testing import CliRunner  # noqa: E402
 
 from tapdeck.app.cli import app  # noqa: E402
 from tapdeck.app.commands.info import render  # noqa: E402
-from tapdeck.proxy.serving import ThreadedServer  # noqa: E402
 from tapdeck.runner import catalog  # noqa: E402
-from tests.conftest import vllm_fixture  # noqa: E402
+from tests.conftest import models_only_engine  # noqa: E402
 
 
 def test_sandbox_catalog_lists_host_and_every_harbor_backend() -> None:
@@ -90,18 +89,20 @@ def test_unreachable_engine_url_is_reported_not_raised() -> None:
 
 
 def test_engine_listing_without_probe_counts_as_text_tier() -> None:
-    from fastapi import FastAPI
-
-    listing = vllm_fixture("models")["models"]["response"]
-    upstream = FastAPI()
-    upstream.get("/v1/models")(lambda: listing)
-    server = ThreadedServer(upstream, host="127.0.0.1", port=0).start()
-    try:
-        info = asyncio.run(catalog.url_engine_info(f"http://127.0.0.1:{server.port}", probe=False))
-    finally:
-        server.stop()
+    with models_only_engine() as engine:
+        info = asyncio.run(catalog.url_engine_info(engine, probe=False))
     assert info.reachable and info.served_model == "smollm2"
     assert info.tier == "text" and "not probed" in info.why
+    assert info.url == f"{engine}/v1" and info.why.startswith(f"{engine}/v1 serves smollm2")
+
+
+def test_info_command_prints_the_base_url_a_bare_engine_address_settled_on() -> None:
+    with models_only_engine() as engine:
+        address = engine.removeprefix("http://")
+        result = CliRunner().invoke(app, ["info", "--engine", address, "--no-probe"],
+                                    env={"COLUMNS": "100", "TERM": "dumb"})
+    assert result.exit_code == 0, result.output
+    assert f"{engine}/v1 serves smollm2" in result.output
 
 
 @pytest.mark.slow

@@ -1,0 +1,172 @@
+"""Engine addresses as operators write them, settled to the one base URL the proxy talks to.
+
+vLLM users write an engine as `HOST:PORT`, `http://HOST:PORT` or `http://HOST:PORT/v1` (http or
+https, with or without a trailing slash). An address without a path is ambiguous: vLLM serves the
+OpenAI routes under `/v1`, a few OpenAI-compatible servers at the root. So such an address is asked
+`GET <candidate>/models` at `/v1`, then at the root, and settles on the first that answers with a
+model listing; an address that names a path is asked only there. Taking the bare address as the
+base URL would open sessions at the `text` tier whose every call then fails with a 404.
+
+Where nothing answers, the error is one line naming every URL tried and what each answered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+
+SETTLE_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
+"""A wrong host or port fails at connect; a busy engine may take a while to list its models."""
+
+
+class EngineAddressError(ValueError):
+    """An address that is not an http(s) URL (`status` 400), or where no engine answered (502)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class SettledEngine:
+    """Where an engine address led: the base URL (ending where `/models` and `/chat/completions`
+    hang off) and the model listing it answered."""
+
+    address: str
+    base_url: str
+    listing: dict[str, Any]
+
+    def model_ids(self) -> list[str]:
+        """The ids of the served models, in the engine's order."""
+        return [str(m["id"]) for m in self.listing.get("data") or []
+                if isinstance(m, dict) and m.get("id")]
+
+
+def normalize_address(address: str) -> str:
+    """`scheme://host[:port][/path]` without a trailing slash; `http://` when no scheme is given.
+
+    Purely syntactic (no request). Raises EngineAddressError(400) for anything but http(s).
+    """
+    text = address.strip()
+    if "://" not in text:
+        text = "http://" + text
+    try:
+        parts = urlsplit(text)
+        host = parts.hostname if parts.port is None or parts.port > 0 else None
+        url = urlunsplit((parts.scheme.lower(), parts.netloc, parts.path.rstrip("/"), "", ""))
+        httpx.URL(url)  # what the client itself would refuse
+    except (ValueError, httpx.InvalidURL):  # a port that is not a number, a broken IPv6 literal...
+        host = url = None
+    if url is None or not host or not url.startswith(("http://", "https://")):
+        raise EngineAddressError(f"engine address {address!r} is not an http(s) URL; write it as "
+                                 "HOST:PORT, http://HOST:PORT or http://HOST:PORT/v1", 400)
+    return url
+
+
+def candidate_base_urls(address: str) -> list[str]:
+    """The base URLs an address may mean, in the order they are asked."""
+    base = normalize_address(address)
+    if urlsplit(base).path:
+        return [base]
+    return [f"{base}/v1", base]
+
+
+def settle_blocking(address: str, *, api_key: str | None = None,
+                    timeout: httpx.Timeout | float = SETTLE_TIMEOUT) -> SettledEngine:
+    """`settle` without an event loop (for a server starting up). Raises EngineAddressError."""
+    attempts = _Attempts(address)
+    with httpx.Client(timeout=timeout, headers=_headers(api_key)) as http:
+        for url in attempts:
+            try:
+                attempts.send(http.get(url))
+            except httpx.HTTPError as exc:
+                attempts.send(exc)
+    return attempts.result
+
+
+async def settle(address: str, *, api_key: str | None = None,
+                 timeout: httpx.Timeout | float = SETTLE_TIMEOUT) -> SettledEngine:
+    """The base URL an engine address means: the first candidate whose `GET …/models` answers with
+    a model listing. Raises EngineAddressError: 400 for an address that is not a URL, 502 (one line
+    naming every URL tried and its answer) when no candidate answers."""
+    attempts = _Attempts(address)
+    async with httpx.AsyncClient(timeout=timeout, headers=_headers(api_key)) as http:
+        for url in attempts:
+            try:
+                attempts.send(await http.get(url))
+            except httpx.HTTPError as exc:
+                attempts.send(exc)
+    return attempts.result
+
+
+def _headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+class _Attempts:
+    """The listing URLs to ask, in order, and the verdict on each answer; one loop for the blocking
+    and the async client. Iterating yields the next URL until one answers with a listing."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.bases = candidate_base_urls(address)
+        self.tried: list[str] = []
+        self._current = ""
+        self._settled: SettledEngine | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        for base in self.bases:
+            if self._settled is not None:
+                return
+            self._current = base
+            yield f"{base}/models"
+
+    def send(self, answer: httpx.Response | httpx.HTTPError) -> None:
+        url = f"{self._current}/models"
+        if isinstance(answer, httpx.HTTPError):
+            self.tried.append(f"{url} ({_describe(answer)})")
+            return
+        listing = _listing(answer)
+        if listing is None:
+            self.tried.append(f"{url} ({_describe_reply(answer)})")
+            return
+        self._settled = SettledEngine(self.address, self._current, listing)
+
+    @property
+    def result(self) -> SettledEngine:
+        if self._settled is None:
+            raise EngineAddressError(f"no engine answered at {self.address.strip()!r}: tried GET "
+                                     + ", GET ".join(self.tried), 502)
+        return self._settled
+
+
+def _listing(reply: httpx.Response) -> dict[str, Any] | None:
+    """The body of an OpenAI model listing, or None when the reply is not one."""
+    if reply.status_code != 200:
+        return None
+    try:
+        body = reply.json()
+    except ValueError:
+        return None
+    if isinstance(body, dict) and isinstance(body.get("data"), list):
+        return body
+    return None
+
+
+def _describe(exc: httpx.HTTPError) -> str:
+    if isinstance(exc, httpx.TimeoutException):
+        return f"no answer: {type(exc).__name__}"
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
+
+
+def _describe_reply(reply: httpx.Response) -> str:
+    if reply.status_code in (401, 403):
+        return f"HTTP {reply.status_code}: the API key was refused"
+    if reply.status_code != 200:
+        return f"HTTP {reply.status_code}"
+    return "HTTP 200 but not a model listing"
