@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import zipfile
@@ -13,12 +14,26 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The wheel, and setuptools' whole output while building it (`-v` shows the backend's)."""
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(out), str(ROOT)], check=True, capture_output=True, timeout=300)
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                           "-v", "-w", str(out), str(ROOT)],
+                          check=True, capture_output=True, text=True, timeout=300)
     (built,) = out.glob("tapdeck-*.whl")
-    return built
+    return built, done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def wheel(build: tuple[Path, str]) -> Path:
+    return build[0]
+
+
+def test_the_package_configuration_triggers_no_setuptools_warnings(build: tuple[Path, str]) -> None:
+    # e.g. "SetuptoolsDeprecationWarning: `project.license` as a TOML table is deprecated", or
+    # "_Warning: Package 'tapdeck.runner.sample_dataset' is absent from the `packages` configuration"
+    warnings = [line.strip() for line in build[1].splitlines() if re.search(r"\w*Warning: ", line)]
+    assert warnings == []
 
 
 def test_wheel_installs_everything_under_the_tapdeck_package(wheel: Path) -> None:
