@@ -4,6 +4,11 @@ With no flags it runs the sample dataset's first task once with terminus-2 on th
 against the embedded engine (offline, no key). Without `--server` it starts a tapdeck server in this
 process on a free loopback port; with `--server URL` it submits the run to that server instead.
 The small embedded model never solves tasks (reward 0): it exercises capture, not skill.
+
+Exit codes (also in `--help` and the README): 0 every rollout ok; 1 the run could not be run (no
+server, no engine answering, server error); 2 bad usage (an unknown option, or a plan the server
+refused: unknown task, harness, sandbox or engine address); 3 the run ended with some rollout not
+ok (failed, or cancelled).
 """
 
 from __future__ import annotations
@@ -15,12 +20,18 @@ from typing import Any
 import typer
 
 POLL_S = 1.0
+EXIT_OK, EXIT_COULD_NOT_RUN, EXIT_USAGE, EXIT_ROLLOUT_FAILED = 0, 1, 2, 3
+"""2 is also what the command line parser exits with for an unknown option or a bad value."""
+EXIT_CODES_HELP = (
+    "Exit codes: 0 every rollout ok; 1 the run could not be run (server or engine not "
+    "answering); 2 bad usage (unknown option, or a plan the server refused); 3 the run ended with "
+    "some rollout not ok (failed or cancelled; the table says why).")
 
 
 def register(app: typer.Typer) -> None:
     """Add the `rollout` command."""
 
-    @app.command("rollout")
+    @app.command("rollout", epilog=EXIT_CODES_HELP)
     def rollout(
         dataset: str | None = typer.Option(None, "--dataset", help="Dataset: a local folder, a Harbor "
                                            "registry name, a git URL (default: the sample dataset)."),
@@ -28,7 +39,7 @@ def register(app: typer.Typer) -> None:
                                               "the first -n tasks)."),
         harness: str = typer.Option("terminus-2", "--harness", help="Agent harness."),
         sandbox: str = typer.Option("host", "--sandbox", help="Sandbox: host or a Harbor backend."),
-        engine: str = typer.Option("embedded", "--engine", help="`embedded` or an engine URL (…/v1)."),
+        engine: str = typer.Option("embedded", "--engine", help="`embedded`, or an engine: HOST:PORT, http://HOST:PORT or …/v1."),
         engine_model: str | None = typer.Option(None, "--engine-model", help="Model name on that engine."),
         n_tasks: int = typer.Option(1, "-n", "--tasks", min=1, help="How many tasks (N)."),
         k: int = typer.Option(1, "-k", "--rollouts", min=1, help="Rollouts per task (GRPO group size)."),
@@ -54,6 +65,7 @@ def register(app: typer.Typer) -> None:
 
         os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
         from tapdeck.proxy.config import ServerConfig, default_data_dir, read_admin_key
+        from tapdeck.proxy.engine_address import EngineAddressError
 
         data = (data_dir or default_data_dir()).expanduser()
         plan: dict[str, Any] = {
@@ -75,10 +87,15 @@ def register(app: typer.Typer) -> None:
                        + (" and the embedded engine…" if url_engine is None else "…"), err=True)
             try:
                 local = LocalServer(config).start()
+            except EngineAddressError as exc:
+                typer.echo(f"tapdeck rollout: {exc}", err=True)
+                raise typer.Exit(EXIT_USAGE if exc.status == 400 else EXIT_COULD_NOT_RUN) from None
             except Exception as exc:  # a clear line, not a traceback
                 typer.echo(f"tapdeck rollout: could not start a local server: {exc}", err=True)
-                raise typer.Exit(1) from None
+                raise typer.Exit(EXIT_COULD_NOT_RUN) from None
             base, key = local.url, local.admin_key
+            if url_engine is not None:
+                typer.echo(f"engine {local.engine_url}", err=True)
         else:
             base, key = server.rstrip("/"), admin_key or read_admin_key(data)
         try:
@@ -103,10 +120,10 @@ def _drive(base: str, key: str | None, plan: dict[str, Any], resume: str | None,
                 resp = http.post("/admin/runs", json=plan)
         except httpx.HTTPError as exc:
             typer.echo(f"tapdeck rollout: server {base} unreachable: {exc}", err=True)
-            return 1
+            return EXIT_COULD_NOT_RUN
         if resp.status_code != 200:
             typer.echo(f"tapdeck rollout: {_detail(resp)}", err=True)
-            return 1
+            return EXIT_USAGE if resp.status_code in (400, 404, 422) else EXIT_COULD_NOT_RUN
         run_id = resp.json()["id"]
         typer.echo(f"run {run_id}", err=True)
         try:
@@ -117,7 +134,9 @@ def _drive(base: str, key: str | None, plan: dict[str, Any], resume: str | None,
             doc = _follow(http, run_id)
     _print_table(doc, tiny_engine)
     counts = doc["counts"]
-    return 0 if doc["state"] == "finished" and counts["failed"] == 0 else 2
+    if doc["state"] == "finished" and counts["failed"] == 0:
+        return EXIT_OK
+    return EXIT_ROLLOUT_FAILED
 
 
 def _follow(http: Any, run_id: str) -> dict[str, Any]:
