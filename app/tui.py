@@ -42,6 +42,8 @@ from tapdeck.themes.palettes import DEFAULT_THEME, THEMES, VARIABLE_DEFAULTS
 SESSION_EVENTS = {"session_opened", "turn_captured", "session_updated", "session_closed"}
 RUN_EVENTS = {"run_started", "rollout_updated", "run_finished"}
 RECONNECT_S = (0.5, 1.0, 2.0, 5.0)
+FIRST_SCREEN_WAIT_S = 5.0
+"""How long the first screen waits to learn whether the server has sessions (Setup or Sessions)."""
 
 SCREEN_TITLES = {"setup": "Setup", "sessions": "Sessions", "rollout": "Rollout", "runs": "Runs",
                  "info": "Info", "train": "Train"}
@@ -94,7 +96,9 @@ class TapdeckCommands(Provider):
 
 
 class TapdeckApp(App[None]):
-    """`TapdeckApp(client, server_label=..., settings_path=...)`."""
+    """`TapdeckApp(client, server_label=..., settings_path=...)`.
+
+    Without `initial_mode` it opens on Setup when the server has no sessions yet, else on Sessions."""
 
     TITLE = "tapdeck"
     CSS_PATH = STYLESHEET
@@ -118,7 +122,7 @@ class TapdeckApp(App[None]):
 
     def __init__(self, client: TapdeckClient, *, server_label: str = "", settings_path: Path | None = None,
                  follow_events: bool = True, clock: Callable[[], float] = time.monotonic,
-                 initial_mode: str = "sessions") -> None:
+                 initial_mode: str | None = None) -> None:
         super().__init__()
         self.client = client
         self.server_label = server_label or client.base_url
@@ -140,7 +144,7 @@ class TapdeckApp(App[None]):
     def get_theme_variable_defaults(self) -> dict[str, str]:
         return {**super().get_theme_variable_defaults(), **VARIABLE_DEFAULTS}
 
-    def on_mount(self) -> None:
+    async def on_mount(self) -> None:
         for theme in build_themes():
             self.register_theme(theme)
         wanted = self.settings.theme or DEFAULT_THEME
@@ -153,11 +157,21 @@ class TapdeckApp(App[None]):
         if self.settings.keymap:
             self.set_keymap(self.settings.keymap)
         self.status = f"connecting to {self.server_label}…"
-        self.switch_mode(self.initial_mode)
+        await self.switch_mode(self.initial_mode or await self._first_mode())
         if self.follow_events:
             self.follow()
         else:
             self.resync()
+
+    async def _first_mode(self) -> str:
+        """Setup when the server has no sessions yet (that is where one starts), else Sessions.
+
+        A server that does not answer in time also opens on Sessions, whose status line says why."""
+        try:
+            sessions = await asyncio.wait_for(self.client.sessions(), FIRST_SCREEN_WAIT_S)
+        except (ApiError, OSError, TimeoutError):
+            return "sessions"
+        return "sessions" if sessions else "setup"
 
     def _remember_theme(self, theme: Theme) -> None:
         self.settings.theme = theme.name

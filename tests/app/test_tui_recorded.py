@@ -13,7 +13,31 @@ from tapdeck.app.client import TapdeckClient
 from tapdeck.app.tui import TapdeckApp
 from tapdeck.app.widgets.session_table import SessionTable
 from tapdeck.app.widgets.token_view import TokenView
+from tests.app.conftest import recorded_transport
 from tests.app.pilot_wait import until
+
+
+def _app_choosing_its_first_screen(api_data: dict) -> TapdeckApp:
+    client = TapdeckClient("http://tapdeck.test", "test-key", transport=recorded_transport(api_data))
+    return TapdeckApp(client, server_label="http://tapdeck.test", follow_events=False)
+
+
+async def test_tui_opens_on_setup_when_the_server_has_no_sessions_yet(api_data):
+    api_data["sessions"] = []
+    app = _app_choosing_its_first_screen(api_data)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert app.current_mode == "setup"
+        await until(pilot, lambda: app.screen.catalog is not None, "the catalog")
+
+
+async def test_tui_opens_on_sessions_when_the_server_has_sessions(api_data):
+    app = _app_choosing_its_first_screen(api_data)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert app.current_mode == "sessions"
+        table = app.screen.query_one(SessionTable)
+        await until(pilot, lambda: table.row_count == 6, "the recorded sessions")
 
 
 async def test_sessions_table_shows_states_and_updates_only_changed_cells(make_app, api_data):
