@@ -186,6 +186,8 @@ class CaptureService:
 
         An address where nothing answers is refused, naming the URLs tried, rather than opening a
         text-tier session whose every call would fail."""
+        if spec == self.default_engine:
+            return spec  # settled when the server started
         key = spec.cache_key()
         base = self._settled.get(key)
         if base is None:
