@@ -7,6 +7,17 @@ from pathlib import Path
 import typer
 
 
+def _log_to_stderr() -> None:
+    """tapdeck's log (one access line per model call, refused ones included) on stderr."""
+    import logging
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger = logging.getLogger("tapdeck")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
 def register(app: typer.Typer) -> None:
     """Add the `serve` command."""
 
@@ -38,6 +49,7 @@ def register(app: typer.Typer) -> None:
         if data_dir is not None:
             fields["data_dir"] = data_dir
         config = ServerConfig(**fields)
+        _log_to_stderr()
         server = LocalServer(config)
         if engine is None:
             typer.echo("starting the embedded engine (SmolLM2-135M; it never solves tasks, "
