@@ -475,3 +475,173 @@ def test_every_call_writes_one_access_line_without_keys(capture: CaptureServer, 
     assert lines[3].startswith(f"call 400 google /v1beta/models/g:generateContent session={short} turn=- ")
     assert all(key not in line and "sk-wrong" not in line for line in lines)
     assert all(line.endswith("ms") for line in lines)
+
+
+# ---- issue 11: each agent's first and second calls, as recorded -----------------------------------
+
+
+@STREAMING
+def test_codex_call_with_client_metadata_include_and_store_false_item_ids(capture: CaptureServer,
+                                                                          upstream: ScriptedUpstream,
+                                                                          stream: bool) -> None:
+    info = capture.open_session()
+    body = recording("codex")["calls"][0]
+    response = _codex_call(info, body, stream=stream)
+    assert response.status == "completed" and response.output_text == "The capital of France is Paris."
+    sent = upstream.requests[-1]
+    for field in ("client_metadata", "include", "store", "prompt_cache_key", "reasoning", "input"):
+        assert field not in sent  # Responses-only fields are not forwarded to a chat engine
+    assert [(m["role"], m["content"][:20]) for m in sent["messages"]] == [
+        ("system", "You are Codex, a cod"), ("user", "<environment_context"), ("user", "create hello.txt con")]
+    assert sent["messages"][0]["content"].endswith("<permissions>approval_policy=never</permissions>")
+    # store: false: the response is not kept, so naming it later is a clear 400.
+    with pytest.raises(openai.BadRequestError, match=response.id):
+        openai_client(info).responses.create(model="m", input="again", previous_response_id=response.id)
+
+
+@STREAMING
+def test_claude_code_thinking_output_config_context_management_and_deferred_tools(
+        capture: CaptureServer, upstream: ScriptedUpstream, stream: bool) -> None:
+    info = capture.open_session()
+    message = _claude_call(info, recording("claude_code")["calls"][0], stream=stream)
+    assert message.content[0].text == "The capital of France is Paris."
+    sent = upstream.requests[-1]
+    for field in ("thinking", "output_config", "context_management", "metadata", "system"):
+        assert field not in sent
+    assert [t["function"]["name"] for t in sent["tools"]] == ["Bash", "Write", "DeferredToolPlaceholder"]
+    assert all("defer_loading" not in t["function"] for t in sent["tools"])
+    assert capture.turn(info["id"], 0)["meta"]["path"] == "/v1/messages"
+
+
+def _gemini_main(info: dict[str, Any], contents: list[dict[str, Any]], *, stream: bool) -> list[Any]:
+    body = recording("gemini_cli")["main"]["body"]
+    config = types.GenerateContentConfig.model_validate(
+        {**body["generationConfig"], "systemInstruction": body["systemInstruction"], "tools": body["tools"]})
+    client = google_client(info)
+    kwargs = dict(model="gemini-3.8-flash", contents=[types.Content.model_validate(c) for c in contents],
+                  config=config)
+    if stream:
+        return list(client.models.generate_content_stream(**kwargs))
+    return [client.models.generate_content(**kwargs)]
+
+
+@STREAMING
+def test_gemini_cli_parameters_json_schema_invented_call_ids_and_thought_signature(
+        capture: CaptureServer, upstream: ScriptedUpstream, stream: bool) -> None:
+    info = capture.open_session()
+    first = recording("gemini_cli")["main"]["body"]["contents"]
+    upstream.answer = answer_with(tool_reply("run_shell_command", '{"command": "echo hi > hello.txt"}'))
+    chunks = _gemini_main(info, first, stream=stream)
+    call_part = chunks[-1].candidates[0].content.parts[-1].function_call
+    assert (call_part.name, call_part.args) == ("run_shell_command", {"command": "echo hi > hello.txt"})
+    assert upstream.requests[-1]["tools"][0]["function"]["parameters"]["required"] == ["command"]
+    # gemini-cli's second call: its own call id and the skip-validator signature on the model turn.
+    invented = "run_shell_command_1796000000000_0"
+    second = [*first,
+              {"role": "model", "parts": [{"functionCall": {"id": invented, "name": "run_shell_command",
+                                                            "args": {"command": "echo hi > hello.txt"}},
+                                           "thoughtSignature": "skip_thought_signature_validator"}]},
+              {"role": "user", "parts": [{"functionResponse": {"id": invented, "name": "run_shell_command",
+                                                               "response": {"output": "(no output)"}}}]}]
+    upstream.answer = None
+    chunks = _gemini_main(info, second, stream=stream)
+    assert chunks[-1].candidates[0].finish_reason == types.FinishReason.STOP
+    assistant, tool = upstream.requests[-1]["messages"][-2:]
+    assert assistant["tool_calls"][0]["id"] == invented and tool["tool_call_id"] == invented
+
+
+def test_opencode_title_call_is_auxiliary_and_the_quoted_prompt_passes_verbatim(capture: CaptureServer,
+                                                                               upstream: ScriptedUpstream) -> None:
+    info = capture.open_session()
+    rec = recording("opencode")
+    client = openai_client(info)
+    headers = rec["headers"]
+
+    def stream(body: dict[str, Any]) -> str:
+        extra = {k: v for k, v in body.items() if k not in ("model", "messages", "tools", "stream")}
+        chunks = client.chat.completions.create(model=body["model"], messages=body["messages"],
+                                                tools=body.get("tools", openai.omit), stream=True,
+                                                extra_body=extra, extra_headers=headers)
+        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(2) as pool:  # opencode sends its title call alongside the first turn
+        title, main = pool.map(stream, [rec["title"], rec["main"]])
+    assert title == main == "The capital of France is Paris."
+    second = copy.deepcopy(rec["main"])
+    second["messages"] += [
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function", "function": {
+            "name": "bash", "arguments": '{"command":"echo hi > hello.txt","description":"write"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "(no output)"}]
+    stream(second)
+    users = [m["content"] for r in upstream.requests[-3:] for m in r["messages"] if m["role"] == "user"]
+    assert '"create hello.txt containing hi"' in users
+    assert upstream.requests[-1]["messages"][2]["content"] == ""
+    doc = capture.admin.get(f"/admin/sessions/{info['id']}/rollout").json()
+    roles = {t["seq"]: t["role"] for t in doc["turns"]}
+    title = next(s for s in roles if capture.turn(info["id"], s)["request"]["messages"][0]["content"]
+                 .startswith("You are a title generator"))
+    assert roles.pop(title) == "auxiliary" and list(roles.values()) == ["agent", "agent"]
+    assert capture.turn(info["id"], title)["meta"]["header_session_id"] == "ses_0a1b2c3d4e5f"
+
+
+@STREAMING
+def test_qwen_code_parts_array_tool_result_and_null_assistant_content(capture: CaptureServer,
+                                                                      upstream: ScriptedUpstream,
+                                                                      stream: bool) -> None:
+    info = capture.open_session()
+    body = copy.deepcopy(recording("qwen_code")["chat"]["body"])
+    body["messages"] += [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_q1", "type": "function", "function": {
+            "name": "run_shell_command", "arguments": '{"command":"echo hi > hello.txt"}'}}]},
+        {"role": "tool", "tool_call_id": "call_q1",
+         "content": [{"type": "text", "text": "Command: echo hi > hello.txt\nExit Code: 0"}]}]
+    extra = {k: v for k, v in body.items() if k not in ("model", "messages", "tools", "stream", "max_tokens")}
+    client = openai_client(info)
+    kwargs = dict(model=body["model"], messages=body["messages"], tools=body["tools"],
+                  max_tokens=body["max_tokens"], extra_body=extra)
+    if stream:
+        chunks = list(client.chat.completions.create(stream=True, **kwargs))
+        assert chunks[-1].usage.completion_tokens > 0  # stream_options.include_usage honoured
+    else:
+        assert client.chat.completions.create(**kwargs).choices[0].finish_reason == "stop"
+    tool = upstream.requests[-1]["messages"][-1]
+    assert tool["content"] == [{"type": "text", "text": "Command: echo hi > hello.txt\nExit Code: 0"}]
+    assert any(f.startswith("[INFO] max_tokens_capped: the agent asked for max_tokens=32000")
+               for f in capture.turn(info["id"], 0)["findings"])
+
+
+@STREAMING
+def test_qwen_code_anthropic_mode_bearer_auth_and_budget_equal_to_max_tokens(capture: CaptureServer,
+                                                                             upstream: ScriptedUpstream,
+                                                                             stream: bool) -> None:
+    info = capture.open_session()
+    rec = recording("qwen_code")["anthropic"]
+    body = rec["body"]
+    client = anthropic_client(info, bearer=True)
+    kwargs = dict(model=body["model"], max_tokens=body["max_tokens"], system=body["system"],
+                  messages=body["messages"], tools=body["tools"], thinking=body["thinking"],
+                  extra_body={"temperature": body["temperature"]}, extra_headers=rec["headers"])
+    if stream:
+        with client.messages.stream(**kwargs) as events:
+            message = events.get_final_message()
+    else:
+        message = client.messages.create(**kwargs, timeout=60)
+    assert message.stop_reason == "end_turn"
+    assert "thinking" not in upstream.requests[-1]
+
+
+def test_mini_swe_agent_assistant_without_content_key_non_streaming(capture: CaptureServer,
+                                                                    upstream: ScriptedUpstream) -> None:
+    info = capture.open_session()
+    body = copy.deepcopy(recording("mini_swe_agent")["body"])
+    body["messages"] += [
+        {"role": "assistant", "tool_calls": [{"id": "call_m1", "type": "function", "function": {
+            "name": "bash", "arguments": '{"command": "echo hi > hello.txt"}'}}]},
+        {"role": "tool", "tool_call_id": "call_m1", "content": '{"returncode":0,"output":""}'}]
+    # litellm reads the raw response (x-stainless-raw-response: true), then parses it.
+    reply = openai_client(info).chat.completions.with_raw_response.create(
+        model=body["model"], messages=body["messages"], tools=body["tools"]).parse()
+    assert reply.choices[0].message.content == "The capital of France is Paris."
+    assistant = upstream.requests[-1]["messages"][2]
+    assert assistant["role"] == "assistant" and "content" not in assistant
