@@ -16,27 +16,21 @@ import json
 import logging
 import socket
 import time
-from pathlib import Path
 from typing import Any
 
 import anthropic
 import httpx
 import openai
 import pytest
-from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types
 
 from tests.conftest import vllm_fixture
+from tests.dialects.agent_recordings import gemini_router, google_client, recording
 from tests.dialects.conftest import SCRIPTED_KEEPALIVE_S, CaptureServer, ScriptedUpstream, vllm_error
 
-RECORDINGS = Path(__file__).parent / "recordings"
 DIALECTS = ["chat", "responses", "anthropic", "google"]
 STREAMING = pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
-
-
-def recording(name: str) -> dict[str, Any]:
-    return json.loads((RECORDINGS / f"{name}.json").read_text())
 
 
 def recorded_reply(name: str = "chat_basic") -> dict[str, Any]:
@@ -75,11 +69,6 @@ def anthropic_client(info: dict[str, Any], *, bearer: bool = False) -> anthropic
         return anthropic.Anthropic(api_key=None, auth_token=info["api_key"],
                                    base_url=info["base_urls"]["anthropic"], max_retries=0)
     return anthropic.Anthropic(api_key=info["api_key"], base_url=info["base_urls"]["anthropic"], max_retries=0)
-
-
-def google_client(info: dict[str, Any]) -> genai.Client:
-    return genai.Client(api_key=info["api_key"],
-                        http_options=types.HttpOptions(base_url=info["base_urls"]["google"]))
 
 
 def call(dialect: str, info: dict[str, Any], *, stream: bool, max_tokens: int = 16) -> dict[str, Any]:
@@ -359,17 +348,6 @@ def test_codex_namespace_tools_round_trip(capture: CaptureServer, upstream: Scri
 # ---- 6: JSON mode per call role ------------------------------------------------------------------
 
 
-def _gemini_router(info: dict[str, Any]) -> types.GenerateContentResponse:
-    router = recording("gemini_cli")["router"]
-    body = router["body"]
-    config = types.GenerateContentConfig.model_validate(
-        {**body["generationConfig"], "systemInstruction": body["systemInstruction"]})
-    client = google_client(info)  # held: a collected Client closes its connection pool
-    return client.models.generate_content(
-        model="gemini-3.5-flash-lite", contents=[types.Content.model_validate(c) for c in body["contents"]],
-        config=config)
-
-
 def _training_session(capture: CaptureServer) -> dict[str, Any]:
     reply = capture.admin.post("/admin/sessions", json={"rollout_type": "train"})
     reply.raise_for_status()
@@ -379,7 +357,7 @@ def _training_session(capture: CaptureServer) -> dict[str, Any]:
 def test_gemini_router_gets_json_from_an_engine_that_ignores_the_schema(capture: CaptureServer,
                                                                          upstream: ScriptedUpstream) -> None:
     info = _training_session(capture)  # an agent turn with this format would be refused here
-    response = _gemini_router(info)  # the recorded engine answers prose
+    response = gemini_router(info)  # the recorded engine answers prose
     assert json.loads(response.text) == {"complexity_reasoning": "", "complexity_score": 0}
     sent = upstream.requests[-1]
     assert sent["response_format"]["type"] == "json_schema"  # constrained where the engine can
@@ -396,7 +374,7 @@ def test_json_answer_from_the_engine_goes_back_unchanged(capture: CaptureServer,
     reply = recorded_reply()
     reply["choices"][0]["message"]["content"] = '{"complexity_reasoning": "one file", "complexity_score": 2}'
     upstream.answer = answer_with(reply)
-    assert json.loads(_gemini_router(info).text)["complexity_score"] == 2
+    assert json.loads(gemini_router(info).text)["complexity_score"] == 2
 
 
 @pytest.mark.parametrize("how", ["response_format", "text.format"])
