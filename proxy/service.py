@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import re
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
@@ -63,6 +64,10 @@ BUDGET_STOP_TEXT = ("[tapdeck] This session's model-call budget ({budget} calls)
                     "the conversation ends here.")
 CONTEXT_STOP_TEXT = ("[tapdeck] The conversation no longer fits the model's context window; "
                      "the conversation ends here.")
+TEMPLATE_REFUSAL = re.compile(r"system|role|alternate|template", re.IGNORECASE)
+"""What an engine's 400 says when its chat template refuses a message's place (vLLM passes the
+template's own words: "System message must be at the beginning.", "Conversation roles must
+alternate user/assistant/...")."""
 ENGINE_DOWN = ("unreachable", "timeout", "bad_reply", "upstream_5xx")
 """Engine failure kinds that mean the engine cannot serve (not a request it refused)."""
 SESSION_HEADER = "x-session-id"
@@ -525,14 +530,15 @@ class CaptureService:
             try:
                 reply = await session.client.complete(upstream)
             except EngineError as exc:
-                if exc.kind != "upstream_4xx" or not has_late_system(chat["messages"]):
+                if not (exc.kind == "upstream_4xx" and TEMPLATE_REFUSAL.search(exc.message)
+                        and has_late_system(chat["messages"])):
                     raise
-                # Taken as the chat template refusing system messages after the first turn: fold
-                # them into the leading one, for this session's later calls too.
-                session.fold_system = True
+                # The chat template refuses system messages after the first turn: fold them into
+                # the leading one, for this session's later calls too once that is answered.
                 chat["messages"] = fold_system_messages(chat["messages"])
                 upstream, sampling = prepare(chat)
                 reply = await session.client.complete(upstream)
+                session.fold_system = True
         except EngineError as exc:
             if exc.kind == "context_length":
                 await self._session_finding(session, Finding.warn(

@@ -623,3 +623,14 @@ def test_mini_swe_agent_assistant_without_content_key_non_streaming(capture: Cap
     assert reply.choices[0].message.content == "The capital of France is Paris."
     assistant = upstream.requests[-1]["messages"][2]
     assert assistant["role"] == "assistant" and "content" not in assistant
+
+
+def test_other_400s_with_late_system_messages_are_not_folded(capture: CaptureServer,
+                                                            upstream: ScriptedUpstream) -> None:
+    info = capture.open_session()
+    upstream.requests.clear()  # the engine probe's
+    upstream.answer = lambda body: (400, vllm_error(400, "max_tokens=100000 cannot be greater than "
+                                                         "max_model_len=2048."))
+    with pytest.raises(anthropic.BadRequestError, match="max_model_len"):
+        _claude_call(info, _claude_second_call(), stream=True)
+    assert len(upstream.requests) == 1  # no folded retry
