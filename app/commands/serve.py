@@ -11,9 +11,12 @@ def _log_to_stderr() -> None:
     """tapdeck's log (one access line per model call, refused ones included) on stderr."""
     import logging
 
+    logger = logging.getLogger("tapdeck")
+    if any(getattr(h, "tapdeck_serve", False) for h in logger.handlers):
+        return  # already set up (serve called twice in one process, as tests do)
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logger = logging.getLogger("tapdeck")
+    handler.tapdeck_serve = True  # type: ignore[attr-defined]
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
 
