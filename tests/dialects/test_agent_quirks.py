@@ -329,8 +329,7 @@ def test_codex_namespace_tools_round_trip(capture: CaptureServer, upstream: Scri
     assert names == ["exec_command", "write_stdin", "multi_agent_v1__spawn_agent", "multi_agent_v1__wait_agent"]
     call_item = response.output[-1]
     assert call_item.type == "function_call"
-    assert (call_item.name, getattr(call_item, "namespace", None) or call_item.model_extra.get("namespace")) == (
-        "spawn_agent", "multi_agent_v1")
+    assert (call_item.name, call_item.namespace) == ("spawn_agent", "multi_agent_v1")  # the SDK's own field
     # codex re-sends the call as it got it (namespace + name) with its output: the engine sees the
     # flat name it sampled.
     follow = copy.deepcopy(body)
