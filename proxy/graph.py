@@ -27,6 +27,10 @@ Prefix breaks (real vLLM, see tests/fixtures/vllm/README.md) are linked visibly:
   with a WARN naming the node and the absolute offset where the ids diverge;
 * the messages continue a node but the prompt ids do not even start with its prompt: linked to the
   best exact prefix (or a root) with a WARN `prefix_break`, counted as a break.
+Two look-alikes are named for what they are: a call that resends a node's conversation under
+another system prompt (a summariser, memory extraction) is its own root with an INFO
+`other_system_prompt`, not a break; a retokenized-looking edge whose request resends the parent's
+reply without the reasoning it sampled (gemini-cli drops thought parts) gets `reasoning_dropped`.
 Nothing is rebuilt by concatenating ids across a break: each segment keeps its own engine ids.
 
 Calls without ids (text/logprobs tiers) are linked by message prefix (`message` edges).
@@ -238,6 +242,22 @@ def conversation(request: dict[str, Any]) -> list[dict[str, Any]]:
     while start < len(msgs) and msgs[start].get("role") in ("system", "developer"):
         start += 1
     return msgs[start:]
+
+
+def _system_prompt(request: dict[str, Any]) -> list[bytes]:
+    """The request's leading system/developer messages, canonical (what `conversation` skips)."""
+    msgs = [m for m in (request.get("messages") or []) if isinstance(m, dict)]
+    return [normalize_message(m) for m in msgs[:len(msgs) - len(conversation(request))]]
+
+
+def _reasoning_dropped(cand: Node, conv: list[dict[str, Any]]) -> bool:
+    """The candidate sampled reasoning, and the new request resends its reply without any."""
+    response = cand.turn.response or {}
+    sampled = response.get("reasoning") or response.get("reasoning_content")
+    if not sampled or len(conv) < cand.conv_len:
+        return False
+    resent = conv[cand.conv_len - 1]
+    return not (resent.get("reasoning") or resent.get("reasoning_content"))
 
 
 def _chain(prev: bytes, msg: dict[str, Any]) -> bytes:
@@ -466,9 +486,15 @@ class RolloutGraph:
         return any(n.tools and not self.discarded(n.seq) for n in self._nodes.values())
 
     def node_role(self, seq: int, *, tools: bool | None = None) -> Role:
-        """agent / auxiliary / discarded for one call (capture-cases H)."""
+        """agent / auxiliary / discarded for one call (capture-cases H).
+
+        Auxiliary: a call the proxy marked so (`meta.call_role`: structured output asked, see
+        json_mode), or one without tools in a rollout whose calls carry tools (title, router,
+        loop-detection and other side calls)."""
         if self.discarded(seq):
             return "discarded"
+        if self._nodes[seq].turn.meta.get("call_role") == "auxiliary":
+            return "auxiliary"
         if tools is None:
             tools = self.has_tools()
         if not tools or self._nodes[seq].tools:
@@ -658,6 +684,12 @@ class RolloutGraph:
             deeper = exact is None or cand.conv_len > self._nodes[exact].conv_len
             if deeper and self._continues_as_text(cand, conv):
                 self._set_link(node, cand.seq, "retokenized", self._divergence(cand, prompt), prompt)
+                if _reasoning_dropped(cand, conv):
+                    node.link_findings = [Finding.warn(
+                        "reasoning_dropped",
+                        f"the agent resent turn {cand.seq}'s reply without the reasoning it sampled "
+                        f"(thought parts left out of its history), so the ids diverge at offset "
+                        f"{node.offset}: a new segment, not a re-tokenisation", turn=node.seq)]
                 return prompt_hash
         if exact is not None:
             self._set_link(node, exact, "prefix", exact_len, prompt)
@@ -710,6 +742,14 @@ class RolloutGraph:
             if seqs:
                 other = self._nodes[min(seqs)]
                 if not other.has_prompt:
+                    return
+                if _system_prompt(node.turn.request) != _system_prompt(other.turn.request):
+                    node.link_findings.append(Finding.info(
+                        "other_system_prompt",
+                        f"resends turn {other.seq}'s conversation under another system prompt (a "
+                        f"side call such as a summariser or memory extraction, or a system prompt "
+                        f"the agent changed): its own root, not a break of sampled text",
+                        turn=node.seq))
                     return
                 node.break_of = other.seq
                 at = self._first_mismatch(self.full_sequence(other.seq), prompt)

@@ -9,8 +9,10 @@ is sent) → publish an event → render the reply in the caller's dialect.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
+import re
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
@@ -21,10 +23,12 @@ from typing import Any
 import httpx
 import orjson
 
+from tapdeck.proxy.access_log import CURRENT_CALL, AccessRecord
 from tapdeck.proxy.aux import aux_dialect, count_tokens, match_aux
 from tapdeck.proxy.dialects import detect
 from tapdeck.proxy.dialects.base import Dialect, DialectError, DialectRequest, SSEEvent
 from tapdeck.proxy.dialects.chat import DIALECT as CHAT
+from tapdeck.proxy.dialects.chat import fold_system_messages, has_late_system
 from tapdeck.proxy.dialects.google import JSON_ARRAY
 from tapdeck.proxy.dialects.responses import DIALECT as RESPONSES
 from tapdeck.proxy.dialects.stored_responses import StoredResponses
@@ -35,6 +39,7 @@ from tapdeck.proxy.export import ExportRefused, rollout_document, training_trace
 from tapdeck.proxy.findings import Finding, Level
 from tapdeck.proxy.graph import Link, RolloutGraph
 from tapdeck.proxy.interning import Interner
+from tapdeck.proxy.json_mode import answer_as_json, json_format
 from tapdeck.proxy.sessions import (
     EngineRef,
     SessionError,
@@ -46,7 +51,7 @@ from tapdeck.proxy.sessions import (
     new_session_id,
     new_session_key,
 )
-from tapdeck.proxy.sse import json_array_with_keepalive, stream_with_keepalive
+from tapdeck.proxy.sse import KEEPALIVE, json_array_with_keepalive, stream_with_keepalive
 from tapdeck.proxy.store import Store
 from tapdeck.proxy.tiers import EngineSpec, ProbeResult, Tier, probe
 from tapdeck.proxy.turn import Turn
@@ -60,6 +65,12 @@ BUDGET_STOP_TEXT = ("[tapdeck] This session's model-call budget ({budget} calls)
                     "the conversation ends here.")
 CONTEXT_STOP_TEXT = ("[tapdeck] The conversation no longer fits the model's context window; "
                      "the conversation ends here.")
+TEMPLATE_REFUSAL = re.compile(r"system|role|alternate|template", re.IGNORECASE)
+"""What an engine's 400 says when its chat template refuses a message's place (vLLM passes the
+template's own words: "System message must be at the beginning.", "Conversation roles must
+alternate user/assistant/...")."""
+ENGINE_DOWN = ("unreachable", "timeout", "bad_reply", "upstream_5xx")
+"""Engine failure kinds that mean the engine cannot serve (not a request it refused)."""
 SESSION_HEADER = "x-session-id"
 """opencode's own session header: recorded in turn meta, never used for routing."""
 
@@ -73,6 +84,8 @@ class CallReply:
     stream: AsyncIterator[bytes] | None = None
     media_type: str = "text/event-stream"
     """The stream's content type (Google's non-SSE stream is a JSON array)."""
+    kind: str | None = None
+    """An error reply's kind (`authentication_error`, `unreachable`, ...), for the access log."""
 
 
 class _CallFailed(Exception):
@@ -113,6 +126,9 @@ class _Session:
     """Guards the graph: admin reads run in worker threads while the loop links new turns."""
     stored_responses: StoredResponses = field(default_factory=StoredResponses)
     """Responses API replies, for calls that name a `previous_response_id`."""
+    fold_system: bool = False
+    """The engine's chat template refused a system message after the first turn: fold them all
+    into the leading one from then on."""
     interner: Interner = field(default_factory=Interner)
     """Every turn's request refers to the session's shared message and tool objects, so a
     conversation resent on each call is held once, not once per turn."""
@@ -387,17 +403,37 @@ class CaptureService:
                           until_disconnect: Callable[[], Awaitable[None]] | None = None) -> CallReply:
         """Answer one harness request (any dialect); see the module docstring for the flow.
 
-        `until_disconnect` completes when the client hangs up; a non-streaming call is then
-        cancelled (a streaming one is cancelled by the HTTP layer stopping the stream).
+        `until_disconnect` completes when the client hangs up; the call is then cancelled (a
+        stream that has started is cancelled by the HTTP layer stopping it). Every call, refused
+        ones included, writes one access-log line (a stream's when it ends).
         """
+        access = AccessRecord(path=path)
+        token = CURRENT_CALL.set(access)
+        try:
+            reply = await self._handle(path, query, headers, body, until_disconnect, access)
+        finally:
+            CURRENT_CALL.reset(token)
+        if reply.stream is None:
+            access.status = reply.status
+            access.error = access.error or reply.kind
+            access.emit()
+        else:
+            reply.stream = _logged(reply.stream, access)
+        return reply
+
+    async def _handle(self, path: str, query: Mapping[str, str], headers: Mapping[str, str],
+                      body: bytes, until_disconnect: Callable[[], Awaitable[None]] | None,
+                      access: AccessRecord) -> CallReply:
         aux_kind = match_aux("POST", path)
         dialect = aux_dialect(aux_kind) if aux_kind else detect(path)
         if dialect is None:
             return _error(CHAT, 404, f"tapdeck does not serve POST {path}", "not_found_error")
+        access.dialect = dialect.name
         session = self.session_for_key(key_from_request(headers, query))
         if session is None:
             return _error(dialect, 401, "unknown or closed session key: use the api_key tapdeck "
                                         "returned when the session was opened", "authentication_error")
+        access.session_id = session.id
         try:
             payload = orjson.loads(body) if body else {}
         except orjson.JSONDecodeError as exc:
@@ -420,16 +456,21 @@ class CaptureService:
         header_session = headers.get(SESSION_HEADER)
         if header_session:
             meta["header_session_id"] = header_session
-        if req.stream:
-            if req.context.get("stream_format") == JSON_ARRAY:
-                return CallReply(stream=self._stream(session, dialect, req, meta, remember),
-                                 media_type="application/json")
-            return CallReply(stream=self._stream(session, dialect, req, meta, remember))
+        access.stream = req.stream
         task = asyncio.create_task(self._call(session, req, meta))
         try:
-            reply = await _unless_disconnected(task, until_disconnect)
+            # A stream is held until the engine answers or its first keepalive is due, so a call
+            # that has already failed gets its real status (agents' SDKs retry on the status).
+            reply = await _unless_disconnected(task, until_disconnect,
+                                               timeout=self.keepalive_s if req.stream else None)
         except _CallFailed as exc:
             return _error(dialect, exc.status, exc.message, exc.kind)
+        if req.stream:
+            media = "application/json" if req.context.get("stream_format") == JSON_ARRAY \
+                else "text/event-stream"
+            return CallReply(stream=self._stream(dialect, req, task, access, remember), media_type=media)
+        assert reply is not None
+        access.finish = _finish_reason(reply)
         rendered = dialect.render(reply, req)
         if remember is not None:
             remember(rendered)
@@ -449,27 +490,32 @@ class CaptureService:
             return _error(dialect, exc.status, exc.message, exc.kind, exc.param)
         return CallReply(body=body)
 
-    def _stream(self, session: _Session, dialect: Dialect, req: DialectRequest, meta: dict[str, Any],
+    def _stream(self, dialect: Dialect, req: DialectRequest, task: asyncio.Task[dict[str, Any]],
+                access: AccessRecord,
                 remember: Callable[[dict[str, Any]], None] | None = None) -> AsyncIterator[bytes]:
-        """SSE in the caller's dialect: keepalive comments while waiting, then the whole reply (or
-        the error as the dialect's error events). The HTTP layer closing the stream (client gone)
-        cancels the engine call."""
+        """The caller's stream for a call in flight: a keepalive at once when the engine is still
+        working (the hold before the start already waited one interval), more while it works, then
+        the whole reply, or the error as the dialect's in-stream error events. The HTTP layer
+        closing the stream (client gone) cancels the engine call."""
 
         async def events() -> Iterable[SSEEvent]:
             try:
-                reply = await self._call(session, req, meta)
+                reply = await task
             except _CallFailed as exc:
+                access.error = f"{exc.kind}/{exc.status}-in-stream"
                 return list(dialect.stream_error(exc.status, exc.message, exc.kind))
+            access.finish = _finish_reason(reply)
             if remember is not None:
                 remember(dialect.render(reply, req))
             return list(dialect.render_stream(reply, req))
 
+        at_once = not task.done()
         if req.context.get("stream_format") == JSON_ARRAY:
             return json_array_with_keepalive(events(), interval=self.keepalive_s)
-        keepalive = getattr(dialect, "sse_keepalive", None)  # a dialect whose clients choke on comments
-        if keepalive is not None:
-            return stream_with_keepalive(events(), interval=self.keepalive_s, keepalive=keepalive)
-        return stream_with_keepalive(events(), interval=self.keepalive_s)
+        # A dialect whose clients choke on SSE comments names its own keepalive bytes.
+        keepalive = getattr(dialect, "sse_keepalive", None) or KEEPALIVE
+        return stream_with_keepalive(events(), interval=self.keepalive_s, keepalive=keepalive,
+                                     keepalive_at_once=at_once)
 
     async def _call(self, session: _Session, req: DialectRequest, meta: dict[str, Any]) -> dict[str, Any]:
         """One model call → a chat-completions reply (real, or a synthetic stop). Raises _CallFailed."""
@@ -479,12 +525,20 @@ class CaptureService:
         chat = dict(req.chat)
         if session.training and session.training_sampling:
             chat.update(session.training_sampling)
+        fmt = json_format(chat)
+        if fmt is not None:
+            # Structured output marks an auxiliary call: never trained, so it may be constrained.
+            meta = {**meta, "call_role": "auxiliary"}
+        if session.fold_system:
+            chat["messages"] = fold_system_messages(chat["messages"])
+        # No served name known (the probe could not list models): the client's name is the best
+        # guess left; a wrong one comes back as the engine's own 404.
+        served = session.served_model or req.client_model or "default"
+        prepare = partial(session.client.prepare, tier=session.tier, served_model=served,
+                          training=session.training and fmt is None,
+                          alternatives=session.record.get("alternatives", 0))
         try:
-            # No served name known (the probe could not list models): the client's name is the
-            # best guess left; a wrong one comes back as the engine's own 404.
-            served = session.served_model or req.client_model or "default"
-            upstream, sampling = session.client.prepare(chat, session.tier, served, session.training,
-                                                        session.record.get("alternatives", 0))
+            upstream, sampling = prepare(chat)
         except DialectError as exc:
             raise _CallFailed(exc.status, exc.message, exc.kind) from exc
         # Re-checked with no await since: concurrent calls cannot overshoot the budget.
@@ -493,27 +547,57 @@ class CaptureService:
         session.in_flight += 1
         started = time.perf_counter()
         try:
-            reply = await session.client.complete(upstream)
+            try:
+                reply = await session.client.complete(upstream)
+            except EngineError as exc:
+                if not (exc.kind == "upstream_4xx" and TEMPLATE_REFUSAL.search(exc.message)
+                        and has_late_system(chat["messages"])):
+                    raise
+                # The chat template refuses system messages after the first turn: fold them into
+                # the leading one, for this session's later calls too once that is answered.
+                chat["messages"] = fold_system_messages(chat["messages"])
+                upstream, sampling = prepare(chat)
+                reply = await session.client.complete(upstream)
+                session.fold_system = True
         except EngineError as exc:
             if exc.kind == "context_length":
-                finding = Finding.warn("context_full", f"engine refused the prompt as too long; "
-                                                       f"answered with a stop reply ({exc.message})")
-                session.findings.append(finding)
-                session.count([finding])
-                session.record["findings"] = [f.model_dump(mode="json") for f in session.findings]
-                await asyncio.to_thread(self.store.update_session, session.id,
-                                        findings=session.record["findings"])
-                log.warning("session %s: %s", session.id, finding)
-                self._publish_update(session)
+                await self._session_finding(session, Finding.warn(
+                    "context_full", f"engine refused the prompt as too long; answered with a stop "
+                                    f"reply ({exc.message})"))
                 return _stop_reply(CONTEXT_STOP_TEXT, session)
+            if exc.kind in ENGINE_DOWN and not any(f.code == "engine_unreachable" for f in session.findings):
+                # Once per session: what a rollout that failed is classified by.
+                await self._session_finding(session, Finding.warn(
+                    "engine_unreachable", f"{exc.kind}: {exc.message} (the agent got HTTP {exc.status})"))
             raise _CallFailed(exc.status, exc.message, exc.kind) from exc
         finally:
             session.in_flight -= 1
         meta = {**meta, "latency_ms": round((time.perf_counter() - started) * 1000, 3),
                 "usage": reply.get("usage")}
+        findings = _cap_findings(sampling, reply)
+        if chat["messages"] is not req.chat["messages"] and has_late_system(req.chat["messages"]):
+            findings.append(Finding.warn(
+                "system_folded", "the engine's chat template refuses system messages after the "
+                                 "first turn, so this session's are folded into the leading system "
+                                 "prompt: the prompt's start changes where one is added"))
+            req.chat = {**req.chat, "messages": chat["messages"]}
+        answer = reply
+        if fmt is not None:
+            answer, json_findings = answer_as_json(reply, fmt)
+            findings.extend(json_findings)
+        req.context["call_findings"] = findings
         # From here the engine did the work: record it even if the caller hangs up meanwhile.
         await asyncio.shield(self._record_turn(session, req, reply, sampling, meta))
-        return reply
+        return answer
+
+    async def _session_finding(self, session: _Session, finding: Finding) -> None:
+        """A session-level finding, stored and published."""
+        session.findings.append(finding)
+        session.count([finding])
+        session.record["findings"] = [f.model_dump(mode="json") for f in session.findings]
+        await asyncio.to_thread(self.store.update_session, session.id, findings=session.record["findings"])
+        log.warning("session %s: %s", session.id, finding)
+        self._publish_update(session)
 
     def _budget_reached(self, session: _Session) -> bool:
         return session.call_budget is not None and session.turns + session.in_flight >= session.call_budget
@@ -538,6 +622,9 @@ class CaptureService:
                 link: Link = session.graph.add(turn)
             session.turns += 1
             session.last_call_at = turn.created_at
+            access = CURRENT_CALL.get()
+            if access is not None:
+                access.seq = turn.seq
             session.count([*turn.findings, *link.findings])
             await asyncio.to_thread(self.store.append_turn, turn, link)
         self.events.publish({"type": "turn_captured", "seq": turn.seq, "parent": link.parent,
@@ -549,31 +636,76 @@ class CaptureService:
 
 
 async def _unless_disconnected(task: asyncio.Task[dict[str, Any]],
-                               until_disconnect: Callable[[], Awaitable[None]] | None) -> dict[str, Any]:
-    """Await the call, cancelling it if the client hangs up first."""
-    if until_disconnect is None:
-        return await task
-    watcher = asyncio.ensure_future(until_disconnect())
+                               until_disconnect: Callable[[], Awaitable[None]] | None,
+                               timeout: float | None = None) -> dict[str, Any] | None:
+    """Await the call, cancelling it if the client hangs up first; None when `timeout` passes
+    first (the call goes on)."""
+    watcher = asyncio.ensure_future(until_disconnect()) if until_disconnect is not None else None
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({task} if watcher is None else {task, watcher}, timeout=timeout,
+                           return_when=asyncio.FIRST_COMPLETED)
     finally:
-        watcher.cancel()
-    if not task.done():
+        if watcher is not None:
+            watcher.cancel()
+    if task.done():
+        return task.result()
+    if watcher is not None and watcher.done():
         task.cancel()
         raise _CallFailed(499, "client closed the request", "client_closed")
-    return task.result()
+    return None
+
+
+async def _logged(stream: AsyncIterator[bytes], access: AccessRecord) -> AsyncIterator[bytes]:
+    """The stream, with the call's access line written when it ends (or the client leaves)."""
+    access.status = 200
+    try:
+        async with contextlib.aclosing(stream) as chunks:  # type: ignore[type-var]
+            async for chunk in chunks:
+                yield chunk
+    except BaseException:
+        access.error = access.error or "client_closed"
+        raise
+    finally:
+        access.emit()
+
+
+def _finish_reason(reply: Mapping[str, Any]) -> str | None:
+    choice = (reply.get("choices") or [{}])[0] or {}
+    if reply.get("tapdeck_synthetic"):
+        return "tapdeck_stop"
+    return choice.get("finish_reason")
 
 
 def _request_findings(req: DialectRequest) -> list[Finding]:
-    """What the dialect had to leave out of the request, as turn findings."""
+    """What the dialect had to leave out of the request, and what the call changed, as turn findings."""
+    out = list(req.context.get("call_findings") or [])
     dropped = req.context.get("dropped_tools") or []
-    if not dropped:
-        return []
-    return [Finding.warn("dropped_tools", f"{', '.join(dropped)} (the engine cannot run hosted tools)")]
+    if dropped:
+        out.append(Finding.warn("dropped_tools", f"{', '.join(dropped)} (the engine cannot run hosted tools)"))
+    return out
+
+
+def _cap_findings(sampling: Mapping[str, Any], reply: Mapping[str, Any]) -> list[Finding]:
+    """`max_tokens_capped` when the proxy lowered the agent's output limit; a WARN when the reply
+    was then cut at the lowered limit (the agent sees the truncation in its dialect's own terms:
+    finish_reason length, stop_reason max_tokens, finishReason MAX_TOKENS, response.incomplete)."""
+    out = []
+    for key in ("max_tokens", "max_completion_tokens"):
+        asked, sent = sampling.get("requested", {}).get(key), sampling.get("submitted", {}).get(key)
+        if not (isinstance(asked, int) and isinstance(sent, int) and asked > sent):
+            continue
+        choice = (reply.get("choices") or [{}])[0] or {}
+        if choice.get("finish_reason") == "length":
+            out.append(Finding.warn("max_tokens_capped", f"the agent asked for {key}={asked}; the engine "
+                                                         f"was sent {sent} and the reply was cut there"))
+        else:
+            out.append(Finding.info("max_tokens_capped", f"the agent asked for {key}={asked}; the "
+                                                         f"engine was sent {sent} (the proxy's cap)"))
+    return out
 
 
 def _error(dialect: Dialect, status: int, message: str, kind: str, param: str | None = None) -> CallReply:
-    return CallReply(status=status, body=dialect.error_body(status, message, kind, param))
+    return CallReply(status=status, body=dialect.error_body(status, message, kind, param), kind=kind)
 
 
 def _stop_reply(text: str, session: _Session) -> dict[str, Any]:

@@ -22,8 +22,11 @@ DISCONNECT_POLL_SECONDS = 1.0
 
 
 def encode(event: SSEEvent) -> bytes:
-    """`event: NAME\\n` (if named) and `data: ...\\n\\n`; mapping data is compact JSON."""
+    """`event: NAME\\n` (if named) and `data: ...\\n\\n`; mapping data is compact JSON. A `bare`
+    event is its JSON alone on a line, with no `data:` field (see SSEEvent.bare)."""
     data = event.data if isinstance(event.data, str) else orjson.dumps(event.data).decode()
+    if event.bare:
+        return f"{data}\n\n".encode()
     head = f"event: {event.event}\n" if event.event else ""
     lines = "".join(f"data: {line}\n" for line in data.split("\n"))
     return f"{head}{lines}\n".encode()
@@ -36,6 +39,7 @@ async def stream_with_keepalive(
     is_disconnected: Callable[[], Awaitable[bool]] | None = None,
     poll: float = DISCONNECT_POLL_SECONDS,
     encode: Callable[[SSEEvent], bytes] = encode,
+    keepalive_at_once: bool = False,
 ) -> AsyncIterator[bytes]:
     """Encoded SSE bytes for a stream whose events come from one awaited call.
 
@@ -44,10 +48,14 @@ async def stream_with_keepalive(
     (`is_disconnected()` true, or this generator closed/cancelled by the server) the call is
     cancelled, so the engine stops generating for nobody. An exception from `call` propagates:
     the caller turns it into its dialect's error events. `encode` writes one event (SSE by default).
+    `keepalive_at_once`: the first keepalive goes out at once if `call` is still running (the
+    caller already held the response start for one interval).
     """
     task = asyncio.ensure_future(call)
     try:
         last = time.monotonic()
+        if keepalive_at_once and not task.done():
+            yield keepalive
         while True:
             wait = min(poll, interval) if is_disconnected is not None else interval
             done, _ = await asyncio.wait({task}, timeout=max(0.0, min(wait, last + interval - time.monotonic())))

@@ -287,6 +287,10 @@ class RolloutSetupError(RuntimeError):
         self.error_kind = kind
 
 
+ENGINE_BLAMED = ("agent_failed", "agent_timeout")
+"""Agent failures classified `engine_unreachable` when the session saw the engine fail."""
+
+
 def _fail(result: RolloutResult, kind: str, message: str) -> RolloutResult:
     if result.error_kind is None:
         result.error_kind = kind
@@ -405,6 +409,12 @@ async def _finish(service: Any, spec: RolloutSpec, result: RolloutResult, trial_
             result.atif = report.verdict
             findings.extend(report.findings)
         findings[:0] = capture
+        down = next((f for f in capture if f.code == "engine_unreachable"), None)
+        if down is not None and (result.error_kind in ENGINE_BLAMED or
+                                 (result.error_kind is None and summary.turns == 0)):
+            # The agent failed (or made no captured call) because the engine could not answer.
+            result.error_kind = None
+            _fail(result, "engine_unreachable", down.detail)
         if result.error_kind is None:
             if uses_model and summary.turns == 0:
                 _fail(result, "no_model_calls", "the harness made no model call through the proxy")

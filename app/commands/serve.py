@@ -7,6 +7,20 @@ from pathlib import Path
 import typer
 
 
+def _log_to_stderr() -> None:
+    """tapdeck's log (one access line per model call, refused ones included) on stderr."""
+    import logging
+
+    logger = logging.getLogger("tapdeck")
+    if any(getattr(h, "tapdeck_serve", False) for h in logger.handlers):
+        return  # already set up (serve called twice in one process, as tests do)
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.tapdeck_serve = True  # type: ignore[attr-defined]
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
 def register(app: typer.Typer) -> None:
     """Add the `serve` command."""
 
@@ -40,6 +54,7 @@ def register(app: typer.Typer) -> None:
         if data_dir is not None:
             fields["data_dir"] = data_dir
         config = ServerConfig(**fields)
+        _log_to_stderr()
         server = LocalServer(config)
         if engine is None:
             typer.echo("starting the embedded engine (SmolLM2-135M; it never solves tasks, "

@@ -173,7 +173,8 @@ class AnthropicDialect:
         system = _system_text(body.get("system"))
         if system:
             messages.insert(0, {"role": "system", "content": system})
-        # System messages inside `messages` (some Claude Code versions send them) join the leading one.
+        # `role: "system"` inside `messages` (Claude Code's reminders) joins the leading system
+        # prompt only when it leads; later ones stay where they are (see merge_system_messages).
         messages = merge_system_messages(messages)
         chat: dict[str, Any] = {"model": body.get("model"), "messages": messages}
         if isinstance(body.get("n"), int) and body["n"] > 1:

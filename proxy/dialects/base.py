@@ -45,6 +45,9 @@ class SSEEvent:
 
     data: Mapping[str, Any] | str
     event: str | None = None
+    bare: bool = False
+    """Written as the JSON alone, not as a `data:` field: Google's SDKs raise an error only on a
+    network chunk that parses as `{"error": ...}` by itself, not on an SSE event carrying one."""
 
 
 class Dialect(Protocol):

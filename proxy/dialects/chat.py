@@ -1,7 +1,7 @@
 """OpenAI chat-completions: the proxy's internal form, so translation is mostly normalisation.
 
-Requests: system and `developer` messages fold into one leading system message (one template
-rendering, one stable prompt prefix). Replies: the client's model name back, usage details
+Requests: the leading system and `developer` messages fold into one leading system message (one
+template rendering, one stable prompt prefix); later ones stay in place as `system` messages. Replies: the client's model name back, usage details
 zero-filled, capture fields the client did not ask for removed. Streams are synthesised from the
 full reply as the chunk sequence OpenAI's SDKs expect, ending in `data: [DONE]`.
 """
@@ -19,16 +19,54 @@ SYSTEM_ROLES = ("system", "developer")
 
 
 def merge_system_messages(messages: list[Any]) -> list[Any]:
-    """One leading system message from every system/`developer` message, in order.
+    """One leading system message from the leading run of system/`developer` messages; later ones
+    stay where the agent put them, as `system` messages.
 
-    Text joins with a blank line; if any part is not text the merged content is a list of parts
-    with every part kept. The list is returned unchanged when it already has that shape.
+    Folding a mid-conversation system message (claude-code's reminders, a developer message after
+    the first turn) into the leading one would change the prompt's start, and the conversation
+    would no longer extend its own prefix. Text joins with a blank line; if any part is not text
+    the merged content is a list of parts with every part kept. The list is returned unchanged
+    when it already has that shape.
     """
-    system_idx = [i for i, m in enumerate(messages)
-                  if isinstance(m, Mapping) and m.get("role") in SYSTEM_ROLES]
-    if not system_idx or (system_idx == [0] and messages[0].get("role") == "system"):
+    lead = 0
+    while lead < len(messages) and _is_system(messages[lead]):
+        lead += 1
+    rest = [{**m, "role": "system"} if _is_system(m) and m.get("role") != "system" else m
+            for m in messages[lead:]]
+    if lead == 0 or (lead == 1 and messages[0].get("role") == "system"):
+        if all(a is b for a, b in zip(rest, messages[lead:], strict=True)):
+            return messages
+        return [*messages[:lead], *rest]
+    return [_merged(messages[:lead]), *rest]
+
+
+def fold_system_messages(messages: list[Any]) -> list[Any]:
+    """Every system/`developer` message folded into one leading system message, for an engine
+    whose chat template refuses system messages after the first turn."""
+    system = [m for m in messages if _is_system(m)]
+    if not system or (len(system) == 1 and messages[0] is system[0] and system[0].get("role") == "system"):
         return messages
-    contents = [messages[i].get("content") for i in system_idx]
+    return [_merged(system), *(m for m in messages if not _is_system(m))]
+
+
+def has_late_system(messages: list[Any]) -> bool:
+    """Whether a system/`developer` message follows a message of another role."""
+    seen_other = False
+    for m in messages:
+        if _is_system(m):
+            if seen_other:
+                return True
+        else:
+            seen_other = True
+    return False
+
+
+def _is_system(message: Any) -> bool:
+    return isinstance(message, Mapping) and message.get("role") in SYSTEM_ROLES
+
+
+def _merged(system: list[Mapping[str, Any]]) -> dict[str, Any]:
+    contents = [m.get("content") for m in system]
     if all(isinstance(c, str) or c is None for c in contents):
         merged: str | list[Any] = "\n\n".join(c for c in contents if c)
     else:
@@ -40,12 +78,11 @@ def merge_system_messages(messages: list[Any]) -> list[Any]:
             elif isinstance(c, list):
                 parts.extend(c)
         merged = parts
-    system = {"role": "system", "content": merged}
-    names = {messages[i].get("name") for i in system_idx} - {None}
+    out: dict[str, Any] = {"role": "system", "content": merged}
+    names = {m.get("name") for m in system} - {None}
     if len(names) == 1:
-        system["name"] = names.pop()
-    rest = [m for i, m in enumerate(messages) if i not in set(system_idx)]
-    return [system, *rest]
+        out["name"] = names.pop()
+    return out
 
 
 class ChatDialect:

@@ -327,7 +327,9 @@ class GoogleDialect:
         return {"error": {"code": status, "message": message, "status": _STATUS.get(status, fallback)}}
 
     def stream_error(self, status: int, message: str, kind: str) -> Iterator[SSEEvent]:
-        yield SSEEvent(data=self.error_body(status, message, kind))
+        """A bare `{"error": ...}` chunk, not a `data:` event: the SDK gemini-cli bundles raises
+        (with the status in `code`) only on a network chunk that parses as that object alone."""
+        yield SSEEvent(data=self.error_body(status, message, kind), bare=True)
 
 
 DIALECT = GoogleDialect()

@@ -2,11 +2,13 @@
 
 Request: `instructions`, `input` (a string or items: messages of any role, `reasoning`,
 `function_call` / `function_call_output`, `local_shell_call` / `_output`, `custom_tool_call` /
-`_output`), function / `local_shell` / `custom` tools, `tool_choice`, sampling, `max_output_tokens`,
-`text.format`. Consecutive assistant-side items (reasoning, message, calls) become one assistant
+`_output`), function / `local_shell` / `custom` tools and `namespace` tools (their functions are
+flattened to `<namespace>__<name>` and calls come back with OpenAI's `namespace` field), `tool_choice`,
+sampling, `max_output_tokens`, `text.format`. Consecutive assistant-side items (reasoning, message, calls) become one assistant
 message, which is exactly how a chat reply is split into items, so a re-sent history renders as the
 engine produced it. Reply: a `response` object (status completed / incomplete, zero-filled usage
-details) or the SSE sequence response.created ... response.completed with `sequence_number`s.
+details) or the SSE sequence response.created ... response.completed (response.incomplete when
+cut by length) with `sequence_number`s.
 A tool call is replayed as `local_shell_call` only when the request declared a `local_shell` tool.
 `previous_response_id` is resolved before translation, by the session's `StoredResponses`.
 """
@@ -22,6 +24,7 @@ from tapdeck.proxy.dialects.base import DialectError, DialectRequest, SSEEvent
 from tapdeck.proxy.dialects.reply import ChatReply, join_text, read_reply
 
 LOCAL_SHELL = "local_shell"
+NAMESPACE_SEPARATOR = "__"
 _LOCAL_SHELL_PARAMETERS = {
     "type": "object",
     "properties": {
@@ -120,9 +123,11 @@ def _convert_input(body: Mapping[str, Any]) -> list[dict[str, Any]]:
         if kind == "message":
             role = item.get("role")
             text = _content_text(item.get("content"), f"{where}.content")
-            if role in ("system", "developer"):
+            if role in ("system", "developer") and not builder.messages:
                 builder.system.append(text)
-                builder.close_turn()
+            elif role in ("system", "developer"):
+                # After the first turn it stays where the agent put it (see merge_system_messages).
+                builder.add({"role": "system", "content": text})
             elif role == "assistant":
                 builder.add_text(text)
             elif role == "user":
@@ -136,10 +141,10 @@ def _convert_input(body: Mapping[str, Any]) -> list[dict[str, Any]]:
             if text:
                 builder.add_reasoning(text)
         elif kind == "function_call":
-            builder.add_call(item.get("call_id") or item.get("id") or f"call_{i}", item.get("name") or "",
+            builder.add_call(item.get("call_id") or item.get("id") or f"call_{i}", _call_name(item),
                              item.get("arguments") or "{}")
         elif kind == "custom_tool_call":
-            builder.add_call(item.get("call_id") or item.get("id") or f"call_{i}", item.get("name") or "",
+            builder.add_call(item.get("call_id") or item.get("id") or f"call_{i}", _call_name(item),
                              json.dumps({"input": item.get("input") or ""}, ensure_ascii=False))
         elif kind == "local_shell_call":
             action = item.get("action") or {}
@@ -166,8 +171,41 @@ def _convert_input(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     return messages
 
 
+def flat_name(namespace: str, name: str) -> str:
+    """The chat function name of `name` inside a `namespace` tool: letters, digits and `_` only
+    when both parts are, so every tool-call parser accepts it (`multi_agent_v1__spawn_agent`)."""
+    return f"{namespace}{NAMESPACE_SEPARATOR}{name}"
+
+
+def _flatten_namespaces(tools: Any) -> tuple[list[Any], dict[str, list[str]]]:
+    """`namespace` tools replaced by their inner tools under flat names, and the map from each
+    flat name back to `[namespace, name]` (the reply's calls are mapped back through it)."""
+    out: list[Any] = []
+    names: dict[str, list[str]] = {}
+    for tool in tools or []:
+        if isinstance(tool, dict) and tool.get("type") == "namespace":
+            namespace = str(tool.get("name") or "")
+            for inner in tool.get("tools") or []:
+                if not isinstance(inner, dict):
+                    continue
+                flat = flat_name(namespace, str(inner.get("name") or ""))
+                names[flat] = [namespace, str(inner.get("name") or "")]
+                out.append({**inner, "name": flat})
+        else:
+            out.append(tool)
+    return out, names
+
+
+def _call_name(item: Mapping[str, Any]) -> str:
+    """A re-sent call's chat name: flat when the call names the namespace of its tool."""
+    name = str(item.get("name") or "")
+    namespace = item.get("namespace")
+    return flat_name(namespace, name) if isinstance(namespace, str) and namespace else name
+
+
 def _convert_tools(tools: Any) -> tuple[list[dict[str, Any]], set[str], set[str], list[str]]:
-    """Chat tools, the declared custom tool names, local_shell names, and the hosted tools dropped."""
+    """Chat tools, the declared custom tool names, local_shell names, and the hosted tools dropped.
+    `namespace` tools must already be flattened (`_flatten_namespaces`)."""
     out, custom, local, dropped = [], set(), set(), []
     for tool in tools or []:
         kind = tool.get("type")
@@ -240,7 +278,8 @@ class ResponsesDialect:
         if isinstance(body.get("n"), int) and body["n"] > 1:
             raise DialectError(400, "n > 1 is not supported: one completion per call", param="n")
         chat: dict[str, Any] = {"model": body.get("model"), "messages": _convert_input(body)}
-        tools, custom, local, dropped = _convert_tools(body.get("tools"))
+        flat_tools, namespaced = _flatten_namespaces(body.get("tools"))
+        tools, custom, local, dropped = _convert_tools(flat_tools)
         choice = _convert_tool_choice(body.get("tool_choice"), dropped)
         if tools:
             chat["tools"] = tools
@@ -268,7 +307,8 @@ class ResponsesDialect:
         return DialectRequest(chat=chat, stream=body.get("stream") is True,
                               client_model=body.get("model"),
                               context={"echo": echo, "custom_tools": sorted(custom),
-                                       "local_shell": bool(local), "dropped_tools": dropped})
+                                       "local_shell": bool(local), "dropped_tools": dropped,
+                                       "namespaced": namespaced})
 
     # ---- replies -------------------------------------------------------------------------------
 
@@ -286,8 +326,13 @@ class ResponsesDialect:
                           "content": [{"type": "output_text", "text": reply.text, "annotations": [],
                                        "logprobs": []}]})
         custom = set(request.context.get("custom_tools") or [])
+        namespaced = request.context.get("namespaced") or {}
         for n, call in enumerate(reply.tool_calls):
             item_id = f"fc_{reply.id}_{n}"
+            # A call to a tool of a `namespace` goes back as OpenAI writes one: its own name plus
+            # a `namespace` field.
+            where = {"namespace": namespaced[call.name][0]} if call.name in namespaced else {}
+            name = namespaced[call.name][1] if call.name in namespaced else call.name
             if call.name == LOCAL_SHELL and request.context.get("local_shell"):
                 arguments = _object(call.arguments)
                 action: dict[str, Any] = {"type": "exec", "command": arguments.get("command") or [],
@@ -300,10 +345,12 @@ class ResponsesDialect:
                               "action": action, "status": "completed"})
             elif call.name in custom:
                 items.append({"type": "custom_tool_call", "id": item_id, "call_id": call.id,
-                              "name": call.name, "input": str(_object(call.arguments).get("input", ""))})
+                              **where, "name": name,
+                              "input": str(_object(call.arguments).get("input", ""))})
             else:
                 items.append({"type": "function_call", "id": item_id, "call_id": call.id,
-                              "name": call.name, "arguments": call.arguments, "status": "completed"})
+                              **where, "name": name, "arguments": call.arguments,
+                              "status": "completed"})
         return items
 
     @staticmethod
@@ -397,7 +444,9 @@ class ResponsesDialect:
                 yield event("response.output_item.added", output_index=index,
                             item=item | {"status": "in_progress"})
             yield event("response.output_item.done", output_index=index, item=item)
-        yield event("response.completed", response=self._response(
+        # A length-cut reply ends with `response.incomplete`, as OpenAI's does: clients that only
+        # watch for the terminal event's type would take `response.completed` as a finished answer.
+        yield event(f"response.{status}", response=self._response(
             parsed, request, status=status, output=items, usage=self._usage(parsed)))
 
     # ---- errors --------------------------------------------------------------------------------

@@ -46,10 +46,15 @@ def test_billing_line_inside_a_system_string_removed() -> None:
     assert chat["messages"][0]["content"] == "You are Claude Code."
 
 
-def test_system_messages_inside_messages_join_the_leading_system_message() -> None:
+def test_system_messages_inside_messages_stay_in_place_unless_they_lead() -> None:
+    # Folding a later one into the leading system prompt would change the prompt's start (issue 17).
     chat = parse({"system": "Base.", "messages": [{"role": "user", "content": "a"},
                                                   {"role": "system", "content": f"{BILLING}\nLater."}]}).chat
-    assert chat["messages"] == [{"role": "system", "content": "Base.\n\nLater."}, {"role": "user", "content": "a"}]
+    assert chat["messages"] == [{"role": "system", "content": "Base."}, {"role": "user", "content": "a"},
+                                {"role": "system", "content": "Later."}]
+    chat = parse({"system": "Base.", "messages": [{"role": "system", "content": "First."},
+                                                  {"role": "user", "content": "a"}]}).chat
+    assert chat["messages"] == [{"role": "system", "content": "Base.\n\nFirst."}, {"role": "user", "content": "a"}]
 
 
 def test_tool_round_trip_history_becomes_chat_tool_calls_and_results() -> None:

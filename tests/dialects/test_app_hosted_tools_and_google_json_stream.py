@@ -8,20 +8,17 @@ so that the proxy's keepalives (every 20 ms here) land inside the streams.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
 
 from tapdeck.proxy.serving import ThreadedServer
 from tapdeck.proxy.tiers import EngineSpec
-from tests.conftest import models_only_engine, vllm_fixture, vllm_reply_to
-from tests.dialects.conftest import CaptureServer, capture_server
+from tests.conftest import models_only_engine
+from tests.dialects.conftest import CaptureServer, ScriptedUpstream, capture_server, scripted_upstream_app
 
 UPSTREAM_PAUSE_S = 0.15
 HOSTED = "the engine cannot run hosted tools"
@@ -29,27 +26,10 @@ BODY = {"contents": [{"role": "user", "parts": [{"text": "What is the capital of
         "generationConfig": {"maxOutputTokens": 8}}
 
 
-def _upstream_app() -> FastAPI:
-    app = FastAPI()
-    models = vllm_fixture("models")["models"]["response"]
-    basic = vllm_fixture("chat_basic")["response"]
-
-    @app.get("/v1/models")
-    async def list_models() -> JSONResponse:
-        return JSONResponse(models)
-
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> JSONResponse:
-        body = await request.json()
-        await asyncio.sleep(UPSTREAM_PAUSE_S)
-        return JSONResponse(vllm_reply_to(body, basic))
-
-    return app
-
-
 @pytest.fixture(scope="module")
 def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CaptureServer]:
-    upstream = ThreadedServer(_upstream_app(), "127.0.0.1", 0, name="recorded-vllm").start()
+    upstream = ThreadedServer(scripted_upstream_app(ScriptedUpstream(delay=UPSTREAM_PAUSE_S)), "127.0.0.1", 0,
+                              name="recorded-vllm").start()
     try:
         with capture_server(EngineSpec(url=f"{upstream.url}/v1"), tmp_path_factory.mktemp("capture"),
                             keepalive_s=0.02) as server:

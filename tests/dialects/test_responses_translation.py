@@ -36,13 +36,14 @@ def test_string_input_and_instructions() -> None:
     assert req.client_model == "gpt-x" and req.stream is False
 
 
-def test_developer_and_system_items_fold_into_one_leading_system_message() -> None:
+def test_leading_developer_items_fold_into_one_system_message_and_later_ones_stay() -> None:
     req = parse({"instructions": "Base.", "input": [
         {"role": "developer", "content": [{"type": "input_text", "text": "Dev rules."}]},
         {"role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]},
         {"type": "message", "role": "system", "content": "Late system."}]})
-    assert req.chat["messages"] == [{"role": "system", "content": "Base.\n\nDev rules.\n\nLate system."},
-                                    {"role": "user", "content": "a\nb"}]
+    assert req.chat["messages"] == [{"role": "system", "content": "Base.\n\nDev rules."},
+                                    {"role": "user", "content": "a\nb"},
+                                    {"role": "system", "content": "Late system."}]
 
 
 def test_function_call_history_with_reasoning_merges_into_one_assistant_message() -> None:

@@ -8,6 +8,10 @@ made to produce on demand (HTML bodies, hangs, 5xx).
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,3 +135,29 @@ def admin_for() -> Iterator[Any]:
 def port_factory() -> Any:
     """`port_factory()` → a loopback port nobody holds right now."""
     return free_port
+
+
+TAPDECK = str(Path(sys.executable).with_name("tapdeck"))
+ENV = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+
+
+def serve_process(port: int, data: Path, engine_url: str) -> subprocess.Popen:
+    """A `tapdeck serve` process on `port` with its data in `data` (stdout and stderr piped)."""
+    return subprocess.Popen([TAPDECK, "serve", "--port", str(port), "--data-dir", str(data),
+                             "--engine", engine_url], env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def wait_health(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
+    """Until the server answers `/health` (an AssertionError if it exits or never comes up)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"tapdeck serve exited: {proc.stderr.read().decode()}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError("tapdeck serve did not come up")

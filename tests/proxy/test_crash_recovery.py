@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -18,38 +17,16 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-TAPDECK = str(Path(sys.executable).with_name("tapdeck"))
-ENV = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-
-
-def _serve(port: int, data: Path, engine_url: str) -> subprocess.Popen:
-    """A `tapdeck serve` process on `port` with its data in `data`."""
-    return subprocess.Popen([TAPDECK, "serve", "--port", str(port), "--data-dir", str(data),
-                             "--engine", engine_url], env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-
-def _wait_health(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"tapdeck serve exited: {proc.stderr.read().decode()}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError("tapdeck serve did not come up")
+from tests.proxy.conftest import ENV, TAPDECK, serve_process, wait_health
 
 
 def test_kill_9_mid_rollout_loses_no_replied_turn(embedded_engine, tmp_path: Path, port_factory):
     data = tmp_path / "data"
     port = port_factory()
     url = f"http://127.0.0.1:{port}"
-    proc = _serve(port, data, embedded_engine.base_url)
+    proc = serve_process(port, data, embedded_engine.base_url)
     try:
-        _wait_health(url, proc)
+        wait_health(url, proc)
         admin_key = (data / "admin.key").read_text().strip()
         info = httpx.post(f"{url}/admin/sessions", json={"metadata": {"crash": True}}, timeout=60,
                           headers={"Authorization": f"Bearer {admin_key}"}).json()
@@ -87,9 +64,9 @@ def test_kill_9_mid_rollout_loses_no_replied_turn(embedded_engine, tmp_path: Pat
             proc.wait()
 
     # Restart on the same data dir (the held port must be free again, too).
-    proc = _serve(port, data, embedded_engine.base_url)
+    proc = serve_process(port, data, embedded_engine.base_url)
     try:
-        _wait_health(url, proc)
+        wait_health(url, proc)
         admin_key = (data / "admin.key").read_text().strip()
         admin = {"Authorization": f"Bearer {admin_key}"}
         sessions = httpx.get(f"{url}/admin/sessions", headers=admin, timeout=60).json()["sessions"]

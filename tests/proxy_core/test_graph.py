@@ -346,3 +346,34 @@ def test_adding_the_same_seq_twice_is_refused():
     g.add(t)
     with pytest.raises(ValueError, match="already"):
         g.add(t)
+
+
+def test_conversation_resent_under_another_system_prompt_is_a_side_call_not_a_break():
+    # A summariser / memory-extraction call: turn 0's conversation under its own system prompt.
+    base = multi()
+    messages = copy.deepcopy(base[1].request["messages"])
+    messages[0] = {"role": "system", "content": "Summarise the conversation so far."}
+    ids = base[1].prompt_ids.copy()
+    ids[3] = 77  # the other system prompt's tokens
+    g, links = build([base[0], dataclasses.replace(base[1], prompt_ids=ids,
+                                                   request={**base[1].request, "messages": messages})])
+    assert g.nodes[1].parent is None
+    [f] = links[1].findings
+    assert str(f).startswith("[INFO] other_system_prompt:") and "turn 0" in f.detail
+    assert g.stats().breaks == 0 and g.stats().conversations == 2
+
+
+def test_reply_resent_without_its_sampled_reasoning_is_named_reasoning_dropped():
+    # gemini-cli leaves thought parts out of the history it resends.
+    first, second = [turn_from_fixture(n, i) for i, n in enumerate(["chat_multiturn_retok_1",
+                                                                     "chat_multiturn_retok_2"])]
+    first = dataclasses.replace(first, response={**first.response, "reasoning": "I should answer."})
+    g, links = build([first, second])
+    assert shape(g)[1] == (0, "retokenized", 52)
+    [f] = links[1].findings
+    assert str(f).startswith("[WARN] reasoning_dropped:") and "turn 0" in f.detail and "offset 52" in f.detail
+    # Resent with the reasoning, the same divergence is a re-tokenisation.
+    messages = copy.deepcopy(second.request["messages"])
+    next(m for m in reversed(messages) if m["role"] == "assistant")["reasoning_content"] = "I should answer."
+    _, links = build([first, dataclasses.replace(second, request={**second.request, "messages": messages})])
+    assert str(links[1].findings[0]).startswith("[WARN] retokenized:")

@@ -15,7 +15,7 @@ import pytest
 from tapdeck.proxy.dialects import DIALECTS, detect
 from tapdeck.proxy.dialects.base import DialectError, DialectRequest
 from tapdeck.proxy.dialects.chat import DIALECT as chat
-from tapdeck.proxy.dialects.chat import merge_system_messages
+from tapdeck.proxy.dialects.chat import fold_system_messages, merge_system_messages
 from tapdeck.proxy.sse import encode
 
 TOOL_REPLY_MESSAGE = {
@@ -55,17 +55,23 @@ def test_registry_detects_every_dialect_case_insensitively(path, name):
     assert [d.name for d in DIALECTS] == ["chat", "responses", "anthropic", "google"]
 
 
-def test_developer_and_several_system_messages_merge_into_one_leading_system():
+def test_leading_system_messages_merge_and_later_ones_stay_in_place():
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
     messages = [{"role": "developer", "content": "Be terse."},
+                {"role": "system", "content": [{"type": "text", "text": "Tools: ls"}, image]},
                 {"role": "user", "content": "hi"},
-                {"role": "system", "content": [{"type": "text", "text": "Tools: ls"}, image]}]
+                {"role": "developer", "content": "Reminder."}]
     before = copy.deepcopy(messages)
     merged = merge_system_messages(messages)
-    assert [m["role"] for m in merged] == ["system", "user"]
+    assert [m["role"] for m in merged] == ["system", "user", "system"]
     assert merged[0]["content"] == [{"type": "text", "text": "Be terse."},
                                     {"type": "text", "text": "Tools: ls"}, image]
+    assert merged[2] == {"role": "system", "content": "Reminder."}
     assert messages == before
+    # For an engine whose template refuses late system messages, all of them fold into the first.
+    folded = fold_system_messages(messages)
+    assert [m["role"] for m in folded] == ["system", "user"]
+    assert folded[0]["content"][-1] == {"type": "text", "text": "Reminder."}
     text_only = merge_system_messages([{"role": "system", "content": "a"},
                                        {"role": "developer", "content": "b"},
                                        {"role": "user", "content": "q"}])

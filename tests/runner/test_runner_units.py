@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,34 @@ async def test_unknown_harness_is_refused(tmp_path: Path) -> None:
     batch = BatchRunner(None, data_dir=tmp_path, default_engine=None)
     with pytest.raises(PlanError, match="unknown harness"):
         await batch.create(RunPlan(harness="no-such-harness"))
+
+
+@pytest.mark.parametrize("agent_kind", ["agent_failed", None], ids=["exited-nonzero", "exited-0-without-turns"])
+async def test_agent_whose_engine_died_is_classified_engine_unreachable(tmp_path: Path,
+                                                                        agent_kind: str | None) -> None:
+    # An installed agent that exits non-zero (or exits 0 having captured nothing, as gemini-cli
+    # did) after the proxy answered its calls with 502: the session's finding names the cause.
+    from tapdeck.proxy.service import CaptureService
+    from tapdeck.proxy.sessions import SessionSpec
+    from tapdeck.proxy.store import Store
+    from tapdeck.runner.rollout import RolloutSpec, _finish
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    store = Store(tmp_path / "capture.db")
+    service = CaptureService(store, default_engine=EngineSpec(url=dead, model="m"), public_url="http://x")
+    try:
+        info = await service.open_session(SessionSpec())
+        reply = await service.handle_call("/v1/chat/completions", {}, {"authorization": f"Bearer {info.api_key}"},
+                                          b'{"model":"m","messages":[{"role":"user","content":"hi"}]}')
+        assert reply.status == 502
+        result = RolloutResult(rollout_id="r-0", task="t", session_id=info.id, error_kind=agent_kind,
+                               error="the agent exited with 1" if agent_kind else None)
+        spec = RolloutSpec(task="t", task_path=tmp_path, trials_dir=tmp_path)
+        await _finish(service, spec, result, None, None, [], uses_model=True)
+        assert (result.ok, result.error_kind) == (False, "engine_unreachable")
+        assert "unreachable" in (result.error or "")
+    finally:
+        await service.aclose()
+        store.close()
