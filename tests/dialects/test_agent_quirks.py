@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import socket
 import time
 from typing import Any
 
@@ -25,7 +24,7 @@ import pytest
 from google.genai import errors as genai_errors
 from google.genai import types
 
-from tests.conftest import vllm_fixture
+from tests.conftest import models_only_engine, vllm_fixture
 from tests.dialects.agent_recordings import gemini_router, google_client, recording
 from tests.dialects.conftest import SCRIPTED_KEEPALIVE_S, CaptureServer, ScriptedUpstream, vllm_error
 
@@ -119,15 +118,6 @@ def sdk_status(exc: BaseException) -> int:
 SDK_ERRORS = (openai.APIError, anthropic.APIError, genai_errors.APIError)
 
 
-@pytest.fixture
-def dead_engine_url() -> str:
-    """A loopback URL where nothing listens (a port bound, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}/v1"
-
-
 # ---- 1 + 2: engine errors keep their status ----------------------------------------------------
 
 
@@ -146,8 +136,9 @@ def test_engine_error_reaches_each_sdk_with_its_real_status(capture: CaptureServ
 
 @pytest.mark.parametrize("dialect", DIALECTS)
 def test_dead_engine_gives_each_streaming_sdk_a_retryable_5xx_and_a_session_finding(
-        capture: CaptureServer, dead_engine_url: str, dialect: str) -> None:
-    reply = capture.admin.post("/admin/sessions", json={"engine": {"url": dead_engine_url, "model": "m"}})
+        capture: CaptureServer, dialect: str) -> None:
+    with models_only_engine() as engine:  # settles the address, then is gone: every call fails
+        reply = capture.admin.post("/admin/sessions", json={"engine": {"url": engine, "model": "m"}})
     reply.raise_for_status()
     info = reply.json()
     with pytest.raises(SDK_ERRORS) as raised:

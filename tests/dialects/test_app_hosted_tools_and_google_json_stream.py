@@ -17,8 +17,7 @@ import pytest
 
 from tapdeck.proxy.serving import ThreadedServer
 from tapdeck.proxy.tiers import EngineSpec
-from tests.conftest import models_only_engine
-from tests.dialects.conftest import CaptureServer, ScriptedUpstream, capture_server, scripted_upstream_app
+from tests.dialects.conftest import CaptureServer, ScriptedUpstream, capture_server, scripted_upstream_app, vllm_error
 
 UPSTREAM_PAUSE_S = 0.15
 HOSTED = "the engine cannot run hosted tools"
@@ -26,10 +25,12 @@ BODY = {"contents": [{"role": "user", "parts": [{"text": "What is the capital of
         "generationConfig": {"maxOutputTokens": 8}}
 
 
+SCRIPT = ScriptedUpstream(delay=UPSTREAM_PAUSE_S)
+
+
 @pytest.fixture(scope="module")
 def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CaptureServer]:
-    upstream = ThreadedServer(scripted_upstream_app(ScriptedUpstream(delay=UPSTREAM_PAUSE_S)), "127.0.0.1", 0,
-                              name="recorded-vllm").start()
+    upstream = ThreadedServer(scripted_upstream_app(SCRIPT), "127.0.0.1", 0, name="recorded-vllm").start()
     try:
         with capture_server(EngineSpec(url=f"{upstream.url}/v1"), tmp_path_factory.mktemp("capture"),
                             keepalive_s=0.02) as server:
@@ -104,9 +105,15 @@ def test_google_stream_with_alt_sse_stays_sse(app: CaptureServer) -> None:
 
 
 def test_google_json_array_stream_error_is_an_error_element(app: CaptureServer) -> None:
-    with models_only_engine() as engine:  # gone once the session is open: every call fails
-        info = app.admin.post("/admin/sessions", json={"engine": {"url": engine}}).json()
-    reply = httpx.post(f"{app.url}/v1beta/models/g:streamGenerateContent", json=BODY,
-                       headers={"x-goog-api-key": info["api_key"]}, timeout=30)
+    # The engine fails after the first keepalive is due, so the array has started (HTTP 200): the
+    # error can only be its last element.
+    info = app.open_session()
+    SCRIPT.answer = lambda body: (500, vllm_error(500, "engine core died", "InternalServerError"))
+    try:
+        reply = httpx.post(f"{app.url}/v1beta/models/g:streamGenerateContent", json=BODY,
+                           headers={"x-goog-api-key": info["api_key"]}, timeout=30)
+    finally:
+        SCRIPT.answer = None
+    assert reply.status_code == 200
     body = json.loads(reply.content)
     assert isinstance(body, list) and body[-1]["error"]["code"] >= 500 and body[-1]["error"]["status"]

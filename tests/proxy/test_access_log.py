@@ -3,21 +3,24 @@ never a key."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 from pathlib import Path
 
 import httpx
 
+from tests.conftest import models_only_engine
 from tests.proxy.conftest import serve_process, wait_health
 
 
-def test_serve_logs_one_line_per_call_with_keys_redacted(dead_engine_url: str, tmp_path: Path,
-                                                         port_factory) -> None:
+def test_serve_logs_one_line_per_call_with_keys_redacted(tmp_path: Path, port_factory) -> None:
     port = port_factory()
     url = f"http://127.0.0.1:{port}"
-    proc = serve_process(port, tmp_path / "data", dead_engine_url)
+    engine = contextlib.ExitStack()  # the engine answers while serve settles it, then is gone
+    proc = serve_process(port, tmp_path / "data", engine.enter_context(models_only_engine()))
     try:
-        wait_health(url, proc)
+        with engine:
+            wait_health(url, proc)
         admin_key = (tmp_path / "data" / "admin.key").read_text().strip()
         info = httpx.post(f"{url}/admin/sessions", json={}, timeout=60,
                           headers={"Authorization": f"Bearer {admin_key}"}).json()
