@@ -105,7 +105,8 @@ class SetupScreen(TapdeckScreen):
         finally:
             body.loading = False
         self.apply_catalog(catalog)
-        self.query_one("#dataset", Select).focus()
+        # At once, not via call_later: keys typed as soon as the pickers show go to the dataset.
+        self.set_focus(self.query_one("#dataset", Select), scroll_visible=False)
 
     def apply_catalog(self, catalog: dict[str, Any]) -> None:
         """Fill the pickers from a catalog and select its defaults."""

@@ -112,8 +112,8 @@ async def test_setup_refuses_an_unavailable_sandbox_with_the_reason(make_app):
         await _catalog_loaded(pilot)
         screen = app.screen
         screen.query_one("#sandbox").value = "docker"
-        await pilot.pause(0.1)
-        assert "Docker daemon is not running" in str(screen.query_one("#why-sandbox").render())
+        await until(pilot, lambda: "Docker daemon is not running"
+                    in str(screen.query_one("#why-sandbox").render()), "docker's reason")
         screen.action_start()
         await pilot.pause(0.1)
         notes = [n.message for n in app._notifications]
