@@ -201,6 +201,7 @@ class CaptureService:
             "engine": ref.model_dump(), "created_at": now, "metadata": dict(spec.metadata),
             "call_budget": spec.call_budget, "probe": result.detail,
             "alternatives": min(spec.alternatives, result.alternatives),
+            "training_sampling": spec.training_sampling if rollout_type == "train" else None,
             "findings": [f.model_dump(mode="json") for f in result.findings],
         }
         await asyncio.to_thread(self.store.create_session, record)
@@ -456,15 +457,13 @@ class CaptureService:
         assert session.client is not None
         if self._budget_reached(session):
             return _stop_reply(BUDGET_STOP_TEXT.format(budget=session.call_budget), session)
-        chat = dict(req.chat)
-        if session.training and session.training_sampling:
-            chat.update(session.training_sampling)
         try:
             # No served name known (the probe could not list models): the client's name is the
             # best guess left; a wrong one comes back as the engine's own 404.
             served = session.served_model or req.client_model or "default"
-            upstream, sampling = session.client.prepare(chat, session.tier, served, session.training,
-                                                        session.record.get("alternatives", 0))
+            upstream, sampling = session.client.prepare(req.chat, session.tier, served, session.training,
+                                                        session.record.get("alternatives", 0),
+                                                        session.training_sampling)
         except DialectError as exc:
             raise _CallFailed(exc.status, exc.message, exc.kind) from exc
         # Re-checked with no await since: concurrent calls cannot overshoot the budget.
