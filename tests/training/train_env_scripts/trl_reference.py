@@ -15,6 +15,7 @@ import json
 import sys
 from types import SimpleNamespace
 
+from accelerate.state import PartialState
 from openenv.core.harness import TrainingTrace
 from trl.experimental.async_grpo.async_rollout_worker import (
     RolloutGroup,
@@ -72,6 +73,7 @@ def reference(spec: dict, threshold: int) -> dict:
 
 
 def main(path: str) -> None:
+    PartialState()  # TRL's worker child does this first: accelerate's logger needs it
     spec = json.loads(open(path).read())
     json.dump({str(n): reference(spec, int(n)) for n in spec["fork_thresholds"]}, sys.stdout)
 
