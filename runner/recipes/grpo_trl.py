@@ -39,6 +39,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from tapdeck.runner.recipes.admin_client import AdminClient, AdminError, read_admin_key
@@ -182,6 +183,8 @@ class TapdeckSessionFactory:
     timeout_s: float = 300.0
     reward_key: str | None = None
     agent_kwargs: dict[str, Any] | None = None
+    call_budget: int | None = None
+    """Model calls per rollout before the proxy answers with a stop (None: the server's default)."""
     poll_s: float = 1.0
     http_timeout_s: float = 60.0
     group_size: int | None = None
@@ -204,7 +207,7 @@ class TapdeckSessionFactory:
                 "sandbox": self.sandbox, "engine": self.engine, "engine_model": self.engine_model,
                 "k": 1, "concurrency": 1, "timeout_s": self.timeout_s,
                 "reward_key": self.reward_key, "agent_kwargs": self.agent_kwargs,
-                "training_sampling": self.sampling,
+                "call_budget": self.call_budget, "training_sampling": self.sampling,
                 "metadata": {"trl_group_id": seed, "trl_episode_id": episode_id,
                              "trl_group_size": self.group_size}}
 
@@ -301,6 +304,7 @@ def arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--sandbox", default=None, help="Default host.")
     p.add_argument("--timeout-s", type=float, default=300.0)
     p.add_argument("--reward-key", default=None)
+    p.add_argument("--call-budget", type=int, default=None, help="Model calls per rollout (server default).")
     p.add_argument("--num-generations", type=int, default=8)
     p.add_argument("--max-inflight", type=int, default=8)
     p.add_argument("--max-steps", type=int, default=20)
@@ -331,7 +335,21 @@ def factory_from_args(args: argparse.Namespace, plan: dict[str, Any] | None = No
         sandbox=args.sandbox or plan.get("sandbox") or "host",
         engine=args.engine_url or args.vllm_url.rstrip("/") + "/v1", engine_model=args.model,
         timeout_s=args.timeout_s, reward_key=args.reward_key or plan.get("reward_key"),
-        agent_kwargs=plan.get("agent_kwargs"), group_size=args.num_generations)
+        agent_kwargs=plan.get("agent_kwargs"), call_budget=args.call_budget or plan.get("call_budget"),
+        group_size=args.num_generations)
+
+
+def training_stack() -> SimpleNamespace:
+    """The TRL, transformers and datasets classes `main` trains with (ImportError outside the
+    training environment; tests/training/test_train_env.py imports them there)."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer, GenerationConfig
+    from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
+    from trl.experimental.async_grpo.openenv_harness import HarnessRolloutWorker
+
+    return SimpleNamespace(Dataset=Dataset, AutoTokenizer=AutoTokenizer, GenerationConfig=GenerationConfig,
+                           AsyncGRPOConfig=AsyncGRPOConfig, AsyncGRPOTrainer=AsyncGRPOTrainer,
+                           HarnessRolloutWorker=HarnessRolloutWorker)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -359,25 +377,24 @@ def main(argv: list[str] | None = None) -> int:
         print("grpo-trl: no tasks to train on (pass --tasks)", file=sys.stderr)
         return 2
     try:
-        from datasets import Dataset
-        from transformers import AutoTokenizer, GenerationConfig
-        from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer, HarnessRolloutWorker
+        stack = training_stack()
     except ImportError as exc:
         print(f"grpo-trl: needs trl 1.16, torch, openenv and datasets (the training environment, "
               f"scripts/train-env.sh) and vllm on a GPU box: {exc}", file=sys.stderr)
         return 3
     run_name, output_dir = launch_names(args.run_name, args.output_dir)
     print(f"grpo-trl: run {run_name}, {len(tasks)} task(s), output {output_dir}")
-    config = AsyncGRPOConfig(**config_kwargs(args, run_name=run_name, output_dir=output_dir))
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    eos_ids = eos_token_ids(GenerationConfig.from_pretrained(args.model).eos_token_id, tokenizer.eos_token_id)
-    dataset = Dataset.from_list(dataset_rows(list(tasks)))
+    config = stack.AsyncGRPOConfig(**config_kwargs(args, run_name=run_name, output_dir=output_dir))
+    tokenizer = stack.AutoTokenizer.from_pretrained(args.model)
+    eos_ids = eos_token_ids(stack.GenerationConfig.from_pretrained(args.model).eos_token_id,
+                            tokenizer.eos_token_id)
+    dataset = stack.Dataset.from_list(dataset_rows(list(tasks)))
     # Not run here: the worker's constructor needs vllm, and the trainer a GPU and a vLLM server.
-    worker = HarnessRolloutWorker(**worker_kwargs(config, model_name=args.model, dataset=dataset,
-                                                  processing_class=tokenizer, eos_ids=eos_ids,
-                                                  factory=factory))
-    trainer = AsyncGRPOTrainer(model=args.model, args=config, train_dataset=dataset,
-                               processing_class=tokenizer, rollout_worker=worker)
+    worker = stack.HarnessRolloutWorker(**worker_kwargs(config, model_name=args.model, dataset=dataset,
+                                                        processing_class=tokenizer, eos_ids=eos_ids,
+                                                        factory=factory))
+    trainer = stack.AsyncGRPOTrainer(model=args.model, args=config, train_dataset=dataset,
+                                     processing_class=tokenizer, rollout_worker=worker)
     trainer.train()
     return 0
 
