@@ -16,7 +16,7 @@ import numpy as np
 import orjson
 import pytest
 from conftest import run_in_train_env
-from training_data import ROLLOUTS, rollout_trace
+from training_data import ROLLOUTS, TOOL_CALLS, rollout_trace, tool_call_trace
 
 from tapdeck.runner.recipes.data_check import (
     TurnRow,
@@ -62,7 +62,12 @@ def test_data_check_rows_tallies_and_advantages_equal_trls(train_python: Path, t
     rollouts = [{"rollout_id": rid, "group_id": group, "reward": reward,
                  "trace": _trace_turns(rollout_trace(rid))} for rid, (group, reward, _) in ROLLOUTS.items()]
     rollouts += _corrupted()
+    rollouts.append({"rollout_id": "tools", "group_id": "tools", "reward": 1.0,
+                     "trace": _trace_turns(tool_call_trace())})
     trl = _trl_view(train_python, tmp_path, rollouts)
+    # TRL counts tool calls from each turn's chat-completion response: all of tapdeck's, by name.
+    tools = trl["0"]["rollouts"][-1]
+    assert tools["valid"] and tools["tool_counts"] == {"shell": 2, "write_file": 1} and len(TOOL_CALLS) == 3
 
     for threshold in THRESHOLDS:
         view = trl[str(threshold)]

@@ -53,3 +53,17 @@ def write_export(path: Path) -> Path:
     """All ROLLOUTS as one JSONL export."""
     rows = [row for rid in ROLLOUTS for row in rollout_rows(rid)]
     return write_jsonl(path, rows)
+
+
+TOOL_CALLS = [{"id": "c1", "name": "shell", "arguments": {"cmd": "ls"}},
+              {"id": "c2", "name": "shell", "arguments": {"cmd": "cat notes.txt"}},
+              {"id": "c3", "name": "write_file", "arguments": {"path": "a", "text": "b"}}]
+
+
+def tool_call_trace() -> dict:
+    """A recorded turn whose reply is given tool calls as a dialect records them (flat), as a trace."""
+    turn = turn_from_fixture("chat_basic", 0, "s-tools")
+    turn.response = {"role": "assistant", "content": None, "tool_calls": TOOL_CALLS}
+    graph = RolloutGraph()
+    graph.add(turn)
+    return training_trace({"id": "s-tools", "rollout_type": "train", "metadata": {}}, graph, "tokens")
