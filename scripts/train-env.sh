@@ -62,7 +62,9 @@ fi
 pip=("$env_dir/bin/python" -m pip --disable-pip-version-check -q)
 # The +cpu wheel is found only where pip has it locally (find-links); PyPI's torch is a CUDA build.
 if ! "${pip[@]}" install --dry-run --ignore-installed --no-deps --report - "torch==2.13.0" 2>/dev/null | grep -q '+cpu'; then
-    echo "train-env: no CPU torch wheel is reachable: pip will fetch torch 2.13.0 from PyPI, a CUDA build (several GB)" >&2
+    # The lock holds the CPU build's (empty) CUDA dependency set; PyPI's build needs its nvidia-* wheels.
+    echo "train-env: no CPU torch wheel is reachable: installing PyPI's torch 2.13.0, a CUDA build with its nvidia-* dependencies (several GB)" >&2
+    "${pip[@]}" install "torch==2.13.0" >&2
 fi
 echo "train-env: installing torch (CPU), trl, openenv, transformers, gguf, trackio (a few minutes)" >&2
 "${pip[@]}" install --no-deps -r "$lock_file" >&2
