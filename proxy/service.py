@@ -201,7 +201,6 @@ class CaptureService:
             "engine": ref.model_dump(), "created_at": now, "metadata": dict(spec.metadata),
             "call_budget": spec.call_budget, "probe": result.detail,
             "alternatives": min(spec.alternatives, result.alternatives),
-            "training_sampling": spec.training_sampling if rollout_type == "train" else None,
             "findings": [f.model_dump(mode="json") for f in result.findings],
         }
         await asyncio.to_thread(self.store.create_session, record)

@@ -12,11 +12,7 @@ samples TRL built are compared, token by token, with what tapdeck captured and g
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +24,7 @@ from conftest import run_in_train_env
 
 from tapdeck.runner.recipes.data_check import group_advantages
 from tapdeck.runner.recipes.grpo_trl import RolloutUnusable, check_trace
+from tests.conftest import tapdeck_serve
 
 pytestmark = pytest.mark.slow  # real trials, the embedded model, torch and TRL (minutes)
 
@@ -39,43 +36,13 @@ REQUIRED = {"model_name", "dataset", "reward_funcs", "processing_class", "eos_to
             "harness_session_factory", "queue_maxsize", "dataset_start_index"}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def serve(embedded_engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`tapdeck serve` in its own process over the shared embedded engine; its URL."""
     tmp = tmp_path_factory.mktemp("trl-serve")
-    url = f"http://127.0.0.1:{_free_port()}"
-    log = tmp / "serve.log"
-    with log.open("w") as out:
-        process = subprocess.Popen(
-            [str(TAPDECK), "serve", "--port", url.rsplit(":", 1)[1], "--engine", embedded_engine.base_url,
-             "--engine-model", embedded_engine.served_name, "--admin-key", ADMIN_KEY,
-             "--data-dir", str(tmp / "data")],
-            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=5).json().get("status") == "ok":
-                    break
-            except (httpx.HTTPError, ValueError):
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"tapdeck serve never answered /health:\n{log.read_text()}")
-            time.sleep(0.3)
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
+    with tapdeck_serve(TAPDECK, tmp / "data", tmp / "serve.log", admin_key=ADMIN_KEY,
+                       engine_url=embedded_engine.base_url, engine_model=embedded_engine.served_name) as process:
+        yield process.url
 
 
 def _captured(url: str) -> list[dict[str, Any]]:
