@@ -88,10 +88,6 @@ class AdminClient:
         """`GET /admin/sessions/{id}/trace`: the per-call training trace (409 for an eval session)."""
         return self._call("GET", f"/admin/sessions/{session_id}/trace")
 
-    def rollout(self, session_id: str) -> dict[str, Any]:
-        """`GET /admin/sessions/{id}/rollout`: the rollout document (ok, tier, findings, sequences)."""
-        return self._call("GET", f"/admin/sessions/{session_id}/rollout")
-
     def close(self) -> None:
         """Release the connection pool (idempotent)."""
         self._http.close()

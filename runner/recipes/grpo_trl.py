@@ -295,7 +295,8 @@ def arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--vllm-url", default="http://localhost:8000",
                    help="vLLM server the trainer syncs weights into (AsyncGRPOConfig.vllm_server_base_url).")
     p.add_argument("--engine-url", default=None,
-                   help="Engine the tapdeck rollouts sample from (default: VLLM_URL/v1).")
+                   help="Engine the tapdeck rollouts sample from: a URL, or `embedded` for the "
+                        "server's default engine (default: VLLM_URL/v1).")
     p.add_argument("--run", default=None,
                    help="A tapdeck rollout run: train on its plan's dataset, tasks, harness and sandbox.")
     p.add_argument("--dataset", default=None, help="tapdeck dataset (default: the sample dataset).")
