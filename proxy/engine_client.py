@@ -84,8 +84,13 @@ class Capture(NamedTuple):
 
 def prepare_request(chat: Mapping[str, Any], tier: Tier | str, served_model: str, training: bool,
                     *, max_tokens_cap: int = DEFAULT_MAX_TOKENS_CAP,
-                    alternatives: int = 0) -> tuple[dict[str, Any], dict[str, Any]]:
+                    alternatives: int = 0,
+                    policy: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """The upstream body for a chat request, and the sampling record `{"submitted", "requested"}`.
+
+    At the training tier the truncating knobs are reset to no-ops and then `policy` (the training
+    session's sampling policy, e.g. the trainer's temperature) is applied; "requested" keeps what
+    the harness asked for.
 
     At least `alternatives` top logprobs are asked for per token when a session captures them for
     inspection; the dialects give the client only as many as it asked for.
@@ -132,6 +137,7 @@ def prepare_request(chat: Mapping[str, Any], tier: Tier | str, served_model: str
     requested = {k: copy.deepcopy(chat[k]) for k in SAMPLING_KEYS if k in chat}
     if training:
         body.update(NEUTRAL_SAMPLING)
+        body.update(policy or {})
     submitted = {k: body[k] for k in SAMPLING_KEYS if k in body}
     return body, {"submitted": submitted, "requested": requested}
 
@@ -332,10 +338,11 @@ class EngineClient:
         return self.max_tokens_cap
 
     def prepare(self, chat: Mapping[str, Any], tier: Tier | str, served_model: str,
-                training: bool, alternatives: int = 0) -> tuple[dict[str, Any], dict[str, Any]]:
+                training: bool, alternatives: int = 0,
+                policy: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
         """See `prepare_request`; the cap is this engine's."""
         return prepare_request(chat, tier, served_model, training, max_tokens_cap=self.cap,
-                               alternatives=alternatives)
+                               alternatives=alternatives, policy=policy)
 
     async def models(self) -> dict[str, Any]:
         """`GET {url}/models`."""

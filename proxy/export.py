@@ -48,14 +48,19 @@ def _out(arr: np.ndarray | None, lists: bool) -> Any:
     return arr.tolist() if lists else arr
 
 
-def _logps_out(arr: np.ndarray | None, lists: bool) -> Any:
-    """Logprobs with a missing (NaN) value exported as null, never as NaN."""
-    if arr is None:
-        return None
-    arr = np.asarray(arr, dtype=np.float64)
-    if np.isnan(arr).any():
-        return [None if v != v else v for v in arr.tolist()]
-    return arr.tolist() if lists else arr
+def _trace_logps(logprobs: np.ndarray | None, n: int, lists: bool) -> tuple[Any, int]:
+    """A turn's logprobs as a trainer's strict schema takes them: n finite values, none positive.
+
+    A value the engine did not give (or gave as NaN) becomes 0.0, and such a turn is never trained
+    (the graph masks it). A positive one becomes 0.0 too: within the graph's float slack the turn
+    stays trained (the difference is rounding), beyond it the turn is masked. The number of values
+    replaced is returned so it is recorded in the entry's metadata, not hidden.
+    """
+    arr = None if logprobs is None else np.asarray(logprobs, dtype=np.float64)
+    if arr is None or arr.shape != (n,):
+        return _out(np.zeros(n), lists), n
+    bad = ~np.isfinite(arr) | (arr > 0)
+    return _out(np.where(bad, 0.0, arr), lists), int(bad.sum())
 
 
 def nest_tool_calls(message: dict[str, Any]) -> dict[str, Any]:
@@ -154,9 +159,12 @@ def training_trace(session: dict[str, Any], graph: RolloutGraph, tier: str, *,
                    lists: bool = True) -> dict[str, Any]:
     """Per-call training data: one entry per agent turn (each call once, arrival order).
 
-    Each entry has its own `prompt_token_ids` (exactly the engine's), `completion_token_ids`,
-    `per_token_logps`, and `loss_mask` over prompt+completion (prompt all 0; completion 1 only
-    when the turn's logprobs are aligned and valid). Raises ExportRefused for eval rollouts.
+    Each entry is shaped as OpenEnv's strict `TrainingTurn`, which TRL's loop-owning worker reads:
+    a string `node_id`, `prompt_token_ids` (exactly the engine's), `completion_token_ids`,
+    `per_token_logps` (finite and non-positive for every completion token, see `_trace_logps`),
+    `loss_mask` over prompt+completion (prompt all 0; completion 1 only when the turn's logprobs are
+    aligned and valid), `request`, and `response` as a chat completion (`choices[0].message`, tool
+    calls nested). Raises ExportRefused for eval rollouts.
     """
     rtype = _rollout_type(session, tier)
     if not is_train(tier, rtype):
@@ -175,17 +183,20 @@ def training_trace(session: dict[str, Any], graph: RolloutGraph, tier: str, *,
         if on:
             mask[prompt.size:] = 1
         t = n.turn
+        logps, filled = _trace_logps(t.logprobs, int(n.sampled.size), lists)
         entries.append({
-            "node_id": seq,
+            "node_id": str(seq),
             "prompt_token_ids": _out(prompt, lists),
             "completion_token_ids": _out(n.sampled, lists),
-            "per_token_logps": _logps_out(t.logprobs, lists) if t.logprobs is not None else None,
+            "per_token_logps": logps,
             "loss_mask": _out(mask, lists),
-            "request": t.request,
-            "response": nest_tool_calls(t.response or {}),
+            "request": t.request or {},
+            "response": {"choices": [{"message": nest_tool_calls(t.response or {}),
+                                      "finish_reason": t.finish_reason}]},
             "metadata": {
                 "session_id": session.get("id"), "parent": n.parent, "link_kind": n.kind,
                 "link_offset": n.offset, "finish_reason": t.finish_reason, "trainable": on,
+                "logprobs_filled": filled,
                 "sampling": t.sampling, "meta": t.meta, "created_at": t.created_at,
                 "findings": [str(f) for f in t.findings + n.link_findings],
             },

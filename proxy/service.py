@@ -523,8 +523,6 @@ class CaptureService:
         if self._budget_reached(session):
             return _stop_reply(BUDGET_STOP_TEXT.format(budget=session.call_budget), session)
         chat = dict(req.chat)
-        if session.training and session.training_sampling:
-            chat.update(session.training_sampling)
         fmt = json_format(chat)
         if fmt is not None:
             # Structured output marks an auxiliary call: never trained, so it may be constrained.
@@ -536,7 +534,8 @@ class CaptureService:
         served = session.served_model or req.client_model or "default"
         prepare = partial(session.client.prepare, tier=session.tier, served_model=served,
                           training=session.training and fmt is None,
-                          alternatives=session.record.get("alternatives", 0))
+                          alternatives=session.record.get("alternatives", 0),
+                          policy=session.training_sampling)
         try:
             upstream, sampling = prepare(chat)
         except DialectError as exc:

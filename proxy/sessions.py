@@ -6,13 +6,15 @@ checked charset, and it is never stored or logged (the store keeps only the publ
 
 from __future__ import annotations
 
+import math
 import re
 import secrets
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
+from tapdeck.proxy.engine_client import NEUTRAL_SAMPLING
 from tapdeck.proxy.tiers import EngineSpec, Tier
 
 KEY_PREFIX = "tdk-"
@@ -75,11 +77,38 @@ class SessionSpec(BaseModel):
     allow_raw_logprobs: bool = False
     """Accept an engine whose logprobs are raw (pre-temperature) for training."""
     training_sampling: dict[str, Any] | None = None
-    """Sampling overrides applied to every call of a training session (e.g. temperature)."""
+    """The trainer's sampling policy, enforced on every call of a training session: `temperature`
+    (finite, > 0) and, optionally, the truncating knobs at their no-op values (anything else is
+    refused: the trainer could not reproduce such logprobs). Each turn records what the harness
+    requested next to what was sent."""
+
     alternatives: int = Field(default=0, ge=0, le=20)
     """Top alternatives per sampled token to capture for inspection (the TUI shows them), as many
     as the engine gave the probe at most. 0, the design's default, asks for none a harness did
     not ask for: they multiply the size of every reply. Harnesses get only what they asked for."""
+
+    @field_validator("training_sampling")
+    @classmethod
+    def _policy_is_full_vocabulary(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is None:
+            return None
+        unknown = set(value) - {"temperature", *NEUTRAL_SAMPLING}
+        if unknown:
+            raise ValueError(f"training_sampling: unsupported field(s) {', '.join(sorted(unknown))}")
+        policy: dict[str, Any] = {}
+        for key, v in value.items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"training_sampling: {key} must be a finite number, not {v!r}")
+            if key == "temperature":
+                if v <= 0:
+                    raise ValueError("training_sampling: temperature must be > 0")
+                policy[key] = float(v)
+            elif v != NEUTRAL_SAMPLING[key] and not (key == "top_k" and v == 0):
+                raise ValueError(f"training_sampling: {key} must be {NEUTRAL_SAMPLING[key]} (a "
+                                 f"truncated distribution's logprobs do not match the trainer's)")
+            else:
+                policy[key] = NEUTRAL_SAMPLING[key]  # top_k 0 (TRL's "off") is sent as vLLM's -1
+        return policy
 
 
 class EngineRef(BaseModel):

@@ -63,6 +63,11 @@ class RunPlan(BaseModel):
     """Model calls per rollout before the proxy answers with a stop (None → 3 × max_turns)."""
     alternatives: int = Field(default=0, ge=0, le=20)
     """Top alternatives per sampled token to capture for inspection (0: as the harness asks)."""
+    training_sampling: dict[str, Any] | None = None
+    """A trainer's sampling policy, enforced on each training-tier capture session
+    (`SessionSpec.training_sampling`: temperature, truncating knobs at their no-ops)."""
+    metadata: dict[str, Any] | None = None
+    """Extra session metadata for every rollout (e.g. a trainer's group and episode ids)."""
 
 
 class RunCounts(BaseModel):
@@ -235,7 +240,9 @@ class BatchRunner:
                     sandbox_kwargs=run.plan.sandbox_kwargs,
                     timeout_s=run.plan.timeout_s, reward_key=run.plan.reward_key,
                     agent_kwargs=run.plan.agent_kwargs, call_budget=run.plan.call_budget,
-                    alternatives=run.plan.alternatives, rollout_id=rid, run_id=run.id,
+                    alternatives=run.plan.alternatives,
+                    training_sampling=run.plan.training_sampling,
+                    metadata=dict(run.plan.metadata or {}), rollout_id=rid, run_id=run.id,
                     group=group, index=index)
 
                 def on_update(partial: RolloutResult) -> None:

@@ -8,16 +8,17 @@ does, on any machine, step by step so a live plot shows it working:
    with a nested `turns` list as written by `POST /admin/runs/{id}/export`.
 2. Validates every turn as TRL AsyncGRPO's loop-owning worker would read it: `loss_mask` covers
    prompt+completion and is 0 on the whole prompt, `per_token_logps` is as long as the completion,
-   every trained token has a finite, non-positive logprob; ids are non-negative integers.
-3. Chains each rollout's turns into training rows the way TRL does in lossless mode (a turn whose
-   prompt extends the row so far is appended: the new context with mask 0, then its completion;
-   anything else starts a new row, a fork), checks `input_ids`, `completion_mask`, `old_log_probs`
-   have one length, and drops rows with no trained token.
+   every completion token (trained or not) has a finite, non-positive logprob, as OpenEnv's
+   `TrainingTurn` requires; ids are non-negative integers.
+3. Chains each rollout's turns into training rows the way TRL does (`build_rows`: clean append,
+   realign or fork per transition; `--fork-threshold`, 0 as in grpo-trl's lossless mode), checks
+   `input_ids`, `completion_mask`, `old_log_probs` have one length, and drops rows with no trained
+   token. tests/training/test_data_check_equals_trl.py runs TRL's own functions on the same rows.
 4. Per group (`group_id`): the GRPO advantage of each scorable rollout,
-   `(r − mean) / (std + 1e-8)` over the group's scorable rollouts only; `reward: null` is excluded
-   (never read as 0); a group with no scorable rollout is unscorable (advantage 0, no rows).
-   std is the sample std (n − 1, like `torch.Tensor.std`), 0 for a single scorable rollout;
-   `--population-std` uses n. Which one TRL's async GRPO uses was not verified here.
+   `(r − mean) / (std + 1e-8)` over the group's scorable rollouts only, with the population std
+   (n, numpy's default), as TRL's AsyncGRPO worker computes it; `reward: null` is excluded (never
+   read as 0, its rollout gets advantage 0 and its rows stay samples, as in TRL); a group with no
+   scorable rollout is unscorable (every advantage 0).
 5. Logs one trackio step per group, TRL's metric names where they exist (`train/reward`,
    `train/reward_std`, `train/batch/trained_tokens_per_step`, …) and `check/…` for what is ours
    (`check/advantages/<i>` = the i-th rollout of the group by rollout id, running totals of
@@ -66,8 +67,7 @@ class Rollout:
     turns: list[TurnRow] = field(default_factory=list)
     findings: list[str] = field(default_factory=list)
     rows: list[TrainingRow] = field(default_factory=list)
-    forks: int = 0
-    dropped_rows: int = 0
+    tally: ChainTally = field(default_factory=lambda: ChainTally())
     advantage: float | None = None
 
 
@@ -144,57 +144,94 @@ def check_turn(turn: TurnRow) -> list[str]:
         out.append(f"{where}: loss_mask values must be 0 or 1")
     if any(turn.mask[:n_prompt]):
         out.append(f"{where}: loss_mask is 1 inside the prompt")
-    trained = [i for i, m in enumerate(turn.mask[n_prompt:]) if m == 1]
-    if trained:
-        if not isinstance(turn.logps, list) or len(turn.logps) != n_completion:
-            have = len(turn.logps) if isinstance(turn.logps, list) else "no"
-            return out + [f"{where}: {have} per_token_logps for {n_completion} completion tokens"]
-        for i in trained:
-            lp = turn.logps[i]
-            if lp is None:
-                out.append(f"{where}: trained token {i} has no logprob")
-                break
-            if not math.isfinite(lp):
-                out.append(f"{where}: trained token {i} has a non-finite logprob ({lp})")
-                break
-            if lp > 0:
-                out.append(f"{where}: trained token {i} has a positive logprob ({lp})")
-                break
+    # OpenEnv's TrainingTurn (which TRL validates every trace with) wants a finite, non-positive
+    # logprob for every completion token, trained or not.
+    if not isinstance(turn.logps, list) or len(turn.logps) != n_completion:
+        have = len(turn.logps) if isinstance(turn.logps, list) else "no"
+        return out + [f"{where}: {have} per_token_logps for {n_completion} completion tokens"]
+    for i, lp in enumerate(turn.logps):
+        if lp is None or isinstance(lp, bool) or not isinstance(lp, (int, float)):
+            out.append(f"{where}: completion token {i} has no logprob ({lp!r})")
+            break
+        if not math.isfinite(lp):
+            out.append(f"{where}: completion token {i} has a non-finite logprob ({lp})")
+            break
+        if lp > 0:
+            out.append(f"{where}: completion token {i} has a positive logprob ({lp})")
+            break
     return out
 
 
-def build_rows(turns: list[TurnRow]) -> tuple[list[TrainingRow], int]:
-    """Chain turns into rows (exact-prefix continuation, else a fork); the rows and the fork count."""
-    rows: list[TrainingRow] = []
-    ids: list[int] = []
-    mask: list[int] = []
-    logps: list[float] = []
-    forks = 0
+@dataclass
+class ChainTally:
+    """How a rollout's turn transitions (turns − 1 of them) joined its rows, as TRL counts them."""
 
-    def flush() -> None:
-        if ids:
-            rows.append(TrainingRow(np.asarray(ids, np.int64), np.asarray(mask, np.int64),
-                                    np.asarray(logps, np.float32)))
+    clean: int = 0
+    realign: int = 0
+    fork: int = 0
+    drift_tokens: int = 0
+    drift_max: int = 0
 
+    @property
+    def transitions(self) -> int:
+        return self.clean + self.realign + self.fork
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def build_rows(turns: list[TurnRow], *, fork_threshold: int = 0) -> tuple[list[TrainingRow], ChainTally]:
+    """Chain turns into rows the way TRL's AsyncGRPO worker does; the rows and the transition tally.
+
+    Per transition: the row so far is a prefix of the next prompt → the new tail is appended as
+    context (clean); it diverges only after the last completion's start by fewer than
+    `fork_threshold` tokens → that tail is overwritten by the prompt's as context (realign);
+    otherwise a new row starts (fork). `fork_threshold` is 0 in TRL's loop-owning lossless mode
+    (what grpo-trl runs), so any divergence forks; TRL's own default elsewhere is 1024. A turn's
+    completion is appended with its own mask and logprobs (masked tokens keep theirs). Rows without
+    a trained token are dropped, as TRL drops them.
+    """
+    rows: list[tuple[list[int], list[int], list[float]]] = []
+    tally = ChainTally()
+    last_start: int | None = None
     for turn in turns:
-        prompt = list(turn.prompt or [])
-        completion = list(turn.completion or [])
+        prompt = [int(t) for t in turn.prompt or []]
+        completion = [int(t) for t in turn.completion or []]
         out_mask = [int(m) for m in (turn.mask or [])[len(prompt):]]
-        out_logps = [float(lp) if (m and lp is not None) else 0.0
-                     for m, lp in zip(out_mask, turn.logps or [0.0] * len(completion))]
-        if ids and prompt[:len(ids)] == ids:
-            tail = prompt[len(ids):]
+        out_logps = [float(lp) for lp in turn.logps or [0.0] * len(completion)]
+        if rows:
+            ids, mask, logps = rows[-1]
+            matched = _common_prefix(ids, prompt)
+            drift = len(ids) - matched
+            tally.drift_tokens += drift
+            tally.drift_max = max(tally.drift_max, drift)
+            if drift == 0:
+                tally.clean += 1
+            elif last_start is not None and matched >= last_start and drift < fork_threshold:
+                tally.realign += 1
+                del ids[matched:], mask[matched:], logps[matched:]
+            else:
+                tally.fork += 1
+                rows.append(([], [], []))
         else:
-            if ids:
-                forks += 1
-            flush()
-            ids, mask, logps = [], [], []
-            tail = prompt
-        ids += tail + completion
-        mask += [0] * len(tail) + out_mask
-        logps += [0.0] * len(tail) + out_logps
-    flush()
-    return rows, forks
+            rows.append(([], [], []))
+        ids, mask, logps = rows[-1]
+        tail = prompt[len(ids):]
+        ids += tail
+        mask += [0] * len(tail)
+        logps += [0.0] * len(tail)
+        last_start = len(ids)
+        ids += completion
+        mask += out_mask
+        logps += out_logps
+    built = [TrainingRow(np.asarray(i, np.int64), np.asarray(m, np.int64), np.asarray(lp, np.float32))
+             for i, m, lp in rows if any(m)]
+    return built, tally
 
 
 def row_findings(row: TrainingRow, index: int) -> list[str]:
@@ -209,18 +246,18 @@ def row_findings(row: TrainingRow, index: int) -> list[str]:
     return []
 
 
-def group_advantages(rewards: list[float | None], *, ddof: int = 1) -> list[float | None]:
+def group_advantages(rewards: list[float | None]) -> list[float | None]:
     """GRPO advantages of one group; None for unscorable rollouts (and for all of an all-null group)."""
     scored = np.asarray([r for r in rewards if r is not None], dtype=np.float64)
     if scored.size == 0:
         return [None] * len(rewards)
     mean = float(scored.mean())
-    std = float(scored.std(ddof=ddof)) if scored.size > ddof else 0.0
+    std = float(scored.std())
     return [None if r is None else (r - mean) / (std + EPS) for r in rewards]
 
 
 def _arg_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tapdeck.runner.recipes.data_check",
+    p = argparse.ArgumentParser(prog="tapdeck.runner.recipes.data_check", allow_abbrev=False,
                                 description="Check and score exported training rows (no weight update).")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--rows", type=Path, help="An export JSONL (tapdeck export RUN).")
@@ -233,7 +270,8 @@ def _arg_parser() -> argparse.ArgumentParser:
                    help="trackio run name (the launcher passes its run id).")
     p.add_argument("--out-dir", type=Path, default=None,
                    help="Where advantages.jsonl and summary.json go (default: the trackio dir's parent).")
-    p.add_argument("--population-std", action="store_true", help="Group std over n instead of n − 1.")
+    p.add_argument("--fork-threshold", type=int, default=0,
+                   help="TRL's fork_threshold_tokens: 0 in loop-owning lossless mode (grpo-trl), 1024 otherwise.")
     p.add_argument("--step-delay", type=float, default=0.0,
                    help="Seconds to pause between steps (to watch the plot fill in; default 0).")
     return p
@@ -272,11 +310,9 @@ def main(argv: list[str] | None = None) -> int:
             r.findings += check_turn(turn)
         if r.findings:
             continue
-        r.rows, r.forks = build_rows(r.turns)
+        r.rows, r.tally = build_rows(r.turns, fork_threshold=args.fork_threshold)
         for i, row in enumerate(r.rows):
             r.findings += row_findings(row, i)
-        kept = [row for row in r.rows if row.trained_tokens > 0]
-        r.dropped_rows, r.rows = len(r.rows) - len(kept), kept
     groups: dict[str, list[Rollout]] = defaultdict(list)
     for r in rollouts:
         groups[r.group_id].append(r)
@@ -287,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     trackio.init(project=args.project, name=args.name,
                  config={"recipe": "data-check", "rows_file": str(path), "updates_weights": False,
-                         "std_ddof": 0 if args.population_std else 1})
+                         "fork_threshold_tokens": args.fork_threshold})
     totals = {"rows_valid": 0, "rows_invalid": 0, "rollouts_invalid": 0, "trained_tokens": 0,
               "unscorable_groups": 0}
     adv_lines = []
@@ -298,14 +334,14 @@ def main(argv: list[str] | None = None) -> int:
             for r in members:
                 for finding in r.findings:
                     print(f"data-check: INVALID rollout {r.rollout_id}: {finding}")
-            advantages = group_advantages([r.reward for r in valid],
-                                          ddof=0 if args.population_std else 1)
+            advantages = group_advantages([r.reward for r in valid])
             for r, a in zip(valid, advantages):
                 r.advantage = a
             scored = [r.reward for r in valid if r.reward is not None]
             unscorable = not scored
-            # A rollout without a reward has no advantage: TRL cannot train on its rows.
-            rows = [row for r in valid if r.advantage is not None for row in r.rows]
+            # As in TRL, an ungraded rollout's rows are still samples, with advantage 0: they add
+            # tokens to the loss normaliser but no gradient.
+            rows = [row for r in valid for row in r.rows]
             trained = sum(row.trained_tokens for row in rows)
             totals["rows_valid"] += sum(len(r.rows) for r in valid)
             totals["rows_invalid"] += sum(len(r.turns) for r in members if r.findings)
@@ -313,7 +349,9 @@ def main(argv: list[str] | None = None) -> int:
             totals["trained_tokens"] += trained
             totals["unscorable_groups"] += int(unscorable)
             turns = [len(r.turns) for r in valid] or [0]
-            lengths = [len(t.completion or []) for r in valid for t in r.turns] or [0]
+            # TRL's completion length is a rollout's: all its turns' sampled tokens.
+            lengths = [sum(len(t.completion or []) for t in r.turns) for r in valid] or [0]
+            transitions = sum(r.tally.transitions for r in valid)
             metrics: dict[str, float] = {
                 "train/global_step": step + 1,
                 "train/batch/samples_per_step": len(rows),
@@ -322,7 +360,10 @@ def main(argv: list[str] | None = None) -> int:
                 "train/batch/forwarded_tokens_per_step": sum(row.input_ids.size for row in rows),
                 "train/rollout/turns_mean": float(np.mean(turns)),
                 "train/rollout/turns_max": float(max(turns)),
-                "train/rollout/fork_frac": (sum(r.forks for r in valid) / max(1, sum(len(r.turns) for r in valid))),
+                "train/rollout/fork_frac": sum(r.tally.fork for r in valid) / max(1, transitions),
+                "train/rollout/realign_frac": sum(r.tally.realign for r in valid) / max(1, transitions),
+                "train/rollout/samples_per_rollout": float(np.mean([len(r.rows) for r in valid] or [0])),
+                "train/rollout/drift_tokens_max": float(max([r.tally.drift_max for r in valid] or [0])),
                 "train/completions/mean_length": float(np.mean(lengths)),
                 "train/completions/max_length": float(max(lengths)),
                 "check/group_size": len(members),
@@ -335,8 +376,7 @@ def main(argv: list[str] | None = None) -> int:
             }
             if scored:
                 metrics["train/reward"] = float(np.mean(scored))
-                metrics["train/reward_std"] = float(np.std(scored, ddof=0 if args.population_std else 1)) \
-                    if len(scored) > (0 if args.population_std else 1) else 0.0
+                metrics["train/reward_std"] = float(np.std(scored))
             for i, r in enumerate(valid):
                 if r.advantage is not None:
                     metrics[f"check/advantages/{i}"] = r.advantage

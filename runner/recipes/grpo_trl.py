@@ -1,46 +1,51 @@
-"""`grpo-trl`: TRL AsyncGRPO on a GPU box, with rollouts served by a tapdeck server.
+"""`grpo-trl`: TRL AsyncGRPO on a GPU box, with every rollout served by a tapdeck server.
 
-**Not run here.** This machine has no GPU, no torch and no trl; the training step itself (the
-`main()` path below the argument parsing) has never been executed in this project. What was
-tested here: this module imports without trl/torch/openenv, its argument parsing, the printed vLLM
-command, pickling of the session factory, and the factory's HTTP logic against a real tapdeck
-server (`tests/training/test_grpo_trl.py`). The TRL names used in `main()` (module paths, config
-fields) come from reading trl 1.16.0's wheel (shared/reference/trl-and-trackio.md) and are
-unverified by execution.
-
-How it fits TRL 1.16's loop-owning harness path: `HarnessRolloutWorker(harness_session_factory=F)`
-calls `F(sampling=<dict>)` once in its worker process, then per rollout, on a thread pool,
-`create(task, seed=group_id, episode_id=...)` → a session on which it calls
+How it fits TRL 1.16's loop-owning harness path: `HarnessRolloutWorker(harness_session_factory=F,
+**worker kwargs)` pickles its kwargs into a spawned child, whose `_HarnessRolloutLoop` calls
+`F(sampling=<the trainer's policy>)` once, then per rollout, on a thread pool,
+`create(prompt, seed=group_id, episode_id=...)` → a session on which it calls
 `wait_for_completion()`, `fetch_training_trace()`, `verify(transcript)` and always `close()`.
-Here one session = one tapdeck run of one rollout (`POST /admin/runs` with k=1): the server runs
-the Harbor trial with the harness pointed at its capture proxy, and the trace is the capture
-(`GET /admin/sessions/{id}/trace`). Errors TRL would treat as a broken capture contract
-(ValueError/TypeError/KeyError → the worker stops) are never raised for a bad rollout: a rollout
-without a usable capture raises `RolloutUnusable` (a RuntimeError) and TRL scores it unscorable.
+Here one session = one tapdeck run of one rollout (`POST /admin/runs`, k=1): the server runs the
+Harbor trial with the harness pointed at its capture proxy, enforces the trainer's sampling policy
+on the capture session (`training_sampling`: the trainer's temperature, truncating knobs at their
+no-ops; each turn records what the harness requested next to what was sent) and tags it with
+TRL's group and episode ids; the trace is the capture (`GET /admin/sessions/{id}/trace`).
 
-Launch (2 GPUs, one host): start vLLM first with the flags from `--print-vllm-command`, then
-`tapdeck serve --engine-url http://localhost:8000/v1`, then
-`CUDA_VISIBLE_DEVICES=1 tapdeck train --recipe grpo-trl -- --server http://127.0.0.1:8300 ...`.
+A rollout TRL must not train on — not ok, eval tier, a FATAL finding, no trained token — raises
+`RolloutUnusable` (a RuntimeError), which TRL scores as an unscorable rollout; a ValueError,
+TypeError or KeyError would stop TRL's worker instead (its capture-contract error).
+
+This module runs in the training environment (`tapdeck.runner.train_env`: Python 3.11, no tapdeck
+dependencies) and reaches tapdeck only through `tapdeck.runner.recipes.admin_client`.
+
+What ran here (a 2-core CPU box, no GPU): the session factory, the traces and TRL's own
+`_HarnessRolloutLoop` built with exactly `worker_kwargs(...)`, against a real `tapdeck serve` with
+the embedded engine (tests/training/test_trl_harness_loop.py). Not run: `AsyncGRPOTrainer`
+itself, vLLM and the NCCL weight sync (they need GPUs).
+
+Launch (2 GPUs, one host): start vLLM with the flags from `--print-vllm-command`; then
+`tapdeck serve --engine http://localhost:8000/v1`; then
+`CUDA_VISIBLE_DEVICES=1 tapdeck train --recipe grpo-trl -- --server http://127.0.0.1:8300 --vllm-url http://localhost:8000 ...`.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import secrets
 import shlex
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
-import httpx
-
+from tapdeck.runner.recipes.admin_client import AdminClient, AdminError, read_admin_key
 from tapdeck.runner.recipes.data_check import TurnRow, check_turn
 
-NEUTRAL_SAMPLING = {"top_p": 1.0, "top_k": -1, "min_p": 0.0, "frequency_penalty": 0.0,
-                    "presence_penalty": 0.0, "repetition_penalty": 1.0}
-TERMINAL_RUN_STATES = {"finished", "cancelled", "failed", "interrupted"}
+log = logging.getLogger(__name__)
 
 
 class RolloutUnusable(RuntimeError):
@@ -50,86 +55,72 @@ class RolloutUnusable(RuntimeError):
     """
 
 
-def vllm_command(model: str, *, port: int = 8000, gpu: str = "0", extra: list[str] | None = None) -> list[str]:
-    """The vLLM server command line TRL's NCCL weight sync and tapdeck's capture both need."""
+def vllm_command(model: str, *, port: int = 8000, gpu: str = "0", tool_call_parser: str = "hermes",
+                 extra: list[str] | None = None) -> list[str]:
+    """The vLLM server command line TRL's NCCL weight sync and tapdeck's capture both need.
+
+    `--enable-auto-tool-choice` needs a `--tool-call-parser` matching the model's chat template
+    (hermes for Qwen2.5/Qwen3 instruct models, qwen3_xml for Qwen3.5).
+    """
     return ["env", f"CUDA_VISIBLE_DEVICES={gpu}", "VLLM_SERVER_DEV_MODE=1",
             "vllm", "serve", model, "--host", "0.0.0.0", "--port", str(port),
             "--logprobs-mode", "processed_logprobs", "--return-tokens-as-token-ids",
-            "--weight-transfer-config", '{"backend":"nccl"}', "--enable-auto-tool-choice",
-            *(extra or [])]
+            "--weight-transfer-config", '{"backend":"nccl"}',
+            "--enable-auto-tool-choice", "--tool-call-parser", tool_call_parser, *(extra or [])]
 
 
-@dataclass
-class Verified:
-    """What `verify()` returns when OpenEnv's VerifyResult is not importable (same fields)."""
+def check_trace(trace: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    """The `{schema_version, turns}` TRL may train on, or RolloutUnusable saying why not.
 
-    env_reward: float | None
-    done: bool = True
-    metrics: dict[str, Any] = field(default_factory=dict)
-    artifacts: dict[str, Any] = field(default_factory=dict)
-
-
-def fetch_trace(http: httpx.Client, session_id: str) -> dict[str, Any]:
-    """A capture session's training trace, checked against TRL's contract before TRL sees it."""
-    resp = http.get(f"/admin/sessions/{session_id}/trace")
-    if resp.status_code in (404, 409, 422):
-        raise RolloutUnusable(f"session {session_id}: no training trace ({resp.status_code}: "
-                              f"{resp.text[:200]})")
-    resp.raise_for_status()
-    trace = resp.json()
+    `result` is the rollout's result from its run (ok, tier, findings); `trace` its session's trace.
+    """
+    sid = result.get("session_id")
+    if not result.get("ok"):
+        raise RolloutUnusable(f"session {sid}: rollout not ok ({result.get('error_kind') or 'findings'}: "
+                              f"{result.get('error') or '; '.join(result.get('findings') or [])[:300]})")
+    fatal = [f for f in result.get("findings") or [] if str(f).startswith("[FATAL]")]
+    if fatal:
+        raise RolloutUnusable(f"session {sid}: FATAL finding(s): {'; '.join(fatal[:3])}")
+    if trace.get("tier") != "tokens":
+        raise RolloutUnusable(f"session {sid}: tier {trace.get('tier')}, not tokens: eval only")
     turns = trace.get("turns") or []
     if not turns:
-        raise RolloutUnusable(f"session {session_id}: the trace has no agent turn")
-    problems = []
-    for t in turns:
-        problems += check_turn(TurnRow(t.get("node_id"), t.get("prompt_token_ids"),
-                                       t.get("completion_token_ids"), t.get("per_token_logps"),
-                                       t.get("loss_mask")))
-        # OpenEnv wants unique non-empty string node ids; tapdeck's are arrival indexes.
-        t["node_id"] = str(t.get("node_id"))
+        raise RolloutUnusable(f"session {sid}: the trace has no agent turn")
+    problems = [p for t in turns for p in check_turn(TurnRow(t.get("node_id"), t.get("prompt_token_ids"),
+                                                             t.get("completion_token_ids"),
+                                                             t.get("per_token_logps"), t.get("loss_mask")))]
     if problems:
-        raise RolloutUnusable(f"session {session_id}: {'; '.join(problems[:3])}")
+        raise RolloutUnusable(f"session {sid}: {'; '.join(problems[:3])}")
     if not any(any(t["loss_mask"]) for t in turns):
-        raise RolloutUnusable(f"session {session_id}: no trained token in any turn")
-    return trace
+        raise RolloutUnusable(f"session {sid}: no trained token in any turn")
+    return {"schema_version": trace.get("schema_version"), "turns": turns}
 
 
 class TapdeckSession:
-    """One rollout on a tapdeck server, shaped like OpenEnv's TrainableSession."""
+    """One rollout on a tapdeck server, shaped like OpenEnv's `TrainableSession`."""
 
     def __init__(self, factory: TapdeckSessionFactory, task: str, *, seed: int | None,
                  episode_id: str | None) -> None:
         self.factory = factory
         self.task = task
-        self.seed = seed
-        self.episode_id = episode_id
-        self.http = factory.client()
         self.result: dict[str, Any] | None = None
-        resp = self.http.post("/admin/runs", json=factory.plan(task))
-        if resp.status_code >= 400:
-            self.http.close()
-            raise RolloutUnusable(f"tapdeck refused the run for task {task!r}: "
-                                  f"{resp.status_code} {resp.text[:300]}")
-        self.run_id: str = resp.json()["id"]
+        self.admin = factory.client()
+        try:
+            self.run_id = self.admin.start_run(factory.plan(task, seed=seed, episode_id=episode_id))
+        except AdminError as exc:
+            self.admin.close()
+            raise RolloutUnusable(f"tapdeck refused the run for task {task!r}: {exc}") from exc
 
     def wait_for_completion(self, timeout_s: float | None = None) -> int:
         """Block until the run ends; the number of captured model calls. TimeoutError past `timeout_s`."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while True:
-            doc = self.http.get(f"/admin/runs/{self.run_id}")
-            doc.raise_for_status()
-            run = doc.json()
-            if run["state"] in TERMINAL_RUN_STATES:
-                rollouts = run.get("rollouts") or []
-                self.result = rollouts[0] if rollouts else {"ok": False, "reward": None,
-                                                            "error": f"run ended {run['state']}"}
-                return int(self.result.get("turns") or 0)
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"tapdeck run {self.run_id} still running after {timeout_s} s")
-            time.sleep(self.factory.poll_s)
+        run = self.admin.wait_run(self.run_id, timeout_s=timeout_s, poll_s=self.factory.poll_s)
+        rollouts = run.get("rollouts") or []
+        self.result = rollouts[0] if rollouts else {"ok": False, "reward": None,
+                                                    "error": f"run ended {run['state']}"}
+        return int(self.result.get("turns") or 0)
 
     def fetch_training_trace(self) -> Any:
-        """The capture as OpenEnv's TrainingTrace (a checked dict when OpenEnv is not installed)."""
+        """The capture as OpenEnv's `TrainingTrace`; RolloutUnusable when TRL must not train on it."""
         if self.result is None:
             self.wait_for_completion()
         assert self.result is not None
@@ -138,16 +129,24 @@ class TapdeckSession:
             raise RolloutUnusable(f"run {self.run_id}: no capture session "
                                   f"({self.result.get('error_kind') or 'no model calls'}: "
                                   f"{self.result.get('error') or 'nothing to train on'})")
-        trace = fetch_trace(self.http, session_id)
         try:
-            # Unverified path; present with TRL on a GPU box.
-            from openenv.core.harness import TrainingTrace
-        except ImportError:
-            return trace
-        return TrainingTrace.model_validate({k: trace[k] for k in ("schema_version", "turns")})
+            trace = self.admin.trace(session_id)
+        except AdminError as exc:
+            raise RolloutUnusable(f"session {session_id}: no training trace ({exc})") from exc
+        checked = check_trace(trace, self.result)
+        from openenv.core.harness import TrainingTrace
 
-    def verify(self, transcript: Any = None) -> Any:
-        """The rollout's reward from tapdeck's verifier (None = never graded, never 0)."""
+        try:
+            return TrainingTrace.model_validate(checked)
+        except ValueError as exc:
+            # Past check_trace this is a tapdeck export bug: drop the rollout loudly, keep training.
+            log.error("session %s: trace rejected by OpenEnv's TrainingTrace: %s", session_id, exc)
+            raise RolloutUnusable(f"session {session_id}: trace rejected by TrainingTrace: {exc}") from exc
+
+    def verify(self, transcript: Any = None, final_state: Any = None) -> Any:
+        """OpenEnv's VerifyResult with tapdeck's verifier reward (None = never graded, never 0)."""
+        from openenv.core.harness import VerifyResult
+
         if self.result is None:
             self.wait_for_completion()
         assert self.result is not None
@@ -156,22 +155,18 @@ class TapdeckSession:
                    "tapdeck/turns": float(self.result.get("turns") or 0)}
         artifacts = {"run_id": self.run_id, "session_id": self.result.get("session_id"),
                      "error_kind": self.result.get("error_kind"), "findings": self.result.get("findings")}
-        try:
-            from openenv.core.harness import VerifyResult  # unverified path
-        except ImportError:
-            return Verified(None if reward is None else float(reward), True, metrics, artifacts)
         return VerifyResult(env_reward=None if reward is None else float(reward), done=True,
                             metrics=metrics, artifacts=artifacts)
 
     def close(self) -> None:
         """Cancel the run if it is still going; release the HTTP client. Safe to call twice."""
         try:
-            if self.result is None and not self.http.is_closed:
-                self.http.post(f"/admin/runs/{self.run_id}/cancel")
-        except httpx.HTTPError:
+            if self.result is None and not self.admin.closed:
+                self.admin.cancel_run(self.run_id)
+        except AdminError:
             pass
         finally:
-            self.http.close()
+            self.admin.close()
 
 
 @dataclass
@@ -188,33 +183,33 @@ class TapdeckSessionFactory:
     timeout_s: float = 300.0
     reward_key: str | None = None
     agent_kwargs: dict[str, Any] | None = None
+    call_budget: int | None = None
+    """Model calls per rollout before the proxy answers with a stop (None: the server's default)."""
     poll_s: float = 1.0
     http_timeout_s: float = 60.0
+    group_size: int | None = None
+    """The trainer's `num_generations`, recorded on each capture session next to TRL's group id."""
     sampling: dict[str, Any] | None = None
-    """The sampling policy TRL passed. RunPlan has no field to forward it to capture sessions yet:
-    kept here and in the trackio config; the engine's defaults must already be neutral."""
+    """The trainer's sampling policy (TRL passes it, validated by OpenEnv's `training_sampling`);
+    the server enforces it on each training-tier capture session."""
 
     def __call__(self, sampling: dict[str, Any] | None = None) -> TapdeckSessionFactory:
         """TRL's once-per-worker call: a copy bound to the trainer's sampling policy."""
-        from dataclasses import replace
+        return replace(self, sampling=dict(sampling) if sampling else None)
 
-        if sampling:
-            odd = {k: v for k, v in sampling.items() if k in NEUTRAL_SAMPLING and v != NEUTRAL_SAMPLING[k]}
-            if odd:
-                raise ValueError(f"non-neutral sampling {odd}: logprobs would not match the trainer's")
-        return replace(self, sampling=dict(sampling or {}))
+    def client(self) -> AdminClient:
+        """A new admin client (one per session: sessions run on TRL's thread pool)."""
+        return AdminClient(self.server, self.admin_key, timeout_s=self.http_timeout_s)
 
-    def client(self) -> httpx.Client:
-        """A new admin HTTP client (one per session)."""
-        return httpx.Client(base_url=self.server.rstrip("/"), timeout=self.http_timeout_s,
-                            headers={"Authorization": f"Bearer {self.admin_key}"})
-
-    def plan(self, task: str) -> dict[str, Any]:
+    def plan(self, task: str, *, seed: int | None = None, episode_id: str | None = None) -> dict[str, Any]:
         """The `POST /admin/runs` body for one rollout of `task`."""
         return {"dataset": self.dataset, "tasks": [task], "harness": self.harness,
                 "sandbox": self.sandbox, "engine": self.engine, "engine_model": self.engine_model,
                 "k": 1, "concurrency": 1, "timeout_s": self.timeout_s,
-                "reward_key": self.reward_key, "agent_kwargs": self.agent_kwargs}
+                "reward_key": self.reward_key, "agent_kwargs": self.agent_kwargs,
+                "call_budget": self.call_budget, "training_sampling": self.sampling,
+                "metadata": {"trl_group_id": seed, "trl_episode_id": episode_id,
+                             "trl_group_size": self.group_size}}
 
     def create(self, task: Any, seed: int | None = None, episode_id: str | None = None) -> TapdeckSession:
         """Start one rollout of `task` (a task name, or a dataset row / chat prompt naming one)."""
@@ -234,103 +229,173 @@ def task_name(task: Any) -> str:
     raise TypeError(f"cannot read a task name from {type(task).__name__}: {task!r:.80}")
 
 
-def read_admin_key(explicit: str | None, data_dir: Path | None) -> str:
-    """`--admin-key`, else `$TAPDECK_ADMIN_KEY`, else `<data_dir>/admin.key`."""
-    if explicit:
-        return explicit
-    if os.environ.get("TAPDECK_ADMIN_KEY"):
-        return os.environ["TAPDECK_ADMIN_KEY"]
-    root = data_dir or Path(os.environ.get("TAPDECK_DATA_DIR") or Path.home() / ".tapdeck")
-    path = root / "admin.key"
-    if not path.is_file():
-        raise FileNotFoundError(f"no admin key: pass --admin-key, set TAPDECK_ADMIN_KEY, or start the "
-                                f"server with --data-dir {root} (it writes {path})")
-    return path.read_text().strip()
+def dataset_rows(tasks: list[str]) -> list[dict[str, Any]]:
+    """TRL dataset rows: one per task, the prompt a one-message chat naming it (`task_name` reads it)."""
+    return [{"prompt": [{"role": "user", "content": t}], "task": t} for t in tasks]
+
+
+def eos_token_ids(generation_eos: int | list[int] | None, tokenizer_eos: int | None) -> list[int]:
+    """Every id that ends a completion, as AsyncGRPOTrainer derives it: the model's generation-config
+    eos id(s), with the tokenizer's eos first when it is not among them."""
+    ids = [] if generation_eos is None else [generation_eos] if isinstance(generation_eos, int) \
+        else list(generation_eos)
+    return ids if tokenizer_eos is None or tokenizer_eos in ids else [tokenizer_eos, *ids]
+
+
+def config_kwargs(args: argparse.Namespace, *, run_name: str, output_dir: Path) -> dict[str, Any]:
+    """`AsyncGRPOConfig` fields: sampling kept full-vocabulary (OpenEnv refuses anything else)."""
+    return {"output_dir": str(output_dir), "run_name": run_name, "project": args.project,
+            "report_to": "trackio", "learning_rate": args.learning_rate, "max_steps": args.max_steps,
+            "per_device_train_batch_size": args.per_device_batch,
+            "num_generations": args.num_generations, "max_completion_length": args.max_completion_length,
+            "max_staleness": args.max_staleness, "max_inflight_tasks": args.max_inflight,
+            "temperature": args.temperature, "top_p": 1.0, "top_k": 0, "min_p": None,
+            "repetition_penalty": 1.0, "vllm_server_base_url": args.vllm_url.rstrip("/")}
+
+
+def worker_kwargs(config: Any, *, model_name: str, dataset: Any, processing_class: Any,
+                  eos_ids: list[int], factory: TapdeckSessionFactory) -> dict[str, Any]:
+    """`HarnessRolloutWorker`'s kwargs: what AsyncGRPOTrainer gives its own worker, from the same
+    config, plus the session factory. No reward functions: the harness's verifier is the reward.
+    The vLLM URL is the weight-sync server's; in loop-owning mode the loop never samples from it."""
+    return {"harness_session_factory": factory, "lossless_capture": True,
+            "model_name": model_name, "dataset": dataset, "reward_funcs": [],
+            "processing_class": processing_class, "eos_token_ids": eos_ids,
+            "num_generations": config.num_generations, "max_inflight_tasks": config.max_inflight_tasks,
+            "queue_maxsize": config.queue_maxsize, "vllm_server_url": config.vllm_server_base_url,
+            "max_tokens": config.max_completion_length, "temperature": config.temperature,
+            "top_p": config.top_p, "top_k": config.top_k, "min_p": config.min_p,
+            "repetition_penalty": config.repetition_penalty, "request_timeout": config.request_timeout,
+            "chat_template_kwargs": config.chat_template_kwargs,
+            "max_tool_calling_iterations": config.max_tool_calling_iterations,
+            "log_completions": config.log_completions,
+            "num_completions_to_print": config.num_completions_to_print,
+            "fork_threshold_tokens": config.fork_threshold_tokens}
+
+
+def launch_names(explicit_run_name: str | None, output_dir: Path | None) -> tuple[str, Path]:
+    """A run name and output dir unique to this launch (tapdeck's launcher passes a unique run id)."""
+    name = explicit_run_name or os.environ.get("TAPDECK_TRAIN_RUN_ID") \
+        or f"grpo-trl-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    if output_dir is None:
+        trackio_dir = os.environ.get("TRACKIO_DIR")
+        output_dir = (Path(trackio_dir).parent / "checkpoints" if trackio_dir
+                      else Path("grpo-trl-runs") / name)
+    return name, output_dir
 
 
 def arg_parser() -> argparse.ArgumentParser:
     """The recipe's options (defaults from TRL's Harbor example, see the reference)."""
-    p = argparse.ArgumentParser(prog="tapdeck.runner.recipes.grpo_trl",
+    p = argparse.ArgumentParser(prog="tapdeck.runner.recipes.grpo_trl", allow_abbrev=False,
                                 description="TRL AsyncGRPO on rollouts served by tapdeck (GPU box).")
     p.add_argument("--server", default="http://127.0.0.1:8300", help="tapdeck server URL.")
     p.add_argument("--admin-key", default=None)
-    p.add_argument("--data-dir", type=Path, default=None)
+    p.add_argument("--data-dir", type=Path, default=None, help="Where the server's admin.key is.")
     p.add_argument("--model", default="Qwen/Qwen3.5-2B", help="Policy model (the one vLLM serves).")
-    p.add_argument("--vllm-url", default="http://localhost:8000", help="vLLM server (weight sync).")
+    p.add_argument("--vllm-url", default="http://localhost:8000",
+                   help="vLLM server the trainer syncs weights into (AsyncGRPOConfig.vllm_server_base_url).")
+    p.add_argument("--engine-url", default=None,
+                   help="Engine the tapdeck rollouts sample from: a URL, or `embedded` for the "
+                        "server's default engine (default: VLLM_URL/v1).")
+    p.add_argument("--run", default=None,
+                   help="A tapdeck rollout run: train on its plan's dataset, tasks, harness and sandbox.")
     p.add_argument("--dataset", default=None, help="tapdeck dataset (default: the sample dataset).")
     p.add_argument("--tasks", nargs="+", default=None, help="Task names (default: all of the dataset).")
-    p.add_argument("--harness", default="terminus-2")
-    p.add_argument("--sandbox", default="host")
+    p.add_argument("--harness", default=None, help="Default terminus-2.")
+    p.add_argument("--sandbox", default=None, help="Default host.")
     p.add_argument("--timeout-s", type=float, default=300.0)
     p.add_argument("--reward-key", default=None)
+    p.add_argument("--call-budget", type=int, default=None, help="Model calls per rollout (server default).")
     p.add_argument("--num-generations", type=int, default=8)
     p.add_argument("--max-inflight", type=int, default=8)
     p.add_argument("--max-steps", type=int, default=20)
     p.add_argument("--learning-rate", type=float, default=1e-6)
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="Sampling temperature: the trainer's, enforced on every capture session.")
     p.add_argument("--max-completion-length", type=int, default=1024)
     p.add_argument("--max-staleness", type=int, default=4)
     p.add_argument("--per-device-batch", type=int, default=4)
-    p.add_argument("--output-dir", type=Path, default=None)
+    p.add_argument("--tool-call-parser", default="hermes", help="For --print-vllm-command.")
+    p.add_argument("--output-dir", type=Path, default=None,
+                   help="Checkpoints (default: the tapdeck run's folder, else grpo-trl-runs/RUN_NAME).")
     p.add_argument("--project", default=os.environ.get("TAPDECK_TRAIN_PROJECT", "tapdeck"))
-    p.add_argument("--run-name", default=os.environ.get("TAPDECK_TRAIN_RUN_ID", "grpo-trl"))
+    p.add_argument("--run-name", default=None,
+                   help="trackio run name (default: the launcher's run id, else a fresh unique name).")
     p.add_argument("--print-vllm-command", action="store_true",
                    help="Print the vLLM command this recipe needs and exit.")
     return p
 
 
-def factory_from_args(args: argparse.Namespace) -> TapdeckSessionFactory:
-    """The session factory the parsed options describe."""
-    return TapdeckSessionFactory(server=args.server, admin_key=read_admin_key(args.admin_key, args.data_dir),
-                                 dataset=args.dataset, harness=args.harness, sandbox=args.sandbox,
-                                 engine=args.vllm_url.rstrip("/") + "/v1", engine_model=args.model,
-                                 timeout_s=args.timeout_s, reward_key=args.reward_key)
+def factory_from_args(args: argparse.Namespace, plan: dict[str, Any] | None = None) -> TapdeckSessionFactory:
+    """The session factory the parsed options describe (`plan`: the --run's plan, for defaults)."""
+    plan = plan or {}
+    return TapdeckSessionFactory(
+        server=args.server, admin_key=read_admin_key(args.admin_key, args.data_dir),
+        dataset=args.dataset or plan.get("dataset"),
+        harness=args.harness or plan.get("harness") or "terminus-2",
+        sandbox=args.sandbox or plan.get("sandbox") or "host",
+        engine=args.engine_url or args.vllm_url.rstrip("/") + "/v1", engine_model=args.model,
+        timeout_s=args.timeout_s, reward_key=args.reward_key or plan.get("reward_key"),
+        agent_kwargs=plan.get("agent_kwargs"), call_budget=args.call_budget or plan.get("call_budget"),
+        group_size=args.num_generations)
+
+
+def training_stack() -> SimpleNamespace:
+    """The TRL, transformers and datasets classes `main` trains with (ImportError outside the
+    training environment; tests/training/test_train_env.py imports them there)."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer, GenerationConfig
+    from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
+    from trl.experimental.async_grpo.openenv_harness import HarnessRolloutWorker
+
+    return SimpleNamespace(Dataset=Dataset, AutoTokenizer=AutoTokenizer, GenerationConfig=GenerationConfig,
+                           AsyncGRPOConfig=AsyncGRPOConfig, AsyncGRPOTrainer=AsyncGRPOTrainer,
+                           HarnessRolloutWorker=HarnessRolloutWorker)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse, check the server, then train (the training part needs trl, torch, openenv and a GPU)."""
     args = arg_parser().parse_args(argv)
     if args.print_vllm_command:
-        print(shlex.join(vllm_command(args.model)))
+        print(shlex.join(vllm_command(args.model, tool_call_parser=args.tool_call_parser)))
         return 0
     try:
-        factory = factory_from_args(args)
+        admin = AdminClient(args.server, read_admin_key(args.admin_key, args.data_dir))
     except FileNotFoundError as exc:
         print(f"grpo-trl: {exc}", file=sys.stderr)
         return 2
-    with factory.client() as http:
-        try:
-            catalog = http.get("/admin/catalog")
-            catalog.raise_for_status()
-        except httpx.HTTPError as exc:
-            print(f"grpo-trl: tapdeck server {args.server} not usable: {exc}", file=sys.stderr)
-            return 2
-    tasks = args.tasks or _dataset_tasks(catalog.json(), args.dataset)
+    try:
+        plan = admin.run(args.run)["plan"] if args.run else {}
+        catalog = admin.catalog()
+    except AdminError as exc:
+        print(f"grpo-trl: tapdeck server {args.server} not usable: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        admin.close()
+    factory = factory_from_args(args, plan)
+    tasks = args.tasks or plan.get("tasks") or _dataset_tasks(catalog, factory.dataset)
     if not tasks:
         print("grpo-trl: no tasks to train on (pass --tasks)", file=sys.stderr)
         return 2
     try:
-        from datasets import Dataset
-        from trl.experimental.async_grpo import (
-            AsyncGRPOConfig,
-            AsyncGRPOTrainer,
-            HarnessRolloutWorker,
-        )
+        stack = training_stack()
     except ImportError as exc:
-        print(f"grpo-trl: needs trl 1.16 (+ torch, openenv, datasets) on a GPU box: {exc}. "
-              "No training step can run on this machine.", file=sys.stderr)
+        print(f"grpo-trl: needs trl 1.16, torch, openenv and datasets (the training environment, "
+              f"scripts/train-env.sh) and vllm on a GPU box: {exc}", file=sys.stderr)
         return 3
-    # Everything below is unverified by execution (see the module docstring).
-    config = AsyncGRPOConfig(
-        output_dir=str(args.output_dir or Path(os.environ.get("TRACKIO_DIR", ".")).parent / "checkpoints"),
-        learning_rate=args.learning_rate, max_steps=args.max_steps,
-        per_device_train_batch_size=args.per_device_batch, num_generations=args.num_generations,
-        max_completion_length=args.max_completion_length, max_staleness=args.max_staleness,
-        report_to="trackio", project=args.project, run_name=args.run_name,
-    )
-    worker = HarnessRolloutWorker(harness_session_factory=factory, lossless_capture=True,
-                                  max_inflight_tasks=args.max_inflight)
-    dataset = Dataset.from_list([{"prompt": t} for t in tasks])
-    trainer = AsyncGRPOTrainer(model=args.model, args=config, train_dataset=dataset, rollout_worker=worker)
+    run_name, output_dir = launch_names(args.run_name, args.output_dir)
+    print(f"grpo-trl: run {run_name}, {len(tasks)} task(s), output {output_dir}")
+    config = stack.AsyncGRPOConfig(**config_kwargs(args, run_name=run_name, output_dir=output_dir))
+    tokenizer = stack.AutoTokenizer.from_pretrained(args.model)
+    eos_ids = eos_token_ids(stack.GenerationConfig.from_pretrained(args.model).eos_token_id,
+                            tokenizer.eos_token_id)
+    dataset = stack.Dataset.from_list(dataset_rows(list(tasks)))
+    # Not run here: the worker's constructor needs vllm, and the trainer a GPU and a vLLM server.
+    worker = stack.HarnessRolloutWorker(**worker_kwargs(config, model_name=args.model, dataset=dataset,
+                                                        processing_class=tokenizer, eos_ids=eos_ids,
+                                                        factory=factory))
+    trainer = stack.AsyncGRPOTrainer(model=args.model, args=config, train_dataset=dataset,
+                                     processing_class=tokenizer, rollout_worker=worker)
     trainer.train()
     return 0
 

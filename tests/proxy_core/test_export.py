@@ -54,7 +54,7 @@ def test_every_trace_turn_carries_its_own_prompt_ids():
     turns = multi()
     trace = training_trace(SESSION, graph_of(turns), "tokens")
     assert trace["schema_version"] == 1
-    assert [e["node_id"] for e in trace["turns"]] == [0, 1, 2]
+    assert [e["node_id"] for e in trace["turns"]] == ["0", "1", "2"]
     for e, t in zip(trace["turns"], turns):
         assert e["prompt_token_ids"] == t.prompt_ids.tolist()
         assert e["completion_token_ids"] == t.sampled_ids.tolist()
@@ -70,7 +70,7 @@ def test_shared_turns_are_exported_once_and_all_agent_paths_in_arrival_order():
     g = graph_of(turns)
     assert len(g.paths()) == 2
     trace = training_trace(SESSION, g, "tokens")
-    assert [e["node_id"] for e in trace["turns"]] == [0, 1, 2, 3, 4, 5]
+    assert [e["node_id"] for e in trace["turns"]] == ["0", "1", "2", "3", "4", "5"]
     doc = rollout_document(SESSION, g, "tokens")
     assert [p["nodes"] for p in doc["paths"]] == [[0, 1, 3, 4], [0, 1, 2, 5]]
     assert [p["role"] for p in doc["paths"]] == ["agent", "agent"]
@@ -113,7 +113,7 @@ def test_auxiliary_node_inside_agent_path_zeroes_exactly_its_sampled_span():
     expected = np.r_[spans[0][0]:spans[0][1], spans[2][0]:spans[2][1]]
     assert np.array_equal(ones, expected)
     assert doc["turns"][1]["role"] == "auxiliary"
-    assert [e["node_id"] for e in training_trace(SESSION, graph_of(turns), "tokens")["turns"]] == [0, 2]
+    assert [e["node_id"] for e in training_trace(SESSION, graph_of(turns), "tokens")["turns"]] == ["0", "2"]
 
 
 def test_tool_calls_are_exported_nested():
@@ -121,7 +121,7 @@ def test_tool_calls_are_exported_nested():
     t.response = {"role": "assistant", "content": None,
                   "tool_calls": [{"id": "c1", "name": "shell", "arguments": {"cmd": "ls"}}]}
     [e] = training_trace(SESSION, graph_of([t]), "tokens")["turns"]
-    assert e["response"]["tool_calls"] == [
+    assert e["response"]["choices"][0]["message"]["tool_calls"] == [
         {"id": "c1", "type": "function", "function": {"name": "shell", "arguments": '{"cmd":"ls"}'}}]
 
 
@@ -138,13 +138,14 @@ def test_eval_rollouts_have_no_trainable_rows_and_refuse_a_trace():
         assert trace_rows(session, g, tier, group_id="g") == []
 
 
-def test_null_logprob_is_exported_as_null_and_masked():
+def test_null_logprob_is_exported_as_zero_masked_and_counted():
     t = multi()[0]
     lp = t.logprobs.copy()
     lp[2] = np.nan
     t.logprobs = lp
     [e] = training_trace(SESSION, graph_of([t]), "tokens")["turns"]
-    assert e["per_token_logps"][2] is None and sum(e["loss_mask"]) == 0
+    assert e["per_token_logps"][2] == 0.0 and sum(e["loss_mask"]) == 0
+    assert e["metadata"]["logprobs_filled"] == 1
     orjson.dumps(e)
 
 

@@ -154,6 +154,31 @@ def test_training_tier_resets_truncating_knobs_and_keeps_requested(basic_chat):
     assert chat == before
 
 
+def test_training_policy_temperature_is_sent_and_the_harness_request_recorded(basic_chat):
+    chat = {**basic_chat, "temperature": 0.7, "top_p": 0.9}
+    body, sampling = prepare_request(chat, Tier.TOKENS, "smollm2", True, policy={"temperature": 1.0})
+    assert body["temperature"] == 1.0 and body["top_p"] == 1.0
+    assert sampling["requested"]["temperature"] == 0.7 and sampling["submitted"]["temperature"] == 1.0
+    eval_body, _ = prepare_request(chat, Tier.TOKENS, "smollm2", False, policy={"temperature": 1.0})
+    assert eval_body["temperature"] == 0.7  # an eval session samples as its harness asks
+
+
+@pytest.mark.parametrize("policy", [{"temperature": 0}, {"temperature": float("inf")}, {"top_p": 0.9},
+                                    {"temperature": 1.0, "seed": 3}, {"temperature": True}])
+def test_training_policy_must_be_full_vocabulary(policy):
+    from pydantic import ValidationError
+
+    from tapdeck.proxy.sessions import SessionSpec
+
+    with pytest.raises(ValidationError, match="training_sampling"):
+        SessionSpec(training_sampling=policy)
+    trl_policy = {"temperature": 0.8, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "frequency_penalty": 0.0,
+                  "presence_penalty": 0.0, "repetition_penalty": 1.0}
+    assert SessionSpec(training_sampling=trl_policy).training_sampling == trl_policy
+    assert SessionSpec(training_sampling={"temperature": 1, "top_k": 0}).training_sampling == {
+        "temperature": 1.0, "top_k": -1}
+
+
 def test_eval_call_keeps_harness_knobs(basic_chat):
     body, _ = prepare_request({**basic_chat, "top_p": 0.9}, Tier.TOKENS, "smollm2", False)
     assert body["top_p"] == 0.9

@@ -23,3 +23,34 @@ def export_file(tmp_path: Path) -> Path:
     from training_data import write_export
 
     return write_export(tmp_path / "exports" / "r-test.jsonl")
+
+
+@pytest.fixture(scope="session")
+def train_python() -> Path:
+    """The training environment's python (Python 3.11, CPU torch, trl 1.16.0, openenv 0.10.0).
+
+    Made by scripts/train-env.sh on first use (minutes, once per machine; cached under
+    ~/.cache/tapdeck/train-env), so a fresh CI machine builds it here.
+    """
+    from tapdeck.runner.train_env import ensure_python
+
+    return ensure_python()
+
+
+def run_in_train_env(python: Path, script: Path, *args: str, timeout_s: float = 900) -> str:
+    """Run a script of tests/training/train_env_scripts in the training environment; its stdout.
+
+    The script sees tapdeck's 3.11-clean modules through `recipe_env()` and TRL's experimental
+    warning is silenced; a failure shows the script's output.
+    """
+    import subprocess
+
+    from tapdeck.runner.train_env import recipe_env
+
+    env = recipe_env()
+    env.update(TRL_EXPERIMENTAL_SILENCE="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+               PYTHONUNBUFFERED="1")
+    proc = subprocess.run([str(python), str(script), *args], capture_output=True, text=True,
+                          timeout=timeout_s, env=env)
+    assert proc.returncode == 0, f"{script.name} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+    return proc.stdout

@@ -44,17 +44,17 @@ def test_data_check_logs_grpo_advantages_readable_by_the_reader(tmp_path: Path, 
         assert got == pytest.approx(expected, abs=1e-9), (group, logged)
     # group 0: rewards {1, 0} scored, one null excluded (never read as 0)
     assert steps[0]["train/reward"] == 0.5
-    assert steps[0]["train/reward_std"] == pytest.approx(0.5 ** 0.5)
+    assert steps[0]["train/reward_std"] == pytest.approx(0.5)
     assert steps[0]["check/scorable"] == 2 and steps[0]["check/group_size"] == 3
-    # group 1: all null → unscorable, no rows
-    assert steps[1]["check/unscorable"] == 1 and steps[1]["train/batch/samples_per_step"] == 0
+    # group 1: all null → unscorable; as in TRL its rows stay samples, with advantage 0
+    assert steps[1]["check/unscorable"] == 1 and steps[1]["train/batch/samples_per_step"] == 1
     assert "train/reward" not in steps[1]
-    # group 2: equal rewards → zero advantages; the retokenised pair forks into two rows
+    # group 2: equal rewards → zero advantages; the retokenised pair forks: 1 of its 1 transition
     assert steps[2]["train/reward_std"] == 0.0
-    assert steps[2]["train/rollout/fork_frac"] > 0
-    # trained tokens = every completion token of graded rollouts (all turns here are trainable);
-    # ro-c (reward null) is valid but has no advantage, so none of its tokens are trained
-    rows = [r for rid in ROLLOUTS if ROLLOUTS[rid][1] is not None for r in rollout_rows(rid)]
+    assert steps[2]["train/rollout/fork_frac"] == 1.0 and steps[2]["train/rollout/realign_frac"] == 0.0
+    assert steps[2]["train/rollout/samples_per_rollout"] == 1.5  # ro-e: 2 rows, ro-f: 1
+    # trained tokens = every completion token of every valid rollout (all turns here are trainable)
+    rows = [r for rid in ROLLOUTS for r in rollout_rows(rid)]
     assert steps[2]["check/trained_tokens_total"] == sum(len(r["completion_token_ids"]) for r in rows)
     assert steps[2]["check/rows_invalid_total"] == 0
     summary = json.loads((job.run_dir / "summary.json").read_text())
@@ -105,17 +105,17 @@ def test_turn_checks_name_each_contract_break(export_file: Path) -> None:
 
 def test_prefix_turns_chain_into_one_row_with_context_masked(export_file: Path) -> None:
     rollouts = {r.rollout_id: r for r in load_rollouts(export_file)}
-    rows, forks = build_rows(rollouts["ro-a"].turns)
-    assert forks == 0 and len(rows) == 1
+    rows, tally = build_rows(rollouts["ro-a"].turns)
+    assert (tally.clean, tally.fork, tally.transitions) == (2, 0, 2) and len(rows) == 1
     (row,) = rows
     last = rollouts["ro-a"].turns[-1]
     assert row.input_ids.tolist() == last.prompt + last.completion
     assert row.trained_tokens == sum(len(t.completion) for t in rollouts["ro-a"].turns)
-    assert (row.old_log_probs[row.completion_mask == 0] == 0).all()
+    assert (row.old_log_probs[row.completion_mask == 0] == 0).all()  # context only: every sampled token trains
 
 
 def test_group_advantages_exclude_null_and_mark_all_null_unscorable() -> None:
     assert group_advantages([None, None]) == [None, None]
     assert group_advantages([1.0, None]) == [0.0, None]
-    a, b, c = group_advantages([1.0, 0.0, 0.5], ddof=0)
+    a, b, c = group_advantages([1.0, 0.0, 0.5])
     assert (a, b, c) == pytest.approx([0.5 / (0.5 / 1.5 ** 0.5 + 1e-8), -0.5 / (0.5 / 1.5 ** 0.5 + 1e-8), 0.0])

@@ -1,6 +1,9 @@
-"""grpo-trl: imports without trl/torch, parses its options, and its session factory speaks to a REAL
-tapdeck server (LocalServer + the embedded engine). The TRL training step itself is not run here:
-this machine has no GPU, torch or trl."""
+"""grpo-trl short of the GPU: options, the AsyncGRPO config and worker arguments it builds, the
+printed vLLM command, the session factory's plans, and the trace gate in front of TRL.
+
+TRL's own code running these pieces is in test_trl_harness_loop.py (the training environment); the
+trainer's weight update and vLLM's NCCL sync are not run anywhere here (no GPU).
+"""
 
 from __future__ import annotations
 
@@ -12,25 +15,23 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tapdeck.runner.recipes.admin_client import AdminClient
 from tapdeck.runner.recipes.grpo_trl import (
     RolloutUnusable,
-    TapdeckSessionFactory,
     arg_parser,
+    check_trace,
+    config_kwargs,
+    dataset_rows,
+    eos_token_ids,
     factory_from_args,
-    fetch_trace,
+    launch_names,
     main,
     task_name,
-    vllm_command,
 )
 from tests.conftest import local_server_on
 
-pytestmark = pytest.mark.slow  # drives the real embedded model and a real Harbor trial
-
-
-@pytest.fixture(scope="module")
-def tapdeck_server(embedded_engine, tmp_path_factory):
-    with local_server_on(embedded_engine, tmp_path_factory.mktemp("tapdeck-train-data")) as server:
-        yield server
+TRL_SAMPLING = {"temperature": 0.8, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "frequency_penalty": 0.0,
+                "presence_penalty": 0.0, "repetition_penalty": 1.0}
 
 
 @pytest.mark.parametrize("module", ["trl", "torch", "openenv"])
@@ -43,91 +44,124 @@ def test_recipe_imports_and_parses_without_the_training_stack(module: str) -> No
 
 
 def test_vllm_command_carries_the_flags_trl_and_capture_need(capsys) -> None:
-    assert main(["--print-vllm-command", "--model", "Qwen/Qwen3-4B-Instruct-2507"]) == 0
+    assert main(["--print-vllm-command", "--model", "Qwen/Qwen3.5-2B", "--tool-call-parser", "qwen3_xml"]) == 0
     printed = capsys.readouterr().out
     for flag in ("VLLM_SERVER_DEV_MODE=1", "--logprobs-mode processed_logprobs",
                  "--return-tokens-as-token-ids", "--weight-transfer-config '{\"backend\":\"nccl\"}'",
-                 "Qwen/Qwen3-4B-Instruct-2507"):
+                 "--enable-auto-tool-choice --tool-call-parser qwen3_xml", "Qwen/Qwen3.5-2B"):
         assert flag in printed
-    assert vllm_command("m")[:3] == ["env", "CUDA_VISIBLE_DEVICES=0", "VLLM_SERVER_DEV_MODE=1"]
+
+
+def test_run_is_its_own_flag_never_a_prefix_of_run_name() -> None:
+    args = arg_parser().parse_args(["--run", "r-20261201-1"])
+    assert args.run == "r-20261201-1" and args.run_name is None
+    with pytest.raises(SystemExit):
+        arg_parser().parse_args(["--run-n", "x"])  # no abbreviations at all
 
 
 def test_options_build_a_picklable_factory_bound_to_trls_sampling(tmp_path: Path) -> None:
     (tmp_path / "admin.key").write_text("k-123\n")
     args = arg_parser().parse_args(["--data-dir", str(tmp_path), "--vllm-url", "http://gpu:8000/",
-                                    "--model", "Qwen/Qwen3.5-2B", "--tasks", "hello-file", "greet-script"])
-    assert args.num_generations == 8 and args.max_staleness == 4 and args.tasks == ["hello-file", "greet-script"]
-    factory = factory_from_args(args)
+                                    "--num-generations", "4", "--tasks", "hello-file", "greet-script"])
+    assert args.max_staleness == 4 and args.tasks == ["hello-file", "greet-script"]
+    factory = factory_from_args(args, {"harness": "mini-swe-agent", "agent_kwargs": {"max_turns": 3}})
     assert factory.admin_key == "k-123" and factory.engine == "http://gpu:8000/v1"
-    sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "frequency_penalty": 0.0,
-                "presence_penalty": 0.0, "repetition_penalty": 1.0}
-    bound = pickle.loads(pickle.dumps(factory))(sampling=sampling)
-    assert bound.sampling == sampling and factory.sampling is None
+    assert factory.harness == "mini-swe-agent" and factory.agent_kwargs == {"max_turns": 3}
+    bound = pickle.loads(pickle.dumps(factory))(sampling=TRL_SAMPLING)
+    assert bound.sampling == TRL_SAMPLING and factory.sampling is None
     assert pickle.loads(pickle.dumps(bound)) == bound
-    with pytest.raises(ValueError, match="non-neutral"):
-        factory(sampling=dict(sampling, top_p=0.9))
-    assert bound.plan("hello-file")["tasks"] == ["hello-file"] and bound.plan("x")["k"] == 1
+    plan = bound.plan("hello-file", seed=5, episode_id="ep-9")
+    assert plan["tasks"] == ["hello-file"] and plan["k"] == 1
+    assert plan["training_sampling"] == TRL_SAMPLING
+    assert plan["metadata"] == {"trl_group_id": 5, "trl_episode_id": "ep-9", "trl_group_size": 4}
+    engine = factory_from_args(arg_parser().parse_args(["--data-dir", str(tmp_path),
+                                                        "--engine-url", "http://proxy:9/v1"]))
+    assert engine.engine == "http://proxy:9/v1"
+
+
+def test_config_carries_the_vllm_url_and_full_vocabulary_sampling(tmp_path: Path) -> None:
+    args = arg_parser().parse_args(["--vllm-url", "http://gpu:8000/", "--temperature", "0.8"])
+    config = config_kwargs(args, run_name="t-1", output_dir=tmp_path / "ckpt")
+    assert config["vllm_server_base_url"] == "http://gpu:8000"
+    assert (config["temperature"], config["top_p"], config["top_k"], config["min_p"],
+            config["repetition_penalty"]) == (0.8, 1.0, 0, None, 1.0)
+    assert config["run_name"] == "t-1" and config["output_dir"] == str(tmp_path / "ckpt")
+    assert config["report_to"] == "trackio" and config["num_generations"] == 8
+
+
+def test_each_launch_gets_its_own_run_name_and_output_dir(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv("TAPDECK_TRAIN_RUN_ID", raising=False)
+    monkeypatch.delenv("TRACKIO_DIR", raising=False)
+    first, second = launch_names(None, None), launch_names(None, None)
+    assert first[0] != second[0] and first[1] != second[1]
+    monkeypatch.setenv("TAPDECK_TRAIN_RUN_ID", "t-20261201-120000-ab12")
+    monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "train" / "t-20261201-120000-ab12" / "trackio"))
+    assert launch_names(None, None) == ("t-20261201-120000-ab12",
+                                        tmp_path / "train" / "t-20261201-120000-ab12" / "checkpoints")
+
+
+def test_eos_ids_put_the_tokenizers_first_when_the_model_lacks_it() -> None:
+    assert eos_token_ids([2, 7], 2) == [2, 7]
+    assert eos_token_ids(7, 2) == [2, 7]
+    assert eos_token_ids(None, 2) == [2]
 
 
 def test_task_names_come_from_strings_rows_or_chat_prompts() -> None:
     assert task_name("hello-file") == "hello-file"
     assert task_name({"prompt": "greet-script"}) == "greet-script"
     assert task_name([{"role": "user", "content": " sum-numbers "}]) == "sum-numbers"
+    assert [task_name(r["prompt"]) for r in dataset_rows(["a", "b"])] == ["a", "b"]
     with pytest.raises(TypeError):
         task_name(42)
 
 
-def test_session_runs_one_rollout_through_the_server_and_reports_its_reward(tapdeck_server) -> None:
-    factory = TapdeckSessionFactory(server=tapdeck_server.url, admin_key=tapdeck_server.admin_key,
-                                    harness="oracle", timeout_s=120, poll_s=0.2)(sampling={"temperature": 1.0})
-    session = pickle.loads(pickle.dumps(factory)).create("hello-file", seed=3, episode_id="ep-1")
-    try:
-        assert session.wait_for_completion() == 0  # the oracle makes no model calls
-        verdict = session.verify([])
-        assert verdict.env_reward == 1.0 and verdict.done
-        assert verdict.artifacts["run_id"] == session.run_id
-        # Nothing was captured: TRL must see an unscorable rollout, never a contract error.
-        with pytest.raises(RolloutUnusable, match="no capture session"):
-            session.fetch_training_trace()
-    finally:
-        session.close()
-        session.close()
-    run = httpx.get(f"{tapdeck_server.url}/admin/runs/{session.run_id}",
-                    headers={"Authorization": f"Bearer {tapdeck_server.admin_key}"}).json()
-    assert run["plan"]["harness"] == "oracle" and run["plan"]["tasks"] == ["hello-file"]
+TURN = {"node_id": "0", "prompt_token_ids": [1, 2], "completion_token_ids": [3],
+        "per_token_logps": [-0.5], "loss_mask": [0, 0, 1]}
 
 
-def test_unknown_task_is_refused_as_an_unusable_rollout(tapdeck_server) -> None:
-    factory = TapdeckSessionFactory(server=tapdeck_server.url, admin_key=tapdeck_server.admin_key,
-                                    harness="oracle", poll_s=0.2)
-    try:
-        session = factory.create("no-such-task")
-    except RolloutUnusable as exc:
-        assert "no-such-task" in str(exc)
-        return
-    try:
-        session.wait_for_completion()
-        assert session.verify().env_reward is None
-    finally:
-        session.close()
+@pytest.mark.parametrize(("result", "trace", "why"), [
+    ({"ok": False, "error_kind": "agent_timeout", "error": "180 s"}, {"tier": "tokens", "turns": [TURN]},
+     "not ok"),
+    ({"ok": True, "findings": ["[FATAL] prefix_break: turn 2"]}, {"tier": "tokens", "turns": [TURN]}, "FATAL"),
+    ({"ok": True}, {"tier": "logprobs", "turns": [TURN]}, "eval only"),
+    ({"ok": True}, {"tier": "tokens", "turns": []}, "no agent turn"),
+    ({"ok": True}, {"tier": "tokens", "turns": [dict(TURN, loss_mask=[0, 0, 0])]}, "no trained token"),
+    ({"ok": True}, {"tier": "tokens", "turns": [dict(TURN, per_token_logps=[None])]}, "no logprob"),
+])
+def test_rollouts_trl_must_not_train_on_are_unscorable_not_contract_errors(result, trace, why) -> None:
+    with pytest.raises(RolloutUnusable, match=why) as err:
+        check_trace({"schema_version": 1, **trace}, {"session_id": "s-1", **result})
+    # TRL stops its worker on ValueError/TypeError/KeyError; a RuntimeError only drops the rollout.
+    assert not isinstance(err.value, (ValueError, TypeError, KeyError))
+    assert check_trace({"schema_version": 1, "tier": "tokens", "session_id": "s", "turns": [TURN]},
+                       {"ok": True}) == {"schema_version": 1, "turns": [TURN]}
 
 
-def test_trace_of_a_real_capture_passes_the_trainer_checks(tapdeck_server) -> None:
-    admin = httpx.Client(base_url=tapdeck_server.url, timeout=120,
-                         headers={"Authorization": f"Bearer {tapdeck_server.admin_key}"})
-    with admin:
-        info = admin.post("/admin/sessions", json={"rollout_type": "train"}).json()
-        assert info["tier"] == "tokens", info
-        reply = httpx.post(f"{info['base_urls']['openai']}/chat/completions", timeout=120,
-                           headers={"Authorization": f"Bearer {info['api_key']}"},
-                           json={"model": "smollm2", "max_tokens": 6, "temperature": 1.0,
-                                 "messages": [{"role": "user", "content": "Say hi."}]})
-        assert reply.status_code == 200, reply.text
-        trace = fetch_trace(admin, info["id"])
-        (turn,) = trace["turns"]
-        n = len(turn["prompt_token_ids"])
-        assert len(turn["loss_mask"]) == n + len(turn["completion_token_ids"])
-        assert len(turn["per_token_logps"]) == len(turn["completion_token_ids"]) > 0
-        assert turn["node_id"] == "0"
-        with pytest.raises(RolloutUnusable):
-            fetch_trace(admin, "s-does-not-exist")
+@pytest.mark.slow  # the embedded model
+def test_a_training_session_samples_at_the_trainers_temperature_and_passes_the_gate(embedded_engine,
+                                                                                     tmp_path: Path) -> None:
+    with local_server_on(embedded_engine, tmp_path) as server:
+        admin = AdminClient(server.url, server.admin_key, timeout_s=120)
+        try:
+            opened = httpx.post(f"{server.url}/admin/sessions", timeout=120,
+                                headers={"Authorization": f"Bearer {server.admin_key}"},
+                                json={"rollout_type": "train", "training_sampling": TRL_SAMPLING}).json()
+            assert opened["tier"] == "tokens", opened
+            reply = httpx.post(f"{opened['base_urls']['openai']}/chat/completions", timeout=120,
+                               headers={"Authorization": f"Bearer {opened['api_key']}"},
+                               json={"model": "smollm2", "max_tokens": 6, "temperature": 0.3, "top_p": 0.5,
+                                     "messages": [{"role": "user", "content": "Say hi."}]})
+            assert reply.status_code == 200, reply.text
+            trace = admin.trace(opened["id"])
+            (turn,) = check_trace(trace, {"ok": True, "session_id": opened["id"]})["turns"]
+            sampling = turn["metadata"]["sampling"]
+            assert sampling["requested"]["temperature"] == 0.3 and sampling["requested"]["top_p"] == 0.5
+            assert sampling["submitted"]["temperature"] == 0.8 and sampling["submitted"]["top_p"] == 1.0
+            assert turn["node_id"] == "0" and turn["response"]["choices"][0]["message"]["role"] == "assistant"
+            refused = httpx.post(f"{server.url}/admin/sessions", timeout=60,
+                                 headers={"Authorization": f"Bearer {server.admin_key}"},
+                                 json={"training_sampling": {"temperature": 1.0, "top_p": 0.9}})
+            assert refused.status_code == 422 and "top_p" in refused.text
+        finally:
+            admin.close()
+

@@ -1,0 +1,45 @@
+"""The training environment (scripts/train-env.sh): pinned, idempotent, and able to run tapdeck's recipes.
+
+Recipes there import tapdeck's 3.11-clean modules through a PYTHONPATH link (`runner/train_env.py`),
+never tapdeck's proxy, app or Harbor code.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import run_in_train_env
+
+import tapdeck
+from tapdeck.runner.train_env import ensure_python, recipe_env
+
+SCRIPT = Path(__file__).parent / "train_env_scripts" / "recipe_imports.py"
+
+
+@pytest.mark.slow  # the fixture makes the environment on a fresh machine (minutes)
+def test_making_the_environment_twice_reuses_it(train_python: Path) -> None:
+    assert ensure_python() == train_python
+    assert (train_python.parent.parent / ".tapdeck-train-env").is_file()
+
+
+def test_recipes_see_this_checkout_as_tapdeck_and_nothing_else() -> None:
+    env = recipe_env({"PATH": "/usr/bin"})
+    (folder,) = env["PYTHONPATH"].split(":")
+    assert [p.name for p in Path(folder).iterdir()] == ["tapdeck"]
+    assert (Path(folder) / "tapdeck").resolve() == Path(tapdeck.__file__).resolve().parent
+
+
+@pytest.mark.slow  # imports torch and TRL in the training environment
+def test_recipe_modules_and_the_training_stack_import_in_the_training_environment(train_python: Path) -> None:
+    found = json.loads(run_in_train_env(train_python, SCRIPT))
+    assert found["python"] == [3, 11]
+    assert found["torch"].startswith("2.13.0") and found["cuda"] is None  # the CPU build
+    assert found["versions"] == {"trl": "1.16.0", "openenv": "0.10.0", "transformers": "5.18.0",
+                                 "trackio": "0.43.0", "gguf": "0.19.0"}
+    assert found["stack"] == ["AsyncGRPOConfig", "AsyncGRPOTrainer", "AutoTokenizer", "Dataset",
+                              "GenerationConfig", "HarnessRolloutWorker"]
+    assert found["tapdeck_modules"] == ["tapdeck", "tapdeck.runner", "tapdeck.runner.recipes",
+                                        "tapdeck.runner.recipes.admin_client", "tapdeck.runner.recipes.data_check",
+                                        "tapdeck.runner.recipes.grpo_trl"]
