@@ -1,0 +1,102 @@
+"""Training under `tapdeck attach`: the TUI (the app `attach` runs, driven by Pilot) talks to a
+`tapdeck serve` in another process, launches a recipe there, watches a metric arrive and stops it.
+
+The recipe is data-check with a pause between steps (`--step-delay`), so it is still running when
+its first metric arrives; cpu-grpo takes minutes before its first metric on 2 cores and has its own
+end-to-end test (test_cpu_grpo.py).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from textual.widgets import Input, Select
+from textual_plotext import PlotextPlot
+from training_data import write_export
+
+from tapdeck.app.client import TapdeckClient
+from tapdeck.app.screens.train import TrainScreen
+from tests.app.pilot_wait import until
+from tests.app.tmux_driver import TAPDECK
+
+ADMIN_KEY = "train-attach-admin-key"
+
+pytestmark = pytest.mark.skipif(not TAPDECK.exists(), reason="needs the installed tapdeck console script")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[str]:
+    """`tapdeck serve` as its own process on a free port (its engine is never needed here)."""
+    port = _free_port()
+    log = tmp_path / "serve.log"
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [str(TAPDECK), "serve", "--port", str(port), "--engine", "http://127.0.0.1:9/v1",
+             "--admin-key", ADMIN_KEY, "--data-dir", str(tmp_path / "server-data")],
+            stdout=out, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"tapdeck serve never answered; its log:\n{log.read_text()}")
+            time.sleep(0.3)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+
+
+async def test_attached_tui_launches_a_recipe_on_the_server_sees_a_metric_and_stops_it(
+        served: str, tmp_path: Path) -> None:
+    from tapdeck.app.tui import TapdeckApp
+
+    rows = write_export(tmp_path / "rows.jsonl")
+    client = TapdeckClient(served, ADMIN_KEY)
+    app = TapdeckApp(client, server_label=served, follow_events=False, settings_path=tmp_path / "tui.json")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("6")
+        await until(pilot, lambda: isinstance(app.screen, TrainScreen), "the Train screen")
+        screen = app.screen
+        await until(pilot, lambda: "data-check" in screen.recipes, "recipes from the server", timeout=60)
+        screen.query_one("#train-recipe", Select).value = "data-check"
+        screen.query_one("#train-args", Input).value = f"--rows {rows} --step-delay 30"
+        await pilot.click("#train-launch")
+        await until(pilot, lambda: screen.points.get("train/reward"), "a metric from the server", timeout=90)
+        assert screen.running and screen.job.recipe == "data-check"
+        assert "reward_std" in screen.query_one("#train-plot", PlotextPlot).plt.build() or \
+            "reward" in screen.query_one("#train-plot", PlotextPlot).plt.build()
+        await pilot.click("#train-stop")
+        await until(pilot, lambda: screen.job.state == "stopped", "stopped", timeout=60)
+        assert "stopped" in str(screen.query_one("#train-state").render())
+        run_id, pid = screen.job.id, screen.job.pid
+    await client.aclose()
+
+    # The server saw it: its own record says stopped, and the recipe's process is gone.
+    doc = httpx.get(f"{served}/admin/train/{run_id}", headers={"Authorization": f"Bearer {ADMIN_KEY}"}).json()
+    assert doc["state"] == "stopped" and doc["pid"] == pid
+    stat = Path(f"/proc/{pid}/stat")
+    assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
