@@ -122,3 +122,48 @@ def local_server_on(engine: Any, data_dir: Path) -> Iterator[Any]:
     finally:
         server.stop()
 
+
+
+@contextlib.contextmanager
+def tapdeck_serve(tapdeck: Path, data_dir: Path, log: Path, *, admin_key: str, engine_url: str,
+                  engine_model: str | None = None, env: dict[str, str] | None = None) -> Iterator[Any]:
+    """`tapdeck serve` as its own process on a free loopback port, until it answers /health.
+
+    Yields the process with `.url`; terminated (then killed) on exit.
+    """
+    import socket
+    import subprocess
+    import time
+
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    argv = [str(tapdeck), "serve", "--port", str(port), "--engine", engine_url, "--admin-key", admin_key,
+            "--data-dir", str(data_dir)]
+    if engine_model:
+        argv += ["--engine-model", engine_model]
+    with log.open("w") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                   env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", **(env or {})})
+    process.url = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{process.url}/health", timeout=5).json().get("status") == "ok":  # type: ignore[attr-defined]
+                    break
+            except (httpx.HTTPError, ValueError):
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"tapdeck serve never answered /health; its log:\n{log.read_text()}")
+            time.sleep(0.3)
+        yield process
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)

@@ -68,6 +68,13 @@ def load_policy(gguf: Path, *, dtype: str = "float32") -> tuple[Any, Any]:
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
                                                  dtype=getattr(torch, dtype))
+    # The GGUF "quantizer" only dequantised at load: the parameters are plain float tensors. Left
+    # attached, it makes transformers' Trainer refuse to train them ("purely quantized model").
+    model.hf_quantizer = None
+    model.is_quantized = False
+    model.quantization_method = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
     return model, tokenizer
 
 
@@ -119,6 +126,8 @@ class PolicyModel:
         with torch.no_grad():
             out = self.module(input_ids=torch.tensor([list(new)], dtype=torch.long),
                               past_key_values=self._cache, use_cache=True)
+        if out.past_key_values is None:  # e.g. gradient checkpointing turns the cache off in training
+            raise RuntimeError("the policy model returned no KV cache; turn gradient checkpointing off")
         self._cache = out.past_key_values
         self._ids.extend(int(t) for t in new)
         return out.logits[0, -1].to(torch.float64).numpy()

@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -53,18 +54,19 @@ CHECK_SEED = 7
 
 
 def format_score(text: str | None) -> float:
-    """Partial credit for terminus-2's reply format: 0 without a JSON object; 0.25 for a `{`;
-    0.5 for a JSON object; + 0.5 × the share of `analysis`/`plan`/`commands` it holds."""
-    if not text or "{" not in text:
+    """Partial credit for terminus-2's reply format, in [0, 1]: 0.25 for a `{`, 0.25 more when a
+    JSON object parses from it, and 0.5 × the share of the required keys (`"analysis"`, `"plan"`,
+    `"commands"`) quoted in the text — counted even in a reply cut short, which never parses."""
+    if not text:
         return 0.0
-    start = text.index("{")
+    keys = sum(f'"{k}"' in text for k in FORMAT_KEYS) / len(FORMAT_KEYS)
+    if "{" not in text:
+        return 0.5 * keys
     try:
-        obj, _ = json.JSONDecoder().raw_decode(text[start:])
+        obj, _ = json.JSONDecoder().raw_decode(text[text.index("{"):])
     except ValueError:
-        return 0.25
-    if not isinstance(obj, dict):
-        return 0.25
-    return 0.5 + 0.5 * sum(k in obj for k in FORMAT_KEYS) / len(FORMAT_KEYS)
+        obj = None
+    return 0.25 + 0.25 * isinstance(obj, dict) + 0.5 * keys
 
 
 def sample_from_rollout(doc: dict[str, Any]) -> tuple[dict[str, list], int]:
@@ -110,6 +112,16 @@ class TapdeckRollouts:
         self.timeout_s = timeout_s
         self.eos_id = eos_id
         self.poll_s = poll_s
+        self.active: set[str] = set()
+        """Runs submitted and not yet collected (cancelled if the recipe is stopped meanwhile)."""
+
+    def cancel_active(self) -> None:
+        """Cancel the server-side runs still going (the recipe is ending)."""
+        for run_id in list(self.active):
+            try:
+                self.http.post(f"/admin/runs/{run_id}/cancel", timeout=10.0)
+            except httpx.HTTPError:
+                pass
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
         self.engine.weights_changed()  # the optimizer stepped since the last call
@@ -145,7 +157,9 @@ class TapdeckRollouts:
         if resp.status_code >= 400:
             raise RuntimeError(f"tapdeck refused the rollout run for {task!r}: {resp.status_code} "
                                f"{resp.text[:300]}")
-        return resp.json()["id"]
+        run_id = resp.json()["id"]
+        self.active.add(run_id)
+        return run_id
 
     def _wait(self, run_id: str) -> dict[str, Any]:
         deadline = time.monotonic() + self.timeout_s
@@ -162,6 +176,7 @@ class TapdeckRollouts:
 
     def _collect(self, run_id: str) -> list[tuple[dict[str, list], float | None, float | None, dict]]:
         doc = self._wait(run_id)
+        self.active.discard(run_id)
         rollouts = sorted(doc.get("rollouts") or [], key=lambda r: r.get("index", 0))
         out = []
         for r in rollouts[: self.group_size]:
@@ -294,6 +309,8 @@ def fixed_completion(engine_url: str, served: str, temperature: float) -> dict[s
 def main(argv: list[str] | None = None) -> int:
     """Train; the exit code."""
     args = parse_args(argv)
+    # A stop (SIGTERM) unwinds through the `finally` below: server-side runs are cancelled.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     import torch
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
@@ -312,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[cpu-grpo] policy engine at {engine.base_url} (serves the weights being trained)", flush=True)
 
     key = os.environ.get("TAPDECK_ADMIN_KEY")
+    rollouts = None
     http = httpx.Client(base_url=args.server.rstrip("/"), timeout=60.0,
                         headers={"Authorization": f"Bearer {key}"} if key else {})
     try:
@@ -342,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
             max_steps=args.steps, learning_rate=args.lr, temperature=args.temperature,
             max_completion_length=args.max_tokens * args.max_turns * 8,
             logging_steps=1, save_strategy="no", dataloader_num_workers=0,
+            # Checkpointing would switch the KV cache off while the engine samples from this model.
+            gradient_checkpointing=False,
             shuffle_dataset=True, log_completions=False,
         )
         trainer = GRPOTrainer(model=model, reward_funcs=[verifier, reply_format], args=config,
@@ -368,6 +388,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{check['engine_vs_trainer_after']:.2e}, engine change {check['engine_change']:.2e}, "
                   f"{check['tensors_changed']}/{check['tensors']} tensors changed", flush=True)
     finally:
+        if rollouts is not None:
+            rollouts.cancel_active()
         http.close()
         engine.stop()
     return 0

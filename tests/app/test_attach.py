@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from tests.app.tmux_driver import TAPDECK, Tmux
+from tests.conftest import tapdeck_serve
 
 ADMIN_KEY = "attach-test-admin-key"
 
@@ -53,29 +54,10 @@ class Served:
 def served(embedded_engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """`tapdeck serve` as its own process, on a free port, over the shared embedded engine."""
     tmp = tmp_path_factory.mktemp("serve")
-    port = _free_port()
-    log = tmp / "serve.log"
-    with log.open("w") as out:
-        process = subprocess.Popen(
-            [str(TAPDECK), "serve", "--port", str(port), "--engine", embedded_engine.base_url,
-             "--engine-model", embedded_engine.served_name, "--admin-key", ADMIN_KEY,
-             "--data-dir", str(tmp / "data")],
-            stdout=out, stderr=subprocess.STDOUT, env=_env(tmp))
-    server = Served(f"http://127.0.0.1:{port}", process, log)
-    try:
-        deadline = time.monotonic() + 120
-        while not server.healthy():
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"tapdeck serve never answered /health; its log:\n{log.read_text()}")
-            time.sleep(0.3)
-        yield server
-    finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
+    with tapdeck_serve(TAPDECK, tmp / "data", tmp / "serve.log", admin_key=ADMIN_KEY,
+                       engine_url=embedded_engine.base_url, engine_model=embedded_engine.served_name,
+                       env=_env(tmp)) as process:
+        yield Served(process.url, process, tmp / "serve.log")
 
 
 def _attach(url: str, key: str, tmp: Path) -> subprocess.CompletedProcess:

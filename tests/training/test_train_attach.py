@@ -8,10 +8,6 @@ end-to-end test (test_cpu_grpo.py).
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,49 +21,19 @@ from tapdeck.app.client import TapdeckClient
 from tapdeck.app.screens.train import TrainScreen
 from tests.app.pilot_wait import until
 from tests.app.tmux_driver import TAPDECK
+from tests.conftest import tapdeck_serve
 
 ADMIN_KEY = "train-attach-admin-key"
 
 pytestmark = pytest.mark.skipif(not TAPDECK.exists(), reason="needs the installed tapdeck console script")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[str]:
     """`tapdeck serve` as its own process on a free port (its engine is never needed here)."""
-    port = _free_port()
-    log = tmp_path / "serve.log"
-    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-    with log.open("w") as out:
-        process = subprocess.Popen(
-            [str(TAPDECK), "serve", "--port", str(port), "--engine", "http://127.0.0.1:9/v1",
-             "--admin-key", ADMIN_KEY, "--data-dir", str(tmp_path / "server-data")],
-            stdout=out, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"tapdeck serve never answered; its log:\n{log.read_text()}")
-            time.sleep(0.3)
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
+    with tapdeck_serve(TAPDECK, tmp_path / "server-data", tmp_path / "serve.log", admin_key=ADMIN_KEY,
+                       engine_url="http://127.0.0.1:9/v1") as process:
+        yield process.url
 
 
 async def test_attached_tui_launches_a_recipe_on_the_server_sees_a_metric_and_stops_it(
@@ -87,8 +53,7 @@ async def test_attached_tui_launches_a_recipe_on_the_server_sees_a_metric_and_st
         await pilot.click("#train-launch")
         await until(pilot, lambda: screen.points.get("train/reward"), "a metric from the server", timeout=90)
         assert screen.running and screen.job.recipe == "data-check"
-        assert "reward_std" in screen.query_one("#train-plot", PlotextPlot).plt.build() or \
-            "reward" in screen.query_one("#train-plot", PlotextPlot).plt.build()
+        assert "reward: reward last 0.5" in screen.query_one("#train-plot", PlotextPlot).plt.build()
         await pilot.click("#train-stop")
         await until(pilot, lambda: screen.job.state == "stopped", "stopped", timeout=60)
         assert "stopped" in str(screen.query_one("#train-state").render())
