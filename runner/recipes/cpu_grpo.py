@@ -280,6 +280,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=10, help="optimizer steps (max_steps)")
     p.add_argument("--max-turns", type=int, default=2, help="terminus-2 turns per rollout")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens per reply")
+    p.add_argument("--call-budget", type=int, default=None,
+                   help="model calls per rollout (default: the server's, 3 x max turns: terminus-2 "
+                        "re-asks after a reply it cannot parse)")
     p.add_argument("--lr", type=float, default=1e-5, help="learning rate")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling = training temperature")
     p.add_argument("--seed", type=int, default=0)
@@ -343,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
                                                        check["completion_ids"], args.temperature)
             before = weight_fingerprint(model)
         plan = {"dataset": args.dataset, "harness": "terminus-2", "sandbox": "host",
-                "concurrency": 1, "timeout_s": args.rollout_timeout,
+                "concurrency": 1, "timeout_s": args.rollout_timeout, "call_budget": args.call_budget,
                 "agent_kwargs": {"max_turns": args.max_turns, "temperature": args.temperature,
                                  "llm_kwargs": {"max_tokens": args.max_tokens}}}
         rollouts = TapdeckRollouts(http, engine, group_size=args.group_size, plan=plan,
