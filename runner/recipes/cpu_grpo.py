@@ -314,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # A stop (SIGTERM) unwinds through the `finally` below: server-side runs are cancelled.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental: known, pinned
     import torch
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer

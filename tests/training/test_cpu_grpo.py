@@ -62,10 +62,12 @@ def test_sample_from_rollout_splits_at_the_first_trained_token_and_keeps_the_mas
 
 
 @pytest.mark.slow
-def test_cpu_grpo_trains_on_tapdeck_rollouts_from_its_current_weights(train_env: Path, train_server: Any) -> None:
+def test_cpu_grpo_trains_on_tapdeck_rollouts_from_its_current_weights(train_env: Path,
+                                                                      train_server: Any) -> None:
     http = train_server.http
     args = ["--tasks", "hello-file", "--group-size", "3", "--steps", "1", "--max-turns", "1",
-            "--call-budget", "1", "--max-tokens", "24", "--lr", "1e-4", "--check-logprobs", "--rollout-timeout", "1200"]
+            "--call-budget", "1", "--max-tokens", "24", "--lr", "1e-4", "--check-logprobs",
+            "--rollout-timeout", "1200"]
     resp = http.post("/admin/train", json={"recipe": "cpu-grpo", "args": args})
     assert resp.status_code == 200, resp.text
     job = resp.json()
