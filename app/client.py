@@ -12,6 +12,8 @@ from typing import Any
 
 import httpx
 
+from tapdeck.runner.train_jobs import RecipeInfo, TrainLog, TrainMetrics, TrainRequest, TrainRunInfo
+
 
 class ApiError(Exception):
     """A request to the tapdeck server failed; `str()` says what happened and what to do."""
@@ -141,9 +143,55 @@ class TapdeckClient:
         return await self._request("POST", f"/admin/runs/{run_id}/export", json={"format": fmt},
                                    timeout=120.0)
 
-    async def events(self) -> AsyncIterator[dict]:
+    # -- training ---------------------------------------------------------------------------------
+    async def train_recipes(self) -> list[RecipeInfo]:
+        """`GET /admin/train/recipes`: recipes and whether the server's machine can start each."""
+        doc = await self._request("GET", "/admin/train/recipes", timeout=60.0)
+        return [RecipeInfo.model_validate(r) for r in doc.get("recipes", [])]
+
+    async def start_train(self, recipe: str, *, run: str | None = None,
+                          args: list[str] | None = None) -> TrainRunInfo:
+        """`POST /admin/train`: launch a recipe on the server's machine."""
+        body = TrainRequest(recipe=recipe, run=run, args=list(args or [])).model_dump()
+        return TrainRunInfo.model_validate(
+            await self._request("POST", "/admin/train", json=body, timeout=120.0))
+
+    async def train_runs(self) -> list[TrainRunInfo]:
+        """`GET /admin/train`: the server's training runs, newest first."""
+        doc = await self._request("GET", "/admin/train")
+        return [TrainRunInfo.model_validate(r) for r in doc.get("runs", [])]
+
+    async def train_run(self, run_id: str) -> TrainRunInfo:
+        """`GET /admin/train/{id}`."""
+        return TrainRunInfo.model_validate(await self._request("GET", f"/admin/train/{run_id}"))
+
+    async def train_log(self, run_id: str, *, offset: int | None = None, tail: int = 200) -> TrainLog:
+        """`GET /admin/train/{id}/log`: lines after a byte offset, or the last `tail` lines."""
+        params: dict[str, int] = {"tail": tail}
+        if offset is not None:
+            params["offset"] = offset
+        return TrainLog.model_validate(
+            await self._request("GET", f"/admin/train/{run_id}/log", params=params))
+
+    async def train_metrics(self, run_id: str, after: int = 0) -> TrainMetrics:
+        """`GET /admin/train/{id}/metrics`: trackio scalars after a cursor."""
+        return TrainMetrics.model_validate(
+            await self._request("GET", f"/admin/train/{run_id}/metrics", params={"after": after}))
+
+    async def stop_train(self, run_id: str) -> TrainRunInfo:
+        """`POST /admin/train/{id}/stop`: SIGTERM, then SIGKILL, the recipe's process group."""
+        return TrainRunInfo.model_validate(
+            await self._request("POST", f"/admin/train/{run_id}/stop", timeout=60.0))
+
+    def train_events(self, run_id: str) -> AsyncIterator[dict]:
+        """Follow `GET /admin/train/{id}/events` (SSE: log, metrics, state) until the run ends."""
+        return self._sse(f"/admin/train/{run_id}/events")
+
+    def events(self) -> AsyncIterator[dict]:
         """Follow `GET /admin/events` (SSE) and yield each event's JSON; ends when the server does."""
-        path = "/admin/events"
+        return self._sse("/admin/events")
+
+    async def _sse(self, path: str) -> AsyncIterator[dict]:
         timeout = httpx.Timeout(10.0, read=None)
         try:
             async with self._http.stream("GET", path, timeout=timeout,

@@ -97,7 +97,7 @@ class LocalServer:
     def _runner_routers(self) -> list:
         assert self.service is not None
         return [create_runner_router(self.service, data_dir=self.config.data_dir,
-                                     default_engine=self.default_engine)]
+                                     default_engine=self.default_engine, admin_key=self.admin_key)]
 
     def _check_health(self) -> None:
         """A stale server on a reused port would answer with another instance id."""

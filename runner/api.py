@@ -4,6 +4,12 @@
 `POST /admin/runs/{id}/resume`, `POST /admin/runs/{id}/export`. Runs execute on the server's own
 event loop as asyncio tasks; when the server shuts down, running runs are cancelled (sandboxes torn
 down) and can be resumed later.
+
+Training: `GET /admin/train/recipes`, `POST/GET /admin/train`, `GET /admin/train/{id}`,
+`GET /admin/train/{id}/log?offset=&tail=`, `GET /admin/train/{id}/metrics?after=`,
+`GET /admin/train/{id}/events` (SSE: log, metrics, state; ends with the run),
+`POST /admin/train/{id}/stop`. Recipes run as subprocesses on the server's machine and are stopped
+when the server shuts down.
 """
 
 from __future__ import annotations
@@ -14,13 +20,15 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Literal
 
+import orjson
 from fastapi import APIRouter, Depends, HTTPException
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 
 from tapdeck.proxy.server import require_admin
 from tapdeck.proxy.tiers import EngineSpec
 from tapdeck.runner.batch import BatchRunner, PlanError, RunNotFound, RunPlan
+from tapdeck.runner.train_jobs import TrainingJobs, TrainNotFound, TrainRefused, TrainRequest
 
 SHUTDOWN_GRACE_S = 60.0
 
@@ -31,14 +39,24 @@ class ExportRequest(BaseModel):
     format: Literal["jsonl", "parquet"] = "jsonl"
 
 
-def create_runner_router(service: Any, *, data_dir: Path,
-                         default_engine: EngineSpec | None) -> APIRouter:
-    """The runner routes for one capture service; the BatchRunner is exposed as `router.batch`."""
+def create_runner_router(service: Any, *, data_dir: Path, default_engine: EngineSpec | None,
+                         admin_key: str | None = None) -> APIRouter:
+    """The runner routes for one capture service; the BatchRunner is exposed as `router.batch`,
+    the training runs as `router.training`.
+
+    Recipes reach this server at its public URL with `admin_key` (passed in their environment).
+    """
     batch = BatchRunner(service, data_dir=Path(data_dir), default_engine=default_engine)
+    server_env = {"TAPDECK_SERVER_URL": service.public_url}
+    if admin_key:
+        server_env["TAPDECK_ADMIN_KEY"] = admin_key
+    training = TrainingJobs(Path(data_dir), server_env=server_env,
+                            export_run=lambda run_id: batch.export(run_id, "jsonl")["path"])
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Any) -> AsyncIterator[None]:
         yield
+        await asyncio.to_thread(training.stop_all)
         running = [r for r in batch.list() if r.state == "running"]
         for summary in running:
             batch.cancel(summary.id)
@@ -49,6 +67,7 @@ def create_runner_router(service: Any, *, data_dir: Path,
 
     router = APIRouter(prefix="/admin", dependencies=[Depends(require_admin)], lifespan=lifespan)
     router.batch = batch  # type: ignore[attr-defined]
+    router.training = training  # type: ignore[attr-defined]
 
     def _run_or_404(run_id: str) -> Any:
         try:
@@ -110,5 +129,63 @@ def create_runner_router(service: Any, *, data_dir: Path,
         _run_or_404(run_id)
         fmt = body.format if body is not None else "jsonl"
         return JSONResponse(await asyncio.to_thread(batch.export, run_id, fmt))
+
+    def _train_or_404(call: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return call(*args, **kwargs)
+        except TrainNotFound as exc:
+            raise HTTPException(404, f"no training run {exc.args[0]}") from exc
+
+    @router.get("/train/recipes")
+    async def train_recipes() -> JSONResponse:
+        infos = await asyncio.to_thread(training.recipes)
+        return JSONResponse({"recipes": [r.model_dump() for r in infos]})
+
+    @router.post("/train")
+    async def start_training(request: TrainRequest) -> JSONResponse:
+        try:
+            info = await asyncio.to_thread(training.launch, request)
+        except TrainRefused as exc:
+            raise HTTPException(400, str(exc)) from exc
+        return JSONResponse(info.model_dump())
+
+    @router.get("/train")
+    async def list_training() -> JSONResponse:
+        runs = await asyncio.to_thread(training.list)
+        return JSONResponse({"runs": [r.model_dump() for r in runs]})
+
+    @router.get("/train/{run_id}")
+    async def get_training(run_id: str) -> JSONResponse:
+        return JSONResponse(_train_or_404(training.get, run_id).model_dump())
+
+    @router.get("/train/{run_id}/log")
+    async def training_log(run_id: str, offset: int | None = None, tail: int = 200) -> JSONResponse:
+        log = await asyncio.to_thread(_train_or_404, training.log, run_id, offset=offset,
+                                      tail=max(0, min(tail, 5000)))
+        return JSONResponse(log.model_dump())
+
+    @router.get("/train/{run_id}/metrics")
+    async def training_metrics(run_id: str, after: int = 0) -> JSONResponse:
+        metrics = await asyncio.to_thread(_train_or_404, training.metrics, run_id, after)
+        return JSONResponse(metrics.model_dump())
+
+    @router.get("/train/{run_id}/events")
+    async def training_events(run_id: str) -> StreamingResponse:
+        _train_or_404(training.record, run_id)
+
+        async def stream() -> AsyncIterator[bytes]:
+            async for event in training.follow(run_id):
+                yield b"data: " + orjson.dumps(event) + b"\n\n"
+
+        return StreamingResponse(stream(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
+    @router.post("/train/{run_id}/stop")
+    async def stop_training(run_id: str) -> JSONResponse:
+        try:
+            info = await asyncio.to_thread(_train_or_404, training.stop, run_id)
+        except TrainRefused as exc:
+            raise HTTPException(409, str(exc)) from exc
+        return JSONResponse(info.model_dump())
 
     return router

@@ -3,14 +3,19 @@
 Each run gets `<data_dir>/train/<run_id>/` holding `run.json` (state, exit code, command line, the
 environment variables tapdeck set), `train.log` (the run's output, ANSI stripped) and `trackio/`
 (the recipe's `TRACKIO_DIR`; read it with `tapdeck.runner.trackio_reader`). This process never
-imports trackio or torch: the recipe does, in its own interpreter.
+imports trackio or torch: the recipe does, in its own interpreter — this one for recipes that need
+nothing more, the training environment's (`train_python()`) for those that need torch and TRL.
+That interpreter imports this very tapdeck through a `PYTHONPATH` entry (`package_path()`), so a
+recipe always runs the code of the server that launched it.
 
-States: `running` → `finished` (exit 0) | `failed` (non-zero exit) | `stopped` (ended by `stop()`).
+States: `running` → `finished` (exit 0) | `failed` (non-zero exit; `error` says why) | `stopped`
+(ended by `stop()`) | `interrupted` (the server that launched it went away first).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import re
@@ -25,12 +30,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
+import tapdeck
 from tapdeck.runner.recipes import Recipe, get_recipe
 
 TRACKIO_PROJECT = "tapdeck"
 """Every run logs to this trackio project inside its own TRACKIO_DIR; the trackio run name is the run id."""
 
-RunState = Literal["running", "finished", "failed", "stopped"]
+RunState = Literal["running", "finished", "failed", "stopped", "interrupted"]
+TRAIN_ENV = Path.home() / ".cache" / "tapdeck" / "train-env"
+"""The training environment (Python 3.11, CPU torch, TRL) made by scripts/train-env.sh
+(`$TAPDECK_TRAIN_ENV` overrides it, there as here)."""
+SECRET_ENV = ("TAPDECK_ADMIN_KEY",)
+"""Variables passed to a recipe but never written to run.json."""
 
 # CSI sequences (colours, cursor moves) and OSC sequences (titles, hyperlinks) — trackio and tqdm print both.
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
@@ -43,6 +54,78 @@ def strip_ansi(line: str) -> str:
         frames = [f for f in text.split("\r") if f]
         text = frames[-1] if frames else ""
     return text
+
+
+def train_python() -> Path:
+    """The training environment's interpreter (`$TAPDECK_TRAIN_ENV`, else TRAIN_ENV)."""
+    env = os.environ.get("TAPDECK_TRAIN_ENV")
+    return (Path(env).expanduser() if env else TRAIN_ENV) / "bin" / "python"
+
+
+class TrainEnvMissing(RuntimeError):
+    """A recipe needs the training environment and it is not there."""
+
+
+def recipe_python(recipe: Recipe) -> str:
+    """The interpreter a recipe runs in (TrainEnvMissing when that is the training one, absent)."""
+    if recipe.env != "train":
+        return sys.executable
+    python = train_python()
+    if not python.exists():
+        raise TrainEnvMissing(
+            f"{recipe.name} runs in the training environment (torch, TRL), which is not set up on "
+            f"this machine: {python} does not exist. Make it with scripts/train-env.sh (once, a few "
+            "minutes; cached in ~/.cache/tapdeck/train-env), or point TAPDECK_TRAIN_ENV at one.")
+    return str(python)
+
+
+def package_path(data_dir: Path) -> Path:
+    """A folder whose only entry is `tapdeck`, a link to this installed package.
+
+    On another interpreter's PYTHONPATH it imports exactly this code (editable or wheel install
+    alike) without installing tapdeck there; one folder per package location.
+    """
+    target = Path(tapdeck.__file__).resolve().parent
+    folder = train_root(data_dir) / ".pythonpath" / hashlib.sha256(str(target).encode()).hexdigest()[:12]
+    link = folder / "tapdeck"
+    if not link.is_symlink():
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            link.symlink_to(target, target_is_directory=True)
+        except FileExistsError:  # another launch made it meanwhile
+            pass
+    return folder
+
+
+_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Missing|Refused))(?::\s*(.*))?$")
+
+
+def death_reason(lines: Sequence[str], exit_code: int | None) -> str:
+    """Why a run ended badly, from the end of its log: the last exception line, else the last line."""
+    how = (f"killed by signal {signal.Signals(-exit_code).name}" if exit_code is not None and exit_code < 0
+           else f"exit code {exit_code}")
+    text = [line.strip() for line in lines if line.strip()]
+    for line in reversed(text):
+        if _ERROR_LINE.match(line):
+            return f"{line} ({how})"
+    return f"{text[-1]} ({how})" if text else f"no output ({how})"
+
+
+def tail_lines(path: Path, n: int, *, chunk: int = 65536) -> list[str]:
+    """The last `n` lines of a text file, reading only its end."""
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            data = b""
+            while size > 0 and data.count(b"\n") <= n:
+                step = min(chunk, size)
+                size -= step
+                fh.seek(size)
+                data = fh.read(step) + data
+    except FileNotFoundError:
+        return []
+    return data.decode("utf-8", errors="replace").splitlines()[-n:] if n > 0 else []
 
 
 def train_root(data_dir: Path) -> Path:
@@ -73,6 +156,8 @@ class RunRecord:
     pid: int | None = None
     started_at: float = field(default_factory=time.time)
     finished_at: float | None = None
+    error: str | None = None
+    """Why a failed run ended (its last exception line, or the last line it printed)."""
 
     def save(self) -> None:
         """Write run.json atomically (a reader never sees half a file)."""
@@ -82,10 +167,28 @@ class RunRecord:
         os.replace(tmp, path)
 
 
+def _alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _settled(record: RunRecord) -> RunRecord:
+    """A record left `running` by a process that no longer exists reads as `interrupted`."""
+    if record.state == "running" and not _alive(record.pid):
+        record.state = "interrupted"
+        record.error = "the server that launched it stopped before the run ended"
+    return record
+
+
 def load_run(data_dir: Path, run_id: str) -> RunRecord:
     """The record of a launched run (FileNotFoundError when there is none)."""
     doc = json.loads((train_root(data_dir) / run_id / "run.json").read_text())
-    return RunRecord(**doc)
+    return _settled(RunRecord(**doc))
 
 
 def list_runs(data_dir: Path) -> list[RunRecord]:
@@ -96,7 +199,7 @@ def list_runs(data_dir: Path) -> list[RunRecord]:
     records = []
     for path in root.glob("*/run.json"):
         try:
-            records.append(RunRecord(**json.loads(path.read_text())))
+            records.append(_settled(RunRecord(**json.loads(path.read_text()))))
         except (OSError, ValueError, TypeError):
             continue
     return sorted(records, key=lambda r: r.started_at, reverse=True)
@@ -114,7 +217,7 @@ class TrainingRun:
     """
 
     def __init__(self, recipe: str | Recipe, args: Sequence[str] = (), *, data_dir: Path,
-                 run_id: str | None = None, python: str = sys.executable,
+                 run_id: str | None = None, python: str | None = None,
                  extra_env: dict[str, str] | None = None,
                  on_line: Callable[[str], None] | None = None) -> None:
         self.recipe = recipe if isinstance(recipe, Recipe) else get_recipe(recipe)
@@ -123,10 +226,15 @@ class TrainingRun:
         self.run_dir = train_root(self.data_dir) / self.run_id
         self.trackio_dir = self.run_dir / "trackio"
         self.log_path = self.run_dir / "train.log"
-        self.argv = [python, "-u", "-m", self.recipe.module, *args]
+        self.argv = [python or recipe_python(self.recipe), "-u", "-m", self.recipe.module, *args]
         self.env = {"TRACKIO_DIR": str(self.trackio_dir), "TAPDECK_TRAIN_RUN_ID": self.run_id,
                     "TAPDECK_TRAIN_PROJECT": TRACKIO_PROJECT, "TAPDECK_DATA_DIR": str(self.data_dir),
-                    "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+                    "TAPDECK_TRAIN_DIR": str(self.run_dir), "PYTHONUNBUFFERED": "1"}
+        if self.recipe.env == "train":
+            inherited = os.environ.get("PYTHONPATH")
+            self.env["PYTHONPATH"] = os.pathsep.join(
+                [str(package_path(self.data_dir)), *([inherited] if inherited else [])])
+        self.env.update(extra_env or {})
         self.on_line = on_line
         self.record: RunRecord | None = None
         self._proc: subprocess.Popen[bytes] | None = None
@@ -142,8 +250,9 @@ class TrainingRun:
         if self.run_dir.exists() and (self.run_dir / "run.json").exists():
             raise FileExistsError(f"training run {self.run_id} already exists at {self.run_dir}")
         self.trackio_dir.mkdir(parents=True, exist_ok=True)
+        shown = {k: v for k, v in self.env.items() if k not in SECRET_ENV}
         self.record = RunRecord(run_id=self.run_id, recipe=self.recipe.name, argv=list(self.argv),
-                                env=dict(self.env), cwd=os.getcwd(), run_dir=str(self.run_dir),
+                                env=shown, cwd=os.getcwd(), run_dir=str(self.run_dir),
                                 trackio_dir=str(self.trackio_dir), trackio_project=TRACKIO_PROJECT)
         try:
             # start_new_session: the recipe and everything it spawns (vLLM clients, dataloader workers)
@@ -153,6 +262,7 @@ class TrainingRun:
                                           start_new_session=True)
         except OSError as exc:
             self.record.state, self.record.finished_at = "failed", time.time()
+            self.record.error = f"could not start {self.argv[0]}: {exc}"
             self.record.save()
             raise RuntimeError(f"could not start {self.argv[0]}: {exc}") from exc
         self.record.pid = self._proc.pid
@@ -193,6 +303,8 @@ class TrainingRun:
             # A run that ended on its own just as stop() was called keeps its own verdict.
             self.record.state = ("stopped" if self._stopping and code != 0
                                  else "finished" if code == 0 else "failed")
+            if self.record.state == "failed":
+                self.record.error = death_reason(tail_lines(self.log_path, 200), code)
             self.record.save()
             # Set under the lock: a listener either registered before (and gets _DONE) or sees done.
             self._finished.set()

@@ -1,68 +1,39 @@
-"""`tapdeck train`: launch a training recipe as a subprocess, stream its log, print its final metrics.
+"""`tapdeck train`: launch a training recipe as a job of a tapdeck server, stream its log, print
+its final metrics.
 
-`tapdeck train --list` says which recipes exist and where each can run. With `--run RUN_ID` the
-`data-check` recipe reads that run's JSONL export (written first, from the capture store, when it
-does not exist yet). Everything after the options is passed to the recipe unchanged.
+Everything goes through the server API (`/admin/train`), so the recipe runs on the server's machine:
+with `--server URL` that is a remote server (a GPU box through `ssh -L`), without it a server
+started in this process on a free loopback port. `--list` says which recipes exist and whether the
+server's machine can start each. With `--run RUN_ID`, `data-check` checks that rollout run's rows
+(the server exports them). Everything after the options is passed to the recipe unchanged. Ctrl-C
+stops the recipe (SIGTERM, then SIGKILL of its process group).
 """
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 import typer
 
 # Metrics printed at the end when the recipe logged them (TRL's names under trackio's `train/` prefix).
-HEADLINE = ("train/reward", "train/reward_std", "train/batch/trained_tokens_per_step",
-            "train/batch/samples_per_step", "train/loss", "check/rows_valid_total",
-            "check/rows_invalid_total", "check/trained_tokens_total")
+HEADLINE = ("train/reward", "train/reward_std", "train/loss", "train/kl", "train/frac_reward_zero_std",
+            "train/batch/trained_tokens_per_step", "train/batch/samples_per_step",
+            "check/rows_valid_total", "check/rows_invalid_total", "check/trained_tokens_total")
 
 
-def ensure_run_export(data_dir: Path, run_id: str) -> Path:
-    """`<data_dir>/exports/<run_id>.jsonl`, written from the capture store if it is missing."""
-    path = data_dir / "exports" / f"{run_id}.jsonl"
-    if path.is_file():
-        return path
-    from tapdeck.app.commands.export import run_rows
-    from tapdeck.proxy.config import CAPTURE_DB
-    from tapdeck.proxy.export import write_jsonl
-    from tapdeck.proxy.store import Store
-
-    run_dir = data_dir / "runs" / run_id
-    if not (run_dir / "results.jsonl").is_file():
-        raise FileNotFoundError(f"no run {run_id!r} in {data_dir / 'runs'}")
-    if not (data_dir / CAPTURE_DB).is_file():
-        raise FileNotFoundError(f"no capture store at {data_dir / CAPTURE_DB}")
-    store = Store(data_dir / CAPTURE_DB)
-    try:
-        rows, _empty = run_rows(store, run_dir)
-    finally:
-        store.close()
-    return write_jsonl(path, rows)
-
-
-def final_metrics(trackio_dir: Path, project: str, run_name: str) -> dict[str, tuple[int, float]]:
-    """The last (step, value) of every metric the run logged."""
-    from tapdeck.runner.trackio_reader import TrackioReader
-
-    last: dict[str, tuple[int, float]] = {}
-    for p in TrackioReader(trackio_dir, project).read_new():
-        if p.run_name == run_name:
-            last[p.name] = (p.step, p.value)
-    return last
-
-
-def describe_recipes() -> str:
-    """The `--list` text."""
-    from tapdeck.runner.recipes import NO_CPU_TRAINING, RECIPES
+def describe_recipes(recipes: list[Any]) -> str:
+    """The `--list` text, from the server's `GET /admin/train/recipes`."""
+    from tapdeck.runner.recipes import CPU_TRAINING
 
     lines = []
-    for r in RECIPES.values():
-        missing = r.missing()
-        here = "can start here" if not missing else f"cannot start here (missing: {', '.join(missing)})"
+    for r in recipes:
+        here = "can start there" if r.available else "cannot start there"
         lines += [f"{r.name}  [{here}]", f"    where: {r.where}",
-                  f"    updates weights: {'yes' if r.updates_weights else 'no'}", f"    {r.summary}"]
-    lines.append(NO_CPU_TRAINING)
+                  f"    updates weights: {'yes' if r.updates_weights else 'no'}", f"    {r.summary}",
+                  f"    {r.why}"]
+    lines.append(CPU_TRAINING)
     return "\n".join(lines)
 
 
@@ -72,57 +43,98 @@ def register(app: typer.Typer) -> None:
     @app.command("train", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
     def train(
         ctx: typer.Context,
-        recipe: str = typer.Option("data-check", "--recipe", help="data-check or grpo-trl (see --list)."),
-        run: str | None = typer.Option(None, "--run", help="A tapdeck run id to train on / check."),
+        recipe: str = typer.Option("data-check", "--recipe", help="data-check, cpu-grpo or grpo-trl "
+                                   "(see --list)."),
+        run: str | None = typer.Option(None, "--run", help="A tapdeck rollout run id to check/train on."),
         data_dir: Path | None = typer.Option(None, "--data-dir",
                                              help="Data directory (default $TAPDECK_DATA_DIR or ~/.tapdeck)."),
-        list_: bool = typer.Option(False, "--list", help="List recipes and where each can run."),
+        server: str | None = typer.Option(None, "--server", help="Run it as a job of this tapdeck "
+                                          "server instead of one started here."),
+        admin_key: str | None = typer.Option(None, "--admin-key", envvar="TAPDECK_ADMIN_KEY",
+                                             help="Admin key of --server (default: <data-dir>/admin.key)."),
+        list_: bool = typer.Option(False, "--list", help="List recipes and whether the server can run each."),
     ) -> None:
-        """Launch a training recipe; stream its log; print its final metrics. Extra args go to the recipe."""
-        if list_:
-            typer.echo(describe_recipes())
-            return
-        from tapdeck.proxy.config import default_data_dir
-        from tapdeck.runner.recipes import get_recipe
-        from tapdeck.runner.training import TrainingRun
+        """Launch a training recipe on a tapdeck server; stream its log; print its final metrics.
+        Extra args go to the recipe."""
+        import os
 
+        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        from tapdeck.proxy.config import ServerConfig, default_data_dir, read_admin_key
+
+        data = (data_dir or default_data_dir()).expanduser()
+        local = None
+        if server is None:
+            from tapdeck.app.host import LocalServer
+
+            try:
+                local = LocalServer(ServerConfig(port=0, data_dir=data)).start()
+            except Exception as exc:  # a clear line, not a traceback
+                typer.echo(f"tapdeck train: could not start a local server: {exc}", err=True)
+                raise typer.Exit(1) from None
+            base, key = local.url, local.admin_key
+        else:
+            base, key = server.rstrip("/"), admin_key or read_admin_key(data)
         try:
-            spec = get_recipe(recipe)
-        except ValueError as exc:
-            typer.echo(f"tapdeck train: {exc}", err=True)
-            raise typer.Exit(2) from None
-        root = data_dir or default_data_dir()
-        args: list[str] = list(ctx.args)
-        if run is not None:
-            if spec.name == "data-check":
-                try:
-                    args = ["--rows", str(ensure_run_export(root, run)), *args]
-                except FileNotFoundError as exc:
-                    typer.echo(f"tapdeck train: {exc}", err=True)
-                    raise typer.Exit(1) from None
-            else:
-                args = ["--run", run, *args]
-        missing = spec.missing()
-        if missing:
-            typer.echo(f"tapdeck train: note: {spec.name} needs {', '.join(missing)}, not installed "
-                       f"here ({spec.where}); starting it anyway so you see its own message", err=True)
-        job = TrainingRun(spec, args, data_dir=root, on_line=typer.echo)
-        job.start()
-        typer.echo(f"[tapdeck] training run {job.run_id} ({spec.name}) in {job.run_dir}")
+            code = asyncio.run(_drive(base, key, recipe, run, list(ctx.args), list_))
+        finally:
+            if local is not None:
+                local.stop()
+        raise typer.Exit(code)
+
+
+async def _drive(base: str, key: str | None, recipe: str, run: str | None, args: list[str],
+                 list_only: bool) -> int:
+    from tapdeck.app.client import ApiError, TapdeckClient
+
+    client = TapdeckClient(base, key)
+    try:
+        if list_only:
+            typer.echo(describe_recipes(await client.train_recipes()))
+            return 0
         try:
-            code = job.wait()
-        except KeyboardInterrupt:
-            code = job.stop()
-        _print_summary(job, code)
-        if code != 0:
-            raise typer.Exit(1)
+            job = await client.start_train(recipe, run=run, args=args)
+        except ApiError as exc:
+            typer.echo(f"tapdeck train: {exc.message}", err=True)
+            return 1
+        typer.echo(f"[tapdeck] training run {job.id} ({job.recipe}) on {base}, in {job.run_dir}")
+        try:
+            final = await _follow(client, job.id)
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            typer.echo("[tapdeck] stopping the recipe…", err=True)
+            final = await client.stop_train(job.id)
+        _print_summary(final, await _final_metrics(client, job.id))
+        return 0 if final.state == "finished" else 1
+    finally:
+        await client.aclose()
 
 
-def _print_summary(job: Any, code: int) -> None:
-    from tapdeck.runner.training import TRACKIO_PROJECT
+async def _follow(client: Any, run_id: str) -> Any:
+    """Print the run's log as it arrives; its last state."""
+    last = None
+    async for event in client.train_events(run_id):
+        if event.get("type") == "log":
+            for line in event.get("lines", []):
+                typer.echo(line)
+        elif event.get("type") == "state":
+            last = event["run"]
+    from tapdeck.runner.train_jobs import TrainRunInfo
 
-    last = final_metrics(job.trackio_dir, TRACKIO_PROJECT, job.run_id)
-    typer.echo(f"[tapdeck] {job.run_id}: {job.state} (exit code {code}); log {job.log_path}")
+    return TrainRunInfo.model_validate(last) if last else await client.train_run(run_id)
+
+
+async def _final_metrics(client: Any, run_id: str) -> dict[str, tuple[int, float]]:
+    """The last (step, value) of every metric the run logged."""
+    last: dict[str, tuple[int, float]] = {}
+    for p in (await client.train_metrics(run_id)).points:
+        last[p.name] = (p.step, p.value)
+    return last
+
+
+def _print_summary(job: Any, last: dict[str, tuple[int, float]]) -> None:
+    code = "-" if job.exit_code is None else job.exit_code
+    typer.echo(f"[tapdeck] {job.id}: {job.state} (exit code {code}); log {job.run_dir}/train.log")
+    if job.error:
+        typer.echo(f"[tapdeck] why: {job.error}")
     shown = [n for n in HEADLINE if n in last] or sorted(last)[:8]
     for name in shown:
         step, value = last[name]

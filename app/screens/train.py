@@ -1,130 +1,142 @@
-"""Train: pick a recipe and a rollout run, launch, follow the log and the trackio metrics.
+"""Train: launch a recipe as a job of the server, follow its log and trackio metrics, stop it.
 
-The recipe runs as a subprocess of this TUI process (`tapdeck.runner.training.TrainingRun`), so its
-data lives in this machine's data dir; the run's training rows come from the server's
-`POST /admin/runs/{id}/export` (which must be a path this machine can read: embedded mode, or a
-server on the same host). Metrics are read from the run's trackio SQLite by a thread worker at
-~1 Hz (trackio itself is never imported here).
+Everything goes through the server API (`/admin/train`: recipes, launch, SSE of log/metrics/state,
+stop), so the recipe runs on the server's machine and this screen works the same embedded and
+under `tapdeck attach`. The plots show what TRL logs (reward and its std, loss, KL and clip
+ratios, tokens/s) as the server reads them from the run's trackio database.
 """
 
 from __future__ import annotations
 
-import time
+import shlex
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 from textual import on, work
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widget import Widget
-from textual.widgets import Button, Log, Select, Static
-from textual.worker import get_current_worker
+from textual.widgets import Button, Input, Log, Select, Static
 from textual_plotext import PlotextPlot
 
+from tapdeck.app.client import ApiError
 from tapdeck.app.screens.base import TapdeckScreen
 
-POLL_S = 1.0
-PREFERRED_METRICS = ("train/reward", "train/loss", "train/batch/trained_tokens_per_step")
+PANELS: dict[str, tuple[str, ...]] = {
+    "reward": ("train/reward", "train/reward_std"),
+    "loss": ("train/loss",),
+    "kl/clip": ("train/kl", "train/clip_ratio/region_mean", "train/clip_ratio/low_mean",
+                "train/clip_ratio/high_mean"),
+    "tokens/s": ("train/perf/trained_tok_s_wall_clock", "train/rollout/sampled_tok_s",
+                 "train/batch/trained_tokens_per_step"),
+}
+"""Plot panels: each draws those of its metrics the run logged (TRL's names under trackio's `train/`)."""
 
 
 class TrainScreen(TapdeckScreen):
-    """Launch a training recipe on a run's exported rows; live log and metric plot."""
+    """Launch a training recipe on the server; live log and metric plots; stop it."""
 
     MODE = "train"
-    HELP = ("Train: choose a recipe and a rollout run, press l (or Launch) to start; s stops it "
-            "(SIGTERM, then SIGKILL of its process group). The log is the recipe's output; the plot "
-            "shows one trackio metric (pick it in the metric list). data-check only checks and scores "
-            "rows (no weights change); grpo-trl needs a GPU box with vLLM.")
+    HELP = ("Train: choose a recipe (and, for data-check, a rollout run), extra recipe arguments "
+            "if any, then l (or Launch): the recipe runs on the server's machine. s stops it "
+            "(SIGTERM, then SIGKILL of its process group). p cycles the plot: reward, loss, "
+            "KL/clip, tokens/s. data-check only checks and scores rows; cpu-grpo trains SmolLM2 "
+            "here (minutes per step); grpo-trl needs a GPU box with vLLM.")
 
     BINDINGS = [
         Binding("l", "launch", "Launch", id="train.launch"),
         Binding("s", "stop", "Stop", id="train.stop"),
-        Binding("r", "reload", "Reload runs", id="train.reload"),
+        Binding("p", "next_panel", "Plot", id="train.plot"),
+        Binding("r", "reload", "Reload", id="train.reload"),
     ]
 
     DEFAULT_CSS = """
     #train-controls { height: 1; }
     #train-controls Select { width: 1fr; }
-    #train-recipe { max-width: 24; }
+    #train-recipe { max-width: 22; }
     #train-controls Button { min-width: 8; width: auto; margin-left: 1; }
+    #train-args { height: 1; border: none; padding: 0 1; }
     #train-state { height: 1; padding: 0 1; color: $text-muted; }
     #train-body { height: 1fr; }
-    #train-metric { height: 1; }
+    #train-panel { height: 1; }
     #train-plot { height: 1fr; min-height: 5; }
     #train-log { height: 1fr; min-height: 4; border-top: hkey $panel; }
     """
 
-    def __init__(self, data_dir: Path | None = None) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self._data_dir = data_dir
+        self.recipes: dict[str, Any] = {}
         self.job: Any = None
+        """The followed run's latest TrainRunInfo."""
         self.points: dict[str, list[tuple[int, float]]] = {}
-        self.metric: str | None = None
-
-    @property
-    def data_dir(self) -> Path:
-        """Where training runs go: this screen's, the App's, or the default data dir."""
-        if self._data_dir is None:
-            from tapdeck.proxy.config import default_data_dir
-
-            self._data_dir = getattr(self.app, "data_dir", None) or default_data_dir()
-        return Path(self._data_dir)
+        self.panel = "reward"
 
     def compose_body(self) -> Iterable[Widget]:
-        from tapdeck.runner.recipes import DEFAULT_RECIPE, RECIPES
-
         with Horizontal(id="train-controls"):
-            yield Select([(name, name) for name in RECIPES], value=DEFAULT_RECIPE, allow_blank=False,
-                         id="train-recipe", compact=True)
+            yield Select([], prompt="recipe…", id="train-recipe", compact=True)
             yield Select([], prompt="rollout run…", id="train-run", compact=True)
             yield Button("Launch", id="train-launch", variant="primary", compact=True)
             yield Button("Stop", id="train-stop", variant="error", disabled=True, compact=True)
+        yield Input(placeholder="recipe arguments, e.g. --steps 2", id="train-args", compact=True)
         yield Static("", id="train-state")
         with Vertical(id="train-body"):
-            yield Select([], prompt="metric…", id="train-metric", compact=True)
+            yield Select([(name, name) for name in PANELS], value=self.panel, allow_blank=False,
+                         id="train-panel", compact=True)
             yield PlotextPlot(id="train-plot")
             yield Log(id="train-log", max_lines=2000)
 
     def on_mount(self) -> None:
-        self._describe_recipe()
         self.action_reload()
 
-    def on_unmount(self) -> None:
-        # A recipe must not outlive the UI that owns its output pipe.
-        if self.job is not None and self.job.state == "running":
-            self.job.stop(grace_s=2.0)
+    @property
+    def running(self) -> bool:
+        """A followed run is still running."""
+        return self.job is not None and self.job.state == "running"
 
     # -- choices ------------------------------------------------------------------------------------
     def action_reload(self) -> None:
-        self.load_runs()
+        self.load_choices()
 
-    @work(group="train-runs", exclusive=True, exit_on_error=False)
-    async def load_runs(self) -> None:
-        """Fill the run picker from `GET /admin/runs` (newest first)."""
-        runs = await self.client.runs()
+    @work(group="train-choices", exclusive=True, exit_on_error=False)
+    async def load_choices(self) -> None:
+        """Recipes (with what the server's machine can start), rollout runs, and a live training run."""
+        try:
+            recipes = await self.client.train_recipes()
+            runs = await self.client.runs()
+            jobs = await self.client.train_runs()
+        except ApiError as exc:
+            self._state(f"cannot reach the training API: {exc.message}")
+            return
+        self.recipes = {r.name: r for r in recipes}
+        recipe_select = self.query_one("#train-recipe", Select)
+        current = recipe_select.value
+        recipe_select.set_options([(name, name) for name in self.recipes])
+        recipe_select.value = current if current in self.recipes else next(iter(self.recipes), Select.NULL)
         runs = sorted(runs, key=lambda r: r.get("created_at") or 0, reverse=True)
-        select = self.query_one("#train-run", Select)
-        current = select.value
-        options = [(f"{r['id']} · {r.get('state', '?')} · {(r.get('counts') or {}).get('done', 0)} done", r["id"])
-                   for r in runs]
-        select.set_options(options)
+        run_select = self.query_one("#train-run", Select)
+        chosen = run_select.value
+        run_select.set_options([(f"{r['id']} · {r.get('state', '?')} · "
+                                 f"{(r.get('counts') or {}).get('done', 0)} done", r["id"]) for r in runs])
         ids = [r["id"] for r in runs]
-        if current in ids:
-            select.value = current
+        if chosen in ids:
+            run_select.value = chosen
         elif ids:
-            select.value = ids[0]
+            run_select.value = ids[0]
+        live = next((j for j in jobs if j.state == "running"), None)
+        if live is not None and self.job is None:
+            self.follow(live.id)  # a run launched earlier (or from another client) is followed
+        elif not self.running:
+            self._describe_recipe()
 
     @on(Select.Changed, "#train-recipe")
     def _describe_recipe(self, _event: Select.Changed | None = None) -> None:
-        from tapdeck.runner.recipes import get_recipe
-
-        if self.job is not None and self.job.state == "running":
+        if self.running:
             return
-        recipe = get_recipe(str(self.query_one("#train-recipe", Select).value))
-        missing = recipe.missing()
-        where = "can start here" if not missing else f"needs {', '.join(missing)} ({recipe.where})"
+        recipe = self.recipes.get(str(self.query_one("#train-recipe", Select).value))
+        if recipe is None:
+            return
         weights = "updates weights" if recipe.updates_weights else "does not update weights"
+        where = "can start on the server" if recipe.available else recipe.why
         self._state(f"{recipe.name}: {weights}; {where}")
 
     def _state(self, text: str) -> None:
@@ -133,111 +145,123 @@ class TrainScreen(TapdeckScreen):
     # -- launch / stop ------------------------------------------------------------------------------
     @on(Button.Pressed, "#train-launch")
     def action_launch(self) -> None:
-        if self.job is not None and self.job.state == "running":
+        if self.running:
             self.notify("a training run is already running; stop it first", severity="warning")
             return
-        run = self.query_one("#train-run", Select).value
-        if run is Select.NULL:
-            self.notify("pick a rollout run first (Runs screen starts one)", severity="warning")
+        name = self.query_one("#train-recipe", Select).value
+        recipe = self.recipes.get(str(name))
+        if recipe is None:
+            self.notify("no recipe chosen (the server lists none?)", severity="warning")
             return
-        self.launch(str(self.query_one("#train-recipe", Select).value), str(run))
+        try:
+            args = shlex.split(self.query_one("#train-args", Input).value)
+        except ValueError as exc:
+            self.notify(f"recipe arguments: {exc}", severity="error")
+            return
+        run = self.query_one("#train-run", Select).value
+        run_id = None if run is Select.NULL or not recipe.takes_run else str(run)
+        if recipe.takes_run and run_id is None and "--rows" not in args:
+            self.notify("pick a rollout run first (the Runs screen starts one)", severity="warning")
+            return
+        self.launch(recipe.name, run_id, args)
 
     @work(group="train-launch", exclusive=True, exit_on_error=False)
-    async def launch(self, recipe: str, run_id: str) -> None:
-        """Export the run's rows through the server, then start the recipe on them."""
-        from tapdeck.runner.training import TRACKIO_PROJECT, TrainingRun
+    async def launch(self, recipe: str, run_id: str | None, args: list[str]) -> None:
+        """Ask the server to start the recipe, then follow it."""
+        self._state(f"launching {recipe}…")
+        try:
+            job = await self.client.start_train(recipe, run=run_id, args=args)
+        except ApiError as exc:
+            self._state(f"{recipe} did not start: {exc.message}")
+            self.notify(exc.message, severity="error")
+            return
+        self.follow(job.id)
 
-        self._state(f"exporting {run_id}…")
-        if recipe == "data-check":
-            export = await self.client.export_run(run_id, "jsonl")
-            path = Path(export["path"])
-            if not path.is_file():
-                raise FileNotFoundError(f"the export {path} is not on this machine (attached to a remote "
-                                        "server?): run `tapdeck train` there")
-            args = ["--rows", str(path)]
-            if self._data_dir is None and getattr(self.app, "data_dir", None) is None \
-                    and path.parent.parent.name == "runs":
-                # The server writes <data_dir>/runs/<id>/export.jsonl: train beside the run it used.
-                self._data_dir = path.parents[2]
-        else:
-            args = ["--run", run_id]
-        log = self.query_one("#train-log", Log)
-        log.clear()
-        self.points, self.metric = {}, None
-        self.query_one("#train-metric", Select).set_options([])
-        self.job = TrainingRun(recipe, args, data_dir=self.data_dir, on_line=self._line_from_thread)
-        self.job.start()
+    def follow(self, run_id: str) -> None:
+        """Reset the log and plots and follow one run's events."""
+        self.query_one("#train-log", Log).clear()
+        self.points = {}
+        self._plot()
         self.query_one("#train-stop", Button).disabled = False
-        self._state(f"{self.job.run_id} · {recipe} · running · {self.job.run_dir}")
-        self.follow_metrics(self.job.trackio_dir, TRACKIO_PROJECT, self.job.run_id)
+        self._state(f"{run_id} · starting…")
+        self.follow_events(run_id)
 
-    def _line_from_thread(self, text: str) -> None:
-        self.app.call_from_thread(self.query_one("#train-log", Log).write_line, text)
+    @work(group="train-follow", exclusive=True, exit_on_error=False)
+    async def follow_events(self, run_id: str) -> None:
+        """Apply the run's SSE events (log, metrics, state) until it ends."""
+        try:
+            async for event in self.client.train_events(run_id):
+                kind = event.get("type")
+                if kind == "log":
+                    self.query_one("#train-log", Log).write_lines(event.get("lines", []))
+                elif kind == "metrics":
+                    self._add_points(event.get("points", []))
+                elif kind == "state":
+                    self._show_job(event["run"])
+        except ApiError as exc:
+            self._state(f"{run_id}: lost the event stream ({exc.message}); r reloads")
+
+    def _show_job(self, run: dict[str, Any]) -> None:
+        from tapdeck.runner.train_jobs import TrainRunInfo
+
+        self.job = job = TrainRunInfo.model_validate(run)
+        if job.state == "running":
+            self._state(f"{job.id} · {job.recipe} · running (pid {job.pid}) on the server")
+            return
+        self.query_one("#train-stop", Button).disabled = True
+        why = f" · {job.error}" if job.error else ""
+        self._state(f"{job.id} · {job.recipe} · {job.state} (exit code {job.exit_code}){why}")
+        severity = "information" if job.state == "finished" else "warning"
+        self.notify(f"training run {job.id} {job.state}{why}", severity=severity)
 
     @on(Button.Pressed, "#train-stop")
     def action_stop(self) -> None:
-        if self.job is None or self.job.state != "running":
+        if not self.running:
             return
-        self._state(f"{self.job.run_id} · stopping…")
-        self.stop_job()
+        self._state(f"{self.job.id} · stopping…")
+        self.stop_job(self.job.id)
 
-    @work(group="train-stop", exclusive=True, thread=True, exit_on_error=False)
-    def stop_job(self) -> None:
-        """SIGTERM, then SIGKILL the recipe's process group (blocking: a thread)."""
-        self.job.stop(grace_s=5.0)
+    @work(group="train-stop", exclusive=True, exit_on_error=False)
+    async def stop_job(self, run_id: str) -> None:
+        """`POST /admin/train/{id}/stop`; the event stream then reports the final state."""
+        try:
+            await self.client.stop_train(run_id)
+        except ApiError as exc:
+            self.notify(f"stop failed: {exc.message}", severity="error")
 
-    # -- metrics ------------------------------------------------------------------------------------
-    @work(group="train-metrics", exclusive=True, thread=True, exit_on_error=False)
-    def follow_metrics(self, trackio_dir: Path, project: str, run_name: str) -> None:
-        """Poll the run's trackio database at ~1 Hz until the run ended and its last rows are read."""
-        from tapdeck.runner.trackio_reader import TrackioReader
-
-        worker = get_current_worker()
-        reader = TrackioReader(trackio_dir, project)
-        job = self.job
-        while not worker.is_cancelled:
-            ended = job.state != "running"
-            points = [p for p in reader.read_new() if p.run_name == run_name]
-            if points:
-                self.app.call_from_thread(self._add_points, points)
-            if ended:
-                self.app.call_from_thread(self._finished, job)
-                return
-            time.sleep(POLL_S)
-
-    def _add_points(self, points: list[Any]) -> None:
-        known = set(self.points)
+    # -- plots --------------------------------------------------------------------------------------
+    def _add_points(self, points: list[dict[str, Any]]) -> None:
         for p in points:
-            self.points.setdefault(p.name, []).append((p.step, p.value))
-        if set(self.points) != known:
-            select = self.query_one("#train-metric", Select)
-            select.set_options([(name, name) for name in sorted(self.points)])
-            if self.metric is None:
-                self.metric = next((m for m in PREFERRED_METRICS if m in self.points), sorted(self.points)[0])
-            select.value = self.metric
+            self.points.setdefault(p["name"], []).append((int(p["step"]), float(p["value"])))
         self._plot()
 
-    @on(Select.Changed, "#train-metric")
-    def _metric_changed(self, event: Select.Changed) -> None:
-        if event.value is not Select.NULL and event.value != self.metric:
-            self.metric = str(event.value)
+    def action_next_panel(self) -> None:
+        names = list(PANELS)
+        self.query_one("#train-panel", Select).value = names[(names.index(self.panel) + 1) % len(names)]
+
+    @on(Select.Changed, "#train-panel")
+    def _panel_changed(self, event: Select.Changed) -> None:
+        if event.value is not Select.NULL and event.value != self.panel:
+            self.panel = str(event.value)
             self._plot()
+
+    def shown_metrics(self) -> list[str]:
+        """The current panel's metrics that the run has logged."""
+        return [m for m in PANELS[self.panel] if self.points.get(m)]
 
     def _plot(self) -> None:
         widget = self.query_one("#train-plot", PlotextPlot)
         plt = widget.plt
         plt.clear_data()
         plt.clear_figure()
-        if self.metric and self.points.get(self.metric):
-            xs, ys = zip(*self.points[self.metric])
-            plt.plot(list(xs), list(ys), marker="braille")
-            plt.title(f"{self.metric} (last {ys[-1]:.4g})")
-            plt.xlabel("step")
+        shown = self.shown_metrics()
+        for name in shown:
+            xs, ys = zip(*self.points[name])
+            plt.plot(list(xs), list(ys), marker="braille", label=name.removeprefix("train/"))
+        if shown:
+            last = self.points[shown[0]][-1][1]
+            plt.title(f"{self.panel}: {shown[0].removeprefix('train/')} last {last:.4g}")
+        else:
+            plt.title(f"{self.panel}: nothing logged yet")
+        plt.xlabel("step")
         widget.refresh()
-
-    def _finished(self, job: Any) -> None:
-        self.query_one("#train-stop", Button).disabled = True
-        self._state(f"{job.run_id} · {job.recipe.name} · {job.state} (exit code {job.exit_code}) · "
-                    f"log {job.log_path}")
-        severity = "information" if job.state == "finished" else "warning"
-        self.notify(f"training run {job.run_id} {job.state} (exit code {job.exit_code})", severity=severity)

@@ -2,12 +2,13 @@
 
 A recipe is a Python module run as `python -m <module> [args…]` in its own process (its own
 process group), with `TRACKIO_DIR` pointed at the run's directory; it logs its metrics to trackio.
+Recipes that need torch and TRL run in the training environment (`env="train"`: Python 3.11 with
+CPU torch, made by scripts/train-env.sh), the others in the server's own interpreter.
 
-Plainly: **no recipe that runs on this kind of CPU machine updates the model's weights.**
-llama.cpp (the embedded engine) can only run inference, and torch for Python 3.12 is a multi-GB
-CUDA download that the CPU boxes here do not carry. `data-check` really runs anywhere: it checks an
-exported run against what TRL's trainer requires and computes the GRPO advantages a trainer would
-use, step by step — it does not train. `grpo-trl` trains (TRL AsyncGRPO + vLLM) and needs a GPU box.
+`data-check` checks an exported run against what TRL's trainer requires and computes the GRPO
+advantages a trainer would use; it does not train. `cpu-grpo` really trains SmolLM2-135M on this
+kind of CPU machine (TRL's GRPOTrainer, rollouts by tapdeck, sampled from the weights being
+trained). `grpo-trl` trains with TRL AsyncGRPO + vLLM and needs a GPU box.
 """
 
 from __future__ import annotations
@@ -29,9 +30,17 @@ class Recipe:
     updates_weights: bool
     needs: tuple[str, ...] = field(default=())
     """Python modules the recipe process imports (checked with `find_spec`, never imported here)."""
+    env: str = "server"
+    """"server": the server's own interpreter; "train": the training environment (torch, TRL)."""
+    takes_run: bool = False
+    """It reads a rollout run's exported rows (`--rows`), exported by the server that launches it."""
 
     def missing(self) -> list[str]:
-        """Required modules not installed in this interpreter (empty = it can start here)."""
+        """Required modules not installed in this interpreter (empty = it can start here).
+
+        A recipe of the training environment is checked there by its launcher instead."""
+        if self.env == "train":
+            return []
         return [m for m in self.needs if importlib.util.find_spec(m) is None]
 
 
@@ -44,6 +53,18 @@ RECIPES: dict[str, Recipe] = {
         where="CPU, here (no GPU, no torch)",
         updates_weights=False,
         needs=("trackio",),
+        takes_run=True,
+    ),
+    "cpu-grpo": Recipe(
+        name="cpu-grpo",
+        module="tapdeck.runner.recipes.cpu_grpo",
+        summary=("TRL GRPOTrainer on SmolLM2-135M (from the shipped GGUF) with rollout_func: each "
+                 "group is a tapdeck run on the sample dataset, sampled by an engine serving the "
+                 "trainer's current weights; updates weights. Minutes per step on 2 cores."),
+        where="CPU, here (training environment: CPU torch + TRL)",
+        updates_weights=True,
+        needs=("torch", "transformers", "trl", "trackio", "gguf"),
+        env="train",
     ),
     "grpo-trl": Recipe(
         name="grpo-trl",
@@ -53,12 +74,14 @@ RECIPES: dict[str, Recipe] = {
         where="GPU box: vLLM on one GPU (NCCL weight sync), the trainer on another",
         updates_weights=True,
         needs=("torch", "trl", "openenv", "trackio"),
+        env="train",
     ),
 }
 
 DEFAULT_RECIPE = "data-check"
-NO_CPU_TRAINING = ("No recipe that runs on a CPU machine here updates the model's weights: llama.cpp "
-                   "cannot train, and torch for Python 3.12 would be a multi-GB CUDA download.")
+CPU_TRAINING = ("cpu-grpo updates SmolLM2-135M's weights on a CPU (slowly: minutes per step on "
+                "2 cores); the embedded llama.cpp engine cannot train, so that recipe samples from "
+                "its own torch copy of the model.")
 
 
 def get_recipe(name: str) -> Recipe:

@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
+
+from tests.conftest import models_only_engine
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "proxy_core"))
@@ -54,3 +59,22 @@ def run_in_train_env(python: Path, script: Path, *args: str, timeout_s: float = 
                           timeout=timeout_s, env=env)
     assert proc.returncode == 0, f"{script.name} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
     return proc.stdout
+
+
+@pytest.fixture
+def train_server(tmp_path: Path) -> Iterator[Any]:
+    """A full tapdeck server (proxy, store, runner and training routes) on a free loopback port,
+    with `.http`, an admin client."""
+    from tapdeck.app.host import LocalServer
+    from tapdeck.proxy.config import ServerConfig
+
+    # The server's default engine only has to settle at start: the recipes bring their own or none.
+    with models_only_engine() as engine:
+        local = LocalServer(ServerConfig(port=0, data_dir=tmp_path / "data", engine_url=engine)).start()
+    local.http = httpx.Client(base_url=local.url, timeout=60.0,
+                              headers={"Authorization": f"Bearer {local.admin_key}"})
+    try:
+        yield local
+    finally:
+        local.http.close()
+        local.stop()

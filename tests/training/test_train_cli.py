@@ -1,4 +1,4 @@
-"""`tapdeck train` through the real console script."""
+"""`tapdeck train` through the real console script, against a real tapdeck server's training API."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from training_data import write_export
 
@@ -13,25 +14,38 @@ TAPDECK = shutil.which("tapdeck", path=str(Path(os.sys.executable).parent)) or "
 ENV = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
 
 
-def test_train_list_says_where_each_recipe_runs_and_that_none_trains_on_cpu() -> None:
-    out = subprocess.run([TAPDECK, "train", "--list"], capture_output=True, text=True, timeout=60, env=ENV)
+def train(server: Any, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([TAPDECK, "train", "--server", server.url, "--admin-key", server.admin_key, *args],
+                          capture_output=True, text=True, timeout=180, env=ENV)
+
+
+def test_train_list_says_what_the_server_can_start(train_server: Any, tmp_path: Path) -> None:
+    out = subprocess.run([TAPDECK, "train", "--server", train_server.url, "--admin-key",
+                          train_server.admin_key, "--list"], capture_output=True, text=True, timeout=60,
+                         env={**ENV, "TAPDECK_TRAIN_ENV": str(tmp_path / "none")})
     assert out.returncode == 0, out.stderr
-    assert "data-check  [can start here]" in out.stdout
-    assert "grpo-trl  [cannot start here (missing:" in out.stdout
-    assert "No recipe that runs on a CPU machine here updates the model's weights" in out.stdout
+    assert "data-check  [can start there]" in out.stdout
+    # The server's environment decides (the test server runs in this process, without the variable).
+    assert "cpu-grpo  [" in out.stdout and "updates weights: yes" in out.stdout
+    assert "cpu-grpo updates SmolLM2-135M's weights on a CPU" in out.stdout
 
 
-def test_train_streams_the_log_and_prints_final_metrics(tmp_path: Path) -> None:
+def test_train_streams_the_log_and_prints_final_metrics(train_server: Any, tmp_path: Path) -> None:
     rows = write_export(tmp_path / "rows.jsonl")
-    out = subprocess.run([TAPDECK, "train", "--data-dir", str(tmp_path / "data"), "--rows", str(rows)],
-                         capture_output=True, text=True, timeout=120, env=ENV)
+    out = train(train_server, "--rows", str(rows))
     assert out.returncode == 0, out.stdout + out.stderr
     assert "step 2: group 2" in out.stdout and "\x1b[" not in out.stdout
     assert "  train/reward = 0.5 (step 2)" in out.stdout
     assert "finished (exit code 0)" in out.stdout
+    assert str(tmp_path / "data" / "train") in out.stdout  # it ran in the server's data dir
 
 
-def test_train_on_an_unknown_run_is_a_clear_error(tmp_path: Path) -> None:
-    out = subprocess.run([TAPDECK, "train", "--data-dir", str(tmp_path), "--run", "r-missing"],
-                         capture_output=True, text=True, timeout=60, env=ENV)
-    assert out.returncode == 1 and "no run 'r-missing'" in out.stderr
+def test_train_on_an_unknown_run_is_a_clear_error(train_server: Any) -> None:
+    out = train(train_server, "--run", "r-missing")
+    assert out.returncode == 1 and "no rollout run 'r-missing'" in out.stderr
+
+
+def test_a_recipe_that_dies_prints_why(train_server: Any, tmp_path: Path) -> None:
+    out = train(train_server, "--rows", str(tmp_path / "missing.jsonl"))
+    assert out.returncode == 1
+    assert "failed (exit code 2)" in out.stdout and "why: data-check:" in out.stdout

