@@ -16,6 +16,7 @@ from training_data import write_export
 
 from tapdeck.runner.recipes import RECIPES, Recipe
 from tapdeck.runner.training import death_reason, package_path
+from tests.conftest import models_only_engine
 
 def events(server: Any, run_id: str, timeout_s: float = 120.0) -> list[dict]:
     """Every SSE event of one training run, until the server ends the stream."""
@@ -113,8 +114,8 @@ def test_the_server_stops_its_running_jobs_when_it_shuts_down(tmp_path: Path) ->
     from tapdeck.proxy.config import ServerConfig
 
     rows = write_export(tmp_path / "rows.jsonl")
-    local = LocalServer(ServerConfig(port=0, data_dir=tmp_path / "data",
-                                      engine_url="http://127.0.0.1:9/v1")).start()
+    with models_only_engine() as engine:  # settles at start; the recipe needs none
+        local = LocalServer(ServerConfig(port=0, data_dir=tmp_path / "data", engine_url=engine)).start()
     try:
         job = httpx.post(f"{local.url}/admin/train", headers={"Authorization": f"Bearer {local.admin_key}"},
                          json={"recipe": "data-check", "args": ["--rows", str(rows), "--step-delay", "60"]},

@@ -21,7 +21,7 @@ from tapdeck.app.client import TapdeckClient
 from tapdeck.app.screens.train import TrainScreen
 from tests.app.pilot_wait import until
 from tests.app.tmux_driver import TAPDECK
-from tests.conftest import tapdeck_serve
+from tests.conftest import models_only_engine, tapdeck_serve
 
 ADMIN_KEY = "train-attach-admin-key"
 
@@ -31,8 +31,9 @@ pytestmark = pytest.mark.skipif(not TAPDECK.exists(), reason="needs the installe
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[str]:
     """`tapdeck serve` as its own process on a free port (its engine is never needed here)."""
-    with tapdeck_serve(TAPDECK, tmp_path / "server-data", tmp_path / "serve.log", admin_key=ADMIN_KEY,
-                       engine_url="http://127.0.0.1:9/v1") as process:
+    with models_only_engine() as engine, \
+            tapdeck_serve(TAPDECK, tmp_path / "server-data", tmp_path / "serve.log", admin_key=ADMIN_KEY,
+                          engine_url=engine) as process:
         yield process.url
 
 
