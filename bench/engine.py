@@ -72,6 +72,7 @@ def _nll(n_ctx: int, ids: list[int], n_target: int, threads: int | None) -> floa
     path = default_model_path()
     llm = llama_cpp.Llama(model_path=str(path), n_batch=512, n_threads=threads,
                           n_threads_batch=threads, verbose=False, **context_params(path, n_ctx))
+
     def row(i: int) -> np.ndarray:
         ptr = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, i)
         return np.ctypeslib.as_array(ptr, shape=(llm.n_vocab(),)).astype(np.float64)
@@ -100,19 +101,17 @@ def _long_context(eng: EmbeddedEngine, client: httpx.Client, threads: int | None
     url = f"{eng.base_url}/completions"
     model = eng.core.model
     print(f"context: served {model.n_ctx} tokens, trained {trained_context(model.path)}")
-    offset = 0
-    for n in (1024, 8192, 16384):
-        ids = _text_ids(eng, n, offset)
-        offset += 97  # a different first token each time: nothing cached is reused
-        t0 = time.perf_counter()
-        r = client.post(url, json={"model": eng.served_name, "prompt": ids, "max_tokens": 1,
-                                   "temperature": 0})
-        r.raise_for_status()
-        dt = time.perf_counter() - t0
-        print(f"prefill {n:6d} tokens: {dt:7.1f} s, {n / dt:6.0f} tok/s")
+    ids = _text_ids(eng, 12288 + 512, 0)
+    trained = trained_context(model.path)
+    for n_ctx in (trained, model.n_ctx):
+        label = "trained" if n_ctx == trained else "YaRN"
+        short = _nll(n_ctx, ids[-(2048 + 512):], 512, threads)
+        long = _nll(n_ctx, ids, 512, threads) if n_ctx >= len(ids) else float("nan")
+        print(f"NLL of 512 tokens, n_ctx {n_ctx} ({label}): {short:.3f} with 2k context, "
+              f"{long:.3f} with 12k context")
 
     chat = f"{eng.base_url}/chat/completions"
-    doc = _fixed_text()[:60000]
+    doc = model.detokenize(_text_ids(eng, 12000)).decode("utf-8", errors="replace")
     convo = [{"role": "system", "content": "You are a shell agent. Reference:\n" + doc},
              {"role": "user", "content": "List the files in the current directory."}]
     t0 = time.perf_counter()
@@ -125,7 +124,6 @@ def _long_context(eng: EmbeddedEngine, client: httpx.Client, threads: int | None
     convo += [{"role": "assistant", "content": body["choices"][0]["message"]["content"]},
               {"role": "user", "content": "Output of `ls`:\nfoo.txt\nbar.py\nMakefile"}]
     _idle(eng)
-    before = model.evaluated
     t0 = time.perf_counter()
     second = client.post(chat, json={"model": eng.served_name, "messages": convo,
                                      "max_tokens": 1, "temperature": 0})
@@ -134,16 +132,18 @@ def _long_context(eng: EmbeddedEngine, client: httpx.Client, threads: int | None
     n_second = second.json()["usage"]["prompt_tokens"]
     print(f"first call, {n_first} prompt tokens, 32 generated: {dt_first:.1f} s; follow-up "
           f"({n_second} prompt tokens, 1 generated) {dt_second:.1f} s, evaluating "
-          f"{model.evaluated - before} tokens")
+          f"{model.prefilled} tokens")
 
-    ids = _text_ids(eng, 12288 + 512, 0)
-    trained = trained_context(model.path)
-    for n_ctx in (trained, model.n_ctx):
-        label = "trained" if n_ctx == trained else "YaRN"
-        short = _nll(n_ctx, ids[-(2048 + 512):], 512, threads)
-        long = _nll(n_ctx, ids, 512, threads) if n_ctx >= len(ids) else float("nan")
-        print(f"NLL of 512 tokens, n_ctx {n_ctx} ({label}): {short:.3f} with 2k context, "
-              f"{long:.3f} with 12k context")
+    offset = 0
+    for n in (1024, 8192, 16384):
+        ids = _text_ids(eng, n, offset)
+        offset += 97  # a different first token each time: nothing cached is reused
+        t0 = time.perf_counter()
+        r = client.post(url, json={"model": eng.served_name, "prompt": ids, "max_tokens": 1,
+                                   "temperature": 0})
+        r.raise_for_status()
+        dt = time.perf_counter() - t0
+        print(f"prefill {n:6d} tokens: {dt:7.1f} s, {n / dt:6.0f} tok/s")
 
 
 def main() -> None:
