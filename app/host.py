@@ -89,9 +89,10 @@ class LocalServer:
             # that answers, and one where nothing answers stops the start (EngineAddressError).
             settled = settle_blocking(cfg.engine_url, api_key=cfg.engine_api_key)
             return EngineSpec(url=settled.base_url, model=cfg.engine_model, api_key=cfg.engine_api_key)
-        from tapdeck.runner.engine.embedded import EmbeddedEngine
+        from tapdeck.runner.engine.registry import acquire_embedded_engine
 
-        self._engine = EmbeddedEngine().start()
+        # One embedded engine per machine: a second tapdeck process reuses the running one.
+        self._engine = acquire_embedded_engine()
         return EngineSpec(url=self._engine.base_url, model=self._engine.served_name)
 
     def _runner_routers(self) -> list:

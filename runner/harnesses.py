@@ -130,8 +130,10 @@ class RunDefaults:
     """Per-rollout settings a harness config is built with (embedded-defaults.md)."""
 
     context_tokens: int = 8192
-    max_output_tokens: int = 256
-    max_turns: int = 6
+    max_output_tokens: int = 128
+    max_turns: int = 3
+    """With the call budget (3 calls a turn) a terminus-2 rollout on the embedded engine ends by
+    its turn budget in ~9 short calls, well inside the sample tasks' 180 s agent timeout."""
     agent_timeout_s: float | None = 180.0
     model_prefix: str | None = None
     """Override the model-name prefix: `hosted_vllm/` for a vLLM engine (terminus-2 then needs the

@@ -7,11 +7,14 @@ assert_same_shape` (pytest runs with --import-mode=importlib, which registers th
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import copy
 import json
 import os
+import shutil
 import socket
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,11 @@ from typing import Any
 import pytest
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+# Servers started by tests share embedded engines among themselves, never with one running on the
+# machine outside the test run (runner/engine/registry.py).
+if "TAPDECK_ENGINE_REGISTRY" not in os.environ:
+    os.environ["TAPDECK_ENGINE_REGISTRY"] = tempfile.mkdtemp(prefix="tapdeck-test-engines-")
+    atexit.register(shutil.rmtree, os.environ["TAPDECK_ENGINE_REGISTRY"], True)
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm"
 

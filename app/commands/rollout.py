@@ -141,12 +141,17 @@ def _drive(base: str, key: str | None, plan: dict[str, Any], resume: str | None,
 
 def _follow(http: Any, run_id: str) -> dict[str, Any]:
     """Poll the run, showing a one-line progress status, until it is no longer running."""
+    import httpx
     from rich.console import Console
 
     console = Console(stderr=True)
     with console.status("") as status:
         while True:
-            doc = http.get(f"/admin/runs/{run_id}").json()
+            try:
+                doc = http.get(f"/admin/runs/{run_id}").json()
+            except httpx.TimeoutException:  # a loaded machine can stall the server for a while
+                status.update("waiting for the server to answer…")
+                continue
             status.update(_status_line(doc))
             if doc["state"] != "running":
                 return doc

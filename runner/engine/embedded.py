@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tapdeck.proxy.serving import ThreadedServer
-from tapdeck.runner.engine.model import default_model_path
+from tapdeck.runner.engine.model import DEFAULT_N_CTX, default_model_path
 
 __all__ = ["EmbeddedEngine", "default_model_path"]
 
@@ -21,7 +21,7 @@ class EmbeddedEngine:
     """
 
     def __init__(self, model_path: Path | None = None, *, host: str = "127.0.0.1", port: int = 0,
-                 served_name: str = "smollm2", n_ctx: int = 8192,
+                 served_name: str = "smollm2", n_ctx: int = DEFAULT_N_CTX,
                  return_tokens_as_token_ids: bool = False, n_threads: int | None = None) -> None:
         self.model_path = Path(model_path) if model_path else None
         self.host = host

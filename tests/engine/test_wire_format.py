@@ -146,7 +146,7 @@ def test_models_and_health_have_vllm_shape(embedded_engine):
     assert r.status_code == 200
     assert_same_shape(r.json(), rec["models"]["response"])
     assert r.json()["data"][0]["id"] == embedded_engine.served_name == "smollm2"
-    assert r.json()["data"][0]["max_model_len"] == 8192
+    assert r.json()["data"][0]["max_model_len"] == 32768  # YaRN-stretched (test_long_context)
     h = httpx.get(f"{embedded_engine.url}/health")
     assert h.status_code == 200 and h.content == b""
     assert "content-type" not in h.headers
@@ -157,7 +157,7 @@ def test_tokenize_chat_and_text_forms(embedded_engine):
     r = _post(embedded_engine, "/tokenize", {"model": "smollm2",
                                               "messages": rec["request"]["messages"]}).json()
     assert r["tokens"] == rec["response"]["prompt_token_ids"]
-    assert r["count"] == 37 and r["max_model_len"] == 8192
+    assert r["count"] == 37 and r["max_model_len"] == 32768
     r = _post(embedded_engine, "/tokenize", {"prompt": "The capital of France is"}).json()
     assert r["tokens"] == [504, 3575, 282, 4649, 314] and r["count"] == 5
 

@@ -48,10 +48,10 @@ def test_terminus2_gets_the_small_model_defaults() -> None:
     assert k["collect_rollout_details"] is True
     assert k["record_terminal_session"] is False
     assert k["enable_summarize"] is False
-    assert k["max_turns"] == 6
-    assert k["model_info"] == {"max_input_tokens": 8192, "max_output_tokens": 256,
+    assert k["max_turns"] == 3
+    assert k["model_info"] == {"max_input_tokens": 8192, "max_output_tokens": 128,
                                "input_cost_per_token": 0.0, "output_cost_per_token": 0.0}
-    assert k["llm_kwargs"] == {"max_tokens": 256, "api_key": SESSION_KEY}
+    assert k["llm_kwargs"] == {"max_tokens": 128, "api_key": SESSION_KEY}
 
 
 def test_hosted_vllm_prefix_on_request_and_only_for_valid_names() -> None:

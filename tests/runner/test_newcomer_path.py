@@ -1,0 +1,30 @@
+"""The newcomer's path: `tapdeck rollout` with no flags (sample dataset, terminus-2, host sandbox,
+embedded engine) reaches a graded rollout that ended by the agent's own turn budget or completion,
+not by a timeout. How long it took on this machine kind is in the README, not asserted here."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+TAPDECK = Path(sys.executable).with_name("tapdeck")
+
+
+def test_default_rollout_is_graded_and_ends_by_its_turn_budget(tmp_path: Path) -> None:
+    pytest.importorskip("llama_cpp", reason="the embedded engine needs llama-cpp-python")
+    env = dict(os.environ, COLUMNS="200")
+    proc = subprocess.run([str(TAPDECK), "rollout", "--data-dir", str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [run_dir] = (tmp_path / "runs").iterdir()
+    [result] = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+    assert result["error_kind"] is None, (result["error"], result["findings"])
+    assert result["ok"] and result["reward"] is not None  # graded (0.0: the small model never solves)
+    assert result["turns"] >= 1 and result["tier"] == "tokens"
