@@ -40,6 +40,7 @@ from tapdeck.proxy.sessions import (
     SessionInfo,
     SessionSpec,
     SessionSummary,
+    base_urls_for,
     is_session_key,
     key_from_request,
     new_session_id,
@@ -215,8 +216,7 @@ class CaptureService:
         self.events.publish({"type": "session_opened", "session": self._summary(session).model_dump(mode="json")})
         return SessionInfo(
             id=sid, api_key=key, tier=result.tier, rollout_type=rollout_type,
-            base_urls={"openai": f"{self.public_url}/v1", "anthropic": self.public_url,
-                       "google": self.public_url},
+            base_urls=base_urls_for(self.public_url),
             engine=ref, created_at=now, metadata=record["metadata"])
 
     async def close_session(self, session_id: str) -> SessionSummary:
@@ -476,16 +476,13 @@ class CaptureService:
             reply = await session.client.complete(upstream)
         except EngineError as exc:
             if exc.kind == "context_length":
-                finding = Finding.warn("context_full", f"engine refused the prompt as too long; "
-                                                       f"answered with a stop reply ({exc.message})")
-                session.findings.append(finding)
-                session.count([finding])
-                session.record["findings"] = [f.model_dump(mode="json") for f in session.findings]
-                await asyncio.to_thread(self.store.update_session, session.id,
-                                        findings=session.record["findings"])
-                log.warning("session %s: %s", session.id, finding)
-                self._publish_update(session)
+                await self._add_finding(session, Finding.warn(
+                    "context_full", f"engine refused the prompt as too long; answered with a "
+                                    f"stop reply ({exc.message})"))
                 return _stop_reply(CONTEXT_STOP_TEXT, session)
+            if exc.kind in ("unreachable", "timeout"):
+                # The rollout reads this to tell a dead engine from an agent that failed alone.
+                await self._add_finding(session, Finding.warn("engine_unreachable", exc.message))
             raise _CallFailed(exc.status, exc.message, exc.kind) from exc
         finally:
             session.in_flight -= 1
@@ -494,6 +491,16 @@ class CaptureService:
         # From here the engine did the work: record it even if the caller hangs up meanwhile.
         await asyncio.shield(self._record_turn(session, req, reply, sampling, meta))
         return reply
+
+    async def _add_finding(self, session: _Session, finding: Finding) -> None:
+        """A session-level finding, persisted and published."""
+        session.findings.append(finding)
+        session.count([finding])
+        session.record["findings"] = [f.model_dump(mode="json") for f in session.findings]
+        await asyncio.to_thread(self.store.update_session, session.id,
+                                findings=session.record["findings"])
+        log.warning("session %s: %s", session.id, finding)
+        self._publish_update(session)
 
     def _budget_reached(self, session: _Session) -> bool:
         return session.call_budget is not None and session.turns + session.in_flight >= session.call_budget

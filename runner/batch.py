@@ -23,8 +23,9 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
+from tapdeck.proxy.config import check_public_url
 from tapdeck.proxy.tiers import EngineSpec
 from tapdeck.runner.engines import EngineChoiceError, resolve_engine
 from tapdeck.runner.rollout import RolloutResult, RolloutSpec, run_rollout
@@ -63,6 +64,13 @@ class RunPlan(BaseModel):
     """Model calls per rollout before the proxy answers with a stop (None → 3 × max_turns)."""
     alternatives: int = Field(default=0, ge=0, le=20)
     """Top alternatives per sampled token to capture for inspection (0: as the harness asks)."""
+    public_url: str | None = None
+    """The address sandboxes use to reach the proxy (None → the server's own public URL)."""
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str | None) -> str | None:
+        return check_public_url(value) if value else None
 
 
 class RunCounts(BaseModel):
@@ -235,7 +243,8 @@ class BatchRunner:
                     sandbox_kwargs=run.plan.sandbox_kwargs,
                     timeout_s=run.plan.timeout_s, reward_key=run.plan.reward_key,
                     agent_kwargs=run.plan.agent_kwargs, call_budget=run.plan.call_budget,
-                    alternatives=run.plan.alternatives, rollout_id=rid, run_id=run.id,
+                    alternatives=run.plan.alternatives, public_url=run.plan.public_url,
+                    rollout_id=rid, run_id=run.id,
                     group=group, index=index)
 
                 def on_update(partial: RolloutResult) -> None:

@@ -1,0 +1,137 @@
+"""The real agent CLIs (codex, claude-code, gemini-cli, opencode, qwen-code, mini-swe-agent) run a
+sample task end to end: installed from their registries by tapdeck (pinned, cached), run on the
+host sandbox with the network cut to loopback, every model call through the capture proxy to the
+embedded engine, graded by the task's verifier.
+
+The 135M model never solves the task (reward 0) and rarely makes a usable tool call: each agent
+ends by its own turn limit, or by the session's call budget (its stop reply ends the loop).
+Skipped only when the registries cannot be reached (the install fails with a network error).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import local_server_on
+from tests.runner.conftest import RunnerServer
+
+pytestmark = pytest.mark.slow
+
+AGENTS = ["codex", "claude-code", "gemini-cli", "opencode", "qwen-code", "mini-swe-agent"]
+AGENT_CONTEXT = 32768
+"""The agents' first prompts are 8-17k tokens: more than SmolLM2's trained 8,192."""
+TURNS = 2
+BUDGET = 3
+"""Model calls per rollout: the agent's turns plus an auxiliary call (opencode's title)."""
+
+
+def installed_or_skip(name: str) -> None:
+    """Install the pinned CLI (cached after the first time); skip only if the registry is down."""
+    from tapdeck.runner import agent_install
+
+    try:
+        agent_install.install(name)
+    except agent_install.InstallError as exc:
+        if exc.network:
+            pytest.skip(f"{name}: the package registry is unreachable ({str(exc)[:200]})")
+        raise
+
+
+def start_engine(n_ctx: int = AGENT_CONTEXT) -> Any:
+    """An embedded engine of its own: the agents need its context above the 8k default."""
+    pytest.importorskip("llama_cpp", reason="the embedded engine needs llama-cpp-python")
+    from tapdeck.runner.engine.embedded import EmbeddedEngine
+
+    return EmbeddedEngine(n_ctx=n_ctx).start()
+
+
+@pytest.fixture(scope="module")
+def agent_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunnerServer]:
+    """A tapdeck server whose default engine holds the agents' prompts."""
+    engine = start_engine()
+    data_dir = tmp_path_factory.mktemp("tapdeck-agents")
+    try:
+        with local_server_on(engine, data_dir) as local:
+            server = RunnerServer(local, data_dir)
+            try:
+                yield server
+            finally:
+                server.http.close()
+    finally:
+        engine.stop()
+
+
+def _only(doc: dict[str, Any]) -> dict[str, Any]:
+    assert len(doc["rollouts"]) == 1, doc
+    return doc["rollouts"][0]
+
+
+def _agent_output(rollout: dict[str, Any], name: str) -> str:
+    path = Path(rollout["trial_dir"]) / "agent" / f"{name}.txt"
+    return path.read_text()[-3000:] if path.is_file() else "(no output kept)"
+
+
+@pytest.mark.parametrize("name", AGENTS)
+def test_agent_cli_runs_a_sample_task_offline_with_every_turn_captured(
+        agent_server: RunnerServer, name: str) -> None:
+    installed_or_skip(name)
+    started = time.monotonic()
+    r = _only(agent_server.run(tasks=["hello-file"], harness=name, timeout_s=900,
+                               call_budget=BUDGET, agent_kwargs={"max_turns": TURNS}))
+    wall = time.monotonic() - started
+    output = _agent_output(r, name)
+    # The agent ran its own loop and ended it (exit 0), or was ended by the budget's stop reply.
+    assert r["error_kind"] in (None, "agent_failed"), (r["error"], output)
+    assert r["reward"] == 0.0 or r["reward"] == 1.0, (r, output)
+    assert "reward" in r["rewards"]
+    assert r["tier"] == "tokens" and r["turns"] >= 1, (r, output)
+
+    http = agent_server.http
+    doc = http.get(f"/admin/sessions/{r['session_id']}/rollout").json()
+    agent_turns = [t for t in doc["turns"] if t["role"] == "agent"]
+    assert agent_turns, (doc["turns"], output)
+    for t in doc["turns"]:
+        turn = http.get(f"/admin/sessions/{r['session_id']}/turns/{t['seq']}").json()
+        assert turn["prompt_len"] and turn["prompt_len"] > 0
+        assert turn["sampled_ids"] and all(isinstance(i, int) for i in turn["sampled_ids"])
+        assert len(turn["logprobs"]) == len(turn["sampled_ids"])
+    # One conversation, one chain: every agent turn hangs off one root.
+    roots = [t for t in agent_turns if t["parent"] is None]
+    assert len(roots) == 1, [(t["seq"], t["parent"], t["role"], t["link_kind"]) for t in doc["turns"]]
+    # Calls without the tool manifest (a title or router call) are auxiliary, never trained.
+    for t in doc["turns"]:
+        if not (t["request"] or {}).get("tools"):
+            assert t["role"] != "agent" or len(doc["turns"]) == 1, t["seq"]
+    first = min(agent_turns, key=lambda t: t["seq"])
+    print(f"\n{name}: exit={r['error_kind'] or 'ok'} turns={r['turns']} "
+          f"agent={len(agent_turns)} first_prompt={first['prompt_len']} tokens "
+          f"first_call={first['meta'].get('latency_ms', 0) / 1000:.1f}s "
+          f"agent_phase={r['timings'].get('agent_execution', 0):.0f}s wall={wall:.0f}s")
+
+
+@pytest.mark.parametrize("name", AGENTS)
+def test_dead_engine_ends_the_agent_and_is_engine_unreachable(
+        agent_server: RunnerServer, name: str) -> None:
+    installed_or_skip(name)
+    engine = start_engine(n_ctx=2048)
+    url = engine.base_url
+    run = agent_server.start(tasks=["hello-file"], harness=name, engine=url, timeout_s=300,
+                             call_budget=BUDGET, agent_kwargs={"max_turns": TURNS})
+    try:
+        # The session probes the live engine; it dies before the agent's first call.
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            rollouts = agent_server.http.get(f"/admin/runs/{run['id']}").json()["rollouts"]
+            if rollouts and rollouts[0].get("session_id"):
+                break
+            time.sleep(0.05)
+    finally:
+        engine.stop()
+    r = _only(agent_server.wait(run["id"]))
+    assert not r["ok"] and r["error_kind"] == "engine_unreachable", (r, _agent_output(r, name))
+    assert r["reward"] is not None  # the verifier still ran
