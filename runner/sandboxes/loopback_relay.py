@@ -12,14 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import socket
 import sys
 from pathlib import Path
 
 # Run inside the namespace with this interpreter: listen on 127.0.0.1:PORT, relay to SOCKET.
 INNER_RELAY = r"""
-import asyncio, sys
+import asyncio, os, sys
 
 port, path = int(sys.argv[1]), sys.argv[2]
+# Socket paths are limited to 107 bytes: connect relative to the socket's folder.
+os.chdir(os.path.dirname(path))
+path = os.path.basename(path)
 
 
 async def pump(reader, writer):
@@ -73,8 +78,19 @@ class LoopbackRelay:
 
     async def start(self) -> None:
         """Serve the Unix socket (world-connectable: the trial may run as another user)."""
-        self._server = await asyncio.start_unix_server(self._handle, path=str(self.socket_path))
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        # Socket paths are limited to 107 bytes; a per-trial folder can be deeper than that, so
+        # the socket is bound through a descriptor of its folder.
+        folder = os.open(self.socket_path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            sock.bind(f"/proc/self/fd/{folder}/{self.socket_path.name}")
+        except OSError:
+            sock.close()
+            raise
+        finally:
+            os.close(folder)
         self.socket_path.chmod(0o777)
+        self._server = await asyncio.start_unix_server(self._handle, sock=sock)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
