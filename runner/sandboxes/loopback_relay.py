@@ -3,9 +3,9 @@
 A trial cut off from the network (a private network namespace, loopback only) cannot reach the
 capture proxy listening on the host's loopback. A Unix socket can cross that line, because it is
 a file: for each port, this process serves a Unix socket in a per-trial directory and connects
-each client to `127.0.0.1:PORT` on the host; inside the namespace a small relay listens on its own
-`127.0.0.1:PORT` and connects each client to that socket. The agent sees the proxy at the same URL,
-and nothing else is reachable.
+each client to `127.0.0.1:PORT` on the host; inside the namespace a small relay (this module, run
+with `-m`) listens on its own `127.0.0.1:PORT` and connects each client to that socket. The agent
+sees the proxy at the same URL, and nothing else is reachable.
 """
 
 from __future__ import annotations
@@ -16,46 +16,6 @@ import os
 import socket
 import sys
 from pathlib import Path
-
-# Run inside the namespace with this interpreter: listen on 127.0.0.1:PORT, relay to SOCKET.
-INNER_RELAY = r"""
-import asyncio, os, sys
-
-port, path = int(sys.argv[1]), sys.argv[2]
-# Socket paths are limited to 107 bytes: connect relative to the socket's folder.
-os.chdir(os.path.dirname(path))
-path = os.path.basename(path)
-
-
-async def pump(reader, writer):
-    try:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-    except OSError:
-        pass
-    finally:
-        writer.close()
-
-
-async def handle(reader, writer):
-    try:
-        inner_reader, inner_writer = await asyncio.open_unix_connection(path)
-    except OSError:
-        writer.close()
-        return
-    await asyncio.gather(pump(reader, inner_writer), pump(inner_reader, writer))
-
-
-async def main():
-    server = await asyncio.start_server(handle, "127.0.0.1", port)
-    print("ready", flush=True)
-    await server.serve_forever()
-
-
-asyncio.run(main())
-"""
-
 
 async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     try:
@@ -112,4 +72,27 @@ class LoopbackRelay:
 
     def inner_command(self, socket_path_inside: str) -> list[str]:
         """The argv of the relay to run inside the namespace (prints `ready` once listening)."""
-        return [sys.executable, "-c", INNER_RELAY, str(self.port), socket_path_inside]
+        return [sys.executable, "-m", __name__, str(self.port), socket_path_inside]
+
+
+async def serve_inside(port: int, socket_path: str) -> None:
+    """The namespace half: listen on 127.0.0.1:`port`, connect each client to `socket_path`."""
+    # Socket paths are limited to 107 bytes: connect relative to the socket's folder.
+    os.chdir(os.path.dirname(socket_path))
+    name = os.path.basename(socket_path)
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            inner_reader, inner_writer = await asyncio.open_unix_connection(name)
+        except OSError:
+            writer.close()
+            return
+        await asyncio.gather(_pump(reader, inner_writer), _pump(inner_reader, writer))
+
+    server = await asyncio.start_server(handle, "127.0.0.1", port)
+    print("ready", flush=True)
+    await server.serve_forever()
+
+
+if __name__ == "__main__":
+    asyncio.run(serve_inside(int(sys.argv[1]), sys.argv[2]))

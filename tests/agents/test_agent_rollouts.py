@@ -17,8 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import local_server_on
-from tests.runner.conftest import RunnerServer
+from tests.runner.conftest import RunnerServer, runner_server_on
 
 pytestmark = pytest.mark.slow
 
@@ -54,14 +53,9 @@ def start_engine(n_ctx: int = AGENT_CONTEXT) -> Any:
 def agent_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunnerServer]:
     """A tapdeck server whose default engine holds the agents' prompts."""
     engine = start_engine()
-    data_dir = tmp_path_factory.mktemp("tapdeck-agents")
     try:
-        with local_server_on(engine, data_dir) as local:
-            server = RunnerServer(local, data_dir)
-            try:
-                yield server
-            finally:
-                server.http.close()
+        with runner_server_on(engine, tmp_path_factory.mktemp("tapdeck-agents")) as server:
+            yield server
     finally:
         engine.stop()
 
