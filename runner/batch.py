@@ -66,6 +66,8 @@ class RunPlan(BaseModel):
     """Top alternatives per sampled token to capture for inspection (0: as the harness asks)."""
     public_url: str | None = None
     """The address sandboxes use to reach the proxy (None → the server's own public URL)."""
+    agent_timeout_s: float | None = Field(default=None, gt=0)
+    """The agent phase's limit (None → the task's own `[agent].timeout_sec`)."""
 
     @field_validator("public_url")
     @classmethod
@@ -244,6 +246,7 @@ class BatchRunner:
                     timeout_s=run.plan.timeout_s, reward_key=run.plan.reward_key,
                     agent_kwargs=run.plan.agent_kwargs, call_budget=run.plan.call_budget,
                     alternatives=run.plan.alternatives, public_url=run.plan.public_url,
+                    agent_timeout_s=run.plan.agent_timeout_s,
                     rollout_id=rid, run_id=run.id,
                     group=group, index=index)
 

@@ -15,7 +15,7 @@ instruction run once in the sandbox through `exec`) but run the binary tapdeck i
   proxy's per-session call budget (its synthetic stop reply ends every text-terminated loop).
 
 A non-zero exit raises Harbor's `NonZeroAgentExitCodeError` (the rollout classifies it); the CLI's
-output is kept as `agent/<name>.txt` in the trial folder.
+output (stdout and stderr) is kept as `agent/<name>.txt` in the trial folder.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ AGENT_TMP = f"{AGENT_ROOT}/tmp"
 # Nothing listens here: a CLI that would fetch packages at run time (opencode's plugin install)
 # fails at once instead of reaching a registry.
 DEAD_REGISTRY = "http://127.0.0.1:9/"
+# Made in the per-trial HOME before a run (codex refuses a CODEX_HOME that does not exist).
+HOME_DIRS = (".codex", ".config", ".cache", ".local/share", ".local/state")
 RETRIES = 1
 """Retries per failed model call, where the CLI lets us set them: the proxy is local, so a failure
 is the engine's, and the CLIs' own back-off (up to minutes) only delays the rollout's end."""
@@ -131,7 +133,8 @@ class CliAgent(BaseAgent):
             raise AgentNotInstalledError(f"{self.name()}: {exc}") from exc
         self.entry = Path(record.path) / record.entry
         check = await environment.exec(
-            f"test -x {shlex.quote(str(self.entry))} && mkdir -p {AGENT_HOME} {AGENT_TMP}",
+            f"test -x {shlex.quote(str(self.entry))} && mkdir -p {AGENT_TMP} "
+            + " ".join(f"{AGENT_HOME}/{d}" for d in HOME_DIRS),
             timeout_sec=30)
         if check.return_code != 0:
             raise AgentNotInstalledError(
@@ -176,12 +179,12 @@ class CliAgent(BaseAgent):
 
     async def run(self, instruction: str, environment: BaseEnvironment,
                   context: AgentContext) -> None:
-        """Run the CLI once; its output goes to `agent/<name>.txt`; non-zero exit raises."""
-        command = self.command(instruction)
+        """Run the CLI once; its output goes to `agent/<name>.txt`; a non-zero exit raises."""
+        # Teed inside the sandbox, so a run cut by the agent timeout still leaves its output.
+        log = f"/logs/agent/{self.name()}.txt"
+        command = f"set -o pipefail; {self.command(instruction)} 2>&1 </dev/null | tee {log}"
         result = await environment.exec(command, env=self.env())
-        output = (result.stdout or "") + ("\n--- stderr ---\n" + result.stderr if result.stderr else "")
-        self.logs_dir.mkdir(parents=True, exist_ok=True)
-        (self.logs_dir / f"{self.name()}.txt").write_text(output)
+        output = result.stdout or ""
         context.metadata = {**(context.metadata or {}), "exit_code": result.return_code,
                             "cli": self.name(), "cli_version": self.version()}
         if result.return_code != 0:

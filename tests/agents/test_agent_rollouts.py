@@ -21,7 +21,8 @@ from tests.runner.conftest import RunnerServer, runner_server_on
 
 pytestmark = pytest.mark.slow
 
-AGENTS = ["codex", "claude-code", "gemini-cli", "opencode", "qwen-code", "mini-swe-agent"]
+# Smallest first prompt first.
+AGENTS = ["mini-swe-agent", "opencode", "codex", "gemini-cli", "claude-code", "qwen-code"]
 AGENT_CONTEXT = 32768
 """The agents' first prompts are 8-17k tokens: more than SmolLM2's trained 8,192."""
 TURNS = 2
