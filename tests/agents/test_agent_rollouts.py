@@ -117,7 +117,15 @@ def test_agent_cli_runs_a_sample_task_offline_with_every_turn_captured(
           f"agent_phase={r['timings'].get('agent_execution', 0):.0f}s wall={wall:.0f}s")
 
 
-@pytest.mark.parametrize("name", AGENTS)
+# gemini-cli reads the proxy's streamed error as a stream that "ended without a finish reason" and
+# exits 0; it should see the 502 (streaming errors with real statuses: issue 17, helper `wire`).
+DEAD_ENGINE_CASES = [pytest.param(name, marks=pytest.mark.xfail(
+    strict=True, reason="gemini-cli exits 0 on a streamed error until streaming errors carry "
+                        "their real HTTP status (issue 17)")) if name == "gemini-cli" else name
+    for name in AGENTS]
+
+
+@pytest.mark.parametrize("name", DEAD_ENGINE_CASES)
 def test_dead_engine_ends_the_agent_and_is_engine_unreachable(
         agent_server: RunnerServer, name: str) -> None:
     installed_or_skip(name)
@@ -142,3 +150,17 @@ def test_dead_engine_ends_the_agent_and_is_engine_unreachable(
     assert r["turns"] == 0 and r["reward"] is not None  # the verifier still ran
     # The agent itself gave up on the proxy's 502s (its retries are cut to one).
     assert "NonZeroAgentExitCodeError" in r["error"], (r["error"], output)
+
+
+def test_unreachable_public_url_fails_the_rollout_before_any_model_call(
+        agent_server: RunnerServer) -> None:
+    import socket
+
+    installed_or_skip("codex")
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = _only(agent_server.run(tasks=["hello-file"], harness="codex", timeout_s=300,
+                               public_url=f"http://127.0.0.1:{port}"))
+    assert not r["ok"] and r["error_kind"] == "proxy_unreachable", r
+    assert f"http://127.0.0.1:{port}/health" in r["error"] and r["turns"] == 0
