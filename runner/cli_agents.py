@@ -101,7 +101,7 @@ class CliAgent(BaseAgent):
 
     def __init__(self, logs_dir: Path, model_name: str | None = None, *,
                  proxy_url: str | None = None, session_key: str | None = None,
-                 max_turns: int = 4, max_output_tokens: int = 256, context_tokens: int = 32768,
+                 max_turns: int = 3, max_output_tokens: int = 256, context_tokens: int = 32768,
                  agents_dir: str | None = None, **kwargs: Any) -> None:
         super().__init__(logs_dir, model_name, **kwargs)
         if not (proxy_url and session_key and model_name):
@@ -146,7 +146,8 @@ class CliAgent(BaseAgent):
     # ------------------------------------------------------------ per-CLI parts
 
     def env(self) -> dict[str, str]:
-        """Environment for the CLI: HOME, TMPDIR, PATH with node, and this CLI's own variables."""
+        """Environment for the CLI: per-trial HOME, TMPDIR and XDG folders, no package registry,
+        and this CLI's own variables (the sandbox supplies PATH, where node is)."""
         assert self.entry is not None
         return {"HOME": AGENT_HOME, "TMPDIR": AGENT_TMP, "XDG_CONFIG_HOME": f"{AGENT_HOME}/.config",
                 "XDG_DATA_HOME": f"{AGENT_HOME}/.local/share",
