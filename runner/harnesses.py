@@ -109,9 +109,11 @@ _CLI_SEAMS: dict[str, tuple[Dialect, tuple[str, ...], tuple[str, ...], str | Non
                   "~/.qwen/settings.json (usage stats off, maxSessionTurns)", False,
                   "`qwen --yolo`; vendored rg made executable at install"),
     "mini-swe-agent": (Dialect.CHAT, ("OPENAI_API_KEY",), (),
-                       "-c model.model_kwargs.api_base=<proxy>", False,
+                       "-c model.model_kwargs.api_base=<proxy>", True,
                        "`mini -y --exit-immediately`, step_limit = max_turns; not streamed; "
-                       "ends only on its submit command, so the step limit or budget ends it"),
+                       "ends only on its submit command, so the step limit or budget ends it; "
+                       "ran here on sample/hello-file (2 turns captured, reward 0); a reply cut "
+                       "by max_tokens is dropped and re-asked, so that re-ask is a new root"),
 }
 
 

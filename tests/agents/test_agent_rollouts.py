@@ -6,9 +6,9 @@ embedded engine, graded by the task's verifier.
 The 135M model never solves the task (reward 0) and rarely makes a usable tool call: each agent
 ends by its own turn limit, or by the session's call budget (its stop reply ends the loop).
 Skipped when the registries cannot be reached (the install fails with a network error). The
-end-to-end task test also needs `TAPDECK_AGENT_E2E=1`: it has not passed on this project's machine
-yet, where a shared 2-core CPU prefilled the agents' 8-17k-token first prompts at ~12 tokens/s
-(see the README); the dead-engine tests run everywhere.
+end-to-end task test runs mini-swe-agent always and the other five with `TAPDECK_AGENT_E2E=1`:
+they have not passed on this project's machine yet, where a shared 2-core CPU prefilled their
+8-17k-token first prompts at ~12 tokens/s (see the README); the dead-engine tests run for all six.
 """
 
 from __future__ import annotations
@@ -76,9 +76,13 @@ def _agent_output(rollout: dict[str, Any], name: str) -> str:
     return path.read_text()[-3000:] if path.is_file() else "(no output kept)"
 
 
-@pytest.mark.skipif(not E2E, reason="set TAPDECK_AGENT_E2E=1: each first prompt is 8-17k tokens "
-                    "to prefill on CPU, which has not finished in time on this project's machine")
-@pytest.mark.parametrize("name", AGENTS)
+# mini-swe-agent's first prompt is ~1k tokens and always runs; the others' are 8-17k tokens.
+TASK_CASES = [name if name == "mini-swe-agent" or E2E else pytest.param(name, marks=pytest.mark.skip(
+    reason="set TAPDECK_AGENT_E2E=1: its first prompt is 8-17k tokens to prefill on CPU, which "
+           "has not finished in time on this project's shared machine")) for name in AGENTS]
+
+
+@pytest.mark.parametrize("name", TASK_CASES)
 def test_agent_cli_runs_a_sample_task_offline_with_every_turn_captured(
         agent_server: RunnerServer, name: str) -> None:
     installed_or_skip(name)
@@ -103,9 +107,13 @@ def test_agent_cli_runs_a_sample_task_offline_with_every_turn_captured(
         assert turn["prompt_len"] and turn["prompt_len"] > 0
         assert turn["sampled_ids"] and all(isinstance(i, int) for i in turn["sampled_ids"])
         assert len(turn["logprobs"]) == len(turn["sampled_ids"])
-    # One conversation, one chain: every agent turn hangs off one root.
+    # One conversation, one chain: every agent turn hangs off one root, except a re-ask after a
+    # reply cut by max_tokens (mini-swe-agent drops the cut reply and asks again from before it).
+    by_seq = {t["seq"]: t for t in doc["turns"]}
     roots = [t for t in agent_turns if t["parent"] is None]
-    assert len(roots) == 1, [(t["seq"], t["parent"], t["role"], t["link_kind"]) for t in doc["turns"]]
+    reasks = [t for t in roots[1:] if by_seq.get(t["seq"] - 1, {}).get("finish_reason") == "length"]
+    assert len(roots) - len(reasks) == 1, [(t["seq"], t["parent"], t["link_kind"], t["finish_reason"])
+                                            for t in doc["turns"]]
     # Calls without the tool manifest (a title or router call) are auxiliary, never trained.
     for t in doc["turns"]:
         if not (t["request"] or {}).get("tools"):
