@@ -112,8 +112,8 @@ _CLI_SEAMS: dict[str, tuple[Dialect, tuple[str, ...], tuple[str, ...], str | Non
                        "-c model.model_kwargs.api_base=<proxy>", True,
                        "`mini -y --exit-immediately`, step_limit = max_turns; not streamed; "
                        "ends only on its submit command, so the step limit or budget ends it; "
-                       "ran here on sample/hello-file (2 turns captured, reward 0); a reply cut "
-                       "by max_tokens is dropped and re-asked, so that re-ask is a new root"),
+                       "ran here on sample/hello-file (2 turns captured, reward 0); it drops a "
+                       "reply it rejects and asks again, so each such call is a new root"),
 }
 
 

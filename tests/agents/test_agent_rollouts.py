@@ -30,6 +30,8 @@ AGENTS = ["mini-swe-agent", "opencode", "codex", "gemini-cli", "claude-code", "q
 AGENT_CONTEXT = 32768
 """The agents' first prompts are 8-17k tokens: more than SmolLM2's trained 8,192."""
 E2E = os.environ.get("TAPDECK_AGENT_E2E") == "1"
+REASKS = {"mini-swe-agent"}
+"""Agents that never resend a reply they rejected: a small model's calls do not chain for them."""
 TURNS = 2
 BUDGET = 3
 """Model calls per rollout: the agent's turns plus an auxiliary call (opencode's title)."""
@@ -107,13 +109,16 @@ def test_agent_cli_runs_a_sample_task_offline_with_every_turn_captured(
         assert turn["prompt_len"] and turn["prompt_len"] > 0
         assert turn["sampled_ids"] and all(isinstance(i, int) for i in turn["sampled_ids"])
         assert len(turn["logprobs"]) == len(turn["sampled_ids"])
-    # One conversation, one chain: every agent turn hangs off one root, except a re-ask after a
-    # reply cut by max_tokens (mini-swe-agent drops the cut reply and asks again from before it).
-    by_seq = {t["seq"]: t for t in doc["turns"]}
     roots = [t for t in agent_turns if t["parent"] is None]
-    reasks = [t for t in roots[1:] if by_seq.get(t["seq"] - 1, {}).get("finish_reason") == "length"]
-    assert len(roots) - len(reasks) == 1, [(t["seq"], t["parent"], t["link_kind"], t["finish_reason"])
-                                            for t in doc["turns"]]
+    shape = [(t["seq"], t["parent"], t["link_kind"], t["finish_reason"]) for t in doc["turns"]]
+    if name in REASKS:
+        # It drops a reply it rejects (no tool call, or cut by max_tokens) and asks again from
+        # before it: each call is a root of its own, and the capture says so.
+        assert len(roots) == len(agent_turns), shape
+        assert len(roots) == 1 or any("every_call_a_root" in f for f in doc["findings"]), doc["findings"]
+    else:
+        # One conversation, one chain: every agent turn hangs off one root.
+        assert len(roots) == 1, shape
     # Calls without the tool manifest (a title or router call) are auxiliary, never trained.
     for t in doc["turns"]:
         if not (t["request"] or {}).get("tools"):
