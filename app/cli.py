@@ -29,6 +29,7 @@ COMMAND_MODULES = [
     "export",
     "train",
     "rollout",
+    "harness",
 ]
 
 

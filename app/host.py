@@ -71,7 +71,7 @@ class LocalServer:
             public_host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::", "") else cfg.host
             public_host = f"[{public_host}]" if ":" in public_host else public_host
             self.service = CaptureService(self._store, default_engine=self.default_engine,
-                                          public_url=f"http://{public_host}:{port}")
+                                          public_url=cfg.public_url or f"http://{public_host}:{port}")
             app = create_app(self.service, admin_key=self.admin_key, routers=self._runner_routers())
             self.instance = app.state.instance
             self._http = ThreadedServer(app, cfg.host, port, name="tapdeck-server")

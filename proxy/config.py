@@ -11,8 +11,9 @@ import ipaddress
 import os
 import secrets
 from pathlib import Path
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 DATA_DIR_ENV = "TAPDECK_DATA_DIR"
 ADMIN_KEY_FILE = "admin.key"
@@ -37,6 +38,14 @@ class ServerConfig(BaseModel):
     """None → the embedded engine is started and used as the default engine."""
     engine_model: str | None = None
     engine_api_key: str | None = None
+    public_url: str | None = None
+    """The address sandboxes use to reach this server (`http://host:port`), advertised in every
+    session's base URLs; None → this server's own bound address (loopback by default)."""
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str | None) -> str | None:
+        return check_public_url(value) if value else None
 
     @property
     def capture_db(self) -> Path:
@@ -51,6 +60,19 @@ class ServerConfig(BaseModel):
 
 class ConfigError(ValueError):
     """A configuration the server refuses to start with."""
+
+
+def check_public_url(url: str) -> str:
+    """`url` without a trailing slash, if it is an absolute http(s) URL with a host and no query.
+
+    Raises ValueError saying what is wrong otherwise.
+    """
+    parsed = urlsplit(url.strip())
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError(f"public URL {url!r} must be http://HOST[:PORT] or https://HOST[:PORT]")
+    if parsed.query or parsed.fragment:
+        raise ValueError(f"public URL {url!r} must not have a query or fragment")
+    return url.strip().rstrip("/")
 
 
 def is_loopback(host: str) -> bool:

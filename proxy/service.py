@@ -46,6 +46,7 @@ from tapdeck.proxy.sessions import (
     SessionInfo,
     SessionSpec,
     SessionSummary,
+    base_urls_for,
     is_session_key,
     key_from_request,
     new_session_id,
@@ -251,8 +252,7 @@ class CaptureService:
         self.events.publish({"type": "session_opened", "session": self._summary(session).model_dump(mode="json")})
         return SessionInfo(
             id=sid, api_key=key, tier=result.tier, rollout_type=rollout_type,
-            base_urls={"openai": f"{self.public_url}/v1", "anthropic": self.public_url,
-                       "google": self.public_url},
+            base_urls=base_urls_for(self.public_url),
             engine=ref, created_at=now, metadata=record["metadata"])
 
     async def close_session(self, session_id: str) -> SessionSummary:

@@ -111,6 +111,12 @@ class SessionSpec(BaseModel):
         return policy
 
 
+def base_urls_for(public_url: str) -> dict[str, str]:
+    """The base URL each dialect's clients use for a server reachable at `public_url`."""
+    root = public_url.rstrip("/")
+    return {"openai": f"{root}/v1", "anthropic": root, "google": root}
+
+
 class EngineRef(BaseModel):
     """Which engine a session talks to (never its API key)."""
 

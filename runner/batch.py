@@ -23,8 +23,9 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
+from tapdeck.proxy.config import check_public_url
 from tapdeck.proxy.tiers import EngineSpec
 from tapdeck.runner.engines import EngineChoiceError, resolve_engine
 from tapdeck.runner.rollout import RolloutResult, RolloutSpec, run_rollout
@@ -68,6 +69,15 @@ class RunPlan(BaseModel):
     (`SessionSpec.training_sampling`: temperature, truncating knobs at their no-ops)."""
     metadata: dict[str, Any] | None = None
     """Extra session metadata for every rollout (e.g. a trainer's group and episode ids)."""
+    public_url: str | None = None
+    """The address sandboxes use to reach the proxy (None → the server's own public URL)."""
+    agent_timeout_s: float | None = Field(default=None, gt=0)
+    """The agent phase's limit (None → the task's own `[agent].timeout_sec`)."""
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str | None) -> str | None:
+        return check_public_url(value) if value else None
 
 
 class RunCounts(BaseModel):
@@ -240,7 +250,8 @@ class BatchRunner:
                     sandbox_kwargs=run.plan.sandbox_kwargs,
                     timeout_s=run.plan.timeout_s, reward_key=run.plan.reward_key,
                     agent_kwargs=run.plan.agent_kwargs, call_budget=run.plan.call_budget,
-                    alternatives=run.plan.alternatives,
+                    alternatives=run.plan.alternatives, public_url=run.plan.public_url,
+                    agent_timeout_s=run.plan.agent_timeout_s,
                     training_sampling=run.plan.training_sampling,
                     metadata=dict(run.plan.metadata or {}), rollout_id=rid, run_id=run.id,
                     group=group, index=index)

@@ -62,6 +62,10 @@ class HarnessInfo(BaseModel):
     validated: bool
     available: bool
     why: str
+    version: str | None = None
+    """The pinned version tapdeck installs (agent CLIs); `validated` refers to it."""
+    installed: str | None = None
+    """What is installed here, e.g. `0.169.0, 423 MB` (agent CLIs); None when not installed."""
 
 
 class SandboxInfo(BaseModel):
@@ -211,11 +215,15 @@ def sandbox_environment_config(name: str, **kwargs: Any):
 def harness_catalog(sandboxes: list[SandboxInfo]) -> list[HarnessInfo]:
     """The seam table with availability: host-side needs its tools, installed needs a container."""
     containers = [s.name for s in sandboxes if s.available and s.name != HOST_SANDBOX]
+    host_ok = any(s.available and s.name == HOST_SANDBOX for s in sandboxes)
     rows = []
     for h in harnesses_mod.HARNESSES.values():
         placement = harnesses_mod.Placement
         if h.placement is placement.NO_MODEL:
             available, why = True, h.notes
+        elif h.placement is placement.HOST_INSTALL:
+            rows.append(_cli_harness_info(h, host_ok))
+            continue
         elif h.placement is placement.HOST_SIDE:
             tmux = shutil.which("tmux") is not None
             available = tmux
@@ -232,6 +240,30 @@ def harness_catalog(sandboxes: list[SandboxInfo]) -> list[HarnessInfo]:
         rows.append(HarnessInfo(name=h.name, dialect=h.dialect.value, placement=h.placement.value,
                                 validated=h.validated, available=available, why=why))
     return rows
+
+
+def _cli_harness_info(h: Any, host_ok: bool) -> HarnessInfo:
+    """An agent CLI tapdeck installs: runnable on the host sandbox once installed (or installable)."""
+    from tapdeck.runner import agent_install
+
+    record = agent_install.installed(h.name)
+    package = agent_install.get_package(h.name)
+    tool = "npm" if package.registry == "npm" else None
+    if record is not None:
+        installed = f"{record.version}, {record.size_bytes / 1e6:.0f} MB"
+        state = f"installed {installed} at {record.path}"
+    else:
+        installed = None
+        state = (f"not installed: `tapdeck harness install {h.name}` (or on first use) fetches "
+                 f"{package.spec} from {package.registry}")
+    available = host_ok and (record is not None or tool is None or shutil.which(tool) is not None)
+    why = f"{state}; {h.notes}"
+    if not host_ok:
+        why = f"needs the host sandbox, unavailable here; {why}"
+    why += f" [validated here: {h.version}]" if h.validated else " [unvalidated]"
+    return HarnessInfo(name=h.name, dialect=h.dialect.value, placement=h.placement.value,
+                       validated=h.validated, available=available, why=why, version=h.version,
+                       installed=installed)
 
 
 # ------------------------------------------------------------------ datasets

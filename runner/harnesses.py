@@ -28,6 +28,9 @@ class Placement(StrEnum):
     """Installed into the sandbox at setup (needs internet there, and the proxy reachable from it)."""
     NO_MODEL = "no-model"
     """Makes no model calls (oracle, nop)."""
+    HOST_INSTALL = "host-install"
+    """A real agent CLI installed by tapdeck on the host (`tapdeck harness install`) and run in
+    the host sandbox from there, offline (`cli_agents`)."""
 
 
 class Dialect(StrEnum):
@@ -69,6 +72,8 @@ class Harness:
     """Run end to end here (through Harbor and the host sandbox)."""
     notes: str = ""
     default_kwargs: dict[str, Any] = field(default_factory=dict)
+    version: str | None = None
+    """The pinned version tapdeck installs (host-install rows); `validated` refers to it."""
 
     @property
     def makes_model_calls(self) -> bool:
@@ -84,6 +89,53 @@ class Harness:
 _OPENAI_KEYS = ("OPENAI_API_KEY",)
 _INSTALLED_NOTE = "installed in the sandbox at setup: needs internet there and the proxy reachable"
 
+# The real agent CLIs tapdeck installs itself: dialect, what carries the proxy URL, and whether the
+# pinned version ran end to end here (host sandbox, embedded engine, through the proxy).
+_CLI_SEAMS: dict[str, tuple[Dialect, tuple[str, ...], tuple[str, ...], str | None, bool, str]] = {
+    "codex": (Dialect.RESPONSES, ("TAPDECK_SESSION_KEY",), (),
+              "-c model_providers.tapdeck.* (base_url, env_key, wire_api=responses)", False,
+              "`codex exec`, a custom model provider; plugins, analytics, update check off"),
+    "claude-code": (Dialect.ANTHROPIC, ("ANTHROPIC_API_KEY",), ("ANTHROPIC_BASE_URL",), None, False,
+                    "`claude -p --max-turns`; telemetry, error reports, updater, non-essential "
+                    "traffic off"),
+    "gemini-cli": (Dialect.GOOGLE, ("GEMINI_API_KEY",), ("GOOGLE_GEMINI_BASE_URL",),
+                   "~/.gemini/settings.json (api-key auth, telemetry off, maxSessionTurns)", False,
+                   "`gemini --yolo -m <served> -p`; the workspace trusted by env"),
+    "opencode": (Dialect.CHAT, ("TAPDECK_SESSION_KEY",), (),
+                 "opencode.json (openai-compatible provider baseURL, key from env)", False,
+                 "`opencode run`; its concurrent title call is an auxiliary root; "
+                 "model fetch, autoupdate, share off; registry pointed nowhere"),
+    "qwen-code": (Dialect.CHAT, ("OPENAI_API_KEY",), ("OPENAI_BASE_URL",),
+                  "~/.qwen/settings.json (usage stats off, maxSessionTurns)", False,
+                  "`qwen --yolo`; vendored rg made executable at install"),
+    "mini-swe-agent": (Dialect.CHAT, ("OPENAI_API_KEY",), (),
+                       "-c model.model_kwargs.api_base=<proxy>", True,
+                       "`mini -y --exit-immediately`, step_limit = max_turns; not streamed; "
+                       "ends only on its submit command, so the step limit or budget ends it; "
+                       "ran here on sample/hello-file (2 turns captured, reward 0); it drops a "
+                       "reply it rejects and asks again, so each such call is a new root"),
+}
+
+
+CLI_MAX_TURNS = 3
+"""Default turn/step limit of the agent CLIs: a small model never finishes, and each first prompt
+is 8-17k tokens to prefill on CPU."""
+_CLI_CLASSES = {"codex": "CodexCli", "claude-code": "ClaudeCodeCli", "gemini-cli": "GeminiCli",
+                "opencode": "OpencodeCli", "qwen-code": "QwenCodeCli",
+                "mini-swe-agent": "MiniSweAgentCli"}
+
+
+def _cli_row(name: str) -> Harness:
+    from tapdeck.runner.agent_install import get_package
+    dialect, key_env, base_url_env, config_file, validated, notes = _CLI_SEAMS[name]
+    return Harness(name, f"tapdeck.runner.cli_agents:{_CLI_CLASSES[name]}", dialect,
+                   Placement.HOST_INSTALL, "", key_env, base_url_env, config_file,
+                   validated=validated, version=get_package(name).version,
+                   default_kwargs={"max_turns": CLI_MAX_TURNS},
+                   notes=f"{notes}; runs from tapdeck's install (host sandbox only), per-trial "
+                         "HOME/TMPDIR, only the session key")
+
+
 HARNESSES: dict[str, Harness] = {h.name: h for h in (
     Harness("terminus-2", "terminus-2", Dialect.CHAT, Placement.HOST_SIDE, "openai/", _OPENAI_KEYS,
             validated=True,
@@ -95,27 +147,14 @@ HARNESSES: dict[str, Harness] = {h.name: h for h in (
             notes="runs the task's solution/solve.sh (reward 1 on a correct task)"),
     Harness("nop", "nop", Dialect.NONE, Placement.NO_MODEL, validated=True,
             notes="does nothing (reward-0 baseline)"),
-    Harness("mini-swe-agent", "mini-swe-agent", Dialect.CHAT, Placement.INSTALLED, "openai/",
-            _OPENAI_KEYS, ("OPENAI_BASE_URL",),
-            notes=_INSTALLED_NOTE + "; its installer fetches uv from astral.sh"),
-    Harness("opencode", "opencode", Dialect.CHAT, Placement.INSTALLED, "openai/", _OPENAI_KEYS,
-            config_file="opencode.json (provider baseURL)", notes=_INSTALLED_NOTE),
-    Harness("codex", "codex", Dialect.RESPONSES, Placement.INSTALLED, "openai/", _OPENAI_KEYS,
-            ("OPENAI_BASE_URL",), notes=_INSTALLED_NOTE),
-    Harness("claude-code", "claude-code", Dialect.ANTHROPIC, Placement.INSTALLED, "anthropic/",
-            ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN"), ("ANTHROPIC_BASE_URL",),
-            notes=_INSTALLED_NOTE + "; base URL without /v1 (the client appends /v1/messages)"),
-    Harness("gemini-cli", "gemini-cli", Dialect.GOOGLE, Placement.INSTALLED, "gemini/",
-            ("GEMINI_API_KEY", "GOOGLE_API_KEY"), ("GOOGLE_GEMINI_BASE_URL",),
-            notes=_INSTALLED_NOTE),
+    *(_cli_row(name) for name in ("codex", "claude-code", "gemini-cli", "opencode", "qwen-code",
+                                  "mini-swe-agent")),
     Harness("goose", "goose", Dialect.CHAT, Placement.INSTALLED, "openai/", _OPENAI_KEYS,
             ("OPENAI_HOST",), notes=_INSTALLED_NOTE),
     Harness("openhands-sdk", "openhands-sdk", Dialect.CHAT, Placement.INSTALLED, "openai/",
             ("LLM_API_KEY", "OPENAI_API_KEY"), ("LLM_BASE_URL",), notes=_INSTALLED_NOTE),
     Harness("openhands", "openhands", Dialect.CHAT, Placement.INSTALLED, "openai/",
             ("LLM_API_KEY", "OPENAI_API_KEY"), ("LLM_BASE_URL",), notes=_INSTALLED_NOTE),
-    Harness("qwen-coder", "qwen-coder", Dialect.CHAT, Placement.INSTALLED, "openai/", _OPENAI_KEYS,
-            ("OPENAI_BASE_URL",), notes=_INSTALLED_NOTE),
     Harness("aider", "aider", Dialect.CHAT, Placement.INSTALLED, "openai/", _OPENAI_KEYS,
             ("OPENAI_BASE_URL",), notes=_INSTALLED_NOTE),
     Harness("swe-agent", "swe-agent", Dialect.CHAT, Placement.INSTALLED, "openai/", _OPENAI_KEYS,
@@ -244,6 +283,14 @@ def build_agent_pieces(
         raise ValueError(f"harness {row.name!r} makes model calls: it needs the session's base "
                          "URLs, session key and served model name")
     base_url = base_urls[_BASE_URL_KEY[row.dialect]]
+    if row.placement is Placement.HOST_INSTALL:
+        # tapdeck's own agent classes take the seam as kwargs: Harbor's base_url/model_api_format
+        # overrides are for agents with a Harbor model connection, and no key goes into env.
+        seam = {"proxy_url": base_url, "session_key": session_key,
+                "max_turns": defaults.max_turns, "max_output_tokens": defaults.max_output_tokens,
+                "context_tokens": defaults.context_tokens}
+        return AgentPieces(name, import_path, served_model, None, None, env,
+                           {**seam, **kwargs}, defaults.agent_timeout_s)
     prefix = defaults.model_prefix or row.model_prefix
     if prefix == "hosted_vllm/" and not _HOSTED_VLLM_NAME.match(served_model):
         prefix = row.model_prefix
@@ -269,5 +316,5 @@ def harness_table() -> list[dict[str, Any]]:
         "placement": h.placement.value, "validated": h.validated,
         "model_name": f"{h.model_prefix}<served>" if h.makes_model_calls else None,
         "key_env": list(h.key_env), "base_url_env": list(h.base_url_env),
-        "config_file": h.config_file, "notes": h.notes,
+        "config_file": h.config_file, "notes": h.notes, "version": h.version,
     } for h in HARNESSES.values()]

@@ -29,12 +29,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import httpx
 from pydantic import BaseModel, Field
 
+from tapdeck.proxy.config import is_loopback
 from tapdeck.proxy.findings import Finding, Level
-from tapdeck.proxy.sessions import SessionInfo, SessionSpec
+from tapdeck.proxy.sessions import SessionInfo, SessionSpec, base_urls_for
 from tapdeck.proxy.tiers import EngineSpec, Tier
 from tapdeck.runner.atif import CapturedCall, reconcile_file
 from tapdeck.runner.rewards import choose_reward, read_reward_files
@@ -110,6 +112,8 @@ class RolloutSpec:
     """None → the task's own agent timeout (capped by `timeout_s` anyway)."""
     sandbox_kwargs: dict[str, Any] | None = None
     """Constructor kwargs of the sandbox (Harbor's `EnvironmentConfig.kwargs`)."""
+    public_url: str | None = None
+    """The address the sandbox reaches the proxy at (None → the session's own base URLs)."""
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
@@ -135,12 +139,18 @@ _EXCEPTION_KINDS: dict[str, str] = {
     "BadRequestError": "engine_rejected",
     "UnprocessableEntityError": "engine_rejected",
     "NotFoundError": "engine_rejected",
+    "ProxyUnreachableError": "proxy_unreachable",
+    "AgentNotInstalledError": "harness_install_failed",
 }
 _ENGINE_TYPES = frozenset({
     "APIConnectionError", "ApiConnectionError", "NetworkConnectionError", "InternalServerError",
     "ServiceUnavailableError", "APIError", "ApiError", "Timeout", "ApiInternalServerError",
     "UnknownApiError", "ApiResponseStalledError", "ApiConnectionClosedError", "RateLimitError",
 })
+
+
+ENGINE_BLAMED = ("agent_failed", "agent_timeout", "no_model_calls", "engine_rejected")
+"""Agent failures classified `engine_unreachable` when the session saw the engine fail."""
 
 
 def classify_exception(exception_type: str, phase: Phase) -> str:
@@ -240,6 +250,11 @@ async def run_rollout(service: Any, spec: RolloutSpec, *,
                     reason = await _engine_unreachable(info.engine.url, spec.engine)
                     if reason is not None:
                         raise RolloutSetupError("engine_unreachable", reason)
+            if info is not None and spec.public_url:
+                info = info.model_copy(update={"base_urls": base_urls_for(spec.public_url)})
+            if info is not None and spec.sandbox == "host":
+                environment = environment_config(
+                    spec.sandbox, host_sandbox_kwargs(spec, info.base_urls["openai"]))
             config = _trial_config(spec, rid, info, environment)
             trial_dir = Path(config.trials_dir) / config.trial_name
             result.trial_dir = str(trial_dir)
@@ -289,10 +304,6 @@ class RolloutSetupError(RuntimeError):
         self.error_kind = kind
 
 
-ENGINE_BLAMED = ("agent_failed", "agent_timeout")
-"""Agent failures classified `engine_unreachable` when the session saw the engine fail."""
-
-
 def _fail(result: RolloutResult, kind: str, message: str) -> RolloutResult:
     if result.error_kind is None:
         result.error_kind = kind
@@ -302,9 +313,11 @@ def _fail(result: RolloutResult, kind: str, message: str) -> RolloutResult:
 
 
 async def _open_session(service: Any, spec: RolloutSpec, rid: str) -> SessionInfo:
-    from tapdeck.runner.harnesses import RunDefaults
+    from tapdeck.runner.harnesses import RunDefaults, get_harness
 
-    max_turns = int((spec.agent_kwargs or {}).get("max_turns") or RunDefaults().max_turns)
+    max_turns = int((spec.agent_kwargs or {}).get("max_turns")
+                    or get_harness(spec.harness).default_kwargs.get("max_turns")
+                    or RunDefaults().max_turns)
     budget = spec.call_budget or BUDGET_PER_TURN * max_turns
     metadata = {"run_id": spec.run_id, "rollout_id": rid, "task": spec.task, "group": spec.group,
                 "index": spec.index, "harness": spec.harness, "sandbox": spec.sandbox,
@@ -338,6 +351,20 @@ def environment_config(sandbox: str, kwargs: dict[str, Any] | None = None) -> An
         return sandbox_environment_config(sandbox, **(kwargs or {}))
     except ValueError as exc:
         raise RolloutSetupError("bad_plan", str(exc)) from None
+
+
+def host_sandbox_kwargs(spec: RolloutSpec, proxy_url: str) -> dict[str, Any]:
+    """Host sandbox kwargs: the proxy's loopback port carried into a trial cut off from the
+    network, and agent CLIs cut off by default (they need nothing but the proxy)."""
+    from tapdeck.runner.harnesses import Placement, get_harness
+
+    kwargs = dict(spec.sandbox_kwargs or {})
+    parsed = urlsplit(proxy_url)
+    if parsed.port and parsed.hostname and is_loopback(parsed.hostname):
+        kwargs.setdefault("loopback_ports", [parsed.port])
+        if get_harness(spec.harness).placement is Placement.HOST_INSTALL:
+            kwargs.setdefault("network", "none")
+    return kwargs
 
 
 def _preflight(environment: Any) -> None:
@@ -415,9 +442,11 @@ async def _finish(service: Any, spec: RolloutSpec, result: RolloutResult, trial_
         down = next((f for f in capture if f.code == "engine_unreachable"), None)
         if down is not None and (result.error_kind in ENGINE_BLAMED or
                                  (result.error_kind is None and summary.turns == 0)):
-            # The agent failed (or made no captured call) because the engine could not answer.
-            result.error_kind = None
-            _fail(result, "engine_unreachable", down.detail)
+            # The agent failed (or made no captured call) because the engine could not answer; an
+            # agent that recovered from a passing engine fault and finished keeps its own verdict.
+            result.error_kind, result.error = "engine_unreachable", (
+                f"the engine stopped answering during the rollout ({down.detail}); the agent "
+                f"then: {result.error or 'ended'}")[:700]
         if result.error_kind is None:
             if uses_model and summary.turns == 0:
                 _fail(result, "no_model_calls", "the harness made no model call through the proxy")

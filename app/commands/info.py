@@ -58,11 +58,14 @@ def render(catalog, *, show_all: bool = False, width: int = 80):
 
     harnesses = table("Harnesses", ("name", {"no_wrap": True}), ("dialect", {"no_wrap": True}),
                       ("runs", {"no_wrap": True}), ("valid.", {"no_wrap": True}),
-                      ("ok", {"no_wrap": True}))
+                      ("ok", {"no_wrap": True}), ("installed", {"overflow": "fold"}))
     for h in catalog.harnesses:
-        harnesses.add_row(h.name, h.dialect, h.placement, _yes(h.validated), _yes(h.available))
-    harnesses.caption = ("validated = run end to end here; installed harnesses need internet in "
-                         "the sandbox")
+        validated = _yes(h.validated) + (f" {h.version}" if h.validated and h.version else "")
+        installed = h.installed or ("[red]no[/]" if h.version else "-")
+        harnesses.add_row(h.name, h.dialect, h.placement, validated, _yes(h.available), installed)
+    harnesses.caption = ("validated = run end to end here (at that version); host-install = a "
+                         "pinned CLI tapdeck installs (`tapdeck harness install`) and runs on the "
+                         "host sandbox; installed = Harbor installs it inside a container sandbox")
     out.append(harnesses)
 
     engines = table("Engines", ("name", {"max_width": 28, **wrap}), ("tier", {"no_wrap": True}),

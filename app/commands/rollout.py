@@ -59,6 +59,9 @@ def register(app: typer.Typer) -> None:
                                              help="Admin key of --server (default: <data-dir>/admin.key)."),
         resume: str | None = typer.Option(None, "--resume", help="Resume an interrupted run by id "
                                           "(finished rollouts are not redone)."),
+        public_url: str | None = typer.Option(
+            None, "--public-url", help="Address sandboxes use to reach the proxy (http://HOST:PORT, "
+            "e.g. an SSH reverse tunnel); sessions advertise it. Default: the bound address."),
     ) -> None:
         """Run N tasks × K rollouts through the capture proxy and print the results."""
         import os
@@ -73,8 +76,10 @@ def register(app: typer.Typer) -> None:
             "harness": harness, "sandbox": sandbox, "engine": engine, "engine_model": engine_model,
             "k": k, "concurrency": concurrency, "timeout_s": timeout, "reward_key": reward_key,
             "agent_kwargs": {"max_turns": max_turns} if max_turns else None,
-            "alternatives": alternatives,
+            "alternatives": alternatives, "public_url": public_url,
         }
+        if server is None:
+            _install_agent(harness)
         local = None
         url_engine = None
         if server is None:
@@ -104,6 +109,16 @@ def register(app: typer.Typer) -> None:
             if local is not None:
                 local.stop()
         raise typer.Exit(code)
+
+
+def _install_agent(harness: str) -> None:
+    """An agent CLI tapdeck installs is installed here first, with progress (once)."""
+    from tapdeck.runner.agent_install import PACKAGES
+
+    if harness in PACKAGES:
+        from tapdeck.app.commands.harness import install_with_progress
+
+        install_with_progress([harness])
 
 
 def _drive(base: str, key: str | None, plan: dict[str, Any], resume: str | None,

@@ -39,6 +39,9 @@ def register(app: typer.Typer) -> None:
                                              help="Admin API key. Omitted: generate one and write <data-dir>/admin.key."),
         data_dir: Path | None = typer.Option(None, "--data-dir",
                                              help="Data directory (default $TAPDECK_DATA_DIR or ~/.tapdeck)."),
+        public_url: str | None = typer.Option(
+            None, "--public-url", help="Address sandboxes use to reach the proxy (http://HOST:PORT, "
+            "e.g. an SSH reverse tunnel); sessions advertise it. Default: the bound address."),
     ) -> None:
         """Serve the capture proxy and admin API until interrupted (Ctrl-C or SIGTERM)."""
         import signal
@@ -50,10 +53,15 @@ def register(app: typer.Typer) -> None:
         from tapdeck.proxy.serving import PortInUseError
 
         fields = {"host": host, "port": port, "admin_key": admin_key, "engine_url": engine,
-                  "engine_model": engine_model, "engine_api_key": engine_api_key}
+                  "engine_model": engine_model, "engine_api_key": engine_api_key,
+                  "public_url": public_url}
         if data_dir is not None:
             fields["data_dir"] = data_dir
-        config = ServerConfig(**fields)
+        try:
+            config = ServerConfig(**fields)
+        except ValueError as exc:
+            typer.echo(f"tapdeck serve: {exc}", err=True)
+            raise typer.Exit(2) from None
         _log_to_stderr()
         server = LocalServer(config)
         if engine is None:

@@ -36,7 +36,8 @@ def run_app(base_url: str, admin_key: str | None, *, server_label: str, settings
 
 
 def run_embedded(data_dir: Path | None = None, *, port: int = 0, engine_url: str | None = None,
-                 engine_model: str | None = None, engine_api_key: str | None = None) -> None:
+                 engine_model: str | None = None, engine_api_key: str | None = None,
+                 public_url: str | None = None) -> None:
     """Start a LocalServer on loopback (any free port by default), run the TUI on it, stop it on exit."""
     from tapdeck.app.host import LocalServer
     from tapdeck.app.settings import default_settings_path
@@ -46,7 +47,8 @@ def run_embedded(data_dir: Path | None = None, *, port: int = 0, engine_url: str
 
     data_dir = (data_dir or default_data_dir()).expanduser()
     config = ServerConfig(host="127.0.0.1", port=port, data_dir=data_dir, engine_url=engine_url,
-                          engine_model=engine_model, engine_api_key=engine_api_key)
+                          engine_model=engine_model, engine_api_key=engine_api_key,
+                          public_url=public_url)
     _log_to_file(data_dir / "tui.log")
     print(f"tapdeck: starting the embedded server ({'engine ' + engine_url if engine_url else 'embedded engine'}"
           f", data in {data_dir})…", file=sys.stderr, flush=True)
@@ -82,7 +84,10 @@ def register(app: typer.Typer) -> None:
         engine_model: str | None = typer.Option(None, "--engine-model", help="Model name on that engine."),
         engine_api_key: str | None = typer.Option(None, "--engine-api-key", envvar="TAPDECK_ENGINE_API_KEY",
                                                   help="API key for that engine (never logged)."),
+        public_url: str | None = typer.Option(
+            None, "--public-url", help="Address sandboxes use to reach the proxy (http://HOST:PORT, "
+            "e.g. an SSH reverse tunnel); sessions advertise it. Default: the bound address."),
     ) -> None:
         """Open the TUI on an embedded tapdeck server (what `tapdeck` with no command does)."""
         run_embedded(data_dir, port=port, engine_url=engine, engine_model=engine_model,
-                     engine_api_key=engine_api_key)
+                     engine_api_key=engine_api_key, public_url=public_url)

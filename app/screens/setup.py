@@ -1,5 +1,5 @@
-"""Setup: choose dataset, tasks, harness, sandbox, engine, K, concurrency and the alternatives to
-capture; start a batch.
+"""Setup: choose dataset, tasks, harness, sandbox, engine, K, concurrency, the alternatives to
+capture and the public URL sandboxes reach the proxy at; start a batch.
 
 Every choice shows whether this machine can run it and why not, as `/admin/catalog` reports it —
 nothing is assumed available.
@@ -19,6 +19,7 @@ from textual.widgets import Button, Input, Label, Select, SelectionList, Static
 
 from tapdeck.app.messages import RunsChanged
 from tapdeck.app.screens.base import TapdeckScreen
+from tapdeck.proxy.config import check_public_url
 
 DEFAULT_ALTERNATIVES = 5
 """Top alternatives per token captured for runs started here (the Rollout screen shows them)."""
@@ -64,6 +65,10 @@ class SetupScreen(TapdeckScreen):
                 yield Label("Engine")
                 yield Select[str]([], id="engine", prompt="–", compact=True)
                 yield Static("", id="why-engine", classes="why")
+                yield Label("Public URL")
+                # For sandboxes not on this host: the address they reach the proxy at.
+                yield Input(placeholder="sandboxes → proxy (default: this server)", id="public-url",
+                            compact=True)
                 with Horizontal(id="numbers"):
                     with Vertical():
                         yield Label("K per task")
@@ -239,13 +244,16 @@ class SetupScreen(TapdeckScreen):
                 bound = f"from {low} to {high}" if high is not None else f"≥ {low}"
                 raise ValueError(f"{label} must be a whole number {bound}")
             numbers[name] = int(raw)
+        public_url = self.query_one("#public-url", Input).value.strip() or None
+        if public_url is not None:
+            public_url = check_public_url(public_url)
         ticked = list(self.query_one("#tasks", SelectionList).selected)
         return {"dataset": str(dataset), "tasks": ticked or None,
                 "harness": self.query_one("#harness", Select).value,
                 "sandbox": self.query_one("#sandbox", Select).value,
                 "engine": self.query_one("#engine", Select).value,
                 "k": numbers["k"], "concurrency": numbers["concurrency"],
-                "alternatives": numbers["alternatives"]}
+                "alternatives": numbers["alternatives"], "public_url": public_url}
 
     def action_start(self) -> None:
         """Start a batch with the current choices."""

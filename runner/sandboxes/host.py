@@ -54,6 +54,7 @@ from pathlib import Path
 from harbor.environments.base import BaseEnvironment, ExecResult
 from harbor.environments.capabilities import EnvironmentCapabilities
 
+from tapdeck.runner.sandboxes.loopback_relay import LoopbackRelay
 from tapdeck.runner.sandboxes.mount_points import STATE_DIR, MountPoints
 
 IMPORT_PATH = "tapdeck.runner.sandboxes.host:HostSandbox"
@@ -161,7 +162,9 @@ class HostSandbox(BaseEnvironment):
     `.bashrc` that runs pyenv — and anything an agent installs under HOME stay out of the trial;
     other users keep their real home), `rootless` (None: rootless unless running as root),
     `state_dir` (the lock shared by every trial that uses the same host mount points, and the
-    staging point; not under /tmp, which the trial covers).
+    staging point; not under /tmp, which the trial covers), `loopback_ports` (host loopback
+    ports still reachable at the same address from a trial cut off from the network, such as the
+    capture proxy's: `loopback_relay`).
     """
 
     def __init__(
@@ -173,6 +176,7 @@ class HostSandbox(BaseEnvironment):
         private_home: bool = True,
         rootless: bool | None = None,
         state_dir: str | Path = STATE_DIR,
+        loopback_ports: list[int] | None = None,
         **kwargs,
     ):
         if network not in ("auto", "host", "none"):
@@ -194,6 +198,9 @@ class HostSandbox(BaseEnvironment):
         self._binds: dict[str, Path] = {}
         self._mount_points: MountPoints | None = None
         self._tmux_tmpdir = f"/tmp/tapdeck-tmux-{secrets.token_hex(6)}"
+        self._loopback_ports = [int(p) for p in loopback_ports or ()]
+        self._relays: list[LoopbackRelay] = []
+        self._inner_relays: list[asyncio.subprocess.Process] = []
         super().__init__(*args, **kwargs)
         self.workdir = (
             self.task_env_config.workdir
@@ -274,7 +281,31 @@ class HostSandbox(BaseEnvironment):
             await self._start_rootless()
         else:
             await self._start_as_root(targets)
+        if self.no_network:
+            await self._start_relays()
         await self._upload_environment_dir_after_start()
+
+    async def _start_relays(self) -> None:
+        """Carry each of `loopback_ports` into the trial's loopback-only network namespace."""
+        for port in self._loopback_ports:
+            name = f"tapdeck-relay-{port}.sock"
+            relay = LoopbackRelay(port, self._binds["/tmp"] / name)
+            await relay.start()
+            self._relays.append(relay)
+            inner = await asyncio.create_subprocess_exec(
+                *self._nsenter(), *relay.inner_command(f"/tmp/{name}"),
+                env=self._base_env("/root"), stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                start_new_session=True)
+            self._inner_relays.append(inner)
+            try:
+                line = await asyncio.wait_for(inner.stdout.readline(), _HOLDER_READY_TIMEOUT_S)
+            except TimeoutError:
+                line = b""
+            if line.strip() != b"ready":
+                err = (await inner.stderr.read()).decode(errors="replace") if inner.returncode else ""
+                raise RuntimeError(f"host sandbox could not relay loopback port {port} into the "
+                                   f"trial's network namespace: {err.strip() or 'no answer'}")
 
     def _make_trial_dirs(self) -> list[str]:
         """The per-trial host directories, one per bound path; returns the bound paths."""
@@ -411,6 +442,14 @@ class HostSandbox(BaseEnvironment):
         With `delete=False` the per-trial directories are kept (their path is logged).
         """
         await self._kill_namespace()
+        for relay in self._relays:
+            await relay.stop()
+        for inner in self._inner_relays:
+            if inner.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    inner.kill()
+            await inner.wait()
+        self._relays, self._inner_relays = [], []
         if self._mount_points is not None:
             removed = await asyncio.to_thread(self._mount_points.release)
             self._mount_points = None

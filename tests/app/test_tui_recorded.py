@@ -149,6 +149,19 @@ async def test_setup_plan_captures_five_alternatives_unless_told_otherwise(make_
         assert screen.plan()["alternatives"] == 0
 
 
+async def test_setup_plan_carries_the_public_url_sandboxes_use(make_app):
+    app = make_app("setup")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _catalog_loaded(pilot)
+        screen = app.screen
+        assert screen.plan()["public_url"] is None
+        screen.query_one("#public-url", Input).value = "gpu-box:18300"
+        with pytest.raises(ValueError, match="public URL 'gpu-box:18300' must be http"):
+            screen.plan()
+        screen.query_one("#public-url", Input).value = "http://gpu-box:18300/"
+        assert screen.plan()["public_url"] == "http://gpu-box:18300"
+
+
 def _app_on_a_dead_server(mode: str) -> TapdeckApp:
     with socket.socket() as sock:  # a port with nothing listening
         sock.bind(("127.0.0.1", 0))

@@ -6,6 +6,7 @@ exactly as the CLI and the TUI do.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
@@ -50,16 +51,22 @@ class RunnerServer:
         return self.wait(self.start(**plan)["id"])
 
 
-@pytest.fixture(scope="session")
-def runner_server(embedded_engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunnerServer]:
-    """A tapdeck server whose default engine is the shared embedded engine."""
-    data_dir = tmp_path_factory.mktemp("tapdeck-data")
-    with local_server_on(embedded_engine, data_dir) as local:
+@contextlib.contextmanager
+def runner_server_on(engine: Any, data_dir: Path) -> Iterator[RunnerServer]:
+    """A RunnerServer whose default engine is `engine`."""
+    with local_server_on(engine, data_dir) as local:
         server = RunnerServer(local, data_dir)
         try:
             yield server
         finally:
             server.http.close()
+
+
+@pytest.fixture(scope="session")
+def runner_server(embedded_engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunnerServer]:
+    """A tapdeck server whose default engine is the shared embedded engine."""
+    with runner_server_on(embedded_engine, tmp_path_factory.mktemp("tapdeck-data")) as server:
+        yield server
 
 
 def make_task(root: Path, name: str, test_sh: str, *, agent_timeout_s: float = 180.0) -> Path:

@@ -45,9 +45,20 @@ def test_harness_availability_follows_the_sandboxes() -> None:
     host_only = [catalog.SandboxInfo(name="host", available=True, why="")]
     rows = {r.name: r for r in catalog.harness_catalog(host_only)}
     assert rows["oracle"].available and rows["terminus-2"].available
-    assert not rows["codex"].available and "no container sandbox" in rows["codex"].why
+    assert not rows["goose"].available and "no container sandbox" in rows["goose"].why
     with_docker = host_only + [catalog.SandboxInfo(name="docker", available=True, why="")]
-    assert {r.name: r for r in catalog.harness_catalog(with_docker)}["codex"].available
+    assert {r.name: r for r in catalog.harness_catalog(with_docker)}["goose"].available
+
+
+def test_agent_clis_need_the_host_sandbox_and_say_what_is_installed(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TAPDECK_AGENTS_DIR", str(tmp_path))
+    host = [catalog.SandboxInfo(name="host", available=True, why="")]
+    codex = {r.name: r for r in catalog.harness_catalog(host)}["codex"]
+    assert codex.placement == "host-install" and codex.version == "0.169.0"
+    assert codex.installed is None and "tapdeck harness install codex" in codex.why
+    no_host = [catalog.SandboxInfo(name="host", available=False, why="no namespaces")]
+    codex = {r.name: r for r in catalog.harness_catalog(no_host)}["codex"]
+    assert not codex.available and "needs the host sandbox" in codex.why
 
 
 def test_dataset_catalog_reports_errors_instead_of_raising(tmp_path) -> None:

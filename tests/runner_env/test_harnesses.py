@@ -29,7 +29,9 @@ SESSION_KEY = "tdk-session-key-123"
 REAL_KEYS = {"OPENAI_API_KEY": "sk-real-openai", "ANTHROPIC_API_KEY": "sk-ant-real",
              "ANTHROPIC_AUTH_TOKEN": "sk-ant-real-token", "GEMINI_API_KEY": "real-gemini",
              "GOOGLE_API_KEY": "real-google", "LLM_API_KEY": "real-llm"}
-MODEL_HARNESSES = [name for name, h in HARNESSES.items() if h.makes_model_calls]
+MODEL_HARNESSES = [name for name, h in HARNESSES.items()
+                   if h.makes_model_calls and h.placement is not Placement.HOST_INSTALL]
+CLI_HARNESSES = [name for name, h in HARNESSES.items() if h.placement is Placement.HOST_INSTALL]
 
 
 def _build(name: str, **kw) -> AgentConfig:
@@ -92,11 +94,33 @@ def test_harbor_resolves_only_the_session_key_even_with_real_keys_on_the_host(na
 
 
 def test_base_url_goes_to_the_dialect_route() -> None:
-    assert _build("claude-code").base_url == BASE_URLS["anthropic"]
-    assert _build("claude-code").env["ANTHROPIC_BASE_URL"] == BASE_URLS["anthropic"]
-    assert _build("gemini-cli").env["GOOGLE_GEMINI_BASE_URL"] == BASE_URLS["google"]
-    assert _build("codex").model_api_format == "openai_responses"
-    assert _build("codex").env["OPENAI_BASE_URL"] == BASE_URLS["openai"]
+    assert _build("claude-code").kwargs["proxy_url"] == BASE_URLS["anthropic"]
+    assert _build("gemini-cli").kwargs["proxy_url"] == BASE_URLS["google"]
+    assert _build("codex").kwargs["proxy_url"] == BASE_URLS["openai"]
+    assert _build("mini-swe-agent").kwargs["proxy_url"] == BASE_URLS["openai"]
+    assert _build("goose").env["OPENAI_HOST"] == BASE_URLS["openai"]
+
+
+@pytest.mark.parametrize("name", CLI_HARNESSES)
+def test_agent_clis_get_only_the_session_key_and_the_proxy(name: str, monkeypatch, tmp_path) -> None:
+    from tapdeck.runner import cli_agents
+
+    for var, value in REAL_KEYS.items():
+        monkeypatch.setenv(var, value)
+    cfg = _build(name, extra_env={"OPENAI_API_KEY": "sk-real-openai", "MY_FLAG": "1"})
+    assert cfg.import_path.startswith("tapdeck.runner.cli_agents:") and cfg.base_url is None
+    assert cfg.model_name == "smollm2" and cfg.kwargs["max_turns"] == 3
+    assert not set(REAL_KEYS.values()) & set(cfg.env.values()), cfg.env
+    agent = AgentFactory.create_agent_from_config(cfg, logs_dir=tmp_path)
+    assert isinstance(agent, cli_agents.CliAgent) and agent.name() == name
+    agent.entry = tmp_path / "bin" / name
+    env = agent.env()
+    everything = " ".join([*env.values(), agent.command("do it"), *agent.config_files().values()])
+    assert not any(v in everything for v in REAL_KEYS.values()), everything
+    credentials = {k: v for k, v in env.items() if "KEY" in k}
+    assert credentials and set(credentials.values()) == {SESSION_KEY}
+    assert env["HOME"] == cli_agents.AGENT_HOME and env["TMPDIR"] == cli_agents.AGENT_TMP
+    assert cfg.kwargs["proxy_url"] in everything
 
 
 def test_model_harness_without_a_session_is_refused() -> None:
@@ -127,8 +151,10 @@ def test_strip_secrets_keeps_the_session_key_only() -> None:
 def test_table_rows_are_plain_and_only_what_ran_here_is_validated() -> None:
     rows = {r["name"]: r for r in harness_table()}
     assert {"terminus-2", "oracle", "nop", "mini-swe-agent", "opencode", "codex", "claude-code",
-            "gemini-cli", "goose", "openhands-sdk", "qwen-coder"} <= set(rows)
+            "gemini-cli", "goose", "openhands-sdk", "qwen-code"} <= set(rows)
     assert rows["oracle"]["validated"] and rows["nop"]["validated"] and rows["terminus-2"]["validated"]
     installed = [r for r in rows.values() if r["placement"] == "installed"]
     assert installed and not any(r["validated"] for r in installed)
     assert rows["terminus-2"]["placement"] == "host-side"
+    clis = [r for r in rows.values() if r["placement"] == "host-install"]
+    assert len(clis) == 6 and all(r["version"] for r in clis)

@@ -354,6 +354,37 @@ async def test_no_network_task_gets_loopback_only(rootless: bool, tmp_path: Path
         await env.stop(delete=True)
 
 
+@pytest.mark.parametrize("rootless", MODES)
+async def test_no_network_trial_still_reaches_the_loopback_ports_it_is_given(
+        rootless: bool, tmp_path: Path) -> None:
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        request = await reader.readline()
+        writer.write(b"host saw " + request)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    (tmp_path / "hostdirs").mkdir()
+    env = _sandbox(tmp_path, rootless=rootless, network="none", loopback_ports=[port],
+                   task_env={"workdir": "/app"})
+    await env.start(force_build=False)
+    try:
+        talk = ("python3 -c 'import socket,sys; c=socket.create_connection((\"127.0.0.1\", "
+                "int(sys.argv[1]))); c.sendall(b\"ping\\n\"); print(c.makefile().readline().strip())' ")
+        reached = await env.exec(talk + str(port), timeout_sec=20)
+        assert reached.stdout.strip() == "host saw ping", reached
+        links = await env.exec("ls /sys/class/net")
+        assert links.stdout.split() == ["lo"]
+        other = await env.exec(talk + str(port + 1 if port < 65535 else port - 1), timeout_sec=20)
+        assert other.return_code != 0 and "refused" in (other.stderr or "").lower()
+    finally:
+        await env.stop(delete=True)
+        server.close()
+        await server.wait_closed()
+    assert list((tmp_path / "hostdirs").iterdir()) == []
+
+
 def test_check_and_preflight_pass_as_root_here() -> None:
     ok, why = host.check()
     assert ok and "(as root)" in why, why

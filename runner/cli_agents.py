@@ -1,0 +1,341 @@
+"""Harbor agents that run the real coding-agent CLIs from tapdeck's own installs.
+
+Harbor's installed agents (`harbor.agents.installed.*`) install their CLI inside the sandbox at
+setup with scripts that need the internet (nvm from GitHub, uv from astral.sh) and point the CLI at
+a real provider. These classes keep Harbor's seam (a `BaseAgent` loaded by `module:Class`, the
+instruction run once in the sandbox through `exec`) but run the binary tapdeck installed on the host
+(`agent_install`, visible inside the host sandbox), with the command lines measured here
+(shared/reference/harness-clis.md):
+
+- a per-trial HOME and TMPDIR under `/installed-agent` (a per-trial directory in the host sandbox),
+  so config, caches, session files and the temp files some CLIs leave behind go with the trial;
+- telemetry, update checks and other non-essential traffic off (env vars and settings files);
+- only the capture session key as a credential, and the proxy as the only endpoint;
+- a bounded run: the CLI's own turn/step limit where it has one, small output per call, and the
+  proxy's per-session call budget (its synthetic stop reply ends every text-terminated loop).
+
+A non-zero exit raises Harbor's `NonZeroAgentExitCodeError` (the rollout classifies it); the CLI's
+output (stdout and stderr) is kept as `agent/<name>.txt` in the trial folder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shlex
+import tempfile
+from pathlib import Path
+from typing import Any, ClassVar
+
+from harbor.agents.base import BaseAgent
+from harbor.agents.installed.base import NonZeroAgentExitCodeError
+from harbor.environments.base import BaseEnvironment
+from harbor.models.agent.context import AgentContext
+
+from tapdeck.runner import agent_install
+
+AGENT_ROOT = "/installed-agent"
+AGENT_HOME = f"{AGENT_ROOT}/home"
+AGENT_TMP = f"{AGENT_ROOT}/tmp"
+# Nothing listens here: a CLI that would fetch packages at run time (opencode's plugin install)
+# fails at once instead of reaching a registry.
+DEAD_REGISTRY = "http://127.0.0.1:9/"
+# Made in the per-trial HOME before a run (codex refuses a CODEX_HOME that does not exist).
+HOME_DIRS = (".codex", ".config", ".cache", ".local/share", ".local/state")
+RETRIES = 1
+"""Retries per failed model call, where the CLI lets us set them: the proxy is local, so a failure
+is the engine's, and the CLIs' own back-off (up to minutes) only delays the rollout's end."""
+IDLE_TIMEOUT_MS = 600_000
+"""Request/stream idle limits raised: a CPU engine prefilling a 16k-token prompt is silent long."""
+_SETTINGS_OFF = {"privacy": {"usageStatisticsEnabled": False}, "telemetry": {"enabled": False},
+                 "general": {"disableAutoUpdate": True, "disableUpdateNag": True}}
+
+
+class ProxyUnreachableError(RuntimeError):
+    """The sandbox cannot reach the capture proxy at the address the session advertises."""
+
+
+class AgentNotInstalledError(RuntimeError):
+    """The agent CLI could not be installed, or the sandbox cannot see tapdeck's install."""
+
+
+# An HTTP GET from inside the sandbox with whatever client is there (curl, python3, node).
+_HEALTH_PROBE = (
+    'u={url}; if command -v curl >/dev/null 2>&1; then curl -fsS -m 5 -o /dev/null "$u"; '
+    'elif command -v python3 >/dev/null 2>&1; then python3 -c "import sys,urllib.request as r; '
+    'r.urlopen(sys.argv[1], timeout=5)" "$u"; '
+    "elif command -v node >/dev/null 2>&1; then node -e \"fetch(process.argv[1],"
+    "{{signal:AbortSignal.timeout(5000)}}).then(r=>process.exit(r.ok?0:1),e=>"
+    "{{console.error(String(e.cause||e));process.exit(1)}})\" \"$u\"; "
+    'else echo "no curl, python3 or node in the sandbox to check with" >&2; exit 3; fi')
+
+
+def proxy_root(proxy_url: str) -> str:
+    """The server root of a dialect base URL (`…/v1` → `…`)."""
+    root = proxy_url.rstrip("/")
+    return root[: -len("/v1")] if root.endswith("/v1") else root
+
+
+async def check_proxy_reachable(environment: BaseEnvironment, proxy_url: str) -> None:
+    """GET the proxy's `/health` from inside the sandbox; ProxyUnreachableError if it fails."""
+    url = f"{proxy_root(proxy_url)}/health"
+    result = await environment.exec(_HEALTH_PROBE.format(url=shlex.quote(url)), timeout_sec=20)
+    if result.return_code != 0:
+        detail = ((result.stderr or "") + (result.stdout or "")).strip()[-300:]
+        raise ProxyUnreachableError(
+            f"the sandbox cannot reach the capture proxy at {url} ({detail or 'no answer'}): "
+            "sandboxes not on this host need --public-url with an address they can reach (see "
+            "the README's SSH reverse tunnel recipe)")
+
+
+class CliAgent(BaseAgent):
+    """One coding-agent CLI, run once on the task's instruction through the capture proxy.
+
+    Kwargs (Harbor `AgentConfig.kwargs`): `proxy_url` (the session's base URL for this CLI's
+    dialect), `session_key`, `max_turns`, `max_output_tokens`, `context_tokens`, `agents_dir`
+    (where tapdeck's installs live; default `~/.cache/tapdeck/agents`).
+    """
+
+    HARNESS: ClassVar[str] = ""
+    """The `agent_install.PACKAGES` key."""
+
+    def __init__(self, logs_dir: Path, model_name: str | None = None, *,
+                 proxy_url: str | None = None, session_key: str | None = None,
+                 max_turns: int = 3, max_output_tokens: int = 256, context_tokens: int = 32768,
+                 agents_dir: str | None = None, **kwargs: Any) -> None:
+        super().__init__(logs_dir, model_name, **kwargs)
+        if not (proxy_url and session_key and model_name):
+            raise ValueError(f"{self.name()} needs proxy_url, session_key and a model name")
+        self.proxy_url = proxy_url.rstrip("/")
+        self.session_key = session_key
+        self.max_turns = int(max_turns)
+        self.max_output_tokens = int(max_output_tokens)
+        self.context_tokens = int(context_tokens)
+        self.agents_dir = Path(agents_dir) if agents_dir else None
+        self.entry: Path | None = None
+
+    @classmethod
+    def name(cls) -> str:
+        """tapdeck's harness name."""
+        return cls.HARNESS
+
+    def version(self) -> str | None:
+        """The pinned version tapdeck installs."""
+        return agent_install.get_package(self.HARNESS).version
+
+    async def setup(self, environment: BaseEnvironment) -> None:
+        """Install the pinned CLI on the host if needed (on first use), check the sandbox sees it
+        and reaches the proxy, and make the per-trial HOME and TMPDIR."""
+        try:
+            record = await asyncio.to_thread(agent_install.install, self.HARNESS,
+                                             root=self.agents_dir)
+        except agent_install.InstallError as exc:
+            raise AgentNotInstalledError(f"{self.name()}: {exc}") from exc
+        self.entry = Path(record.path) / record.entry
+        check = await environment.exec(
+            f"test -x {shlex.quote(str(self.entry))} && mkdir -p {AGENT_TMP} "
+            + " ".join(f"{AGENT_HOME}/{d}" for d in HOME_DIRS),
+            timeout_sec=30)
+        if check.return_code != 0:
+            raise AgentNotInstalledError(
+                f"{self.name()}: the sandbox cannot see tapdeck's install at {self.entry} (these "
+                "agents run from the host's install: use the host sandbox)")
+        await check_proxy_reachable(environment, self.proxy_url)
+        await self.write_config(environment)
+
+    # ------------------------------------------------------------ per-CLI parts
+
+    def env(self) -> dict[str, str]:
+        """Environment for the CLI: per-trial HOME, TMPDIR and XDG folders, no package registry,
+        and this CLI's own variables (the sandbox supplies PATH, where node is)."""
+        assert self.entry is not None
+        return {"HOME": AGENT_HOME, "TMPDIR": AGENT_TMP, "XDG_CONFIG_HOME": f"{AGENT_HOME}/.config",
+                "XDG_DATA_HOME": f"{AGENT_HOME}/.local/share",
+                "XDG_CACHE_HOME": f"{AGENT_HOME}/.cache",
+                "XDG_STATE_HOME": f"{AGENT_HOME}/.local/state",
+                "npm_config_registry": DEAD_REGISTRY, "NO_UPDATE_NOTIFIER": "1",
+                "CI": "1", **self.cli_env()}
+
+    def cli_env(self) -> dict[str, str]:
+        """This CLI's variables (base URL, key, telemetry off)."""
+        return {}
+
+    def config_files(self) -> dict[str, str]:
+        """Files to write under the per-trial HOME: relative path → text."""
+        return {}
+
+    def command(self, instruction: str) -> str:
+        """The shell command running the CLI once on `instruction`."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ running
+
+    async def write_config(self, environment: BaseEnvironment) -> None:
+        """Upload `config_files()` into the sandbox's per-trial HOME."""
+        for relative, text in self.config_files().items():
+            with tempfile.TemporaryDirectory(prefix="tapdeck-agent-config-") as scratch:
+                local = Path(scratch) / Path(relative).name
+                local.write_text(text)
+                await environment.upload_file(local, f"{AGENT_HOME}/{relative}")
+
+    async def run(self, instruction: str, environment: BaseEnvironment,
+                  context: AgentContext) -> None:
+        """Run the CLI once; its output goes to `agent/<name>.txt`; a non-zero exit raises."""
+        # Teed inside the sandbox, so a run cut by the agent timeout still leaves its output.
+        log = f"/logs/agent/{self.name()}.txt"
+        command = f"set -o pipefail; {self.command(instruction)} 2>&1 </dev/null | tee {log}"
+        result = await environment.exec(command, env=self.env())
+        output = result.stdout or ""
+        context.metadata = {**(context.metadata or {}), "exit_code": result.return_code,
+                            "cli": self.name(), "cli_version": self.version()}
+        if result.return_code != 0:
+            tail = output.strip()[-1500:]
+            raise NonZeroAgentExitCodeError(
+                f"{self.name()} exited with {result.return_code}: {tail}")
+
+    def _bin(self) -> str:
+        assert self.entry is not None
+        return shlex.quote(str(self.entry))
+
+
+class CodexCli(CliAgent):
+    """OpenAI Codex CLI: Responses API through a custom model provider (env_key = session key)."""
+
+    HARNESS = "codex"
+
+    def cli_env(self) -> dict[str, str]:
+        return {"CODEX_HOME": f"{AGENT_HOME}/.codex", "TAPDECK_SESSION_KEY": self.session_key}
+
+    def command(self, instruction: str) -> str:
+        provider = {"name": '"tapdeck"', "base_url": json.dumps(self.proxy_url),
+                    "env_key": '"TAPDECK_SESSION_KEY"', "wire_api": '"responses"',
+                    "request_max_retries": str(RETRIES), "stream_max_retries": str(RETRIES),
+                    "stream_idle_timeout_ms": str(IDLE_TIMEOUT_MS)}
+        config = ["model_provider=tapdeck",
+                  *(f"model_providers.tapdeck.{k}={v}" for k, v in provider.items()),
+                  "check_for_update_on_startup=false", "analytics.enabled=false",
+                  "feedback.enabled=false", f"model_context_window={self.context_tokens}",
+                  f"model_max_output_tokens={self.max_output_tokens}"]
+        flags = " ".join(f"-c {shlex.quote(c)}" for c in config)
+        return (f"{self._bin()} exec {flags} -m {shlex.quote(self.model_name or '')} "
+                "--skip-git-repo-check --ephemeral --dangerously-bypass-approvals-and-sandbox "
+                f"--disable plugins -- {shlex.quote(instruction)}")
+
+
+class ClaudeCodeCli(CliAgent):
+    """Claude Code: Anthropic Messages at ANTHROPIC_BASE_URL, non-essential traffic off."""
+
+    HARNESS = "claude-code"
+
+    def cli_env(self) -> dict[str, str]:
+        return {"ANTHROPIC_BASE_URL": self.proxy_url, "ANTHROPIC_API_KEY": self.session_key,
+                "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1",
+                "DISABLE_AUTOUPDATER": "1", "DISABLE_BUG_COMMAND": "1",
+                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+                "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(self.max_output_tokens),
+                "CLAUDE_CODE_MAX_RETRIES": str(RETRIES), "API_TIMEOUT_MS": str(IDLE_TIMEOUT_MS)}
+
+    def command(self, instruction: str) -> str:
+        # The prompt goes after `--`: otherwise --allowedTools swallows it as a value.
+        return (f"{self._bin()} -p --model {shlex.quote(self.model_name or '')} "
+                f"--max-turns {self.max_turns} --allowedTools 'Bash,Write,Edit,Read' "
+                f"-- {shlex.quote(instruction)}")
+
+
+class GeminiCli(CliAgent):
+    """Gemini CLI: Google generateContent at GOOGLE_GEMINI_BASE_URL, API-key auth from settings."""
+
+    HARNESS = "gemini-cli"
+
+    def cli_env(self) -> dict[str, str]:
+        return {"GEMINI_API_KEY": self.session_key, "GOOGLE_GEMINI_BASE_URL": self.proxy_url,
+                "GEMINI_CLI_NO_RELAUNCH": "true", "GEMINI_TELEMETRY_ENABLED": "false",
+                "GEMINI_CLI_TRUST_WORKSPACE": "true"}
+
+    def config_files(self) -> dict[str, str]:
+        settings = {**_SETTINGS_OFF, "security": {"auth": {"selectedType": "gemini-api-key"}},
+                    "model": {"maxSessionTurns": self.max_turns}}
+        settings["general"] = {**settings["general"], "maxAttempts": RETRIES + 1}
+        return {".gemini/settings.json": json.dumps(settings)}
+
+    def command(self, instruction: str) -> str:
+        return (f"{self._bin()} --yolo -m {shlex.quote(self.model_name or '')} "
+                f"-p {shlex.quote(instruction)}")
+
+
+class OpencodeCli(CliAgent):
+    """opencode: chat completions through an `@ai-sdk/openai-compatible` provider in its config."""
+
+    HARNESS = "opencode"
+
+    def cli_env(self) -> dict[str, str]:
+        return {"OPENCODE_CONFIG": f"{AGENT_HOME}/opencode.json",
+                "OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1",
+                "OPENCODE_DISABLE_SHARE": "1", "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+                "OPENCODE_DISABLE_AUTOCOMPACT": "1", "TAPDECK_SESSION_KEY": self.session_key}
+
+    def config_files(self) -> dict[str, str]:
+        model = self.model_name or ""
+        config = {
+            "$schema": "https://opencode.ai/config.json",
+            "provider": {"tapdeck": {
+                "npm": "@ai-sdk/openai-compatible", "name": "tapdeck",
+                # Substituted by opencode at load time: the key stays out of the file.
+                "options": {"baseURL": self.proxy_url, "apiKey": "{env:TAPDECK_SESSION_KEY}"},
+                "models": {model: {"name": model, "tool_call": True,
+                                   "limit": {"context": self.context_tokens,
+                                             "output": self.max_output_tokens}}}}},
+            "model": f"tapdeck/{model}", "small_model": f"tapdeck/{model}",
+            "autoupdate": False, "share": "disabled",
+            "permission": {"bash": "allow", "edit": "allow"},
+            "agent": {"build": {"steps": self.max_turns}},
+        }
+        return {"opencode.json": json.dumps(config)}
+
+    def command(self, instruction: str) -> str:
+        return (f"{self._bin()} run -m {shlex.quote('tapdeck/' + (self.model_name or ''))} "
+                f"{shlex.quote(instruction)}")
+
+
+class QwenCodeCli(CliAgent):
+    """Qwen Code: chat completions through OPENAI_BASE_URL (its default `openai` auth type)."""
+
+    HARNESS = "qwen-code"
+
+    def cli_env(self) -> dict[str, str]:
+        return {"OPENAI_API_KEY": self.session_key, "OPENAI_BASE_URL": self.proxy_url,
+                "OPENAI_MODEL": self.model_name or ""}
+
+    def config_files(self) -> dict[str, str]:
+        # The idle guard is off: a CPU engine prefilling 16k tokens is silent for a long while.
+        generation = {"maxRetries": RETRIES, "streamIdleTimeoutMs": 0, "timeout": IDLE_TIMEOUT_MS}
+        settings = {**_SETTINGS_OFF, "security": {"auth": {"selectedType": "openai"}},
+                    "model": {"maxSessionTurns": self.max_turns, "generationConfig": generation}}
+        return {".qwen/settings.json": json.dumps(settings)}
+
+    def command(self, instruction: str) -> str:
+        return f"{self._bin()} --yolo {shlex.quote(instruction)}"
+
+
+class MiniSweAgentCli(CliAgent):
+    """mini-swe-agent: chat completions through LiteLLM (`openai/<served>`), not streamed."""
+
+    HARNESS = "mini-swe-agent"
+
+    def cli_env(self) -> dict[str, str]:
+        return {"OPENAI_API_KEY": self.session_key, "MSWEA_CONFIGURED": "true",
+                "MSWEA_COST_TRACKING": "ignore_errors", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+                "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": str(RETRIES + 1)}
+
+    def command(self, instruction: str) -> str:
+        config = [f"model.model_kwargs.api_base={self.proxy_url}",
+                  f"model.model_kwargs.max_tokens={self.max_output_tokens}",
+                  f"agent.step_limit={self.max_turns}"]
+        flags = " ".join(f"-c {shlex.quote(c)}" for c in config)
+        return (f"{self._bin()} -y --exit-immediately -l 0 "
+                f"-m {shlex.quote('openai/' + (self.model_name or ''))} -c mini.yaml {flags} "
+                f"-o /logs/agent/mini.traj.json -t {shlex.quote(instruction)}")
+
+
+CLI_AGENTS: dict[str, type[CliAgent]] = {cls.HARNESS: cls for cls in (
+    CodexCli, ClaudeCodeCli, GeminiCli, OpencodeCli, QwenCodeCli, MiniSweAgentCli)}

@@ -1,0 +1,179 @@
+"""The real agent CLIs (codex, claude-code, gemini-cli, opencode, qwen-code, mini-swe-agent) run a
+sample task end to end: installed from their registries by tapdeck (pinned, cached), run on the
+host sandbox with the network cut to loopback, every model call through the capture proxy to the
+embedded engine, graded by the task's verifier.
+
+The 135M model never solves the task (reward 0) and rarely makes a usable tool call: each agent
+ends by its own turn limit, or by the session's call budget (its stop reply ends the loop).
+Skipped when the registries cannot be reached (the install fails with a network error). The
+end-to-end task test runs mini-swe-agent always and the other five with `TAPDECK_AGENT_E2E=1`:
+they have not passed on this project's machine yet, where a shared 2-core CPU prefilled their
+8-17k-token first prompts at ~12 tokens/s (see the README); the dead-engine tests run for all six.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.runner.conftest import RunnerServer, runner_server_on
+
+pytestmark = pytest.mark.slow
+
+# Smallest first prompt first.
+AGENTS = ["mini-swe-agent", "opencode", "codex", "gemini-cli", "claude-code", "qwen-code"]
+AGENT_CONTEXT = 32768
+"""The agents' first prompts are 8-17k tokens: more than SmolLM2's trained 8,192."""
+E2E = os.environ.get("TAPDECK_AGENT_E2E") == "1"
+REASKS = {"mini-swe-agent"}
+"""Agents that never resend a reply they rejected: a small model's calls do not chain for them."""
+TURNS = 2
+BUDGET = 3
+"""Model calls per rollout: the agent's turns plus an auxiliary call (opencode's title)."""
+
+
+def installed_or_skip(name: str) -> None:
+    """Install the pinned CLI (cached after the first time); skip only if the registry is down."""
+    from tapdeck.runner import agent_install
+
+    try:
+        agent_install.install(name)
+    except agent_install.InstallError as exc:
+        if exc.network:
+            pytest.skip(f"{name}: the package registry is unreachable ({str(exc)[:200]})")
+        raise
+
+
+def start_engine(n_ctx: int = AGENT_CONTEXT) -> Any:
+    """An embedded engine of its own: the agents need its context above the 8k default."""
+    pytest.importorskip("llama_cpp", reason="the embedded engine needs llama-cpp-python")
+    from tapdeck.runner.engine.embedded import EmbeddedEngine
+
+    return EmbeddedEngine(n_ctx=n_ctx).start()
+
+
+@pytest.fixture(scope="module")
+def agent_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunnerServer]:
+    """A tapdeck server whose default engine holds the agents' prompts."""
+    engine = start_engine()
+    try:
+        with runner_server_on(engine, tmp_path_factory.mktemp("tapdeck-agents")) as server:
+            yield server
+    finally:
+        engine.stop()
+
+
+def _only(doc: dict[str, Any]) -> dict[str, Any]:
+    assert len(doc["rollouts"]) == 1, doc
+    return doc["rollouts"][0]
+
+
+def _agent_output(rollout: dict[str, Any], name: str) -> str:
+    path = Path(rollout["trial_dir"]) / "agent" / f"{name}.txt"
+    return path.read_text()[-3000:] if path.is_file() else "(no output kept)"
+
+
+# mini-swe-agent's first prompt is ~1k tokens and always runs; the others' are 8-17k tokens.
+TASK_CASES = [name if name == "mini-swe-agent" or E2E else pytest.param(name, marks=pytest.mark.skip(
+    reason="set TAPDECK_AGENT_E2E=1: its first prompt is 8-17k tokens to prefill on CPU, which "
+           "has not finished in time on this project's shared machine")) for name in AGENTS]
+
+
+@pytest.mark.parametrize("name", TASK_CASES)
+def test_agent_cli_runs_a_sample_task_offline_with_every_turn_captured(
+        agent_server: RunnerServer, name: str) -> None:
+    installed_or_skip(name)
+    started = time.monotonic()
+    r = _only(agent_server.run(tasks=["hello-file"], harness=name, timeout_s=2100,
+                               agent_timeout_s=1800, call_budget=BUDGET,
+                               agent_kwargs={"max_turns": TURNS}))
+    wall = time.monotonic() - started
+    output = _agent_output(r, name)
+    # The agent ran its own loop and ended it (exit 0), or was ended by the budget's stop reply.
+    assert r["error_kind"] in (None, "agent_failed"), (r["error"], output)
+    assert r["reward"] == 0.0 or r["reward"] == 1.0, (r, output)
+    assert "reward" in r["rewards"]
+    assert r["tier"] == "tokens" and r["turns"] >= 1, (r, output)
+
+    http = agent_server.http
+    doc = http.get(f"/admin/sessions/{r['session_id']}/rollout").json()
+    agent_turns = [t for t in doc["turns"] if t["role"] == "agent"]
+    assert agent_turns, (doc["turns"], output)
+    for t in doc["turns"]:
+        turn = http.get(f"/admin/sessions/{r['session_id']}/turns/{t['seq']}").json()
+        assert turn["prompt_len"] and turn["prompt_len"] > 0
+        assert turn["sampled_ids"] and all(isinstance(i, int) for i in turn["sampled_ids"])
+        assert len(turn["logprobs"]) == len(turn["sampled_ids"])
+    roots = [t for t in agent_turns if t["parent"] is None]
+    shape = [(t["seq"], t["parent"], t["link_kind"], t["finish_reason"]) for t in doc["turns"]]
+    if name in REASKS:
+        # It drops a reply it rejects (no tool call, or cut by max_tokens) and asks again from
+        # before it: each call is a root of its own, and the capture says so.
+        assert len(roots) == len(agent_turns), shape
+        assert len(roots) == 1 or any("every_call_a_root" in f for f in doc["findings"]), doc["findings"]
+    else:
+        # One conversation, one chain: every agent turn hangs off one root.
+        assert len(roots) == 1, shape
+    # Calls without the tool manifest (a title or router call) are auxiliary, never trained.
+    for t in doc["turns"]:
+        if not (t["request"] or {}).get("tools"):
+            assert t["role"] != "agent" or len(doc["turns"]) == 1, t["seq"]
+    first = min(agent_turns, key=lambda t: t["seq"])
+    print(f"\n{name}: exit={r['error_kind'] or 'ok'} turns={r['turns']} "
+          f"agent={len(agent_turns)} first_prompt={first['prompt_len']} tokens "
+          f"first_call={first['meta'].get('latency_ms', 0) / 1000:.1f}s "
+          f"agent_phase={r['timings'].get('agent_execution', 0):.0f}s wall={wall:.0f}s")
+
+
+# gemini-cli reads the proxy's streamed error as a stream that "ended without a finish reason" and
+# exits 0; it should see the 502 (streaming errors with real statuses: issue 17, helper `wire`).
+DEAD_ENGINE_CASES = [pytest.param(name, marks=pytest.mark.xfail(
+    strict=True, reason="gemini-cli exits 0 on a streamed error until streaming errors carry "
+                        "their real HTTP status (issue 17)")) if name == "gemini-cli" else name
+    for name in AGENTS]
+
+
+@pytest.mark.parametrize("name", DEAD_ENGINE_CASES)
+def test_dead_engine_ends_the_agent_and_is_engine_unreachable(
+        agent_server: RunnerServer, name: str) -> None:
+    installed_or_skip(name)
+    engine = start_engine(n_ctx=2048)
+    url = engine.base_url
+    run = agent_server.start(tasks=["hello-file"], harness=name, engine=url, timeout_s=400,
+                             agent_timeout_s=300, call_budget=BUDGET,
+                             agent_kwargs={"max_turns": TURNS})
+    try:
+        # The session probes the live engine; it dies before the agent's first call.
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            rollouts = agent_server.http.get(f"/admin/runs/{run['id']}").json()["rollouts"]
+            if rollouts and rollouts[0].get("session_id"):
+                break
+            time.sleep(0.05)
+    finally:
+        engine.stop()
+    r = _only(agent_server.wait(run["id"]))
+    output = _agent_output(r, name)
+    assert not r["ok"] and r["error_kind"] == "engine_unreachable", (r, output)
+    assert r["turns"] == 0 and r["reward"] is not None  # the verifier still ran
+    # The agent itself gave up on the proxy's 502s (its retries are cut to one).
+    assert "NonZeroAgentExitCodeError" in r["error"], (r["error"], output)
+
+
+def test_unreachable_public_url_fails_the_rollout_before_any_model_call(
+        agent_server: RunnerServer) -> None:
+    import socket
+
+    installed_or_skip("codex")
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = _only(agent_server.run(tasks=["hello-file"], harness="codex", timeout_s=300,
+                               public_url=f"http://127.0.0.1:{port}"))
+    assert not r["ok"] and r["error_kind"] == "proxy_unreachable", r
+    assert f"http://127.0.0.1:{port}/health" in r["error"] and r["turns"] == 0

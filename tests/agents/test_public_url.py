@@ -1,0 +1,95 @@
+"""`--public-url`: validated, advertised by sessions, and checked from inside the sandbox."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+from harbor.models.task.config import EnvironmentConfig as TaskEnvironmentConfig  # noqa: E402
+from harbor.models.trial.paths import TrialPaths  # noqa: E402
+
+from tapdeck.proxy.config import ServerConfig, check_public_url  # noqa: E402
+from tapdeck.proxy.sessions import base_urls_for  # noqa: E402
+from tapdeck.runner.batch import RunPlan  # noqa: E402
+from tapdeck.runner.cli_agents import ProxyUnreachableError, check_proxy_reachable, proxy_root  # noqa: E402
+from tapdeck.runner.sandboxes.host import HostSandbox  # noqa: E402
+from tests.conftest import local_server_on  # noqa: E402
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_public_url_is_checked_and_trimmed() -> None:
+    assert check_public_url("http://gpu-box:18300/") == "http://gpu-box:18300"
+    assert ServerConfig(public_url="https://10.0.0.5:8300").public_url == "https://10.0.0.5:8300"
+    assert RunPlan(public_url="http://h:1").public_url == "http://h:1"
+    for bad in ("gpu-box:18300", "ftp://h:1", "http://:1", "http://h:1/?x=1"):
+        with pytest.raises(ValueError, match="public URL"):
+            check_public_url(bad)
+    with pytest.raises(ValueError, match="public URL"):
+        RunPlan(public_url="tcp://h:1")
+
+
+def test_sessions_advertise_the_public_url_for_every_dialect() -> None:
+    assert base_urls_for("http://gpu-box:18300") == {
+        "openai": "http://gpu-box:18300/v1", "anthropic": "http://gpu-box:18300",
+        "google": "http://gpu-box:18300"}
+    assert proxy_root("http://gpu-box:18300/v1") == "http://gpu-box:18300"
+
+
+async def test_server_advertises_its_public_url_in_new_sessions(tmp_path: Path) -> None:
+    from tapdeck.app.host import LocalServer
+    from tapdeck.proxy.sessions import SessionSpec
+    from tapdeck.proxy.tiers import EngineSpec
+
+    dead_engine = f"http://127.0.0.1:{_closed_port()}/v1"
+    server = LocalServer(ServerConfig(port=0, data_dir=tmp_path, engine_url=dead_engine,
+                                      public_url="http://gpu-box:18300")).start()
+    try:
+        info = await server.service.open_session(SessionSpec(engine=EngineSpec(url=dead_engine)))
+        assert info.base_urls == base_urls_for("http://gpu-box:18300")
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+async def sandbox(tmp_path: Path):
+    env_dir = tmp_path / "task" / "environment"
+    env_dir.mkdir(parents=True)
+    trial_paths = TrialPaths(tmp_path / "trial")
+    trial_paths.mkdir()
+    (tmp_path / "hostdirs").mkdir()
+    env = HostSandbox(environment_dir=env_dir, environment_name="t", session_id="t__env",
+                      trial_paths=trial_paths, task_env_config=TaskEnvironmentConfig(workdir="/app"),
+                      logger=logging.getLogger("test"), base_dir=str(tmp_path / "hostdirs"))
+    await env.start(force_build=False)
+    yield env
+    await env.stop(delete=True)
+
+
+async def test_reachable_proxy_passes_the_check_from_inside_the_host_sandbox(
+        sandbox: HostSandbox, tmp_path: Path) -> None:
+    dead_engine = f"http://127.0.0.1:{_closed_port()}/v1"
+
+    class Engine:  # local_server_on only reads these two
+        base_url, served_name = dead_engine, "m"
+
+    with local_server_on(Engine(), tmp_path / "data") as local:
+        await check_proxy_reachable(sandbox, f"{local.url}/v1")
+
+
+async def test_unreachable_public_url_is_a_clear_error_naming_it(sandbox: HostSandbox) -> None:
+    url = f"http://127.0.0.1:{_closed_port()}"
+    with pytest.raises(ProxyUnreachableError) as caught:
+        await check_proxy_reachable(sandbox, url)
+    message = str(caught.value)
+    assert f"{url}/health" in message and "--public-url" in message
