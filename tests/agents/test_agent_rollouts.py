@@ -130,15 +130,9 @@ def test_agent_cli_runs_a_sample_task_offline_with_every_turn_captured(
           f"agent_phase={r['timings'].get('agent_execution', 0):.0f}s wall={wall:.0f}s")
 
 
-# gemini-cli reads the proxy's streamed error as a stream that "ended without a finish reason" and
-# exits 0; it should see the 502 (streaming errors with real statuses: issue 17, helper `wire`).
-DEAD_ENGINE_CASES = [pytest.param(name, marks=pytest.mark.xfail(
-    strict=True, reason="gemini-cli exits 0 on a streamed error until streaming errors carry "
-                        "their real HTTP status (issue 17)")) if name == "gemini-cli" else name
-    for name in AGENTS]
 
 
-@pytest.mark.parametrize("name", DEAD_ENGINE_CASES)
+@pytest.mark.parametrize("name", AGENTS)
 def test_dead_engine_ends_the_agent_and_is_engine_unreachable(
         agent_server: RunnerServer, name: str) -> None:
     installed_or_skip(name)
