@@ -6,9 +6,15 @@ message. Its prompt ids start with call k's prompt ids + sampled ids when:
 * the sampled ids are the canonical tokenisation of the reply's text.
 It breaks (and the tests pin how) when a turn is cut by `length` (the template adds an `<|im_end|>`
 the model never sampled) or when a sampled reply re-tokenises to other ids.
+
+The seeds below were found on the unstretched model (8,192-token context): the default engine's
+YaRN-stretched 32k context changes the logits slightly, and with them what a seed samples.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -19,6 +25,19 @@ pytestmark = pytest.mark.slow
 
 IM_END, NEWLINE, IM_START, USER = 2, 198, 1, 4093
 OBSERVATIONS = ["Output of `ls`:\nfoo.txt\nbar.py", "Output of `cat foo.txt`:\nhello world"]
+
+
+@pytest.fixture(scope="module")
+def embedded_engine() -> Iterator[Any]:
+    """The embedded engine at SmolLM2's trained context (no RoPE stretch), for this module."""
+    pytest.importorskip("llama_cpp", reason="the embedded engine needs llama-cpp-python")
+    from tapdeck.runner.engine.embedded import EmbeddedEngine
+
+    engine = EmbeddedEngine(n_ctx=8192).start()
+    try:
+        yield engine
+    finally:
+        engine.stop()
 
 
 def _chat(engine, messages, **kw) -> dict:

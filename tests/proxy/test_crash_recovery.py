@@ -89,4 +89,4 @@ def test_kill_9_mid_rollout_loses_no_replied_turn(embedded_engine, tmp_path: Pat
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) >= len(replied)
     assert all(r["session_id"] == info["id"] and r["prompt_token_ids"] for r in rows)
-    assert [r["response"]["content"] for r in rows[:len(replied)]] == replied
+    assert [r["response"]["choices"][0]["message"]["content"] for r in rows[:len(replied)]] == replied
