@@ -93,8 +93,9 @@ _INSTALLED_NOTE = "installed in the sandbox at setup: needs internet there and t
 # pinned version ran end to end here (host sandbox, embedded engine, through the proxy).
 _CLI_SEAMS: dict[str, tuple[Dialect, tuple[str, ...], tuple[str, ...], str | None, bool, str]] = {
     "codex": (Dialect.RESPONSES, ("TAPDECK_SESSION_KEY",), (),
-              "-c model_providers.tapdeck.* (base_url, env_key, wire_api=responses)", False,
-              "`codex exec`, a custom model provider; plugins, analytics, update check off"),
+              "-c model_providers.tapdeck.* (base_url, env_key, wire_api=responses)", True,
+              "`codex exec`, a custom model provider; plugins, analytics, update check off; "
+              "ran here on sample/hello-file (8.7k-token first prompt, one chain, reward 0)"),
     "claude-code": (Dialect.ANTHROPIC, ("ANTHROPIC_API_KEY",), ("ANTHROPIC_BASE_URL",), None, False,
                     "`claude -p --max-turns`; telemetry, error reports, updater, non-essential "
                     "traffic off"),
@@ -102,9 +103,10 @@ _CLI_SEAMS: dict[str, tuple[Dialect, tuple[str, ...], tuple[str, ...], str | Non
                    "~/.gemini/settings.json (api-key auth, telemetry off, maxSessionTurns)", False,
                    "`gemini --yolo -m <served> -p`; the workspace trusted by env"),
     "opencode": (Dialect.CHAT, ("TAPDECK_SESSION_KEY",), (),
-                 "opencode.json (openai-compatible provider baseURL, key from env)", False,
+                 "opencode.json (openai-compatible provider baseURL, key from env)", True,
                  "`opencode run`; its concurrent title call is an auxiliary root; "
-                 "model fetch, autoupdate, share off; registry pointed nowhere"),
+                 "model fetch, autoupdate, share off; registry pointed nowhere; ran here on "
+                 "sample/hello-file (7.7k-token first prompt, one chain, reward 0)"),
     "qwen-code": (Dialect.CHAT, ("OPENAI_API_KEY",), ("OPENAI_BASE_URL",),
                   "~/.qwen/settings.json (usage stats off, maxSessionTurns)", False,
                   "`qwen --yolo`; vendored rg made executable at install"),
