@@ -19,7 +19,7 @@ from tapdeck.proxy.sessions import base_urls_for  # noqa: E402
 from tapdeck.runner.batch import RunPlan  # noqa: E402
 from tapdeck.runner.cli_agents import ProxyUnreachableError, check_proxy_reachable, proxy_root  # noqa: E402
 from tapdeck.runner.sandboxes.host import HostSandbox  # noqa: E402
-from tests.conftest import local_server_on  # noqa: E402
+from tests.conftest import local_server_on, models_only_engine  # noqa: E402
 
 
 def _closed_port() -> int:
@@ -51,14 +51,14 @@ async def test_server_advertises_its_public_url_in_new_sessions(tmp_path: Path) 
     from tapdeck.proxy.sessions import SessionSpec
     from tapdeck.proxy.tiers import EngineSpec
 
-    dead_engine = f"http://127.0.0.1:{_closed_port()}/v1"
-    server = LocalServer(ServerConfig(port=0, data_dir=tmp_path, engine_url=dead_engine,
-                                      public_url="http://gpu-box:18300")).start()
-    try:
-        info = await server.service.open_session(SessionSpec(engine=EngineSpec(url=dead_engine)))
-        assert info.base_urls == base_urls_for("http://gpu-box:18300")
-    finally:
-        server.stop()
+    with models_only_engine() as engine:  # an address that settles; no model call is made
+        server = LocalServer(ServerConfig(port=0, data_dir=tmp_path, engine_url=engine,
+                                          public_url="http://gpu-box:18300")).start()
+        try:
+            info = await server.service.open_session(SessionSpec(engine=EngineSpec(url=engine)))
+            assert info.base_urls == base_urls_for("http://gpu-box:18300")
+        finally:
+            server.stop()
 
 
 @pytest.fixture
@@ -78,13 +78,12 @@ async def sandbox(tmp_path: Path):
 
 async def test_reachable_proxy_passes_the_check_from_inside_the_host_sandbox(
         sandbox: HostSandbox, tmp_path: Path) -> None:
-    dead_engine = f"http://127.0.0.1:{_closed_port()}/v1"
+    with models_only_engine() as engine:
+        class Engine:  # local_server_on only reads these two
+            base_url, served_name = engine, "m"
 
-    class Engine:  # local_server_on only reads these two
-        base_url, served_name = dead_engine, "m"
-
-    with local_server_on(Engine(), tmp_path / "data") as local:
-        await check_proxy_reachable(sandbox, f"{local.url}/v1")
+        with local_server_on(Engine(), tmp_path / "data") as local:
+            await check_proxy_reachable(sandbox, f"{local.url}/v1")
 
 
 async def test_unreachable_public_url_is_a_clear_error_naming_it(sandbox: HostSandbox) -> None:
