@@ -42,8 +42,9 @@ def test_tapdeck_runs_a_rollout_by_keystrokes_and_quits_freeing_the_port(tmp_pat
         # Harness: Tab to it, open it, pick the next entry (oracle: runs the task's solution).
         tmux.keys("Tab", "Tab", "Enter", "Down", "Enter")
         tmux.wait_for(r"✓ oracle", 10)
-        # Tasks list (after sandbox, engine, K, concurrency, alternatives, Start): tick the third.
-        tmux.keys(*["Tab"] * 7, "Down", "Down", "Down", "Space")
+        # Tasks list (after sandbox, engine, public URL, K, concurrency, alternatives, Start): tick
+        # the third.
+        tmux.keys(*["Tab"] * 8, "Down", "Down", "Down", "Space")
         tmux.keys("C-s")
         screen = tmux.wait_for(r"hello-file\s+finished", 120)
         assert "1 sessions · 1 finished" in screen
