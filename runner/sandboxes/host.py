@@ -293,7 +293,7 @@ class HostSandbox(BaseEnvironment):
             await relay.start()
             self._relays.append(relay)
             inner = await asyncio.create_subprocess_exec(
-                *self._nsenter(), *relay.inner_command(f"/tmp/{name}"),
+                *self._nsenter_net(), *relay.inner_command(str(self._binds["/tmp"] / name)),
                 env=self._base_env("/root"), stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
                 start_new_session=True)
@@ -498,6 +498,16 @@ class HostSandbox(BaseEnvironment):
             argv += ["-U", "--preserve-credentials", "-r", "-w"]
         if self.no_network:
             argv.append("-n")
+        return [*argv, "--"]
+
+    def _nsenter_net(self) -> list[str]:
+        """Into the trial's network namespace only: the host's files stay in view, so this Python
+        (which may live under a /tmp the trial has its own of) and the relay's socket are found."""
+        if self._holder is None:
+            raise RuntimeError("host sandbox is not started")
+        argv = ["nsenter", "-t", str(self._holder.pid), "-n"]
+        if self._rootless:
+            argv += ["-U", "--preserve-credentials"]  # the net namespace belongs to the trial's user namespace
         return [*argv, "--"]
 
     def _base_env(self, home: str) -> dict[str, str]:
