@@ -23,7 +23,9 @@ Runs in the training environment (Python 3.11, CPU torch, TRL 1.16), launched by
   `reply_format` — partial credit for the reply format terminus-2 parses (a JSON object with
   `analysis`, `plan`, `commands`), averaged over the rollout's replies. SmolLM2-135M never solves a
   sample task (verifier 0 everywhere), so the format credit is what makes rollouts of a group
-  differ; TRL logs the share of groups that still teach nothing as `frac_reward_zero_std`.
+  differ. A group whose rollouts all score the same teaches nothing (zero advantage) and is drawn
+  again, up to `--redraws` times (DAPO's dynamic sampling; `rollout/redraws`); TRL logs the share of
+  groups that still teach nothing as `frac_reward_zero_std`.
 * **Logs**: trackio through TRL (`report_to="trackio"`: TRL's metric names under `train/`), plus
   `rollout/*` metrics of this recipe through TRL's `log_metric`.
 
@@ -100,17 +102,29 @@ def reply_texts(doc: dict[str, Any]) -> list[str]:
     return out
 
 
+Drawn = tuple[dict[str, list], float | None, float | None, dict]
+"""One rollout as a training row: the sample, its verifier reward, its format credit, its stats."""
+
+
+def is_flat(group: list[Drawn]) -> bool:
+    """True when every rollout of a group has the same total reward (unscorable ones included as
+    such): GRPO's advantages are then all zero."""
+    totals = {None if v is None and f is None else (v or 0.0) + (f or 0.0) for _, v, f, _ in group}
+    return len(totals) <= 1
+
+
 class TapdeckRollouts:
     """`rollout_func` for GRPOTrainer: each group of prompts is one tapdeck run on the policy engine."""
 
     def __init__(self, http: httpx.Client, engine: Any, *, group_size: int, plan: dict[str, Any],
-                 timeout_s: float, eos_id: int, poll_s: float = 1.0) -> None:
+                 timeout_s: float, eos_id: int, redraws: int = 0, poll_s: float = 1.0) -> None:
         self.http = http
         self.engine = engine
         self.group_size = group_size
         self.plan = plan
         self.timeout_s = timeout_s
         self.eos_id = eos_id
+        self.redraws = redraws
         self.poll_s = poll_s
         self.active: set[str] = set()
         """Runs submitted and not yet collected (cancelled if the recipe is stopped meanwhile)."""
@@ -129,15 +143,15 @@ class TapdeckRollouts:
         if len(prompts) % g:
             raise ValueError(f"{len(prompts)} prompts is not a whole number of groups of {g}")
         started = time.monotonic()
-        runs = []
-        for start in range(0, len(prompts), g):
-            task = str(prompts[start])
-            runs.append(self._submit(task))
+        tasks = [str(prompts[start]) for start in range(0, len(prompts), g)]
+        groups = [self._collect(run_id) for run_id in [self._submit(t) for t in tasks]]
+        for i, task in enumerate(tasks):
+            groups[i] = self._redraw_while_flat(task, groups[i])
         out: dict[str, list] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask",
                                                 "verifier_rewards", "format_credit", "rollout_stats")}
         tokens = 0
-        for run_id in runs:
-            for sample, verifier, fmt, stats in self._collect(run_id):
+        for group in groups:
+            for sample, verifier, fmt, stats in group:
                 for key, value in sample.items():
                     out[key].append(value)
                 out["verifier_rewards"].append(verifier)
@@ -149,6 +163,19 @@ class TapdeckRollouts:
             stats["sampled_tok_s"] = tokens / wall if wall > 0 else 0.0
             stats["rollout_wall_s"] = wall
         return out
+
+    def _redraw_while_flat(self, task: str, group: list[Drawn]) -> list[Drawn]:
+        """Dynamic sampling (as in DAPO): a group whose rollouts all score the same has zero advantage
+        and teaches nothing, so it is drawn again, up to `redraws` times; the last draw is kept."""
+        redraws = 0
+        while is_flat(group) and redraws < self.redraws:
+            redraws += 1
+            print(f"[cpu-grpo] group for {task!r} scored the same on every rollout: redraw "
+                  f"{redraws}/{self.redraws}", flush=True)
+            group = self._collect(self._submit(task))
+        for _, _, _, stats in group:
+            stats["redraws"] = float(redraws)
+        return group
 
     def _submit(self, task: str) -> str:
         plan = {**self.plan, "tasks": [task], "n_tasks": None, "k": self.group_size,
@@ -174,7 +201,7 @@ class TapdeckRollouts:
                 raise TimeoutError(f"tapdeck run {run_id} still running after {self.timeout_s:.0f} s")
             time.sleep(self.poll_s)
 
-    def _collect(self, run_id: str) -> list[tuple[dict[str, list], float | None, float | None, dict]]:
+    def _collect(self, run_id: str) -> list[Drawn]:
         doc = self._wait(run_id)
         self.active.discard(run_id)
         rollouts = sorted(doc.get("rollouts") or [], key=lambda r: r.get("index", 0))
@@ -185,7 +212,7 @@ class TapdeckRollouts:
             out.append(self._unscorable({"error_kind": f"run {doc['state']}"}))
         return out
 
-    def _sample(self, result: dict[str, Any]) -> tuple[dict[str, list], float | None, float | None, dict]:
+    def _sample(self, result: dict[str, Any]) -> Drawn:
         session = result.get("session_id")
         if not session:
             return self._unscorable(result)
@@ -283,6 +310,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--call-budget", type=int, default=None,
                    help="model calls per rollout (default: the server's, 3 x max turns: terminus-2 "
                         "re-asks after a reply it cannot parse)")
+    p.add_argument("--redraws", type=int, default=2,
+                   help="times a group whose rollouts all score the same is drawn again (it would "
+                        "teach nothing: zero advantage)")
     p.add_argument("--lr", type=float, default=1e-5, help="learning rate")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling = training temperature")
     p.add_argument("--seed", type=int, default=0)
@@ -351,7 +381,8 @@ def main(argv: list[str] | None = None) -> int:
                 "agent_kwargs": {"max_turns": args.max_turns, "temperature": args.temperature,
                                  "llm_kwargs": {"max_tokens": args.max_tokens}}}
         rollouts = TapdeckRollouts(http, engine, group_size=args.group_size, plan=plan,
-                                   timeout_s=args.rollout_timeout, eos_id=tokenizer.eos_token_id)
+                                   timeout_s=args.rollout_timeout, eos_id=tokenizer.eos_token_id,
+                                   redraws=args.redraws)
         rows = [{"prompt": t} for t in tasks]
         config = GRPOConfig(
             output_dir=args.output_dir or str(run_dir / "trainer"),

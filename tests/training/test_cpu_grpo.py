@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tapdeck.runner.recipes.cpu_grpo import format_score, sample_from_rollout
+from tapdeck.runner.recipes.cpu_grpo import TapdeckRollouts, format_score, is_flat, sample_from_rollout
 from tapdeck.runner.training import train_python
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,15 +61,60 @@ def test_sample_from_rollout_splits_at_the_first_trained_token_and_keeps_the_mas
                                             "logprobs": [0.0]}]})
 
 
+def row(verifier: float | None, fmt: float | None) -> tuple[dict, float | None, float | None, dict]:
+    return {}, verifier, fmt, {}
+
+
+def test_a_group_is_flat_when_every_rollout_has_the_same_total_reward() -> None:
+    assert is_flat([row(0.0, 0.25), row(0.0, 0.25), row(0.0, 0.25)])
+    assert is_flat([row(None, None), row(None, None)])
+    assert not is_flat([row(0.0, 0.25), row(1.0, 0.25)])
+    assert not is_flat([row(0.0, 0.0), row(None, None)])  # unscorable is not a score of 0
+    assert not is_flat([row(0.0, 0.5), row(0.5, 0.0), row(0.0, 0.0)])
+
+
+class ScriptedRollouts(TapdeckRollouts):
+    """The redraw logic over scripted groups instead of server runs."""
+
+    def __init__(self, draws: list[list], redraws: int) -> None:
+        super().__init__(None, None, group_size=2, plan={}, timeout_s=1, eos_id=0, redraws=redraws)
+        self.draws = draws
+        self.submitted: list[str] = []
+
+    def _submit(self, task: str) -> str:
+        self.submitted.append(task)
+        return str(len(self.submitted) - 1)
+
+    def _collect(self, run_id: str) -> list:
+        return self.draws[int(run_id)]
+
+
+def test_a_flat_group_is_drawn_again_until_its_rewards_differ() -> None:
+    flat, varied = [row(0.0, 0.0), row(0.0, 0.0)], [row(0.0, 0.0), row(0.0, 0.5)]
+    rollouts = ScriptedRollouts([flat, flat, varied, flat], redraws=5)
+    group = rollouts._redraw_while_flat("hello-file", rollouts._collect(rollouts._submit("hello-file")))
+    assert group == varied and rollouts.submitted == ["hello-file"] * 3
+    assert [stats["redraws"] for *_, stats in group] == [2.0, 2.0]
+
+
+def test_redraws_stop_at_the_limit_and_keep_the_last_draw() -> None:
+    flat = [[row(0.0, float(i)), row(0.0, float(i))] for i in range(4)]
+    rollouts = ScriptedRollouts(flat, redraws=2)
+    group = rollouts._redraw_while_flat("t", rollouts._collect(rollouts._submit("t")))
+    assert group == flat[2] and len(rollouts.submitted) == 3
+
+
 @pytest.mark.slow
 def test_cpu_grpo_trains_on_tapdeck_rollouts_from_its_current_weights(train_env: Path,
                                                                       train_server: Any) -> None:
     http = train_server.http
     # One turn, but the server's call budget (3): terminus-2 re-asks after a reply it cannot parse,
     # and the format credit averaged over up to 3 replies makes a group where all 3 rollouts score
-    # the same (nothing to learn, no update to check) rare; one call each made it common.
+    # the same less common; such a group (nothing to learn, no update to check) is drawn again, up
+    # to 5 times (CI once met a flat group on the one draw it had).
     args = ["--tasks", "hello-file", "--group-size", "3", "--steps", "1", "--max-turns", "1",
-            "--max-tokens", "24", "--lr", "1e-4", "--check-logprobs", "--rollout-timeout", "1200"]
+            "--max-tokens", "24", "--lr", "1e-4", "--check-logprobs", "--rollout-timeout", "1200",
+            "--redraws", "5"]
     resp = http.post("/admin/train", json={"recipe": "cpu-grpo", "args": args})
     assert resp.status_code == 200, resp.text
     job = resp.json()
@@ -85,15 +130,21 @@ def test_cpu_grpo_trains_on_tapdeck_rollouts_from_its_current_weights(train_env:
     names = {p["name"] for p in http.get(f"/admin/train/{job['id']}/metrics").json()["points"]}
     assert {"train/reward", "train/reward_std", "train/loss", "train/frac_reward_zero_std",
             "train/rewards/verifier/mean", "train/rewards/reply_format/mean",
-            "train/rollout/sampled_tok_s", "train/completions/mean_length"} <= names, sorted(names)
+            "train/rollout/sampled_tok_s", "train/completions/mean_length",
+            "train/rollout/redraws"} <= names, sorted(names)
 
-    # The rollouts were real tapdeck rollouts on the policy engine, captured at the tokens tier.
+    # The rollouts were real tapdeck rollouts on the policy engine, captured at the tokens tier: one
+    # run per draw of the group.
+    redraws = [p["value"] for p in http.get(f"/admin/train/{job['id']}/metrics").json()["points"]
+               if p["name"] == "train/rollout/redraws"]
     runs = http.get("/admin/runs").json()["runs"]
-    assert len(runs) == 1 and runs[0]["plan"]["k"] == 3 and runs[0]["plan"]["tasks"] == ["hello-file"]
-    engine = runs[0]["plan"]["engine"]
-    assert engine.startswith("http://127.0.0.1:") and engine.endswith("/v1")
-    rollouts = http.get(f"/admin/runs/{runs[0]['id']}").json()["rollouts"]
-    assert len(rollouts) == 3 and all(r["tier"] == "tokens" for r in rollouts), rollouts
+    assert len(runs) == 1 + int(redraws[0]), (redraws, runs)
+    for run in runs:
+        assert run["plan"]["k"] == 3 and run["plan"]["tasks"] == ["hello-file"]
+        engine = run["plan"]["engine"]
+        assert engine.startswith("http://127.0.0.1:") and engine.endswith("/v1")
+        rollouts = http.get(f"/admin/runs/{run['id']}").json()["rollouts"]
+        assert len(rollouts) == 3 and all(r["tier"] == "tokens" for r in rollouts), rollouts
 
     # The step changed the weights, and the engine serves them: its logprob of a fixed completion
     # matches the trainer's forward pass before and after, and moved with the step.
