@@ -61,7 +61,7 @@ def register(app: typer.Typer) -> None:
             f"{DEFAULT_HARD_LIMIT_S:g}).", rich_help_panel=SETTINGS_PANEL),
         agent_timeout: float | None = typer.Option(
             None, "--agent-timeout", help="The agent phase's limit, seconds (default: the task's "
-            "[agent].timeout_sec; none if it has none).", rich_help_panel=SETTINGS_PANEL),
+            "agent.timeout_sec in task.toml; none if it has none).", rich_help_panel=SETTINGS_PANEL),
         max_turns: int | None = typer.Option(
             None, "--max-turns", help=f"Turn/step limit of the harness (default "
             f"{DEFAULT_MAX_TURNS}).", rich_help_panel=SETTINGS_PANEL),
