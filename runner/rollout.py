@@ -262,6 +262,10 @@ async def run_rollout(service: Any, spec: RolloutSpec, *,
                     if reason is not None:
                         raise RolloutSetupError("engine_unreachable", reason)
             result.settings = _resolve_settings(spec, info)
+            if info is not None:
+                with contextlib.suppress(Exception):  # a note on the session, never a failure
+                    service.annotate(info.id, context_tokens=result.settings.context_tokens,
+                                     max_output_tokens=result.settings.max_output_tokens)
             progress.publish()
             if info is not None and spec.public_url:
                 info = info.model_copy(update={"base_urls": base_urls_for(spec.public_url)})

@@ -161,3 +161,42 @@ async def test_settings_that_do_not_fit_fail_the_rollout_before_the_trial(tmp_pa
         await service.aclose()
         up.server.stop()
 
+
+
+@pytest.mark.slow  # a real Harbor trial (terminus-2 on the host sandbox)
+def test_terminus2_runs_with_the_served_engines_context_and_the_session_records_it(
+        tmp_path: Path) -> None:
+    """Through a real server whose engine lists vLLM's recorded `max_model_len` (2048): terminus-2
+    is told 2048 tokens of context and 128 output tokens, asks for 128, and the result and the
+    capture session record both."""
+    import json
+    from types import SimpleNamespace
+
+    from tapdeck.proxy.serving import ThreadedServer
+    from tests.proxy.conftest import Upstream, _upstream_app
+    from tests.runner.conftest import runner_server_on
+
+    up = Upstream()
+    up.server = ThreadedServer(_upstream_app(up), "127.0.0.1", 0, name="recorded-vllm").start()
+    try:
+        engine = SimpleNamespace(base_url=up.base_url, served_name="smollm2")
+        with runner_server_on(engine, tmp_path) as server:
+            doc = server.run(tasks=["hello-file"], harness="terminus-2", call_budget=2,
+                             timeout_s=240, settings={"max_turns": 1})
+            [r] = doc["rollouts"]
+            session = server.http.get(f"/admin/sessions/{r['session_id']}").json()
+        settings = r["settings"]
+        assert settings is not None, (r["error_kind"], r["error"])
+        assert (settings["context_tokens"], settings["context_source"]) == (2048, "engine")
+        assert (settings["max_output_tokens"], settings["max_turns"]) == (128, 1)
+        config = json.loads((Path(r["trial_dir"]) / "config.json").read_text())
+        kwargs = config["agent"]["kwargs"]
+        assert kwargs["model_info"]["max_input_tokens"] == 2048 and kwargs["max_turns"] == 1
+        assert kwargs["llm_kwargs"]["max_tokens"] == 128
+        agent_calls = [b for b in up.requests if "hello" in json.dumps(b.get("messages")).lower()]
+        assert agent_calls and all(b["max_tokens"] == 128 for b in agent_calls)
+        assert session["engine"]["max_model_len"] == 2048
+        assert (session["metadata"]["context_tokens"], session["metadata"]["max_output_tokens"]) \
+            == (2048, 128)
+    finally:
+        up.server.stop()
