@@ -13,13 +13,20 @@ from collections.abc import Iterable
 from typing import Any
 
 from pydantic import ValidationError
-
 from textual import on, work
 from textual.binding import Binding
 from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.content import Content
 from textual.widget import Widget
-from textual.widgets import Button, Collapsible, Input, Label, Select, SelectionList, Static
+from textual.widgets import (
+    Button,
+    Collapsible,
+    Input,
+    Label,
+    Select,
+    SelectionList,
+    Static,
+)
 
 from tapdeck.app.messages import RunsChanged
 from tapdeck.app.screens.base import TapdeckScreen

@@ -136,13 +136,12 @@ def test_agent_cli_limits_come_from_the_settings_and_harness_kwargs_win() -> Non
 async def test_settings_that_do_not_fit_fail_the_rollout_before_the_trial(tmp_path: Path) -> None:
     """Against a served engine listing vLLM's recorded `max_model_len` (2048): the session records
     the context, and codex (8.7k-token first prompt) is refused before any trial starts."""
-    from tests.proxy.conftest import Upstream, _upstream_app
-
-    from tapdeck.proxy.serving import ThreadedServer
     from tapdeck.proxy.service import CaptureService
+    from tapdeck.proxy.serving import ThreadedServer
     from tapdeck.proxy.store import Store
     from tapdeck.proxy.tiers import EngineSpec
     from tapdeck.runner.rollout import RolloutSpec, run_rollout
+    from tests.proxy.conftest import Upstream, _upstream_app
 
     up = Upstream()
     up.server = ThreadedServer(_upstream_app(up), "127.0.0.1", 0, name="recorded-vllm").start()
