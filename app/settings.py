@@ -1,4 +1,5 @@
-"""The TUI's small remembered settings (theme, key map) in one JSON file. Free of Textual.
+"""The TUI's small remembered settings (theme, key map, rollout settings per harness) in one JSON
+file. Free of Textual.
 
 Embedded mode keeps it in the data dir (`<data_dir>/tui.json`); attached mode in
 `~/.config/tapdeck/tui.json`. A missing or broken file means defaults, never an error.
@@ -10,6 +11,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 def default_settings_path(data_dir: Path | None = None) -> Path:
@@ -22,10 +24,13 @@ def default_settings_path(data_dir: Path | None = None) -> Path:
 
 @dataclass
 class Settings:
-    """`theme`: a theme name; `keymap`: binding id → keys (e.g. `{"app.help": "f2"}`)."""
+    """`theme`: a theme name; `keymap`: binding id → keys (e.g. `{"app.help": "f2"}`);
+    `rollout`: harness → the rollout settings Setup last started it with (`RolloutSettings` fields
+    that were set)."""
 
     theme: str | None = None
     keymap: dict[str, str] = field(default_factory=dict)
+    rollout: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def load(cls, path: Path | None) -> Settings:
@@ -39,7 +44,9 @@ class Settings:
             return cls()
         keymap = raw.get("keymap") if isinstance(raw.get("keymap"), dict) else {}
         theme = raw.get("theme") if isinstance(raw.get("theme"), str) else None
-        return cls(theme=theme, keymap={str(k): str(v) for k, v in keymap.items()})
+        rollout = raw.get("rollout") if isinstance(raw.get("rollout"), dict) else {}
+        return cls(theme=theme, keymap={str(k): str(v) for k, v in keymap.items()},
+                   rollout={str(h): v for h, v in rollout.items() if isinstance(v, dict)})
 
     def save(self, path: Path | None) -> None:
         """Write atomically; a read-only location is silently skipped (settings are a convenience)."""

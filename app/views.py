@@ -430,3 +430,14 @@ def fmt_rate(value: Any) -> str:
     if value is None:
         return "–"
     return f"{float(value) * 100:.0f}%"
+
+
+def rollout_settings_line(rollout: Mapping[str, Any]) -> str:
+    """`task #i ran with: …` (each value with its source), or why nothing is known yet."""
+    from tapdeck.runner.rollout_settings import ResolvedSettings
+
+    name = f"{rollout.get('task', '?')} #{rollout.get('index', '')}"
+    settings = rollout.get("settings")
+    if not settings:
+        return f"{name}: settings not resolved (resolved when its capture session opens)"
+    return f"{name} ran with: {ResolvedSettings.model_validate(settings).line()}"

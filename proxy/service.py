@@ -232,7 +232,8 @@ class CaptureService:
             spec.rollout_type == "auto" and result.tier is Tier.TOKENS)) else "eval"
         now = time.time()
         sid, key = new_session_id(), new_session_key()
-        ref = EngineRef(url=engine.base_url, model=result.served_model or engine.model)
+        ref = EngineRef(url=engine.base_url, model=result.served_model or engine.model,
+                        max_model_len=result.max_model_len)
         record = {
             "id": sid, "state": "open", "tier": str(result.tier), "rollout_type": rollout_type,
             "engine": ref.model_dump(), "created_at": now, "metadata": dict(spec.metadata),
@@ -286,6 +287,18 @@ class CaptureService:
         summary = self._summary(session)
         self.events.publish({"type": "session_updated", "session": summary.model_dump(mode="json")})
         return summary
+
+    def mark_auxiliary(self, session_id: str, seqs: Iterable[int], reason: str) -> None:
+        """Demote captured calls to auxiliary after the fact (masked out of training, shown as
+        auxiliary): e.g. calls the harness's own trajectory never recorded. Kept in the session's
+        metadata (`auxiliary_seqs`), so a restarted server demotes them again."""
+        session = self._get(session_id)
+        with session.rw:
+            graph = self._graph(session)
+            demoted = sorted({*session.record.get("metadata", {}).get("auxiliary_seqs", []),
+                              *(s for s in seqs if s in graph.nodes)})
+            _demote(graph, demoted, reason)
+        self.annotate(session_id, auxiliary_seqs=demoted, auxiliary_reason=reason)
 
     def findings(self, session_id: str) -> list[str]:
         """Session, turn and rollout findings, rendered `[LEVEL] code: detail`."""
@@ -360,6 +373,8 @@ class CaptureService:
             _record, graph = self.store.load_graph(session.id)
             session.fatal = session.warn = 0
             session.count([*session.findings, *graph.findings()])
+            metadata = session.record.get("metadata") or {}
+            _demote(graph, metadata.get("auxiliary_seqs") or [], metadata.get("auxiliary_reason", ""))
             session.graph = graph
             session.turns = len(graph)
             session.last_call_at = max((n.turn.created_at for n in graph.nodes.values()), default=None)
@@ -666,6 +681,13 @@ async def _logged(stream: AsyncIterator[bytes], access: AccessRecord) -> AsyncIt
         raise
     finally:
         access.emit()
+
+
+def _demote(graph: RolloutGraph, seqs: Iterable[int], reason: str) -> None:
+    """Mark these calls auxiliary in the graph (the role the graph reads from `meta.call_role`)."""
+    for seq in seqs:
+        if seq in graph.nodes:
+            graph.turn(seq).meta.update(call_role="auxiliary", auxiliary_reason=reason)
 
 
 def _finish_reason(reply: Mapping[str, Any]) -> str | None:

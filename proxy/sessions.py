@@ -122,6 +122,8 @@ class EngineRef(BaseModel):
 
     url: str
     model: str | None = None
+    max_model_len: int | None = None
+    """The engine's context length as its `/models` lists it (None: it does not say)."""
 
 
 class SessionInfo(BaseModel):

@@ -22,7 +22,8 @@ from tapdeck.proxy.findings import Finding
 Verdict = Literal["match", "mismatch", "none"]
 
 AUXILIARY_SHARE = 0.5
-"""Theirs must cover at least this share of our calls for extra calls to count as auxiliary."""
+"""Theirs must cover at least this share of our calls for extra calls to count as auxiliary; the
+rollout then demotes those calls (`CaptureService.mark_auxiliary`): masked out of training."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,8 @@ class AtifReport:
     findings: list[Finding] = field(default_factory=list)
     ours: list[int | None] = field(default_factory=list)
     theirs: list[int | None] = field(default_factory=list)
+    auxiliary: list[int] = field(default_factory=list)
+    """Seqs of captured calls the trajectory does not account for: to be demoted to auxiliary."""
 
 
 def load_trajectory(path: Path) -> tuple[dict[str, Any] | None, Finding | None]:
@@ -117,10 +120,10 @@ def reconcile(calls: list[CapturedCall], trajectory: dict[str, Any] | None, *,
         findings.append(Finding.warn("atif_multi_call_steps",
                                      f"agent steps {multi} aggregate several model calls"))
 
-    def done(verdict: Verdict) -> AtifReport:
+    def done(verdict: Verdict, auxiliary: list[int] | None = None) -> AtifReport:
         if any(f.code == "atif_subagents" for f in findings):
-            verdict = "mismatch"
-        return AtifReport(verdict, findings, ours, theirs)
+            verdict, auxiliary = "mismatch", None
+        return AtifReport(verdict, findings, ours, theirs, auxiliary or [])
 
     if not steps or all(t in (0, None) for t in theirs):
         findings.append(Finding.warn("atif_no_counts", "the trajectory has no agent steps with "
@@ -164,10 +167,12 @@ def reconcile(calls: list[CapturedCall], trajectory: dict[str, Any] | None, *,
     if None not in theirs and len(theirs) < len(ours) and _is_subsequence(theirs, ours):
         extra = len(ours) - len(theirs)
         if len(theirs) >= AUXILIARY_SHARE * len(ours):
+            unrecorded = _unmatched(theirs, real_calls)
             findings.append(Finding.warn("atif_extra_calls",
-                                         f"{extra} captured call(s) are not in the trajectory; "
-                                         f"treated as auxiliary (ours {ours}, theirs {theirs})"))
-            return done("match")
+                                         f"{extra} captured call(s) are not in the trajectory "
+                                         f"(turns {unrecorded}): demoted to auxiliary, masked out "
+                                         f"of training (ours {ours}, theirs {theirs})"))
+            return done("match", unrecorded)
         findings.append(Finding.fatal("atif_mismatch",
                                       f"the trajectory accounts for only {len(theirs)} of "
                                       f"{len(ours)} captured calls (ours {ours}, theirs {theirs})"))
@@ -179,6 +184,19 @@ def _mismatch(findings: list[Finding], ours: list[int | None], theirs: list[int 
               why: str) -> Verdict:
     findings.append(Finding.fatal("atif_mismatch", f"{why}: ours {ours}, theirs {theirs}"))
     return "mismatch"
+
+
+def _unmatched(theirs: list[int | None], calls: list[CapturedCall]) -> list[int]:
+    """Seqs of the calls left over when `theirs` is matched to `calls` in order, earliest first."""
+    left: list[int] = []
+    wanted = iter(theirs)
+    want = next(wanted, None)
+    for call in calls:
+        if want is not None and call.completion_tokens == want:
+            want = next(wanted, None)
+        else:
+            left.append(call.seq)
+    return left
 
 
 def _is_subsequence(small: list[int | None], big: list[int | None]) -> bool:

@@ -23,12 +23,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from tapdeck.proxy.config import check_public_url
 from tapdeck.proxy.tiers import EngineSpec
 from tapdeck.runner.engines import EngineChoiceError, resolve_engine
 from tapdeck.runner.rollout import RolloutResult, RolloutSpec, run_rollout
+from tapdeck.runner.rollout_settings import RolloutSettings
 
 RunState = Literal["running", "finished", "cancelled", "failed", "interrupted"]
 RESULTS = "results.jsonl"
@@ -56,10 +57,11 @@ class RunPlan(BaseModel):
     k: int = Field(default=1, ge=1)
     """Rollouts per task (the GRPO group size)."""
     concurrency: int = Field(default=1, ge=1)
-    timeout_s: float = Field(default=300.0, gt=0)
-    """Hard limit per rollout, sandbox start included."""
+    timeout_s: float | None = Field(default=None, gt=0)
+    """Hard limit per rollout, sandbox start included (None → `DEFAULT_HARD_LIMIT_S`)."""
     reward_key: str | None = None
-    agent_kwargs: dict[str, Any] | None = None
+    settings: RolloutSettings = Field(default_factory=RolloutSettings)
+    """What each rollout's agent runs with (timeouts, turns, output tokens, sampling, kwargs)."""
     call_budget: int | None = Field(default=None, ge=1)
     """Model calls per rollout before the proxy answers with a stop (None → 3 × max_turns)."""
     alternatives: int = Field(default=0, ge=0, le=20)
@@ -71,8 +73,31 @@ class RunPlan(BaseModel):
     """Extra session metadata for every rollout (e.g. a trainer's group and episode ids)."""
     public_url: str | None = None
     """The address sandboxes use to reach the proxy (None → the server's own public URL)."""
-    agent_timeout_s: float | None = Field(default=None, gt=0)
-    """The agent phase's limit (None → the task's own `[agent].timeout_sec`)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_settings(cls, data: Any) -> Any:
+        """Plans written before `settings` (and clients still sending `agent_kwargs` and
+        `agent_timeout_s`) keep working: those fields are folded into `settings`."""
+        if not isinstance(data, dict) or not ({"agent_kwargs", "agent_timeout_s"} & data.keys()):
+            return data
+        data = dict(data)
+        legacy = RolloutSettings.from_legacy(data.pop("agent_kwargs", None),
+                                             data.pop("agent_timeout_s", None))
+        settings = data.get("settings")
+        if isinstance(settings, RolloutSettings):
+            settings = settings.model_dump(exclude_unset=True)
+        data["settings"] = {**legacy, **(settings or {})}
+        return data
+
+    @model_validator(mode="after")
+    def _one_temperature(self) -> RunPlan:
+        trainer = (self.training_sampling or {}).get("temperature")
+        if trainer is not None and self.settings.temperature is not None \
+                and trainer != self.settings.temperature:
+            raise ValueError(f"settings.temperature {self.settings.temperature} differs from "
+                             f"training_sampling.temperature {trainer}: a rollout samples at one")
+        return self
 
     @field_validator("public_url")
     @classmethod
@@ -249,9 +274,8 @@ class BatchRunner:
                     trial_name=rid, harness=run.plan.harness, sandbox=run.plan.sandbox, engine=engine,
                     sandbox_kwargs=run.plan.sandbox_kwargs,
                     timeout_s=run.plan.timeout_s, reward_key=run.plan.reward_key,
-                    agent_kwargs=run.plan.agent_kwargs, call_budget=run.plan.call_budget,
+                    settings=run.plan.settings, call_budget=run.plan.call_budget,
                     alternatives=run.plan.alternatives, public_url=run.plan.public_url,
-                    agent_timeout_s=run.plan.agent_timeout_s,
                     training_sampling=run.plan.training_sampling,
                     metadata=dict(run.plan.metadata or {}), rollout_id=rid, run_id=run.id,
                     group=group, index=index)

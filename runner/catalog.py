@@ -23,10 +23,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from tapdeck.runner import datasets as datasets_mod
 from tapdeck.runner import harnesses as harnesses_mod
+from tapdeck.runner.rollout_settings import default_output_tokens, defaults_table
 
 HOST_SANDBOX = "host"
 HOST_IMPORT_PATH = "tapdeck.runner.sandboxes.host:HostSandbox"
@@ -86,6 +87,10 @@ class EngineInfo(BaseModel):
     reachable: bool
     why: str
     served_model: str | None = None
+    context_tokens: int | None = None
+    """The context length the engine lists (`max_model_len`), None when it does not say."""
+    default_output_tokens: int | None = None
+    """The max output tokens a rollout gets on it unless set (`rollout_settings`)."""
 
 
 class Catalog(BaseModel):
@@ -96,6 +101,8 @@ class Catalog(BaseModel):
     sandboxes: list[SandboxInfo]
     engines: list[EngineInfo]
     defaults: dict[str, str]
+    settings_defaults: dict[str, str] = Field(default_factory=dict)
+    """Each rollout setting and its default (`rollout_settings.defaults_table`)."""
 
 
 # ------------------------------------------------------------------ sandboxes
@@ -299,7 +306,10 @@ def embedded_engine_info() -> EngineInfo:
         return EngineInfo(name="embedded", url=None, tier=None, reachable=False,
                           why=f"model file {path} is missing")
     # Not started, so not probed: no tier is claimed (the server probes it when it starts).
+    from tapdeck.runner.engine.model import DEFAULT_N_CTX
+
     return EngineInfo(name="embedded", url=None, tier=None, reachable=True, served_model="smollm2",
+                      **_context(DEFAULT_N_CTX),
                       why=f"available (not started; probed when a server starts it): SmolLM2-135M "
                           f"at {path.name}; it never solves tasks (reward 0) — use --engine URL "
                           "for a bigger model")
@@ -321,11 +331,14 @@ async def url_engine_info(url: str, *, api_key: str | None = None, probe: bool =
         return EngineInfo(name=url, url=None, tier=None, reachable=False, why=str(exc))
     base, models = settled.base_url, settled.model_ids()
     served = models[0] if len(models) == 1 else None
+    lengths = [m.get("max_model_len") for m in settled.listing.get("data") or []
+               if isinstance(m, dict)]
+    context = _context(lengths[0] if len(lengths) == 1 and isinstance(lengths[0], int) else None)
     # Led by the base URL the address settled on: that is what sessions talk to.
     listed = f"{base} serves " + (", ".join(str(m) for m in models) or "no models")
     if not probe:
         return EngineInfo(name=url, url=base, tier="text", reachable=True, served_model=served,
-                          why=f"{listed}; tier not probed (counts as text until probed)")
+                          why=f"{listed}; tier not probed (counts as text until probed)", **context)
     from tapdeck.proxy.tiers import EngineSpec
     from tapdeck.proxy.tiers import probe as probe_tier
 
@@ -334,9 +347,19 @@ async def url_engine_info(url: str, *, api_key: str | None = None, probe: bool =
                                         timeout=probe_timeout_s)
     except TimeoutError:
         return EngineInfo(name=url, url=base, tier="text", reachable=True, served_model=served,
-                          why=f"{listed}; tier probe did not finish in {probe_timeout_s:.0f} s")
+                          why=f"{listed}; tier probe did not finish in {probe_timeout_s:.0f} s",
+                          **context)
+    if result.max_model_len:
+        context = _context(result.max_model_len)
     return EngineInfo(name=url, url=base, tier=result.tier.value, reachable=True,
-                      served_model=result.served_model or served, why=f"{listed}; {result.detail}")
+                      served_model=result.served_model or served, why=f"{listed}; {result.detail}",
+                      **context)
+
+
+def _context(max_model_len: int | None) -> dict[str, int | None]:
+    """An engine's context and the default output tokens it implies."""
+    return {"context_tokens": max_model_len,
+            "default_output_tokens": default_output_tokens(max_model_len) if max_model_len else None}
 
 
 def engine_catalog(urls: list[str] | None = None, *, api_key: str | None = None,
@@ -365,4 +388,5 @@ def build_catalog(*, engine_urls: list[str] | None = None, engine_api_key: str |
         sandboxes=sandboxes,
         engines=engine_catalog(engine_urls, api_key=engine_api_key, probe=probe),
         defaults=dict(DEFAULTS),
+        settings_defaults=dict(defaults_table()),
     )

@@ -168,14 +168,19 @@ DEFAULT_HARNESS = "terminus-2"
 
 @dataclass(frozen=True)
 class RunDefaults:
-    """Per-rollout settings a harness config is built with (embedded-defaults.md)."""
+    """Per-rollout values a harness config is built with: a rollout's `ResolvedSettings`
+    (`rollout_settings.py`) in the shape the seams take. The field defaults are the embedded
+    engine's measured ones (embedded-defaults.md), for building a config without an engine."""
 
     context_tokens: int = 8192
     max_output_tokens: int = 128
     max_turns: int = 3
     """With the call budget (3 calls a turn) a terminus-2 rollout on the embedded engine ends by
-    its turn budget in ~9 short calls, well inside the sample tasks' 180 s agent timeout."""
+    its turn budget in ~9 short calls."""
     agent_timeout_s: float | None = 180.0
+    sampling: dict[str, Any] = field(default_factory=dict)
+    """temperature/top_p/top_k/min_p the harness asks for (terminus-2; the proxy enforces the
+    temperature on training sessions for every harness)."""
     model_prefix: str | None = None
     """Override the model-name prefix: `hosted_vllm/` for a vLLM engine (terminus-2 then needs the
     full `model_info`, which is always given, and a name matching `[A-Za-z0-9._-]{1,64}`)."""
@@ -249,7 +254,10 @@ def terminus2_kwargs(defaults: RunDefaults) -> dict[str, Any]:
             "input_cost_per_token": 0.0,
             "output_cost_per_token": 0.0,
         },
-        "llm_kwargs": {"max_tokens": defaults.max_output_tokens},
+        "llm_kwargs": {"max_tokens": defaults.max_output_tokens,
+                       **{k: v for k, v in defaults.sampling.items() if k != "temperature"}},
+        **({"temperature": defaults.sampling["temperature"]}
+           if "temperature" in defaults.sampling else {}),
     }
 
 
@@ -291,8 +299,11 @@ def build_agent_pieces(
         seam = {"proxy_url": base_url, "session_key": session_key,
                 "max_turns": defaults.max_turns, "max_output_tokens": defaults.max_output_tokens,
                 "context_tokens": defaults.context_tokens}
+        # The seam's limits (the rollout's settings) win over the row's defaults; the operator's
+        # own kwargs win over both.
         return AgentPieces(name, import_path, served_model, None, None, env,
-                           {**seam, **kwargs}, defaults.agent_timeout_s)
+                           {**row.default_kwargs, **seam, **(agent_kwargs or {})},
+                           defaults.agent_timeout_s)
     prefix = defaults.model_prefix or row.model_prefix
     if prefix == "hosted_vllm/" and not _HOSTED_VLLM_NAME.match(served_model):
         prefix = row.model_prefix

@@ -40,6 +40,14 @@ from tapdeck.proxy.sessions import SessionInfo, SessionSpec, base_urls_for
 from tapdeck.proxy.tiers import EngineSpec, Tier
 from tapdeck.runner.atif import CapturedCall, reconcile_file
 from tapdeck.runner.rewards import choose_reward, read_reward_files
+from tapdeck.runner.rollout_settings import (
+    DEFAULT_HARD_LIMIT_S,
+    DEFAULT_MAX_TURNS,
+    ResolvedSettings,
+    RolloutSettings,
+    SettingsDoNotFit,
+    resolve,
+)
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -79,6 +87,8 @@ class RolloutResult(BaseModel):
     harness: str | None = None
     sandbox: str | None = None
     trial_dir: str | None = None
+    settings: ResolvedSettings | None = None
+    """What the agent ran with, each value with its source (plan, task, engine, default)."""
     started_at: float | None = None
     finished_at: float | None = None
 
@@ -95,9 +105,11 @@ class RolloutSpec:
     sandbox: str = "host"
     engine: EngineSpec | None = None
     """None → the capture service's default engine (the embedded one)."""
-    timeout_s: float = 300.0
+    timeout_s: float | None = None
+    """Hard limit of the whole rollout (None → `DEFAULT_HARD_LIMIT_S`)."""
     reward_key: str | None = None
-    agent_kwargs: dict[str, Any] | None = None
+    settings: RolloutSettings = field(default_factory=RolloutSettings)
+    """What the agent runs with; resolved against the engine once the session is open."""
     rollout_id: str | None = None
     run_id: str | None = None
     group: int = 0
@@ -108,8 +120,6 @@ class RolloutSpec:
     """Top alternatives per sampled token to capture for inspection (`SessionSpec.alternatives`)."""
     training_sampling: dict[str, Any] | None = None
     """A trainer's sampling policy for the capture session (`SessionSpec.training_sampling`)."""
-    agent_timeout_s: float | None = None
-    """None → the task's own agent timeout (capped by `timeout_s` anyway)."""
     sandbox_kwargs: dict[str, Any] | None = None
     """Constructor kwargs of the sandbox (Harbor's `EnvironmentConfig.kwargs`)."""
     public_url: str | None = None
@@ -229,8 +239,9 @@ async def run_rollout(service: Any, spec: RolloutSpec, *,
     trial_dir: Path | None = None
     started = time.monotonic()
     uses_model = True
+    hard_limit = spec.timeout_s or DEFAULT_HARD_LIMIT_S
     try:
-        async with asyncio.timeout(spec.timeout_s):
+        async with asyncio.timeout(hard_limit):
             try:
                 uses_model = get_harness(spec.harness).makes_model_calls
             except KeyError as exc:
@@ -250,17 +261,23 @@ async def run_rollout(service: Any, spec: RolloutSpec, *,
                     reason = await _engine_unreachable(info.engine.url, spec.engine)
                     if reason is not None:
                         raise RolloutSetupError("engine_unreachable", reason)
+            result.settings = _resolve_settings(spec, info)
+            if info is not None:
+                with contextlib.suppress(Exception):  # a note on the session, never a failure
+                    service.annotate(info.id, context_tokens=result.settings.context_tokens,
+                                     max_output_tokens=result.settings.max_output_tokens)
+            progress.publish()
             if info is not None and spec.public_url:
                 info = info.model_copy(update={"base_urls": base_urls_for(spec.public_url)})
             if info is not None and spec.sandbox == "host":
                 environment = environment_config(
                     spec.sandbox, host_sandbox_kwargs(spec, info.base_urls["openai"]))
-            config = _trial_config(spec, rid, info, environment)
+            config = _trial_config(spec, rid, info, environment, result.settings)
             trial_dir = Path(config.trials_dir) / config.trial_name
             result.trial_dir = str(trial_dir)
             trial_result = await _run_trial(config, progress)
     except TimeoutError:
-        _fail(result, "timeout", f"the rollout exceeded its {spec.timeout_s:g} s limit "
+        _fail(result, "timeout", f"the rollout exceeded its {hard_limit:g} s limit "
                                  f"(in phase {result.phase})")
     except asyncio.CancelledError:
         # Turned into a result on purpose (a rollout never raises); the caller sees it as such.
@@ -313,12 +330,7 @@ def _fail(result: RolloutResult, kind: str, message: str) -> RolloutResult:
 
 
 async def _open_session(service: Any, spec: RolloutSpec, rid: str) -> SessionInfo:
-    from tapdeck.runner.harnesses import RunDefaults, get_harness
-
-    max_turns = int((spec.agent_kwargs or {}).get("max_turns")
-                    or get_harness(spec.harness).default_kwargs.get("max_turns")
-                    or RunDefaults().max_turns)
-    budget = spec.call_budget or BUDGET_PER_TURN * max_turns
+    budget = spec.call_budget or BUDGET_PER_TURN * (spec.settings.max_turns or DEFAULT_MAX_TURNS)
     metadata = {"run_id": spec.run_id, "rollout_id": rid, "task": spec.task, "group": spec.group,
                 "index": spec.index, "harness": spec.harness, "sandbox": spec.sandbox,
                 "phase": "sandbox", **spec.metadata}
@@ -326,10 +338,28 @@ async def _open_session(service: Any, spec: RolloutSpec, rid: str) -> SessionInf
         return await service.open_session(SessionSpec(engine=spec.engine, metadata=metadata,
                                                       call_budget=budget, rollout_type="auto",
                                                       alternatives=spec.alternatives,
-                                                      training_sampling=spec.training_sampling))
+                                                      training_sampling=_session_sampling(spec)))
     except Exception as exc:
         raise RolloutSetupError("engine_unreachable" if "engine" in str(exc).lower() else "internal",
                                 f"could not open a capture session: {exc}") from exc
+
+
+def _session_sampling(spec: RolloutSpec) -> dict[str, Any] | None:
+    """The session's enforced policy: a trainer's, else the settings' temperature (if above 0)."""
+    if spec.training_sampling is not None:
+        return spec.training_sampling
+    temperature = spec.settings.temperature
+    return {"temperature": temperature} if temperature else None
+
+
+def _resolve_settings(spec: RolloutSpec, info: SessionInfo | None) -> ResolvedSettings:
+    """The settings in force, against the engine the session reported; refused before the trial."""
+    try:
+        return resolve(spec.settings, harness=spec.harness,
+                       engine_context=info.engine.max_model_len if info is not None else None,
+                       task_path=spec.task_path, hard_limit_s=spec.timeout_s)
+    except SettingsDoNotFit as exc:
+        raise RolloutSetupError("settings_do_not_fit", f"setting {exc}") from None
 
 
 async def _engine_unreachable(url: str, spec: EngineSpec | None) -> str | None:
@@ -380,19 +410,23 @@ def _preflight(environment: Any) -> None:
                                                   f"{type(exc).__name__}: {exc}") from None
 
 
-def _trial_config(spec: RolloutSpec, rid: str, info: SessionInfo | None, environment: Any) -> Any:
+def _trial_config(spec: RolloutSpec, rid: str, info: SessionInfo | None, environment: Any,
+                  settings: ResolvedSettings) -> Any:
     """The Harbor TrialConfig: task, harness seam (pointed at the proxy), sandbox."""
     from harbor.models.trial.config import TaskConfig, TrialConfig
 
     from tapdeck.runner.harnesses import RunDefaults, build_agent_config
 
-    defaults = RunDefaults(agent_timeout_s=spec.agent_timeout_s)
+    defaults = RunDefaults(context_tokens=settings.context_tokens,
+                           max_output_tokens=settings.max_output_tokens,
+                           max_turns=settings.max_turns, agent_timeout_s=settings.agent_timeout_s,
+                           sampling=settings.sampling)
     try:
         agent = build_agent_config(
             spec.harness, base_urls=info.base_urls if info else None,
             session_key=info.api_key if info else None,
             served_model=info.engine.model if info else None,
-            defaults=defaults, agent_kwargs=spec.agent_kwargs)
+            defaults=defaults, agent_kwargs=settings.harness_kwargs)
     except (KeyError, ValueError) as exc:
         raise RolloutSetupError("bad_plan", str(exc).strip("'\"")) from exc
     return TrialConfig(task=TaskConfig(path=spec.task_path), trials_dir=spec.trials_dir,
@@ -438,6 +472,10 @@ async def _finish(service: Any, spec: RolloutSpec, result: RolloutResult, trial_
                                     rollout_type=summary.rollout_type)
             result.atif = report.verdict
             findings.extend(report.findings)
+            if report.auxiliary:
+                service.mark_auxiliary(result.session_id, report.auxiliary,
+                                       "not in the harness's ATIF trajectory")
+                summary = service.get(result.session_id)
         findings[:0] = capture
         down = next((f for f in capture if f.code == "engine_unreachable"), None)
         if down is not None and (result.error_kind in ENGINE_BLAMED or

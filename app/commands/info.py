@@ -69,10 +69,20 @@ def render(catalog, *, show_all: bool = False, width: int = 80):
     out.append(harnesses)
 
     engines = table("Engines", ("name", {"max_width": 28, **wrap}), ("tier", {"no_wrap": True}),
-                    ("ok", {"no_wrap": True}), ("why", {"ratio": 1, **wrap}))
+                    ("ctx/out", {"no_wrap": True}), ("ok", {"no_wrap": True}),
+                    ("why", {"ratio": 1, **wrap}))
     for e in catalog.engines:
-        engines.add_row(escape(e.name), e.tier or "-", _yes(e.reachable), escape(e.why))
+        context = (f"{e.context_tokens}/{e.default_output_tokens}" if e.context_tokens else "-")
+        engines.add_row(escape(e.name), e.tier or "-", context, _yes(e.reachable), escape(e.why))
+    engines.caption = ("ctx/out = the context the engine lists (max_model_len) and the output "
+                       "tokens a rollout gets there unless set")
     out.append(engines)
+
+    settings = table("Rollout settings (defaults)", ("setting", {"no_wrap": True}),
+                     ("default", {"ratio": 1, **wrap}))
+    for name, default in catalog.settings_defaults.items():
+        settings.add_row(name, escape(default))
+    out.append(settings)
 
     d = catalog.defaults
     out.append(f"defaults: dataset={d['dataset']} harness={d['harness']} "

@@ -19,7 +19,17 @@ from typing import Any
 
 import typer
 
+from tapdeck.runner.rollout_settings import (
+    DEFAULT_HARD_LIMIT_S,
+    DEFAULT_MAX_TURNS,
+    MIN_OUTPUT_TOKENS,
+    OUTPUT_SHARE,
+    PROMPT_SHARE,
+    ResolvedSettings,
+)
+
 POLL_S = 1.0
+SETTINGS_PANEL = "Rollout settings (unset: the default shown; bad values refused, field named)"
 EXIT_OK, EXIT_COULD_NOT_RUN, EXIT_USAGE, EXIT_ROLLOUT_FAILED = 0, 1, 2, 3
 """2 is also what the command line parser exits with for an unknown option or a bad value."""
 EXIT_CODES_HELP = (
@@ -46,8 +56,35 @@ def register(app: typer.Typer) -> None:
         concurrency: int = typer.Option(1, "-c", "--concurrency", min=1, help="Rollouts at once."),
         reward_key: str | None = typer.Option(None, "--reward-key",
                                               help="Which verifier reward to use when there are several."),
-        timeout: float = typer.Option(300.0, "--timeout", help="Hard limit per rollout, seconds."),
-        max_turns: int | None = typer.Option(None, "--max-turns", help="Agent turns (terminus-2)."),
+        timeout: float | None = typer.Option(
+            None, "--timeout", help=f"Hard limit per rollout, seconds (default "
+            f"{DEFAULT_HARD_LIMIT_S:g}).", rich_help_panel=SETTINGS_PANEL),
+        agent_timeout: float | None = typer.Option(
+            None, "--agent-timeout", help="The agent phase's limit, seconds (default: the task's "
+            "agent.timeout_sec in task.toml; none if it has none).", rich_help_panel=SETTINGS_PANEL),
+        max_turns: int | None = typer.Option(
+            None, "--max-turns", help=f"Turn/step limit of the harness (default "
+            f"{DEFAULT_MAX_TURNS}).", rich_help_panel=SETTINGS_PANEL),
+        max_output_tokens: int | None = typer.Option(
+            None, "--max-output-tokens", help=f"Output tokens per model call (default: 1/"
+            f"{OUTPUT_SHARE} of the engine's context, at least {MIN_OUTPUT_TOKENS}; at most "
+            f"1/{PROMPT_SHARE} of it).", rich_help_panel=SETTINGS_PANEL),
+        context_tokens: int | None = typer.Option(
+            None, "--context-tokens", help="Context the agent is told it has (default: the "
+            "engine's max_model_len; more than that is refused).", rich_help_panel=SETTINGS_PANEL),
+        temperature: float | None = typer.Option(
+            None, "--temperature", help="Sampling temperature (default: the harness's own; "
+            "enforced on every call of a training-tier session).", rich_help_panel=SETTINGS_PANEL),
+        top_p: float | None = typer.Option(None, "--top-p", help="Truncation knob asked by "
+                                           "terminus-2 (reset to its no-op at the training tier).",
+                                           rich_help_panel=SETTINGS_PANEL),
+        top_k: int | None = typer.Option(None, "--top-k", help="As --top-p.",
+                                         rich_help_panel=SETTINGS_PANEL),
+        min_p: float | None = typer.Option(None, "--min-p", help="As --top-p.",
+                                           rich_help_panel=SETTINGS_PANEL),
+        harness_kwargs: str | None = typer.Option(
+            None, "--harness-kwargs", help="Keyword arguments passed verbatim to the Harbor agent, "
+            "a JSON object (default: none).", rich_help_panel=SETTINGS_PANEL),
         alternatives: int = typer.Option(0, "--alternatives", min=0, max=20,
                                          help="Top alternatives per sampled token to capture for "
                                          "inspection (default: only what the harness asks for)."),
@@ -75,7 +112,11 @@ def register(app: typer.Typer) -> None:
             "dataset": dataset, "tasks": task or None, "n_tasks": None if task else n_tasks,
             "harness": harness, "sandbox": sandbox, "engine": engine, "engine_model": engine_model,
             "k": k, "concurrency": concurrency, "timeout_s": timeout, "reward_key": reward_key,
-            "agent_kwargs": {"max_turns": max_turns} if max_turns else None,
+            "settings": _settings(agent_timeout_s=agent_timeout, max_turns=max_turns,
+                                  max_output_tokens=max_output_tokens,
+                                  context_tokens=context_tokens, temperature=temperature,
+                                  top_p=top_p, top_k=top_k, min_p=min_p,
+                                  harness_kwargs=harness_kwargs),
             "alternatives": alternatives, "public_url": public_url,
         }
         if server is None:
@@ -109,6 +150,22 @@ def register(app: typer.Typer) -> None:
             if local is not None:
                 local.stop()
         raise typer.Exit(code)
+
+
+def _settings(*, harness_kwargs: str | None, **fields: Any) -> dict[str, Any]:
+    """The plan's `settings`: the flags given (the server fills in and checks the rest)."""
+    import json
+
+    settings = {k: v for k, v in fields.items() if v is not None}
+    if harness_kwargs is not None:
+        try:
+            parsed = json.loads(harness_kwargs)
+        except ValueError as exc:
+            raise typer.BadParameter(f"not JSON: {exc}", param_hint="--harness-kwargs") from None
+        if not isinstance(parsed, dict):
+            raise typer.BadParameter("must be a JSON object", param_hint="--harness-kwargs")
+        settings["harness_kwargs"] = parsed
+    return settings
 
 
 def _install_agent(harness: str) -> None:
@@ -212,6 +269,9 @@ def _print_table(doc: dict[str, Any], tiny_engine: bool = False) -> None:
     console.print(f"mean reward {mean} (graded only) · pass rate {rate}")
     if doc.get("failures"):
         console.print("failures: " + ", ".join(f"{k} {v}" for k, v in sorted(doc["failures"].items())))
+    for line in sorted({ResolvedSettings.model_validate(r["settings"]).line()
+                        for r in doc.get("rollouts", []) if r.get("settings")}):
+        console.print(f"ran with: {line}")
     console.print(f"results: {doc.get('path', '')}")
     plan = doc.get("plan") or {}
     if tiny_engine and plan.get("harness") not in ("oracle", "nop"):
@@ -224,4 +284,9 @@ def _detail(resp: Any) -> str:
         body = resp.json()
     except ValueError:
         return f"HTTP {resp.status_code}: {resp.text[:200]}"
-    return f"HTTP {resp.status_code}: {body.get('detail', body) if isinstance(body, dict) else body}"
+    detail = body.get("detail", body) if isinstance(body, dict) else body
+    if isinstance(detail, list):  # a refused plan (422): each field named, as `settings.max_turns`
+        detail = "; ".join(
+            f"{'.'.join(str(p) for p in d.get('loc', [])[1:])}: {d.get('msg')}"
+            if isinstance(d, dict) else str(d) for d in detail)
+    return f"HTTP {resp.status_code}: {detail}"

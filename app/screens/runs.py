@@ -16,6 +16,7 @@ from tapdeck.app.views import (
     failures_by_cause,
     fmt_rate,
     fmt_reward,
+    rollout_settings_line,
     run_groups,
     short_id,
 )
@@ -47,6 +48,7 @@ class RunsScreen(TapdeckScreen):
         runs.add_columns("run", "state", "done", "ok", "failed", "reward", "pass")
         yield runs
         yield Static("", id="run-header")
+        yield Static("", id="run-settings")
         with Horizontal(id="run-detail"):
             with Vertical(id="groups-pane"):
                 groups = DataTable(id="groups-table", cursor_type="row")
@@ -130,10 +132,20 @@ class RunsScreen(TapdeckScreen):
                               str(r.get("phase", "?")), fmt_reward(r.get("reward")),
                               str(r.get("turns", "")), str(r.get("error_kind") or ""),
                               key=r.get("rollout_id") or f"{r.get('task')}:{r.get('index')}")
+        self._show_settings(self._selected_rollout())
         failures = failures_by_cause(rollouts)
         self.query_one("#failures", Static).update(
             "failures: " + ", ".join(f"{kind} {n}" for kind, n in failures.most_common())
             if failures else "failures: none")
+
+    def _show_settings(self, rollout: dict[str, Any] | None) -> None:
+        """What the highlighted rollout ran with: the timeouts in force and where each came from."""
+        self.query_one("#run-settings", Static).update(
+            rollout_settings_line(rollout) if rollout else "")
+
+    @on(DataTable.RowHighlighted, "#rollouts-table")
+    def _rollout_highlighted(self) -> None:
+        self._show_settings(self._selected_rollout())
 
     def _selected_rollout(self) -> dict[str, Any] | None:
         table = self.query_one("#rollouts-table", DataTable)

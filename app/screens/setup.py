@@ -1,5 +1,6 @@
 """Setup: choose dataset, tasks, harness, sandbox, engine, K, concurrency, the alternatives to
-capture and the public URL sandboxes reach the proxy at; start a batch.
+capture and the public URL sandboxes reach the proxy at, and the rollout settings (a collapsible
+after the task list, remembered per harness); start a batch.
 
 Every choice shows whether this machine can run it and why not, as `/admin/catalog` reports it —
 nothing is assumed available.
@@ -7,19 +8,30 @@ nothing is assumed available.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import Any
 
+from pydantic import ValidationError
 from textual import on, work
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.content import Content
 from textual.widget import Widget
-from textual.widgets import Button, Input, Label, Select, SelectionList, Static
+from textual.widgets import (
+    Button,
+    Collapsible,
+    Input,
+    Label,
+    Select,
+    SelectionList,
+    Static,
+)
 
 from tapdeck.app.messages import RunsChanged
 from tapdeck.app.screens.base import TapdeckScreen
 from tapdeck.proxy.config import check_public_url
+from tapdeck.runner.rollout_settings import RolloutSettings
 
 DEFAULT_ALTERNATIVES = 5
 """Top alternatives per token captured for runs started here (the Rollout screen shows them)."""
@@ -27,6 +39,22 @@ DEFAULT_ALTERNATIVES = 5
 SMALL_MODEL_NOTE = ("The embedded engine (SmolLM2-135M) never solves tasks: every reward is 0. It "
                     "exercises capture and this UI; a bigger engine is one flag away "
                     "(tapdeck tui --engine URL).")
+
+
+SETTING_INPUTS: tuple[tuple[str, str, str, str], ...] = (
+    # (RolloutSettings field or "timeout_s", label, Input type, placeholder = what unset means)
+    ("agent_timeout_s", "Agent s", "number", "task's"),
+    ("timeout_s", "Hard s", "number", "300"),
+    ("max_turns", "Turns", "integer", "3"),
+    ("max_output_tokens", "Output", "integer", "ctx/256"),
+    ("context_tokens", "Context", "integer", "engine's"),
+    ("temperature", "Temp.", "number", "harness's"),
+    ("top_p", "top_p", "number", "harness's"),
+    ("top_k", "top_k", "integer", "harness's"),
+    ("min_p", "min_p", "number", "harness's"),
+    ("harness_kwargs", "kwargs", "text", "{} (JSON)"),
+)
+"""The rollout settings Setup edits; empty = the default, which the placeholder names."""
 
 
 def _ok(item: dict, key: str) -> bool:
@@ -87,6 +115,14 @@ class SetupScreen(TapdeckScreen):
                 yield Label("Tasks (none ticked = all)")
                 yield SelectionList[str](id="tasks")
                 yield Static("", id="instruction")
+                # After the task list, so Tab reaches the tasks as before; collapsed, one line.
+                with Collapsible(title="Rollout settings", id="rollout-settings", collapsed=True):
+                    yield Static("", id="settings-defaults")
+                    with Grid(id="settings-grid"):
+                        for name, label, kind, placeholder in SETTING_INPUTS:
+                            yield Label(label)
+                            yield Input(id=f"set-{name}", placeholder=placeholder, compact=True,
+                                        type=kind)  # type: ignore[arg-type]
 
     def on_mount(self) -> None:
         self.action_reload()
@@ -146,6 +182,63 @@ class SetupScreen(TapdeckScreen):
         self._show_dataset()
         for kind in ("harness", "sandbox", "engine"):
             self._show_why(kind)
+        self._show_settings_defaults()
+        self._recall_settings()
+
+    def _show_settings_defaults(self) -> None:
+        """The defaults in force on the chosen engine (its context, the output tokens it implies)."""
+        engine = self._item("engine") or {}
+        context = engine.get("context_tokens")
+        on_engine = (f"on {engine.get('name')}: context {context}, output "
+                     f"{engine.get('default_output_tokens')}" if context else
+                     "context: the engine's (known when its session opens)")
+        self.query_one("#settings-defaults", Static).update(
+            f"Empty = default ({on_engine}); refused if it does not fit the engine.")
+
+    @on(Collapsible.Expanded, "#rollout-settings")
+    @on(Collapsible.Collapsed, "#rollout-settings")
+    def _settings_toggled(self) -> None:
+        # At 80×24 the settings take the task preview's place while they are open.
+        opened = not self.query_one("#rollout-settings", Collapsible).collapsed
+        self.query_one("#setup-right").set_class(opened, "-settings-open")
+
+    def _recall_settings(self) -> None:
+        """Fill the settings with what this harness last ran with from here (empty otherwise)."""
+        harness = self.query_one("#harness", Select).value
+        remembered = self.app.settings.rollout.get(str(harness), {}) if hasattr(
+            self.app, "settings") else {}
+        for name, *_ in SETTING_INPUTS:
+            value = remembered.get(name)
+            if name == "harness_kwargs" and value is not None:
+                value = json.dumps(value)
+            self.query_one(f"#set-{name}", Input).value = "" if value is None else str(value)
+        self.query_one("#rollout-settings", Collapsible).title = (
+            f"Rollout settings ({len(remembered)} set for {harness})" if remembered
+            else "Rollout settings (defaults)")
+
+    def rollout_settings(self) -> tuple[dict[str, Any], float | None]:
+        """The settings typed here (only those set) and the hard limit; ValueError naming a field."""
+        raw: dict[str, Any] = {}
+        for name, label, kind, _ in SETTING_INPUTS:
+            text = self.query_one(f"#set-{name}", Input).value.strip()
+            if not text:
+                continue
+            try:
+                raw[name] = (json.loads(text) if kind == "text" else
+                             int(text) if kind == "integer" else float(text))
+            except ValueError:
+                raise ValueError(f"{name} ({label}): {text!r} is not "
+                                 f"{'JSON' if kind == 'text' else 'a ' + kind}") from None
+        timeout = raw.pop("timeout_s", None)
+        if timeout is not None and timeout <= 0:
+            raise ValueError("timeout_s (Hard s): must be greater than 0")
+        try:
+            settings = RolloutSettings.model_validate(raw)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = ".".join(str(p) for p in first["loc"])
+            raise ValueError(f"{field}: {first['msg']}") from None
+        return settings.model_dump(exclude_unset=True), timeout
 
     def _item(self, kind: str) -> dict | None:
         if not self.catalog:
@@ -212,6 +305,10 @@ class SetupScreen(TapdeckScreen):
             self._show_dataset()
         elif kind in ("harness", "sandbox", "engine"):
             self._show_why(kind)
+        if kind == "harness":
+            self._recall_settings()
+        elif kind == "engine":
+            self._show_settings_defaults()
 
     @on(SelectionList.SelectionHighlighted, "#tasks")
     def _task_highlighted(self, event: SelectionList.SelectionHighlighted) -> None:
@@ -248,12 +345,14 @@ class SetupScreen(TapdeckScreen):
         if public_url is not None:
             public_url = check_public_url(public_url)
         ticked = list(self.query_one("#tasks", SelectionList).selected)
+        settings, timeout = self.rollout_settings()
         return {"dataset": str(dataset), "tasks": ticked or None,
                 "harness": self.query_one("#harness", Select).value,
                 "sandbox": self.query_one("#sandbox", Select).value,
                 "engine": self.query_one("#engine", Select).value,
                 "k": numbers["k"], "concurrency": numbers["concurrency"],
-                "alternatives": numbers["alternatives"], "public_url": public_url}
+                "alternatives": numbers["alternatives"], "public_url": public_url,
+                "settings": settings, "timeout_s": timeout}
 
     def action_start(self) -> None:
         """Start a batch with the current choices."""
@@ -262,7 +361,19 @@ class SetupScreen(TapdeckScreen):
         except ValueError as exc:
             self.app.notify(str(exc), title="Cannot start", severity="warning")
             return
+        self._remember(plan)
         self.start_run(plan)
+
+    def _remember(self, plan: dict[str, Any]) -> None:
+        """Keep this harness's settings for next time (the TUI's settings file)."""
+        settings = getattr(self.app, "settings", None)
+        if settings is None:
+            return
+        remembered = dict(plan["settings"])
+        if plan.get("timeout_s") is not None:
+            remembered["timeout_s"] = plan["timeout_s"]
+        settings.rollout[str(plan["harness"])] = remembered
+        settings.save(getattr(self.app, "settings_path", None))
 
     @work(exclusive=True, group="start-run", exit_on_error=False)
     async def start_run(self, plan: dict[str, Any]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 
 import pytest
@@ -257,3 +258,75 @@ async def test_runs_screen_shows_groups_and_failures_by_cause(make_app):
         await until(pilot, lambda: groups.row_count == 3, "the recorded run's groups")
         assert "agent_timeout 1" in str(app.screen.query_one("#failures").render())
         assert str(groups.get_row("hello-file")[4]) == "100%"
+
+
+def _set(screen, **values: str) -> None:
+    for name, value in values.items():
+        screen.query_one(f"#set-{name}", Input).value = value
+
+
+async def test_setup_rollout_settings_are_sent_and_remembered_per_harness(make_app, tmp_path):
+    path = tmp_path / "tui.json"
+    app = make_app("setup", settings_path=path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _catalog_loaded(pilot)
+        screen = app.screen
+        assert screen.plan()["settings"] == {} and screen.plan()["timeout_s"] is None
+        _set(screen, max_turns="5", agent_timeout_s="60", timeout_s="400",
+             harness_kwargs='{"parser_name": "xml"}')
+        plan = screen.plan()
+        assert plan["settings"] == {"max_turns": 5, "agent_timeout_s": 60.0,
+                                    "harness_kwargs": {"parser_name": "xml"}}
+        assert plan["timeout_s"] == 400.0
+        screen.action_start()
+        await until(pilot, lambda: path.is_file(), "the settings file")
+        assert json.loads(path.read_text())["rollout"]["terminus-2"]["max_turns"] == 5
+
+        screen.query_one("#harness", Select).value = "oracle"
+        await until(pilot, lambda: screen.query_one("#set-max_turns", Input).value == "",
+                    "oracle's (unset) settings")
+        screen.query_one("#harness", Select).value = "terminus-2"
+        await until(pilot, lambda: screen.query_one("#set-max_turns", Input).value == "5",
+                    "terminus-2's remembered settings")
+
+    again = make_app("setup", settings_path=path)
+    async with again.run_test(size=(80, 24)) as pilot:
+        await _catalog_loaded(pilot)
+        assert again.screen.query_one("#set-timeout_s", Input).value == "400.0"
+        assert again.screen.plan()["settings"]["harness_kwargs"] == {"parser_name": "xml"}
+
+
+async def test_setup_refuses_a_bad_setting_naming_the_field(make_app):
+    cases = [({"max_turns": "0"}, "max_turns: Input should be greater than or equal to 1"),
+             ({"top_p": "2"}, "top_p: Input should be less than or equal to 1"),
+             ({"harness_kwargs": "{"}, "harness_kwargs (kwargs): '{' is not JSON"),
+             ({"timeout_s": "-3"}, "timeout_s (Hard s): must be greater than 0")]
+    app = make_app("setup")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _catalog_loaded(pilot)
+        for values, message in cases:
+            _set(app.screen, **values)
+            with pytest.raises(ValueError, match=re.escape(message)):
+                app.screen.plan()
+            _set(app.screen, **dict.fromkeys(values, ""))
+        assert app.screen.plan()["settings"] == {}
+
+
+async def test_setup_settings_show_the_engines_defaults_and_keep_tab_order_short(make_app):
+    app = make_app("setup")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _catalog_loaded(pilot)
+        screen = app.screen
+        assert "context 32768, output 128" in str(screen.query_one("#settings-defaults").render())
+        # Collapsed, after the task list: Tab from the Start button still lands on the tasks.
+        screen.set_focus(screen.query_one("#start"))
+        await pilot.press("tab")
+        assert app.focused is screen.query_one("#tasks")
+
+
+async def test_runs_screen_states_each_rollouts_timeouts_and_their_sources(make_app):
+    app = make_app("runs")
+    async with app.run_test(size=(80, 24)) as pilot:
+        line = app.screen.query_one("#run-settings")
+        await until(pilot, lambda: "ran with" in str(line.render()), "the rollout's settings")
+        assert "agent 180 s (task) · hard limit 300 s (plan)" in str(line.render())

@@ -170,3 +170,75 @@ def test_recorded_calls_missing_besides_the_length_cut_ones_are_still_a_mismatch
     report = reconcile(calls, _trajectory([178, 96], prompts=[1177, 1700]))
     assert report.verdict == "mismatch"
     assert _codes(report)["atif_mismatch"] is Level.FATAL
+
+
+def test_calls_the_trajectory_never_recorded_are_named_for_demotion() -> None:
+    report = reconcile(_calls([12, 40, 7, 9]), _trajectory([12, 7, 9]))
+    assert report.verdict == "match" and report.auxiliary == [1]
+    assert "demoted to auxiliary" in report.findings[0].detail
+    assert reconcile(_calls([12, 40, 7]), _trajectory([12, 40, 7])).auxiliary == []
+
+
+def _recorded_session(tmp_path: Path):
+    """A closed train session on a real store holding the three recorded vLLM turns of one
+    conversation (a chain), opened by a fresh capture service as a restarted server would."""
+    from tapdeck.proxy.graph import RolloutGraph
+    from tapdeck.proxy.service import CaptureService
+    from tapdeck.proxy.store import Store
+    from tests.proxy_core.proxy_core_fixtures import turn_from_fixture
+
+    store = Store(tmp_path / "capture.db")
+    store.create_session({"id": "s-00000000000000a1", "state": "closed", "tier": "tokens",
+                          "rollout_type": "train", "engine": {"url": "http://e/v1"},
+                          "metadata": {}, "created_at": 1.0})
+    graph = RolloutGraph()
+    for i, name in enumerate(["chat_multiturn_1", "chat_multiturn_2", "chat_multiturn_3"]):
+        turn = turn_from_fixture(name, i, "s-00000000000000a1")
+        store.append_turn(turn, graph.add(turn))
+    return store, lambda: CaptureService(store, default_engine=None, public_url="http://x")
+
+
+def _roles(service, sid: str) -> list[str]:
+    return [t["role"] for t in sorted(service.rollout_document(sid)["turns"], key=lambda t: t["seq"])]
+
+
+def _trained_seqs(service, sid: str) -> list[str]:
+    return [e["node_id"] for e in service.training_trace(sid)["turns"]]
+
+
+def test_extra_calls_are_demoted_to_auxiliary_and_masked_out_of_training(tmp_path: Path) -> None:
+    from tapdeck.runner.rollout import captured_calls
+
+    store, restart = _recorded_session(tmp_path)
+    sid = "s-00000000000000a1"
+    service = restart()
+    calls = captured_calls(service.rollout_document(sid))
+    counts = [c.completion_tokens for c in calls]
+    assert _roles(service, sid) == ["agent"] * 3 and _trained_seqs(service, sid) == ["0", "1", "2"]
+
+    # The harness recorded the first and last calls only: the middle one is demoted.
+    report = reconcile(calls, _trajectory([counts[0], counts[2]], prompts=[calls[0].prompt_tokens, 0]))
+    assert report.verdict == "match" and report.auxiliary == [1]
+    service.mark_auxiliary(sid, report.auxiliary, "not in the harness's ATIF trajectory")
+    assert _roles(service, sid) == ["agent", "auxiliary", "agent"]
+    assert _trained_seqs(service, sid) == ["0", "2"]
+    middle = service.turn_detail(sid, 1)
+    assert set(middle["mask"]) == {0} and middle["meta"]["call_role"] == "auxiliary"
+
+    # A restarted server demotes it again (kept with the session).
+    assert _roles(restart(), sid) == ["agent", "auxiliary", "agent"]
+    store.close()
+
+
+def test_a_trajectory_recording_every_call_demotes_nothing(tmp_path: Path) -> None:
+    from tapdeck.runner.rollout import captured_calls
+
+    store, restart = _recorded_session(tmp_path)
+    sid = "s-00000000000000a1"
+    service = restart()
+    calls = captured_calls(service.rollout_document(sid))
+    report = reconcile(calls, _trajectory([c.completion_tokens for c in calls],
+                                          prompts=[c.prompt_tokens or 0 for c in calls]))
+    assert report.verdict == "match" and report.auxiliary == []
+    assert _roles(service, sid) == ["agent"] * 3 and _trained_seqs(service, sid) == ["0", "1", "2"]
+    store.close()

@@ -28,3 +28,10 @@ def test_default_rollout_is_graded_and_ends_by_its_turn_budget(tmp_path: Path) -
     assert result["error_kind"] is None, (result["error"], result["findings"])
     assert result["ok"] and result["reward"] is not None  # graded (0.0: the small model never solves)
     assert result["turns"] >= 1 and result["tier"] == "tokens"
+    # What it ran with, taken from the engine and the task, each value with its source.
+    settings = result["settings"]
+    assert (settings["context_tokens"], settings["context_source"]) == (32768, "engine")
+    assert (settings["max_output_tokens"], settings["max_output_source"]) == (128, "default")
+    assert (settings["agent_timeout_s"], settings["agent_timeout_source"]) == (180.0, "task")
+    assert (settings["hard_limit_s"], settings["hard_limit_source"]) == (300.0, "default")
+    assert "ran with: agent 180 s (task) · hard limit 300 s (default)" in proc.stdout

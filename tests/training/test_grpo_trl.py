@@ -165,3 +165,29 @@ def test_a_training_session_samples_at_the_trainers_temperature_and_passes_the_g
         finally:
             admin.close()
 
+
+
+def test_unknown_task_is_refused_at_create_naming_the_task(tmp_path: Path) -> None:
+    """Refused when TRL asks for the session, never a run that ends without a reward: the
+    factory raises the unscorable-rollout error naming the task, and the server holds no run."""
+    from types import SimpleNamespace
+
+    from tapdeck.proxy.serving import ThreadedServer
+    from tapdeck.runner.recipes.grpo_trl import TapdeckSessionFactory
+    from tests.proxy.conftest import Upstream, _upstream_app
+
+    up = Upstream()
+    up.server = ThreadedServer(_upstream_app(up), "127.0.0.1", 0, name="recorded-vllm").start()
+    try:
+        engine = SimpleNamespace(base_url=up.base_url, served_name="smollm2")
+        with local_server_on(engine, tmp_path) as server:
+            factory = TapdeckSessionFactory(server=server.url, admin_key=server.admin_key,
+                                            harness="oracle", poll_s=0.2)
+            with pytest.raises(RolloutUnusable, match="no-such-task") as err:
+                factory.create("no-such-task")
+            assert "hello-file" in str(err.value)  # the refusal lists the dataset's tasks
+            runs = httpx.get(f"{server.url}/admin/runs", timeout=30,
+                             headers={"Authorization": f"Bearer {server.admin_key}"}).json()
+            assert runs["runs"] == []
+    finally:
+        up.server.stop()

@@ -86,6 +86,8 @@ def test_trls_rollout_loop_trains_on_exactly_what_tapdeck_captured(train_python:
     assert loop["sampling"]["temperature"] == 0.8 and loop["sampling"]["top_p"] == 1.0
 
     rollouts = _captured(serve)
+    # The non-existent task is refused when TRL creates its session: it never becomes a run.
+    assert not any(e["result"]["task"] == "no-such-task" for e in rollouts)
     real = [e for e in rollouts if e["session"] and e["session"]["metadata"].get("trl_group_id") == 1]
     assert len(real) == 2, [e["result"] for e in rollouts]
     for e in real:

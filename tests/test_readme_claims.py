@@ -1,0 +1,447 @@
+"""Every factual claim of the README, and the test that fails if it stops being true.
+
+One entry per claim, `- claim` then `  → test` for each test that pins it, under a `§ ` line per
+README section (`#` to `###` headings, spelled as in the README). A test is `tests/<file>.py::<name>`; a parametrised test
+is named without its ids. `test_every_named_test_exists` fails when a named test is renamed or
+removed, `test_every_readme_section_lists_its_claims` when the README gains a section this list does
+not have. To add a claim: add its line under its section, naming the test that pins it.
+
+Measurements (seconds, sizes, load averages, nats) are not pinned: they depend on the machine and
+its load, say so where they appear, and the `bench/` scripts or the named slow tests reproduce the
+runs they come from. Claims not pinned yet are listed at the end of their section as `unpinned:`.
+
+§ tapdeck
+- captures prompt ids, sampled ids and logprobs from four dialects, streaming synthesised
+  → tests/dialects/test_sdk_end_to_end.py::test_anthropic_sdk_three_turn_tool_conversation_is_one_root
+  → tests/dialects/test_sdk_end_to_end.py::test_openai_responses_sdk_three_turn_tool_conversation_is_one_root
+  → tests/dialects/test_sdk_end_to_end.py::test_google_genai_sdk_three_turn_tool_conversation_is_one_root
+  → tests/proxy/test_openai_sdk_capture.py::test_openai_sdk_stream_matches_capture_and_turn_is_durable_first
+- calls link into a rollout graph by exact token prefix; every prefix break is visible
+  → tests/proxy_core/test_graph.py::test_greedy_conversation_links_by_exact_prefix
+  → tests/proxy_core/test_graph.py::test_retokenized_reply_links_with_warn_naming_node_and_offset
+- the TUI is usable at 80×24
+  → tests/app/test_snapshots.py::test_screen_snapshot
+  → tests/app/test_tmux.py::test_tapdeck_runs_a_rollout_by_keystrokes_and_quits_freeing_the_port
+
+§ Two commands
+- set-up prints a line per step, pip's output goes to `.venv/setup.log`, a failed step prints the
+  log's tail and what to do, a long step reports its elapsed time
+  → tests/test_setup_script.py::test_a_first_set_up_prints_a_handful_of_lines_and_keeps_pips_output_in_the_log
+  → tests/test_setup_script.py::test_a_failed_step_shows_the_logs_tail_and_what_to_do
+  → tests/test_setup_script.py::test_a_long_step_reports_the_elapsed_and_the_expected_time_until_it_ends
+- later runs start at once
+  → tests/test_setup_script.py::test_setup_on_the_venv_it_set_up_prints_nothing
+- the defaults need no flag, key or network (sample dataset, host sandbox, embedded engine,
+  terminus-2) and `tapdeck rollout` with no flags ends graded by its turn budget
+  → tests/runner/test_newcomer_path.py::test_default_rollout_is_graded_and_ends_by_its_turn_budget
+- the small model never solves a task (reward 0)
+  → tests/runner/test_newcomer_path.py::test_default_rollout_is_graded_and_ends_by_its_turn_budget
+  → tests/runner/test_terminus2.py::test_terminus2_rollout_is_graded_captured_on_every_turn_and_reconciled
+- `--engine` takes `HOST:PORT`, `http://HOST:PORT` and `…/v1`
+  → tests/proxy/test_engine_address.py::test_every_address_form_settles_on_the_recorded_engines_v1_base_url
+- unpinned: finding a Python (PATH, pyenv, `TAPDECK_PYTHON`) and saying what to install when none is found
+
+§ Layout
+- the folders map to the import package `tapdeck`; an editable install and a wheel both import
+  → tests/test_packaging.py::test_wheel_installs_everything_under_the_tapdeck_package
+  → tests/test_packaging.py::test_wheel_imports_in_a_fresh_target
+  → tests/test_layering.py::test_package_is_namespaced_under_tapdeck
+- the layering rule
+  → tests/test_layering.py::test_layer_imports_nothing_above_it
+  → tests/app/test_views.py::test_core_modules_do_not_import_textual
+
+§ Command line
+- the command table names exactly the CLI's commands
+  → tests/test_readme_claims.py::test_the_command_table_names_every_command_the_cli_has
+- exit codes 0/1/2, and `tapdeck rollout`'s 3, listed in its `--help`
+  → tests/runner/test_rollout_exit_codes.py::test_rollout_help_states_every_exit_code
+  → tests/runner/test_rollout_exit_codes.py::test_an_unknown_option_exits_2
+  → tests/runner/test_rollout_exit_codes.py::test_no_engine_answering_exits_1
+  → tests/runner/test_rollout_exit_codes.py::test_a_plan_the_server_refuses_exits_2
+  → tests/runner/test_rollout_exit_codes.py::test_a_failed_rollout_exits_3_and_the_table_says_why
+- `serve` refuses a port in use and a bind beyond loopback without `--admin-key`
+  → tests/proxy/test_host.py::test_serve_cli_refuses_public_bind_and_names_a_held_port
+- data lives in `--data-dir`, else `$TAPDECK_DATA_DIR`; `admin.key` is 0600
+  → tests/proxy/test_config_and_keys.py::test_data_dir_defaults_to_env
+  → tests/proxy/test_config_and_keys.py::test_admin_key_file_is_owner_only
+
+§ The server API
+- every admin route of the table exists on the server
+  → tests/test_readme_claims.py::test_every_admin_route_of_the_table_exists_on_the_server
+- admin routes need the admin key; `/health` leaks nothing
+  → tests/proxy/test_auth_and_failures.py::test_admin_routes_need_the_admin_key
+  → tests/proxy/test_auth_and_failures.py::test_health_leaks_nothing
+- a session names the base URL it settled on and records the engine's context (`max_model_len`)
+  → tests/proxy/test_engine_address.py::test_session_bodies_take_every_address_form_and_say_where_they_settled
+  → tests/runner/test_rollout_settings.py::test_settings_that_do_not_fit_fail_the_rollout_before_the_trial
+- model routes take the session key from every provider location; unknown keys are 401 in the
+  caller's envelope
+  → tests/proxy/test_config_and_keys.py::test_key_is_read_from_every_provider_location
+  → tests/proxy/test_auth_and_failures.py::test_unknown_session_key_is_401_in_openai_shape
+  → tests/proxy/test_routing_and_export.py::test_unknown_key_on_google_route_is_401_in_google_shape
+- paths are matched case-insensitively
+  → tests/proxy_engine/test_chat_dialect.py::test_registry_detects_every_dialect_case_insensitively
+- the event stream carries session, turn and run events
+  → tests/proxy/test_auth_and_failures.py::test_admin_events_stream_session_and_turn_events
+
+§ What capture guarantees
+- upstream calls are unstreamed with capture fields forced on; alternatives asked for inspection
+  → tests/proxy_engine/test_prepare.py::test_stream_request_goes_upstream_unstreamed_without_stream_options
+  → tests/proxy_engine/test_prepare.py::test_tokens_tier_forces_capture_fields
+  → tests/proxy_engine/test_prepare.py::test_calls_ask_the_engine_for_at_least_the_probed_alternatives
+- empty tools are dropped, `model` is rewritten, truncating knobs are neutralised at the training
+  tier with the request kept
+  → tests/proxy_engine/test_prepare.py::test_empty_tools_dropped_with_orphaned_tool_choice
+  → tests/proxy_engine/test_prepare.py::test_model_rewritten_to_served_name
+  → tests/proxy_engine/test_prepare.py::test_training_tier_resets_truncating_knobs_and_keeps_requested
+- engines are probed once into a tier; unknown is `text`; raw logprobs are told from processed
+  → tests/proxy_engine/test_tiers.py::test_probe_full_vllm_is_tokens_tier_with_served_name
+  → tests/proxy_engine/test_tiers.py::test_probe_neither_is_text_tier
+  → tests/proxy_engine/test_tiers.py::test_probe_raw_logprobs_demotes_with_fatal
+  → tests/proxy_engine/test_tiers.py::test_concurrent_first_probes_share_one
+- every turn is committed before the reply; `kill -9` loses no replied turn; a restarted server
+  lists and exports old sessions
+  → tests/proxy/test_crash_recovery.py::test_kill_9_mid_rollout_loses_no_replied_turn
+  → tests/proxy/test_host.py::test_restarted_server_lists_old_sessions_as_interrupted_and_exports_them
+- a turn stores only what it adds; each distinct message once
+  → tests/proxy_core/test_store.py::test_prompts_are_stored_as_deltas
+  → tests/proxy_core/test_store.py::test_each_distinct_message_is_stored_once
+- linking by hash index, only new tokens hashed, arrival order irrelevant
+  → tests/proxy_core/test_graph.py::test_linking_reads_no_stored_node_tokens
+  → tests/proxy_core/test_graph.py::test_linking_an_extending_call_hashes_only_its_new_tokens
+  → tests/proxy_core/test_graph.py::test_arrival_order_never_changes_the_graph
+- the three recorded vLLM prefix breaks are visible
+  → tests/proxy_core/test_graph.py::test_truncated_turn_links_as_prefix_with_info_about_the_unsampled_end_token
+  → tests/proxy_core/test_graph.py::test_retokenized_reply_links_with_warn_naming_node_and_offset
+  → tests/proxy_core/test_graph.py::test_special_tokens_inside_reply_are_visible_breaks
+- `previous_response_id` chains link; an unknown id is a 400
+  → tests/dialects/test_sdk_end_to_end.py::test_openai_responses_sdk_chained_by_previous_response_id_is_one_root
+  → tests/dialects/test_responses_translation.py::test_unknown_or_unstored_previous_response_is_a_400_naming_it
+- any FATAL makes a rollout not ok; `reward: null` means never graded
+  → tests/proxy_core/test_validation.py::test_turn_fatal_makes_rollout_not_ok
+  → tests/app/test_views.py::test_reward_null_means_never_graded_not_zero
+  → tests/runner/test_rewards.py::test_verifier_never_ran_gives_null_and_a_finding_never_zero
+
+§ What agents see on the wire
+- errors keep their status; a dead engine is a retryable 502 with an `engine_unreachable` finding;
+  errors inside a started stream in each dialect's form
+  → tests/dialects/test_agent_quirks.py::test_engine_error_reaches_each_sdk_with_its_real_status
+  → tests/dialects/test_agent_quirks.py::test_dead_engine_gives_each_streaming_sdk_a_retryable_5xx_and_a_session_finding
+  → tests/dialects/test_agent_quirks.py::test_engine_error_after_the_stream_started_is_raised_by_each_sdk
+- truncation in each dialect's terms; a lowered output limit is a `max_tokens_capped` finding
+  → tests/dialects/test_agent_quirks.py::test_length_cut_reply_is_truncation_in_each_dialect
+  → tests/dialects/test_agent_quirks.py::test_claude_code_max_tokens_cap_is_a_finding_and_a_cut_is_max_tokens
+- system messages stay where the agent put them, folded with a finding when the template refuses
+  → tests/dialects/test_agent_quirks.py::test_claude_code_system_messages_stay_where_the_agent_put_them
+  → tests/dialects/test_agent_quirks.py::test_template_refusing_late_system_messages_folds_them_with_a_finding
+- namespace tools are flattened; hosted tools dropped with a finding
+  → tests/dialects/test_agent_quirks.py::test_codex_namespace_tools_round_trip
+  → tests/dialects/test_app_hosted_tools_and_google_json_stream.py::test_dropped_hosted_tools_are_a_warn_finding_on_the_stored_turn
+- JSON mode calls are auxiliary, honoured, never trained; a trained turn is never constrained;
+  tool-less calls among tool calls are auxiliary
+  → tests/dialects/test_agent_quirks.py::test_openai_json_schema_modes_are_auxiliary_and_honoured
+  → tests/dialects/test_agent_quirks.py::test_gemini_router_gets_json_from_an_engine_that_ignores_the_schema
+  → tests/dialects/test_agent_quirks.py::test_agent_turn_in_a_training_session_is_never_constrained
+  → tests/proxy_core/test_graph.py::test_tool_bearing_path_is_agent_and_tool_less_root_is_auxiliary
+- side calls and dropped reasoning are named
+  → tests/proxy_core/test_graph.py::test_conversation_resent_under_another_system_prompt_is_a_side_call_not_a_break
+  → tests/proxy_core/test_graph.py::test_reply_resent_without_its_sampled_reasoning_is_named_reasoning_dropped
+- one access-log line per call, no key
+  → tests/proxy/test_access_log.py::test_serve_logs_one_line_per_call_with_keys_redacted
+  → tests/dialects/test_agent_quirks.py::test_every_call_writes_one_access_line_without_keys
+
+§ Running rollouts
+- a run is resumable after a crash
+  → tests/runner/test_resume.py::test_resume_after_a_crash_runs_only_the_unfinished_rollouts
+- a rollout never raises; failures are classified
+  → tests/runner/test_rollouts.py::test_engine_down_is_engine_unreachable
+  → tests/runner/test_rollouts.py::test_sandbox_start_failure_is_sandbox_failed
+  → tests/runner/test_rollouts.py::test_agent_timeout_is_agent_timeout_and_still_graded
+  → tests/runner/test_rollouts.py::test_outer_timeout_covers_the_whole_rollout
+  → tests/runner/test_runner_units.py::test_exceptions_are_classified_by_type_then_phase
+- extra calls the trajectory never recorded are demoted to auxiliary (masked out, shown as such,
+  kept after a restart); a full trajectory demotes nothing
+  → tests/runner/test_atif.py::test_extra_calls_are_demoted_to_auxiliary_and_masked_out_of_training
+  → tests/runner/test_atif.py::test_a_trajectory_recording_every_call_demotes_nothing
+  → tests/runner/test_atif.py::test_calls_the_trajectory_never_recorded_are_named_for_demotion
+  → tests/app/test_views.py::test_rollout_nodes_take_roles_from_sequences
+- the rollout settings table's defaults (1/256 of the context, at least 128; 300 s; 3 turns; the
+  engine's context, 8,192 otherwise; the sample tasks' 180 s)
+  → tests/test_readme_claims.py::test_the_settings_defaults_are_the_codes
+  → tests/runner/test_rollout_settings.py::test_context_comes_from_the_engine_and_output_is_a_share_of_it
+  → tests/runner/test_rollout_settings.py::test_an_engine_that_does_not_say_gets_the_stated_fallback
+  → tests/runner/test_rollout_settings.py::test_timeouts_in_force_say_where_they_came_from
+- bad values are refused with the field named (exit 2); settings that do not fit the engine are
+  refused before the trial
+  → tests/runner/test_rollout_settings.py::test_bad_values_are_refused_with_the_field_named
+  → tests/app/test_rollout_settings_cli.py::test_a_bad_setting_is_refused_by_the_server_with_the_field_named
+  → tests/runner/test_rollout_settings.py::test_output_tokens_that_do_not_fit_the_engine_are_refused_naming_the_field
+  → tests/runner/test_rollout_settings.py::test_a_context_beyond_the_engines_is_refused_naming_the_field
+  → tests/runner/test_rollout_settings.py::test_a_harness_whose_first_prompt_cannot_fit_is_refused
+  → tests/runner/test_rollout_settings.py::test_settings_that_do_not_fit_fail_the_rollout_before_the_trial
+- defaults shown in `--help`, `tapdeck info` and Setup; each result records its settings with
+  sources; `tapdeck rollout` prints them; the Runs screen shows them; Setup remembers them per
+  harness; old plans' fields fold in
+  → tests/app/test_rollout_settings_cli.py::test_rollout_help_shows_every_setting_and_its_default
+  → tests/app/test_rollout_settings_cli.py::test_info_shows_the_engines_context_and_the_settings_defaults
+  → tests/app/test_tui_recorded.py::test_setup_settings_show_the_engines_defaults_and_keep_tab_order_short
+  → tests/runner/test_newcomer_path.py::test_default_rollout_is_graded_and_ends_by_its_turn_budget
+  → tests/app/test_tui_recorded.py::test_runs_screen_states_each_rollouts_timeouts_and_their_sources
+  → tests/app/test_tui_recorded.py::test_setup_rollout_settings_are_sent_and_remembered_per_harness
+  → tests/runner/test_rollout_settings.py::test_old_plans_agent_kwargs_and_agent_timeout_fold_into_settings
+- datasets: a local folder (one task or many), registry names and git sources, the five offline
+  sample tasks
+  → tests/runner_env/test_datasets.py::test_a_local_task_folder_is_one_task
+  → tests/runner_env/test_datasets.py::test_a_local_folder_of_tasks_lists_valid_subfolders_sorted
+  → tests/runner_env/test_datasets.py::test_remote_specs_map_to_harbor_dataset_configs
+  → tests/runner_env/test_host_sandbox.py::test_oracle_solves_every_sample_task
+- harnesses: the seam table; only the session key reaches a harness
+  → tests/runner_env/test_harnesses.py::test_table_rows_are_plain_and_only_what_ran_here_is_validated
+  → tests/runner_env/test_harnesses.py::test_harbor_resolves_only_the_session_key_even_with_real_keys_on_the_host
+- sandboxes: Harbor's backends available only when they import and pass preflight; the host
+  sandbox's mounts, private HOME and TMUX_TMPDIR, loopback-only network, rootless mode
+  → tests/runner_env/test_catalog_info.py::test_sandbox_catalog_lists_host_and_every_harbor_backend
+  → tests/runner_env/test_host_sandbox.py::test_exec_env_is_clean_and_has_a_private_tmux_tmpdir
+  → tests/runner_env/test_host_sandbox.py::test_no_network_task_gets_loopback_only
+  → tests/runner_env/test_host_sandbox.py::test_rootless_trial_runs_in_its_own_root_and_makes_nothing_on_the_host
+  → tests/runner_env/test_mount_points.py::test_the_last_user_removes_the_directories_it_made_and_nothing_else
+- engines: address forms, `/v1/models` then `/models`, one line naming every URL tried
+  → tests/proxy/test_engine_address.py::test_an_address_without_a_path_is_asked_at_v1_then_at_the_root
+  → tests/proxy/test_engine_address.py::test_a_wrong_address_is_one_line_naming_every_url_tried
+- terminus-2's small-model defaults and the 3 × max_turns call budget
+  → tests/runner_env/test_harnesses.py::test_terminus2_gets_the_small_model_defaults
+  → tests/test_readme_claims.py::test_the_settings_defaults_are_the_codes
+  → tests/proxy/test_auth_and_failures.py::test_budget_reached_gives_a_non_empty_stop_and_no_node
+- the embedded engine's 32,768-token context reported as `max_model_len`; `--n-ctx` and the KV-cache
+  reuse; one engine per machine
+  → tests/test_readme_claims.py::test_the_settings_defaults_are_the_codes
+  → tests/engine/test_long_context.py::test_engine_reports_its_stretched_context_as_max_model_len
+  → tests/engine/test_long_context.py::test_follow_up_with_a_shared_10k_prefix_evaluates_only_the_new_tokens
+  → tests/engine/test_registry.py::test_second_process_reuses_the_running_engine
+  → tests/engine/test_registry.py::test_engine_with_another_context_is_not_reused
+
+§ Agent CLIs
+- the pinned versions in the README are the installer's
+  → tests/test_readme_claims.py::test_the_agent_versions_are_the_pinned_ones
+- installed once, recorded, offline afterwards
+  → tests/agents/test_agent_install.py::test_every_seed_agent_is_pinned_with_its_registry
+  → tests/agents/test_agent_install.py::test_install_of_an_installed_agent_does_nothing_and_returns_its_record
+- validated agents ran the sample task end to end; a dead engine is `engine_unreachable` for all six
+  → tests/agents/test_agent_rollouts.py::test_agent_cli_runs_a_sample_task_offline_with_every_turn_captured
+  → tests/agents/test_agent_rollouts.py::test_dead_engine_ends_the_agent_and_is_engine_unreachable
+- only the session key and the proxy reach an agent CLI
+  → tests/runner_env/test_harnesses.py::test_agent_clis_get_only_the_session_key_and_the_proxy
+
+§ Remote sandboxes: `--public-url`
+- sessions advertise the public URL; an unreachable one fails as `proxy_unreachable` naming it
+  → tests/agents/test_public_url.py::test_sessions_advertise_the_public_url_for_every_dialect
+  → tests/agents/test_public_url.py::test_unreachable_public_url_is_a_clear_error_naming_it
+  → tests/agents/test_agent_rollouts.py::test_unreachable_public_url_fails_the_rollout_before_any_model_call
+
+§ The TUI
+- opens on Setup without sessions, on Sessions otherwise; number keys switch screens
+  → tests/app/test_tui_recorded.py::test_tui_opens_on_setup_when_the_server_has_no_sessions_yet
+  → tests/app/test_tui_recorded.py::test_tui_opens_on_sessions_when_the_server_has_sessions
+  → tests/app/test_tui_recorded.py::test_number_keys_switch_screens_and_resize_does_not_crash
+- Setup's 5 alternatives by default; each choice says why not; Rollout settings panel
+  → tests/app/test_tui_recorded.py::test_setup_plan_captures_five_alternatives_unless_told_otherwise
+  → tests/app/test_tui_recorded.py::test_setup_refuses_an_unavailable_sandbox_with_the_reason
+  → tests/app/test_tui_recorded.py::test_setup_rollout_settings_are_sent_and_remembered_per_harness
+- Sessions updated by diff; Rollout tree, tokens, alternatives; Runs groups and failures
+  → tests/app/test_tui_recorded.py::test_sessions_table_shows_states_and_updates_only_changed_cells
+  → tests/app/test_rollout_tree.py::test_a_growing_chain_is_listed_flat_and_a_fork_nests_its_branches
+  → tests/app/test_tui_recorded.py::test_open_rollout_and_click_a_token_shows_its_logprob
+  → tests/app/test_tui_recorded.py::test_runs_screen_shows_groups_and_failures_by_cause
+- help, palette, theme remembered, key map by id; attach is one code path
+  → tests/app/test_tui_recorded.py::test_help_opens_with_f1_and_question_mark_and_closes_with_escape
+  → tests/app/test_tui_recorded.py::test_command_palette_offers_tapdeck_actions
+  → tests/app/test_tui_recorded.py::test_theme_switch_is_remembered
+  → tests/app/test_tui_recorded.py::test_keymap_from_settings_rebinds_by_binding_id
+  → tests/app/test_attach.py::test_attach_shows_a_remote_session_with_its_turn_and_quits_leaving_the_server_up
+
+§ Training
+- jobs run on the server's machine, stream log and metrics, stop by process group, record why they
+  died, stop with the server
+  → tests/training/test_train_api.py::test_data_check_job_streams_its_log_metrics_and_state_over_sse
+  → tests/training/test_train_api.py::test_stop_over_http_ends_a_running_job_and_its_process_group
+  → tests/training/test_train_api.py::test_a_run_that_dies_says_why
+  → tests/training/test_train_api.py::test_the_server_stops_its_running_jobs_when_it_shuts_down
+- `train --list`, the Train screen and attach
+  → tests/training/test_train_cli.py::test_train_list_says_what_the_server_can_start
+  → tests/training/test_train_screen.py::test_train_screen_launches_data_check_on_the_server_and_plots_its_metrics
+  → tests/training/test_train_attach.py::test_attached_tui_launches_a_recipe_on_the_server_sees_a_metric_and_stops_it
+- data-check and cpu-grpo do what they say
+  → tests/training/test_data_check.py::test_data_check_logs_grpo_advantages_readable_by_the_reader
+  → tests/training/test_cpu_grpo.py::test_cpu_grpo_trains_on_tapdeck_rollouts_from_its_current_weights
+  → tests/training/test_cpu_grpo.py::test_format_score_gives_partial_credit_for_terminus_json
+- the admin key reaches a recipe but never its record
+  → tests/training/test_train_api.py::test_admin_key_reaches_the_recipe_but_never_its_record
+
+§ The training environment
+- the pinned versions in the README are `scripts/train-env.txt`'s
+  → tests/test_readme_claims.py::test_the_training_environment_versions_are_the_pinned_ones
+- made once and reused; recipes see this checkout as `tapdeck`
+  → tests/training/test_train_env.py::test_making_the_environment_twice_reuses_it
+  → tests/training/test_train_env.py::test_recipes_see_this_checkout_as_tapdeck_and_nothing_else
+  → tests/training/test_train_env.py::test_recipe_modules_and_the_training_stack_import_in_the_training_environment
+
+§ grpo-trl against TRL's own code
+- TRL's loop is built from the kwargs the worker forwards and trains on exactly what tapdeck
+  captured; a non-existent task is refused when its session is created
+  → tests/training/test_trl_harness_loop.py::test_trls_rollout_loop_trains_on_exactly_what_tapdeck_captured
+  → tests/training/test_grpo_trl.py::test_unknown_task_is_refused_at_create_naming_the_task
+- sessions enforce the trainer's sampling (truncating knobs at no-ops, else 422)
+  → tests/training/test_grpo_trl.py::test_a_training_session_samples_at_the_trainers_temperature_and_passes_the_gate
+  → tests/proxy_engine/test_prepare.py::test_training_policy_must_be_full_vocabulary
+- unusable rollouts are RuntimeErrors, never TRL's contract errors
+  → tests/training/test_grpo_trl.py::test_rollouts_trl_must_not_train_on_are_unscorable_not_contract_errors
+- `--run` is never read as `--run-name`; each launch has its own run name
+  → tests/training/test_grpo_trl.py::test_run_is_its_own_flag_never_a_prefix_of_run_name
+  → tests/training/test_grpo_trl.py::test_each_launch_gets_its_own_run_name_and_output_dir
+- `--print-vllm-command` prints vLLM's flags
+  → tests/training/test_grpo_trl.py::test_vllm_command_carries_the_flags_trl_and_capture_need
+
+§ data-check equals TRL
+- rows, tallies and advantages equal TRL's
+  → tests/training/test_data_check_equals_trl.py::test_data_check_rows_tallies_and_advantages_equal_trls
+
+§ Tests and benchmarks
+- nothing in the suite asserts on wall-clock time
+  → tests/test_readme_claims.py::test_no_test_asserts_on_wall_clock_time
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from pathlib import Path
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+NAMED = re.compile(r"(tests/[\w/]+\.py)::(\w+)")
+
+
+def _sections() -> list[str]:
+    """The README's headings (`#` to `###`), code blocks left out."""
+    prose = re.sub(r"^```.*?^```", "", README, flags=re.M | re.S)
+    return [line.strip("# ").strip() for line in prose.splitlines() if re.match(r"^#{1,3} \S", line)]
+
+
+def test_every_named_test_exists() -> None:
+    named = NAMED.findall(__doc__ or "")
+    assert len(named) > 100
+    missing = [f"{path}::{name}" for path, name in named
+               if not (ROOT / path).is_file()
+               or not re.search(rf"^(async )?def {name}\(", (ROOT / path).read_text(), re.M)]
+    assert not missing, missing
+
+
+def test_every_readme_section_lists_its_claims() -> None:
+    listed = [line[2:].strip() for line in (__doc__ or "").splitlines() if line.startswith("§ ")]
+    assert [s for s in _sections() if s not in listed] == []
+    assert [s for s in listed if s not in _sections()] == []
+
+
+def test_the_command_table_names_every_command_the_cli_has() -> None:
+    from typer.main import get_command
+
+    from tapdeck.app.cli import app
+
+    table = README.split("## Command line", 1)[1].split("\n\n", 2)[1]
+    documented = set(re.findall(r"^\| `tapdeck (\w+)", table, re.M))
+    documented |= {"tui"} if "`tapdeck tui`" in table else set()
+    commands = set(get_command(app).commands)  # type: ignore[attr-defined]
+    assert documented == commands - {"harness"} and "harness install" in README
+
+
+def test_the_agent_versions_are_the_pinned_ones() -> None:
+    from tapdeck.runner.agent_install import PACKAGES
+
+    table = dict(re.findall(r"^\| ([\w-]+) (\d+\.\d+\.\d+) \|", README, re.M))
+    assert set(table) == set(PACKAGES)
+    assert table == {name: p.version for name, p in PACKAGES.items()}
+
+
+def test_the_training_environment_versions_are_the_pinned_ones() -> None:
+    section = README.split("### The training environment", 1)[1].split("\n### ", 1)[0]
+    claimed = dict(re.findall(r"\b(torch|trl|openenv|transformers|trackio)\s+(\d+\.\d+\.\d+)", section))
+    pins = dict(re.findall(r"^([\w-]+)==(\S+)$", (ROOT / "scripts" / "train-env.txt").read_text(), re.M))
+    assert len(claimed) == 5 and all(pins[name] == version for name, version in claimed.items())
+
+
+def test_every_admin_route_of_the_table_exists_on_the_server(tmp_path: Path) -> None:
+    from tapdeck.proxy.server import create_app
+    from tapdeck.proxy.service import CaptureService
+    from tapdeck.proxy.store import Store
+    from tapdeck.runner.api import create_runner_router
+
+    service = CaptureService(Store(tmp_path / "capture.db"), default_engine=None,
+                             public_url="http://127.0.0.1:9")
+    app = create_app(service, admin_key="k", routers=[
+        create_runner_router(service, data_dir=tmp_path, default_engine=None)])
+    served = {(method.upper(), re.sub(r"\{\w+\}", "{}", path))
+              for path, ops in app.openapi()["paths"].items() for method in ops}
+    table = README.split("## The server API", 1)[1].split("\nModel routes", 1)[0]
+    claimed: set[tuple[str, str]] = set()
+    for row in re.findall(r"^\| (`[A-Z]+ .*?) \|", table, re.M):
+        method = prefix = ""
+        for item in re.findall(r"`([^`]+)`", row.split(" | ")[0]):
+            if " " in item:
+                method, path = item.split(" ", 1)
+            else:  # `/metrics?after=`: the previous route's parent with this last step
+                path = prefix + item
+            path = path.split("?", 1)[0]
+            prefix = path.rsplit("/", 1)[0]
+            for variant in _expand(path):
+                claimed.add((method, re.sub(r"\{\w+\}", "{}", variant)))
+    assert len(claimed) >= 20
+    assert claimed <= served, sorted(claimed - served)
+
+
+def _expand(path: str) -> list[str]:
+    """`/runs[/{id}]` → both; `/{id}/cancel\\|resume` → each."""
+    if m := re.search(r"\[([^\]]+)\]", path):
+        return _expand(path[:m.start()] + path[m.end():]) + _expand(path[:m.start()] + m[1] + path[m.end():])
+    if "\\|" in path:
+        head, _, tail = path.rpartition("/")
+        return [f"{head}/{alt}" for alt in tail.split("\\|")]
+    return [path]
+
+
+def test_the_settings_defaults_are_the_codes() -> None:
+    from tapdeck.app.screens.setup import DEFAULT_ALTERNATIVES
+    from tapdeck.runner.engine.model import DEFAULT_N_CTX
+    from tapdeck.runner.rollout import BUDGET_PER_TURN
+    from tapdeck.runner.rollout_settings import (
+        DEFAULT_HARD_LIMIT_S,
+        DEFAULT_MAX_TURNS,
+        FALLBACK_CONTEXT_TOKENS,
+        MIN_OUTPUT_TOKENS,
+        OUTPUT_SHARE,
+        default_output_tokens,
+    )
+
+    assert f"has a {DEFAULT_N_CTX:,}-token context" in README
+    assert f"1/{OUTPUT_SHARE} of the context, at least {MIN_OUTPUT_TOKENS} " \
+           f"({default_output_tokens(DEFAULT_N_CTX)} on the embedded engine, " \
+           f"{default_output_tokens(131072)} at 128k)" in README
+    assert f"{DEFAULT_HARD_LIMIT_S:g} s for the whole rollout" in README
+    assert f"| `--max-turns` | {DEFAULT_MAX_TURNS} (" in README
+    assert f"{FALLBACK_CONTEXT_TOKENS:,} if it lists none" in README
+    assert f"call budget of {BUDGET_PER_TURN} × max_turns" in README
+    assert f"{DEFAULT_ALTERNATIVES} by default" in README
+    sample = ROOT / "runner" / "sample_dataset"
+    timeouts = {tomllib.loads((t / "task.toml").read_text())["agent"]["timeout_sec"]
+                for t in sample.iterdir() if (t / "task.toml").is_file()}
+    assert timeouts == {180.0} and "(180 s on the sample tasks)" in README
+
+
+def test_no_test_asserts_on_wall_clock_time() -> None:
+    elapsed = re.compile(r"assert[^\n]*(time\.(monotonic|time|perf_counter)\(\)|elapsed|duration)"
+                         r"[^\n]*[<>]=?\s*\d")
+    offenders = [str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("*.py")
+                 if elapsed.search(p.read_text())]
+    assert offenders == []
