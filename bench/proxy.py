@@ -174,10 +174,12 @@ def words(n_tokens: int, salt: str) -> str:
     return (salt + "-" + "abcd" * n_tokens)[: 4 * n_tokens]
 
 
-def cpu_s(pid: int) -> float:
-    """User+system CPU seconds of a process (all its threads), from /proc."""
+def cpu_s(pid: int, which: str = "user+sys") -> float:
+    """CPU seconds of a process (all its threads) from /proc: `user+sys`, `user` or `sys`."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    user, sys_ = int(fields[11]), int(fields[12])
+    ticks = {"user": user, "sys": sys_}.get(which, user + sys_)
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def rss_mb(pid: int) -> float:
@@ -258,12 +260,13 @@ async def concurrency_round(upstream_url: str, proxy_url: str, admin_key: str, p
         direct_wall = time.perf_counter() - start
         infos = [(await client.post(f"{proxy_url}/admin/sessions", json={"engine": engine},
                                     headers=admin)).json() for _ in range(sessions)]
-        cpu0, start = cpu_s(proxy_pid), time.perf_counter()
+        cpu0, sys0, start = cpu_s(proxy_pid), cpu_s(proxy_pid, "sys"), time.perf_counter()
         proxied = await asyncio.gather(*(conversation(
             client, f"{proxy_url}/v1/chat/completions", {"Authorization": f"Bearer {info['api_key']}"},
             turns=calls, first_tokens=prompt, turn_tokens=200, salt=f"p{tag}{sessions}-{i}",
             direct=False, errors=proxy_errors) for i, info in enumerate(infos)))
         proxy_wall, cpu = time.perf_counter() - start, cpu_s(proxy_pid) - cpu0
+        sys_cpu = cpu_s(proxy_pid, "sys") - sys0
         summaries = [(await client.get(f"{proxy_url}/admin/sessions/{info['id']}", headers=admin)).json()
                      for info in infos]
     d = [x for lat in direct for x in lat]
@@ -273,7 +276,8 @@ async def concurrency_round(upstream_url: str, proxy_url: str, admin_key: str, p
             "proxy_p50": pct(p, 50), "proxy_p99": pct(p, 99), "chains": chains,
             "errors": len(proxy_errors), "direct_errors": len(direct_errors),
             "first_error": (proxy_errors or direct_errors or [""])[0],
-            "cpu_ms": cpu * 1000 / max(1, len(p)), "proxy_cps": len(p) / proxy_wall,
+            "cpu_ms": cpu * 1000 / max(1, len(p)), "sys_ms": sys_cpu * 1000 / max(1, len(p)),
+            "proxy_cps": len(p) / proxy_wall,
             "direct_cps": len(d) / direct_wall}
 
 
@@ -314,7 +318,7 @@ def start_upstream(port: int, latency_s: float, env: dict[str, str]) -> subproce
 def print_row(label: str, r: dict[str, Any]) -> None:
     print(f"{label:<22} {r['calls']:>6} {r['direct_p50']:>8.2f} {r['proxy_p50']:>8.2f} "
           f"{r['proxy_p50'] / r['direct_p50']:>6.2f} {r['proxy_p99'] / r['direct_p99']:>6.2f} "
-          f"{r['cpu_ms']:>7.2f} {r['proxy_cps']:>7.0f} {r['direct_cps']:>7.0f} "
+          f"{r['cpu_ms']:>7.2f} {r['sys_ms']:>5.2f} {r['proxy_cps']:>7.0f} {r['direct_cps']:>7.0f} "
           f"{r['errors']:>4} {r['chains']:>4}/{r['sessions']:<4}")
     if r["errors"] or r["direct_errors"]:
         print(f"{'':<22} first error: {r['first_error']}")
@@ -362,10 +366,10 @@ def main() -> None:
         print(f"proxy overhead, one run ({os.cpu_count()} cores, {load()}; upstream, proxy and client "
               "are separate processes; store = SQLite WAL, synchronous=FULL)")
         print(f"\n1) concurrent rollouts, first prompt {args.prompt} tokens (+~225/turn); ms per call; "
-              "cpu = proxy CPU ms per call;\n   calls/s = proxied and direct throughput of this client "
+              "cpu = proxy CPU ms per call (sys: the kernel's part);\n   calls/s = proxied and direct throughput of this client "
               "(client, proxy and upstream share the cores)")
         print(f"{'round':<22} {'calls':>6} {'direct':>8} {'proxy':>8} {'p50 x':>6} {'p99 x':>6} "
-              f"{'cpu ms':>7} {'calls/s':>7} {'direct':>7} {'err':>4} chains")
+              f"{'cpu ms':>7} {'sys':>5} {'calls/s':>7} {'direct':>7} {'err':>4} chains")
         rounds = [(n, upstream_url, "fast") for n in args.concurrency.split(",") if n] + \
                  [(n, slow_url, "100 ms") for n in args.slow.split(",") if n]
         for n, url, tag in ((int(n), url, tag) for n, url, tag in rounds):
