@@ -25,7 +25,7 @@ import orjson
 
 from tapdeck.proxy.dialects.base import DialectError
 from tapdeck.proxy.findings import Finding
-from tapdeck.proxy.tokens import as_ids, as_logprobs
+from tapdeck.proxy.tokens import as_ids, as_logprobs, loads_with_prompt_ids
 from tapdeck.proxy.upstream_http import UpstreamHTTP, UpstreamReply, UpstreamTimeout, UpstreamUnreachable
 
 if TYPE_CHECKING:
@@ -209,6 +209,10 @@ def _ids(value: Any) -> np.ndarray:
     return as_ids(value)
 
 
+def _nonempty(value: Any) -> bool:
+    return value.size > 0 if isinstance(value, np.ndarray) else bool(value)
+
+
 def parse_capture(reply: Mapping[str, Any]) -> Capture:
     """Token ids and logprobs of `choices[0]`.
 
@@ -221,10 +225,12 @@ def parse_capture(reply: Mapping[str, Any]) -> Capture:
     choices = reply.get("choices") or [{}]
     choice = choices[0] if isinstance(choices[0], Mapping) else {}
 
-    raw_prompt = reply.get("prompt_token_ids") or choice.get("prompt_token_ids")
+    raw_prompt = reply.get("prompt_token_ids")
+    if not _nonempty(raw_prompt):
+        raw_prompt = choice.get("prompt_token_ids")
     prompt_ids = sampled_ids = None
     try:
-        prompt_ids = _ids(raw_prompt) if raw_prompt else None
+        prompt_ids = _ids(raw_prompt) if _nonempty(raw_prompt) else None
     except ValueError as exc:
         findings.append(Finding.fatal("bad_prompt_ids", str(exc)))
     try:
@@ -334,7 +340,8 @@ class EngineClient:
         return await self._call("GET", "/models", None)
 
     async def complete(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """`POST {url}/chat/completions` (non-streaming); the reply with usage details zero-filled.
+        """`POST {url}/chat/completions` (non-streaming); the reply with usage details zero-filled
+        and `prompt_token_ids` as an int array (see `loads_with_prompt_ids`).
 
         Raises EngineError: upstream 400/413/422 keep their status (`upstream_4xx`, or
         `context_length` for a prompt that does not fit); anything else is a 502 of a named kind.
@@ -364,7 +371,8 @@ class EngineClient:
             raise EngineError("unreachable", 502, f"engine at {self.url} is unreachable: "
                                                   f"{_why(exc)}", self.url) from None
         try:
-            payload = orjson.loads(resp.body)
+            payload = loads_with_prompt_ids(resp.body) if path == "/chat/completions" \
+                else orjson.loads(resp.body)
         except orjson.JSONDecodeError:
             payload = None
         if resp.status >= 400:

@@ -24,8 +24,9 @@ from urllib.parse import urlsplit
 import httptools
 
 CONNECT_ATTEMPTS = 4
-CONNECT_BACKOFF_S = (0.05, 0.2, 0.5)
-"""Waits between attempts at a fresh connection: the engine is given ~0.75 s to start accepting."""
+CONNECT_BACKOFF_S = (0.02, 0.05, 0.1)
+"""Waits between attempts at a fresh connection. Short: a dead engine's refusal reaches the agent
+(as a retryable 502) within a streaming call's first keepalive interval."""
 IDLE_REUSE_S = 4.0
 """A connection idle longer is closed instead of reused: uvicorn (vLLM's server) drops idle
 keep-alive connections after 5 s, and reusing one just as it closes races the engine's close."""

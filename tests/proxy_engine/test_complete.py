@@ -17,6 +17,7 @@ from tapdeck.proxy.engine_client import (
 )
 from tapdeck.proxy.findings import Level
 from tapdeck.proxy.tiers import EngineSpec, Tier
+from tapdeck.proxy.tokens import loads_with_prompt_ids
 
 URL = "http://vllm.test:8111/v1"
 SPEC = EngineSpec(url=URL)
@@ -97,7 +98,7 @@ async def test_complete_returns_recorded_reply_with_zero_filled_usage(upstream, 
     client = EngineClient(SPEC, http=upstream.client())
     body, _ = client.prepare(basic_chat, Tier.TOKENS, "smollm2", training=False)
     reply = await client.complete(body)
-    assert reply["prompt_token_ids"][:3] == [1, 9690, 198]
+    assert reply["prompt_token_ids"][:3].tolist() == [1, 9690, 198]
     assert reply["usage"]["prompt_tokens_details"] == {"cached_tokens": 0, "audio_tokens": 0}
     assert reply["usage"]["completion_tokens_details"]["reasoning_tokens"] == 0
     assert reply["usage"]["prompt_tokens"] == 37
@@ -292,3 +293,22 @@ async def test_keepalive_connection_closed_by_the_engine_is_retried_once_on_a_fr
         server.close()
     assert first["id"] == second["id"] == vllm("chat_basic")["response"]["id"]
     assert connections == 2  # the first call and its dropped reuse, then the retry's fresh one
+
+
+def test_prompt_ids_decoded_straight_to_an_array_and_the_rest_as_plain_json(vllm):
+    raw = json.dumps(vllm("chat_basic")["response"]).encode()
+    plain, fast = json.loads(raw), loads_with_prompt_ids(raw)
+    assert isinstance(fast["prompt_token_ids"], np.ndarray)
+    assert fast["prompt_token_ids"].tolist() == plain.pop("prompt_token_ids")
+    fast.pop("prompt_token_ids")
+    assert fast == plain
+
+
+@pytest.mark.parametrize("body", [
+    {"choices": [{"prompt_token_ids": [4, 5]}], "prompt_token_ids": [1, 2]},  # nested key first
+    {"prompt_token_ids": [1.5, 2]},
+    {"prompt_token_ids": [1, "2"]},
+    {"x": "\"prompt_token_ids\":[1,2]"},
+])
+def test_prompt_ids_anything_unexpected_decodes_as_plain_json(body):
+    assert loads_with_prompt_ids(json.dumps(body, separators=(",", ":")).encode()) == body
