@@ -15,6 +15,7 @@ import orjson
 
 from tapdeck.proxy.serving import KEEP_ALIVE_S, ThreadedServer
 from tests.conftest import vllm_fixture as recorded
+from tests.proxy.conftest import serve_process, wait_health
 
 SESSIONS, TURNS = 64, 3
 IM_START, IM_END = 1, 2
@@ -142,4 +143,43 @@ def test_idle_client_connection_outlives_the_clients_own_keepalive(make_server):
             assert _response(sock).startswith(b"HTTP/1.1 200")
         assert KEEP_ALIVE_S > httpx.Limits().keepalive_expiry
     finally:
+        engine.stop()
+
+
+def test_two_serve_processes_share_one_batch_and_capture_every_turn(tmp_path, port_factory):
+    """Scale-out: each `tapdeck serve` process has its own store; a session is pinned to the
+    process that opened it (its key is only valid there), and the batch's calls are spread
+    over both."""
+    engine = ThreadedServer(ChainUpstream(), "127.0.0.1", 0, name="chain-upstream").start()
+    procs = []
+    try:
+        urls = []
+        for n in range(2):
+            port = port_factory()
+            procs.append(serve_process(port, tmp_path / f"data{n}", f"{engine.url}/v1"))
+            urls.append(f"http://127.0.0.1:{port}")
+        for url, proc in zip(urls, procs, strict=True):
+            wait_health(url, proc)
+        admins = [httpx.Client(base_url=url, timeout=60, headers={
+            "Authorization": f"Bearer {(tmp_path / f'data{n}' / 'admin.key').read_text().strip()}"})
+            for n, url in enumerate(urls)]
+        opened = [(n % 2, admins[n % 2].post("/admin/sessions", json={}).json()) for n in range(16)]
+
+        async def batch() -> list[str]:
+            async with httpx.AsyncClient(timeout=120) as client:
+                results = await asyncio.gather(*(_rollout(client, urls[n], info["api_key"], i)
+                                                  for i, (n, info) in enumerate(opened)))
+            return [f for failures in results for f in failures]
+
+        assert asyncio.run(batch()) == []
+        for n, info in opened:
+            summary = admins[n].get(f"/admin/sessions/{info['id']}").json()
+            assert (summary["turns"], summary["roots"]) == (TURNS, 1), summary
+            assert admins[1 - n].get(f"/admin/sessions/{info['id']}").status_code == 404
+        for admin in admins:
+            admin.close()
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(30)
         engine.stop()

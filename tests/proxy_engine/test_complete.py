@@ -15,6 +15,7 @@ from tapdeck.proxy.engine_client import (
     EngineError,
     parse_capture,
 )
+from tapdeck.proxy import upstream_http
 from tapdeck.proxy.findings import Level
 from tapdeck.proxy.tiers import EngineSpec, Tier
 from tapdeck.proxy.tokens import loads_with_prompt_ids
@@ -164,7 +165,7 @@ async def test_html_error_page_named_with_engine_url(make_upstream, basic_chat):
         assert err.value.kind == ("bad_reply" if status == 200 else "upstream_5xx")
 
 
-async def test_connection_refused_is_unreachable_naming_url(basic_chat):
+async def test_connection_refused_is_unreachable_naming_url_and_cause_after_retrying(basic_chat):
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -176,7 +177,8 @@ async def test_connection_refused_is_unreachable_naming_url(basic_chat):
     finally:
         await client.aclose()
     assert (err.value.kind, err.value.status) == ("unreachable", 502)
-    assert url in err.value.message
+    assert url in err.value.message and "ConnectionRefusedError" in err.value.message
+    assert f"{upstream_http.CONNECT_ATTEMPTS} attempts" in err.value.message
 
 
 async def test_timeout_is_classified_not_a_hang(basic_chat):

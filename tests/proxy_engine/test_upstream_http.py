@@ -35,6 +35,19 @@ async def _serve(handler) -> tuple[asyncio.Server, str]:
     return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
 
 
+async def _engine_error(engine, chat: dict) -> EngineError:
+    """What the engine client raises for one call to the loopback `engine`."""
+    server, url = await _serve(engine)
+    client = EngineClient(EngineSpec(url=url))
+    try:
+        with pytest.raises(EngineError) as err:
+            await client.complete(chat)
+    finally:
+        await client.aclose()
+        server.close()
+    return err.value
+
+
 async def test_connection_reset_before_any_reply_is_retried_while_the_engine_is_up(vllm, basic_chat):
     payload = json.dumps(vllm("chat_basic")["response"]).encode()
     connections = 0
@@ -62,38 +75,16 @@ async def test_connection_reset_before_any_reply_is_retried_while_the_engine_is_
     assert connections == 2
 
 
-async def test_engine_down_error_names_the_cause_after_retrying(basic_chat):
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    client = EngineClient(EngineSpec(url=f"http://127.0.0.1:{port}/v1"))
-    try:
-        with pytest.raises(EngineError) as err:
-            await client.complete(basic_chat)
-    finally:
-        await client.aclose()
-    assert err.value.kind == "unreachable"
-    assert "ConnectionRefusedError" in err.value.message
-    assert f"{upstream_http.CONNECT_ATTEMPTS} attempts" in err.value.message
-
-
 async def test_engine_that_always_drops_the_request_fails_with_a_message_not_an_empty_one(basic_chat):
     async def engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await _read_request(reader)
         writer.close()
 
-    server, url = await _serve(engine)
-    client = EngineClient(EngineSpec(url=url))
-    try:
-        with pytest.raises(EngineError) as err:
-            await client.complete(basic_chat)
-    finally:
-        await client.aclose()
-        server.close()
-    assert err.value.kind == "unreachable"
-    assert err.value.message.endswith(f"({upstream_http.CONNECT_ATTEMPTS} attempts over "
-                                      f"{sum(upstream_http.CONNECT_BACKOFF_S):.2f} s)")
-    assert "closed the connection before replying" in err.value.message
+    err = await _engine_error(engine, basic_chat)
+    assert err.kind == "unreachable"
+    assert err.message.endswith(f"({upstream_http.CONNECT_ATTEMPTS} attempts over "
+                                f"{sum(upstream_http.CONNECT_BACKOFF_S):.2f} s)")
+    assert "closed the connection before replying" in err.message
 
 
 async def test_reply_cut_mid_body_is_not_retried(vllm, basic_chat):
@@ -107,21 +98,13 @@ async def test_reply_cut_mid_body_is_not_retried(vllm, basic_chat):
         await writer.drain()
         writer.close()
 
-    server, url = await _serve(engine)
-    client = EngineClient(EngineSpec(url=url))
-    try:
-        with pytest.raises(EngineError) as err:
-            await client.complete(basic_chat)
-    finally:
-        await client.aclose()
-        server.close()
+    err = await _engine_error(engine, basic_chat)
     assert calls == 1  # the engine did the work: a resend would sample again
-    assert err.value.kind == "unreachable" and "mid-reply" in err.value.message
+    assert err.kind == "unreachable" and "mid-reply" in err.message
 
 
-async def test_chunked_reply_and_keep_alive_reuse():
-    parts = [b'{"object":', b'"list","data":[]}']
-
+async def _two_calls(response: bytes) -> tuple[UpstreamHTTP, list]:
+    """Two GETs in a row to a keep-alive engine answering each with `response`."""
     async def engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while True:
             try:
@@ -129,44 +112,31 @@ async def test_chunked_reply_and_keep_alive_reuse():
             except asyncio.IncompleteReadError:
                 writer.close()
                 return
-            writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + b"".join(
-                b"%x\r\n%s\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n")
+            writer.write(response)
             await writer.drain()
 
     server, url = await _serve(engine)
     http = UpstreamHTTP(url, connect_timeout=5, read_timeout=5)
     try:
-        first = await http.request("GET", "/models")
-        second = await http.request("GET", "/models")
+        replies = [await http.request("GET", "/models") for _ in range(2)]
     finally:
         http.close()
         server.close()
-    assert first.status == second.status == 200
-    assert json.loads(second.body) == {"object": "list", "data": []}
+    return http, replies
+
+
+async def test_chunked_reply_and_keep_alive_reuse():
+    parts = [b'{"object":', b'"list","data":[]}']
+    http, replies = await _two_calls(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + b"".join(
+        b"%x\r\n%s\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n")
+    assert [r.status for r in replies] == [200, 200]
+    assert json.loads(replies[1].body) == {"object": "list", "data": []}
     assert http.connections_opened == 1
 
 
 async def test_connection_idle_past_the_reuse_window_is_replaced(monkeypatch):
     monkeypatch.setattr(upstream_http, "IDLE_REUSE_S", 0.0)
-
-    async def engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while True:
-            try:
-                await _read_request(reader)
-            except asyncio.IncompleteReadError:
-                writer.close()
-                return
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
-            await writer.drain()
-
-    server, url = await _serve(engine)
-    http = UpstreamHTTP(url, connect_timeout=5, read_timeout=5)
-    try:
-        await http.request("GET", "/models")
-        await http.request("GET", "/models")
-    finally:
-        http.close()
-        server.close()
+    http, _ = await _two_calls(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
     assert http.connections_opened == 2
 
 
