@@ -14,6 +14,7 @@ import orjson
 
 ID_DTYPE = np.dtype("<i4")
 LOGPROB_DTYPE = np.dtype("<f8")
+_INT32 = np.iinfo(np.int32)
 
 
 def as_ids(seq: Iterable[int] | np.ndarray | None) -> np.ndarray:
@@ -38,7 +39,7 @@ def as_ids(seq: Iterable[int] | np.ndarray | None) -> np.ndarray:
         raise ValueError(f"token ids must be one-dimensional, got shape {arr.shape}")
     if arr.size and arr.dtype.kind not in "iu":
         raise ValueError(f"token ids must be integers, got dtype {arr.dtype}")
-    if arr.size and (arr.min() < np.iinfo(np.int32).min or arr.max() > np.iinfo(np.int32).max):
+    if arr.size and (arr.min() < _INT32.min or arr.max() > _INT32.max):
         raise ValueError("token id out of int32 range")
     return np.ascontiguousarray(arr, dtype=ID_DTYPE)
 
