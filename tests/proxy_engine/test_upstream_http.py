@@ -143,3 +143,12 @@ async def test_connection_idle_past_the_reuse_window_is_replaced(monkeypatch):
 def test_only_http_urls_are_taken():
     with pytest.raises(ValueError, match="not an http"):
         UpstreamHTTP("unix:///tmp/x", connect_timeout=1, read_timeout=1)
+
+
+def test_engine_behind_an_env_proxy_keeps_httpx_which_honours_it(monkeypatch):
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.test:3128")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    assert EngineClient(EngineSpec(url="http://vllm.test:8000/v1"))._lean is None
+    monkeypatch.setenv("NO_PROXY", "vllm.test")
+    assert EngineClient(EngineSpec(url="http://vllm.test:8000/v1"))._lean is not None
