@@ -1,17 +1,22 @@
-"""Proxy overhead: per-call latency through tapdeck vs straight to a fast vLLM-shaped upstream.
+"""Proxy overhead: per-call latency and CPU through tapdeck vs straight to a vLLM-shaped upstream.
 
-    .venv/bin/python bench/proxy.py [--calls 20] [--prompt 1000] [--turns 200] [--turn-tokens 500]
+    .venv/bin/python bench/proxy.py [--calls 20] [--concurrency 1,16,64,256] [--slow 64,256] [--turns 200]
 
-Three processes: a zero-latency upstream (this file with `--upstream PORT`; its replies have the
-shape of the recorded vLLM bodies in tests/fixtures/vllm, with real prompt_token_ids of the
-requested length that extend call by call exactly as a chat template would), a real `tapdeck serve`
-on it (SQLite store, fsync per turn), and the client here. Prints, from one run:
+Processes: two upstreams (this file with `--upstream PORT`; one answering at once, one after
+100 ms; replies have the shape of the recorded vLLM bodies in tests/fixtures/vllm, with real
+prompt_token_ids of the requested length that extend call by call exactly as a chat template
+would), a real `tapdeck serve` on them (SQLite store, fsync per commit), and the client here.
+Prints, from one run:
 
-1. p50/p99 per call, direct vs proxied, and their ratio, at 1, 16 and 64 concurrent sessions;
+1. per round of N concurrent rollouts (fast upstream, then the 100 ms one): p50 direct and proxied,
+   p50 and p99 ratios, the proxy's CPU ms per call (its process CPU time over the calls), calls/s
+   proxied and direct, failed calls, and how many sessions came out as one chain with every turn
+   captured;
 2. flatness as turns grow: one 200-turn rollout whose prompts reach ~100k tokens, early vs late
-   turns (direct and proxied), plus the rollout export time.
+   turns, its CPU per call, RSS growth per 1,000 stored tokens, and the rollout export time.
 
-No thresholds: it reports what it measured.
+`--profile FILE` runs the proxy under py-spy (GIL-holding samples, collapsed stacks). No
+thresholds: it reports what it measured.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import copy
 import hashlib
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -94,7 +100,7 @@ class Upstream:
         return orjson.dumps(out, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
-def upstream_app(up: Upstream) -> Any:
+def upstream_app(up: Upstream, latency_s: float = 0.0) -> Any:
     """A raw ASGI app (no framework) so the upstream itself costs as little as possible."""
     models = orjson.dumps({"object": "list", "data": [{"id": "smollm2", "object": "model",
                                                        "max_model_len": 1 << 20}]})
@@ -118,6 +124,8 @@ def upstream_app(up: Upstream) -> Any:
         if path.endswith("/models"):
             payload, status = models, 200
         elif path.endswith("/chat/completions"):
+            if latency_s:
+                await asyncio.sleep(latency_s)
             payload, status = up.reply(orjson.loads(b"".join(chunks))), 200
         else:
             payload, status = b'{"error":{"message":"not found"}}', 404
@@ -128,11 +136,12 @@ def upstream_app(up: Upstream) -> Any:
     return app
 
 
-def serve_upstream(port: int) -> None:
+def serve_upstream(port: int, latency_s: float) -> None:
     """Run the upstream in this process until killed."""
     from tapdeck.proxy.serving import ThreadedServer
 
-    server = ThreadedServer(upstream_app(Upstream()), "127.0.0.1", port, name="bench-upstream").start()
+    server = ThreadedServer(upstream_app(Upstream(), latency_s), "127.0.0.1", port,
+                            name="bench-upstream").start()
     print("ready", flush=True)
     try:
         while True:
@@ -165,8 +174,28 @@ def words(n_tokens: int, salt: str) -> str:
     return (salt + "-" + "abcd" * n_tokens)[: 4 * n_tokens]
 
 
+def cpu_s(pid: int, which: str = "user+sys") -> float:
+    """CPU seconds of a process (all its threads) from /proc: `user+sys`, `user` or `sys`."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    user, sys_ = int(fields[11]), int(fields[12])
+    ticks = {"user": user, "sys": sys_}.get(which, user + sys_)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+class Errors(list):
+    """Failed calls, as `HTTP status: message` (a session stops at its first failure)."""
+
+
 async def conversation(client: httpx.AsyncClient, url: str, headers: dict[str, str], *, turns: int,
-                       first_tokens: int, turn_tokens: int, salt: str, direct: bool) -> list[float]:
+                       first_tokens: int, turn_tokens: int, salt: str, direct: bool,
+                       errors: Errors | None = None) -> list[float]:
     """One rollout, call after call, each prompt extending the previous one; per-call ms."""
     messages = [{"role": "system", "content": "You are a shell agent."},
                 {"role": "user", "content": words(first_tokens, salt)}]
@@ -177,24 +206,34 @@ async def conversation(client: httpx.AsyncClient, url: str, headers: dict[str, s
         if direct:  # what the proxy itself would send upstream
             body |= {"stream": False, "return_token_ids": True, "logprobs": True, "top_logprobs": 0}
         start = time.perf_counter()
-        resp = await client.post(url, content=orjson.dumps(body),
-                                 headers={**headers, "content-type": "application/json"})
-        reply = orjson.loads(resp.content)
+        try:
+            resp = await client.post(url, content=orjson.dumps(body),
+                                     headers={**headers, "content-type": "application/json"})
+        except httpx.HTTPError as exc:
+            if errors is None:
+                raise
+            errors.append(f"{type(exc).__name__}: {exc}")
+            return latencies
         latencies.append((time.perf_counter() - start) * 1000)
         if resp.status_code != 200:
-            raise RuntimeError(f"{url}: HTTP {resp.status_code}: {resp.text[:200]}")
+            if errors is None:
+                raise RuntimeError(f"{url}: HTTP {resp.status_code}: {resp.text[:200]}")
+            errors.append(f"HTTP {resp.status_code}: {resp.text[:200]}")
+            return latencies
+        reply = orjson.loads(resp.content)
         messages = [*messages, {"role": "assistant", "content": reply["choices"][0]["message"]["content"]},
                     {"role": "user", "content": words(turn_tokens, f"{salt}-{i}")}]
     return latencies
 
 
 def pct(values: list[float], q: float) -> float:
-    return float(np.percentile(np.asarray(values), q))
+    return float(np.percentile(np.asarray(values), q)) if values else float("nan")
 
 
-async def warm_up(client: httpx.AsyncClient, upstream_url: str, proxy_url: str, admin_key: str) -> None:
+async def warm_up(client: httpx.AsyncClient, upstream_url: str, proxy_url: str, admin_key: str,
+                  engine: dict[str, str] | None = None) -> None:
     """Open connections and take first-call costs (imports, probe) outside the measurements."""
-    info = (await client.post(f"{proxy_url}/admin/sessions", json={},
+    info = (await client.post(f"{proxy_url}/admin/sessions", json={"engine": engine} if engine else {},
                               headers={"Authorization": f"Bearer {admin_key}"})).json()
     await conversation(client, f"{upstream_url}/v1/chat/completions", {}, turns=3, first_tokens=100,
                        turn_tokens=10, salt="warm-d", direct=True)
@@ -203,42 +242,58 @@ async def warm_up(client: httpx.AsyncClient, upstream_url: str, proxy_url: str, 
                        turn_tokens=10, salt="warm-p", direct=False)
 
 
-async def concurrency_round(upstream_url: str, proxy_url: str, admin_key: str, sessions: int,
-                            calls: int, prompt: int) -> dict[str, Any]:
+async def concurrency_round(upstream_url: str, proxy_url: str, admin_key: str, proxy_pid: int,
+                            sessions: int, calls: int, prompt: int, tag: str) -> dict[str, Any]:
+    """`sessions` rollouts at once, direct then proxied; latencies, errors, proxy CPU per call,
+    and whether every proxied session is one chain with every turn captured."""
+    admin = {"Authorization": f"Bearer {admin_key}"}
+    engine = {"url": f"{upstream_url}/v1"}
     limits = httpx.Limits(max_connections=sessions + 8, max_keepalive_connections=sessions + 8)
     async with httpx.AsyncClient(timeout=300, limits=limits) as client:
-        await warm_up(client, upstream_url, proxy_url, admin_key)
+        await warm_up(client, upstream_url, proxy_url, admin_key, engine)
+        direct_errors, proxy_errors = Errors(), Errors()
+        start = time.perf_counter()
         direct = await asyncio.gather(*(conversation(
             client, f"{upstream_url}/v1/chat/completions", {}, turns=calls, first_tokens=prompt,
-            turn_tokens=200, salt=f"d{sessions}-{i}", direct=True) for i in range(sessions)))
-        infos = [(await client.post(f"{proxy_url}/admin/sessions", json={},
-                                    headers={"Authorization": f"Bearer {admin_key}"})).json()
-                 for _ in range(sessions)]
+            turn_tokens=200, salt=f"d{tag}{sessions}-{i}", direct=True, errors=direct_errors)
+            for i in range(sessions)))
+        direct_wall = time.perf_counter() - start
+        infos = [(await client.post(f"{proxy_url}/admin/sessions", json={"engine": engine},
+                                    headers=admin)).json() for _ in range(sessions)]
+        cpu0, sys0, start = cpu_s(proxy_pid), cpu_s(proxy_pid, "sys"), time.perf_counter()
         proxied = await asyncio.gather(*(conversation(
             client, f"{proxy_url}/v1/chat/completions", {"Authorization": f"Bearer {info['api_key']}"},
-            turns=calls, first_tokens=prompt, turn_tokens=200, salt=f"p{sessions}-{i}", direct=False)
-            for i, info in enumerate(infos)))
-        # What the graph made of it: one root per session expected.
-        summary = (await client.get(f"{proxy_url}/admin/sessions/{infos[0]['id']}",
-                                    headers={"Authorization": f"Bearer {admin_key}"})).json()
+            turns=calls, first_tokens=prompt, turn_tokens=200, salt=f"p{tag}{sessions}-{i}",
+            direct=False, errors=proxy_errors) for i, info in enumerate(infos)))
+        proxy_wall, cpu = time.perf_counter() - start, cpu_s(proxy_pid) - cpu0
+        sys_cpu = cpu_s(proxy_pid, "sys") - sys0
+        summaries = [(await client.get(f"{proxy_url}/admin/sessions/{info['id']}", headers=admin)).json()
+                     for info in infos]
     d = [x for lat in direct for x in lat]
     p = [x for lat in proxied for x in lat]
+    chains = sum(1 for s in summaries if s["turns"] == calls and s["roots"] == 1)
     return {"sessions": sessions, "calls": len(p), "direct_p50": pct(d, 50), "direct_p99": pct(d, 99),
-            "proxy_p50": pct(p, 50), "proxy_p99": pct(p, 99), "turns": summary["turns"],
-            "roots": summary["roots"]}
+            "proxy_p50": pct(p, 50), "proxy_p99": pct(p, 99), "chains": chains,
+            "errors": len(proxy_errors), "direct_errors": len(direct_errors),
+            "first_error": (proxy_errors or direct_errors or [""])[0],
+            "cpu_ms": cpu * 1000 / max(1, len(p)), "sys_ms": sys_cpu * 1000 / max(1, len(p)),
+            "proxy_cps": len(p) / proxy_wall,
+            "direct_cps": len(d) / direct_wall}
 
 
-async def flatness_round(upstream_url: str, proxy_url: str, admin_key: str, turns: int,
-                         turn_tokens: int) -> dict[str, Any]:
+async def flatness_round(upstream_url: str, proxy_url: str, admin_key: str, proxy_pid: int,
+                         turns: int, turn_tokens: int) -> dict[str, Any]:
     admin = {"Authorization": f"Bearer {admin_key}"}
     async with httpx.AsyncClient(timeout=600) as client:
         await warm_up(client, upstream_url, proxy_url, admin_key)
         direct = await conversation(client, f"{upstream_url}/v1/chat/completions", {}, turns=turns,
                                     first_tokens=1000, turn_tokens=turn_tokens, salt="flat-d", direct=True)
         info = (await client.post(f"{proxy_url}/admin/sessions", json={}, headers=admin)).json()
+        rss0, cpu0 = rss_mb(proxy_pid), cpu_s(proxy_pid)
         proxied = await conversation(client, f"{proxy_url}/v1/chat/completions",
                                      {"Authorization": f"Bearer {info['api_key']}"}, turns=turns,
                                      first_tokens=1000, turn_tokens=turn_tokens, salt="flat-p", direct=False)
+        cpu, rss = cpu_s(proxy_pid) - cpu0, rss_mb(proxy_pid) - rss0
         summary = (await client.get(f"{proxy_url}/admin/sessions/{info['id']}", headers=admin)).json()
         last = (await client.get(f"{proxy_url}/admin/sessions/{info['id']}/turns/{turns - 1}",
                                  headers=admin)).json()
@@ -246,64 +301,107 @@ async def flatness_round(upstream_url: str, proxy_url: str, admin_key: str, turn
         trace = await client.get(f"{proxy_url}/admin/sessions/{info['id']}/trace", headers=admin)
         export_ms = (time.perf_counter() - start) * 1000
     window = max(1, min(10, turns // 10))
+    stored = last["prompt_len"] + REPLY_TOKENS  # unique tokens of one chain
     return {"turns": turns, "last_prompt_tokens": last["prompt_len"], "roots": summary["roots"],
             "direct_first": statistics.median(direct[:window]), "direct_last": statistics.median(direct[-window:]),
             "proxy_first": statistics.median(proxied[:window]), "proxy_last": statistics.median(proxied[-window:]),
-            "window": window, "export_ms": export_ms, "trace_bytes": len(trace.content)}
+            "p50_ratio": statistics.median(proxied) / statistics.median(direct),
+            "window": window, "export_ms": export_ms, "trace_bytes": len(trace.content),
+            "cpu_ms": cpu * 1000 / turns, "rss_mb_per_1k": rss / (stored / 1000)}
+
+
+def start_upstream(port: int, latency_s: float, env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, __file__, "--upstream", str(port), "--latency",
+                             str(latency_s)], env=env, stdout=subprocess.DEVNULL)
+
+
+def print_row(label: str, r: dict[str, Any]) -> None:
+    print(f"{label:<22} {r['calls']:>6} {r['direct_p50']:>8.2f} {r['proxy_p50']:>8.2f} "
+          f"{r['proxy_p50'] / r['direct_p50']:>6.2f} {r['proxy_p99'] / r['direct_p99']:>6.2f} "
+          f"{r['cpu_ms']:>7.2f} {r['sys_ms']:>5.2f} {r['proxy_cps']:>7.0f} {r['direct_cps']:>7.0f} "
+          f"{r['errors']:>4} {r['chains']:>4}/{r['sessions']:<4}")
+    if r["errors"] or r["direct_errors"]:
+        print(f"{'':<22} first error: {r['first_error']}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--upstream", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--latency", type=float, default=0.0, help=argparse.SUPPRESS)
     parser.add_argument("--calls", type=int, default=20, help="calls per session in the concurrency rounds")
     parser.add_argument("--prompt", type=int, default=1000, help="first prompt length (tokens), concurrency rounds")
-    parser.add_argument("--concurrency", default="1,16,64")
-    parser.add_argument("--turns", type=int, default=200, help="turns of the flatness rollout")
+    parser.add_argument("--concurrency", default="1,16,64,256", help="sessions per round, fast upstream")
+    parser.add_argument("--slow", default="64,256", help="sessions per round, upstream answering in 100 ms")
+    parser.add_argument("--burst-calls", type=int, default=5, help="calls per session in rounds over 64 sessions")
+    parser.add_argument("--turns", type=int, default=200, help="turns of the flatness rollout (0: skip)")
     parser.add_argument("--turn-tokens", type=int, default=500, help="tokens each turn adds (flatness)")
+    parser.add_argument("--profile", type=Path, help="run the proxy under py-spy; collapsed stacks to this file")
     args = parser.parse_args()
     if args.upstream:
-        serve_upstream(args.upstream)
+        serve_upstream(args.upstream, args.latency)
         return
 
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-    up_port, proxy_port = free_port(), free_port()
-    upstream_url, proxy_url = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{proxy_port}"
+    up_port, slow_port, proxy_port = free_port(), free_port(), free_port()
+    upstream_url, slow_url = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{slow_port}"
+    proxy_url = f"http://127.0.0.1:{proxy_port}"
     data = Path(tempfile.mkdtemp(prefix="tapdeck-bench-"))
-    up = subprocess.Popen([sys.executable, __file__, "--upstream", str(up_port)], env=env,
-                          stdout=subprocess.DEVNULL)
+    procs: list[subprocess.Popen] = []
     proxy = None
     try:
+        procs += [start_upstream(up_port, 0.0, env), start_upstream(slow_port, 0.1, env)]
         wait_ready(f"{upstream_url}/v1/models")
+        wait_ready(f"{slow_url}/v1/models")
         admin_key = "bench-admin-key"
-        proxy = subprocess.Popen([str(Path(sys.executable).with_name("tapdeck")), "serve", "--port",
+        spy = [str(Path(sys.executable).with_name("py-spy")), "record", "--gil", "--format", "raw",
+               "-r", "200", "-o", str(args.profile), "--"] if args.profile else []
+        proxy = subprocess.Popen([*spy, str(Path(sys.executable).with_name("tapdeck")), "serve", "--port",
                                   str(proxy_port), "--engine", f"{upstream_url}/v1", "--admin-key",
                                   admin_key, "--data-dir", str(data)], env=env,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_ready(f"{proxy_url}/health")
-        print(f"proxy overhead, one run ({os.cpu_count()} cores; upstream, proxy and client are "
-              "separate processes; store = SQLite WAL, synchronous=FULL)")
-        print(f"\n1) {args.calls} calls/session, first prompt {args.prompt} tokens (+~225/turn), ms per call")
-        print(f"{'sessions':>8} {'calls':>6} {'direct p50':>11} {'proxy p50':>10} {'ratio':>6} "
-              f"{'direct p99':>11} {'proxy p99':>10} {'ratio':>6}  graph")
-        for n in (int(x) for x in args.concurrency.split(",")):
-            r = asyncio.run(concurrency_round(upstream_url, proxy_url, admin_key, n, args.calls, args.prompt))
-            print(f"{r['sessions']:>8} {r['calls']:>6} {r['direct_p50']:>11.2f} {r['proxy_p50']:>10.2f} "
-                  f"{r['proxy_p50'] / r['direct_p50']:>6.2f} {r['direct_p99']:>11.2f} {r['proxy_p99']:>10.2f} "
-                  f"{r['proxy_p99'] / r['direct_p99']:>6.2f}  {r['turns']} turns/{r['roots']} root")
-        f = asyncio.run(flatness_round(upstream_url, proxy_url, admin_key, args.turns, args.turn_tokens))
+        pid = proxy.pid
+        if args.profile:  # py-spy's child is the server
+            pid = int(subprocess.check_output(["pgrep", "-P", str(proxy.pid)]).split()[0])
+        print(f"proxy overhead, one run ({os.cpu_count()} cores, {load()}; upstream, proxy and client "
+              "are separate processes; store = SQLite WAL, synchronous=FULL)")
+        print(f"\n1) concurrent rollouts, first prompt {args.prompt} tokens (+~225/turn); ms per call; "
+              "cpu = proxy CPU ms per call (sys: the kernel's part);\n   calls/s = proxied and direct throughput of this client "
+              "(client, proxy and upstream share the cores)")
+        print(f"{'round':<22} {'calls':>6} {'direct':>8} {'proxy':>8} {'p50 x':>6} {'p99 x':>6} "
+              f"{'cpu ms':>7} {'sys':>5} {'calls/s':>7} {'direct':>7} {'err':>4} chains")
+        rounds = [(n, upstream_url, "fast") for n in args.concurrency.split(",") if n] + \
+                 [(n, slow_url, "100 ms") for n in args.slow.split(",") if n]
+        for n, url, tag in ((int(n), url, tag) for n, url, tag in rounds):
+            calls = args.calls if n <= 64 else args.burst_calls
+            r = asyncio.run(concurrency_round(url, proxy_url, admin_key, pid, n, calls, args.prompt,
+                                              tag[0]))
+            print_row(f"{n} sessions, {tag}", r)
+        if not args.turns:
+            return
+        f = asyncio.run(flatness_round(upstream_url, proxy_url, admin_key, pid, args.turns,
+                                       args.turn_tokens))
         print(f"\n2) one rollout of {f['turns']} turns, last prompt {f['last_prompt_tokens']} tokens, "
               f"{f['roots']} root; median ms of the first vs last {f['window']} turns")
         print(f"   direct: {f['direct_first']:.2f} -> {f['direct_last']:.2f}")
         print(f"   proxy:  {f['proxy_first']:.2f} -> {f['proxy_last']:.2f}   ratio first "
-              f"{f['proxy_first'] / f['direct_first']:.2f}, last {f['proxy_last'] / f['direct_last']:.2f}")
-        print(f"   proxy overhead per call: first {f['proxy_first'] - f['direct_first']:.2f} ms, last "
-              f"{f['proxy_last'] - f['direct_last']:.2f} ms")
+              f"{f['proxy_first'] / f['direct_first']:.2f}, last {f['proxy_last'] / f['direct_last']:.2f}, "
+              f"p50 over all turns {f['p50_ratio']:.2f}")
+        print(f"   proxy CPU per call {f['cpu_ms']:.2f} ms; proxy RSS growth "
+              f"{f['rss_mb_per_1k']:.3f} MB per 1,000 stored tokens")
         print(f"   training-trace export over HTTP: {f['export_ms']:.0f} ms ({f['trace_bytes'] / 1e6:.1f} MB)")
     finally:
-        for p in (proxy, up):
-            if p is not None:
-                p.terminate()
-                p.wait(30)
+        if proxy is not None:
+            proxy.send_signal(signal.SIGINT) if args.profile else proxy.terminate()
+            proxy.wait(60)
+        for p in procs:
+            p.terminate()
+            p.wait(30)
+
+
+def load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.1f}/{five:.1f} at start"
 
 
 if __name__ == "__main__":

@@ -13,9 +13,11 @@ import array
 import copy
 import re
 import ssl
+import urllib.request
 from collections.abc import Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from urllib.parse import urlsplit
 
 import httpx
 import numpy as np
@@ -23,19 +25,14 @@ import orjson
 
 from tapdeck.proxy.dialects.base import DialectError
 from tapdeck.proxy.findings import Finding
-from tapdeck.proxy.tokens import as_ids, as_logprobs
+from tapdeck.proxy.tokens import as_ids, as_logprobs, loads_with_prompt_ids
+from tapdeck.proxy.upstream_http import UpstreamHTTP, UpstreamReply, UpstreamTimeout, UpstreamUnreachable
 
 if TYPE_CHECKING:
     from tapdeck.proxy.tiers import EngineSpec, Tier
 
 DEFAULT_MAX_TOKENS_CAP = 8192
 DEFAULT_TIMEOUT = httpx.Timeout(connect=10.0, read=900.0, write=60.0, pool=60.0)
-MAX_CONNECTIONS, MAX_KEEPALIVE = 256, 64
-POOL_LOAD, MAX_POOLS = 4, 16
-"""The engine's connections are split over up to MAX_POOLS httpx pools, a new one opened when every
-pool has POOL_LOAD calls in flight. httpcore checks every connection of a pool (a socket poll per
-idle one) on each request and response, so one pool of 64 connections spent about a third of the
-event loop at 64 concurrent sessions on that scan; small pools keep it short."""
 
 NEUTRAL_SAMPLING: dict[str, float | int] = {
     "top_p": 1.0, "top_k": -1, "min_p": 0.0,
@@ -212,6 +209,10 @@ def _ids(value: Any) -> np.ndarray:
     return as_ids(value)
 
 
+def _nonempty(value: Any) -> bool:
+    return value.size > 0 if isinstance(value, np.ndarray) else bool(value)
+
+
 def parse_capture(reply: Mapping[str, Any]) -> Capture:
     """Token ids and logprobs of `choices[0]`.
 
@@ -224,10 +225,12 @@ def parse_capture(reply: Mapping[str, Any]) -> Capture:
     choices = reply.get("choices") or [{}]
     choice = choices[0] if isinstance(choices[0], Mapping) else {}
 
-    raw_prompt = reply.get("prompt_token_ids") or choice.get("prompt_token_ids")
+    raw_prompt = reply.get("prompt_token_ids")
+    if not _nonempty(raw_prompt):
+        raw_prompt = choice.get("prompt_token_ids")
     prompt_ids = sampled_ids = None
     try:
-        prompt_ids = _ids(raw_prompt) if raw_prompt else None
+        prompt_ids = _ids(raw_prompt) if _nonempty(raw_prompt) else None
     except ValueError as exc:
         findings.append(Finding.fatal("bad_prompt_ids", str(exc)))
     try:
@@ -303,32 +306,20 @@ class EngineClient:
         self.max_tokens_cap = max_tokens_cap
         self.max_model_len = max_model_len
         """From the probe; when known, `max_tokens` is also kept within it (vLLM refuses more)."""
-        headers = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else {}
-        self._owns_http = http is None
-        self._timeout = timeout
-        self._ssl: ssl.SSLContext | None = None
-        self._pools: list[httpx.AsyncClient] = [] if http is None else [http]
-        self._in_flight: list[int] = [0] * len(self._pools)
+        self._headers = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else {}
+        self._http = http
+        """An injected httpx client (tests' in-process upstreams); otherwise the lean client."""
+        self._lean: UpstreamHTTP | None = None
         self._closed = False
-        self._headers = headers
-
-    def _pool(self) -> int:
-        """Index of the least busy pool, opening another while all are loaded (own pools only)."""
-        best = min(range(len(self._pools)), key=self._in_flight.__getitem__, default=None)
-        if self._closed and best is None:
-            raise RuntimeError(f"the client for engine {self.url} is closed")
-        if self._owns_http and not self._closed and len(self._pools) < MAX_POOLS and (
-                best is None or self._in_flight[best] >= POOL_LOAD):
-            if self._ssl is None:  # one context for all pools: building one costs ~15 ms
-                self._ssl = httpx.create_ssl_context()
-            self._pools.append(httpx.AsyncClient(
-                timeout=self._timeout, verify=self._ssl,
-                limits=httpx.Limits(max_connections=MAX_CONNECTIONS // MAX_POOLS,
-                                    max_keepalive_connections=MAX_KEEPALIVE // MAX_POOLS)))
-            self._in_flight.append(0)
-            best = len(self._pools) - 1
-        assert best is not None
-        return best
+        if http is None:
+            t = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
+            if _behind_env_proxy(self.url):
+                # HTTP(S)_PROXY covers this engine: httpx honours it, the lean client does not.
+                self._http = httpx.AsyncClient(timeout=t, limits=httpx.Limits(max_connections=None))
+            else:
+                self._lean = UpstreamHTTP(self.url, connect_timeout=t.connect, read_timeout=t.read,
+                                          ssl_context=_shared_ssl() if self.url.startswith("https") else None)
+        self._owns_http = http is None
 
     @property
     def cap(self) -> int:
@@ -349,7 +340,8 @@ class EngineClient:
         return await self._call("GET", "/models", None)
 
     async def complete(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """`POST {url}/chat/completions` (non-streaming); the reply with usage details zero-filled.
+        """`POST {url}/chat/completions` (non-streaming); the reply with usage details zero-filled
+        and `prompt_token_ids` as an int array (see `loads_with_prompt_ids`).
 
         Raises EngineError: upstream 400/413/422 keep their status (`upstream_4xx`, or
         `context_length` for a prompt that does not fit); anything else is a 502 of a named kind.
@@ -363,45 +355,51 @@ class EngineClient:
         return reply
 
     async def _call(self, method: str, path: str, body: Mapping[str, Any] | None) -> dict[str, Any]:
-        url = self.url + path
-        pool = self._pool()
-        self._in_flight[pool] += 1
-        if body is None:
-            send = partial(self._pools[pool].request, method, url, headers=self._headers)
-        else:
-            send = partial(self._pools[pool].request, method, url, content=orjson.dumps(body),
-                           headers={**self._headers, "Content-Type": "application/json"})
+        if self._closed:
+            raise RuntimeError(f"the client for engine {self.url} is closed")
+        data = None if body is None else orjson.dumps(body)
+        headers = self._headers if data is None else {**self._headers, "Content-Type": "application/json"}
         try:
-            try:
-                resp = await send()
-            except httpx.RemoteProtocolError:
-                # A pooled keep-alive connection the engine closed just as it was reused: the
-                # request never reached it, so one retry on a fresh connection is safe.
-                resp = await send()
-        except httpx.TimeoutException as exc:
+            if self._lean is not None:
+                resp = await self._lean.request(method, path, data, headers)
+            else:
+                resp = await self._via_httpx(method, path, data, headers)
+        except (httpx.TimeoutException, UpstreamTimeout) as exc:
             raise EngineError("timeout", 502, f"engine at {self.url} timed out "
-                                              f"({type(exc).__name__})", self.url) from None
+                                              f"({_why(exc)})", self.url) from None
         except (httpx.TransportError, OSError) as exc:
             raise EngineError("unreachable", 502, f"engine at {self.url} is unreachable: "
-                                                  f"{exc or type(exc).__name__}", self.url) from None
-        finally:
-            self._in_flight[pool] -= 1
+                                                  f"{_why(exc)}", self.url) from None
         try:
-            payload = orjson.loads(resp.content)
+            payload = loads_with_prompt_ids(resp.body) if path == "/chat/completions" \
+                else orjson.loads(resp.body)
         except orjson.JSONDecodeError:
             payload = None
-        if resp.status_code >= 400:
+        if resp.status >= 400:
             raise self._http_error(resp, payload)
         if not isinstance(payload, dict):
-            snippet = resp.text[:120].replace("\n", " ").strip()
+            snippet = resp.body[:120].decode("utf-8", "replace").replace("\n", " ").strip()
             raise EngineError("bad_reply", 502, f"engine at {self.url} answered HTTP "
-                                                f"{resp.status_code} with a body that is not a JSON "
+                                                f"{resp.status} with a body that is not a JSON "
                                                 f"object: {snippet!r}", self.url)
         return payload
 
-    def _http_error(self, resp: httpx.Response, payload: Any) -> EngineError:
-        status = resp.status_code
-        message = _error_message(payload) or resp.text[:200].strip() or resp.reason_phrase
+    async def _via_httpx(self, method: str, path: str, data: bytes | None,
+                         headers: dict[str, str]) -> UpstreamReply:
+        assert self._http is not None
+        send = partial(self._http.request, method, self.url + path, content=data, headers=headers)
+        try:
+            resp = await send()
+        except httpx.RemoteProtocolError:
+            # A pooled keep-alive connection the engine closed just as it was reused: the
+            # request never reached it, so one retry on a fresh connection is safe.
+            resp = await send()
+        return UpstreamReply(resp.status_code, resp.reason_phrase, resp.content)
+
+    def _http_error(self, resp: UpstreamReply, payload: Any) -> EngineError:
+        status = resp.status
+        message = (_error_message(payload) or resp.body[:200].decode("utf-8", "replace").strip()
+                   or resp.reason or f"HTTP {status}")
         if status in PASSTHROUGH_STATUS:
             param = payload.get("error", {}).get("param") if isinstance(payload, dict) and \
                 isinstance(payload.get("error"), dict) else None
@@ -415,8 +413,34 @@ class EngineClient:
         """Close the pooled connections (only if this client created them)."""
         if self._owns_http:
             self._closed = True
-            for pool in self._pools:
-                await pool.aclose()
+            if self._lean is not None:
+                self._lean.close()
+            if self._http is not None:
+                await self._http.aclose()
+
+
+def _why(exc: BaseException) -> str:
+    """What went wrong, never empty (httpx's ReadError/WriteError often carry no text)."""
+    text = str(exc).strip()
+    return text if isinstance(exc, (UpstreamTimeout, UpstreamUnreachable)) and text else \
+        f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+_SSL: list[ssl.SSLContext] = []
+
+
+def _shared_ssl() -> ssl.SSLContext:
+    """One verifying context for every engine: building one costs ~15 ms."""
+    if not _SSL:
+        _SSL.append(httpx.create_ssl_context())
+    return _SSL[0]
+
+
+def _behind_env_proxy(url: str) -> bool:
+    host = urlsplit(url).hostname or ""
+    proxies = urllib.request.getproxies()
+    return bool(proxies.get(urlsplit(url).scheme) or proxies.get("all")) and \
+        not urllib.request.proxy_bypass(host)
 
 
 def _error_message(payload: Any) -> str | None:

@@ -17,6 +17,7 @@ import orjson
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from tapdeck.proxy.model_route import DirectModelCalls
 from tapdeck.proxy.service import CallReply, CaptureService
 from tapdeck.proxy.sessions import SessionError, SessionSpec
 
@@ -159,4 +160,5 @@ def create_app(service: CaptureService, *, admin_key: str,
                                           until_disconnect)
         return _reply(reply)
 
+    app.add_middleware(DirectModelCalls, endpoint=model_call)
     return app

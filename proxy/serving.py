@@ -18,6 +18,13 @@ from typing import Any
 import uvicorn
 
 
+KEEP_ALIVE_S = 75
+"""Seconds an idle client connection is kept open. Longer than clients keep theirs (httpx, and so
+the openai and anthropic SDKs, drop an idle connection after 5 s): with uvicorn's own 5 s, a client
+reusing a connection just as the server closed it got `Connection reset by peer` (1-25 calls in
+1,300 at 64 concurrent sessions in bench/proxy.py), a dropped call for no reason of its own."""
+
+
 class PortInUseError(OSError):
     """The requested port is held by another process."""
 
@@ -82,7 +89,8 @@ class ThreadedServer:
         # loop="asyncio": the runner executes Harbor trials on this loop, and under uvloop the host
         # sandbox's `tmux new-session` exec never returns (terminus-2 setup hangs until timeout).
         config = uvicorn.Config(self.app, log_config=None, access_log=False, lifespan="on",
-                                timeout_graceful_shutdown=2, loop="asyncio")
+                                timeout_graceful_shutdown=2, loop="asyncio",
+                                timeout_keep_alive=KEEP_ALIVE_S)
         self._server = _QuietServer(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
                                         name=self.name, daemon=True)

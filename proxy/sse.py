@@ -24,7 +24,8 @@ DISCONNECT_POLL_SECONDS = 1.0
 def encode(event: SSEEvent) -> bytes:
     """`event: NAME\\n` (if named) and `data: ...\\n\\n`; mapping data is compact JSON. A `bare`
     event is its JSON alone on a line, with no `data:` field (see SSEEvent.bare)."""
-    data = event.data if isinstance(event.data, str) else orjson.dumps(event.data).decode()
+    data = event.data if isinstance(event.data, str) else \
+        orjson.dumps(event.data, option=orjson.OPT_SERIALIZE_NUMPY).decode()
     if event.bare:
         return f"{data}\n\n".encode()
     head = f"event: {event.event}\n" if event.event else ""
@@ -88,7 +89,8 @@ async def json_array_with_keepalive(
     def element(event: SSEEvent) -> bytes:
         nonlocal count
         count += 1
-        data = event.data.encode() if isinstance(event.data, str) else orjson.dumps(event.data)
+        data = event.data.encode() if isinstance(event.data, str) else \
+            orjson.dumps(event.data, option=orjson.OPT_SERIALIZE_NUMPY)
         return (b"\r\n," if count > 1 else b"") + data
 
     yield b"["

@@ -74,7 +74,8 @@ def read_reply(reply: Mapping[str, Any]) -> ChatReply:
     completion_details = usage.get("completion_tokens_details") or {}
     prompt_tokens = usage.get("prompt_tokens")
     if not isinstance(prompt_tokens, int):
-        prompt_tokens = len(reply.get("prompt_token_ids") or [])
+        ids = reply.get("prompt_token_ids")
+        prompt_tokens = 0 if ids is None else len(ids)
     completion_tokens = usage.get("completion_tokens")
     if not isinstance(completion_tokens, int):
         completion_tokens = len(choice.get("token_ids") or [])

@@ -11,13 +11,14 @@ import numpy as np
 import pytest
 
 from tapdeck.proxy.engine_client import (
-    POOL_LOAD,
     EngineClient,
     EngineError,
     parse_capture,
 )
+from tapdeck.proxy import upstream_http
 from tapdeck.proxy.findings import Level
 from tapdeck.proxy.tiers import EngineSpec, Tier
+from tapdeck.proxy.tokens import loads_with_prompt_ids
 
 URL = "http://vllm.test:8111/v1"
 SPEC = EngineSpec(url=URL)
@@ -98,7 +99,7 @@ async def test_complete_returns_recorded_reply_with_zero_filled_usage(upstream, 
     client = EngineClient(SPEC, http=upstream.client())
     body, _ = client.prepare(basic_chat, Tier.TOKENS, "smollm2", training=False)
     reply = await client.complete(body)
-    assert reply["prompt_token_ids"][:3] == [1, 9690, 198]
+    assert reply["prompt_token_ids"][:3].tolist() == [1, 9690, 198]
     assert reply["usage"]["prompt_tokens_details"] == {"cached_tokens": 0, "audio_tokens": 0}
     assert reply["usage"]["completion_tokens_details"]["reasoning_tokens"] == 0
     assert reply["usage"]["prompt_tokens"] == 37
@@ -164,7 +165,7 @@ async def test_html_error_page_named_with_engine_url(make_upstream, basic_chat):
         assert err.value.kind == ("bad_reply" if status == 200 else "upstream_5xx")
 
 
-async def test_connection_refused_is_unreachable_naming_url(basic_chat):
+async def test_connection_refused_is_unreachable_naming_url_and_cause_after_retrying(basic_chat):
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -176,7 +177,8 @@ async def test_connection_refused_is_unreachable_naming_url(basic_chat):
     finally:
         await client.aclose()
     assert (err.value.kind, err.value.status) == ("unreachable", 502)
-    assert url in err.value.message
+    assert url in err.value.message and "ConnectionRefusedError" in err.value.message
+    assert f"{upstream_http.CONNECT_ATTEMPTS} attempts" in err.value.message
 
 
 async def test_timeout_is_classified_not_a_hang(basic_chat):
@@ -215,11 +217,11 @@ async def test_api_key_sent_as_bearer(make_upstream, basic_chat):
     assert "sk-engine" not in repr(client.spec)
 
 
-async def test_concurrent_calls_spread_over_small_pools_and_each_gets_its_reply(vllm, basic_chat):
-    """Many sessions on one engine: calls are all in flight at once (no pool caps them), split
-    over several small connection pools, and every caller gets the engine's reply."""
+async def test_concurrent_calls_all_in_flight_at_once_each_gets_its_reply(vllm, basic_chat):
+    """Many sessions on one engine: calls are all in flight at once (no pool caps them), every
+    caller gets the engine's reply, and a later call reuses a kept-alive connection."""
     payload = json.dumps(vllm("chat_basic")["response"]).encode()
-    calls = 4 * POOL_LOAD + 1
+    calls = 17
     arrived, all_in = 0, asyncio.Event()
 
     async def engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -246,9 +248,9 @@ async def test_concurrent_calls_spread_over_small_pools_and_each_gets_its_reply(
     try:
         replies = await asyncio.wait_for(
             asyncio.gather(*(client.complete(basic_chat) for _ in range(calls))), 30)
-        assert len(client._pools) == 5  # one more pool each time every pool had POOL_LOAD calls
-        await client.complete(basic_chat)  # a later call reuses the pools
-        assert len(client._pools) == 5
+        assert client._lean.connections_opened == calls
+        await client.complete(basic_chat)  # a later call reuses a connection
+        assert client._lean.connections_opened == calls
     finally:
         await client.aclose()
         server.close()
@@ -293,3 +295,22 @@ async def test_keepalive_connection_closed_by_the_engine_is_retried_once_on_a_fr
         server.close()
     assert first["id"] == second["id"] == vllm("chat_basic")["response"]["id"]
     assert connections == 2  # the first call and its dropped reuse, then the retry's fresh one
+
+
+def test_prompt_ids_decoded_straight_to_an_array_and_the_rest_as_plain_json(vllm):
+    raw = json.dumps(vllm("chat_basic")["response"]).encode()
+    plain, fast = json.loads(raw), loads_with_prompt_ids(raw)
+    assert isinstance(fast["prompt_token_ids"], np.ndarray)
+    assert fast["prompt_token_ids"].tolist() == plain.pop("prompt_token_ids")
+    fast.pop("prompt_token_ids")
+    assert fast == plain
+
+
+@pytest.mark.parametrize("body", [
+    {"choices": [{"prompt_token_ids": [4, 5]}], "prompt_token_ids": [1, 2]},  # nested key first
+    {"prompt_token_ids": [1.5, 2]},
+    {"prompt_token_ids": [1, "2"]},
+    {"x": "\"prompt_token_ids\":[1,2]"},
+])
+def test_prompt_ids_anything_unexpected_decodes_as_plain_json(body):
+    assert loads_with_prompt_ids(json.dumps(body, separators=(",", ":")).encode()) == body
