@@ -431,9 +431,12 @@ async def _finish(service: Any, spec: RolloutSpec, result: RolloutResult, trial_
         result.turns = summary.turns
         result.tier = str(summary.tier)
         result.rollout_type = summary.rollout_type
-        capture = [parse_finding(s) for s in service.findings(result.session_id)]
+        # Built on a thread: a long rollout's document must not hold the loop other rollouts use.
+        capture = [parse_finding(s) for s in
+                   await asyncio.to_thread(service.findings, result.session_id)]
         if trial_dir is not None:
-            calls = captured_calls(service.rollout_document(result.session_id))
+            calls = captured_calls(await asyncio.to_thread(service.rollout_document,
+                                                           result.session_id))
             report = reconcile_file(calls, trial_dir / "agent" / "trajectory.json",
                                     rollout_type=summary.rollout_type)
             result.atif = report.verdict
