@@ -13,12 +13,11 @@ from typing import Any
 import httpx
 import pytest
 
-from tapdeck.app.host import LocalServer
 from tapdeck.proxy.config import ServerConfig
 from tapdeck.proxy.dialects.base import DialectError
 from tapdeck.proxy.dialects.stored_responses import StoredResponses
 from tapdeck.proxy.graph import RolloutGraph
-from tests.proxy.conftest import Upstream
+from tests.proxy.conftest import Upstream, running
 
 SESSIONS = 12
 
@@ -39,10 +38,7 @@ def _responses(url: str, key: str, text: str, previous: str | None = None) -> ht
 def test_closed_sessions_release_their_live_state(upstream: Upstream, tmp_path: Path) -> None:
     config = ServerConfig(host="127.0.0.1", port=0, data_dir=tmp_path / "data",
                           engine_url=upstream.base_url)
-    server = LocalServer(config).start()
-    try:
-        admin = httpx.Client(base_url=server.url, timeout=60,
-                             headers={"Authorization": f"Bearer {server.admin_key}"})
+    with running(config) as (server, admin):
         before = _live_graphs()
         for _ in range(SESSIONS):
             info = admin.post("/admin/sessions", json={}).json()
@@ -61,19 +57,11 @@ def test_closed_sessions_release_their_live_state(upstream: Upstream, tmp_path: 
         assert [s["turns"] for s in listed] == [2] * SESSIONS
         assert len(admin.get(f"/admin/sessions/{listed[0]['id']}/rollout").json()["turns"]) == 2
         assert _live_graphs() == before
-        admin.close()
-    finally:
-        server.stop()
 
-    restarted = LocalServer(config).start()
-    try:
-        with httpx.Client(base_url=restarted.url, timeout=60,
-                          headers={"Authorization": f"Bearer {restarted.admin_key}"}) as admin:
-            listed = admin.get("/admin/sessions").json()["sessions"]
-            assert [s["turns"] for s in listed] == [2] * SESSIONS
-            assert all(s.graph is None for s in restarted.service._sessions.values())
-    finally:
-        restarted.stop()
+    with running(config) as (restarted, admin):
+        listed = admin.get("/admin/sessions").json()["sessions"]
+        assert [s["turns"] for s in listed] == [2] * SESSIONS
+        assert all(s.graph is None for s in restarted.service._sessions.values())
 
 
 def test_an_engine_repeating_reply_ids_still_chains_responses(upstream: Upstream,

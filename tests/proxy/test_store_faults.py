@@ -29,7 +29,7 @@ import pytest
 
 from tapdeck.app.host import LocalServer
 from tapdeck.proxy.config import ServerConfig
-from tests.proxy.conftest import Upstream
+from tests.proxy.conftest import Upstream, running
 
 BUDGET = 50
 
@@ -108,10 +108,7 @@ def test_store_fault_answers_503_and_memory_matches_disk(kind: str, upstream: Up
                                                          data_dir: tuple[Path, bool]) -> None:
     data, tmpfs = data_dir
     config = ServerConfig(host="127.0.0.1", port=0, data_dir=data, engine_url=upstream.base_url)
-    server = LocalServer(config).start()
-    try:
-        admin = httpx.Client(base_url=server.url, timeout=60,
-                             headers={"Authorization": f"Bearer {server.admin_key}"})
+    with running(config) as (server, admin):
         info = admin.post("/admin/sessions", json={"call_budget": BUDGET}).json()
         key, sid = info["api_key"], info["id"]
         assert _chat(server.url, key, "first").status_code == 200
@@ -147,20 +144,11 @@ def test_store_fault_answers_503_and_memory_matches_disk(kind: str, upstream: Up
         assert "budget" in answered[-1].json()["choices"][0]["message"]["content"]
         after = admin.get(f"/admin/sessions/{sid}").json()
         assert after["turns"] == BUDGET
-        admin.close()
-    finally:
-        server.stop()
 
     # A restarted server lists exactly what the first one said it held.
-    restarted = LocalServer(config).start()
-    try:
-        with httpx.Client(base_url=restarted.url, timeout=60,
-                          headers={"Authorization": f"Bearer {restarted.admin_key}"}) as admin:
-            again = admin.get(f"/admin/sessions/{sid}").json()
-            assert again["turns"] == BUDGET
-            assert len(admin.get(f"/admin/sessions/{sid}/rollout").json()["turns"]) == BUDGET
-    finally:
-        restarted.stop()
+    with running(config) as (_restarted, admin):
+        assert admin.get(f"/admin/sessions/{sid}").json()["turns"] == BUDGET
+        assert len(admin.get(f"/admin/sessions/{sid}/rollout").json()["turns"]) == BUDGET
 
 
 def test_opening_a_session_on_a_refusing_store_is_a_503(upstream: Upstream, make_server: Any,
