@@ -31,7 +31,7 @@ from tapdeck.app.host import LocalServer
 from tapdeck.proxy.config import ServerConfig
 from tests.proxy.conftest import Upstream, running
 
-BUDGET = 50
+BUDGET = 12
 
 
 def _mount_tmpfs(where: Path, size: str) -> bool:
