@@ -8,6 +8,7 @@ far is stopped and the port freed.
 
 from __future__ import annotations
 
+import logging
 import socket
 
 import httpx
@@ -24,7 +25,7 @@ from tapdeck.proxy.service import CaptureService
 from tapdeck.proxy.serving import ThreadedServer, bind_socket
 from tapdeck.proxy.store import Store
 from tapdeck.proxy.tiers import EngineSpec
-from tapdeck.runner.api import create_runner_router
+from tapdeck.runner.api import SHUTDOWN_GRACE_S, create_runner_router
 
 
 class LocalServer:
@@ -112,8 +113,11 @@ class LocalServer:
 
     def stop(self) -> None:
         """Stop everything that was started (safe to call twice, or after a failed start)."""
+        ended = True
         if self._http is not None:
-            self._http.stop()
+            # The server's shutdown waits for running rollouts (SHUTDOWN_GRACE_S): wait as long,
+            # so the store is never closed under a rollout still committing turns.
+            ended = self._http.stop(timeout=SHUTDOWN_GRACE_S + 15)
             self._http = None
         elif self._sock is not None:
             self._sock.close()
@@ -121,7 +125,11 @@ class LocalServer:
         if self._engine is not None:
             self._engine.stop()
             self._engine = None
-        if self._store is not None:
+        if self._store is not None and not ended:
+            logging.getLogger("tapdeck.host").warning(
+                "the server did not stop in time; its store stays open until the process exits "
+                "(every committed turn is already on disk)")
+        elif self._store is not None:
             self._store.close()
             self._store = None
 

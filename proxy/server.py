@@ -113,7 +113,10 @@ async def _event_stream(service: CaptureService) -> AsyncIterator[bytes]:
             yield b"data: " + orjson.dumps(next_event.result()) + b"\n\n"
             next_event = asyncio.ensure_future(anext(events))
     finally:
+        # The pending `anext` runs inside the generator: it must end before the generator is
+        # closed, or aclose() raises "asynchronous generator is already running".
         next_event.cancel()
+        await asyncio.wait({next_event})
         await events.aclose()
 
 

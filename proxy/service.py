@@ -2,8 +2,13 @@
 
 One model call: detect the dialect by path → check the session key → parse → budget check →
 prepare the upstream body → call the engine → parse the capture → build a Turn → link it into the
-session's rollout graph → validate → commit to the store (in a thread; committed before the reply
-is sent) → publish an event → render the reply in the caller's dialect.
+session's rollout graph and commit it to the store (together, on a store thread: the graph, the
+counters and the exports only ever hold what is on disk) → publish an event → render the reply in
+the caller's dialect. A store that cannot commit (disk full, read-only, locked) answers 503.
+
+The loop never waits on a lock a reader holds: the graph is only touched on threads (commits on
+the store's own executor, admin reads in the default pool), and the summaries events carry come
+from stats cached at each commit. A closed session releases its live state.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import contextlib
 import dataclasses
 import logging
 import re
+import secrets
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
@@ -26,6 +32,7 @@ import orjson
 from tapdeck.proxy.access_log import CURRENT_CALL, AccessRecord
 from tapdeck.proxy.aux import aux_dialect, count_tokens, match_aux
 from tapdeck.proxy.dialects import detect
+from tapdeck.proxy.dialects.arguments import ArgumentsMemo, arguments_memo
 from tapdeck.proxy.dialects.base import Dialect, DialectError, DialectRequest, SSEEvent
 from tapdeck.proxy.dialects.chat import DIALECT as CHAT
 from tapdeck.proxy.dialects.chat import fold_system_messages, has_late_system
@@ -37,7 +44,7 @@ from tapdeck.proxy.engine_client import DEFAULT_TIMEOUT, EngineClient, EngineErr
 from tapdeck.proxy.events import EventBus
 from tapdeck.proxy.export import ExportRefused, rollout_document, training_trace
 from tapdeck.proxy.findings import Finding, Level
-from tapdeck.proxy.graph import Link, RolloutGraph
+from tapdeck.proxy.graph import GraphStats, Link, RolloutGraph
 from tapdeck.proxy.interning import Interner
 from tapdeck.proxy.json_mode import answer_as_json, json_format
 from tapdeck.proxy.sessions import (
@@ -54,6 +61,7 @@ from tapdeck.proxy.sessions import (
 )
 from tapdeck.proxy.sse import KEEPALIVE, json_array_with_keepalive, stream_with_keepalive
 from tapdeck.proxy.store import Store
+from tapdeck.proxy.store_writes import StoreUnavailable, StoreWrites
 from tapdeck.proxy.tiers import EngineSpec, ProbeResult, Tier, probe
 from tapdeck.proxy.turn import Turn
 from tapdeck.proxy.validation import validate_rollout, validate_turn
@@ -73,6 +81,8 @@ alternate user/assistant/...")."""
 ENGINE_DOWN = ("unreachable", "timeout", "bad_reply", "upstream_5xx")
 """Engine failure kinds that mean the engine cannot serve (not a request it refused)."""
 SESSION_HEADER = "x-session-id"
+STORE_DOWN_TEXT = ("tapdeck could not record this call ({reason}); nothing of it was kept. "
+                   "Retry once the capture store can write again.")
 """opencode's own session header: recorded in turn meta, never used for routing."""
 
 
@@ -133,6 +143,11 @@ class _Session:
     interner: Interner = field(default_factory=Interner)
     """Every turn's request refers to the session's shared message and tool objects, so a
     conversation resent on each call is held once, not once per turn."""
+    arguments: ArgumentsMemo = field(default_factory=ArgumentsMemo)
+    """Sampled tool-call argument strings of this session only: a sibling rollout's sampling
+    must never re-render this one's history."""
+    stats: GraphStats | None = None
+    """The graph's stats as of the last commit (what summaries show; None until known)."""
 
     def count(self, findings: list[Finding]) -> None:
         for f in findings:
@@ -154,6 +169,8 @@ class CaptureService:
         self.keepalive_s = keepalive_s
         self.engine_timeout = engine_timeout
         self.events = EventBus()
+        self.writes = StoreWrites()
+        """Every store write runs here, never in the default pool the admin reads share."""
         self._sessions: dict[str, _Session] = {}
         self._by_key: dict[str, _Session] = {}
         self._clients: dict[tuple[str, str | None, str], EngineClient] = {}
@@ -180,10 +197,12 @@ class CaptureService:
                 id=record["id"], record=record, tier=Tier(record.get("tier", Tier.TEXT)),
                 engine=None, client=None, served_model=engine.get("model"), state=state,
                 turns=int(record.get("stored_turns") or 0),
-                findings=[Finding.model_validate(f) for f in record.get("findings") or []])
+                findings=[Finding.model_validate(f) for f in record.get("findings") or []],
+                stats=_stored_stats(record.get("stats")))
 
     async def aclose(self) -> None:
-        """Close the pooled engine connections."""
+        """Close the pooled engine connections; let the store writes already submitted finish."""
+        await asyncio.to_thread(self.writes.shutdown)
         for client in self._clients.values():
             await client.aclose()
         self._clients.clear()
@@ -241,12 +260,17 @@ class CaptureService:
             "alternatives": min(spec.alternatives, result.alternatives),
             "findings": [f.model_dump(mode="json") for f in result.findings],
         }
-        await asyncio.to_thread(self.store.create_session, record)
+        try:
+            await self.writes.run(self.store.create_session, record)
+        except StoreUnavailable as exc:
+            raise SessionError(503, f"the capture store cannot record a new session "
+                                    f"({exc.reason}); retry later") from exc
+        graph = RolloutGraph()
         session = _Session(id=sid, record=record, tier=result.tier, engine=engine, client=client,
                            served_model=ref.model, state="open", call_budget=spec.call_budget,
                            training=rollout_type == "train",
-                           training_sampling=spec.training_sampling, graph=RolloutGraph(),
-                           findings=list(result.findings))
+                           training_sampling=spec.training_sampling, graph=graph,
+                           findings=list(result.findings), stats=graph.stats())
         session.count(session.findings)
         self._sessions[sid] = session
         self._by_key[key] = session
@@ -257,7 +281,10 @@ class CaptureService:
             engine=ref, created_at=now, metadata=record["metadata"])
 
     async def close_session(self, session_id: str) -> SessionSummary:
-        """Stop accepting calls on the session; its data stays."""
+        """Stop accepting calls on the session and release its live state; its data stays.
+
+        A close the store cannot record still stops the session here (a restart then lists it as
+        `interrupted`, which is what the disk says)."""
         session = self._get(session_id)
         if session.state == "open":
             session.state = "closed"
@@ -265,10 +292,29 @@ class CaptureService:
             for key, s in list(self._by_key.items()):
                 if s is session:
                     del self._by_key[key]
-            await asyncio.to_thread(self.store.update_session, session_id, state="closed")
-        summary = self._summary(session)
+            self._release_if_idle(session)
+            stats = session.stats
+            try:
+                await self.writes.run(self.store.update_session, session_id, state="closed",
+                                      stats=None if stats is None else dataclasses.asdict(stats))
+            except StoreUnavailable as exc:
+                log.warning("session %s: closed, but the store could not record it (%s)",
+                            session_id, exc.reason)
+        # A restarted session's stats may need its graph loaded: done on a thread.
+        summary = await asyncio.to_thread(self._summary, session)
         self.events.publish({"type": "session_closed", "session": summary.model_dump(mode="json")})
         return summary
+
+    def _release_if_idle(self, session: _Session) -> None:
+        """Drop a closed session's live state once no call is in flight: its graph is rebuilt
+        from the store when asked for, and nothing else of it is needed again."""
+        if session.state == "open" or session.in_flight:
+            return
+        session.graph = None
+        session.interner = Interner()
+        session.arguments = ArgumentsMemo()
+        session.stored_responses = StoredResponses()
+        self.store.forget(session.id)
 
     def get(self, session_id: str) -> SessionSummary:
         """One session's summary."""
@@ -280,10 +326,13 @@ class CaptureService:
                       key=lambda s: s.created_at, reverse=True)
 
     def annotate(self, session_id: str, **metadata: Any) -> SessionSummary:
-        """Merge `metadata` into the session's (phase, reward, run_id, ...) and publish it."""
+        """Merge `metadata` into the session's (phase, reward, run_id, ...) and publish it.
+
+        The write goes to the store's executor and is not waited for (an fsync must not hold the
+        loop); each write stores the metadata as it is when it runs, so the last one wins."""
         session = self._get(session_id)
         session.record["metadata"] = {**session.record.get("metadata", {}), **metadata}
-        self.store.update_session(session_id, metadata=session.record["metadata"])
+        self.writes.submit(self._store_metadata, session)
         summary = self._summary(session)
         self.events.publish({"type": "session_updated", "session": summary.model_dump(mode="json")})
         return summary
@@ -298,7 +347,14 @@ class CaptureService:
             demoted = sorted({*session.record.get("metadata", {}).get("auxiliary_seqs", []),
                               *(s for s in seqs if s in graph.nodes)})
             _demote(graph, demoted, reason)
+            session.stats = graph.stats()
         self.annotate(session_id, auxiliary_seqs=demoted, auxiliary_reason=reason)
+
+    def _store_metadata(self, session: _Session) -> None:
+        try:
+            self.store.update_session(session.id, metadata=session.record["metadata"])
+        except Exception as exc:  # an annotation lost to a store fault is logged, never raised
+            log.warning("session %s: metadata not stored (%s)", session.id, exc)
 
     def findings(self, session_id: str) -> list[str]:
         """Session, turn and rollout findings, rendered `[LEVEL] code: detail`."""
@@ -368,21 +424,32 @@ class CaptureService:
                 "last_call_at": session.last_call_at}
 
     def _graph(self, session: _Session) -> RolloutGraph:
-        """The session's graph; a cold session's is rebuilt from the store on first use."""
-        if session.graph is None:
-            _record, graph = self.store.load_graph(session.id)
-            session.fatal = session.warn = 0
-            session.count([*session.findings, *graph.findings()])
-            metadata = session.record.get("metadata") or {}
-            _demote(graph, metadata.get("auxiliary_seqs") or [], metadata.get("auxiliary_reason", ""))
-            session.graph = graph
-            session.turns = len(graph)
-            session.last_call_at = max((n.turn.created_at for n in graph.nodes.values()), default=None)
-        return session.graph
+        """The session's graph. One that is not live (a restarted or closed session's) is
+        rebuilt from the store for this use and not kept. Call on a thread, holding `rw`."""
+        if session.graph is not None:
+            return session.graph
+        _record, graph = self.store.load_graph(session.id)
+        session.fatal = session.warn = 0
+        session.count([*session.findings, *graph.findings()])
+        metadata = session.record.get("metadata") or {}
+        _demote(graph, metadata.get("auxiliary_seqs") or [], metadata.get("auxiliary_reason", ""))
+        session.turns = len(graph)
+        session.stats = graph.stats()
+        session.last_call_at = max((n.turn.created_at for n in graph.nodes.values()), default=None)
+        if session.state == "open":
+            session.graph = graph  # a live session's graph whose state a store fault dropped
+        return graph
+
+    def _stats(self, session: _Session) -> GraphStats:
+        """The cached stats; a restarted session's are computed once (on a thread)."""
+        if session.stats is None:
+            with session.rw:
+                self._graph(session)
+        assert session.stats is not None
+        return session.stats
 
     def _summary(self, session: _Session) -> SessionSummary:
-        with session.rw:
-            stats = dataclasses.asdict(self._graph(session).stats())
+        stats = dataclasses.asdict(self._stats(session))
         now = time.time()
         return SessionSummary(
             id=session.id, state=session.state, tier=session.tier,
@@ -457,6 +524,15 @@ class CaptureService:
             return _error(dialect, 400, "request body must be a JSON object", "invalid_request_error")
         if aux_kind:
             return await self._aux(session, dialect, aux_kind, payload)
+        with arguments_memo(session.arguments):
+            return await self._model_call(session, dialect, path, query, headers, payload,
+                                          until_disconnect, access)
+
+    async def _model_call(self, session: _Session, dialect: Dialect, path: str,
+                          query: Mapping[str, str], headers: Mapping[str, str],
+                          payload: dict[str, Any],
+                          until_disconnect: Callable[[], Awaitable[None]] | None,
+                          access: AccessRecord) -> CallReply:
         remember: Callable[[dict[str, Any]], None] | None = None
         try:
             if dialect is RESPONSES:
@@ -483,7 +559,8 @@ class CaptureService:
         if req.stream:
             media = "application/json" if req.context.get("stream_format") == JSON_ARRAY \
                 else "text/event-stream"
-            return CallReply(stream=self._stream(dialect, req, task, access, remember), media_type=media)
+            return CallReply(stream=self._stream(session, dialect, req, task, access, remember),
+                             media_type=media)
         assert reply is not None
         access.finish = _finish_reason(reply)
         rendered = dialect.render(reply, req)
@@ -505,13 +582,16 @@ class CaptureService:
             return _error(dialect, exc.status, exc.message, exc.kind, exc.param)
         return CallReply(body=body)
 
-    def _stream(self, dialect: Dialect, req: DialectRequest, task: asyncio.Task[dict[str, Any]],
+    def _stream(self, session: _Session, dialect: Dialect, req: DialectRequest,
+                task: asyncio.Task[dict[str, Any]],
                 access: AccessRecord,
                 remember: Callable[[dict[str, Any]], None] | None = None) -> AsyncIterator[bytes]:
         """The caller's stream for a call in flight: a keepalive at once when the engine is still
         working (the hold before the start already waited one interval), more while it works, then
         the whole reply, or the error as the dialect's in-stream error events. The HTTP layer
         closing the stream (client gone) cancels the engine call."""
+
+        memo = session.arguments
 
         async def events() -> Iterable[SSEEvent]:
             try:
@@ -520,9 +600,10 @@ class CaptureService:
                 access.error = f"{exc.kind}/{exc.status}-in-stream"
                 return list(dialect.stream_error(exc.status, exc.message, exc.kind))
             access.finish = _finish_reason(reply)
-            if remember is not None:
-                remember(dialect.render(reply, req))
-            return list(dialect.render_stream(reply, req))
+            with arguments_memo(memo):
+                if remember is not None:
+                    remember(dialect.render(reply, req))
+                return list(dialect.render_stream(reply, req))
 
         at_once = not task.done()
         if req.context.get("stream_format") == JSON_ARRAY:
@@ -558,7 +639,24 @@ class CaptureService:
         # Re-checked with no await since: concurrent calls cannot overshoot the budget.
         if self._budget_reached(session):
             return _stop_reply(BUDGET_STOP_TEXT.format(budget=session.call_budget), session)
-        session.in_flight += 1
+        # The slot is held until the turn is counted (or the call fails), so concurrent calls
+        # never see a finished-but-uncounted call as free budget.
+        slot = _Slot(session)
+        try:
+            return await self._complete(session, req, meta, chat, fmt, prepare, upstream, sampling,
+                                        slot)
+        finally:
+            slot.release()
+            if session.state != "open":
+                self._release_if_idle(session)
+
+    async def _complete(self, session: _Session, req: DialectRequest, meta: dict[str, Any],
+                        chat: dict[str, Any], fmt: Any,
+                        prepare: Callable[[dict[str, Any]], tuple[dict[str, Any], dict[str, Any]]],
+                        upstream: dict[str, Any], sampling: dict[str, Any],
+                        slot: _Slot) -> dict[str, Any]:
+        """The engine call and the turn's record, for a call holding a budget slot."""
+        assert session.client is not None
         started = time.perf_counter()
         try:
             try:
@@ -584,8 +682,9 @@ class CaptureService:
                 await self._session_finding(session, Finding.warn(
                     "engine_unreachable", f"{exc.kind}: {exc.message} (the agent got HTTP {exc.status})"))
             raise _CallFailed(exc.status, exc.message, exc.kind) from exc
-        finally:
-            session.in_flight -= 1
+        # The proxy's own reply id: an engine that repeats ids must not make two replies one
+        # (a Responses chain naming itself as its own previous response would never end).
+        reply = {**reply, "id": f"chatcmpl-tdk-{secrets.token_hex(12)}"}
         meta = {**meta, "latency_ms": round((time.perf_counter() - started) * 1000, 3),
                 "usage": reply.get("usage")}
         findings = _cap_findings(sampling, reply)
@@ -601,15 +700,26 @@ class CaptureService:
             findings.extend(json_findings)
         req.context["call_findings"] = findings
         # From here the engine did the work: record it even if the caller hangs up meanwhile.
-        await asyncio.shield(self._record_turn(session, req, reply, sampling, meta))
+        try:
+            await asyncio.shield(self._record_turn(session, req, reply, sampling, meta, slot))
+        except StoreUnavailable as exc:
+            log.error("session %s: turn not recorded, the store refused it (%s)", session.id, exc.reason)
+            raise _CallFailed(503, STORE_DOWN_TEXT.format(reason=exc.reason),
+                              "store_unavailable") from exc
         return answer
 
     async def _session_finding(self, session: _Session, finding: Finding) -> None:
-        """A session-level finding, stored and published."""
+        """A session-level finding, stored and published (kept only once stored)."""
+        findings = [*session.findings, finding]
+        dumped = [f.model_dump(mode="json") for f in findings]
+        try:
+            await self.writes.run(self.store.update_session, session.id, findings=dumped)
+        except StoreUnavailable as exc:
+            log.error("session %s: finding not stored (%s): %s", session.id, exc.reason, finding)
+            return
         session.findings.append(finding)
         session.count([finding])
-        session.record["findings"] = [f.model_dump(mode="json") for f in session.findings]
-        await asyncio.to_thread(self.store.update_session, session.id, findings=session.record["findings"])
+        session.record["findings"] = dumped
         log.warning("session %s: %s", session.id, finding)
         self._publish_update(session)
 
@@ -617,11 +727,10 @@ class CaptureService:
         return session.call_budget is not None and session.turns + session.in_flight >= session.call_budget
 
     async def _record_turn(self, session: _Session, req: DialectRequest, reply: dict[str, Any],
-                           sampling: dict[str, Any], meta: dict[str, Any]) -> None:
+                           sampling: dict[str, Any], meta: dict[str, Any], slot: _Slot) -> None:
         cap = EngineClient.parse_capture(reply)
         choice = (reply.get("choices") or [{}])[0]
         async with session.lock:
-            assert session.graph is not None
             interned = session.interner.intern(req.chat)
             turn = Turn(session_id=session.id, seq=session.turns, prompt_ids=cap.prompt_ids,
                         sampled_ids=cap.sampled_ids, logprobs=cap.logprobs,
@@ -632,18 +741,36 @@ class CaptureService:
                         findings=[*cap.findings, *_request_findings(req)], meta=meta)
             # Validated before linking: the graph decides trainability from the turn's findings.
             turn.findings.extend(validate_turn(turn, session.tier))
-            with session.rw:
-                link: Link = session.graph.add(turn)
+            link = await self.writes.run(self._commit_turn, session, turn)
+            # Counted only once on disk, in one step with the slot's release (no await between).
             session.turns += 1
+            slot.release()
             session.last_call_at = turn.created_at
             access = CURRENT_CALL.get()
             if access is not None:
                 access.seq = turn.seq
             session.count([*turn.findings, *link.findings])
-            await asyncio.to_thread(self.store.append_turn, turn, link)
         self.events.publish({"type": "turn_captured", "seq": turn.seq, "parent": link.parent,
                              "link_kind": link.kind,
                              "session": self._summary(session).model_dump(mode="json")})
+
+    def _commit_turn(self, session: _Session, turn: Turn) -> Link:
+        """Link the turn and commit it, as one step under the graph's lock (on a store thread).
+
+        A failed commit puts back the graph as the store has it, so nothing in memory holds a
+        turn the disk does not."""
+        with session.rw:
+            graph = self._graph(session)
+            link = graph.add(turn)
+            try:
+                self.store.append_turn(turn, link)
+            except BaseException:
+                session.graph = None
+                with contextlib.suppress(Exception):  # else rebuilt on next use
+                    self._graph(session)
+                raise
+            session.stats = graph.stats()
+        return link
 
     def _publish_update(self, session: _Session) -> None:
         self.events.publish({"type": "session_updated", "session": self._summary(session).model_dump(mode="json")})
@@ -688,6 +815,33 @@ def _demote(graph: RolloutGraph, seqs: Iterable[int], reason: str) -> None:
     for seq in seqs:
         if seq in graph.nodes:
             graph.turn(seq).meta.update(call_role="auxiliary", auxiliary_reason=reason)
+
+
+def _stored_stats(value: Any) -> GraphStats | None:
+    """Stats a clean close stored with the session (None when absent or of another shape: they
+    are then computed from the turns once)."""
+    if not isinstance(value, dict):
+        return None
+    try:
+        return GraphStats(**value)
+    except TypeError:
+        return None
+
+
+class _Slot:
+    """One call's place in its session's in-flight count, given back exactly once."""
+
+    __slots__ = ("held", "session")
+
+    def __init__(self, session: _Session) -> None:
+        self.session = session
+        self.held = True
+        session.in_flight += 1
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.session.in_flight -= 1
 
 
 def _finish_reason(reply: Mapping[str, Any]) -> str | None:

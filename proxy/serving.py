@@ -105,15 +105,19 @@ class ThreadedServer:
             time.sleep(0.01)
         return self
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Ask uvicorn to exit, wait for the thread, and free the port."""
+    def stop(self, timeout: float = 10.0) -> bool:
+        """Ask uvicorn to exit, wait for the thread, and free the port. False when the thread
+        was still running after `timeout` (its shutdown, e.g. rollouts finishing, goes on)."""
         if self._server is not None:
             self._server.should_exit = True
+        ended = True
         if self._thread is not None:
             self._thread.join(timeout)
+            ended = not self._thread.is_alive()
         if self._sock is not None:
             self._sock.close()
         self._thread = None
+        return ended
 
     def __enter__(self) -> ThreadedServer:
         return self.start()

@@ -339,6 +339,11 @@ class Store:
         with self._queue_lock:
             self._previous[turn.session_id] = (turn.seq, keys)
 
+    def forget(self, session_id: str) -> None:
+        """Drop what the store keeps in memory for a session that takes no more turns."""
+        with self._queue_lock:
+            self._previous.pop(session_id, None)
+
     def load_session(self, session_id: str) -> tuple[dict[str, Any], list[Turn]]:
         """The session record and its turns in arrival order, prompts rebuilt exactly."""
         record = self.get_session(session_id)

@@ -465,16 +465,20 @@ async def _finish(service: Any, spec: RolloutSpec, result: RolloutResult, trial_
         result.turns = summary.turns
         result.tier = str(summary.tier)
         result.rollout_type = summary.rollout_type
-        capture = [parse_finding(s) for s in service.findings(result.session_id)]
+        # Built on a thread: a long rollout's document must not hold the loop other rollouts use.
+        capture = [parse_finding(s) for s in
+                   await asyncio.to_thread(service.findings, result.session_id)]
         if trial_dir is not None:
-            calls = captured_calls(service.rollout_document(result.session_id))
+            calls = captured_calls(await asyncio.to_thread(service.rollout_document,
+                                                           result.session_id))
             report = reconcile_file(calls, trial_dir / "agent" / "trajectory.json",
                                     rollout_type=summary.rollout_type)
             result.atif = report.verdict
             findings.extend(report.findings)
             if report.auxiliary:
-                service.mark_auxiliary(result.session_id, report.auxiliary,
-                                       "not in the harness's ATIF trajectory")
+                # A closed session's graph is rebuilt from the store: on a thread, like the above.
+                await asyncio.to_thread(service.mark_auxiliary, result.session_id, report.auxiliary,
+                                        "not in the harness's ATIF trajectory")
                 summary = service.get(result.session_id)
         findings[:0] = capture
         down = next((f for f in capture if f.code == "engine_unreachable"), None)

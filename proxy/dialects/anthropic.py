@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
-from tapdeck.proxy.dialects.arguments import MEMO
+from tapdeck.proxy.dialects.arguments import current_memo
 from tapdeck.proxy.dialects.base import DialectError, DialectRequest, SSEEvent
 from tapdeck.proxy.dialects.chat import merge_system_messages
 from tapdeck.proxy.dialects.reply import ChatReply, join_text, read_reply
@@ -93,8 +93,8 @@ def _convert_messages(messages: Any) -> list[dict[str, Any]]:
                 elif kind == "tool_use":
                     name = block.get("name") or ""
                     calls.append({"id": block.get("id") or f"toolu_{m}_{b}", "type": "function",
-                                  "function": {"name": name,
-                                               "arguments": MEMO.encode(name, block.get("input") or {})}})
+                                  "function": {"name": name, "arguments": current_memo().encode(
+                                      name, block.get("input") or {})}})
                 elif kind in _NON_TEXT:
                     raise _text_only(kind, f"{where}.content[{b}]")
                 # redacted_thinking and server-tool blocks carry nothing the engine can render.
@@ -222,7 +222,7 @@ class AnthropicDialect:
             blocks.append({"type": "text", "text": reply.text})
         for call in reply.tool_calls:
             blocks.append({"type": "tool_use", "id": call.id, "name": call.name,
-                           "input": MEMO.decode(call.name, call.arguments)})
+                           "input": current_memo().decode(call.name, call.arguments)})
         return blocks
 
     @staticmethod

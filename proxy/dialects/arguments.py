@@ -5,13 +5,20 @@ the model sampled. Re-serialising the object on the next request (`{"a": 1}` vs 
 render different prompt tokens than the engine produced, and the conversation would stop extending
 its own prefix. So when a reply is rendered, the sampled string is remembered under (tool name,
 canonical JSON of the object), and the next request's object is turned back into that string.
+
+The memo is per capture session (the service installs the session's with `arguments_memo` around
+parsing and rendering): GRPO siblings sample different strings for the same object, and one
+sibling's string must never re-render another's history.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import Any
 
 _CAPACITY = 8192
@@ -60,5 +67,21 @@ class ArgumentsMemo:
         return json.dumps(value, ensure_ascii=False)
 
 
-MEMO = ArgumentsMemo()
-"""Process-wide memo shared by the object-valued dialects."""
+_CURRENT: ContextVar[ArgumentsMemo | None] = ContextVar("tapdeck_arguments_memo", default=None)
+_UNSCOPED = ArgumentsMemo()
+"""Used only by a dialect called outside any session (its own unit tests, offline tools)."""
+
+
+def current_memo() -> ArgumentsMemo:
+    """The memo of the session whose call is being parsed or rendered."""
+    return _CURRENT.get() or _UNSCOPED
+
+
+@contextlib.contextmanager
+def arguments_memo(memo: ArgumentsMemo) -> Iterator[ArgumentsMemo]:
+    """Parse and render with `memo` as the current one inside the block."""
+    token = _CURRENT.set(memo)
+    try:
+        yield memo
+    finally:
+        _CURRENT.reset(token)

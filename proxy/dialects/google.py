@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
-from tapdeck.proxy.dialects.arguments import MEMO
+from tapdeck.proxy.dialects.arguments import current_memo
 from tapdeck.proxy.dialects.base import DialectError, DialectRequest, SSEEvent
 from tapdeck.proxy.dialects.reply import ChatReply, join_text, read_reply
 
@@ -126,8 +126,8 @@ def _convert_contents(contents: Any) -> tuple[list[dict[str, Any]], int]:
                     call_count += 1
                     pending.append((call_id, name))
                     calls.append({"id": call_id, "type": "function",
-                                  "function": {"name": name,
-                                               "arguments": MEMO.encode(name, call.get("args") or {})}})
+                                  "function": {"name": name, "arguments": current_memo().encode(
+                                      name, call.get("args") or {})}})
                 elif part.get("thought") and part.get("text"):
                     thoughts.append(part["text"])
                 elif part.get("text"):
@@ -280,7 +280,7 @@ class GoogleDialect:
         base = int(request.context.get("call_base") or 0)
         for n, call in enumerate(reply.tool_calls):
             parts.append({"functionCall": {"id": f"call_{base + n}", "name": call.name,
-                                           "args": MEMO.decode(call.name, call.arguments)}})
+                                           "args": current_memo().decode(call.name, call.arguments)}})
         return parts
 
     @staticmethod

@@ -7,17 +7,24 @@ the call links into the same rollout chain. As in OpenAI's API, the earlier `ins
 carried over, and a response made with `store: false` cannot be referred to.
 
 Each stored response keeps only its own new input items and its output items, plus the id it
-followed: memory grows with the items, not with turns². Responses live as long as the server
-process (an unknown id after a restart is a clear 400).
+followed: memory grows with the items, not with turns². Responses live while their session is
+open and at most `MAX_RESPONSES` per session, least recently used first out (an unknown or evicted
+id, or one from before a restart, is a clear 400). A chain is walked with a guard, so a stored
+response can never send the walk round in a loop.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from tapdeck.proxy.dialects.base import DialectError
+
+MAX_RESPONSES = 2048
+"""Stored responses per session: far above a rollout's call budget, low enough that a client
+storing every reply of an endless session cannot grow the server without bound."""
 
 
 @dataclass(frozen=True)
@@ -38,8 +45,9 @@ def _input_items(value: Any) -> list[Any]:
 class StoredResponses:
     """One session's stored responses, by id. Not thread-safe: used on the event loop."""
 
-    def __init__(self) -> None:
-        self._by_id: dict[str, _Stored] = {}
+    def __init__(self, limit: int = MAX_RESPONSES) -> None:
+        self._limit = limit
+        self._by_id: OrderedDict[str, _Stored] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -59,9 +67,17 @@ class StoredResponses:
                      "responses made with store=true in memory until the server restarts; send the "
                      "full conversation as input instead", param="previous_response_id")
         chain: list[_Stored] = []
+        seen: set[str] = set()
         at: str | None = previous
-        while at is not None:
-            stored = self._by_id[at]
+        while at is not None and at not in seen:
+            stored = self._by_id.get(at)
+            if stored is None:
+                raise DialectError(
+                    400, f"previous response {previous!r} follows {at!r}, which this session no "
+                         f"longer keeps (at most {self._limit} responses are kept); send the full "
+                         "conversation as input instead", param="previous_response_id")
+            seen.add(at)
+            self._by_id.move_to_end(at)  # a chain in use stays
             chain.append(stored)
             at = stored.previous
         history: list[Any] = []
@@ -76,6 +92,11 @@ class StoredResponses:
         if body.get("store") is False or not isinstance(response.get("id"), str):
             return
         previous = body.get("previous_response_id")
-        self._by_id[response["id"]] = _Stored(
-            previous=previous if isinstance(previous, str) and previous in self._by_id else None,
+        rid = response["id"]
+        self._by_id[rid] = _Stored(
+            previous=previous if isinstance(previous, str) and previous in self._by_id
+            and previous != rid else None,
             input=_input_items(body.get("input")), output=list(response.get("output") or []))
+        self._by_id.move_to_end(rid)
+        while len(self._by_id) > self._limit:
+            self._by_id.popitem(last=False)

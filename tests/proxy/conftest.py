@@ -8,6 +8,7 @@ made to produce on demand (HTML bodies, hangs, 5xx).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
@@ -161,3 +162,16 @@ def wait_health(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
             pass
         time.sleep(0.1)
     raise AssertionError("tapdeck serve did not come up")
+
+
+@contextlib.contextmanager
+def running(config: ServerConfig) -> Iterator[tuple[LocalServer, httpx.Client]]:
+    """A LocalServer started on `config` (a restart when its data dir was used before), with an
+    admin client; both closed at the end."""
+    server = LocalServer(config).start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=60,
+                          headers={"Authorization": f"Bearer {server.admin_key}"}) as admin:
+            yield server, admin
+    finally:
+        server.stop()

@@ -67,6 +67,7 @@ async def test_annotate_merges_metadata_and_publishes(upstream, tmp_path: Path):
     assert summary.metadata == {"task": "a", "phase": "verify", "reward": 0.5}
     event = await asyncio.wait_for(pending, 10)
     assert event["type"] == "session_updated" and event["session"]["metadata"]["reward"] == 0.5
+    await service.writes.drain()  # annotate does not hold the loop for its fsync
     assert store.get_session(info.id)["metadata"]["reward"] == 0.5
     await events.aclose()
     await service.aclose()

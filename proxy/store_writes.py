@@ -1,0 +1,83 @@
+"""Store writes off the event loop, on threads of their own.
+
+A commit must never queue behind a slow admin read (the export of a long rollout) or a sandbox's
+file copy in the loop's default pool, so every write to the capture store runs on this executor
+and the default pool keeps the reads. A write SQLite cannot make (disk full, read-only file
+system, a database locked past the busy timeout, a closed store) comes back as `StoreUnavailable`:
+nothing of it was committed, and callers answer 503 so the harness may retry later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+WRITE_THREADS = 4
+"""Concurrent writers: the store group-commits whatever is queued, so a few threads let many
+sessions share one fsync; more would only wait on SQLite's single write lock."""
+
+
+class StoreUnavailable(Exception):
+    """The store refused a write; nothing of it is on disk."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def unavailable(exc: BaseException) -> StoreUnavailable | None:
+    """The store fault `exc` stands for, or None when it is a bug to be raised as is."""
+    if isinstance(exc, StoreUnavailable):
+        return exc
+    if isinstance(exc, sqlite3.OperationalError):
+        # SQLITE_FULL, SQLITE_READONLY, SQLITE_BUSY/LOCKED, SQLITE_IOERR_*, SQLITE_CANTOPEN.
+        name = getattr(exc, "sqlite_errorname", "") or "SQLITE_ERROR"
+        return StoreUnavailable(f"{name}: {exc}")
+    if isinstance(exc, OSError):
+        return StoreUnavailable(f"{type(exc).__name__}: {exc}")
+    if isinstance(exc, RuntimeError) and "is closed" in str(exc):
+        return StoreUnavailable(str(exc))
+    return None
+
+
+class StoreWrites:
+    """A thread pool that runs only store writes (and the in-memory state they commit with)."""
+
+    def __init__(self, threads: int = WRITE_THREADS) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tapdeck-store")
+        self._lane = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tapdeck-store-notes")
+        """Writes nobody waits for (session annotations), run one at a time in submission order."""
+
+    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """`fn(*args, **kwargs)` on a store thread; a store fault raises `StoreUnavailable`."""
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._pool, partial(fn, *args, **kwargs))
+        except Exception as exc:
+            fault = unavailable(exc)
+            if fault is None:
+                raise
+            raise fault from exc
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run `fn(*args)` after the writes submitted before it, without waiting for it (`fn`
+        handles its own errors)."""
+        self._lane.submit(fn, *args)
+
+    async def drain(self) -> None:
+        """Until every write submitted so far has run."""
+        await asyncio.get_running_loop().run_in_executor(self._lane, lambda: None)
+
+    def shutdown(self) -> None:
+        """Finish the writes already submitted, then stop the threads."""
+        self._lane.shutdown(wait=True)
+        self._pool.shutdown(wait=True)
+
+
+__all__ = ["StoreUnavailable", "StoreWrites", "unavailable"]

@@ -1,0 +1,95 @@
+"""Bounded memory: a closed session releases its live state (graph, interned messages, stored
+Responses, tool-argument memo, the store's per-session delta base), listing a restarted server's
+sessions keeps no graph, stored Responses are bounded per session, and an engine that repeats its
+reply ids cannot send a Responses chain round in a loop. Counted in live objects, not RSS (the
+RSS soak is bench/load.py --soak)."""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tapdeck.proxy.config import ServerConfig
+from tapdeck.proxy.dialects.base import DialectError
+from tapdeck.proxy.dialects.stored_responses import StoredResponses
+from tapdeck.proxy.graph import RolloutGraph
+from tests.proxy.conftest import Upstream, running
+
+SESSIONS = 12
+
+
+def _live_graphs() -> int:
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if isinstance(o, RolloutGraph))
+
+
+def _responses(url: str, key: str, text: str, previous: str | None = None) -> httpx.Response:
+    body: dict[str, Any] = {"model": "m", "input": text, "max_output_tokens": 8}
+    if previous:
+        body["previous_response_id"] = previous
+    return httpx.post(f"{url}/v1/responses", json=body, timeout=60,
+                      headers={"Authorization": f"Bearer {key}"})
+
+
+def test_closed_sessions_release_their_live_state(upstream: Upstream, tmp_path: Path) -> None:
+    config = ServerConfig(host="127.0.0.1", port=0, data_dir=tmp_path / "data",
+                          engine_url=upstream.base_url)
+    with running(config) as (server, admin):
+        before = _live_graphs()
+        for _ in range(SESSIONS):
+            info = admin.post("/admin/sessions", json={}).json()
+            first = _responses(server.url, info["api_key"], "hello").json()
+            assert _responses(server.url, info["api_key"], "again", first["id"]).status_code == 200
+            admin.delete(f"/admin/sessions/{info['id']}")
+        service = server.service
+        sessions = list(service._sessions.values())
+        assert [s.state for s in sessions] == ["closed"] * SESSIONS
+        assert all(s.graph is None and len(s.stored_responses) == 0 and not s.interner._previous
+                   for s in sessions)
+        assert service.store._previous == {}
+        assert _live_graphs() == before
+        # Still listed with their numbers, and exportable (rebuilt for the export, not kept).
+        listed = admin.get("/admin/sessions").json()["sessions"]
+        assert [s["turns"] for s in listed] == [2] * SESSIONS
+        assert len(admin.get(f"/admin/sessions/{listed[0]['id']}/rollout").json()["turns"]) == 2
+        assert _live_graphs() == before
+
+    with running(config) as (restarted, admin):
+        listed = admin.get("/admin/sessions").json()["sessions"]
+        assert [s["turns"] for s in listed] == [2] * SESSIONS
+        assert all(s.graph is None for s in restarted.service._sessions.values())
+
+
+def test_an_engine_repeating_reply_ids_still_chains_responses(upstream: Upstream,
+                                                              make_server: Any, admin_for: Any) -> None:
+    # The upstream answers every call with the same recorded body, id included.
+    server = make_server(upstream.base_url)
+    info = admin_for(server).post("/admin/sessions", json={}).json()
+    ids = []
+    previous = None
+    for text in ("one", "two", "three"):
+        resp = _responses(server.url, info["api_key"], text, previous)
+        assert resp.status_code == 200, resp.text
+        previous = resp.json()["id"]
+        ids.append(previous)
+    assert len(set(ids)) == 3
+    # The third call's input was the whole chain: both earlier inputs reached the engine.
+    sent = upstream.requests[-1]["messages"]
+    assert [m["content"] for m in sent if m["role"] == "user"] == ["one", "two", "three"]
+
+
+def test_stored_responses_are_bounded_and_a_chain_never_loops() -> None:
+    stored = StoredResponses(limit=3)
+    stored.remember({"input": "a"}, {"id": "r1", "output": []})
+    # A reply claiming to follow itself is stored as a chain start, not a loop.
+    stored.remember({"input": "b", "previous_response_id": "r1"}, {"id": "r1", "output": []})
+    assert stored.expand({"input": "c", "previous_response_id": "r1"})["input"][0]["content"] == "b"
+    for n in range(2, 6):
+        stored.remember({"input": f"x{n}"}, {"id": f"r{n}", "output": []})
+    assert len(stored) == 3
+    with pytest.raises(DialectError):
+        stored.expand({"input": "d", "previous_response_id": "r1"})
