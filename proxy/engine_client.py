@@ -362,8 +362,13 @@ class EngineClient:
         reply["usage"] = zero_filled_usage(reply.get("usage"))
         return reply
 
+    async def post(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """`POST {url}{path}`, or to `path` itself when it is a full URL (vLLM's `/tokenize` sits
+        beside `/v1`); failures raise EngineError as in `complete`."""
+        return await self._call("POST", path, body)
+
     async def _call(self, method: str, path: str, body: Mapping[str, Any] | None) -> dict[str, Any]:
-        url = self.url + path
+        url = path if path.startswith(("http://", "https://")) else self.url + path
         pool = self._pool()
         self._in_flight[pool] += 1
         if body is None:

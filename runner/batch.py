@@ -67,6 +67,8 @@ class RunPlan(BaseModel):
     training_sampling: dict[str, Any] | None = None
     """A trainer's sampling policy, enforced on each training-tier capture session
     (`SessionSpec.training_sampling`: temperature, truncating knobs at their no-ops)."""
+    token_in: bool | None = None
+    """Token-in capture for every rollout (`SessionSpec.token_in`; None → on when training)."""
     metadata: dict[str, Any] | None = None
     """Extra session metadata for every rollout (e.g. a trainer's group and episode ids)."""
     public_url: str | None = None
@@ -252,7 +254,7 @@ class BatchRunner:
                     agent_kwargs=run.plan.agent_kwargs, call_budget=run.plan.call_budget,
                     alternatives=run.plan.alternatives, public_url=run.plan.public_url,
                     agent_timeout_s=run.plan.agent_timeout_s,
-                    training_sampling=run.plan.training_sampling,
+                    training_sampling=run.plan.training_sampling, token_in=run.plan.token_in,
                     metadata=dict(run.plan.metadata or {}), rollout_id=rid, run_id=run.id,
                     group=group, index=index)
 

@@ -108,6 +108,8 @@ class RolloutSpec:
     """Top alternatives per sampled token to capture for inspection (`SessionSpec.alternatives`)."""
     training_sampling: dict[str, Any] | None = None
     """A trainer's sampling policy for the capture session (`SessionSpec.training_sampling`)."""
+    token_in: bool | None = None
+    """Token-in capture (`SessionSpec.token_in`); None → on for training rollouts."""
     agent_timeout_s: float | None = None
     """None → the task's own agent timeout (capped by `timeout_s` anyway)."""
     sandbox_kwargs: dict[str, Any] | None = None
@@ -326,7 +328,8 @@ async def _open_session(service: Any, spec: RolloutSpec, rid: str) -> SessionInf
         return await service.open_session(SessionSpec(engine=spec.engine, metadata=metadata,
                                                       call_budget=budget, rollout_type="auto",
                                                       alternatives=spec.alternatives,
-                                                      training_sampling=spec.training_sampling))
+                                                      training_sampling=spec.training_sampling,
+                                                      token_in=spec.token_in))
     except Exception as exc:
         raise RolloutSetupError("engine_unreachable" if "engine" in str(exc).lower() else "internal",
                                 f"could not open a capture session: {exc}") from exc

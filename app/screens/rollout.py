@@ -18,6 +18,7 @@ from textual.widgets import Static, TabbedContent, TabPane, Tree
 
 from tapdeck.app.screens.base import TapdeckScreen
 from tapdeck.app.views import (
+    capture_mode_text,
     finding_level,
     finding_text,
     message_text,
@@ -173,7 +174,7 @@ class RolloutScreen(TapdeckScreen):
                   "" if turn.get("link_kind") in (None, "root") else str(turn["link_kind"]),
                   f"parent #{turn['parent']}" if turn.get("parent") is not None else "root",
                   f"prompt {turn.get('prompt_len', '?')} tok", f"sampled {len(sampled)}",
-                  f"finish {turn.get('finish_reason') or '?'}"]
+                  f"finish {turn.get('finish_reason') or '?'}", capture_mode_text(turn)]
         self.query_one("#turn-header", Static).update(" · ".join(p for p in header if p))
         self.query_one(TokenView).show(turn)
         self.query_one("#token-detail", Static).update(
