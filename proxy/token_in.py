@@ -34,7 +34,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tapdeck.proxy.aux import tokenize_url
-from tapdeck.proxy.engine_client import EngineClient, EngineError, zero_filled_usage
+from tapdeck.proxy.engine_client import (
+    PASSTHROUGH_STATUS,
+    EngineClient,
+    EngineError,
+    zero_filled_usage,
+)
 
 if TYPE_CHECKING:
     from tapdeck.proxy.graph import RolloutGraph
@@ -199,7 +204,10 @@ class TokenIn:
                                          False))
             ids = continuation_ids(stored, sampled, finish, self._close, held_render, full)
         except EngineError as exc:
-            if exc.status in (404, 405) or exc.kind == "bad_reply":
+            # No such route (a 404 comes back as a 502 `upstream_4xx`) or no token list: the
+            # engine cannot tokenize messages. A 400 is about these messages only.
+            if exc.kind == "bad_reply" or (exc.kind == "upstream_4xx"
+                                           and exc.status not in PASSTHROUGH_STATUS):
                 self.unsupported = f"/tokenize: {exc.message}"
                 return Plan.text("engine_unsupported", detail=self.unsupported)
             return Plan.text("tokenize_failed", detail=exc.message, extends=seq)
