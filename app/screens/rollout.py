@@ -18,6 +18,7 @@ from textual.widgets import Static, TabbedContent, TabPane, Tree
 
 from tapdeck.app.screens.base import TapdeckScreen
 from tapdeck.app.views import (
+    capture_mode,
     capture_mode_text,
     finding_level,
     finding_text,
@@ -133,6 +134,9 @@ class RolloutScreen(TapdeckScreen):
                 parts.append(f"{key.replace('_', ' ')} {stats[key]}")
         if "fragmentation" in stats and stats["fragmentation"] is not None:
             parts.append(f"fragmentation {float(stats['fragmentation']):.2f}")
+        modes = [capture_mode(t) for t in document.get("turns") or []]
+        if any(modes):
+            parts.append(f"token-in {modes.count('ids')}/{len(modes)}")
         self.query_one("#rollout-header", Static).update(" · ".join(parts))
         self.query_one(RolloutTree).load(rollout_nodes(document))
         self._show_findings()
