@@ -59,6 +59,9 @@ def register(app: typer.Typer) -> None:
                                              help="Admin key of --server (default: <data-dir>/admin.key)."),
         resume: str | None = typer.Option(None, "--resume", help="Resume an interrupted run by id "
                                           "(finished rollouts are not redone)."),
+        token_in: bool | None = typer.Option(
+            None, "--token-in/--no-token-in", help="Continue held conversations from their token "
+            "ids (default: on for training rollouts)."),
         public_url: str | None = typer.Option(
             None, "--public-url", help="Address sandboxes use to reach the proxy (http://HOST:PORT, "
             "e.g. an SSH reverse tunnel); sessions advertise it. Default: the bound address."),
@@ -76,7 +79,7 @@ def register(app: typer.Typer) -> None:
             "harness": harness, "sandbox": sandbox, "engine": engine, "engine_model": engine_model,
             "k": k, "concurrency": concurrency, "timeout_s": timeout, "reward_key": reward_key,
             "agent_kwargs": {"max_turns": max_turns} if max_turns else None,
-            "alternatives": alternatives, "public_url": public_url,
+            "alternatives": alternatives, "public_url": public_url, "token_in": token_in,
         }
         if server is None:
             _install_agent(harness)

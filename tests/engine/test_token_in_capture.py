@@ -50,6 +50,27 @@ def _conversation(url: str, admin: str, token_in: bool) -> tuple[str, list[dict[
     return info["id"], replies
 
 
+def test_token_id_prompt_gives_the_reply_the_chat_route_gives(engine):
+    """The same prompt ids and seed on both routes: same text, ids and logprobs, so a harness
+    cannot tell a token-in call from a text one."""
+    from tapdeck.proxy.engine_client import parse_capture
+    from tapdeck.proxy.token_in import completion_as_chat
+
+    sampling = {"model": "smollm2", "temperature": 1.0, "seed": 11, "max_tokens": 24,
+                "return_token_ids": True}
+    chat = httpx.post(f"{engine.base_url}/chat/completions", timeout=300, json={
+        **sampling, "messages": vllm_fixture("chat_multiturn_1")["request"]["messages"],
+        "logprobs": True, "top_logprobs": 0}).json()
+    legacy = httpx.post(f"{engine.base_url}/completions", timeout=300, json={
+        **sampling, "prompt": chat["prompt_token_ids"], "logprobs": 0}).json()
+    again = completion_as_chat(legacy, top_k=0)
+    assert again["choices"][0]["message"]["content"] == chat["choices"][0]["message"]["content"]
+    a, b = parse_capture(chat), parse_capture(again)
+    assert a.prompt_ids.tolist() == b.prompt_ids.tolist()
+    assert a.sampled_ids.tolist() == b.sampled_ids.tolist()
+    assert np.allclose(a.logprobs, b.logprobs, atol=1e-6)
+
+
 def test_token_in_conversation_is_one_chain_with_engine_logprobs(engine, tmp_path: Path):
     from tapdeck.runner.engine.rescore import rescore
 
