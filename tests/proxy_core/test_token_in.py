@@ -75,6 +75,15 @@ def test_sampled_end_token_is_not_doubled():
     assert ids[len(prompt) + len(sampled)] == close[1]
 
 
+def test_other_end_token_the_model_sampled_is_kept_before_the_close():
+    """`<|endoftext|>` (0) sampled where the template closes with `<|im_end|>`: the trainer sees
+    the 0 the model sampled, then the close the template writes."""
+    prompt, sampled, held_render, full, _, close = _pieces("chat_multiturn_1", "chat_multiturn_2")
+    other = [*sampled[:-1], 0]
+    ids = continuation_ids(prompt + other, other, "stop", close, held_render, full)
+    assert ids[len(prompt) + len(other) - 1:][:3] == [0, *close]
+
+
 def test_breaks_per_transition_off_and_on():
     """Figure (b): recorded vLLM cases, text mode vs token-in, as rollout-graph breaks."""
     off = on = 0
