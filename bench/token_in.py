@@ -7,7 +7,8 @@ fragmentation (token segments per conversation), and how many calls were sent as
 to text (with the reasons). With `--rescore`, the longest token-in row is re-scored in one forward
 pass and its captured logprobs compared.
 
-Run: `.venv/bin/python bench/token_in.py [--tasks hello-file] [--k 1] [--max-turns 4] [--rescore]`
+Run: `.venv/bin/python bench/token_in.py [--harness terminus-2] [--tasks hello-file] [--k 1]
+[--max-turns 4] [--rescore]` (an agent CLI must be installed first, as `tapdeck rollout` does).
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ import httpx
 import numpy as np
 
 
-def run_mode(base: str, headers: dict[str, str], tasks: list[str], k: int, max_turns: int,
-             token_in: bool, timeout: float) -> list[dict[str, Any]]:
+def run_mode(base: str, headers: dict[str, str], harness: str, tasks: list[str], k: int,
+             max_turns: int, token_in: bool, timeout: float) -> list[dict[str, Any]]:
     """One run with the mode set; the rollout documents of its sessions."""
-    plan = {"tasks": tasks, "k": k, "timeout_s": timeout, "token_in": token_in,
+    plan = {"harness": harness, "tasks": tasks, "k": k, "timeout_s": timeout, "token_in": token_in,
             "training_sampling": {"temperature": 1.0}, "agent_kwargs": {"max_turns": max_turns}}
     with httpx.Client(base_url=base, headers=headers, timeout=120.0) as http:
         run = http.post("/admin/runs", json=plan)
@@ -92,6 +93,7 @@ def rescore_longest(docs: list[dict[str, Any]], base: str, headers: dict[str, st
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--harness", default="terminus-2")
     parser.add_argument("--tasks", nargs="+", default=["hello-file"])
     parser.add_argument("--k", type=int, default=1)
     parser.add_argument("--max-turns", type=int, default=4)
@@ -106,8 +108,8 @@ def main() -> None:
             LocalServer(ServerConfig(port=0, data_dir=Path(tmp))) as server:
         headers = {"Authorization": f"Bearer {server.admin_key}"}
         for token_in in (False, True):
-            docs = run_mode(server.url, headers, args.tasks, args.k, args.max_turns, token_in,
-                            args.timeout)
+            docs = run_mode(server.url, headers, args.harness, args.tasks, args.k, args.max_turns,
+                            token_in, args.timeout)
             print(f"token-in {'on ' if token_in else 'off'}: {figures(docs)}", flush=True)
             if token_in and args.rescore:
                 print(rescore_longest(docs, server.url, headers), flush=True)
