@@ -25,6 +25,7 @@ tools stay on the text path: the engine parses tool calls only on its chat route
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
@@ -194,8 +195,9 @@ class TokenIn:
         messages = list(upstream.get("messages") or [])
         cut = len(messages) - new_count
         try:
-            full = await self._tokenize(upstream, messages, True)
-            held_render = await self._tokenize(upstream, messages[:cut], False)
+            full, held_render = await asyncio.gather(
+                self._tokenize(upstream, messages, True),
+                self._tokenize(upstream, messages[:cut], False))
             if self._close is None:
                 history = messages[:cut - 1]
                 self._close = assistant_close(
