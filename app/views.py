@@ -212,6 +212,8 @@ class TurnNode:
     new_tokens: int | None
     findings: list[str]
     children: list[int] = field(default_factory=list)
+    mode: str | None = None
+    """Token-in sessions: `ids` (continued from stored ids) or `text` (fell back); else None."""
 
 
 def finding_text(finding: Any) -> str:
@@ -250,13 +252,32 @@ def rollout_nodes(document: Mapping[str, Any]) -> dict[int, TurnNode]:
         nodes[seq] = TurnNode(seq=seq, parent=turn.get("parent"), kind=str(kind), role=str(role),
                               discarded=discarded, finish_reason=turn.get("finish_reason"),
                               new_tokens=new_tokens,
-                              findings=[finding_text(f) for f in turn.get("findings") or []])
+                              findings=[finding_text(f) for f in turn.get("findings") or []],
+                              mode=capture_mode(turn))
     for node in nodes.values():
         if node.parent is not None and node.parent in nodes:
             nodes[node.parent].children.append(node.seq)
     for node in nodes.values():
         node.children.sort()
     return nodes
+
+
+def capture_mode(turn: Mapping[str, Any]) -> str | None:
+    """How a token-in session sent the turn (`ids` or `text`); None outside token-in mode."""
+    mode = ((turn.get("meta") or {}).get("capture_mode") or {}).get("mode")
+    return str(mode) if mode else None
+
+
+def capture_mode_text(turn: Mapping[str, Any]) -> str:
+    """The Rollout screen's words for a turn's capture mode ("" outside token-in mode)."""
+    record = (turn.get("meta") or {}).get("capture_mode") or {}
+    if record.get("mode") == "ids":
+        same = "same ids as text" if record.get("same") else \
+            f"text path would differ from offset {record.get('diverge_at')}"
+        return f"token-in from #{record.get('extends')} ({same})"
+    if record.get("mode") == "text":
+        return f"text (fell back: {record.get('reason', '?')})"
+    return ""
 
 
 def rollout_roots(nodes: Mapping[int, TurnNode]) -> list[int]:
@@ -305,6 +326,10 @@ def turn_label(node: TurnNode) -> str:
         parts.append("≈retok")
     elif node.kind == "message":
         parts.append("~msg")
+    if node.mode == "ids":
+        parts.append("⇢ids")
+    elif node.mode == "text" and node.parent is not None:
+        parts.append("↩text")
     if node.discarded and node.role != "discarded":
         parts.append("discarded")
     if node.new_tokens is not None:

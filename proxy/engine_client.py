@@ -354,6 +354,11 @@ class EngineClient:
         reply["usage"] = zero_filled_usage(reply.get("usage"))
         return reply
 
+    async def post(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """`POST {url}{path}`, or to `path` itself when it is a full URL (vLLM's `/tokenize` sits
+        beside `/v1`); failures raise EngineError as in `complete`."""
+        return await self._call("POST", path, body)
+
     async def _call(self, method: str, path: str, body: Mapping[str, Any] | None) -> dict[str, Any]:
         if self._closed:
             raise RuntimeError(f"the client for engine {self.url} is closed")
@@ -361,7 +366,9 @@ class EngineClient:
         headers = self._headers if data is None else {**self._headers, "Content-Type": "application/json"}
         try:
             if self._lean is not None:
-                resp = await self._lean.request(method, path, data, headers)
+                absolute = path.startswith(("http://", "https://"))
+                resp = await self._lean.request(method, urlsplit(path).path if absolute else path,
+                                                data, headers, prefixed=not absolute)
             else:
                 resp = await self._via_httpx(method, path, data, headers)
         except (httpx.TimeoutException, UpstreamTimeout) as exc:
@@ -387,7 +394,8 @@ class EngineClient:
     async def _via_httpx(self, method: str, path: str, data: bytes | None,
                          headers: dict[str, str]) -> UpstreamReply:
         assert self._http is not None
-        send = partial(self._http.request, method, self.url + path, content=data, headers=headers)
+        url = path if path.startswith(("http://", "https://")) else self.url + path
+        send = partial(self._http.request, method, url, content=data, headers=headers)
         try:
             resp = await send()
         except httpx.RemoteProtocolError:

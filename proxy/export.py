@@ -79,6 +79,12 @@ def nest_tool_calls(message: dict[str, Any]) -> dict[str, Any]:
     return dict(message) | {"tool_calls": nested}
 
 
+def capture_mode(meta: dict[str, Any] | None) -> str:
+    """`ids` for a call continued from stored ids (token-in), else `text`."""
+    mode = ((meta or {}).get("capture_mode") or {}).get("mode")
+    return "ids" if mode == "ids" else "text"
+
+
 def _check_masks(graph: RolloutGraph, sequences: list[Any]) -> None:
     """A call shared by several sequences must carry the same mask in each (capture-case 56)."""
     seen: dict[int, int] = {}
@@ -126,6 +132,7 @@ def rollout_document(session: dict[str, Any], graph: RolloutGraph, tier: str, *,
         t = n.turn
         turns.append({
             "seq": seq, "parent": n.parent, "link_kind": n.kind, "link_offset": n.offset,
+            "capture_mode": capture_mode(t.meta),
             "role": graph.node_role(seq, tools=tools), "discarded": graph.discarded(seq),
             "trainable": train and graph.node_mask_on(seq, tools=tools),
             "prompt_len": n.prompt_len if n.has_prompt else None,
@@ -195,6 +202,7 @@ def training_trace(session: dict[str, Any], graph: RolloutGraph, tier: str, *,
                                       "finish_reason": t.finish_reason}]},
             "metadata": {
                 "session_id": session.get("id"), "parent": n.parent, "link_kind": n.kind,
+                "capture_mode": capture_mode(t.meta),
                 "link_offset": n.offset, "finish_reason": t.finish_reason, "trainable": on,
                 "logprobs_filled": filled,
                 "sampling": t.sampling, "meta": t.meta, "created_at": t.created_at,

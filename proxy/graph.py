@@ -448,6 +448,24 @@ class RolloutGraph:
             return pieces[0].copy()
         return np.concatenate(pieces[::-1])
 
+    def held_turn(self, request: dict[str, Any]) -> tuple[int, int] | None:
+        """`(seq, new)`: the latest call with ids whose messages and reply (compared as text) start
+        `request`'s conversation under the same system prompt, followed by `new` > 0 messages;
+        None when the request extends no call held here (a new root, an edited history)."""
+        conv = conversation(request)
+        hashes = _chain_hashes(conv)
+        system = None
+        for k in range(len(hashes) - 1, 0, -1):
+            for s in sorted(self._conv.get(hashes[k - 1], []), reverse=True):
+                n = self._nodes[s]
+                if not (n.has_prompt and n.sampled_len and n.conv_len == k):
+                    continue
+                if system is None:
+                    system = _system_prompt(request)
+                if _system_prompt(n.turn.request) == system:
+                    return s, len(conv) - k
+        return None
+
     def full_sequence(self, seq: int) -> np.ndarray:
         """Prompt ids plus sampled ids of this call."""
         n = self._nodes[seq]

@@ -63,6 +63,7 @@ from tapdeck.proxy.sse import KEEPALIVE, json_array_with_keepalive, stream_with_
 from tapdeck.proxy.store import Store
 from tapdeck.proxy.store_writes import StoreUnavailable, StoreWrites
 from tapdeck.proxy.tiers import EngineSpec, ProbeResult, Tier, probe
+from tapdeck.proxy.token_in import Plan, TokenIn
 from tapdeck.proxy.turn import Turn
 from tapdeck.proxy.validation import validate_rollout, validate_turn
 
@@ -140,6 +141,8 @@ class _Session:
     fold_system: bool = False
     """The engine's chat template refused a system message after the first turn: fold them all
     into the leading one from then on."""
+    token_in: TokenIn | None = None
+    """Set when the session continues held conversations from their ids (token-in mode)."""
     interner: Interner = field(default_factory=Interner)
     """Every turn's request refers to the session's shared message and tool objects, so a
     conversation resent on each call is held once, not once per turn."""
@@ -258,6 +261,8 @@ class CaptureService:
             "engine": ref.model_dump(), "created_at": now, "metadata": dict(spec.metadata),
             "call_budget": spec.call_budget, "probe": result.detail,
             "alternatives": min(spec.alternatives, result.alternatives),
+            "token_in": result.tier is Tier.TOKENS and (
+                spec.token_in if spec.token_in is not None else rollout_type == "train"),
             "findings": [f.model_dump(mode="json") for f in result.findings],
         }
         try:
@@ -270,7 +275,8 @@ class CaptureService:
                            served_model=ref.model, state="open", call_budget=spec.call_budget,
                            training=rollout_type == "train",
                            training_sampling=spec.training_sampling, graph=graph,
-                           findings=list(result.findings), stats=graph.stats())
+                           findings=list(result.findings), stats=graph.stats(),
+                           token_in=TokenIn(client) if record["token_in"] else None)
         session.count(session.findings)
         self._sessions[sid] = session
         self._by_key[key] = session
@@ -658,9 +664,14 @@ class CaptureService:
         """The engine call and the turn's record, for a call holding a budget slot."""
         assert session.client is not None
         started = time.perf_counter()
+        plan: Plan | None = None
         try:
             try:
-                reply = await session.client.complete(upstream)
+                if session.token_in is not None:
+                    plan = await self._token_in_plan(session, req, upstream, fmt)
+                    reply, plan = await session.token_in.send(upstream, plan)
+                else:
+                    reply = await session.client.complete(upstream)
             except EngineError as exc:
                 if not (exc.kind == "upstream_4xx" and TEMPLATE_REFUSAL.search(exc.message)
                         and has_late_system(chat["messages"])):
@@ -669,6 +680,7 @@ class CaptureService:
                 # the leading one, for this session's later calls too once that is answered.
                 chat["messages"] = fold_system_messages(chat["messages"])
                 upstream, sampling = prepare(chat)
+                plan = Plan.text("system_folded") if plan is not None else None
                 reply = await session.client.complete(upstream)
                 session.fold_system = True
         except EngineError as exc:
@@ -687,6 +699,8 @@ class CaptureService:
         reply = {**reply, "id": f"chatcmpl-tdk-{secrets.token_hex(12)}"}
         meta = {**meta, "latency_ms": round((time.perf_counter() - started) * 1000, 3),
                 "usage": reply.get("usage")}
+        if plan is not None:
+            meta["capture_mode"] = plan.record
         findings = _cap_findings(sampling, reply)
         if chat["messages"] is not req.chat["messages"] and has_late_system(req.chat["messages"]):
             findings.append(Finding.warn(
@@ -707,6 +721,23 @@ class CaptureService:
             raise _CallFailed(503, STORE_DOWN_TEXT.format(reason=exc.reason),
                               "store_unavailable") from exc
         return answer
+
+    async def _token_in_plan(self, session: _Session, req: DialectRequest,
+                             upstream: dict[str, Any], fmt: Any) -> Plan:
+        """Token-in or text for this call (`proxy/token_in.py`); structured-output calls and
+        calls whose system messages had to be folded take the text path."""
+        assert session.token_in is not None
+        if session.graph is None:  # dropped by a store fault this instant: nothing is held
+            return Plan.text("not_held")
+        if fmt is not None:
+            return Plan.text("structured_output")
+        if upstream["messages"] is not req.chat["messages"] and has_late_system(req.chat["messages"]):
+            return Plan.text("system_folded")
+        try:
+            return await session.token_in.plan(session.graph, req.chat, upstream, lock=session.rw)
+        except Exception as exc:  # a planning bug must cost the call its token-in, never the call
+            log.exception("session %s: token-in planning failed", session.id)
+            return Plan.text("planning_failed", detail=f"{type(exc).__name__}: {exc}")
 
     async def _session_finding(self, session: _Session, finding: Finding) -> None:
         """A session-level finding, stored and published (kept only once stored)."""

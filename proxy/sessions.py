@@ -82,6 +82,9 @@ class SessionSpec(BaseModel):
     refused: the trainer could not reproduce such logprobs). Each turn records what the harness
     requested next to what was sent."""
 
+    token_in: bool | None = None
+    """Token-in capture (`proxy/token_in.py`): a call extending a held conversation continues
+    from its stored ids. None → on for training sessions; it needs the tokens tier."""
     alternatives: int = Field(default=0, ge=0, le=20)
     """Top alternatives per sampled token to capture for inspection (the TUI shows them), as many
     as the engine gave the probe at most. 0, the design's default, asks for none a harness did

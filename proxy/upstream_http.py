@@ -152,10 +152,12 @@ class UpstreamHTTP:
         """Fresh connections made (for tests and the bench: reuse keeps this low)."""
 
     async def request(self, method: str, path: str, body: bytes | None = None,
-                      headers: dict[str, str] | None = None) -> UpstreamReply:
-        """Send `method prefix+path` and return the whole reply. Raises UpstreamUnreachable or
-        UpstreamTimeout."""
-        head = [f"{method} {self.prefix}{path} HTTP/1.1\r\n".encode(), b"Host: ", self._host_header,
+                      headers: dict[str, str] | None = None, prefixed: bool = True) -> UpstreamReply:
+        """Send `method prefix+path` (`path` alone when not `prefixed`: a route beside the base
+        URL's path, such as vLLM's `/tokenize`) and return the whole reply. Raises
+        UpstreamUnreachable or UpstreamTimeout."""
+        target = f"{self.prefix}{path}" if prefixed else path
+        head = [f"{method} {target} HTTP/1.1\r\n".encode(), b"Host: ", self._host_header,
                 b"\r\nAccept: application/json\r\n"]
         for name, value in (headers or {}).items():
             head.append(f"{name}: {value}\r\n".encode())

@@ -69,6 +69,8 @@ class RunPlan(BaseModel):
     training_sampling: dict[str, Any] | None = None
     """A trainer's sampling policy, enforced on each training-tier capture session
     (`SessionSpec.training_sampling`: temperature, truncating knobs at their no-ops)."""
+    token_in: bool | None = None
+    """Token-in capture for every rollout (`SessionSpec.token_in`; None → on when training)."""
     metadata: dict[str, Any] | None = None
     """Extra session metadata for every rollout (e.g. a trainer's group and episode ids)."""
     public_url: str | None = None
@@ -276,7 +278,7 @@ class BatchRunner:
                     timeout_s=run.plan.timeout_s, reward_key=run.plan.reward_key,
                     settings=run.plan.settings, call_budget=run.plan.call_budget,
                     alternatives=run.plan.alternatives, public_url=run.plan.public_url,
-                    training_sampling=run.plan.training_sampling,
+                    training_sampling=run.plan.training_sampling, token_in=run.plan.token_in,
                     metadata=dict(run.plan.metadata or {}), rollout_id=rid, run_id=run.id,
                     group=group, index=index)
 

@@ -120,6 +120,8 @@ class RolloutSpec:
     """Top alternatives per sampled token to capture for inspection (`SessionSpec.alternatives`)."""
     training_sampling: dict[str, Any] | None = None
     """A trainer's sampling policy for the capture session (`SessionSpec.training_sampling`)."""
+    token_in: bool | None = None
+    """Token-in capture (`SessionSpec.token_in`); None → on for training rollouts."""
     sandbox_kwargs: dict[str, Any] | None = None
     """Constructor kwargs of the sandbox (Harbor's `EnvironmentConfig.kwargs`)."""
     public_url: str | None = None
@@ -338,7 +340,8 @@ async def _open_session(service: Any, spec: RolloutSpec, rid: str) -> SessionInf
         return await service.open_session(SessionSpec(engine=spec.engine, metadata=metadata,
                                                       call_budget=budget, rollout_type="auto",
                                                       alternatives=spec.alternatives,
-                                                      training_sampling=_session_sampling(spec)))
+                                                      training_sampling=_session_sampling(spec),
+                                                      token_in=spec.token_in))
     except Exception as exc:
         raise RolloutSetupError("engine_unreachable" if "engine" in str(exc).lower() else "internal",
                                 f"could not open a capture session: {exc}") from exc

@@ -96,6 +96,9 @@ def register(app: typer.Typer) -> None:
                                              help="Admin key of --server (default: <data-dir>/admin.key)."),
         resume: str | None = typer.Option(None, "--resume", help="Resume an interrupted run by id "
                                           "(finished rollouts are not redone)."),
+        token_in: bool | None = typer.Option(
+            None, "--token-in/--no-token-in", help="Continue held conversations from their token "
+            "ids (default: on for training rollouts)."),
         public_url: str | None = typer.Option(
             None, "--public-url", help="Address sandboxes use to reach the proxy (http://HOST:PORT, "
             "e.g. an SSH reverse tunnel); sessions advertise it. Default: the bound address."),
@@ -117,7 +120,7 @@ def register(app: typer.Typer) -> None:
                                   context_tokens=context_tokens, temperature=temperature,
                                   top_p=top_p, top_k=top_k, min_p=min_p,
                                   harness_kwargs=harness_kwargs),
-            "alternatives": alternatives, "public_url": public_url,
+            "alternatives": alternatives, "public_url": public_url, "token_in": token_in,
         }
         if server is None:
             _install_agent(harness)

@@ -18,6 +18,8 @@ from textual.widgets import Static, TabbedContent, TabPane, Tree
 
 from tapdeck.app.screens.base import TapdeckScreen
 from tapdeck.app.views import (
+    capture_mode,
+    capture_mode_text,
     finding_level,
     finding_text,
     message_text,
@@ -132,6 +134,9 @@ class RolloutScreen(TapdeckScreen):
                 parts.append(f"{key.replace('_', ' ')} {stats[key]}")
         if "fragmentation" in stats and stats["fragmentation"] is not None:
             parts.append(f"fragmentation {float(stats['fragmentation']):.2f}")
+        modes = [capture_mode(t) for t in document.get("turns") or []]
+        if any(modes):
+            parts.append(f"token-in {modes.count('ids')}/{len(modes)}")
         self.query_one("#rollout-header", Static).update(" · ".join(parts))
         self.query_one(RolloutTree).load(rollout_nodes(document))
         self._show_findings()
@@ -173,7 +178,7 @@ class RolloutScreen(TapdeckScreen):
                   "" if turn.get("link_kind") in (None, "root") else str(turn["link_kind"]),
                   f"parent #{turn['parent']}" if turn.get("parent") is not None else "root",
                   f"prompt {turn.get('prompt_len', '?')} tok", f"sampled {len(sampled)}",
-                  f"finish {turn.get('finish_reason') or '?'}"]
+                  f"finish {turn.get('finish_reason') or '?'}", capture_mode_text(turn)]
         self.query_one("#turn-header", Static).update(" · ".join(p for p in header if p))
         self.query_one(TokenView).show(turn)
         self.query_one("#token-detail", Static).update(

@@ -8,6 +8,7 @@ import sys
 
 from tapdeck.app.views import (
     SessionBoard,
+    capture_mode_text,
     diff_rows,
     display_parents,
     failures_by_cause,
@@ -86,6 +87,23 @@ def test_retokenized_edges_are_marked():
                      {"seq": 1, "parent": 0, "link_kind": "retokenized",
                       "findings": ["[WARN] retokenized: diverges from node 0 at offset 40"]}]}
     assert "≈retok" in turn_label(rollout_nodes(doc)[1])
+
+
+def test_token_in_turns_show_whether_ids_continued_them_or_text_took_over():
+    ids = {"mode": "ids", "extends": 0, "same": False, "diverge_at": 52}
+    doc = {"turns": [{"seq": 0, "parent": None, "meta": {"capture_mode": {"mode": "text",
+                                                                          "reason": "not_held"}}},
+                     {"seq": 1, "parent": 0, "meta": {"capture_mode": ids}},
+                     {"seq": 2, "parent": 1, "meta": {"capture_mode": {"mode": "text",
+                                                                       "reason": "tools"}}},
+                     {"seq": 3, "parent": 2}]}
+    labels = [turn_label(n) for n in rollout_nodes(doc).values()]
+    assert ["⇢ids" in lb for lb in labels] == [False, True, False, False]
+    assert ["↩text" in lb for lb in labels] == [False, False, True, False]
+    texts = [capture_mode_text(t) for t in doc["turns"]]
+    assert texts == ["text (fell back: not_held)",
+                     "token-in from #0 (text path would differ from offset 52)",
+                     "text (fell back: tools)", ""]
 
 
 def test_rollout_nodes_take_roles_from_sequences():

@@ -1,0 +1,129 @@
+"""Token-in continuation on the recorded vLLM break cases: the prompt the proxy builds from stored
+ids keeps the token prefix where vLLM's text path broke it (a `length` cut, a reply that
+re-tokenises, special tokens inside a reply), and equals the text path where that one held.
+
+The template pieces come from the recorded text-path prompt of the next call, split at the message
+boundary where the template closed the held reply (`<|im_end|>` then a newline), which is what
+`/tokenize` with and without the new messages returns for these ChatML templates; the slow test in
+tests/proxy_engine/test_token_in_embedded.py derives them from the engine's own `/tokenize`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from proxy_core_fixtures import load_fixture, turn_from_fixture
+
+from tapdeck.proxy.engine_client import parse_capture
+from tapdeck.proxy.graph import RolloutGraph
+from tapdeck.proxy.token_in import (
+    BoundaryError,
+    assistant_close,
+    completion_as_chat,
+    continuation_ids,
+    difference,
+)
+
+IM_END = 2
+NEWLINE = {"smollm2": 198, "tiny": 201}
+CASES = [  # (held call, next call, text-path diverges at, why)
+    ("chat_multiturn_1", "chat_multiturn_2", None, "stop"),
+    ("chat_multiturn_2", "chat_multiturn_3", None, "stop"),
+    ("chat_multiturn_trunc_1", "chat_multiturn_trunc_2", None, "length cut"),
+    ("chat_multiturn_retok_1", "chat_multiturn_retok_2", 52, "re-tokenised reply"),
+    ("tiny/chat_multiturn_1", "tiny/chat_multiturn_2", 66, "special token in reply"),
+    ("tiny/chat_multiturn_2", "tiny/chat_multiturn_3", 133, "special token in reply"),
+    ("tiny/chat_multiturn_indist_2", "tiny/chat_multiturn_indist_3", 71, "special token in reply"),
+]
+
+
+def _pieces(held: str, nxt: str) -> tuple[list[int], list[int], list[int], list[int], str, list[int]]:
+    a, b = load_fixture(held)["response"], load_fixture(nxt)["response"]
+    prompt, sampled = a["prompt_token_ids"], a["choices"][0]["token_ids"]
+    full = b["prompt_token_ids"]
+    close = [IM_END, NEWLINE["tiny" if held.startswith("tiny/") else "smollm2"]]
+    end = full.index(IM_END, len(prompt))  # the template's close of the held reply
+    return prompt, sampled, full[:end + 2], full, a["choices"][0]["finish_reason"], close
+
+
+@pytest.mark.parametrize(("held", "nxt", "text_break", "why"), CASES)
+def test_token_in_prompt_extends_the_held_ids_where_text_broke(held, nxt, text_break, why):
+    prompt, sampled, held_render, full, finish, close = _pieces(held, nxt)
+    ids = continuation_ids(prompt + sampled, sampled, finish, close, held_render, full)
+    assert ids[:len(prompt) + len(sampled)] == prompt + sampled
+    assert ids[len(ids) - (len(full) - len(held_render)):] == full[len(held_render):]
+    diff = difference(full, ids)
+    if text_break is None:
+        assert diff == {"same": True, "text_len": len(full), "ids_len": len(ids)}, why
+    else:
+        assert not diff["same"] and diff["diverge_at"] == text_break, why
+        assert diff["text_window"] != diff["ids_window"]
+
+
+def test_length_cut_gets_the_close_the_model_never_sampled():
+    prompt, sampled, held_render, full, finish, close = _pieces("chat_multiturn_trunc_1",
+                                                                "chat_multiturn_trunc_2")
+    assert finish == "length" and sampled[-1] != IM_END
+    ids = continuation_ids(prompt + sampled, sampled, finish, close, held_render, full)
+    assert ids[len(prompt) + len(sampled):][:2] == close
+
+
+def test_sampled_end_token_is_not_doubled():
+    prompt, sampled, held_render, full, finish, close = _pieces("chat_multiturn_1", "chat_multiturn_2")
+    assert finish == "stop" and sampled[-1] == IM_END
+    ids = continuation_ids(prompt + sampled, sampled, finish, close, held_render, full)
+    assert ids[len(prompt) + len(sampled)] == close[1]
+
+
+def test_other_end_token_the_model_sampled_is_kept_before_the_close():
+    """`<|endoftext|>` (0) sampled where the template closes with `<|im_end|>`: the trainer sees
+    the 0 the model sampled, then the close the template writes."""
+    prompt, sampled, held_render, full, _, close = _pieces("chat_multiturn_1", "chat_multiturn_2")
+    other = [*sampled[:-1], 0]
+    ids = continuation_ids(prompt + other, other, "stop", close, held_render, full)
+    assert ids[len(prompt) + len(other) - 1:][:3] == [0, *close]
+
+
+def test_breaks_per_transition_off_and_on():
+    """Figure (b): recorded vLLM cases, text mode vs token-in, as rollout-graph breaks."""
+    off = on = 0
+    for i, (held, nxt, _, _) in enumerate(CASES):
+        a, b = turn_from_fixture(held, 0), turn_from_fixture(nxt, 1)
+        g = RolloutGraph()
+        g.add(a)
+        g.add(b)
+        off += g.stats().breaks
+        prompt, sampled, held_render, full, finish, close = _pieces(held, nxt)
+        ids = continuation_ids(prompt + sampled, sampled, finish, close, held_render, full)
+        g = RolloutGraph()
+        g.add(a)
+        link = g.add(turn_from_fixture(nxt, 1).__class__(
+            **{**b.__dict__, "prompt_ids": np.asarray(ids, dtype=np.int32)}))
+        assert (link.parent, link.kind) == (0, "prefix"), (held, link)
+        on += g.stats().breaks
+    assert (off, on) == (4, 0)
+
+
+def test_boundary_that_is_not_a_prefix_is_refused():
+    prompt, sampled, held_render, full, finish, close = _pieces("chat_multiturn_1", "chat_multiturn_2")
+    edited = list(full)
+    edited[5] += 1  # the template re-rendered an earlier message
+    with pytest.raises(BoundaryError):
+        continuation_ids(prompt + sampled, sampled, finish, close, held_render, edited)
+    with pytest.raises(BoundaryError):
+        continuation_ids(prompt + sampled, sampled, finish, [IM_END, 7], held_render, full)
+    with pytest.raises(BoundaryError):
+        assistant_close([1, 2, 3], [1, 2, 3])
+
+
+def test_completion_reply_reads_as_the_chat_capture():
+    recorded = load_fixture("completions_ids")["response"]
+    chat = completion_as_chat(recorded, top_k=0)
+    cap = parse_capture(chat)
+    choice = recorded["choices"][0]
+    assert cap.prompt_ids.tolist() == choice["prompt_token_ids"]
+    assert cap.sampled_ids.tolist() == choice["token_ids"]
+    assert cap.logprobs.tolist() == choice["logprobs"]["token_logprobs"]
+    assert cap.token_texts == choice["logprobs"]["tokens"]
+    assert chat["choices"][0]["message"] == {"role": "assistant", "content": choice["text"]}
+    assert chat["choices"][0]["finish_reason"] == "length"
