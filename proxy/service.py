@@ -734,7 +734,8 @@ class CaptureService:
         if upstream["messages"] is not req.chat["messages"] and has_late_system(req.chat["messages"]):
             return Plan.text("system_folded")
         try:
-            return await session.token_in.plan(session.graph, req.chat, upstream, lock=session.rw)
+            return await session.token_in.plan(session.graph, req.chat, upstream, lock=session.rw,
+                                               offload=self.writes.run)
         except Exception as exc:  # a planning bug must cost the call its token-in, never the call
             log.exception("session %s: token-in planning failed", session.id)
             return Plan.text("planning_failed", detail=f"{type(exc).__name__}: {exc}")

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -175,16 +175,17 @@ class TokenIn:
 
     async def plan(self, graph: RolloutGraph, request: Mapping[str, Any],
                    upstream: Mapping[str, Any],
-                   lock: AbstractContextManager[Any] = nullcontext()) -> Plan:
+                   lock: AbstractContextManager[Any] = nullcontext(),
+                   offload: Callable[..., Awaitable[Any]] = asyncio.to_thread) -> Plan:
         """Token-in when `request` (the harness's messages) extends a held turn, else text.
 
-        `graph` is read under `lock`, on a thread."""
+        `graph` is read under `lock` by `offload` (a thread: the service passes the store's own
+        executor, whose threads commit under that lock and are never held by slow readers)."""
         if self.unsupported:
             return Plan.text("engine_unsupported", detail=self.unsupported)
         if upstream.get("tools") or upstream.get("functions"):
             return Plan.text("tools")
-        # Read on a thread: the lock is the graph's, which a store thread holds while it commits.
-        found = await asyncio.to_thread(_held_read, graph, dict(request), lock)
+        found = await offload(_held_read, graph, dict(request), lock)
         if found is None:
             return Plan.text("not_held")
         seq, new_count, stored, sampled, finish = found
