@@ -26,6 +26,7 @@ from tapdeck.proxy.engine_address import (
     settle,
     settle_blocking,
 )
+from tapdeck.runner.engine.model import DEFAULT_N_CTX
 from tests.conftest import models_only_engine
 
 CHAT = {"model": "x", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
@@ -158,5 +159,7 @@ def test_the_embedded_engine_is_reached_by_every_address_form(embedded_engine, t
             reply = httpx.post(f"{server.url}/admin/sessions", json={"engine": {"url": address}},
                                headers=headers, timeout=120)
             assert reply.status_code == 200, reply.text
-            assert reply.json()["engine"] == {"url": base, "model": "smollm2"}
+            # The session also records the context the engine reports (its `max_model_len`).
+            assert reply.json()["engine"] == {"url": base, "model": "smollm2",
+                                              "max_model_len": DEFAULT_N_CTX}
             assert reply.json()["tier"] == "tokens"
