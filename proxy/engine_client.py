@@ -22,6 +22,7 @@ import numpy as np
 import orjson
 
 from tapdeck.proxy.dialects.base import DialectError
+from tapdeck.proxy.engine_address import shown_url
 from tapdeck.proxy.findings import Finding
 from tapdeck.proxy.tokens import as_ids, as_logprobs
 
@@ -300,6 +301,8 @@ class EngineClient:
                  max_model_len: int | None = None) -> None:
         self.spec = spec
         self.url = spec.url.rstrip("/")
+        self.shown = shown_url(self.url)
+        """The URL as messages show it: credentials in it are never echoed to a harness."""
         self.max_tokens_cap = max_tokens_cap
         self.max_model_len = max_model_len
         """From the probe; when known, `max_tokens` is also kept within it (vLLM refuses more)."""
@@ -316,7 +319,7 @@ class EngineClient:
         """Index of the least busy pool, opening another while all are loaded (own pools only)."""
         best = min(range(len(self._pools)), key=self._in_flight.__getitem__, default=None)
         if self._closed and best is None:
-            raise RuntimeError(f"the client for engine {self.url} is closed")
+            raise RuntimeError(f"the client for engine {self.shown} is closed")
         if self._owns_http and not self._closed and len(self._pools) < MAX_POOLS and (
                 best is None or self._in_flight[best] >= POOL_LOAD):
             if self._ssl is None:  # one context for all pools: building one costs ~15 ms
@@ -329,6 +332,11 @@ class EngineClient:
             best = len(self._pools) - 1
         assert best is not None
         return best
+
+    @property
+    def in_flight(self) -> int:
+        """Calls holding a pool slot right now."""
+        return sum(self._in_flight)
 
     @property
     def cap(self) -> int:
@@ -357,19 +365,21 @@ class EngineClient:
         reply = await self._call("POST", "/chat/completions", body)
         choices = reply.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
-            raise EngineError("bad_reply", 502, f"engine at {self.url} answered HTTP 200 without "
-                                                "choices", self.url)
+            raise EngineError("bad_reply", 502, f"engine at {self.shown} answered HTTP 200 without "
+                                                "choices", self.shown)
         reply["usage"] = zero_filled_usage(reply.get("usage"))
         return reply
 
     async def _call(self, method: str, path: str, body: Mapping[str, Any] | None) -> dict[str, Any]:
         url = self.url + path
+        # Encoded before a pool slot is taken: a body that cannot be encoded must not leak one.
+        content = None if body is None else orjson.dumps(body)
         pool = self._pool()
         self._in_flight[pool] += 1
-        if body is None:
+        if content is None:
             send = partial(self._pools[pool].request, method, url, headers=self._headers)
         else:
-            send = partial(self._pools[pool].request, method, url, content=orjson.dumps(body),
+            send = partial(self._pools[pool].request, method, url, content=content,
                            headers={**self._headers, "Content-Type": "application/json"})
         try:
             try:
@@ -379,11 +389,12 @@ class EngineClient:
                 # request never reached it, so one retry on a fresh connection is safe.
                 resp = await send()
         except httpx.TimeoutException as exc:
-            raise EngineError("timeout", 502, f"engine at {self.url} timed out "
-                                              f"({type(exc).__name__})", self.url) from None
+            raise EngineError("timeout", 502, f"engine at {self.shown} timed out "
+                                              f"({type(exc).__name__})", self.shown) from None
         except (httpx.TransportError, OSError) as exc:
-            raise EngineError("unreachable", 502, f"engine at {self.url} is unreachable: "
-                                                  f"{exc or type(exc).__name__}", self.url) from None
+            raise EngineError("unreachable", 502, f"engine at {self.shown} is unreachable: "
+                                                  f"{shown_url(str(exc)) or type(exc).__name__}",
+                              self.shown) from None
         finally:
             self._in_flight[pool] -= 1
         try:
@@ -394,22 +405,24 @@ class EngineClient:
             raise self._http_error(resp, payload)
         if not isinstance(payload, dict):
             snippet = resp.text[:120].replace("\n", " ").strip()
-            raise EngineError("bad_reply", 502, f"engine at {self.url} answered HTTP "
+            raise EngineError("bad_reply", 502, f"engine at {self.shown} answered HTTP "
                                                 f"{resp.status_code} with a body that is not a JSON "
-                                                f"object: {snippet!r}", self.url)
+                                                f"object: {snippet!r}", self.shown)
         return payload
 
     def _http_error(self, resp: httpx.Response, payload: Any) -> EngineError:
         status = resp.status_code
-        message = _error_message(payload) or resp.text[:200].strip() or resp.reason_phrase
+        # Never empty (a harness shows it to the operator), and never echoing engine credentials.
+        message = shown_url(_error_message(payload) or resp.text[:200].strip() or resp.reason_phrase
+                            or f"HTTP {status} with an empty body")
         if status in PASSTHROUGH_STATUS:
             param = payload.get("error", {}).get("param") if isinstance(payload, dict) and \
                 isinstance(payload.get("error"), dict) else None
             kind: ErrorKind = "context_length" if (param == "input_tokens" or
                                                    _CONTEXT_LENGTH.search(message)) else "upstream_4xx"
-            return EngineError(kind, status, message, self.url)
+            return EngineError(kind, status, message, self.shown)
         kind = "upstream_4xx" if status < 500 else "upstream_5xx"
-        return EngineError(kind, 502, f"engine at {self.url} answered HTTP {status}: {message}", self.url)
+        return EngineError(kind, 502, f"engine at {self.shown} answered HTTP {status}: {message}", self.shown)
 
     async def aclose(self) -> None:
         """Close the pooled connections (only if this client created them)."""
