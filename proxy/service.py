@@ -510,6 +510,8 @@ class CaptureService:
                                                api_key=session.engine.api_key, client=self._aux_http)
         except DialectError as exc:
             return _error(dialect, exc.status, exc.message, exc.kind, exc.param)
+        except MALFORMED as exc:
+            return _error(dialect, 400, malformed_message(exc), "invalid_request_error")
         return CallReply(body=body)
 
     def _stream(self, dialect: Dialect, req: DialectRequest, task: asyncio.Task[dict[str, Any]],

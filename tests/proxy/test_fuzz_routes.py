@@ -7,8 +7,8 @@ oversized bodies and unknown paths, streaming and not; and the admin routes take
 answer must be below 500, carry no traceback, and be the route's own error envelope (or a
 well-formed stream); no log record may carry a traceback.
 
-Examples per property: FUZZ_EXAMPLES (CI's bounded count) unless `TAPDECK_FUZZ_EXAMPLES` raises it
-for a longer run.
+Examples per property (and per route for the wrongly-typed fields): FUZZ_EXAMPLES, CI's bounded
+count, unless `TAPDECK_FUZZ_EXAMPLES` raises it for a longer run.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from tapdeck.proxy.config import ServerConfig
 from tapdeck.proxy.serving import ThreadedServer
 from tests.proxy.conftest import Upstream, _upstream_app
 
-FUZZ_EXAMPLES = 60
+FUZZ_EXAMPLES = 40
 EXAMPLES = int(os.environ.get("TAPDECK_FUZZ_EXAMPLES") or FUZZ_EXAMPLES)
 BODY_LIMIT = 64 * 1024
 """The fuzzed server's body cap: small, so oversized bodies cost little to send."""
@@ -284,10 +284,10 @@ def _streaming(body: dict[str, Any], route: tuple[str, str, str, bool]) -> dict[
 # ----------------------------------------------------------------------------- model routes
 
 
+@pytest.mark.parametrize("route", ROUTES, ids=[r[0] for r in ROUTES])
 @FUZZ
 @given(data=st.data())
-def test_model_routes_answer_wrongly_typed_fields_in_their_own_envelope(fuzzed, clean_logs, data):
-    route = data.draw(st.sampled_from(ROUTES), label="route")
+def test_model_routes_answer_wrongly_typed_fields_in_their_own_envelope(fuzzed, clean_logs, route, data):
     dialect = route[1]
     path = data.draw(st.sampled_from(FIELDS[dialect]), label="field")
     delete = data.draw(st.booleans(), label="delete") if len(path) > 1 else False
