@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from functools import partial
 from collections.abc import AsyncIterator, Sequence
+from functools import partial
 from typing import Any
 
 import orjson
@@ -23,7 +23,6 @@ from starlette.datastructures import Headers
 
 from tapdeck.proxy.config import DEFAULT_MAX_BODY_BYTES
 from tapdeck.proxy.request_limits import ADMIN_KEY_REQUIRED, GuardedBodies, read_body
-
 from tapdeck.proxy.service import CallReply, CaptureService
 from tapdeck.proxy.sessions import SessionError, SessionSpec
 
