@@ -8,6 +8,7 @@ made to produce on demand (HTML bodies, hangs, 5xx).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
@@ -105,6 +106,22 @@ def upstream() -> Iterator[Upstream]:
     up.server = ThreadedServer(_upstream_app(up), "127.0.0.1", 0, name="fake-upstream").start()
     try:
         yield up
+    finally:
+        up.server.stop()
+
+
+@contextlib.contextmanager
+def server_with_upstream(data_dir: Path, **overrides: Any) -> Iterator[tuple[Upstream, LocalServer]]:
+    """A started upstream and a server using it as its engine, for a module to share."""
+    up = Upstream()
+    up.server = ThreadedServer(_upstream_app(up), "127.0.0.1", 0, name="fake-upstream").start()
+    try:
+        server = LocalServer(ServerConfig(host="127.0.0.1", port=0, engine_url=up.base_url,
+                                          data_dir=data_dir, **overrides)).start()
+        try:
+            yield up, server
+        finally:
+            server.stop()
     finally:
         up.server.stop()
 

@@ -8,6 +8,8 @@ import socket
 import httpx
 import pytest
 
+from tests.proxy.conftest import server_with_upstream
+
 NESTED = "[" * 300 + "1" + "]" * 300
 CASES = [
     # (path, body) — each was a plain-text 500 with a traceback
@@ -43,11 +45,12 @@ def _message(path: str, body: dict) -> str:
     return body["error"]["message"]
 
 
-@pytest.fixture
-def served(upstream, make_server, admin_for):
-    server = make_server(upstream.base_url, max_body_bytes=4096)
-    info = _open(admin_for(server))
-    return server, info
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    with server_with_upstream(tmp_path_factory.mktemp("bad-input") / "data", max_body_bytes=4096) as (
+            _up, server), httpx.Client(base_url=server.url, timeout=60,
+                                      headers={"Authorization": f"Bearer {server.admin_key}"}) as admin:
+        yield server, _open(admin)
 
 
 @pytest.mark.parametrize("path, body", CASES)

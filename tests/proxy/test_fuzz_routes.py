@@ -24,11 +24,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tapdeck.app.host import LocalServer
 from tapdeck.proxy import aux
-from tapdeck.proxy.config import ServerConfig
-from tapdeck.proxy.serving import ThreadedServer
-from tests.proxy.conftest import Upstream, _upstream_app
+from tests.proxy.conftest import server_with_upstream
 
 FUZZ_EXAMPLES = 40
 EXAMPLES = int(os.environ.get("TAPDECK_FUZZ_EXAMPLES") or FUZZ_EXAMPLES)
@@ -236,28 +233,21 @@ class _TracebackCatcher(logging.Handler):
 def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """One server for the module (its engine the recorded-vLLM upstream), an open session, clients,
     and the log catcher (checked after each property)."""
-    up = Upstream()
-    up.server = ThreadedServer(_upstream_app(up), "127.0.0.1", 0, name="fuzz-upstream").start()
     catcher = _TracebackCatcher()
     loggers = [logging.getLogger(name) for name in ("", "uvicorn", "uvicorn.error", "tapdeck")]
     for logger in loggers:
         logger.addHandler(catcher)
-    server = LocalServer(ServerConfig(host="127.0.0.1", port=0, engine_url=up.base_url,
-                                      data_dir=tmp_path_factory.mktemp("fuzz") / "data",
-                                      max_body_bytes=BODY_LIMIT)).start()
-    admin = httpx.Client(base_url=server.url, timeout=60,
-                         headers={"Authorization": f"Bearer {server.admin_key}"})
-    info = admin.post("/admin/sessions", json={}).json()
-    model = httpx.Client(base_url=server.url, timeout=60, headers={"x-api-key": info["api_key"],
-                                                                   "Authorization": f"Bearer {info['api_key']}"})
     try:
-        yield {"server": server, "admin": admin, "model": model, "session": info["id"],
-               "catcher": catcher, "upstream": up}
+        with server_with_upstream(tmp_path_factory.mktemp("fuzz") / "data",
+                                  max_body_bytes=BODY_LIMIT) as (up, server), \
+                httpx.Client(base_url=server.url, timeout=60,
+                             headers={"Authorization": f"Bearer {server.admin_key}"}) as admin:
+            info = admin.post("/admin/sessions", json={}).json()
+            keys = {"x-api-key": info["api_key"], "Authorization": f"Bearer {info['api_key']}"}
+            with httpx.Client(base_url=server.url, timeout=60, headers=keys) as model:
+                yield {"server": server, "admin": admin, "model": model, "session": info["id"],
+                       "catcher": catcher, "upstream": up}
     finally:
-        admin.close()
-        model.close()
-        server.stop()
-        up.server.stop()
         for logger in loggers:
             logger.removeHandler(catcher)
 
