@@ -188,7 +188,8 @@ def _assert_stream(resp: httpx.Response) -> None:
         assert isinstance(orjson.loads(text), list), text[:300]
         return
     for block in filter(None, (b.strip() for b in text.split("\n\n"))):
-        lines = [line for line in block.splitlines() if not line.startswith(":")]
+        # SSE lines end only at CR/LF: str.splitlines would also cut at U+0085 or U+2028 inside JSON.
+        lines = [line.rstrip("\r") for line in block.split("\n") if not line.startswith(":")]
         if not lines:
             continue
         if lines[0].startswith("{"):  # a bare error chunk (Google's SDKs need it alone)
