@@ -17,6 +17,7 @@ from tapdeck.proxy.config import (
     ServerConfig,
     check_bind,
     new_admin_key,
+    secure_data_dir,
     write_admin_key,
 )
 from tapdeck.proxy.engine_address import settle_blocking
@@ -61,7 +62,7 @@ class LocalServer:
         check_bind(cfg)
         self._sock = bind_socket(cfg.host, cfg.port)
         try:
-            cfg.data_dir.mkdir(parents=True, exist_ok=True)
+            secure_data_dir(cfg)
             if not cfg.admin_key:
                 self.admin_key = new_admin_key()
                 self.admin_key_generated = True
@@ -73,7 +74,8 @@ class LocalServer:
             public_host = f"[{public_host}]" if ":" in public_host else public_host
             self.service = CaptureService(self._store, default_engine=self.default_engine,
                                           public_url=cfg.public_url or f"http://{public_host}:{port}")
-            app = create_app(self.service, admin_key=self.admin_key, routers=self._runner_routers())
+            app = create_app(self.service, admin_key=self.admin_key, routers=self._runner_routers(),
+                             max_body_bytes=cfg.max_body_bytes)
             self.instance = app.state.instance
             self._http = ThreadedServer(app, cfg.host, port, name="tapdeck-server")
             self._http.start(sock=self._sock)

@@ -1,12 +1,15 @@
 """Server configuration: where it listens, where it keeps data, which engine it defaults to.
 
-Also the admin-key rules: a key given explicitly is used as is; otherwise one is generated per start
-and written to `<data_dir>/admin.key` (mode 0600) so a local client can read it. A bind address other
-than loopback is refused unless the operator chose the key explicitly.
+Also the admin-key rules: a key given explicitly (flag, `$TAPDECK_ADMIN_KEY` or a key file) is used
+as is; otherwise one is generated per start and written to `<data_dir>/admin.key` (mode 0600) so a
+local client can read it. A bind address other than loopback is refused unless the operator chose a
+key explicitly, and one that strong (MIN_PUBLIC_KEY_CHARS). The data directory is the owner's alone
+(0700, the capture database 0600): it holds every captured conversation.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import secrets
@@ -18,6 +21,14 @@ from pydantic import BaseModel, Field, field_validator
 DATA_DIR_ENV = "TAPDECK_DATA_DIR"
 ADMIN_KEY_FILE = "admin.key"
 CAPTURE_DB = "capture.db"
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+"""A long agent conversation resent whole on every call (a 12-17k-token first prompt with tools
+grows past 100k tokens, tool outputs included) is a few MB of JSON; images inline as base64 add
+more. 32 MiB leaves room for both and still bounds what one request can make the server buffer."""
+MIN_PUBLIC_KEY_CHARS = 24
+"""An admin key guarding a non-loopback bind: at least this many characters from at least
+MIN_PUBLIC_KEY_CLASSES character classes (a generated key has 53)."""
+MIN_PUBLIC_KEY_CLASSES = 2
 
 
 def default_data_dir() -> Path:
@@ -38,6 +49,8 @@ class ServerConfig(BaseModel):
     """None → the embedded engine is started and used as the default engine."""
     engine_model: str | None = None
     engine_api_key: str | None = None
+    max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0)
+    """Largest request body accepted (413 in the caller's dialect beyond it)."""
     public_url: str | None = None
     """The address sandboxes use to reach this server (`http://host:port`), advertised in every
     session's base URLs; None → this server's own bound address (loopback by default)."""
@@ -86,11 +99,52 @@ def is_loopback(host: str) -> bool:
 
 
 def check_bind(config: ServerConfig) -> None:
-    """Refuse a non-loopback bind without an explicitly chosen admin key."""
-    if not is_loopback(config.host) and not config.admin_key:
+    """Refuse a non-loopback bind without an explicitly chosen admin key of public strength."""
+    if is_loopback(config.host):
+        return
+    if not config.admin_key:
         raise ConfigError(
             f"refusing to listen on {config.host}: binding beyond loopback exposes the admin API, so "
-            "an admin key must be given explicitly (--admin-key KEY); or bind 127.0.0.1 and use an SSH tunnel")
+            "an admin key must be given explicitly (--admin-key-file PATH or $TAPDECK_ADMIN_KEY); "
+            "or bind 127.0.0.1 and use an SSH tunnel")
+    weak = admin_key_weakness(config.admin_key)
+    if weak:
+        raise ConfigError(f"refusing to listen on {config.host} with a weak admin key: {weak} "
+                          "(`python -c 'import secrets; print(secrets.token_urlsafe(32))'` makes one)")
+
+
+def admin_key_weakness(key: str) -> str | None:
+    """Why `key` is too weak to guard a public bind, or None when it is strong enough."""
+    if len(key) < MIN_PUBLIC_KEY_CHARS:
+        return f"it has {len(key)} characters; at least {MIN_PUBLIC_KEY_CHARS} are needed"
+    classes = sum(any(test(c) for c in key)
+                  for test in (str.islower, str.isupper, str.isdigit, lambda c: not c.isalnum()))
+    if classes < MIN_PUBLIC_KEY_CLASSES or len(set(key)) < MIN_PUBLIC_KEY_CHARS // 2:
+        return "it repeats too few distinct characters; use a random one"
+    return None
+
+
+def read_key_file(path: Path) -> str:
+    """The admin key in `path` (first line, stripped); ValueError when the file is unreadable or empty."""
+    try:
+        key = path.expanduser().read_text().strip()
+    except OSError as exc:
+        raise ValueError(f"cannot read the admin key file {path}: {exc.strerror or exc}") from None
+    if not key:
+        raise ValueError(f"the admin key file {path} is empty")
+    return key.splitlines()[0].strip()
+
+
+def secure_data_dir(config: ServerConfig) -> None:
+    """Create the data directory owner-only (0700) and the capture database 0600, tightening
+    existing ones: they hold every captured conversation."""
+    config.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(config.data_dir, 0o700)
+    fd = os.open(config.capture_db, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    os.close(fd)
+    for suffix in ("", "-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(f"{config.capture_db}{suffix}", 0o600)
 
 
 def new_admin_key() -> str:
@@ -102,7 +156,11 @@ def write_admin_key(path: Path, key: str) -> None:
     """Write the key readable by its owner only (created 0600; never world-readable, even briefly)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    # A leftover temp file (a crash mid-write) is removed, never followed: a symlink planted there
+    # would otherwise have the key written through it.
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         os.write(fd, (key + "\n").encode())
     finally:

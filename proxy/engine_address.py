@@ -12,6 +12,7 @@ Where nothing answers, the error is one line naming every URL tried and what eac
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,16 @@ class SettledEngine:
                 if isinstance(m, dict) and m.get("id")]
 
 
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s]*@")
+_SECRET_QUERY = re.compile(r"(?i)([?&](?:key|api[_-]?key|token|access_token|sig|signature)=)[^&#\s]*")
+
+
+def shown_url(text: str) -> str:
+    """`text` with any URL's credentials (`user:password@`, `?key=...`) replaced by `***`: what
+    error messages and logs may show of an engine address."""
+    return _SECRET_QUERY.sub(r"\1***", _USERINFO.sub(r"\1***@", text))
+
+
 def normalize_address(address: str) -> str:
     """`scheme://host[:port][/path]` without a trailing slash; `http://` when no scheme is given.
 
@@ -62,7 +73,7 @@ def normalize_address(address: str) -> str:
     except (ValueError, httpx.InvalidURL):  # a port that is not a number, a broken IPv6 literal...
         host = url = None
     if url is None or not host or not url.startswith(("http://", "https://")):
-        raise EngineAddressError(f"engine address {address!r} is not an http(s) URL; write it as "
+        raise EngineAddressError(f"engine address {shown_url(address)!r} is not an http(s) URL; write it as "
                                  "HOST:PORT, http://HOST:PORT or http://HOST:PORT/v1", 400)
     return url
 
@@ -139,8 +150,8 @@ class _Attempts:
     @property
     def result(self) -> SettledEngine:
         if self._settled is None:
-            raise EngineAddressError(f"no engine answered at {self.address.strip()!r}: tried GET "
-                                     + ", GET ".join(self.tried), 502)
+            raise EngineAddressError(shown_url(f"no engine answered at {self.address.strip()!r}: tried GET "
+                                               + ", GET ".join(self.tried)), 502)
         return self._settled
 
 

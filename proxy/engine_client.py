@@ -24,6 +24,7 @@ import numpy as np
 import orjson
 
 from tapdeck.proxy.dialects.base import DialectError
+from tapdeck.proxy.engine_address import shown_url
 from tapdeck.proxy.findings import Finding
 from tapdeck.proxy.tokens import as_ids, as_logprobs, loads_with_prompt_ids
 from tapdeck.proxy.upstream_http import UpstreamHTTP, UpstreamReply, UpstreamTimeout, UpstreamUnreachable
@@ -303,6 +304,8 @@ class EngineClient:
                  max_model_len: int | None = None) -> None:
         self.spec = spec
         self.url = spec.url.rstrip("/")
+        self.shown = shown_url(self.url)
+        """The URL as messages show it: credentials in it are never echoed to a harness."""
         self.max_tokens_cap = max_tokens_cap
         self.max_model_len = max_model_len
         """From the probe; when known, `max_tokens` is also kept within it (vLLM refuses more)."""
@@ -311,6 +314,7 @@ class EngineClient:
         """An injected httpx client (tests' in-process upstreams); otherwise the lean client."""
         self._lean: UpstreamHTTP | None = None
         self._closed = False
+        self._calls_in_flight = 0
         if http is None:
             t = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
             if _behind_env_proxy(self.url):
@@ -320,6 +324,11 @@ class EngineClient:
                 self._lean = UpstreamHTTP(self.url, connect_timeout=t.connect, read_timeout=t.read,
                                           ssl_context=_shared_ssl() if self.url.startswith("https") else None)
         self._owns_http = http is None
+
+    @property
+    def in_flight(self) -> int:
+        """Engine calls under way right now."""
+        return self._calls_in_flight
 
     @property
     def cap(self) -> int:
@@ -349,8 +358,8 @@ class EngineClient:
         reply = await self._call("POST", "/chat/completions", body)
         choices = reply.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
-            raise EngineError("bad_reply", 502, f"engine at {self.url} answered HTTP 200 without "
-                                                "choices", self.url)
+            raise EngineError("bad_reply", 502, f"engine at {self.shown} answered HTTP 200 without "
+                                                "choices", self.shown)
         reply["usage"] = zero_filled_usage(reply.get("usage"))
         return reply
 
@@ -361,9 +370,11 @@ class EngineClient:
 
     async def _call(self, method: str, path: str, body: Mapping[str, Any] | None) -> dict[str, Any]:
         if self._closed:
-            raise RuntimeError(f"the client for engine {self.url} is closed")
+            raise RuntimeError(f"the client for engine {self.shown} is closed")
+        # Encoded before the call is counted in flight: a body that cannot be encoded leaks nothing.
         data = None if body is None else orjson.dumps(body)
         headers = self._headers if data is None else {**self._headers, "Content-Type": "application/json"}
+        self._calls_in_flight += 1
         try:
             if self._lean is not None:
                 absolute = path.startswith(("http://", "https://"))
@@ -372,11 +383,13 @@ class EngineClient:
             else:
                 resp = await self._via_httpx(method, path, data, headers)
         except (httpx.TimeoutException, UpstreamTimeout) as exc:
-            raise EngineError("timeout", 502, f"engine at {self.url} timed out "
-                                              f"({_why(exc)})", self.url) from None
+            raise EngineError("timeout", 502, f"engine at {self.shown} timed out "
+                                              f"({shown_url(_why(exc))})", self.shown) from None
         except (httpx.TransportError, OSError) as exc:
-            raise EngineError("unreachable", 502, f"engine at {self.url} is unreachable: "
-                                                  f"{_why(exc)}", self.url) from None
+            raise EngineError("unreachable", 502, f"engine at {self.shown} is unreachable: "
+                                                  f"{shown_url(_why(exc))}", self.shown) from None
+        finally:
+            self._calls_in_flight -= 1
         try:
             payload = loads_with_prompt_ids(resp.body) if path == "/chat/completions" \
                 else orjson.loads(resp.body)
@@ -386,9 +399,9 @@ class EngineClient:
             raise self._http_error(resp, payload)
         if not isinstance(payload, dict):
             snippet = resp.body[:120].decode("utf-8", "replace").replace("\n", " ").strip()
-            raise EngineError("bad_reply", 502, f"engine at {self.url} answered HTTP "
+            raise EngineError("bad_reply", 502, f"engine at {self.shown} answered HTTP "
                                                 f"{resp.status} with a body that is not a JSON "
-                                                f"object: {snippet!r}", self.url)
+                                                f"object: {snippet!r}", self.shown)
         return payload
 
     async def _via_httpx(self, method: str, path: str, data: bytes | None,
@@ -406,16 +419,17 @@ class EngineClient:
 
     def _http_error(self, resp: UpstreamReply, payload: Any) -> EngineError:
         status = resp.status
-        message = (_error_message(payload) or resp.body[:200].decode("utf-8", "replace").strip()
-                   or resp.reason or f"HTTP {status}")
+        # Never empty (a harness shows it to the operator), and never echoing engine credentials.
+        message = shown_url(_error_message(payload) or resp.body[:200].decode("utf-8", "replace").strip()
+                            or resp.reason or f"HTTP {status} with an empty body")
         if status in PASSTHROUGH_STATUS:
             param = payload.get("error", {}).get("param") if isinstance(payload, dict) and \
                 isinstance(payload.get("error"), dict) else None
             kind: ErrorKind = "context_length" if (param == "input_tokens" or
                                                    _CONTEXT_LENGTH.search(message)) else "upstream_4xx"
-            return EngineError(kind, status, message, self.url)
+            return EngineError(kind, status, message, self.shown)
         kind = "upstream_4xx" if status < 500 else "upstream_5xx"
-        return EngineError(kind, 502, f"engine at {self.url} answered HTTP {status}: {message}", self.url)
+        return EngineError(kind, 502, f"engine at {self.shown} answered HTTP {status}: {message}", self.shown)
 
     async def aclose(self) -> None:
         """Close the pooled connections (only if this client created them)."""

@@ -225,8 +225,14 @@ def normalize_message(msg: dict[str, Any]) -> bytes:
     assistant's.
     """
     role = msg.get("role") or "assistant"
-    calls = []
-    for tc in msg.get("tool_calls") or []:
+    calls: list[Any] = []
+    tool_calls = msg.get("tool_calls") or []
+    # A lenient engine may have answered a request whose tool calls are not objects: they are
+    # compared as their JSON (a strict one refuses such a request before it becomes a turn).
+    for tc in tool_calls if isinstance(tool_calls, list) else [tool_calls]:
+        if not isinstance(tc, dict):
+            calls.append(orjson.dumps(tc, option=orjson.OPT_SORT_KEYS).decode())
+            continue
         fn = tc.get("function") if isinstance(tc.get("function"), dict) else tc
         calls.append([fn.get("name") or "", _canon_args(fn.get("arguments"))])
     if isinstance(msg.get("function_call"), dict):

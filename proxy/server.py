@@ -1,8 +1,9 @@
 """The tapdeck HTTP server: `/health`, the admin API, and the model-call routes of every dialect.
 
 Admin routes need `Authorization: Bearer <admin key>`, compared in constant time; the runner's
-routes (mounted through `routers=`) use the same `require_admin` dependency. Model calls take the
-session key as their API key and are answered in the caller's own dialect.
+routes (mounted through `routers=`) use the same `require_admin` dependency, and the admin key is
+also checked before an admin request's body is read. Model calls take the session key as their API
+key and are answered in the caller's own dialect. Bodies are capped (`max_body_bytes`).
 """
 
 from __future__ import annotations
@@ -11,13 +12,18 @@ import asyncio
 import contextlib
 import secrets
 from collections.abc import AsyncIterator, Sequence
+from functools import partial
 from typing import Any
 
 import orjson
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.datastructures import Headers
 
+from tapdeck.proxy.config import DEFAULT_MAX_BODY_BYTES
 from tapdeck.proxy.model_route import DirectModelCalls
+from tapdeck.proxy.request_limits import ADMIN_KEY_REQUIRED, GuardedBodies, read_body
 from tapdeck.proxy.service import CallReply, CaptureService
 from tapdeck.proxy.sessions import SessionError, SessionSpec
 
@@ -32,14 +38,16 @@ class _JSON(JSONResponse):
         return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
 
 
+def _is_admin(authorization: str | None, expected: str) -> bool:
+    """Whether an `Authorization` header carries the admin key (compared in constant time)."""
+    scheme, _, token = (authorization or "").partition(" ")
+    return scheme.lower() == "bearer" and secrets.compare_digest(token.strip().encode(), expected.encode())
+
+
 def require_admin(request: Request) -> None:
     """FastAPI dependency: the request carries this server's admin key as a Bearer token, else 401."""
-    expected: str = request.app.state.admin_key
-    scheme, _, token = (request.headers.get("authorization") or "").partition(" ")
-    if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), expected.encode()):
-        raise HTTPException(401, "admin key required: send `Authorization: Bearer <admin key>` "
-                                 "(printed by `tapdeck serve`, stored in <data_dir>/admin.key)",
-                            headers={"WWW-Authenticate": "Bearer"})
+    if not _is_admin(request.headers.get("authorization"), request.app.state.admin_key):
+        raise HTTPException(401, ADMIN_KEY_REQUIRED, headers={"WWW-Authenticate": "Bearer"})
 
 
 def _service(request: Request) -> CaptureService:
@@ -121,8 +129,10 @@ async def _event_stream(service: CaptureService) -> AsyncIterator[bytes]:
 
 
 def create_app(service: CaptureService, *, admin_key: str,
-               routers: Sequence[APIRouter] = ()) -> FastAPI:
-    """The server's FastAPI app. `routers` are extra (admin-protected by their own dependency) routes."""
+               routers: Sequence[APIRouter] = (), max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+    """The server's FastAPI app. `routers` are extra (admin-protected by their own dependency) routes.
+
+    No request body is read before its key is checked, nor past `max_body_bytes`."""
     if not admin_key:
         raise ValueError("an admin key is required")
     @contextlib.asynccontextmanager
@@ -134,6 +144,17 @@ def create_app(service: CaptureService, *, admin_key: str,
     app.state.service = service
     app.state.admin_key = admin_key
     app.state.instance = secrets.token_hex(8)
+
+    def admin_ok(scope: Any) -> bool:
+        return _is_admin(Headers(scope=scope).get("authorization"), admin_key)
+
+    app.add_middleware(GuardedBodies, limit=max_body_bytes, admin_ok=admin_ok)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_request(_request: Request, exc: RequestValidationError) -> Response:
+        # FastAPI's own handler echoes each error's input, and fails on a body that is not UTF-8.
+        return _JSON({"detail": [{"type": e.get("type"), "loc": [str(p) for p in e.get("loc", ())],
+                                  "msg": e.get("msg")} for e in exc.errors()]}, status_code=422)
 
     @app.exception_handler(SessionError)
     async def _session_error(_request: Request, exc: SessionError) -> Response:
@@ -153,13 +174,13 @@ def create_app(service: CaptureService, *, admin_key: str,
 
     @app.post("/{path:path}")
     async def model_call(path: str, request: Request) -> Response:
-        body = await request.body()
-
         async def until_disconnect() -> None:
             while (await request.receive())["type"] != "http.disconnect":
                 pass
 
-        reply = await service.handle_call("/" + path, request.query_params, request.headers, body,
+        # The body is read by the service once the session key is known good.
+        reply = await service.handle_call("/" + path, request.query_params, request.headers,
+                                          partial(read_body, request, max_body_bytes),
                                           until_disconnect)
         return _reply(reply)
 

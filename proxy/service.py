@@ -47,6 +47,14 @@ from tapdeck.proxy.findings import Finding, Level
 from tapdeck.proxy.graph import GraphStats, Link, RolloutGraph
 from tapdeck.proxy.interning import Interner
 from tapdeck.proxy.json_mode import answer_as_json, json_format
+from tapdeck.proxy.request_limits import (
+    MALFORMED,
+    MAX_JSON_DEPTH,
+    BodyIncomplete,
+    BodyTooLarge,
+    malformed_message,
+    too_deep,
+)
 from tapdeck.proxy.sessions import (
     EngineRef,
     SessionError,
@@ -487,9 +495,12 @@ class CaptureService:
              "owned_by": "tapdeck"}]})
 
     async def handle_call(self, path: str, query: Mapping[str, str], headers: Mapping[str, str],
-                          body: bytes,
+                          body: bytes | Callable[[], Awaitable[bytes]],
                           until_disconnect: Callable[[], Awaitable[None]] | None = None) -> CallReply:
         """Answer one harness request (any dialect); see the module docstring for the flow.
+
+        `body` is the request body, or what reads it: then it is read only once the session key
+        is known good, and its BodyTooLarge / BodyIncomplete are answered in the caller's dialect.
 
         `until_disconnect` completes when the client hangs up; the call is then cancelled (a
         stream that has started is cancelled by the HTTP layer stopping it). Every call, refused
@@ -510,7 +521,8 @@ class CaptureService:
         return reply
 
     async def _handle(self, path: str, query: Mapping[str, str], headers: Mapping[str, str],
-                      body: bytes, until_disconnect: Callable[[], Awaitable[None]] | None,
+                      body: bytes | Callable[[], Awaitable[bytes]],
+                      until_disconnect: Callable[[], Awaitable[None]] | None,
                       access: AccessRecord) -> CallReply:
         aux_kind = match_aux("POST", path)
         dialect = aux_dialect(aux_kind) if aux_kind else detect(path)
@@ -523,11 +535,19 @@ class CaptureService:
                                         "returned when the session was opened", "authentication_error")
         access.session_id = session.id
         try:
-            payload = orjson.loads(body) if body else {}
+            raw = body if isinstance(body, bytes) else await body()
+            payload = orjson.loads(raw) if raw else {}
+        except BodyTooLarge as exc:
+            return _error(dialect, 413, exc.message, "request_too_large")
+        except BodyIncomplete:
+            return _error(dialect, 400, "request body ended early", "invalid_request_error")
         except orjson.JSONDecodeError as exc:
             return _error(dialect, 400, f"request body is not valid JSON: {exc}", "invalid_request_error")
         if not isinstance(payload, dict):
             return _error(dialect, 400, "request body must be a JSON object", "invalid_request_error")
+        if too_deep(payload):
+            return _error(dialect, 400, f"request body nests deeper than {MAX_JSON_DEPTH} levels",
+                          "invalid_request_error")
         if aux_kind:
             return await self._aux(session, dialect, aux_kind, payload)
         with arguments_memo(session.arguments):
@@ -549,6 +569,8 @@ class CaptureService:
                 req = dialect.parse(payload, path, query)
         except DialectError as exc:
             return _error(dialect, exc.status, exc.message, exc.kind, exc.param)
+        except MALFORMED as exc:
+            return _error(dialect, 400, malformed_message(exc), "invalid_request_error")
         meta = {"dialect": dialect.name, "client_model": req.client_model, "path": path}
         header_session = headers.get(SESSION_HEADER)
         if header_session:
@@ -586,6 +608,8 @@ class CaptureService:
                                                api_key=session.engine.api_key, client=self._aux_http)
         except DialectError as exc:
             return _error(dialect, exc.status, exc.message, exc.kind, exc.param)
+        except MALFORMED as exc:
+            return _error(dialect, 400, malformed_message(exc), "invalid_request_error")
         return CallReply(body=body)
 
     def _stream(self, session: _Session, dialect: Dialect, req: DialectRequest,
@@ -625,12 +649,15 @@ class CaptureService:
         if self._budget_reached(session):
             return _stop_reply(BUDGET_STOP_TEXT.format(budget=session.call_budget), session)
         chat = dict(req.chat)
-        fmt = json_format(chat)
+        try:
+            fmt = json_format(chat)
+            if session.fold_system:
+                chat["messages"] = fold_system_messages(chat["messages"])
+        except MALFORMED as exc:
+            raise _CallFailed(400, malformed_message(exc), "invalid_request_error") from exc
         if fmt is not None:
             # Structured output marks an auxiliary call: never trained, so it may be constrained.
             meta = {**meta, "call_role": "auxiliary"}
-        if session.fold_system:
-            chat["messages"] = fold_system_messages(chat["messages"])
         # No served name known (the probe could not list models): the client's name is the best
         # guess left; a wrong one comes back as the engine's own 404.
         served = session.served_model or req.client_model or "default"
@@ -642,6 +669,8 @@ class CaptureService:
             upstream, sampling = prepare(chat)
         except DialectError as exc:
             raise _CallFailed(exc.status, exc.message, exc.kind) from exc
+        except MALFORMED as exc:
+            raise _CallFailed(400, malformed_message(exc), "invalid_request_error") from exc
         # Re-checked with no await since: concurrent calls cannot overshoot the budget.
         if self._budget_reached(session):
             return _stop_reply(BUDGET_STOP_TEXT.format(budget=session.call_budget), session)

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, field_validator
 
 from tapdeck.proxy.engine_client import NEUTRAL_SAMPLING
+from tapdeck.proxy.request_limits import MAX_JSON_DEPTH, too_deep
 from tapdeck.proxy.tiers import EngineSpec, Tier
 
 KEY_PREFIX = "tdk-"
@@ -89,6 +90,13 @@ class SessionSpec(BaseModel):
     """Top alternatives per sampled token to capture for inspection (the TUI shows them), as many
     as the engine gave the probe at most. 0, the design's default, asks for none a harness did
     not ask for: they multiply the size of every reply. Harnesses get only what they asked for."""
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_is_storable(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if too_deep(value):
+            raise ValueError(f"metadata nests deeper than {MAX_JSON_DEPTH} levels")
+        return value
 
     @field_validator("training_sampling")
     @classmethod

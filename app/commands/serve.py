@@ -28,7 +28,7 @@ def register(app: typer.Typer) -> None:
     def serve(
         port: int = typer.Option(8300, "--port", help="Port to listen on."),
         host: str = typer.Option("127.0.0.1", "--host",
-                                 help="Address to bind. Beyond loopback an explicit --admin-key is required."),
+                                 help="Address to bind. Beyond loopback an explicit, strong admin key is required."),
         engine: str | None = typer.Option(None, "--engine",
                                           help="Default engine: HOST:PORT, http://HOST:PORT or …/v1 "
                                                "(settled by asking …/models). Omitted: start the embedded engine."),
@@ -36,7 +36,13 @@ def register(app: typer.Typer) -> None:
         engine_api_key: str | None = typer.Option(None, "--engine-api-key", envvar="TAPDECK_ENGINE_API_KEY",
                                                   help="API key for that engine (never logged)."),
         admin_key: str | None = typer.Option(None, "--admin-key", envvar="TAPDECK_ADMIN_KEY",
-                                             help="Admin API key. Omitted: generate one and write <data-dir>/admin.key."),
+                                             help="Admin API key (visible in `ps`: prefer $TAPDECK_ADMIN_KEY "
+                                                  "or --admin-key-file). Omitted: generate one and write "
+                                                  "<data-dir>/admin.key."),
+        admin_key_file: Path | None = typer.Option(None, "--admin-key-file", envvar="TAPDECK_ADMIN_KEY_FILE",
+                                                   help="Read the admin API key from this file (first line)."),
+        max_body_bytes: int | None = typer.Option(None, "--max-body-bytes", min=1,
+                                                  help="Largest request body accepted (default 32 MiB)."),
         data_dir: Path | None = typer.Option(None, "--data-dir",
                                              help="Data directory (default $TAPDECK_DATA_DIR or ~/.tapdeck)."),
         public_url: str | None = typer.Option(
@@ -48,7 +54,7 @@ def register(app: typer.Typer) -> None:
         import threading
 
         from tapdeck.app.host import LocalServer
-        from tapdeck.proxy.config import ConfigError, ServerConfig
+        from tapdeck.proxy.config import ConfigError, ServerConfig, read_key_file
         from tapdeck.proxy.engine_address import EngineAddressError
         from tapdeck.proxy.serving import PortInUseError
 
@@ -57,7 +63,13 @@ def register(app: typer.Typer) -> None:
                   "public_url": public_url}
         if data_dir is not None:
             fields["data_dir"] = data_dir
+        if max_body_bytes is not None:
+            fields["max_body_bytes"] = max_body_bytes
         try:
+            if admin_key_file is not None:
+                if admin_key:
+                    raise ValueError("give the admin key once: --admin-key/$TAPDECK_ADMIN_KEY or --admin-key-file")
+                fields["admin_key"] = read_key_file(admin_key_file)
             config = ServerConfig(**fields)
         except ValueError as exc:
             typer.echo(f"tapdeck serve: {exc}", err=True)

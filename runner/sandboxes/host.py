@@ -373,6 +373,9 @@ class HostSandbox(BaseEnvironment):
             unshare = [*unshare, "--net"]
         self._holder = await asyncio.create_subprocess_exec(
             *unshare, "--", *command,
+            # The holder is the trial's first process, its environment readable there (/proc/1/environ
+            # in the rootless namespace): never the server's, which holds provider and admin keys.
+            env=self._base_env("/root"),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -37,10 +38,12 @@ class Upstream:
     """A loopback vLLM-shaped server whose behaviour a test sets with `mode`."""
 
     mode: str = "vllm"
-    """vllm | no_logprobs | html | slow | context_full | http500 | no_choices"""
+    """vllm | no_logprobs | html | slow | context_full | http500 | no_choices | truncated_json |
+    empty_503 | long (a reply whose content is `long_chars` characters)"""
     delay: float = 0.0
     requests: list[dict[str, Any]] = field(default_factory=list)
     cancelled: int = 0
+    long_chars: int = 2_000_000
     server: ThreadedServer | None = None
 
     @property
@@ -82,6 +85,14 @@ def _upstream_app(up: Upstream) -> FastAPI:
                                            "code": 500}}, status_code=500)
         if up.mode == "no_choices":
             return JSONResponse({"id": "x", "object": "chat.completion", "choices": []})
+        if up.mode == "truncated_json":  # a proxy in front cut the body short
+            return Response(orjson.dumps(vllm_reply_to(body, basic))[:150], media_type="application/json")
+        if up.mode == "empty_503":
+            return Response(b"", status_code=503)
+        if up.mode == "long":
+            reply = vllm_reply_to(body, basic)
+            reply["choices"][0]["message"]["content"] = "x" * up.long_chars
+            return JSONResponse(reply)
         # "no_logprobs": an engine that ignores the capture fields it was sent.
         return JSONResponse(vllm_reply_to({} if up.mode == "no_logprobs" else body, basic))
 
@@ -95,6 +106,22 @@ def upstream() -> Iterator[Upstream]:
     up.server = ThreadedServer(_upstream_app(up), "127.0.0.1", 0, name="fake-upstream").start()
     try:
         yield up
+    finally:
+        up.server.stop()
+
+
+@contextlib.contextmanager
+def server_with_upstream(data_dir: Path, **overrides: Any) -> Iterator[tuple[Upstream, LocalServer]]:
+    """A started upstream and a server using it as its engine, for a module to share."""
+    up = Upstream()
+    up.server = ThreadedServer(_upstream_app(up), "127.0.0.1", 0, name="fake-upstream").start()
+    try:
+        server = LocalServer(ServerConfig(host="127.0.0.1", port=0, engine_url=up.base_url,
+                                          data_dir=data_dir, **overrides)).start()
+        try:
+            yield up, server
+        finally:
+            server.stop()
     finally:
         up.server.stop()
 

@@ -14,9 +14,13 @@ import pytest
 from tapdeck.proxy.config import (
     ConfigError,
     ServerConfig,
+    admin_key_weakness,
     check_bind,
     is_loopback,
+    new_admin_key,
     read_admin_key,
+    read_key_file,
+    secure_data_dir,
     write_admin_key,
 )
 from tapdeck.proxy.events import EventBus
@@ -34,7 +38,54 @@ def test_admin_key_file_is_owner_only(tmp_path: Path) -> None:
 def test_non_loopback_bind_without_explicit_admin_key_is_refused(host: str, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="--admin-key"):
         check_bind(ServerConfig(host=host, data_dir=tmp_path))
-    check_bind(ServerConfig(host=host, data_dir=tmp_path, admin_key="chosen-by-operator"))
+    check_bind(ServerConfig(host=host, data_dir=tmp_path, admin_key=STRONG))
+
+
+STRONG = "Zq3-chosen-by-the-operator-x7Kp"
+
+
+@pytest.mark.parametrize("key", ["x", "hunter2", "a" * 40, "abcabcabcabcabcabcabcabcabcabc", "Short-1"])
+def test_a_weak_admin_key_is_refused_on_a_public_bind_only(key: str, tmp_path: Path) -> None:
+    assert admin_key_weakness(key)
+    with pytest.raises(ConfigError, match="weak admin key"):
+        check_bind(ServerConfig(host="0.0.0.0", data_dir=tmp_path, admin_key=key))
+    check_bind(ServerConfig(host="127.0.0.1", data_dir=tmp_path, admin_key=key))
+    assert admin_key_weakness(new_admin_key()) is None
+
+
+def test_admin_key_temp_file_is_never_followed(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("untouched\n")
+    (tmp_path / "admin.key.tmp").symlink_to(victim)
+    write_admin_key(tmp_path / "admin.key", "tdk-admin-new")
+    assert victim.read_text() == "untouched\n"
+    assert read_admin_key(tmp_path) == "tdk-admin-new"
+    assert not (tmp_path / "admin.key.tmp").exists()
+
+
+def test_data_dir_and_capture_db_are_owner_only_even_when_they_existed(tmp_path: Path) -> None:
+    config = ServerConfig(data_dir=tmp_path / "data")
+    config.data_dir.mkdir(mode=0o755)
+    config.capture_db.write_bytes(b"")
+    config.capture_db.chmod(0o644)
+    secure_data_dir(config)
+    assert stat.S_IMODE(os.stat(config.data_dir).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(config.capture_db).st_mode) == 0o600
+    fresh = ServerConfig(data_dir=tmp_path / "fresh" / "data")
+    secure_data_dir(fresh)
+    assert stat.S_IMODE(os.stat(fresh.data_dir).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(fresh.capture_db).st_mode) == 0o600
+
+
+def test_admin_key_file_is_read_and_refused_when_empty(tmp_path: Path) -> None:
+    path = tmp_path / "key"
+    path.write_text(STRONG + "\n")
+    assert read_key_file(path) == STRONG
+    path.write_text("\n")
+    with pytest.raises(ValueError, match="empty"):
+        read_key_file(path)
+    with pytest.raises(ValueError, match="cannot read"):
+        read_key_file(tmp_path / "missing")
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.5.5.5", "::1", "localhost"])

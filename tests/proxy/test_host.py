@@ -117,3 +117,21 @@ def test_serve_cli_refuses_public_bind_and_names_a_held_port(tmp_path: Path):
         assert res.exit_code == 2 and str(port) in res.output
     finally:
         holder.close()
+
+
+def test_serve_cli_reads_the_admin_key_from_a_file_and_refuses_weak_ones_on_public_binds(tmp_path: Path):
+    from typer.testing import CliRunner
+
+    from tapdeck.app.cli import app
+
+    runner = CliRunner()
+    key_file = tmp_path / "admin.key.in"
+    key_file.write_text("short\n")
+    base = ["serve", "--host", "0.0.0.0", "--engine", "http://127.0.0.1:9/v1", "--data-dir", str(tmp_path)]
+    res = runner.invoke(app, [*base, "--admin-key-file", str(key_file)])
+    assert res.exit_code == 2 and "weak admin key" in res.output
+    res = runner.invoke(app, [*base, "--admin-key-file", str(tmp_path / "missing")])
+    assert res.exit_code == 2 and "cannot read the admin key file" in res.output
+    res = runner.invoke(app, [*base, "--admin-key-file", str(key_file)], env={"TAPDECK_ADMIN_KEY": "k" * 40})
+    assert res.exit_code == 2 and "give the admin key once" in res.output
+    assert not (tmp_path / "capture.db").exists()  # refused before anything was made

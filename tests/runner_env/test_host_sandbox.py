@@ -172,6 +172,26 @@ async def test_exec_env_is_clean_and_has_a_private_tmux_tmpdir(sandbox: HostSand
     assert env["PATH"] == host.DEFAULT_PATH
 
 
+@pytest.mark.parametrize("rootless", MODES)
+async def test_server_secrets_never_reach_the_trial_environment(rootless: bool, tmp_path: Path,
+                                                                monkeypatch) -> None:
+    # The namespace holder is the trial's first process: its environment is readable inside.
+    for name in ("ANTHROPIC_API_KEY", "TAPDECK_ADMIN_KEY", "TAPDECK_ENGINE_API_KEY"):
+        monkeypatch.setenv(name, f"leak-{name}")
+    (tmp_path / "hostdirs").mkdir()
+    env = _sandbox(tmp_path, rootless=rootless, task_env={"workdir": "/app"})
+    await env.start(force_build=False)
+    try:
+        holder = env._holder.pid
+        printed = await env.exec(f"env; echo ---; tr '\\0' '\\n' < /proc/{holder}/environ")
+    finally:
+        await env.stop(delete=True)
+    assert printed.return_code == 0, printed
+    own, _, holders = printed.stdout.partition("---")
+    assert "PATH=" in own and "PATH=" in holders  # both were read
+    assert "leak-" not in printed.stdout
+
+
 async def test_exec_runs_as_the_requested_host_user(sandbox: HostSandbox) -> None:
     assert (await sandbox.exec("id -un")).stdout.strip() == "root"
     assert (await sandbox.exec("id -un", user="nobody", cwd="/tmp")).stdout.strip() == "nobody"

@@ -1,0 +1,150 @@
+"""What a request may be: how many bytes its body holds and how deeply its JSON nests.
+
+A body is read as a stream with a running count, after the caller's key was checked, and refused
+as soon as it passes the limit (a declared `Content-Length` over it is refused before any byte is
+read), so no request makes the server buffer more than the limit. Nesting is bounded because a
+body nested hundreds of levels deep parses but cannot be re-encoded (orjson stops at 254 levels)
+and no real request comes close.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+MAX_JSON_DEPTH = 64
+"""Deepest JSON nesting accepted in a request (a tool's JSON schema nests a dozen levels at most)."""
+
+
+MALFORMED = (TypeError, ValueError, AttributeError, KeyError, IndexError)
+"""What translating a request whose fields have the wrong JSON types raises (a string where a list
+of blocks belongs, a number for a tool list, ...): answered as a 400, never a 500."""
+
+
+def malformed_message(exc: Exception) -> str:
+    """A 400's message for a request a dialect could not translate (never empty)."""
+    return ("request has a field of the wrong type or shape (check it against the API's schema): "
+            f"{type(exc).__name__}: {exc}")
+
+
+class BodyTooLarge(HTTPException):
+    """A body over the server's limit (413). An HTTPException so FastAPI's own body reading, on the
+    admin routes, passes it through as a 413 rather than a 400 parse error."""
+
+    def __init__(self, limit: int, declared: int | None = None) -> None:
+        size = f"declares {declared} bytes" if declared is not None else "is larger"
+        super().__init__(413, f"request body {size}; this server accepts at most {limit} bytes "
+                              "(tapdeck serve --max-body-bytes)")
+        self.limit = limit
+        self.message = str(self.detail)
+
+
+class BodyIncomplete(Exception):
+    """The client went away before sending the whole body."""
+
+
+def declared_length(scope: Scope) -> int | None:
+    """The request's `Content-Length`, or None when absent or not a number."""
+    for name, value in scope.get("headers") or ():
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole body, refused (BodyTooLarge) as soon as it is known to exceed `limit` bytes."""
+    declared = declared_length(request.scope)
+    if declared is not None and declared > limit:
+        raise BodyTooLarge(limit, declared)
+    chunks: list[bytes] = []
+    received = 0
+    try:
+        async for chunk in request.stream():
+            received += len(chunk)
+            if received > limit:
+                raise BodyTooLarge(limit)
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise BodyIncomplete from None
+    return b"".join(chunks)
+
+
+def too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether parsed JSON nests more than `limit` arrays/objects deep (iterative: no recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
+
+
+class GuardedBodies:
+    """ASGI middleware: no request body is read before its key is checked, nor past `limit`.
+
+    Admin routes read their body through FastAPI, which reads it before any dependency runs; so
+    here, before the route, an `/admin` request without the admin key gets its 401 and one that
+    declares an oversized body its 413. Every body is also counted as it arrives and cut off past
+    the limit (a 413 from FastAPI's own reading). The model-call route reads its body itself after
+    checking the session key (`read_body`), so its refusals are in the caller's dialect.
+    """
+
+    def __init__(self, app: ASGIApp, *, limit: int, admin_ok: Callable[[Scope], bool]) -> None:
+        self.app = app
+        self.limit = limit
+        self.admin_ok = admin_ok
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if scope["path"].startswith("/admin"):
+            if not self.admin_ok(scope):
+                await _send_json(send, 401, ADMIN_KEY_REQUIRED, {b"www-authenticate": b"Bearer"})
+                return
+            declared = declared_length(scope)
+            if declared is not None and declared > self.limit:
+                await _send_json(send, 413, BodyTooLarge(self.limit, declared).message)
+                return
+        received = 0
+
+        async def counted() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    raise BodyTooLarge(self.limit)
+            return message
+
+        await self.app(scope, counted, send)
+
+
+ADMIN_KEY_REQUIRED = ("admin key required: send `Authorization: Bearer <admin key>` "
+                      "(printed by `tapdeck serve`, stored in <data_dir>/admin.key)")
+
+
+async def _send_json(send: Send, status: int, detail: str,
+                     headers: dict[bytes, bytes] | None = None) -> None:
+    """A JSON `{"detail": ...}` answer sent without reading the request (the connection closes)."""
+    body = orjson.dumps({"detail": detail})
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()), (b"connection", b"close"),
+                            *(headers or {}).items()]})
+    await send({"type": "http.response.body", "body": body})
