@@ -520,10 +520,17 @@ class CaptureService:
     async def _call(self, session: _Session, req: DialectRequest, meta: dict[str, Any]) -> dict[str, Any]:
         """One model call → a chat-completions reply (real, or a synthetic stop). Raises _CallFailed."""
         assert session.client is not None
-        if self._budget_reached(session):
-            return _stop_reply(BUDGET_STOP_TEXT.format(budget=session.call_budget), session)
         chat = dict(req.chat)
         fmt = json_format(chat)
+
+        def stop(text: str) -> dict[str, Any]:
+            # A structured-output call gets JSON even here: gemini-cli retries a router or
+            # next-speaker call answered in prose for minutes.
+            reply = _stop_reply(text, session)
+            return reply if fmt is None else answer_as_json(reply, fmt)[0]
+
+        if self._budget_reached(session):
+            return stop(BUDGET_STOP_TEXT.format(budget=session.call_budget))
         if fmt is not None:
             # Structured output marks an auxiliary call: never trained, so it may be constrained.
             meta = {**meta, "call_role": "auxiliary"}
@@ -542,7 +549,7 @@ class CaptureService:
             raise _CallFailed(exc.status, exc.message, exc.kind) from exc
         # Re-checked with no await since: concurrent calls cannot overshoot the budget.
         if self._budget_reached(session):
-            return _stop_reply(BUDGET_STOP_TEXT.format(budget=session.call_budget), session)
+            return stop(BUDGET_STOP_TEXT.format(budget=session.call_budget))
         session.in_flight += 1
         started = time.perf_counter()
         try:
@@ -563,7 +570,7 @@ class CaptureService:
                 await self._session_finding(session, Finding.warn(
                     "context_full", f"engine refused the prompt as too long; answered with a stop "
                                     f"reply ({exc.message})"))
-                return _stop_reply(CONTEXT_STOP_TEXT, session)
+                return stop(CONTEXT_STOP_TEXT)
             if exc.kind in ENGINE_DOWN and not any(f.code == "engine_unreachable" for f in session.findings):
                 # Once per session: what a rollout that failed is classified by.
                 await self._session_finding(session, Finding.warn(
