@@ -1,14 +1,17 @@
-"""The real agent binaries against a tapdeck that refuses their call (HTTP 400), in front of an
-engine answering with vLLM 0.32's recorded error body: the agent sees what was refused and gives up
-after a bounded number of tries.
+"""The real agent binaries against the capture server in front of an engine answering with vLLM
+0.32's recorded bodies: seconds per agent, where the embedded engine takes minutes to prefill their
+first prompts.
 
-claude-code answers a 400 by retrying with fewer features (shared/reference/harness-clis.md: 6
-requests, dropping betas, `thinking.display`, then tool search); here it must stop on its own and
-print the refusal's own words. Runs in seconds: the engine is the recorded one, no prefill.
+- Each of the six runs its own tool loop through the proxy in its own dialect (request shapes,
+  tool-call round trip, its own way of ending) and leaves hello.txt behind.
+- claude-code against a 400 (it answers one by retrying with fewer features, harness-clis.md): it
+  stops on its own after a bounded number of tries and prints the refusal's own words.
 """
 
 from __future__ import annotations
 
+import copy
+import json
 import os
 import subprocess
 import time
@@ -20,9 +23,9 @@ import pytest
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from tapdeck.runner import agent_install  # noqa: E402
-from tapdeck.runner.cli_agents import AGENT_ROOT, CLI_AGENTS  # noqa: E402
+from tapdeck.runner.cli_agents import AGENT_ROOT, CLI_AGENTS, HOME_DIRS  # noqa: E402
 from tests.agents.test_agent_rollouts import installed_or_skip  # noqa: E402
-from tests.conftest import vllm_fixture  # noqa: E402
+from tests.conftest import vllm_fixture, vllm_reply_to  # noqa: E402
 from tests.dialects.conftest import (  # noqa: E402,F401  (fixtures)
     CaptureServer,
     ScriptedUpstream,
@@ -55,7 +58,7 @@ def run_cli(name: str, info: dict[str, Any], root: Path, instruction: str,
         path = Path(env["HOME"]) / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    for folder in (env["HOME"], env["TMPDIR"]):
+    for folder in (env["TMPDIR"], *(f"{env['HOME']}/{d}" for d in HOME_DIRS)):
         Path(folder).mkdir(parents=True, exist_ok=True)
     work = root / "work"
     work.mkdir()
@@ -88,3 +91,49 @@ def test_claude_code_gives_up_on_a_400_and_prints_what_was_refused(
     assert 2 <= len(main) <= 8 and main[-1] > main[0], tools
     assert not (tmp_path / "work" / "hello.txt").exists()
     assert capture.summary(info["id"])["turns"] == 0
+
+
+SHELL_TOOLS = {"exec_command": "cmd", "Bash": "command", "run_shell_command": "command",
+               "bash": "command"}
+"""Each agent's shell tool and the name of its command argument (harness-clis.md)."""
+SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+"""mini-swe-agent ends only when the model runs this."""
+
+
+def scripted_agent_reply(name: str) -> Any:
+    """The recorded vLLM reply, turned into the call a capable model would make: the agent's shell
+    tool writing hello.txt, then (once a tool result is in the prompt) a plain "done"."""
+    def answer(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        reply = copy.deepcopy(vllm_fixture("chat_basic")["response"])
+        choice = reply["choices"][0]
+        tools = {t["function"]["name"] for t in body.get("tools") or []}
+        shell = next((t for t in SHELL_TOOLS if t in tools), None)
+        answered = any(m.get("role") == "tool" for m in body["messages"])
+        command = SUBMIT if answered and name == "mini-swe-agent" else "echo hi > hello.txt"
+        if shell and (not answered or command == SUBMIT):
+            choice["message"]["content"] = None
+            choice["message"]["tool_calls"] = [{
+                "id": "chatcmpl-tool-0abc", "type": "function",
+                "function": {"name": shell, "arguments": json.dumps({SHELL_TOOLS[shell]: command})}}]
+            choice["finish_reason"] = "tool_calls"
+        elif shell:
+            choice["message"]["content"] = "done"
+        return 200, vllm_reply_to(body, reply)
+    return answer
+
+
+@pytest.mark.parametrize("name", list(CLI_AGENTS))
+def test_agent_binary_runs_its_own_tool_loop_through_the_proxy(
+        capture: CaptureServer, upstream: ScriptedUpstream, tmp_path: Path, name: str) -> None:
+    # Each real binary's request shapes and its own tool loop through the capture server, in
+    # seconds: the engine answers with recorded vLLM bodies, as a capable model would.
+    installed_or_skip(name)
+    upstream.answer = scripted_agent_reply(name)
+    info = capture.open_session()
+    done = run_cli(name, info, tmp_path, "Create a file hello.txt containing hi.")
+    output = (done.stdout + done.stderr)[-3000:]
+    assert done.returncode == 0, output
+    assert (tmp_path / "work" / "hello.txt").read_text().strip() == "hi", output
+    summary = capture.summary(info["id"])
+    assert summary["turns"] >= 2 and summary["fatal"] == 0, (summary, output)
+    print(f"\n{name}: {summary['turns']} calls captured, findings {summary['findings'][:4]}")
