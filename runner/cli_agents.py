@@ -255,8 +255,13 @@ class GeminiCli(CliAgent):
                 "GEMINI_CLI_TRUST_WORKSPACE": "true"}
 
     def config_files(self) -> dict[str, str]:
+        # Without an output limit the proxy's cap applies (8,192 tokens on a 32k engine): a CPU
+        # engine decoding that much takes a quarter of an hour.
+        limit = {"match": {"model": self.model_name},
+                 "modelConfig": {"generateContentConfig": {"maxOutputTokens": self.max_output_tokens}}}
         settings = {**_SETTINGS_OFF, "security": {"auth": {"selectedType": "gemini-api-key"}},
-                    "model": {"maxSessionTurns": self.max_turns}}
+                    "model": {"maxSessionTurns": self.max_turns},
+                    "modelConfigs": {"customOverrides": [limit]}}
         settings["general"] = {**settings["general"], "maxAttempts": RETRIES + 1}
         return {".gemini/settings.json": json.dumps(settings)}
 
