@@ -315,7 +315,10 @@ class QwenCodeCli(CliAgent):
 
     def config_files(self) -> dict[str, str]:
         # The idle guard is off: a CPU engine prefilling 16k tokens is silent for a long while.
-        generation = {"maxRetries": RETRIES, "streamIdleTimeoutMs": 0, "timeout": IDLE_TIMEOUT_MS}
+        # Its own default asks for 32,000 output tokens (the proxy then caps it at 8,192 on a 32k
+        # engine): a quarter of an hour of CPU decoding per call.
+        generation = {"maxRetries": RETRIES, "streamIdleTimeoutMs": 0, "timeout": IDLE_TIMEOUT_MS,
+                      "samplingParams": {"max_tokens": self.max_output_tokens}}
         settings = {**_SETTINGS_OFF, "security": {"auth": {"selectedType": "openai"}},
                     "model": {"maxSessionTurns": self.max_turns, "generationConfig": generation}}
         return {".qwen/settings.json": json.dumps(settings)}

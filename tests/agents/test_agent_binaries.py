@@ -137,5 +137,5 @@ def test_agent_binary_runs_its_own_tool_loop_through_the_proxy(
     summary = capture.summary(info["id"])
     assert summary["turns"] >= 2 and summary["fatal"] == 0, (summary, output)
     print(f"\n{name}: {summary['turns']} calls captured, findings {summary['findings'][:4]}")
-    if name == "gemini-cli":  # its output limit comes from a settings override, checked here
+    if name in ("gemini-cli", "qwen-code"):  # their output limits come from settings files
         assert {r.get("max_tokens") for r in upstream.requests if r.get("tools")} == {256}
