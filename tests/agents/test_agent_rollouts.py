@@ -86,8 +86,8 @@ GATED = {
              "2 cores",
     "claude-code": "12.4k-token first prompt; its rollout took 24 minutes here at a load of ~10 "
                    "(an estimated 4 on an idle one)",
-    "gemini-cli": "11.2k-token first prompt; expect ~4 minutes on an idle machine, 25 or more at "
-                  "a load of ~10",
+    "gemini-cli": "11.2k-token first prompt; its rollout took 456 s here at a load of 2.5-5 "
+                  "(the first call 444 s)",
     "qwen-code": "16.6k-token first prompt; not yet run to its end here: expect ~6 minutes on an "
                  "idle machine (the engine's measured prefill rate), over 30 at a load of ~10",
 }
