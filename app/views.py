@@ -36,7 +36,7 @@ def session_state(summary: Mapping[str, Any]) -> str:
         return "finished"
     if phase == "queued":
         return "queued"
-    if phase in ("sandbox", "agent_setup"):
+    if phase in ("install", "sandbox", "agent_setup"):
         return "booting"
     if phase == "verify":
         return "verifying"
@@ -45,6 +45,13 @@ def session_state(summary: Mapping[str, Any]) -> str:
 
 STATE_TONES = {"failed": "error", "finished": "success", "running": "accent", "verifying": "accent",
                "booting": "muted", "no call yet": "warning", "queued": "muted"}
+
+
+def fmt_phase(rollout: Mapping[str, Any]) -> str:
+    """A rollout's phase, with its progress line while it has one (an agent CLI installing)."""
+    phase = str(rollout.get("phase", "?"))
+    detail = rollout.get("detail")
+    return f"{phase}: {detail[:40]}" if detail else phase
 
 
 def fmt_reward(value: Any) -> str:

@@ -646,8 +646,6 @@ class CaptureService:
     async def _call(self, session: _Session, req: DialectRequest, meta: dict[str, Any]) -> dict[str, Any]:
         """One model call → a chat-completions reply (real, or a synthetic stop). Raises _CallFailed."""
         assert session.client is not None
-        if self._budget_reached(session):
-            return _stop_reply(BUDGET_STOP_TEXT.format(budget=session.call_budget), session)
         chat = dict(req.chat)
         try:
             fmt = json_format(chat)
@@ -655,6 +653,8 @@ class CaptureService:
                 chat["messages"] = fold_system_messages(chat["messages"])
         except MALFORMED as exc:
             raise _CallFailed(400, malformed_message(exc), "invalid_request_error") from exc
+        if self._budget_reached(session):
+            return _stop_answer(BUDGET_STOP_TEXT.format(budget=session.call_budget), session, fmt)
         if fmt is not None:
             # Structured output marks an auxiliary call: never trained, so it may be constrained.
             meta = {**meta, "call_role": "auxiliary"}
@@ -673,7 +673,7 @@ class CaptureService:
             raise _CallFailed(400, malformed_message(exc), "invalid_request_error") from exc
         # Re-checked with no await since: concurrent calls cannot overshoot the budget.
         if self._budget_reached(session):
-            return _stop_reply(BUDGET_STOP_TEXT.format(budget=session.call_budget), session)
+            return _stop_answer(BUDGET_STOP_TEXT.format(budget=session.call_budget), session, fmt)
         # The slot is held until the turn is counted (or the call fails), so concurrent calls
         # never see a finished-but-uncounted call as free budget.
         slot = _Slot(session)
@@ -717,7 +717,7 @@ class CaptureService:
                 await self._session_finding(session, Finding.warn(
                     "context_full", f"engine refused the prompt as too long; answered with a stop "
                                     f"reply ({exc.message})"))
-                return _stop_reply(CONTEXT_STOP_TEXT, session)
+                return _stop_answer(CONTEXT_STOP_TEXT, session, fmt)
             if exc.kind in ENGINE_DOWN and not any(f.code == "engine_unreachable" for f in session.findings):
                 # Once per session: what a rollout that failed is classified by.
                 await self._session_finding(session, Finding.warn(
@@ -942,6 +942,13 @@ def _cap_findings(sampling: Mapping[str, Any], reply: Mapping[str, Any]) -> list
 
 def _error(dialect: Dialect, status: int, message: str, kind: str, param: str | None = None) -> CallReply:
     return CallReply(status=status, body=dialect.error_body(status, message, kind, param), kind=kind)
+
+
+def _stop_answer(text: str, session: _Session, fmt: Any) -> dict[str, Any]:
+    """A synthetic stop reply; JSON for a structured-output call (gemini-cli retries a router or
+    next-speaker call answered in prose for minutes)."""
+    reply = _stop_reply(text, session)
+    return reply if fmt is None else answer_as_json(reply, fmt)[0]
 
 
 def _stop_reply(text: str, session: _Session) -> dict[str, Any]:

@@ -45,8 +45,10 @@ HOME_DIRS = (".codex", ".config", ".cache", ".local/share", ".local/state")
 RETRIES = 1
 """Retries per failed model call, where the CLI lets us set them: the proxy is local, so a failure
 is the engine's, and the CLIs' own back-off (up to minutes) only delays the rollout's end."""
-IDLE_TIMEOUT_MS = 600_000
-"""Request/stream idle limits raised: a CPU engine prefilling a 16k-token prompt is silent long."""
+IDLE_TIMEOUT_MS = 2_400_000
+"""Request/stream idle limits raised to 40 minutes: a CPU engine prefilling a 12-17k-token prompt
+on a loaded 2-core machine is silent for 20 minutes or more (claude-code's first 12.4k-token call
+outlasted 10), and the agent timeout bounds the run anyway."""
 _SETTINGS_OFF = {"privacy": {"usageStatisticsEnabled": False}, "telemetry": {"enabled": False},
                  "general": {"disableAutoUpdate": True, "disableUpdateNag": True}}
 
@@ -253,8 +255,13 @@ class GeminiCli(CliAgent):
                 "GEMINI_CLI_TRUST_WORKSPACE": "true"}
 
     def config_files(self) -> dict[str, str]:
+        # Without an output limit the proxy's cap applies (8,192 tokens on a 32k engine): a CPU
+        # engine decoding that much takes a quarter of an hour.
+        limit = {"match": {"model": self.model_name},
+                 "modelConfig": {"generateContentConfig": {"maxOutputTokens": self.max_output_tokens}}}
         settings = {**_SETTINGS_OFF, "security": {"auth": {"selectedType": "gemini-api-key"}},
-                    "model": {"maxSessionTurns": self.max_turns}}
+                    "model": {"maxSessionTurns": self.max_turns},
+                    "modelConfigs": {"customOverrides": [limit]}}
         settings["general"] = {**settings["general"], "maxAttempts": RETRIES + 1}
         return {".gemini/settings.json": json.dumps(settings)}
 
@@ -308,7 +315,10 @@ class QwenCodeCli(CliAgent):
 
     def config_files(self) -> dict[str, str]:
         # The idle guard is off: a CPU engine prefilling 16k tokens is silent for a long while.
-        generation = {"maxRetries": RETRIES, "streamIdleTimeoutMs": 0, "timeout": IDLE_TIMEOUT_MS}
+        # Its own default asks for 32,000 output tokens (the proxy then caps it at 8,192 on a 32k
+        # engine): a quarter of an hour of CPU decoding per call.
+        generation = {"maxRetries": RETRIES, "streamIdleTimeoutMs": 0, "timeout": IDLE_TIMEOUT_MS,
+                      "samplingParams": {"max_tokens": self.max_output_tokens}}
         settings = {**_SETTINGS_OFF, "security": {"auth": {"selectedType": "openai"}},
                     "model": {"maxSessionTurns": self.max_turns, "generationConfig": generation}}
         return {".qwen/settings.json": json.dumps(settings)}

@@ -53,7 +53,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 log = logging.getLogger("tapdeck.runner")
 
-Phase = Literal["queued", "sandbox", "agent_setup", "agent", "verify", "done", "failed"]
+Phase = Literal["queued", "install", "sandbox", "agent_setup", "agent", "verify", "done", "failed"]
 MAX_FINDINGS = 200
 """Findings kept on a result (the session keeps all of them)."""
 BUDGET_PER_TURN = 3
@@ -84,6 +84,8 @@ class RolloutResult(BaseModel):
     error_kind: str | None = None
     error: str | None = None
     phase: Phase = "queued"
+    detail: str | None = None
+    """The running phase's latest progress line (an agent CLI's install on first use)."""
     harness: str | None = None
     sandbox: str | None = None
     trial_dir: str | None = None
@@ -249,6 +251,7 @@ async def run_rollout(service: Any, spec: RolloutSpec, *,
             except KeyError as exc:
                 raise RolloutSetupError("bad_plan", str(exc).strip("'\"")) from None
             environment = environment_config(spec.sandbox, spec.sandbox_kwargs)
+            await _install_agent_cli(spec.harness, progress)
             info: SessionInfo | None = None
             progress.phase("sandbox")
             await asyncio.to_thread(_preflight, environment)
@@ -313,6 +316,28 @@ async def run_rollout(service: Any, spec: RolloutSpec, *,
     result.phase = "done" if result.ok else "failed"
     progress.publish()
     return result
+
+
+async def _install_agent_cli(harness: str, progress: _Progress) -> None:
+    """An agent CLI tapdeck runs from its own install is installed on first use, each installer
+    line published as the rollout's `detail` (the TUI's Runs table shows it)."""
+    from tapdeck.runner import agent_install
+
+    if harness not in agent_install.PACKAGES or agent_install.installed(harness) is not None:
+        return
+    progress.phase("install")
+    loop = asyncio.get_running_loop()
+
+    def show(line: str) -> None:
+        progress.result.detail = line[:200]
+        loop.call_soon_threadsafe(progress.publish)
+
+    try:
+        await asyncio.to_thread(agent_install.install, harness, on_progress=show)
+    except agent_install.InstallError as exc:
+        raise RolloutSetupError("agent_install_failed", f"{harness}: {exc}") from None
+    finally:
+        progress.result.detail = None
 
 
 class RolloutSetupError(RuntimeError):

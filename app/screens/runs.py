@@ -14,6 +14,7 @@ from textual.widgets import DataTable, Static
 from tapdeck.app.screens.base import TapdeckScreen
 from tapdeck.app.views import (
     failures_by_cause,
+    fmt_phase,
     fmt_rate,
     fmt_reward,
     rollout_settings_line,
@@ -129,7 +130,7 @@ class RunsScreen(TapdeckScreen):
             table.clear()
             for r in sorted(rollouts, key=lambda r: (str(r.get("task")), r.get("index", 0))):
                 table.add_row(str(r.get("task", "?"))[:24], str(r.get("index", "")),
-                              str(r.get("phase", "?")), fmt_reward(r.get("reward")),
+                              fmt_phase(r), fmt_reward(r.get("reward")),
                               str(r.get("turns", "")), str(r.get("error_kind") or ""),
                               key=r.get("rollout_id") or f"{r.get('task')}:{r.get('index')}")
         self._show_settings(self._selected_rollout())

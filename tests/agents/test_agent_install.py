@@ -92,3 +92,26 @@ def test_folder_size_counts_hard_links_once(tmp_path: Path) -> None:
     one = agent_install.folder_size(tmp_path)
     (tmp_path / "c").write_bytes(b"x" * 100_000)
     assert agent_install.folder_size(tmp_path) > one >= 100_000
+
+
+@pytest.mark.skipif(shutil.which("npm") is None, reason="needs npm (Node.js) on PATH")
+async def test_rollout_installs_its_agent_cli_on_first_use_publishing_each_installer_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tapdeck.runner.datasets import SAMPLE_DATASET_DIR
+    from tapdeck.runner.rollout import RolloutResult, RolloutSpec, run_rollout
+
+    monkeypatch.setenv(agent_install.AGENTS_DIR_ENV, str(tmp_path / "agents"))
+    monkeypatch.setenv("npm_config_registry", "http://127.0.0.1:9/")  # refused: offline
+    monkeypatch.setenv("npm_config_fetch_retries", "0")
+    seen: list[RolloutResult] = []
+    spec = RolloutSpec(task="hello-file", task_path=SAMPLE_DATASET_DIR / "hello-file",
+                       trials_dir=tmp_path / "trials", harness="gemini-cli")
+    # The install comes before the capture session: no service is reached when it fails.
+    result = await run_rollout(None, spec, on_update=seen.append)
+    assert result.error_kind == "agent_install_failed", result.error
+    assert "@google/gemini-cli@0.61.0" in (result.error or "")
+    details = [r.detail for r in seen if r.phase == "install" and r.detail]
+    assert details and details[0] == (f"installing @google/gemini-cli@0.61.0 from npm into "
+                                      f"{tmp_path / 'agents' / 'gemini-cli-0.61.0'}")
+    assert len(details) >= 2  # npm's own lines follow
+    assert result.detail is None and result.phase == "failed"

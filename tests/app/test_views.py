@@ -12,6 +12,7 @@ from tapdeck.app.views import (
     diff_rows,
     display_parents,
     failures_by_cause,
+    fmt_phase,
     fmt_reward,
     logprob_tone,
     rollout_nodes,
@@ -169,3 +170,10 @@ def test_a_long_chain_stays_one_level_deep():
     nodes = _graph({0: None, **{k: k - 1 for k in range(1, 200)}})
     assert set(display_parents(nodes).values()) == {None, 0}
 
+
+
+def test_installing_rollout_shows_the_installer_line_next_to_its_phase() -> None:
+    line = "installing @google/gemini-cli@0.61.0 from npm into /root/.cache/tapdeck/agents/x"
+    assert fmt_phase({"phase": "install", "detail": line}) == f"install: {line[:40]}"
+    assert fmt_phase({"phase": "agent", "detail": None}) == "agent"
+    assert session_state({"metadata": {"phase": "install"}}) == "booting"

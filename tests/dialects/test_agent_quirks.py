@@ -207,6 +207,28 @@ def test_length_cut_reply_is_truncation_in_each_dialect(capture: CaptureServer, 
             assert got["last_event"] == "response.incomplete"
 
 
+def _recorded_error(case: str) -> tuple[int, dict[str, Any]]:
+    """One of vLLM 0.32's recorded error replies (tests/fixtures/vllm/errors.json)."""
+    found = next(c for c in vllm_fixture("errors")["cases"] if c["case"] == case)
+    return found["status"], found["body"]
+
+
+@pytest.mark.parametrize("dialect, expected", [
+    ("chat", "stop"), ("responses", "completed"), ("anthropic", "end_turn"),
+    ("google", types.FinishReason.STOP)])
+@STREAMING
+def test_context_overflow_ends_the_conversation_with_a_plain_stop_in_each_dialect(
+        capture: CaptureServer, upstream: ScriptedUpstream, dialect: str, expected: Any,
+        stream: bool) -> None:
+    # Not an error: every agent retries or fails on one, while a normal end of turn ends its loop.
+    info = capture.open_session()
+    upstream.answer = lambda body: _recorded_error("prompt_over_context")
+    got = call(dialect, info, stream=stream)
+    assert got["finish"] == expected
+    findings = capture.summary(info["id"])["findings"]
+    assert any("context_full" in f and "maximum context length" in f for f in findings), findings
+
+
 # ---- 4: system messages after the first turn -----------------------------------------------------
 
 
@@ -357,6 +379,17 @@ def test_gemini_router_gets_json_from_an_engine_that_ignores_the_schema(capture:
     assert any(f.startswith("[WARN] json_mode_unmet:") for f in turn["findings"])
     roles = {s["role"] for s in capture.admin.get(f"/admin/sessions/{info['id']}/rollout").json()["sequences"]}
     assert roles == {"auxiliary"}
+
+
+def test_json_mode_call_past_the_call_budget_still_gets_json(capture: CaptureServer,
+                                                            upstream: ScriptedUpstream) -> None:
+    reply = capture.admin.post("/admin/sessions", json={"call_budget": 1})
+    reply.raise_for_status()
+    info = reply.json()
+    gemini_router(info)  # the budget's one call
+    response = gemini_router(info)  # past it: a synthetic stop, still in the schema's shape
+    assert json.loads(response.text) == {"complexity_reasoning": "", "complexity_score": 0}
+    assert len(upstream.requests) == 1
 
 
 def test_json_answer_from_the_engine_goes_back_unchanged(capture: CaptureServer, upstream: ScriptedUpstream) -> None:

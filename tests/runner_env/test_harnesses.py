@@ -159,4 +159,5 @@ def test_table_rows_are_plain_and_only_what_ran_here_is_validated() -> None:
     clis = [r for r in rows.values() if r["placement"] == "host-install"]
     assert len(clis) == 6 and all(r["version"] for r in clis)
     # The CLIs that ran a sample task end to end here (tests/agents/test_agent_rollouts.py).
-    assert {r["name"] for r in clis if r["validated"]} == {"mini-swe-agent", "opencode", "codex"}
+    assert {r["name"] for r in clis if r["validated"]} == {"mini-swe-agent", "opencode", "codex",
+                                                            "claude-code", "gemini-cli"}

@@ -1,0 +1,141 @@
+"""The real agent binaries against the capture server in front of an engine answering with vLLM
+0.32's recorded bodies: seconds per agent, where the embedded engine takes minutes to prefill their
+first prompts.
+
+- Each of the six runs its own tool loop through the proxy in its own dialect (request shapes,
+  tool-call round trip, its own way of ending) and leaves hello.txt behind.
+- claude-code against a 400 (it answers one by retrying with fewer features, harness-clis.md): it
+  stops on its own after a bounded number of tries and prints the refusal's own words.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+from tapdeck.runner import agent_install  # noqa: E402
+from tapdeck.runner.cli_agents import AGENT_ROOT, CLI_AGENTS, HOME_DIRS  # noqa: E402
+from tests.agents.test_agent_rollouts import installed_or_skip  # noqa: E402
+from tests.conftest import vllm_fixture, vllm_reply_to  # noqa: E402
+from tests.dialects.conftest import (  # noqa: E402,F401  (fixtures)
+    CaptureServer,
+    ScriptedUpstream,
+    capture,
+    scripted,
+    upstream,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def recorded_400() -> dict[str, Any]:
+    """vLLM 0.32's own 400 body for a request it refuses (it names the parameter)."""
+    cases = {c["case"]: c for c in vllm_fixture("errors")["cases"]}
+    return cases["stream_options_without_stream"]["body"]
+
+
+def run_cli(name: str, info: dict[str, Any], root: Path, instruction: str,
+            timeout_s: float = 180) -> subprocess.CompletedProcess[str]:
+    """Run the installed CLI once as tapdeck's Harbor agent would, with its per-trial folders
+    under `root` instead of the sandbox's `/installed-agent`."""
+    cls = CLI_AGENTS[name]
+    dialect_url = {"claude-code": "anthropic", "gemini-cli": "google"}.get(name, "openai")
+    agent = cls(logs_dir=root / "logs", model_name="smollm2",
+                proxy_url=info["base_urls"][dialect_url], session_key=info["api_key"])
+    agent.entry = agent_install.entry_path(name)
+    assert agent.entry is not None
+    env = {k: v.replace(AGENT_ROOT, str(root)) for k, v in agent.env().items()}
+    for relative, text in agent.config_files().items():
+        path = Path(env["HOME"]) / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    for folder in (env["TMPDIR"], *(f"{env['HOME']}/{d}" for d in HOME_DIRS)):
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    work = root / "work"
+    work.mkdir()
+    env["PATH"] = os.environ["PATH"]
+    return subprocess.run(["bash", "-c", agent.command(instruction)], cwd=work, env=env,
+                          capture_output=True, text=True, timeout=timeout_s,
+                          stdin=subprocess.DEVNULL)
+
+
+def test_claude_code_gives_up_on_a_400_and_prints_what_was_refused(
+        capture: CaptureServer, upstream: ScriptedUpstream, tmp_path: Path) -> None:
+    installed_or_skip("claude-code")
+    refusal = recorded_400()
+    upstream.answer = lambda body: (400, refusal)
+    info = capture.open_session()
+    started = time.monotonic()
+    done = run_cli("claude-code", info, tmp_path, "create hello.txt containing hi")
+    wall = time.monotonic() - started
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output
+    # The refusal's own words reach the operator through the agent.
+    assert "Stream options can only be defined" in output, output
+    # Its model check ("Name one prime number.", no tools), then the task call retried with fewer
+    # features each time (tool search off: its deferred tools come inline), then it stops.
+    tools = [len(r.get("tools") or []) for r in upstream.requests]
+    main = [n for n in tools if n]
+    print(f"\nclaude-code against a 400: {len(tools)} requests in {wall:.1f} s, tools per request "
+          f"{tools}, exit {done.returncode}")
+    assert len(tools) - len(main) <= 2, tools
+    assert 2 <= len(main) <= 8 and main[-1] > main[0], tools
+    assert not (tmp_path / "work" / "hello.txt").exists()
+    assert capture.summary(info["id"])["turns"] == 0
+
+
+SHELL_TOOLS = {"exec_command": "cmd", "Bash": "command", "run_shell_command": "command",
+               "bash": "command"}
+"""Each agent's shell tool and the name of its command argument (harness-clis.md)."""
+SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+"""mini-swe-agent ends only when the model runs this."""
+
+
+def scripted_agent_reply(name: str) -> Any:
+    """The recorded vLLM reply, turned into the call a capable model would make: the agent's shell
+    tool writing hello.txt, then (once a tool result is in the prompt) a plain "done"."""
+    def answer(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        reply = copy.deepcopy(vllm_fixture("chat_basic")["response"])
+        choice = reply["choices"][0]
+        tools = {t["function"]["name"] for t in body.get("tools") or []}
+        shell = next((t for t in SHELL_TOOLS if t in tools), None)
+        answered = any(m.get("role") == "tool" for m in body["messages"])
+        command = SUBMIT if answered and name == "mini-swe-agent" else "echo hi > hello.txt"
+        if shell and (not answered or command == SUBMIT):
+            choice["message"]["content"] = None
+            choice["message"]["tool_calls"] = [{
+                "id": "chatcmpl-tool-0abc", "type": "function",
+                "function": {"name": shell, "arguments": json.dumps({SHELL_TOOLS[shell]: command})}}]
+            choice["finish_reason"] = "tool_calls"
+        elif shell:
+            choice["message"]["content"] = "done"
+        return 200, vllm_reply_to(body, reply)
+    return answer
+
+
+@pytest.mark.parametrize("name", list(CLI_AGENTS))
+def test_agent_binary_runs_its_own_tool_loop_through_the_proxy(
+        capture: CaptureServer, upstream: ScriptedUpstream, tmp_path: Path, name: str) -> None:
+    # Each real binary's request shapes and its own tool loop through the capture server, in
+    # seconds: the engine answers with recorded vLLM bodies, as a capable model would.
+    installed_or_skip(name)
+    upstream.answer = scripted_agent_reply(name)
+    info = capture.open_session()
+    done = run_cli(name, info, tmp_path, "Create a file hello.txt containing hi.")
+    output = (done.stdout + done.stderr)[-3000:]
+    assert done.returncode == 0, output
+    assert (tmp_path / "work" / "hello.txt").read_text().strip() == "hi", output
+    summary = capture.summary(info["id"])
+    assert summary["turns"] >= 2 and summary["fatal"] == 0, (summary, output)
+    print(f"\n{name}: {summary['turns']} calls captured, findings {summary['findings'][:4]}")
+    if name in ("gemini-cli", "qwen-code"):  # their output limits come from settings files
+        assert {r.get("max_tokens") for r in upstream.requests if r.get("tools")} == {256}
