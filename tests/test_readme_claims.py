@@ -150,6 +150,32 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/proxy/test_access_log.py::test_serve_logs_one_line_per_call_with_keys_redacted
   → tests/dialects/test_agent_quirks.py::test_every_call_writes_one_access_line_without_keys
 
+§ Token-in mode
+- a call that extends a held conversation continues from the stored ids plus the new messages'
+  template ids; where the text path broke the prefix, token-in keeps it, and where it held, the ids
+  are the same (the recorded vLLM break cases)
+  → tests/proxy_core/test_token_in.py::test_token_in_prompt_extends_the_held_ids_where_text_broke
+  → tests/proxy_core/test_token_in.py::test_breaks_per_transition_off_and_on
+- the close's end token is not repeated when sampled, added after a `length` cut, and another
+  sampled end token is kept before it
+  → tests/proxy_core/test_token_in.py::test_length_cut_gets_the_close_the_model_never_sampled
+  → tests/proxy_core/test_token_in.py::test_sampled_end_token_is_not_doubled
+  → tests/proxy_core/test_token_in.py::test_other_end_token_the_model_sampled_is_kept_before_the_close
+- template pieces split only at exact message boundaries, else the call goes as text
+  → tests/proxy_core/test_token_in.py::test_boundary_that_is_not_a_prefix_is_refused
+- the harness sees the same reply in its own dialect
+  → tests/proxy_core/test_token_in.py::test_completion_reply_reads_as_the_chat_capture
+  → tests/engine/test_token_in_capture.py::test_token_id_prompt_gives_the_reply_the_chat_route_gives
+- fallbacks: not held, engines without `/tokenize` (once per session), engines refusing id prompts
+  → tests/proxy_engine/test_token_in_plan.py::test_calls_that_extend_no_held_reply_take_text_without_asking_the_engine
+  → tests/proxy_engine/test_token_in_plan.py::test_engine_without_tokenize_falls_back_once_and_stays_text
+  → tests/proxy_engine/test_token_in_plan.py::test_engine_refusing_token_prompts_gets_the_call_as_text
+- a conversation on the embedded engine at temperature 1 is one chain; the export marks each row's
+  mode; replaying a row gives the captured logprobs
+  → tests/engine/test_token_in_capture.py::test_token_in_conversation_is_one_chain_with_engine_logprobs
+- the Rollout screen marks `⇢ids` / `↩text`
+  → tests/app/test_views.py::test_token_in_turns_show_whether_ids_continued_them_or_text_took_over
+
 § Running rollouts
 - a run is resumable after a crash
   → tests/runner/test_resume.py::test_resume_after_a_crash_runs_only_the_unfinished_rollouts
@@ -305,9 +331,43 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
 - rows, tallies and advantages equal TRL's
   → tests/training/test_data_check_equals_trl.py::test_data_check_rows_tallies_and_advantages_equal_trls
 
+§ Reliability
+- a store fault (disk full, read-only, locked) is a 503 in the caller's dialect; memory matches
+  disk; the next call after the fault is captured; opening a session on a refusing store is a 503
+  → tests/proxy/test_store_faults.py::test_store_fault_answers_503_and_memory_matches_disk
+  → tests/proxy/test_store_faults.py::test_opening_a_session_on_a_refusing_store_is_a_503
+- `kill -9` under load loses no turn whose reply was sent
+  → tests/proxy/test_crash_under_load.py::test_kill_9_under_load_loses_no_replied_turn
+- nothing holds the event loop: calls are captured while every reader thread is held
+  → tests/proxy/test_loop_never_blocks.py::test_commits_complete_while_slow_exports_hold_every_reader_thread
+- closed sessions release their live state; Responses are bounded and never loop; repeated engine
+  ids still chain
+  → tests/proxy/test_session_lifetime.py::test_closed_sessions_release_their_live_state
+  → tests/proxy/test_session_lifetime.py::test_stored_responses_are_bounded_and_a_chain_never_loops
+  → tests/proxy/test_session_lifetime.py::test_an_engine_repeating_reply_ids_still_chains_responses
+- the tool-argument memo is per session; the call budget holds under concurrent calls
+  → tests/proxy/test_session_isolation.py::test_tool_arguments_sampled_in_one_session_never_render_another
+  → tests/proxy/test_concurrent_budget.py::test_budget_holds_while_commits_are_pending
+
+- every model route in four dialects and every admin route answers fuzzed input with a 4xx in its
+  own envelope, never a 5xx or a traceback
+  → tests/proxy/test_fuzz_routes.py
+- engine faults are 502s with a non-empty, credential-free message
+  → tests/proxy/test_engine_faults.py
+- a trial never sees the server's keys
+  → tests/runner_env/test_host_sandbox.py::test_server_secrets_never_reach_the_trial_environment
+
 § Tests and benchmarks
 - nothing in the suite asserts on wall-clock time
   → tests/test_readme_claims.py::test_no_test_asserts_on_wall_clock_time
+
+§ Proxy throughput
+- a burst of concurrent sessions loses no call and captures every turn; idle client connections
+  outlive the clients' own keep-alive
+  → tests/proxy/test_burst.py::test_burst_of_concurrent_sessions_loses_no_call_and_captures_every_turn
+  → tests/proxy/test_burst.py::test_idle_client_connection_outlives_the_clients_own_keepalive
+- two `tapdeck serve` processes serve one batch with every turn captured
+  → tests/proxy/test_burst.py::test_two_serve_processes_share_one_batch_and_capture_every_turn
 """
 
 from __future__ import annotations
