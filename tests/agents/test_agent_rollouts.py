@@ -153,7 +153,9 @@ def test_agent_cli_runs_a_sample_task_offline_with_every_turn_captured(
 def test_dead_engine_ends_the_agent_and_is_engine_unreachable(
         agent_server: RunnerServer, name: str) -> None:
     installed_or_skip(name)
-    engine = start_engine(n_ctx=2048)
+    # Its context must hold the agent's first prompt, or the rollout is refused before the trial
+    # (`settings_do_not_fit`) and the agent never meets the dead engine.
+    engine = start_engine()
     url = engine.base_url
     run = agent_server.start(tasks=["hello-file"], harness=name, engine=url, timeout_s=400,
                              agent_timeout_s=300, call_budget=BUDGET,
