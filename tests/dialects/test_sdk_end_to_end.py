@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -21,6 +22,7 @@ from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types
 
+from tapdeck.proxy.sse import KEEPALIVE_SECONDS
 from tapdeck.proxy.tiers import EngineSpec
 from tests.conftest import models_only_engine
 from tests.dialects.conftest import CaptureServer, capture_server
@@ -329,16 +331,26 @@ def test_google_candidate_count_refused_in_google_envelope(proxy: CaptureServer)
 # ---- engine failures while streaming: SSE errors in each dialect (B15) --------------------------
 
 @pytest.fixture
-def dead_engine_session(proxy: CaptureServer) -> dict[str, Any]:
+def held_proxy(embedded_engine: Any, tmp_path: Path) -> Iterator[CaptureServer]:
+    """A capture server holding a stream's start as long as by default (10 s): the engine client
+    retries a refused connection for ~0.2 s before it calls the engine unreachable, longer than the
+    50 ms hold of `proxy`."""
+    engine = EngineSpec(url=embedded_engine.base_url, model=embedded_engine.served_name)
+    with capture_server(engine, tmp_path / "capture", keepalive_s=KEEPALIVE_SECONDS) as server:
+        yield server
+
+
+@pytest.fixture
+def dead_engine_session(held_proxy: CaptureServer) -> dict[str, Any]:
     """A session whose engine went away once it opened: every call fails upstream (502, unreachable)."""
     with models_only_engine() as engine:
-        reply = proxy.admin.post("/admin/sessions", json={"engine": {"url": engine}})
+        reply = held_proxy.admin.post("/admin/sessions", json={"engine": {"url": engine}})
     reply.raise_for_status()
     return reply.json()
 
 
 def test_stream_failures_before_the_start_keep_their_status_in_each_dialect(
-        proxy: CaptureServer, dead_engine_session: dict[str, Any]) -> None:
+        held_proxy: CaptureServer, dead_engine_session: dict[str, Any]) -> None:
     # The stream is held until the engine answers, so a dead engine is a 502 each SDK retries on
     # (issue 17), in each dialect's own error envelope.
     info = dead_engine_session
@@ -353,7 +365,7 @@ def test_stream_failures_before_the_start_keep_their_status_in_each_dialect(
         list(oai.responses.create(model="m", input="hi", stream=True))
     assert oerr.value.status_code == 502 and oerr.value.body["code"] == "server_error"
 
-    raw = httpx.post(f"{proxy.url}/v1beta/models/g:streamGenerateContent?alt=sse",
+    raw = httpx.post(f"{held_proxy.url}/v1beta/models/g:streamGenerateContent?alt=sse",
                      headers={"x-goog-api-key": info["api_key"]},
                      json={"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}, timeout=60)
     assert raw.status_code == 502 and raw.json()["error"]["status"] == "UNAVAILABLE"
