@@ -354,7 +354,8 @@ class CaptureService:
     def mark_auxiliary(self, session_id: str, seqs: Iterable[int], reason: str) -> None:
         """Demote captured calls to auxiliary after the fact (masked out of training, shown as
         auxiliary): e.g. calls the harness's own trajectory never recorded. Kept in the session's
-        metadata (`auxiliary_seqs`), so a restarted server demotes them again."""
+        metadata (`auxiliary_seqs`), so a restarted server demotes them again: stored before this
+        returns (call it on a thread)."""
         session = self._get(session_id)
         with session.rw:
             graph = self._graph(session)
@@ -362,7 +363,10 @@ class CaptureService:
                               *(s for s in seqs if s in graph.nodes)})
             _demote(graph, demoted, reason)
             session.stats = graph.stats()
-        self.annotate(session_id, auxiliary_seqs=demoted, auxiliary_reason=reason)
+        session.record["metadata"] = {**session.record.get("metadata", {}),
+                                      "auxiliary_seqs": demoted, "auxiliary_reason": reason}
+        self.writes.submit_and_wait(self._store_metadata, session)
+        self._publish_update(session)
 
     def _store_metadata(self, session: _Session) -> None:
         try:

@@ -70,6 +70,11 @@ class StoreWrites:
         handles its own errors)."""
         self._lane.submit(fn, *args)
 
+    def submit_and_wait(self, fn: Callable[..., Any], *args: Any) -> None:
+        """`submit`, then block until it has run: for a caller on a thread whose write must be
+        durable when it returns, still in order with the writes submitted before it."""
+        self._lane.submit(fn, *args).result()
+
     async def drain(self) -> None:
         """Until every write submitted so far has run."""
         await asyncio.get_running_loop().run_in_executor(self._lane, lambda: None)
