@@ -171,6 +171,7 @@ class RolloutScreen(TapdeckScreen):
 
     def show_turn(self, turn: dict[str, Any]) -> None:
         """Messages, tokens and findings of one turn."""
+        again = self.turn is not None and self.turn.get("seq") == turn.get("seq")
         self.turn = turn
         self.turn_seq = turn.get("seq")
         sampled = turn.get("sampled_ids") or turn.get("token_texts") or []
@@ -180,9 +181,11 @@ class RolloutScreen(TapdeckScreen):
                   f"prompt {turn.get('prompt_len', '?')} tok", f"sampled {len(sampled)}",
                   f"finish {turn.get('finish_reason') or '?'}", capture_mode_text(turn)]
         self.query_one("#turn-header", Static).update(" · ".join(p for p in header if p))
-        self.query_one(TokenView).show(turn)
-        self.query_one("#token-detail", Static).update(
-            Content.styled("Click a token (or , .) for its logprob and alternatives.", "$text-muted"))
+        view = self.query_one(TokenView)
+        view.show(turn, keep_selection=again)
+        if view.selected is None:
+            self.query_one("#token-detail", Static).update(
+                Content.styled("Click a token (or , .) for its logprob and alternatives.", "$text-muted"))
         request = turn.get("request") or {}
         parts: list[tuple[str, str]] = []
         for message in request.get("messages") or []:

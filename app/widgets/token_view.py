@@ -44,10 +44,13 @@ class TokenView(Static, can_focus=True):
         self.turn: dict | None = None
         self.selected: int | None = None
 
-    def show(self, turn: dict | None) -> None:
-        """Show a turn (the `GET /admin/sessions/{id}/turns/{seq}` body)."""
+    def show(self, turn: dict | None, keep_selection: bool = False) -> None:
+        """Show a turn (the `GET /admin/sessions/{id}/turns/{seq}` body). `keep_selection`: the
+        same turn shown again (a refresh), so the token the operator picked stays picked."""
+        count = len((turn or {}).get("token_texts") or (turn or {}).get("sampled_ids") or [])
+        if not keep_selection or self.selected is None or self.selected >= count:
+            self.selected = None
         self.turn = turn
-        self.selected = None
         self._paint()
 
     def _paint(self) -> None:

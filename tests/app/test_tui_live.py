@@ -92,8 +92,7 @@ async def test_live_session_rollout_grows_and_a_token_can_be_selected(live_serve
             view = app.screen.query_one(TokenView)
             assert view.turn["token_texts"] and len(view.turn["logprobs"]) == len(view.turn["token_texts"])
             await pilot.click(TokenView, offset=(0, 0))
-            await pilot.pause(0.2)
-            assert view.selected == 0
+            await until(pilot, lambda: view.selected == 0, "the clicked token selected", 10)
             assert "logprob" in str(app.screen.query_one("#token-detail").render())
 
             # The agent continues while the screen is open: the tree grows from the event stream.

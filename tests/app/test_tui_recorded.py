@@ -97,6 +97,12 @@ async def test_open_rollout_and_click_a_token_shows_its_logprob(make_app):
         tree.focus()  # where focus sits after opening a rollout: stepping must still work
         await pilot.press("comma")
         assert view.selected == 1
+        # A refresh showing the same turn keeps the picked token and its detail; another turn clears it.
+        app.screen.show_turn(dict(view.turn))
+        assert view.selected == 1 and "\"'m\"" in str(app.screen.query_one("#token-detail").render())
+        app.screen.show_turn({**view.turn, "seq": 2})
+        assert view.selected is None
+        app.screen.show_turn({**view.turn, "seq": 0})
         await pilot.press("m")
         await pilot.pause(0.1)
         assert "Solve hello-file." in str(app.screen.query_one("#messages-text").render())
