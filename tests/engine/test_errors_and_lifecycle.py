@@ -87,7 +87,10 @@ def test_cli_engine_serves_until_interrupted():
     proc = subprocess.Popen([*cmd, "engine", "--port", "0", "--n-ctx", "1024",
                              "--served-name", "tiny-test", "--return-tokens-as-token-ids"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            # Ctrl-C as a terminal sends it: were SIGINT ignored in this test
+                            # process, the engine would inherit that and never see the interrupt.
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         line = proc.stdout.readline()
         assert "serving tiny-test" in line, line + proc.stderr.read()
