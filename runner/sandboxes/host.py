@@ -6,6 +6,13 @@ those paths must exist in the processes' own view of the filesystem. Each trial 
 private mount namespace, held open by one `sleep infinity` process, in which per-trial host
 directories are bind-mounted over those paths (and over `/tmp`). Everything else is the real host.
 
+Each trial also gets its own PID namespace, whose init is that `sleep` (the "holder"): every
+command runs inside it, so processes that daemonise (terminus-2's tmux server) are still the
+trial's. The holder dies with the process that started it (the `unshare` above it gets SIGKILL when
+the server dies, and passes it on), and the kernel kills a PID namespace with its init: a `kill -9`
+of the server leaves no process of any trial behind. The trial has its own `/proc`, so `ps`,
+`pgrep` and `/proc/<pid>` inside show its own processes with the pids it knows them by.
+
 Two modes:
 - As root (CAP_SYS_ADMIN), the namespace binds over the real paths; the empty mount points on the
   host (`/app` or the task's workdir, `/logs`, `/tests`, `/solution`, `/installed-agent`) are made
@@ -68,8 +75,12 @@ PRIVATE_HOME = "/tmp/tapdeck-home"
 # A container-like PATH: the host user's own PATH (pyenv shims, cargo, ...) does not leak in.
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 REQUIRED_TOOLS = ("unshare", "nsenter", "bash", "mount")
-# A user namespace mapping the invoking user to root, with its own mount namespace.
-ROOTLESS_UNSHARE = ("--user", "--map-root-user", "--mount", "--propagation", "private")
+# A PID namespace whose init is unshare's forked child; `--kill-child` gives that child SIGKILL
+# when unshare dies, and with the init the kernel kills every process of the namespace.
+PID_NAMESPACE = ("--pid", "--fork", "--kill-child")
+ROOT_UNSHARE = ("--mount", "--propagation", "private", *PID_NAMESPACE)
+# A user namespace mapping the invoking user to root, with its own mount and PID namespaces.
+ROOTLESS_UNSHARE = ("--user", "--map-root-user", "--mount", "--propagation", "private", *PID_NAMESPACE)
 _HOLDER_READY_TIMEOUT_S = 10.0
 _CHECK_TIMEOUT_S = 5.0
 _POLL_S = 0.05
@@ -106,8 +117,8 @@ def check(rootless: bool | None = None) -> tuple[bool, str]:
     missing = [tool for tool in tools if shutil.which(tool) is None]
     if missing:
         return False, f"host sandbox needs {', '.join(missing)} (util-linux) on PATH; {LIMITATIONS}"
-    argv = ["unshare", *ROOTLESS_UNSHARE] if rootless else ["unshare", "--mount", "--propagation", "private"]
-    what = "a user namespace" if rootless else "a mount namespace"
+    argv = ["unshare", *(ROOTLESS_UNSHARE if rootless else ROOT_UNSHARE)]
+    what = "a user namespace" if rootless else "mount and PID namespaces"
     try:
         probe = subprocess.run([*argv, "--", "true"], capture_output=True, text=True,
                                timeout=_CHECK_TIMEOUT_S, check=False)
@@ -141,6 +152,20 @@ def _mount_namespace(pid: int) -> str | None:
         return os.readlink(f"/proc/{pid}/ns/mnt")
     except OSError:
         return None
+
+
+def _children(pid: int) -> list[int]:
+    """Pids whose parent is `pid` (read from /proc, which needs no CONFIG_PROC_CHILDREN)."""
+    children = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            status = Path(f"/proc/{entry}/status").read_text()
+            match = re.search(r"^PPid:\s*(\d+)", status, re.MULTILINE)
+            if match and int(match.group(1)) == pid:
+                children.append(int(entry))
+    return children
 
 
 def processes_in_namespace(namespace: str) -> list[int]:
@@ -189,7 +214,10 @@ class HostSandbox(BaseEnvironment):
         self._state_dir = Path(state_dir)
         if self._state_dir.is_relative_to("/tmp"):
             raise ValueError(f"state_dir {state_dir} is under /tmp, which each trial covers")
+        # `unshare`, our child; its own child `_init_pid` is the holder (init of the trial's PID
+        # namespace, pid 1 inside, seen from here by its host pid).
         self._holder: asyncio.subprocess.Process | None = None
+        self._init_pid: int | None = None
         self._namespace: str | None = None
         # An open fd on the namespace pins it: the kernel reuses a freed namespace's id at once,
         # so without the pin, stopping this trial could kill the next trial's processes.
@@ -331,8 +359,7 @@ class HostSandbox(BaseEnvironment):
         staging = str(self._mount_points.state_dir / "stage")
         await asyncio.to_thread(self._mount_points.claim, [staging, *on_host])
 
-        await self._spawn_holder(["unshare", "--mount", "--propagation", "private"],
-                                 ["sleep", "infinity"])
+        await self._spawn_holder(["unshare", *ROOT_UNSHARE], ["sleep", "infinity"])
 
         # The per-trial root may live under a path about to be covered (the default is under
         # /tmp), so it is first bound at a staging point and every bind reads from there.
@@ -346,6 +373,9 @@ class HostSandbox(BaseEnvironment):
             script.append(f"mkdir -p {shlex.quote(target)} && mount --bind {source} {shlex.quote(target)}")
         script.append(f"umount {stage}")
         script.append(f"mkdir -p -m 700 {shlex.quote(self._tmux_tmpdir)} {PRIVATE_HOME}")
+        # This script runs in the trial's PID namespace: a proc mounted here shows only its pids
+        # (where the kernel refuses, the trial keeps the host's, as rootless does).
+        script.append("mount -t proc proc /proc 2>/dev/null || true")
         if self.no_network:
             # sysfs shows the network namespace it was mounted in: remount it for this one.
             script += ["ip link set lo up", "mount -t sysfs sysfs /sys"]
@@ -382,16 +412,21 @@ class HostSandbox(BaseEnvironment):
             start_new_session=True,
             preexec_fn=_die_with_parent,
         )
-        self._namespace = await self._wait_for_namespace(self._holder)
-        self._namespace_fd = self._pin_namespace(self._holder.pid, self._namespace)
+        self._init_pid, self._namespace = await self._wait_for_namespace(self._holder)
+        self._namespace_fd = self._pin_namespace(self._init_pid, self._namespace)
 
     def _rootless_script(self, rootfs: Path) -> str:
         """Bash for the holder: host top-level entries into `rootfs`, the binds, then chroot."""
         root = str(rootfs)
         whole = {t.strip("/") for t in self._binds if t.count("/") == 1}
-        lines = ["set -e"]
+        # The script runs as init of the trial's PID namespace: a proc mounted by it shows only the
+        # trial's pids. A kernel that refuses proc in a user namespace (a host proc partly hidden,
+        # as in some containers) gets the host's, where pids inside and in /proc differ.
+        proc = shlex.quote(f"{root}/proc")
+        lines = ["set -e", f"mkdir {proc}",
+                 f"mount -t proc proc {proc} 2>/dev/null || mount --rbind /proc {proc}"]
         for entry in sorted(os.listdir("/")):
-            if entry in whole:
+            if entry in whole or entry == "proc":
                 continue
             source, target = shlex.quote(f"/{entry}"), shlex.quote(f"{root}/{entry}")
             if os.path.islink(f"/{entry}"):
@@ -413,8 +448,9 @@ class HostSandbox(BaseEnvironment):
         lines.append(f"exec chroot {shlex.quote(root)} sleep infinity")
         return "\n".join(lines)
 
-    async def _wait_for_namespace(self, holder: asyncio.subprocess.Process) -> str:
-        """Wait until the holder has left our mount namespace and exec'd `sleep`."""
+    async def _wait_for_namespace(self, holder: asyncio.subprocess.Process) -> tuple[int, str]:
+        """Wait until unshare's child (the trial's init) has left our mount namespace and exec'd
+        `sleep`; returns its host pid and its mount namespace."""
         own = _mount_namespace(os.getpid())
         loop = asyncio.get_running_loop()
         deadline = loop.time() + _HOLDER_READY_TIMEOUT_S
@@ -422,11 +458,12 @@ class HostSandbox(BaseEnvironment):
             if holder.returncode is not None:
                 err = (await holder.stderr.read()).decode(errors="replace") if holder.stderr else ""
                 raise RuntimeError(f"host sandbox namespace holder exited: {err.strip()}")
-            namespace = _mount_namespace(holder.pid)
-            with contextlib.suppress(OSError):
-                comm = Path(f"/proc/{holder.pid}/comm").read_text().strip()
-                if comm == "sleep" and namespace and namespace != own:
-                    return namespace
+            for pid in await asyncio.to_thread(_children, holder.pid):
+                namespace = _mount_namespace(pid)
+                with contextlib.suppress(OSError):
+                    comm = Path(f"/proc/{pid}/comm").read_text().strip()
+                    if comm == "sleep" and namespace and namespace != own:
+                        return pid, namespace
             await asyncio.sleep(0.01)
         raise RuntimeError("host sandbox namespace holder did not start in time")
 
@@ -468,7 +505,7 @@ class HostSandbox(BaseEnvironment):
 
     async def _kill_namespace(self) -> None:
         namespace, holder, pin = self._namespace, self._holder, self._namespace_fd
-        self._namespace, self._holder, self._namespace_fd = None, None, None
+        self._namespace, self._holder, self._namespace_fd, self._init_pid = None, None, None, None
         # Only a pinned namespace's id is known to still be ours; unpinned, kill just the holder.
         if pin is not None:
             try:
@@ -492,9 +529,10 @@ class HostSandbox(BaseEnvironment):
     # ---------------------------------------------------------------- exec
 
     def _nsenter(self) -> list[str]:
-        if self._holder is None:
+        if self._init_pid is None:
             raise RuntimeError("host sandbox is not started")
-        argv = ["nsenter", "-t", str(self._holder.pid), "-m"]
+        # -p: nsenter forks the command into the trial's PID namespace, so it dies with the holder.
+        argv = ["nsenter", "-t", str(self._init_pid), "-m", "-p"]
         if self._rootless:
             # Keep our uid (mapped to root inside: setgroups is denied there) and take the
             # holder's root and working directory, i.e. the trial's root directory.
@@ -506,9 +544,9 @@ class HostSandbox(BaseEnvironment):
     def _nsenter_net(self) -> list[str]:
         """Into the trial's network namespace only: the host's files stay in view, so this Python
         (which may live under a /tmp the trial has its own of) and the relay's socket are found."""
-        if self._holder is None:
+        if self._init_pid is None:
             raise RuntimeError("host sandbox is not started")
-        argv = ["nsenter", "-t", str(self._holder.pid), "-n"]
+        argv = ["nsenter", "-t", str(self._init_pid), "-n", "-p"]
         if self._rootless:
             argv += ["-U", "--preserve-credentials"]  # the net namespace belongs to the trial's user namespace
         return [*argv, "--"]
@@ -629,7 +667,7 @@ class HostSandbox(BaseEnvironment):
         Paths outside the bound directories are reached through `/proc/<holder>/root`, i.e. in the
         namespace's own view (which for them is the real host filesystem).
         """
-        if self._holder is None:
+        if self._init_pid is None:
             raise RuntimeError("host sandbox is not started")
         path = posixpath.normpath(posixpath.join(self.workdir, sandbox_path))
         best = max(
@@ -637,7 +675,7 @@ class HostSandbox(BaseEnvironment):
             key=len, default=None,
         )
         if best is None:
-            return Path(f"/proc/{self._holder.pid}/root") / path.lstrip("/")
+            return Path(f"/proc/{self._init_pid}/root") / path.lstrip("/")
         return self._binds[best] / posixpath.relpath(path, best)
 
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:

@@ -175,15 +175,14 @@ async def test_exec_env_is_clean_and_has_a_private_tmux_tmpdir(sandbox: HostSand
 @pytest.mark.parametrize("rootless", MODES)
 async def test_server_secrets_never_reach_the_trial_environment(rootless: bool, tmp_path: Path,
                                                                 monkeypatch) -> None:
-    # The namespace holder is the trial's first process: its environment is readable inside.
+    # The namespace holder is the trial's first process (pid 1): its environment is readable inside.
     for name in ("ANTHROPIC_API_KEY", "TAPDECK_ADMIN_KEY", "TAPDECK_ENGINE_API_KEY"):
         monkeypatch.setenv(name, f"leak-{name}")
     (tmp_path / "hostdirs").mkdir()
     env = _sandbox(tmp_path, rootless=rootless, task_env={"workdir": "/app"})
     await env.start(force_build=False)
     try:
-        holder = env._holder.pid
-        printed = await env.exec(f"env; echo ---; tr '\\0' '\\n' < /proc/{holder}/environ")
+        printed = await env.exec("env; echo ---; tr '\\0' '\\n' < /proc/1/environ")
     finally:
         await env.stop(delete=True)
     assert printed.return_code == 0, printed
@@ -340,10 +339,12 @@ def test_rootless_namespace_works_for_an_unprivileged_user(tmp_path: Path) -> No
                                    env._rootless_script(rootfs)], stderr=subprocess.PIPE, text=True)
         for _ in range(200):
             assert holder.poll() is None, holder.stderr.read()  # the script failed: say why
-            if Path(f"/proc/{holder.pid}/comm").read_text().strip() == "sleep":
+            init = [pid for pid in host._children(holder.pid)
+                    if Path(f"/proc/{pid}/comm").read_text().strip() == "sleep"]
+            if init:
                 break
             time.sleep(0.05)
-        env._holder = holder  # only its pid is used, to build the nsenter command
+        env._init_pid = init[0]  # only its pid is used, to build the nsenter command
         out = subprocess.run([*nobody, *env._nsenter(), "bash", "-c",
                               "id -u; cd /app && echo made > here && cat here; ls /proc/self/ns/mnt"],
                              capture_output=True, text=True, timeout=30)
@@ -494,3 +495,70 @@ async def test_a_workdir_nested_under_tmp_is_bound_on_top_of_the_private_tmp(tmp
         assert (await env.exec("ls /tmp/work")).stdout.split() == ["made.txt"]
     finally:
         await env.stop(delete=True)
+
+
+_TMUX_TRIAL = '''
+import asyncio, os, sys
+from harbor import Trial
+from harbor.agents.base import BaseAgent
+from harbor.models.trial.config import AgentConfig, TaskConfig, TrialConfig
+from tapdeck.runner.catalog import sandbox_environment_config
+
+
+class TmuxAgent(BaseAgent):
+    """Starts terminus-2's tmux session (a daemonised server), says so, then works for a long time."""
+
+    @staticmethod
+    def name() -> str:
+        return "tapdeck-tmux"
+
+    def version(self) -> str:
+        return "1"
+
+    async def setup(self, environment) -> None:
+        return None
+
+    async def run(self, instruction, environment, context) -> None:
+        tmux = await environment.exec("tmux new-session -d -s terminus-2 -x 80 -y 24 'sleep 600'")
+        assert tmux.return_code == 0, tmux.stderr
+        print("tmux started", flush=True)
+        await asyncio.sleep(600)
+
+
+async def main(task, trials, base, rootless):
+    config = TrialConfig(task=TaskConfig(path=task), trials_dir=trials, trial_name="tmux",
+                         agent=AgentConfig(import_path="__main__:TmuxAgent"),
+                         environment=sandbox_environment_config("host", base_dir=base,
+                                                                rootless=rootless == "1"))
+    await (await Trial.create(config)).run()
+
+
+asyncio.run(main(*sys.argv[1:]))
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rootless", MODES)
+def test_kill_9_of_the_server_kills_every_process_of_its_trial_tmux_included(
+        rootless: bool, tmp_path: Path, hostdirs: Path) -> None:
+    from tests.conftest import SandboxProcesses
+
+    server = subprocess.Popen([sys.executable, "-c", _TMUX_TRIAL, str(SAMPLE.task("hello-file").path),
+                               str(tmp_path / "trials"), str(hostdirs), "1" if rootless else "0"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                              env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+    trial = None
+    try:
+        line = server.stdout.readline()  # the agent's line, or "" if the process died first
+        assert line == "tmux started\n", server.stderr.read() if server.poll() is not None else line
+        trial = SandboxProcesses(server.pid)
+        assert any(c.startswith("tmux") for c in trial.commands()), trial.commands()
+        os.kill(server.pid, signal.SIGKILL)
+        server.wait(30)
+        assert trial.survivors() == []
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+        if trial is not None:
+            trial.close()
