@@ -730,8 +730,9 @@ class CaptureService:
         # The proxy's own reply id: an engine that repeats ids must not make two replies one
         # (a Responses chain naming itself as its own previous response would never end).
         reply = {**reply, "id": f"chatcmpl-tdk-{secrets.token_hex(12)}"}
+        # The reply id kept with the turn ties what a harness logged to what was captured.
         meta = {**meta, "latency_ms": round((time.perf_counter() - started) * 1000, 3),
-                "usage": reply.get("usage")}
+                "usage": reply.get("usage"), "reply_id": reply["id"]}
         if plan is not None:
             meta["capture_mode"] = plan.record
         findings = _cap_findings(sampling, reply)

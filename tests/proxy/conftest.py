@@ -39,10 +39,14 @@ class Upstream:
 
     mode: str = "vllm"
     """vllm | no_logprobs | html | slow | context_full | http500 | no_choices | truncated_json |
-    empty_503 | long (a reply whose content is `long_chars` characters)"""
+    empty_503 | long (a reply whose content is `long_chars` characters) | hold_followups (a call
+    that continues a conversation, i.e. carries an assistant message, waits while the mode lasts
+    or until its client leaves)"""
     delay: float = 0.0
     requests: list[dict[str, Any]] = field(default_factory=list)
     cancelled: int = 0
+    holding: int = 0
+    """Calls waiting in `hold_followups` right now."""
     long_chars: int = 2_000_000
     server: ThreadedServer | None = None
 
@@ -75,6 +79,16 @@ def _upstream_app(up: Upstream) -> FastAPI:
                     up.cancelled += 1
                     return Response(status_code=499)
                 await asyncio.sleep(0.02)
+        if up.mode == "hold_followups" and any(
+                isinstance(m, dict) and m.get("role") == "assistant" for m in body.get("messages", [])):
+            up.holding += 1
+            try:
+                while up.mode == "hold_followups":
+                    if await request.is_disconnected():
+                        return Response(status_code=499)
+                    await asyncio.sleep(0.05)
+            finally:
+                up.holding -= 1
         if up.mode == "html":
             return PlainTextResponse("<html><body>502 Bad Gateway</body></html>", media_type="text/html")
         if up.mode == "context_full":
