@@ -230,6 +230,7 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/runner_env/test_host_sandbox.py::test_exec_env_is_clean_and_has_a_private_tmux_tmpdir
   → tests/runner_env/test_host_sandbox.py::test_no_network_task_gets_loopback_only
   → tests/runner_env/test_host_sandbox.py::test_rootless_trial_runs_in_its_own_root_and_makes_nothing_on_the_host
+  → tests/runner_env/test_host_sandbox.py::test_kill_9_of_the_server_kills_every_process_of_its_trial_tmux_included
   → tests/runner_env/test_mount_points.py::test_the_last_user_removes_the_directories_it_made_and_nothing_else
 - engines: address forms, `/v1/models` then `/models`, one line naming every URL tried
   → tests/proxy/test_engine_address.py::test_an_address_without_a_path_is_asked_at_v1_then_at_the_root
@@ -338,6 +339,9 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/proxy/test_store_faults.py::test_opening_a_session_on_a_refusing_store_is_a_503
 - `kill -9` under load loses no turn whose reply was sent
   → tests/proxy/test_crash_under_load.py::test_kill_9_under_load_loses_no_replied_turn
+- a batch killed with `kill -9` keeps every delivered turn, leaves no trial process, and resumes
+  only its unfinished rollouts
+  → tests/runner/test_kill_9_batch.py::test_kill_9_mid_batch_keeps_every_delivered_turn_and_resume_runs_only_the_unfinished_rollouts
 - nothing holds the event loop: calls are captured while every reader thread is held
   → tests/proxy/test_loop_never_blocks.py::test_commits_complete_while_slow_exports_hold_every_reader_thread
 - closed sessions release their live state; Responses are bounded and never loop; repeated engine
@@ -354,8 +358,13 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/proxy/test_fuzz_routes.py
 - engine faults are 502s with a non-empty, credential-free message
   → tests/proxy/test_engine_faults.py
-- a trial never sees the server's keys
+- a trial never sees the server's keys; the data dir and database are private; admin keys from a
+  file or the environment, weak ones refused on a public bind
   → tests/runner_env/test_host_sandbox.py::test_server_secrets_never_reach_the_trial_environment
+  → tests/proxy/test_config_and_keys.py::test_data_dir_and_capture_db_are_owner_only_even_when_they_existed
+  → tests/proxy/test_config_and_keys.py::test_admin_key_file_is_read_and_refused_when_empty
+  → tests/proxy/test_host.py::test_serve_cli_reads_the_admin_key_from_a_file_and_refuses_weak_ones_on_public_binds
+  → tests/proxy/test_config_and_keys.py::test_a_weak_admin_key_is_refused_on_a_public_bind_only
 
 § Tests and benchmarks
 - nothing in the suite asserts on wall-clock time

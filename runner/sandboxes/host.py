@@ -32,8 +32,8 @@ What this is and is not:
 - It ignores the task's Dockerfile: the host is the image, so every tool a task's Dockerfile would
   install must already be on the host; installed agents would install into the host.
 - It is NOT a security boundary: processes run as real host users, see the real host filesystem
-  (outside the bound paths), the host's processes and, unless the task asks for no network, the
-  host's network.
+  (outside the bound paths; the host's processes too where the kernel refused the trial its own
+  `/proc`) and, unless the task asks for no network, the host's network.
 
 Harbor loads it by import path:
 `EnvironmentConfig(import_path="tapdeck.runner.sandboxes.host:HostSandbox")`.

@@ -191,6 +191,24 @@ async def test_server_secrets_never_reach_the_trial_environment(rootless: bool, 
     assert "leak-" not in printed.stdout
 
 
+@pytest.mark.parametrize("rootless", MODES)
+async def test_a_trial_sees_only_its_own_processes_with_its_holder_as_pid_1(rootless: bool,
+                                                                           tmp_path: Path) -> None:
+    (tmp_path / "hostdirs").mkdir()
+    env = _sandbox(tmp_path, rootless=rootless, task_env={"workdir": "/app"})
+    await env.start(force_build=False)
+    try:
+        seen = await env.exec("tmux new-session -d -s terminus-2 'sleep 60'; "
+                              "cat /proc/1/comm; echo ---; ps -e -o comm=")
+    finally:
+        await env.stop(delete=True)
+    init, _, listed = seen.stdout.partition("---")
+    assert init.strip() == "sleep"
+    # bash may have exec'd ps: nothing of the host, only the trial's own.
+    assert {"sleep", "tmux: server", "ps"} <= set(listed.split("\n")) <= {"sleep", "tmux: server",
+                                                                         "ps", "bash", ""}, listed
+
+
 async def test_exec_runs_as_the_requested_host_user(sandbox: HostSandbox) -> None:
     assert (await sandbox.exec("id -un")).stdout.strip() == "root"
     assert (await sandbox.exec("id -un", user="nobody", cwd="/tmp")).stdout.strip() == "nobody"
