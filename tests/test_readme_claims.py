@@ -361,6 +361,7 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
 - a trial never sees the server's keys; the data dir and database are private; admin keys from a
   file or the environment, weak ones refused on a public bind
   → tests/runner_env/test_host_sandbox.py::test_server_secrets_never_reach_the_trial_environment
+  → tests/runner_env/test_host_sandbox.py::test_a_trial_printing_its_environment_sees_no_server_key
   → tests/proxy/test_config_and_keys.py::test_data_dir_and_capture_db_are_owner_only_even_when_they_existed
   → tests/proxy/test_config_and_keys.py::test_admin_key_file_is_read_and_refused_when_empty
   → tests/proxy/test_host.py::test_serve_cli_reads_the_admin_key_from_a_file_and_refuses_weak_ones_on_public_binds

@@ -209,6 +209,25 @@ async def test_a_trial_sees_only_its_own_processes_with_its_holder_as_pid_1(root
                                                                          "ps", "bash", ""}, listed
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("rootless", MODES)
+async def test_a_trial_printing_its_environment_sees_no_server_key(rootless: bool, tmp_path: Path,
+                                                                    hostdirs: Path, monkeypatch) -> None:
+    for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "TAPDECK_ADMIN_KEY", "TAPDECK_ENGINE_API_KEY"):
+        monkeypatch.setenv(name, f"leak-{name}")
+    task = tmp_path / "print-env"
+    shutil.copytree(SAMPLE.task("hello-file").path, task)
+    # The oracle's solution prints its own environment and that of the trial's first process.
+    (task / "solution" / "solve.sh").write_text(
+        "#!/bin/bash\n{ env; echo ---; tr '\\0' '\\n' < /proc/1/environ; } > /logs/agent/env.txt\n")
+    result = await _trial(task, AgentConfig(name="oracle"), tmp_path, "env__oracle", rootless=rootless)
+    assert result.exception_info is None, result.exception_info
+    printed = (tmp_path / "trials" / "env__oracle" / "agent" / "env.txt").read_text()
+    own, _, first = printed.partition("---")
+    assert "PATH=" in own and "PATH=" in first  # both were read
+    assert "leak-" not in printed
+
+
 async def test_exec_runs_as_the_requested_host_user(sandbox: HostSandbox) -> None:
     assert (await sandbox.exec("id -un")).stdout.strip() == "root"
     assert (await sandbox.exec("id -un", user="nobody", cwd="/tmp")).stdout.strip() == "nobody"
