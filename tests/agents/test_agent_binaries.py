@@ -100,16 +100,17 @@ SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 """mini-swe-agent ends only when the model runs this."""
 
 
-def scripted_agent_reply(name: str) -> Any:
+def scripted_agent_reply(name: str, work: str = "echo hi > hello.txt") -> Any:
     """The recorded vLLM reply, turned into the call a capable model would make: the agent's shell
-    tool writing hello.txt, then (once a tool result is in the prompt) a plain "done"."""
+    tool running `work` (writing hello.txt), then (once a tool result is in the prompt) a plain
+    "done"."""
     def answer(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         reply = copy.deepcopy(vllm_fixture("chat_basic")["response"])
         choice = reply["choices"][0]
         tools = {t["function"]["name"] for t in body.get("tools") or []}
         shell = next((t for t in SHELL_TOOLS if t in tools), None)
         answered = any(m.get("role") == "tool" for m in body["messages"])
-        command = SUBMIT if answered and name == "mini-swe-agent" else "echo hi > hello.txt"
+        command = SUBMIT if answered and name == "mini-swe-agent" else work
         if shell and (not answered or command == SUBMIT):
             choice["message"]["content"] = None
             choice["message"]["tool_calls"] = [{
