@@ -319,8 +319,13 @@ class QwenCodeCli(CliAgent):
         # engine): a quarter of an hour of CPU decoding per call.
         generation = {"maxRetries": RETRIES, "streamIdleTimeoutMs": 0, "timeout": IDLE_TIMEOUT_MS,
                       "samplingParams": {"max_tokens": self.max_output_tokens}}
+        # Its managed memory runs a sub-agent after each finished turn (another system prompt and
+        # tool set, extracting "memories" from the task's conversation), and its "dream" folds them
+        # later: calls outside the task's conversation, a second root in the capture.
+        memory = {"enableManagedAutoMemory": False, "enableManagedAutoDream": False}
         settings = {**_SETTINGS_OFF, "security": {"auth": {"selectedType": "openai"}},
-                    "model": {"maxSessionTurns": self.max_turns, "generationConfig": generation}}
+                    "model": {"maxSessionTurns": self.max_turns, "generationConfig": generation},
+                    "memory": memory}
         return {".qwen/settings.json": json.dumps(settings)}
 
     def command(self, instruction: str) -> str:

@@ -40,7 +40,7 @@ DEFAULT_HARD_LIMIT_S = 300.0
 
 FIRST_PROMPT_TOKENS: dict[str, int] = {
     "terminus-2": 774, "mini-swe-agent": 1013, "opencode": 7726, "codex": 8733,
-    "gemini-cli": 11400, "claude-code": 12200, "qwen-code": 16600,
+    "gemini-cli": 11400, "claude-code": 12200, "qwen-code": 17206,
 }
 """Each harness's first prompt on a sample task, measured here (embedded-defaults.md, README): an
 engine whose context cannot hold it plus the output tokens would cut the agent on its first call."""

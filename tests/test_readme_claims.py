@@ -258,6 +258,10 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/agents/test_agent_rollouts.py::test_dead_engine_ends_the_agent_and_is_engine_unreachable
 - only the session key and the proxy reach an agent CLI
   → tests/runner_env/test_harnesses.py::test_agent_clis_get_only_the_session_key_and_the_proxy
+- qwen-code's managed-memory sub-agent is off: after a length-cut reply its calls stay one conversation
+  → tests/agents/test_agent_binaries.py::test_qwen_code_after_a_length_cut_reply_stays_in_the_tasks_conversation
+- an agent CLI started from Setup runs to the verifier's reward, shown on the Runs screen
+  → tests/agents/test_agent_from_setup.py::test_agent_cli_started_from_setup_finishes_with_its_turns_on_the_runs_screen
 
 § Remote sandboxes: `--public-url`
 - sessions advertise the public URL; an unreachable one fails as `proxy_unreachable` naming it

@@ -100,16 +100,17 @@ SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 """mini-swe-agent ends only when the model runs this."""
 
 
-def scripted_agent_reply(name: str) -> Any:
+def scripted_agent_reply(name: str, work: str = "echo hi > hello.txt") -> Any:
     """The recorded vLLM reply, turned into the call a capable model would make: the agent's shell
-    tool writing hello.txt, then (once a tool result is in the prompt) a plain "done"."""
+    tool running `work` (writing hello.txt), then (once a tool result is in the prompt) a plain
+    "done"."""
     def answer(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         reply = copy.deepcopy(vllm_fixture("chat_basic")["response"])
         choice = reply["choices"][0]
         tools = {t["function"]["name"] for t in body.get("tools") or []}
         shell = next((t for t in SHELL_TOOLS if t in tools), None)
         answered = any(m.get("role") == "tool" for m in body["messages"])
-        command = SUBMIT if answered and name == "mini-swe-agent" else "echo hi > hello.txt"
+        command = SUBMIT if answered and name == "mini-swe-agent" else work
         if shell and (not answered or command == SUBMIT):
             choice["message"]["content"] = None
             choice["message"]["tool_calls"] = [{
@@ -139,3 +140,21 @@ def test_agent_binary_runs_its_own_tool_loop_through_the_proxy(
     print(f"\n{name}: {summary['turns']} calls captured, findings {summary['findings'][:4]}")
     if name in ("gemini-cli", "qwen-code"):  # their output limits come from settings files
         assert {r.get("max_tokens") for r in upstream.requests if r.get("tools")} == {256}
+
+
+def test_qwen_code_after_a_length_cut_reply_stays_in_the_tasks_conversation(
+        capture: CaptureServer, upstream: ScriptedUpstream, tmp_path: Path) -> None:
+    # Its one run on the embedded engine made two roots: after a reply cut at max_tokens ended
+    # its turn, its managed-memory sub-agent sent the conversation under another system prompt
+    # and tool set. The per-trial settings turn that sub-agent off.
+    installed_or_skip("qwen-code")
+    cut = vllm_fixture("chat_length")["response"]
+    upstream.answer = lambda body: (200, vllm_reply_to(body, cut))
+    info = capture.open_session()
+    done = run_cli("qwen-code", info, tmp_path, "Create a file hello.txt containing hi.")
+    output = (done.stdout + done.stderr)[-3000:]
+    assert done.returncode == 0, output
+    task_calls = [r for r in upstream.requests if r.get("tools")]
+    assert task_calls, output
+    systems = {r["messages"][0]["content"][:200] for r in task_calls}
+    assert len(systems) == 1 and "memory extraction" not in next(iter(systems)), systems
