@@ -4,9 +4,9 @@
 own loop); each subscriber owns a bounded queue on its own loop. A subscriber that cannot keep up
 loses its oldest events rather than growing without bound or slowing the capture path.
 
-An event may be given as a function that builds it: it is called only when someone listens (a
-turn's session summary cost about a tenth of the proxy's CPU per call, for no one, when no TUI or
-watcher was attached).
+An event may be given as a function that builds it: it is called only when someone listens (each
+turn's pydantic session summary cost a few percent of the proxy's CPU per call, for no one, when
+no TUI or watcher was attached).
 """
 
 from __future__ import annotations

@@ -57,6 +57,7 @@ class StoreWrites:
 
     def __init__(self, threads: int = WRITE_THREADS) -> None:
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._closed = False
         self._threads = [threading.Thread(target=self._work, name=f"tapdeck-store-{i}", daemon=True)
                          for i in range(threads)]
         for thread in self._threads:
@@ -68,8 +69,10 @@ class StoreWrites:
         """`fn(*args, **kwargs)` on a store thread; a store fault raises `StoreUnavailable`."""
         loop = asyncio.get_running_loop()
         done = loop.create_future()
-        self._jobs.put((loop, done, fn, args, kwargs))
         try:
+            if self._closed:  # no thread is left to run it: refused, never left waiting
+                raise RuntimeError("the capture store's writer is closed")
+            self._jobs.put((loop, done, fn, args, kwargs))
             return await done
         except Exception as exc:
             fault = unavailable(exc)
@@ -103,6 +106,7 @@ class StoreWrites:
     def shutdown(self) -> None:
         """Finish the writes already submitted, then stop the threads."""
         self._lane.shutdown(wait=True)
+        self._closed = True
         for _ in self._threads:
             self._jobs.put(None)
         for thread in self._threads:

@@ -86,3 +86,10 @@ def test_shutdown_finishes_the_writes_already_queued():
     asyncio.run(queue_and_leave())  # their loop is closed by the time they run: nobody waits
     writes.shutdown()
     assert sorted(done) == list(range(20))
+
+
+async def test_write_after_shutdown_is_refused_as_store_unavailable():
+    writes = StoreWrites(threads=1)
+    writes.shutdown()
+    with pytest.raises(StoreUnavailable, match="writer is closed"):
+        await writes.run(lambda: None)
