@@ -1,6 +1,7 @@
 """Proxy overhead: per-call latency and CPU through tapdeck vs straight to a vLLM-shaped upstream.
 
     .venv/bin/python bench/proxy.py [--calls 20] [--concurrency 1,16,64,256] [--slow 64,256] [--turns 200]
+                                    [--rounds 3]
 
 Processes: two upstreams (this file with `--upstream PORT`; one answering at once, one after
 100 ms; replies have the shape of the recorded vLLM bodies in tests/fixtures/vllm, with real
@@ -15,8 +16,10 @@ Prints, from one run:
 2. flatness as turns grow: one 200-turn rollout whose prompts reach ~100k tokens, early vs late
    turns, its CPU per call, RSS growth per 1,000 stored tokens, and the rollout export time.
 
-`--profile FILE` runs the proxy under py-spy (GIL-holding samples, collapsed stacks). No
-thresholds: it reports what it measured.
+`--rounds N` repeats each concurrency round and prints the median of each figure (on a shared
+machine one round's CPU per call swings by a fifth). `--profile FILE` runs the proxy under py-spy
+(GIL-holding samples, collapsed stacks; `bench/proxy_profile.py FILE` sums them by part of the
+call). No thresholds: it reports what it measured.
 """
 
 from __future__ import annotations
@@ -315,6 +318,18 @@ def start_upstream(port: int, latency_s: float, env: dict[str, str]) -> subproce
                              str(latency_s)], env=env, stdout=subprocess.DEVNULL)
 
 
+def median_round(repeats: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row from repeated rounds: the median of each figure; failures and chains summed."""
+    out = dict(repeats[0])
+    for key, value in out.items():
+        if isinstance(value, float):
+            out[key] = statistics.median(r[key] for r in repeats)
+    for key in ("calls", "errors", "direct_errors", "chains", "sessions"):
+        out[key] = sum(r[key] for r in repeats)
+    out["first_error"] = next((r["first_error"] for r in repeats if r["first_error"]), "")
+    return out
+
+
 def print_row(label: str, r: dict[str, Any]) -> None:
     print(f"{label:<22} {r['calls']:>6} {r['direct_p50']:>8.2f} {r['proxy_p50']:>8.2f} "
           f"{r['proxy_p50'] / r['direct_p50']:>6.2f} {r['proxy_p99'] / r['direct_p99']:>6.2f} "
@@ -333,6 +348,8 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,16,64,256", help="sessions per round, fast upstream")
     parser.add_argument("--slow", default="64,256", help="sessions per round, upstream answering in 100 ms")
     parser.add_argument("--burst-calls", type=int, default=5, help="calls per session in rounds over 64 sessions")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="repeat each concurrency round; each figure is the median over the repeats")
     parser.add_argument("--turns", type=int, default=200, help="turns of the flatness rollout (0: skip)")
     parser.add_argument("--turn-tokens", type=int, default=500, help="tokens each turn adds (flatness)")
     parser.add_argument("--profile", type=Path, help="run the proxy under py-spy; collapsed stacks to this file")
@@ -374,8 +391,10 @@ def main() -> None:
                  [(n, slow_url, "100 ms") for n in args.slow.split(",") if n]
         for n, url, tag in ((int(n), url, tag) for n, url, tag in rounds):
             calls = args.calls if n <= 64 else args.burst_calls
-            r = asyncio.run(concurrency_round(url, proxy_url, admin_key, pid, n, calls, args.prompt,
-                                              tag[0]))
+            repeats = [asyncio.run(concurrency_round(url, proxy_url, admin_key, pid, n, calls, args.prompt,
+                                                     f"{tag[0]}{k}"))
+                       for k in range(max(1, args.rounds))]
+            r = median_round(repeats)
             print_row(f"{n} sessions, {tag}", r)
         if not args.turns:
             return

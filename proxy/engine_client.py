@@ -244,9 +244,31 @@ def parse_capture(reply: Mapping[str, Any]) -> Capture:
     if not content:
         return Capture(prompt_ids, sampled_ids, None, None, None, findings)
 
-    values = [entry.get("logprob") if isinstance(entry, Mapping) else None for entry in content]
+    # One pass over the entries (this runs on every call; dicts, as orjson builds them, skip the
+    # slower Mapping check).
+    values: list[Any] = []
+    token_texts: list[str] = []
+    known: dict[str, str] = {}
+    id_tokens: list[tuple[int, str]] = []
+    for entry in content:
+        if not isinstance(entry, dict) and not isinstance(entry, Mapping):
+            entry = {}
+        values.append(entry.get("logprob"))
+        token = entry.get("token", "")
+        token = token if type(token) is str else str(token)
+        if token.startswith("token_id:"):
+            # vLLM's --return-tokens-as-token-ids: the sampled entry's `bytes` still hold the real
+            # token text (its top_logprobs' `bytes` hold the "token_id:N" string instead).
+            text = bytes(entry.get("bytes") or []).decode("utf-8", errors="replace")
+            known[token] = text
+            id_tokens.append((len(token_texts), token))
+            token = text
+        token_texts.append(token)
+
     logprobs: np.ndarray | None
-    if any(v is None or isinstance(v, bool) or not isinstance(v, (int, float)) for v in values):
+    if all(type(v) is float for v in values):
+        logprobs = np.array(values, dtype=np.float64)
+    elif any(v is None or isinstance(v, bool) or not isinstance(v, (int, float)) for v in values):
         first = next(i for i, v in enumerate(values)
                      if v is None or isinstance(v, bool) or not isinstance(v, (int, float)))
         findings.append(Finding.fatal("logprob_missing",
@@ -255,33 +277,21 @@ def parse_capture(reply: Mapping[str, Any]) -> Capture:
         logprobs = None
     else:
         logprobs = as_logprobs(values)
-
-    known: dict[str, str] = {}
-    token_texts: list[str] = []
-    for i, entry in enumerate(content):
-        entry = entry if isinstance(entry, Mapping) else {}
-        token = str(entry.get("token", ""))
-        if token.startswith("token_id:"):
-            # vLLM's --return-tokens-as-token-ids: the sampled entry's `bytes` still hold the real
-            # token text (its top_logprobs' `bytes` hold the "token_id:N" string instead).
-            text = bytes(entry.get("bytes") or []).decode("utf-8", errors="replace")
-            known[token] = text
-            if logprobs is not None and not _token_id_matches(token, sampled_ids, i):
-                have = None if sampled_ids is None or i >= sampled_ids.size else int(sampled_ids[i])
-                findings.append(Finding.fatal(
-                    "token_id_mismatch",
-                    f"logprob entry {i} is {token!r} but token_ids[{i}] is {have}; logprobs dropped, "
-                    "ids kept as context"))
-                logprobs = None
-            token = text
-        token_texts.append(token)
+    for i, token in id_tokens:
+        if logprobs is not None and not _token_id_matches(token, sampled_ids, i):
+            have = None if sampled_ids is None or i >= sampled_ids.size else int(sampled_ids[i])
+            findings.append(Finding.fatal(
+                "token_id_mismatch",
+                f"logprob entry {i} is {token!r} but token_ids[{i}] is {have}; logprobs dropped, "
+                "ids kept as context"))
+            logprobs = None
 
     top: list[list[tuple[str, float]]] = []
     for entry in content:
-        alts = entry.get("top_logprobs") if isinstance(entry, Mapping) else None
+        alts = entry.get("top_logprobs") if isinstance(entry, dict) or isinstance(entry, Mapping) else None
         top.append([(known.get(str(a.get("token")), str(a.get("token"))), float(a["logprob"]))
-                    for a in alts or [] if isinstance(a, Mapping)
-                    and isinstance(a.get("logprob"), (int, float))])
+                    for a in alts if isinstance(a, Mapping)
+                    and isinstance(a.get("logprob"), (int, float))] if alts else [])
     return Capture(prompt_ids, sampled_ids, logprobs, token_texts, top, findings)
 
 

@@ -3,6 +3,10 @@
 `publish` may be called from any thread and any event loop (the runner's rollouts may live on their
 own loop); each subscriber owns a bounded queue on its own loop. A subscriber that cannot keep up
 loses its oldest events rather than growing without bound or slowing the capture path.
+
+An event may be given as a function that builds it: it is called only when someone listens (each
+turn's pydantic session summary cost a few percent of the proxy's CPU per call, for no one, when
+no TUI or watcher was attached).
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 QUEUE_LIMIT = 1000
@@ -38,11 +42,15 @@ class EventBus:
         self._subscribers: set[_Subscriber] = set()
         self._lock = threading.Lock()
 
-    def publish(self, event: dict[str, Any]) -> None:
-        """Send an event (must carry a `"type"`) to every subscriber; never blocks, never raises."""
-        event = {"ts": time.time(), **event}
+    def publish(self, event: dict[str, Any] | Callable[[], dict[str, Any]]) -> None:
+        """Send an event (must carry a `"type"`) to every subscriber; never blocks, never raises.
+
+        `event` may be a function returning the event: it is called only if there is a subscriber."""
         with self._lock:
             subscribers = list(self._subscribers)
+        if not subscribers:
+            return
+        event = {"ts": time.time(), **(event() if callable(event) else event)}
         try:
             current = asyncio.get_running_loop()
         except RuntimeError:

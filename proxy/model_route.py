@@ -1,11 +1,17 @@
-"""Model calls go straight to their endpoint, past FastAPI's routing and dependency solving.
+"""Model calls go straight to their endpoint, ahead of every FastAPI and Starlette layer.
 
 Profiled at 16 concurrent sessions (bench/proxy.py --profile), FastAPI spent about a fifth of the
 proxy's CPU per model call before the endpoint ran: matching the path against every admin and
 runner route (rebuilding each included router's route context), solving the endpoint's
-dependencies and validating its parameters. Every POST outside `/admin` is a model call (the
-catch-all route), so this middleware hands those to the same endpoint function directly; admin
-and runner routes, and every other method, still go through FastAPI.
+dependencies and validating its parameters. Once past that, the layers FastAPI wraps around every
+app still cost a few percent more per call: its telemetry check (a tracer-provider lookup per
+request), its app-wide body-limit wrapper, the server-error and exception middlewares, and the
+middleware stack the app's own `add_middleware` builds.
+
+So the app itself (`ModelCallsFirst.__call__`) answers every POST outside `/admin` (the catch-all
+model route) by calling that route's endpoint directly. The endpoint keeps the checks: the session
+key before the body, the body cap while it is read, errors in the caller's dialect. Admin and
+runner routes, and every other method, go through FastAPI as before.
 """
 
 from __future__ import annotations
@@ -13,27 +19,32 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
 
 Scope = dict[str, Any]
-ASGIApp = Callable[[Scope, Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
+Endpoint = Callable[[str, Request], Awaitable[Response]]
 
 
-class DirectModelCalls:
-    """ASGI middleware: `POST` outside `/admin` → `endpoint(path, request)`, answered as it returns."""
+def is_model_call(scope: Scope) -> bool:
+    """Whether a request is for the model-call route (a POST outside `/admin`)."""
+    return scope["type"] == "http" and scope["method"] == "POST" and not scope["path"].startswith("/admin")
 
-    def __init__(self, app: ASGIApp, *,
-                 endpoint: Callable[[str, Request], Awaitable[Response]]) -> None:
-        self.app = app
-        self.endpoint = endpoint
+
+class ModelCallsFirst(FastAPI):
+    """A FastAPI app that hands model calls to `model_call_endpoint(path, request)` before any of
+    its own layers; everything else is FastAPI's."""
+
+    model_call_endpoint: Endpoint | None = None
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"].startswith("/admin"):
-            await self.app(scope, receive, send)
+        endpoint = self.model_call_endpoint
+        if endpoint is None or not is_model_call(scope):
+            await super().__call__(scope, receive, send)
             return
-        response = await self.endpoint(scope["path"][1:], Request(scope, receive))
+        response = await endpoint(scope["path"][1:], Request(scope, receive))
         await response(scope, receive, send)
 
 
-__all__ = ["DirectModelCalls"]
+__all__ = ["ModelCallsFirst", "is_model_call"]

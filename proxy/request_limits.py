@@ -78,19 +78,21 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 def too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
-    """Whether parsed JSON nests more than `limit` arrays/objects deep (iterative: no recursion)."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            children = item.values()
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
-        if depth > limit:
+    """Whether parsed JSON nests more than `limit` arrays/objects deep.
+
+    Recursive, but never deeper than `limit` + 1 frames: it stops descending there. Runs on every
+    model call's whole conversation, so it is kept to one call per container (a stack of
+    `(item, depth)` tuples cost three times as much)."""
+    return isinstance(value, (dict, list)) and _over(value, limit)
+
+
+def _over(item: dict[str, Any] | list[Any], left: int) -> bool:
+    """Whether container `item`, allowed `left` more levels including its own, goes past them."""
+    if left <= 0:
+        return True
+    for child in item.values() if isinstance(item, dict) else item:
+        if isinstance(child, (dict, list)) and _over(child, left - 1):
             return True
-        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
     return False
 
 

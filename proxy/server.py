@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.datastructures import Headers
 
 from tapdeck.proxy.config import DEFAULT_MAX_BODY_BYTES
-from tapdeck.proxy.model_route import DirectModelCalls
+from tapdeck.proxy.model_route import ModelCallsFirst
 from tapdeck.proxy.request_limits import ADMIN_KEY_REQUIRED, GuardedBodies, read_body
 from tapdeck.proxy.service import CallReply, CaptureService
 from tapdeck.proxy.sessions import SessionError, SessionSpec
@@ -140,7 +140,8 @@ def create_app(service: CaptureService, *, admin_key: str,
         yield
         await service.aclose()
 
-    app = FastAPI(title="tapdeck", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app = ModelCallsFirst(title="tapdeck", docs_url=None, redoc_url=None, openapi_url=None,
+                          lifespan=lifespan)
     app.state.service = service
     app.state.admin_key = admin_key
     app.state.instance = secrets.token_hex(8)
@@ -184,5 +185,5 @@ def create_app(service: CaptureService, *, admin_key: str,
                                           until_disconnect)
         return _reply(reply)
 
-    app.add_middleware(DirectModelCalls, endpoint=model_call)
+    app.model_call_endpoint = model_call
     return app

@@ -816,9 +816,9 @@ class CaptureService:
             if access is not None:
                 access.seq = turn.seq
             session.count([*turn.findings, *link.findings])
-        self.events.publish({"type": "turn_captured", "seq": turn.seq, "parent": link.parent,
-                             "link_kind": link.kind,
-                             "session": self._summary(session).model_dump(mode="json")})
+        self.events.publish(lambda: {"type": "turn_captured", "seq": turn.seq, "parent": link.parent,
+                                     "link_kind": link.kind,
+                                     "session": self._summary(session).model_dump(mode="json")})
 
     def _commit_turn(self, session: _Session, turn: Turn) -> Link:
         """Link the turn and commit it, as one step under the graph's lock (on a store thread).
@@ -839,7 +839,8 @@ class CaptureService:
         return link
 
     def _publish_update(self, session: _Session) -> None:
-        self.events.publish({"type": "session_updated", "session": self._summary(session).model_dump(mode="json")})
+        self.events.publish(lambda: {"type": "session_updated",
+                                     "session": self._summary(session).model_dump(mode="json")})
 
 
 async def _unless_disconnected(task: asyncio.Task[dict[str, Any]],

@@ -8,6 +8,7 @@ import socket
 import httpx
 import pytest
 
+from tapdeck.proxy.request_limits import MAX_JSON_DEPTH, too_deep
 from tests.proxy.conftest import server_with_upstream
 
 NESTED = "[" * 300 + "1" + "]" * 300
@@ -121,3 +122,19 @@ def test_a_chunked_body_is_cut_off_once_past_the_limit(served):
     answer = _raw(server, f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
                           f"Authorization: Bearer {info['api_key']}\r\nTransfer-Encoding: chunked\r\n", body)
     assert answer.startswith(b"HTTP/1.1 413") and b"at most 4096 bytes" in answer
+
+
+def _nested(levels: int) -> object:
+    """`levels` containers deep, alternating objects and arrays, with shallower siblings."""
+    value: object = ["x", 1]
+    for i in range(1, levels):
+        value = {"a": "x", "b": value, "c": [1, 2]} if i % 2 else ["x", value, {"c": 1}]
+    return value
+
+
+@pytest.mark.parametrize("limit", [1, 2, 7, MAX_JSON_DEPTH])
+def test_nesting_limit_counts_containers_exactly(limit):
+    assert not too_deep(_nested(limit), limit)
+    assert too_deep(_nested(limit + 1), limit)
+    assert too_deep({"ok": [1], "deep": _nested(limit)}, limit)
+    assert not too_deep("scalar", 0) and not too_deep(5, 0)

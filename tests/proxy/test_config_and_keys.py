@@ -153,6 +153,28 @@ async def test_event_bus_delivers_in_order_and_from_other_threads() -> None:
     assert bus.subscriber_count == 0
 
 
+async def test_event_given_as_function_is_built_only_when_someone_listens() -> None:
+    bus = EventBus()
+    built: list[str] = []
+
+    def event(name: str):
+        def build() -> dict:
+            built.append(name)
+            return {"type": name}
+        return build
+
+    bus.publish(event("unheard"))
+    assert built == []
+    agen = bus.subscribe()
+    first = asyncio.ensure_future(anext(agen))
+    while bus.subscriber_count == 0:
+        await asyncio.sleep(0.001)
+    bus.publish(event("heard"))
+    assert (await asyncio.wait_for(first, 5))["type"] == "heard"
+    assert built == ["heard"]
+    await agen.aclose()
+
+
 async def test_slow_event_subscriber_loses_oldest_not_memory() -> None:
     bus = EventBus(limit=5)
     agen = bus.subscribe()
