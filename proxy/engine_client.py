@@ -33,7 +33,12 @@ if TYPE_CHECKING:
     from tapdeck.proxy.tiers import EngineSpec, Tier
 
 DEFAULT_MAX_TOKENS_CAP = 8192
-DEFAULT_TIMEOUT = httpx.Timeout(connect=10.0, read=900.0, write=60.0, pool=60.0)
+ENGINE_READ_TIMEOUT_S = 2340.0
+"""Silence allowed from the engine: a CPU engine prefilling an agent CLI's 12-17k-token first
+prompt on a loaded machine says nothing for 20 minutes or more. A minute under the agents' own
+40-minute request limit (runner/cli_agents.py), so a hung engine reaches the agent as the proxy's
+502 rather than as the agent's own timeout."""
+DEFAULT_TIMEOUT = httpx.Timeout(connect=10.0, read=ENGINE_READ_TIMEOUT_S, write=60.0, pool=60.0)
 
 NEUTRAL_SAMPLING: dict[str, float | int] = {
     "top_p": 1.0, "top_k": -1, "min_p": 0.0,

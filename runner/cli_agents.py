@@ -32,6 +32,7 @@ from harbor.agents.installed.base import NonZeroAgentExitCodeError
 from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
 
+from tapdeck.proxy.engine_client import ENGINE_READ_TIMEOUT_S
 from tapdeck.runner import agent_install
 
 AGENT_ROOT = "/installed-agent"
@@ -45,10 +46,10 @@ HOME_DIRS = (".codex", ".config", ".cache", ".local/share", ".local/state")
 RETRIES = 1
 """Retries per failed model call, where the CLI lets us set them: the proxy is local, so a failure
 is the engine's, and the CLIs' own back-off (up to minutes) only delays the rollout's end."""
-IDLE_TIMEOUT_MS = 2_400_000
-"""Request/stream idle limits raised to 40 minutes: a CPU engine prefilling a 12-17k-token prompt
-on a loaded 2-core machine is silent for 20 minutes or more (claude-code's first 12.4k-token call
-outlasted 10), and the agent timeout bounds the run anyway."""
+IDLE_TIMEOUT_MS = int(ENGINE_READ_TIMEOUT_S + 60) * 1000
+"""Request/stream idle limits of 40 minutes, a minute past the proxy's engine read timeout: a CPU
+engine prefilling a 12-17k-token prompt on a loaded 2-core machine is silent for 20 minutes or more
+(claude-code's first 12.4k-token call outlasted 10), and the agent timeout bounds the run anyway."""
 _SETTINGS_OFF = {"privacy": {"usageStatisticsEnabled": False}, "telemetry": {"enabled": False},
                  "general": {"disableAutoUpdate": True, "disableUpdateNag": True}}
 
