@@ -105,8 +105,8 @@ class TurnDetail(BaseModel):
     sampled_ids: list[int] | None
     token_texts: list[str] | None
     logprobs: list[float | None] | None
-    top_logprobs: list[Any] | None
-    """Per sampled token, its top alternatives as the engine gave them (None: none captured)."""
+    top_logprobs: list[list[tuple[str, float]]] | None
+    """Per sampled token, its top alternatives as (token, logprob) (None: none captured)."""
     mask: list[int] | None
     finish_reason: str | None
     findings: list[Finding]

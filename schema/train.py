@@ -101,3 +101,11 @@ class TrainStateEvent(BaseModel):
 
 
 TrainEvent = TrainLogEvent | TrainMetricsEvent | TrainStateEvent
+_TRAIN_EVENTS: dict[str, type[TrainEvent]] = {
+    m.model_fields["type"].default: m for m in (TrainLogEvent, TrainMetricsEvent, TrainStateEvent)}
+
+
+def parse_train_event(data: object) -> TrainEvent | None:
+    """One training event from its JSON; None for a type this schema does not know."""
+    model = _TRAIN_EVENTS.get(data.get("type")) if isinstance(data, dict) else None
+    return None if model is None else model.model_validate(data)
