@@ -42,7 +42,13 @@ from tapdeck.proxy.dialects.stored_responses import StoredResponses
 from tapdeck.proxy.engine_address import EngineAddressError, settle
 from tapdeck.proxy.engine_client import DEFAULT_TIMEOUT, EngineClient, EngineError
 from tapdeck.proxy.events import EventBus
-from tapdeck.proxy.export import ExportRefused, capture_mode, rollout_document, training_trace
+from tapdeck.proxy.export import (
+    ExportRefused,
+    capture_mode,
+    graph_view,
+    rollout_document,
+    training_trace,
+)
 from tapdeck.proxy.findings import Finding, Level
 from tapdeck.proxy.graph import GraphStats, Link, RolloutGraph
 from tapdeck.proxy.interning import Interner
@@ -394,6 +400,13 @@ class CaptureService:
         with session.rw:
             return rollout_document(self._record(session), self._graph(session), session.tier,
                                     lists=lists)
+
+    def graph_view(self, session_id: str, since: int = 0) -> dict[str, Any]:
+        """The graph without tokens: headers of turns from `since` on, links, stats, findings."""
+        session = self._get(session_id)
+        with session.rw:
+            return graph_view(self._record(session), self._graph(session), session.tier,
+                              since=since, findings=session.findings)
 
     def training_trace(self, session_id: str, *, lists: bool = True) -> dict[str, Any]:
         """The per-call training trace; refused (409) for an eval rollout. `lists` as above."""
