@@ -7,7 +7,6 @@ copies `reward` from the session metadata the runner annotated).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -142,7 +141,7 @@ def rollout_document(session: dict[str, Any], graph: RolloutGraph, tier: str, *,
             "meta": t.meta, "created_at": t.created_at,
             "findings": [f.model_dump(mode="json") for f in t.findings + n.link_findings],
         })
-    stats = asdict(graph.stats())
+    stats = graph.stats().model_dump()
     if not train:
         stats["trainable_tokens"] = 0
     all_findings: list[Finding] = graph.findings() + rollout_findings
@@ -186,7 +185,7 @@ def graph_view(session: dict[str, Any], graph: RolloutGraph, tier: str, *, since
             "finish_reason": t.finish_reason, "created_at": t.created_at,
             "findings": [f.model_dump(mode="json") for f in t.findings + n.link_findings],
         })
-    stats = asdict(graph.stats())
+    stats = graph.stats().model_dump()
     if not is_train(tier, rtype):
         stats["trainable_tokens"] = 0
     return {"session_id": session.get("id"), "tier": str(tier), "rollout_type": rtype,
