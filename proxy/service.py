@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import re
 import secrets
@@ -28,6 +27,7 @@ from typing import Any
 
 import httpx
 import orjson
+from pydantic import ValidationError
 
 from tapdeck.proxy.access_log import CURRENT_CALL, AccessRecord
 from tapdeck.proxy.aux import aux_dialect, count_tokens, match_aux
@@ -42,9 +42,15 @@ from tapdeck.proxy.dialects.stored_responses import StoredResponses
 from tapdeck.proxy.engine_address import EngineAddressError, settle
 from tapdeck.proxy.engine_client import DEFAULT_TIMEOUT, EngineClient, EngineError
 from tapdeck.proxy.events import EventBus
-from tapdeck.proxy.export import ExportRefused, rollout_document, training_trace
+from tapdeck.proxy.export import (
+    ExportRefused,
+    capture_mode,
+    graph_view,
+    rollout_document,
+    training_trace,
+)
 from tapdeck.proxy.findings import Finding, Level
-from tapdeck.proxy.graph import GraphStats, Link, RolloutGraph
+from tapdeck.proxy.graph import Link, RolloutGraph
 from tapdeck.proxy.interning import Interner
 from tapdeck.proxy.json_mode import answer_as_json, json_format
 from tapdeck.proxy.request_limits import (
@@ -74,6 +80,8 @@ from tapdeck.proxy.tiers import EngineSpec, ProbeResult, Tier, probe
 from tapdeck.proxy.token_in import Plan, TokenIn
 from tapdeck.proxy.turn import Turn
 from tapdeck.proxy.validation import validate_rollout, validate_turn
+from tapdeck.schema.events import SessionClosed, SessionOpened, SessionUpdated, TurnCaptured
+from tapdeck.schema.sessions import RolloutStats, TurnHeader
 
 log = logging.getLogger("tapdeck.proxy")
 
@@ -157,7 +165,7 @@ class _Session:
     arguments: ArgumentsMemo = field(default_factory=ArgumentsMemo)
     """Sampled tool-call argument strings of this session only: a sibling rollout's sampling
     must never re-render this one's history."""
-    stats: GraphStats | None = None
+    stats: RolloutStats | None = None
     """The graph's stats as of the last commit (what summaries show; None until known)."""
 
     def count(self, findings: list[Finding]) -> None:
@@ -288,7 +296,7 @@ class CaptureService:
         session.count(session.findings)
         self._sessions[sid] = session
         self._by_key[key] = session
-        self.events.publish({"type": "session_opened", "session": self._summary(session).model_dump(mode="json")})
+        self.events.publish(SessionOpened(session=self._summary(session)).model_dump(mode="json"))
         return SessionInfo(
             id=sid, api_key=key, tier=result.tier, rollout_type=rollout_type,
             base_urls=base_urls_for(self.public_url),
@@ -310,13 +318,13 @@ class CaptureService:
             stats = session.stats
             try:
                 await self.writes.run(self.store.update_session, session_id, state="closed",
-                                      stats=None if stats is None else dataclasses.asdict(stats))
+                                      stats=None if stats is None else stats.model_dump())
             except StoreUnavailable as exc:
                 log.warning("session %s: closed, but the store could not record it (%s)",
                             session_id, exc.reason)
         # A restarted session's stats may need its graph loaded: done on a thread.
         summary = await asyncio.to_thread(self._summary, session)
-        self.events.publish({"type": "session_closed", "session": summary.model_dump(mode="json")})
+        self.events.publish(SessionClosed(session=summary).model_dump(mode="json"))
         return summary
 
     def _release_if_idle(self, session: _Session) -> None:
@@ -348,7 +356,7 @@ class CaptureService:
         session.record["metadata"] = {**session.record.get("metadata", {}), **metadata}
         self.writes.submit(self._store_metadata, session)
         summary = self._summary(session)
-        self.events.publish({"type": "session_updated", "session": summary.model_dump(mode="json")})
+        self.events.publish(SessionUpdated(session=summary).model_dump(mode="json"))
         return summary
 
     def mark_auxiliary(self, session_id: str, seqs: Iterable[int], reason: str) -> None:
@@ -374,14 +382,14 @@ class CaptureService:
         except Exception as exc:  # an annotation lost to a store fault is logged, never raised
             log.warning("session %s: metadata not stored (%s)", session.id, exc)
 
-    def findings(self, session_id: str) -> list[str]:
-        """Session, turn and rollout findings, rendered `[LEVEL] code: detail`."""
+    def findings(self, session_id: str) -> list[Finding]:
+        """Session, turn and rollout findings."""
         session = self._get(session_id)
         with session.rw:
             graph = self._graph(session)
-            out = [str(f) for f in session.findings]
-            out.extend(str(f) for f in graph.findings())
-            out.extend(str(f) for f in validate_rollout(
+            out = list(session.findings)
+            out.extend(graph.findings())
+            out.extend(validate_rollout(
                 graph, session.tier, rollout_type=session.record.get("rollout_type", "auto")))
         return out
 
@@ -392,6 +400,13 @@ class CaptureService:
         with session.rw:
             return rollout_document(self._record(session), self._graph(session), session.tier,
                                     lists=lists)
+
+    def graph_view(self, session_id: str, since: int = 0) -> dict[str, Any]:
+        """The graph without tokens: headers of turns from `since` on, links, stats, findings."""
+        session = self._get(session_id)
+        with session.rw:
+            return graph_view(self._record(session), self._graph(session), session.tier,
+                              since=since, findings=session.findings)
 
     def training_trace(self, session_id: str, *, lists: bool = True) -> dict[str, Any]:
         """The per-call training trace; refused (409) for an eval rollout. `lists` as above."""
@@ -425,7 +440,7 @@ class CaptureService:
             "top_logprobs": turn.top_logprobs,
             "mask": None if sampled is None else [1 if mask_on else 0] * len(sampled),
             "finish_reason": turn.finish_reason,
-            "findings": [str(f) for f in [*turn.findings, *link.findings]],
+            "findings": [f.model_dump(mode="json") for f in [*turn.findings, *link.findings]],
             "sampling": turn.sampling, "meta": turn.meta,
         }
 
@@ -458,7 +473,7 @@ class CaptureService:
             session.graph = graph  # a live session's graph whose state a store fault dropped
         return graph
 
-    def _stats(self, session: _Session) -> GraphStats:
+    def _stats(self, session: _Session) -> RolloutStats:
         """The cached stats; a restarted session's are computed once (on a thread)."""
         if session.stats is None:
             with session.rw:
@@ -467,14 +482,12 @@ class CaptureService:
         return session.stats
 
     def _summary(self, session: _Session) -> SessionSummary:
-        stats = dataclasses.asdict(self._stats(session))
         now = time.time()
+        # Turns counted on capture (the stats are those of the last linked turn).
+        stats = {**self._stats(session).model_dump(), "turns": session.turns}
         return SessionSummary(
-            id=session.id, state=session.state, tier=session.tier,
-            rollout_type=session.record.get("rollout_type", "eval"),
-            turns=session.turns, roots=stats.get("roots", 0), forks=stats.get("forks", 0),
-            breaks=stats.get("breaks", 0), discarded=stats.get("discarded", 0),
-            trainable_tokens=stats.get("trainable_tokens", 0),
+            **stats, id=session.id, state=session.state,
+            tier=session.tier, rollout_type=session.record.get("rollout_type", "eval"),
             created_at=session.record.get("created_at", 0.0), last_call_at=session.last_call_at,
             seconds_since_last_call=None if session.last_call_at is None else now - session.last_call_at,
             metadata=session.record.get("metadata") or {}, fatal=session.fatal, warn=session.warn,
@@ -816,9 +829,16 @@ class CaptureService:
             if access is not None:
                 access.seq = turn.seq
             session.count([*turn.findings, *link.findings])
-        self.events.publish(lambda: {"type": "turn_captured", "seq": turn.seq, "parent": link.parent,
-                                     "link_kind": link.kind,
-                                     "session": self._summary(session).model_dump(mode="json")})
+        def captured() -> dict[str, Any]:  # built only when someone listens
+            header = TurnHeader(
+                seq=turn.seq, parent=link.parent, link_kind=link.kind, link_offset=link.offset,
+                capture_mode=capture_mode(turn.meta),
+                prompt_len=None if cap.prompt_ids is None else len(cap.prompt_ids),
+                sampled_len=None if cap.sampled_ids is None else len(cap.sampled_ids),
+                finish_reason=turn.finish_reason, created_at=turn.created_at,
+                findings=[*turn.findings, *link.findings])
+            return TurnCaptured(turn=header, session=self._summary(session)).model_dump(mode="json")
+        self.events.publish(captured)
 
     def _commit_turn(self, session: _Session, turn: Turn) -> Link:
         """Link the turn and commit it, as one step under the graph's lock (on a store thread).
@@ -839,8 +859,7 @@ class CaptureService:
         return link
 
     def _publish_update(self, session: _Session) -> None:
-        self.events.publish(lambda: {"type": "session_updated",
-                                     "session": self._summary(session).model_dump(mode="json")})
+        self.events.publish(lambda: SessionUpdated(session=self._summary(session)).model_dump(mode="json"))
 
 
 async def _unless_disconnected(task: asyncio.Task[dict[str, Any]],
@@ -884,14 +903,14 @@ def _demote(graph: RolloutGraph, seqs: Iterable[int], reason: str) -> None:
             graph.turn(seq).meta.update(call_role="auxiliary", auxiliary_reason=reason)
 
 
-def _stored_stats(value: Any) -> GraphStats | None:
+def _stored_stats(value: Any) -> RolloutStats | None:
     """Stats a clean close stored with the session (None when absent or of another shape: they
     are then computed from the turns once)."""
     if not isinstance(value, dict):
         return None
     try:
-        return GraphStats(**value)
-    except TypeError:
+        return RolloutStats.model_validate(value)
+    except ValidationError:
         return None
 
 
