@@ -829,6 +829,7 @@ class CaptureService:
             if access is not None:
                 access.seq = turn.seq
             session.count([*turn.findings, *link.findings])
+
         def captured() -> dict[str, Any]:  # built only when someone listens
             header = TurnHeader(
                 seq=turn.seq, parent=link.parent, link_kind=link.kind, link_offset=link.offset,
