@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 
 from tapdeck.runner.train_jobs import RecipeInfo, TrainLog, TrainMetrics, TrainRequest, TrainRunInfo
+from tapdeck.schema.activity import SessionActivity
 
 
 class ApiError(Exception):
@@ -118,6 +119,11 @@ class TapdeckClient:
         """`GET /admin/sessions/{id}/turns/{seq}` → one turn with tokens and logprobs."""
         return await self._request("GET", f"/admin/sessions/{session_id}/turns/{seq}")
 
+    async def activity(self, session_id: str) -> SessionActivity:
+        """`GET /admin/sessions/{id}/activity`: calls in flight and the last exchange."""
+        return SessionActivity.model_validate(
+            await self._request("GET", f"/admin/sessions/{session_id}/activity"))
+
     async def close_session(self, session_id: str) -> dict:
         """`DELETE /admin/sessions/{id}`."""
         return await self._request("DELETE", f"/admin/sessions/{session_id}")
@@ -137,6 +143,10 @@ class TapdeckClient:
     async def cancel_run(self, run_id: str) -> dict:
         """`POST /admin/runs/{id}/cancel`."""
         return await self._request("POST", f"/admin/runs/{run_id}/cancel")
+
+    async def cancel_rollout(self, run_id: str, rollout_id: str) -> dict:
+        """`POST /admin/runs/{id}/rollouts/{rollout_id}/cancel`: end one rollout as cancelled."""
+        return await self._request("POST", f"/admin/runs/{run_id}/rollouts/{rollout_id}/cancel")
 
     async def export_run(self, run_id: str, fmt: str = "jsonl") -> dict:
         """`POST /admin/runs/{id}/export` → `{"path": ...}` (a path on the server's machine)."""

@@ -21,6 +21,13 @@ SESSION_COLUMNS: tuple[tuple[str, str, int], ...] = (  # key, header, width (fit
     ("reward", "reward", 6),
 )
 
+WIDE_COLUMNS: tuple[tuple[str, str, int], ...] = (  # shown from WIDE_AT columns on
+    ("harness", "harness", 12), ("run", "run", 24), ("elapsed", "elapsed", 7),
+    ("rate", "calls/min", 9), ("finish", "last finish", 11),
+)
+WIDE_AT = 120
+"""Terminal width from which the session table shows WIDE_COLUMNS too."""
+
 Cell = tuple[str, str]  # (text, tone); the widget maps tones to theme colours
 
 
@@ -86,6 +93,8 @@ class SessionBoard:
 
     entries: dict[str, _Entry] = field(default_factory=dict)
     rollouts: dict[str, dict] = field(default_factory=dict)
+    finish_reasons: dict[str, str] = field(default_factory=dict)
+    """Each session's last captured finish reason (from `turn_captured` events)."""
     version: int = 0
 
     def upsert_rollout(self, rollout: dict) -> None:
@@ -150,6 +159,8 @@ class SessionBoard:
             (state, STATE_TONES.get(state, "")),
             (str(rollout.get("turns") or 0), ""), ("–", ""), ("–", ""), ("–", ""), ("–", ""),
             (fmt_reward(rollout.get("reward")), ""),
+            (str(rollout.get("harness") or "–")[:12], ""), (str(rollout.get("run_id") or "–"), ""),
+            ("–", ""), ("–", ""), ("–", ""),
         )
 
     def _row(self, sid: str, entry: _Entry, now: float) -> tuple[Cell, ...]:
@@ -170,7 +181,31 @@ class SessionBoard:
             (str(s.get("trainable_tokens", 0)), ""),
             ("–" if idle is None or not live else f"{int(idle)}", idle_tone),
             (fmt_reward(meta.get("reward")), ""),
+            *self._wide(sid, entry, now),
         )
+
+    def _wide(self, sid: str, entry: _Entry, now: float) -> tuple[Cell, ...]:
+        """harness, run, elapsed, calls/min, last finish reason (the wide table's columns)."""
+        s = entry.summary
+        meta = s.get("metadata") or {}
+        elapsed = session_elapsed(s, max(0.0, now - entry.received))
+        turns = s.get("turns") or 0
+        rate = f"{turns / (elapsed / 60):.1f}" if elapsed and turns else "–"
+        return ((str(meta.get("harness") or "–")[:12], ""), (str(meta.get("run_id") or "–"), ""),
+                ("–" if elapsed is None else f"{int(elapsed)}", ""), (rate, ""),
+                (self.finish_reasons.get(sid, "–"), "warning" if self.finish_reasons.get(sid) == "length" else ""))
+
+
+def session_elapsed(summary: Mapping[str, Any], since_received: float) -> float | None:
+    """Seconds from a session's start to its last call (closed) or to now (open), on the server's
+    clock: its `last_call_at` plus `seconds_since_last_call` is the server's time when it was sent."""
+    created, last = summary.get("created_at"), summary.get("last_call_at")
+    if created is None or last is None:
+        return None
+    if summary.get("state") != "open":
+        return max(0.0, float(last) - float(created))
+    since = summary.get("seconds_since_last_call") or 0.0
+    return max(0.0, float(last) + float(since) + since_received - float(created))
 
 
 def _rollout_as_summary(rollout: dict) -> dict:

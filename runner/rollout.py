@@ -93,6 +93,8 @@ class RolloutResult(BaseModel):
     """What the agent ran with, each value with its source (plan, task, engine, default)."""
     started_at: float | None = None
     finished_at: float | None = None
+    phase_started: dict[str, float] = Field(default_factory=dict)
+    """When each phase began (wall clock): live per-phase timings while the rollout runs."""
 
 
 @dataclass
@@ -206,6 +208,7 @@ class _Progress:
 
     def phase(self, phase: Phase) -> None:
         self.result.phase = phase
+        self.result.phase_started.setdefault(phase, time.time())
         self.publish()
 
     def publish(self) -> None:
@@ -313,8 +316,7 @@ async def run_rollout(service: Any, spec: RolloutSpec, *,
         if result.error_kind is None:
             _fail(result, "internal", f"{type(exc).__name__}: {exc}")
     result.finished_at = time.time()
-    result.phase = "done" if result.ok else "failed"
-    progress.publish()
+    progress.phase("done" if result.ok else "failed")
     return result
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from pathlib import Path
@@ -10,9 +11,12 @@ import httpx
 import pytest
 
 from tapdeck.app.client import TapdeckClient
+from tapdeck.proxy.activity import ActivityLog
 
 API_FIXTURE = Path(__file__).parent / "fixtures" / "api.json"
 FROZEN_NOW = 1000.0
+ACTIVITY_NOW = 1700000300.0
+"""The recorded server's wall clock when it answers an activity request."""
 
 
 def recorded_transport(data: dict | None = None) -> httpx.MockTransport:
@@ -37,6 +41,10 @@ def recorded_transport(data: dict | None = None) -> httpx.MockTransport:
         if m := re.fullmatch(r"/admin/sessions/([^/]+)/rollout", path):
             doc = data["rollouts"].get(m[1])
             return httpx.Response(200, json=doc) if doc else httpx.Response(404, json={"detail": "no such session"})
+        if m := re.fullmatch(r"/admin/sessions/([^/]+)/activity", path):
+            turns = data["turns"].get(m[1])
+            return httpx.Response(200, json=recorded_activity(m[1], turns)) if turns else \
+                httpx.Response(404, json={"detail": "no such session"})
         if m := re.fullmatch(r"/admin/sessions/([^/]+)/turns/(\d+)", path):
             turn = data["turns"].get(m[1], {}).get(m[2])
             return httpx.Response(200, json=turn) if turn else httpx.Response(404, json={"detail": "no such turn"})
@@ -47,6 +55,23 @@ def recorded_transport(data: dict | None = None) -> httpx.MockTransport:
         return httpx.Response(404, json={"detail": f"not found: {path}"})
 
     return httpx.MockTransport(handler)
+
+
+def recorded_activity(session_id: str, turns: dict[str, dict]) -> dict:
+    """The session's activity as the proxy's own ActivityLog builds it from the recorded turns:
+    each turn's request and reply in order, then the last request again, in flight for 75 s."""
+    clock = [ACTIVITY_NOW - 200.0]
+    log = ActivityLog(clock=lambda: clock[0])
+    ordered = [turns[k] for k in sorted(turns, key=int)]
+    for turn in ordered:
+        with log.call(session_id, turn["request"], {"dialect": "openai"}) as call:
+            clock[0] += 5.0
+            call.replied({"choices": [{"message": turn["response"], "finish_reason": turn["finish_reason"]}]})
+    with contextlib.ExitStack() as hung:
+        clock[0] = ACTIVITY_NOW - 75.0
+        hung.enter_context(log.call(session_id, ordered[-1]["request"], {"dialect": "openai"}))
+        clock[0] = ACTIVITY_NOW
+        return log.snapshot(session_id).model_dump(mode="json")
 
 
 def recorded_app(mode: str = "sessions", **kwargs):
