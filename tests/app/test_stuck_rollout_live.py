@@ -36,12 +36,12 @@ async def test_stuck_rollout_pane_shows_the_hung_call_and_cancels_the_rollout(tm
             await until(pilot, lambda: screen.query_one(SessionTable).row_count == 1, "the session", WAIT_S)
             await pilot.press("d")
             assert screen.query_one(ActivityPane).has_class("shown")
-            await until(pilot, lambda: engine.held and "model call" in _pane_text(screen),
+            await until(pilot, lambda: engine.held and " old · " in _pane_text(screen),
                         "the hung call in the pane", WAIT_S)
             text = _pane_text(screen)
             assert rid in text and "terminus-2" in text
             assert "agent" in text and "(now)" in text and "environment setup" in text
-            assert "observed (user)" in text  # the prompt terminus-2 sent
+            assert "observed (user)" in text, text  # the prompt terminus-2 sent
 
             await pilot.press("x")
             assert (app.board.rollouts.get(rid) or {}).get("error_kind") is None  # one press only asks
