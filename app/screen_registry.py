@@ -68,7 +68,9 @@ def live_keys(app: App, node: DOMNode | type[DOMNode], prefix: str) -> list[tupl
     for key, found in bindings.key_to_bindings.items():
         for binding in found:
             if binding.id and binding.id.startswith(prefix):
-                keys.setdefault(binding.id, (binding, []))[1].append(key)
+                bound = keys.setdefault(binding.id, (binding, []))[1]
+                if key not in bound:  # a keymap entry for a two-key binding lists its key twice
+                    bound.append(key)
     return list(keys.values())
 
 

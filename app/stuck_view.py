@@ -7,6 +7,7 @@ events, with `phase_started`), its `SessionActivity` and findings. Times are the
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,8 @@ STUCK_CALL_S = 60.0
 PHASE_WORDS = {"queued": "queued", "install": "agent install", "sandbox": "environment setup",
                "agent_setup": "agent setup", "agent": "agent", "verify": "verifier"}
 TAIL_LINES = 6
+MAX_FINDINGS = 5
+"""Distinct findings shown (the newest; the Rollout screen's findings tab has them all)."""
 
 
 @dataclass(frozen=True)
@@ -80,9 +83,11 @@ def pane_lines(summary: Mapping[str, Any] | None, rollout: Mapping[str, Any] | N
         lines.append(PaneLine("model", "activity not loaded yet", "muted"))
     else:
         lines.extend(_call_lines(activity, server_now))
-    for finding in findings[-5:]:
+    counts = Counter(findings)
+    for finding in list(counts)[-MAX_FINDINGS:]:
         level = "error" if finding.startswith("[FATAL]") else "warning" if finding.startswith("[WARN]") else ""
-        lines.append(PaneLine("finding", finding, level))
+        times = f" (×{counts[finding]})" if counts[finding] > 1 else ""
+        lines.append(PaneLine("finding", finding + times, level))
     return lines
 
 
@@ -113,7 +118,7 @@ def _call_lines(activity: SessionActivity, server_now: float) -> list[PaneLine]:
     if activity.last_observation is not None:
         obs = activity.last_observation
         cut = "…" if obs.truncated else ""
-        lines.append(PaneLine(f"observed ({obs.role})", cut + (tail(obs.text) or "(empty)")))
+        lines.append(PaneLine("observation", f"({obs.role}) {cut}{tail(obs.text) or '(empty)'}"))
     return lines
 
 

@@ -34,6 +34,7 @@ from tapdeck.app.screens.runs import RunsScreen
 from tapdeck.app.screens.setup import SetupScreen
 from tapdeck.app.settings import Settings
 from tapdeck.app.views import SessionBoard
+from tapdeck.app.widgets.nav_bar import NavBar
 from tapdeck.themes import STYLESHEET
 from tapdeck.themes.palettes import DEFAULT_THEME, THEMES, VARIABLE_DEFAULTS
 
@@ -143,6 +144,8 @@ class TapdeckApp(App[None]):
         self.theme_changed_signal.subscribe(self, self._remember_theme)
         if self.settings.keymap:
             self.set_keymap(self.settings.keymap)
+            for nav in self.screen.query(NavBar):  # the default screen is up before the keymap
+                nav.show_keys()
         self.status = f"connecting to {self.server_label}…"
         await self.switch_mode(self.initial_mode or await self._first_mode())
         if self.follow_events:

@@ -14,13 +14,15 @@ from textual.widgets import DataTable, Static
 
 from tapdeck.app.client import ApiError
 from tapdeck.app.screens.base import TapdeckScreen
-from tapdeck.app.stuck_view import PaneLine, pane_lines
+from tapdeck.app.stuck_view import PaneLine, calls_per_second, pane_lines
 from tapdeck.app.widgets.activity_pane import ActivityPane
 from tapdeck.app.widgets.session_table import SessionTable
 from tapdeck.schema.activity import SessionActivity
 
 REFRESH_HZ = 4
 ACTIVITY_POLL_S = 1.0
+RATE_BUCKETS, RATE_BUCKET_S = 40, 3.0
+"""The pane's calls/s line: the last two minutes in 3 s steps."""
 
 
 class SessionsScreen(TapdeckScreen):
@@ -154,7 +156,9 @@ class SessionsScreen(TapdeckScreen):
                            self.findings if activity else [], self._server_now())
         if self.activity_error:
             lines.append(PaneLine("error", self.activity_error, "error"))
-        pane.show(lines)
+        rates = calls_per_second(activity.recent_ends, self._server_now(), RATE_BUCKETS, RATE_BUCKET_S) \
+            if activity else []
+        pane.show(lines, rates, f"last {int(RATE_BUCKETS * RATE_BUCKET_S)} s · peak {max(rates, default=0):.1f}")
 
     def action_cancel_rollout(self) -> None:
         """Cancel the highlighted rollout: the first press asks, the second one cancels."""

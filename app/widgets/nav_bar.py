@@ -8,6 +8,7 @@ from __future__ import annotations
 from textual.content import Content
 from textual.widgets import Static
 
+
 class NavBar(Static):
     """Screen tabs; `current` is the mode name of the screen it sits on."""
 
@@ -22,6 +23,10 @@ class NavBar(Static):
         self.current = current
 
     def on_mount(self) -> None:
+        self.show_keys()
+
+    def show_keys(self) -> None:
+        """Draw the tabs with the keys bound now (again after a keymap change)."""
         parts: list[tuple[str, str] | str] = [(" tapdeck ", "bold $primary")]
         for key, mode, title in self.app.nav_entries():
             style = f"@click=app.switch_mode('{mode}')"

@@ -41,6 +41,11 @@ def recorded_transport(data: dict | None = None) -> httpx.MockTransport:
         if m := re.fullmatch(r"/admin/sessions/([^/]+)/rollout", path):
             doc = data["rollouts"].get(m[1])
             return httpx.Response(200, json=doc) if doc else httpx.Response(404, json={"detail": "no such session"})
+        if m := re.fullmatch(r"/admin/sessions/([^/]+)", path):
+            found = [s for s in data["sessions"] if s["id"] == m[1]]
+            doc = data["rollouts"].get(m[1]) or {}
+            return httpx.Response(200, json={**found[0], "findings": doc.get("findings", [])}) if found \
+                else httpx.Response(404, json={"detail": "no such session"})
         if m := re.fullmatch(r"/admin/sessions/([^/]+)/activity", path):
             turns = data["turns"].get(m[1])
             return httpx.Response(200, json=recorded_activity(m[1], turns)) if turns else \
@@ -60,7 +65,7 @@ def recorded_transport(data: dict | None = None) -> httpx.MockTransport:
 def recorded_activity(session_id: str, turns: dict[str, dict]) -> dict:
     """The session's activity as the proxy's own ActivityLog builds it from the recorded turns:
     each turn's request and reply in order, then the last request again, in flight for 75 s."""
-    clock = [ACTIVITY_NOW - 200.0]
+    clock = [ACTIVITY_NOW - 110.0]
     log = ActivityLog(clock=lambda: clock[0])
     ordered = [turns[k] for k in sorted(turns, key=int)]
     for turn in ordered:

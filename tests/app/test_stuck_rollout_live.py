@@ -41,7 +41,7 @@ async def test_stuck_rollout_pane_shows_the_hung_call_and_cancels_the_rollout(tm
             text = _pane_text(screen)
             assert rid in text and "terminus-2" in text
             assert "agent" in text and "(now)" in text and "environment setup" in text
-            assert "observed (user)" in text, text  # the prompt terminus-2 sent
+            assert "observation   (user)" in text, text  # the prompt terminus-2 sent
 
             await pilot.press("x")
             assert (app.board.rollouts.get(rid) or {}).get("error_kind") is None  # one press only asks

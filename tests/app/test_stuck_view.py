@@ -28,8 +28,8 @@ def test_a_call_in_flight_past_the_threshold_is_highlighted_with_the_last_exchan
                                                      activity, ["[WARN] prefix_break: at 3"], 2000.5)}
     assert lines["in flight"].tone == "error" and "65 s old" in lines["in flight"].text
     assert lines["tool call"].text == 'bash({"cmd": "pytest"})'
-    observed = lines["observed (tool)"].text
-    assert observed.startswith("…") and observed.endswith("line 49") and "line 43" not in observed
+    observed = lines["observation"].text
+    assert observed.startswith("(tool) …") and observed.endswith("line 49") and "line 43" not in observed
     assert lines["phases"].text.endswith("agent 16 m 37 s (now)")
     assert lines["finding"].tone == "warning"
 
