@@ -8,12 +8,39 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
-from tapdeck.runner.train_jobs import RecipeInfo, TrainLog, TrainMetrics, TrainRequest, TrainRunInfo
+from pydantic import BaseModel, ValidationError
+
 from tapdeck.schema.activity import SessionActivity
+from tapdeck.schema.catalog import Catalog
+from tapdeck.schema.events import Event, parse_event
+from tapdeck.schema.runs import ExportResult, RolloutResult, RunDetail, RunList, RunPlan, RunSummary
+from tapdeck.schema.sessions import (
+    Health,
+    RolloutDocument,
+    SessionDetail,
+    SessionInfo,
+    SessionList,
+    SessionSummary,
+    TrainingTrace,
+    TurnDetail,
+)
+from tapdeck.schema.train import (
+    RecipeInfo,
+    RecipeList,
+    TrainEvent,
+    TrainLog,
+    TrainMetrics,
+    TrainRequest,
+    TrainRunInfo,
+    TrainRunList,
+    parse_train_event,
+)
+
+M = TypeVar("M", bound=BaseModel)
 
 
 class ApiError(Exception):
@@ -43,6 +70,11 @@ def _detail(response: httpx.Response) -> str:
                                if isinstance(d, dict) else str(d) for d in detail)
         return str(detail)[:300]
     return str(body)[:300]
+
+
+def _first_error(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    return f"{'.'.join(map(str, first.get('loc', ())))}: {first.get('msg')}"
 
 
 class TapdeckClient:
@@ -92,114 +124,144 @@ class TapdeckClient:
             raise ApiError(f"{method} {path}: the reply is not JSON; is {self.base_url} a tapdeck "
                            "server?", status=response.status_code, url=url, kind="bad_reply") from exc
 
-    # -- routes ---------------------------------------------------------------------------------
-    async def health(self) -> dict:
-        """`GET /health`."""
-        return await self._request("GET", "/health")
+    async def _model(self, model: type[M], method: str, path: str, **kwargs: Any) -> M:
+        """A request whose reply is validated into `model` (a reply that is not is `bad_reply`)."""
+        body = await self._request(method, path, **kwargs)
+        try:
+            return model.model_validate(body)
+        except ValidationError as exc:
+            raise ApiError(f"{method} {path}: the reply does not match tapdeck's API "
+                           f"({exc.error_count()} errors, first: {_first_error(exc)}); is the server "
+                           "the same version as this client?", url=f"{self.base_url}{path}",
+                           kind="bad_reply") from exc
 
-    async def catalog(self) -> dict:
+    # -- routes ---------------------------------------------------------------------------------
+    async def health(self) -> Health:
+        """`GET /health`."""
+        return await self._model(Health, "GET", "/health")
+
+    async def catalog(self) -> Catalog:
         """`GET /admin/catalog`: what this server's machine can run, and why not.
 
         A server's first catalog imports Harbor and probes its engine: slow on a busy machine."""
-        return await self._request("GET", "/admin/catalog", timeout=120.0)
+        return await self._model(Catalog, "GET", "/admin/catalog", timeout=120.0)
 
-    async def sessions(self) -> list[dict]:
-        """`GET /admin/sessions` → the SessionSummary list."""
-        return (await self._request("GET", "/admin/sessions")).get("sessions", [])
+    async def open_session(self, spec: dict[str, Any]) -> SessionInfo:
+        """`POST /admin/sessions` with a session spec (engine, metadata, budget, ...)."""
+        return await self._model(SessionInfo, "POST", "/admin/sessions", json=spec)
 
-    async def session(self, session_id: str) -> dict:
-        """`GET /admin/sessions/{id}` → SessionSummary + findings."""
-        return await self._request("GET", f"/admin/sessions/{session_id}")
+    async def sessions(self) -> list[SessionSummary]:
+        """`GET /admin/sessions`, newest first."""
+        return (await self._model(SessionList, "GET", "/admin/sessions")).sessions
 
-    async def rollout(self, session_id: str) -> dict:
-        """`GET /admin/sessions/{id}/rollout` → the rollout document."""
-        return await self._request("GET", f"/admin/sessions/{session_id}/rollout")
+    async def session(self, session_id: str) -> SessionDetail:
+        """`GET /admin/sessions/{id}`: the summary and its findings."""
+        return await self._model(SessionDetail, "GET", f"/admin/sessions/{session_id}")
 
-    async def turn(self, session_id: str, seq: int) -> dict:
-        """`GET /admin/sessions/{id}/turns/{seq}` → one turn with tokens and logprobs."""
-        return await self._request("GET", f"/admin/sessions/{session_id}/turns/{seq}")
+    async def rollout(self, session_id: str) -> RolloutDocument:
+        """`GET /admin/sessions/{id}/rollout`: the rollout document."""
+        return await self._model(RolloutDocument, "GET", f"/admin/sessions/{session_id}/rollout")
+
+    async def trace(self, session_id: str) -> TrainingTrace:
+        """`GET /admin/sessions/{id}/trace`: the per-call training trace (refused for eval)."""
+        return await self._model(TrainingTrace, "GET", f"/admin/sessions/{session_id}/trace")
+
+    async def turn(self, session_id: str, seq: int) -> TurnDetail:
+        """`GET /admin/sessions/{id}/turns/{seq}`: one turn with tokens and logprobs."""
+        return await self._model(TurnDetail, "GET", f"/admin/sessions/{session_id}/turns/{seq}")
 
     async def activity(self, session_id: str) -> SessionActivity:
         """`GET /admin/sessions/{id}/activity`: calls in flight and the last exchange."""
-        return SessionActivity.model_validate(
-            await self._request("GET", f"/admin/sessions/{session_id}/activity"))
+        return await self._model(SessionActivity, "GET", f"/admin/sessions/{session_id}/activity")
 
-    async def close_session(self, session_id: str) -> dict:
+    async def close_session(self, session_id: str) -> SessionSummary:
         """`DELETE /admin/sessions/{id}`."""
-        return await self._request("DELETE", f"/admin/sessions/{session_id}")
+        return await self._model(SessionSummary, "DELETE", f"/admin/sessions/{session_id}")
 
-    async def runs(self) -> list[dict]:
-        """`GET /admin/runs` → RunSummary list."""
-        return (await self._request("GET", "/admin/runs")).get("runs", [])
+    async def runs(self) -> list[RunSummary]:
+        """`GET /admin/runs`."""
+        return (await self._model(RunList, "GET", "/admin/runs")).runs
 
-    async def run(self, run_id: str) -> dict:
-        """`GET /admin/runs/{id}` → RunSummary + rollouts."""
-        return await self._request("GET", f"/admin/runs/{run_id}")
+    async def run(self, run_id: str) -> RunDetail:
+        """`GET /admin/runs/{id}`: the summary and every rollout."""
+        return await self._model(RunDetail, "GET", f"/admin/runs/{run_id}")
 
-    async def start_run(self, plan: dict) -> dict:
-        """`POST /admin/runs` with a RunPlan → RunSummary."""
-        return await self._request("POST", "/admin/runs", json=plan)
+    async def start_run(self, plan: RunPlan) -> RunSummary:
+        """`POST /admin/runs` with a RunPlan."""
+        return await self._model(RunSummary, "POST", "/admin/runs",
+                                 json=plan.model_dump(mode="json", exclude_unset=True))
 
-    async def cancel_run(self, run_id: str) -> dict:
+    async def cancel_run(self, run_id: str) -> RunSummary:
         """`POST /admin/runs/{id}/cancel`."""
-        return await self._request("POST", f"/admin/runs/{run_id}/cancel")
+        return await self._model(RunSummary, "POST", f"/admin/runs/{run_id}/cancel")
 
-    async def cancel_rollout(self, run_id: str, rollout_id: str) -> dict:
+    async def cancel_rollout(self, run_id: str, rollout_id: str) -> RolloutResult:
         """`POST /admin/runs/{id}/rollouts/{rollout_id}/cancel`: end one rollout as cancelled."""
-        return await self._request("POST", f"/admin/runs/{run_id}/rollouts/{rollout_id}/cancel")
+        return await self._model(RolloutResult, "POST", f"/admin/runs/{run_id}/rollouts/{rollout_id}/cancel")
 
-    async def export_run(self, run_id: str, fmt: str = "jsonl") -> dict:
-        """`POST /admin/runs/{id}/export` → `{"path": ...}` (a path on the server's machine)."""
-        return await self._request("POST", f"/admin/runs/{run_id}/export", json={"format": fmt},
-                                   timeout=120.0)
+    async def resume_run(self, run_id: str) -> RunSummary:
+        """`POST /admin/runs/{id}/resume`."""
+        return await self._model(RunSummary, "POST", f"/admin/runs/{run_id}/resume")
+
+    async def export_run(self, run_id: str, fmt: str = "jsonl") -> ExportResult:
+        """`POST /admin/runs/{id}/export`: where the rows went (a path on the server's machine)."""
+        return await self._model(ExportResult, "POST", f"/admin/runs/{run_id}/export",
+                                 json={"format": fmt}, timeout=120.0)
 
     # -- training ---------------------------------------------------------------------------------
     async def train_recipes(self) -> list[RecipeInfo]:
         """`GET /admin/train/recipes`: recipes and whether the server's machine can start each."""
-        doc = await self._request("GET", "/admin/train/recipes", timeout=60.0)
-        return [RecipeInfo.model_validate(r) for r in doc.get("recipes", [])]
+        return (await self._model(RecipeList, "GET", "/admin/train/recipes", timeout=60.0)).recipes
 
     async def start_train(self, recipe: str, *, run: str | None = None,
                           args: list[str] | None = None) -> TrainRunInfo:
         """`POST /admin/train`: launch a recipe on the server's machine."""
         body = TrainRequest(recipe=recipe, run=run, args=list(args or [])).model_dump()
-        return TrainRunInfo.model_validate(
-            await self._request("POST", "/admin/train", json=body, timeout=120.0))
+        return await self._model(TrainRunInfo, "POST", "/admin/train", json=body, timeout=120.0)
 
     async def train_runs(self) -> list[TrainRunInfo]:
         """`GET /admin/train`: the server's training runs, newest first."""
-        doc = await self._request("GET", "/admin/train")
-        return [TrainRunInfo.model_validate(r) for r in doc.get("runs", [])]
+        return (await self._model(TrainRunList, "GET", "/admin/train")).runs
 
     async def train_run(self, run_id: str) -> TrainRunInfo:
         """`GET /admin/train/{id}`."""
-        return TrainRunInfo.model_validate(await self._request("GET", f"/admin/train/{run_id}"))
+        return await self._model(TrainRunInfo, "GET", f"/admin/train/{run_id}")
 
     async def train_log(self, run_id: str, *, offset: int | None = None, tail: int = 200) -> TrainLog:
         """`GET /admin/train/{id}/log`: lines after a byte offset, or the last `tail` lines."""
         params: dict[str, int] = {"tail": tail}
         if offset is not None:
             params["offset"] = offset
-        return TrainLog.model_validate(
-            await self._request("GET", f"/admin/train/{run_id}/log", params=params))
+        return await self._model(TrainLog, "GET", f"/admin/train/{run_id}/log", params=params)
 
     async def train_metrics(self, run_id: str, after: int = 0) -> TrainMetrics:
         """`GET /admin/train/{id}/metrics`: trackio scalars after a cursor."""
-        return TrainMetrics.model_validate(
-            await self._request("GET", f"/admin/train/{run_id}/metrics", params={"after": after}))
+        return await self._model(TrainMetrics, "GET", f"/admin/train/{run_id}/metrics",
+                                 params={"after": after})
 
     async def stop_train(self, run_id: str) -> TrainRunInfo:
         """`POST /admin/train/{id}/stop`: SIGTERM, then SIGKILL, the recipe's process group."""
-        return TrainRunInfo.model_validate(
-            await self._request("POST", f"/admin/train/{run_id}/stop", timeout=60.0))
+        return await self._model(TrainRunInfo, "POST", f"/admin/train/{run_id}/stop", timeout=60.0)
 
-    def train_events(self, run_id: str) -> AsyncIterator[dict]:
+    async def train_events(self, run_id: str) -> AsyncIterator[TrainEvent]:
         """Follow `GET /admin/train/{id}/events` (SSE: log, metrics, state) until the run ends."""
-        return self._sse(f"/admin/train/{run_id}/events")
+        async for data in self._sse(f"/admin/train/{run_id}/events"):
+            event = parse_train_event(data)
+            if event is not None:
+                yield event
 
-    def events(self) -> AsyncIterator[dict]:
-        """Follow `GET /admin/events` (SSE) and yield each event's JSON; ends when the server does."""
-        return self._sse("/admin/events")
+    async def events(self) -> AsyncIterator[Event]:
+        """Follow `GET /admin/events` (SSE); ends when the server does. Event types this client
+        does not know are skipped."""
+        async for data in self._sse("/admin/events"):
+            try:
+                event = parse_event(data)
+            except ValidationError as exc:
+                raise ApiError(f"an event from {self.base_url} does not match tapdeck's API "
+                               f"({_first_error(exc)})", url=f"{self.base_url}/admin/events",
+                               kind="bad_reply") from exc
+            if event is not None:
+                yield event
 
     async def _sse(self, path: str) -> AsyncIterator[dict]:
         timeout = httpx.Timeout(10.0, read=None)

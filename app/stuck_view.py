@@ -1,18 +1,20 @@
 """What the stuck-rollout pane says about one session, free of Textual (testable alone).
 
 Inputs: the session's summary (from the board), its rollout's live result (from `rollout_updated`
-events, with `phase_started`), its `SessionActivity` and findings. Times are the server's wall clock:
+events, with `phase_started`), its `SessionActivity` and findings (all `tapdeck.schema` models). Times are the server's wall clock:
 `server_now` is the activity's `now` advanced by the local time since it was fetched.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from tapdeck.schema.activity import SessionActivity
+from tapdeck.schema.findings import Finding, Level
+from tapdeck.schema.runs import RolloutResult
+from tapdeck.schema.sessions import SessionSummary
 
 STUCK_CALL_S = 60.0
 """A model call in flight this long is highlighted (the engine may be hung)."""
@@ -32,18 +34,17 @@ class PaneLine:
     tone: str = ""
 
 
-def phase_timings(rollout: Mapping[str, Any], server_now: float) -> list[tuple[str, float, bool]]:
+def phase_timings(rollout: RolloutResult, server_now: float) -> list[tuple[str, float, bool]]:
     """(phase, seconds, running now) per phase the rollout went through, in order.
 
     Each phase lasts until the next began; the last one until the rollout finished, else until now.
     """
-    started = sorted(((float(t), str(p)) for p, t in (rollout.get("phase_started") or {}).items()
-                      if p in PHASE_WORDS))
-    finished = rollout.get("finished_at")
+    started = sorted((t, p) for p, t in rollout.phase_started.items() if p in PHASE_WORDS)
+    finished = rollout.finished_at
     out = []
     for i, (at, phase) in enumerate(started):
         live = i == len(started) - 1 and finished is None
-        end = started[i + 1][0] if i + 1 < len(started) else (float(finished) if finished else server_now)
+        end = started[i + 1][0] if i + 1 < len(started) else (finished if finished else server_now)
         out.append((phase, max(0.0, end - at), live))
     return out
 
@@ -63,31 +64,33 @@ def tail(text: str, lines: int = TAIL_LINES, width: int = 200) -> str:
     return "\n".join(kept)
 
 
-def pane_lines(summary: Mapping[str, Any] | None, rollout: Mapping[str, Any] | None,
-               activity: SessionActivity | None, findings: Sequence[str],
+def pane_lines(summary: SessionSummary | None, rollout: RolloutResult | None,
+               activity: SessionActivity | None, findings: Sequence[Finding],
                server_now: float) -> list[PaneLine]:
     """Everything the pane shows, top to bottom."""
-    meta = (summary or {}).get("metadata") or {}
-    rid = (rollout or {}).get("rollout_id") or meta.get("rollout_id")
-    head = " · ".join(str(x) for x in (rid or "no rollout", meta.get("task") or (rollout or {}).get("task"),
-                                       meta.get("harness") or (rollout or {}).get("harness")) if x)
+    meta = summary.metadata if summary is not None else {}
+    head = " · ".join(str(x) for x in (
+        (rollout.rollout_id if rollout else None) or meta.get("rollout_id") or "no rollout",
+        meta.get("task") or (rollout.task if rollout else None),
+        meta.get("harness") or (rollout.harness if rollout else None)) if x)
     lines = [PaneLine("rollout", head)]
-    if rollout:
+    if rollout is not None:
         phases = phase_timings(rollout, server_now)
         text = " · ".join(f"{PHASE_WORDS[p]} {fmt_seconds(s)}{' (now)' if live else ''}"
-                          for p, s, live in phases) or str(rollout.get("phase", "?"))
+                          for p, s, live in phases) or rollout.phase
         lines.append(PaneLine("phases", text))
-        if rollout.get("error_kind"):
-            lines.append(PaneLine("ended", f"{rollout['error_kind']}: {rollout.get('error') or ''}", "error"))
+        if rollout.error_kind:
+            lines.append(PaneLine("ended", f"{rollout.error_kind}: {rollout.error or ''}", "error"))
     if activity is None:
         lines.append(PaneLine("model", "activity not loaded yet", "muted"))
     else:
         lines.extend(_call_lines(activity, server_now))
-    counts = Counter(findings)
-    for finding in list(counts)[-MAX_FINDINGS:]:
-        level = "error" if finding.startswith("[FATAL]") else "warning" if finding.startswith("[WARN]") else ""
-        times = f" (×{counts[finding]})" if counts[finding] > 1 else ""
-        lines.append(PaneLine("finding", finding + times, level))
+    counts = Counter(str(f) for f in findings)
+    levels = {str(f): f.level for f in findings}
+    for text in list(counts)[-MAX_FINDINGS:]:
+        tone = {Level.FATAL: "error", Level.WARN: "warning"}.get(levels[text], "")
+        times = f" (×{counts[text]})" if counts[text] > 1 else ""
+        lines.append(PaneLine("finding", text + times, tone))
     return lines
 
 

@@ -35,15 +35,13 @@ from tapdeck.app.screens.setup import SetupScreen
 from tapdeck.app.settings import Settings
 from tapdeck.app.views import SessionBoard
 from tapdeck.app.widgets.nav_bar import NavBar
+from tapdeck.schema import events as api
 from tapdeck.themes import STYLESHEET
 from tapdeck.themes.palettes import DEFAULT_THEME, THEMES, VARIABLE_DEFAULTS
 
-SESSION_EVENTS = {"session_opened", "turn_captured", "session_updated", "session_closed"}
-RUN_EVENTS = {"run_started", "rollout_updated", "run_finished"}
 RECONNECT_S = (0.5, 1.0, 2.0, 5.0)
 FIRST_SCREEN_WAIT_S = 5.0
 """How long the first screen waits to learn whether the server has sessions (Setup or Sessions)."""
-
 
 def build_themes() -> list[Theme]:
     """tapdeck's themes (data in tapdeck.themes.palettes) as Textual Themes."""
@@ -181,8 +179,8 @@ class TapdeckApp(App[None]):
                 raise
             runs = []
         for run in runs:
-            if run.get("state") == "running":
-                for rollout in (await self.client.run(run["id"])).get("rollouts") or []:
+            if run.state == "running":
+                for rollout in (await self.client.run(run.id)).rollouts:
                     self.board.upsert_rollout(rollout)
         self.post_message(SessionsChanged())
 
@@ -215,24 +213,24 @@ class TapdeckApp(App[None]):
                 self.post_message(ConnectionChanged(False, f"{exc.message} · retrying in {delay:g} s"))
                 await asyncio.sleep(delay)
 
-    def take_event(self, event: dict) -> None:
+    def take_event(self, event: api.Event) -> None:
         """Apply one server event to the live state and tell the screens (coalesced)."""
-        kind = event.get("type")
-        if kind in SESSION_EVENTS and isinstance(event.get("session"), dict):
-            self.board.upsert(event["session"], self.clock())
+        if isinstance(event, api.SessionOpened | api.SessionUpdated | api.SessionClosed
+                      | api.TurnCaptured):
+            self.board.upsert(event.session, self.clock())
             self.post_message(SessionsChanged())
-        if kind == "rollout_updated" and isinstance(event.get("rollout"), dict):
-            self.board.upsert_rollout(event["rollout"])
+            if isinstance(event, api.TurnCaptured):
+                if event.turn.finish_reason:
+                    self.board.finish_reasons[event.session.id] = event.turn.finish_reason
+                self.post_message(TurnCaptured(event.session.id))
+            if isinstance(event, api.SessionUpdated | api.SessionClosed) \
+                    and event.session.metadata.get("run_id"):
+                self.post_message(RunsChanged())
+            return
+        if isinstance(event, api.RolloutUpdated):
+            self.board.upsert_rollout(event.rollout)
             self.post_message(SessionsChanged())
-        if kind == "turn_captured":
-            session_id = event.get("session_id") or (event.get("session") or {}).get("id")
-            if session_id:
-                if event.get("finish_reason"):
-                    self.board.finish_reasons[session_id] = str(event["finish_reason"])
-                self.post_message(TurnCaptured(session_id))
-        session_meta = (event.get("session") or {}).get("metadata") or {}
-        if kind in RUN_EVENTS or (kind in ("session_updated", "session_closed") and session_meta.get("run_id")):
-            self.post_message(RunsChanged())
+        self.post_message(RunsChanged())
 
     def _mode_screen(self, mode: str):
         """The base screen of `mode` (one instance per mode for the App's life)."""

@@ -1,7 +1,7 @@
-"""What the screens show, computed from API payloads — free of Textual so it is testable alone.
+"""What the screens show, computed from the server's replies — free of Textual so it is testable alone.
 
-Each function takes the JSON the server sent (see brief "HTTP API") and returns plain values; the
-widgets only style them. Unknown or missing fields degrade to "–" instead of failing.
+Each function takes the `tapdeck.schema` models the client validated the replies into and returns
+plain values; the widgets only style them. Values the server left empty show as "–".
 """
 
 from __future__ import annotations
@@ -11,6 +11,10 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from tapdeck.schema.findings import Finding, Level
+from tapdeck.schema.runs import RolloutResult, mean_reward, pass_rate
+from tapdeck.schema.sessions import RolloutDocument, SessionSummary, TurnDetail
 
 # A running session with no model call for this long is highlighted (an agent that looks stuck).
 IDLE_AFTER_S = 60.0
@@ -31,13 +35,22 @@ WIDE_AT = 120
 Cell = tuple[str, str]  # (text, tone); the widget maps tones to theme colours
 
 
-def session_state(summary: Mapping[str, Any]) -> str:
+def session_state(summary: SessionSummary) -> str:
     """A person's word for where a session is, from the runner's `phase` metadata and its turns."""
-    meta = summary.get("metadata") or {}
-    phase = meta.get("phase")
-    turns = summary.get("turns") or 0
-    ended = phase == "done" or summary.get("state") == "closed"
-    if phase == "failed" or (ended and (summary.get("fatal") or 0) > 0):
+    phase = summary.metadata.get("phase")
+    ended = phase == "done" or summary.state == "closed"
+    return _state(phase, ended=ended, fatal=summary.fatal > 0, turns=summary.turns)
+
+
+def rollout_state(rollout: RolloutResult) -> str:
+    """The same word for a rollout that has no capture session (its phase is all there is)."""
+    ended = rollout.phase in ("done", "failed")
+    phase = "failed" if rollout.phase == "done" and not rollout.ok else rollout.phase
+    return _state(phase, ended=ended, fatal=False, turns=rollout.turns)
+
+
+def _state(phase: Any, *, ended: bool, fatal: bool, turns: int) -> str:
+    if phase == "failed" or (ended and fatal):
         return "failed"
     if ended:
         return "finished"
@@ -54,11 +67,9 @@ STATE_TONES = {"failed": "error", "finished": "success", "running": "accent", "v
                "booting": "muted", "no call yet": "warning", "queued": "muted"}
 
 
-def fmt_phase(rollout: Mapping[str, Any]) -> str:
+def fmt_phase(rollout: RolloutResult) -> str:
     """A rollout's phase, with its progress line while it has one (an agent CLI installing)."""
-    phase = str(rollout.get("phase", "?"))
-    detail = rollout.get("detail")
-    return f"{phase}: {detail[:40]}" if detail else phase
+    return f"{rollout.phase}: {rollout.detail[:40]}" if rollout.detail else rollout.phase
 
 
 def fmt_reward(value: Any) -> str:
@@ -79,7 +90,7 @@ def short_id(value: str | None, width: int = 8) -> str:
 
 @dataclass
 class _Entry:
-    summary: dict
+    summary: SessionSummary
     received: float  # local monotonic time the summary arrived
 
 
@@ -92,128 +103,109 @@ class SessionBoard:
     """
 
     entries: dict[str, _Entry] = field(default_factory=dict)
-    rollouts: dict[str, dict] = field(default_factory=dict)
+    rollouts: dict[str, RolloutResult] = field(default_factory=dict)
     finish_reasons: dict[str, str] = field(default_factory=dict)
     """Each session's last captured finish reason (from `turn_captured` events)."""
     version: int = 0
 
-    def upsert_rollout(self, rollout: dict) -> None:
+    def upsert_rollout(self, rollout: RolloutResult) -> None:
         """Take one RolloutResult (from a `rollout_updated` event or a run's detail)."""
-        rid = rollout.get("rollout_id")
-        if not rid:
-            return
-        self.rollouts[rid] = rollout
+        self.rollouts[rollout.rollout_id] = rollout
         self.version += 1
 
-    def sessionless(self) -> dict[str, dict]:
+    def sessionless(self) -> dict[str, RolloutResult]:
         """Rollouts whose capture session is unknown here (none opened, or not listed)."""
         return {rid: r for rid, r in self.rollouts.items()
-                if not r.get("session_id") or r["session_id"] not in self.entries}
+                if not r.session_id or r.session_id not in self.entries}
 
-    def replace_all(self, summaries: Iterable[dict], now: float) -> None:
+    def replace_all(self, summaries: Iterable[SessionSummary], now: float) -> None:
         """Resynchronise from `GET /admin/sessions` (start-up or after the event stream reconnects)."""
-        self.entries = {s["id"]: _Entry(s, now) for s in summaries if s.get("id")}
+        self.entries = {s.id: _Entry(s, now) for s in summaries}
         self.version += 1
 
-    def upsert(self, summary: dict, now: float) -> None:
+    def upsert(self, summary: SessionSummary, now: float) -> None:
         """Take one SessionSummary from an event."""
-        if not summary.get("id"):
-            return
-        old = self.entries.get(summary["id"])
-        if old is not None and old.summary.get("metadata") and not summary.get("metadata"):
-            summary = {**summary, "metadata": old.summary["metadata"]}
-        self.entries[summary["id"]] = _Entry(summary, now)
+        self.entries[summary.id] = _Entry(summary, now)
         self.version += 1
 
-    def get(self, session_id: str) -> dict | None:
+    def get(self, session_id: str) -> SessionSummary | None:
         entry = self.entries.get(session_id)
         return entry.summary if entry else None
 
     def idle_seconds(self, session_id: str, now: float) -> float | None:
         """Seconds since the session's last model call, advanced locally (no clock-skew trouble)."""
         entry = self.entries[session_id]
-        base = entry.summary.get("seconds_since_last_call")
+        base = entry.summary.seconds_since_last_call
         if base is None:
             return None
-        return float(base) + max(0.0, now - entry.received)
+        return base + max(0.0, now - entry.received)
 
     def rows(self, now: float) -> dict[str, tuple[Cell, ...]]:
         """One row of cells per session (and per sessionless rollout), oldest first."""
         keyed: list[tuple[float, str, tuple[Cell, ...]]] = [
-            (entry.summary.get("created_at") or 0, sid, self._row(sid, entry, now))
+            (entry.summary.created_at, sid, self._row(sid, entry, now))
             for sid, entry in self.entries.items()]
-        keyed += [(r.get("started_at") or r.get("created_at") or 0, rid, self._rollout_row(r))
+        keyed += [(r.started_at or 0, rid, self._rollout_row(r))
                   for rid, r in self.sessionless().items()]
         return {key: row for _, key, row in sorted(keyed, key=lambda item: (item[0], item[1]))}
 
     def states(self) -> list[str]:
         """The state of every row (for the summary line)."""
         return ([session_state(e.summary) for e in self.entries.values()]
-                + [session_state(_rollout_as_summary(r)) for r in self.sessionless().values()])
+                + [rollout_state(r) for r in self.sessionless().values()])
 
-    def _rollout_row(self, rollout: dict) -> tuple[Cell, ...]:
-        state = session_state(_rollout_as_summary(rollout))
+    def _rollout_row(self, rollout: RolloutResult) -> tuple[Cell, ...]:
+        state = rollout_state(rollout)
         return (
             ("(none)", "muted"),
-            (str(rollout.get("task") or "–")[:12], ""),
+            (rollout.task[:12] or "–", ""),
             (state, STATE_TONES.get(state, "")),
-            (str(rollout.get("turns") or 0), ""), ("–", ""), ("–", ""), ("–", ""), ("–", ""),
-            (fmt_reward(rollout.get("reward")), ""),
-            (str(rollout.get("harness") or "–")[:12], ""), (str(rollout.get("run_id") or "–"), ""),
-            ("–", ""), ("–", ""), ("–", ""),
+            (str(rollout.turns), ""), ("–", ""), ("–", ""), ("–", ""), ("–", ""),
+            (fmt_reward(rollout.reward), ""),
+            ((rollout.harness or "–")[:12], ""), (rollout.run_id or "–", ""), ("–", ""), ("–", ""),
+            ("–", ""),
         )
 
     def _row(self, sid: str, entry: _Entry, now: float) -> tuple[Cell, ...]:
         s = entry.summary
-        meta = s.get("metadata") or {}
         state = session_state(s)
         idle = self.idle_seconds(sid, now)
         live = state in ("running", "no call yet")
         idle_tone = "idle" if live and idle is not None and idle >= IDLE_AFTER_S else ""
-        task = meta.get("task") or meta.get("task_name") or ""
+        task = s.metadata.get("task") or ""
         return (
             (short_id(sid), ""),
             (str(task)[:12] or "–", ""),
             (state, STATE_TONES.get(state, "")),
-            (str(s.get("turns", 0)), ""),
-            (str(s.get("roots", 0)), ""),
-            (str(s.get("forks", 0)), ""),
-            (str(s.get("trainable_tokens", 0)), ""),
+            (str(s.turns), ""),
+            (str(s.roots), ""),
+            (str(s.forks), ""),
+            (str(s.trainable_tokens), ""),
             ("–" if idle is None or not live else f"{int(idle)}", idle_tone),
-            (fmt_reward(meta.get("reward")), ""),
+            (fmt_reward(s.metadata.get("reward")), ""),
             *self._wide(sid, entry, now),
         )
 
     def _wide(self, sid: str, entry: _Entry, now: float) -> tuple[Cell, ...]:
         """harness, run, elapsed, calls/min, last finish reason (the wide table's columns)."""
         s = entry.summary
-        meta = s.get("metadata") or {}
         elapsed = session_elapsed(s, max(0.0, now - entry.received))
-        turns = s.get("turns") or 0
-        rate = f"{turns / (elapsed / 60):.1f}" if elapsed and turns else "–"
-        return ((str(meta.get("harness") or "–")[:12], ""), (str(meta.get("run_id") or "–"), ""),
+        rate = f"{s.turns / (elapsed / 60):.1f}" if elapsed and s.turns else "–"
+        finish = self.finish_reasons.get(sid)
+        return ((str(s.metadata.get("harness") or "–")[:12], ""), (str(s.metadata.get("run_id") or "–"), ""),
                 ("–" if elapsed is None else f"{int(elapsed)}", ""), (rate, ""),
-                (self.finish_reasons.get(sid, "–"), "warning" if self.finish_reasons.get(sid) == "length" else ""))
+                (finish or "–", "warning" if finish == "length" else ""))
 
 
-def session_elapsed(summary: Mapping[str, Any], since_received: float) -> float | None:
+def session_elapsed(summary: SessionSummary, since_received: float) -> float | None:
     """Seconds from a session's start to its last call (closed) or to now (open), on the server's
     clock: its `last_call_at` plus `seconds_since_last_call` is the server's time when it was sent."""
-    created, last = summary.get("created_at"), summary.get("last_call_at")
-    if created is None or last is None:
+    if summary.last_call_at is None:
         return None
-    if summary.get("state") != "open":
-        return max(0.0, float(last) - float(created))
-    since = summary.get("seconds_since_last_call") or 0.0
-    return max(0.0, float(last) + float(since) + since_received - float(created))
-
-
-def _rollout_as_summary(rollout: dict) -> dict:
-    """A sessionless rollout seen as a session summary (its phase is all there is)."""
-    ended = rollout.get("phase") in ("done", "failed")
-    phase = "failed" if rollout.get("phase") == "done" and rollout.get("ok") is False else rollout.get("phase")
-    return {"state": "closed" if ended else "open", "turns": rollout.get("turns") or 0,
-            "metadata": {"phase": phase}}
+    if summary.state != "open":
+        return max(0.0, summary.last_call_at - summary.created_at)
+    since = summary.seconds_since_last_call or 0.0
+    return max(0.0, summary.last_call_at + since + since_received - summary.created_at)
 
 
 @dataclass
@@ -248,54 +240,29 @@ class TurnNode:
     seq: int
     parent: int | None
     kind: str  # root | prefix | retokenized | message
-    role: str  # agent | auxiliary | discarded | …
+    role: str  # agent | auxiliary | discarded
     discarded: bool
     finish_reason: str | None
     new_tokens: int | None
-    findings: list[str]
+    findings: list[Finding]
     children: list[int] = field(default_factory=list)
     mode: str | None = None
     """Token-in sessions: `ids` (continued from stored ids) or `text` (fell back); else None."""
 
 
-def finding_text(finding: Any) -> str:
-    """`[LEVEL] code: detail` for a finding given as text or as a dict."""
-    if isinstance(finding, str):
-        return finding
-    if isinstance(finding, Mapping):
-        level = str(finding.get("level", "INFO")).upper()
-        return f"[{level}] {finding.get('code', '?')}: {finding.get('detail', finding.get('message', ''))}"
-    return str(finding)
+def worst_level(findings: Iterable[Finding]) -> Level | None:
+    """The most severe level among `findings` (None when there are none)."""
+    levels = {f.level for f in findings}
+    return next((level for level in (Level.FATAL, Level.WARN, Level.INFO) if level in levels), None)
 
 
-def finding_level(text: str) -> str:
-    """FATAL / WARN / INFO from a formatted finding."""
-    for level in ("FATAL", "WARN", "INFO"):
-        if text.startswith(f"[{level}]"):
-            return level
-    return "INFO"
-
-
-def rollout_nodes(document: Mapping[str, Any]) -> dict[int, TurnNode]:
+def rollout_nodes(document: RolloutDocument) -> dict[int, TurnNode]:
     """The turns of a rollout document, keyed by seq, with children lists filled in."""
-    roles: dict[int, str] = {}
-    for sequence in document.get("sequences") or []:
-        for seq in sequence.get("turns") or sequence.get("path") or sequence.get("nodes") or []:
-            role = sequence.get("role")
-            if role and roles.get(seq) != "agent":
-                roles[int(seq)] = role
-    nodes: dict[int, TurnNode] = {}
-    for turn in document.get("turns") or []:
-        seq = int(turn["seq"])
-        kind = turn.get("link_kind") or turn.get("kind") or ("root" if turn.get("parent") is None else "prefix")
-        discarded = bool(turn.get("discarded")) or turn.get("role") == "discarded" or roles.get(seq) == "discarded"
-        role = turn.get("role") or roles.get(seq) or ("discarded" if discarded else "agent")
-        new_tokens = turn.get("sampled_len", turn.get("completion_tokens", turn.get("n_sampled")))
-        nodes[seq] = TurnNode(seq=seq, parent=turn.get("parent"), kind=str(kind), role=str(role),
-                              discarded=discarded, finish_reason=turn.get("finish_reason"),
-                              new_tokens=new_tokens,
-                              findings=[finding_text(f) for f in turn.get("findings") or []],
-                              mode=capture_mode(turn))
+    nodes = {turn.seq: TurnNode(seq=turn.seq, parent=turn.parent, kind=turn.link_kind,
+                                role=turn.role, discarded=turn.discarded,
+                                finish_reason=turn.finish_reason, new_tokens=turn.sampled_len,
+                                findings=list(turn.findings), mode=capture_mode(turn.meta))
+             for turn in document.turns}
     for node in nodes.values():
         if node.parent is not None and node.parent in nodes:
             nodes[node.parent].children.append(node.seq)
@@ -304,15 +271,15 @@ def rollout_nodes(document: Mapping[str, Any]) -> dict[int, TurnNode]:
     return nodes
 
 
-def capture_mode(turn: Mapping[str, Any]) -> str | None:
+def capture_mode(meta: Mapping[str, Any]) -> str | None:
     """How a token-in session sent the turn (`ids` or `text`); None outside token-in mode."""
-    mode = ((turn.get("meta") or {}).get("capture_mode") or {}).get("mode")
+    mode = (meta.get("capture_mode") or {}).get("mode")
     return str(mode) if mode else None
 
 
-def capture_mode_text(turn: Mapping[str, Any]) -> str:
+def capture_mode_text(meta: Mapping[str, Any]) -> str:
     """The Rollout screen's words for a turn's capture mode ("" outside token-in mode)."""
-    record = (turn.get("meta") or {}).get("capture_mode") or {}
+    record = meta.get("capture_mode") or {}
     if record.get("mode") == "ids":
         same = "same ids as text" if record.get("same") else \
             f"text path would differ from offset {record.get('diverge_at')}"
@@ -378,8 +345,8 @@ def turn_label(node: TurnNode) -> str:
         parts.append(f"{node.new_tokens} tok")
     if node.finish_reason and node.finish_reason != "stop":
         parts.append(node.finish_reason)
-    if node.findings:
-        worst = min((finding_level(f) for f in node.findings), key=("FATAL", "WARN", "INFO").index)
+    worst = worst_level(node.findings)
+    if worst is not None:
         parts.append(f"!{worst.lower()}")
     return " ".join(parts)
 
@@ -404,13 +371,13 @@ def token_display(text: str) -> str:
     return text.replace("\n", "↵\n").replace("\t", "→")
 
 
-def token_detail(turn: Mapping[str, Any], index: int) -> str:
+def token_detail(turn: TurnDetail, index: int) -> str:
     """One line on a sampled token: its text, id, logprob, probability and top alternatives."""
-    texts = turn.get("token_texts") or []
-    ids = turn.get("sampled_ids") or []
-    lps = turn.get("logprobs") or []
-    tops = turn.get("top_logprobs") or []
-    mask = turn.get("mask") or []
+    texts = turn.token_texts or []
+    ids = turn.sampled_ids or []
+    lps = turn.logprobs or []
+    tops = turn.top_logprobs or []
+    mask = turn.mask or []
     text = texts[index] if index < len(texts) else "?"
     parts = [f"token {index}: {text!r}"]
     if index < len(ids):
@@ -424,23 +391,11 @@ def token_detail(turn: Mapping[str, Any], index: int) -> str:
         parts.append("masked (not trained on)")
     alternatives = tops[index] if index < len(tops) else None
     if alternatives:
-        alts = ", ".join(f"{_alt_text(a)!r} {_alt_lp(a):.2f}" for a in alternatives[:5])
+        alts = ", ".join(f"{token!r} {logprob:.2f}" for token, logprob in alternatives[:5])
         parts.append(f"top: {alts}")
     else:
         parts.append("no alternatives captured (Setup: Alternatives)")
     return " · ".join(parts)
-
-
-def _alt_text(alt: Any) -> str:
-    if isinstance(alt, Mapping):
-        return str(alt.get("token", alt.get("text", "?")))
-    return str(alt[0])
-
-
-def _alt_lp(alt: Any) -> float:
-    if isinstance(alt, Mapping):
-        return float(alt.get("logprob", float("nan")))
-    return float(alt[1])
 
 
 def message_text(message: Mapping[str, Any]) -> str:
@@ -469,27 +424,24 @@ class GroupRow:
     pass_rate: float | None
 
 
-def run_groups(rollouts: Iterable[Mapping[str, Any]]) -> list[GroupRow]:
-    """Per-task groups of a run: rewards, mean over graded rollouts, pass rate (reward > 0)."""
-    by_task: dict[str, list[Mapping[str, Any]]] = {}
+def run_groups(rollouts: Iterable[RolloutResult]) -> list[GroupRow]:
+    """Per-task groups of a run: rewards, mean and pass rate over graded rollouts (`schema.runs`)."""
+    by_task: dict[str, list[RolloutResult]] = {}
     for r in rollouts:
-        by_task.setdefault(str(r.get("task", "?")), []).append(r)
+        by_task.setdefault(r.task, []).append(r)
     rows = []
     for task, items in sorted(by_task.items()):
-        items = sorted(items, key=lambda r: r.get("index", 0))
-        rewards = [r.get("reward") for r in items]
-        graded = [float(x) for x in rewards if isinstance(x, (int, float)) and math.isfinite(x)]
-        done = sum(1 for r in items if r.get("phase") in ("done", "failed"))
-        rows.append(GroupRow(task, len(items), done, rewards,
-                             sum(graded) / len(graded) if graded else None,
-                             sum(1 for x in graded if x > 0) / len(graded) if graded else None))
+        items = sorted(items, key=lambda r: r.index)
+        rewards = [r.reward for r in items]
+        done = sum(1 for r in items if r.phase in ("done", "failed"))
+        rows.append(GroupRow(task, len(items), done, rewards, mean_reward(rewards), pass_rate(rewards)))
     return rows
 
 
-def failures_by_cause(rollouts: Iterable[Mapping[str, Any]]) -> Counter[str]:
+def failures_by_cause(rollouts: Iterable[RolloutResult]) -> Counter[str]:
     """How many rollouts failed, per classified error kind."""
-    return Counter(str(r.get("error_kind") or "unknown") for r in rollouts
-                   if r.get("phase") == "failed" or (r.get("phase") == "done" and r.get("ok") is False))
+    return Counter(r.error_kind or "unknown" for r in rollouts
+                   if r.phase == "failed" or (r.phase == "done" and not r.ok))
 
 
 def fmt_rate(value: Any) -> str:
@@ -499,12 +451,9 @@ def fmt_rate(value: Any) -> str:
     return f"{float(value) * 100:.0f}%"
 
 
-def rollout_settings_line(rollout: Mapping[str, Any]) -> str:
+def rollout_settings_line(rollout: RolloutResult) -> str:
     """`task #i ran with: …` (each value with its source), or why nothing is known yet."""
-    from tapdeck.runner.rollout_settings import ResolvedSettings
-
-    name = f"{rollout.get('task', '?')} #{rollout.get('index', '')}"
-    settings = rollout.get("settings")
-    if not settings:
+    name = f"{rollout.task} #{rollout.index}"
+    if rollout.settings is None:
         return f"{name}: settings not resolved (resolved when its capture session opens)"
-    return f"{name} ran with: {ResolvedSettings.model_validate(settings).line()}"
+    return f"{name} ran with: {rollout.settings.line()}"

@@ -14,9 +14,10 @@ import ipaddress
 import os
 import secrets
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, field_validator
+
+from tapdeck.schema.addresses import check_public_url
 
 DATA_DIR_ENV = "TAPDECK_DATA_DIR"
 ADMIN_KEY_FILE = "admin.key"
@@ -73,19 +74,6 @@ class ServerConfig(BaseModel):
 
 class ConfigError(ValueError):
     """A configuration the server refuses to start with."""
-
-
-def check_public_url(url: str) -> str:
-    """`url` without a trailing slash, if it is an absolute http(s) URL with a host and no query.
-
-    Raises ValueError saying what is wrong otherwise.
-    """
-    parsed = urlsplit(url.strip())
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise ValueError(f"public URL {url!r} must be http://HOST[:PORT] or https://HOST[:PORT]")
-    if parsed.query or parsed.fragment:
-        raise ValueError(f"public URL {url!r} must not have a query or fragment")
-    return url.strip().rstrip("/")
 
 
 def is_loopback(host: str) -> bool:

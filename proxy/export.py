@@ -124,7 +124,7 @@ def rollout_document(session: dict[str, Any], graph: RolloutGraph, tier: str, *,
             "input_ids": _out(s.input_ids, lists), "loss_mask": _out(mask, lists),
             "logprobs": _out(lps, lists),
             "spans": [{"seq": a, "start": b, "end": c} for a, b, c in s.spans],
-            "findings": [str(f) for f in rollout_findings if f.turn == s.nodes[-1]],
+            "findings": [f.model_dump(mode="json") for f in rollout_findings if f.turn == s.nodes[-1]],
         })
     turns = []
     for seq in sorted(graph.nodes):
@@ -140,7 +140,7 @@ def rollout_document(session: dict[str, Any], graph: RolloutGraph, tier: str, *,
             "finish_reason": t.finish_reason, "request": t.request,
             "response": nest_tool_calls(t.response or {}), "sampling": t.sampling,
             "meta": t.meta, "created_at": t.created_at,
-            "findings": [str(f) for f in t.findings + n.link_findings],
+            "findings": [f.model_dump(mode="json") for f in t.findings + n.link_findings],
         })
     stats = asdict(graph.stats())
     if not train:
@@ -158,7 +158,7 @@ def rollout_document(session: dict[str, Any], graph: RolloutGraph, tier: str, *,
         "paths": [{"nodes": p, "role": graph.role(p)} for p in graph.paths()],
         "sequences": seq_docs,
         "turns": turns,
-        "findings": [str(f) for f in all_findings],
+        "findings": [f.model_dump(mode="json") for f in all_findings],
     }
 
 
@@ -206,7 +206,7 @@ def training_trace(session: dict[str, Any], graph: RolloutGraph, tier: str, *,
                 "link_offset": n.offset, "finish_reason": t.finish_reason, "trainable": on,
                 "logprobs_filled": filled,
                 "sampling": t.sampling, "meta": t.meta, "created_at": t.created_at,
-                "findings": [str(f) for f in t.findings + n.link_findings],
+                "findings": [f.model_dump(mode="json") for f in t.findings + n.link_findings],
             },
         })
     return {"schema_version": SCHEMA_VERSION, "session_id": session.get("id"),

@@ -27,6 +27,16 @@ from tapdeck.proxy.request_limits import ADMIN_KEY_REQUIRED, GuardedBodies, read
 from tapdeck.proxy.service import CallReply, CaptureService
 from tapdeck.proxy.sessions import SessionError, SessionSpec
 from tapdeck.schema.activity import SessionActivity
+from tapdeck.schema.sessions import (
+    Health,
+    RolloutDocument,
+    SessionDetail,
+    SessionInfo,
+    SessionList,
+    SessionSummary,
+    TrainingTrace,
+    TurnDetail,
+)
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 EVENTS_KEEPALIVE_S = 15.0
@@ -64,34 +74,34 @@ def _reply(reply: CallReply) -> Response:
 def _admin_router() -> APIRouter:
     router = APIRouter(prefix="/admin", dependencies=[Depends(require_admin)])
 
-    @router.post("/sessions")
+    @router.post("/sessions", response_model=SessionInfo)
     async def open_session(spec: SessionSpec, request: Request) -> Response:
         info = await _service(request).open_session(spec)
         return _JSON(info.model_dump(mode="json"))
 
-    @router.get("/sessions")
+    @router.get("/sessions", response_model=SessionList)
     async def list_sessions(request: Request) -> Response:
         sessions = await asyncio.to_thread(_service(request).list)
         return _JSON({"sessions": [s.model_dump(mode="json") for s in sessions]})
 
-    @router.get("/sessions/{session_id}")
+    @router.get("/sessions/{session_id}", response_model=SessionDetail)
     async def get_session(session_id: str, request: Request) -> Response:
         service = _service(request)
         summary = await asyncio.to_thread(service.get, session_id)
         findings = await asyncio.to_thread(service.findings, session_id)
-        return _JSON({**summary.model_dump(mode="json"), "findings": findings})
+        return _JSON(SessionDetail(**dict(summary), findings=findings).model_dump(mode="json"))
 
-    @router.get("/sessions/{session_id}/rollout")
+    @router.get("/sessions/{session_id}/rollout", response_model=RolloutDocument)
     async def rollout(session_id: str, request: Request) -> Response:
         doc = await asyncio.to_thread(_service(request).rollout_document, session_id, lists=False)
         return _JSON(doc)
 
-    @router.get("/sessions/{session_id}/trace")
+    @router.get("/sessions/{session_id}/trace", response_model=TrainingTrace)
     async def trace(session_id: str, request: Request) -> Response:
         trace = await asyncio.to_thread(_service(request).training_trace, session_id, lists=False)
         return _JSON(trace)
 
-    @router.get("/sessions/{session_id}/turns/{seq}")
+    @router.get("/sessions/{session_id}/turns/{seq}", response_model=TurnDetail)
     async def turn(session_id: str, seq: int, request: Request) -> Response:
         return _JSON(await asyncio.to_thread(_service(request).turn_detail, session_id, seq))
 
@@ -101,7 +111,7 @@ def _admin_router() -> APIRouter:
         service.get(session_id)  # an unknown session is a 404 like the other session routes
         return _JSON(service.activity.snapshot(session_id).model_dump(mode="json"))
 
-    @router.delete("/sessions/{session_id}")
+    @router.delete("/sessions/{session_id}", response_model=SessionSummary)
     async def close_session(session_id: str, request: Request) -> Response:
         summary = await _service(request).close_session(session_id)
         return _JSON(summary.model_dump(mode="json"))
@@ -167,7 +177,7 @@ def create_app(service: CaptureService, *, admin_key: str,
     async def _session_error(_request: Request, exc: SessionError) -> Response:
         return _JSON({"detail": exc.message}, status_code=exc.status)
 
-    @app.get("/health")
+    @app.get("/health", response_model=Health)
     async def health() -> Response:
         return _JSON({"status": "ok", "instance": app.state.instance})
 

@@ -43,7 +43,7 @@ from tapdeck.proxy.dialects.stored_responses import StoredResponses
 from tapdeck.proxy.engine_address import EngineAddressError, settle
 from tapdeck.proxy.engine_client import DEFAULT_TIMEOUT, EngineClient, EngineError
 from tapdeck.proxy.events import EventBus
-from tapdeck.proxy.export import ExportRefused, rollout_document, training_trace
+from tapdeck.proxy.export import ExportRefused, capture_mode, rollout_document, training_trace
 from tapdeck.proxy.findings import Finding, Level
 from tapdeck.proxy.graph import GraphStats, Link, RolloutGraph
 from tapdeck.proxy.interning import Interner
@@ -75,6 +75,8 @@ from tapdeck.proxy.tiers import EngineSpec, ProbeResult, Tier, probe
 from tapdeck.proxy.token_in import Plan, TokenIn
 from tapdeck.proxy.turn import Turn
 from tapdeck.proxy.validation import validate_rollout, validate_turn
+from tapdeck.schema.events import SessionClosed, SessionOpened, SessionUpdated, TurnCaptured
+from tapdeck.schema.sessions import TurnHeader
 
 log = logging.getLogger("tapdeck.proxy")
 
@@ -291,7 +293,7 @@ class CaptureService:
         session.count(session.findings)
         self._sessions[sid] = session
         self._by_key[key] = session
-        self.events.publish({"type": "session_opened", "session": self._summary(session).model_dump(mode="json")})
+        self.events.publish(SessionOpened(session=self._summary(session)).model_dump(mode="json"))
         return SessionInfo(
             id=sid, api_key=key, tier=result.tier, rollout_type=rollout_type,
             base_urls=base_urls_for(self.public_url),
@@ -319,7 +321,7 @@ class CaptureService:
                             session_id, exc.reason)
         # A restarted session's stats may need its graph loaded: done on a thread.
         summary = await asyncio.to_thread(self._summary, session)
-        self.events.publish({"type": "session_closed", "session": summary.model_dump(mode="json")})
+        self.events.publish(SessionClosed(session=summary).model_dump(mode="json"))
         return summary
 
     def _release_if_idle(self, session: _Session) -> None:
@@ -351,7 +353,7 @@ class CaptureService:
         session.record["metadata"] = {**session.record.get("metadata", {}), **metadata}
         self.writes.submit(self._store_metadata, session)
         summary = self._summary(session)
-        self.events.publish({"type": "session_updated", "session": summary.model_dump(mode="json")})
+        self.events.publish(SessionUpdated(session=summary).model_dump(mode="json"))
         return summary
 
     def mark_auxiliary(self, session_id: str, seqs: Iterable[int], reason: str) -> None:
@@ -377,14 +379,14 @@ class CaptureService:
         except Exception as exc:  # an annotation lost to a store fault is logged, never raised
             log.warning("session %s: metadata not stored (%s)", session.id, exc)
 
-    def findings(self, session_id: str) -> list[str]:
-        """Session, turn and rollout findings, rendered `[LEVEL] code: detail`."""
+    def findings(self, session_id: str) -> list[Finding]:
+        """Session, turn and rollout findings."""
         session = self._get(session_id)
         with session.rw:
             graph = self._graph(session)
-            out = [str(f) for f in session.findings]
-            out.extend(str(f) for f in graph.findings())
-            out.extend(str(f) for f in validate_rollout(
+            out = list(session.findings)
+            out.extend(graph.findings())
+            out.extend(validate_rollout(
                 graph, session.tier, rollout_type=session.record.get("rollout_type", "auto")))
         return out
 
@@ -428,7 +430,7 @@ class CaptureService:
             "top_logprobs": turn.top_logprobs,
             "mask": None if sampled is None else [1 if mask_on else 0] * len(sampled),
             "finish_reason": turn.finish_reason,
-            "findings": [str(f) for f in [*turn.findings, *link.findings]],
+            "findings": [f.model_dump(mode="json") for f in [*turn.findings, *link.findings]],
             "sampling": turn.sampling, "meta": turn.meta,
         }
 
@@ -470,14 +472,12 @@ class CaptureService:
         return session.stats
 
     def _summary(self, session: _Session) -> SessionSummary:
-        stats = dataclasses.asdict(self._stats(session))
         now = time.time()
+        # Turns counted on capture (the stats are those of the last linked turn).
+        stats = {**dataclasses.asdict(self._stats(session)), "turns": session.turns}
         return SessionSummary(
-            id=session.id, state=session.state, tier=session.tier,
-            rollout_type=session.record.get("rollout_type", "eval"),
-            turns=session.turns, roots=stats.get("roots", 0), forks=stats.get("forks", 0),
-            breaks=stats.get("breaks", 0), discarded=stats.get("discarded", 0),
-            trainable_tokens=stats.get("trainable_tokens", 0),
+            **stats, id=session.id, state=session.state,
+            tier=session.tier, rollout_type=session.record.get("rollout_type", "eval"),
             created_at=session.record.get("created_at", 0.0), last_call_at=session.last_call_at,
             seconds_since_last_call=None if session.last_call_at is None else now - session.last_call_at,
             metadata=session.record.get("metadata") or {}, fatal=session.fatal, warn=session.warn,
@@ -821,9 +821,14 @@ class CaptureService:
             if access is not None:
                 access.seq = turn.seq
             session.count([*turn.findings, *link.findings])
-        self.events.publish({"type": "turn_captured", "seq": turn.seq, "parent": link.parent,
-                             "link_kind": link.kind, "finish_reason": turn.finish_reason,
-                             "session": self._summary(session).model_dump(mode="json")})
+        header = TurnHeader(
+            seq=turn.seq, parent=link.parent, link_kind=link.kind, link_offset=link.offset,
+            capture_mode=capture_mode(turn.meta),
+            prompt_len=None if cap.prompt_ids is None else len(cap.prompt_ids),
+            sampled_len=None if cap.sampled_ids is None else len(cap.sampled_ids),
+            finish_reason=turn.finish_reason, created_at=turn.created_at,
+            findings=[*turn.findings, *link.findings])
+        self.events.publish(TurnCaptured(turn=header, session=self._summary(session)).model_dump(mode="json"))
 
     def _commit_turn(self, session: _Session, turn: Turn) -> Link:
         """Link the turn and commit it, as one step under the graph's lock (on a store thread).
@@ -844,7 +849,7 @@ class CaptureService:
         return link
 
     def _publish_update(self, session: _Session) -> None:
-        self.events.publish({"type": "session_updated", "session": self._summary(session).model_dump(mode="json")})
+        self.events.publish(SessionUpdated(session=self._summary(session)).model_dump(mode="json"))
 
 
 async def _unless_disconnected(task: asyncio.Task[dict[str, Any]],

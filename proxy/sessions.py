@@ -16,14 +16,16 @@ from pydantic import BaseModel, Field, field_validator
 
 from tapdeck.proxy.engine_client import NEUTRAL_SAMPLING
 from tapdeck.proxy.request_limits import MAX_JSON_DEPTH, too_deep
-from tapdeck.proxy.tiers import EngineSpec, Tier
+from tapdeck.proxy.tiers import EngineSpec
+from tapdeck.schema.sessions import EngineRef, SessionInfo, SessionState, SessionSummary
+
+__all__ = ["EngineRef", "SessionInfo", "SessionState", "SessionSummary"]
 
 KEY_PREFIX = "tdk-"
 _KEY_RE = re.compile(r"^tdk-[A-Za-z0-9_-]{43}$")
 _ID_RE = re.compile(r"^s-[0-9a-f]{16}$")
 
 RolloutType = Literal["auto", "train", "eval"]
-SessionState = Literal["open", "closed", "interrupted"]
 
 
 def new_session_key() -> str:
@@ -126,50 +128,6 @@ def base_urls_for(public_url: str) -> dict[str, str]:
     """The base URL each dialect's clients use for a server reachable at `public_url`."""
     root = public_url.rstrip("/")
     return {"openai": f"{root}/v1", "anthropic": root, "google": root}
-
-
-class EngineRef(BaseModel):
-    """Which engine a session talks to (never its API key)."""
-
-    url: str
-    model: str | None = None
-    max_model_len: int | None = None
-    """The engine's context length as its `/models` lists it (None: it does not say)."""
-
-
-class SessionInfo(BaseModel):
-    """`POST /admin/sessions` answer: what a harness needs to talk through the proxy."""
-
-    id: str
-    api_key: str
-    tier: Tier
-    rollout_type: Literal["train", "eval"]
-    base_urls: dict[str, str]
-    engine: EngineRef
-    created_at: float
-    metadata: dict[str, Any]
-
-
-class SessionSummary(BaseModel):
-    """One row of the sessions table (TUI, events, `GET /admin/sessions`)."""
-
-    id: str
-    state: SessionState
-    tier: Tier
-    rollout_type: Literal["train", "eval"]
-    turns: int = 0
-    roots: int = 0
-    forks: int = 0
-    breaks: int = 0
-    discarded: int = 0
-    trainable_tokens: int = 0
-    created_at: float
-    last_call_at: float | None = None
-    seconds_since_last_call: float | None = None
-    metadata: dict[str, Any] = Field(default_factory=dict)
-    fatal: int = 0
-    warn: int = 0
-    engine: EngineRef
 
 
 class SessionError(Exception):

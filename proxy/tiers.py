@@ -19,7 +19,6 @@ import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any, Literal
 
 import httpx
@@ -27,6 +26,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tapdeck.proxy.engine_client import EngineClient, EngineError
 from tapdeck.proxy.findings import Finding
+from tapdeck.schema.sessions import Tier
 
 LogprobsMode = Literal["processed", "raw", "unknown"]
 
@@ -39,14 +39,6 @@ MIN_T1_GAP = 0.5
 RUNNER_UP_FLOOR = -100.0
 """vLLM clamps logprobs to -9999; a runner-up down there carries no information."""
 RATIO_TOLERANCE = 0.2
-
-
-class Tier(StrEnum):
-    """What a session captures; decides whether a rollout can be trained on."""
-
-    TOKENS = "tokens"
-    LOGPROBS = "logprobs"
-    TEXT = "text"
 
 
 class EngineSpec(BaseModel):

@@ -18,25 +18,35 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import orjson
 from fastapi import APIRouter, Depends, HTTPException
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel
 
 from tapdeck.proxy.server import require_admin
 from tapdeck.proxy.tiers import EngineSpec
-from tapdeck.runner.batch import BatchRunner, PlanError, RunNotFound, RunPlan
-from tapdeck.runner.train_jobs import TrainingJobs, TrainNotFound, TrainRefused, TrainRequest
+from tapdeck.runner.batch import BatchRunner, PlanError, RunNotFound
+from tapdeck.runner.train_jobs import TrainingJobs, TrainNotFound, TrainRefused
+from tapdeck.schema.catalog import Catalog
+from tapdeck.schema.runs import (
+    ExportRequest,
+    ExportResult,
+    RolloutResult,
+    RunDetail,
+    RunList,
+    RunPlan,
+    RunSummary,
+)
+from tapdeck.schema.train import (
+    RecipeList,
+    TrainLog,
+    TrainMetrics,
+    TrainRequest,
+    TrainRunInfo,
+    TrainRunList,
+)
 
 SHUTDOWN_GRACE_S = 60.0
-
-
-class ExportRequest(BaseModel):
-    """`POST /admin/runs/{id}/export` body."""
-
-    format: Literal["jsonl", "parquet"] = "jsonl"
 
 
 def create_runner_router(service: Any, *, data_dir: Path, default_engine: EngineSpec | None,
@@ -75,7 +85,7 @@ def create_runner_router(service: Any, *, data_dir: Path, default_engine: Engine
         except RunNotFound as exc:
             raise HTTPException(404, f"no run {run_id}") from exc
 
-    @router.get("/catalog")
+    @router.get("/catalog", response_model=Catalog)
     async def catalog() -> JSONResponse:
         from tapdeck.runner.catalog import build_catalog, url_engine_info
 
@@ -90,7 +100,7 @@ def create_runner_router(service: Any, *, data_dir: Path, default_engine: Engine
             doc["engines"] = [row, *(e for e in doc["engines"] if e["name"] != "embedded")]
         return JSONResponse(doc)
 
-    @router.post("/runs")
+    @router.post("/runs", response_model=RunSummary)
     async def start_run(plan: RunPlan) -> JSONResponse:
         try:
             summary = await batch.create(plan)
@@ -99,23 +109,23 @@ def create_runner_router(service: Any, *, data_dir: Path, default_engine: Engine
             raise HTTPException(400, str(exc)) from exc
         return JSONResponse(batch.get(summary.id)[0].model_dump(mode="json"))
 
-    @router.get("/runs")
+    @router.get("/runs", response_model=RunList)
     async def list_runs() -> JSONResponse:
         runs = await asyncio.to_thread(batch.list)
         return JSONResponse({"runs": [r.model_dump(mode="json") for r in runs]})
 
-    @router.get("/runs/{run_id}")
+    @router.get("/runs/{run_id}", response_model=RunDetail)
     async def get_run(run_id: str) -> JSONResponse:
         summary, rollouts = _run_or_404(run_id)
         return JSONResponse({**summary.model_dump(mode="json"),
                              "rollouts": [r.model_dump(mode="json") for r in rollouts]})
 
-    @router.post("/runs/{run_id}/cancel")
+    @router.post("/runs/{run_id}/cancel", response_model=RunSummary)
     async def cancel_run(run_id: str) -> JSONResponse:
         _run_or_404(run_id)
         return JSONResponse(batch.cancel(run_id).model_dump(mode="json"))
 
-    @router.post("/runs/{run_id}/rollouts/{rollout_id}/cancel")
+    @router.post("/runs/{run_id}/rollouts/{rollout_id}/cancel", response_model=RolloutResult)
     async def cancel_rollout(run_id: str, rollout_id: str) -> JSONResponse:
         _run_or_404(run_id)
         try:
@@ -126,7 +136,7 @@ def create_runner_router(service: Any, *, data_dir: Path, default_engine: Engine
             raise HTTPException(409, str(exc)) from exc
         return JSONResponse(rollout.model_dump(mode="json"))
 
-    @router.post("/runs/{run_id}/resume")
+    @router.post("/runs/{run_id}/resume", response_model=RunSummary)
     async def resume_run(run_id: str) -> JSONResponse:
         _run_or_404(run_id)
         try:
@@ -135,7 +145,7 @@ def create_runner_router(service: Any, *, data_dir: Path, default_engine: Engine
             raise HTTPException(409, str(exc)) from exc
         return JSONResponse(batch.get(run_id)[0].model_dump(mode="json"))
 
-    @router.post("/runs/{run_id}/export")
+    @router.post("/runs/{run_id}/export", response_model=ExportResult)
     async def export_run(run_id: str, body: ExportRequest | None = None) -> JSONResponse:
         _run_or_404(run_id)
         fmt = body.format if body is not None else "jsonl"
@@ -147,12 +157,12 @@ def create_runner_router(service: Any, *, data_dir: Path, default_engine: Engine
         except TrainNotFound as exc:
             raise HTTPException(404, f"no training run {exc.args[0]}") from exc
 
-    @router.get("/train/recipes")
+    @router.get("/train/recipes", response_model=RecipeList)
     async def train_recipes() -> JSONResponse:
         infos = await asyncio.to_thread(training.recipes)
         return JSONResponse({"recipes": [r.model_dump() for r in infos]})
 
-    @router.post("/train")
+    @router.post("/train", response_model=TrainRunInfo)
     async def start_training(request: TrainRequest) -> JSONResponse:
         try:
             info = await asyncio.to_thread(training.launch, request)
@@ -160,22 +170,22 @@ def create_runner_router(service: Any, *, data_dir: Path, default_engine: Engine
             raise HTTPException(400, str(exc)) from exc
         return JSONResponse(info.model_dump())
 
-    @router.get("/train")
+    @router.get("/train", response_model=TrainRunList)
     async def list_training() -> JSONResponse:
         runs = await asyncio.to_thread(training.list)
         return JSONResponse({"runs": [r.model_dump() for r in runs]})
 
-    @router.get("/train/{run_id}")
+    @router.get("/train/{run_id}", response_model=TrainRunInfo)
     async def get_training(run_id: str) -> JSONResponse:
         return JSONResponse(_train_or_404(training.get, run_id).model_dump())
 
-    @router.get("/train/{run_id}/log")
+    @router.get("/train/{run_id}/log", response_model=TrainLog)
     async def training_log(run_id: str, offset: int | None = None, tail: int = 200) -> JSONResponse:
         log = await asyncio.to_thread(_train_or_404, training.log, run_id, offset=offset,
                                       tail=max(0, min(tail, 5000)))
         return JSONResponse(log.model_dump())
 
-    @router.get("/train/{run_id}/metrics")
+    @router.get("/train/{run_id}/metrics", response_model=TrainMetrics)
     async def training_metrics(run_id: str, after: int = 0) -> JSONResponse:
         metrics = await asyncio.to_thread(_train_or_404, training.metrics, run_id, after)
         return JSONResponse(metrics.model_dump())
@@ -186,12 +196,12 @@ def create_runner_router(service: Any, *, data_dir: Path, default_engine: Engine
 
         async def stream() -> AsyncIterator[bytes]:
             async for event in training.follow(run_id):
-                yield b"data: " + orjson.dumps(event) + b"\n\n"
+                yield b"data: " + event.model_dump_json().encode() + b"\n\n"
 
         return StreamingResponse(stream(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
 
-    @router.post("/train/{run_id}/stop")
+    @router.post("/train/{run_id}/stop", response_model=TrainRunInfo)
     async def stop_training(run_id: str) -> JSONResponse:
         try:
             info = await asyncio.to_thread(_train_or_404, training.stop, run_id)

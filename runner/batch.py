@@ -24,115 +24,25 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
-
-from tapdeck.proxy.config import check_public_url
 from tapdeck.proxy.tiers import EngineSpec
 from tapdeck.runner.engines import EngineChoiceError, resolve_engine
-from tapdeck.runner.rollout import RolloutResult, RolloutSpec, run_rollout
-from tapdeck.runner.rollout_settings import RolloutSettings
+from tapdeck.runner.rollout import RolloutSpec, run_rollout
+from tapdeck.schema.events import RolloutUpdated, RunFinished, RunStarted
+from tapdeck.schema.runs import (
+    RolloutResult,
+    RunCounts,
+    RunPlan,
+    RunState,
+    RunSummary,
+    mean_reward,
+    pass_rate,
+)
 
-RunState = Literal["running", "finished", "cancelled", "failed", "interrupted"]
 RESULTS = "results.jsonl"
 PLAN = "plan.json"
 STATE = "run.json"
 UNFINISHED_KINDS = frozenset({"cancelled"})
 """Rollouts recorded with these error kinds run again on resume."""
-
-
-class RunPlan(BaseModel):
-    """`POST /admin/runs` body: what to run. Defaults run offline on the sample dataset."""
-
-    dataset: str | None = None
-    """A local folder, a registry name, ...; None → tapdeck's sample dataset."""
-    tasks: list[str] | None = None
-    """Task names to keep (None → all, or the first `n_tasks`)."""
-    n_tasks: int | None = Field(default=None, ge=1)
-    harness: str = "terminus-2"
-    sandbox: str = "host"
-    sandbox_kwargs: dict[str, Any] | None = None
-    """Sandbox constructor kwargs (Harbor's `EnvironmentConfig.kwargs`)."""
-    engine: str = "embedded"
-    """"embedded" (the server's default engine) or an engine URL."""
-    engine_model: str | None = None
-    k: int = Field(default=1, ge=1)
-    """Rollouts per task (the GRPO group size)."""
-    concurrency: int = Field(default=1, ge=1)
-    timeout_s: float | None = Field(default=None, gt=0)
-    """Hard limit per rollout, sandbox start included (None → `DEFAULT_HARD_LIMIT_S`)."""
-    reward_key: str | None = None
-    settings: RolloutSettings = Field(default_factory=RolloutSettings)
-    """What each rollout's agent runs with (timeouts, turns, output tokens, sampling, kwargs)."""
-    call_budget: int | None = Field(default=None, ge=1)
-    """Model calls per rollout before the proxy answers with a stop (None → 3 × max_turns)."""
-    alternatives: int = Field(default=0, ge=0, le=20)
-    """Top alternatives per sampled token to capture for inspection (0: as the harness asks)."""
-    training_sampling: dict[str, Any] | None = None
-    """A trainer's sampling policy, enforced on each training-tier capture session
-    (`SessionSpec.training_sampling`: temperature, truncating knobs at their no-ops)."""
-    token_in: bool | None = None
-    """Token-in capture for every rollout (`SessionSpec.token_in`; None → on when training)."""
-    metadata: dict[str, Any] | None = None
-    """Extra session metadata for every rollout (e.g. a trainer's group and episode ids)."""
-    public_url: str | None = None
-    """The address sandboxes use to reach the proxy (None → the server's own public URL)."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _legacy_settings(cls, data: Any) -> Any:
-        """Plans written before `settings` (and clients still sending `agent_kwargs` and
-        `agent_timeout_s`) keep working: those fields are folded into `settings`."""
-        if not isinstance(data, dict) or not ({"agent_kwargs", "agent_timeout_s"} & data.keys()):
-            return data
-        data = dict(data)
-        legacy = RolloutSettings.from_legacy(data.pop("agent_kwargs", None),
-                                             data.pop("agent_timeout_s", None))
-        settings = data.get("settings")
-        if isinstance(settings, RolloutSettings):
-            settings = settings.model_dump(exclude_unset=True)
-        data["settings"] = {**legacy, **(settings or {})}
-        return data
-
-    @model_validator(mode="after")
-    def _one_temperature(self) -> RunPlan:
-        trainer = (self.training_sampling or {}).get("temperature")
-        if trainer is not None and self.settings.temperature is not None \
-                and trainer != self.settings.temperature:
-            raise ValueError(f"settings.temperature {self.settings.temperature} differs from "
-                             f"training_sampling.temperature {trainer}: a rollout samples at one")
-        return self
-
-    @field_validator("public_url")
-    @classmethod
-    def _public_url(cls, value: str | None) -> str | None:
-        return check_public_url(value) if value else None
-
-
-class RunCounts(BaseModel):
-    total: int = 0
-    done: int = 0
-    ok: int = 0
-    failed: int = 0
-    running: int = 0
-
-
-class RunSummary(BaseModel):
-    """One row of `GET /admin/runs`."""
-
-    id: str
-    state: RunState
-    plan: RunPlan
-    created_at: float
-    finished_at: float | None = None
-    counts: RunCounts = Field(default_factory=RunCounts)
-    mean_reward: float | None = None
-    """Mean over graded rollouts (a null reward is never counted as 0)."""
-    pass_rate: float | None = None
-    """Share of finished rollouts with reward ≥ 1."""
-    failures: dict[str, int] = Field(default_factory=dict)
-    """Failed rollouts by error kind."""
-    error: str | None = None
-    path: str = ""
 
 
 class PlanError(ValueError):
@@ -189,16 +99,14 @@ def summarize(run: _Run) -> RunSummary:
     """Counts, mean reward, pass rate and failures by cause for a run."""
     rollouts = run.all_rollouts()
     finished = [r for r in rollouts if r.rollout_id in run.results and r.rollout_id not in run.live]
-    graded = [r.reward for r in finished if r.reward is not None]
     failures = Counter(r.error_kind or "not_ok" for r in finished if not r.ok)
     counts = RunCounts(total=len(rollouts), done=len(finished), ok=sum(r.ok for r in finished),
                        failed=sum(not r.ok for r in finished), running=len(run.live))
     return RunSummary(
         id=run.id, state=run.state, plan=run.plan, created_at=run.created_at,
         finished_at=run.finished_at, counts=counts,
-        mean_reward=sum(graded) / len(graded) if graded else None,
-        pass_rate=sum(1 for r in finished if r.reward is not None and r.reward >= 1.0) / len(finished)
-        if finished else None,
+        mean_reward=mean_reward(r.reward for r in finished),
+        pass_rate=pass_rate(r.reward for r in finished),
         failures=dict(failures), error=run.error, path=str(run.path))
 
 
@@ -263,8 +171,7 @@ class BatchRunner:
         self._write_state(run, "running")
         pending = [(g, i, rid) for g, i, rid in run.rollout_ids()
                    if rid not in run.results or run.results[rid].error_kind in UNFINISHED_KINDS]
-        self._publish({"type": "run_started", "run_id": run.id,
-                       "run": summarize(run).model_dump(mode="json"), "pending": len(pending)})
+        self._publish(RunStarted(run_id=run.id, run=summarize(run), pending=len(pending)))
         semaphore = asyncio.Semaphore(run.plan.concurrency)
         engine = self._engine(run.plan)
 
@@ -307,8 +214,7 @@ class BatchRunner:
 
                 def on_update(partial: RolloutResult) -> None:
                     run.live[rid] = partial
-                    self._publish({"type": "rollout_updated", "run_id": run.id,
-                                   "rollout": partial.model_dump(mode="json")})
+                    self._publish(RolloutUpdated(run_id=run.id, rollout=partial))
 
                 return await self._rollout_fn(self.service, spec, on_update=on_update)
 
@@ -336,8 +242,7 @@ class BatchRunner:
             run.finished_at = time.time()
             self._write_state(run, state)
             summary = summarize(run)
-            self._publish({"type": "run_finished", "run_id": run.id,
-                           "run": summary.model_dump(mode="json")})
+            self._publish(RunFinished(run_id=run.id, run=summary))
         return summary
 
     def cancel(self, run_id: str) -> RunSummary:
@@ -385,14 +290,12 @@ class BatchRunner:
             os.fsync(fh.fileno())
         run.results[result.rollout_id] = result
         run.live.pop(result.rollout_id, None)
-        self._publish({"type": "rollout_updated", "run_id": run.id,
-                       "rollout": result.model_dump(mode="json"),
-                       "run": summarize(run).model_dump(mode="json")})
+        self._publish(RolloutUpdated(run_id=run.id, rollout=result, run=summarize(run)))
 
-    def _publish(self, event: dict[str, Any]) -> None:
+    def _publish(self, event: RunStarted | RolloutUpdated | RunFinished) -> None:
         events = getattr(self.service, "events", None)
         if events is not None:
-            events.publish(event)
+            events.publish(event.model_dump(mode="json"))
 
     # ----------------------------------------------------------------- queries
 

@@ -23,11 +23,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
-
 from tapdeck.runner import datasets as datasets_mod
 from tapdeck.runner import harnesses as harnesses_mod
 from tapdeck.runner.rollout_settings import default_output_tokens, defaults_table
+from tapdeck.schema.catalog import (
+    Catalog,
+    DatasetInfo,
+    EngineInfo,
+    HarnessInfo,
+    SandboxInfo,
+    TaskInfo,
+)
 
 HOST_SANDBOX = "host"
 HOST_IMPORT_PATH = "tapdeck.runner.sandboxes.host:HostSandbox"
@@ -36,73 +42,6 @@ DEFAULTS = {"dataset": datasets_mod.SAMPLE_DATASET_NAME, "harness": harnesses_mo
 SANDBOX_CHECK_TIMEOUT_S = 20.0
 ENGINE_LIST_TIMEOUT_S = 3.0
 ENGINE_PROBE_TIMEOUT_S = 30.0
-
-
-class TaskInfo(BaseModel):
-    """A task as the catalog lists it."""
-
-    name: str
-    instruction: str
-
-
-class DatasetInfo(BaseModel):
-    """A dataset, its tasks, or why it could not be listed."""
-
-    name: str
-    source: str
-    tasks: list[TaskInfo]
-    error: str | None = None
-
-
-class HarnessInfo(BaseModel):
-    """One harness row with its availability here."""
-
-    name: str
-    dialect: str
-    placement: str
-    validated: bool
-    available: bool
-    why: str
-    version: str | None = None
-    """The pinned version tapdeck installs (agent CLIs); `validated` refers to it."""
-    installed: str | None = None
-    """What is installed here, e.g. `0.169.0, 423 MB` (agent CLIs); None when not installed."""
-
-
-class SandboxInfo(BaseModel):
-    """One sandbox backend: `import_path` set for tapdeck's host sandbox, else a Harbor type."""
-
-    name: str
-    available: bool
-    why: str
-    import_path: str | None = None
-
-
-class EngineInfo(BaseModel):
-    """One inference engine."""
-
-    name: str
-    url: str | None
-    tier: str | None
-    reachable: bool
-    why: str
-    served_model: str | None = None
-    context_tokens: int | None = None
-    """The context length the engine lists (`max_model_len`), None when it does not say."""
-    default_output_tokens: int | None = None
-    """The max output tokens a rollout gets on it unless set (`rollout_settings`)."""
-
-
-class Catalog(BaseModel):
-    """The whole catalog (the body of `GET /admin/catalog`)."""
-
-    datasets: list[DatasetInfo]
-    harnesses: list[HarnessInfo]
-    sandboxes: list[SandboxInfo]
-    engines: list[EngineInfo]
-    defaults: dict[str, str]
-    settings_defaults: dict[str, str] = Field(default_factory=dict)
-    """Each rollout setting and its default (`rollout_settings.defaults_table`)."""
 
 
 # ------------------------------------------------------------------ sandboxes

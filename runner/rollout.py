@@ -28,11 +28,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
-from pydantic import BaseModel, Field
 
 from tapdeck.proxy.config import is_loopback
 from tapdeck.proxy.findings import Finding, Level
@@ -48,53 +47,17 @@ from tapdeck.runner.rollout_settings import (
     SettingsDoNotFit,
     resolve,
 )
+from tapdeck.schema.events import RolloutUpdated
+from tapdeck.schema.runs import Phase, RolloutResult
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 log = logging.getLogger("tapdeck.runner")
 
-Phase = Literal["queued", "install", "sandbox", "agent_setup", "agent", "verify", "done", "failed"]
 MAX_FINDINGS = 200
 """Findings kept on a result (the session keeps all of them)."""
 BUDGET_PER_TURN = 3
 """Call budget = this × max_turns: terminus-2 re-asks after a length cut without counting a turn."""
-
-
-class RolloutResult(BaseModel):
-    """What one rollout produced (also one line of a run's results.jsonl)."""
-
-    rollout_id: str
-    run_id: str | None = None
-    task: str
-    group: int = 0
-    """GRPO group: the task's index in the run's plan (all K rollouts of a task share it)."""
-    index: int = 0
-    session_id: str | None = None
-    ok: bool = False
-    reward: float | None = None
-    """None = never graded (or the reward rule refused): never read as 0."""
-    rewards: dict[str, float] = Field(default_factory=dict)
-    reward_key: str | None = None
-    tier: str | None = None
-    rollout_type: str | None = None
-    turns: int = 0
-    findings: list[str] = Field(default_factory=list)
-    atif: Literal["match", "mismatch", "none"] = "none"
-    timings: dict[str, float] = Field(default_factory=dict)
-    error_kind: str | None = None
-    error: str | None = None
-    phase: Phase = "queued"
-    detail: str | None = None
-    """The running phase's latest progress line (an agent CLI's install on first use)."""
-    harness: str | None = None
-    sandbox: str | None = None
-    trial_dir: str | None = None
-    settings: ResolvedSettings | None = None
-    """What the agent ran with, each value with its source (plan, task, engine, default)."""
-    started_at: float | None = None
-    finished_at: float | None = None
-    phase_started: dict[str, float] = Field(default_factory=dict)
-    """When each phase began (wall clock): live per-phase timings while the rollout runs."""
 
 
 @dataclass
@@ -223,8 +186,8 @@ class _Progress:
                 self.on_update(snapshot)
         else:
             with contextlib.suppress(Exception):
-                self.service.events.publish({"type": "rollout_updated", "run_id": r.run_id,
-                                             "rollout": snapshot.model_dump(mode="json")})
+                self.service.events.publish(
+                    RolloutUpdated(run_id=r.run_id, rollout=snapshot).model_dump(mode="json"))
 
 
 async def run_rollout(service: Any, spec: RolloutSpec, *,
@@ -496,8 +459,7 @@ async def _finish(service: Any, spec: RolloutSpec, result: RolloutResult, trial_
         result.tier = str(summary.tier)
         result.rollout_type = summary.rollout_type
         # Built on a thread: a long rollout's document must not hold the loop other rollouts use.
-        capture = [parse_finding(s) for s in
-                   await asyncio.to_thread(service.findings, result.session_id)]
+        capture = await asyncio.to_thread(service.findings, result.session_id)
         if trial_dir is not None:
             calls = captured_calls(await asyncio.to_thread(service.rollout_document,
                                                            result.session_id))
@@ -527,10 +489,10 @@ async def _finish(service: Any, spec: RolloutSpec, result: RolloutResult, trial_
     if result.error_kind is None and any(f.level is Level.FATAL for f in findings):
         first = next(f for f in findings if f.level is Level.FATAL)
         _fail(result, "capture_fatal", str(first))
-    result.findings = [str(f) for f in findings[:MAX_FINDINGS]]
+    result.findings = findings[:MAX_FINDINGS]
     if len(findings) > MAX_FINDINGS:
-        result.findings.append(f"[INFO] findings_truncated: {len(findings) - MAX_FINDINGS} more "
-                               "in the session")
+        result.findings.append(Finding.info("findings_truncated",
+                                            f"{len(findings) - MAX_FINDINGS} more in the session"))
     result.ok = result.error_kind is None
     if result.session_id is not None:
         with contextlib.suppress(Exception):
@@ -582,18 +544,6 @@ def _read_trial(spec: RolloutSpec, result: RolloutResult, trial: Any, trial_dir:
                                      "read value by value instead"))
     if choice.error_kind is not None:
         _fail(result, choice.error_kind, choice.error or choice.error_kind)
-
-
-def parse_finding(text: str) -> Finding:
-    """Parse a rendered `[LEVEL] code: detail` finding back (the service returns them rendered)."""
-    level = Level.INFO
-    rest = text
-    if text.startswith("[") and "]" in text:
-        name, rest = text[1:].split("]", 1)
-        with contextlib.suppress(ValueError):
-            level = Level(name)
-    code, _, detail = rest.strip().partition(":")
-    return Finding(level=level, code=code.strip(), detail=detail.strip())
 
 
 def captured_calls(document: dict[str, Any]) -> list[CapturedCall]:

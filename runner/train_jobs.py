@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
-
-from pydantic import BaseModel, Field
 
 from tapdeck.runner.recipes import RECIPES, Recipe, get_recipe
 from tapdeck.runner.trackio_reader import TrackioReader
 from tapdeck.runner.training import (
-    TRACKIO_PROJECT,
     RunRecord,
     TrainEnvMissing,
     TrainingRun,
@@ -28,76 +26,28 @@ from tapdeck.runner.training import (
     recipe_python,
     tail_lines,
 )
+from tapdeck.schema.train import (
+    MetricRow,
+    RecipeInfo,
+    TrainEvent,
+    TrainLog,
+    TrainLogEvent,
+    TrainMetrics,
+    TrainMetricsEvent,
+    TrainRequest,
+    TrainRunInfo,
+    TrainStateEvent,
+)
 
 STOP_GRACE_S = 5.0
 
 
-class TrainRequest(BaseModel):
-    """`POST /admin/train` body."""
-
-    recipe: str
-    run: str | None = None
-    """A rollout run on this server whose exported rows the recipe reads (data-check)."""
-    args: list[str] = Field(default_factory=list)
-    """Passed to the recipe unchanged, after the ones the server adds."""
-
-
-class RecipeInfo(BaseModel):
-    """One row of `GET /admin/train/recipes`: a recipe and whether this server's machine can start it."""
-
-    name: str
-    summary: str
-    where: str
-    updates_weights: bool
-    takes_run: bool
-    env: str
-    available: bool
-    why: str
-
-
-class TrainRunInfo(BaseModel):
-    """One training run, as `GET /admin/train[/{id}]` reports it."""
-
-    id: str
-    recipe: str
-    state: str
-    exit_code: int | None = None
-    error: str | None = None
-    started_at: float
-    finished_at: float | None = None
-    pid: int | None = None
-    argv: list[str] = Field(default_factory=list)
-    run_dir: str
-
-    @classmethod
-    def of(cls, record: RunRecord) -> TrainRunInfo:
-        """From the launcher's record."""
-        return cls(id=record.run_id, recipe=record.recipe, state=record.state,
-                   exit_code=record.exit_code, error=record.error, started_at=record.started_at,
-                   finished_at=record.finished_at, pid=record.pid, argv=record.argv,
-                   run_dir=record.run_dir)
-
-
-class TrainLog(BaseModel):
-    """`GET /admin/train/{id}/log`: lines of the run's log and the byte offset to ask from next."""
-
-    lines: list[str]
-    offset: int
-
-
-class MetricRow(BaseModel):
-    """One scalar a run logged to trackio."""
-
-    step: int
-    name: str
-    value: float
-
-
-class TrainMetrics(BaseModel):
-    """`GET /admin/train/{id}/metrics`: points after a cursor and the cursor to ask from next."""
-
-    points: list[MetricRow]
-    cursor: int
+def run_info(record: RunRecord) -> TrainRunInfo:
+    """A training run as the API reports it, from the launcher's record."""
+    return TrainRunInfo(id=record.run_id, recipe=record.recipe, state=record.state,
+                        exit_code=record.exit_code, error=record.error, started_at=record.started_at,
+                        finished_at=record.finished_at, pid=record.pid, argv=record.argv,
+                        run_dir=record.run_dir)
 
 
 class TrainNotFound(KeyError):
@@ -206,7 +156,7 @@ class TrainingJobs:
         with self._lock:
             self._jobs[job.run_id] = job
         assert job.record is not None
-        return TrainRunInfo.of(job.record)
+        return run_info(job.record)
 
     def record(self, run_id: str) -> RunRecord:
         """The current record of a run (TrainNotFound when there is none)."""
@@ -223,7 +173,7 @@ class TrainingJobs:
 
     def get(self, run_id: str) -> TrainRunInfo:
         """One run."""
-        return TrainRunInfo.of(self.record(run_id))
+        return run_info(self.record(run_id))
 
     def list(self) -> list[TrainRunInfo]:
         """Every run under this data dir, newest first (live ones as this server sees them)."""
@@ -231,7 +181,7 @@ class TrainingJobs:
         for record in list_runs(self.data_dir):
             with self._lock:
                 job = self._jobs.get(record.run_id)
-            out.append(TrainRunInfo.of(job.record if job is not None and job.record else record))
+            out.append(run_info(job.record if job is not None and job.record else record))
         return out
 
     def log(self, run_id: str, *, offset: int | None = None, tail: int = 200) -> TrainLog:
@@ -252,10 +202,10 @@ class TrainingJobs:
             if record.state == "running":
                 raise TrainRefused(f"{run_id} was launched by another server process (pid "
                                    f"{record.pid}); stop it there")
-            return TrainRunInfo.of(record)
+            return run_info(record)
         job.stop(grace_s=grace_s)
         assert job.record is not None
-        return TrainRunInfo.of(job.record)
+        return run_info(job.record)
 
     def stop_all(self, grace_s: float = STOP_GRACE_S) -> None:
         """Stop every run still running (server shutdown: a recipe never outlives its server)."""
@@ -264,7 +214,7 @@ class TrainingJobs:
         for job in jobs:
             job.stop(grace_s=grace_s)
 
-    async def follow(self, run_id: str, *, poll_s: float = 0.5):
+    async def follow(self, run_id: str, *, poll_s: float = 0.5) -> AsyncIterator[TrainEvent]:
         """Events of one run until it ends: `log` (new lines), `metrics` (new points), `state`.
 
         The first events carry the log so far and every metric logged so far.
@@ -277,15 +227,15 @@ class TrainingJobs:
             ended = record.state != "running"
             log = await asyncio.to_thread(read_log, log_path, offset=offset, tail=0)
             if log.lines:
-                yield {"type": "log", "lines": log.lines}
+                yield TrainLogEvent(lines=log.lines)
             offset = log.offset
             metrics = await asyncio.to_thread(read_metrics, record, cursor)
             if metrics.points:
-                yield {"type": "metrics", "points": [p.model_dump() for p in metrics.points]}
+                yield TrainMetricsEvent(points=metrics.points)
             cursor = metrics.cursor
-            info = TrainRunInfo.of(record)
+            info = run_info(record)
             if info.state != last_state or ended:
-                yield {"type": "state", "run": info.model_dump()}
+                yield TrainStateEvent(run=info)
                 last_state = info.state
             if ended:
                 return

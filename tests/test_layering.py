@@ -11,6 +11,9 @@ import pytest
 FORBIDDEN = {
     "tapdeck.proxy": ("tapdeck.runner", "tapdeck.app", "tapdeck.themes", "textual", "harbor"),
     "tapdeck.runner": ("tapdeck.app", "tapdeck.themes", "textual"),
+    # The contract between server and clients sits below every layer: pydantic and itself only.
+    "tapdeck.schema": ("tapdeck.proxy", "tapdeck.runner", "tapdeck.app", "tapdeck.themes", "textual",
+                       "harbor", "fastapi", "httpx"),
 }
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 
 import typer
+
+from tapdeck.app.client import ApiError, TapdeckClient
 
 
 def register(app: typer.Typer) -> None:
@@ -17,35 +20,37 @@ def register(app: typer.Typer) -> None:
                                              help="The server's admin key (its <data-dir>/admin.key)."),
     ) -> None:
         """Open the TUI on a remote tapdeck server (over SSH: tunnel its port and attach to it)."""
-        import httpx
-
         from tapdeck.app.commands.tui import run_app
         from tapdeck.app.settings import default_settings_path
 
         base = url.rstrip("/")
         if not base.startswith(("http://", "https://")):
             base = f"http://{base}"
-        try:
-            health = httpx.get(f"{base}/health", timeout=5.0)
-            health.raise_for_status()
-            if health.json().get("status") != "ok":
-                raise ValueError(f"unexpected /health reply {health.text[:100]!r}")
-        except (httpx.HTTPError, ValueError) as exc:
-            print(f"tapdeck attach: no tapdeck server answers at {base} ({exc}); start one with "
-                  "`tapdeck serve` or check the URL / SSH tunnel", file=sys.stderr)
-            raise typer.Exit(1) from None
-        # Check the key before the TUI takes the terminal: a refused key is one line, not a dead screen.
-        headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
-        try:
-            status = httpx.get(f"{base}/admin/sessions", headers=headers, timeout=15.0).status_code
-        except httpx.HTTPError as exc:
-            print(f"tapdeck attach: the server at {base} answered /health but not /admin/sessions ({exc})",
-                  file=sys.stderr)
-            raise typer.Exit(1) from None
-        if status == 401:
-            problem = ("no --admin-key given (or $TAPDECK_ADMIN_KEY)" if not admin_key
-                       else f"the server at {base} rejected the admin key (401)")
-            print(f"tapdeck attach: {problem}; pass the key from the server's <data-dir>/admin.key "
-                  "with --admin-key", file=sys.stderr)
-            raise typer.Exit(1) from None
+        problem = asyncio.run(_check(base, admin_key))
+        if problem:
+            print(f"tapdeck attach: {problem}", file=sys.stderr)
+            raise typer.Exit(1)
         run_app(base, admin_key, server_label=base, settings_path=default_settings_path(None))
+
+
+async def _check(base: str, admin_key: str | None) -> str | None:
+    """What stops the TUI from working against `base` (None: nothing). The key is checked before
+    the TUI takes the terminal: a refused key is one line, not a dead screen."""
+    client = TapdeckClient(base, admin_key, timeout=15.0)
+    try:
+        try:
+            await client.health()
+        except ApiError as exc:
+            return (f"no tapdeck server answers at {base} ({exc.message}); start one with "
+                    "`tapdeck serve` or check the URL / SSH tunnel")
+        try:
+            await client.sessions()
+        except ApiError as exc:
+            if exc.kind != "auth":
+                return f"the server at {base} answered /health but not /admin/sessions ({exc.message})"
+            refused = ("no --admin-key given (or $TAPDECK_ADMIN_KEY)" if not admin_key
+                       else f"the server at {base} rejected the admin key (401)")
+            return f"{refused}; pass the key from the server's <data-dir>/admin.key with --admin-key"
+        return None
+    finally:
+        await client.aclose()

@@ -13,20 +13,23 @@ ok (failed, or cancelled).
 
 from __future__ import annotations
 
-import time
+import asyncio
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import typer
+from pydantic import ValidationError
 
+from tapdeck.app.client import ApiError, TapdeckClient
 from tapdeck.runner.rollout_settings import (
     DEFAULT_HARD_LIMIT_S,
     DEFAULT_MAX_TURNS,
     MIN_OUTPUT_TOKENS,
     OUTPUT_SHARE,
     PROMPT_SHARE,
-    ResolvedSettings,
 )
+from tapdeck.schema.runs import RunDetail, RunPlan
 
 POLL_S = 1.0
 SETTINGS_PANEL = "Rollout settings (unset: the default shown; bad values refused, field named)"
@@ -111,7 +114,7 @@ def register(app: typer.Typer) -> None:
         from tapdeck.proxy.engine_address import EngineAddressError
 
         data = (data_dir or default_data_dir()).expanduser()
-        plan: dict[str, Any] = {
+        fields: dict[str, Any] = {
             "dataset": dataset, "tasks": task or None, "n_tasks": None if task else n_tasks,
             "harness": harness, "sandbox": sandbox, "engine": engine, "engine_model": engine_model,
             "k": k, "concurrency": concurrency, "timeout_s": timeout, "reward_key": reward_key,
@@ -122,6 +125,11 @@ def register(app: typer.Typer) -> None:
                                   harness_kwargs=harness_kwargs),
             "alternatives": alternatives, "public_url": public_url, "token_in": token_in,
         }
+        try:
+            plan = RunPlan.model_validate(fields)
+        except ValidationError as exc:
+            typer.echo(f"tapdeck rollout: plan refused: {_refusal(exc)}", err=True)
+            raise typer.Exit(EXIT_USAGE) from None
         if server is None:
             _install_agent(harness)
         local = None
@@ -131,7 +139,7 @@ def register(app: typer.Typer) -> None:
 
             url_engine = engine if engine.strip().lower() not in ("", "embedded", "default") else None
             config = ServerConfig(port=0, data_dir=data, engine_url=url_engine, engine_model=engine_model)
-            plan["engine"] = "embedded"  # the server's default engine is the one asked for
+            plan.engine = "embedded"  # the server's default engine is the one asked for
             typer.echo("starting a local tapdeck server"
                        + (" and the embedded engine…" if url_engine is None else "…"), err=True)
             try:
@@ -181,70 +189,74 @@ def _install_agent(harness: str) -> None:
         install_with_progress([harness])
 
 
-def _drive(base: str, key: str | None, plan: dict[str, Any], resume: str | None,
+def _drive(base: str, key: str | None, plan: RunPlan, resume: str | None,
            tiny_engine: bool = False) -> int:
     """Submit (or resume) the run, follow it until it ends, print the table; the exit code."""
-    import httpx
-
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    with httpx.Client(base_url=base, headers=headers, timeout=30.0) as http:
-        try:
-            if resume:
-                resp = http.post(f"/admin/runs/{resume}/resume")
-            else:
-                resp = http.post("/admin/runs", json=plan)
-        except httpx.HTTPError as exc:
-            typer.echo(f"tapdeck rollout: server {base} unreachable: {exc}", err=True)
-            return EXIT_COULD_NOT_RUN
-        if resp.status_code != 200:
-            typer.echo(f"tapdeck rollout: {_detail(resp)}", err=True)
-            return EXIT_USAGE if resp.status_code in (400, 404, 422) else EXIT_COULD_NOT_RUN
-        run_id = resp.json()["id"]
-        typer.echo(f"run {run_id}", err=True)
-        try:
-            doc = _follow(http, run_id)
-        except KeyboardInterrupt:
-            typer.echo("cancelling (tearing sandboxes down)…", err=True)
-            http.post(f"/admin/runs/{run_id}/cancel")
-            doc = _follow(http, run_id)
+    try:
+        run_id = asyncio.run(_submit(base, key, plan, resume))
+    except ApiError as exc:
+        typer.echo(f"tapdeck rollout: {exc.message}", err=True)
+        return EXIT_USAGE if exc.kind in ("rejected", "not_found") else EXIT_COULD_NOT_RUN
+    typer.echo(f"run {run_id}", err=True)
+    try:
+        doc = asyncio.run(_follow(base, key, run_id))
+    except KeyboardInterrupt:
+        typer.echo("cancelling (tearing sandboxes down)…", err=True)
+        doc = asyncio.run(_follow(base, key, run_id, cancel=True))
+    except ApiError as exc:
+        typer.echo(f"tapdeck rollout: {exc.message}", err=True)
+        return EXIT_COULD_NOT_RUN
     _print_table(doc, tiny_engine)
-    counts = doc["counts"]
-    if doc["state"] == "finished" and counts["failed"] == 0:
+    if doc.state == "finished" and doc.counts.failed == 0:
         return EXIT_OK
     return EXIT_ROLLOUT_FAILED
 
 
-def _follow(http: Any, run_id: str) -> dict[str, Any]:
+async def _submit(base: str, key: str | None, plan: RunPlan, resume: str | None) -> str:
+    client = TapdeckClient(base, key, timeout=30.0)
+    try:
+        run = await (client.resume_run(resume) if resume else client.start_run(plan))
+    finally:
+        await client.aclose()
+    return run.id
+
+
+async def _follow(base: str, key: str | None, run_id: str, *, cancel: bool = False) -> RunDetail:
     """Poll the run, showing a one-line progress status, until it is no longer running."""
-    import httpx
     from rich.console import Console
 
     console = Console(stderr=True)
-    with console.status("") as status:
-        while True:
-            try:
-                doc = http.get(f"/admin/runs/{run_id}").json()
-            except httpx.TimeoutException:  # a loaded machine can stall the server for a while
-                status.update("waiting for the server to answer…")
-                continue
-            status.update(_status_line(doc))
-            if doc["state"] != "running":
-                return doc
-            time.sleep(POLL_S)
+    client = TapdeckClient(base, key, timeout=30.0)
+    try:
+        if cancel:
+            await client.cancel_run(run_id)
+        with console.status("") as status:
+            while True:
+                try:
+                    doc = await client.run(run_id)
+                except ApiError as exc:
+                    if exc.kind != "unreachable":
+                        raise
+                    # A loaded machine can stall the server for a while.
+                    status.update("waiting for the server to answer…")
+                    continue
+                status.update(_status_line(doc))
+                if doc.state != "running":
+                    return doc
+                await asyncio.sleep(POLL_S)
+    finally:
+        await client.aclose()
 
 
-def _status_line(doc: dict[str, Any]) -> str:
-    c = doc["counts"]
-    phases: dict[str, int] = {}
-    for r in doc.get("rollouts", []):
-        if r["phase"] not in ("done", "failed", "queued"):
-            phases[r["phase"]] = phases.get(r["phase"], 0) + 1
+def _status_line(doc: RunDetail) -> str:
+    c = doc.counts
+    phases = Counter(r.phase for r in doc.rollouts if r.phase not in ("done", "failed", "queued"))
     live = ", ".join(f"{n} {p}" for p, n in sorted(phases.items()))
-    return (f"{c['done']}/{c['total']} done · {c['ok']} ok · {c['failed']} failed"
+    return (f"{c.done}/{c.total} done · {c.ok} ok · {c.failed} failed"
             + (f" · {live}" if live else ""))
 
 
-def _print_table(doc: dict[str, Any], tiny_engine: bool = False) -> None:
+def _print_table(doc: RunDetail, tiny_engine: bool = False) -> None:
     """One row per rollout (task, group, reward, ok, turns, atif, error), at most 80 columns."""
     from rich.console import Console
     from rich.table import Table
@@ -258,38 +270,26 @@ def _print_table(doc: dict[str, Any], tiny_engine: bool = False) -> None:
     table.add_column("turns", justify="right", width=5)
     table.add_column("atif", width=8)
     table.add_column("error", no_wrap=True, overflow="ellipsis", max_width=26)
-    for r in doc.get("rollouts", []):
-        reward = "-" if r.get("reward") is None else f"{r['reward']:.2f}"
-        ok = "yes" if r.get("ok") else ("…" if r.get("phase") not in ("done", "failed") else "no")
-        table.add_row(r["task"], str(r["group"]), reward, ok, str(r.get("turns", 0)),
-                      r.get("atif", "none"), r.get("error_kind") or "")
+    for r in doc.rollouts:
+        reward = "-" if r.reward is None else f"{r.reward:.2f}"
+        ok = "yes" if r.ok else ("…" if r.phase not in ("done", "failed") else "no")
+        table.add_row(r.task, str(r.group), reward, ok, str(r.turns), r.atif, r.error_kind or "")
     console.print(table)
-    c = doc["counts"]
-    mean = "-" if doc.get("mean_reward") is None else f"{doc['mean_reward']:.3f}"
-    rate = "-" if doc.get("pass_rate") is None else f"{doc['pass_rate']:.0%}"
-    console.print(f"run {doc['id']} {doc['state']}: {c['done']}/{c['total']} done, {c['ok']} ok, "
-                  f"{c['failed']} failed")
-    console.print(f"mean reward {mean} (graded only) · pass rate {rate}")
-    if doc.get("failures"):
-        console.print("failures: " + ", ".join(f"{k} {v}" for k, v in sorted(doc["failures"].items())))
-    for line in sorted({ResolvedSettings.model_validate(r["settings"]).line()
-                        for r in doc.get("rollouts", []) if r.get("settings")}):
+    c = doc.counts
+    mean = "-" if doc.mean_reward is None else f"{doc.mean_reward:.3f}"
+    rate = "-" if doc.pass_rate is None else f"{doc.pass_rate:.0%}"
+    console.print(f"run {doc.id} {doc.state}: {c.done}/{c.total} done, {c.ok} ok, {c.failed} failed")
+    console.print(f"mean reward {mean} (graded only) · pass rate {rate} (full reward, graded only)")
+    if doc.failures:
+        console.print("failures: " + ", ".join(f"{k} {v}" for k, v in sorted(doc.failures.items())))
+    for line in sorted({r.settings.line() for r in doc.rollouts if r.settings is not None}):
         console.print(f"ran with: {line}")
-    console.print(f"results: {doc.get('path', '')}")
-    plan = doc.get("plan") or {}
-    if tiny_engine and plan.get("harness") not in ("oracle", "nop"):
+    console.print(f"results: {doc.path}")
+    if tiny_engine and doc.plan.harness not in ("oracle", "nop"):
         console.print("note: the embedded model (SmolLM2-135M) exercises capture but never solves "
                       "tasks (reward 0); use --engine URL for a real model")
 
 
-def _detail(resp: Any) -> str:
-    try:
-        body = resp.json()
-    except ValueError:
-        return f"HTTP {resp.status_code}: {resp.text[:200]}"
-    detail = body.get("detail", body) if isinstance(body, dict) else body
-    if isinstance(detail, list):  # a refused plan (422): each field named, as `settings.max_turns`
-        detail = "; ".join(
-            f"{'.'.join(str(p) for p in d.get('loc', [])[1:])}: {d.get('msg')}"
-            if isinstance(d, dict) else str(d) for d in detail)
-    return f"HTTP {resp.status_code}: {detail}"
+def _refusal(exc: ValidationError) -> str:
+    """A refused plan: each field named, as `settings.max_turns: ...`."""
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())

@@ -17,6 +17,9 @@ from typing import Any
 
 import typer
 
+from tapdeck.app.client import ApiError, TapdeckClient
+from tapdeck.schema.train import TrainLogEvent, TrainRunInfo, TrainStateEvent
+
 # Metrics printed at the end when the recipe logged them (TRL's names under trackio's `train/` prefix).
 HEADLINE = ("train/reward", "train/reward_std", "train/loss", "train/kl", "train/frac_reward_zero_std",
             "train/batch/trained_tokens_per_step", "train/batch/samples_per_step",
@@ -84,7 +87,6 @@ def register(app: typer.Typer) -> None:
 
 async def _drive(base: str, key: str | None, recipe: str, run: str | None, args: list[str],
                  list_only: bool) -> int:
-    from tapdeck.app.client import ApiError, TapdeckClient
 
     client = TapdeckClient(base, key)
     try:
@@ -108,18 +110,16 @@ async def _drive(base: str, key: str | None, recipe: str, run: str | None, args:
         await client.aclose()
 
 
-async def _follow(client: Any, run_id: str) -> Any:
+async def _follow(client: TapdeckClient, run_id: str) -> TrainRunInfo:
     """Print the run's log as it arrives; its last state."""
     last = None
     async for event in client.train_events(run_id):
-        if event.get("type") == "log":
-            for line in event.get("lines", []):
+        if isinstance(event, TrainLogEvent):
+            for line in event.lines:
                 typer.echo(line)
-        elif event.get("type") == "state":
-            last = event["run"]
-    from tapdeck.runner.train_jobs import TrainRunInfo
-
-    return TrainRunInfo.model_validate(last) if last else await client.train_run(run_id)
+        elif isinstance(event, TrainStateEvent):
+            last = event.run
+    return last if last is not None else await client.train_run(run_id)
 
 
 async def _final_metrics(client: Any, run_id: str) -> dict[str, tuple[int, float]]:

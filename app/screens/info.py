@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from rich import box
 from rich.table import Table
@@ -14,6 +13,7 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from tapdeck.app.screens.base import TapdeckScreen
+from tapdeck.schema.catalog import Catalog
 
 
 class InfoScreen(TapdeckScreen):
@@ -27,7 +27,7 @@ class InfoScreen(TapdeckScreen):
 
     def __init__(self) -> None:
         super().__init__()
-        self.catalog: dict[str, Any] | None = None
+        self.catalog: Catalog | None = None
 
     def compose_body(self) -> Iterable[Widget]:
         with VerticalScroll(id="info-body"):
@@ -44,11 +44,10 @@ class InfoScreen(TapdeckScreen):
     async def load(self) -> None:
         health = await self.client.health()
         self.query_one("#server-info", Static).update(
-            f"server {self.app.server_label} · instance {str(health.get('instance', '?'))[:8]} · "
-            f"status {health.get('status', '?')}")
+            f"server {self.app.server_label} · instance {health.instance[:8]} · status {health.status}")
         self.show_catalog(await self.client.catalog())
 
-    def show_catalog(self, catalog: dict[str, Any]) -> None:
+    def show_catalog(self, catalog: Catalog) -> None:
         """Render the catalog as tables."""
         self.catalog = catalog
         theme = self.app.current_theme
@@ -66,21 +65,20 @@ class InfoScreen(TapdeckScreen):
         from rich.markup import escape
 
         engines = table("Engines", ["", "engine", "tier", "why / url"])
-        for e in catalog.get("engines") or []:
-            engines.add_row(yes if e.get("reachable") else no, escape(e["name"]), escape(str(e.get("tier") or "text")),
-                            escape(str(e.get("why") or e.get("url") or "")))
+        for e in catalog.engines:
+            engines.add_row(yes if e.reachable else no, escape(e.name), escape(e.tier or "text"),
+                            escape(e.why or e.url or ""))
         harnesses = table("Harnesses", ["", "harness", "dialect", "why"])
-        for h in catalog.get("harnesses") or []:
-            harnesses.add_row(yes if h.get("available") else no, escape(h["name"]),
-                              escape(str(h.get("dialect") or "")),
-                              escape(str(h.get("why") or ("validated" if h.get("validated") else ""))))
+        for h in catalog.harnesses:
+            harnesses.add_row(yes if h.available else no, escape(h.name), escape(h.dialect),
+                              escape(h.why or ("validated" if h.validated else "")))
         sandboxes = table("Sandboxes", ["", "sandbox", "why"])
-        for s in catalog.get("sandboxes") or []:
-            sandboxes.add_row(yes if s.get("available") else no, escape(s["name"]), escape(str(s.get("why") or "")))
+        for s in catalog.sandboxes:
+            sandboxes.add_row(yes if s.available else no, escape(s.name), escape(s.why))
         datasets = table("Datasets", ["", "dataset", "tasks", "source / error"])
-        for d in catalog.get("datasets") or []:
-            datasets.add_row(no if d.get("error") else yes, escape(d["name"]), str(len(d.get("tasks") or [])),
-                             escape(str(d.get("error") or d.get("source") or "")))
+        for d in catalog.datasets:
+            datasets.add_row(no if d.error else yes, escape(d.name), str(len(d.tasks)),
+                             escape(d.error or d.source))
         note = ("The embedded SmolLM2-135M engine never solves tasks (reward 0); point tapdeck at a "
                 "vLLM server for learning signal.")
         self.query_one("#catalog-info", Static).update(Group(engines, "", harnesses, "", sandboxes, "",

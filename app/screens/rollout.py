@@ -7,7 +7,6 @@ the new nodes to the tree without losing the cursor.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from textual import on, work
 from textual.binding import Binding
@@ -20,8 +19,6 @@ from tapdeck.app.screens.base import TapdeckScreen
 from tapdeck.app.views import (
     capture_mode,
     capture_mode_text,
-    finding_level,
-    finding_text,
     message_text,
     rollout_nodes,
     short_id,
@@ -29,6 +26,7 @@ from tapdeck.app.views import (
 )
 from tapdeck.app.widgets.rollout_tree import RolloutTree
 from tapdeck.app.widgets.token_view import TokenView
+from tapdeck.schema.sessions import RolloutDocument, TurnDetail
 
 LEVEL_STYLES = {"FATAL": "bold $error", "WARN": "$warning", "INFO": "$text-muted"}
 
@@ -52,8 +50,8 @@ class RolloutScreen(TapdeckScreen):
     def __init__(self) -> None:
         super().__init__()
         self.session_id: str | None = None
-        self.document: dict[str, Any] | None = None
-        self.turn: dict[str, Any] | None = None
+        self.document: RolloutDocument | None = None
+        self.turn: TurnDetail | None = None
         self.turn_seq: int | None = None
 
     def compose_body(self) -> Iterable[Widget]:
@@ -120,21 +118,19 @@ class RolloutScreen(TapdeckScreen):
                 self.query_one(RolloutTree).select_seq(first)
                 self.load_turn(session_id, first)
 
-    def apply_document(self, document: dict[str, Any]) -> None:
+    def apply_document(self, document: RolloutDocument) -> None:
         """Header, tree and rollout-level findings from a rollout document."""
-        stats = document.get("stats") or {}
-        summary = self.app.board.get(self.session_id or "") or {}
-        meta = summary.get("metadata") or document.get("metadata") or {}
+        stats = document.stats
+        summary = self.app.board.get(self.session_id or "")
+        meta = summary.metadata if summary is not None and summary.metadata else document.metadata
         parts = [f"session {short_id(self.session_id)}"]
         if meta.get("task"):
             parts.append(str(meta["task"]))
-        parts.append(f"tier {document.get('tier', summary.get('tier', '?'))}")
+        parts.append(f"tier {document.tier}")
         for key in ("turns", "roots", "forks", "breaks", "discarded", "trainable_tokens"):
-            if key in stats:
-                parts.append(f"{key.replace('_', ' ')} {stats[key]}")
-        if "fragmentation" in stats and stats["fragmentation"] is not None:
-            parts.append(f"fragmentation {float(stats['fragmentation']):.2f}")
-        modes = [capture_mode(t) for t in document.get("turns") or []]
+            parts.append(f"{key.replace('_', ' ')} {getattr(stats, key)}")
+        parts.append(f"fragmentation {stats.fragmentation:.2f}")
+        modes = [capture_mode(t.meta) for t in document.turns]
         if any(modes):
             parts.append(f"token-in {modes.count('ids')}/{len(modes)}")
         self.query_one("#rollout-header", Static).update(" · ".join(parts))
@@ -143,14 +139,14 @@ class RolloutScreen(TapdeckScreen):
 
     def _show_findings(self) -> None:
         lines: list[tuple[str, str]] = []
-        rollout_findings = [finding_text(f) for f in (self.document or {}).get("findings") or []]
+        rollout_findings = self.document.findings if self.document is not None else []
         if rollout_findings:
             lines.append(("Rollout\n", "bold"))
-            lines.extend((f"{f}\n", LEVEL_STYLES[finding_level(f)]) for f in rollout_findings)
+            lines.extend((f"{f}\n", LEVEL_STYLES[f.level]) for f in rollout_findings)
         if self.turn is not None:
-            turn_findings = [finding_text(f) for f in self.turn.get("findings") or []]
-            lines.append((f"Turn #{self.turn.get('seq')}\n", "bold"))
-            lines.extend((f"{f}\n", LEVEL_STYLES[finding_level(f)]) for f in turn_findings)
+            turn_findings = self.turn.findings
+            lines.append((f"Turn #{self.turn.seq}\n", "bold"))
+            lines.extend((f"{f}\n", LEVEL_STYLES[f.level]) for f in turn_findings)
             if not turn_findings:
                 lines.append(("no findings\n", "$text-muted"))
         if not lines:
@@ -169,29 +165,29 @@ class RolloutScreen(TapdeckScreen):
             return
         self.show_turn(turn)
 
-    def show_turn(self, turn: dict[str, Any]) -> None:
+    def show_turn(self, turn: TurnDetail) -> None:
         """Messages, tokens and findings of one turn."""
-        again = self.turn is not None and self.turn.get("seq") == turn.get("seq")
+        again = self.turn is not None and self.turn.seq == turn.seq
         self.turn = turn
-        self.turn_seq = turn.get("seq")
-        sampled = turn.get("sampled_ids") or turn.get("token_texts") or []
-        header = [f"turn #{turn.get('seq')}",
-                  "" if turn.get("link_kind") in (None, "root") else str(turn["link_kind"]),
-                  f"parent #{turn['parent']}" if turn.get("parent") is not None else "root",
-                  f"prompt {turn.get('prompt_len', '?')} tok", f"sampled {len(sampled)}",
-                  f"finish {turn.get('finish_reason') or '?'}", capture_mode_text(turn)]
+        self.turn_seq = turn.seq
+        sampled = turn.sampled_ids or turn.token_texts or []
+        header = [f"turn #{turn.seq}", "" if turn.link_kind == "root" else turn.link_kind,
+                  f"parent #{turn.parent}" if turn.parent is not None else "root",
+                  f"prompt {'?' if turn.prompt_len is None else turn.prompt_len} tok",
+                  f"sampled {len(sampled)}", f"finish {turn.finish_reason or '?'}",
+                  capture_mode_text(turn.meta)]
         self.query_one("#turn-header", Static).update(" · ".join(p for p in header if p))
         view = self.query_one(TokenView)
         view.show(turn, keep_selection=again)
         if view.selected is None:
             self.query_one("#token-detail", Static).update(
                 Content.styled("Click a token (or , .) for its logprob and alternatives.", "$text-muted"))
-        request = turn.get("request") or {}
+        request = turn.request or {}
         parts: list[tuple[str, str]] = []
         for message in request.get("messages") or []:
             parts.append((message_text(message)[:4000] + "\n\n",
                           "bold $secondary" if message.get("role") == "system" else ""))
-        response = turn.get("response") or {}
+        response = turn.response or {}
         if response:
             parts.append(("⇒ " + message_text(response)[:4000], "bold $accent"))
         self.query_one("#messages-text", Static).update(

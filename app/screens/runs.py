@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from textual import on, work
 from textual.binding import Binding
@@ -22,6 +21,7 @@ from tapdeck.app.views import (
     run_groups,
     short_id,
 )
+from tapdeck.schema.runs import RolloutResult, RunDetail, RunSummary
 
 
 GROUP_BINS = 5
@@ -45,9 +45,9 @@ class RunsScreen(TapdeckScreen):
 
     def __init__(self) -> None:
         super().__init__()
-        self.runs: list[dict[str, Any]] = []
+        self.runs: list[RunSummary] = []
         self.run_id: str | None = None
-        self.detail: dict[str, Any] | None = None
+        self.detail: RunDetail | None = None
 
     def compose_body(self) -> Iterable[Widget]:
         runs = DataTable(id="runs-table", cursor_type="row", zebra_stripes=True)
@@ -83,24 +83,22 @@ class RunsScreen(TapdeckScreen):
     @work(exclusive=True, group="runs", exit_on_error=False)
     async def load_runs(self) -> None:
         runs = await self.client.runs()
-        self.runs = sorted(runs, key=lambda r: r.get("created_at") or 0, reverse=True)
+        self.runs = sorted(runs, key=lambda r: r.created_at, reverse=True)
         table = self.query_one("#runs-table", DataTable)
         cursor = table.cursor_row
         with self.app.batch_update():
             table.clear()
             for run in self.runs:
-                counts = run.get("counts") or {}
-                table.add_row(short_id(run.get("id"), 12), str(run.get("state", "?")),
-                              f"{counts.get('done', 0)}/{counts.get('total', 0)}",
-                              str(counts.get("ok", 0)), str(counts.get("failed", 0)),
-                              fmt_reward(run.get("mean_reward")), fmt_rate(run.get("pass_rate")),
-                              key=run.get("id"))
+                counts = run.counts
+                table.add_row(short_id(run.id, 12), run.state, f"{counts.done}/{counts.total}",
+                              str(counts.ok), str(counts.failed), fmt_reward(run.mean_reward),
+                              fmt_rate(run.pass_rate), key=run.id)
             if self.runs:
                 table.move_cursor(row=min(cursor, len(self.runs) - 1))
         if not self.runs:
             self.query_one("#run-header", Static).update("No runs yet: start a batch on Setup (1).")
             return
-        wanted = self.run_id if any(r.get("id") == self.run_id for r in self.runs) else self.runs[0]["id"]
+        wanted = self.run_id if any(r.id == self.run_id for r in self.runs) else self.runs[0].id
         self.run_id = wanted
         detail = await self.client.run(wanted)
         self.show_detail(detail)
@@ -116,14 +114,14 @@ class RunsScreen(TapdeckScreen):
     async def load_detail(self, run_id: str) -> None:
         self.show_detail(await self.client.run(run_id))
 
-    def show_detail(self, detail: dict[str, Any]) -> None:
+    def show_detail(self, detail: RunDetail) -> None:
         """Groups, failures and rollouts of one run."""
         self.detail = detail
-        plan = detail.get("plan") or {}
+        plan = detail.plan
         self.query_one("#run-header", Static).update(
-            f"run {detail.get('id', '?')} · {plan.get('dataset', '?')} · {plan.get('harness', '?')} · "
-            f"{plan.get('sandbox', '?')} · {plan.get('engine', '?')} · K={plan.get('k', '?')}")
-        rollouts = detail.get("rollouts") or []
+            f"run {detail.id} · {plan.dataset or 'sample'} · {plan.harness} · {plan.sandbox} · "
+            f"{plan.engine} · K={plan.k}")
+        rollouts = detail.rollouts
         groups = self.query_one("#groups-table", DataTable)
         table = self.query_one("#rollouts-table", DataTable)
         with self.app.batch_update():
@@ -131,21 +129,20 @@ class RunsScreen(TapdeckScreen):
             for group in run_groups(rollouts):
                 groups.add_row(group.task[:28], f"{group.done}/{group.total}",
                                " ".join(fmt_reward(r) for r in group.rewards)[:24],
-                               bars(histogram(group.rewards, GROUP_BINS)), fmt_reward(group.mean), fmt_rate(group.pass_rate), key=group.task)
+                               bars(histogram(group.rewards, GROUP_BINS)), fmt_reward(group.mean),
+                               fmt_rate(group.pass_rate), key=group.task)
             table.clear()
-            for r in sorted(rollouts, key=lambda r: (str(r.get("task")), r.get("index", 0))):
-                table.add_row(str(r.get("task", "?"))[:24], str(r.get("index", "")),
-                              fmt_phase(r), fmt_reward(r.get("reward")),
-                              str(r.get("turns", "")), str(r.get("error_kind") or ""),
-                              key=r.get("rollout_id") or f"{r.get('task')}:{r.get('index')}")
+            for r in sorted(rollouts, key=lambda r: (r.task, r.index)):
+                table.add_row(r.task[:24], str(r.index), fmt_phase(r), fmt_reward(r.reward),
+                              str(r.turns), r.error_kind or "", key=r.rollout_id)
         self._show_settings(self._selected_rollout())
         failures = failures_by_cause(rollouts)
         self.query_one("#failures", Static).update(
-            f"rewards {reward_line(r.get('reward') for r in rollouts)}\n"
+            f"rewards {reward_line(r.reward for r in rollouts)}\n"
             + ("failures: " + ", ".join(f"{kind} {n}" for kind, n in failures.most_common())
                if failures else "failures: none"))
 
-    def _show_settings(self, rollout: dict[str, Any] | None) -> None:
+    def _show_settings(self, rollout: RolloutResult | None) -> None:
         """What the highlighted rollout ran with: the timeouts in force and where each came from."""
         self.query_one("#run-settings", Static).update(
             rollout_settings_line(rollout) if rollout else "")
@@ -154,21 +151,20 @@ class RunsScreen(TapdeckScreen):
     def _rollout_highlighted(self) -> None:
         self._show_settings(self._selected_rollout())
 
-    def _selected_rollout(self) -> dict[str, Any] | None:
+    def _selected_rollout(self) -> RolloutResult | None:
         table = self.query_one("#rollouts-table", DataTable)
         if not self.detail or table.row_count == 0:
             return None
         key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
-        return next((r for r in self.detail.get("rollouts") or []
-                     if (r.get("rollout_id") or f"{r.get('task')}:{r.get('index')}") == key), None)
+        return next((r for r in self.detail.rollouts if r.rollout_id == key), None)
 
     def action_open_rollout(self) -> None:
         """Open the highlighted rollout's capture session."""
         rollout = self._selected_rollout()
-        if rollout is None or not rollout.get("session_id"):
+        if rollout is None or not rollout.session_id:
             self.app.notify("This rollout has no capture session yet.", severity="warning")
             return
-        self.app.open_rollout(rollout["session_id"])
+        self.app.open_rollout(rollout.session_id)
 
     @on(DataTable.RowSelected, "#rollouts-table")
     def _rollout_selected(self) -> None:
@@ -185,7 +181,7 @@ class RunsScreen(TapdeckScreen):
     async def export_run(self, run_id: str, fmt: str) -> None:
         self.app.notify(f"exporting run {run_id} as {fmt}…")
         result = await self.client.export_run(run_id, fmt)
-        self.app.notify(f"wrote {result.get('path')}", title="Export done", timeout=10)
+        self.app.notify(f"wrote {result.path} ({result.rows} rows)", title="Export done", timeout=10)
 
     def action_cancel(self) -> None:
         """Cancel the shown run."""

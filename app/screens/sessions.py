@@ -18,6 +18,8 @@ from tapdeck.app.stuck_view import PaneLine, calls_per_second, pane_lines
 from tapdeck.app.widgets.activity_pane import ActivityPane
 from tapdeck.app.widgets.session_table import SessionTable
 from tapdeck.schema.activity import SessionActivity
+from tapdeck.schema.findings import Finding
+from tapdeck.schema.runs import RolloutResult
 
 REFRESH_HZ = 4
 ACTIVITY_POLL_S = 1.0
@@ -41,7 +43,7 @@ class SessionsScreen(TapdeckScreen):
         self._seen_second = -1
         self.activity: SessionActivity | None = None
         self.activity_error = ""
-        self.findings: list[str] = []
+        self.findings: list[Finding] = []
         self._fetched_at = 0.0
         self._armed_cancel: str | None = None
 
@@ -124,7 +126,7 @@ class SessionsScreen(TapdeckScreen):
     async def _fetch_activity(self, session_id: str) -> None:
         try:
             activity = await self.client.activity(session_id)
-            findings = (await self.client.session(session_id)).get("findings") or []
+            findings = (await self.client.session(session_id)).findings
         except ApiError as exc:
             self.activity_error = exc.message  # said in the pane, not a notification a second
         else:
@@ -134,12 +136,12 @@ class SessionsScreen(TapdeckScreen):
             self._fetched_at = self.app.clock()
         self._show_pane()
 
-    def rollout_of(self, key: str | None) -> dict | None:
+    def rollout_of(self, key: str | None) -> RolloutResult | None:
         """The live rollout result of a row: by session id, or the row is a sessionless rollout."""
         board = self.app.board
         if key in board.rollouts:
             return board.rollouts[key]
-        return next((r for r in board.rollouts.values() if key and r.get("session_id") == key), None)
+        return next((r for r in board.rollouts.values() if key and r.session_id == key), None)
 
     def _server_now(self) -> float:
         if self.activity is None:
@@ -164,9 +166,10 @@ class SessionsScreen(TapdeckScreen):
         """Cancel the highlighted rollout: the first press asks, the second one cancels."""
         key = self.highlighted()
         rollout = self.rollout_of(key)
-        meta = (self.app.board.get(key) or {}).get("metadata") or {} if key else {}
-        run_id = (rollout or {}).get("run_id") or meta.get("run_id")
-        rollout_id = (rollout or {}).get("rollout_id") or meta.get("rollout_id")
+        summary = self.app.board.get(key) if key else None
+        meta = summary.metadata if summary is not None else {}
+        run_id = (rollout.run_id if rollout else None) or meta.get("run_id")
+        rollout_id = (rollout.rollout_id if rollout else None) or meta.get("rollout_id")
         if not run_id or not rollout_id:
             self.app.notify("This session is not a rollout of a run: nothing to cancel.", severity="warning")
             return

@@ -9,7 +9,7 @@ nothing is assumed available.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -30,8 +30,10 @@ from textual.widgets import (
 
 from tapdeck.app.messages import RunsChanged
 from tapdeck.app.screens.base import TapdeckScreen
-from tapdeck.proxy.config import check_public_url
-from tapdeck.runner.rollout_settings import RolloutSettings
+from tapdeck.schema.addresses import check_public_url
+from tapdeck.schema.catalog import Catalog, DatasetInfo, EngineInfo, HarnessInfo, SandboxInfo
+from tapdeck.schema.runs import RunPlan
+from tapdeck.schema.settings import RolloutSettings
 
 DEFAULT_ALTERNATIVES = 5
 """Top alternatives per token captured for runs started here (the Rollout screen shows them)."""
@@ -57,8 +59,16 @@ SETTING_INPUTS: tuple[tuple[str, str, str, str], ...] = (
 """The rollout settings Setup edits; empty = the default, which the placeholder names."""
 
 
-def _ok(item: dict, key: str) -> bool:
-    return bool(item.get(key, False))
+CatalogItem = DatasetInfo | HarnessInfo | SandboxInfo | EngineInfo
+
+
+def _ok(item: CatalogItem) -> bool:
+    """Whether the catalog says this choice can run here."""
+    if isinstance(item, DatasetInfo):
+        return item.error is None
+    if isinstance(item, EngineInfo):
+        return item.reachable
+    return item.available
 
 
 class SetupScreen(TapdeckScreen):
@@ -74,7 +84,7 @@ class SetupScreen(TapdeckScreen):
 
     def __init__(self) -> None:
         super().__init__()
-        self.catalog: dict[str, Any] | None = None
+        self.catalog: Catalog | None = None
 
     def compose_body(self) -> Iterable[Widget]:
         with Horizontal(id="setup-body"):
@@ -149,35 +159,32 @@ class SetupScreen(TapdeckScreen):
         # At once, not via call_later: keys typed as soon as the pickers show go to the dataset.
         self.set_focus(self.query_one("#dataset", Select), scroll_visible=False)
 
-    def apply_catalog(self, catalog: dict[str, Any]) -> None:
+    def apply_catalog(self, catalog: Catalog) -> None:
         """Fill the pickers from a catalog and select its defaults."""
         self.catalog = catalog
-        defaults = catalog.get("defaults") or {}
+        defaults = catalog.defaults
 
-        def fill(select_id: str, items: list[dict], ok_key: str, extra: str = "") -> None:
+        def fill(select_id: str, items: Sequence[CatalogItem], extra: str = "") -> None:
             options = []
             for item in items:
-                mark = "✓" if _ok(item, ok_key) else "✗"
-                label = f"{mark} {item['name']}"
-                if extra and item.get(extra):
-                    label += f" ({item[extra]})"
-                options.append((label, item["name"]))
+                mark = "✓" if _ok(item) else "✗"
+                label = f"{mark} {item.name}"
+                if extra and getattr(item, extra):
+                    label += f" ({getattr(item, extra)})"
+                options.append((label, item.name))
             select = self.query_one(f"#{select_id}", Select)
             select.set_options(options)
             default = defaults.get(select_id)
-            names = [item["name"] for item in items]
+            names = [item.name for item in items]
             if default in names:
                 select.value = default
             elif names:
                 select.value = names[0]
 
-        datasets = catalog.get("datasets") or []
-        for d in datasets:
-            d.setdefault("_ok", not d.get("error"))
-        fill("dataset", datasets, "_ok")
-        fill("harness", catalog.get("harnesses") or [], "available", "dialect")
-        fill("sandbox", catalog.get("sandboxes") or [], "available")
-        fill("engine", catalog.get("engines") or [], "reachable", "tier")
+        fill("dataset", catalog.datasets)
+        fill("harness", catalog.harnesses, "dialect")
+        fill("sandbox", catalog.sandboxes)
+        fill("engine", catalog.engines, "tier")
         self.query_one("#dataset", Select).prompt = "–"
         self._show_dataset()
         for kind in ("harness", "sandbox", "engine"):
@@ -187,10 +194,10 @@ class SetupScreen(TapdeckScreen):
 
     def _show_settings_defaults(self) -> None:
         """The defaults in force on the chosen engine (its context, the output tokens it implies)."""
-        engine = self._item("engine") or {}
-        context = engine.get("context_tokens")
-        on_engine = (f"on {engine.get('name')}: context {context}, output "
-                     f"{engine.get('default_output_tokens')}" if context else
+        engine = self._item("engine")
+        context = engine.context_tokens if isinstance(engine, EngineInfo) else None
+        on_engine = (f"on {engine.name}: context {context}, output "
+                     f"{engine.default_output_tokens}" if isinstance(engine, EngineInfo) and context else
                      "context: the engine's (known when its session opens)")
         self.query_one("#settings-defaults", Static).update(
             f"Empty = default ({on_engine}); refused if it does not fit the engine.")
@@ -240,32 +247,33 @@ class SetupScreen(TapdeckScreen):
             raise ValueError(f"{field}: {first['msg']}") from None
         return settings.model_dump(exclude_unset=True), timeout
 
-    def _item(self, kind: str) -> dict | None:
+    def _item(self, kind: str) -> CatalogItem | None:
         if not self.catalog:
             return None
         value = self.query_one(f"#{kind}", Select).value
-        items = {"dataset": "datasets", "harness": "harnesses", "sandbox": "sandboxes",
-                 "engine": "engines"}[kind]
-        return next((i for i in self.catalog.get(items) or [] if i.get("name") == value), None)
+        items: Sequence[CatalogItem] = {
+            "dataset": self.catalog.datasets, "harness": self.catalog.harnesses,
+            "sandbox": self.catalog.sandboxes, "engine": self.catalog.engines}[kind]
+        return next((i for i in items if i.name == value), None)
 
-    def _why(self, kind: str, item: dict | None) -> tuple[bool, str]:
+    def _why(self, kind: str, item: CatalogItem | None) -> tuple[bool, str]:
         """(can run, a line saying so or why not)."""
         if item is None:
             return False, "nothing to choose (catalog not loaded)"
-        if kind == "dataset":
-            if item.get("error"):
-                return False, f"✗ {item['error']}"
-            return True, f"✓ {len(item.get('tasks') or [])} tasks · {item.get('source', '')}"
-        if kind == "engine":
-            tier = item.get("tier") or "text"
-            if not item.get("reachable"):
-                return False, f"✗ unreachable: {item.get('why') or 'no answer'}"
+        if isinstance(item, DatasetInfo):
+            if item.error:
+                return False, f"✗ {item.error}"
+            return True, f"✓ {len(item.tasks)} tasks · {item.source}"
+        if isinstance(item, EngineInfo):
+            tier = item.tier or "text"
+            if not item.reachable:
+                return False, f"✗ unreachable: {item.why or 'no answer'}"
             trainable = "trainable" if tier == "tokens" else "eval only"
-            return True, f"✓ tier {tier} ({trainable}) · {item.get('url', '')}"
-        ok = bool(item.get("available"))
-        detail = item.get("why") or ""
-        if kind == "harness":
-            extra = f"{item.get('placement', '')}, {'validated' if item.get('validated') else 'not validated'}"
+            return True, f"✓ tier {tier} ({trainable}) · {item.url or ''}"
+        ok = item.available
+        detail = item.why
+        if isinstance(item, HarnessInfo):
+            extra = f"{item.placement}, {'validated' if item.validated else 'not validated'}"
             return ok, (f"✓ {extra}" if ok else f"✗ {detail or 'not available'}") + (
                 f" · {detail}" if ok and detail else "")
         return ok, (f"✓ {detail}" if ok and detail else "✓ available") if ok else f"✗ {detail or 'not available'}"
@@ -279,24 +287,24 @@ class SetupScreen(TapdeckScreen):
         self._show_why("dataset")
         item = self._item("dataset")
         tasks = self.query_one("#tasks", SelectionList)
-        names = [task["name"] for task in (item or {}).get("tasks") or []]
+        names = [task.name for task in item.tasks] if isinstance(item, DatasetInfo) else []
         # Refilled on every dataset change event, including the one a catalog (re)load causes:
         # keep what is ticked, or a tick made meanwhile would silently widen the batch to all.
         if names != [option.value for option in tasks.options]:
             ticked = set(tasks.selected)
             tasks.clear_options()
             tasks.add_options([(name, name, name in ticked) for name in names])
-        self._preview((item or {}).get("tasks", [{}])[0].get("name") if (item or {}).get("tasks") else None)
+        self._preview(names[0] if names else None)
 
     def _preview(self, task_name: str | None) -> None:
-        item = self._item("dataset") or {}
-        task = next((t for t in item.get("tasks") or [] if t.get("name") == task_name), None)
-        text = (task or {}).get("instruction") or ""
+        item = self._item("dataset")
+        tasks = item.tasks if isinstance(item, DatasetInfo) else []
+        task = next((t for t in tasks if t.name == task_name), None)
         preview = self.query_one("#instruction", Static)
         if task is None:
             preview.update(Content.styled("No task to preview.", "$text-muted"))
         else:
-            preview.update(Content.assemble((f"{task['name']}\n", "bold"), text.strip()[:2000]))
+            preview.update(Content.assemble((f"{task.name}\n", "bold"), task.instruction.strip()[:2000]))
 
     @on(Select.Changed)
     def _select_changed(self, event: Select.Changed) -> None:
@@ -318,7 +326,7 @@ class SetupScreen(TapdeckScreen):
     def _start_pressed(self) -> None:
         self.action_start()
 
-    def plan(self) -> dict[str, Any]:
+    def plan(self) -> RunPlan:
         """The RunPlan for `POST /admin/runs`; raises ValueError with what to fix."""
         custom = self.query_one("#dataset-path", Input).value.strip()
         dataset = custom or self.query_one("#dataset", Select).value
@@ -328,7 +336,7 @@ class SetupScreen(TapdeckScreen):
             item = self._item(kind)
             ok, why = self._why(kind, item)
             if not ok:
-                raise ValueError(f"{kind} {item['name'] if item else ''} cannot run here: {why.lstrip('✗ ')}")
+                raise ValueError(f"{kind} {item.name if item else ''} cannot run here: {why.lstrip('✗ ')}")
         if not custom:
             ok, why = self._why("dataset", self._item("dataset"))
             if not ok:
@@ -346,13 +354,13 @@ class SetupScreen(TapdeckScreen):
             public_url = check_public_url(public_url)
         ticked = list(self.query_one("#tasks", SelectionList).selected)
         settings, timeout = self.rollout_settings()
-        return {"dataset": str(dataset), "tasks": ticked or None,
-                "harness": self.query_one("#harness", Select).value,
-                "sandbox": self.query_one("#sandbox", Select).value,
-                "engine": self.query_one("#engine", Select).value,
-                "k": numbers["k"], "concurrency": numbers["concurrency"],
-                "alternatives": numbers["alternatives"], "public_url": public_url,
-                "settings": settings, "timeout_s": timeout}
+        return RunPlan(dataset=str(dataset), tasks=ticked or None,
+                       harness=str(self.query_one("#harness", Select).value),
+                       sandbox=str(self.query_one("#sandbox", Select).value),
+                       engine=str(self.query_one("#engine", Select).value),
+                       k=numbers["k"], concurrency=numbers["concurrency"],
+                       alternatives=numbers["alternatives"], public_url=public_url,
+                       settings=RolloutSettings.model_validate(settings), timeout_s=timeout)
 
     def action_start(self) -> None:
         """Start a batch with the current choices."""
@@ -364,21 +372,21 @@ class SetupScreen(TapdeckScreen):
         self._remember(plan)
         self.start_run(plan)
 
-    def _remember(self, plan: dict[str, Any]) -> None:
+    def _remember(self, plan: RunPlan) -> None:
         """Keep this harness's settings for next time (the TUI's settings file)."""
         settings = getattr(self.app, "settings", None)
         if settings is None:
             return
-        remembered = dict(plan["settings"])
-        if plan.get("timeout_s") is not None:
-            remembered["timeout_s"] = plan["timeout_s"]
-        settings.rollout[str(plan["harness"])] = remembered
+        remembered = plan.settings.model_dump(exclude_unset=True)
+        if plan.timeout_s is not None:
+            remembered["timeout_s"] = plan.timeout_s
+        settings.rollout[plan.harness] = remembered
         settings.save(getattr(self.app, "settings_path", None))
 
     @work(exclusive=True, group="start-run", exit_on_error=False)
-    async def start_run(self, plan: dict[str, Any]) -> None:
+    async def start_run(self, plan: RunPlan) -> None:
         run = await self.client.start_run(plan)
-        self.app.notify(f"run {run.get('id', '?')} started: {run.get('counts', {}).get('total', '?')} rollouts",
+        self.app.notify(f"run {run.id} started: {run.counts.total} rollouts",
                         title="Batch started")
         self.app.post_message(RunsChanged())
         self.app.switch_mode("sessions")

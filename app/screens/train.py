@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Iterable
-from typing import Any
 
 from textual import on, work
 from textual.binding import Binding
@@ -21,6 +20,13 @@ from textual_plotext import PlotextPlot
 
 from tapdeck.app.client import ApiError
 from tapdeck.app.screens.base import TapdeckScreen
+from tapdeck.schema.train import (
+    MetricRow,
+    RecipeInfo,
+    TrainLogEvent,
+    TrainMetricsEvent,
+    TrainRunInfo,
+)
 
 PANELS: dict[str, tuple[str, ...]] = {
     "reward": ("train/reward", "train/reward_std"),
@@ -65,9 +71,9 @@ class TrainScreen(TapdeckScreen):
 
     def __init__(self) -> None:
         super().__init__()
-        self.recipes: dict[str, Any] = {}
-        self.job: Any = None
-        """The followed run's latest TrainRunInfo."""
+        self.recipes: dict[str, RecipeInfo] = {}
+        self.job: TrainRunInfo | None = None
+        """The followed run's latest state."""
         self.points: dict[str, list[tuple[int, float]]] = {}
         self.panel = "reward"
 
@@ -112,12 +118,11 @@ class TrainScreen(TapdeckScreen):
         current = recipe_select.value
         recipe_select.set_options([(name, name) for name in self.recipes])
         recipe_select.value = current if current in self.recipes else next(iter(self.recipes), Select.NULL)
-        runs = sorted(runs, key=lambda r: r.get("created_at") or 0, reverse=True)
+        runs = sorted(runs, key=lambda r: r.created_at, reverse=True)
         run_select = self.query_one("#train-run", Select)
         chosen = run_select.value
-        run_select.set_options([(f"{r['id']} · {r.get('state', '?')} · "
-                                 f"{(r.get('counts') or {}).get('done', 0)} done", r["id"]) for r in runs])
-        ids = [r["id"] for r in runs]
+        run_select.set_options([(f"{r.id} · {r.state} · {r.counts.done} done", r.id) for r in runs])
+        ids = [r.id for r in runs]
         if chosen in ids:
             run_select.value = chosen
         elif ids:
@@ -191,20 +196,17 @@ class TrainScreen(TapdeckScreen):
         """Apply the run's SSE events (log, metrics, state) until it ends."""
         try:
             async for event in self.client.train_events(run_id):
-                kind = event.get("type")
-                if kind == "log":
-                    self.query_one("#train-log", Log).write_lines(event.get("lines", []))
-                elif kind == "metrics":
-                    self._add_points(event.get("points", []))
-                elif kind == "state":
-                    self._show_job(event["run"])
+                if isinstance(event, TrainLogEvent):
+                    self.query_one("#train-log", Log).write_lines(event.lines)
+                elif isinstance(event, TrainMetricsEvent):
+                    self._add_points(event.points)
+                else:
+                    self._show_job(event.run)
         except ApiError as exc:
             self._state(f"{run_id}: lost the event stream ({exc.message}); r reloads")
 
-    def _show_job(self, run: dict[str, Any]) -> None:
-        from tapdeck.runner.train_jobs import TrainRunInfo
-
-        self.job = job = TrainRunInfo.model_validate(run)
+    def _show_job(self, job: TrainRunInfo) -> None:
+        self.job = job
         if job.state == "running":
             self._state(f"{job.id} · {job.recipe} · running (pid {job.pid}) on the server")
             return
@@ -230,9 +232,9 @@ class TrainScreen(TapdeckScreen):
             self.notify(f"stop failed: {exc.message}", severity="error")
 
     # -- plots --------------------------------------------------------------------------------------
-    def _add_points(self, points: list[dict[str, Any]]) -> None:
+    def _add_points(self, points: list[MetricRow]) -> None:
         for p in points:
-            self.points.setdefault(p["name"], []).append((int(p["step"]), float(p["value"])))
+            self.points.setdefault(p.name, []).append((p.step, p.value))
         self._plot()
 
     def action_next_panel(self) -> None:

@@ -12,7 +12,8 @@ from rich.text import Text
 from textual.widgets import Tree
 from textual.widgets.tree import TreeNode
 
-from tapdeck.app.views import TurnNode, display_parents, finding_level, turn_label
+from tapdeck.app.views import TurnNode, display_parents, turn_label, worst_level
+from tapdeck.schema.findings import Level
 
 
 class RolloutTree(Tree[int]):
@@ -43,10 +44,8 @@ class RolloutTree(Tree[int]):
         elif node.role not in ("agent",):
             style = "italic"
         text = Text(plain, style=style)
-        if node.findings:
-            worst = min((finding_level(f) for f in node.findings), key=("FATAL", "WARN", "INFO").index)
-            if worst == "FATAL":
-                text.stylize(theme.error or "red")
+        if worst_level(node.findings) is Level.FATAL:
+            text.stylize(theme.error or "red")
         return text
 
     def load(self, nodes: dict[int, TurnNode]) -> None:

@@ -9,6 +9,7 @@ from textual.message import Message
 from textual.widgets import Static
 
 from tapdeck.app.views import logprob_tone, token_display
+from tapdeck.schema.sessions import TurnDetail
 
 TONE_STYLES = {
     "sure": "",
@@ -41,13 +42,13 @@ class TokenView(Static, can_focus=True):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__("", **kwargs)
-        self.turn: dict | None = None
+        self.turn: TurnDetail | None = None
         self.selected: int | None = None
 
-    def show(self, turn: dict | None, keep_selection: bool = False) -> None:
+    def show(self, turn: TurnDetail | None, keep_selection: bool = False) -> None:
         """Show a turn (the `GET /admin/sessions/{id}/turns/{seq}` body). `keep_selection`: the
         same turn shown again (a refresh), so the token the operator picked stays picked."""
-        count = len((turn or {}).get("token_texts") or (turn or {}).get("sampled_ids") or [])
+        count = 0 if turn is None else len(turn.token_texts or turn.sampled_ids or [])
         if not keep_selection or self.selected is None or self.selected >= count:
             self.selected = None
         self.turn = turn
@@ -58,16 +59,16 @@ class TokenView(Static, can_focus=True):
         if not turn:
             self.update(Content.styled("Select a turn in the graph to see its tokens.", "$text-muted"))
             return
-        texts = turn.get("token_texts") or []
+        texts = turn.token_texts or []
         if not texts:
-            ids = turn.get("sampled_ids") or []
+            ids = turn.sampled_ids or []
             texts = [f"⟨{i}⟩" for i in ids]
         if not texts:
             self.update(Content.styled("This turn has no sampled tokens (text tier or no reply).",
                                        "$text-muted"))
             return
-        logprobs = turn.get("logprobs") or []
-        mask = turn.get("mask") or []
+        logprobs = turn.logprobs or []
+        mask = turn.mask or []
         parts: list[tuple[str, str]] = []
         for i, text in enumerate(texts):
             lp = logprobs[i] if i < len(logprobs) else None
@@ -82,7 +83,7 @@ class TokenView(Static, can_focus=True):
         """Select token `index` and tell the screen."""
         if self.turn is None:
             return
-        count = len(self.turn.get("token_texts") or self.turn.get("sampled_ids") or [])
+        count = len(self.turn.token_texts or self.turn.sampled_ids or [])
         if not 0 <= index < count:
             return
         self.selected = index

@@ -129,7 +129,7 @@ def test_agent_cli_runs_a_sample_task_offline_with_every_turn_captured(
         # It drops a reply it rejects (no tool call, or cut by max_tokens) and asks again from
         # before it: each call is a root of its own, and the capture says so.
         assert len(roots) == len(agent_turns), shape
-        assert len(roots) == 1 or any("every_call_a_root" in f for f in doc["findings"]), doc["findings"]
+        assert len(roots) == 1 or any(f["code"] == "every_call_a_root" for f in doc["findings"]), doc["findings"]
     else:
         # One conversation, one chain: every agent turn hangs off one root.
         assert len(roots) == 1, shape

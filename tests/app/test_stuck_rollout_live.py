@@ -13,6 +13,7 @@ from tapdeck.app.screens.sessions import SessionsScreen
 from tapdeck.app.tui import TapdeckApp
 from tapdeck.app.widgets.activity_pane import ActivityPane
 from tapdeck.app.widgets.session_table import SessionTable
+from tapdeck.schema.runs import RunPlan
 from tests.app.pilot_wait import until
 from tests.conftest import hanging_engine, local_server_on
 
@@ -29,8 +30,8 @@ async def test_stuck_rollout_pane_shows_the_hung_call_and_cancels_the_rollout(tm
         app = TapdeckApp(TapdeckClient(server.url, server.admin_key), settings_path=tmp_path / "tui.json",
                          initial_mode="sessions")
         async with app.run_test(size=(80, 24)) as pilot:
-            run = await app.client.start_run({"tasks": ["hello-file"], "k": 1, "timeout_s": 600})
-            rid = f"{run['id']}.g000r00"
+            run = await app.client.start_run(RunPlan(tasks=["hello-file"], k=1, timeout_s=600))
+            rid = f"{run.id}.g000r00"
             screen = app.screen
             assert isinstance(screen, SessionsScreen)
             await until(pilot, lambda: screen.query_one(SessionTable).row_count == 1, "the session", WAIT_S)
@@ -44,15 +45,16 @@ async def test_stuck_rollout_pane_shows_the_hung_call_and_cancels_the_rollout(tm
             assert "observation   (user)" in text, text  # the prompt terminus-2 sent
 
             await pilot.press("x")
-            assert (app.board.rollouts.get(rid) or {}).get("error_kind") is None  # one press only asks
+            assert app.board.rollouts[rid].error_kind is None  # one press only asks
             await pilot.press("x")
-            await until(pilot, lambda: (app.board.rollouts.get(rid) or {}).get("error_kind") == "cancelled",
+            await until(pilot, lambda: app.board.rollouts[rid].error_kind == "cancelled",
                         "the cancelled result", WAIT_S)
             await until(pilot, lambda: "cancelled" in _pane_text(screen), "the pane saying so", 10)
 
             rollout = app.board.rollouts[rid]
-            assert rollout["error"] == "cancelled in phase agent" and rollout["phase"] == "failed"
-            session = await app.client.session(rollout["session_id"])
-            assert session["state"] == "closed"  # the capture is kept
-            assert (await app.client.run(run["id"]))["state"] == "finished"
+            assert rollout.error == "cancelled in phase agent" and rollout.phase == "failed"
+            assert rollout.session_id is not None
+            session = await app.client.session(rollout.session_id)
+            assert session.state == "closed"  # the capture is kept
+            assert (await app.client.run(run.id)).state == "finished"
             await until(pilot, lambda: not engine.held, "the hung engine call's end", 30)

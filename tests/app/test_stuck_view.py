@@ -4,16 +4,18 @@ from __future__ import annotations
 
 from tapdeck.app.stuck_view import STUCK_CALL_S, calls_per_second, pane_lines, phase_timings
 from tapdeck.schema.activity import InFlightCall, MessageView, SessionActivity, ToolCallView
+from tapdeck.schema.findings import Finding
+from tapdeck.schema.runs import RolloutResult
 
-ROLLOUT = {"rollout_id": "run-1.g000r00", "task": "hello-file", "harness": "terminus-2", "phase": "agent",
-           "phase_started": {"queued": 1000.0, "sandbox": 1001.0, "agent": 1003.5}, "finished_at": None}
+ROLLOUT = RolloutResult(rollout_id="run-1.g000r00", task="hello-file", harness="terminus-2", phase="agent",
+                        phase_started={"queued": 1000.0, "sandbox": 1001.0, "agent": 1003.5})
 
 
 def test_each_phase_lasts_until_the_next_and_the_current_one_until_now() -> None:
     assert phase_timings(ROLLOUT, 1010.0) == [("queued", 1.0, False), ("sandbox", 2.5, False),
                                               ("agent", 6.5, True)]
-    done = {**ROLLOUT, "phase_started": {**ROLLOUT["phase_started"], "failed": 1020.0},
-            "finished_at": 1020.0}
+    done = ROLLOUT.model_copy(update={"phase_started": {**ROLLOUT.phase_started, "failed": 1020.0},
+                                      "finished_at": 1020.0})
     assert phase_timings(done, 5000.0)[-1] == ("agent", 16.5, False)  # the end phase is no phase
 
 
@@ -24,8 +26,8 @@ def test_a_call_in_flight_past_the_threshold_is_highlighted_with_the_last_exchan
         last_assistant=MessageView(role="assistant", text="I will run the tests."),
         last_tool_call=ToolCallView(name="bash", arguments='{"cmd": "pytest"}'),
         last_observation=MessageView(role="tool", text="\n".join(f"line {i}" for i in range(50)), truncated=True))
-    lines = {line.label: line for line in pane_lines({"metadata": {"task": "hello-file"}}, ROLLOUT,
-                                                     activity, ["[WARN] prefix_break: at 3"], 2000.5)}
+    lines = {line.label: line for line in pane_lines(None, ROLLOUT, activity,
+                                                     [Finding.warn("prefix_break", "at 3")], 2000.5)}
     assert lines["in flight"].tone == "error" and "65 s old" in lines["in flight"].text
     assert lines["tool call"].text == 'bash({"cmd": "pytest"})'
     observed = lines["observation"].text

@@ -90,7 +90,7 @@ async def test_live_session_rollout_grows_and_a_token_can_be_selected(live_serve
             await until(pilot, lambda: app.current_mode == "rollout"
                         and app.screen.query_one(TokenView).turn is not None, "turn 0", 30)
             view = app.screen.query_one(TokenView)
-            assert view.turn["token_texts"] and len(view.turn["logprobs"]) == len(view.turn["token_texts"])
+            assert view.turn.token_texts and len(view.turn.logprobs) == len(view.turn.token_texts)
             await pilot.click(TokenView, offset=(0, 0))
             await until(pilot, lambda: view.selected == 0, "the clicked token selected", 10)
             assert "logprob" in str(app.screen.query_one("#token-detail").render())
@@ -117,7 +117,7 @@ async def test_terminus2_rollout_finishes_with_captured_turns(live_server, tmp_p
 
         await until(pilot, lambda: bool(ended()), "the terminus-2 rollout to end", 400)
         session_id = ended()[0]
-        assert app.board.get(session_id)["turns"] > 0
+        assert app.board.get(session_id).turns > 0
         app.open_rollout(session_id)
         await until(pilot, lambda: app.current_mode == "rollout"
                     and app.screen.query_one(TokenView).turn is not None, "a captured turn", 60)

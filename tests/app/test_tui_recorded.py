@@ -14,8 +14,13 @@ from tapdeck.app.client import TapdeckClient
 from tapdeck.app.tui import TapdeckApp
 from tapdeck.app.widgets.session_table import SessionTable
 from tapdeck.app.widgets.token_view import TokenView
+from tapdeck.schema.events import parse_event
 from tests.app.conftest import recorded_transport
 from tests.app.pilot_wait import until
+
+
+def _event(kind: str, session: dict):
+    return parse_event({"type": kind, "session": session})
 
 
 def _app_choosing_its_first_screen(api_data: dict) -> TapdeckApp:
@@ -52,7 +57,7 @@ async def test_sessions_table_shows_states_and_updates_only_changed_cells(make_a
                           "sess0004recorded": "failed", "sess0005recorded": "no call yet"}
         assert str(table.get_cell("sess0002recorded", "idle")) == "75"  # long idle (≥ 60 s)
         running = next(s for s in api_data["sessions"] if s["id"] == "sess0000recorded")
-        app.take_event({"type": "turn_captured", "session": dict(running, turns=4)})
+        app.take_event(_event("session_updated", dict(running, turns=4)))
         touched = table.apply(app.board.rows(app.clock()))
         assert touched == 1  # one cell (turns) changed: no rebuild
         assert str(table.get_cell("sess0000recorded", "turns")) == "4"
@@ -65,11 +70,11 @@ async def test_many_sessions_refresh_by_diff_without_rebuilding(make_app, api_da
         await until(pilot, lambda: table.row_count == 6, "the recorded sessions")
         template = api_data["sessions"][0]
         for i in range(300):
-            app.take_event({"type": "session_opened", "session": dict(template, id=f"bulk{i:05d}", created_at=2e9 + i)})
+            app.take_event(_event("session_opened", dict(template, id=f"bulk{i:05d}", created_at=2e9 + i)))
         await until(pilot, lambda: table.row_count == 306, "300 more sessions")
         for i in range(0, 300, 3):
-            app.take_event({"type": "turn_captured", "session": dict(template, id=f"bulk{i:05d}", turns=9,
-                                                                     created_at=2e9 + i)})
+            app.take_event(_event("session_updated", dict(template, id=f"bulk{i:05d}", turns=9,
+                                                          created_at=2e9 + i)))
         assert table.apply(app.board.rows(app.clock())) == 100
 
 
@@ -86,23 +91,23 @@ async def test_open_rollout_and_click_a_token_shows_its_logprob(make_app):
         assert labels[0].startswith("#0 agent") and labels[1].startswith("#1 discarded")
         assert str(tree.root.children[0].children[0].label).startswith("#2 agent")
         view = app.screen.query_one(TokenView)
-        assert view.turn is not None and view.turn["seq"] == 0
+        assert view.turn is not None and view.turn.seq == 0
         await pilot.click(TokenView, offset=(2, 0))  # "'m" (token 1)
         await pilot.pause(0.2)
         assert view.selected == 1
         detail = str(app.screen.query_one("#token-detail").render())
-        assert f"logprob {view.turn['logprobs'][1]:.3f}" in detail and "\"'m\"" in detail
+        assert f"logprob {view.turn.logprobs[1]:.3f}" in detail and "\"'m\"" in detail
         await pilot.press("full_stop")
         assert view.selected == 2
         tree.focus()  # where focus sits after opening a rollout: stepping must still work
         await pilot.press("comma")
         assert view.selected == 1
         # A refresh showing the same turn keeps the picked token and its detail; another turn clears it.
-        app.screen.show_turn(dict(view.turn))
+        app.screen.show_turn(view.turn.model_copy())
         assert view.selected == 1 and "\"'m\"" in str(app.screen.query_one("#token-detail").render())
-        app.screen.show_turn({**view.turn, "seq": 2})
+        app.screen.show_turn(view.turn.model_copy(update={"seq": 2}))
         assert view.selected is None
-        app.screen.show_turn({**view.turn, "seq": 0})
+        app.screen.show_turn(view.turn.model_copy(update={"seq": 0}))
         await pilot.press("m")
         await pilot.pause(0.1)
         assert "Solve hello-file." in str(app.screen.query_one("#messages-text").render())
@@ -148,12 +153,12 @@ async def test_setup_plan_captures_five_alternatives_unless_told_otherwise(make_
     async with app.run_test(size=(80, 24)) as pilot:
         await _catalog_loaded(pilot)
         screen = app.screen
-        assert screen.plan()["alternatives"] == 5
+        assert screen.plan().alternatives == 5
         screen.query_one("#alternatives", Input).value = "21"
         with pytest.raises(ValueError, match="alternatives must be a whole number from 0 to 20"):
             screen.plan()
         screen.query_one("#alternatives", Input).value = "0"
-        assert screen.plan()["alternatives"] == 0
+        assert screen.plan().alternatives == 0
 
 
 async def test_setup_plan_carries_the_public_url_sandboxes_use(make_app):
@@ -161,12 +166,12 @@ async def test_setup_plan_carries_the_public_url_sandboxes_use(make_app):
     async with app.run_test(size=(80, 24)) as pilot:
         await _catalog_loaded(pilot)
         screen = app.screen
-        assert screen.plan()["public_url"] is None
+        assert screen.plan().public_url is None
         screen.query_one("#public-url", Input).value = "gpu-box:18300"
         with pytest.raises(ValueError, match="public URL 'gpu-box:18300' must be http"):
             screen.plan()
         screen.query_one("#public-url", Input).value = "http://gpu-box:18300/"
-        assert screen.plan()["public_url"] == "http://gpu-box:18300"
+        assert screen.plan().public_url == "http://gpu-box:18300"
 
 
 def _app_on_a_dead_server(mode: str) -> TapdeckApp:
@@ -277,13 +282,13 @@ async def test_setup_rollout_settings_are_sent_and_remembered_per_harness(make_a
     async with app.run_test(size=(80, 24)) as pilot:
         await _catalog_loaded(pilot)
         screen = app.screen
-        assert screen.plan()["settings"] == {} and screen.plan()["timeout_s"] is None
+        assert screen.plan().settings.model_dump(exclude_unset=True) == {} and screen.plan().timeout_s is None
         _set(screen, max_turns="5", agent_timeout_s="60", timeout_s="400",
              harness_kwargs='{"parser_name": "xml"}')
         plan = screen.plan()
-        assert plan["settings"] == {"max_turns": 5, "agent_timeout_s": 60.0,
-                                    "harness_kwargs": {"parser_name": "xml"}}
-        assert plan["timeout_s"] == 400.0
+        assert plan.settings.model_dump(exclude_unset=True) == {
+            "max_turns": 5, "agent_timeout_s": 60.0, "harness_kwargs": {"parser_name": "xml"}}
+        assert plan.timeout_s == 400.0
         screen.action_start()
         await until(pilot, lambda: path.is_file(), "the settings file")
         assert json.loads(path.read_text())["rollout"]["terminus-2"]["max_turns"] == 5
@@ -299,7 +304,7 @@ async def test_setup_rollout_settings_are_sent_and_remembered_per_harness(make_a
     async with again.run_test(size=(80, 24)) as pilot:
         await _catalog_loaded(pilot)
         assert again.screen.query_one("#set-timeout_s", Input).value == "400.0"
-        assert again.screen.plan()["settings"]["harness_kwargs"] == {"parser_name": "xml"}
+        assert again.screen.plan().settings.harness_kwargs == {"parser_name": "xml"}
 
 
 async def test_setup_refuses_a_bad_setting_naming_the_field(make_app):
@@ -315,7 +320,7 @@ async def test_setup_refuses_a_bad_setting_naming_the_field(make_app):
             with pytest.raises(ValueError, match=re.escape(message)):
                 app.screen.plan()
             _set(app.screen, **dict.fromkeys(values, ""))
-        assert app.screen.plan()["settings"] == {}
+        assert app.screen.plan().settings.model_dump(exclude_unset=True) == {}
 
 
 async def test_setup_settings_show_the_engines_defaults_and_keep_tab_order_short(make_app):

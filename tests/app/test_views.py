@@ -22,13 +22,17 @@ from tapdeck.app.views import (
     token_detail,
     turn_label,
 )
+from tapdeck.schema.findings import Finding
+from tapdeck.schema.runs import RolloutResult, RunDetail
+from tapdeck.schema.sessions import RolloutDocument, SessionSummary, TurnDetail
+from tests.app.rollout_docs import rollout_doc
 
 
-def _summary(**kw):
-    base = {"id": "s1", "state": "open", "turns": 0, "metadata": {}, "created_at": 1.0,
-            "seconds_since_last_call": None}
-    base.update(kw)
-    return base
+def _summary(**kw) -> SessionSummary:
+    base = {"id": "s1", "state": "open", "tier": "tokens", "rollout_type": "train", "turns": 0,
+            "metadata": {}, "created_at": 1.0, "seconds_since_last_call": None,
+            "engine": {"url": "http://engine.test/v1"}}
+    return SessionSummary.model_validate({**base, **kw})
 
 
 def test_session_state_follows_runner_phase_then_turns():
@@ -67,15 +71,8 @@ def test_board_idle_seconds_advance_locally_and_long_idle_is_flagged():
     assert board.rows(now=111.0)["s1"][7] == ("61", "idle")
 
 
-def test_board_upsert_keeps_metadata_when_an_event_omits_it():
-    board = SessionBoard()
-    board.upsert(_summary(metadata={"phase": "agent", "task": "t"}), now=0.0)
-    board.upsert({"id": "s1", "turns": 1, "state": "open"}, now=1.0)
-    assert board.get("s1")["metadata"]["task"] == "t"
-
-
 def test_rollout_nodes_of_a_recorded_rollout_mark_roots_and_discarded(api_data):
-    nodes = rollout_nodes(api_data["rollouts"]["sess0000recorded"])
+    nodes = rollout_nodes(RolloutDocument.model_validate(api_data["rollouts"]["sess0000recorded"]))
     assert rollout_roots(nodes) == [0, 1]  # a resample of the first prompt is its own root...
     assert nodes[1].discarded and turn_label(nodes[1]).startswith("#1 discarded")  # ...and discarded
     assert nodes[0].children == [2] and nodes[2].kind == "prefix"
@@ -84,32 +81,32 @@ def test_rollout_nodes_of_a_recorded_rollout_mark_roots_and_discarded(api_data):
 
 
 def test_retokenized_edges_are_marked():
-    doc = {"turns": [{"seq": 0, "parent": None, "link_kind": "root"},
-                     {"seq": 1, "parent": 0, "link_kind": "retokenized",
-                      "findings": ["[WARN] retokenized: diverges from node 0 at offset 40"]}]}
-    assert "≈retok" in turn_label(rollout_nodes(doc)[1])
+    doc = rollout_doc([{"seq": 0, "parent": None},
+                       {"seq": 1, "parent": 0, "link_kind": "retokenized",
+                        "findings": [Finding.warn("retokenized", "diverges from node 0 at offset 40")]}])
+    label = turn_label(rollout_nodes(doc)[1])
+    assert "≈retok" in label and "!warn" in label
 
 
 def test_token_in_turns_show_whether_ids_continued_them_or_text_took_over():
     ids = {"mode": "ids", "extends": 0, "same": False, "diverge_at": 52}
-    doc = {"turns": [{"seq": 0, "parent": None, "meta": {"capture_mode": {"mode": "text",
-                                                                          "reason": "not_held"}}},
-                     {"seq": 1, "parent": 0, "meta": {"capture_mode": ids}},
-                     {"seq": 2, "parent": 1, "meta": {"capture_mode": {"mode": "text",
-                                                                       "reason": "tools"}}},
-                     {"seq": 3, "parent": 2}]}
+    doc = rollout_doc([{"seq": 0, "parent": None, "meta": {"capture_mode": {"mode": "text",
+                                                                            "reason": "not_held"}}},
+                       {"seq": 1, "parent": 0, "meta": {"capture_mode": ids}},
+                       {"seq": 2, "parent": 1, "meta": {"capture_mode": {"mode": "text",
+                                                                         "reason": "tools"}}},
+                       {"seq": 3, "parent": 2}])
     labels = [turn_label(n) for n in rollout_nodes(doc).values()]
     assert ["⇢ids" in lb for lb in labels] == [False, True, False, False]
     assert ["↩text" in lb for lb in labels] == [False, False, True, False]
-    texts = [capture_mode_text(t) for t in doc["turns"]]
+    texts = [capture_mode_text(t.meta) for t in doc.turns]
     assert texts == ["text (fell back: not_held)",
                      "token-in from #0 (text path would differ from offset 52)",
                      "text (fell back: tools)", ""]
 
 
-def test_rollout_nodes_take_roles_from_sequences():
-    doc = {"turns": [{"seq": 0, "parent": None}, {"seq": 1, "parent": None}],
-           "sequences": [{"role": "agent", "turns": [0]}, {"role": "auxiliary", "turns": [1]}]}
+def test_rollout_nodes_take_the_roles_the_server_gives():
+    doc = rollout_doc([{"seq": 0, "parent": None}, {"seq": 1, "parent": None, "role": "auxiliary"}])
     nodes = rollout_nodes(doc)
     assert (nodes[0].role, nodes[1].role) == ("agent", "auxiliary")
 
@@ -124,8 +121,10 @@ def test_logprob_tones_make_unlikely_and_masked_tokens_distinct():
 
 
 def test_token_detail_names_logprob_probability_and_alternatives():
-    turn = {"token_texts": ["a", " list"], "sampled_ids": [5, 1002], "logprobs": [-0.01, -2.2],
-            "top_logprobs": [[], [[" list", -2.2], ["x", -3.2]]], "mask": [1, 0]}
+    turn = TurnDetail(seq=0, parent=None, link_kind="root", request={}, response={}, prompt_len=3,
+                      token_texts=["a", " list"], sampled_ids=[5, 1002], logprobs=[-0.01, -2.2],
+                      top_logprobs=[[], [(" list", -2.2), ("x", -3.2)]], mask=[1, 0],
+                      finish_reason="stop", findings=[], sampling={}, meta={})
     line = token_detail(turn, 1)
     assert "' list'" in line and "id 1002" in line and "logprob -2.200" in line and "p=0.111" in line
     assert "'x' -3.20" in line and "masked" in line
@@ -133,12 +132,12 @@ def test_token_detail_names_logprob_probability_and_alternatives():
 
 
 def test_token_detail_of_a_recorded_turn(api_data):
-    turn = api_data["turns"]["sess0000recorded"]["0"]
-    assert f"logprob {turn['logprobs'][0]:.3f}" in token_detail(turn, 0)
+    turn = TurnDetail.model_validate(api_data["turns"]["sess0000recorded"]["0"])
+    assert f"logprob {turn.logprobs[0]:.3f}" in token_detail(turn, 0)
 
 
 def test_run_groups_and_failures(api_data):
-    rollouts = next(iter(api_data["run_details"].values()))["rollouts"]
+    rollouts = RunDetail.model_validate(next(iter(api_data["run_details"].values()))).rollouts
     groups = {g.task: g for g in run_groups(rollouts)}
     assert groups["hello-file"].total == 2 and groups["hello-file"].mean == 1.0
     assert groups["hello-file"].pass_rate == 1.0
@@ -156,8 +155,7 @@ def test_core_modules_do_not_import_textual():
 
 
 def _graph(parents: dict[int, int | None]) -> dict:
-    turns = [{"seq": seq, "parent": parent, "sampled_len": 4} for seq, parent in parents.items()]
-    return rollout_nodes({"turns": turns})
+    return rollout_nodes(rollout_doc([{"seq": seq, "parent": p} for seq, p in parents.items()]))
 
 
 def test_a_chain_of_continuations_is_listed_flat_and_only_forks_nest():
@@ -174,6 +172,7 @@ def test_a_long_chain_stays_one_level_deep():
 
 def test_installing_rollout_shows_the_installer_line_next_to_its_phase() -> None:
     line = "installing @google/gemini-cli@0.61.0 from npm into /root/.cache/tapdeck/agents/x"
-    assert fmt_phase({"phase": "install", "detail": line}) == f"install: {line[:40]}"
-    assert fmt_phase({"phase": "agent", "detail": None}) == "agent"
-    assert session_state({"metadata": {"phase": "install"}}) == "booting"
+    assert fmt_phase(RolloutResult(rollout_id="r", task="t", phase="install", detail=line)) \
+        == f"install: {line[:40]}"
+    assert fmt_phase(RolloutResult(rollout_id="r", task="t", phase="agent")) == "agent"
+    assert session_state(_summary(metadata={"phase": "install"})) == "booting"

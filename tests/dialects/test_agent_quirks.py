@@ -27,6 +27,7 @@ from google.genai import types
 from tests.conftest import models_only_engine, vllm_fixture
 from tests.dialects.agent_recordings import gemini_router, google_client, recording
 from tests.dialects.conftest import SCRIPTED_KEEPALIVE_S, CaptureServer, ScriptedUpstream, vllm_error
+from tests.rendered_findings import rendered
 
 DIALECTS = ["chat", "responses", "anthropic", "google"]
 STREAMING = pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
@@ -144,7 +145,7 @@ def test_dead_engine_gives_each_streaming_sdk_a_retryable_5xx_and_a_session_find
     with pytest.raises(SDK_ERRORS) as raised:
         call(dialect, info, stream=True)
     assert sdk_status(raised.value) == 502
-    findings = capture.summary(info["id"])["findings"]
+    findings = rendered(capture.summary(info["id"])["findings"])
     assert any(f.startswith("[WARN] engine_unreachable: unreachable") for f in findings), findings
 
 
@@ -225,7 +226,7 @@ def test_context_overflow_ends_the_conversation_with_a_plain_stop_in_each_dialec
     upstream.answer = lambda body: _recorded_error("prompt_over_context")
     got = call(dialect, info, stream=stream)
     assert got["finish"] == expected
-    findings = capture.summary(info["id"])["findings"]
+    findings = rendered(capture.summary(info["id"])["findings"])
     assert any("context_full" in f and "maximum context length" in f for f in findings), findings
 
 
@@ -287,7 +288,7 @@ def test_template_refusing_late_system_messages_folds_them_with_a_finding(captur
     message = _claude_call(info, _claude_second_call(), stream=True)
     assert message.content[0].text == "The capital of France is Paris."
     turn = capture.turn(info["id"], 0)
-    assert any(f.startswith("[WARN] system_folded:") for f in turn["findings"]), turn["findings"]
+    assert any(f.startswith("[WARN] system_folded:") for f in rendered(turn["findings"])), rendered(turn["findings"])
     assert [m["role"] for m in turn["request"]["messages"]][:2] == ["system", "user"]
     # Later calls of the session fold at once: one engine call each.
     upstream.requests.clear()
@@ -353,7 +354,7 @@ def test_codex_namespace_tools_round_trip(capture: CaptureServer, upstream: Scri
     assistant = upstream.requests[-1]["messages"][-2]
     assert assistant["tool_calls"][0]["function"]["name"] == "multi_agent_v1__spawn_agent"
     turn = capture.turn(info["id"], 0)
-    assert [f for f in turn["findings"] if "dropped_tools" in f] == [
+    assert [f for f in rendered(turn["findings"]) if "dropped_tools" in f] == [
         "[WARN] dropped_tools: web_search (the engine cannot run hosted tools)"]
 
 
@@ -376,7 +377,7 @@ def test_gemini_router_gets_json_from_an_engine_that_ignores_the_schema(capture:
     turn = capture.turn(info["id"], 0)
     assert turn["meta"]["call_role"] == "auxiliary"
     assert turn["response"]["content"] == "The capital of France is Paris."  # what was sampled
-    assert any(f.startswith("[WARN] json_mode_unmet:") for f in turn["findings"])
+    assert any(f.startswith("[WARN] json_mode_unmet:") for f in rendered(turn["findings"]))
     roles = {s["role"] for s in capture.admin.get(f"/admin/sessions/{info['id']}/rollout").json()["sequences"]}
     assert roles == {"auxiliary"}
 
@@ -437,7 +438,7 @@ def test_claude_code_max_tokens_cap_is_a_finding_and_a_cut_is_max_tokens(capture
     message = _claude_call(info, body, stream=stream)
     sent = upstream.requests[-1]["max_tokens"]
     assert sent < 128000
-    findings = capture.turn(info["id"], 0)["findings"]
+    findings = rendered(capture.turn(info["id"], 0)["findings"])
     assert f"[INFO] max_tokens_capped: the agent asked for max_tokens=128000; the engine was sent {sent} " \
            "(the proxy's cap)" in findings
     assert message.stop_reason == "end_turn"
@@ -445,7 +446,7 @@ def test_claude_code_max_tokens_cap_is_a_finding_and_a_cut_is_max_tokens(capture
     message = _claude_call(info, body, stream=stream)
     assert message.stop_reason == "max_tokens"
     assert any(f.startswith("[WARN] max_tokens_capped:") and "cut there" in f
-               for f in capture.turn(info["id"], 1)["findings"])
+               for f in rendered(capture.turn(info["id"], 1)["findings"]))
 
 
 # ---- 9: one access-log line per call -----------------------------------------------------------------
@@ -609,7 +610,7 @@ def test_qwen_code_parts_array_tool_result_and_null_assistant_content(capture: C
     tool = upstream.requests[-1]["messages"][-1]
     assert tool["content"] == [{"type": "text", "text": "Command: echo hi > hello.txt\nExit Code: 0"}]
     assert any(f.startswith("[INFO] max_tokens_capped: the agent asked for max_tokens=32000")
-               for f in capture.turn(info["id"], 0)["findings"])
+               for f in rendered(capture.turn(info["id"], 0)["findings"]))
 
 
 @STREAMING

@@ -18,6 +18,7 @@ import pytest
 from tapdeck.proxy.serving import ThreadedServer
 from tapdeck.proxy.tiers import EngineSpec
 from tests.dialects.conftest import CaptureServer, ScriptedUpstream, capture_server, scripted_upstream_app, vllm_error
+from tests.rendered_findings import rendered
 
 UPSTREAM_PAUSE_S = 0.15
 HOSTED = "the engine cannot run hosted tools"
@@ -40,7 +41,7 @@ def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CaptureServer]:
 
 
 def _dropped(turn: dict[str, Any]) -> list[str]:
-    return [f for f in turn["findings"] if f.startswith("[WARN] dropped_tools:")]
+    return [f for f in rendered(turn["findings"]) if f.startswith("[WARN] dropped_tools:")]
 
 
 @pytest.mark.parametrize("path, body, names", [

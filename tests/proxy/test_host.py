@@ -78,7 +78,7 @@ def test_restarted_server_lists_old_sessions_as_interrupted_and_exports_them(ups
         assert sessions[open_id["id"]]["last_call_at"] is not None
         # session-level findings (the probe's) survive the restart too
         findings = httpx.get(f"{second.url}/admin/sessions/{open_id['id']}", headers=admin).json()["findings"]
-        assert any("logprobs_mode_unknown" in f for f in findings)
+        assert any(f["code"] == "logprobs_mode_unknown" for f in findings)
         doc = httpx.get(f"{second.url}/admin/sessions/{open_id['id']}/rollout", headers=admin).json()
         assert doc["stats"]["turns"] == 1
         trace = httpx.get(f"{second.url}/admin/sessions/{open_id['id']}/trace", headers=admin).json()

@@ -96,8 +96,8 @@ def test_rollout_document_sequences_mask_context_and_carry_findings():
     injected = len(turns[0].prompt_ids) + len(turns[0].sampled_ids)  # the unsampled <|im_end|>
     assert s["input_ids"][injected] == 2 and s["loss_mask"][injected] == 0
     assert doc["tier"] == "tokens" and doc["ok"] is True and doc["reward"] is None
-    assert any(f.startswith("[INFO] truncated_parent") for f in doc["findings"])
-    assert any(f.startswith("[WARN] truncated") for f in doc["turns"][1]["findings"]) is False
+    assert any(f["level"] == "INFO" and f["code"].startswith("truncated_parent") for f in doc["findings"])
+    assert any(f["level"] == "WARN" and f["code"].startswith("truncated") for f in doc["turns"][1]["findings"]) is False
     orjson.dumps(doc)
 
 

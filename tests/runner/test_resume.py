@@ -9,6 +9,7 @@ import pytest
 
 from tapdeck.runner.batch import RESULTS, BatchRunner, RunPlan, load_results, rollout_id
 from tapdeck.runner.rollout import RolloutResult
+from tapdeck.schema.findings import Finding
 from tests.runner.conftest import RunnerServer
 
 pytestmark = pytest.mark.slow
@@ -22,7 +23,7 @@ async def test_resume_after_a_crash_runs_only_the_unfinished_rollouts(runner_ser
     run_id = summary.id
     run_dir = Path(summary.path)
     done = RolloutResult(rollout_id=rollout_id(run_id, 0, 0), run_id=run_id, task="hello-file",
-                         index=0, ok=True, reward=1.0, phase="done", findings=["[INFO] before_crash: kept"])
+                         index=0, ok=True, reward=1.0, phase="done", findings=[Finding.info("before_crash", "kept")])
     cancelled = RolloutResult(rollout_id=rollout_id(run_id, 0, 1), run_id=run_id, task="hello-file",
                               index=1, error_kind="cancelled", phase="failed")
     with open(run_dir / RESULTS, "w") as fh:
@@ -41,7 +42,7 @@ async def test_resume_after_a_crash_runs_only_the_unfinished_rollouts(runner_ser
     assert doc["counts"] == {"total": 4, "done": 4, "ok": 4, "failed": 0, "running": 0}
     # The finished rollout was not redone: same line, no trial directory of its own.
     results = load_results(run_dir / RESULTS)
-    assert results[done.rollout_id].findings == ["[INFO] before_crash: kept"]
+    assert results[done.rollout_id].findings == [Finding.info("before_crash", "kept")]
     trials = sorted(p.name for p in (run_dir / "trials").iterdir())
     assert trials == [rollout_id(run_id, 0, i) for i in (1, 2, 3)]
     lines = (run_dir / RESULTS).read_text().splitlines()

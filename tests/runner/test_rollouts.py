@@ -74,7 +74,7 @@ def test_verifier_writing_garbage_is_verifier_failed_with_null_reward(runner_ser
     r = _only(runner_server.run(dataset=str(tmp_path), harness="oracle", timeout_s=120))
     assert not r["ok"] and r["error_kind"] == "verifier_failed"
     assert r["reward"] is None
-    assert any("reward_value_dropped" in f for f in r["findings"])
+    assert any(f["code"] == "reward_value_dropped" for f in r["findings"])
 
 
 def test_multi_key_reward_without_a_chosen_key_is_refused(runner_server: RunnerServer,

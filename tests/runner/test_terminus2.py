@@ -23,7 +23,7 @@ def test_terminus2_rollout_is_graded_captured_on_every_turn_and_reconciled(
     # Length-cut calls never reach terminus-2's trajectory, so the verdict depends on what the
     # model sampled; whatever it is, it is explained by a finding unless the counts matched.
     assert r["atif"] in ("match", "mismatch", "none")
-    assert r["atif"] == "match" or any(f.split("] ")[1].startswith("atif_") for f in r["findings"]), r
+    assert r["atif"] == "match" or any(f["code"].startswith("atif_") for f in r["findings"]), r
     assert {"session_open", "environment_setup", "agent_setup", "agent_execution", "verifier"} <= set(r["timings"])
 
     http = runner_server.http

@@ -1,0 +1,198 @@
+"""Batches on the wire: the run plan a client posts, and runs and rollouts as the server reports them."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from tapdeck.schema.addresses import check_public_url
+from tapdeck.schema.findings import Finding
+from tapdeck.schema.settings import ResolvedSettings, RolloutSettings
+
+RunState = Literal["running", "finished", "cancelled", "failed", "interrupted"]
+Phase = Literal["queued", "install", "sandbox", "agent_setup", "agent", "verify", "done", "failed"]
+PASS_REWARD = 1.0
+"""A rollout passes when its verifier gave the full reward (Harbor's tests all passed)."""
+
+
+def graded_rewards(rewards: Iterable[float | None]) -> list[float]:
+    """The rewards that were given (None = never graded: left out, never read as 0)."""
+    return [float(r) for r in rewards if r is not None and math.isfinite(r)]
+
+
+def mean_reward(rewards: Iterable[float | None]) -> float | None:
+    """Mean over graded rollouts; None when none was graded."""
+    graded = graded_rewards(rewards)
+    return sum(graded) / len(graded) if graded else None
+
+
+def pass_rate(rewards: Iterable[float | None]) -> float | None:
+    """Share of graded rollouts with the full reward (≥ PASS_REWARD); None when none was graded.
+
+    What a trainer means by it: how often the policy solved the task when it was judged. A partial
+    reward (> 0, < 1) is not a pass, and a rollout that never reached its verifier (sandbox or
+    engine failure, reward None) says nothing about the policy: it is counted under failures."""
+    graded = graded_rewards(rewards)
+    return sum(1 for r in graded if r >= PASS_REWARD) / len(graded) if graded else None
+
+
+class RolloutResult(BaseModel):
+    """What one rollout produced (also one line of a run's results.jsonl)."""
+
+    rollout_id: str
+    run_id: str | None = None
+    task: str
+    group: int = 0
+    """GRPO group: the task's index in the run's plan (all K rollouts of a task share it)."""
+    index: int = 0
+    session_id: str | None = None
+    ok: bool = False
+    reward: float | None = None
+    """None = never graded (or the reward rule refused): never read as 0."""
+    rewards: dict[str, float] = Field(default_factory=dict)
+    reward_key: str | None = None
+    tier: str | None = None
+    rollout_type: str | None = None
+    turns: int = 0
+    findings: list[Finding] = Field(default_factory=list)
+    atif: Literal["match", "mismatch", "none"] = "none"
+    timings: dict[str, float] = Field(default_factory=dict)
+    error_kind: str | None = None
+    error: str | None = None
+    phase: Phase = "queued"
+    detail: str | None = None
+    """The running phase's latest progress line (an agent CLI's install on first use)."""
+    harness: str | None = None
+    sandbox: str | None = None
+    trial_dir: str | None = None
+    settings: ResolvedSettings | None = None
+    """What the agent ran with, each value with its source (plan, task, engine, default)."""
+    started_at: float | None = None
+    finished_at: float | None = None
+    phase_started: dict[str, float] = Field(default_factory=dict)
+    """When each phase began (wall clock): live per-phase timings while the rollout runs."""
+
+
+class RunPlan(BaseModel):
+    """`POST /admin/runs` body: what to run. Defaults run offline on the sample dataset."""
+
+    dataset: str | None = None
+    """A local folder, a registry name, ...; None → tapdeck's sample dataset."""
+    tasks: list[str] | None = None
+    """Task names to keep (None → all, or the first `n_tasks`)."""
+    n_tasks: int | None = Field(default=None, ge=1)
+    harness: str = "terminus-2"
+    sandbox: str = "host"
+    sandbox_kwargs: dict[str, Any] | None = None
+    """Sandbox constructor kwargs (Harbor's `EnvironmentConfig.kwargs`)."""
+    engine: str = "embedded"
+    """"embedded" (the server's default engine) or an engine URL."""
+    engine_model: str | None = None
+    k: int = Field(default=1, ge=1)
+    """Rollouts per task (the GRPO group size)."""
+    concurrency: int = Field(default=1, ge=1)
+    timeout_s: float | None = Field(default=None, gt=0)
+    """Hard limit per rollout, sandbox start included (None → `DEFAULT_HARD_LIMIT_S`)."""
+    reward_key: str | None = None
+    settings: RolloutSettings = Field(default_factory=RolloutSettings)
+    """What each rollout's agent runs with (timeouts, turns, output tokens, sampling, kwargs)."""
+    call_budget: int | None = Field(default=None, ge=1)
+    """Model calls per rollout before the proxy answers with a stop (None → 3 × max_turns)."""
+    alternatives: int = Field(default=0, ge=0, le=20)
+    """Top alternatives per sampled token to capture for inspection (0: as the harness asks)."""
+    training_sampling: dict[str, Any] | None = None
+    """A trainer's sampling policy, enforced on each training-tier capture session
+    (`SessionSpec.training_sampling`: temperature, truncating knobs at their no-ops)."""
+    token_in: bool | None = None
+    """Token-in capture for every rollout (`SessionSpec.token_in`; None → on when training)."""
+    metadata: dict[str, Any] | None = None
+    """Extra session metadata for every rollout (e.g. a trainer's group and episode ids)."""
+    public_url: str | None = None
+    """The address sandboxes use to reach the proxy (None → the server's own public URL)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_settings(cls, data: Any) -> Any:
+        """Plans written before `settings` (and clients still sending `agent_kwargs` and
+        `agent_timeout_s`) keep working: those fields are folded into `settings`."""
+        if not isinstance(data, dict) or not ({"agent_kwargs", "agent_timeout_s"} & data.keys()):
+            return data
+        data = dict(data)
+        legacy = RolloutSettings.from_legacy(data.pop("agent_kwargs", None),
+                                             data.pop("agent_timeout_s", None))
+        settings = data.get("settings")
+        if isinstance(settings, RolloutSettings):
+            settings = settings.model_dump(exclude_unset=True)
+        data["settings"] = {**legacy, **(settings or {})}
+        return data
+
+    @model_validator(mode="after")
+    def _one_temperature(self) -> RunPlan:
+        trainer = (self.training_sampling or {}).get("temperature")
+        if trainer is not None and self.settings.temperature is not None \
+                and trainer != self.settings.temperature:
+            raise ValueError(f"settings.temperature {self.settings.temperature} differs from "
+                             f"training_sampling.temperature {trainer}: a rollout samples at one")
+        return self
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str | None) -> str | None:
+        return check_public_url(value) if value else None
+
+
+class RunCounts(BaseModel):
+    total: int = 0
+    done: int = 0
+    ok: int = 0
+    failed: int = 0
+    running: int = 0
+
+
+class RunSummary(BaseModel):
+    """One row of `GET /admin/runs`."""
+
+    id: str
+    state: RunState
+    plan: RunPlan
+    created_at: float
+    finished_at: float | None = None
+    counts: RunCounts = Field(default_factory=RunCounts)
+    mean_reward: float | None = None
+    """`mean_reward` of the finished rollouts' rewards (a null reward is never counted as 0)."""
+    pass_rate: float | None = None
+    """`pass_rate` of the finished rollouts' rewards."""
+    failures: dict[str, int] = Field(default_factory=dict)
+    """Failed rollouts by error kind."""
+    error: str | None = None
+    path: str = ""
+
+
+class RunList(BaseModel):
+    """`GET /admin/runs`: every run in the server's data dir."""
+
+    runs: list[RunSummary]
+
+
+class RunDetail(RunSummary):
+    """`GET /admin/runs/{id}`: the summary and every rollout (finished or live)."""
+
+    rollouts: list[RolloutResult]
+
+
+class ExportRequest(BaseModel):
+    """`POST /admin/runs/{id}/export` body."""
+
+    format: Literal["jsonl", "parquet"] = "jsonl"
+
+
+class ExportResult(BaseModel):
+    """`POST /admin/runs/{id}/export` answer: where the rows went (a path on the server's machine)."""
+
+    path: str
+    rows: int
+    skipped: dict[str, str] = Field(default_factory=dict)
+    """Rollouts left out, by id, and why (no session, eval tier, ...)."""

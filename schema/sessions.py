@@ -1,0 +1,203 @@
+"""Capture sessions on the wire: what `/admin/sessions` and its sub-routes answer."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from tapdeck.schema.findings import Finding
+
+SessionState = Literal["open", "closed", "interrupted"]
+LinkKind = Literal["root", "prefix", "retokenized", "message"]
+
+
+class Tier(StrEnum):
+    """What a session captures; decides whether a rollout can be trained on."""
+
+    TOKENS = "tokens"
+    LOGPROBS = "logprobs"
+    TEXT = "text"
+
+
+class Health(BaseModel):
+    """`GET /health`: the server is up; `instance` changes on every start."""
+
+    status: Literal["ok"]
+    instance: str
+
+
+class EngineRef(BaseModel):
+    """Which engine a session talks to (never its API key)."""
+
+    url: str
+    model: str | None = None
+    max_model_len: int | None = None
+    """The engine's context length as its `/models` lists it (None: it does not say)."""
+
+
+class SessionInfo(BaseModel):
+    """`POST /admin/sessions` answer: what a harness needs to talk through the proxy."""
+
+    id: str
+    api_key: str
+    tier: Tier
+    rollout_type: Literal["train", "eval"]
+    base_urls: dict[str, str]
+    engine: EngineRef
+    created_at: float
+    metadata: dict[str, Any]
+
+
+class RolloutStats(BaseModel):
+    """A rollout graph's counts. `fragmentation` = token segments per real conversation (1.0 = none)."""
+
+    turns: int = 0
+    roots: int = 0
+    forks: int = 0
+    breaks: int = 0
+    discarded: int = 0
+    trainable_tokens: int = 0
+    fragmentation: float = 0.0
+    conversations: int = 0
+
+
+class SessionSummary(RolloutStats):
+    """One row of the sessions table (`GET /admin/sessions`, session events): the graph's stats and
+    the session's own state."""
+
+    id: str
+    state: SessionState
+    tier: Tier
+    rollout_type: Literal["train", "eval"]
+    created_at: float
+    last_call_at: float | None = None
+    seconds_since_last_call: float | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    """What the runner annotated: phase, task, reward, run_id, rollout_id, group."""
+    fatal: int = 0
+    warn: int = 0
+    engine: EngineRef
+
+
+class SessionList(BaseModel):
+    """`GET /admin/sessions`: every session the server knows, newest first."""
+
+    sessions: list[SessionSummary]
+
+
+class SessionDetail(SessionSummary):
+    """`GET /admin/sessions/{id}`: the summary and every session, turn and rollout finding."""
+
+    findings: list[Finding] = Field(default_factory=list)
+
+
+class TurnDetail(BaseModel):
+    """`GET /admin/sessions/{id}/turns/{seq}`: everything the TUI shows for one turn."""
+
+    seq: int
+    parent: int | None
+    link_kind: LinkKind
+    request: dict[str, Any] | None
+    response: dict[str, Any] | None
+    prompt_len: int | None
+    sampled_ids: list[int] | None
+    token_texts: list[str] | None
+    logprobs: list[float | None] | None
+    top_logprobs: list[list[tuple[str, float]]] | None
+    """Per sampled token, its top alternatives as (token, logprob) (None: none captured)."""
+    mask: list[int] | None
+    finish_reason: str | None
+    findings: list[Finding]
+    sampling: dict[str, Any] | None
+    meta: dict[str, Any]
+    """What the proxy noted on the call: usage, capture_mode (token-in), call_role, synthetic."""
+
+
+class TurnHeader(BaseModel):
+    """One captured call as it was linked, without its tokens (events, the incremental graph)."""
+
+    seq: int
+    parent: int | None
+    link_kind: LinkKind
+    link_offset: int | None = None
+    capture_mode: Literal["ids", "text"]
+    prompt_len: int | None
+    sampled_len: int | None
+    finish_reason: str | None
+    created_at: float
+    findings: list[Finding]
+
+
+class RolloutTurn(TurnHeader):
+    """One turn of the rollout document: its header, its place in the graph now, its messages."""
+
+    role: str
+    """agent | auxiliary | discarded (can change as later calls arrive)."""
+    discarded: bool
+    trainable: bool
+    request: dict[str, Any] | None
+    response: dict[str, Any] | None
+    sampling: dict[str, Any] | None
+    meta: dict[str, Any]
+
+
+class RolloutSequence(BaseModel):
+    """One root→leaf training sequence of the rollout document."""
+
+    nodes: list[int]
+    role: str
+    input_ids: list[int] | None
+    loss_mask: list[int] | None
+    logprobs: list[float] | None
+    spans: list[dict[str, int]]
+    findings: list[Finding]
+
+
+class RolloutPath(BaseModel):
+    """One root→leaf path of the graph and its role."""
+
+    nodes: list[int]
+    role: str
+
+
+class RolloutDocument(BaseModel):
+    """`GET /admin/sessions/{id}/rollout`: the whole rollout (also what export writes)."""
+
+    schema_version: int
+    session_id: str | None
+    tier: Tier
+    rollout_type: Literal["train", "eval"]
+    ok: bool
+    reward: float | None
+    """None = never graded: never read as 0."""
+    metadata: dict[str, Any]
+    stats: RolloutStats
+    paths: list[RolloutPath]
+    sequences: list[RolloutSequence]
+    turns: list[RolloutTurn]
+    findings: list[Finding]
+
+
+class TraceEntry(BaseModel):
+    """One agent call of the training trace (OpenEnv's `TrainingTurn` shape)."""
+
+    node_id: str
+    prompt_token_ids: list[int]
+    completion_token_ids: list[int]
+    per_token_logps: list[float]
+    loss_mask: list[int]
+    request: dict[str, Any]
+    response: dict[str, Any]
+    metadata: dict[str, Any]
+
+
+class TrainingTrace(BaseModel):
+    """`GET /admin/sessions/{id}/trace`: per-call training data (refused, 409, for eval rollouts)."""
+
+    schema_version: int
+    session_id: str | None
+    tier: Tier
+    reward: float | None
+    turns: list[TraceEntry]
