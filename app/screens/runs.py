@@ -58,7 +58,7 @@ class RunsScreen(TapdeckScreen):
         with Horizontal(id="run-detail"):
             with Vertical(id="groups-pane"):
                 groups = DataTable(id="groups-table", cursor_type="row")
-                groups.add_columns("task", "done", "rewards", "hist", "mean", "pass")
+                groups.add_columns("task", "done", "rewards", "mean", "pass", "hist")
                 yield groups
                 yield Static("", id="failures")
             rollouts = DataTable(id="rollouts-table", cursor_type="row")
@@ -129,8 +129,8 @@ class RunsScreen(TapdeckScreen):
             for group in run_groups(rollouts):
                 groups.add_row(group.task[:28], f"{group.done}/{group.total}",
                                " ".join(fmt_reward(r) for r in group.rewards)[:24],
-                               bars(histogram(group.rewards, GROUP_BINS)), fmt_reward(group.mean),
-                               fmt_rate(group.pass_rate), key=group.task)
+                               fmt_reward(group.mean), fmt_rate(group.pass_rate),
+                               bars(histogram(group.rewards, GROUP_BINS)), key=group.task)
             table.clear()
             for r in sorted(rollouts, key=lambda r: (r.task, r.index)):
                 table.add_row(r.task[:24], str(r.index), fmt_phase(r), fmt_reward(r.reward),
