@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tapdeck.schema.runs import RolloutResult
 from tests.conftest import hanging_engine
 from tests.runner.conftest import RunnerServer, runner_server_on
 
@@ -38,7 +39,8 @@ def test_cancelling_one_rollout_keeps_its_capture_and_the_run_goes_on(tmp_path: 
         queued = server.http.post(f"/admin/runs/{run['id']}/rollouts/{rid[2]}/cancel")
         assert queued.status_code == 200, queued.text
         running = server.http.post(f"/admin/runs/{run['id']}/rollouts/{rid[0]}/cancel")
-        assert running.status_code == 200 and running.json()["rollout_id"] == rid[0]
+        assert running.status_code == 200
+        assert RolloutResult.model_validate(running.json()).rollout_id == rid[0]  # its declared model
         # The next queued rollout starts: the run went on past the cancelled one.
         _until_hung(server, engine, run["id"], rid[1])
         server.http.post(f"/admin/runs/{run['id']}/rollouts/{rid[1]}/cancel")
