@@ -19,6 +19,7 @@ from tapdeck.schema.catalog import Catalog
 from tapdeck.schema.events import Event, parse_event
 from tapdeck.schema.runs import ExportResult, RolloutResult, RunDetail, RunList, RunPlan, RunSummary
 from tapdeck.schema.sessions import (
+    GraphView,
     Health,
     RolloutDocument,
     SessionDetail,
@@ -161,6 +162,11 @@ class TapdeckClient:
     async def rollout(self, session_id: str) -> RolloutDocument:
         """`GET /admin/sessions/{id}/rollout`: the rollout document."""
         return await self._model(RolloutDocument, "GET", f"/admin/sessions/{session_id}/rollout")
+
+    async def graph(self, session_id: str, since: int = 0) -> GraphView:
+        """`GET /admin/sessions/{id}/graph?since=N`: turn headers from N on, links, stats."""
+        return await self._model(GraphView, "GET", f"/admin/sessions/{session_id}/graph",
+                                 params={"since": since})
 
     async def trace(self, session_id: str) -> TrainingTrace:
         """`GET /admin/sessions/{id}/trace`: the per-call training trace (refused for eval)."""

@@ -14,7 +14,7 @@ from typing import Any
 
 from tapdeck.schema.findings import Finding, Level
 from tapdeck.schema.runs import RolloutResult, mean_reward, pass_rate
-from tapdeck.schema.sessions import RolloutDocument, SessionSummary, TurnDetail
+from tapdeck.schema.sessions import GraphTurn, GraphView, RolloutStats, SessionSummary, TurnDetail
 
 # A running session with no model call for this long is highlighted (an agent that looks stuck).
 IDLE_AFTER_S = 60.0
@@ -256,25 +256,54 @@ def worst_level(findings: Iterable[Finding]) -> Level | None:
     return next((level for level in (Level.FATAL, Level.WARN, Level.INFO) if level in levels), None)
 
 
-def rollout_nodes(document: RolloutDocument) -> dict[int, TurnNode]:
-    """The turns of a rollout document, keyed by seq, with children lists filled in."""
+@dataclass
+class LiveGraph:
+    """The Rollout screen's copy of one session's graph, kept current from `GraphView` replies:
+    each reply adds the turns it carries and moves older ones (adoption, discards)."""
+
+    turns: dict[int, GraphTurn] = field(default_factory=dict)
+    stats: RolloutStats | None = None
+    findings: list[Finding] = field(default_factory=list)
+    tier: str = ""
+    missing: set[int] = field(default_factory=set)
+    """Turns a reply listed in `links` whose header this copy has not received."""
+
+    def next_since(self) -> int:
+        """The `since` to ask for: the first turn this copy lacks."""
+        if self.missing:
+            return min(self.missing)
+        return max(self.turns) + 1 if self.turns else 0
+
+    def apply(self, view: GraphView) -> bool:
+        """Take one reply; whether the tree changed (new turns, a new parent or role)."""
+        changed = bool(view.turns)
+        for turn in view.turns:
+            self.turns[turn.seq] = turn
+        self.missing = set()
+        for seq, parent, role in view.links:
+            turn = self.turns.get(seq)
+            if turn is None:
+                self.missing.add(seq)
+            elif (turn.parent, turn.role) != (parent, role):
+                self.turns[seq] = turn.model_copy(update={"parent": parent, "role": role})
+                changed = True
+        self.stats, self.findings, self.tier = view.stats, view.findings, str(view.tier)
+        return changed
+
+
+def rollout_nodes(turns: Iterable[GraphTurn]) -> dict[int, TurnNode]:
+    """The tree's nodes from turn headers, keyed by seq, with children lists filled in."""
     nodes = {turn.seq: TurnNode(seq=turn.seq, parent=turn.parent, kind=turn.link_kind,
-                                role=turn.role, discarded=turn.discarded,
+                                role=turn.role, discarded=turn.role == "discarded",
                                 finish_reason=turn.finish_reason, new_tokens=turn.sampled_len,
-                                findings=list(turn.findings), mode=capture_mode(turn.meta))
-             for turn in document.turns}
+                                findings=list(turn.findings), mode=turn.token_in)
+             for turn in turns}
     for node in nodes.values():
         if node.parent is not None and node.parent in nodes:
             nodes[node.parent].children.append(node.seq)
     for node in nodes.values():
         node.children.sort()
     return nodes
-
-
-def capture_mode(meta: Mapping[str, Any]) -> str | None:
-    """How a token-in session sent the turn (`ids` or `text`); None outside token-in mode."""
-    mode = (meta.get("capture_mode") or {}).get("mode")
-    return str(mode) if mode else None
 
 
 def capture_mode_text(meta: Mapping[str, Any]) -> str:

@@ -7,7 +7,6 @@ copies `reward` from the session metadata the runner annotated).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -142,7 +141,7 @@ def rollout_document(session: dict[str, Any], graph: RolloutGraph, tier: str, *,
             "meta": t.meta, "created_at": t.created_at,
             "findings": [f.model_dump(mode="json") for f in t.findings + n.link_findings],
         })
-    stats = asdict(graph.stats())
+    stats = graph.stats().model_dump()
     if not train:
         stats["trainable_tokens"] = 0
     all_findings: list[Finding] = graph.findings() + rollout_findings
@@ -160,6 +159,38 @@ def rollout_document(session: dict[str, Any], graph: RolloutGraph, tier: str, *,
         "turns": turns,
         "findings": [f.model_dump(mode="json") for f in all_findings],
     }
+
+
+def graph_view(session: dict[str, Any], graph: RolloutGraph, tier: str, *, since: int,
+               findings: Iterable[Finding]) -> dict[str, Any]:
+    """Turn headers from `since` on, every turn's (seq, parent, role), stats and the session's
+    findings (`schema.sessions.GraphView`): no token arrays, no messages, no sequences, so a live
+    view's refresh costs the new turns, not the whole rollout again."""
+    rtype = _rollout_type(session, tier)
+    tools = graph.has_tools()
+    links, turns = [], []
+    for seq in sorted(graph.nodes):
+        n = graph.nodes[seq]
+        role = graph.node_role(seq, tools=tools)
+        links.append((seq, n.parent, role))
+        if seq < since:
+            continue
+        t = n.turn
+        turns.append({
+            "seq": seq, "parent": n.parent, "link_kind": n.kind, "link_offset": n.offset,
+            "capture_mode": capture_mode(t.meta), "role": role,
+            "token_in": ((t.meta or {}).get("capture_mode") or {}).get("mode"),
+            "prompt_len": n.prompt_len if n.has_prompt else None,
+            "sampled_len": n.sampled_len if n.sampled is not None else None,
+            "finish_reason": t.finish_reason, "created_at": t.created_at,
+            "findings": [f.model_dump(mode="json") for f in t.findings + n.link_findings],
+        })
+    stats = graph.stats().model_dump()
+    if not is_train(tier, rtype):
+        stats["trainable_tokens"] = 0
+    return {"session_id": session.get("id"), "tier": str(tier), "rollout_type": rtype,
+            "since": since, "stats": stats, "turns": turns, "links": links,
+            "findings": [f.model_dump(mode="json") for f in findings]}
 
 
 def training_trace(session: dict[str, Any], graph: RolloutGraph, tier: str, *,

@@ -50,6 +50,7 @@ import orjson
 from tapdeck.proxy.findings import Finding, has_fatal
 from tapdeck.proxy.tokens import ID_DTYPE, as_ids
 from tapdeck.proxy.turn import Turn
+from tapdeck.schema.sessions import RolloutStats
 
 LinkKind = Literal["root", "prefix", "retokenized", "message"]
 Role = Literal["agent", "auxiliary", "discarded"]
@@ -297,20 +298,6 @@ class Link:
     offset: int | None
     findings: list[Finding] = field(default_factory=list)
     adopted: list[int] = field(default_factory=list)
-
-
-@dataclass
-class GraphStats:
-    """Counts the operator sees. `fragmentation` = token segments per real conversation (1.0 = none)."""
-
-    turns: int = 0
-    roots: int = 0
-    forks: int = 0
-    breaks: int = 0
-    discarded: int = 0
-    trainable_tokens: int = 0
-    fragmentation: float = 0.0
-    conversations: int = 0
 
 
 @dataclass(eq=False)
@@ -595,7 +582,7 @@ class RolloutGraph:
             out.extend(n.link_findings)
         return out
 
-    def stats(self) -> GraphStats:
+    def stats(self) -> RolloutStats:
         """Turns, roots, forks, breaks, discarded, trainable tokens over unique turns, fragmentation."""
         nodes = self._nodes.values()
         tools = self.has_tools()
@@ -611,8 +598,9 @@ class RolloutGraph:
         discarded = sum(1 for n in nodes if self.discarded(n.seq))
         trainable = sum(n.sampled_len for n in nodes if self.node_mask_on(n.seq, tools=tools))
         frag = (conversations + breaks) / max(conversations, 1) if self._nodes else 0.0
-        return GraphStats(len(self._nodes), roots, forks, breaks, discarded, trainable,
-                          round(frag, 4), conversations)
+        return RolloutStats(turns=len(self._nodes), roots=roots, forks=forks, breaks=breaks,
+                            discarded=discarded, trainable_tokens=trainable,
+                            fragmentation=round(frag, 4), conversations=conversations)
 
     # -- adding ----------------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from tapdeck.proxy.service import CallReply, CaptureService
 from tapdeck.proxy.sessions import SessionError, SessionSpec
 from tapdeck.schema.activity import SessionActivity
 from tapdeck.schema.sessions import (
+    GraphView,
     Health,
     RolloutDocument,
     SessionDetail,
@@ -95,6 +96,10 @@ def _admin_router() -> APIRouter:
     async def rollout(session_id: str, request: Request) -> Response:
         doc = await asyncio.to_thread(_service(request).rollout_document, session_id, lists=False)
         return _JSON(doc)
+
+    @router.get("/sessions/{session_id}/graph", response_model=GraphView)
+    async def graph(session_id: str, request: Request, since: int = 0) -> Response:
+        return _JSON(await asyncio.to_thread(_service(request).graph_view, session_id, max(0, since)))
 
     @router.get("/sessions/{session_id}/trace", response_model=TrainingTrace)
     async def trace(session_id: str, request: Request) -> Response:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import re
 import secrets
@@ -28,6 +27,7 @@ from typing import Any
 
 import httpx
 import orjson
+from pydantic import ValidationError
 
 from tapdeck.proxy.access_log import CURRENT_CALL, AccessRecord
 from tapdeck.proxy.activity import ActivityLog
@@ -43,9 +43,15 @@ from tapdeck.proxy.dialects.stored_responses import StoredResponses
 from tapdeck.proxy.engine_address import EngineAddressError, settle
 from tapdeck.proxy.engine_client import DEFAULT_TIMEOUT, EngineClient, EngineError
 from tapdeck.proxy.events import EventBus
-from tapdeck.proxy.export import ExportRefused, capture_mode, rollout_document, training_trace
+from tapdeck.proxy.export import (
+    ExportRefused,
+    capture_mode,
+    graph_view,
+    rollout_document,
+    training_trace,
+)
 from tapdeck.proxy.findings import Finding, Level
-from tapdeck.proxy.graph import GraphStats, Link, RolloutGraph
+from tapdeck.proxy.graph import Link, RolloutGraph
 from tapdeck.proxy.interning import Interner
 from tapdeck.proxy.json_mode import answer_as_json, json_format
 from tapdeck.proxy.request_limits import (
@@ -76,7 +82,7 @@ from tapdeck.proxy.token_in import Plan, TokenIn
 from tapdeck.proxy.turn import Turn
 from tapdeck.proxy.validation import validate_rollout, validate_turn
 from tapdeck.schema.events import SessionClosed, SessionOpened, SessionUpdated, TurnCaptured
-from tapdeck.schema.sessions import TurnHeader
+from tapdeck.schema.sessions import RolloutStats, TurnHeader
 
 log = logging.getLogger("tapdeck.proxy")
 
@@ -160,7 +166,7 @@ class _Session:
     arguments: ArgumentsMemo = field(default_factory=ArgumentsMemo)
     """Sampled tool-call argument strings of this session only: a sibling rollout's sampling
     must never re-render this one's history."""
-    stats: GraphStats | None = None
+    stats: RolloutStats | None = None
     """The graph's stats as of the last commit (what summaries show; None until known)."""
 
     def count(self, findings: list[Finding]) -> None:
@@ -315,7 +321,7 @@ class CaptureService:
             stats = session.stats
             try:
                 await self.writes.run(self.store.update_session, session_id, state="closed",
-                                      stats=None if stats is None else dataclasses.asdict(stats))
+                                      stats=None if stats is None else stats.model_dump())
             except StoreUnavailable as exc:
                 log.warning("session %s: closed, but the store could not record it (%s)",
                             session_id, exc.reason)
@@ -398,6 +404,13 @@ class CaptureService:
             return rollout_document(self._record(session), self._graph(session), session.tier,
                                     lists=lists)
 
+    def graph_view(self, session_id: str, since: int = 0) -> dict[str, Any]:
+        """The graph without tokens: headers of turns from `since` on, links, stats, findings."""
+        session = self._get(session_id)
+        with session.rw:
+            return graph_view(self._record(session), self._graph(session), session.tier,
+                              since=since, findings=session.findings)
+
     def training_trace(self, session_id: str, *, lists: bool = True) -> dict[str, Any]:
         """The per-call training trace; refused (409) for an eval rollout. `lists` as above."""
         session = self._get(session_id)
@@ -463,7 +476,7 @@ class CaptureService:
             session.graph = graph  # a live session's graph whose state a store fault dropped
         return graph
 
-    def _stats(self, session: _Session) -> GraphStats:
+    def _stats(self, session: _Session) -> RolloutStats:
         """The cached stats; a restarted session's are computed once (on a thread)."""
         if session.stats is None:
             with session.rw:
@@ -474,7 +487,7 @@ class CaptureService:
     def _summary(self, session: _Session) -> SessionSummary:
         now = time.time()
         # Turns counted on capture (the stats are those of the last linked turn).
-        stats = {**dataclasses.asdict(self._stats(session)), "turns": session.turns}
+        stats = {**self._stats(session).model_dump(), "turns": session.turns}
         return SessionSummary(
             **stats, id=session.id, state=session.state,
             tier=session.tier, rollout_type=session.record.get("rollout_type", "eval"),
@@ -893,14 +906,14 @@ def _demote(graph: RolloutGraph, seqs: Iterable[int], reason: str) -> None:
             graph.turn(seq).meta.update(call_role="auxiliary", auxiliary_reason=reason)
 
 
-def _stored_stats(value: Any) -> GraphStats | None:
+def _stored_stats(value: Any) -> RolloutStats | None:
     """Stats a clean close stored with the session (None when absent or of another shape: they
     are then computed from the turns once)."""
     if not isinstance(value, dict):
         return None
     try:
-        return GraphStats(**value)
-    except TypeError:
+        return RolloutStats.model_validate(value)
+    except ValidationError:
         return None
 
 

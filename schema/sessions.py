@@ -143,6 +143,32 @@ class RolloutTurn(TurnHeader):
     meta: dict[str, Any]
 
 
+class GraphTurn(TurnHeader):
+    """A turn of the incremental graph view: its header and its place in the graph now."""
+
+    role: str
+    """agent | auxiliary | discarded (can change as later calls arrive: see `GraphView.links`)."""
+    token_in: Literal["ids", "text"] | None
+    """Token-in sessions: whether the call continued from stored ids or fell back to text."""
+
+
+class GraphView(BaseModel):
+    """`GET /admin/sessions/{id}/graph?since=N`: what the Rollout screen needs to draw and update
+    the graph, without a token or a message: headers of turns `since` on, every turn's current
+    parent and role (adoption and discards change older turns), the stats, session findings."""
+
+    session_id: str
+    tier: Tier
+    rollout_type: Literal["train", "eval"]
+    since: int
+    stats: RolloutStats
+    turns: list[GraphTurn]
+    links: list[tuple[int, int | None, str]]
+    """(seq, parent, role) of every turn, in arrival order."""
+    findings: list[Finding]
+    """Session-level findings (the probe's, engine faults); each turn's are on its header."""
+
+
 class RolloutSequence(BaseModel):
     """One root→leaf training sequence of the rollout document."""
 

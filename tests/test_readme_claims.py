@@ -190,7 +190,7 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/runner/test_atif.py::test_extra_calls_are_demoted_to_auxiliary_and_masked_out_of_training
   → tests/runner/test_atif.py::test_a_trajectory_recording_every_call_demotes_nothing
   → tests/runner/test_atif.py::test_calls_the_trajectory_never_recorded_are_named_for_demotion
-  → tests/app/test_views.py::test_rollout_nodes_take_roles_from_sequences
+  → tests/app/test_views.py::test_rollout_nodes_take_the_roles_the_server_gives
 - the rollout settings table's defaults (1/256 of the context, at least 128; 300 s; 3 turns; the
   engine's context, 8,192 otherwise; the sample tasks' 180 s)
   → tests/test_readme_claims.py::test_the_settings_defaults_are_the_codes

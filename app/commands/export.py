@@ -8,7 +8,6 @@ of `<data_dir>/runs/<id>/results.jsonl`, the reward taken from there (`null` = n
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -27,28 +26,22 @@ def session_rows(store: Any, session_id: str, *, group_id: str | None = None,
 
 def run_rows(store: Any, run_dir: Path) -> tuple[list[dict[str, Any]], int]:
     """Rows for every rollout of a run that has a capture session, and how many gave none."""
+    from tapdeck.runner.batch import RESULTS, load_results
+
     rows: list[dict[str, Any]] = []
     empty = 0
-    for line in (run_dir / "results.jsonl").read_text().splitlines():
-        if not line.strip():
-            continue
-        result = json.loads(line)
-        if not result.get("session_id"):
+    for result in load_results(run_dir / RESULTS).values():
+        if not result.session_id:
             empty += 1
             continue
-        got = session_rows(store, result["session_id"], group_id=_group(result),
-                           rollout_id=result.get("rollout_id"), reward=result.get("reward"))
+        got = session_rows(store, result.session_id, group_id=str(result.group),
+                           rollout_id=result.rollout_id, reward=result.reward)
         for row in got:
-            row["run_id"] = result.get("run_id", run_dir.name)
-            row["task"] = result.get("task")
+            row["run_id"] = result.run_id or run_dir.name
+            row["task"] = result.task
         rows.extend(got)
         empty += not got
     return rows, empty
-
-
-def _group(result: dict[str, Any]) -> str | None:
-    group = result.get("group")
-    return None if group is None else str(group)
 
 
 def register(app: typer.Typer) -> None:

@@ -17,7 +17,7 @@ from textual.widgets import Static, TabbedContent, TabPane, Tree
 
 from tapdeck.app.screens.base import TapdeckScreen
 from tapdeck.app.views import (
-    capture_mode,
+    LiveGraph,
     capture_mode_text,
     message_text,
     rollout_nodes,
@@ -26,7 +26,7 @@ from tapdeck.app.views import (
 )
 from tapdeck.app.widgets.rollout_tree import RolloutTree
 from tapdeck.app.widgets.token_view import TokenView
-from tapdeck.schema.sessions import RolloutDocument, TurnDetail
+from tapdeck.schema.sessions import RolloutStats, TurnDetail
 
 LEVEL_STYLES = {"FATAL": "bold $error", "WARN": "$warning", "INFO": "$text-muted"}
 
@@ -50,7 +50,7 @@ class RolloutScreen(TapdeckScreen):
     def __init__(self) -> None:
         super().__init__()
         self.session_id: str | None = None
-        self.document: RolloutDocument | None = None
+        self.graph = LiveGraph()
         self.turn: TurnDetail | None = None
         self.turn_seq: int | None = None
 
@@ -81,7 +81,7 @@ class RolloutScreen(TapdeckScreen):
         """Open another session (clears the view) and load it."""
         if session_id != self.session_id:
             self.session_id = session_id
-            self.document = None
+            self.graph = LiveGraph()
             self.turn = None
             self.turn_seq = None
             if self.is_mounted:
@@ -92,56 +92,57 @@ class RolloutScreen(TapdeckScreen):
         self.action_reload()
 
     def action_reload(self) -> None:
-        """Fetch the rollout document again."""
+        """Fetch the graph again, from its first turn."""
         if self.session_id and self.is_mounted:
+            self.graph = LiveGraph()
             self.load_rollout(self.session_id)
 
     def action_tab(self, tab: str) -> None:
         self.query_one(TabbedContent).active = tab
 
     def turn_captured(self, session_id: str) -> None:
-        """Called by the App for each (coalesced) turn_captured event."""
-        if session_id == self.session_id:
-            self.action_reload()
+        """Called by the App for each (coalesced) turn_captured event: only the new turns' headers
+        (and every turn's parent and role) are fetched, never the tokens of turns not shown."""
+        if session_id == self.session_id and self.is_mounted:
+            self.load_rollout(session_id)
 
     @work(exclusive=True, group="rollout", exit_on_error=False)
     async def load_rollout(self, session_id: str) -> None:
-        document = await self.client.rollout(session_id)
+        view = await self.client.graph(session_id, since=self.graph.next_since())
         if session_id != self.session_id:
             return
-        self.document = document
-        self.apply_document(document)
-        if self.turn_seq is None:
-            nodes = rollout_nodes(document)
-            if nodes:
-                first = min(nodes)
-                self.query_one(RolloutTree).select_seq(first)
-                self.load_turn(session_id, first)
+        changed = self.graph.apply(view)
+        self.apply_graph(changed)
+        if self.turn_seq is None and self.graph.turns:
+            first = min(self.graph.turns)
+            self.query_one(RolloutTree).select_seq(first)
+            self.load_turn(session_id, first)
 
-    def apply_document(self, document: RolloutDocument) -> None:
-        """Header, tree and rollout-level findings from a rollout document."""
-        stats = document.stats
+    def apply_graph(self, tree_changed: bool = True) -> None:
+        """Header, tree and findings from the screen's live copy of the graph."""
+        stats = self.graph.stats or RolloutStats()
         summary = self.app.board.get(self.session_id or "")
-        meta = summary.metadata if summary is not None and summary.metadata else document.metadata
+        task = summary.metadata.get("task") if summary is not None else None
         parts = [f"session {short_id(self.session_id)}"]
-        if meta.get("task"):
-            parts.append(str(meta["task"]))
-        parts.append(f"tier {document.tier}")
+        if task:
+            parts.append(str(task))
+        parts.append(f"tier {self.graph.tier}")
         for key in ("turns", "roots", "forks", "breaks", "discarded", "trainable_tokens"):
             parts.append(f"{key.replace('_', ' ')} {getattr(stats, key)}")
         parts.append(f"fragmentation {stats.fragmentation:.2f}")
-        modes = [capture_mode(t.meta) for t in document.turns]
+        modes = [t.token_in for t in self.graph.turns.values()]
         if any(modes):
             parts.append(f"token-in {modes.count('ids')}/{len(modes)}")
         self.query_one("#rollout-header", Static).update(" · ".join(parts))
-        self.query_one(RolloutTree).load(rollout_nodes(document))
+        if tree_changed:
+            self.query_one(RolloutTree).load(rollout_nodes(self.graph.turns.values()))
         self._show_findings()
 
     def _show_findings(self) -> None:
         lines: list[tuple[str, str]] = []
-        rollout_findings = self.document.findings if self.document is not None else []
+        rollout_findings = self.graph.findings
         if rollout_findings:
-            lines.append(("Rollout\n", "bold"))
+            lines.append(("Session\n", "bold"))
             lines.extend((f"{f}\n", LEVEL_STYLES[f.level]) for f in rollout_findings)
         if self.turn is not None:
             turn_findings = self.turn.findings

@@ -24,7 +24,8 @@ def recorded_transport(data: dict | None = None) -> httpx.MockTransport:
 
     The bodies were recorded from a real LocalServer (embedded engine, an oracle batch and two chat
     sessions), with ids, ports and times normalised; four sessions and one failed rollout are copies
-    of recorded ones with other `phase`/turn values, so every state appears.
+    of recorded ones with other `phase`/turn values, so every state appears. `graphs` holds each
+    recorded rollout's `GET /admin/sessions/{id}/graph` view (answered for any `since`).
     """
     data = data or json.loads(API_FIXTURE.read_text())
 
@@ -50,6 +51,13 @@ def recorded_transport(data: dict | None = None) -> httpx.MockTransport:
             turns = data["turns"].get(m[1])
             return httpx.Response(200, json=recorded_activity(m[1], turns)) if turns else \
                 httpx.Response(404, json={"detail": "no such session"})
+        if m := re.fullmatch(r"/admin/sessions/([^/]+)/graph", path):
+            view = data["graphs"].get(m[1])
+            if view is None:
+                return httpx.Response(404, json={"detail": "no such session"})
+            since = int(request.url.params.get("since", 0))
+            return httpx.Response(200, json={**view, "since": since,
+                                             "turns": [t for t in view["turns"] if t["seq"] >= since]})
         if m := re.fullmatch(r"/admin/sessions/([^/]+)/turns/(\d+)", path):
             turn = data["turns"].get(m[1], {}).get(m[2])
             return httpx.Response(200, json=turn) if turn else httpx.Response(404, json={"detail": "no such turn"})

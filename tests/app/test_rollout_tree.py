@@ -6,7 +6,7 @@ from textual.app import App, ComposeResult
 
 from tapdeck.app.views import rollout_nodes
 from tapdeck.app.widgets.rollout_tree import RolloutTree
-from tests.app.rollout_docs import rollout_doc
+from tests.app.rollout_docs import graph_turns
 
 
 class TreeApp(App):
@@ -15,7 +15,7 @@ class TreeApp(App):
 
 
 def _nodes(parents: dict[int, int | None]) -> dict:
-    return rollout_nodes(rollout_doc([{"seq": s, "parent": p} for s, p in parents.items()]))
+    return rollout_nodes(graph_turns([{"seq": s, "parent": p} for s, p in parents.items()]))
 
 
 def _shape(tree_node) -> list:

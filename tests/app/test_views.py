@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from tapdeck.app.views import (
+    LiveGraph,
     SessionBoard,
     capture_mode_text,
     diff_rows,
@@ -24,8 +25,8 @@ from tapdeck.app.views import (
 )
 from tapdeck.schema.findings import Finding
 from tapdeck.schema.runs import RolloutResult, RunDetail
-from tapdeck.schema.sessions import RolloutDocument, SessionSummary, TurnDetail
-from tests.app.rollout_docs import rollout_doc
+from tapdeck.schema.sessions import GraphView, SessionSummary, TurnDetail
+from tests.app.rollout_docs import graph_turns
 
 
 def _summary(**kw) -> SessionSummary:
@@ -72,7 +73,7 @@ def test_board_idle_seconds_advance_locally_and_long_idle_is_flagged():
 
 
 def test_rollout_nodes_of_a_recorded_rollout_mark_roots_and_discarded(api_data):
-    nodes = rollout_nodes(RolloutDocument.model_validate(api_data["rollouts"]["sess0000recorded"]))
+    nodes = rollout_nodes(GraphView.model_validate(api_data["graphs"]["sess0000recorded"]).turns)
     assert rollout_roots(nodes) == [0, 1]  # a resample of the first prompt is its own root...
     assert nodes[1].discarded and turn_label(nodes[1]).startswith("#1 discarded")  # ...and discarded
     assert nodes[0].children == [2] and nodes[2].kind == "prefix"
@@ -81,33 +82,32 @@ def test_rollout_nodes_of_a_recorded_rollout_mark_roots_and_discarded(api_data):
 
 
 def test_retokenized_edges_are_marked():
-    doc = rollout_doc([{"seq": 0, "parent": None},
-                       {"seq": 1, "parent": 0, "link_kind": "retokenized",
-                        "findings": [Finding.warn("retokenized", "diverges from node 0 at offset 40")]}])
-    label = turn_label(rollout_nodes(doc)[1])
+    turns = graph_turns([{"seq": 0, "parent": None},
+                         {"seq": 1, "parent": 0, "link_kind": "retokenized",
+                          "findings": [Finding.warn("retokenized", "diverges from node 0 at offset 40")]}])
+    label = turn_label(rollout_nodes(turns)[1])
     assert "≈retok" in label and "!warn" in label
 
 
 def test_token_in_turns_show_whether_ids_continued_them_or_text_took_over():
     ids = {"mode": "ids", "extends": 0, "same": False, "diverge_at": 52}
-    doc = rollout_doc([{"seq": 0, "parent": None, "meta": {"capture_mode": {"mode": "text",
-                                                                            "reason": "not_held"}}},
-                       {"seq": 1, "parent": 0, "meta": {"capture_mode": ids}},
-                       {"seq": 2, "parent": 1, "meta": {"capture_mode": {"mode": "text",
-                                                                         "reason": "tools"}}},
-                       {"seq": 3, "parent": 2}])
-    labels = [turn_label(n) for n in rollout_nodes(doc).values()]
+    metas = [{"capture_mode": {"mode": "text", "reason": "not_held"}}, {"capture_mode": ids},
+             {"capture_mode": {"mode": "text", "reason": "tools"}}, {}]
+    turns = graph_turns([{"seq": i, "parent": i - 1 if i else None,
+                          "token_in": meta.get("capture_mode", {}).get("mode")}
+                         for i, meta in enumerate(metas)])
+    labels = [turn_label(n) for n in rollout_nodes(turns).values()]
     assert ["⇢ids" in lb for lb in labels] == [False, True, False, False]
     assert ["↩text" in lb for lb in labels] == [False, False, True, False]
-    texts = [capture_mode_text(t.meta) for t in doc.turns]
+    texts = [capture_mode_text(meta) for meta in metas]
     assert texts == ["text (fell back: not_held)",
                      "token-in from #0 (text path would differ from offset 52)",
                      "text (fell back: tools)", ""]
 
 
 def test_rollout_nodes_take_the_roles_the_server_gives():
-    doc = rollout_doc([{"seq": 0, "parent": None}, {"seq": 1, "parent": None, "role": "auxiliary"}])
-    nodes = rollout_nodes(doc)
+    nodes = rollout_nodes(graph_turns([{"seq": 0, "parent": None},
+                                       {"seq": 1, "parent": None, "role": "auxiliary"}]))
     assert (nodes[0].role, nodes[1].role) == ("agent", "auxiliary")
 
 
@@ -155,7 +155,7 @@ def test_core_modules_do_not_import_textual():
 
 
 def _graph(parents: dict[int, int | None]) -> dict:
-    return rollout_nodes(rollout_doc([{"seq": seq, "parent": p} for seq, p in parents.items()]))
+    return rollout_nodes(graph_turns([{"seq": seq, "parent": p} for seq, p in parents.items()]))
 
 
 def test_a_chain_of_continuations_is_listed_flat_and_only_forks_nest():
@@ -176,3 +176,27 @@ def test_installing_rollout_shows_the_installer_line_next_to_its_phase() -> None
         == f"install: {line[:40]}"
     assert fmt_phase(RolloutResult(rollout_id="r", task="t", phase="agent")) == "agent"
     assert session_state(_summary(metadata={"phase": "install"})) == "booting"
+
+
+def test_live_graph_takes_new_turns_and_moves_older_ones():
+    live = LiveGraph()
+    first = GraphView(session_id="s1", tier="tokens", rollout_type="train", since=0, stats={},
+                      turns=graph_turns([{"seq": 0, "parent": None}]), links=[(0, None, "agent")],
+                      findings=[])
+    assert live.apply(first) and live.next_since() == 1
+    # Turn 1 resamples turn 0's prompt and is continued: turn 0 becomes a discarded root.
+    later = GraphView(session_id="s1", tier="tokens", rollout_type="train", since=1, stats={},
+                      turns=graph_turns([{"seq": 1, "parent": None}, {"seq": 2, "parent": 1}]),
+                      links=[(0, None, "discarded"), (1, None, "agent"), (2, 1, "agent")], findings=[])
+    assert live.apply(later) and live.next_since() == 3
+    assert live.turns[0].role == "discarded" and rollout_nodes(live.turns.values())[0].discarded
+    assert not live.apply(later.model_copy(update={"turns": []}))  # nothing new: tree kept
+
+
+def test_live_graph_asks_again_for_a_turn_it_lacks():
+    live = LiveGraph()
+    view = GraphView(session_id="s1", tier="tokens", rollout_type="train", since=0, stats={},
+                     turns=graph_turns([{"seq": 1, "parent": None}]),
+                     links=[(0, None, "agent"), (1, None, "agent")], findings=[])
+    live.apply(view)
+    assert live.next_since() == 0

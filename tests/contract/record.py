@@ -101,6 +101,8 @@ async def record_from(server: LocalServer) -> dict[str, Any]:
         await call("GET", "/admin/sessions/{session_id}", f"/admin/sessions/{sid}")
         await call("GET", "/admin/sessions/{session_id}/rollout", f"/admin/sessions/{sid}/rollout")
         await call("GET", "/admin/sessions/{session_id}/trace", f"/admin/sessions/{sid}/trace")
+        await call("GET", "/admin/sessions/{session_id}/graph", f"/admin/sessions/{sid}/graph",
+                   params={"since": 1})
         await call("GET", "/admin/sessions/{session_id}/turns/{seq}", f"/admin/sessions/{sid}/turns/1")
         await call("GET", "/admin/sessions/{session_id}/activity", f"/admin/sessions/{sid}/activity")
 

@@ -26,7 +26,7 @@ from tapdeck.runner.api import create_runner_router
 from tapdeck.schema.catalog import Catalog
 from tapdeck.schema.events import EVENT_TYPES, parse_event
 from tapdeck.schema.runs import RunDetail, RunSummary
-from tapdeck.schema.sessions import Health, RolloutDocument, SessionSummary, TurnDetail
+from tapdeck.schema.sessions import GraphView, Health, RolloutDocument, SessionSummary, TurnDetail
 from tests.contract.record import FIXTURE, NOT_RECORDED, record
 
 TUI_FIXTURE = Path(__file__).parents[1] / "app" / "fixtures" / "api.json"
@@ -148,6 +148,7 @@ def test_the_tuis_recorded_fixture_holds_to_the_same_models() -> None:
     bodies += [(RunDetail, r) for r in data["run_details"].values()]
     bodies += [(RolloutDocument, d) for d in data["rollouts"].values()]
     bodies += [(TurnDetail, t) for turns in data["turns"].values() for t in turns.values()]
+    bodies += [(GraphView, g) for g in data["graphs"].values()]
     for model, body in bodies:
         model.model_validate(body)
         assert shape(body, model)[1] == set(), model.__name__
@@ -165,3 +166,19 @@ def test_the_recording_is_not_stale(recording: dict[str, Any], admin_routes: dic
     (values differ: ids, times); when this fails, run `python -m tests.contract.record`."""
     fresh = record(tmp_path)
     assert _shapes(fresh, admin_routes) == _shapes(recording, admin_routes)
+
+
+def test_graph_view_since_n_is_the_documents_headers_from_n_without_tokens(
+        recording: dict[str, Any]) -> None:
+    doc = recording["routes"]["GET /admin/sessions/{session_id}/rollout"]
+    view = GraphView.model_validate(recording["routes"]["GET /admin/sessions/{session_id}/graph"])
+    assert view.since == 1 and [t.seq for t in view.turns] == [t["seq"] for t in doc["turns"][1:]]
+    assert view.links == [(t["seq"], t["parent"], t["role"]) for t in doc["turns"]]
+    for header in view.turns:
+        full = next(t for t in doc["turns"] if t["seq"] == header.seq)
+        assert {k: full[k] for k in header.model_fields if k in full} \
+            == header.model_dump(mode="json", exclude={"token_in"})
+    assert view.stats.model_dump() == doc["stats"]
+    sent = shape(recording["routes"]["GET /admin/sessions/{session_id}/graph"], GraphView)[0]
+    heavy = {"input_ids", "logprobs", "sampled_ids", "request", "response", "sequences"}
+    assert not {path.rsplit(".", 1)[-1].rstrip("[]") for path in sent} & heavy
