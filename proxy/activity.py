@@ -27,16 +27,10 @@ RECENT_ENDS = 240
 
 @dataclass
 class _SessionState:
+    record: SessionActivity
+    """Counts and the last exchange, updated in place (`now`, `in_flight`, `recent_ends` are
+    filled in by `snapshot`)."""
     in_flight: dict[int, InFlightCall] = field(default_factory=dict)
-    calls_started: int = 0
-    calls_ended: int = 0
-    errors: int = 0
-    last_assistant: MessageView | None = None
-    last_tool_call: ToolCallView | None = None
-    last_observation: MessageView | None = None
-    last_finish_reason: str | None = None
-    last_error: str | None = None
-    last_ended_at: float | None = None
     recent_ends: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_ENDS))
 
 
@@ -50,12 +44,12 @@ class ActivityCall:
 
     def replied(self, reply: Mapping[str, Any]) -> None:
         """Take a chat-completions reply: its message becomes the last assistant message."""
-        state = self._log.state(self.session_id)
+        record = self._log.state(self.session_id).record
         choice = (reply.get("choices") or [{}])[0]
         message = choice.get("message")
         if isinstance(message, Mapping):
-            self._log.take_assistant(state, message)
-        state.last_finish_reason = choice.get("finish_reason")
+            take_assistant(record, message)
+        record.last_finish_reason = choice.get("finish_reason")
 
 
 class ActivityLog:
@@ -68,66 +62,68 @@ class ActivityLog:
 
     def state(self, session_id: str) -> _SessionState:
         """The session's live state (made on first use)."""
-        return self._sessions.setdefault(session_id, _SessionState())
+        state = self._sessions.get(session_id)
+        if state is None:
+            state = self._sessions[session_id] = _SessionState(SessionActivity(session_id=session_id, now=0.0))
+        return state
 
     @contextlib.contextmanager
     def call(self, session_id: str, chat: Mapping[str, Any], meta: Mapping[str, Any]) -> Iterator[ActivityCall]:
         """Mark a call in flight for the duration of the block; an exception is its error."""
         state = self.state(session_id)
+        record = state.record
         call_id = next(self._ids)
         messages = chat.get("messages") or []
         state.in_flight[call_id] = InFlightCall(call_id=call_id, started_at=self.clock(),
                                                 dialect=meta.get("dialect"), path=meta.get("path"),
                                                 messages=len(messages))
-        state.calls_started += 1
-        self._take_prompt(state, messages)
+        record.calls_started += 1
+        _take_prompt(record, messages)
         try:
             yield ActivityCall(self, session_id, call_id)
         except asyncio.CancelledError:
-            state.errors += 1
-            state.last_error = "cancelled (the caller hung up, or its rollout ended)"
+            record.errors += 1
+            record.last_error = "cancelled (the caller hung up, or its rollout ended)"
             raise
         except Exception as exc:
-            state.errors += 1
-            state.last_error = getattr(exc, "message", None) or type(exc).__name__
+            record.errors += 1
+            record.last_error = getattr(exc, "message", None) or type(exc).__name__
             raise
         finally:
             state.in_flight.pop(call_id, None)
-            state.calls_ended += 1
-            state.last_ended_at = self.clock()
-            state.recent_ends.append(state.last_ended_at)
+            record.calls_ended += 1
+            record.last_ended_at = self.clock()
+            state.recent_ends.append(record.last_ended_at)
 
     def snapshot(self, session_id: str) -> SessionActivity:
         """What the session is doing now (an empty record for a session that never called)."""
-        state = self._sessions.get(session_id) or _SessionState()
-        return SessionActivity(
-            session_id=session_id, now=self.clock(),
-            in_flight=sorted(state.in_flight.values(), key=lambda c: c.started_at),
-            calls_started=state.calls_started, calls_ended=state.calls_ended, errors=state.errors,
-            last_assistant=state.last_assistant, last_tool_call=state.last_tool_call,
-            last_observation=state.last_observation, last_finish_reason=state.last_finish_reason,
-            last_error=state.last_error, last_ended_at=state.last_ended_at,
-            recent_ends=list(state.recent_ends))
+        state = self._sessions.get(session_id)
+        if state is None:
+            return SessionActivity(session_id=session_id, now=self.clock())
+        return state.record.model_copy(update={
+            "now": self.clock(), "recent_ends": list(state.recent_ends),
+            "in_flight": sorted(state.in_flight.values(), key=lambda c: c.started_at)})
 
-    def _take_prompt(self, state: _SessionState, messages: Sequence[Any]) -> None:
-        """The prompt's newest observation, and its newest assistant message unless a reply is newer."""
+
+def _take_prompt(record: SessionActivity, messages: Sequence[Any]) -> None:
+    """The prompt's newest observation, and its newest assistant message unless a reply is newer."""
+    for message in reversed(messages):
+        if isinstance(message, Mapping) and message.get("role") in ("tool", "user"):
+            record.last_observation = message_view(message)
+            break
+    if record.calls_ended == 0:
         for message in reversed(messages):
-            if isinstance(message, Mapping) and message.get("role") in ("tool", "user"):
-                state.last_observation = message_view(message)
+            if isinstance(message, Mapping) and message.get("role") == "assistant":
+                take_assistant(record, message)
                 break
-        if state.calls_ended == 0:
-            for message in reversed(messages):
-                if isinstance(message, Mapping) and message.get("role") == "assistant":
-                    self.take_assistant(state, message)
-                    break
 
-    @staticmethod
-    def take_assistant(state: _SessionState, message: Mapping[str, Any]) -> None:
-        """An assistant message becomes the last one (and its last tool call, if it made one)."""
-        view = message_view(message)
-        state.last_assistant = view
-        if view.tool_calls:
-            state.last_tool_call = view.tool_calls[-1]
+
+def take_assistant(record: SessionActivity, message: Mapping[str, Any]) -> None:
+    """An assistant message becomes the last one (and its last tool call, if it made one)."""
+    view = message_view(message)
+    record.last_assistant = view
+    if view.tool_calls:
+        record.last_tool_call = view.tool_calls[-1]
 
 
 def message_view(message: Mapping[str, Any]) -> MessageView:
