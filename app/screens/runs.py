@@ -181,7 +181,7 @@ class RunsScreen(TapdeckScreen):
     async def export_run(self, run_id: str, fmt: str) -> None:
         self.app.notify(f"exporting run {run_id} as {fmt}…")
         result = await self.client.export_run(run_id, fmt)
-        self.app.notify(f"wrote {result.path} ({result.rows} rows)", title="Export done", timeout=10)
+        self.app.notify(f"wrote {result.path}", title="Export done", timeout=10)
 
     def action_cancel(self) -> None:
         """Cancel the shown run."""

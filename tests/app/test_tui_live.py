@@ -88,8 +88,9 @@ async def test_live_session_rollout_grows_and_a_token_can_be_selected(live_serve
             table = app.screen.query_one(SessionTable)
             await until(pilot, lambda: info["id"] in [r.value for r in table.rows], "the session row", 30)
             app.open_rollout(info["id"])
+            # query, not query_one: the mode switches before the Rollout screen has composed.
             await until(pilot, lambda: app.current_mode == "rollout"
-                        and app.screen.query_one(TokenView).turn is not None, "turn 0", 30)
+                        and any(v.turn is not None for v in app.screen.query(TokenView)), "turn 0", 30)
             view = app.screen.query_one(TokenView)
             assert view.turn.token_texts and len(view.turn.logprobs) == len(view.turn.token_texts)
             await pilot.click(TokenView, offset=(0, 0))
