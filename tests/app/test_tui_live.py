@@ -68,8 +68,7 @@ async def test_oracle_batch_reaches_finished_and_run_exports(live_server, tmp_pa
         assert str(groups.get_row_at(0)[0]) == "hello-file"
         await pilot.press("e")
         await until(pilot, lambda: any("wrote" in n.message for n in app._notifications), "the export", 60)
-        message = next(n.message for n in app._notifications if "wrote" in n.message)
-        path = message.split("wrote ", 1)[1].rsplit(" (", 1)[0]  # "wrote PATH (N rows)"
+        path = next(n.message for n in app._notifications if "wrote" in n.message).split("wrote ", 1)[1]
         assert Path(path).is_file()
 
 
