@@ -14,9 +14,10 @@ import httpx
 
 from pydantic import BaseModel, ValidationError
 
+from tapdeck.schema.activity import SessionActivity
 from tapdeck.schema.catalog import Catalog
 from tapdeck.schema.events import Event, parse_event
-from tapdeck.schema.runs import ExportResult, RunDetail, RunList, RunPlan, RunSummary
+from tapdeck.schema.runs import ExportResult, RolloutResult, RunDetail, RunList, RunPlan, RunSummary
 from tapdeck.schema.sessions import (
     GraphView,
     Health,
@@ -175,6 +176,10 @@ class TapdeckClient:
         """`GET /admin/sessions/{id}/turns/{seq}`: one turn with tokens and logprobs."""
         return await self._model(TurnDetail, "GET", f"/admin/sessions/{session_id}/turns/{seq}")
 
+    async def activity(self, session_id: str) -> SessionActivity:
+        """`GET /admin/sessions/{id}/activity`: calls in flight and the last exchange."""
+        return await self._model(SessionActivity, "GET", f"/admin/sessions/{session_id}/activity")
+
     async def close_session(self, session_id: str) -> SessionSummary:
         """`DELETE /admin/sessions/{id}`."""
         return await self._model(SessionSummary, "DELETE", f"/admin/sessions/{session_id}")
@@ -195,6 +200,10 @@ class TapdeckClient:
     async def cancel_run(self, run_id: str) -> RunSummary:
         """`POST /admin/runs/{id}/cancel`."""
         return await self._model(RunSummary, "POST", f"/admin/runs/{run_id}/cancel")
+
+    async def cancel_rollout(self, run_id: str, rollout_id: str) -> RolloutResult:
+        """`POST /admin/runs/{id}/rollouts/{rollout_id}/cancel`: end one rollout as cancelled."""
+        return await self._model(RolloutResult, "POST", f"/admin/runs/{run_id}/rollouts/{rollout_id}/cancel")
 
     async def resume_run(self, run_id: str) -> RunSummary:
         """`POST /admin/runs/{id}/resume`."""

@@ -27,15 +27,14 @@ from tapdeck.app.messages import (
     SessionsChanged,
     TurnCaptured,
 )
+from tapdeck.app.screen_registry import SCREENS, help_tables, key_of, screen_bindings
 from tapdeck.app.screens.help import HelpScreen
-from tapdeck.app.screens.info import InfoScreen
 from tapdeck.app.screens.rollout import RolloutScreen
 from tapdeck.app.screens.runs import RunsScreen
-from tapdeck.app.screens.sessions import SessionsScreen
 from tapdeck.app.screens.setup import SetupScreen
-from tapdeck.app.screens.train import TrainScreen
 from tapdeck.app.settings import Settings
 from tapdeck.app.views import SessionBoard
+from tapdeck.app.widgets.nav_bar import NavBar
 from tapdeck.schema import events as api
 from tapdeck.themes import STYLESHEET
 from tapdeck.themes.palettes import DEFAULT_THEME, THEMES, VARIABLE_DEFAULTS
@@ -43,10 +42,6 @@ from tapdeck.themes.palettes import DEFAULT_THEME, THEMES, VARIABLE_DEFAULTS
 RECONNECT_S = (0.5, 1.0, 2.0, 5.0)
 FIRST_SCREEN_WAIT_S = 5.0
 """How long the first screen waits to learn whether the server has sessions (Setup or Sessions)."""
-
-SCREEN_TITLES = {"setup": "Setup", "sessions": "Sessions", "rollout": "Rollout", "runs": "Runs",
-                 "info": "Info", "train": "Train"}
-
 
 def build_themes() -> list[Theme]:
     """tapdeck's themes (data in tapdeck.themes.palettes) as Textual Themes."""
@@ -68,8 +63,7 @@ class TapdeckCommands(Provider):
     def _commands(self) -> list[tuple[str, Callable[[], object], str]]:
         app: TapdeckApp = self.app  # type: ignore[assignment]
         commands: list[tuple[str, Callable[[], object], str]] = [
-            (f"Go to {title}", partial(app.switch_mode, mode), f"show the {title} screen")
-            for mode, title in SCREEN_TITLES.items()
+            (f"Go to {e.title}", partial(app.switch_mode, e.mode), e.what) for e in SCREENS
         ]
         commands += [
             ("Start batch", app.action_start_batch, "start a batch with the Setup choices"),
@@ -105,12 +99,7 @@ class TapdeckApp(App[None]):
     DEFAULT_MODE = "sessions"
 
     BINDINGS = [
-        Binding("1", "switch_mode('setup')", "Setup", show=False, id="app.setup"),
-        Binding("2", "switch_mode('sessions')", "Sessions", show=False, id="app.sessions"),
-        Binding("3", "switch_mode('rollout')", "Rollout", show=False, id="app.rollout"),
-        Binding("4", "switch_mode('runs')", "Runs", show=False, id="app.runs"),
-        Binding("5", "switch_mode('info')", "Info", show=False, id="app.info"),
-        Binding("6", "switch_mode('train')", "Train", show=False, id="app.train"),
+        *screen_bindings(),
         Binding("f1,question_mark", "help", "Help", id="app.help"),
         Binding("ctrl+t", "next_theme", "Theme", show=False, id="app.theme"),
         Binding("q", "quit", "Quit", id="app.quit"),
@@ -132,9 +121,7 @@ class TapdeckApp(App[None]):
         self.initial_mode = initial_mode
         self.board = SessionBoard()
         self.connected = False
-        self.screens_by_mode = {"setup": SetupScreen(), "sessions": SessionsScreen(),
-                                "rollout": RolloutScreen(), "runs": RunsScreen(), "info": InfoScreen(),
-                                "train": TrainScreen()}
+        self.screens_by_mode = {entry.mode: entry.screen() for entry in SCREENS}
         for mode, screen in self.screens_by_mode.items():
             # One screen instance per mode, so the App can reach each screen directly.
             self.add_mode(mode, lambda screen=screen: screen)
@@ -155,6 +142,8 @@ class TapdeckApp(App[None]):
         self.theme_changed_signal.subscribe(self, self._remember_theme)
         if self.settings.keymap:
             self.set_keymap(self.settings.keymap)
+            for nav in self.screen.query(NavBar):  # the default screen is up before the keymap
+                nav.show_keys()
         self.status = f"connecting to {self.server_label}…"
         await self.switch_mode(self.initial_mode or await self._first_mode())
         if self.follow_events:
@@ -231,6 +220,8 @@ class TapdeckApp(App[None]):
             self.board.upsert(event.session, self.clock())
             self.post_message(SessionsChanged())
             if isinstance(event, api.TurnCaptured):
+                if event.turn.finish_reason:
+                    self.board.finish_reasons[event.session.id] = event.turn.finish_reason
                 self.post_message(TurnCaptured(event.session.id))
             if isinstance(event, api.SessionUpdated | api.SessionClosed) \
                     and event.session.metadata.get("run_id"):
@@ -302,7 +293,11 @@ class TapdeckApp(App[None]):
             return
         focused = self.focused
         parts = [getattr(self.screen, "HELP", ""), getattr(focused, "HELP", "") if focused else ""]
-        self.push_screen(HelpScreen("\n".join(p for p in dict.fromkeys(parts) if p)))
+        self.push_screen(HelpScreen("\n".join(p for p in dict.fromkeys(parts) if p), *help_tables(self)))
+
+    def nav_entries(self) -> list[tuple[str, str, str]]:
+        """(key now bound, mode, title) of every screen, for the nav bar."""
+        return [(key_of(self, e.binding_id), e.mode, e.title) for e in SCREENS]
 
     def action_next_theme(self) -> None:
         """Cycle through tapdeck's themes."""

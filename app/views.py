@@ -25,6 +25,13 @@ SESSION_COLUMNS: tuple[tuple[str, str, int], ...] = (  # key, header, width (fit
     ("reward", "reward", 6),
 )
 
+WIDE_COLUMNS: tuple[tuple[str, str, int], ...] = (  # shown from WIDE_AT columns on
+    ("harness", "harness", 12), ("run", "run", 24), ("elapsed", "elapsed", 7),
+    ("rate", "calls/min", 9), ("finish", "last finish", 11),
+)
+WIDE_AT = 120
+"""Terminal width from which the session table shows WIDE_COLUMNS too."""
+
 Cell = tuple[str, str]  # (text, tone); the widget maps tones to theme colours
 
 
@@ -97,6 +104,8 @@ class SessionBoard:
 
     entries: dict[str, _Entry] = field(default_factory=dict)
     rollouts: dict[str, RolloutResult] = field(default_factory=dict)
+    finish_reasons: dict[str, str] = field(default_factory=dict)
+    """Each session's last captured finish reason (from `turn_captured` events)."""
     version: int = 0
 
     def upsert_rollout(self, rollout: RolloutResult) -> None:
@@ -153,6 +162,8 @@ class SessionBoard:
             (state, STATE_TONES.get(state, "")),
             (str(rollout.turns), ""), ("–", ""), ("–", ""), ("–", ""), ("–", ""),
             (fmt_reward(rollout.reward), ""),
+            ((rollout.harness or "–")[:12], ""), (rollout.run_id or "–", ""), ("–", ""), ("–", ""),
+            ("–", ""),
         )
 
     def _row(self, sid: str, entry: _Entry, now: float) -> tuple[Cell, ...]:
@@ -172,7 +183,29 @@ class SessionBoard:
             (str(s.trainable_tokens), ""),
             ("–" if idle is None or not live else f"{int(idle)}", idle_tone),
             (fmt_reward(s.metadata.get("reward")), ""),
+            *self._wide(sid, entry, now),
         )
+
+    def _wide(self, sid: str, entry: _Entry, now: float) -> tuple[Cell, ...]:
+        """harness, run, elapsed, calls/min, last finish reason (the wide table's columns)."""
+        s = entry.summary
+        elapsed = session_elapsed(s, max(0.0, now - entry.received))
+        rate = f"{s.turns / (elapsed / 60):.1f}" if elapsed and s.turns else "–"
+        finish = self.finish_reasons.get(sid)
+        return ((str(s.metadata.get("harness") or "–")[:12], ""), (str(s.metadata.get("run_id") or "–"), ""),
+                ("–" if elapsed is None else f"{int(elapsed)}", ""), (rate, ""),
+                (finish or "–", "warning" if finish == "length" else ""))
+
+
+def session_elapsed(summary: SessionSummary, since_received: float) -> float | None:
+    """Seconds from a session's start to its last call (closed) or to now (open), on the server's
+    clock: its `last_call_at` plus `seconds_since_last_call` is the server's time when it was sent."""
+    if summary.last_call_at is None:
+        return None
+    if summary.state != "open":
+        return max(0.0, summary.last_call_at - summary.created_at)
+    since = summary.seconds_since_last_call or 0.0
+    return max(0.0, summary.last_call_at + since + since_received - summary.created_at)
 
 
 @dataclass

@@ -26,6 +26,7 @@ from tapdeck.proxy.model_route import ModelCallsFirst
 from tapdeck.proxy.request_limits import ADMIN_KEY_REQUIRED, GuardedBodies, read_body
 from tapdeck.proxy.service import CallReply, CaptureService
 from tapdeck.proxy.sessions import SessionError, SessionSpec
+from tapdeck.schema.activity import SessionActivity
 from tapdeck.schema.sessions import (
     GraphView,
     Health,
@@ -108,6 +109,12 @@ def _admin_router() -> APIRouter:
     @router.get("/sessions/{session_id}/turns/{seq}", response_model=TurnDetail)
     async def turn(session_id: str, seq: int, request: Request) -> Response:
         return _JSON(await asyncio.to_thread(_service(request).turn_detail, session_id, seq))
+
+    @router.get("/sessions/{session_id}/activity", response_model=SessionActivity)
+    async def activity(session_id: str, request: Request) -> Response:
+        service = _service(request)
+        service.get(session_id)  # an unknown session is a 404 like the other session routes
+        return _JSON(service.activity.snapshot(session_id).model_dump(mode="json"))
 
     @router.delete("/sessions/{session_id}", response_model=SessionSummary)
     async def close_session(session_id: str, request: Request) -> Response:

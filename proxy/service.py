@@ -30,6 +30,7 @@ import orjson
 from pydantic import ValidationError
 
 from tapdeck.proxy.access_log import CURRENT_CALL, AccessRecord
+from tapdeck.proxy.activity import ActivityLog
 from tapdeck.proxy.aux import aux_dialect, count_tokens, match_aux
 from tapdeck.proxy.dialects import detect
 from tapdeck.proxy.dialects.arguments import ArgumentsMemo, arguments_memo
@@ -188,6 +189,8 @@ class CaptureService:
         self.keepalive_s = keepalive_s
         self.engine_timeout = engine_timeout
         self.events = EventBus()
+        self.activity = ActivityLog()
+        """Calls in flight and each session's last exchange (the stuck-rollout view)."""
         self.writes = StoreWrites()
         """Every store write runs here, never in the default pool the admin reads share."""
         self._sessions: dict[str, _Session] = {}
@@ -695,8 +698,11 @@ class CaptureService:
         # never see a finished-but-uncounted call as free budget.
         slot = _Slot(session)
         try:
-            return await self._complete(session, req, meta, chat, fmt, prepare, upstream, sampling,
-                                        slot)
+            with self.activity.call(session.id, chat, meta) as call:
+                reply = await self._complete(session, req, meta, chat, fmt, prepare, upstream,
+                                             sampling, slot)
+                call.replied(reply)
+            return reply
         finally:
             slot.release()
             if session.state != "open":

@@ -1,7 +1,7 @@
 """The runner's admin routes, mounted into the server app through `create_app(routers=...)`.
 
 `GET /admin/catalog`, `POST/GET /admin/runs`, `GET /admin/runs/{id}`, `POST /admin/runs/{id}/cancel`,
-`POST /admin/runs/{id}/resume`, `POST /admin/runs/{id}/export`. Runs execute on the server's own
+`POST /admin/runs/{id}/rollouts/{rollout_id}/cancel` (one rollout), `POST /admin/runs/{id}/resume`, `POST /admin/runs/{id}/export`. Runs execute on the server's own
 event loop as asyncio tasks; when the server shuts down, running runs are cancelled (sandboxes torn
 down) and can be resumed later.
 
@@ -28,7 +28,15 @@ from tapdeck.proxy.tiers import EngineSpec
 from tapdeck.runner.batch import BatchRunner, PlanError, RunNotFound
 from tapdeck.runner.train_jobs import TrainingJobs, TrainNotFound, TrainRefused
 from tapdeck.schema.catalog import Catalog
-from tapdeck.schema.runs import ExportRequest, ExportResult, RunDetail, RunList, RunPlan, RunSummary
+from tapdeck.schema.runs import (
+    ExportRequest,
+    ExportResult,
+    RolloutResult,
+    RunDetail,
+    RunList,
+    RunPlan,
+    RunSummary,
+)
 from tapdeck.schema.train import (
     RecipeList,
     TrainLog,
@@ -116,6 +124,17 @@ def create_runner_router(service: Any, *, data_dir: Path, default_engine: Engine
     async def cancel_run(run_id: str) -> JSONResponse:
         _run_or_404(run_id)
         return JSONResponse(batch.cancel(run_id).model_dump(mode="json"))
+
+    @router.post("/runs/{run_id}/rollouts/{rollout_id}/cancel", response_model=RolloutResult)
+    async def cancel_rollout(run_id: str, rollout_id: str) -> JSONResponse:
+        _run_or_404(run_id)
+        try:
+            rollout = batch.cancel_rollout(run_id, rollout_id)
+        except RunNotFound as exc:
+            raise HTTPException(404, f"run {run_id} has no rollout {rollout_id}") from exc
+        except PlanError as exc:
+            raise HTTPException(409, str(exc)) from exc
+        return JSONResponse(rollout.model_dump(mode="json"))
 
     @router.post("/runs/{run_id}/resume", response_model=RunSummary)
     async def resume_run(run_id: str) -> JSONResponse:

@@ -13,6 +13,7 @@ capture service's event bus (`run_started`, `rollout_updated`, `run_finished`).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import os
 import secrets
@@ -68,6 +69,9 @@ class _Run:
         self.results: dict[str, RolloutResult] = {}
         self.live: dict[str, RolloutResult] = {}
         self.task: asyncio.Task[Any] | None = None
+        self.rollout_tasks: dict[str, asyncio.Task[None]] = {}
+        self.cancel_requested: set[str] = set()
+        """Rollouts cancelled one by one (the rest of the run goes on)."""
 
     def rollout_ids(self) -> list[tuple[int, int, str]]:
         return [(g, i, rollout_id(self.id, g, i))
@@ -172,6 +176,25 @@ class BatchRunner:
         engine = self._engine(run.plan)
 
         async def one(group: int, index: int, rid: str) -> None:
+            result: RolloutResult | None = None
+            if rid not in run.cancel_requested:
+                try:
+                    result = await started(group, index, rid)
+                except asyncio.CancelledError:
+                    if rid not in run.cancel_requested:
+                        raise
+                    # This rollout alone was cancelled while it waited for its turn: the run goes on.
+                    current = asyncio.current_task()
+                    if current is not None:
+                        current.uncancel()
+            if result is None:
+                result = RolloutResult(rollout_id=rid, run_id=run.id, task=run.tasks[group]["name"],
+                                       group=group, index=index, error_kind="cancelled",
+                                       error="cancelled before it started", phase="failed",
+                                       finished_at=time.time())
+            self._record(run, result)
+
+        async def started(group: int, index: int, rid: str) -> RolloutResult:
             async with semaphore:
                 task = run.tasks[group]
                 trial_dir = run.path / "trials" / rid
@@ -193,10 +216,11 @@ class BatchRunner:
                     run.live[rid] = partial
                     self._publish(RolloutUpdated(run_id=run.id, rollout=partial))
 
-                result = await self._rollout_fn(self.service, spec, on_update=on_update)
-                self._record(run, result)
+                return await self._rollout_fn(self.service, spec, on_update=on_update)
 
-        tasks = [asyncio.create_task(one(g, i, rid)) for g, i, rid in pending]
+        run.cancel_requested.clear()
+        run.rollout_tasks = {rid: asyncio.create_task(one(g, i, rid)) for g, i, rid in pending}
+        tasks = list(run.rollout_tasks.values())
         state: RunState = "finished"
         try:
             await asyncio.gather(*tasks)
@@ -214,6 +238,7 @@ class BatchRunner:
             await asyncio.gather(*tasks, return_exceptions=True)
         finally:
             run.live.clear()
+            run.rollout_tasks.clear()
             run.finished_at = time.time()
             self._write_state(run, state)
             summary = summarize(run)
@@ -228,6 +253,21 @@ class BatchRunner:
         elif run.state in ("running", "interrupted"):
             self._write_state(run, "cancelled")
         return summarize(run)
+
+    def cancel_rollout(self, run_id: str, rollout_id: str) -> RolloutResult:
+        """Cancel one rollout of a running run: its sandbox is torn down, its capture session
+        closed and kept, its result recorded as `cancelled`; the other rollouts go on."""
+        run = self._load(run_id)
+        task = run.rollout_tasks.get(rollout_id)
+        if task is None or task.done():
+            known = {rid for _, _, rid in run.rollout_ids()}
+            if rollout_id not in known:
+                raise RunNotFound(rollout_id)
+            raise PlanError(f"rollout {rollout_id} is not running")
+        run.cancel_requested.add(rollout_id)
+        if inspect.getcoroutinestate(task.get_coro()) != inspect.CORO_CREATED:
+            task.cancel()  # one not yet started sees the request when it starts
+        return next(r for r in run.all_rollouts() if r.rollout_id == rollout_id)
 
     async def wait(self, run_id: str) -> RunSummary:
         """Wait for a started run to end (cancelled or not) and return its summary."""

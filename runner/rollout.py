@@ -171,6 +171,7 @@ class _Progress:
 
     def phase(self, phase: Phase) -> None:
         self.result.phase = phase
+        self.result.phase_started.setdefault(phase, time.time())
         self.publish()
 
     def publish(self) -> None:
@@ -278,8 +279,7 @@ async def run_rollout(service: Any, spec: RolloutSpec, *,
         if result.error_kind is None:
             _fail(result, "internal", f"{type(exc).__name__}: {exc}")
     result.finished_at = time.time()
-    result.phase = "done" if result.ok else "failed"
-    progress.publish()
+    progress.phase("done" if result.ok else "failed")
     return result
 
 

@@ -72,6 +72,8 @@ class RolloutResult(BaseModel):
     """What the agent ran with, each value with its source (plan, task, engine, default)."""
     started_at: float | None = None
     finished_at: float | None = None
+    phase_started: dict[str, float] = Field(default_factory=dict)
+    """When each phase began (wall clock): live per-phase timings while the rollout runs."""
 
 
 class RunPlan(BaseModel):

@@ -280,3 +280,46 @@ def _descendants(pid: int) -> list[int]:
         found += children
         frontier += children
     return found
+
+
+@contextlib.contextmanager
+def hanging_engine(hold_s: float = 600.0) -> Iterator[Any]:
+    """A loopback vLLM-shaped engine that probes fine (the recorded listing; one-token probe calls
+    get the recorded reply) and never answers any other call: each is held until its client hangs
+    up or `hold_s` passes. Yields it with `.base_url` (`…/v1`), `.served_name` and `.held` (calls
+    held now)."""
+    import asyncio
+    import types
+
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse, Response
+
+    from tapdeck.proxy.serving import ThreadedServer
+
+    listing = vllm_fixture("models")["models"]["response"]
+    basic = vllm_fixture("chat_basic")["response"]
+    state = types.SimpleNamespace(held=0, base_url="", served_name=listing["data"][0]["id"])
+    app = FastAPI()
+    app.get("/v1/models")(lambda: listing)
+
+    async def chat(request):  # a plain Starlette route: the annotations here are strings
+        body = await request.json()
+        if body.get("max_tokens") == 1:
+            return JSONResponse(vllm_reply_to(body, basic))
+        state.held += 1
+        try:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + hold_s
+            while loop.time() < deadline and not await request.is_disconnected():
+                await asyncio.sleep(0.05)
+        finally:
+            state.held -= 1
+        return Response(status_code=499)
+
+    app.router.add_route("/v1/chat/completions", chat, methods=["POST"])
+    server = ThreadedServer(app, "127.0.0.1", 0, name="hanging-engine").start()
+    state.base_url = f"{server.url}/v1"
+    try:
+        yield state
+    finally:
+        server.stop()

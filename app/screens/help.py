@@ -11,9 +11,15 @@ from textual.screen import ModalScreen
 from textual.widgets import Markdown, Static
 
 
-def help_text() -> str:
-    """The bundled help.md."""
-    return resources.files("tapdeck.app").joinpath("help.md").read_text(encoding="utf-8")
+SCREENS_MARK = "<!-- screens -->"
+KEYS_MARK = "<!-- keys -->"
+
+
+def help_text(screens_table: str = "", keys_list: str = "") -> str:
+    """The bundled help.md with its screens table and keys list filled in (generated from the
+    screen registry and the bindings live now)."""
+    text = resources.files("tapdeck.app").joinpath("help.md").read_text(encoding="utf-8")
+    return text.replace(SCREENS_MARK, screens_table).replace(KEYS_MARK, keys_list)
 
 
 class HelpScreen(ModalScreen[None]):
@@ -28,15 +34,17 @@ class HelpScreen(ModalScreen[None]):
     HelpScreen #focused-help { color: $accent; margin-bottom: 1; }
     """
 
-    def __init__(self, focused_help: str = "") -> None:
+    def __init__(self, focused_help: str = "", screens_table: str = "", keys_list: str = "") -> None:
         super().__init__()
         self.focused_help = focused_help
+        self.screens_table = screens_table
+        self.keys_list = keys_list
 
     def compose(self) -> ComposeResult:
         with VerticalScroll():
             if self.focused_help:
                 yield Static(self.focused_help, id="focused-help", markup=False)
-            yield Markdown(help_text())
+            yield Markdown(help_text(self.screens_table, self.keys_list))
 
     async def action_dismiss(self, result: None = None) -> None:
         self.dismiss(result)

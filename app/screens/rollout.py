@@ -13,7 +13,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.content import Content
 from textual.widget import Widget
-from textual.widgets import Static, TabbedContent, TabPane, Tree
+from textual.widgets import Sparkline, Static, TabbedContent, TabPane, Tree
 
 from tapdeck.app.screens.base import TapdeckScreen
 from tapdeck.app.views import (
@@ -25,6 +25,7 @@ from tapdeck.app.views import (
     token_detail,
 )
 from tapdeck.app.widgets.rollout_tree import RolloutTree
+from tapdeck.app.token_series import entropy_series, logprob_series
 from tapdeck.app.widgets.token_view import TokenView
 from tapdeck.schema.sessions import RolloutStats, TurnDetail
 
@@ -61,6 +62,13 @@ class RolloutScreen(TapdeckScreen):
             yield RolloutTree(id="graph")
             with Vertical(id="turn-pane"):
                 yield Static("", id="turn-header")
+                with Horizontal(id="turn-series"):
+                    # Textual's Sparkline: one row per series fits 80×24 beside the tree and follows
+                    # the theme; a plotext plot would need axes and rows the tokens need more.
+                    yield Static("logprob", classes="series-label")
+                    yield Sparkline([], id="turn-logprobs")
+                    yield Static("entropy", classes="series-label entropy")
+                    yield Sparkline([], id="turn-entropy", classes="entropy")
                 with TabbedContent(initial="tokens", id="turn-tabs"):
                     with TabPane("Tokens", id="tokens"):
                         with VerticalScroll(id="tokens-scroll"):
@@ -178,6 +186,11 @@ class RolloutScreen(TapdeckScreen):
                   f"sampled {len(sampled)}", f"finish {turn.finish_reason or '?'}",
                   capture_mode_text(turn.meta)]
         self.query_one("#turn-header", Static).update(" · ".join(p for p in header if p))
+        self.query_one("#turn-logprobs", Sparkline).data = logprob_series(turn)
+        entropy = entropy_series(turn)
+        self.query_one("#turn-entropy", Sparkline).data = entropy
+        for widget in self.query("#turn-series .entropy"):
+            widget.display = bool(entropy)  # no alternatives captured: no entropy to draw
         view = self.query_one(TokenView)
         view.show(turn, keep_selection=again)
         if view.selected is None:

@@ -10,6 +10,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widget import Widget
 from textual.widgets import DataTable, Static
 
+from tapdeck.app.histogram import bars, histogram, reward_line
 from tapdeck.app.screens.base import TapdeckScreen
 from tapdeck.app.views import (
     failures_by_cause,
@@ -21,6 +22,10 @@ from tapdeck.app.views import (
     short_id,
 )
 from tapdeck.schema.runs import RolloutResult, RunDetail, RunSummary
+
+
+GROUP_BINS = 5
+"""A group's reward histogram: five bins over 0-1 (K is small; ten would be mostly empty)."""
 
 
 class RunsScreen(TapdeckScreen):
@@ -53,7 +58,7 @@ class RunsScreen(TapdeckScreen):
         with Horizontal(id="run-detail"):
             with Vertical(id="groups-pane"):
                 groups = DataTable(id="groups-table", cursor_type="row")
-                groups.add_columns("task", "done", "rewards", "mean", "pass")
+                groups.add_columns("task", "done", "rewards", "mean", "pass", "hist")
                 yield groups
                 yield Static("", id="failures")
             rollouts = DataTable(id="rollouts-table", cursor_type="row")
@@ -124,7 +129,8 @@ class RunsScreen(TapdeckScreen):
             for group in run_groups(rollouts):
                 groups.add_row(group.task[:28], f"{group.done}/{group.total}",
                                " ".join(fmt_reward(r) for r in group.rewards)[:24],
-                               fmt_reward(group.mean), fmt_rate(group.pass_rate), key=group.task)
+                               fmt_reward(group.mean), fmt_rate(group.pass_rate),
+                               bars(histogram(group.rewards, GROUP_BINS)), key=group.task)
             table.clear()
             for r in sorted(rollouts, key=lambda r: (r.task, r.index)):
                 table.add_row(r.task[:24], str(r.index), fmt_phase(r), fmt_reward(r.reward),
@@ -132,8 +138,9 @@ class RunsScreen(TapdeckScreen):
         self._show_settings(self._selected_rollout())
         failures = failures_by_cause(rollouts)
         self.query_one("#failures", Static).update(
-            "failures: " + ", ".join(f"{kind} {n}" for kind, n in failures.most_common())
-            if failures else "failures: none")
+            f"rewards {reward_line(r.reward for r in rollouts)}\n"
+            + ("failures: " + ", ".join(f"{kind} {n}" for kind, n in failures.most_common())
+               if failures else "failures: none"))
 
     def _show_settings(self, rollout: RolloutResult | None) -> None:
         """What the highlighted rollout ran with: the timeouts in force and where each came from."""

@@ -1,7 +1,9 @@
-"""Sessions: the live table of capture sessions, refreshed by diff from the event stream."""
+"""Sessions: the live table of capture sessions, refreshed by diff from the event stream, and the
+stuck-rollout pane for the highlighted session (`d`), from which one rollout can be cancelled (`x`)."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterable
 
@@ -10,10 +12,19 @@ from textual.binding import Binding
 from textual.widget import Widget
 from textual.widgets import DataTable, Static
 
+from tapdeck.app.client import ApiError
 from tapdeck.app.screens.base import TapdeckScreen
+from tapdeck.app.stuck_view import PaneLine, calls_per_second, pane_lines
+from tapdeck.app.widgets.activity_pane import ActivityPane
 from tapdeck.app.widgets.session_table import SessionTable
+from tapdeck.schema.activity import SessionActivity
+from tapdeck.schema.findings import Finding
+from tapdeck.schema.runs import RolloutResult
 
 REFRESH_HZ = 4
+ACTIVITY_POLL_S = 1.0
+RATE_BUCKETS, RATE_BUCKET_S = 40, 3.0
+"""The pane's calls/s line: the last two minutes in 3 s steps."""
 
 
 class SessionsScreen(TapdeckScreen):
@@ -22,20 +33,29 @@ class SessionsScreen(TapdeckScreen):
     MODE = "sessions"
     HELP = SessionTable.HELP
 
-    BINDINGS = [Binding("enter", "open", "Open rollout", id="sessions.open", show=True)]
+    BINDINGS = [Binding("enter", "open", "Open rollout", id="sessions.open", show=True),
+                Binding("d", "details", "Details", id="sessions.details", show=True),
+                Binding("x", "cancel_rollout", "Cancel rollout", id="sessions.cancel", show=True)]
 
     def __init__(self) -> None:
         super().__init__()
         self._seen_version = -1
         self._seen_second = -1
+        self.activity: SessionActivity | None = None
+        self.activity_error = ""
+        self.findings: list[Finding] = []
+        self._fetched_at = 0.0
+        self._armed_cancel: str | None = None
 
     def compose_body(self) -> Iterable[Widget]:
         yield Static("", id="sessions-summary")
         yield SessionTable(id="sessions")
+        yield ActivityPane(id="activity")
 
     def on_mount(self) -> None:
         self.refresh_table()
         self.set_interval(1 / REFRESH_HZ, self.refresh_table, name="sessions-refresh")
+        self.set_interval(ACTIVITY_POLL_S, self._poll_activity, name="activity-poll")
 
     def on_screen_resume(self) -> None:
         self.refresh_table(force=True)
@@ -54,13 +74,18 @@ class SessionsScreen(TapdeckScreen):
         summary = (f"{total} sessions · " + " · ".join(f"{n} {s}" for s, n in sorted(states.items()))
                    if total else "No capture sessions yet: start a batch on Setup (1).")
         self.query_one("#sessions-summary", Static).update(summary)
+        self._show_pane()
+
+    def highlighted(self) -> str | None:
+        """The key of the highlighted row (a session id, or a rollout id without a session)."""
+        table = self.query_one(SessionTable)
+        if table.row_count == 0:
+            return None
+        return table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
 
     def action_open(self) -> None:
         """Open the highlighted session on the Rollout screen."""
-        table = self.query_one(SessionTable)
-        if table.row_count == 0:
-            return
-        key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        key = self.highlighted()
         if key:
             self._open(key)
 
@@ -75,3 +100,86 @@ class SessionsScreen(TapdeckScreen):
     def _row_selected(self, event: DataTable.RowSelected) -> None:
         if event.row_key.value:
             self._open(event.row_key.value)
+
+    # -- the stuck-rollout pane ------------------------------------------------------------------
+    def action_details(self) -> None:
+        """Show or hide the pane for the highlighted session."""
+        pane = self.query_one(ActivityPane)
+        pane.toggle_class("shown")
+        if pane.has_class("shown"):
+            self._poll_activity()
+
+    @on(DataTable.RowHighlighted, "#sessions")
+    def _row_highlighted(self, _event: DataTable.RowHighlighted) -> None:
+        self._armed_cancel = None
+        if self.query_one(ActivityPane).has_class("shown"):
+            self.activity, self.findings, self.activity_error = None, [], ""
+            self._poll_activity()
+
+    def _poll_activity(self) -> None:
+        key = self.highlighted()
+        if not self.query_one(ActivityPane).has_class("shown") or key not in self.app.board.entries:
+            self._show_pane()
+            return
+        self.run_worker(self._fetch_activity(key), group="activity", exclusive=True, exit_on_error=False)
+
+    async def _fetch_activity(self, session_id: str) -> None:
+        try:
+            activity = await self.client.activity(session_id)
+            findings = (await self.client.session(session_id)).findings
+        except ApiError as exc:
+            self.activity_error = exc.message  # said in the pane, not a notification a second
+        else:
+            if self.highlighted() != session_id:
+                return
+            self.activity, self.findings, self.activity_error = activity, list(findings), ""
+            self._fetched_at = self.app.clock()
+        self._show_pane()
+
+    def rollout_of(self, key: str | None) -> RolloutResult | None:
+        """The live rollout result of a row: by session id, or the row is a sessionless rollout."""
+        board = self.app.board
+        if key in board.rollouts:
+            return board.rollouts[key]
+        return next((r for r in board.rollouts.values() if key and r.session_id == key), None)
+
+    def _server_now(self) -> float:
+        if self.activity is None:
+            return time.time()
+        return self.activity.now + max(0.0, self.app.clock() - self._fetched_at)
+
+    def _show_pane(self) -> None:
+        pane = self.query_one(ActivityPane)
+        if not pane.has_class("shown"):
+            return
+        key = self.highlighted()
+        activity = self.activity if self.activity and self.activity.session_id == key else None
+        lines = pane_lines(self.app.board.get(key) if key else None, self.rollout_of(key), activity,
+                           self.findings if activity else [], self._server_now())
+        if self.activity_error:
+            lines.append(PaneLine("error", self.activity_error, "error"))
+        rates = calls_per_second(activity.recent_ends, self._server_now(), RATE_BUCKETS, RATE_BUCKET_S) \
+            if activity else []
+        pane.show(lines, rates, f"last {int(RATE_BUCKETS * RATE_BUCKET_S)} s · peak {max(rates, default=0):.1f}")
+
+    def action_cancel_rollout(self) -> None:
+        """Cancel the highlighted rollout: the first press asks, the second one cancels."""
+        key = self.highlighted()
+        rollout = self.rollout_of(key)
+        summary = self.app.board.get(key) if key else None
+        meta = summary.metadata if summary is not None else {}
+        run_id = (rollout.run_id if rollout else None) or meta.get("run_id")
+        rollout_id = (rollout.rollout_id if rollout else None) or meta.get("rollout_id")
+        if not run_id or not rollout_id:
+            self.app.notify("This session is not a rollout of a run: nothing to cancel.", severity="warning")
+            return
+        if self._armed_cancel != rollout_id:
+            self._armed_cancel = rollout_id
+            self.app.notify(f"Press x again to cancel rollout {rollout_id}.", title="Cancel rollout?")
+            return
+        self._armed_cancel = None
+        self.run_worker(self._cancel(run_id, rollout_id), group="cancel-rollout", exit_on_error=False)
+
+    async def _cancel(self, run_id: str, rollout_id: str) -> None:
+        await self.client.cancel_rollout(run_id, rollout_id)
+        self.app.notify(f"Cancelling rollout {rollout_id}: its sandbox is being torn down.")

@@ -1,14 +1,12 @@
-"""The one-line bar on top of every screen: the screens by number (clickable) and where we are."""
+"""The one-line bar on top of every screen: the screens by key (clickable) and where we are.
+
+The screens and their keys come from the App (`nav_entries()`: the screen registry and the keys bound
+now), so a keymap change shows here too."""
 
 from __future__ import annotations
 
 from textual.content import Content
 from textual.widgets import Static
-
-SCREENS: tuple[tuple[str, str, str], ...] = (
-    ("1", "setup", "Setup"), ("2", "sessions", "Sessions"), ("3", "rollout", "Rollout"),
-    ("4", "runs", "Runs"), ("5", "info", "Info"), ("6", "train", "Train"),
-)
 
 
 class NavBar(Static):
@@ -25,8 +23,12 @@ class NavBar(Static):
         self.current = current
 
     def on_mount(self) -> None:
+        self.show_keys()
+
+    def show_keys(self) -> None:
+        """Draw the tabs with the keys bound now (again after a keymap change)."""
         parts: list[tuple[str, str] | str] = [(" tapdeck ", "bold $primary")]
-        for key, mode, title in SCREENS:
+        for key, mode, title in self.app.nav_entries():
             style = f"@click=app.switch_mode('{mode}')"
             if mode == self.current:
                 style = f"bold reverse $primary {style}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import DataTable
 
-from tapdeck.app.views import SESSION_COLUMNS, Cell, diff_rows
+from tapdeck.app.views import SESSION_COLUMNS, WIDE_AT, WIDE_COLUMNS, Cell, diff_rows
 
 
 class SessionTable(DataTable):
@@ -18,10 +18,27 @@ class SessionTable(DataTable):
     def __init__(self, **kwargs) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
         self._shown: dict[str, tuple[Cell, ...]] = {}
+        self._columns: tuple[tuple[str, str, int], ...] = ()
+        self._given: dict[str, tuple[Cell, ...]] = {}
+        """The rows as last given (every column, shown or not)."""
 
     def on_mount(self) -> None:
-        for key, label, width in SESSION_COLUMNS:
+        self._set_columns()
+
+    def on_resize(self) -> None:
+        if self._set_columns():
+            self.restyle()
+
+    def _set_columns(self) -> bool:
+        """The narrow columns, plus WIDE_COLUMNS on a wide terminal; True when they changed."""
+        wanted = SESSION_COLUMNS + (WIDE_COLUMNS if self.app.size.width >= WIDE_AT else ())
+        if wanted == self._columns:
+            return False
+        self.clear(columns=True)
+        self._columns = wanted
+        for key, label, width in wanted:
             self.add_column(label, key=key, width=width)
+        return True
 
     def _styled(self, cell: Cell) -> Text | str:
         text, tone = cell
@@ -39,10 +56,12 @@ class SessionTable(DataTable):
 
     def apply(self, rows: dict[str, tuple[Cell, ...]]) -> int:
         """Diff against what is shown; returns how many cells/rows were touched."""
+        self._given = dict(rows)
+        columns = [key for key, _, _ in self._columns]
+        rows = {key: row[:len(columns)] for key, row in rows.items()}
         diff = diff_rows(self._shown, rows)
         if not (diff.removed or diff.added or diff.changed):
             return 0
-        columns = [key for key, _, _ in SESSION_COLUMNS]
         with self.app.batch_update():
             for key in diff.removed:
                 self.remove_row(key)
@@ -55,6 +74,6 @@ class SessionTable(DataTable):
 
     def restyle(self) -> None:
         """Re-render every cell (after a theme change the tones map to new colours)."""
-        rows, self._shown = self._shown, {}
+        self._shown = {}
         self.clear()
-        self.apply(rows)
+        self.apply(self._given)

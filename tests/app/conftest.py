@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from pathlib import Path
@@ -10,9 +11,12 @@ import httpx
 import pytest
 
 from tapdeck.app.client import TapdeckClient
+from tapdeck.proxy.activity import ActivityLog
 
 API_FIXTURE = Path(__file__).parent / "fixtures" / "api.json"
 FROZEN_NOW = 1000.0
+ACTIVITY_NOW = 1700000300.0
+"""The recorded server's wall clock when it answers an activity request."""
 
 
 def recorded_transport(data: dict | None = None) -> httpx.MockTransport:
@@ -38,6 +42,15 @@ def recorded_transport(data: dict | None = None) -> httpx.MockTransport:
         if m := re.fullmatch(r"/admin/sessions/([^/]+)/rollout", path):
             doc = data["rollouts"].get(m[1])
             return httpx.Response(200, json=doc) if doc else httpx.Response(404, json={"detail": "no such session"})
+        if m := re.fullmatch(r"/admin/sessions/([^/]+)", path):
+            found = [s for s in data["sessions"] if s["id"] == m[1]]
+            doc = data["rollouts"].get(m[1]) or {}
+            return httpx.Response(200, json={**found[0], "findings": doc.get("findings", [])}) if found \
+                else httpx.Response(404, json={"detail": "no such session"})
+        if m := re.fullmatch(r"/admin/sessions/([^/]+)/activity", path):
+            turns = data["turns"].get(m[1])
+            return httpx.Response(200, json=recorded_activity(m[1], turns)) if turns else \
+                httpx.Response(404, json={"detail": "no such session"})
         if m := re.fullmatch(r"/admin/sessions/([^/]+)/graph", path):
             view = data["graphs"].get(m[1])
             if view is None:
@@ -55,6 +68,23 @@ def recorded_transport(data: dict | None = None) -> httpx.MockTransport:
         return httpx.Response(404, json={"detail": f"not found: {path}"})
 
     return httpx.MockTransport(handler)
+
+
+def recorded_activity(session_id: str, turns: dict[str, dict]) -> dict:
+    """The session's activity as the proxy's own ActivityLog builds it from the recorded turns:
+    each turn's request and reply in order, then the last request again, in flight for 75 s."""
+    clock = [ACTIVITY_NOW - 110.0]
+    log = ActivityLog(clock=lambda: clock[0])
+    ordered = [turns[k] for k in sorted(turns, key=int)]
+    for turn in ordered:
+        with log.call(session_id, turn["request"], {"dialect": "openai"}) as call:
+            clock[0] += 5.0
+            call.replied({"choices": [{"message": turn["response"], "finish_reason": turn["finish_reason"]}]})
+    with contextlib.ExitStack() as hung:
+        clock[0] = ACTIVITY_NOW - 75.0
+        hung.enter_context(log.call(session_id, ordered[-1]["request"], {"dialect": "openai"}))
+        clock[0] = ACTIVITY_NOW
+        return log.snapshot(session_id).model_dump(mode="json")
 
 
 def recorded_app(mode: str = "sessions", **kwargs):

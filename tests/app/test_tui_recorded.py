@@ -269,6 +269,8 @@ async def test_runs_screen_shows_groups_and_failures_by_cause(make_app):
         await until(pilot, lambda: groups.row_count == 3, "the recorded run's groups")
         assert "agent_timeout 1" in str(app.screen.query_one("#failures").render())
         assert str(groups.get_row("hello-file")[4]) == "100%"
+        assert str(groups.get_row("hello-file")[5]) == "    █"  # both rewards 1.0: the top bin
+        assert "rewards " + " " * 9 + "█ 0–1 · 4 graded" in str(app.screen.query_one("#failures").render())
 
 
 def _set(screen, **values: str) -> None:

@@ -38,6 +38,8 @@ NOT_RECORDED = {
     "GET /admin/train/{run_id}/metrics": "needs a training run",
     "GET /admin/train/{run_id}/events": "needs a training run",
     "POST /admin/train/{run_id}/stop": "needs a training run",
+    "POST /admin/runs/{run_id}/rollouts/{rollout_id}/cancel": "needs a rollout hung mid-run; "
+    "tests/runner/test_cancel_rollout.py validates its replies",
 }
 """Admin routes the recording leaves out, and why (their models are checked by the training tests'
 own replies only)."""
@@ -102,6 +104,7 @@ async def record_from(server: LocalServer) -> dict[str, Any]:
         await call("GET", "/admin/sessions/{session_id}/graph", f"/admin/sessions/{sid}/graph",
                    params={"since": 1})
         await call("GET", "/admin/sessions/{session_id}/turns/{seq}", f"/admin/sessions/{sid}/turns/1")
+        await call("GET", "/admin/sessions/{session_id}/activity", f"/admin/sessions/{sid}/activity")
 
         run = await call("POST", "/admin/runs", "/admin/runs",
                          json={"harness": "terminus-2", "tasks": ["hello-file"], "k": 1, "timeout_s": 120,
