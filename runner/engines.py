@@ -51,8 +51,9 @@ def resolve_engine(choice: str | None, *, model: str | None = None, api_key: str
                                     "the engine extra installed, or pass --engine URL")
         if model is None and api_key is None:
             return default
-        return EngineSpec(url=default.url, model=model or default.model,
-                          api_key=api_key if api_key is not None else default.api_key)
+        return default.model_copy(update={
+            "model": model or default.model,
+            "api_key": api_key if api_key is not None else default.api_key})
     assert choice is not None
     key = api_key if api_key is not None else (os.environ.get(API_KEY_ENV) or None)
     return EngineSpec(url=normalize_engine_url(choice), model=model, api_key=key)

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from tapdeck.runner.engine.template import ChatTemplate
-from tapdeck.runner.engine.toolcalls import parse_tool_calls, render_tool_calls
+from tapdeck.proxy.toolcalls import ParsedReply, parse_tool_calls, render_tool_calls
 
 # SmolLM2-135M-Instruct's template, as stored in its GGUF metadata.
 SMOLLM2_TEMPLATE = (
@@ -50,6 +50,12 @@ def test_parse_unclosed_block_and_invalid_json():
     bad = "<tool_call>\n{not json}\n</tool_call>"
     assert parse_tool_calls(bad).tool_calls == [] and parse_tool_calls(bad).content == bad
     assert parse_tool_calls("no calls here").content == "no calls here"
+
+
+def test_block_without_arguments_leaves_the_reply_plain_content_like_vllm_hermes():
+    # vLLM's hermes parser reads `arguments` unconditionally: a block without it fails the reply.
+    text = '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>\n<tool_call>\n{"name": "g"}'
+    assert parse_tool_calls(text) == ParsedReply(text, [])
 
 
 def test_template_renders_tools_calls_and_responses_hermes_style():
