@@ -54,6 +54,10 @@ class RunPlan(BaseModel):
     engine: str = "embedded"
     """"embedded" (the server's default engine) or an engine URL."""
     engine_model: str | None = None
+    engine_tool_parser: str | None = None
+    """The engine's tool-call parser (`EngineSpec.tool_call_parser`); None → the default engine's."""
+    engine_reasoning_parser: str | None = None
+    """The engine's reasoning parser, if it runs one (`EngineSpec.reasoning_parser`)."""
     k: int = Field(default=1, ge=1)
     """Rollouts per task (the GRPO group size)."""
     concurrency: int = Field(default=1, ge=1)
@@ -239,7 +243,9 @@ class BatchRunner:
         except KeyError as exc:
             raise PlanError(str(exc).strip("'\"")) from exc
         try:
-            return resolve_engine(plan.engine, model=plan.engine_model, default=self.default_engine)
+            return resolve_engine(plan.engine, model=plan.engine_model, default=self.default_engine,
+                                  tool_parser=plan.engine_tool_parser,
+                                  reasoning_parser=plan.engine_reasoning_parser)
         except EngineChoiceError as exc:
             raise PlanError(str(exc)) from exc
 
