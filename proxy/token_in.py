@@ -160,8 +160,9 @@ def completion_as_chat(reply: Mapping[str, Any], top_k: int,
                                "annotations": None, "audio": None, "function_call": None}
     if parser is not None:
         parsed = parser.parse(text)
-        message.update(content=parsed.content, tool_calls=parsed.tool_calls)
-        if parsed.tool_calls:
+        message["content"] = parsed.content
+        if parsed.tool_calls:  # vLLM 0.32 leaves the key out of a reply without calls
+            message["tool_calls"] = parsed.tool_calls
             finish = "tool_calls"
     message["reasoning"] = None
     return {

@@ -49,8 +49,8 @@ class ParsedReply:
 
 
 def new_call_id() -> str:
-    """An id shaped like vLLM's (`chatcmpl-tool-<hex>`)."""
-    return f"chatcmpl-tool-{secrets.token_hex(16)}"
+    """An id shaped like vLLM 0.32's (`chatcmpl-tool-<16 hex>`, as recorded)."""
+    return f"chatcmpl-tool-{secrets.token_hex(8)}"
 
 
 def parse_tool_calls(text: str) -> ParsedReply:

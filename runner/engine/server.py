@@ -170,7 +170,7 @@ def create_engine_app(core: EngineCore, *, served_name: str = "smollm2",
         finish = c.finish_reason
         if req.parse_tools:
             parsed = PARSER.parse(c.text)
-            content, calls = parsed.content, parsed.tool_calls
+            content, calls = parsed.content, parsed.tool_calls or None
             if calls:
                 finish = "tool_calls"
         return wire.chat_choice(index, c, namer, logprobs=bool(req.logprobs),

@@ -1,10 +1,11 @@
 """Token-in planning against the recorded vLLM server: which calls fall back to text, and why.
 
-The recorded server answers only what vLLM 0.32 answered when recorded (chat completions,
-models); its `/tokenize` and token-id completions are absent here, so these tests pin the
-fallbacks: calls with tools when the engine's tool-call parser is unknown or a call is forced,
-and every call on an engine running a reasoning parser. The token-in path itself is tested on the embedded engine
-(tests/engine/test_token_in_capture.py) and on the recorded break cases (tests/proxy_core).
+The recorded server here answers chat completions and models only, so these tests pin the
+fallbacks, including calls with tools when the engine's tool-call parser is unknown or a call is
+forced, and every call on an engine running a reasoning parser. The token-in path itself is tested
+against recorded vLLM `/tokenize` and token-id completions (test_token_in_recorded.py), on the
+embedded engine (tests/engine/test_token_in_capture.py, test_token_in_tools.py) and on the
+recorded break cases (tests/proxy_core).
 """
 
 from __future__ import annotations
