@@ -246,3 +246,26 @@ async def test_vllm_refusing_a_token_id_prompt_sends_the_call_as_text():
     assert engine.sent[0][1]["prompt"] == case["request"]["prompt"]
     assert reply["choices"][0]["token_ids"] == chat["choices"][0]["token_ids"]
     assert token_in.unsupported
+
+
+async def test_turn_after_a_vllm_tool_call_breaks_the_prefix_and_stays_on_text():
+    """Real vLLM with SmolLM2's own template (which knows no `tool_calls`): the assistant turn that
+    held only a tool call renders empty, so the next prompt drops the sampled `<tool_call>` ids
+    right after turn 1's prompt. The graph records a break; token-in leaves calls with tools on the
+    text path, so nothing repairs it (the embedded engine renders the call and keeps the prefix)."""
+    call = recorded("chat_tools_call")["response"]
+    nxt = recorded("chat_tools_result")
+    assert call["choices"][0]["finish_reason"] == "tool_calls"
+    n = len(call["prompt_token_ids"])
+    assert nxt["response"]["prompt_token_ids"][:n] == call["prompt_token_ids"]
+    assert nxt["response"]["prompt_token_ids"][n:n + 5] == [2, 198, 1, 19324, 198]  # …<|im_start|>tool\n
+    assert call["choices"][0]["token_ids"][:2] != [2, 198]
+    g = RolloutGraph()
+    g.add(turn_from_fixture("chat_tools_call", 0))
+    link = g.add(turn_from_fixture("chat_tools_result", 1))
+    assert (link.parent, link.offset) == (0, n) and link.kind != "prefix" and g.stats().breaks == 1
+    request = {k: copy.deepcopy(nxt["request"][k]) for k in ("messages", "tools", "max_tokens")}
+    upstream, _ = EngineClient(SPEC).prepare(request, "tokens", "smollm2", True)
+    engine = RecordedExchanges()
+    plan = await TokenIn(engine.client()).plan(g, request, upstream)
+    assert plan.record == {"mode": "text", "reason": "tools"} and not engine.sent
