@@ -139,3 +139,13 @@ def test_parse_agrees_with_vllm_hermes_on_recorded_replies(name):
     assert all(c["id"].startswith("chatcmpl-tool-") for c in parsed.tool_calls)
     assert choice["finish_reason"] == ("tool_calls" if parsed.tool_calls else "stop")
 
+
+
+def test_token_id_completion_text_parses_to_vllms_chat_call():
+    """vLLM's completions route leaves a tool call as text (tokenin_tools_call_ids.json: the same
+    prompt and ids as chat_tools_call.json); parsing that text gives vLLM's chat-route call."""
+    text = vllm_fixture("tokenin_tools_call_ids")["response"]["choices"][0]["text"]
+    chat = vllm_fixture("chat_tools_call")["response"]["choices"][0]["message"]
+    parsed = parse_tool_calls(text)
+    assert parsed.content == chat["content"] is None
+    assert [c["function"] for c in parsed.tool_calls] == [c["function"] for c in chat["tool_calls"]]

@@ -35,7 +35,6 @@ from tapdeck.proxy.token_in import (
     continuation_ids,
     difference,
 )
-from tapdeck.runner.engine.toolcalls import parse_tool_calls
 from tests.conftest import vllm_fixture as recorded
 from tests.proxy_core.proxy_core_fixtures import turn_from_fixture
 
@@ -261,8 +260,9 @@ async def test_vllm_refusing_a_token_id_prompt_sends_the_call_as_text():
 async def test_turn_after_a_vllm_tool_call_breaks_the_prefix_and_stays_on_text():
     """Real vLLM with SmolLM2's own template (which knows no `tool_calls`): the assistant turn that
     held only a tool call renders empty, so the next prompt drops the sampled `<tool_call>` ids
-    right after turn 1's prompt. The graph records a break; token-in leaves calls with tools on the
-    text path, so nothing repairs it (the embedded engine renders the call and keeps the prefix)."""
+    right after turn 1's prompt. The graph records a break, and only a continuation by ids repairs
+    it: token-in plans this call as text without asking the engine (its spec names no tool
+    parser). The embedded engine renders the call into the prompt and keeps the prefix."""
     call = recorded("chat_tools_call")["response"]
     nxt = recorded("chat_tools_result")
     assert call["choices"][0]["finish_reason"] == "tool_calls"
@@ -278,7 +278,7 @@ async def test_turn_after_a_vllm_tool_call_breaks_the_prefix_and_stays_on_text()
     upstream, _ = EngineClient(SPEC).prepare(request, "tokens", "smollm2", True)
     engine = RecordedExchanges()
     plan = await TokenIn(engine.client()).plan(g, request, upstream)
-    assert plan.record == {"mode": "text", "reason": "tools"} and not engine.sent
+    assert plan.prompt_ids is None and plan.record["mode"] == "text" and not engine.sent
 
 
 def test_turn_after_a_tool_call_splits_at_the_message_boundary_and_keeps_the_call():
@@ -305,9 +305,9 @@ def test_turn_after_a_tool_call_splits_at_the_message_boundary_and_keeps_the_cal
 
 def test_token_id_completion_of_a_tool_call_is_raw_text_the_proxy_must_parse():
     """vLLM parses tool calls on its chat route only. The same prompt as a token-id completion
-    (greedy, recorded) samples the same ids, but answers the `<tool_call>` block as text with
-    finish `stop`: read back as a chat reply it is content, not a call, until it is parsed —
-    and parsing it Hermes style gives vLLM's own call and finish reason."""
+    (greedy, recorded) samples the same ids and logprobs, but answers the `<tool_call>` block as
+    text with finish `stop`: read back as a chat reply it is content, not a call, until the proxy
+    parses it (tests/engine/test_tool_calls.py parses it to vLLM's own call)."""
     chat = recorded("chat_tools_call")["response"]["choices"][0]
     raw = recorded("tokenin_tools_call_ids")["response"]
     reply = completion_as_chat(raw, top_k=2)["choices"][0]
@@ -315,6 +315,3 @@ def test_token_id_completion_of_a_tool_call_is_raw_text_the_proxy_must_parse():
     assert reply["logprobs"]["content"] == chat["logprobs"]["content"]
     assert reply["finish_reason"] == "stop" != chat["finish_reason"] == "tool_calls"
     assert reply["message"]["content"].startswith("<tool_call>") and "tool_calls" not in reply["message"]
-    parsed = parse_tool_calls(reply["message"]["content"])
-    assert parsed.content == chat["message"]["content"] is None
-    assert [c["function"] for c in parsed.tool_calls] == [c["function"] for c in chat["message"]["tool_calls"]]
