@@ -1,8 +1,8 @@
 """Token-in planning against the recorded vLLM server: which calls fall back to text, and why.
 
-The recorded server of conftest answers chat completions and models only, so these tests pin the
-fallbacks. The token-in path itself is tested against recorded vLLM `/tokenize` and token-id
-completions (test_token_in_recorded.py), on the embedded engine
+The recorded server answers only what vLLM 0.32 answered when recorded (chat completions,
+models); its `/tokenize` and token-id completions are absent here, so these tests pin the
+fallbacks. The token-in path itself is tested on the embedded engine
 (tests/engine/test_token_in_capture.py) and on the recorded break cases (tests/proxy_core).
 """
 
