@@ -10,6 +10,8 @@ token-id completion, and turn 2 by chat (the text path) for comparison:
 * stop: turn 1 ends with the `<|im_end|>` the model sampled;
 * retok: turn 1 is sampled and cut, and its sampled ids are not the canonical tokenization of its
   text, so the text path's prompt breaks the prefix (at index 52) and token-in's does not.
+
+The tool files (chat_tools_*, tokenin_tools_*) come from a server with `--tool-call-parser hermes`.
 """
 
 from __future__ import annotations
@@ -25,7 +27,14 @@ import pytest
 from tapdeck.proxy.engine_client import EngineClient, parse_capture
 from tapdeck.proxy.graph import RolloutGraph
 from tapdeck.proxy.tiers import EngineSpec
-from tapdeck.proxy.token_in import Plan, TokenIn, assistant_close, difference
+from tapdeck.proxy.token_in import (
+    Plan,
+    TokenIn,
+    assistant_close,
+    completion_as_chat,
+    continuation_ids,
+    difference,
+)
 from tests.conftest import vllm_fixture as recorded
 from tests.proxy_core.proxy_core_fixtures import turn_from_fixture
 
@@ -246,3 +255,63 @@ async def test_vllm_refusing_a_token_id_prompt_sends_the_call_as_text():
     assert engine.sent[0][1]["prompt"] == case["request"]["prompt"]
     assert reply["choices"][0]["token_ids"] == chat["choices"][0]["token_ids"]
     assert token_in.unsupported
+
+
+async def test_turn_after_a_vllm_tool_call_breaks_the_prefix_and_stays_on_text():
+    """Real vLLM with SmolLM2's own template (which knows no `tool_calls`): the assistant turn that
+    held only a tool call renders empty, so the next prompt drops the sampled `<tool_call>` ids
+    right after turn 1's prompt. The graph records a break, and only a continuation by ids repairs
+    it: token-in plans this call as text without asking the engine (its spec names no tool
+    parser). The embedded engine renders the call into the prompt and keeps the prefix."""
+    call = recorded("chat_tools_call")["response"]
+    nxt = recorded("chat_tools_result")
+    assert call["choices"][0]["finish_reason"] == "tool_calls"
+    n = len(call["prompt_token_ids"])
+    assert nxt["response"]["prompt_token_ids"][:n] == call["prompt_token_ids"]
+    assert nxt["response"]["prompt_token_ids"][n:n + 5] == [2, 198, 1, 19324, 198]  # …<|im_start|>tool\n
+    assert call["choices"][0]["token_ids"][:2] != [2, 198]
+    g = RolloutGraph()
+    g.add(turn_from_fixture("chat_tools_call", 0))
+    link = g.add(turn_from_fixture("chat_tools_result", 1))
+    assert (link.parent, link.offset) == (0, n) and link.kind != "prefix" and g.stats().breaks == 1
+    request = {k: copy.deepcopy(nxt["request"][k]) for k in ("messages", "tools", "max_tokens")}
+    upstream, _ = EngineClient(SPEC).prepare(request, "tokens", "smollm2", True)
+    engine = RecordedExchanges()
+    plan = await TokenIn(engine.client()).plan(g, request, upstream)
+    assert plan.prompt_ids is None and plan.record["mode"] == "text" and not engine.sent
+
+
+def test_turn_after_a_tool_call_splits_at_the_message_boundary_and_keeps_the_call():
+    """The `/tokenize` boundary method on vLLM's renders of a tool-call conversation: the held
+    render (its empty assistant turn) is a prefix of the full one, so the new `tool` message's
+    ids come out exactly; the ids prompt keeps the sampled `<tool_call>` ids the text path drops,
+    and vLLM continued from it (recorded, same reply text as the text path here)."""
+    tok = {p: recorded(f"tokenin_tools_tokenize_{p}")["response"]["tokens"] for p in TOKENIZE_PARTS}
+    call = recorded("chat_tools_call")["response"]
+    text = recorded("chat_tools_result")["response"]
+    close = assistant_close(tok["history_gen"], tok["history_empty"])
+    sampled = call["choices"][0]["token_ids"]
+    stored = call["prompt_token_ids"] + sampled
+    ids = continuation_ids(stored, sampled, call["choices"][0]["finish_reason"], close,
+                           tok["held"], tok["full"])
+    sent = recorded("tokenin_tools_turn2_ids")
+    assert ids == sent["request"]["prompt"] and ids[:len(stored)] == stored
+    assert tok["full"] == text["prompt_token_ids"]
+    assert difference(text["prompt_token_ids"], ids)["diverge_at"] == len(call["prompt_token_ids"])
+    reply = completion_as_chat(sent["response"], top_k=2)
+    assert reply["prompt_token_ids"] == ids
+    assert reply["choices"][0]["message"]["content"] == text["choices"][0]["message"]["content"]
+
+
+def test_token_id_completion_of_a_tool_call_is_raw_text_the_proxy_must_parse():
+    """vLLM parses tool calls on its chat route only. The same prompt as a token-id completion
+    (greedy, recorded) samples the same ids and logprobs, but answers the `<tool_call>` block as
+    text with finish `stop`: read back as a chat reply it is content, not a call, until the proxy
+    parses it (tests/engine/test_tool_calls.py parses it to vLLM's own call)."""
+    chat = recorded("chat_tools_call")["response"]["choices"][0]
+    raw = recorded("tokenin_tools_call_ids")["response"]
+    reply = completion_as_chat(raw, top_k=2)["choices"][0]
+    assert reply["token_ids"] == chat["token_ids"]
+    assert reply["logprobs"]["content"] == chat["logprobs"]["content"]
+    assert reply["finish_reason"] == "stop" != chat["finish_reason"] == "tool_calls"
+    assert reply["message"]["content"].startswith("<tool_call>") and "tool_calls" not in reply["message"]
