@@ -179,6 +179,8 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   the same replies, tool-call ids, `finish_reason` and streamed deltas, parsed by the one parser the
   embedded engine's chat route runs (vLLM's hermes rules)
   → tests/engine/test_token_in_tools.py::test_tool_calls_by_ids_reach_the_harness_as_by_text
+  → tests/proxy_engine/test_token_in_tools_recorded.py::test_tool_call_sampled_by_ids_reads_back_as_vllms_chat_route_call
+  → tests/proxy_engine/test_token_in_tools_recorded.py::test_turn_after_a_tool_call_continues_by_ids_with_the_hermes_parser
   → tests/engine/test_tool_calls.py::test_block_without_arguments_leaves_the_reply_plain_content_like_vllm_hermes
 - tool fallbacks: unknown parser, forced `tool_choice`, legacy `functions`; a reasoning parser sends
   every call as text
