@@ -26,6 +26,7 @@ from tapdeck.proxy.service import CaptureService
 from tapdeck.proxy.serving import ThreadedServer, bind_socket
 from tapdeck.proxy.store import Store
 from tapdeck.proxy.tiers import EngineSpec
+from tapdeck.proxy.toolcalls import EMBEDDED_TOOL_PARSER
 from tapdeck.runner.api import SHUTDOWN_GRACE_S, create_runner_router
 
 
@@ -91,12 +92,15 @@ class LocalServer:
             # HOST:PORT, http://HOST:PORT and …/v1 all work: the address is settled to the base URL
             # that answers, and one where nothing answers stops the start (EngineAddressError).
             settled = settle_blocking(cfg.engine_url, api_key=cfg.engine_api_key)
-            return EngineSpec(url=settled.base_url, model=cfg.engine_model, api_key=cfg.engine_api_key)
+            return EngineSpec(url=settled.base_url, model=cfg.engine_model, api_key=cfg.engine_api_key,
+                              tool_call_parser=cfg.engine_tool_parser,
+                              reasoning_parser=cfg.engine_reasoning_parser)
         from tapdeck.runner.engine.registry import acquire_embedded_engine
 
         # One embedded engine per machine: a second tapdeck process reuses the running one.
         self._engine = acquire_embedded_engine()
-        return EngineSpec(url=self._engine.base_url, model=self._engine.served_name)
+        return EngineSpec(url=self._engine.base_url, model=self._engine.served_name,
+                          tool_call_parser=EMBEDDED_TOOL_PARSER)
 
     def _runner_routers(self) -> list:
         assert self.service is not None

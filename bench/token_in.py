@@ -8,7 +8,8 @@ to text (with the reasons). With `--rescore`, the longest token-in row is re-sco
 pass and its captured logprobs compared.
 
 Run: `.venv/bin/python bench/token_in.py [--harness terminus-2] [--tasks hello-file] [--k 1]
-[--max-turns 4] [--rescore]` (an agent CLI must be installed first, as `tapdeck rollout` does).
+[--max-turns 4] [--agent-timeout S] [--rescore]` (an agent CLI must be installed first, as
+`tapdeck rollout` does; its first call can outlast a task's agent timeout on a loaded CPU).
 """
 
 from __future__ import annotations
@@ -26,10 +27,13 @@ import numpy as np
 
 
 def run_mode(base: str, headers: dict[str, str], harness: str, tasks: list[str], k: int,
-             max_turns: int, token_in: bool, timeout: float) -> list[dict[str, Any]]:
+             max_turns: int, token_in: bool, timeout: float,
+             agent_timeout: float | None = None) -> list[dict[str, Any]]:
     """One run with the mode set; the rollout documents of its sessions."""
     plan = {"harness": harness, "tasks": tasks, "k": k, "timeout_s": timeout, "token_in": token_in,
             "training_sampling": {"temperature": 1.0}, "agent_kwargs": {"max_turns": max_turns}}
+    if agent_timeout is not None:
+        plan["agent_timeout_s"] = agent_timeout
     with httpx.Client(base_url=base, headers=headers, timeout=120.0) as http:
         run = http.post("/admin/runs", json=plan)
         run.raise_for_status()
@@ -40,6 +44,10 @@ def run_mode(base: str, headers: dict[str, str], harness: str, tasks: list[str],
             if doc["state"] != "running" or time.monotonic() > deadline:
                 break
             time.sleep(2.0)
+        for r in doc.get("rollouts", []):
+            if not r.get("ok"):
+                print(f"  rollout failed: {r.get('error_kind')}: {str(r.get('error'))[:300]}",
+                      flush=True)
         sessions = [r["session_id"] for r in doc.get("rollouts", []) if r.get("session_id")]
         return [http.get(f"/admin/sessions/{s}/rollout").json() for s in sessions]
 
@@ -98,6 +106,8 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=1)
     parser.add_argument("--max-turns", type=int, default=4)
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--agent-timeout", type=float, default=None,
+                        help="the agent phase's limit, seconds (default: the task's)")
     parser.add_argument("--rescore", action="store_true")
     args = parser.parse_args()
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -109,7 +119,7 @@ def main() -> None:
         headers = {"Authorization": f"Bearer {server.admin_key}"}
         for token_in in (False, True):
             docs = run_mode(server.url, headers, args.harness, args.tasks, args.k, args.max_turns,
-                            token_in, args.timeout)
+                            token_in, args.timeout, args.agent_timeout)
             print(f"token-in {'on ' if token_in else 'off'}: {figures(docs)}", flush=True)
             if token_in and args.rescore:
                 print(rescore_longest(docs, server.url, headers), flush=True)

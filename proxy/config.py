@@ -50,6 +50,11 @@ class ServerConfig(BaseModel):
     """None → the embedded engine is started and used as the default engine."""
     engine_model: str | None = None
     engine_api_key: str | None = None
+    engine_tool_parser: str | None = None
+    """The tool-call parser the default engine's chat route applies (`EngineSpec.tool_call_parser`);
+    the embedded engine's own when it is the default."""
+    engine_reasoning_parser: str | None = None
+    """The default engine's reasoning parser, if it runs one (`EngineSpec.reasoning_parser`)."""
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0)
     """Largest request body accepted (413 in the caller's dialect beyond it)."""
     public_url: str | None = None

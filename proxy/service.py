@@ -295,7 +295,9 @@ class CaptureService:
                            training=rollout_type == "train",
                            training_sampling=spec.training_sampling, graph=graph,
                            findings=list(result.findings), stats=graph.stats(),
-                           token_in=TokenIn(client) if record["token_in"] else None)
+                           token_in=TokenIn(client, tool_parser=engine.tool_call_parser,
+                                            reasoning_parser=engine.reasoning_parser)
+                           if record["token_in"] else None)
         session.count(session.findings)
         self._sessions[sid] = session
         self._by_key[key] = session

@@ -50,6 +50,13 @@ class EngineSpec(BaseModel):
     url: str
     model: str | None = None
     api_key: str | None = None
+    tool_call_parser: str | None = None
+    """The parser the engine's chat route applies to tool calls (vLLM's `--tool-call-parser`;
+    `proxy/toolcalls.py` holds those tapdeck knows). None: unknown, so token-in capture sends calls
+    with tools as text."""
+    reasoning_parser: str | None = None
+    """vLLM's `--reasoning-parser` when the engine runs one: its chat route splits reasoning out of
+    the reply and the completions route does not, so token-in capture sends every call as text."""
 
     @property
     def base_url(self) -> str:

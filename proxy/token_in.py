@@ -19,8 +19,17 @@ messages), split only at message boundaries, so no sampled text is ever re-token
   the held render must end with it.
 
 Any check that fails falls back to the text path, with the reason recorded. The reply is turned
-back into a chat completion, so the harness sees the same text in its own dialect. Calls with
-tools stay on the text path: the engine parses tool calls only on its chat route.
+back into the chat completion the engine's chat route would have given, so the harness sees the
+same reply in its own dialect.
+
+Calls with tools: the tools block is rendered into the ids by the engine's template (`/tokenize`
+gets the call's `tools`), and the reply's tool calls are parsed here with the parser the engine's
+chat route runs (`EngineSpec.tool_call_parser`, one implementation shared with the embedded
+engine: `proxy/toolcalls.py`), decoded the way that parser asks (special tokens kept). They stay on
+the text path when the parser is unknown, when `tool_choice` forces a call (vLLM then constrains
+decoding on the chat route) and for legacy `functions`. An engine running a reasoning parser sends
+every call as text: its chat route splits the reasoning out of the reply, its completions route
+does not, and the harness would get the reasoning as content.
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ from tapdeck.proxy.engine_client import (
     EngineError,
     zero_filled_usage,
 )
+from tapdeck.proxy.toolcalls import TOOL_PARSERS, ToolParser, parses_tools
 
 if TYPE_CHECKING:
     from tapdeck.proxy.graph import RolloutGraph
@@ -48,7 +58,9 @@ if TYPE_CHECKING:
 DIFF_WINDOW = 64
 """Ids kept per side of the window where the text path and the token-in prompt differ."""
 COMPLETION_KEYS = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty",
-                   "presence_penalty", "repetition_penalty", "seed", "stop", "max_tokens")
+                   "presence_penalty", "repetition_penalty", "seed", "stop", "max_tokens",
+                   "stop_token_ids", "ignore_eos", "include_stop_str_in_output",
+                   "skip_special_tokens", "min_tokens")
 """Sampling fields that carry over from the prepared chat body to the completion request."""
 
 
@@ -121,9 +133,11 @@ def continuation_ids(stored: list[int], sampled: list[int], finish_reason: str |
     return [*stored, *glue, *new]
 
 
-def completion_as_chat(reply: Mapping[str, Any], top_k: int) -> dict[str, Any]:
-    """A `/v1/completions` reply (token-id prompt) shaped as the chat completion the text path
-    would have returned: message content, chat logprobs, top-level `prompt_token_ids`."""
+def completion_as_chat(reply: Mapping[str, Any], top_k: int,
+                       parser: ToolParser | None = None) -> dict[str, Any]:
+    """A `/v1/completions` reply (token-id prompt) shaped as the chat completion the engine's chat
+    route would have returned: the message (tool calls parsed by `parser` when the call offered
+    tools, `finish_reason` then `tool_calls`), chat logprobs and top-level `prompt_token_ids`."""
     choices = reply.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
         raise EngineError("bad_reply", 502, "engine answered a token-id completion without choices",
@@ -136,34 +150,75 @@ def completion_as_chat(reply: Mapping[str, Any], top_k: int) -> dict[str, Any]:
         content = []
         for i, (tok, lp) in enumerate(zip(legacy.get("tokens") or [], legacy.get("token_logprobs") or [])):
             alts = tops[i] if i < len(tops) and isinstance(tops[i], Mapping) else {}
+            # The legacy map holds the sampled token and the k best; the chat route lists the k best.
+            best = sorted(alts.items(), key=lambda kv: -kv[1])[:top_k]
             content.append({"token": tok, "logprob": lp, "bytes": list(str(tok).encode()),
                             "top_logprobs": [{"token": t, "logprob": v, "bytes": list(str(t).encode())}
-                                             for t, v in list(alts.items())[:top_k]]})
+                                             for t, v in best]})
+    text, finish = c.get("text") or "", c.get("finish_reason")
+    message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None,
+                               "annotations": None, "audio": None, "function_call": None}
+    if parser is not None:
+        parsed = parser.parse(text)
+        message["content"] = parsed.content
+        if parsed.tool_calls:  # vLLM 0.32 leaves the key out of a reply without calls
+            message["tool_calls"] = parsed.tool_calls
+            finish = "tool_calls"
+    message["reasoning"] = None
     return {
         "id": str(reply.get("id", "")).replace("cmpl-", "chatcmpl-", 1),
         "object": "chat.completion", "created": reply.get("created", int(time.time())),
         "model": reply.get("model"),
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": c.get("text") or ""},
+        "choices": [{"index": 0, "message": message,
                      "logprobs": None if content is None else {"content": content},
-                     "finish_reason": c.get("finish_reason"), "stop_reason": c.get("stop_reason"),
-                     "token_ids": c.get("token_ids")}],
+                     "finish_reason": finish, "stop_reason": c.get("stop_reason"),
+                     "token_ids": c.get("token_ids"), "routed_experts": c.get("routed_experts")}],
+        "service_tier": reply.get("service_tier"),
+        "system_fingerprint": reply.get("system_fingerprint"),
+        "usage": reply.get("usage"), "prompt_logprobs": None,
         "prompt_token_ids": c.get("prompt_token_ids") or reply.get("prompt_token_ids"),
-        "usage": reply.get("usage"),
+        "prompt_text": None,
+        **{k: reply.get(k) for k in ("kv_transfer_params", "ec_transfer_params", "metrics")},
     }
 
 
 class TokenIn:
     """A session's token-in mode: plans each call, and sends the token-in ones."""
 
-    def __init__(self, client: EngineClient) -> None:
+    def __init__(self, client: EngineClient, *, tool_parser: str | None = None,
+                 reasoning_parser: str | None = None) -> None:
         self.client = client
+        self.tool_parser = tool_parser
+        """The engine's tool-call parser by name (`EngineSpec.tool_call_parser`)."""
+        self.reasoning_parser = reasoning_parser
         self._close: list[int] | None = None
         self.unsupported: str | None = None
         """Set when the engine could not tokenize chat messages: every later call takes text."""
 
+    def _tools_plan(self, upstream: Mapping[str, Any]) -> Plan | ToolParser | None:
+        """For a call offering tools: the parser its reply needs (None: the chat route would not
+        parse it), or the text plan when token-in cannot give what the chat route gives."""
+        if upstream.get("functions"):
+            return Plan.text("functions")
+        choice = upstream.get("tool_choice")
+        if choice not in (None, "auto", "none"):
+            return Plan.text("tool_choice_forced", detail=f"tool_choice {choice!r}: the chat route "
+                                                          "constrains decoding to a call")
+        if not parses_tools(upstream):
+            return None
+        parser = TOOL_PARSERS.get(self.tool_parser or "")
+        if parser is None:
+            detail = (f"tapdeck has no {self.tool_parser!r} parser (known: "
+                      f"{', '.join(sorted(TOOL_PARSERS))})" if self.tool_parser
+                      else "the engine's tool-call parser is not configured")
+            return Plan.text("tool_parser_unknown", detail=detail)
+        return parser
+
     async def _tokenize(self, upstream: Mapping[str, Any], messages: list[Any], gen: bool) -> list[int]:
         body: dict[str, Any] = {"model": upstream.get("model"), "messages": messages,
                                 "add_generation_prompt": gen}
+        if upstream.get("tools"):
+            body["tools"] = upstream["tools"]
         if upstream.get("chat_template_kwargs"):
             body["chat_template_kwargs"] = upstream["chat_template_kwargs"]
         reply = await self.client.post(tokenize_url(self.client.url), body)
@@ -183,8 +238,15 @@ class TokenIn:
         executor, whose threads commit under that lock and are never held by slow readers)."""
         if self.unsupported:
             return Plan.text("engine_unsupported", detail=self.unsupported)
+        if self.reasoning_parser:
+            return Plan.text("reasoning_parser", detail=f"the engine runs the {self.reasoning_parser!r} "
+                                                        "reasoning parser on its chat route only")
+        parser = None
         if upstream.get("tools") or upstream.get("functions"):
-            return Plan.text("tools")
+            tools = self._tools_plan(upstream)
+            if isinstance(tools, Plan):
+                return tools
+            parser = tools
         found = await offload(_held_read, graph, dict(request), lock)
         if found is None:
             return Plan.text("not_held")
@@ -212,7 +274,10 @@ class TokenIn:
             return Plan.text("tokenize_failed", detail=exc.message, extends=seq)
         except BoundaryError as exc:
             return Plan.text("template_boundary", detail=str(exc), extends=seq)
-        return Plan(ids, {"mode": "ids", "extends": seq, **difference(full, ids)})
+        record = {"mode": "ids", "extends": seq, **difference(full, ids)}
+        if parser is not None:
+            record["tool_parser"] = parser.name
+        return Plan(ids, record)
 
     async def send(self, upstream: Mapping[str, Any], plan: Plan) -> tuple[dict[str, Any], Plan]:
         """The engine's reply to `plan` (as a chat completion) and the plan it followed: an engine
@@ -239,8 +304,11 @@ class TokenIn:
         body.update(model=upstream.get("model"), prompt=plan.prompt_ids, stream=False)
         if upstream.get("return_token_ids"):
             body.update(return_token_ids=True, logprobs=top_k)
+        parser = TOOL_PARSERS.get(plan.record.get("tool_parser") or "")
+        if parser is not None and parser.keeps_special_tokens:
+            body["skip_special_tokens"] = False
         reply = await self.client.post("/completions", body)
-        chat = completion_as_chat(reply, top_k)
+        chat = completion_as_chat(reply, top_k, parser)
         chat["usage"] = zero_filled_usage(reply.get("usage"))
         return chat
 

@@ -151,7 +151,9 @@ class BatchRunner:
         except KeyError as exc:
             raise PlanError(str(exc).strip("'\"")) from exc
         try:
-            return resolve_engine(plan.engine, model=plan.engine_model, default=self.default_engine)
+            return resolve_engine(plan.engine, model=plan.engine_model, default=self.default_engine,
+                                  tool_parser=plan.engine_tool_parser,
+                                  reasoning_parser=plan.engine_reasoning_parser)
         except EngineChoiceError as exc:
             raise PlanError(str(exc)) from exc
 

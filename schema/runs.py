@@ -91,6 +91,10 @@ class RunPlan(BaseModel):
     engine: str = "embedded"
     """"embedded" (the server's default engine) or an engine URL."""
     engine_model: str | None = None
+    engine_tool_parser: str | None = None
+    """The engine's tool-call parser (`EngineSpec.tool_call_parser`); None → the default engine's."""
+    engine_reasoning_parser: str | None = None
+    """The engine's reasoning parser, if it runs one (`EngineSpec.reasoning_parser`)."""
     k: int = Field(default=1, ge=1)
     """Rollouts per task (the GRPO group size)."""
     concurrency: int = Field(default=1, ge=1)

@@ -150,13 +150,14 @@ def models_only_engine(path: str = "/v1") -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def local_server_on(engine: Any, data_dir: Path) -> Iterator[Any]:
-    """A full LocalServer (capture proxy, admin API, runner routes) whose default engine is `engine`."""
+def local_server_on(engine: Any, data_dir: Path, **config: Any) -> Iterator[Any]:
+    """A full LocalServer (capture proxy, admin API, runner routes) whose default engine is `engine`
+    (more `ServerConfig` fields in `config`)."""
     from tapdeck.app.host import LocalServer
     from tapdeck.proxy.config import ServerConfig
 
     server = LocalServer(ServerConfig(port=0, data_dir=data_dir, engine_url=engine.base_url,
-                                      engine_model=engine.served_name)).start()
+                                      engine_model=engine.served_name, **config)).start()
     try:
         yield server
     finally:

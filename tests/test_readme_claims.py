@@ -175,6 +175,18 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/engine/test_token_in_capture.py::test_token_in_conversation_is_one_chain_with_engine_logprobs
 - the Rollout screen marks `⇢ids` / `↩text`
   → tests/app/test_views.py::test_token_in_turns_show_whether_ids_continued_them_or_text_took_over
+- calls with tools continue by ids: the same prompt ids as the chat route (tools block included),
+  the same replies, tool-call ids, `finish_reason` and streamed deltas, parsed by the one parser the
+  embedded engine's chat route runs (vLLM's hermes rules)
+  → tests/engine/test_token_in_tools.py::test_tool_calls_by_ids_reach_the_harness_as_by_text
+  → tests/proxy_engine/test_token_in_tools_recorded.py::test_tool_call_sampled_by_ids_reads_back_as_vllms_chat_route_call
+  → tests/proxy_engine/test_token_in_tools_recorded.py::test_turn_after_a_tool_call_continues_by_ids_with_the_hermes_parser
+  → tests/engine/test_tool_calls.py::test_block_without_arguments_leaves_the_reply_plain_content_like_vllm_hermes
+- tool fallbacks: unknown parser, forced `tool_choice`, legacy `functions`; a reasoning parser sends
+  every call as text
+  → tests/proxy_engine/test_token_in_plan.py::test_calls_that_extend_no_held_reply_take_text_without_asking_the_engine
+  → tests/proxy_engine/test_token_in_plan.py::test_unknown_tool_parser_is_named_in_the_fallback
+  → tests/proxy_engine/test_token_in_plan.py::test_engine_with_a_reasoning_parser_sends_every_call_as_text
 
 § Running rollouts
 - a run is resumable after a crash

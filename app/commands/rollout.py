@@ -102,6 +102,12 @@ def register(app: typer.Typer) -> None:
         token_in: bool | None = typer.Option(
             None, "--token-in/--no-token-in", help="Continue held conversations from their token "
             "ids (default: on for training rollouts)."),
+        engine_tool_parser: str | None = typer.Option(
+            None, "--engine-tool-parser", help="The tool-call parser the engine runs (vLLM's "
+            "--tool-call-parser, e.g. hermes): token-in continues calls with tools with it."),
+        engine_reasoning_parser: str | None = typer.Option(
+            None, "--engine-reasoning-parser", help="The reasoning parser the engine runs, if any: "
+            "token-in then sends every call as text."),
         public_url: str | None = typer.Option(
             None, "--public-url", help="Address sandboxes use to reach the proxy (http://HOST:PORT, "
             "e.g. an SSH reverse tunnel); sessions advertise it. Default: the bound address."),
@@ -124,6 +130,8 @@ def register(app: typer.Typer) -> None:
                                   top_p=top_p, top_k=top_k, min_p=min_p,
                                   harness_kwargs=harness_kwargs),
             "alternatives": alternatives, "public_url": public_url, "token_in": token_in,
+            "engine_tool_parser": engine_tool_parser,
+            "engine_reasoning_parser": engine_reasoning_parser,
         }
         try:
             plan = RunPlan.model_validate(fields)

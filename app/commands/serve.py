@@ -35,6 +35,13 @@ def register(app: typer.Typer) -> None:
         engine_model: str | None = typer.Option(None, "--engine-model", help="Model name on that engine."),
         engine_api_key: str | None = typer.Option(None, "--engine-api-key", envvar="TAPDECK_ENGINE_API_KEY",
                                                   help="API key for that engine (never logged)."),
+        engine_tool_parser: str | None = typer.Option(
+            None, "--engine-tool-parser", help="The tool-call parser that engine's chat route runs "
+            "(vLLM's --tool-call-parser, e.g. hermes): token-in capture parses tool calls with it. "
+            "Unset or unknown: calls with tools are captured as text."),
+        engine_reasoning_parser: str | None = typer.Option(
+            None, "--engine-reasoning-parser", help="The reasoning parser that engine runs, if any "
+            "(vLLM's --reasoning-parser): token-in capture then sends every call as text."),
         admin_key: str | None = typer.Option(None, "--admin-key", envvar="TAPDECK_ADMIN_KEY",
                                              help="Admin API key (visible in `ps`: prefer $TAPDECK_ADMIN_KEY "
                                                   "or --admin-key-file). Omitted: generate one and write "
@@ -60,7 +67,8 @@ def register(app: typer.Typer) -> None:
 
         fields = {"host": host, "port": port, "admin_key": admin_key, "engine_url": engine,
                   "engine_model": engine_model, "engine_api_key": engine_api_key,
-                  "public_url": public_url}
+                  "engine_tool_parser": engine_tool_parser,
+                  "engine_reasoning_parser": engine_reasoning_parser, "public_url": public_url}
         if data_dir is not None:
             fields["data_dir"] = data_dir
         if max_body_bytes is not None:

@@ -118,7 +118,11 @@ class Generation:
             ch.logprobs.append(lp)
             ch.tops.append(top)
             before = len(self._text)
-            if not (rules.skip_special_tokens and model.special[token]):
+            # A stop token's own text is left out unless asked for, as vLLM's detokenizer does
+            # (with special tokens kept, the end token would otherwise end every reply's text).
+            stop_token = (token == model.eos_id and not rules.ignore_eos) or token in rules.stop_token_ids
+            if not (rules.skip_special_tokens and model.special[token]) and not (
+                    stop_token and not rules.include_stop_str_in_output):
                 self._text += self._decoder.decode(model.pieces[token])
             if token == model.eos_id and not rules.ignore_eos:
                 ch.finish_reason = "stop"

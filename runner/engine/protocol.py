@@ -5,15 +5,20 @@ Unknown fields are accepted and ignored, as vLLM does.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from tapdeck.proxy.toolcalls import EMBEDDED_TOOL_PARSER, TOOL_PARSERS, parses_tools
 from tapdeck.runner.engine.errors import bad_param
 from tapdeck.runner.engine.generation import StopRules
 from tapdeck.runner.engine.sampling import SamplingParams
 
 MAX_TOP_LOGPROBS = 20
+PARSER = TOOL_PARSERS[EMBEDDED_TOOL_PARSER]
+"""The chat route's tool-call parser (vLLM's `--tool-call-parser`); token-in capture applies the
+same one to replies it samples on the completions route."""
 
 
 class _Sampled(BaseModel):
@@ -117,7 +122,15 @@ class ChatCompletionRequest(_Sampled):
     @property
     def parse_tools(self) -> bool:
         """Whether to look for tool calls in the reply."""
-        return bool(self.tools) and self.tool_choice != "none"
+        return parses_tools({"tools": self.tools, "tool_choice": self.tool_choice})
+
+    def stop_rules(self, max_tokens: int) -> StopRules:
+        """As for any request, except that a reply parsed for tool calls keeps special tokens in
+        its text, as vLLM's tool parsers ask (`adjust_request`)."""
+        rules = super().stop_rules(max_tokens)
+        if self.parse_tools and PARSER.keeps_special_tokens:
+            rules = dataclasses.replace(rules, skip_special_tokens=False)
+        return rules
 
     def check(self, max_model_len: int) -> None:
         """vLLM's request checks that do not need the prompt."""

@@ -28,13 +28,13 @@ from tapdeck.runner.engine.errors import (
 )
 from tapdeck.runner.engine.generation import Choice
 from tapdeck.runner.engine.protocol import (
+    PARSER,
     ChatCompletionRequest,
     CompletionRequest,
     TokenizeRequest,
 )
 from tapdeck.runner.engine.template import TemplateError
-from tapdeck.runner.engine.toolcalls import START as TOOL_START
-from tapdeck.runner.engine.toolcalls import parse_tool_calls
+from tapdeck.proxy.toolcalls import START as TOOL_START
 
 _Req = TypeVar("_Req", bound=BaseModel)
 SSE_TYPE = "text/event-stream; charset=utf-8"
@@ -169,8 +169,8 @@ def create_engine_app(core: EngineCore, *, served_name: str = "smollm2",
         calls = None
         finish = c.finish_reason
         if req.parse_tools:
-            parsed = parse_tool_calls(c.text)
-            content, calls = parsed.content, parsed.tool_calls
+            parsed = PARSER.parse(c.text)
+            content, calls = parsed.content, parsed.tool_calls or None
             if calls:
                 finish = "tool_calls"
         return wire.chat_choice(index, c, namer, logprobs=bool(req.logprobs),
@@ -208,7 +208,7 @@ def create_engine_app(core: EngineCore, *, served_name: str = "smollm2",
                 choice = ev.choice
                 finish, delta = choice.finish_reason, {"content": texts[i][sent[i]:]}
                 if req.parse_tools:
-                    parsed = parse_tool_calls(choice.text)
+                    parsed = PARSER.parse(choice.text)
                     if parsed.tool_calls:
                         finish = "tool_calls"
                         delta = {"content": (parsed.content or "")[sent[i]:],

@@ -63,7 +63,7 @@ def usage(prompt_tokens: int, completion_tokens: int, *, details: bool = True) -
 
 
 def chat_message(content: str | None, tool_calls: list[dict[str, Any]] | None) -> dict[str, Any]:
-    """The assistant message; `tool_calls` appears only when tools were offered."""
+    """The assistant message; `tool_calls` appears only when the reply made calls (vLLM 0.32)."""
     msg: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None,
                            "annotations": None, "audio": None, "function_call": None}
     if tool_calls is not None:

@@ -11,6 +11,7 @@ from pydantic import TypeAdapter
 from tapdeck.proxy.dialects import detect
 from tapdeck.proxy.dialects.anthropic import DIALECT, strip_billing_header
 from tapdeck.proxy.dialects.base import DialectError
+from tests.conftest import vllm_fixture
 
 BILLING = "x-anthropic-billing-header: cc_version=2.1.80.a1b; cc_entrypoint=cli; cch=7f3e9;"
 
@@ -228,3 +229,22 @@ def test_missing_messages_refused() -> None:
     with pytest.raises(DialectError) as err:
         parse({"model": "m"})
     assert err.value.status == 400
+
+
+def test_recorded_vllm_tool_call_becomes_tool_use_and_is_resent_verbatim() -> None:
+    """A real vLLM 0.32 hermes tool-call reply (chat_tools_call.json): a `tool_use` block the
+    Anthropic SDK accepts, and the next request gives vLLM back its own arguments string."""
+    reply = vllm_fixture("chat_tools_call")["response"]
+    [call] = reply["choices"][0]["message"]["tool_calls"]
+    req = parse({"messages": [{"role": "user", "content": "Show me what is in the current directory."}]})
+    message = Message.model_validate(DIALECT.render(reply, req))
+    assert message.stop_reason == "tool_use"
+    [block] = message.content
+    assert (block.type, block.id, block.name, block.input) == (
+        "tool_use", call["id"], "run_shell", json.loads(call["function"]["arguments"]))
+    follow = parse({"messages": [
+        {"role": "user", "content": "Show me what is in the current directory."},
+        {"role": "assistant", "content": [block.model_dump(exclude_none=True)]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": block.id,
+                                      "content": "foo.txt\nbar.py"}]}]})
+    assert follow.chat["messages"][1]["tool_calls"] == [call]

@@ -8,8 +8,9 @@ import json
 import httpx
 import pytest
 
+from tapdeck.proxy.toolcalls import ParsedReply, parse_tool_calls, render_tool_calls
 from tapdeck.runner.engine.template import ChatTemplate
-from tapdeck.runner.engine.toolcalls import parse_tool_calls, render_tool_calls
+from tests.conftest import vllm_fixture
 
 # SmolLM2-135M-Instruct's template, as stored in its GGUF metadata.
 SMOLLM2_TEMPLATE = (
@@ -50,6 +51,12 @@ def test_parse_unclosed_block_and_invalid_json():
     bad = "<tool_call>\n{not json}\n</tool_call>"
     assert parse_tool_calls(bad).tool_calls == [] and parse_tool_calls(bad).content == bad
     assert parse_tool_calls("no calls here").content == "no calls here"
+
+
+def test_block_without_arguments_leaves_the_reply_plain_content_like_vllm_hermes():
+    # vLLM's hermes parser reads `arguments` unconditionally: a block without it fails the reply.
+    text = '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>\n<tool_call>\n{"name": "g"}'
+    assert parse_tool_calls(text) == ParsedReply(text, [])
 
 
 def test_template_renders_tools_calls_and_responses_hermes_style():
@@ -120,3 +127,31 @@ def test_tool_call_streams_as_a_tool_calls_delta(embedded_engine):
     assert last["delta"]["tool_calls"][0]["function"]["name"] == "get_weather"
     assert last["delta"]["tool_calls"][0]["index"] == 0
     assert text.rstrip().endswith("data: [DONE]")
+
+
+@pytest.mark.parametrize("name", ["chat_tools_call", "chat_tools_no_call"])
+def test_parse_agrees_with_vllm_hermes_on_recorded_replies(name):
+    """Recorded vLLM 0.32 `--tool-call-parser hermes` replies: parsing the text the model sampled
+    (its tokens' bytes, less the end token) gives vLLM's content and calls; ids are fresh."""
+    choice = vllm_fixture(name)["response"]["choices"][0]
+    entries = choice["logprobs"]["content"]
+    assert entries[-1]["token"] == "<|im_end|>"
+    raw = b"".join(bytes(e["bytes"]) for e in entries[:-1]).decode()
+    parsed = parse_tool_calls(raw)
+    theirs = choice["message"]
+    assert parsed.content == theirs["content"]
+    assert [(c["type"], c["function"]) for c in parsed.tool_calls] == \
+        [(c["type"], c["function"]) for c in theirs.get("tool_calls", [])]
+    assert all(c["id"].startswith("chatcmpl-tool-") for c in parsed.tool_calls)
+    assert choice["finish_reason"] == ("tool_calls" if parsed.tool_calls else "stop")
+
+
+
+def test_token_id_completion_text_parses_to_vllms_chat_call():
+    """vLLM's completions route leaves a tool call as text (tokenin_tools_call_ids.json: the same
+    prompt and ids as chat_tools_call.json); parsing that text gives vLLM's chat-route call."""
+    text = vllm_fixture("tokenin_tools_call_ids")["response"]["choices"][0]["text"]
+    chat = vllm_fixture("chat_tools_call")["response"]["choices"][0]["message"]
+    parsed = parse_tool_calls(text)
+    assert parsed.content == chat["content"] is None
+    assert [c["function"] for c in parsed.tool_calls] == [c["function"] for c in chat["tool_calls"]]

@@ -162,6 +162,33 @@ def test_tokenize_chat_and_text_forms(embedded_engine):
     assert r["tokens"] == [504, 3575, 282, 4649, 314] and r["count"] == 5
 
 
+@pytest.mark.parametrize("name", [
+    "tokenize_chat_gen", "tokenize_chat_default", "tokenize_chat_nogen", "tokenize_chat_special",
+    "tokenize_chat_no_system", "tokenize_chat_assistant_last", "tokenize_chat_continue",
+    "tokenize_prompt",
+    *(f"tokenin_{tag}_tokenize_{part}" for tag in ("greedy", "stop", "retok")
+      for part in ("full", "held", "history_gen", "history_empty"))])
+def test_tokenize_answers_the_ids_vllm_answered(embedded_engine, name):
+    """Every recorded vLLM `/tokenize` body without tools: the same ids and reply shape (tokens
+    are the same tokenizer and template; tools are rendered into the prompt here by design)."""
+    rec = vllm_fixture(name)
+    r = _post(embedded_engine, "/tokenize", rec["request"]).json()
+    assert r["tokens"] == rec["response"]["tokens"]
+    assert_same_shape(r, rec["response"])
+
+
+@pytest.mark.parametrize("tag", ["stop", "retok"])
+def test_token_in_completion_has_vllms_shape(embedded_engine, tag):
+    """The exact token-id completion token-in sent to vLLM (recorded): the same reply shape, the
+    prompt echoed per choice. (vLLM also streams it; this engine refuses streamed legacy
+    completions, which token-in never asks for.)"""
+    rec = vllm_fixture(f"tokenin_{tag}_turn2_ids")
+    body = _post(embedded_engine, "/v1/completions", rec["request"]).json()
+    assert_same_shape(body, rec["response"], mappings=("top_logprobs",))
+    assert body["choices"][0]["prompt_token_ids"] == rec["request"]["prompt"]
+    assert 0 < len(body["choices"][0]["token_ids"]) <= rec["request"]["max_tokens"]
+
+
 @pytest.fixture(scope="module")
 def token_id_engine():
     from tapdeck.runner.engine.embedded import EmbeddedEngine

@@ -10,6 +10,9 @@ tests/proxy_engine/test_token_in_embedded.py derives them from the engine's own 
 
 from __future__ import annotations
 
+import copy
+import re
+
 import numpy as np
 import pytest
 from proxy_core_fixtures import load_fixture, turn_from_fixture
@@ -23,6 +26,8 @@ from tapdeck.proxy.token_in import (
     continuation_ids,
     difference,
 )
+from tapdeck.proxy.toolcalls import TOOL_PARSERS
+from tests.conftest import assert_same_shape
 
 IM_END = 2
 NEWLINE = {"smollm2": 198, "tiny": 201}
@@ -125,5 +130,35 @@ def test_completion_reply_reads_as_the_chat_capture():
     assert cap.sampled_ids.tolist() == choice["token_ids"]
     assert cap.logprobs.tolist() == choice["logprobs"]["token_logprobs"]
     assert cap.token_texts == choice["logprobs"]["tokens"]
-    assert chat["choices"][0]["message"] == {"role": "assistant", "content": choice["text"]}
+    assert chat["choices"][0]["message"]["content"] == choice["text"]
     assert chat["choices"][0]["finish_reason"] == "length"
+    # Shaped as the chat route answers (vLLM 0.32's recorded chat body), key for key.
+    assert_same_shape(chat, load_fixture("chat_basic")["response"])
+
+
+def test_token_in_replies_with_tools_read_as_vllms_hermes_chat_replies():
+    """vLLM 0.32's chat route with `--tool-call-parser hermes` (recorded): a reply with a call has
+    `content` null, `tool_calls` with `chatcmpl-tool-<16 hex>` ids and `finish_reason` tool_calls;
+    a reply without one has no `tool_calls` key. A recorded token-id completion carrying the text
+    the model sampled in the recorded call (its tokens' bytes, less the end token) reads back the
+    same through token-in's parser."""
+    hermes = TOOL_PARSERS["hermes"]
+    completion = load_fixture("tokenin_stop_turn2_ids")["response"]
+    plain = completion_as_chat(completion, top_k=0, parser=hermes)["choices"][0]
+    vllm_plain = load_fixture("chat_tools_no_call")["response"]["choices"][0]
+    assert list(plain["message"]) == list(vllm_plain["message"])
+    assert plain["finish_reason"] == completion["choices"][0]["finish_reason"]
+
+    vllm_call = load_fixture("chat_tools_call")["response"]["choices"][0]
+    entries = vllm_call["logprobs"]["content"]
+    sampled = b"".join(bytes(e["bytes"]) for e in entries[:-1]).decode()
+    with_call = copy.deepcopy(completion)
+    with_call["choices"][0]["text"] = sampled
+    ours = completion_as_chat(with_call, top_k=0, parser=hermes)["choices"][0]
+    assert list(ours["message"]) == list(vllm_call["message"])
+    assert ours["message"]["content"] == vllm_call["message"]["content"] is None
+    assert [(c["type"], c["function"]) for c in ours["message"]["tool_calls"]] == \
+        [(c["type"], c["function"]) for c in vllm_call["message"]["tool_calls"]]
+    ids = [c["id"] for c in ours["message"]["tool_calls"] + vllm_call["message"]["tool_calls"]]
+    assert all(re.fullmatch(r"chatcmpl-tool-[0-9a-f]{16}", i) for i in ids)
+    assert ours["finish_reason"] == vllm_call["finish_reason"] == "tool_calls"

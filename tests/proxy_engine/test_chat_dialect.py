@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from tapdeck.proxy.dialects import DIALECTS, detect
-from tapdeck.proxy.dialects.base import DialectError, DialectRequest
+from tapdeck.proxy.dialects.base import DialectError, DialectRequest, SSEEvent
 from tapdeck.proxy.dialects.chat import DIALECT as chat
 from tapdeck.proxy.dialects.chat import fold_system_messages, merge_system_messages
 from tapdeck.proxy.sse import encode
@@ -201,3 +201,32 @@ async def test_stream_error_is_sse_error_then_done():
     with pytest.raises(openai.APIError) as err:
         await sdk_stream(payload)
     assert "unreachable" in str(err.value)
+
+
+async def _sdk_calls(payload: bytes) -> tuple[dict[int, dict], str | None, str]:
+    """Tool calls, last finish reason and content text the OpenAI SDK reassembles from a stream."""
+    calls: dict[int, dict] = {}
+    finish, text = None, ""
+    for c in await sdk_stream(payload):
+        for choice in c.choices:
+            text += choice.delta.content or ""
+            finish = choice.finish_reason or finish
+            for tc in choice.delta.tool_calls or []:
+                slot = calls.setdefault(tc.index, {"name": "", "arguments": ""})
+                slot["name"] += tc.function.name or ""
+                slot["arguments"] += tc.function.arguments or ""
+    return calls, finish, text
+
+
+async def test_tool_call_stream_from_recorded_vllm_reply_reassembles_like_vllms_own(vllm):
+    """The proxy streams a reply from the whole one (stream off upstream): for a real vLLM hermes
+    tool call, the SDK reassembles the same call, finish reason and (empty) content from it as
+    from vLLM's own stream of the same request."""
+    rec = vllm("chat_tools_call_stream")
+    theirs = await _sdk_calls(b"".join(encode(SSEEvent(e)) for e in rec["events"]))
+    req = chat.parse(rec["request"], "/v1/chat/completions", {})
+    reply = vllm("chat_tools_call")["response"]
+    ours = await _sdk_calls(b"".join(encode(e) for e in chat.render_stream(reply, req)))
+    assert ours == theirs
+    assert theirs[0] == {0: {"name": "run_shell", "arguments": reply["choices"][0]["message"][
+        "tool_calls"][0]["function"]["arguments"]}} and theirs[1] == "tool_calls"

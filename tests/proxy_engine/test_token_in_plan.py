@@ -1,9 +1,11 @@
 """Token-in planning against the recorded vLLM server: which calls fall back to text, and why.
 
-The recorded server answers only what vLLM 0.32 answered when recorded (chat completions,
-models); its `/tokenize` and token-id completions are absent here, so these tests pin the
-fallbacks. The token-in path itself is tested on the embedded engine
-(tests/engine/test_token_in_capture.py) and on the recorded break cases (tests/proxy_core).
+The recorded server here answers chat completions and models only, so these tests pin the
+fallbacks, including calls with tools when the engine's tool-call parser is unknown or a call is
+forced, and every call on an engine running a reasoning parser. The token-in path itself is tested
+against recorded vLLM `/tokenize` and token-id completions (test_token_in_recorded.py), on the
+embedded engine (tests/engine/test_token_in_capture.py, test_token_in_tools.py) and on the
+recorded break cases (tests/proxy_core).
 """
 
 from __future__ import annotations
@@ -48,8 +50,16 @@ async def test_engine_without_tokenize_falls_back_once_and_stays_text(upstream):
     assert str(upstream.requests[0].url) == "http://vllm.test/tokenize"
 
 
+SH = [{"type": "function", "function": {"name": "sh"}}]
+
+
 @pytest.mark.parametrize(("change", "reason"), [
-    (lambda req, body: body.update(tools=[{"type": "function", "function": {"name": "sh"}}]), "tools"),
+    (lambda req, body: body.update(tools=SH), "tool_parser_unknown"),
+    (lambda req, body: body.update(tools=SH, tool_choice="required"), "tool_choice_forced"),
+    (lambda req, body: body.update(tools=SH, tool_choice={"type": "function",
+                                                          "function": {"name": "sh"}}),
+     "tool_choice_forced"),
+    (lambda req, body: body.update(functions=[{"name": "sh"}]), "functions"),
     (lambda req, body: req["messages"][2].update(content="an edited reply"), "not_held"),
     (lambda req, body: req["messages"].__setitem__(0, {"role": "system", "content": "other"}),
      "not_held"),
@@ -60,7 +70,29 @@ async def test_calls_that_extend_no_held_reply_take_text_without_asking_the_engi
     request, body = _next_call()
     change(request, body)
     plan = await token_in.plan(_held_graph(), request, body)
-    assert plan.record == {"mode": "text", "reason": reason} and not upstream.requests
+    assert plan.prompt_ids is None and not upstream.requests
+    assert (plan.record["mode"], plan.record["reason"]) == ("text", reason)
+
+
+async def test_unknown_tool_parser_is_named_in_the_fallback(upstream):
+    token_in = TokenIn(EngineClient(SPEC, http=upstream.client()), tool_parser="mistral")
+    request, body = _next_call()
+    body["tools"] = SH
+    plan = await token_in.plan(_held_graph(), request, body)
+    assert plan.record["reason"] == "tool_parser_unknown"
+    assert "'mistral'" in plan.record["detail"] and "hermes" in plan.record["detail"]
+    assert not upstream.requests
+
+
+async def test_engine_with_a_reasoning_parser_sends_every_call_as_text(upstream):
+    """Its chat route splits the reasoning out of the reply and the completions route does not:
+    a continued call would hand the harness the reasoning as content."""
+    token_in = TokenIn(EngineClient(SPEC, http=upstream.client()), tool_parser="hermes",
+                       reasoning_parser="deepseek_r1")
+    request, body = _next_call()
+    plan = await token_in.plan(_held_graph(), request, body)
+    assert (plan.record["reason"], plan.prompt_ids) == ("reasoning_parser", None)
+    assert "deepseek_r1" in plan.record["detail"] and not upstream.requests
 
 
 async def test_engine_refusing_token_prompts_gets_the_call_as_text(upstream):

@@ -32,6 +32,18 @@ def test_embedded_engine_is_the_servers_default_engine() -> None:
     assert resolve_engine("embedded", default=DEFAULT) is DEFAULT
 
 
+def test_engine_parsers_ride_with_the_engine_choice() -> None:
+    hermes = DEFAULT.model_copy(update={"tool_call_parser": "hermes"})
+    assert resolve_engine("embedded", default=hermes).tool_call_parser == "hermes"
+    url = resolve_engine("http://gpu:8000", default=hermes)
+    assert (url.tool_call_parser, url.reasoning_parser) == (None, None)  # not the default's
+    spec = resolve_engine("http://gpu:8000", tool_parser="hermes", reasoning_parser="qwen3")
+    assert (spec.tool_call_parser, spec.reasoning_parser) == ("hermes", "qwen3")
+    again = resolve_engine(None, default=hermes, reasoning_parser="qwen3")
+    assert (again.url, again.tool_call_parser, again.reasoning_parser) == \
+        (DEFAULT.url, "hermes", "qwen3")
+
+
 def test_embedded_without_a_running_engine_says_what_to_do() -> None:
     with pytest.raises(EngineChoiceError, match="--engine URL"):
         resolve_engine("embedded", default=None)

@@ -1,0 +1,94 @@
+"""Token-in with the hermes tool parser against real vLLM 0.32 (recorded on a server with
+`--enable-auto-tool-choice --tool-call-parser hermes`): a tool call sampled on the completions
+route reads back as the chat route's call, and the turn after a call continues by ids.
+
+vLLM's SmolLM2 template ignores `tools` (recorded: `/tokenize` gives the same ids with and without
+them), and SmolLM2's `<tool_call>` is not a special token, so the recorded bodies without `tools`
+and without `skip_special_tokens` answer the ones token-in sends with them; each test checks the
+fact it leans on.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from typing import Any
+
+from tapdeck.proxy.engine_client import EngineClient
+from tapdeck.proxy.graph import RolloutGraph
+from tapdeck.proxy.token_in import TokenIn, completion_as_chat
+from tapdeck.proxy.toolcalls import TOOL_PARSERS
+from tests.conftest import vllm_fixture as recorded
+from tests.proxy_core.proxy_core_fixtures import turn_from_fixture
+from tests.proxy_engine.test_token_in_recorded import SPEC, TOKENIZE_PARTS, RecordedExchanges
+
+HERMES = TOOL_PARSERS["hermes"]
+CALL_ID = re.compile(r"chatcmpl-tool-[0-9a-f]{16}")
+SPECIAL_IDS = range(17)  # SmolLM2's special tokens: <|endoftext|>, <|im_start|>, <|im_end|>, …
+
+
+def _without_ids(message: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(message)
+    for call in out.get("tool_calls") or []:
+        assert CALL_ID.fullmatch(call.pop("id"))
+    return out
+
+
+def test_tool_call_sampled_by_ids_reads_back_as_vllms_chat_route_call():
+    """The same prompt ids, greedy, on both routes (recorded): the completions route answers the
+    call as raw text; parsed with hermes it is the chat route's reply, id format included."""
+    completion = recorded("tokenin_tools_call_ids")["response"]
+    chat = recorded("chat_tools_call")["response"]
+    ours = completion_as_chat(completion, top_k=2, parser=HERMES)
+    a, b = ours["choices"][0], chat["choices"][0]
+    assert _without_ids(a["message"]) == _without_ids(b["message"])
+    assert (a["finish_reason"], a["stop_reason"]) == (b["finish_reason"], b["stop_reason"]) \
+        == ("tool_calls", None)
+    assert a["token_ids"] == b["token_ids"] and a["logprobs"] == b["logprobs"]
+    assert ours["prompt_token_ids"] == chat["prompt_token_ids"]
+
+
+class ToolsCallEngine(RecordedExchanges):
+    """The recorded exchanges, answering token-in's bodies: `/tokenize` with `tools` as vLLM
+    answered it without them, the completion with `skip_special_tokens` as without it;
+    `asked` keeps the bodies as token-in sent them."""
+
+    asked: list[dict[str, Any]]
+
+    def handler(self, request):  # type: ignore[no-untyped-def]
+        body = json.loads(request.content)
+        self.asked = [*getattr(self, "asked", []), body]
+        drop = {"/tokenize": "tools", "/v1/completions": "skip_special_tokens"}[request.url.path]
+        stripped = {k: v for k, v in body.items() if k != drop}
+        return super().handler(request.__class__(request.method, request.url,
+                                                 json=stripped, headers=request.headers))
+
+
+async def test_turn_after_a_tool_call_continues_by_ids_with_the_hermes_parser():
+    """vLLM's text path drops the sampled call from the next prompt (its template renders the
+    assistant turn empty); token-in keeps the call's ids and adds the `tool` message's ids from
+    the `/tokenize` boundary, and vLLM's completion reads back as the chat reply it gave."""
+    assert (recorded("tokenize_chat_tools")["response"]["tokens"]
+            == recorded("tokenize_chat_gen")["response"]["tokens"])  # tools render nothing here
+    sent = recorded("tokenin_tools_turn2_ids")
+    assert not set(sent["response"]["choices"][0]["token_ids"][:-1]) & set(SPECIAL_IDS)
+    engine = ToolsCallEngine(*(f"tokenin_tools_tokenize_{p}" for p in TOKENIZE_PARTS),
+                             "tokenin_tools_turn2_ids")
+    graph = RolloutGraph()
+    graph.add(turn_from_fixture("chat_tools_call", 0))
+    nxt = recorded("chat_tools_result")
+    request = {k: copy.deepcopy(nxt["request"][k]) for k in
+               ("messages", "tools", "max_tokens", "temperature", "logprobs", "top_logprobs")}
+    upstream, _ = EngineClient(SPEC).prepare(request, "tokens", "smollm2", False)
+    token_in = TokenIn(engine.client(), tool_parser="hermes")
+    plan = await token_in.plan(graph, request, upstream)
+    assert (plan.record["mode"], plan.record["tool_parser"]) == ("ids", "hermes"), plan.record
+    assert plan.prompt_ids == sent["request"]["prompt"]
+    reply, followed = await token_in.send(upstream, plan)
+    assert followed is plan
+    bodies = engine.asked
+    assert all(b["tools"] == request["tools"] for b in bodies[:4])
+    assert bodies[4]["skip_special_tokens"] is False  # as hermes asks of the chat route
+    assert reply["choices"][0]["message"] == nxt["response"]["choices"][0]["message"]
+    assert reply["choices"][0]["finish_reason"] == "stop"
