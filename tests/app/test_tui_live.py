@@ -15,7 +15,7 @@ from tapdeck.app.views import session_state
 from tapdeck.app.widgets.rollout_tree import RolloutTree
 from tapdeck.app.widgets.session_table import SessionTable
 from tapdeck.app.widgets.token_view import TokenView
-from tests.app.pilot_wait import until
+from tests.app.pilot_wait import click_until, until
 from tests.conftest import local_server_on
 
 WAIT_S = 120.0  # a generous bound for a rollout to finish on 2 shared cores (not a speed check)
@@ -92,8 +92,8 @@ async def test_live_session_rollout_grows_and_a_token_can_be_selected(live_serve
                         and any(v.turn is not None for v in app.screen.query(TokenView)), "turn 0", 30)
             view = app.screen.query_one(TokenView)
             assert view.turn.token_texts and len(view.turn.logprobs) == len(view.turn.token_texts)
-            await pilot.click(TokenView, offset=(0, 0))
-            await until(pilot, lambda: view.selected == 0, "the clicked token selected", 10)
+            await click_until(pilot, TokenView, (0, 0), lambda: view.selected == 0,
+                              "the clicked token selected")
             assert "logprob" in str(app.screen.query_one("#token-detail").render())
 
             # The agent continues while the screen is open: the tree grows from the event stream.

@@ -16,7 +16,7 @@ from tapdeck.app.widgets.session_table import SessionTable
 from tapdeck.app.widgets.token_view import TokenView
 from tapdeck.schema.events import parse_event
 from tests.app.conftest import recorded_transport
-from tests.app.pilot_wait import until
+from tests.app.pilot_wait import click_until, until
 
 
 def _event(kind: str, session: dict):
@@ -92,9 +92,8 @@ async def test_open_rollout_and_click_a_token_shows_its_logprob(make_app):
         assert str(tree.root.children[0].children[0].label).startswith("#2 agent")
         view = app.screen.query_one(TokenView)
         assert view.turn is not None and view.turn.seq == 0
-        await pilot.pause()  # the header's new text may move the tokens: click where they are drawn
-        await pilot.click(TokenView, offset=(2, 0))  # "'m" (token 1)
-        await until(pilot, lambda: view.selected == 1, "the clicked token picked")
+        await click_until(pilot, TokenView, (2, 0), lambda: view.selected == 1,  # "'m" (token 1)
+                          "the clicked token picked")
         detail = str(app.screen.query_one("#token-detail").render())
         assert f"logprob {view.turn.logprobs[1]:.3f}" in detail and "\"'m\"" in detail
         await pilot.press("full_stop")
