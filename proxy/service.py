@@ -74,7 +74,7 @@ from tapdeck.proxy.sessions import (
     new_session_id,
     new_session_key,
 )
-from tapdeck.proxy.sse import KEEPALIVE, json_array_with_keepalive, stream_with_keepalive
+from tapdeck.proxy.sse import KEEPALIVE, KEEPALIVE_SECONDS, json_array_with_keepalive, stream_with_keepalive
 from tapdeck.proxy.store import Store
 from tapdeck.proxy.store_writes import StoreUnavailable, StoreWrites
 from tapdeck.proxy.tiers import EngineSpec, ProbeResult, Tier, probe
@@ -86,8 +86,6 @@ from tapdeck.schema.sessions import RolloutStats, TurnHeader
 
 log = logging.getLogger("tapdeck.proxy")
 
-KEEPALIVE_S = 10.0
-"""Seconds between SSE comment lines while a streaming caller waits for the engine."""
 BUDGET_STOP_TEXT = ("[tapdeck] This session's model-call budget ({budget} calls) is used up; "
                     "the conversation ends here.")
 CONTEXT_STOP_TEXT = ("[tapdeck] The conversation no longer fits the model's context window; "
@@ -181,7 +179,7 @@ class CaptureService:
     """Owns the sessions of one server and everything a model call goes through."""
 
     def __init__(self, store: Store, *, default_engine: EngineSpec | None, public_url: str,
-                 keepalive_s: float = KEEPALIVE_S,
+                 keepalive_s: float = KEEPALIVE_SECONDS,
                  engine_timeout: httpx.Timeout | float = DEFAULT_TIMEOUT) -> None:
         self.store = store
         self.default_engine = default_engine

@@ -17,6 +17,7 @@ import orjson
 from tapdeck.proxy.dialects.base import SSEEvent
 
 KEEPALIVE_SECONDS = 10.0
+"""Seconds between SSE comment lines while a streaming caller waits for the engine."""
 KEEPALIVE = b": keepalive\n\n"
 DISCONNECT_POLL_SECONDS = 1.0
 
