@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -18,6 +17,7 @@ from textual.widgets import DataTable, Select, SelectionList
 
 from tapdeck.app.client import TapdeckClient
 from tapdeck.app.tui import TapdeckApp
+from tapdeck.schema.runs import RolloutResult
 from tapdeck.proxy.serving import ThreadedServer
 from tests.agents.test_agent_binaries import scripted_agent_reply
 from tests.agents.test_agent_rollouts import AGENT_CONTEXT, installed_or_skip
@@ -61,10 +61,9 @@ def recorded_vllm() -> Iterator[ScriptedUpstream]:
         server.stop()
 
 
-def _rollout(app: TapdeckApp) -> dict[str, Any] | None:
-    detail = getattr(app.screen, "detail", None) or {}
-    rollouts = detail.get("rollouts") or []
-    return rollouts[0] if rollouts else None
+def _rollout(app: TapdeckApp) -> RolloutResult | None:
+    detail = getattr(app.screen, "detail", None)
+    return detail.rollouts[0] if detail is not None and detail.rollouts else None
 
 
 async def test_agent_cli_started_from_setup_finishes_with_its_turns_on_the_runs_screen(
@@ -87,24 +86,24 @@ async def test_agent_cli_started_from_setup_finishes_with_its_turns_on_the_runs_
             await pilot.press("ctrl+s")
             await until(pilot, lambda: app.current_mode == "sessions", "the switch to Sessions", 60)
             await pilot.press("4")
-            await until(pilot, lambda: (_rollout(app) or {}).get("phase") in ("done", "failed"),
+            await until(pilot, lambda: getattr(_rollout(app), "phase", None) in ("done", "failed"),
                         "the rollout to end on the Runs screen", WAIT_S)
             rollout = _rollout(app)
             assert rollout is not None
-            assert rollout["ok"] and rollout["error_kind"] is None, (rollout["error"], rollout)
+            assert rollout.ok and rollout.error_kind is None, (rollout.error, rollout)
             # The agent wrote hello.txt through its own tool call: the verifier's reward.
-            assert rollout["reward"] == 1.0 and rollout["turns"] >= 2, rollout
+            assert rollout.reward == 1.0 and rollout.turns >= 2, rollout
             table = app.screen.query_one("#rollouts-table", DataTable)
             row = [str(cell) for cell in table.get_row_at(0)]
-            assert row[0] == "hello-file" and row[3] == "1.00" and row[4] == str(rollout["turns"]), row
+            assert row[0] == "hello-file" and row[3] == "1.00" and row[4] == str(rollout.turns), row
 
         admin = {"Authorization": f"Bearer {server.admin_key}"}
         with httpx.Client(base_url=server.url, headers=admin, timeout=60) as http:
-            doc = http.get(f"/admin/sessions/{rollout['session_id']}/rollout").json()
+            doc = http.get(f"/admin/sessions/{rollout.session_id}/rollout").json()
             agent_turns = [t for t in doc["turns"] if t["role"] == "agent"]
             assert len(agent_turns) >= 2, doc["turns"]
             for t in agent_turns:
-                turn = http.get(f"/admin/sessions/{rollout['session_id']}/turns/{t['seq']}").json()
+                turn = http.get(f"/admin/sessions/{rollout.session_id}/turns/{t['seq']}").json()
                 assert turn["sampled_ids"] and len(turn["logprobs"]) == len(turn["sampled_ids"])
     # Its install ran (or was found) and its calls reached the engine with the agent's tools.
     assert any(r.get("tools") for r in recorded_vllm.requests)
