@@ -14,6 +14,7 @@ from textual_plotext import PlotextPlot
 from training_data import write_export
 
 from tapdeck.app.client import TapdeckClient
+from tapdeck.app.screen_registry import SCREENS, key_of, screen_bindings
 from tapdeck.app.screens.train import TrainScreen
 from tests.app.pilot_wait import until
 
@@ -21,8 +22,10 @@ SHOT_DIR = os.environ.get("TAPDECK_SHOT_DIR")
 
 
 class TrainOnlyApp(App[None]):
-    """The App surface a tapdeck screen uses (client, status), with only the Train screen."""
+    """The App surface a tapdeck screen uses (client, status, the nav bar's screen list), with
+    only the Train screen."""
 
+    BINDINGS = screen_bindings()
     status: reactive[str] = reactive("")
     status_level: reactive[str] = reactive("info")
 
@@ -34,6 +37,10 @@ class TrainOnlyApp(App[None]):
 
     def on_mount(self) -> None:
         self.push_screen(self.train)
+
+    def nav_entries(self) -> list[tuple[str, str, str]]:
+        """The nav bar's tabs, from the screen registry as TapdeckApp gives them."""
+        return [(key_of(self, e.binding_id), e.mode, e.title) for e in SCREENS]
 
 
 async def test_train_screen_launches_data_check_on_the_server_and_plots_its_metrics(
