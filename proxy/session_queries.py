@@ -1,0 +1,94 @@
+"""The read side of the admin API: session lists, findings, the graph, exports, one turn.
+
+Each read runs on a worker thread and holds its session's graph lock only while it reads; a
+restarted or closed session's graph is rebuilt from the store for the read and not kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from tapdeck.proxy.export import ExportRefused, graph_view
+from tapdeck.proxy.findings import Finding
+from tapdeck.proxy.graph import RolloutGraph
+from tapdeck.proxy.session_registry import SessionRegistry
+from tapdeck.proxy.sessions import SessionError, SessionSummary
+from tapdeck.proxy.tiers import Tier
+from tapdeck.proxy.validation import validate_rollout
+
+T = TypeVar("T")
+Build = Callable[[dict[str, Any], RolloutGraph, Tier], T]
+"""An export of one session: (record, graph, tier) → its document."""
+
+
+class SessionQueries:
+    """Answers the admin API's reads from the registry's sessions."""
+
+    def __init__(self, registry: SessionRegistry) -> None:
+        self.registry = registry
+
+    def get(self, session_id: str) -> SessionSummary:
+        """One session's summary."""
+        return self.registry.summary(self.registry.lookup(session_id))
+
+    def list(self) -> list[SessionSummary]:
+        """Every session this server knows, newest first."""
+        return sorted((self.registry.summary(s) for s in self.registry.sessions.values()),
+                      key=lambda s: s.created_at, reverse=True)
+
+    def findings(self, session_id: str) -> list[Finding]:
+        """Session, turn and rollout findings."""
+        session = self.registry.lookup(session_id)
+        with session.rw:
+            graph = self.registry.graph(session)
+            out = list(session.findings)
+            out.extend(graph.findings())
+            out.extend(validate_rollout(
+                graph, session.tier, rollout_type=session.record.get("rollout_type", "auto")))
+        return out
+
+    def export(self, session_id: str, build: Build[T]) -> T:
+        """`build` over the session's record, graph and tier, under its graph lock. An export the
+        rollout cannot give (a training trace of an eval rollout) is refused with 409."""
+        session = self.registry.lookup(session_id)
+        try:
+            with session.rw:
+                return build(self.registry.record(session), self.registry.graph(session), session.tier)
+        except ExportRefused as exc:
+            raise SessionError(409, str(exc)) from exc
+
+    def graph_view(self, session_id: str, since: int = 0) -> dict[str, Any]:
+        """The graph without tokens: headers of turns from `since` on, links, stats, findings."""
+        session = self.registry.lookup(session_id)
+        return self.export(session_id, lambda record, graph, tier: graph_view(
+            record, graph, tier, since=since, findings=session.findings))
+
+    def turn_detail(self, session_id: str, seq: int) -> dict[str, Any]:
+        """Everything the TUI shows for one turn."""
+        session = self.registry.lookup(session_id)
+        with session.rw:
+            graph = self.registry.graph(session)
+            if seq not in graph.nodes:
+                raise SessionError(404, f"session {session_id} has no turn {seq}")
+            turn = graph.turn(seq)
+            link = graph.link(seq)
+            mask_on = graph.node_mask_on(seq)
+        sampled = turn.sampled_ids
+        prompt = turn.prompt_ids
+        return {
+            "seq": seq, "parent": link.parent, "link_kind": link.kind,
+            "request": turn.request, "response": turn.response,
+            "prompt_len": None if prompt is None else int(len(prompt)),
+            "sampled_ids": None if sampled is None else sampled.tolist(),
+            "token_texts": turn.token_texts,
+            "logprobs": None if turn.logprobs is None else turn.logprobs.tolist(),
+            "top_logprobs": turn.top_logprobs,
+            "mask": None if sampled is None else [1 if mask_on else 0] * len(sampled),
+            "finish_reason": turn.finish_reason,
+            "findings": [f.model_dump(mode="json") for f in [*turn.findings, *link.findings]],
+            "sampling": turn.sampling, "meta": turn.meta,
+        }
+
+
+__all__ = ["SessionQueries"]
