@@ -20,7 +20,6 @@ from typing import Any
 
 from tapdeck.proxy.access_log import CURRENT_CALL
 from tapdeck.proxy.activity import ActivityLog
-from tapdeck.proxy.call_reply import CallFailed
 from tapdeck.proxy.dialects.base import DialectError, DialectRequest
 from tapdeck.proxy.dialects.chat import fold_system_messages, has_late_system
 from tapdeck.proxy.engine_client import EngineClient, EngineError
@@ -62,7 +61,7 @@ class CallCapture:
         self.activity = activity
 
     async def call(self, session: LiveSession, req: DialectRequest, meta: dict[str, Any]) -> dict[str, Any]:
-        """One model call → a chat-completions reply (real, or a synthetic stop). Raises CallFailed."""
+        """One model call → a chat-completions reply (real, or a synthetic stop). Raises a ProxyError."""
         assert session.client is not None
         chat = dict(req.chat)
         try:
@@ -70,7 +69,7 @@ class CallCapture:
             if session.fold_system:
                 chat["messages"] = fold_system_messages(chat["messages"])
         except MALFORMED as exc:
-            raise CallFailed(400, malformed_message(exc), "invalid_request_error") from exc
+            raise DialectError(400, malformed_message(exc)) from exc
         if session.budget_reached():
             return _stop_answer(BUDGET_STOP_TEXT.format(budget=session.call_budget), session, fmt)
         if fmt is not None:
@@ -85,10 +84,8 @@ class CallCapture:
                           policy=session.training_sampling)
         try:
             upstream, sampling = prepare(chat)
-        except DialectError as exc:
-            raise CallFailed(exc.status, exc.message, exc.kind) from exc
         except MALFORMED as exc:
-            raise CallFailed(400, malformed_message(exc), "invalid_request_error") from exc
+            raise DialectError(400, malformed_message(exc)) from exc
         # Re-checked with no await since: concurrent calls cannot overshoot the budget.
         if session.budget_reached():
             return _stop_answer(BUDGET_STOP_TEXT.format(budget=session.call_budget), session, fmt)
@@ -143,7 +140,7 @@ class CallCapture:
                 # Once per session: what a rollout that failed is classified by.
                 await self.registry.add_finding(session, Finding.warn(
                     "engine_unreachable", f"{exc.kind}: {exc.message} (the agent got HTTP {exc.status})"))
-            raise CallFailed(exc.status, exc.message, exc.kind) from exc
+            raise
         # The proxy's own reply id: an engine that repeats ids must not make two replies one
         # (a Responses chain naming itself as its own previous response would never end).
         reply = {**reply, "id": f"chatcmpl-tdk-{secrets.token_hex(12)}"}
@@ -169,8 +166,7 @@ class CallCapture:
             await asyncio.shield(self._record_turn(session, req, reply, sampling, meta, slot))
         except StoreUnavailable as exc:
             log.error("session %s: turn not recorded, the store refused it (%s)", session.id, exc.reason)
-            raise CallFailed(503, STORE_DOWN_TEXT.format(reason=exc.reason),
-                              "store_unavailable") from exc
+            raise StoreUnavailable(STORE_DOWN_TEXT.format(reason=exc.reason)) from exc
         return answer
 
     async def _token_in_plan(self, session: LiveSession, req: DialectRequest,

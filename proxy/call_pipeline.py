@@ -19,29 +19,17 @@ import orjson
 from tapdeck.proxy.access_log import CURRENT_CALL, AccessRecord
 from tapdeck.proxy.aux import aux_dialect, count_tokens, match_aux
 from tapdeck.proxy.call_capture import CallCapture
-from tapdeck.proxy.call_reply import (
-    CallFailed,
-    CallReply,
-    error_reply,
-    finish_reason,
-    logged,
-    unless_disconnected,
-)
+from tapdeck.proxy.call_reply import CallReply, finish_reason, logged, unless_disconnected
 from tapdeck.proxy.dialects import detect
 from tapdeck.proxy.dialects.arguments import arguments_memo
 from tapdeck.proxy.dialects.base import Dialect, DialectError, DialectRequest, SSEEvent
 from tapdeck.proxy.dialects.chat import DIALECT as CHAT
 from tapdeck.proxy.dialects.google import JSON_ARRAY
 from tapdeck.proxy.dialects.responses import DIALECT as RESPONSES
+from tapdeck.proxy.error_reply import render_error, render_stream_error
+from tapdeck.proxy.errors import ProxyError
 from tapdeck.proxy.live_session import LiveSession
-from tapdeck.proxy.request_limits import (
-    MALFORMED,
-    MAX_JSON_DEPTH,
-    BodyIncomplete,
-    BodyTooLarge,
-    malformed_message,
-    too_deep,
-)
+from tapdeck.proxy.request_limits import MALFORMED, MAX_JSON_DEPTH, malformed_message, too_deep
 from tapdeck.proxy.session_registry import SessionRegistry
 from tapdeck.proxy.sessions import key_from_request
 from tapdeck.proxy.sse import KEEPALIVE, json_array_with_keepalive, stream_with_keepalive
@@ -69,7 +57,7 @@ class CallPipeline:
         """`GET /v1/models` with a session key: the session's model only."""
         session = self.registry.for_key(key_from_request(headers, query))
         if session is None:
-            return error_reply(CHAT, 401, "unknown or closed session key", "authentication_error")
+            return render_error(CHAT, ProxyError(401, "unknown or closed session key"))
         name = session.served_model or "model"
         return CallReply(body={"object": "list", "data": [
             {"id": name, "object": "model", "created": int(session.record["created_at"]),
@@ -108,32 +96,22 @@ class CallPipeline:
         aux_kind = match_aux("POST", path)
         dialect = aux_dialect(aux_kind) if aux_kind else detect(path)
         if dialect is None:
-            return error_reply(CHAT, 404, f"tapdeck does not serve POST {path}", "not_found_error")
+            return render_error(CHAT, ProxyError(404, f"tapdeck does not serve POST {path}"))
         access.dialect = dialect.name
-        session = self.registry.for_key(key_from_request(headers, query))
-        if session is None:
-            return error_reply(dialect, 401, "unknown or closed session key: use the api_key tapdeck "
-                                        "returned when the session was opened", "authentication_error")
-        access.session_id = session.id
         try:
-            raw = body if isinstance(body, bytes) else await body()
-            payload = orjson.loads(raw) if raw else {}
-        except BodyTooLarge as exc:
-            return error_reply(dialect, 413, exc.message, "request_too_large")
-        except BodyIncomplete:
-            return error_reply(dialect, 400, "request body ended early", "invalid_request_error")
-        except orjson.JSONDecodeError as exc:
-            return error_reply(dialect, 400, f"request body is not valid JSON: {exc}", "invalid_request_error")
-        if not isinstance(payload, dict):
-            return error_reply(dialect, 400, "request body must be a JSON object", "invalid_request_error")
-        if too_deep(payload):
-            return error_reply(dialect, 400, f"request body nests deeper than {MAX_JSON_DEPTH} levels",
-                          "invalid_request_error")
-        if aux_kind:
-            return await self._aux(session, dialect, aux_kind, payload)
-        with arguments_memo(session.arguments):
-            return await self._model_call(session, dialect, path, query, headers, payload,
-                                          until_disconnect, access)
+            session = self.registry.for_key(key_from_request(headers, query))
+            if session is None:
+                raise ProxyError(401, "unknown or closed session key: use the api_key tapdeck "
+                                      "returned when the session was opened")
+            access.session_id = session.id
+            payload = _payload(body if isinstance(body, bytes) else await body())
+            if aux_kind:
+                return await self._aux(session, aux_kind, payload)
+            with arguments_memo(session.arguments):
+                return await self._model_call(session, dialect, path, query, headers, payload,
+                                              until_disconnect, access)
+        except ProxyError as exc:  # every refusal, in the caller's own dialect
+            return render_error(dialect, exc)
 
     async def _model_call(self, session: LiveSession, dialect: Dialect, path: str,
                           query: Mapping[str, str], headers: Mapping[str, str],
@@ -148,23 +126,18 @@ class CallPipeline:
                 remember = partial(session.stored_responses.remember, payload)
             else:
                 req = dialect.parse(payload, path, query)
-        except DialectError as exc:
-            return error_reply(dialect, exc.status, exc.message, exc.kind, exc.param)
         except MALFORMED as exc:
-            return error_reply(dialect, 400, malformed_message(exc), "invalid_request_error")
+            raise DialectError(400, malformed_message(exc)) from exc
         meta = {"dialect": dialect.name, "client_model": req.client_model, "path": path}
         header_session = headers.get(SESSION_HEADER)
         if header_session:
             meta["header_session_id"] = header_session
         access.stream = req.stream
         task = asyncio.create_task(self.capture.call(session, req, meta))
-        try:
-            # A stream is held until the engine answers or its first keepalive is due, so a call
-            # that has already failed gets its real status (agents' SDKs retry on the status).
-            reply = await unless_disconnected(task, until_disconnect,
-                                               timeout=self.keepalive_s if req.stream else None)
-        except CallFailed as exc:
-            return error_reply(dialect, exc.status, exc.message, exc.kind)
+        # A stream is held until the engine answers or its first keepalive is due, so a call
+        # that has already failed gets its real status (agents' SDKs retry on the status).
+        reply = await unless_disconnected(task, until_disconnect,
+                                          timeout=self.keepalive_s if req.stream else None)
         if req.stream:
             media = "application/json" if req.context.get("stream_format") == JSON_ARRAY \
                 else "text/event-stream"
@@ -177,8 +150,7 @@ class CallPipeline:
             remember(rendered)
         return CallReply(body=rendered)
 
-    async def _aux(self, session: LiveSession, dialect: Dialect, kind: Any,
-                   payload: dict[str, Any]) -> CallReply:
+    async def _aux(self, session: LiveSession, kind: Any, payload: dict[str, Any]) -> CallReply:
         """Token counts: answered from the session's engine (or estimated); never a turn."""
         assert session.engine is not None
         if self._aux_http is None:
@@ -187,10 +159,8 @@ class CallPipeline:
             body, _method = await count_tokens(kind, payload, engine_url=session.engine.url,
                                                served_model=session.served_model,
                                                api_key=session.engine.api_key, client=self._aux_http)
-        except DialectError as exc:
-            return error_reply(dialect, exc.status, exc.message, exc.kind, exc.param)
         except MALFORMED as exc:
-            return error_reply(dialect, 400, malformed_message(exc), "invalid_request_error")
+            raise DialectError(400, malformed_message(exc)) from exc
         return CallReply(body=body)
 
     def _stream(self, session: LiveSession, dialect: Dialect, req: DialectRequest,
@@ -207,9 +177,9 @@ class CallPipeline:
         async def events() -> Iterable[SSEEvent]:
             try:
                 reply = await task
-            except CallFailed as exc:
+            except ProxyError as exc:
                 access.error = f"{exc.kind}/{exc.status}-in-stream"
-                return list(dialect.stream_error(exc.status, exc.message, exc.kind))
+                return render_stream_error(dialect, exc)
             access.finish = finish_reason(reply)
             with arguments_memo(memo):
                 if remember is not None:
@@ -223,6 +193,19 @@ class CallPipeline:
         keepalive = getattr(dialect, "sse_keepalive", None) or KEEPALIVE
         return stream_with_keepalive(events(), interval=self.keepalive_s, keepalive=keepalive,
                                      keepalive_at_once=at_once)
+
+
+def _payload(raw: bytes) -> dict[str, Any]:
+    """The request body as a JSON object, or a 400 saying what is wrong with it."""
+    try:
+        payload = orjson.loads(raw) if raw else {}
+    except orjson.JSONDecodeError as exc:
+        raise DialectError(400, f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(payload, dict):
+        raise DialectError(400, "request body must be a JSON object")
+    if too_deep(payload):
+        raise DialectError(400, f"request body nests deeper than {MAX_JSON_DEPTH} levels")
+    return payload
 
 
 __all__ = ["CallPipeline"]

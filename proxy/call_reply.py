@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tapdeck.proxy.access_log import AccessRecord
-from tapdeck.proxy.dialects.base import Dialect
+from tapdeck.proxy.errors import ProxyError
 
 
 @dataclass
@@ -23,22 +23,8 @@ class CallReply:
     """The stream's content type (Google's non-SSE stream is a JSON array)."""
     kind: str | None = None
     """An error reply's kind (`authentication_error`, `unreachable`, ...), for the access log."""
-
-
-class CallFailed(Exception):
-    """A call that ends in an error reply in the caller's dialect."""
-
-    def __init__(self, status: int, message: str, kind: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.kind = kind
-
-
-def error_reply(dialect: Dialect, status: int, message: str, kind: str,
-                param: str | None = None) -> CallReply:
-    """An error in `dialect`'s own error body."""
-    return CallReply(status=status, body=dialect.error_body(status, message, kind, param), kind=kind)
+    headers: dict[str, str] | None = None
+    """Headers of a JSON reply (an error's `x-should-retry`)."""
 
 
 async def unless_disconnected(task: asyncio.Task[dict[str, Any]],
@@ -57,7 +43,7 @@ async def unless_disconnected(task: asyncio.Task[dict[str, Any]],
         return task.result()
     if watcher is not None and watcher.done():
         task.cancel()
-        raise CallFailed(499, "client closed the request", "client_closed")
+        raise ProxyError(499, "client closed the request", kind="client_closed")
     return None
 
 
@@ -83,4 +69,4 @@ def finish_reason(reply: Mapping[str, Any]) -> str | None:
     return choice.get("finish_reason")
 
 
-__all__ = ["CallFailed", "CallReply", "error_reply", "finish_reason", "logged", "unless_disconnected"]
+__all__ = ["CallReply", "finish_reason", "logged", "unless_disconnected"]

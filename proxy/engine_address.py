@@ -20,16 +20,18 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from tapdeck.proxy.errors import ProxyError
+
 SETTLE_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 """A wrong host or port fails at connect; a busy engine may take a while to list its models."""
 
 
-class EngineAddressError(ValueError):
+class EngineAddressError(ProxyError, ValueError):
     """An address that is not an http(s) URL (`status` 400), or where no engine answered (502)."""
 
     def __init__(self, message: str, status: int) -> None:
-        super().__init__(message)
-        self.status = status
+        super().__init__(status, message,
+                         kind="invalid_request_error" if status == 400 else "engine_unreachable")
 
 
 @dataclass(frozen=True)

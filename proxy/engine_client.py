@@ -23,8 +23,8 @@ import httpx
 import numpy as np
 import orjson
 
-from tapdeck.proxy.dialects.base import DialectError
 from tapdeck.proxy.engine_address import shown_url
+from tapdeck.proxy.errors import DialectError, ProxyError
 from tapdeck.proxy.findings import Finding
 from tapdeck.proxy.tokens import as_ids, as_logprobs, loads_with_prompt_ids
 from tapdeck.proxy.upstream_http import UpstreamHTTP, UpstreamReply, UpstreamTimeout, UpstreamUnreachable
@@ -60,14 +60,13 @@ _CONTEXT_LENGTH = re.compile(
     r"input tokens.*exceeds|too many (input )?tokens", re.IGNORECASE)
 
 
-class EngineError(Exception):
+class EngineError(ProxyError):
     """An engine call that produced no usable reply. `status` is what the harness should get."""
 
+    kind: ErrorKind
+
     def __init__(self, kind: ErrorKind, status: int, message: str, url: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.status = status
-        self.message = message
+        super().__init__(status, message, kind=kind)
         self.url = url
 
     def __repr__(self) -> str:

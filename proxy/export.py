@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from tapdeck.proxy.errors import ProxyError
 from tapdeck.proxy.findings import Finding
 from tapdeck.proxy.graph import RolloutGraph
 from tapdeck.proxy.validation import is_train, rollout_ok, validate_rollout
@@ -20,12 +21,19 @@ from tapdeck.proxy.validation import is_train, rollout_ok, validate_rollout
 SCHEMA_VERSION = 1
 
 
-class ExportRefused(Exception):
-    """The rollout cannot be exported as training data (eval tier or eval rollout)."""
+class ExportRefused(ProxyError):
+    """The rollout cannot be exported as training data (eval tier or eval rollout): 409."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(409, message, kind="export_refused")
 
 
-class ExportError(Exception):
-    """The graph produced inconsistent training data (a bug, never silently exported)."""
+class ExportError(ProxyError):
+    """The graph produced inconsistent training data (a bug, never silently exported): 500, and
+    retrying cannot help."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(500, message, kind="export_inconsistent", retryable=False)
 
 
 def _rollout_type(session: dict[str, Any], tier: str) -> str:

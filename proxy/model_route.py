@@ -23,6 +23,9 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
 
+from tapdeck.proxy.error_reply import error_response
+from tapdeck.proxy.errors import ProxyError
+
 Scope = dict[str, Any]
 Endpoint = Callable[[str, Request], Awaitable[Response]]
 
@@ -43,7 +46,10 @@ class ModelCallsFirst(FastAPI):
         if endpoint is None or not is_model_call(scope):
             await super().__call__(scope, receive, send)
             return
-        response = await endpoint(scope["path"][1:], Request(scope, receive))
+        try:
+            response = await endpoint(scope["path"][1:], Request(scope, receive))
+        except ProxyError as exc:  # the endpoint answers its own; this catches what escapes it
+            response = error_response(scope["path"], exc)
         await response(scope, receive, send)
 
 

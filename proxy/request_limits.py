@@ -17,6 +17,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from tapdeck.proxy.errors import ProxyError
+
 MAX_JSON_DEPTH = 64
 """Deepest JSON nesting accepted in a request (a tool's JSON schema nests a dozen levels at most)."""
 
@@ -32,20 +34,24 @@ def malformed_message(exc: Exception) -> str:
             f"{type(exc).__name__}: {exc}")
 
 
-class BodyTooLarge(HTTPException):
+class BodyTooLarge(HTTPException, ProxyError):
     """A body over the server's limit (413). An HTTPException so FastAPI's own body reading, on the
     admin routes, passes it through as a 413 rather than a 400 parse error."""
 
     def __init__(self, limit: int, declared: int | None = None) -> None:
         size = f"declares {declared} bytes" if declared is not None else "is larger"
-        super().__init__(413, f"request body {size}; this server accepts at most {limit} bytes "
-                              "(tapdeck serve --max-body-bytes)")
+        message = (f"request body {size}; this server accepts at most {limit} bytes "
+                   "(tapdeck serve --max-body-bytes)")
+        ProxyError.__init__(self, 413, message, kind="request_too_large")
+        HTTPException.__init__(self, 413, message)
         self.limit = limit
-        self.message = str(self.detail)
 
 
-class BodyIncomplete(Exception):
+class BodyIncomplete(ProxyError):
     """The client went away before sending the whole body."""
+
+    def __init__(self) -> None:
+        super().__init__(400, "request body ended early", kind="invalid_request_error")
 
 
 def declared_length(scope: Scope) -> int | None:

@@ -22,10 +22,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.datastructures import Headers
 
 from tapdeck.proxy.config import DEFAULT_MAX_BODY_BYTES
+from tapdeck.proxy.error_reply import error_response
+from tapdeck.proxy.errors import ProxyError
 from tapdeck.proxy.model_route import ModelCallsFirst
 from tapdeck.proxy.request_limits import ADMIN_KEY_REQUIRED, GuardedBodies, read_body
 from tapdeck.proxy.service import CallReply, CaptureService
-from tapdeck.proxy.sessions import SessionError, SessionSpec
+from tapdeck.proxy.sessions import SessionSpec
 from tapdeck.schema.activity import SessionActivity
 from tapdeck.schema.sessions import (
     GraphView,
@@ -69,7 +71,7 @@ def _service(request: Request) -> CaptureService:
 def _reply(reply: CallReply) -> Response:
     if reply.stream is not None:
         return StreamingResponse(reply.stream, media_type=reply.media_type, headers=SSE_HEADERS)
-    return _JSON(reply.body, status_code=reply.status)
+    return _JSON(reply.body, status_code=reply.status, headers=reply.headers)
 
 
 def _admin_router() -> APIRouter:
@@ -179,9 +181,9 @@ def create_app(service: CaptureService, *, admin_key: str,
         return _JSON({"detail": [{"type": e.get("type"), "loc": [str(p) for p in e.get("loc", ())],
                                   "msg": e.get("msg")} for e in exc.errors()]}, status_code=422)
 
-    @app.exception_handler(SessionError)
-    async def _session_error(_request: Request, exc: SessionError) -> Response:
-        return _JSON({"detail": exc.message}, status_code=exc.status)
+    @app.exception_handler(ProxyError)
+    async def _proxy_error(request: Request, exc: ProxyError) -> Response:
+        return error_response(request.url.path, exc)
 
     @app.get("/health", response_model=Health)
     async def health() -> Response:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from tapdeck.proxy.export import ExportRefused, graph_view
+from tapdeck.proxy.export import graph_view
 from tapdeck.proxy.findings import Finding
 from tapdeck.proxy.graph import RolloutGraph
 from tapdeck.proxy.session_registry import SessionRegistry
@@ -50,13 +50,10 @@ class SessionQueries:
 
     def export(self, session_id: str, build: Build[T]) -> T:
         """`build` over the session's record, graph and tier, under its graph lock. An export the
-        rollout cannot give (a training trace of an eval rollout) is refused with 409."""
+        rollout cannot give (a training trace of an eval rollout) raises ExportRefused (409)."""
         session = self.registry.lookup(session_id)
-        try:
-            with session.rw:
-                return build(self.registry.record(session), self.registry.graph(session), session.tier)
-        except ExportRefused as exc:
-            raise SessionError(409, str(exc)) from exc
+        with session.rw:
+            return build(self.registry.record(session), self.registry.graph(session), session.tier)
 
     def graph_view(self, session_id: str, since: int = 0) -> dict[str, Any]:
         """The graph without tokens: headers of turns from `since` on, links, stats, findings."""

@@ -18,7 +18,7 @@ import httpx
 
 from tapdeck.proxy.dialects.arguments import ArgumentsMemo
 from tapdeck.proxy.dialects.stored_responses import StoredResponses
-from tapdeck.proxy.engine_address import EngineAddressError, settle
+from tapdeck.proxy.engine_address import settle
 from tapdeck.proxy.engine_client import EngineClient
 from tapdeck.proxy.events import EventBus
 from tapdeck.proxy.findings import Finding
@@ -108,11 +108,7 @@ class SessionRegistry:
         key = spec.cache_key()
         base = self._settled.get(key)
         if base is None:
-            try:
-                settled = await settle(spec.url, api_key=spec.api_key)
-            except EngineAddressError as exc:
-                raise SessionError(exc.status, str(exc)) from None
-            base = self._settled[key] = settled.base_url
+            base = self._settled[key] = (await settle(spec.url, api_key=spec.api_key)).base_url
         return spec if base == spec.base_url else spec.model_copy(update={"url": base})
 
     async def open(self, spec: SessionSpec) -> SessionInfo:

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, field_validator
 
 from tapdeck.proxy.engine_client import NEUTRAL_SAMPLING
+from tapdeck.proxy.errors import ProxyError
 from tapdeck.proxy.request_limits import MAX_JSON_DEPTH, too_deep
 from tapdeck.proxy.tiers import EngineSpec
 from tapdeck.schema.sessions import EngineRef, SessionInfo, SessionState, SessionSummary
@@ -130,10 +131,8 @@ def base_urls_for(public_url: str) -> dict[str, str]:
     return {"openai": f"{root}/v1", "anthropic": root, "google": root}
 
 
-class SessionError(Exception):
+class SessionError(ProxyError):
     """An admin request about sessions that cannot be honoured (rendered as `status`)."""
 
     def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
+        super().__init__(status, message)

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from tapdeck.proxy.errors import ProxyError
+
 T = TypeVar("T")
 
 WRITE_THREADS = 4
@@ -29,11 +31,12 @@ WRITE_THREADS = 4
 sessions share one fsync; more would only wait on SQLite's single write lock."""
 
 
-class StoreUnavailable(Exception):
-    """The store refused a write; nothing of it is on disk."""
+class StoreUnavailable(ProxyError):
+    """The store refused a write; nothing of it is on disk. Retryable: the fault (a full disk, a
+    lock held too long) is the server's, and passes."""
 
     def __init__(self, reason: str) -> None:
-        super().__init__(reason)
+        super().__init__(503, reason, kind="store_unavailable")
         self.reason = reason
 
 

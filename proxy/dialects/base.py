@@ -11,17 +11,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
+from tapdeck.proxy.errors import DialectError
 
-class DialectError(Exception):
-    """A request this dialect refuses; rendered as `status` in the caller's own error envelope."""
-
-    def __init__(self, status: int, message: str, *, kind: str = "invalid_request_error",
-                 param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.kind = kind
-        self.param = param
+__all__ = ["Dialect", "DialectError", "DialectRequest", "SSEEvent"]
 
 
 @dataclass

@@ -75,6 +75,8 @@ class CaptureServer:
 
     url: str
     admin: httpx.Client
+    store: Store | None = None
+    """The server's store (tests that make it fail reach it here)."""
 
     def open_session(self) -> dict[str, Any]:
         reply = self.admin.post("/admin/sessions", json={})
@@ -104,7 +106,7 @@ def capture_server(engine: EngineSpec, data_dir: Path, *, keepalive_s: float) ->
                             sock.getsockname()[1]).start(sock=sock)
     admin = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin_key}"}, timeout=60)
     try:
-        yield CaptureServer(url=url, admin=admin)
+        yield CaptureServer(url=url, admin=admin, store=store)
     finally:
         admin.close()
         server.stop()

@@ -1,0 +1,72 @@
+"""Any `ProxyError` as its caller expects it: in the dialect a model call spoke, or the admin API's.
+
+One place renders every error: the call pipeline (an error before or inside a stream), the lean
+model route (an error that escapes the endpoint) and FastAPI's exception handler (admin and runner
+routes, and any model-call path that reached FastAPI) all come here.
+
+- OpenAI chat / Responses: `{"error": {"message", "type", "param", "code"}}`;
+- Anthropic: `{"type": "error", "error": {"type", "message"}}`;
+- Google: `{"error": {"code", "message", "status"}}`;
+- admin API: `{"detail", "kind", "retryable"}` (`detail` as FastAPI writes it, so every client
+  that reads FastAPI's errors reads these).
+
+`x-should-retry` carries the retryable flag to the clients that honour it (the openai and
+anthropic SDKs decide on it before the status).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.responses import JSONResponse, Response
+
+from tapdeck.proxy.aux import aux_dialect, match_aux
+from tapdeck.proxy.call_reply import CallReply
+from tapdeck.proxy.dialects import detect
+from tapdeck.proxy.dialects.base import Dialect, SSEEvent
+from tapdeck.proxy.dialects.chat import DIALECT as CHAT
+from tapdeck.proxy.errors import ProxyError
+
+ADMIN_PREFIX = "/admin"
+
+
+def retry_header(exc: ProxyError) -> dict[str, str]:
+    """The header that tells an SDK whether to retry."""
+    return {"x-should-retry": "true" if exc.retryable else "false"}
+
+
+def dialect_for_path(path: str) -> Dialect:
+    """The dialect a model-call path speaks; chat-completions' envelope for a path of none."""
+    aux_kind = match_aux("POST", path)
+    return (aux_dialect(aux_kind) if aux_kind else detect(path)) or CHAT
+
+
+def render_error(dialect: Dialect, exc: ProxyError) -> CallReply:
+    """`exc` as `dialect`'s error body, for the call pipeline."""
+    return CallReply(status=exc.status, body=dialect.error_body(exc.status, exc.message, exc.kind, exc.param),
+                     kind=exc.kind, headers=retry_header(exc))
+
+
+def render_stream_error(dialect: Dialect, exc: ProxyError) -> list[SSEEvent]:
+    """`exc` as `dialect`'s in-stream error events (a stream that has started has no status)."""
+    return list(dialect.stream_error(exc.status, exc.message, exc.kind))
+
+
+def admin_error_body(exc: ProxyError) -> dict[str, Any]:
+    """`exc` in the admin API's shape."""
+    return {"detail": exc.message, "kind": exc.kind, "retryable": exc.retryable}
+
+
+def error_response(path: str, exc: ProxyError) -> Response:
+    """`exc` as the HTTP response a request for `path` gets: the admin shape under `/admin`, else
+    the error body of the dialect the path speaks."""
+    if path.startswith(ADMIN_PREFIX):
+        body = admin_error_body(exc)
+    else:
+        reply = render_error(dialect_for_path(path), exc)
+        body = reply.body
+    return JSONResponse(body, status_code=exc.status, headers=retry_header(exc))
+
+
+__all__ = ["admin_error_body", "dialect_for_path", "error_response", "render_error",
+           "render_stream_error", "retry_header"]
