@@ -146,14 +146,15 @@ class BatchRunner:
         from tapdeck.runner.harnesses import get_harness
 
         try:
-            if not get_harness(plan.harness).makes_model_calls:
+            if not get_harness(plan.rollout.harness).makes_model_calls:
                 return None
         except KeyError as exc:
             raise PlanError(str(exc).strip("'\"")) from exc
         try:
-            return resolve_engine(plan.engine, model=plan.engine_model, default=self.default_engine,
-                                  tool_parser=plan.engine_tool_parser,
-                                  reasoning_parser=plan.engine_reasoning_parser)
+            template = plan.rollout
+            return resolve_engine(template.engine, model=template.engine_model,
+                                  default=self.default_engine, tool_parser=template.engine_tool_parser,
+                                  reasoning_parser=template.engine_reasoning_parser)
         except EngineChoiceError as exc:
             raise PlanError(str(exc)) from exc
 
@@ -205,14 +206,8 @@ class BatchRunner:
                     await asyncio.to_thread(shutil.rmtree, trial_dir, True)
                 spec = RolloutSpec(
                     task=task["name"], task_path=Path(task["path"]), trials_dir=run.path / "trials",
-                    trial_name=rid, harness=run.plan.harness, sandbox=run.plan.sandbox, engine=engine,
-                    sandbox_kwargs=run.plan.sandbox_kwargs,
-                    timeout_s=run.plan.timeout_s, reward_key=run.plan.reward_key,
-                    settings=run.plan.settings, call_budget=run.plan.call_budget,
-                    alternatives=run.plan.alternatives, public_url=run.plan.public_url,
-                    training_sampling=run.plan.training_sampling, token_in=run.plan.token_in,
-                    metadata=dict(run.plan.metadata or {}), rollout_id=rid, run_id=run.id,
-                    group=group, index=index)
+                    rollout=run.plan.rollout, engine=engine, trial_name=rid, rollout_id=rid,
+                    run_id=run.id, group=group, index=index)
 
                 def on_update(partial: RolloutResult) -> None:
                     run.live[rid] = partial

@@ -43,12 +43,11 @@ from tapdeck.runner.rollout_settings import (
     DEFAULT_HARD_LIMIT_S,
     DEFAULT_MAX_TURNS,
     ResolvedSettings,
-    RolloutSettings,
     SettingsDoNotFit,
     resolve,
 )
 from tapdeck.schema.events import RolloutUpdated
-from tapdeck.schema.runs import Phase, RolloutResult
+from tapdeck.schema.runs import Phase, RolloutResult, RolloutTemplate
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -62,38 +61,22 @@ BUDGET_PER_TURN = 3
 
 @dataclass
 class RolloutSpec:
-    """Everything one rollout needs; the agent, sandbox and engine are chosen per rollout."""
+    """One rollout of a plan: which task, where its trial goes, and the plan's rollout template;
+    the agent, sandbox and engine are chosen per rollout."""
 
     task: str
     task_path: Path
     trials_dir: Path
-    trial_name: str | None = None
-    harness: str = "terminus-2"
-    sandbox: str = "host"
+    rollout: RolloutTemplate = field(default_factory=RolloutTemplate)
+    """How it runs (the plan's `rollout`); settings are resolved against the engine once the
+    session is open."""
     engine: EngineSpec | None = None
-    """None → the capture service's default engine (the embedded one)."""
-    timeout_s: float | None = None
-    """Hard limit of the whole rollout (None → `DEFAULT_HARD_LIMIT_S`)."""
-    reward_key: str | None = None
-    settings: RolloutSettings = field(default_factory=RolloutSettings)
-    """What the agent runs with; resolved against the engine once the session is open."""
+    """The template's engine, resolved; None → the capture service's default (the embedded one)."""
+    trial_name: str | None = None
     rollout_id: str | None = None
     run_id: str | None = None
     group: int = 0
     index: int = 0
-    call_budget: int | None = None
-    """None → BUDGET_PER_TURN × max_turns."""
-    alternatives: int = 0
-    """Top alternatives per sampled token to capture for inspection (`SessionSpec.alternatives`)."""
-    training_sampling: dict[str, Any] | None = None
-    """A trainer's sampling policy for the capture session (`SessionSpec.training_sampling`)."""
-    token_in: bool | None = None
-    """Token-in capture (`SessionSpec.token_in`); None → on for training rollouts."""
-    sandbox_kwargs: dict[str, Any] | None = None
-    """Constructor kwargs of the sandbox (Harbor's `EnvironmentConfig.kwargs`)."""
-    public_url: str | None = None
-    """The address the sandbox reaches the proxy at (None → the session's own base URLs)."""
-    metadata: dict[str, Any] = field(default_factory=dict)
 
 
 # Harbor exception type names → our error kinds. Anything not listed is classified by phase.
@@ -201,7 +184,7 @@ async def run_rollout(service: Any, spec: RolloutSpec, *,
 
     rid = spec.rollout_id or spec.trial_name or f"{spec.task}-{spec.index}"
     result = RolloutResult(rollout_id=rid, run_id=spec.run_id, task=spec.task, group=spec.group,
-                           index=spec.index, harness=spec.harness, sandbox=spec.sandbox,
+                           index=spec.index, harness=spec.rollout.harness, sandbox=spec.rollout.sandbox,
                            started_at=time.time())
     progress = _Progress(service, result, on_update)
     findings: list[Finding] = []
@@ -209,15 +192,15 @@ async def run_rollout(service: Any, spec: RolloutSpec, *,
     trial_dir: Path | None = None
     started = time.monotonic()
     uses_model = True
-    hard_limit = spec.timeout_s or DEFAULT_HARD_LIMIT_S
+    hard_limit = spec.rollout.timeout_s or DEFAULT_HARD_LIMIT_S
     try:
         async with asyncio.timeout(hard_limit):
             try:
-                uses_model = get_harness(spec.harness).makes_model_calls
+                uses_model = get_harness(spec.rollout.harness).makes_model_calls
             except KeyError as exc:
                 raise RolloutSetupError("bad_plan", str(exc).strip("'\"")) from None
-            environment = environment_config(spec.sandbox, spec.sandbox_kwargs)
-            await _install_agent_cli(spec.harness, progress)
+            environment = environment_config(spec.rollout.sandbox, spec.rollout.sandbox_kwargs)
+            await _install_agent_cli(spec.rollout.harness, progress)
             info: SessionInfo | None = None
             progress.phase("sandbox")
             await asyncio.to_thread(_preflight, environment)
@@ -238,11 +221,11 @@ async def run_rollout(service: Any, spec: RolloutSpec, *,
                     service.annotate(info.id, context_tokens=result.settings.context_tokens,
                                      max_output_tokens=result.settings.max_output_tokens)
             progress.publish()
-            if info is not None and spec.public_url:
-                info = info.model_copy(update={"base_urls": base_urls_for(spec.public_url)})
-            if info is not None and spec.sandbox == "host":
+            if info is not None and spec.rollout.public_url:
+                info = info.model_copy(update={"base_urls": base_urls_for(spec.rollout.public_url)})
+            if info is not None and spec.rollout.sandbox == "host":
                 environment = environment_config(
-                    spec.sandbox, host_sandbox_kwargs(spec, info.base_urls["openai"]))
+                    spec.rollout.sandbox, host_sandbox_kwargs(spec, info.base_urls["openai"]))
             config = _trial_config(spec, rid, info, environment, result.settings)
             trial_dir = Path(config.trials_dir) / config.trial_name
             result.trial_dir = str(trial_dir)
@@ -322,16 +305,17 @@ def _fail(result: RolloutResult, kind: str, message: str) -> RolloutResult:
 
 
 async def _open_session(service: Any, spec: RolloutSpec, rid: str) -> SessionInfo:
-    budget = spec.call_budget or BUDGET_PER_TURN * (spec.settings.max_turns or DEFAULT_MAX_TURNS)
+    template = spec.rollout
+    budget = template.call_budget or BUDGET_PER_TURN * (template.settings.max_turns or DEFAULT_MAX_TURNS)
     metadata = {"run_id": spec.run_id, "rollout_id": rid, "task": spec.task, "group": spec.group,
-                "index": spec.index, "harness": spec.harness, "sandbox": spec.sandbox,
-                "phase": "sandbox", **spec.metadata}
+                "index": spec.index, "harness": template.harness, "sandbox": template.sandbox,
+                "phase": "sandbox", **(template.metadata or {})}
     try:
         return await service.open_session(SessionSpec(engine=spec.engine, metadata=metadata,
                                                       call_budget=budget, rollout_type="auto",
-                                                      alternatives=spec.alternatives,
+                                                      alternatives=template.alternatives,
                                                       training_sampling=_session_sampling(spec),
-                                                      token_in=spec.token_in))
+                                                      token_in=template.token_in))
     except Exception as exc:
         raise RolloutSetupError("engine_unreachable" if "engine" in str(exc).lower() else "internal",
                                 f"could not open a capture session: {exc}") from exc
@@ -339,18 +323,18 @@ async def _open_session(service: Any, spec: RolloutSpec, rid: str) -> SessionInf
 
 def _session_sampling(spec: RolloutSpec) -> dict[str, Any] | None:
     """The session's enforced policy: a trainer's, else the settings' temperature (if above 0)."""
-    if spec.training_sampling is not None:
-        return spec.training_sampling
-    temperature = spec.settings.temperature
+    if spec.rollout.training_sampling is not None:
+        return spec.rollout.training_sampling
+    temperature = spec.rollout.settings.temperature
     return {"temperature": temperature} if temperature else None
 
 
 def _resolve_settings(spec: RolloutSpec, info: SessionInfo | None) -> ResolvedSettings:
     """The settings in force, against the engine the session reported; refused before the trial."""
     try:
-        return resolve(spec.settings, harness=spec.harness,
+        return resolve(spec.rollout.settings, harness=spec.rollout.harness,
                        engine_context=info.engine.max_model_len if info is not None else None,
-                       task_path=spec.task_path, hard_limit_s=spec.timeout_s)
+                       task_path=spec.task_path, hard_limit_s=spec.rollout.timeout_s)
     except SettingsDoNotFit as exc:
         raise RolloutSetupError("settings_do_not_fit", f"setting {exc}") from None
 
@@ -381,11 +365,11 @@ def host_sandbox_kwargs(spec: RolloutSpec, proxy_url: str) -> dict[str, Any]:
     network, and agent CLIs cut off by default (they need nothing but the proxy)."""
     from tapdeck.runner.harnesses import Placement, get_harness
 
-    kwargs = dict(spec.sandbox_kwargs or {})
+    kwargs = dict(spec.rollout.sandbox_kwargs or {})
     parsed = urlsplit(proxy_url)
     if parsed.port and parsed.hostname and is_loopback(parsed.hostname):
         kwargs.setdefault("loopback_ports", [parsed.port])
-        if get_harness(spec.harness).placement is Placement.HOST_INSTALL:
+        if get_harness(spec.rollout.harness).placement is Placement.HOST_INSTALL:
             kwargs.setdefault("network", "none")
     return kwargs
 
@@ -416,7 +400,7 @@ def _trial_config(spec: RolloutSpec, rid: str, info: SessionInfo | None, environ
                            sampling=settings.sampling)
     try:
         agent = build_agent_config(
-            spec.harness, base_urls=info.base_urls if info else None,
+            spec.rollout.harness, base_urls=info.base_urls if info else None,
             session_key=info.api_key if info else None,
             served_model=info.engine.model if info else None,
             defaults=defaults, agent_kwargs=settings.harness_kwargs)
@@ -530,7 +514,7 @@ def _read_trial(spec: RolloutSpec, result: RolloutResult, trial: Any, trial_dir:
         findings.extend(read_findings)
         # Harbor drops a whole reward.json for one bad value; re-read, it is recovered per value.
         recovered = raw is not None and exc is not None and exc.exception_type == "VerifierOutputParseError"
-    choice = choose_reward(raw, spec.reward_key)
+    choice = choose_reward(raw, spec.rollout.reward_key)
     result.reward, result.rewards, result.reward_key = choice.reward, choice.rewards, choice.key
     findings.extend(choice.findings)
     if exc is not None and not (recovered and choice.reward is not None):

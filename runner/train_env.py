@@ -4,8 +4,9 @@
 pinned in `scripts/train-env.txt`). tapdeck itself is not installed there: its dependencies need
 Python 3.12. A recipe runs there as `python -m tapdeck.runner.recipes.<name>` with `PYTHONPATH`
 naming a folder that holds one `tapdeck` link to this package's source, so it can import tapdeck's
-3.11-clean modules — `tapdeck.runner.recipes.admin_client` (its only way to reach a tapdeck server)
-and `tapdeck.runner.recipes.data_check` — and nothing else of tapdeck.
+3.11-clean modules — `tapdeck.runner.recipes.admin_client` (its only way to reach a tapdeck server),
+`tapdeck.runner.recipes.data_check` and the pydantic-only `tapdeck.schema` (the plans it posts) —
+and nothing else of tapdeck.
 """
 
 from __future__ import annotations

@@ -76,14 +76,12 @@ class RolloutResult(BaseModel):
     """When each phase began (wall clock): live per-phase timings while the rollout runs."""
 
 
-class RunPlan(BaseModel):
-    """`POST /admin/runs` body: what to run. Defaults run offline on the sample dataset."""
+class RolloutTemplate(BaseModel):
+    """How each rollout of a plan runs: harness, sandbox, engine, limits, agent settings, capture.
 
-    dataset: str | None = None
-    """A local folder, a registry name, ...; None → tapdeck's sample dataset."""
-    tasks: list[str] | None = None
-    """Task names to keep (None → all, or the first `n_tasks`)."""
-    n_tasks: int | None = Field(default=None, ge=1)
+    One spec: a run plan nests it (`plan.rollout`), the runner runs each rollout from it, and the
+    CLI, Setup and the TRL recipe build it."""
+
     harness: str = "terminus-2"
     sandbox: str = "host"
     sandbox_kwargs: dict[str, Any] | None = None
@@ -95,9 +93,6 @@ class RunPlan(BaseModel):
     """The engine's tool-call parser (`EngineSpec.tool_call_parser`); None → the default engine's."""
     engine_reasoning_parser: str | None = None
     """The engine's reasoning parser, if it runs one (`EngineSpec.reasoning_parser`)."""
-    k: int = Field(default=1, ge=1)
-    """Rollouts per task (the GRPO group size)."""
-    concurrency: int = Field(default=1, ge=1)
     timeout_s: float | None = Field(default=None, gt=0)
     """Hard limit per rollout, sandbox start included (None → `DEFAULT_HARD_LIMIT_S`)."""
     reward_key: str | None = None
@@ -122,7 +117,7 @@ class RunPlan(BaseModel):
     def _legacy_settings(cls, data: Any) -> Any:
         """Plans written before `settings` (and clients still sending `agent_kwargs` and
         `agent_timeout_s`) keep working: those fields are folded into `settings`."""
-        if not isinstance(data, dict) or not ({"agent_kwargs", "agent_timeout_s"} & data.keys()):
+        if not isinstance(data, dict) or not (LEGACY_SETTINGS & data.keys()):
             return data
         data = dict(data)
         legacy = RolloutSettings.from_legacy(data.pop("agent_kwargs", None),
@@ -134,7 +129,7 @@ class RunPlan(BaseModel):
         return data
 
     @model_validator(mode="after")
-    def _one_temperature(self) -> RunPlan:
+    def _one_temperature(self) -> RolloutTemplate:
         trainer = (self.training_sampling or {}).get("temperature")
         if trainer is not None and self.settings.temperature is not None \
                 and trainer != self.settings.temperature:
@@ -146,6 +141,45 @@ class RunPlan(BaseModel):
     @classmethod
     def _public_url(cls, value: str | None) -> str | None:
         return check_public_url(value) if value else None
+
+
+LEGACY_SETTINGS = frozenset({"agent_kwargs", "agent_timeout_s"})
+"""Fields older plans had where `settings` is now."""
+
+
+class RunPlan(BaseModel):
+    """`POST /admin/runs` body: which tasks, how many rollouts of each, and how each one runs.
+    Defaults run offline on the sample dataset.
+
+    A plan in the older flat shape (the rollout's fields beside `dataset`: plans stored by earlier
+    servers, which resume reads back, and clients not yet sending `rollout`) is read as the same
+    plan: those fields move into `rollout`."""
+
+    dataset: str | None = None
+    """A local folder, a registry name, ...; None → tapdeck's sample dataset."""
+    tasks: list[str] | None = None
+    """Task names to keep (None → all, or the first `n_tasks`)."""
+    n_tasks: int | None = Field(default=None, ge=1)
+    k: int = Field(default=1, ge=1)
+    """Rollouts per task (the GRPO group size)."""
+    concurrency: int = Field(default=1, ge=1)
+    rollout: RolloutTemplate = Field(default_factory=RolloutTemplate)
+    """How each rollout runs."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_plan(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        flat = {key: data[key] for key in data
+                if key in RolloutTemplate.model_fields or key in LEGACY_SETTINGS}
+        if not flat:
+            return data
+        nested = data.get("rollout")
+        if isinstance(nested, RolloutTemplate):
+            nested = nested.model_dump(exclude_unset=True)
+        rest = {key: value for key, value in data.items() if key not in flat}
+        return {**rest, "rollout": {**flat, **(nested or {})}}
 
 
 class RunCounts(BaseModel):

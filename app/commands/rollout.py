@@ -29,7 +29,7 @@ from tapdeck.runner.rollout_settings import (
     OUTPUT_SHARE,
     PROMPT_SHARE,
 )
-from tapdeck.schema.runs import RunDetail, RunPlan
+from tapdeck.schema.runs import RolloutTemplate, RunDetail, RunPlan
 
 POLL_S = 1.0
 SETTINGS_PANEL = "Rollout settings (unset: the default shown; bad values refused, field named)"
@@ -120,21 +120,17 @@ def register(app: typer.Typer) -> None:
         from tapdeck.proxy.engine_address import EngineAddressError
 
         data = (data_dir or default_data_dir()).expanduser()
-        fields: dict[str, Any] = {
-            "dataset": dataset, "tasks": task or None, "n_tasks": None if task else n_tasks,
-            "harness": harness, "sandbox": sandbox, "engine": engine, "engine_model": engine_model,
-            "k": k, "concurrency": concurrency, "timeout_s": timeout, "reward_key": reward_key,
-            "settings": _settings(agent_timeout_s=agent_timeout, max_turns=max_turns,
-                                  max_output_tokens=max_output_tokens,
-                                  context_tokens=context_tokens, temperature=temperature,
-                                  top_p=top_p, top_k=top_k, min_p=min_p,
-                                  harness_kwargs=harness_kwargs),
-            "alternatives": alternatives, "public_url": public_url, "token_in": token_in,
-            "engine_tool_parser": engine_tool_parser,
-            "engine_reasoning_parser": engine_reasoning_parser,
-        }
         try:
-            plan = RunPlan.model_validate(fields)
+            plan = RunPlan(dataset=dataset, tasks=task or None, n_tasks=None if task else n_tasks,
+                           k=k, concurrency=concurrency, rollout=RolloutTemplate(
+                harness=harness, sandbox=sandbox, engine=engine, engine_model=engine_model,
+                engine_tool_parser=engine_tool_parser, engine_reasoning_parser=engine_reasoning_parser,
+                timeout_s=timeout, reward_key=reward_key, alternatives=alternatives,
+                public_url=public_url, token_in=token_in,
+                settings=_settings(agent_timeout_s=agent_timeout, max_turns=max_turns,
+                                   max_output_tokens=max_output_tokens, context_tokens=context_tokens,
+                                   temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+                                   harness_kwargs=harness_kwargs)))
         except ValidationError as exc:
             typer.echo(f"tapdeck rollout: plan refused: {_refusal(exc)}", err=True)
             raise typer.Exit(EXIT_USAGE) from None
@@ -147,7 +143,7 @@ def register(app: typer.Typer) -> None:
 
             url_engine = engine if engine.strip().lower() not in ("", "embedded", "default") else None
             config = ServerConfig(port=0, data_dir=data, engine_url=url_engine, engine_model=engine_model)
-            plan.engine = "embedded"  # the server's default engine is the one asked for
+            plan.rollout.engine = "embedded"  # the server's default engine is the one asked for
             typer.echo("starting a local tapdeck server"
                        + (" and the embedded engine…" if url_engine is None else "…"), err=True)
             try:
@@ -293,7 +289,7 @@ def _print_table(doc: RunDetail, tiny_engine: bool = False) -> None:
     for line in sorted({r.settings.line() for r in doc.rollouts if r.settings is not None}):
         console.print(f"ran with: {line}")
     console.print(f"results: {doc.path}")
-    if tiny_engine and doc.plan.harness not in ("oracle", "nop"):
+    if tiny_engine and doc.plan.rollout.harness not in ("oracle", "nop"):
         console.print("note: the embedded model (SmolLM2-135M) exercises capture but never solves "
                       "tasks (reward 0); use --engine URL for a real model")
 

@@ -119,8 +119,8 @@ class RunsScreen(TapdeckScreen):
         self.detail = detail
         plan = detail.plan
         self.query_one("#run-header", Static).update(
-            f"run {detail.id} · {plan.dataset or 'sample'} · {plan.harness} · {plan.sandbox} · "
-            f"{plan.engine} · K={plan.k}")
+            f"run {detail.id} · {plan.dataset or 'sample'} · {plan.rollout.harness} · "
+            f"{plan.rollout.sandbox} · {plan.rollout.engine} · K={plan.k}")
         rollouts = detail.rollouts
         groups = self.query_one("#groups-table", DataTable)
         table = self.query_one("#rollouts-table", DataTable)

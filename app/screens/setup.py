@@ -32,7 +32,7 @@ from tapdeck.app.messages import RunsChanged
 from tapdeck.app.screens.base import TapdeckScreen
 from tapdeck.schema.addresses import check_public_url
 from tapdeck.schema.catalog import Catalog, DatasetInfo, EngineInfo, HarnessInfo, SandboxInfo
-from tapdeck.schema.runs import RunPlan
+from tapdeck.schema.runs import RolloutTemplate, RunPlan
 from tapdeck.schema.settings import RolloutSettings
 
 DEFAULT_ALTERNATIVES = 5
@@ -355,12 +355,12 @@ class SetupScreen(TapdeckScreen):
         ticked = list(self.query_one("#tasks", SelectionList).selected)
         settings, timeout = self.rollout_settings()
         return RunPlan(dataset=str(dataset), tasks=ticked or None,
-                       harness=str(self.query_one("#harness", Select).value),
-                       sandbox=str(self.query_one("#sandbox", Select).value),
-                       engine=str(self.query_one("#engine", Select).value),
-                       k=numbers["k"], concurrency=numbers["concurrency"],
-                       alternatives=numbers["alternatives"], public_url=public_url,
-                       settings=RolloutSettings.model_validate(settings), timeout_s=timeout)
+                       k=numbers["k"], concurrency=numbers["concurrency"], rollout=RolloutTemplate(
+                           harness=str(self.query_one("#harness", Select).value),
+                           sandbox=str(self.query_one("#sandbox", Select).value),
+                           engine=str(self.query_one("#engine", Select).value),
+                           alternatives=numbers["alternatives"], public_url=public_url,
+                           settings=RolloutSettings.model_validate(settings), timeout_s=timeout))
 
     def action_start(self) -> None:
         """Start a batch with the current choices."""
@@ -377,10 +377,11 @@ class SetupScreen(TapdeckScreen):
         settings = getattr(self.app, "settings", None)
         if settings is None:
             return
-        remembered = plan.settings.model_dump(exclude_unset=True)
-        if plan.timeout_s is not None:
-            remembered["timeout_s"] = plan.timeout_s
-        settings.rollout[plan.harness] = remembered
+        template = plan.rollout
+        remembered = template.settings.model_dump(exclude_unset=True)
+        if template.timeout_s is not None:
+            remembered["timeout_s"] = template.timeout_s
+        settings.rollout[template.harness] = remembered
         settings.save(getattr(self.app, "settings_path", None))
 
     @work(exclusive=True, group="start-run", exit_on_error=False)

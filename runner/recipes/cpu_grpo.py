@@ -48,6 +48,8 @@ from typing import Any
 
 import httpx
 
+from tapdeck.schema.runs import RolloutTemplate, RunPlan
+
 TERMINAL_RUN_STATES = {"finished", "cancelled", "failed", "interrupted"}
 FORMAT_KEYS = ("analysis", "plan", "commands")
 CHECK_MESSAGES = [{"role": "user", "content": "Write a shell command that lists files."}]
@@ -116,7 +118,7 @@ def is_flat(group: list[Drawn]) -> bool:
 class TapdeckRollouts:
     """`rollout_func` for GRPOTrainer: each group of prompts is one tapdeck run on the policy engine."""
 
-    def __init__(self, http: httpx.Client, engine: Any, *, group_size: int, plan: dict[str, Any],
+    def __init__(self, http: httpx.Client, engine: Any, *, group_size: int, plan: RunPlan,
                  timeout_s: float, eos_id: int, redraws: int = 0, poll_s: float = 1.0) -> None:
         self.http = http
         self.engine = engine
@@ -178,9 +180,10 @@ class TapdeckRollouts:
         return group
 
     def _submit(self, task: str) -> str:
-        plan = {**self.plan, "tasks": [task], "n_tasks": None, "k": self.group_size,
-                "engine": self.engine.base_url}
-        resp = self.http.post("/admin/runs", json=plan)
+        plan = self.plan.model_copy(update={
+            "tasks": [task], "n_tasks": None, "k": self.group_size,
+            "rollout": self.plan.rollout.model_copy(update={"engine": self.engine.base_url})})
+        resp = self.http.post("/admin/runs", json=plan.model_dump(mode="json", exclude_unset=True))
         if resp.status_code >= 400:
             raise RuntimeError(f"tapdeck refused the rollout run for {task!r}: {resp.status_code} "
                                f"{resp.text[:300]}")
@@ -376,10 +379,11 @@ def main(argv: list[str] | None = None) -> int:
             check["trainer_before"] = trainer_logprobs(model, check["prompt_ids"],
                                                        check["completion_ids"], args.temperature)
             before = weight_fingerprint(model)
-        plan = {"dataset": args.dataset, "harness": "terminus-2", "sandbox": "host",
-                "concurrency": 1, "timeout_s": args.rollout_timeout, "call_budget": args.call_budget,
-                "agent_kwargs": {"max_turns": args.max_turns, "temperature": args.temperature,
-                                 "llm_kwargs": {"max_tokens": args.max_tokens}}}
+        plan = RunPlan(dataset=args.dataset, concurrency=1, rollout=RolloutTemplate.model_validate({
+            "harness": "terminus-2", "sandbox": "host", "timeout_s": args.rollout_timeout,
+            "call_budget": args.call_budget,
+            "agent_kwargs": {"max_turns": args.max_turns, "temperature": args.temperature,
+                             "llm_kwargs": {"max_tokens": args.max_tokens}}}))
         rollouts = TapdeckRollouts(http, engine, group_size=args.group_size, plan=plan,
                                    timeout_s=args.rollout_timeout, eos_id=tokenizer.eos_token_id,
                                    redraws=args.redraws)

@@ -16,7 +16,8 @@ A rollout TRL must not train on — not ok, eval tier, a FATAL finding, no train
 TypeError or KeyError would stop TRL's worker instead (its capture-contract error).
 
 This module runs in the training environment (`tapdeck.runner.train_env`: Python 3.11, no tapdeck
-dependencies) and reaches tapdeck only through `tapdeck.runner.recipes.admin_client`.
+dependencies) and reaches tapdeck only through `tapdeck.runner.recipes.admin_client`; the plans it
+posts are `tapdeck.schema` models (pydantic only, which the training environment has).
 
 What ran here (a 2-core CPU box, no GPU): the session factory, the traces and TRL's own
 `_HarnessRolloutLoop` built with exactly `worker_kwargs(...)`, against a real `tapdeck serve` with
@@ -44,6 +45,8 @@ from typing import Any
 
 from tapdeck.runner.recipes.admin_client import AdminClient, AdminError, read_admin_key
 from tapdeck.runner.recipes.data_check import TurnRow, check_turn
+from tapdeck.schema.runs import RolloutTemplate, RunPlan
+from tapdeck.schema.settings import RolloutSettings
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +109,8 @@ class TapdeckSession:
         self.result: dict[str, Any] | None = None
         self.admin = factory.client()
         try:
-            self.run_id = self.admin.start_run(factory.plan(task, seed=seed, episode_id=episode_id))
+            plan = factory.plan(task, seed=seed, episode_id=episode_id)
+            self.run_id = self.admin.start_run(plan.model_dump(mode="json", exclude_unset=True))
         except AdminError as exc:
             self.admin.close()
             raise RolloutUnusable(f"tapdeck refused the run for task {task!r}: {exc}") from exc
@@ -183,6 +187,9 @@ class TapdeckSessionFactory:
     timeout_s: float = 300.0
     reward_key: str | None = None
     agent_kwargs: dict[str, Any] | None = None
+    """Harbor agent kwargs (folded into the rollout's settings; `settings` wins where both say)."""
+    settings: RolloutSettings | None = None
+    """The agent settings each rollout runs with (a --run's plan gives them)."""
     call_budget: int | None = None
     """Model calls per rollout before the proxy answers with a stop (None: the server's default)."""
     poll_s: float = 1.0
@@ -201,15 +208,16 @@ class TapdeckSessionFactory:
         """A new admin client (one per session: sessions run on TRL's thread pool)."""
         return AdminClient(self.server, self.admin_key, timeout_s=self.http_timeout_s)
 
-    def plan(self, task: str, *, seed: int | None = None, episode_id: str | None = None) -> dict[str, Any]:
-        """The `POST /admin/runs` body for one rollout of `task`."""
-        return {"dataset": self.dataset, "tasks": [task], "harness": self.harness,
-                "sandbox": self.sandbox, "engine": self.engine, "engine_model": self.engine_model,
-                "k": 1, "concurrency": 1, "timeout_s": self.timeout_s,
-                "reward_key": self.reward_key, "agent_kwargs": self.agent_kwargs,
-                "call_budget": self.call_budget, "training_sampling": self.sampling,
-                "metadata": {"trl_group_id": seed, "trl_episode_id": episode_id,
-                             "trl_group_size": self.group_size}}
+    def plan(self, task: str, *, seed: int | None = None, episode_id: str | None = None) -> RunPlan:
+        """The `POST /admin/runs` plan for one rollout of `task`."""
+        settings = None if self.settings is None else self.settings.model_dump(exclude_unset=True)
+        return RunPlan(dataset=self.dataset, tasks=[task], rollout=RolloutTemplate.model_validate({
+            "harness": self.harness, "sandbox": self.sandbox, "engine": self.engine,
+            "engine_model": self.engine_model, "timeout_s": self.timeout_s, "reward_key": self.reward_key,
+            "agent_kwargs": self.agent_kwargs, "settings": settings, "call_budget": self.call_budget,
+            "training_sampling": self.sampling,
+            "metadata": {"trl_group_id": seed, "trl_episode_id": episode_id,
+                         "trl_group_size": self.group_size}}))
 
     def create(self, task: Any, seed: int | None = None, episode_id: str | None = None) -> TapdeckSession:
         """Start one rollout of `task` (a task name, or a dataset row / chat prompt naming one)."""
@@ -326,17 +334,17 @@ def arg_parser() -> argparse.ArgumentParser:
     return p
 
 
-def factory_from_args(args: argparse.Namespace, plan: dict[str, Any] | None = None) -> TapdeckSessionFactory:
+def factory_from_args(args: argparse.Namespace, plan: RunPlan | None = None) -> TapdeckSessionFactory:
     """The session factory the parsed options describe (`plan`: the --run's plan, for defaults)."""
-    plan = plan or {}
+    plan = plan or RunPlan()
+    template = plan.rollout
     return TapdeckSessionFactory(
         server=args.server, admin_key=read_admin_key(args.admin_key, args.data_dir),
-        dataset=args.dataset or plan.get("dataset"),
-        harness=args.harness or plan.get("harness") or "terminus-2",
-        sandbox=args.sandbox or plan.get("sandbox") or "host",
+        dataset=args.dataset or plan.dataset, harness=args.harness or template.harness,
+        sandbox=args.sandbox or template.sandbox,
         engine=args.engine_url or args.vllm_url.rstrip("/") + "/v1", engine_model=args.model,
-        timeout_s=args.timeout_s, reward_key=args.reward_key or plan.get("reward_key"),
-        agent_kwargs=plan.get("agent_kwargs"), call_budget=args.call_budget or plan.get("call_budget"),
+        timeout_s=args.timeout_s, reward_key=args.reward_key or template.reward_key,
+        settings=template.settings, call_budget=args.call_budget or template.call_budget,
         group_size=args.num_generations)
 
 
@@ -365,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"grpo-trl: {exc}", file=sys.stderr)
         return 2
     try:
-        plan = admin.run(args.run)["plan"] if args.run else {}
+        plan = RunPlan.model_validate(admin.run(args.run)["plan"]) if args.run else None
         catalog = admin.catalog()
     except AdminError as exc:
         print(f"grpo-trl: tapdeck server {args.server} not usable: {exc}", file=sys.stderr)
@@ -373,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         admin.close()
     factory = factory_from_args(args, plan)
-    tasks = args.tasks or plan.get("tasks") or _dataset_tasks(catalog, factory.dataset)
+    tasks = args.tasks or (plan.tasks if plan else None) or _dataset_tasks(catalog, factory.dataset)
     if not tasks:
         print("grpo-trl: no tasks to train on (pass --tasks)", file=sys.stderr)
         return 2

@@ -99,13 +99,14 @@ async def test_rollout_installs_its_agent_cli_on_first_use_publishing_each_insta
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from tapdeck.runner.datasets import SAMPLE_DATASET_DIR
     from tapdeck.runner.rollout import RolloutResult, RolloutSpec, run_rollout
+    from tapdeck.schema.runs import RolloutTemplate
 
     monkeypatch.setenv(agent_install.AGENTS_DIR_ENV, str(tmp_path / "agents"))
     monkeypatch.setenv("npm_config_registry", "http://127.0.0.1:9/")  # refused: offline
     monkeypatch.setenv("npm_config_fetch_retries", "0")
     seen: list[RolloutResult] = []
     spec = RolloutSpec(task="hello-file", task_path=SAMPLE_DATASET_DIR / "hello-file",
-                       trials_dir=tmp_path / "trials", harness="gemini-cli")
+                       trials_dir=tmp_path / "trials", rollout=RolloutTemplate(harness="gemini-cli"))
     # The install comes before the capture session: no service is reached when it fails.
     result = await run_rollout(None, spec, on_update=seen.append)
     assert result.error_kind == "agent_install_failed", result.error

@@ -152,12 +152,12 @@ async def test_setup_plan_captures_five_alternatives_unless_told_otherwise(make_
     async with app.run_test(size=(80, 24)) as pilot:
         await _catalog_loaded(pilot)
         screen = app.screen
-        assert screen.plan().alternatives == 5
+        assert screen.plan().rollout.alternatives == 5
         screen.query_one("#alternatives", Input).value = "21"
         with pytest.raises(ValueError, match="alternatives must be a whole number from 0 to 20"):
             screen.plan()
         screen.query_one("#alternatives", Input).value = "0"
-        assert screen.plan().alternatives == 0
+        assert screen.plan().rollout.alternatives == 0
 
 
 async def test_setup_plan_carries_the_public_url_sandboxes_use(make_app):
@@ -165,12 +165,12 @@ async def test_setup_plan_carries_the_public_url_sandboxes_use(make_app):
     async with app.run_test(size=(80, 24)) as pilot:
         await _catalog_loaded(pilot)
         screen = app.screen
-        assert screen.plan().public_url is None
+        assert screen.plan().rollout.public_url is None
         screen.query_one("#public-url", Input).value = "gpu-box:18300"
         with pytest.raises(ValueError, match="public URL 'gpu-box:18300' must be http"):
             screen.plan()
         screen.query_one("#public-url", Input).value = "http://gpu-box:18300/"
-        assert screen.plan().public_url == "http://gpu-box:18300"
+        assert screen.plan().rollout.public_url == "http://gpu-box:18300"
 
 
 def _app_on_a_dead_server(mode: str) -> TapdeckApp:
@@ -283,13 +283,14 @@ async def test_setup_rollout_settings_are_sent_and_remembered_per_harness(make_a
     async with app.run_test(size=(80, 24)) as pilot:
         await _catalog_loaded(pilot)
         screen = app.screen
-        assert screen.plan().settings.model_dump(exclude_unset=True) == {} and screen.plan().timeout_s is None
+        template = screen.plan().rollout
+        assert template.settings.model_dump(exclude_unset=True) == {} and template.timeout_s is None
         _set(screen, max_turns="5", agent_timeout_s="60", timeout_s="400",
              harness_kwargs='{"parser_name": "xml"}')
-        plan = screen.plan()
-        assert plan.settings.model_dump(exclude_unset=True) == {
+        template = screen.plan().rollout
+        assert template.settings.model_dump(exclude_unset=True) == {
             "max_turns": 5, "agent_timeout_s": 60.0, "harness_kwargs": {"parser_name": "xml"}}
-        assert plan.timeout_s == 400.0
+        assert template.timeout_s == 400.0
         screen.action_start()
         await until(pilot, lambda: path.is_file(), "the settings file")
         assert json.loads(path.read_text())["rollout"]["terminus-2"]["max_turns"] == 5
@@ -305,7 +306,7 @@ async def test_setup_rollout_settings_are_sent_and_remembered_per_harness(make_a
     async with again.run_test(size=(80, 24)) as pilot:
         await _catalog_loaded(pilot)
         assert again.screen.query_one("#set-timeout_s", Input).value == "400.0"
-        assert again.screen.plan().settings.harness_kwargs == {"parser_name": "xml"}
+        assert again.screen.plan().rollout.settings.harness_kwargs == {"parser_name": "xml"}
 
 
 async def test_setup_refuses_a_bad_setting_naming_the_field(make_app):
@@ -321,7 +322,7 @@ async def test_setup_refuses_a_bad_setting_naming_the_field(make_app):
             with pytest.raises(ValueError, match=re.escape(message)):
                 app.screen.plan()
             _set(app.screen, **dict.fromkeys(values, ""))
-        assert app.screen.plan().settings.model_dump(exclude_unset=True) == {}
+        assert app.screen.plan().rollout.settings.model_dump(exclude_unset=True) == {}
 
 
 async def test_setup_settings_show_the_engines_defaults_and_keep_tab_order_short(make_app):

@@ -22,6 +22,7 @@ from tapdeck.runner.rollout_settings import (  # noqa: E402
     SettingsDoNotFit,
     resolve,
 )
+from tapdeck.schema.runs import RolloutTemplate  # noqa: E402
 from tests.conftest import vllm_fixture  # noqa: E402
 
 HELLO = SAMPLE_DATASET_DIR / "hello-file"
@@ -94,7 +95,7 @@ def test_timeouts_in_force_say_where_they_came_from(tmp_path: Path) -> None:
 def test_bad_values_are_refused_with_the_field_named(settings: dict, field: str) -> None:
     with pytest.raises(ValidationError) as err:
         RunPlan.model_validate({"settings": settings})
-    assert err.value.errors()[0]["loc"] == ("settings", field)
+    assert err.value.errors()[0]["loc"] == ("rollout", "settings", field)
 
 
 def test_a_settings_temperature_that_contradicts_the_trainers_is_refused() -> None:
@@ -105,8 +106,8 @@ def test_a_settings_temperature_that_contradicts_the_trainers_is_refused() -> No
 def test_old_plans_agent_kwargs_and_agent_timeout_fold_into_settings() -> None:
     plan = RunPlan.model_validate({"agent_kwargs": {"max_turns": 2, "llm_kwargs": {"max_tokens": 16}},
                                    "agent_timeout_s": 30})
-    assert plan.settings == RolloutSettings(max_turns=2, agent_timeout_s=30,
-                                            harness_kwargs={"llm_kwargs": {"max_tokens": 16}})
+    assert plan.rollout.settings == RolloutSettings(max_turns=2, agent_timeout_s=30,
+                                                    harness_kwargs={"llm_kwargs": {"max_tokens": 16}})
     assert RunPlan.model_validate(plan.model_dump(mode="json")) == plan
 
 
@@ -149,7 +150,7 @@ async def test_settings_that_do_not_fit_fail_the_rollout_before_the_trial(tmp_pa
                              public_url="http://127.0.0.1:9")
     try:
         spec = RolloutSpec(task="hello-file", task_path=HELLO, trials_dir=tmp_path / "trials",
-                           harness="codex", engine=EngineSpec(url=up.base_url))
+                           rollout=RolloutTemplate(harness="codex"), engine=EngineSpec(url=up.base_url))
         result = await run_rollout(service, spec)
         assert not result.ok and result.error_kind == "settings_do_not_fit"
         assert result.error.startswith("setting context_tokens:") and "2048" in result.error
@@ -199,3 +200,15 @@ def test_terminus2_runs_with_the_served_engines_context_and_the_session_records_
             == (2048, 128)
     finally:
         up.server.stop()
+
+
+def test_a_flat_plan_as_older_servers_stored_it_reads_as_the_nested_plan() -> None:
+    flat = {"dataset": "d", "k": 2, "harness": "codex", "sandbox": "docker", "timeout_s": 90,
+            "call_budget": 4, "metadata": {"trl_group_id": 1}, "agent_kwargs": {"max_turns": 3}}
+    plan = RunPlan.model_validate(flat)
+    assert plan == RunPlan(dataset="d", k=2, rollout=RolloutTemplate(
+        harness="codex", sandbox="docker", timeout_s=90, call_budget=4, metadata={"trl_group_id": 1},
+        settings=RolloutSettings(max_turns=3)))
+    assert "harness" not in plan.model_dump() and RunPlan.model_validate(plan.model_dump()) == plan
+    # A nested field wins over a flat one given alongside it.
+    assert RunPlan.model_validate({"harness": "codex", "rollout": {"harness": "oracle"}}).rollout.harness == "oracle"

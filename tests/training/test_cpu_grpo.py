@@ -141,7 +141,7 @@ def test_cpu_grpo_trains_on_tapdeck_rollouts_from_its_current_weights(train_env:
     assert len(runs) == 1 + int(redraws[0]), (redraws, runs)
     for run in runs:
         assert run["plan"]["k"] == 3 and run["plan"]["tasks"] == ["hello-file"]
-        engine = run["plan"]["engine"]
+        engine = run["plan"]["rollout"]["engine"]
         assert engine.startswith("http://127.0.0.1:") and engine.endswith("/v1")
         rollouts = http.get(f"/admin/runs/{run['id']}").json()["rollouts"]
         assert len(rollouts) == 3 and all(r["tier"] == "tokens" for r in rollouts), rollouts

@@ -28,6 +28,7 @@ from tapdeck.runner.recipes.grpo_trl import (
     main,
     task_name,
 )
+from tapdeck.schema.runs import RunPlan
 from tests.conftest import local_server_on
 
 TRL_SAMPLING = {"temperature": 0.8, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "frequency_penalty": 0.0,
@@ -64,16 +65,19 @@ def test_options_build_a_picklable_factory_bound_to_trls_sampling(tmp_path: Path
     args = arg_parser().parse_args(["--data-dir", str(tmp_path), "--vllm-url", "http://gpu:8000/",
                                     "--num-generations", "4", "--tasks", "hello-file", "greet-script"])
     assert args.max_staleness == 4 and args.tasks == ["hello-file", "greet-script"]
-    factory = factory_from_args(args, {"harness": "mini-swe-agent", "agent_kwargs": {"max_turns": 3}})
+    # A --run's plan as an older server stored it (flat, with agent_kwargs): read as one template.
+    run_plan = RunPlan.model_validate({"harness": "mini-swe-agent", "agent_kwargs": {"max_turns": 3}})
+    factory = factory_from_args(args, run_plan)
     assert factory.admin_key == "k-123" and factory.engine == "http://gpu:8000/v1"
-    assert factory.harness == "mini-swe-agent" and factory.agent_kwargs == {"max_turns": 3}
+    assert factory.harness == "mini-swe-agent" and factory.settings.max_turns == 3
     bound = pickle.loads(pickle.dumps(factory))(sampling=TRL_SAMPLING)
     assert bound.sampling == TRL_SAMPLING and factory.sampling is None
     assert pickle.loads(pickle.dumps(bound)) == bound
     plan = bound.plan("hello-file", seed=5, episode_id="ep-9")
-    assert plan["tasks"] == ["hello-file"] and plan["k"] == 1
-    assert plan["training_sampling"] == TRL_SAMPLING
-    assert plan["metadata"] == {"trl_group_id": 5, "trl_episode_id": "ep-9", "trl_group_size": 4}
+    assert plan.tasks == ["hello-file"] and plan.k == 1
+    assert plan.rollout.harness == "mini-swe-agent" and plan.rollout.settings.max_turns == 3
+    assert plan.rollout.training_sampling == TRL_SAMPLING
+    assert plan.rollout.metadata == {"trl_group_id": 5, "trl_episode_id": "ep-9", "trl_group_size": 4}
     engine = factory_from_args(arg_parser().parse_args(["--data-dir", str(tmp_path),
                                                         "--engine-url", "http://proxy:9/v1"]))
     assert engine.engine == "http://proxy:9/v1"
