@@ -584,22 +584,34 @@ class RolloutGraph:
 
     def stats(self) -> RolloutStats:
         """Turns, roots, forks, breaks, discarded, trainable tokens over unique turns, fragmentation."""
-        nodes = self._nodes.values()
-        tools = self.has_tools()
+        # One pass over the nodes (this runs on every commit, so it is linear in the rollout
+        # per turn): each node's discarded check once, where has_tools and the mask repeated it.
+        forks = retok = broken = 0
+        dropped: set[int] = set()
+        for n in self._nodes.values():
+            if n.children:
+                forks += len(n.children) - 1
+            elif self.discarded(n.seq):
+                dropped.add(n.seq)
+            if n.kind == "retokenized":
+                retok += 1
+            if n.break_of is not None:
+                broken += 1
+        tools = any(n.tools and n.seq not in dropped for n in self._nodes.values())
+        # node_mask_on without its discarded check: an agent-role, trainable call.
+        trainable = sum(n.sampled.size for n in self._nodes.values()
+                        if n.trainable and n.sampled is not None and n.seq not in dropped
+                        and (not tools or n.tools) and n.turn.meta.get("call_role") != "auxiliary")
         roots = len(self._roots)
-        forks = sum(max(0, len(n.children) - 1) for n in nodes)
-        forks += sum(max(0, len(g) - 1) for g in self._root_groups.values())
-        retok = sum(1 for n in nodes if n.kind == "retokenized")
-        broken = sum(1 for n in nodes if n.break_of is not None)
+        duplicate_roots = sum(len(g) - 1 for g in self._root_groups.values() if g)
+        forks += duplicate_roots
         broken_roots = sum(1 for s in self._roots if self._nodes[s].break_of is not None)
-        duplicate_roots = sum(max(0, len(g) - 1) for g in self._root_groups.values())
         conversations = max(0, roots - broken_roots - duplicate_roots)
         breaks = retok + broken
-        discarded = sum(1 for n in nodes if self.discarded(n.seq))
-        trainable = sum(n.sampled_len for n in nodes if self.node_mask_on(n.seq, tools=tools))
+        discarded = len(dropped)
         frag = (conversations + breaks) / max(conversations, 1) if self._nodes else 0.0
         return RolloutStats(turns=len(self._nodes), roots=roots, forks=forks, breaks=breaks,
-                            discarded=discarded, trainable_tokens=trainable,
+                            discarded=discarded, trainable_tokens=int(trainable),
                             fragmentation=round(frag, 4), conversations=conversations)
 
     # -- adding ----------------------------------------------------------------------------
