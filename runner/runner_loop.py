@@ -61,7 +61,7 @@ class RunnerLoop:
         """Run `fn(*args)` on this loop's thread, soon; does not wait."""
         self.loop.call_soon_threadsafe(fn, *args)
 
-    def stop(self, timeout: float = STOP_GRACE_S + 5) -> None:
+    def stop(self, timeout: float = STOP_GRACE_S + 2) -> None:
         """Cancel what still runs on the loop, let it unwind, and end the thread."""
         with self._lock:
             loop, thread, self._loop, self._thread = self._loop, self._thread, None, None
