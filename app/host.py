@@ -78,7 +78,8 @@ class LocalServer:
             app = create_app(self.service, admin_key=self.admin_key, routers=self._runner_routers(),
                              max_body_bytes=cfg.max_body_bytes)
             self.instance = app.state.instance
-            self._http = ThreadedServer(app, cfg.host, port, name="tapdeck-server")
+            # uvloop: the runner's trials run on a loop of their own (runner/runner_loop.py).
+            self._http = ThreadedServer(app, cfg.host, port, name="tapdeck-server", loop="uvloop")
             self._http.start(sock=self._sock)
             self._check_health()
         except BaseException:

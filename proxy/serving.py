@@ -13,7 +13,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import uvicorn
 
@@ -54,14 +54,16 @@ class _QuietServer(uvicorn.Server):
 
 
 class ThreadedServer:
-    """An ASGI app served by uvicorn on a daemon thread.
+    """An ASGI app served by uvicorn on a daemon thread, on an asyncio loop or on uvloop (what the
+    tapdeck server uses: less CPU per call; Harbor trials cannot run on it, see runner_loop).
 
     `start()` binds first (so a clash raises before anything runs), then waits until uvicorn accepts.
     """
 
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *,
-                 name: str = "tapdeck-http") -> None:
+                 name: str = "tapdeck-http", loop: Literal["asyncio", "uvloop"] = "asyncio") -> None:
         self.app = app
+        self.loop = loop
         self.host = host
         self.requested_port = port
         self.name = name
@@ -86,10 +88,8 @@ class ThreadedServer:
         """Bind (or take `sock`, bound earlier with `bind_socket`), start the serving thread and
         wait until it is accepting connections."""
         self._sock = sock if sock is not None else bind_socket(self.host, self.requested_port)
-        # loop="asyncio": the runner executes Harbor trials on this loop, and under uvloop the host
-        # sandbox's `tmux new-session` exec never returns (terminus-2 setup hangs until timeout).
         config = uvicorn.Config(self.app, log_config=None, access_log=False, lifespan="on",
-                                timeout_graceful_shutdown=2, loop="asyncio",
+                                timeout_graceful_shutdown=2, loop=self.loop, http="httptools",
                                 timeout_keep_alive=KEEP_ALIVE_S)
         self._server = _QuietServer(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},

@@ -1,9 +1,10 @@
 """The runner's admin routes, mounted into the server app through `create_app(routers=...)`.
 
 `GET /admin/catalog`, `POST/GET /admin/runs`, `GET /admin/runs/{id}`, `POST /admin/runs/{id}/cancel`,
-`POST /admin/runs/{id}/rollouts/{rollout_id}/cancel` (one rollout), `POST /admin/runs/{id}/resume`, `POST /admin/runs/{id}/export`. Runs execute on the server's own
-event loop as asyncio tasks; when the server shuts down, running runs are cancelled (sandboxes torn
-down) and can be resumed later.
+`POST /admin/runs/{id}/rollouts/{rollout_id}/cancel` (one rollout), `POST /admin/runs/{id}/resume`, `POST /admin/runs/{id}/export`. Runs execute as asyncio tasks on the
+runner's own loop and thread (`runner_loop.RunnerLoop`: the server's loop is uvloop, on which Harbor
+trials hang); when the server shuts down, running runs are cancelled (sandboxes torn down) and can
+be resumed later.
 
 Training: `GET /admin/train/recipes`, `POST/GET /admin/train`, `GET /admin/train/{id}`,
 `GET /admin/train/{id}/log?offset=&tail=`, `GET /admin/train/{id}/metrics?after=`,
@@ -26,6 +27,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from tapdeck.proxy.server import require_admin
 from tapdeck.proxy.tiers import EngineSpec
 from tapdeck.runner.batch import BatchRunner, PlanError, RunNotFound
+from tapdeck.runner.runner_loop import RunnerLoop
 from tapdeck.runner.train_jobs import TrainingJobs, TrainNotFound, TrainRefused
 from tapdeck.schema.catalog import Catalog
 from tapdeck.schema.runs import (
@@ -56,7 +58,9 @@ def create_runner_router(service: Any, *, data_dir: Path, default_engine: Engine
 
     Recipes reach this server at its public URL with `admin_key` (passed in their environment).
     """
-    batch = BatchRunner(service, data_dir=Path(data_dir), default_engine=default_engine)
+    runner_loop = RunnerLoop()
+    batch = BatchRunner(service, data_dir=Path(data_dir), default_engine=default_engine,
+                        loop=runner_loop)
     server_env = {"TAPDECK_SERVER_URL": service.public_url}
     if admin_key:
         server_env["TAPDECK_ADMIN_KEY"] = admin_key
@@ -74,6 +78,7 @@ def create_runner_router(service: Any, *, data_dir: Path, default_engine: Engine
             async with asyncio.timeout(SHUTDOWN_GRACE_S):
                 for summary in running:
                     await batch.wait(summary.id)
+        await asyncio.to_thread(runner_loop.stop)
 
     router = APIRouter(prefix="/admin", dependencies=[Depends(require_admin)], lifespan=lifespan)
     router.batch = batch  # type: ignore[attr-defined]

@@ -27,6 +27,7 @@ from typing import Any, Literal
 from tapdeck.proxy.tiers import EngineSpec
 from tapdeck.runner.engines import EngineChoiceError, resolve_engine
 from tapdeck.runner.rollout import RolloutSpec, run_rollout
+from tapdeck.runner.runner_loop import LoopTask, RunnerLoop, ServiceOnItsLoop
 from tapdeck.schema.events import RolloutUpdated, RunFinished, RunStarted
 from tapdeck.schema.runs import (
     RolloutResult,
@@ -68,7 +69,7 @@ class _Run:
         self.error: str | None = None
         self.results: dict[str, RolloutResult] = {}
         self.live: dict[str, RolloutResult] = {}
-        self.task: asyncio.Task[Any] | None = None
+        self.task: asyncio.Task[Any] | LoopTask[Any] | None = None
         self.rollout_tasks: dict[str, asyncio.Task[None]] = {}
         self.cancel_requested: set[str] = set()
         """Rollouts cancelled one by one (the rest of the run goes on)."""
@@ -83,6 +84,13 @@ class _Run:
             out.append(self.live.get(rid) or self.results.get(rid) or RolloutResult(
                 rollout_id=rid, run_id=self.id, task=self.tasks[g]["name"], group=g, index=i))
         return out
+
+
+def _cancel_if_started(task: asyncio.Task[None]) -> None:
+    """Cancel a rollout's task once it has started; one not yet started sees its cancel request
+    when it starts (and records a plain `cancelled` result)."""
+    if inspect.getcoroutinestate(task.get_coro()) != inspect.CORO_CREATED:
+        task.cancel()
 
 
 def rollout_id(run_id: str, group: int, index: int) -> str:
@@ -114,15 +122,19 @@ RolloutFn = Callable[..., Awaitable[RolloutResult]]
 
 
 class BatchRunner:
-    """Creates, runs, resumes, cancels and lists runs on one capture service and one event loop."""
+    """Creates, runs, resumes, cancels and lists runs on one capture service.
+
+    Runs execute on `loop` (the runner's own asyncio loop, apart from the server's) when given,
+    else on the loop that starts them."""
 
     def __init__(self, service: Any, *, data_dir: Path, default_engine: EngineSpec | None,
-                 rollout_fn: RolloutFn = run_rollout) -> None:
+                 rollout_fn: RolloutFn = run_rollout, loop: RunnerLoop | None = None) -> None:
         self.service = service
         self.data_dir = Path(data_dir)
         self.runs_dir = self.data_dir / "runs"
         self.default_engine = default_engine
         self._rollout_fn = rollout_fn
+        self._loop = loop
         self._runs: dict[str, _Run] = {}
 
     # ----------------------------------------------------------------- plan → run directory
@@ -160,16 +172,24 @@ class BatchRunner:
 
     # ----------------------------------------------------------------- execution
 
-    def start(self, run_id: str) -> asyncio.Task[RunSummary]:
-        """Run (or resume) a run as a task on the running loop; returns at once."""
+    def start(self, run_id: str) -> asyncio.Task[RunSummary] | LoopTask[RunSummary]:
+        """Run (or resume) a run as a task on the runner's loop, or on the running one; returns
+        at once."""
         run = self._load(run_id)
         if run.task is not None and not run.task.done():
             raise PlanError(f"run {run_id} is already running")
-        run.task = asyncio.get_running_loop().create_task(self.run(run_id), name=f"tapdeck-{run_id}")
+        here = asyncio.get_running_loop()
+        if self._loop is None:
+            run.task = here.create_task(self.run(run_id), name=f"tapdeck-{run_id}")
+        else:
+            run.task = self._loop.spawn(self.run(run_id, ServiceOnItsLoop(self.service, here)),
+                                        name=f"tapdeck-{run_id}")
         return run.task
 
-    async def run(self, run_id: str) -> RunSummary:
-        """Execute every rollout of the run that has not finished yet; returns the final summary."""
+    async def run(self, run_id: str, service: Any = None) -> RunSummary:
+        """Execute every rollout of the run that has not finished yet; returns the final summary.
+        The rollouts use `service` (default: this runner's) for their capture sessions."""
+        service = self.service if service is None else service
         run = self._load(run_id)
         self._write_state(run, "running")
         pending = [(g, i, rid) for g, i, rid in run.rollout_ids()
@@ -213,7 +233,7 @@ class BatchRunner:
                     run.live[rid] = partial
                     self._publish(RolloutUpdated(run_id=run.id, rollout=partial))
 
-                return await self._rollout_fn(self.service, spec, on_update=on_update)
+                return await self._rollout_fn(service, spec, on_update=on_update)
 
         run.cancel_requested.clear()
         run.rollout_tasks = {rid: asyncio.create_task(one(g, i, rid)) for g, i, rid in pending}
@@ -262,8 +282,10 @@ class BatchRunner:
                 raise RunNotFound(rollout_id)
             raise PlanError(f"rollout {rollout_id} is not running")
         run.cancel_requested.add(rollout_id)
-        if inspect.getcoroutinestate(task.get_coro()) != inspect.CORO_CREATED:
-            task.cancel()  # one not yet started sees the request when it starts
+        if self._loop is None:
+            _cancel_if_started(task)
+        else:  # the task's state is read on its own loop, where it cannot change meanwhile
+            self._loop.call_soon(_cancel_if_started, task)
         return next(r for r in run.all_rollouts() if r.rollout_id == rollout_id)
 
     async def wait(self, run_id: str) -> RunSummary:

@@ -394,6 +394,11 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/proxy/test_burst.py::test_idle_client_connection_outlives_the_clients_own_keepalive
 - two `tapdeck serve` processes serve one batch with every turn captured
   → tests/proxy/test_burst.py::test_two_serve_processes_share_one_batch_and_capture_every_turn
+- the server's loop is uvloop; batches run on the runner's own asyncio loop, where a detached tmux
+  returns, and a cancelled run is awaited until its teardown
+  → tests/runner/test_runner_loop.py::test_a_run_started_from_uvloop_runs_on_asyncio_and_its_detached_tmux_returns
+  → tests/runner/test_runner_loop.py::test_cancelling_a_run_from_the_server_loop_waits_for_its_teardown
+  → tests/runner/test_terminus2.py::test_terminus2_rollout_is_graded_captured_on_every_turn_and_reconciled
 """
 
 from __future__ import annotations

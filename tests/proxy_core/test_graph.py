@@ -288,6 +288,23 @@ def test_trainable_tokens_count_unique_turns_across_forks():
     assert seq_sum > expected  # per-sequence sum double counts the shared prefix
 
 
+def test_stats_agree_with_the_per_call_queries_on_a_mixed_rollout():
+    # Stats are computed in one pass on every commit; they must say what the per-call queries say.
+    base = [with_tools(t) for t in multi()]
+    fork, retry = resample(base[2], 3, [504, 2]), resample(base[1], 4, [504, 7, 2])
+    title = turn_from_fixture("chat_basic", 5)
+    marked = dataclasses.replace(with_tools(turn_from_fixture(TINY[0], 6)),
+                                 meta={"call_role": "auxiliary"})
+    g, _ = build(base + [fork, retry, title, marked])
+    st = g.stats()
+    tools = g.has_tools()
+    assert st.discarded == sum(g.discarded(s) for s in g.nodes) > 0
+    assert st.trainable_tokens == sum(g.nodes[s].sampled_len for s in g.nodes
+                                      if g.node_mask_on(s, tools=tools))
+    assert st.forks == 1 + 1 and st.roots == len(g.roots()) == 3
+    assert {g.node_role(s) for s in g.nodes} == {"agent", "auxiliary", "discarded"}
+
+
 def no_ids(turn, **changes):
     return dataclasses.replace(turn, prompt_ids=None, sampled_ids=None, **changes)
 

@@ -1,7 +1,7 @@
 """Runner test fixtures: a real tapdeck server (proxy + store + runner routes) in this process.
 
-Runs execute on the server's own event loop, so tests drive them only through the HTTP admin API,
-exactly as the CLI and the TUI do.
+Runs execute on the server's runner loop (an asyncio loop on a thread of its own), so tests drive
+them only through the HTTP admin API, exactly as the CLI and the TUI do.
 """
 
 from __future__ import annotations
