@@ -42,6 +42,10 @@ from tapdeck.themes.palettes import DEFAULT_THEME, THEMES, VARIABLE_DEFAULTS
 RECONNECT_S = (0.5, 1.0, 2.0, 5.0)
 FIRST_SCREEN_WAIT_S = 5.0
 """How long the first screen waits to learn whether the server has sessions (Setup or Sessions)."""
+QUIT_CONFIRM_S = 5.0
+"""How long a first `q` with runs going stays armed: a second one within it quits."""
+QUIT_CHECK_S = 2.0
+"""How long `q` waits to learn whether runs are going; a server that does not answer lets it quit."""
 
 def build_themes() -> list[Theme]:
     """tapdeck's themes (data in tapdeck.themes.palettes) as Textual Themes."""
@@ -91,7 +95,9 @@ class TapdeckCommands(Provider):
 class TapdeckApp(App[None]):
     """`TapdeckApp(client, server_label=..., settings_path=...)`.
 
-    Without `initial_mode` it opens on Setup when the server has no sessions yet, else on Sessions."""
+    Without `initial_mode` it opens on Setup when the server has no sessions yet, else on Sessions.
+    `owns_server`: the server lives in this process (`tapdeck`, `tapdeck tui`), so quitting stops
+    its runs and `q` asks once more while any is going; attached, runs go on without the TUI."""
 
     TITLE = "tapdeck"
     CSS_PATH = STYLESHEET
@@ -110,7 +116,7 @@ class TapdeckApp(App[None]):
 
     def __init__(self, client: TapdeckClient, *, server_label: str = "", settings_path: Path | None = None,
                  follow_events: bool = True, clock: Callable[[], float] = time.monotonic,
-                 initial_mode: str | None = None) -> None:
+                 initial_mode: str | None = None, owns_server: bool = False) -> None:
         super().__init__()
         self.client = client
         self.server_label = server_label or client.base_url
@@ -119,6 +125,8 @@ class TapdeckApp(App[None]):
         self.follow_events = follow_events
         self.clock = clock
         self.initial_mode = initial_mode
+        self.owns_server = owns_server
+        self._quit_armed_at: float | None = None
         self.board = SessionBoard()
         self.connected = False
         self.screens_by_mode = {entry.mode: entry.screen() for entry in SCREENS}
@@ -304,6 +312,29 @@ class TapdeckApp(App[None]):
         names = list(THEMES)
         current = names.index(self.theme) if self.theme in names else -1
         self.theme = names[(current + 1) % len(names)]
+
+    async def action_quit(self) -> None:
+        """Quit; with this process's server running a batch, only on a second `q` (its runs stop
+        and show as interrupted, resumable from Runs)."""
+        now = self.clock()
+        if not self.owns_server or (self._quit_armed_at is not None
+                                    and now - self._quit_armed_at <= QUIT_CONFIRM_S):
+            self.exit()
+            return
+        try:
+            runs = await asyncio.wait_for(self.client.runs(), QUIT_CHECK_S)
+        except (ApiError, OSError, TimeoutError):
+            runs = []
+        going = [r for r in runs if r.state == "running"]
+        if not going:
+            self.exit()
+            return
+        self._quit_armed_at = now
+        left = sum(r.counts.total - r.counts.done for r in going)
+        self.notify(f"{left} rollout(s) of {len(going)} run(s) still going: quitting stops them "
+                    f"(resume them from Runs with {key_of(self, 'runs.resume', self.screens_by_mode['runs'])}). "
+                    f"Press {key_of(self, 'app.quit')} again to quit.",
+                    title="Runs are going", severity="warning", timeout=QUIT_CONFIRM_S)
 
     def action_resync(self) -> None:
         self.resync()

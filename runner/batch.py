@@ -30,6 +30,7 @@ from tapdeck.runner.rollout import RolloutSpec, run_rollout
 from tapdeck.runner.runner_loop import LoopTask, RunnerLoop, ServiceOnItsLoop
 from tapdeck.schema.events import RolloutUpdated, RunFinished, RunStarted
 from tapdeck.schema.runs import (
+    RERUN_ON_RESUME,
     RolloutResult,
     RunCounts,
     RunPlan,
@@ -42,8 +43,6 @@ from tapdeck.schema.runs import (
 RESULTS = "results.jsonl"
 PLAN = "plan.json"
 STATE = "run.json"
-UNFINISHED_KINDS = frozenset({"cancelled"})
-"""Rollouts recorded with these error kinds run again on resume."""
 
 
 class PlanError(ValueError):
@@ -193,7 +192,7 @@ class BatchRunner:
         run = self._load(run_id)
         self._write_state(run, "running")
         pending = [(g, i, rid) for g, i, rid in run.rollout_ids()
-                   if rid not in run.results or run.results[rid].error_kind in UNFINISHED_KINDS]
+                   if rid not in run.results or run.results[rid].error_kind in RERUN_ON_RESUME]
         self._publish(RunStarted(run_id=run.id, run=summarize(run), pending=len(pending)))
         semaphore = asyncio.Semaphore(run.plan.concurrency)
         engine = self._engine(run.plan)

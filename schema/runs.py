@@ -16,6 +16,8 @@ RunState = Literal["running", "finished", "cancelled", "failed", "interrupted"]
 Phase = Literal["queued", "install", "sandbox", "agent_setup", "agent", "verify", "done", "failed"]
 PASS_REWARD = 1.0
 """A rollout passes when its verifier gave the full reward (Harbor's tests all passed)."""
+RERUN_ON_RESUME = frozenset({"cancelled"})
+"""Rollout error kinds that run again when their run is resumed (with the rollouts never run)."""
 
 
 def graded_rewards(rewards: Iterable[float | None]) -> list[float]:
@@ -74,6 +76,11 @@ class RolloutResult(BaseModel):
     finished_at: float | None = None
     phase_started: dict[str, float] = Field(default_factory=dict)
     """When each phase began (wall clock): live per-phase timings while the rollout runs."""
+
+
+def runs_again_on_resume(rollout: RolloutResult) -> bool:
+    """Whether resuming its (stopped) run runs this rollout again: never finished, or cancelled."""
+    return rollout.finished_at is None or rollout.error_kind in RERUN_ON_RESUME
 
 
 class RolloutTemplate(BaseModel):

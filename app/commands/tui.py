@@ -26,13 +26,14 @@ def _log_to_file(path: Path) -> logging.Handler:
     return handler
 
 
-def run_app(base_url: str, admin_key: str | None, *, server_label: str, settings_path: Path) -> None:
+def run_app(base_url: str, admin_key: str | None, *, server_label: str, settings_path: Path,
+            owns_server: bool = False) -> None:
     """Run the App against a server URL (shared by embedded and attached mode)."""
     from tapdeck.app.client import TapdeckClient
     from tapdeck.app.tui import TapdeckApp
 
     TapdeckApp(TapdeckClient(base_url, admin_key), server_label=server_label,
-               settings_path=settings_path).run()
+               settings_path=settings_path, owns_server=owns_server).run()
 
 
 def run_embedded(data_dir: Path | None = None, *, port: int = 0, engine_url: str | None = None,
@@ -65,7 +66,7 @@ def run_embedded(data_dir: Path | None = None, *, port: int = 0, engine_url: str
         print(f"tapdeck: engine {server.engine_url}", file=sys.stderr, flush=True)
     try:
         run_app(server.url, server.admin_key, server_label=f"embedded {server.url}",
-                settings_path=default_settings_path(data_dir))
+                settings_path=default_settings_path(data_dir), owns_server=True)
     finally:
         server.stop()
 

@@ -21,7 +21,7 @@ from tapdeck.app.views import (
     run_groups,
     short_id,
 )
-from tapdeck.schema.runs import RolloutResult, RunDetail, RunSummary
+from tapdeck.schema.runs import RolloutResult, RunDetail, RunSummary, runs_again_on_resume
 
 
 GROUP_BINS = 5
@@ -33,12 +33,14 @@ class RunsScreen(TapdeckScreen):
 
     MODE = "runs"
     HELP = ("Batches started from Setup (or the CLI). Enter shows a run's groups; o opens the "
-            "highlighted rollout; e / p export the run as JSONL / Parquet on the server's machine.")
+            "highlighted rollout; e / p export the run as JSONL / Parquet on the server's machine; "
+            "u resumes a stopped run (its cancelled and never-run rollouts run again).")
 
     BINDINGS = [
         Binding("e", "export('jsonl')", "Export JSONL", id="runs.export_jsonl"),
         Binding("p", "export('parquet')", "Parquet", id="runs.export_parquet"),
         Binding("x", "cancel", "Cancel run", id="runs.cancel"),
+        Binding("u", "resume", "Resume", id="runs.resume"),
         Binding("o", "open_rollout", "Open rollout", id="runs.open"),
         Binding("r", "reload", "Reload", id="runs.reload"),
     ]
@@ -187,6 +189,27 @@ class RunsScreen(TapdeckScreen):
         """Cancel the shown run."""
         if self.run_id:
             self.cancel_run(self.run_id)
+
+    def action_resume(self) -> None:
+        """Resume the shown run: its never-run and cancelled rollouts run again."""
+        detail = self.detail
+        if detail is None:
+            self.app.notify("No run to resume.", severity="warning")
+            return
+        left = sum(runs_again_on_resume(r) for r in detail.rollouts)
+        if detail.state == "running":
+            self.app.notify(f"run {detail.id} is running.", severity="warning")
+        elif not left:
+            self.app.notify(f"Nothing to resume: every rollout of run {detail.id} ran to its end.",
+                            severity="warning")
+        else:
+            self.resume_run(detail.id, left)
+
+    @work(group="resume", exit_on_error=False)
+    async def resume_run(self, run_id: str, left: int) -> None:
+        await self.client.resume_run(run_id)
+        self.app.notify(f"run {run_id} resumed: {left} rollout(s) to run")
+        self.load_runs()
 
     @work(group="cancel", exit_on_error=False)
     async def cancel_run(self, run_id: str) -> None:

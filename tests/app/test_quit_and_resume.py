@@ -1,0 +1,76 @@
+"""Quitting a TUI whose own server is running a batch asks once more; `u` on Runs resumes a stopped
+run. The quit guard is driven over the recorded API; resume against a real server whose engine
+hangs, so the rollout is still in its first model call when it is cancelled and again when resumed."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from tapdeck.app.client import TapdeckClient
+from tapdeck.app.tui import TapdeckApp
+from tapdeck.schema.runs import RunPlan
+from tests.app.conftest import FROZEN_NOW, recorded_transport
+from tests.app.pilot_wait import until
+from tests.conftest import hanging_engine, local_server_on
+
+
+def _recorded(api_data: dict, run_state: str, *, owns_server: bool) -> TapdeckApp:
+    data = copy.deepcopy(api_data)
+    data["runs"][0]["state"] = run_state
+    client = TapdeckClient("http://tapdeck.test", "test-key", transport=recorded_transport(data))
+    return TapdeckApp(client, server_label="http://tapdeck.test", follow_events=False,
+                      clock=lambda: FROZEN_NOW, initial_mode="sessions", owns_server=owns_server)
+
+
+def _notes(app: TapdeckApp) -> list[str]:
+    return [n.message for n in app._notifications]
+
+
+async def test_q_with_a_run_going_on_its_own_server_asks_once_more_then_quits(api_data):
+    app = _recorded(api_data, "running", owns_server=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("q")
+        await until(pilot, lambda: any("still going" in n for n in _notes(app)), "the warning", 10)
+        assert app.is_running
+        note = next(n for n in _notes(app) if "still going" in n)
+        assert "Runs with u" in note and "Press q again" in note
+        await pilot.press("q")
+        await until(pilot, lambda: not app.is_running, "the quit", 10)
+
+
+@pytest.mark.parametrize(("run_state", "owns_server"), [("finished", True), ("running", False)],
+                         ids=["nothing-running", "attached"])
+async def test_q_quits_at_once_when_nothing_runs_or_the_server_is_elsewhere(api_data, run_state,
+                                                                           owns_server):
+    app = _recorded(api_data, run_state, owns_server=owns_server)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("q")
+        await until(pilot, lambda: not app.is_running, "the quit", 10)
+        assert not any("still going" in n for n in _notes(app))
+
+
+@pytest.mark.slow
+async def test_u_on_runs_resumes_a_cancelled_run_on_a_real_server(tmp_path: Path) -> None:
+    with hanging_engine() as engine, local_server_on(engine, tmp_path / "data") as server:
+        app = TapdeckApp(TapdeckClient(server.url, server.admin_key), settings_path=tmp_path / "tui.json",
+                         initial_mode="runs")
+        async with app.run_test(size=(80, 24)) as pilot:
+            run = await app.client.start_run(RunPlan(tasks=["hello-file"], k=1, timeout_s=600))
+            await until(pilot, lambda: engine.held, "the rollout's first model call", 180)
+            await app.client.cancel_run(run.id)
+            await until(pilot, lambda: app.screen.detail is not None
+                        and app.screen.detail.id == run.id
+                        and app.screen.detail.rollouts[0].error_kind == "cancelled",
+                        "the cancelled rollout on Runs", 120)
+            await until(pilot, lambda: not engine.held, "the cancelled call's end", 60)
+
+            await pilot.press("u")
+            await until(pilot, lambda: any("resumed: 1 rollout(s)" in n for n in _notes(app)),
+                        "the resume notice", 30)
+            await until(pilot, lambda: engine.held, "the resumed rollout's model call", 180)
+            assert (await app.client.run(run.id)).state == "running"
+            await app.client.cancel_run(run.id)
+            await until(pilot, lambda: not engine.held, "the second cancel", 60)
