@@ -51,7 +51,7 @@ class SessionsScreen(TapdeckScreen):
     def compose_body(self) -> Iterable[Widget]:
         yield Static("", id="sessions-summary")
         with Horizontal(id="board-rate-row"):
-            yield Static("calls/s", id="board-rate-label")
+            yield Static("all calls/s", id="board-rate-label")
             # Textual's Sparkline, as in the pane: one row above the table, in the theme's colours.
             yield Sparkline([], id="board-rate")
             yield Static("", id="board-rate-span")

@@ -65,8 +65,8 @@ class TrainScreen(TapdeckScreen):
     #train-state { height: 1; padding: 0 1; color: $text-muted; }
     #train-body { height: 1fr; }
     #train-panel { height: 1; }
-    #train-plot { height: 1fr; min-height: 5; }
-    #train-log { height: 1fr; min-height: 4; border-top: hkey $panel; }
+    #train-plot { height: 3fr; min-height: 5; }
+    #train-log { height: 2fr; min-height: 4; border-top: hkey $panel; }
     """
 
     def __init__(self) -> None:
