@@ -9,8 +9,8 @@ from collections.abc import Iterable
 
 from textual import on
 from textual.binding import Binding
-from textual.widget import Widget
 from textual.containers import Horizontal
+from textual.widget import Widget
 from textual.widgets import DataTable, Sparkline, Static
 
 from tapdeck.app.client import ApiError

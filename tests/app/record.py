@@ -18,12 +18,10 @@ each recording's random keys. The contract test validates the result against tap
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
 import re
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,6 +32,7 @@ import httpx
 from tapdeck.app.host import LocalServer
 from tapdeck.proxy.config import ServerConfig
 from tapdeck.proxy.serving import ThreadedServer
+from tests.contract.record import write_recording
 from tests.proxy.conftest import Upstream, _upstream_app
 
 FIXTURE = Path(__file__).parent / "fixtures" / "api.json"
@@ -233,14 +232,8 @@ def record(data_dir: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=FIXTURE)
-    out = parser.parse_args().out
-    with tempfile.TemporaryDirectory(prefix="tapdeck-tui-") as tmp:
-        recording = record(Path(tmp))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(recording, indent=1, sort_keys=True) + "\n")
-    print(f"wrote {out}: {len(recording['sessions'])} sessions, {len(recording['runs'])} runs")
+    write_recording(record, FIXTURE, __doc__.splitlines()[0],
+                    lambda r: f"{len(r['sessions'])} sessions, {len(r['runs'])} runs")
 
 
 if __name__ == "__main__":

@@ -72,6 +72,17 @@ async def test_oracle_batch_reaches_finished_and_run_exports(live_server, tmp_pa
         assert Path(path).is_file()
 
 
+async def _open_rollout(pilot, session_id: str) -> None:
+    """Wait for the session's row on Sessions, open its rollout, wait for its first turn."""
+    app = pilot.app
+    table = app.screen.query_one(SessionTable)
+    await until(pilot, lambda: session_id in [r.value for r in table.rows], "the session row", 30)
+    app.open_rollout(session_id)
+    # query, not query_one: the mode switches before the Rollout screen has composed.
+    await until(pilot, lambda: app.current_mode == "rollout"
+                and any(v.turn is not None for v in app.screen.query(TokenView)), "turn 0", 30)
+
+
 async def test_live_session_rollout_grows_and_a_token_can_be_selected(live_server, tmp_path):
     admin = {"Authorization": f"Bearer {live_server.admin_key}"}
     async with httpx.AsyncClient(base_url=live_server.url, timeout=120) as http:
@@ -84,12 +95,7 @@ async def test_live_session_rollout_grows_and_a_token_can_be_selected(live_serve
 
         app = _app(live_server, "sessions", tmp_path)
         async with app.run_test(size=(80, 24)) as pilot:
-            table = app.screen.query_one(SessionTable)
-            await until(pilot, lambda: info["id"] in [r.value for r in table.rows], "the session row", 30)
-            app.open_rollout(info["id"])
-            # query, not query_one: the mode switches before the Rollout screen has composed.
-            await until(pilot, lambda: app.current_mode == "rollout"
-                        and any(v.turn is not None for v in app.screen.query(TokenView)), "turn 0", 30)
+            await _open_rollout(pilot, info["id"])
             view = app.screen.query_one(TokenView)
             assert view.turn.token_texts and len(view.turn.logprobs) == len(view.turn.token_texts)
             await click_until(pilot, TokenView, (0, 0), lambda: view.selected == 0,
@@ -117,11 +123,7 @@ async def test_rollout_findings_tab_shows_whole_rollout_checks_as_turns_arrive(l
 
         app = _app(live_server, "sessions", tmp_path)
         async with app.run_test(size=(80, 24)) as pilot:
-            table = app.screen.query_one(SessionTable)
-            await until(pilot, lambda: info["id"] in [r.value for r in table.rows], "the session row", 30)
-            app.open_rollout(info["id"])
-            await until(pilot, lambda: app.current_mode == "rollout"
-                        and any(v.turn is not None for v in app.screen.query(TokenView)), "turn 0", 30)
+            await _open_rollout(pilot, info["id"])
             await pilot.press("f")
             findings = app.screen.query_one("#findings-text")
             await until(pilot, lambda: "single_call" in str(findings.render()), "the one-call check", 30)
