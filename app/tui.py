@@ -228,6 +228,7 @@ class TapdeckApp(App[None]):
             self.board.upsert(event.session, self.clock())
             self.post_message(SessionsChanged())
             if isinstance(event, api.TurnCaptured):
+                self.board.note_call(self.clock())
                 if event.turn.finish_reason:
                     self.board.finish_reasons[event.session.id] = event.turn.finish_reason
                 self.post_message(TurnCaptured(event.session.id))

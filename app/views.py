@@ -7,7 +7,7 @@ plain values; the widgets only style them. Values the server left empty show as 
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +31,9 @@ WIDE_COLUMNS: tuple[tuple[str, str, int], ...] = (  # shown from WIDE_AT columns
 )
 WIDE_AT = 120
 """Terminal width from which the session table shows WIDE_COLUMNS too."""
+
+CALL_TIMES_KEPT = 20_000
+"""Captured calls remembered for the board's calls/s line (far more than two minutes hold)."""
 
 Cell = tuple[str, str]  # (text, tone); the widget maps tones to theme colours
 
@@ -106,7 +109,14 @@ class SessionBoard:
     rollouts: dict[str, RolloutResult] = field(default_factory=dict)
     finish_reasons: dict[str, str] = field(default_factory=dict)
     """Each session's last captured finish reason (from `turn_captured` events)."""
+    call_times: deque[float] = field(default_factory=lambda: deque(maxlen=CALL_TIMES_KEPT))
+    """When each `turn_captured` event reached this client (its clock), newest last: calls/s."""
     version: int = 0
+
+    def note_call(self, now: float) -> None:
+        """One model call captured by any session, seen at `now`."""
+        self.call_times.append(now)
+        self.version += 1
 
     def upsert_rollout(self, rollout: RolloutResult) -> None:
         """Take one RolloutResult (from a `rollout_updated` event or a run's detail)."""

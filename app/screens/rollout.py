@@ -27,6 +27,7 @@ from tapdeck.app.views import (
 from tapdeck.app.widgets.rollout_tree import RolloutTree
 from tapdeck.app.token_series import entropy_series, logprob_series
 from tapdeck.app.widgets.token_view import TokenView
+from tapdeck.schema.findings import Finding
 from tapdeck.schema.sessions import RolloutStats, TurnDetail
 
 LEVEL_STYLES = {"FATAL": "bold $error", "WARN": "$warning", "INFO": "$text-muted"}
@@ -54,6 +55,8 @@ class RolloutScreen(TapdeckScreen):
         self.graph = LiveGraph()
         self.turn: TurnDetail | None = None
         self.turn_seq: int | None = None
+        self.rollout_findings: list[Finding] = []
+        """The session's and the whole rollout's findings (sequence checks), as of the last update."""
 
     def compose_body(self) -> Iterable[Widget]:
         yield Static("No rollout open: pick a session on Sessions (2) and press Enter.",
@@ -92,6 +95,7 @@ class RolloutScreen(TapdeckScreen):
             self.graph = LiveGraph()
             self.turn = None
             self.turn_seq = None
+            self.rollout_findings = []
             if self.is_mounted:
                 self.query_one(RolloutTree).load({})
                 self.query_one(TokenView).show(None)
@@ -120,6 +124,12 @@ class RolloutScreen(TapdeckScreen):
         if session_id != self.session_id:
             return
         changed = self.graph.apply(view)
+        # The whole-rollout checks (roots, discards, each sequence's) are built over every turn, so
+        # the server reports them with the session, not on the incremental view: fetched per update.
+        detail = await self.client.session(session_id)
+        if session_id != self.session_id:
+            return
+        self.rollout_findings = [f for f in detail.findings if f.turn is None]
         self.apply_graph(changed)
         if self.turn_seq is None and self.graph.turns:
             first = min(self.graph.turns)
@@ -148,9 +158,10 @@ class RolloutScreen(TapdeckScreen):
 
     def _show_findings(self) -> None:
         lines: list[tuple[str, str]] = []
-        rollout_findings = self.graph.findings
+        rollout_findings = self.rollout_findings + [f for f in self.graph.findings
+                                                    if f not in self.rollout_findings]
         if rollout_findings:
-            lines.append(("Session\n", "bold"))
+            lines.append(("Rollout\n", "bold"))
             lines.extend((f"{f}\n", LEVEL_STYLES[f.level]) for f in rollout_findings)
         if self.turn is not None:
             turn_findings = self.turn.findings

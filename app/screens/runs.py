@@ -32,6 +32,8 @@ class RunsScreen(TapdeckScreen):
     """Top: all runs. Below: the highlighted run's groups, failures and rollouts."""
 
     MODE = "runs"
+    # Under 120 columns the groups and the rollouts stack: side by side, neither table fits.
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
     HELP = ("Batches started from Setup (or the CLI). Enter shows a run's groups; o opens the "
             "highlighted rollout; e / p export the run as JSONL / Parquet on the server's machine; "
             "u resumes a stopped run (its cancelled and never-run rollouts run again).")

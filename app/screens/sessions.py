@@ -9,8 +9,9 @@ from collections.abc import Iterable
 
 from textual import on
 from textual.binding import Binding
+from textual.containers import Horizontal
 from textual.widget import Widget
-from textual.widgets import DataTable, Static
+from textual.widgets import DataTable, Sparkline, Static
 
 from tapdeck.app.client import ApiError
 from tapdeck.app.screens.base import TapdeckScreen
@@ -24,7 +25,7 @@ from tapdeck.schema.runs import RolloutResult
 REFRESH_HZ = 4
 ACTIVITY_POLL_S = 1.0
 RATE_BUCKETS, RATE_BUCKET_S = 40, 3.0
-"""The pane's calls/s line: the last two minutes in 3 s steps."""
+"""The calls/s lines (the board's, the pane's): the last two minutes in 3 s steps."""
 
 
 class SessionsScreen(TapdeckScreen):
@@ -49,6 +50,11 @@ class SessionsScreen(TapdeckScreen):
 
     def compose_body(self) -> Iterable[Widget]:
         yield Static("", id="sessions-summary")
+        with Horizontal(id="board-rate-row"):
+            yield Static("all calls/s", id="board-rate-label")
+            # Textual's Sparkline, as in the pane: one row above the table, in the theme's colours.
+            yield Sparkline([], id="board-rate")
+            yield Static("", id="board-rate-span")
         yield SessionTable(id="sessions")
         yield ActivityPane(id="activity")
 
@@ -74,7 +80,15 @@ class SessionsScreen(TapdeckScreen):
         summary = (f"{total} sessions · " + " · ".join(f"{n} {s}" for s, n in sorted(states.items()))
                    if total else "No capture sessions yet: start a batch on Setup (1).")
         self.query_one("#sessions-summary", Static).update(summary)
+        self._show_board_rate(now)
         self._show_pane()
+
+    def _show_board_rate(self, now: float) -> None:
+        """Every session's captured calls per second, the last two minutes, as this TUI saw them."""
+        rates = calls_per_second(self.app.board.call_times, now, RATE_BUCKETS, RATE_BUCKET_S)
+        self.query_one("#board-rate", Sparkline).data = rates
+        self.query_one("#board-rate-span", Static).update(
+            f"last {int(RATE_BUCKETS * RATE_BUCKET_S)} s · now {rates[-1]:.1f} · peak {max(rates):.1f}")
 
     def highlighted(self) -> str | None:
         """The key of the highlighted row (a session id, or a rollout id without a session)."""

@@ -65,8 +65,8 @@ class TrainScreen(TapdeckScreen):
     #train-state { height: 1; padding: 0 1; color: $text-muted; }
     #train-body { height: 1fr; }
     #train-panel { height: 1; }
-    #train-plot { height: 1fr; min-height: 5; }
-    #train-log { height: 1fr; min-height: 4; border-top: hkey $panel; }
+    #train-plot { height: 3fr; min-height: 5; }
+    #train-log { height: 2fr; min-height: 4; border-top: hkey $panel; }
     """
 
     def __init__(self) -> None:
@@ -130,13 +130,28 @@ class TrainScreen(TapdeckScreen):
         live = next((j for j in jobs if j.state == "running"), None)
         if live is not None and self.job is None:
             self.follow(live.id)  # a run launched earlier (or from another client) is followed
+        elif self.job is None and jobs:
+            await self.show_ended(max(jobs, key=lambda j: j.started_at))
         elif not self.running:
             self._describe_recipe()
 
-    @on(Select.Changed, "#train-recipe")
-    def _describe_recipe(self, _event: Select.Changed | None = None) -> None:
-        if self.running:
+    async def show_ended(self, job: TrainRunInfo) -> None:
+        """The last run's state, log tail and metrics, so that Train opens on what happened last."""
+        try:
+            log = await self.client.train_log(job.id)
+            metrics = await self.client.train_metrics(job.id)
+        except ApiError as exc:
+            self._state(f"{job.id}: {exc.message}")
             return
+        self.job = job
+        self.query_one("#train-log", Log).write_lines(log.lines)
+        self._add_points(metrics.points)
+        self._state(self._ended_line(job))
+
+    @on(Select.Changed, "#train-recipe")
+    def _describe_recipe(self, event: Select.Changed | None = None) -> None:
+        if self.running or (event is not None and self.job is not None and event.value == self.job.recipe):
+            return  # the line says how the shown run of this recipe went
         recipe = self.recipes.get(str(self.query_one("#train-recipe", Select).value))
         if recipe is None:
             return
@@ -211,10 +226,15 @@ class TrainScreen(TapdeckScreen):
             self._state(f"{job.id} · {job.recipe} · running (pid {job.pid}) on the server")
             return
         self.query_one("#train-stop", Button).disabled = True
+        self._state(self._ended_line(job))
         why = f" · {job.error}" if job.error else ""
-        self._state(f"{job.id} · {job.recipe} · {job.state} (exit code {job.exit_code}){why}")
         severity = "information" if job.state == "finished" else "warning"
         self.notify(f"training run {job.id} {job.state}{why}", severity=severity)
+
+    @staticmethod
+    def _ended_line(job: TrainRunInfo) -> str:
+        why = f" · {job.error}" if job.error else ""
+        return f"{job.id} · {job.recipe} · {job.state} (exit code {job.exit_code}){why}"
 
     @on(Button.Pressed, "#train-stop")
     def action_stop(self) -> None:

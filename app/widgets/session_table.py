@@ -13,7 +13,9 @@ class SessionTable(DataTable):
 
     HELP = ("Live capture sessions (and rollouts without one, shown as session '(none)'). Enter opens the rollout of "
             "the highlighted session. turn/root/fork = graph counts, tokens = trainable tokens, "
-            "idle = seconds since the agent's last model call (60 s or more is highlighted).")
+            "idle = seconds since the agent's last model call (60 s or more is highlighted). "
+            "'all calls/s' above the table: every session's captured calls per second over the "
+            "last two minutes, as this TUI saw them arrive.")
 
     def __init__(self, **kwargs) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)

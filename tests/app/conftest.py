@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 from pathlib import Path
@@ -11,23 +10,20 @@ import httpx
 import pytest
 
 from tapdeck.app.client import TapdeckClient
-from tapdeck.proxy.activity import ActivityLog
 
 API_FIXTURE = Path(__file__).parent / "fixtures" / "api.json"
 FROZEN_NOW = 1000.0
-ACTIVITY_NOW = 1700000300.0
-"""The recorded server's wall clock when it answers an activity request."""
 
 
 def recorded_transport(data: dict | None = None) -> httpx.MockTransport:
-    """Answers the admin API from `fixtures/api.json`.
+    """Answers the admin API from `fixtures/api.json`, which `python -m tests.app.record` writes from
+    a real server (see tests/app/record.py for the states it drives the server through).
 
-    The bodies were recorded from a real LocalServer (embedded engine, an oracle batch and two chat
-    sessions), with ids, ports and times normalised; four sessions and one failed rollout are copies
-    of recorded ones with other `phase`/turn values, so every state appears. `graphs` holds each
-    recorded rollout's `GET /admin/sessions/{id}/graph` view (answered for any `since`).
+    `graphs` holds each rollout's `GET /admin/sessions/{id}/graph?since=0`; other `since` values get
+    the turns from `since` on, as the server answers (tests/contract checks that it does).
     """
     data = data or json.loads(API_FIXTURE.read_text())
+    train = data["train"]
 
     def handler(request: httpx.Request) -> httpx.Response:
         path = request.url.path
@@ -39,52 +35,43 @@ def recorded_transport(data: dict | None = None) -> httpx.MockTransport:
             return httpx.Response(200, json=data["catalog"])
         if path == "/admin/sessions":
             return httpx.Response(200, json={"sessions": data["sessions"]})
-        if m := re.fullmatch(r"/admin/sessions/([^/]+)/rollout", path):
-            doc = data["rollouts"].get(m[1])
-            return httpx.Response(200, json=doc) if doc else httpx.Response(404, json={"detail": "no such session"})
+        if m := re.fullmatch(r"/admin/sessions/([^/]+)/(rollout|activity)", path):
+            return _found(data["rollouts" if m[2] == "rollout" else "activity"].get(m[1]), "session")
         if m := re.fullmatch(r"/admin/sessions/([^/]+)", path):
-            found = [s for s in data["sessions"] if s["id"] == m[1]]
-            doc = data["rollouts"].get(m[1]) or {}
-            return httpx.Response(200, json={**found[0], "findings": doc.get("findings", [])}) if found \
-                else httpx.Response(404, json={"detail": "no such session"})
-        if m := re.fullmatch(r"/admin/sessions/([^/]+)/activity", path):
-            turns = data["turns"].get(m[1])
-            return httpx.Response(200, json=recorded_activity(m[1], turns)) if turns else \
-                httpx.Response(404, json={"detail": "no such session"})
+            return _found(data["session_details"].get(m[1]), "session")
         if m := re.fullmatch(r"/admin/sessions/([^/]+)/graph", path):
             view = data["graphs"].get(m[1])
             if view is None:
-                return httpx.Response(404, json={"detail": "no such session"})
+                return _found(None, "session")
             since = int(request.url.params.get("since", 0))
             return httpx.Response(200, json={**view, "since": since,
                                              "turns": [t for t in view["turns"] if t["seq"] >= since]})
         if m := re.fullmatch(r"/admin/sessions/([^/]+)/turns/(\d+)", path):
-            turn = data["turns"].get(m[1], {}).get(m[2])
-            return httpx.Response(200, json=turn) if turn else httpx.Response(404, json={"detail": "no such turn"})
+            return _found(data["turns"].get(m[1], {}).get(m[2]), "turn")
         if path == "/admin/runs" and request.method == "GET":
             return httpx.Response(200, json={"runs": data["runs"]})
         if m := re.fullmatch(r"/admin/runs/([^/]+)", path):
-            return httpx.Response(200, json=data["run_details"][m[1]])
+            return _found(data["run_details"].get(m[1]), "run")
+        if path == "/admin/train/recipes":
+            return httpx.Response(200, json=train["recipes"])
+        if path == "/admin/train" and request.method == "GET":
+            return httpx.Response(200, json=train["runs"])
+        if m := re.fullmatch(r"/admin/train/([^/]+)/(log|metrics)", path):
+            return _found(train["logs" if m[2] == "log" else "metrics"].get(m[1]), "training run")
+        if m := re.fullmatch(r"/admin/train/([^/]+)/events", path):
+            events = train["events"].get(m[1])
+            if events is None:
+                return _found(None, "training run")
+            body = "".join(f"data: {json.dumps(e)}\n\n" for e in events)
+            return httpx.Response(200, text=body, headers={"content-type": "text/event-stream"})
         return httpx.Response(404, json={"detail": f"not found: {path}"})
 
     return httpx.MockTransport(handler)
 
 
-def recorded_activity(session_id: str, turns: dict[str, dict]) -> dict:
-    """The session's activity as the proxy's own ActivityLog builds it from the recorded turns:
-    each turn's request and reply in order, then the last request again, in flight for 75 s."""
-    clock = [ACTIVITY_NOW - 110.0]
-    log = ActivityLog(clock=lambda: clock[0])
-    ordered = [turns[k] for k in sorted(turns, key=int)]
-    for turn in ordered:
-        with log.call(session_id, turn["request"], {"dialect": "openai"}) as call:
-            clock[0] += 5.0
-            call.replied({"choices": [{"message": turn["response"], "finish_reason": turn["finish_reason"]}]})
-    with contextlib.ExitStack() as hung:
-        clock[0] = ACTIVITY_NOW - 75.0
-        hung.enter_context(log.call(session_id, ordered[-1]["request"], {"dialect": "openai"}))
-        clock[0] = ACTIVITY_NOW
-        return log.snapshot(session_id).model_dump(mode="json")
+def _found(body: dict | None, what: str) -> httpx.Response:
+    return httpx.Response(200, json=body) if body is not None else \
+        httpx.Response(404, json={"detail": f"no such {what}"})
 
 
 def recorded_app(mode: str = "sessions", **kwargs):

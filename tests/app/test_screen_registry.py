@@ -21,12 +21,13 @@ def test_every_screen_has_a_number_key_a_binding_and_a_palette_entry() -> None:
         assert ids[entry.binding_id].action == f"switch_mode('{entry.mode}')"
 
 
-async def test_a_rebound_key_shows_in_help_and_the_nav_bar(make_app, tmp_path) -> None:
+async def test_a_rebound_key_shows_in_help_and_the_nav_bar(make_app, api_data, tmp_path) -> None:
     settings = tmp_path / "tui.json"
     settings.write_text(json.dumps({"keymap": {"app.runs": "7", "app.help": "f2", "sessions.details": "i"}}))
     app = make_app("sessions", settings_path=settings)
     async with app.run_test(size=(100, 30)) as pilot:
-        await until(pilot, lambda: app.screen.query_one(SessionTable).row_count == 6, "the sessions")
+        await until(pilot, lambda: app.screen.query_one(SessionTable).row_count == len(api_data["sessions"]),
+                    "the sessions")
         assert " 7 Runs " in str(app.screen.query_one(NavBar).render())
         await pilot.press("f2")
         await until(pilot, lambda: isinstance(app.screen, HelpScreen), "help on the rebound key")

@@ -72,6 +72,17 @@ async def test_oracle_batch_reaches_finished_and_run_exports(live_server, tmp_pa
         assert Path(path).is_file()
 
 
+async def _open_rollout(pilot, session_id: str) -> None:
+    """Wait for the session's row on Sessions, open its rollout, wait for its first turn."""
+    app = pilot.app
+    table = app.screen.query_one(SessionTable)
+    await until(pilot, lambda: session_id in [r.value for r in table.rows], "the session row", 30)
+    app.open_rollout(session_id)
+    # query, not query_one: the mode switches before the Rollout screen has composed.
+    await until(pilot, lambda: app.current_mode == "rollout"
+                and any(v.turn is not None for v in app.screen.query(TokenView)), "turn 0", 30)
+
+
 async def test_live_session_rollout_grows_and_a_token_can_be_selected(live_server, tmp_path):
     admin = {"Authorization": f"Bearer {live_server.admin_key}"}
     async with httpx.AsyncClient(base_url=live_server.url, timeout=120) as http:
@@ -84,12 +95,7 @@ async def test_live_session_rollout_grows_and_a_token_can_be_selected(live_serve
 
         app = _app(live_server, "sessions", tmp_path)
         async with app.run_test(size=(80, 24)) as pilot:
-            table = app.screen.query_one(SessionTable)
-            await until(pilot, lambda: info["id"] in [r.value for r in table.rows], "the session row", 30)
-            app.open_rollout(info["id"])
-            # query, not query_one: the mode switches before the Rollout screen has composed.
-            await until(pilot, lambda: app.current_mode == "rollout"
-                        and any(v.turn is not None for v in app.screen.query(TokenView)), "turn 0", 30)
+            await _open_rollout(pilot, info["id"])
             view = app.screen.query_one(TokenView)
             assert view.turn.token_texts and len(view.turn.logprobs) == len(view.turn.token_texts)
             await click_until(pilot, TokenView, (0, 0), lambda: view.selected == 0,
@@ -101,6 +107,31 @@ async def test_live_session_rollout_grows_and_a_token_can_be_selected(live_serve
             await http.post("/v1/chat/completions", json={**body, "messages": messages}, headers=key)
             tree = app.screen.query_one(RolloutTree)
             await until(pilot, lambda: 1 in tree._seq_nodes, "turn 1 in the tree", 60)
+            await http.delete(f"/admin/sessions/{info['id']}", headers=admin)
+
+
+async def test_rollout_findings_tab_shows_whole_rollout_checks_as_turns_arrive(live_server, tmp_path):
+    """One call: the rollout check says `single_call`. A second call repeating the prompt makes every
+    call a root: the Findings tab, open all along, says so without reopening the rollout."""
+    admin = {"Authorization": f"Bearer {live_server.admin_key}"}
+    async with httpx.AsyncClient(base_url=live_server.url, timeout=120) as http:
+        info = (await http.post("/admin/sessions", json={"metadata": {"task": "findings"}},
+                                headers=admin)).json()
+        key = {"Authorization": f"Bearer {info['api_key']}"}
+        body = {"model": "any", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4}
+        await http.post("/v1/chat/completions", json=body, headers=key)
+
+        app = _app(live_server, "sessions", tmp_path)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await _open_rollout(pilot, info["id"])
+            await pilot.press("f")
+            findings = app.screen.query_one("#findings-text")
+            await until(pilot, lambda: "single_call" in str(findings.render()), "the one-call check", 30)
+
+            await http.post("/v1/chat/completions", json=body, headers=key)
+            await until(pilot, lambda: "every_call_a_root" in str(findings.render()),
+                        "the rollout's new check", 60)
+            assert "single_call" not in str(findings.render())
             await http.delete(f"/admin/sessions/{info['id']}", headers=admin)
 
 

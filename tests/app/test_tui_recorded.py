@@ -8,7 +8,7 @@ import socket
 
 import pytest
 from textual.command import CommandList, CommandPalette
-from textual.widgets import DataTable, Input, Select, SelectionList
+from textual.widgets import DataTable, Input, Select, SelectionList, Sparkline
 
 from tapdeck.app.client import TapdeckClient
 from tapdeck.app.tui import TapdeckApp
@@ -43,19 +43,22 @@ async def test_tui_opens_on_sessions_when_the_server_has_sessions(api_data):
         await pilot.pause()
         assert app.current_mode == "sessions"
         table = app.screen.query_one(SessionTable)
-        await until(pilot, lambda: table.row_count == 6, "the recorded sessions")
+        await until(pilot, lambda: table.row_count == len(api_data["sessions"]), "the recorded sessions")
 
 
 async def test_sessions_table_shows_states_and_updates_only_changed_cells(make_app, api_data):
     app = make_app("sessions")
     async with app.run_test(size=(80, 24)) as pilot:
         table = app.screen.query_one(SessionTable)
-        await until(pilot, lambda: table.row_count == 6, "the recorded sessions")
+        await until(pilot, lambda: table.row_count == 8, "the recorded sessions")
         states = {row.value: str(table.get_cell(row, "state")) for row in table.rows}
         assert states == {"sess0000recorded": "running", "sess0001recorded": "finished",
-                          "sess0002recorded": "running", "sess0003recorded": "booting",
-                          "sess0004recorded": "failed", "sess0005recorded": "no call yet"}
-        assert str(table.get_cell("sess0002recorded", "idle")) == "75"  # long idle (≥ 60 s)
+                          "sess0002recorded": "finished", "sess0003recorded": "finished",
+                          "sess0004recorded": "finished", "sess0005recorded": "failed",  # cancelled
+                          "sess0006recorded": "no call yet", "sess0007recorded": "running"}
+        idle = next(s for s in api_data["sessions"] if s["id"] == "sess0000recorded")["seconds_since_last_call"]
+        assert str(table.get_cell("sess0000recorded", "idle")) == str(int(idle))  # the clock is frozen
+        assert str(table.get_cell("sess0002recorded", "idle")) == "–"  # closed: not idle
         running = next(s for s in api_data["sessions"] if s["id"] == "sess0000recorded")
         app.take_event(_event("session_updated", dict(running, turns=4)))
         touched = table.apply(app.board.rows(app.clock()))
@@ -67,11 +70,11 @@ async def test_many_sessions_refresh_by_diff_without_rebuilding(make_app, api_da
     app = make_app("sessions")
     async with app.run_test(size=(80, 24)) as pilot:
         table = app.screen.query_one(SessionTable)
-        await until(pilot, lambda: table.row_count == 6, "the recorded sessions")
+        await until(pilot, lambda: table.row_count == 8, "the recorded sessions")
         template = api_data["sessions"][0]
         for i in range(300):
             app.take_event(_event("session_opened", dict(template, id=f"bulk{i:05d}", created_at=2e9 + i)))
-        await until(pilot, lambda: table.row_count == 306, "300 more sessions")
+        await until(pilot, lambda: table.row_count == 308, "300 more sessions")
         for i in range(0, 300, 3):
             app.take_event(_event("session_updated", dict(template, id=f"bulk{i:05d}", turns=9,
                                                           created_at=2e9 + i)))
@@ -82,7 +85,7 @@ async def test_open_rollout_and_click_a_token_shows_its_logprob(make_app):
     app = make_app("sessions")
     async with app.run_test(size=(80, 24)) as pilot:
         table = app.screen.query_one(SessionTable)
-        await until(pilot, lambda: table.row_count == 6, "the recorded sessions")
+        await until(pilot, lambda: table.row_count == 8, "the recorded sessions")
         await pilot.press("enter")  # first row: sess0000recorded
         await until(pilot, lambda: app.current_mode == "rollout"
                     and app.screen.query_one(TokenView).turn is not None, "turn 0 on Rollout")
@@ -92,10 +95,11 @@ async def test_open_rollout_and_click_a_token_shows_its_logprob(make_app):
         assert str(tree.root.children[0].children[0].label).startswith("#2 agent")
         view = app.screen.query_one(TokenView)
         assert view.turn is not None and view.turn.seq == 0
-        await click_until(pilot, TokenView, (2, 0), lambda: view.selected == 1,  # "'m" (token 1)
+        await click_until(pilot, TokenView, (2, 0), lambda: view.selected == 1,  # " SET" (token 1)
                           "the clicked token picked")
         detail = str(app.screen.query_one("#token-detail").render())
-        assert f"logprob {view.turn.logprobs[1]:.3f}" in detail and "\"'m\"" in detail
+        picked = f"token 1: {view.turn.token_texts[1]!r}"
+        assert f"logprob {view.turn.logprobs[1]:.3f}" in detail and picked in detail
         await pilot.press("full_stop")
         assert view.selected == 2
         tree.focus()  # where focus sits after opening a rollout: stepping must still work
@@ -103,13 +107,13 @@ async def test_open_rollout_and_click_a_token_shows_its_logprob(make_app):
         assert view.selected == 1
         # A refresh showing the same turn keeps the picked token and its detail; another turn clears it.
         app.screen.show_turn(view.turn.model_copy())
-        assert view.selected == 1 and "\"'m\"" in str(app.screen.query_one("#token-detail").render())
+        assert view.selected == 1 and picked in str(app.screen.query_one("#token-detail").render())
         app.screen.show_turn(view.turn.model_copy(update={"seq": 2}))
         assert view.selected is None
         app.screen.show_turn(view.turn.model_copy(update={"seq": 0}))
         await pilot.press("m")
         await pilot.pause(0.1)
-        assert "Solve hello-file." in str(app.screen.query_one("#messages-text").render())
+        assert "Create /app/hello.txt containing Hello." in str(app.screen.query_one("#messages-text").render())
 
 
 async def _catalog_loaded(pilot) -> None:
@@ -265,11 +269,11 @@ async def test_runs_screen_shows_groups_and_failures_by_cause(make_app):
     app = make_app("runs")
     async with app.run_test(size=(80, 24)) as pilot:
         groups = app.screen.query_one("#groups-table", DataTable)
-        await until(pilot, lambda: groups.row_count == 3, "the recorded run's groups")
-        assert "agent_timeout 1" in str(app.screen.query_one("#failures").render())
-        assert str(groups.get_row("hello-file")[4]) == "100%"
-        assert str(groups.get_row("hello-file")[5]) == "    █"  # both rewards 1.0: the top bin
-        assert "rewards " + " " * 9 + "█ 0–1 · 4 graded" in str(app.screen.query_one("#failures").render())
+        await until(pilot, lambda: groups.row_count == 2, "the newest run's groups (terminus-2)")
+        assert "cancelled 1" in str(app.screen.query_one("#failures").render())
+        assert str(groups.get_row("hello-file")[4]) == "0%"
+        assert str(groups.get_row("hello-file")[5]) == "█    "  # both rewards 0.0: the bottom bin
+        assert "rewards █" + " " * 9 + " 0–1 · 3 graded" in str(app.screen.query_one("#failures").render())
 
 
 def _set(screen, **values: str) -> None:
@@ -342,4 +346,32 @@ async def test_runs_screen_states_each_rollouts_timeouts_and_their_sources(make_
     async with app.run_test(size=(80, 24)) as pilot:
         line = app.screen.query_one("#run-settings")
         await until(pilot, lambda: "ran with" in str(line.render()), "the rollout's settings")
-        assert "agent 180 s (task) · hard limit 300 s (plan)" in str(line.render())
+        assert "agent 180 s (task) · hard limit 300 s (default)" in str(line.render())
+
+
+async def test_sessions_board_charts_every_sessions_calls_per_second(api_data):
+    """Each `turn_captured` event, whatever its session, counts in the board's calls/s line: the
+    last two minutes in 3 s buckets on the TUI's clock."""
+    now = [1000.0]
+    client = TapdeckClient("http://tapdeck.test", "test-key", transport=recorded_transport(api_data))
+    app = TapdeckApp(client, server_label="http://tapdeck.test", follow_events=False,
+                     clock=lambda: now[0], initial_mode="sessions")
+    async with app.run_test(size=(80, 24)) as pilot:
+        table = app.screen.query_one(SessionTable)
+        await until(pilot, lambda: table.row_count == len(api_data["sessions"]), "the recorded sessions")
+        rate = app.screen.query_one("#board-rate", Sparkline)
+        assert rate.data == [0.0] * 40  # nothing captured since the TUI connected
+
+        def captured(session_id: str) -> None:
+            session = next(s for s in api_data["sessions"] if s["id"] == session_id)
+            header = api_data["graphs"][session_id]["turns"][0]
+            app.take_event(parse_event({"type": "turn_captured", "session": session, "turn": header}))
+
+        for sid in ("sess0000recorded", "sess0000recorded", "sess0007recorded"):
+            captured(sid)
+        now[0] = 1030.0
+        captured("sess0001recorded")
+        now[0] = 1031.0
+        await until(pilot, lambda: rate.data[-1] > 0, "the newest bucket")
+        assert rate.data[29] == 1.0 and rate.data[-1] == pytest.approx(1 / 3) and sum(rate.data) == pytest.approx(4 / 3)
+        assert "now 0.3 · peak 1.0" in str(app.screen.query_one("#board-rate-span").render())

@@ -137,12 +137,18 @@ def test_token_detail_of_a_recorded_turn(api_data):
 
 
 def test_run_groups_and_failures(api_data):
-    rollouts = RunDetail.model_validate(next(iter(api_data["run_details"].values()))).rollouts
-    groups = {g.task: g for g in run_groups(rollouts)}
-    assert groups["hello-file"].total == 2 and groups["hello-file"].mean == 1.0
-    assert groups["hello-file"].pass_rate == 1.0
-    assert groups["sum-numbers"].mean is None  # nothing graded: no mean, no pass rate
-    assert failures_by_cause(rollouts) == {"agent_timeout": 1}
+    oracle = RunDetail.model_validate(api_data["run_details"]["run-0000"]).rollouts
+    assert {g.task: (g.total, g.mean, g.pass_rate) for g in run_groups(oracle)} == {
+        "hello-file": (2, 1.0, 1.0), "greet-script": (2, 1.0, 1.0)}
+    assert failures_by_cause(oracle) == {}
+    # terminus-2 on SmolLM2: graded misses, and one rollout cancelled before its verifier.
+    agent = RunDetail.model_validate(api_data["run_details"]["run-0001"]).rollouts
+    groups = {g.task: g for g in run_groups(agent)}
+    assert groups["hello-file"].total == 2 and groups["hello-file"].pass_rate == 0.0
+    assert groups["greet-script"].total == 2 and sorted(map(str, groups["greet-script"].rewards)) == ["0.0", "None"]
+    assert failures_by_cause(agent) == {"cancelled": 1}
+    ungraded = run_groups([r for r in agent if r.reward is None])
+    assert (ungraded[0].mean, ungraded[0].pass_rate) == (None, None)  # nothing graded: no mean, no rate
 
 
 def test_core_modules_do_not_import_textual():

@@ -17,7 +17,7 @@ import asyncio
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -137,15 +137,22 @@ def record(data_dir: Path) -> dict[str, Any]:
         return asyncio.run(record_from(server))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=FIXTURE)
+def write_recording(record_into: Callable[[Path], dict[str, Any]], default_out: Path, description: str,
+                    summary: Callable[[dict[str, Any]], str]) -> None:
+    """A recorder's command line: record with a fresh server data dir, write `--out` as sorted JSON."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out", type=Path, default=default_out)
     out = parser.parse_args().out
-    with tempfile.TemporaryDirectory(prefix="tapdeck-contract-") as tmp:
-        recording = record(Path(tmp))
+    with tempfile.TemporaryDirectory(prefix="tapdeck-record-") as tmp:
+        recording = record_into(Path(tmp))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(recording, indent=1, sort_keys=True) + "\n")
-    print(f"wrote {out}: {len(recording['routes'])} routes, {len(recording['events'])} events")
+    print(f"wrote {out}: {summary(recording)}")
+
+
+def main() -> None:
+    write_recording(record, FIXTURE, __doc__.splitlines()[0],
+                    lambda r: f"{len(r['routes'])} routes, {len(r['events'])} events")
 
 
 if __name__ == "__main__":

@@ -25,8 +25,17 @@ from tapdeck.proxy.store import Store
 from tapdeck.runner.api import create_runner_router
 from tapdeck.schema.catalog import Catalog
 from tapdeck.schema.events import EVENT_TYPES, parse_event
-from tapdeck.schema.runs import RunDetail, RunSummary
-from tapdeck.schema.sessions import GraphView, Health, RolloutDocument, SessionSummary, TurnDetail
+from tapdeck.schema.activity import SessionActivity
+from tapdeck.schema.runs import RunDetail, RunList
+from tapdeck.schema.sessions import (
+    GraphView,
+    Health,
+    RolloutDocument,
+    SessionDetail,
+    SessionList,
+    TurnDetail,
+)
+from tapdeck.schema.train import RecipeList, TrainLog, TrainMetrics, TrainRunList, parse_train_event
 from tests.contract.record import FIXTURE, NOT_RECORDED, record
 
 TUI_FIXTURE = Path(__file__).parents[1] / "app" / "fixtures" / "api.json"
@@ -141,17 +150,29 @@ def test_every_event_type_is_recorded_and_validates_with_no_key_left_over(
 
 
 def test_the_tuis_recorded_fixture_holds_to_the_same_models() -> None:
+    """Every body `python -m tests.app.record` wrote, against the model its route declares."""
     data = json.loads(TUI_FIXTURE.read_text())
-    bodies: list[tuple[Any, Any]] = [(Health, data["health"]), (Catalog, data["catalog"])]
-    bodies += [(SessionSummary, s) for s in data["sessions"]]
-    bodies += [(RunSummary, r) for r in data["runs"]]
+    train = data["train"]
+    bodies: list[tuple[Any, Any]] = [(Health, data["health"]), (Catalog, data["catalog"]),
+                                     (SessionList, {"sessions": data["sessions"]}),
+                                     (RunList, {"runs": data["runs"]}),
+                                     (RecipeList, train["recipes"]), (TrainRunList, train["runs"])]
+    bodies += [(SessionDetail, s) for s in data["session_details"].values()]
+    bodies += [(SessionActivity, a) for a in data["activity"].values()]
     bodies += [(RunDetail, r) for r in data["run_details"].values()]
     bodies += [(RolloutDocument, d) for d in data["rollouts"].values()]
     bodies += [(TurnDetail, t) for turns in data["turns"].values() for t in turns.values()]
     bodies += [(GraphView, g) for g in data["graphs"].values()]
+    bodies += [(TrainLog, log) for log in train["logs"].values()]
+    bodies += [(TrainMetrics, m) for m in train["metrics"].values()]
     for model, body in bodies:
         model.model_validate(body)
         assert shape(body, model)[1] == set(), model.__name__
+    events = [e for run in train["events"].values() for e in run]
+    for event in events:
+        assert shape(event, type(parse_train_event(event)))[1] == set(), event["type"]
+    assert {e["type"] for e in events} == {"log", "metrics", "state"}
+    assert set(data["session_details"]) == set(data["activity"]) == {s["id"] for s in data["sessions"]}
 
 
 def test_the_shape_check_sees_a_field_the_model_lacks() -> None:
