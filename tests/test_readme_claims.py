@@ -195,6 +195,7 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/proxy_engine/test_reasoning_markers.py::test_engine_is_asked_once_for_every_session
   → tests/proxy_engine/test_reasoning_markers.py::test_reply_holding_a_think_block_gets_a_turn_finding
   → tests/proxy_engine/test_reasoning_markers.py::test_smollm2_has_no_reasoning_markers_by_recorded_vllm_tokenize
+  → tests/proxy_engine/test_reasoning_markers.py::test_think_tokenizer_has_reasoning_markers_by_recorded_vllm_tokenize
   → tests/engine/test_token_in_capture.py::test_embedded_engine_answers_the_reasoning_marker_probe_as_vllm_does
 
 § Running rollouts

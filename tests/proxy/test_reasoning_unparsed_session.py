@@ -3,9 +3,10 @@ capture service: the engine is asked once whether the model has reasoning marker
 by text with the reason, the session gets one finding naming the flag, and a reply whose sampled
 ids hold a think block gets a turn finding.
 
-The engine is a loopback server answering with recorded vLLM 0.32 bodies (chat_basic); its
-`/tokenize` reply to the marker probe is a unit-test tokenizer holding `<think>`/`</think>` as
-single tokens (tests/proxy_engine/test_reasoning_markers.py says why no real one could be had).
+The engine is a loopback server answering with recorded vLLM 0.32 bodies: chat_basic, and the
+marker probe as vLLM answered it for a tokenizer with think tokens
+(tokenize_reasoning_markers_think.json). The chat reply's sampled ids are edited to hold the
+think tokens, since no model with think tokens could be run here.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ def think_engine(tmp_path: Path) -> Iterator[tuple[ScriptedUpstream, list[dict[s
     async def tokenize(request: Request) -> JSONResponse:
         body = await request.json()
         tokenized.append(body)
-        return JSONResponse(think_tokenizer_reply(body))
+        reply = think_tokenizer_reply(body)
+        return JSONResponse(reply or {"detail": "not recorded"}, status_code=200 if reply else 400)
 
     server = ThreadedServer(app, "127.0.0.1", 0, name="think-engine").start()
     up.url = f"{server.url}/v1"

