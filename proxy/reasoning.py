@@ -42,7 +42,7 @@ hunyuan, olmo3 and others; `<seed:think>` seed_oss; `<mm:think>` minimax_m3; the
 cohere_command3/4; `[THINK]` mistral; gemma4's channel pair; gpt-oss's harmony channels."""
 
 PARSER_HINT: dict[str, str] = {
-    "think": "deepseek_r1 or qwen3 (the one matching the model)",
+    "think": "deepseek_r1, qwen3 or another <think> parser",
     "seed_think": "seed_oss",
     "mm_think": "minimax_m3",
     "cohere_thinking": "cohere_command3 or cohere_command4",
@@ -84,7 +84,7 @@ class Markers:
             f"this model's tokenizer has reasoning markers ({self.describe()}): it can emit "
             f"{pair[0]}…{pair[1]}, and with no reasoning parser the harness gets that thinking as "
             f"content. Start tapdeck with --engine-reasoning-parser NAME matching the engine's "
-            f"--reasoning-parser ({hint}); until then every call goes by text")
+            f"--reasoning-parser (for this family: {hint}); until then every call goes by text")
 
     def reply_finding(self, sampled: Sequence[int] | None) -> Finding | None:
         """A turn finding when `sampled` holds a marker id: the reply's thinking reached the
