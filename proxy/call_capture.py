@@ -116,6 +116,8 @@ class CallCapture:
             try:
                 if session.token_in is not None:
                     plan = await self._token_in_plan(session, req, upstream, fmt)
+                    if (due := session.token_in.take_finding()) is not None:
+                        await self.registry.add_finding(session, due)
                     reply, plan = await session.token_in.send(upstream, plan)
                 else:
                     reply = await session.client.complete(upstream)
@@ -150,6 +152,8 @@ class CallCapture:
         if plan is not None:
             meta["capture_mode"] = plan.record
         findings = _cap_findings(sampling, reply)
+        if session.token_in is not None and (thought := session.token_in.reply_finding(reply)):
+            findings.append(thought)
         if chat["messages"] is not req.chat["messages"] and has_late_system(req.chat["messages"]):
             findings.append(Finding.warn(
                 "system_folded", "the engine's chat template refuses system messages after the "

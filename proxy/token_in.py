@@ -29,7 +29,10 @@ engine: `proxy/toolcalls.py`), decoded the way that parser asks (special tokens 
 the text path when the parser is unknown, when `tool_choice` forces a call (vLLM then constrains
 decoding on the chat route) and for legacy `functions`. An engine running a reasoning parser sends
 every call as text: its chat route splits the reasoning out of the reply, its completions route
-does not, and the harness would get the reasoning as content.
+does not, and the harness would get the reasoning as content. With no reasoning parser named, the
+session's first call asks the engine's tokenizer whether the model has reasoning markers
+(`proxy/reasoning.py`); if it has, every call goes by text (`reasoning_unparsed`) and the session
+gets a finding naming the flag to set.
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ from tapdeck.proxy.engine_client import (
     EngineError,
     zero_filled_usage,
 )
+from tapdeck.proxy.findings import Finding
+from tapdeck.proxy.reasoning import ENGINE_MARKERS, MarkerCache, Markers
 from tapdeck.proxy.toolcalls import TOOL_PARSERS, ToolParser, parses_tools
 
 if TYPE_CHECKING:
@@ -186,8 +191,13 @@ class TokenIn:
     """A session's token-in mode: plans each call, and sends the token-in ones."""
 
     def __init__(self, client: EngineClient, *, tool_parser: str | None = None,
-                 reasoning_parser: str | None = None) -> None:
+                 reasoning_parser: str | None = None,
+                 marker_cache: MarkerCache = ENGINE_MARKERS) -> None:
         self.client = client
+        self.marker_cache = marker_cache
+        self.markers: Markers | None = None
+        """The engine's reasoning markers, learnt at the first call when no parser is named."""
+        self._finding_due = False
         self.tool_parser = tool_parser
         """The engine's tool-call parser by name (`EngineSpec.tool_call_parser`)."""
         self.reasoning_parser = reasoning_parser
@@ -241,6 +251,14 @@ class TokenIn:
         if self.reasoning_parser:
             return Plan.text("reasoning_parser", detail=f"the engine runs the {self.reasoning_parser!r} "
                                                         "reasoning parser on its chat route only")
+        if self.markers is None:
+            markers = await self.marker_cache.markers(self.client, upstream.get("model"))
+            if self.markers is None:  # a concurrent first call may have learnt them meanwhile
+                self.markers, self._finding_due = markers, bool(markers.found)
+        if self.markers.found:
+            return Plan.text("reasoning_unparsed", detail=f"reasoning markers "
+                                                          f"{self.markers.describe()} and no "
+                                                          "reasoning parser configured")
         parser = None
         if upstream.get("tools") or upstream.get("functions"):
             tools = self._tools_plan(upstream)
@@ -278,6 +296,22 @@ class TokenIn:
         if parser is not None:
             record["tool_parser"] = parser.name
         return Plan(ids, record)
+
+    def take_finding(self) -> Finding | None:
+        """The session finding for reasoning markers without a parser, once per session."""
+        if not self._finding_due or self.markers is None:
+            return None
+        self._finding_due = False
+        return self.markers.finding()
+
+    def reply_finding(self, reply: Mapping[str, Any]) -> Finding | None:
+        """A turn finding when the reply's sampled ids hold reasoning markers the engine's chat
+        route did not split out (no reasoning parser configured)."""
+        if self.markers is None or self.reasoning_parser:
+            return None
+        choices = reply.get("choices") or [{}]
+        sampled = choices[0].get("token_ids") if isinstance(choices[0], Mapping) else None
+        return self.markers.reply_finding(sampled if isinstance(sampled, list) else None)
 
     async def send(self, upstream: Mapping[str, Any], plan: Plan) -> tuple[dict[str, Any], Plan]:
         """The engine's reply to `plan` (as a chat completion) and the plan it followed: an engine

@@ -187,6 +187,16 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/proxy_engine/test_token_in_plan.py::test_calls_that_extend_no_held_reply_take_text_without_asking_the_engine
   → tests/proxy_engine/test_token_in_plan.py::test_unknown_tool_parser_is_named_in_the_fallback
   → tests/proxy_engine/test_token_in_plan.py::test_engine_with_a_reasoning_parser_sends_every_call_as_text
+- a reasoning model with no reasoning parser named is detected from the engine's `/tokenize`:
+  every call goes as text with a session finding naming the flag, asked once per engine; a reply
+  holding markers gets a turn finding; SmolLM2 has no markers (recorded vLLM, embedded engine)
+  → tests/proxy/test_reasoning_unparsed_session.py::test_reasoning_model_without_a_parser_is_named_once_and_its_calls_go_by_text
+  → tests/proxy_engine/test_reasoning_markers.py::test_reasoning_model_without_a_parser_goes_by_text_and_names_the_flag
+  → tests/proxy_engine/test_reasoning_markers.py::test_engine_is_asked_once_for_every_session
+  → tests/proxy_engine/test_reasoning_markers.py::test_reply_holding_a_think_block_gets_a_turn_finding
+  → tests/proxy_engine/test_reasoning_markers.py::test_smollm2_has_no_reasoning_markers_by_recorded_vllm_tokenize
+  → tests/proxy_engine/test_reasoning_markers.py::test_think_tokenizer_has_reasoning_markers_by_recorded_vllm_tokenize
+  → tests/engine/test_token_in_capture.py::test_embedded_engine_answers_the_reasoning_marker_probe_as_vllm_does
 
 § Running rollouts
 - a run is resumable after a crash

@@ -147,6 +147,13 @@ class LlamaModel:
             return []
         return self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
 
+    def token_strs(self, ids: Sequence[int]) -> list[str]:
+        """The vocabulary's own text of each id (byte-level form, `Ġcapital`), as vLLM's
+        `/tokenize` reports it with `return_token_strs`."""
+        vocab = self._llm._model.vocab
+        return [self._lc.llama_vocab_get_text(vocab, i).decode("utf-8", errors="replace")
+                for i in ids]
+
     def detokenize(self, ids: Sequence[int], *, skip_special: bool = True) -> bytes:
         """The bytes of `ids`; control tokens are dropped when `skip_special` (vLLM's default)."""
         if skip_special:

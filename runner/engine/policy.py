@@ -106,6 +106,10 @@ class PolicyModel:
             return []
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
+    def token_strs(self, ids: Sequence[int]) -> list[str]:
+        """The tokenizer's own text of each id, as vLLM's `/tokenize` reports it."""
+        return list(self.tokenizer.convert_ids_to_tokens(list(ids)))
+
     def detokenize(self, ids: Sequence[int], *, skip_special: bool = True) -> bytes:
         """The bytes of `ids`; control tokens are dropped when `skip_special`."""
         return b"".join(self.pieces[i] for i in ids if not (skip_special and self.special[i]))

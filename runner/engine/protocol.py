@@ -196,3 +196,4 @@ class TokenizeRequest(BaseModel):
     tools: list[dict[str, Any]] | None = None
     add_generation_prompt: bool = True
     add_special_tokens: bool = True
+    return_token_strs: bool = False

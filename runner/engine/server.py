@@ -136,7 +136,8 @@ def create_engine_app(core: EngineCore, *, served_name: str = "smollm2",
             ids = model.tokenize(req.prompt)
         else:
             raise bad_param("either `prompt` or `messages` is required.", "prompt")
-        return {"count": len(ids), "max_model_len": max_len, "tokens": ids, "token_strs": None}
+        strs = model.token_strs(ids) if req.return_token_strs else None
+        return {"count": len(ids), "max_model_len": max_len, "tokens": ids, "token_strs": strs}
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:

@@ -71,6 +71,19 @@ def test_token_id_prompt_gives_the_reply_the_chat_route_gives(engine):
     assert np.allclose(a.logprobs, b.logprobs, atol=1e-6)
 
 
+def test_embedded_engine_answers_the_reasoning_marker_probe_as_vllm_does(engine):
+    """SmolLM2 has no reasoning markers: the embedded engine's `/tokenize` gives the probe the
+    ids and token texts recorded vLLM gave, so both are read as not-reasoning."""
+    from tapdeck.proxy.reasoning import probe_body, read_markers
+
+    rec = vllm_fixture("tokenize_reasoning_markers")
+    mine = httpx.post(f"{engine.url}/tokenize", json=probe_body(engine.served_name), timeout=60).json()
+    assert (mine["tokens"], mine["token_strs"]) == (rec["response"]["tokens"],
+                                                    rec["response"]["token_strs"])
+    markers = read_markers(mine)
+    assert markers.known and not markers.found
+
+
 def test_token_in_conversation_is_one_chain_with_engine_logprobs(engine, tmp_path: Path):
     from tapdeck.runner.engine.rescore import rescore
 

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tapdeck.proxy.reasoning import MarkerCache, read_markers
 from tests.conftest import vllm_error_case as recorded_error
 from tests.conftest import vllm_fixture as recorded
 
@@ -104,3 +105,10 @@ def vllm_error() -> Callable[[str], tuple[int, dict[str, Any]]]:
 @pytest.fixture
 def make_upstream() -> type[RecordedUpstream]:
     return RecordedUpstream
+
+
+def smollm2_markers() -> MarkerCache:
+    """A marker cache that already holds what recorded vLLM said of SmolLM2 (no reasoning markers),
+    so a planner under test asks its engine nothing for them."""
+    reply = recorded("tokenize_reasoning_markers")["response"]
+    return MarkerCache({("http://vllm.test/v1", "smollm2"): read_markers(reply)})

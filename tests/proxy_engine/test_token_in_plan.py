@@ -19,6 +19,7 @@ from tapdeck.proxy.graph import RolloutGraph
 from tapdeck.proxy.tiers import EngineSpec
 from tapdeck.proxy.token_in import Plan, TokenIn
 from tests.conftest import vllm_fixture as recorded
+from tests.proxy_engine.conftest import smollm2_markers
 from tests.proxy_core.proxy_core_fixtures import turn_from_fixture
 
 SPEC = EngineSpec(url="http://vllm.test/v1", model="smollm2")
@@ -66,7 +67,7 @@ SH = [{"type": "function", "function": {"name": "sh"}}]
 ])
 async def test_calls_that_extend_no_held_reply_take_text_without_asking_the_engine(upstream, change,
                                                                                   reason):
-    token_in = TokenIn(EngineClient(SPEC, http=upstream.client()))
+    token_in = TokenIn(EngineClient(SPEC, http=upstream.client()), marker_cache=smollm2_markers())
     request, body = _next_call()
     change(request, body)
     plan = await token_in.plan(_held_graph(), request, body)
@@ -75,7 +76,8 @@ async def test_calls_that_extend_no_held_reply_take_text_without_asking_the_engi
 
 
 async def test_unknown_tool_parser_is_named_in_the_fallback(upstream):
-    token_in = TokenIn(EngineClient(SPEC, http=upstream.client()), tool_parser="mistral")
+    token_in = TokenIn(EngineClient(SPEC, http=upstream.client()), tool_parser="mistral",
+                       marker_cache=smollm2_markers())
     request, body = _next_call()
     body["tools"] = SH
     plan = await token_in.plan(_held_graph(), request, body)

@@ -26,6 +26,7 @@ import pytest
 
 from tapdeck.proxy.engine_client import EngineClient, parse_capture
 from tapdeck.proxy.graph import RolloutGraph
+from tapdeck.proxy.reasoning import MarkerCache
 from tapdeck.proxy.tiers import EngineSpec
 from tapdeck.proxy.token_in import (
     Plan,
@@ -36,6 +37,7 @@ from tapdeck.proxy.token_in import (
     difference,
 )
 from tests.conftest import vllm_fixture as recorded
+from tests.proxy_engine.conftest import smollm2_markers
 from tests.proxy_core.proxy_core_fixtures import turn_from_fixture
 
 SPEC = EngineSpec(url="http://vllm.test/v1", model="smollm2")
@@ -87,7 +89,7 @@ def _refusal(case: str) -> dict[str, Any]:
 
 def _engine(tag: str) -> RecordedExchanges:
     return RecordedExchanges(*(f"tokenin_{tag}_tokenize_{p}" for p in TOKENIZE_PARTS),
-                             f"tokenin_{tag}_turn2_ids")
+                             f"tokenin_{tag}_turn2_ids", "tokenize_reasoning_markers")
 
 
 def _held_graph(tag: str) -> RolloutGraph:
@@ -143,13 +145,16 @@ def test_close_after_an_empty_reply_is_the_close_after_any_reply():
 async def test_planner_asks_what_vllm_answered_and_builds_the_recorded_prompt(tag):
     engine = _engine(tag)
     request, upstream = _turn2(tag)
-    plan = await TokenIn(engine.client()).plan(_held_graph(tag), request, upstream)
+    plan = await TokenIn(engine.client(), marker_cache=MarkerCache()).plan(_held_graph(tag), request,
+                                                                          upstream)
     sent = recorded(f"tokenin_{tag}_turn2_ids")["request"]
     assert plan.record["mode"] == "ids", plan.record
     assert plan.prompt_ids == sent["prompt"]
     asked = sorted(json.dumps(b, sort_keys=True) for _, b in engine.sent)
-    assert asked == sorted(json.dumps(recorded(f"tokenin_{tag}_tokenize_{p}")["request"], sort_keys=True)
-                           for p in TOKENIZE_PARTS)
+    # The four renders, and once per engine the reasoning-marker probe (SmolLM2 has none).
+    assert asked == sorted(json.dumps(recorded(name)["request"], sort_keys=True)
+                           for name in [*(f"tokenin_{tag}_tokenize_{p}" for p in TOKENIZE_PARTS),
+                                        "tokenize_reasoning_markers"])
     assert {path for path, _ in engine.sent} == {"/tokenize"}
 
 
@@ -277,7 +282,7 @@ async def test_turn_after_a_vllm_tool_call_breaks_the_prefix_and_stays_on_text()
     request = {k: copy.deepcopy(nxt["request"][k]) for k in ("messages", "tools", "max_tokens")}
     upstream, _ = EngineClient(SPEC).prepare(request, "tokens", "smollm2", True)
     engine = RecordedExchanges()
-    plan = await TokenIn(engine.client()).plan(g, request, upstream)
+    plan = await TokenIn(engine.client(), marker_cache=smollm2_markers()).plan(g, request, upstream)
     assert plan.prompt_ids is None and plan.record["mode"] == "text" and not engine.sent
 
 

