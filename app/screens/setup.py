@@ -71,6 +71,8 @@ def _ok(item: CatalogItem) -> bool:
     return item.available
 
 
+TASKS_NONE_TICKED = "Tasks (none ticked = all)"
+
 class SetupScreen(TapdeckScreen):
     """The rollout plan editor."""
 
@@ -122,7 +124,7 @@ class SetupScreen(TapdeckScreen):
                                     compact=True)
                 yield Button("Start batch", id="start", variant="primary", compact=True)
             with Vertical(id="setup-right"):
-                yield Label("Tasks (none ticked = all)")
+                yield Label(TASKS_NONE_TICKED, id="tasks-title")
                 yield SelectionList[str](id="tasks")
                 yield Static("", id="instruction")
                 # After the task list, so Tab reaches the tasks as before; collapsed, one line.
@@ -317,6 +319,13 @@ class SetupScreen(TapdeckScreen):
             self._recall_settings()
         elif kind == "engine":
             self._show_settings_defaults()
+
+    @on(SelectionList.SelectedChanged, "#tasks")
+    def _ticks_changed(self, event: SelectionList.SelectedChanged) -> None:
+        # The tick glyph differs only by colour, which a plain or remote terminal may not show.
+        ticked, total = len(event.selection_list.selected), event.selection_list.option_count
+        self.query_one("#tasks-title", Label).update(
+            f"Tasks ({ticked} of {total} ticked)" if ticked else TASKS_NONE_TICKED)
 
     @on(SelectionList.SelectionHighlighted, "#tasks")
     def _task_highlighted(self, event: SelectionList.SelectionHighlighted) -> None:

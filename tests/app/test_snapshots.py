@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 import pytest
 from textual.command import CommandList, CommandPalette
-from textual.widgets import DataTable
+from textual.widgets import DataTable, Input
 
+from tapdeck.app.screen_registry import SCREENS
 from tapdeck.app.screens.help import HelpScreen
 from tapdeck.app.widgets.session_table import SessionTable
 from tapdeck.app.widgets.token_view import TokenView
@@ -54,8 +55,10 @@ SHOTS: dict[str, Shot] = {
     "train": Shot(("6",), lambda app: app.current_mode == "train"
                   and "finished (exit code 0)" in _text(app.screen, "#train-state")),
     "help": Shot(("f1",), lambda app: isinstance(app.screen, HelpScreen)),
+    # Hits stream in as the query is typed: ready once the whole query has every screen's entry.
     "palette": Shot(("ctrl+p", *"go to"), lambda app: isinstance(app.screen, CommandPalette)
-                    and app.screen.query_one(CommandList).option_count > 0),
+                    and app.screen.query_one(Input).value == "go to"
+                    and app.screen.query_one(CommandList).option_count == len(SCREENS)),
 }
 LOOKS = {"dark-80x24": ((), (80, 24)), "light-80x24": (("ctrl+t",), (80, 24)),
          "dark-160x48": ((), (160, 48))}
@@ -73,6 +76,8 @@ def test_screen_snapshot(snap_compare, make_app, shot, look):
                     and app.screen.query_one(SessionTable).row_count == SESSIONS, "the recorded sessions")
         await pilot.press(*theme_keys, *wanted.keys)
         await until(pilot, lambda: wanted.ready(app), f"the {shot} screen")
+        for field in app.screen.query(Input):
+            field.cursor_blink = False  # a blinking cursor is drawn or not by the clock
         await pilot.pause(0.3)  # a refresh tick after the data, and any layout it causes
         await pilot.wait_for_scheduled_animations()
 

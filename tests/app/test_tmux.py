@@ -45,6 +45,7 @@ def test_tapdeck_runs_a_rollout_by_keystrokes_and_quits_freeing_the_port(tmp_pat
         # Tasks list (after sandbox, engine, public URL, K, concurrency, alternatives, Start): tick
         # the third.
         tmux.keys(*["Tab"] * 8, "Down", "Down", "Down", "Space")
+        tmux.wait_for(r"Tasks \(1 of 5 ticked\)", 30)
         tmux.keys("C-s")
         screen = tmux.wait_for(r"hello-file\s+finished", 120)
         assert "1 sessions · 1 finished" in screen
