@@ -1,5 +1,6 @@
-"""The served model file: the shipped Q4_1 GGUF re-encoded once as F16, cached, keyed, atomic, and
-close to the shipped model's outputs; everything that uses the model reads that one file."""
+"""The served model file: the shipped Q4_1 GGUF re-encoded once as F16, cached, keyed, atomic;
+everything that uses the model reads that one file (that the trainer dequantises it to the shipped
+weights is tests/training/test_served_model_weights.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import importlib.metadata
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from tapdeck.runner.engine import model_file
@@ -72,34 +72,3 @@ def test_every_user_of_the_model_reads_the_served_file() -> None:
     assert cpu_grpo.model_path(None) == served
     assert train_jobs._model_env() == {"TAPDECK_MODEL_GGUF": str(served)}
     assert served.name in (catalog.embedded_engine_info().why or "")
-
-
-def _next_token_logprobs(path: Path, ids: list[int]) -> np.ndarray:
-    from tapdeck.runner.engine.model import LlamaModel
-
-    llm = LlamaModel(path, n_threads=1)
-    try:
-        rows = []
-        for end in range(len(ids) - 8, len(ids)):
-            logits = llm.prefill(ids[:end])
-            rows.append(logits - np.logaddexp.reduce(logits))
-        return np.array(rows)
-    finally:
-        llm.close()
-
-
-@pytest.mark.slow
-def test_served_f16_keeps_the_shipped_models_next_token_distribution() -> None:
-    from pydoc_data.topics import topics
-
-    from tapdeck.runner.engine.model import LlamaModel
-
-    llm = LlamaModel(shipped_model_path(), n_ctx=2048, n_threads=1)
-    ids = llm.tokenize(topics["class"])[:300]
-    llm.close()
-    shipped = _next_token_logprobs(shipped_model_path(), ids)
-    served = _next_token_logprobs(default_model_path(), ids)
-    assert (shipped.argmax(axis=1) == served.argmax(axis=1)).all()
-    top = np.argsort(-shipped, axis=1)[:, :20]
-    diff = np.abs(np.take_along_axis(served - shipped, top, axis=1))
-    assert diff.max() < 0.05, diff.max()
