@@ -44,12 +44,12 @@ def recorded_400() -> dict[str, Any]:
 
 
 def run_cli(name: str, info: dict[str, Any], root: Path, instruction: str,
-            timeout_s: float = 180) -> subprocess.CompletedProcess[str]:
+            timeout_s: float = 180, tool_profile: str = "full") -> subprocess.CompletedProcess[str]:
     """Run the installed CLI once as tapdeck's Harbor agent would, with its per-trial folders
     under `root` instead of the sandbox's `/installed-agent`."""
     cls = CLI_AGENTS[name]
     dialect_url = {"claude-code": "anthropic", "gemini-cli": "google"}.get(name, "openai")
-    agent = cls(logs_dir=root / "logs", model_name="smollm2",
+    agent = cls(logs_dir=root / "logs", model_name="smollm2", tool_profile=tool_profile,
                 proxy_url=info["base_urls"][dialect_url], session_key=info["api_key"])
     agent.entry = agent_install.entry_path(name)
     assert agent.entry is not None

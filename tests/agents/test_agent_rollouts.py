@@ -99,13 +99,21 @@ TASK_CASES = [name if name in ALWAYS or E2E else pytest.param(name, marks=pytest
            f"tests/agents/test_agent_rollouts.py -k 'sample_task and {name}'")) for name in AGENTS]
 
 
+def task_kwargs(name: str) -> dict[str, Any]:
+    """The sample-task run's agent settings: two turns, and the lean tool profile where the agent
+    has one (its first prompt a third to a half smaller, so a CPU engine prefills it in CI)."""
+    from tapdeck.runner.cli_agents import CLI_AGENTS
+
+    return {"max_turns": TURNS, **({"tool_profile": "lean"} if CLI_AGENTS[name].LEAN_TOOLS else {})}
+
+
 @pytest.mark.parametrize("name", TASK_CASES)
 def test_agent_cli_runs_a_sample_task_offline_with_every_turn_captured(
         agent_server: RunnerServer, name: str) -> None:
     installed_or_skip(name)
     started = time.monotonic()
     run = agent_server.start(tasks=["hello-file"], harness=name, timeout_s=2100, agent_timeout_s=1800,
-                             call_budget=BUDGET, agent_kwargs={"max_turns": TURNS})
+                             call_budget=BUDGET, agent_kwargs=task_kwargs(name))
     r = _only(agent_server.wait(run["id"], timeout_s=2200))  # the rollout's own limit, then some
     wall = time.monotonic() - started
     output = _agent_output(r, name)
@@ -145,7 +153,8 @@ def test_agent_cli_runs_a_sample_task_offline_with_every_turn_captured(
           f"agent={len(agent_turns)} roles={[t['role'] for t in doc['turns']]} "
           f"first_prompt={first['prompt_len']} tokens first_answer={first_answer:.0f}s after start "
           f"(its own call {first['meta'].get('latency_ms', 0) / 1000:.1f}s) "
-          f"agent_phase={r['timings'].get('agent_execution', 0):.0f}s wall={wall:.0f}s")
+          f"agent_phase={r['timings'].get('agent_execution', 0):.0f}s wall={wall:.0f}s "
+          f"modes={[(t['seq'], t['parent'], (t['meta'] or {}).get('capture_mode')) for t in doc['turns']]}")
 
 
 
