@@ -18,7 +18,7 @@ import json
 import os
 import subprocess
 import time
-from functools import cache
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -169,20 +169,24 @@ LEAN_AGENTS = [n for n, cls in CLI_AGENTS.items() if cls.LEAN_TOOLS]
 """mini-swe-agent has one tool (bash) and a 1k-token prompt: nothing to shrink."""
 
 
-@cache
-def _engine_text_model() -> tuple[Any, Any]:
+@pytest.fixture(scope="module")
+def engine_text() -> Iterator[tuple[Any, Any]]:
+    """The embedded engine's tokenizer and chat template (no forward pass is run)."""
     pytest.importorskip("llama_cpp", reason="the engine's tokenizer needs llama-cpp-python")
     from tapdeck.runner.engine.model import LlamaModel, default_model_path
     from tapdeck.runner.engine.template import ChatTemplate
 
     model = LlamaModel(default_model_path(), n_ctx=512)
-    return model, ChatTemplate(model.chat_template)
+    try:
+        yield model, ChatTemplate(model.chat_template)
+    finally:
+        model.close()
 
 
-def prompt_parts(body: dict[str, Any]) -> dict[str, int]:
+def prompt_parts(body: dict[str, Any], engine_text: tuple[Any, Any]) -> dict[str, int]:
     """Tokens of a chat request as the embedded engine renders it: the whole prompt, the tools'
     share (with minus without them) and the system messages' share."""
-    model, template = _engine_text_model()
+    model, template = engine_text
 
     def count(messages: list[dict[str, Any]], tools: Any = None, gen: bool = True) -> int:
         return len(model.tokenize(template.render(messages, tools=tools,
@@ -197,7 +201,8 @@ def prompt_parts(body: dict[str, Any]) -> dict[str, int]:
 
 @pytest.mark.parametrize("name", LEAN_AGENTS)
 def test_lean_profile_sends_only_the_task_tools_and_keeps_the_agents_loop(
-        capture: CaptureServer, upstream: ScriptedUpstream, tmp_path: Path, name: str) -> None:
+        capture: CaptureServer, upstream: ScriptedUpstream, tmp_path: Path, name: str,
+        engine_text: tuple[Any, Any]) -> None:
     installed_or_skip(name)
     upstream.answer = scripted_agent_reply(name)
     info = capture.open_session()
@@ -210,6 +215,6 @@ def test_lean_profile_sends_only_the_task_tools_and_keeps_the_agents_loop(
     first = next(r for r in upstream.requests if r.get("tools"))
     sent = {t["function"]["name"] for t in first["tools"]}
     assert sent == set(CLI_AGENTS[name].LEAN_TOOLS), sent
-    parts = prompt_parts(first)
+    parts = prompt_parts(first, engine_text)
     print(f"\n{name} lean first prompt: {parts} (full: {FIRST_PROMPT_TOKENS[name]})")
     assert parts["total"] < FIRST_PROMPT_TOKENS[name], parts
