@@ -116,7 +116,7 @@ _CLI_SEAMS: dict[str, tuple[Dialect, tuple[str, ...], tuple[str, ...], str | Non
                   "memory off)", True,
                   "`qwen --yolo`; vendored rg made executable at install; ran here on "
                   "sample/hello-file with the lean tool profile (9.6k-token first prompt, one "
-                  "agent turn, reward 0)"),
+                  "agent turn, graded by the verifier)"),
     "mini-swe-agent": (Dialect.CHAT, ("OPENAI_API_KEY",), (),
                        "-c model.model_kwargs.api_base=<proxy>", True,
                        "`mini -y --exit-immediately`, step_limit = max_turns; not streamed; "
