@@ -85,8 +85,10 @@ ALWAYS = {"mini-swe-agent", "opencode", "claude-code", "qwen-code"}
 here at a load of ~9 (325 CPU-seconds for the whole test process), claude-code's is 4.2k tokens."""
 GATED = {
     "codex": "5.8k-token lean first prompt (8.7k full; its full rollout took 237 s here with one "
-             "other test run on the 2 cores); not run with the lean profile here, and with it the "
-             "four agents' prefill would exceed the CI budget",
+             "other test run on the 2 cores); its lean run here captured no call in 11 minutes "
+             "(553 CPU-seconds, load ~2-3): it asks for 2,048 output tokens whatever "
+             "model_max_output_tokens says (seen in the binary test), which a CPU engine decodes "
+             "for many minutes",
     "gemini-cli": "8.2k-token lean first prompt (11.2k full; its full rollout took 456 s here at a "
                   "load of 2.5-5); not run with the lean profile here, and with it the four "
                   "agents' prefill would exceed the CI budget",
