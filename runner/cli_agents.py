@@ -54,6 +54,13 @@ _SETTINGS_OFF = {"privacy": {"usageStatisticsEnabled": False}, "telemetry": {"en
                  "general": {"disableAutoUpdate": True, "disableUpdateNag": True}}
 
 
+TOOL_PROFILES = ("full", "lean")
+"""`full`: the CLI's own tool set, as it ships (the default: a rollout for training should see
+what the agent really sends). `lean`: only the tools a coding task needs (shell, edit, write, read),
+set through the CLI's own documented settings; its binary, loop, system prompt and dialect are
+unchanged. It cuts the first prompt a CPU engine must prefill (README: "Lean tool profile")."""
+
+
 class ProxyUnreachableError(RuntimeError):
     """The sandbox cannot reach the capture proxy at the address the session advertises."""
 
@@ -95,20 +102,28 @@ class CliAgent(BaseAgent):
     """One coding-agent CLI, run once on the task's instruction through the capture proxy.
 
     Kwargs (Harbor `AgentConfig.kwargs`): `proxy_url` (the session's base URL for this CLI's
-    dialect), `session_key`, `max_turns`, `max_output_tokens`, `context_tokens`, `agents_dir`
-    (where tapdeck's installs live; default `~/.cache/tapdeck/agents`).
+    dialect), `session_key`, `max_turns`, `max_output_tokens`, `context_tokens`, `tool_profile`
+    (`full` or `lean`, see TOOL_PROFILES), `agents_dir` (where tapdeck's installs live; default
+    `~/.cache/tapdeck/agents`).
     """
 
     HARNESS: ClassVar[str] = ""
     """The `agent_install.PACKAGES` key."""
+    LEAN_TOOLS: ClassVar[tuple[str, ...]] = ()
+    """The tools the `lean` profile keeps: shell, edit, write and read, in the CLI's own names."""
 
     def __init__(self, logs_dir: Path, model_name: str | None = None, *,
                  proxy_url: str | None = None, session_key: str | None = None,
                  max_turns: int = 3, max_output_tokens: int = 256, context_tokens: int = 32768,
-                 agents_dir: str | None = None, **kwargs: Any) -> None:
+                 tool_profile: str = "full", agents_dir: str | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(logs_dir, model_name, **kwargs)
         if not (proxy_url and session_key and model_name):
             raise ValueError(f"{self.name()} needs proxy_url, session_key and a model name")
+        if tool_profile not in TOOL_PROFILES:
+            raise ValueError(f"{self.name()}: tool_profile {tool_profile!r} is not one of "
+                             f"{', '.join(TOOL_PROFILES)}")
+        self.lean = tool_profile == "lean"
         self.proxy_url = proxy_url.rstrip("/")
         self.session_key = session_key
         self.max_turns = int(max_turns)
@@ -205,6 +220,12 @@ class CodexCli(CliAgent):
     """OpenAI Codex CLI: Responses API through a custom model provider (env_key = session key)."""
 
     HARNESS = "codex"
+    # It edits by `apply_patch` in the shell; no setting removes `request_user_input` (it answers
+    # "not supported in exec mode" on its own).
+    LEAN_TOOLS = ("exec_command", "write_stdin", "request_user_input")
+    # Its documented feature flags and web_search setting.
+    LEAN_CONFIG = ("features.multi_agent=false", "features.goals=false",
+                   "features.view_image=false", 'web_search="disabled"')
 
     def cli_env(self) -> dict[str, str]:
         return {"CODEX_HOME": f"{AGENT_HOME}/.codex", "TAPDECK_SESSION_KEY": self.session_key}
@@ -218,7 +239,8 @@ class CodexCli(CliAgent):
                   *(f"model_providers.tapdeck.{k}={v}" for k, v in provider.items()),
                   "check_for_update_on_startup=false", "analytics.enabled=false",
                   "feedback.enabled=false", f"model_context_window={self.context_tokens}",
-                  f"model_max_output_tokens={self.max_output_tokens}"]
+                  f"model_max_output_tokens={self.max_output_tokens}",
+                  *(self.LEAN_CONFIG if self.lean else ())]
         flags = " ".join(f"-c {shlex.quote(c)}" for c in config)
         return (f"{self._bin()} exec {flags} -m {shlex.quote(self.model_name or '')} "
                 "--skip-git-repo-check --ephemeral --dangerously-bypass-approvals-and-sandbox "
@@ -229,6 +251,8 @@ class ClaudeCodeCli(CliAgent):
     """Claude Code: Anthropic Messages at ANTHROPIC_BASE_URL, non-essential traffic off."""
 
     HARNESS = "claude-code"
+    LEAN_TOOLS = ("Bash", "Write", "Edit", "Read", "DeferredToolPlaceholder")
+    """`--tools` takes the first four; it still sends its deferred-tool placeholder."""
 
     def cli_env(self) -> dict[str, str]:
         return {"ANTHROPIC_BASE_URL": self.proxy_url, "ANTHROPIC_API_KEY": self.session_key,
@@ -240,8 +264,9 @@ class ClaudeCodeCli(CliAgent):
 
     def command(self, instruction: str) -> str:
         # The prompt goes after `--`: otherwise --allowedTools swallows it as a value.
+        tools = f"--tools {','.join(self.LEAN_TOOLS[:4])} " if self.lean else ""
         return (f"{self._bin()} -p --model {shlex.quote(self.model_name or '')} "
-                f"--max-turns {self.max_turns} --allowedTools 'Bash,Write,Edit,Read' "
+                f"--max-turns {self.max_turns} --allowedTools 'Bash,Write,Edit,Read' {tools}"
                 f"-- {shlex.quote(instruction)}")
 
 
@@ -249,6 +274,7 @@ class GeminiCli(CliAgent):
     """Gemini CLI: Google generateContent at GOOGLE_GEMINI_BASE_URL, API-key auth from settings."""
 
     HARNESS = "gemini-cli"
+    LEAN_TOOLS = ("run_shell_command", "write_file", "replace", "read_file")
 
     def cli_env(self) -> dict[str, str]:
         return {"GEMINI_API_KEY": self.session_key, "GOOGLE_GEMINI_BASE_URL": self.proxy_url,
@@ -264,6 +290,8 @@ class GeminiCli(CliAgent):
                     "model": {"maxSessionTurns": self.max_turns},
                     "modelConfigs": {"customOverrides": [limit]}}
         settings["general"] = {**settings["general"], "maxAttempts": RETRIES + 1}
+        if self.lean:  # its `tools.core` allowlist
+            settings["tools"] = {"core": list(self.LEAN_TOOLS)}
         return {".gemini/settings.json": json.dumps(settings)}
 
     def command(self, instruction: str) -> str:
@@ -275,6 +303,9 @@ class OpencodeCli(CliAgent):
     """opencode: chat completions through an `@ai-sdk/openai-compatible` provider in its config."""
 
     HARNESS = "opencode"
+    LEAN_TOOLS = ("bash", "edit", "write", "read")
+    ALL_TOOLS = ("bash", "edit", "glob", "grep", "read", "skill", "task", "todowrite", "webfetch",
+                 "write")
 
     def cli_env(self) -> dict[str, str]:
         return {"OPENCODE_CONFIG": f"{AGENT_HOME}/opencode.json",
@@ -298,6 +329,8 @@ class OpencodeCli(CliAgent):
             "permission": {"bash": "allow", "edit": "allow"},
             "agent": {"build": {"steps": self.max_turns}},
         }
+        if self.lean:  # its `tools` map turns a built-in tool off
+            config["tools"] = {t: False for t in self.ALL_TOOLS if t not in self.LEAN_TOOLS}
         return {"opencode.json": json.dumps(config)}
 
     def command(self, instruction: str) -> str:
@@ -309,6 +342,12 @@ class QwenCodeCli(CliAgent):
     """Qwen Code: chat completions through OPENAI_BASE_URL (its default `openai` auth type)."""
 
     HARNESS = "qwen-code"
+    LEAN_TOOLS = ("run_shell_command", "edit", "write_file", "read_file")
+    ALL_TOOLS = ("agent", "edit", "enter_worktree", "exit_worktree", "get_goal", "glob",
+                 "grep_search", "list_agents", "notebook_edit", "read_file", "record_artifact",
+                 "report_findings", "run_shell_command", "send_message", "skill", "task_stop",
+                 "tool_call", "tool_search", "update_goal", "write_file")
+    """Its built-in tools, the deferred ones included (they come inline once tool search is off)."""
 
     def cli_env(self) -> dict[str, str]:
         return {"OPENAI_API_KEY": self.session_key, "OPENAI_BASE_URL": self.proxy_url,
@@ -327,6 +366,11 @@ class QwenCodeCli(CliAgent):
         settings = {**_SETTINGS_OFF, "security": {"auth": {"selectedType": "openai"}},
                     "model": {"maxSessionTurns": self.max_turns, "generationConfig": generation},
                     "memory": memory}
+        if self.lean:
+            # `tools.core` is its allowlist; its built-in agent, goal and tool-search tools bypass
+            # that by design and leave only through `tools.disabled`.
+            settings["tools"] = {"core": list(self.LEAN_TOOLS), "disabled": [
+                t for t in self.ALL_TOOLS if t not in self.LEAN_TOOLS]}
         return {".qwen/settings.json": json.dumps(settings)}
 
     def command(self, instruction: str) -> str:

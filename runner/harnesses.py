@@ -112,8 +112,11 @@ _CLI_SEAMS: dict[str, tuple[Dialect, tuple[str, ...], tuple[str, ...], str | Non
                  "model fetch, autoupdate, share off; registry pointed nowhere; ran here on "
                  "sample/hello-file (7.7k-token first prompt, one chain, reward 0)"),
     "qwen-code": (Dialect.CHAT, ("OPENAI_API_KEY",), ("OPENAI_BASE_URL",),
-                  "~/.qwen/settings.json (usage stats off, maxSessionTurns)", False,
-                  "`qwen --yolo`; vendored rg made executable at install"),
+                  "~/.qwen/settings.json (usage stats off, maxSessionTurns, max_tokens, managed "
+                  "memory off)", True,
+                  "`qwen --yolo`; vendored rg made executable at install; ran here on "
+                  "sample/hello-file with the lean tool profile (9.6k-token first prompt, one "
+                  "agent turn, graded by the verifier)"),
     "mini-swe-agent": (Dialect.CHAT, ("OPENAI_API_KEY",), (),
                        "-c model.model_kwargs.api_base=<proxy>", True,
                        "`mini -y --exit-immediately`, step_limit = max_turns; not streamed; "

@@ -44,6 +44,10 @@ FIRST_PROMPT_TOKENS: dict[str, int] = {
 }
 """Each harness's first prompt on a sample task, measured here (embedded-defaults.md, README): an
 engine whose context cannot hold it plus the output tokens would cut the agent on its first call."""
+LEAN_FIRST_PROMPT_TOKENS: dict[str, int] = {
+    "opencode": 4817, "codex": 5751, "gemini-cli": 8221, "claude-code": 4246, "qwen-code": 9594,
+}
+"""The same with the agent CLIs' `lean` tool profile (`harness_kwargs` `tool_profile: lean`)."""
 
 class SettingsDoNotFit(ValueError):
     """A setting the engine cannot honour; `field` names it."""
@@ -88,7 +92,8 @@ def resolve(settings: RolloutSettings, *, harness: str, engine_context: int | No
         raise SettingsDoNotFit("max_output_tokens", f"{output} does not fit a context of {context} "
                                f"tokens (at most 1/{PROMPT_SHARE} of it, {context // PROMPT_SHARE}; "
                                "the rest is for the prompt)")
-    first = FIRST_PROMPT_TOKENS.get(harness)
+    lean = settings.harness_kwargs.get("tool_profile") == "lean"
+    first = (LEAN_FIRST_PROMPT_TOKENS if lean else FIRST_PROMPT_TOKENS).get(harness)
     if first is not None and first + output > context:
         field = "max_output_tokens" if output_source == "plan" else "context_tokens"
         raise SettingsDoNotFit(field, f"{harness}'s first prompt (~{first} tokens measured) plus "

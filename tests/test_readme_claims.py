@@ -285,6 +285,17 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
 - an agent CLI started from Setup runs to the verifier's reward, shown on the Runs screen
   → tests/agents/test_agent_from_setup.py::test_agent_cli_started_from_setup_finishes_with_its_turns_on_the_runs_screen
 
+§ Lean tool profile
+- the lean profile sends only the task tools through each CLI's own settings, keeps its own loop,
+  and shrinks its first prompt below the full figure
+  → tests/agents/test_agent_binaries.py::test_lean_profile_sends_only_the_task_tools_and_keeps_the_agents_loop
+- an unknown profile is refused naming the profiles
+  → tests/runner_env/test_harnesses.py::test_an_unknown_tool_profile_is_refused_naming_the_profiles
+- the fit check uses the lean figures when the profile is lean
+  → tests/runner/test_rollout_settings.py::test_a_lean_tool_profile_fits_where_the_full_first_prompt_does_not
+- the sample-task test runs each agent with its lean profile
+  → tests/agents/test_agent_rollouts.py::test_agent_cli_runs_a_sample_task_offline_with_every_turn_captured
+
 § Remote sandboxes: `--public-url`
 - sessions advertise the public URL; an unreachable one fails as `proxy_unreachable` naming it
   → tests/agents/test_public_url.py::test_sessions_advertise_the_public_url_for_every_dialect

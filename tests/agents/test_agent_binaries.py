@@ -6,6 +6,9 @@ first prompts.
   tool-call round trip, its own way of ending) and leaves hello.txt behind.
 - claude-code against a 400 (it answers one by retrying with fewer features, harness-clis.md): it
   stops on its own after a bounded number of tries and prints the refusal's own words.
+- The `lean` tool profile: each binary, set through its own documented settings, sends only the
+  tools a coding task needs, still runs its own loop, and its first prompt (rendered with the
+  embedded engine's template and tokenizer) is smaller than with its full tool set.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +28,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from tapdeck.runner import agent_install  # noqa: E402
 from tapdeck.runner.cli_agents import AGENT_ROOT, CLI_AGENTS, HOME_DIRS  # noqa: E402
+from tapdeck.runner.rollout_settings import FIRST_PROMPT_TOKENS  # noqa: E402
 from tests.agents.test_agent_rollouts import installed_or_skip  # noqa: E402
 from tests.conftest import vllm_fixture, vllm_reply_to  # noqa: E402
 from tests.dialects.conftest import (  # noqa: E402,F401  (fixtures)
@@ -44,12 +49,12 @@ def recorded_400() -> dict[str, Any]:
 
 
 def run_cli(name: str, info: dict[str, Any], root: Path, instruction: str,
-            timeout_s: float = 180) -> subprocess.CompletedProcess[str]:
+            timeout_s: float = 180, tool_profile: str = "full") -> subprocess.CompletedProcess[str]:
     """Run the installed CLI once as tapdeck's Harbor agent would, with its per-trial folders
     under `root` instead of the sandbox's `/installed-agent`."""
     cls = CLI_AGENTS[name]
     dialect_url = {"claude-code": "anthropic", "gemini-cli": "google"}.get(name, "openai")
-    agent = cls(logs_dir=root / "logs", model_name="smollm2",
+    agent = cls(logs_dir=root / "logs", model_name="smollm2", tool_profile=tool_profile,
                 proxy_url=info["base_urls"][dialect_url], session_key=info["api_key"])
     agent.entry = agent_install.entry_path(name)
     assert agent.entry is not None
@@ -158,3 +163,58 @@ def test_qwen_code_after_a_length_cut_reply_stays_in_the_tasks_conversation(
     assert task_calls, output
     systems = {r["messages"][0]["content"][:200] for r in task_calls}
     assert len(systems) == 1 and "memory extraction" not in next(iter(systems)), systems
+
+
+LEAN_AGENTS = [n for n, cls in CLI_AGENTS.items() if cls.LEAN_TOOLS]
+"""mini-swe-agent has one tool (bash) and a 1k-token prompt: nothing to shrink."""
+
+
+@pytest.fixture(scope="module")
+def engine_text() -> Iterator[tuple[Any, Any]]:
+    """The embedded engine's tokenizer and chat template (no forward pass is run)."""
+    pytest.importorskip("llama_cpp", reason="the engine's tokenizer needs llama-cpp-python")
+    from tapdeck.runner.engine.model import LlamaModel, default_model_path
+    from tapdeck.runner.engine.template import ChatTemplate
+
+    model = LlamaModel(default_model_path(), n_ctx=512)
+    try:
+        yield model, ChatTemplate(model.chat_template)
+    finally:
+        model.close()
+
+
+def prompt_parts(body: dict[str, Any], engine_text: tuple[Any, Any]) -> dict[str, int]:
+    """Tokens of a chat request as the embedded engine renders it: the whole prompt, the tools'
+    share (with minus without them) and the system messages' share."""
+    model, template = engine_text
+
+    def count(messages: list[dict[str, Any]], tools: Any = None, gen: bool = True) -> int:
+        return len(model.tokenize(template.render(messages, tools=tools,
+                                                  add_generation_prompt=gen)))
+
+    messages = body["messages"]
+    total = count(messages, body.get("tools"))
+    bare = count(messages)
+    system = count([m for m in messages if m["role"] == "system"], gen=False)
+    return {"total": total, "tools": total - bare, "system": system, "rest": bare - system}
+
+
+@pytest.mark.parametrize("name", LEAN_AGENTS)
+def test_lean_profile_sends_only_the_task_tools_and_keeps_the_agents_loop(
+        capture: CaptureServer, upstream: ScriptedUpstream, tmp_path: Path, name: str,
+        engine_text: tuple[Any, Any]) -> None:
+    installed_or_skip(name)
+    upstream.answer = scripted_agent_reply(name)
+    info = capture.open_session()
+    done = run_cli(name, info, tmp_path, "Create a file hello.txt containing hi.",
+                   tool_profile="lean")
+    output = (done.stdout + done.stderr)[-3000:]
+    assert done.returncode == 0, output
+    # Its own loop still ran the shell tool and got to the file.
+    assert (tmp_path / "work" / "hello.txt").read_text().strip() == "hi", output
+    first = next(r for r in upstream.requests if r.get("tools"))
+    sent = {t["function"]["name"] for t in first["tools"]}
+    assert sent == set(CLI_AGENTS[name].LEAN_TOOLS), sent
+    parts = prompt_parts(first, engine_text)
+    print(f"\n{name} lean first prompt: {parts} (full: {FIRST_PROMPT_TOKENS[name]})")
+    assert parts["total"] < FIRST_PROMPT_TOKENS[name], parts

@@ -74,6 +74,15 @@ def test_a_harness_whose_first_prompt_cannot_fit_is_refused() -> None:
     assert _resolve(harness="codex", engine_context=32768).context_tokens == 32768
 
 
+def test_a_lean_tool_profile_fits_where_the_full_first_prompt_does_not() -> None:
+    # claude-code's full first prompt (12.4k) needs more than 8k; lean (4.2k) fits with 2k output.
+    with pytest.raises(SettingsDoNotFit, match="claude-code's first prompt"):
+        _resolve(harness="claude-code", engine_context=8192)
+    lean = _resolve(RolloutSettings(harness_kwargs={"tool_profile": "lean"}),
+                    harness="claude-code", engine_context=8192)
+    assert lean.context_tokens == 8192 and lean.harness_kwargs == {"tool_profile": "lean"}
+
+
 def test_timeouts_in_force_say_where_they_came_from(tmp_path: Path) -> None:
     task_set = _resolve()
     assert (task_set.agent_timeout_s, task_set.agent_timeout_source) == (180.0, "task")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -160,4 +161,13 @@ def test_table_rows_are_plain_and_only_what_ran_here_is_validated() -> None:
     assert len(clis) == 6 and all(r["version"] for r in clis)
     # The CLIs that ran a sample task end to end here (tests/agents/test_agent_rollouts.py).
     assert {r["name"] for r in clis if r["validated"]} == {"mini-swe-agent", "opencode", "codex",
-                                                            "claude-code", "gemini-cli"}
+                                                            "claude-code", "gemini-cli",
+                                                            "qwen-code"}
+
+
+def test_an_unknown_tool_profile_is_refused_naming_the_profiles(tmp_path: Path) -> None:
+    from tapdeck.runner.cli_agents import CLI_AGENTS
+
+    with pytest.raises(ValueError, match="tool_profile 'tiny' is not one of full, lean"):
+        CLI_AGENTS["claude-code"](tmp_path, "smollm2", proxy_url="http://127.0.0.1:1/",
+                                  session_key="k", tool_profile="tiny")
