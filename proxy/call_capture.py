@@ -81,7 +81,7 @@ class CallCapture:
         prepare = partial(session.client.prepare, tier=session.tier, served_model=served,
                           training=session.training and fmt is None,
                           alternatives=session.record.get("alternatives", 0),
-                          policy=session.training_sampling)
+                          policy=session.training_sampling, output_limit=session.output_limit)
         try:
             upstream, sampling = prepare(chat)
         except MALFORMED as exc:

@@ -353,9 +353,11 @@ class EngineClient:
 
     def prepare(self, chat: Mapping[str, Any], tier: Tier | str, served_model: str,
                 training: bool, alternatives: int = 0,
-                policy: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-        """See `prepare_request`; the cap is this engine's."""
-        return prepare_request(chat, tier, served_model, training, max_tokens_cap=self.cap,
+                policy: Mapping[str, Any] | None = None,
+                output_limit: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+        """See `prepare_request`; the cap is this engine's, lowered to a session's `output_limit`."""
+        cap = min(self.cap, output_limit) if output_limit else self.cap
+        return prepare_request(chat, tier, served_model, training, max_tokens_cap=cap,
                                alternatives=alternatives, policy=policy)
 
     async def models(self) -> dict[str, Any]:

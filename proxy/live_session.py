@@ -33,6 +33,8 @@ class LiveSession:
     served_model: str | None
     state: str
     call_budget: int | None = None
+    output_limit: int | None = None
+    """Output tokens per call, enforced on the wire whatever the harness asks (None: the engine's cap)."""
     training: bool = False
     training_sampling: dict[str, Any] | None = None
     graph: RolloutGraph | None = None

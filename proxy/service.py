@@ -92,6 +92,10 @@ class CaptureService:
         """Merge `metadata` into the session's (phase, reward, run_id, ...) and publish it."""
         return self.registry.annotate(session_id, **metadata)
 
+    def limit_output(self, session_id: str, tokens: int) -> None:
+        """Enforce `tokens` output tokens per call on the session from its next call on."""
+        self.registry.limit_output(session_id, tokens)
+
     def mark_auxiliary(self, session_id: str, seqs: Iterable[int], reason: str) -> None:
         """Demote captured calls to auxiliary after the fact (call it on a thread)."""
         self.registry.mark_auxiliary(session_id, seqs, reason)

@@ -131,7 +131,8 @@ class SessionRegistry:
         record = {
             "id": sid, "state": "open", "tier": str(result.tier), "rollout_type": rollout_type,
             "engine": ref.model_dump(), "created_at": now, "metadata": dict(spec.metadata),
-            "call_budget": spec.call_budget, "probe": result.detail,
+            "call_budget": spec.call_budget, "max_output_tokens": spec.max_output_tokens,
+            "probe": result.detail,
             "alternatives": min(spec.alternatives, result.alternatives),
             "token_in": result.tier is Tier.TOKENS and (
                 spec.token_in if spec.token_in is not None else rollout_type == "train"),
@@ -145,6 +146,7 @@ class SessionRegistry:
         graph = RolloutGraph()
         session = LiveSession(id=sid, record=record, tier=result.tier, engine=engine, client=client,
                               served_model=ref.model, state="open", call_budget=spec.call_budget,
+                              output_limit=spec.max_output_tokens,
                               training=rollout_type == "train",
                               training_sampling=spec.training_sampling, graph=graph,
                               findings=list(result.findings), stats=graph.stats(),
@@ -207,6 +209,20 @@ class SessionRegistry:
         summary = self.summary(session)
         self.events.publish(SessionUpdated(session=summary).model_dump(mode="json"))
         return summary
+
+    def limit_output(self, session_id: str, tokens: int) -> None:
+        """Enforce `tokens` output tokens per call from the session's next call on (stored with it)."""
+        if tokens < 1:
+            raise ValueError(f"an output limit must be at least 1 token, not {tokens}")
+        session = self.lookup(session_id)
+        session.output_limit = session.record["max_output_tokens"] = tokens
+        self.writes.submit(self._store_output_limit, session)
+
+    def _store_output_limit(self, session: LiveSession) -> None:
+        try:
+            self.store.update_session(session.id, max_output_tokens=session.output_limit)
+        except Exception as exc:  # the limit holds in memory; only its record is lost
+            log.warning("session %s: output limit not stored (%s)", session.id, exc)
 
     def mark_auxiliary(self, session_id: str, seqs: Iterable[int], reason: str) -> None:
         """Demote captured calls to auxiliary after the fact (masked out of training, shown as

@@ -89,6 +89,11 @@ class SessionSpec(BaseModel):
     token_in: bool | None = None
     """Token-in capture (`proxy/token_in.py`): a call extending a held conversation continues
     from its stored ids. None → on for training sessions; it needs the tokens tier."""
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    """Output tokens per call, enforced: a call asking for more (or for no limit) is sent with this
+    one, and its turn gets a `max_tokens_capped` finding. None → only the engine's own cap. The
+    runner sets it to the rollout's `max_output_tokens` once the engine's context is known, since
+    not every agent honours the limit it is configured with."""
     alternatives: int = Field(default=0, ge=0, le=20)
     """Top alternatives per sampled token to capture for inspection (the TUI shows them), as many
     as the engine gave the probe at most. 0, the design's default, asks for none a harness did

@@ -217,6 +217,8 @@ async def run_rollout(service: Any, spec: RolloutSpec, *,
                         raise RolloutSetupError("engine_unreachable", reason)
             result.settings = _resolve_settings(spec, info)
             if info is not None:
+                # Enforced on the wire: codex, for one, asks 2,048 whatever it is configured with.
+                service.limit_output(info.id, result.settings.max_output_tokens)
                 with contextlib.suppress(Exception):  # a note on the session, never a failure
                     service.annotate(info.id, context_tokens=result.settings.context_tokens,
                                      max_output_tokens=result.settings.max_output_tokens)

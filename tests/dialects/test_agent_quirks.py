@@ -449,6 +449,24 @@ def test_claude_code_max_tokens_cap_is_a_finding_and_a_cut_is_max_tokens(capture
                for f in rendered(capture.turn(info["id"], 1)["findings"]))
 
 
+def test_session_output_limit_holds_whatever_the_agent_asks(capture: CaptureServer,
+                                                            upstream: ScriptedUpstream) -> None:
+    # codex asks for 2,048 output tokens whatever it is configured with.
+    reply = capture.admin.post("/admin/sessions", json={"max_output_tokens": 64})
+    reply.raise_for_status()
+    info = reply.json()
+    client = openai.OpenAI(api_key=info["api_key"], base_url=info["base_urls"]["openai"], max_retries=0)
+    client.responses.create(model="m", input="hi", max_output_tokens=2048)
+    assert upstream.requests[-1]["max_tokens"] == 64
+    assert "[INFO] max_tokens_capped: the agent asked for max_tokens=2048; the engine was sent 64 " \
+           "(the proxy's cap)" in rendered(capture.turn(info["id"], 0)["findings"])
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    assert upstream.requests[-1]["max_tokens"] == 64  # no limit asked: the session's, not the engine's
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=16)
+    assert upstream.requests[-1]["max_tokens"] == 16  # a lower one asked is kept
+    assert capture.admin.post("/admin/sessions", json={"max_output_tokens": 0}).status_code == 422
+
+
 # ---- 9: one access-log line per call -----------------------------------------------------------------
 
 

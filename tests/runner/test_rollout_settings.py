@@ -179,6 +179,7 @@ def test_terminus2_runs_with_the_served_engines_context_and_the_session_records_
     is told 2048 tokens of context and 128 output tokens, asks for 128, and the result and the
     capture session record both."""
     import json
+    import sqlite3
     from types import SimpleNamespace
 
     from tapdeck.proxy.serving import ThreadedServer
@@ -207,6 +208,10 @@ def test_terminus2_runs_with_the_served_engines_context_and_the_session_records_
         assert session["engine"]["max_model_len"] == 2048
         assert (session["metadata"]["context_tokens"], session["metadata"]["max_output_tokens"]) \
             == (2048, 128)
+        # ...and the proxy enforces that limit on the session (an agent may ignore its own).
+        with sqlite3.connect(next(tmp_path.rglob("capture.db"))) as db:
+            [(record,)] = db.execute("SELECT record FROM sessions WHERE id = ?", (r["session_id"],))
+        assert json.loads(record)["max_output_tokens"] == 128
     finally:
         up.server.stop()
 
