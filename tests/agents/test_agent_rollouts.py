@@ -7,15 +7,12 @@ The 135M model never solves the task (reward 0) and rarely makes a usable tool c
 ends by its own turn limit, or by the session's call budget (its stop reply ends the loop).
 Skipped when the registries cannot be reached (the install fails with a network error). The
 sample-task test runs each agent with its lean tool profile (shell, edit, write, read: first
-prompts of 4.2-9.6k tokens instead of 7.8-17.2k): mini-swe-agent, opencode, claude-code and
-qwen-code always, codex and gemini-cli with `TAPDECK_AGENT_E2E=1` (`GATED` says why: with them
-the four would add an estimated ~16 CPU-minutes of prefill to every CI run, over its budget); the
-dead-engine tests run for all six.
+prompts of 4.2-9.6k tokens instead of 7.8-17.2k), all six on every test run, as do the
+dead-engine tests.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +28,6 @@ pytestmark = pytest.mark.slow
 AGENTS = ["mini-swe-agent", "opencode", "codex", "gemini-cli", "claude-code", "qwen-code"]
 AGENT_CONTEXT = 32768
 """The agents' first prompts are 8-17k tokens: more than SmolLM2's trained 8,192."""
-E2E = os.environ.get("TAPDECK_AGENT_E2E") == "1"
 REASKS = {"mini-swe-agent"}
 """Agents that never resend a reply they rejected: a small model's calls do not chain for them."""
 TURNS = 2
@@ -80,24 +76,6 @@ def _agent_output(rollout: dict[str, Any], name: str) -> str:
     return path.read_text()[-3000:] if path.is_file() else "(no output kept)"
 
 
-ALWAYS = {"mini-swe-agent", "opencode", "claude-code", "qwen-code"}
-"""The agents whose end-to-end run fits every CI run: qwen-code's lean run (9.6k tokens) took 726 s
-here at a load of ~9 (325 CPU-seconds for the whole test process), claude-code's is 4.2k tokens."""
-GATED = {
-    "codex": "5.8k-token lean first prompt (8.7k full; its full rollout took 237 s here with one "
-             "other test run on the 2 cores); its lean run here captured no call in 11 minutes "
-             "(553 CPU-seconds, load ~2-3): it asks for 2,048 output tokens whatever "
-             "model_max_output_tokens says (seen in the binary test), which a CPU engine decodes "
-             "for many minutes",
-    "gemini-cli": "8.2k-token lean first prompt (11.2k full; its full rollout took 456 s here at a "
-                  "load of 2.5-5); not run with the lean profile here, and with it the four "
-                  "agents' prefill would exceed the CI budget",
-}
-"""Why each other agent's task test waits for TAPDECK_AGENT_E2E=1: what its run took here."""
-TASK_CASES = [name if name in ALWAYS or E2E else pytest.param(name, marks=pytest.mark.skip(
-    reason=f"{GATED[name]}; run it with TAPDECK_AGENT_E2E=1 .venv/bin/python -m pytest "
-           f"tests/agents/test_agent_rollouts.py -k 'sample_task and {name}'")) for name in AGENTS]
-
 
 def task_kwargs(name: str) -> dict[str, Any]:
     """The sample-task run's agent settings: two turns, and the lean tool profile where the agent
@@ -107,7 +85,7 @@ def task_kwargs(name: str) -> dict[str, Any]:
     return {"max_turns": TURNS, **({"tool_profile": "lean"} if CLI_AGENTS[name].LEAN_TOOLS else {})}
 
 
-@pytest.mark.parametrize("name", TASK_CASES)
+@pytest.mark.parametrize("name", AGENTS)
 def test_agent_cli_runs_a_sample_task_offline_with_every_turn_captured(
         agent_server: RunnerServer, name: str) -> None:
     installed_or_skip(name)
