@@ -1,7 +1,7 @@
 """The training environment (scripts/train-env.sh): pinned, idempotent, and able to run tapdeck's recipes.
 
-Recipes there import tapdeck's 3.11-clean modules through a PYTHONPATH link (`runner/train_env.py`),
-never tapdeck's proxy, app or Harbor code.
+Recipes there import tapdeck's 3.11-clean modules through a PYTHONPATH link (`runner/train_env.py`):
+the recipes and the schema, never tapdeck's proxy, app or Harbor code.
 """
 
 from __future__ import annotations
@@ -40,6 +40,9 @@ def test_recipe_modules_and_the_training_stack_import_in_the_training_environmen
                                  "trackio": "0.43.0", "gguf": "0.19.0"}
     assert found["stack"] == ["AsyncGRPOConfig", "AsyncGRPOTrainer", "AutoTokenizer", "Dataset",
                               "GenerationConfig", "HarnessRolloutWorker"]
+    # The recipes build the run plan from the schema (pydantic only); never proxy, app or Harbor.
     assert found["tapdeck_modules"] == ["tapdeck", "tapdeck.runner", "tapdeck.runner.recipes",
                                         "tapdeck.runner.recipes.admin_client", "tapdeck.runner.recipes.data_check",
-                                        "tapdeck.runner.recipes.grpo_trl"]
+                                        "tapdeck.runner.recipes.grpo_trl", "tapdeck.schema",
+                                        "tapdeck.schema.addresses", "tapdeck.schema.findings",
+                                        "tapdeck.schema.runs", "tapdeck.schema.settings"]
