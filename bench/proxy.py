@@ -6,13 +6,15 @@
 Processes: two upstreams (this file with `--upstream PORT`; one answering at once, one after
 100 ms; replies have the shape of the recorded vLLM bodies in tests/fixtures/vllm, with real
 prompt_token_ids of the requested length that extend call by call exactly as a chat template
-would), a real `tapdeck serve` on them (SQLite store, fsync per commit), and the client here.
-Prints, from one run:
+would), a real `tapdeck serve` on them (SQLite store, fsync per commit), the floor proxy
+(`bench/proxy_floor.py`: the least a durable capturing proxy on the same stack does; `--no-floor`
+skips it), and the client here. Each round sends the same rollouts direct, through the floor, then
+through tapdeck. Prints, from one run:
 
 1. per round of N concurrent rollouts (fast upstream, then the 100 ms one): p50 direct and proxied,
    p50 and p99 ratios, the proxy's CPU ms per call (its process CPU time over the calls), calls/s
    proxied and direct, failed calls, and how many sessions came out as one chain with every turn
-   captured;
+   captured; under it the floor's row, measured the same way;
 2. flatness as turns grow: one 200-turn rollout whose prompts reach ~100k tokens, early vs late
    turns, its CPU per call, RSS growth per 1,000 stored tokens, and the rollout export time.
 
@@ -245,52 +247,82 @@ async def warm_up(client: httpx.AsyncClient, upstream_url: str, proxy_url: str, 
                        turn_tokens=10, salt="warm-p", direct=False)
 
 
-async def concurrency_round(upstream_url: str, proxy_url: str, admin_key: str, proxy_pid: int,
-                            sessions: int, calls: int, prompt: int, tag: str) -> dict[str, Any]:
-    """`sessions` rollouts at once, direct then proxied; latencies, errors, proxy CPU per call,
-    and whether every proxied session is one chain with every turn captured."""
+async def proxied(client: httpx.AsyncClient, proxy_url: str, admin_key: str, pid: int,
+                  engine: dict[str, str] | None, sessions: int, calls: int, prompt: int, turn_tokens: int,
+                  salt: str) -> dict[str, Any]:
+    """`sessions` rollouts at once through one proxy (tapdeck or the floor): latencies, failed
+    calls, the proxy's CPU per call and calls/s, and each session's summary."""
     admin = {"Authorization": f"Bearer {admin_key}"}
+    infos = [(await client.post(f"{proxy_url}/admin/sessions", json={"engine": engine} if engine else {},
+                                headers=admin)).json() for _ in range(sessions)]
+    errors = Errors()
+    cpu0, sys0, start = cpu_s(pid), cpu_s(pid, "sys"), time.perf_counter()
+    latencies = await asyncio.gather(*(conversation(
+        client, f"{proxy_url}/v1/chat/completions", {"Authorization": f"Bearer {info['api_key']}"},
+        turns=calls, first_tokens=prompt, turn_tokens=turn_tokens, salt=f"{salt}-{i}", direct=False,
+        errors=errors) for i, info in enumerate(infos)))
+    wall, cpu, sys_cpu = time.perf_counter() - start, cpu_s(pid) - cpu0, cpu_s(pid, "sys") - sys0
+    summaries = [(await client.get(f"{proxy_url}/admin/sessions/{info['id']}", headers=admin)).json()
+                 for info in infos]
+    flat = [x for lat in latencies for x in lat]
+    return {"latencies": latencies, "flat": flat, "errors": errors, "summaries": summaries,
+            "cpu_ms": cpu * 1000 / max(1, len(flat)), "sys_ms": sys_cpu * 1000 / max(1, len(flat)),
+            "cps": len(flat) / wall}
+
+
+async def concurrency_round(upstream_url: str, proxy_url: str, admin_key: str, proxy_pid: int,
+                            sessions: int, calls: int, prompt: int, tag: str,
+                            floor: tuple[str, int] | None = None) -> dict[str, Any]:
+    """`sessions` rollouts at once: direct, through the floor proxy (when given as `(url, pid)`),
+    then through tapdeck; latencies, errors, CPU per call, and whether every tapdeck session is
+    one chain with every turn captured."""
     engine = {"url": f"{upstream_url}/v1"}
     limits = httpx.Limits(max_connections=sessions + 8, max_keepalive_connections=sessions + 8)
     async with httpx.AsyncClient(timeout=300, limits=limits) as client:
         await warm_up(client, upstream_url, proxy_url, admin_key, engine)
-        direct_errors, proxy_errors = Errors(), Errors()
+        direct_errors = Errors()
         start = time.perf_counter()
         direct = await asyncio.gather(*(conversation(
             client, f"{upstream_url}/v1/chat/completions", {}, turns=calls, first_tokens=prompt,
             turn_tokens=200, salt=f"d{tag}{sessions}-{i}", direct=True, errors=direct_errors)
             for i in range(sessions)))
         direct_wall = time.perf_counter() - start
-        infos = [(await client.post(f"{proxy_url}/admin/sessions", json={"engine": engine},
-                                    headers=admin)).json() for _ in range(sessions)]
-        cpu0, sys0, start = cpu_s(proxy_pid), cpu_s(proxy_pid, "sys"), time.perf_counter()
-        proxied = await asyncio.gather(*(conversation(
-            client, f"{proxy_url}/v1/chat/completions", {"Authorization": f"Bearer {info['api_key']}"},
-            turns=calls, first_tokens=prompt, turn_tokens=200, salt=f"p{tag}{sessions}-{i}",
-            direct=False, errors=proxy_errors) for i, info in enumerate(infos)))
-        proxy_wall, cpu = time.perf_counter() - start, cpu_s(proxy_pid) - cpu0
-        sys_cpu = cpu_s(proxy_pid, "sys") - sys0
-        summaries = [(await client.get(f"{proxy_url}/admin/sessions/{info['id']}", headers=admin)).json()
-                     for info in infos]
+        bare = None
+        if floor is not None:
+            await warm_up(client, upstream_url, floor[0], admin_key, engine)
+            bare = await proxied(client, floor[0], admin_key, floor[1], engine, sessions, calls, prompt,
+                                 200, f"f{tag}{sessions}")
+        tapdeck = await proxied(client, proxy_url, admin_key, proxy_pid, engine, sessions, calls, prompt,
+                                200, f"p{tag}{sessions}")
     d = [x for lat in direct for x in lat]
-    p = [x for lat in proxied for x in lat]
-    chains = sum(1 for s in summaries if s["turns"] == calls and s["roots"] == 1)
-    return {"sessions": sessions, "calls": len(p), "direct_p50": pct(d, 50), "direct_p99": pct(d, 99),
-            "proxy_p50": pct(p, 50), "proxy_p99": pct(p, 99), "chains": chains,
-            "errors": len(proxy_errors), "direct_errors": len(direct_errors),
-            "first_error": (proxy_errors or direct_errors or [""])[0],
-            "cpu_ms": cpu * 1000 / max(1, len(p)), "sys_ms": sys_cpu * 1000 / max(1, len(p)),
-            "proxy_cps": len(p) / proxy_wall,
-            "direct_cps": len(d) / direct_wall}
+    p = tapdeck["flat"]
+    chains = sum(1 for s in tapdeck["summaries"] if s["turns"] == calls and s["roots"] == 1)
+    out = {"sessions": sessions, "calls": len(p), "direct_p50": pct(d, 50), "direct_p99": pct(d, 99),
+           "proxy_p50": pct(p, 50), "proxy_p99": pct(p, 99), "chains": chains,
+           "errors": len(tapdeck["errors"]), "direct_errors": len(direct_errors),
+           "first_error": (tapdeck["errors"] or direct_errors or [""])[0],
+           "cpu_ms": tapdeck["cpu_ms"], "sys_ms": tapdeck["sys_ms"], "proxy_cps": tapdeck["cps"],
+           "direct_cps": len(d) / direct_wall}
+    if bare is not None:
+        out |= {"floor_p50": pct(bare["flat"], 50), "floor_p99": pct(bare["flat"], 99),
+                "floor_cpu_ms": bare["cpu_ms"], "floor_sys_ms": bare["sys_ms"], "floor_cps": bare["cps"],
+                "floor_errors": len(bare["errors"]),
+                "floor_stored": sum(1 for s in bare["summaries"] if s["turns"] == calls)}
+    return out
 
 
 async def flatness_round(upstream_url: str, proxy_url: str, admin_key: str, proxy_pid: int,
-                         turns: int, turn_tokens: int) -> dict[str, Any]:
+                         turns: int, turn_tokens: int, floor: tuple[str, int] | None = None) -> dict[str, Any]:
     admin = {"Authorization": f"Bearer {admin_key}"}
+    bare = None
     async with httpx.AsyncClient(timeout=600) as client:
         await warm_up(client, upstream_url, proxy_url, admin_key)
         direct = await conversation(client, f"{upstream_url}/v1/chat/completions", {}, turns=turns,
                                     first_tokens=1000, turn_tokens=turn_tokens, salt="flat-d", direct=True)
+        if floor is not None:
+            await warm_up(client, upstream_url, floor[0], admin_key)
+            bare = await proxied(client, floor[0], admin_key, floor[1], None, 1, turns, 1000, turn_tokens,
+                                 "flat-f")
         info = (await client.post(f"{proxy_url}/admin/sessions", json={}, headers=admin)).json()
         rss0, cpu0 = rss_mb(proxy_pid), cpu_s(proxy_pid)
         proxied = await conversation(client, f"{proxy_url}/v1/chat/completions",
@@ -305,7 +337,10 @@ async def flatness_round(upstream_url: str, proxy_url: str, admin_key: str, prox
         export_ms = (time.perf_counter() - start) * 1000
     window = max(1, min(10, turns // 10))
     stored = last["prompt_len"] + REPLY_TOKENS  # unique tokens of one chain
-    return {"turns": turns, "last_prompt_tokens": last["prompt_len"], "roots": summary["roots"],
+    floor_row = {} if bare is None else {
+        "floor_cpu_ms": bare["cpu_ms"], "floor_p50_ratio": statistics.median(bare["flat"]) / statistics.median(direct),
+        "floor_first": statistics.median(bare["flat"][:window]), "floor_last": statistics.median(bare["flat"][-window:])}
+    return floor_row | {"turns": turns, "last_prompt_tokens": last["prompt_len"], "roots": summary["roots"],
             "direct_first": statistics.median(direct[:window]), "direct_last": statistics.median(direct[-window:]),
             "proxy_first": statistics.median(proxied[:window]), "proxy_last": statistics.median(proxied[-window:]),
             "p50_ratio": statistics.median(proxied) / statistics.median(direct),
@@ -324,8 +359,9 @@ def median_round(repeats: list[dict[str, Any]]) -> dict[str, Any]:
     for key, value in out.items():
         if isinstance(value, float):
             out[key] = statistics.median(r[key] for r in repeats)
-    for key in ("calls", "errors", "direct_errors", "chains", "sessions"):
-        out[key] = sum(r[key] for r in repeats)
+    for key in ("calls", "errors", "direct_errors", "chains", "sessions", "floor_errors", "floor_stored"):
+        if key in out:
+            out[key] = sum(r[key] for r in repeats)
     out["first_error"] = next((r["first_error"] for r in repeats if r["first_error"]), "")
     return out
 
@@ -337,6 +373,11 @@ def print_row(label: str, r: dict[str, Any]) -> None:
           f"{r['errors']:>4} {r['chains']:>4}/{r['sessions']:<4}")
     if r["errors"] or r["direct_errors"]:
         print(f"{'':<22} first error: {r['first_error']}")
+    if "floor_p50" in r:
+        print(f"{'  floor':<22} {r['calls']:>6} {r['direct_p50']:>8.2f} {r['floor_p50']:>8.2f} "
+              f"{r['floor_p50'] / r['direct_p50']:>6.2f} {r['floor_p99'] / r['direct_p99']:>6.2f} "
+              f"{r['floor_cpu_ms']:>7.2f} {r['floor_sys_ms']:>5.2f} {r['floor_cps']:>7.0f} {r['direct_cps']:>7.0f} "
+              f"{r['floor_errors']:>4} {r['floor_stored']:>4}/{r['sessions']:<4} (stored, not linked)")
 
 
 def main() -> None:
@@ -353,6 +394,8 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=200, help="turns of the flatness rollout (0: skip)")
     parser.add_argument("--turn-tokens", type=int, default=500, help="tokens each turn adds (flatness)")
     parser.add_argument("--profile", type=Path, help="run the proxy under py-spy; collapsed stacks to this file")
+    parser.add_argument("--no-floor", action="store_true",
+                        help="skip the floor proxy (bench/proxy_floor.py) beside tapdeck")
     args = parser.parse_args()
     if args.upstream:
         serve_upstream(args.upstream, args.latency)
@@ -378,6 +421,14 @@ def main() -> None:
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_ready(f"{proxy_url}/health")
         pid = proxy.pid
+        floor = None
+        if not args.no_floor:
+            floor_port = free_port()
+            procs.append(subprocess.Popen([sys.executable, str(Path(__file__).with_name("proxy_floor.py")),
+                                           str(floor_port), f"{upstream_url}/v1", str(data / "floor.sqlite")],
+                                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            floor = (f"http://127.0.0.1:{floor_port}", procs[-1].pid)
+            wait_ready(f"{floor[0]}/health")
         if args.profile:  # py-spy's child is the server
             pid = int(subprocess.check_output(["pgrep", "-P", str(proxy.pid)]).split()[0])
         print(f"proxy overhead, one run ({os.cpu_count()} cores, {load()}; upstream, proxy and client "
@@ -392,20 +443,23 @@ def main() -> None:
         for n, url, tag in ((int(n), url, tag) for n, url, tag in rounds):
             calls = args.calls if n <= 64 else args.burst_calls
             repeats = [asyncio.run(concurrency_round(url, proxy_url, admin_key, pid, n, calls, args.prompt,
-                                                     f"{tag[0]}{k}"))
+                                                     f"{tag[0]}{k}", floor))
                        for k in range(max(1, args.rounds))]
             r = median_round(repeats)
             print_row(f"{n} sessions, {tag}", r)
         if not args.turns:
             return
         f = asyncio.run(flatness_round(upstream_url, proxy_url, admin_key, pid, args.turns,
-                                       args.turn_tokens))
+                                       args.turn_tokens, floor))
         print(f"\n2) one rollout of {f['turns']} turns, last prompt {f['last_prompt_tokens']} tokens, "
               f"{f['roots']} root; median ms of the first vs last {f['window']} turns")
         print(f"   direct: {f['direct_first']:.2f} -> {f['direct_last']:.2f}")
         print(f"   proxy:  {f['proxy_first']:.2f} -> {f['proxy_last']:.2f}   ratio first "
               f"{f['proxy_first'] / f['direct_first']:.2f}, last {f['proxy_last'] / f['direct_last']:.2f}, "
               f"p50 over all turns {f['p50_ratio']:.2f}")
+        if "floor_cpu_ms" in f:
+            print(f"   floor:  {f['floor_first']:.2f} -> {f['floor_last']:.2f}   p50 over all turns "
+                  f"{f['floor_p50_ratio']:.2f}, CPU per call {f['floor_cpu_ms']:.2f} ms")
         print(f"   proxy CPU per call {f['cpu_ms']:.2f} ms; proxy RSS growth "
               f"{f['rss_mb_per_1k']:.3f} MB per 1,000 stored tokens")
         print(f"   training-trace export over HTTP: {f['export_ms']:.0f} ms ({f['trace_bytes'] / 1e6:.1f} MB)")
