@@ -247,7 +247,7 @@ async def warm_up(client: httpx.AsyncClient, upstream_url: str, proxy_url: str, 
                        turn_tokens=10, salt="warm-p", direct=False)
 
 
-async def proxied(client: httpx.AsyncClient, proxy_url: str, admin_key: str, pid: int,
+async def through_proxy(client: httpx.AsyncClient, proxy_url: str, admin_key: str, pid: int,
                   engine: dict[str, str] | None, sessions: int, calls: int, prompt: int, turn_tokens: int,
                   salt: str) -> dict[str, Any]:
     """`sessions` rollouts at once through one proxy (tapdeck or the floor): latencies, failed
@@ -290,9 +290,9 @@ async def concurrency_round(upstream_url: str, proxy_url: str, admin_key: str, p
         bare = None
         if floor is not None:
             await warm_up(client, upstream_url, floor[0], admin_key, engine)
-            bare = await proxied(client, floor[0], admin_key, floor[1], engine, sessions, calls, prompt,
+            bare = await through_proxy(client, floor[0], admin_key, floor[1], engine, sessions, calls, prompt,
                                  200, f"f{tag}{sessions}")
-        tapdeck = await proxied(client, proxy_url, admin_key, proxy_pid, engine, sessions, calls, prompt,
+        tapdeck = await through_proxy(client, proxy_url, admin_key, proxy_pid, engine, sessions, calls, prompt,
                                 200, f"p{tag}{sessions}")
     d = [x for lat in direct for x in lat]
     p = tapdeck["flat"]
@@ -321,7 +321,7 @@ async def flatness_round(upstream_url: str, proxy_url: str, admin_key: str, prox
                                     first_tokens=1000, turn_tokens=turn_tokens, salt="flat-d", direct=True)
         if floor is not None:
             await warm_up(client, upstream_url, floor[0], admin_key)
-            bare = await proxied(client, floor[0], admin_key, floor[1], None, 1, turns, 1000, turn_tokens,
+            bare = await through_proxy(client, floor[0], admin_key, floor[1], None, 1, turns, 1000, turn_tokens,
                                  "flat-f")
         info = (await client.post(f"{proxy_url}/admin/sessions", json={}, headers=admin)).json()
         rss0, cpu0 = rss_mb(proxy_pid), cpu_s(proxy_pid)

@@ -5,7 +5,8 @@
 `bench/proxy.py` runs this beside `tapdeck serve` and sends it the same rollouts, so its rows show
 what any capture proxy written this way costs on the machine at hand: uvicorn with httptools on
 uvloop, a raw ASGI app, tapdeck's lean upstream client and prompt-id parser, and one SQLite row per
-call (WAL, `synchronous=FULL`) group-committed on a writer thread before the reply goes out. It
+call (WAL, `synchronous=FULL`) group-committed on a writer thread before the reply goes out
+(each session's prompt ids parsed past its last prompt's, as tapdeck does). It
 checks no key, links nothing, keeps no message store, no findings, events or access log, and
 answers chat-completions only. The distance between its row and tapdeck's is what tapdeck's
 features cost; the floor's own numbers are what this stack and this disk cost.
@@ -25,7 +26,7 @@ import numpy as np
 import orjson
 import uvicorn
 
-from tapdeck.proxy.tokens import loads_with_prompt_ids
+from tapdeck.proxy.tokens import PromptIdsMemo, loads_with_prompt_ids
 from tapdeck.proxy.upstream_http import UpstreamHTTP
 
 SCHEMA = ("CREATE TABLE IF NOT EXISTS calls (session TEXT, seq INTEGER, request BLOB, prompt_ids BLOB, "
@@ -84,7 +85,7 @@ def floor_app(default_engine: str, db_path: str) -> Any:
                                                                read_timeout=300)
         got = await engine.request("POST", "/chat/completions", orjson.dumps(upstream),
                                    {"Content-Type": "application/json"})
-        out = loads_with_prompt_ids(got.body)
+        out = loads_with_prompt_ids(got.body, session["memo"])
         choice = out["choices"][0]
         logprobs = np.array([e["logprob"] for e in choice["logprobs"]["content"]], dtype=np.float64)
         row = (session["id"], session["turns"], orjson.dumps(request["messages"]),
@@ -118,7 +119,7 @@ def floor_app(default_engine: str, db_path: str) -> Any:
         if path == "/admin/sessions" and scope["method"] == "POST":
             engine = ((orjson.loads(body) if body else {}).get("engine") or {}).get("url", default_engine)
             key = secrets.token_hex(16)
-            sessions[key] = {"id": secrets.token_hex(8), "engine": engine, "turns": 0}
+            sessions[key] = {"id": secrets.token_hex(8), "engine": engine, "turns": 0, "memo": PromptIdsMemo()}
             await reply(send, 200, orjson.dumps({"id": sessions[key]["id"], "api_key": key}))
         elif path.startswith("/admin/sessions/"):
             found = next((s for s in sessions.values() if s["id"] == path.rsplit("/", 1)[1]), None)

@@ -118,9 +118,9 @@ class CallCapture:
                     plan = await self._token_in_plan(session, req, upstream, fmt)
                     if (due := session.token_in.take_finding()) is not None:
                         await self.registry.add_finding(session, due)
-                    reply, plan = await session.token_in.send(upstream, plan)
+                    reply, plan = await session.token_in.send(upstream, plan, session.prompt_ids)
                 else:
-                    reply = await session.client.complete(upstream)
+                    reply = await session.client.complete(upstream, session.prompt_ids)
             except EngineError as exc:
                 if not (exc.kind == "upstream_4xx" and TEMPLATE_REFUSAL.search(exc.message)
                         and has_late_system(chat["messages"])):
@@ -130,7 +130,7 @@ class CallCapture:
                 chat["messages"] = fold_system_messages(chat["messages"])
                 upstream, sampling = prepare(chat)
                 plan = Plan.text("system_folded") if plan is not None else None
-                reply = await session.client.complete(upstream)
+                reply = await session.client.complete(upstream, session.prompt_ids)
                 session.fold_system = True
         except EngineError as exc:
             if exc.kind == "context_length":

@@ -26,7 +26,7 @@ import orjson
 from tapdeck.proxy.engine_address import shown_url
 from tapdeck.proxy.errors import DialectError, ProxyError
 from tapdeck.proxy.findings import Finding
-from tapdeck.proxy.tokens import as_ids, as_logprobs, loads_with_prompt_ids
+from tapdeck.proxy.tokens import PromptIdsMemo, as_ids, as_logprobs, loads_with_prompt_ids
 from tapdeck.proxy.upstream_http import UpstreamHTTP, UpstreamReply, UpstreamTimeout, UpstreamUnreachable
 
 if TYPE_CHECKING:
@@ -364,14 +364,15 @@ class EngineClient:
         """`GET {url}/models`."""
         return await self._call("GET", "/models", None)
 
-    async def complete(self, body: Mapping[str, Any]) -> dict[str, Any]:
+    async def complete(self, body: Mapping[str, Any], memo: PromptIdsMemo | None = None) -> dict[str, Any]:
         """`POST {url}/chat/completions` (non-streaming); the reply with usage details zero-filled
-        and `prompt_token_ids` as an int array (see `loads_with_prompt_ids`).
+        and `prompt_token_ids` as an int array (see `loads_with_prompt_ids`; `memo` is the calling
+        session's, so only the ids its last prompt did not have are parsed).
 
         Raises EngineError: upstream 400/413/422 keep their status (`upstream_4xx`, or
         `context_length` for a prompt that does not fit); anything else is a 502 of a named kind.
         """
-        reply = await self._call("POST", "/chat/completions", body)
+        reply = await self._call("POST", "/chat/completions", body, memo)
         choices = reply.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
             raise EngineError("bad_reply", 502, f"engine at {self.shown} answered HTTP 200 without "
@@ -384,7 +385,8 @@ class EngineClient:
         beside `/v1`); failures raise EngineError as in `complete`."""
         return await self._call("POST", path, body)
 
-    async def _call(self, method: str, path: str, body: Mapping[str, Any] | None) -> dict[str, Any]:
+    async def _call(self, method: str, path: str, body: Mapping[str, Any] | None,
+                    memo: PromptIdsMemo | None = None) -> dict[str, Any]:
         if self._closed:
             raise RuntimeError(f"the client for engine {self.shown} is closed")
         # Encoded before the call is counted in flight: a body that cannot be encoded leaks nothing.
@@ -407,7 +409,7 @@ class EngineClient:
         finally:
             self._calls_in_flight -= 1
         try:
-            payload = loads_with_prompt_ids(resp.body) if path == "/chat/completions" \
+            payload = loads_with_prompt_ids(resp.body, memo) if path == "/chat/completions" \
                 else orjson.loads(resp.body)
         except orjson.JSONDecodeError:
             payload = None

@@ -16,6 +16,7 @@ from tapdeck.proxy.engine_client import EngineClient
 from tapdeck.proxy.findings import Finding, Level
 from tapdeck.proxy.graph import RolloutGraph
 from tapdeck.proxy.interning import Interner
+from tapdeck.proxy.tokens import PromptIdsMemo
 from tapdeck.proxy.tiers import EngineSpec, Tier
 from tapdeck.proxy.token_in import TokenIn
 from tapdeck.schema.sessions import RolloutStats
@@ -62,6 +63,8 @@ class LiveSession:
     arguments: ArgumentsMemo = field(default_factory=ArgumentsMemo)
     """Sampled tool-call argument strings of this session only: a sibling rollout's sampling
     must never re-render this one's history."""
+    prompt_ids: PromptIdsMemo = field(default_factory=PromptIdsMemo)
+    """The last prompt ids the engine replied with: the next reply's are parsed past them only."""
     stats: RolloutStats | None = None
     """The graph's stats as of the last commit (what summaries show; None until known)."""
 

@@ -24,6 +24,7 @@ from tapdeck.proxy.events import EventBus
 from tapdeck.proxy.findings import Finding
 from tapdeck.proxy.graph import RolloutGraph
 from tapdeck.proxy.interning import Interner
+from tapdeck.proxy.tokens import PromptIdsMemo
 from tapdeck.proxy.live_session import LiveSession, demote, stored_stats
 from tapdeck.proxy.sessions import (
     EngineRef,
@@ -196,6 +197,7 @@ class SessionRegistry:
         session.interner = Interner()
         session.arguments = ArgumentsMemo()
         session.stored_responses = StoredResponses()
+        session.prompt_ids = PromptIdsMemo()
         self.store.forget(session.id)
 
     def annotate(self, session_id: str, **metadata: Any) -> SessionSummary:

@@ -55,6 +55,7 @@ from tapdeck.proxy.engine_client import (
 )
 from tapdeck.proxy.findings import Finding
 from tapdeck.proxy.reasoning import ENGINE_MARKERS, MarkerCache, Markers
+from tapdeck.proxy.tokens import PromptIdsMemo
 from tapdeck.proxy.toolcalls import TOOL_PARSERS, ToolParser, parses_tools
 
 if TYPE_CHECKING:
@@ -313,11 +314,13 @@ class TokenIn:
         sampled = choices[0].get("token_ids") if isinstance(choices[0], Mapping) else None
         return self.markers.reply_finding(sampled if isinstance(sampled, list) else None)
 
-    async def send(self, upstream: Mapping[str, Any], plan: Plan) -> tuple[dict[str, Any], Plan]:
+    async def send(self, upstream: Mapping[str, Any], plan: Plan,
+                   memo: PromptIdsMemo | None = None) -> tuple[dict[str, Any], Plan]:
         """The engine's reply to `plan` (as a chat completion) and the plan it followed: an engine
-        that refuses token-id prompts gets this call, and every later one, as text."""
+        that refuses token-id prompts gets this call, and every later one, as text (`memo`: the
+        session's last prompt ids, see `EngineClient.complete`)."""
         if plan.prompt_ids is None:
-            return await self.client.complete(upstream), plan
+            return await self.client.complete(upstream, memo), plan
         try:
             return await self.complete(upstream, plan), plan
         except EngineError as exc:
@@ -326,7 +329,7 @@ class TokenIn:
             self.unsupported = f"token-id completion refused: {exc.message}"
             fallback = Plan.text("engine_refused_ids", detail=exc.message,
                                  extends=plan.record.get("extends"))
-            return await self.client.complete(upstream), fallback
+            return await self.client.complete(upstream, memo), fallback
 
     async def complete(self, upstream: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
         """Send `plan`'s ids as a completion prompt; the reply as a chat completion."""

@@ -49,7 +49,29 @@ _SENTINEL = b'"\\u0000tapdeck-prompt-ids"'
 _ID_CHARS = b"0123456789-, \t\r\n"
 
 
-def loads_with_prompt_ids(body: bytes) -> object:
+class PromptIdsMemo:
+    """The last prompt-id list one session's engine replied with: its JSON text and its ids.
+
+    An agent's next prompt starts with its last one, and the engine writes the same ids as the
+    same text, so a reply whose list starts with the remembered text (ending at an id) is parsed
+    from there on only: on a 107k-token prompt the whole list cost ~5.7 ms of CPU per call here
+    (numpy's text parser, the character check and the comma count, each over ~600 kB), the new
+    tail ~0.1 ms. Anything else is parsed whole; the result is the same either way.
+    """
+
+    __slots__ = ("ids", "text")
+
+    def __init__(self) -> None:
+        self.text = b""
+        self.ids: np.ndarray = np.zeros(0, dtype=np.int64)
+
+    def keep(self, text: bytes, ids: np.ndarray) -> None:
+        """Remember `ids` (read-only from now on: the reply shares the array) as parsed from `text`."""
+        ids.setflags(write=False)
+        self.text, self.ids = text, ids
+
+
+def loads_with_prompt_ids(body: bytes, memo: PromptIdsMemo | None = None) -> object:
     """`orjson.loads(body)`, with a top-level `prompt_token_ids` list decoded straight into an
     int64 array instead of a Python list of ints.
 
@@ -57,29 +79,50 @@ def loads_with_prompt_ids(body: bytes) -> object:
     proxy's CPU per call. The list's bytes are parsed by numpy and replaced by a sentinel before
     the rest is parsed; anything unexpected (the key nested elsewhere, non-integer items) takes
     the plain path, so the result is the same as `orjson.loads` except for that one field's type.
+    With a `memo` (the session's last list) only the part after the remembered ids is parsed, and
+    the memo then holds this list.
     """
     found = _PROMPT_IDS_KEY.search(body)
     if found is None:
         return orjson.loads(body)
     start = found.end()
     end = body.find(b"]", start)
-    span = body[start:end]
-    if end < 0 or span.translate(None, _ID_CHARS):
+    if end < 0:
+        return orjson.loads(body)
+    known, tail = _after_known(body, start, end, memo)
+    if tail.translate(None, _ID_CHARS):
         return orjson.loads(body)
     payload = orjson.loads(body[:start - 1] + _SENTINEL + body[end + 1:])
     if not isinstance(payload, dict) or payload.get("prompt_token_ids") != _SENTINEL_TEXT:
         return orjson.loads(body)  # the key was not the top-level one
-    if span.strip():
+    if tail.strip():
         try:
-            ids = np.fromstring(span, dtype=np.int64, sep=",")
+            new = np.fromstring(tail, dtype=np.int64, sep=",")
         except (ValueError, DeprecationWarning):  # an empty item, with warnings as errors
             return orjson.loads(body)
-        if ids.size != span.count(b",") + 1:  # numpy stops at an empty item (",,")
+        if new.size != tail.count(b",") + 1:  # numpy stops at an empty item (",,")
             return orjson.loads(body)
     else:
-        ids = np.zeros(0, dtype=np.int64)
+        new = np.zeros(0, dtype=np.int64)
+    ids = new if known is None else np.concatenate([known, new])
+    if memo is not None:
+        memo.keep(body[start:end], ids)
     payload["prompt_token_ids"] = ids
     return payload
+
+
+def _after_known(body: bytes, start: int, end: int,
+                 memo: PromptIdsMemo | None) -> tuple[np.ndarray | None, bytes]:
+    """`(ids already known, the list's text still to parse)`: the memo's ids and the text after
+    them and their comma when the list starts with the memo's text ending at an id; else
+    `(None, the whole list)`."""
+    if memo is not None and memo.text and body.startswith(memo.text, start, end):
+        rest = body[start + len(memo.text):end].lstrip()
+        if not rest:
+            return memo.ids, b""
+        if rest[:1] == b",":
+            return memo.ids, rest[1:]
+    return None, body[start:end]
 
 
 _SENTINEL_TEXT = orjson.loads(_SENTINEL)

@@ -9,6 +9,8 @@ import socket
 import httpx
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tapdeck.proxy.engine_client import (
     EngineClient,
@@ -18,7 +20,7 @@ from tapdeck.proxy.engine_client import (
 from tapdeck.proxy import upstream_http
 from tapdeck.proxy.findings import Level
 from tapdeck.proxy.tiers import EngineSpec, Tier
-from tapdeck.proxy.tokens import loads_with_prompt_ids
+from tapdeck.proxy.tokens import PromptIdsMemo, loads_with_prompt_ids
 
 URL = "http://vllm.test:8111/v1"
 SPEC = EngineSpec(url=URL)
@@ -314,3 +316,51 @@ def test_prompt_ids_decoded_straight_to_an_array_and_the_rest_as_plain_json(vllm
 ])
 def test_prompt_ids_anything_unexpected_decodes_as_plain_json(body):
     assert loads_with_prompt_ids(json.dumps(body, separators=(",", ":")).encode()) == body
+
+
+def _compact(body: dict) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def test_prompt_ids_past_the_sessions_last_prompt_are_the_only_ones_parsed(vllm):
+    """A multi-turn recording: each turn's list starts with the last one's text, so the memo's ids
+    are taken as they are (marked here to show it) and only the new tail is parsed."""
+    memo = PromptIdsMemo()
+    first = vllm("chat_multiturn_1")["response"]
+    second = vllm("chat_multiturn_2")["response"]
+    assert loads_with_prompt_ids(_compact(first), memo)["prompt_token_ids"].tolist() == first["prompt_token_ids"]
+    known = len(first["prompt_token_ids"])
+    assert second["prompt_token_ids"][:known] == first["prompt_token_ids"]
+    memo.keep(memo.text, np.full(known, -1, dtype=np.int64))
+    got = loads_with_prompt_ids(_compact(second), memo)["prompt_token_ids"]
+    assert got[:known].tolist() == [-1] * known
+    assert got[known:].tolist() == second["prompt_token_ids"][known:]
+    assert memo.ids is got and not got.flags.writeable
+
+
+@pytest.mark.parametrize(("last", "now"), [
+    ([1, 2], [1, 23, 4]),  # the last list's text ends inside an id of this one
+    ([1, 2], [1, 2]),  # the same list again
+    ([5, 6], [1, 2, 3]),  # another conversation
+    ([1, 2, 3], [1, 2]),  # shorter
+    ([1, 2], [1, 2, 3, 4]),
+])
+def test_prompt_ids_with_a_memo_match_plain_json(last, now):
+    memo = PromptIdsMemo()
+    loads_with_prompt_ids(_compact({"prompt_token_ids": last}), memo)
+    body = {"id": "x", "prompt_token_ids": now, "choices": []}
+    got = loads_with_prompt_ids(_compact(body), memo)
+    assert got["prompt_token_ids"].tolist() == now and memo.ids.tolist() == now
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 300_000), max_size=30), st.lists(st.integers(0, 300_000), max_size=30),
+       st.booleans(), st.sampled_from([",", ", "]))
+def test_prompt_ids_parsed_after_any_earlier_list_equal_plain_json(last, extra, extends, comma):
+    now = last + extra if extends else extra
+    memo = PromptIdsMemo()
+    for ids in (last, now):
+        raw = ("{" + f'"prompt_token_ids":[{comma.join(map(str, ids))}],"usage":{{}}' + "}").encode()
+        got = loads_with_prompt_ids(raw, memo)
+        assert got["prompt_token_ids"].tolist() == ids and got["usage"] == {}
+        assert memo.ids.tolist() == ids
