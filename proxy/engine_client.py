@@ -168,6 +168,8 @@ def _reasoning_as_reasoning(messages: list[Any]) -> list[Any]:
     the last one. Messages are copied only when changed."""
     out = None
     for i, msg in enumerate(messages):
+        if type(msg) is dict and "reasoning_content" not in msg:
+            continue  # nearly every message: past the Mapping ABC check below
         if isinstance(msg, Mapping) and msg.get("role") == "assistant" and "reasoning_content" in msg:
             fixed = dict(msg)
             text = fixed.pop("reasoning_content")

@@ -5,8 +5,10 @@ carries O(k²) message copies. Each distinct message or tool gets a content key 
 canonical JSON); a session holds one object per key, and the store writes each body once.
 
 Keys cost a canonical dump and a sha256 per message. Only the messages the previous call did not
-already send are keyed: the rest are matched to the previous call's by their exact JSON bytes, so
-a call's keying costs what its new messages cost plus one cheap dump per old one.
+already send are keyed. A call that extends the previous one is recognised from one dump of its
+whole list: its JSON starts with the previous list's JSON (less the closing bracket) followed by a
+comma or the bracket, so those leading messages are, byte for byte, the previous ones (a JSON value
+ends where it ends). Any other call is matched message by message against the previous call's.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ class Interner:
     def __init__(self) -> None:
         self.objects: dict[str, Any] = {}
         """Content key -> the first object seen with it (shared by every turn's request)."""
-        self._previous: dict[str, tuple[list[bytes], list[str]]] = {}
+        self._previous: dict[str, _Sent] = {}
 
     def intern(self, request: dict[str, Any]) -> Interned:
         """`request` with its messages and tools replaced by this session's shared objects."""
@@ -70,11 +72,35 @@ class Interner:
             items = request.get(name)
             if not isinstance(items, list):
                 continue
-            exact = [orjson.dumps(item, option=_EXACT) for item in items]
-            old_exact, old_keys = self._previous.get(name, ([], []))
-            shared = common_prefix(exact, old_exact)
-            names = old_keys[:shared] + [content_key(item) for item in items[shared:]]
-            out[name] = [self.objects.setdefault(key, item) for key, item in zip(names, items)]
-            keys[name] = names
-            self._previous[name] = (exact, names)
+            whole = orjson.dumps(items, option=_EXACT)
+            before = self._previous.get(name)
+            shared = 0 if before is None else self._shared(items, whole, before)
+            old_keys, old_objects = (before.keys, before.objects) if before else ([], [])
+            new_keys = [content_key(item) for item in items[shared:]]
+            objects = old_objects[:shared] + [self.objects.setdefault(key, item)
+                                              for key, item in zip(new_keys, items[shared:], strict=True)]
+            out[name] = objects
+            keys[name] = old_keys[:shared] + new_keys
+            self._previous[name] = _Sent(whole, keys[name], objects)
         return Interned(out, keys)
+
+    def _shared(self, items: list[Any], whole: bytes, before: _Sent) -> int:
+        """How many leading `items` are, byte for byte, the ones the previous call sent."""
+        head = before.json[:-1]  # `[a,b` of `[a,b]`
+        if before.keys and whole.startswith(head) and whole[len(head):len(head) + 1] in (b",", b"]"):
+            return len(before.keys)
+        shared = 0
+        for item, sent in zip(items, before.objects):
+            if orjson.dumps(item, option=_EXACT) != orjson.dumps(sent, option=_EXACT):
+                break
+            shared += 1
+        return shared
+
+
+@dataclass
+class _Sent:
+    """What the previous call sent in one list: its JSON, its keys and the shared objects."""
+
+    json: bytes
+    keys: list[str]
+    objects: list[Any]

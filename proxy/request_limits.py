@@ -96,8 +96,11 @@ def _over(item: dict[str, Any] | list[Any], left: int) -> bool:
     """Whether container `item`, allowed `left` more levels including its own, goes past them."""
     if left <= 0:
         return True
-    for child in item.values() if isinstance(item, dict) else item:
-        if isinstance(child, (dict, list)) and _over(child, left - 1):
+    # Exact type checks: parsed JSON holds only dicts and lists, and `isinstance` with a tuple
+    # cost twice as much per value (this visits every value of every call's conversation).
+    for child in item.values() if type(item) is dict else item:
+        kind = type(child)
+        if (kind is dict or kind is list) and _over(child, left - 1):
             return True
     return False
 

@@ -9,6 +9,7 @@ full reply as the chunk sequence OpenAI's SDKs expect, ending in `data: [DONE]`.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from itertools import repeat
 from typing import Any, ClassVar
 
 from tapdeck.proxy.dialects.base import DialectError, DialectRequest, SSEEvent
@@ -18,7 +19,7 @@ DONE = SSEEvent(data="[DONE]")
 SYSTEM_ROLES = ("system", "developer")
 
 
-def merge_system_messages(messages: list[Any]) -> list[Any]:
+def merge_system_messages(messages: list[Any], roles: list[Any] | None = None) -> list[Any]:
     """One leading system message from the leading run of system/`developer` messages; later ones
     stay where the agent put them, as `system` messages.
 
@@ -26,18 +27,29 @@ def merge_system_messages(messages: list[Any]) -> list[Any]:
     the first turn) into the leading one would change the prompt's start, and the conversation
     would no longer extend its own prefix. Text joins with a blank line; if any part is not text
     the merged content is a list of parts with every part kept. The list is returned unchanged
-    when it already has that shape.
+    when it already has that shape. `roles` are the messages' `roles_of`, when known.
     """
+    if roles is None:
+        roles = roles_of(messages)
     lead = 0
-    while lead < len(messages) and _is_system(messages[lead]):
+    while lead < len(roles) and roles[lead] in SYSTEM_ROLES:
         lead += 1
-    rest = [{**m, "role": "system"} if _is_system(m) and m.get("role") != "system" else m
-            for m in messages[lead:]]
-    if lead == 0 or (lead == 1 and messages[0].get("role") == "system"):
-        if all(a is b for a, b in zip(rest, messages[lead:], strict=True)):
-            return messages
-        return [*messages[:lead], *rest]
-    return [_merged(messages[:lead]), *rest]
+    single = lead == 0 or (lead == 1 and roles[0] == "system")
+    if "developer" not in roles[lead:]:
+        return messages if single else [_merged(messages[:lead]), *messages[lead:]]
+    rest = [{**m, "role": "system"} if r == "developer" else m
+            for m, r in zip(messages[lead:], roles[lead:], strict=True)]
+    return [*messages[:lead], *rest] if single else [_merged(messages[:lead]), *rest]
+
+
+def roles_of(messages: list[Any]) -> list[Any]:
+    """Each message's `role` (None for one that is not an object), in one pass: every model call
+    resends its whole conversation, so per-message checks here run on every message of every call."""
+    return [m.get("role") if type(m) is dict else _role(m) for m in messages]
+
+
+def _role(message: Any) -> Any:
+    return message.get("role") if isinstance(message, Mapping) else None
 
 
 def fold_system_messages(messages: list[Any]) -> list[Any]:
@@ -101,7 +113,8 @@ class ChatDialect:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise DialectError(400, "`messages` must be a non-empty array", param="messages")
-        if any(not isinstance(m, Mapping) or not isinstance(m.get("role"), str) for m in messages):
+        roles = roles_of(messages)
+        if not all(map(isinstance, roles, repeat(str))):
             raise DialectError(400, "every message must be an object with a `role`", param="messages")
         n = body.get("n")
         if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n > 1):
@@ -109,7 +122,7 @@ class ChatDialect:
                                     "completion per call", param="n")
         model = body.get("model")
         chat = dict(body)
-        chat["messages"] = merge_system_messages(messages)
+        chat["messages"] = merge_system_messages(messages, roles)
         stream = body.get("stream") is True
         options = body.get("stream_options")
         context = {

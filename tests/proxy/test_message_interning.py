@@ -78,3 +78,16 @@ def test_interner_keeps_apart_messages_python_calls_equal():
     assert len(set(keys)) == 3
     assert [interner.objects[k]["n"] for k in keys] == [1, True, 1.0]
     assert [type(interner.objects[k]["n"]) for k in keys] == [int, bool, float]
+
+
+def test_interner_reuses_a_previous_list_only_up_to_an_item_boundary():
+    """`[{"n":1}` starts `[{"n":12}]` too: only a comma or the closing bracket after the previous
+    list's JSON makes its items this call's leading ones."""
+    interner = interning.Interner()
+    interner.intern({"messages": [{"n": 1}]})
+    grown = interner.intern({"messages": [{"n": 12}]})
+    assert grown.keys["messages"] == [interning.content_key({"n": 12})]
+    assert grown.request["messages"][0] == {"n": 12}
+    same = interner.intern({"messages": [{"n": 12}, {"n": 3}]})
+    assert same.request["messages"][0] is grown.request["messages"][0]
+    assert same.keys["messages"] == [interning.content_key(m) for m in ({"n": 12}, {"n": 3})]
