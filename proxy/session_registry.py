@@ -207,7 +207,7 @@ class SessionRegistry:
         loop); each write stores the metadata as it is when it runs, so the last one wins."""
         session = self.lookup(session_id)
         session.record["metadata"] = {**session.record.get("metadata", {}), **metadata}
-        self.writes.submit(self._store_metadata, session)
+        self.writes.submit(self._store_field, session, "metadata")
         summary = self.summary(session)
         self.events.publish(SessionUpdated(session=summary).model_dump(mode="json"))
         return summary
@@ -218,13 +218,7 @@ class SessionRegistry:
             raise ValueError(f"an output limit must be at least 1 token, not {tokens}")
         session = self.lookup(session_id)
         session.output_limit = session.record["max_output_tokens"] = tokens
-        self.writes.submit(self._store_output_limit, session)
-
-    def _store_output_limit(self, session: LiveSession) -> None:
-        try:
-            self.store.update_session(session.id, max_output_tokens=session.output_limit)
-        except Exception as exc:  # the limit holds in memory; only its record is lost
-            log.warning("session %s: output limit not stored (%s)", session.id, exc)
+        self.writes.submit(self._store_field, session, "max_output_tokens")
 
     def mark_auxiliary(self, session_id: str, seqs: Iterable[int], reason: str) -> None:
         """Demote captured calls to auxiliary after the fact (masked out of training, shown as
@@ -240,14 +234,16 @@ class SessionRegistry:
             session.stats = graph.stats()
         session.record["metadata"] = {**session.record.get("metadata", {}),
                                       "auxiliary_seqs": demoted, "auxiliary_reason": reason}
-        self.writes.submit_and_wait(self._store_metadata, session)
+        self.writes.submit_and_wait(self._store_field, session, "metadata")
         self.publish_update(session)
 
-    def _store_metadata(self, session: LiveSession) -> None:
+    def _store_field(self, session: LiveSession, field: str) -> None:
+        # Reads the field when the write runs, so of queued writes the last one wins. A store
+        # fault is logged, never raised: the value holds in memory, only its record is lost.
         try:
-            self.store.update_session(session.id, metadata=session.record["metadata"])
-        except Exception as exc:  # an annotation lost to a store fault is logged, never raised
-            log.warning("session %s: metadata not stored (%s)", session.id, exc)
+            self.store.update_session(session.id, **{field: session.record[field]})
+        except Exception as exc:
+            log.warning("session %s: %s not stored (%s)", session.id, field, exc)
 
     async def add_finding(self, session: LiveSession, finding: Finding) -> None:
         """A session-level finding, stored and published (kept only once stored)."""

@@ -268,6 +268,10 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/engine/test_long_context.py::test_follow_up_with_a_shared_10k_prefix_evaluates_only_the_new_tokens
   → tests/engine/test_registry.py::test_second_process_reuses_the_running_engine
   → tests/engine/test_registry.py::test_engine_with_another_context_is_not_reused
+- it serves the shipped Q4_1 GGUF re-encoded once as F16, which the trainer dequantises to the
+  same weights
+  → tests/engine/test_model_file.py::test_first_use_converts_the_shipped_file_to_f16_once_keyed_by_name_size_and_version
+  → tests/training/test_cpu_grpo.py::test_cpu_grpo_trains_on_tapdeck_rollouts_from_its_current_weights
 
 § Agent CLIs
 - the pinned versions in the README are the installer's

@@ -9,13 +9,16 @@ from textual.content import Content
 from textual.widgets import Sparkline, Static
 
 from tapdeck.app.stuck_view import PaneLine
+from tapdeck.app.widgets.labelled_fields import LabelledFields, LabelledFieldsText
 
 TONE_STYLES = {"error": "bold $error", "accent": "$accent", "warning": "$warning", "muted": "dim",
                "": "$foreground"}
+LABEL_WIDTH = 14
 
 
 class ActivityPane(VerticalScroll):
-    """`show(lines)` replaces what the pane says (labels in a column, texts as literal text)."""
+    """`show(lines)` replaces what the pane says (labels in a column, texts as literal text beside
+    them: a text's continuation lines stay in its column)."""
 
     HELP = ("The highlighted session's rollout: its phases and how long each took, the model call in "
             "flight and its age (60 s or more is highlighted), the last assistant message and tool "
@@ -39,16 +42,11 @@ class ActivityPane(VerticalScroll):
             # drawn in the theme's colours; plotext needs axes and five rows to say as much.
             yield Sparkline([], id="calls-rate")
             yield Static("", id="calls-rate-span")
-        yield Static("", id="activity-text")
+        yield LabelledFieldsText("", id="activity-text")
 
     def show(self, lines: Sequence[PaneLine], rates: Sequence[float] = (), span: str = "") -> None:
         """Replace the pane's lines, and its calls-per-second line (`rates`, oldest first)."""
         self.query_one("#calls-rate", Sparkline).data = list(rates)
         self.query_one("#calls-rate-span", Static).update(span)
-        parts: list[tuple[str, str] | str] = []
-        for i, line in enumerate(lines):
-            if i:
-                parts.append("\n")
-            parts.append((f"{line.label:<14}", "bold $primary"))
-            parts.append((line.text.replace("\n", "\n" + " " * 14), TONE_STYLES.get(line.tone, "")))
-        self.query_one("#activity-text", Static).update(Content.assemble(*parts))
+        fields = [(line.label, Content.styled(line.text, TONE_STYLES.get(line.tone, ""))) for line in lines]
+        self.query_one("#activity-text", Static).update(LabelledFields(fields, LABEL_WIDTH, "bold $primary"))

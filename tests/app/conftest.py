@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from tapdeck.app.client import TapdeckClient
+from tests.conftest import hanging_engine, local_server_on
 
 API_FIXTURE = Path(__file__).parent / "fixtures" / "api.json"
 FROZEN_NOW = 1000.0
@@ -92,3 +97,33 @@ def api_data() -> dict:
 def make_app():
     """`make_app(mode, **kwargs)` → a TapdeckApp over the recorded API."""
     return recorded_app
+
+
+@dataclass
+class HungServer:
+    """A real LocalServer whose engine probes fine and never answers a model call (`engine.held`:
+    the calls it holds now), so a rollout stays in its first model call until it is cancelled."""
+
+    engine: Any
+    server: Any
+    settings_path: Path
+
+    @contextlib.asynccontextmanager
+    async def one_rollout_run(self, mode: str) -> AsyncIterator[tuple[Any, Any, Any]]:
+        """The TUI on this server at 80×24, opening on `mode`, with a run of one terminus-2 rollout
+        of hello-file started: yields (app, pilot, the run's summary)."""
+        from tapdeck.app.tui import TapdeckApp
+        from tapdeck.schema.runs import RunPlan
+
+        app = TapdeckApp(TapdeckClient(self.server.url, self.server.admin_key),
+                         settings_path=self.settings_path, initial_mode=mode)
+        async with app.run_test(size=(80, 24)) as pilot:
+            run = await app.client.start_run(RunPlan(tasks=["hello-file"], k=1, timeout_s=600))
+            yield app, pilot, run
+
+
+@pytest.fixture
+def hung_server(tmp_path: Path) -> Iterator[HungServer]:
+    """A `HungServer` on its own data dir, stopped (with its engine) after the test."""
+    with hanging_engine() as engine, local_server_on(engine, tmp_path / "data") as server:
+        yield HungServer(engine, server, tmp_path / "tui.json")

@@ -5,16 +5,13 @@ hangs, so the rollout is still in its first model call when it is cancelled and 
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 
 from tapdeck.app.client import TapdeckClient
 from tapdeck.app.tui import TapdeckApp
-from tapdeck.schema.runs import RunPlan
-from tests.app.conftest import FROZEN_NOW, recorded_transport
+from tests.app.conftest import FROZEN_NOW, HungServer, recorded_transport
 from tests.app.pilot_wait import until
-from tests.conftest import hanging_engine, local_server_on
 
 
 def _recorded(api_data: dict, run_state: str, *, owns_server: bool) -> TapdeckApp:
@@ -53,24 +50,21 @@ async def test_q_quits_at_once_when_nothing_runs_or_the_server_is_elsewhere(api_
 
 
 @pytest.mark.slow
-async def test_u_on_runs_resumes_a_cancelled_run_on_a_real_server(tmp_path: Path) -> None:
-    with hanging_engine() as engine, local_server_on(engine, tmp_path / "data") as server:
-        app = TapdeckApp(TapdeckClient(server.url, server.admin_key), settings_path=tmp_path / "tui.json",
-                         initial_mode="runs")
-        async with app.run_test(size=(80, 24)) as pilot:
-            run = await app.client.start_run(RunPlan(tasks=["hello-file"], k=1, timeout_s=600))
-            await until(pilot, lambda: engine.held, "the rollout's first model call", 180)
-            await app.client.cancel_run(run.id)
-            await until(pilot, lambda: app.screen.detail is not None
-                        and app.screen.detail.id == run.id
-                        and app.screen.detail.rollouts[0].error_kind == "cancelled",
-                        "the cancelled rollout on Runs", 120)
-            await until(pilot, lambda: not engine.held, "the cancelled call's end", 60)
+async def test_u_on_runs_resumes_a_cancelled_run_on_a_real_server(hung_server: HungServer) -> None:
+    engine = hung_server.engine
+    async with hung_server.one_rollout_run("runs") as (app, pilot, run):
+        await until(pilot, lambda: engine.held, "the rollout's first model call", 180)
+        await app.client.cancel_run(run.id)
+        await until(pilot, lambda: app.screen.detail is not None
+                    and app.screen.detail.id == run.id
+                    and app.screen.detail.rollouts[0].error_kind == "cancelled",
+                    "the cancelled rollout on Runs", 120)
+        await until(pilot, lambda: not engine.held, "the cancelled call's end", 60)
 
-            await pilot.press("u")
-            await until(pilot, lambda: any("resumed: 1 rollout(s)" in n for n in _notes(app)),
-                        "the resume notice", 30)
-            await until(pilot, lambda: engine.held, "the resumed rollout's model call", 180)
-            assert (await app.client.run(run.id)).state == "running"
-            await app.client.cancel_run(run.id)
-            await until(pilot, lambda: not engine.held, "the second cancel", 60)
+        await pilot.press("u")
+        await until(pilot, lambda: any("resumed: 1 rollout(s)" in n for n in _notes(app)),
+                    "the resume notice", 30)
+        await until(pilot, lambda: engine.held, "the resumed rollout's model call", 180)
+        assert (await app.client.run(run.id)).state == "running"
+        await app.client.cancel_run(run.id)
+        await until(pilot, lambda: not engine.held, "the second cancel", 60)

@@ -8,6 +8,7 @@ import socket
 
 import pytest
 from textual.command import CommandList, CommandPalette
+from textual.selection import Selection
 from textual.widgets import DataTable, Input, Select, SelectionList, Sparkline
 
 from tapdeck.app.client import TapdeckClient
@@ -378,3 +379,37 @@ async def test_sessions_board_charts_every_sessions_calls_per_second(api_data):
         await until(pilot, lambda: rate.data[-1] > 0, "the newest bucket")
         assert rate.data[29] == 1.0 and rate.data[-1] == pytest.approx(1 / 3) and sum(rate.data) == pytest.approx(4 / 3)
         assert "now 0.3 · peak 1.0" in str(app.screen.query_one("#board-rate-span").render())
+
+
+async def test_sessions_detail_indents_continuation_lines_of_a_multi_line_field(api_data):
+    """The detail pane's labels stand alone in their column: a text's own line breaks and the lines
+    it wraps into (at any width) start under its first line, never at a label's place."""
+    long_line = "FAILED tests/test_config.py::test_port - AssertionError: expected 8080, got 80 " \
+                "(the config file names the port twice)"
+    api_data["activity"]["sess0007recorded"]["last_observation"]["text"] = f"{long_line}\n1 failed"
+    client = TapdeckClient("http://tapdeck.test", "test-key", transport=recorded_transport(api_data))
+    app = TapdeckApp(client, server_label="http://tapdeck.test", follow_events=False,
+                     initial_mode="sessions")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.screen.query_one(SessionTable).row_count == len(api_data["sessions"]),
+                    "the recorded sessions")
+        await pilot.press("ctrl+end", "d")
+        text = app.screen.query_one("#activity-text")
+        await until(pilot, lambda: "1 failed" in str(text.render()), "the observation in the pane")
+
+        observation_rows = {}
+        for width in (80, 110):  # at 120 the table rebuilds with more columns, its cursor on row 1
+            await pilot.resize_terminal(width, 24)
+            await until(pilot, lambda: text.size.width == width - 4, f"the pane at {width} columns")
+            rows = [text.render_line(y).text.rstrip() for y in range(text.size.height)]
+            assert [row[:14].strip() for row in rows if row[:14].strip()] == [
+                "rollout", "in flight", "calls", "assistant", "observation", "finding", "finding"], rows
+            start = next(i for i, row in enumerate(rows) if row.startswith("observation"))
+            end = next(i for i in range(start + 1, len(rows)) if rows[i][:14].strip())
+            observation = rows[start:end]
+            observation_rows[width] = len(observation)
+            assert len(observation) > 2, observation  # its long line wraps
+            assert " ".join(row[14:].strip() for row in observation) == f"(tool) {long_line} 1 failed"
+            selected, _ = text.get_selection(Selection(None, None))
+            assert selected.splitlines() == rows  # copied as drawn
+        assert observation_rows[80] > observation_rows[110]  # wrapped again at the new width

@@ -1,6 +1,6 @@
 """The served model file: the shipped Q4_1 GGUF re-encoded once as F16, cached, keyed, atomic;
 everything that uses the model reads that one file (that the trainer dequantises it to the shipped
-weights is tests/training/test_served_model_weights.py)."""
+weights is checked in tests/training/test_cpu_grpo.py)."""
 
 from __future__ import annotations
 

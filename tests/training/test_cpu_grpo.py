@@ -1,6 +1,7 @@
 """The closed RL loop on a CPU: `cpu-grpo` launched as a server job trains SmolLM2-135M with TRL's
 GRPOTrainer on real tapdeck rollouts (sample dataset, terminus-2, host sandbox, through the proxy)
-sampled by the engine that serves the weights being trained.
+sampled by the engine that serves the weights being trained; the weights it loads from the served
+F16 file are the shipped Q4_1 file's.
 
 Needs the training environment (scripts/train-env.sh; built here when missing and the script is
 present). One optimizer step on one group of 3 one-turn rollouts (up to 3 model calls of 24 tokens each).
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tapdeck.runner.engine.model_file import default_model_path, shipped_model_path
 from tapdeck.runner.recipes.cpu_grpo import TapdeckRollouts, format_score, is_flat, sample_from_rollout
 from tapdeck.runner.training import train_python
 
@@ -114,7 +116,7 @@ def test_cpu_grpo_trains_on_tapdeck_rollouts_from_its_current_weights(train_env:
     # to 5 times (CI once met a flat group on the one draw it had).
     args = ["--tasks", "hello-file", "--group-size", "3", "--steps", "1", "--max-turns", "1",
             "--max-tokens", "24", "--lr", "1e-4", "--check-logprobs", "--rollout-timeout", "1200",
-            "--redraws", "5"]
+            "--redraws", "5", "--check-weights", str(shipped_model_path())]
     resp = http.post("/admin/train", json={"recipe": "cpu-grpo", "args": args})
     assert resp.status_code == 200, resp.text
     job = resp.json()
@@ -125,6 +127,14 @@ def test_cpu_grpo_trains_on_tapdeck_rollouts_from_its_current_weights(train_env:
         time.sleep(2)
     log = "\n".join(http.get(f"/admin/train/{job['id']}/log", params={"tail": 60}).json()["lines"])
     assert state["state"] == "finished", f"{state['error']}\n{log}"
+
+    # The trainer dequantised the served F16 file to the shipped Q4_1 file's weights (to within F16
+    # rounding): what it rescores and trains is what the engine sampled from.
+    weights = json.loads((Path(job["run_dir"]) / "weights_check.json").read_text())
+    assert weights["model"] == str(default_model_path())
+    assert weights["only_in_one"] == [] and weights["shape_differs"] == []
+    assert len(weights["excess"]) > 200  # every layer's tensors were compared
+    assert max(weights["excess"].values()) <= 0, {k: v for k, v in weights["excess"].items() if v > 0}
 
     # trackio got TRL's metrics (read back by the server from the run's SQLite).
     names = {p["name"] for p in http.get(f"/admin/train/{job['id']}/metrics").json()["points"]}
