@@ -40,6 +40,7 @@ Not thread-safe: the caller serialises `add` per session.
 from __future__ import annotations
 
 import bisect
+import copy
 import dataclasses
 import hashlib
 from dataclasses import dataclass, field
@@ -391,7 +392,8 @@ def turn_trainable(turn: Turn) -> bool:
     lp = np.asarray(turn.logprobs, dtype=np.float64)
     if lp.shape != (len(turn.sampled_ids),) or lp.size == 0:
         return False
-    if not np.isfinite(lp).all() or (lp > _LOGPROB_SLACK).any():
+    # Finite and at most the slack, in two reductions: a NaN fails both compares, ±inf one each.
+    if not (lp.max() <= _LOGPROB_SLACK and lp.min() > -np.inf):
         return False
     for arr in (turn.prompt_ids, turn.sampled_ids):
         a = np.asarray(arr)
@@ -649,7 +651,9 @@ class RolloutGraph:
         has_prompt = turn.prompt_ids is not None
         prompt = as_ids(turn.prompt_ids) if has_prompt else np.zeros(0, dtype=ID_DTYPE)
         sampled = as_ids(turn.sampled_ids) if turn.sampled_ids is not None else None
-        node = Node(seq=turn.seq, turn=dataclasses.replace(turn, prompt_ids=None),
+        held = copy.copy(turn)  # a plain dataclass: what `dataclasses.replace` makes, for less
+        held.prompt_ids = None
+        node = Node(seq=turn.seq, turn=held,
                     has_prompt=has_prompt, prompt_len=int(prompt.size), sampled=sampled,
                     trainable=turn_trainable(turn), tools=_has_tools(turn.request))
         conv = conversation(turn.request)
