@@ -642,6 +642,17 @@ class RolloutGraph:
                             trainable_tokens=t.tool_trainable if t.tool_calls else t.trainable,
                             fragmentation=round(frag, 4), conversations=conversations)
 
+    def mark_auxiliary(self, seq: int, reason: str) -> None:
+        """Demote a call to auxiliary after the fact (`meta.call_role`, which `node_role` reads),
+        keeping the counts `stats` reports in step."""
+        node = self._nodes[seq]
+        live = seq not in self._dropped
+        if live:
+            self._count_live(node, -1)
+        node.turn.meta.update(call_role="auxiliary", auxiliary_reason=reason)
+        if live:
+            self._count_live(node, 1)
+
     # -- adding ----------------------------------------------------------------------------
 
     def add(self, turn: Turn) -> Link:

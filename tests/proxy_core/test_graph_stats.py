@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tapdeck.proxy.graph import RolloutGraph
+from tapdeck.proxy.live_session import demote
 from tapdeck.proxy.turn import Turn
 from tapdeck.schema.sessions import RolloutStats
 
@@ -45,9 +46,10 @@ def _ids(values: list[int]) -> np.ndarray:
 
 
 @st.composite
-def rollouts(draw: Any) -> tuple[list[Turn], list[int]]:
-    """Calls that extend, retry, re-tokenise, break from or ignore earlier ones, and an arrival
-    order. Ids come from a tiny alphabet so twins and coincidental prefixes happen too."""
+def rollouts(draw: Any) -> tuple[list[Turn], list[int], list[int | None]]:
+    """Calls that extend, retry, re-tokenise, break from or ignore earlier ones, an arrival
+    order, and after each arrival maybe one arrived call demoted to auxiliary (as a harness's
+    trajectory does). Ids come from a tiny alphabet so twins and coincidental prefixes happen."""
     token = st.integers(1, 4)
     made: list[dict[str, Any]] = []
     for seq in range(draw(st.integers(1, 12))):
@@ -89,18 +91,22 @@ def rollouts(draw: Any) -> tuple[list[Turn], list[int]]:
             request={"messages": m["messages"], **({"tools": TOOLS} if m["tools"] else {})},
             meta={"call_role": "auxiliary"} if m["auxiliary"] else {}))
     order = draw(st.permutations(range(len(turns))))
-    return turns, list(order)
+    demotions = [draw(st.none() | st.integers(0, i)) for i in range(len(turns))]
+    return turns, list(order), demotions
 
 
 @settings(max_examples=150, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(rollouts())
 def test_running_stats_equal_a_full_recount_after_every_arrival(rollout):
-    turns, order = rollout
+    turns, order, demotions = rollout
     g = RolloutGraph()
-    for i in order:
+    for k, i in enumerate(order):
         g.add(turns[i])
         assert g.stats() == recounted(g)
+        if demotions[k] is not None:
+            demote(g, [turns[order[demotions[k]]].seq], "not in the trajectory")
+            assert g.stats() == recounted(g)
 
 
 def test_recount_sees_forks_breaks_discards_and_adoption():
@@ -129,3 +135,16 @@ def test_recount_sees_forks_breaks_discards_and_adoption():
     assert st_.discarded == 0 and st_.forks == 2 and st_.breaks == 2
     g.add(later(5, [1, 2, 3, 4, 2, 7], [1]))  # turn 1 continued: its siblings are discarded now
     assert g.stats() == recounted(g) and g.stats().discarded == 2
+
+
+def test_demoting_a_call_takes_its_tokens_out_of_the_running_stats():
+    t = Turn(session_id="s", seq=0, prompt_ids=_ids([1, 2]), sampled_ids=_ids([3, 4]),
+             logprobs=np.full(2, -0.5), finish_reason="stop",
+             request={"messages": [SYSTEM, {"role": "user", "content": "task 0"}]},
+             response={"role": "assistant", "content": "ok"})
+    g = RolloutGraph()
+    g.add(t)
+    assert g.stats().trainable_tokens == 2
+    demote(g, [0], "not in the trajectory")
+    assert g.stats().trainable_tokens == 0 == recounted(g).trainable_tokens
+    assert g.node_role(0) == "auxiliary"
