@@ -881,26 +881,26 @@ class RolloutGraph:
             group.append(node.seq)
             t.root_groups += len(group) == 1
             t.broken_roots += node.break_of is not None
-            first_child = None
+            new_parent = None
         else:
             parent = self._nodes[node.parent]
             parent.children.append(node.seq)
             t.children += 1
             t.parents += len(parent.children) == 1
-            first_child = parent if len(parent.children) == 1 else None
+            new_parent = parent if len(parent.children) == 1 else None
         t.retokenized += node.kind == "retokenized"
         t.broken += node.break_of is not None
         self._count_live(node, 1)
         self._recheck_discarded(self._siblings(node))
-        if first_child is not None:  # its siblings may be discarded now, itself no longer
-            self._recheck_discarded(self._siblings(first_child))
+        if new_parent is not None:  # its first child: its siblings may be discarded now, it not
+            self._recheck_discarded(self._siblings(new_parent))
 
     def _detach(self, node: Node) -> None:
         t = self._tally
         if node.seq in self._dropped:
             self._dropped.discard(node.seq)
-            self._count_live(node, 1)
-        self._count_live(node, -1)
+        else:
+            self._count_live(node, -1)
         t.retokenized -= node.kind == "retokenized"
         t.broken -= node.break_of is not None
         if node.parent is None:
