@@ -143,5 +143,6 @@ def main() -> None:
     row(f"  first {tenth} turns", [{p: v[:tenth] for p, v in r.items()} for r in long_runs])
     row(f"  last {tenth} turns", [{p: v[-tenth:] for p, v in r.items()} for r in long_runs])
 
+
 if __name__ == "__main__":
     main()
