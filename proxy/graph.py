@@ -40,6 +40,7 @@ Not thread-safe: the caller serialises `add` per session.
 from __future__ import annotations
 
 import bisect
+import copy
 import dataclasses
 import hashlib
 from dataclasses import dataclass, field
@@ -91,8 +92,9 @@ class _PrefixHasher:
 
     def prefix_hashes(self, ids: np.ndarray, offset: int = 0,
                       start: tuple[int, int] = (0, 0)) -> tuple[np.ndarray, np.ndarray]:
-        """`(g1, g2)` with `g[i]` = hash of `prefix + ids[:i+1]`, where the prefix has length
-        `offset` and hashes `start` (so a sequence can be hashed in two pieces)."""
+        """`(g1, g2)` with `g[i]` = hash of `prefix + ids[:i]` for i in 0..len(ids), where the
+        prefix has length `offset` and hashes `start` (`g[0]`), so a sequence can be hashed in
+        pieces."""
         mask = (1 << self._TABLE_BITS) - 1
         vals = self._table[ids & mask]
         if ids.size and (int(ids.min()) < 0 or int(ids.max()) > mask):
@@ -100,24 +102,19 @@ class _PrefixHasher:
             vals[wide] = _splitmix(ids[wide].astype(np.int64).view(np.uint64))
         out = []
         for which in range(2):
-            g = vals * self._power(which, offset, offset + ids.size)
-            if start[which]:
-                g[:1] += np.array([start[which]], dtype=np.uint64)
-            out.append(np.cumsum(g, dtype=np.uint64))
+            # Ufuncs into one buffer: np.cumsum and a separate start add cost ~10 µs of call
+            # overhead each on the few dozen ids a reply or an observation adds.
+            g = np.empty(ids.size + 1, dtype=np.uint64)
+            g[0] = start[which]
+            np.multiply(vals, self._power(which, offset, offset + ids.size), out=g[1:])
+            out.append(np.add.accumulate(g, out=g))
         return out[0], out[1]
 
     def window(self, ids: np.ndarray, base: int = 0,
                start: tuple[int, int] = (0, 0)) -> tuple[np.ndarray, np.ndarray]:
         """`(g1, g2)` with `g[i]` = hash of `ids[:base + i]` for i in 0..len(ids) - base, given
         `start`, the hashes of `ids[:base]` (only `ids[base:]` is hashed)."""
-        tail = ids[base:]
-        out = []
-        for which, g in enumerate(self.prefix_hashes(tail, base, start)):
-            w = np.empty(tail.size + 1, dtype=np.uint64)
-            w[0] = start[which]
-            w[1:] = g
-            out.append(w)
-        return out[0], out[1]
+        return self.prefix_hashes(ids[base:], base, start)
 
 
 def _splitmix(x: np.ndarray) -> np.ndarray:
@@ -133,11 +130,6 @@ _MIX = np.uint64(_MIX_INT)
 _U64 = (1 << 64) - 1
 
 
-def _inserted(sorted_values: np.ndarray, value: np.ndarray) -> np.ndarray:
-    """`sorted_values` with the one-element `value` inserted in order (a new array)."""
-    i = int(np.searchsorted(sorted_values, value[0]))
-    return np.concatenate((sorted_values[:i], value, sorted_values[i:]))
-
 Key = tuple[int, int, int]
 """(length, hash1, hash2) of a token sequence."""
 
@@ -145,26 +137,35 @@ Key = tuple[int, int, int]
 class _LengthIndex:
     """Token sequences indexed by (length, hash1, hash2); queried with a prompt's prefix hashes."""
 
+    _SCALAR_PROBES = 8
+    """At most this many candidate lengths are looked up one by one; more take the vectorised
+    probe. An extending call has one or two (the last call's end), where a dozen small numpy
+    calls cost more than the lookups they save."""
+
     def __init__(self) -> None:
         self._by_key: dict[Key, list[int]] = {}
-        self._lens = np.zeros(0, dtype=np.int64)
+        self._lens: list[int] = []
+        """Distinct lengths, sorted."""
         self._len_count: dict[int, int] = {}
-        self._packed = np.zeros(0, dtype=np.uint64)
+        self._packed: list[int] = []
+        """`_pack` of every key, sorted."""
+        self._arrays: tuple[np.ndarray, np.ndarray] | None = None
+        """`_lens` and `_packed` as arrays for the vectorised probe, built when first needed
+        after an add (an extending call never needs them)."""
 
     @staticmethod
     def _pack(length: np.ndarray, h1: np.ndarray) -> np.ndarray:
         return np.asarray(h1, dtype=np.uint64) ^ (np.asarray(length, dtype=np.uint64) * _MIX)
 
     def add(self, key: Key, seq: int) -> None:
-        # Runs twice per linked call: scalars in Python and inserts by slicing, since np.insert
-        # and array packing cost ~35 and ~12 µs of call overhead each on arrays this small.
         bisect.insort(self._by_key.setdefault(key, []), seq)
         length = key[0]
-        if self._len_count.get(length, 0) == 0:
-            self._lens = _inserted(self._lens, np.array([length], dtype=np.int64))
-        self._len_count[length] = self._len_count.get(length, 0) + 1
-        packed = key[1] ^ ((length * _MIX_INT) & _U64)  # `_pack` of one key, exactly
-        self._packed = _inserted(self._packed, np.array([packed], dtype=np.uint64))
+        count = self._len_count.get(length, 0)
+        if count == 0:
+            bisect.insort(self._lens, length)
+        self._len_count[length] = count + 1
+        bisect.insort(self._packed, key[1] ^ ((length * _MIX_INT) & _U64))  # `_pack`, exactly
+        self._arrays = None
 
     def get(self, key: Key) -> list[int]:
         return self._by_key.get(key, [])
@@ -177,17 +178,24 @@ class _LengthIndex:
         below `base` are not looked at.
         """
         lo = max(lo, base - 1)
-        if not self._packed.size or hi <= lo:
+        if not self._packed or hi <= lo:
             return None
-        a, b = np.searchsorted(self._lens, [lo, hi], side="right")
-        cand = self._lens[a:b]
-        if not cand.size:
+        a, b = bisect.bisect_right(self._lens, lo), bisect.bisect_right(self._lens, hi)
+        if a == b:
             return None
-        probe = self._pack(cand, g1[cand - base])
-        pos = np.searchsorted(self._packed, probe)
-        pos[pos >= self._packed.size] = 0
-        hits = cand[self._packed[pos] == probe]
-        for length in hits[::-1].tolist():
+        if b - a <= self._SCALAR_PROBES:
+            hits = self._lens[a:b]  # each is looked up by its full key below
+        else:
+            if self._arrays is None:
+                self._arrays = (np.array(self._lens, dtype=np.int64),
+                                np.array(self._packed, dtype=np.uint64))
+            lens, packed = self._arrays
+            cand = lens[a:b]
+            probe = self._pack(cand, g1[cand - base])
+            pos = np.searchsorted(packed, probe)
+            pos[pos >= packed.size] = 0
+            hits = cand[packed[pos] == probe].tolist()
+        for length in reversed(hits):
             seqs = self._by_key.get((length, int(g1[length - base]), int(g2[length - base])))
             if seqs:
                 ok = [s for s in seqs if accept is None or accept(s)]
@@ -343,6 +351,28 @@ class Node:
 
 
 @dataclass
+class _Tally:
+    """What `RolloutGraph.stats` counts, kept per attached call (discarded calls excluded from
+    the last three)."""
+
+    children: int = 0
+    """Calls with a parent."""
+    parents: int = 0
+    """Calls with at least one child."""
+    root_groups: int = 0
+    """Distinct root keys among the roots (identical-prompt roots share one)."""
+    broken_roots: int = 0
+    retokenized: int = 0
+    broken: int = 0
+    """Calls with `break_of` set."""
+    tool_calls: int = 0
+    trainable: int = 0
+    """Sampled ids of trainable calls not marked auxiliary."""
+    tool_trainable: int = 0
+    """The same, of calls that carry tools."""
+
+
+@dataclass
 class Sequence:
     """One training sequence: a token-contiguous run of nodes (split at prefix breaks)."""
 
@@ -362,7 +392,8 @@ def turn_trainable(turn: Turn) -> bool:
     lp = np.asarray(turn.logprobs, dtype=np.float64)
     if lp.shape != (len(turn.sampled_ids),) or lp.size == 0:
         return False
-    if not np.isfinite(lp).all() or (lp > _LOGPROB_SLACK).any():
+    # Finite and at most the slack, in two reductions: a NaN fails both compares, ±inf one each.
+    if not (lp.max() <= _LOGPROB_SLACK and lp.min() > -np.inf):
         return False
     for arr in (turn.prompt_ids, turn.sampled_ids):
         a = np.asarray(arr)
@@ -395,6 +426,9 @@ class RolloutGraph:
         self._root_groups: dict[Any, list[int]] = {}
         # The last call with ids: its prompt and sampled arrays (one prompt's memory per graph).
         self._hot: tuple[int, np.ndarray, np.ndarray | None] | None = None
+        self._tally = _Tally()
+        self._dropped: set[int] = set()
+        """Discarded calls (`discarded`), kept as calls attach and detach, for `stats`."""
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -592,36 +626,32 @@ class RolloutGraph:
         return out
 
     def stats(self) -> RolloutStats:
-        """Turns, roots, forks, breaks, discarded, trainable tokens over unique turns, fragmentation."""
-        # One pass over the nodes (this runs on every commit, so it is linear in the rollout
-        # per turn): each node's discarded check once, where has_tools and the mask repeated it.
-        forks = retok = broken = 0
-        dropped: set[int] = set()
-        for n in self._nodes.values():
-            if n.children:
-                forks += len(n.children) - 1
-            elif self.discarded(n.seq):
-                dropped.add(n.seq)
-            if n.kind == "retokenized":
-                retok += 1
-            if n.break_of is not None:
-                broken += 1
-        tools = any(n.tools and n.seq not in dropped for n in self._nodes.values())
-        # node_mask_on without its discarded check: an agent-role, trainable call.
-        trainable = sum(n.sampled.size for n in self._nodes.values()
-                        if n.trainable and n.sampled is not None and n.seq not in dropped
-                        and (not tools or n.tools) and n.turn.meta.get("call_role") != "auxiliary")
+        """Turns, roots, forks, breaks, discarded, trainable tokens over unique turns, fragmentation.
+
+        From counts kept as calls attach and detach (`_attach`, `_detach`): this runs on every
+        commit, and a pass over the nodes made a long rollout's commits quadratic."""
+        t = self._tally
         roots = len(self._roots)
-        duplicate_roots = sum(len(g) - 1 for g in self._root_groups.values() if g)
-        forks += duplicate_roots
-        broken_roots = sum(1 for s in self._roots if self._nodes[s].break_of is not None)
-        conversations = max(0, roots - broken_roots - duplicate_roots)
-        breaks = retok + broken
-        discarded = len(dropped)
+        duplicate_roots = roots - t.root_groups
+        forks = t.children - t.parents + duplicate_roots
+        conversations = max(0, roots - t.broken_roots - duplicate_roots)
+        breaks = t.retokenized + t.broken
         frag = (conversations + breaks) / max(conversations, 1) if self._nodes else 0.0
         return RolloutStats(turns=len(self._nodes), roots=roots, forks=forks, breaks=breaks,
-                            discarded=discarded, trainable_tokens=int(trainable),
+                            discarded=len(self._dropped),
+                            trainable_tokens=t.tool_trainable if t.tool_calls else t.trainable,
                             fragmentation=round(frag, 4), conversations=conversations)
+
+    def mark_auxiliary(self, seq: int, reason: str) -> None:
+        """Demote a call to auxiliary after the fact (`meta.call_role`, which `node_role` reads),
+        keeping the counts `stats` reports in step."""
+        node = self._nodes[seq]
+        live = seq not in self._dropped
+        if live:
+            self._count_live(node, -1)
+        node.turn.meta.update(call_role="auxiliary", auxiliary_reason=reason)
+        if live:
+            self._count_live(node, 1)
 
     # -- adding ----------------------------------------------------------------------------
 
@@ -632,7 +662,9 @@ class RolloutGraph:
         has_prompt = turn.prompt_ids is not None
         prompt = as_ids(turn.prompt_ids) if has_prompt else np.zeros(0, dtype=ID_DTYPE)
         sampled = as_ids(turn.sampled_ids) if turn.sampled_ids is not None else None
-        node = Node(seq=turn.seq, turn=dataclasses.replace(turn, prompt_ids=None),
+        held = copy.copy(turn)  # a plain dataclass: what `dataclasses.replace` makes, for less
+        held.prompt_ids = None
+        node = Node(seq=turn.seq, turn=held,
                     has_prompt=has_prompt, prompt_len=int(prompt.size), sampled=sampled,
                     trainable=turn_trainable(turn), tools=_has_tools(turn.request))
         conv = conversation(turn.request)
@@ -842,18 +874,79 @@ class RolloutGraph:
             self._prompts.add(node.prompt_key, node.seq)
 
     def _attach(self, node: Node) -> None:
+        t = self._tally
         if node.parent is None:
             self._roots.append(node.seq)
-            self._root_groups.setdefault(self._root_key(node), []).append(node.seq)
+            group = self._root_groups.setdefault(self._root_key(node), [])
+            group.append(node.seq)
+            t.root_groups += len(group) == 1
+            t.broken_roots += node.break_of is not None
+            new_parent = None
         else:
-            self._nodes[node.parent].children.append(node.seq)
+            parent = self._nodes[node.parent]
+            parent.children.append(node.seq)
+            t.children += 1
+            t.parents += len(parent.children) == 1
+            new_parent = parent if len(parent.children) == 1 else None
+        t.retokenized += node.kind == "retokenized"
+        t.broken += node.break_of is not None
+        self._count_live(node, 1)
+        self._recheck_discarded(self._siblings(node))
+        if new_parent is not None:  # its first child: its siblings may be discarded now, it not
+            self._recheck_discarded(self._siblings(new_parent))
 
     def _detach(self, node: Node) -> None:
+        t = self._tally
+        if node.seq in self._dropped:
+            self._dropped.discard(node.seq)
+        else:
+            self._count_live(node, -1)
+        t.retokenized -= node.kind == "retokenized"
+        t.broken -= node.break_of is not None
         if node.parent is None:
             self._roots.remove(node.seq)
-            self._root_groups[self._root_key(node)].remove(node.seq)
+            group = self._root_groups[self._root_key(node)]
+            group.remove(node.seq)
+            t.root_groups -= not group
+            t.broken_roots -= node.break_of is not None
+            self._recheck_discarded(group)
         else:
-            self._nodes[node.parent].children.remove(node.seq)
+            parent = self._nodes[node.parent]
+            parent.children.remove(node.seq)
+            t.children -= 1
+            self._recheck_discarded(parent.children)
+            if not parent.children:  # its siblings may no longer be discarded, itself may be
+                t.parents -= 1
+                self._recheck_discarded(self._siblings(parent))
+
+    def _siblings(self, node: Node) -> list[int]:
+        """The calls `discarded` compares `node` with, itself included."""
+        if node.parent is not None:
+            return self._nodes[node.parent].children
+        return self._root_groups.get(self._root_key(node), [])
+
+    def _recheck_discarded(self, siblings: list[int]) -> None:
+        """`discarded` of each of one parent's children (or one root group), updated in `_dropped`."""
+        continued = any(self._nodes[s].children for s in siblings)
+        for s in siblings:
+            node = self._nodes[s]
+            drop = continued and not node.children
+            if drop != (s in self._dropped):
+                if drop:
+                    self._dropped.add(s)
+                else:
+                    self._dropped.discard(s)
+                self._count_live(node, -1 if drop else 1)
+
+    def _count_live(self, node: Node, sign: int) -> None:
+        """Add (`sign` 1) or take back (-1) a not discarded call's tools and trainable tokens."""
+        t = self._tally
+        tokens = (node.sampled.size if node.trainable and node.sampled is not None
+                  and node.turn.meta.get("call_role") != "auxiliary" else 0)
+        t.trainable += sign * tokens
+        if node.tools:
+            t.tool_calls += sign
+            t.tool_trainable += sign * tokens
 
     def _root_key(self, node: Node) -> Any:
         if node.has_prompt:

@@ -102,7 +102,7 @@ def demote(graph: RolloutGraph, seqs: Iterable[int], reason: str) -> None:
     """Mark these calls auxiliary in the graph (the role the graph reads from `meta.call_role`)."""
     for seq in seqs:
         if seq in graph.nodes:
-            graph.turn(seq).meta.update(call_role="auxiliary", auxiliary_reason=reason)
+            graph.mark_auxiliary(seq, reason)
 
 
 def stored_stats(value: Any) -> RolloutStats | None:

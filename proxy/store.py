@@ -80,12 +80,12 @@ def _dumps(obj: Any) -> bytes:
 
 
 def _split_request(request: dict[str, Any], known: dict[str, list[str]] | None
-                   ) -> tuple[dict[str, Any], dict[str, list[str]], dict[str, Any]]:
+                   ) -> tuple[dict[str, Any], dict[str, list[str]], dict[str, list[Any]]]:
     """The request with its content-addressed lists replaced by their keys (`known` ones reused),
-    those keys by list name, and the elements by key."""
-    items: dict[str, Any] = {}
+    those keys by list name, and the lists by name."""
     stored = dict(request)
     keys: dict[str, list[str]] = {}
+    lists: dict[str, list[Any]] = {}
     for name in CONTENT_ADDRESSED:
         values = request.get(name)
         if not isinstance(values, list):
@@ -93,10 +93,9 @@ def _split_request(request: dict[str, Any], known: dict[str, list[str]] | None
         names = (known or {}).get(name)
         if names is None or len(names) != len(values):
             names = [content_key(value) for value in values]
-        for key, value in zip(names, values):
-            items.setdefault(key, value)
         keys[name] = stored[name] = names
-    return stored, keys, items
+        lists[name] = values
+    return stored, keys, lists
 
 
 def _resolve_refs(docs: dict[int, dict[str, Any]], path: Path, session_id: str) -> None:
@@ -290,12 +289,18 @@ class Store:
         """
         prompt = as_ids(turn.prompt_ids) if turn.prompt_ids is not None else None
         sampled = as_ids(turn.sampled_ids) if turn.sampled_ids is not None else None
-        request, keys, items = _split_request(turn.request, turn.content_keys)
+        request, keys, lists = _split_request(turn.request, turn.content_keys)
         with self._queue_lock:
             previous = self._previous.get(turn.session_id)
+        # Bodies keep the sender's key order (only the key is canonical), so loads are exact.
+        # Only elements past the previous turn's keys can be new: those were all committed.
+        new_bodies: dict[str, bytes] = {}
         for name, names in keys.items():
             shared = common_prefix(names, previous[1].get(name, [])) if previous else 0
             request[name] = {"base": previous[0], "keep": shared, "add": names[shared:]} if shared else names
+            for key, value in zip(names[shared:], lists[name][shared:]):
+                if key not in self._stored_keys and key not in new_bodies:
+                    new_bodies[key] = _dumps(value)
         doc = {
             "request": request, "refs": list(keys), "response": turn.response, "sampling": turn.sampling,
             "token_texts": turn.token_texts,
@@ -307,12 +312,11 @@ class Store:
         doc_b = _dumps(doc)
         sampled_b = None if sampled is None else ids_to_bytes(sampled)
         logprobs_b = None if turn.logprobs is None else logprobs_to_bytes(turn.logprobs)
-        # Bodies keep the sender's key order (only the key is canonical), so loads are exact.
-        new_bodies = [(k, _dumps(v)) for k, v in items.items() if k not in self._stored_keys]
 
         def insert(db: sqlite3.Connection) -> None:
             # Same transaction as the turn: a committed turn never points at a missing message.
-            db.executemany("INSERT OR IGNORE INTO messages (hash, body) VALUES (?, ?)", new_bodies)
+            db.executemany("INSERT OR IGNORE INTO messages (hash, body) VALUES (?, ?)",
+                           new_bodies.items())
             # The base is looked up inside the transaction: it may be a turn of the same group.
             base_seq, base_len = None, 0
             if (prompt is not None and link.parent is not None and link.offset
@@ -335,7 +339,7 @@ class Store:
                  doc_b, float(turn.created_at)))
 
         self._write(insert)
-        self._stored_keys.update(k for k, _ in new_bodies)
+        self._stored_keys.update(new_bodies)
         with self._queue_lock:
             self._previous[turn.session_id] = (turn.seq, keys)
 

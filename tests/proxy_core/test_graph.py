@@ -394,3 +394,13 @@ def test_reply_resent_without_its_sampled_reasoning_is_named_reasoning_dropped()
     next(m for m in reversed(messages) if m["role"] == "assistant")["reasoning_content"] = "I should answer."
     _, links = build([first, dataclasses.replace(second, request={**second.request, "messages": messages})])
     assert str(links[1].findings[0]).startswith("[WARN] retokenized:")
+
+
+@pytest.mark.parametrize(("value", "trainable"), [
+    (-0.5, True), (0.0, True), (5e-7, True),  # up to 1e-6 above 0 is rounding of log(1)
+    (1e-5, False), (float("nan"), False), (float("inf"), False), (float("-inf"), False)])
+def test_only_finite_non_positive_logprobs_make_a_turn_trainable(value, trainable):
+    t = dataclasses.replace(multi()[0], findings=[])
+    lp = t.logprobs.copy()
+    lp[1] = value
+    assert graph_module.turn_trainable(dataclasses.replace(t, logprobs=lp)) is trainable
