@@ -45,6 +45,7 @@ from typing import Any
 import httpx
 import numpy as np
 import orjson
+from proxy_floor import read_body
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDED = ROOT / "tests" / "fixtures" / "vllm" / "chat_basic.json"
@@ -119,19 +120,14 @@ def upstream_app(up: Upstream, latency_s: float = 0.0) -> Any:
                 elif msg["type"] == "lifespan.shutdown":
                     await send({"type": "lifespan.shutdown.complete"})
                     return
-        chunks = []
-        while True:
-            msg = await receive()
-            chunks.append(msg.get("body", b""))
-            if not msg.get("more_body"):
-                break
+        body = await read_body(receive)
         path = scope["path"]
         if path.endswith("/models"):
             payload, status = models, 200
         elif path.endswith("/chat/completions"):
             if latency_s:
                 await asyncio.sleep(latency_s)
-            payload, status = up.reply(orjson.loads(b"".join(chunks))), 200
+            payload, status = up.reply(orjson.loads(body)), 200
         else:
             payload, status = b'{"error":{"message":"not found"}}', 404
         await send({"type": "http.response.start", "status": status,

@@ -65,6 +65,16 @@ class GroupCommit:
                 loop.call_soon_threadsafe(done.set_result, None)
 
 
+async def read_body(receive: Any) -> bytes:
+    """A request's whole body from its ASGI `http.request` messages."""
+    chunks = []
+    while True:
+        msg = await receive()
+        chunks.append(msg.get("body", b""))
+        if not msg.get("more_body"):
+            return b"".join(chunks)
+
+
 def floor_app(default_engine: str, db_path: str) -> Any:
     """The floor proxy as a raw ASGI app (sessions only so the bench can drive it like tapdeck)."""
     store: GroupCommit | None = None
@@ -109,13 +119,7 @@ def floor_app(default_engine: str, db_path: str) -> Any:
             await receive()  # shutdown
             await send({"type": "lifespan.shutdown.complete"})
             return
-        chunks = []
-        while True:
-            msg = await receive()
-            chunks.append(msg.get("body", b""))
-            if not msg.get("more_body"):
-                break
-        body, path = b"".join(chunks), scope["path"]
+        body, path = await read_body(receive), scope["path"]
         if path == "/admin/sessions" and scope["method"] == "POST":
             engine = ((orjson.loads(body) if body else {}).get("engine") or {}).get("url", default_engine)
             key = secrets.token_hex(16)

@@ -16,9 +16,9 @@ from tapdeck.proxy.engine_client import EngineClient
 from tapdeck.proxy.findings import Finding, Level
 from tapdeck.proxy.graph import RolloutGraph
 from tapdeck.proxy.interning import Interner
-from tapdeck.proxy.tokens import PromptIdsMemo
 from tapdeck.proxy.tiers import EngineSpec, Tier
 from tapdeck.proxy.token_in import TokenIn
+from tapdeck.proxy.tokens import PromptIdsMemo
 from tapdeck.schema.sessions import RolloutStats
 
 

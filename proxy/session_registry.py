@@ -24,7 +24,6 @@ from tapdeck.proxy.events import EventBus
 from tapdeck.proxy.findings import Finding
 from tapdeck.proxy.graph import RolloutGraph
 from tapdeck.proxy.interning import Interner
-from tapdeck.proxy.tokens import PromptIdsMemo
 from tapdeck.proxy.live_session import LiveSession, demote, stored_stats
 from tapdeck.proxy.sessions import (
     EngineRef,
@@ -41,6 +40,7 @@ from tapdeck.proxy.store import Store
 from tapdeck.proxy.store_writes import StoreUnavailable, StoreWrites
 from tapdeck.proxy.tiers import EngineSpec, ProbeResult, Tier, probe
 from tapdeck.proxy.token_in import TokenIn
+from tapdeck.proxy.tokens import PromptIdsMemo
 from tapdeck.schema.events import SessionClosed, SessionOpened, SessionUpdated
 from tapdeck.schema.sessions import RolloutStats
 
