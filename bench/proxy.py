@@ -12,9 +12,10 @@ skips it), and the client here. Each round sends the same rollouts direct, throu
 through tapdeck. Prints, from one run:
 
 1. per round of N concurrent rollouts (fast upstream, then the 100 ms one): p50 direct and proxied,
-   p50 and p99 ratios, the proxy's CPU ms per call (its process CPU time over the calls), calls/s
-   proxied and direct, failed calls, and how many sessions came out as one chain with every turn
-   captured; under it the floor's row, measured the same way;
+   p50 and p99 ratios, the proxy's CPU ms per call (its process CPU time over the calls, with the
+   kernel's part and its event-loop thread's part beside it), calls/s proxied and direct, failed
+   calls, and how many sessions came out as one chain with every turn captured; under it the
+   floor's row, measured the same way;
 2. flatness as turns grow: one 200-turn rollout whose prompts reach ~100k tokens, early vs late
    turns, its CPU per call, RSS growth per 1,000 stored tokens, and the rollout export time.
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import copy
 import hashlib
 import json
@@ -176,11 +178,30 @@ def words(n_tokens: int, salt: str) -> str:
 
 
 def cpu_s(pid: int, which: str = "user+sys") -> float:
-    """CPU seconds of a process (all its threads) from /proc: `user+sys`, `user` or `sys`."""
+    """CPU seconds of a process (all its threads): `user+sys` to the nanosecond (Linux's CPU-time
+    clock of another process, as `clock_getcpuclockid` encodes it); `user` or `sys` from /proc, in
+    10 ms ticks."""
+    if which == "user+sys":
+        return time.clock_gettime(((~pid) << 3) | 2)
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    user, sys_ = int(fields[11]), int(fields[12])
-    ticks = {"user": user, "sys": sys_}.get(which, user + sys_)
-    return ticks / os.sysconf("SC_CLK_TCK")
+    return int(fields[11 if which == "user" else 12]) / os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu_s(pid: int) -> dict[int, float]:
+    """CPU seconds (user+sys) of each of a process's threads, by thread id, from /proc in 10 ms
+    ticks (Linux gives no thread's CPU-time clock to another process)."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            out[int(task.name)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
+def busiest_delta(before: dict[int, float], after: dict[int, float]) -> float:
+    """The CPU seconds the busiest thread spent between two `thread_cpu_s` readings: a proxy's
+    event loop (the rest is its store threads)."""
+    return max((cpu - before.get(tid, 0.0) for tid, cpu in after.items()), default=0.0)
 
 
 def rss_mb(pid: int) -> float:
@@ -252,18 +273,19 @@ async def through_proxy(client: httpx.AsyncClient, proxy_url: str, admin_key: st
     infos = [(await client.post(f"{proxy_url}/admin/sessions", json={"engine": engine} if engine else {},
                                 headers=admin)).json() for _ in range(sessions)]
     errors = Errors()
-    cpu0, sys0, start = cpu_s(pid), cpu_s(pid, "sys"), time.perf_counter()
+    cpu0, sys0, threads0, start = cpu_s(pid), cpu_s(pid, "sys"), thread_cpu_s(pid), time.perf_counter()
     latencies = await asyncio.gather(*(conversation(
         client, f"{proxy_url}/v1/chat/completions", {"Authorization": f"Bearer {info['api_key']}"},
         turns=calls, first_tokens=prompt, turn_tokens=turn_tokens, salt=f"{salt}-{i}", direct=False,
         errors=errors) for i, info in enumerate(infos)))
     wall, cpu, sys_cpu = time.perf_counter() - start, cpu_s(pid) - cpu0, cpu_s(pid, "sys") - sys0
+    loop = busiest_delta(threads0, thread_cpu_s(pid))
     summaries = [(await client.get(f"{proxy_url}/admin/sessions/{info['id']}", headers=admin)).json()
                  for info in infos]
     flat = [x for lat in latencies for x in lat]
     return {"latencies": latencies, "flat": flat, "errors": errors, "summaries": summaries,
             "cpu_ms": cpu * 1000 / max(1, len(flat)), "sys_ms": sys_cpu * 1000 / max(1, len(flat)),
-            "cps": len(flat) / wall}
+            "loop_ms": loop * 1000 / max(1, len(flat)), "cps": len(flat) / wall}
 
 
 async def concurrency_round(upstream_url: str, proxy_url: str, admin_key: str, proxy_pid: int,
@@ -297,11 +319,13 @@ async def concurrency_round(upstream_url: str, proxy_url: str, admin_key: str, p
            "proxy_p50": pct(p, 50), "proxy_p99": pct(p, 99), "chains": chains,
            "errors": len(tapdeck["errors"]), "direct_errors": len(direct_errors),
            "first_error": (tapdeck["errors"] or direct_errors or [""])[0],
-           "cpu_ms": tapdeck["cpu_ms"], "sys_ms": tapdeck["sys_ms"], "proxy_cps": tapdeck["cps"],
+           "cpu_ms": tapdeck["cpu_ms"], "sys_ms": tapdeck["sys_ms"], "loop_ms": tapdeck["loop_ms"],
+           "proxy_cps": tapdeck["cps"],
            "direct_cps": len(d) / direct_wall}
     if bare is not None:
         out |= {"floor_p50": pct(bare["flat"], 50), "floor_p99": pct(bare["flat"], 99),
-                "floor_cpu_ms": bare["cpu_ms"], "floor_sys_ms": bare["sys_ms"], "floor_cps": bare["cps"],
+                "floor_cpu_ms": bare["cpu_ms"], "floor_sys_ms": bare["sys_ms"],
+                "floor_loop_ms": bare["loop_ms"], "floor_cps": bare["cps"],
                 "floor_errors": len(bare["errors"]),
                 "floor_stored": sum(1 for s in bare["summaries"] if s["turns"] == calls)}
     return out
@@ -365,14 +389,14 @@ def median_round(repeats: list[dict[str, Any]]) -> dict[str, Any]:
 def print_row(label: str, r: dict[str, Any]) -> None:
     print(f"{label:<22} {r['calls']:>6} {r['direct_p50']:>8.2f} {r['proxy_p50']:>8.2f} "
           f"{r['proxy_p50'] / r['direct_p50']:>6.2f} {r['proxy_p99'] / r['direct_p99']:>6.2f} "
-          f"{r['cpu_ms']:>7.2f} {r['sys_ms']:>5.2f} {r['proxy_cps']:>7.0f} {r['direct_cps']:>7.0f} "
+          f"{r['cpu_ms']:>7.2f} {r['sys_ms']:>5.2f} {r['loop_ms']:>5.2f} {r['proxy_cps']:>7.0f} {r['direct_cps']:>7.0f} "
           f"{r['errors']:>4} {r['chains']:>4}/{r['sessions']:<4}")
     if r["errors"] or r["direct_errors"]:
         print(f"{'':<22} first error: {r['first_error']}")
     if "floor_p50" in r:
         print(f"{'  floor':<22} {r['calls']:>6} {r['direct_p50']:>8.2f} {r['floor_p50']:>8.2f} "
               f"{r['floor_p50'] / r['direct_p50']:>6.2f} {r['floor_p99'] / r['direct_p99']:>6.2f} "
-              f"{r['floor_cpu_ms']:>7.2f} {r['floor_sys_ms']:>5.2f} {r['floor_cps']:>7.0f} {r['direct_cps']:>7.0f} "
+              f"{r['floor_cpu_ms']:>7.2f} {r['floor_sys_ms']:>5.2f} {r['floor_loop_ms']:>5.2f} {r['floor_cps']:>7.0f} {r['direct_cps']:>7.0f} "
               f"{r['floor_errors']:>4} {r['floor_stored']:>4}/{r['sessions']:<4} (stored, not linked)")
 
 
@@ -430,10 +454,11 @@ def main() -> None:
         print(f"proxy overhead, one run ({os.cpu_count()} cores, {load()}; upstream, proxy and client "
               "are separate processes; store = SQLite WAL, synchronous=FULL)")
         print(f"\n1) concurrent rollouts, first prompt {args.prompt} tokens (+~225/turn); ms per call; "
-              "cpu = proxy CPU ms per call (sys: the kernel's part);\n   calls/s = proxied and direct throughput of this client "
-              "(client, proxy and upstream share the cores)")
+              "cpu = proxy CPU ms per call (sys: the kernel's part;\n   loop: its busiest thread's, the "
+              "event loop; the rest is its store threads); calls/s = proxied and direct throughput of\n   this "
+              "client (client, proxy and upstream share the cores)")
         print(f"{'round':<22} {'calls':>6} {'direct':>8} {'proxy':>8} {'p50 x':>6} {'p99 x':>6} "
-              f"{'cpu ms':>7} {'sys':>5} {'calls/s':>7} {'direct':>7} {'err':>4} chains")
+              f"{'cpu ms':>7} {'sys':>5} {'loop':>5} {'calls/s':>7} {'direct':>7} {'err':>4} chains")
         rounds = [(n, upstream_url, "fast") for n in args.concurrency.split(",") if n] + \
                  [(n, slow_url, "100 ms") for n in args.slow.split(",") if n]
         for n, url, tag in ((int(n), url, tag) for n, url, tag in rounds):
