@@ -26,10 +26,12 @@ class SessionTable(DataTable):
 
     def on_mount(self) -> None:
         self._set_columns()
+        self.app.theme_changed_signal.subscribe(self, lambda _theme: self.restyle())
 
     def on_resize(self) -> None:
+        highlighted = self._highlighted()
         if self._set_columns():
-            self.restyle()
+            self.restyle(highlighted)
 
     def _set_columns(self) -> bool:
         """The narrow columns, plus WIDE_COLUMNS on a wide terminal; True when they changed."""
@@ -74,8 +76,18 @@ class SessionTable(DataTable):
         self._shown = dict(rows)
         return len(diff.removed) + len(diff.added) + len(diff.changed)
 
-    def restyle(self) -> None:
-        """Re-render every cell (after a theme change the tones map to new colours)."""
+    def restyle(self, highlighted: str | None = None) -> None:
+        """Re-render every cell (after a theme change the tones map to new colours), the cursor
+        staying on the session it was on (or on `highlighted`, read before the columns changed)."""
+        highlighted = highlighted or self._highlighted()
         self._shown = {}
         self.clear()
         self.apply(self._given)
+        if highlighted is not None and highlighted in self._shown:
+            self.move_cursor(row=self.get_row_index(highlighted))
+
+    def _highlighted(self) -> str | None:
+        """The key of the session under the cursor; None on an empty table."""
+        if not self.row_count:
+            return None
+        return self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value

@@ -7,6 +7,7 @@ import re
 import socket
 
 import pytest
+from rich.text import Text
 from textual.command import CommandList, CommandPalette
 from textual.selection import Selection
 from textual.widgets import DataTable, Input, Select, SelectionList, Sparkline
@@ -381,6 +382,28 @@ async def test_sessions_board_charts_every_sessions_calls_per_second(api_data):
         assert "now 0.3 · peak 1.0" in str(app.screen.query_one("#board-rate-span").render())
 
 
+async def test_sessions_table_keeps_its_highlighted_session_across_a_resize_and_a_theme_change(make_app):
+    app = make_app("sessions")
+    async with app.run_test(size=(80, 24)) as pilot:
+        table = app.screen.query_one(SessionTable)
+        await until(pilot, lambda: table.row_count == 8, "the recorded sessions")
+        await pilot.press("down", "down", "down")
+        chosen = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        narrow = len(table.columns)
+        await pilot.resize_terminal(140, 30)  # past WIDE_AT: the table is rebuilt with more columns
+        await until(pilot, lambda: len(table.columns) > narrow, "the wide columns")
+        assert table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value == chosen
+        state = table.get_cell(chosen, "state")
+        assert isinstance(state, Text)  # a toned cell, drawn in the theme's colour
+        app.theme = next(name for name in app.available_themes if name != app.theme)
+        # A theme change re-renders every cell (its tones take the new theme's colours).
+        await until(pilot, lambda: table.get_cell(chosen, "state") is not state, "the cells re-rendered")
+        assert table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value == chosen
+        await pilot.resize_terminal(80, 24)
+        await until(pilot, lambda: len(table.columns) == narrow, "the narrow columns")
+        assert table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value == chosen
+
+
 async def test_sessions_detail_indents_continuation_lines_of_a_multi_line_field(api_data):
     """The detail pane's labels stand alone in their column: a text's own line breaks and the lines
     it wraps into (at any width) start under its first line, never at a label's place."""
@@ -398,7 +421,7 @@ async def test_sessions_detail_indents_continuation_lines_of_a_multi_line_field(
         await until(pilot, lambda: "1 failed" in str(text.render()), "the observation in the pane")
 
         observation_rows = {}
-        for width in (80, 110):  # at 120 the table rebuilds with more columns, its cursor on row 1
+        for width in (80, 110):  # (from 120 columns the pane sits beside a wider table)
             await pilot.resize_terminal(width, 24)
             await until(pilot, lambda: text.size.width == width - 4, f"the pane at {width} columns")
             rows = [text.render_line(y).text.rstrip() for y in range(text.size.height)]
