@@ -36,6 +36,9 @@ class InfoScreen(TapdeckScreen):
 
     def on_mount(self) -> None:
         self.action_reload()
+        # The ✓ and ✗ are drawn in the theme's colours: a new theme draws the tables again.
+        self.app.theme_changed_signal.subscribe(
+            self, lambda _theme: self.show_catalog(self.catalog) if self.catalog is not None else None)
 
     def action_reload(self) -> None:
         self.load()

@@ -32,6 +32,16 @@ class RolloutTree(Tree[int]):
         self._seq_nodes: dict[int, TreeNode[int]] = {}
         self._seq_parents: dict[int, int | None] = {}
         self._seq_labels: dict[int, str] = {}
+        self._turns: dict[int, TurnNode] = {}
+        """The turns last loaded, to draw their labels again in a new theme's colours."""
+
+    def on_mount(self) -> None:
+        self.app.theme_changed_signal.subscribe(self, lambda _theme: self._relabel())
+
+    def _relabel(self) -> None:
+        for seq, shown in self._seq_nodes.items():
+            if seq in self._turns:
+                shown.set_label(self._label(self._turns[seq]))
 
     def _label(self, node: TurnNode) -> Text:
         plain = turn_label(node)
@@ -50,6 +60,7 @@ class RolloutTree(Tree[int]):
 
     def load(self, nodes: dict[int, TurnNode]) -> None:
         """Show `nodes`; incremental when every shown turn keeps its place."""
+        self._turns = dict(nodes)
         places = display_parents(nodes)
         structure_changed = any(self._seq_parents.get(seq, place) != place
                                 for seq, place in places.items() if seq in self._seq_parents)

@@ -38,3 +38,16 @@ async def test_a_growing_chain_is_listed_flat_and_a_fork_nests_its_branches() ->
         assert _shape(tree.root) == [(0, [1, (2, [(3, [4]), (5, [6])])]), 7]
         await pilot.pause()
         assert all(tree._seq_nodes[seq].data == seq for seq in range(8))
+
+
+async def test_a_theme_change_draws_the_turns_again_in_its_colours() -> None:
+    app = TreeApp()
+    async with app.run_test(size=(80, 24)) as pilot:
+        tree = app.query_one(RolloutTree)
+        tree.load(rollout_nodes(graph_turns([{"seq": 0, "parent": None},
+                                             {"seq": 1, "parent": 0, "link_kind": "retokenized"}])))
+        assert str(tree._seq_nodes[1].label.style) == app.current_theme.warning
+        app.theme = next(name for name in ("textual-light", "nord")
+                         if app.get_theme(name).warning != app.current_theme.warning)
+        await pilot.pause()
+        assert str(tree._seq_nodes[1].label.style) == app.current_theme.warning

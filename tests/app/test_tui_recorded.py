@@ -7,6 +7,7 @@ import re
 import socket
 
 import pytest
+from rich.color import Color
 from rich.text import Text
 from textual.command import CommandList, CommandPalette
 from textual.selection import Selection
@@ -402,6 +403,22 @@ async def test_sessions_table_keeps_its_highlighted_session_across_a_resize_and_
         await pilot.resize_terminal(80, 24)
         await until(pilot, lambda: len(table.columns) == narrow, "the narrow columns")
         assert table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value == chosen
+
+
+async def test_info_draws_its_marks_again_in_a_new_themes_colours(make_app):
+    def tick_colours(app) -> set:
+        static = app.screen.query_one("#catalog-info")
+        return {seg.style.color for y in range(static.size.height)
+                for seg in static.render_line(y) if seg.text.strip() == "✓" and seg.style}
+
+    app = make_app("info")
+    async with app.run_test(size=(100, 40)) as pilot:
+        await until(pilot, lambda: app.screen.catalog is not None and tick_colours(app), "the catalog's marks")
+        assert tick_colours(app) == {Color.parse(app.current_theme.success)}
+        app.theme = next(name for name in app.available_themes
+                         if app.get_theme(name).success != app.current_theme.success)
+        await until(pilot, lambda: tick_colours(app) == {Color.parse(app.current_theme.success)},
+                    "the marks in the new theme's colour")
 
 
 async def test_sessions_detail_indents_continuation_lines_of_a_multi_line_field(api_data):
