@@ -177,14 +177,21 @@ def words(n_tokens: int, salt: str) -> str:
     return (salt + "-" + "abcd" * n_tokens)[: 4 * n_tokens]
 
 
+def _stat_s(stat: Path) -> tuple[float, float]:
+    """`(user, sys)` CPU seconds from a /proc `stat` file (a process's or a thread's), in 10 ms ticks."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
 def cpu_s(pid: int, which: str = "user+sys") -> float:
     """CPU seconds of a process (all its threads): `user+sys` to the nanosecond (Linux's CPU-time
     clock of another process, as `clock_getcpuclockid` encodes it); `user` or `sys` from /proc, in
     10 ms ticks."""
     if which == "user+sys":
         return time.clock_gettime(((~pid) << 3) | 2)
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11 if which == "user" else 12]) / os.sysconf("SC_CLK_TCK")
+    user, sys_ = _stat_s(Path(f"/proc/{pid}/stat"))
+    return user if which == "user" else sys_
 
 
 def thread_cpu_s(pid: int) -> dict[int, float]:
@@ -193,8 +200,7 @@ def thread_cpu_s(pid: int) -> dict[int, float]:
     out = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         with contextlib.suppress(OSError):  # a thread that ended meanwhile
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-            out[int(task.name)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            out[int(task.name)] = sum(_stat_s(task / "stat"))
     return out
 
 
