@@ -144,7 +144,7 @@ def floor_app(default_engine: str, db_path: str) -> Any:
 def main() -> None:
     port, engine, db_path = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     uvicorn.run(floor_app(engine, db_path), host="127.0.0.1", port=port, loop="uvloop", http="httptools",
-                log_level="warning", access_log=False)
+                log_level="warning", access_log=False, proxy_headers=False)
 
 
 if __name__ == "__main__":

@@ -88,9 +88,11 @@ class ThreadedServer:
         """Bind (or take `sock`, bound earlier with `bind_socket`), start the serving thread and
         wait until it is accepting connections."""
         self._sock = sock if sock is not None else bind_socket(self.host, self.requested_port)
+        # No proxy_headers: nothing here reads the client's address, and uvicorn's middleware
+        # for X-Forwarded-For scanned every model call's headers for it.
         config = uvicorn.Config(self.app, log_config=None, access_log=False, lifespan="on",
                                 timeout_graceful_shutdown=2, loop=self.loop, http="httptools",
-                                timeout_keep_alive=KEEP_ALIVE_S)
+                                timeout_keep_alive=KEEP_ALIVE_S, proxy_headers=False)
         self._server = _QuietServer(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
                                         name=self.name, daemon=True)

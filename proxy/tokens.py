@@ -63,7 +63,7 @@ class PromptIdsMemo:
 
     def __init__(self) -> None:
         self.text = b""
-        self.ids: np.ndarray = np.zeros(0, dtype=np.int64)
+        self.ids: np.ndarray = np.zeros(0, dtype=ID_DTYPE)
 
     def keep(self, text: bytes, ids: np.ndarray) -> None:
         """Remember `ids` (read-only from now on: the reply shares the array) as parsed from `text`."""
@@ -73,14 +73,15 @@ class PromptIdsMemo:
 
 def loads_with_prompt_ids(body: bytes, memo: PromptIdsMemo | None = None) -> object:
     """`orjson.loads(body)`, with a top-level `prompt_token_ids` list decoded straight into an
-    int64 array instead of a Python list of ints.
+    int32 array (`as_ids`'s form) instead of a Python list of ints.
 
     On a 110k-token prompt building that list and then an array from it was about half the
     proxy's CPU per call. The list's bytes are parsed by numpy and replaced by a sentinel before
     the rest is parsed; anything unexpected (the key nested elsewhere, non-integer items) takes
     the plain path, so the result is the same as `orjson.loads` except for that one field's type.
-    With a `memo` (the session's last list) only the part after the remembered ids is parsed, and
-    the memo then holds this list.
+    An id int32 cannot hold also takes the plain path, where the caller's check reports it.
+    With a `memo` (the session's last list) only the part after the remembered ids is parsed and
+    range-checked, and the memo then holds this list.
     """
     found = _PROMPT_IDS_KEY.search(body)
     if found is None:
@@ -102,8 +103,13 @@ def loads_with_prompt_ids(body: bytes, memo: PromptIdsMemo | None = None) -> obj
             return orjson.loads(body)
         if new.size != tail.count(b",") + 1:  # numpy stops at an empty item (",,")
             return orjson.loads(body)
+        if new.min() < _INT32.min or new.max() > _INT32.max:
+            return orjson.loads(body)
+        # Narrowed here, over the new ids only: the array as a whole then needs no range pass or
+        # copy in `as_ids` (a 107k-id prompt's cost every call, not just its new tail's).
+        new = new.astype(ID_DTYPE)
     else:
-        new = np.zeros(0, dtype=np.int64)
+        new = np.zeros(0, dtype=ID_DTYPE)
     ids = new if known is None else np.concatenate([known, new])
     if memo is not None:
         memo.keep(body[start:end], ids)

@@ -331,7 +331,7 @@ def test_prompt_ids_past_the_sessions_last_prompt_are_the_only_ones_parsed(vllm)
     assert loads_with_prompt_ids(_compact(first), memo)["prompt_token_ids"].tolist() == first["prompt_token_ids"]
     known = len(first["prompt_token_ids"])
     assert second["prompt_token_ids"][:known] == first["prompt_token_ids"]
-    memo.keep(memo.text, np.full(known, -1, dtype=np.int64))
+    memo.keep(memo.text, np.full(known, -1, dtype=np.int32))
     got = loads_with_prompt_ids(_compact(second), memo)["prompt_token_ids"]
     assert got[:known].tolist() == [-1] * known
     assert got[known:].tolist() == second["prompt_token_ids"][known:]
@@ -351,6 +351,18 @@ def test_prompt_ids_with_a_memo_match_plain_json(last, now):
     body = {"id": "x", "prompt_token_ids": now, "choices": []}
     got = loads_with_prompt_ids(_compact(body), memo)
     assert got["prompt_token_ids"].tolist() == now and memo.ids.tolist() == now
+
+
+def test_prompt_ids_arrive_as_int32_and_an_id_past_int32_decodes_as_plain_json():
+    """The array is already in the stored form (no range pass or copy later); an id int32 cannot
+    hold stays a plain list, which `parse_capture` reports as a bad prompt."""
+    memo = PromptIdsMemo()
+    got = loads_with_prompt_ids(_compact({"prompt_token_ids": [1, 2147483647]}), memo)
+    assert got["prompt_token_ids"].dtype == np.int32
+    body = {"prompt_token_ids": [1, 2147483647, 2147483648]}
+    assert loads_with_prompt_ids(_compact(body), memo) == body
+    capture = EngineClient.parse_capture({**body, "choices": [{"token_ids": [3]}]})
+    assert capture.prompt_ids is None and [f.code for f in capture.findings] == ["bad_prompt_ids"]
 
 
 @settings(max_examples=60, deadline=None)
