@@ -57,7 +57,7 @@ class AccessRecord:
         if not log.isEnabledFor(level):
             return
         # The record is made here rather than by `log.log`, which walks the stack to find its
-        # caller (always this method): a tenth of this line's cost, on every model call.
+        # caller (always this method): that was a sixth of the line's CPU, on every model call.
         log.handle(log.makeRecord(log.name, level, __file__, 0, "%s", (self.line(),), None,
                                   func="emit"))
 

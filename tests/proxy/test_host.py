@@ -135,3 +135,18 @@ def test_serve_cli_reads_the_admin_key_from_a_file_and_refuses_weak_ones_on_publ
     res = runner.invoke(app, [*base, "--admin-key-file", str(key_file)], env={"TAPDECK_ADMIN_KEY": "k" * 40})
     assert res.exit_code == 2 and "give the admin key once" in res.output
     assert not (tmp_path / "capture.db").exists()  # refused before anything was made
+
+
+def test_serve_freezes_what_start_up_built_and_collects_young_objects_less_often():
+    import gc
+
+    from tapdeck.app.commands.serve import YOUNG_GC_THRESHOLD, settle_collector
+
+    before = gc.get_threshold()
+    try:
+        settle_collector()
+        assert gc.get_freeze_count() > 0
+        assert gc.get_threshold() == (YOUNG_GC_THRESHOLD, *before[1:]) and YOUNG_GC_THRESHOLD > before[0]
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
