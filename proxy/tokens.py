@@ -103,11 +103,12 @@ def loads_with_prompt_ids(body: bytes, memo: PromptIdsMemo | None = None) -> obj
             return orjson.loads(body)
         if new.size != tail.count(b",") + 1:  # numpy stops at an empty item (",,")
             return orjson.loads(body)
-        if new.min() < _INT32.min or new.max() > _INT32.max:
-            return orjson.loads(body)
         # Narrowed here, over the new ids only: the array as a whole then needs no range pass or
         # copy in `as_ids` (a 107k-id prompt's cost every call, not just its new tail's).
-        new = new.astype(ID_DTYPE)
+        try:
+            new = as_ids(new)
+        except ValueError:  # an id int32 cannot hold
+            return orjson.loads(body)
     else:
         new = np.zeros(0, dtype=ID_DTYPE)
     ids = new if known is None else np.concatenate([known, new])
