@@ -137,13 +137,22 @@ def serve_timed(out: Path, argv: list[str]) -> None:
 
 
 async def drive(proxy_url: str, upstream_url: str, pid: int, sessions: int, calls: int,
-                rounds: int) -> tuple[int, float]:
-    """The rounds' calls and the loop thread's CPU seconds over them."""
+                rounds: int, turns: int, turn_tokens: int) -> tuple[int, float]:
+    """The rounds' calls (or the one long rollout's) and the loop thread's CPU seconds over them."""
     engine = {"url": f"{upstream_url}/v1"}
     limits = httpx.Limits(max_connections=sessions + 8, max_keepalive_connections=sessions + 8)
     done, loop_s = 0, 0.0
     async with httpx.AsyncClient(timeout=300, limits=limits) as client:
         await bench.warm_up(client, upstream_url, proxy_url, "bench-admin-key", engine)
+        if turns:
+            info = (await client.post(f"{proxy_url}/admin/sessions", json={"engine": engine},
+                                      headers={"Authorization": "Bearer bench-admin-key"})).json()
+            threads = bench.thread_cpu_s(pid)
+            await bench.conversation(client, f"{proxy_url}/v1/chat/completions",
+                                     {"Authorization": f"Bearer {info['api_key']}"}, turns=turns,
+                                     first_tokens=1000, turn_tokens=turn_tokens,
+                                     salt="parts-long", direct=False)
+            return turns, bench.busiest_delta(threads, bench.thread_cpu_s(pid))
         for k in range(rounds):
             r = await bench.through_proxy(client, proxy_url, "bench-admin-key", pid, engine, sessions,
                                           calls, 1000, 200, f"parts{k}")
@@ -160,6 +169,10 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=16)
     parser.add_argument("--calls", type=int, default=20, help="calls per session and round")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--turns", type=int, default=0,
+                        help="instead of the rounds, one rollout of this many turns whose prompt "
+                             "grows as bench/proxy.py's flatness round's does (200: ~107k tokens)")
+    parser.add_argument("--turn-tokens", type=int, default=500, help="tokens each turn adds (--turns)")
     args, rest = parser.parse_known_args()
     if args.serve_timed:
         serve_timed(args.serve_timed, rest)
@@ -180,7 +193,7 @@ def main() -> None:
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         bench.wait_ready(f"{proxy_url}/health")
         calls, loop_s = asyncio.run(drive(proxy_url, upstream_url, server.pid, args.sessions, args.calls,
-                                          args.rounds))
+                                          args.rounds, args.turns, args.turn_tokens))
     finally:
         if server is not None:
             server.send_signal(signal.SIGINT)
@@ -190,8 +203,10 @@ def main() -> None:
     rows = json.loads(totals_file.read_text())
     # Every model call the server answered (the warm-up's too) reads its body once.
     answered = next(count for _where, step, _ns, count in rows if step == "_payload")
+    load = (f"one rollout of {args.turns} turns" if args.turns else
+            f"{args.rounds} × {args.sessions} sessions × {args.calls} calls")
     print(f"thread CPU of each step inside `tapdeck serve` ({os.cpu_count()} cores, {bench.load()}; "
-          f"{args.rounds} × {args.sessions} sessions × {args.calls} calls, {answered} answered)")
+          f"{load}, {answered} answered)")
     print(f"the event loop's whole CPU: {loop_s * 1e6 / calls:.0f} µs per call (/proc ticks)")
     print(f"{'thread':<7} {'µs/call':>8} {'runs/call':>9}  step")
     for where, step, ns, count in sorted(rows, key=lambda r: (r[0], -r[2])):

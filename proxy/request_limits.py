@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tapdeck.proxy.errors import ProxyError
@@ -66,20 +66,27 @@ def declared_length(scope: Scope) -> int | None:
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body, refused (BodyTooLarge) as soon as it is known to exceed `limit` bytes."""
+    """The whole body, refused (BodyTooLarge) as soon as it is known to exceed `limit` bytes.
+
+    Read from the ASGI messages themselves rather than `request.stream()`: that async generator
+    cost every model call its creation and the event loop's generator bookkeeping, and one
+    refused mid-body was left for the loop to finalise later."""
     declared = declared_length(request.scope)
     if declared is not None and declared > limit:
         raise BodyTooLarge(limit, declared)
     chunks: list[bytes] = []
     received = 0
-    try:
-        async for chunk in request.stream():
-            received += len(chunk)
-            if received > limit:
-                raise BodyTooLarge(limit)
-            chunks.append(chunk)
-    except ClientDisconnect:
-        raise BodyIncomplete from None
+    more = True
+    while more:
+        message = await request.receive()
+        if message["type"] != "http.request":  # http.disconnect: the client left mid-body
+            raise BodyIncomplete
+        chunk = message.get("body", b"")
+        more = message.get("more_body", False)
+        received += len(chunk)
+        if received > limit:
+            raise BodyTooLarge(limit)
+        chunks.append(chunk)
     return b"".join(chunks)
 
 

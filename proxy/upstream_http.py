@@ -111,12 +111,14 @@ class _Connection(asyncio.Protocol):
         if self._done is not None and not self._done.done():
             self._done.set_exception(exc)
 
-    def send(self, request: bytes) -> asyncio.Future[UpstreamReply]:
-        """Write one request; the future holds its reply."""
+    def send(self, head: bytes, body: bytes | None) -> asyncio.Future[UpstreamReply]:
+        """Write one request, its head and body as they are; the future holds its reply."""
         assert self.transport is not None
         self._body, self._reason, self._started = [], b"", False
         self._done = asyncio.get_running_loop().create_future()
-        self.transport.write(request)
+        # Two buffers in one vectored write: joining them first copied every call's whole body
+        # (~450 kB at a 107k-token prompt) into a new buffer only to send it.
+        self.transport.writelines((head, body) if body else (head,))
         return self._done
 
     def close(self) -> None:
@@ -157,14 +159,14 @@ class UpstreamHTTP:
         URL's path, such as vLLM's `/tokenize`) and return the whole reply. Raises
         UpstreamUnreachable or UpstreamTimeout."""
         target = f"{self.prefix}{path}" if prefixed else path
-        head = [f"{method} {target} HTTP/1.1\r\n".encode(), b"Host: ", self._host_header,
-                b"\r\nAccept: application/json\r\n"]
+        lines = [f"{method} {target} HTTP/1.1\r\n".encode(), b"Host: ", self._host_header,
+                 b"\r\nAccept: application/json\r\n"]
         for name, value in (headers or {}).items():
-            head.append(f"{name}: {value}\r\n".encode())
+            lines.append(f"{name}: {value}\r\n".encode())
         if body is not None:
-            head.append(b"Content-Length: %d\r\n" % len(body))
-        head.append(b"\r\n")
-        request = b"".join(head) + (body or b"")
+            lines.append(b"Content-Length: %d\r\n" % len(body))
+        lines.append(b"\r\n")
+        head = b"".join(lines)
         connect_failures: list[str] = []
         while True:
             conn, reused = self._take_idle(), True
@@ -182,7 +184,7 @@ class UpstreamHTTP:
                     continue
             try:
                 async with asyncio.timeout(self.read_timeout):
-                    reply = await conn.send(request)
+                    reply = await conn.send(head, body)
             except _Lost as exc:
                 conn.close()
                 if exc.started:

@@ -7,8 +7,15 @@ import socket
 
 import httpx
 import pytest
+from starlette.requests import Request
 
-from tapdeck.proxy.request_limits import MAX_JSON_DEPTH, too_deep
+from tapdeck.proxy.request_limits import (
+    MAX_JSON_DEPTH,
+    BodyIncomplete,
+    BodyTooLarge,
+    read_body,
+    too_deep,
+)
 from tests.proxy.conftest import server_with_upstream
 
 NESTED = "[" * 300 + "1" + "]" * 300
@@ -122,6 +129,27 @@ def test_a_chunked_body_is_cut_off_once_past_the_limit(served):
     answer = _raw(server, f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
                           f"Authorization: Bearer {info['api_key']}\r\nTransfer-Encoding: chunked\r\n", body)
     assert answer.startswith(b"HTTP/1.1 413") and b"at most 4096 bytes" in answer
+
+
+def _request(*messages: dict) -> Request:
+    """A model-call request whose ASGI channel delivers `messages`, in order."""
+    queue = list(messages)
+
+    async def receive() -> dict:
+        return queue.pop(0)
+    return Request({"type": "http", "method": "POST", "path": "/v1/chat/completions",
+                    "headers": []}, receive)
+
+
+async def test_a_body_in_parts_is_read_whole_and_a_client_leaving_mid_body_is_refused():
+    parts = [{"type": "http.request", "body": b'{"model":', "more_body": True},
+             {"type": "http.request", "body": b"", "more_body": True},
+             {"type": "http.request", "body": b'"m"}', "more_body": False}]
+    assert await read_body(_request(*parts), 100) == b'{"model":"m"}'
+    with pytest.raises(BodyTooLarge):
+        await read_body(_request(*parts), 12)
+    with pytest.raises(BodyIncomplete):
+        await read_body(_request(parts[0], {"type": "http.disconnect"}), 100)
 
 
 def _nested(levels: int) -> object:

@@ -338,6 +338,30 @@ def test_prompt_ids_past_the_sessions_last_prompt_are_the_only_ones_parsed(vllm)
     assert memo.ids is got and not got.flags.writeable
 
 
+def test_extending_replies_share_one_growing_buffer_and_arrays_handed_out_keep_their_ids():
+    """Nothing of the prompt's size is copied per call: the memo's text is a view of the reply,
+    and each reply's new ids are written after the last ones, where no earlier array reaches."""
+    memo = PromptIdsMemo()
+    ids: list[int] = []
+    handed: list[tuple[np.ndarray, list[int]]] = []
+    for step in range(6):
+        ids = ids + list(range(100 * step, 100 * step + 300))
+        body = _compact({"prompt_token_ids": ids, "choices": []})
+        got = loads_with_prompt_ids(body, memo)["prompt_token_ids"]
+        assert memo.ids is got and memo.text.obj is body
+        handed.append((got, list(ids)))
+    # From the first extension on: one buffer until it is full (600, 900, 1,200 ids), then one
+    # twice the size, so the known ids are copied a logarithmic number of times, not each call.
+    assert handed[1][0].base is handed[2][0].base is handed[3][0].base
+    assert handed[4][0].base is handed[5][0].base is not handed[3][0].base
+    other = loads_with_prompt_ids(_compact({"prompt_token_ids": [7, 7]}), memo)["prompt_token_ids"]
+    again = loads_with_prompt_ids(_compact({"prompt_token_ids": [7, 7, 8]}), memo)["prompt_token_ids"]
+    assert other.tolist() == [7, 7] and again.tolist() == [7, 7, 8]
+    assert again.base is not handed[-1][0].base
+    for got, want in handed:
+        assert got.tolist() == want
+
+
 @pytest.mark.parametrize(("last", "now"), [
     ([1, 2], [1, 23, 4]),  # the last list's text ends inside an id of this one
     ([1, 2], [1, 2]),  # the same list again
