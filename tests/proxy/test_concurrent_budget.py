@@ -4,6 +4,7 @@ is still being committed keeps its place, so calls arriving meanwhile cannot ove
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -19,6 +20,7 @@ def test_budget_holds_while_commits_are_pending(upstream: Upstream, make_server:
     server = make_server(upstream.base_url)
     info = admin_for(server).post("/admin/sessions", json={"call_budget": BUDGET}).json()
     store = server.service.store
+    live = server.service.registry.sessions[info["id"]]
     release = threading.Event()
     pending = threading.Semaphore(0)
     real_append = store.append_turn
@@ -40,9 +42,14 @@ def test_budget_holds_while_commits_are_pending(upstream: Upstream, make_server:
 
     with ThreadPoolExecutor(2 * BUDGET) as pool:
         first = [pool.submit(call, i) for i in range(BUDGET)]
-        # The first commit is held (the others queue behind its session's lock): every one of
-        # the first calls has its engine reply and no counted turn yet.
+        # The first commit is held (the others queue behind its session's lock). The late calls
+        # go once every first call holds its place: the pool may start one only after that
+        # commit, and a late call arriving before it would take its place.
         assert pending.acquire(timeout=60)
+        deadline = time.monotonic() + 60
+        while live.in_flight < BUDGET:
+            assert time.monotonic() < deadline, f"only {live.in_flight} first calls in flight"
+            time.sleep(0.01)
         late = [pool.submit(call, BUDGET + i) for i in range(BUDGET)]
         late_texts = [f.result(timeout=60) for f in late]
         release.set()
