@@ -74,6 +74,7 @@ STEPS: list[tuple[str, str]] = [
     (P + "server", "_reply"),
 ]
 LOOP_THREAD = "tapdeck-server"
+ADMIN_KEY = "bench-admin-key"
 
 
 def _timed(step: str, fn: Callable[..., Any], totals: collections.Counter[tuple[str, str]],
@@ -143,10 +144,10 @@ async def drive(proxy_url: str, upstream_url: str, pid: int, sessions: int, call
     limits = httpx.Limits(max_connections=sessions + 8, max_keepalive_connections=sessions + 8)
     done, loop_s = 0, 0.0
     async with httpx.AsyncClient(timeout=300, limits=limits) as client:
-        await bench.warm_up(client, upstream_url, proxy_url, "bench-admin-key", engine)
+        await bench.warm_up(client, upstream_url, proxy_url, ADMIN_KEY, engine)
         if turns:
             info = (await client.post(f"{proxy_url}/admin/sessions", json={"engine": engine},
-                                      headers={"Authorization": "Bearer bench-admin-key"})).json()
+                                      headers={"Authorization": f"Bearer {ADMIN_KEY}"})).json()
             threads = bench.thread_cpu_s(pid)
             await bench.conversation(client, f"{proxy_url}/v1/chat/completions",
                                      {"Authorization": f"Bearer {info['api_key']}"}, turns=turns,
@@ -154,7 +155,7 @@ async def drive(proxy_url: str, upstream_url: str, pid: int, sessions: int, call
                                      salt="parts-long", direct=False)
             return turns, bench.busiest_delta(threads, bench.thread_cpu_s(pid))
         for k in range(rounds):
-            r = await bench.through_proxy(client, proxy_url, "bench-admin-key", pid, engine, sessions,
+            r = await bench.through_proxy(client, proxy_url, ADMIN_KEY, pid, engine, sessions,
                                           calls, 1000, 200, f"parts{k}")
             if r["errors"]:
                 raise RuntimeError(f"calls failed: {r['errors'][0]}")
@@ -189,7 +190,7 @@ def main() -> None:
         bench.wait_ready(f"{upstream_url}/v1/models")
         server = subprocess.Popen([sys.executable, __file__, "--serve-timed", str(totals_file), "--port",
                                    str(proxy_port), "--engine", f"{upstream_url}/v1", "--admin-key",
-                                   "bench-admin-key", "--data-dir", str(data)], env=env,
+                                   ADMIN_KEY, "--data-dir", str(data)], env=env,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         bench.wait_ready(f"{proxy_url}/health")
         calls, loop_s = asyncio.run(drive(proxy_url, upstream_url, server.pid, args.sessions, args.calls,
