@@ -48,7 +48,7 @@ def test_tapdeck_runs_a_rollout_by_keystrokes_and_quits_freeing_the_port(tmp_pat
         tmux.wait_for(r"Tasks \(1 of 5 ticked\)", 30)
         tmux.keys("C-s")
         screen = tmux.wait_for(r"hello-file\s+finished", 120)
-        assert "1 sessions · 1 finished" in screen
+        assert "1 session · 1 finished" in screen
         tmux.keys("4")
         tmux.wait_for(r"hello-file\s+1/1", 60)
         tmux.keys("q")
