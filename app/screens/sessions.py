@@ -77,8 +77,9 @@ class SessionsScreen(TapdeckScreen):
         self.query_one(SessionTable).apply(board.rows(now))
         states = Counter(board.states())
         total = sum(states.values())
-        summary = (f"{total} session{'s' if total != 1 else ''} · " + " · ".join(f"{n} {s}" for s, n in sorted(states.items()))
-                   if total else "No capture sessions yet: start a batch on Setup (1).")
+        by_state = " · ".join(f"{n} {s}" for s, n in sorted(states.items()))
+        summary = (f"{total} session{'s' if total != 1 else ''} · {by_state}" if total
+                   else "No capture sessions yet: start a batch on Setup (1).")
         self.query_one("#sessions-summary", Static).update(summary)
         self._show_board_rate(now)
         self._show_pane()
