@@ -87,7 +87,10 @@ class PromptIdsMemo:
         memo only grows (a reply that does not extend it is parsed whole and replaces it)."""
         n, k = self.ids.size, new.size
         room = self._room
-        if room is None or self.ids.base is not room or n != self._filled or room.size < n + k:
+        # `keep` drops the room when it is handed ids from elsewhere. `_filled` catches ids that
+        # stop short of what the room holds (a second call before `keep`): writing after them
+        # would change an array already handed out.
+        if room is None or n != self._filled or room.size < n + k:
             room = np.empty(max(2 * (n + k), 1024), dtype=ID_DTYPE)
             room[:n] = self.ids
             self._room = room
