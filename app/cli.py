@@ -6,6 +6,7 @@ Command modules import their heavy dependencies inside the command, so `tapdeck 
 from __future__ import annotations
 
 import importlib
+import sys
 
 import typer
 
@@ -17,6 +18,8 @@ app = typer.Typer(
     no_args_is_help=False,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # click's plain help: rich's option table cut long flag names at 80 columns.
+    rich_markup_mode=None,
 )
 
 # Each module under tapdeck.app.commands registers its own command(s).
@@ -56,5 +59,15 @@ for _name in COMMAND_MODULES:
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point: a known failure of the world is one line and exit 1."""
+    try:
+        app()
+    except Exception as exc:
+        from tapdeck.app.failures import describe
+
+        line = describe(exc)
+        if line is None:
+            raise
+        command = sys.argv[1] if len(sys.argv) > 1 and not sys.argv[1].startswith("-") else None
+        print(f"tapdeck{' ' + command if command else ''}: {line}", file=sys.stderr)
+        raise SystemExit(1) from None

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from tapdeck.proxy.errors import ProxyError
+from tapdeck.schema.addresses import out_of_range_port
 
 SETTLE_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 """A wrong host or port fails at connect; a busy engine may take a while to list its models."""
@@ -48,6 +49,16 @@ class SettledEngine:
         return [str(m["id"]) for m in self.listing.get("data") or []
                 if isinstance(m, dict) and m.get("id")]
 
+    def require_model(self, model: str | None) -> None:
+        """Refuse (EngineAddressError 400) a model name this engine does not serve, naming the
+        ones it does: calls for an unknown model fail only later, one by one, as text-tier 502s."""
+        served = self.model_ids()
+        if model is None or model in served:
+            return
+        raise EngineAddressError(f"the engine at {shown_url(self.base_url)} does not serve model "
+                                 f"{model!r}; it serves {', '.join(served) or 'no model'} "
+                                 "(--engine-model)", 400)
+
 
 _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s]*@")
 _SECRET_QUERY = re.compile(r"(?i)([?&](?:key|api[_-]?key|token|access_token|sig|signature)=)[^&#\s]*")
@@ -74,6 +85,9 @@ def normalize_address(address: str) -> str:
         httpx.URL(url)  # what the client itself would refuse
     except (ValueError, httpx.InvalidURL):  # a port that is not a number, a broken IPv6 literal...
         host = url = None
+    if (port := out_of_range_port(text)) is not None:
+        raise EngineAddressError(f"engine address {shown_url(address)!r}: port {port} is out of range "
+                                 "(1-65535)", 400)
     if url is None or not host or not url.startswith(("http://", "https://")):
         raise EngineAddressError(f"engine address {shown_url(address)!r} is not an http(s) URL; write it as "
                                  "HOST:PORT, http://HOST:PORT or http://HOST:PORT/v1", 400)

@@ -47,7 +47,14 @@ ENGINE_PROBE_TIMEOUT_S = 30.0
 # ------------------------------------------------------------------ sandboxes
 
 def _first_line(text: str) -> str:
-    return next((line.strip() for line in text.splitlines() if line.strip()), text.strip())
+    """The first non-blank line; with the next one when it ends in ":" (an SDK's "Install it
+    with:" is nothing without its command)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return text.strip()
+    if lines[0].endswith(":") and len(lines) > 1:
+        return f"{lines[0]} {lines[1]}"
+    return lines[0]
 
 
 def _aws_credentials_configured() -> bool:

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from tapdeck.runner.recipes import RECIPES, Recipe, get_recipe
+from tapdeck.runner.recipes import RECIPES, Recipe, get_recipe, visible_gpus
 from tapdeck.runner.trackio_reader import TrackioReader
 from tapdeck.runner.training import (
     RunRecord,
@@ -77,9 +77,11 @@ def recipe_info(recipe: Recipe) -> RecipeInfo:
         available, why = False, str(exc)
     else:
         missing = recipe.missing()
-        available = not missing
+        gpus = visible_gpus() if recipe.gpus else 0
+        available = not missing and gpus >= recipe.gpus
         why = (f"runs in {python}" if available
-               else f"needs {', '.join(missing)}, not installed in {python}")
+               else f"needs {', '.join(missing)}, not installed in {python}" if missing
+               else f"needs {recipe.gpus} GPUs; this machine has {gpus}")
     return RecipeInfo(name=recipe.name, summary=recipe.summary, where=recipe.where,
                       updates_weights=recipe.updates_weights, takes_run=recipe.takes_run,
                       env=recipe.env, available=available, why=why)

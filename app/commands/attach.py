@@ -23,9 +23,13 @@ def register(app: typer.Typer) -> None:
         from tapdeck.app.commands.tui import run_app
         from tapdeck.app.settings import default_settings_path
 
-        base = url.rstrip("/")
-        if not base.startswith(("http://", "https://")):
-            base = f"http://{base}"
+        from tapdeck.schema.addresses import http_base_url
+
+        try:
+            base = http_base_url(url, "server URL")
+        except ValueError as exc:
+            print(f"tapdeck attach: {exc}", file=sys.stderr)
+            raise typer.Exit(2) from None
         problem = asyncio.run(_check(base, admin_key))
         if problem:
             print(f"tapdeck attach: {problem}", file=sys.stderr)
@@ -48,8 +52,9 @@ async def _check(base: str, admin_key: str | None) -> str | None:
         except ApiError as exc:
             if exc.kind != "auth":
                 return f"the server at {base} answered /health but not /admin/sessions ({exc.message})"
-            refused = ("no --admin-key given (or $TAPDECK_ADMIN_KEY)" if not admin_key
-                       else f"the server at {base} rejected the admin key (401)")
+            refused = ("no admin key given (looked at --admin-key and $TAPDECK_ADMIN_KEY)" if not admin_key
+                       else f"the server at {base} rejected the admin key from --admin-key or "
+                            "$TAPDECK_ADMIN_KEY (401)")
             return f"{refused}; pass the key from the server's <data-dir>/admin.key with --admin-key"
         return None
     finally:

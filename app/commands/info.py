@@ -7,6 +7,9 @@ settles on, which is shown (plus the proxy's tier probe unless `--no-probe`).
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import typer
 
 # Sandboxes listed even when unavailable (the usual choices), so their reason is visible.
@@ -90,6 +93,30 @@ def render(catalog, *, show_all: bool = False, width: int = 80):
     return out
 
 
+def running_embedded_engine(*, probe: bool) -> Any | None:
+    """The embedded engine another tapdeck process runs and announced (the one a server started
+    now would reuse), as a catalog row with its tier; None when none runs."""
+    import asyncio
+    import importlib.util
+
+    if importlib.util.find_spec("llama_cpp") is None:
+        return None
+    from tapdeck.runner.catalog import url_engine_info
+    from tapdeck.runner.engine.model import DEFAULT_N_CTX, default_model_path
+    from tapdeck.runner.engine.registry import find_running
+
+    try:
+        announced = find_running(Path(default_model_path()).resolve(), DEFAULT_N_CTX)
+    except OSError:  # no model file: the catalog's own row says why
+        return None
+    if announced is None:
+        return None
+    row = asyncio.run(url_engine_info(announced.base_url, probe=probe))
+    row.name = "embedded"
+    row.why = f"running (process {announced.pid}, shared by every tapdeck here); {row.why}"
+    return row
+
+
 def register(app: typer.Typer) -> None:
     """Add the `info` command."""
 
@@ -110,10 +137,20 @@ def register(app: typer.Typer) -> None:
         import os
 
         os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        from tapdeck.proxy.engine_address import EngineAddressError, normalize_address
         from tapdeck.runner.catalog import build_catalog
+
+        try:
+            for address in engine:
+                normalize_address(address)
+        except EngineAddressError as exc:
+            typer.echo(f"tapdeck info: {exc}", err=True)
+            raise typer.Exit(2) from None
 
         catalog = build_catalog(engine_urls=engine or None, engine_api_key=engine_api_key,
                                 datasets=dataset or None, probe=probe)
+        if (running := running_embedded_engine(probe=probe)) is not None:
+            catalog.engines = [running, *(e for e in catalog.engines if e.name != "embedded")]
         if as_json:
             typer.echo(catalog.model_dump_json(indent=2))
             return

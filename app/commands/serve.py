@@ -43,12 +43,25 @@ def settle_collector() -> None:
     gc.set_threshold(YOUNG_GC_THRESHOLD)
 
 
+def unresolvable(host: str) -> str | None:
+    """Why `--host` cannot be bound because the name does not resolve (None: it resolves), so the
+    bind's own error is not read as a port in use."""
+    import socket
+
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        return f"--host {host!r} does not resolve ({exc.strerror})"
+    return None
+
+
 def register(app: typer.Typer) -> None:
     """Add the `serve` command."""
 
     @app.command("serve")
     def serve(
-        port: int = typer.Option(8300, "--port", help="Port to listen on."),
+        port: int = typer.Option(8300, "--port", min=0, max=65535,
+                                 help="Port to listen on (0 = any free port)."),
         host: str = typer.Option("127.0.0.1", "--host",
                                  help="Address to bind. Beyond loopback an explicit, strong admin key is required."),
         engine: str | None = typer.Option(None, "--engine",
@@ -82,6 +95,9 @@ def register(app: typer.Typer) -> None:
         import signal
         import threading
 
+        from pydantic import ValidationError
+
+        from tapdeck.app.failures import validation_line
         from tapdeck.app.host import LocalServer
         from tapdeck.proxy.config import ConfigError, ServerConfig, read_key_file
         from tapdeck.proxy.engine_address import EngineAddressError
@@ -101,9 +117,18 @@ def register(app: typer.Typer) -> None:
                     raise ValueError("give the admin key once: --admin-key/$TAPDECK_ADMIN_KEY or --admin-key-file")
                 fields["admin_key"] = read_key_file(admin_key_file)
             config = ServerConfig(**fields)
+        except ValidationError as exc:
+            typer.echo(f"tapdeck serve: {validation_line(exc)}", err=True)
+            raise typer.Exit(2) from None
         except ValueError as exc:
             typer.echo(f"tapdeck serve: {exc}", err=True)
             raise typer.Exit(2) from None
+        if (problem := unresolvable(host)) is not None:
+            typer.echo(f"tapdeck serve: {problem}", err=True)
+            raise typer.Exit(2)
+        if config.data_dir.exists() and not config.data_dir.is_dir():
+            typer.echo(f"tapdeck serve: --data-dir {config.data_dir} is not a directory", err=True)
+            raise typer.Exit(2)
         _log_to_stderr()
         server = LocalServer(config)
         if engine is None:

@@ -76,9 +76,19 @@ def register(app: typer.Typer) -> None:
                 raise typer.Exit(1) from None
             base, key = local.url, local.admin_key
         else:
-            base, key = server.rstrip("/"), admin_key or read_admin_key(data)
+            from tapdeck.schema.addresses import http_base_url
+
+            try:
+                base = http_base_url(server, "--server")
+            except ValueError as exc:
+                typer.echo(f"tapdeck train: {exc}", err=True)
+                raise typer.Exit(2) from None
+            key = admin_key or read_admin_key(data)
         try:
-            code = asyncio.run(_drive(base, key, recipe, run, list(ctx.args), list_))
+            sources = ("" if local is not None
+                       else f"--admin-key, $TAPDECK_ADMIN_KEY and {data}/admin.key")
+            code = asyncio.run(_drive(base, key, recipe, run, list(ctx.args), list_,
+                                      key_sources=sources))
         finally:
             if local is not None:
                 local.stop()
@@ -86,17 +96,19 @@ def register(app: typer.Typer) -> None:
 
 
 async def _drive(base: str, key: str | None, recipe: str, run: str | None, args: list[str],
-                 list_only: bool) -> int:
-
+                 list_only: bool, *, key_sources: str = "") -> int:
+    """List the recipes or run one to its end; the exit code (README: 2 for an unknown recipe)."""
     client = TapdeckClient(base, key)
     try:
-        if list_only:
-            typer.echo(describe_recipes(await client.train_recipes()))
-            return 0
         try:
+            if list_only:
+                typer.echo(describe_recipes(await client.train_recipes()))
+                return 0
             job = await client.start_train(recipe, run=run, args=args)
         except ApiError as exc:
-            typer.echo(f"tapdeck train: {exc.message}", err=True)
+            typer.echo(f"tapdeck train: {_why(exc, key, key_sources)}", err=True)
+            if exc.kind == "rejected" and await _unknown_recipe(client, recipe):
+                return 2
             return 1
         typer.echo(f"[tapdeck] training run {job.id} ({job.recipe}) on {base}, in {job.run_dir}")
         try:
@@ -120,6 +132,23 @@ async def _follow(client: TapdeckClient, run_id: str) -> TrainRunInfo:
         elif isinstance(event, TrainStateEvent):
             last = event.run
     return last if last is not None else await client.train_run(run_id)
+
+
+def _why(exc: ApiError, key: str | None, key_sources: str) -> str:
+    """The failure in one line; for a refused key, where the key was looked for."""
+    if exc.kind != "auth" or not key_sources:
+        return exc.message
+    found = "no admin key found" if not key else "the server rejected the admin key"
+    return (f"{found} (looked at {key_sources}); pass the server's <data-dir>/admin.key with "
+            "--admin-key")
+
+
+async def _unknown_recipe(client: TapdeckClient, recipe: str) -> bool:
+    """Whether the server has no recipe of that name (a refusal for any other reason is not 2)."""
+    try:
+        return recipe not in {r.name for r in await client.train_recipes()}
+    except ApiError:
+        return False
 
 
 async def _final_metrics(client: Any, run_id: str) -> dict[str, tuple[int, float]]:

@@ -78,7 +78,8 @@ def register(app: typer.Typer) -> None:
     def tui(
         data_dir: Path | None = typer.Option(None, "--data-dir",
                                              help="Data directory (default $TAPDECK_DATA_DIR or ~/.tapdeck)."),
-        port: int = typer.Option(0, "--port", help="Loopback port of the embedded server (0 = any free)."),
+        port: int = typer.Option(0, "--port", min=0, max=65535,
+                                 help="Loopback port of the embedded server (0 = any free)."),
         engine: str | None = typer.Option(None, "--engine",
                                           help="Engine, e.g. a vLLM server: HOST:PORT, http://HOST:PORT or "
                                                "…/v1. Omitted: the embedded SmolLM2 engine (never solves tasks)."),

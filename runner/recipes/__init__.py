@@ -14,7 +14,9 @@ trained). `grpo-trl` trains with TRL AsyncGRPO + vLLM and needs a GPU box.
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,8 @@ class Recipe:
     """"server": the server's own interpreter; "train": the training environment (torch, TRL)."""
     takes_run: bool = False
     """It reads a rollout run's exported rows (`--rows`), exported by the server that launches it."""
+    gpus: int = 0
+    """CUDA GPUs it needs to train (counted by `visible_gpus`)."""
 
     def missing(self) -> list[str]:
         """Required modules not installed in this interpreter (empty = it can start here).
@@ -75,6 +79,7 @@ RECIPES: dict[str, Recipe] = {
         updates_weights=True,
         needs=("torch", "trl", "openenv", "trackio"),
         env="train",
+        gpus=2,
     ),
 }
 
@@ -82,6 +87,16 @@ DEFAULT_RECIPE = "data-check"
 CPU_TRAINING = ("cpu-grpo updates SmolLM2-135M's weights on a CPU (slowly: minutes per step on "
                 "2 cores); the embedded llama.cpp engine cannot train, so that recipe samples from "
                 "its own torch copy of the model.")
+
+
+def visible_gpus() -> int:
+    """NVIDIA GPUs this process may use: the `/dev/nvidiaN` devices, narrowed by
+    `$CUDA_VISIBLE_DEVICES` when set. Read from the device files so that asking never imports torch."""
+    devices = [p for p in Path("/dev").glob("nvidia*") if p.name[len("nvidia"):].isdigit()]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return len(devices)
+    return min(len(devices), len([d for d in visible.split(",") if d.strip()]))
 
 
 def get_recipe(name: str) -> Recipe:

@@ -5,7 +5,8 @@ does, on any machine, step by step so a live plot shows it working:
 
 1. Reads the JSONL of a tapdeck run export — one row per captured agent turn as written by
    `tapdeck export RUN` (`tapdeck.proxy.export.trace_rows` + `write_jsonl`), or one row per rollout
-   with a nested `turns` list as written by `POST /admin/runs/{id}/export`.
+   with a nested `turns` list as written by `POST /admin/runs/{id}/export`. Rollouts whose rows say
+   `ok: false` (failed or cancelled) are left out, named in the log.
 2. Validates every turn as TRL AsyncGRPO's loop-owning worker would read it: `loss_mask` covers
    prompt+completion and is 0 on the whole prompt, `per_token_logps` is as long as the completion,
    every completion token (trained or not) has a finite, non-positive logprob, as OpenEnv's
@@ -64,6 +65,8 @@ class Rollout:
     rollout_id: str
     group_id: str
     reward: float | None
+    ok: bool = True
+    """False when its rows say it did not end ok (`ok: false`: failed or cancelled)."""
     turns: list[TurnRow] = field(default_factory=list)
     findings: list[str] = field(default_factory=list)
     rows: list[TrainingRow] = field(default_factory=list)
@@ -111,7 +114,7 @@ def load_rollouts(path: Path) -> list[Rollout]:
             if rollout is None:
                 # No group id: the rollout is its own group (its advantage is then 0).
                 rollout = rollouts[rid] = Rollout(rid, rid if group is None else str(group),
-                                                  _reward(row.get("reward")))
+                                                  _reward(row.get("reward")), row.get("ok") is not False)
             turns = row["turns"] if isinstance(row.get("turns"), list) else [row]
             for t in turns:
                 rollout.turns.append(TurnRow(t.get("node_id"), t.get("prompt_token_ids"),
@@ -302,6 +305,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"data-check: {exc}", file=sys.stderr)
         return 2
     print(f"data-check: {len(rollouts)} rollout(s) from {path}")
+    not_ok = [r.rollout_id for r in rollouts if not r.ok]
+    if not_ok:
+        # A failed or cancelled rollout was never graded as a whole: a trainer must not learn from it.
+        print(f"data-check: left out {len(not_ok)} rollout(s) that did not end ok (failed or "
+              f"cancelled): {', '.join(not_ok)}")
+        rollouts = [r for r in rollouts if r.ok]
     print("data-check: this recipe checks and scores data; it does not update any weights")
 
     # Validate and build rows before logging, so a bad row is reported once, with its rollout.

@@ -108,11 +108,31 @@ def test_attach_shows_a_remote_session_with_its_turn_and_quits_leaving_the_serve
 
 def test_attach_with_a_wrong_admin_key_exits_with_one_line_naming_the_key(served, tmp_path):
     result = _attach(served.url, "not-the-key", tmp_path)
-    assert result.returncode != 0
+    assert result.returncode == 1  # the server answered and refused: could not do the work
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert "admin key" in lines[0] and "Traceback" not in result.stderr + result.stdout
+    assert "--admin-key or $TAPDECK_ADMIN_KEY" in lines[0]
     assert served.healthy()
+
+
+def test_attach_without_an_admin_key_says_where_it_looked(served, tmp_path):
+    env = {k: v for k, v in _env(tmp_path).items() if k != "TAPDECK_ADMIN_KEY"}
+    result = subprocess.run([str(TAPDECK), "attach", served.url], capture_output=True, text=True,
+                            timeout=120, env=env, stdin=subprocess.DEVNULL, check=False)
+    assert result.returncode == 1
+    [line] = result.stderr.strip().splitlines()
+    assert "looked at --admin-key and $TAPDECK_ADMIN_KEY" in line and "admin.key" in line
+
+
+@pytest.mark.parametrize(("url", "why"), [("ftp://x", "is not an http(s) URL"),
+                                          ("127.0.0.1:99999", "port 99999 is out of range"),
+                                          ("http://127.0.0.1:0", "port 0 is out of range")])
+def test_attach_to_an_address_that_is_not_a_server_url_is_bad_usage(url, why, tmp_path):
+    result = _attach(url, ADMIN_KEY, tmp_path)
+    assert result.returncode == 2
+    [line] = result.stderr.strip().splitlines()
+    assert why in line and "http://ftp://" not in line
 
 
 def test_attach_to_an_unreachable_url_exits_with_one_line_naming_the_url(tmp_path):

@@ -47,12 +47,22 @@ def test_an_address_without_a_path_is_asked_at_v1_then_at_the_root() -> None:
         "https://api.example.com/openai/v1"]
 
 
-@pytest.mark.parametrize("address", ["ftp://gpu-box/v1", "gpu-box:port", "gpu-box:99999", "http://",
+@pytest.mark.parametrize("address", ["ftp://gpu-box/v1", "gpu-box:port", "http://",
                                      "", "http://:8000", "http://[::1:8000/v1"])
 def test_an_address_that_is_not_an_http_url_is_a_400(address: str) -> None:
     with pytest.raises(EngineAddressError) as err:
         candidate_base_urls(address)
     assert err.value.status == 400 and "HOST:PORT" in str(err.value)
+
+
+@pytest.mark.parametrize(("address", "port"), [("gpu-box:99999", "99999"), ("127.0.0.1:0", "0"),
+                                               ("http://gpu-box:65536/v1", "65536"),
+                                               ("http://[::1]:0", "0")])
+def test_an_address_whose_port_is_out_of_range_says_so(address: str, port: str) -> None:
+    with pytest.raises(EngineAddressError) as err:
+        candidate_base_urls(address)
+    assert err.value.status == 400
+    assert str(err.value) == f"engine address {address!r}: port {port} is out of range (1-65535)"
 
 
 def test_every_address_form_settles_on_the_recorded_engines_v1_base_url(upstream) -> None:

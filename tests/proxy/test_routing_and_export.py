@@ -121,22 +121,27 @@ def test_unknown_key_on_google_route_is_401_in_google_shape(upstream, make_serve
     assert resp.json()["error"]["code"] == 401 and "status" in resp.json()["error"]
 
 
-def test_export_session_and_run_files(upstream, make_server, admin_for, tmp_path: Path):
-    from tapdeck.app.cli import app
-
+def _two_captured_sessions(upstream, make_server, admin_for) -> tuple[Path, list[dict]]:
+    """A server's data dir holding two sessions, each with one captured chat call."""
     server = make_server(upstream.base_url)
     admin = admin_for(server)
     infos = [_open(admin) for _ in range(2)]
     for info in infos:
         httpx.post(f"{server.url}/v1/chat/completions", json=CHAT,
                    headers={"Authorization": f"Bearer {info['api_key']}"}).raise_for_status()
-    data = server.config.data_dir
+    return server.config.data_dir, infos
+
+
+def test_export_session_and_run_files(upstream, make_server, admin_for, tmp_path: Path):
+    from tapdeck.app.cli import app
+
+    data, infos = _two_captured_sessions(upstream, make_server, admin_for)
     run = data / "runs" / "run-1"
     run.mkdir(parents=True)
     results = [{"rollout_id": "r0", "run_id": "run-1", "task": "t", "group": 0, "index": 0,
-                "session_id": infos[0]["id"], "reward": 1.0},
+                "session_id": infos[0]["id"], "reward": 1.0, "ok": True},
                {"rollout_id": "r1", "run_id": "run-1", "task": "t", "group": 0, "index": 1,
-                "session_id": infos[1]["id"], "reward": None}]
+                "session_id": infos[1]["id"], "reward": None, "ok": True}]
     (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in results))
 
     runner = CliRunner()
@@ -158,3 +163,99 @@ def test_export_session_and_run_files(upstream, make_server, admin_for, tmp_path
 
     res = runner.invoke(app, ["export", "nope", "--data-dir", str(data)])
     assert res.exit_code == 1 and "neither a session" in res.output
+
+
+def _data_with_run(tmp_path: Path, results_text: str) -> Path:
+    """A data dir with an empty capture store and run `r1` whose results.jsonl is `results_text`."""
+    data = tmp_path / "data"
+    (data / "runs" / "r1").mkdir(parents=True)
+    Store(data / "capture.db").close()
+    (data / "runs" / "r1" / "results.jsonl").write_text(results_text)
+    return data
+
+
+def test_export_leaves_out_rollouts_that_did_not_end_ok_unless_asked(upstream, make_server,
+                                                                     admin_for, tmp_path: Path):
+    from tapdeck.app.cli import app
+
+    data, infos = _two_captured_sessions(upstream, make_server, admin_for)
+    run = data / "runs" / "run-2"
+    run.mkdir(parents=True)
+    results = [{"rollout_id": "ok", "task": "t", "group": 0, "index": 0,
+                "session_id": infos[0]["id"], "reward": 0.0, "ok": True},
+               {"rollout_id": "cancelled", "task": "t", "group": 0, "index": 1,
+                "session_id": infos[1]["id"], "reward": None, "ok": False, "error_kind": "cancelled"}]
+    (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in results))
+    out = tmp_path / "rows.jsonl"
+
+    res = CliRunner().invoke(app, ["export", "run-2", "--out", str(out), "--data-dir", str(data)])
+    assert res.exit_code == 0, res.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["rollout_id"], r["ok"], r["error_kind"]) for r in rows] == [("ok", True, None)]
+    assert "1 rollout(s) left out for not ending ok; --include-failed" in res.output
+
+    res = CliRunner().invoke(app, ["export", "run-2", "--out", str(out), "--data-dir", str(data),
+                                   "--include-failed"])
+    assert res.exit_code == 0, res.output
+    rows = {r["rollout_id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert rows["cancelled"]["ok"] is False and rows["cancelled"]["error_kind"] == "cancelled"
+    assert rows["cancelled"]["reward"] is None and rows["ok"]["ok"] is True
+
+
+@pytest.mark.parametrize(("results", "why"), [
+    ("{not json\n", "(1 line(s), none a rollout result: the file is corrupt)"),
+    ("", "(it is empty or missing: no rollout of the run has finished)")])
+def test_export_of_a_run_whose_results_cannot_be_read_says_why(results: str, why: str,
+                                                                tmp_path: Path):
+    from tapdeck.app.cli import app
+
+    data = _data_with_run(tmp_path, results)
+    res = CliRunner().invoke(app, ["export", "r1", "--data-dir", str(data)])
+    assert res.exit_code == 1
+    assert f"no rollout results can be read from {data / 'runs' / 'r1' / 'results.jsonl'} {why}" \
+        in res.output
+    assert not (data / "exports").exists()
+
+
+def test_export_from_a_corrupt_capture_db_says_so(tmp_path: Path):
+    from tapdeck.app.cli import app
+
+    (tmp_path / "capture.db").write_text("garbage garbage garbage\n")
+    res = CliRunner().invoke(app, ["export", "r1", "--data-dir", str(tmp_path)])
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit)  # handled, not raised
+    assert (f"capture.db at {tmp_path / 'capture.db'} is not a tapdeck store or is corrupt"
+            in res.output)
+
+
+@pytest.mark.parametrize(("args", "why"), [
+    (["--out", "{tmp}/"], "--out {tmp}/ names a directory"),
+    (["--out", "{tmp}/new/"], "--out {tmp}/new/ names a directory"),
+    (["--out", "{tmp}/r1.jsonl", "--format", "parquet"],
+     "--out {tmp}/r1.jsonl names a jsonl file but --format is parquet"),
+    (["--format", "csv"], "--format must be jsonl or parquet, not 'csv'")])
+def test_export_refuses_an_out_path_its_format_cannot_go_to(args: list[str], why: str,
+                                                            tmp_path: Path):
+    from tapdeck.app.cli import app
+
+    data = _data_with_run(tmp_path, json.dumps({"rollout_id": "a", "task": "t", "group": 0,
+                                                "index": 0, "ok": True}) + "\n")
+    res = CliRunner().invoke(app, ["export", "r1", "--data-dir", str(data),
+                                   *(a.format(tmp=tmp_path) for a in args)])
+    assert res.exit_code == 2
+    assert why.format(tmp=tmp_path) in res.output
+    assert not (tmp_path / "new").exists() and not (tmp_path / "r1.jsonl").exists()
+
+
+def test_export_writes_the_format_its_out_suffix_names(upstream, make_server, admin_for,
+                                                      tmp_path: Path):
+    from tapdeck.app.cli import app
+
+    server = make_server(upstream.base_url)
+    info = _open(admin_for(server))
+    httpx.post(f"{server.url}/v1/chat/completions", json=CHAT,
+               headers={"Authorization": f"Bearer {info['api_key']}"}).raise_for_status()
+    out = tmp_path / "rows.parquet"
+    res = CliRunner().invoke(app, ["export", info["id"], "--out", str(out), "--data-dir",
+                                   str(server.config.data_dir)])
+    assert res.exit_code == 0, res.output
+    assert [r["session_id"] for r in pq.read_table(out).to_pylist()] == [info["id"]]

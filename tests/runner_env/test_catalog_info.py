@@ -33,6 +33,18 @@ def test_sandbox_catalog_lists_host_and_every_harbor_backend() -> None:
         assert row.why
 
 
+def test_missing_sdk_reason_keeps_the_install_command_after_its_colon() -> None:
+    from harbor.models.environment_type import EnvironmentType
+
+    missing = [row for row in catalog.sandbox_catalog(refresh=True)
+               if "Install it with" in row.why]
+    # Harbor's optional sandbox SDKs (vercel, blaxel, ...) are not in tapdeck's environment.
+    assert missing and {r.name for r in missing} <= {t.value for t in EnvironmentType}
+    for row in missing:
+        assert not row.why.rstrip().endswith(":"), row.why
+        assert "pip install" in row.why, row.why
+
+
 def test_sandbox_environment_config_for_host_and_harbor_types() -> None:
     host = catalog.sandbox_environment_config("host", network="none")
     assert host.import_path == catalog.HOST_IMPORT_PATH and host.kwargs == {"network": "none"}

@@ -79,6 +79,22 @@ def test_data_check_fails_on_a_row_that_breaks_the_trainer_contract(tmp_path: Pa
     assert steps[0]["check/invalid_rollouts"] == 1 and steps[0]["check/advantages/0"] == 0.0
 
 
+def test_data_check_leaves_out_rollouts_that_did_not_end_ok(tmp_path: Path) -> None:
+    # As `tapdeck export RUN --include-failed` and the server's run export write them: ro-b cancelled.
+    rows = [dict(r, ok=True) for r in rollout_rows("ro-a")] + \
+        [dict(r, ok=False, error_kind="cancelled") for r in rollout_rows("ro-b")]
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(b"".join(orjson.dumps(r, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n" for r in rows))
+    assert [(r.rollout_id, r.ok) for r in load_rollouts(path)] == [("ro-a", True), ("ro-b", False)]
+    lines: list[str] = []
+    job = TrainingRun("data-check", ["--rows", str(path)], data_dir=tmp_path, on_line=lines.append).start()
+    assert job.wait() == 0, "\n".join(lines)
+    assert ("data-check: left out 1 rollout(s) that did not end ok (failed or cancelled): ro-b"
+            in lines)
+    steps = _by_step(TrackioReader(job.trackio_dir, TRACKIO_PROJECT).read_new())
+    assert steps[0]["check/group_size"] == 1 and steps[0]["train/reward"] == 1.0
+
+
 def test_missing_export_is_a_clear_usage_error(tmp_path: Path) -> None:
     lines: list[str] = []
     job = TrainingRun("data-check", ["--run", "r-none", "--data-dir", str(tmp_path)], data_dir=tmp_path,

@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 from training_data import write_export
 
 TAPDECK = shutil.which("tapdeck", path=str(Path(os.sys.executable).parent)) or "tapdeck"
@@ -28,6 +29,45 @@ def test_train_list_says_what_the_server_can_start(train_server: Any, tmp_path: 
     # The server's environment decides (the test server runs in this process, without the variable).
     assert "cpu-grpo  [" in out.stdout and "updates weights: yes" in out.stdout
     assert "cpu-grpo updates SmolLM2-135M's weights on a CPU" in out.stdout
+
+
+def test_a_recipe_that_needs_gpus_cannot_start_on_a_server_without_them(
+        train_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The server runs in this process: with no GPU visible to it, grpo-trl (vLLM + trainer) cannot start.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    out = train(train_server, "--list")
+    assert out.returncode == 0, out.stderr
+    assert "grpo-trl  [cannot start there]" in out.stdout
+    assert "data-check  [can start there]" in out.stdout
+
+
+def test_gpu_count_decides_a_gpu_recipe_is_unavailable_and_says_why(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from tapdeck.runner.recipes import RECIPES, Recipe
+    from tapdeck.runner.train_jobs import recipe_info
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    needs_two = Recipe(name="gpu-recipe", module="m", summary="", where="GPU box",
+                       updates_weights=True, gpus=2)
+    info = recipe_info(needs_two)
+    assert not info.available and info.why == "needs 2 GPUs; this machine has 0"
+    assert recipe_info(RECIPES["data-check"]).available  # no GPU asked, none needed
+    assert RECIPES["grpo-trl"].gpus == 2
+
+
+def test_train_with_an_unknown_recipe_is_bad_usage(train_server: Any) -> None:
+    out = train(train_server, "--recipe", "bogus")
+    assert out.returncode == 2
+    assert "unknown recipe 'bogus'; known: data-check" in out.stderr
+
+
+def test_train_with_a_rejected_admin_key_says_where_it_looked(train_server: Any, tmp_path: Path) -> None:
+    out = subprocess.run([TAPDECK, "train", "--server", train_server.url, "--data-dir",
+                          str(tmp_path / "empty"), "--admin-key", "not-the-key", "--list"],
+                         capture_output=True, text=True, timeout=60, env=ENV)
+    assert out.returncode == 1
+    assert ("the server rejected the admin key (looked at --admin-key, $TAPDECK_ADMIN_KEY and "
+            f"{tmp_path / 'empty'}/admin.key)") in out.stderr
 
 
 def test_train_streams_the_log_and_prints_final_metrics(train_server: Any, tmp_path: Path) -> None:

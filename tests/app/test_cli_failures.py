@@ -1,0 +1,138 @@
+"""What the commands answer to bad input and to failures of the world around them: one line, no
+traceback, and README's exit codes (1 could not do the work, 2 bad usage). Each case runs the
+command line in its own process, as a user does."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tapdeck.app.client import ApiError
+from tapdeck.app.failures import describe
+from tests.conftest import free_port
+
+
+def tapdeck(*args: str, tmp: Path) -> subprocess.CompletedProcess:
+    """`tapdeck ARGS` through the console script's entry point, with no key or data of the user's."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TAPDECK_ADMIN_KEY")}
+    env |= {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "TAPDECK_DATA_DIR": str(tmp / "data"),
+            "XDG_CONFIG_HOME": str(tmp / "config"), "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-c", "from tapdeck.app.cli import main; main()", *args],
+                          capture_output=True, text=True, timeout=120, env=env,
+                          stdin=subprocess.DEVNULL, check=False)
+
+
+def one_line(result: subprocess.CompletedProcess) -> str:
+    """The single line the command printed on stderr (failing when it printed a traceback)."""
+    assert "Traceback" not in result.stdout + result.stderr, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines, result.stdout
+    return lines[-1]
+
+
+@pytest.mark.parametrize("args", [["serve", "--port", "99999"], ["engine", "--port", "-1"],
+                                  ["tui", "--port", "65536"]])
+def test_a_port_out_of_range_is_bad_usage(args: list[str], tmp_path: Path) -> None:
+    result = tapdeck(*args, tmp=tmp_path)
+    assert result.returncode == 2
+    assert "Invalid value for '--port'" in one_line(result)
+
+
+@pytest.mark.parametrize("n_ctx", ["-5", "0"])
+def test_engine_refuses_a_context_length_below_one(n_ctx: str, tmp_path: Path) -> None:
+    result = tapdeck("engine", "--n-ctx", n_ctx, tmp=tmp_path)
+    assert result.returncode == 2
+    assert "Invalid value for '--n-ctx'" in one_line(result)
+
+
+@pytest.mark.parametrize("command", ["engine", "serve"])
+def test_a_host_that_does_not_resolve_is_named_not_blamed_on_the_port(command: str,
+                                                                      tmp_path: Path) -> None:
+    result = tapdeck(command, "--host", "nosuchhost.invalid", "--port", "0", tmp=tmp_path)
+    assert result.returncode == 2
+    line = one_line(result)
+    assert "'nosuchhost.invalid' does not resolve" in line and "port" not in line
+
+
+def test_serve_refuses_a_data_dir_that_is_a_file(tmp_path: Path) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    result = tapdeck("serve", "--data-dir", str(afile), tmp=tmp_path)
+    assert result.returncode == 2
+    assert f"--data-dir {afile} is not a directory" in one_line(result)
+
+
+def test_serve_says_which_data_dir_it_cannot_create(tmp_path: Path, dead_engine_url: str) -> None:
+    (tmp_path / "afile").write_text("x")
+    where = tmp_path / "afile" / "data"
+    result = tapdeck("serve", "--port", "0", "--engine", dead_engine_url, "--data-dir", str(where),
+                     tmp=tmp_path)
+    assert result.returncode == 1
+    assert one_line(result) == f"tapdeck serve: cannot use {where}: Not a directory"
+
+
+def test_serve_refuses_a_public_url_that_is_not_http_in_one_line(tmp_path: Path) -> None:
+    result = tapdeck("serve", "--public-url", "ftp://x", tmp=tmp_path)
+    assert result.returncode == 2
+    [line] = result.stderr.strip().splitlines()
+    assert line == ("tapdeck serve: --public-url: public URL 'ftp://x' must be http://HOST[:PORT] "
+                    "or https://HOST[:PORT]")
+
+
+@pytest.mark.parametrize(("address", "why"), [
+    ("ftp://x", "'ftp://x' is not an http(s) URL"),
+    ("127.0.0.1:99999", "port 99999 is out of range (1-65535)"),
+    ("127.0.0.1:0", "port 0 is out of range (1-65535)")])
+def test_info_refuses_an_engine_address_that_is_not_one(address: str, why: str,
+                                                        tmp_path: Path) -> None:
+    result = tapdeck("info", "--no-probe", "--engine", address, tmp=tmp_path)
+    assert result.returncode == 2
+    assert why in one_line(result)
+
+
+def test_train_against_a_server_that_does_not_answer_could_not_do_its_work(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    for args in (["--list"], ["--recipe", "data-check"]):
+        result = tapdeck("train", "--server", url, *args, tmp=tmp_path)
+        assert result.returncode == 1
+        assert f"tapdeck server at {url} is not reachable" in one_line(result)
+
+
+def test_train_refuses_a_server_address_that_is_not_a_url(tmp_path: Path) -> None:
+    result = tapdeck("train", "--list", "--server", "ftp://x", tmp=tmp_path)
+    assert result.returncode == 2
+    assert "--server 'ftp://x' is not an http(s) URL" in one_line(result)
+
+
+def test_export_says_which_out_path_it_cannot_write(tmp_path: Path) -> None:
+    from tapdeck.proxy.store import Store
+
+    data = tmp_path / "data"
+    data.mkdir()
+    store = Store(data / "capture.db")
+    store.close()
+    (data / "runs" / "r1").mkdir(parents=True)
+    (data / "runs" / "r1" / "results.jsonl").write_text(
+        '{"rollout_id": "r1.g0r0", "task": "t", "group": 0, "index": 0, "ok": true}\n')
+    (tmp_path / "afile").write_text("x")
+    out = tmp_path / "afile" / "rows.jsonl"
+    result = tapdeck("export", "r1", "--data-dir", str(data), "--out", str(out), tmp=tmp_path)
+    assert result.returncode == 1
+    assert one_line(result) == (f"tapdeck export: cannot use {out.parent}: it exists and is not a "
+                                "directory")
+
+
+def test_only_known_failure_kinds_lose_their_traceback() -> None:
+    unreachable = ApiError("tapdeck server at http://h:1 is not reachable", kind="unreachable")
+    assert describe(unreachable) == unreachable.message
+    assert describe(ExceptionGroup("connect", [unreachable])) == unreachable.message
+    assert describe(PermissionError(13, "Permission denied", "/root/x")) == \
+        "cannot use /root/x: Permission denied"
+    # A bug in tapdeck keeps its traceback: neither a plain error nor an OSError naming no file.
+    for bug in (KeyError("x"), ValueError("x"), OSError("x"),
+                ExceptionGroup("g", [unreachable, TypeError()])):
+        assert describe(bug) is None
