@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import socket
+from typing import TYPE_CHECKING
 
 import httpx
 
@@ -28,6 +29,9 @@ from tapdeck.proxy.store import Store
 from tapdeck.proxy.tiers import EngineSpec
 from tapdeck.proxy.toolcalls import EMBEDDED_TOOL_PARSER
 from tapdeck.runner.api import SHUTDOWN_GRACE_S, create_runner_router
+
+if TYPE_CHECKING:
+    from tapdeck.runner.engine.registry import SharedEngine
 
 
 class LocalServer:
@@ -56,6 +60,12 @@ class LocalServer:
     def engine_url(self) -> str | None:
         """The default engine's base URL (the embedded one when it was started here)."""
         return self.default_engine.url if self.default_engine else None
+
+    @property
+    def embedded_engine(self) -> SharedEngine | None:
+        """The machine's embedded engine as this server uses it (started here or reused from
+        another process), when it is the default engine."""
+        return self._engine
 
     def start(self) -> LocalServer:
         """Bind, start the parts in order, and check that /health answers with our instance id."""
@@ -93,6 +103,7 @@ class LocalServer:
             # HOST:PORT, http://HOST:PORT and …/v1 all work: the address is settled to the base URL
             # that answers, and one where nothing answers stops the start (EngineAddressError).
             settled = settle_blocking(cfg.engine_url, api_key=cfg.engine_api_key)
+            settled.require_model(cfg.engine_model)
             return EngineSpec(url=settled.base_url, model=cfg.engine_model, api_key=cfg.engine_api_key,
                               tool_call_parser=cfg.engine_tool_parser,
                               reasoning_parser=cfg.engine_reasoning_parser)

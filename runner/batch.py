@@ -141,7 +141,11 @@ class BatchRunner:
     async def create(self, plan: RunPlan) -> RunSummary:
         """Resolve the plan's tasks and engine, write the run directory; nothing runs yet."""
         tasks = await asyncio.to_thread(resolve_tasks, plan)
-        self._engine(plan)  # refuse a bad engine choice before anything is written
+        # Refuse a bad engine, model or sandbox choice before anything is written.
+        engine = self._engine(plan)
+        if engine is not None:
+            await self._check_model(engine)
+        await asyncio.to_thread(_check_sandbox, plan)
         run_id = new_run_id()
         path = self.runs_dir / run_id
         (path / "trials").mkdir(parents=True, exist_ok=False)
@@ -168,6 +172,22 @@ class BatchRunner:
                                   reasoning_parser=template.engine_reasoning_parser)
         except EngineChoiceError as exc:
             raise PlanError(str(exc)) from exc
+
+    async def _check_model(self, engine: EngineSpec) -> None:
+        """A model name the engine does not list is refused, naming the ones it does. An engine
+        that does not answer now is left to the rollouts (each then ends `engine_unreachable`)."""
+        from tapdeck.proxy.engine_address import EngineAddressError, settle
+
+        if engine.model is None or engine is self.default_engine:
+            return
+        try:
+            settled = await settle(engine.url, api_key=engine.api_key)
+        except EngineAddressError:
+            return
+        try:
+            settled.require_model(engine.model)
+        except EngineAddressError as exc:
+            raise PlanError(exc.message) from None
 
     # ----------------------------------------------------------------- execution
 
@@ -426,6 +446,16 @@ def resolve_tasks(plan: RunPlan) -> list[dict[str, str]]:
     if not tasks:
         raise PlanError(f"dataset {plan.dataset or '(sample)'} has no tasks")
     return tasks
+
+
+def _check_sandbox(plan: RunPlan) -> None:
+    """PlanError for a sandbox name that is neither `host`, a Harbor backend nor `module:Class`."""
+    from tapdeck.runner.catalog import sandbox_environment_config
+
+    try:
+        sandbox_environment_config(plan.rollout.sandbox, **(plan.rollout.sandbox_kwargs or {}))
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
 
 
 def _write_json(path: Path, doc: dict[str, Any]) -> None:

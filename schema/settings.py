@@ -89,7 +89,7 @@ class ResolvedSettings(BaseModel):
         sampling = "".join(f" · {k}={v}" for k, v in self.sampling.items())
         kwargs = f" · kwargs {', '.join(sorted(self.harness_kwargs))}" if self.harness_kwargs else ""
         return (f"{self.timeouts_line()} · context {self.context_tokens} ({self.context_source})"
-                f" · output {self.max_output_tokens} ({self.max_output_source}) · turns "
+                f" · output {self.max_output_tokens} ({self.max_output_source}) · max turns "
                 f"{self.max_turns} ({self.max_turns_source}){sampling}{kwargs}")
 
     def timeouts_line(self) -> str:

@@ -59,11 +59,51 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/runner/test_rollout_exit_codes.py::test_no_engine_answering_exits_1
   → tests/runner/test_rollout_exit_codes.py::test_a_plan_the_server_refuses_exits_2
   → tests/runner/test_rollout_exit_codes.py::test_a_failed_rollout_exits_3_and_the_table_says_why
+- `tapdeck rollout`: refused plans (sandbox, `--engine-model`, non-finite numbers, plan options with
+  `--resume`) are 2 before a run exists; a missing run, a run no rollout reached the engine of, and
+  a server that stopped answering are 1; `--server` takes HOST:PORT; `--resume` follows a running run;
+  server log lines go to `rollout.log`; `calls` is the model calls
+  → tests/runner/test_rollout_exit_codes.py::test_an_unknown_sandbox_exits_2_before_a_run_is_created
+  → tests/runner/test_rollout_exit_codes.py::test_a_number_that_is_not_finite_exits_2
+  → tests/runner/test_rollout_exit_codes.py::test_resume_refuses_plan_options_naming_them
+  → tests/runner/test_rollout_exit_codes.py::test_resuming_a_run_that_does_not_exist_exits_1
+  → tests/runner/test_rollout_exit_codes.py::test_a_dead_engine_behind_a_server_exits_1_as_a_local_one_does
+  → tests/runner/test_rollout_exit_codes.py::test_server_given_as_host_port_is_accepted_and_a_short_dataset_is_said
+  → tests/runner/test_rollout_exit_codes.py::test_no_admin_key_found_says_where_it_looked
+  → tests/runner/test_engine_model_refused.py::test_rollout_refuses_an_engine_model_the_engine_does_not_serve
+  → tests/runner/test_engine_model_refused.py::test_a_server_refuses_a_plan_naming_a_model_its_engine_does_not_serve
+  → tests/runner/test_engine_model_refused.py::test_serve_refuses_an_engine_model_the_engine_does_not_serve
+  → tests/runner/test_rollout_follow.py::test_rollout_follow_gives_up_when_the_server_goes_away
+  → tests/runner/test_rollout_follow.py::test_resume_of_a_run_still_going_follows_it
+  → tests/runner/test_rollout_command.py::test_rollout_keeps_server_logs_off_stderr_and_summary_lines_whole_in_a_file
 - `serve` refuses a port in use and a bind beyond loopback without `--admin-key`
   → tests/proxy/test_host.py::test_serve_cli_refuses_public_bind_and_names_a_held_port
 - data lives in `--data-dir`, else `$TAPDECK_DATA_DIR`; `admin.key` is 0600
   → tests/proxy/test_config_and_keys.py::test_data_dir_defaults_to_env
   → tests/proxy/test_config_and_keys.py::test_admin_key_file_is_owner_only
+- bad usage is 2 and a failure of the world 1, each one line: ports out of range, addresses that
+  are not http(s) URLs, a `--host` that does not resolve, a data dir that is a file or cannot be
+  made, a server that does not answer or refuses the key, a path that cannot be written
+  → tests/app/test_cli_failures.py::test_a_port_out_of_range_is_bad_usage
+  → tests/app/test_cli_failures.py::test_a_host_that_does_not_resolve_is_named_not_blamed_on_the_port
+  → tests/app/test_cli_failures.py::test_serve_refuses_a_data_dir_that_is_a_file
+  → tests/app/test_cli_failures.py::test_serve_says_which_data_dir_it_cannot_create
+  → tests/app/test_cli_failures.py::test_info_refuses_an_engine_address_that_is_not_one
+  → tests/app/test_cli_failures.py::test_train_against_a_server_that_does_not_answer_could_not_do_its_work
+  → tests/app/test_cli_failures.py::test_train_refuses_a_server_address_that_is_not_a_url
+  → tests/app/test_cli_failures.py::test_export_says_which_out_path_it_cannot_write
+  → tests/app/test_attach.py::test_attach_to_an_address_that_is_not_a_server_url_is_bad_usage
+  → tests/app/test_attach.py::test_attach_with_a_wrong_admin_key_exits_with_one_line_naming_the_key
+  → tests/training/test_train_cli.py::test_train_with_an_unknown_recipe_is_bad_usage
+- `tapdeck engine --n-ctx` is at least 1
+  → tests/app/test_cli_failures.py::test_engine_refuses_a_context_length_below_one
+- a run's export leaves out rollouts that did not end ok unless `--include-failed`, and marks each
+  row with `ok` and `error_kind`; its format follows `--out`'s suffix; unreadable results are 1
+  → tests/proxy/test_routing_and_export.py::test_export_leaves_out_rollouts_that_did_not_end_ok_unless_asked
+  → tests/proxy/test_routing_and_export.py::test_export_writes_the_format_its_out_suffix_names
+  → tests/proxy/test_routing_and_export.py::test_export_refuses_an_out_path_its_format_cannot_go_to
+  → tests/proxy/test_routing_and_export.py::test_export_of_a_run_whose_results_cannot_be_read_says_why
+  → tests/proxy/test_routing_and_export.py::test_export_from_a_corrupt_capture_db_says_so
 
 § The server API
 - every admin route of the table exists on the server
@@ -268,6 +308,9 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/engine/test_long_context.py::test_follow_up_with_a_shared_10k_prefix_evaluates_only_the_new_tokens
   → tests/engine/test_registry.py::test_second_process_reuses_the_running_engine
   → tests/engine/test_registry.py::test_engine_with_another_context_is_not_reused
+  → tests/runner/test_rollout_shared_engine.py::test_rollout_names_the_reused_engine_and_stops_when_it_goes_away
+- `tapdeck info` reports the running embedded engine, probed
+  → tests/app/test_info_running_engine.py::test_info_reports_the_running_embedded_engine_with_its_tier
 - it serves the shipped Q4_1 GGUF re-encoded once as F16, which the trainer dequantises to the
   same weights
   → tests/engine/test_model_file.py::test_first_use_converts_the_shipped_file_to_f16_once_keyed_by_name_size_and_version
@@ -338,8 +381,12 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/training/test_train_cli.py::test_train_list_says_what_the_server_can_start
   → tests/training/test_train_screen.py::test_train_screen_launches_data_check_on_the_server_and_plots_its_metrics
   → tests/training/test_train_attach.py::test_attached_tui_launches_a_recipe_on_the_server_sees_a_metric_and_stops_it
+- `grpo-trl` can start only where the server sees 2 GPUs
+  → tests/training/test_train_cli.py::test_a_recipe_that_needs_gpus_cannot_start_on_a_server_without_them
+  → tests/training/test_train_cli.py::test_gpu_count_decides_a_gpu_recipe_is_unavailable_and_says_why
 - data-check and cpu-grpo do what they say
   → tests/training/test_data_check.py::test_data_check_logs_grpo_advantages_readable_by_the_reader
+  → tests/training/test_data_check.py::test_data_check_leaves_out_rollouts_that_did_not_end_ok
   → tests/training/test_cpu_grpo.py::test_cpu_grpo_trains_on_tapdeck_rollouts_from_its_current_weights
   → tests/training/test_cpu_grpo.py::test_format_score_gives_partial_credit_for_terminus_json
 - the admin key reaches a recipe but never its record

@@ -7,16 +7,26 @@ The small embedded model never solves tasks (reward 0): it exercises capture, no
 
 Exit codes (also in `--help` and the README): 0 every rollout ok; 1 the run could not be run (no
 server, no engine answering, server error); 2 bad usage (an unknown option, or a plan the server
-refused: unknown task, harness, sandbox or engine address); 3 the run ended with some rollout not
-ok (failed, or cancelled).
+refused: unknown task, harness, sandbox, engine address or model); 3 the run ended with some
+rollout not ok (failed, or cancelled). A run where no rollout reached the engine is 1, as a local
+engine that does not answer is.
+
+While it follows a run it polls the server; a server that stops answering is tried again with a
+growing pause, and after SERVER_GRACE_S of silence the command gives up (exit 1) saying how to
+follow or resume the run. A local run on an embedded engine reused from another process is
+cancelled (exit 1) when that engine goes away, rather than failing every call against it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
+import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from pydantic import ValidationError
@@ -29,9 +39,21 @@ from tapdeck.runner.rollout_settings import (
     OUTPUT_SHARE,
     PROMPT_SHARE,
 )
-from tapdeck.schema.runs import RolloutTemplate, RunDetail, RunPlan
+from tapdeck.schema.runs import RolloutTemplate, RunDetail, RunPlan, RunSummary
+
+if TYPE_CHECKING:
+    from tapdeck.runner.engine.registry import SharedEngine
 
 POLL_S = 1.0
+RETRY_FIRST_S, RETRY_MAX_S = 0.5, 5.0
+"""Pause before the first retry at a server that does not answer, doubling up to the most."""
+SERVER_GRACE_S = 60.0
+"""How long a server may not answer before the command gives up following the run (a loaded
+machine can stall a server for a while; a dead one never comes back)."""
+NOT_PLAN_OPTIONS = frozenset({"data_dir", "server", "admin_key", "resume"})
+"""Options that say where the run is; every other one shapes a new run's plan."""
+LOCAL_ENGINE_OPTIONS = frozenset({"engine", "engine_model"})
+"""Without --server these pick the local server's engine, which a resumed run uses again."""
 SETTINGS_PANEL = "Rollout settings (unset: the default shown; bad values refused, field named)"
 EXIT_OK, EXIT_COULD_NOT_RUN, EXIT_USAGE, EXIT_ROLLOUT_FAILED = 0, 1, 2, 3
 """2 is also what the command line parser exits with for an unknown option or a bad value."""
@@ -46,6 +68,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("rollout", epilog=EXIT_CODES_HELP)
     def rollout(
+        ctx: typer.Context,
         dataset: str | None = typer.Option(None, "--dataset", help="Dataset: a local folder, a Harbor "
                                            "registry name, a git URL (default: the sample dataset)."),
         task: list[str] | None = typer.Option(None, "--task", help="Task name (repeatable; default: "
@@ -60,10 +83,10 @@ def register(app: typer.Typer) -> None:
         reward_key: str | None = typer.Option(None, "--reward-key",
                                               help="Which verifier reward to use when there are several."),
         timeout: float | None = typer.Option(
-            None, "--timeout", help=f"Hard limit per rollout, seconds (default "
+            None, "--timeout", callback=_finite, help=f"Hard limit per rollout, seconds (default "
             f"{DEFAULT_HARD_LIMIT_S:g}).", rich_help_panel=SETTINGS_PANEL),
         agent_timeout: float | None = typer.Option(
-            None, "--agent-timeout", help="The agent phase's limit, seconds (default: the task's "
+            None, "--agent-timeout", callback=_finite, help="The agent phase's limit, seconds (default: the task's "
             "agent.timeout_sec in task.toml; none if it has none).", rich_help_panel=SETTINGS_PANEL),
         max_turns: int | None = typer.Option(
             None, "--max-turns", help=f"Turn/step limit of the harness (default "
@@ -76,14 +99,14 @@ def register(app: typer.Typer) -> None:
             None, "--context-tokens", help="Context the agent is told it has (default: the "
             "engine's max_model_len; more than that is refused).", rich_help_panel=SETTINGS_PANEL),
         temperature: float | None = typer.Option(
-            None, "--temperature", help="Sampling temperature (default: the harness's own; "
+            None, "--temperature", callback=_finite, help="Sampling temperature (default: the harness's own; "
             "enforced on every call of a training-tier session).", rich_help_panel=SETTINGS_PANEL),
-        top_p: float | None = typer.Option(None, "--top-p", help="Truncation knob asked by "
+        top_p: float | None = typer.Option(None, "--top-p", callback=_finite, help="Truncation knob asked by "
                                            "terminus-2 (reset to its no-op at the training tier).",
                                            rich_help_panel=SETTINGS_PANEL),
         top_k: int | None = typer.Option(None, "--top-k", help="As --top-p.",
                                          rich_help_panel=SETTINGS_PANEL),
-        min_p: float | None = typer.Option(None, "--min-p", help="As --top-p.",
+        min_p: float | None = typer.Option(None, "--min-p", callback=_finite, help="As --top-p.",
                                            rich_help_panel=SETTINGS_PANEL),
         harness_kwargs: str | None = typer.Option(
             None, "--harness-kwargs", help="Keyword arguments passed verbatim to the Harbor agent, "
@@ -98,7 +121,9 @@ def register(app: typer.Typer) -> None:
         admin_key: str | None = typer.Option(None, "--admin-key", envvar="TAPDECK_ADMIN_KEY",
                                              help="Admin key of --server (default: <data-dir>/admin.key)."),
         resume: str | None = typer.Option(None, "--resume", help="Resume an interrupted run by id "
-                                          "(finished rollouts are not redone)."),
+                                          "(finished rollouts are not redone; it runs its stored "
+                                          "plan, so plan options are refused with it), or "
+                                          "follow it if it is running."),
         token_in: bool | None = typer.Option(
             None, "--token-in/--no-token-in", help="Continue held conversations from their token "
             "ids (default: on for training rollouts)."),
@@ -116,10 +141,14 @@ def register(app: typer.Typer) -> None:
         import os
 
         os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-        from tapdeck.proxy.config import ServerConfig, default_data_dir, read_admin_key
+        from tapdeck.proxy.config import ServerConfig, default_data_dir
         from tapdeck.proxy.engine_address import EngineAddressError
 
         data = (data_dir or default_data_dir()).expanduser()
+        if resume is not None and (given := _plan_options_given(ctx, local=server is None)):
+            typer.echo(f"tapdeck rollout: --resume runs the run's stored plan, so {', '.join(given)} "
+                       "would be ignored; drop them, or start a new run", err=True)
+            raise typer.Exit(EXIT_USAGE)
         try:
             plan = RunPlan(dataset=dataset, tasks=task or None, n_tasks=None if task else n_tasks,
                            k=k, concurrency=concurrency, rollout=RolloutTemplate(
@@ -134,37 +163,140 @@ def register(app: typer.Typer) -> None:
         except ValidationError as exc:
             typer.echo(f"tapdeck rollout: plan refused: {_refusal(exc)}", err=True)
             raise typer.Exit(EXIT_USAGE) from None
-        if server is None:
-            _install_agent(harness)
-        local = None
-        url_engine = None
-        if server is None:
-            from tapdeck.app.host import LocalServer
+        if server is not None:
+            _drive_remote(server, admin_key, data, plan, resume)
+        if resume is not None and not (data / "runs" / resume / "plan.json").is_file():
+            typer.echo(f"tapdeck rollout: no run {resume} in {data / 'runs'} (pass the --data-dir it "
+                       "ran in)", err=True)
+            raise typer.Exit(EXIT_COULD_NOT_RUN)
+        _install_agent(harness)
+        from tapdeck.app.host import LocalServer
 
-            url_engine = engine if engine.strip().lower() not in ("", "embedded", "default") else None
-            config = ServerConfig(port=0, data_dir=data, engine_url=url_engine, engine_model=engine_model)
-            plan.rollout.engine = "embedded"  # the server's default engine is the one asked for
-            typer.echo("starting a local tapdeck server"
-                       + (" and the embedded engine…" if url_engine is None else "…"), err=True)
-            try:
-                local = LocalServer(config).start()
-            except EngineAddressError as exc:
-                typer.echo(f"tapdeck rollout: {exc}", err=True)
-                raise typer.Exit(EXIT_USAGE if exc.status == 400 else EXIT_COULD_NOT_RUN) from None
-            except Exception as exc:  # a clear line, not a traceback
-                typer.echo(f"tapdeck rollout: could not start a local server: {exc}", err=True)
-                raise typer.Exit(EXIT_COULD_NOT_RUN) from None
-            base, key = local.url, local.admin_key
-            if url_engine is not None:
-                typer.echo(f"engine {local.engine_url}", err=True)
-        else:
-            base, key = server.rstrip("/"), admin_key or read_admin_key(data)
+        url_engine = engine if engine.strip().lower() not in ("", "embedded", "default") else None
+        config = ServerConfig(port=0, data_dir=data, engine_url=url_engine, engine_model=engine_model)
+        plan.rollout.engine = "embedded"  # the server's default engine is the one asked for
+        typer.echo("starting a local tapdeck server" + ("…" if url_engine else " and the embedded "
+                   "engine (or reusing the one another tapdeck process serves)…"), err=True)
         try:
-            code = _drive(base, key, plan, resume, tiny_engine=local is not None and url_engine is None)
-        finally:
-            if local is not None:
+            local = LocalServer(config).start()
+        except EngineAddressError as exc:
+            typer.echo(f"tapdeck rollout: {exc}", err=True)
+            raise typer.Exit(EXIT_USAGE if exc.status == 400 else EXIT_COULD_NOT_RUN) from None
+        except Exception as exc:  # a clear line, not a traceback
+            typer.echo(f"tapdeck rollout: could not start a local server: {exc}", err=True)
+            raise typer.Exit(EXIT_COULD_NOT_RUN) from None
+        log = data / "rollout.log"
+        with _server_logs_to(log):
+            try:
+                shared = local.embedded_engine
+                engine_gone = None
+                if shared is None:
+                    typer.echo(f"engine {local.engine_url}", err=True)
+                elif shared.owned:
+                    typer.echo(f"started the embedded engine at {shared.base_url}", err=True)
+                else:
+                    typer.echo(f"using the embedded engine already served by pid {shared.owner_pid} "
+                               f"at {shared.base_url} (it stops when that process does)", err=True)
+                    engine_gone = _engine_watch(shared)
+                typer.echo(f"server log: {log}", err=True)
+                code = _drive(local.url, local.admin_key, plan, resume, tiny_engine=url_engine is None,
+                              resume_hint=_local_resume_hint(data, url_engine, engine_model),
+                              engine_gone=engine_gone)
+            finally:
                 local.stop()
         raise typer.Exit(code)
+
+
+def _drive_remote(server: str, admin_key: str | None, data: Path, plan: RunPlan,
+                  resume: str | None) -> None:
+    """Submit to (or resume on) the server at `server` and follow the run; exits."""
+    from tapdeck.proxy.config import read_admin_key
+    from tapdeck.schema.addresses import http_base_url
+
+    try:
+        base = http_base_url(server, "--server")
+    except ValueError as exc:
+        typer.echo(f"tapdeck rollout: {exc}", err=True)
+        raise typer.Exit(EXIT_USAGE) from None
+    key = admin_key or read_admin_key(data)
+    if key is None:
+        typer.echo(f"tapdeck rollout: no admin key found (looked at --admin-key, $TAPDECK_ADMIN_KEY "
+                   f"and {data / 'admin.key'}); pass the server's key with --admin-key", err=True)
+        raise typer.Exit(EXIT_COULD_NOT_RUN)
+    raise typer.Exit(_drive(base, key, plan, resume, resume_hint=f"--server {base}"))
+
+
+def _finite(value: float | None) -> float | None:
+    """A number option that is given must be finite (`inf` and `nan` would pass as floats)."""
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter("must be a finite number")
+    return value
+
+
+def _plan_options_given(ctx: typer.Context, *, local: bool) -> list[str]:
+    """The plan options given on the command line or by the environment, as their flags (a
+    local run's engine options are not plan options: they start its server's engine)."""
+    given = []
+    for param in ctx.command.params:
+        if param.name in NOT_PLAN_OPTIONS or param.name is None:
+            continue
+        if local and param.name in LOCAL_ENGINE_OPTIONS:
+            continue
+        source = ctx.get_parameter_source(param.name)
+        if source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT"):
+            given.append("/".join(param.opts))
+    return given
+
+
+def _local_resume_hint(data: Path, url_engine: str | None, engine_model: str | None) -> str:
+    """What `tapdeck rollout --resume RUN` needs to find a local run and its engine again."""
+    import shlex
+
+    hint = f"--data-dir {shlex.quote(str(data))}"
+    if url_engine is not None:
+        hint += f" --engine {shlex.quote(url_engine)}"
+    if engine_model is not None:
+        hint += f" --engine-model {shlex.quote(engine_model)}"
+    return hint
+
+
+@contextlib.contextmanager
+def _server_logs_to(path: Path) -> Iterator[None]:
+    """While the in-process server runs, its log lines (its access log, runner warnings, LiteLLM's
+    notices) go to `path`: stderr keeps the progress line and this command's own messages."""
+    import logging
+
+    from litellm._logging import verbose_logger, verbose_proxy_logger, verbose_router_logger
+
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setLevel(logging.INFO)  # Harbor's DEBUG lines would bury the access log
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    litellm = [(lg, lg.handlers, lg.propagate)
+               for lg in (verbose_logger, verbose_proxy_logger, verbose_router_logger)]
+    root = logging.getLogger()
+    root.addHandler(handler)
+    for lg, _, _ in litellm:
+        lg.handlers, lg.propagate = [handler], False
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        for lg, handlers, propagate in litellm:
+            lg.handlers, lg.propagate = handlers, propagate
+        handler.close()
+
+
+def _engine_watch(shared: SharedEngine) -> Callable[[], str | None]:
+    """What the follow loop asks after each poll: why the reused embedded engine is gone, if it is."""
+
+    def gone() -> str | None:
+        why = shared.gone()
+        if why is None:
+            return None
+        return (f"the embedded engine served by pid {shared.owner_pid} at {shared.base_url} went "
+                f"away mid-run ({why})")
+
+    return gone
 
 
 def _settings(*, harness_kwargs: str | None, **fields: Any) -> dict[str, Any]:
@@ -193,44 +325,112 @@ def _install_agent(harness: str) -> None:
         install_with_progress([harness])
 
 
-def _drive(base: str, key: str | None, plan: RunPlan, resume: str | None,
-           tiny_engine: bool = False) -> int:
-    """Submit (or resume) the run, follow it until it ends, print the table; the exit code."""
+class ServerGone(Exception):
+    """The server did not answer for SERVER_GRACE_S while the run was followed."""
+
+
+class EngineGone(Exception):
+    """The reused embedded engine went away mid-run; the message says whose and why."""
+
+
+def _drive(base: str, key: str | None, plan: RunPlan, resume: str | None, *,
+           resume_hint: str, tiny_engine: bool = False,
+           engine_gone: Callable[[], str | None] | None = None) -> int:
+    """Submit (or resume) the run, follow it until it ends, print the table; the exit code.
+
+    `resume_hint` is what `tapdeck rollout --resume RUN` needs to find the run again."""
     try:
-        run_id = asyncio.run(_submit(base, key, plan, resume))
+        summary = asyncio.run(_submit(base, key, plan, resume))
     except ApiError as exc:
-        typer.echo(f"tapdeck rollout: {exc.message}", err=True)
-        return EXIT_USAGE if exc.kind in ("rejected", "not_found") else EXIT_COULD_NOT_RUN
+        message = (f"no run {resume} on the server at {base}" if resume and exc.kind == "not_found"
+                   else exc.message)
+        typer.echo(f"tapdeck rollout: {message}", err=True)
+        return EXIT_USAGE if exc.kind == "rejected" else EXIT_COULD_NOT_RUN
+    run_id = summary.id
     typer.echo(f"run {run_id}", err=True)
+    groups = summary.counts.total // max(summary.plan.k, 1)
+    if resume is None and plan.n_tasks is not None and groups < plan.n_tasks:
+        typer.echo(f"the dataset has {groups} task{'s' if groups != 1 else ''}: running "
+                   f"{groups}, not the {plan.n_tasks} asked (-n)", err=True)
+    resume_command = f"tapdeck rollout --resume {run_id} {resume_hint}"
     try:
-        doc = asyncio.run(_follow(base, key, run_id))
+        doc = asyncio.run(_follow(base, key, run_id, engine_gone=engine_gone))
     except KeyboardInterrupt:
         typer.echo("cancelling (tearing sandboxes down)…", err=True)
         doc = asyncio.run(_follow(base, key, run_id, cancel=True))
+    except ServerGone as exc:
+        typer.echo(f"tapdeck rollout: the server at {base} went away ({exc}); the run may still be "
+                   f"going there: follow it, or resume it once the server is back, with "
+                   f"`{resume_command}`", err=True)
+        return EXIT_COULD_NOT_RUN
+    except EngineGone as exc:
+        typer.echo(f"tapdeck rollout: {exc}; cancelling the run…", err=True)
+        doc = asyncio.run(_follow(base, key, run_id, cancel=True))
+        _print_table(doc)
+        typer.echo(f"tapdeck rollout: the run was cancelled: `{resume_command}` runs its cancelled "
+                   "rollouts again (on an engine that answers)", err=True)
+        return EXIT_COULD_NOT_RUN
     except ApiError as exc:
         typer.echo(f"tapdeck rollout: {exc.message}", err=True)
         return EXIT_COULD_NOT_RUN
     _print_table(doc, tiny_engine)
     if doc.state == "finished" and doc.counts.failed == 0:
         return EXIT_OK
+    if doc.rollouts and all(r.error_kind == "engine_unreachable" for r in doc.rollouts):
+        # Nothing ran: the same as a local engine that does not answer at start.
+        typer.echo(f"tapdeck rollout: no rollout reached the engine: {doc.rollouts[0].error}", err=True)
+        return EXIT_COULD_NOT_RUN
     return EXIT_ROLLOUT_FAILED
 
 
-async def _submit(base: str, key: str | None, plan: RunPlan, resume: str | None) -> str:
+async def _submit(base: str, key: str | None, plan: RunPlan, resume: str | None) -> RunSummary:
     client = TapdeckClient(base, key, timeout=30.0)
     try:
-        run = await (client.resume_run(resume) if resume else client.start_run(plan))
+        if resume is None:
+            return await client.start_run(plan)
+        try:
+            return await client.resume_run(resume)
+        except ApiError as exc:
+            if exc.status != 409:  # the one refusal of a resume: the run is running already
+                raise
+            typer.echo(f"run {resume} is running already: following it", err=True)
+            return (await client.run(resume))
     finally:
         await client.aclose()
-    return run.id
 
 
-async def _follow(base: str, key: str | None, run_id: str, *, cancel: bool = False) -> RunDetail:
-    """Poll the run, showing a one-line progress status, until it is no longer running."""
+class _Backoff:
+    """Pauses between tries at a server that does not answer: RETRY_FIRST_S, doubling up to
+    RETRY_MAX_S; ServerGone once it has not answered for SERVER_GRACE_S."""
+
+    def __init__(self) -> None:
+        self.silent_since: float | None = None
+        self.pause = RETRY_FIRST_S
+
+    def next_pause(self, exc: ApiError) -> float:
+        now = time.monotonic()
+        if self.silent_since is None:
+            self.silent_since = now
+        elif now - self.silent_since >= SERVER_GRACE_S:
+            raise ServerGone(f"no answer for {now - self.silent_since:.0f} s; last: {exc.message}")
+        pause, self.pause = self.pause, min(self.pause * 2, RETRY_MAX_S)
+        return pause
+
+    def answered(self) -> None:
+        self.silent_since, self.pause = None, RETRY_FIRST_S
+
+
+async def _follow(base: str, key: str | None, run_id: str, *, cancel: bool = False,
+                  engine_gone: Callable[[], str | None] | None = None) -> RunDetail:
+    """Poll the run, showing a one-line progress status, until it is no longer running.
+
+    Raises ServerGone when the server stops answering for good, EngineGone when `engine_gone`
+    (asked after each poll) says why the engine went away."""
     from rich.console import Console
 
     console = Console(stderr=True)
     client = TapdeckClient(base, key, timeout=30.0)
+    backoff = _Backoff()
     try:
         if cancel:
             await client.cancel_run(run_id)
@@ -241,12 +441,16 @@ async def _follow(base: str, key: str | None, run_id: str, *, cancel: bool = Fal
                 except ApiError as exc:
                     if exc.kind != "unreachable":
                         raise
-                    # A loaded machine can stall the server for a while.
-                    status.update("waiting for the server to answer…")
+                    pause = backoff.next_pause(exc)
+                    status.update(f"the server does not answer; trying again in {pause:g} s…")
+                    await asyncio.sleep(pause)
                     continue
+                backoff.answered()
                 status.update(_status_line(doc))
                 if doc.state != "running":
                     return doc
+                if engine_gone is not None and (why := await asyncio.to_thread(engine_gone)):
+                    raise EngineGone(why)
                 await asyncio.sleep(POLL_S)
     finally:
         await client.aclose()
@@ -261,7 +465,8 @@ def _status_line(doc: RunDetail) -> str:
 
 
 def _print_table(doc: RunDetail, tiny_engine: bool = False) -> None:
-    """One row per rollout (task, group, reward, ok, turns, atif, error), at most 80 columns."""
+    """One row per rollout (task, group, reward, ok, model calls, atif, error) in at most 80
+    columns, then the run's summary lines: wrapped on a terminal, one line each in a file."""
     from rich.console import Console
     from rich.table import Table
 
@@ -271,7 +476,7 @@ def _print_table(doc: RunDetail, tiny_engine: bool = False) -> None:
     table.add_column("grp", justify="right", width=3)
     table.add_column("reward", justify="right", width=6)
     table.add_column("ok", width=3)
-    table.add_column("turns", justify="right", width=5)
+    table.add_column("calls", justify="right", width=5)  # model calls, not the turn limit
     table.add_column("atif", width=8)
     table.add_column("error", no_wrap=True, overflow="ellipsis", max_width=26)
     for r in doc.rollouts:
@@ -279,19 +484,37 @@ def _print_table(doc: RunDetail, tiny_engine: bool = False) -> None:
         ok = "yes" if r.ok else ("…" if r.phase not in ("done", "failed") else "no")
         table.add_row(r.task, str(r.group), reward, ok, str(r.turns), r.atif, r.error_kind or "")
     console.print(table)
+
+    def say(line: str) -> None:
+        console.print(line, markup=False, highlight=False, soft_wrap=not console.is_terminal)
+
     c = doc.counts
     mean = "-" if doc.mean_reward is None else f"{doc.mean_reward:.3f}"
     rate = "-" if doc.pass_rate is None else f"{doc.pass_rate:.0%}"
-    console.print(f"run {doc.id} {doc.state}: {c.done}/{c.total} done, {c.ok} ok, {c.failed} failed")
-    console.print(f"mean reward {mean} (graded only) · pass rate {rate} (full reward, graded only)")
+    say(f"run {doc.id} {doc.state}: {c.done}/{c.total} done, {c.ok} ok, {c.failed} failed")
+    say(f"mean reward {mean} (graded only) · pass rate {rate} (full reward, graded only)")
     if doc.failures:
-        console.print("failures: " + ", ".join(f"{k} {v}" for k, v in sorted(doc.failures.items())))
-    for line in sorted({r.settings.line() for r in doc.rollouts if r.settings is not None}):
-        console.print(f"ran with: {line}")
-    console.print(f"results: {doc.path}")
+        say("failures: " + ", ".join(f"{k} {v}" for k, v in sorted(doc.failures.items())))
+    if _makes_model_calls(doc.plan.rollout.harness):
+        ran_with = {r.settings.line() for r in doc.rollouts if r.settings is not None}
+    else:  # no engine was asked: its context and output limits were never in force
+        ran_with = {f"{r.settings.timeouts_line()} (no model calls)" for r in doc.rollouts
+                    if r.settings is not None}
+    for line in sorted(ran_with):
+        say(f"ran with: {line}")
+    say(f"results: {doc.path}")
     if tiny_engine and doc.plan.rollout.harness not in ("oracle", "nop"):
-        console.print("note: the embedded model (SmolLM2-135M) exercises capture but never solves "
-                      "tasks (reward 0); use --engine URL for a real model")
+        say("note: the embedded model (SmolLM2-135M) exercises capture but never solves tasks "
+            "(reward 0); use --engine URL for a real model")
+
+
+def _makes_model_calls(harness: str) -> bool:
+    from tapdeck.runner.harnesses import get_harness
+
+    try:
+        return get_harness(harness).makes_model_calls
+    except KeyError:
+        return True
 
 
 def _refusal(exc: ValidationError) -> str:

@@ -7,7 +7,8 @@ address to `<registry>/embedded.json`; the next one, holding the same lock, find
 its process lives and that `/v1/models` answers with the same model and context, and points at it.
 The announcement is removed by its owner on stop; a stale one (owner dead, or a different engine
 answering) is replaced. The engine lives as long as the process that started it: a process that
-reuses it sees `engine_unreachable` once that owner is gone.
+reuses it sees `engine_unreachable` once that owner is gone (`SharedEngine.gone()` says why, so
+`tapdeck rollout` can stop its run instead of failing every call).
 
 `$TAPDECK_ENGINE_REGISTRY` moves the folder (tests use it to keep to themselves).
 """
@@ -53,17 +54,37 @@ class SharedEngine:
     """The machine's embedded engine as one process sees it: started here (`owned`) or reused."""
 
     def __init__(self, base_url: str, served_name: str, n_ctx: int, *,
-                 engine: EmbeddedEngine | None = None, announcement: Path | None = None) -> None:
+                 engine: EmbeddedEngine | None = None, announcement: Path | None = None,
+                 owner_pid: int | None = None) -> None:
         self.base_url = base_url
         self.served_name = served_name
         self.n_ctx = n_ctx
         self.engine = engine
+        self.owner_pid = os.getpid() if engine is not None else owner_pid
+        """The process that runs the engine (this one when `owned`)."""
         self._announcement = announcement
 
     @property
     def owned(self) -> bool:
         """True when this process runs the engine (and stops it)."""
         return self.engine is not None
+
+    def gone(self) -> str | None:
+        """Why a reused engine no longer serves (its owner exited, or it stopped answering
+        `/models`); None while it serves, and always for an engine this process owns."""
+        if self.owned or self.owner_pid is None:
+            return None
+        if not _alive(self.owner_pid):
+            return f"process {self.owner_pid}, which served it, has exited"
+        try:
+            resp = httpx.get(f"{self.base_url}/models", timeout=_CHECK_TIMEOUT_S)
+        except httpx.TimeoutException:
+            return None  # busy generating on a loaded machine is not gone
+        except httpx.HTTPError as exc:
+            return f"it no longer answers at {self.base_url} ({type(exc).__name__})"
+        if resp.status_code != 200:
+            return f"it answers HTTP {resp.status_code} at {self.base_url}/models"
+        return None
 
     def stop(self) -> None:
         """Stop the engine if this process owns it, and withdraw its announcement."""
@@ -141,7 +162,8 @@ def acquire_embedded_engine(model_path: Path | None = None, *, n_ctx: int | None
     with _locked(folder):
         running = find_running(path, n_ctx, folder)
         if running is not None:
-            return SharedEngine(running.base_url, running.served_name, running.n_ctx)
+            return SharedEngine(running.base_url, running.served_name, running.n_ctx,
+                                owner_pid=running.pid)
         engine = EmbeddedEngine(path, n_ctx=n_ctx).start()
         ann = Announcement(pid=os.getpid(), base_url=engine.base_url,
                            served_name=engine.served_name, model_path=str(path),

@@ -38,6 +38,13 @@ def test_bad_plans_are_400_with_the_reason(runner_server: RunnerServer) -> None:
     assert resp.status_code == 400 and "hello-file" in resp.json()["detail"]
     resp = runner_server.http.post("/admin/runs", json={"engine": "ftp://x"})
     assert resp.status_code == 400 and "http" in resp.json()["detail"]
+    # Refused before a run exists, as unknown tasks are (not a run of `bad_plan` rollouts).
+    before = runner_server.http.get("/admin/runs").json()["runs"]
+    resp = runner_server.http.post("/admin/runs", json={"harness": "oracle", "sandbox": "bogus"})
+    assert resp.status_code == 400 and "unknown sandbox 'bogus'" in resp.json()["detail"]
+    resp = runner_server.http.post("/admin/runs", json={"engine_model": "nosuch"})
+    assert resp.status_code == 400 and "it serves smollm2" in resp.json()["detail"]
+    assert runner_server.http.get("/admin/runs").json()["runs"] == before
     assert runner_server.http.get("/admin/runs/run-none").status_code == 404
 
 

@@ -4,7 +4,10 @@ with some rollout not ok."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -12,10 +15,11 @@ from typer.testing import CliRunner
 from tapdeck.app.cli import app
 from tapdeck.app.commands.rollout import (
     EXIT_COULD_NOT_RUN,
+    EXIT_OK,
     EXIT_ROLLOUT_FAILED,
     EXIT_USAGE,
 )
-from tests.conftest import models_only_engine
+from tests.conftest import local_server_on, models_only_engine
 from tests.runner.conftest import make_task
 
 
@@ -58,3 +62,81 @@ def test_a_failed_rollout_exits_3_and_the_table_says_why(tmp_path: Path) -> None
     assert result.exit_code == EXIT_ROLLOUT_FAILED, result.output
     assert f"engine {engine}/v1" in result.output
     assert "verifier_failed" in result.output and "0 ok, 1 failed" in result.output
+
+
+@pytest.fixture(scope="module")
+def models_only_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A tapdeck server in this process whose default engine lists models and answers no call."""
+    with models_only_engine() as url:
+        engine = SimpleNamespace(base_url=f"{url}/v1", served_name="smollm2")
+        with local_server_on(engine, tmp_path_factory.mktemp("server")) as server:
+            yield server
+
+
+def _remote(server: Any, *args: str) -> Any:
+    return CliRunner().invoke(app, ["rollout", "--server", server.url, "--admin-key",
+                                    server.admin_key, *args])
+
+
+@pytest.mark.parametrize("option", ["--timeout", "--agent-timeout", "--temperature", "--top-p"])
+@pytest.mark.parametrize("value", ["inf", "nan"])
+def test_a_number_that_is_not_finite_exits_2(option: str, value: str) -> None:
+    result = CliRunner().invoke(app, ["rollout", option, value])
+    assert result.exit_code == EXIT_USAGE, result.output
+    assert "must be a finite number" in result.output and "Traceback" not in result.output
+
+
+def test_an_unknown_sandbox_exits_2_before_a_run_is_created(models_only_server: Any) -> None:
+    runs = Path(models_only_server.config.data_dir) / "runs"
+    before = set(runs.iterdir()) if runs.is_dir() else set()
+    result = _remote(models_only_server, "--sandbox", "bogus", "--harness", "oracle")
+    assert result.exit_code == EXIT_USAGE, result.output
+    assert "unknown sandbox 'bogus'" in result.output
+    assert (set(runs.iterdir()) if runs.is_dir() else set()) == before
+
+
+def test_resuming_a_run_that_does_not_exist_exits_1(tmp_path: Path, models_only_server: Any) -> None:
+    local = CliRunner().invoke(app, ["rollout", "--resume", "nosuch", "--data-dir", str(tmp_path)])
+    assert local.exit_code == EXIT_COULD_NOT_RUN, local.output
+    assert f"no run nosuch in {tmp_path / 'runs'}" in " ".join(local.output.split())
+    remote = _remote(models_only_server, "--resume", "nosuch")
+    assert remote.exit_code == EXIT_COULD_NOT_RUN, remote.output
+    assert f"no run nosuch on the server at {models_only_server.url}" in remote.output
+
+
+def test_resume_refuses_plan_options_naming_them() -> None:
+    result = CliRunner().invoke(app, ["rollout", "--resume", "run-x", "-k", "5", "--harness", "oracle"])
+    assert result.exit_code == EXIT_USAGE, result.output
+    text = " ".join(result.output.split())
+    assert "--harness, -k/--rollouts would be ignored" in text
+
+
+def test_a_dead_engine_behind_a_server_exits_1_as_a_local_one_does(models_only_server: Any,
+                                                                    dead_engine_url: str) -> None:
+    result = _remote(models_only_server, "--engine", dead_engine_url, "--timeout", "120")
+    assert result.exit_code == EXIT_COULD_NOT_RUN, result.output
+    assert "no rollout reached the engine" in result.output
+    assert f"tried GET {dead_engine_url}/models" in " ".join(result.output.split())
+
+
+def test_server_given_as_host_port_is_accepted_and_a_short_dataset_is_said(
+        tmp_path: Path, models_only_server: Any) -> None:
+    make_task(tmp_path / "tasks", "only-task", "echo 1 > /logs/verifier/reward.txt\n")
+    result = CliRunner().invoke(app, [
+        "rollout", "--server", models_only_server.url.removeprefix("http://"), "--admin-key",
+        models_only_server.admin_key, "--dataset", str(tmp_path / "tasks"), "-n", "3",
+        "--harness", "oracle", "--timeout", "120"])
+    assert result.exit_code == EXIT_OK, result.output
+    assert "the dataset has 1 task: running 1, not the 3 asked (-n)" in result.output
+
+
+def test_no_admin_key_found_says_where_it_looked(tmp_path: Path, models_only_server: Any,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TAPDECK_ADMIN_KEY", raising=False)
+    result = CliRunner().invoke(app, ["rollout", "--server", models_only_server.url, "--data-dir",
+                                      str(tmp_path / "nonexistent")])
+    assert result.exit_code == EXIT_COULD_NOT_RUN, result.output
+    text = " ".join(result.output.split())
+    assert (f"no admin key found (looked at --admin-key, $TAPDECK_ADMIN_KEY and "
+            f"{tmp_path / 'nonexistent' / 'admin.key'}); pass the server's key with --admin-key") in text
+    assert "401" not in text
