@@ -58,6 +58,11 @@ def fmt_seconds(seconds: float) -> str:
     return f"{int(seconds // 60)} m {int(seconds % 60)} s"
 
 
+def plural(n: int, word: str) -> str:
+    """`1 error`, `2 errors`."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
 def tail(text: str, lines: int = TAIL_LINES, width: int = 200) -> str:
     """The last `lines` non-empty lines of `text`, each cut to `width`."""
     kept = [line[:width] for line in text.strip().splitlines() if line.strip()][-lines:]
@@ -82,7 +87,8 @@ def pane_lines(summary: SessionSummary | None, rollout: RolloutResult | None,
         if rollout.error_kind:
             lines.append(PaneLine("ended", f"{rollout.error_kind}: {rollout.error or ''}", "error"))
     if activity is None:
-        lines.append(PaneLine("model", "activity not loaded yet", "muted"))
+        lines.append(PaneLine("model", "activity not loaded yet" if summary is not None else
+                              "no capture session: this rollout made no model calls", "muted"))
     else:
         lines.extend(_call_lines(activity, server_now))
     counts = Counter(str(f) for f in findings)
@@ -107,7 +113,7 @@ def _call_lines(activity: SessionActivity, server_now: float) -> list[PaneLine]:
         since = "" if activity.last_ended_at is None else \
             f" · last ended {fmt_seconds(max(0.0, server_now - activity.last_ended_at))} ago"
         lines.append(PaneLine("in flight", f"no model call{since}", "muted"))
-    counts = f"{activity.calls_ended} calls · {activity.errors} errors"
+    counts = f"{plural(activity.calls_ended, 'call')} · {plural(activity.errors, 'error')}"
     if activity.last_finish_reason:
         counts += f" · last finish {activity.last_finish_reason}"
     lines.append(PaneLine("calls", counts))

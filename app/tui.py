@@ -21,6 +21,7 @@ from textual.theme import Theme
 from textual.worker import Worker, WorkerState
 
 from tapdeck.app.client import ApiError, TapdeckClient
+from tapdeck.app.confirm import CONFIRM_S, TwoPress
 from tapdeck.app.messages import (
     ConnectionChanged,
     RunsChanged,
@@ -32,6 +33,7 @@ from tapdeck.app.screens.help import HelpScreen
 from tapdeck.app.screens.rollout import RolloutScreen
 from tapdeck.app.screens.runs import RunsScreen
 from tapdeck.app.screens.setup import SetupScreen
+from tapdeck.app.screens.train import TrainScreen
 from tapdeck.app.settings import Settings
 from tapdeck.app.views import SessionBoard
 from tapdeck.app.widgets.nav_bar import NavBar
@@ -42,8 +44,6 @@ from tapdeck.themes.palettes import DEFAULT_THEME, THEMES, VARIABLE_DEFAULTS
 RECONNECT_S = (0.5, 1.0, 2.0, 5.0)
 FIRST_SCREEN_WAIT_S = 5.0
 """How long the first screen waits to learn whether the server has sessions (Setup or Sessions)."""
-QUIT_CONFIRM_S = 5.0
-"""How long a first `q` with runs going stays armed: a second one within it quits."""
 QUIT_CHECK_S = 2.0
 """How long `q` waits to learn whether runs are going; a server that does not answer lets it quit."""
 
@@ -126,7 +126,7 @@ class TapdeckApp(App[None]):
         self.clock = clock
         self.initial_mode = initial_mode
         self.owns_server = owns_server
-        self._quit_armed_at: float | None = None
+        self._quit = TwoPress()
         self.board = SessionBoard()
         self.connected = False
         self.screens_by_mode = {entry.mode: entry.screen() for entry in SCREENS}
@@ -251,12 +251,15 @@ class TapdeckApp(App[None]):
             screen.turn_captured(message.session_id)
 
     def on_runs_changed(self, message: RunsChanged) -> None:
-        screen = self._mode_screen("runs")
-        if isinstance(screen, RunsScreen) and self.current_mode == "runs":
+        screen = self._mode_screen(self.current_mode)
+        if isinstance(screen, RunsScreen | TrainScreen):
             screen.runs_changed()
 
     def on_sessions_changed(self, message: SessionsChanged) -> None:
-        """Nothing to do here: the Sessions screen polls `board.version` at its own rate."""
+        # The Sessions screen polls `board.version` at its own rate; Runs' turns column follows here.
+        screen = self._mode_screen("runs")
+        if isinstance(screen, RunsScreen) and self.current_mode == "runs":
+            screen.sessions_changed()
 
     def on_connection_changed(self, message: ConnectionChanged) -> None:
         was = self.connected
@@ -277,7 +280,13 @@ class TapdeckApp(App[None]):
 
     # -- errors: the one place ----------------------------------------------------------------------
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
-        """Every worker's failure ends here: a notification and the status line, never a traceback."""
+        self.report_worker_failure(event)
+
+    def report_worker_failure(self, event: Worker.StateChanged) -> None:
+        """Every worker's failure ends here: a notification and the status line, never a traceback.
+
+        Screens forward their workers' state changes (the message does not bubble), so a failed
+        action started on any screen is reported here too."""
         if event.state != WorkerState.ERROR or event.worker.error is None:
             return
         text = describe_error(event.worker.error)
@@ -318,8 +327,7 @@ class TapdeckApp(App[None]):
         """Quit; with this process's server running a batch, only on a second `q` (its runs stop
         and show as interrupted, resumable from Runs)."""
         now = self.clock()
-        if not self.owns_server or (self._quit_armed_at is not None
-                                    and now - self._quit_armed_at <= QUIT_CONFIRM_S):
+        if not self.owns_server or self._quit.armed and self._quit.press("quit", now):
             self.exit()
             return
         try:
@@ -330,12 +338,12 @@ class TapdeckApp(App[None]):
         if not going:
             self.exit()
             return
-        self._quit_armed_at = now
+        self._quit.press("quit", now)
         left = sum(r.counts.total - r.counts.done for r in going)
         self.notify(f"{left} rollout(s) of {len(going)} run(s) still going: quitting stops them "
                     f"(resume them from Runs with {key_of(self, 'runs.resume', self.screens_by_mode['runs'])}). "
                     f"Press {key_of(self, 'app.quit')} again to quit.",
-                    title="Runs are going", severity="warning", timeout=QUIT_CONFIRM_S)
+                    title="Runs are going", severity="warning", timeout=CONFIRM_S)
 
     def action_resync(self) -> None:
         self.resync()

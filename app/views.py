@@ -7,7 +7,7 @@ plain values; the widgets only style them. Values the server left empty show as 
 from __future__ import annotations
 
 import math
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +31,10 @@ WIDE_COLUMNS: tuple[tuple[str, str, int], ...] = (  # shown from WIDE_AT columns
 )
 WIDE_AT = 120
 """Terminal width from which the session table shows WIDE_COLUMNS too."""
+NARROW_BELOW = 80
+NARROW_HIDDEN = ("roots", "forks", "tokens")
+"""Below NARROW_BELOW columns the table drops these (the graph counts, also on Rollout) so that
+state, idle and reward stay on screen; the summary line says they are hidden."""
 
 CALL_TIMES_KEPT = 20_000
 """Captured calls remembered for the board's calls/s line (far more than two minutes hold)."""
@@ -42,17 +46,22 @@ def session_state(summary: SessionSummary) -> str:
     """A person's word for where a session is, from the runner's `phase` metadata and its turns."""
     phase = summary.metadata.get("phase")
     ended = phase == "done" or summary.state == "closed"
-    return _state(phase, ended=ended, fatal=summary.fatal > 0, turns=summary.turns)
+    return _state(phase, ended=ended, fatal=summary.fatal > 0, turns=summary.turns,
+                  cancelled=summary.metadata.get("error_kind") == "cancelled")
 
 
 def rollout_state(rollout: RolloutResult) -> str:
     """The same word for a rollout that has no capture session (its phase is all there is)."""
     ended = rollout.phase in ("done", "failed")
     phase = "failed" if rollout.phase == "done" and not rollout.ok else rollout.phase
-    return _state(phase, ended=ended, fatal=False, turns=rollout.turns)
+    return _state(phase, ended=ended, fatal=False, turns=rollout.turns,
+                  cancelled=rollout.error_kind == "cancelled")
 
 
-def _state(phase: Any, *, ended: bool, fatal: bool, turns: int) -> str:
+def _state(phase: Any, *, ended: bool, fatal: bool, turns: int, cancelled: bool) -> str:
+    # Cancelled is a person's choice, not a failure: the same word Runs' error column uses.
+    if cancelled and (ended or phase == "failed"):
+        return "cancelled"
     if phase == "failed" or (ended and fatal):
         return "failed"
     if ended:
@@ -66,8 +75,11 @@ def _state(phase: Any, *, ended: bool, fatal: bool, turns: int) -> str:
     return "running" if turns else "no call yet"
 
 
-STATE_TONES = {"failed": "error", "finished": "success", "running": "accent", "verifying": "accent",
-               "booting": "muted", "no call yet": "warning", "queued": "muted"}
+ENDED_STATES = ("finished", "failed", "cancelled")
+"""The states of a rollout that is over (nothing left to cancel)."""
+
+STATE_TONES = {"failed": "error", "finished": "success", "cancelled": "warning", "running": "accent",
+               "verifying": "accent", "booting": "muted", "no call yet": "warning", "queued": "muted"}
 
 
 def fmt_phase(rollout: RolloutResult) -> str:
@@ -89,6 +101,12 @@ def fmt_reward(value: Any) -> str:
 def short_id(value: str | None, width: int = 8) -> str:
     """The first characters of an id (enough to tell sessions apart on screen)."""
     return (value or "–")[:width]
+
+
+def id_tail(value: str, width: int) -> str:
+    """The whole id when it fits in `width`, else its end: ids that share a prefix (run ids start
+    with their date) differ at the end."""
+    return value if len(value) <= width else "…" + value[len(value) - width + 1:]
 
 
 @dataclass
@@ -368,8 +386,13 @@ def display_parents(nodes: Mapping[int, TurnNode]) -> dict[int, int | None]:
 
 
 def turn_label(node: TurnNode) -> str:
-    """Plain label of a tree node: `#3 agent ↻retok  42 tok  length`."""
-    parts = [f"#{node.seq}", node.role]
+    """Plain label of a tree node: `#3 !warn agent ≈retok 42 tok length`; the findings badge
+    comes first, so a narrow tree cuts the least telling words instead."""
+    parts = [f"#{node.seq}"]
+    worst = worst_level(node.findings)
+    if worst is not None:
+        parts.append(f"!{worst.lower()}")
+    parts.append(node.role)
     if node.kind == "retokenized":
         parts.append("≈retok")
     elif node.kind == "message":
@@ -384,9 +407,6 @@ def turn_label(node: TurnNode) -> str:
         parts.append(f"{node.new_tokens} tok")
     if node.finish_reason and node.finish_reason != "stop":
         parts.append(node.finish_reason)
-    worst = worst_level(node.findings)
-    if worst is not None:
-        parts.append(f"!{worst.lower()}")
     return " ".join(parts)
 
 
@@ -477,12 +497,6 @@ def run_groups(rollouts: Iterable[RolloutResult]) -> list[GroupRow]:
     return rows
 
 
-def failures_by_cause(rollouts: Iterable[RolloutResult]) -> Counter[str]:
-    """How many rollouts failed, per classified error kind."""
-    return Counter(r.error_kind or "unknown" for r in rollouts
-                   if r.phase == "failed" or (r.phase == "done" and not r.ok))
-
-
 def fmt_rate(value: Any) -> str:
     """A pass rate as a percentage, "–" when nothing was graded."""
     if value is None:
@@ -495,4 +509,6 @@ def rollout_settings_line(rollout: RolloutResult) -> str:
     name = f"{rollout.task} #{rollout.index}"
     if rollout.settings is None:
         return f"{name}: settings not resolved (resolved when its capture session opens)"
-    return f"{name} ran with: {rollout.settings.line()}"
+    tense = ("ran" if rollout.phase in ("done", "failed") else
+             "will run" if rollout.phase == "queued" else "runs")
+    return f"{name} {tense} with: {rollout.settings.line()}"

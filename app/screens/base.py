@@ -8,6 +8,7 @@ from textual.app import ComposeResult
 from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Footer
+from textual.worker import Worker
 
 from tapdeck.app.widgets.nav_bar import NavBar
 from tapdeck.app.widgets.status_line import StatusLine
@@ -27,6 +28,10 @@ class TapdeckScreen(Screen):
 
     def compose_body(self) -> Iterable[Widget]:
         return ()
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        # Worker.StateChanged does not bubble: without this, a failed action on a screen is silent.
+        self.app.report_worker_failure(event)
 
     @property
     def client(self):

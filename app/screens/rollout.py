@@ -77,7 +77,7 @@ class RolloutScreen(TapdeckScreen):
                         with VerticalScroll(id="tokens-scroll"):
                             yield TokenView(id="token-view")
                     with TabPane("Messages", id="messages"):
-                        with VerticalScroll():
+                        with VerticalScroll(id="messages-scroll"):
                             yield Static("", id="messages-text")
                     with TabPane("Findings", id="findings"):
                         with VerticalScroll():
@@ -101,6 +101,9 @@ class RolloutScreen(TapdeckScreen):
                 self.query_one(TokenView).show(None)
                 self.query_one("#token-detail", Static).update("")
                 self.query_one("#turn-header", Static).update("")
+                # Another session's messages start at their top, not where the last one was read.
+                for scroll in self.query("#tokens-scroll, #messages-scroll").results(VerticalScroll):
+                    scroll.scroll_home(animate=False)
         self.action_reload()
 
     def action_reload(self) -> None:
@@ -141,16 +144,18 @@ class RolloutScreen(TapdeckScreen):
         stats = self.graph.stats or RolloutStats()
         summary = self.app.board.get(self.session_id or "")
         task = summary.metadata.get("task") if summary is not None else None
+        # Terse, so that all of it fits the header's two lines at 80 columns.
         parts = [f"session {short_id(self.session_id)}"]
         if task:
             parts.append(str(task))
         parts.append(f"tier {self.graph.tier}")
-        for key in ("turns", "roots", "forks", "breaks", "discarded", "trainable_tokens"):
-            parts.append(f"{key.replace('_', ' ')} {getattr(stats, key)}")
-        parts.append(f"fragmentation {stats.fragmentation:.2f}")
         modes = [t.token_in for t in self.graph.turns.values()]
         if any(modes):
             parts.append(f"token-in {modes.count('ids')}/{len(modes)}")
+        for key in ("turns", "roots", "forks", "breaks", "discarded"):
+            parts.append(f"{key} {getattr(stats, key)}")
+        parts.append(f"trainable {stats.trainable_tokens} tok")
+        parts.append(f"frag. {stats.fragmentation:.2f}")
         self.query_one("#rollout-header", Static).update(" · ".join(parts))
         if tree_changed:
             self.query_one(RolloutTree).load(rollout_nodes(self.graph.turns.values()))
@@ -191,8 +196,8 @@ class RolloutScreen(TapdeckScreen):
         self.turn = turn
         self.turn_seq = turn.seq
         sampled = turn.sampled_ids or turn.token_texts or []
-        header = [f"turn #{turn.seq}", "" if turn.link_kind == "root" else turn.link_kind,
-                  f"parent #{turn.parent}" if turn.parent is not None else "root",
+        header = [f"turn #{turn.seq}",
+                  "root" if turn.parent is None else f"{turn.link_kind} of #{turn.parent}",
                   f"prompt {'?' if turn.prompt_len is None else turn.prompt_len} tok",
                   f"sampled {len(sampled)}", f"finish {turn.finish_reason or '?'}",
                   capture_mode_text(turn.meta)]

@@ -10,19 +10,23 @@ from textual.containers import Horizontal, Vertical
 from textual.widget import Widget
 from textual.widgets import DataTable, Static
 
+from tapdeck.app.confirm import CONFIRM_S, TwoPress
 from tapdeck.app.histogram import bars, histogram, reward_line
 from tapdeck.app.screens.base import TapdeckScreen
 from tapdeck.app.views import (
-    failures_by_cause,
     fmt_phase,
     fmt_rate,
     fmt_reward,
     rollout_settings_line,
+    id_tail,
     run_groups,
-    short_id,
 )
 from tapdeck.schema.runs import RolloutResult, RunDetail, RunSummary, runs_again_on_resume
 
+
+RUN_ID_MIN_W = 10
+OTHER_RUN_COLUMNS_W = 52
+"""The runs table's columns but the id, with their padding and the scrollbar: the id gets the rest."""
 
 GROUP_BINS = 5
 """A group's reward histogram: five bins over 0-1 (K is small; ten would be mostly empty)."""
@@ -36,14 +40,16 @@ class RunsScreen(TapdeckScreen):
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
     HELP = ("Batches started from Setup (or the CLI). Enter shows a run's groups; o opens the "
             "highlighted rollout; e / p export the run as JSONL / Parquet on the server's machine; "
-            "u resumes a stopped run (its cancelled and never-run rollouts run again).")
+            "x twice within 5 s cancels the run; u resumes a stopped run (its cancelled and never-run rollouts run again).")
 
+    # Short words and Parquet off the footer: at 80 columns it must keep r, f1 and q too.
     BINDINGS = [
-        Binding("e", "export('jsonl')", "Export JSONL", id="runs.export_jsonl"),
-        Binding("p", "export('parquet')", "Parquet", id="runs.export_parquet"),
-        Binding("x", "cancel", "Cancel run", id="runs.cancel"),
+        Binding("e", "export('jsonl')", "Export", tooltip="Export the run as JSONL",
+                id="runs.export_jsonl"),
+        Binding("p", "export('parquet')", "Parquet", show=False, id="runs.export_parquet"),
+        Binding("x", "cancel", "Cancel", tooltip="Cancel the run (asks first)", id="runs.cancel"),
         Binding("u", "resume", "Resume", id="runs.resume"),
-        Binding("o", "open_rollout", "Open rollout", id="runs.open"),
+        Binding("o", "open_rollout", "Open", tooltip="Open the highlighted rollout", id="runs.open"),
         Binding("r", "reload", "Reload", id="runs.reload"),
     ]
 
@@ -52,10 +58,12 @@ class RunsScreen(TapdeckScreen):
         self.runs: list[RunSummary] = []
         self.run_id: str | None = None
         self.detail: RunDetail | None = None
+        self._cancel = TwoPress()
 
     def compose_body(self) -> Iterable[Widget]:
         runs = DataTable(id="runs-table", cursor_type="row", zebra_stripes=True)
-        runs.add_columns("run", "state", "done", "ok", "failed", "reward", "pass")
+        for label in ("run", "state", "done", "ok", "failed", "reward", "pass"):
+            runs.add_column(label, key=label)
         yield runs
         yield Static("", id="run-header")
         yield Static("", id="run-settings")
@@ -66,7 +74,8 @@ class RunsScreen(TapdeckScreen):
                 yield groups
                 yield Static("", id="failures")
             rollouts = DataTable(id="rollouts-table", cursor_type="row")
-            rollouts.add_columns("task", "#", "phase", "reward", "turns", "error")
+            for label in ("task", "#", "phase", "reward", "turns", "error"):
+                rollouts.add_column(label, key=label)
             yield rollouts
 
     def on_mount(self) -> None:
@@ -88,17 +97,7 @@ class RunsScreen(TapdeckScreen):
     async def load_runs(self) -> None:
         runs = await self.client.runs()
         self.runs = sorted(runs, key=lambda r: r.created_at, reverse=True)
-        table = self.query_one("#runs-table", DataTable)
-        cursor = table.cursor_row
-        with self.app.batch_update():
-            table.clear()
-            for run in self.runs:
-                counts = run.counts
-                table.add_row(short_id(run.id, 12), run.state, f"{counts.done}/{counts.total}",
-                              str(counts.ok), str(counts.failed), fmt_reward(run.mean_reward),
-                              fmt_rate(run.pass_rate), key=run.id)
-            if self.runs:
-                table.move_cursor(row=min(cursor, len(self.runs) - 1))
+        self._fill_runs_table()
         if not self.runs:
             self.query_one("#run-header", Static).update("No runs yet: start a batch on Setup (1).")
             return
@@ -106,6 +105,25 @@ class RunsScreen(TapdeckScreen):
         self.run_id = wanted
         detail = await self.client.run(wanted)
         self.show_detail(detail)
+
+    def _fill_runs_table(self) -> None:
+        table = self.query_one("#runs-table", DataTable)
+        cursor = table.cursor_row
+        id_width = max(RUN_ID_MIN_W, self.size.width - OTHER_RUN_COLUMNS_W)
+        with self.app.batch_update():
+            table.clear()
+            for run in self.runs:
+                counts = run.counts
+                table.add_row(id_tail(run.id, id_width), run.state, f"{counts.done}/{counts.total}",
+                              str(counts.ok), str(counts.failed), fmt_reward(run.mean_reward),
+                              fmt_rate(run.pass_rate), key=run.id)
+            if self.runs:
+                table.move_cursor(row=min(cursor, len(self.runs) - 1))
+
+    def on_resize(self) -> None:
+        # The id column takes what the other columns leave, so it is cut again at a new width.
+        if self.runs:
+            self._fill_runs_table()
 
     @on(DataTable.RowHighlighted, "#runs-table")
     def _run_highlighted(self, event: DataTable.RowHighlighted) -> None:
@@ -138,13 +156,30 @@ class RunsScreen(TapdeckScreen):
             table.clear()
             for r in sorted(rollouts, key=lambda r: (r.task, r.index)):
                 table.add_row(r.task[:24], str(r.index), fmt_phase(r), fmt_reward(r.reward),
-                              str(r.turns), r.error_kind or "", key=r.rollout_id)
+                              str(self._turns(r)), r.error_kind or "", key=r.rollout_id)
         self._show_settings(self._selected_rollout())
-        failures = failures_by_cause(rollouts)
+        # The server's own count (as the runs table's "failed"), not one recounted from the
+        # rollouts: after a resume a rollout running again still carries its old failure.
+        failures = sorted(detail.failures.items(), key=lambda item: -item[1])
         self.query_one("#failures", Static).update(
             f"rewards {reward_line(r.reward for r in rollouts)}\n"
-            + ("failures: " + ", ".join(f"{kind} {n}" for kind, n in failures.most_common())
+            + ("failures: " + ", ".join(f"{kind} {n}" for kind, n in failures)
                if failures else "failures: none"))
+
+    def _turns(self, rollout: RolloutResult) -> int:
+        """A rollout's captured turns: live from the App's session board (what Sessions shows),
+        as the run's own result counts them only when the rollout ends."""
+        summary = self.app.board.get(rollout.session_id) if rollout.session_id else None
+        return max(rollout.turns, summary.turns) if summary is not None else rollout.turns
+
+    def sessions_changed(self) -> None:
+        """Called by the App on (coalesced) session events: the turns column follows them."""
+        if self.detail is None:
+            return
+        table = self.query_one("#rollouts-table", DataTable)
+        for rollout in self.detail.rollouts:
+            if rollout.rollout_id in table.rows:
+                table.update_cell(rollout.rollout_id, "turns", str(self._turns(rollout)))
 
     def _show_settings(self, rollout: RolloutResult | None) -> None:
         """What the highlighted rollout ran with: the timeouts in force and where each came from."""
@@ -165,7 +200,11 @@ class RunsScreen(TapdeckScreen):
     def action_open_rollout(self) -> None:
         """Open the highlighted rollout's capture session."""
         rollout = self._selected_rollout()
-        if rollout is None or not rollout.session_id:
+        if rollout is None:
+            self.app.notify("No rollout to open: start a batch on Setup." if not self.runs else
+                            "No rollout highlighted.", severity="warning")
+            return
+        if not rollout.session_id:
             self.app.notify("This rollout has no capture session yet.", severity="warning")
             return
         self.app.open_rollout(rollout.session_id)
@@ -188,9 +227,25 @@ class RunsScreen(TapdeckScreen):
         self.app.notify(f"wrote {result.path}", title="Export done", timeout=10)
 
     def action_cancel(self) -> None:
-        """Cancel the shown run."""
-        if self.run_id:
-            self.cancel_run(self.run_id)
+        """Cancel the shown run: the first press asks, a second one within CONFIRM_S cancels."""
+        run = next((r for r in self.runs if r.id == self.run_id), None)
+        if run is None:
+            self.app.notify("No run to cancel: start a batch on Setup.", severity="warning")
+            return
+        if run.state != "running":
+            self._cancel.disarm()
+            self.app.notify(f"run {run.id} already {run.state}: nothing to cancel.", severity="warning")
+            return
+        if not self._cancel.press(run.id, self.app.clock()):
+            from tapdeck.app.screen_registry import key_of  # the registry imports this screen
+
+            left = run.counts.total - run.counts.done
+            self.app.notify(f"{left} rollout(s) of run {run.id} still to run. Press "
+                            f"{key_of(self.app, 'runs.cancel', self)} again "
+                            f"within {CONFIRM_S:g} s to cancel it.", title="Cancel run?",
+                            severity="warning", timeout=CONFIRM_S)
+            return
+        self.cancel_run(run.id)
 
     def action_resume(self) -> None:
         """Resume the shown run: its never-run and cancelled rollouts run again."""

@@ -14,8 +14,10 @@ from textual.widget import Widget
 from textual.widgets import DataTable, Sparkline, Static
 
 from tapdeck.app.client import ApiError
+from tapdeck.app.confirm import CONFIRM_S, TwoPress
 from tapdeck.app.screens.base import TapdeckScreen
 from tapdeck.app.stuck_view import PaneLine, calls_per_second, pane_lines
+from tapdeck.app.views import ENDED_STATES, rollout_state, session_state
 from tapdeck.app.widgets.activity_pane import ActivityPane
 from tapdeck.app.widgets.session_table import SessionTable
 from tapdeck.schema.activity import SessionActivity
@@ -46,7 +48,7 @@ class SessionsScreen(TapdeckScreen):
         self.activity_error = ""
         self.findings: list[Finding] = []
         self._fetched_at = 0.0
-        self._armed_cancel: str | None = None
+        self._cancel = TwoPress()
 
     def compose_body(self) -> Iterable[Widget]:
         yield Static("", id="sessions-summary")
@@ -66,6 +68,9 @@ class SessionsScreen(TapdeckScreen):
     def on_screen_resume(self) -> None:
         self.refresh_table(force=True)
 
+    def on_resize(self) -> None:
+        self.refresh_table(force=True)  # the summary says which columns a narrow width hides
+
     def refresh_table(self, force: bool = False) -> None:
         """Apply the board to the table if it changed (or a second passed: idle counters move)."""
         board = self.app.board
@@ -80,6 +85,8 @@ class SessionsScreen(TapdeckScreen):
         by_state = " · ".join(f"{n} {s}" for s, n in sorted(states.items()))
         summary = (f"{total} session{'s' if total != 1 else ''} · {by_state}" if total
                    else "No capture sessions yet: start a batch on Setup (1).")
+        if hidden := self.query_one(SessionTable).hidden():
+            summary += f" · {'/'.join(hidden)} hidden (under 80 columns)"
         self.query_one("#sessions-summary", Static).update(summary)
         self._show_board_rate(now)
         self._show_pane()
@@ -126,7 +133,7 @@ class SessionsScreen(TapdeckScreen):
 
     @on(DataTable.RowHighlighted, "#sessions")
     def _row_highlighted(self, _event: DataTable.RowHighlighted) -> None:
-        self._armed_cancel = None
+        self._cancel.disarm()
         if self.query_one(ActivityPane).has_class("shown"):
             self.activity, self.findings, self.activity_error = None, [], ""
             self._poll_activity()
@@ -168,6 +175,9 @@ class SessionsScreen(TapdeckScreen):
         if not pane.has_class("shown"):
             return
         key = self.highlighted()
+        if key is None:
+            pane.show([PaneLine("session", "none: the table is empty", "muted")], [], "")
+            return
         activity = self.activity if self.activity and self.activity.session_id == key else None
         lines = pane_lines(self.app.board.get(key) if key else None, self.rollout_of(key), activity,
                            self.findings if activity else [], self._server_now())
@@ -178,23 +188,36 @@ class SessionsScreen(TapdeckScreen):
         pane.show(lines, rates, f"last {int(RATE_BUCKETS * RATE_BUCKET_S)} s · peak {max(rates, default=0):.1f}")
 
     def action_cancel_rollout(self) -> None:
-        """Cancel the highlighted rollout: the first press asks, the second one cancels."""
+        """Cancel the highlighted rollout: the first press asks, a second one within CONFIRM_S
+        cancels."""
         key = self.highlighted()
+        if key is None:
+            self.app.notify("No session highlighted: nothing to cancel.", severity="warning")
+            return
         rollout = self.rollout_of(key)
-        summary = self.app.board.get(key) if key else None
+        summary = self.app.board.get(key)
         meta = summary.metadata if summary is not None else {}
         run_id = (rollout.run_id if rollout else None) or meta.get("run_id")
         rollout_id = (rollout.rollout_id if rollout else None) or meta.get("rollout_id")
         if not run_id or not rollout_id:
             self.app.notify("This session is not a rollout of a run: nothing to cancel.", severity="warning")
             return
-        if self._armed_cancel != rollout_id:
-            self._armed_cancel = rollout_id
-            self.app.notify(f"Press x again to cancel rollout {rollout_id}.", title="Cancel rollout?")
+        state = session_state(summary) if summary is not None else rollout_state(rollout)
+        if state in ENDED_STATES:
+            self._cancel.disarm()
+            self.app.notify(f"rollout {rollout_id} already {state}: nothing to cancel.",
+                            severity="warning")
             return
-        self._armed_cancel = None
-        self.run_worker(self._cancel(run_id, rollout_id), group="cancel-rollout", exit_on_error=False)
+        if not self._cancel.press(rollout_id, self.app.clock()):
+            from tapdeck.app.screen_registry import key_of  # the registry imports this screen
 
-    async def _cancel(self, run_id: str, rollout_id: str) -> None:
+            self.app.notify(f"Press {key_of(self.app, 'sessions.cancel', self)} again within "
+                            f"{CONFIRM_S:g} s to cancel rollout {rollout_id}.",
+                            title="Cancel rollout?", timeout=CONFIRM_S)
+            return
+        self.run_worker(self._cancel_rollout(run_id, rollout_id), group="cancel-rollout",
+                        exit_on_error=False)
+
+    async def _cancel_rollout(self, run_id: str, rollout_id: str) -> None:
         await self.client.cancel_rollout(run_id, rollout_id)
         self.app.notify(f"Cancelling rollout {rollout_id}: its sandbox is being torn down.")

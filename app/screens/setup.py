@@ -28,6 +28,7 @@ from textual.widgets import (
     Static,
 )
 
+from tapdeck.app.confirm import CONFIRM_S, TwoPress
 from tapdeck.app.messages import RunsChanged
 from tapdeck.app.screens.base import TapdeckScreen
 from tapdeck.schema.addresses import check_public_url
@@ -47,7 +48,7 @@ SETTING_INPUTS: tuple[tuple[str, str, str, str], ...] = (
     # (RolloutSettings field or "timeout_s", label, Input type, placeholder = what unset means)
     ("agent_timeout_s", "Agent s", "number", "task's"),
     ("timeout_s", "Hard s", "number", "300"),
-    ("max_turns", "Turns", "integer", "3"),
+    ("max_turns", "Max turns", "integer", "3"),
     ("max_output_tokens", "Output", "integer", "ctx/256"),
     ("context_tokens", "Context", "integer", "engine's"),
     ("temperature", "Temp.", "number", "harness's"),
@@ -77,16 +78,22 @@ class SetupScreen(TapdeckScreen):
     """The rollout plan editor."""
 
     MODE = "setup"
-    HELP = "Pick what to run. ✓ = this machine can run it; ✗ = it cannot, and the line below says why."
+    HELP = ("Pick what to run. ✓ = this machine can run it; ✗ = it cannot, and the line below says "
+            "why. In a text field, digits and q are typed as text: esc leaves the field, then the "
+            "screen numbers and q work again.")
 
     BINDINGS = [
         Binding("ctrl+s", "start", "Start batch", id="setup.start"),
         Binding("ctrl+r", "reload", "Reload catalog", id="setup.reload"),
+        # A focused field takes digits and q as text: this is the way back to the screen keys.
+        Binding("escape", "leave_field", "Leave field", id="setup.leave_field"),
     ]
 
     def __init__(self) -> None:
         super().__init__()
         self.catalog: Catalog | None = None
+        self._last_start: tuple[RunPlan, str] | None = None  # (plan, the run it started)
+        self._repeat = TwoPress()
 
     def compose_body(self) -> Iterable[Widget]:
         with Horizontal(id="setup-body"):
@@ -139,6 +146,16 @@ class SetupScreen(TapdeckScreen):
     def on_mount(self) -> None:
         self.action_reload()
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # Shown (and bound) only while a text field has focus.
+        if action == "leave_field":
+            return isinstance(self.focused, Input)
+        return True
+
+    def action_leave_field(self) -> None:
+        """Take focus off the text field, so that digits and q reach the screen keys again."""
+        self.set_focus(None)
+
     def action_reload(self) -> None:
         """Fetch `/admin/catalog` again (e.g. after installing a sandbox SDK)."""
         self.load_catalog()
@@ -157,9 +174,12 @@ class SetupScreen(TapdeckScreen):
             raise  # the app turns it into a notification and the status line
         finally:
             body.loading = False
+        first = self.catalog is None
         self.apply_catalog(catalog)
-        # At once, not via call_later: keys typed as soon as the pickers show go to the dataset.
-        self.set_focus(self.query_one("#dataset", Select), scroll_visible=False)
+        if first:
+            # At once, not via call_later: keys typed as soon as the pickers show go to the
+            # dataset. Only on the first load: a reload (ctrl+r) leaves focus where it is.
+            self.set_focus(self.query_one("#dataset", Select), scroll_visible=False)
 
     def apply_catalog(self, catalog: Catalog) -> None:
         """Fill the pickers from a catalog and select its defaults."""
@@ -286,7 +306,13 @@ class SetupScreen(TapdeckScreen):
             Content.styled(text, "$success" if ok else "$error"))
 
     def _show_dataset(self) -> None:
-        self._show_why("dataset")
+        path = self.query_one("#dataset-path", Input).value.strip()
+        if path:
+            # A typed path wins over the picker: the hint must not vouch for the picked dataset.
+            self.query_one("#why-dataset", Static).update(Content.styled(
+                f"{path}: checked by the server when the batch starts", "$text-muted"))
+        else:
+            self._show_why("dataset")
         item = self._item("dataset")
         tasks = self.query_one("#tasks", SelectionList)
         names = [task.name for task in item.tasks] if isinstance(item, DatasetInfo) else []
@@ -319,6 +345,11 @@ class SetupScreen(TapdeckScreen):
             self._recall_settings()
         elif kind == "engine":
             self._show_settings_defaults()
+
+    @on(Input.Changed, "#dataset-path")
+    def _dataset_path_changed(self) -> None:
+        if self.catalog is not None:
+            self._show_dataset()
 
     @on(SelectionList.SelectedChanged, "#tasks")
     def _ticks_changed(self, event: SelectionList.SelectedChanged) -> None:
@@ -395,7 +426,20 @@ class SetupScreen(TapdeckScreen):
 
     @work(exclusive=True, group="start-run", exit_on_error=False)
     async def start_run(self, plan: RunPlan) -> None:
+        """Start `plan`; the same plan as a run still going starts only on a second press."""
+        if self._last_start is not None and self._last_start[0] == plan:
+            last = await self.client.run(self._last_start[1])
+            if last.state == "running" and not self._repeat.press(last.id, self.app.clock()):
+                from tapdeck.app.screen_registry import key_of  # the registry imports this screen
+
+                self.app.notify(f"run {last.id} with this same plan is still running "
+                                f"({last.counts.done}/{last.counts.total} done). Press "
+                                f"{key_of(self.app, 'setup.start', self)} again within "
+                                f"{CONFIRM_S:g} s to start another.", title="Start it twice?",
+                                severity="warning", timeout=CONFIRM_S)
+                return
         run = await self.client.start_run(plan)
+        self._last_start = (plan, run.id)
         self.app.notify(f"run {run.id} started: {run.counts.total} rollouts",
                         title="Batch started")
         self.app.post_message(RunsChanged())

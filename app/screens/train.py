@@ -3,7 +3,7 @@
 Everything goes through the server API (`/admin/train`: recipes, launch, SSE of log/metrics/state,
 stop), so the recipe runs on the server's machine and this screen works the same embedded and
 under `tapdeck attach`. The plots show what TRL logs (reward and its std, loss, KL and clip
-ratios, tokens/s) as the server reads them from the run's trackio database.
+ratios, tokens per second and per step) as the server reads them from the run's trackio database.
 """
 
 from __future__ import annotations
@@ -15,11 +15,13 @@ from textual import on, work
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widget import Widget
-from textual.widgets import Button, Input, Log, Select, Static
+from rich.text import Text
+from textual.widgets import Button, Input, RichLog, Select, Static
 from textual_plotext import PlotextPlot
 
 from tapdeck.app.client import ApiError
 from tapdeck.app.screens.base import TapdeckScreen
+from tapdeck.schema.runs import RunSummary
 from tapdeck.schema.train import (
     MetricRow,
     RecipeInfo,
@@ -33,10 +35,23 @@ PANELS: dict[str, tuple[str, ...]] = {
     "loss": ("train/loss",),
     "kl/clip": ("train/kl", "train/clip_ratio/region_mean", "train/clip_ratio/low_mean",
                 "train/clip_ratio/high_mean"),
-    "tokens/s": ("train/perf/trained_tok_s_wall_clock", "train/rollout/sampled_tok_s",
-                 "train/batch/trained_tokens_per_step"),
+    "tokens/s": ("train/perf/trained_tok_s_wall_clock", "train/rollout/sampled_tok_s"),
+    "tokens/step": ("train/batch/trained_tokens_per_step",),
 }
 """Plot panels: each draws those of its metrics the run logged (TRL's names under trackio's `train/`)."""
+
+
+Y_TICKS = 5
+
+
+def even_ticks(values: list[float], count: int = Y_TICKS) -> list[float]:
+    """`count` evenly spaced y ticks over `values` (plotext's own land unevenly on a flat series)."""
+    low, high = min(values), max(values)
+    if high == low:
+        pad = abs(low) / 2 or 1.0
+        low, high = low - pad, high + pad
+    step = (high - low) / (count - 1)
+    return [low + i * step for i in range(count)]
 
 
 class TrainScreen(TapdeckScreen):
@@ -46,7 +61,7 @@ class TrainScreen(TapdeckScreen):
     HELP = ("Train: choose a recipe (and, for data-check, a rollout run), extra recipe arguments "
             "if any, then l (or Launch): the recipe runs on the server's machine. s stops it "
             "(SIGTERM, then SIGKILL of its process group). p cycles the plot: reward, loss, "
-            "KL/clip, tokens/s. data-check only checks and scores rows; cpu-grpo trains SmolLM2 "
+            "KL/clip, tokens/s, tokens/step. data-check only checks and scores rows; cpu-grpo trains SmolLM2 "
             "here (minutes per step); grpo-trl needs a GPU box with vLLM.")
 
     BINDINGS = [
@@ -76,6 +91,7 @@ class TrainScreen(TapdeckScreen):
         """The followed run's latest state."""
         self.points: dict[str, list[tuple[int, float]]] = {}
         self.panel = "reward"
+        self._run_options: list[tuple[str, str]] = []
 
     def compose_body(self) -> Iterable[Widget]:
         with Horizontal(id="train-controls"):
@@ -89,9 +105,11 @@ class TrainScreen(TapdeckScreen):
             yield Select([(name, name) for name in PANELS], value=self.panel, allow_blank=False,
                          id="train-panel", compact=True)
             yield PlotextPlot(id="train-plot")
-            yield Log(id="train-log", max_lines=2000)
+            # Wrapped: a recipe's long lines (paths, tracebacks) must read whole at 80 columns.
+            yield RichLog(id="train-log", max_lines=2000, wrap=True)
 
     def on_mount(self) -> None:
+        self._plot()  # says "nothing logged yet" until a run's metrics arrive
         self.action_reload()
 
     @property
@@ -118,15 +136,7 @@ class TrainScreen(TapdeckScreen):
         current = recipe_select.value
         recipe_select.set_options([(name, name) for name in self.recipes])
         recipe_select.value = current if current in self.recipes else next(iter(self.recipes), Select.NULL)
-        runs = sorted(runs, key=lambda r: r.created_at, reverse=True)
-        run_select = self.query_one("#train-run", Select)
-        chosen = run_select.value
-        run_select.set_options([(f"{r.id} · {r.state} · {r.counts.done} done", r.id) for r in runs])
-        ids = [r.id for r in runs]
-        if chosen in ids:
-            run_select.value = chosen
-        elif ids:
-            run_select.value = ids[0]
+        self._show_rollout_runs(runs)
         live = next((j for j in jobs if j.state == "running"), None)
         if live is not None and self.job is None:
             self.follow(live.id)  # a run launched earlier (or from another client) is followed
@@ -134,6 +144,34 @@ class TrainScreen(TapdeckScreen):
             await self.show_ended(max(jobs, key=lambda j: j.started_at))
         elif not self.running:
             self._describe_recipe()
+
+    def _show_rollout_runs(self, runs: list[RunSummary]) -> None:
+        runs = sorted(runs, key=lambda r: r.created_at, reverse=True)
+        run_select = self.query_one("#train-run", Select)
+        chosen = run_select.value
+        options = [(f"{r.id} · {r.state} · {r.counts.done} done", r.id) for r in runs]
+        if options == [(str(label), value) for label, value in self._run_options]:
+            return  # unchanged: keep the open picker as it is
+        self._run_options = options
+        run_select.set_options(options)
+        ids = [r.id for r in runs]
+        if chosen in ids:
+            run_select.value = chosen
+        elif ids:
+            run_select.value = ids[0]
+
+    def on_screen_resume(self) -> None:
+        self.load_rollout_runs()
+
+    def runs_changed(self) -> None:
+        """Called by the App on (coalesced) run events: the run picker follows them."""
+        if self.is_mounted:
+            self.load_rollout_runs()
+
+    @work(group="train-runs", exclusive=True, exit_on_error=False)
+    async def load_rollout_runs(self) -> None:
+        """The rollout runs the picker offers (a run started since shows without `r`)."""
+        self._show_rollout_runs(await self.client.runs())
 
     async def show_ended(self, job: TrainRunInfo) -> None:
         """The last run's state, log tail and metrics, so that Train opens on what happened last."""
@@ -144,7 +182,7 @@ class TrainScreen(TapdeckScreen):
             self._state(f"{job.id}: {exc.message}")
             return
         self.job = job
-        self.query_one("#train-log", Log).write_lines(log.lines)
+        self._write_log(log.lines)
         self._add_points(metrics.points)
         self._state(self._ended_line(job))
 
@@ -181,7 +219,7 @@ class TrainScreen(TapdeckScreen):
         run = self.query_one("#train-run", Select).value
         run_id = None if run is Select.NULL or not recipe.takes_run else str(run)
         if recipe.takes_run and run_id is None and "--rows" not in args:
-            self.notify("pick a rollout run first (the Runs screen starts one)", severity="warning")
+            self.notify("pick a rollout run first (Setup starts one)", severity="warning")
             return
         self.launch(recipe.name, run_id, args)
 
@@ -199,7 +237,7 @@ class TrainScreen(TapdeckScreen):
 
     def follow(self, run_id: str) -> None:
         """Reset the log and plots and follow one run's events."""
-        self.query_one("#train-log", Log).clear()
+        self.query_one("#train-log", RichLog).clear()
         self.points = {}
         self._plot()
         self.query_one("#train-stop", Button).disabled = False
@@ -212,13 +250,18 @@ class TrainScreen(TapdeckScreen):
         try:
             async for event in self.client.train_events(run_id):
                 if isinstance(event, TrainLogEvent):
-                    self.query_one("#train-log", Log).write_lines(event.lines)
+                    self._write_log(event.lines)
                 elif isinstance(event, TrainMetricsEvent):
                     self._add_points(event.points)
                 else:
                     self._show_job(event.run)
         except ApiError as exc:
             self._state(f"{run_id}: lost the event stream ({exc.message}); r reloads")
+
+    def _write_log(self, lines: list[str]) -> None:
+        log = self.query_one("#train-log", RichLog)
+        for line in lines:
+            log.write(Text(line))  # plain text: a recipe's output is not markup
 
     def _show_job(self, job: TrainRunInfo) -> None:
         self.job = job
@@ -281,6 +324,9 @@ class TrainScreen(TapdeckScreen):
             xs, ys = zip(*self.points[name])
             plt.plot(list(xs), list(ys), marker="braille", label=name.removeprefix("train/"))
         if shown:
+            ticks = even_ticks([y for name in shown for _, y in self.points[name]])
+            plt.ylim(ticks[0], ticks[-1])
+            plt.yticks(ticks)
             last = self.points[shown[0]][-1][1]
             plt.title(f"{self.panel}: {shown[0].removeprefix('train/')} last {last:.4g}")
         else:

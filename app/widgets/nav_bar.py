@@ -25,12 +25,22 @@ class NavBar(Static):
     def on_mount(self) -> None:
         self.show_keys()
 
+    def on_resize(self) -> None:
+        self.show_keys()
+
     def show_keys(self) -> None:
-        """Draw the tabs with the keys bound now (again after a keymap change)."""
-        parts: list[tuple[str, str] | str] = [(" tapdeck ", "bold $primary")]
-        for key, mode, title in self.app.nav_entries():
-            style = f"@click=app.switch_mode('{mode}')"
-            if mode == self.current:
-                style = f"bold reverse $primary {style}"
-            parts.append((f" {key} {title} ", style))
+        """Draw the tabs with the keys bound now (again after a keymap change), as much of them
+        as fits: without the name, then the other screens by key only, never a cut-off title."""
+        entries = self.app.nav_entries()
+        width = self.size.width or self.app.size.width
+        for brand, titled in ((True, True), (False, True), (False, False)):
+            parts: list[tuple[str, str]] = [(" tapdeck ", "bold $primary")] if brand else []
+            for key, mode, title in entries:
+                style = f"@click=app.switch_mode('{mode}')"
+                if mode == self.current:
+                    style = f"bold reverse $primary {style}"
+                shown = f" {key} {title} " if titled or mode == self.current else f" {key} "
+                parts.append((shown, style))
+            if sum(len(text) for text, _ in parts) <= width:
+                break
         self.update(Content.assemble(*parts))

@@ -5,7 +5,18 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import DataTable
 
-from tapdeck.app.views import SESSION_COLUMNS, WIDE_AT, WIDE_COLUMNS, Cell, diff_rows
+from tapdeck.app.views import (
+    NARROW_BELOW,
+    NARROW_HIDDEN,
+    SESSION_COLUMNS,
+    WIDE_AT,
+    WIDE_COLUMNS,
+    Cell,
+    diff_rows,
+)
+
+ALL_KEYS = [key for key, _, _ in SESSION_COLUMNS + WIDE_COLUMNS]
+"""The order of a row's cells (`SessionBoard.rows`)."""
 
 
 class SessionTable(DataTable):
@@ -34,8 +45,12 @@ class SessionTable(DataTable):
             self.restyle(highlighted)
 
     def _set_columns(self) -> bool:
-        """The narrow columns, plus WIDE_COLUMNS on a wide terminal; True when they changed."""
-        wanted = SESSION_COLUMNS + (WIDE_COLUMNS if self.app.size.width >= WIDE_AT else ())
+        """The session columns (less NARROW_HIDDEN on a narrow terminal), plus WIDE_COLUMNS on a
+        wide one; True when they changed."""
+        width = self.app.size.width
+        wanted = SESSION_COLUMNS + (WIDE_COLUMNS if width >= WIDE_AT else ())
+        if width < NARROW_BELOW:
+            wanted = tuple(c for c in wanted if c[0] not in NARROW_HIDDEN)
         if wanted == self._columns:
             return False
         self.clear(columns=True)
@@ -43,6 +58,12 @@ class SessionTable(DataTable):
         for key, label, width in wanted:
             self.add_column(label, key=key, width=width)
         return True
+
+    def hidden(self) -> list[str]:
+        """Headers of the columns a narrow terminal hides now."""
+        if self.app.size.width >= NARROW_BELOW:
+            return []
+        return [label for key, label, _ in SESSION_COLUMNS if key in NARROW_HIDDEN]
 
     def _styled(self, cell: Cell) -> Text | str:
         text, tone = cell
@@ -62,7 +83,8 @@ class SessionTable(DataTable):
         """Diff against what is shown; returns how many cells/rows were touched."""
         self._given = dict(rows)
         columns = [key for key, _, _ in self._columns]
-        rows = {key: row[:len(columns)] for key, row in rows.items()}
+        picked = [ALL_KEYS.index(key) for key in columns]
+        rows = {key: tuple(row[i] for i in picked) for key, row in rows.items()}
         diff = diff_rows(self._shown, rows)
         if not (diff.removed or diff.added or diff.changed):
             return 0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tapdeck.app.stuck_view import STUCK_CALL_S, calls_per_second, pane_lines, phase_timings
+from tapdeck.app.stuck_view import STUCK_CALL_S, calls_per_second, pane_lines, phase_timings, plural
 from tapdeck.schema.activity import InFlightCall, MessageView, SessionActivity, ToolCallView
 from tapdeck.schema.findings import Finding
 from tapdeck.schema.runs import RolloutResult
@@ -39,3 +39,10 @@ def test_a_call_in_flight_past_the_threshold_is_highlighted_with_the_last_exchan
 def test_calls_per_second_buckets_recent_call_ends() -> None:
     rates = calls_per_second([90.0, 99.0, 99.5, 10.0], 100.0, buckets=5, bucket_s=2.0)
     assert rates == [0.5, 0.0, 0.0, 0.0, 1.0]  # the call at 10 s is before the window
+
+
+def test_counts_agree_in_number_and_a_sessionless_rollout_does_not_wait_for_activity() -> None:
+    assert plural(1, "error") == "1 error" and plural(0, "error") == "0 errors"
+    lines = pane_lines(None, None, None, [], 0.0)
+    assert [line.text for line in lines if line.label == "model"] == [
+        "no capture session: this rollout made no model calls"]

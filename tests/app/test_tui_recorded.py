@@ -14,6 +14,7 @@ from textual.selection import Selection
 from textual.widgets import DataTable, Input, Select, SelectionList, Sparkline
 
 from tapdeck.app.client import TapdeckClient
+from tapdeck.app.messages import RunsChanged
 from tapdeck.app.tui import TapdeckApp
 from tapdeck.app.widgets.session_table import SessionTable
 from tapdeck.app.widgets.token_view import TokenView
@@ -60,7 +61,7 @@ async def test_sessions_table_shows_states_and_updates_only_changed_cells(make_a
                          for r in run["rollouts"] if r["error_kind"] == "cancelled")
         batch = {f"sess000{i}recorded": "finished" for i in range(2, 6)}
         assert states == {"sess0000recorded": "running", "sess0001recorded": "finished",
-                          **batch, cancelled: "failed",
+                          **batch, cancelled: "cancelled",
                           "sess0006recorded": "no call yet", "sess0007recorded": "running"}
         idle = next(s for s in api_data["sessions"] if s["id"] == "sess0000recorded")["seconds_since_last_call"]
         assert str(table.get_cell("sess0000recorded", "idle")) == str(int(idle))  # the clock is frozen
@@ -97,8 +98,8 @@ async def test_open_rollout_and_click_a_token_shows_its_logprob(make_app):
                     and app.screen.query_one(TokenView).turn is not None, "turn 0 on Rollout")
         tree = app.screen.query_one("#graph")
         labels = [str(node.label) for node in tree.root.children]
-        assert labels[0].startswith("#0 agent") and labels[1].startswith("#1 discarded")
-        assert str(tree.root.children[0].children[0].label).startswith("#2 agent")
+        assert labels[0].startswith("#0 !warn agent") and labels[1].startswith("#1 !warn discarded")
+        assert str(tree.root.children[0].children[0].label).startswith("#2 !warn agent")
         view = app.screen.query_one(TokenView)
         assert view.turn is not None and view.turn.seq == 0
         await click_until(pilot, TokenView, (2, 0), lambda: view.selected == 1,  # " SET" (token 1)
@@ -453,3 +454,260 @@ async def test_sessions_detail_indents_continuation_lines_of_a_multi_line_field(
             selected, _ = text.get_selection(Selection(None, None))
             assert selected.splitlines() == rows  # copied as drawn
         assert observation_rows[80] > observation_rows[110]  # wrapped again at the new width
+
+
+async def test_runs_table_shows_whole_run_ids_when_they_fit_and_their_distinct_ends_when_not(api_data):
+    # Real run ids share their date prefix: only the end tells two runs of a day apart.
+    ids = ["run-20261202-213112-ab12", "run-20261202-213112-cd34"]
+    for run, new_id in zip(api_data["runs"], ids, strict=True):
+        api_data["run_details"][new_id] = {**api_data["run_details"].pop(run["id"]), "id": new_id}
+        run["id"] = new_id
+    client = TapdeckClient("http://tapdeck.test", "test-key", transport=recorded_transport(api_data))
+    app = TapdeckApp(client, follow_events=False, initial_mode="runs")
+    async with app.run_test(size=(80, 24)) as pilot:
+        table = app.screen.query_one("#runs-table", DataTable)
+        await until(pilot, lambda: table.row_count == 2, "the runs")
+        assert sorted(str(table.get_cell(i, "run")) for i in ids) == ids
+        await pilot.resize_terminal(60, 20)
+        await until(pilot, lambda: str(table.get_cell(ids[0], "run")) != ids[0], "the narrower cut")
+        cells = [str(table.get_cell(i, "run")) for i in ids]
+        assert cells[0].endswith("ab12") and cells[1].endswith("cd34") and cells[0] != cells[1]
+
+
+async def test_runs_turns_column_follows_captured_turns_live_like_sessions(make_app, api_data):
+    app = make_app("runs")
+    async with app.run_test(size=(80, 24)) as pilot:
+        table = app.screen.query_one("#rollouts-table", DataTable)
+        rollout = next(r for r in api_data["run_details"]["run-0001"]["rollouts"]
+                       if r["session_id"] == "sess0002recorded")
+        await until(pilot, lambda: rollout["rollout_id"] in table.rows, "the run's rollouts")
+        assert str(table.get_cell(rollout["rollout_id"], "turns")) == str(rollout["turns"])
+        session = next(s for s in api_data["sessions"] if s["id"] == "sess0002recorded")
+        turn = {k: v for k, v in api_data["graphs"]["sess0002recorded"]["turns"][0].items()
+                if k not in ("role", "token_in")}
+        # A turn captured mid-rollout: the run's own result still says 2 until the rollout ends.
+        app.take_event(parse_event({"type": "turn_captured", "turn": turn,
+                                    "session": dict(session, turns=7)}))
+        await until(pilot, lambda: str(table.get_cell(rollout["rollout_id"], "turns")) == "7",
+                    "the live turn count")
+
+
+async def test_train_run_picker_follows_new_runs_without_a_reload(api_data):
+    client = TapdeckClient("http://tapdeck.test", "test-key", transport=recorded_transport(api_data))
+    app = TapdeckApp(client, follow_events=False, initial_mode="train")
+    async with app.run_test(size=(80, 24)) as pilot:
+        picker = app.screen.query_one("#train-run", Select)
+
+        def offered() -> list[str]:
+            return [value for _, value in picker._options if value is not Select.NULL]
+
+        await until(pilot, lambda: len(offered()) == 2, "the recorded runs")
+        api_data["runs"].append(dict(api_data["runs"][0], id="run-0002", created_at=9e9))
+        app.post_message(RunsChanged())  # what a run_started event becomes
+        await until(pilot, lambda: "run-0002" in offered(), "the new run on a run event")
+        api_data["runs"].append(dict(api_data["runs"][0], id="run-0003", created_at=9e9 + 1))
+        await pilot.press("2")
+        await pilot.press("6")
+        await until(pilot, lambda: "run-0003" in offered(), "the newer run on showing Train again")
+
+
+async def test_train_plots_tokens_per_step_under_its_own_name_not_tokens_per_second(make_app):
+    # The recorded data-check logs trained_tokens_per_step and no per-second rate.
+    app = make_app("train")
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = app.screen
+        await until(pilot, lambda: screen.points, "the recorded metrics")
+        while screen.panel != "tokens/s":
+            await pilot.press("p")
+        assert screen.shown_metrics() == []
+        await pilot.press("p")
+        assert screen.panel == "tokens/step"
+        assert screen.shown_metrics() == ["train/batch/trained_tokens_per_step"]
+
+
+def _screen_lines(app) -> list[str]:
+    """What the terminal shows now, line by line."""
+    return ["".join(segment.text for segment in strip)
+            for strip in app.screen._compositor.render_strips()]
+
+
+async def test_rollout_at_80x24_shows_its_whole_header_and_every_turns_badge(make_app, api_data):
+    app = make_app("sessions")
+    async with app.run_test(size=(80, 24)) as pilot:
+        table = app.screen.query_one(SessionTable)
+        await until(pilot, lambda: table.row_count == 8, "the recorded sessions")
+        await pilot.press("enter")
+        await until(pilot, lambda: app.current_mode == "rollout"
+                    and app.screen.query_one(TokenView).turn is not None, "the rollout")
+        await pilot.pause(0.2)
+        lines = _screen_lines(app)
+        header = " ".join(lines[1:3])
+        modes = [t["token_in"] for t in api_data["graphs"]["sess0000recorded"]["turns"]]
+        assert f"token-in {modes.count('ids')}/{len(modes)}" in header
+        assert "frag. " in header
+        warned = [line for line in lines if "!warn" in line]
+        assert len(warned) == 3  # every turn of this rollout has a warning
+
+
+@pytest.mark.parametrize("key", ["1", "2", "3", "4", "5", "6"])
+async def test_every_screens_footer_keeps_reload_help_and_quit_at_80x24(make_app, key):
+    app = make_app("sessions")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press(key)
+        await pilot.pause(0.5)
+        footer = _screen_lines(app)[-1]
+        assert "f1 Help" in footer and "q Quit" in footer, footer
+        if key in ("3", "4", "5", "6"):
+            assert "r Reload" in footer, footer
+
+
+async def test_train_log_lines_wrap_at_80_columns_instead_of_being_cut(make_app, api_data):
+    last = api_data["train"]["logs"]["train-0000"]["lines"][-1]
+    assert len(last) > 80  # the recorded data-check summary
+    app = make_app("train")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: "finished (exit code 0)" in str(
+            app.screen.query_one("#train-state").render()), "the last training run")
+        # Cut at 80 columns, the line's end never shows; wrapped, it does once the log is drawn.
+        await until(pilot, lambda: last.split()[-1] in " ".join(_screen_lines(app)),
+                    "the end of the long log line", 20)
+
+
+def test_train_y_ticks_are_evenly_spaced_even_for_a_flat_series():
+    from tapdeck.app.screens.train import even_ticks
+
+    assert even_ticks([0.0, 0.0]) == [-1.0, -0.5, 0.0, 0.5, 1.0]
+    assert even_ticks([2.0, 4.0]) == [2.0, 2.5, 3.0, 3.5, 4.0]
+
+
+async def test_setup_escape_leaves_a_text_field_so_screen_keys_work_again(make_app):
+    app = make_app("setup")
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = app.screen
+        await until(pilot, lambda: screen.catalog is not None, "the catalog")
+        k = screen.query_one("#k", Input)
+        screen.set_focus(k)
+        await pilot.pause(0.2)
+        footer = _screen_lines(app)[-1]
+        assert "esc Leave field" in footer and "f1 Help" in footer, footer
+        await pilot.press("2")
+        assert app.current_mode == "setup" and k.value.endswith("2")  # typed, as in any field
+        await pilot.press("escape", "2")
+        await until(pilot, lambda: app.current_mode == "sessions", "the screen key after esc", 10)
+
+
+async def test_setup_catalog_reload_leaves_focus_where_it_was(make_app):
+    app = make_app("setup")
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = app.screen
+        await until(pilot, lambda: screen.catalog is not None, "the catalog")
+        concurrency = screen.query_one("#concurrency", Input)
+        screen.set_focus(concurrency)
+        catalog = screen.catalog
+        await pilot.press("ctrl+r")
+        await until(pilot, lambda: screen.catalog is not catalog, "the reloaded catalog")
+        await pilot.pause(0.1)
+        assert app.focused is concurrency
+
+
+async def test_messages_of_another_session_open_at_their_top(make_app):
+    app = make_app("sessions")
+    async with app.run_test(size=(80, 16)) as pilot:  # short, so that the messages scroll
+        table = app.screen.query_one(SessionTable)
+        await until(pilot, lambda: table.row_count == 8, "the recorded sessions")
+        await pilot.press("enter")
+        await until(pilot, lambda: app.current_mode == "rollout"
+                    and app.screen.query_one(TokenView).turn is not None, "the first rollout")
+        screen = app.screen
+        await pilot.press("m")
+        scroll = screen.query_one("#messages-scroll")
+        await until(pilot, lambda: scroll.max_scroll_y > 0, "messages longer than the pane")
+        scroll.scroll_end(animate=False)
+        await until(pilot, lambda: scroll.scroll_y > 0, "the scrolled messages")
+        first = screen.session_id
+        await pilot.press("2", "down", "enter")
+        await until(pilot, lambda: app.current_mode == "rollout" and screen.session_id != first,
+                    "another rollout")
+        await pilot.pause(0.2)
+        assert scroll.scroll_y == 0
+
+
+async def test_sessions_at_60x20_keeps_idle_and_reward_and_says_what_it_hides(make_app):
+    app = make_app("sessions")
+    async with app.run_test(size=(60, 20)) as pilot:
+        table = app.screen.query_one(SessionTable)
+        await until(pilot, lambda: table.row_count == 8, "the recorded sessions")
+        await pilot.pause(0.2)
+        lines = _screen_lines(app)
+        header = next(line for line in lines if line.lstrip().startswith("session"))
+        assert "idle" in header and "reward" in header
+        summary = " ".join(lines[1:3])
+        assert "root/fork/tokens hidden" in summary
+        assert lines[0].rstrip().endswith("6 Train")  # the last screen keeps its title
+
+
+async def test_nav_bar_never_cuts_a_screen_title(make_app):
+    app = make_app("sessions")
+    async with app.run_test(size=(50, 20)) as pilot:
+        await pilot.pause(0.2)
+        nav = _screen_lines(app)[0]
+        assert "2 Sessions" in nav and "Train" not in nav and " 6 " in nav
+        await pilot.resize_terminal(60, 20)
+        await until(pilot, lambda: "6 Train" in _screen_lines(app)[0], "the titles back at 60")
+
+
+async def test_runs_failures_line_agrees_with_the_failed_count_after_a_resume(api_data):
+    # Resumed: the cancelled rollout runs again, so the server counts no failure, though the
+    # rollout still carries its old result until it ends.
+    run = api_data["run_details"]["run-0001"]
+    summary = next(r for r in api_data["runs"] if r["id"] == "run-0001")
+    for body in (run, summary):
+        body.update(state="running", failures={},
+                    counts={"done": 3, "failed": 0, "ok": 3, "running": 1, "total": 4})
+    client = TapdeckClient("http://tapdeck.test", "test-key", transport=recorded_transport(api_data))
+    app = TapdeckApp(client, follow_events=False, initial_mode="runs")
+    async with app.run_test(size=(80, 24)) as pilot:
+        failures = app.screen.query_one("#failures")
+        await until(pilot, lambda: "failures:" in str(failures.render()), "the run's failures")
+        runs = app.screen.query_one("#runs-table", DataTable)
+        assert str(runs.get_cell("run-0001", "failed")) == "0"
+        assert "failures: none" in str(failures.render())
+
+
+async def test_turn_header_of_a_token_in_turn_is_whole_at_80x24(make_app):
+    app = make_app("sessions")
+    async with app.run_test(size=(80, 24)) as pilot:
+        table = app.screen.query_one(SessionTable)
+        await until(pilot, lambda: table.row_count == 8, "the recorded sessions")
+        await pilot.press("enter")
+        screen = app.screen
+        await until(pilot, lambda: app.current_mode == "rollout"
+                    and screen.query_one(TokenView).turn is not None, "the rollout")
+        screen.load_turn(screen.session_id, 2)  # a continuation with the longest capture line
+        await until(pilot, lambda: screen.turn is not None and screen.turn.seq == 2, "turn #2")
+        await pilot.pause(0.2)
+        shown = " ".join(line.split("▕")[-1].strip() for line in _screen_lines(app))
+        assert "prefix of #0" in shown and "offset 48)" in shown
+
+
+async def test_train_without_a_rollout_run_points_to_setup(api_data):
+    api_data["runs"] = []
+    client = TapdeckClient("http://tapdeck.test", "test-key", transport=recorded_transport(api_data))
+    app = TapdeckApp(client, follow_events=False, initial_mode="train")
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = app.screen
+        await until(pilot, lambda: "data-check" in screen.recipes, "the recipes")
+        screen.query_one("#train-recipe", Select).value = "data-check"
+        await pilot.press("l")
+        assert any(n.message == "pick a rollout run first (Setup starts one)"
+                   for n in app._notifications)
+
+
+async def test_train_reward_plot_says_nothing_is_logged_before_any_run(api_data):
+    api_data["train"]["runs"] = {"runs": []}
+    client = TapdeckClient("http://tapdeck.test", "test-key", transport=recorded_transport(api_data))
+    app = TapdeckApp(client, follow_events=False, initial_mode="train")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.screen.recipes, "the recipes")
+        await until(pilot, lambda: "reward: nothing logged yet" in " ".join(_screen_lines(app)),
+                    "the empty plot's label", 10)

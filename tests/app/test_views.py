@@ -12,12 +12,13 @@ from tapdeck.app.views import (
     capture_mode_text,
     diff_rows,
     display_parents,
-    failures_by_cause,
     fmt_phase,
     fmt_reward,
     logprob_tone,
     rollout_nodes,
+    id_tail,
     rollout_roots,
+    rollout_settings_line,
     run_groups,
     session_state,
     token_detail,
@@ -45,6 +46,12 @@ def test_session_state_follows_runner_phase_then_turns():
     assert session_state(_summary(metadata={"phase": "failed"})) == "failed"
     assert session_state(_summary(state="closed", turns=2, fatal=1)) == "failed"
     assert session_state(_summary(turns=0)) == "no call yet"  # a raw harness session, no runner phase
+
+
+def test_a_cancelled_rollout_reads_cancelled_not_failed_as_on_runs():
+    cancelled = {"phase": "failed", "error_kind": "cancelled"}
+    assert session_state(_summary(metadata=cancelled, state="closed")) == "cancelled"
+    assert session_state(_summary(metadata={"phase": "failed", "error_kind": "timeout"})) == "failed"
 
 
 def test_reward_null_means_never_graded_not_zero():
@@ -75,9 +82,9 @@ def test_board_idle_seconds_advance_locally_and_long_idle_is_flagged():
 def test_rollout_nodes_of_a_recorded_rollout_mark_roots_and_discarded(api_data):
     nodes = rollout_nodes(GraphView.model_validate(api_data["graphs"]["sess0000recorded"]).turns)
     assert rollout_roots(nodes) == [0, 1]  # a resample of the first prompt is its own root...
-    assert nodes[1].discarded and turn_label(nodes[1]).startswith("#1 discarded")  # ...and discarded
+    assert nodes[1].discarded and turn_label(nodes[1]).startswith("#1 !warn discarded")  # ...and discarded
     assert nodes[0].children == [2] and nodes[2].kind == "prefix"
-    assert "!warn" in turn_label(nodes[0])  # truncated by max_tokens
+    assert turn_label(nodes[0]).startswith("#0 !warn ")  # truncated by max_tokens: first, not cut
     assert "24 tok" in turn_label(nodes[0]) and "length" in turn_label(nodes[0])
 
 
@@ -136,17 +143,15 @@ def test_token_detail_of_a_recorded_turn(api_data):
     assert f"logprob {turn.logprobs[0]:.3f}" in token_detail(turn, 0)
 
 
-def test_run_groups_and_failures(api_data):
+def test_run_groups(api_data):
     oracle = RunDetail.model_validate(api_data["run_details"]["run-0000"]).rollouts
     assert {g.task: (g.total, g.mean, g.pass_rate) for g in run_groups(oracle)} == {
         "hello-file": (2, 1.0, 1.0), "greet-script": (2, 1.0, 1.0)}
-    assert failures_by_cause(oracle) == {}
     # terminus-2 on SmolLM2: graded misses, and one rollout cancelled before its verifier.
     agent = RunDetail.model_validate(api_data["run_details"]["run-0001"]).rollouts
     groups = {g.task: g for g in run_groups(agent)}
     assert groups["hello-file"].total == 2 and groups["hello-file"].pass_rate == 0.0
     assert groups["greet-script"].total == 2 and sorted(map(str, groups["greet-script"].rewards)) == ["0.0", "None"]
-    assert failures_by_cause(agent) == {"cancelled": 1}
     ungraded = run_groups([r for r in agent if r.reward is None])
     assert (ungraded[0].mean, ungraded[0].pass_rate) == (None, None)  # nothing graded: no mean, no rate
 
@@ -154,6 +159,7 @@ def test_run_groups_and_failures(api_data):
 def test_core_modules_do_not_import_textual():
     code = ("import sys, json\n"
             "import tapdeck.app.views, tapdeck.app.client, tapdeck.app.settings, tapdeck.themes.palettes\n"
+            "import tapdeck.app.confirm, tapdeck.app.stuck_view\n"
             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'textual')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -206,3 +212,16 @@ def test_live_graph_asks_again_for_a_turn_it_lacks():
                      links=[(0, None, "agent"), (1, None, "agent")], findings=[])
     live.apply(view)
     assert live.next_since() == 0
+
+
+def test_a_rollouts_settings_line_is_in_the_tense_of_its_phase(api_data):
+    done = next(r for r in RunDetail.model_validate(api_data["run_details"]["run-0001"]).rollouts
+                if r.settings is not None and r.phase == "done")
+    assert " ran with: " in rollout_settings_line(done)
+    assert " will run with: " in rollout_settings_line(done.model_copy(update={"phase": "queued"}))
+    assert " runs with: " in rollout_settings_line(done.model_copy(update={"phase": "agent"}))
+
+
+def test_an_id_too_long_for_its_column_keeps_its_distinct_end():
+    assert id_tail("run-20261202-213112-ab12", 30) == "run-20261202-213112-ab12"
+    assert id_tail("run-20261202-213112-ab12", 10) == "…3112-ab12"

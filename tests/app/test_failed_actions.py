@@ -1,0 +1,177 @@
+"""Actions that fail say why: the server's own message as a notification, never silence. Driven
+against a real LocalServer whose engine probes fine and never answers a model call (so a rollout
+stays live until it is cancelled)."""
+
+from __future__ import annotations
+
+import pytest
+from textual.widgets import DataTable, Input, SelectionList
+
+from tapdeck.app.client import ApiError, TapdeckClient
+from tapdeck.app.confirm import CONFIRM_S
+from tapdeck.app.tui import TapdeckApp
+from tapdeck.app.widgets.session_table import SessionTable
+from tests.app.conftest import HungServer, recorded_transport
+from tests.app.pilot_wait import until
+
+
+def _notes(app: TapdeckApp) -> list[str]:
+    return [n.message for n in app._notifications]
+
+
+def _app(hung_server: HungServer, mode: str) -> TapdeckApp:
+    server = hung_server.server
+    return TapdeckApp(TapdeckClient(server.url, server.admin_key),
+                      settings_path=hung_server.settings_path, initial_mode=mode)
+
+
+@pytest.mark.parametrize("path", ["/nonexistent/ds4", "/tmp"])
+async def test_setup_start_with_a_bad_dataset_path_shows_the_servers_reason(hung_server, path):
+    app = _app(hung_server, "setup")
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = app.screen
+        await until(pilot, lambda: screen.catalog is not None, "the catalog", 60)
+        screen.query_one("#dataset-path", Input).value = path
+        await pilot.pause()
+        hint = str(screen.query_one("#why-dataset").render())
+        assert path in hint and "sample" not in hint
+        with pytest.raises(ApiError) as refused:  # what the server says to this very plan
+            await app.client.start_run(screen.plan())
+        await pilot.press("ctrl+s")
+        await until(pilot, lambda: any(refused.value.message in n for n in _notes(app)),
+                    "the server's reason as a notification", 60)
+        assert app.status_level == "error"
+        assert app.current_mode == "setup"
+        assert await app.client.runs() == []
+
+
+def _recorded(api_data: dict, clock: list[float], mode: str) -> TapdeckApp:
+    client = TapdeckClient("http://tapdeck.test", "test-key", transport=recorded_transport(api_data))
+    return TapdeckApp(client, server_label="http://tapdeck.test", follow_events=False,
+                      clock=lambda: clock[0], initial_mode=mode)
+
+
+async def test_runs_x_asks_first_then_cancels_and_a_cancelled_run_says_so(hung_server):
+    async with hung_server.one_rollout_run("runs") as (app, pilot, run):
+        screen = app.screen
+        await until(pilot, lambda: screen.run_id == run.id, "the run on Runs", 60)
+        await pilot.press("x")
+        await until(pilot, lambda: any("Press x again within 5 s" in n for n in _notes(app)),
+                    "the confirmation", 10)
+        assert (await app.client.run(run.id)).state == "running"  # one press only asks
+        await pilot.press("x")
+        await until(pilot, lambda: any(f"run {run.id} cancelled" in n for n in _notes(app)),
+                    "the cancel", 60)
+        await until(pilot, lambda: next(r for r in screen.runs if r.id == run.id).state != "running",
+                    "the run's end on Runs", 120)
+        state = next(r for r in screen.runs if r.id == run.id).state
+        assert (await app.client.run(run.id)).state == state
+        await pilot.press("x")
+        assert f"run {run.id} already {state}: nothing to cancel." in _notes(app)
+
+
+async def test_runs_x_confirmation_expires_and_a_finished_run_is_not_cancelled(api_data):
+    clock = [1000.0]
+    api_data["runs"][0]["state"] = "running"
+    app = _recorded(api_data, clock, "runs")
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = app.screen
+        await until(pilot, lambda: screen.run_id == api_data["runs"][0]["id"], "the runs", 10)
+        await pilot.press("x")
+        clock[0] += CONFIRM_S + 1
+        await pilot.press("x")  # too late: it asks again instead of cancelling
+        await pilot.pause()
+        assert sum("Press x again" in n for n in _notes(app)) == 2
+        assert not any("cancel" in (n.title or "") and "failed" in (n.title or "")
+                       for n in app._notifications)
+
+        finished = api_data["runs"][1]
+        screen.query_one("#runs-table", DataTable).move_cursor(row=1)
+        await until(pilot, lambda: screen.run_id == finished["id"], "the finished run", 10)
+        await pilot.press("x")
+        assert f"run {finished['id']} already finished: nothing to cancel." in _notes(app)
+
+
+async def test_runs_x_with_no_runs_says_there_is_none(api_data):
+    api_data["runs"] = []
+    app = _recorded(api_data, [1000.0], "runs")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause(0.3)
+        await pilot.press("x")
+        assert "No run to cancel: start a batch on Setup." in _notes(app)
+        await pilot.press("o")
+        assert "No rollout to open: start a batch on Setup." in _notes(app)
+
+
+def _highlight(table: DataTable, key: str) -> None:
+    table.move_cursor(row=table.get_row_index(key))
+
+
+async def test_sessions_x_says_why_a_row_cannot_be_cancelled(api_data):
+    app = _recorded(api_data, [1000.0], "sessions")
+    async with app.run_test(size=(100, 30)) as pilot:
+        table = app.screen.query_one(SessionTable)
+        await until(pilot, lambda: table.row_count == 8, "the recorded sessions", 10)
+        for key, word in (("sess0002recorded", "finished"), ("sess0003recorded", "cancelled")):
+            _highlight(table, key)
+            await pilot.pause()
+            await pilot.press("x")
+            rollout_id = next(s for s in api_data["sessions"] if s["id"] == key)["metadata"]["rollout_id"]
+            assert f"rollout {rollout_id} already {word}: nothing to cancel." in _notes(app)
+        assert not any("Press x again" in n for n in _notes(app))
+
+
+async def test_sessions_x_on_an_empty_table_says_nothing_is_highlighted(api_data):
+    api_data["sessions"] = []
+    app = _recorded(api_data, [1000.0], "sessions")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause(0.3)
+        await pilot.press("x")
+        assert "No session highlighted: nothing to cancel." in _notes(app)
+        await pilot.press("d")
+        await pilot.pause()
+        pane = str(app.screen.query_one("#activity-text").render())
+        assert "none: the table is empty" in pane and "not loaded yet" not in pane
+
+
+async def test_sessions_x_confirmation_expires_and_a_failed_cancel_says_why(api_data):
+    clock = [1000.0]
+    live = next(s for s in api_data["sessions"] if s["id"] == "sess0006recorded")
+    live["metadata"].update(phase="agent", run_id="run-0001", rollout_id="run-0001.g009r00")
+    app = _recorded(api_data, clock, "sessions")
+    async with app.run_test(size=(80, 24)) as pilot:
+        table = app.screen.query_one(SessionTable)
+        await until(pilot, lambda: table.row_count == 8, "the recorded sessions", 10)
+        _highlight(table, "sess0006recorded")
+        await pilot.pause()
+        await pilot.press("x")
+        clock[0] += CONFIRM_S + 1
+        await pilot.press("x")  # too late: it asks again
+        await pilot.pause()
+        assert sum("Press x again within 5 s" in n for n in _notes(app)) == 2
+        await pilot.press("x")  # in time: the recorded API knows no such rollout, and says so
+        await until(pilot, lambda: any((n.title or "").startswith("cancel-rollout failed")
+                                       for n in app._notifications), "the server's refusal", 10)
+
+
+async def test_setup_start_twice_with_the_same_plan_asks_before_a_second_run(hung_server):
+    app = _app(hung_server, "setup")
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = app.screen
+        await until(pilot, lambda: screen.catalog is not None, "the catalog", 60)
+        screen.query_one("#tasks", SelectionList).select("hello-file")
+        await pilot.press("ctrl+s")
+        await until(pilot, lambda: app.current_mode == "sessions", "the first run's start", 60)
+        [first] = await app.client.runs()
+        await pilot.press("1")
+        await until(pilot, lambda: app.screen is screen, "Setup again", 10)
+        await pilot.press("ctrl+s")
+        await until(pilot, lambda: any("with this same plan is still running" in n
+                                       for n in _notes(app)), "the warning", 60)
+        assert [r.id for r in await app.client.runs()] == [first.id]
+        await pilot.press("ctrl+s")
+        await until(pilot, lambda: app.current_mode == "sessions", "the second run's start", 60)
+        runs = await app.client.runs()
+        assert len(runs) == 2
+        for run in runs:
+            await app.client.cancel_run(run.id)
