@@ -71,17 +71,19 @@ def _model_env() -> dict[str, str]:
 
 def recipe_info(recipe: Recipe) -> RecipeInfo:
     """Whether `recipe` can start on this machine, and why not."""
-    try:
-        python = recipe_python(recipe)
-    except TrainEnvMissing as exc:
-        available, why = False, str(exc)
+    gpus = visible_gpus() if recipe.gpus else 0
+    if gpus < recipe.gpus:  # as launch: said before the environment, which cannot fix it
+        available, why = False, f"needs {recipe.gpus} GPUs; this machine has {gpus}"
     else:
-        missing = recipe.missing()
-        gpus = visible_gpus() if recipe.gpus else 0
-        available = not missing and gpus >= recipe.gpus
-        why = (f"runs in {python}" if available
-               else f"needs {', '.join(missing)}, not installed in {python}" if missing
-               else f"needs {recipe.gpus} GPUs; this machine has {gpus}")
+        try:
+            python = recipe_python(recipe)
+        except TrainEnvMissing as exc:
+            available, why = False, str(exc)
+        else:
+            missing = recipe.missing()
+            available = not missing
+            why = (f"runs in {python}" if available
+                   else f"needs {', '.join(missing)}, not installed in {python}")
     return RecipeInfo(name=recipe.name, summary=recipe.summary, where=recipe.where,
                       updates_weights=recipe.updates_weights, takes_run=recipe.takes_run,
                       env=recipe.env, available=available, why=why)
@@ -132,8 +134,15 @@ class TrainingJobs:
         """Start a recipe; TrainRefused when it cannot start (the reason in words)."""
         try:
             recipe = get_recipe(request.recipe)
+        except ValueError as exc:
+            raise TrainRefused(str(exc)) from exc
+        # Before its environment: no install makes up for GPUs the machine does not have.
+        if recipe.gpus and (gpus := visible_gpus()) < recipe.gpus:
+            raise TrainRefused(f"{recipe.name} needs {recipe.gpus} GPUs; this machine has {gpus} "
+                               f"({recipe.where})")
+        try:
             recipe_python(recipe)
-        except (ValueError, TrainEnvMissing) as exc:
+        except TrainEnvMissing as exc:
             raise TrainRefused(str(exc)) from exc
         args = list(request.args)
         if recipe.takes_run and request.run:

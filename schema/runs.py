@@ -100,7 +100,7 @@ class RolloutTemplate(BaseModel):
     """The engine's tool-call parser (`EngineSpec.tool_call_parser`); None → the default engine's."""
     engine_reasoning_parser: str | None = None
     """The engine's reasoning parser, if it runs one (`EngineSpec.reasoning_parser`)."""
-    timeout_s: float | None = Field(default=None, gt=0)
+    timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     """Hard limit per rollout, sandbox start included (None → `DEFAULT_HARD_LIMIT_S`)."""
     reward_key: str | None = None
     settings: RolloutSettings = Field(default_factory=RolloutSettings)

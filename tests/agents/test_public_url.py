@@ -19,7 +19,7 @@ from tapdeck.proxy.sessions import base_urls_for  # noqa: E402
 from tapdeck.runner.batch import RunPlan  # noqa: E402
 from tapdeck.runner.cli_agents import ProxyUnreachableError, check_proxy_reachable, proxy_root  # noqa: E402
 from tapdeck.runner.sandboxes.host import HostSandbox  # noqa: E402
-from tests.conftest import local_server_on, models_only_engine  # noqa: E402
+from tests.conftest import local_server_on, models_only_engine, vllm_fixture  # noqa: E402
 
 
 def _closed_port() -> int:
@@ -79,8 +79,8 @@ async def sandbox(tmp_path: Path):
 async def test_reachable_proxy_passes_the_check_from_inside_the_host_sandbox(
         sandbox: HostSandbox, tmp_path: Path) -> None:
     with models_only_engine() as engine:
-        class Engine:  # local_server_on only reads these two
-            base_url, served_name = engine, "m"
+        class Engine:  # local_server_on only reads these two; the name must be one it lists
+            base_url, served_name = engine, vllm_fixture("models")["models"]["response"]["data"][0]["id"]
 
         with local_server_on(Engine(), tmp_path / "data") as local:
             await check_proxy_reachable(sandbox, f"{local.url}/v1")

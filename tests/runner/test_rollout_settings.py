@@ -107,6 +107,13 @@ def test_bad_values_are_refused_with_the_field_named(settings: dict, field: str)
     assert err.value.errors()[0]["loc"] == ("rollout", "settings", field)
 
 
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+def test_a_hard_limit_that_is_not_finite_is_refused_for_api_callers_too(value: float) -> None:
+    with pytest.raises(ValidationError) as err:
+        RunPlan.model_validate({"rollout": {"timeout_s": value}})
+    assert err.value.errors()[0]["loc"] == ("rollout", "timeout_s")
+
+
 def test_a_settings_temperature_that_contradicts_the_trainers_is_refused() -> None:
     with pytest.raises(ValidationError, match="settings.temperature"):
         RunPlan(settings=RolloutSettings(temperature=0.7), training_sampling={"temperature": 1.0})

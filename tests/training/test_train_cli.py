@@ -39,6 +39,9 @@ def test_a_recipe_that_needs_gpus_cannot_start_on_a_server_without_them(
     assert out.returncode == 0, out.stderr
     assert "grpo-trl  [cannot start there]" in out.stdout
     assert "data-check  [can start there]" in out.stdout
+    launched = train(train_server, "--recipe", "grpo-trl")
+    assert launched.returncode != 0
+    assert "grpo-trl needs 2 GPUs; this machine has 0" in launched.stderr
 
 
 def test_gpu_count_decides_a_gpu_recipe_is_unavailable_and_says_why(

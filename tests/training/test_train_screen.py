@@ -9,13 +9,14 @@ from typing import Any
 
 from textual.app import App
 from textual.reactive import reactive
-from textual.widgets import Input, Log, Select, Static
+from textual.widgets import Input, RichLog, Select, Static
 from textual_plotext import PlotextPlot
 from training_data import write_export
 
 from tapdeck.app.client import TapdeckClient
 from tapdeck.app.screen_registry import SCREENS, key_of, screen_bindings
 from tapdeck.app.screens.train import TrainScreen
+from tapdeck.app.tui import TapdeckApp
 from tests.app.pilot_wait import until
 
 SHOT_DIR = os.environ.get("TAPDECK_SHOT_DIR")
@@ -28,6 +29,8 @@ class TrainOnlyApp(App[None]):
     BINDINGS = screen_bindings()
     status: reactive[str] = reactive("")
     status_level: reactive[str] = reactive("info")
+    # Screens forward their workers' failures here: the real app's reporting, on this app's status.
+    report_worker_failure = TapdeckApp.report_worker_failure
 
     def __init__(self, client: TapdeckClient) -> None:
         super().__init__()
@@ -63,11 +66,11 @@ async def test_train_screen_launches_data_check_on_the_server_and_plots_its_metr
         if SHOT_DIR:
             app.save_screenshot("train.svg", SHOT_DIR)
         assert "reward: reward last 0.5" in screen.query_one("#train-plot", PlotextPlot).plt.build()
-        log_text = "\n".join(screen.query_one("#train-log", Log).lines)
+        log_text = "\n".join(line.text for line in screen.query_one("#train-log", RichLog).lines)
         assert "step 1: group 1" in log_text and "data-check: summary" in log_text
         # Everything fits in 80×24: the plot and the log both got rows.
         assert screen.query_one("#train-plot", PlotextPlot).size.height >= 5
-        assert screen.query_one("#train-log", Log).size.height >= 3
+        assert screen.query_one("#train-log", RichLog).size.height >= 3
         screen.set_focus(None)
         await pilot.press("p")
         await until(pilot, lambda: screen.panel == "loss", "next panel")
