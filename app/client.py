@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
@@ -42,6 +43,14 @@ from tapdeck.schema.train import (
 )
 
 M = TypeVar("M", bound=BaseModel)
+
+
+def admin_key_refusal(data_dir: Path, *, found: bool) -> str:
+    """Why a command's admin key did not get it in (none found, or the server refused the one
+    found), naming every place such a command looks for it."""
+    what = "the server rejected the admin key" if found else "no admin key found"
+    return (f"{what} (looked at --admin-key, $TAPDECK_ADMIN_KEY and {data_dir / 'admin.key'}); "
+            "pass the server's key with --admin-key")
 
 
 class ApiError(Exception):

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 from pydantic import ValidationError
 
-from tapdeck.app.client import ApiError, TapdeckClient
+from tapdeck.app.client import ApiError, TapdeckClient, admin_key_refusal
 from tapdeck.runner.rollout_settings import (
     DEFAULT_HARD_LIMIT_S,
     DEFAULT_MAX_TURNS,
@@ -220,8 +220,7 @@ def _drive_remote(server: str, admin_key: str | None, data: Path, plan: RunPlan,
         raise typer.Exit(EXIT_USAGE) from None
     key = admin_key or read_admin_key(data)
     if key is None:
-        typer.echo(f"tapdeck rollout: no admin key found (looked at --admin-key, $TAPDECK_ADMIN_KEY "
-                   f"and {data / 'admin.key'}); pass the server's key with --admin-key", err=True)
+        typer.echo(f"tapdeck rollout: {admin_key_refusal(data, found=False)}", err=True)
         raise typer.Exit(EXIT_COULD_NOT_RUN)
     raise typer.Exit(_drive(base, key, plan, resume, resume_hint=f"--server {base}"))
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import typer
 
-from tapdeck.app.client import ApiError, TapdeckClient
+from tapdeck.app.client import ApiError, TapdeckClient, admin_key_refusal
 from tapdeck.schema.train import TrainLogEvent, TrainRunInfo, TrainStateEvent
 
 # Metrics printed at the end when the recipe logged them (TRL's names under trackio's `train/` prefix).
@@ -85,10 +85,8 @@ def register(app: typer.Typer) -> None:
                 raise typer.Exit(2) from None
             key = admin_key or read_admin_key(data)
         try:
-            sources = ("" if local is not None
-                       else f"--admin-key, $TAPDECK_ADMIN_KEY and {data}/admin.key")
             code = asyncio.run(_drive(base, key, recipe, run, list(ctx.args), list_,
-                                      key_sources=sources))
+                                      key_dir=None if local is not None else data))
         finally:
             if local is not None:
                 local.stop()
@@ -96,7 +94,7 @@ def register(app: typer.Typer) -> None:
 
 
 async def _drive(base: str, key: str | None, recipe: str, run: str | None, args: list[str],
-                 list_only: bool, *, key_sources: str = "") -> int:
+                 list_only: bool, *, key_dir: Path | None = None) -> int:
     """List the recipes or run one to its end; the exit code (README: 2 for an unknown recipe)."""
     client = TapdeckClient(base, key)
     try:
@@ -106,7 +104,9 @@ async def _drive(base: str, key: str | None, recipe: str, run: str | None, args:
                 return 0
             job = await client.start_train(recipe, run=run, args=args)
         except ApiError as exc:
-            typer.echo(f"tapdeck train: {_why(exc, key, key_sources)}", err=True)
+            why = (admin_key_refusal(key_dir, found=bool(key))
+                   if exc.kind == "auth" and key_dir is not None else exc.message)
+            typer.echo(f"tapdeck train: {why}", err=True)
             if exc.kind == "rejected" and await _unknown_recipe(client, recipe):
                 return 2
             return 1
@@ -132,15 +132,6 @@ async def _follow(client: TapdeckClient, run_id: str) -> TrainRunInfo:
         elif isinstance(event, TrainStateEvent):
             last = event.run
     return last if last is not None else await client.train_run(run_id)
-
-
-def _why(exc: ApiError, key: str | None, key_sources: str) -> str:
-    """The failure in one line; for a refused key, where the key was looked for."""
-    if exc.kind != "auth" or not key_sources:
-        return exc.message
-    found = "no admin key found" if not key else "the server rejected the admin key"
-    return (f"{found} (looked at {key_sources}); pass the server's <data-dir>/admin.key with "
-            "--admin-key")
 
 
 async def _unknown_recipe(client: TapdeckClient, recipe: str) -> bool:
