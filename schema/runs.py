@@ -16,8 +16,9 @@ RunState = Literal["running", "finished", "cancelled", "failed", "interrupted"]
 Phase = Literal["queued", "install", "sandbox", "agent_setup", "agent", "verify", "done", "failed"]
 PASS_REWARD = 1.0
 """A rollout passes when its verifier gave the full reward (Harbor's tests all passed)."""
-RERUN_ON_RESUME = frozenset({"cancelled"})
-"""Rollout error kinds that run again when their run is resumed (with the rollouts never run)."""
+RERUN_ON_RESUME = frozenset({"cancelled", "engine_unreachable"})
+"""Rollout error kinds that run again when their run is resumed (with the rollouts never run): the
+rollout was stopped, or its engine went away, so it has no outcome of its own to keep."""
 
 
 def graded_rewards(rewards: Iterable[float | None]) -> list[float]:
@@ -79,7 +80,8 @@ class RolloutResult(BaseModel):
 
 
 def runs_again_on_resume(rollout: RolloutResult) -> bool:
-    """Whether resuming its (stopped) run runs this rollout again: never finished, or cancelled."""
+    """Whether resuming its (stopped) run runs this rollout again: never finished, cancelled, or
+    ended by an engine that did not answer."""
     return rollout.finished_at is None or rollout.error_kind in RERUN_ON_RESUME
 
 

@@ -222,7 +222,7 @@ def _drive_remote(server: str, admin_key: str | None, data: Path, plan: RunPlan,
     if key is None:
         typer.echo(f"tapdeck rollout: {admin_key_refusal(data, found=False)}", err=True)
         raise typer.Exit(EXIT_COULD_NOT_RUN)
-    raise typer.Exit(_drive(base, key, plan, resume, resume_hint=f"--server {base}"))
+    raise typer.Exit(_drive(base, key, plan, resume, resume_hint=f"--server {base}", key_dir=data))
 
 
 def _finite(value: float | None) -> float | None:
@@ -334,15 +334,20 @@ class EngineGone(Exception):
 
 def _drive(base: str, key: str | None, plan: RunPlan, resume: str | None, *,
            resume_hint: str, tiny_engine: bool = False,
-           engine_gone: Callable[[], str | None] | None = None) -> int:
+           engine_gone: Callable[[], str | None] | None = None, key_dir: Path | None = None) -> int:
     """Submit (or resume) the run, follow it until it ends, print the table; the exit code.
 
-    `resume_hint` is what `tapdeck rollout --resume RUN` needs to find the run again."""
+    `resume_hint` is what `tapdeck rollout --resume RUN` needs to find the run again; `key_dir`
+    is where a key the server rejects was looked for (a server of another process)."""
     try:
         summary = asyncio.run(_submit(base, key, plan, resume))
     except ApiError as exc:
-        message = (f"no run {resume} on the server at {base}" if resume and exc.kind == "not_found"
-                   else exc.message)
+        if resume and exc.kind == "not_found":
+            message = f"no run {resume} on the server at {base}"
+        elif exc.kind == "auth" and key_dir is not None:
+            message = admin_key_refusal(key_dir, found=True)
+        else:
+            message = exc.message
         typer.echo(f"tapdeck rollout: {message}", err=True)
         return EXIT_USAGE if exc.kind == "rejected" else EXIT_COULD_NOT_RUN
     run_id = summary.id
@@ -366,8 +371,8 @@ def _drive(base: str, key: str | None, plan: RunPlan, resume: str | None, *,
         typer.echo(f"tapdeck rollout: {exc}; cancelling the run…", err=True)
         doc = asyncio.run(_follow(base, key, run_id, cancel=True))
         _print_table(doc)
-        typer.echo(f"tapdeck rollout: the run was cancelled: `{resume_command}` runs its cancelled "
-                   "rollouts again (on an engine that answers)", err=True)
+        typer.echo(f"tapdeck rollout: the run was cancelled: `{resume_command}` runs the rollouts "
+                   "it stopped again (on an engine that answers)", err=True)
         return EXIT_COULD_NOT_RUN
     except ApiError as exc:
         typer.echo(f"tapdeck rollout: {exc.message}", err=True)
@@ -375,9 +380,17 @@ def _drive(base: str, key: str | None, plan: RunPlan, resume: str | None, *,
     _print_table(doc, tiny_engine)
     if doc.state == "finished" and doc.counts.failed == 0:
         return EXIT_OK
-    if doc.rollouts and all(r.error_kind == "engine_unreachable" for r in doc.rollouts):
+    unreachable = sum(r.error_kind == "engine_unreachable" for r in doc.rollouts)
+    rerun = f"`{resume_command}` runs them again (on an engine that answers)"
+    # The rollouts can see a reused engine go before a poll does: the run then ends on its own.
+    if unreachable and engine_gone is not None and (why := engine_gone()):
+        typer.echo(f"tapdeck rollout: {why}: {unreachable} rollout(s) ended engine_unreachable; "
+                   f"{rerun}", err=True)
+        return EXIT_COULD_NOT_RUN
+    if doc.rollouts and unreachable == len(doc.rollouts):
         # Nothing ran: the same as a local engine that does not answer at start.
-        typer.echo(f"tapdeck rollout: no rollout reached the engine: {doc.rollouts[0].error}", err=True)
+        typer.echo(f"tapdeck rollout: no rollout reached the engine: {doc.rollouts[0].error}; "
+                   f"{rerun}", err=True)
         return EXIT_COULD_NOT_RUN
     return EXIT_ROLLOUT_FAILED
 

@@ -174,9 +174,10 @@ class RunsScreen(TapdeckScreen):
 
     def sessions_changed(self) -> None:
         """Called by the App on (coalesced) session events: the turns column follows them."""
-        if self.detail is None:
+        # None once Textual tears the screen down at exit, while server events still arrive.
+        table = next(self.query("#rollouts-table").results(DataTable), None)
+        if self.detail is None or table is None:
             return
-        table = self.query_one("#rollouts-table", DataTable)
         for rollout in self.detail.rollouts:
             if rollout.rollout_id in table.rows:
                 table.update_cell(rollout.rollout_id, "turns", str(self._turns(rollout)))
@@ -248,7 +249,7 @@ class RunsScreen(TapdeckScreen):
         self.cancel_run(run.id)
 
     def action_resume(self) -> None:
-        """Resume the shown run: its never-run and cancelled rollouts run again."""
+        """Resume the shown run: its never-run, cancelled and engine-unreachable rollouts run again."""
         detail = self.detail
         if detail is None:
             self.app.notify("No run to resume.", severity="warning")

@@ -492,6 +492,21 @@ async def test_runs_turns_column_follows_captured_turns_live_like_sessions(make_
                     "the live turn count")
 
 
+async def test_a_turn_reaching_runs_while_its_tables_are_torn_down_is_ignored(make_app, api_data):
+    # At exit Textual removes a screen's widgets while server events still arrive.
+    app = make_app("runs")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.screen.detail is not None, "the run's detail")
+        await app.screen.query_one("#run-detail").remove()
+        session = next(s for s in api_data["sessions"] if s["id"] == "sess0002recorded")
+        turn = {k: v for k, v in api_data["graphs"]["sess0002recorded"]["turns"][0].items()
+                if k not in ("role", "token_in")}
+        app.take_event(parse_event({"type": "turn_captured", "turn": turn,
+                                    "session": dict(session, turns=7)}))
+        await pilot.pause()
+        assert app.is_running and app.return_code is None
+
+
 async def test_train_run_picker_follows_new_runs_without_a_reload(api_data):
     client = TapdeckClient("http://tapdeck.test", "test-key", transport=recorded_transport(api_data))
     app = TapdeckApp(client, follow_events=False, initial_mode="train")

@@ -140,3 +140,13 @@ def test_no_admin_key_found_says_where_it_looked(tmp_path: Path, models_only_ser
     assert (f"no admin key found (looked at --admin-key, $TAPDECK_ADMIN_KEY and "
             f"{tmp_path / 'nonexistent' / 'admin.key'}); pass the server's key with --admin-key") in text
     assert "401" not in text
+
+
+def test_a_rejected_admin_key_says_where_it_looked(tmp_path: Path, models_only_server: Any) -> None:
+    result = CliRunner().invoke(app, ["rollout", "--server", models_only_server.url, "--data-dir",
+                                      str(tmp_path / "empty"), "--admin-key", "not-the-key"])
+    assert result.exit_code == EXIT_COULD_NOT_RUN, result.output
+    text = " ".join(result.output.split())
+    assert (f"the server rejected the admin key (looked at --admin-key, $TAPDECK_ADMIN_KEY and "
+            f"{tmp_path / 'empty' / 'admin.key'}); pass the server's key with --admin-key") in text
+    assert "run run-" not in text  # refused before any run exists
