@@ -64,6 +64,13 @@ class ApiError(Exception):
         self.url = url
         self.kind = kind  # "unreachable" | "auth" | "not_found" | "rejected" | "server" | "bad_reply"
 
+    def for_command(self, key_dir: Path | None, *, key_found: bool) -> str:
+        """The line a command prints: a refused key says where the command looked for it
+        (`key_dir`; None for a server the command started itself, whose key it holds)."""
+        if self.kind == "auth" and key_dir is not None:
+            return admin_key_refusal(key_dir, found=key_found)
+        return self.message
+
 
 def _detail(response: httpx.Response) -> str:
     """The server's error text: FastAPI's `detail`, an `error.message`, or the raw body."""

@@ -342,12 +342,8 @@ def _drive(base: str, key: str | None, plan: RunPlan, resume: str | None, *,
     try:
         summary = asyncio.run(_submit(base, key, plan, resume))
     except ApiError as exc:
-        if resume and exc.kind == "not_found":
-            message = f"no run {resume} on the server at {base}"
-        elif exc.kind == "auth" and key_dir is not None:
-            message = admin_key_refusal(key_dir, found=True)
-        else:
-            message = exc.message
+        message = (f"no run {resume} on the server at {base}" if resume and exc.kind == "not_found"
+                   else exc.for_command(key_dir, key_found=key is not None))
         typer.echo(f"tapdeck rollout: {message}", err=True)
         return EXIT_USAGE if exc.kind == "rejected" else EXIT_COULD_NOT_RUN
     run_id = summary.id
@@ -380,19 +376,25 @@ def _drive(base: str, key: str | None, plan: RunPlan, resume: str | None, *,
     _print_table(doc, tiny_engine)
     if doc.state == "finished" and doc.counts.failed == 0:
         return EXIT_OK
-    unreachable = sum(r.error_kind == "engine_unreachable" for r in doc.rollouts)
-    rerun = f"`{resume_command}` runs them again (on an engine that answers)"
-    # The rollouts can see a reused engine go before a poll does: the run then ends on its own.
-    if unreachable and engine_gone is not None and (why := engine_gone()):
-        typer.echo(f"tapdeck rollout: {why}: {unreachable} rollout(s) ended engine_unreachable; "
-                   f"{rerun}", err=True)
-        return EXIT_COULD_NOT_RUN
-    if doc.rollouts and unreachable == len(doc.rollouts):
-        # Nothing ran: the same as a local engine that does not answer at start.
-        typer.echo(f"tapdeck rollout: no rollout reached the engine: {doc.rollouts[0].error}; "
-                   f"{rerun}", err=True)
+    if (why := _engine_failure(doc, resume_command, engine_gone)) is not None:
+        typer.echo(f"tapdeck rollout: {why}", err=True)
         return EXIT_COULD_NOT_RUN
     return EXIT_ROLLOUT_FAILED
+
+
+def _engine_failure(doc: RunDetail, resume_command: str,
+                    engine_gone: Callable[[], str | None] | None) -> str | None:
+    """Why an ended run counts as not run (exit 1) rather than as rollouts that failed: its
+    rollouts saw the reused engine go before a poll did, or none of them reached the engine."""
+    unreachable = sum(r.error_kind == "engine_unreachable" for r in doc.rollouts)
+    rerun = f"`{resume_command}` runs them again (on an engine that answers)"
+    # The run then ended on its own, without the cancel a poll that noticed first would send.
+    if unreachable and engine_gone is not None and (why := engine_gone()):
+        return f"{why}: {unreachable} rollout(s) ended engine_unreachable; {rerun}"
+    if doc.rollouts and unreachable == len(doc.rollouts):
+        # Nothing ran: the same as a local engine that does not answer at start.
+        return f"no rollout reached the engine: {doc.rollouts[0].error}; {rerun}"
+    return None
 
 
 async def _submit(base: str, key: str | None, plan: RunPlan, resume: str | None) -> RunSummary:

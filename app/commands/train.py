@@ -17,7 +17,7 @@ from typing import Any
 
 import typer
 
-from tapdeck.app.client import ApiError, TapdeckClient, admin_key_refusal
+from tapdeck.app.client import ApiError, TapdeckClient
 from tapdeck.schema.train import TrainLogEvent, TrainRunInfo, TrainStateEvent
 
 # Metrics printed at the end when the recipe logged them (TRL's names under trackio's `train/` prefix).
@@ -104,9 +104,7 @@ async def _drive(base: str, key: str | None, recipe: str, run: str | None, args:
                 return 0
             job = await client.start_train(recipe, run=run, args=args)
         except ApiError as exc:
-            why = (admin_key_refusal(key_dir, found=bool(key))
-                   if exc.kind == "auth" and key_dir is not None else exc.message)
-            typer.echo(f"tapdeck train: {why}", err=True)
+            typer.echo(f"tapdeck train: {exc.for_command(key_dir, key_found=bool(key))}", err=True)
             if exc.kind == "rejected" and await _unknown_recipe(client, recipe):
                 return 2
             return 1

@@ -18,7 +18,9 @@ from tapdeck.app.commands.rollout import (
     EXIT_OK,
     EXIT_ROLLOUT_FAILED,
     EXIT_USAGE,
+    _engine_failure,
 )
+from tapdeck.schema.runs import RolloutResult, RunDetail, RunPlan
 from tests.conftest import local_server_on, models_only_engine
 from tests.runner.conftest import make_task
 
@@ -150,3 +152,37 @@ def test_a_rejected_admin_key_says_where_it_looked(tmp_path: Path, models_only_s
     assert (f"the server rejected the admin key (looked at --admin-key, $TAPDECK_ADMIN_KEY and "
             f"{tmp_path / 'empty' / 'admin.key'}); pass the server's key with --admin-key") in text
     assert "run run-" not in text  # refused before any run exists
+
+
+def _ended_run(*error_kinds: str | None) -> RunDetail:
+    rollouts = [RolloutResult(rollout_id=f"run-1-0-{i}", run_id="run-1", task="hello-file", index=i,
+                              ok=kind is None, error_kind=kind,
+                              error="engine http://127.0.0.1:9/v1 is unreachable" if kind else None)
+                for i, kind in enumerate(error_kinds)]
+    return RunDetail(id="run-1", state="finished", plan=RunPlan(), created_at=0.0, rollouts=rollouts)
+
+
+RESUME = "tapdeck rollout --resume run-1 --data-dir d"
+GONE = "the embedded engine served by pid 7 at http://127.0.0.1:9/v1 went away mid-run (it exited)"
+
+
+def test_a_run_whose_rollouts_saw_the_reused_engine_go_first_names_it_and_the_resume() -> None:
+    why = _engine_failure(_ended_run("engine_unreachable", None, "engine_unreachable"), RESUME,
+                          lambda: GONE)
+    assert why == (f"{GONE}: 2 rollout(s) ended engine_unreachable; `{RESUME}` runs them again "
+                   "(on an engine that answers)")
+
+
+def test_failed_rollouts_on_a_reused_engine_that_still_answers_are_rollout_failures() -> None:
+    assert _engine_failure(_ended_run("engine_unreachable", None), RESUME, lambda: None) is None
+    asked: list[bool] = []
+    # Nothing ended engine_unreachable: the engine is not even asked.
+    assert _engine_failure(_ended_run("verifier_failed"), RESUME,
+                           lambda: asked.append(True) or GONE) is None
+    assert not asked
+
+
+def test_a_run_no_rollout_of_which_reached_the_engine_gives_the_resume() -> None:
+    why = _engine_failure(_ended_run("engine_unreachable", "engine_unreachable"), RESUME, None)
+    assert why == ("no rollout reached the engine: engine http://127.0.0.1:9/v1 is unreachable; "
+                   f"`{RESUME}` runs them again (on an engine that answers)")
