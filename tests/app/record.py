@@ -31,9 +31,8 @@ import httpx
 
 from tapdeck.app.host import LocalServer
 from tapdeck.proxy.config import ServerConfig
-from tapdeck.proxy.serving import ThreadedServer
 from tests.contract.record import write_recording
-from tests.proxy.conftest import Upstream, _upstream_app
+from tests.proxy.conftest import Upstream, started_upstream
 
 FIXTURE = Path(__file__).parent / "fixtures" / "api.json"
 REPO = Path(__file__).resolve().parents[2]
@@ -50,8 +49,7 @@ TOOLS = [{"type": "function", "function": {
 @contextmanager
 def recording_servers(data_dir: Path) -> Iterator[tuple[LocalServer, Upstream]]:
     """A LocalServer on the embedded engine, and a recorded-vLLM upstream that holds follow-ups."""
-    up = Upstream(mode="hold_followups")
-    up.server = ThreadedServer(_upstream_app(up), "127.0.0.1", 0, name="hanging-vllm").start()
+    up = started_upstream(mode="hold_followups", name="hanging-vllm")
     try:
         server = LocalServer(ServerConfig(port=0, data_dir=data_dir)).start()
         try:

@@ -24,11 +24,9 @@ WIDE = {"COLUMNS": "200", "TERMINAL_WIDTH": "200"}
 @pytest.fixture
 def recorded_engine() -> Iterator[Any]:
     """A loopback engine answering with the recorded vLLM bodies."""
-    from tapdeck.proxy.serving import ThreadedServer
-    from tests.proxy.conftest import Upstream, _upstream_app
+    from tests.proxy.conftest import started_upstream
 
-    up = Upstream()
-    up.server = ThreadedServer(_upstream_app(up), "127.0.0.1", 0, name="recorded-vllm").start()
+    up = started_upstream(name="recorded-vllm")
     try:
         yield SimpleNamespace(base_url=up.base_url, served_name="smollm2")
     finally:

@@ -26,8 +26,7 @@ import httpx
 
 from tapdeck.app.host import LocalServer
 from tapdeck.proxy.config import ServerConfig
-from tapdeck.proxy.serving import ThreadedServer
-from tests.proxy.conftest import Upstream, _upstream_app
+from tests.proxy.conftest import started_upstream
 
 FIXTURE = Path(__file__).parent / "fixtures" / "api.json"
 RUN_WAIT_S = 240.0
@@ -48,8 +47,7 @@ own replies only)."""
 @contextmanager
 def recording_server(data_dir: Path) -> Iterator[LocalServer]:
     """A LocalServer on a loopback port whose default engine is a recorded-vLLM upstream."""
-    up = Upstream()
-    up.server = ThreadedServer(_upstream_app(up), "127.0.0.1", 0, name="recorded-vllm").start()
+    up = started_upstream(name="recorded-vllm")
     try:
         server = LocalServer(ServerConfig(port=0, data_dir=data_dir, engine_url=up.base_url,
                                           engine_model="smollm2")).start()

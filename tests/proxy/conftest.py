@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from tapdeck.app.host import LocalServer
 from tapdeck.proxy.config import ServerConfig
 from tapdeck.proxy.serving import ThreadedServer
+from tapdeck.proxy.tiers import PROBES
 from tests.conftest import free_port
 from tests.conftest import vllm_error_case as recorded_error
 from tests.conftest import vllm_fixture as recorded
@@ -113,11 +114,20 @@ def _upstream_app(up: Upstream) -> FastAPI:
     return app
 
 
+def started_upstream(mode: str = "vllm", name: str = "fake-upstream") -> Upstream:
+    """A new upstream on a free port (stop its `.server` when done). A port an earlier test's upstream freed comes back, and this
+    process caches engine probes by URL (as a tapdeck process does): an earlier upstream's probe
+    (say, a text tier from a `no_logprobs` test) must not answer for this one."""
+    PROBES.forget()
+    up = Upstream(mode=mode)
+    up.server = ThreadedServer(_upstream_app(up), "127.0.0.1", 0, name=name).start()
+    return up
+
+
 @pytest.fixture
 def upstream() -> Iterator[Upstream]:
     """A fresh loopback upstream per test (started; set `.mode` before calling)."""
-    up = Upstream()
-    up.server = ThreadedServer(_upstream_app(up), "127.0.0.1", 0, name="fake-upstream").start()
+    up = started_upstream()
     try:
         yield up
     finally:
@@ -127,8 +137,7 @@ def upstream() -> Iterator[Upstream]:
 @contextlib.contextmanager
 def server_with_upstream(data_dir: Path, **overrides: Any) -> Iterator[tuple[Upstream, LocalServer]]:
     """A started upstream and a server using it as its engine, for a module to share."""
-    up = Upstream()
-    up.server = ThreadedServer(_upstream_app(up), "127.0.0.1", 0, name="fake-upstream").start()
+    up = started_upstream()
     try:
         server = LocalServer(ServerConfig(host="127.0.0.1", port=0, engine_url=up.base_url,
                                           data_dir=data_dir, **overrides)).start()

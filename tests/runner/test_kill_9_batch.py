@@ -29,7 +29,7 @@ from tapdeck.proxy.serving import ThreadedServer
 from tapdeck.proxy.store import Store
 from tapdeck.runner.batch import RESULTS, load_results
 from tests.conftest import SandboxProcesses, free_port
-from tests.proxy.conftest import Upstream, _upstream_app, serve_process, wait_health
+from tests.proxy.conftest import serve_process, started_upstream, wait_health
 
 pytestmark = pytest.mark.slow
 
@@ -86,8 +86,7 @@ def _admin(url: str, data: Path) -> httpx.Client:
 
 def test_kill_9_mid_batch_keeps_every_delivered_turn_and_resume_runs_only_the_unfinished_rollouts(
         tmp_path: Path) -> None:
-    up = Upstream()
-    up.server = ThreadedServer(_upstream_app(up), "127.0.0.1", 0, name="recorded-vllm").start()
+    up = started_upstream(name="recorded-vllm")
     data, port = tmp_path / "data", free_port()
     url = f"http://127.0.0.1:{port}"
     relay = Relay(url)

@@ -154,14 +154,12 @@ async def test_settings_that_do_not_fit_fail_the_rollout_before_the_trial(tmp_pa
     """Against a served engine listing vLLM's recorded `max_model_len` (2048): the session records
     the context, and codex (8.7k-token first prompt) is refused before any trial starts."""
     from tapdeck.proxy.service import CaptureService
-    from tapdeck.proxy.serving import ThreadedServer
     from tapdeck.proxy.store import Store
     from tapdeck.proxy.tiers import EngineSpec
     from tapdeck.runner.rollout import RolloutSpec, run_rollout
-    from tests.proxy.conftest import Upstream, _upstream_app
+    from tests.proxy.conftest import started_upstream
 
-    up = Upstream()
-    up.server = ThreadedServer(_upstream_app(up), "127.0.0.1", 0, name="recorded-vllm").start()
+    up = started_upstream(name="recorded-vllm")
     service = CaptureService(Store(tmp_path / "capture.db"), default_engine=None,
                              public_url="http://127.0.0.1:9")
     try:
@@ -189,12 +187,10 @@ def test_terminus2_runs_with_the_served_engines_context_and_the_session_records_
     import sqlite3
     from types import SimpleNamespace
 
-    from tapdeck.proxy.serving import ThreadedServer
-    from tests.proxy.conftest import Upstream, _upstream_app
+    from tests.proxy.conftest import started_upstream
     from tests.runner.conftest import runner_server_on
 
-    up = Upstream()
-    up.server = ThreadedServer(_upstream_app(up), "127.0.0.1", 0, name="recorded-vllm").start()
+    up = started_upstream(name="recorded-vllm")
     try:
         engine = SimpleNamespace(base_url=up.base_url, served_name="smollm2")
         with runner_server_on(engine, tmp_path) as server:

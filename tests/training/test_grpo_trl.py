@@ -176,12 +176,10 @@ def test_unknown_task_is_refused_at_create_naming_the_task(tmp_path: Path) -> No
     factory raises the unscorable-rollout error naming the task, and the server holds no run."""
     from types import SimpleNamespace
 
-    from tapdeck.proxy.serving import ThreadedServer
     from tapdeck.runner.recipes.grpo_trl import TapdeckSessionFactory
-    from tests.proxy.conftest import Upstream, _upstream_app
+    from tests.proxy.conftest import started_upstream
 
-    up = Upstream()
-    up.server = ThreadedServer(_upstream_app(up), "127.0.0.1", 0, name="recorded-vllm").start()
+    up = started_upstream(name="recorded-vllm")
     try:
         engine = SimpleNamespace(base_url=up.base_url, served_name="smollm2")
         with local_server_on(engine, tmp_path) as server:
