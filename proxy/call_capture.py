@@ -31,6 +31,7 @@ from tapdeck.proxy.live_session import CallSlot, LiveSession
 from tapdeck.proxy.request_limits import MALFORMED, malformed_message
 from tapdeck.proxy.session_registry import SessionRegistry
 from tapdeck.proxy.store_writes import StoreUnavailable
+from tapdeck.proxy.tiers import PROBES
 from tapdeck.proxy.token_in import Plan
 from tapdeck.proxy.turn import Turn
 from tapdeck.proxy.validation import validate_turn
@@ -138,10 +139,14 @@ class CallCapture:
                     "context_full", f"engine refused the prompt as too long; answered with a stop "
                                     f"reply ({exc.message})"))
                 return _stop_answer(CONTEXT_STOP_TEXT, session, fmt)
-            if exc.kind in ENGINE_DOWN and not any(f.code == "engine_unreachable" for f in session.findings):
-                # Once per session: what a rollout that failed is classified by.
-                await self.registry.add_finding(session, Finding.warn(
-                    "engine_unreachable", f"{exc.kind}: {exc.message} (the agent got HTTP {exc.status})"))
+            if exc.kind in ENGINE_DOWN:
+                # An engine restarts through being down, maybe with other flags (logprobs,
+                # token ids): the next session probes it again rather than trust its old tier.
+                PROBES.forget(session.client.spec)
+                if not any(f.code == "engine_unreachable" for f in session.findings):
+                    # Once per session: what a rollout that failed is classified by.
+                    await self.registry.add_finding(session, Finding.warn(
+                        "engine_unreachable", f"{exc.kind}: {exc.message} (the agent got HTTP {exc.status})"))
             raise
         # The proxy's own reply id: an engine that repeats ids must not make two replies one
         # (a Responses chain naming itself as its own previous response would never end).

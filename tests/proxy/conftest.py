@@ -50,11 +50,20 @@ class Upstream:
     """Calls waiting in `hold_followups` right now."""
     long_chars: int = 2_000_000
     server: ThreadedServer | None = None
+    port: int = 0
+    """The port it was started on (kept when it stops)."""
 
     @property
     def base_url(self) -> str:
         assert self.server is not None
         return f"{self.server.url}/v1"
+
+    def serve_again(self) -> None:
+        """Start again on the port the stopped server held, as a restarted vLLM would (this
+        process's cached engine probes are kept)."""
+        assert self.server is not None
+        self.server = ThreadedServer(_upstream_app(self), "127.0.0.1", self.port,
+                                     name=self.server.name).start()
 
 
 def _upstream_app(up: Upstream) -> FastAPI:
@@ -121,6 +130,7 @@ def started_upstream(mode: str = "vllm", name: str = "fake-upstream") -> Upstrea
     PROBES.forget()
     up = Upstream(mode=mode)
     up.server = ThreadedServer(_upstream_app(up), "127.0.0.1", 0, name=name).start()
+    up.port = up.server.port
     return up
 
 

@@ -101,6 +101,24 @@ def test_engine_gone_after_the_session_opened_is_a_502_naming_the_url(upstream, 
     assert url in err["message"]
 
 
+def test_an_engine_found_down_is_probed_again_by_the_next_session(upstream, make_server, admin_for):
+    # vLLM restarted at the same URL, now with the capture flags: the proxy must not keep the tier
+    # it probed before the restart.
+    upstream.mode = "no_logprobs"
+    server = make_server(upstream.base_url)
+    admin = admin_for(server)
+    info = _open(admin)
+    assert info["tier"] == "text"
+    assert _open(admin)["tier"] == "text"  # cached, as long as nothing says the engine changed
+    upstream.server.stop()
+    resp = httpx.post(f"{server.url}/v1/chat/completions", json=CHAT,
+                      headers={"Authorization": f"Bearer {info['api_key']}"})
+    assert resp.status_code == 502
+    upstream.mode = "vllm"
+    upstream.serve_again()
+    assert _open(admin)["tier"] == "tokens"
+
+
 def test_html_body_is_a_classified_bad_reply(upstream, make_server, admin_for):
     server = make_server(upstream.base_url)
     info = _open(admin_for(server))
