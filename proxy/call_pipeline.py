@@ -9,6 +9,7 @@ becoming a turn. Every request, refused ones included, writes one access-log lin
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from functools import partial
 from typing import Any
@@ -33,6 +34,8 @@ from tapdeck.proxy.request_limits import MALFORMED, MAX_JSON_DEPTH, malformed_me
 from tapdeck.proxy.session_registry import SessionRegistry
 from tapdeck.proxy.sessions import key_from_request
 from tapdeck.proxy.sse import KEEPALIVE, json_array_with_keepalive, stream_with_keepalive
+
+log = logging.getLogger("tapdeck.proxy")
 
 SESSION_HEADER = "x-session-id"
 """opencode's own session header: recorded in turn meta, never used for routing."""
@@ -112,6 +115,8 @@ class CallPipeline:
                                               until_disconnect, access)
         except ProxyError as exc:  # every refusal, in the caller's own dialect
             return render_error(dialect, exc)
+        except Exception as exc:  # a tapdeck bug: still an answer the caller's SDK can read
+            return render_error(dialect, _internal_error(exc, access))
 
     async def _model_call(self, session: LiveSession, dialect: Dialect, path: str,
                           query: Mapping[str, str], headers: Mapping[str, str],
@@ -181,10 +186,15 @@ class CallPipeline:
                 access.error = f"{exc.kind}/{exc.status}-in-stream"
                 return render_stream_error(dialect, exc)
             access.finish = finish_reason(reply)
-            with arguments_memo(memo):
-                if remember is not None:
-                    remember(dialect.render(reply, req))
-                return list(dialect.render_stream(reply, req))
+            try:
+                with arguments_memo(memo):
+                    if remember is not None:
+                        remember(dialect.render(reply, req))
+                    return list(dialect.render_stream(reply, req))
+            except Exception as exc:
+                failure = _internal_error(exc, access)
+                access.error = f"{failure.kind}/{failure.status}-in-stream"
+                return render_stream_error(dialect, failure)
 
         at_once = not task.done()
         if req.context.get("stream_format") == JSON_ARRAY:
@@ -193,6 +203,17 @@ class CallPipeline:
         keepalive = getattr(dialect, "sse_keepalive", None) or KEEPALIVE
         return stream_with_keepalive(events(), interval=self.keepalive_s, keepalive=keepalive,
                                      keepalive_at_once=at_once)
+
+
+def _internal_error(exc: Exception, access: AccessRecord) -> ProxyError:
+    """What a call that failed inside tapdeck answers; the traceback goes to the server's log.
+
+    Not retryable: the same reply would fail the same way, and each retry would be captured."""
+    log.error("tapdeck failed on a %s call of session %s", access.dialect, access.session_id,
+              exc_info=exc)
+    return ProxyError(500, f"tapdeck failed on this call ({type(exc).__name__}: {exc}); this is a "
+                           "tapdeck bug, and the server's log has its traceback. Any turn the "
+                           "engine answered is recorded.", kind="api_error", retryable=False)
 
 
 def _payload(raw: bytes) -> dict[str, Any]:

@@ -195,3 +195,32 @@ def test_non_http_engine_urls_are_refused(upstream, make_server, admin_for, url)
     with pytest.raises(EngineAddressError) as err:
         make_server(url)
     assert err.value.status == 400
+
+
+def test_a_tapdeck_failure_after_the_engine_answered_is_a_500_in_the_callers_dialect(
+        upstream, make_server, admin_for, monkeypatch, caplog):
+    # A bug in rendering a reply must still reach the agent's SDK as its own error (plain
+    # streaming included), not uvicorn's bare text 500 or a cut stream; the turn stays recorded.
+    import anthropic
+
+    from tapdeck.proxy.dialects.anthropic import DIALECT
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("render broke")
+
+    monkeypatch.setattr(DIALECT, "render", broken)
+    monkeypatch.setattr(DIALECT, "render_stream", broken)
+    server = make_server(upstream.base_url)
+    admin = admin_for(server)
+    info = _open(admin)
+    client = anthropic.Anthropic(base_url=info["base_urls"]["anthropic"], api_key=info["api_key"],
+                                 max_retries=0)
+    with pytest.raises(anthropic.InternalServerError) as err:
+        client.messages.create(**ANTHROPIC)
+    assert err.value.body["error"]["type"] == "api_error"
+    assert "RuntimeError: render broke" in err.value.message and "tapdeck bug" in err.value.message
+    with pytest.raises(anthropic.APIStatusError) as streamed:
+        list(client.messages.create(**ANTHROPIC, stream=True))
+    assert "render broke" in streamed.value.message
+    assert admin.get(f"/admin/sessions/{info['id']}").json()["turns"] == 2
+    assert "render broke" in caplog.text
