@@ -14,7 +14,6 @@ States: `running` → `finished` (exit 0) | `failed` (non-zero exit; `error` say
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import os
@@ -25,7 +24,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -102,13 +101,21 @@ _ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Mi
 
 def death_reason(lines: Sequence[str], exit_code: int | None) -> str:
     """Why a run ended badly, from the end of its log: the last exception line, else the last line."""
-    how = (f"killed by signal {signal.Signals(-exit_code).name}" if exit_code is not None and exit_code < 0
+    how = (f"killed by signal {_signal_name(-exit_code)}" if exit_code is not None and exit_code < 0
            else f"exit code {exit_code}")
     text = [line.strip() for line in lines if line.strip()]
     for line in reversed(text):
         if _ERROR_LINE.match(line):
             return f"{line} ({how})"
     return f"{text[-1]} ({how})" if text else f"no output ({how})"
+
+
+def _signal_name(number: int) -> str:
+    """SIGKILL for 9; real-time signals have no name in `signal.Signals`."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"{number}"
 
 
 def tail_lines(path: Path, n: int, *, chunk: int = 65536) -> list[str]:
@@ -123,7 +130,7 @@ def tail_lines(path: Path, n: int, *, chunk: int = 65536) -> list[str]:
                 size -= step
                 fh.seek(size)
                 data = fh.read(step) + data
-    except FileNotFoundError:
+    except OSError:  # no log yet, or one that cannot be read
         return []
     return data.decode("utf-8", errors="replace").splitlines()[-n:] if n > 0 else []
 
@@ -205,14 +212,15 @@ def list_runs(data_dir: Path) -> list[RunRecord]:
     return sorted(records, key=lambda r: r.started_at, reverse=True)
 
 
-_DONE = object()
+STOP_DRAIN_S = 10.0
+"""How long `stop()` waits, after SIGKILL, for the output to drain and the run to be recorded."""
 
 
 class TrainingRun:
     """Start a recipe as a subprocess, stream its output, record its state, stop it.
 
-    `on_line(text)` is called from a reader thread for every output line (ANSI stripped); `lines()`
-    is the same stream as an async iterator. `wait()` blocks until the process exits and the output
+    `on_line(text)` is called from a reader thread for every output line (ANSI stripped), which
+    also goes to the run's log. `wait()` blocks until the process exits and the output
     is drained; `stop()` sends SIGTERM to the process group, then SIGKILL after `grace_s`.
     """
 
@@ -241,7 +249,6 @@ class TrainingRun:
         self._reader: threading.Thread | None = None
         self._stopping = False
         self._lock = threading.Lock()
-        self._listeners: list[tuple[asyncio.AbstractEventLoop, asyncio.Queue[object]]] = []
         self._finished = threading.Event()
 
     # -- start --------------------------------------------------------------------------------------
@@ -288,14 +295,29 @@ class TrainingRun:
 
     # -- output -------------------------------------------------------------------------------------
     def _pump(self) -> None:
+        """Copy the output to the log until the process ends, then record how it ended. The record
+        is written and `_finished` set whatever happens here (a full disk, a failed save), so that
+        `wait()` and `stop()` never hang on a pump that died."""
         assert self._proc is not None and self._proc.stdout is not None
-        with self.log_path.open("a", encoding="utf-8") as log:
-            for raw in self._proc.stdout:
-                text = strip_ansi(raw.decode("utf-8", errors="replace"))
-                log.write(text + "\n")
-                log.flush()
-                self._emit(text)
-        code = self._proc.wait()
+        log_error = None
+        try:
+            with self.log_path.open("a", encoding="utf-8") as log:
+                for raw in self._proc.stdout:
+                    text = strip_ansi(raw.decode("utf-8", errors="replace"))
+                    log.write(text + "\n")
+                    log.flush()
+                    self._emit(text)
+        except OSError as exc:
+            log_error = f"its output could not be logged to {self.log_path} ({exc})"
+            for _ in self._proc.stdout:  # drained, so the recipe never blocks on a full pipe
+                pass
+        finally:
+            try:
+                self._record_end(self._proc.wait(), log_error)
+            finally:
+                self._finished.set()
+
+    def _record_end(self, code: int, log_error: str | None) -> None:
         with self._lock:
             assert self.record is not None
             self.record.exit_code = code
@@ -305,11 +327,9 @@ class TrainingRun:
                                  else "finished" if code == 0 else "failed")
             if self.record.state == "failed":
                 self.record.error = death_reason(tail_lines(self.log_path, 200), code)
+            if log_error:
+                self.record.error = "; ".join(filter(None, [self.record.error, log_error]))
             self.record.save()
-            # Set under the lock: a listener either registered before (and gets _DONE) or sees done.
-            self._finished.set()
-            listeners = list(self._listeners)
-        self._deliver(listeners, _DONE)
 
     def _emit(self, text: str) -> None:
         if self.on_line is not None:
@@ -317,42 +337,6 @@ class TrainingRun:
                 self.on_line(text)
             except Exception:  # noqa: BLE001 - a broken callback must not stop the pump or lose the state
                 self.on_line = None
-        with self._lock:
-            listeners = list(self._listeners)
-        self._deliver(listeners, text)
-
-    @staticmethod
-    def _deliver(listeners: list[tuple[asyncio.AbstractEventLoop, asyncio.Queue[object]]],
-                 item: object) -> None:
-        for loop, queue in listeners:
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, item)
-            except RuntimeError:  # that listener's loop has closed
-                continue
-
-    def lines(self) -> AsyncIterator[str]:
-        """The output from this call on, line by line, until the process ends.
-
-        Subscribes immediately (call it before `start()` to miss nothing); iterate on the same loop.
-        """
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[object] = asyncio.Queue()
-        with self._lock:
-            done = self._finished.is_set()
-            if not done:
-                self._listeners.append((loop, queue))
-        return self._drain(loop, queue, done)
-
-    async def _drain(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[object],
-                     done: bool) -> AsyncIterator[str]:
-        if done:
-            return
-        try:
-            while (item := await queue.get()) is not _DONE:
-                yield item  # type: ignore[misc]
-        finally:
-            with self._lock:
-                self._listeners.remove((loop, queue))
 
     # -- end ----------------------------------------------------------------------------------------
     def wait(self, timeout: float | None = None) -> int:
@@ -363,10 +347,6 @@ class TrainingRun:
             raise TimeoutError(f"training run {self.run_id} still running")
         assert self.record is not None and self.record.exit_code is not None
         return self.record.exit_code
-
-    async def wait_async(self) -> int:
-        """`wait()` without blocking the event loop."""
-        return await asyncio.to_thread(self.wait)
 
     def stop(self, grace_s: float = 5.0) -> int:
         """SIGTERM the process group, SIGKILL it after `grace_s` if anything is left; the exit code."""
@@ -383,7 +363,12 @@ class TrainingRun:
             pass
         # Children can outlive the leader (or ignore SIGTERM): the group is killed either way.
         _signal_group(pgid, signal.SIGKILL)
-        return self.wait()
+        try:
+            return self.wait(STOP_DRAIN_S)
+        except TimeoutError:
+            # A descendant that left the group still holds the output pipe: the pump records the
+            # run when that closes; the recipe itself has ended.
+            return self._proc.wait()
 
 
 def _signal_group(pgid: int, sig: int) -> None:

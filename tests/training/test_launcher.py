@@ -76,15 +76,15 @@ def test_failed_run_records_its_exit_code(tmp_path: Path, fake_recipe) -> None:
     assert record.finished_at is not None and record.pid == job.pid
 
 
-async def test_lines_async_iterator_yields_until_exit(tmp_path: Path, fake_recipe) -> None:
+def test_a_run_whose_log_cannot_be_written_still_ends_recorded(tmp_path: Path, fake_recipe) -> None:
+    # A full disk or a broken log must not leave wait() and stop() hanging on a dead reader.
     recipe, env = fake_recipe
-    job = TrainingRun(recipe, ["fail"], data_dir=tmp_path, extra_env=env)
-    # Subscribe before the process starts, so no line can be missed.
-    stream = job.lines()
-    job.start()
-    got = [line async for line in stream]
-    assert got[0] == "hello from recipe" and got[-1] == "to stderr"
-    assert await job.wait_async() == 3
+    (tmp_path / "train" / "t-nolog" / "train.log").mkdir(parents=True)
+    job = TrainingRun(recipe, ["fail"], data_dir=tmp_path, run_id="t-nolog", extra_env=env).start()
+    assert job.wait(60) == 3
+    record = load_run(tmp_path, "t-nolog")
+    assert (record.state, record.exit_code) == ("failed", 3)
+    assert "its output could not be logged" in record.error
 
 
 def test_stop_kills_the_whole_process_group(tmp_path: Path, fake_recipe) -> None:

@@ -164,6 +164,7 @@ def test_death_reason_is_the_last_exception_line_else_the_last_line() -> None:
     assert death_reason(trace, 1) == "ValueError: bad row 3 (exit code 1)"
     assert death_reason(["loading", "data-check: no rows at /x"], 2) == "data-check: no rows at /x (exit code 2)"
     assert death_reason([], -9) == "no output (killed by signal SIGKILL)"
+    assert death_reason([], -40) == "no output (killed by signal 40)"  # real-time: no name
     assert death_reason(["torch.OutOfMemoryError: CPU"], 1).startswith("torch.OutOfMemoryError")
 
 
