@@ -40,22 +40,36 @@ def run_embedded(data_dir: Path | None = None, *, port: int = 0, engine_url: str
                  engine_model: str | None = None, engine_api_key: str | None = None,
                  public_url: str | None = None) -> None:
     """Start a LocalServer on loopback (any free port by default), run the TUI on it, stop it on exit."""
+    from pydantic import ValidationError
+
+    from tapdeck.app.failures import validation_line
     from tapdeck.app.host import LocalServer
     from tapdeck.app.settings import default_settings_path
     from tapdeck.app.tui import TapdeckApp  # noqa: F401 - import the UI before starting anything
-    from tapdeck.proxy.config import ServerConfig, default_data_dir
+    from tapdeck.proxy.config import ConfigError, ServerConfig, default_data_dir
     from tapdeck.proxy.engine_address import EngineAddressError
+    from tapdeck.proxy.serving import PortInUseError
 
     data_dir = (data_dir or default_data_dir()).expanduser()
-    config = ServerConfig(host="127.0.0.1", port=port, data_dir=data_dir, engine_url=engine_url,
-                          engine_model=engine_model, engine_api_key=engine_api_key,
-                          public_url=public_url)
+    try:
+        config = ServerConfig(host="127.0.0.1", port=port, data_dir=data_dir, engine_url=engine_url,
+                              engine_model=engine_model, engine_api_key=engine_api_key,
+                              public_url=public_url)
+    except ValidationError as exc:  # bad usage, as `serve` says it: one line, exit 2
+        print(f"tapdeck: {validation_line(exc)}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    if data_dir.exists() and not data_dir.is_dir():
+        print(f"tapdeck: --data-dir {data_dir} is not a directory", file=sys.stderr)
+        raise typer.Exit(2)
     _log_to_file(data_dir / "tui.log")
     print(f"tapdeck: starting the embedded server ({'engine ' + engine_url if engine_url else 'embedded engine'}"
           f", data in {data_dir})…", file=sys.stderr, flush=True)
     server = LocalServer(config)
     try:
         server.start()
+    except (ConfigError, PortInUseError) as exc:
+        print(f"tapdeck: {exc}", file=sys.stderr)
+        raise typer.Exit(2) from None
     except EngineAddressError as exc:
         print(f"tapdeck: {exc}", file=sys.stderr)
         raise typer.Exit(2 if exc.status == 400 else 1) from None

@@ -83,6 +83,18 @@ def test_serve_refuses_a_public_url_that_is_not_http_in_one_line(tmp_path: Path)
                     "or https://HOST[:PORT]")
 
 
+def test_tui_refuses_a_public_url_and_a_data_dir_it_cannot_use_as_serve_does(tmp_path: Path) -> None:
+    result = tapdeck("tui", "--public-url", "ftp://x", tmp=tmp_path)
+    assert result.returncode == 2
+    assert one_line(result) == ("tapdeck: --public-url: public URL 'ftp://x' must be "
+                                "http://HOST[:PORT] or https://HOST[:PORT]")
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    result = tapdeck("tui", "--data-dir", str(afile), tmp=tmp_path)
+    assert result.returncode == 2
+    assert f"--data-dir {afile} is not a directory" in one_line(result)
+
+
 @pytest.mark.parametrize(("address", "why"), [
     ("ftp://x", "'ftp://x' is not an http(s) URL"),
     ("127.0.0.1:99999", "port 99999 is out of range (1-65535)"),
