@@ -97,8 +97,9 @@ def create_runner_router(service: Any, *, data_dir: Path, default_engine: Engine
         doc = (await asyncio.to_thread(build_catalog, probe=False)).model_dump(mode="json")
         if default_engine is not None:
             # "embedded" in a plan means this server's default engine: report that one, probed on
-            # this loop (the probe cache is shared with the capture service).
-            info = await url_engine_info(default_engine.url, api_key=default_engine.api_key)
+            # this loop as its sessions are (same model, so the probe cache answers for both).
+            info = await url_engine_info(default_engine.url, api_key=default_engine.api_key,
+                                         model=default_engine.model)
             row = info.model_dump(mode="json")
             row["name"] = "embedded"
             row["why"] = f"this server's default engine; {row['why']}"

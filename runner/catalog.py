@@ -261,43 +261,47 @@ def embedded_engine_info() -> EngineInfo:
                           "for a bigger model")
 
 
-async def url_engine_info(url: str, *, api_key: str | None = None, probe: bool = True,
+async def url_engine_info(url: str, *, api_key: str | None = None, model: str | None = None,
+                          probe: bool = True,
                           list_timeout_s: float = ENGINE_LIST_TIMEOUT_S,
                           probe_timeout_s: float = ENGINE_PROBE_TIMEOUT_S) -> EngineInfo:
     """Reach an engine URL with a short `GET /v1/models`; with `probe`, ask the proxy's tier probe.
 
     The address may be `HOST:PORT`, `http://HOST:PORT` or `…/v1`: `url` in the answer is the base
-    URL it settled on. An unprobed engine counts as the `text` tier (never assume the stronger tier).
+    URL it settled on; `name` shows it without credentials. `model` names the served model to
+    probe, as sessions do, where an engine serves several. An unprobed engine counts as the `text`
+    tier (never assume the stronger tier).
     """
-    from tapdeck.proxy.engine_address import EngineAddressError, settle
+    from tapdeck.proxy.engine_address import EngineAddressError, settle, shown_url
 
+    name = shown_url(url)
     try:
         settled = await settle(url, api_key=api_key, timeout=list_timeout_s)
     except EngineAddressError as exc:
-        return EngineInfo(name=url, url=None, tier=None, reachable=False, why=str(exc))
+        return EngineInfo(name=name, url=None, tier=None, reachable=False, why=str(exc))
     base, models = settled.base_url, settled.model_ids()
-    served = models[0] if len(models) == 1 else None
+    served = model if model in models else models[0] if len(models) == 1 else None
     lengths = [m.get("max_model_len") for m in settled.listing.get("data") or []
                if isinstance(m, dict)]
     context = _context(lengths[0] if len(lengths) == 1 and isinstance(lengths[0], int) else None)
     # Led by the base URL the address settled on: that is what sessions talk to.
     listed = f"{base} serves " + (", ".join(str(m) for m in models) or "no models")
     if not probe:
-        return EngineInfo(name=url, url=base, tier="text", reachable=True, served_model=served,
+        return EngineInfo(name=name, url=base, tier="text", reachable=True, served_model=served,
                           why=f"{listed}; tier not probed (counts as text until probed)", **context)
     from tapdeck.proxy.tiers import EngineSpec
     from tapdeck.proxy.tiers import probe as probe_tier
 
     try:
-        result = await asyncio.wait_for(probe_tier(EngineSpec(url=base, api_key=api_key)),
+        result = await asyncio.wait_for(probe_tier(EngineSpec(url=base, model=model, api_key=api_key)),
                                         timeout=probe_timeout_s)
     except TimeoutError:
-        return EngineInfo(name=url, url=base, tier="text", reachable=True, served_model=served,
+        return EngineInfo(name=name, url=base, tier="text", reachable=True, served_model=served,
                           why=f"{listed}; tier probe did not finish in {probe_timeout_s:.0f} s",
                           **context)
     if result.max_model_len:
         context = _context(result.max_model_len)
-    return EngineInfo(name=url, url=base, tier=result.tier.value, reachable=True,
+    return EngineInfo(name=name, url=base, tier=result.tier.value, reachable=True,
                       served_model=result.served_model or served, why=f"{listed}; {result.detail}",
                       **context)
 

@@ -52,6 +52,8 @@ class Upstream:
     server: ThreadedServer | None = None
     port: int = 0
     """The port it was started on (kept when it stops)."""
+    served: list[str] | None = None
+    """The model ids `/v1/models` lists (None: the recorded listing's one model)."""
 
     @property
     def base_url(self) -> str:
@@ -75,6 +77,10 @@ def _upstream_app(up: Upstream) -> FastAPI:
     async def list_models() -> Response:
         if up.mode == "html":
             return PlainTextResponse("<html><body>502 Bad Gateway</body></html>", media_type="text/html")
+        if up.served is not None:
+            entry = models["data"][0]
+            return JSONResponse({**models, "data": [{**entry, "id": name, "root": name}
+                                                    for name in up.served]})
         return JSONResponse(models)
 
     @app.post("/v1/chat/completions")

@@ -111,6 +111,25 @@ def test_unreachable_engine_url_is_reported_not_raised() -> None:
     assert not info.reachable and info.tier is None and "127.0.0.1:9" in info.why
 
 
+def test_an_engine_address_is_shown_without_its_credentials() -> None:
+    info = asyncio.run(catalog.url_engine_info("http://user:secret@127.0.0.1:9/v1"))
+    assert "secret" not in info.name + info.why and info.name == "http://***@127.0.0.1:9/v1"
+
+
+def test_a_named_model_is_probed_on_an_engine_serving_several() -> None:
+    from tests.proxy.conftest import started_upstream
+
+    up = started_upstream()
+    up.served = ["smollm2", "smollm2-lora"]
+    try:
+        unnamed = asyncio.run(catalog.url_engine_info(up.base_url))
+        named = asyncio.run(catalog.url_engine_info(up.base_url, model="smollm2"))
+    finally:
+        up.server.stop()
+    assert unnamed.tier == "text" and "several models" in unnamed.why
+    assert named.tier == "tokens" and named.served_model == "smollm2", named.why
+
+
 def test_engine_listing_without_probe_counts_as_text_tier() -> None:
     with models_only_engine() as engine:
         info = asyncio.run(catalog.url_engine_info(engine, probe=False))
