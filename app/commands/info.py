@@ -153,10 +153,16 @@ def register(app: typer.Typer) -> None:
             catalog.engines = [running, *(e for e in catalog.engines if e.name != "embedded")]
         if as_json:
             typer.echo(catalog.model_dump_json(indent=2))
-            return
-        from rich.console import Console
+        else:
+            from rich.console import Console
 
-        console = Console(width=min(Console().width, 100))
-        for part in render(catalog, show_all=show_all, width=console.width):
-            console.print(part)
-            console.print()
+            console = Console(width=min(Console().width, 100))
+            for part in render(catalog, show_all=show_all, width=console.width):
+                console.print(part)
+                console.print()
+        # An engine the user named that does not answer is work not done (README's exit codes);
+        # the catalog above says why.
+        silent = [e.name for e in catalog.engines if e.name != "embedded" and not e.reachable]
+        if engine and silent:
+            typer.echo(f"tapdeck info: no answer from {', '.join(silent)}", err=True)
+            raise typer.Exit(1)

@@ -157,8 +157,10 @@ def test_engine_url_tier_comes_from_the_proxy_probe(embedded_engine) -> None:
 def test_info_command_fits_80_columns_and_says_what_matters() -> None:
     result = CliRunner().invoke(app, ["info", "--engine", "http://127.0.0.1:9/v1"],
                                 env={"COLUMNS": "80", "TERM": "dumb"})
-    assert result.exit_code == 0, result.output
-    out = result.output
+    # The catalog is printed in full, and the engine named that does not answer makes it exit 1.
+    assert result.exit_code == 1, result.output
+    assert result.stderr.strip() == "tapdeck info: no answer from http://127.0.0.1:9/v1"
+    out = result.stdout
     for needle in ("Sandboxes", "host", "NOT a security boundary", "Dataset sample (5 tasks)",
                    "hello-file", "Harnesses", "terminus-2", "Engines", "embedded",
                    "127.0.0.1:9", "defaults: dataset=sample harness=terminus-2 sandbox=host"):
