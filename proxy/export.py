@@ -92,7 +92,7 @@ def capture_mode(meta: dict[str, Any] | None) -> str:
     return "ids" if mode == "ids" else "text"
 
 
-def _check_masks(graph: RolloutGraph, sequences: list[Any]) -> None:
+def _check_masks(sequences: list[Any]) -> None:
     """A call shared by several sequences must carry the same mask in each (capture-case 56)."""
     seen: dict[int, int] = {}
     for s in sequences:
@@ -120,7 +120,7 @@ def rollout_document(session: dict[str, Any], graph: RolloutGraph, tier: str, *,
     tools = graph.has_tools()
     rollout_findings = validate_rollout(graph, tier, rollout_type=rtype)
     sequences = graph.sequences()
-    _check_masks(graph, sequences)
+    _check_masks(sequences)
     seq_docs = []
     for s in sequences:
         mask, lps = s.loss_mask, s.logprobs

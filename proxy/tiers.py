@@ -297,7 +297,8 @@ async def _probe_engine(spec: EngineSpec, client: EngineClient) -> ProbeResult:
 
 
 async def _ratio_probe(client: EngineClient, served: str) -> tuple[LogprobsMode, str, int]:
-    """One generated token at T=1 and T=2 with 5 alternatives each; compare the top-2 gap.
+    """One generated token at T=1 and T=2 with 5 alternatives each; compare the gap between the
+    top token and the farthest runner-up both replies share (see classify_logprobs_mode).
 
     Also returns how many alternatives the engine gave (0 when a call failed or gave none)."""
     entries: list[Mapping[str, Any]] = []

@@ -63,9 +63,3 @@ def resolve_engine(choice: str | None, *, model: str | None = None, api_key: str
     key = api_key if api_key is not None else (os.environ.get(API_KEY_ENV) or None)
     return EngineSpec(url=normalize_engine_url(choice), model=model, api_key=key, **parsers)
 
-
-def describe_engine(spec: EngineSpec | None) -> str:
-    """A short label for tables and logs (never the key)."""
-    if spec is None:
-        return EMBEDDED
-    return f"{spec.url}" + (f" ({spec.model})" if spec.model else "")

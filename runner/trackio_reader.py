@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,14 +37,6 @@ class RunInfo:
     run_name: str
     rows: int
     last_step: int | None
-
-
-def default_trackio_dir() -> Path:
-    """Where trackio writes when nothing is configured: `$TRACKIO_DIR`, else `$HF_HOME/trackio`."""
-    if os.environ.get("TRACKIO_DIR"):
-        return Path(os.environ["TRACKIO_DIR"]).expanduser()
-    hf_home = os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface"
-    return Path(hf_home).expanduser() / "trackio"
 
 
 def list_projects(trackio_dir: Path) -> list[str]:

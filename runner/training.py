@@ -31,14 +31,12 @@ from typing import Literal
 
 import tapdeck
 from tapdeck.runner.recipes import Recipe, get_recipe
+from tapdeck.runner.train_env import env_dir
 
 TRACKIO_PROJECT = "tapdeck"
 """Every run logs to this trackio project inside its own TRACKIO_DIR; the trackio run name is the run id."""
 
 RunState = Literal["running", "finished", "failed", "stopped", "interrupted"]
-TRAIN_ENV = Path.home() / ".cache" / "tapdeck" / "train-env"
-"""The training environment (Python 3.11, CPU torch, TRL) made by scripts/train-env.sh
-(`$TAPDECK_TRAIN_ENV` overrides it, there as here)."""
 SECRET_ENV = ("TAPDECK_ADMIN_KEY",)
 """Variables passed to a recipe but never written to run.json."""
 
@@ -56,9 +54,8 @@ def strip_ansi(line: str) -> str:
 
 
 def train_python() -> Path:
-    """The training environment's interpreter (`$TAPDECK_TRAIN_ENV`, else TRAIN_ENV)."""
-    env = os.environ.get("TAPDECK_TRAIN_ENV")
-    return (Path(env).expanduser() if env else TRAIN_ENV) / "bin" / "python"
+    """The training environment's interpreter (`$TAPDECK_TRAIN_ENV`, else ~/.cache/tapdeck/train-env)."""
+    return env_dir() / "bin" / "python"
 
 
 class TrainEnvMissing(RuntimeError):

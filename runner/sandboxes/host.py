@@ -64,7 +64,6 @@ from harbor.environments.capabilities import EnvironmentCapabilities
 from tapdeck.runner.sandboxes.loopback_relay import LoopbackRelay
 from tapdeck.runner.sandboxes.mount_points import STATE_DIR, MountPoints
 
-IMPORT_PATH = "tapdeck.runner.sandboxes.host:HostSandbox"
 TYPE_NAME = "tapdeck-host"
 
 # Paths Harbor and its agents use inside an environment; each gets its own per-trial directory.

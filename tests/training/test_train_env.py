@@ -1,6 +1,6 @@
 """The training environment (scripts/train-env.sh): pinned, idempotent, and able to run tapdeck's recipes.
 
-Recipes there import tapdeck's 3.11-clean modules through a PYTHONPATH link (`runner/train_env.py`):
+Recipes there import tapdeck's 3.11-clean modules through a PYTHONPATH link (`training.package_path`):
 the recipes and the schema, never tapdeck's proxy, app or Harbor code.
 """
 
@@ -13,7 +13,8 @@ import pytest
 from conftest import run_in_train_env
 
 import tapdeck
-from tapdeck.runner.train_env import ensure_python, recipe_env
+from tapdeck.runner.train_env import ensure_python
+from tapdeck.runner.training import package_path
 
 SCRIPT = Path(__file__).parent / "train_env_scripts" / "recipe_imports.py"
 
@@ -24,9 +25,8 @@ def test_making_the_environment_twice_reuses_it(train_python: Path) -> None:
     assert (train_python.parent.parent / ".tapdeck-train-env").is_file()
 
 
-def test_recipes_see_this_checkout_as_tapdeck_and_nothing_else() -> None:
-    env = recipe_env({"PATH": "/usr/bin"})
-    (folder,) = env["PYTHONPATH"].split(":")
+def test_recipes_see_this_checkout_as_tapdeck_and_nothing_else(tmp_path: Path) -> None:
+    folder = package_path(tmp_path)
     assert [p.name for p in Path(folder).iterdir()] == ["tapdeck"]
     assert (Path(folder) / "tapdeck").resolve() == Path(tapdeck.__file__).resolve().parent
 
