@@ -91,6 +91,22 @@ find_python() {
     return 1
 }
 
+base_prefix() { "$1" -c 'import sys; print(sys.base_prefix)' 2>/dev/null; }
+
+if [ -n "${TAPDECK_PYTHON:-}" ]; then
+    if ! is_py312 "$TAPDECK_PYTHON"; then
+        say "TAPDECK_PYTHON=$TAPDECK_PYTHON is not a Python 3.12 or newer that runs here; point it" \
+            "at one, or unset it to let set-up look on PATH and in pyenv" >&2
+        exit 1
+    fi
+    # Asked for by name: a .venv made with another interpreter is made again with this one.
+    if [ -x "$venv/bin/python" ] && [ "$(base_prefix "$venv/bin/python")" != "$(base_prefix "$TAPDECK_PYTHON")" ]; then
+        say ".venv was made with the Python in $(base_prefix "$venv/bin/python"); making it again" \
+            "with TAPDECK_PYTHON=$TAPDECK_PYTHON"
+        rm -rf "$venv"
+    fi
+fi
+
 if [ ! -x "$venv/bin/python" ] || ! is_py312 "$venv/bin/python"; then
     if ! py="$(find_python)"; then
         cat >&2 <<'MSG'

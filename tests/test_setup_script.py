@@ -127,3 +127,11 @@ def test_setup_on_the_venv_it_set_up_prints_nothing() -> None:
         pytest.skip("this checkout's .venv was not set up by this setup.sh (run ./scripts/setup.sh)")
     out = subprocess.run(["bash", str(SETUP)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout + out.stderr == ""
+
+
+@pytest.mark.parametrize("python", ["/nonexistent/python3.12", "false"])
+def test_a_tapdeck_python_that_is_not_a_312_is_refused_not_ignored(scratch_repo: Path, python: str) -> None:
+    result = _run_setup(scratch_repo, TAPDECK_PYTHON=python)
+    assert result.returncode == 1
+    assert f"TAPDECK_PYTHON={python} is not a Python 3.12 or newer" in result.stderr
+    assert (scratch_repo / ".venv" / "bin" / "python").exists()  # nothing was touched
