@@ -2,7 +2,8 @@
 
 The capture path tells `ActivityLog` when a model call goes upstream and when it comes back; the
 admin API reads a `SessionActivity` snapshot. Only the last exchange is held per session (message
-texts cut to their tails), never the conversation: the store has that.
+texts cut to their tails), never the conversation: the store has that. A closed session's entry
+is kept for the TUI's pane (why did that rollout end?), but only the last `CLOSED_KEPT` of them.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import asyncio
 import contextlib
 import itertools
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,8 @@ TEXT_TAIL = 2000
 ARGUMENTS_MAX = 500
 RECENT_ENDS = 240
 """Call end times kept per session (the calls-per-second picture)."""
+CLOSED_KEPT = 256
+"""Closed sessions whose last exchange stays readable (the newest closed)."""
 
 
 @dataclass
@@ -37,14 +40,13 @@ class _SessionState:
 class ActivityCall:
     """One call in flight; `replied(reply)` records the engine's answer before the call ends."""
 
-    def __init__(self, log: ActivityLog, session_id: str, call_id: int) -> None:
-        self._log = log
-        self.session_id = session_id
-        self.call_id = call_id
+    def __init__(self, record: SessionActivity) -> None:
+        # The record itself, not its session id: a reply never re-creates a released entry.
+        self._record = record
 
     def replied(self, reply: Mapping[str, Any]) -> None:
         """Take a chat-completions reply: its message becomes the last assistant message."""
-        record = self._log.state(self.session_id).record
+        record = self._record
         choice = (reply.get("choices") or [{}])[0]
         message = choice.get("message")
         if isinstance(message, Mapping):
@@ -58,6 +60,8 @@ class ActivityLog:
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
         self._sessions: dict[str, _SessionState] = {}
+        self._closed: OrderedDict[str, _SessionState] = OrderedDict()
+        """Closed sessions' entries, oldest closed first (at most CLOSED_KEPT)."""
         self._ids = itertools.count()
 
     def state(self, session_id: str) -> _SessionState:
@@ -80,7 +84,7 @@ class ActivityLog:
         record.calls_started += 1
         _take_prompt(record, messages)
         try:
-            yield ActivityCall(self, session_id, call_id)
+            yield ActivityCall(record)
         except asyncio.CancelledError:
             record.errors += 1
             record.last_error = "cancelled (the caller hung up, or its rollout ended)"
@@ -95,9 +99,19 @@ class ActivityLog:
             record.last_ended_at = self.clock()
             state.recent_ends.append(record.last_ended_at)
 
+    def closed(self, session_id: str) -> None:
+        """The session takes no more calls: keep its entry among the last CLOSED_KEPT closed ones."""
+        state = self._sessions.pop(session_id, None)
+        if state is None:
+            return
+        self._closed[session_id] = state
+        if len(self._closed) > CLOSED_KEPT:
+            self._closed.popitem(last=False)
+
     def snapshot(self, session_id: str) -> SessionActivity:
-        """What the session is doing now (an empty record for a session that never called)."""
-        state = self._sessions.get(session_id)
+        """What the session is doing now (an empty record for a session that never called, or
+        one closed before the last CLOSED_KEPT)."""
+        state = self._sessions.get(session_id) or self._closed.get(session_id)
         if state is None:
             return SessionActivity(session_id=session_id, now=self.clock())
         return state.record.model_copy(update={

@@ -28,6 +28,8 @@ _SKIPPED_KEYS = frozenset({"type", "role", "id", "tool_use_id", "cache_control",
                            "thoughtSignature", "thought_signature", "mimeType", "mime_type", "data",
                            "model"})
 _no_tokenize: set[str] = set()
+"""`/tokenize` URLs that answered 404/405: counts for their engine are estimated, until
+`forget_engine` (the engine went down, and may come back with other flags)."""
 
 
 def match_aux(method: str, path: str) -> AuxKind | None:
@@ -45,6 +47,12 @@ def match_aux(method: str, path: str) -> AuxKind | None:
 def aux_dialect(kind: AuxKind) -> Dialect:
     """The dialect whose envelope an aux route answers in (errors such as 401 for an unknown key)."""
     return ANTHROPIC if kind == "anthropic_count_tokens" else GOOGLE
+
+
+def forget_engine(engine_url: str) -> None:
+    """Ask this engine's `/tokenize` again on its next count (it was found down: a restarted
+    engine may serve it now)."""
+    _no_tokenize.discard(tokenize_url(engine_url))
 
 
 def _request_fields(kind: AuxKind, body: Mapping[str, Any]) -> dict[str, Any]:

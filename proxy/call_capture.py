@@ -20,6 +20,7 @@ from typing import Any
 
 from tapdeck.proxy.access_log import CURRENT_CALL
 from tapdeck.proxy.activity import ActivityLog
+from tapdeck.proxy.aux import forget_engine
 from tapdeck.proxy.dialects.base import DialectError, DialectRequest
 from tapdeck.proxy.dialects.chat import fold_system_messages, has_late_system
 from tapdeck.proxy.engine_client import EngineClient, EngineError
@@ -141,8 +142,10 @@ class CallCapture:
                 return _stop_answer(CONTEXT_STOP_TEXT, session, fmt)
             if exc.kind in ENGINE_DOWN:
                 # An engine restarts through being down, maybe with other flags (logprobs,
-                # token ids): the next session probes it again rather than trust its old tier.
+                # token ids, /tokenize): the next session probes it again rather than trust its
+                # old tier, and the next count asks its /tokenize again.
                 PROBES.forget(session.client.spec)
+                forget_engine(session.client.spec.url)
                 if not any(f.code == "engine_unreachable" for f in session.findings):
                     # Once per session: what a rollout that failed is classified by.
                     await self.registry.add_finding(session, Finding.warn(

@@ -24,7 +24,9 @@ from tapdeck.proxy.call_reply import CallReply, finish_reason, logged, unless_di
 from tapdeck.proxy.dialects import detect
 from tapdeck.proxy.dialects.arguments import arguments_memo
 from tapdeck.proxy.dialects.base import Dialect, DialectError, DialectRequest, SSEEvent
+from tapdeck.proxy.dialects.anthropic import DIALECT as ANTHROPIC
 from tapdeck.proxy.dialects.chat import DIALECT as CHAT
+from tapdeck.proxy.dialects.google import DIALECT as GOOGLE
 from tapdeck.proxy.dialects.google import JSON_ARRAY
 from tapdeck.proxy.dialects.responses import DIALECT as RESPONSES
 from tapdeck.proxy.error_reply import render_error, render_stream_error
@@ -60,7 +62,8 @@ class CallPipeline:
         """`GET /v1/models` with a session key: the session's model only."""
         session = self.registry.for_key(key_from_request(headers, query))
         if session is None:
-            return render_error(CHAT, ProxyError(401, "unknown or closed session key"))
+            return render_error(_listing_dialect(headers, query),
+                                ProxyError(401, "unknown or closed session key"))
         name = session.served_model or "model"
         return CallReply(body={"object": "list", "data": [
             {"id": name, "object": "model", "created": int(session.record["created_at"]),
@@ -203,6 +206,16 @@ class CallPipeline:
         keepalive = getattr(dialect, "sse_keepalive", None) or KEEPALIVE
         return stream_with_keepalive(events(), interval=self.keepalive_s, keepalive=keepalive,
                                      keepalive_at_once=at_once)
+
+
+def _listing_dialect(headers: Mapping[str, str], query: Mapping[str, str]) -> Dialect:
+    """Whose error shape a model listing answers in: its path is shared, so the SDK's own
+    headers say (Anthropic's SDKs send `anthropic-version`, Google's a Google key)."""
+    if "anthropic-version" in headers:
+        return ANTHROPIC
+    if "x-goog-api-key" in headers or "key" in query:
+        return GOOGLE
+    return CHAT
 
 
 def _internal_error(exc: Exception, access: AccessRecord) -> ProxyError:

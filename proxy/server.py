@@ -115,7 +115,9 @@ def _admin_router() -> APIRouter:
     @router.get("/sessions/{session_id}/activity", response_model=SessionActivity)
     async def activity(session_id: str, request: Request) -> Response:
         service = _service(request)
-        service.get(session_id)  # an unknown session is a 404 like the other session routes
+        # An unknown session is a 404 like the other session routes. A lookup, not `get`: a
+        # summary may load a restarted session's graph, on this (the calls') loop.
+        service.registry.lookup(session_id)
         return _JSON(service.activity.snapshot(session_id).model_dump(mode="json"))
 
     @router.delete("/sessions/{session_id}", response_model=SessionSummary)

@@ -44,7 +44,7 @@ class CaptureService:
         self.events = EventBus()
         self.activity = ActivityLog()
         """Calls in flight and each session's last exchange (the stuck-rollout view)."""
-        self.registry = SessionRegistry(store, self.events, default_engine=default_engine,
+        self.registry = SessionRegistry(store, self.events, self.activity, default_engine=default_engine,
                                         public_url=self.public_url, engine_timeout=engine_timeout)
         self.writes = self.registry.writes
         self.queries = SessionQueries(self.registry)

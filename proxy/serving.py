@@ -100,6 +100,7 @@ class ThreadedServer:
         deadline = time.monotonic() + timeout
         while not self._server.started:
             if not self._thread.is_alive():
+                self.stop()  # uvicorn leaves the socket it was given open (a lifespan failure)
                 raise RuntimeError(f"{self.name} exited during start-up")
             if time.monotonic() > deadline:
                 self.stop()

@@ -3,7 +3,8 @@
 Every session's graph lives here; it is only touched on threads holding the session's `rw` lock
 (commits on the store's own executor, admin reads in the default pool), so the loop never waits
 on a reader. Summaries use the stats cached at each commit. A closed session releases its live
-state once no call is in flight; a restarted server's sessions are listed, never callable.
+state (and its activity entry, to the activity log's bounded closed set) once no call is in
+flight; a restarted server's sessions are listed, never callable.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from tapdeck.proxy.activity import ActivityLog
 from tapdeck.proxy.dialects.arguments import ArgumentsMemo
 from tapdeck.proxy.dialects.stored_responses import StoredResponses
 from tapdeck.proxy.engine_address import settle
@@ -50,10 +52,12 @@ log = logging.getLogger("tapdeck.proxy")
 class SessionRegistry:
     """Owns the sessions of one server, their engine clients and their store writes."""
 
-    def __init__(self, store: Store, events: EventBus, *, default_engine: EngineSpec | None,
-                 public_url: str, engine_timeout: httpx.Timeout | float) -> None:
+    def __init__(self, store: Store, events: EventBus, activity: ActivityLog, *,
+                 default_engine: EngineSpec | None, public_url: str,
+                 engine_timeout: httpx.Timeout | float) -> None:
         self.store = store
         self.events = events
+        self.activity = activity
         self.default_engine = default_engine
         self.public_url = public_url
         self.engine_timeout = engine_timeout
@@ -199,6 +203,7 @@ class SessionRegistry:
         session.stored_responses = StoredResponses()
         session.prompt_ids = PromptIdsMemo()
         self.store.forget(session.id)
+        self.activity.closed(session.id)
 
     def annotate(self, session_id: str, **metadata: Any) -> SessionSummary:
         """Merge `metadata` into the session's (phase, reward, run_id, ...) and publish it.

@@ -24,7 +24,6 @@ __all__ = ["EngineRef", "SessionInfo", "SessionState", "SessionSummary"]
 
 KEY_PREFIX = "tdk-"
 _KEY_RE = re.compile(r"^tdk-[A-Za-z0-9_-]{43}$")
-_ID_RE = re.compile(r"^s-[0-9a-f]{16}$")
 
 RolloutType = Literal["auto", "train", "eval"]
 
@@ -42,11 +41,6 @@ def new_session_id() -> str:
 def is_session_key(value: str) -> bool:
     """Charset and length check: anything else is never looked up."""
     return bool(_KEY_RE.fullmatch(value))
-
-
-def is_session_id(value: str) -> bool:
-    """Whether `value` has the shape of a session id."""
-    return bool(_ID_RE.fullmatch(value))
 
 
 def key_from_request(headers: Mapping[str, str], query: Mapping[str, str]) -> str | None:

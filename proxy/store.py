@@ -73,6 +73,8 @@ CREATE TABLE IF NOT EXISTS messages (
 
 _HASH_BATCH = 500
 """Keys per `IN (...)` lookup when loading (well under SQLite's bound-parameter limit)."""
+_NONE_STORED: frozenset[str] = frozenset()
+"""The stored keys of a session that stored none yet (shared: the lookup allocates nothing)."""
 
 
 def _dumps(obj: Any) -> bytes:
@@ -134,9 +136,9 @@ class Store:
         self.commits = 0
         """Write transactions committed (one per group of writes, not one per write)."""
         self._closed = False
-        self._stored_keys: set[str] = set()
-        """Content keys known committed in `messages` (rows are never deleted), so a turn only
-        hands SQLite the messages it adds."""
+        self._stored_keys: dict[str, set[str]] = {}
+        """Per session, content keys it committed to `messages` (rows are never deleted), so a
+        turn only hands SQLite the messages it adds; dropped with the session by `forget`."""
         self._previous: dict[str, tuple[int, dict[str, list[str]]]] = {}
         """Per session, the last committed turn's seq and content keys: the base of key deltas."""
         self._queue: list[_Write] = []
@@ -292,6 +294,7 @@ class Store:
         request, keys, lists = _split_request(turn.request, turn.content_keys)
         with self._queue_lock:
             previous = self._previous.get(turn.session_id)
+            stored = self._stored_keys.get(turn.session_id, _NONE_STORED)
         # Bodies keep the sender's key order (only the key is canonical), so loads are exact.
         # Only elements past the previous turn's keys can be new: those were all committed.
         new_bodies: dict[str, bytes] = {}
@@ -299,7 +302,7 @@ class Store:
             shared = common_prefix(names, previous[1].get(name, [])) if previous else 0
             request[name] = {"base": previous[0], "keep": shared, "add": names[shared:]} if shared else names
             for key, value in zip(names[shared:], lists[name][shared:]):
-                if key not in self._stored_keys and key not in new_bodies:
+                if key not in stored and key not in new_bodies:
                     new_bodies[key] = _dumps(value)
         doc = {
             "request": request, "refs": list(keys), "response": turn.response, "sampling": turn.sampling,
@@ -339,14 +342,16 @@ class Store:
                  doc_b, float(turn.created_at)))
 
         self._write(insert)
-        self._stored_keys.update(new_bodies)
         with self._queue_lock:
             self._previous[turn.session_id] = (turn.seq, keys)
+            if new_bodies:
+                self._stored_keys.setdefault(turn.session_id, set()).update(new_bodies)
 
     def forget(self, session_id: str) -> None:
         """Drop what the store keeps in memory for a session that takes no more turns."""
         with self._queue_lock:
             self._previous.pop(session_id, None)
+            self._stored_keys.pop(session_id, None)
 
     def load_session(self, session_id: str) -> tuple[dict[str, Any], list[Turn]]:
         """The session record and its turns in arrival order, prompts rebuilt exactly."""

@@ -7,7 +7,7 @@ import asyncio
 
 import httpx
 
-from tapdeck.proxy.activity import TEXT_TAIL, ActivityLog, message_view
+from tapdeck.proxy.activity import CLOSED_KEPT, TEXT_TAIL, ActivityLog, message_view
 from tapdeck.schema.activity import SessionActivity
 from tests.conftest import hanging_engine
 
@@ -84,6 +84,19 @@ def test_a_reply_becomes_the_last_assistant_message_and_tool_call() -> None:
     assert doc.last_assistant is not None and doc.last_assistant.text == "Reading it."
     assert doc.last_tool_call is not None and doc.last_tool_call.name == "read_file"
     assert doc.last_finish_reason == "tool_calls"
+
+
+def test_a_closed_sessions_activity_stays_readable_only_among_the_newest_closed() -> None:
+    log = ActivityLog(clock=lambda: 100.0)
+    ids = [f"s{n}" for n in range(CLOSED_KEPT + 1)]
+    for sid in ids:
+        with log.call(sid, {"messages": CONVERSATION}, {}):
+            pass
+        log.closed(sid)
+    log.closed(ids[-1])  # a second release keeps it where it is
+    assert log.snapshot(ids[0]).calls_ended == 0  # forgotten: the oldest closed
+    assert [log.snapshot(sid).calls_ended for sid in ids[1:]] == [1] * CLOSED_KEPT
+    assert len(log._sessions) + len(log._closed) == CLOSED_KEPT
 
 
 def test_message_view_keeps_the_tail_of_a_long_observation() -> None:

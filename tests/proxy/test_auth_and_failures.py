@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import time
 
+import anthropic
 import httpx
 import openai
 import pytest
+
+from tapdeck.proxy import aux
 
 CHAT = {"model": "x", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
 
@@ -56,6 +59,19 @@ def test_models_lists_only_the_sessions_model(upstream, make_server, admin_for):
         body = httpx.get(f"{server.url}/v1/models", headers=headers, params=params).json()
         assert [m["id"] for m in body["data"]] == ["smollm2"]
     assert httpx.get(f"{server.url}/v1/models").status_code == 401
+
+
+def test_a_model_listing_with_a_bad_key_answers_in_the_sdks_own_error_shape(upstream, make_server):
+    server = make_server(upstream.base_url)
+    client = anthropic.Anthropic(base_url=server.url, api_key="tdk-" + "A" * 43, max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError) as err:
+        client.models.list()
+    assert err.value.body["type"] == "error"  # Anthropic's envelope
+    assert err.value.body["error"]["type"] == "authentication_error"
+    google = httpx.get(f"{server.url}/v1/models", headers={"x-goog-api-key": "nope"}).json()
+    assert google["error"]["status"] == "UNAUTHENTICATED"
+    plain = httpx.get(f"{server.url}/v1/models", headers={"Authorization": "Bearer nope"}).json()
+    assert plain["error"]["type"] == "authentication_error" and "status" not in plain["error"]
 
 
 def test_training_on_a_text_tier_engine_is_refused_at_session_creation(upstream, make_server, admin_for):
@@ -117,6 +133,22 @@ def test_an_engine_found_down_is_probed_again_by_the_next_session(upstream, make
     upstream.mode = "vllm"
     upstream.serve_again()
     assert _open(admin)["tier"] == "tokens"
+
+
+def test_an_engine_found_down_has_its_tokenize_asked_again(upstream, make_server, admin_for):
+    # This engine has no /tokenize, so counts are estimated; restarted, it may serve one.
+    server = make_server(upstream.base_url)
+    info = _open(admin_for(server))
+    count = httpx.post(f"{server.url}/v1/messages/count_tokens", headers={"x-api-key": info["api_key"]},
+                       json={"model": "x", "messages": [{"role": "user", "content": "Hi"}]})
+    assert count.status_code == 200, count.text
+    tokenize = aux.tokenize_url(upstream.base_url)
+    assert tokenize in aux._no_tokenize
+    upstream.server.stop()
+    resp = httpx.post(f"{server.url}/v1/chat/completions", json=CHAT,
+                      headers={"Authorization": f"Bearer {info['api_key']}"})
+    assert resp.status_code == 502
+    assert tokenize not in aux._no_tokenize
 
 
 def test_html_body_is_a_classified_bad_reply(upstream, make_server, admin_for):

@@ -3,15 +3,18 @@ and a restarted server that still lists and exports what the previous one captur
 
 from __future__ import annotations
 
+import contextlib
 import socket
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
+from fastapi import FastAPI
 
 from tapdeck.app.host import LocalServer
 from tapdeck.proxy.config import ConfigError, ServerConfig, read_admin_key
-from tapdeck.proxy.serving import PortInUseError, bind_socket
+from tapdeck.proxy.serving import PortInUseError, ThreadedServer, bind_socket
 
 CHAT = {"model": "x", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
 
@@ -32,6 +35,20 @@ def test_failed_later_start_step_frees_the_port(upstream, tmp_path: Path, port_f
     (tmp_path / "capture.db").mkdir()  # the store cannot open a directory: a late start failure
     with pytest.raises(Exception):
         LocalServer(ServerConfig(port=port, data_dir=tmp_path, engine_url=upstream.base_url)).start()
+    bind_socket("127.0.0.1", port).close()
+
+
+# uvicorn ends a failed start-up with sys.exit, here in the serving thread (which threading ignores).
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_lifespan_failure_at_start_up_frees_the_port(port_factory):
+    @contextlib.asynccontextmanager
+    async def failing(_app: FastAPI) -> AsyncIterator[None]:
+        raise RuntimeError("start-up step failed")
+        yield
+
+    port = port_factory()
+    with pytest.raises(RuntimeError, match="exited during start-up"):
+        ThreadedServer(FastAPI(lifespan=failing), "127.0.0.1", port, name="failing").start()
     bind_socket("127.0.0.1", port).close()
 
 

@@ -1,5 +1,5 @@
 """Nothing a reader holds can stall a commit: store writes have their own executor, and the
-event loop never takes the lock an export holds.
+event loop never takes the lock an export holds, nor reads a graph from the store.
 
 The export is held deliberately (a wrapper that waits on an event while it holds its session's
 graph lock) in as many admin requests, of as many sessions, as the default thread pool has threads, so every worker
@@ -9,15 +9,19 @@ and captured before the exports are let go. No clock is read: the order of event
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 import tapdeck.proxy.service as service_module
-from tests.proxy.conftest import Upstream
+from tapdeck.proxy.config import ServerConfig
+from tapdeck.proxy.store import Store
+from tests.proxy.conftest import Upstream, running
 
 DEFAULT_POOL = min(32, (os.cpu_count() or 1) + 4)
 """asyncio's default executor size (what `asyncio.to_thread` runs on)."""
@@ -75,3 +79,38 @@ def test_commits_complete_while_slow_exports_hold_every_reader_thread(
         for reader in readers:
             reader.join(60)
     assert events == ["commit"] * 3 + ["export"] * DEFAULT_POOL
+
+
+def _on_a_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def test_a_restarted_sessions_activity_is_read_without_loading_its_graph_on_the_loop(
+        upstream: Upstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = ServerConfig(host="127.0.0.1", port=0, data_dir=tmp_path / "data",
+                          engine_url=upstream.base_url)
+    with running(config) as (server, admin):
+        info = admin.post("/admin/sessions", json={}).json()
+        assert httpx.post(f"{server.url}/v1/chat/completions", timeout=60,
+                          json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+                          headers={"Authorization": f"Bearer {info['api_key']}"}).status_code == 200
+    loads: list[bool] = []  # per graph load: whether it ran on the loop's thread
+    real_load = Store.load_graph
+
+    def watched_load(self: Store, session_id: str) -> Any:
+        loads.append(_on_a_loop())
+        return real_load(self, session_id)
+
+    monkeypatch.setattr(Store, "load_graph", watched_load)
+    # Restarted: the session left open is `interrupted`, with no stored stats.
+    with running(config) as (_restarted, admin):
+        assert admin.get(f"/admin/sessions/{info['id']}/activity").status_code == 200
+        assert admin.get("/admin/sessions/s-0000000000000000/activity").status_code == 404
+        assert loads == []
+        # Its summary does need the graph: loaded on a reader thread.
+        assert admin.get(f"/admin/sessions/{info['id']}").json()["state"] == "interrupted"
+        assert loads and not any(loads)

@@ -1,5 +1,6 @@
 """Bounded memory: a closed session releases its live state (graph, interned messages, stored
-Responses, tool-argument memo, the store's per-session delta base), listing a restarted server's
+Responses, tool-argument memo, the store's per-session delta base and stored message keys; its
+activity entry is kept only while among the newest closed), listing a restarted server's
 sessions keeps no graph, stored Responses are bounded per session, and an engine that repeats its
 reply ids cannot send a Responses chain round in a loop. Counted in live objects, not RSS (the
 RSS soak is bench/load.py --soak)."""
@@ -13,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tapdeck.proxy import activity
 from tapdeck.proxy.config import ServerConfig
 from tapdeck.proxy.dialects.base import DialectError
 from tapdeck.proxy.dialects.stored_responses import StoredResponses
@@ -20,6 +22,7 @@ from tapdeck.proxy.graph import RolloutGraph
 from tests.proxy.conftest import Upstream, running
 
 SESSIONS = 12
+CLOSED_KEPT = 4
 
 
 def _live_graphs() -> int:
@@ -35,23 +38,33 @@ def _responses(url: str, key: str, text: str, previous: str | None = None) -> ht
                       headers={"Authorization": f"Bearer {key}"})
 
 
-def test_closed_sessions_release_their_live_state(upstream: Upstream, tmp_path: Path) -> None:
+def test_closed_sessions_release_their_live_state(upstream: Upstream, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(activity, "CLOSED_KEPT", CLOSED_KEPT)
     config = ServerConfig(host="127.0.0.1", port=0, data_dir=tmp_path / "data",
                           engine_url=upstream.base_url)
     with running(config) as (server, admin):
+        service = server.service
         before = _live_graphs()
+        memos = {}
         for _ in range(SESSIONS):
             info = admin.post("/admin/sessions", json={}).json()
             first = _responses(server.url, info["api_key"], "hello").json()
             assert _responses(server.url, info["api_key"], "again", first["id"]).status_code == 200
+            memos[info["id"]] = service._sessions[info["id"]].arguments
             admin.delete(f"/admin/sessions/{info['id']}")
-        service = server.service
         sessions = list(service._sessions.values())
         assert [s.state for s in sessions] == ["closed"] * SESSIONS
         assert all(s.graph is None and len(s.stored_responses) == 0 and not s.interner._previous
+                   and s.arguments is not memos[s.id] and not s.arguments._items
                    for s in sessions)
-        assert service.store._previous == {}
+        assert service.store._previous == {} and service.store._stored_keys == {}
         assert _live_graphs() == before
+        # The newest closed sessions' last exchange stays readable (the TUI's pane), no more.
+        assert service.activity._sessions == {}
+        assert list(service.activity._closed) == [s.id for s in sessions][-CLOSED_KEPT:]
+        ends = [admin.get(f"/admin/sessions/{s.id}/activity").json()["calls_ended"] for s in sessions]
+        assert ends == [0] * (SESSIONS - CLOSED_KEPT) + [2] * CLOSED_KEPT
         # Still listed with their numbers, and exportable (rebuilt for the export, not kept).
         listed = admin.get("/admin/sessions").json()["sessions"]
         assert [s["turns"] for s in listed] == [2] * SESSIONS

@@ -406,3 +406,21 @@ def test_failed_append_leaves_no_message_behind_and_a_later_turn_stores_it(tmp_p
     store.append_turn(turns[2], RolloutGraph().add(turns[2]))
     _, loaded = store.load_session("s1")
     assert [t.request for t in loaded] == [turns[0].request, turns[2].request]
+
+
+def test_a_forgotten_session_drops_its_stored_message_keys_and_shared_messages_still_load(tmp_path):
+    store = Store(tmp_path / "capture.db")
+    turns = {sid: [dataclasses.replace(t, session_id=sid) for t in _conversation_turns(3)]
+             for sid in ("s1", "s2")}
+    for sid in turns:
+        store.create_session({"id": sid})
+        capture(store, sid, turns[sid][:2])
+    assert set(store._stored_keys) == {"s1", "s2"}
+    store.forget("s1")
+    assert set(store._stored_keys) == {"s2"}
+    capture(store, "s2", turns["s2"][2:])  # messages s1 stored too: written once all the same
+    db = sqlite3.connect(tmp_path / "capture.db")
+    assert db.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 2 + 2 * 2 + 1
+    for sid in turns:
+        _, loaded = store.load_session(sid)
+        assert [t.request for t in loaded] == [t.request for t in turns[sid][:len(loaded)]]
