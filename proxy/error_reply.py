@@ -16,8 +16,6 @@ anthropic SDKs decide on it before the status).
 
 from __future__ import annotations
 
-from typing import Any
-
 from starlette.responses import JSONResponse, Response
 
 from tapdeck.proxy.aux import aux_dialect, match_aux
@@ -52,21 +50,16 @@ def render_stream_error(dialect: Dialect, exc: ProxyError) -> list[SSEEvent]:
     return list(dialect.stream_error(exc.status, exc.message, exc.kind))
 
 
-def admin_error_body(exc: ProxyError) -> dict[str, Any]:
-    """`exc` in the admin API's shape."""
-    return {"detail": exc.message, "kind": exc.kind, "retryable": exc.retryable}
-
-
 def error_response(path: str, exc: ProxyError) -> Response:
     """`exc` as the HTTP response a request for `path` gets: the admin shape under `/admin`, else
     the error body of the dialect the path speaks."""
     if path.startswith(ADMIN_PREFIX):
-        body = admin_error_body(exc)
+        body = exc.admin_body()
     else:
         reply = render_error(dialect_for_path(path), exc)
         body = reply.body
     return JSONResponse(body, status_code=exc.status, headers=retry_header(exc))
 
 
-__all__ = ["admin_error_body", "dialect_for_path", "error_response", "render_error",
+__all__ = ["dialect_for_path", "error_response", "render_error",
            "render_stream_error", "retry_header"]

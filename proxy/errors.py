@@ -6,6 +6,8 @@ renders any of them in the caller's dialect (or the admin API's shape), in one p
 
 from __future__ import annotations
 
+from typing import Any
+
 RETRYABLE_STATUS = frozenset({408, 429, 499, 500, 502, 503, 504})
 """Statuses where the same request may succeed later (the engine or store comes back, the
 client reconnects); the rest are refusals of the request itself."""
@@ -38,6 +40,10 @@ class ProxyError(Exception):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.status}, {self.kind!r}, {self.message!r})"
+
+    def admin_body(self) -> dict[str, Any]:
+        """This error in the admin API's shape: `{"detail", "kind", "retryable"}`."""
+        return {"detail": self.message, "kind": self.kind, "retryable": self.retryable}
 
 
 class DialectError(ProxyError):

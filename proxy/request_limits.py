@@ -133,11 +133,12 @@ class GuardedBodies:
             return
         if scope["path"].startswith("/admin"):
             if not self.admin_ok(scope):
-                await _send_json(send, 401, ADMIN_KEY_REQUIRED, {b"www-authenticate": b"Bearer"})
+                await _send_json(send, ProxyError(401, ADMIN_KEY_REQUIRED),
+                                 {b"www-authenticate": b"Bearer"})
                 return
             declared = declared_length(scope)
             if declared is not None and declared > self.limit:
-                await _send_json(send, 413, BodyTooLarge(self.limit, declared).message)
+                await _send_json(send, BodyTooLarge(self.limit, declared))
                 return
         received = 0
 
@@ -157,11 +158,11 @@ ADMIN_KEY_REQUIRED = ("admin key required: send `Authorization: Bearer <admin ke
                       "(printed by `tapdeck serve`, stored in <data_dir>/admin.key)")
 
 
-async def _send_json(send: Send, status: int, detail: str,
+async def _send_json(send: Send, error: ProxyError,
                      headers: dict[bytes, bytes] | None = None) -> None:
-    """A JSON `{"detail": ...}` answer sent without reading the request (the connection closes)."""
-    body = orjson.dumps({"detail": detail})
-    await send({"type": "http.response.start", "status": status,
+    """`error` in the admin shape, sent without reading the request (the connection closes)."""
+    body = orjson.dumps(error.admin_body())
+    await send({"type": "http.response.start", "status": error.status,
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(body)).encode()), (b"connection", b"close"),
                             *(headers or {}).items()]})

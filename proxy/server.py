@@ -20,6 +20,7 @@ from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tapdeck.proxy.config import DEFAULT_MAX_BODY_BYTES
 from tapdeck.proxy.error_reply import error_response
@@ -181,11 +182,21 @@ def create_app(service: CaptureService, *, admin_key: str,
     async def _invalid_request(_request: Request, exc: RequestValidationError) -> Response:
         # FastAPI's own handler echoes each error's input, and fails on a body that is not UTF-8.
         return _JSON({"detail": [{"type": e.get("type"), "loc": [str(p) for p in e.get("loc", ())],
-                                  "msg": e.get("msg")} for e in exc.errors()]}, status_code=422)
+                                  "msg": e.get("msg")} for e in exc.errors()],
+                      "kind": "invalid_request_error", "retryable": False}, status_code=422)
 
     @app.exception_handler(ProxyError)
     async def _proxy_error(request: Request, exc: ProxyError) -> Response:
         return error_response(request.url.path, exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        # Routes' own refusals (a missing run, the admin key) in the same shape as every other
+        # error: `kind` and `retryable` beside FastAPI's `detail`.
+        error = exc if isinstance(exc, ProxyError) else ProxyError(exc.status_code, str(exc.detail))
+        response = error_response(request.url.path, error)
+        response.headers.update(exc.headers or {})
+        return response
 
     @app.get("/health", response_model=Health)
     async def health() -> Response:

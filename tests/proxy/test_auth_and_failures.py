@@ -41,6 +41,27 @@ def test_admin_routes_need_the_admin_key(upstream, make_server, auth):
         assert resp.status_code == 401, (method, path)
 
 
+def test_every_admin_refusal_has_detail_kind_and_retryable(upstream, make_server, admin_for):
+    server = make_server(upstream.base_url)
+    admin = admin_for(server)
+    unauthorised = httpx.get(f"{server.url}/admin/runs")
+    assert unauthorised.headers["www-authenticate"] == "Bearer"
+    refusals = [
+        (unauthorised, 401, "authentication_error", "admin key required"),
+        (admin.get("/admin/runs/nope"), 404, "not_found_error", "no run nope"),
+        (admin.get("/admin/train/nope"), 404, "not_found_error", "no training run nope"),
+        (admin.post("/admin/runs", json={"tasks": ["no-such-task"]}), 400, "invalid_request_error",
+         "no-such-task"),
+        (admin.post("/admin/sessions", content=b"notjson",
+                    headers={"content-type": "application/json"}), 422, "invalid_request_error", ""),
+    ]
+    for resp, status, kind, words in refusals:
+        body = resp.json()
+        assert resp.status_code == status, body
+        assert (body["kind"], body["retryable"]) == (kind, False), body
+        assert words in str(body["detail"]), body
+
+
 def test_unknown_session_key_is_401_in_openai_shape(upstream, make_server):
     server = make_server(upstream.base_url)
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="tdk-" + "A" * 43, max_retries=0)
