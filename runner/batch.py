@@ -6,8 +6,10 @@ A run lives in `<data_dir>/runs/<run_id>/`:
 - `results.jsonl` — one `RolloutResult` per finished rollout, appended and fsynced as each ends;
 - `trials/`       — Harbor's trial directories.
 A run whose process died shows as `interrupted`; `resume` runs exactly the rollouts that have no
-finished line in `results.jsonl` (a cancelled rollout is not finished). Progress is published on the
-capture service's event bus (`run_started`, `rollout_updated`, `run_finished`).
+finished line in `results.jsonl` (a cancelled rollout is not finished), and refuses a run with a
+line holding a result this version cannot read (another version's schema) rather than run that
+rollout again. Progress is published on the capture service's event bus (`run_started`,
+`rollout_updated`, `run_finished`).
 """
 
 from __future__ import annotations
@@ -15,14 +17,18 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import logging
 import os
 import secrets
 import shutil
+import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Literal
+
+from pydantic import ValidationError
 
 from tapdeck.proxy.tiers import EngineSpec
 from tapdeck.runner.engines import EngineChoiceError, resolve_engine
@@ -43,6 +49,8 @@ from tapdeck.schema.runs import (
 RESULTS = "results.jsonl"
 PLAN = "plan.json"
 STATE = "run.json"
+
+log = logging.getLogger("tapdeck.runner")
 
 
 class PlanError(ValueError):
@@ -72,6 +80,8 @@ class _Run:
         self.rollout_tasks: dict[str, asyncio.Task[None]] = {}
         self.cancel_requested: set[str] = set()
         """Rollouts cancelled one by one (the rest of the run goes on)."""
+        self.unreadable: list[str] = []
+        """Lines of results.jsonl that hold a result this version cannot read (`file:line: why`)."""
 
     def rollout_ids(self) -> list[tuple[int, int, str]]:
         return [(g, i, rollout_id(self.id, g, i))
@@ -135,6 +145,8 @@ class BatchRunner:
         self._rollout_fn = rollout_fn
         self._loop = loop
         self._runs: dict[str, _Run] = {}
+        self._runs_lock = threading.Lock()
+        """Guards `_runs`: `list` loads runs on a worker thread while requests load them on others."""
 
     # ----------------------------------------------------------------- plan → run directory
 
@@ -153,7 +165,8 @@ class BatchRunner:
         _write_json(path / PLAN, {"id": run_id, "created_at": created,
                                   "plan": plan.model_dump(mode="json"), "tasks": tasks})
         run = _Run(run_id, path, plan, tasks, created)
-        self._runs[run_id] = run
+        with self._runs_lock:
+            self._runs[run_id] = run
         self._write_state(run, "running")
         return summarize(run)
 
@@ -197,6 +210,14 @@ class BatchRunner:
         run = self._load(run_id)
         if run.task is not None and not run.task.done():
             raise PlanError(f"run {run_id} is already running")
+        if run.unreadable:  # read again: those lines may have been deleted since
+            run.results, run.unreadable = read_results(run.path / RESULTS)
+        if run.unreadable:
+            # Their rollouts finished: running them again would redo work and bury their results.
+            raise PlanError(f"run {run_id} cannot resume: {len(run.unreadable)} line(s) of its "
+                            f"{RESULTS} hold results this tapdeck cannot read ({run.unreadable[0]}); "
+                            "read them with the tapdeck that wrote them, or delete those lines to "
+                            "run their rollouts again")
         here = asyncio.get_running_loop()
         if self._loop is None:
             run.task = here.create_task(self.run(run_id), name=f"tapdeck-{run_id}")
@@ -315,15 +336,10 @@ class BatchRunner:
         return summarize(run)
 
     def _record(self, run: _Run, result: RolloutResult) -> None:
-        line = result.model_dump_json() + "\n"
         path = run.path / RESULTS
-        if path.is_file() and path.stat().st_size:
-            with open(path, "rb") as fh:
-                fh.seek(-1, os.SEEK_END)
-                if fh.read(1) != b"\n":
-                    line = "\n" + line  # a crash tore the last line: start on a fresh one
+        _end_last_line(path)
         with open(path, "a", encoding="utf-8") as fh:
-            fh.write(line)
+            fh.write(result.model_dump_json() + "\n")
             fh.flush()
             os.fsync(fh.fileno())
         run.results[result.rollout_id] = result
@@ -346,8 +362,9 @@ class BatchRunner:
                         self._load(path.name)
                     except (OSError, ValueError):
                         continue
-        return sorted((summarize(r) for r in self._runs.values()), key=lambda s: s.created_at,
-                      reverse=True)
+        with self._runs_lock:
+            runs = list(self._runs.values())
+        return sorted((summarize(r) for r in runs), key=lambda s: s.created_at, reverse=True)
 
     def get(self, run_id: str) -> tuple[RunSummary, list[RolloutResult]]:
         """A run's summary and every rollout (finished, live, or still queued)."""
@@ -368,15 +385,16 @@ class BatchRunner:
             raise RunNotFound(run_id)
         doc = json.loads((path / PLAN).read_text())
         run = _Run(run_id, path, RunPlan.model_validate(doc["plan"]), doc["tasks"], doc["created_at"])
-        run.results = load_results(path / RESULTS)
+        run.results, run.unreadable = read_results(path / RESULTS)
         state_doc = _read_json(path / STATE) or {}
         state = state_doc.get("state", "running")
         # Not running in this process but recorded as running: its process died.
         run.state = "interrupted" if state == "running" else state
         run.finished_at = state_doc.get("finished_at")
         run.error = state_doc.get("error")
-        self._runs[run_id] = run
-        return run
+        # Read outside the lock; a run another thread loaded (or started) meanwhile is the one kept.
+        with self._runs_lock:
+            return self._runs.setdefault(run_id, run)
 
     def _write_state(self, run: _Run, state: RunState) -> None:
         run.state = state
@@ -410,19 +428,66 @@ class BatchRunner:
 
 
 def load_results(path: Path) -> dict[str, RolloutResult]:
-    """Finished rollouts by id (last line wins); a torn last line from a crash is ignored."""
+    """Finished rollouts by id (last line wins), as `read_results` reads them."""
+    return read_results(path)[0]
+
+
+def read_results(path: Path) -> tuple[dict[str, RolloutResult], list[str]]:
+    """Finished rollouts by id (last line wins), and the lines that hold a result this version
+    cannot read, as `file:line: why`.
+
+    A torn last line (a crash mid-append) is ignored. Every other bad line is logged as a warning
+    naming it and skipped: a line that is not JSON held no result that can be recovered (its
+    rollout runs again on resume); a JSON line that is not a `RolloutResult` (another version's
+    schema) is also returned, so that a resume does not run its finished rollout again."""
     out: dict[str, RolloutResult] = {}
+    unreadable: list[str] = []
     if not path.is_file():
-        return out
-    for line in path.read_text(encoding="utf-8").splitlines():
+        return out, unreadable
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    last = max((n for n, line in enumerate(lines, 1) if line.strip()), default=0)
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             result = RolloutResult.model_validate_json(line)
-        except ValueError:
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            if first["type"] == "json_invalid":
+                if n != last:
+                    log.warning("%s:%d: not JSON, skipped (%s)", path, n, first["msg"])
+                continue
+            field = ".".join(str(p) for p in first["loc"]) or "line"
+            why = f"{path}:{n}: not a rollout result ({field}: {first['msg']})"
+            log.warning("%s, skipped", why)
+            unreadable.append(why)
             continue
         out[result.rollout_id] = result
-    return out
+    return out, unreadable
+
+
+def _end_last_line(path: Path) -> None:
+    """Before a result is appended: a last line a crash left without its newline is cut when it is
+    torn (it was never a result) and ended when it is whole, so that only a file's last line can
+    ever be torn."""
+    try:
+        with open(path, "r+b") as fh:
+            if fh.seek(0, os.SEEK_END) == 0:
+                return
+            fh.seek(-1, os.SEEK_END)
+            if fh.read(1) == b"\n":
+                return
+            fh.seek(0)
+            data = fh.read()
+            start = data.rfind(b"\n") + 1
+            try:
+                json.loads(data[start:])
+            except ValueError:
+                fh.truncate(start)
+            else:
+                fh.write(b"\n")
+    except FileNotFoundError:
+        return
 
 
 def resolve_tasks(plan: RunPlan) -> list[dict[str, str]]:

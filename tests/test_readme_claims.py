@@ -39,6 +39,8 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/runner/test_terminus2.py::test_terminus2_rollout_is_graded_captured_on_every_turn_and_reconciled
 - `--engine` takes `HOST:PORT`, `http://HOST:PORT` and `…/v1`
   → tests/proxy/test_engine_address.py::test_every_address_form_settles_on_the_recorded_engines_v1_base_url
+- a `TAPDECK_PYTHON` that is not 3.12 or newer is refused
+  → tests/test_setup_script.py::test_a_tapdeck_python_that_is_not_a_312_is_refused_not_ignored
 - unpinned: finding a Python (PATH, pyenv, `TAPDECK_PYTHON`) and saying what to install when none is found
 
 § Layout
@@ -76,6 +78,15 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/runner/test_rollout_follow.py::test_rollout_follow_gives_up_when_the_server_goes_away
   → tests/runner/test_rollout_follow.py::test_resume_of_a_run_still_going_follows_it
   → tests/runner/test_rollout_command.py::test_rollout_keeps_server_logs_off_stderr_and_summary_lines_whole_in_a_file
+  → tests/runner/test_rollout_command.py::test_rollout_log_records_every_answered_call
+- the table's error column is followed by a line per distinct error, after its tasks
+  → tests/runner/test_rollout_table_says_why.py::test_the_table_is_followed_by_each_failed_rollouts_reason_naming_its_task
+  → tests/runner/test_rollout_table_says_why.py::test_one_error_of_several_tasks_is_said_once_naming_them
+- a run with a result line this version cannot read is not resumed; other bad lines are warned
+  about; a torn last line is ignored
+  → tests/runner/test_results_file_bad_lines.py::test_a_run_with_a_result_this_version_cannot_read_is_not_resumed_until_it_is_removed
+  → tests/runner/test_results_file_bad_lines.py::test_every_other_bad_line_is_named_in_a_warning_and_the_good_ones_load
+  → tests/runner/test_results_file_bad_lines.py::test_a_torn_last_line_is_ignored_without_a_warning
 - `serve` refuses a port in use and a bind beyond loopback without `--admin-key`
   → tests/proxy/test_host.py::test_serve_cli_refuses_public_bind_and_names_a_held_port
 - data lives in `--data-dir`, else `$TAPDECK_DATA_DIR`; `admin.key` is 0600
@@ -119,6 +130,9 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/proxy/test_config_and_keys.py::test_key_is_read_from_every_provider_location
   → tests/proxy/test_auth_and_failures.py::test_unknown_session_key_is_401_in_openai_shape
   → tests/proxy/test_routing_and_export.py::test_unknown_key_on_google_route_is_401_in_google_shape
+  → tests/proxy/test_auth_and_failures.py::test_a_model_listing_with_a_bad_key_answers_in_the_sdks_own_error_shape
+- admin errors are `{detail, kind, retryable}`
+  → tests/proxy/test_auth_and_failures.py::test_every_admin_refusal_has_detail_kind_and_retryable
 - paths are matched case-insensitively
   → tests/proxy_engine/test_chat_dialect.py::test_registry_detects_every_dialect_case_insensitively
 - the event stream carries session, turn and run events
@@ -139,6 +153,8 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/proxy_engine/test_tiers.py::test_probe_neither_is_text_tier
   → tests/proxy_engine/test_tiers.py::test_probe_raw_logprobs_demotes_with_fatal
   → tests/proxy_engine/test_tiers.py::test_concurrent_first_probes_share_one
+- a call that finds the engine down drops its cached probe
+  → tests/proxy/test_auth_and_failures.py::test_an_engine_found_down_is_probed_again_by_the_next_session
 - every turn is committed before the reply; `kill -9` loses no replied turn; a restarted server
   lists and exports old sessions
   → tests/proxy/test_crash_recovery.py::test_kill_9_mid_rollout_loses_no_replied_turn
@@ -384,6 +400,8 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
 - `grpo-trl` can start only where the server sees 2 GPUs
   → tests/training/test_train_cli.py::test_a_recipe_that_needs_gpus_cannot_start_on_a_server_without_them
   → tests/training/test_train_cli.py::test_gpu_count_decides_a_gpu_recipe_is_unavailable_and_says_why
+- `tapdeck train` refuses data-check given neither `--run` nor `--rows` before any job starts
+  → tests/training/test_train_cli.py::test_train_without_the_rows_its_recipe_reads_is_refused_before_a_job_starts
 - data-check and cpu-grpo do what they say
   → tests/training/test_data_check.py::test_data_check_logs_grpo_advantages_readable_by_the_reader
   → tests/training/test_data_check.py::test_data_check_leaves_out_rollouts_that_did_not_end_ok

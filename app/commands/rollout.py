@@ -39,7 +39,7 @@ from tapdeck.runner.rollout_settings import (
     OUTPUT_SHARE,
     PROMPT_SHARE,
 )
-from tapdeck.schema.runs import RolloutTemplate, RunDetail, RunPlan, RunSummary
+from tapdeck.schema.runs import RolloutResult, RolloutTemplate, RunDetail, RunPlan, RunSummary
 
 if TYPE_CHECKING:
     from tapdeck.runner.engine.registry import SharedEngine
@@ -55,6 +55,10 @@ NOT_PLAN_OPTIONS = frozenset({"data_dir", "server", "admin_key", "resume"})
 LOCAL_ENGINE_OPTIONS = frozenset({"engine", "engine_model"})
 """Without --server these pick the local server's engine, which a resumed run uses again."""
 SETTINGS_PANEL = "Rollout settings (unset: the default shown; bad values refused, field named)"
+ERROR_LINE_CHARS = 160
+"""A failure's line under the table is cut here: two rows of an 80-column terminal at most."""
+ERROR_TASKS_NAMED = 3
+"""Tasks a failure's line names before it counts the rest."""
 EXIT_OK, EXIT_COULD_NOT_RUN, EXIT_USAGE, EXIT_ROLLOUT_FAILED = 0, 1, 2, 3
 """2 is also what the command line parser exits with for an unknown option or a bad value."""
 EXIT_CODES_HELP = (
@@ -274,12 +278,17 @@ def _server_logs_to(path: Path) -> Iterator[None]:
                for lg in (verbose_logger, verbose_proxy_logger, verbose_router_logger)]
     root = logging.getLogger()
     root.addHandler(handler)
+    # The access log's answered calls are INFO lines, under the root logger's WARNING otherwise.
+    tapdeck = logging.getLogger("tapdeck")
+    tapdeck_level = tapdeck.level
+    tapdeck.setLevel(logging.INFO)
     for lg, _, _ in litellm:
         lg.handlers, lg.propagate = [handler], False
     try:
         yield
     finally:
         root.removeHandler(handler)
+        tapdeck.setLevel(tapdeck_level)
         for lg, handlers, propagate in litellm:
             lg.handlers, lg.propagate = handlers, propagate
         handler.close()
@@ -345,7 +354,8 @@ def _drive(base: str, key: str | None, plan: RunPlan, resume: str | None, *,
         message = (f"no run {resume} on the server at {base}" if resume and exc.kind == "not_found"
                    else exc.for_command(key_dir, key_found=key is not None))
         typer.echo(f"tapdeck rollout: {message}", err=True)
-        return EXIT_USAGE if exc.kind == "rejected" else EXIT_COULD_NOT_RUN
+        # A refused plan is bad usage; a refused resume is a run that cannot be run again.
+        return EXIT_USAGE if exc.kind == "rejected" and resume is None else EXIT_COULD_NOT_RUN
     run_id = summary.id
     typer.echo(f"run {run_id}", err=True)
     groups = summary.counts.total // max(summary.plan.k, 1)
@@ -405,10 +415,13 @@ async def _submit(base: str, key: str | None, plan: RunPlan, resume: str | None)
         try:
             return await client.resume_run(resume)
         except ApiError as exc:
-            if exc.status != 409:  # the one refusal of a resume: the run is running already
+            if exc.status != 409:
+                raise
+            run = await client.run(resume)
+            if run.state != "running":  # refused for its results, which that server cannot read
                 raise
             typer.echo(f"run {resume} is running already: following it", err=True)
-            return (await client.run(resume))
+            return run
     finally:
         await client.aclose()
 
@@ -480,7 +493,8 @@ def _status_line(doc: RunDetail) -> str:
 
 def _print_table(doc: RunDetail, tiny_engine: bool = False) -> None:
     """One row per rollout (task, group, reward, ok, model calls, atif, error) in at most 80
-    columns, then the run's summary lines: wrapped on a terminal, one line each in a file."""
+    columns, then why the failed ones failed and the run's summary lines: wrapped on a terminal,
+    one line each in a file."""
     from rich.console import Console
     from rich.table import Table
 
@@ -502,6 +516,8 @@ def _print_table(doc: RunDetail, tiny_engine: bool = False) -> None:
     def say(line: str) -> None:
         console.print(line, markup=False, highlight=False, soft_wrap=not console.is_terminal)
 
+    for line in _failure_lines(doc.rollouts):
+        say(line)
     c = doc.counts
     mean = "-" if doc.mean_reward is None else f"{doc.mean_reward:.3f}"
     rate = "-" if doc.pass_rate is None else f"{doc.pass_rate:.0%}"
@@ -520,6 +536,28 @@ def _print_table(doc: RunDetail, tiny_engine: bool = False) -> None:
     if tiny_engine and doc.plan.rollout.harness not in ("oracle", "nop"):
         say("note: the embedded model (SmolLM2-135M) exercises capture but never solves tasks "
             "(reward 0); use --engine URL for a real model")
+
+
+def _failure_lines(rollouts: list[RolloutResult]) -> list[str]:
+    """Why the rollouts that are not ok failed: one line per distinct error, after the task(s) it
+    ended (the table's error column has room for the kind only). An error's first line is kept, and
+    a line is cut at ERROR_LINE_CHARS; results.jsonl has the whole text."""
+    tasks_by_error: dict[str, list[str]] = {}
+    for r in rollouts:
+        error = (r.error or "").strip()
+        if r.ok or not error:
+            continue
+        tasks = tasks_by_error.setdefault(error.splitlines()[0], [])
+        if r.task not in tasks:
+            tasks.append(r.task)
+    lines = []
+    for error, tasks in tasks_by_error.items():
+        named = ", ".join(tasks[:ERROR_TASKS_NAMED])
+        if len(tasks) > ERROR_TASKS_NAMED:
+            named += f" and {len(tasks) - ERROR_TASKS_NAMED} more"
+        line = f"{named}: {error}"
+        lines.append(line if len(line) <= ERROR_LINE_CHARS else line[:ERROR_LINE_CHARS - 1] + "…")
+    return lines
 
 
 def _makes_model_calls(harness: str) -> bool:

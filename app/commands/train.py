@@ -5,8 +5,9 @@ Everything goes through the server API (`/admin/train`), so the recipe runs on t
 with `--server URL` that is a remote server (a GPU box through `ssh -L`), without it a server
 started in this process on a free loopback port. `--list` says which recipes exist and whether the
 server's machine can start each. With `--run RUN_ID`, `data-check` checks that rollout run's rows
-(the server exports them). Everything after the options is passed to the recipe unchanged. Ctrl-C
-stops the recipe (SIGTERM, then SIGKILL of its process group).
+(the server exports them); a recipe that reads rows and is given none (`--run`, or its own
+`--rows PATH`) is refused before any job starts (exit 2). Everything after the options is passed to
+the recipe unchanged. Ctrl-C stops the recipe (SIGTERM, then SIGKILL of its process group).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import typer
 
 from tapdeck.app.client import ApiError, TapdeckClient
+from tapdeck.runner.recipes import CPU_TRAINING, DEFAULT_RECIPE, RECIPES
 from tapdeck.schema.train import TrainLogEvent, TrainRunInfo, TrainStateEvent
 
 # Metrics printed at the end when the recipe logged them (TRL's names under trackio's `train/` prefix).
@@ -28,8 +30,6 @@ HEADLINE = ("train/reward", "train/reward_std", "train/loss", "train/kl", "train
 
 def describe_recipes(recipes: list[Any]) -> str:
     """The `--list` text, from the server's `GET /admin/train/recipes`."""
-    from tapdeck.runner.recipes import CPU_TRAINING
-
     lines = []
     for r in recipes:
         here = "can start there" if r.available else "cannot start there"
@@ -46,8 +46,8 @@ def register(app: typer.Typer) -> None:
     @app.command("train", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
     def train(
         ctx: typer.Context,
-        recipe: str = typer.Option("data-check", "--recipe", help="data-check, cpu-grpo or grpo-trl "
-                                   "(see --list)."),
+        recipe: str = typer.Option(DEFAULT_RECIPE, "--recipe",
+                                   help="data-check, cpu-grpo or grpo-trl (see --list)."),
         run: str | None = typer.Option(None, "--run", help="A tapdeck rollout run id to check/train on."),
         data_dir: Path | None = typer.Option(None, "--data-dir",
                                              help="Data directory (default $TAPDECK_DATA_DIR or ~/.tapdeck)."),
@@ -64,6 +64,11 @@ def register(app: typer.Typer) -> None:
         os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
         from tapdeck.proxy.config import ServerConfig, default_data_dir, read_admin_key
 
+        known = RECIPES.get(recipe)  # an unknown one is the server's to refuse, naming those it has
+        if not list_ and known is not None and (why := known.rows_missing(run, ctx.args)):
+            # Its job would only die of its argument parser's usage error.
+            typer.echo(f"tapdeck train: {why}", err=True)
+            raise typer.Exit(2)
         data = (data_dir or default_data_dir()).expanduser()
         local = None
         if server is None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +37,9 @@ class Recipe:
     """"server": the server's own interpreter; "train": the training environment (torch, TRL)."""
     takes_run: bool = False
     """It reads a rollout run's exported rows (`--rows`), exported by the server that launches it."""
+    rows_options: tuple[str, ...] = field(default=())
+    """Its own options that name the rows it reads instead (`--rows PATH`), given as recipe args.
+    A recipe that takes a run and has these must be given `--run` or one of them."""
     gpus: int = 0
     """CUDA GPUs it needs to train (counted by `visible_gpus`)."""
 
@@ -46,6 +50,17 @@ class Recipe:
         if self.env == "train":
             return []
         return [m for m in self.needs if importlib.util.find_spec(m) is None]
+
+    def rows_missing(self, run: str | None, args: Sequence[str]) -> str | None:
+        """Why a launch with `run` and these recipe args is certain to fail at its argument parser
+        (the rows it reads named nowhere), or None."""
+        if not self.takes_run or not self.rows_options or run:
+            return None
+        # Its own `--run` (after `--`) reads its data dir's export; `--help` ends before the check.
+        given = {"--run", "-h", "--help", *(option.split()[0] for option in self.rows_options)}
+        if any(arg.split("=", 1)[0] in given for arg in args):
+            return None
+        return f"{self.name} needs --run RUN (or {' or '.join(self.rows_options)})"
 
 
 RECIPES: dict[str, Recipe] = {
@@ -58,6 +73,7 @@ RECIPES: dict[str, Recipe] = {
         updates_weights=False,
         needs=("trackio",),
         takes_run=True,
+        rows_options=("--rows PATH",),
     ),
     "cpu-grpo": Recipe(
         name="cpu-grpo",

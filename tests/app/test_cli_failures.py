@@ -108,7 +108,7 @@ def test_info_refuses_an_engine_address_that_is_not_one(address: str, why: str,
 
 def test_train_against_a_server_that_does_not_answer_could_not_do_its_work(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{free_port()}"
-    for args in (["--list"], ["--recipe", "data-check"]):
+    for args in (["--list"], ["--recipe", "data-check", "--run", "run-1"]):
         result = tapdeck("train", "--server", url, *args, tmp=tmp_path)
         assert result.returncode == 1
         assert f"tapdeck server at {url} is not reachable" in one_line(result)

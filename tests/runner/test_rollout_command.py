@@ -59,3 +59,31 @@ def test_rollout_keeps_server_logs_off_stderr_and_summary_lines_whole_in_a_file(
     [ran_with] = [line for line in done.stdout.splitlines() if line.startswith("ran with: ")]
     assert ran_with.endswith("max turns 1 (plan)") and len(ran_with) > 80, done.stdout
     assert any(line.startswith("results: ") for line in done.stdout.splitlines())
+
+
+def test_rollout_log_records_every_answered_call(embedded_engine: Any, tmp_path: Path) -> None:
+    tapdeck = Path(sys.executable).parent / "tapdeck"
+    data = tmp_path / "data"
+    done = subprocess.run([str(tapdeck), "rollout", "--engine", embedded_engine.base_url,
+                           "--max-turns", "1", "--max-output-tokens", "128", "--timeout", "300",
+                           "--data-dir", str(data)],
+                          capture_output=True, text=True, timeout=600,
+                          env={"LITELLM_LOCAL_MODEL_COST_MAP": "True", "PATH": "/usr/bin:/bin",
+                               "HOME": str(Path.home()), "COLUMNS": "80"})
+    assert done.returncode in (0, 3), done.stderr  # the tiny model may or may not fail the task
+    assert "call 200" not in done.stderr, done.stderr
+    # An answered call is an INFO line of the access log: the log has it, not only the failures.
+    assert "tapdeck.access: call 200 " in (data / "rollout.log").read_text()
+
+
+def test_rollout_log_takes_info_lines_only_while_the_run_lasts(tmp_path: Path) -> None:
+    import logging
+
+    from tapdeck.app.commands.rollout import _server_logs_to
+
+    access = logging.getLogger("tapdeck.access")
+    level = logging.getLogger("tapdeck").level
+    with _server_logs_to(tmp_path / "rollout.log"):
+        access.info("call 200 openai /v1/chat/completions")
+    assert logging.getLogger("tapdeck").level == level
+    assert "tapdeck.access: call 200 openai" in (tmp_path / "rollout.log").read_text()

@@ -64,6 +64,7 @@ def test_a_failed_rollout_exits_3_and_the_table_says_why(tmp_path: Path) -> None
     assert result.exit_code == EXIT_ROLLOUT_FAILED, result.output
     assert f"engine {engine}/v1" in result.output
     assert "verifier_failed" in result.output and "0 ok, 1 failed" in result.output
+    assert "\nno-reward: RewardFileNotFoundError during verify: No reward file found" in result.output
 
 
 @pytest.fixture(scope="module")

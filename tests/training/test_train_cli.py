@@ -92,3 +92,30 @@ def test_a_recipe_that_dies_prints_why(train_server: Any, tmp_path: Path) -> Non
     out = train(train_server, "--rows", str(tmp_path / "missing.jsonl"))
     assert out.returncode == 1
     assert "failed (exit code 2)" in out.stdout and "why: data-check:" in out.stdout
+
+
+def test_train_without_the_rows_its_recipe_reads_is_refused_before_a_job_starts(
+        train_server: Any, tmp_path: Path) -> None:
+    jobs = Path(train_server.config.data_dir) / "train"
+    before = set(jobs.iterdir()) if jobs.is_dir() else set()
+    out = train(train_server, "--step-delay", "0")  # the default recipe, data-check, given no rows
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "tapdeck train: data-check needs --run RUN (or --rows PATH)" in out.stderr
+    assert (set(jobs.iterdir()) if jobs.is_dir() else set()) == before
+    # Without --server it is refused before a local server starts in the data dir.
+    local = subprocess.run([TAPDECK, "train", "--data-dir", str(tmp_path / "local")],
+                           capture_output=True, text=True, timeout=60, env=ENV)
+    assert local.returncode == 2 and "data-check needs --run RUN" in local.stderr, local.stderr
+    assert not (tmp_path / "local").exists()
+
+
+@pytest.mark.parametrize("args", [["--rows", "r.jsonl"], ["--rows=r.jsonl"], ["--run", "run-1"],
+                                  ["--help"]])
+def test_recipe_args_that_name_its_rows_stand_in_for_run(args: list[str]) -> None:
+    from tapdeck.runner.recipes import DEFAULT_RECIPE, RECIPES
+
+    check = RECIPES[DEFAULT_RECIPE]
+    assert check.rows_missing(None, args) is None
+    assert check.rows_missing("run-1", []) is None
+    assert check.rows_missing(None, ["--step-delay", "0"]) == "data-check needs --run RUN (or --rows PATH)"
+    assert RECIPES["cpu-grpo"].rows_missing(None, []) is None  # it reads no exported rows
