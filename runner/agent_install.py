@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -267,6 +268,16 @@ def _stream(argv: list[str], env: dict[str, str], cwd: Path, say: Callable[[str]
     process = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                errors="replace", start_new_session=True)
+    timed_out = threading.Event()
+
+    def stop() -> None:
+        timed_out.set()
+        _kill_group(process)
+
+    # A timer, not a check per line: a stalled download prints nothing for as long as it stalls.
+    watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), stop)
+    watchdog.daemon = True
+    watchdog.start()
     tail: list[str] = []
     assert process.stdout is not None
     try:
@@ -275,19 +286,26 @@ def _stream(argv: list[str], env: dict[str, str], cwd: Path, say: Callable[[str]
             if line:
                 tail = (tail + [line])[-40:]
                 say(line)
-            if time.monotonic() > deadline:
-                process.kill()
-                raise InstallError(f"installing {package.spec} took longer than allowed")
         code = process.wait()
     finally:
-        if process.poll() is None:
-            process.kill()
+        watchdog.cancel()
+        if process.poll() is None:  # the caller gave up (an error, a cancelled rollout)
+            _kill_group(process)
             process.wait()
+    if timed_out.is_set():
+        raise InstallError(f"installing {package.spec} took longer than allowed; stopped it "
+                           f"(its last line: {tail[-1] if tail else 'none'})")
     if code != 0:
         text = "\n".join(tail)
         network = any(marker.lower() in text.lower() for marker in _NETWORK_MARKERS)
         raise InstallError(f"installing {package.spec} failed (exit {code}):\n{text[-2000:]}",
                            network=network)
+
+
+def _kill_group(process: subprocess.Popen[str]) -> None:
+    """SIGKILL the installer and everything it started (npm's and pip's own children)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
 
 
 def _fix_permissions(package: AgentPackage, target: Path) -> None:
