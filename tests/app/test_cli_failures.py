@@ -5,6 +5,7 @@ command line in its own process, as a user does."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -93,6 +94,13 @@ def test_tui_refuses_a_public_url_and_a_data_dir_it_cannot_use_as_serve_does(tmp
     result = tapdeck("tui", "--data-dir", str(afile), tmp=tmp_path)
     assert result.returncode == 2
     assert f"--data-dir {afile} is not a directory" in one_line(result)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        result = tapdeck("tui", "--port", str(port), tmp=tmp_path)
+    assert result.returncode == 2
+    assert str(port) in one_line(result)
 
 
 @pytest.mark.parametrize(("address", "why"), [
