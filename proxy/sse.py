@@ -19,7 +19,6 @@ from tapdeck.proxy.dialects.base import SSEEvent
 KEEPALIVE_SECONDS = 10.0
 """Seconds between SSE comment lines while a streaming caller waits for the engine."""
 KEEPALIVE = b": keepalive\n\n"
-DISCONNECT_POLL_SECONDS = 1.0
 
 
 def encode(event: SSEEvent) -> bytes:
@@ -38,17 +37,14 @@ async def stream_with_keepalive(
     call: Awaitable[Iterable[SSEEvent]], *,
     interval: float = KEEPALIVE_SECONDS,
     keepalive: bytes = KEEPALIVE,
-    is_disconnected: Callable[[], Awaitable[bool]] | None = None,
-    poll: float = DISCONNECT_POLL_SECONDS,
     encode: Callable[[SSEEvent], bytes] = encode,
     keepalive_at_once: bool = False,
 ) -> AsyncIterator[bytes]:
     """Encoded SSE bytes for a stream whose events come from one awaited call.
 
     While `call` runs: `keepalive` (a `: keepalive` comment unless the dialect needs other bytes)
-    every `interval` seconds. When the client goes away
-    (`is_disconnected()` true, or this generator closed/cancelled by the server) the call is
-    cancelled, so the engine stops generating for nobody. An exception from `call` propagates:
+    every `interval` seconds. When the client goes away (the HTTP layer closes or cancels this
+    generator) the call is cancelled, so the engine stops generating for nobody. An exception from `call` propagates:
     the caller turns it into its dialect's error events. `encode` writes one event (SSE by default).
     `keepalive_at_once`: the first keepalive goes out at once if `call` is still running (the
     caller already held the response start for one interval).
@@ -59,13 +55,9 @@ async def stream_with_keepalive(
         if keepalive_at_once and not task.done():
             yield keepalive
         while True:
-            wait = min(poll, interval) if is_disconnected is not None else interval
-            done, _ = await asyncio.wait({task}, timeout=max(0.0, min(wait, last + interval - time.monotonic())))
+            done, _ = await asyncio.wait({task}, timeout=max(0.0, last + interval - time.monotonic()))
             if done:
                 break
-            if is_disconnected is not None and await is_disconnected():
-                task.cancel()
-                return
             if time.monotonic() - last >= interval:
                 yield keepalive
                 last = time.monotonic()
