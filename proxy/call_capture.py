@@ -101,9 +101,24 @@ class CallCapture:
                 call.replied(reply)
             return reply
         finally:
-            slot.release()
-            if session.state != "open":
-                self.registry.release_if_idle(session)
+            recording = slot.recording
+            if recording is not None and not recording.done():
+                # The caller left while its turn is being recorded: the place, and a closed
+                # session's release, wait for the record (the store and the graph still need it).
+                recording.add_done_callback(partial(self._recorded_late, session, slot))
+            else:
+                self._give_back(session, slot)
+
+    def _recorded_late(self, session: LiveSession, slot: CallSlot, recording: asyncio.Future[None]) -> None:
+        if not recording.cancelled() and (exc := recording.exception()) is not None:
+            log.error("session %s: the turn of a call whose caller had left was not recorded (%s)",
+                      session.id, exc)
+        self._give_back(session, slot)
+
+    def _give_back(self, session: LiveSession, slot: CallSlot) -> None:
+        slot.release()
+        if session.state != "open":
+            self.registry.release_if_idle(session)
 
     async def _complete(self, session: LiveSession, req: DialectRequest, meta: dict[str, Any],
                         chat: dict[str, Any], fmt: Any,
@@ -140,16 +155,16 @@ class CallCapture:
                     "context_full", f"engine refused the prompt as too long; answered with a stop "
                                     f"reply ({exc.message})"))
                 return _stop_answer(CONTEXT_STOP_TEXT, session, fmt)
-            if exc.kind in ENGINE_DOWN:
-                # An engine restarts through being down, maybe with other flags (logprobs,
-                # token ids, /tokenize): the next session probes it again rather than trust its
-                # old tier, and the next count asks its /tokenize again.
+            if exc.kind == "unreachable":
+                # An engine restarts through refusing connections, maybe with other flags
+                # (logprobs, token ids, /tokenize): the next session probes it again rather than
+                # trust its old tier. Not on a timeout or a 5xx: a busy engine keeps its tier.
                 PROBES.forget(session.client.spec)
                 forget_engine(session.client.spec.url)
-                if not any(f.code == "engine_unreachable" for f in session.findings):
-                    # Once per session: what a rollout that failed is classified by.
-                    await self.registry.add_finding(session, Finding.warn(
-                        "engine_unreachable", f"{exc.kind}: {exc.message} (the agent got HTTP {exc.status})"))
+            if exc.kind in ENGINE_DOWN and not any(f.code == "engine_unreachable" for f in session.findings):
+                # Once per session: what a rollout that failed is classified by.
+                await self.registry.add_finding(session, Finding.warn(
+                    "engine_unreachable", f"{exc.kind}: {exc.message} (the agent got HTTP {exc.status})"))
             raise
         # The proxy's own reply id: an engine that repeats ids must not make two replies one
         # (a Responses chain naming itself as its own previous response would never end).
@@ -175,7 +190,9 @@ class CallCapture:
         req.context["call_findings"] = findings
         # From here the engine did the work: record it even if the caller hangs up meanwhile.
         try:
-            await asyncio.shield(self._record_turn(session, req, reply, sampling, meta, slot))
+            slot.recording = asyncio.ensure_future(
+                self._record_turn(session, req, reply, sampling, meta, slot))
+            await asyncio.shield(slot.recording)
         except StoreUnavailable as exc:
             log.error("session %s: turn not recorded, the store refused it (%s)", session.id, exc.reason)
             raise StoreUnavailable(STORE_DOWN_TEXT.format(reason=exc.reason)) from exc

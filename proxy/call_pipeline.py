@@ -185,19 +185,17 @@ class CallPipeline:
         async def events() -> Iterable[SSEEvent]:
             try:
                 reply = await task
-            except ProxyError as exc:
-                access.error = f"{exc.kind}/{exc.status}-in-stream"
-                return render_stream_error(dialect, exc)
-            access.finish = finish_reason(reply)
-            try:
+                access.finish = finish_reason(reply)
                 with arguments_memo(memo):
                     if remember is not None:
                         remember(dialect.render(reply, req))
                     return list(dialect.render_stream(reply, req))
-            except Exception as exc:
+            except ProxyError as exc:
+                failure = exc
+            except Exception as exc:  # a tapdeck bug, in the capture or the rendering
                 failure = _internal_error(exc, access)
-                access.error = f"{failure.kind}/{failure.status}-in-stream"
-                return render_stream_error(dialect, failure)
+            access.error = f"{failure.kind}/{failure.status}-in-stream"
+            return render_stream_error(dialect, failure)
 
         at_once = not task.done()
         if req.context.get("stream_format") == JSON_ARRAY:
@@ -221,12 +219,14 @@ def _listing_dialect(headers: Mapping[str, str], query: Mapping[str, str]) -> Di
 def _internal_error(exc: Exception, access: AccessRecord) -> ProxyError:
     """What a call that failed inside tapdeck answers; the traceback goes to the server's log.
 
-    Not retryable: the same reply would fail the same way, and each retry would be captured."""
+    Not retryable: the same call would fail the same way, and each retry could be captured."""
     log.error("tapdeck failed on a %s call of session %s", access.dialect, access.session_id,
               exc_info=exc)
+    kept = (f"the engine's reply is recorded as turn {access.seq}" if access.seq is not None
+            else "no turn of it was recorded")
     return ProxyError(500, f"tapdeck failed on this call ({type(exc).__name__}: {exc}); this is a "
-                           "tapdeck bug, and the server's log has its traceback. Any turn the "
-                           "engine answered is recorded.", kind="api_error", retryable=False)
+                           f"tapdeck bug, and the server's log has its traceback; {kept}.",
+                      kind="api_error", retryable=False)
 
 
 def _payload(raw: bytes) -> dict[str, Any]:

@@ -84,11 +84,13 @@ class LiveSession:
 class CallSlot:
     """One call's place in its session's in-flight count, given back exactly once."""
 
-    __slots__ = ("held", "session")
+    __slots__ = ("held", "recording", "session")
 
     def __init__(self, session: LiveSession) -> None:
         self.session = session
         self.held = True
+        self.recording: asyncio.Future[None] | None = None
+        """The turn's record once the engine answered (it goes on if the caller leaves)."""
         session.in_flight += 1
 
     def release(self) -> None:

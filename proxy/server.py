@@ -183,7 +183,8 @@ def create_app(service: CaptureService, *, admin_key: str,
         # FastAPI's own handler echoes each error's input, and fails on a body that is not UTF-8.
         return _JSON({"detail": [{"type": e.get("type"), "loc": [str(p) for p in e.get("loc", ())],
                                   "msg": e.get("msg")} for e in exc.errors()],
-                      "kind": "invalid_request_error", "retryable": False}, status_code=422)
+                      "kind": "invalid_request_error", "retryable": False}, status_code=422,
+                     headers={"x-should-retry": "false"})
 
     @app.exception_handler(ProxyError)
     async def _proxy_error(request: Request, exc: ProxyError) -> Response:
@@ -191,8 +192,9 @@ def create_app(service: CaptureService, *, admin_key: str,
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        # Routes' own refusals (a missing run, the admin key) in the same shape as every other
-        # error: `kind` and `retryable` beside FastAPI's `detail`.
+        # Routes' own refusals (a missing run) in the same shape as every other error: under
+        # /admin `kind` and `retryable` beside FastAPI's `detail`; elsewhere (an unknown path or
+        # method) the chat-completions envelope, as a model call's path of no dialect gets.
         error = exc if isinstance(exc, ProxyError) else ProxyError(exc.status_code, str(exc.detail))
         response = error_response(request.url.path, error)
         response.headers.update(exc.headers or {})

@@ -18,7 +18,6 @@ import fcntl
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel
+
+from tapdeck.runner.process_group import signal_group
 
 AGENTS_DIR_ENV = "TAPDECK_AGENTS_DIR"
 RECORD = "install.json"
@@ -271,8 +272,9 @@ def _stream(argv: list[str], env: dict[str, str], cwd: Path, say: Callable[[str]
     timed_out = threading.Event()
 
     def stop() -> None:
-        timed_out.set()
-        _kill_group(process)
+        if process.poll() is None:  # an installer that just ended is not killed late
+            timed_out.set()
+            signal_group(process.pid)
 
     # A timer, not a check per line: a stalled download prints nothing for as long as it stalls.
     watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), stop)
@@ -290,9 +292,9 @@ def _stream(argv: list[str], env: dict[str, str], cwd: Path, say: Callable[[str]
     finally:
         watchdog.cancel()
         if process.poll() is None:  # the caller gave up (an error, a cancelled rollout)
-            _kill_group(process)
+            signal_group(process.pid)
             process.wait()
-    if timed_out.is_set():
+    if timed_out.is_set() and code != 0:
         raise InstallError(f"installing {package.spec} took longer than allowed; stopped it "
                            f"(its last line: {tail[-1] if tail else 'none'})")
     if code != 0:
@@ -300,12 +302,6 @@ def _stream(argv: list[str], env: dict[str, str], cwd: Path, say: Callable[[str]
         network = any(marker.lower() in text.lower() for marker in _NETWORK_MARKERS)
         raise InstallError(f"installing {package.spec} failed (exit {code}):\n{text[-2000:]}",
                            network=network)
-
-
-def _kill_group(process: subprocess.Popen[str]) -> None:
-    """SIGKILL the installer and everything it started (npm's and pip's own children)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
 
 
 def _fix_permissions(package: AgentPackage, target: Path) -> None:

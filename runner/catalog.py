@@ -285,7 +285,7 @@ async def url_engine_info(url: str, *, api_key: str | None = None, model: str | 
                if isinstance(m, dict)]
     context = _context(lengths[0] if len(lengths) == 1 and isinstance(lengths[0], int) else None)
     # Led by the base URL the address settled on: that is what sessions talk to.
-    listed = f"{base} serves " + (", ".join(str(m) for m in models) or "no models")
+    listed = f"{shown_url(base)} serves " + (", ".join(str(m) for m in models) or "no models")
     if not probe:
         return EngineInfo(name=name, url=base, tier="text", reachable=True, served_model=served,
                           why=f"{listed}; tier not probed (counts as text until probed)", **context)
@@ -302,7 +302,8 @@ async def url_engine_info(url: str, *, api_key: str | None = None, model: str | 
     if result.max_model_len:
         context = _context(result.max_model_len)
     return EngineInfo(name=name, url=base, tier=result.tier.value, reachable=True,
-                      served_model=result.served_model or served, why=f"{listed}; {result.detail}",
+                      served_model=result.served_model or served,
+                      why=f"{listed}; {shown_url(result.detail)}",
                       **context)
 
 

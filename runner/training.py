@@ -14,6 +14,7 @@ States: `running` → `finished` (exit 0) | `failed` (non-zero exit; `error` say
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Literal
 
 import tapdeck
+from tapdeck.runner.process_group import signal_group
 from tapdeck.runner.recipes import Recipe, get_recipe
 from tapdeck.runner.train_env import env_dir
 
@@ -304,10 +306,12 @@ class TrainingRun:
                     log.write(text + "\n")
                     log.flush()
                     self._emit(text)
-        except OSError as exc:
+        except Exception as exc:  # noqa: BLE001 - a full disk or a broken log: the run goes on unlogged
             log_error = f"its output could not be logged to {self.log_path} ({exc})"
-            for _ in self._proc.stdout:  # drained, so the recipe never blocks on a full pipe
-                pass
+            # Drained, so the recipe never blocks on a full pipe (and `wait()` below returns).
+            with contextlib.suppress(Exception):
+                for raw in self._proc.stdout:
+                    self._emit(strip_ansi(raw.decode("utf-8", errors="replace")))
         finally:
             try:
                 self._record_end(self._proc.wait(), log_error)
@@ -317,6 +321,8 @@ class TrainingRun:
     def _record_end(self, code: int, log_error: str | None) -> None:
         with self._lock:
             assert self.record is not None
+            if self.record.exit_code is not None:  # stop() recorded it, done waiting for the output
+                return
             self.record.exit_code = code
             self.record.finished_at = time.time()
             # A run that ended on its own just as stop() was called keeps its own verdict.
@@ -353,23 +359,21 @@ class TrainingRun:
             return self.wait()
         self._stopping = True
         pgid = self._proc.pid  # start_new_session made the recipe its group's leader
-        _signal_group(pgid, signal.SIGTERM)
+        signal_group(pgid, signal.SIGTERM)
         try:
             self._proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             pass
         # Children can outlive the leader (or ignore SIGTERM): the group is killed either way.
-        _signal_group(pgid, signal.SIGKILL)
+        signal_group(pgid, signal.SIGKILL)
         try:
             return self.wait(STOP_DRAIN_S)
         except TimeoutError:
-            # A descendant that left the group still holds the output pipe: the pump records the
-            # run when that closes; the recipe itself has ended.
-            return self._proc.wait()
+            # A descendant that left the group still holds the output pipe: the recipe itself has
+            # ended, so it is recorded now; the pump, still copying that output, records nothing.
+            code = self._proc.wait()
+            self._record_end(code, "a process it started left its group and still holds its output")
+            self._finished.set()
+            return code
 
 
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass

@@ -91,7 +91,8 @@ find_python() {
     return 1
 }
 
-base_prefix() { "$1" -c 'import sys; print(sys.base_prefix)' 2>/dev/null; }
+# Which Python a venv was made with: its base install and version (two in /usr share a prefix).
+made_with() { "$1" -c 'import sys; print(sys.base_prefix, sys.version.split()[0])' 2>/dev/null; }
 
 if [ -n "${TAPDECK_PYTHON:-}" ]; then
     if ! is_py312 "$TAPDECK_PYTHON"; then
@@ -100,9 +101,10 @@ if [ -n "${TAPDECK_PYTHON:-}" ]; then
         exit 1
     fi
     # Asked for by name: a .venv made with another interpreter is made again with this one.
-    if [ -x "$venv/bin/python" ] && [ "$(base_prefix "$venv/bin/python")" != "$(base_prefix "$TAPDECK_PYTHON")" ]; then
-        say ".venv was made with the Python in $(base_prefix "$venv/bin/python"); making it again" \
-            "with TAPDECK_PYTHON=$TAPDECK_PYTHON"
+    made="$( [ -x "$venv/bin/python" ] && made_with "$venv/bin/python" || true)"
+    if [ -x "$venv/bin/python" ] && [ "$made" != "$(made_with "$TAPDECK_PYTHON")" ]; then
+        say ".venv was made with another Python (${made:-one that no longer runs});" \
+            "making it again with TAPDECK_PYTHON=$TAPDECK_PYTHON"
         rm -rf "$venv"
     fi
 fi

@@ -153,7 +153,7 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/proxy_engine/test_tiers.py::test_probe_neither_is_text_tier
   → tests/proxy_engine/test_tiers.py::test_probe_raw_logprobs_demotes_with_fatal
   → tests/proxy_engine/test_tiers.py::test_concurrent_first_probes_share_one
-- a call that finds the engine down drops its cached probe
+- a call that finds the engine refusing connections drops its cached probe
   → tests/proxy/test_auth_and_failures.py::test_an_engine_found_down_is_probed_again_by_the_next_session
 - every turn is committed before the reply; `kill -9` loses no replied turn; a restarted server
   lists and exports old sessions
@@ -415,7 +415,7 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/test_readme_claims.py::test_the_training_environment_versions_are_the_pinned_ones
 - made once and reused; recipes see this checkout as `tapdeck`
   → tests/training/test_train_env.py::test_making_the_environment_twice_reuses_it
-  → tests/training/test_train_env.py::test_recipes_see_this_checkout_as_tapdeck_and_nothing_else
+  → tests/training/test_train_env.py::test_the_pythonpath_link_a_recipe_gets_holds_only_this_checkout_as_tapdeck
   → tests/training/test_train_env.py::test_recipe_modules_and_the_training_stack_import_in_the_training_environment
 
 § grpo-trl against TRL's own code

@@ -278,10 +278,11 @@ def _server_logs_to(path: Path) -> Iterator[None]:
                for lg in (verbose_logger, verbose_proxy_logger, verbose_router_logger)]
     root = logging.getLogger()
     root.addHandler(handler)
-    # The access log's answered calls are INFO lines, under the root logger's WARNING otherwise.
+    # The access log's answered calls are INFO lines, under the root logger's WARNING otherwise
+    # (a more verbose level someone set is kept).
     tapdeck = logging.getLogger("tapdeck")
     tapdeck_level = tapdeck.level
-    tapdeck.setLevel(logging.INFO)
+    tapdeck.setLevel(min(tapdeck.getEffectiveLevel(), logging.INFO))
     for lg, _, _ in litellm:
         lg.handlers, lg.propagate = [handler], False
     try:

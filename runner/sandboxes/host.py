@@ -61,6 +61,7 @@ from pathlib import Path
 from harbor.environments.base import BaseEnvironment, ExecResult
 from harbor.environments.capabilities import EnvironmentCapabilities
 
+from tapdeck.runner.process_group import signal_group
 from tapdeck.runner.sandboxes.loopback_relay import LoopbackRelay
 from tapdeck.runner.sandboxes.mount_points import STATE_DIR, MountPoints
 
@@ -641,12 +642,12 @@ class HostSandbox(BaseEnvironment):
                     await asyncio.wait({pumps}, timeout=_DRAIN_AFTER_EXIT_S)
                     break
                 if deadline is not None and loop.time() >= deadline:
-                    _kill_group(process.pid)
+                    signal_group(process.pid)
                     await _group_gone(process.pid)
                     raise RuntimeError(f"Command timed out after {timeout_sec} seconds")
                 await asyncio.wait({pumps}, timeout=_POLL_S)
         except BaseException:
-            _kill_group(process.pid)
+            signal_group(process.pid)
             raise
         finally:
             if not pumps.done():
@@ -718,6 +719,3 @@ async def _group_gone(pgid: int, *, attempts: int = 100) -> None:
         await asyncio.sleep(_POLL_S / 5)
 
 
-def _kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)

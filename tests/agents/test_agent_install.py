@@ -119,16 +119,15 @@ async def test_rollout_installs_its_agent_cli_on_first_use_publishing_each_insta
 
 
 def test_an_installer_that_goes_quiet_is_stopped_at_its_deadline_with_its_children() -> None:
-    # A stalled download prints nothing: the deadline must not wait for a next line.
+    # A stalled download prints nothing: the deadline must not wait for a next line (waiting for
+    # one, the installer ends on its own after 120 s, and no error is raised).
     import time
 
-    started = time.monotonic()
-    argv = ["sh", "-c", "echo resolving; sleep 300 & echo $! ; wait"]
+    argv = ["sh", "-c", "echo resolving; sleep 120 & echo $! ; wait"]
     said: list[str] = []
     with pytest.raises(agent_install.InstallError, match="took longer than allowed") as err:
         agent_install._stream(argv, dict(os.environ), Path("/tmp"), said.append,
                               time.monotonic() + 1.0, agent_install.get_package("codex"))
-    assert time.monotonic() - started < 60, "waited for the installer instead of its deadline"
     child = int(said[1])
     assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
     assert "its last line" in str(err.value)

@@ -219,8 +219,35 @@ def test_a_tapdeck_failure_after_the_engine_answered_is_a_500_in_the_callers_dia
         client.messages.create(**ANTHROPIC)
     assert err.value.body["error"]["type"] == "api_error"
     assert "RuntimeError: render broke" in err.value.message and "tapdeck bug" in err.value.message
+    assert "recorded as turn 0" in err.value.message
     with pytest.raises(anthropic.APIStatusError) as streamed:
         list(client.messages.create(**ANTHROPIC, stream=True))
     assert "render broke" in streamed.value.message
     assert admin.get(f"/admin/sessions/{info['id']}").json()["turns"] == 2
     assert "render broke" in caplog.text
+
+
+def test_a_tapdeck_failure_before_the_turn_is_recorded_ends_a_started_stream_with_an_error_event(
+        upstream, make_server, admin_for, monkeypatch):
+    # The engine is slower than the stream's hold, so the stream has started (200, a keepalive)
+    # when the capture fails: the agent still gets its dialect's error event, saying nothing was kept.
+    import anthropic
+
+    from tapdeck.proxy import call_capture
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("capture broke")
+
+    monkeypatch.setattr(call_capture, "_cap_findings", broken)
+    server = make_server(upstream.base_url)
+    server.service.keepalive_s = 0.05
+    admin = admin_for(server)
+    info = _open(admin)
+    upstream.mode, upstream.delay = "slow", 0.5
+    client = anthropic.Anthropic(base_url=info["base_urls"]["anthropic"], api_key=info["api_key"],
+                                 max_retries=0)
+    with pytest.raises(anthropic.APIStatusError) as streamed:
+        list(client.messages.create(**ANTHROPIC, stream=True))
+    assert "RuntimeError: capture broke" in streamed.value.message
+    assert "no turn of it was recorded" in streamed.value.message
+    assert admin.get(f"/admin/sessions/{info['id']}").json()["turns"] == 0

@@ -30,11 +30,12 @@ def _live_graphs() -> int:
     return sum(1 for o in gc.get_objects() if isinstance(o, RolloutGraph))
 
 
-def _responses(url: str, key: str, text: str, previous: str | None = None) -> httpx.Response:
+def _responses(url: str, key: str, text: str, previous: str | None = None,
+               timeout: float = 60) -> httpx.Response:
     body: dict[str, Any] = {"model": "m", "input": text, "max_output_tokens": 8}
     if previous:
         body["previous_response_id"] = previous
-    return httpx.post(f"{url}/v1/responses", json=body, timeout=60,
+    return httpx.post(f"{url}/v1/responses", json=body, timeout=timeout,
                       headers={"Authorization": f"Bearer {key}"})
 
 
@@ -106,3 +107,46 @@ def test_stored_responses_are_bounded_and_a_chain_never_loops() -> None:
     assert len(stored) == 3
     with pytest.raises(DialectError):
         stored.expand({"input": "d", "previous_response_id": "r1"})
+
+
+def test_a_session_closed_while_a_departed_callers_turn_commits_is_released_after_it(
+        upstream: Upstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The caller hangs up while its turn is being committed, and the session is closed meanwhile:
+    # its live state is released once the turn is on disk, not before (the commit would rebuild
+    # the store's per-session state for a session nobody will forget again).
+    import threading
+    import time
+
+    from tapdeck.proxy.call_capture import CallCapture
+
+    committing, go_on = threading.Event(), threading.Event()
+    commit = CallCapture._commit_turn
+
+    def held_commit(self, session, turn):
+        committing.set()
+        assert go_on.wait(60)
+        return commit(self, session, turn)
+
+    monkeypatch.setattr(CallCapture, "_commit_turn", held_commit)
+    config = ServerConfig(host="127.0.0.1", port=0, data_dir=tmp_path / "data",
+                          engine_url=upstream.base_url)
+    with running(config) as (server, admin):
+        info = admin.post("/admin/sessions", json={}).json()
+        caller = threading.Thread(target=lambda: pytest.raises(
+            httpx.TimeoutException, _responses, server.url, info["api_key"], "hello", None, 1.0))
+        caller.start()
+        try:
+            assert committing.wait(60)
+            caller.join()  # gone: its request timed out mid-commit
+            session = server.service._sessions[info["id"]]
+            assert admin.delete(f"/admin/sessions/{info['id']}").status_code == 200
+            assert session.in_flight == 1 and session.graph is not None  # held for the commit
+        finally:
+            go_on.set()
+        deadline = time.monotonic() + 60
+        while session.in_flight and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert session.in_flight == 0 and session.graph is None
+        assert info["id"] not in server.service.store._previous
+        assert info["id"] not in server.service.store._stored_keys
+        assert admin.get(f"/admin/sessions/{info['id']}").json()["turns"] == 1

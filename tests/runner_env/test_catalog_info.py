@@ -114,6 +114,11 @@ def test_unreachable_engine_url_is_reported_not_raised() -> None:
 def test_an_engine_address_is_shown_without_its_credentials() -> None:
     info = asyncio.run(catalog.url_engine_info("http://user:secret@127.0.0.1:9/v1"))
     assert "secret" not in info.name + info.why and info.name == "http://***@127.0.0.1:9/v1"
+    with models_only_engine() as engine:
+        answering = engine.replace("http://", "http://user:secret@")
+        for probe in (False, True):
+            info = asyncio.run(catalog.url_engine_info(answering, probe=probe))
+            assert info.reachable and "secret" not in info.name + info.why, info.why
 
 
 def test_a_named_model_is_probed_on_an_engine_serving_several() -> None:

@@ -29,6 +29,12 @@ if mode == "hang":
         "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
     print(f"child {child.pid}", flush=True)
     time.sleep(600)
+if mode == "escape":
+    # A child in a session of its own keeps the recipe's output open after the group is killed.
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                             start_new_session=True)
+    print(f"child {child.pid}", flush=True)
+    time.sleep(600)
 '''
 
 
@@ -130,3 +136,28 @@ def test_launcher_does_not_import_trackio_or_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_stop_records_the_run_when_an_escaped_child_keeps_its_output_open(
+        tmp_path: Path, fake_recipe, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tapdeck.runner import training
+
+    monkeypatch.setattr(training, "STOP_DRAIN_S", 0.5)
+    recipe, env = fake_recipe
+    child: list[int] = []
+    job = TrainingRun(recipe, ["escape"], data_dir=tmp_path, run_id="t-escape", extra_env=env,
+                      on_line=lambda l: child.append(int(l.split()[1])) if l.startswith("child ") else None)
+    job.start()
+    try:
+        while not child:
+            assert not job._finished.is_set(), job.log_path.read_text()
+            time.sleep(0.05)
+        assert job.stop(grace_s=0.5) == -15
+        record = load_run(tmp_path, "t-escape")
+        assert (record.state, record.exit_code) == ("stopped", -15)
+        assert "left its group" in record.error
+        assert job.wait(0) == -15
+    finally:
+        os.kill(child[0], 9)
+    job._reader.join(30)  # the pump, once the output closes, keeps the verdict stop() recorded
+    assert load_run(tmp_path, "t-escape").state == "stopped"

@@ -25,7 +25,7 @@ def test_making_the_environment_twice_reuses_it(train_python: Path) -> None:
     assert (train_python.parent.parent / ".tapdeck-train-env").is_file()
 
 
-def test_recipes_see_this_checkout_as_tapdeck_and_nothing_else(tmp_path: Path) -> None:
+def test_the_pythonpath_link_a_recipe_gets_holds_only_this_checkout_as_tapdeck(tmp_path: Path) -> None:
     folder = package_path(tmp_path)
     assert [p.name for p in Path(folder).iterdir()] == ["tapdeck"]
     assert (Path(folder) / "tapdeck").resolve() == Path(tapdeck.__file__).resolve().parent
