@@ -554,7 +554,7 @@ async def test_rollout_at_80x24_shows_its_whole_header_and_every_turns_badge(mak
         await pilot.press("enter")
         await until(pilot, lambda: app.current_mode == "rollout"
                     and app.screen.query_one(TokenView).turn is not None, "the rollout")
-        await pilot.pause(0.2)
+        await until(pilot, lambda: "frag. " in " ".join(_screen_lines(app)[1:3]), "the drawn header")
         lines = _screen_lines(app)
         header = " ".join(lines[1:3])
         modes = [t["token_in"] for t in api_data["graphs"]["sess0000recorded"]["turns"]]
@@ -602,9 +602,8 @@ async def test_setup_escape_leaves_a_text_field_so_screen_keys_work_again(make_a
         await until(pilot, lambda: screen.catalog is not None, "the catalog")
         k = screen.query_one("#k", Input)
         screen.set_focus(k)
-        await pilot.pause(0.2)
-        footer = _screen_lines(app)[-1]
-        assert "esc Leave field" in footer and "f1 Help" in footer, footer
+        await until(pilot, lambda: "esc Leave field" in _screen_lines(app)[-1], "the field's footer")
+        assert "f1 Help" in _screen_lines(app)[-1]
         await pilot.press("2")
         assert app.current_mode == "setup" and k.value.endswith("2")  # typed, as in any field
         await pilot.press("escape", "2")
@@ -652,7 +651,8 @@ async def test_sessions_at_60x20_keeps_idle_and_reward_and_says_what_it_hides(ma
     async with app.run_test(size=(60, 20)) as pilot:
         table = app.screen.query_one(SessionTable)
         await until(pilot, lambda: table.row_count == 8, "the recorded sessions")
-        await pilot.pause(0.2)
+        await until(pilot, lambda: "root/fork/tokens hidden" in " ".join(_screen_lines(app)[1:3]),
+                    "the drawn summary")
         lines = _screen_lines(app)
         header = next(line for line in lines if line.lstrip().startswith("session"))
         assert "idle" in header and "reward" in header
@@ -664,7 +664,7 @@ async def test_sessions_at_60x20_keeps_idle_and_reward_and_says_what_it_hides(ma
 async def test_nav_bar_never_cuts_a_screen_title(make_app):
     app = make_app("sessions")
     async with app.run_test(size=(50, 20)) as pilot:
-        await pilot.pause(0.2)
+        await until(pilot, lambda: "2 Sessions" in _screen_lines(app)[0], "the drawn nav bar")
         nav = _screen_lines(app)[0]
         assert "2 Sessions" in nav and "Train" not in nav and " 6 " in nav
         await pilot.resize_terminal(60, 20)
@@ -700,9 +700,12 @@ async def test_turn_header_of_a_token_in_turn_is_whole_at_80x24(make_app):
                     and screen.query_one(TokenView).turn is not None, "the rollout")
         screen.load_turn(screen.session_id, 2)  # a continuation with the longest capture line
         await until(pilot, lambda: screen.turn is not None and screen.turn.seq == 2, "turn #2")
-        await pilot.pause(0.2)
-        shown = " ".join(line.split("▕")[-1].strip() for line in _screen_lines(app))
-        assert "prefix of #0" in shown and "offset 48)" in shown
+
+        def shown() -> str:
+            return " ".join(line.split("▕")[-1].strip() for line in _screen_lines(app))
+
+        await until(pilot, lambda: "prefix of #0" in shown(), "turn #2's capture line drawn")
+        assert "offset 48)" in shown()
 
 
 async def test_train_without_a_rollout_run_points_to_setup(api_data):
