@@ -29,7 +29,7 @@ _SKIPPED_KEYS = frozenset({"type", "role", "id", "tool_use_id", "cache_control",
                            "model"})
 _no_tokenize: set[str] = set()
 """`/tokenize` URLs that answered 404/405: counts for their engine are estimated, until
-`forget_engine` (the engine went down, and may come back with other flags)."""
+`forget_engine` (the engine refused connections, and may come back with other flags)."""
 
 
 def match_aux(method: str, path: str) -> AuxKind | None:
@@ -50,7 +50,7 @@ def aux_dialect(kind: AuxKind) -> Dialect:
 
 
 def forget_engine(engine_url: str) -> None:
-    """Ask this engine's `/tokenize` again on its next count (it was found down: a restarted
+    """Ask this engine's `/tokenize` again on its next count (it refused connections: a restarted
     engine may serve it now)."""
     _no_tokenize.discard(tokenize_url(engine_url))
 

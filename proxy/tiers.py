@@ -156,8 +156,8 @@ def apply_raw_policy(result: ProbeResult, *, allow_raw_logprobs: bool) -> ProbeR
 class _ProbeCache:
     """One probe per (url, model, key hash); concurrent first callers await the same task.
 
-    An answer is kept until `forget`: a call that finds the engine down drops it (a restart may
-    change the engine's flags)."""
+    An answer is kept until `forget`: a call that finds the engine refusing connections drops it
+    (a restart may change the engine's flags)."""
 
     def __init__(self) -> None:
         self._done: dict[tuple[str, str | None, str], ProbeResult] = {}
