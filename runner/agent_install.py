@@ -29,7 +29,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from tapdeck.runner.process_group import signal_group
+from tapdeck.runner.process_group import signal_group, wait_group_gone
 
 AGENTS_DIR_ENV = "TAPDECK_AGENTS_DIR"
 RECORD = "install.json"
@@ -295,6 +295,7 @@ def _stream(argv: list[str], env: dict[str, str], cwd: Path, say: Callable[[str]
             signal_group(process.pid)
             process.wait()
     if timed_out.is_set() and code != 0:
+        wait_group_gone(process.pid)  # what it started is gone before the error says it was stopped
         raise InstallError(f"installing {package.spec} took longer than allowed; stopped it "
                            f"(its last line: {tail[-1] if tail else 'none'})")
     if code != 0:

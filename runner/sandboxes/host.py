@@ -56,12 +56,13 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from harbor.environments.base import BaseEnvironment, ExecResult
 from harbor.environments.capabilities import EnvironmentCapabilities
 
-from tapdeck.runner.process_group import signal_group
+from tapdeck.runner.process_group import GONE_POLL_S, GONE_WITHIN_S, group_alive, signal_group
 from tapdeck.runner.sandboxes.loopback_relay import LoopbackRelay
 from tapdeck.runner.sandboxes.mount_points import STATE_DIR, MountPoints
 
@@ -709,13 +710,10 @@ class HostSandbox(BaseEnvironment):
         await asyncio.to_thread(shutil.copytree, source, target_dir, symlinks=True, dirs_exist_ok=True)
 
 
-async def _group_gone(pgid: int, *, attempts: int = 100) -> None:
-    """Give a SIGKILLed process group a moment to actually die (signals land asynchronously)."""
-    for _ in range(attempts):
-        try:
-            os.killpg(pgid, 0)
-        except (ProcessLookupError, PermissionError):
-            return
-        await asyncio.sleep(_POLL_S / 5)
+async def _group_gone(pgid: int) -> None:
+    """Give a SIGKILLed process group time to actually die (signals land asynchronously)."""
+    deadline = time.monotonic() + GONE_WITHIN_S
+    while group_alive(pgid) and time.monotonic() < deadline:
+        await asyncio.sleep(GONE_POLL_S)
 
 
