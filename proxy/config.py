@@ -61,6 +61,14 @@ class ServerConfig(BaseModel):
     """The address sandboxes use to reach this server (`http://host:port`), advertised in every
     session's base URLs; None → this server's own bound address (loopback by default)."""
 
+    @field_validator("data_dir")
+    @classmethod
+    def _data_dir(cls, value: Path) -> Path:
+        value = value.expanduser()
+        if value.exists() and not value.is_dir():
+            raise ValueError(f"{value} is not a directory")
+        return value
+
     @field_validator("public_url")
     @classmethod
     def _public_url(cls, value: str | None) -> str | None:

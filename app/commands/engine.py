@@ -34,11 +34,15 @@ def register(app: typer.Typer) -> None:
         import threading
 
         from tapdeck.app.commands.serve import unresolvable
+        from tapdeck.proxy.serving import PortInUseError
         from tapdeck.runner.engine.embedded import EmbeddedEngine
         from tapdeck.runner.engine.model import DEFAULT_N_CTX
 
         if (problem := unresolvable(host)) is not None:
             typer.echo(f"tapdeck engine: {problem}", err=True)
+            raise typer.Exit(2)
+        if model is not None and not model.is_file():
+            typer.echo(f"tapdeck engine: --model {model} is not a file", err=True)
             raise typer.Exit(2)
         eng = EmbeddedEngine(model, host=host, port=port, served_name=served_name,
                              n_ctx=DEFAULT_N_CTX if n_ctx is None else n_ctx,
@@ -46,6 +50,9 @@ def register(app: typer.Typer) -> None:
                              n_threads=threads)
         try:
             eng.start()
+        except PortInUseError as exc:  # bad usage, as `serve` and `tui` say it
+            typer.echo(f"tapdeck engine: {exc}", err=True)
+            raise typer.Exit(2) from None
         except (FileNotFoundError, OSError, ValueError) as exc:
             typer.echo(f"tapdeck engine: {exc}", err=True)
             raise typer.Exit(1) from None

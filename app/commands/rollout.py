@@ -145,6 +145,7 @@ def register(app: typer.Typer) -> None:
         import os
 
         os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        from tapdeck.app.failures import validation_line
         from tapdeck.proxy.config import ServerConfig, default_data_dir
         from tapdeck.proxy.engine_address import EngineAddressError
 
@@ -169,6 +170,12 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(EXIT_USAGE) from None
         if server is not None:
             _drive_remote(server, admin_key, data, plan, resume)
+        url_engine = engine if engine.strip().lower() not in ("", "embedded", "default") else None
+        try:
+            config = ServerConfig(port=0, data_dir=data, engine_url=url_engine, engine_model=engine_model)
+        except ValidationError as exc:
+            typer.echo(f"tapdeck rollout: {validation_line(exc)}", err=True)
+            raise typer.Exit(EXIT_USAGE) from None
         if resume is not None and not (data / "runs" / resume / "plan.json").is_file():
             typer.echo(f"tapdeck rollout: no run {resume} in {data / 'runs'} (pass the --data-dir it "
                        "ran in)", err=True)
@@ -176,8 +183,6 @@ def register(app: typer.Typer) -> None:
         _install_agent(harness)
         from tapdeck.app.host import LocalServer
 
-        url_engine = engine if engine.strip().lower() not in ("", "embedded", "default") else None
-        config = ServerConfig(port=0, data_dir=data, engine_url=url_engine, engine_model=engine_model)
         plan.rollout.engine = "embedded"  # the server's default engine is the one asked for
         typer.echo("starting a local tapdeck server" + ("…" if url_engine else " and the embedded "
                    "engine (or reusing the one another tapdeck process serves)…"), err=True)

@@ -126,9 +126,6 @@ def register(app: typer.Typer) -> None:
         if (problem := unresolvable(host)) is not None:
             typer.echo(f"tapdeck serve: {problem}", err=True)
             raise typer.Exit(2)
-        if config.data_dir.exists() and not config.data_dir.is_dir():
-            typer.echo(f"tapdeck serve: --data-dir {config.data_dir} is not a directory", err=True)
-            raise typer.Exit(2)
         _log_to_stderr()
         server = LocalServer(config)
         if engine is None:

@@ -72,10 +72,18 @@ def register(app: typer.Typer) -> None:
         data = (data_dir or default_data_dir()).expanduser()
         local = None
         if server is None:
+            from pydantic import ValidationError
+
+            from tapdeck.app.failures import validation_line
             from tapdeck.app.host import LocalServer
 
             try:
-                local = LocalServer(ServerConfig(port=0, data_dir=data)).start()
+                config = ServerConfig(port=0, data_dir=data)
+            except ValidationError as exc:
+                typer.echo(f"tapdeck train: {validation_line(exc)}", err=True)
+                raise typer.Exit(2) from None
+            try:
+                local = LocalServer(config).start()
             except Exception as exc:  # a clear line, not a traceback
                 typer.echo(f"tapdeck train: could not start a local server: {exc}", err=True)
                 raise typer.Exit(1) from None

@@ -58,9 +58,6 @@ def run_embedded(data_dir: Path | None = None, *, port: int = 0, engine_url: str
     except ValidationError as exc:  # bad usage, as `serve` says it: one line, exit 2
         print(f"tapdeck: {validation_line(exc)}", file=sys.stderr)
         raise typer.Exit(2) from None
-    if data_dir.exists() and not data_dir.is_dir():
-        print(f"tapdeck: --data-dir {data_dir} is not a directory", file=sys.stderr)
-        raise typer.Exit(2)
     _log_to_file(data_dir / "tui.log")
     print(f"tapdeck: starting the embedded server ({'engine ' + engine_url if engine_url else 'embedded engine'}"
           f", data in {data_dir})…", file=sys.stderr, flush=True)

@@ -50,6 +50,19 @@ def test_engine_refuses_a_context_length_below_one(n_ctx: str, tmp_path: Path) -
     assert "Invalid value for '--n-ctx'" in one_line(result)
 
 
+def test_engine_refuses_a_port_in_use_and_a_model_that_is_not_a_file_as_bad_usage(tmp_path: Path) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        result = tapdeck("engine", "--port", str(port), tmp=tmp_path)
+    assert result.returncode == 2
+    assert one_line(result).startswith("tapdeck engine: ") and f"port {port}?" in one_line(result)
+    result = tapdeck("engine", "--model", str(tmp_path / "none.gguf"), tmp=tmp_path)
+    assert result.returncode == 2
+    assert one_line(result) == f"tapdeck engine: --model {tmp_path / 'none.gguf'} is not a file"
+
+
 @pytest.mark.parametrize("command", ["engine", "serve"])
 def test_a_host_that_does_not_resolve_is_named_not_blamed_on_the_port(command: str,
                                                                       tmp_path: Path) -> None:
@@ -59,12 +72,16 @@ def test_a_host_that_does_not_resolve_is_named_not_blamed_on_the_port(command: s
     assert "'nosuchhost.invalid' does not resolve" in line and "port" not in line
 
 
-def test_serve_refuses_a_data_dir_that_is_a_file(tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", [["serve"], ["rollout"], ["train", "data-check", "--rows", "rows.jsonl"]],
+                         ids=["serve", "rollout", "train"])
+def test_a_command_that_starts_a_local_server_refuses_a_data_dir_that_is_a_file(
+        command: list[str], tmp_path: Path) -> None:
+    # One check in the server's config, so every command says it the same way, before any work.
     afile = tmp_path / "afile"
     afile.write_text("x")
-    result = tapdeck("serve", "--data-dir", str(afile), tmp=tmp_path)
+    result = tapdeck(*command, "--data-dir", str(afile), tmp=tmp_path)
     assert result.returncode == 2
-    assert f"--data-dir {afile} is not a directory" in one_line(result)
+    assert one_line(result) == f"tapdeck {command[0]}: --data-dir: {afile} is not a directory"
 
 
 def test_serve_says_which_data_dir_it_cannot_create(tmp_path: Path, dead_engine_url: str) -> None:
@@ -93,7 +110,7 @@ def test_tui_refuses_a_public_url_and_a_data_dir_it_cannot_use_as_serve_does(tmp
     afile.write_text("x")
     result = tapdeck("tui", "--data-dir", str(afile), tmp=tmp_path)
     assert result.returncode == 2
-    assert f"--data-dir {afile} is not a directory" in one_line(result)
+    assert f"--data-dir: {afile} is not a directory" in one_line(result)
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
