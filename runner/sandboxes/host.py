@@ -82,8 +82,8 @@ PID_NAMESPACE = ("--pid", "--fork", "--kill-child")
 ROOT_UNSHARE = ("--mount", "--propagation", "private", *PID_NAMESPACE)
 # A user namespace mapping the invoking user to root, with its own mount and PID namespaces.
 ROOTLESS_UNSHARE = ("--user", "--map-root-user", "--mount", "--propagation", "private", *PID_NAMESPACE)
-_HOLDER_READY_TIMEOUT_S = 10.0
-_CHECK_TIMEOUT_S = 5.0
+_HOLDER_READY_TIMEOUT_S = 30.0  # a bound for a loaded machine; a healthy start takes well under 1 s
+_CHECK_TIMEOUT_S = 15.0
 _POLL_S = 0.05
 _DRAIN_AFTER_EXIT_S = 0.5
 
@@ -510,8 +510,10 @@ class HostSandbox(BaseEnvironment):
         # Only a pinned namespace's id is known to still be ours; unpinned, kill just the holder.
         if pin is not None:
             try:
-                # Loop: a process may fork while we kill its siblings.
-                for _ in range(50):
+                # Loop: a process may fork while we kill its siblings, and a killed one is still
+                # listed until its signal lands (longer on a loaded machine).
+                deadline = time.monotonic() + GONE_WITHIN_S
+                while time.monotonic() < deadline:
                     pids = processes_in_namespace(namespace)
                     if not pids:
                         break

@@ -8,7 +8,6 @@ import re
 import shutil
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.app.tmux_driver import TAPDECK, Tmux
+from tests.app.tmux_driver import TAPDECK, Tmux, exit_code
 from tests.conftest import tapdeck_serve
 
 ADMIN_KEY = "attach-test-admin-key"
@@ -93,11 +92,9 @@ def test_attach_shows_a_remote_session_with_its_turn_and_quits_leaving_the_serve
         screen = tmux.wait_for(rf"{re.escape(session['id'][:8])}\s+attach-chat\s+\S+\s+1\b", 60)
         assert "Traceback" not in screen
         tmux.keys("q")
-        deadline = time.monotonic() + 60
-        while not rc_file.exists() and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert rc_file.exists(), f"attach did not exit on q; screen:\n{tmux.screen()}"
-        assert rc_file.read_text().strip() == "0", tmux.screen()
+        code = exit_code(rc_file)
+        assert code is not None, f"attach did not exit on q; screen:\n{tmux.screen()}"
+        assert code == "0", tmux.screen()
         assert "Traceback" not in tmux.screen()
         # attach does not own the server: it is still running and answering.
         assert served.process.poll() is None

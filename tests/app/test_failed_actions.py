@@ -32,7 +32,7 @@ async def test_setup_start_with_a_bad_dataset_path_shows_the_servers_reason(hung
         screen = app.screen
         await until(pilot, lambda: screen.catalog is not None, "the catalog", 60)
         screen.query_one("#dataset-path", Input).value = path
-        await pilot.pause()
+        await until(pilot, lambda: path in str(screen.query_one("#why-dataset").render()), "the path's hint")
         hint = str(screen.query_one("#why-dataset").render())
         assert path in hint and "sample" not in hint
         with pytest.raises(ApiError) as refused:  # what the server says to this very plan

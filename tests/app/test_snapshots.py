@@ -32,10 +32,13 @@ def _text(screen, selector: str) -> str:
 
 @dataclass(frozen=True)
 class Shot:
-    """Keys pressed once Sessions shows the recording, and when the screen they lead to is ready."""
+    """Keys pressed once Sessions shows the recording, and when the screen they lead to is ready;
+    then `then` keys, pressed once it is (they act on what it loaded), and when they have acted."""
 
     keys: tuple[str, ...]
     ready: Callable[[object], bool]
+    then: tuple[str, ...] = ()
+    done: Callable[[object], bool] | None = None
 
 
 SHOTS: dict[str, Shot] = {
@@ -43,10 +46,12 @@ SHOTS: dict[str, Shot] = {
     # The newest session (the last row) has a call hanging in its engine.
     "sessions-detail": Shot(("ctrl+end", "d"),
                             lambda app: "in flight" in _text(app.screen, "#activity-text")),
-    # The first row: a chat with a discarded root and a child; two tokens stepped.
-    "rollout": Shot(("enter", "full_stop", "full_stop"),
-                    lambda app: app.current_mode == "rollout"
-                    and app.screen.query_one(TokenView).selected == 1),
+    # The first row: a chat with a discarded root and a child; two tokens stepped (once its
+    # first turn is shown: a step before that does nothing).
+    "rollout": Shot(("enter",), lambda app: app.current_mode == "rollout"
+                    and app.screen.query_one(TokenView).turn is not None,
+                    then=("full_stop", "full_stop"),
+                    done=lambda app: app.screen.query_one(TokenView).selected == 1),
     "setup": Shot(("1",), lambda app: app.current_mode == "setup" and app.screen.catalog is not None),
     "runs": Shot(("4",), lambda app: app.current_mode == "runs"
                  and app.screen.query_one("#groups-table", DataTable).row_count == 2),
@@ -76,6 +81,9 @@ def test_screen_snapshot(snap_compare, make_app, shot, look):
                     and app.screen.query_one(SessionTable).row_count == SESSIONS, "the recorded sessions")
         await pilot.press(*theme_keys, *wanted.keys)
         await until(pilot, lambda: wanted.ready(app), f"the {shot} screen")
+        if wanted.then:
+            await pilot.press(*wanted.then)
+            await until(pilot, lambda: wanted.done(app), f"the {shot} screen after {wanted.then}")
         for field in app.screen.query(Input):
             field.cursor_blink = False  # a blinking cursor is drawn or not by the clock
         await pilot.pause(0.3)  # a refresh tick after the data, and any layout it causes

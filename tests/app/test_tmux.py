@@ -7,11 +7,10 @@ import re
 import shutil
 import socket
 import subprocess
-import time
 
 import pytest
 
-from tests.app.tmux_driver import TAPDECK, Tmux
+from tests.app.tmux_driver import TAPDECK, Tmux, exit_code
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux"),
@@ -41,7 +40,7 @@ def test_tapdeck_runs_a_rollout_by_keystrokes_and_quits_freeing_the_port(tmp_pat
         tmux.wait_for(r"✓ sample", 120)  # catalog loaded; the dataset picker has focus
         # Harness: Tab to it, open it, pick the next entry (oracle: runs the task's solution).
         tmux.keys("Tab", "Tab", "Enter", "Down", "Enter")
-        tmux.wait_for(r"✓ oracle", 10)
+        tmux.wait_for(r"✓ oracle", 60)
         # Tasks list (after sandbox, engine, public URL, K, concurrency, alternatives, Start): tick
         # the third.
         tmux.keys(*["Tab"] * 8, "Down", "Down", "Down", "Space")
@@ -52,10 +51,7 @@ def test_tapdeck_runs_a_rollout_by_keystrokes_and_quits_freeing_the_port(tmp_pat
         tmux.keys("4")
         tmux.wait_for(r"hello-file\s+1/1", 60)
         tmux.keys("q")
-        deadline = time.monotonic() + 60
-        while not rc_file.exists() and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert rc_file.read_text().strip() == "0"
+        assert exit_code(rc_file) == "0", tmux.screen()
         assert _port_is_free(port)
         assert "Traceback" not in tmux.screen()
     finally:

@@ -195,7 +195,9 @@ def _app_on_a_dead_server(mode: str) -> TapdeckApp:
 async def test_server_gone_becomes_a_notification_and_status_line_not_a_traceback():
     app = _app_on_a_dead_server("info")
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.pause(0.5)
+        await until(pilot, lambda: "not reachable" in app.status
+                    and any("is it running?" in n.message for n in app._notifications),
+                    "the failed load on the status line and as a notification")
         assert "not reachable" in app.status and app.status_level == "error"
         assert any("is it running?" in n.message for n in app._notifications)
         assert app.is_running
@@ -204,8 +206,11 @@ async def test_server_gone_becomes_a_notification_and_status_line_not_a_tracebac
 async def test_setup_without_a_catalog_says_so_and_how_to_retry():
     app = _app_on_a_dead_server("setup")
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.pause(0.5)
         dataset = app.screen.query_one("#dataset", Select)
+        label = dataset.query_one("SelectCurrent #label")
+        await until(pilot, lambda: "catalog not loaded" in str(label.render())
+                    and any("is it running?" in n.message for n in app._notifications),
+                    "the failed catalog load in the picker and as a notification")
         assert dataset.prompt == "catalog not loaded: ctrl+r retries"
         assert "catalog not loaded" in str(dataset.query_one("SelectCurrent #label").render())
         assert any("is it running?" in n.message for n in app._notifications)
@@ -569,7 +574,13 @@ async def test_every_screens_footer_keeps_reload_help_and_quit_at_80x24(make_app
     app = make_app("sessions")
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press(key)
-        await pilot.pause(0.5)
+
+        def drawn() -> bool:
+            footer = _screen_lines(app)[-1]
+            return "f1 Help" in footer and "q Quit" in footer and (
+                key not in ("3", "4", "5", "6") or "r Reload" in footer)
+
+        await until(pilot, drawn, f"the footer of screen {key}")
         footer = _screen_lines(app)[-1]
         assert "f1 Help" in footer and "q Quit" in footer, footer
         if key in ("3", "4", "5", "6"):
@@ -642,8 +653,8 @@ async def test_messages_of_another_session_open_at_their_top(make_app):
         await pilot.press("2", "down", "enter")
         await until(pilot, lambda: app.current_mode == "rollout" and screen.session_id != first,
                     "another rollout")
-        await pilot.pause(0.2)
-        assert scroll.scroll_y == 0
+        # The scroll home is applied after the next refresh of the screen.
+        await until(pilot, lambda: scroll.scroll_y == 0, "the new session's messages at their top")
 
 
 async def test_sessions_at_60x20_keeps_idle_and_reward_and_says_what_it_hides(make_app):

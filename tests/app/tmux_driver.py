@@ -37,3 +37,14 @@ class Tmux:
                 return screen
             time.sleep(0.5)
         raise AssertionError(f"{pattern!r} never appeared; screen:\n{self.screen()}")
+
+
+def exit_code(rc_file: Path, timeout: float = 60.0) -> str | None:
+    """The exit code a shell wrote to `rc_file` (`echo $? > rc_file`) once its line is whole; None
+    if none came within `timeout`. The file exists a moment before the line is in it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if rc_file.exists() and (text := rc_file.read_text()).endswith("\n"):
+            return text.strip()
+        time.sleep(0.5)
+    return None

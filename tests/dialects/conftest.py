@@ -162,7 +162,7 @@ def scripted_upstream_app(up: ScriptedUpstream) -> FastAPI:
 
 @pytest.fixture(scope="module")
 def scripted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ScriptedUpstream, CaptureServer]]:
-    """A scripted upstream and a capture server in front of it (keepalive every 0.3 s)."""
+    """A scripted upstream and a capture server in front of it (keepalive every 2 s)."""
     up = ScriptedUpstream()
     server = ThreadedServer(scripted_upstream_app(up), "127.0.0.1", 0, name="scripted-vllm").start()
     up.url = f"{server.url}/v1"
@@ -188,6 +188,8 @@ def capture(scripted: tuple[ScriptedUpstream, CaptureServer]) -> CaptureServer:
     return scripted[1]
 
 
-SCRIPTED_KEEPALIVE_S = 0.3
+SCRIPTED_KEEPALIVE_S = 2.0
 """The hold before a stream starts is one keepalive interval: an engine answering within it
-(recorded replies come back in milliseconds) gives the caller its real status."""
+(recorded replies come back in milliseconds) gives the caller its real status. Long enough for a
+loaded machine: a dead engine's refusal alone takes ~0.2 s of connect retries, and a stream that
+starts before the engine's error reaches the caller as an in-stream error, not a status."""

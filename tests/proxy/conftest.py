@@ -215,7 +215,7 @@ def serve_process(port: int, data: Path, engine_url: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def wait_health(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
+def wait_health(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
     """Until the server answers `/health` (an AssertionError if it exits or never comes up)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

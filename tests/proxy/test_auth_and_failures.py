@@ -288,11 +288,11 @@ def test_admin_events_stream_session_and_turn_events(upstream, make_server, admi
 
     thread = threading.Thread(target=listen, daemon=True)
     thread.start()
-    assert ready.wait(10)
+    assert ready.wait(60)
     info = _open(admin)
     httpx.post(f"{server.url}/v1/chat/completions", json=CHAT,
                headers={"Authorization": f"Bearer {info['api_key']}"})
     server.service.events.publish({"type": "run_started", "run_id": "r1"})
     admin.delete(f"/admin/sessions/{info['id']}")
-    thread.join(10)
+    thread.join(60)
     assert seen == ["session_opened", "turn_captured", "run_started", "session_closed"]

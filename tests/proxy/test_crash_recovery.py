@@ -55,7 +55,7 @@ def test_kill_9_mid_rollout_loses_no_replied_turn(embedded_engine, tmp_path: Pat
         thread.start()
         time.sleep(0.2)
         os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+        proc.wait(30)
         thread.join(60)
         assert proc.returncode == -signal.SIGKILL
     finally:

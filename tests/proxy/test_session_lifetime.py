@@ -114,6 +114,8 @@ def test_a_session_closed_while_a_departed_callers_turn_commits_is_released_afte
     # The caller hangs up while its turn is being committed, and the session is closed meanwhile:
     # its live state is released once the turn is on disk, not before (the commit would rebuild
     # the store's per-session state for a session nobody will forget again).
+    import json
+    import socket
     import threading
     import time
 
@@ -132,12 +134,24 @@ def test_a_session_closed_while_a_departed_callers_turn_commits_is_released_afte
                           engine_url=upstream.base_url)
     with running(config) as (server, admin):
         info = admin.post("/admin/sessions", json={}).json()
-        caller = threading.Thread(target=lambda: pytest.raises(
-            httpx.TimeoutException, _responses, server.url, info["api_key"], "hello", None, 1.0))
+
+        def leave_mid_commit() -> None:
+            # Hung up once the turn is being committed (a client timeout could fire before it,
+            # on a loaded machine, and then no turn is committed at all).
+            body = json.dumps({"model": "m", "input": "hello", "max_output_tokens": 8}).encode()
+            host, port = server.url.removeprefix("http://").rsplit(":", 1)
+            with socket.create_connection((host, int(port)), timeout=60) as sock:
+                sock.sendall(f"POST /v1/responses HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                             f"Authorization: Bearer {info['api_key']}\r\n"
+                             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+                             .encode() + body)
+                committing.wait(60)
+
+        caller = threading.Thread(target=leave_mid_commit)
         caller.start()
         try:
             assert committing.wait(60)
-            caller.join()  # gone: its request timed out mid-commit
+            caller.join()  # gone: it hung up mid-commit
             session = server.service._sessions[info["id"]]
             assert admin.delete(f"/admin/sessions/{info['id']}").status_code == 200
             assert session.in_flight == 1 and session.graph is not None  # held for the commit

@@ -163,7 +163,7 @@ def test_every_acknowledged_turn_survives_kill_9(tmp_path):
             if seq >= 40:
                 break
         os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
+        proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -26,7 +26,7 @@ async def test_two_threads_loading_one_run_get_the_same_run(tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     run_id = await _run_on_disk(tmp_path)
     restarted = BatchRunner(None, data_dir=tmp_path, default_engine=None)
-    both_reading = threading.Barrier(2, timeout=10)
+    both_reading = threading.Barrier(2, timeout=60)
     read = batch.read_results
 
     def read_together(path: Path) -> tuple[dict, list[str]]:

@@ -374,13 +374,14 @@ def test_rootless_namespace_works_for_an_unprivileged_user(tmp_path: Path) -> No
         os.chown(rootfs, 65534, 65534)
         holder = subprocess.Popen([*nobody, "unshare", *host.ROOTLESS_UNSHARE, "--", "bash", "-c",
                                    env._rootless_script(rootfs)], stderr=subprocess.PIPE, text=True)
-        for _ in range(200):
+        for _ in range(1200):  # a bound for a loaded machine
             assert holder.poll() is None, holder.stderr.read()  # the script failed: say why
             init = [pid for pid in host._children(holder.pid)
                     if Path(f"/proc/{pid}/comm").read_text().strip() == "sleep"]
             if init:
                 break
             time.sleep(0.05)
+        assert init, "the namespace holder never started its init"
         env._init_pid = init[0]  # only its pid is used, to build the nsenter command
         out = subprocess.run([*nobody, *env._nsenter(), "bash", "-c",
                               "id -u; cd /app && echo made > here && cat here; ls /proc/self/ns/mnt"],
