@@ -4,10 +4,12 @@ command line in its own process, as a user does."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,15 @@ def tapdeck(*args: str, tmp: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", "from tapdeck.app.cli import main; main()", *args],
                           capture_output=True, text=True, timeout=120, env=env,
                           stdin=subprocess.DEVNULL, check=False)
+
+
+@contextlib.contextmanager
+def held_port() -> Iterator[int]:
+    """A loopback port another socket listens on while the block runs."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        yield held.getsockname()[1]
 
 
 def one_line(result: subprocess.CompletedProcess) -> str:
@@ -51,10 +62,7 @@ def test_engine_refuses_a_context_length_below_one(n_ctx: str, tmp_path: Path) -
 
 
 def test_engine_refuses_a_port_in_use_and_a_model_that_is_not_a_file_as_bad_usage(tmp_path: Path) -> None:
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
-        held.listen()
-        port = held.getsockname()[1]
+    with held_port() as port:
         result = tapdeck("engine", "--port", str(port), tmp=tmp_path)
     assert result.returncode == 2
     assert one_line(result).startswith("tapdeck engine: ") and f"port {port}?" in one_line(result)
@@ -111,10 +119,7 @@ def test_tui_refuses_a_public_url_and_a_data_dir_it_cannot_use_as_serve_does(tmp
     result = tapdeck("tui", "--data-dir", str(afile), tmp=tmp_path)
     assert result.returncode == 2
     assert f"--data-dir: {afile} is not a directory" in one_line(result)
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
-        held.listen()
-        port = held.getsockname()[1]
+    with held_port() as port:
         result = tapdeck("tui", "--port", str(port), tmp=tmp_path)
     assert result.returncode == 2
     assert str(port) in one_line(result)
