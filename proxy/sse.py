@@ -45,9 +45,9 @@ async def stream_with_keepalive(
     While `call` runs: `keepalive` (a `: keepalive` comment unless the dialect needs other bytes)
     every `interval` seconds. When the client goes away (the HTTP layer closes or cancels this
     generator) the call is cancelled, so the engine stops generating for nobody. An exception from
-    `call` propagates: the caller turns it into its dialect's error events. `encode` writes one event (SSE by default).
-    `keepalive_at_once`: the first keepalive goes out at once if `call` is still running (the
-    caller already held the response start for one interval).
+    `call` propagates: the caller turns it into its dialect's error events. `encode` writes one
+    event (SSE by default). `keepalive_at_once`: the first keepalive goes out at once if `call` is
+    still running (the caller already held the response start for one interval).
     """
     task = asyncio.ensure_future(call)
     try:

@@ -20,6 +20,25 @@ def signal_group(pgid: int, sig: int = signal.SIGKILL) -> None:
         os.killpg(pgid, sig)
 
 
+def _stat(pid: int | str) -> list[bytes] | None:
+    """The fields of `/proc/<pid>/stat` after the command name (state first, then ppid, pgrp);
+    None when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):  # it ended while we looked
+        return None
+
+
+def _running(fields: list[bytes] | None) -> bool:
+    return fields is not None and fields[0] not in (b"Z", b"X")
+
+
+def process_running(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie (an exited process its parent has not reaped)."""
+    return _running(_stat(pid))
+
+
 def group_alive(pgid: int) -> bool:
     """True while a process of the group led by `pgid` still runs. A zombie is not running: one
     whose parent never reaps it (a sandbox's `sleep` init) would otherwise keep the group alive."""
@@ -28,14 +47,7 @@ def group_alive(pgid: int) -> bool:
     except (ProcessLookupError, PermissionError):
         return False
     for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as stat:
-                fields = stat.read().rsplit(b")", 1)[1].split()
-        except OSError:  # it ended while we looked
-            continue
-        if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+        if entry.name.isdigit() and _running(fields := _stat(entry.name)) and int(fields[2]) == pgid:
             return True
     return False
 

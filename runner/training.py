@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Literal
 
 import tapdeck
-from tapdeck.runner.process_group import signal_group
+from tapdeck.runner.process_group import process_running, signal_group
 from tapdeck.runner.recipes import Recipe, get_recipe
 from tapdeck.runner.train_env import env_dir
 
@@ -174,13 +174,7 @@ class RunRecord:
 
 
 def _alive(pid: int | None) -> bool:
-    if pid is None:
-        return False
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
+    return pid is not None and process_running(pid)
 
 
 def _settled(record: RunRecord) -> RunRecord:

@@ -62,7 +62,7 @@ from pathlib import Path
 from harbor.environments.base import BaseEnvironment, ExecResult
 from harbor.environments.capabilities import EnvironmentCapabilities
 
-from tapdeck.runner.process_group import GONE_POLL_S, GONE_WITHIN_S, group_alive, signal_group
+from tapdeck.runner.process_group import GONE_WITHIN_S, signal_group, wait_group_gone
 from tapdeck.runner.sandboxes.loopback_relay import LoopbackRelay
 from tapdeck.runner.sandboxes.mount_points import STATE_DIR, MountPoints
 
@@ -646,7 +646,7 @@ class HostSandbox(BaseEnvironment):
                     break
                 if deadline is not None and loop.time() >= deadline:
                     signal_group(process.pid)
-                    await _group_gone(process.pid)
+                    await asyncio.to_thread(wait_group_gone, process.pid)  # signals land asynchronously
                     raise RuntimeError(f"Command timed out after {timeout_sec} seconds")
                 await asyncio.wait({pumps}, timeout=_POLL_S)
         except BaseException:
@@ -710,12 +710,3 @@ class HostSandbox(BaseEnvironment):
         """Copy a sandbox directory's contents into a host directory (overwriting)."""
         source = self.host_path(source_dir)
         await asyncio.to_thread(shutil.copytree, source, target_dir, symlinks=True, dirs_exist_ok=True)
-
-
-async def _group_gone(pgid: int) -> None:
-    """Give a SIGKILLed process group time to actually die (signals land asynchronously)."""
-    deadline = time.monotonic() + GONE_WITHIN_S
-    while group_alive(pgid) and time.monotonic() < deadline:
-        await asyncio.sleep(GONE_POLL_S)
-
-
