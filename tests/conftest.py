@@ -102,6 +102,15 @@ def assert_same_shape(ours: Any, recorded: Any, path: str = "$", *,
             f"{path}: expected {type(recorded).__name__}, got {type(ours).__name__} ({ours!r})")
 
 
+def process_gone(pid: int) -> bool:
+    """True when `pid` no longer runs (a zombie nobody reaped yet counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")
+
+
 def free_port() -> int:
     """A loopback port nobody holds right now, for a process to bind a moment later.
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tapdeck.runner import agent_install
+from tests.conftest import process_gone
 
 
 def _fake_install(root: Path, name: str, version: str | None = None) -> Path:
@@ -129,5 +130,5 @@ def test_an_installer_that_goes_quiet_is_stopped_at_its_deadline_with_its_childr
         agent_install._stream(argv, dict(os.environ), Path("/tmp"), said.append,
                               time.monotonic() + 1.0, agent_install.get_package("codex"))
     child = int(said[1])
-    assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
+    assert process_gone(child)
     assert "its last line" in str(err.value)

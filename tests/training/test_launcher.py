@@ -12,6 +12,7 @@ import pytest
 
 from tapdeck.runner.recipes import Recipe
 from tapdeck.runner.training import TrainingRun, list_runs, load_run, strip_ansi
+from tests.conftest import process_gone
 
 SCRIPT = r'''
 import os, signal, subprocess, sys, time
@@ -46,15 +47,6 @@ def fake_recipe(tmp_path: Path) -> tuple[Recipe, dict[str, str]]:
     (pkg / "fake_recipe.py").write_text(SCRIPT)
     recipe = Recipe(name="fake", module="fake_recipe", summary="test", where="here", updates_weights=False)
     return recipe, {"PYTHONPATH": str(pkg)}
-
-
-def _gone(pid: int) -> bool:
-    """True when the process no longer runs (a zombie nobody reaped counts as gone)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return True
-    return state in ("Z", "X")
 
 
 def test_launcher_streams_stripped_lines_and_records_a_finished_run(tmp_path: Path, fake_recipe) -> None:
@@ -102,16 +94,16 @@ def test_stop_kills_the_whole_process_group(tmp_path: Path, fake_recipe) -> None
     while not child:  # the recipe reports its child before it waits
         assert job._finished.is_set() is False, job.log_path.read_text()
         time.sleep(0.05)
-    assert not _gone(child[0]) and os.getpgid(child[0]) == job.pid
+    assert not process_gone(child[0]) and os.getpgid(child[0]) == job.pid
     code = job.stop(grace_s=0.5)
     assert code == -9  # SIGTERM was ignored: SIGKILL ended it
     record = load_run(tmp_path, "t-stop")
     assert (record.state, record.exit_code) == ("stopped", -9)
     for _ in range(600):  # SIGKILL lands asynchronously: a bound for a loaded machine
-        if _gone(child[0]):
+        if process_gone(child[0]):
             break
         time.sleep(0.05)
-    assert _gone(child[0]), "the recipe's child survived stop()"
+    assert process_gone(child[0]), "the recipe's child survived stop()"
 
 
 def test_a_run_id_cannot_be_reused(tmp_path: Path, fake_recipe) -> None:

@@ -16,7 +16,7 @@ from training_data import write_export
 
 from tapdeck.runner.recipes import RECIPES, Recipe
 from tapdeck.runner.training import death_reason, package_path
-from tests.conftest import models_only_engine
+from tests.conftest import models_only_engine, process_gone
 
 def events(server: Any, run_id: str, timeout_s: float = 120.0) -> list[dict]:
     """Every SSE event of one training run, until the server ends the stream."""
@@ -104,8 +104,7 @@ def test_stop_over_http_ends_a_running_job_and_its_process_group(train_server: A
     wait_for(lambda: train_server.http.get(f"{url}/metrics").json()["points"], "a first metric")
     stopped = train_server.http.post(f"{url}/stop").json()
     assert stopped["state"] == "stopped" and stopped["exit_code"] is not None
-    assert not Path(f"/proc/{job['pid']}").exists() or \
-        Path(f"/proc/{job['pid']}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    assert process_gone(job["pid"])
     assert train_server.http.get(url).json()["state"] == "stopped"
 
 

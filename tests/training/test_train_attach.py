@@ -21,7 +21,7 @@ from tapdeck.app.client import TapdeckClient
 from tapdeck.app.screens.train import TrainScreen
 from tests.app.pilot_wait import until
 from tests.app.tmux_driver import TAPDECK
-from tests.conftest import models_only_engine, tapdeck_serve
+from tests.conftest import models_only_engine, process_gone, tapdeck_serve
 
 ADMIN_KEY = "train-attach-admin-key"
 
@@ -64,5 +64,4 @@ async def test_attached_tui_launches_a_recipe_on_the_server_sees_a_metric_and_st
     # The server saw it: its own record says stopped, and the recipe's process is gone.
     doc = httpx.get(f"{served}/admin/train/{run_id}", headers={"Authorization": f"Bearer {ADMIN_KEY}"}).json()
     assert doc["state"] == "stopped" and doc["pid"] == pid
-    stat = Path(f"/proc/{pid}/stat")
-    assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    assert process_gone(pid)
