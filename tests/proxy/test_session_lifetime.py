@@ -30,12 +30,11 @@ def _live_graphs() -> int:
     return sum(1 for o in gc.get_objects() if isinstance(o, RolloutGraph))
 
 
-def _responses(url: str, key: str, text: str, previous: str | None = None,
-               timeout: float = 60) -> httpx.Response:
+def _responses(url: str, key: str, text: str, previous: str | None = None) -> httpx.Response:
     body: dict[str, Any] = {"model": "m", "input": text, "max_output_tokens": 8}
     if previous:
         body["previous_response_id"] = previous
-    return httpx.post(f"{url}/v1/responses", json=body, timeout=timeout,
+    return httpx.post(f"{url}/v1/responses", json=body, timeout=60,
                       headers={"Authorization": f"Bearer {key}"})
 
 
