@@ -64,10 +64,7 @@ class ServerConfig(BaseModel):
     @field_validator("data_dir")
     @classmethod
     def _data_dir(cls, value: Path) -> Path:
-        value = value.expanduser()
-        if value.exists() and not value.is_dir():
-            raise ValueError(f"{value} is not a directory")
-        return value
+        return usable_data_dir(value)
 
     @field_validator("public_url")
     @classmethod
@@ -168,6 +165,15 @@ def write_admin_key(path: Path, key: str) -> None:
         os.close(fd)
     os.chmod(tmp, 0o600)
     os.replace(tmp, path)
+
+
+def usable_data_dir(path: Path) -> Path:
+    """`path` with `~` expanded; ValueError when it names something that is not a directory (a
+    directory that does not exist yet is made when the server starts)."""
+    path = path.expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{path} is not a directory")
+    return path
 
 
 def read_admin_key(data_dir: Path) -> str | None:

@@ -97,7 +97,7 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   made, a server that does not answer or refuses the key, a path that cannot be written
   → tests/app/test_cli_failures.py::test_a_port_out_of_range_is_bad_usage
   → tests/app/test_cli_failures.py::test_a_host_that_does_not_resolve_is_named_not_blamed_on_the_port
-  → tests/app/test_cli_failures.py::test_a_command_that_starts_a_local_server_refuses_a_data_dir_that_is_a_file
+  → tests/app/test_cli_failures.py::test_a_command_refuses_a_data_dir_that_is_a_file
   → tests/app/test_cli_failures.py::test_serve_says_which_data_dir_it_cannot_create
   → tests/app/test_cli_failures.py::test_engine_refuses_a_port_in_use_and_a_model_that_is_not_a_file_as_bad_usage
   → tests/app/test_cli_failures.py::test_info_refuses_an_engine_address_that_is_not_one

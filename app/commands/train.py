@@ -62,7 +62,8 @@ def register(app: typer.Typer) -> None:
         import os
 
         os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-        from tapdeck.proxy.config import ServerConfig, default_data_dir, read_admin_key
+        from tapdeck.proxy.config import (ServerConfig, default_data_dir, read_admin_key,
+                                          usable_data_dir)
 
         known = RECIPES.get(recipe)  # an unknown one is the server's to refuse, naming those it has
         if not list_ and known is not None and (why := known.rows_missing(run, ctx.args)):
@@ -95,6 +96,11 @@ def register(app: typer.Typer) -> None:
                 base = http_base_url(server, "--server")
             except ValueError as exc:
                 typer.echo(f"tapdeck train: {exc}", err=True)
+                raise typer.Exit(2) from None
+            try:
+                usable_data_dir(data)  # where the admin key is looked for
+            except ValueError as exc:
+                typer.echo(f"tapdeck train: --data-dir: {exc}", err=True)
                 raise typer.Exit(2) from None
             key = admin_key or read_admin_key(data)
         try:

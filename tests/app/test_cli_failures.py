@@ -80,11 +80,15 @@ def test_a_host_that_does_not_resolve_is_named_not_blamed_on_the_port(command: s
     assert "'nosuchhost.invalid' does not resolve" in line and "port" not in line
 
 
-@pytest.mark.parametrize("command", [["serve"], ["rollout"], ["train", "data-check", "--rows", "rows.jsonl"]],
-                         ids=["serve", "rollout", "train"])
-def test_a_command_that_starts_a_local_server_refuses_a_data_dir_that_is_a_file(
-        command: list[str], tmp_path: Path) -> None:
-    # One check in the server's config, so every command says it the same way, before any work.
+# Port 9 (discard) answers nothing here: a check that reached the server would fail otherwise.
+@pytest.mark.parametrize("command", [
+    ["serve"], ["rollout"], ["train", "data-check", "--rows", "rows.jsonl"],
+    ["rollout", "--server", "http://127.0.0.1:9"],
+    ["train", "data-check", "--rows", "rows.jsonl", "--server", "http://127.0.0.1:9"],
+], ids=["serve", "rollout", "train", "rollout-remote", "train-remote"])
+def test_a_command_refuses_a_data_dir_that_is_a_file(command: list[str], tmp_path: Path) -> None:
+    # One check (the server config's), so every command says it the same way, before any work;
+    # with --server the data dir is only where the admin key is looked for, and still refused.
     afile = tmp_path / "afile"
     afile.write_text("x")
     result = tapdeck(*command, "--data-dir", str(afile), tmp=tmp_path)
