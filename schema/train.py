@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -25,9 +26,30 @@ class RecipeInfo(BaseModel):
     where: str
     updates_weights: bool
     takes_run: bool
+    rows_options: list[str] = Field(default_factory=list)
+    """Its own options that name the rows it reads instead of a run (`--rows PATH`)."""
     env: str
     available: bool
     why: str
+
+    def rows_missing(self, run: str | None, args: Sequence[str]) -> str | None:
+        """Why a launch with `run` and these recipe args would fail at once (see `rows_missing`)."""
+        return rows_missing(self.name, self.takes_run, self.rows_options, run, args)
+
+
+def rows_missing(name: str, takes_run: bool, rows_options: Sequence[str], run: str | None,
+                 args: Sequence[str]) -> str | None:
+    """Why a recipe that reads a run's rows is certain to fail at its argument parser when
+    launched with `run` and these args (the rows named nowhere), or None.
+
+    One rule for the CLI (which knows the recipes) and the TUI (which gets them from the server)."""
+    if not takes_run or not rows_options or run:
+        return None
+    # Its own `--run` (after `--`) reads its data dir's export; `--help` ends before the check.
+    given = {"--run", "-h", "--help", *(option.split()[0] for option in rows_options)}
+    if any(arg.split("=", 1)[0] in given for arg in args):
+        return None
+    return f"{name} needs --run RUN (or {' or '.join(rows_options)})"
 
 
 class TrainRunInfo(BaseModel):

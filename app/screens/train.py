@@ -218,8 +218,8 @@ class TrainScreen(TapdeckScreen):
             return
         run = self.query_one("#train-run", Select).value
         run_id = None if run is Select.NULL or not recipe.takes_run else str(run)
-        if recipe.takes_run and run_id is None and "--rows" not in args:
-            self.notify("pick a rollout run first (Setup starts one)", severity="warning")
+        if (why := recipe.rows_missing(run_id, args)) is not None:
+            self.notify(f"pick a rollout run first (Setup starts one): {why}", severity="warning")
             return
         self.launch(recipe.name, run_id, args)
 

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tapdeck.schema.train import rows_missing
+
 
 @dataclass(frozen=True)
 class Recipe:
@@ -54,13 +56,7 @@ class Recipe:
     def rows_missing(self, run: str | None, args: Sequence[str]) -> str | None:
         """Why a launch with `run` and these recipe args is certain to fail at its argument parser
         (the rows it reads named nowhere), or None."""
-        if not self.takes_run or not self.rows_options or run:
-            return None
-        # Its own `--run` (after `--`) reads its data dir's export; `--help` ends before the check.
-        given = {"--run", "-h", "--help", *(option.split()[0] for option in self.rows_options)}
-        if any(arg.split("=", 1)[0] in given for arg in args):
-            return None
-        return f"{self.name} needs --run RUN (or {' or '.join(self.rows_options)})"
+        return rows_missing(self.name, self.takes_run, self.rows_options, run, args)
 
 
 RECIPES: dict[str, Recipe] = {

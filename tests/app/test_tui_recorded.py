@@ -11,7 +11,7 @@ from rich.color import Color
 from rich.text import Text
 from textual.command import CommandList, CommandPalette
 from textual.selection import Selection
-from textual.widgets import DataTable, Input, Select, SelectionList, Sparkline
+from textual.widgets import DataTable, Input, Select, SelectionList, Sparkline, Static
 
 from tapdeck.app.client import TapdeckClient
 from tapdeck.app.messages import RunsChanged
@@ -719,7 +719,7 @@ async def test_turn_header_of_a_token_in_turn_is_whole_at_80x24(make_app):
         assert "offset 48)" in shown()
 
 
-async def test_train_without_a_rollout_run_points_to_setup(api_data):
+async def test_train_without_a_rollout_run_points_to_setup_unless_its_args_name_the_rows(api_data):
     api_data["runs"] = []
     client = TapdeckClient("http://tapdeck.test", "test-key", transport=recorded_transport(api_data))
     app = TapdeckApp(client, follow_events=False, initial_mode="train")
@@ -728,8 +728,15 @@ async def test_train_without_a_rollout_run_points_to_setup(api_data):
         await until(pilot, lambda: "data-check" in screen.recipes, "the recipes")
         screen.query_one("#train-recipe", Select).value = "data-check"
         await pilot.press("l")
-        assert any(n.message == "pick a rollout run first (Setup starts one)"
-                   for n in app._notifications)
+        assert any(n.message == ("pick a rollout run first (Setup starts one): data-check needs "
+                                 "--run RUN (or --rows PATH)") for n in app._notifications)
+        # The CLI's rule, as the server lists it: `--rows=PATH` names the rows too, so the launch
+        # is asked of the server (the recording has no launch to answer it with).
+        screen.query_one("#train-args", Input).value = "--rows=rows.jsonl"
+        await pilot.press("l")
+        state = screen.query_one("#train-state", Static)
+        await until(pilot, lambda: str(state.render()).startswith("data-check did not start"),
+                    "the launch asked of the server")
 
 
 async def test_train_reward_plot_says_nothing_is_logged_before_any_run(api_data):
