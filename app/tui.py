@@ -342,7 +342,7 @@ class TapdeckApp(App[None]):
         left = sum(r.counts.total - r.counts.done for r in going)
         self.notify(f"{left} rollout(s) of {len(going)} run(s) still going: quitting stops them "
                     f"(resume them from Runs with {key_of(self, 'runs.resume', self.screens_by_mode['runs'])}). "
-                    f"Press {key_of(self, 'app.quit')} again to quit.",
+                    f"Press {key_of(self, 'app.quit')} again within {CONFIRM_S:g} s to quit.",
                     title="Runs are going", severity="warning", timeout=CONFIRM_S)
 
     def action_resync(self) -> None:

@@ -141,7 +141,7 @@ class SetupScreen(TapdeckScreen):
                         for name, label, kind, placeholder in SETTING_INPUTS:
                             yield Label(label)
                             yield Input(id=f"set-{name}", placeholder=placeholder, compact=True,
-                                        type=kind)  # type: ignore[arg-type]
+                                        type=kind, classes="setting")  # type: ignore[arg-type]
 
     def on_mount(self) -> None:
         self.action_reload()
@@ -241,9 +241,17 @@ class SetupScreen(TapdeckScreen):
             if name == "harness_kwargs" and value is not None:
                 value = json.dumps(value)
             self.query_one(f"#set-{name}", Input).value = "" if value is None else str(value)
+        self._title_settings()
+
+    @on(Input.Changed, ".setting")
+    def _title_settings(self) -> None:
+        """The settings' title says how many are set (for the harness picked), as typed now."""
+        harness = self.query_one("#harness", Select).value
+        count = sum(bool(self.query_one(f"#set-{name}", Input).value.strip())
+                    for name, *_ in SETTING_INPUTS)
+        whose = f" for {harness}" if isinstance(harness, str) else ""
         self.query_one("#rollout-settings", Collapsible).title = (
-            f"Rollout settings ({len(remembered)} set for {harness})" if remembered
-            else "Rollout settings (defaults)")
+            f"Rollout settings ({count} set{whose})" if count else "Rollout settings (defaults)")
 
     def rollout_settings(self) -> tuple[dict[str, Any], float | None]:
         """The settings typed here (only those set) and the hard limit; ValueError naming a field."""
@@ -281,7 +289,8 @@ class SetupScreen(TapdeckScreen):
     def _why(self, kind: str, item: CatalogItem | None) -> tuple[bool, str]:
         """(can run, a line saying so or why not)."""
         if item is None:
-            return False, "nothing to choose (catalog not loaded)"
+            return False, ("nothing chosen: pick one" if self.catalog
+                           else "nothing to choose (catalog not loaded)")
         if isinstance(item, DatasetInfo):
             if item.error:
                 return False, f"✗ {item.error}"
@@ -440,7 +449,8 @@ class SetupScreen(TapdeckScreen):
                 return
         run = await self.client.start_run(plan)
         self._last_start = (plan, run.id)
-        self.app.notify(f"run {run.id} started: {run.counts.total} rollouts",
+        self.app.notify(f"run {run.id} started: {run.counts.total} "
+                        f"rollout{'' if run.counts.total == 1 else 's'}",
                         title="Batch started")
         self.app.post_message(RunsChanged())
         self.app.switch_mode("sessions")

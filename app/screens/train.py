@@ -209,7 +209,8 @@ class TrainScreen(TapdeckScreen):
         name = self.query_one("#train-recipe", Select).value
         recipe = self.recipes.get(str(name))
         if recipe is None:
-            self.notify("no recipe chosen (the server lists none?)", severity="warning")
+            self.notify("no recipe chosen: pick one" if self.recipes
+                        else "no recipe to launch: the server lists none", severity="warning")
             return
         try:
             args = shlex.split(self.query_one("#train-args", Input).value)
@@ -282,6 +283,7 @@ class TrainScreen(TapdeckScreen):
     @on(Button.Pressed, "#train-stop")
     def action_stop(self) -> None:
         if not self.running:
+            self.notify("no training run is running here: nothing to stop", severity="information")
             return
         self._state(f"{self.job.id} · stopping…")
         self.stop_job(self.job.id)

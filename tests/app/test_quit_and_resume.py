@@ -33,7 +33,7 @@ async def test_q_with_a_run_going_on_its_own_server_asks_once_more_then_quits(ap
         await until(pilot, lambda: any("still going" in n for n in _notes(app)), "the warning", 10)
         assert app.is_running
         note = next(n for n in _notes(app) if "still going" in n)
-        assert "Runs with u" in note and "Press q again" in note
+        assert "Runs with u" in note and "Press q again within 5 s to quit" in note
         await pilot.press("q")
         await until(pilot, lambda: not app.is_running, "the quit", 10)
 

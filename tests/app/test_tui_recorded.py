@@ -11,7 +11,7 @@ from rich.color import Color
 from rich.text import Text
 from textual.command import CommandList, CommandPalette
 from textual.selection import Selection
-from textual.widgets import DataTable, Input, Select, SelectionList, Sparkline, Static
+from textual.widgets import Collapsible, DataTable, Input, Select, SelectionList, Sparkline, Static
 
 from tapdeck.app.client import TapdeckClient
 from tapdeck.app.messages import RunsChanged
@@ -323,6 +323,25 @@ async def test_setup_rollout_settings_are_sent_and_remembered_per_harness(make_a
         await _catalog_loaded(pilot)
         assert again.screen.query_one("#set-timeout_s", Input).value == "400.0"
         assert again.screen.plan().rollout.settings.harness_kwargs == {"parser_name": "xml"}
+
+
+async def test_setup_settings_title_counts_what_is_typed_and_a_blank_pick_says_nothing_is_chosen(
+        make_app):
+    app = make_app("setup")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _catalog_loaded(pilot)
+        screen = app.screen
+        settings = screen.query_one("#rollout-settings", Collapsible)
+        assert settings.title == "Rollout settings (defaults)"
+        screen.query_one("#set-max_turns", Input).value = "1"
+        await until(pilot, lambda: settings.title == "Rollout settings (1 set for terminus-2)",
+                    "the title counting the typed setting")
+        screen.query_one("#set-max_turns", Input).value = ""
+        await until(pilot, lambda: settings.title == "Rollout settings (defaults)", "defaults again")
+        # A loaded catalog with nothing picked is the user's choice, not a catalog that is missing.
+        screen.query_one("#harness", Select).clear()
+        await until(pilot, lambda: str(screen.query_one("#why-harness").render())
+                    == "nothing chosen: pick one", "the blank pick's hint")
 
 
 async def test_setup_refuses_a_bad_setting_naming_the_field(make_app):
@@ -737,6 +756,21 @@ async def test_train_without_a_rollout_run_points_to_setup_unless_its_args_name_
         state = screen.query_one("#train-state", Static)
         await until(pilot, lambda: str(state.render()).startswith("data-check did not start"),
                     "the launch asked of the server")
+
+
+async def test_train_says_why_stop_and_launch_did_nothing(make_app):
+    app = make_app("train")
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = app.screen
+        await until(pilot, lambda: "data-check" in screen.recipes and not screen.running,
+                    "the recipes, with no run going")
+        await pilot.press("s")
+        await until(pilot, lambda: any(n.message == "no training run is running here: nothing to "
+                                       "stop" for n in app._notifications), "stop's answer")
+        screen.query_one("#train-recipe", Select).clear()
+        await pilot.press("l")
+        await until(pilot, lambda: any(n.message == "no recipe chosen: pick one"
+                                       for n in app._notifications), "launch's answer")
 
 
 async def test_train_reward_plot_says_nothing_is_logged_before_any_run(api_data):
