@@ -331,6 +331,8 @@ class SetupScreen(TapdeckScreen):
             ticked = set(tasks.selected)
             tasks.clear_options()
             tasks.add_options([(name, name, name in ticked) for name in names])
+            if names:  # a visible row from the start: focus shows where space will tick
+                tasks.highlighted = 0
         self._preview(names[0] if names else None)
 
     def _preview(self, task_name: str | None) -> None:

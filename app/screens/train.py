@@ -330,7 +330,9 @@ class TrainScreen(TapdeckScreen):
             plt.ylim(ticks[0], ticks[-1])
             plt.yticks(ticks)
             last = self.points[shown[0]][-1][1]
-            plt.title(f"{self.panel}: {shown[0].removeprefix('train/')} last {last:.4g}")
+            first = shown[0].removeprefix("train/")
+            label = self.panel if first == self.panel else f"{self.panel}: {first}"  # not "reward: reward"
+            plt.title(f"{label}, last {last:.4g}")
         else:
             plt.title(f"{self.panel}: nothing logged yet")
         plt.xlabel("step")

@@ -758,6 +758,20 @@ async def test_train_without_a_rollout_run_points_to_setup_unless_its_args_name_
                     "the launch asked of the server")
 
 
+async def test_setup_shows_which_picker_has_focus_and_a_task_row_from_the_start(make_app):
+    app = make_app("setup")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _catalog_loaded(pilot)
+        screen = app.screen
+        harness = screen.query_one("#harness", Select).query_one("SelectCurrent")
+        blurred = harness.styles.background
+        screen.query_one("#harness", Select).focus()
+        await until(pilot, lambda: harness.styles.background != blurred, "the focused look")
+        # Textual's own focus mark on a compact picker is a 5% tint; the cursor's colour is not.
+        assert abs(harness.styles.background.brightness - blurred.brightness) > 0.2
+        assert screen.query_one("#tasks", SelectionList).highlighted == 0
+
+
 async def test_train_says_why_stop_and_launch_did_nothing(make_app):
     app = make_app("train")
     async with app.run_test(size=(80, 24)) as pilot:

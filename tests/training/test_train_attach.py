@@ -54,7 +54,7 @@ async def test_attached_tui_launches_a_recipe_on_the_server_sees_a_metric_and_st
         await pilot.click("#train-launch")
         await until(pilot, lambda: screen.points.get("train/reward"), "a metric from the server", timeout=90)
         assert screen.running and screen.job.recipe == "data-check"
-        assert "reward: reward last 0.5" in screen.query_one("#train-plot", PlotextPlot).plt.build()
+        assert "reward, last 0.5" in screen.query_one("#train-plot", PlotextPlot).plt.build()
         await pilot.click("#train-stop")
         await until(pilot, lambda: screen.job.state == "stopped", "stopped", timeout=60)
         assert "stopped" in str(screen.query_one("#train-state").render())

@@ -65,7 +65,7 @@ async def test_train_screen_launches_data_check_on_the_server_and_plots_its_metr
         assert screen.shown_metrics() == ["train/reward", "train/reward_std"]
         if SHOT_DIR:
             app.save_screenshot("train.svg", SHOT_DIR)
-        assert "reward: reward last 0.5" in screen.query_one("#train-plot", PlotextPlot).plt.build()
+        assert "reward, last 0.5" in screen.query_one("#train-plot", PlotextPlot).plt.build()
         log_text = "\n".join(line.text for line in screen.query_one("#train-log", RichLog).lines)
         assert "step 1: group 1" in log_text and "data-check: summary" in log_text
         # Everything fits in 80×24: the plot and the log both got rows.
