@@ -8,7 +8,9 @@ far is stopped and the port freed.
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
 import socket
 from typing import TYPE_CHECKING
 
@@ -34,6 +36,12 @@ if TYPE_CHECKING:
     from tapdeck.runner.engine.registry import SharedEngine
 
 
+KEY_LOCK_FILE = "admin.key.lock"
+"""Held (flock) by the server whose generated key `admin.key` holds, for as long as it runs."""
+
+log = logging.getLogger("tapdeck.host")
+
+
 class LocalServer:
     """Start/stop a full tapdeck server (HTTP, capture service, store, maybe the embedded engine)."""
 
@@ -41,6 +49,9 @@ class LocalServer:
         self.config = config
         self.admin_key: str = config.admin_key or ""
         self.admin_key_generated = False
+        self.admin_key_written = False
+        """Whether `admin.key` holds this server's generated key (not while another server that
+        runs on the same data dir holds the file)."""
         self.service: CaptureService | None = None
         self.default_engine: EngineSpec | None = None
         self.instance: str | None = None
@@ -48,6 +59,7 @@ class LocalServer:
         self._store: Store | None = None
         self._http: ThreadedServer | None = None
         self._sock: socket.socket | None = None
+        self._key_lock: int | None = None
 
     @property
     def url(self) -> str:
@@ -77,7 +89,15 @@ class LocalServer:
             if not cfg.admin_key:
                 self.admin_key = new_admin_key()
                 self.admin_key_generated = True
-                write_admin_key(cfg.admin_key_path, self.admin_key)
+                if self._claim_key_file():
+                    write_admin_key(cfg.admin_key_path, self.admin_key)
+                    self.admin_key_written = True
+                else:
+                    # Overwriting it would lock the running server's clients out (they read the
+                    # key from the file); this server's key stays with its own process.
+                    log.warning("another tapdeck server is running on %s and its admin key is in %s; "
+                                "this server's key is not written there (both share the capture "
+                                "store)", cfg.data_dir, cfg.admin_key_path)
             self.default_engine = self._start_engine()
             self._store = Store(cfg.capture_db)
             port = self._sock.getsockname()[1]
@@ -129,6 +149,17 @@ class LocalServer:
         if resp.json().get("instance") != self.instance:
             raise RuntimeError(f"another server answered on port {self._http.port}")
 
+    def _claim_key_file(self) -> bool:
+        """Take the data dir's key lock for this server's life; False when a running server has it."""
+        fd = os.open(self.config.data_dir / KEY_LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        self._key_lock = fd
+        return True
+
     def stop(self) -> None:
         """Stop everything that was started (safe to call twice, or after a failed start)."""
         ended = True
@@ -144,12 +175,15 @@ class LocalServer:
             self._engine.stop()
             self._engine = None
         if self._store is not None and not ended:
-            logging.getLogger("tapdeck.host").warning(
+            log.warning(
                 "the server did not stop in time; its store stays open until the process exits "
                 "(every committed turn is already on disk)")
         elif self._store is not None:
             self._store.close()
             self._store = None
+        if self._key_lock is not None:
+            os.close(self._key_lock)  # the next server on this data dir writes its own key
+            self._key_lock = None
 
     def __enter__(self) -> LocalServer:
         return self.start()

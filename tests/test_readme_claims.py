@@ -123,6 +123,9 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
 - admin routes need the admin key; `/health` leaks nothing
   → tests/proxy/test_auth_and_failures.py::test_admin_routes_need_the_admin_key
   → tests/proxy/test_auth_and_failures.py::test_health_leaks_nothing
+- a generated key is written to `admin.key` unless another server still runs on the data dir
+  → tests/proxy/test_host.py::test_generated_admin_key_written_and_explicit_key_used
+  → tests/proxy/test_host.py::test_a_second_server_on_a_data_dir_leaves_the_running_ones_admin_key_file
 - a session names the base URL it settled on and records the engine's context (`max_model_len`)
   → tests/proxy/test_engine_address.py::test_session_bodies_take_every_address_form_and_say_where_they_settled
   → tests/runner/test_rollout_settings.py::test_settings_that_do_not_fit_fail_the_rollout_before_the_trial

@@ -70,6 +70,29 @@ def test_generated_admin_key_written_and_explicit_key_used(upstream, make_server
     assert ok.status_code == 200
 
 
+def test_a_second_server_on_a_data_dir_leaves_the_running_ones_admin_key_file(upstream, tmp_path: Path):
+    cfg = ServerConfig(port=0, data_dir=tmp_path, engine_url=upstream.base_url)
+    first = LocalServer(cfg).start()
+    try:
+        second = LocalServer(cfg).start()
+        try:
+            # Clients that read admin.key (train/rollout --server) keep reaching the first server.
+            assert second.admin_key_generated and not second.admin_key_written
+            assert read_admin_key(tmp_path) == first.admin_key != second.admin_key
+            ok = httpx.get(f"{second.url}/admin/sessions",
+                           headers={"Authorization": f"Bearer {second.admin_key}"})
+            assert ok.status_code == 200
+        finally:
+            second.stop()
+    finally:
+        first.stop()
+    third = LocalServer(cfg).start()  # nothing runs there now: the file is its own
+    try:
+        assert third.admin_key_written and read_admin_key(tmp_path) == third.admin_key
+    finally:
+        third.stop()
+
+
 def test_restarted_server_lists_old_sessions_as_interrupted_and_exports_them(upstream, tmp_path: Path):
     cfg = ServerConfig(port=0, data_dir=tmp_path, engine_url=upstream.base_url)
     first = LocalServer(cfg).start()
