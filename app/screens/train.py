@@ -77,7 +77,7 @@ class TrainScreen(TapdeckScreen):
     #train-recipe { max-width: 22; }
     #train-controls Button { min-width: 8; width: auto; margin-left: 1; }
     #train-args { height: 1; border: none; padding: 0 1; }
-    #train-state { height: 1; padding: 0 1; color: $text-muted; }
+    #train-state { height: 1; padding: 0 1; color: $text-muted; text-wrap: nowrap; text-overflow: ellipsis; }
     #train-body { height: 1fr; }
     #train-panel { height: 1; }
     #train-plot { height: 3fr; min-height: 5; }
