@@ -143,8 +143,11 @@ class SessionBoard:
 
     def sessionless(self) -> dict[str, RolloutResult]:
         """Rollouts whose capture session is unknown here (none opened, or not listed)."""
+        # A session names its rollout in its metadata from the moment it opens, while the
+        # rollout's own session id comes later from the runs side: match on either.
+        listed = {e.summary.metadata.get("rollout_id") for e in self.entries.values()}
         return {rid: r for rid, r in self.rollouts.items()
-                if not r.session_id or r.session_id not in self.entries}
+                if rid not in listed and not (r.session_id and r.session_id in self.entries)}
 
     def replace_all(self, summaries: Iterable[SessionSummary], now: float) -> None:
         """Resynchronise from `GET /admin/sessions` (start-up or after the event stream reconnects)."""

@@ -32,6 +32,35 @@ GROUP_BINS = 5
 """A group's reward histogram: five bins over 0-1 (K is small; ten would be mostly empty)."""
 
 
+def _cursor_key(table: DataTable) -> str | None:
+    """The key of the row under the cursor; None on an empty table."""
+    if table.row_count == 0:
+        return None
+    return table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+
+
+def _show_rows(table: DataTable, rows: dict[str, tuple[str, ...]]) -> None:
+    """Make `table` show `rows` (key → cells, in order), its cursor staying on the same key.
+
+    While the keys and their order stay (a run's update), only the changed cells are touched.
+    Otherwise the rows are laid out again and the cursor goes back to its key or, that row gone,
+    to the row now at its place."""
+    key = _cursor_key(table)
+    if [row.key.value for row in table.ordered_rows] == list(rows):
+        columns = [column.key for column in table.ordered_columns]
+        for row_key, cells in rows.items():
+            for column, cell, before in zip(columns, cells, table.get_row(row_key)):
+                if cell != before:
+                    table.update_cell(row_key, column, cell, update_width=True)
+        return
+    place = table.cursor_row
+    table.clear()
+    for row_key, cells in rows.items():
+        table.add_row(*cells, key=row_key)
+    if rows:
+        table.move_cursor(row=table.get_row_index(key) if key in rows else min(place, len(rows) - 1))
+
+
 class RunsScreen(TapdeckScreen):
     """Top: all runs. Below: the highlighted run's groups, failures and rollouts."""
 
@@ -101,24 +130,20 @@ class RunsScreen(TapdeckScreen):
         if not self.runs:
             self.query_one("#run-header", Static).update("No runs yet: start a batch on Setup (1).")
             return
-        wanted = self.run_id if any(r.id == self.run_id for r in self.runs) else self.runs[0].id
-        self.run_id = wanted
-        detail = await self.client.run(wanted)
-        self.show_detail(detail)
+        # The run under the cursor: the one shown so far, or the nearest row once it is gone.
+        self.run_id = _cursor_key(self.query_one("#runs-table", DataTable))
+        detail = await self.client.run(self.run_id)
+        if detail.id == self.run_id:  # else another run was highlighted meanwhile
+            self.show_detail(detail)
 
     def _fill_runs_table(self) -> None:
-        table = self.query_one("#runs-table", DataTable)
-        cursor = table.cursor_row
         id_width = max(RUN_ID_MIN_W, self.size.width - OTHER_RUN_COLUMNS_W)
+        rows = {run.id: (id_tail(run.id, id_width), run.state,
+                         f"{run.counts.done}/{run.counts.total}", str(run.counts.ok),
+                         str(run.counts.failed), fmt_reward(run.mean_reward), fmt_rate(run.pass_rate))
+                for run in self.runs}
         with self.app.batch_update():
-            table.clear()
-            for run in self.runs:
-                counts = run.counts
-                table.add_row(id_tail(run.id, id_width), run.state, f"{counts.done}/{counts.total}",
-                              str(counts.ok), str(counts.failed), fmt_reward(run.mean_reward),
-                              fmt_rate(run.pass_rate), key=run.id)
-            if self.runs:
-                table.move_cursor(row=min(cursor, len(self.runs) - 1))
+            _show_rows(self.query_one("#runs-table", DataTable), rows)
 
     def on_resize(self) -> None:
         # The id column takes what the other columns leave, so it is cut again at a new width.
@@ -126,37 +151,46 @@ class RunsScreen(TapdeckScreen):
             self._fill_runs_table()
 
     @on(DataTable.RowHighlighted, "#runs-table")
-    def _run_highlighted(self, event: DataTable.RowHighlighted) -> None:
-        key = event.row_key.value if event.row_key else None
+    def _run_highlighted(self) -> None:
+        # The cursor's run now, not the event's: laying the rows out again highlights the first
+        # row on the way to the kept one.
+        key = _cursor_key(self.query_one("#runs-table", DataTable))
         if key and key != self.run_id:
             self.run_id = key
             self.load_detail(key)
 
     @work(exclusive=True, group="run-detail", exit_on_error=False)
     async def load_detail(self, run_id: str) -> None:
-        self.show_detail(await self.client.run(run_id))
+        detail = await self.client.run(run_id)
+        if run_id == self.run_id:  # else another run was highlighted meanwhile
+            self.show_detail(detail)
 
     def show_detail(self, detail: RunDetail) -> None:
-        """Groups, failures and rollouts of one run."""
+        """Groups, failures and rollouts of one run; the highlighted group and rollout stay
+        highlighted while the same run is shown again (a run event, coming back to the screen)."""
+        groups = self.query_one("#groups-table", DataTable)
+        table = self.query_one("#rollouts-table", DataTable)
+        another_run = self.detail is None or self.detail.id != detail.id
         self.detail = detail
         plan = detail.plan
         self.query_one("#run-header", Static).update(
             f"run {detail.id} · {plan.dataset or 'sample'} · {plan.rollout.harness} · "
             f"{plan.rollout.sandbox} · {plan.rollout.engine} · K={plan.k}")
         rollouts = detail.rollouts
-        groups = self.query_one("#groups-table", DataTable)
-        table = self.query_one("#rollouts-table", DataTable)
         with self.app.batch_update():
-            groups.clear()
-            for group in run_groups(rollouts):
-                groups.add_row(group.task[:28], f"{group.done}/{group.total}",
-                               " ".join(fmt_reward(r) for r in group.rewards)[:24],
-                               fmt_reward(group.mean), fmt_rate(group.pass_rate),
-                               bars(histogram(group.rewards, GROUP_BINS)), key=group.task)
-            table.clear()
-            for r in sorted(rollouts, key=lambda r: (r.task, r.index)):
-                table.add_row(r.task[:24], str(r.index), fmt_phase(r), fmt_reward(r.reward),
-                              str(self._turns(r)), r.error_kind or "", key=r.rollout_id)
+            if another_run:  # its rows from the top, not from the last run's place
+                groups.clear()
+                table.clear()
+            _show_rows(groups, {
+                group.task: (group.task[:28], f"{group.done}/{group.total}",
+                             " ".join(fmt_reward(r) for r in group.rewards)[:24],
+                             fmt_reward(group.mean), fmt_rate(group.pass_rate),
+                             bars(histogram(group.rewards, GROUP_BINS)))
+                for group in run_groups(rollouts)})
+            _show_rows(table, {
+                r.rollout_id: (r.task[:24], str(r.index), fmt_phase(r), fmt_reward(r.reward),
+                               str(self._turns(r)), r.error_kind or "")
+                for r in sorted(rollouts, key=lambda r: (r.task, r.index))})
         self._show_settings(self._selected_rollout())
         # The server's own count (as the runs table's "failed"), not one recounted from the
         # rollouts: after a resume a rollout running again still carries its old failure.

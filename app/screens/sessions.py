@@ -163,6 +163,11 @@ class SessionsScreen(TapdeckScreen):
         board = self.app.board
         if key in board.rollouts:
             return board.rollouts[key]
+        # The session names its rollout before the rollout's own session id arrives (views.py).
+        entry = board.entries.get(key) if key else None
+        named = entry.summary.metadata.get("rollout_id") if entry is not None else None
+        if named in board.rollouts:
+            return board.rollouts[named]
         return next((r for r in board.rollouts.values() if key and r.session_id == key), None)
 
     def _server_now(self) -> float:

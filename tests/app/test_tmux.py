@@ -41,9 +41,9 @@ def test_tapdeck_runs_a_rollout_by_keystrokes_and_quits_freeing_the_port(tmp_pat
         # Harness: Tab to it, open it, pick the next entry (oracle: runs the task's solution).
         tmux.keys("Tab", "Tab", "Enter", "Down", "Enter")
         tmux.wait_for(r"✓ oracle", 60)
-        # Tasks list (after sandbox, engine, public URL, K, concurrency, alternatives, Start): tick
-        # the third.
-        tmux.keys(*["Tab"] * 8, "Down", "Down", "Down", "Space")
+        # Tasks list (after sandbox, engine, public URL, K, concurrency, alternatives, Start): its
+        # first row is highlighted on arrival; tick the third.
+        tmux.keys(*["Tab"] * 8, "Down", "Down", "Space")
         tmux.wait_for(r"Tasks \(1 of 5 ticked\)", 30)
         tmux.keys("C-s")
         screen = tmux.wait_for(r"hello-file\s+finished", 120)

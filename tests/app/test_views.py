@@ -79,6 +79,20 @@ def test_board_idle_seconds_advance_locally_and_long_idle_is_flagged():
     assert board.rows(now=111.0)["s1"][7] == ("61", "idle")
 
 
+
+def test_a_rollout_whose_session_is_listed_is_not_also_listed_without_one():
+    # Just after a batch starts: the session's own event (naming its rollout in its metadata)
+    # arrives before the rollout update that names the session.
+    board = SessionBoard()
+    board.upsert_rollout(RolloutResult(rollout_id="run-1.g000r00", task="greet-script",
+                                       phase="sandbox"))
+    board.upsert_rollout(RolloutResult(rollout_id="run-1.g001r00", task="fizzbuzz-python"))
+    board.upsert(_summary(id="s-30b246", metadata={"rollout_id": "run-1.g000r00", "phase": "sandbox",
+                                                   "task": "greet-script"}), now=1.0)
+    assert list(board.sessionless()) == ["run-1.g001r00"]
+    assert set(board.rows(now=1.0)) == {"s-30b246", "run-1.g001r00"}
+    assert sorted(board.states()) == ["booting", "queued"]
+
 def test_rollout_nodes_of_a_recorded_rollout_mark_roots_and_discarded(api_data):
     nodes = rollout_nodes(GraphView.model_validate(api_data["graphs"]["sess0000recorded"]).turns)
     assert rollout_roots(nodes) == [0, 1]  # a resample of the first prompt is its own root...
