@@ -15,6 +15,7 @@ import httpx
 
 from pydantic import BaseModel, ValidationError
 
+from tapdeck.proxy.config import ADMIN_KEY_FILE, GIVEN_ADMIN_KEY, read_admin_key, unsendable_admin_key
 from tapdeck.schema.activity import SessionActivity
 from tapdeck.schema.catalog import Catalog
 from tapdeck.schema.events import Event, parse_event
@@ -46,11 +47,28 @@ M = TypeVar("M", bound=BaseModel)
 
 
 def admin_key_refusal(data_dir: Path, *, found: bool) -> str:
-    """Why a command's admin key did not get it in (none found, or the server refused the one
-    found), naming every place such a command looks for it."""
-    what = "the server rejected the admin key" if found else "no admin key found"
-    return (f"{what} (looked at --admin-key, $TAPDECK_ADMIN_KEY and {data_dir / 'admin.key'}); "
+    """Why the admin key a command looked for in `data_dir` did not get it in: none found (naming
+    every place such a command looks), or the server refused the one read from the file there."""
+    path = data_dir / ADMIN_KEY_FILE
+    if found:
+        return f"the server rejected the admin key read from {path}; pass the server's key with --admin-key"
+    return (f"no admin key found (looked at --admin-key, $TAPDECK_ADMIN_KEY and {path}); "
             "pass the server's key with --admin-key")
+
+
+def given_admin_key(key: str | None) -> str | None:
+    """`key` as given by --admin-key or $TAPDECK_ADMIN_KEY (None when none was); ValueError (bad
+    usage) when no request could carry it."""
+    if key and (unsendable := unsendable_admin_key(key, GIVEN_ADMIN_KEY)):
+        raise ValueError(unsendable)
+    return key or None
+
+
+def command_admin_key(given: str | None, data_dir: Path) -> str | None:
+    """The admin key a command sends to a server it did not start: the one given, else the one in
+    `<data_dir>/admin.key`, else None. ValueError naming where the key came from when it cannot be
+    sent, or the file when it cannot be read."""
+    return given_admin_key(given) or read_admin_key(data_dir)
 
 
 class ApiError(Exception):
@@ -65,19 +83,21 @@ class ApiError(Exception):
         self.kind = kind  # "unreachable" | "auth" | "not_found" | "rejected" | "server" | "bad_reply"
 
     def for_command(self, key_dir: Path | None, *, key_found: bool) -> str:
-        """The line a command prints: a refused key says where the command looked for it
-        (`key_dir`; None for a server the command started itself, whose key it holds)."""
+        """The line a command prints: a refused key says where it came from. `key_dir` is the data
+        directory the key was read from or looked for in; None when it was given (--admin-key or
+        $TAPDECK_ADMIN_KEY, which the client's own refusal names) or the command started the server."""
         if self.kind == "auth" and key_dir is not None:
             return admin_key_refusal(key_dir, found=key_found)
         return self.message
 
 
-def _detail(response: httpx.Response) -> str:
-    """The server's error text: FastAPI's `detail`, an `error.message`, or the raw body."""
+def _detail(response: httpx.Response) -> str | None:
+    """The server's error text on one line: FastAPI's `detail` or an `error.message`; None when
+    the body is not JSON."""
     try:
         body = response.json()
     except ValueError:
-        return response.text.strip()[:300] or response.reason_phrase
+        return None
     if isinstance(body, dict):
         detail = body.get("detail", body.get("error", body))
         if isinstance(detail, dict):
@@ -85,8 +105,24 @@ def _detail(response: httpx.Response) -> str:
         if isinstance(detail, list):  # pydantic validation errors
             detail = "; ".join(f"{'.'.join(map(str, d.get('loc', ())))}: {d.get('msg')}"
                                if isinstance(d, dict) else str(d) for d in detail)
-        return str(detail)[:300]
-    return str(body)[:300]
+        body = detail
+    return _one_line(str(body), 300)
+
+
+def _one_line(text: str, limit: int) -> str:
+    """`text` with every run of whitespace (newlines included) as one space, cut at `limit`."""
+    return " ".join(text.split())[:limit]
+
+
+def _foreign_body(response: httpx.Response) -> str | None:
+    """What an error reply's body is when a tapdeck server would not send it: an HTML page, or
+    any non-JSON body but a 5xx's plain text (uvicorn's own "Internal Server Error"); else None."""
+    text = _one_line(response.text, 80)
+    if "html" in response.headers.get("content-type", "") or text.startswith("<"):
+        return "an HTML page"
+    if response.status_code < 500:
+        return f"text that is not JSON ({text!r})" if text else "an empty body"
+    return None
 
 
 def _first_error(exc: ValidationError) -> str:
@@ -124,22 +160,34 @@ class TapdeckClient:
     def _check(self, method: str, path: str, response: httpx.Response) -> Any:
         url = str(response.request.url) if response.request else path
         if response.status_code == 401:
-            raise ApiError("the server rejected the admin key (401): pass the key from "
-                           "<data_dir>/admin.key with --admin-key", status=401, url=url, kind="auth")
-        if response.status_code == 404:
-            raise ApiError(f"{method} {path}: not found ({_detail(response)})", status=404, url=url,
-                           kind="not_found")
-        if 400 <= response.status_code < 500:
-            raise ApiError(f"{method} {path} refused ({response.status_code}): {_detail(response)}",
-                           status=response.status_code, url=url, kind="rejected")
-        if response.status_code >= 500:
-            raise ApiError(f"server error on {method} {path} ({response.status_code}): "
-                           f"{_detail(response)}", status=response.status_code, url=url, kind="server")
+            raise ApiError(f"the server rejected the admin key {GIVEN_ADMIN_KEY} (401): pass the key "
+                           "from the server's <data-dir>/admin.key with --admin-key", status=401, url=url,
+                           kind="auth")
+        if response.status_code >= 400:
+            self._refuse(method, path, response, url)
         try:
             return response.json()
         except ValueError as exc:
             raise ApiError(f"{method} {path}: the reply is not JSON; is {self.base_url} a tapdeck "
                            "server?", status=response.status_code, url=url, kind="bad_reply") from exc
+
+    def _refuse(self, method: str, path: str, response: httpx.Response, url: str) -> None:
+        """Raise the ApiError for an error reply (other than 401); one line whatever its body."""
+        status = response.status_code
+        detail = _detail(response)
+        if detail is None:
+            if (foreign := _foreign_body(response)) is not None:
+                # tapdeck's errors are JSON: something else answered at that address.
+                raise ApiError(f"{method} {path}: {self.base_url} answered {status} with {foreign}; "
+                               "is it a tapdeck server?", status=status, url=url, kind="bad_reply")
+            detail = _one_line(response.text, 300) or response.reason_phrase
+        if status == 404:
+            raise ApiError(f"{method} {path}: not found ({detail})", status=404, url=url, kind="not_found")
+        if status < 500:
+            raise ApiError(f"{method} {path} refused ({status}): {detail}", status=status, url=url,
+                           kind="rejected")
+        raise ApiError(f"server error on {method} {path} ({status}): {detail}", status=status, url=url,
+                       kind="server")
 
     async def _model(self, model: type[M], method: str, path: str, **kwargs: Any) -> M:
         """A request whose reply is validated into `model` (a reply that is not is `bad_reply`)."""

@@ -30,6 +30,8 @@ MIN_PUBLIC_KEY_CHARS = 24
 """An admin key guarding a non-loopback bind: at least this many characters from at least
 MIN_PUBLIC_KEY_CLASSES character classes (a generated key has 53)."""
 MIN_PUBLIC_KEY_CLASSES = 2
+GIVEN_ADMIN_KEY = "from --admin-key or $TAPDECK_ADMIN_KEY"
+"""Where an admin key given to a command came from (what refusals of it name)."""
 
 
 def default_data_dir() -> Path:
@@ -45,7 +47,9 @@ class ServerConfig(BaseModel):
     port: int = 8300
     admin_key: str | None = None
     """None → a fresh key is generated at start and written to `<data_dir>/admin.key`."""
-    data_dir: Path = Field(default_factory=default_data_dir)
+    data_dir: Path = Field(default_factory=default_data_dir, validate_default=True)
+    """Validated when it comes from `$TAPDECK_DATA_DIR` too: a file there is refused as a
+    `--data-dir` file is."""
     engine_url: str | None = None
     """None → the embedded engine is started and used as the default engine."""
     engine_model: str | None = None
@@ -97,7 +101,10 @@ def is_loopback(host: str) -> bool:
 
 
 def check_bind(config: ServerConfig) -> None:
-    """Refuse a non-loopback bind without an explicitly chosen admin key of public strength."""
+    """Refuse an admin key no client can send, and a non-loopback bind without an explicitly
+    chosen admin key of public strength."""
+    if config.admin_key and (unsendable := unsendable_admin_key(config.admin_key, GIVEN_ADMIN_KEY)):
+        raise ConfigError(unsendable)
     if is_loopback(config.host):
         return
     if not config.admin_key:
@@ -122,15 +129,30 @@ def admin_key_weakness(key: str) -> str | None:
     return None
 
 
+def unsendable_admin_key(key: str, where: str) -> str | None:
+    """Why `key` (from `where`, e.g. "in PATH") can never be sent, or None when it can.
+
+    Clients send it in an HTTP header (`Bearer KEY`), which carries ASCII only, and the server
+    strips the token it reads; so printable ASCII without spaces, as a generated key is."""
+    if all("!" <= c <= "~" for c in key):
+        return None
+    return f"the admin key {where} must be printable ASCII without spaces (an HTTP header carries it)"
+
+
 def read_key_file(path: Path) -> str:
-    """The admin key in `path` (first line, stripped); ValueError when the file is unreadable or empty."""
+    """The admin key in `path` (first line, stripped); ValueError naming the file when it is
+    unreadable or empty, or its key cannot be sent."""
     try:
-        key = path.expanduser().read_text().strip()
+        # Bytes that are not UTF-8 become U+FFFD, which the ASCII rule below refuses by the file's name.
+        key = path.expanduser().read_text(errors="replace").strip()
     except OSError as exc:
         raise ValueError(f"cannot read the admin key file {path}: {exc.strerror or exc}") from None
     if not key:
         raise ValueError(f"the admin key file {path} is empty")
-    return key.splitlines()[0].strip()
+    key = key.splitlines()[0].strip()
+    if unsendable := unsendable_admin_key(key, f"in {path}"):
+        raise ValueError(unsendable)
+    return key
 
 
 def secure_data_dir(config: ServerConfig) -> None:
@@ -177,9 +199,7 @@ def usable_data_dir(path: Path) -> Path:
 
 
 def read_admin_key(data_dir: Path) -> str | None:
-    """The admin key a local server wrote into `data_dir`, if any."""
+    """The admin key a local server wrote into `data_dir`, if any; ValueError (`read_key_file`'s,
+    naming the file) when the file is there but gives no key a client can send."""
     path = data_dir / ADMIN_KEY_FILE
-    try:
-        return path.read_text().strip() or None
-    except FileNotFoundError:
-        return None
+    return read_key_file(path) if path.exists() else None

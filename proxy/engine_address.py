@@ -21,7 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from tapdeck.proxy.errors import ProxyError
-from tapdeck.schema.addresses import out_of_range_port
+from tapdeck.schema.addresses import bad_host, out_of_range_port
 
 SETTLE_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 """A wrong host or port fails at connect; a busy engine may take a while to list its models."""
@@ -73,7 +73,8 @@ def shown_url(text: str) -> str:
 def normalize_address(address: str) -> str:
     """`scheme://host[:port][/path]` without a trailing slash; `http://` when no scheme is given.
 
-    Purely syntactic (no request). Raises EngineAddressError(400) for anything but http(s).
+    Purely syntactic (no request). Raises EngineAddressError(400) for anything but http(s), and
+    for a host no machine can have (a space in it, say).
     """
     text = address.strip()
     if "://" not in text:
@@ -91,6 +92,8 @@ def normalize_address(address: str) -> str:
     if url is None or not host or not url.startswith(("http://", "https://")):
         raise EngineAddressError(f"engine address {shown_url(address)!r} is not an http(s) URL; write it as "
                                  "HOST:PORT, http://HOST:PORT or http://HOST:PORT/v1", 400)
+    if why := bad_host(host):
+        raise EngineAddressError(f"engine address {shown_url(address)!r}: {why}", 400)
     return url
 
 

@@ -9,6 +9,7 @@ names the port, before any other part has started.
 from __future__ import annotations
 
 import contextlib
+import errno
 import socket
 import threading
 import time
@@ -26,11 +27,16 @@ reusing a connection just as the server closed it got `Connection reset by peer`
 
 
 class PortInUseError(OSError):
-    """The requested port is held by another process."""
+    """The requested address cannot be bound: the port is held by another process, or the host
+    is not one of this machine's addresses (the message says which)."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)  # the message alone: no `[Errno N]` before it
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
-    """Bind a listening TCP socket (IPPROTO_TCP, SO_REUSEADDR); raise PortInUseError naming the port."""
+    """Bind a listening TCP socket (IPPROTO_TCP, SO_REUSEADDR); raise PortInUseError naming the
+    port when it is held, the host when it is not this machine's."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -38,8 +44,9 @@ def bind_socket(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise PortInUseError(exc.errno, f"cannot bind {host}:{port}: {exc.strerror} "
-                                        f"(is another server already using port {port}?)") from exc
+        why = {errno.EADDRINUSE: f"{exc.strerror} (is another server already using port {port}?)",
+               errno.EADDRNOTAVAIL: f"{host} is not an address of this machine"}.get(exc.errno, exc.strerror)
+        raise PortInUseError(exc.errno, f"cannot bind {host}:{port}: {why}") from exc
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock

@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from tapdeck.proxy.server import require_admin
 from tapdeck.proxy.tiers import EngineSpec
-from tapdeck.runner.batch import BatchRunner, PlanError, RunNotFound
+from tapdeck.runner.batch import BatchRunner, PlanError, RunNotFound, RunUnreadable
 from tapdeck.runner.runner_loop import RunnerLoop
 from tapdeck.runner.train_jobs import TrainingJobs, TrainNotFound, TrainRefused
 from tapdeck.schema.catalog import Catalog
@@ -84,11 +84,15 @@ def create_runner_router(service: Any, *, data_dir: Path, default_engine: Engine
     router.batch = batch  # type: ignore[attr-defined]
     router.training = training  # type: ignore[attr-defined]
 
-    def _run_or_404(run_id: str) -> Any:
+    def _run_or_404(run_id: str, doing: str = "read") -> Any:
+        """The run's summary and rollouts; 404 for no such run, 409 for one whose plan.json
+        cannot be read (saying which file and why, after `cannot <doing> run <id>:`)."""
         try:
             return batch.get(run_id)
         except RunNotFound as exc:
             raise HTTPException(404, f"no run {run_id}") from exc
+        except RunUnreadable as exc:
+            raise HTTPException(409, f"cannot {doing} run {run_id}: {exc}") from exc
 
     @router.get("/catalog", response_model=Catalog)
     async def catalog() -> JSONResponse:
@@ -128,12 +132,12 @@ def create_runner_router(service: Any, *, data_dir: Path, default_engine: Engine
 
     @router.post("/runs/{run_id}/cancel", response_model=RunSummary)
     async def cancel_run(run_id: str) -> JSONResponse:
-        _run_or_404(run_id)
+        _run_or_404(run_id, "cancel")
         return JSONResponse(batch.cancel(run_id).model_dump(mode="json"))
 
     @router.post("/runs/{run_id}/rollouts/{rollout_id}/cancel", response_model=RolloutResult)
     async def cancel_rollout(run_id: str, rollout_id: str) -> JSONResponse:
-        _run_or_404(run_id)
+        _run_or_404(run_id, "cancel a rollout of")
         try:
             rollout = batch.cancel_rollout(run_id, rollout_id)
         except RunNotFound as exc:
@@ -144,7 +148,7 @@ def create_runner_router(service: Any, *, data_dir: Path, default_engine: Engine
 
     @router.post("/runs/{run_id}/resume", response_model=RunSummary)
     async def resume_run(run_id: str) -> JSONResponse:
-        _run_or_404(run_id)
+        _run_or_404(run_id, "resume")
         try:
             batch.start(run_id)
         except PlanError as exc:
@@ -153,7 +157,7 @@ def create_runner_router(service: Any, *, data_dir: Path, default_engine: Engine
 
     @router.post("/runs/{run_id}/export", response_model=ExportResult)
     async def export_run(run_id: str, body: ExportRequest | None = None) -> JSONResponse:
-        _run_or_404(run_id)
+        _run_or_404(run_id, "export")
         fmt = body.format if body is not None else "jsonl"
         return JSONResponse(await asyncio.to_thread(batch.export, run_id, fmt))
 

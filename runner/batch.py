@@ -36,6 +36,7 @@ from tapdeck.runner.rollout import RolloutSpec, run_rollout
 from tapdeck.runner.runner_loop import LoopTask, RunnerLoop, ServiceOnItsLoop
 from tapdeck.schema.events import RolloutUpdated, RunFinished, RunStarted
 from tapdeck.schema.runs import (
+    MAX_ROLLOUTS,
     RERUN_ON_RESUME,
     RolloutResult,
     RunCounts,
@@ -59,6 +60,17 @@ class PlanError(ValueError):
 
 class RunNotFound(KeyError):
     """No run with that id in this data dir."""
+
+
+class RunUnreadable(PlanError):
+    """A run whose plan.json cannot be read back (corrupt, truncated, another shape); the message
+    names the file and what is wrong with it."""
+
+
+def is_run_id(name: str) -> bool:
+    """Whether `name` can name a run: a plain directory name under runs/ (not empty, not hidden,
+    which rules out `.` and `..`, and no path separator)."""
+    return bool(name) and not name.startswith(".") and "/" not in name and os.sep not in name
 
 
 class _Run:
@@ -147,6 +159,8 @@ class BatchRunner:
         self._runs: dict[str, _Run] = {}
         self._runs_lock = threading.Lock()
         """Guards `_runs`: `list` loads runs on a worker thread while requests load them on others."""
+        self._skipped: dict[str, str] = {}
+        """Runs `list` leaves out, and why: each is warned about once, not on every poll."""
 
     # ----------------------------------------------------------------- plan → run directory
 
@@ -354,14 +368,23 @@ class BatchRunner:
     # ----------------------------------------------------------------- queries
 
     def list(self) -> list[RunSummary]:
-        """Every run in the data dir, newest first."""
+        """Every run in the data dir, newest first. A run whose files cannot be read is left out,
+        with a warning in the log (once, though the list is polled)."""
         if self.runs_dir.is_dir():
             for path in self.runs_dir.iterdir():
-                if path.name not in self._runs and (path / PLAN).is_file():
-                    try:
-                        self._load(path.name)
-                    except (OSError, ValueError):
-                        continue
+                if not is_run_id(path.name) or path.name in self._runs \
+                        or not (path / PLAN).is_file():
+                    continue
+                try:
+                    self._load(path.name)
+                except RunNotFound:  # removed meanwhile
+                    continue
+                except (OSError, ValueError) as exc:
+                    # One unreadable run (RunUnreadable) must neither fail the list nor hide the
+                    # others: it is left out, and said so in the log.
+                    if self._skipped.get(path.name) != str(exc):
+                        self._skipped[path.name] = str(exc)
+                        log.warning("run %s left out of the list: %s", path.name, exc)
         with self._runs_lock:
             runs = list(self._runs.values())
         return sorted((summarize(r) for r in runs), key=lambda s: s.created_at, reverse=True)
@@ -381,10 +404,9 @@ class BatchRunner:
         if run is not None:
             return run
         path = self.runs_dir / run_id
-        if "/" in run_id or run_id.startswith(".") or not (path / PLAN).is_file():
+        if not is_run_id(run_id) or not (path / PLAN).is_file():
             raise RunNotFound(run_id)
-        doc = json.loads((path / PLAN).read_text())
-        run = _Run(run_id, path, RunPlan.model_validate(doc["plan"]), doc["tasks"], doc["created_at"])
+        run = _Run(run_id, path, *read_plan(path / PLAN))
         run.results, run.unreadable = read_results(path / RESULTS)
         state_doc = _read_json(path / STATE) or {}
         state = state_doc.get("state", "running")
@@ -457,13 +479,40 @@ def read_results(path: Path) -> tuple[dict[str, RolloutResult], list[str]]:
                 if n != last:
                     log.warning("%s:%d: not JSON, skipped (%s)", path, n, first["msg"])
                 continue
-            field = ".".join(str(p) for p in first["loc"]) or "line"
-            why = f"{path}:{n}: not a rollout result ({field}: {first['msg']})"
+            why = f"{path}:{n}: not a rollout result ({_first_error(exc, 'line')})"
             log.warning("%s, skipped", why)
             unreadable.append(why)
             continue
         out[result.rollout_id] = result
     return out, unreadable
+
+
+def _first_error(exc: ValidationError, whole: str) -> str:
+    """`field: why` of a validation error's first complaint (`whole` when it is about the whole)."""
+    first = exc.errors()[0]
+    return f"{'.'.join(str(p) for p in first['loc']) or whole}: {first['msg']}"
+
+
+def read_plan(path: Path) -> tuple[RunPlan, list[dict[str, str]], float]:
+    """A run's plan.json as the run's plan, tasks and creation time; RunUnreadable naming the file
+    and what is wrong with it."""
+    try:
+        doc = json.loads(path.read_bytes().decode("utf-8"))
+        missing = [key for key in ("plan", "tasks", "created_at")
+                   if not isinstance(doc, dict) or key not in doc]
+        if missing:
+            raise ValueError(f"no {', '.join(missing)}")
+        tasks = doc["tasks"]
+        if not isinstance(tasks, list) or not all(
+                isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("path"), str)
+                for t in tasks):
+            raise ValueError("tasks is not a list of {name, path}")
+        return RunPlan.model_validate(doc["plan"]), tasks, float(doc["created_at"])
+    except ValidationError as exc:
+        why = f"plan.{_first_error(exc, 'plan')}"
+    except (OSError, ValueError, TypeError) as exc:  # unreadable, not UTF-8, not JSON, not a plan
+        why = f"{type(exc).__name__}: {exc}"
+    raise RunUnreadable(f"{path} is not a readable plan ({why})")
 
 
 def _end_last_line(path: Path) -> None:
@@ -510,6 +559,10 @@ def resolve_tasks(plan: RunPlan) -> list[dict[str, str]]:
         tasks = tasks[: plan.n_tasks]
     if not tasks:
         raise PlanError(f"dataset {plan.dataset or '(sample)'} has no tasks")
+    if len(tasks) * plan.k > MAX_ROLLOUTS:
+        raise PlanError(f"{len(tasks)} task(s) × k {plan.k} is {len(tasks) * plan.k} rollouts, "
+                        f"more than the {MAX_ROLLOUTS} a run may have; run fewer tasks or a "
+                        "smaller k")
     return tasks
 
 

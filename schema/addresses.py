@@ -33,6 +33,15 @@ def out_of_range_port(url: str) -> str | None:
     return None
 
 
+_HOST = re.compile(r"[\w.-]+|[0-9A-Fa-f:.]+(%[\w.-]+)?")
+"""A host name (IDN letters allowed) or an IPv6 literal without its brackets (a zone id allowed)."""
+
+
+def bad_host(host: str) -> str | None:
+    """Why `host` (a URL's host part) cannot name a machine, e.g. it has a space; None when it can."""
+    return None if _HOST.fullmatch(host) else f"host {host!r} is not a host name or IP address"
+
+
 def http_base_url(text: str, what: str) -> str:
     """`text` as an http(s) base URL without a trailing slash, `http://` added when it names no
     scheme. Raises ValueError naming `what` when it is not one (another scheme, no host, a port
@@ -44,9 +53,12 @@ def http_base_url(text: str, what: str) -> str:
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - raises ValueError for a port that is not a number
-        ok = parts.scheme.lower() in ("http", "https") and bool(parts.hostname)
+        host = parts.hostname or ""
+        ok = parts.scheme.lower() in ("http", "https") and bool(host)
     except ValueError:  # a broken IPv6 literal, a port that is not a number
         ok = False
+    if ok and (why := bad_host(host)):
+        raise ValueError(f"{what} {text!r}: {why}")
     if not ok:
         raise ValueError(f"{what} {text!r} is not an http(s) URL; write it as HOST:PORT or "
                          "http(s)://HOST:PORT")

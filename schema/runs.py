@@ -156,6 +156,19 @@ LEGACY_SETTINGS = frozenset({"agent_kwargs", "agent_timeout_s"})
 """Fields older plans had where `settings` is now."""
 
 
+# Bounds on a plan's size: the server builds a record per rollout up front and a plan is easy to
+# mistype (`-k 1000000000000` hung the server, eating GBs): sizes far past any real batch are
+# refused. The total (tasks × k) is checked where the tasks are known (`resolve_tasks`).
+MAX_K = 1024
+"""Rollouts per task: far past a GRPO group's size (8-64)."""
+MAX_CONCURRENCY = 1024
+"""Rollouts at once: each is a sandbox and an agent process."""
+MAX_TASKS = 100_000
+"""Tasks of a plan (`n_tasks`)."""
+MAX_ROLLOUTS = 100_000
+"""Rollouts of a plan (tasks × k)."""
+
+
 class RunPlan(BaseModel):
     """`POST /admin/runs` body: which tasks, how many rollouts of each, and how each one runs.
     Defaults run offline on the sample dataset.
@@ -168,10 +181,10 @@ class RunPlan(BaseModel):
     """A local folder, a registry name, ...; None → tapdeck's sample dataset."""
     tasks: list[str] | None = None
     """Task names to keep (None → all, or the first `n_tasks`)."""
-    n_tasks: int | None = Field(default=None, ge=1)
-    k: int = Field(default=1, ge=1)
+    n_tasks: int | None = Field(default=None, ge=1, le=MAX_TASKS)
+    k: int = Field(default=1, ge=1, le=MAX_K)
     """Rollouts per task (the GRPO group size)."""
-    concurrency: int = Field(default=1, ge=1)
+    concurrency: int = Field(default=1, ge=1, le=MAX_CONCURRENCY)
     rollout: RolloutTemplate = Field(default_factory=RolloutTemplate)
     """How each rollout runs."""
 

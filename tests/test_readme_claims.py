@@ -61,14 +61,17 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/runner/test_rollout_exit_codes.py::test_no_engine_answering_exits_1
   → tests/runner/test_rollout_exit_codes.py::test_a_plan_the_server_refuses_exits_2
   → tests/runner/test_rollout_exit_codes.py::test_a_failed_rollout_exits_3_and_the_table_says_why
-- `tapdeck rollout`: refused plans (sandbox, `--engine-model`, non-finite numbers, plan options with
-  `--resume`) are 2 before a run exists; a missing run, a run no rollout reached the engine of, and
+- `tapdeck rollout`: refused plans (sandbox, `--engine-model`, non-finite numbers, sizes past their
+  bounds, plan options with `--resume`) are 2 before a run exists; a missing run, a corrupt plan.json, a run no rollout reached the engine of, and
   a server that stopped answering are 1; `--server` takes HOST:PORT; `--resume` follows a running run;
   server log lines go to `rollout.log`; `calls` is the model calls
   → tests/runner/test_rollout_exit_codes.py::test_an_unknown_sandbox_exits_2_before_a_run_is_created
   → tests/runner/test_rollout_exit_codes.py::test_a_number_that_is_not_finite_exits_2
   → tests/runner/test_rollout_exit_codes.py::test_resume_refuses_plan_options_naming_them
   → tests/runner/test_rollout_exit_codes.py::test_resuming_a_run_that_does_not_exist_exits_1
+  → tests/runner/test_rollout_exit_codes.py::test_a_size_past_its_bound_exits_2_naming_the_field
+  → tests/runner/test_rollout_exit_codes.py::test_resuming_a_run_whose_plan_file_is_corrupt_exits_1_naming_the_file
+  → tests/runner/test_rollout_exit_codes.py::test_resume_refuses_a_run_id_that_is_not_a_plain_name
   → tests/runner/test_rollout_exit_codes.py::test_a_dead_engine_behind_a_server_exits_1_as_a_local_one_does
   → tests/runner/test_rollout_exit_codes.py::test_server_given_as_host_port_is_accepted_and_a_short_dataset_is_said
   → tests/runner/test_rollout_exit_codes.py::test_no_admin_key_found_says_where_it_looked
@@ -104,6 +107,9 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/app/test_cli_failures.py::test_train_against_a_server_that_does_not_answer_could_not_do_its_work
   → tests/app/test_cli_failures.py::test_train_refuses_a_server_address_that_is_not_a_url
   → tests/app/test_cli_failures.py::test_export_says_which_out_path_it_cannot_write
+  → tests/app/test_cli_failures.py::test_a_client_refuses_an_admin_key_no_request_can_carry_as_bad_usage
+  → tests/app/test_cli_failures.py::test_an_admin_key_file_that_is_not_utf8_text_is_named
+  → tests/app/test_cli_failures.py::test_a_server_that_is_not_tapdeck_is_said_in_one_line_not_dumped
   → tests/app/test_attach.py::test_attach_to_an_address_that_is_not_a_server_url_is_bad_usage
   → tests/app/test_attach.py::test_attach_with_a_wrong_admin_key_exits_with_one_line_naming_the_key
   → tests/training/test_train_cli.py::test_train_with_an_unknown_recipe_is_bad_usage
@@ -116,6 +122,8 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/proxy/test_routing_and_export.py::test_export_refuses_an_out_path_its_format_cannot_go_to
   → tests/proxy/test_routing_and_export.py::test_export_of_a_run_whose_results_cannot_be_read_says_why
   → tests/proxy/test_routing_and_export.py::test_export_from_a_corrupt_capture_db_says_so
+  → tests/proxy/test_routing_and_export.py::test_export_refuses_a_run_whose_sessions_are_not_in_the_store
+  → tests/proxy/test_routing_and_export.py::test_export_refuses_a_target_that_is_not_a_plain_id
 
 § The server API
 - every admin route of the table exists on the server
@@ -123,6 +131,9 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
 - admin routes need the admin key; `/health` leaks nothing
   → tests/proxy/test_auth_and_failures.py::test_admin_routes_need_the_admin_key
   → tests/proxy/test_auth_and_failures.py::test_health_leaks_nothing
+- an admin key no HTTP header can carry is refused by `serve` and by clients
+  → tests/app/test_cli_failures.py::test_serve_refuses_an_admin_key_no_client_could_send
+  → tests/proxy/test_config_and_keys.py::test_an_admin_key_no_client_can_send_is_refused_on_any_bind
 - a generated key is written to `admin.key` unless another server still runs on the data dir
   → tests/proxy/test_host.py::test_generated_admin_key_written_and_explicit_key_used
   → tests/proxy/test_host.py::test_a_second_server_on_a_data_dir_leaves_the_running_ones_admin_key_file

@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from tapdeck.app.client import ApiError, TapdeckClient
+from tapdeck.app.client import ApiError, TapdeckClient, given_admin_key
 
 
 def register(app: typer.Typer) -> None:
@@ -27,6 +27,7 @@ def register(app: typer.Typer) -> None:
 
         try:
             base = http_base_url(url, "server URL")
+            given_admin_key(admin_key)
         except ValueError as exc:
             print(f"tapdeck attach: {exc}", file=sys.stderr)
             raise typer.Exit(2) from None

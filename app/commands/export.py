@@ -36,7 +36,8 @@ def run_rows(store: Any, run_dir: Path, *,
 
     Every row carries its rollout's `ok` and `error_kind`. A rollout that did not end ok
     (failed, cancelled) is left out unless `include_failed`: a trainer reading the file would
-    otherwise learn from a rollout nobody graded. ExportFailed when no result can be read.
+    otherwise learn from a rollout nobody graded. ExportFailed when no result can be read, or when
+    a rollout to export names a session the store does not have.
     """
     from tapdeck.runner.batch import RESULTS, load_results
 
@@ -45,15 +46,16 @@ def run_rows(store: Any, run_dir: Path, *,
     if not results:
         lines = sum(1 for line in path.read_text(encoding="utf-8", errors="replace").splitlines()
                     if line.strip()) if path.is_file() else 0
-        what = (f"{lines} line(s), none a rollout result: the file is corrupt" if lines
+        what = ("it is a directory, not a file" if path.is_dir()
+                else f"{lines} line(s), none a rollout result: the file is corrupt" if lines
                 else "it is empty or missing: no rollout of the run has finished")
         raise ExportFailed(f"no rollout results can be read from {path} ({what})")
+    wanted = [r for r in results.values() if r.ok or include_failed]
+    failed = len(results) - len(wanted)
+    _check_sessions(store, run_dir.name, wanted)
     rows: list[dict[str, Any]] = []
-    empty = failed = 0
-    for result in results.values():
-        if not result.ok and not include_failed:
-            failed += 1
-            continue
+    empty = 0
+    for result in wanted:
         if not result.session_id:
             empty += 1
             continue
@@ -67,6 +69,21 @@ def run_rows(store: Any, run_dir: Path, *,
         rows.extend(got)
         empty += not got
     return rows, empty, failed
+
+
+def _check_sessions(store: Any, run_id: str, results: list[Any]) -> None:
+    """ExportFailed when a result names a session `store` does not have (the run's folder was
+    copied into another data dir): refused rather than skipped, since a partial export would pass
+    for the whole run."""
+    known = {s["id"] for s in store.list_sessions()}
+    missing = [r for r in results if r.session_id and r.session_id not in known]
+    if not missing:
+        return
+    more = f" (and {len(missing) - 1} more rollout(s) name sessions it does not have)" \
+        if len(missing) > 1 else ""
+    raise ExportFailed(f"run {run_id}'s rollout {missing[0].rollout_id} names session "
+                       f"{missing[0].session_id}, which is not in {store.path}{more}: export from "
+                       "the data dir the run was made in")
 
 
 FORMAT_SUFFIXES = {".jsonl": "jsonl", ".parquet": "parquet"}
@@ -109,16 +126,25 @@ def register(app: typer.Typer) -> None:
         """Write a session's or a run's captured rollouts as JSONL or Parquet."""
         import sqlite3
 
-        from tapdeck.proxy.config import CAPTURE_DB, default_data_dir
+        from tapdeck.proxy.config import CAPTURE_DB, default_data_dir, usable_data_dir
         from tapdeck.proxy.export import write_jsonl, write_parquet
         from tapdeck.proxy.store import Store
+        from tapdeck.runner.batch import is_run_id
 
         try:
             fmt = output_format(fmt, out)
         except ValueError as exc:
             typer.echo(f"tapdeck export: {exc}", err=True)
             raise typer.Exit(2) from None
-        root = data_dir or default_data_dir()
+        if not is_run_id(target):  # else `.`, `..` or a path would name another folder as the run
+            typer.echo(f"tapdeck export: {target!r} is not a session or run id: give a plain id "
+                       "(s-… or run-…), not a path", err=True)
+            raise typer.Exit(2)
+        try:
+            root = usable_data_dir(data_dir or default_data_dir())
+        except ValueError as exc:
+            typer.echo(f"tapdeck export: --data-dir: {exc}", err=True)
+            raise typer.Exit(2) from None
         db = root / CAPTURE_DB
         if not db.exists():
             typer.echo(f"tapdeck export: no capture store at {db}", err=True)

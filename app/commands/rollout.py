@@ -148,8 +148,13 @@ def register(app: typer.Typer) -> None:
         from tapdeck.app.failures import validation_line
         from tapdeck.proxy.config import ServerConfig, default_data_dir
         from tapdeck.proxy.engine_address import EngineAddressError
+        from tapdeck.runner.batch import is_run_id
 
         data = (data_dir or default_data_dir()).expanduser()
+        if resume is not None and not is_run_id(resume):
+            typer.echo(f"tapdeck rollout: --resume {resume!r} is not a run id: give the id a run "
+                       "was started with (run-…), not a path", err=True)
+            raise typer.Exit(EXIT_USAGE)
         if resume is not None and (given := _plan_options_given(ctx, local=server is None)):
             typer.echo(f"tapdeck rollout: --resume runs the run's stored plan, so {', '.join(given)} "
                        "would be ignored; drop them, or start a new run", err=True)
@@ -176,10 +181,8 @@ def register(app: typer.Typer) -> None:
         except ValidationError as exc:
             typer.echo(f"tapdeck rollout: {validation_line(exc)}", err=True)
             raise typer.Exit(EXIT_USAGE) from None
-        if resume is not None and not (data / "runs" / resume / "plan.json").is_file():
-            typer.echo(f"tapdeck rollout: no run {resume} in {data / 'runs'} (pass the --data-dir it "
-                       "ran in)", err=True)
-            raise typer.Exit(EXIT_COULD_NOT_RUN)
+        if resume is not None:
+            _check_local_run(data, resume)
         _install_agent(harness)
         from tapdeck.app.host import LocalServer
 
@@ -216,10 +219,28 @@ def register(app: typer.Typer) -> None:
         raise typer.Exit(code)
 
 
+def _check_local_run(data: Path, run_id: str) -> None:
+    """Exit 1 (before a server and engine are started for nothing) when the run to resume is not
+    in `data` or its plan.json cannot be read back."""
+    from tapdeck.runner.batch import PLAN, RunUnreadable, read_plan
+
+    path = data / "runs" / run_id / PLAN
+    if not path.is_file():
+        typer.echo(f"tapdeck rollout: no run {run_id} in {data / 'runs'} (pass the --data-dir it "
+                   "ran in)", err=True)
+        raise typer.Exit(EXIT_COULD_NOT_RUN)
+    try:
+        read_plan(path)
+    except RunUnreadable as exc:
+        typer.echo(f"tapdeck rollout: cannot resume run {run_id}: {exc}", err=True)
+        raise typer.Exit(EXIT_COULD_NOT_RUN) from None
+
+
 def _drive_remote(server: str, admin_key: str | None, data: Path, plan: RunPlan,
                   resume: str | None) -> None:
     """Submit to (or resume on) the server at `server` and follow the run; exits."""
-    from tapdeck.proxy.config import read_admin_key, usable_data_dir
+    from tapdeck.app.client import command_admin_key
+    from tapdeck.proxy.config import usable_data_dir
     from tapdeck.schema.addresses import http_base_url
 
     try:
@@ -232,11 +253,16 @@ def _drive_remote(server: str, admin_key: str | None, data: Path, plan: RunPlan,
     except ValueError as exc:
         typer.echo(f"tapdeck rollout: --data-dir: {exc}", err=True)
         raise typer.Exit(EXIT_USAGE) from None
-    key = admin_key or read_admin_key(data)
+    try:
+        key = command_admin_key(admin_key, data)
+    except ValueError as exc:
+        typer.echo(f"tapdeck rollout: {exc}", err=True)
+        raise typer.Exit(EXIT_USAGE) from None
     if key is None:
         typer.echo(f"tapdeck rollout: {admin_key_refusal(data, found=False)}", err=True)
         raise typer.Exit(EXIT_COULD_NOT_RUN)
-    raise typer.Exit(_drive(base, key, plan, resume, resume_hint=f"--server {base}", key_dir=data))
+    raise typer.Exit(_drive(base, key, plan, resume, resume_hint=f"--server {base}",
+                            key_dir=None if admin_key else data))
 
 
 def _finite(value: float | None) -> float | None:
@@ -428,7 +454,10 @@ async def _submit(base: str, key: str | None, plan: RunPlan, resume: str | None)
         except ApiError as exc:
             if exc.status != 409:
                 raise
-            run = await client.run(resume)
+            try:
+                run = await client.run(resume)
+            except ApiError:  # the run cannot be read either: the resume's refusal says why
+                raise exc from None
             if run.state != "running":  # refused for its results, which that server cannot read
                 raise
             typer.echo(f"run {resume} is running already: following it", err=True)

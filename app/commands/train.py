@@ -18,7 +18,7 @@ from typing import Any
 
 import typer
 
-from tapdeck.app.client import ApiError, TapdeckClient
+from tapdeck.app.client import ApiError, TapdeckClient, command_admin_key
 from tapdeck.runner.recipes import CPU_TRAINING, DEFAULT_RECIPE, RECIPES
 from tapdeck.schema.train import TrainLogEvent, TrainRunInfo, TrainStateEvent
 
@@ -62,8 +62,7 @@ def register(app: typer.Typer) -> None:
         import os
 
         os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-        from tapdeck.proxy.config import (ServerConfig, default_data_dir, read_admin_key,
-                                          usable_data_dir)
+        from tapdeck.proxy.config import ServerConfig, default_data_dir, usable_data_dir
 
         known = RECIPES.get(recipe)  # an unknown one is the server's to refuse, naming those it has
         if not list_ and known is not None and (why := known.rows_missing(run, ctx.args)):
@@ -102,10 +101,14 @@ def register(app: typer.Typer) -> None:
             except ValueError as exc:
                 typer.echo(f"tapdeck train: --data-dir: {exc}", err=True)
                 raise typer.Exit(2) from None
-            key = admin_key or read_admin_key(data)
+            try:
+                key = command_admin_key(admin_key, data)
+            except ValueError as exc:
+                typer.echo(f"tapdeck train: {exc}", err=True)
+                raise typer.Exit(2) from None
         try:
             code = asyncio.run(_drive(base, key, recipe, run, list(ctx.args), list_,
-                                      key_dir=None if local is not None else data))
+                                      key_dir=None if local is not None or admin_key else data))
         finally:
             if local is not None:
                 local.stop()

@@ -33,7 +33,7 @@ from tapdeck.app.messages import RunsChanged
 from tapdeck.app.screens.base import TapdeckScreen
 from tapdeck.schema.addresses import check_public_url
 from tapdeck.schema.catalog import Catalog, DatasetInfo, EngineInfo, HarnessInfo, SandboxInfo
-from tapdeck.schema.runs import RolloutTemplate, RunPlan
+from tapdeck.schema.runs import MAX_CONCURRENCY, MAX_K, RolloutTemplate, RunPlan
 from tapdeck.schema.settings import RolloutSettings
 
 DEFAULT_ALTERNATIVES = 5
@@ -393,12 +393,11 @@ class SetupScreen(TapdeckScreen):
             if not ok:
                 raise ValueError(f"dataset {dataset} cannot be used: {why.lstrip('✗ ')}")
         numbers = {}
-        for name, label, low, high in (("k", "K", 1, None), ("concurrency", "concurrency", 1, None),
+        for name, label, low, high in (("k", "K", 1, MAX_K), ("concurrency", "concurrency", 1, MAX_CONCURRENCY),
                                        ("alternatives", "alternatives", 0, 20)):
             raw = self.query_one(f"#{name}", Input).value.strip()
-            if not raw.isdigit() or int(raw) < low or (high is not None and int(raw) > high):
-                bound = f"from {low} to {high}" if high is not None else f"≥ {low}"
-                raise ValueError(f"{label} must be a whole number {bound}")
+            if not raw.isdigit() or not low <= int(raw) <= high:
+                raise ValueError(f"{label} must be a whole number from {low} to {high}")
             numbers[name] = int(raw)
         public_url = self.query_one("#public-url", Input).value.strip() or None
         if public_url is not None:

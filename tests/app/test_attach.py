@@ -124,7 +124,8 @@ def test_attach_without_an_admin_key_says_where_it_looked(served, tmp_path):
 
 @pytest.mark.parametrize(("url", "why"), [("ftp://x", "is not an http(s) URL"),
                                           ("127.0.0.1:99999", "port 99999 is out of range"),
-                                          ("http://127.0.0.1:0", "port 0 is out of range")])
+                                          ("http://127.0.0.1:0", "port 0 is out of range"),
+                                          ("not a url", "host 'not a url' is not a host name or IP address")])
 def test_attach_to_an_address_that_is_not_a_server_url_is_bad_usage(url, why, tmp_path):
     result = _attach(url, ADMIN_KEY, tmp_path)
     assert result.returncode == 2

@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,11 +20,12 @@ from tapdeck.app.failures import describe
 from tests.conftest import free_port
 
 
-def tapdeck(*args: str, tmp: Path) -> subprocess.CompletedProcess:
-    """`tapdeck ARGS` through the console script's entry point, with no key or data of the user's."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TAPDECK_ADMIN_KEY")}
-    env |= {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "TAPDECK_DATA_DIR": str(tmp / "data"),
-            "XDG_CONFIG_HOME": str(tmp / "config"), "COLUMNS": "200"}
+def tapdeck(*args: str, tmp: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`tapdeck ARGS` through the console script's entry point, with no key or data of the user's
+    (`env` adds to or overrides its environment)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TAPDECK_ADMIN_KEY")} | {
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True", "TAPDECK_DATA_DIR": str(tmp / "data"),
+        "XDG_CONFIG_HOME": str(tmp / "config"), "COLUMNS": "200"} | (env or {})
     return subprocess.run([sys.executable, "-c", "from tapdeck.app.cli import main; main()", *args],
                           capture_output=True, text=True, timeout=120, env=env,
                           stdin=subprocess.DEVNULL, check=False)
@@ -80,12 +82,25 @@ def test_a_host_that_does_not_resolve_is_named_not_blamed_on_the_port(command: s
     assert "'nosuchhost.invalid' does not resolve" in line and "port" not in line
 
 
+@pytest.mark.parametrize(("command", "args"), [("engine", []), ("serve", ["--engine", "http://127.0.0.1:9"])])
+def test_a_host_that_is_not_this_machines_is_named_not_blamed_on_the_port(command: str, args: list[str],
+                                                                          tmp_path: Path) -> None:
+    # 192.0.2.1 (TEST-NET-1) is no machine's address: the bind fails with EADDRNOTAVAIL. The key
+    # is one `serve` accepts beyond loopback.
+    result = tapdeck(command, "--host", "192.0.2.1", "--port", "0", *args, tmp=tmp_path,
+                     env={"TAPDECK_ADMIN_KEY": "Zq3-chosen-by-the-operator-x7Kp"})
+    assert result.returncode == 2
+    assert one_line(result) == (f"tapdeck {command}: cannot bind 192.0.2.1:0: 192.0.2.1 is not an "
+                                "address of this machine")
+
+
 # Port 9 (discard) answers nothing here: a check that reached the server would fail otherwise.
 @pytest.mark.parametrize("command", [
     ["serve"], ["rollout"], ["train", "data-check", "--rows", "rows.jsonl"],
     ["rollout", "--server", "http://127.0.0.1:9"],
     ["train", "data-check", "--rows", "rows.jsonl", "--server", "http://127.0.0.1:9"],
-], ids=["serve", "rollout", "train", "rollout-remote", "train-remote"])
+    ["export", "r1"],
+], ids=["serve", "rollout", "train", "rollout-remote", "train-remote", "export"])
 def test_a_command_refuses_a_data_dir_that_is_a_file(command: list[str], tmp_path: Path) -> None:
     # One check (the server config's), so every command says it the same way, before any work;
     # with --server the data dir is only where the admin key is looked for, and still refused.
@@ -94,6 +109,97 @@ def test_a_command_refuses_a_data_dir_that_is_a_file(command: list[str], tmp_pat
     result = tapdeck(*command, "--data-dir", str(afile), tmp=tmp_path)
     assert result.returncode == 2
     assert one_line(result) == f"tapdeck {command[0]}: --data-dir: {afile} is not a directory"
+
+
+def test_serve_refuses_a_data_dir_from_the_environment_that_is_a_file_as_it_does_the_flag(
+        tmp_path: Path) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    result = tapdeck("serve", "--port", "0", "--engine", "http://127.0.0.1:9", tmp=tmp_path,
+                     env={"TAPDECK_DATA_DIR": str(afile)})
+    assert result.returncode == 2
+    assert one_line(result) == f"tapdeck serve: --data-dir: {afile} is not a directory"
+
+
+CLIENTS = {"attach": ["attach", "http://127.0.0.1:9"],
+           "train": ["train", "--list", "--server", "http://127.0.0.1:9"],
+           "rollout": ["rollout", "--server", "http://127.0.0.1:9"]}
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+@pytest.mark.parametrize("given", ["flag", "env"])
+def test_a_client_refuses_an_admin_key_no_request_can_carry_as_bad_usage(client: str, given: str,
+                                                                         tmp_path: Path) -> None:
+    # Port 9 answers nothing: the key is refused before any request.
+    key = "clé-du-serveur"
+    result = (tapdeck(*CLIENTS[client], "--admin-key", key, tmp=tmp_path) if given == "flag" else
+              tapdeck(*CLIENTS[client], tmp=tmp_path, env={"TAPDECK_ADMIN_KEY": key}))
+    assert result.returncode == 2
+    assert one_line(result) == (f"tapdeck {client}: the admin key from --admin-key or $TAPDECK_ADMIN_KEY "
+                                "must be printable ASCII without spaces (an HTTP header carries it)")
+
+
+@pytest.mark.parametrize("given", ["flag", "env", "file"])
+def test_serve_refuses_an_admin_key_no_client_could_send(given: str, tmp_path: Path) -> None:
+    key = "clé-ünïcødé-chosen-by-the-operator"
+    key_file = tmp_path / "key.txt"
+    key_file.write_text(key + "\n")
+    args = ["serve", "--port", "0", "--engine", "http://127.0.0.1:9"]
+    result = {"flag": lambda: tapdeck(*args, "--admin-key", key, tmp=tmp_path),
+              "env": lambda: tapdeck(*args, tmp=tmp_path, env={"TAPDECK_ADMIN_KEY": key}),
+              "file": lambda: tapdeck(*args, "--admin-key-file", str(key_file), tmp=tmp_path)}[given]()
+    assert result.returncode == 2
+    where = f"in {key_file}" if given == "file" else "from --admin-key or $TAPDECK_ADMIN_KEY"
+    assert one_line(result) == (f"tapdeck serve: the admin key {where} must be printable ASCII without "
+                                "spaces (an HTTP header carries it)")
+    assert not (tmp_path / "data" / "capture.db").exists()  # refused before anything was made
+
+
+@pytest.mark.parametrize("command", [
+    ["train", "--list", "--server", "http://127.0.0.1:9"], ["rollout", "--server", "http://127.0.0.1:9"],
+    ["serve", "--port", "0", "--engine", "http://127.0.0.1:9", "--admin-key-file"]],
+    ids=["train", "rollout", "serve"])
+def test_an_admin_key_file_that_is_not_utf8_text_is_named(command: list[str], tmp_path: Path) -> None:
+    data = tmp_path / "keydir"
+    data.mkdir()
+    (data / "admin.key").write_bytes(b"\xff\xfe-not-text\n")
+    where = ([str(data / "admin.key")] if command[0] == "serve" else ["--data-dir", str(data)])
+    result = tapdeck(*command, *where, tmp=tmp_path)
+    assert result.returncode == 2
+    assert one_line(result) == (f"tapdeck {command[0]}: the admin key in {data / 'admin.key'} must be "
+                                "printable ASCII without spaces (an HTTP header carries it)")
+
+
+@pytest.fixture
+def not_tapdeck(tmp_path: Path) -> Iterator[str]:
+    """The URL of Python's own `http.server`: answers 404 and 501 with HTML error pages."""
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
+                               "--directory", str(tmp_path)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+@pytest.mark.parametrize(("command", "answer"), [
+    (["attach", "{url}"], "GET /health: {url} answered 404"),
+    (["train", "--list", "--server", "{url}"], "GET /admin/train/recipes: {url} answered 404"),
+    (["rollout", "--server", "{url}"], "POST /admin/runs: {url} answered 501")],
+    ids=["attach", "train", "rollout"])
+def test_a_server_that_is_not_tapdeck_is_said_in_one_line_not_dumped(command: list[str], answer: str,
+                                                                    not_tapdeck: str, tmp_path: Path) -> None:
+    result = tapdeck(*[a.format(url=not_tapdeck) for a in command], "--admin-key", "abc", tmp=tmp_path)
+    assert result.returncode == 1
+    [line] = result.stderr.strip().splitlines()
+    assert f"{answer.format(url=not_tapdeck)} with an HTML page; is it a tapdeck server?" in line
+    assert "<" not in line
 
 
 def test_serve_says_which_data_dir_it_cannot_create(tmp_path: Path, dead_engine_url: str) -> None:
@@ -132,7 +238,8 @@ def test_tui_refuses_a_public_url_and_a_data_dir_it_cannot_use_as_serve_does(tmp
 @pytest.mark.parametrize(("address", "why"), [
     ("ftp://x", "'ftp://x' is not an http(s) URL"),
     ("127.0.0.1:99999", "port 99999 is out of range (1-65535)"),
-    ("127.0.0.1:0", "port 0 is out of range (1-65535)")])
+    ("127.0.0.1:0", "port 0 is out of range (1-65535)"),
+    ("not a url", "'not a url': host 'not a url' is not a host name or IP address")])
 def test_info_refuses_an_engine_address_that_is_not_one(address: str, why: str,
                                                         tmp_path: Path) -> None:
     result = tapdeck("info", "--no-probe", "--engine", address, tmp=tmp_path)

@@ -169,6 +169,10 @@ async def test_setup_plan_captures_five_alternatives_unless_told_otherwise(make_
             screen.plan()
         screen.query_one("#alternatives", Input).value = "0"
         assert screen.plan().rollout.alternatives == 0
+        # K and concurrency have the plan's own bounds, said in one line (not pydantic's dump).
+        screen.query_one("#k", Input).value = "1025"
+        with pytest.raises(ValueError, match="^K must be a whole number from 1 to 1024$"):
+            screen.plan()
 
 
 async def test_setup_plan_carries_the_public_url_sandboxes_use(make_app):

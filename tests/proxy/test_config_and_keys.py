@@ -21,6 +21,7 @@ from tapdeck.proxy.config import (
     read_admin_key,
     read_key_file,
     secure_data_dir,
+    unsendable_admin_key,
     write_admin_key,
 )
 from tapdeck.proxy.events import EventBus
@@ -51,6 +52,21 @@ def test_a_weak_admin_key_is_refused_on_a_public_bind_only(key: str, tmp_path: P
         check_bind(ServerConfig(host="0.0.0.0", data_dir=tmp_path, admin_key=key))
     check_bind(ServerConfig(host="127.0.0.1", data_dir=tmp_path, admin_key=key))
     assert admin_key_weakness(new_admin_key()) is None
+
+
+@pytest.mark.parametrize("key", ["clé-chosen-by-the-operator-x7Kp", "two words", "tab\tkey"])
+def test_an_admin_key_no_client_can_send_is_refused_on_any_bind(key: str, tmp_path: Path) -> None:
+    for host in ("127.0.0.1", "0.0.0.0"):
+        with pytest.raises(ConfigError, match="must be printable ASCII without spaces"):
+            check_bind(ServerConfig(host=host, data_dir=tmp_path, admin_key=key))
+    path = tmp_path / "admin.key"
+    path.write_text(key + "\n")
+    with pytest.raises(ValueError, match=f"admin key in {path} must be printable ASCII"):
+        read_admin_key(tmp_path)
+    path.write_bytes(b"\xff\xfe\n")
+    with pytest.raises(ValueError, match=f"admin key in {path} must be printable ASCII"):
+        read_key_file(path)
+    assert unsendable_admin_key(new_admin_key(), "given") is None
 
 
 def test_admin_key_temp_file_is_never_followed(tmp_path: Path) -> None:

@@ -217,6 +217,47 @@ def test_export_of_a_run_whose_results_cannot_be_read_says_why(results: str, why
     assert not (data / "exports").exists()
 
 
+def test_export_of_a_run_whose_results_file_is_a_directory_says_so(tmp_path: Path):
+    from tapdeck.app.cli import app
+
+    data = _data_with_run(tmp_path, "")
+    results = data / "runs" / "r1" / "results.jsonl"
+    results.unlink()
+    results.mkdir()
+    res = CliRunner().invoke(app, ["export", "r1", "--data-dir", str(data)])
+    assert res.exit_code == 1
+    assert res.output.strip() == (f"tapdeck export: no rollout results can be read from {results} "
+                                  "(it is a directory, not a file)")
+
+
+def test_export_refuses_a_run_whose_sessions_are_not_in_the_store(tmp_path: Path):
+    # The run's folder was copied into another data dir: a partial export would pass for the run.
+    from tapdeck.app.cli import app
+
+    data = _data_with_run(tmp_path, "".join(
+        json.dumps({"rollout_id": f"r1.g0r{i}", "task": "t", "group": 0, "index": i, "ok": True,
+                    "session_id": f"s-gone{i}"}) + "\n" for i in range(2)))
+    res = CliRunner().invoke(app, ["export", "r1", "--data-dir", str(data)])
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit)  # handled, not raised
+    assert res.output.strip() == (
+        f"tapdeck export: run r1's rollout r1.g0r0 names session s-gone0, which is not in "
+        f"{data / 'capture.db'} (and 1 more rollout(s) name sessions it does not have): export "
+        "from the data dir the run was made in")
+    assert not (data / "exports").exists()
+
+
+@pytest.mark.parametrize("target", ["", ".", "..", "runs/r1", "../data"])
+def test_export_refuses_a_target_that_is_not_a_plain_id(target: str, tmp_path: Path):
+    # Taken as a run id, each would name another folder (runs/, the data dir, ...) as the run.
+    from tapdeck.app.cli import app
+
+    data = _data_with_run(tmp_path, "")
+    res = CliRunner().invoke(app, ["export", target, "--data-dir", str(data)])
+    assert res.exit_code == 2
+    assert res.output.strip() == (f"tapdeck export: {target!r} is not a session or run id: give a "
+                                  "plain id (s-… or run-…), not a path")
+
+
 def test_export_from_a_corrupt_capture_db_says_so(tmp_path: Path):
     from tapdeck.app.cli import app
 

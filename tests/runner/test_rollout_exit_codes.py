@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import httpx
 import pytest
 from typer.testing import CliRunner
 
@@ -107,6 +108,56 @@ def test_resuming_a_run_that_does_not_exist_exits_1(tmp_path: Path, models_only_
     assert f"no run nosuch on the server at {models_only_server.url}" in remote.output
 
 
+def test_resuming_a_run_whose_plan_file_is_corrupt_exits_1_naming_the_file(
+        tmp_path: Path, models_only_server: Any, dead_engine_url: str) -> None:
+    # Locally it is refused before a server starts (a dead engine: no engine is needed to say so).
+    plan = tmp_path / "runs" / "run-x" / "plan.json"
+    plan.parent.mkdir(parents=True)
+    plan.write_text("{not json")
+    why = f"{plan} is not a readable plan (JSONDecodeError: Expecting property name"
+    local = CliRunner().invoke(app, ["rollout", "--resume", "run-x", "--data-dir", str(tmp_path),
+                                     "--engine", dead_engine_url])
+    assert local.exit_code == EXIT_COULD_NOT_RUN, local.output
+    [line] = local.output.strip().splitlines()
+    assert line.startswith(f"tapdeck rollout: cannot resume run run-x: {why}")
+    served = Path(models_only_server.config.data_dir) / "runs" / "run-corrupt" / "plan.json"
+    served.parent.mkdir(parents=True)
+    served.write_text("")
+    remote = _remote(models_only_server, "--resume", "run-corrupt")
+    assert remote.exit_code == EXIT_COULD_NOT_RUN, remote.output
+    [line] = remote.output.strip().splitlines()
+    assert line == (f"tapdeck rollout: POST /admin/runs/run-corrupt/resume refused (409): cannot "
+                    f"resume run run-corrupt: {served} is not a readable plan (JSONDecodeError: "
+                    "Expecting value: line 1 column 1 (char 0))")
+    # Nor does it break the list of runs.
+    listed = httpx.get(f"{models_only_server.url}/admin/runs",
+                       headers={"Authorization": f"Bearer {models_only_server.admin_key}"})
+    assert listed.status_code == 200
+    assert "run-corrupt" not in {r["id"] for r in listed.json()["runs"]}
+
+
+@pytest.mark.parametrize("run_id", ["", ".", "..", "../runs/run-x"])
+def test_resume_refuses_a_run_id_that_is_not_a_plain_name(run_id: str, tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["rollout", "--resume", run_id, "--data-dir", str(tmp_path)])
+    assert result.exit_code == EXIT_USAGE, result.output
+    assert result.output.strip() == (f"tapdeck rollout: --resume {run_id!r} is not a run id: give "
+                                     "the id a run was started with (run-…), not a path")
+
+
+@pytest.mark.parametrize(("args", "field"), [
+    (["-k", "1025"], "k: Input should be less than or equal to 1024"),
+    (["-k", "1000000000000"], "k: Input should be less than or equal to 1024"),
+    (["-c", "1025"], "concurrency: Input should be less than or equal to 1024"),
+    (["-n", "100001"], "n_tasks: Input should be less than or equal to 100000")])
+def test_a_size_past_its_bound_exits_2_naming_the_field(args: list[str], field: str,
+                                                        tmp_path: Path, dead_engine_url: str) -> None:
+    # A dead engine: were the size not refused first, no engine would start either.
+    result = CliRunner().invoke(app, ["rollout", *args, "--engine", dead_engine_url,
+                                      "--data-dir", str(tmp_path)])
+    assert result.exit_code == EXIT_USAGE, result.output
+    assert result.output.strip() == f"tapdeck rollout: plan refused: {field}"
+
+
 def test_resume_refuses_plan_options_naming_them() -> None:
     result = CliRunner().invoke(app, ["rollout", "--resume", "run-x", "-k", "5", "--harness", "oracle"])
     assert result.exit_code == EXIT_USAGE, result.output
@@ -145,14 +196,23 @@ def test_no_admin_key_found_says_where_it_looked(tmp_path: Path, models_only_ser
     assert "401" not in text
 
 
-def test_a_rejected_admin_key_says_where_it_looked(tmp_path: Path, models_only_server: Any) -> None:
+def test_a_rejected_admin_key_names_where_that_key_came_from(tmp_path: Path, models_only_server: Any,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TAPDECK_ADMIN_KEY", raising=False)
     result = CliRunner().invoke(app, ["rollout", "--server", models_only_server.url, "--data-dir",
                                       str(tmp_path / "empty"), "--admin-key", "not-the-key"])
     assert result.exit_code == EXIT_COULD_NOT_RUN, result.output
     text = " ".join(result.output.split())
-    assert (f"the server rejected the admin key (looked at --admin-key, $TAPDECK_ADMIN_KEY and "
-            f"{tmp_path / 'empty' / 'admin.key'}); pass the server's key with --admin-key") in text
+    assert "the server rejected the admin key from --admin-key or $TAPDECK_ADMIN_KEY (401)" in text
+    assert str(tmp_path) not in text  # the data dir's admin.key was not what was sent
     assert "run run-" not in text  # refused before any run exists
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "admin.key").write_text("not-the-key\n")
+    result = CliRunner().invoke(app, ["rollout", "--server", models_only_server.url, "--data-dir",
+                                      str(tmp_path / "data")])
+    assert result.exit_code == EXIT_COULD_NOT_RUN, result.output
+    assert (f"the server rejected the admin key read from {tmp_path / 'data' / 'admin.key'}; pass the "
+            "server's key with --admin-key") in " ".join(result.output.split())
 
 
 def _ended_run(*error_kinds: str | None) -> RunDetail:

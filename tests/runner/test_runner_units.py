@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 from pathlib import Path
 
 import pytest
 
 from tapdeck.proxy.tiers import EngineSpec
+from tapdeck.runner import batch as batch_module
 from tapdeck.runner.batch import (
+    PLAN,
     BatchRunner,
     PlanError,
     RunPlan,
+    RunUnreadable,
     _Run,
     load_results,
     rollout_id,
@@ -127,6 +131,46 @@ async def test_unknown_harness_is_refused(tmp_path: Path) -> None:
     batch = BatchRunner(None, data_dir=tmp_path, default_engine=None)
     with pytest.raises(PlanError, match="unknown harness"):
         await batch.create(RunPlan(harness="no-such-harness"))
+
+
+async def test_a_plan_of_more_rollouts_than_a_run_may_have_is_refused_with_the_numbers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(batch_module, "MAX_ROLLOUTS", 3)  # the real bound needs 98 tasks
+    batch = BatchRunner(None, data_dir=tmp_path, default_engine=None)
+    with pytest.raises(PlanError) as refused:
+        await batch.create(RunPlan(harness="oracle", tasks=["hello-file"], k=4))
+    assert str(refused.value) == ("1 task(s) × k 4 is 4 rollouts, more than the 3 a run may have; "
+                                  "run fewer tasks or a smaller k")
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+@pytest.mark.parametrize(("content", "why"), [
+    (b"{not json", "JSONDecodeError: Expecting property name enclosed in double quotes"),
+    (b"", "JSONDecodeError: Expecting value: line 1 column 1 (char 0)"),
+    (b"\xff\xfe{}", "UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff"),
+    (b'{"plan": {}}', "ValueError: no tasks, created_at"),
+    (b"[]", "ValueError: no plan, tasks, created_at"),
+    (b'{"plan": {"k": "many"}, "tasks": [], "created_at": 0}', "plan.k: Input should be a valid integer"),
+    (b'{"plan": {}, "tasks": ["t"], "created_at": 0}', "ValueError: tasks is not a list of {name, path}"),
+], ids=["not-json", "empty", "not-utf8", "keys-missing", "not-an-object", "bad-plan", "bad-tasks"])
+async def test_a_run_whose_plan_file_cannot_be_read_is_refused_naming_it_and_left_out_of_the_list(
+        content: bytes, why: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    written = BatchRunner(None, data_dir=tmp_path, default_engine=None)
+    good, bad = [(await written.create(RunPlan(harness="oracle", tasks=["hello-file"]))).id
+                 for _ in range(2)]
+    plan = tmp_path / "runs" / bad / PLAN
+    plan.write_bytes(content)
+    restarted = BatchRunner(None, data_dir=tmp_path, default_engine=None)
+    with pytest.raises(RunUnreadable) as refused:
+        restarted.get(bad)
+    assert str(refused.value).startswith(f"{plan} is not a readable plan ({why}")
+    assert "\n" not in str(refused.value)
+    with caplog.at_level(logging.WARNING, logger="tapdeck.runner"):
+        assert [s.id for s in restarted.list()] == [good]
+        assert [s.id for s in restarted.list()] == [good]
+    # Said once, though the list is polled.
+    assert [r.getMessage() for r in caplog.records] == [
+        f"run {bad} left out of the list: {refused.value}"]
 
 
 @pytest.mark.parametrize("agent_kind", ["agent_failed", None], ids=["exited-nonzero", "exited-0-without-turns"])

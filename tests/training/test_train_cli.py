@@ -64,13 +64,22 @@ def test_train_with_an_unknown_recipe_is_bad_usage(train_server: Any) -> None:
     assert "unknown recipe 'bogus'; known: data-check" in out.stderr
 
 
-def test_train_with_a_rejected_admin_key_says_where_it_looked(train_server: Any, tmp_path: Path) -> None:
-    out = subprocess.run([TAPDECK, "train", "--server", train_server.url, "--data-dir",
-                          str(tmp_path / "empty"), "--admin-key", "not-the-key", "--list"],
-                         capture_output=True, text=True, timeout=60, env=ENV)
-    assert out.returncode == 1
-    assert ("the server rejected the admin key (looked at --admin-key, $TAPDECK_ADMIN_KEY and "
-            f"{tmp_path / 'empty'}/admin.key)") in out.stderr
+def test_train_with_a_rejected_admin_key_names_where_that_key_came_from(train_server: Any,
+                                                                       tmp_path: Path) -> None:
+    given = subprocess.run([TAPDECK, "train", "--server", train_server.url, "--data-dir",
+                            str(tmp_path / "empty"), "--admin-key", "not-the-key", "--list"],
+                           capture_output=True, text=True, timeout=60, env=ENV)
+    assert given.returncode == 1
+    assert "the server rejected the admin key from --admin-key or $TAPDECK_ADMIN_KEY" in given.stderr
+    assert str(tmp_path) not in given.stderr  # the data dir's admin.key was not what was sent
+    (tmp_path / "client").mkdir()
+    (tmp_path / "client" / "admin.key").write_text("not-the-key\n")
+    read = subprocess.run([TAPDECK, "train", "--server", train_server.url, "--data-dir",
+                           str(tmp_path / "client"), "--list"], capture_output=True, text=True, timeout=60,
+                          env={k: v for k, v in ENV.items() if k != "TAPDECK_ADMIN_KEY"})
+    assert read.returncode == 1
+    assert (f"tapdeck train: the server rejected the admin key read from "
+            f"{tmp_path / 'client' / 'admin.key'}; pass the server's key with --admin-key") in read.stderr
 
 
 def test_train_streams_the_log_and_prints_final_metrics(train_server: Any, tmp_path: Path) -> None:
