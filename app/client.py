@@ -15,7 +15,13 @@ import httpx
 
 from pydantic import BaseModel, ValidationError
 
-from tapdeck.proxy.config import ADMIN_KEY_FILE, GIVEN_ADMIN_KEY, read_admin_key, unsendable_admin_key
+from tapdeck.proxy.config import (
+    ADMIN_KEY_FILE,
+    GIVEN_ADMIN_KEY,
+    read_admin_key,
+    unsendable_admin_key,
+    usable_data_dir,
+)
 from tapdeck.schema.activity import SessionActivity
 from tapdeck.schema.catalog import Catalog
 from tapdeck.schema.events import Event, parse_event
@@ -66,9 +72,15 @@ def given_admin_key(key: str | None) -> str | None:
 
 def command_admin_key(given: str | None, data_dir: Path) -> str | None:
     """The admin key a command sends to a server it did not start: the one given, else the one in
-    `<data_dir>/admin.key`, else None. ValueError naming where the key came from when it cannot be
-    sent, or the file when it cannot be read."""
-    return given_admin_key(given) or read_admin_key(data_dir)
+    `<data_dir>/admin.key`, else None. ValueError (bad usage) naming where the key came from when
+    it cannot be sent, the file when it cannot be read, or a `--data-dir` that is not a directory."""
+    if key := given_admin_key(given):
+        return key
+    try:
+        usable_data_dir(data_dir)
+    except ValueError as exc:
+        raise ValueError(f"--data-dir: {exc}") from None
+    return read_admin_key(data_dir)
 
 
 class ApiError(Exception):

@@ -240,20 +240,10 @@ def _drive_remote(server: str, admin_key: str | None, data: Path, plan: RunPlan,
                   resume: str | None) -> None:
     """Submit to (or resume on) the server at `server` and follow the run; exits."""
     from tapdeck.app.client import command_admin_key
-    from tapdeck.proxy.config import usable_data_dir
     from tapdeck.schema.addresses import http_base_url
 
     try:
         base = http_base_url(server, "--server")
-    except ValueError as exc:
-        typer.echo(f"tapdeck rollout: {exc}", err=True)
-        raise typer.Exit(EXIT_USAGE) from None
-    try:
-        usable_data_dir(data)  # where the admin key is looked for
-    except ValueError as exc:
-        typer.echo(f"tapdeck rollout: --data-dir: {exc}", err=True)
-        raise typer.Exit(EXIT_USAGE) from None
-    try:
         key = command_admin_key(admin_key, data)
     except ValueError as exc:
         typer.echo(f"tapdeck rollout: {exc}", err=True)

@@ -62,7 +62,7 @@ def register(app: typer.Typer) -> None:
         import os
 
         os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-        from tapdeck.proxy.config import ServerConfig, default_data_dir, usable_data_dir
+        from tapdeck.proxy.config import ServerConfig, default_data_dir
 
         known = RECIPES.get(recipe)  # an unknown one is the server's to refuse, naming those it has
         if not list_ and known is not None and (why := known.rows_missing(run, ctx.args)):
@@ -93,15 +93,6 @@ def register(app: typer.Typer) -> None:
 
             try:
                 base = http_base_url(server, "--server")
-            except ValueError as exc:
-                typer.echo(f"tapdeck train: {exc}", err=True)
-                raise typer.Exit(2) from None
-            try:
-                usable_data_dir(data)  # where the admin key is looked for
-            except ValueError as exc:
-                typer.echo(f"tapdeck train: --data-dir: {exc}", err=True)
-                raise typer.Exit(2) from None
-            try:
                 key = command_admin_key(admin_key, data)
             except ValueError as exc:
                 typer.echo(f"tapdeck train: {exc}", err=True)
