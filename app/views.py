@@ -103,6 +103,11 @@ def short_id(value: str | None, width: int = 8) -> str:
     return (value or "–")[:width]
 
 
+def clip(value: str, width: int) -> str:
+    """`value` when it fits in `width`, else its start and an ellipsis: a cut name says it is cut."""
+    return value if len(value) <= width else value[:width - 1] + "…"
+
+
 def id_tail(value: str, width: int) -> str:
     """The whole id when it fits in `width`, else its end: ids that share a prefix (run ids start
     with their date) differ at the end."""
@@ -189,11 +194,11 @@ class SessionBoard:
         state = rollout_state(rollout)
         return (
             ("(none)", "muted"),
-            (rollout.task[:12] or "–", ""),
+            (clip(rollout.task, 12) or "–", ""),
             (state, STATE_TONES.get(state, "")),
             (str(rollout.turns), ""), ("–", ""), ("–", ""), ("–", ""), ("–", ""),
             (fmt_reward(rollout.reward), ""),
-            ((rollout.harness or "–")[:12], ""), (rollout.run_id or "–", ""), ("–", ""), ("–", ""),
+            (clip(rollout.harness or "–", 12), ""), (rollout.run_id or "–", ""), ("–", ""), ("–", ""),
             ("–", ""),
         )
 
@@ -206,7 +211,7 @@ class SessionBoard:
         task = s.metadata.get("task") or ""
         return (
             (short_id(sid), ""),
-            (str(task)[:12] or "–", ""),
+            (clip(str(task), 12) or "–", ""),
             (state, STATE_TONES.get(state, "")),
             (str(s.turns), ""),
             (str(s.roots), ""),
@@ -223,7 +228,7 @@ class SessionBoard:
         elapsed = session_elapsed(s, max(0.0, now - entry.received))
         rate = f"{s.turns / (elapsed / 60):.1f}" if elapsed and s.turns else "–"
         finish = self.finish_reasons.get(sid)
-        return ((str(s.metadata.get("harness") or "–")[:12], ""), (str(s.metadata.get("run_id") or "–"), ""),
+        return ((clip(str(s.metadata.get("harness") or "–"), 12), ""), (str(s.metadata.get("run_id") or "–"), ""),
                 ("–" if elapsed is None else f"{int(elapsed)}", ""), (rate, ""),
                 (finish or "–", "warning" if finish == "length" else ""))
 

@@ -14,6 +14,7 @@ from tapdeck.app.confirm import CONFIRM_S, TwoPress
 from tapdeck.app.histogram import bars, histogram, reward_line
 from tapdeck.app.screens.base import TapdeckScreen
 from tapdeck.app.views import (
+    clip,
     fmt_phase,
     fmt_rate,
     fmt_reward,
@@ -182,13 +183,13 @@ class RunsScreen(TapdeckScreen):
                 groups.clear()
                 table.clear()
             _show_rows(groups, {
-                group.task: (group.task[:28], f"{group.done}/{group.total}",
+                group.task: (clip(group.task, 28), f"{group.done}/{group.total}",
                              " ".join(fmt_reward(r) for r in group.rewards)[:24],
                              fmt_reward(group.mean), fmt_rate(group.pass_rate),
                              bars(histogram(group.rewards, GROUP_BINS)))
                 for group in run_groups(rollouts)})
             _show_rows(table, {
-                r.rollout_id: (r.task[:24], str(r.index), fmt_phase(r), fmt_reward(r.reward),
+                r.rollout_id: (clip(r.task, 24), str(r.index), fmt_phase(r), fmt_reward(r.reward),
                                str(self._turns(r)), r.error_kind or "")
                 for r in sorted(rollouts, key=lambda r: (r.task, r.index))})
         self._show_settings(self._selected_rollout())

@@ -10,6 +10,7 @@ from tapdeck.app.views import (
     LiveGraph,
     SessionBoard,
     capture_mode_text,
+    clip,
     diff_rows,
     display_parents,
     fmt_phase,
@@ -239,3 +240,8 @@ def test_a_rollouts_settings_line_is_in_the_tense_of_its_phase(api_data):
 def test_an_id_too_long_for_its_column_keeps_its_distinct_end():
     assert id_tail("run-20261202-213112-ab12", 30) == "run-20261202-213112-ab12"
     assert id_tail("run-20261202-213112-ab12", 10) == "…3112-ab12"
+
+
+def test_a_name_cut_to_its_column_ends_in_an_ellipsis():
+    assert clip("fizzbuzz-python", 12) == "fizzbuzz-py…" and len(clip("fizzbuzz-python", 12)) == 12
+    assert clip("hello-file", 12) == "hello-file"
