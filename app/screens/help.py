@@ -8,7 +8,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Markdown, Static
+from textual.widgets import Footer, Markdown, Static
 
 
 SCREENS_MARK = "<!-- screens -->"
@@ -45,6 +45,8 @@ class HelpScreen(ModalScreen[None]):
             if self.focused_help:
                 yield Static(self.focused_help, id="focused-help", markup=False)
             yield Markdown(help_text(self.screens_table, self.keys_list))
+        # Its own footer: the screen's below it would offer keys that do nothing while help is open.
+        yield Footer()
 
     async def action_dismiss(self, result: None = None) -> None:
         self.dismiss(result)
