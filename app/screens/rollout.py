@@ -115,6 +115,11 @@ class RolloutScreen(TapdeckScreen):
     def action_tab(self, tab: str) -> None:
         self.query_one(TabbedContent).active = tab
 
+    @on(TabbedContent.TabActivated, "#turn-tabs")
+    def _tab_shown(self, event: TabbedContent.TabActivated) -> None:
+        # The picked token's line belongs to the Tokens tab; under the others it read as theirs.
+        self.query_one("#token-detail", Static).display = event.pane.id == "tokens"
+
     def turn_captured(self, session_id: str) -> None:
         """Called by the App for each (coalesced) turn_captured event: only the new turns' headers
         (and every turn's parent and role) are fetched, never the tokens of turns not shown."""

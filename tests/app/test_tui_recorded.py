@@ -121,6 +121,11 @@ async def test_open_rollout_and_click_a_token_shows_its_logprob(make_app):
         await pilot.press("m")
         await pilot.pause(0.1)
         assert "Create /app/hello.txt containing Hello." in str(app.screen.query_one("#messages-text").render())
+        # The picked token's line is the Tokens tab's: not shown under Messages, back with Tokens.
+        detail = app.screen.query_one("#token-detail")
+        await until(pilot, lambda: not detail.display, "the token line hidden under Messages")
+        await pilot.press("t")
+        await until(pilot, lambda: detail.display, "the token line back under Tokens")
 
 
 async def _catalog_loaded(pilot) -> None:
