@@ -92,6 +92,8 @@ class TrainScreen(TapdeckScreen):
         self.points: dict[str, list[tuple[int, float]]] = {}
         self.panel = "reward"
         self._run_options: list[tuple[str, str]] = []
+        self._rollout_runs: dict[str, RunSummary] = {}
+        """The rollout runs the picker offers, by id, as last listed."""
 
     def compose_body(self) -> Iterable[Widget]:
         with Horizontal(id="train-controls"):
@@ -147,6 +149,7 @@ class TrainScreen(TapdeckScreen):
 
     def _show_rollout_runs(self, runs: list[RunSummary]) -> None:
         runs = sorted(runs, key=lambda r: r.created_at, reverse=True)
+        self._rollout_runs = {r.id: r for r in runs}
         run_select = self.query_one("#train-run", Select)
         chosen = run_select.value
         options = [(f"{r.id} · {r.state} · {r.counts.done} done", r.id) for r in runs]
@@ -222,6 +225,12 @@ class TrainScreen(TapdeckScreen):
         if (why := recipe.rows_missing(run_id, args)) is not None:
             self.notify(f"pick a rollout run first (Setup starts one): {why}", severity="warning")
             return
+        going = self._rollout_runs.get(run_id) if run_id else None
+        if going is not None and going.state == "running":
+            # Allowed (a first look at a long batch), but it reads only what has finished so far.
+            self.notify(f"run {run_id} is still going: {recipe.name} reads the "
+                        f"{going.counts.done} of {going.counts.total} rollouts done so far",
+                        severity="warning")
         self.launch(recipe.name, run_id, args)
 
     @work(group="train-launch", exclusive=True, exit_on_error=False)

@@ -781,6 +781,22 @@ async def test_setup_shows_which_picker_has_focus_and_a_task_row_from_the_start(
         assert screen.query_one("#tasks", SelectionList).highlighted == 0
 
 
+async def test_train_on_a_run_still_going_warns_that_it_reads_what_is_done(api_data):
+    run = api_data["runs"][0]
+    run["state"] = "running"
+    client = TapdeckClient("http://tapdeck.test", "test-key", transport=recorded_transport(api_data))
+    app = TapdeckApp(client, follow_events=False, initial_mode="train")
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = app.screen
+        await until(pilot, lambda: "data-check" in screen.recipes, "the recipes")
+        screen.query_one("#train-recipe", Select).value = "data-check"
+        screen.query_one("#train-run", Select).value = run["id"]
+        await pilot.press("l")
+        warned = (f"run {run['id']} is still going: data-check reads the {run['counts']['done']} of "
+                  f"{run['counts']['total']} rollouts done so far")
+        await until(pilot, lambda: any(n.message == warned for n in app._notifications), "the warning")
+
+
 async def test_train_says_why_stop_and_launch_did_nothing(make_app):
     app = make_app("train")
     async with app.run_test(size=(80, 24)) as pilot:
