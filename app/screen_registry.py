@@ -12,6 +12,7 @@ from textual.binding import Binding, BindingsMap
 from textual.dom import DOMNode
 from textual.screen import Screen
 
+from tapdeck.app.screens.help import HelpScreen
 from tapdeck.app.screens.info import InfoScreen
 from tapdeck.app.screens.rollout import RolloutScreen
 from tapdeck.app.screens.runs import RunsScreen
@@ -72,6 +73,15 @@ def live_keys(app: App, node: DOMNode | type[DOMNode], prefix: str) -> list[tupl
                 if key not in bound:  # a keymap entry for a two-key binding lists its key twice
                     bound.append(key)
     return list(keys.values())
+
+
+def unknown_keymap_ids(app: App, keymap: Iterable[str]) -> list[str]:
+    """The ids of `keymap` that name no binding of the App, its screens or help (a typo would
+    otherwise be ignored without a word)."""
+    known = {b.id for found in app._bindings.key_to_bindings.values() for b in found}
+    for cls in (*(e.screen for e in SCREENS), HelpScreen):
+        known |= {b.id for found in BindingsMap(cls.BINDINGS).key_to_bindings.values() for b in found}
+    return sorted(set(keymap) - known)
 
 
 def _shown(app: App, key: str) -> str:

@@ -28,7 +28,7 @@ from tapdeck.app.messages import (
     SessionsChanged,
     TurnCaptured,
 )
-from tapdeck.app.screen_registry import SCREENS, help_tables, key_of, screen_bindings
+from tapdeck.app.screen_registry import SCREENS, help_tables, key_of, screen_bindings, unknown_keymap_ids
 from tapdeck.app.screens.help import HelpScreen
 from tapdeck.app.screens.rollout import RolloutScreen
 from tapdeck.app.screens.runs import RunsScreen
@@ -150,6 +150,11 @@ class TapdeckApp(App[None]):
         self.theme_changed_signal.subscribe(self, self._remember_theme)
         if self.settings.keymap:
             self.set_keymap(self.settings.keymap)
+            if unknown := unknown_keymap_ids(self, self.settings.keymap):
+                where = f" in {self.settings_path}" if self.settings_path else ""
+                self.notify(f"keymap{where}: no binding has the id "
+                            f"{', '.join(unknown)} (ignored); F1 lists the keys bound now",
+                            severity="warning")
             for nav in self.screen.query(NavBar):  # the default screen is up before the keymap
                 nav.show_keys()
         self.status = f"connecting to {self.server_label}…"

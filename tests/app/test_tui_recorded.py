@@ -249,6 +249,16 @@ async def test_keymap_from_settings_rebinds_by_binding_id(make_app, tmp_path):
         assert type(app.screen).__name__ == "HelpScreen"
 
 
+async def test_a_keymap_id_no_binding_has_is_named_not_ignored_silently(make_app, tmp_path):
+    settings = tmp_path / "tui.json"
+    settings.write_text(json.dumps({"keymap": {"bogus.id": "y", "sessions.details": "i"}}))
+    app = make_app("sessions", settings_path=settings)
+    async with app.run_test(size=(80, 24)) as pilot:
+        said = f"keymap in {settings}: no binding has the id bogus.id (ignored); F1 lists the keys bound now"
+        await until(pilot, lambda: [n.message for n in app._notifications if "keymap" in n.message]
+                    == [said], "the one warning, naming only the unknown id")
+
+
 async def test_help_opens_with_f1_and_question_mark_and_closes_with_escape(make_app):
     app = make_app("sessions")
     async with app.run_test(size=(80, 24)) as pilot:
