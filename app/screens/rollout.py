@@ -202,7 +202,7 @@ class RolloutScreen(TapdeckScreen):
         self.turn_seq = turn.seq
         sampled = turn.sampled_ids or turn.token_texts or []
         header = [f"turn #{turn.seq}",
-                  "root" if turn.parent is None else f"{turn.link_kind} of #{turn.parent}",
+                  "root" if turn.parent is None else f"{turn.link_kind} link to #{turn.parent}",
                   f"prompt {'?' if turn.prompt_len is None else turn.prompt_len} tok",
                   f"sampled {len(sampled)}", f"finish {turn.finish_reason or '?'}",
                   capture_mode_text(turn.meta)]

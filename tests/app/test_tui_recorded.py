@@ -753,7 +753,7 @@ async def test_turn_header_of_a_token_in_turn_is_whole_at_80x24(make_app):
         def shown() -> str:
             return " ".join(line.split("▕")[-1].strip() for line in _screen_lines(app))
 
-        await until(pilot, lambda: "prefix of #0" in shown(), "turn #2's capture line drawn")
+        await until(pilot, lambda: "prefix link to #0" in shown(), "turn #2's capture line drawn")
         assert "offset 48)" in shown()
 
 
