@@ -72,6 +72,8 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/runner/test_rollout_exit_codes.py::test_a_size_past_its_bound_exits_2_naming_the_field
   → tests/runner/test_rollout_exit_codes.py::test_resuming_a_run_whose_plan_file_is_corrupt_exits_1_naming_the_file
   → tests/runner/test_rollout_exit_codes.py::test_resume_refuses_a_run_id_that_is_not_a_plain_name
+- Ctrl-C or SIGTERM while `tapdeck rollout` follows a run cancels it and prints the table
+  → tests/runner/test_rollout_follow.py::test_sigterm_cancels_a_followed_run_as_ctrl_c_does
   → tests/runner/test_rollout_exit_codes.py::test_a_dead_engine_behind_a_server_exits_1_as_a_local_one_does
   → tests/runner/test_rollout_exit_codes.py::test_server_given_as_host_port_is_accepted_and_a_short_dataset_is_said
   → tests/runner/test_rollout_exit_codes.py::test_no_admin_key_found_says_where_it_looked

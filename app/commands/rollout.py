@@ -22,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import signal
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -255,6 +257,25 @@ def _drive_remote(server: str, admin_key: str | None, data: Path, plan: RunPlan,
                             key_dir=None if admin_key else data))
 
 
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM (a job scheduler, `timeout`, `kill`) stops the run as Ctrl-C does: cancelled,
+    sandboxes torn down, the table printed. Without it the command died at once, leaving a run on
+    a `--server` going and a local run recorded as running."""
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield
+        return
+
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _finite(value: float | None) -> float | None:
     """A number option that is given must be finite (`inf` and `nan` would pass as floats)."""
     if value is not None and not math.isfinite(value):
@@ -391,7 +412,8 @@ def _drive(base: str, key: str | None, plan: RunPlan, resume: str | None, *,
                    f"{groups}, not the {plan.n_tasks} asked (-n)", err=True)
     resume_command = f"tapdeck rollout --resume {run_id} {resume_hint}"
     try:
-        doc = asyncio.run(_follow(base, key, run_id, engine_gone=engine_gone))
+        with _terminate_as_interrupt():
+            doc = asyncio.run(_follow(base, key, run_id, engine_gone=engine_gone))
     except KeyboardInterrupt:
         typer.echo("cancelling (tearing sandboxes down)…", err=True)
         doc = asyncio.run(_follow(base, key, run_id, cancel=True))

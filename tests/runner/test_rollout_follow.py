@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -109,3 +110,41 @@ def test_resume_of_a_run_still_going_follows_it(tmp_path: Path) -> None:
     assert result.exit_code == rollout_command.EXIT_OK, result.output
     assert f"run {run['id']} is running already: following it" in result.output
     assert f"run {run['id']} finished: 1/1 done, 1 ok" in result.output
+
+
+def test_sigterm_cancels_a_followed_run_as_ctrl_c_does(tmp_path: Path) -> None:
+    # The verifier sleeps: the run is still going when the command is told to stop.
+    task = make_task(tmp_path / "tasks", "slow-verifier", "sleep 300\n")
+    tapdeck = Path(sys.executable).parent / "tapdeck"
+    headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    with models_only_engine() as engine, tapdeck_serve(
+            tapdeck, tmp_path / "data", tmp_path / "serve.log", admin_key=ADMIN_KEY,
+            engine_url=engine) as server:
+        command = subprocess.Popen(
+            [str(tapdeck), "rollout", "--server", server.url, "--admin-key", ADMIN_KEY,
+             "--dataset", str(task), "--harness", "oracle", "--timeout", "600"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+        try:
+            run_id = None
+            for _ in range(1200):  # until its rollout sleeps in the verifier (bounded)
+                runs = httpx.get(f"{server.url}/admin/runs", headers=headers, timeout=5).json()["runs"]
+                if runs:
+                    run_id = runs[0]["id"]
+                    detail = httpx.get(f"{server.url}/admin/runs/{run_id}", headers=headers,
+                                       timeout=5).json()
+                    if any(r.get("phase") == "verify" for r in detail["rollouts"]):
+                        break
+                time.sleep(0.1)
+            else:
+                pytest.fail("the rollout never reached its verifier")
+            command.send_signal(signal.SIGTERM)
+            out, err = command.communicate(timeout=120)
+        finally:
+            if command.poll() is None:
+                command.kill()
+        state = httpx.get(f"{server.url}/admin/runs/{run_id}", headers=headers, timeout=5).json()["state"]
+    assert command.returncode == rollout_command.EXIT_ROLLOUT_FAILED, out + err
+    assert "cancelling (tearing sandboxes down)…" in err and "Traceback" not in err
+    assert f"run {run_id} cancelled" in " ".join(out.split()), out
+    assert state == "cancelled"
