@@ -16,6 +16,8 @@ def check_public_url(url: str) -> str:
         raise ValueError(f"public URL {url!r} must be http://HOST[:PORT] or https://HOST[:PORT]")
     if parsed.query or parsed.fragment:
         raise ValueError(f"public URL {url!r} must not have a query or fragment")
+    if why := bad_host(parsed.hostname):
+        raise ValueError(f"public URL {url!r}: {why}")
     return url.strip().rstrip("/")
 
 

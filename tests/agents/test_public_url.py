@@ -32,7 +32,7 @@ def test_public_url_is_checked_and_trimmed() -> None:
     assert check_public_url("http://gpu-box:18300/") == "http://gpu-box:18300"
     assert ServerConfig(public_url="https://10.0.0.5:8300").public_url == "https://10.0.0.5:8300"
     assert RunPlan(public_url="http://h:1").rollout.public_url == "http://h:1"
-    for bad in ("gpu-box:18300", "ftp://h:1", "http://:1", "http://h:1/?x=1"):
+    for bad in ("gpu-box:18300", "ftp://h:1", "http://:1", "http://h:1/?x=1", "http://a b:1"):
         with pytest.raises(ValueError, match="public URL"):
             check_public_url(bad)
     with pytest.raises(ValueError, match="public URL"):
