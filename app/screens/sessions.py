@@ -36,7 +36,8 @@ class SessionsScreen(TapdeckScreen):
     MODE = "sessions"
     HELP = SessionTable.HELP
 
-    BINDINGS = [Binding("enter", "open", "Open rollout", id="sessions.open", show=True),
+    # Priority: the table's own (hidden) Enter would otherwise hide this one from the footer.
+    BINDINGS = [Binding("enter", "open", "Open rollout", id="sessions.open", show=True, priority=True),
                 Binding("d", "details", "Details", id="sessions.details", show=True),
                 Binding("x", "cancel_rollout", "Cancel rollout", id="sessions.cancel", show=True)]
 
