@@ -104,8 +104,10 @@ class RunsScreen(TapdeckScreen):
                 yield groups
                 yield Static("", id="failures")
             rollouts = DataTable(id="rollouts-table", cursor_type="row")
-            for label in ("task", "#", "phase", "reward", "turns", "error"):
-                rollouts.add_column(label, key=label)
+            # "calls", as the CLI's table says: a turn limit counts the agent's turns, not these.
+            for label, key in (("task", "task"), ("#", "#"), ("phase", "phase"), ("reward", "reward"),
+                               ("calls", "turns"), ("error", "error")):
+                rollouts.add_column(label, key=key)
             yield rollouts
 
     def on_mount(self) -> None:
