@@ -45,4 +45,5 @@ def test_recipe_modules_and_the_training_stack_import_in_the_training_environmen
                                         "tapdeck.runner.recipes.admin_client", "tapdeck.runner.recipes.data_check",
                                         "tapdeck.runner.recipes.grpo_trl", "tapdeck.schema",
                                         "tapdeck.schema.addresses", "tapdeck.schema.findings",
-                                        "tapdeck.schema.runs", "tapdeck.schema.settings"]
+                                        "tapdeck.schema.runs", "tapdeck.schema.settings",
+                                        "tapdeck.schema.train"]
