@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+from typing import Any
 
 import pytest
 from rich.color import Color
@@ -757,14 +758,25 @@ async def test_turn_header_of_a_token_in_turn_is_whole_at_80x24(make_app):
         assert "offset 48)" in shown()
 
 
+def _train_app(api_data: dict) -> TapdeckApp:
+    """The TUI on Train over the recorded API as `api_data` has it."""
+    client = TapdeckClient("http://tapdeck.test", "test-key", transport=recorded_transport(api_data))
+    return TapdeckApp(client, follow_events=False, initial_mode="train")
+
+
+async def _data_check_picked(pilot) -> Any:
+    """Train's screen once the recipes are listed, with data-check picked."""
+    screen = pilot.app.screen
+    await until(pilot, lambda: "data-check" in screen.recipes, "the recipes")
+    screen.query_one("#train-recipe", Select).value = "data-check"
+    return screen
+
+
 async def test_train_without_a_rollout_run_points_to_setup_unless_its_args_name_the_rows(api_data):
     api_data["runs"] = []
-    client = TapdeckClient("http://tapdeck.test", "test-key", transport=recorded_transport(api_data))
-    app = TapdeckApp(client, follow_events=False, initial_mode="train")
+    app = _train_app(api_data)
     async with app.run_test(size=(80, 24)) as pilot:
-        screen = app.screen
-        await until(pilot, lambda: "data-check" in screen.recipes, "the recipes")
-        screen.query_one("#train-recipe", Select).value = "data-check"
+        screen = await _data_check_picked(pilot)
         await pilot.press("l")
         assert any(n.message == ("pick a rollout run first (Setup starts one): data-check needs "
                                  "--run RUN (or --rows PATH)") for n in app._notifications)
@@ -794,12 +806,9 @@ async def test_setup_shows_which_picker_has_focus_and_a_task_row_from_the_start(
 async def test_train_on_a_run_still_going_warns_that_it_reads_what_is_done(api_data):
     run = api_data["runs"][0]
     run["state"] = "running"
-    client = TapdeckClient("http://tapdeck.test", "test-key", transport=recorded_transport(api_data))
-    app = TapdeckApp(client, follow_events=False, initial_mode="train")
+    app = _train_app(api_data)
     async with app.run_test(size=(80, 24)) as pilot:
-        screen = app.screen
-        await until(pilot, lambda: "data-check" in screen.recipes, "the recipes")
-        screen.query_one("#train-recipe", Select).value = "data-check"
+        screen = await _data_check_picked(pilot)
         screen.query_one("#train-run", Select).value = run["id"]
         await pilot.press("l")
         warned = (f"run {run['id']} is still going: data-check reads the {run['counts']['done']} of "
