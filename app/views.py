@@ -154,6 +154,17 @@ class SessionBoard:
         return {rid: r for rid, r in self.rollouts.items()
                 if rid not in listed and not (r.session_id and r.session_id in self.entries)}
 
+    def rollout_of(self, key: str | None) -> RolloutResult | None:
+        """The rollout of a table row: by session id (the rule `sessionless` matches by), or the
+        row is a sessionless rollout."""
+        if key in self.rollouts:
+            return self.rollouts[key]
+        entry = self.entries.get(key) if key else None
+        named = entry.summary.metadata.get("rollout_id") if entry is not None else None
+        if named in self.rollouts:
+            return self.rollouts[named]
+        return next((r for r in self.rollouts.values() if key and r.session_id == key), None)
+
     def replace_all(self, summaries: Iterable[SessionSummary], now: float) -> None:
         """Resynchronise from `GET /admin/sessions` (start-up or after the event stream reconnects)."""
         self.entries = {s.id: _Entry(s, now) for s in summaries}

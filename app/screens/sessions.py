@@ -22,7 +22,6 @@ from tapdeck.app.widgets.activity_pane import ActivityPane
 from tapdeck.app.widgets.session_table import SessionTable
 from tapdeck.schema.activity import SessionActivity
 from tapdeck.schema.findings import Finding
-from tapdeck.schema.runs import RolloutResult
 
 REFRESH_HZ = 4
 ACTIVITY_POLL_S = 1.0
@@ -159,18 +158,6 @@ class SessionsScreen(TapdeckScreen):
             self._fetched_at = self.app.clock()
         self._show_pane()
 
-    def rollout_of(self, key: str | None) -> RolloutResult | None:
-        """The live rollout result of a row: by session id, or the row is a sessionless rollout."""
-        board = self.app.board
-        if key in board.rollouts:
-            return board.rollouts[key]
-        # The session names its rollout before the rollout's own session id arrives (views.py).
-        entry = board.entries.get(key) if key else None
-        named = entry.summary.metadata.get("rollout_id") if entry is not None else None
-        if named in board.rollouts:
-            return board.rollouts[named]
-        return next((r for r in board.rollouts.values() if key and r.session_id == key), None)
-
     def _server_now(self) -> float:
         if self.activity is None:
             return time.time()
@@ -185,7 +172,7 @@ class SessionsScreen(TapdeckScreen):
             pane.show([PaneLine("session", "none: the table is empty", "muted")], [], "")
             return
         activity = self.activity if self.activity and self.activity.session_id == key else None
-        lines = pane_lines(self.app.board.get(key) if key else None, self.rollout_of(key), activity,
+        lines = pane_lines(self.app.board.get(key) if key else None, self.app.board.rollout_of(key), activity,
                            self.findings if activity else [], self._server_now())
         if self.activity_error:
             lines.append(PaneLine("error", self.activity_error, "error"))
@@ -200,7 +187,7 @@ class SessionsScreen(TapdeckScreen):
         if key is None:
             self.app.notify("No session highlighted: nothing to cancel.", severity="warning")
             return
-        rollout = self.rollout_of(key)
+        rollout = self.app.board.rollout_of(key)
         summary = self.app.board.get(key)
         meta = summary.metadata if summary is not None else {}
         run_id = (rollout.run_id if rollout else None) or meta.get("run_id")

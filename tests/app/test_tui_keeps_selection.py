@@ -117,4 +117,4 @@ async def test_sessions_lists_a_starting_rollout_once_when_its_session_is_listed
         summary = str(app.screen.query_one("#sessions-summary", Static).render())
         assert summary.startswith("8 sessions · ")
         # Its row still knows its rollout (the details pane, `x` to cancel it).
-        assert app.screen.rollout_of("sess0005recorded").rollout_id == starting["rollout_id"]
+        assert app.board.rollout_of("sess0005recorded").rollout_id == starting["rollout_id"]
