@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from tapdeck.proxy.server import require_admin
 from tapdeck.proxy.tiers import EngineSpec
-from tapdeck.runner.batch import BatchRunner, PlanError, RunNotFound, RunUnreadable
+from tapdeck.runner.batch import BatchRunner, DatasetUnreachable, PlanError, RunNotFound, RunUnreadable
 from tapdeck.runner.runner_loop import RunnerLoop
 from tapdeck.runner.train_jobs import TrainingJobs, TrainNotFound, TrainRefused
 from tapdeck.schema.catalog import Catalog
@@ -115,6 +115,9 @@ def create_runner_router(service: Any, *, data_dir: Path, default_engine: Engine
         try:
             summary = await batch.create(plan)
             batch.start(summary.id)
+        except DatasetUnreachable as exc:
+            # Bad gateway: what did not answer is the dataset's source, not this plan.
+            raise HTTPException(502, str(exc)) from exc
         except PlanError as exc:
             raise HTTPException(400, str(exc)) from exc
         return JSONResponse(batch.get(summary.id)[0].model_dump(mode="json"))

@@ -58,6 +58,11 @@ class PlanError(ValueError):
     """A plan that cannot run (unknown dataset/task/harness/sandbox, bad engine)."""
 
 
+class DatasetUnreachable(PlanError):
+    """A plan whose dataset's source (Harbor's registry, a git host) did not answer: the plan may
+    be fine, the run could not be done now (the run routes answer 502, not 400)."""
+
+
 class RunNotFound(KeyError):
     """No run with that id in this data dir."""
 
@@ -426,19 +431,24 @@ class BatchRunner:
     # ----------------------------------------------------------------- export
 
     def export(self, run_id: str, fmt: Literal["jsonl", "parquet"] = "jsonl") -> dict[str, Any]:
-        """Write the run's training rows (one per trainable rollout, with group id and reward)."""
-        from tapdeck.proxy.export import write_jsonl, write_parquet
+        """Write the run's training rows (one per trainable rollout, with group id and reward).
+
+        RunSessionsMissing (409) when a rollout names a session the store does not have, as
+        `tapdeck export` refuses it: a partial export would pass for the whole run."""
+        from tapdeck.proxy.export import check_run_sessions, write_jsonl, write_parquet
 
         run = self._load(run_id)
+        results = self.results(run_id)
+        check_run_sessions(self.service.store, run.id, results)
         rows: list[dict[str, Any]] = []
         skipped: dict[str, str] = {}
-        for result in self.results(run_id):
+        for result in results:
             if result.session_id is None:
                 skipped[result.rollout_id] = "no capture session"
                 continue
             try:
                 trace = self.service.training_trace(result.session_id)
-            except Exception as exc:  # eval tier (409) or a session this server no longer has
+            except Exception as exc:  # eval tier (409); a missing session was refused above
                 skipped[result.rollout_id] = str(exc)
                 continue
             rows.append({"run_id": run.id, "rollout_id": result.rollout_id, "task": result.task,
@@ -540,11 +550,16 @@ def _end_last_line(path: Path) -> None:
 
 
 def resolve_tasks(plan: RunPlan) -> list[dict[str, str]]:
-    """The plan's tasks as `[{name, path}]` (one GRPO group each), via the dataset loader."""
-    from tapdeck.runner.datasets import resolve_dataset
+    """The plan's tasks as `[{name, path}]` (one GRPO group each), via the dataset loader. A
+    dataset whose source did not answer is DatasetUnreachable."""
+    from tapdeck.runner.catalog import dataset_problem
+    from tapdeck.runner.datasets import SAMPLE_DATASET_NAME, DatasetError, resolve_dataset
 
     try:
         dataset = resolve_dataset(plan.dataset)
+    except DatasetError as exc:
+        problem = dataset_problem(plan.dataset or SAMPLE_DATASET_NAME, exc)
+        raise (DatasetUnreachable if problem.unreachable else PlanError)(problem.message) from exc
     except Exception as exc:
         raise PlanError(f"cannot load dataset {plan.dataset or '(sample)'}: {exc}") from exc
     tasks = [{"name": t.name, "path": str(t.path)} for t in dataset.tasks]

@@ -18,10 +18,15 @@ import importlib.util
 import io
 import os
 import shutil
+import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import httpx
+from pydantic import ValidationError
 
 from tapdeck.runner import datasets as datasets_mod
 from tapdeck.runner import harnesses as harnesses_mod
@@ -221,18 +226,144 @@ def _cli_harness_info(h: Any, host_ok: bool) -> HarnessInfo:
 
 # ------------------------------------------------------------------ datasets
 
+UNREACHABLE_ERRORS: tuple[type[BaseException], ...] = (httpx.TransportError, ConnectionError,
+                                                      TimeoutError, socket.gaierror)
+"""What a source that does not answer raises under Harbor's clients (a name that does not resolve,
+a refused or timed-out connection)."""
+RESOLVE_TIMED_OUT = "could not be resolved within"
+"""How `datasets.resolve_dataset` says a remote spec ran out of time: that error has no cause."""
+
+
+@dataclass(frozen=True)
+class DatasetProblem:
+    """Why a dataset spec could not be listed, as one line."""
+
+    message: str
+    unreachable: bool
+    """Its source (Harbor's registry, a git host) did not answer, so the spec may be fine: work
+    that could not be done (exit 1). Every other problem is in the spec itself (bad usage, 2)."""
+
+
+@dataclass(frozen=True)
+class DatasetListing:
+    """One dataset spec as `tapdeck info` lists it."""
+
+    row: DatasetInfo
+    problem: DatasetProblem | None
+    """Why it could not be listed; None when it was."""
+    unlisted: list[str]
+    """Task folders of a local dataset that Harbor leaves out, as `file: what is wrong`."""
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    """`exc` and what led to it (its causes and the errors it was raised while handling)."""
+    chain: list[BaseException] = []
+    link: BaseException | None = exc
+    while link is not None and link not in chain:
+        chain.append(link)
+        link = link.__cause__ or link.__context__
+    return chain
+
+
+def _source_of(spec: str) -> str:
+    """Where a remote spec is looked up, as `datasets.resolve_dataset` sends it."""
+    if spec.startswith(("repo:", "git@")) or "://" in spec or spec.endswith(".git"):
+        return f"the git host of {spec}"
+    return "the Harbor registry"
+
+
+def dataset_problem(spec: str, exc: datasets_mod.DatasetError) -> DatasetProblem:
+    """Say which it is when `spec` could not be resolved: a name its source does not know, a
+    source that did not answer (the name then unchecked), or the spec's own error (a missing or
+    empty folder, a spec that does not parse), so that a typo is not mistaken for being offline."""
+    causes = _causes(exc)[1:]
+    silent = next((c for c in causes if isinstance(c, UNREACHABLE_ERRORS)), None)
+    if silent is not None or (not causes and RESOLVE_TIMED_OUT in str(exc)):
+        why = f"{type(silent).__name__}: {silent}" if silent is not None else "no answer in time"
+        return DatasetProblem(unreachable=True, message=(
+            f"dataset source unreachable: {_source_of(spec)} did not answer ({why}), so whether "
+            f"{spec!r} names a dataset there is not known (there is no folder of that name "
+            "here); try again once it answers, or use a local folder or the sample dataset"))
+    # Harbor's registry clients say a name, version or tag they do not hold with a ValueError.
+    missing = next((c for c in causes if isinstance(c, ValueError) and "not found" in str(c)), None)
+    if missing is not None:
+        return DatasetProblem(unreachable=False, message=(
+            f"unknown dataset {spec!r}: no folder of that name here, and {_source_of(spec)} does "
+            f"not know it ({missing})"))
+    return DatasetProblem(unreachable=False, message=f"cannot load dataset {spec}: {exc}")
+
+
+def _local_folder(spec: str) -> Path | None:
+    """The folder a spec names when it is a local dataset (the sample dataset's for `sample` or
+    nothing, as `datasets.resolve_dataset` reads them)."""
+    if spec.strip() in ("", datasets_mod.SAMPLE_DATASET_NAME):
+        return datasets_mod.SAMPLE_DATASET_DIR
+    path = Path(spec.strip()).expanduser()
+    return path if path.is_dir() else None
+
+
+def unlisted_tasks(folder: Path) -> list[str]:
+    """The task folders of a local dataset (or the task folder itself) that hold a task.toml but
+    that Harbor does not take as tasks, each as `file: what is wrong`: resolving the dataset leaves
+    them out without a word."""
+    if (folder / "task.toml").exists():
+        candidates = [folder]
+    else:
+        candidates = [child for child in sorted(folder.iterdir())
+                      if child.is_dir() and (child / "task.toml").exists()]
+    return [_why_not_a_task(c) for c in candidates if not datasets_mod.is_task_dir(c)]
+
+
+def _why_not_a_task(task_dir: Path) -> str:
+    """Why Harbor refuses a folder holding a task.toml as a task, naming the file at fault."""
+    from harbor.models.task.config import TaskConfig
+    from harbor.models.task.task import Task
+
+    toml = task_dir / "task.toml"
+    try:
+        text = toml.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"{toml}: cannot be read ({exc})"
+    try:
+        TaskConfig.model_validate_toml(text)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        return f"{toml}: not a task config ({'.'.join(map(str, first['loc']))}: {first['msg']})"
+    except ValueError as exc:  # tomllib's TOMLDecodeError
+        return f"{toml}: not TOML ({exc})"
+    try:
+        Task(task_dir)  # its own checks name the missing instruction or tests
+    except (OSError, ValueError, RuntimeError) as exc:
+        return f"{task_dir}: {_first_line(str(exc)).rstrip('.')}"
+    # The one check of Harbor's `is_valid_dir` that `Task()` does not make.
+    return f"{task_dir}: no environment/ folder, and task.toml names no [environment].docker_image"
+
+
+def list_dataset(spec: str, *, timeout_s: float = 20.0) -> DatasetListing:
+    """One dataset spec listed: its tasks, or the problem that stopped it, and the task folders
+    it leaves out."""
+    folder = _local_folder(spec)
+    unlisted = unlisted_tasks(folder) if folder is not None else []
+    try:
+        ds = datasets_mod.resolve_dataset(spec, timeout_s=timeout_s)
+    except datasets_mod.DatasetError as exc:
+        problem = dataset_problem(spec, exc)
+        return DatasetListing(row=DatasetInfo(name=spec, source=spec, tasks=[], error=problem.message),
+                              problem=problem, unlisted=unlisted)
+    row = DatasetInfo(name=ds.name, source=ds.source,
+                      tasks=[TaskInfo(name=t.name, instruction=t.instruction) for t in ds.tasks])
+    return DatasetListing(row=row, problem=None, unlisted=unlisted)
+
+
+def list_datasets(specs: list[str] | None = None, *, timeout_s: float = 20.0) -> list[DatasetListing]:
+    """The sample dataset plus `specs`, each listed (`list_dataset`)."""
+    return [list_dataset(spec, timeout_s=timeout_s)
+            for spec in [datasets_mod.SAMPLE_DATASET_NAME, *(specs or [])]]
+
+
 def dataset_catalog(specs: list[str] | None = None, *, timeout_s: float = 20.0) -> list[DatasetInfo]:
     """The sample dataset plus `specs`, each listed or with the error that stopped it."""
-    rows = []
-    for spec in [datasets_mod.SAMPLE_DATASET_NAME, *(specs or [])]:
-        try:
-            ds = datasets_mod.resolve_dataset(spec, timeout_s=timeout_s)
-        except datasets_mod.DatasetError as exc:
-            rows.append(DatasetInfo(name=spec, source=spec, tasks=[], error=str(exc)))
-            continue
-        rows.append(DatasetInfo(name=ds.name, source=ds.source,
-                                tasks=[TaskInfo(name=t.name, instruction=t.instruction) for t in ds.tasks]))
-    return rows
+    return [listing.row for listing in list_datasets(specs, timeout_s=timeout_s)]
 
 
 # ------------------------------------------------------------------ engines
@@ -329,12 +460,13 @@ def engine_catalog(urls: list[str] | None = None, *, api_key: str | None = None,
 # ------------------------------------------------------------------ all
 
 def build_catalog(*, engine_urls: list[str] | None = None, engine_api_key: str | None = None,
-                  datasets: list[str] | None = None, probe: bool = True,
+                  datasets: list[DatasetListing] | None = None, probe: bool = True,
                   refresh: bool = False) -> Catalog:
-    """Everything at once (blocking: call it via `asyncio.to_thread` from a server)."""
+    """Everything at once (blocking: call it via `asyncio.to_thread` from a server). `datasets`
+    are the datasets as `list_datasets` listed them (default: the sample dataset)."""
     sandboxes = sandbox_catalog(refresh=refresh)
     return Catalog(
-        datasets=dataset_catalog(datasets),
+        datasets=dataset_catalog() if datasets is None else [d.row for d in datasets],
         harnesses=harness_catalog(sandboxes),
         sandboxes=sandboxes,
         engines=engine_catalog(engine_urls, api_key=engine_api_key, probe=probe),

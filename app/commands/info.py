@@ -138,7 +138,7 @@ def register(app: typer.Typer) -> None:
 
         os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
         from tapdeck.proxy.engine_address import EngineAddressError, normalize_address
-        from tapdeck.runner.catalog import build_catalog
+        from tapdeck.runner.catalog import build_catalog, list_datasets
 
         try:
             for address in engine:
@@ -147,8 +147,19 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"tapdeck info: {exc}", err=True)
             raise typer.Exit(2) from None
 
+        # Datasets first: a --dataset that names none is bad usage, refused before the slow part.
+        listings = list_datasets(dataset)
+        for listing in listings:
+            for line in listing.unlisted:
+                typer.echo(f"tapdeck info: warning: {line}; task left out", err=True)
+        named = listings[1:]  # the sample dataset is always listed; the others were asked for
+        wrong = [d.problem.message for d in named if d.problem and not d.problem.unreachable]
+        for message in wrong:
+            typer.echo(f"tapdeck info: {message}", err=True)
+        if wrong:
+            raise typer.Exit(2)
         catalog = build_catalog(engine_urls=engine or None, engine_api_key=engine_api_key,
-                                datasets=dataset or None, probe=probe)
+                                datasets=listings, probe=probe)
         if (running := running_embedded_engine(probe=probe)) is not None:
             catalog.engines = [running, *(e for e in catalog.engines if e.name != "embedded")]
         if as_json:
@@ -160,9 +171,13 @@ def register(app: typer.Typer) -> None:
             for part in render(catalog, show_all=show_all, width=console.width):
                 console.print(part)
                 console.print()
-        # An engine the user named that does not answer is work not done (README's exit codes);
-        # the catalog above says why.
+        # An engine or a dataset's source the user named that does not answer is work not done
+        # (README's exit codes); the catalog above says why.
         silent = [e.name for e in catalog.engines if e.name != "embedded" and not e.reachable]
         if engine and silent:
             typer.echo(f"tapdeck info: no answer from {', '.join(silent)}", err=True)
+        for listing in named:
+            if listing.problem is not None:
+                typer.echo(f"tapdeck info: {listing.problem.message}", err=True)
+        if (engine and silent) or any(d.problem for d in named):
             raise typer.Exit(1)

@@ -5,11 +5,13 @@ against the embedded engine (offline, no key). Without `--server` it starts a ta
 process on a free loopback port; with `--server URL` it submits the run to that server instead.
 The small embedded model never solves tasks (reward 0): it exercises capture, not skill.
 
-Exit codes (also in `--help` and the README): 0 every rollout ok; 1 the run could not be run (no
-server, no engine answering, server error); 2 bad usage (an unknown option, or a plan the server
-refused: unknown task, harness, sandbox, engine address or model); 3 the run ended with some
-rollout not ok (failed, or cancelled). A run where no rollout reached the engine is 1, as a local
-engine that does not answer is.
+Exit codes (also in `--help` and the README): 0 every rollout ok (a `--resume` of a run whose
+rollouts all ran to their end says so and runs nothing); 1 the run could not be run (no server, no
+engine answering, a dataset source that does not answer, server error); 2 bad usage (an unknown
+option, options that conflict, or a plan the server refused: unknown dataset, task, harness,
+sandbox, engine address or model); 3 the run ended with some rollout not ok (failed, or
+cancelled). A run where no rollout reached the engine is 1, as a local engine that does not
+answer is.
 
 While it follows a run it polls the server; a server that stops answering is tried again with a
 growing pause, and after SERVER_GRACE_S of silence the command gives up (exit 1) saying how to
@@ -41,7 +43,14 @@ from tapdeck.runner.rollout_settings import (
     OUTPUT_SHARE,
     PROMPT_SHARE,
 )
-from tapdeck.schema.runs import RolloutResult, RolloutTemplate, RunDetail, RunPlan, RunSummary
+from tapdeck.schema.runs import (
+    RolloutResult,
+    RolloutTemplate,
+    RunDetail,
+    RunPlan,
+    RunSummary,
+    runs_again_on_resume,
+)
 
 if TYPE_CHECKING:
     from tapdeck.runner.engine.registry import SharedEngine
@@ -64,9 +73,10 @@ ERROR_TASKS_NAMED = 3
 EXIT_OK, EXIT_COULD_NOT_RUN, EXIT_USAGE, EXIT_ROLLOUT_FAILED = 0, 1, 2, 3
 """2 is also what the command line parser exits with for an unknown option or a bad value."""
 EXIT_CODES_HELP = (
-    "Exit codes: 0 every rollout ok; 1 the run could not be run (server or engine not "
-    "answering); 2 bad usage (unknown option, or a plan the server refused); 3 the run ended with "
-    "some rollout not ok (failed or cancelled; the table says why).")
+    "Exit codes: 0 every rollout ok (or, with --resume, none left to run); 1 the run could not be "
+    "run (server, engine or dataset source not answering); 2 bad usage (unknown option, options "
+    "that conflict, or a plan the server refused); 3 the run ended with some rollout not ok (failed "
+    "or cancelled; the table says why).")
 
 
 def register(app: typer.Typer) -> None:
@@ -161,6 +171,10 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"tapdeck rollout: --resume runs the run's stored plan, so {', '.join(given)} "
                        "would be ignored; drop them, or start a new run", err=True)
             raise typer.Exit(EXIT_USAGE)
+        if task and _given(ctx, "n_tasks"):
+            typer.echo("tapdeck rollout: -n/--tasks picks the dataset's first N tasks, so with "
+                       "--task, which names them, it would be ignored; drop one of them", err=True)
+            raise typer.Exit(EXIT_USAGE)
         try:
             plan = RunPlan(dataset=dataset, tasks=task or None, n_tasks=None if task else n_tasks,
                            k=k, concurrency=concurrency, rollout=RolloutTemplate(
@@ -222,20 +236,32 @@ def register(app: typer.Typer) -> None:
 
 
 def _check_local_run(data: Path, run_id: str) -> None:
-    """Exit 1 (before a server and engine are started for nothing) when the run to resume is not
-    in `data` or its plan.json cannot be read back."""
-    from tapdeck.runner.batch import PLAN, RunUnreadable, read_plan
+    """Exit before a server and engine are started for nothing: 1 when the run to resume is not
+    in `data` or its plan.json cannot be read back, 0 when every rollout of it ran to its end."""
+    from tapdeck.runner.batch import PLAN, BatchRunner, RunUnreadable
 
-    path = data / "runs" / run_id / PLAN
-    if not path.is_file():
+    if not (data / "runs" / run_id / PLAN).is_file():
         typer.echo(f"tapdeck rollout: no run {run_id} in {data / 'runs'} (pass the --data-dir it "
                    "ran in)", err=True)
         raise typer.Exit(EXIT_COULD_NOT_RUN)
     try:
-        read_plan(path)
+        summary, rollouts = BatchRunner(None, data_dir=data, default_engine=None).get(run_id)
     except RunUnreadable as exc:
         typer.echo(f"tapdeck rollout: cannot resume run {run_id}: {exc}", err=True)
         raise typer.Exit(EXIT_COULD_NOT_RUN) from None
+    if (done := _already_complete(RunDetail(**dict(summary), rollouts=rollouts))) is not None:
+        typer.echo(done)
+        raise typer.Exit(EXIT_OK)
+
+
+def _already_complete(run: RunDetail) -> str | None:
+    """The line saying that resuming `run` has nothing to run, every rollout of it having run to
+    its end; None when a resume would run some rollout, or the run is still going."""
+    if run.state == "running" or any(runs_again_on_resume(r) for r in run.rollouts):
+        return None
+    c = run.counts
+    return (f"run {run.id} is already complete: {c.total} rollout{'s' if c.total != 1 else ''}, "
+            f"{c.ok} ok, {c.failed} failed; nothing to resume (results: {run.path})")
 
 
 def _drive_remote(server: str, admin_key: str | None, data: Path, plan: RunPlan,
@@ -292,10 +318,15 @@ def _plan_options_given(ctx: typer.Context, *, local: bool) -> list[str]:
             continue
         if local and param.name in LOCAL_ENGINE_OPTIONS:
             continue
-        source = ctx.get_parameter_source(param.name)
-        if source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT"):
+        if _given(ctx, param.name):
             given.append("/".join(param.opts))
     return given
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    """Whether the option was given on the command line or by the environment (not defaulted)."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT")
 
 
 def _local_resume_hint(data: Path, url_engine: str | None, engine_model: str | None) -> str:
@@ -389,6 +420,10 @@ class EngineGone(Exception):
     """The reused embedded engine went away mid-run; the message says whose and why."""
 
 
+class NothingToResume(Exception):
+    """The run to resume had every rollout run to its end; the message says so."""
+
+
 def _drive(base: str, key: str | None, plan: RunPlan, resume: str | None, *,
            resume_hint: str, tiny_engine: bool = False,
            engine_gone: Callable[[], str | None] | None = None, key_dir: Path | None = None) -> int:
@@ -398,11 +433,15 @@ def _drive(base: str, key: str | None, plan: RunPlan, resume: str | None, *,
     is where a key the server rejects was looked for (a server of another process)."""
     try:
         summary = asyncio.run(_submit(base, key, plan, resume))
+    except NothingToResume as exc:
+        typer.echo(str(exc))
+        return EXIT_OK
     except ApiError as exc:
         message = (f"no run {resume} on the server at {base}" if resume and exc.kind == "not_found"
                    else exc.for_command(key_dir, key_found=key is not None))
         typer.echo(f"tapdeck rollout: {message}", err=True)
-        # A refused plan is bad usage; a refused resume is a run that cannot be run again.
+        # A refused plan is bad usage; a refused resume is a run that cannot be run again, and a
+        # dataset source that did not answer is a server-side error (502).
         return EXIT_USAGE if exc.kind == "rejected" and resume is None else EXIT_COULD_NOT_RUN
     run_id = summary.id
     typer.echo(f"run {run_id}", err=True)
@@ -457,10 +496,18 @@ def _engine_failure(doc: RunDetail, resume_command: str,
 
 
 async def _submit(base: str, key: str | None, plan: RunPlan, resume: str | None) -> RunSummary:
+    """Start the plan's run, or resume run `resume` (follow it when it is running; raise
+    NothingToResume, resuming nothing, when every rollout of it ran to its end)."""
     client = TapdeckClient(base, key, timeout=30.0)
     try:
         if resume is None:
             return await client.start_run(plan)
+        try:
+            run = await client.run(resume)
+        except ApiError:
+            run = None  # the resume below fails too, and its refusal says why
+        if run is not None and (done := _already_complete(run)) is not None:
+            raise NothingToResume(done)
         try:
             return await client.resume_run(resume)
         except ApiError as exc:
