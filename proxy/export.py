@@ -36,6 +36,30 @@ class ExportError(ProxyError):
         super().__init__(500, message, kind="export_inconsistent", retryable=False)
 
 
+class RunSessionsMissing(ProxyError):
+    """A run's rollout names a capture session the store does not have: 409, as for any other run
+    whose files do not agree."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(409, message, retryable=False)
+
+
+def check_run_sessions(store: Any, run_id: str, results: Iterable[Any]) -> None:
+    """RunSessionsMissing when a result (`rollout_id`, `session_id`) names a session `store` does
+    not have, as when the run's folder was copied into another data dir: the run is refused rather
+    than its rollouts skipped, since a partial export would pass for the whole run. One check for
+    `tapdeck export` and the server's run export, so both refuse the same runs the same way."""
+    known = {s["id"] for s in store.list_sessions()}
+    missing = [r for r in results if r.session_id and r.session_id not in known]
+    if not missing:
+        return
+    more = f" (and {len(missing) - 1} more rollout(s) name sessions it does not have)" \
+        if len(missing) > 1 else ""
+    raise RunSessionsMissing(f"run {run_id}'s rollout {missing[0].rollout_id} names session "
+                             f"{missing[0].session_id}, which is not in {store.path}{more}: "
+                             "export from the data dir the run was made in")
+
+
 def _rollout_type(session: dict[str, Any], tier: str) -> str:
     declared = str(session.get("rollout_type") or "auto")
     if declared == "auto":

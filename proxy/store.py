@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import numpy as np
 import orjson
@@ -127,12 +128,45 @@ class _Write:
         self.error: BaseException | None = None
 
 
+class NotAStoreError(sqlite3.DatabaseError):
+    """The file is an SQLite database, but not a tapdeck capture store (a table or column of
+    `_SCHEMA` is missing)."""
+
+
+def _check_schema(db: sqlite3.Connection, path: Path) -> None:
+    """NotAStoreError unless every table and column of `_SCHEMA` is in `db`: another program's
+    database is named as such, not read as an empty store."""
+    model = sqlite3.connect(":memory:")
+    try:
+        model.executescript(_SCHEMA)
+        tables = [name for (name,) in model.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY rowid")]
+        for table in tables:
+            want = [row[1] for row in model.execute(f"PRAGMA table_info({table})")]
+            have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+            if not have:
+                raise NotAStoreError(f"{path} is an SQLite database but not a tapdeck capture "
+                                     f"store: it has no {table!r} table")
+            if missing := [c for c in want if c not in have]:
+                raise NotAStoreError(f"{path} is not a tapdeck capture store: its {table!r} table "
+                                     f"has no column {', '.join(map(repr, missing))}")
+    finally:
+        model.close()
+
+
 class Store:
     """Sessions and their captured turns. Thread-safe; writes from many threads share commits."""
 
-    def __init__(self, path: Path, *, busy_timeout: float = 10.0) -> None:
+    def __init__(self, path: Path, *, busy_timeout: float = 10.0, read_only: bool = False) -> None:
+        """Open (read-write: creating the file and its tables) the store at `path`.
+
+        `read_only` is for a reader beside the server (`tapdeck export`): the file must exist and
+        hold a store (NotAStoreError otherwise), and nothing is written to it, so a database that
+        is not a store is left exactly as it was rather than given tapdeck's tables."""
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._read_only = read_only
+        if not read_only:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         self.commits = 0
         """Write transactions committed (one per group of writes, not one per write)."""
         self._closed = False
@@ -146,12 +180,22 @@ class Store:
         self._write_lock = threading.Lock()
         self._read_lock = threading.Lock()
         self._db = self._connect(busy_timeout)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.executescript(_SCHEMA)
+        try:
+            if read_only:
+                _check_schema(self._db, self.path)
+            else:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.executescript(_SCHEMA)
+        except BaseException:
+            self._db.close()
+            raise
         self._reader = self._connect(busy_timeout)
 
     def _connect(self, busy_timeout: float) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        # mode=ro: SQLite itself refuses every write, so a reader cannot change the file.
+        target = f"file:{quote(str(self.path))}?mode=ro" if self._read_only else self.path
+        db = sqlite3.connect(target, check_same_thread=False, isolation_level=None,
+                             uri=self._read_only)
         db.execute("PRAGMA synchronous=FULL")
         db.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
         return db

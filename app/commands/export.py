@@ -36,9 +36,10 @@ def run_rows(store: Any, run_dir: Path, *,
 
     Every row carries its rollout's `ok` and `error_kind`. A rollout that did not end ok
     (failed, cancelled) is left out unless `include_failed`: a trainer reading the file would
-    otherwise learn from a rollout nobody graded. ExportFailed when no result can be read, or when
-    a rollout to export names a session the store does not have.
+    otherwise learn from a rollout nobody graded. ExportFailed when no result can be read;
+    RunSessionsMissing when a rollout to export names a session the store does not have.
     """
+    from tapdeck.proxy.export import check_run_sessions
     from tapdeck.runner.batch import RESULTS, load_results
 
     path = run_dir / RESULTS
@@ -52,7 +53,7 @@ def run_rows(store: Any, run_dir: Path, *,
         raise ExportFailed(f"no rollout results can be read from {path} ({what})")
     wanted = [r for r in results.values() if r.ok or include_failed]
     failed = len(results) - len(wanted)
-    _check_sessions(store, run_dir.name, wanted)
+    check_run_sessions(store, run_dir.name, wanted)
     rows: list[dict[str, Any]] = []
     empty = 0
     for result in wanted:
@@ -69,21 +70,6 @@ def run_rows(store: Any, run_dir: Path, *,
         rows.extend(got)
         empty += not got
     return rows, empty, failed
-
-
-def _check_sessions(store: Any, run_id: str, results: list[Any]) -> None:
-    """ExportFailed when a result names a session `store` does not have (the run's folder was
-    copied into another data dir): refused rather than skipped, since a partial export would pass
-    for the whole run."""
-    known = {s["id"] for s in store.list_sessions()}
-    missing = [r for r in results if r.session_id and r.session_id not in known]
-    if not missing:
-        return
-    more = f" (and {len(missing) - 1} more rollout(s) name sessions it does not have)" \
-        if len(missing) > 1 else ""
-    raise ExportFailed(f"run {run_id}'s rollout {missing[0].rollout_id} names session "
-                       f"{missing[0].session_id}, which is not in {store.path}{more}: export from "
-                       "the data dir the run was made in")
 
 
 FORMAT_SUFFIXES = {".jsonl": "jsonl", ".parquet": "parquet"}
@@ -127,8 +113,8 @@ def register(app: typer.Typer) -> None:
         import sqlite3
 
         from tapdeck.proxy.config import CAPTURE_DB, default_data_dir, usable_data_dir
-        from tapdeck.proxy.export import write_jsonl, write_parquet
-        from tapdeck.proxy.store import Store
+        from tapdeck.proxy.export import RunSessionsMissing, write_jsonl, write_parquet
+        from tapdeck.proxy.store import NotAStoreError, Store
         from tapdeck.runner.batch import is_run_id
 
         try:
@@ -152,7 +138,7 @@ def register(app: typer.Typer) -> None:
         run_dir = root / "runs" / target
         failed = 0
         try:
-            store = Store(db)
+            store = Store(db, read_only=True)  # an export never changes the store it reads
             try:
                 if run_dir.is_dir():
                     rows, empty, failed = run_rows(store, run_dir, include_failed=include_failed)
@@ -164,11 +150,14 @@ def register(app: typer.Typer) -> None:
                                        f"{root / 'runs'}")
             finally:
                 store.close()
+        except NotAStoreError as exc:  # another program's database: said, and left as it is
+            typer.echo(f"tapdeck export: {exc}", err=True)
+            raise typer.Exit(1) from None
         except sqlite3.DatabaseError as exc:
             typer.echo(f"tapdeck export: capture.db at {db} is not a tapdeck store or is corrupt "
                        f"({exc})", err=True)
             raise typer.Exit(1) from None
-        except ExportFailed as exc:
+        except (ExportFailed, RunSessionsMissing) as exc:
             typer.echo(f"tapdeck export: {exc}", err=True)
             raise typer.Exit(1) from None
         path = Path(out) if out else root / "exports" / f"{target}.{fmt}"

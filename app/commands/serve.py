@@ -129,8 +129,9 @@ def register(app: typer.Typer) -> None:
         _log_to_stderr()
         server = LocalServer(config)
         if engine is None:
-            typer.echo("starting the embedded engine (SmolLM2-135M; it never solves tasks, "
-                       "reward 0 — pass --engine URL for a real model)…", err=True)
+            typer.echo("starting the embedded engine, or reusing the one another tapdeck process "
+                       "serves (SmolLM2-135M; it never solves tasks, reward 0 — pass --engine URL "
+                       "for a real model)…", err=True)
         try:
             server.start()
         except (ConfigError, PortInUseError) as exc:
@@ -145,6 +146,10 @@ def register(app: typer.Typer) -> None:
             signal.signal(sig, lambda *_: stop.set())
         typer.echo(f"tapdeck server at {server.url}  (engine: {server.engine_url}; "
                    f"data: {config.data_dir})")
+        if (shared := server.embedded_engine) is not None and not shared.owned:
+            # Its lifetime is not this server's: the operator needs to know which process to keep.
+            typer.echo(f"using the embedded engine already served by pid {shared.owner_pid} at "
+                       f"{shared.base_url} (it stops when that process does)")
         if server.admin_key_generated:
             typer.echo(f"admin key: {server.admin_key}  (also in {config.admin_key_path})")
         try:

@@ -26,6 +26,34 @@ DEFAULT_N_CTX = 32768
 """The embedded engine's context. SmolLM2 was trained at 8,192 tokens, but real agents' first
 prompts are 7.7k-16.6k: YaRN stretches RoPE 4x (quality and speed measured in bench/engine.py)."""
 
+MIN_N_CTX = 256
+"""The smallest context served: llama.cpp allocates its KV cache in blocks of 256 tokens, so a
+smaller one would be served as 256 all the same, and a chat prompt (template markup included)
+leaves almost nothing to sample below it."""
+
+MAX_STRETCH = 4
+"""How many times its trained context a model is served at most: the YaRN stretch the default
+context uses and bench/engine.py measured. Past it quality is unmeasured, and a context far past it
+fails only once llama.cpp allocates the KV cache (SmolLM2's for 10^8 tokens: terabytes)."""
+
+
+class ContextLengthError(ValueError):
+    """A context length the engine does not serve (below `MIN_N_CTX`, or past `MAX_STRETCH` times
+    the model's trained context); the message gives the range it does serve."""
+
+
+def _check_context_length(n_ctx: int, trained: int, model_name: str) -> None:
+    """ContextLengthError unless `MIN_N_CTX <= n_ctx <= MAX_STRETCH * trained`: refused, never
+    rounded, so the context served is the one asked for."""
+    most = MAX_STRETCH * trained
+    if n_ctx < MIN_N_CTX:
+        raise ContextLengthError(f"{n_ctx} is below {MIN_N_CTX}, the smallest context served; "
+                                 f"give {MIN_N_CTX} to {most}")
+    if n_ctx > most:
+        raise ContextLengthError(f"{n_ctx} is past {most}, {MAX_STRETCH}x the {trained} tokens "
+                                 f"{model_name} was trained with (the furthest its RoPE is "
+                                 f"stretched); give {MIN_N_CTX} to {most}")
+
 
 def trained_context(path: Path) -> int:
     """The context length a GGUF model was trained with (its metadata, weights not loaded)."""
@@ -67,10 +95,12 @@ def default_threads() -> int:
 
 def context_params(path: Path, n_ctx: int) -> dict[str, object]:
     """llama.cpp context options for `n_ctx`: beyond the trained context, YaRN RoPE scaling by
-    trained/n_ctx (llama.cpp applies YaRN's attention temperature itself)."""
+    trained/n_ctx (llama.cpp applies YaRN's attention temperature itself). ContextLengthError for
+    one the engine does not serve, raised before any weight is loaded."""
     import llama_cpp
 
     trained = trained_context(path)
+    _check_context_length(n_ctx, trained, path.name)
     if n_ctx <= trained:
         return {"n_ctx": n_ctx}
     return {"n_ctx": n_ctx, "rope_scaling_type": llama_cpp.LLAMA_ROPE_SCALING_TYPE_YARN,
@@ -100,7 +130,9 @@ class LlamaModel:
                                         logits_all=False, verbose=False,
                                         **context_params(self.path, n_ctx))
         meta = self._llm.metadata
-        self.n_ctx: int = self._llm.n_ctx()
+        # llama.cpp rounds its KV cache up to a block of 256 tokens; the context served (and
+        # reported as max_model_len) stays the one asked for.
+        self.n_ctx: int = n_ctx
         self.n_vocab: int = self._llm.n_vocab()
         self.eos_id: int = int(meta.get("tokenizer.ggml.eos_token_id", self._llm.token_eos()))
         self.bos_id: int | None = (int(meta["tokenizer.ggml.bos_token_id"])

@@ -5,7 +5,9 @@ command line in its own process, as a user does."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -17,7 +19,9 @@ import pytest
 
 from tapdeck.app.client import ApiError
 from tapdeck.app.failures import describe
+from tapdeck.runner.datasets import SAMPLE_DATASET_DIR
 from tests.conftest import free_port
+from tests.runner.harbor_registry import REGISTRY_URL_VAR, registry_knowing_no_dataset
 
 
 def tapdeck(*args: str, tmp: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -56,11 +60,31 @@ def test_a_port_out_of_range_is_bad_usage(args: list[str], tmp_path: Path) -> No
     assert "Invalid value for '--port'" in one_line(result)
 
 
-@pytest.mark.parametrize("n_ctx", ["-5", "0"])
-def test_engine_refuses_a_context_length_below_one(n_ctx: str, tmp_path: Path) -> None:
-    result = tapdeck("engine", "--n-ctx", n_ctx, tmp=tmp_path)
+@pytest.mark.parametrize(("n_ctx", "why"), [
+    ("-5", "is below 256, the smallest context served"),
+    ("0", "is below 256, the smallest context served"),
+    ("1", "is below 256, the smallest context served"),  # was served as 256, unsaid
+    ("255", "is below 256, the smallest context served"),
+    ("32769", "is past 32768, 4x the 8192 tokens"),
+    ("99999999", "is past 32768, 4x the 8192 tokens"),  # was a failed load, exit 1
+])
+def test_engine_refuses_a_context_length_it_does_not_serve_as_bad_usage(n_ctx: str, why: str,
+                                                                        tmp_path: Path) -> None:
+    # Refused from the model's metadata (SmolLM2 was trained at 8,192 tokens) before its weights
+    # load, so no engine starts and the port stays free.
+    result = tapdeck("engine", "--port", "0", "--n-ctx", n_ctx, tmp=tmp_path)
     assert result.returncode == 2
-    assert "Invalid value for '--n-ctx'" in one_line(result)
+    line = one_line(result)
+    assert line.startswith(f"tapdeck engine: --n-ctx {n_ctx} {why}") and line.endswith(
+        "give 256 to 32768"), line
+
+
+@pytest.mark.parametrize("threads", ["0", "-3"])
+def test_engine_refuses_a_thread_count_below_one_as_bad_usage(threads: str, tmp_path: Path) -> None:
+    result = tapdeck("engine", "--port", "0", "--threads", threads, tmp=tmp_path)
+    assert result.returncode == 2
+    assert one_line(result) == ("Error: Invalid value for '--threads': Input should be greater "
+                                "than or equal to 1")
 
 
 def test_engine_refuses_a_port_in_use_and_a_model_that_is_not_a_file_as_bad_usage(tmp_path: Path) -> None:
@@ -289,3 +313,48 @@ def test_only_known_failure_kinds_lose_their_traceback() -> None:
     for bug in (KeyError("x"), ValueError("x"), OSError("x"),
                 ExceptionGroup("g", [unreachable, TypeError()])):
         assert describe(bug) is None
+
+
+def test_info_lists_the_good_tasks_and_warns_naming_each_task_toml_it_cannot_parse(
+        tmp_path: Path) -> None:
+    dataset = tmp_path / "dataset"
+    shutil.copytree(SAMPLE_DATASET_DIR, dataset)
+    (dataset / "greet-script" / "task.toml").write_text("this is [not toml\n")
+    (dataset / "hello-file" / "task.toml").write_text('version = "1.0"\n[task]\nname = 5\n')
+    result = tapdeck("info", "--no-probe", "--json", "--dataset", str(dataset), tmp=tmp_path)
+    assert result.returncode == 0, result.stderr
+    listed = json.loads(result.stdout)["datasets"][1]
+    assert [t["name"] for t in listed["tasks"]] == ["fizzbuzz-python", "json-config", "sum-numbers"]
+    assert result.stderr.splitlines() == [
+        f"tapdeck info: warning: {dataset / 'greet-script' / 'task.toml'}: not TOML (Expected '=' "
+        "after a key in a key/value pair (at line 1, column 6)); task left out",
+        f"tapdeck info: warning: {dataset / 'hello-file' / 'task.toml'}: not a task config "
+        "(task.name: Input should be a valid string); task left out"]
+
+
+def test_info_refuses_a_dataset_path_that_does_not_exist_naming_it(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-folder"
+    result = tapdeck("info", "--no-probe", "--dataset", str(missing), tmp=tmp_path)
+    assert result.returncode == 2
+    assert result.stdout == ""  # refused before anything is listed
+    assert one_line(result) == (f"tapdeck info: cannot load dataset {missing}: dataset folder "
+                                f"{missing} does not exist")
+
+
+def test_info_refuses_a_dataset_name_its_registry_does_not_know(tmp_path: Path) -> None:
+    with registry_knowing_no_dataset() as registry:
+        result = tapdeck("info", "--no-probe", "--dataset", "no-such-dataset", tmp=tmp_path,
+                         env={REGISTRY_URL_VAR: registry})
+    assert result.returncode == 2
+    assert one_line(result) == ("tapdeck info: unknown dataset 'no-such-dataset': no folder of that "
+                                "name here, and the Harbor registry does not know it (Dataset "
+                                "no-such-dataset not found)")
+
+
+def test_info_says_a_registry_that_does_not_answer_is_unreachable_and_exits_1(tmp_path: Path) -> None:
+    result = tapdeck("info", "--no-probe", "--dataset", "no-such-dataset", tmp=tmp_path,
+                     env={REGISTRY_URL_VAR: f"http://127.0.0.1:{free_port()}"})
+    assert result.returncode == 1
+    assert "Dataset no-such-dataset (0 tasks)" in result.stdout  # the rest is listed
+    assert one_line(result).startswith("tapdeck info: dataset source unreachable: the Harbor "
+                                       "registry did not answer (ConnectError: ")

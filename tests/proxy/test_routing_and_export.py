@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 
@@ -246,6 +247,35 @@ def test_export_refuses_a_run_whose_sessions_are_not_in_the_store(tmp_path: Path
     assert not (data / "exports").exists()
 
 
+async def test_the_servers_run_export_refuses_a_run_with_sessions_missing_as_the_cli_does(
+        tmp_path: Path):
+    from tapdeck.app.cli import app as cli
+    from tapdeck.runner.api import create_runner_router
+    from tapdeck.runner.batch import RunPlan, rollout_id
+
+    data = _data_with_run(tmp_path, "".join(
+        json.dumps({"rollout_id": rollout_id("r1", 0, i), "task": "t", "group": 0, "index": i,
+                    "ok": True, "session_id": f"s-gone{i}"}) + "\n" for i in range(2)))
+    (data / "runs" / "r1" / "plan.json").write_text(json.dumps(
+        {"plan": RunPlan(k=2).model_dump(mode="json"), "tasks": [{"name": "t", "path": "t"}],
+         "created_at": 0.0}))
+    service = CaptureService(Store(data / "capture.db"), default_engine=None,
+                             public_url="http://127.0.0.1:9")
+    server = create_app(service, admin_key="k", routers=[
+        create_runner_router(service, data_dir=data, default_engine=None)])
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=server),
+                                 base_url="http://server") as client:
+        resp = await client.post("/admin/runs/r1/export", json={"format": "jsonl"},
+                                 headers={"Authorization": "Bearer k"})
+    said = CliRunner().invoke(cli, ["export", "r1", "--data-dir", str(data)]).output.strip()
+    assert resp.status_code == 409
+    assert resp.json()["detail"] == said.removeprefix("tapdeck export: ") == (
+        f"run r1's rollout {rollout_id('r1', 0, 0)} names session s-gone0, which is not in "
+        f"{data / 'capture.db'} (and 1 more rollout(s) name sessions it does not have): export "
+        "from the data dir the run was made in")
+    assert not (data / "runs" / "r1" / "export.jsonl").exists()
+
+
 @pytest.mark.parametrize("target", ["", ".", "..", "runs/r1", "../data"])
 def test_export_refuses_a_target_that_is_not_a_plain_id(target: str, tmp_path: Path):
     # Taken as a run id, each would name another folder (runs/, the data dir, ...) as the run.
@@ -266,6 +296,31 @@ def test_export_from_a_corrupt_capture_db_says_so(tmp_path: Path):
     assert res.exit_code == 1 and isinstance(res.exception, SystemExit)  # handled, not raised
     assert (f"capture.db at {tmp_path / 'capture.db'} is not a tapdeck store or is corrupt"
             in res.output)
+
+
+@pytest.mark.parametrize("target", ["r1", "s-abc"])
+def test_export_refuses_a_database_that_is_not_a_store_and_leaves_it_byte_for_byte(
+        target: str, tmp_path: Path):
+    # Another program's SQLite file where capture.db should be: read-write, the export used to
+    # add tapdeck's tables to it (and switch it to WAL).
+    import hashlib
+    import sqlite3
+
+    from tapdeck.app.cli import app
+
+    db = tmp_path / "capture.db"
+    with contextlib.closing(sqlite3.connect(db)) as foreign:
+        foreign.execute("CREATE TABLE invoices (id INTEGER PRIMARY KEY, total REAL)")
+        foreign.execute("INSERT INTO invoices (total) VALUES (12.5)")
+        foreign.commit()
+    (tmp_path / "runs" / "r1").mkdir(parents=True)
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    res = CliRunner().invoke(app, ["export", target, "--data-dir", str(tmp_path)])
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["capture.db", "runs"]  # no -wal, -shm
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit)  # handled, not raised
+    assert res.output.strip() == (f"tapdeck export: {db} is an SQLite database but not a tapdeck "
+                                  "capture store: it has no 'sessions' table")
 
 
 @pytest.mark.parametrize(("args", "why"), [
