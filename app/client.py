@@ -87,12 +87,14 @@ class ApiError(Exception):
     """A request to the tapdeck server failed; `str()` says what happened and what to do."""
 
     def __init__(self, message: str, *, status: int | None = None, url: str = "",
-                 kind: str = "error") -> None:
+                 kind: str = "error", detail: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
         self.url = url
         self.kind = kind  # "unreachable" | "auth" | "not_found" | "rejected" | "server" | "bad_reply"
+        self.detail = detail
+        """The server's own words in its error reply (one line); None when no tapdeck reply came."""
 
     def for_command(self, key_dir: Path | None, *, key_found: bool) -> str:
         """The line a command prints: a refused key says where it came from. `key_dir` is the data
@@ -194,12 +196,13 @@ class TapdeckClient:
                                "is it a tapdeck server?", status=status, url=url, kind="bad_reply")
             detail = _one_line(response.text, 300) or response.reason_phrase
         if status == 404:
-            raise ApiError(f"{method} {path}: not found ({detail})", status=404, url=url, kind="not_found")
+            raise ApiError(f"{method} {path}: not found ({detail})", status=404, url=url,
+                           kind="not_found", detail=detail)
         if status < 500:
             raise ApiError(f"{method} {path} refused ({status}): {detail}", status=status, url=url,
-                           kind="rejected")
+                           kind="rejected", detail=detail)
         raise ApiError(f"server error on {method} {path} ({status}): {detail}", status=status, url=url,
-                       kind="server")
+                       kind="server", detail=detail)
 
     async def _model(self, model: type[M], method: str, path: str, **kwargs: Any) -> M:
         """A request whose reply is validated into `model` (a reply that is not is `bad_reply`)."""

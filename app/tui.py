@@ -7,6 +7,7 @@ the single place where worker errors become notifications (`on_worker_state_chan
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from functools import partial
@@ -35,7 +36,7 @@ from tapdeck.app.screens.runs import RunsScreen
 from tapdeck.app.screens.setup import SetupScreen
 from tapdeck.app.screens.train import TrainScreen
 from tapdeck.app.settings import Settings
-from tapdeck.app.views import SessionBoard
+from tapdeck.app.views import SessionBoard, describe_error
 from tapdeck.app.widgets.nav_bar import NavBar
 from tapdeck.schema import events as api
 from tapdeck.themes import STYLESHEET
@@ -47,18 +48,14 @@ FIRST_SCREEN_WAIT_S = 5.0
 QUIT_CHECK_S = 2.0
 """How long `q` waits to learn whether runs are going; a server that does not answer lets it quit."""
 
+log = logging.getLogger("tapdeck.tui")
+"""Where an error's details go (the request, status code, transport error) while the person gets
+`describe_error`'s line: `tapdeck tui` sends logging to a file."""
+
+
 def build_themes() -> list[Theme]:
     """tapdeck's themes (data in tapdeck.themes.palettes) as Textual Themes."""
     return [Theme(name=name, **spec) for name, spec in THEMES.items()]
-
-
-def describe_error(error: BaseException) -> str:
-    """A line a person can act on, for any error a worker raised."""
-    if isinstance(error, ApiError):
-        return error.message
-    if isinstance(error, (OSError, TimeoutError)):
-        return f"{type(error).__name__}: {error}"
-    return f"unexpected {type(error).__name__}: {error}"
 
 
 class TapdeckCommands(Provider):
@@ -218,12 +215,14 @@ class TapdeckApp(App[None]):
                 raise ApiError(f"the server at {self.server_label} closed the event stream",
                                kind="unreachable")
             except ApiError as exc:
+                log.warning("event stream: %s", exc.message)
                 if exc.kind == "auth":
-                    self.post_message(ConnectionChanged(False, exc.message))
+                    self.post_message(ConnectionChanged(False, describe_error(exc)))
                     return
                 delay = RECONNECT_S[min(attempt, len(RECONNECT_S) - 1)]
                 attempt += 1
-                self.post_message(ConnectionChanged(False, f"{exc.message} · retrying in {delay:g} s"))
+                self.post_message(ConnectionChanged(
+                    False, f"{describe_error(exc)} · retrying in {delay:g} s"))
                 await asyncio.sleep(delay)
 
     def take_event(self, event: api.Event) -> None:
@@ -292,13 +291,18 @@ class TapdeckApp(App[None]):
 
         Screens forward their workers' state changes (the message does not bubble), so a failed
         action started on any screen is reported here too."""
-        if event.state != WorkerState.ERROR or event.worker.error is None:
+        error = event.worker.error
+        if event.state != WorkerState.ERROR or error is None:
             return
-        text = describe_error(event.worker.error)
+        what = event.worker.group or event.worker.name
+        if isinstance(error, ApiError):
+            log.warning("%s failed: %s", what, error.message)
+        else:
+            log.error("%s failed", what, exc_info=error)
+        text = describe_error(error)
         self.status = text
         self.status_level = "error"
-        self.notify(text, title=f"{event.worker.group or event.worker.name} failed", severity="error",
-                    timeout=8)
+        self.notify(text, title=f"{what} failed", severity="error", timeout=8)
 
     # -- actions ---------------------------------------------------------------------------------
     def open_rollout(self, session_id: str) -> None:

@@ -12,8 +12,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
+from rich.cells import cell_len
+
+from tapdeck.app.client import ApiError
 from tapdeck.schema.findings import Finding, Level
-from tapdeck.schema.runs import RolloutResult, mean_reward, pass_rate
+from tapdeck.schema.runs import RolloutResult, RunSummary, mean_reward, pass_rate
 from tapdeck.schema.sessions import GraphTurn, GraphView, RolloutStats, SessionSummary, TurnDetail
 
 # A running session with no model call for this long is highlighted (an agent that looks stuck).
@@ -83,7 +87,10 @@ STATE_TONES = {"failed": "error", "finished": "success", "cancelled": "warning",
 
 
 def fmt_phase(rollout: RolloutResult) -> str:
-    """A rollout's phase, with its progress line while it has one (an agent CLI installing)."""
+    """A rollout's phase, with its progress line while it has one (an agent CLI installing); a
+    cancelled rollout's is "cancelled", not the "failed" the runner records it under."""
+    if rollout_state(rollout) == "cancelled":
+        return "cancelled"
     return f"{rollout.phase}: {rollout.detail[:40]}" if rollout.detail else rollout.phase
 
 
@@ -112,6 +119,28 @@ def id_tail(value: str, width: int) -> str:
     """The whole id when it fits in `width`, else its end: ids that share a prefix (run ids start
     with their date) differ at the end."""
     return value if len(value) <= width else "…" + value[len(value) - width + 1:]
+
+
+PHRASE_SEP = " · "
+"""Between the phrases of a header line; a line it breaks starts with its dot (`phrase_lines`)."""
+
+
+def phrase_lines(phrases: Iterable[str], width: int) -> list[str]:
+    """Phrases such as "turns 3" or "prefix link to #2" joined by " · " into lines of at most
+    `width` cells, broken only between phrases (a continued line starts with "· "), so that no
+    phrase is split. A phrase wider than a line is split anyway: it follows on the line it
+    reaches, for the widget to wrap at its spaces, rather than leave that line's end empty."""
+    lead = PHRASE_SEP.lstrip()
+    lines: list[str] = []
+    for phrase in filter(None, phrases):
+        if not lines:
+            lines.append(phrase)
+        elif (cell_len(lines[-1] + PHRASE_SEP + phrase) <= width
+              or cell_len(lead + phrase) > width):
+            lines[-1] += PHRASE_SEP + phrase
+        else:
+            lines.append(lead + phrase)
+    return lines
 
 
 @dataclass
@@ -404,29 +433,36 @@ def display_parents(nodes: Mapping[int, TurnNode]) -> dict[int, int | None]:
     return out
 
 
-def turn_label(node: TurnNode) -> str:
-    """Plain label of a tree node: `#3 !warn agent ≈retok 42 tok length`; the findings badge
-    comes first, so a narrow tree cuts the least telling words instead."""
+TURN_LABEL_WIDTH = 32
+"""Cells a turn's label may take in the tree (longer ones end in "…"): with one fork level's guides
+and a scrollbar, the tree column (37 cells at most, themes/tapdeck.tcss) leaves the turn 43 of 80."""
+
+
+def turn_label(node: TurnNode, width: int = TURN_LABEL_WIDTH) -> str:
+    """Plain label of a tree node, most telling first so a cut keeps it: `#3 !warn ≈retok length
+    auxiliary ⇢ids 42 tok` (number, findings badge, link kind, finish reason other than stop, role
+    unless agent (the usual one), token-in mode, tokens sampled), clipped to `width`."""
     parts = [f"#{node.seq}"]
     worst = worst_level(node.findings)
     if worst is not None:
         parts.append(f"!{worst.lower()}")
-    parts.append(node.role)
     if node.kind == "retokenized":
         parts.append("≈retok")
     elif node.kind == "message":
         parts.append("~msg")
+    if node.finish_reason and node.finish_reason != "stop":
+        parts.append(node.finish_reason)
+    if node.role != "agent":
+        parts.append(node.role)
+    if node.discarded and node.role != "discarded":
+        parts.append("discarded")
     if node.mode == "ids":
         parts.append("⇢ids")
     elif node.mode == "text" and node.parent is not None:
         parts.append("↩text")
-    if node.discarded and node.role != "discarded":
-        parts.append("discarded")
     if node.new_tokens is not None:
         parts.append(f"{node.new_tokens} tok")
-    if node.finish_reason and node.finish_reason != "stop":
-        parts.append(node.finish_reason)
-    return " ".join(parts)
+    return clip(" ".join(parts), width)
 
 
 # -- tokens -------------------------------------------------------------------------------------
@@ -516,6 +552,24 @@ def run_groups(rollouts: Iterable[RolloutResult]) -> list[GroupRow]:
     return rows
 
 
+def run_outcomes(run: RunSummary) -> tuple[int, int]:
+    """(failed, cancelled) among a run's ended rollouts. The server counts a cancelled rollout as
+    not ok, among the failed; cancelling is a person's choice, not a failure (as `rollout_state`
+    says), so it is counted apart, from the same summary's failures by kind."""
+    cancelled = run.failures.get("cancelled", 0)
+    return run.counts.failed - cancelled, cancelled
+
+
+def failures_line(failures: Mapping[str, int]) -> str:
+    """`failures: timeout 2, not_ok 1 · cancelled 1`: failures by cause, most first, and the
+    cancelled rollouts apart from them."""
+    failed = sorted(((kind, n) for kind, n in failures.items() if kind != "cancelled"),
+                    key=lambda item: -item[1])
+    line = "failures: " + (", ".join(f"{kind} {n}" for kind, n in failed) if failed else "none")
+    cancelled = failures.get("cancelled", 0)
+    return f"{line} · cancelled {cancelled}" if cancelled else line
+
+
 def fmt_rate(value: Any) -> str:
     """A pass rate as a percentage, "–" when nothing was graded."""
     if value is None:
@@ -531,3 +585,34 @@ def rollout_settings_line(rollout: RolloutResult) -> str:
     tense = ("ran" if rollout.phase in ("done", "failed") else
              "will run" if rollout.phase == "queued" else "runs")
     return f"{name} {tense} with: {rollout.settings.line()}"
+
+
+# -- errors -------------------------------------------------------------------------------------
+
+def describe_error(error: BaseException) -> str:
+    """A line a person can act on, for any error a worker raised: the server's own message when it
+    refused a request, else a plain sentence. Request paths, status codes and transport details
+    are left to the log."""
+    if not isinstance(error, ApiError):
+        if isinstance(error, (OSError, TimeoutError)):
+            return f"{type(error).__name__}: {error}"
+        return f"unexpected {type(error).__name__}: {error}"
+    words = error.detail
+    if error.kind == "server" and (error.status == 500 or not words):
+        return f"the server failed: {words}" if words else "the server failed; its log says why"
+    if error.kind == "not_found" and words in (None, "Not Found"):  # FastAPI's, for no such route
+        return "this server does not offer that: is it the same tapdeck version as this TUI?"
+    if words:
+        return words
+    if error.kind == "rejected":
+        return "the server refused that without saying why"
+    if isinstance(error.__cause__, httpx.TimeoutException):
+        return "the tapdeck server did not answer in time; is it overloaded?"
+    if isinstance(error.__cause__, httpx.TransportError):
+        return "the tapdeck server is not reachable; is it running?"
+    if error.kind == "auth":
+        return ("the server rejected the admin key: pass the key from the server's "
+                "<data-dir>/admin.key with --admin-key")
+    if error.kind == "bad_reply":
+        return "the server's reply is not tapdeck's: is it a tapdeck server of the same version?"
+    return error.message  # raised by the TUI itself, in words already (a closed event stream)

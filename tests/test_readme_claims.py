@@ -72,6 +72,20 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/runner/test_rollout_exit_codes.py::test_a_size_past_its_bound_exits_2_naming_the_field
   → tests/runner/test_rollout_exit_codes.py::test_resuming_a_run_whose_plan_file_is_corrupt_exits_1_naming_the_file
   → tests/runner/test_rollout_exit_codes.py::test_resume_refuses_a_run_id_that_is_not_a_plain_name
+- `tapdeck rollout`: `-n` with `--task` is 2; a dataset name the registry does not know is 2 and
+  a registry that does not answer is 1, each said as such; resuming a run whose rollouts all ran to
+  their end says so, starts nothing and exits 0
+  → tests/runner/test_rollout_edge_inputs.py::test_rollout_refuses_n_with_a_single_task_or_several
+  → tests/runner/test_rollout_edge_inputs.py::test_rollout_says_a_dataset_name_its_registry_does_not_know_is_unknown
+  → tests/runner/test_rollout_edge_inputs.py::test_rollout_says_a_registry_that_does_not_answer_is_unreachable_and_exits_1
+  → tests/runner/test_rollout_edge_inputs.py::test_resuming_a_complete_run_says_so_and_starts_nothing
+  → tests/runner/test_rollout_edge_inputs.py::test_resuming_a_complete_run_on_a_server_says_so_and_leaves_it_untouched
+- `tapdeck info` warns naming each task.toml a dataset leaves out; a `--dataset` that names none is
+  2, one whose source does not answer is 1
+  → tests/app/test_cli_failures.py::test_info_lists_the_good_tasks_and_warns_naming_each_task_toml_it_cannot_parse
+  → tests/app/test_cli_failures.py::test_info_refuses_a_dataset_path_that_does_not_exist_naming_it
+  → tests/app/test_cli_failures.py::test_info_refuses_a_dataset_name_its_registry_does_not_know
+  → tests/app/test_cli_failures.py::test_info_says_a_registry_that_does_not_answer_is_unreachable_and_exits_1
 - Ctrl-C or SIGTERM while `tapdeck rollout` follows a run cancels it and prints the table
   → tests/runner/test_rollout_follow.py::test_sigterm_cancels_a_followed_run_as_ctrl_c_does
   → tests/runner/test_rollout_exit_codes.py::test_a_dead_engine_behind_a_server_exits_1_as_a_local_one_does
@@ -94,9 +108,11 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/runner/test_results_file_bad_lines.py::test_a_torn_last_line_is_ignored_without_a_warning
 - `serve` refuses a port in use and a bind beyond loopback without `--admin-key`
   → tests/proxy/test_host.py::test_serve_cli_refuses_public_bind_and_names_a_held_port
-- data lives in `--data-dir`, else `$TAPDECK_DATA_DIR`; `admin.key` is 0600
+- data lives in `--data-dir`, else `$TAPDECK_DATA_DIR`; `admin.key` is 0600; the listing names
+  every file a server leaves there (`admin.key.lock` included)
   → tests/proxy/test_config_and_keys.py::test_data_dir_defaults_to_env
   → tests/proxy/test_config_and_keys.py::test_admin_key_file_is_owner_only
+  → tests/test_readme_claims.py::test_the_data_dir_listing_names_every_file_a_server_leaves_there
 - bad usage is 2 and a failure of the world 1, each one line: ports out of range, addresses that
   are not http(s) URLs, a `--host` that does not resolve, a data dir that is a file or cannot be
   made, a server that does not answer or refuses the key, a path that cannot be written
@@ -115,8 +131,14 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/app/test_attach.py::test_attach_to_an_address_that_is_not_a_server_url_is_bad_usage
   → tests/app/test_attach.py::test_attach_with_a_wrong_admin_key_exits_with_one_line_naming_the_key
   → tests/training/test_train_cli.py::test_train_with_an_unknown_recipe_is_bad_usage
-- `tapdeck engine --n-ctx` is at least 1
-  → tests/app/test_cli_failures.py::test_engine_refuses_a_context_length_below_one
+- `tapdeck engine --n-ctx` is 256 to 4× the model's trained context, served as given, refused
+  outside it before the weights load; `--threads` is at least 1
+  → tests/app/test_cli_failures.py::test_engine_refuses_a_context_length_it_does_not_serve_as_bad_usage
+  → tests/engine/test_context_length.py::test_a_context_outside_the_range_is_refused_before_the_weights_load
+  → tests/engine/test_context_length.py::test_a_context_between_llama_cpps_blocks_is_served_as_asked_not_rounded_up
+  → tests/app/test_cli_failures.py::test_engine_refuses_a_thread_count_below_one_as_bad_usage
+- `export` reads the store read-only: another program's database is refused (1) and left unchanged
+  → tests/proxy/test_routing_and_export.py::test_export_refuses_a_database_that_is_not_a_store_and_leaves_it_byte_for_byte
 - a run's export leaves out rollouts that did not end ok unless `--include-failed`, and marks each
   row with `ok` and `error_kind`; its format follows `--out`'s suffix; unreadable results are 1
   → tests/proxy/test_routing_and_export.py::test_export_leaves_out_rollouts_that_did_not_end_ok_unless_asked
@@ -130,6 +152,9 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
 § The server API
 - every admin route of the table exists on the server
   → tests/test_readme_claims.py::test_every_admin_route_of_the_table_exists_on_the_server
+- a run's export refuses (409, naming the rollout and its session) a run whose rollouts name
+  sessions the store does not have, with `tapdeck export`'s message
+  → tests/proxy/test_routing_and_export.py::test_the_servers_run_export_refuses_a_run_with_sessions_missing_as_the_cli_does
 - admin routes need the admin key; `/health` leaks nothing
   → tests/proxy/test_auth_and_failures.py::test_admin_routes_need_the_admin_key
   → tests/proxy/test_auth_and_failures.py::test_health_leaks_nothing
@@ -335,13 +360,14 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/test_readme_claims.py::test_the_settings_defaults_are_the_codes
   → tests/proxy/test_auth_and_failures.py::test_budget_reached_gives_a_non_empty_stop_and_no_node
 - the embedded engine's 32,768-token context reported as `max_model_len`; `--n-ctx` and the KV-cache
-  reuse; one engine per machine
+  reuse; one engine per machine, whose owner's pid `rollout` and `serve` name when they reuse it
   → tests/test_readme_claims.py::test_the_settings_defaults_are_the_codes
   → tests/engine/test_long_context.py::test_engine_reports_its_stretched_context_as_max_model_len
   → tests/engine/test_long_context.py::test_follow_up_with_a_shared_10k_prefix_evaluates_only_the_new_tokens
   → tests/engine/test_registry.py::test_second_process_reuses_the_running_engine
   → tests/engine/test_registry.py::test_engine_with_another_context_is_not_reused
   → tests/runner/test_rollout_shared_engine.py::test_rollout_names_the_reused_engine_and_stops_when_it_goes_away
+  → tests/engine/test_registry.py::test_serve_on_a_reused_engine_names_the_process_that_serves_it
 - `tapdeck info` reports the running embedded engine, probed
   → tests/app/test_info_running_engine.py::test_info_reports_the_running_embedded_engine_with_its_tier
 - it serves the shipped Q4_1 GGUF re-encoded once as F16, which the trainer dequantises to the
@@ -396,6 +422,8 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/app/test_rollout_tree.py::test_a_growing_chain_is_listed_flat_and_a_fork_nests_its_branches
   → tests/app/test_tui_recorded.py::test_open_rollout_and_click_a_token_shows_its_logprob
   → tests/app/test_tui_recorded.py::test_runs_screen_shows_groups_and_failures_by_cause
+- Runs counts cancelled rollouts apart from failed ones
+  → tests/app/test_tui_recorded.py::test_runs_counts_cancelled_rollouts_apart_from_failed_ones
 - help, palette, theme remembered, key map by id; attach is one code path
   → tests/app/test_tui_recorded.py::test_help_opens_with_f1_and_question_mark_and_closes_with_escape
   → tests/app/test_tui_recorded.py::test_command_palette_offers_tapdeck_actions
@@ -417,6 +445,7 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
 - `grpo-trl` can start only where the server sees 2 GPUs
   → tests/training/test_train_cli.py::test_a_recipe_that_needs_gpus_cannot_start_on_a_server_without_them
   → tests/training/test_train_cli.py::test_gpu_count_decides_a_gpu_recipe_is_unavailable_and_says_why
+  → tests/app/test_tui_recorded.py::test_train_refuses_a_recipe_the_server_cannot_start_saying_why
 - `tapdeck train` refuses data-check given neither `--run` nor `--rows` before any job starts
   → tests/training/test_train_cli.py::test_train_without_the_rows_its_recipe_reads_is_refused_before_a_job_starts
 - data-check and cpu-grpo do what they say
@@ -553,6 +582,21 @@ def test_the_command_table_names_every_command_the_cli_has() -> None:
     documented |= {"tui"} if "`tapdeck tui`" in table else set()
     commands = set(get_command(app).commands)  # type: ignore[attr-defined]
     assert documented == commands - {"harness"} and "harness install" in README
+
+
+def test_the_data_dir_listing_names_every_file_a_server_leaves_there(tmp_path: Path) -> None:
+    from tapdeck.app.host import LocalServer
+    from tapdeck.proxy.config import ServerConfig
+    from tests.conftest import models_only_engine
+
+    listing = README.split("Data lives in `--data-dir`", 1)[1].split("\n\n", 1)[0]
+    data = tmp_path / "data"
+    with models_only_engine() as engine, LocalServer(ServerConfig(port=0, data_dir=data,
+                                                                  engine_url=engine)):
+        # SQLite's own -wal and -shm files go with `capture.db (SQLite, WAL)`.
+        made = {re.sub(r"-(wal|shm)$", "", p.name) for p in data.iterdir()}
+    assert {"capture.db", "admin.key", "admin.key.lock"} <= made
+    assert [name for name in sorted(made) if f"`{name}`" not in listing] == []
 
 
 def test_the_agent_versions_are_the_pinned_ones() -> None:

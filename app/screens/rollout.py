@@ -16,9 +16,11 @@ from textual.widget import Widget
 from textual.widgets import Sparkline, Static, TabbedContent, TabPane, Tree
 
 from tapdeck.app.screens.base import TapdeckScreen
+from tapdeck.app.widgets.phrases import Phrases
 from tapdeck.app.views import (
     LiveGraph,
     capture_mode_text,
+    clip,
     message_text,
     rollout_nodes,
     short_id,
@@ -31,6 +33,8 @@ from tapdeck.schema.findings import Finding
 from tapdeck.schema.sessions import RolloutStats, TurnDetail
 
 LEVEL_STYLES = {"FATAL": "bold $error", "WARN": "$warning", "INFO": "$text-muted"}
+TASK_W = 24
+"""Cells the task's name may take in the header (a registry task's can be long)."""
 
 
 class RolloutScreen(TapdeckScreen):
@@ -149,10 +153,10 @@ class RolloutScreen(TapdeckScreen):
         stats = self.graph.stats or RolloutStats()
         summary = self.app.board.get(self.session_id or "")
         task = summary.metadata.get("task") if summary is not None else None
-        # Terse, so that all of it fits the header's two lines at 80 columns.
+        # Terse, so that all of it fits the header's lines at 80 columns; each phrase kept whole.
         parts = [f"session {short_id(self.session_id)}"]
         if task:
-            parts.append(str(task))
+            parts.append(clip(str(task), TASK_W))
         parts.append(f"tier {self.graph.tier}")
         modes = [t.token_in for t in self.graph.turns.values()]
         if any(modes):
@@ -161,7 +165,7 @@ class RolloutScreen(TapdeckScreen):
             parts.append(f"{key} {getattr(stats, key)}")
         parts.append(f"trainable {stats.trainable_tokens} tok")
         parts.append(f"frag. {stats.fragmentation:.2f}")
-        self.query_one("#rollout-header", Static).update(" · ".join(parts))
+        self.query_one("#rollout-header", Static).update(Phrases(parts))
         if tree_changed:
             self.query_one(RolloutTree).load(rollout_nodes(self.graph.turns.values()))
         self._show_findings()
@@ -206,7 +210,7 @@ class RolloutScreen(TapdeckScreen):
                   f"prompt {'?' if turn.prompt_len is None else turn.prompt_len} tok",
                   f"sampled {len(sampled)}", f"finish {turn.finish_reason or '?'}",
                   capture_mode_text(turn.meta)]
-        self.query_one("#turn-header", Static).update(" · ".join(p for p in header if p))
+        self.query_one("#turn-header", Static).update(Phrases(header))
         self.query_one("#turn-logprobs", Sparkline).data = logprob_series(turn)
         entropy = entropy_series(turn)
         self.query_one("#turn-entropy", Sparkline).data = entropy

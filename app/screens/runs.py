@@ -15,18 +15,20 @@ from tapdeck.app.histogram import bars, histogram, reward_line
 from tapdeck.app.screens.base import TapdeckScreen
 from tapdeck.app.views import (
     clip,
+    failures_line,
     fmt_phase,
     fmt_rate,
     fmt_reward,
     rollout_settings_line,
     id_tail,
     run_groups,
+    run_outcomes,
 )
 from tapdeck.schema.runs import RolloutResult, RunDetail, RunSummary, runs_again_on_resume
 
 
 RUN_ID_MIN_W = 10
-OTHER_RUN_COLUMNS_W = 52
+OTHER_RUN_COLUMNS_W = 56
 """The runs table's columns but the id, with their padding and the scrollbar: the id gets the rest."""
 
 GROUP_BINS = 5
@@ -70,7 +72,9 @@ class RunsScreen(TapdeckScreen):
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
     HELP = ("Batches started from Setup (or the CLI). Enter shows a run's groups; o opens the "
             "highlighted rollout; e / p export the run as JSONL / Parquet on the server's machine; "
-            "x twice within 5 s cancels the run; u resumes a stopped run (its cancelled and never-run rollouts run again).")
+            "x twice within 5 s cancels the run; u resumes a stopped run (its cancelled and never-run "
+            "rollouts run again). fail / canc: rollouts that failed / were cancelled (a cancel is not "
+            "a failure).")
 
     # Short words and Parquet off the footer: at 80 columns it must keep r, f1 and q too.
     BINDINGS = [
@@ -92,8 +96,11 @@ class RunsScreen(TapdeckScreen):
 
     def compose_body(self) -> Iterable[Widget]:
         runs = DataTable(id="runs-table", cursor_type="row", zebra_stripes=True)
-        for label in ("run", "state", "done", "ok", "failed", "reward", "pass"):
-            runs.add_column(label, key=label)
+        # Short headers, as the Sessions table's: with the cancelled apart, whole run ids still fit 80.
+        for label, key in (("run", "run"), ("state", "state"), ("done", "done"), ("ok", "ok"),
+                           ("fail", "failed"), ("canc", "cancelled"), ("reward", "reward"),
+                           ("pass", "pass")):
+            runs.add_column(label, key=key)
         yield runs
         yield Static("", id="run-header")
         yield Static("", id="run-settings")
@@ -143,7 +150,8 @@ class RunsScreen(TapdeckScreen):
         id_width = max(RUN_ID_MIN_W, self.size.width - OTHER_RUN_COLUMNS_W)
         rows = {run.id: (id_tail(run.id, id_width), run.state,
                          f"{run.counts.done}/{run.counts.total}", str(run.counts.ok),
-                         str(run.counts.failed), fmt_reward(run.mean_reward), fmt_rate(run.pass_rate))
+                         *map(str, run_outcomes(run)), fmt_reward(run.mean_reward),
+                         fmt_rate(run.pass_rate))
                 for run in self.runs}
         with self.app.batch_update():
             _show_rows(self.query_one("#runs-table", DataTable), rows)
@@ -195,13 +203,10 @@ class RunsScreen(TapdeckScreen):
                                str(self._turns(r)), r.error_kind or "")
                 for r in sorted(rollouts, key=lambda r: (r.task, r.index))})
         self._show_settings(self._selected_rollout())
-        # The server's own count (as the runs table's "failed"), not one recounted from the
+        # The server's own counts (as the runs table's fail and canc), not recounted from the
         # rollouts: after a resume a rollout running again still carries its old failure.
-        failures = sorted(detail.failures.items(), key=lambda item: -item[1])
         self.query_one("#failures", Static).update(
-            f"rewards {reward_line(r.reward for r in rollouts)}\n"
-            + ("failures: " + ", ".join(f"{kind} {n}" for kind, n in failures)
-               if failures else "failures: none"))
+            f"rewards {reward_line(r.reward for r in rollouts)}\n{failures_line(detail.failures)}")
 
     def _turns(self, rollout: RolloutResult) -> int:
         """A rollout's captured turns: live from the App's session board (what Sessions shows),

@@ -17,7 +17,7 @@ from tapdeck.app.client import ApiError
 from tapdeck.app.confirm import CONFIRM_S, TwoPress
 from tapdeck.app.screens.base import TapdeckScreen
 from tapdeck.app.stuck_view import PaneLine, calls_per_second, pane_lines
-from tapdeck.app.views import ENDED_STATES, rollout_state, session_state
+from tapdeck.app.views import ENDED_STATES, describe_error, rollout_state, session_state
 from tapdeck.app.widgets.activity_pane import ActivityPane
 from tapdeck.app.widgets.session_table import SessionTable
 from tapdeck.schema.activity import SessionActivity
@@ -150,7 +150,7 @@ class SessionsScreen(TapdeckScreen):
             activity = await self.client.activity(session_id)
             findings = (await self.client.session(session_id)).findings
         except ApiError as exc:
-            self.activity_error = exc.message  # said in the pane, not a notification a second
+            self.activity_error = describe_error(exc)  # said in the pane, not a notification a second
         else:
             if self.highlighted() != session_id:
                 return

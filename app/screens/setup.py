@@ -73,6 +73,7 @@ def _ok(item: CatalogItem) -> bool:
 
 
 TASKS_NONE_TICKED = "Tasks (none ticked = all)"
+PUBLIC_URL_HINT = "where sandboxes that are not on this host reach the proxy"
 
 class SetupScreen(TapdeckScreen):
     """The rollout plan editor."""
@@ -113,9 +114,11 @@ class SetupScreen(TapdeckScreen):
                 yield Select[str]([], id="engine", prompt="–", compact=True)
                 yield Static("", id="why-engine", classes="why")
                 yield Label("Public URL")
-                # For sandboxes not on this host: the address they reach the proxy at.
-                yield Input(placeholder="sandboxes → proxy (default: this server)", id="public-url",
+                # Short enough to show whole in the 36 cells the field has at 80 columns; the
+                # line below says what it is for, wrapped.
+                yield Input(placeholder="empty: this server's address", id="public-url",
                             compact=True)
+                yield Static(PUBLIC_URL_HINT, id="why-public-url", classes="why")
                 with Horizontal(id="numbers"):
                     with Vertical():
                         yield Label("K per task")
@@ -133,7 +136,9 @@ class SetupScreen(TapdeckScreen):
             with Vertical(id="setup-right"):
                 yield Label(TASKS_NONE_TICKED, id="tasks-title")
                 yield SelectionList[str](id="tasks")
-                yield Static("", id="instruction")
+                # Scrolls: a long instruction is read whole here, not cut at the pane's end.
+                with VerticalScroll(id="instruction-scroll"):
+                    yield Static("", id="instruction")
                 # After the task list, so Tab reaches the tasks as before; collapsed, one line.
                 with Collapsible(title="Rollout settings", id="rollout-settings", collapsed=True):
                     yield Static("", id="settings-defaults")
@@ -340,6 +345,7 @@ class SetupScreen(TapdeckScreen):
         tasks = item.tasks if isinstance(item, DatasetInfo) else []
         task = next((t for t in tasks if t.name == task_name), None)
         preview = self.query_one("#instruction", Static)
+        self.query_one("#instruction-scroll").scroll_home(animate=False)  # another task: its start
         if task is None:
             preview.update(Content.styled("No task to preview.", "$text-muted"))
         else:

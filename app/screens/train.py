@@ -21,6 +21,7 @@ from textual_plotext import PlotextPlot
 
 from tapdeck.app.client import ApiError
 from tapdeck.app.screens.base import TapdeckScreen
+from tapdeck.app.views import describe_error
 from tapdeck.schema.runs import RunSummary
 from tapdeck.schema.train import (
     MetricRow,
@@ -131,7 +132,7 @@ class TrainScreen(TapdeckScreen):
             runs = await self.client.runs()
             jobs = await self.client.train_runs()
         except ApiError as exc:
-            self._state(f"cannot reach the training API: {exc.message}")
+            self._state(f"cannot reach the training API: {describe_error(exc)}")
             return
         self.recipes = {r.name: r for r in recipes}
         recipe_select = self.query_one("#train-recipe", Select)
@@ -182,7 +183,7 @@ class TrainScreen(TapdeckScreen):
             log = await self.client.train_log(job.id)
             metrics = await self.client.train_metrics(job.id)
         except ApiError as exc:
-            self._state(f"{job.id}: {exc.message}")
+            self._state(f"{job.id}: {describe_error(exc)}")
             return
         self.job = job
         self._write_log(log.lines)
@@ -215,6 +216,13 @@ class TrainScreen(TapdeckScreen):
             self.notify("no recipe chosen: pick one" if self.recipes
                         else "no recipe to launch: the server lists none", severity="warning")
             return
+        if not recipe.available:
+            # As the server reports it (a GPU recipe on a machine without GPUs, a training
+            # environment not made): a launch would only be refused, after a round trip.
+            self._state(f"{recipe.name} did not start: {recipe.why}")
+            self.notify(f"{recipe.name} cannot start on the server's machine: {recipe.why} "
+                        "(r checks again)", severity="warning")
+            return
         try:
             args = shlex.split(self.query_one("#train-args", Input).value)
         except ValueError as exc:
@@ -240,8 +248,8 @@ class TrainScreen(TapdeckScreen):
         try:
             job = await self.client.start_train(recipe, run=run_id, args=args)
         except ApiError as exc:
-            self._state(f"{recipe} did not start: {exc.message}")
-            self.notify(exc.message, severity="error")
+            self._state(f"{recipe} did not start: {describe_error(exc)}")
+            self.notify(describe_error(exc), title=f"{recipe} did not start", severity="error")
             return
         self.follow(job.id)
 
@@ -266,7 +274,7 @@ class TrainScreen(TapdeckScreen):
                 else:
                     self._show_job(event.run)
         except ApiError as exc:
-            self._state(f"{run_id}: lost the event stream ({exc.message}); r reloads")
+            self._state(f"{run_id}: lost the event stream ({describe_error(exc)}); r reloads")
 
     def _write_log(self, lines: list[str]) -> None:
         log = self.query_one("#train-log", RichLog)
@@ -303,7 +311,7 @@ class TrainScreen(TapdeckScreen):
         try:
             await self.client.stop_train(run_id)
         except ApiError as exc:
-            self.notify(f"stop failed: {exc.message}", severity="error")
+            self.notify(f"stop failed: {describe_error(exc)}", severity="error")
 
     # -- plots --------------------------------------------------------------------------------------
     def _add_points(self, points: list[MetricRow]) -> None:

@@ -22,8 +22,9 @@ class RolloutTree(Tree[int]):
     HELP = ("The rollout graph: each node is one model call. A chain of calls, each continuing the "
             "one above, is listed flat under its first call; a fork (calls continuing the same one) "
             "nests its branches. "
-            "role agent/auxiliary/discarded; ≈retok = linked despite a re-tokenisation break; "
-            "!warn/!fatal = findings. Enter/click a turn to see its tokens.")
+            "A label reads number, findings (!warn/!fatal), link kind, finish, then role "
+            "(auxiliary/discarded; an agent turn shows none); ≈retok = linked despite a "
+            "re-tokenisation break; a long label ends in …. Enter/click a turn to see its tokens.")
 
     def __init__(self, **kwargs) -> None:
         super().__init__("rollout", data=None, **kwargs)

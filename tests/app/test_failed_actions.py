@@ -4,6 +4,7 @@ stays live until it is cancelled)."""
 
 from __future__ import annotations
 
+import httpx
 import pytest
 from textual.widgets import DataTable, Input, SelectionList
 
@@ -40,12 +41,34 @@ async def test_setup_start_with_a_bad_dataset_path_shows_the_servers_reason(hung
         assert hint.startswith(f"{path}:") and "sample" not in hint
         with pytest.raises(ApiError) as refused:  # what the server says to this very plan
             await app.client.start_run(screen.plan())
+        reason = refused.value.detail
+        assert reason and "/admin/runs" not in reason
         await pilot.press("ctrl+s")
-        await until(pilot, lambda: any(refused.value.message in n for n in _notes(app)),
-                    "the server's reason as a notification", 60)
+        await until(pilot, lambda: reason in _notes(app), "the server's reason as a notification", 60)
         assert app.status_level == "error"
         assert app.current_mode == "setup"
         assert await app.client.runs() == []
+
+
+async def test_a_refused_start_toasts_the_servers_message_not_the_request_or_its_status(api_data):
+    recorded = recorded_transport(api_data)
+    reason = "dataset /data/ds4: no task.toml under it"
+
+    def refusing(request: httpx.Request) -> httpx.Response:
+        if (request.method, request.url.path) == ("POST", "/admin/runs"):
+            return httpx.Response(400, json={"detail": reason})
+        return recorded.handler(request)
+
+    client = TapdeckClient("http://tapdeck.test", "test-key", transport=httpx.MockTransport(refusing))
+    app = TapdeckApp(client, follow_events=False, initial_mode="setup")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.screen.catalog is not None, "the catalog", 10)
+        await pilot.press("ctrl+s")
+        await until(pilot, lambda: any((n.title or "").endswith("failed") for n in app._notifications),
+                    "the refusal as a notification", 10)
+        [note] = [n for n in app._notifications if (n.title or "").endswith("failed")]
+        assert note.message == reason  # not "POST /admin/runs refused (400): …"
+        assert app.status == reason and app.status_level == "error"
 
 
 def _recorded(api_data: dict, clock: list[float], mode: str) -> TapdeckApp:

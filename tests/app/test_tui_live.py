@@ -151,6 +151,7 @@ async def test_terminus2_rollout_finishes_with_captured_turns(live_server, tmp_p
         session_id = ended()[0]
         assert app.board.get(session_id).turns > 0
         app.open_rollout(session_id)
+        # query, not query_one: the mode switches before the Rollout screen has composed.
         await until(pilot, lambda: app.current_mode == "rollout"
-                    and app.screen.query_one(TokenView).turn is not None, "a captured turn", 60)
+                    and any(v.turn is not None for v in app.screen.query(TokenView)), "a captured turn", 60)
         assert app.screen.query_one(RolloutTree)._seq_nodes

@@ -7,6 +7,7 @@ import re
 import socket
 from typing import Any
 
+import httpx
 import pytest
 from rich.color import Color
 from rich.text import Text
@@ -99,8 +100,8 @@ async def test_open_rollout_and_click_a_token_shows_its_logprob(make_app):
                     and app.screen.query_one(TokenView).turn is not None, "turn 0 on Rollout")
         tree = app.screen.query_one("#graph")
         labels = [str(node.label) for node in tree.root.children]
-        assert labels[0].startswith("#0 !warn agent") and labels[1].startswith("#1 !warn discarded")
-        assert str(tree.root.children[0].children[0].label).startswith("#2 !warn agent")
+        assert labels[0].startswith("#0 !warn length") and labels[1].startswith("#1 !warn length discarded")
+        assert str(tree.root.children[0].children[0].label).startswith("#2 !warn length")
         view = app.screen.query_one(TokenView)
         assert view.turn is not None and view.turn.seq == 0
         await click_until(pilot, TokenView, (2, 0), lambda: view.selected == 1,  # " SET" (token 1)
@@ -213,6 +214,15 @@ async def test_server_gone_becomes_a_notification_and_status_line_not_a_tracebac
         assert app.is_running
 
 
+async def test_an_unreachable_server_is_one_plain_sentence_without_transport_details():
+    app = _app_on_a_dead_server("info")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app._notifications, "the failed load as a notification")
+        sentence = "the tapdeck server is not reachable; is it running?"
+        assert {n.message for n in app._notifications} == {sentence}  # no URL, no httpx text
+        assert app.status == sentence
+
+
 async def test_setup_without_a_catalog_says_so_and_how_to_retry():
     app = _app_on_a_dead_server("setup")
     async with app.run_test(size=(80, 24)) as pilot:
@@ -306,6 +316,22 @@ async def test_runs_screen_shows_groups_and_failures_by_cause(make_app):
         assert str(groups.get_row("hello-file")[4]) == "0%"
         assert str(groups.get_row("hello-file")[5]) == "█    "  # both rewards 0.0: the bottom bin
         assert "rewards █" + " " * 9 + " 0–1 · 3 graded" in str(app.screen.query_one("#failures").render())
+
+
+async def test_runs_counts_cancelled_rollouts_apart_from_failed_ones(make_app, api_data):
+    cancelled = next(r for r in api_data["run_details"]["run-0001"]["rollouts"]
+                     if r["error_kind"] == "cancelled")
+    app = make_app("runs")
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = app.screen
+        rollouts = screen.query_one("#rollouts-table", DataTable)
+        await until(pilot, lambda: cancelled["rollout_id"] in rollouts.rows, "the run's rollouts")
+        runs = screen.query_one("#runs-table", DataTable)
+        # The server counts the cancelled rollout among the failed (not ok); a cancel is no failure.
+        assert (str(runs.get_cell("run-0001", "failed")), str(runs.get_cell("run-0001", "cancelled"))) \
+            == ("0", "1")
+        assert str(screen.query_one("#failures").render()).endswith("failures: none · cancelled 1")
+        assert str(rollouts.get_cell(cancelled["rollout_id"], "phase")) == "cancelled"
 
 
 def _set(screen, **values: str) -> None:
@@ -829,6 +855,32 @@ async def test_train_says_why_stop_and_launch_did_nothing(make_app):
         await pilot.press("l")
         await until(pilot, lambda: any(n.message == "no recipe chosen: pick one"
                                        for n in app._notifications), "launch's answer")
+
+
+async def test_train_refuses_a_recipe_the_server_cannot_start_saying_why(api_data):
+    recipe = next(r for r in api_data["train"]["recipes"]["recipes"] if r["name"] == "grpo-trl")
+    recipe.update(available=False, why="needs 2 GPUs; this machine has 0")  # as a CPU box lists it
+    recorded = recorded_transport(api_data)
+    asked: list[tuple[str, str]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        asked.append((request.method, request.url.path))
+        return recorded.handler(request)
+
+    client = TapdeckClient("http://tapdeck.test", "test-key", transport=httpx.MockTransport(handler))
+    app = TapdeckApp(client, follow_events=False, initial_mode="train")
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = app.screen
+        await until(pilot, lambda: "grpo-trl" in screen.recipes, "the recipes")
+        screen.query_one("#train-recipe", Select).value = "grpo-trl"
+        await pilot.press("l")
+        await until(pilot, lambda: app._notifications, "launch's answer", 10)
+        assert [n.message for n in app._notifications] == [
+            "grpo-trl cannot start on the server's machine: needs 2 GPUs; this machine has 0 "
+            "(r checks again)"]
+        assert str(screen.query_one("#train-state", Static).render()) == \
+            "grpo-trl did not start: needs 2 GPUs; this machine has 0"
+        assert ("POST", "/admin/train") not in asked  # refused here, not after a round trip
 
 
 async def test_train_reward_plot_says_nothing_is_logged_before_any_run(api_data):

@@ -6,6 +6,9 @@ import json
 import subprocess
 import sys
 
+import httpx
+import pytest
+
 from tapdeck.app.views import (
     LiveGraph,
     SessionBoard,
@@ -13,20 +16,26 @@ from tapdeck.app.views import (
     clip,
     diff_rows,
     display_parents,
+    describe_error,
+    failures_line,
     fmt_phase,
     fmt_reward,
     logprob_tone,
+    phrase_lines,
     rollout_nodes,
     id_tail,
     rollout_roots,
     rollout_settings_line,
     run_groups,
+    run_outcomes,
     session_state,
     token_detail,
     turn_label,
+    TURN_LABEL_WIDTH,
 )
+from tapdeck.app.client import ApiError, TapdeckClient
 from tapdeck.schema.findings import Finding
-from tapdeck.schema.runs import RolloutResult, RunDetail
+from tapdeck.schema.runs import RolloutResult, RunDetail, RunPlan, RunSummary
 from tapdeck.schema.sessions import GraphView, SessionSummary, TurnDetail
 from tests.app.rollout_docs import graph_turns
 
@@ -97,10 +106,11 @@ def test_a_rollout_whose_session_is_listed_is_not_also_listed_without_one():
 def test_rollout_nodes_of_a_recorded_rollout_mark_roots_and_discarded(api_data):
     nodes = rollout_nodes(GraphView.model_validate(api_data["graphs"]["sess0000recorded"]).turns)
     assert rollout_roots(nodes) == [0, 1]  # a resample of the first prompt is its own root...
-    assert nodes[1].discarded and turn_label(nodes[1]).startswith("#1 !warn discarded")  # ...and discarded
+    assert nodes[1].discarded  # ...and discarded
+    assert turn_label(nodes[1]) == "#1 !warn length discarded 24 tok"
     assert nodes[0].children == [2] and nodes[2].kind == "prefix"
-    assert turn_label(nodes[0]).startswith("#0 !warn ")  # truncated by max_tokens: first, not cut
-    assert "24 tok" in turn_label(nodes[0]) and "length" in turn_label(nodes[0])
+    # Truncated by max_tokens: the badge and the finish come first, where no cut reaches.
+    assert turn_label(nodes[0]) == "#0 !warn length 24 tok"
 
 
 def test_retokenized_edges_are_marked():
@@ -245,3 +255,70 @@ def test_an_id_too_long_for_its_column_keeps_its_distinct_end():
 def test_a_name_cut_to_its_column_ends_in_an_ellipsis():
     assert clip("fizzbuzz-python", 12) == "fizzbuzz-py…" and len(clip("fizzbuzz-python", 12)) == 12
     assert clip("hello-file", 12) == "hello-file"
+
+
+def test_header_phrases_break_between_phrases_never_inside_one():
+    phrases = ["session sess0000", "greet-script", "tier tokens", "turns 3", "roots 2", "forks 1"]
+    assert phrase_lines(phrases, 40) == ["session sess0000 · greet-script",
+                                         "· tier tokens · turns 3 · roots 2", "· forks 1"]
+    # Wider than any line: split wherever it falls (by the widget), not pushed to a line of its own.
+    assert phrase_lines(["turn #2", "token-in from #0 (text path would differ from offset 48)", "x 1"], 30) \
+        == ["turn #2 · token-in from #0 (text path would differ from offset 48)", "· x 1"]
+    assert phrase_lines(["turn #0", "", "root"], 80) == ["turn #0 · root"]
+
+
+def test_turn_label_puts_number_link_and_finish_first_and_clips_with_an_ellipsis():
+    turns = graph_turns([{"seq": 0, "parent": None},
+                         {"seq": 12, "parent": 0, "link_kind": "retokenized", "finish_reason": "length",
+                          "token_in": "ids", "sampled_len": 1234, "role": "auxiliary",
+                          "findings": [Finding.fatal("bad_ids", "id out of range")]}])
+    label = turn_label(rollout_nodes(turns)[12])
+    assert label == "#12 !fatal ≈retok length auxili…"  # the mode and tokens cut first
+    assert len(label) == TURN_LABEL_WIDTH
+    assert turn_label(rollout_nodes(turns)[0]) == "#0 4 tok"  # an agent turn that stopped
+
+
+def test_a_runs_cancelled_rollouts_are_counted_apart_from_its_failures():
+    run = RunSummary.model_validate({
+        "id": "run-1", "state": "cancelled", "plan": {}, "created_at": 1.0,
+        "counts": {"total": 6, "done": 6, "ok": 3, "failed": 3},
+        "failures": {"cancelled": 2, "timeout": 1}})
+    assert run_outcomes(run) == (1, 2)
+    assert failures_line(run.failures) == "failures: timeout 1 · cancelled 2"
+    assert failures_line({"cancelled": 1}) == "failures: none · cancelled 1"
+    assert failures_line({}) == "failures: none"
+    cancelled = RolloutResult(rollout_id="r", task="t", phase="failed", error_kind="cancelled")
+    assert fmt_phase(cancelled) == "cancelled"
+
+
+async def test_an_error_toast_is_the_servers_own_message_or_a_plain_sentence():
+    async def said(reply: httpx.Response, call: str, *args: object) -> str:
+        """What the toast says when the server answers `call` with `reply`."""
+        client = TapdeckClient("http://h", "k", transport=httpx.MockTransport(lambda _: reply))
+        try:
+            with pytest.raises(ApiError) as failed:
+                await getattr(client, call)(*args)
+        finally:
+            await client.aclose()
+        return describe_error(failed.value)
+
+    assert await said(httpx.Response(400, json={"detail": "dataset /x: no task.toml under it"}),
+                      "start_run", RunPlan()) == "dataset /x: no task.toml under it"
+    assert await said(httpx.Response(502, json={"detail": "dataset source unreachable: the Harbor "
+                                                          "registry did not answer"}),
+                      "start_run", RunPlan()) == ("dataset source unreachable: the Harbor registry "
+                                                  "did not answer")
+    assert await said(httpx.Response(404, json={"detail": "no such session"}),
+                      "session", "s1") == "no such session"
+    assert "same tapdeck version" in await said(httpx.Response(404, json={"detail": "Not Found"}),
+                                                "train_recipes")
+    assert await said(httpx.Response(500, text="Internal Server Error"),
+                      "catalog") == "the server failed: Internal Server Error"
+    try:
+        try:
+            raise httpx.ConnectError("All connection attempts failed")
+        except httpx.ConnectError as exc:
+            raise ApiError("tapdeck server at http://127.0.0.1:1 is not reachable (All connection "
+                           "attempts failed); is it running?", kind="unreachable") from exc
+    except ApiError as unreachable:
+        assert describe_error(unreachable) == "the tapdeck server is not reachable; is it running?"
