@@ -15,10 +15,11 @@ import asyncio
 import concurrent.futures
 import contextlib
 import importlib.util
-import io
 import os
 import shutil
 import socket
+import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -97,11 +98,8 @@ def _check_harbor_environment(env_type: str) -> tuple[bool, str]:
     if getattr(cls.preflight, "__func__", None) is BaseEnvironment.preflight.__func__:
         return False, ("SDK installed, but Harbor has no preflight for it: its daemon or "
                        "credentials cannot be checked without starting a sandbox")
-    sink = io.StringIO()
     try:
-        # Some preflights print; keep the catalog's output clean.
-        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-            cls.preflight()
+        cls.preflight()  # what it prints is dropped: its thread's name says it is a check's
     except SystemExit as exc:
         return False, _first_line(str(exc.code if exc.code is not None else "preflight failed"))
     except Exception as exc:  # noqa: BLE001
@@ -120,6 +118,52 @@ def harbor_environment_types() -> list[str]:
 
 
 _SANDBOX_CACHE: dict[str, Any] = {}
+_CHECK_THREADS = "tapdeck-sandbox"
+"""The name prefix of the threads that run sandbox checks: what they print is dropped."""
+
+
+class _ChecksMuted:
+    """Stands in for sys.stdout or sys.stderr while sandbox checks run: what a check's thread
+    prints (some preflights do) is dropped, every other thread's output goes through.
+
+    `contextlib.redirect_stdout` cannot do this from the checks' threads: it swaps the
+    process-wide stream, and four threads entering and leaving it out of order left sys.stdout on
+    a check's buffer, so `tapdeck info --json` printed nothing."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        if threading.current_thread().name.startswith(_CHECK_THREADS):
+            return len(text)
+        return self.stream.write(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+_MUTE_LOCK = threading.Lock()
+_muting = 0
+"""How many `sandbox_catalog` calls are running checks (the streams are put back by the last)."""
+
+
+@contextlib.contextmanager
+def _checks_muted() -> Any:
+    """Mute the checks' threads (`_ChecksMuted`) for the block; safe when several calls overlap."""
+    global _muting
+    with _MUTE_LOCK:
+        if _muting == 0:
+            sys.stdout, sys.stderr = _ChecksMuted(sys.stdout), _ChecksMuted(sys.stderr)
+        _muting += 1
+    try:
+        yield
+    finally:
+        with _MUTE_LOCK:
+            _muting -= 1
+            if _muting == 0:
+                for name in ("stdout", "stderr"):
+                    if isinstance(stream := getattr(sys, name), _ChecksMuted):
+                        setattr(sys, name, stream.stream)
 
 
 def sandbox_catalog(*, timeout_s: float = SANDBOX_CHECK_TIMEOUT_S, refresh: bool = False) -> list[SandboxInfo]:
@@ -134,15 +178,16 @@ def sandbox_catalog(*, timeout_s: float = SANDBOX_CHECK_TIMEOUT_S, refresh: bool
     ok, why = host_check()
     rows = [SandboxInfo(name=HOST_SANDBOX, available=ok, why=why, import_path=HOST_IMPORT_PATH)]
     types = harbor_environment_types()
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="tapdeck-sandbox")
-    futures = {t: pool.submit(_check_harbor_environment, t) for t in types}
-    deadline = time.monotonic() + timeout_s
-    for env_type in types:
-        try:
-            ok, why = futures[env_type].result(timeout=max(0.0, deadline - time.monotonic()))
-        except concurrent.futures.TimeoutError:
-            ok, why = False, f"check did not finish within {timeout_s:.0f} s"
-        rows.append(SandboxInfo(name=env_type, available=ok, why=why))
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix=_CHECK_THREADS)
+    with _checks_muted():
+        futures = {t: pool.submit(_check_harbor_environment, t) for t in types}
+        deadline = time.monotonic() + timeout_s
+        for env_type in types:
+            try:
+                ok, why = futures[env_type].result(timeout=max(0.0, deadline - time.monotonic()))
+            except concurrent.futures.TimeoutError:
+                ok, why = False, f"check did not finish within {timeout_s:.0f} s"
+            rows.append(SandboxInfo(name=env_type, available=ok, why=why))
     pool.shutdown(wait=False, cancel_futures=True)
     _SANDBOX_CACHE["value"] = rows
     return list(rows)

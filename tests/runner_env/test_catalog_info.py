@@ -195,3 +195,44 @@ def test_render_hides_unavailable_backends_unless_asked() -> None:
         console.print(part)
     full = console.export_text()
     assert "--all lists them" in short and "e2b" not in short and "e2b" in full
+
+
+def test_sandbox_checks_that_print_out_of_order_leave_the_commands_output_alone(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+    import threading
+
+    from harbor.environments.base import BaseEnvironment
+
+    # Two preflights that print and overlap, the first ending before the second: the order that
+    # left sys.stdout on a check's buffer when each check swapped the process-wide stream.
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+
+    class First(BaseEnvironment):
+        @classmethod
+        def preflight(cls) -> None:
+            print("first preflight talking")
+            first_in.set()
+            second_in.wait(10)
+            first_out.set()
+
+    class Second(BaseEnvironment):
+        @classmethod
+        def preflight(cls) -> None:
+            first_in.wait(10)
+            print("second preflight talking", file=sys.stderr)
+            second_in.set()
+            first_out.wait(10)
+
+    classes = {"daytona": First, "modal": Second}
+    monkeypatch.setattr(catalog, "_SANDBOX_CACHE", {})  # these rows are not this machine's
+    monkeypatch.setattr(catalog, "harbor_environment_types", lambda: list(classes))
+    monkeypatch.setattr("harbor.environments.factory._load_environment_class",
+                        lambda env_type: classes[env_type.value])
+    stdout, stderr = sys.stdout, sys.stderr
+    rows = {r.name: r for r in catalog.sandbox_catalog(refresh=True)}
+    assert rows["daytona"].available and rows["modal"].available
+    assert (sys.stdout, sys.stderr) == (stdout, stderr)
+    print("the command's own output")
+    said = capsys.readouterr()
+    assert said.out == "the command's own output\n" and "preflight" not in said.err
