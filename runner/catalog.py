@@ -312,7 +312,7 @@ def _causes(exc: BaseException) -> list[BaseException]:
 
 def _source_of(spec: str) -> str:
     """Where a remote spec is looked up, as `datasets.resolve_dataset` sends it."""
-    if spec.startswith(("repo:", "git@")) or "://" in spec or spec.endswith(".git"):
+    if datasets_mod.is_git_spec(spec):
         return f"the git host of {spec}"
     return "the Harbor registry"
 

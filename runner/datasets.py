@@ -124,13 +124,18 @@ def sample_dataset() -> Dataset:
     return local_dataset(SAMPLE_DATASET_DIR, name=SAMPLE_DATASET_NAME)
 
 
+def is_git_spec(spec: str) -> bool:
+    """Whether a non-local spec names a git repository (cloned by Harbor), not a registry name."""
+    return spec.startswith(("repo:", *_GIT_PREFIXES)) or spec.endswith(".git")
+
+
 def _remote_dataset_config(spec: str):
     """Harbor's `DatasetConfig` for a non-local spec, following `harbor run`'s parsing."""
     from harbor.models.job.config import DatasetConfig
 
     if spec.startswith("repo:"):
         return DatasetConfig(repo=spec.removeprefix("repo:"))
-    if spec.startswith(_GIT_PREFIXES) or spec.endswith(".git"):
+    if is_git_spec(spec):
         return DatasetConfig(repo=spec)
     name, _, version = spec.partition("@")
     if not name:
