@@ -560,14 +560,19 @@ def run_outcomes(run: RunSummary) -> tuple[int, int]:
     return run.counts.failed - cancelled, cancelled
 
 
-def failures_line(failures: Mapping[str, int]) -> str:
-    """`failures: timeout 2, not_ok 1 · cancelled 1`: failures by cause, most first, and the
-    cancelled rollouts apart from them."""
+def failures_line(failures: Mapping[str, int], left_out: int = 0) -> str:
+    """`failures: timeout 2, not_ok 1 · cancelled 1 · 1 task folder left out`: failures by cause,
+    most first, the cancelled rollouts apart from them, and the dataset's folders that were not
+    tasks Harbor could run (so never rollouts)."""
     failed = sorted(((kind, n) for kind, n in failures.items() if kind != "cancelled"),
                     key=lambda item: -item[1])
     line = "failures: " + (", ".join(f"{kind} {n}" for kind, n in failed) if failed else "none")
     cancelled = failures.get("cancelled", 0)
-    return f"{line} · cancelled {cancelled}" if cancelled else line
+    if cancelled:
+        line += f" · cancelled {cancelled}"
+    if left_out:
+        line += f" · {left_out} task folder{'' if left_out == 1 else 's'} left out"
+    return line
 
 
 def fmt_rate(value: Any) -> str:

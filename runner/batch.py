@@ -82,12 +82,14 @@ class _Run:
     """A run's in-process state."""
 
     def __init__(self, run_id: str, path: Path, plan: RunPlan, tasks: list[dict[str, str]],
-                 created_at: float) -> None:
+                 created_at: float, left_out: list[str]) -> None:
         self.id = run_id
         self.path = path
         self.plan = plan
         self.tasks = tasks
         self.created_at = created_at
+        self.left_out = left_out
+        """Task folders of the dataset that are not tasks Harbor can run, as `file: why`."""
         self.state: RunState = "interrupted"
         self.finished_at: float | None = None
         self.error: str | None = None
@@ -141,7 +143,7 @@ def summarize(run: _Run) -> RunSummary:
         finished_at=run.finished_at, counts=counts,
         mean_reward=mean_reward(r.reward for r in finished),
         pass_rate=pass_rate(r.reward for r in finished),
-        failures=dict(failures), error=run.error, path=str(run.path))
+        failures=dict(failures), error=run.error, path=str(run.path), left_out=run.left_out)
 
 
 RolloutFn = Callable[..., Awaitable[RolloutResult]]
@@ -171,7 +173,7 @@ class BatchRunner:
 
     async def create(self, plan: RunPlan) -> RunSummary:
         """Resolve the plan's tasks and engine, write the run directory; nothing runs yet."""
-        tasks = await asyncio.to_thread(resolve_tasks, plan)
+        tasks, left_out = await asyncio.to_thread(resolve_tasks, plan)
         # Refuse a bad engine, model or sandbox choice before anything is written.
         engine = self._engine(plan)
         if engine is not None:
@@ -182,8 +184,9 @@ class BatchRunner:
         (path / "trials").mkdir(parents=True, exist_ok=False)
         created = time.time()
         _write_json(path / PLAN, {"id": run_id, "created_at": created,
-                                  "plan": plan.model_dump(mode="json"), "tasks": tasks})
-        run = _Run(run_id, path, plan, tasks, created)
+                                  "plan": plan.model_dump(mode="json"), "tasks": tasks,
+                                  "left_out": left_out})
+        run = _Run(run_id, path, plan, tasks, created, left_out)
         with self._runs_lock:
             self._runs[run_id] = run
         self._write_state(run, "running")
@@ -503,9 +506,10 @@ def _first_error(exc: ValidationError, whole: str) -> str:
     return f"{'.'.join(str(p) for p in first['loc']) or whole}: {first['msg']}"
 
 
-def read_plan(path: Path) -> tuple[RunPlan, list[dict[str, str]], float]:
-    """A run's plan.json as the run's plan, tasks and creation time; RunUnreadable naming the file
-    and what is wrong with it."""
+def read_plan(path: Path) -> tuple[RunPlan, list[dict[str, str]], float, list[str]]:
+    """A run's plan.json as the run's plan, tasks, creation time and the task folders it left out
+    (none in a plan.json written before they were kept); RunUnreadable naming the file and what is
+    wrong with it."""
     try:
         doc = json.loads(path.read_bytes().decode("utf-8"))
         missing = [key for key in ("plan", "tasks", "created_at")
@@ -517,7 +521,10 @@ def read_plan(path: Path) -> tuple[RunPlan, list[dict[str, str]], float]:
                 isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("path"), str)
                 for t in tasks):
             raise ValueError("tasks is not a list of {name, path}")
-        return RunPlan.model_validate(doc["plan"]), tasks, float(doc["created_at"])
+        left_out = doc.get("left_out", [])
+        if not isinstance(left_out, list) or not all(isinstance(line, str) for line in left_out):
+            raise ValueError("left_out is not a list of strings")
+        return RunPlan.model_validate(doc["plan"]), tasks, float(doc["created_at"]), left_out
     except ValidationError as exc:
         why = f"plan.{_first_error(exc, 'plan')}"
     except (OSError, ValueError, TypeError) as exc:  # unreadable, not UTF-8, not JSON, not a plan
@@ -549,22 +556,29 @@ def _end_last_line(path: Path) -> None:
         return
 
 
-def resolve_tasks(plan: RunPlan) -> list[dict[str, str]]:
-    """The plan's tasks as `[{name, path}]` (one GRPO group each), via the dataset loader. A
-    dataset whose source did not answer is DatasetUnreachable."""
-    from tapdeck.runner.catalog import dataset_problem
+def resolve_tasks(plan: RunPlan) -> tuple[list[dict[str, str]], list[str]]:
+    """The plan's tasks as `[{name, path}]` (one GRPO group each), via the dataset loader, and
+    the local dataset's task folders that Harbor leaves out (`catalog.unlisted_tasks`), so the
+    run can say so. A dataset whose source did not answer is DatasetUnreachable."""
+    from tapdeck.runner.catalog import dataset_problem, local_folder, unlisted_tasks
     from tapdeck.runner.datasets import SAMPLE_DATASET_NAME, DatasetError, resolve_dataset
 
+    spec = plan.dataset or SAMPLE_DATASET_NAME
     try:
         dataset = resolve_dataset(plan.dataset)
     except DatasetError as exc:
-        problem = dataset_problem(plan.dataset or SAMPLE_DATASET_NAME, exc)
+        problem = dataset_problem(spec, exc)
         raise (DatasetUnreachable if problem.unreachable else PlanError)(problem.message) from exc
     except Exception as exc:
         raise PlanError(f"cannot load dataset {plan.dataset or '(sample)'}: {exc}") from exc
+    folder = local_folder(spec)
+    left_out = unlisted_tasks(folder) if folder is not None else {}
     tasks = [{"name": t.name, "path": str(t.path)} for t in dataset.tasks]
     if plan.tasks:
         by_name = {t["name"]: t for t in tasks}
+        broken = [left_out[n] for n in plan.tasks if n in left_out]
+        if broken:
+            raise PlanError(f"not a task Harbor can run: {'; '.join(broken)}")
         missing = [n for n in plan.tasks if n not in by_name]
         if missing:
             raise PlanError(f"unknown task(s) {', '.join(missing)}; the dataset has "
@@ -578,7 +592,8 @@ def resolve_tasks(plan: RunPlan) -> list[dict[str, str]]:
         raise PlanError(f"{len(tasks)} task(s) × k {plan.k} is {len(tasks) * plan.k} rollouts, "
                         f"more than the {MAX_ROLLOUTS} a run may have; run fewer tasks or a "
                         "smaller k")
-    return tasks
+    # Named tasks were each found, so a folder left out is only news when the dataset is taken whole.
+    return tasks, [] if plan.tasks else list(left_out.values())
 
 
 def _check_sandbox(plan: RunPlan) -> None:

@@ -275,8 +275,6 @@ UNREACHABLE_ERRORS: tuple[type[BaseException], ...] = (httpx.TransportError, Con
                                                       TimeoutError, socket.gaierror)
 """What a source that does not answer raises under Harbor's clients (a name that does not resolve,
 a refused or timed-out connection)."""
-RESOLVE_TIMED_OUT = "could not be resolved within"
-"""How `datasets.resolve_dataset` says a remote spec ran out of time: that error has no cause."""
 
 
 @dataclass(frozen=True)
@@ -323,7 +321,7 @@ def dataset_problem(spec: str, exc: datasets_mod.DatasetError) -> DatasetProblem
     empty folder, a spec that does not parse), so that a typo is not mistaken for being offline."""
     causes = _causes(exc)[1:]
     silent = next((c for c in causes if isinstance(c, UNREACHABLE_ERRORS)), None)
-    if silent is not None or (not causes and RESOLVE_TIMED_OUT in str(exc)):
+    if silent is not None or isinstance(exc, datasets_mod.DatasetTimeout):
         why = f"{type(silent).__name__}: {silent}" if silent is not None else "no answer in time"
         return DatasetProblem(unreachable=True, message=(
             f"dataset source unreachable: {_source_of(spec)} did not answer ({why}), so whether "
@@ -338,7 +336,7 @@ def dataset_problem(spec: str, exc: datasets_mod.DatasetError) -> DatasetProblem
     return DatasetProblem(unreachable=False, message=f"cannot load dataset {spec}: {exc}")
 
 
-def _local_folder(spec: str) -> Path | None:
+def local_folder(spec: str) -> Path | None:
     """The folder a spec names when it is a local dataset (the sample dataset's for `sample` or
     nothing, as `datasets.resolve_dataset` reads them)."""
     if spec.strip() in ("", datasets_mod.SAMPLE_DATASET_NAME):
@@ -347,16 +345,16 @@ def _local_folder(spec: str) -> Path | None:
     return path if path.is_dir() else None
 
 
-def unlisted_tasks(folder: Path) -> list[str]:
+def unlisted_tasks(folder: Path) -> dict[str, str]:
     """The task folders of a local dataset (or the task folder itself) that hold a task.toml but
-    that Harbor does not take as tasks, each as `file: what is wrong`: resolving the dataset leaves
-    them out without a word."""
+    that Harbor does not take as tasks, by folder name, each as `file: what is wrong`: resolving
+    the dataset leaves them out without a word."""
     if (folder / "task.toml").exists():
         candidates = [folder]
     else:
         candidates = [child for child in sorted(folder.iterdir())
                       if child.is_dir() and (child / "task.toml").exists()]
-    return [_why_not_a_task(c) for c in candidates if not datasets_mod.is_task_dir(c)]
+    return {c.name: _why_not_a_task(c) for c in candidates if not datasets_mod.is_task_dir(c)}
 
 
 def _why_not_a_task(task_dir: Path) -> str:
@@ -387,8 +385,8 @@ def _why_not_a_task(task_dir: Path) -> str:
 def list_dataset(spec: str, *, timeout_s: float = 20.0) -> DatasetListing:
     """One dataset spec listed: its tasks, or the problem that stopped it, and the task folders
     it leaves out."""
-    folder = _local_folder(spec)
-    unlisted = unlisted_tasks(folder) if folder is not None else []
+    folder = local_folder(spec)
+    unlisted = list(unlisted_tasks(folder).values()) if folder is not None else []
     try:
         ds = datasets_mod.resolve_dataset(spec, timeout_s=timeout_s)
     except datasets_mod.DatasetError as exc:

@@ -33,6 +33,10 @@ class DatasetError(RuntimeError):
     """A dataset spec could not be resolved (bad path, no tasks, offline, timeout...)."""
 
 
+class DatasetTimeout(DatasetError):
+    """A remote spec's source gave no answer within the time allowed: the spec itself may be fine."""
+
+
 class TaskRef(BaseModel):
     """One task of a dataset: its name, its local folder, the first line of its instruction."""
 
@@ -174,7 +178,7 @@ def _run_bounded(spec: str, timeout_s: float) -> Dataset:
     thread.start()
     thread.join(timeout_s)
     if thread.is_alive():
-        raise DatasetError(
+        raise DatasetTimeout(
             f"dataset {spec!r} could not be resolved within {timeout_s:.0f} s "
             "(Harbor registry/git/HF sources need network access; offline, use a local folder "
             "or the sample dataset)"

@@ -229,6 +229,9 @@ class RunSummary(BaseModel):
     """Failed rollouts by error kind."""
     error: str | None = None
     path: str = ""
+    left_out: list[str] = Field(default_factory=list)
+    """Task folders of a dataset taken whole that are not tasks Harbor can run, as `file: why`:
+    the run has no rollout for them."""
 
 
 class RunList(BaseModel):

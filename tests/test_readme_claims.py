@@ -86,6 +86,12 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/app/test_cli_failures.py::test_info_refuses_a_dataset_path_that_does_not_exist_naming_it
   → tests/app/test_cli_failures.py::test_info_refuses_a_dataset_name_its_registry_does_not_know
   → tests/app/test_cli_failures.py::test_info_says_a_registry_that_does_not_answer_is_unreachable_and_exits_1
+- `tapdeck rollout` and Setup's start warn naming each task folder the run leaves out, the run keeps
+  them (`left_out`, counted on Runs), and `--task` naming one is refused saying what is wrong
+  → tests/runner/test_rollout_edge_inputs.py::test_rollout_of_a_dataset_with_a_broken_task_warns_naming_it_and_runs_the_rest
+  → tests/runner/test_rollout_edge_inputs.py::test_rollout_refuses_a_named_task_whose_task_toml_harbor_cannot_read_saying_why
+  → tests/app/test_failed_actions.py::test_setup_start_warns_naming_each_task_folder_the_run_leaves_out
+  → tests/app/test_views.py::test_the_failures_line_counts_the_task_folders_a_run_left_out
 - Ctrl-C or SIGTERM while `tapdeck rollout` follows a run cancels it and prints the table
   → tests/runner/test_rollout_follow.py::test_sigterm_cancels_a_followed_run_as_ctrl_c_does
   → tests/runner/test_rollout_exit_codes.py::test_a_dead_engine_behind_a_server_exits_1_as_a_local_one_does

@@ -445,6 +445,9 @@ def _drive(base: str, key: str | None, plan: RunPlan, resume: str | None, *,
         return EXIT_USAGE if exc.kind == "rejected" and resume is None else EXIT_COULD_NOT_RUN
     run_id = summary.id
     typer.echo(f"run {run_id}", err=True)
+    if resume is None:
+        for line in summary.left_out:
+            typer.echo(f"tapdeck rollout: warning: {line}; task left out", err=True)
     groups = summary.counts.total // max(summary.plan.k, 1)
     if resume is None and plan.n_tasks is not None and groups < plan.n_tasks:
         typer.echo(f"the dataset has {groups} task{'s' if groups != 1 else ''}: running "

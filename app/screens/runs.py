@@ -206,7 +206,7 @@ class RunsScreen(TapdeckScreen):
         # The server's own counts (as the runs table's fail and canc), not recounted from the
         # rollouts: after a resume a rollout running again still carries its old failure.
         self.query_one("#failures", Static).update(
-            f"rewards {reward_line(r.reward for r in rollouts)}\n{failures_line(detail.failures)}")
+            f"rewards {reward_line(r.reward for r in rollouts)}\n{failures_line(detail.failures, len(detail.left_out))}")
 
     def _turns(self, rollout: RolloutResult) -> int:
         """A rollout's captured turns: live from the App's session board (what Sessions shows),

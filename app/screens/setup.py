@@ -459,5 +459,10 @@ class SetupScreen(TapdeckScreen):
         self.app.notify(f"run {run.id} started: {run.counts.total} "
                         f"rollout{'' if run.counts.total == 1 else 's'}",
                         title="Batch started")
+        if run.left_out:
+            # Harbor drops these folders without a word: say which, and why, once.
+            self.app.notify("\n".join(run.left_out), severity="warning", timeout=20,
+                            title=f"{len(run.left_out)} task folder{'' if len(run.left_out) == 1 else 's'}"
+                                  " left out: not tasks Harbor can run")
         self.app.post_message(RunsChanged())
         self.app.switch_mode("sessions")

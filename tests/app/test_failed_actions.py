@@ -4,6 +4,8 @@ stays live until it is cancelled)."""
 
 from __future__ import annotations
 
+import shutil
+
 import httpx
 import pytest
 from textual.widgets import DataTable, Input, SelectionList
@@ -12,6 +14,7 @@ from tapdeck.app.client import ApiError, TapdeckClient
 from tapdeck.app.confirm import CONFIRM_S
 from tapdeck.app.tui import TapdeckApp
 from tapdeck.app.widgets.session_table import SessionTable
+from tapdeck.runner.datasets import SAMPLE_DATASET_DIR
 from tests.app.conftest import HungServer, recorded_transport
 from tests.app.pilot_wait import until
 
@@ -48,6 +51,34 @@ async def test_setup_start_with_a_bad_dataset_path_shows_the_servers_reason(hung
         assert app.status_level == "error"
         assert app.current_mode == "setup"
         assert await app.client.runs() == []
+
+
+async def test_setup_start_warns_naming_each_task_folder_the_run_leaves_out(hung_server, tmp_path):
+    dataset = tmp_path / "dataset"
+    for name in ("hello-file", "greet-script"):
+        shutil.copytree(SAMPLE_DATASET_DIR / name, dataset / name)
+    toml = dataset / "greet-script" / "task.toml"
+    toml.write_text('version = "1.0"\n[task]\nname = 5\n')
+    why = f"{toml}: not a task config (task.name: Input should be a valid string)"
+    app = _app(hung_server, "setup")
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = app.screen
+        await until(pilot, lambda: screen.catalog is not None, "the catalog", 60)
+        screen.query_one("#dataset-path", Input).value = str(dataset)
+        await pilot.press("ctrl+s")
+        await until(pilot, lambda: why in _notes(app), "the left-out task as a warning", 60)
+        [note] = [n for n in app._notifications if n.message == why]
+        assert note.severity == "warning" and note.title.startswith("1 task folder left out")
+        [run] = await app.client.runs()
+        assert run.left_out == [why] and run.counts.total == 1  # hello-file alone
+        await app.run_action("app.switch_mode('runs')")
+
+        def failures_line() -> str:
+            shown = next(app.screen.query("#failures").results(), None)
+            return str(shown.render()) if shown is not None else ""
+
+        await until(pilot, lambda: "· 1 task folder left out" in failures_line(),
+                    "the run's left-out folder on Runs", 60)
 
 
 async def test_a_refused_start_toasts_the_servers_message_not_the_request_or_its_status(api_data):

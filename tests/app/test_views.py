@@ -291,6 +291,12 @@ def test_a_runs_cancelled_rollouts_are_counted_apart_from_its_failures():
     assert fmt_phase(cancelled) == "cancelled"
 
 
+def test_the_failures_line_counts_the_task_folders_a_run_left_out():
+    assert failures_line({"timeout": 1, "cancelled": 1}, 2) == \
+        "failures: timeout 1 · cancelled 1 · 2 task folders left out"
+    assert failures_line({}, 1) == "failures: none · 1 task folder left out"
+
+
 async def test_an_error_toast_is_the_servers_own_message_or_a_plain_sentence():
     async def said(reply: httpx.Response, call: str, *args: object) -> str:
         """What the toast says when the server answers `call` with `reply`."""

@@ -1,10 +1,13 @@
 """`tapdeck rollout` given inputs at their edges: options that conflict, a run to resume that has
-nothing left to run, a dataset name its registry does not know or a registry that does not answer.
-Each is said in one line, with README's exit code (0 ok, 1 could not do the work, 2 bad usage)."""
+nothing left to run, a dataset name its registry does not know or a registry that does not answer,
+a dataset folder holding a task Harbor cannot read. Each is said in one line, with README's exit
+code (0 ok, 1 could not do the work, 2 bad usage)."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,6 +19,7 @@ from typer.testing import CliRunner
 
 from tapdeck.app.cli import app
 from tapdeck.app.commands.rollout import EXIT_COULD_NOT_RUN, EXIT_OK, EXIT_USAGE
+from tapdeck.runner.datasets import SAMPLE_DATASET_DIR
 from tests.conftest import free_port, local_server_on, models_only_engine
 from tests.runner.harbor_registry import (
     REGISTRY_URL_VAR,
@@ -141,3 +145,44 @@ def test_a_registry_that_takes_the_lookup_but_never_answers_counts_as_unreachabl
     assert unreachable == "True"
     assert message.startswith("dataset source unreachable: the Harbor registry did not answer (no "
                               "answer in time), so whether 'no-such-dataset' names a dataset"), message
+
+
+@pytest.fixture
+def dataset_with_a_broken_task(tmp_path: Path) -> SimpleNamespace:
+    """A dataset of the sample's `hello-file` and a `greet-script` whose task.toml is not TOML."""
+    dataset = tmp_path / "dataset"
+    for name in ("hello-file", "greet-script"):
+        shutil.copytree(SAMPLE_DATASET_DIR / name, dataset / name)
+    toml = dataset / "greet-script" / "task.toml"
+    toml.write_text("this is [not toml\n")
+    return SimpleNamespace(path=dataset, why=f"{toml}: not TOML (Expected '=' after a key in a "
+                                             "key/value pair (at line 1, column 6))")
+
+
+def test_rollout_refuses_a_named_task_whose_task_toml_harbor_cannot_read_saying_why(
+        dataset_with_a_broken_task: SimpleNamespace, tmp_path: Path) -> None:
+    with models_only_engine() as engine:
+        result = CliRunner().invoke(app, [
+            "rollout", "--dataset", str(dataset_with_a_broken_task.path), "--task", "greet-script",
+            "--harness", "oracle", "--engine", engine, "--data-dir", str(tmp_path / "data")])
+    assert result.exit_code == EXIT_USAGE, result.output
+    assert result.output.strip().splitlines()[-1] == (
+        "tapdeck rollout: POST /admin/runs refused (400): not a task Harbor can run: "
+        f"{dataset_with_a_broken_task.why}")
+
+
+@pytest.mark.slow
+def test_rollout_of_a_dataset_with_a_broken_task_warns_naming_it_and_runs_the_rest(
+        dataset_with_a_broken_task: SimpleNamespace, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with models_only_engine() as engine:
+        result = CliRunner().invoke(app, [
+            "rollout", "--dataset", str(dataset_with_a_broken_task.path), "--harness", "oracle",
+            "--timeout", "120", "--engine", engine, "--data-dir", str(data)])
+    assert result.exit_code == EXIT_OK, result.output
+    warning = (f"tapdeck rollout: warning: {dataset_with_a_broken_task.why}; task left out")
+    assert warning in result.output.splitlines()
+    [run_dir] = (data / "runs").iterdir()
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert [t["name"] for t in plan["tasks"]] == ["hello-file"]
+    assert plan["left_out"] == [dataset_with_a_broken_task.why]

@@ -13,7 +13,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 from harbor.models.task.task import Task  # noqa: E402
 
 from tapdeck.runner import datasets  # noqa: E402
-from tapdeck.runner.datasets import DatasetError, resolve_dataset  # noqa: E402
+from tapdeck.runner.datasets import DatasetError, DatasetTimeout, resolve_dataset  # noqa: E402
 
 SAMPLE_TASKS = ["fizzbuzz-python", "greet-script", "hello-file", "json-config", "sum-numbers"]
 
@@ -88,8 +88,9 @@ def test_remote_specs_map_to_harbor_dataset_configs() -> None:
 
 def test_unreachable_remote_dataset_fails_clearly_within_its_bound() -> None:
     # Port 9 on loopback refuses at once: what an offline machine sees for a git source.
-    with pytest.raises(DatasetError, match="need network access"):
+    with pytest.raises(DatasetError, match="need network access") as refused:
         resolve_dataset("http://127.0.0.1:9/org/tasks.git", timeout_s=30)
+    assert not isinstance(refused.value, DatasetTimeout)  # it answered, with a refusal
 
 
 def test_a_remote_source_that_never_answers_is_cut_off_at_the_bound() -> None:
@@ -100,7 +101,7 @@ def test_a_remote_source_that_never_answers_is_cut_off_at_the_bound() -> None:
     server.listen()  # accepts connections (kernel backlog) but never answers
     port = server.getsockname()[1]
     try:
-        with pytest.raises(DatasetError, match="within 2 s"):
+        with pytest.raises(DatasetTimeout, match="within 2 s"):
             resolve_dataset(f"http://127.0.0.1:{port}/org/tasks.git", timeout_s=2)
     finally:
         server.close()
