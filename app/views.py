@@ -538,6 +538,40 @@ class GroupRow:
     pass_rate: float | None
 
 
+_BLOCK_STARTS = ("#", "-", "*", "+", ">", "|")
+
+
+def _starts_a_line(line: str) -> bool:
+    """A markdown line that keeps its own line when wrapped text is joined: a heading, a list item
+    (bulleted or numbered), a quote or a table row."""
+    head = line.lstrip()
+    number, dot, _ = head.partition(". ")
+    return head.startswith(_BLOCK_STARTS) or (bool(dot) and number.isdigit())
+
+
+def instruction_preview(text: str) -> str:
+    """An instruction's markdown for a narrow pane: each paragraph's hard-wrapped lines joined, so
+    the pane wraps it at its own width; code blocks, headings, list items, quotes and table rows
+    keep their lines."""
+    out: list[str] = []
+    joinable = fenced = False
+    for raw in text.strip().splitlines():
+        line = raw.rstrip()
+        if line.lstrip().startswith(("```", "~~~")):
+            fenced = not fenced
+            out.append(line)
+            joinable = False
+        elif fenced or not line:
+            out.append(line)
+            joinable = False
+        elif joinable and not _starts_a_line(line) and not raw.startswith((" " * 4, "\t")):
+            out[-1] += " " + line.strip()
+        else:
+            out.append(line)
+            joinable = not line.lstrip().startswith(("#", "|"))
+    return "\n".join(out)
+
+
 def run_groups(rollouts: Iterable[RolloutResult]) -> list[GroupRow]:
     """Per-task groups of a run: rewards, mean and pass rate over graded rollouts (`schema.runs`)."""
     by_task: dict[str, list[RolloutResult]] = {}

@@ -394,7 +394,8 @@ def list_dataset(spec: str, *, timeout_s: float = 20.0) -> DatasetListing:
         return DatasetListing(row=DatasetInfo(name=spec, source=spec, tasks=[], error=problem.message),
                               problem=problem, unlisted=unlisted)
     row = DatasetInfo(name=ds.name, source=ds.source,
-                      tasks=[TaskInfo(name=t.name, instruction=t.instruction) for t in ds.tasks])
+                      tasks=[TaskInfo(name=t.name, instruction=t.instruction,
+                                      instruction_text=t.instruction_text) for t in ds.tasks])
     return DatasetListing(row=row, problem=None, unlisted=unlisted)
 
 

@@ -27,6 +27,9 @@ SAMPLE_DATASET_DIR = Path(__file__).parent / "sample_dataset"
 DEFAULT_REMOTE_TIMEOUT_S = 60.0
 _GIT_PREFIXES = ("https://", "http://", "ssh://", "git://", "git@")
 _INSTRUCTION_MAX_CHARS = 200
+INSTRUCTION_TEXT_MAX_CHARS = 4000
+"""What a catalog carries of each instruction: enough to read it before a run, bounded for
+datasets of many tasks."""
 
 
 class DatasetError(RuntimeError):
@@ -38,11 +41,13 @@ class DatasetTimeout(DatasetError):
 
 
 class TaskRef(BaseModel):
-    """One task of a dataset: its name, its local folder, the first line of its instruction."""
+    """One task of a dataset: its name, its local folder, the first line of its instruction and
+    the instruction itself (cut to INSTRUCTION_TEXT_MAX_CHARS)."""
 
     name: str
     path: Path
     instruction: str
+    instruction_text: str = ""
 
 
 class Dataset(BaseModel):
@@ -61,15 +66,23 @@ class Dataset(BaseModel):
                        + ", ".join(t.name for t in self.tasks))
 
 
-def instruction_first_line(task_dir: Path) -> str:
-    """The instruction's opening line: its first paragraph on one line (wrapped markdown
-    joined, heading marks dropped), cut to 200 characters."""
+def instruction_text(task_dir: Path) -> str:
+    """The task's instruction.md as the agent reads it, cut to INSTRUCTION_TEXT_MAX_CHARS (a
+    preview, not the task); "" when it cannot be read."""
     try:
         text = (task_dir / "instruction.md").read_text(errors="replace")
     except OSError:
         return ""
+    if len(text) > INSTRUCTION_TEXT_MAX_CHARS:
+        return text[: INSTRUCTION_TEXT_MAX_CHARS - 1] + "…"
+    return text
+
+
+def first_line(instruction: str) -> str:
+    """An instruction's opening line: its first paragraph on one line (wrapped markdown joined,
+    heading marks dropped), cut to 200 characters."""
     words: list[str] = []
-    for line in text.splitlines():
+    for line in instruction.splitlines():
         line = line.strip().lstrip("#").strip()
         if line:
             words.append(line)
@@ -93,8 +106,9 @@ def _task_name(task_dir: Path) -> str:
 
 def task_ref(task_dir: Path) -> TaskRef:
     """Describe one local task folder."""
-    return TaskRef(name=_task_name(task_dir), path=task_dir.resolve(),
-                   instruction=instruction_first_line(task_dir))
+    text = instruction_text(task_dir)
+    return TaskRef(name=_task_name(task_dir), path=task_dir.resolve(), instruction=first_line(text),
+                   instruction_text=text)
 
 
 def is_task_dir(path: Path) -> bool:

@@ -10,6 +10,9 @@ class TaskInfo(BaseModel):
 
     name: str
     instruction: str
+    """Its opening line (the first paragraph, up to 200 characters)."""
+    instruction_text: str = ""
+    """The instruction as the agent reads it, up to 4,000 characters (cut with `…`)."""
 
 
 class DatasetInfo(BaseModel):

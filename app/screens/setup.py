@@ -31,6 +31,7 @@ from textual.widgets import (
 from tapdeck.app.confirm import CONFIRM_S, TwoPress
 from tapdeck.app.messages import RunsChanged
 from tapdeck.app.screens.base import TapdeckScreen
+from tapdeck.app.views import instruction_preview
 from tapdeck.schema.addresses import check_public_url
 from tapdeck.schema.catalog import Catalog, DatasetInfo, EngineInfo, HarnessInfo, SandboxInfo
 from tapdeck.schema.runs import MAX_CONCURRENCY, MAX_K, RolloutTemplate, RunPlan
@@ -349,7 +350,8 @@ class SetupScreen(TapdeckScreen):
         if task is None:
             preview.update(Content.styled("No task to preview.", "$text-muted"))
         else:
-            preview.update(Content.assemble((f"{task.name}\n", "bold"), task.instruction.strip()[:2000]))
+            text = task.instruction_text or task.instruction  # the first line from an older server
+            preview.update(Content.assemble((f"{task.name}\n", "bold"), instruction_preview(text)))
 
     @on(Select.Changed)
     def _select_changed(self, event: Select.Changed) -> None:

@@ -83,10 +83,10 @@ async def test_rollout_turn_labels_show_whole_or_end_in_an_ellipsis_at_80_column
 
 async def test_setup_public_url_hint_and_task_preview_read_whole_at_80x24(api_data):
     task = api_data["catalog"]["datasets"][0]["tasks"][0]
-    # Longer than the pane holds at 80×24 (the recorded server sends a first paragraph's first 200
-    # characters): the rest is read by scrolling the preview, not cut.
-    task["instruction"] = " ".join(f"Step {i}: write the function, then test it on input {i}."
-                                   for i in range(1, 16)) + " The end."
+    # The whole instruction, paragraphs and all, longer than the pane holds at 80×24: the rest is
+    # read by scrolling the preview, not cut to the first paragraph the info table shows.
+    task["instruction_text"] = " ".join(f"Step {i}: write the function, then test it on input {i}."
+                                        for i in range(1, 16)) + "\n\n## Checks\n\nThe end."
     app = _app(api_data, "setup")
     async with app.run_test(size=(80, 24)) as pilot:
         screen = app.screen
@@ -105,5 +105,5 @@ async def test_setup_public_url_hint_and_task_preview_read_whole_at_80x24(api_da
                     "the task preview", 10)
         assert "The end." not in _words(_drawn(app, preview))
         screen.query_one("#instruction-scroll").scroll_end(animate=False)
-        await until(pilot, lambda: "on input 15. The end." in _words(_drawn(app, preview)),
+        await until(pilot, lambda: "## Checks The end." in _words(_drawn(app, preview)),
                     "the preview's end, scrolled to", 10)

@@ -18,6 +18,7 @@ from tapdeck.app.views import (
     display_parents,
     describe_error,
     failures_line,
+    instruction_preview,
     fmt_phase,
     fmt_reward,
     logprob_tone,
@@ -328,3 +329,14 @@ async def test_an_error_toast_is_the_servers_own_message_or_a_plain_sentence():
                            "attempts failed); is it running?", kind="unreachable") from exc
     except ApiError as unreachable:
         assert describe_error(unreachable) == "the tapdeck server is not reachable; is it running?"
+
+
+def test_an_instruction_preview_joins_wrapped_lines_and_keeps_markdown_blocks():
+    text = ("# Make a config\n\nCreate `/app/config.json`: a JSON object with\nexactly three keys.\n\n"
+            "- `name` set to\n  the string `tapdeck`\n- `port`: 8300\n1. first\n2. second\n\n"
+            "```json\n{\"a\": 1}\nmore\n```\n    indented code\n| a | b |\n| 1 | 2 |\n")
+    assert instruction_preview(text).splitlines() == [
+        "# Make a config", "",
+        "Create `/app/config.json`: a JSON object with exactly three keys.", "",
+        "- `name` set to the string `tapdeck`", "- `port`: 8300", "1. first", "2. second", "",
+        "```json", '{"a": 1}', "more", "```", "    indented code", "| a | b |", "| 1 | 2 |"]

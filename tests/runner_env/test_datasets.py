@@ -53,6 +53,18 @@ def test_a_local_task_folder_is_one_task(tmp_path: Path) -> None:
     assert ds.tasks[0].instruction.startswith("Create a file named `hello.txt`")
 
 
+def test_a_task_carries_its_whole_instruction_for_a_preview_and_its_opening_line(
+        tmp_path: Path) -> None:
+    task = shutil.copytree(datasets.SAMPLE_DATASET_DIR / "hello-file", tmp_path / "long")
+    body = "# Make a file\n\nCreate `hello.txt`\nholding one line.\n\n## Checks\n\n" + "x" * 5000
+    (task / "instruction.md").write_text(body)
+    [ref] = resolve_dataset(str(task)).tasks
+    assert ref.instruction == "Make a file"  # the first paragraph only, for a table row
+    assert ref.instruction_text.startswith("# Make a file\n\nCreate `hello.txt`\nholding one line.")
+    assert len(ref.instruction_text) == datasets.INSTRUCTION_TEXT_MAX_CHARS
+    assert ref.instruction_text.endswith("x…")
+
+
 def test_a_local_folder_of_tasks_lists_valid_subfolders_sorted(tmp_path: Path) -> None:
     shutil.copytree(datasets.SAMPLE_DATASET_DIR / "sum-numbers", tmp_path / "b-task")
     shutil.copytree(datasets.SAMPLE_DATASET_DIR / "hello-file", tmp_path / "a-task")
