@@ -223,8 +223,7 @@ def register(app: typer.Typer) -> None:
                 elif shared.owned:
                     typer.echo(f"started the embedded engine at {shared.base_url}", err=True)
                 else:
-                    typer.echo(f"using the embedded engine already served by pid {shared.owner_pid} "
-                               f"at {shared.base_url} (it stops when that process does)", err=True)
+                    typer.echo(shared.reuse_line(), err=True)
                     engine_gone = _engine_watch(shared)
                 typer.echo(f"server log: {log}", err=True)
                 code = _drive(local.url, local.admin_key, plan, resume, tiny_engine=url_engine is None,

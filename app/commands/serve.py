@@ -147,9 +147,7 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"tapdeck server at {server.url}  (engine: {server.engine_url}; "
                    f"data: {config.data_dir})")
         if (shared := server.embedded_engine) is not None and not shared.owned:
-            # Its lifetime is not this server's: the operator needs to know which process to keep.
-            typer.echo(f"using the embedded engine already served by pid {shared.owner_pid} at "
-                       f"{shared.base_url} (it stops when that process does)")
+            typer.echo(shared.reuse_line())
         if server.admin_key_generated:
             typer.echo(f"admin key: {server.admin_key}  (also in {config.admin_key_path})")
         try:

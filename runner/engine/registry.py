@@ -69,6 +69,12 @@ class SharedEngine:
         """True when this process runs the engine (and stops it)."""
         return self.engine is not None
 
+    def reuse_line(self) -> str:
+        """What a command says when it reuses another process's engine: that engine's lifetime
+        is not the command's, so the operator learns which process to keep."""
+        return (f"using the embedded engine already served by pid {self.owner_pid} at "
+                f"{self.base_url} (it stops when that process does)")
+
     def gone(self) -> str | None:
         """Why a reused engine no longer serves (its owner exited, or it stopped answering
         `/models`); None while it serves, and always for an engine this process owns."""
