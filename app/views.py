@@ -438,6 +438,13 @@ TURN_LABEL_WIDTH = 32
 and a scrollbar, the tree column (37 cells at most, themes/tapdeck.tcss) leaves the turn 43 of 80."""
 
 
+def turn_label_width(depth: int) -> int:
+    """Cells a label may take at `depth` forks down (0: a root): past the first fork level each
+    level's guides (2 cells) come out of the label, so a deep label ends in "…" instead of being
+    cut at the column's edge."""
+    return TURN_LABEL_WIDTH - 2 * max(0, depth - 1)
+
+
 def turn_label(node: TurnNode, width: int = TURN_LABEL_WIDTH) -> str:
     """Plain label of a tree node, most telling first so a cut keeps it: `#3 !warn ≈retok length
     auxiliary ⇢ids 42 tok` (number, findings badge, link kind, finish reason other than stop, role

@@ -12,7 +12,7 @@ from rich.text import Text
 from textual.widgets import Tree
 from textual.widgets.tree import TreeNode
 
-from tapdeck.app.views import TurnNode, display_parents, turn_label, worst_level
+from tapdeck.app.views import TurnNode, display_parents, turn_label, turn_label_width, worst_level
 from tapdeck.schema.findings import Level
 
 
@@ -35,6 +35,8 @@ class RolloutTree(Tree[int]):
         self._seq_labels: dict[int, str] = {}
         self._turns: dict[int, TurnNode] = {}
         """The turns last loaded, to draw their labels again in a new theme's colours."""
+        self._widths: dict[int, int] = {}
+        """Each turn's label width, by how deep its forks list it."""
 
     def on_mount(self) -> None:
         self.app.theme_changed_signal.subscribe(self, lambda _theme: self._relabel())
@@ -44,8 +46,11 @@ class RolloutTree(Tree[int]):
             if seq in self._turns:
                 shown.set_label(self._label(self._turns[seq]))
 
+    def _plain(self, node: TurnNode) -> str:
+        return turn_label(node, self._widths.get(node.seq, turn_label_width(0)))
+
     def _label(self, node: TurnNode) -> Text:
-        plain = turn_label(node)
+        plain = self._plain(node)
         theme = self.app.current_theme
         style = ""
         if node.discarded or node.role == "discarded":
@@ -63,6 +68,15 @@ class RolloutTree(Tree[int]):
         """Show `nodes`; incremental when every shown turn keeps its place."""
         self._turns = dict(nodes)
         places = display_parents(nodes)
+        depths: dict[int, int] = {}
+
+        def depth(seq: int) -> int:
+            if seq not in depths:  # a chain is listed flat, so few levels ever nest
+                place = places.get(seq)
+                depths[seq] = 0 if place is None else depth(place) + 1
+            return depths[seq]
+
+        self._widths = {seq: turn_label_width(depth(seq)) for seq in nodes}
         structure_changed = any(self._seq_parents.get(seq, place) != place
                                 for seq, place in places.items() if seq in self._seq_parents)
         structure_changed |= any(seq not in nodes for seq in self._seq_nodes)
@@ -90,13 +104,13 @@ class RolloutTree(Tree[int]):
                                       after=after)
                 self._seq_nodes[seq] = added
                 self._seq_parents[seq] = place
-                self._seq_labels[seq] = turn_label(node)
+                self._seq_labels[seq] = self._plain(node)
                 pending.remove(seq)
                 progressed = True
             if not progressed:
                 break
         for seq, node in nodes.items():
-            plain = turn_label(node)
+            plain = self._plain(node)
             if self._seq_labels.get(seq) != plain and seq in self._seq_nodes:
                 self._seq_nodes[seq].set_label(self._label(node))
                 self._seq_labels[seq] = plain
