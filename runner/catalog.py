@@ -16,8 +16,10 @@ import concurrent.futures
 import contextlib
 import importlib.util
 import os
+import re
 import shutil
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -315,14 +317,45 @@ def _source_of(spec: str) -> str:
     return "the Harbor registry"
 
 
+GIT_UNREACHABLE = re.compile(r"could not resolve (host|proxy)|failed to connect|couldn't connect|"
+                             r"connection (refused|timed out|reset)|timed out|network is unreachable|"
+                             r"no route to host|temporary failure in name resolution", re.IGNORECASE)
+"""What git (through libcurl or ssh) says when the host did not answer."""
+GIT_UNKNOWN = re.compile(r"not found|returned error: 40[134]|does not appear to be a git repository|"
+                         r"could not read username|authentication failed|could not resolve ref",
+                         re.IGNORECASE)
+"""What git says when the host answered but holds no such repository or ref for us (a missing
+repository and a private one look alike: hosts ask for credentials for both)."""
+
+
+def _git_said(causes: list[BaseException]) -> str | None:
+    """The last line git wrote to stderr before it failed, or the ref Harbor could not resolve."""
+    for cause in causes:
+        if isinstance(cause, subprocess.CalledProcessError) and cause.stderr:
+            err = cause.stderr.decode(errors="replace") if isinstance(cause.stderr, bytes) else cause.stderr
+            lines = [line.strip() for line in err.splitlines() if line.strip()]
+            if lines:
+                return lines[-1]
+        if isinstance(cause, ValueError) and GIT_UNKNOWN.search(str(cause)):
+            return str(cause)
+    return None
+
+
 def dataset_problem(spec: str, exc: datasets_mod.DatasetError) -> DatasetProblem:
     """Say which it is when `spec` could not be resolved: a name its source does not know, a
     source that did not answer (the name then unchecked), or the spec's own error (a missing or
     empty folder, a spec that does not parse), so that a typo is not mistaken for being offline."""
     causes = _causes(exc)[1:]
     silent = next((c for c in causes if isinstance(c, UNREACHABLE_ERRORS)), None)
-    if silent is not None or isinstance(exc, datasets_mod.DatasetTimeout):
-        why = f"{type(silent).__name__}: {silent}" if silent is not None else "no answer in time"
+    git = _git_said(causes) if datasets_mod.is_git_spec(spec) else None
+    if git is not None and GIT_UNKNOWN.search(git):
+        return DatasetProblem(unreachable=False, message=(
+            f"unknown dataset {spec!r}: {_source_of(spec)} answered, with no such repository or ref "
+            f"(or one that needs credentials): git: {git}"))
+    if silent is not None or isinstance(exc, datasets_mod.DatasetTimeout) or (
+            git is not None and GIT_UNREACHABLE.search(git)):
+        why = (f"{type(silent).__name__}: {silent}" if silent is not None
+               else f"git: {git}" if git is not None else "no answer in time")
         return DatasetProblem(unreachable=True, message=(
             f"dataset source unreachable: {_source_of(spec)} did not answer ({why}), so whether "
             f"{spec!r} names a dataset there is not known (there is no folder of that name "
@@ -333,6 +366,8 @@ def dataset_problem(spec: str, exc: datasets_mod.DatasetError) -> DatasetProblem
         return DatasetProblem(unreachable=False, message=(
             f"unknown dataset {spec!r}: no folder of that name here, and {_source_of(spec)} does "
             f"not know it ({missing})"))
+    if git is not None:
+        return DatasetProblem(unreachable=False, message=f"cannot load dataset {spec}: git: {git}")
     return DatasetProblem(unreachable=False, message=f"cannot load dataset {spec}: {exc}")
 
 

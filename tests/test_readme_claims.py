@@ -86,6 +86,10 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/app/test_cli_failures.py::test_info_refuses_a_dataset_path_that_does_not_exist_naming_it
   → tests/app/test_cli_failures.py::test_info_refuses_a_dataset_name_its_registry_does_not_know
   → tests/app/test_cli_failures.py::test_info_says_a_registry_that_does_not_answer_is_unreachable_and_exits_1
+- a git dataset whose host does not answer is unreachable, and one whose host has no such
+  repository is unknown, each in git's own words
+  → tests/runner_env/test_datasets.py::test_a_git_host_that_does_not_answer_is_unreachable_in_gits_own_words
+  → tests/runner_env/test_datasets.py::test_a_git_host_without_the_repository_makes_it_an_unknown_dataset
 - `tapdeck rollout` and Setup's start warn naming each task folder the run leaves out, the run keeps
   them (`left_out`, counted on Runs), and `--task` naming one is refused saying what is wrong
   → tests/runner/test_rollout_edge_inputs.py::test_rollout_of_a_dataset_with_a_broken_task_warns_naming_it_and_runs_the_rest

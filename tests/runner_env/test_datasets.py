@@ -105,6 +105,43 @@ def test_unreachable_remote_dataset_fails_clearly_within_its_bound() -> None:
     assert not isinstance(refused.value, DatasetTimeout)  # it answered, with a refusal
 
 
+def _problem(spec: str):
+    from tapdeck.runner.catalog import dataset_problem
+
+    with pytest.raises(DatasetError) as failed:
+        resolve_dataset(spec, timeout_s=30)
+    return dataset_problem(spec, failed.value)
+
+
+def test_a_git_host_that_does_not_answer_is_unreachable_in_gits_own_words() -> None:
+    problem = _problem("http://127.0.0.1:9/org/tasks.git")  # refused at once
+    assert problem.unreachable
+    assert problem.message.startswith(
+        "dataset source unreachable: the git host of http://127.0.0.1:9/org/tasks.git did not "
+        "answer (git: fatal: unable to access 'http://127.0.0.1:9/org/tasks.git/': Failed to "
+        "connect to 127.0.0.1 port 9"), problem.message
+
+
+def test_a_git_host_without_the_repository_makes_it_an_unknown_dataset(tmp_path: Path) -> None:
+    import functools
+    import http.server
+    import threading
+
+    # An HTTP server of an empty folder: git's smart-HTTP probe gets a 404.
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    spec = f"http://127.0.0.1:{server.server_address[1]}/org/tasks.git"
+    try:
+        problem = _problem(spec)
+    finally:
+        server.shutdown()
+    assert not problem.unreachable  # a wrong spec, not an offline host: bad usage (exit 2)
+    assert problem.message == (
+        f"unknown dataset {spec!r}: the git host of {spec} answered, with no such repository or "
+        f"ref (or one that needs credentials): git: fatal: repository '{spec}/' not found")
+
+
 def test_a_remote_source_that_never_answers_is_cut_off_at_the_bound() -> None:
     import socket
 
