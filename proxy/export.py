@@ -276,19 +276,24 @@ def training_trace(session: dict[str, Any], graph: RolloutGraph, tier: str, *,
             "tier": str(tier), "reward": _reward(session), "turns": entries}
 
 
+SESSION_REWARD: Any = object()
+"""`trace_rows`'s default reward: the one the runner annotated on the session."""
+
+
 def trace_rows(session: dict[str, Any], graph: RolloutGraph, tier: str, *,
                group_id: str | None = None, rollout_id: str | None = None,
-               reward: float | None = None) -> list[dict[str, Any]]:
+               reward: float | None = SESSION_REWARD) -> list[dict[str, Any]]:
     """Rows for a run file: one per trainable-capable agent turn, with group id and reward.
 
-    `reward` defaults to the session's annotated reward; None stays None (never graded).
-    Eval rollouts give no rows.
+    `reward` defaults to the session's annotated reward. A reward given, None included, is the
+    one written: a run's result that says "never graded" stays null even when the session's
+    metadata holds a number. Eval rollouts give no rows.
     """
     try:
         trace = training_trace(session, graph, tier, lists=False)
     except ExportRefused:
         return []
-    if reward is None:
+    if reward is SESSION_REWARD:
         reward = trace["reward"]
     return [{"rollout_id": rollout_id or session.get("id"), "group_id": group_id,
              "session_id": session.get("id"), "reward": reward} | entry
@@ -297,6 +302,9 @@ def trace_rows(session: dict[str, Any], graph: RolloutGraph, tier: str, *,
 
 _ARRAY_TYPES = {"prompt_token_ids": "int32", "completion_token_ids": "int32",
                 "loss_mask": "int8", "per_token_logps": "float64"}
+_TYPED_SCALARS = {"rollout_id": "string", "group_id": "string", "session_id": "string",
+                  "node_id": "string", "run_id": "string", "task": "string",
+                  "error_kind": "string", "ok": "bool_"}
 
 
 def write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> Path:
@@ -332,6 +340,10 @@ def write_parquet(path: Path, rows: Iterable[dict[str, Any]]) -> Path:
         elif key == "reward":
             columns[key] = pa.array([None if v is None else float(v) for v in values],
                                     type=pa.float64())
+        elif key in _TYPED_SCALARS:
+            # Typed even when every row holds null (a run whose rollouts all ended ok has no
+            # error_kind): a null-typed column cannot be read together with another run's file.
+            columns[key] = pa.array(values, type=getattr(pa, _TYPED_SCALARS[key])())
         elif any(isinstance(v, (dict, list)) for v in values):
             columns[key] = pa.array([None if v is None else orjson.dumps(
                 v, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS).decode()

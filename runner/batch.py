@@ -454,9 +454,12 @@ class BatchRunner:
             except Exception as exc:  # eval tier (409); a missing session was refused above
                 skipped[result.rollout_id] = str(exc)
                 continue
-            rows.append({"run_id": run.id, "rollout_id": result.rollout_id, "task": result.task,
-                         "group": result.group, "index": result.index, "reward": result.reward,
-                         "ok": result.ok, "session_id": result.session_id, **trace})
+            # The result's fields last: its reward is the run's verdict (null: never graded),
+            # whatever the session's metadata says.
+            rows.append({**trace, "run_id": run.id, "rollout_id": result.rollout_id,
+                         "task": result.task, "group": result.group, "index": result.index,
+                         "reward": result.reward, "ok": result.ok, "error_kind": result.error_kind,
+                         "session_id": result.session_id})
         path = run.path / f"export.{fmt}"
         (write_parquet if fmt == "parquet" else write_jsonl)(path, rows)
         return {"path": str(path), "rows": len(rows), "skipped": skipped}

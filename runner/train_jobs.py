@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tapdeck.runner.recipes import RECIPES, Recipe, get_recipe, visible_gpus
-from tapdeck.runner.trackio_reader import TrackioReader
+from tapdeck.runner.trackio_reader import TrackioReader, list_projects
 from tapdeck.runner.training import (
     RunRecord,
     TrainEnvMissing,
@@ -105,11 +105,23 @@ def read_log(path: Path, *, offset: int | None, tail: int) -> TrainLog:
                     offset=min(offset, size) + end)
 
 
+def metrics_project(record: RunRecord) -> str:
+    """The trackio project the run logged to: the one the launcher named, unless the recipe was
+    told another (data-check's and grpo-trl's `--project`) and logged only to that one."""
+    trackio_dir = Path(record.trackio_dir)
+    if (trackio_dir / f"{record.trackio_project}.db").is_file():
+        return record.trackio_project
+    others = list_projects(trackio_dir)
+    return others[0] if len(others) == 1 else record.trackio_project
+
+
 def read_metrics(record: RunRecord, after: int) -> TrainMetrics:
-    """Scalars the run logged to trackio after row id `after`."""
-    reader = TrackioReader(Path(record.trackio_dir), record.trackio_project, last_id=after)
-    points = [MetricRow(step=p.step, name=p.name, value=p.value) for p in reader.read_new()
-              if p.run_name == record.run_id]
+    """Scalars the run logged to trackio after row id `after`.
+
+    Every trackio run in the run's own TRACKIO_DIR is this run's, whatever it named itself (a
+    recipe's `--name`/`--run-name` renames it), so none is filtered out by name."""
+    reader = TrackioReader(Path(record.trackio_dir), metrics_project(record), last_id=after)
+    points = [MetricRow(step=p.step, name=p.name, value=p.value) for p in reader.read_new()]
     return TrainMetrics(points=points, cursor=reader.last_id)
 
 
@@ -136,6 +148,8 @@ class TrainingJobs:
             recipe = get_recipe(request.recipe)
         except ValueError as exc:
             raise TrainRefused(str(exc)) from exc
+        if why := recipe.run_refused(request.run):  # bad usage, whatever this machine has
+            raise TrainRefused(why)
         # Before its environment: no install makes up for GPUs the machine does not have.
         if recipe.gpus and (gpus := visible_gpus()) < recipe.gpus:
             raise TrainRefused(f"{recipe.name} needs {recipe.gpus} GPUs; this machine has {gpus} "

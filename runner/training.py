@@ -20,6 +20,7 @@ import json
 import os
 import re
 import secrets
+import shlex
 import signal
 import subprocess
 import sys
@@ -33,6 +34,7 @@ from typing import Literal
 import tapdeck
 from tapdeck.runner.process_group import process_running, signal_group
 from tapdeck.runner.recipes import Recipe, get_recipe
+from tapdeck.runner.train_env import SCRIPT as TRAIN_ENV_SCRIPT
 from tapdeck.runner.train_env import env_dir
 
 TRACKIO_PROJECT = "tapdeck"
@@ -70,10 +72,17 @@ def recipe_python(recipe: Recipe) -> str:
         return sys.executable
     python = train_python()
     if not python.exists():
+        # The command names the script by its full path and the folder it makes, which is
+        # $TAPDECK_TRAIN_ENV when that is set: a bare `scripts/train-env.sh` only works from a
+        # checkout's root, and would make the environment where the server does not look.
+        env = env_dir()
+        where = f"TAPDECK_TRAIN_ENV={shlex.quote(str(env))} " if os.environ.get("TAPDECK_TRAIN_ENV") else ""
+        script = (shlex.quote(str(TRAIN_ENV_SCRIPT)) if TRAIN_ENV_SCRIPT.is_file()
+                  else "scripts/train-env.sh (in a tapdeck checkout)")  # a wheel ships no scripts/
+        # Short: the admin API's clients cut an error's detail at 300 characters.
         raise TrainEnvMissing(
-            f"{recipe.name} runs in the training environment (torch, TRL), which is not set up on "
-            f"this machine: {python} does not exist. Make it with scripts/train-env.sh (once, a few "
-            "minutes; cached in ~/.cache/tapdeck/train-env), or point TAPDECK_TRAIN_ENV at one.")
+            f"{recipe.name} needs the training environment (torch, TRL), not made in {env}; make "
+            f"it once (minutes): {where}bash {script}")
     return str(python)
 
 

@@ -229,6 +229,8 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/proxy_core/test_validation.py::test_turn_fatal_makes_rollout_not_ok
   → tests/app/test_views.py::test_reward_null_means_never_graded_not_zero
   → tests/runner/test_rewards.py::test_verifier_never_ran_gives_null_and_a_finding_never_zero
+  → tests/training/test_downstream_edges.py::test_run_export_keeps_a_never_graded_result_null_even_when_its_session_holds_a_reward
+  → tests/training/test_downstream_edges.py::test_a_servers_run_export_keeps_the_results_reward_and_error_kind_over_the_sessions
 
 § What agents see on the wire
 - errors keep their status; a dead engine is a retryable 502 with an `engine_unreachable` finding;
@@ -458,6 +460,16 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/app/test_tui_recorded.py::test_train_refuses_a_recipe_the_server_cannot_start_saying_why
 - `tapdeck train` refuses data-check given neither `--run` nor `--rows` before any job starts
   → tests/training/test_train_cli.py::test_train_without_the_rows_its_recipe_reads_is_refused_before_a_job_starts
+- `--run` with cpu-grpo, or a `--run` that is a path, is refused with exit 2
+  → tests/training/test_downstream_edges.py::test_train_refuses_a_run_for_a_recipe_that_takes_none
+  → tests/training/test_downstream_edges.py::test_train_refuses_a_run_id_that_is_a_path_as_bad_usage
+- data-check fails (exit 2, `nothing to check`) when no rollout is left to check
+  → tests/training/test_downstream_edges.py::test_data_check_with_no_rollout_fails_saying_there_is_nothing_to_check
+  → tests/training/test_downstream_edges.py::test_data_check_with_only_failed_rollouts_fails_saying_they_were_left_out
+- the server reads every trackio run in a job's own `trackio/` folder, whatever a recipe called it
+  → tests/training/test_downstream_edges.py::test_metrics_of_a_recipe_that_renamed_its_trackio_run_and_project_still_reach_the_api
+- the launcher refuses a recipe whose environment is missing, giving the command that makes it
+  → tests/training/test_downstream_edges.py::test_a_missing_training_environment_names_the_whole_command_that_makes_it_there
 - data-check and cpu-grpo do what they say
   → tests/training/test_data_check.py::test_data_check_logs_grpo_advantages_readable_by_the_reader
   → tests/training/test_data_check.py::test_data_check_leaves_out_rollouts_that_did_not_end_ok

@@ -15,14 +15,14 @@ from typing import Any
 import typer
 
 
-def session_rows(store: Any, session_id: str, *, group_id: str | None = None,
-                 rollout_id: str | None = None, reward: float | None = None) -> list[dict[str, Any]]:
-    """The training rows of one stored session (empty for an eval rollout)."""
+def session_rows(store: Any, session_id: str, **given: Any) -> list[dict[str, Any]]:
+    """The training rows of one stored session (empty for an eval rollout); `given` are
+    `proxy.export.trace_rows`'s keywords (a run's group, rollout id and its result's reward, which
+    replaces the session's annotated one, None included)."""
     from tapdeck.proxy.export import trace_rows
 
     record, graph = store.load_graph(session_id)
-    return trace_rows(record, graph, record.get("tier", "text"), group_id=group_id,
-                      rollout_id=rollout_id, reward=reward)
+    return trace_rows(record, graph, record.get("tier", "text"), **given)
 
 
 class ExportFailed(Exception):

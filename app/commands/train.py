@@ -25,6 +25,7 @@ from tapdeck.schema.train import TrainLogEvent, TrainRunInfo, TrainStateEvent
 # Metrics printed at the end when the recipe logged them (TRL's names under trackio's `train/` prefix).
 HEADLINE = ("train/reward", "train/reward_std", "train/loss", "train/kl", "train/frac_reward_zero_std",
             "train/batch/trained_tokens_per_step", "train/batch/samples_per_step",
+            "train/rollout/fork_frac",
             "check/rows_valid_total", "check/rows_invalid_total", "check/trained_tokens_total")
 
 
@@ -48,7 +49,9 @@ def register(app: typer.Typer) -> None:
         ctx: typer.Context,
         recipe: str = typer.Option(DEFAULT_RECIPE, "--recipe",
                                    help="data-check, cpu-grpo or grpo-trl (see --list)."),
-        run: str | None = typer.Option(None, "--run", help="A tapdeck rollout run id to check/train on."),
+        run: str | None = typer.Option(None, "--run", help="A tapdeck rollout run id: the rows "
+                                       "data-check checks, the dataset, tasks and harness grpo-trl "
+                                       "trains on; cpu-grpo takes none."),
         data_dir: Path | None = typer.Option(None, "--data-dir",
                                              help="Data directory (default $TAPDECK_DATA_DIR or ~/.tapdeck)."),
         server: str | None = typer.Option(None, "--server", help="Run it as a job of this tapdeck "
@@ -63,9 +66,15 @@ def register(app: typer.Typer) -> None:
 
         os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
         from tapdeck.proxy.config import ServerConfig, default_data_dir
+        from tapdeck.runner.batch import is_run_id
 
+        if run is not None and not is_run_id(run):  # as `export`: a path is no run's id
+            typer.echo(f"tapdeck train: --run {run!r} is not a run id: give a plain id (run-…), "
+                       "not a path", err=True)
+            raise typer.Exit(2)
         known = RECIPES.get(recipe)  # an unknown one is the server's to refuse, naming those it has
-        if not list_ and known is not None and (why := known.rows_missing(run, ctx.args)):
+        if not list_ and known is not None and (
+                why := known.rows_missing(run, ctx.args) or known.run_refused(run)):
             # Its job would only die of its argument parser's usage error.
             typer.echo(f"tapdeck train: {why}", err=True)
             raise typer.Exit(2)

@@ -42,6 +42,10 @@ class Recipe:
     rows_options: tuple[str, ...] = field(default=())
     """Its own options that name the rows it reads instead (`--rows PATH`), given as recipe args.
     A recipe that takes a run and has these must be given `--run` or one of them."""
+    run_option: bool = False
+    """Its own `--run RUN` reads a rollout run itself (grpo-trl: that run's dataset, tasks and
+    harness), so a launch's run is passed to it as `--run`. A recipe that neither takes a run nor has this
+    option is given no run."""
     gpus: int = 0
     """CUDA GPUs it needs to train (counted by `visible_gpus`)."""
 
@@ -57,6 +61,14 @@ class Recipe:
         """Why a launch with `run` and these recipe args is certain to fail at its argument parser
         (the rows it reads named nowhere), or None."""
         return rows_missing(self.name, self.takes_run, self.rows_options, run, args)
+
+    def run_refused(self, run: str | None) -> str | None:
+        """Why a launch given the rollout run `run` cannot use it, or None: the recipe reads no
+        run, so its argument parser would only die of an unknown `--run`."""
+        if run is None or self.takes_run or self.run_option:
+            return None
+        return (f"{self.name} takes no rollout run (--run {run}): it makes its own rollouts "
+                f"(its options: tapdeck train --recipe {self.name} -- --help)")
 
 
 RECIPES: dict[str, Recipe] = {
@@ -91,6 +103,7 @@ RECIPES: dict[str, Recipe] = {
         updates_weights=True,
         needs=("torch", "trl", "openenv", "trackio"),
         env="train",
+        run_option=True,
         gpus=2,
     ),
 }

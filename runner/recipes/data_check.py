@@ -26,7 +26,7 @@ does, on any machine, step by step so a live plot shows it working:
    valid/invalid rows). Also writes `advantages.jsonl` and `summary.json` into `--out-dir`.
 
 Exit code 0 when every row is valid, 1 when some row breaks the contract (listed in the log),
-2 when the input cannot be read.
+2 when the input cannot be read or leaves nothing to check (no rollout, or none that ended ok).
 """
 
 from __future__ import annotations
@@ -296,7 +296,8 @@ def resolve_rows(args: argparse.Namespace) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the check; the exit code (0 all valid, 1 contract violations, 2 unreadable input)."""
+    """Run the check; the exit code (0 all valid, 1 contract violations, 2 unreadable input or
+    nothing to check)."""
     args = _arg_parser().parse_args(argv)
     try:
         path = resolve_rows(args)
@@ -311,6 +312,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"data-check: left out {len(not_ok)} rollout(s) that did not end ok (failed or "
               f"cancelled): {', '.join(not_ok)}")
         rollouts = [r for r in rollouts if r.ok]
+    if not rollouts:
+        # Nothing checked is not a pass: a run with no finished or no ok rollout must not read as
+        # "finished, ok" with no metrics.
+        what = "every rollout in it was left out for not ending ok" if not_ok else \
+            "it holds no rollout (the run has no finished rollout yet, or its rows were all eval-tier)"
+        print(f"data-check: nothing to check in {path}: {what}", file=sys.stderr)
+        return 2
     print("data-check: this recipe checks and scores data; it does not update any weights")
 
     # Validate and build rows before logging, so a bad row is reported once, with its rollout.
