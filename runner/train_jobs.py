@@ -86,7 +86,8 @@ def recipe_info(recipe: Recipe) -> RecipeInfo:
                    else f"needs {', '.join(missing)}, not installed in {python}")
     return RecipeInfo(name=recipe.name, summary=recipe.summary, where=recipe.where,
                       updates_weights=recipe.updates_weights, takes_run=recipe.takes_run,
-                      rows_options=list(recipe.rows_options), env=recipe.env, available=available, why=why)
+                      rows_options=list(recipe.rows_options), run_option=recipe.run_option,
+                      env=recipe.env, available=available, why=why)
 
 
 def read_log(path: Path, *, offset: int | None, tail: int) -> TrainLog:

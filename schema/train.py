@@ -28,6 +28,8 @@ class RecipeInfo(BaseModel):
     takes_run: bool
     rows_options: list[str] = Field(default_factory=list)
     """Its own options that name the rows it reads instead of a run (`--rows PATH`)."""
+    run_option: bool = False
+    """It reads a rollout run itself (its own `--run RUN`): a launch's run is passed to it."""
     env: str
     available: bool
     why: str
@@ -35,6 +37,11 @@ class RecipeInfo(BaseModel):
     def rows_missing(self, run: str | None, args: Sequence[str]) -> str | None:
         """Why a launch with `run` and these recipe args would fail at once (see `rows_missing`)."""
         return rows_missing(self.name, self.takes_run, self.rows_options, run, args)
+
+    @property
+    def uses_run(self) -> bool:
+        """A launch's rollout run means something to it (its rows, or the run it reads itself)."""
+        return self.takes_run or self.run_option
 
 
 def rows_missing(name: str, takes_run: bool, rows_options: Sequence[str], run: str | None,

@@ -460,7 +460,9 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/app/test_tui_recorded.py::test_train_refuses_a_recipe_the_server_cannot_start_saying_why
 - `tapdeck train` refuses data-check given neither `--run` nor `--rows` before any job starts
   → tests/training/test_train_cli.py::test_train_without_the_rows_its_recipe_reads_is_refused_before_a_job_starts
-- `--run` with cpu-grpo, or a `--run` that is a path, is refused with exit 2
+- `--run` with cpu-grpo, or a `--run` that is a path, is refused with exit 2; the Train screen
+  passes its picked run to grpo-trl, which reads the run itself
+  → tests/app/test_tui_recorded.py::test_train_passes_the_picked_run_to_a_recipe_that_reads_runs_itself
   → tests/training/test_downstream_edges.py::test_train_refuses_a_run_for_a_recipe_that_takes_none
   → tests/training/test_downstream_edges.py::test_train_refuses_a_run_id_that_is_a_path_as_bad_usage
 - data-check fails (exit 2, `nothing to check`) when no rollout is left to check

@@ -229,7 +229,7 @@ class TrainScreen(TapdeckScreen):
             self.notify(f"recipe arguments: {exc}", severity="error")
             return
         run = self.query_one("#train-run", Select).value
-        run_id = None if run is Select.NULL or not recipe.takes_run else str(run)
+        run_id = None if run is Select.NULL or not recipe.uses_run else str(run)
         if (why := recipe.rows_missing(run_id, args)) is not None:
             self.notify(f"pick a rollout run first (Setup starts one): {why}", severity="warning")
             return

@@ -883,6 +883,34 @@ async def test_train_refuses_a_recipe_the_server_cannot_start_saying_why(api_dat
         assert ("POST", "/admin/train") not in asked  # refused here, not after a round trip
 
 
+async def test_train_passes_the_picked_run_to_a_recipe_that_reads_runs_itself(api_data):
+    recipe = next(r for r in api_data["train"]["recipes"]["recipes"] if r["name"] == "grpo-trl")
+    recipe.update(available=True, why="runs in the training environment")  # as a GPU box lists it
+    assert recipe["run_option"] and not recipe["takes_run"]  # its own --run, not exported rows
+    recorded = recorded_transport(api_data)
+    launches: list[dict] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if (request.method, request.url.path) == ("POST", "/admin/train"):
+            launches.append(json.loads(request.content))
+            return httpx.Response(400, json={"detail": "recorded: no launch"})
+        return recorded.handler(request)
+
+    client = TapdeckClient("http://tapdeck.test", "test-key", transport=httpx.MockTransport(handler))
+    app = TapdeckApp(client, follow_events=False, initial_mode="train")
+    run = api_data["runs"][0]["id"]
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = app.screen
+        await until(pilot, lambda: "grpo-trl" in screen.recipes, "the recipes")
+        screen.query_one("#train-recipe", Select).value = "grpo-trl"
+        await until(pilot, lambda: any(o[1] == run for o in screen.query_one("#train-run", Select)._options),
+                    "the rollout runs")
+        screen.query_one("#train-run", Select).value = run
+        await pilot.press("l")
+        await until(pilot, lambda: launches, "the launch", 10)
+    assert launches[0]["recipe"] == "grpo-trl" and launches[0]["run"] == run
+
+
 async def test_train_reward_plot_says_nothing_is_logged_before_any_run(api_data):
     api_data["train"]["runs"] = {"runs": []}
     client = TapdeckClient("http://tapdeck.test", "test-key", transport=recorded_transport(api_data))
