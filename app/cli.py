@@ -32,6 +32,7 @@ COMMAND_MODULES = [
     "export",
     "train",
     "rollout",
+    "runs",
     "harness",
 ]
 

@@ -26,7 +26,14 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from tapdeck.proxy.server import require_admin
 from tapdeck.proxy.tiers import EngineSpec
-from tapdeck.runner.batch import BatchRunner, DatasetUnreachable, PlanError, RunNotFound, RunUnreadable
+from tapdeck.runner.batch import (
+    BatchRunner,
+    DatasetUnreachable,
+    PlanError,
+    RunElsewhere,
+    RunNotFound,
+    RunUnreadable,
+)
 from tapdeck.runner.runner_loop import RunnerLoop
 from tapdeck.runner.train_jobs import TrainingJobs, TrainNotFound, TrainRefused
 from tapdeck.schema.catalog import Catalog
@@ -71,13 +78,13 @@ def create_runner_router(service: Any, *, data_dir: Path, default_engine: Engine
     async def lifespan(_app: Any) -> AsyncIterator[None]:
         yield
         await asyncio.to_thread(training.stop_all)
-        running = [r for r in batch.list() if r.state == "running"]
-        for summary in running:
-            batch.cancel(summary.id)
+        running = batch.running_here()  # not another process's runs on the same data dir
+        for run_id in running:
+            batch.cancel(run_id)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(SHUTDOWN_GRACE_S):
-                for summary in running:
-                    await batch.wait(summary.id)
+                for run_id in running:
+                    await batch.wait(run_id)
         await asyncio.to_thread(runner_loop.stop)
 
     router = APIRouter(prefix="/admin", dependencies=[Depends(require_admin)], lifespan=lifespan)
@@ -136,7 +143,11 @@ def create_runner_router(service: Any, *, data_dir: Path, default_engine: Engine
     @router.post("/runs/{run_id}/cancel", response_model=RunSummary)
     async def cancel_run(run_id: str) -> JSONResponse:
         _run_or_404(run_id, "cancel")
-        return JSONResponse(batch.cancel(run_id).model_dump(mode="json"))
+        try:
+            summary = batch.cancel(run_id)
+        except RunElsewhere as exc:
+            raise HTTPException(409, str(exc)) from exc
+        return JSONResponse(summary.model_dump(mode="json"))
 
     @router.post("/runs/{run_id}/rollouts/{rollout_id}/cancel", response_model=RolloutResult)
     async def cancel_rollout(run_id: str, rollout_id: str) -> JSONResponse:

@@ -33,6 +33,7 @@ from pydantic import ValidationError
 from tapdeck.proxy.tiers import EngineSpec
 from tapdeck.runner.engines import EngineChoiceError, resolve_engine
 from tapdeck.runner.rollout import RolloutSpec, run_rollout
+from tapdeck.runner.run_lock import RunLock
 from tapdeck.runner.runner_loop import LoopTask, RunnerLoop, ServiceOnItsLoop
 from tapdeck.schema.events import RolloutUpdated, RunFinished, RunStarted
 from tapdeck.schema.runs import (
@@ -67,6 +68,17 @@ class RunNotFound(KeyError):
     """No run with that id in this data dir."""
 
 
+class RunElsewhere(PlanError):
+    """A run another process on this data dir runs now: starting it here would run its rollouts
+    twice. The message names that process."""
+
+    def __init__(self, run_id: str, pid: int) -> None:
+        who = f"process {pid}" if pid else "another process"
+        super().__init__(f"run {run_id} is running in {who} on this data dir; follow it on that "
+                         "process's server (--server), or resume it once that process has ended")
+        self.pid = pid
+
+
 class RunUnreadable(PlanError):
     """A run whose plan.json cannot be read back (corrupt, truncated, another shape); the message
     names the file and what is wrong with it."""
@@ -90,6 +102,10 @@ class _Run:
         self.created_at = created_at
         self.left_out = left_out
         """Task folders of the dataset that are not tasks Harbor can run, as `file: why`."""
+        self.lock = RunLock(path)
+        """Held by this process while it runs the run (so others see it running, not interrupted)."""
+        self.elsewhere: int | None = None
+        """The pid of another process running the run when it was read (0: one not yet named)."""
         self.state: RunState = "interrupted"
         self.finished_at: float | None = None
         self.error: str | None = None
@@ -232,21 +248,34 @@ class BatchRunner:
         run = self._load(run_id)
         if run.task is not None and not run.task.done():
             raise PlanError(f"run {run_id} is already running")
-        if run.unreadable:  # read again: those lines may have been deleted since
-            run.results, run.unreadable = read_results(run.path / RESULTS)
-        if run.unreadable:
-            # Their rollouts finished: running them again would redo work and bury their results.
-            raise PlanError(f"run {run_id} cannot resume: {len(run.unreadable)} line(s) of its "
-                            f"{RESULTS} hold results this tapdeck cannot read ({run.unreadable[0]}); "
-                            "read them with the tapdeck that wrote them, or delete those lines to "
-                            "run their rollouts again")
+        if (pid := run.lock.claim()) is not None:
+            raise RunElsewhere(run_id, pid)
+        try:
+            self._check_results(run)
+        except PlanError:
+            run.lock.release()
+            raise
         here = asyncio.get_running_loop()
         if self._loop is None:
             run.task = here.create_task(self.run(run_id), name=f"tapdeck-{run_id}")
         else:
             run.task = self._loop.spawn(self.run(run_id, ServiceOnItsLoop(self.service, here)),
                                         name=f"tapdeck-{run_id}")
+        # On the task's end, however it ends (a task cancelled before it started runs no finally).
+        run.task.add_done_callback(lambda _task: run.lock.release())
         return run.task
+
+    @staticmethod
+    def _check_results(run: _Run) -> None:
+        """PlanError when lines of the run's results cannot be read: their rollouts finished."""
+        if run.unreadable:  # read again: those lines may have been deleted since
+            run.results, run.unreadable = read_results(run.path / RESULTS)
+        if run.unreadable:
+            # Their rollouts finished: running them again would redo work and bury their results.
+            raise PlanError(f"run {run.id} cannot resume: {len(run.unreadable)} line(s) of its "
+                            f"{RESULTS} hold results this tapdeck cannot read ({run.unreadable[0]}); "
+                            "read them with the tapdeck that wrote them, or delete those lines to "
+                            "run their rollouts again")
 
     async def run(self, run_id: str, service: Any = None) -> RunSummary:
         """Execute every rollout of the run that has not finished yet; returns the final summary.
@@ -324,9 +353,18 @@ class BatchRunner:
             self._publish(RunFinished(run_id=run.id, run=summary))
         return summary
 
+    def running_here(self) -> list[str]:
+        """The runs this process is running now."""
+        with self._runs_lock:
+            return [run.id for run in self._runs.values()
+                    if run.task is not None and not run.task.done()]
+
     def cancel(self, run_id: str) -> RunSummary:
-        """Cancel a running run: started rollouts end as `cancelled` (sandboxes torn down)."""
+        """Cancel a running run: started rollouts end as `cancelled` (sandboxes torn down).
+        RunElsewhere for a run another process runs: only that process can stop its rollouts."""
         run = self._load(run_id)
+        if run.elsewhere is not None:
+            raise RunElsewhere(run_id, run.elsewhere)
         if run.task is not None and not run.task.done():
             run.task.cancel()
         elif run.state in ("running", "interrupted"):
@@ -337,6 +375,8 @@ class BatchRunner:
         """Cancel one rollout of a running run: its sandbox is torn down, its capture session
         closed and kept, its result recorded as `cancelled`; the other rollouts go on."""
         run = self._load(run_id)
+        if run.elsewhere is not None:
+            raise RunElsewhere(run_id, run.elsewhere)
         task = run.rollout_tasks.get(rollout_id)
         if task is None or task.done():
             known = {rid for _, _, rid in run.rollout_ids()}
@@ -378,13 +418,13 @@ class BatchRunner:
     def list(self) -> list[RunSummary]:
         """Every run in the data dir, newest first. A run whose files cannot be read is left out,
         with a warning in the log (once, though the list is polled)."""
+        runs: list[_Run] = []
         if self.runs_dir.is_dir():
             for path in self.runs_dir.iterdir():
-                if not is_run_id(path.name) or path.name in self._runs \
-                        or not (path / PLAN).is_file():
+                if not is_run_id(path.name) or not (path / PLAN).is_file():
                     continue
                 try:
-                    self._load(path.name)
+                    run = self._load(path.name)
                 except RunNotFound:  # removed meanwhile
                     continue
                 except (OSError, ValueError) as exc:
@@ -393,9 +433,14 @@ class BatchRunner:
                     if self._skipped.get(path.name) != str(exc):
                         self._skipped[path.name] = str(exc)
                         log.warning("run %s left out of the list: %s", path.name, exc)
-        with self._runs_lock:
-            runs = list(self._runs.values())
+                    continue
+                runs.append(run)
         return sorted((summarize(r) for r in runs), key=lambda s: s.created_at, reverse=True)
+
+    @property
+    def skipped(self) -> dict[str, str]:
+        """Runs `list` left out for files it cannot read, and why."""
+        return dict(self._skipped)
 
     def get(self, run_id: str) -> tuple[RunSummary, list[RolloutResult]]:
         """A run's summary and every rollout (finished, live, or still queued)."""
@@ -410,7 +455,10 @@ class BatchRunner:
     def _load(self, run_id: str) -> _Run:
         run = self._runs.get(run_id)
         if run is not None:
-            return run
+            if run.lock.held or run.state != "interrupted" or run.lock.holder() is None:
+                return run
+            with self._runs_lock:  # another process has resumed it since: read it afresh
+                self._runs.pop(run_id, None)
         path = self.runs_dir / run_id
         if not is_run_id(run_id) or not (path / PLAN).is_file():
             raise RunNotFound(run_id)
@@ -418,10 +466,15 @@ class BatchRunner:
         run.results, run.unreadable = read_results(path / RESULTS)
         state_doc = _read_json(path / STATE) or {}
         state = state_doc.get("state", "running")
-        # Not running in this process but recorded as running: its process died.
-        run.state = "interrupted" if state == "running" else state
         run.finished_at = state_doc.get("finished_at")
         run.error = state_doc.get("error")
+        if state == "running" and (pid := run.lock.holder()) is not None:
+            # Another process on this data dir runs it: read again on every look, never kept, as
+            # that process alone sees its rollouts and its end.
+            run.state, run.elsewhere = "running", pid
+            return run
+        # Not running in this process but recorded as running: its process died.
+        run.state = "interrupted" if state == "running" else state
         # Read outside the lock; a run another thread loaded (or started) meanwhile is the one kept.
         with self._runs_lock:
             return self._runs.setdefault(run_id, run)

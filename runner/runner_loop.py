@@ -103,6 +103,10 @@ class LoopTask[T]:
         """Ask the task to cancel (on its own loop); returns at once."""
         self._loop.call_soon_threadsafe(self._task.cancel)
 
+    def add_done_callback(self, fn: Callable[[asyncio.Task[T]], Any]) -> None:
+        """Call `fn(task)` on the task's own loop once it has ended (ended already: soon)."""
+        self._loop.call_soon_threadsafe(self._task.add_done_callback, fn)
+
     async def wait(self) -> T:
         """Until the task has ended: its result, or its error (its cancellation) raised. Cancelling
         the waiter leaves the task running."""

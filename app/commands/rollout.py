@@ -36,6 +36,7 @@ import typer
 from pydantic import ValidationError
 
 from tapdeck.app.client import ApiError, TapdeckClient, admin_key_refusal
+from tapdeck.app.commands.run_table import print_run_table
 from tapdeck.runner.rollout_settings import (
     DEFAULT_HARD_LIMIT_S,
     DEFAULT_MAX_TURNS,
@@ -44,7 +45,6 @@ from tapdeck.runner.rollout_settings import (
     PROMPT_SHARE,
 )
 from tapdeck.schema.runs import (
-    RolloutResult,
     RolloutTemplate,
     RunDetail,
     RunPlan,
@@ -66,10 +66,6 @@ NOT_PLAN_OPTIONS = frozenset({"data_dir", "server", "admin_key", "resume"})
 LOCAL_ENGINE_OPTIONS = frozenset({"engine", "engine_model"})
 """Without --server these pick the local server's engine, which a resumed run uses again."""
 SETTINGS_PANEL = "Rollout settings (unset: the default shown; bad values refused, field named)"
-ERROR_LINE_CHARS = 160
-"""A failure's line under the table is cut here: two rows of an 80-column terminal at most."""
-ERROR_TASKS_NAMED = 3
-"""Tasks a failure's line names before it counts the rest."""
 EXIT_OK, EXIT_COULD_NOT_RUN, EXIT_USAGE, EXIT_ROLLOUT_FAILED = 0, 1, 2, 3
 """2 is also what the command line parser exits with for an unknown option or a bad value."""
 EXIT_CODES_HELP = (
@@ -237,7 +233,8 @@ def register(app: typer.Typer) -> None:
 def _check_local_run(data: Path, run_id: str) -> None:
     """Exit before a server and engine are started for nothing: 1 when the run to resume is not
     in `data` or its plan.json cannot be read back, 0 when every rollout of it ran to its end."""
-    from tapdeck.runner.batch import PLAN, BatchRunner, RunUnreadable
+    from tapdeck.runner.batch import PLAN, BatchRunner, RunElsewhere, RunUnreadable
+    from tapdeck.runner.run_lock import RunLock
 
     if not (data / "runs" / run_id / PLAN).is_file():
         typer.echo(f"tapdeck rollout: no run {run_id} in {data / 'runs'} (pass the --data-dir it "
@@ -248,6 +245,10 @@ def _check_local_run(data: Path, run_id: str) -> None:
     except RunUnreadable as exc:
         typer.echo(f"tapdeck rollout: cannot resume run {run_id}: {exc}", err=True)
         raise typer.Exit(EXIT_COULD_NOT_RUN) from None
+    if summary.state == "running":  # this process runs nothing yet: another one runs it
+        pid = RunLock(data / "runs" / run_id).holder()
+        typer.echo(f"tapdeck rollout: {RunElsewhere(run_id, pid or 0)}", err=True)
+        raise typer.Exit(EXIT_COULD_NOT_RUN)
     if (done := _already_complete(RunDetail(**dict(summary), rollouts=rollouts))) is not None:
         typer.echo(done)
         raise typer.Exit(EXIT_OK)
@@ -466,14 +467,14 @@ def _drive(base: str, key: str | None, plan: RunPlan, resume: str | None, *,
     except EngineGone as exc:
         typer.echo(f"tapdeck rollout: {exc}; cancelling the run…", err=True)
         doc = asyncio.run(_follow(base, key, run_id, cancel=True))
-        _print_table(doc)
+        print_run_table(doc)
         typer.echo(f"tapdeck rollout: the run was cancelled: `{resume_command}` runs the rollouts "
                    "it stopped again (on an engine that answers)", err=True)
         return EXIT_COULD_NOT_RUN
     except ApiError as exc:
         typer.echo(f"tapdeck rollout: {exc.message}", err=True)
         return EXIT_COULD_NOT_RUN
-    _print_table(doc, tiny_engine)
+    print_run_table(doc, tiny_engine)
     if doc.state == "finished" and doc.counts.failed == 0:
         return EXIT_OK
     if (why := _engine_failure(doc, resume_command, engine_gone)) is not None:
@@ -590,84 +591,6 @@ def _status_line(doc: RunDetail) -> str:
     live = ", ".join(f"{n} {p}" for p, n in sorted(phases.items()))
     return (f"{c.done}/{c.total} done · {c.ok} ok · {c.failed} failed"
             + (f" · {live}" if live else ""))
-
-
-def _print_table(doc: RunDetail, tiny_engine: bool = False) -> None:
-    """One row per rollout (task, group, reward, ok, model calls, atif, error) in at most 80
-    columns, then why the failed ones failed and the run's summary lines: wrapped on a terminal,
-    one line each in a file."""
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console(width=min(80, Console().width))
-    table = Table(box=None, pad_edge=False, expand=False, show_edge=False)
-    table.add_column("task", no_wrap=True, overflow="ellipsis", max_width=20)
-    table.add_column("grp", justify="right", width=3)
-    table.add_column("reward", justify="right", width=6)
-    table.add_column("ok", width=3)
-    table.add_column("calls", justify="right", width=5)  # model calls, not the turn limit
-    table.add_column("atif", width=8)
-    table.add_column("error", no_wrap=True, overflow="ellipsis", max_width=26)
-    for r in doc.rollouts:
-        reward = "-" if r.reward is None else f"{r.reward:.2f}"
-        ok = "yes" if r.ok else ("…" if r.phase not in ("done", "failed") else "no")
-        table.add_row(r.task, str(r.group), reward, ok, str(r.turns), r.atif, r.error_kind or "")
-    console.print(table)
-
-    def say(line: str) -> None:
-        console.print(line, markup=False, highlight=False, soft_wrap=not console.is_terminal)
-
-    for line in _failure_lines(doc.rollouts):
-        say(line)
-    c = doc.counts
-    mean = "-" if doc.mean_reward is None else f"{doc.mean_reward:.3f}"
-    rate = "-" if doc.pass_rate is None else f"{doc.pass_rate:.0%}"
-    say(f"run {doc.id} {doc.state}: {c.done}/{c.total} done, {c.ok} ok, {c.failed} failed")
-    say(f"mean reward {mean} (graded only) · pass rate {rate} (full reward, graded only)")
-    if doc.failures:
-        say("failures: " + ", ".join(f"{k} {v}" for k, v in sorted(doc.failures.items())))
-    if _makes_model_calls(doc.plan.rollout.harness):
-        ran_with = {r.settings.line() for r in doc.rollouts if r.settings is not None}
-    else:  # no engine was asked: its context and output limits were never in force
-        ran_with = {f"{r.settings.timeouts_line()} (no model calls)" for r in doc.rollouts
-                    if r.settings is not None}
-    for line in sorted(ran_with):
-        say(f"ran with: {line}")
-    say(f"results: {doc.path}")
-    if tiny_engine and doc.plan.rollout.harness not in ("oracle", "nop"):
-        say("note: the embedded model (SmolLM2-135M) exercises capture but never solves tasks "
-            "(reward 0); use --engine URL for a real model")
-
-
-def _failure_lines(rollouts: list[RolloutResult]) -> list[str]:
-    """Why the rollouts that are not ok failed: one line per distinct error, after the task(s) it
-    ended (the table's error column has room for the kind only). An error's first line is kept, and
-    a line is cut at ERROR_LINE_CHARS; results.jsonl has the whole text."""
-    tasks_by_error: dict[str, list[str]] = {}
-    for r in rollouts:
-        error = (r.error or "").strip()
-        if r.ok or not error:
-            continue
-        tasks = tasks_by_error.setdefault(error.splitlines()[0], [])
-        if r.task not in tasks:
-            tasks.append(r.task)
-    lines = []
-    for error, tasks in tasks_by_error.items():
-        named = ", ".join(tasks[:ERROR_TASKS_NAMED])
-        if len(tasks) > ERROR_TASKS_NAMED:
-            named += f" and {len(tasks) - ERROR_TASKS_NAMED} more"
-        line = f"{named}: {error}"
-        lines.append(line if len(line) <= ERROR_LINE_CHARS else line[:ERROR_LINE_CHARS - 1] + "…")
-    return lines
-
-
-def _makes_model_calls(harness: str) -> bool:
-    from tapdeck.runner.harnesses import get_harness
-
-    try:
-        return get_harness(harness).makes_model_calls
-    except KeyError:
-        return True
 
 
 def _refusal(exc: ValidationError) -> str:

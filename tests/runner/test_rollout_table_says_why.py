@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tapdeck.app.commands.rollout import ERROR_LINE_CHARS, _print_table
+from tapdeck.app.commands.run_table import ERROR_LINE_CHARS, print_run_table
 from tapdeck.schema.runs import RolloutResult, RunDetail, RunPlan
 
 DOES_NOT_FIT = "setting context_tokens: 99999 is more than the engine's context of 32768 tokens"
@@ -26,7 +26,7 @@ def _run(*rollouts: tuple[str, str | None, str | None]) -> RunDetail:
 def _printed(doc: RunDetail, capsys: pytest.CaptureFixture[str],
              monkeypatch: pytest.MonkeyPatch) -> list[str]:
     monkeypatch.setenv("COLUMNS", "80")
-    _print_table(doc)
+    print_run_table(doc)
     return capsys.readouterr().out.splitlines()
 
 

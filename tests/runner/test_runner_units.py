@@ -103,7 +103,7 @@ def _result(run_id: str, i: int, *, ok: bool, reward: float | None, kind: str | 
 
 
 def test_summary_counts_mean_reward_over_graded_and_failures_by_cause(tmp_path: Path) -> None:
-    run = _Run("r", tmp_path, RunPlan(k=4), [{"name": "t", "path": "/x"}], 0.0)
+    run = _Run("r", tmp_path, RunPlan(k=4), [{"name": "t", "path": "/x"}], 0.0, [])
     for r in (_result("r", 0, ok=True, reward=1.0), _result("r", 1, ok=True, reward=0.0),
               _result("r", 2, ok=False, reward=None, kind="timeout")):
         run.results[r.rollout_id] = r

@@ -1,0 +1,104 @@
+"""`tapdeck runs`: the data dir's runs listed headless from their files, or one run's rollouts as
+`tapdeck rollout` prints them; nothing started, nothing written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from tapdeck.app.cli import app
+from tests.runner.other_process import holding_run_lock
+
+
+def _run(data: Path, run_id: str, created: float, state: str, results: list[dict[str, Any]],
+         *, k: int = 2, harness: str = "oracle") -> Path:
+    """A run folder as a server leaves it: plan, state and results."""
+    path = data / "runs" / run_id
+    path.mkdir(parents=True)
+    (path / "plan.json").write_text(json.dumps({
+        "id": run_id, "created_at": created, "plan": {"k": k, "rollout": {"harness": harness}},
+        "tasks": [{"name": "hello-file", "path": "/t/hello-file"}]}))
+    (path / "run.json").write_text(json.dumps({"state": state, "created_at": created}))
+    (path / "results.jsonl").write_text("".join(json.dumps(
+        {"run_id": run_id, "task": "hello-file", "group": 0, "phase": "done", **r}) + "\n"
+        for r in results))
+    return path
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    data = tmp_path / "data"
+    _run(data, "run-20261201-100000-aaaa", 1.0, "finished", [
+        {"rollout_id": "run-20261201-100000-aaaa.g000r00", "index": 0, "ok": True, "reward": 1.0},
+        {"rollout_id": "run-20261201-100000-aaaa.g000r01", "index": 1, "ok": False, "reward": 0.0,
+         "phase": "failed", "error_kind": "timeout", "error": "agent timed out after 180 s"}])
+    _run(data, "run-20261202-100000-bbbb", 2.0, "running", [])  # its process died
+    return data
+
+
+def _runs(*args: str) -> Any:
+    return CliRunner().invoke(app, ["runs", *args])
+
+
+def test_runs_lists_each_run_newest_first_with_its_state_and_outcome(data: Path) -> None:
+    before = sorted(p.relative_to(data) for p in data.rglob("*"))
+    result = _runs("--data-dir", str(data))
+    assert result.exit_code == 0, result.output
+    assert [line.split() for line in result.output.splitlines()] == [
+        ["run", "state", "harness", "done", "ok", "fail", "canc", "reward"],
+        ["run-20261202-100000-bbbb", "interrupted", "oracle", "0/2", "0", "0", "0", "-"],
+        ["run-20261201-100000-aaaa", "finished", "oracle", "2/2", "1", "1", "0", "0.50"]]
+    assert all(len(line) <= 80 for line in result.output.splitlines())
+    assert sorted(p.relative_to(data) for p in data.rglob("*")) == before  # nothing written
+    listed = json.loads(_runs("--data-dir", str(data), "--json").output)
+    assert [(r["id"], r["state"]) for r in listed["runs"]] == [
+        ("run-20261202-100000-bbbb", "interrupted"), ("run-20261201-100000-aaaa", "finished")]
+
+
+def test_runs_shows_a_run_another_process_runs_as_running(data: Path) -> None:
+    with holding_run_lock(data / "runs" / "run-20261202-100000-bbbb"):
+        result = _runs("--data-dir", str(data))
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[1].split()[:2] == ["run-20261202-100000-bbbb", "running"]
+
+
+def test_runs_of_one_run_prints_its_rollouts_and_why_they_failed(data: Path) -> None:
+    result = _runs("run-20261201-100000-aaaa", "--data-dir", str(data))
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[1].split() == ["hello-file", "0", "1.00", "yes", "0", "none"]
+    assert lines[2].split() == ["hello-file", "0", "0.00", "no", "0", "none", "timeout"]
+    assert "hello-file: agent timed out after 180 s" in lines
+    assert "run run-20261201-100000-aaaa finished: 2/2 done, 1 ok, 1 failed" in lines
+    doc = json.loads(_runs("run-20261201-100000-aaaa", "--data-dir", str(data), "--json").output)
+    assert [r["reward"] for r in doc["rollouts"]] == [1.0, 0.0]
+
+
+def test_runs_says_what_is_wrong_with_a_run_it_cannot_show(data: Path) -> None:
+    result = _runs("../x", "--data-dir", str(data))
+    assert result.exit_code == 2
+    assert result.output.strip() == ("tapdeck runs: '../x' is not a run id: give a plain id "
+                                     "(run-…), not a path")
+    result = _runs("run-none", "--data-dir", str(data))
+    assert result.exit_code == 1
+    assert result.output.strip() == (f"tapdeck runs: no run run-none in {data / 'runs'} (pass the "
+                                     "--data-dir it ran in)")
+    (data / "runs" / "run-20261201-100000-aaaa" / "plan.json").write_text("{not json")
+    result = _runs("run-20261201-100000-aaaa", "--data-dir", str(data))
+    assert result.exit_code == 1 and "is not a readable plan" in result.output
+    result = _runs("--data-dir", str(data))  # the others are still listed, that one named
+    assert result.exit_code == 0
+    assert "tapdeck runs: warning: run run-20261201-100000-aaaa left out: " in result.output
+    assert "run-20261202-100000-bbbb" in result.output
+
+
+def test_runs_in_a_data_dir_without_runs_says_how_to_start_one(tmp_path: Path) -> None:
+    result = _runs("--data-dir", str(tmp_path / "none"))
+    assert result.exit_code == 0
+    assert result.output.strip() == (f"no runs in {tmp_path / 'none' / 'runs'} (tapdeck rollout "
+                                     "starts one)")
+    assert not (tmp_path / "none").exists()
