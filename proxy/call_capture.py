@@ -228,7 +228,9 @@ class CallCapture:
                         content_keys=interned.keys,
                         response=choice.get("message") or {}, sampling=sampling,
                         token_texts=cap.token_texts, top_logprobs=cap.top_logprobs,
-                        findings=[*cap.findings, *_request_findings(req)], meta=meta)
+                        findings=[f if f.turn is not None else f.model_copy(update={"turn": session.turns})
+                                  for f in (*cap.findings, *_request_findings(req))],
+                        meta=meta)
             # Validated before linking: the graph decides trainability from the turn's findings.
             turn.findings.extend(validate_turn(turn, session.tier))
             link = await self.registry.writes.run(self._commit_turn, session, turn)

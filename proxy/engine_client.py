@@ -65,8 +65,9 @@ class EngineError(ProxyError):
 
     kind: ErrorKind
 
-    def __init__(self, kind: ErrorKind, status: int, message: str, url: str) -> None:
-        super().__init__(status, message, kind=kind)
+    def __init__(self, kind: ErrorKind, status: int, message: str, url: str,
+                 param: str | None = None) -> None:
+        super().__init__(status, message, kind=kind, param=param)
         self.url = url
 
     def __repr__(self) -> str:
@@ -447,7 +448,8 @@ class EngineClient:
                 isinstance(payload.get("error"), dict) else None
             kind: ErrorKind = "context_length" if (param == "input_tokens" or
                                                    _CONTEXT_LENGTH.search(message)) else "upstream_4xx"
-            return EngineError(kind, status, message, self.shown)
+            return EngineError(kind, status, message, self.shown,
+                               param=param if isinstance(param, str) else None)
         kind = "upstream_4xx" if status < 500 else "upstream_5xx"
         return EngineError(kind, 502, f"engine at {self.shown} answered HTTP {status}: {message}", self.shown)
 

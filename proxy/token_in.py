@@ -266,6 +266,9 @@ class TokenIn:
             if isinstance(tools, Plan):
                 return tools
             parser = tools
+        if upstream.get("continue_final_message"):
+            # A prefill (an Anthropic last assistant text) stays open; held ids would close it.
+            return Plan.text("continue_final_message")
         found = await offload(_held_read, graph, dict(request), lock)
         if found is None:
             return Plan.text("not_held")

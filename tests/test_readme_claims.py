@@ -96,6 +96,17 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/runner/test_rollout_edge_inputs.py::test_rollout_refuses_a_named_task_whose_task_toml_harbor_cannot_read_saying_why
   → tests/app/test_failed_actions.py::test_setup_start_warns_naming_each_task_folder_the_run_leaves_out
   → tests/app/test_views.py::test_the_failures_line_counts_the_task_folders_a_run_left_out
+- `tapdeck runs` lists the runs or shows one run's rollouts from the run files, writing nothing
+  → tests/runner/test_runs_command.py::test_runs_lists_each_run_newest_first_with_its_state_and_outcome
+  → tests/runner/test_runs_command.py::test_runs_of_one_run_prints_its_rollouts_and_why_they_failed
+  → tests/runner/test_runs_command.py::test_runs_shows_a_run_another_process_runs_as_running
+  → tests/runner/test_runs_command.py::test_runs_says_what_is_wrong_with_a_run_it_cannot_show
+  → tests/runner/test_runs_command.py::test_runs_in_a_data_dir_without_runs_says_how_to_start_one
+- a run another process on the data dir runs shows as running, and is neither resumed nor
+  cancelled from here, naming that process
+  → tests/runner/test_run_lock.py::test_a_second_server_on_the_data_dir_sees_the_run_running_and_neither_resumes_nor_cancels_it
+  → tests/runner/test_run_lock.py::test_resuming_a_run_another_process_runs_says_which_and_starts_nothing
+  → tests/runner/test_run_lock.py::test_the_lock_names_the_process_that_holds_it_and_dies_with_it
 - Ctrl-C or SIGTERM while `tapdeck rollout` follows a run cancels it and prints the table
   → tests/runner/test_rollout_follow.py::test_sigterm_cancels_a_followed_run_as_ctrl_c_does
   → tests/runner/test_rollout_exit_codes.py::test_a_dead_engine_behind_a_server_exits_1_as_a_local_one_does
@@ -233,6 +244,18 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/training/test_downstream_edges.py::test_a_servers_run_export_keeps_the_results_reward_and_error_kind_over_the_sessions
 
 § What agents see on the wire
+- an Anthropic prefill is continued (as text, also where token-in would take it); logprobs come
+  back when Responses or Google callers ask; Anthropic `input_tokens` exclude cached ones;
+  malformed fields are a 400 naming them; a turn's findings name their turn
+  → tests/dialects/test_wire_fidelity_embedded.py::test_anthropic_prefill_is_continued_not_answered_after
+  → tests/dialects/test_wire_fidelity_embedded.py::test_a_prefill_after_a_held_turn_goes_as_text_so_it_stays_open
+  → tests/dialects/test_wire_fidelity.py::test_responses_logprobs_come_back_when_included
+  → tests/dialects/test_wire_fidelity.py::test_google_logprobs_come_back_when_asked
+  → tests/dialects/test_wire_fidelity.py::test_anthropic_input_tokens_exclude_the_prompt_tokens_read_from_cache
+  → tests/dialects/test_wire_fidelity.py::test_anthropic_stop_sequences_as_a_string_are_refused_not_split_into_characters
+  → tests/dialects/test_wire_fidelity.py::test_google_wrong_shaped_field_is_a_400_naming_it
+  → tests/dialects/test_wire_fidelity.py::test_responses_malformed_request_is_a_400_naming_the_field
+  → tests/dialects/test_app_hosted_tools_and_google_json_stream.py::test_a_turns_request_findings_name_that_turn
 - errors keep their status; a dead engine is a retryable 502 with an `engine_unreachable` finding;
   errors inside a started stream in each dialect's form
   → tests/dialects/test_agent_quirks.py::test_engine_error_reaches_each_sdk_with_its_real_status

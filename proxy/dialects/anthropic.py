@@ -2,7 +2,8 @@
 
 Request: `system` (string or text blocks; Claude Code's per-request `x-anthropic-billing-header:`
 line removed so the prompt stays byte-stable), `messages` with text / `tool_use` / `tool_result` /
-`thinking` blocks, `tools[].input_schema`, `tool_choice`, sampling and `stop_sequences`.
+`thinking` blocks, `tools[].input_schema`, `tool_choice`, sampling and `stop_sequences`. A final
+assistant text (a prefill) is continued, as Anthropic continues it.
 Reply: a `message` body with `stop_reason` end_turn / max_tokens / tool_use / stop_sequence, or the
 SSE sequence message_start, content_block_start/delta/stop, message_delta, message_stop.
 """
@@ -15,7 +16,14 @@ from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
 from tapdeck.proxy.dialects.arguments import current_memo
-from tapdeck.proxy.dialects.base import DialectError, DialectRequest, SSEEvent
+from tapdeck.proxy.dialects.base import (
+    DialectError,
+    DialectRequest,
+    SSEEvent,
+    object_at,
+    objects_at,
+    strings_at,
+)
 from tapdeck.proxy.dialects.chat import merge_system_messages
 from tapdeck.proxy.dialects.reply import ChatReply, join_text, read_reply
 
@@ -177,9 +185,15 @@ class AnthropicDialect:
         # prompt only when it leads; later ones stay where they are (see merge_system_messages).
         messages = merge_system_messages(messages)
         chat: dict[str, Any] = {"model": body.get("model"), "messages": messages}
+        last = messages[-1]
+        if last["role"] == "assistant" and last["content"] and not last.get("tool_calls"):
+            # A prefill: Anthropic continues the final assistant text rather than answering after
+            # it, so the engine renders it open (vLLM's option), with no new assistant header.
+            chat["continue_final_message"] = True
+            chat["add_generation_prompt"] = False
         if isinstance(body.get("n"), int) and body["n"] > 1:
             raise DialectError(400, "n > 1 is not supported: one completion per call", param="n")
-        tools, dropped = _convert_tools(body.get("tools"))
+        tools, dropped = _convert_tools(objects_at(body.get("tools"), "tools"))
         if tools:
             chat["tools"] = tools
             choice, parallel = _convert_tool_choice(body.get("tool_choice"))
@@ -190,16 +204,16 @@ class AnthropicDialect:
         for key in ("max_tokens", "temperature", "top_p", "top_k"):
             if body.get(key) is not None:
                 chat[key] = body[key]
-        stops = body.get("stop_sequences")
+        stops = strings_at(body.get("stop_sequences"), "stop_sequences")
         if stops:
             chat["stop"] = list(stops)
-        fmt = (body.get("output_config") or {}).get("format")
+        fmt = object_at(body.get("output_config"), "output_config").get("format")
         if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
             chat["response_format"] = {"type": "json_schema",
                                        "json_schema": {"name": "output", "schema": fmt.get("schema") or {}}}
         return DialectRequest(chat=chat, stream=body.get("stream") is True,
                               client_model=body.get("model"),
-                              context={"stop_sequences": list(stops or []), "dropped_tools": dropped})
+                              context={"stop_sequences": list(stops), "dropped_tools": dropped})
 
     # ---- replies -------------------------------------------------------------------------------
 
@@ -227,8 +241,11 @@ class AnthropicDialect:
 
     @staticmethod
     def _usage(reply: ChatReply) -> dict[str, Any]:
-        return {"input_tokens": reply.prompt_tokens, "output_tokens": reply.completion_tokens,
-                "cache_creation_input_tokens": 0, "cache_read_input_tokens": reply.cached_tokens}
+        # Anthropic's `input_tokens` are the prompt tokens NOT read from cache (a client's context
+        # size is their sum with `cache_read_input_tokens`); vLLM's `prompt_tokens` count them all.
+        cached = min(reply.cached_tokens, reply.prompt_tokens)
+        return {"input_tokens": reply.prompt_tokens - cached, "output_tokens": reply.completion_tokens,
+                "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
 
     def render(self, reply: Mapping[str, Any], request: DialectRequest) -> dict[str, Any]:
         parsed = read_reply(reply)

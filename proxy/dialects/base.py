@@ -13,7 +13,39 @@ from typing import Any, ClassVar, Protocol
 
 from tapdeck.proxy.errors import DialectError
 
-__all__ = ["Dialect", "DialectError", "DialectRequest", "SSEEvent"]
+__all__ = ["Dialect", "DialectError", "DialectRequest", "SSEEvent", "object_at", "objects_at",
+           "strings_at"]
+
+
+def strings_at(value: Any, where: str) -> list[str]:
+    """A list-of-strings field (stop sequences), or a 400 naming it: a bare string would
+    otherwise be read as one stop sequence per character."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise DialectError(400, f"{where} must be a list of strings", param=where)
+    return value
+
+
+def object_at(value: Any, where: str) -> Mapping[str, Any]:
+    """An optional object field (`{}` when absent), or a 400 naming it."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise DialectError(400, f"{where} must be an object", param=where)
+    return value
+
+
+def objects_at(value: Any, where: str) -> list[Mapping[str, Any]]:
+    """An optional list-of-objects field (`[]` when absent), or a 400 naming the bad entry."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise DialectError(400, f"{where} must be a list of objects", param=where)
+    for i, item in enumerate(value):
+        if not isinstance(item, Mapping):
+            raise DialectError(400, f"{where}[{i}] must be an object", param=f"{where}[{i}]")
+    return value
 
 
 @dataclass

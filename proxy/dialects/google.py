@@ -6,6 +6,8 @@ lowered to JSON Schema), `toolConfig.functionCallingConfig`, `generationConfig`.
 camelCase and snake_case field names, so both are read. Function calls carry no id unless the client
 sends one, so the k-th call of a conversation gets the id `call_k` (replies number their calls the
 same way): a re-sent history renders identically whether or not the client echoes ids.
+With `responseLogprobs` the final candidate carries `avgLogprobs` and `logprobsResult` (`logprobs`
+alternatives per token), from the engine's own logprobs.
 Streaming is requested in the URL (`:streamGenerateContent` or `alt=sse`), never in the body. With
 `alt=sse` the stream is data-only SSE, each event one GenerateContentResponse chunk; without it,
 Google's JSON-array form: `[`, the same chunks comma-separated, `]` (application/json). Built-in
@@ -21,7 +23,14 @@ from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
 from tapdeck.proxy.dialects.arguments import current_memo
-from tapdeck.proxy.dialects.base import DialectError, DialectRequest, SSEEvent
+from tapdeck.proxy.dialects.base import (
+    DialectError,
+    DialectRequest,
+    SSEEvent,
+    object_at,
+    objects_at,
+    strings_at,
+)
 from tapdeck.proxy.dialects.reply import ChatReply, join_text, read_reply
 
 _MODEL_IN_PATH = re.compile(r"/models/([^/:]+)", re.IGNORECASE)
@@ -86,7 +95,8 @@ def _system_text(body: Mapping[str, Any]) -> str:
     if isinstance(system, str):
         return system
     parts = []
-    for i, part in enumerate(system.get("parts") or []):
+    system = object_at(system, "systemInstruction")
+    for i, part in enumerate(objects_at(system.get("parts"), "systemInstruction.parts")):
         for key in _NON_TEXT:
             if key in part:
                 raise _text_only(key, f"systemInstruction.parts[{i}]")
@@ -111,7 +121,7 @@ def _convert_contents(contents: Any) -> tuple[list[dict[str, Any]], int]:
         if not isinstance(content, dict):
             raise DialectError(400, f"{where} must be an object", param=where)
         role = content.get("role") or "user"
-        parts = content.get("parts") or []
+        parts = objects_at(content.get("parts"), f"{where}.parts")
         for p, part in enumerate(parts):
             for key in _NON_TEXT:
                 if key in part:
@@ -177,13 +187,12 @@ def _camel(key: str) -> str:
 def _convert_tools(tools: Any) -> tuple[list[dict[str, Any]], list[str]]:
     """Chat tools, and the built-in tools dropped (camelCase keys: `googleSearch`, `codeExecution`)."""
     out, dropped = [], []
-    for tool in tools or []:
-        if not isinstance(tool, dict):
-            continue
+    for t, tool in enumerate(objects_at(tools, "tools")):
         # googleSearch / codeExecution / urlContext / ... run at Google; a local engine cannot.
         dropped.extend(_camel(key) for key, value in tool.items()
                        if value is not None and key not in ("functionDeclarations", "function_declarations"))
-        for declaration in _get(tool, "functionDeclarations", "function_declarations") or []:
+        for declaration in objects_at(_get(tool, "functionDeclarations", "function_declarations"),
+                                      f"tools[{t}].functionDeclarations"):
             parameters = _get(declaration, "parametersJsonSchema", "parameters_json_schema")
             if parameters is None:
                 parameters = json_schema(declaration.get("parameters")) or {"type": "object",
@@ -196,8 +205,9 @@ def _convert_tools(tools: Any) -> tuple[list[dict[str, Any]], list[str]]:
 
 
 def _convert_tool_choice(body: Mapping[str, Any]) -> Any:
-    config = _get(body, "toolConfig", "tool_config") or {}
-    calling = _get(config, "functionCallingConfig", "function_calling_config") or {}
+    config = object_at(_get(body, "toolConfig", "tool_config"), "toolConfig")
+    calling = object_at(_get(config, "functionCallingConfig", "function_calling_config"),
+                        "toolConfig.functionCallingConfig")
     mode = str(calling.get("mode") or "").upper()
     allowed = _get(calling, "allowedFunctionNames", "allowed_function_names") or []
     if mode == "NONE":
@@ -238,7 +248,7 @@ class GoogleDialect:
             choice = _convert_tool_choice(body)
             if choice is not None:
                 chat["tool_choice"] = choice
-        config = _get(body, "generationConfig", "generation_config") or {}
+        config = object_at(_get(body, "generationConfig", "generation_config"), "generationConfig")
         candidates = _get(config, "candidateCount", "candidate_count")
         if isinstance(candidates, int) and candidates > 1:
             raise DialectError(400, "generationConfig.candidateCount > 1 is not supported: one candidate "
@@ -252,7 +262,7 @@ class GoogleDialect:
             value = _get(config, camel, snake)
             if value is not None:
                 chat[key] = value
-        stops = _get(config, "stopSequences", "stop_sequences")
+        stops = strings_at(_get(config, "stopSequences", "stop_sequences"), "generationConfig.stopSequences")
         if stops:
             chat["stop"] = list(stops)
         mime = _get(config, "responseMimeType", "response_mime_type")
@@ -264,6 +274,10 @@ class GoogleDialect:
                                        if schema else {"type": "json_object"})
         stream = is_streaming(path, query)
         context: dict[str, Any] = {"call_base": call_count, "dropped_tools": dropped}
+        if _get(config, "responseLogprobs", "response_logprobs") is True:
+            top = config.get("logprobs")
+            context["logprobs"] = top if type(top) is int and top > 0 else 0
+            chat["logprobs"], chat["top_logprobs"] = True, context["logprobs"]
         if stream and not is_sse(query):
             context["stream_format"] = JSON_ARRAY
         return DialectRequest(chat=chat, stream=stream, client_model=model, context=context)
@@ -298,12 +312,16 @@ class GoogleDialect:
         return usage
 
     def _chunk(self, reply: ChatReply, request: DialectRequest, parts: list[dict[str, Any]],
-               final: bool) -> dict[str, Any]:
+               final: Mapping[str, Any] | None) -> dict[str, Any]:
+        """One GenerateContentResponse; `final` (the engine's raw reply) for the last one, which
+        carries finishReason, usage and the logprobs asked for."""
         candidate: dict[str, Any] = {"content": {"role": "model", "parts": parts}, "index": 0}
         chunk: dict[str, Any] = {"candidates": [candidate]}
-        if final:
+        if final is not None:
             candidate["finishReason"] = self._finish(reply)
             chunk["usageMetadata"] = self._usage(reply)
+            if request.context.get("logprobs") is not None:
+                candidate.update(_logprobs_result(final, request.context["logprobs"]))
         chunk["modelVersion"] = request.client_model or ""
         chunk["responseId"] = reply.id
         return chunk
@@ -311,14 +329,15 @@ class GoogleDialect:
     def render(self, reply: Mapping[str, Any], request: DialectRequest) -> dict[str, Any]:
         parsed = read_reply(reply)
         parts = self._parts(parsed, request) or [{"text": ""}]
-        return self._chunk(parsed, request, parts, final=True)
+        return self._chunk(parsed, request, parts, final=reply)
 
     def render_stream(self, reply: Mapping[str, Any], request: DialectRequest) -> Iterator[SSEEvent]:
         parsed = read_reply(reply)
         parts = self._parts(parsed, request) or [{"text": ""}]
         # One chunk per part; the last carries finishReason and usage (clients read both from it).
         for index, part in enumerate(parts):
-            yield SSEEvent(data=self._chunk(parsed, request, [part], final=index == len(parts) - 1))
+            yield SSEEvent(data=self._chunk(parsed, request, [part],
+                                            final=reply if index == len(parts) - 1 else None))
 
     # ---- errors --------------------------------------------------------------------------------
 
@@ -330,6 +349,28 @@ class GoogleDialect:
         """A bare `{"error": ...}` chunk, not a `data:` event: the SDK gemini-cli bundles raises
         (with the status in `code`) only on a network chunk that parses as that object alone."""
         yield SSEEvent(data=self.error_body(status, message, kind), bare=True)
+
+
+def _logprobs_result(reply: Mapping[str, Any], top: int) -> dict[str, Any]:
+    """`avgLogprobs` and `logprobsResult` (each sampled token, and `top` alternatives per
+    position) from the engine's per-token logprobs; nothing when the engine gave none."""
+    choice = (reply.get("choices") or [{}])[0] or {}
+    logprobs = choice.get("logprobs")
+    content = logprobs.get("content") if isinstance(logprobs, Mapping) else None
+    if not isinstance(content, list) or not content:
+        return {}
+    entries = [e for e in content if isinstance(e, Mapping)]
+    ids = choice.get("token_ids")
+    chosen = [{"token": e.get("token") or "", "logProbability": e.get("logprob")} for e in entries]
+    if isinstance(ids, list) and len(ids) == len(chosen):
+        for candidate, token_id in zip(chosen, ids, strict=True):
+            candidate["tokenId"] = token_id
+    alternatives = [{"candidates": [{"token": a.get("token") or "", "logProbability": a.get("logprob")}
+                                    for a in (e.get("top_logprobs") or [])[:top]]} for e in entries]
+    total = sum(c["logProbability"] for c in chosen if isinstance(c["logProbability"], (int, float)))
+    return {"avgLogprobs": total / len(chosen),
+            "logprobsResult": {"topCandidates": alternatives, "chosenCandidates": chosen,
+                               "logProbabilitySum": total}}
 
 
 DIALECT = GoogleDialect()

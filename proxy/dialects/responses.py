@@ -4,11 +4,13 @@ Request: `instructions`, `input` (a string or items: messages of any role, `reas
 `function_call` / `function_call_output`, `local_shell_call` / `_output`, `custom_tool_call` /
 `_output`), function / `local_shell` / `custom` tools and `namespace` tools (their functions are
 flattened to `<namespace>__<name>` and calls come back with OpenAI's `namespace` field), `tool_choice`,
-sampling, `max_output_tokens`, `text.format`. Consecutive assistant-side items (reasoning, message, calls) become one assistant
-message, which is exactly how a chat reply is split into items, so a re-sent history renders as the
-engine produced it. Reply: a `response` object (status completed / incomplete, zero-filled usage
-details) or the SSE sequence response.created ... response.completed (response.incomplete when
-cut by length) with `sequence_number`s.
+sampling, `max_output_tokens`, `text.format`, `top_logprobs` (the text's logprobs come back when
+`include` names `message.output_text.logprobs`, as OpenAI's do). Consecutive assistant-side items
+(reasoning, message, calls) become one assistant message, which is exactly how a chat reply is
+split into items, so a re-sent history renders as the engine produced it. Reply: a `response`
+object (status completed / incomplete, zero-filled usage details) or the SSE sequence
+response.created ... response.completed (response.incomplete when cut by length) with
+`sequence_number`s.
 A tool call is replayed as `local_shell_call` only when the request declared a `local_shell` tool.
 `previous_response_id` is resolved before translation, by the session's `StoredResponses`.
 """
@@ -20,10 +22,11 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
-from tapdeck.proxy.dialects.base import DialectError, DialectRequest, SSEEvent
+from tapdeck.proxy.dialects.base import DialectError, DialectRequest, SSEEvent, objects_at
 from tapdeck.proxy.dialects.reply import ChatReply, join_text, read_reply
 
 LOCAL_SHELL = "local_shell"
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
 NAMESPACE_SEPARATOR = "__"
 _LOCAL_SHELL_PARAMETERS = {
     "type": "object",
@@ -58,6 +61,9 @@ def _content_text(content: Any, where: str) -> str:
         if isinstance(part, str):
             parts.append(part)
             continue
+        if not isinstance(part, Mapping):
+            raise DialectError(400, f"{where}[{i}] must be a string or a content part object",
+                               param=f"{where}[{i}]")
         kind = part.get("type")
         if kind in _NON_TEXT_PARTS:
             raise _text_only(kind, f"{where}[{i}]")
@@ -159,8 +165,9 @@ def _convert_input(body: Mapping[str, Any]) -> list[dict[str, Any]]:
             builder.add({"role": "tool", "tool_call_id": item.get("call_id") or item.get("id") or "",
                          "content": _content_text(item.get("output"), f"{where}.output")})
         elif kind == "item_reference":
-            raise DialectError(400, f"{where}: item_reference is not supported; this proxy stores no "
-                                    "responses, so send the full input", param=where)
+            raise DialectError(400, f"{where}: item_reference is not supported; send the item itself, "
+                                    "or continue a stored response with previous_response_id",
+                               param=where)
         elif kind in _NON_TEXT_PARTS:
             raise _text_only(kind, where)
         else:
@@ -168,6 +175,10 @@ def _convert_input(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     messages = builder.messages
     if builder.system:
         messages.insert(0, {"role": "system", "content": "\n\n".join(builder.system)})
+    if not messages:
+        # The engine would answer an empty prompt, and the capture would hold a turn of nothing.
+        raise DialectError(400, "input is empty and there are no instructions: send at least one "
+                                "input item", param="input")
     return messages
 
 
@@ -278,7 +289,7 @@ class ResponsesDialect:
         if isinstance(body.get("n"), int) and body["n"] > 1:
             raise DialectError(400, "n > 1 is not supported: one completion per call", param="n")
         chat: dict[str, Any] = {"model": body.get("model"), "messages": _convert_input(body)}
-        flat_tools, namespaced = _flatten_namespaces(body.get("tools"))
+        flat_tools, namespaced = _flatten_namespaces(objects_at(body.get("tools"), "tools"))
         tools, custom, local, dropped = _convert_tools(flat_tools)
         choice = _convert_tool_choice(body.get("tool_choice"), dropped)
         if tools:
@@ -295,6 +306,9 @@ class ResponsesDialect:
         fmt = _response_format(body.get("text"))
         if fmt is not None:
             chat["response_format"] = fmt
+        top_logprobs = _asked_logprobs(body)
+        if top_logprobs is not None:
+            chat["logprobs"], chat["top_logprobs"] = True, top_logprobs
         echo = {key: body.get(key) for key in ("instructions", "temperature", "top_p",
                                               "max_output_tokens", "metadata", "user")}
         echo["tools"] = list(body.get("tools") or [])
@@ -304,16 +318,19 @@ class ResponsesDialect:
         echo["reasoning"] = body.get("reasoning")
         echo["previous_response_id"] = body.get("previous_response_id")
         echo["store"] = body.get("store") is not False
+        echo["top_logprobs"] = body.get("top_logprobs")
         return DialectRequest(chat=chat, stream=body.get("stream") is True,
                               client_model=body.get("model"),
                               context={"echo": echo, "custom_tools": sorted(custom),
+                                       "top_logprobs": top_logprobs,
                                        "local_shell": bool(local), "dropped_tools": dropped,
                                        "namespaced": namespaced})
 
     # ---- replies -------------------------------------------------------------------------------
 
     @staticmethod
-    def _items(reply: ChatReply, request: DialectRequest) -> list[dict[str, Any]]:
+    def _items(reply: ChatReply, request: DialectRequest,
+               logprobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         status = "incomplete" if reply.truncated else "completed"
         items: list[dict[str, Any]] = []
         if reply.reasoning:
@@ -324,7 +341,7 @@ class ResponsesDialect:
             items.append({"type": "message", "id": f"msg_{reply.id}", "status": status,
                           "role": "assistant",
                           "content": [{"type": "output_text", "text": reply.text, "annotations": [],
-                                       "logprobs": []}]})
+                                       "logprobs": logprobs}]})
         custom = set(request.context.get("custom_tools") or [])
         namespaced = request.context.get("namespaced") or {}
         for n, call in enumerate(reply.tool_calls):
@@ -377,20 +394,22 @@ class ResponsesDialect:
             "store": echo.get("store", True), "temperature": echo.get("temperature"),
             "text": echo.get("text") or {"format": {"type": "text"}},
             "tool_choice": echo.get("tool_choice") or "auto", "tools": echo.get("tools") or [],
-            "top_p": echo.get("top_p"), "truncation": "disabled", "usage": usage,
+            "top_p": echo.get("top_p"), "top_logprobs": echo.get("top_logprobs"),
+            "truncation": "disabled", "usage": usage,
             "user": echo.get("user"), "metadata": echo.get("metadata") or {},
         }
 
     def render(self, reply: Mapping[str, Any], request: DialectRequest) -> dict[str, Any]:
         parsed = read_reply(reply)
         status = "incomplete" if parsed.truncated else "completed"
-        return self._response(parsed, request, status=status, output=self._items(parsed, request),
+        return self._response(parsed, request, status=status,
+                              output=self._items(parsed, request, _text_logprobs(reply, request)),
                               usage=self._usage(parsed))
 
     def render_stream(self, reply: Mapping[str, Any], request: DialectRequest) -> Iterator[SSEEvent]:
         parsed = read_reply(reply)
         status = "incomplete" if parsed.truncated else "completed"
-        items = self._items(parsed, request)
+        items = self._items(parsed, request, _text_logprobs(reply, request))
         counter = iter(range(1 << 30))
 
         def event(kind: str, **fields: Any) -> SSEEvent:
@@ -407,12 +426,12 @@ class ResponsesDialect:
                             item=item | {"status": "in_progress", "content": []})
                 part = item["content"][0]
                 yield event("response.content_part.added", item_id=item_id, output_index=index,
-                            content_index=0, part=part | {"text": ""})
+                            content_index=0, part=part | {"text": "", "logprobs": []})
                 if part["text"]:
                     yield event("response.output_text.delta", item_id=item_id, output_index=index,
-                                content_index=0, delta=part["text"], logprobs=[])
+                                content_index=0, delta=part["text"], logprobs=part["logprobs"])
                 yield event("response.output_text.done", item_id=item_id, output_index=index,
-                            content_index=0, text=part["text"], logprobs=[])
+                            content_index=0, text=part["text"], logprobs=part["logprobs"])
                 yield event("response.content_part.done", item_id=item_id, output_index=index,
                             content_index=0, part=part)
             elif kind == "reasoning":
@@ -464,6 +483,31 @@ class ResponsesDialect:
                   "tool_choice": "auto", "tools": [], "usage": None}
         yield SSEEvent(data={"type": "response.failed", "sequence_number": 1, "response": failed},
                        event="response.failed")
+
+
+def _asked_logprobs(body: Mapping[str, Any]) -> int | None:
+    """How many alternatives per token the client wants with its text's logprobs (None: no
+    logprobs): OpenAI returns them only when `include` names `message.output_text.logprobs`."""
+    include = body.get("include")
+    if not isinstance(include, list) or LOGPROBS_INCLUDE not in include:
+        return None
+    top = body.get("top_logprobs")
+    return top if type(top) is int and top > 0 else 0
+
+
+def _text_logprobs(reply: Mapping[str, Any], request: DialectRequest) -> list[dict[str, Any]]:
+    """The reply's per-token logprobs in Responses' shape, with as many alternatives as asked
+    (the engine may have been asked for more, to capture them); `[]` when none were asked."""
+    top = request.context.get("top_logprobs")
+    choice = (reply.get("choices") or [{}])[0] or {}
+    logprobs = choice.get("logprobs")
+    if top is None or not isinstance(logprobs, Mapping) or not isinstance(logprobs.get("content"), list):
+        return []
+    return [{"token": e.get("token") or "", "logprob": e.get("logprob"), "bytes": e.get("bytes") or [],
+             "top_logprobs": [{"token": a.get("token") or "", "logprob": a.get("logprob"),
+                               "bytes": a.get("bytes") or []}
+                              for a in (e.get("top_logprobs") or [])[:top]]}
+            for e in logprobs["content"] if isinstance(e, Mapping)]
 
 
 def _error_code(status: int) -> str:

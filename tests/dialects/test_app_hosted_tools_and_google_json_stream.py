@@ -64,6 +64,19 @@ def test_dropped_hosted_tools_are_a_warn_finding_on_the_stored_turn(app: Capture
     assert _dropped(app.turn(info["id"], 0)) == [f"[WARN] dropped_tools: {names} ({HOSTED})"]
 
 
+def test_a_turns_request_findings_name_that_turn(app: CaptureServer) -> None:
+    # Said of the turn, not of the whole session: the session's findings list tells them apart.
+    info = app.open_session()
+    body = {**BODY, "tools": [{"googleSearch": {}}]}
+    for _ in range(2):
+        reply = httpx.post(f"{app.url}/v1beta/models/g:generateContent", json=body, timeout=30,
+                           headers={"x-goog-api-key": info["api_key"]})
+        assert reply.status_code == 200, reply.text
+    for seq in (0, 1):
+        dropped = [f for f in app.turn(info["id"], seq)["findings"] if f["code"] == "dropped_tools"]
+        assert [f["turn"] for f in dropped] == [seq]
+
+
 def test_no_dropped_tools_no_finding(app: CaptureServer) -> None:
     info = app.open_session()
     reply = httpx.post(f"{app.url}/v1beta/models/g:generateContent", json=BODY, timeout=30,

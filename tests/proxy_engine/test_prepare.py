@@ -36,6 +36,7 @@ async def test_empty_tools_sent_unchanged_is_refused_by_recorded_vllm(upstream, 
     with pytest.raises(EngineError) as err:
         await client_for(upstream).complete({**basic_chat, "tools": []})
     assert err.value.status == 400 and "must not be an empty array" in err.value.message
+    assert err.value.param == "tools"  # vLLM's own `param`: what the caller's error envelope names
 
 
 def test_non_empty_tools_untouched_and_absent_keys_never_added(basic_chat):

@@ -1,0 +1,180 @@
+"""Wire fidelity as the real client SDKs see it: what a reply says (usage; logprobs when asked, as
+the provider gives them) and what a malformed request gets back (a 400 naming the field, in the
+caller's envelope, with nothing sent upstream).
+
+Every call goes through the capture server in front of the scripted engine, which answers with
+recorded vLLM 0.32 bodies (tests/dialects/conftest.py).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+from google.genai import types
+
+from tests.conftest import vllm_fixture, vllm_reply_to
+from tests.dialects.agent_recordings import google_client
+from tests.dialects.conftest import CaptureServer, ScriptedUpstream
+
+STREAMING = pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+
+
+def _anthropic(info: dict[str, Any]) -> anthropic.Anthropic:
+    return anthropic.Anthropic(api_key=info["api_key"], base_url=info["base_urls"]["anthropic"],
+                               max_retries=0)
+
+
+def _openai(info: dict[str, Any]) -> openai.OpenAI:
+    return openai.OpenAI(api_key=info["api_key"], base_url=info["base_urls"]["openai"], max_retries=0)
+
+
+# ---- usage ---------------------------------------------------------------------------------------
+
+@STREAMING
+def test_anthropic_input_tokens_exclude_the_prompt_tokens_read_from_cache(
+        upstream: ScriptedUpstream, capture: CaptureServer, stream: bool) -> None:
+    # vLLM with --enable-prompt-tokens-details fills `prompt_tokens_details.cached_tokens` (the
+    # recorded body has null there): 32 of chat_basic's 37 prompt tokens came from the prefix cache.
+    reply = copy.deepcopy(vllm_fixture("chat_basic")["response"])
+    reply["usage"]["prompt_tokens_details"] = {"cached_tokens": 32}
+    upstream.answer = lambda body: (200, vllm_reply_to(body, reply))
+    client = _anthropic(capture.open_session())
+    kwargs: dict[str, Any] = dict(model="claude-x", max_tokens=24, messages=[{"role": "user", "content": "q"}])
+    if stream:
+        with client.messages.stream(**kwargs) as events:
+            start = next(e for e in events if e.type == "message_start").message.usage
+            message = events.get_final_message()
+        assert (start.input_tokens, start.cache_read_input_tokens) == (5, 32)
+    else:
+        message = client.messages.create(**kwargs)
+    # Anthropic counts a prompt as input + cache reads + cache writes: 37, not 69.
+    usage = message.usage
+    assert (usage.input_tokens, usage.cache_read_input_tokens, usage.cache_creation_input_tokens) == (5, 32, 0)
+    assert usage.output_tokens == 8
+
+
+# ---- malformed requests: a 400 naming the field, nothing sent upstream ---------------------------
+
+def test_anthropic_stop_sequences_as_a_string_are_refused_not_split_into_characters(
+        upstream: ScriptedUpstream, capture: CaptureServer) -> None:
+    client = _anthropic(capture.open_session())
+    with pytest.raises(anthropic.BadRequestError) as err:
+        client.messages.create(model="claude-x", max_tokens=8, messages=[{"role": "user", "content": "q"}],
+                               stop_sequences="\n\nHuman:")  # type: ignore[arg-type]
+    assert err.value.body["error"]["message"] == "stop_sequences must be a list of strings"
+    assert upstream.requests == []
+
+
+GOOGLE_MALFORMED = [
+    ({"contents": [{"role": "user", "parts": "hi"}]}, "contents[0].parts must be a list of objects"),
+    ({"contents": [{"role": "user", "parts": ["hi"]}]}, "contents[0].parts[0] must be an object"),
+    ({"contents": [{"parts": [{"text": "hi"}]}], "generationConfig": "greedy"},
+     "generationConfig must be an object"),
+    ({"contents": [{"parts": [{"text": "hi"}]}], "generationConfig": {"stopSequences": "END"}},
+     "generationConfig.stopSequences must be a list of strings"),
+    ({"contents": [{"parts": [{"text": "hi"}]}], "systemInstruction": {"parts": "Be brief."}},
+     "systemInstruction.parts must be a list of objects"),
+    ({"contents": [{"parts": [{"text": "hi"}]}], "tools": ["run"]}, "tools[0] must be an object"),
+    ({"contents": [{"parts": [{"text": "hi"}]}], "tools": [{"functionDeclarations": [{"name": "run"}]}],
+      "toolConfig": "AUTO"}, "toolConfig must be an object"),
+]
+
+
+@pytest.mark.parametrize("body, message", GOOGLE_MALFORMED, ids=[m.split(" ")[0] for _, m in GOOGLE_MALFORMED])
+def test_google_wrong_shaped_field_is_a_400_naming_it(upstream: ScriptedUpstream, capture: CaptureServer,
+                                                      body: dict[str, Any], message: str) -> None:
+    info = capture.open_session()
+    reply = httpx.post(f"{info['base_urls']['google']}/v1beta/models/gemini-x:generateContent",
+                       headers={"x-goog-api-key": info["api_key"]}, json=body, timeout=30)
+    assert reply.status_code == 400
+    assert reply.json() == {"error": {"code": 400, "message": message, "status": "INVALID_ARGUMENT"}}
+    assert upstream.requests == []
+
+
+RESPONSES_MALFORMED = [
+    ({"input": []}, "input is empty and there are no instructions: send at least one input item"),
+    ({"input": [{"role": "user", "content": [7]}]},
+     "input[0].content[0] must be a string or a content part object"),
+    ({"input": "hi", "tools": ["execute"]}, "tools[0] must be an object"),
+]
+
+
+@pytest.mark.parametrize("body, message", RESPONSES_MALFORMED, ids=["empty-input", "content-part", "tool"])
+def test_responses_malformed_request_is_a_400_naming_the_field(upstream: ScriptedUpstream, capture: CaptureServer,
+                                                               body: dict[str, Any], message: str) -> None:
+    client = _openai(capture.open_session())
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model="gpt-x", max_output_tokens=8, **body)
+    assert err.value.body["message"] == message
+    assert err.value.param == message.split(" ")[0]
+    assert upstream.requests == []
+
+
+# ---- logprobs ------------------------------------------------------------------------------------
+
+def test_responses_logprobs_come_back_when_included(upstream: ScriptedUpstream, capture: CaptureServer) -> None:
+    recorded = vllm_fixture("chat_top2")["response"]  # two alternatives per token
+    upstream.answer = lambda body: (200, vllm_reply_to(body, recorded))
+    client = _openai(capture.open_session())
+    kwargs: dict[str, Any] = dict(model="gpt-x", input="q", max_output_tokens=24, top_logprobs=1,
+                                  include=["message.output_text.logprobs"])
+    expected = [(e["token"], e["logprob"], e["top_logprobs"][0]["token"])
+                for e in recorded["choices"][0]["logprobs"]["content"]]
+
+    def seen(logprobs: Any) -> list[tuple[str, float, str]]:
+        assert all(len(lp.top_logprobs) == 1 for lp in logprobs)  # as many as asked, not captured
+        return [(lp.token, lp.logprob, lp.top_logprobs[0].token) for lp in logprobs]
+
+    response = client.responses.create(**kwargs)
+    assert seen(response.output[0].content[0].logprobs) == expected
+    assert response.top_logprobs == 1
+    events = list(client.responses.create(stream=True, **kwargs))
+    assert seen(next(e for e in events if e.type == "response.output_text.delta").logprobs) == expected
+    assert seen(events[-1].response.output[0].content[0].logprobs) == expected
+    assert [(r["logprobs"], r["top_logprobs"]) for r in upstream.requests] == [(True, 1), (True, 1)]
+    # Not included: no logprobs, as OpenAI answers.
+    plain = client.responses.create(model="gpt-x", input="q", max_output_tokens=24, top_logprobs=1)
+    assert plain.output[0].content[0].logprobs == []
+
+
+def test_responses_item_reference_refusal_points_to_what_works(upstream: ScriptedUpstream,
+                                                              capture: CaptureServer) -> None:
+    # The session does keep stored responses (previous_response_id works): the refusal must not
+    # tell the caller otherwise.
+    client = _openai(capture.open_session())
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model="gpt-x", input=[{"type": "item_reference", "id": "msg_1"}])
+    assert err.value.body["message"] == ("input[0]: item_reference is not supported; send the item "
+                                         "itself, or continue a stored response with previous_response_id")
+    assert err.value.param == "input[0]" and upstream.requests == []
+
+
+@STREAMING
+def test_google_logprobs_come_back_when_asked(upstream: ScriptedUpstream, capture: CaptureServer,
+                                              stream: bool) -> None:
+    recorded = vllm_fixture("chat_top2")["response"]  # two alternatives per token
+    upstream.answer = lambda body: (200, vllm_reply_to(body, recorded))
+    client = google_client(capture.open_session())
+    config = types.GenerateContentConfig(max_output_tokens=24, response_logprobs=True, logprobs=1)
+    if stream:
+        chunks = list(client.models.generate_content_stream(model="gemini-x", contents="q", config=config))
+        candidate = chunks[-1].candidates[0]
+    else:
+        candidate = client.models.generate_content(model="gemini-x", contents="q", config=config).candidates[0]
+    choice = recorded["choices"][0]
+    result, entries = candidate.logprobs_result, choice["logprobs"]["content"]
+    assert [(c.token, c.token_id, c.log_probability) for c in result.chosen_candidates] == [
+        (e["token"], i, e["logprob"]) for e, i in zip(entries, choice["token_ids"], strict=True)]
+    assert [[(a.token, a.log_probability) for a in top.candidates] for top in result.top_candidates] == [
+        [(e["top_logprobs"][0]["token"], e["top_logprobs"][0]["logprob"])] for e in entries]
+    assert candidate.avg_logprobs == pytest.approx(result.log_probability_sum / len(choice["token_ids"]))
+    assert (upstream.requests[-1]["logprobs"], upstream.requests[-1]["top_logprobs"]) == (True, 1)
+    # Not asked: none, as Google answers.
+    plain = client.models.generate_content(
+        model="gemini-x", contents="q", config=types.GenerateContentConfig(max_output_tokens=24)).candidates[0]
+    assert plain.logprobs_result is None and plain.avg_logprobs is None
