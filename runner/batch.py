@@ -455,7 +455,7 @@ class BatchRunner:
     def _load(self, run_id: str) -> _Run:
         run = self._runs.get(run_id)
         if run is not None:
-            if run.lock.held or run.state != "interrupted" or run.lock.holder() is None:
+            if run.lock.held or run.lock.holder() is None:
                 return run
             with self._runs_lock:  # another process has resumed it since: read it afresh
                 self._runs.pop(run_id, None)

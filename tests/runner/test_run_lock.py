@@ -79,3 +79,20 @@ def test_resuming_a_run_another_process_runs_says_which_and_starts_nothing(tmp_p
         f"tapdeck rollout: run run-x is running in process {other.pid} on this data dir; follow it "
         "on that process's server (--server), or resume it once that process has ended")
     assert sorted(p.name for p in run_dir.iterdir()) == ["plan.json", "run.json", "run.lock"]
+
+
+def test_a_run_this_process_read_as_ended_is_read_afresh_once_another_process_resumes_it(
+        tmp_path: Path) -> None:
+    from tapdeck.runner.batch import BatchRunner
+
+    data = tmp_path / "data"
+    run_dir = data / "runs" / "run-x"
+    run_dir.mkdir(parents=True)
+    (run_dir / "plan.json").write_text(json.dumps(
+        {"id": "run-x", "created_at": 1.0, "plan": {}, "tasks": [{"name": "t", "path": "/t"}]}))
+    (run_dir / "run.json").write_text(json.dumps({"state": "cancelled", "created_at": 1.0}))
+    batch = BatchRunner(None, data_dir=data, default_engine=None)
+    assert [r.state for r in batch.list()] == ["cancelled"]  # read once, and kept
+    with holding_run_lock(run_dir):  # another process resumes it
+        (run_dir / "run.json").write_text(json.dumps({"state": "running", "created_at": 1.0}))
+        assert [r.state for r in batch.list()] == ["running"]
