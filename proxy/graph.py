@@ -43,6 +43,7 @@ import bisect
 import copy
 import dataclasses
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -652,6 +653,12 @@ class RolloutGraph:
         node.turn.meta.update(call_role="auxiliary", auxiliary_reason=reason)
         if live:
             self._count_live(node, 1)
+
+    def demote(self, seqs: Iterable[int], reason: str) -> None:
+        """Mark these calls auxiliary (those the graph holds; others are skipped)."""
+        for seq in seqs:
+            if seq in self._nodes:
+                self.mark_auxiliary(seq, reason)
 
     # -- adding ----------------------------------------------------------------------------
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,13 +97,6 @@ class CallSlot:
         if self.held:
             self.held = False
             self.session.in_flight -= 1
-
-
-def demote(graph: RolloutGraph, seqs: Iterable[int], reason: str) -> None:
-    """Mark these calls auxiliary in the graph (the role the graph reads from `meta.call_role`)."""
-    for seq in seqs:
-        if seq in graph.nodes:
-            graph.mark_auxiliary(seq, reason)
 
 
 def stored_stats(value: Any) -> RolloutStats | None:

@@ -26,7 +26,7 @@ from tapdeck.proxy.events import EventBus
 from tapdeck.proxy.findings import Finding
 from tapdeck.proxy.graph import RolloutGraph
 from tapdeck.proxy.interning import Interner
-from tapdeck.proxy.live_session import LiveSession, demote, stored_stats
+from tapdeck.proxy.live_session import LiveSession, stored_stats
 from tapdeck.proxy.sessions import (
     EngineRef,
     SessionError,
@@ -235,7 +235,7 @@ class SessionRegistry:
             graph = self.graph(session)
             demoted = sorted({*session.record.get("metadata", {}).get("auxiliary_seqs", []),
                               *(s for s in seqs if s in graph.nodes)})
-            demote(graph, demoted, reason)
+            graph.demote(demoted, reason)
             session.stats = graph.stats()
         session.record["metadata"] = {**session.record.get("metadata", {}),
                                       "auxiliary_seqs": demoted, "auxiliary_reason": reason}
@@ -295,8 +295,10 @@ class SessionRegistry:
         _record, graph = self.store.load_graph(session.id)
         session.fatal = session.warn = 0
         session.count([*session.findings, *graph.findings()])
+        # The store demoted the calls its record names; this record may name more if storing
+        # its metadata failed (logged, kept in memory).
         metadata = session.record.get("metadata") or {}
-        demote(graph, metadata.get("auxiliary_seqs") or [], metadata.get("auxiliary_reason", ""))
+        graph.demote(metadata.get("auxiliary_seqs") or [], metadata.get("auxiliary_reason", ""))
         session.turns = len(graph)
         session.stats = graph.stats()
         session.last_call_at = max((n.turn.created_at for n in graph.nodes.values()), default=None)

@@ -466,9 +466,13 @@ class Store:
         return contents
 
     def load_graph(self, session_id: str) -> tuple[dict[str, Any], RolloutGraph]:
-        """The session record and its rollout graph, rebuilt by re-adding turns in arrival order."""
+        """The session record and its rollout graph, rebuilt by re-adding turns in arrival order,
+        with the calls the record demoted (`metadata.auxiliary_seqs`, e.g. those the harness's
+        own trajectory never recorded) auxiliary again: every reader trains on the same turns."""
         record, turns = self.load_session(session_id)
         graph = RolloutGraph()
         for t in turns:
             graph.add(t)
+        metadata = record.get("metadata") or {}
+        graph.demote(metadata.get("auxiliary_seqs") or [], metadata.get("auxiliary_reason", ""))
         return record, graph

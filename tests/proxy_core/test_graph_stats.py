@@ -11,7 +11,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tapdeck.proxy.graph import RolloutGraph
-from tapdeck.proxy.live_session import demote
 from tapdeck.proxy.turn import Turn
 from tapdeck.schema.sessions import RolloutStats
 
@@ -105,7 +104,7 @@ def test_running_stats_equal_a_full_recount_after_every_arrival(rollout):
         g.add(turns[i])
         assert g.stats() == recounted(g)
         if demotions[k] is not None:
-            demote(g, [turns[order[demotions[k]]].seq], "not in the trajectory")
+            g.demote([turns[order[demotions[k]]].seq], "not in the trajectory")
             assert g.stats() == recounted(g)
 
 
@@ -145,6 +144,6 @@ def test_demoting_a_call_takes_its_tokens_out_of_the_running_stats():
     g = RolloutGraph()
     g.add(t)
     assert g.stats().trainable_tokens == 2
-    demote(g, [0], "not in the trajectory")
+    g.demote([0], "not in the trajectory")
     assert g.stats().trainable_tokens == 0 == recounted(g).trainable_tokens
     assert g.node_role(0) == "auxiliary"

@@ -242,3 +242,26 @@ def test_a_trajectory_recording_every_call_demotes_nothing(tmp_path: Path) -> No
     assert report.verdict == "match" and report.auxiliary == []
     assert _roles(service, sid) == ["agent"] * 3 and _trained_seqs(service, sid) == ["0", "1", "2"]
     store.close()
+
+
+def test_a_demoted_call_stays_out_of_an_export_read_straight_from_the_store(tmp_path: Path) -> None:
+    """`tapdeck export` reads the store without a server: the calls the harness's trajectory never
+    recorded must stay out of its training rows there too, as they do in the server's export."""
+    from tapdeck.app.commands.export import session_rows
+    from tapdeck.proxy.store import Store
+    from tapdeck.runner.rollout import captured_calls
+
+    store, restart = _recorded_session(tmp_path)
+    sid = "s-00000000000000a1"
+    service = restart()
+    calls = captured_calls(service.rollout_document(sid))
+    counts = [c.completion_tokens for c in calls]
+    report = reconcile(calls, _trajectory([counts[0], counts[2]], prompts=[calls[0].prompt_tokens, 0]))
+    service.mark_auxiliary(sid, report.auxiliary, "not in the harness's ATIF trajectory")
+    store.close()
+
+    reader = Store(tmp_path / "capture.db", read_only=True)
+    try:
+        assert [row["node_id"] for row in session_rows(reader, sid)] == ["0", "2"]
+    finally:
+        reader.close()
