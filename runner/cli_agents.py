@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shlex
 import tempfile
 from pathlib import Path
@@ -96,6 +97,18 @@ async def check_proxy_reachable(environment: BaseEnvironment, proxy_url: str) ->
             f"the sandbox cannot reach the capture proxy at {url} ({detail or 'no answer'}): "
             "sandboxes not on this host need --public-url with an address they can reach (see "
             "the README's SSH reverse tunnel recipe)")
+
+
+_ERROR_LINE = re.compile(r"\berror\b|\bfailed\b|\bexception\b", re.IGNORECASE)
+
+
+def exit_reason(output: str) -> str:
+    """The line of a CLI's output that says why it stopped: its last line that reads as an error
+    (`ERROR: Incomplete response returned…`, `API Error: 400 …`), else its last line. Results keep
+    an error's first line, and the tail of the output rarely starts at a line of its own."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    errors = [line for line in lines if _ERROR_LINE.search(line)]
+    return (errors or lines or ["(no output)"])[-1]
 
 
 class CliAgent(BaseAgent):
@@ -209,7 +222,8 @@ class CliAgent(BaseAgent):
         if result.return_code != 0:
             tail = output.strip()[-1500:]
             raise NonZeroAgentExitCodeError(
-                f"{self.name()} exited with {result.return_code}: {tail}")
+                f"{self.name()} exited with {result.return_code}: {exit_reason(output)}\n"
+                f"its output ends (all of it in agent/{self.name()}.txt):\n{tail}")
 
     def _bin(self) -> str:
         assert self.entry is not None

@@ -126,14 +126,21 @@ def classify_exception(exception_type: str, phase: Phase) -> str:
 
 
 def _failed_phase(result: Any) -> Phase:
-    """Which phase a trial's recorded exception happened in, from Harbor's phase timings."""
-    if result.agent_setup is None:
-        return "sandbox"
-    if result.agent_execution is None:
-        return "agent_setup"
-    if result.verifier is None:
-        return "agent"
-    return "verify"
+    """Which phase a trial's recorded exception happened in: the last phase Harbor started before
+    the exception occurred. Harbor still runs the verifier after an agent that failed or timed
+    out, so the last phase that ran is not where the failure was."""
+    occurred = result.exception_info.occurred_at if result.exception_info is not None else None
+    phases: tuple[tuple[Phase, Any], ...] = (
+        ("agent_setup", result.agent_setup), ("agent", result.agent_execution),
+        ("verify", result.verifier))
+    failed: Phase = "sandbox"
+    for phase, timing in phases:
+        if timing is None:
+            break
+        if occurred is not None and timing.started_at is not None and timing.started_at > occurred:
+            break
+        failed = phase
+    return failed
 
 
 def _seconds(timing: Any) -> float | None:

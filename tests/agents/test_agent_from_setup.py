@@ -7,9 +7,11 @@ captured turns.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -33,7 +35,7 @@ SOLVE = "printf 'Hello, world!\\n' > /app/hello.txt"
 WAIT_S = 600.0  # a bound for install (first use), sandbox, agent and verifier on shared cores
 
 
-class _RecordedVllm:
+class RecordedVllm:
     """The engine a tapdeck server is pointed at: `base_url` and `served_name`, as the embedded
     engine offers them."""
 
@@ -44,10 +46,18 @@ class _RecordedVllm:
 
 @pytest.fixture
 def recorded_vllm() -> Iterator[ScriptedUpstream]:
-    """A vLLM-shaped engine answering with recorded bodies; its models listing is the recorded one
-    with `max_model_len` as vLLM reports `--max-model-len 32768` (the recorded server ran 2,048,
-    which an agent's first prompt does not fit: the rollout would be refused before its trial)."""
-    up = ScriptedUpstream(answer=scripted_agent_reply(HARNESS, SOLVE))
+    """The recorded engine, answering as a capable model would: the task solved by a tool call."""
+    with recorded_vllm_answering(scripted_agent_reply(HARNESS, SOLVE)) as up:
+        yield up
+
+
+@contextlib.contextmanager
+def recorded_vllm_answering(answer: Any) -> Iterator[ScriptedUpstream]:
+    """A vLLM-shaped engine answering with recorded bodies as `answer` says; its models listing is
+    the recorded one with `max_model_len` as vLLM reports `--max-model-len 32768` (the recorded
+    server ran 2,048, which an agent's first prompt does not fit: the rollout would be refused
+    before its trial)."""
+    up = ScriptedUpstream(answer=answer)
     app = scripted_upstream_app(up)
     listing = copy.deepcopy(vllm_fixture("models")["models"]["response"])
     listing["data"][0]["max_model_len"] = AGENT_CONTEXT
@@ -69,7 +79,7 @@ def _rollout(app: TapdeckApp) -> RolloutResult | None:
 async def test_agent_cli_started_from_setup_finishes_with_its_turns_on_the_runs_screen(
         recorded_vllm: ScriptedUpstream, tmp_path: Path) -> None:
     installed_or_skip(HARNESS)
-    with local_server_on(_RecordedVllm(recorded_vllm), tmp_path / "data") as server:
+    with local_server_on(RecordedVllm(recorded_vllm), tmp_path / "data") as server:
         app = TapdeckApp(TapdeckClient(server.url, server.admin_key),
                          settings_path=tmp_path / "tui.json", initial_mode="setup")
         async with app.run_test(size=(80, 24)) as pilot:

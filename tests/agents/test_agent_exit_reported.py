@@ -1,0 +1,47 @@
+"""An agent CLI that exits non-zero, as `tapdeck rollout` reports it: the failure's line under the
+table names the phase it failed in (the agent's, though Harbor runs the verifier after it) and the
+CLI's own words for why, not whatever its output's last 1,500 characters happened to start with.
+
+The real codex binary on the sample task through `tapdeck rollout`, against an engine answering
+with vLLM 0.32's recorded reply cut at max_tokens: codex ends such a turn with "Incomplete response
+returned, reason: max_output_tokens" and exits 1, as it did against the embedded engine.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from tapdeck.app.cli import app
+from tapdeck.app.commands.rollout import EXIT_ROLLOUT_FAILED
+from tests.agents.test_agent_from_setup import recorded_vllm_answering
+from tests.agents.test_agent_rollouts import installed_or_skip
+from tests.conftest import vllm_fixture, vllm_reply_to
+
+pytestmark = pytest.mark.slow
+
+
+def cut_at_max_tokens(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """The agent's calls (those with tools) get the recorded reply cut by max_tokens; the session's
+    engine probe gets the recorded plain reply."""
+    recorded = "chat_length" if body.get("tools") else "chat_basic"
+    return 200, vllm_reply_to(body, vllm_fixture(recorded)["response"])
+
+
+def test_an_agent_cli_that_exits_non_zero_is_reported_in_its_phase_with_its_own_words(
+        tmp_path: Path) -> None:
+    installed_or_skip("codex")
+    with recorded_vllm_answering(cut_at_max_tokens) as engine:
+        result = CliRunner().invoke(app, [
+            "rollout", "--harness", "codex", "--task", "hello-file", "--engine", engine.url,
+            "--harness-kwargs", json.dumps({"tool_profile": "lean"}), "--timeout", "300",
+            "--data-dir", str(tmp_path / "data")], env={"COLUMNS": "80"})
+    assert engine.requests, result.output
+    assert result.exit_code == EXIT_ROLLOUT_FAILED, result.output
+    line = next((x for x in result.output.splitlines() if x.startswith("hello-file: ")), None)
+    assert line == ("hello-file: NonZeroAgentExitCodeError during agent: codex exited with 1: "
+                    "ERROR: Incomplete response returned, reason: max_output_tokens"), result.output
