@@ -10,7 +10,8 @@ Each trial also gets its own PID namespace, whose init is that `sleep` (the "hol
 command runs inside it, so processes that daemonise (terminus-2's tmux server) are still the
 trial's. The holder dies with the process that started it (the `unshare` above it gets SIGKILL when
 the server dies, and passes it on), and the kernel kills a PID namespace with its init: a `kill -9`
-of the server leaves no process of any trial behind. The trial has its own `/proc`, so `ps`,
+of the server leaves no process of any trial behind, and the next trial started removes the
+per-trial folders it left (`trial_dirs.py`). The trial has its own `/proc`, so `ps`,
 `pgrep` and `/proc/<pid>` inside show its own processes with the pids it knows them by.
 
 Two modes:
@@ -55,7 +56,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -65,6 +65,7 @@ from harbor.environments.capabilities import EnvironmentCapabilities
 from tapdeck.runner.process_group import GONE_WITHIN_S, signal_group, wait_group_gone
 from tapdeck.runner.sandboxes.loopback_relay import LoopbackRelay
 from tapdeck.runner.sandboxes.mount_points import STATE_DIR, MountPoints
+from tapdeck.runner.sandboxes.trial_dirs import TrialDir, remove_abandoned
 
 TYPE_NAME = "tapdeck-host"
 
@@ -223,6 +224,7 @@ class HostSandbox(BaseEnvironment):
         # An open fd on the namespace pins it: the kernel reuses a freed namespace's id at once,
         # so without the pin, stopping this trial could kill the next trial's processes.
         self._namespace_fd: int | None = None
+        self._trial_dir: TrialDir | None = None
         self._root: Path | None = None
         self._binds: dict[str, Path] = {}
         self._mount_points: MountPoints | None = None
@@ -305,6 +307,10 @@ class HostSandbox(BaseEnvironment):
     async def _start(self) -> None:
         if (self.environment_dir / "Dockerfile").is_file():
             self.logger.debug("host sandbox ignores %s/Dockerfile", self.environment_dir)
+        abandoned = await asyncio.to_thread(remove_abandoned, self._base_dir)
+        if abandoned:
+            self.logger.info("host sandbox removed %d trial folder(s) a dead process left: %s",
+                             len(abandoned), ", ".join(map(str, abandoned)))
         targets = self._make_trial_dirs()
         if self._rootless:
             await self._start_rootless()
@@ -338,8 +344,8 @@ class HostSandbox(BaseEnvironment):
 
     def _make_trial_dirs(self) -> list[str]:
         """The per-trial host directories, one per bound path; returns the bound paths."""
-        self._root = Path(tempfile.mkdtemp(prefix="tapdeck-host-", dir=self._base_dir))
-        self._root.chmod(0o755)
+        self._trial_dir = TrialDir.make(self._base_dir)
+        self._root = self._trial_dir.path
         targets = [self.workdir, *FIXED_TARGETS]
         for target in targets:
             host_dir = self._root / target.strip("/").replace("/", "__")
@@ -496,12 +502,13 @@ class HostSandbox(BaseEnvironment):
             self._mount_points = None
             if removed:
                 self.logger.debug("host sandbox removed the mount points it made: %s", removed)
-        if self._root is not None:
+        if self._trial_dir is not None:
             if delete:
-                await asyncio.to_thread(shutil.rmtree, self._root, True)
+                await asyncio.to_thread(self._trial_dir.remove)
             else:
+                self._trial_dir.keep()
                 self.logger.info("host sandbox kept its directories at %s", self._root)
-            self._root = None
+            self._trial_dir, self._root = None, None
         self._binds = {}
 
     async def _kill_namespace(self) -> None:

@@ -600,3 +600,73 @@ def test_kill_9_of_the_server_kills_every_process_of_its_trial_tmux_included(
             server.wait()
         if trial is not None:
             trial.close()
+
+
+_HELD_SANDBOX = '''
+import asyncio, logging, sys
+from pathlib import Path
+from harbor.models.task.config import EnvironmentConfig
+from harbor.models.trial.paths import TrialPaths
+from tapdeck.runner.sandboxes.host import HostSandbox
+
+
+async def main(task_dir, base_dir):
+    trial_paths = TrialPaths(Path(task_dir) / "killed-trial")
+    trial_paths.mkdir()
+    env = HostSandbox(environment_dir=Path(task_dir) / "environment", environment_name="t",
+                      session_id="killed__env", trial_paths=trial_paths,
+                      task_env_config=EnvironmentConfig(workdir="/app"),
+                      logger=logging.getLogger("killed"), base_dir=base_dir)
+    await env.start(force_build=False)
+    await env.exec("echo work > /app/made.txt")
+    print(env.host_root, flush=True)
+    await asyncio.sleep(600)
+
+
+asyncio.run(main(*sys.argv[1:]))
+'''
+
+
+async def test_the_trial_folders_a_killed_process_left_are_removed_when_the_next_trial_starts(
+        tmp_path: Path) -> None:
+    (tmp_path / "hostdirs").mkdir()
+    live = _sandbox(tmp_path)  # a trial of this process, alive throughout: never swept
+    await live.start(force_build=False)
+    killed = subprocess.Popen([sys.executable, "-c", _HELD_SANDBOX, str(tmp_path / "task"),
+                               str(tmp_path / "hostdirs")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+    try:
+        line = killed.stdout.readline()
+        assert line.strip(), killed.stderr.read() if killed.poll() is not None else line
+        left = Path(line.strip())
+        assert (left / "app" / "made.txt").read_text() == "work\n"
+        os.kill(killed.pid, signal.SIGKILL)
+        killed.wait(30)
+    finally:
+        if killed.poll() is None:
+            killed.kill()
+            killed.wait()
+    assert left.is_dir()  # nothing of the killed process could remove it
+    following = _sandbox(tmp_path)
+    await following.start(force_build=False)
+    try:
+        assert not left.exists(), "the dead process's trial folder was left on the host"
+        assert live.host_root.is_dir() and following.host_root.is_dir()
+    finally:
+        await following.stop(delete=True)
+        await live.stop(delete=True)
+    assert list((tmp_path / "hostdirs").iterdir()) == []
+
+
+async def test_a_trial_folder_kept_on_purpose_is_never_removed_by_a_later_trial(tmp_path: Path) -> None:
+    (tmp_path / "hostdirs").mkdir()
+    kept = _sandbox(tmp_path)
+    await kept.start(force_build=False)
+    root = kept.host_root
+    await kept.stop(delete=False)
+    following = _sandbox(tmp_path)
+    await following.start(force_build=False)
+    await following.stop(delete=True)
+    assert root.is_dir()
+    shutil.rmtree(root)
