@@ -107,11 +107,16 @@ def validate_rollout(graph: RolloutGraph, tier: str, *, rollout_type: str = "aut
     stats = graph.stats()
     if stats.turns == 0:
         return [Finding.fatal("no_calls", "the harness made no model call through the proxy")]
+    # Auxiliary calls (a title, a router) are conversations of their own: only the agent's calls
+    # all being roots says its conversation never linked.
+    tools = graph.has_tools()
+    agent_calls = [seq for seq in graph.nodes if graph.node_role(seq, tools=tools) == "agent"]
     if stats.turns == 1:
         out.append(Finding.warn("single_call", "only one model call in this rollout"))
-    elif stats.roots == stats.turns:
-        out.append(Finding.warn("every_call_a_root", f"all {stats.turns} calls are roots: the "
-                                "harness re-renders its prompts, nothing links by token prefix"))
+    elif len(agent_calls) > 1 and all(graph.nodes[seq].parent is None for seq in agent_calls):
+        out.append(Finding.warn("every_call_a_root", f"all {len(agent_calls)} agent calls are roots: "
+                                "nothing links by token prefix (the harness re-renders its "
+                                "prompts, or resends a prompt without the reply it got)"))
     elif stats.roots > 1:
         out.append(Finding.warn("several_roots", f"{stats.roots} roots (subagents, title or "
                                 "summary calls, or broken prefixes)"))

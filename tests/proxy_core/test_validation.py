@@ -129,6 +129,16 @@ def test_rollout_shape_warnings():
     assert "several_roots" in codes(validate_rollout(roots, "tokens"), Level.WARN)
 
 
+def test_a_title_call_beside_one_agent_call_is_not_every_call_a_root():
+    # opencode's shape: a title call without tools, then one agent call with them. Two
+    # conversations, each a root; nothing failed to link.
+    g = RolloutGraph()
+    g.add(turn_from_fixture("chat_basic", 0))
+    g.add(turn_from_fixture("chat_tools_call", 1))
+    found = codes(validate_rollout(g, "tokens"), Level.WARN)
+    assert "every_call_a_root" not in found and "several_roots" in found
+
+
 def test_discarded_turns_warn():
     turns = [turn_from_fixture(f"chat_multiturn_{i + 1}", i) for i in range(3)]
     retry = dataclasses.replace(turns[1], seq=3, sampled_ids=np.array([504, 2], np.int32),
