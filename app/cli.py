@@ -33,6 +33,7 @@ COMMAND_MODULES = [
     "train",
     "rollout",
     "runs",
+    "sessions",
     "harness",
 ]
 

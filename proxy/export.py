@@ -193,6 +193,28 @@ def rollout_document(session: dict[str, Any], graph: RolloutGraph, tier: str, *,
     }
 
 
+def turn_detail(graph: RolloutGraph, seq: int) -> dict[str, Any]:
+    """Everything the TUI shows for one turn (`schema.sessions.TurnDetail`): its link, request and
+    reply, sampled ids with their texts, logprobs, alternatives and mask. KeyError for a turn the
+    graph does not hold."""
+    turn = graph.turn(seq)
+    link = graph.link(seq)
+    sampled, prompt = turn.sampled_ids, turn.prompt_ids
+    return {
+        "seq": seq, "parent": link.parent, "link_kind": link.kind,
+        "request": turn.request, "response": turn.response,
+        "prompt_len": None if prompt is None else int(len(prompt)),
+        "sampled_ids": None if sampled is None else sampled.tolist(),
+        "token_texts": turn.token_texts,
+        "logprobs": None if turn.logprobs is None else turn.logprobs.tolist(),
+        "top_logprobs": turn.top_logprobs,
+        "mask": None if sampled is None else [1 if graph.node_mask_on(seq) else 0] * len(sampled),
+        "finish_reason": turn.finish_reason,
+        "findings": [f.model_dump(mode="json") for f in [*turn.findings, *link.findings]],
+        "sampling": turn.sampling, "meta": turn.meta,
+    }
+
+
 def graph_view(session: dict[str, Any], graph: RolloutGraph, tier: str, *, since: int,
                findings: Iterable[Finding]) -> dict[str, Any]:
     """Turn headers from `since` on, every turn's (seq, parent, role), stats and the session's

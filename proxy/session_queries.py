@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from tapdeck.proxy.export import graph_view
+from tapdeck.proxy.export import graph_view, turn_detail
 from tapdeck.proxy.findings import Finding
 from tapdeck.proxy.graph import RolloutGraph
 from tapdeck.proxy.session_registry import SessionRegistry
@@ -68,24 +68,7 @@ class SessionQueries:
             graph = self.registry.graph(session)
             if seq not in graph.nodes:
                 raise SessionError(404, f"session {session_id} has no turn {seq}")
-            turn = graph.turn(seq)
-            link = graph.link(seq)
-            mask_on = graph.node_mask_on(seq)
-        sampled = turn.sampled_ids
-        prompt = turn.prompt_ids
-        return {
-            "seq": seq, "parent": link.parent, "link_kind": link.kind,
-            "request": turn.request, "response": turn.response,
-            "prompt_len": None if prompt is None else int(len(prompt)),
-            "sampled_ids": None if sampled is None else sampled.tolist(),
-            "token_texts": turn.token_texts,
-            "logprobs": None if turn.logprobs is None else turn.logprobs.tolist(),
-            "top_logprobs": turn.top_logprobs,
-            "mask": None if sampled is None else [1 if mask_on else 0] * len(sampled),
-            "finish_reason": turn.finish_reason,
-            "findings": [f.model_dump(mode="json") for f in [*turn.findings, *link.findings]],
-            "sampling": turn.sampling, "meta": turn.meta,
-        }
+            return turn_detail(graph, seq)
 
 
 __all__ = ["SessionQueries"]

@@ -102,6 +102,14 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/runner/test_runs_command.py::test_runs_shows_a_run_another_process_runs_as_running
   → tests/runner/test_runs_command.py::test_runs_says_what_is_wrong_with_a_run_it_cannot_show
   → tests/runner/test_runs_command.py::test_runs_in_a_data_dir_without_runs_says_how_to_start_one
+- `tapdeck sessions` lists the sessions, or shows one session's graph or one turn's tokens, from
+  the store read-only, as the server's admin API answers
+  → tests/app/test_sessions_command.py::test_sessions_lists_each_session_newest_first_with_its_graph_counts_and_reward
+  → tests/app/test_sessions_command.py::test_sessions_json_list_is_what_the_server_answers_for_its_store
+  → tests/app/test_sessions_command.py::test_a_sessions_graph_nests_its_fork_and_shows_the_demoted_and_discarded_calls
+  → tests/app/test_sessions_command.py::test_a_sessions_json_is_its_rollout_document_as_the_server_answers
+  → tests/app/test_sessions_command.py::test_a_turns_tokens_come_one_a_line_with_the_engines_ids_and_logprobs
+  → tests/app/test_sessions_command.py::test_sessions_names_what_is_missing_and_refuses_bad_usage
 - a run another process on the data dir runs shows as running, and is neither resumed nor
   cancelled from here, naming that process
   → tests/runner/test_run_lock.py::test_a_second_server_on_the_data_dir_sees_the_run_running_and_neither_resumes_nor_cancels_it

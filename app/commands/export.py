@@ -110,11 +110,8 @@ def register(app: typer.Typer) -> None:
                                              help="Data directory (default $TAPDECK_DATA_DIR or ~/.tapdeck)."),
     ) -> None:
         """Write a session's or a run's captured rollouts as JSONL or Parquet."""
-        import sqlite3
-
-        from tapdeck.proxy.config import CAPTURE_DB, default_data_dir, usable_data_dir
+        from tapdeck.app.commands.stored_capture import stored_capture
         from tapdeck.proxy.export import RunSessionsMissing, write_jsonl, write_parquet
-        from tapdeck.proxy.store import NotAStoreError, Store
         from tapdeck.runner.batch import is_run_id
 
         try:
@@ -126,19 +123,9 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"tapdeck export: {target!r} is not a session or run id: give a plain id "
                        "(s-… or run-…), not a path", err=True)
             raise typer.Exit(2)
-        try:
-            root = usable_data_dir(data_dir or default_data_dir())
-        except ValueError as exc:
-            typer.echo(f"tapdeck export: --data-dir: {exc}", err=True)
-            raise typer.Exit(2) from None
-        db = root / CAPTURE_DB
-        if not db.exists():
-            typer.echo(f"tapdeck export: no capture store at {db}", err=True)
-            raise typer.Exit(1)
-        run_dir = root / "runs" / target
         failed = 0
-        try:
-            store = Store(db, read_only=True)  # an export never changes the store it reads
+        with stored_capture(data_dir, "export") as (root, store):  # never changes the store
+            run_dir = root / "runs" / target
             try:
                 if run_dir.is_dir():
                     rows, empty, failed = run_rows(store, run_dir, include_failed=include_failed)
@@ -146,20 +133,11 @@ def register(app: typer.Typer) -> None:
                     rows = session_rows(store, target)
                     empty = int(not rows)
                 else:
-                    raise ExportFailed(f"{target!r} is neither a session in {db} nor a run in "
-                                       f"{root / 'runs'}")
-            finally:
-                store.close()
-        except NotAStoreError as exc:  # another program's database: said, and left as it is
-            typer.echo(f"tapdeck export: {exc}", err=True)
-            raise typer.Exit(1) from None
-        except sqlite3.DatabaseError as exc:
-            typer.echo(f"tapdeck export: capture.db at {db} is not a tapdeck store or is corrupt "
-                       f"({exc})", err=True)
-            raise typer.Exit(1) from None
-        except (ExportFailed, RunSessionsMissing) as exc:
-            typer.echo(f"tapdeck export: {exc}", err=True)
-            raise typer.Exit(1) from None
+                    raise ExportFailed(f"{target!r} is neither a session in {store.path} nor a "
+                                       f"run in {root / 'runs'}")
+            except (ExportFailed, RunSessionsMissing) as exc:
+                typer.echo(f"tapdeck export: {exc}", err=True)
+                raise typer.Exit(1) from None
         path = Path(out) if out else root / "exports" / f"{target}.{fmt}"
         (write_jsonl if fmt == "jsonl" else write_parquet)(path, rows)
         notes = [f"{empty} rollout(s) without training rows: eval tier or no calls"] if empty else []

@@ -1,0 +1,53 @@
+"""The data dir's capture store, opened read-only for a command that reads it without a server
+(`tapdeck export`, `tapdeck sessions`): a server may be writing it at the same time."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+if TYPE_CHECKING:
+    from tapdeck.proxy.store import Store
+
+EXIT_FAILED, EXIT_USAGE = 1, 2
+
+
+@contextmanager
+def stored_capture(data_dir: Path | None, command: str) -> Iterator[tuple[Path, Store]]:
+    """The data dir (--data-dir, else the default) and its store, read-only, closed afterwards.
+
+    Ends the command, saying why: exit 2 for a data dir that cannot be one, exit 1 when it holds
+    no store, or another program's database, or a corrupt one (also when a read inside the block
+    finds it corrupt). Nothing is written either way.
+    """
+    import sqlite3
+
+    from tapdeck.proxy.config import CAPTURE_DB, default_data_dir, usable_data_dir
+    from tapdeck.proxy.store import NotAStoreError, Store
+
+    try:
+        root = usable_data_dir(data_dir or default_data_dir())
+    except ValueError as exc:
+        typer.echo(f"tapdeck {command}: --data-dir: {exc}", err=True)
+        raise typer.Exit(EXIT_USAGE) from None
+    db = root / CAPTURE_DB
+    if not db.exists():
+        typer.echo(f"tapdeck {command}: no capture store at {db}", err=True)
+        raise typer.Exit(EXIT_FAILED)
+    try:
+        store = Store(db, read_only=True)
+        try:
+            yield root, store
+        finally:
+            store.close()
+    except NotAStoreError as exc:  # another program's database: said, and left as it is
+        typer.echo(f"tapdeck {command}: {exc}", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+    except sqlite3.DatabaseError as exc:
+        typer.echo(f"tapdeck {command}: capture.db at {db} is not a tapdeck store or is corrupt "
+                   f"({exc})", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
