@@ -318,7 +318,7 @@ class BatchRunner:
                 spec = RolloutSpec(
                     task=task["name"], task_path=Path(task["path"]), trials_dir=run.path / "trials",
                     rollout=run.plan.rollout, engine=engine, trial_name=rid, rollout_id=rid,
-                    run_id=run.id, group=group, index=index)
+                    run_id=run.id, group=group, index=index, data_dir=self.data_dir)
 
                 def on_update(partial: RolloutResult) -> None:
                     run.live[rid] = partial

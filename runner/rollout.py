@@ -77,6 +77,8 @@ class RolloutSpec:
     run_id: str | None = None
     group: int = 0
     index: int = 0
+    data_dir: Path | None = None
+    """The tapdeck data dir the rollout runs for, hidden from a host sandbox's trial."""
 
 
 # Harbor exception type names → our error kinds. Anything not listed is classified by phase.
@@ -232,9 +234,9 @@ async def run_rollout(service: Any, spec: RolloutSpec, *,
             progress.publish()
             if info is not None and spec.rollout.public_url:
                 info = info.model_copy(update={"base_urls": base_urls_for(spec.rollout.public_url)})
-            if info is not None and spec.rollout.sandbox == "host":
-                environment = environment_config(
-                    spec.rollout.sandbox, host_sandbox_kwargs(spec, info.base_urls["openai"]))
+            if spec.rollout.sandbox == "host":
+                environment = environment_config(spec.rollout.sandbox, host_sandbox_kwargs(
+                    spec, info.base_urls["openai"] if info is not None else None))
             config = _trial_config(spec, rid, info, environment, result.settings)
             trial_dir = Path(config.trials_dir) / config.trial_name
             result.trial_dir = str(trial_dir)
@@ -369,13 +371,16 @@ def environment_config(sandbox: str, kwargs: dict[str, Any] | None = None) -> An
         raise RolloutSetupError("bad_plan", str(exc)) from None
 
 
-def host_sandbox_kwargs(spec: RolloutSpec, proxy_url: str) -> dict[str, Any]:
+def host_sandbox_kwargs(spec: RolloutSpec, proxy_url: str | None) -> dict[str, Any]:
     """Host sandbox kwargs: the proxy's loopback port carried into a trial cut off from the
-    network, and agent CLIs cut off by default (they need nothing but the proxy)."""
+    network, agent CLIs cut off by default (they need nothing but the proxy), and the data dir
+    (the store, the admin key, every rollout's trial folder) out of the trial's view."""
     from tapdeck.runner.harnesses import Placement, get_harness
 
     kwargs = dict(spec.rollout.sandbox_kwargs or {})
-    parsed = urlsplit(proxy_url)
+    if spec.data_dir is not None:
+        kwargs["hidden_paths"] = [*kwargs.get("hidden_paths", ()), str(spec.data_dir)]
+    parsed = urlsplit(proxy_url or "")
     if parsed.port and parsed.hostname and is_loopback(parsed.hostname):
         kwargs.setdefault("loopback_ports", [parsed.port])
         if get_harness(spec.rollout.harness).placement is Placement.HOST_INSTALL:

@@ -566,10 +566,12 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/proxy/test_fuzz_routes.py
 - engine faults are 502s with a non-empty, credential-free message
   → tests/proxy/test_engine_faults.py
-- a trial never sees the server's keys; the data dir and database are private; admin keys from a
+- a trial never sees the server's keys nor the data dir; the data dir and database are private; admin keys from a
   file or the environment, weak ones refused on a public bind
   → tests/runner_env/test_host_sandbox.py::test_server_secrets_never_reach_the_trial_environment
   → tests/runner_env/test_host_sandbox.py::test_a_trial_printing_its_environment_sees_no_server_key
+  → tests/runner_env/test_host_sandbox.py::test_a_hidden_host_directory_shows_empty_and_read_only_in_the_trial
+  → tests/runner/test_rollouts.py::test_a_host_sandbox_rollout_cannot_see_or_change_the_data_dir
   → tests/proxy/test_config_and_keys.py::test_data_dir_and_capture_db_are_owner_only_even_when_they_existed
   → tests/proxy/test_config_and_keys.py::test_admin_key_file_is_read_and_refused_when_empty
   → tests/proxy/test_host.py::test_serve_cli_reads_the_admin_key_from_a_file_and_refuses_weak_ones_on_public_binds

@@ -29,7 +29,9 @@ What this is and is not:
 - Each trial also gets a private `/tmp` (with its own `TMUX_TMPDIR`: terminus-2 always names its
   tmux session `terminus-2`) and, for root, a private HOME inside it. A task that asks for no
   network gets a private network namespace with loopback only (host-side harnesses such as
-  terminus-2 run in the Harbor process and still reach a loopback proxy).
+  terminus-2 run in the Harbor process and still reach a loopback proxy). Host directories given
+  as `hidden_paths` (the runner gives its data dir: store, admin key, other rollouts' trial
+  folders) show as empty read-only folders.
 - It ignores the task's Dockerfile: the host is the image, so every tool a task's Dockerfile would
   install must already be on the host; installed agents would install into the host.
 - It is NOT a security boundary: processes run as real host users, see the real host filesystem
@@ -191,7 +193,9 @@ class HostSandbox(BaseEnvironment):
     `state_dir` (the lock shared by every trial that uses the same host mount points, and the
     staging point; not under /tmp, which the trial covers), `loopback_ports` (host loopback
     ports still reachable at the same address from a trial cut off from the network, such as the
-    capture proxy's: `loopback_relay`).
+    capture proxy's: `loopback_relay`), `hidden_paths` (host directories the trial must not see,
+    each covered by an empty read-only directory in its view: the runner hides the tapdeck data
+    dir, whose store, admin key and other rollouts' trial folders are no business of a trial).
     """
 
     def __init__(
@@ -204,6 +208,7 @@ class HostSandbox(BaseEnvironment):
         rootless: bool | None = None,
         state_dir: str | Path = STATE_DIR,
         loopback_ports: list[int] | None = None,
+        hidden_paths: list[str] | None = None,
         **kwargs,
     ):
         if network not in ("auto", "host", "none"):
@@ -230,6 +235,7 @@ class HostSandbox(BaseEnvironment):
         self._mount_points: MountPoints | None = None
         self._tmux_tmpdir = f"/tmp/tapdeck-tmux-{secrets.token_hex(6)}"
         self._loopback_ports = [int(p) for p in loopback_ports or ()]
+        self._hidden_paths = [os.path.realpath(p) for p in hidden_paths or ()]
         self._relays: list[LoopbackRelay] = []
         self._inner_relays: list[asyncio.subprocess.Process] = []
         super().__init__(*args, **kwargs)
@@ -383,6 +389,7 @@ class HostSandbox(BaseEnvironment):
         # This script runs in the trial's PID namespace: a proc mounted here shows only its pids
         # (where the kernel refuses, the trial keeps the host's, as rootless does).
         script.append("mount -t proc proc /proc 2>/dev/null || true")
+        script += self._hide_script("")
         if self.no_network:
             # sysfs shows the network namespace it was mounted in: remount it for this one.
             script += ["ip link set lo up", "mount -t sysfs sysfs /sys"]
@@ -450,10 +457,26 @@ class HostSandbox(BaseEnvironment):
                     "directory (making it there would need root); use a top-level workdir")
             point = shlex.quote(f"{root}{target}")
             lines.append(f"mkdir -p {point} && mount --bind {shlex.quote(str(host_dir))} {point}")
+        lines += self._hide_script(root)
         if self.no_network:
             lines += ["ip link set lo up", f"mount -t sysfs sysfs {shlex.quote(root)}/sys"]
         lines.append(f"exec chroot {shlex.quote(root)} sleep infinity")
         return "\n".join(lines)
+
+    def _hide_script(self, root: str) -> list[str]:
+        """Bash covering each hidden path that the trial would see (under `root`) with an empty
+        read-only tmpfs. A path holding a bound one (say `/`) is left: covering it would hide
+        the trial's own directories."""
+        lines = []
+        for path in self._hidden_paths:
+            if any(t == path or t.startswith(path.rstrip("/") + "/") for t in self._binds):
+                self.logger.warning("host sandbox cannot hide %s: it holds the trial's own %s",
+                                    path, ", ".join(sorted(self._binds)))
+                continue
+            point = shlex.quote(f"{root}{path}")
+            lines.append(f"if [ -d {point} ]; then "
+                         f"mount -t tmpfs -o ro,mode=0555,size=4k tapdeck-hidden {point}; fi")
+        return lines
 
     async def _wait_for_namespace(self, holder: asyncio.subprocess.Process) -> tuple[int, str]:
         """Wait until unshare's child (the trial's init) has left our mount namespace and exec'd

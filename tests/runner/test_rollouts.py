@@ -5,12 +5,14 @@ Every failure comes back as a classified result (`ok: false`, `error_kind`), nev
 
 from __future__ import annotations
 
+import shutil
 import socket
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from tests.runner.conftest import RunnerServer, make_task
+from tests.runner.conftest import RunnerServer, make_task, runner_server_on
 
 pytestmark = pytest.mark.slow
 
@@ -94,3 +96,26 @@ def test_outer_timeout_covers_the_whole_rollout(runner_server: RunnerServer) -> 
     r = _only(runner_server.run(tasks=["hello-file"], timeout_s=2))
     assert not r["ok"] and r["error_kind"] == "timeout"
     assert r["reward"] is None
+
+
+def test_a_host_sandbox_rollout_cannot_see_or_change_the_data_dir(embedded_engine,
+                                                                   tmp_path: Path) -> None:
+    # Outside /tmp, which every host sandbox trial already has its own of (as ~/.tapdeck is).
+    data_dir = Path(tempfile.mkdtemp(prefix="tapdeck-data-", dir="/var/tmp"))
+    look = (f"ls -A {data_dir}; cat {data_dir}/capture.db {data_dir}/runs/*/plan.json; "
+            f"touch {data_dir}/planted; echo end")
+    task = make_task(tmp_path, "peek-data-dir",
+                     f"{{ {look}; }} > /logs/verifier/seen.txt 2>/dev/null\n"
+                     "echo 1 > /logs/verifier/reward.txt\n")
+    (task / "solution" / "solve.sh").write_text(
+        f"#!/bin/bash\n{{ {look}; }} > /logs/agent/seen.txt 2>/dev/null\n")
+    try:
+        with runner_server_on(embedded_engine, data_dir) as server:
+            r = _only(server.run(dataset=str(tmp_path), harness="oracle", timeout_s=120))
+        assert r["ok"], r
+        trial = data_dir / "runs" / r["run_id"] / "trials" / r["rollout_id"]
+        assert (trial / "agent" / "seen.txt").read_text().split() == ["end"]
+        assert (trial / "verifier" / "seen.txt").read_text().split() == ["end"]
+        assert not (data_dir / "planted").exists()
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)

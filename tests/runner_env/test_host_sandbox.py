@@ -670,3 +670,25 @@ async def test_a_trial_folder_kept_on_purpose_is_never_removed_by_a_later_trial(
     await following.stop(delete=True)
     assert root.is_dir()
     shutil.rmtree(root)
+
+
+@pytest.mark.parametrize("rootless", MODES)
+async def test_a_hidden_host_directory_shows_empty_and_read_only_in_the_trial(rootless: bool,
+                                                                              tmp_path: Path) -> None:
+    # Outside /tmp, which every trial already has its own of (as ~/.tapdeck is).
+    hidden = Path(tempfile.mkdtemp(prefix="tapdeck-hidden-", dir="/var/tmp"))
+    try:
+        (hidden / "admin.key").write_text("tdk-admin-secret\n")
+        (tmp_path / "hostdirs").mkdir()
+        env = _sandbox(tmp_path, rootless=rootless, hidden_paths=[str(hidden)],
+                       task_env={"workdir": "/app"})
+        await env.start(force_build=False)
+        try:
+            seen = await env.exec(f"ls -A {hidden}; cat {hidden}/admin.key; touch {hidden}/planted; "
+                                  "echo end")
+        finally:
+            await env.stop(delete=True)
+        assert seen.stdout.split() == ["end"], seen
+        assert sorted(os.listdir(hidden)) == ["admin.key"]  # nothing written through
+    finally:
+        shutil.rmtree(hidden)
