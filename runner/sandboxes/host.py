@@ -67,6 +67,7 @@ from harbor.environments.capabilities import EnvironmentCapabilities
 from tapdeck.runner.process_group import GONE_WITHIN_S, signal_group, wait_group_gone
 from tapdeck.runner.sandboxes.loopback_relay import LoopbackRelay
 from tapdeck.runner.sandboxes.mount_points import STATE_DIR, MountPoints
+from tapdeck.runner.sandboxes.output_tail import OUTPUT_LIMIT_BYTES, OutputTail
 from tapdeck.runner.sandboxes.trial_dirs import TrialDir, remove_abandoned
 
 TYPE_NAME = "tapdeck-host"
@@ -195,7 +196,9 @@ class HostSandbox(BaseEnvironment):
     ports still reachable at the same address from a trial cut off from the network, such as the
     capture proxy's: `loopback_relay`), `hidden_paths` (host directories the trial must not see,
     each covered by an empty read-only directory in its view: the runner hides the tapdeck data
-    dir, whose store, admin key and other rollouts' trial folders are no business of a trial).
+    dir, whose store, admin key and other rollouts' trial folders are no business of a trial),
+    `output_limit_bytes` (how much of each stream of a command `exec` returns: its last bytes,
+    `output_tail`; the output callback still gets all of it).
     """
 
     def __init__(
@@ -209,6 +212,7 @@ class HostSandbox(BaseEnvironment):
         state_dir: str | Path = STATE_DIR,
         loopback_ports: list[int] | None = None,
         hidden_paths: list[str] | None = None,
+        output_limit_bytes: int = OUTPUT_LIMIT_BYTES,
         **kwargs,
     ):
         if network not in ("auto", "host", "none"):
@@ -236,6 +240,9 @@ class HostSandbox(BaseEnvironment):
         self._tmux_tmpdir = f"/tmp/tapdeck-tmux-{secrets.token_hex(6)}"
         self._loopback_ports = [int(p) for p in loopback_ports or ()]
         self._hidden_paths = [os.path.realpath(p) for p in hidden_paths or ()]
+        if output_limit_bytes < 1:
+            raise ValueError(f"output_limit_bytes must be at least 1, not {output_limit_bytes}")
+        self._output_limit = output_limit_bytes
         self._relays: list[LoopbackRelay] = []
         self._inner_relays: list[asyncio.subprocess.Process] = []
         super().__init__(*args, **kwargs)
@@ -604,7 +611,8 @@ class HostSandbox(BaseEnvironment):
         """Run `command` with bash inside the trial's namespace, as `user` (default: root).
 
         On timeout the whole process group is killed and RuntimeError raised (as Harbor's docker
-        environment does); the environment is clean apart from the merged Harbor env.
+        environment does); the environment is clean apart from the merged Harbor env. Of each
+        stream, at most the last `output_limit_bytes` are returned.
         """
         user = self._resolve_user(user)
         name, home = self._host_user(user)
@@ -638,8 +646,7 @@ class HostSandbox(BaseEnvironment):
             ) from None
         return entry.pw_name, entry.pw_dir
 
-    @staticmethod
-    async def _run(argv, env, timeout_sec, on_output) -> ExecResult:
+    async def _run(self, argv, env, timeout_sec, on_output) -> ExecResult:
         process = await asyncio.create_subprocess_exec(
             *argv,
             env=env,
@@ -649,20 +656,16 @@ class HostSandbox(BaseEnvironment):
             start_new_session=True,
         )
 
-        async def pump(stream: asyncio.StreamReader, name: str, sink: list[str]) -> None:
+        async def pump(stream: asyncio.StreamReader, name: str, sink: OutputTail) -> None:
             decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
             while chunk := await stream.read(65536):
-                text = decoder.decode(chunk)
-                if text:
-                    sink.append(text)
-                    if on_output is not None:
-                        await on_output(text, name)
-            tail = decoder.decode(b"", final=True)
-            if tail:
-                sink.append(tail)
+                sink.add(chunk)
+                if on_output is not None and (text := decoder.decode(chunk)):
+                    await on_output(text, name)
+            if on_output is not None and (text := decoder.decode(b"", final=True)):
+                await on_output(text, name)
 
-        out: list[str] = []
-        err: list[str] = []
+        out, err = OutputTail(self._output_limit), OutputTail(self._output_limit)
         pumps = asyncio.ensure_future(asyncio.gather(pump(process.stdout, "stdout", out),
                                                      pump(process.stderr, "stderr", err)))
         loop = asyncio.get_running_loop()
@@ -690,7 +693,11 @@ class HostSandbox(BaseEnvironment):
             with contextlib.suppress(BaseException):
                 await pumps
         return_code = await process.wait()
-        return ExecResult(stdout="".join(out) or None, stderr="".join(err) or None, return_code=return_code)
+        for name, tail in (("stdout", out), ("stderr", err)):
+            if tail.dropped:
+                self.logger.warning("host sandbox kept the last %d bytes of a command's %s and cut "
+                                    "%d before them", tail.limit, name, tail.dropped)
+        return ExecResult(stdout=out.text(), stderr=err.text(), return_code=return_code)
 
     # ---------------------------------------------------------------- files
 

@@ -692,3 +692,26 @@ async def test_a_hidden_host_directory_shows_empty_and_read_only_in_the_trial(ro
         assert sorted(os.listdir(hidden)) == ["admin.key"]  # nothing written through
     finally:
         shutil.rmtree(hidden)
+
+
+async def test_a_command_printing_without_end_returns_only_its_last_output(tmp_path: Path) -> None:
+    (tmp_path / "hostdirs").mkdir()
+    env = _sandbox(tmp_path, output_limit_bytes=1 << 20)
+    streamed = {"stdout": 0, "stderr": 0}
+
+    async def count(text: str, stream: str) -> None:
+        streamed[stream] += len(text)
+
+    await env.start(force_build=False)
+    try:
+        with env.scoped_output_callback(count):
+            result = await env.exec("head -c 20000000 /dev/zero | tr '\\0' x; echo; echo last-line; "
+                                    "head -c 3000000 /dev/zero | tr '\\0' y >&2; echo err-end >&2")
+    finally:
+        await env.stop(delete=True)
+    assert result.return_code == 0
+    assert result.stdout.endswith("x\nlast-line\n") and result.stderr.endswith("yyerr-end\n")
+    note, _, kept = result.stdout.partition("\n")
+    assert "bytes of this output were cut" in note and len(kept) == 1 << 20
+    assert len(result.stderr.partition("\n")[2]) == 1 << 20
+    assert streamed == {"stdout": 20_000_011, "stderr": 3_000_008}  # the callback got everything
