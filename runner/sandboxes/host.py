@@ -139,6 +139,25 @@ def check(rootless: bool | None = None) -> tuple[bool, str]:
     return True, f"available ({mode}): {LIMITATIONS}"
 
 
+def compose_services(environment_dir: Path) -> list[str]:
+    """The service names of the task's `docker-compose.yaml` (none without one).
+
+    Raises ValueError, naming the file, when it is not a compose file that can be read.
+    """
+    import yaml
+
+    compose = environment_dir / "docker-compose.yaml"
+    if not compose.is_file():
+        return []
+    try:
+        services = (yaml.safe_load(compose.read_text(errors="replace")) or {}).get("services") or {}
+    except (yaml.YAMLError, AttributeError) as exc:
+        raise ValueError(f"{compose} is not a docker compose file that can be read: {exc}") from None
+    if not isinstance(services, dict):
+        raise ValueError(f"{compose}: `services` is not a mapping of service names")
+    return [str(name) for name in services]
+
+
 def dockerfile_workdir(environment_dir: Path) -> str | None:
     """The last absolute `WORKDIR` of the task's Dockerfile (the only thing read from it)."""
     dockerfile = environment_dir / "Dockerfile"
@@ -263,7 +282,15 @@ class HostSandbox(BaseEnvironment):
         return EnvironmentCapabilities(disable_internet=True)
 
     def _validate_definition(self) -> None:
-        """Nothing to validate: the Dockerfile is ignored (the host is the image)."""
+        """Refuse a task whose docker-compose.yaml starts services besides `main` (a database, a
+        second machine): the trial runs as host processes and nothing would start them. The
+        Dockerfile, and a compose file with `main` alone, are ignored (the host is the image)."""
+        others = [name for name in compose_services(self.environment_dir) if name != "main"]
+        if others:
+            raise ValueError(
+                f"host sandbox cannot start compose service(s) {', '.join(others)}: use a "
+                f"container sandbox (--sandbox docker) for this task; the host sandbox runs one "
+                f"environment as host processes ({self.environment_dir}/docker-compose.yaml)")
 
     @classmethod
     def preflight(cls) -> None:

@@ -119,3 +119,14 @@ def test_a_host_sandbox_rollout_cannot_see_or_change_the_data_dir(embedded_engin
         assert not (data_dir / "planted").exists()
     finally:
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def test_a_task_needing_compose_services_is_bad_task_naming_them(runner_server: RunnerServer,
+                                                                 tmp_path: Path) -> None:
+    task = make_task(tmp_path, "needs-a-database", "echo 1 > /logs/verifier/reward.txt\n")
+    (task / "environment" / "docker-compose.yaml").write_text(
+        "services:\n  main:\n    build: .\n  db:\n    image: postgres:16\n")
+    r = _only(runner_server.run(dataset=str(tmp_path), harness="oracle", timeout_s=120))
+    assert not r["ok"] and r["error_kind"] == "bad_task" and r["reward"] is None
+    assert "cannot start compose service(s) db: use a container sandbox" in r["error"]
+    assert "Traceback" not in r["error"]

@@ -715,3 +715,18 @@ async def test_a_command_printing_without_end_returns_only_its_last_output(tmp_p
     assert "bytes of this output were cut" in note and len(kept) == 1 << 20
     assert len(result.stderr.partition("\n")[2]) == 1 << 20
     assert streamed == {"stdout": 20_000_011, "stderr": 3_000_008}  # the callback got everything
+
+
+def test_a_task_whose_compose_file_starts_other_services_is_refused_naming_them(tmp_path: Path) -> None:
+    compose = tmp_path / "task" / "environment" / "docker-compose.yaml"
+    compose.parent.mkdir(parents=True)
+    compose.write_text("services:\n  main:\n    build: .\n")
+    assert _sandbox(tmp_path).workdir == "/work/proj"  # `main` alone: ignored like the Dockerfile
+    compose.write_text("services:\n  main:\n    build: .\n  db:\n    image: postgres:16\n"
+                       "  cache:\n    image: redis:7\n")
+    with pytest.raises(ValueError, match=r"cannot start compose service\(s\) db, cache: use a "
+                                         r"container sandbox \(--sandbox docker\)"):
+        _sandbox(tmp_path)
+    compose.write_text("services: [main\n")
+    with pytest.raises(ValueError, match="docker-compose.yaml is not a docker compose file"):
+        _sandbox(tmp_path)
