@@ -397,6 +397,7 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/runner_env/test_host_sandbox.py::test_the_trial_folders_a_killed_process_left_are_removed_when_the_next_trial_starts
   → tests/runner_env/test_host_sandbox.py::test_a_command_printing_without_end_returns_only_its_last_output
   → tests/runner/test_rollouts.py::test_a_task_needing_compose_services_is_bad_task_naming_them
+  → tests/runner_env/test_host_sandbox.py::test_trials_cut_off_from_the_network_each_serve_the_same_port_on_their_own_loopback
   → tests/runner_env/test_mount_points.py::test_the_last_user_removes_the_directories_it_made_and_nothing_else
 - engines: address forms, `/v1/models` then `/models`, one line naming every URL tried
   → tests/proxy/test_engine_address.py::test_an_address_without_a_path_is_asked_at_v1_then_at_the_root

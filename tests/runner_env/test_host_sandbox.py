@@ -730,3 +730,28 @@ def test_a_task_whose_compose_file_starts_other_services_is_refused_naming_them(
     compose.write_text("services: [main\n")
     with pytest.raises(ValueError, match="docker-compose.yaml is not a docker compose file"):
         _sandbox(tmp_path)
+
+
+async def test_trials_cut_off_from_the_network_each_serve_the_same_port_on_their_own_loopback(
+        tmp_path: Path) -> None:
+    # On the host's network two trials serving one fixed port collide (the second's verifier then
+    # grades the first's server); `network="none"` gives each trial a loopback of its own.
+    (tmp_path / "hostdirs").mkdir()
+    trials = [_sandbox(tmp_path, network="none", task_env={"workdir": "/app"}) for _ in range(2)]
+    fetch = ("python3 -c 'import time, urllib.request\n"
+             "for _ in range(600):\n"
+             "    try:\n"
+             "        print(urllib.request.urlopen(\"http://127.0.0.1:18765/id.txt\").read().decode()); break\n"
+             "    except OSError:\n"
+             "        time.sleep(0.1)'")
+    try:
+        for i, trial in enumerate(trials):
+            await trial.start(force_build=False)
+            started = await trial.exec(f"echo trial{i} > id.txt; "
+                                       "(nohup python3 -m http.server 18765 >/dev/null 2>&1 &)")
+            assert started.return_code == 0, started
+        served = [(await trial.exec(fetch, timeout_sec=120)).stdout.strip() for trial in trials]
+    finally:
+        for trial in trials:
+            await trial.stop(delete=True)
+    assert served == ["trial0", "trial1"]
