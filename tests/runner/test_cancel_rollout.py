@@ -3,6 +3,9 @@ rollout ends `cancelled` with its capture kept, the rest of the run goes on."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import secrets
 import time
 from pathlib import Path
 
@@ -10,7 +13,7 @@ import pytest
 
 from tapdeck.schema.runs import RolloutResult
 from tests.conftest import hanging_engine
-from tests.runner.conftest import RunnerServer, runner_server_on
+from tests.runner.conftest import RunnerServer, make_task, runner_server_on
 
 pytestmark = pytest.mark.slow
 WAIT_S = 180.0  # a bound for a trial to reach its agent on 2 shared cores, not a speed check
@@ -64,3 +67,43 @@ def test_cancelling_one_rollout_keeps_its_capture_and_the_run_goes_on(tmp_path: 
         assert missing.status_code == 404
         again = server.http.post(f"/admin/runs/{run['id']}/rollouts/{rid[0]}/cancel")
         assert again.status_code == 409 and "not running" in again.json()["detail"]
+
+
+def _marked(marker: str) -> list[int]:
+    """Pids of the processes whose command line holds `marker`."""
+    pids = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if marker.encode() in Path(entry.path, "cmdline").read_bytes().split(b"\0"):
+                    pids.append(int(entry.name))
+    return pids
+
+
+def test_a_cancelled_rollouts_background_processes_are_killed(runner_server: RunnerServer,
+                                                                tmp_path: Path) -> None:
+    marker = f"tapdeck-bg-{secrets.token_hex(6)}"
+    task = make_task(tmp_path / "dataset", "background", "echo 1 > /logs/verifier/reward.txt\n",
+                     agent_timeout_s=600)
+    server_py = ("import http.server; http.server.HTTPServer(('127.0.0.1', 0), "
+                 "http.server.SimpleHTTPRequestHandler).serve_forever()")
+    # A plain background job, one in a session of its own, a daemonised server, then the agent waits.
+    (task / "solution" / "solve.sh").write_text(
+        f"#!/bin/bash\n(exec -a {marker} sleep 1000) &\n(setsid bash -c 'exec -a {marker} sleep 1000' &)\n"
+        f"(nohup python3 -c \"{server_py}\" {marker} >/dev/null 2>&1 &)\n"
+        f"exec -a {marker} sleep 1000\n")
+    hostdirs = tmp_path / "hostdirs"
+    hostdirs.mkdir()
+    run = runner_server.start(dataset=str(tmp_path / "dataset"), harness="oracle", timeout_s=600,
+                              sandbox_kwargs={"base_dir": str(hostdirs)})
+    rid = f"{run['id']}.g000r00"
+    deadline = time.monotonic() + WAIT_S
+    while len(_marked(marker)) < 4:
+        assert time.monotonic() < deadline, f"the agent's processes never all started: {_marked(marker)}"
+        time.sleep(0.2)
+    cancelled = runner_server.http.post(f"/admin/runs/{run['id']}/rollouts/{rid}/cancel")
+    assert cancelled.status_code == 200, cancelled.text
+    doc = runner_server.wait(run["id"], WAIT_S)
+    assert [r["error_kind"] for r in doc["rollouts"]] == ["cancelled"]
+    assert _marked(marker) == []
+    assert list(hostdirs.iterdir()) == []
