@@ -43,6 +43,7 @@ from tapdeck.proxy.store_writes import StoreUnavailable, StoreWrites
 from tapdeck.proxy.tiers import EngineSpec, ProbeResult, Tier, probe
 from tapdeck.proxy.token_in import TokenIn
 from tapdeck.proxy.tokens import PromptIdsMemo
+from tapdeck.proxy.validation import is_train
 from tapdeck.schema.events import SessionClosed, SessionOpened, SessionUpdated
 from tapdeck.schema.sessions import RolloutStats
 
@@ -319,9 +320,12 @@ class SessionRegistry:
         now = time.time()
         # Turns counted on capture (the stats are those of the last linked turn).
         stats = {**self._stats(session).model_dump(), "turns": session.turns}
+        rollout_type = session.record.get("rollout_type", "eval")
+        if not is_train(session.tier, rollout_type):  # as the graph and the exports count them
+            stats["trainable_tokens"] = 0
         return SessionSummary(
             **stats, id=session.id, state=session.state,
-            tier=session.tier, rollout_type=session.record.get("rollout_type", "eval"),
+            tier=session.tier, rollout_type=rollout_type,
             created_at=session.record.get("created_at", 0.0), last_call_at=session.last_call_at,
             seconds_since_last_call=None if session.last_call_at is None else now - session.last_call_at,
             metadata=session.record.get("metadata") or {}, fatal=session.fatal, warn=session.warn,

@@ -17,13 +17,15 @@ from tests.proxy_core.proxy_core_fixtures import load_fixture, turn_from_fixture
 RUN = "run-20261201-100000-aaaa"
 FORKED = "s-00000000000000f1"
 OTHER = "s-00000000000000e2"
+EVAL = "s-00000000000000d3"
 
 
-def _session(store: Any, sid: str, created: float, fixtures: list[str], **metadata: Any) -> None:
-    """A closed train session holding recorded vLLM turns, linked as a server links them."""
+def _session(store: Any, sid: str, created: float, fixtures: list[str], *,
+             rollout_type: str = "train", **metadata: Any) -> None:
+    """A closed session holding recorded vLLM turns, linked as a server links them."""
     from tapdeck.proxy.graph import RolloutGraph
 
-    store.create_session({"id": sid, "state": "closed", "tier": "tokens", "rollout_type": "train",
+    store.create_session({"id": sid, "state": "closed", "tier": "tokens", "rollout_type": rollout_type,
                           "engine": {"url": "http://gpu:8000/v1", "model": "qwen"},
                           "metadata": metadata, "created_at": created})
     graph = RolloutGraph()
@@ -34,9 +36,9 @@ def _session(store: Any, sid: str, created: float, fixtures: list[str], **metada
 
 @pytest.fixture
 def data(tmp_path: Path) -> Path:
-    """Two sessions: one of RUN whose first turn was answered twice (a fork: the retry that was
+    """Three sessions: one of RUN whose first turn was answered twice (a fork: the retry that was
     never continued is discarded) and whose last call the harness's trajectory never recorded
-    (demoted to auxiliary); one of no run, a plain chain, newer."""
+    (demoted to auxiliary); one of no run, a plain chain, newer; the newest an eval rollout."""
     from tapdeck.proxy.store import Store
 
     data = tmp_path / "data"
@@ -47,6 +49,7 @@ def data(tmp_path: Path) -> Path:
              run_id=RUN, task="hello-file", harness="codex", reward=0.5,
              auxiliary_seqs=[2], auxiliary_reason="not in the harness's ATIF trajectory")
     _session(store, OTHER, 2.0, ["chat_multiturn_1", "chat_multiturn_2"], task="sum-numbers")
+    _session(store, EVAL, 3.0, ["chat_multiturn_1"], rollout_type="eval", task="sum-numbers")
     store.close()
     return data
 
@@ -72,6 +75,7 @@ def test_sessions_lists_each_session_newest_first_with_its_graph_counts_and_rewa
     assert result.exit_code == 0, result.output
     assert [line.split() for line in result.output.splitlines()] == [
         ["session", "state", "task", "turn", "root", "fork", "!", "tokens", "reward"],
+        [EVAL, "finished", "sum-numbers", "1", "1", "0", "-", "0", "–"],  # never trained on
         [OTHER, "finished", "sum-numbers", "2", "1", "0", "-", str(sum(_sampled(1, 2))), "–"],
         # the demoted and the discarded calls are not trained on
         [FORKED, "finished", "hello-file", "4", "1", "1", "-", str(sum(_sampled(1, 2))), "0.50"]]
@@ -99,6 +103,7 @@ def test_sessions_lists_only_the_runs_sessions_with_run(data: Path) -> None:
     result = _sessions(data, "--run", RUN)
     assert result.exit_code == 0, result.output
     assert [line.split()[0] for line in result.output.splitlines()[1:]] == [FORKED]
+    assert _sessions(data, "--run", RUN, "--json").exit_code == 0
     result = _sessions(data, "--run", "run-20261202-000000-none")
     assert result.exit_code == 0 and "no capture sessions of run run-20261202-000000-none" in result.output
 
