@@ -83,12 +83,14 @@ class SessionRegistry:
                 self.store.update_session(record["id"], state=state)
             record = {**record, "state": state}
             engine = record.get("engine") or {}
+            counts = record.get("finding_counts") or {}
             self.sessions[record["id"]] = LiveSession(
                 id=record["id"], record=record, tier=Tier(record.get("tier", Tier.TEXT)),
                 engine=None, client=None, served_model=engine.get("model"), state=state,
                 turns=int(record.get("stored_turns") or 0),
                 findings=[Finding.model_validate(f) for f in record.get("findings") or []],
-                stats=stored_stats(record.get("stats")))
+                stats=stored_stats(record.get("stats")),
+                fatal=int(counts.get("fatal") or 0), warn=int(counts.get("warn") or 0))
 
     async def aclose(self) -> None:
         """Close the pooled engine connections; let the store writes already submitted finish."""
@@ -182,9 +184,10 @@ class SessionRegistry:
                     del self.by_key[key]
             self.release_if_idle(session)
             stats = session.stats
-            try:
+            try:  # stats and finding counts kept so that a restart lists it without its graph
                 await self.writes.run(self.store.update_session, session_id, state="closed",
-                                      stats=None if stats is None else stats.model_dump())
+                                      stats=None if stats is None else stats.model_dump(),
+                                      finding_counts={"fatal": session.fatal, "warn": session.warn})
             except StoreUnavailable as exc:
                 log.warning("session %s: closed, but the store could not record it (%s)",
                             session_id, exc.reason)

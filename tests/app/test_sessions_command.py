@@ -95,7 +95,7 @@ def test_sessions_json_list_is_what_the_server_answers_for_its_store(data: Path)
     finally:
         store.close()
     keys = ("id", "state", "tier", "turns", "roots", "forks", "discarded", "trainable_tokens",
-            "fragmentation", "metadata")
+            "fragmentation", "metadata", "fatal", "warn")
     assert [{k: s[k] for k in keys} for s in listed] == [{k: s[k] for k in keys} for s in served]
 
 

@@ -190,3 +190,38 @@ def test_serve_freezes_what_start_up_built_and_collects_young_objects_less_often
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+def test_a_restarted_server_counts_each_sessions_fatal_and_warn_findings_as_before(
+        upstream, tmp_path: Path):
+    """The Sessions board marks a session by its findings (and calls one with a FATAL failed):
+    a restart must not wipe those counts from the sessions it lists."""
+    cfg = ServerConfig(port=0, data_dir=tmp_path, engine_url=upstream.base_url)
+
+    def counts(server: LocalServer) -> dict[str, tuple[int, int]]:
+        admin = {"Authorization": f"Bearer {server.admin_key}"}
+        listed = httpx.get(f"{server.url}/admin/sessions", headers=admin).json()["sessions"]
+        return {s["id"]: (s["fatal"], s["warn"]) for s in listed}
+
+    first = LocalServer(cfg).start()
+    try:
+        admin = {"Authorization": f"Bearer {first.admin_key}"}
+        ids = []
+        for close in (True, False):
+            info = httpx.post(f"{first.url}/admin/sessions", json={}, headers=admin).json()
+            r = httpx.post(f"{first.url}/v1/chat/completions", json=CHAT,  # cut at 4 tokens: WARN
+                           headers={"Authorization": f"Bearer {info['api_key']}"})
+            assert r.status_code == 200, r.text
+            if close:
+                httpx.delete(f"{first.url}/admin/sessions/{info['id']}", headers=admin)
+            ids.append(info["id"])
+        before = counts(first)
+    finally:
+        first.stop()
+    assert all(warn >= 1 for _fatal, warn in before.values()), before
+
+    second = LocalServer(cfg).start()
+    try:
+        assert counts(second) == before
+    finally:
+        second.stop()
