@@ -396,6 +396,7 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/runner_env/test_host_sandbox.py::test_kill_9_of_the_server_kills_every_process_of_its_trial_tmux_included
   → tests/runner_env/test_host_sandbox.py::test_the_trial_folders_a_killed_process_left_are_removed_when_the_next_trial_starts
   → tests/runner_env/test_host_sandbox.py::test_a_command_printing_without_end_returns_only_its_last_output
+  → tests/runner_env/test_host_sandbox.py::test_trials_whose_folders_lie_outside_tmp_cannot_reach_each_others_workspace
   → tests/runner/test_rollouts.py::test_a_task_needing_compose_services_is_bad_task_naming_them
   → tests/runner_env/test_host_sandbox.py::test_trials_cut_off_from_the_network_each_serve_the_same_port_on_their_own_loopback
   → tests/runner_env/test_mount_points.py::test_the_last_user_removes_the_directories_it_made_and_nothing_else

@@ -31,7 +31,8 @@ What this is and is not:
   network gets a private network namespace with loopback only (host-side harnesses such as
   terminus-2 run in the Harbor process and still reach a loopback proxy). Host directories given
   as `hidden_paths` (the runner gives its data dir: store, admin key, other rollouts' trial
-  folders) show as empty read-only folders.
+  folders) show as empty read-only folders, and the folder holding every trial's folder, when
+  it lies outside /tmp, shows as an empty one of the trial's own.
 - It ignores the task's Dockerfile: the host is the image, so every tool a task's Dockerfile would
   install must already be on the host; installed agents would install into the host.
 - It is NOT a security boundary: processes run as real host users, see the real host filesystem
@@ -387,15 +388,33 @@ class HostSandbox(BaseEnvironment):
         self._trial_dir = TrialDir.make(self._base_dir)
         self._root = self._trial_dir.path
         targets = [self.workdir, *FIXED_TARGETS]
+        parent = self._trial_parent_in_view(targets)
+        if parent is not None:
+            targets.append(parent)
         for target in targets:
             host_dir = self._root / target.strip("/").replace("/", "__")
             host_dir.mkdir(parents=True, exist_ok=True)
-            host_dir.chmod(0o1777 if target == "/tmp" else 0o755)
+            if target == parent:
+                host_dir.chmod(os.stat(parent).st_mode & 0o7777)
+            else:
+                host_dir.chmod(0o1777 if target == "/tmp" else 0o755)
             self._binds[target] = host_dir
         for sub in ("agent", "verifier", "artifacts"):
             (self._binds["/logs"] / sub).mkdir(mode=0o777, exist_ok=True)
             (self._binds["/logs"] / sub).chmod(0o777)
         return targets
+
+    def _trial_parent_in_view(self, targets: list[str]) -> str | None:
+        """The folder holding every trial's folder when the trial would see it (a base dir
+        outside /tmp): it then gets an empty per-trial directory, as /tmp does, so no trial reaches
+        another's workspace. None when a bound path already covers it, or it holds one."""
+        assert self._root is not None
+        parent = str(self._root.parent.resolve())
+        for target in targets:
+            if parent == target or (parent + "/").startswith(target.rstrip("/") + "/") \
+                    or target.startswith(parent.rstrip("/") + "/"):
+                return None
+        return parent
 
     async def _start_as_root(self, targets: list[str]) -> None:
         # Mount points under another bound path (a workdir in /tmp) are made privately, in the

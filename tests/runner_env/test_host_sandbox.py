@@ -755,3 +755,27 @@ async def test_trials_cut_off_from_the_network_each_serve_the_same_port_on_their
         for trial in trials:
             await trial.stop(delete=True)
     assert served == ["trial0", "trial1"]
+
+
+@pytest.mark.parametrize("rootless", MODES)
+async def test_trials_whose_folders_lie_outside_tmp_cannot_reach_each_others_workspace(
+        rootless: bool, tmp_path: Path) -> None:
+    # A base dir outside /tmp (TMPDIR=/var/tmp, say) is not covered by the trial's private /tmp.
+    base = Path(tempfile.mkdtemp(prefix="tapdeck-base-", dir="/var/tmp"))
+    try:
+        first, second = (_sandbox(tmp_path, rootless=rootless, base_dir=str(base),
+                                  task_env={"workdir": "/app"}) for _ in range(2))
+        await first.start(force_build=False)
+        await second.start(force_build=False)
+        try:
+            await first.exec("echo first-answer > /app/answer.txt")
+            seen = await second.exec(f"ls -A {base}; cat {base}/*/app/answer.txt; "
+                                     f"touch {base}/planted; echo end")
+            assert (await second.exec(f"ls {base}")).stdout.split() == ["planted"]  # its own, private
+        finally:
+            await second.stop(delete=True)
+            await first.stop(delete=True)
+        assert seen.stdout.split() == ["end"], seen
+        assert sorted(os.listdir(base)) == []  # nothing written through, nothing left
+    finally:
+        shutil.rmtree(base)
