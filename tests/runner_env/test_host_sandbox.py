@@ -134,7 +134,20 @@ async def test_three_concurrent_trials_are_isolated_and_leave_nothing(tmp_path: 
     assert list(hostdirs.iterdir()) == []
 
 
+def _state_dir(tmp_path: Path) -> Path:
+    """A mount-point state dir of the test's own: a tapdeck run elsewhere on the machine may hold the
+    shared one, and the host mount points this test's trials make (/work/proj) must go when they end."""
+    return Path(f"/run/tapdeck-test-{os.getpid()}-{tmp_path.name}")
+
+
+@pytest.fixture(autouse=True)
+def _own_state_dir(tmp_path: Path):
+    yield
+    shutil.rmtree(_state_dir(tmp_path), ignore_errors=True)
+
+
 def _sandbox(tmp_path: Path, **kwargs) -> HostSandbox:
+    kwargs.setdefault("state_dir", _state_dir(tmp_path))
     env_dir = tmp_path / "task" / "environment"
     env_dir.mkdir(parents=True, exist_ok=True)
     (env_dir / "Dockerfile").write_text("FROM debian:12\nWORKDIR /work/proj\n")
