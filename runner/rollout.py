@@ -479,6 +479,8 @@ async def _finish(service: Any, spec: RolloutSpec, result: RolloutResult, trial_
             result.error_kind, result.error = "engine_unreachable", (
                 f"the engine stopped answering during the rollout ({down.detail}); the agent "
                 f"then: {result.error or 'ended'}")[:700]
+        if result.error_kind == "agent_timeout":
+            result.error = f"{result.error}{_timeout_advice(summary.turns)}"
         if result.error_kind is None:
             if uses_model and summary.turns == 0:
                 _fail(result, "no_model_calls", "the harness made no model call through the proxy")
@@ -496,6 +498,14 @@ async def _finish(service: Any, spec: RolloutSpec, result: RolloutResult, trial_
         with contextlib.suppress(Exception):
             service.annotate(result.session_id, phase="done" if result.ok else "failed",
                              reward=result.reward, ok=result.ok, error_kind=result.error_kind)
+
+
+def _timeout_advice(turns: int) -> str:
+    """What an agent timeout's message adds: how far the agent got (no call back at all is an
+    engine too slow for its first prompt) and the flag that raises the limit."""
+    got = ("before any model call came back" if turns == 0
+           else f"after {turns} model call{'s' if turns != 1 else ''}")
+    return f", {got}; --agent-timeout raises it"
 
 
 def _read_timings(result: RolloutResult, trial_dir: Path) -> None:
