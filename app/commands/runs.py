@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from tapdeck.schema.runs import RunSummary
 
 EXIT_OK, EXIT_NOT_FOUND, EXIT_USAGE = 0, 1, 2
+HARNESS_CHARS = 14
+"""The list's harness column: the longest harness name tapdeck offers, so none is cut."""
 
 
 def register(app: typer.Typer) -> None:
@@ -88,7 +90,7 @@ def _print_list(listed: list[RunSummary]) -> None:
     table = Table(box=None, pad_edge=False, expand=False, show_edge=False)
     table.add_column("run", no_wrap=True)
     table.add_column("state", no_wrap=True)
-    table.add_column("harness", no_wrap=True, overflow="ellipsis", max_width=12)
+    table.add_column("harness", no_wrap=True, overflow="ellipsis", max_width=HARNESS_CHARS)
     table.add_column("done", justify="right", no_wrap=True)
     table.add_column("ok", justify="right")
     table.add_column("fail", justify="right")

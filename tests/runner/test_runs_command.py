@@ -59,6 +59,21 @@ def test_runs_lists_each_run_newest_first_with_its_state_and_outcome(data: Path)
         ("run-20261202-100000-bbbb", "interrupted"), ("run-20261201-100000-aaaa", "finished")]
 
 
+def test_runs_lists_every_harness_tapdeck_offers_by_its_whole_name_in_80_columns(
+        tmp_path: Path) -> None:
+    from tapdeck.runner.harnesses import HARNESSES
+
+    data = tmp_path / "data"
+    for i, harness in enumerate(HARNESSES):
+        _run(data, f"run-20261201-1000{i:02d}-aaaa", float(i), "running", [], k=100,
+             harness=harness)  # its process died: `interrupted`, the longest state
+    result = _runs("--data-dir", str(data))
+    assert result.exit_code == 0, result.output
+    rows = result.output.splitlines()[1:]
+    assert sorted(line.split()[2] for line in rows) == sorted(HARNESSES), result.output
+    assert all(len(line) <= 80 for line in result.output.splitlines()), result.output
+
+
 def test_runs_shows_a_run_another_process_runs_as_running(data: Path) -> None:
     with holding_run_lock(data / "runs" / "run-20261202-100000-bbbb"):
         result = _runs("--data-dir", str(data))
