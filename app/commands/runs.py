@@ -87,7 +87,7 @@ def _print_list(listed: list[RunSummary]) -> None:
     from tapdeck.app.views import run_outcomes
 
     console = Console(width=min(80, Console().width))
-    table = Table(box=None, pad_edge=False, expand=False, show_edge=False)
+    table = Table(box=None, pad_edge=False, expand=False, show_edge=False, collapse_padding=True)
     table.add_column("run", no_wrap=True)
     table.add_column("state", no_wrap=True)
     table.add_column("harness", no_wrap=True, overflow="ellipsis", max_width=HARNESS_CHARS)

@@ -69,7 +69,8 @@ def test_runs_lists_every_harness_tapdeck_offers_by_its_whole_name_in_80_columns
              harness=harness)  # its process died: `interrupted`, the longest state
     result = _runs("--data-dir", str(data))
     assert result.exit_code == 0, result.output
-    rows = result.output.splitlines()[1:]
+    header, *rows = result.output.splitlines()
+    assert header.split() == ["run", "state", "harness", "done", "ok", "fail", "canc", "reward"]
     assert sorted(line.split()[2] for line in rows) == sorted(HARNESSES), result.output
     assert all(len(line) <= 80 for line in result.output.splitlines()), result.output
 
