@@ -14,16 +14,17 @@ ERROR_TASKS_NAMED = 3
 
 
 def print_run_table(doc: RunDetail, tiny_engine: bool = False) -> None:
-    """One row per rollout (task, group, reward, ok, model calls, atif, error) in at most 80
-    columns, then why the failed ones failed and the run's summary lines: wrapped on a terminal,
-    one line each in a file."""
+    """One row per rollout (task, group, its index in the group, reward, ok, model calls, atif,
+    error) in at most 80 columns, then why the failed ones failed and the run's summary lines:
+    wrapped on a terminal, one line each in a file."""
     from rich.console import Console
     from rich.table import Table
 
     console = Console(width=min(80, Console().width))
-    table = Table(box=None, pad_edge=False, expand=False, show_edge=False)
+    table = Table(box=None, pad_edge=False, expand=False, show_edge=False, padding=(0, 1, 0, 0))
     table.add_column("task", no_wrap=True, overflow="ellipsis", max_width=20)
     table.add_column("grp", justify="right", width=3)
+    table.add_column("#", justify="right", width=2)  # the K rollouts of one task tell apart
     table.add_column("reward", justify="right", width=6)
     table.add_column("ok", width=3)
     table.add_column("calls", justify="right", width=5)  # model calls, not the turn limit
@@ -32,7 +33,8 @@ def print_run_table(doc: RunDetail, tiny_engine: bool = False) -> None:
     for r in doc.rollouts:
         reward = "-" if r.reward is None else f"{r.reward:.2f}"
         ok = "yes" if r.ok else ("…" if r.phase not in ("done", "failed") else "no")
-        table.add_row(r.task, str(r.group), reward, ok, str(r.turns), r.atif, r.error_kind or "")
+        table.add_row(r.task, str(r.group), str(r.index), reward, ok, str(r.turns), r.atif,
+                      r.error_kind or "")
     console.print(table)
 
     def say(line: str) -> None:

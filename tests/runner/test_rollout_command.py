@@ -29,10 +29,11 @@ def test_rollout_command_runs_a_batch_and_prints_a_table_within_80_columns(
     header_at = next(i for i, line in enumerate(lines) if line.lstrip().startswith("task"))
     table = lines[header_at:header_at + 5]
     assert all(len(line) <= 80 for line in table), table
-    for column in ("grp", "reward", "ok", "calls", "atif", "error"):
-        assert column in table[0]
-    rows = [line for line in lines if " 1.00  yes " in line]
-    assert len(rows) == 4
+    assert table[0].split() == ["task", "grp", "#", "reward", "ok", "calls", "atif", "error"]
+    rows = [line.split() for line in table[1:]]
+    assert [row[3:5] for row in rows] == [["1.00", "yes"]] * 4
+    # each group's two rollouts told apart by their index
+    assert sorted((row[1], row[2]) for row in rows) == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")]
     assert "4/4 done, 4 ok, 0 failed" in result.stdout
     # The oracle asks no model: the engine's context and output limits never applied.
     assert "ran with: agent 180 s (task) · hard limit 120 s (plan) (no model calls)\n" in result.stdout

@@ -86,8 +86,10 @@ def test_runs_of_one_run_prints_its_rollouts_and_why_they_failed(data: Path) -> 
     result = _runs("run-20261201-100000-aaaa", "--data-dir", str(data))
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert lines[1].split() == ["hello-file", "0", "1.00", "yes", "0", "none"]
-    assert lines[2].split() == ["hello-file", "0", "0.00", "no", "0", "none", "timeout"]
+    assert lines[0].split() == ["task", "grp", "#", "reward", "ok", "calls", "atif", "error"]
+    # the group's two rollouts told apart by their index
+    assert lines[1].split() == ["hello-file", "0", "0", "1.00", "yes", "0", "none"]
+    assert lines[2].split() == ["hello-file", "0", "1", "0.00", "no", "0", "none", "timeout"]
     assert "hello-file: agent timed out after 180 s" in lines
     assert "run run-20261201-100000-aaaa finished: 2/2 done, 1 ok, 1 failed" in lines
     doc = json.loads(_runs("run-20261201-100000-aaaa", "--data-dir", str(data), "--json").output)
