@@ -378,7 +378,7 @@ def host_sandbox_kwargs(spec: RolloutSpec, proxy_url: str | None) -> dict[str, A
     from tapdeck.runner.harnesses import Placement, get_harness
 
     kwargs = dict(spec.rollout.sandbox_kwargs or {})
-    if spec.data_dir is not None:
+    if spec.data_dir is not None and not _holds_agent_installs(spec, spec.data_dir):
         kwargs["hidden_paths"] = [*kwargs.get("hidden_paths", ()), str(spec.data_dir)]
     parsed = urlsplit(proxy_url or "")
     if parsed.port and parsed.hostname and is_loopback(parsed.hostname):
@@ -386,6 +386,18 @@ def host_sandbox_kwargs(spec: RolloutSpec, proxy_url: str | None) -> dict[str, A
         if get_harness(spec.rollout.harness).placement is Placement.HOST_INSTALL:
             kwargs.setdefault("network", "none")
     return kwargs
+
+
+def _holds_agent_installs(spec: RolloutSpec, folder: Path) -> bool:
+    """Whether `folder` holds the agent CLI installs this rollout runs from (`TAPDECK_AGENTS_DIR`
+    or the harness's `agents_dir` put there): hiding it would hide the agent from its trial."""
+    from tapdeck.runner.agent_install import agents_dir
+    from tapdeck.runner.harnesses import Placement, get_harness
+
+    if get_harness(spec.rollout.harness).placement is not Placement.HOST_INSTALL:
+        return False
+    installs = Path(spec.rollout.settings.harness_kwargs.get("agents_dir") or agents_dir()).resolve()
+    return installs.is_relative_to(folder.resolve())
 
 
 def _preflight(environment: Any) -> None:

@@ -121,6 +121,24 @@ def test_a_host_sandbox_rollout_cannot_see_or_change_the_data_dir(embedded_engin
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
+@pytest.mark.parametrize("harness", ["codex", "oracle"])
+def test_a_data_dir_holding_the_agent_installs_stays_visible_to_an_agent_cli_only(
+        harness: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hiding a data dir that holds TAPDECK_AGENTS_DIR would hide the agent CLI from its own trial
+    (its set-up check then fails); a harness that runs no CLI from there keeps it hidden."""
+    from tapdeck.runner.rollout import RolloutSpec, host_sandbox_kwargs
+    from tapdeck.schema.runs import RolloutTemplate
+
+    data_dir = tmp_path / "tapdeck"
+    monkeypatch.setenv("TAPDECK_AGENTS_DIR", str(data_dir / "agents"))
+    spec = RolloutSpec(task="t", task_path=tmp_path, trials_dir=tmp_path / "trials",
+                       rollout=RolloutTemplate(harness=harness), data_dir=data_dir)
+    hidden = host_sandbox_kwargs(spec, "http://127.0.0.1:8300/v1").get("hidden_paths", [])
+    assert hidden == ([] if harness == "codex" else [str(data_dir)])
+    monkeypatch.setenv("TAPDECK_AGENTS_DIR", str(tmp_path / "elsewhere"))
+    assert host_sandbox_kwargs(spec, "http://127.0.0.1:8300/v1")["hidden_paths"] == [str(data_dir)]
+
+
 def test_a_task_needing_compose_services_is_bad_task_naming_them(runner_server: RunnerServer,
                                                                  tmp_path: Path) -> None:
     task = make_task(tmp_path, "needs-a-database", "echo 1 > /logs/verifier/reward.txt\n")
