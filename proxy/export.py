@@ -16,7 +16,7 @@ import orjson
 from tapdeck.proxy.errors import ProxyError
 from tapdeck.proxy.findings import Finding
 from tapdeck.proxy.graph import RolloutGraph
-from tapdeck.proxy.validation import is_train, rollout_ok, validate_rollout
+from tapdeck.proxy.validation import is_train, reported_stats, rollout_ok, validate_rollout
 
 SCHEMA_VERSION = 1
 
@@ -173,9 +173,7 @@ def rollout_document(session: dict[str, Any], graph: RolloutGraph, tier: str, *,
             "meta": t.meta, "created_at": t.created_at,
             "findings": [f.model_dump(mode="json") for f in t.findings + n.link_findings],
         })
-    stats = graph.stats().model_dump()
-    if not train:
-        stats["trainable_tokens"] = 0
+    stats = reported_stats(graph.stats(), tier, rtype)
     all_findings: list[Finding] = graph.findings() + rollout_findings
     return {
         "schema_version": SCHEMA_VERSION,
@@ -239,9 +237,7 @@ def graph_view(session: dict[str, Any], graph: RolloutGraph, tier: str, *, since
             "finish_reason": t.finish_reason, "created_at": t.created_at,
             "findings": [f.model_dump(mode="json") for f in t.findings + n.link_findings],
         })
-    stats = graph.stats().model_dump()
-    if not is_train(tier, rtype):
-        stats["trainable_tokens"] = 0
+    stats = reported_stats(graph.stats(), tier, rtype)
     return {"session_id": session.get("id"), "tier": str(tier), "rollout_type": rtype,
             "since": since, "stats": stats, "turns": turns, "links": links,
             "findings": [f.model_dump(mode="json") for f in findings]}

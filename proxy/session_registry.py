@@ -43,7 +43,7 @@ from tapdeck.proxy.store_writes import StoreUnavailable, StoreWrites
 from tapdeck.proxy.tiers import EngineSpec, ProbeResult, Tier, probe
 from tapdeck.proxy.token_in import TokenIn
 from tapdeck.proxy.tokens import PromptIdsMemo
-from tapdeck.proxy.validation import is_train
+from tapdeck.proxy.validation import reported_stats
 from tapdeck.schema.events import SessionClosed, SessionOpened, SessionUpdated
 from tapdeck.schema.sessions import RolloutStats
 
@@ -322,10 +322,9 @@ class SessionRegistry:
         """The session as the Sessions board shows it."""
         now = time.time()
         # Turns counted on capture (the stats are those of the last linked turn).
-        stats = {**self._stats(session).model_dump(), "turns": session.turns}
         rollout_type = session.record.get("rollout_type", "eval")
-        if not is_train(session.tier, rollout_type):  # as the graph and the exports count them
-            stats["trainable_tokens"] = 0
+        stats = {**reported_stats(self._stats(session), session.tier, rollout_type),
+                 "turns": session.turns}
         return SessionSummary(
             **stats, id=session.id, state=session.state,
             tier=session.tier, rollout_type=rollout_type,

@@ -13,6 +13,7 @@ import numpy as np
 from tapdeck.proxy.findings import Finding, has_fatal
 from tapdeck.proxy.graph import _LOGPROB_SLACK, RolloutGraph
 from tapdeck.proxy.turn import Turn
+from tapdeck.schema.sessions import RolloutStats
 
 
 def _check_ids(name: str, ids: Any, seq: int) -> list[Finding]:
@@ -143,6 +144,15 @@ def validate_rollout(graph: RolloutGraph, tier: str, *, rollout_type: str = "aut
 def is_train(tier: str, rollout_type: str = "auto") -> bool:
     """Train only at the tokens tier, and never when the rollout was declared eval."""
     return str(tier) == "tokens" and str(rollout_type) != "eval"
+
+
+def reported_stats(stats: RolloutStats, tier: str, rollout_type: str) -> dict[str, Any]:
+    """A graph's stats as every view of the rollout reports them: one that is not trained on
+    (eval, or below the tokens tier) has no trainable tokens."""
+    out = stats.model_dump()
+    if not is_train(tier, rollout_type):
+        out["trainable_tokens"] = 0
+    return out
 
 
 def rollout_ok(graph: RolloutGraph, findings: list[Finding]) -> bool:

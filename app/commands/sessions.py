@@ -83,16 +83,14 @@ def register(app: typer.Typer) -> None:
 def stored_summary(record: dict[str, Any], graph: RolloutGraph) -> SessionSummary:
     """A stored session as the server summarises it (`GET /admin/sessions`), from its record and
     graph: the graph's stats, its state as stored and the FATAL/WARN findings it holds."""
-    from tapdeck.proxy.validation import is_train
+    from tapdeck.proxy.validation import reported_stats
     from tapdeck.schema.findings import Finding, Level
     from tapdeck.schema.sessions import SessionSummary
 
     findings = [*(Finding.model_validate(f) for f in record.get("findings") or []),
                 *graph.findings()]
-    stats = graph.stats().model_dump()
     rollout_type = record.get("rollout_type", "eval")
-    if not is_train(record.get("tier", "text"), rollout_type):
-        stats["trainable_tokens"] = 0
+    stats = reported_stats(graph.stats(), record.get("tier", "text"), rollout_type)
     last_call = max((n.turn.created_at for n in graph.nodes.values()), default=None)
     return SessionSummary(
         **stats, id=record["id"], state=record.get("state", "closed"),
