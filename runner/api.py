@@ -35,7 +35,12 @@ from tapdeck.runner.batch import (
     RunUnreadable,
 )
 from tapdeck.runner.runner_loop import RunnerLoop
-from tapdeck.runner.train_jobs import TrainingJobs, TrainNotFound, TrainRefused
+from tapdeck.runner.train_jobs import (
+    TrainingJobs,
+    TrainNotFound,
+    TrainRefused,
+    run_rows_for_training,
+)
 from tapdeck.schema.catalog import Catalog
 from tapdeck.schema.runs import (
     ExportRequest,
@@ -72,7 +77,7 @@ def create_runner_router(service: Any, *, data_dir: Path, default_engine: Engine
     if admin_key:
         server_env["TAPDECK_ADMIN_KEY"] = admin_key
     training = TrainingJobs(Path(data_dir), server_env=server_env,
-                            export_run=lambda run_id: batch.export(run_id, "jsonl")["path"])
+                            export_run=lambda run_id: run_rows_for_training(batch, run_id))
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Any) -> AsyncIterator[None]:

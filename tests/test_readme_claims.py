@@ -504,6 +504,10 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
 - data-check fails (exit 2, `nothing to check`) when no rollout is left to check
   → tests/training/test_downstream_edges.py::test_data_check_with_no_rollout_fails_saying_there_is_nothing_to_check
   → tests/training/test_downstream_edges.py::test_data_check_with_only_failed_rollouts_fails_saying_they_were_left_out
+- a `--run` still running, or whose rollouts give no training row (all eval tier), is refused
+  before a job starts (exit 1, saying which)
+  → tests/training/test_downstream_edges.py::test_train_refuses_a_run_still_going_saying_how_far_it_got
+  → tests/training/test_downstream_edges.py::test_train_refuses_a_run_whose_rollouts_are_all_eval_tier_saying_so
 - the server reads every trackio run in a job's own `trackio/` folder, whatever a recipe called it
   → tests/training/test_downstream_edges.py::test_metrics_of_a_recipe_that_renamed_its_trackio_run_and_project_still_reach_the_api
 - the launcher refuses a recipe whose environment is missing, giving the command that makes it

@@ -32,9 +32,10 @@ ENV = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
 
 
 def _data_dir_with_run(tmp_path: Path, results: list[dict[str, Any]],
-                       session_reward: float | None = 0.0) -> Path:
+                       session_reward: float | None = 0.0, tier: str = "tokens") -> Path:
     """A data dir whose store holds one captured session per result (two recorded turns each,
-    its metadata's reward `session_reward`), and run `run-x` with those results."""
+    its metadata's reward `session_reward`, captured at `tier`: below `tokens` an eval rollout),
+    and run `run-x` with those results."""
     data = tmp_path / "data"
     run = data / "runs" / "run-x"
     run.mkdir(parents=True)
@@ -42,7 +43,8 @@ def _data_dir_with_run(tmp_path: Path, results: list[dict[str, Any]],
     try:
         for result in results:
             sid = result["session_id"]
-            store.create_session({"id": sid, "tier": "tokens", "rollout_type": "train",
+            store.create_session({"id": sid, "tier": tier,
+                                  "rollout_type": "train" if tier == "tokens" else "eval",
                                   "metadata": {"reward": session_reward}})
             graph = RolloutGraph()
             for seq, name in enumerate(["chat_multiturn_1", "chat_multiturn_2"]):
@@ -206,3 +208,50 @@ def test_train_summary_shows_how_often_a_rollout_forked(train_server: Any, tmp_p
     assert res.exit_code == 0, res.output
     # Group 2's re-tokenised pair forks: a fragmented rollout is visible without opening trackio.
     assert "  train/rollout/fork_frac = 1 (step 2)" in res.output
+
+
+def _write_plan(data: Path, *, rollouts: int, state: str) -> Path:
+    """Give run-x a plan of one task × `rollouts` and a recorded state; its folder."""
+    run = data / "runs" / "run-x"
+    (run / "plan.json").write_text(json.dumps(
+        {"id": "run-x", "created_at": 1.0, "plan": {"k": rollouts},
+         "tasks": [{"name": "t", "path": "/t"}]}))
+    (run / "run.json").write_text(json.dumps({"state": state, "created_at": 1.0}))
+    return run
+
+
+def _train_on_a_server_of(data: Path, *args: str) -> Any:
+    """`tapdeck train --server` against a real server on `data` (a models-only default engine)."""
+    from types import SimpleNamespace
+
+    from tests.conftest import local_server_on, models_only_engine
+
+    with models_only_engine() as url:
+        engine = SimpleNamespace(base_url=f"{url}/v1", served_name="smollm2")
+        with local_server_on(engine, data) as server:
+            return _train("--server", server.url, "--admin-key", server.admin_key, *args)
+
+
+def test_train_refuses_a_run_still_going_saying_how_far_it_got(tmp_path: Path) -> None:
+    from tests.runner.other_process import holding_run_lock
+
+    data = _data_dir_with_run(tmp_path, [_result(0)])
+    run = _write_plan(data, rollouts=2, state="running")
+    with holding_run_lock(run):  # another process runs it: one of its two rollouts has finished
+        res = _train_on_a_server_of(data, "--run", "run-x")
+    assert res.exit_code == 1, res.output
+    assert ("run run-x is still running (1 of 2 rollouts finished); train on it once it ends "
+            "(tapdeck runs run-x), or cancel it first") in res.output
+    # Refused before a job started: a check of half a group must not pass for the run's.
+    assert not (data / "train").exists() or not any(
+        p.name.startswith("t-") for p in (data / "train").iterdir())
+
+
+def test_train_refuses_a_run_whose_rollouts_are_all_eval_tier_saying_so(tmp_path: Path) -> None:
+    data = _data_dir_with_run(tmp_path, [_result(0), _result(1)], tier="logprobs")
+    _write_plan(data, rollouts=2, state="finished")
+    res = _train_on_a_server_of(data, "--run", "run-x")
+    assert res.exit_code == 1, res.output
+    assert ("run run-x has nothing to train on: none of its 2 finished rollout(s) gave a "
+            "training row (run-x.g000r00: session s-0 is an eval rollout") in res.output
+    assert "training run t-" not in res.output
