@@ -241,9 +241,11 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/proxy_core/test_graph.py::test_truncated_turn_links_as_prefix_with_info_about_the_unsampled_end_token
   → tests/proxy_core/test_graph.py::test_retokenized_reply_links_with_warn_naming_node_and_offset
   → tests/proxy_core/test_graph.py::test_special_tokens_inside_reply_are_visible_breaks
-- `previous_response_id` chains link; an unknown id is a 400
+- `previous_response_id` chains link; an unknown id is a 400, and so is a `conversation` or a
+  stored `prompt`
   → tests/dialects/test_sdk_end_to_end.py::test_openai_responses_sdk_chained_by_previous_response_id_is_one_root
   → tests/dialects/test_responses_translation.py::test_unknown_or_unstored_previous_response_is_a_400_naming_it
+  → tests/dialects/test_wire_fidelity.py::test_responses_conversation_or_stored_prompt_is_refused_not_answered_without_its_content
 - any FATAL makes a rollout not ok; `reward: null` means never graded
   → tests/proxy_core/test_validation.py::test_turn_fatal_makes_rollout_not_ok
   → tests/app/test_views.py::test_reward_null_means_never_graded_not_zero

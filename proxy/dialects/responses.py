@@ -12,7 +12,8 @@ object (status completed / incomplete, zero-filled usage details) or the SSE seq
 response.created ... response.completed (response.incomplete when cut by length) with
 `sequence_number`s.
 A tool call is replayed as `local_shell_call` only when the request declared a `local_shell` tool.
-`previous_response_id` is resolved before translation, by the session's `StoredResponses`.
+`previous_response_id` is resolved before translation, by the session's `StoredResponses`;
+`conversation` and a stored `prompt` name content only OpenAI holds, so they are refused (400).
 """
 
 from __future__ import annotations
@@ -288,6 +289,7 @@ class ResponsesDialect:
             raise DialectError(400, "the request body must be a JSON object")
         if isinstance(body.get("n"), int) and body["n"] > 1:
             raise DialectError(400, "n > 1 is not supported: one completion per call", param="n")
+        _refuse_server_state(body)
         chat: dict[str, Any] = {"model": body.get("model"), "messages": _convert_input(body)}
         flat_tools, namespaced = _flatten_namespaces(objects_at(body.get("tools"), "tools"))
         tools, custom, local, dropped = _convert_tools(flat_tools)
@@ -483,6 +485,22 @@ class ResponsesDialect:
                   "tool_choice": "auto", "tools": [], "usage": None}
         yield SSEEvent(data={"type": "response.failed", "sequence_number": 1, "response": failed},
                        event="response.failed")
+
+
+_SERVER_STATE = {
+    "conversation": "a conversation's items live at OpenAI; send the full conversation as input, "
+                    "or chain calls with previous_response_id",
+    "prompt": "a stored prompt template lives at OpenAI; send its text as instructions and input",
+}
+"""Request fields that stand for content only OpenAI's servers hold."""
+
+
+def _refuse_server_state(body: Mapping[str, Any]) -> None:
+    """A 400 for a field naming server-held content: answered without it, the model would never
+    see that content and nothing would say so."""
+    for key, instead in _SERVER_STATE.items():
+        if body.get(key) is not None:
+            raise DialectError(400, f"{key} is not supported by tapdeck: {instead}", param=key)
 
 
 def _asked_logprobs(body: Mapping[str, Any]) -> int | None:

@@ -178,3 +178,25 @@ def test_google_logprobs_come_back_when_asked(upstream: ScriptedUpstream, captur
     plain = client.models.generate_content(
         model="gemini-x", contents="q", config=types.GenerateContentConfig(max_output_tokens=24)).candidates[0]
     assert plain.logprobs_result is None and plain.avg_logprobs is None
+
+
+# ---- server-held state the proxy cannot see ----------------------------------------------------
+
+SERVER_STATE = [({"conversation": "conv_68a1"}, "conversation"),
+                ({"conversation": {"id": "conv_68a1"}}, "conversation"),
+                ({"prompt": {"id": "pmpt_1", "version": "2"}}, "prompt")]
+
+
+@pytest.mark.parametrize("extra, param", SERVER_STATE, ids=["conversation-id", "conversation-object", "prompt"])
+def test_responses_conversation_or_stored_prompt_is_refused_not_answered_without_its_content(
+        upstream: ScriptedUpstream, capture: CaptureServer, extra: dict[str, Any], param: str) -> None:
+    # The client sends only its new input and relies on OpenAI to add the rest: answered anyway,
+    # the model would reply without that content and nothing would say so.
+    client = _openai(capture.open_session())
+    upstream.requests.clear()  # the engine's probe, when this test opens the module's first session
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model="gpt-x", input="and now?", max_output_tokens=8, **extra)
+    assert err.value.param == param
+    assert err.value.body["message"].startswith(f"{param} is not supported by tapdeck: ")
+    assert "instead" not in err.value.body["message"] and "input" in err.value.body["message"]
+    assert upstream.requests == []
