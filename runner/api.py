@@ -39,6 +39,7 @@ from tapdeck.runner.train_jobs import (
     TrainingJobs,
     TrainNotFound,
     TrainRefused,
+    TrainUsage,
     run_rows_for_training,
 )
 from tapdeck.schema.catalog import Catalog
@@ -196,7 +197,7 @@ def create_runner_router(service: Any, *, data_dir: Path, default_engine: Engine
         try:
             info = await asyncio.to_thread(training.launch, request)
         except TrainRefused as exc:
-            raise HTTPException(400, str(exc)) from exc
+            raise HTTPException(422 if isinstance(exc, TrainUsage) else 400, str(exc)) from exc
         return JSONResponse(info.model_dump())
 
     @router.get("/train", response_model=TrainRunList)

@@ -58,17 +58,16 @@ class TrainRefused(ValueError):
     """A launch that cannot start (unknown recipe, missing run, no training environment)."""
 
 
+class TrainUsage(TrainRefused):
+    """A launch whose recipe args its own argument parser refuses: bad usage (422)."""
+
+
 def run_rows_for_training(batch: Any, run_id: str) -> str:
     """Export a rollout run's rows for a recipe that reads them; the JSONL's path.
 
-    KeyError for no such run. TrainRefused for a run still going (its rows so far would be
-    checked as if they were the whole run, groups cut short) and for one whose finished rollouts
-    give no training rows at all (eval tier, no capture session), saying which and why."""
-    summary, _ = batch.get(run_id)
-    if summary.state == "running":
-        done, total = summary.counts.done, summary.counts.total
-        raise TrainRefused(f"run {run_id} is still running ({done} of {total} rollouts finished); "
-                           f"train on it once it ends (tapdeck runs {run_id}), or cancel it first")
+    KeyError for no such run. TrainRefused for one whose finished rollouts give no training rows
+    at all (eval tier, no capture session), saying which and why: its job could only find nothing
+    to read. A run still going is exported as far as it got (its clients warn)."""
     export = batch.export(run_id, "jsonl")
     if export["rows"] == 0 and export["skipped"]:
         rollout, why = next(iter(export["skipped"].items()))
@@ -171,6 +170,11 @@ class TrainingJobs:
             raise TrainRefused(str(exc)) from exc
         if why := recipe.run_refused(request.run):  # bad usage, whatever this machine has
             raise TrainRefused(why)
+        # The args as the job would get them; the rows' path stands for the export made below.
+        given = (["--rows", "rows.jsonl"] if recipe.takes_run and request.run
+                 else ["--run", request.run] if request.run else [])
+        if why := recipe.usage_error([*given, *request.args]):
+            raise TrainUsage(why)
         # Before its environment: no install makes up for GPUs the machine does not have.
         if recipe.gpus and (gpus := visible_gpus()) < recipe.gpus:
             raise TrainRefused(f"{recipe.name} needs {recipe.gpus} GPUs; this machine has {gpus} "

@@ -117,17 +117,21 @@ def register(app: typer.Typer) -> None:
 
 async def _drive(base: str, key: str | None, recipe: str, run: str | None, args: list[str],
                  list_only: bool, *, key_dir: Path | None = None) -> int:
-    """List the recipes or run one to its end; the exit code (README: 2 for an unknown recipe)."""
+    """List the recipes or run one to its end; the exit code (README: 2 for an unknown recipe or
+    recipe args its parser refuses)."""
     client = TapdeckClient(base, key)
     try:
         try:
             if list_only:
                 typer.echo(describe_recipes(await client.train_recipes()))
                 return 0
+            if run is not None and (known := RECIPES.get(recipe)) is not None and known.takes_run:
+                await _warn_if_still_going(client, recipe, run)
             job = await client.start_train(recipe, run=run, args=args)
         except ApiError as exc:
             typer.echo(f"tapdeck train: {exc.for_command(key_dir, key_found=bool(key))}", err=True)
-            if exc.kind == "rejected" and await _unknown_recipe(client, recipe):
+            # 422: the recipe's own parser refused its args; else an unknown recipe is bad usage.
+            if exc.kind == "rejected" and (exc.status == 422 or await _unknown_recipe(client, recipe)):
                 return 2
             return 1
         typer.echo(f"[tapdeck] training run {job.id} ({job.recipe}) on {base}, in {job.run_dir}")
@@ -152,6 +156,18 @@ async def _follow(client: TapdeckClient, run_id: str) -> TrainRunInfo:
         elif isinstance(event, TrainStateEvent):
             last = event.run
     return last if last is not None else await client.train_run(run_id)
+
+
+async def _warn_if_still_going(client: TapdeckClient, recipe: str, run: str) -> None:
+    """Warn, as the Train screen does, that a run still going is read only as far as it got
+    (allowed: a first look at a long batch, but its groups may be cut short)."""
+    try:
+        going = await client.run(run)
+    except ApiError:  # no such run: the launch says so
+        return
+    if going.state == "running":
+        typer.echo(f"tapdeck train: run {run} is still going: {recipe} reads the "
+                   f"{going.counts.done} of {going.counts.total} rollouts done so far", err=True)
 
 
 async def _unknown_recipe(client: TapdeckClient, recipe: str) -> bool:

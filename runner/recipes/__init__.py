@@ -13,13 +13,19 @@ trained). `grpo-trl` trains with TRL AsyncGRPO + vLLM and needs a GPU box.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 from tapdeck.schema.train import rows_missing
+
+
+class _UsageError(Exception):
+    """A recipe's argument parser refused its args."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,25 @@ class Recipe:
         """Why a launch with `run` and these recipe args is certain to fail at its argument parser
         (the rows it reads named nowhere), or None."""
         return rows_missing(self.name, self.takes_run, self.rows_options, run, args)
+
+    def usage_error(self, args: Sequence[str]) -> str | None:
+        """What the recipe's own argument parser says of these args (its `error:` line), or None
+        when it takes them. Asked before a job starts, so that a typo is refused in one line
+        rather than by a job dying of its usage message. `--help` is left to the job to print."""
+        if any(a in ("-h", "--help") for a in args):
+            return None
+        parser = importlib.import_module(self.module).arg_parser()
+
+        def refuse(message: str) -> NoReturn:
+            raise _UsageError(message)
+
+        # Not argparse's own error(), which prints to stderr and exits: this runs inside a server.
+        parser.error = refuse  # type: ignore[method-assign]
+        try:
+            parser.parse_args(list(args))
+        except _UsageError as exc:
+            return f"{self.name}: {exc} (its options: tapdeck train --recipe {self.name} -- --help)"
+        return None
 
     def run_refused(self, run: str | None) -> str | None:
         """Why a launch given the rollout run `run` cannot use it, or None: the recipe reads no

@@ -312,7 +312,7 @@ def model_path(arg: str | None) -> Path:
         raise
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def arg_parser() -> argparse.ArgumentParser:
     """The recipe's options."""
     p = argparse.ArgumentParser(prog="cpu-grpo", description=__doc__.split("\n\n")[0],
                                 allow_abbrev=False)
@@ -345,6 +345,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--check-weights", metavar="GGUF", default=None,
                    help="compare the loaded weights with GGUF's (e.g. the shipped Q4_1 file the "
                         "served F16 one was made from) before training (<run dir>/weights_check.json)")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The recipe's options, with the server it reports to."""
+    p = arg_parser()
     args = p.parse_args(argv)
     if not args.server:
         p.error("no tapdeck server: pass --server or launch through `tapdeck train`")

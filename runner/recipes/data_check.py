@@ -259,7 +259,8 @@ def group_advantages(rewards: list[float | None]) -> list[float | None]:
     return [None if r is None else (r - mean) / (std + EPS) for r in rewards]
 
 
-def _arg_parser() -> argparse.ArgumentParser:
+def arg_parser() -> argparse.ArgumentParser:
+    """The recipe's options."""
     p = argparse.ArgumentParser(prog="tapdeck.runner.recipes.data_check", allow_abbrev=False,
                                 description="Check and score exported training rows (no weight update).")
     src = p.add_mutually_exclusive_group(required=True)
@@ -298,7 +299,7 @@ def resolve_rows(args: argparse.Namespace) -> Path:
 def main(argv: list[str] | None = None) -> int:
     """Run the check; the exit code (0 all valid, 1 contract violations, 2 unreadable input or
     nothing to check)."""
-    args = _arg_parser().parse_args(argv)
+    args = arg_parser().parse_args(argv)
     try:
         path = resolve_rows(args)
         rollouts = load_rollouts(path)

@@ -128,3 +128,28 @@ def test_recipe_args_that_name_its_rows_stand_in_for_run(args: list[str]) -> Non
     assert check.rows_missing("run-1", []) is None
     assert check.rows_missing(None, ["--step-delay", "0"]) == "data-check needs --run RUN (or --rows PATH)"
     assert RECIPES["cpu-grpo"].rows_missing(None, []) is None  # it reads no exported rows
+
+
+def test_train_refuses_recipe_args_its_parser_refuses_as_bad_usage_before_a_job_starts(
+        train_server: Any, tmp_path: Path) -> None:
+    rows = write_export(tmp_path / "rows.jsonl")
+    jobs = Path(train_server.config.data_dir) / "train"
+    typo = train(train_server, "--rows", str(rows), "--bogus", "3")
+    assert typo.returncode == 2, typo.stdout + typo.stderr
+    assert typo.stderr.strip().splitlines() == [
+        "tapdeck train: POST /admin/train refused (422): data-check: unrecognized arguments: "
+        "--bogus 3 (its options: tapdeck train --recipe data-check -- --help)"]
+    # A value of the wrong type, for the CPU training recipe: refused before its model loads.
+    steps = train(train_server, "--recipe", "cpu-grpo", "--steps", "one")
+    assert steps.returncode == 2, steps.stdout + steps.stderr
+    assert "cpu-grpo: argument --steps: invalid int value: 'one'" in steps.stderr
+    assert not jobs.is_dir() or not any(p.name.startswith("t-") for p in jobs.iterdir())
+
+
+def test_a_recipes_usage_check_leaves_help_to_the_job_and_takes_what_it_parses() -> None:
+    from tapdeck.runner.recipes import RECIPES
+
+    assert RECIPES["cpu-grpo"].usage_error(["--help"]) is None  # the job prints it
+    assert RECIPES["cpu-grpo"].usage_error(["--tasks", "hello-file", "--steps", "1"]) is None
+    assert RECIPES["grpo-trl"].usage_error(["--run", "run-1"]) is None
+    assert RECIPES["data-check"].usage_error(["--rows", "r.jsonl", "--step-delay", "0"]) is None
