@@ -72,6 +72,11 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"tapdeck train: --run {run!r} is not a run id: give a plain id (run-…), "
                        "not a path", err=True)
             raise typer.Exit(2)
+        if ctx.args and ctx.args[0] in RECIPES:
+            # `tapdeck train cpu-grpo` would hand the name to the default recipe as an argument.
+            typer.echo(f"tapdeck train: give the recipe as an option: tapdeck train --recipe "
+                       f"{ctx.args[0]} ...", err=True)
+            raise typer.Exit(2)
         known = RECIPES.get(recipe)  # an unknown one is the server's to refuse, naming those it has
         if not list_ and known is not None and (
                 why := known.rows_missing(run, ctx.args) or known.run_refused(run)):

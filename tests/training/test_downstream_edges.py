@@ -254,3 +254,11 @@ def test_train_refuses_a_run_whose_rollouts_are_all_eval_tier_saying_so(tmp_path
     assert ("run run-x has nothing to train on: none of its 2 finished rollout(s) gave a "
             "training row (run-x.g000r00: session s-0 is an eval rollout") in res.output
     assert "training run t-" not in res.output
+
+
+def test_train_given_a_recipe_name_without_recipe_says_to_use_the_option(tmp_path: Path) -> None:
+    res = _train("cpu-grpo", "--steps", "1", "--data-dir", str(tmp_path / "data"))
+    assert res.exit_code == 2, res.output
+    # Not data-check's complaint about rows: the name was meant as the recipe.
+    assert res.output.strip() == "tapdeck train: give the recipe as an option: tapdeck train --recipe cpu-grpo ..."
+    assert not (tmp_path / "data").exists()  # refused before a server started there
