@@ -25,6 +25,7 @@ from tapdeck.runner.training import (
     load_run,
     recipe_python,
     tail_lines,
+    train_root,
 )
 from tapdeck.schema.train import (
     MetricRow,
@@ -201,8 +202,11 @@ class TrainingJobs:
         env = dict(self.server_env)
         if recipe.env == "train":
             env.update(_model_env())
-        job = TrainingRun(recipe, args, data_dir=self.data_dir, extra_env=env)
-        job.start()
+        try:
+            job = TrainingRun(recipe, args, data_dir=self.data_dir, extra_env=env).start()
+        except OSError as exc:  # a data dir whose train/ is not a writable folder
+            raise TrainRefused(f"cannot write the training run's files under "
+                               f"{train_root(self.data_dir)} ({exc.strerror or exc})") from exc
         with self._lock:
             self._jobs[job.run_id] = job
         assert job.record is not None

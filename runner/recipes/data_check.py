@@ -300,6 +300,13 @@ def main(argv: list[str] | None = None) -> int:
     """Run the check; the exit code (0 all valid, 1 contract violations, 2 unreadable input or
     nothing to check)."""
     args = arg_parser().parse_args(argv)
+    out_dir = args.out_dir or Path(os.environ.get("TRACKIO_DIR") or ".").resolve().parent
+    try:  # first: a folder it cannot write must not cost a whole check before it says so
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"data-check: cannot write its output folder {out_dir} ({exc.strerror or exc}); "
+              "give a writable --out-dir", file=sys.stderr)
+        return 2
     try:
         path = resolve_rows(args)
         rollouts = load_rollouts(path)
@@ -337,8 +344,6 @@ def main(argv: list[str] | None = None) -> int:
 
     import trackio  # only here: the recipe process pays its import, never the launcher or the TUI
 
-    out_dir = args.out_dir or Path(os.environ.get("TRACKIO_DIR") or ".").resolve().parent
-    out_dir.mkdir(parents=True, exist_ok=True)
     trackio.init(project=args.project, name=args.name,
                  config={"recipe": "data-check", "rows_file": str(path), "updates_weights": False,
                          "fork_threshold_tokens": args.fork_threshold})

@@ -103,6 +103,19 @@ def test_missing_export_is_a_clear_usage_error(tmp_path: Path) -> None:
     assert any("tapdeck export r-none" in line for line in lines)
 
 
+def test_data_check_with_an_out_dir_it_cannot_write_says_so_in_one_line(tmp_path: Path,
+                                                                        export_file: Path) -> None:
+    lines: list[str] = []
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    job = TrainingRun("data-check", ["--rows", str(export_file), "--out-dir", str(blocked / "out")],
+                      data_dir=tmp_path / "data", on_line=lines.append).start()
+    assert job.wait() == 2
+    assert lines == [f"data-check: cannot write its output folder {blocked / 'out'} (Not a "
+                     "directory); give a writable --out-dir"]
+    assert load_run(tmp_path / "data", job.run_id).error.startswith("data-check: cannot write")
+
+
 def test_turn_checks_name_each_contract_break(export_file: Path) -> None:
     (rollout, *_) = load_rollouts(export_file)
     turn = rollout.turns[0]

@@ -153,3 +153,15 @@ def test_a_recipes_usage_check_leaves_help_to_the_job_and_takes_what_it_parses()
     assert RECIPES["cpu-grpo"].usage_error(["--tasks", "hello-file", "--steps", "1"]) is None
     assert RECIPES["grpo-trl"].usage_error(["--run", "run-1"]) is None
     assert RECIPES["data-check"].usage_error(["--rows", "r.jsonl", "--step-delay", "0"]) is None
+
+
+def test_train_into_a_data_dir_whose_train_folder_cannot_be_written_says_so_in_one_line(
+        train_server: Any, tmp_path: Path) -> None:
+    rows = write_export(tmp_path / "rows.jsonl")
+    jobs = Path(train_server.config.data_dir) / "train"
+    jobs.write_text("")  # a file where the runs' folder goes
+    out = train(train_server, "--rows", str(rows))
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert out.stderr.strip().splitlines() == [
+        f"tapdeck train: POST /admin/train refused (400): cannot write the training run's files "
+        f"under {jobs} (Not a directory)"]
