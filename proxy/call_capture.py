@@ -21,6 +21,7 @@ from typing import Any
 from tapdeck.proxy.access_log import CURRENT_CALL
 from tapdeck.proxy.activity import ActivityLog
 from tapdeck.proxy.aux import forget_engine
+from tapdeck.proxy.dialects.arguments import not_object_findings
 from tapdeck.proxy.dialects.base import DialectError, DialectRequest
 from tapdeck.proxy.dialects.chat import fold_system_messages, has_late_system
 from tapdeck.proxy.engine_client import EngineClient, EngineError
@@ -175,6 +176,8 @@ class CallCapture:
         if plan is not None:
             meta["capture_mode"] = plan.record
         findings = _cap_findings(sampling, reply)
+        if req.context.get("object_arguments"):
+            findings.extend(not_object_findings(reply))
         if session.token_in is not None and (thought := session.token_in.reply_finding(reply)):
             findings.append(thought)
         if chat["messages"] is not req.chat["messages"] and has_late_system(req.chat["messages"]):

@@ -286,6 +286,9 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/dialects/test_agent_quirks.py::test_gemini_router_gets_json_from_an_engine_that_ignores_the_schema
   → tests/dialects/test_agent_quirks.py::test_agent_turn_in_a_training_session_is_never_constrained
   → tests/proxy_core/test_graph.py::test_tool_bearing_path_is_agent_and_tool_less_root_is_auxiliary
+- tool-call arguments that are not a JSON object reach Anthropic and Google clients as `{}` with a
+  finding, and are resent as sampled
+  → tests/dialects/test_wire_fidelity.py::test_tool_arguments_that_are_not_a_json_object_are_a_finding_and_resent_as_sampled
 - side calls and dropped reasoning are named
   → tests/proxy_core/test_graph.py::test_conversation_resent_under_another_system_prompt_is_a_side_call_not_a_break
   → tests/proxy_core/test_graph.py::test_reply_resent_without_its_sampled_reasoning_is_named_reasoning_dropped

@@ -213,7 +213,8 @@ class AnthropicDialect:
                                        "json_schema": {"name": "output", "schema": fmt.get("schema") or {}}}
         return DialectRequest(chat=chat, stream=body.get("stream") is True,
                               client_model=body.get("model"),
-                              context={"stop_sequences": list(stops), "dropped_tools": dropped})
+                              context={"stop_sequences": list(stops), "dropped_tools": dropped,
+                                       "object_arguments": True})
 
     # ---- replies -------------------------------------------------------------------------------
 

@@ -273,7 +273,8 @@ class GoogleDialect:
                                                                               "schema": schema}}
                                        if schema else {"type": "json_object"})
         stream = is_streaming(path, query)
-        context: dict[str, Any] = {"call_base": call_count, "dropped_tools": dropped}
+        context: dict[str, Any] = {"call_base": call_count, "dropped_tools": dropped,
+                                   "object_arguments": True}
         if _get(config, "responseLogprobs", "response_logprobs") is True:
             top = config.get("logprobs")
             context["logprobs"] = top if type(top) is int and top > 0 else 0

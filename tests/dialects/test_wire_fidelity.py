@@ -18,6 +18,7 @@ import pytest
 from google.genai import types
 
 from tests.conftest import vllm_fixture, vllm_reply_to
+from tests.rendered_findings import rendered
 from tests.dialects.agent_recordings import google_client
 from tests.dialects.conftest import CaptureServer, ScriptedUpstream
 
@@ -200,3 +201,52 @@ def test_responses_conversation_or_stored_prompt_is_refused_not_answered_without
     assert err.value.body["message"].startswith(f"{param} is not supported by tapdeck: ")
     assert "instead" not in err.value.body["message"] and "input" in err.value.body["message"]
     assert upstream.requests == []
+
+
+# ---- tool-call arguments that are not a JSON object ---------------------------------------------
+
+CUT_ARGUMENTS = '{"command": "ls -'  # a call cut short, as a parser passing raw text through gives it
+
+
+def _anthropic_round_trip(info: dict[str, Any], tools: list[dict[str, Any]]) -> tuple[Any, Any]:
+    client = _anthropic(info)
+    anthropic_tools = [{"name": t["name"], "input_schema": t["parameters"]} for t in tools]
+    first = [{"role": "user", "content": "list the files"}]
+    message = client.messages.create(model="claude-x", max_tokens=8, messages=first, tools=anthropic_tools)
+    block = message.content[-1]
+    client.messages.create(model="claude-x", max_tokens=8, tools=anthropic_tools, messages=[
+        *first, {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in message.content]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": block.id, "content": "error"}]}])
+    return block.name, block.input
+
+
+def _google_round_trip(info: dict[str, Any], tools: list[dict[str, Any]]) -> tuple[Any, Any]:
+    client = google_client(info)
+    config = types.GenerateContentConfig(
+        max_output_tokens=8, tools=[types.Tool(function_declarations=[
+            types.FunctionDeclaration(name=t["name"], parameters_json_schema=t["parameters"]) for t in tools])],
+        automatic_function_calling=types.AutomaticFunctionCallingConfig(disable=True))
+    first = [types.Content(role="user", parts=[types.Part(text="list the files")])]
+    content = client.models.generate_content(model="gemini-x", contents=first, config=config).candidates[0].content
+    call = content.parts[-1].function_call
+    client.models.generate_content(model="gemini-x", config=config, contents=[
+        *first, content, types.Content(role="user", parts=[types.Part(function_response=types.FunctionResponse(
+            id=call.id, name=call.name, response={"output": "error"}))])])
+    return call.name, call.args
+
+
+@pytest.mark.parametrize("round_trip", [_anthropic_round_trip, _google_round_trip], ids=["anthropic", "google"])
+def test_tool_arguments_that_are_not_a_json_object_are_a_finding_and_resent_as_sampled(
+        upstream: ScriptedUpstream, capture: CaptureServer, tool_reply: Any, round_trip: Any) -> None:
+    # Anthropic `input` and Google `args` must be objects, so the agent is handed {} for them: the
+    # turn says so, and the {} it resends renders as what the model sampled (the chain holds).
+    tools = [{"name": "bash", "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}]
+    info = capture.open_session()
+    upstream.answer = lambda body: (200, vllm_reply_to(body, tool_reply([("bash", CUT_ARGUMENTS)])))
+    assert round_trip(info, tools) == ("bash", {})
+    resent = upstream.requests[-1]["messages"][-2]
+    assert resent["tool_calls"][0]["function"]["arguments"] == CUT_ARGUMENTS
+    findings = [f for f in rendered(capture.turn(info["id"], 0)["findings"]) if "tool_arguments" in f]
+    assert findings == [f"[WARN] tool_arguments_not_object: tool call 0 (bash): the sampled arguments are "
+                        f"not a JSON object, so the agent was handed {{}} for {CUT_ARGUMENTS!r}; resent, "
+                        "the call renders as sampled"]
