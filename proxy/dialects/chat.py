@@ -137,6 +137,7 @@ class ChatDialect:
     def render(self, reply: Mapping[str, Any], request: DialectRequest) -> dict[str, Any]:
         """The reply as the client would get it from the engine directly, under its own model name."""
         out = dict(reply)
+        out.pop("tapdeck_synthetic", None)  # the proxy's own mark on a stop it made up
         if request.client_model:
             out["model"] = request.client_model
         out["usage"] = zero_filled_usage(reply.get("usage"))

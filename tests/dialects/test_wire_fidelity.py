@@ -250,3 +250,22 @@ def test_tool_arguments_that_are_not_a_json_object_are_a_finding_and_resent_as_s
     assert findings == [f"[WARN] tool_arguments_not_object: tool call 0 (bash): the sampled arguments are "
                         f"not a JSON object, so the agent was handed {{}} for {CUT_ARGUMENTS!r}; resent, "
                         "the call renders as sampled"]
+
+
+# ---- the proxy's own stop replies ---------------------------------------------------------------
+
+def test_chat_stop_reply_of_a_spent_budget_has_only_the_fields_vllm_sends(upstream: ScriptedUpstream,
+                                                                         capture: CaptureServer) -> None:
+    info = capture.open_session(call_budget=1)
+
+    def call() -> httpx.Response:
+        return httpx.post(f"{info['base_urls']['openai']}/chat/completions", timeout=30,
+                          headers={"Authorization": f"Bearer {info['api_key']}"},
+                          json={"model": "gpt-x", "max_tokens": 8, "messages": [{"role": "user", "content": "q"}]})
+
+    assert call().status_code == 200
+    reply = call()
+    assert reply.status_code == 200
+    body = reply.json()
+    assert "budget" in body["choices"][0]["message"]["content"]
+    assert set(body) <= set(vllm_fixture("chat_basic")["response"]), set(body)
