@@ -78,8 +78,8 @@ class CaptureServer:
     store: Store | None = None
     """The server's store (tests that make it fail reach it here)."""
 
-    def open_session(self) -> dict[str, Any]:
-        reply = self.admin.post("/admin/sessions", json={})
+    def open_session(self, **spec: Any) -> dict[str, Any]:
+        reply = self.admin.post("/admin/sessions", json=spec)
         reply.raise_for_status()
         return reply.json()
 

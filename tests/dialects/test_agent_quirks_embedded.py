@@ -84,7 +84,9 @@ def test_chat_developer_message_after_the_first_turn_leaves_one_chain(proxy: Cap
 
 
 def test_gemini_router_gets_json_from_the_embedded_engine(proxy: CaptureServer) -> None:
-    info = proxy.open_session()
+    # The router asks for no output limit; capped as a rollout's session caps it (the runner sets
+    # `max_output_tokens`), or the 135M model fills its whole context first (~6 min here).
+    info = proxy.open_session(max_output_tokens=64)
     value = json.loads(gemini_router(info).text)
     assert isinstance(value, dict) and {"complexity_reasoning", "complexity_score"} <= set(value)
     assert proxy.turn(info["id"], 0)["meta"]["call_role"] == "auxiliary"
