@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +36,28 @@ class EngineCore:
         self.model = model
         self.template = ChatTemplate(model.chat_template) if model.chat_template else None
         self.lock = threading.Lock()
+        self._wanting = 0  # threads waiting in `holding()`: a settle in progress gives way to them
+        self._wanting_guard = threading.Lock()
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """Hold the model, as `lock` does, except that a settle in progress stops at its next
+        batch for this caller instead of finishing first (`LlamaModel.settle`)."""
+        with self._wanting_guard:
+            self._wanting += 1
+        try:
+            self.lock.acquire()
+        finally:
+            with self._wanting_guard:
+                self._wanting -= 1
+        try:
+            yield
+        finally:
+            self.lock.release()
+
+    def wanted(self) -> bool:
+        """Whether a caller is waiting in `holding()`."""
+        return self._wanting > 0
 
     def chat_prompt(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None,
                     add_generation_prompt: bool = True, continue_final_message: bool = False,
@@ -69,9 +91,10 @@ class EngineCore:
         """Generate every choice under the lock, hand the result over, then settle the cache.
 
         Settling (re-batching the reply into the KV cache, see `LlamaModel.settle`) happens after
-        the caller has its answer, typically while the agent runs the tool the reply asked for.
+        the caller has its answer, typically while the agent runs the tool the reply asked for, and
+        gives way to the next caller waiting for the model.
         """
-        with self.lock:
+        with self.holding():
             try:
                 for index, gen in enumerate(gens):
                     gen.sampler.reset_output()
@@ -86,7 +109,7 @@ class EngineCore:
                 done(exc)
                 return
             done([g.choice for g in gens])
-            self.model.settle()
+            self.model.settle(self.wanted)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, rules: StopRules, *,
                        n: int = 1, top_logprobs: int | None = None,

@@ -79,7 +79,8 @@ class EmbeddedEngine:
             self._server.stop()
             self._server = None
         if self.core is not None:
-            with self.core.lock:  # a generation still running on a worker thread finishes first
+            # A generation still running on a worker thread finishes first; a settle stops.
+            with self.core.holding():
                 self.core.model.close()
             self.core = None
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -187,15 +187,20 @@ class LlamaModel:
         self._llm.eval(ids)
         self.evaluated += len(ids)
 
-    def _eval_batched(self, ids: Sequence[int]) -> None:
+    def _eval_batched(self, ids: Sequence[int], interrupted: Callable[[], bool] | None = None) -> int:
+        """Evaluate `ids` in batches; stop between batches once `interrupted()` is true.
+        Returns how many were evaluated."""
         # Chunks of at least two tokens: llama.cpp's one-token path gives different numbers.
         pos = 0
         while pos < len(ids):
+            if interrupted is not None and interrupted():
+                break
             size = min(_CHUNK, len(ids) - pos)
             if len(ids) - pos - size == 1:
                 size -= 1
             self._eval(list(ids[pos:pos + size]))
             pos += size
+        return pos
 
     def prefill(self, ids: Sequence[int]) -> np.ndarray:
         """Evaluate a prompt and return the next-token logits (float64).
@@ -233,11 +238,16 @@ class LlamaModel:
         self._eval([token])
         return self._last_logits()
 
-    def settle(self) -> None:
+    def settle(self, interrupted: Callable[[], bool] | None = None) -> None:
         """Re-evaluate, as one batch, the cached positions that were computed one at a time (the
         last prompt token and the reply), so the next call can reuse them with batch numerics.
 
         Run after a reply has gone out: it costs what the next call's prefill would otherwise pay.
+        It stops between batches once `interrupted()` is true (another call wants the model, or the
+        engine is closing): the cache then ends where the re-evaluation got to. Nothing is lost by
+        that, since a follow-up of this reply re-evaluates the rest in its own prefill, and any
+        other call would overwrite it; a long reply's settle (minutes for 8k tokens on two cores)
+        no longer holds up the next call or a shutdown.
         """
         llm = self._llm
         end = llm.n_tokens
@@ -245,9 +255,8 @@ class LlamaModel:
         if end - start < 2:
             return
         tail = llm.input_ids[start:end].tolist()
-        llm.n_tokens = start
-        self._eval_batched(tail)
-        self._batched = end
+        llm.n_tokens = self._batched = start
+        self._batched = start + self._eval_batched(tail, interrupted)
 
     def _last_logits(self) -> np.ndarray:
         ptr = self._lc.llama_get_logits_ith(self._llm._ctx.ctx, -1)

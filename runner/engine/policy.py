@@ -13,7 +13,7 @@ Numerics: fp32 forward with a KV cache; the cache is dropped whenever the weight
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -166,7 +166,7 @@ class PolicyModel:
         """Append one token and return the next-token logits."""
         return self._forward([token])
 
-    def settle(self) -> None:
+    def settle(self, interrupted: Callable[[], bool] | None = None) -> None:
         """Nothing to settle: torch's batched and one-token paths agree to float rounding."""
 
     def close(self) -> None:
