@@ -280,6 +280,7 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
 - namespace tools are flattened; hosted tools dropped with a finding
   → tests/dialects/test_agent_quirks.py::test_codex_namespace_tools_round_trip
   → tests/dialects/test_app_hosted_tools_and_google_json_stream.py::test_dropped_hosted_tools_are_a_warn_finding_on_the_stored_turn
+  → tests/dialects/test_app_hosted_tools_and_google_json_stream.py::test_anthropic_mcp_servers_are_dropped_as_hosted_tools_with_a_finding
 - JSON mode calls are auxiliary, honoured, never trained; a trained turn is never constrained;
   tool-less calls among tool calls are auxiliary
   → tests/dialects/test_agent_quirks.py::test_openai_json_schema_modes_are_auxiliary_and_honoured

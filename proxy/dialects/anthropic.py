@@ -2,7 +2,8 @@
 
 Request: `system` (string or text blocks; Claude Code's per-request `x-anthropic-billing-header:`
 line removed so the prompt stays byte-stable), `messages` with text / `tool_use` / `tool_result` /
-`thinking` blocks, `tools[].input_schema`, `tool_choice`, sampling and `stop_sequences`. A final
+`thinking` blocks, `tools[].input_schema`, `tool_choice`, sampling and `stop_sequences`. Server
+tools and `mcp_servers` (run by Anthropic) are dropped and named in `context["dropped_tools"]`. A final
 assistant text (a prefill) is continued, as Anthropic continues it.
 Reply: a `message` body with `stop_reason` end_turn / max_tokens / tool_use / stop_sequence, or the
 SSE sequence message_start, content_block_start/delta/stop, message_delta, message_stop.
@@ -194,6 +195,9 @@ class AnthropicDialect:
         if isinstance(body.get("n"), int) and body["n"] > 1:
             raise DialectError(400, "n > 1 is not supported: one completion per call", param="n")
         tools, dropped = _convert_tools(objects_at(body.get("tools"), "tools"))
+        # MCP servers are reached by Anthropic's own connector: their tools are hosted tools too.
+        dropped += [f"mcp_servers[{server.get('name') or server.get('url') or i}]"
+                    for i, server in enumerate(objects_at(body.get("mcp_servers"), "mcp_servers"))]
         if tools:
             chat["tools"] = tools
             choice, parallel = _convert_tool_choice(body.get("tool_choice"))

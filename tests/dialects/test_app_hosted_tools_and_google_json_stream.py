@@ -12,6 +12,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import anthropic
 import httpx
 import pytest
 
@@ -131,3 +132,15 @@ def test_google_json_array_stream_error_is_an_error_element(app: CaptureServer) 
     assert reply.status_code == 200
     body = json.loads(reply.content)
     assert isinstance(body, list) and body[-1]["error"]["code"] >= 500 and body[-1]["error"]["status"]
+
+
+def test_anthropic_mcp_servers_are_dropped_as_hosted_tools_with_a_finding(app: CaptureServer) -> None:
+    # Anthropic's MCP connector calls these servers' tools itself; the engine never sees them.
+    info = app.open_session()
+    client = anthropic.Anthropic(api_key=info["api_key"], base_url=info["base_urls"]["anthropic"], max_retries=0)
+    message = client.beta.messages.create(
+        model="claude-x", max_tokens=8, messages=[{"role": "user", "content": "hi"}],
+        mcp_servers=[{"type": "url", "url": "https://mcp.example/sse", "name": "git"}],
+        betas=["mcp-client-2025-04-04"])
+    assert message.content[0].text == "The capital of France is Paris."
+    assert _dropped(app.turn(info["id"], 0)) == [f"[WARN] dropped_tools: mcp_servers[git] ({HOSTED})"]
