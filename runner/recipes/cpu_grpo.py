@@ -41,10 +41,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -312,6 +314,31 @@ def model_path(arg: str | None) -> Path:
         raise
 
 
+def whole_number(least: int) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least `least` (refused before the model loads, not
+    by the trainer minutes later)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{value} is below {least}")
+        return value
+    return parse
+
+
+def positive_number(text: str) -> float:
+    """An argparse type: a finite number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number above 0")
+    return value
+
+
 def arg_parser() -> argparse.ArgumentParser:
     """The recipe's options."""
     p = argparse.ArgumentParser(prog="cpu-grpo", description=__doc__.split("\n\n")[0],
@@ -322,21 +349,22 @@ def arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--tasks", default=None,
                    help="comma-separated sample tasks (default: all of the dataset's)")
     p.add_argument("--dataset", default=None, help="dataset the server runs (default: sample)")
-    p.add_argument("--group-size", type=int, default=4, help="rollouts per task (num_generations)")
-    p.add_argument("--tasks-per-step", type=int, default=1, help="groups per optimizer step")
-    p.add_argument("--steps", type=int, default=10, help="optimizer steps (max_steps)")
-    p.add_argument("--max-turns", type=int, default=2, help="terminus-2 turns per rollout")
-    p.add_argument("--max-tokens", type=int, default=64, help="tokens per reply")
-    p.add_argument("--call-budget", type=int, default=None,
+    p.add_argument("--group-size", type=whole_number(2), default=4,
+                   help="rollouts per task (num_generations; GRPO compares at least 2)")
+    p.add_argument("--tasks-per-step", type=whole_number(1), default=1, help="groups per optimizer step")
+    p.add_argument("--steps", type=whole_number(1), default=10, help="optimizer steps (max_steps)")
+    p.add_argument("--max-turns", type=whole_number(1), default=2, help="terminus-2 turns per rollout")
+    p.add_argument("--max-tokens", type=whole_number(1), default=64, help="tokens per reply")
+    p.add_argument("--call-budget", type=whole_number(1), default=None,
                    help="model calls per rollout (default: the server's, 3 x max turns: terminus-2 "
                         "re-asks after a reply it cannot parse)")
-    p.add_argument("--redraws", type=int, default=2,
+    p.add_argument("--redraws", type=whole_number(0), default=2,
                    help="times a group whose rollouts all score the same is drawn again (it would "
                         "teach nothing: zero advantage)")
-    p.add_argument("--lr", type=float, default=1e-5, help="learning rate")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling = training temperature")
+    p.add_argument("--lr", type=positive_number, default=1e-5, help="learning rate")
+    p.add_argument("--temperature", type=positive_number, default=1.0, help="sampling = training temperature")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--rollout-timeout", type=float, default=900.0, help="seconds per group")
+    p.add_argument("--rollout-timeout", type=positive_number, default=900.0, help="seconds per group")
     p.add_argument("--run-name", default=os.environ.get("TAPDECK_TRAIN_RUN_ID", "cpu-grpo"))
     p.add_argument("--output-dir", default=None, help="trainer output dir (default: <run dir>/trainer)")
     p.add_argument("--check-logprobs", action="store_true",

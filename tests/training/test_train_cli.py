@@ -165,3 +165,18 @@ def test_train_into_a_data_dir_whose_train_folder_cannot_be_written_says_so_in_o
     assert out.stderr.strip().splitlines() == [
         f"tapdeck train: POST /admin/train refused (400): cannot write the training run's files "
         f"under {jobs} (Not a directory)"]
+
+
+def test_cpu_grpo_refuses_numbers_out_of_range_before_its_model_loads(train_server: Any) -> None:
+    from tapdeck.runner.recipes import RECIPES
+
+    # A group of 1 has no advantage to compute: TRL's config died of it after the model loaded.
+    out = train(train_server, "--recipe", "cpu-grpo", "--group-size", "1", "--steps", "1")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "cpu-grpo: argument --group-size: 1 is below 2" in out.stderr
+    check = RECIPES["cpu-grpo"].usage_error
+    assert "argument --group-size: 0 is below 2" in check(["--group-size", "0"])
+    assert "argument --steps: 0 is below 1" in check(["--steps", "0"])
+    assert "argument --lr: 0 is not a finite number above 0" in check(["--lr", "0"])
+    assert "argument --temperature: nan is not a finite number above 0" in check(["--temperature", "nan"])
+    assert check(["--group-size", "2", "--redraws", "0", "--lr", "1e-4"]) is None
