@@ -175,6 +175,10 @@ class CallCapture:
                 "usage": reply.get("usage"), "reply_id": reply["id"]}
         if plan is not None:
             meta["capture_mode"] = plan.record
+        stop = ((reply.get("choices") or [{}])[0] or {}).get("stop_reason")
+        if isinstance(stop, str):
+            # The string's sampled tokens are not in the reply's text: the graph names the break.
+            meta["stop_string"] = stop
         findings = _cap_findings(sampling, reply)
         if req.context.get("object_arguments"):
             findings.extend(not_object_findings(reply))

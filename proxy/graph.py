@@ -23,8 +23,9 @@ prefix of the prompt is hashed, O(prompt) with the tiny constant above. Both giv
 Prefix breaks (real vLLM, see tests/fixtures/vllm/README.md) are linked visibly:
 * a turn cut by `length` gets an end token the model never sampled: still an exact prefix (INFO);
 * the new prompt starts with a node's prompt and its request carries that node's reply as *text*,
-  but the ids differ (re-tokenisation, special tokens dropped from content): a `retokenized` edge
-  with a WARN naming the node and the absolute offset where the ids diverge;
+  but the ids differ (re-tokenisation, special tokens dropped from content, a stop string's
+  tokens left out of the text): a `retokenized` edge with a WARN naming the node, the absolute
+  offset where the ids diverge and, where it can tell, why;
 * the messages continue a node but the prompt ids do not even start with its prompt: linked to the
   best exact prefix (or a root) with a WARN `prefix_break`, counted as a break.
 Two look-alikes are named for what they are: a call that resends a node's conversation under
@@ -864,7 +865,13 @@ class RolloutGraph:
             j = offset - p.prompt_len
             why = "the reply's text re-tokenises to other ids"
             texts = p.turn.token_texts
-            if texts and 0 <= j < len(texts) and _is_special(texts[j]):
+            stop = p.turn.meta.get("stop_string")
+            # Generation ends on the token completing the stop string, which spans at most its
+            # byte length in tokens: a divergence there is the string left out of the text.
+            if isinstance(stop, str) and j >= p.sampled_len - len(stop.encode()):
+                why = (f"turn {parent} stopped on the stop string {stop!r}, whose sampled tokens "
+                       "its reply's text leaves out")
+            elif texts and 0 <= j < len(texts) and _is_special(texts[j]):
                 why = f"special token {texts[j]!r} inside the reply (dropped from its text)"
             if p.turn.finish_reason == "length":
                 why += f"; turn {parent} was also cut by length"

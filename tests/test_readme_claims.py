@@ -241,6 +241,7 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/proxy_core/test_graph.py::test_truncated_turn_links_as_prefix_with_info_about_the_unsampled_end_token
   → tests/proxy_core/test_graph.py::test_retokenized_reply_links_with_warn_naming_node_and_offset
   → tests/proxy_core/test_graph.py::test_special_tokens_inside_reply_are_visible_breaks
+  → tests/dialects/test_wire_fidelity.py::test_a_reply_cut_at_a_stop_string_names_the_stop_string_as_the_prefix_break
 - `previous_response_id` chains link; an unknown id is a 400, and so is a `conversation` or a
   stored `prompt`
   → tests/dialects/test_sdk_end_to_end.py::test_openai_responses_sdk_chained_by_previous_response_id_is_one_root

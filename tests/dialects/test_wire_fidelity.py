@@ -269,3 +269,35 @@ def test_chat_stop_reply_of_a_spent_budget_has_only_the_fields_vllm_sends(upstre
     body = reply.json()
     assert "budget" in body["choices"][0]["message"]["content"]
     assert set(body) <= set(vllm_fixture("chat_basic")["response"]), set(body)
+
+
+# ---- a reply cut at a stop string ---------------------------------------------------------------
+
+def test_a_reply_cut_at_a_stop_string_names_the_stop_string_as_the_prefix_break(
+        upstream: ScriptedUpstream, capture: CaptureServer) -> None:
+    # vLLM cuts the text before the stop string but keeps the tokens it sampled for it, so the
+    # next prompt, rendered from the text the agent resends, leaves them out: a break whose cause
+    # is the stop string, not a re-tokenisation. chat_basic cut at "Paris", as vLLM answers it.
+    recorded = vllm_fixture("chat_basic")["response"]
+    prompt, sampled = recorded["prompt_token_ids"], recorded["choices"][0]["token_ids"][:6]  # ... " Paris"
+    first = copy.deepcopy(recorded)
+    choice = first["choices"][0]
+    choice["message"]["content"], choice["token_ids"], choice["stop_reason"] = "The capital of France is", sampled, "Paris"
+    choice["logprobs"]["content"] = choice["logprobs"]["content"][:6]
+    second = copy.deepcopy(recorded)
+    second["prompt_token_ids"] = [*prompt, *sampled[:5], 2, 198, 1, 4093, 198, 2, 198, 1, 520, 9531, 198]
+    info = capture.open_session(rollout_type="eval")
+    replies = iter([first, second])
+    upstream.answer = lambda body: (200, vllm_reply_to(body, next(replies)))
+    client = _openai(info)
+    messages: list[Any] = [{"role": "user", "content": "What is the capital of France?"}]
+    reply = client.chat.completions.create(model="gpt-x", max_tokens=8, messages=messages, stop=["Paris"])
+    messages += [reply.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "go on"}]
+    client.chat.completions.create(model="gpt-x", max_tokens=8, messages=messages)
+    turn = capture.turn(info["id"], 1)
+    assert (turn["parent"], turn["link_kind"]) == (0, "retokenized")
+    offset = len(prompt) + 5
+    assert [f for f in rendered(capture.summary(info["id"])["findings"]) if "retokenized" in f] == [
+        f"[WARN] retokenized: prompt continues turn 0's reply as text but the ids diverge at offset {offset} "
+        "(reply token 5): turn 0 stopped on the stop string 'Paris', whose sampled tokens its reply's "
+        "text leaves out"]
