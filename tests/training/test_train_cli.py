@@ -142,7 +142,7 @@ def test_train_refuses_recipe_args_its_parser_refuses_as_bad_usage_before_a_job_
     # A value of the wrong type, for the CPU training recipe: refused before its model loads.
     steps = train(train_server, "--recipe", "cpu-grpo", "--steps", "one")
     assert steps.returncode == 2, steps.stdout + steps.stderr
-    assert "cpu-grpo: argument --steps: invalid int value: 'one'" in steps.stderr
+    assert "cpu-grpo: argument --steps: 'one' is not a whole number" in steps.stderr
     assert not jobs.is_dir() or not any(p.name.startswith("t-") for p in jobs.iterdir())
 
 
