@@ -242,11 +242,9 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/proxy_core/test_graph.py::test_retokenized_reply_links_with_warn_naming_node_and_offset
   → tests/proxy_core/test_graph.py::test_special_tokens_inside_reply_are_visible_breaks
   → tests/dialects/test_wire_fidelity.py::test_a_reply_cut_at_a_stop_string_names_the_stop_string_as_the_prefix_break
-- `previous_response_id` chains link; an unknown id is a 400, and so is a `conversation` or a
-  stored `prompt`
+- `previous_response_id` chains link; an unknown id is a 400
   → tests/dialects/test_sdk_end_to_end.py::test_openai_responses_sdk_chained_by_previous_response_id_is_one_root
   → tests/dialects/test_responses_translation.py::test_unknown_or_unstored_previous_response_is_a_400_naming_it
-  → tests/dialects/test_wire_fidelity.py::test_responses_conversation_or_stored_prompt_is_refused_not_answered_without_its_content
 - any FATAL makes a rollout not ok; `reward: null` means never graded
   → tests/proxy_core/test_validation.py::test_turn_fatal_makes_rollout_not_ok
   → tests/app/test_views.py::test_reward_null_means_never_graded_not_zero
@@ -288,6 +286,10 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/dialects/test_agent_quirks.py::test_gemini_router_gets_json_from_an_engine_that_ignores_the_schema
   → tests/dialects/test_agent_quirks.py::test_agent_turn_in_a_training_session_is_never_constrained
   → tests/proxy_core/test_graph.py::test_tool_bearing_path_is_agent_and_tool_less_root_is_auxiliary
+- content held at the provider (Responses `conversation`, stored `prompt`, Google `cachedContent`)
+  is a 400 naming the field
+  → tests/dialects/test_wire_fidelity.py::test_responses_conversation_or_stored_prompt_is_refused_not_answered_without_its_content
+  → tests/dialects/test_wire_fidelity.py::test_google_cached_content_is_refused_not_answered_without_it
 - tool-call arguments that are not a JSON object reach Anthropic and Google clients as `{}` with a
   finding, and are resent as sampled
   → tests/dialects/test_wire_fidelity.py::test_tool_arguments_that_are_not_a_json_object_are_a_finding_and_resent_as_sampled

@@ -12,7 +12,7 @@ Streaming is requested in the URL (`:streamGenerateContent` or `alt=sse`), never
 `alt=sse` the stream is data-only SSE, each event one GenerateContentResponse chunk; without it,
 Google's JSON-array form: `[`, the same chunks comma-separated, `]` (application/json). Built-in
 tools (googleSearch, codeExecution, urlContext, ...) are dropped and named in
-`context["dropped_tools"]`.
+`context["dropped_tools"]`; `cachedContent` names content only Google holds, so it is refused (400).
 """
 
 from __future__ import annotations
@@ -236,6 +236,11 @@ class GoogleDialect:
     def parse(self, body: Mapping[str, Any], path: str, query: Mapping[str, str]) -> DialectRequest:
         if not isinstance(body, Mapping):
             raise DialectError(400, "the request body must be a JSON object")
+        if _get(body, "cachedContent", "cached_content") is not None:
+            # Answered without it, the model would never see what the cache holds.
+            raise DialectError(400, "cachedContent is not supported by tapdeck: cached content lives "
+                                    "at Google; send its contents and systemInstruction in the request",
+                               param="cachedContent")
         messages, call_count = _convert_contents(body.get("contents"))
         system = _system_text(body)
         if system:

@@ -15,6 +15,7 @@ import anthropic
 import httpx
 import openai
 import pytest
+from google.genai import errors as genai_errors
 from google.genai import types
 
 from tests.conftest import vllm_fixture, vllm_reply_to
@@ -200,6 +201,19 @@ def test_responses_conversation_or_stored_prompt_is_refused_not_answered_without
     assert err.value.param == param
     assert err.value.body["message"].startswith(f"{param} is not supported by tapdeck: ")
     assert "instead" not in err.value.body["message"] and "input" in err.value.body["message"]
+    assert upstream.requests == []
+
+
+def test_google_cached_content_is_refused_not_answered_without_it(upstream: ScriptedUpstream,
+                                                                   capture: CaptureServer) -> None:
+    client = google_client(capture.open_session())
+    upstream.requests.clear()  # the engine's probe, when this test opens the module's first session
+    with pytest.raises(genai_errors.ClientError) as err:
+        client.models.generate_content(model="gemini-x", contents="and now?", config=types.GenerateContentConfig(
+            max_output_tokens=8, cached_content="cachedContents/a1b2"))
+    assert err.value.code == 400 and err.value.status == "INVALID_ARGUMENT"
+    assert err.value.message == ("cachedContent is not supported by tapdeck: cached content lives at "
+                                 "Google; send its contents and systemInstruction in the request")
     assert upstream.requests == []
 
 
