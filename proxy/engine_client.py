@@ -92,8 +92,8 @@ def prepare_request(chat: Mapping[str, Any], tier: Tier | str, served_model: str
     """The upstream body for a chat request, and the sampling record `{"submitted", "requested"}`.
 
     At the training tier the truncating knobs are reset to no-ops and then `policy` (the training
-    session's sampling policy, e.g. the trainer's temperature) is applied; "requested" keeps what
-    the harness asked for.
+    session's sampling policy, e.g. the trainer's temperature) is applied, and a temperature still
+    unset is sent as 1.0; "requested" keeps what the harness asked for.
 
     At least `alternatives` top logprobs are asked for per token when a session captures them for
     inspection; the dialects give the client only as many as it asked for.
@@ -141,6 +141,9 @@ def prepare_request(chat: Mapping[str, Any], tier: Tier | str, served_model: str
     if training:
         body.update(NEUTRAL_SAMPLING)
         body.update(policy or {})
+        # Left out, vLLM applies the model's generation_config.json default (Qwen's 0.6, say):
+        # logprobs processed at a temperature neither the record nor the trainer would know.
+        body.setdefault("temperature", 1.0)
     submitted = {k: body[k] for k in SAMPLING_KEYS if k in body}
     return body, {"submitted": submitted, "requested": requested}
 

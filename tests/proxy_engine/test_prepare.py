@@ -164,6 +164,15 @@ def test_training_policy_temperature_is_sent_and_the_harness_request_recorded(ba
     assert eval_body["temperature"] == 0.7  # an eval session samples as its harness asks
 
 
+def test_training_tier_sends_temperature_one_when_neither_harness_nor_policy_sets_it(basic_chat):
+    chat = {k: v for k, v in basic_chat.items() if k != "temperature"}
+    body, sampling = prepare_request(chat, Tier.TOKENS, "smollm2", True)
+    assert body["temperature"] == 1.0 and sampling["submitted"]["temperature"] == 1.0
+    assert "temperature" not in sampling["requested"]
+    eval_body, eval_sampling = prepare_request(chat, Tier.TOKENS, "smollm2", False)
+    assert "temperature" not in eval_body and "temperature" not in eval_sampling["submitted"]
+
+
 @pytest.mark.parametrize("policy", [{"temperature": 0}, {"temperature": float("inf")}, {"top_p": 0.9},
                                     {"temperature": 1.0, "seed": 3}, {"temperature": True}])
 def test_training_policy_must_be_full_vocabulary(policy):
