@@ -401,6 +401,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # A stop (SIGTERM) unwinds through the `finally` below: server-side runs are cancelled.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    key = os.environ.get("TAPDECK_ADMIN_KEY")
+    http = httpx.Client(base_url=args.server.rstrip("/"), timeout=60.0,
+                        headers={"Authorization": f"Bearer {key}"} if key else {})
+    try:  # before the model loads: a misspelt task is refused at once, not after minutes
+        tasks = resolve_tasks(http, args.dataset, args.tasks)
+    except ValueError as exc:
+        http.close()
+        print(f"cpu-grpo: {exc}", file=sys.stderr)
+        return 2
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental: known, pinned
     import torch
     from datasets import Dataset
@@ -427,12 +436,8 @@ def main(argv: list[str] | None = None) -> int:
     engine = PolicyEngine(PolicyModel(model, tokenizer, path=gguf), served_name="smollm2-policy").start()
     print(f"[cpu-grpo] policy engine at {engine.base_url} (serves the weights being trained)", flush=True)
 
-    key = os.environ.get("TAPDECK_ADMIN_KEY")
     rollouts = None
-    http = httpx.Client(base_url=args.server.rstrip("/"), timeout=60.0,
-                        headers={"Authorization": f"Bearer {key}"} if key else {})
     try:
-        tasks = args.tasks.split(",") if args.tasks else _dataset_tasks(http, args.dataset)
         check = None
         if args.check_logprobs:
             check = fixed_completion(engine.base_url, engine.served_name, args.temperature)
@@ -497,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dataset_tasks(http: httpx.Client, dataset: str | None) -> list[str]:
-    """The dataset's task names, from the server's catalog."""
+    """The dataset's task names, from the server's catalog (empty when it does not list it)."""
     resp = http.get("/admin/catalog", timeout=300.0)
     resp.raise_for_status()
     for ds in resp.json().get("datasets") or []:
@@ -505,8 +510,25 @@ def _dataset_tasks(http: httpx.Client, dataset: str | None) -> list[str]:
             names = [t["name"] if isinstance(t, dict) else str(t) for t in ds.get("tasks") or []]
             if names:
                 return names
-    raise RuntimeError(f"the server's catalog has no tasks for dataset {dataset or 'sample'!r}; "
-                       "pass --tasks")
+    return []
+
+
+def resolve_tasks(http: httpx.Client, dataset: str | None, wanted: str | None) -> list[str]:
+    """The tasks to train on: `--tasks` (comma-separated), each checked against the dataset's
+    tasks in the server's catalog when it lists them, else all of the dataset's. ValueError saying
+    which are unknown, or that there are none."""
+    known = _dataset_tasks(http, dataset)
+    if wanted is None:
+        if not known:
+            raise ValueError(f"the server's catalog has no tasks for dataset {dataset or 'sample'!r}; "
+                             "pass --tasks")
+        return known
+    tasks = [t.strip() for t in wanted.split(",") if t.strip()]
+    if not tasks:
+        raise ValueError(f"--tasks {wanted!r} names no task")
+    if unknown := [t for t in tasks if known and t not in known]:
+        raise ValueError(f"unknown task(s) {', '.join(unknown)}; the dataset has {', '.join(known)}")
+    return tasks
 
 
 if __name__ == "__main__":

@@ -107,6 +107,24 @@ def test_redraws_stop_at_the_limit_and_keep_the_last_draw() -> None:
 
 
 @pytest.mark.slow
+def test_cpu_grpo_refuses_a_task_the_dataset_lacks_before_loading_its_model(train_server: Any,
+                                                                           tmp_path: Path) -> None:
+    import sys
+
+    from tapdeck.runner.training import TrainingRun, load_run
+
+    lines: list[str] = []
+    # The server's own Python has no torch: the recipe must say so before it would import it.
+    job = TrainingRun("cpu-grpo", ["--tasks", "hello-file,hello-fil"], data_dir=tmp_path / "data",
+                      python=sys.executable, on_line=lines.append,
+                      extra_env={"TAPDECK_SERVER_URL": train_server.url,
+                                 "TAPDECK_ADMIN_KEY": train_server.admin_key}).start()
+    assert job.wait() == 2, lines
+    assert lines == ["cpu-grpo: unknown task(s) hello-fil; the dataset has fizzbuzz-python, "
+                     "greet-script, hello-file, json-config, sum-numbers"]
+    assert load_run(tmp_path / "data", job.run_id).error.startswith("cpu-grpo: unknown task(s)")
+
+
 def test_cpu_grpo_trains_on_tapdeck_rollouts_from_its_current_weights(train_env: Path,
                                                                       train_server: Any) -> None:
     http = train_server.http
