@@ -120,9 +120,9 @@ def test_a_host_that_is_not_this_machines_is_named_not_blamed_on_the_port(comman
 
 # Port 9 (discard) answers nothing here: a check that reached the server would fail otherwise.
 @pytest.mark.parametrize("command", [
-    ["serve"], ["rollout"], ["train", "data-check", "--rows", "rows.jsonl"],
+    ["serve"], ["rollout"], ["train", "--recipe", "data-check", "--rows", "rows.jsonl"],
     ["rollout", "--server", "http://127.0.0.1:9"],
-    ["train", "data-check", "--rows", "rows.jsonl", "--server", "http://127.0.0.1:9"],
+    ["train", "--recipe", "data-check", "--rows", "rows.jsonl", "--server", "http://127.0.0.1:9"],
     ["export", "r1"],
 ], ids=["serve", "rollout", "train", "rollout-remote", "train-remote", "export"])
 def test_a_command_refuses_a_data_dir_that_is_a_file(command: list[str], tmp_path: Path) -> None:
