@@ -368,5 +368,8 @@ def write_parquet(path: Path, rows: Iterable[dict[str, Any]]) -> Path:
                 for v in values], type=pa.string())
         else:
             columns[key] = pa.array(values)
-    pq.write_table(pa.table(columns), path)
+    # Opened here, not by pyarrow: its OSError names no file, so a path that cannot be written
+    # would surface as a traceback instead of the one line that names it.
+    with path.open("wb") as f:
+        pq.write_table(pa.table(columns), f)
     return path

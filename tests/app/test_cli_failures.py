@@ -303,6 +303,22 @@ def test_export_says_which_out_path_it_cannot_write(tmp_path: Path) -> None:
                                 "directory")
 
 
+def test_export_to_a_parquet_file_it_cannot_write_names_it_in_one_line(tmp_path: Path) -> None:
+    from tapdeck.proxy.store import Store
+
+    data = tmp_path / "data"
+    data.mkdir()
+    Store(data / "capture.db").close()
+    (data / "runs" / "r1").mkdir(parents=True)
+    (data / "runs" / "r1" / "results.jsonl").write_text(
+        '{"rollout_id": "r1.g0r0", "task": "t", "group": 0, "index": 0, "ok": true}\n')
+    out = tmp_path / "rows.parquet"
+    out.symlink_to(tmp_path / "gone" / "rows.parquet")  # its folder does not exist
+    result = tapdeck("export", "r1", "--data-dir", str(data), "--out", str(out), tmp=tmp_path)
+    assert result.returncode == 1
+    assert one_line(result) == f"tapdeck export: cannot use {out}: No such file or directory"
+
+
 def test_only_known_failure_kinds_lose_their_traceback() -> None:
     unreachable = ApiError("tapdeck server at http://h:1 is not reachable", kind="unreachable")
     assert describe(unreachable) == unreachable.message
