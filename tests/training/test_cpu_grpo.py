@@ -106,7 +106,6 @@ def test_redraws_stop_at_the_limit_and_keep_the_last_draw() -> None:
     assert group == flat[2] and len(rollouts.submitted) == 3
 
 
-@pytest.mark.slow
 def test_cpu_grpo_refuses_a_task_the_dataset_lacks_before_loading_its_model(train_server: Any,
                                                                            tmp_path: Path) -> None:
     import sys
@@ -125,6 +124,7 @@ def test_cpu_grpo_refuses_a_task_the_dataset_lacks_before_loading_its_model(trai
     assert load_run(tmp_path / "data", job.run_id).error.startswith("cpu-grpo: unknown task(s)")
 
 
+@pytest.mark.slow
 def test_cpu_grpo_trains_on_tapdeck_rollouts_from_its_current_weights(train_env: Path,
                                                                       train_server: Any) -> None:
     http = train_server.http
