@@ -286,6 +286,8 @@ def _request_findings(req: DialectRequest) -> list[Finding]:
     dropped = req.context.get("dropped_tools") or []
     if dropped:
         out.append(Finding.warn("dropped_tools", f"{', '.join(dropped)} (the engine cannot run hosted tools)"))
+    if loosened := req.context.get("loosened_tool_choice"):
+        out.append(Finding.warn("tool_choice_loosened", loosened))
     return out
 
 

@@ -282,6 +282,9 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/dialects/test_agent_quirks.py::test_codex_namespace_tools_round_trip
   → tests/dialects/test_app_hosted_tools_and_google_json_stream.py::test_dropped_hosted_tools_are_a_warn_finding_on_the_stored_turn
   → tests/dialects/test_app_hosted_tools_and_google_json_stream.py::test_anthropic_mcp_servers_are_dropped_as_hosted_tools_with_a_finding
+- a tool choice limited to a subset goes out as the nearest choice, with a finding when widened
+  → tests/dialects/test_wire_fidelity.py::test_google_allowed_function_names_the_engine_cannot_force_are_a_finding
+  → tests/dialects/test_wire_fidelity.py::test_responses_allowed_tools_subset_is_sent_as_the_nearest_choice_with_a_finding
 - JSON mode calls are auxiliary, honoured, never trained; a trained turn is never constrained;
   tool-less calls among tool calls are auxiliary
   → tests/dialects/test_agent_quirks.py::test_openai_json_schema_modes_are_auxiliary_and_honoured

@@ -27,6 +27,15 @@ def strings_at(value: Any, where: str) -> list[str]:
     return value
 
 
+def loosened_tool_choice(where: str, allowed: list[str], tool_names: list[str]) -> str | None:
+    """What a tool choice limited to `allowed` of the request's `tool_names` loses as chat's
+    `tool_choice`, which forces one named tool or any tool but never a subset; None if nothing."""
+    if not allowed or set(tool_names) <= set(allowed):
+        return None
+    return (f"{where} limits calls to {', '.join(allowed)}; the engine can force one named tool or "
+            f"any tool, not a subset, so this call could call any of its {len(tool_names)} tools")
+
+
 def object_at(value: Any, where: str) -> Mapping[str, Any]:
     """An optional object field (`{}` when absent), or a 400 naming it."""
     if value is None:

@@ -27,6 +27,7 @@ from tapdeck.proxy.dialects.base import (
     DialectError,
     DialectRequest,
     SSEEvent,
+    loosened_tool_choice,
     object_at,
     objects_at,
     strings_at,
@@ -204,21 +205,21 @@ def _convert_tools(tools: Any) -> tuple[list[dict[str, Any]], list[str]]:
     return out, dropped
 
 
-def _convert_tool_choice(body: Mapping[str, Any]) -> Any:
+def _convert_tool_choice(body: Mapping[str, Any], tool_names: list[str]) -> tuple[Any, str | None]:
+    """The chat `tool_choice`, and what of the caller's restriction it cannot carry (or None)."""
     config = object_at(_get(body, "toolConfig", "tool_config"), "toolConfig")
     calling = object_at(_get(config, "functionCallingConfig", "function_calling_config"),
                         "toolConfig.functionCallingConfig")
     mode = str(calling.get("mode") or "").upper()
-    allowed = _get(calling, "allowedFunctionNames", "allowed_function_names") or []
+    allowed = list(strings_at(_get(calling, "allowedFunctionNames", "allowed_function_names"),
+                              "toolConfig.functionCallingConfig.allowedFunctionNames"))
     if mode == "NONE":
-        return "none"
-    if mode == "ANY":
-        if len(allowed) == 1:
-            return {"type": "function", "function": {"name": allowed[0]}}
-        return "required"
-    if mode in ("AUTO", "VALIDATED"):
-        return "auto"
-    return None
+        return "none", None
+    if mode == "ANY" and len(allowed) == 1:
+        return {"type": "function", "function": {"name": allowed[0]}}, None
+    choice = "required" if mode == "ANY" else "auto" if mode in ("AUTO", "VALIDATED") else None
+    return choice, loosened_tool_choice("toolConfig.functionCallingConfig.allowedFunctionNames",
+                                        allowed, tool_names)
 
 
 class GoogleDialect:
@@ -250,7 +251,7 @@ class GoogleDialect:
         tools, dropped = _convert_tools(body.get("tools"))
         if tools:
             chat["tools"] = tools
-            choice = _convert_tool_choice(body)
+            choice, loosened = _convert_tool_choice(body, [t["function"]["name"] for t in tools])
             if choice is not None:
                 chat["tool_choice"] = choice
         config = object_at(_get(body, "generationConfig", "generation_config"), "generationConfig")
@@ -280,6 +281,8 @@ class GoogleDialect:
         stream = is_streaming(path, query)
         context: dict[str, Any] = {"call_base": call_count, "dropped_tools": dropped,
                                    "object_arguments": True}
+        if tools and loosened:
+            context["loosened_tool_choice"] = loosened
         if _get(config, "responseLogprobs", "response_logprobs") is True:
             top = config.get("logprobs")
             context["logprobs"] = top if type(top) is int and top > 0 else 0

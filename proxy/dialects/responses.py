@@ -23,7 +23,13 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
-from tapdeck.proxy.dialects.base import DialectError, DialectRequest, SSEEvent, objects_at
+from tapdeck.proxy.dialects.base import (
+    DialectError,
+    DialectRequest,
+    SSEEvent,
+    loosened_tool_choice,
+    objects_at,
+)
 from tapdeck.proxy.dialects.reply import ChatReply, join_text, read_reply
 
 LOCAL_SHELL = "local_shell"
@@ -247,21 +253,30 @@ def _convert_tools(tools: Any) -> tuple[list[dict[str, Any]], set[str], set[str]
     return out, custom, local, dropped
 
 
-def _convert_tool_choice(choice: Any, dropped: list[str]) -> Any:
-    """The chat `tool_choice`; None for auto. A choice forcing a dropped hosted tool is a 400:
-    answering without it would silently do something else than the client asked."""
+def _convert_tool_choice(choice: Any, dropped: list[str], tool_names: list[str]) -> tuple[Any, str | None]:
+    """The chat `tool_choice` (None for auto), and what of an `allowed_tools` subset it cannot
+    carry (or None). A choice forcing a dropped hosted tool is a 400: answering without it would
+    silently do something else than the client asked."""
     if isinstance(choice, str):
-        return choice
+        return choice, None
     kind = choice.get("type") if isinstance(choice, dict) else None
     if kind in ("function", "custom"):
-        return {"type": "function", "function": {"name": choice.get("name") or ""}}
+        return {"type": "function", "function": {"name": choice.get("name") or ""}}, None
     if kind == LOCAL_SHELL:
-        return {"type": "function", "function": {"name": LOCAL_SHELL}}
+        return {"type": "function", "function": {"name": LOCAL_SHELL}}, None
+    if kind == "allowed_tools":
+        allowed = [t.get("name") or "" for t in objects_at(choice.get("tools"), "tool_choice.tools")
+                   if t.get("type") in ("function", "custom")]
+        if choice.get("mode") != "required":
+            return None, loosened_tool_choice("tool_choice.tools", allowed, tool_names)
+        if len(allowed) == 1:
+            return {"type": "function", "function": {"name": allowed[0]}}, None
+        return "required", loosened_tool_choice("tool_choice.tools", allowed, tool_names)
     if kind in dropped:
         raise DialectError(400, f"tool_choice forces the hosted tool {kind!r}, which runs only at "
                                 "OpenAI: tapdeck drops hosted tools, so the engine cannot call it",
                            param="tool_choice")
-    return None
+    return None, None
 
 
 def _response_format(text: Any) -> dict[str, Any] | None:
@@ -293,7 +308,8 @@ class ResponsesDialect:
         chat: dict[str, Any] = {"model": body.get("model"), "messages": _convert_input(body)}
         flat_tools, namespaced = _flatten_namespaces(objects_at(body.get("tools"), "tools"))
         tools, custom, local, dropped = _convert_tools(flat_tools)
-        choice = _convert_tool_choice(body.get("tool_choice"), dropped)
+        choice, loosened = _convert_tool_choice(body.get("tool_choice"), dropped,
+                                                [t["function"]["name"] for t in tools])
         if tools:
             chat["tools"] = tools
             if choice is not None:
@@ -326,7 +342,8 @@ class ResponsesDialect:
                               context={"echo": echo, "custom_tools": sorted(custom),
                                        "top_logprobs": top_logprobs,
                                        "local_shell": bool(local), "dropped_tools": dropped,
-                                       "namespaced": namespaced})
+                                       "namespaced": namespaced,
+                                       "loosened_tool_choice": loosened if tools else None})
 
     # ---- replies -------------------------------------------------------------------------------
 

@@ -315,3 +315,50 @@ def test_a_reply_cut_at_a_stop_string_names_the_stop_string_as_the_prefix_break(
         f"[WARN] retokenized: prompt continues turn 0's reply as text but the ids diverge at offset {offset} "
         "(reply token 5): turn 0 stopped on the stop string 'Paris', whose sampled tokens its reply's "
         "text leaves out"]
+
+
+# ---- tool choices the engine can only loosen ----------------------------------------------------
+
+THREE_TOOLS = ["bash", "read", "write"]
+
+
+def _loosened(capture: CaptureServer, session_id: str) -> list[str]:
+    return [f for f in rendered(capture.turn(session_id, 0)["findings"]) if "tool_choice_loosened" in f]
+
+
+@pytest.mark.parametrize("allowed, sent", [(["bash", "read"], "required"),
+                                           (["bash"], {"type": "function", "function": {"name": "bash"}}),
+                                           (THREE_TOOLS, "required")], ids=["subset", "one", "all"])
+def test_google_allowed_function_names_the_engine_cannot_force_are_a_finding(
+        upstream: ScriptedUpstream, capture: CaptureServer, allowed: list[str], sent: Any) -> None:
+    # vLLM forces one named tool or any tool: a subset of two goes out as "any", and the turn says so.
+    # An eval session: a training one refuses a forced choice outright.
+    info = capture.open_session(rollout_type="eval")
+    client = google_client(info)
+    config = types.GenerateContentConfig(
+        max_output_tokens=8, automatic_function_calling=types.AutomaticFunctionCallingConfig(disable=True),
+        tools=[types.Tool(function_declarations=[types.FunctionDeclaration(name=n) for n in THREE_TOOLS])],
+        tool_config=types.ToolConfig(function_calling_config=types.FunctionCallingConfig(
+            mode="ANY", allowed_function_names=allowed)))
+    client.models.generate_content(model="gemini-x", contents="q", config=config)
+    assert upstream.requests[-1]["tool_choice"] == sent
+    assert _loosened(capture, info["id"]) == ([
+        "[WARN] tool_choice_loosened: toolConfig.functionCallingConfig.allowedFunctionNames limits calls "
+        "to bash, read; the engine can force one named tool or any tool, not a subset, so this call "
+        "could call any of its 3 tools"] if allowed == ["bash", "read"] else [])
+
+
+@pytest.mark.parametrize("mode, sent", [("required", "required"), ("auto", None)])
+def test_responses_allowed_tools_subset_is_sent_as_the_nearest_choice_with_a_finding(
+        upstream: ScriptedUpstream, capture: CaptureServer, mode: str, sent: Any) -> None:
+    info = capture.open_session(rollout_type="eval")
+    _openai(info).responses.create(
+        model="gpt-x", input="q", max_output_tokens=8,
+        tools=[{"type": "function", "name": n, "parameters": {"type": "object", "properties": {}}}
+               for n in THREE_TOOLS],
+        tool_choice={"type": "allowed_tools", "mode": mode,
+                     "tools": [{"type": "function", "name": "bash"}, {"type": "function", "name": "read"}]})
+    assert upstream.requests[-1].get("tool_choice") == sent
+    assert _loosened(capture, info["id"]) == [
+        "[WARN] tool_choice_loosened: tool_choice.tools limits calls to bash, read; the engine can force "
+        "one named tool or any tool, not a subset, so this call could call any of its 3 tools"]
