@@ -15,6 +15,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from tapdeck.proxy.export import RunSessionsMissing
+from tapdeck.runner.batch import RunUnreadable
 from tapdeck.runner.recipes import RECIPES, Recipe, get_recipe, visible_gpus
 from tapdeck.runner.trackio_reader import TrackioReader, list_projects
 from tapdeck.runner.training import (
@@ -68,8 +70,12 @@ def run_rows_for_training(batch: Any, run_id: str) -> str:
 
     KeyError for no such run. TrainRefused for one whose finished rollouts give no training rows
     at all (eval tier, no capture session), saying which and why: its job could only find nothing
-    to read. A run still going is exported as far as it got (its clients warn)."""
-    export = batch.export(run_id, "jsonl")
+    to read. A run still going is exported as far as it got (its clients warn). TrainRefused,
+    too, for a run whose files cannot be read or do not agree with the store, naming why."""
+    try:
+        export = batch.export(run_id, "jsonl")
+    except (RunUnreadable, RunSessionsMissing) as exc:
+        raise TrainRefused(f"cannot train on run {run_id}: {exc}") from exc
     if export["rows"] == 0 and export["skipped"]:
         rollout, why = next(iter(export["skipped"].items()))
         raise TrainRefused(f"run {run_id} has nothing to train on: none of its "

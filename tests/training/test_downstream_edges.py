@@ -262,3 +262,21 @@ def test_train_given_a_recipe_name_without_recipe_says_to_use_the_option(tmp_pat
     # Not data-check's complaint about rows: the name was meant as the recipe.
     assert res.output.strip() == "tapdeck train: give the recipe as an option: tapdeck train --recipe cpu-grpo ..."
     assert not (tmp_path / "data").exists()  # refused before a server started there
+
+
+@pytest.mark.parametrize("damage", ["plan", "session"])
+def test_train_on_a_run_that_cannot_be_read_says_why_in_one_line(damage: str, tmp_path: Path) -> None:
+    data = _data_dir_with_run(tmp_path, [_result(0)])
+    run = _write_plan(data, rollouts=2, state="finished")
+    if damage == "plan":
+        (run / "plan.json").write_text("{not json")
+    else:  # a rollout whose session the store does not have
+        with (run / "results.jsonl").open("a") as results:
+            results.write(json.dumps(_result(1, session_id="s-gone")) + "\n")
+    res = _train_on_a_server_of(data, "--run", "run-x")
+    assert res.exit_code == 1, res.output
+    line, = res.output.strip().splitlines()  # not the server's 500
+    why = ("run-x/plan.json is not a readable plan" if damage == "plan"
+           else "names session s-gone")
+    assert line.startswith("tapdeck train: POST /admin/train refused (400): cannot train on run "
+                           "run-x: ") and why in line, line
