@@ -426,6 +426,8 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/test_readme_claims.py::test_the_settings_defaults_are_the_codes
   → tests/engine/test_long_context.py::test_engine_reports_its_stretched_context_as_max_model_len
   → tests/engine/test_long_context.py::test_follow_up_with_a_shared_10k_prefix_evaluates_only_the_new_tokens
+  → tests/engine/test_settle.py::test_a_settle_that_gives_way_leaves_a_cache_whose_reuse_equals_a_fresh_prefill
+  → tests/engine/test_settle.py::test_a_caller_waiting_for_the_model_stops_the_settle_of_the_reply_before_it
   → tests/engine/test_registry.py::test_second_process_reuses_the_running_engine
   → tests/engine/test_registry.py::test_engine_with_another_context_is_not_reused
   → tests/runner/test_rollout_shared_engine.py::test_rollout_names_the_reused_engine_and_stops_when_it_goes_away
