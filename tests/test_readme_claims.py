@@ -532,6 +532,7 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/training/test_downstream_edges.py::test_a_missing_training_environment_names_the_whole_command_that_makes_it_there
 - data-check and cpu-grpo do what they say
   → tests/training/test_data_check.py::test_data_check_logs_grpo_advantages_readable_by_the_reader
+  → tests/training/test_data_check.py::test_data_check_reads_a_parquet_export_as_it_reads_the_jsonl
   → tests/training/test_data_check.py::test_data_check_leaves_out_rollouts_that_did_not_end_ok
   → tests/training/test_cpu_grpo.py::test_cpu_grpo_trains_on_tapdeck_rollouts_from_its_current_weights
   → tests/training/test_cpu_grpo.py::test_format_score_gives_partial_credit_for_terminus_json

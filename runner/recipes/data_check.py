@@ -38,6 +38,7 @@ import os
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,29 +98,47 @@ def _reward(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def load_rollouts(path: Path) -> list[Rollout]:
-    """Rollouts from an export JSONL (per-turn rows or per-rollout rows with `turns`)."""
-    rollouts: dict[str, Rollout] = {}
+PARQUET_MAGIC = b"PAR1"
+
+
+def export_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(row number, row) of an export: JSONL, or the Parquet `tapdeck export --format parquet`
+    writes (told apart by Parquet's leading magic bytes, whatever the file is called)."""
+    with Path(path).open("rb") as f:
+        parquet = f.read(len(PARQUET_MAGIC)) == PARQUET_MAGIC
+    if parquet:
+        import pyarrow.parquet as pq  # only for a Parquet export: JSONL needs no pyarrow
+
+        # Token columns come back as lists; the nested request/response/metadata stay JSON
+        # strings, which no check reads.
+        yield from enumerate(pq.read_table(path).to_pylist(), 1)
+        return
     with Path(path).open("rb") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                yield lineno, json.loads(line)
             except ValueError as exc:
                 raise ValueError(f"{path}:{lineno}: not JSON ({exc})") from exc
-            rid = str(row.get("rollout_id") or row.get("session_id") or f"line-{lineno}")
-            group = row.get("group_id", row.get("group"))
-            rollout = rollouts.get(rid)
-            if rollout is None:
-                # No group id: the rollout is its own group (its advantage is then 0).
-                rollout = rollouts[rid] = Rollout(rid, rid if group is None else str(group),
-                                                  _reward(row.get("reward")), row.get("ok") is not False)
-            turns = row["turns"] if isinstance(row.get("turns"), list) else [row]
-            for t in turns:
-                rollout.turns.append(TurnRow(t.get("node_id"), t.get("prompt_token_ids"),
-                                             t.get("completion_token_ids"), t.get("per_token_logps"),
-                                             t.get("loss_mask")))
+
+
+def load_rollouts(path: Path) -> list[Rollout]:
+    """Rollouts from an export, JSONL or Parquet (per-turn rows, or per-rollout rows with `turns`)."""
+    rollouts: dict[str, Rollout] = {}
+    for lineno, row in export_rows(path):
+        rid = str(row.get("rollout_id") or row.get("session_id") or f"line-{lineno}")
+        group = row.get("group_id", row.get("group"))
+        rollout = rollouts.get(rid)
+        if rollout is None:
+            # No group id: the rollout is its own group (its advantage is then 0).
+            rollout = rollouts[rid] = Rollout(rid, rid if group is None else str(group),
+                                              _reward(row.get("reward")), row.get("ok") is not False)
+        turns = row["turns"] if isinstance(row.get("turns"), list) else [row]
+        for t in turns:
+            rollout.turns.append(TurnRow(t.get("node_id"), t.get("prompt_token_ids"),
+                                         t.get("completion_token_ids"), t.get("per_token_logps"),
+                                         t.get("loss_mask")))
     return list(rollouts.values())
 
 
@@ -264,7 +283,8 @@ def arg_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tapdeck.runner.recipes.data_check", allow_abbrev=False,
                                 description="Check and score exported training rows (no weight update).")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--rows", type=Path, help="An export JSONL (tapdeck export RUN).")
+    src.add_argument("--rows", type=Path,
+                     help="An export, JSONL or Parquet (tapdeck export RUN).")
     src.add_argument("--run", help="A tapdeck run id: reads <data-dir>/exports/<run>.jsonl "
                                    "or <data-dir>/runs/<run>/export.jsonl.")
     p.add_argument("--data-dir", type=Path, default=None,

@@ -116,6 +116,22 @@ def test_data_check_with_an_out_dir_it_cannot_write_says_so_in_one_line(tmp_path
     assert load_run(tmp_path / "data", job.run_id).error.startswith("data-check: cannot write")
 
 
+def test_data_check_reads_a_parquet_export_as_it_reads_the_jsonl(tmp_path: Path, export_file: Path) -> None:
+    from tapdeck.proxy.export import write_parquet
+
+    rows = [row for rid in ROLLOUTS for row in rollout_rows(rid)]
+    parquet = write_parquet(tmp_path / "rows.parquet", rows)
+    from_jsonl, from_parquet = load_rollouts(export_file), load_rollouts(parquet)
+    assert [(r.rollout_id, r.group_id, r.reward, r.ok, r.turns) for r in from_parquet] == \
+        [(r.rollout_id, r.group_id, r.reward, r.ok, r.turns) for r in from_jsonl]
+    lines: list[str] = []
+    job = TrainingRun("data-check", ["--rows", str(parquet)], data_dir=tmp_path / "data",
+                      on_line=lines.append).start()
+    assert job.wait() == 0, "\n".join(lines)
+    summary = json.loads((job.run_dir / "summary.json").read_text())
+    assert summary["ok"] and summary["rollouts"] == 6 and summary["unscorable_groups"] == 1
+
+
 def test_turn_checks_name_each_contract_break(export_file: Path) -> None:
     (rollout, *_) = load_rollouts(export_file)
     turn = rollout.turns[0]
