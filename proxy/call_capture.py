@@ -180,6 +180,8 @@ class CallCapture:
             # The string's sampled tokens are not in the reply's text: the graph names the break.
             meta["stop_string"] = stop
         findings = _cap_findings(sampling, reply)
+        if session.training and fmt is None and (greedy := _greedy_finding(sampling)) is not None:
+            findings.append(greedy)
         if req.context.get("object_arguments"):
             findings.extend(not_object_findings(reply))
         if session.token_in is not None and (thought := session.token_in.reply_finding(reply)):
@@ -289,6 +291,18 @@ def _request_findings(req: DialectRequest) -> list[Finding]:
     if loosened := req.context.get("loosened_tool_choice"):
         out.append(Finding.warn("tool_choice_loosened", loosened))
     return out
+
+
+def _greedy_finding(sampling: Mapping[str, Any]) -> Finding | None:
+    """A WARN for a training turn sampled at temperature 0: argmax picked its tokens, not the
+    distribution its logprobs describe, and a group of such rollouts cannot differ."""
+    temperature = sampling.get("submitted", {}).get("temperature")
+    if isinstance(temperature, int | float) and not isinstance(temperature, bool) and temperature <= 0:
+        return Finding.warn("greedy_sampling", f"sampled at temperature {temperature} (greedy) in a "
+                                               "training session: its tokens were not drawn from the "
+                                               "policy its logprobs describe; give the rollout a "
+                                               "temperature (the temperature setting, or training_sampling)")
+    return None
 
 
 def _cap_findings(sampling: Mapping[str, Any], reply: Mapping[str, Any]) -> list[Finding]:

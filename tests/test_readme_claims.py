@@ -219,8 +219,9 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/proxy_engine/test_prepare.py::test_empty_tools_dropped_with_orphaned_tool_choice
   → tests/proxy_engine/test_prepare.py::test_model_rewritten_to_served_name
   → tests/proxy_engine/test_prepare.py::test_training_tier_resets_truncating_knobs_and_keeps_requested
-- a temperature the harness left out is sent as 1.0 at the training tier
+- a temperature the harness left out is sent as 1.0 at the training tier; greedy training turns are a WARN
   → tests/proxy_engine/test_prepare.py::test_training_tier_sends_temperature_one_when_neither_harness_nor_policy_sets_it
+  → tests/dialects/test_agent_quirks.py::test_a_training_turn_sampled_greedily_is_a_finding
 - engines are probed once into a tier; unknown is `text`; raw logprobs are told from processed
   → tests/proxy_engine/test_tiers.py::test_probe_full_vllm_is_tokens_tier_with_served_name
   → tests/proxy_engine/test_tiers.py::test_probe_neither_is_text_tier

@@ -467,6 +467,20 @@ def test_session_output_limit_holds_whatever_the_agent_asks(capture: CaptureServ
     assert capture.admin.post("/admin/sessions", json={"max_output_tokens": 0}).status_code == 422
 
 
+@pytest.mark.parametrize("rollout_type, temperature, warned", [
+    ("train", 0, True), ("train", 0.7, False), ("eval", 0, False)], ids=["train-greedy", "train-sampled", "eval-greedy"])
+def test_a_training_turn_sampled_greedily_is_a_finding(capture: CaptureServer, upstream: ScriptedUpstream,
+                                                      rollout_type: str, temperature: float, warned: bool) -> None:
+    info = capture.open_session(rollout_type=rollout_type)
+    openai_client(info).chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
+                                                temperature=temperature)
+    assert upstream.requests[-1]["temperature"] == temperature
+    greedy = [f for f in rendered(capture.turn(info["id"], 0)["findings"]) if "greedy_sampling" in f]
+    assert greedy == (["[WARN] greedy_sampling: sampled at temperature 0 (greedy) in a training session: its "
+                       "tokens were not drawn from the policy its logprobs describe; give the rollout a "
+                       "temperature (the temperature setting, or training_sampling)"] if warned else [])
+
+
 # ---- 9: one access-log line per call -----------------------------------------------------------------
 
 
