@@ -65,8 +65,10 @@ class TrainUsage(TrainRefused):
     """A launch whose recipe args its own argument parser refuses: bad usage (422)."""
 
 
-def run_rows_for_training(batch: Any, run_id: str) -> str:
-    """Export a rollout run's rows for a recipe that reads them; the JSONL's path.
+def run_rows_for_training(batch: Any, run_id: str) -> tuple[str, list[str]]:
+    """Export a rollout run's rows for a recipe that reads them: the JSONL's path, and the lines
+    its job's log opens with (the finished rollouts that gave no rows, left out, as
+    `tapdeck export` counts them).
 
     KeyError for no such run. TrainRefused for one whose finished rollouts give no training rows
     at all (eval tier, no capture session), saying which and why: its job could only find nothing
@@ -76,12 +78,17 @@ def run_rows_for_training(batch: Any, run_id: str) -> str:
         export = batch.export(run_id, "jsonl")
     except (RunUnreadable, RunSessionsMissing) as exc:
         raise TrainRefused(f"cannot train on run {run_id}: {exc}") from exc
-    if export["rows"] == 0 and export["skipped"]:
-        rollout, why = next(iter(export["skipped"].items()))
+    skipped = export["skipped"]
+    if not skipped:
+        return export["path"], []
+    rollout, why = next(iter(skipped.items()))
+    if export["rows"] == 0:
         raise TrainRefused(f"run {run_id} has nothing to train on: none of its "
-                           f"{len(export['skipped'])} finished rollout(s) gave a training row "
+                           f"{len(skipped)} finished rollout(s) gave a training row "
                            f"({rollout}: {why})")
-    return export["path"]
+    more = f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""
+    return export["path"], [f"[tapdeck] left out {len(skipped)} finished rollout(s) of run {run_id} "
+                            f"that gave no training row: {rollout}: {why}{more}"]
 
 
 def _model_env() -> dict[str, str]:
@@ -159,7 +166,7 @@ class TrainingJobs:
                  ) -> None:
         self.data_dir = Path(data_dir)
         self.export_run = export_run
-        """`export_run(run_id) -> path of its JSONL rows` (`run_rows_for_training`)."""
+        """`export_run(run_id) -> (path of its JSONL rows, log preamble)` (`run_rows_for_training`)."""
         self.server_env = dict(server_env or {})
         """How a recipe reaches this server (URL, admin key), passed in its environment."""
         self._jobs: dict[str, TrainingRun] = {}
@@ -191,11 +198,12 @@ class TrainingJobs:
         except TrainEnvMissing as exc:
             raise TrainRefused(str(exc)) from exc
         args = list(request.args)
+        preamble: list[str] = []
         if recipe.takes_run and request.run:
             if self.export_run is None:
                 raise TrainRefused("this server cannot export runs")
             try:
-                rows = self.export_run(request.run)
+                rows, preamble = self.export_run(request.run)
             except KeyError as exc:
                 raise TrainRefused(f"no rollout run {request.run!r} on this server") from exc
             args = ["--rows", str(rows), *args]
@@ -209,7 +217,8 @@ class TrainingJobs:
         if recipe.env == "train":
             env.update(_model_env())
         try:
-            job = TrainingRun(recipe, args, data_dir=self.data_dir, extra_env=env).start()
+            job = TrainingRun(recipe, args, data_dir=self.data_dir, extra_env=env,
+                              preamble=preamble).start()
         except OSError as exc:  # a data dir whose train/ is not a writable folder
             raise TrainRefused(f"cannot write the training run's files under "
                                f"{train_root(self.data_dir)} ({exc.strerror or exc})") from exc

@@ -229,7 +229,7 @@ class TrainingRun:
     def __init__(self, recipe: str | Recipe, args: Sequence[str] = (), *, data_dir: Path,
                  run_id: str | None = None, python: str | None = None,
                  extra_env: dict[str, str] | None = None,
-                 on_line: Callable[[str], None] | None = None) -> None:
+                 on_line: Callable[[str], None] | None = None, preamble: Sequence[str] = ()) -> None:
         self.recipe = recipe if isinstance(recipe, Recipe) else get_recipe(recipe)
         self.run_id = run_id or new_run_id()
         self.data_dir = Path(data_dir)
@@ -246,6 +246,8 @@ class TrainingRun:
                 [str(package_path(self.data_dir)), *([inherited] if inherited else [])])
         self.env.update(extra_env or {})
         self.on_line = on_line
+        self.preamble = list(preamble)
+        """Lines of the launcher's own that open the log, before the recipe's output."""
         self.record: RunRecord | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
@@ -259,6 +261,11 @@ class TrainingRun:
         if self.run_dir.exists() and (self.run_dir / "run.json").exists():
             raise FileExistsError(f"training run {self.run_id} already exists at {self.run_dir}")
         self.trackio_dir.mkdir(parents=True, exist_ok=True)
+        if self.preamble:
+            with self.log_path.open("a", encoding="utf-8") as log:
+                log.writelines(line + "\n" for line in self.preamble)
+            for line in self.preamble:
+                self._emit(line)
         shown = {k: v for k, v in self.env.items() if k not in SECRET_ENV}
         self.record = RunRecord(run_id=self.run_id, recipe=self.recipe.name, argv=list(self.argv),
                                 env=shown, cwd=os.getcwd(), run_dir=str(self.run_dir),

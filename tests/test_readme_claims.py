@@ -522,9 +522,11 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/training/test_downstream_edges.py::test_data_check_with_no_rollout_fails_saying_there_is_nothing_to_check
   → tests/training/test_downstream_edges.py::test_data_check_with_only_failed_rollouts_fails_saying_they_were_left_out
 - a `--run` whose rollouts give no training row (all eval tier) is refused before a job starts
-  (exit 1, saying why); one still going is read as far as it got, with a warning saying how far
+  (exit 1, saying why); some that give none are named in its log; one still going is read as far
+  as it got, with a warning saying how far
   → tests/training/test_downstream_edges.py::test_train_refuses_a_run_whose_rollouts_are_all_eval_tier_saying_so
   → tests/training/test_downstream_edges.py::test_train_on_a_run_still_going_warns_that_it_reads_what_is_done_so_far
+  → tests/training/test_downstream_edges.py::test_train_names_the_rollouts_of_a_run_that_gave_no_training_row_in_its_log
 - recipe args the recipe's own parser refuses are bad usage (exit 2) before a job starts
   → tests/training/test_train_cli.py::test_train_refuses_recipe_args_its_parser_refuses_as_bad_usage_before_a_job_starts
 - the server reads every trackio run in a job's own `trackio/` folder, whatever a recipe called it

@@ -280,3 +280,25 @@ def test_train_on_a_run_that_cannot_be_read_says_why_in_one_line(damage: str, tm
            else "names session s-gone")
     assert line.startswith("tapdeck train: POST /admin/train refused (400): cannot train on run "
                            "run-x: ") and why in line, line
+
+
+def test_train_names_the_rollouts_of_a_run_that_gave_no_training_row_in_its_log(tmp_path: Path) -> None:
+    data = _data_dir_with_run(tmp_path, [_result(0), _result(1)])
+    run = _write_plan(data, rollouts=3, state="finished")
+    store = Store(data / "capture.db")  # a third rollout, captured below the tokens tier
+    try:
+        store.create_session({"id": "s-eval", "tier": "logprobs", "rollout_type": "eval",
+                              "metadata": {"reward": 0.0}})
+        graph = RolloutGraph()
+        turn = turn_from_fixture("chat_multiturn_1", 0, "s-eval")
+        store.append_turn(turn, graph.add(turn))
+    finally:
+        store.close()
+    with (run / "results.jsonl").open("a") as results:
+        results.write(json.dumps(_result(2, session_id="s-eval")) + "\n")
+    res = _train_on_a_server_of(data, "--run", "run-x")
+    assert res.exit_code == 0, res.output
+    # As `tapdeck export` counts them: a check of 2 rollouts must not pass for the run's 3.
+    assert ("[tapdeck] left out 1 finished rollout(s) of run run-x that gave no training row: "
+            "run-x.g000r02: session s-eval is an eval rollout") in res.output
+    assert "data-check: 2 rollout(s) from" in res.output
