@@ -39,14 +39,26 @@ def dialect_for_path(path: str) -> Dialect:
     return (aux_dialect(aux_kind) if aux_kind else detect(path)) or CHAT
 
 
+def in_callers_terms(dialect: Dialect, exc: ProxyError) -> ProxyError:
+    """`exc` naming the field the caller sent rather than the chat-completions one it became (a
+    Google client never sent `tool_choice`)."""
+    own = dialect.chat_field_names.get(exc.param or "")
+    if own is None:
+        return exc
+    return ProxyError(exc.status, exc.message.replace(f"`{exc.param}`", f"`{own}`"), kind=exc.kind,
+                      retryable=exc.retryable, param=own)
+
+
 def render_error(dialect: Dialect, exc: ProxyError) -> CallReply:
     """`exc` as `dialect`'s error body, for the call pipeline."""
+    exc = in_callers_terms(dialect, exc)
     return CallReply(status=exc.status, body=dialect.error_body(exc.status, exc.message, exc.kind, exc.param),
                      kind=exc.kind, headers=retry_header(exc))
 
 
 def render_stream_error(dialect: Dialect, exc: ProxyError) -> list[SSEEvent]:
     """`exc` as `dialect`'s in-stream error events (a stream that has started has no status)."""
+    exc = in_callers_terms(dialect, exc)
     return list(dialect.stream_error(exc.status, exc.message, exc.kind))
 
 

@@ -170,6 +170,8 @@ class AnthropicDialect:
     """Anthropic Messages API."""
 
     name: ClassVar[str] = "anthropic"
+    chat_field_names: ClassVar[Mapping[str, str]] = {"response_format": "output_config.format",
+                                                     "stop": "stop_sequences"}
 
     def matches(self, path: str) -> bool:
         lowered = path.split("?", 1)[0].lower().rstrip("/")

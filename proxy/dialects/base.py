@@ -87,6 +87,9 @@ class Dialect(Protocol):
     """One wire dialect (chat-completions, Responses, Anthropic Messages, Google generateContent)."""
 
     name: ClassVar[str]
+    chat_field_names: ClassVar[Mapping[str, str]]
+    """The caller's own name for a chat-completions field its request is translated into, where it
+    differs: an error about that field (`ProxyError.param`) names what the caller sent."""
 
     def matches(self, path: str) -> bool:
         """Whether a model-call path belongs to this dialect (compare case-insensitively)."""

@@ -101,6 +101,7 @@ class ChatDialect:
     """`POST /v1/chat/completions` (and `/chat/completions` without the version prefix)."""
 
     name: ClassVar[str] = "chat"
+    chat_field_names: ClassVar[Mapping[str, str]] = {}
 
     def matches(self, path: str) -> bool:
         """Case-insensitive; any prefix (`/v1`, `/openai/v1`, none)."""

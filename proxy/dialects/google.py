@@ -226,6 +226,11 @@ class GoogleDialect:
     """Google Gemini generateContent / streamGenerateContent."""
 
     name: ClassVar[str] = "google"
+    chat_field_names: ClassVar[Mapping[str, str]] = {
+        "tool_choice": "toolConfig.functionCallingConfig.mode",
+        "response_format": "generationConfig.responseMimeType",
+        "max_tokens": "generationConfig.maxOutputTokens", "stop": "generationConfig.stopSequences",
+        "n": "generationConfig.candidateCount"}
     sse_keepalive: ClassVar[bytes] = b"\n"
     """google-genai parses any non-`data:` line (an SSE comment too) as a JSON chunk and fails on
     `: keepalive`; a bare blank line is skipped by its parser and by every SSE parser."""

@@ -295,6 +295,8 @@ class ResponsesDialect:
     """OpenAI Responses API."""
 
     name: ClassVar[str] = "responses"
+    chat_field_names: ClassVar[Mapping[str, str]] = {"response_format": "text.format",
+                                                     "max_tokens": "max_output_tokens"}
 
     def matches(self, path: str) -> bool:
         return path.split("?", 1)[0].lower().rstrip("/").endswith("/responses")

@@ -362,3 +362,18 @@ def test_responses_allowed_tools_subset_is_sent_as_the_nearest_choice_with_a_fin
     assert _loosened(capture, info["id"]) == [
         "[WARN] tool_choice_loosened: tool_choice.tools limits calls to bash, read; the engine can force "
         "one named tool or any tool, not a subset, so this call could call any of its 3 tools"]
+
+
+def test_a_training_sessions_refusal_of_a_forced_tool_names_the_field_the_google_client_sent(
+        upstream: ScriptedUpstream, capture: CaptureServer) -> None:
+    client = google_client(capture.open_session())
+    probes = len(upstream.requests)  # the session's tier probe
+    config = types.GenerateContentConfig(
+        max_output_tokens=8, automatic_function_calling=types.AutomaticFunctionCallingConfig(disable=True),
+        tools=[types.Tool(function_declarations=[types.FunctionDeclaration(name=n) for n in THREE_TOOLS])],
+        tool_config=types.ToolConfig(function_calling_config=types.FunctionCallingConfig(mode="ANY")))
+    with pytest.raises(genai_errors.ClientError) as err:
+        client.models.generate_content(model="gemini-x", contents="q", config=config)
+    assert err.value.code == 400 and len(upstream.requests) == probes
+    assert err.value.message == ("`toolConfig.functionCallingConfig.mode` is not allowed in a training "
+                                 "session: a forced tool choice constrains decoding")
