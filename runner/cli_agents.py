@@ -46,7 +46,9 @@ DEAD_REGISTRY = "http://127.0.0.1:9/"
 HOME_DIRS = (".codex", ".config", ".cache", ".local/share", ".local/state")
 RETRIES = 1
 """Retries per failed model call, where the CLI lets us set them: the proxy is local, so a failure
-is the engine's, and the CLIs' own back-off (up to minutes) only delays the rollout's end."""
+is the engine's, and the CLIs' own back-off (up to minutes) only delays the rollout's end. No setting
+reaches opencode's (5 retries of a 5xx, 2 s doubling to 32 s) or qwen-code's (7 attempts, 1.5 s
+doubling to 30 s): a dead engine costs each ~75 s before it exits (measured)."""
 IDLE_TIMEOUT_MS = int(ENGINE_READ_TIMEOUT_S + 60) * 1000
 """Request/stream idle limits of 40 minutes, a minute past the proxy's engine read timeout: a CPU
 engine prefilling a 12-17k-token prompt on a loaded 2-core machine is silent for 20 minutes or more
@@ -364,14 +366,18 @@ class QwenCodeCli(CliAgent):
     """Its built-in tools, the deferred ones included (they come inline once tool search is off)."""
 
     def cli_env(self) -> dict[str, str]:
+        # No relaunch: under Node 20 it starts itself again as a second node process (for a
+        # larger heap), 1.5-2 s more before its first call on every run, measured here.
         return {"OPENAI_API_KEY": self.session_key, "OPENAI_BASE_URL": self.proxy_url,
-                "OPENAI_MODEL": self.model_name or ""}
+                "OPENAI_MODEL": self.model_name or "", "QWEN_CODE_NO_RELAUNCH": "true"}
 
     def config_files(self) -> dict[str, str]:
         # The idle guard is off: a CPU engine prefilling 16k tokens is silent for a long while.
         # Its own default asks for 32,000 output tokens (the proxy then caps it at 8,192 on a 32k
         # engine): a quarter of an hour of CPU decoding per call.
-        generation = {"maxRetries": RETRIES, "streamIdleTimeoutMs": 0, "timeout": IDLE_TIMEOUT_MS,
+        # maxRetries is its OpenAI client's retries, under its own loop of 7 attempts per call
+        # (1.5 s to 30 s apart, fixed in the CLI): any retry here only doubles the 5xx requests.
+        generation = {"maxRetries": 0, "streamIdleTimeoutMs": 0, "timeout": IDLE_TIMEOUT_MS,
                       "samplingParams": {"max_tokens": self.max_output_tokens}}
         # Its managed memory runs a sub-agent after each finished turn (another system prompt and
         # tool set, extracting "memories" from the task's conversation), and its "dream" folds them
@@ -397,12 +403,16 @@ class MiniSweAgentCli(CliAgent):
     HARNESS = "mini-swe-agent"
 
     def cli_env(self) -> dict[str, str]:
+        # A plain traceback when it exits on an error: Typer's rich one took 6 s to render here.
         return {"OPENAI_API_KEY": self.session_key, "MSWEA_CONFIGURED": "true",
                 "MSWEA_COST_TRACKING": "ignore_errors", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-                "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": str(RETRIES + 1)}
+                "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": str(RETRIES + 1),
+                "TYPER_STANDARD_TRACEBACK": "1"}
 
     def command(self, instruction: str) -> str:
-        config = [f"model.model_kwargs.api_base={self.proxy_url}",
+        # max_retries=0: the OpenAI client's own 2 retries under each of its attempts made 3
+        # requests of every one; its attempts alone give RETRIES.
+        config = [f"model.model_kwargs.api_base={self.proxy_url}", "model.model_kwargs.max_retries=0",
                   f"model.model_kwargs.max_tokens={self.max_output_tokens}",
                   f"agent.step_limit={self.max_turns}"]
         flags = " ".join(f"-c {shlex.quote(c)}" for c in config)

@@ -451,6 +451,9 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/agents/test_agent_rollouts.py::test_dead_engine_ends_the_agent_and_is_engine_unreachable
 - only the session key and the proxy reach an agent CLI
   → tests/runner_env/test_harnesses.py::test_agent_clis_get_only_the_session_key_and_the_proxy
+- retries cut to one where the CLI has a setting for it (no client retries under its own attempts)
+  → tests/runner_env/test_cli_agent_retries.py::test_mini_swe_agent_retries_only_by_its_own_attempts
+  → tests/runner_env/test_cli_agent_retries.py::test_qwen_code_openai_client_does_not_retry_under_its_own_retry_loop
 - qwen-code's managed-memory sub-agent is off: after a length-cut reply its calls stay one conversation
   → tests/agents/test_agent_binaries.py::test_qwen_code_after_a_length_cut_reply_stays_in_the_tasks_conversation
 - an agent CLI started from Setup runs to the verifier's reward, shown on the Runs screen
