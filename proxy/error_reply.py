@@ -73,5 +73,5 @@ def error_response(path: str, exc: ProxyError) -> Response:
     return JSONResponse(body, status_code=exc.status, headers=retry_header(exc))
 
 
-__all__ = ["dialect_for_path", "error_response", "render_error",
+__all__ = ["dialect_for_path", "error_response", "in_callers_terms", "render_error",
            "render_stream_error", "retry_header"]
