@@ -18,8 +18,10 @@ import httpx
 
 from tapdeck.proxy.config import (
     ServerConfig,
+    admin_key_weakness,
     check_bind,
     new_admin_key,
+    read_admin_key,
     secure_data_dir,
     write_admin_key,
 )
@@ -52,6 +54,8 @@ class LocalServer:
         self.admin_key_written = False
         """Whether `admin.key` holds this server's generated key (not while another server that
         runs on the same data dir holds the file)."""
+        self.admin_key_kept = False
+        """Whether the generated key is the one a previous server on this data dir left in `admin.key`."""
         self.service: CaptureService | None = None
         self.default_engine: EngineSpec | None = None
         self.instance: str | None = None
@@ -87,12 +91,17 @@ class LocalServer:
         try:
             secure_data_dir(cfg)
             if not cfg.admin_key:
-                self.admin_key = new_admin_key()
                 self.admin_key_generated = True
                 if self._claim_key_file():
+                    # A restart keeps the key its predecessor wrote, so clients attached to that
+                    # server (TUIs, `rollout --server`) reconnect to this one without a new key.
+                    kept = self._kept_key()
+                    self.admin_key_kept = kept is not None
+                    self.admin_key = kept or new_admin_key()
                     write_admin_key(cfg.admin_key_path, self.admin_key)
                     self.admin_key_written = True
                 else:
+                    self.admin_key = new_admin_key()
                     # Overwriting it would lock the running server's clients out (they read the
                     # key from the file); this server's key stays with its own process.
                     log.warning("another tapdeck server is running on %s and its admin key is in %s; "
@@ -109,7 +118,8 @@ class LocalServer:
                              max_body_bytes=cfg.max_body_bytes)
             self.instance = app.state.instance
             # uvloop: the runner's trials run on a loop of their own (runner/runner_loop.py).
-            self._http = ThreadedServer(app, cfg.host, port, name="tapdeck-server", loop="uvloop")
+            self._http = ThreadedServer(app, cfg.host, port, name="tapdeck-server", loop="uvloop",
+                                        on_shutdown=self.service.events.close)
             self._http.start(sock=self._sock)
             self._check_health()
         except BaseException:
@@ -149,6 +159,16 @@ class LocalServer:
         if resp.json().get("instance") != self.instance:
             raise RuntimeError(f"another server answered on port {self._http.port}")
 
+    def _kept_key(self) -> str | None:
+        """The key a previous server left in `admin.key`, when it is one a client can send and
+        strong (as generated keys are); else None, and a fresh key replaces it."""
+        try:
+            key = read_admin_key(self.config.data_dir)
+        except ValueError as exc:
+            log.warning("%s; a new admin key replaces it", exc)
+            return None
+        return key if key is not None and admin_key_weakness(key) is None else None
+
     def _claim_key_file(self) -> bool:
         """Take the data dir's key lock for this server's life; False when a running server has it."""
         fd = os.open(self.config.data_dir / KEY_LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
@@ -182,7 +202,7 @@ class LocalServer:
             self._store.close()
             self._store = None
         if self._key_lock is not None:
-            os.close(self._key_lock)  # the next server on this data dir writes its own key
+            os.close(self._key_lock)  # the next server on this data dir may claim the file
             self._key_lock = None
 
     def __enter__(self) -> LocalServer:

@@ -19,6 +19,16 @@ from typing import Any
 
 QUEUE_LIMIT = 1000
 
+_CLOSED: dict[str, Any] = {"type": "closed"}
+"""Put in each subscriber's queue by `EventBus.close`: its iteration ends there."""
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
 
 class _Subscriber:
     def __init__(self, loop: asyncio.AbstractEventLoop, limit: int) -> None:
@@ -41,6 +51,17 @@ class EventBus:
         self._limit = limit
         self._subscribers: set[_Subscriber] = set()
         self._lock = threading.Lock()
+        self._closed = False
+
+    def close(self) -> None:
+        """End every subscription, now and later (the server is shutting down: its event streams
+        must end for it to stop without cancelling their requests)."""
+        with self._lock:
+            self._closed = True
+            subscribers = list(self._subscribers)
+        current = _running_loop()
+        for sub in subscribers:
+            self._deliver(sub, _CLOSED, current)
 
     def publish(self, event: dict[str, Any] | Callable[[], dict[str, Any]]) -> None:
         """Send an event (must carry a `"type"`) to every subscriber; never blocks, never raises.
@@ -51,19 +72,20 @@ class EventBus:
         if not subscribers:
             return
         event = {"ts": time.time(), **(event() if callable(event) else event)}
-        try:
-            current = asyncio.get_running_loop()
-        except RuntimeError:
-            current = None
+        current = _running_loop()
         for sub in subscribers:
-            if sub.loop is current:
-                sub.put(event)
-            elif not sub.loop.is_closed():
-                try:
-                    sub.loop.call_soon_threadsafe(sub.put, event)
-                except RuntimeError:
-                    # The loop closed between the check and the call: that subscriber is gone.
-                    pass
+            self._deliver(sub, event, current)
+
+    @staticmethod
+    def _deliver(sub: _Subscriber, event: dict[str, Any], current: asyncio.AbstractEventLoop | None) -> None:
+        if sub.loop is current:
+            sub.put(event)
+        elif not sub.loop.is_closed():
+            try:
+                sub.loop.call_soon_threadsafe(sub.put, event)
+            except RuntimeError:
+                # The loop closed between the check and the call: that subscriber is gone.
+                pass
 
     @property
     def subscriber_count(self) -> int:
@@ -72,13 +94,16 @@ class EventBus:
             return len(self._subscribers)
 
     async def subscribe(self) -> AsyncIterator[dict[str, Any]]:
-        """Yield events published after this call, until the consumer stops iterating."""
+        """Yield events published after this call, until the consumer stops iterating or the bus
+        is closed."""
         sub = _Subscriber(asyncio.get_running_loop(), self._limit)
         with self._lock:
+            if self._closed:
+                return
             self._subscribers.add(sub)
         try:
-            while True:
-                yield await sub.queue.get()
+            while (event := await sub.queue.get()) is not _CLOSED:
+                yield event
         finally:
             with self._lock:
                 self._subscribers.discard(sub)

@@ -145,7 +145,11 @@ async def _event_stream(service: CaptureService) -> AsyncIterator[bytes]:
             if not done:
                 yield b": keepalive\n\n"
                 continue
-            yield b"data: " + orjson.dumps(next_event.result()) + b"\n\n"
+            try:
+                event = next_event.result()
+            except StopAsyncIteration:
+                return  # the bus closed (shutdown): ending the stream lets the server stop cleanly
+            yield b"data: " + orjson.dumps(event) + b"\n\n"
             next_event = asyncio.ensure_future(anext(events))
     finally:
         # The pending `anext` runs inside the generator: it must end before the generator is

@@ -8,12 +8,13 @@ names the port, before any other part has started.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 import uvicorn
@@ -53,11 +54,21 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 class _QuietServer(uvicorn.Server):
-    """A uvicorn server that leaves the process's signal handlers alone."""
+    """A uvicorn server that leaves the process's signal handlers alone, and calls `on_shutdown`
+    (on its loop) as it starts shutting down."""
+
+    on_shutdown: Callable[[], None] | None = None
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # Before uvicorn waits for open requests: endless ones (event streams) must be told to end,
+        # or it cancels them after its grace period and logs a traceback for each.
+        if self.on_shutdown is not None:
+            self.on_shutdown()
+        await super().shutdown(sockets)
 
 
 class ThreadedServer:
@@ -68,8 +79,10 @@ class ThreadedServer:
     """
 
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *,
-                 name: str = "tapdeck-http", loop: Literal["asyncio", "uvloop"] = "asyncio") -> None:
+                 name: str = "tapdeck-http", loop: Literal["asyncio", "uvloop"] = "asyncio",
+                 on_shutdown: Callable[[], None] | None = None) -> None:
         self.app = app
+        self.on_shutdown = on_shutdown
         self.loop = loop
         self.host = host
         self.requested_port = port
@@ -97,10 +110,12 @@ class ThreadedServer:
         self._sock = sock if sock is not None else bind_socket(self.host, self.requested_port)
         # No proxy_headers: nothing here reads the client's address, and uvicorn's middleware
         # for X-Forwarded-For scanned every model call's headers for it.
-        config = uvicorn.Config(self.app, log_config=None, access_log=False, lifespan="on",
+        config = uvicorn.Config(self._app_quiet_at_shutdown, interface="asgi3", log_config=None,
+                                access_log=False, lifespan="on",
                                 timeout_graceful_shutdown=2, loop=self.loop, http="httptools",
                                 timeout_keep_alive=KEEP_ALIVE_S, proxy_headers=False)
         self._server = _QuietServer(config)
+        self._server.on_shutdown = self.on_shutdown
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
                                         name=self.name, daemon=True)
         self._thread.start()
@@ -114,6 +129,15 @@ class ThreadedServer:
                 raise TimeoutError(f"{self.name} did not start within {timeout:.0f} s")
             time.sleep(0.01)
         return self
+
+    async def _app_quiet_at_shutdown(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await self.app(scope, receive, send)
+        except asyncio.CancelledError:
+            # uvicorn cancels requests still open after its grace period (a model call waiting on
+            # the engine) and says so in one line; re-raised, each would also log a traceback.
+            if self._server is None or not self._server.should_exit:
+                raise
 
     def stop(self, timeout: float = 10.0) -> bool:
         """Ask uvicorn to exit, wait for the thread, and free the port. False when the thread

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
+
+if TYPE_CHECKING:
+    from tapdeck.app.host import LocalServer
 
 
 def _log_to_stderr() -> None:
@@ -149,10 +153,19 @@ def register(app: typer.Typer) -> None:
         if (shared := server.embedded_engine) is not None and not shared.owned:
             typer.echo(shared.reuse_line())
         if server.admin_key_generated:
-            typer.echo(f"admin key: {server.admin_key}  (also in {config.admin_key_path})")
+            typer.echo(f"admin key: {server.admin_key}  ({_where_the_key_is(server, config.admin_key_path)})")
         try:
             while not stop.wait(0.5):
                 pass
         finally:
             typer.echo("stopping…", err=True)
             server.stop()
+
+
+def _where_the_key_is(server: LocalServer, path: Path) -> str:
+    """Where a generated admin key lives, said truly: the file may hold another server's key."""
+    if not server.admin_key_written:
+        return f"not written to {path}: the server already running on this data dir keeps its key there"
+    if server.admin_key_kept:
+        return f"kept from {path}: clients of the previous server on this data dir reconnect with it"
+    return f"also in {path}"

@@ -4,7 +4,10 @@ and a restarted server that still lists and exports what the previous one captur
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
+import threading
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -15,6 +18,7 @@ from fastapi import FastAPI
 from tapdeck.app.host import LocalServer
 from tapdeck.proxy.config import ConfigError, ServerConfig, read_admin_key
 from tapdeck.proxy.serving import PortInUseError, ThreadedServer, bind_socket
+from tests.proxy.conftest import serve_process
 
 CHAT = {"model": "x", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
 
@@ -91,6 +95,100 @@ def test_a_second_server_on_a_data_dir_leaves_the_running_ones_admin_key_file(up
         assert third.admin_key_written and read_admin_key(tmp_path) == third.admin_key
     finally:
         third.stop()
+
+
+def test_a_restarted_server_keeps_the_admin_key_its_predecessor_wrote(upstream, tmp_path: Path):
+    """Clients attached to the first server (TUIs, `rollout --server`) hold its key: a restart on
+    the same data dir must not lock them out."""
+    cfg = ServerConfig(port=0, data_dir=tmp_path, engine_url=upstream.base_url)
+    first = LocalServer(cfg).start()
+    first.stop()
+    second = LocalServer(cfg).start()
+    try:
+        assert second.admin_key == first.admin_key == read_admin_key(tmp_path)
+        assert second.admin_key_kept and second.admin_key_written
+        ok = httpx.get(f"{second.url}/admin/sessions", headers={"Authorization": f"Bearer {first.admin_key}"})
+        assert ok.status_code == 200
+    finally:
+        second.stop()
+    (tmp_path / "admin.key").write_text("weak\n")  # not a key a server would generate: replaced
+    third = LocalServer(cfg).start()
+    try:
+        assert not third.admin_key_kept and third.admin_key != "weak"
+        assert read_admin_key(tmp_path) == third.admin_key
+    finally:
+        third.stop()
+
+
+def test_serve_beside_a_running_server_does_not_claim_its_key_is_in_the_file(upstream, tmp_path: Path,
+                                                                               port_factory):
+    first = serve_process(port_factory(), tmp_path, upstream.base_url)
+    second = None
+    try:
+        assert "also in" in _key_line(first)
+        second = serve_process(port_factory(), tmp_path, upstream.base_url)
+        line = _key_line(second)
+        key = line.split()[2]
+        assert read_admin_key(tmp_path) != key
+        assert "also in" not in line
+        assert f"not written to {tmp_path / 'admin.key'}" in line
+    finally:
+        for proc in (second, first):
+            if proc is not None:
+                proc.terminate()
+                proc.communicate(timeout=60)
+
+
+def _key_line(proc) -> str:
+    """`tapdeck serve`'s `admin key:` start-up line (its last), read from its stdout."""
+    for raw in proc.stdout:
+        line = raw.decode()
+        if line.startswith("admin key:"):
+            return line
+    raise AssertionError(f"serve exited before its admin key line: {proc.stderr.read().decode()}")
+
+
+def test_stopping_the_server_ends_its_event_streams_cleanly_without_a_traceback(upstream, tmp_path: Path,
+                                                                             caplog):
+    """Attached TUIs hold `/admin/events` open, and an agent's model call may wait on the engine: a
+    Ctrl-C of `serve` cancelled each after uvicorn's grace period, with an `Exception in ASGI
+    application` traceback apiece."""
+    server = LocalServer(ServerConfig(port=0, data_dir=tmp_path, engine_url=upstream.base_url)).start()
+    ended: list[str] = []
+    session = httpx.post(f"{server.url}/admin/sessions", json={},
+                         headers={"Authorization": f"Bearer {server.admin_key}"}).json()
+    upstream.mode, upstream.delay = "slow", 120.0
+
+    def call() -> None:
+        with contextlib.suppress(httpx.HTTPError):  # its reply never comes: the server stops
+            httpx.post(f"{server.url}/v1/chat/completions", json=CHAT, timeout=120,
+                       headers={"Authorization": f"Bearer {session['api_key']}"})
+
+    def follow() -> None:
+        with httpx.stream("GET", f"{server.url}/admin/events", timeout=60,
+                          headers={"Authorization": f"Bearer {server.admin_key}"}) as resp:
+            try:
+                for _ in resp.iter_bytes():
+                    pass
+                ended.append("cleanly")
+            except httpx.HTTPError as exc:
+                ended.append(f"cut: {exc}")
+
+    reader, caller = threading.Thread(target=follow), threading.Thread(target=call)
+    try:
+        reader.start()
+        caller.start()
+        deadline = time.monotonic() + 60
+        while server.service.events.subscriber_count == 0 or not upstream.requests:
+            assert time.monotonic() < deadline, "the event stream never opened or the call never left"
+            time.sleep(0.05)
+    finally:
+        with caplog.at_level(logging.ERROR):
+            server.stop()
+    reader.join(60)
+    caller.join(60)
+    assert ended == ["cleanly"]
+    assert not [r for r in caplog.records if r.exc_info], caplog.text
 
 
 def test_restarted_server_lists_old_sessions_as_interrupted_and_exports_them(upstream, tmp_path: Path):
