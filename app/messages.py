@@ -37,10 +37,12 @@ class RunsChanged(Message):
 class ConnectionChanged(Message):
     """The event stream connected or was lost (`error` says why and what to do)."""
 
-    def __init__(self, connected: bool, error: str = "") -> None:
+    def __init__(self, connected: bool, error: str = "", *, gave_up: bool = False) -> None:
         super().__init__()
         self.connected = connected
         self.error = error
+        self.gave_up = gave_up
+        """The TUI stopped trying to reconnect (the server refused its admin key)."""
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, ConnectionChanged)

@@ -188,10 +188,10 @@ class TapdeckApp(App[None]):
             if exc.kind != "not_found":  # a server without runner routes lists sessions only
                 raise
             runs = []
-        for run in runs:
-            if run.state == "running":
-                for rollout in (await self.client.run(run.id)).rollouts:
-                    self.board.upsert_rollout(rollout)
+        # A rollout shown before a reconnect may belong to a run that stopped meanwhile: only the
+        # running runs' rollouts (and ended ones) stay, or a never-run one would read `queued` forever.
+        self.board.replace_rollouts([rollout for run in runs if run.state == "running"
+                                     for rollout in (await self.client.run(run.id)).rollouts])
         self.post_message(SessionsChanged())
 
     @work(group="resync", exclusive=True, exit_on_error=False)
@@ -212,12 +212,16 @@ class TapdeckApp(App[None]):
                 attempt = 0
                 async for event in self.client.events():
                     self.take_event(event)
-                raise ApiError(f"the server at {self.server_label} closed the event stream",
+                raise ApiError(f"the tapdeck server at {self.server_label} ended the connection "
+                               "(stopping or restarting?)",
                                kind="unreachable")
             except ApiError as exc:
                 log.warning("event stream: %s", exc.message)
                 if exc.kind == "auth":
-                    self.post_message(ConnectionChanged(False, describe_error(exc)))
+                    # Retrying cannot help (a server restarted with another key): say so, and stop.
+                    self.post_message(ConnectionChanged(
+                        False, f"{describe_error(exc)}; this TUI stopped following the server, so "
+                               "quit and attach again with that key", gave_up=True))
                     return
                 delay = RECONNECT_S[min(attempt, len(RECONNECT_S) - 1)]
                 attempt += 1
@@ -242,6 +246,9 @@ class TapdeckApp(App[None]):
             return
         if isinstance(event, api.RolloutUpdated):
             self.board.upsert_rollout(event.rollout)
+            self.post_message(SessionsChanged())
+        elif isinstance(event, api.RunFinished):
+            self.board.run_ended(event.run_id)
             self.post_message(SessionsChanged())
         self.post_message(RunsChanged())
 
@@ -279,8 +286,10 @@ class TapdeckApp(App[None]):
         else:
             self.status = message.error
             self.status_level = "error"
-            if was:
-                self.notify(message.error, title="Server connection lost", severity="error", timeout=8)
+            if was or message.gave_up:
+                # The status line holds one line at 80 columns: the whole sentence goes in a toast.
+                self.notify(message.error, title="Server connection lost", severity="error",
+                            timeout=30 if message.gave_up else 8)
 
     # -- errors: the one place ----------------------------------------------------------------------
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:

@@ -50,8 +50,10 @@ def session_state(summary: SessionSummary) -> str:
     """A person's word for where a session is, from the runner's `phase` metadata and its turns."""
     phase = summary.metadata.get("phase")
     ended = phase == "done" or summary.state == "closed"
-    return _state(phase, ended=ended, fatal=summary.fatal > 0, turns=summary.turns,
-                  cancelled=summary.metadata.get("error_kind") == "cancelled")
+    state = _state(phase, ended=ended, fatal=summary.fatal > 0, turns=summary.turns,
+                   cancelled=summary.metadata.get("error_kind") == "cancelled")
+    # Its server stopped before it ended: it will never call again, so never a live word.
+    return "interrupted" if summary.state == "interrupted" and state not in ENDED_STATES else state
 
 
 def rollout_state(rollout: RolloutResult) -> str:
@@ -79,11 +81,11 @@ def _state(phase: Any, *, ended: bool, fatal: bool, turns: int, cancelled: bool)
     return "running" if turns else "no call yet"
 
 
-ENDED_STATES = ("finished", "failed", "cancelled")
+ENDED_STATES = ("finished", "failed", "cancelled", "interrupted")
 """The states of a rollout that is over (nothing left to cancel)."""
 
 STATE_TONES = {"failed": "error", "finished": "success", "cancelled": "warning", "running": "accent",
-               "verifying": "accent", "booting": "muted", "no call yet": "warning", "queued": "muted"}
+               "verifying": "accent", "booting": "muted", "no call yet": "warning", "queued": "muted", "interrupted": "warning"}
 
 
 def fmt_phase(rollout: RolloutResult) -> str:
@@ -173,6 +175,20 @@ class SessionBoard:
     def upsert_rollout(self, rollout: RolloutResult) -> None:
         """Take one RolloutResult (from a `rollout_updated` event or a run's detail)."""
         self.rollouts[rollout.rollout_id] = rollout
+        self.version += 1
+
+    def replace_rollouts(self, running: Iterable[RolloutResult]) -> None:
+        """Resynchronise rollouts: `running` (the rollouts of the runs going now) replace every
+        rollout that had not ended; ended ones stay (an oracle's result row)."""
+        self.rollouts = {rid: r for rid, r in self.rollouts.items() if r.phase in ("done", "failed")}
+        for rollout in running:
+            self.rollouts[rollout.rollout_id] = rollout
+        self.version += 1
+
+    def run_ended(self, run_id: str) -> None:
+        """A run ended: its rollouts that had not ended (queued ones never started) leave the board."""
+        self.rollouts = {rid: r for rid, r in self.rollouts.items()
+                         if r.run_id != run_id or r.phase in ("done", "failed")}
         self.version += 1
 
     def sessionless(self) -> dict[str, RolloutResult]:

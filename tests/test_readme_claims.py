@@ -193,6 +193,10 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
 - a generated key is written to `admin.key` unless another server still runs on the data dir
   → tests/proxy/test_host.py::test_generated_admin_key_written_and_explicit_key_used
   → tests/proxy/test_host.py::test_a_second_server_on_a_data_dir_leaves_the_running_ones_admin_key_file
+  → tests/proxy/test_host.py::test_serve_beside_a_running_server_does_not_claim_its_key_is_in_the_file
+- a server restarted on a data dir keeps the key `admin.key` holds (a strong one), so clients reconnect
+  → tests/proxy/test_host.py::test_a_restarted_server_keeps_the_admin_key_its_predecessor_wrote
+  → tests/app/test_tui_multi_client.py::test_an_attached_tui_reconnects_to_a_server_restarted_on_its_data_dir
 - a session names the base URL it settled on and records the engine's context (`max_model_len`)
   → tests/proxy/test_engine_address.py::test_session_bodies_take_every_address_form_and_say_where_they_settled
   → tests/runner/test_rollout_settings.py::test_settings_that_do_not_fit_fail_the_rollout_before_the_trial
@@ -498,6 +502,12 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/app/test_tui_recorded.py::test_theme_switch_is_remembered
   → tests/app/test_tui_recorded.py::test_keymap_from_settings_rebinds_by_binding_id
   → tests/app/test_attach.py::test_attach_shows_a_remote_session_with_its_turn_and_quits_leaving_the_server_up
+- a TUI whose server stops says so, reconnects when it is back with the same sessions (interrupted
+  ones as `interrupted`); a stopping server ends event streams and calls in flight without a traceback
+  → tests/app/test_tui_multi_client.py::test_an_attached_tui_reconnects_to_a_server_restarted_on_its_data_dir
+  → tests/proxy/test_host.py::test_stopping_the_server_ends_its_event_streams_cleanly_without_a_traceback
+- a run another client cancels leaves no `queued` row on Sessions
+  → tests/app/test_tui_multi_client.py::test_a_run_another_client_cancels_leaves_no_queued_row_on_sessions
 
 § Training
 - jobs run on the server's machine, stream log and metrics, stop by process group, record why they

@@ -1,0 +1,90 @@
+"""The attached TUI as one of several clients of a real server (LocalServer, real SQLite, the real
+client over HTTP/SSE): runs other clients start and stop, and the server restarting under it."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tapdeck.app.client import TapdeckClient
+from tapdeck.app.host import LocalServer
+from tapdeck.app.tui import TapdeckApp
+from tapdeck.app.widgets.session_table import SessionTable
+from tapdeck.proxy.config import ServerConfig
+from tests.app.pilot_wait import until
+from tests.conftest import free_port
+from tests.proxy.conftest import started_upstream
+
+WAIT_S = 120.0  # a generous bound on 2 shared cores, not a speed check
+
+
+@pytest.fixture
+def upstream():
+    up = started_upstream()
+    try:
+        yield up
+    finally:
+        up.server.stop()
+
+
+def _app(url: str, key: str, tmp_path: Path) -> TapdeckApp:
+    return TapdeckApp(TapdeckClient(url, key), settings_path=tmp_path / "tui.json", initial_mode="sessions")
+
+
+def _rows(app: TapdeckApp) -> dict[str, str]:
+    table = app.screen.query_one(SessionTable)
+    return {str(row.value): str(table.get_cell(row.value, "state")) for row in table.rows}
+
+
+async def test_an_attached_tui_reconnects_to_a_server_restarted_on_its_data_dir(upstream, tmp_path):
+    cfg = ServerConfig(port=free_port(), data_dir=tmp_path / "data", engine_url=upstream.base_url)
+    first = await asyncio.to_thread(LocalServer(cfg).start)
+    admin = {"Authorization": f"Bearer {first.admin_key}"}
+    async with httpx.AsyncClient(base_url=first.url, headers=admin, timeout=60) as http:
+        before = (await http.post("/admin/sessions", json={"metadata": {"task": "before"}})).json()["id"]
+    app = _app(first.url, first.admin_key, tmp_path)
+    try:
+        async with app.run_test(size=(80, 24)) as pilot:
+            await until(pilot, lambda: app.connected and before in _rows(app), "the first server's session")
+            await asyncio.to_thread(first.stop)
+            await until(pilot, lambda: not app.connected, "the lost connection", WAIT_S)
+            await until(pilot, lambda: "the tapdeck server is not reachable; is it running?" in app.status,
+                        "the status line saying the server is gone", WAIT_S)
+
+            second = await asyncio.to_thread(LocalServer(cfg).start)
+            try:
+                await until(pilot, lambda: app.connected, "the reconnection", WAIT_S)
+                async with httpx.AsyncClient(base_url=second.url, headers=admin, timeout=60) as http:
+                    after = (await http.post("/admin/sessions", json={"metadata": {"task": "after"}})).json()["id"]
+                await until(pilot, lambda: after in _rows(app), "a session opened after the restart", WAIT_S)
+                rows = _rows(app)
+                assert set(rows) == {before, after}  # nothing lost, nothing twice
+                assert rows[before] == "interrupted"
+            finally:
+                await asyncio.to_thread(second.stop)
+    finally:
+        await asyncio.to_thread(first.stop)
+
+
+async def test_a_run_another_client_cancels_leaves_no_queued_row_on_sessions(upstream, tmp_path):
+    cfg = ServerConfig(port=0, data_dir=tmp_path / "data", engine_url=upstream.base_url)
+    server = await asyncio.to_thread(LocalServer(cfg).start)
+    try:
+        admin = {"Authorization": f"Bearer {server.admin_key}"}
+        async with httpx.AsyncClient(base_url=server.url, headers=admin, timeout=60) as http:
+            run = (await http.post("/admin/runs", json={"harness": "oracle", "tasks": ["hello-file"],
+                                                        "k": 20, "concurrency": 1})).json()
+            app = _app(server.url, server.admin_key, tmp_path)
+            async with app.run_test(size=(80, 24)) as pilot:
+                # Attached mid-run: the rollouts still to run are rows, `queued`.
+                await until(pilot, lambda: "queued" in _rows(app).values(), "the queued rollouts", WAIT_S)
+                (await http.post(f"/admin/runs/{run['id']}/cancel")).raise_for_status()
+                await until(pilot, lambda: all(state in ("finished", "failed", "cancelled")
+                                               for state in _rows(app).values()),
+                            "every row of the cancelled run ended or gone", WAIT_S)
+                assert (await http.get(f"/admin/runs/{run['id']}")).json()["state"] == "cancelled"
+    finally:
+        await asyncio.to_thread(server.stop)
