@@ -88,3 +88,28 @@ async def test_a_run_another_client_cancels_leaves_no_queued_row_on_sessions(ups
                 assert (await http.get(f"/admin/runs/{run['id']}")).json()["state"] == "cancelled"
     finally:
         await asyncio.to_thread(server.stop)
+
+
+async def test_a_server_restarted_with_another_key_is_toasted_whole_and_the_tui_stops_following(upstream,
+                                                                                               tmp_path):
+    cfg = ServerConfig(port=free_port(), data_dir=tmp_path / "data", engine_url=upstream.base_url,
+                       admin_key="first-key-first-key-first-key")
+    first = await asyncio.to_thread(LocalServer(cfg).start)
+    app = _app(first.url, first.admin_key, tmp_path)
+    try:
+        async with app.run_test(size=(80, 24)) as pilot:
+            await until(pilot, lambda: app.connected, "the connection")
+            await asyncio.to_thread(first.stop)
+            other = cfg.model_copy(update={"admin_key": "other-key-other-key-other-key"})
+            second = await asyncio.to_thread(LocalServer(other).start)
+            try:
+                # The status line shows one line at 80 columns: the whole sentence is a toast.
+                await until(pilot, lambda: any("stopped following" in n.message for n in app._notifications),
+                            "the toast saying the key was refused", WAIT_S)
+                toast = next(n.message for n in app._notifications if "stopped following" in n.message)
+                assert toast.startswith("the server rejected the admin key")
+                assert "--admin-key" in toast and not app.connected
+            finally:
+                await asyncio.to_thread(second.stop)
+    finally:
+        await asyncio.to_thread(first.stop)
