@@ -53,6 +53,10 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+STOPPING_BODY = b'{"error": {"message": "the tapdeck server is stopping; retry once it is back", "type": "server_stopping"}}'
+"""The answer to a request the server cut short as it stopped (the client may retry it)."""
+
+
 class _QuietServer(uvicorn.Server):
     """A uvicorn server that leaves the process's signal handlers alone, and calls `on_shutdown`
     (on its loop) as it starts shutting down."""
@@ -131,13 +135,24 @@ class ThreadedServer:
         return self
 
     async def _app_quiet_at_shutdown(self, scope: Any, receive: Any, send: Any) -> None:
+        started = False
+
+        async def noting_send(message: dict[str, Any]) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, noting_send)
         except asyncio.CancelledError:
             # uvicorn cancels requests still open after its grace period (a model call waiting on
             # the engine) and says so in one line; re-raised, each would also log a traceback.
             if self._server is None or not self._server.should_exit:
                 raise
+            if scope["type"] == "http" and not started:
+                await send({"type": "http.response.start", "status": 503,
+                            "headers": [(b"content-type", b"application/json")]})
+                await send({"type": "http.response.body", "body": STOPPING_BODY})
 
     def stop(self, timeout: float = 10.0) -> bool:
         """Ask uvicorn to exit, wait for the thread, and free the port. False when the thread
