@@ -280,6 +280,7 @@ class TapdeckApp(App[None]):
                 return  # a resync while connected: keep whatever the status line says (an error)
             self.status = f"connected to {self.server_label}"
             self.status_level = "info"
+            self.post_message(RunsChanged())  # runs moved on (or were stopped) while it was away
             rollout = self._mode_screen("rollout")
             if rollout.is_mounted and rollout.session_id:
                 rollout.action_reload()

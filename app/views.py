@@ -88,11 +88,14 @@ STATE_TONES = {"failed": "error", "finished": "success", "cancelled": "warning",
                "verifying": "accent", "booting": "muted", "no call yet": "warning", "queued": "muted", "interrupted": "warning"}
 
 
-def fmt_phase(rollout: RolloutResult) -> str:
+def fmt_phase(rollout: RolloutResult, *, run_going: bool = True) -> str:
     """A rollout's phase, with its progress line while it has one (an agent CLI installing); a
-    cancelled rollout's is "cancelled", not the "failed" the runner records it under."""
+    cancelled rollout's is "cancelled", not the "failed" the runner records it under, and one still
+    queued when its run stopped is "not run" (a resume runs it)."""
     if rollout_state(rollout) == "cancelled":
         return "cancelled"
+    if rollout.phase == "queued" and not run_going:
+        return "not run"
     return f"{rollout.phase}: {rollout.detail[:40]}" if rollout.detail else rollout.phase
 
 

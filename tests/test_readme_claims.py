@@ -508,6 +508,8 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/proxy/test_host.py::test_stopping_the_server_ends_its_event_streams_cleanly_without_a_traceback
 - a run another client cancels leaves no `queued` row on Sessions
   → tests/app/test_tui_multi_client.py::test_a_run_another_client_cancels_leaves_no_queued_row_on_sessions
+- after a reconnect Runs shows runs as the restarted server has them, unrun rollouts as `not run`
+  → tests/app/test_tui_multi_client.py::test_runs_after_a_reconnect_shows_the_run_as_the_restarted_server_has_it_and_unrun_rollouts_as_not_run
 
 § Training
 - jobs run on the server's machine, stream log and metrics, stop by process group, record why they

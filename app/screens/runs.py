@@ -188,6 +188,7 @@ class RunsScreen(TapdeckScreen):
             f"run {detail.id} · {plan.dataset or 'sample'} · {plan.rollout.harness} · "
             f"{plan.rollout.sandbox} · {plan.rollout.engine} · K={plan.k}")
         rollouts = detail.rollouts
+        going = detail.state == "running"
         with self.app.batch_update():
             if another_run:  # its rows from the top, not from the last run's place
                 groups.clear()
@@ -199,7 +200,8 @@ class RunsScreen(TapdeckScreen):
                              bars(histogram(group.rewards, GROUP_BINS)))
                 for group in run_groups(rollouts)})
             _show_rows(table, {
-                r.rollout_id: (clip(r.task, 24), str(r.index), fmt_phase(r), fmt_reward(r.reward),
+                r.rollout_id: (clip(r.task, 24), str(r.index), fmt_phase(r, run_going=going),
+                               fmt_reward(r.reward),
                                str(self._turns(r)), r.error_kind or "")
                 for r in sorted(rollouts, key=lambda r: (r.task, r.index))})
         self._show_settings(self._selected_rollout())

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from textual.widgets import DataTable
 
 from tapdeck.app.client import TapdeckClient
 from tapdeck.app.host import LocalServer
@@ -109,6 +110,47 @@ async def test_a_server_restarted_with_another_key_is_toasted_whole_and_the_tui_
                 toast = next(n.message for n in app._notifications if "stopped following" in n.message)
                 assert toast.startswith("the server rejected the admin key")
                 assert "--admin-key" in toast and not app.connected
+            finally:
+                await asyncio.to_thread(second.stop)
+    finally:
+        await asyncio.to_thread(first.stop)
+
+
+async def test_runs_after_a_reconnect_shows_the_run_as_the_restarted_server_has_it_and_unrun_rollouts_as_not_run(
+        upstream, tmp_path):
+    cfg = ServerConfig(port=free_port(), data_dir=tmp_path / "data", engine_url=upstream.base_url)
+    first = await asyncio.to_thread(LocalServer(cfg).start)
+    admin = {"Authorization": f"Bearer {first.admin_key}"}
+    async with httpx.AsyncClient(base_url=first.url, headers=admin, timeout=60) as http:
+        run_id = (await http.post("/admin/runs", json={"harness": "oracle", "tasks": ["hello-file"],
+                                                       "k": 20, "concurrency": 1})).json()["id"]
+    app = TapdeckApp(TapdeckClient(first.url, first.admin_key), settings_path=tmp_path / "tui.json",
+                     initial_mode="runs")
+    try:
+        async with app.run_test(size=(80, 24)) as pilot:
+            runs = app.screen.query_one("#runs-table", DataTable)
+            rollouts = app.screen.query_one("#rollouts-table", DataTable)
+
+            def state() -> str:
+                return str(runs.get_cell(run_id, "state")) if run_id in runs.rows else ""
+
+            await until(pilot, lambda: app.connected and state() == "running", "the running run")
+            await asyncio.to_thread(first.stop)  # stopping the server stops its run
+            await until(pilot, lambda: not app.connected, "the lost connection", WAIT_S)
+            second = await asyncio.to_thread(LocalServer(cfg).start)
+            try:
+                async with httpx.AsyncClient(base_url=second.url, headers=admin, timeout=60) as http:
+                    now = (await http.get(f"/admin/runs/{run_id}")).json()["state"]
+                assert now != "running"
+                await until(pilot, lambda: app.connected and state() == now, "the run's state after the restart",
+                            WAIT_S)
+
+                def phases() -> list[str]:
+                    return [str(rollouts.get_cell(key, "phase")) for key in rollouts.rows]
+
+                await until(pilot, lambda: "queued" not in phases() and "not run" in phases(),
+                            "the rollouts it never ran shown as not run", WAIT_S)
+                assert "agent" not in phases()
             finally:
                 await asyncio.to_thread(second.stop)
     finally:
