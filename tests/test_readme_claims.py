@@ -55,6 +55,8 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
 § Command line
 - the command table names exactly the CLI's commands
   → tests/test_readme_claims.py::test_the_command_table_names_every_command_the_cli_has
+- a run's table counts cancelled rollouts apart from failed ones; one never started is `-`, not `…`
+  → tests/runner/test_runs_command.py::test_runs_of_a_cancelled_run_counts_the_cancel_apart_and_the_unrun_rollout_as_not_ok
 - exit codes 0/1/2, and `tapdeck rollout`'s 3, listed in its `--help`
   → tests/runner/test_rollout_exit_codes.py::test_rollout_help_states_every_exit_code
   → tests/runner/test_rollout_exit_codes.py::test_an_unknown_option_exits_2

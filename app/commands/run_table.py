@@ -20,6 +20,8 @@ def print_run_table(doc: RunDetail, tiny_engine: bool = False) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from tapdeck.app.views import failures_line, run_outcomes
+
     console = Console(width=min(80, Console().width))
     table = Table(box=None, pad_edge=False, expand=False, show_edge=False, padding=(0, 1, 0, 0))
     table.add_column("task", no_wrap=True, overflow="ellipsis", max_width=20)
@@ -32,7 +34,9 @@ def print_run_table(doc: RunDetail, tiny_engine: bool = False) -> None:
     table.add_column("error", no_wrap=True, overflow="ellipsis", max_width=26)
     for r in doc.rollouts:
         reward = "-" if r.reward is None else f"{r.reward:.2f}"
-        ok = "yes" if r.ok else ("…" if r.phase not in ("done", "failed") else "no")
+        # `…` while it may still end ok; a rollout its stopped run never ran is not ok, and not done.
+        ok = "yes" if r.ok else ("…" if r.phase not in ("done", "failed") and doc.state == "running"
+                                  else "-" if r.phase == "queued" else "no")
         table.add_row(r.task, str(r.group), str(r.index), reward, ok, str(r.turns), r.atif,
                       r.error_kind or "")
     console.print(table)
@@ -45,10 +49,13 @@ def print_run_table(doc: RunDetail, tiny_engine: bool = False) -> None:
     c = doc.counts
     mean = "-" if doc.mean_reward is None else f"{doc.mean_reward:.3f}"
     rate = "-" if doc.pass_rate is None else f"{doc.pass_rate:.0%}"
-    say(f"run {doc.id} {doc.state}: {c.done}/{c.total} done, {c.ok} ok, {c.failed} failed")
+    # A cancel is a person's choice, not a failure: counted apart, as `tapdeck runs` and Runs do.
+    failed, cancelled = run_outcomes(doc)
+    say(f"run {doc.id} {doc.state}: {c.done}/{c.total} done, {c.ok} ok, {failed} failed"
+        + (f", {cancelled} cancelled" if cancelled else ""))
     say(f"mean reward {mean} (graded only) · pass rate {rate} (full reward, graded only)")
     if doc.failures:
-        say("failures: " + ", ".join(f"{k} {v}" for k, v in sorted(doc.failures.items())))
+        say(failures_line(doc.failures))
     if makes_model_calls(doc.plan.rollout.harness):
         ran_with = {r.settings.line() for r in doc.rollouts if r.settings is not None}
     else:  # no engine was asked: its context and output limits were never in force

@@ -96,6 +96,21 @@ def test_runs_of_one_run_prints_its_rollouts_and_why_they_failed(data: Path) -> 
     assert [r["reward"] for r in doc["rollouts"]] == [1.0, 0.0]
 
 
+def test_runs_of_a_cancelled_run_counts_the_cancel_apart_and_the_unrun_rollout_as_not_ok(tmp_path: Path) -> None:
+    """As Runs and the runs list count them: a cancelled rollout is no failure, and a rollout the
+    run never started is not `…` (still going)."""
+    data = tmp_path / "data"
+    _run(data, "run-20261201-100000-cccc", 1.0, "cancelled", [
+        {"rollout_id": "run-20261201-100000-cccc.g000r00", "index": 0, "ok": False, "phase": "failed",
+         "error_kind": "cancelled", "error": "cancelled in phase agent"}])
+    result = _runs("run-20261201-100000-cccc", "--data-dir", str(data))
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[2].split() == ["hello-file", "0", "1", "-", "-", "0", "none"]
+    assert "run run-20261201-100000-cccc cancelled: 1/2 done, 0 ok, 0 failed, 1 cancelled" in lines
+    assert "failures: none · cancelled 1" in lines
+
+
 def test_runs_says_what_is_wrong_with_a_run_it_cannot_show(data: Path) -> None:
     result = _runs("../x", "--data-dir", str(data))
     assert result.exit_code == 2
