@@ -12,6 +12,7 @@ import fcntl
 import logging
 import os
 import socket
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import httpx
@@ -47,8 +48,11 @@ log = logging.getLogger("tapdeck.host")
 class LocalServer:
     """Start/stop a full tapdeck server (HTTP, capture service, store, maybe the embedded engine)."""
 
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, *, on_embedded_engine: Callable[[], None] | None = None) -> None:
         self.config = config
+        self.on_embedded_engine = on_embedded_engine
+        """Called just before the embedded engine is started or reused (after the port is bound,
+        so a held port is reported alone)."""
         self.admin_key: str = config.admin_key or ""
         self.admin_key_generated = False
         self.admin_key_written = False
@@ -139,6 +143,8 @@ class LocalServer:
                               reasoning_parser=cfg.engine_reasoning_parser)
         from tapdeck.runner.engine.registry import acquire_embedded_engine
 
+        if self.on_embedded_engine is not None:
+            self.on_embedded_engine()
         # One embedded engine per machine: a second tapdeck process reuses the running one.
         self._engine = acquire_embedded_engine()
         return EngineSpec(url=self._engine.base_url, model=self._engine.served_name,

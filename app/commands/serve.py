@@ -131,11 +131,10 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"tapdeck serve: {problem}", err=True)
             raise typer.Exit(2)
         _log_to_stderr()
-        server = LocalServer(config)
-        if engine is None:
-            typer.echo("starting the embedded engine, or reusing the one another tapdeck process "
-                       "serves (SmolLM2-135M; it never solves tasks, reward 0 — pass --engine URL "
-                       "for a real model)…", err=True)
+        server = LocalServer(config, on_embedded_engine=lambda: typer.echo(
+            "starting the embedded engine, or reusing the one another tapdeck process serves "
+            "(SmolLM2-135M; it never solves tasks, reward 0 — pass --engine URL for a real model)…",
+            err=True))
         try:
             server.start()
         except (ConfigError, PortInUseError) as exc:

@@ -265,6 +265,24 @@ def test_serve_cli_refuses_public_bind_and_names_a_held_port(tmp_path: Path):
         holder.close()
 
 
+def test_a_second_serve_on_a_held_port_says_only_that_the_port_is_held(tmp_path: Path):
+    """It said it was starting the embedded engine first, which it never did."""
+    from typer.testing import CliRunner
+
+    from tapdeck.app.cli import app
+
+    holder = bind_socket("127.0.0.1", 0)
+    port = holder.getsockname()[1]
+    try:
+        res = CliRunner().invoke(app, ["serve", "--port", str(port), "--data-dir", str(tmp_path)])
+    finally:
+        holder.close()
+    assert res.exit_code == 2
+    assert res.output.strip().splitlines() == [
+        f"tapdeck serve: cannot bind 127.0.0.1:{port}: Address already in use (is another server already "
+        f"using port {port}?)"]
+
+
 def test_serve_cli_reads_the_admin_key_from_a_file_and_refuses_weak_ones_on_public_binds(tmp_path: Path):
     from typer.testing import CliRunner
 
