@@ -85,7 +85,8 @@ ENDED_STATES = ("finished", "failed", "cancelled", "interrupted")
 """The states of a rollout that is over (nothing left to cancel)."""
 
 STATE_TONES = {"failed": "error", "finished": "success", "cancelled": "warning", "running": "accent",
-               "verifying": "accent", "booting": "muted", "no call yet": "warning", "queued": "muted", "interrupted": "warning"}
+               "verifying": "accent", "booting": "muted", "no call yet": "warning", "queued": "muted",
+               "interrupted": "warning"}
 
 
 def fmt_phase(rollout: RolloutResult, *, run_going: bool = True) -> str:

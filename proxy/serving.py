@@ -53,7 +53,8 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-STOPPING_BODY = b'{"error": {"message": "the tapdeck server is stopping; retry once it is back", "type": "server_stopping"}}'
+STOPPING_BODY = (b'{"error": {"message": "the tapdeck server is stopping; retry once it is back", '
+                 b'"type": "server_stopping"}}')
 """The answer to a request the server cut short as it stopped (the client may retry it)."""
 
 
