@@ -17,7 +17,7 @@ from rich.cells import cell_len
 
 from tapdeck.app.client import ApiError
 from tapdeck.schema.findings import Finding, Level
-from tapdeck.schema.runs import RolloutResult, RunSummary, mean_reward, pass_rate
+from tapdeck.schema.runs import ENDED_PHASES, RolloutResult, RunSummary, mean_reward, pass_rate
 from tapdeck.schema.sessions import GraphTurn, GraphView, RolloutStats, SessionSummary, TurnDetail
 
 # A running session with no model call for this long is highlighted (an agent that looks stuck).
@@ -58,7 +58,7 @@ def session_state(summary: SessionSummary) -> str:
 
 def rollout_state(rollout: RolloutResult) -> str:
     """The same word for a rollout that has no capture session (its phase is all there is)."""
-    ended = rollout.phase in ("done", "failed")
+    ended = rollout.phase in ENDED_PHASES
     phase = "failed" if rollout.phase == "done" and not rollout.ok else rollout.phase
     return _state(phase, ended=ended, fatal=False, turns=rollout.turns,
                   cancelled=rollout.error_kind == "cancelled")
@@ -184,7 +184,7 @@ class SessionBoard:
     def replace_rollouts(self, running: Iterable[RolloutResult]) -> None:
         """Resynchronise rollouts: `running` (the rollouts of the runs going now) replace every
         rollout that had not ended; ended ones stay (an oracle's result row)."""
-        self.rollouts = {rid: r for rid, r in self.rollouts.items() if r.phase in ("done", "failed")}
+        self.rollouts = {rid: r for rid, r in self.rollouts.items() if r.phase in ENDED_PHASES}
         for rollout in running:
             self.rollouts[rollout.rollout_id] = rollout
         self.version += 1
@@ -192,7 +192,7 @@ class SessionBoard:
     def run_ended(self, run_id: str) -> None:
         """A run ended: its rollouts that had not ended (queued ones never started) leave the board."""
         self.rollouts = {rid: r for rid, r in self.rollouts.items()
-                         if r.run_id != run_id or r.phase in ("done", "failed")}
+                         if r.run_id != run_id or r.phase in ENDED_PHASES}
         self.version += 1
 
     def sessionless(self) -> dict[str, RolloutResult]:
@@ -608,7 +608,7 @@ def run_groups(rollouts: Iterable[RolloutResult]) -> list[GroupRow]:
     for task, items in sorted(by_task.items()):
         items = sorted(items, key=lambda r: r.index)
         rewards = [r.reward for r in items]
-        done = sum(1 for r in items if r.phase in ("done", "failed"))
+        done = sum(1 for r in items if r.phase in ENDED_PHASES)
         rows.append(GroupRow(task, len(items), done, rewards, mean_reward(rewards), pass_rate(rewards)))
     return rows
 
@@ -648,7 +648,7 @@ def rollout_settings_line(rollout: RolloutResult) -> str:
     name = f"{rollout.task} #{rollout.index}"
     if rollout.settings is None:
         return f"{name}: settings not resolved (resolved when its capture session opens)"
-    tense = ("ran" if rollout.phase in ("done", "failed") else
+    tense = ("ran" if rollout.phase in ENDED_PHASES else
              "will run" if rollout.phase == "queued" else "runs")
     return f"{name} {tense} with: {rollout.settings.line()}"
 

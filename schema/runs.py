@@ -14,6 +14,8 @@ from tapdeck.schema.settings import ResolvedSettings, RolloutSettings
 
 RunState = Literal["running", "finished", "cancelled", "failed", "interrupted"]
 Phase = Literal["queued", "install", "sandbox", "agent_setup", "agent", "verify", "done", "failed"]
+ENDED_PHASES: frozenset[Phase] = frozenset({"done", "failed"})
+"""The phases a rollout ends in."""
 PASS_REWARD = 1.0
 """A rollout passes when its verifier gave the full reward (Harbor's tests all passed)."""
 RERUN_ON_RESUME = frozenset({"cancelled", "engine_unreachable"})

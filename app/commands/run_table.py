@@ -5,7 +5,7 @@ What `tapdeck rollout` prints when its run ends and `tapdeck runs RUN` prints fo
 
 from __future__ import annotations
 
-from tapdeck.schema.runs import RolloutResult, RunDetail
+from tapdeck.schema.runs import ENDED_PHASES, RolloutResult, RunDetail
 
 ERROR_LINE_CHARS = 160
 """A failure's line under the table is cut here: two rows of an 80-column terminal at most."""
@@ -35,7 +35,7 @@ def print_run_table(doc: RunDetail, tiny_engine: bool = False) -> None:
     for r in doc.rollouts:
         reward = "-" if r.reward is None else f"{r.reward:.2f}"
         # `…` while it may still end ok; a rollout its stopped run never ran is not ok, and not done.
-        ok = "yes" if r.ok else ("…" if r.phase not in ("done", "failed") and doc.state == "running"
+        ok = "yes" if r.ok else ("…" if r.phase not in ENDED_PHASES and doc.state == "running"
                                   else "-" if r.phase == "queued" else "no")
         table.add_row(r.task, str(r.group), str(r.index), reward, ok, str(r.turns), r.atif,
                       r.error_kind or "")
