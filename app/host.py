@@ -153,7 +153,8 @@ class LocalServer:
     def _runner_routers(self) -> list:
         assert self.service is not None
         return [create_runner_router(self.service, data_dir=self.config.data_dir,
-                                     default_engine=self.default_engine, admin_key=self.admin_key)]
+                                     default_engine=self.default_engine, admin_key=self.admin_key,
+                                     default_is_embedded=self._engine is not None)]
 
     def _check_health(self) -> None:
         """A stale server on a reused port would answer with another instance id."""

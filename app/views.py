@@ -17,7 +17,14 @@ from rich.cells import cell_len
 
 from tapdeck.app.client import ApiError
 from tapdeck.schema.findings import Finding, Level
-from tapdeck.schema.runs import ENDED_PHASES, RolloutResult, RunSummary, mean_reward, pass_rate
+from tapdeck.schema.runs import (
+    ENDED_PHASES,
+    NO_ENGINE,
+    RolloutResult,
+    RunSummary,
+    mean_reward,
+    pass_rate,
+)
 from tapdeck.schema.sessions import GraphTurn, GraphView, RolloutStats, SessionSummary, TurnDetail
 
 # A running session with no model call for this long is highlighted (an agent that looks stuck).
@@ -634,6 +641,23 @@ def failures_line(failures: Mapping[str, int], left_out: int = 0) -> str:
     if left_out:
         line += f" · {left_out} task folder{'' if left_out == 1 else 's'} left out"
     return line
+
+
+def run_engine(run: RunSummary, width: int) -> str:
+    """The engine a run's rollouts call, in at most `width` cells: "embedded", "no engine" (oracle,
+    nop), or the engine's URL without its scheme and `/v1`, its host cut before its port when
+    still too wide. A run from an older server says what its plan asked for."""
+    used = run.engine_used or run.plan.rollout.engine
+    if used == NO_ENGINE:
+        return "no engine"
+    short = used.split("://", 1)[-1].rstrip("/").removesuffix("/v1")
+    if len(short) <= width:
+        return short
+    cut = min((i for i in (short.find(":"), short.find("/")) if i > 0), default=len(short))
+    host, rest = short[:cut], short[cut:]
+    if len(rest) > width // 2:  # a long path: its start, as any cut name
+        return clip(short, width)
+    return clip(host, width - len(rest)) + rest
 
 
 def fmt_rate(value: Any) -> str:

@@ -65,15 +65,16 @@ SHUTDOWN_GRACE_S = 60.0
 
 
 def create_runner_router(service: Any, *, data_dir: Path, default_engine: EngineSpec | None,
-                         admin_key: str | None = None) -> APIRouter:
+                         admin_key: str | None = None, default_is_embedded: bool = False) -> APIRouter:
     """The runner routes for one capture service; the BatchRunner is exposed as `router.batch`,
-    the training runs as `router.training`.
+    the training runs as `router.training`. `default_is_embedded`: the default engine is the
+    embedded one (runs on it say "embedded", not its loopback URL).
 
     Recipes reach this server at its public URL with `admin_key` (passed in their environment).
     """
     runner_loop = RunnerLoop()
     batch = BatchRunner(service, data_dir=Path(data_dir), default_engine=default_engine,
-                        loop=runner_loop)
+                        loop=runner_loop, default_is_embedded=default_is_embedded)
     server_env = {"TAPDECK_SERVER_URL": service.public_url}
     if admin_key:
         server_env["TAPDECK_ADMIN_KEY"] = admin_key

@@ -31,13 +31,14 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from tapdeck.proxy.tiers import EngineSpec
-from tapdeck.runner.engines import EngineChoiceError, resolve_engine
+from tapdeck.runner.engines import EMBEDDED, EngineChoiceError, resolve_engine
 from tapdeck.runner.rollout import RolloutSpec, run_rollout
 from tapdeck.runner.run_lock import RunLock
 from tapdeck.runner.runner_loop import LoopTask, RunnerLoop, ServiceOnItsLoop
 from tapdeck.schema.events import RolloutUpdated, RunFinished, RunStarted
 from tapdeck.schema.runs import (
     MAX_ROLLOUTS,
+    NO_ENGINE,
     RERUN_ON_RESUME,
     RolloutResult,
     RunCounts,
@@ -117,6 +118,8 @@ class _Run:
         """Rollouts cancelled one by one (the rest of the run goes on)."""
         self.unreadable: list[str] = []
         """Lines of results.jsonl that hold a result this version cannot read (`file:line: why`)."""
+        self.engine_used: str | None = None
+        """`RunSummary.engine_used`: the engine its rollouts last started on."""
 
     def rollout_ids(self) -> list[tuple[int, int, str]]:
         return [(g, i, rollout_id(self.id, g, i))
@@ -159,7 +162,8 @@ def summarize(run: _Run) -> RunSummary:
         finished_at=run.finished_at, counts=counts,
         mean_reward=mean_reward(r.reward for r in finished),
         pass_rate=pass_rate(r.reward for r in finished),
-        failures=dict(failures), error=run.error, path=str(run.path), left_out=run.left_out)
+        failures=dict(failures), error=run.error, path=str(run.path), left_out=run.left_out,
+        engine_used=run.engine_used)
 
 
 RolloutFn = Callable[..., Awaitable[RolloutResult]]
@@ -172,11 +176,14 @@ class BatchRunner:
     else on the loop that starts them."""
 
     def __init__(self, service: Any, *, data_dir: Path, default_engine: EngineSpec | None,
-                 rollout_fn: RolloutFn = run_rollout, loop: RunnerLoop | None = None) -> None:
+                 rollout_fn: RolloutFn = run_rollout, loop: RunnerLoop | None = None,
+                 default_is_embedded: bool = False) -> None:
         self.service = service
         self.data_dir = Path(data_dir)
         self.runs_dir = self.data_dir / "runs"
         self.default_engine = default_engine
+        self.default_is_embedded = default_is_embedded
+        """Whether `default_engine` is the embedded engine (else an engine URL the server was given)."""
         self._rollout_fn = rollout_fn
         self._loop = loop
         self._runs: dict[str, _Run] = {}
@@ -203,6 +210,7 @@ class BatchRunner:
                                   "plan": plan.model_dump(mode="json"), "tasks": tasks,
                                   "left_out": left_out})
         run = _Run(run_id, path, plan, tasks, created, left_out)
+        run.engine_used = self._engine_used(engine)
         with self._runs_lock:
             self._runs[run_id] = run
         self._write_state(run, "running")
@@ -223,6 +231,15 @@ class BatchRunner:
                                   reasoning_parser=template.engine_reasoning_parser)
         except EngineChoiceError as exc:
             raise PlanError(str(exc)) from exc
+
+    def _engine_used(self, engine: EngineSpec | None) -> str:
+        """What `RunSummary.engine_used` says of a run whose rollouts call `engine`."""
+        if engine is None:
+            return NO_ENGINE
+        default = self.default_engine
+        if self.default_is_embedded and default is not None and engine.base_url == default.base_url:
+            return EMBEDDED
+        return engine.base_url
 
     async def _check_model(self, engine: EngineSpec) -> None:
         """A model name the engine does not list is refused, naming the ones it does. An engine
@@ -282,12 +299,13 @@ class BatchRunner:
         The rollouts use `service` (default: this runner's) for their capture sessions."""
         service = self.service if service is None else service
         run = self._load(run_id)
+        engine = self._engine(run.plan)
+        run.engine_used = self._engine_used(engine)  # a resume may run on another default engine
         self._write_state(run, "running")
         pending = [(g, i, rid) for g, i, rid in run.rollout_ids()
                    if rid not in run.results or run.results[rid].error_kind in RERUN_ON_RESUME]
         self._publish(RunStarted(run_id=run.id, run=summarize(run), pending=len(pending)))
         semaphore = asyncio.Semaphore(run.plan.concurrency)
-        engine = self._engine(run.plan)
 
         async def one(group: int, index: int, rid: str) -> None:
             result: RolloutResult | None = None
@@ -468,6 +486,7 @@ class BatchRunner:
         state = state_doc.get("state", "running")
         run.finished_at = state_doc.get("finished_at")
         run.error = state_doc.get("error")
+        run.engine_used = state_doc.get("engine_used")
         if state == "running" and (pid := run.lock.holder()) is not None:
             # Another process on this data dir runs it: read again on every look, never kept, as
             # that process alone sees its rollouts and its end.
@@ -482,7 +501,8 @@ class BatchRunner:
     def _write_state(self, run: _Run, state: RunState) -> None:
         run.state = state
         _write_json(run.path / STATE, {"state": state, "created_at": run.created_at,
-                                       "finished_at": run.finished_at, "error": run.error})
+                                       "finished_at": run.finished_at, "error": run.error,
+                                       "engine_used": run.engine_used})
 
     # ----------------------------------------------------------------- export
 

@@ -214,6 +214,10 @@ class RunCounts(BaseModel):
     running: int = 0
 
 
+NO_ENGINE = "none"
+"""`RunSummary.engine_used` of a run whose harness calls no model (oracle, nop)."""
+
+
 class RunSummary(BaseModel):
     """One row of `GET /admin/runs`."""
 
@@ -234,6 +238,11 @@ class RunSummary(BaseModel):
     left_out: list[str] = Field(default_factory=list)
     """Task folders of a dataset taken whole that are not tasks Harbor can run, as `file: why`:
     the run has no rollout for them."""
+    engine_used: str | None = None
+    """The engine the run's rollouts call, settled when it (last) started: "embedded" for the
+    embedded engine, else the engine's base URL (a plan's "embedded" names the server's default
+    engine, which may be a URL), or `NO_ENGINE` for a harness that calls no model. None for a run
+    an older tapdeck wrote."""
 
 
 class RunList(BaseModel):

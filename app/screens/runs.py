@@ -22,6 +22,7 @@ from tapdeck.app.views import (
     rollout_settings_line,
     id_tail,
     run_groups,
+    run_engine,
     run_outcomes,
 )
 from tapdeck.schema.runs import RolloutResult, RunDetail, RunSummary, runs_again_on_resume
@@ -184,9 +185,12 @@ class RunsScreen(TapdeckScreen):
         another_run = self.detail is None or self.detail.id != detail.id
         self.detail = detail
         plan = detail.plan
-        self.query_one("#run-header", Static).update(
-            f"run {detail.id} · {plan.dataset or 'sample'} · {plan.rollout.harness} · "
-            f"{plan.rollout.sandbox} · {plan.rollout.engine} · K={plan.k}")
+        before = (f"run {detail.id} · {plan.dataset or 'sample'} · {plan.rollout.harness} · "
+                  f"{plan.rollout.sandbox} · ")
+        after = f" · K={plan.k}"
+        # The engine takes the line's room left (the header's padding is 2 cells), never under 16.
+        room = max(16, self.size.width - 2 - len(before) - len(after))
+        self.query_one("#run-header", Static).update(before + run_engine(detail, room) + after)
         rollouts = detail.rollouts
         going = detail.state == "running"
         with self.app.batch_update():
