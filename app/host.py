@@ -48,11 +48,15 @@ log = logging.getLogger("tapdeck.host")
 class LocalServer:
     """Start/stop a full tapdeck server (HTTP, capture service, store, maybe the embedded engine)."""
 
-    def __init__(self, config: ServerConfig, *, on_embedded_engine: Callable[[], None] | None = None) -> None:
+    def __init__(self, config: ServerConfig, *, on_embedded_engine: Callable[[], None] | None = None,
+                 engine: bool = True) -> None:
         self.config = config
         self.on_embedded_engine = on_embedded_engine
         """Called just before the embedded engine is started or reused (after the port is bound,
         so a held port is reported alone)."""
+        self.with_engine = engine
+        """False: no default engine, none started or settled (a server for runs whose harness
+        calls no model, such as `tapdeck rollout --harness oracle`)."""
         self.admin_key: str = config.admin_key or ""
         self.admin_key_generated = False
         self.admin_key_written = False
@@ -111,7 +115,7 @@ class LocalServer:
                     log.warning("another tapdeck server is running on %s and its admin key is in %s; "
                                 "this server's key is not written there (both share the capture "
                                 "store)", cfg.data_dir, cfg.admin_key_path)
-            self.default_engine = self._start_engine()
+            self.default_engine = self._start_engine() if self.with_engine else None
             self._store = Store(cfg.capture_db)
             port = self._sock.getsockname()[1]
             public_host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::", "") else cfg.host

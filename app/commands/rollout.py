@@ -36,7 +36,7 @@ import typer
 from pydantic import ValidationError
 
 from tapdeck.app.client import ApiError, TapdeckClient, admin_key_refusal
-from tapdeck.app.commands.run_table import print_run_table
+from tapdeck.app.commands.run_table import makes_model_calls, print_run_table
 from tapdeck.runner.rollout_settings import (
     DEFAULT_HARD_LIMIT_S,
     DEFAULT_MAX_TURNS,
@@ -199,10 +199,17 @@ def register(app: typer.Typer) -> None:
         from tapdeck.app.host import LocalServer
 
         plan.rollout.engine = "embedded"  # the server's default engine is the one asked for
-        typer.echo("starting a local tapdeck server" + ("…" if url_engine else " and the embedded "
-                   "engine (or reusing the one another tapdeck process serves)…"), err=True)
+        # A new run of oracle or nop calls no model: no engine is started (nor need one answer).
+        with_engine = resume is not None or makes_model_calls(harness)
+        if not with_engine:
+            starting = f" (no engine: {harness} calls no model)…"
+        elif url_engine:
+            starting = "…"
+        else:
+            starting = " and the embedded engine (or reusing the one another tapdeck process serves)…"
+        typer.echo("starting a local tapdeck server" + starting, err=True)
         try:
-            local = LocalServer(config).start()
+            local = LocalServer(config, engine=with_engine).start()
         except EngineAddressError as exc:
             typer.echo(f"tapdeck rollout: {exc}", err=True)
             raise typer.Exit(EXIT_USAGE if exc.status == 400 else EXIT_COULD_NOT_RUN) from None
@@ -214,13 +221,13 @@ def register(app: typer.Typer) -> None:
             try:
                 shared = local.embedded_engine
                 engine_gone = None
-                if shared is None:
-                    typer.echo(f"engine {local.engine_url}", err=True)
-                elif shared.owned:
+                if shared is not None and shared.owned:
                     typer.echo(f"started the embedded engine at {shared.base_url}", err=True)
-                else:
+                elif shared is not None:
                     typer.echo(shared.reuse_line(), err=True)
                     engine_gone = _engine_watch(shared)
+                elif local.engine_url is not None:
+                    typer.echo(f"engine {local.engine_url}", err=True)
                 typer.echo(f"server log: {log}", err=True)
                 code = _drive(local.url, local.admin_key, plan, resume, tiny_engine=url_engine is None,
                               resume_hint=_local_resume_hint(data, url_engine, engine_model),

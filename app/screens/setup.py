@@ -32,6 +32,7 @@ from tapdeck.app.confirm import CONFIRM_S, TwoPress
 from tapdeck.app.messages import RunsChanged
 from tapdeck.app.screens.base import TapdeckScreen
 from tapdeck.app.views import instruction_preview
+from tapdeck.runner.harnesses import Placement
 from tapdeck.schema.addresses import check_public_url
 from tapdeck.schema.catalog import Catalog, DatasetInfo, EngineInfo, HarnessInfo, SandboxInfo
 from tapdeck.schema.runs import MAX_CONCURRENCY, MAX_K, RolloutTemplate, RunPlan
@@ -315,7 +316,19 @@ class SetupScreen(TapdeckScreen):
                 f" · {detail}" if ok and detail else "")
         return ok, (f"✓ {detail}" if ok and detail else "✓ available") if ok else f"✗ {detail or 'not available'}"
 
+    def _engine_unused(self) -> str | None:
+        """The picked harness's name when it calls no model (oracle, nop): no engine is used, so
+        none need be reachable. None otherwise."""
+        harness = self._item("harness")
+        if isinstance(harness, HarnessInfo) and harness.placement == Placement.NO_MODEL:
+            return harness.name
+        return None
+
     def _show_why(self, kind: str) -> None:
+        if kind == "engine" and (harness := self._engine_unused()) is not None:
+            self.query_one("#why-engine", Static).update(
+                Content.styled(f"not used: {harness} calls no model", "$text-muted"))
+            return
         ok, text = self._why(kind, self._item(kind))
         self.query_one(f"#why-{kind}", Static).update(
             Content.styled(text, "$success" if ok else "$error"))
@@ -362,6 +375,7 @@ class SetupScreen(TapdeckScreen):
             self._show_why(kind)
         if kind == "harness":
             self._recall_settings()
+            self._show_why("engine")  # used or not, by this harness
         elif kind == "engine":
             self._show_settings_defaults()
 
@@ -392,6 +406,8 @@ class SetupScreen(TapdeckScreen):
         if not dataset or dataset is Select.NULL:
             raise ValueError("choose a dataset (or type a path)")
         for kind in ("harness", "sandbox", "engine"):
+            if kind == "engine" and self._engine_unused():
+                continue  # the runner opens no session for it: an unreachable engine is no matter
             item = self._item(kind)
             ok, why = self._why(kind, item)
             if not ok:
@@ -412,11 +428,14 @@ class SetupScreen(TapdeckScreen):
             public_url = check_public_url(public_url)
         ticked = list(self.query_one("#tasks", SelectionList).selected)
         settings, timeout = self.rollout_settings()
+        engine = self.query_one("#engine", Select).value
+        if not isinstance(engine, str):  # no engine picked: only a harness that calls none gets here
+            engine = RolloutTemplate.model_fields["engine"].default
         return RunPlan(dataset=str(dataset), tasks=ticked or None,
                        k=numbers["k"], concurrency=numbers["concurrency"], rollout=RolloutTemplate(
                            harness=str(self.query_one("#harness", Select).value),
                            sandbox=str(self.query_one("#sandbox", Select).value),
-                           engine=str(self.query_one("#engine", Select).value),
+                           engine=engine,
                            alternatives=numbers["alternatives"], public_url=public_url,
                            settings=RolloutSettings.model_validate(settings), timeout_s=timeout))
 
