@@ -112,6 +112,7 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/app/test_sessions_command.py::test_a_sessions_json_is_its_rollout_document_as_the_server_answers
   → tests/app/test_sessions_command.py::test_a_turns_tokens_come_one_a_line_with_the_engines_ids_and_logprobs
   → tests/app/test_sessions_command.py::test_sessions_names_what_is_missing_and_refuses_bad_usage
+  → tests/app/test_sessions_command.py::test_sessions_run_naming_no_run_exits_1_saying_so
 - a run another process on the data dir runs shows as running, and is neither resumed nor
   cancelled from here, naming that process
   → tests/runner/test_run_lock.py::test_a_second_server_on_the_data_dir_sees_the_run_running_and_neither_resumes_nor_cancels_it

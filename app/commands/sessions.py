@@ -64,9 +64,9 @@ def register(app: typer.Typer) -> None:
             typer.echo("tapdeck sessions: --run and --all choose what the list shows; give them "
                        "without a SESSION", err=True)
             raise typer.Exit(EXIT_USAGE)
-        with stored_capture(data_dir, "sessions") as (_root, store):
+        with stored_capture(data_dir, "sessions") as (root, store):
             if session_id is None:
-                _list(store, run=run, show_all=show_all, as_json=as_json)
+                _list(store, run=run, show_all=show_all, as_json=as_json, runs_dir=root / "runs")
                 return
             try:
                 record, graph = store.load_graph(session_id)
@@ -107,13 +107,20 @@ def _console() -> Any:
     return Console(width=min(WIDTH, Console().width), highlight=False)
 
 
-def _list(store: Store, *, run: str | None, show_all: bool, as_json: bool) -> None:
-    """The sessions, newest first: all of --run's, else the newest LIST_NEWEST unless --all."""
+def _list(store: Store, *, run: str | None, show_all: bool, as_json: bool, runs_dir: Path) -> None:
+    """The sessions, newest first: all of --run's, else the newest LIST_NEWEST unless --all.
+
+    A --run that names no run (no session of it, no folder in `runs_dir`) ends with exit 1: a
+    mistyped id would otherwise read as a run that made no sessions."""
     from tapdeck.schema.sessions import SessionList
 
     records = store.list_sessions()[::-1]
     if run is not None:
         records = [r for r in records if (r.get("metadata") or {}).get("run_id") == run]
+        if not records and not (runs_dir / run).is_dir():
+            typer.echo(f"tapdeck sessions: no run {run} in {runs_dir} (`tapdeck runs` lists them; "
+                       "pass the --data-dir it ran in)", err=True)
+            raise typer.Exit(EXIT_NOT_FOUND)
     left = 0 if run is not None or show_all else max(0, len(records) - LIST_NEWEST)
     records = records[:len(records) - left]
     summaries = [stored_summary(*store.load_graph(r["id"])) for r in records]

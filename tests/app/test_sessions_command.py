@@ -104,8 +104,16 @@ def test_sessions_lists_only_the_runs_sessions_with_run(data: Path) -> None:
     assert result.exit_code == 0, result.output
     assert [line.split()[0] for line in result.output.splitlines()[1:]] == [FORKED]
     assert _sessions(data, "--run", RUN, "--json").exit_code == 0
-    result = _sessions(data, "--run", "run-20261202-000000-none")
-    assert result.exit_code == 0 and "no capture sessions of run run-20261202-000000-none" in result.output
+
+
+def test_sessions_run_naming_no_run_exits_1_saying_so(data: Path) -> None:
+    typo = _sessions(data, "--run", "run-20261201-100000-aaab")
+    assert typo.exit_code == 1
+    assert f"no run run-20261201-100000-aaab in {data / 'runs'}" in typo.output
+    # A run that exists but made no capture session (an oracle run) is listed as empty, exit 0.
+    (data / "runs" / "run-20261201-110000-cccc").mkdir(parents=True)
+    sessionless = _sessions(data, "--run", "run-20261201-110000-cccc")
+    assert sessionless.exit_code == 0 and "no capture sessions of run" in sessionless.output
 
 
 def test_the_list_shows_the_newest_twenty_and_counts_the_rest(tmp_path: Path) -> None:
