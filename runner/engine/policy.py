@@ -13,6 +13,7 @@ Numerics: fp32 forward with a KV cache; the cache is dropped whenever the weight
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -211,7 +212,7 @@ class PolicyEngine:
         if self.core is None:
             self.model.weights_changed()
             return
-        with self.core.lock:  # a reply in progress finishes on the weights it started with
+        with self.core.holding():  # a reply in progress finishes on the weights it started with
             self.model.weights_changed()
 
     def score(self, prompt_ids: Sequence[int], completion_ids: Sequence[int], *,
@@ -223,18 +224,12 @@ class PolicyEngine:
         sampler = Sampler(SamplingParams(temperature=temperature), np.asarray(prompt_ids),
                           self.model.n_vocab)
         out = []
-        lock = self.core.lock if self.core is not None else None
-        if lock is not None:
-            lock.acquire()
-        try:
+        with self.core.holding() if self.core is not None else contextlib.nullcontext():
             logits = self.model.prefill(list(prompt_ids))
             for i, token in enumerate(completion_ids):
                 out.append(float(sampler.process(logits)[int(token)]))
                 if i + 1 < len(completion_ids):
                     logits = self.model.step(int(token))
-        finally:
-            if lock is not None:
-                lock.release()
         return out
 
     def stop(self) -> None:
