@@ -687,7 +687,7 @@ def test_the_command_table_names_every_command_the_cli_has() -> None:
     documented = set(re.findall(r"^\| `tapdeck (\w+)", table, re.M))
     documented |= {"tui"} if "`tapdeck tui`" in table else set()
     commands = set(get_command(app).commands)  # type: ignore[attr-defined]
-    assert documented == commands - {"harness"} and "harness install" in README
+    assert documented == commands
 
 
 def test_the_data_dir_listing_names_every_file_a_server_leaves_there(tmp_path: Path) -> None:
