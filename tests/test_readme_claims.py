@@ -180,6 +180,8 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/proxy/test_routing_and_export.py::test_export_from_a_corrupt_capture_db_says_so
   → tests/proxy/test_routing_and_export.py::test_export_refuses_a_run_whose_sessions_are_not_in_the_store
   → tests/proxy/test_routing_and_export.py::test_export_refuses_a_target_that_is_not_a_plain_id
+- unpinned: the data dir also holds `exports/` (export's default `--out`), `rollout.log`, and the
+  TUI's `tui.log` and `tui.json`
 
 § The server API
 - every admin route of the table exists on the server
