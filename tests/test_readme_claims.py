@@ -372,6 +372,13 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/runner/test_rollouts.py::test_agent_timeout_is_agent_timeout_and_still_graded
   → tests/runner/test_rollouts.py::test_outer_timeout_covers_the_whole_rollout
   → tests/runner/test_runner_units.py::test_exceptions_are_classified_by_type_then_phase
+- the reward is `--reward-key`'s key (missing: `reward_key_missing`), else the only key, else
+  `reward`; several others are `reward_ambiguous`, listing them
+  → tests/runner/test_rewards.py::test_named_reward_key_wins_over_reward
+  → tests/runner/test_rewards.py::test_named_reward_key_missing_is_an_error_listing_the_keys
+  → tests/runner/test_rewards.py::test_single_key_is_the_reward_whatever_its_name
+  → tests/runner/test_rewards.py::test_several_keys_including_reward_take_reward
+  → tests/runner/test_rewards.py::test_several_keys_without_reward_are_refused_with_the_keys_listed
 - extra calls the trajectory never recorded are demoted to auxiliary (masked out, shown as such,
   kept after a restart); a full trajectory demotes nothing
   → tests/runner/test_atif.py::test_extra_calls_are_demoted_to_auxiliary_and_masked_out_of_training
