@@ -13,6 +13,7 @@ from textual.widgets import DataTable, Static
 from tapdeck.app.confirm import CONFIRM_S, TwoPress
 from tapdeck.app.histogram import bars, histogram, reward_line
 from tapdeck.app.screens.base import TapdeckScreen
+from tapdeck.app.table_rows import cursor_key, show_rows
 from tapdeck.app.views import (
     clip,
     failures_line,
@@ -34,35 +35,6 @@ OTHER_RUN_COLUMNS_W = 56
 
 GROUP_BINS = 5
 """A group's reward histogram: five bins over 0-1 (K is small; ten would be mostly empty)."""
-
-
-def _cursor_key(table: DataTable) -> str | None:
-    """The key of the row under the cursor; None on an empty table."""
-    if table.row_count == 0:
-        return None
-    return table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
-
-
-def _show_rows(table: DataTable, rows: dict[str, tuple[str, ...]]) -> None:
-    """Make `table` show `rows` (key → cells, in order), its cursor staying on the same key.
-
-    While the keys and their order stay (a run's update), only the changed cells are touched.
-    Otherwise the rows are laid out again and the cursor goes back to its key or, that row gone,
-    to the row now at its place."""
-    key = _cursor_key(table)
-    if [row.key.value for row in table.ordered_rows] == list(rows):
-        columns = [column.key for column in table.ordered_columns]
-        for row_key, cells in rows.items():
-            for column, cell, before in zip(columns, cells, table.get_row(row_key)):
-                if cell != before:
-                    table.update_cell(row_key, column, cell, update_width=True)
-        return
-    place = table.cursor_row
-    table.clear()
-    for row_key, cells in rows.items():
-        table.add_row(*cells, key=row_key)
-    if rows:
-        table.move_cursor(row=table.get_row_index(key) if key in rows else min(place, len(rows) - 1))
 
 
 class RunsScreen(TapdeckScreen):
@@ -142,7 +114,7 @@ class RunsScreen(TapdeckScreen):
             self.query_one("#run-header", Static).update("No runs yet: start a batch on Setup (1).")
             return
         # The run under the cursor: the one shown so far, or the nearest row once it is gone.
-        self.run_id = _cursor_key(self.query_one("#runs-table", DataTable))
+        self.run_id = cursor_key(self.query_one("#runs-table", DataTable))
         detail = await self.client.run(self.run_id)
         if detail.id == self.run_id:  # else another run was highlighted meanwhile
             self.show_detail(detail)
@@ -155,7 +127,7 @@ class RunsScreen(TapdeckScreen):
                          fmt_rate(run.pass_rate))
                 for run in self.runs}
         with self.app.batch_update():
-            _show_rows(self.query_one("#runs-table", DataTable), rows)
+            show_rows(self.query_one("#runs-table", DataTable), rows)
 
     def on_resize(self) -> None:
         # The id column takes what the other columns leave, so it is cut again at a new width.
@@ -166,7 +138,7 @@ class RunsScreen(TapdeckScreen):
     def _run_highlighted(self) -> None:
         # The cursor's run now, not the event's: laying the rows out again highlights the first
         # row on the way to the kept one.
-        key = _cursor_key(self.query_one("#runs-table", DataTable))
+        key = cursor_key(self.query_one("#runs-table", DataTable))
         if key and key != self.run_id:
             self.run_id = key
             self.load_detail(key)
@@ -197,13 +169,13 @@ class RunsScreen(TapdeckScreen):
             if another_run:  # its rows from the top, not from the last run's place
                 groups.clear()
                 table.clear()
-            _show_rows(groups, {
+            show_rows(groups, {
                 group.task: (clip(group.task, 28), f"{group.done}/{group.total}",
                              " ".join(fmt_reward(r) for r in group.rewards)[:24],
                              fmt_reward(group.mean), fmt_rate(group.pass_rate),
                              bars(histogram(group.rewards, GROUP_BINS)))
                 for group in run_groups(rollouts)})
-            _show_rows(table, {
+            show_rows(table, {
                 r.rollout_id: (clip(r.task, 24), str(r.index), fmt_phase(r, run_going=going),
                                fmt_reward(r.reward),
                                str(self._turns(r)), r.error_kind or "")

@@ -1,4 +1,5 @@
-"""Train: launch a recipe as a job of the server, follow its log and trackio metrics, stop it.
+"""Train: launch a recipe as a job of the server, list its jobs, follow the log and trackio
+metrics of the one picked, stop it.
 
 Everything goes through the server API (`/admin/train`: recipes, launch, SSE of log/metrics/state,
 stop), so the recipe runs on the server's machine and this screen works the same embedded and
@@ -9,6 +10,7 @@ ratios, tokens per second and per step) as the server reads them from the run's 
 from __future__ import annotations
 
 import shlex
+import time
 from collections.abc import Iterable
 
 from textual import on, work
@@ -16,11 +18,12 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widget import Widget
 from rich.text import Text
-from textual.widgets import Button, Input, RichLog, Select, Static
+from textual.widgets import Button, DataTable, Input, RichLog, Select, Static
 from textual_plotext import PlotextPlot
 
 from tapdeck.app.client import ApiError
 from tapdeck.app.screens.base import TapdeckScreen
+from tapdeck.app.table_rows import cursor_key, show_rows
 from tapdeck.app.views import describe_error
 from tapdeck.schema.runs import RunSummary
 from tapdeck.schema.train import (
@@ -44,6 +47,15 @@ PANELS: dict[str, tuple[str, ...]] = {
 
 Y_TICKS = 5
 
+JOBS_POLL_S = 5.0
+"""While a job the screen does not follow is running, the job list is asked again this often: its
+row must not read "running" once it has ended."""
+
+
+def fmt_started(started_at: float) -> str:
+    """A job's start as local month-day and time (a job list spans days)."""
+    return time.strftime("%m-%d %H:%M", time.localtime(started_at))
+
 
 def even_ticks(values: list[float], count: int = Y_TICKS) -> list[float]:
     """`count` evenly spaced y ticks over `values` (plotext's own land unevenly on a flat series)."""
@@ -60,7 +72,9 @@ class TrainScreen(TapdeckScreen):
 
     MODE = "train"
     HELP = ("Train: choose a recipe (and, for data-check, a rollout run), extra recipe arguments "
-            "if any, then l (or Launch): the recipe runs on the server's machine. s stops it "
+            "if any, then l (or Launch): the recipe runs on the server's machine. The jobs table "
+            "lists the server's training jobs, newest first: the highlighted one's log and plots "
+            "show below. s stops it "
             "(SIGTERM, then SIGKILL of its process group). p cycles the plot: reward, loss, "
             "KL/clip, tokens/s, tokens/step. data-check only checks and scores rows; cpu-grpo trains SmolLM2 "
             "here (minutes per step); grpo-trl needs a GPU box with vLLM.")
@@ -79,6 +93,7 @@ class TrainScreen(TapdeckScreen):
     #train-controls Button { min-width: 8; width: auto; margin-left: 1; }
     #train-args { height: 1; border: none; padding: 0 1; }
     #train-state { height: 1; padding: 0 1; color: $text-muted; text-wrap: nowrap; text-overflow: ellipsis; }
+    #train-jobs { height: auto; max-height: 4; }
     #train-body { height: 1fr; }
     #train-panel { height: 1; }
     #train-plot { height: 3fr; min-height: 5; }
@@ -89,7 +104,9 @@ class TrainScreen(TapdeckScreen):
         super().__init__()
         self.recipes: dict[str, RecipeInfo] = {}
         self.job: TrainRunInfo | None = None
-        """The followed run's latest state."""
+        """The shown job's latest state."""
+        self.jobs: list[TrainRunInfo] = []
+        """The server's training jobs, newest first, as last listed (the shown one kept current)."""
         self.points: dict[str, list[tuple[int, float]]] = {}
         self.panel = "reward"
         self._run_options: list[tuple[str, str]] = []
@@ -104,6 +121,11 @@ class TrainScreen(TapdeckScreen):
             yield Button("Stop", id="train-stop", variant="error", disabled=True, compact=True)
         yield Input(placeholder="recipe arguments, e.g. --steps 2", id="train-args", compact=True)
         yield Static("", id="train-state")
+        jobs = DataTable(id="train-jobs", cursor_type="row")
+        for label, key in (("job", "job"), ("recipe", "recipe"), ("state", "state"),
+                           ("started", "started")):
+            jobs.add_column(label, key=key)
+        yield jobs
         with Vertical(id="train-body"):
             yield Select([(name, name) for name in PANELS], value=self.panel, allow_blank=False,
                          id="train-panel", compact=True)
@@ -114,11 +136,16 @@ class TrainScreen(TapdeckScreen):
     def on_mount(self) -> None:
         self._plot()  # says "nothing logged yet" until a run's metrics arrive
         self.action_reload()
+        self.set_interval(JOBS_POLL_S, self._poll_jobs)
 
     @property
     def running(self) -> bool:
-        """A followed run is still running."""
+        """The shown job is still running."""
         return self.job is not None and self.job.state == "running"
+
+    def _live_job(self) -> TrainRunInfo | None:
+        """A job of the server's that is running, as last listed (the shown one as it is now)."""
+        return next((j for j in self.jobs if j.state == "running"), None)
 
     # -- choices ------------------------------------------------------------------------------------
     def action_reload(self) -> None:
@@ -140,13 +167,56 @@ class TrainScreen(TapdeckScreen):
         recipe_select.set_options([(name, name) for name in self.recipes])
         recipe_select.value = current if current in self.recipes else next(iter(self.recipes), Select.NULL)
         self._show_rollout_runs(runs)
-        live = next((j for j in jobs if j.state == "running"), None)
-        if live is not None and self.job is None:
-            self.follow(live.id)  # a run launched earlier (or from another client) is followed
-        elif self.job is None and jobs:
-            await self.show_ended(max(jobs, key=lambda j: j.started_at))
+        self._show_jobs(jobs)
+        if self.job is None and self.jobs:
+            # A job launched earlier (or from another client) that runs, else the newest one.
+            self.open_job(self._live_job() or self.jobs[0])
         elif not self.running:
             self._describe_recipe()
+
+    def _show_jobs(self, jobs: list[TrainRunInfo]) -> None:
+        """Fill the jobs table, newest first; the shown job keeps its row and its latest state."""
+        known = {j.id: j for j in jobs}
+        if self.job is not None and self.job.id in known and known[self.job.id].state != "running":
+            self.job = known[self.job.id]  # it ended while another job was followed
+        if self.job is not None:
+            known[self.job.id] = self.job  # as its own events last said
+        self.jobs = sorted(known.values(), key=lambda j: j.started_at, reverse=True)
+        show_rows(self.query_one("#train-jobs", DataTable),
+                  {j.id: (j.id, j.recipe, j.state, fmt_started(j.started_at)) for j in self.jobs})
+
+    def _poll_jobs(self) -> None:
+        live = self._live_job()
+        if live is not None and (self.job is None or live.id != self.job.id):
+            self.load_jobs()
+
+    @work(group="train-jobs", exclusive=True, exit_on_error=False)
+    async def load_jobs(self) -> None:
+        """List the server's training jobs again (one launched or ended meanwhile shows)."""
+        self._show_jobs(await self.client.train_runs())
+
+    @on(DataTable.RowHighlighted, "#train-jobs")
+    def _job_highlighted(self) -> None:
+        # The cursor's job now, not the event's: laying the rows out again highlights the first
+        # row on the way to the kept one.
+        key = cursor_key(self.query_one("#train-jobs", DataTable))
+        job = next((j for j in self.jobs if j.id == key), None)
+        if job is not None and (self.job is None or job.id != self.job.id):
+            self.open_job(job)
+
+    def open_job(self, job: TrainRunInfo) -> None:
+        """Show one job: its log and plots from the start, followed live while it runs."""
+        self.job = job
+        table = self.query_one("#train-jobs", DataTable)
+        if job.id in table.rows and cursor_key(table) != job.id:
+            table.move_cursor(row=table.get_row_index(job.id))
+        if job.state == "running":
+            self.follow(job.id)
+        else:
+            self.query_one("#train-stop", Button).disabled = True
+            self._clear()
+            self._state(f"{job.id} · {job.recipe} · loading its log…")
+            self.show_ended(job)
 
     def _show_rollout_runs(self, runs: list[RunSummary]) -> None:
         runs = sorted(runs, key=lambda r: r.created_at, reverse=True)
@@ -177,15 +247,15 @@ class TrainScreen(TapdeckScreen):
         """The rollout runs the picker offers (a run started since shows without `r`)."""
         self._show_rollout_runs(await self.client.runs())
 
+    @work(group="train-follow", exclusive=True, exit_on_error=False)
     async def show_ended(self, job: TrainRunInfo) -> None:
-        """The last run's state, log tail and metrics, so that Train opens on what happened last."""
+        """An ended job's log tail and metrics (it stops following any other job)."""
         try:
             log = await self.client.train_log(job.id)
             metrics = await self.client.train_metrics(job.id)
         except ApiError as exc:
             self._state(f"{job.id}: {describe_error(exc)}")
             return
-        self.job = job
         self._write_log(log.lines)
         self._add_points(metrics.points)
         self._state(self._ended_line(job))
@@ -207,8 +277,9 @@ class TrainScreen(TapdeckScreen):
     # -- launch / stop ------------------------------------------------------------------------------
     @on(Button.Pressed, "#train-launch")
     def action_launch(self) -> None:
-        if self.running:
-            self.notify("a training run is already running; stop it first", severity="warning")
+        if (live := self._live_job()) is not None:
+            self.notify(f"training job {live.id} ({live.recipe}) is already running; stop it first",
+                        severity="warning")
             return
         name = self.query_one("#train-recipe", Select).value
         recipe = self.recipes.get(str(name))
@@ -251,13 +322,18 @@ class TrainScreen(TapdeckScreen):
             self._state(f"{recipe} did not start: {describe_error(exc)}")
             self.notify(describe_error(exc), title=f"{recipe} did not start", severity="error")
             return
-        self.follow(job.id)
+        self._show_jobs([job, *self.jobs])
+        self.open_job(job)
 
-    def follow(self, run_id: str) -> None:
-        """Reset the log and plots and follow one run's events."""
+    def _clear(self) -> None:
+        """Empty the log and the plots (another job is shown)."""
         self.query_one("#train-log", RichLog).clear()
         self.points = {}
         self._plot()
+
+    def follow(self, run_id: str) -> None:
+        """Reset the log and plots and follow one run's events."""
+        self._clear()
         self.query_one("#train-stop", Button).disabled = False
         self._state(f"{run_id} · starting…")
         self.follow_events(run_id)
@@ -283,6 +359,7 @@ class TrainScreen(TapdeckScreen):
 
     def _show_job(self, job: TrainRunInfo) -> None:
         self.job = job
+        self._show_jobs(self.jobs)  # its row says its state too
         if job.state == "running":
             self._state(f"{job.id} · {job.recipe} · running (pid {job.pid}) on the server")
             return

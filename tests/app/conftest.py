@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,6 +88,21 @@ def recorded_app(mode: str = "sessions", **kwargs):
     client = TapdeckClient("http://tapdeck.test", "test-key", transport=recorded_transport())
     return TapdeckApp(client, server_label="http://tapdeck.test", follow_events=False,
                       clock=lambda: FROZEN_NOW, initial_mode=mode, **kwargs)
+
+
+@pytest.fixture(autouse=True)
+def utc_local_time() -> Iterator[None]:
+    """Screens show clock times in local time (a training job's start): the tests read them in
+    UTC, so that snapshots do not depend on the machine's zone."""
+    before = os.environ.get("TZ")
+    os.environ["TZ"] = "UTC"
+    time.tzset()
+    yield
+    if before is None:
+        os.environ.pop("TZ", None)
+    else:
+        os.environ["TZ"] = before
+    time.tzset()
 
 
 @pytest.fixture
