@@ -153,6 +153,7 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/app/test_cli_failures.py::test_a_command_refuses_a_data_dir_that_is_a_file
   → tests/app/test_cli_failures.py::test_serve_says_which_data_dir_it_cannot_create
   → tests/app/test_cli_failures.py::test_engine_refuses_a_port_in_use_and_a_model_that_is_not_a_file_as_bad_usage
+  → tests/app/test_cli_failures.py::test_engine_refuses_a_model_file_that_is_not_a_gguf_as_bad_usage
   → tests/app/test_cli_failures.py::test_info_refuses_an_engine_address_that_is_not_one
   → tests/app/test_cli_failures.py::test_train_against_a_server_that_does_not_answer_could_not_do_its_work
   → tests/app/test_cli_failures.py::test_train_refuses_a_server_address_that_is_not_a_url

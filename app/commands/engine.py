@@ -36,7 +36,7 @@ def register(app: typer.Typer) -> None:
         from tapdeck.app.commands.serve import unresolvable
         from tapdeck.proxy.serving import PortInUseError
         from tapdeck.runner.engine.embedded import EmbeddedEngine
-        from tapdeck.runner.engine.model import DEFAULT_N_CTX, ContextLengthError
+        from tapdeck.runner.engine.model import DEFAULT_N_CTX, ContextLengthError, ModelFileError
 
         if (problem := unresolvable(host)) is not None:
             typer.echo(f"tapdeck engine: {problem}", err=True)
@@ -55,6 +55,9 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2) from None
         except ContextLengthError as exc:  # read from the GGUF before its weights load
             typer.echo(f"tapdeck engine: --n-ctx {exc}", err=True)
+            raise typer.Exit(2) from None
+        except ModelFileError as exc:  # the file given is not a model: bad usage, as a missing one
+            typer.echo(f"tapdeck engine: --model: {exc}", err=True)
             raise typer.Exit(2) from None
         except (FileNotFoundError, OSError, ValueError) as exc:
             typer.echo(f"tapdeck engine: {exc}", err=True)

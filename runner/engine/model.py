@@ -42,6 +42,11 @@ class ContextLengthError(ValueError):
     the model's trained context); the message gives the range it does serve."""
 
 
+class ModelFileError(ValueError):
+    """A model file llama.cpp cannot read as a GGUF model, or whose header does not give the
+    context length it was trained with; found before any weight is loaded."""
+
+
 def _check_context_length(n_ctx: int, trained: int, model_name: str) -> None:
     """ContextLengthError unless `MIN_N_CTX <= n_ctx <= MAX_STRETCH * trained`: refused, never
     rounded, so the context served is the one asked for."""
@@ -65,12 +70,12 @@ def trained_context(path: Path) -> int:
     with suppress_stdout_stderr(disable=False):  # llama.cpp logs the whole header otherwise
         model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
     if not model:
-        raise ValueError(f"llama.cpp could not read {path}")
+        raise ModelFileError(f"llama.cpp could not read {path} as a GGUF model")
     try:
         arch = _meta(llama_cpp, model, "general.architecture")
         value = _meta(llama_cpp, model, f"{arch}.context_length")
         if not value:
-            raise ValueError(f"{path.name} does not say its trained context length")
+            raise ModelFileError(f"{path} does not say its trained context length")
         return int(value)
     finally:
         llama_cpp.llama_model_free(model)

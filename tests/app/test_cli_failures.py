@@ -97,6 +97,14 @@ def test_engine_refuses_a_port_in_use_and_a_model_that_is_not_a_file_as_bad_usag
     assert one_line(result) == f"tapdeck engine: --model {tmp_path / 'none.gguf'} is not a file"
 
 
+def test_engine_refuses_a_model_file_that_is_not_a_gguf_as_bad_usage(tmp_path: Path) -> None:
+    notes = tmp_path / "notes.gguf"
+    notes.write_text("not a model\n")
+    result = tapdeck("engine", "--model", str(notes), "--port", "0", tmp=tmp_path)
+    assert result.returncode == 2
+    assert one_line(result) == f"tapdeck engine: --model: llama.cpp could not read {notes} as a GGUF model"
+
+
 @pytest.mark.parametrize("command", ["engine", "serve"])
 def test_a_host_that_does_not_resolve_is_named_not_blamed_on_the_port(command: str,
                                                                       tmp_path: Path) -> None:
