@@ -435,6 +435,11 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
 - engines: address forms, `/v1/models` then `/models`, one line naming every URL tried
   → tests/proxy/test_engine_address.py::test_an_address_without_a_path_is_asked_at_v1_then_at_the_root
   → tests/proxy/test_engine_address.py::test_a_wrong_address_is_one_line_naming_every_url_tried
+- an engine's API key comes from `--engine-api-key` or `$TAPDECK_ENGINE_API_KEY` (also for a
+  rollout's URL engine) and reaches no harness or sandbox
+  → tests/runner/test_runner_units.py::test_url_engine_without_a_key_takes_the_engine_api_key_from_the_environment
+  → tests/proxy_engine/test_complete.py::test_api_key_sent_as_bearer
+  → tests/runner_env/test_host_sandbox.py::test_server_secrets_never_reach_the_trial_environment
 - terminus-2's small-model defaults and the 3 × max_turns call budget
   → tests/runner_env/test_harnesses.py::test_terminus2_gets_the_small_model_defaults
   → tests/test_readme_claims.py::test_the_settings_defaults_are_the_codes

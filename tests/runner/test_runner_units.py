@@ -69,6 +69,12 @@ def test_url_engine_carries_model_and_key_but_never_shows_the_key() -> None:
     assert "sk-real" not in repr(spec)
 
 
+def test_url_engine_without_a_key_takes_the_engine_api_key_from_the_environment(monkeypatch) -> None:
+    monkeypatch.setenv("TAPDECK_ENGINE_API_KEY", "sk-from-env")
+    assert resolve_engine("http://gpu:8000", default=DEFAULT).api_key == "sk-from-env"
+    assert resolve_engine("http://gpu:8000", api_key="sk-given", default=DEFAULT).api_key == "sk-given"
+
+
 def test_bad_engine_url_is_refused() -> None:
     with pytest.raises(EngineChoiceError):
         resolve_engine("ftp://nowhere", default=DEFAULT)
