@@ -455,11 +455,6 @@ class BatchRunner:
                 runs.append(run)
         return sorted((summarize(r) for r in runs), key=lambda s: s.created_at, reverse=True)
 
-    @property
-    def skipped(self) -> dict[str, str]:
-        """Runs `list` left out for files it cannot read, and why."""
-        return dict(self._skipped)
-
     def get(self, run_id: str) -> tuple[RunSummary, list[RolloutResult]]:
         """A run's summary and every rollout (finished, live, or still queued)."""
         run = self._load(run_id)

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -125,8 +127,33 @@ def test_runs_says_what_is_wrong_with_a_run_it_cannot_show(data: Path) -> None:
     assert result.exit_code == 1 and "is not a readable plan" in result.output
     result = _runs("--data-dir", str(data))  # the others are still listed, that one named
     assert result.exit_code == 0
-    assert "tapdeck runs: warning: run run-20261201-100000-aaaa left out: " in result.output
+    assert "tapdeck runs: warning: run run-20261201-100000-aaaa left out of the list: " in result.output
     assert "run-20261202-100000-bbbb" in result.output
+
+
+def test_runs_says_each_unreadable_run_file_once_as_its_own_warning(data: Path) -> None:
+    # A real process: there Python printed the runner's log records bare on stderr, beside the
+    # command's own line about the same run (pytest's log capture hides that in-process).
+    (data / "runs" / "run-20261201-100000-aaaa" / "plan.json").write_text("{not json")
+    results = data / "runs" / "run-20261202-100000-bbbb" / "results.jsonl"
+    results.write_text('{"not": "a result"}\n')
+    tapdeck = [sys.executable, "-c", "from tapdeck.app.cli import main; main()"]
+    listed = subprocess.run([*tapdeck, "runs", "--data-dir", str(data)], capture_output=True,
+                            text=True, timeout=60, check=False)
+    assert listed.returncode == 0
+    assert sorted(listed.stderr.splitlines()) == [  # in the order the folder lists the runs
+        f"tapdeck runs: warning: {results}:1: not a rollout result (rollout_id: Field required), "
+        "skipped",
+        "tapdeck runs: warning: run run-20261201-100000-aaaa left out of the list: "
+        f"{data / 'runs' / 'run-20261201-100000-aaaa' / 'plan.json'} is not a readable plan "
+        "(JSONDecodeError: Expecting property name enclosed in double quotes: line 1 column 2 "
+        "(char 1))"]
+    shown = subprocess.run([*tapdeck, "runs", "run-20261202-100000-bbbb", "--data-dir", str(data)],
+                           capture_output=True, text=True, timeout=60, check=False)
+    assert shown.returncode == 0
+    assert shown.stderr.splitlines() == [
+        f"tapdeck runs: warning: {results}:1: not a rollout result (rollout_id: Field required), "
+        "skipped"]
 
 
 def test_runs_in_a_data_dir_without_runs_says_how_to_start_one(tmp_path: Path) -> None:
