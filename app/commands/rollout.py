@@ -194,13 +194,14 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"tapdeck rollout: {validation_line(exc)}", err=True)
             raise typer.Exit(EXIT_USAGE) from None
         if resume is not None:
-            _check_local_run(data, resume)
+            # A resumed run runs its stored plan: its harness, not the option's default, decides.
+            harness = _check_local_run(data, resume).rollout.harness
         _install_agent(harness)
         from tapdeck.app.host import LocalServer
 
         plan.rollout.engine = "embedded"  # the server's default engine is the one asked for
-        # A new run of oracle or nop calls no model: no engine is started (nor need one answer).
-        with_engine = resume is not None or makes_model_calls(harness)
+        # A run of oracle or nop calls no model: no engine is started (nor need one answer).
+        with_engine = makes_model_calls(harness)
         if not with_engine:
             starting = f" (no engine: {harness} calls no model)…"
         elif url_engine:
@@ -237,9 +238,10 @@ def register(app: typer.Typer) -> None:
         raise typer.Exit(code)
 
 
-def _check_local_run(data: Path, run_id: str) -> None:
-    """Exit before a server and engine are started for nothing: 1 when the run to resume is not
-    in `data` or its plan.json cannot be read back, 0 when every rollout of it ran to its end."""
+def _check_local_run(data: Path, run_id: str) -> RunPlan:
+    """The stored plan of the run to resume; exits before a server and engine are started for
+    nothing: 1 when the run is not in `data` or its plan.json cannot be read back, 0 when every
+    rollout of it ran to its end."""
     from tapdeck.runner.batch import PLAN, BatchRunner, RunElsewhere, RunUnreadable
     from tapdeck.runner.run_lock import RunLock
 
@@ -259,6 +261,7 @@ def _check_local_run(data: Path, run_id: str) -> None:
     if (done := _already_complete(RunDetail(**dict(summary), rollouts=rollouts))) is not None:
         typer.echo(done)
         raise typer.Exit(EXIT_OK)
+    return summary.plan
 
 
 def _already_complete(run: RunDetail) -> str | None:
