@@ -19,6 +19,8 @@ from typing import Any, Literal
 
 import uvicorn
 
+from tapdeck.proxy.error_reply import error_response
+from tapdeck.proxy.errors import ProxyError
 
 KEEP_ALIVE_S = 75
 """Seconds an idle client connection is kept open. Longer than clients keep theirs (httpx, and so
@@ -53,9 +55,13 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-STOPPING_BODY = (b'{"error": {"message": "the tapdeck server is stopping; retry once it is back", '
-                 b'"type": "server_stopping"}}')
-"""The answer to a request the server cut short as it stopped (the client may retry it)."""
+STOPPING_MESSAGE = "the tapdeck server is stopping; retry once it is back"
+"""What a request the server cut short as it stopped is told (the client may retry it)."""
+
+
+def stopping_error() -> ProxyError:
+    """The error a request cut short by the server stopping gets (a 503: retryable)."""
+    return ProxyError(503, STOPPING_MESSAGE, kind="server_stopping")
 
 
 class _QuietServer(uvicorn.Server):
@@ -151,9 +157,8 @@ class ThreadedServer:
             if self._server is None or not self._server.should_exit:
                 raise
             if scope["type"] == "http" and not started:
-                await send({"type": "http.response.start", "status": 503,
-                            "headers": [(b"content-type", b"application/json")]})
-                await send({"type": "http.response.body", "body": STOPPING_BODY})
+                # In the envelope the path's caller reads (its dialect's, or the admin API's).
+                await error_response(scope["path"], stopping_error())(scope, receive, send)
 
     def stop(self, timeout: float = 10.0) -> bool:
         """Ask uvicorn to exit, wait for the thread, and free the port. False when the thread

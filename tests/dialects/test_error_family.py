@@ -11,7 +11,10 @@ escaping its endpoint in the path's dialect.
 from __future__ import annotations
 
 import contextlib
+import threading
+import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -23,9 +26,11 @@ from google.genai import types
 
 from tapdeck.proxy.errors import DialectError
 from tapdeck.proxy.model_route import ModelCallsFirst
-from tests.conftest import models_only_engine
+from tapdeck.proxy.serving import STOPPING_MESSAGE
+from tapdeck.proxy.tiers import EngineSpec
+from tests.conftest import hanging_engine, models_only_engine
 from tests.dialects.agent_recordings import google_client
-from tests.dialects.conftest import CaptureServer, ScriptedUpstream
+from tests.dialects.conftest import SCRIPTED_KEEPALIVE_S, CaptureServer, ScriptedUpstream, capture_server
 
 DIALECTS = ["chat", "responses", "anthropic", "google"]
 
@@ -139,6 +144,45 @@ def test_a_store_that_cannot_write_is_a_retryable_503_saying_nothing_was_kept(
     assert "nothing of it was kept" in message and "SQLITE_READONLY" in message
     _call(dialect, info)  # the fault lifted, the next call is captured
     assert capture.summary(info["id"])["turns"] == 1
+
+
+def test_a_call_cut_short_by_the_server_stopping_is_a_503_in_each_callers_own_envelope(
+        tmp_path: Path) -> None:
+    """A call still waiting on the engine when the server stops is cancelled after uvicorn's grace
+    period and answered 503. It was chat-shaped for every dialect: google-genai raised it with no
+    status (`503 None`) and the anthropic SDK with an error type no Anthropic client knows."""
+    raised: dict[str, Exception] = {}
+    with hanging_engine() as engine:
+        with capture_server(EngineSpec(url=engine.base_url), tmp_path,
+                            keepalive_s=SCRIPTED_KEEPALIVE_S) as capture:
+            info = capture.open_session()
+
+            def call(dialect: str) -> None:
+                try:
+                    _call(dialect, info)
+                except Exception as exc:  # what each SDK raised is what the test reads
+                    raised[dialect] = exc
+
+            callers = [threading.Thread(target=call, args=(d,)) for d in DIALECTS]
+            for caller in callers:
+                caller.start()
+            deadline = time.monotonic() + 60
+            while engine.held < len(DIALECTS):
+                assert time.monotonic() < deadline, f"only {engine.held} calls reached the engine"
+                time.sleep(0.05)
+        for caller in callers:  # leaving capture_server stopped the server under the held calls
+            caller.join(60)
+    for dialect in DIALECTS:
+        assert isinstance(raised.get(dialect), _sdk_class_for(dialect, 503)), raised
+    google = raised["google"]
+    assert (google.code, google.status, google.message) == (503, "UNAVAILABLE", STOPPING_MESSAGE)
+    claude = raised["anthropic"]
+    assert claude.body["type"] == "error"
+    assert (claude.type, claude.api_message) == ("overloaded_error", STOPPING_MESSAGE)
+    for dialect in ("chat", "responses"):
+        exc = raised[dialect]
+        assert (exc.type, exc.body["message"]) == ("server_stopping", STOPPING_MESSAGE)
+        assert exc.response.headers["x-should-retry"] == "true"
 
 
 def test_admin_errors_carry_their_kind_and_whether_a_retry_can_help(capture: CaptureServer) -> None:
