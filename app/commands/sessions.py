@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -96,6 +97,7 @@ def stored_summary(record: dict[str, Any], graph: RolloutGraph) -> SessionSummar
         **stats, id=record["id"], state=record.get("state", "closed"),
         tier=record.get("tier", "text"), rollout_type=rollout_type,
         created_at=record.get("created_at", 0.0), last_call_at=last_call,
+        seconds_since_last_call=None if last_call is None else time.time() - last_call,
         metadata=record.get("metadata") or {}, engine=record.get("engine") or {"url": ""},
         fatal=sum(f.level is Level.FATAL for f in findings),
         warn=sum(f.level is Level.WARN for f in findings))

@@ -99,6 +99,22 @@ def test_sessions_json_list_is_what_the_server_answers_for_its_store(data: Path)
     assert [{k: s[k] for k in keys} for s in listed] == [{k: s[k] for k in keys} for s in served]
 
 
+def test_sessions_json_says_how_long_since_each_sessions_last_call_as_the_server_does(
+        data: Path) -> None:
+    from tapdeck.proxy.service import CaptureService
+    from tapdeck.proxy.store import Store
+
+    listed = json.loads(_sessions(data, "--json").output)["sessions"]
+    store = Store(data / "capture.db")
+    try:
+        served = CaptureService(store, default_engine=None, public_url="http://x").queries.list()
+    finally:
+        store.close()
+    assert [(s["id"], s["last_call_at"]) for s in listed] == [(s.id, s.last_call_at) for s in served]
+    assert [s["seconds_since_last_call"] is None for s in listed] == [False, False, False]
+    assert [s.seconds_since_last_call is None for s in served] == [False, False, False]
+
+
 def test_sessions_lists_only_the_runs_sessions_with_run(data: Path) -> None:
     result = _sessions(data, "--run", RUN)
     assert result.exit_code == 0, result.output
