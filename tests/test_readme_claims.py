@@ -108,6 +108,7 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   the store read-only, as the server's admin API answers
   → tests/app/test_sessions_command.py::test_sessions_lists_each_session_newest_first_with_its_graph_counts_and_reward
   → tests/app/test_sessions_command.py::test_sessions_json_list_is_what_the_server_answers_for_its_store
+  → tests/app/test_sessions_command.py::test_sessions_json_says_how_long_since_each_sessions_last_call_as_the_server_does
   → tests/app/test_sessions_command.py::test_a_sessions_graph_nests_its_fork_and_shows_the_demoted_and_discarded_calls
   → tests/app/test_sessions_command.py::test_a_sessions_json_is_its_rollout_document_as_the_server_answers
   → tests/app/test_sessions_command.py::test_a_turns_tokens_come_one_a_line_with_the_engines_ids_and_logprobs
