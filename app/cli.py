@@ -1,4 +1,5 @@
-"""The `tapdeck` command line. With no command it opens the TUI on an embedded server.
+"""The `tapdeck` command line. With no command it opens the TUI on an embedded server, taking
+`tapdeck tui`'s options.
 
 Command modules import their heavy dependencies inside the command, so `tapdeck --help` stays fast.
 """
@@ -11,6 +12,7 @@ import sys
 import typer
 
 from tapdeck import __version__
+from tapdeck.app.commands import tui
 
 app = typer.Typer(
     name="tapdeck",
@@ -44,16 +46,36 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
+def _on_command_line(ctx: typer.Context, name: str) -> bool:
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name == "COMMANDLINE"  # typer's own click: by name
+
+
 @app.callback(invoke_without_command=True)
 def _root(
     ctx: typer.Context,
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                  help="Print the version and exit."),
+    data_dir: tui.DataDirOption = None,
+    port: tui.PortOption = 0,
+    engine: tui.EngineOption = None,
+    engine_model: tui.EngineModelOption = None,
+    engine_api_key: tui.EngineApiKeyOption = None,
+    public_url: tui.PublicUrlOption = None,
 ) -> None:
-    """Open the TUI when no command is given."""
+    """Open the TUI when no command is given (it takes `tapdeck tui`'s options)."""
     if ctx.invoked_subcommand is None:
-        tui = importlib.import_module("tapdeck.app.commands.tui")
-        tui.run_embedded()
+        tui.run_embedded(data_dir, port=port, engine_url=engine, engine_model=engine_model,
+                         engine_api_key=engine_api_key, public_url=public_url)
+        return
+    # Before a command they would be silently dropped: that command has its own (or none).
+    given = [p.opts[0] for p in ctx.command.params
+             if p.name not in (None, "version") and _on_command_line(ctx, p.name)]
+    if given:
+        command = ctx.invoked_subcommand
+        typer.echo(f"tapdeck: {', '.join(given)} before a command is the TUI's; {command} takes its "
+                   f"own options after it (tapdeck {command} --help lists them)", err=True)
+        raise typer.Exit(2)
 
 
 for _name in COMMAND_MODULES:

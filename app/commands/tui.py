@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -82,25 +83,29 @@ def run_embedded(data_dir: Path | None = None, *, port: int = 0, engine_url: str
         server.stop()
 
 
+DataDirOption = Annotated[Path | None, typer.Option(
+    "--data-dir", help="Data directory (default $TAPDECK_DATA_DIR or ~/.tapdeck).")]
+PortOption = Annotated[int, typer.Option(
+    "--port", min=0, max=65535, help="Loopback port of the embedded server (0 = any free).")]
+EngineOption = Annotated[str | None, typer.Option(
+    "--engine", help="Engine, e.g. a vLLM server: HOST:PORT, http://HOST:PORT or …/v1. Omitted: "
+    "the embedded SmolLM2 engine (never solves tasks).")]
+EngineModelOption = Annotated[str | None, typer.Option("--engine-model", help="Model name on that engine.")]
+EngineApiKeyOption = Annotated[str | None, typer.Option(
+    "--engine-api-key", envvar="TAPDECK_ENGINE_API_KEY", help="API key for that engine (never logged).")]
+PublicUrlOption = Annotated[str | None, typer.Option(
+    "--public-url", help="Address sandboxes use to reach the proxy (http://HOST:PORT, e.g. an SSH "
+    "reverse tunnel); sessions advertise it. Default: the bound address.")]
+"""The TUI's options, shared by `tapdeck tui` and `tapdeck` with no command."""
+
+
 def register(app: typer.Typer) -> None:
-    """Add `tapdeck tui` (the same as `tapdeck` with no command, with options)."""
+    """Add `tapdeck tui` (the same as `tapdeck` with no command)."""
 
     @app.command("tui")
-    def tui(
-        data_dir: Path | None = typer.Option(None, "--data-dir",
-                                             help="Data directory (default $TAPDECK_DATA_DIR or ~/.tapdeck)."),
-        port: int = typer.Option(0, "--port", min=0, max=65535,
-                                 help="Loopback port of the embedded server (0 = any free)."),
-        engine: str | None = typer.Option(None, "--engine",
-                                          help="Engine, e.g. a vLLM server: HOST:PORT, http://HOST:PORT or "
-                                               "…/v1. Omitted: the embedded SmolLM2 engine (never solves tasks)."),
-        engine_model: str | None = typer.Option(None, "--engine-model", help="Model name on that engine."),
-        engine_api_key: str | None = typer.Option(None, "--engine-api-key", envvar="TAPDECK_ENGINE_API_KEY",
-                                                  help="API key for that engine (never logged)."),
-        public_url: str | None = typer.Option(
-            None, "--public-url", help="Address sandboxes use to reach the proxy (http://HOST:PORT, "
-            "e.g. an SSH reverse tunnel); sessions advertise it. Default: the bound address."),
-    ) -> None:
+    def tui(data_dir: DataDirOption = None, port: PortOption = 0, engine: EngineOption = None,
+            engine_model: EngineModelOption = None, engine_api_key: EngineApiKeyOption = None,
+            public_url: PublicUrlOption = None) -> None:
         """Open the TUI on an embedded tapdeck server (what `tapdeck` with no command does)."""
         run_embedded(data_dir, port=port, engine_url=engine, engine_model=engine_model,
                      engine_api_key=engine_api_key, public_url=public_url)

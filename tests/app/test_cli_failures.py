@@ -267,6 +267,27 @@ def test_tui_refuses_a_public_url_and_a_data_dir_it_cannot_use_as_serve_does(tmp
     assert str(port) in one_line(result)
 
 
+def test_bare_tapdeck_takes_the_tui_options_as_tui_does(tmp_path: Path, dead_engine_url: str) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with held_port() as port:
+        for options in (["--data-dir", str(afile)], ["--public-url", "ftp://x"], ["--port", str(port)],
+                        ["--engine", dead_engine_url, "--engine-model", "m", "--engine-api-key", "k"]):
+            bare, tui = tapdeck(*options, tmp=tmp_path), tapdeck("tui", *options, tmp=tmp_path)
+            assert bare.returncode == tui.returncode != 0, (options, bare.stderr)
+            assert one_line(bare) == one_line(tui), options
+    version = tapdeck("--version", tmp=tmp_path)
+    assert version.returncode == 0 and version.stdout.startswith("tapdeck "), version.stderr
+
+
+def test_a_tui_option_before_a_command_is_refused_naming_where_it_goes(tmp_path: Path) -> None:
+    result = tapdeck("--data-dir", str(tmp_path), "runs", tmp=tmp_path)
+    assert result.returncode == 2
+    assert one_line(result) == ("tapdeck: --data-dir before a command is the TUI's; runs takes its "
+                                "own options after it (tapdeck runs --help lists them)")
+    assert tapdeck("runs", "--data-dir", str(tmp_path), tmp=tmp_path).returncode == 0
+
+
 @pytest.mark.parametrize(("address", "why"), [
     ("ftp://x", "'ftp://x' is not an http(s) URL"),
     ("127.0.0.1:99999", "port 99999 is out of range (1-65535)"),
