@@ -32,6 +32,7 @@ from tapdeck.proxy.dialects.responses import DIALECT as RESPONSES
 from tapdeck.proxy.error_reply import render_error, render_stream_error
 from tapdeck.proxy.errors import ProxyError
 from tapdeck.proxy.live_session import LiveSession
+from tapdeck.proxy.model_listing import ServedModel, listing, lookup
 from tapdeck.proxy.request_limits import MALFORMED, MAX_JSON_DEPTH, malformed_message, too_deep
 from tapdeck.proxy.session_registry import SessionRegistry
 from tapdeck.proxy.sessions import key_from_request
@@ -58,16 +59,17 @@ class CallPipeline:
             await self._aux_http.aclose()
             self._aux_http = None
 
-    def models_listing(self, headers: Mapping[str, str], query: Mapping[str, str]) -> CallReply:
-        """`GET /v1/models` with a session key: the session's model only."""
+    def models(self, path: str, headers: Mapping[str, str], query: Mapping[str, str],
+               model_id: str | None = None) -> CallReply:
+        """A models route with a session key (`GET /v1/models[/{id}]`, `/v1beta/models[/{model}]`):
+        the list, or the model `model_id`, holding the session's model only, in the shape of the
+        SDK asking (proxy/model_listing.py)."""
+        dialect = _models_dialect(path, headers, query)
         session = self.registry.for_key(key_from_request(headers, query))
         if session is None:
-            return render_error(_listing_dialect(headers, query),
-                                ProxyError(401, "unknown or closed session key"))
-        name = session.served_model or "model"
-        return CallReply(body={"object": "list", "data": [
-            {"id": name, "object": "model", "created": int(session.record["created_at"]),
-             "owned_by": "tapdeck"}]})
+            return render_error(dialect, ProxyError(401, "unknown or closed session key"))
+        served = ServedModel(id=session.served_model or "model", created=session.record["created_at"])
+        return listing(dialect, served) if model_id is None else lookup(dialect, served, model_id)
 
     async def handle_call(self, path: str, query: Mapping[str, str], headers: Mapping[str, str],
                           body: bytes | Callable[[], Awaitable[bytes]],
@@ -206,12 +208,13 @@ class CallPipeline:
                                      keepalive_at_once=at_once)
 
 
-def _listing_dialect(headers: Mapping[str, str], query: Mapping[str, str]) -> Dialect:
-    """Whose error shape a model listing answers in: its path is shared, so the SDK's own
-    headers say (Anthropic's SDKs send `anthropic-version`, Google's a Google key)."""
+def _models_dialect(path: str, headers: Mapping[str, str], query: Mapping[str, str]) -> Dialect:
+    """Whose shape a models route answers in. `/v1/models` is shared (google-genai for Python
+    asks there too, gemini-cli under `/v1beta`), so the SDK's own headers say: Anthropic's SDKs
+    send `anthropic-version`, Google's a Google key."""
     if "anthropic-version" in headers:
         return ANTHROPIC
-    if "x-goog-api-key" in headers or "key" in query:
+    if path.lower().startswith("/v1beta/") or "x-goog-api-key" in headers or "key" in query:
         return GOOGLE
     return CHAT
 

@@ -212,9 +212,17 @@ def create_app(service: CaptureService, *, admin_key: str,
     for router in routers:
         app.include_router(router)
 
+    # The session's one model, in the asking SDK's shape (proxy/model_listing.py). A model id
+    # may hold slashes (`Qwen/Qwen3-8B`), hence `:path`.
     @app.get("/v1/models")
+    @app.get("/v1beta/models")
     async def models(request: Request) -> Response:
-        return _reply(service.models_listing(request.headers, request.query_params))
+        return _reply(service.models(request.url.path, request.headers, request.query_params))
+
+    @app.get("/v1/models/{model_id:path}")
+    @app.get("/v1beta/models/{model_id:path}")
+    async def model(model_id: str, request: Request) -> Response:
+        return _reply(service.models(request.url.path, request.headers, request.query_params, model_id))
 
     @app.post("/{path:path}")
     async def model_call(path: str, request: Request) -> Response:

@@ -133,9 +133,11 @@ class CaptureService:
 
     # ----------------------------------------------------------------- model calls
 
-    def models_listing(self, headers: Mapping[str, str], query: Mapping[str, str]) -> CallReply:
-        """`GET /v1/models` with a session key: the session's model only."""
-        return self.calls.models_listing(headers, query)
+    def models(self, path: str, headers: Mapping[str, str], query: Mapping[str, str],
+               model_id: str | None = None) -> CallReply:
+        """A models route (`GET /v1/models[/{id}]`, `/v1beta/models[/{model}]`) with a session
+        key: the session's model only, in the asking SDK's shape."""
+        return self.calls.models(path, headers, query, model_id)
 
     async def handle_call(self, path: str, query: Mapping[str, str], headers: Mapping[str, str],
                           body: bytes | Callable[[], Awaitable[bytes]],

@@ -75,11 +75,67 @@ def test_unknown_session_key_is_401_in_openai_shape(upstream, make_server):
 def test_models_lists_only_the_sessions_model(upstream, make_server, admin_for):
     server = make_server(upstream.base_url)
     info = _open(admin_for(server))
-    for headers, params in [({"Authorization": f"Bearer {info['api_key']}"}, {}),
-                            ({"x-goog-api-key": info["api_key"]}, {}), ({}, {"key": info["api_key"]})]:
+    body = httpx.get(f"{server.url}/v1/models", headers={"Authorization": f"Bearer {info['api_key']}"}).json()
+    assert [m["id"] for m in body["data"]] == ["smollm2"]
+    for headers, params in [({"x-goog-api-key": info["api_key"]}, {}), ({}, {"key": info["api_key"]})]:
         body = httpx.get(f"{server.url}/v1/models", headers=headers, params=params).json()
-        assert [m["id"] for m in body["data"]] == ["smollm2"]
+        assert [m["name"] for m in body["models"]] == ["models/smollm2"]  # Google's shape
     assert httpx.get(f"{server.url}/v1/models").status_code == 401
+
+
+def test_openai_sdk_retrieves_the_sessions_model_and_gets_a_404_naming_it_for_another(
+        upstream, make_server, admin_for):
+    """`client.models.retrieve(id)` (some agents call it at start-up) was a 405."""
+    server = make_server(upstream.base_url)
+    info = _open(admin_for(server))
+    client = openai.OpenAI(base_url=info["base_urls"]["openai"], api_key=info["api_key"], max_retries=0)
+    assert client.models.retrieve("smollm2") == client.models.list().data[0]
+    for other in ["gpt-4o", "Qwen/Qwen3-8B"]:  # an id may hold a slash
+        with pytest.raises(openai.NotFoundError) as err:
+            client.models.retrieve(other)
+        assert err.value.body["type"] == "not_found_error"
+        assert err.value.body["message"] == (f"model {other!r} is not served here: this session's "
+                                             "model is 'smollm2'")
+
+
+def test_anthropic_sdk_lists_and_retrieves_the_sessions_model_in_its_own_shape(
+        upstream, make_server, admin_for):
+    """The listing was OpenAI's (no `type`, `display_name` or `created_at`) and a retrieve a 405."""
+    server = make_server(upstream.base_url)
+    info = _open(admin_for(server))
+    client = anthropic.Anthropic(base_url=info["base_urls"]["anthropic"], api_key=info["api_key"],
+                                 max_retries=0)
+    listed = list(client.models.list())
+    assert [(m.id, m.type, m.display_name) for m in listed] == [("smollm2", "model", "smollm2")]
+    assert int(listed[0].created_at.timestamp()) == int(info["created_at"])
+    assert client.models.retrieve("smollm2") == listed[0]
+    with pytest.raises(anthropic.NotFoundError) as err:
+        client.models.retrieve("claude-sonnet-4-5")
+    assert (err.value.type, err.value.body["type"]) == ("not_found_error", "error")
+    assert "this session's model is 'smollm2'" in err.value.api_message
+
+
+@pytest.mark.parametrize("api_version", ["v1", "v1beta"])  # google-genai's default; gemini-cli's
+def test_google_genai_sdk_gets_and_lists_the_sessions_model(upstream, make_server, admin_for,
+                                                            api_version):
+    """`client.models.get` was a 405 in the chat envelope (read as status None), and the listing,
+    in OpenAI's shape, read as no models."""
+    from google import genai
+    from google.genai import errors as genai_errors
+    from google.genai import types
+
+    server = make_server(upstream.base_url)
+    info = _open(admin_for(server))
+    client = genai.Client(api_key=info["api_key"], http_options=types.HttpOptions(
+        base_url=info["base_urls"]["google"], api_version=api_version))
+    model = client.models.get(model="smollm2")
+    assert (model.name, model.display_name) == ("models/smollm2", "smollm2")
+    assert "generateContent" in model.supported_actions
+    assert [m.name for m in client.models.list()] == ["models/smollm2"]
+    with pytest.raises(genai_errors.ClientError) as err:
+        client.models.get(model="gemini-2.5-pro")
+    assert (err.value.code, err.value.status) == (404, "NOT_FOUND")
+    assert "this session's model is 'smollm2'" in err.value.message
 
 
 def test_a_model_listing_with_a_bad_key_answers_in_the_sdks_own_error_shape(upstream, make_server):
