@@ -26,6 +26,7 @@ from tapdeck.schema.runs import (
     pass_rate,
 )
 from tapdeck.schema.sessions import GraphTurn, GraphView, RolloutStats, SessionSummary, TurnDetail
+from tapdeck.schema.settings import ResolvedSettings
 
 # A running session with no model call for this long is highlighted (an agent that looks stuck).
 IDLE_AFTER_S = 60.0
@@ -667,14 +668,32 @@ def fmt_rate(value: Any) -> str:
     return f"{float(value) * 100:.0f}%"
 
 
-def rollout_settings_line(rollout: RolloutResult) -> str:
-    """`task #i ran with: …` (each value with its source), or why nothing is known yet."""
+def makes_model_calls(harness: str) -> bool:
+    """Whether a harness calls a model (False for oracle, nop); an unknown one is assumed to."""
+    from tapdeck.runner.harnesses import get_harness
+
+    try:
+        return get_harness(harness).makes_model_calls
+    except KeyError:
+        return True
+
+
+def ran_with(settings: ResolvedSettings, harness: str) -> str:
+    """What a rollout of `harness` ran with, each value with its source: the timeouts, then the
+    context, output, turns and sampling, which mean nothing where the harness calls no model."""
+    if makes_model_calls(harness):
+        return settings.line()
+    return f"{settings.timeouts_line()} (no model calls)"
+
+
+def rollout_settings_line(rollout: RolloutResult, harness: str) -> str:
+    """`task #i ran with: …` (`ran_with` for its run's harness), or why nothing is known yet."""
     name = f"{rollout.task} #{rollout.index}"
     if rollout.settings is None:
         return f"{name}: settings not resolved (resolved when its capture session opens)"
     tense = ("ran" if rollout.phase in ENDED_PHASES else
              "will run" if rollout.phase == "queued" else "runs")
-    return f"{name} {tense} with: {rollout.settings.line()}"
+    return f"{name} {tense} with: {ran_with(rollout.settings, harness)}"
 
 
 # -- errors -------------------------------------------------------------------------------------

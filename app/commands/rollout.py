@@ -36,7 +36,8 @@ import typer
 from pydantic import ValidationError
 
 from tapdeck.app.client import ApiError, TapdeckClient, admin_key_refusal
-from tapdeck.app.commands.run_table import makes_model_calls, print_run_table
+from tapdeck.app.commands.run_table import print_run_table
+from tapdeck.app.views import makes_model_calls
 from tapdeck.runner.rollout_settings import (
     DEFAULT_HARD_LIMIT_S,
     DEFAULT_MAX_TURNS,

@@ -20,7 +20,7 @@ def print_run_table(doc: RunDetail, tiny_engine: bool = False) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from tapdeck.app.views import failures_line, run_outcomes
+    from tapdeck.app.views import failures_line, ran_with, run_outcomes
 
     console = Console(width=min(80, Console().width))
     table = Table(box=None, pad_edge=False, expand=False, show_edge=False, padding=(0, 1, 0, 0))
@@ -56,12 +56,9 @@ def print_run_table(doc: RunDetail, tiny_engine: bool = False) -> None:
     say(f"mean reward {mean} (graded only) · pass rate {rate} (full reward, graded only)")
     if doc.failures:
         say(failures_line(doc.failures))
-    if makes_model_calls(doc.plan.rollout.harness):
-        ran_with = {r.settings.line() for r in doc.rollouts if r.settings is not None}
-    else:  # no engine was asked: its context and output limits were never in force
-        ran_with = {f"{r.settings.timeouts_line()} (no model calls)" for r in doc.rollouts
-                    if r.settings is not None}
-    for line in sorted(ran_with):
+    lines = {ran_with(r.settings, doc.plan.rollout.harness) for r in doc.rollouts
+             if r.settings is not None}
+    for line in sorted(lines):
         say(f"ran with: {line}")
     say(f"results: {doc.path}")
     if tiny_engine and doc.plan.rollout.harness not in ("oracle", "nop"):
@@ -90,11 +87,3 @@ def failure_lines(rollouts: list[RolloutResult]) -> list[str]:
         lines.append(line if len(line) <= ERROR_LINE_CHARS else line[:ERROR_LINE_CHARS - 1] + "…")
     return lines
 
-
-def makes_model_calls(harness: str) -> bool:
-    from tapdeck.runner.harnesses import get_harness
-
-    try:
-        return get_harness(harness).makes_model_calls
-    except KeyError:
-        return True

@@ -205,7 +205,8 @@ class RunsScreen(TapdeckScreen):
     def _show_settings(self, rollout: RolloutResult | None) -> None:
         """What the highlighted rollout ran with: the timeouts in force and where each came from."""
         self.query_one("#run-settings", Static).update(
-            rollout_settings_line(rollout) if rollout else "")
+            rollout_settings_line(rollout, self.detail.plan.rollout.harness)
+            if rollout and self.detail else "")
 
     @on(DataTable.RowHighlighted, "#rollouts-table")
     def _rollout_highlighted(self) -> None:

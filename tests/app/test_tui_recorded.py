@@ -426,6 +426,21 @@ async def test_runs_screen_states_each_rollouts_timeouts_and_their_sources(make_
         assert "agent 180 s (task) · hard limit 300 s (default)" in str(line.render())
 
 
+async def test_runs_screen_says_an_oracle_run_made_no_model_calls_as_the_cli_does(make_app, api_data):
+    """An oracle run's rollouts resolved a context, output and turn limit that no model call was
+    ever held to: the Runs screen shows their timeouts and `(no model calls)`, as `tapdeck runs`."""
+    app = make_app("runs")
+    async with app.run_test(size=(80, 24)) as pilot:
+        line = app.screen.query_one("#run-settings")
+        await until(pilot, lambda: "ran with" in str(line.render()), "the terminus-2 run's settings")
+        app.screen.query_one("#runs-table", DataTable).move_cursor(row=1)  # run-0000: oracle
+        header = app.screen.query_one("#run-header")
+        await until(pilot, lambda: "run-0000 · sample · oracle" in str(header.render()),
+                    "the oracle run")
+        assert str(line.render()).endswith(
+            " ran with: agent 180 s (task) · hard limit 300 s (default) (no model calls)")
+
+
 async def test_sessions_board_charts_every_sessions_calls_per_second(api_data):
     """Each `turn_captured` event, whatever its session, counts in the board's calls/s line: the
     last two minutes in 3 s buckets on the TUI's clock."""
@@ -665,7 +680,7 @@ async def test_train_log_lines_wrap_at_80_columns_instead_of_being_cut(make_app,
 
 
 def test_train_y_ticks_are_evenly_spaced_even_for_a_flat_series():
-    from tapdeck.app.screens.train import even_ticks
+    from tapdeck.app.widgets.metric_plot import even_ticks
 
     assert even_ticks([0.0, 0.0]) == [-1.0, -0.5, 0.0, 0.5, 1.0]
     assert even_ticks([2.0, 4.0]) == [2.0, 2.5, 3.0, 3.5, 4.0]

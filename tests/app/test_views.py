@@ -243,9 +243,10 @@ def test_live_graph_asks_again_for_a_turn_it_lacks():
 def test_a_rollouts_settings_line_is_in_the_tense_of_its_phase(api_data):
     done = next(r for r in RunDetail.model_validate(api_data["run_details"]["run-0001"]).rollouts
                 if r.settings is not None and r.phase == "done")
-    assert " ran with: " in rollout_settings_line(done)
-    assert " will run with: " in rollout_settings_line(done.model_copy(update={"phase": "queued"}))
-    assert " runs with: " in rollout_settings_line(done.model_copy(update={"phase": "agent"}))
+    assert " ran with: " in rollout_settings_line(done, "terminus-2")
+    queued, running = (done.model_copy(update={"phase": p}) for p in ("queued", "agent"))
+    assert " will run with: " in rollout_settings_line(queued, "terminus-2")
+    assert " runs with: " in rollout_settings_line(running, "terminus-2")
 
 
 def test_an_id_too_long_for_its_column_keeps_its_distinct_end():
