@@ -15,6 +15,10 @@ import typer
 # Sandboxes listed even when unavailable (the usual choices), so their reason is visible.
 ALWAYS_SHOWN = ("host", "docker")
 
+CHECK_ENGINE = ("check that the engine is running at that host and port, and that --engine-api-key "
+                "is its key if it wants one")
+"""What to check when an `--engine` did not answer, after the row's list of what was tried."""
+
 
 def _yes(value: bool) -> str:
     return "[green]yes[/]" if value else "[red]no[/]"
@@ -173,9 +177,9 @@ def register(app: typer.Typer) -> None:
                 console.print()
         # An engine or a dataset's source the user named that does not answer is work not done
         # (README's exit codes); the catalog above says why.
-        silent = [e.name for e in catalog.engines if e.name != "embedded" and not e.reachable]
-        if engine and silent:
-            typer.echo(f"tapdeck info: no answer from {', '.join(silent)}", err=True)
+        silent = [e for e in catalog.engines if e.name != "embedded" and not e.reachable]
+        for row in silent if engine else []:
+            typer.echo(f"tapdeck info: {row.why}; {CHECK_ENGINE}", err=True)
         for listing in named:
             if listing.problem is not None:
                 typer.echo(f"tapdeck info: {listing.problem.message}", err=True)

@@ -164,13 +164,25 @@ def test_info_command_fits_80_columns_and_says_what_matters() -> None:
                                 env={"COLUMNS": "80", "TERM": "dumb"})
     # The catalog is printed in full, and the engine named that does not answer makes it exit 1.
     assert result.exit_code == 1, result.output
-    assert result.stderr.strip() == "tapdeck info: no answer from http://127.0.0.1:9/v1"
+    assert result.stderr.startswith("tapdeck info: no engine answered at 'http://127.0.0.1:9/v1'")
     out = result.stdout
     for needle in ("Sandboxes", "host", "NOT a security boundary", "Dataset sample (5 tasks)",
                    "hello-file", "Harnesses", "terminus-2", "Engines", "embedded",
                    "127.0.0.1:9", "defaults: dataset=sample harness=terminus-2 sandbox=host"):
         assert needle in out, needle
     assert max(len(line) for line in out.splitlines()) <= 80
+
+
+def test_info_engine_that_does_not_answer_says_on_stderr_what_was_tried_and_what_to_check() -> None:
+    result = CliRunner().invoke(app, ["info", "--engine", "127.0.0.1:9", "--no-probe", "--json"])
+    assert result.exit_code == 1, result.output
+    row = next(e for e in json.loads(result.stdout)["engines"] if e["name"] == "127.0.0.1:9")
+    tried = ("GET http://127.0.0.1:9/v1/models (", "GET http://127.0.0.1:9/models (")
+    assert all(url in row["why"] for url in tried), row["why"]
+    # One line: the row's own words (every URL tried and its answer), then what to check.
+    assert result.stderr == (f"tapdeck info: {row['why']}; check that the engine is running at "
+                             "that host and port, and that --engine-api-key is its key if it "
+                             "wants one\n")
 
 
 def test_info_json_is_the_catalog_document() -> None:
