@@ -1,9 +1,10 @@
 """The training launcher: one recipe run = one subprocess in its own process group.
 
 Each run gets `<data_dir>/train/<run_id>/` holding `run.json` (state, exit code, command line, the
-environment variables tapdeck set), `train.log` (the run's output, ANSI stripped) and `trackio/`
-(the recipe's `TRACKIO_DIR`; read it with `tapdeck.runner.trackio_reader`). This process never
-imports trackio or torch: the recipe does, in its own interpreter — this one for recipes that need
+environment variables tapdeck set), `train.log` (the run's output, ANSI stripped, without
+`TRACKIO_LOCAL_FLUSH`) and `trackio/` (the recipe's `TRACKIO_DIR`; read it with
+`tapdeck.runner.trackio_reader`). This process never imports trackio or torch: the recipe does, in
+its own interpreter — this one for recipes that need
 nothing more, the training environment's (`train_python()`) for those that need torch and TRL.
 That interpreter imports this very tapdeck through a `PYTHONPATH` entry (`package_path()`), so a
 recipe always runs the code of the server that launched it.
@@ -48,6 +49,11 @@ SECRET_ENV = ("TAPDECK_ADMIN_KEY",)
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
 
 
+TRACKIO_LOCAL_FLUSH = "* Run finished. Uploading logs to Trackio (please wait...)"
+"""What trackio prints at `finish()` while it writes its last metrics to its local TRACKIO_DIR:
+nothing is uploaded anywhere, so the line is left out of a run's log."""
+
+
 def strip_ansi(line: str) -> str:
     """The text of a terminal line: escape sequences removed; for `\\r` progress redraws, the last frame."""
     text = _ANSI.sub("", line).rstrip("\r\n")
@@ -55,6 +61,12 @@ def strip_ansi(line: str) -> str:
         frames = [f for f in text.split("\r") if f]
         text = frames[-1] if frames else ""
     return text
+
+
+def _log_text(raw: bytes) -> str | None:
+    """A line of a recipe's output as its log keeps it (`strip_ansi`); None for one left out."""
+    text = strip_ansi(raw.decode("utf-8", errors="replace"))
+    return None if text == TRACKIO_LOCAL_FLUSH else text
 
 
 def train_python() -> Path:
@@ -312,7 +324,8 @@ class TrainingRun:
         try:
             with self.log_path.open("a", encoding="utf-8") as log:
                 for raw in self._proc.stdout:
-                    text = strip_ansi(raw.decode("utf-8", errors="replace"))
+                    if (text := _log_text(raw)) is None:
+                        continue
                     log.write(text + "\n")
                     log.flush()
                     self._emit(text)
@@ -321,7 +334,8 @@ class TrainingRun:
             # Drained, so the recipe never blocks on a full pipe (and `wait()` below returns).
             with contextlib.suppress(Exception):
                 for raw in self._proc.stdout:
-                    self._emit(strip_ansi(raw.decode("utf-8", errors="replace")))
+                    if (text := _log_text(raw)) is not None:
+                        self._emit(text)
         finally:
             try:
                 self._record_end(self._proc.wait(), log_error)

@@ -92,6 +92,18 @@ def test_train_streams_the_log_and_prints_final_metrics(train_server: Any, tmp_p
     assert str(tmp_path / "data" / "train") in out.stdout  # it ran in the server's data dir
 
 
+def test_train_output_leaves_out_trackios_upload_line_as_nothing_is_uploaded(
+        train_server: Any, tmp_path: Path) -> None:
+    # trackio prints it at finish() while it writes to the run's local TRACKIO_DIR.
+    rows = write_export(tmp_path / "rows.jsonl")
+    out = train(train_server, "--rows", str(rows), "--step-delay", "0")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "step 2: group 2" in out.stdout and "data-check: summary" in out.stdout
+    assert "Uploading logs" not in out.stdout + out.stderr
+    log = next((Path(train_server.config.data_dir) / "train").glob("t-*/train.log")).read_text()
+    assert "Uploading logs" not in log and "data-check: summary" in log
+
+
 def test_train_on_an_unknown_run_is_a_clear_error(train_server: Any) -> None:
     out = train(train_server, "--run", "r-missing")
     assert out.returncode == 1 and "no rollout run 'r-missing'" in out.stderr
