@@ -193,9 +193,10 @@ def local_server_on(engine: Any, data_dir: Path, **config: Any) -> Iterator[Any]
 
 
 @contextlib.contextmanager
-def tapdeck_serve(tapdeck: Path, data_dir: Path, log: Path, *, admin_key: str, engine_url: str,
+def tapdeck_serve(tapdeck: Path, data_dir: Path, log: Path, *, admin_key: str | None, engine_url: str,
                   engine_model: str | None = None, env: dict[str, str] | None = None) -> Iterator[Any]:
     """`tapdeck serve` as its own process on a free loopback port, until it answers /health.
+    `admin_key` None: the server generates one and writes `<data_dir>/admin.key`.
 
     Yields the process with `.url`; terminated (then killed) on exit.
     """
@@ -205,8 +206,9 @@ def tapdeck_serve(tapdeck: Path, data_dir: Path, log: Path, *, admin_key: str, e
     import httpx
 
     port = free_port()
-    argv = [str(tapdeck), "serve", "--port", str(port), "--engine", engine_url, "--admin-key", admin_key,
-            "--data-dir", str(data_dir)]
+    argv = [str(tapdeck), "serve", "--port", str(port), "--engine", engine_url, "--data-dir", str(data_dir)]
+    if admin_key is not None:
+        argv += ["--admin-key", admin_key]
     if engine_model:
         argv += ["--engine-model", engine_model]
     with log.open("w") as out:

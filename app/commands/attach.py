@@ -1,13 +1,19 @@
-"""`tapdeck attach URL --admin-key KEY`: the TUI on a tapdeck server running elsewhere."""
+"""`tapdeck attach URL`: the TUI on a tapdeck server running elsewhere (another process, or
+another machine through a tunnel).
+
+The admin key is looked for as `rollout --server` looks for it: --admin-key, then
+$TAPDECK_ADMIN_KEY, then `<data-dir>/admin.key` (what a `serve` on this machine wrote).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import sys
+from pathlib import Path
 
 import typer
 
-from tapdeck.app.client import ApiError, TapdeckClient, given_admin_key
+from tapdeck.app.client import ApiError, TapdeckClient, admin_key_refusal, command_admin_key
 
 
 def register(app: typer.Typer) -> None:
@@ -17,30 +23,38 @@ def register(app: typer.Typer) -> None:
     def attach(
         url: str = typer.Argument(..., help="Base URL of a tapdeck server, e.g. http://127.0.0.1:8300"),
         admin_key: str | None = typer.Option(None, "--admin-key", envvar="TAPDECK_ADMIN_KEY",
-                                             help="The server's admin key (its <data-dir>/admin.key)."),
+                                             help="The server's admin key (default: <data-dir>/admin.key)."),
+        data_dir: Path | None = typer.Option(None, "--data-dir",
+                                             help="Data directory whose admin.key holds the key of a server "
+                                                  "on this machine (default $TAPDECK_DATA_DIR or ~/.tapdeck)."),
     ) -> None:
         """Open the TUI on a remote tapdeck server (over SSH: tunnel its port and attach to it)."""
         from tapdeck.app.commands.tui import run_app
         from tapdeck.app.settings import default_settings_path
-
+        from tapdeck.proxy.config import default_data_dir
         from tapdeck.schema.addresses import http_base_url
 
+        data = (data_dir or default_data_dir()).expanduser()
         try:
             base = http_base_url(url, "server URL")
-            given_admin_key(admin_key)
+            key = command_admin_key(admin_key, data)
         except ValueError as exc:
             print(f"tapdeck attach: {exc}", file=sys.stderr)
             raise typer.Exit(2) from None
-        problem = asyncio.run(_check(base, admin_key))
+        if key is None:
+            print(f"tapdeck attach: {admin_key_refusal(data, found=False)}", file=sys.stderr)
+            raise typer.Exit(1)
+        problem = asyncio.run(_check(base, key, key_dir=None if admin_key else data))
         if problem:
             print(f"tapdeck attach: {problem}", file=sys.stderr)
             raise typer.Exit(1)
-        run_app(base, admin_key, server_label=base, settings_path=default_settings_path(None))
+        run_app(base, key, server_label=base, settings_path=default_settings_path(None))
 
 
-async def _check(base: str, admin_key: str | None) -> str | None:
+async def _check(base: str, admin_key: str, *, key_dir: Path | None) -> str | None:
     """What stops the TUI from working against `base` (None: nothing). The key is checked before
-    the TUI takes the terminal: a refused key is one line, not a dead screen."""
+    the TUI takes the terminal: a refused key is one line, not a dead screen, naming where the key
+    came from (`key_dir`: the data dir it was read from; None: --admin-key or $TAPDECK_ADMIN_KEY)."""
     client = TapdeckClient(base, admin_key, timeout=15.0)
     try:
         try:
@@ -53,10 +67,10 @@ async def _check(base: str, admin_key: str | None) -> str | None:
         except ApiError as exc:
             if exc.kind != "auth":
                 return f"the server at {base} answered /health but not /admin/sessions ({exc.message})"
-            refused = ("no admin key given (looked at --admin-key and $TAPDECK_ADMIN_KEY)" if not admin_key
-                       else f"the server at {base} rejected the admin key from --admin-key or "
-                            "$TAPDECK_ADMIN_KEY (401)")
-            return f"{refused}; pass the key from the server's <data-dir>/admin.key with --admin-key"
+            if key_dir is not None:
+                return admin_key_refusal(key_dir, found=True)
+            return (f"the server at {base} rejected the admin key from --admin-key or $TAPDECK_ADMIN_KEY "
+                    "(401); pass the key from the server's <data-dir>/admin.key with --admin-key")
         return None
     finally:
         await client.aclose()

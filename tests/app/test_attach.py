@@ -16,8 +16,9 @@ from typing import Any
 import httpx
 import pytest
 
+from tapdeck.proxy.config import write_admin_key
 from tests.app.tmux_driver import TAPDECK, Tmux, exit_code
-from tests.conftest import tapdeck_serve
+from tests.conftest import hanging_engine, tapdeck_serve
 
 ADMIN_KEY = "attach-test-admin-key"
 
@@ -119,7 +120,52 @@ def test_attach_without_an_admin_key_says_where_it_looked(served, tmp_path):
                             timeout=120, env=env, stdin=subprocess.DEVNULL, check=False)
     assert result.returncode == 1
     [line] = result.stderr.strip().splitlines()
-    assert "looked at --admin-key and $TAPDECK_ADMIN_KEY" in line and "admin.key" in line
+    assert f"looked at --admin-key, $TAPDECK_ADMIN_KEY and {tmp_path / 'client-data' / 'admin.key'}" in line
+
+
+@pytest.fixture(scope="module")
+def served_here(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """`tapdeck serve` with no key given, as on this machine: it generates one into its data dir
+    (`$TAPDECK_DATA_DIR` of the attach commands below)."""
+    tmp = tmp_path_factory.mktemp("serve-here")
+    env = {**_env(tmp), "TAPDECK_DATA_DIR": str(tmp / "data")}
+    env.pop("TAPDECK_ADMIN_KEY", None)
+    with hanging_engine() as engine, tapdeck_serve(TAPDECK, tmp / "data", tmp / "serve.log", admin_key=None,
+                                                   engine_url=engine.base_url, env=env) as process:
+        yield Served(process.url, process, tmp / "serve.log")
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+def test_attach_reads_the_admin_key_a_server_on_this_machine_wrote_in_its_data_dir(served_here, tmp_path):
+    """It said "no admin key given" while `rollout --server` read the same file."""
+    data = served_here.log.parent / "data"
+    name = f"tapdeck-attach-here-{os.getpid()}"
+    rc_file = tmp_path / "rc"
+    command = (f"env -u TAPDECK_ADMIN_KEY LITELLM_LOCAL_MODEL_COST_MAP=True "
+               f"XDG_CONFIG_HOME={tmp_path / 'config'} TAPDECK_DATA_DIR={data} "
+               f"{TAPDECK} attach {served_here.url}; echo $? > {rc_file}; sleep 60")
+    subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "80", "-y", "24", command], check=True)
+    tmux = Tmux(name)
+    try:
+        tmux.wait_for(re.escape(f"connected to {served_here.url}"), 120)
+        tmux.keys("q")
+        code = exit_code(rc_file)
+        assert code == "0", tmux.screen()
+        assert "Traceback" not in tmux.screen()
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", name], check=False, capture_output=True)
+
+
+def test_attach_refused_the_key_of_its_data_dir_names_the_file_it_read(served_here, tmp_path):
+    stale = tmp_path / "other-data"
+    write_admin_key(stale / "admin.key", "a-key-another-server-wrote-long-ago")
+    env = {k: v for k, v in _env(tmp_path).items() if k != "TAPDECK_ADMIN_KEY"}
+    result = subprocess.run([str(TAPDECK), "attach", served_here.url, "--data-dir", str(stale)],
+                            capture_output=True, text=True, timeout=120, env=env,
+                            stdin=subprocess.DEVNULL, check=False)
+    assert result.returncode == 1
+    [line] = result.stderr.strip().splitlines()
+    assert f"the server rejected the admin key read from {stale / 'admin.key'}" in line
 
 
 @pytest.mark.parametrize(("url", "why"), [("ftp://x", "is not an http(s) URL"),
