@@ -19,12 +19,12 @@ from textual.containers import Horizontal, Vertical
 from textual.widget import Widget
 from rich.text import Text
 from textual.widgets import Button, DataTable, Input, RichLog, Select, Static
-from textual_plotext import PlotextPlot
 
 from tapdeck.app.client import ApiError
 from tapdeck.app.screens.base import TapdeckScreen
 from tapdeck.app.table_rows import cursor_key, show_rows
 from tapdeck.app.views import describe_error
+from tapdeck.app.widgets.metric_plot import MetricPlot
 from tapdeck.schema.runs import RunSummary
 from tapdeck.schema.train import (
     MetricRow,
@@ -44,9 +44,6 @@ PANELS: dict[str, tuple[str, ...]] = {
 }
 """Plot panels: each draws those of its metrics the run logged (TRL's names under trackio's `train/`)."""
 
-
-Y_TICKS = 5
-
 JOBS_POLL_S = 5.0
 """While a job the screen does not follow is running, the job list is asked again this often: its
 row must not read "running" once it has ended."""
@@ -55,16 +52,6 @@ row must not read "running" once it has ended."""
 def fmt_started(started_at: float) -> str:
     """A job's start as local month-day and time (a job list spans days)."""
     return time.strftime("%m-%d %H:%M", time.localtime(started_at))
-
-
-def even_ticks(values: list[float], count: int = Y_TICKS) -> list[float]:
-    """`count` evenly spaced y ticks over `values` (plotext's own land unevenly on a flat series)."""
-    low, high = min(values), max(values)
-    if high == low:
-        pad = abs(low) / 2 or 1.0
-        low, high = low - pad, high + pad
-    step = (high - low) / (count - 1)
-    return [low + i * step for i in range(count)]
 
 
 class TrainScreen(TapdeckScreen):
@@ -94,6 +81,9 @@ class TrainScreen(TapdeckScreen):
     #train-args { height: 1; border: none; padding: 0 1; }
     #train-state { height: 1; padding: 0 1; color: $text-muted; text-wrap: nowrap; text-overflow: ellipsis; }
     #train-jobs { height: auto; max-height: 4; }
+    #train-no-jobs { height: 1; padding: 0 1; color: $text-muted; display: none; }
+    TrainScreen.-no-jobs #train-no-jobs { display: block; }
+    TrainScreen.-no-jobs #train-jobs { display: none; }
     #train-body { height: 1fr; }
     #train-panel { height: 1; }
     #train-plot { height: 3fr; min-height: 5; }
@@ -126,10 +116,14 @@ class TrainScreen(TapdeckScreen):
                            ("started", "started")):
             jobs.add_column(label, key=key)
         yield jobs
+        from tapdeck.app.screen_registry import key_of  # the registry imports this screen
+
+        yield Static(f"no training jobs yet: pick a recipe above and press "
+                     f"{key_of(self.app, 'train.launch', self)} (Launch) to start one", id="train-no-jobs")
         with Vertical(id="train-body"):
             yield Select([(name, name) for name in PANELS], value=self.panel, allow_blank=False,
                          id="train-panel", compact=True)
-            yield PlotextPlot(id="train-plot")
+            yield MetricPlot(id="train-plot")
             # Wrapped: a recipe's long lines (paths, tracebacks) must read whole at 80 columns.
             yield RichLog(id="train-log", max_lines=2000, wrap=True)
 
@@ -182,6 +176,8 @@ class TrainScreen(TapdeckScreen):
         if self.job is not None:
             known[self.job.id] = self.job  # as its own events last said
         self.jobs = sorted(known.values(), key=lambda j: j.started_at, reverse=True)
+        # No jobs: a line saying how to start one, not the table's bare header.
+        self.set_class(not self.jobs, "-no-jobs")
         show_rows(self.query_one("#train-jobs", DataTable),
                   {j.id: (j.id, j.recipe, j.state, fmt_started(j.started_at)) for j in self.jobs})
 
@@ -411,23 +407,12 @@ class TrainScreen(TapdeckScreen):
         return [m for m in PANELS[self.panel] if self.points.get(m)]
 
     def _plot(self) -> None:
-        widget = self.query_one("#train-plot", PlotextPlot)
-        plt = widget.plt
-        plt.clear_data()
-        plt.clear_figure()
         shown = self.shown_metrics()
-        for name in shown:
-            xs, ys = zip(*self.points[name])
-            plt.plot(list(xs), list(ys), marker="braille", label=name.removeprefix("train/"))
         if shown:
-            ticks = even_ticks([y for name in shown for _, y in self.points[name]])
-            plt.ylim(ticks[0], ticks[-1])
-            plt.yticks(ticks)
-            last = self.points[shown[0]][-1][1]
             first = shown[0].removeprefix("train/")
             label = self.panel if first == self.panel else f"{self.panel}: {first}"  # not "reward: reward"
-            plt.title(f"{label}, last {last:.4g}")
+            title = f"{label}, last {self.points[shown[0]][-1][1]:.4g}"
         else:
-            plt.title(f"{self.panel}: nothing logged yet")
-        plt.xlabel("step")
-        widget.refresh()
+            title = f"{self.panel}: nothing logged yet"
+        self.query_one("#train-plot", MetricPlot).show(
+            {name.removeprefix("train/"): self.points[name] for name in shown}, title)

@@ -11,6 +11,7 @@ from textual.widgets import DataTable, RichLog, Static
 from tapdeck.app.client import TapdeckClient
 from tapdeck.app.screens import train
 from tapdeck.app.tui import TapdeckApp
+from tapdeck.schema.train import TrainRunInfo
 from tests.app.conftest import FROZEN_NOW, recorded_transport
 from tests.app.pilot_wait import until
 
@@ -83,3 +84,22 @@ async def test_a_running_job_not_shown_reads_ended_once_it_ends(api_data, monkey
                                        for n in app._notifications), "the launch refused")
         data["train"]["runs"]["runs"][0].update(state="finished", exit_code=0)
         await until(pilot, lambda: jobs.get_row("train-0001")[2] == "finished", "the ended job's row")
+
+
+async def test_train_without_jobs_says_how_to_launch_one(api_data):
+    recorded = api_data["train"]
+    job = recorded["runs"]["runs"].pop()
+    app = _app(api_data)
+    async with app.run_test(size=(80, 24)) as pilot:
+        hint = "no training jobs yet: pick a recipe above and press l (Launch) to start one"
+
+        def shown() -> str:
+            return "\n".join("".join(s.text for s in strip)
+                             for strip in app.screen._compositor.render_strips())
+
+        await until(pilot, lambda: hint in shown(), "the hint")
+        assert "started" not in shown()  # no bare header of an empty table
+        # A job launched (here: listed) replaces the hint with the table, its row shown.
+        app.screen._show_jobs([TrainRunInfo(**job)])
+        await until(pilot, lambda: "train-0000  data-check  finished" in shown(), "the job's row")
+        assert hint not in shown()

@@ -1,0 +1,96 @@
+"""A plot of training metrics by step whose axes read evenly at any height.
+
+plotext places each y tick on the canvas row nearest its value, so a fixed tick count on a few rows
+puts two ticks on one row and one label is dropped (1.00, 0.00, -0.50, -1.00 on four rows); and it
+spreads a single x value over -1..1. Here the tick count and the axis top follow the rows the plot
+has, so every tick lands on its own row, evenly spaced, and the x ticks are whole steps.
+"""
+
+from __future__ import annotations
+
+import math
+
+from textual.app import RenderResult
+from textual_plotext import PlotextPlot
+
+Y_TICKS = 5
+"""The most y ticks drawn (fewer when the plot has fewer rows, or another count fits it better)."""
+X_TICKS = 5
+"""The most x ticks drawn."""
+FRAME_ROWS = 5
+"""Rows of the plot that are not canvas: title, the frame's top and bottom lines, the x tick labels
+and the x label (as plotext lays them out with a title and an x label)."""
+
+
+def even_ticks(values: list[float], count: int = Y_TICKS) -> list[float]:
+    """`count` evenly spaced y ticks over `values` (plotext's own land unevenly on a flat series)."""
+    low, high = min(values), max(values)
+    if high == low:
+        pad = abs(low) / 2 or 1.0
+        low, high = low - pad, high + pad
+    step = (high - low) / (count - 1)
+    return [low + i * step for i in range(count)]
+
+
+def y_tick_count(rows: int) -> int:
+    """How many y ticks a canvas of `rows` rows shows: an odd count (a flat series sits on the
+    middle one) that leaves the fewest rows over, the larger on a tie."""
+    fits = [count for count in (Y_TICKS, 3) if count <= rows] or [2]
+    return min(fits, key=lambda count: ((rows - 1) % (count - 1), -count))
+
+
+def y_axis(values: list[float], rows: int) -> tuple[list[float], float]:
+    """The y ticks over `values` for a canvas of `rows` rows, and the axis top that puts each tick
+    on its own row, the same number of rows apart (rows left over stay above the last tick)."""
+    count = y_tick_count(rows)
+    ticks = even_ticks(values, count)
+    if rows < count:  # one row holds one tick at most: there is no spacing to keep
+        return ticks, ticks[-1]
+    gap = (rows - 1) // (count - 1)
+    return ticks, ticks[0] + (ticks[1] - ticks[0]) * (rows - 1) / gap
+
+
+def x_axis(steps: list[int]) -> tuple[list[int], float, float]:
+    """Whole-step x ticks over `steps` and the axis limits; a single step is centred, its own tick."""
+    first, last = min(steps), max(steps)
+    if first == last:
+        return [first], first - 1, last + 1
+    stride = math.ceil((last - first) / (X_TICKS - 1))
+    return list(range(first, last + 1, stride)), first, last
+
+
+class MetricPlot(PlotextPlot):
+    """Metric series (label → (step, value) points) as braille lines under a title."""
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.series: dict[str, list[tuple[int, float]]] = {}
+        self.heading = ""
+
+    def show(self, series: dict[str, list[tuple[int, float]]], title: str) -> None:
+        """Plot `series` (none: just the title) and redraw."""
+        self.series, self.heading = series, title
+        self.refresh()
+
+    def render(self) -> RenderResult:
+        # Drawn again at each render: the ticks depend on the height, which a resize changes.
+        self.draw(max(self.size.height - FRAME_ROWS, 0))
+        return super().render()
+
+    def draw(self, rows: int) -> None:
+        """Lay the series out on plotext's figure for a canvas of `rows` rows."""
+        plt = self.plt
+        plt.clear_data()
+        plt.clear_figure()
+        for label, points in self.series.items():
+            xs, ys = zip(*points)
+            plt.plot(list(xs), list(ys), marker="braille", label=label)
+        if self.series:
+            ticks, top = y_axis([y for points in self.series.values() for _, y in points], rows)
+            plt.ylim(ticks[0], top)
+            plt.yticks(ticks)
+            steps, left, right = x_axis([x for points in self.series.values() for x, _ in points])
+            plt.xlim(left, right)
+            plt.xticks(steps, [str(step) for step in steps])
+        plt.title(self.heading)
+        plt.xlabel("step")
