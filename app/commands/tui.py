@@ -48,7 +48,7 @@ def run_embedded(data_dir: Path | None = None, *, port: int = 0, engine_url: str
     from tapdeck.app.settings import default_settings_path
     from tapdeck.app.tui import TapdeckApp  # noqa: F401 - import the UI before starting anything
     from tapdeck.proxy.config import ConfigError, ServerConfig, default_data_dir
-    from tapdeck.proxy.engine_address import EngineAddressError
+    from tapdeck.proxy.engine_address import EngineAddressError, normalize_address
     from tapdeck.proxy.serving import PortInUseError
 
     data_dir = (data_dir or default_data_dir()).expanduser()
@@ -56,8 +56,13 @@ def run_embedded(data_dir: Path | None = None, *, port: int = 0, engine_url: str
         config = ServerConfig(host="127.0.0.1", port=port, data_dir=data_dir, engine_url=engine_url,
                               engine_model=engine_model, engine_api_key=engine_api_key,
                               public_url=public_url)
+        if engine_url:  # a malformed address is refused before the server is said to start
+            normalize_address(engine_url)
     except ValidationError as exc:  # bad usage, as `serve` says it: one line, exit 2
         print(f"tapdeck: {validation_line(exc)}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    except EngineAddressError as exc:
+        print(f"tapdeck: {exc}", file=sys.stderr)
         raise typer.Exit(2) from None
     _log_to_file(data_dir / "tui.log")
     print(f"tapdeck: starting the embedded server ({'engine ' + engine_url if engine_url else 'embedded engine'}"

@@ -267,6 +267,15 @@ def test_tui_refuses_a_public_url_and_a_data_dir_it_cannot_use_as_serve_does(tmp
     assert str(port) in one_line(result)
 
 
+@pytest.mark.parametrize("address", ["ftp://x", "127.0.0.1:99999"])
+def test_tui_refuses_a_malformed_engine_address_without_first_saying_it_starts(address: str,
+                                                                             tmp_path: Path) -> None:
+    result = tapdeck("tui", "--engine", address, tmp=tmp_path)
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"tapdeck: engine address {address!r}"), lines
+
+
 def test_bare_tapdeck_takes_the_tui_options_as_tui_does(tmp_path: Path, dead_engine_url: str) -> None:
     afile = tmp_path / "afile"
     afile.write_text("x")
