@@ -10,6 +10,7 @@ SQLite (`trackio_reader`), never from importing trackio.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -184,8 +185,9 @@ class TrainingJobs:
             raise TrainRefused(str(exc)) from exc
         if why := recipe.run_refused(request.run):  # bad usage, whatever this machine has
             raise TrainRefused(why)
-        # The args as the job would get them; the rows' path stands for the export made below.
-        given = (["--rows", "rows.jsonl"] if recipe.takes_run and request.run
+        # The args as the job would get them; an existing file stands for the export made below,
+        # as the recipe's parser refuses rows that are not there.
+        given = (["--rows", os.devnull] if recipe.takes_run and request.run
                  else ["--run", request.run] if request.run else [])
         if why := recipe.usage_error([*given, *request.args]):
             raise TrainUsage(why)

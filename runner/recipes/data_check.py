@@ -278,12 +278,23 @@ def group_advantages(rewards: list[float | None]) -> list[float | None]:
     return [None if r is None else (r - mean) / (std + EPS) for r in rewards]
 
 
+def export_file(text: str) -> Path:
+    """An argparse type: the path of a file that is there (a missing one is refused with the other
+    usage errors, before a launcher starts a job that could only fail reading it)."""
+    path = Path(text)
+    if not path.exists():
+        raise argparse.ArgumentTypeError(f"no export file at {path}")
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{path} is a folder, not an export file")
+    return path
+
+
 def arg_parser() -> argparse.ArgumentParser:
     """The recipe's options."""
     p = argparse.ArgumentParser(prog="tapdeck.runner.recipes.data_check", allow_abbrev=False,
                                 description="Check and score exported training rows (no weight update).")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--rows", type=Path,
+    src.add_argument("--rows", type=export_file,
                      help="An export, JSONL or Parquet (tapdeck export RUN).")
     src.add_argument("--run", help="A tapdeck run id: reads <data-dir>/exports/<run>.jsonl "
                                    "or <data-dir>/runs/<run>/export.jsonl.")
@@ -302,10 +313,9 @@ def arg_parser() -> argparse.ArgumentParser:
 
 
 def resolve_rows(args: argparse.Namespace) -> Path:
-    """The JSONL to read, or FileNotFoundError saying how to produce it."""
+    """The JSONL to read (`--rows`, which the parser found, or `--run`'s export), or
+    FileNotFoundError saying how to produce it."""
     if args.rows is not None:
-        if not args.rows.is_file():
-            raise FileNotFoundError(f"no export file at {args.rows}")
         return args.rows
     data_dir = args.data_dir or Path(os.environ.get("TAPDECK_DATA_DIR") or Path.home() / ".tapdeck")
     for candidate in (data_dir / "exports" / f"{args.run}.jsonl",

@@ -87,12 +87,13 @@ def test_data_check_job_streams_its_log_metrics_and_state_over_sse(train_server:
 
 
 def test_a_run_that_dies_says_why(train_server: Any, tmp_path: Path) -> None:
-    missing = tmp_path / "missing.jsonl"
+    garbled = tmp_path / "garbled.jsonl"
+    garbled.write_text("not json\n")
     job = train_server.http.post("/admin/train", json={"recipe": "data-check",
-                                                 "args": ["--rows", str(missing)]}).json()
+                                                 "args": ["--rows", str(garbled)]}).json()
     final = events(train_server, job["id"])[-1]["run"]
     assert final["state"] == "failed" and final["exit_code"] == 2
-    assert str(missing) in final["error"] and final["error"].endswith("(exit code 2)")
+    assert f"{garbled}:1: not JSON" in final["error"] and final["error"].endswith("(exit code 2)")
     assert train_server.http.get(f"/admin/train/{job['id']}").json()["error"] == final["error"]
 
 

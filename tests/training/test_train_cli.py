@@ -110,9 +110,24 @@ def test_train_on_an_unknown_run_is_a_clear_error(train_server: Any) -> None:
 
 
 def test_a_recipe_that_dies_prints_why(train_server: Any, tmp_path: Path) -> None:
-    out = train(train_server, "--rows", str(tmp_path / "missing.jsonl"))
+    garbled = tmp_path / "garbled.jsonl"
+    garbled.write_text("not json\n")
+    out = train(train_server, "--rows", str(garbled))
     assert out.returncode == 1
-    assert "failed (exit code 2)" in out.stdout and "why: data-check:" in out.stdout
+    assert "failed (exit code 2)" in out.stdout and f"why: data-check: {garbled}:1" in out.stdout
+
+
+def test_train_with_rows_that_are_not_there_is_refused_before_a_job_starts(
+        train_server: Any, tmp_path: Path) -> None:
+    jobs = Path(train_server.config.data_dir) / "train"
+    missing = tmp_path / "missing.jsonl"
+    out = train(train_server, "--rows", str(missing))
+    assert out.returncode == 2, out.stdout + out.stderr
+    # The server checks its own machine's path (the TUI's launch gets the same 422).
+    assert out.stderr.strip().splitlines() == [
+        f"tapdeck train: POST /admin/train refused (422): data-check: argument --rows: no export "
+        f"file at {missing} (its options: tapdeck train --recipe data-check -- --help)"]
+    assert not jobs.is_dir() or not any(jobs.iterdir())
 
 
 def test_train_without_the_rows_its_recipe_reads_is_refused_before_a_job_starts(
@@ -158,13 +173,17 @@ def test_train_refuses_recipe_args_its_parser_refuses_as_bad_usage_before_a_job_
     assert not jobs.is_dir() or not any(p.name.startswith("t-") for p in jobs.iterdir())
 
 
-def test_a_recipes_usage_check_leaves_help_to_the_job_and_takes_what_it_parses() -> None:
+def test_a_recipes_usage_check_leaves_help_to_the_job_and_takes_what_it_parses(
+        tmp_path: Path) -> None:
     from tapdeck.runner.recipes import RECIPES
 
+    rows = write_export(tmp_path / "rows.jsonl")
     assert RECIPES["cpu-grpo"].usage_error(["--help"]) is None  # the job prints it
     assert RECIPES["cpu-grpo"].usage_error(["--tasks", "hello-file", "--steps", "1"]) is None
     assert RECIPES["grpo-trl"].usage_error(["--run", "run-1"]) is None
-    assert RECIPES["data-check"].usage_error(["--rows", "r.jsonl", "--step-delay", "0"]) is None
+    assert RECIPES["data-check"].usage_error(["--rows", str(rows), "--step-delay", "0"]) is None
+    assert "argument --rows: no export file at" in RECIPES["data-check"].usage_error(
+        ["--rows", str(tmp_path / "missing.jsonl")])
 
 
 def test_train_into_a_data_dir_whose_train_folder_cannot_be_written_says_so_in_one_line(
