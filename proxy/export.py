@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from tapdeck.proxy.atomic_write import atomic_write
 from tapdeck.proxy.errors import ProxyError
 from tapdeck.proxy.findings import Finding
 from tapdeck.proxy.graph import RolloutGraph
@@ -326,18 +327,20 @@ _TYPED_SCALARS = {"rollout_id": "string", "group_id": "string", "session_id": "s
 
 
 def write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> Path:
-    """One JSON object per line (numpy arrays written as lists). Returns the path."""
+    """One JSON object per line (numpy arrays written as lists). Returns the path. The file is
+    replaced whole or, on any failure, left as it was (proxy/atomic_write.py)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     opts = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS | orjson.OPT_APPEND_NEWLINE
-    with path.open("wb") as f:
+    with atomic_write(path) as f:
         for row in rows:
             f.write(orjson.dumps(row, option=opts))
     return path
 
 
 def write_parquet(path: Path, rows: Iterable[dict[str, Any]]) -> Path:
-    """Parquet for a whole run: token columns as typed lists, nested dicts as JSON strings."""
+    """Parquet for a whole run: token columns as typed lists, nested dicts as JSON strings. The
+    file is replaced whole or, on any failure, left as it was (proxy/atomic_write.py)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -370,6 +373,6 @@ def write_parquet(path: Path, rows: Iterable[dict[str, Any]]) -> Path:
             columns[key] = pa.array(values)
     # Opened here, not by pyarrow: its OSError names no file, so a path that cannot be written
     # would surface as a traceback instead of the one line that names it.
-    with path.open("wb") as f:
+    with atomic_write(path) as f:
         pq.write_table(pa.table(columns), f)
     return path

@@ -166,6 +166,40 @@ def test_export_session_and_run_files(upstream, make_server, admin_for, tmp_path
     assert res.exit_code == 1 and "neither a session" in res.output
 
 
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_an_export_that_fails_half_way_leaves_the_previous_file_whole_and_no_temporary_one(
+        upstream, make_server, admin_for, tmp_path: Path, fmt: str):
+    """`--out FILE` was rewritten in place: a failure half-way (here the disk refusing a file that
+    large, as a full disk or a quota does) left a truncated FILE where a good export had been."""
+    import resource
+    import subprocess
+
+    from tests.app.tmux_driver import TAPDECK
+
+    data, infos = _two_captured_sessions(upstream, make_server, admin_for)
+    run = data / "runs" / "run-1"
+    run.mkdir(parents=True)
+    (run / "results.jsonl").write_text("".join(json.dumps(
+        {"rollout_id": f"r{i}", "task": "t", "group": 0, "index": i, "session_id": info["id"],
+         "reward": 1.0, "ok": True}) + "\n" for i, info in enumerate(infos)))
+    out = tmp_path / "exports" / f"rows.{fmt}"
+    argv = [str(TAPDECK), "export", "run-1", "--out", str(out), "--data-dir", str(data)]
+    first = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert first.returncode == 0, first.stderr
+    good = out.read_bytes()
+    (run / "results.jsonl").write_text((run / "results.jsonl").read_text().replace('"reward": 1.0', '"reward": 0.5'))
+
+    def small_files() -> None:  # no file the export writes may grow past half the good one
+        resource.setrlimit(resource.RLIMIT_FSIZE, (len(good) // 2, len(good) // 2))
+
+    second = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False,
+                            preexec_fn=small_files)
+    assert second.returncode == 1, second.stderr
+    assert second.stderr.strip() == f"tapdeck export: cannot use {out}: File too large"
+    assert out.read_bytes() == good
+    assert [p.name for p in out.parent.iterdir()] == [out.name]
+
+
 def _data_with_run(tmp_path: Path, results_text: str) -> Path:
     """A data dir with an empty capture store and run `r1` whose results.jsonl is `results_text`."""
     data = tmp_path / "data"

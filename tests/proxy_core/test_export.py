@@ -165,3 +165,21 @@ def test_run_files_carry_group_and_reward_with_null_meaning_never_graded(tmp_pat
     assert table.column("prompt_token_ids").to_pylist()[1] == multi()[1].prompt_ids.tolist()
     assert table.schema.field("prompt_token_ids").type.value_type == pa.int32()
     assert orjson.loads(table.column("request").to_pylist()[0]) == multi()[0].request
+
+
+def test_a_row_that_cannot_be_written_leaves_the_previous_jsonl_whole_and_no_temporary_file(tmp_path):
+    """The rows after the first good ones hold a value JSON cannot hold: the write fails part-way
+    (the good rows already written), and the file a trainer may be reading is the previous export,
+    byte for byte. (Parquet builds its table before writing; a failure inside its write is
+    tests/proxy/test_routing_and_export.py's.)"""
+    def rows(reward: float) -> list[dict]:
+        session = {"id": "r1", "rollout_type": "train", "metadata": {"reward": reward}}
+        return trace_rows(session, graph_of(multi()), "tokens", group_id="task-a")
+
+    path = write_jsonl(tmp_path / "run.jsonl", rows(0.0))
+    before = path.read_bytes()
+    regraded = rows(1.0)
+    with pytest.raises(TypeError):
+        write_jsonl(path, [*regraded, {**regraded[-1], "request": {"messages": object()}}])
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["run.jsonl"]
