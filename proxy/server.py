@@ -21,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from tapdeck.proxy.config import DEFAULT_MAX_BODY_BYTES
 from tapdeck.proxy.error_reply import error_response
@@ -41,6 +42,9 @@ from tapdeck.schema.sessions import (
     TrainingTrace,
     TurnDetail,
 )
+
+CATCH_ALL = "/{path:path}"
+"""The model-call route (POST) and the fallback for other GETs."""
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 EVENTS_KEEPALIVE_S = 15.0
@@ -224,7 +228,27 @@ def create_app(service: CaptureService, *, admin_key: str,
     async def model(model_id: str, request: Request) -> Response:
         return _reply(service.models(request.url.path, request.headers, request.query_params, model_id))
 
-    @app.post("/{path:path}")
+    @app.get(CATCH_ALL)
+    async def other_get(path: str, request: Request) -> Response:
+        # Model-call paths are matched case-insensitively, so the models routes are too; any
+        # other GET is a 404 naming what answers GET (the POST route below made it a 405).
+        lowered = path.lower()
+        for root in ("v1/models", "v1beta/models"):
+            if lowered == root:
+                return await models(request)
+            if lowered.startswith(root + "/"):
+                return await model(path[len(root) + 1:], request)
+        if lowered.startswith("admin/"):  # an admin route that takes other methods is a 405
+            allowed = [method for method in ("DELETE", "POST") if any(
+                route.matches({**request.scope, "method": method})[0] is Match.FULL
+                for route in app.router.routes if getattr(route, "path", None) != CATCH_ALL)]
+            if allowed:
+                raise StarletteHTTPException(405, headers={"Allow": ", ".join(allowed)})
+        raise ProxyError(404, f"nothing answers GET /{path}: GET serves /health, /v1/models[/ID] "
+                              "and /v1beta/models[/MODEL]; model calls are POSTs, admin routes are "
+                              "under /admin")
+
+    @app.post(CATCH_ALL)
     async def model_call(path: str, request: Request) -> Response:
         async def until_disconnect() -> None:
             while (await request.receive())["type"] != "http.disconnect":

@@ -138,6 +138,34 @@ def test_google_genai_sdk_gets_and_lists_the_sessions_model(upstream, make_serve
     assert "this session's model is 'smollm2'" in err.value.message
 
 
+def test_an_unknown_get_path_is_a_404_naming_what_answers_get(upstream, make_server, admin_for):
+    """Every GET the routes did not know was a 405 "Method Not Allowed" (the POST model route
+    matches any path), as if the path were right and the method wrong."""
+    server = make_server(upstream.base_url)
+    admin = admin_for(server)
+    for path in ["/nosuch", "/v1/nosuch", "/v1/chat/completions"]:
+        resp = httpx.get(f"{server.url}{path}")
+        assert resp.status_code == 404, (path, resp.text)
+        assert resp.json()["error"]["message"].startswith(f"nothing answers GET {path}: GET serves "
+                                                          "/health, /v1/models"), path
+    unknown = admin.get("/admin/nosuch")
+    assert unknown.status_code == 404 and unknown.json()["kind"] == "not_found_error"
+    post_only = admin.get("/admin/runs/r/cancel")  # a route that takes POST stays a 405
+    assert post_only.status_code == 405 and post_only.headers["allow"] == "POST"
+
+
+def test_the_models_routes_are_matched_case_insensitively_as_model_calls_are(upstream, make_server,
+                                                                            admin_for):
+    server = make_server(upstream.base_url)
+    info = _open(admin_for(server))
+    auth = {"Authorization": f"Bearer {info['api_key']}"}
+    assert httpx.get(f"{server.url}/V1/MODELS", headers=auth).json() == \
+        httpx.get(f"{server.url}/v1/models", headers=auth).json()
+    one = httpx.get(f"{server.url}/V1/Models/smollm2", headers=auth)
+    assert one.status_code == 200 and one.json()["id"] == "smollm2"
+    assert httpx.get(f"{server.url}/V1/MODELS/SmolLM2", headers=auth).status_code == 404  # ids keep case
+
+
 def test_a_model_listing_with_a_bad_key_answers_in_the_sdks_own_error_shape(upstream, make_server):
     server = make_server(upstream.base_url)
     client = anthropic.Anthropic(base_url=server.url, api_key="tdk-" + "A" * 43, max_retries=0)
