@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tapdeck.proxy.atomic_write import atomic_write
+
 
 def default_settings_path(data_dir: Path | None = None) -> Path:
     """Where settings live: the data dir when there is one, else `$XDG_CONFIG_HOME/tapdeck`."""
@@ -54,8 +56,7 @@ class Settings:
             return
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(asdict(self), indent=2))
-            tmp.replace(path)
+            with atomic_write(path) as f:  # two TUIs saving at once: one whole file either way
+                f.write(json.dumps(asdict(self), indent=2).encode())
         except OSError:
             pass

@@ -3,7 +3,9 @@
 Export files are read by other programs while tapdeck may be rewriting them (a trainer polling a
 run's rows), and an export can fail half-way (a full disk, Ctrl-C). So the new content goes to a
 hidden temporary file beside the target and is renamed over it once complete: a reader sees the
-old file or the new one, never part of one, and a failed write leaves the old file as it was.
+old file or the new one, never part of one, and a failed write leaves the old file as it was. The
+same holds for every file tapdeck replaces whole (settings, run records, the admin key), so each
+uses this one function rather than a temporary name of its own, which two writers could share.
 """
 
 from __future__ import annotations
@@ -24,26 +26,31 @@ def _named(exc: OSError, path: Path) -> OSError:
 
 
 @contextlib.contextmanager
-def atomic_write(path: Path) -> Iterator[BinaryIO]:
+def atomic_write(path: Path, *, mode: int | None = None) -> Iterator[BinaryIO]:
     """A binary file to write `path`'s new content to; it replaces `path` when the block ends
     without an exception, and is removed (leaving `path` untouched) when it does not.
 
     A symlink at `path` is followed: the file it names is replaced and the link kept. The new
-    file gets the mode the old one had (a new one the umask's). An OSError raised here names
-    `path`."""
+    file gets `mode` when given, from the moment the temporary file exists (a secret is never
+    readable by others, even briefly); else the mode the old file had (a new one the umask's).
+    The temporary file is created anew (O_EXCL), so a link planted beside `path` is never
+    written through. An OSError raised here names `path`."""
     target = Path(os.path.realpath(path))
     temp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.tmp")
     try:
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if mode is None else mode)
     except OSError as exc:
         raise _named(exc, path) from exc
     try:
         with os.fdopen(fd, "wb") as f:
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)  # exactly `mode`, whatever the umask took away
             yield f
             f.flush()
             os.fsync(f.fileno())  # the content is on disk before the name points at it
-        with contextlib.suppress(FileNotFoundError):
-            os.chmod(temp, stat.S_IMODE(target.stat().st_mode))
+        if mode is None:
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(temp, stat.S_IMODE(target.stat().st_mode))
         os.replace(temp, target)
     except BaseException as exc:  # Ctrl-C included: no half-written file is left behind
         temp.unlink(missing_ok=True)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, field_validator
 
+from tapdeck.proxy.atomic_write import atomic_write
 from tapdeck.schema.addresses import check_public_url
 
 DATA_DIR_ENV = "TAPDECK_DATA_DIR"
@@ -173,20 +174,11 @@ def new_admin_key() -> str:
 
 
 def write_admin_key(path: Path, key: str) -> None:
-    """Write the key readable by its owner only (created 0600; never world-readable, even briefly)."""
+    """Replace the key file whole, readable by its owner only (created 0600; never readable by
+    others, even briefly)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    # A leftover temp file (a crash mid-write) is removed, never followed: a symlink planted there
-    # would otherwise have the key written through it.
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        os.write(fd, (key + "\n").encode())
-    finally:
-        os.close(fd)
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
+    with atomic_write(path, mode=0o600) as f:
+        f.write((key + "\n").encode())
 
 
 def usable_data_dir(path: Path) -> Path:

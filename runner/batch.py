@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from tapdeck.proxy.atomic_write import atomic_write
 from tapdeck.proxy.tiers import EngineSpec
 from tapdeck.runner.engines import EMBEDDED, EngineChoiceError, resolve_engine
 from tapdeck.runner.rollout import RolloutSpec, run_rollout
@@ -678,9 +679,8 @@ def _check_sandbox(plan: RunPlan) -> None:
 
 
 def _write_json(path: Path, doc: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2))
-    os.replace(tmp, path)
+    with atomic_write(path) as f:
+        f.write(json.dumps(doc, indent=2).encode())
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Literal
 
 import tapdeck
+from tapdeck.proxy.atomic_write import atomic_write
 from tapdeck.runner.process_group import process_running, signal_group
 from tapdeck.runner.recipes import Recipe, get_recipe
 from tapdeck.runner.train_env import SCRIPT as TRAIN_ENV_SCRIPT
@@ -188,10 +189,8 @@ class RunRecord:
 
     def save(self) -> None:
         """Write run.json atomically (a reader never sees half a file)."""
-        path = Path(self.run_dir) / "run.json"
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2))
-        os.replace(tmp, path)
+        with atomic_write(Path(self.run_dir) / "run.json") as f:
+            f.write(json.dumps(asdict(self), indent=2).encode())
 
 
 def _alive(pid: int | None) -> bool:

@@ -82,6 +82,8 @@ def convert_to_f16(source: Path, target: Path) -> None:
         raise ModelConversionError(exc.errno, f"cannot create {target.parent}: {exc}") from exc
     if free < need:
         raise _disk_full(target, need, free)
+    # Not atomic_write: llama.cpp opens and writes the file itself, by name, so the temporary
+    # file and its rename are done here.
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_F16

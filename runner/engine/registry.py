@@ -25,6 +25,7 @@ from pathlib import Path
 import httpx
 from pydantic import BaseModel, ValidationError
 
+from tapdeck.proxy.atomic_write import atomic_write
 from tapdeck.runner.engine.embedded import EmbeddedEngine
 
 REGISTRY_ENV = "TAPDECK_ENGINE_REGISTRY"
@@ -175,8 +176,7 @@ def acquire_embedded_engine(model_path: Path | None = None, *, n_ctx: int | None
                            served_name=engine.served_name, model_path=str(path),
                            n_ctx=engine.core.model.n_ctx, started_at=time.time())
         target = folder / _ANNOUNCEMENT
-        tmp = target.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(ann.model_dump_json())
-        tmp.replace(target)
+        with atomic_write(target) as f:
+            f.write(ann.model_dump_json().encode())
         return SharedEngine(engine.base_url, engine.served_name, ann.n_ctx, engine=engine,
                             announcement=target)

@@ -69,14 +69,45 @@ def test_an_admin_key_no_client_can_send_is_refused_on_any_bind(key: str, tmp_pa
     assert unsendable_admin_key(new_admin_key(), "given") is None
 
 
-def test_admin_key_temp_file_is_never_followed(tmp_path: Path) -> None:
+def test_admin_key_temp_file_is_never_followed(tmp_path: Path, monkeypatch) -> None:
+    # The temporary name is random; a link planted where it will be (here: the name made known)
+    # is refused by its name, never written through.
+    import tapdeck.proxy.atomic_write as atomic_write
+
+    monkeypatch.setattr(atomic_write.secrets, "token_hex", lambda n: "0" * 2 * n)
     victim = tmp_path / "victim"
     victim.write_text("untouched\n")
-    (tmp_path / "admin.key.tmp").symlink_to(victim)
-    write_admin_key(tmp_path / "admin.key", "tdk-admin-new")
+    (tmp_path / ".admin.key.00000000.tmp").symlink_to(victim)
+    with pytest.raises(FileExistsError, match="admin.key"):
+        write_admin_key(tmp_path / "admin.key", "tdk-admin-new")
     assert victim.read_text() == "untouched\n"
+    assert not (tmp_path / "admin.key").exists()
+
+
+def test_admin_key_file_is_owner_only_from_creation_even_over_a_readable_one(
+        tmp_path: Path, monkeypatch) -> None:
+    path = tmp_path / "admin.key"
+    path.write_text("tdk-admin-old\n")
+    path.chmod(0o644)
+    created: list[int] = []  # each new file's mode the moment it exists, before its content
+    real_open = os.open
+
+    def recording_open(name, flags, mode=0o777, **kw):
+        fd = real_open(name, flags, mode, **kw)
+        if flags & os.O_CREAT:
+            created.append(stat.S_IMODE(os.fstat(fd).st_mode))
+        return fd
+
+    monkeypatch.setattr(os, "open", recording_open)
+    old_umask = os.umask(0)  # nothing narrows a mode asked for too wide
+    try:
+        write_admin_key(path, "tdk-admin-new")
+    finally:
+        os.umask(old_umask)
+    assert created == [0o600]
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert read_admin_key(tmp_path) == "tdk-admin-new"
-    assert not (tmp_path / "admin.key.tmp").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["admin.key"]
 
 
 def test_data_dir_and_capture_db_are_owner_only_even_when_they_existed(tmp_path: Path) -> None:
