@@ -77,20 +77,22 @@ FORMAT_SUFFIXES = {".jsonl": "jsonl", ".parquet": "parquet"}
 
 
 def output_format(fmt: str | None, out: str | None) -> str:
-    """The format to write: --format, else the one --out's suffix names, else jsonl. ValueError
-    when they disagree or --out names a directory (an existing one, or a path ending in /)."""
-    if fmt is not None and fmt not in ("jsonl", "parquet"):
+    """The format to write: --format, else the one --out's suffix names, else jsonl; both matched
+    case-insensitively (`--format JSONL` as `--out X.JSONL`). ValueError when they disagree or
+    --out names a directory (an existing one, or a path ending in /)."""
+    chosen = fmt.lower() if fmt is not None else None
+    if chosen is not None and chosen not in FORMAT_SUFFIXES.values():
         raise ValueError(f"--format must be jsonl or parquet, not {fmt!r}")
     if out is None:
-        return fmt or "jsonl"
+        return chosen or "jsonl"
     if out.endswith("/") or Path(out).is_dir():
         raise ValueError(f"--out {out} names a directory; give a file path, e.g. "
                          f"{Path(out) / 'rows.jsonl'}")
     implied = FORMAT_SUFFIXES.get(Path(out).suffix.lower())
-    if fmt is not None and implied is not None and implied != fmt:
-        raise ValueError(f"--out {out} names a {implied} file but --format is {fmt}; change "
+    if chosen is not None and implied is not None and implied != chosen:
+        raise ValueError(f"--out {out} names a {implied} file but --format is {chosen}; change "
                          "one of them")
-    return fmt or implied or "jsonl"
+    return chosen or implied or "jsonl"
 
 
 def register(app: typer.Typer) -> None:
@@ -110,6 +112,7 @@ def register(app: typer.Typer) -> None:
                                              help="Data directory (default $TAPDECK_DATA_DIR or ~/.tapdeck)."),
     ) -> None:
         """Write a session's or a run's captured rollouts as JSONL or Parquet."""
+        from tapdeck.app.commands.runner_warnings import runner_warnings_on_stderr
         from tapdeck.app.commands.stored_capture import stored_capture
         from tapdeck.proxy.export import RunSessionsMissing, write_jsonl, write_parquet
         from tapdeck.runner.batch import is_run_id
@@ -128,7 +131,9 @@ def register(app: typer.Typer) -> None:
             run_dir = root / "runs" / target
             try:
                 if run_dir.is_dir():
-                    rows, empty, failed = run_rows(store, run_dir, include_failed=include_failed)
+                    with runner_warnings_on_stderr("export"):  # a result line skipped: said once
+                        rows, empty, failed = run_rows(store, run_dir,
+                                                       include_failed=include_failed)
                 elif target in {s["id"] for s in store.list_sessions()}:
                     rows = session_rows(store, target)
                     empty = int(not rows)

@@ -7,15 +7,13 @@ Runs screen does, but with only its finished rollouts: the live ones are in that
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
+
+from tapdeck.app.commands.runner_warnings import runner_warnings_on_stderr
 
 if TYPE_CHECKING:
     from tapdeck.schema.runs import RunSummary
@@ -54,7 +52,7 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(EXIT_USAGE) from None
         batch = BatchRunner(None, data_dir=root, default_engine=None)
         if run_id is None:
-            with runner_warnings_on_stderr():  # a run left out, a result line skipped: said once
+            with runner_warnings_on_stderr("runs"):  # a run left out, a line skipped: said once
                 listed = batch.list()
             if as_json:
                 typer.echo(RunList(runs=listed).model_dump_json(indent=2))
@@ -64,7 +62,7 @@ def register(app: typer.Typer) -> None:
                 _print_list(listed)
             return
         try:
-            with runner_warnings_on_stderr():
+            with runner_warnings_on_stderr("runs"):
                 summary, rollouts = batch.get(run_id)
         except RunNotFound:
             typer.echo(f"tapdeck runs: no run {run_id} in {batch.runs_dir} (pass the --data-dir "
@@ -80,22 +78,6 @@ def register(app: typer.Typer) -> None:
         from tapdeck.app.commands.run_table import print_run_table
 
         print_run_table(doc)
-
-
-@contextlib.contextmanager
-def runner_warnings_on_stderr() -> Iterator[None]:
-    """The runner's warnings about the run files (a run left out of the list, a result line
-    skipped), each once on stderr as `tapdeck runs: warning: …`. They are the server's log lines
-    elsewhere; with no handler here Python printed them bare, beside the command's own line."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setLevel(logging.WARNING)
-    handler.setFormatter(logging.Formatter("tapdeck runs: warning: %(message)s"))
-    logger = logging.getLogger("tapdeck.runner")
-    logger.addHandler(handler)
-    try:
-        yield
-    finally:
-        logger.removeHandler(handler)
 
 
 def _print_list(listed: list[RunSummary]) -> None:

@@ -389,3 +389,48 @@ def test_export_writes_the_format_its_out_suffix_names(upstream, make_server, ad
                                    str(server.config.data_dir)])
     assert res.exit_code == 0, res.output
     assert [r["session_id"] for r in pq.read_table(out).to_pylist()] == [info["id"]]
+
+
+@pytest.mark.parametrize(("args", "written", "fmt"), [
+    (["--format", "JSONL"], "{data}/exports/r1.jsonl", "jsonl"),
+    (["--format", "Parquet"], "{data}/exports/r1.parquet", "parquet"),
+    (["--out", "{tmp}/rows.PARQUET"], "{tmp}/rows.PARQUET", "parquet"),
+    (["--format", "PARQUET", "--out", "{tmp}/rows.parquet"], "{tmp}/rows.parquet", "parquet"),
+    (["--format", "jsonl", "--out", "{tmp}/rows.JSONL"], "{tmp}/rows.JSONL", "jsonl")])
+def test_export_matches_format_and_out_suffix_case_insensitively_alike(
+        args: list[str], written: str, fmt: str, tmp_path: Path):
+    # `--out X.PARQUET` was taken as parquet while `--format JSONL` was refused.
+    from tapdeck.app.cli import app
+
+    data = _data_with_run(tmp_path, json.dumps({"rollout_id": "a", "task": "t", "group": 0,
+                                                "index": 0, "ok": True}) + "\n")
+    res = CliRunner().invoke(app, ["export", "r1", "--data-dir", str(data),
+                                   *(a.format(tmp=tmp_path) for a in args)])
+    assert res.exit_code == 0, res.output
+    path = Path(written.format(data=data, tmp=tmp_path))
+    assert f"wrote 0 turn row(s) to {path} " in res.output
+    assert path.read_bytes()[:4] == (b"PAR1" if fmt == "parquet" else b"")
+    res = CliRunner().invoke(app, ["export", "r1", "--data-dir", str(data), "--format", "JSONL",
+                                   "--out", str(tmp_path / "rows.Parquet")])
+    assert res.exit_code == 2
+    assert f"--out {tmp_path / 'rows.Parquet'} names a parquet file but --format is jsonl" \
+        in res.output
+
+
+def test_export_says_an_unreadable_results_line_once_as_its_own_warning(tmp_path: Path):
+    # A real process: there Python printed the runner's log record bare on stderr (pytest's log
+    # capture hides that in-process), where `tapdeck runs` says `tapdeck runs: warning: …`.
+    import subprocess
+    import sys
+
+    data = _data_with_run(tmp_path, '{"not": "a result"}\n' + json.dumps(
+        {"rollout_id": "a", "task": "t", "group": 0, "index": 0, "ok": True}) + "\n")
+    results = data / "runs" / "r1" / "results.jsonl"
+    res = subprocess.run([sys.executable, "-c", "from tapdeck.app.cli import main; main()",
+                          "export", "r1", "--data-dir", str(data)],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.splitlines() == [
+        f"tapdeck export: warning: {results}:1: not a rollout result (rollout_id: Field "
+        "required), skipped"]
+    assert res.stdout.startswith(f"wrote 0 turn row(s) to {data / 'exports' / 'r1.jsonl'}")
