@@ -2,7 +2,8 @@
 
 Each run gets `<data_dir>/train/<run_id>/` holding `run.json` (state, exit code, command line, the
 environment variables tapdeck set), `train.log` (the run's output, ANSI stripped, without
-`TRACKIO_LOCAL_FLUSH`) and `trackio/` (the recipe's `TRACKIO_DIR`; read it with
+`TRACKIO_LOCAL_FLUSH`, trackio's `trackio show` advice made the command that shows this run's
+folder) and `trackio/` (the recipe's `TRACKIO_DIR`; read it with
 `tapdeck.runner.trackio_reader`). This process never imports trackio or torch: the recipe does, in
 its own interpreter — this one for recipes that need
 nothing more, the training environment's (`train_python()`) for those that need torch and TRL.
@@ -64,10 +65,31 @@ def strip_ansi(line: str) -> str:
     return text
 
 
-def _log_text(raw: bytes) -> str | None:
-    """A line of a recipe's output as its log keeps it (`strip_ansi`); None for one left out."""
+_TRACKIO_SHOW = re.compile(r'^trackio show --project "(?P<project>.*)"$')
+"""trackio's advice at `init()` for viewing the run, which reads its default folder, not this run's."""
+_TRACKIO_SHOW_IN_PYTHON = re.compile(r'^\* or by running in Python: trackio\.show\(.*\)$')
+
+
+def trackio_show_command(trackio_dir: Path, project: str, python: str) -> str:
+    """The shell command that opens trackio's dashboard on a run's metrics: `trackio show` with
+    `TRACKIO_DIR` set to the run's folder, by the `trackio` beside the recipe's interpreter."""
+    script = Path(python).parent / "trackio"
+    program = shlex.quote(str(script)) if script.is_file() else "trackio"
+    return (f"TRACKIO_DIR={shlex.quote(str(trackio_dir.absolute()))} {program} show "
+            f"--project {shlex.quote(project)}")
+
+
+def _log_text(raw: bytes, trackio_dir: Path, python: str) -> str | None:
+    """A line of a recipe's output as its log keeps it (`strip_ansi`); None for one left out.
+
+    trackio's own `trackio show --project P` would show another folder's projects, so it becomes
+    the command that shows this run; its Python variant, wrong the same way, is left out."""
     text = strip_ansi(raw.decode("utf-8", errors="replace"))
-    return None if text == TRACKIO_LOCAL_FLUSH else text
+    if text == TRACKIO_LOCAL_FLUSH or _TRACKIO_SHOW_IN_PYTHON.match(text):
+        return None
+    if show := _TRACKIO_SHOW.match(text):
+        return trackio_show_command(trackio_dir, show["project"], python)
+    return text
 
 
 def train_python() -> Path:
@@ -323,7 +345,7 @@ class TrainingRun:
         try:
             with self.log_path.open("a", encoding="utf-8") as log:
                 for raw in self._proc.stdout:
-                    if (text := _log_text(raw)) is None:
+                    if (text := _log_text(raw, self.trackio_dir, self.argv[0])) is None:
                         continue
                     log.write(text + "\n")
                     log.flush()
@@ -333,7 +355,7 @@ class TrainingRun:
             # Drained, so the recipe never blocks on a full pipe (and `wait()` below returns).
             with contextlib.suppress(Exception):
                 for raw in self._proc.stdout:
-                    if (text := _log_text(raw)) is not None:
+                    if (text := _log_text(raw, self.trackio_dir, self.argv[0])) is not None:
                         self._emit(text)
         finally:
             try:

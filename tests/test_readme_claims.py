@@ -547,6 +547,8 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/app/test_tui_recorded.py::test_train_refuses_a_recipe_the_server_cannot_start_saying_why
 - `tapdeck train` refuses data-check given neither `--run` nor `--rows` before any job starts
   → tests/training/test_train_cli.py::test_train_without_the_rows_its_recipe_reads_is_refused_before_a_job_starts
+- a job's log gives the `trackio show` command that shows the job's own trackio folder
+  → tests/training/test_train_cli.py::test_train_output_gives_the_trackio_show_command_that_shows_this_job
 - `--run` with cpu-grpo, or a `--run` that is a path, is refused with exit 2; the Train screen
   passes its picked run to grpo-trl, which reads the run itself
   → tests/app/test_tui_recorded.py::test_train_passes_the_picked_run_to_a_recipe_that_reads_runs_itself

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import shutil
+import socket
 import subprocess
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from training_data import write_export
 
@@ -102,6 +106,38 @@ def test_train_output_leaves_out_trackios_upload_line_as_nothing_is_uploaded(
     assert "Uploading logs" not in out.stdout + out.stderr
     log = next((Path(train_server.config.data_dir) / "train").glob("t-*/train.log")).read_text()
     assert "Uploading logs" not in log and "data-check: summary" in log
+
+
+def test_train_output_gives_the_trackio_show_command_that_shows_this_job(
+        train_server: Any, tmp_path: Path) -> None:
+    # trackio's own `trackio show --project "tapdeck"` reads its default folder, not the job's.
+    rows = write_export(tmp_path / "rows.jsonl")
+    out = train(train_server, "--rows", str(rows))
+    assert out.returncode == 0, out.stdout + out.stderr
+    [job] = (Path(train_server.config.data_dir) / "train").glob("t-*")
+    [line] = [text for text in out.stdout.splitlines() if " show --project " in text]
+    assert "trackio.show(" not in out.stdout  # its Python variant, wrong the same way, is left out
+    assert line in (job / "train.log").read_text().splitlines()
+    setting, *command = shlex.split(line)
+    assert setting == f"TRACKIO_DIR={job / 'trackio'}"
+    assert command == [str(Path(os.sys.executable).parent / "trackio"), "show", "--project", "tapdeck"]
+    # Run as told, headless (no browser, a free port), it serves this job's trackio run.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**ENV, "TRACKIO_DIR": setting.split("=", 1)[1], "BROWSER": "true",
+           "GRADIO_SERVER_PORT": str(port), "HF_HOME": str(tmp_path / "hf")}
+    show = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        assert show.stdout is not None
+        url = next((m[0] for text in show.stdout if (m := re.search(r"http://127\.0\.0\.1:\d+", text))),
+                   None)
+        assert url is not None, "trackio show printed no address"
+        runs = httpx.post(f"{url}/api/get_runs_for_project", json={"data": ["tapdeck"]}, timeout=60)
+        assert [r["name"] for r in runs.json()["data"]] == [job.name]
+    finally:
+        show.terminate()
+        show.wait(timeout=60)
 
 
 def test_train_on_an_unknown_run_is_a_clear_error(train_server: Any) -> None:
