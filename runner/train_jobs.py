@@ -10,7 +10,6 @@ SQLite (`trackio_reader`), never from importing trackio.
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -185,11 +184,7 @@ class TrainingJobs:
             raise TrainRefused(str(exc)) from exc
         if why := recipe.run_refused(request.run):  # bad usage, whatever this machine has
             raise TrainRefused(why)
-        # The args as the job would get them; an existing file stands for the export made below,
-        # as the recipe's parser refuses rows that are not there.
-        given = (["--rows", os.devnull] if recipe.takes_run and request.run
-                 else ["--run", request.run] if request.run else [])
-        if why := recipe.usage_error([*given, *request.args]):
+        if why := recipe.usage_error(request.args, run=request.run):
             raise TrainUsage(why)
         # Before its environment: no install makes up for GPUs the machine does not have.
         if recipe.gpus and (gpus := visible_gpus()) < recipe.gpus:

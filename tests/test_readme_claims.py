@@ -547,6 +547,9 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/app/test_tui_recorded.py::test_train_refuses_a_recipe_the_server_cannot_start_saying_why
 - `tapdeck train` refuses data-check given neither `--run` nor `--rows` before any job starts
   → tests/training/test_train_cli.py::test_train_without_the_rows_its_recipe_reads_is_refused_before_a_job_starts
+- data-check given both `--run` and `--rows`, or its own `--run` after `--`, is refused before a
+  job starts, in one line saying which to give
+  → tests/training/test_downstream_edges.py::test_train_refuses_recipe_args_that_name_the_runs_rows_or_run_again_before_a_job_starts
 - a job's log gives the `trackio show` command that shows the job's own trackio folder
   → tests/training/test_train_cli.py::test_train_output_gives_the_trackio_show_command_that_shows_this_job
 - `--run` with cpu-grpo, or a `--run` that is a path, is refused with exit 2; the Train screen

@@ -68,12 +68,19 @@ class Recipe:
         (the rows it reads named nowhere), or None."""
         return rows_missing(self.name, self.takes_run, self.rows_options, run, args)
 
-    def usage_error(self, args: Sequence[str]) -> str | None:
+    def usage_error(self, args: Sequence[str], *, run: str | None = None) -> str | None:
         """What the recipe's own argument parser says of these args (its `error:` line), or None
-        when it takes them. Asked before a job starts, so that a typo is refused in one line
-        rather than by a job dying of its usage message. `--help` is left to the job to print."""
+        when it takes them, launched with the rollout run `run`. Asked before a job starts, so
+        that a typo is refused in one line rather than by a job dying of its usage message.
+        `--help` is left to the job to print."""
         if any(a in ("-h", "--help") for a in args):
             return None
+        if why := self.source_conflict(run, args):
+            return why
+        # The args as the job would get them; an existing file stands for the run's export the
+        # launch makes, as the parser refuses rows that are not there.
+        given = (["--rows", os.devnull] if self.takes_run and run
+                 else ["--run", run] if run else [])
         parser = importlib.import_module(self.module).arg_parser()
 
         def refuse(message: str) -> NoReturn:
@@ -82,9 +89,34 @@ class Recipe:
         # Not argparse's own error(), which prints to stderr and exits: this runs inside a server.
         parser.error = refuse  # type: ignore[method-assign]
         try:
-            parser.parse_args(list(args))
+            parser.parse_args([*given, *args])
         except _UsageError as exc:
             return f"{self.name}: {exc} (its options: tapdeck train --recipe {self.name} -- --help)"
+        return None
+
+    def source_conflict(self, run: str | None, args: Sequence[str]) -> str | None:
+        """Why recipe args name what the launch's rollout run `run` names (the rows to read, the
+        run), or None. The job's parser keeps the last of them, so one would silently replace
+        the other; and a recipe's own `--run` reads only an export already written, where the
+        launch's has the server export the run's rows."""
+        own_run = _option_value(args, "--run")
+        if self.takes_run:
+            rows = next(((o, v) for o in (r.split()[0] for r in self.rows_options)
+                         if (v := _option_value(args, o)) is not None), None)
+            if run and rows:
+                return (f"{self.name}: --run {run} and {rows[0]} {rows[1]} both name the rows to "
+                        f"read: give one (--run: the server exports that run's rows; {rows[0]}: "
+                        "an export file on the server's machine)")
+            if own_run is not None and rows is None:
+                if run:
+                    return (f"{self.name}: --run {run} and its own --run {own_run} both name the "
+                            "run: give it once, as --run before -- (the server exports its rows)")
+                return (f"{self.name}: give the run as --run {own_run} before -- (the Train "
+                        f"screen: pick it), not as {self.name}'s own --run, which reads only an "
+                        "export already written")
+        elif self.run_option and run and own_run is not None:
+            return (f"{self.name}: --run {run} and its own --run {own_run} both name the run: "
+                    "give it once")
         return None
 
     def run_refused(self, run: str | None) -> str | None:
@@ -94,6 +126,18 @@ class Recipe:
             return None
         return (f"{self.name} takes no rollout run (--run {run}): it makes its own rollouts "
                 f"(its options: tapdeck train --recipe {self.name} -- --help)")
+
+
+def _option_value(args: Sequence[str], option: str) -> str | None:
+    """The value `args` give `option` (`--opt V` or `--opt=V`; the last one, as argparse keeps;
+    "" for one given no value), or None when it is not among them."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == option:
+            value = args[i + 1] if i + 1 < len(args) else ""
+        elif arg.startswith(option + "="):
+            value = arg[len(option) + 1:]
+    return value
 
 
 RECIPES: dict[str, Recipe] = {

@@ -246,6 +246,48 @@ def test_train_on_a_run_still_going_warns_that_it_reads_what_is_done_so_far(tmp_
     assert "data-check: 1 rollout(s) from" in res.output
 
 
+def test_train_refuses_recipe_args_that_name_the_runs_rows_or_run_again_before_a_job_starts(
+        tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from tests.conftest import local_server_on, models_only_engine
+
+    data = _data_dir_with_run(tmp_path, [_result(0), _result(1)])
+    _write_plan(data, rollouts=2, state="finished")
+    rows = write_export(tmp_path / "rows.jsonl")
+    refused = "tapdeck train: POST /admin/train refused (422): data-check: "
+    with models_only_engine() as url:
+        engine = SimpleNamespace(base_url=f"{url}/v1", served_name="smollm2")
+        with local_server_on(engine, data) as server:
+            def train(*args: str) -> Any:
+                return _train("--server", server.url, "--admin-key", server.admin_key, *args)
+
+            # The job's parser kept the last --rows: the file silently replaced the run's rows.
+            both_rows = train("--run", "run-x", "--", "--rows", str(rows))
+            # data-check's own --run after the launch's: its parser refused --rows it never saw.
+            both_runs = train("--run", "run-x", "--", "--run", "run-y")
+            # Its own --run alone reads only an export already written (run-x has none yet).
+            own_run = train("--", "--run", "run-x")
+    for res in (both_rows, both_runs, own_run):
+        assert res.exit_code == 2, res.output
+    assert both_rows.output.strip() == (
+        f"{refused}--run run-x and --rows {rows} both name the rows to read: give one (--run: the "
+        "server exports that run's rows; --rows: an export file on the server's machine)")
+    assert both_runs.output.strip() == (
+        f"{refused}--run run-x and its own --run run-y both name the run: give it once, as --run "
+        "before -- (the server exports its rows)")
+    assert own_run.output.strip() == (
+        f"{refused}give the run as --run run-x before -- (the Train screen: pick it), not as "
+        "data-check's own --run, which reads only an export already written")
+    assert not (data / "train").is_dir() or not any((data / "train").glob("t-*"))
+    # grpo-trl, which is given the launch's run as its own --run, is refused so too.
+    assert RECIPES["grpo-trl"].usage_error(["--run", "run-y"], run="run-x") == (
+        "grpo-trl: --run run-x and its own --run run-y both name the run: give it once")
+    assert RECIPES["grpo-trl"].usage_error([], run="run-x") is None
+    assert RECIPES["data-check"].usage_error(["--rows", str(rows)]) is None
+    assert RECIPES["data-check"].usage_error(["--step-delay", "0"], run="run-x") is None
+
+
 def test_train_refuses_a_run_whose_rollouts_are_all_eval_tier_saying_so(tmp_path: Path) -> None:
     data = _data_dir_with_run(tmp_path, [_result(0), _result(1)], tier="logprobs")
     _write_plan(data, rollouts=2, state="finished")
