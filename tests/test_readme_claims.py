@@ -64,12 +64,14 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
   → tests/runner/test_rollout_exit_codes.py::test_a_plan_the_server_refuses_exits_2
   → tests/runner/test_rollout_exit_codes.py::test_a_failed_rollout_exits_3_and_the_table_says_why
 - `tapdeck rollout`: refused plans (sandbox, `--engine-model`, non-finite numbers, sizes past their
-  bounds, plan options with `--resume`) are 2 before a run exists; a missing run, a corrupt plan.json, a run no rollout reached the engine of, and
+  bounds, plan options with `--resume`, engine options resuming a run that calls no model) are 2
+  before a run exists; a missing run, a corrupt plan.json, a run no rollout reached the engine of, and
   a server that stopped answering are 1; `--server` takes HOST:PORT; `--resume` follows a running run;
   server log lines go to `rollout.log`; `calls` is the model calls
   → tests/runner/test_rollout_exit_codes.py::test_an_unknown_sandbox_exits_2_before_a_run_is_created
   → tests/runner/test_rollout_exit_codes.py::test_a_number_that_is_not_finite_exits_2
   → tests/runner/test_rollout_exit_codes.py::test_resume_refuses_plan_options_naming_them
+  → tests/runner/test_rollout_exit_codes.py::test_resume_of_a_run_that_calls_no_model_refuses_engine_options_naming_them
   → tests/runner/test_rollout_exit_codes.py::test_resuming_a_run_that_does_not_exist_exits_1
   → tests/runner/test_rollout_exit_codes.py::test_a_size_past_its_bound_exits_2_naming_the_field
   → tests/runner/test_rollout_exit_codes.py::test_resuming_a_run_whose_plan_file_is_corrupt_exits_1_naming_the_file

@@ -197,6 +197,12 @@ def register(app: typer.Typer) -> None:
         if resume is not None:
             # A resumed run runs its stored plan: its harness, not the option's default, decides.
             harness = _check_local_run(data, resume).rollout.harness
+            if not makes_model_calls(harness) and (given := _flags_given(ctx, LOCAL_ENGINE_OPTIONS)):
+                # Its server starts no engine, so these would start nothing.
+                typer.echo(f"tapdeck rollout: --resume runs run {resume}'s stored plan, whose "
+                           f"harness {harness} calls no model, so {', '.join(given)} would be "
+                           "ignored; drop them", err=True)
+                raise typer.Exit(EXIT_USAGE)
         _install_agent(harness)
         from tapdeck.app.host import LocalServer
 
@@ -323,15 +329,15 @@ def _finite(value: float | None) -> float | None:
 def _plan_options_given(ctx: typer.Context, *, local: bool) -> list[str]:
     """The plan options given on the command line or by the environment, as their flags (a
     local run's engine options are not plan options: they start its server's engine)."""
-    given = []
-    for param in ctx.command.params:
-        if param.name in NOT_PLAN_OPTIONS or param.name is None:
-            continue
-        if local and param.name in LOCAL_ENGINE_OPTIONS:
-            continue
-        if _given(ctx, param.name):
-            given.append("/".join(param.opts))
-    return given
+    skipped = NOT_PLAN_OPTIONS | (LOCAL_ENGINE_OPTIONS if local else frozenset())
+    return _flags_given(ctx, {p.name for p in ctx.command.params if p.name} - skipped)
+
+
+def _flags_given(ctx: typer.Context, names: set[str] | frozenset[str]) -> list[str]:
+    """Those of the options `names` given on the command line or by the environment, as their
+    flags, in the command's order."""
+    return ["/".join(p.opts) for p in ctx.command.params
+            if p.name in names and _given(ctx, p.name)]
 
 
 def _given(ctx: typer.Context, name: str) -> bool:

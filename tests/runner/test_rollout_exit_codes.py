@@ -165,6 +165,26 @@ def test_resume_refuses_plan_options_naming_them() -> None:
     assert "--harness, -k/--rollouts would be ignored" in text
 
 
+def test_resume_of_a_run_that_calls_no_model_refuses_engine_options_naming_them(
+        tmp_path: Path, dead_engine_url: str) -> None:
+    import asyncio
+
+    from tapdeck.runner.batch import BatchRunner
+    from tapdeck.schema.runs import RolloutTemplate
+
+    # An oracle run whose process died before its rollout ran: its local server starts no engine.
+    plan = RunPlan(tasks=["hello-file"], rollout=RolloutTemplate(harness="oracle", timeout_s=120))
+    run = asyncio.run(BatchRunner(None, data_dir=tmp_path, default_engine=None).create(plan))
+    result = CliRunner().invoke(app, ["rollout", "--resume", run.id, "--data-dir", str(tmp_path),
+                                      "--engine", dead_engine_url, "--engine-model", "m"])
+    assert result.exit_code == EXIT_USAGE, result.output
+    assert result.output.strip() == (
+        f"tapdeck rollout: --resume runs run {run.id}'s stored plan, whose harness oracle calls no "
+        "model, so --engine, --engine-model would be ignored; drop them")
+    [again] = BatchRunner(None, data_dir=tmp_path, default_engine=None).list()
+    assert again.counts.done == 0  # nothing was run
+
+
 def test_a_dead_engine_behind_a_server_exits_1_as_a_local_one_does(models_only_server: Any,
                                                                     dead_engine_url: str) -> None:
     result = _remote(models_only_server, "--engine", dead_engine_url, "--timeout", "120")
