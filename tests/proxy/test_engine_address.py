@@ -143,7 +143,7 @@ def test_a_server_naming_a_wrong_address_does_not_start_and_frees_its_port(
         sock.bind(("127.0.0.1", port))
 
 
-@pytest.mark.parametrize("command", [["serve", "--port", "0"], ["tui"], ["rollout", "--harness", "oracle"]])
+@pytest.mark.parametrize("command", [["serve", "--port", "0"], ["tui"], ["rollout", "--harness", "terminus-2"]])
 def test_commands_refuse_a_wrong_engine_address_in_one_line(
         command: list[str], tmp_path: Path, dead_engine_url: str) -> None:
     bare = dead_engine_url.removesuffix("/v1").removeprefix("http://")
