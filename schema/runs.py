@@ -243,6 +243,11 @@ class RunSummary(BaseModel):
     embedded engine, else the engine's base URL (a plan's "embedded" names the server's default
     engine, which may be a URL), or `NO_ENGINE` for a harness that calls no model. None for a run
     an older tapdeck wrote."""
+    engine_model_used: str | None = None
+    """The model name those calls named (the plan's `engine_model`, else the server's default
+    engine's), settled with `engine_used`; None when none was named (the engine's only served
+    model), for a harness that calls no model, or for a run an older tapdeck wrote. A resume
+    calls the same engine and model again."""
 
 
 class RunList(BaseModel):
@@ -261,6 +266,11 @@ class ExportRequest(BaseModel):
     """`POST /admin/runs/{id}/export` body."""
 
     format: Literal["jsonl", "parquet"] = "jsonl"
+
+    @field_validator("format", mode="before")
+    @classmethod
+    def _any_case(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value  # as `tapdeck export --format`
 
 
 class ExportResult(BaseModel):

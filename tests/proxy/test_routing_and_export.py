@@ -434,3 +434,28 @@ def test_export_says_an_unreadable_results_line_once_as_its_own_warning(tmp_path
         f"tapdeck export: warning: {results}:1: not a rollout result (rollout_id: Field "
         "required), skipped"]
     assert res.stdout.startswith(f"wrote 0 turn row(s) to {data / 'exports' / 'r1.jsonl'}")
+
+
+@pytest.mark.parametrize("given", ["JSONL", "Parquet"])
+async def test_the_servers_run_export_takes_its_format_in_any_case_as_the_cli_does(
+        given: str, tmp_path: Path):
+    from tapdeck.runner.api import create_runner_router
+    from tapdeck.runner.batch import RunPlan
+
+    data = _data_with_run(tmp_path, "")
+    (data / "runs" / "r1" / "plan.json").write_text(json.dumps(
+        {"plan": RunPlan(k=1).model_dump(mode="json"), "tasks": [{"name": "t", "path": "t"}],
+         "created_at": 0.0}))
+    service = CaptureService(Store(data / "capture.db"), default_engine=None,
+                             public_url="http://127.0.0.1:9")
+    server = create_app(service, admin_key="k", routers=[
+        create_runner_router(service, data_dir=data, default_engine=None)])
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=server),
+                                 base_url="http://server") as client:
+        resp = await client.post("/admin/runs/r1/export", json={"format": given},
+                                 headers={"Authorization": "Bearer k"})
+        refused = await client.post("/admin/runs/r1/export", json={"format": "csv"},
+                                    headers={"Authorization": "Bearer k"})
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["path"].endswith(f"export.{given.lower()}")
+    assert refused.status_code == 422
