@@ -31,6 +31,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from tapdeck.proxy.atomic_write import atomic_write
+from tapdeck.proxy.engine_address import shown_url
 from tapdeck.proxy.tiers import EngineSpec
 from tapdeck.runner.engines import EMBEDDED, EngineChoiceError, resolve_engine
 from tapdeck.runner.rollout import RolloutSpec, run_rollout
@@ -121,6 +122,8 @@ class _Run:
         """Lines of results.jsonl that hold a result this version cannot read (`file:line: why`)."""
         self.engine_used: str | None = None
         """`RunSummary.engine_used`: the engine its rollouts last started on."""
+        self.engine_model: str | None = None
+        """`RunSummary.engine_model_used`: the model name those rollouts' calls named."""
 
     def rollout_ids(self) -> list[tuple[int, int, str]]:
         return [(g, i, rollout_id(self.id, g, i))
@@ -139,6 +142,10 @@ def _cancel_if_started(task: asyncio.Task[None]) -> None:
     when it starts (and records a plain `cancelled` result)."""
     if inspect.getcoroutinestate(task.get_coro()) != inspect.CORO_CREATED:
         task.cancel()
+
+
+def _model_of(engine: EngineSpec | None) -> str | None:
+    return engine.model if engine is not None else None
 
 
 def rollout_id(run_id: str, group: int, index: int) -> str:
@@ -164,7 +171,7 @@ def summarize(run: _Run) -> RunSummary:
         mean_reward=mean_reward(r.reward for r in finished),
         pass_rate=pass_rate(r.reward for r in finished),
         failures=dict(failures), error=run.error, path=str(run.path), left_out=run.left_out,
-        engine_used=run.engine_used)
+        engine_used=run.engine_used, engine_model_used=run.engine_model)
 
 
 RolloutFn = Callable[..., Awaitable[RolloutResult]]
@@ -211,7 +218,7 @@ class BatchRunner:
                                   "plan": plan.model_dump(mode="json"), "tasks": tasks,
                                   "left_out": left_out})
         run = _Run(run_id, path, plan, tasks, created, left_out)
-        run.engine_used = self._engine_used(engine)
+        run.engine_used, run.engine_model = self._engine_used(engine), _model_of(engine)
         with self._runs_lock:
             self._runs[run_id] = run
         self._write_state(run, "running")
@@ -232,6 +239,30 @@ class BatchRunner:
                                   reasoning_parser=template.engine_reasoning_parser)
         except EngineChoiceError as exc:
             raise PlanError(str(exc)) from exc
+
+    def _resumed_engine(self, run: _Run) -> EngineSpec | None:
+        """The engine the run's rollouts call when it (re)starts: the plan's, unless the run
+        recorded another (its plan's "embedded" named the default engine of a server started with
+        another engine): then the recorded engine and model again, since the rollouts of one run
+        must come from one engine. PlanError for an embedded-engine run on a server whose default
+        engine is a URL (it has no embedded engine to call)."""
+        engine = self._engine(run.plan)
+        used, model = run.engine_used, run.engine_model
+        if engine is None or used is None or used == NO_ENGINE:
+            return engine  # a run an older tapdeck wrote: which engine it called is not known
+        if self._engine_used(engine) == used:
+            return engine if model is None or engine.model == model else engine.model_copy(
+                update={"model": model})
+        if used == EMBEDDED:
+            raise PlanError(f"run {run.id}'s rollouts called the embedded engine and this server's "
+                            f"engine is {shown_url(engine.base_url)}: resume it on a server started "
+                            "without --engine, so that all its rollouts come from one engine")
+        template = run.plan.rollout
+        try:
+            return resolve_engine(used, model=model, tool_parser=template.engine_tool_parser,
+                                  reasoning_parser=template.engine_reasoning_parser)
+        except EngineChoiceError as exc:  # a run.json edited by hand
+            raise PlanError(f"run {run.id} records an engine that is not an address: {exc}") from None
 
     def _engine_used(self, engine: EngineSpec | None) -> str:
         """What `RunSummary.engine_used` says of a run whose rollouts call `engine`."""
@@ -270,6 +301,7 @@ class BatchRunner:
             raise RunElsewhere(run_id, pid)
         try:
             self._check_results(run)
+            self._resumed_engine(run)
         except PlanError:
             run.lock.release()
             raise
@@ -300,8 +332,8 @@ class BatchRunner:
         The rollouts use `service` (default: this runner's) for their capture sessions."""
         service = self.service if service is None else service
         run = self._load(run_id)
-        engine = self._engine(run.plan)
-        run.engine_used = self._engine_used(engine)  # a resume may run on another default engine
+        engine = self._resumed_engine(run)
+        run.engine_used, run.engine_model = self._engine_used(engine), _model_of(engine)
         self._write_state(run, "running")
         pending = [(g, i, rid) for g, i, rid in run.rollout_ids()
                    if rid not in run.results or run.results[rid].error_kind in RERUN_ON_RESUME]
@@ -483,6 +515,7 @@ class BatchRunner:
         run.finished_at = state_doc.get("finished_at")
         run.error = state_doc.get("error")
         run.engine_used = state_doc.get("engine_used")
+        run.engine_model = state_doc.get("engine_model_used")
         if state == "running" and (pid := run.lock.holder()) is not None:
             # Another process on this data dir runs it: read again on every look, never kept, as
             # that process alone sees its rollouts and its end.
@@ -498,7 +531,8 @@ class BatchRunner:
         run.state = state
         _write_json(run.path / STATE, {"state": state, "created_at": run.created_at,
                                        "finished_at": run.finished_at, "error": run.error,
-                                       "engine_used": run.engine_used})
+                                       "engine_used": run.engine_used,
+                                       "engine_model_used": run.engine_model})
 
     # ----------------------------------------------------------------- export
 

@@ -135,7 +135,8 @@ def register(app: typer.Typer) -> None:
                                              help="Admin key of --server (default: <data-dir>/admin.key)."),
         resume: str | None = typer.Option(None, "--resume", help="Resume an interrupted run by id "
                                           "(finished rollouts are not redone; it runs its stored "
-                                          "plan, so plan options are refused with it), or "
+                                          "plan on the engine it used, so plan options and "
+                                          "another --engine are refused with it), or "
                                           "follow it if it is running."),
         token_in: bool | None = typer.Option(
             None, "--token-in/--no-token-in", help="Continue held conversations from their token "
@@ -195,14 +196,19 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"tapdeck rollout: {validation_line(exc)}", err=True)
             raise typer.Exit(EXIT_USAGE) from None
         if resume is not None:
+            resumed = _check_local_run(data, resume)
             # A resumed run runs its stored plan: its harness, not the option's default, decides.
-            harness = _check_local_run(data, resume).rollout.harness
+            harness = resumed.plan.rollout.harness
             if not makes_model_calls(harness) and (given := _flags_given(ctx, LOCAL_ENGINE_OPTIONS)):
                 # Its server starts no engine, so these would start nothing.
                 typer.echo(f"tapdeck rollout: --resume runs run {resume}'s stored plan, whose "
                            f"harness {harness} calls no model, so {', '.join(given)} would be "
                            "ignored; drop them", err=True)
                 raise typer.Exit(EXIT_USAGE)
+            if makes_model_calls(harness):
+                url_engine, engine_model = _resumed_engine(ctx, resumed, url_engine, engine_model)
+                config = config.model_copy(update={"engine_url": url_engine,
+                                                   "engine_model": engine_model})
         _install_agent(harness)
         from tapdeck.app.host import LocalServer
 
@@ -245,10 +251,10 @@ def register(app: typer.Typer) -> None:
         raise typer.Exit(code)
 
 
-def _check_local_run(data: Path, run_id: str) -> RunPlan:
-    """The stored plan of the run to resume; exits before a server and engine are started for
-    nothing: 1 when the run is not in `data` or its plan.json cannot be read back, 0 when every
-    rollout of it ran to its end."""
+def _check_local_run(data: Path, run_id: str) -> RunSummary:
+    """The run to resume (its stored plan, the engine it used); exits before a server and engine
+    are started for nothing: 1 when the run is not in `data` or its plan.json cannot be read
+    back, 0 when every rollout of it ran to its end."""
     from tapdeck.runner.batch import PLAN, BatchRunner, RunElsewhere, RunUnreadable
     from tapdeck.runner.run_lock import RunLock
 
@@ -268,7 +274,66 @@ def _check_local_run(data: Path, run_id: str) -> RunPlan:
     if (done := _already_complete(RunDetail(**dict(summary), rollouts=rollouts))) is not None:
         typer.echo(done)
         raise typer.Exit(EXIT_OK)
-    return summary.plan
+    return summary
+
+
+def _resumed_engine(ctx: typer.Context, run: RunSummary, url_engine: str | None,
+                    engine_model: str | None) -> tuple[str | None, str | None]:
+    """The engine (a URL, or None: the embedded one) and model a local resume of `run` starts
+    its server with: the ones its rollouts called, which --engine/--engine-model may name again
+    but not change (exit 2: the rollouts of one run must come from one engine). A run an older
+    tapdeck wrote does not say which it called: the options decide, with a warning."""
+    from tapdeck.proxy.engine_address import shown_url
+    from tapdeck.runner.engines import EMBEDDED
+
+    used = run.engine_used
+    if used is None:
+        how = ("as --engine says" if url_engine is not None
+               else "(give the --engine it was started with if it ran on another)")
+        typer.echo(f"tapdeck rollout: warning: run {run.id} does not record the engine its "
+                   f"rollouts called (an older tapdeck ran it); resuming on "
+                   f"{_engine_words(url_engine)} {how}", err=True)
+        return url_engine, engine_model
+    used_url = None if used == EMBEDDED else used
+    model_used = run.plan.rollout.engine_model or run.engine_model_used
+    if _given(ctx, "engine") and not _same_engine(url_engine, used_url):
+        given = shown_url(ctx.params["engine"])
+        typer.echo(f"tapdeck rollout: run {run.id}'s rollouts called {_engine_words(used_url)}, "
+                   f"not --engine {given}, and the rollouts of one run must come from one engine: "
+                   f"drop --engine to resume on the engine it used, or start a new run with "
+                   f"--engine {given}", err=True)
+        raise typer.Exit(EXIT_USAGE)
+    if engine_model is not None and model_used is not None and engine_model != model_used:
+        typer.echo(f"tapdeck rollout: run {run.id}'s rollouts called model {model_used!r}, not "
+                   f"--engine-model {engine_model!r}, and the rollouts of one run must come from "
+                   "one model: drop --engine-model to resume on the one it used, or start a new "
+                   "run with it", err=True)
+        raise typer.Exit(EXIT_USAGE)
+    if used_url is None:
+        return None, engine_model
+    if url_engine is None:
+        typer.echo(f"resuming on the engine the run used: {shown_url(used_url)}", err=True)
+    return used_url, engine_model or model_used
+
+
+def _same_engine(given: str | None, used: str | None) -> bool:
+    """Whether the engine address `given` (None: the embedded engine) names the engine a run
+    recorded as `used`, the base URL it settled to (`HOST:PORT` names `http://HOST:PORT/v1`)."""
+    from tapdeck.runner.engines import EngineChoiceError, normalize_engine_url
+
+    if given is None or used is None:
+        return given is used
+    try:
+        return normalize_engine_url(given) in (used, used.removesuffix("/v1"))
+    except EngineChoiceError:  # not an address at all: not the one the run called
+        return False
+
+
+def _engine_words(url: str | None) -> str:
+    """An engine as a message names it: `the embedded engine`, or its URL (no credentials)."""
+    from tapdeck.proxy.engine_address import shown_url
+
+    return "the embedded engine" if url is None else f"the engine at {shown_url(url)}"
 
 
 def _already_complete(run: RunDetail) -> str | None:
@@ -297,7 +362,7 @@ def _drive_remote(server: str, admin_key: str | None, data: Path, plan: RunPlan,
         typer.echo(f"tapdeck rollout: {admin_key_refusal(data, found=False)}", err=True)
         raise typer.Exit(EXIT_COULD_NOT_RUN)
     raise typer.Exit(_drive(base, key, plan, resume, resume_hint=f"--server {base}",
-                            key_dir=None if admin_key else data))
+                            key_dir=None if admin_key else data, say_engine=True))
 
 
 @contextlib.contextmanager
@@ -443,13 +508,15 @@ class NothingToResume(Exception):
 
 def _drive(base: str, key: str | None, plan: RunPlan, resume: str | None, *,
            resume_hint: str, tiny_engine: bool = False,
-           engine_gone: Callable[[], str | None] | None = None, key_dir: Path | None = None) -> int:
+           engine_gone: Callable[[], str | None] | None = None, key_dir: Path | None = None,
+           say_engine: bool = False) -> int:
     """Submit (or resume) the run, follow it until it ends, print the table; the exit code.
 
     `resume_hint` is what `tapdeck rollout --resume RUN` needs to find the run again; `key_dir`
-    is where a key the server rejects was looked for (a server of another process)."""
+    is where a key the server rejects was looked for (a server of another process);
+    `say_engine`: say which engine a resume runs on (a local one said it before it started)."""
     try:
-        summary = asyncio.run(_submit(base, key, plan, resume))
+        summary = asyncio.run(_submit(base, key, plan, resume, say_engine=say_engine))
     except NothingToResume as exc:
         typer.echo(str(exc))
         return EXIT_OK
@@ -515,9 +582,11 @@ def _engine_failure(doc: RunDetail, resume_command: str,
     return None
 
 
-async def _submit(base: str, key: str | None, plan: RunPlan, resume: str | None) -> RunSummary:
+async def _submit(base: str, key: str | None, plan: RunPlan, resume: str | None, *,
+                  say_engine: bool = False) -> RunSummary:
     """Start the plan's run, or resume run `resume` (follow it when it is running; raise
-    NothingToResume, resuming nothing, when every rollout of it ran to its end)."""
+    NothingToResume, resuming nothing, when every rollout of it ran to its end). `say_engine`:
+    say which engine the server resumes it on."""
     client = TapdeckClient(base, key, timeout=30.0)
     try:
         if resume is None:
@@ -529,7 +598,10 @@ async def _submit(base: str, key: str | None, plan: RunPlan, resume: str | None)
         if run is not None and (done := _already_complete(run)) is not None:
             raise NothingToResume(done)
         try:
-            return await client.resume_run(resume)
+            resumed = await client.resume_run(resume)
+            if run is not None and say_engine:
+                _say_engine_of_remote_resume(run)
+            return resumed
         except ApiError as exc:
             if exc.status != 409:
                 raise
@@ -543,6 +615,22 @@ async def _submit(base: str, key: str | None, plan: RunPlan, resume: str | None)
             return run
     finally:
         await client.aclose()
+
+
+def _say_engine_of_remote_resume(run: RunSummary) -> None:
+    """The line saying which engine a server resumes `run` on: the one it recorded (the server
+    calls it again), or a warning that an older tapdeck recorded none."""
+    from tapdeck.proxy.engine_address import shown_url
+    from tapdeck.runner.engines import EMBEDDED
+
+    if not makes_model_calls(run.plan.rollout.harness):
+        return
+    if run.engine_used is None:
+        typer.echo(f"tapdeck rollout: warning: run {run.id} does not record the engine its "
+                   "rollouts called (an older tapdeck ran it); the server resumes it on its own "
+                   "engine", err=True)
+    elif run.engine_used != EMBEDDED:
+        typer.echo(f"resuming on the engine the run used: {shown_url(run.engine_used)}", err=True)
 
 
 class _Backoff:
