@@ -305,14 +305,24 @@ class BatchRunner:
         except PlanError:
             run.lock.release()
             raise
+        # Running from now: the reply to a resume, and every read after it, say so before the
+        # task (on another loop) gets to write it; a poll seeing "interrupted" took it as ended.
+        run.state = "running"
         here = asyncio.get_running_loop()
         if self._loop is None:
             run.task = here.create_task(self.run(run_id), name=f"tapdeck-{run_id}")
         else:
             run.task = self._loop.spawn(self.run(run_id, ServiceOnItsLoop(self.service, here)),
                                         name=f"tapdeck-{run_id}")
-        # On the task's end, however it ends (a task cancelled before it started runs no finally).
-        run.task.add_done_callback(lambda _task: run.lock.release())
+
+        def ended(_task: Any) -> None:
+            # However it ends: a task cancelled before it started runs no finally, nor says how
+            # it ended.
+            if run.state == "running":
+                run.state = "interrupted"
+            run.lock.release()
+
+        run.task.add_done_callback(ended)
         return run.task
 
     @staticmethod

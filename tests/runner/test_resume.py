@@ -3,6 +3,7 @@ finished result line, cancelled, or ended by an engine that went away)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -57,3 +58,23 @@ async def test_resume_after_a_crash_runs_only_the_unfinished_rollouts(runner_ser
     lines = (run_dir / RESULTS).read_text().splitlines()
     parsed = [json.loads(line) for line in lines if line.endswith("}")]
     assert [p["rollout_id"] for p in parsed].count(done.rollout_id) == 1
+
+
+async def test_a_resumed_run_reads_running_from_its_start_and_interrupted_if_cancelled_unstarted(
+        tmp_path: Path) -> None:
+    # A client polling a resumed run for its end read the old "interrupted" until the run's task
+    # got to write "running" on the runner's loop, and took the run as ended.
+    crashed = BatchRunner(None, data_dir=tmp_path, default_engine=None)
+    run_id = (await crashed.create(RunPlan(harness="oracle", tasks=["hello-file"], k=1))).id
+    resumed = BatchRunner(None, data_dir=tmp_path, default_engine=None)
+    assert resumed.get(run_id)[0].state == "interrupted"
+    task = resumed.start(run_id)  # a task on this loop: it runs nothing before this test yields
+    assert resumed.get(run_id)[0].state == "running"
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert resumed.get(run_id)[0].state == "interrupted"
+    again = resumed.start(run_id)  # the lock was given back
+    again.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await again
