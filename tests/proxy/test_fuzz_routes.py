@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import traceback
 from collections.abc import Iterator
 from typing import Any
 
@@ -224,7 +225,10 @@ class _TracebackCatcher(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         text = record.getMessage()
         if record.exc_info or "Traceback" in text or record.levelno >= logging.ERROR:
-            self.bad.append(f"{record.name}: {text} {record.exc_info!r}")
+            # The whole traceback: the example hypothesis reports may be a later one (the log is
+            # checked per test, not per example), so the trace is what names the failing input.
+            trace = "".join(traceback.format_exception(*record.exc_info)) if record.exc_info else ""
+            self.bad.append(f"{record.name}: {text}\n{trace}")
 
 
 # ----------------------------------------------------------------------------- the server
