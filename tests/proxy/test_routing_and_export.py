@@ -209,6 +209,22 @@ def _data_with_run(tmp_path: Path, results_text: str) -> Path:
     return data
 
 
+def _run_export_client(data: Path, k: int) -> httpx.AsyncClient:
+    """An admin client (key `k`) of a server on `data` whose run `r1` has a plan of `k` rollouts."""
+    from tapdeck.runner.api import create_runner_router
+    from tapdeck.runner.batch import RunPlan
+
+    (data / "runs" / "r1" / "plan.json").write_text(json.dumps(
+        {"plan": RunPlan(k=k).model_dump(mode="json"), "tasks": [{"name": "t", "path": "t"}],
+         "created_at": 0.0}))
+    service = CaptureService(Store(data / "capture.db"), default_engine=None,
+                             public_url="http://127.0.0.1:9")
+    server = create_app(service, admin_key="k", routers=[
+        create_runner_router(service, data_dir=data, default_engine=None)])
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=server), base_url="http://server",
+                             headers={"Authorization": "Bearer k"})
+
+
 def test_export_leaves_out_rollouts_that_did_not_end_ok_unless_asked(upstream, make_server,
                                                                      admin_for, tmp_path: Path):
     from tapdeck.app.cli import app
@@ -284,23 +300,13 @@ def test_export_refuses_a_run_whose_sessions_are_not_in_the_store(tmp_path: Path
 async def test_the_servers_run_export_refuses_a_run_with_sessions_missing_as_the_cli_does(
         tmp_path: Path):
     from tapdeck.app.cli import app as cli
-    from tapdeck.runner.api import create_runner_router
-    from tapdeck.runner.batch import RunPlan, rollout_id
+    from tapdeck.runner.batch import rollout_id
 
     data = _data_with_run(tmp_path, "".join(
         json.dumps({"rollout_id": rollout_id("r1", 0, i), "task": "t", "group": 0, "index": i,
                     "ok": True, "session_id": f"s-gone{i}"}) + "\n" for i in range(2)))
-    (data / "runs" / "r1" / "plan.json").write_text(json.dumps(
-        {"plan": RunPlan(k=2).model_dump(mode="json"), "tasks": [{"name": "t", "path": "t"}],
-         "created_at": 0.0}))
-    service = CaptureService(Store(data / "capture.db"), default_engine=None,
-                             public_url="http://127.0.0.1:9")
-    server = create_app(service, admin_key="k", routers=[
-        create_runner_router(service, data_dir=data, default_engine=None)])
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=server),
-                                 base_url="http://server") as client:
-        resp = await client.post("/admin/runs/r1/export", json={"format": "jsonl"},
-                                 headers={"Authorization": "Bearer k"})
+    async with _run_export_client(data, k=2) as client:
+        resp = await client.post("/admin/runs/r1/export", json={"format": "jsonl"})
     said = CliRunner().invoke(cli, ["export", "r1", "--data-dir", str(data)]).output.strip()
     assert resp.status_code == 409
     assert resp.json()["detail"] == said.removeprefix("tapdeck export: ") == (
@@ -439,23 +445,9 @@ def test_export_says_an_unreadable_results_line_once_as_its_own_warning(tmp_path
 @pytest.mark.parametrize("given", ["JSONL", "Parquet"])
 async def test_the_servers_run_export_takes_its_format_in_any_case_as_the_cli_does(
         given: str, tmp_path: Path):
-    from tapdeck.runner.api import create_runner_router
-    from tapdeck.runner.batch import RunPlan
-
-    data = _data_with_run(tmp_path, "")
-    (data / "runs" / "r1" / "plan.json").write_text(json.dumps(
-        {"plan": RunPlan(k=1).model_dump(mode="json"), "tasks": [{"name": "t", "path": "t"}],
-         "created_at": 0.0}))
-    service = CaptureService(Store(data / "capture.db"), default_engine=None,
-                             public_url="http://127.0.0.1:9")
-    server = create_app(service, admin_key="k", routers=[
-        create_runner_router(service, data_dir=data, default_engine=None)])
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=server),
-                                 base_url="http://server") as client:
-        resp = await client.post("/admin/runs/r1/export", json={"format": given},
-                                 headers={"Authorization": "Bearer k"})
-        refused = await client.post("/admin/runs/r1/export", json={"format": "csv"},
-                                    headers={"Authorization": "Bearer k"})
+    async with _run_export_client(_data_with_run(tmp_path, ""), k=1) as client:
+        resp = await client.post("/admin/runs/r1/export", json={"format": given})
+        refused = await client.post("/admin/runs/r1/export", json={"format": "csv"})
     assert resp.status_code == 200, resp.text
     assert resp.json()["path"].endswith(f"export.{given.lower()}")
     assert refused.status_code == 422
