@@ -148,7 +148,8 @@ def message_view(message: Mapping[str, Any]) -> MessageView:
                             for part in content)
     text = str(content or "")
     calls = []
-    for call in message.get("tool_calls") or []:
+    given = message.get("tool_calls")  # the call's own body: the view reads it, never refuses it
+    for call in given if isinstance(given, list) else []:
         function = call.get("function") if isinstance(call, Mapping) else None
         if isinstance(function, Mapping):
             calls.append(ToolCallView(name=str(function.get("name") or "?"),

@@ -104,3 +104,16 @@ def test_message_view_keeps_the_tail_of_a_long_observation() -> None:
     view = message_view({"role": "user", "content": [{"type": "text", "text": text}]})
     assert view.truncated and view.text.endswith("exit code 1") and len(view.text) == TEXT_TAIL
     assert not view.text.startswith("head")
+
+
+def test_a_prompt_whose_tool_calls_are_not_a_list_is_viewed_without_them_not_failed() -> None:
+    # A malformed prompt the engine answers anyway (the route fuzz test's input) failed the call
+    # with a 500: the activity view iterated `tool_calls` whatever it was.
+    log = ActivityLog(clock=lambda: 100.0)
+    for odd in (1.5, 60, "call", {"function": {"name": "f"}}):
+        prompt = [{"role": "user", "content": "Hi"},
+                  {"role": "assistant", "content": "x", "tool_calls": odd}]
+        with log.call("s", {"messages": prompt}, {}):
+            pass
+        assert message_view(prompt[1]).tool_calls == [], odd
+    assert log.snapshot("s").errors == 0
