@@ -16,6 +16,7 @@ import httpx
 from rich.cells import cell_len
 
 from tapdeck.app.client import ApiError
+from tapdeck.runner.harnesses import calls_a_model
 from tapdeck.schema.findings import Finding, Level
 from tapdeck.schema.runs import (
     ENDED_PHASES,
@@ -668,20 +669,10 @@ def fmt_rate(value: Any) -> str:
     return f"{float(value) * 100:.0f}%"
 
 
-def makes_model_calls(harness: str) -> bool:
-    """Whether a harness calls a model (False for oracle, nop); an unknown one is assumed to."""
-    from tapdeck.runner.harnesses import get_harness
-
-    try:
-        return get_harness(harness).makes_model_calls
-    except KeyError:
-        return True
-
-
 def ran_with(settings: ResolvedSettings, harness: str) -> str:
     """What a rollout of `harness` ran with, each value with its source: the timeouts, then the
     context, output, turns and sampling, which mean nothing where the harness calls no model."""
-    if makes_model_calls(harness):
+    if calls_a_model(harness):
         return settings.line()
     return f"{settings.timeouts_line()} (no model calls)"
 

@@ -215,6 +215,14 @@ def get_harness(name: str) -> Harness:
                    "(or any Harbor agent as module:Class)")
 
 
+def calls_a_model(name: str) -> bool:
+    """Whether harness `name` calls a model (False for oracle, nop); an unknown one is assumed to."""
+    try:
+        return get_harness(name).makes_model_calls
+    except KeyError:
+        return True
+
+
 def strip_secrets(env: dict[str, str] | None, session_key: str | None) -> dict[str, str]:
     """Drop credential-looking variables (other than the session key) from an env mapping."""
     return {k: v for k, v in (env or {}).items()

@@ -37,7 +37,7 @@ from pydantic import ValidationError
 
 from tapdeck.app.client import ApiError, TapdeckClient, admin_key_refusal
 from tapdeck.app.commands.run_table import print_run_table
-from tapdeck.app.views import makes_model_calls
+from tapdeck.runner.harnesses import calls_a_model
 from tapdeck.runner.rollout_settings import (
     DEFAULT_HARD_LIMIT_S,
     DEFAULT_MAX_TURNS,
@@ -199,13 +199,13 @@ def register(app: typer.Typer) -> None:
             resumed = _check_local_run(data, resume)
             # A resumed run runs its stored plan: its harness, not the option's default, decides.
             harness = resumed.plan.rollout.harness
-            if not makes_model_calls(harness) and (given := _flags_given(ctx, LOCAL_ENGINE_OPTIONS)):
+            if not calls_a_model(harness) and (given := _flags_given(ctx, LOCAL_ENGINE_OPTIONS)):
                 # Its server starts no engine, so these would start nothing.
                 typer.echo(f"tapdeck rollout: --resume runs run {resume}'s stored plan, whose "
                            f"harness {harness} calls no model, so {', '.join(given)} would be "
                            "ignored; drop them", err=True)
                 raise typer.Exit(EXIT_USAGE)
-            if makes_model_calls(harness):
+            if calls_a_model(harness):
                 url_engine, engine_model = _resumed_engine(ctx, resumed, url_engine, engine_model)
                 config = config.model_copy(update={"engine_url": url_engine,
                                                    "engine_model": engine_model})
@@ -214,7 +214,7 @@ def register(app: typer.Typer) -> None:
 
         plan.rollout.engine = "embedded"  # the server's default engine is the one asked for
         # A run of oracle or nop calls no model: no engine is started (nor need one answer).
-        with_engine = makes_model_calls(harness)
+        with_engine = calls_a_model(harness)
         if not with_engine:
             starting = f" (no engine: {harness} calls no model)…"
         elif url_engine:
@@ -623,7 +623,7 @@ def _say_engine_of_remote_resume(run: RunSummary) -> None:
     from tapdeck.proxy.engine_address import shown_url
     from tapdeck.runner.engines import EMBEDDED
 
-    if not makes_model_calls(run.plan.rollout.harness):
+    if not calls_a_model(run.plan.rollout.harness):
         return
     if run.engine_used is None:
         typer.echo(f"tapdeck rollout: warning: run {run.id} does not record the engine its "
