@@ -26,13 +26,13 @@ from tapdeck.proxy.config import (
     secure_data_dir,
     write_admin_key,
 )
-from tapdeck.proxy.engine_address import settle_blocking
-from tapdeck.proxy.server import create_app
+from tapdeck.proxy.upstream.address import settle_blocking
+from tapdeck.proxy.http.app import create_app
 from tapdeck.proxy.service import CaptureService
-from tapdeck.proxy.serving import ThreadedServer, bind_socket
-from tapdeck.proxy.store import Store
-from tapdeck.proxy.tiers import EngineSpec
-from tapdeck.proxy.toolcalls import EMBEDDED_TOOL_PARSER
+from tapdeck.proxy.http.uvicorn_thread import ThreadedServer, bind_socket
+from tapdeck.proxy.store.database import Store
+from tapdeck.proxy.upstream.tiers import EngineSpec
+from tapdeck.proxy.upstream.toolcalls import EMBEDDED_TOOL_PARSER
 from tapdeck.runner.api import SHUTDOWN_GRACE_S, create_runner_router
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tapdeck.proxy.atomic_write import atomic_write
+from tapdeck.proxy.store.atomic_write import atomic_write
 
 
 def default_settings_path(data_dir: Path | None = None) -> Path:

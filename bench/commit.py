@@ -35,13 +35,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 from proxy import Upstream, words  # noqa: E402  (bench/proxy.py's upstream)
 
-from tapdeck.proxy.engine_client import EngineClient  # noqa: E402
-from tapdeck.proxy.graph import RolloutGraph  # noqa: E402
-from tapdeck.proxy.interning import Interner  # noqa: E402
-from tapdeck.proxy.store import Store  # noqa: E402
-from tapdeck.proxy.tokens import PromptIdsMemo, loads_with_prompt_ids  # noqa: E402
-from tapdeck.proxy.turn import Turn  # noqa: E402
-from tapdeck.proxy.validation import validate_turn  # noqa: E402
+from tapdeck.proxy.upstream.client import EngineClient  # noqa: E402
+from tapdeck.proxy.capture.graph import RolloutGraph  # noqa: E402
+from tapdeck.proxy.capture.interning import Interner  # noqa: E402
+from tapdeck.proxy.store.database import Store  # noqa: E402
+from tapdeck.proxy.capture.tokens import PromptIdsMemo, loads_with_prompt_ids  # noqa: E402
+from tapdeck.proxy.capture.turn import Turn  # noqa: E402
+from tapdeck.proxy.capture.validation import validate_turn  # noqa: E402
 
 PARTS = ("add", "stats", "append_turn")
 SAMPLING = {"requested": {"max_tokens": 64, "temperature": 1.0},

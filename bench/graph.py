@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from tapdeck.proxy.export import rollout_document, training_trace
-from tapdeck.proxy.graph import RolloutGraph
-from tapdeck.proxy.store import Store
-from tapdeck.proxy.turn import Turn
+from tapdeck.proxy.capture.export import rollout_document, training_trace
+from tapdeck.proxy.capture.graph import RolloutGraph
+from tapdeck.proxy.store.database import Store
+from tapdeck.proxy.capture.turn import Turn
 
 
 def make_turns(n_turns: int, new: int, first: int = 1000, seed: int = 0) -> list[Turn]:

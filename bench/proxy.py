@@ -141,7 +141,7 @@ def upstream_app(up: Upstream, latency_s: float = 0.0) -> Any:
 
 def serve_upstream(port: int, latency_s: float) -> None:
     """Run the upstream in this process until killed."""
-    from tapdeck.proxy.serving import ThreadedServer
+    from tapdeck.proxy.http.uvicorn_thread import ThreadedServer
 
     server = ThreadedServer(upstream_app(Upstream(), latency_s), "127.0.0.1", port,
                             name="bench-upstream").start()

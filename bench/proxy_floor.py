@@ -26,8 +26,8 @@ import numpy as np
 import orjson
 import uvicorn
 
-from tapdeck.proxy.tokens import PromptIdsMemo, loads_with_prompt_ids
-from tapdeck.proxy.upstream_http import UpstreamHTTP
+from tapdeck.proxy.capture.tokens import PromptIdsMemo, loads_with_prompt_ids
+from tapdeck.proxy.upstream.transport import UpstreamHTTP
 
 SCHEMA = ("CREATE TABLE IF NOT EXISTS calls (session TEXT, seq INTEGER, request BLOB, prompt_ids BLOB, "
           "sampled_ids BLOB, logprobs BLOB, reply BLOB)")

@@ -30,11 +30,11 @@ from graph import make_turns  # noqa: E402
 
 from tapdeck.app.views import LiveGraph, rollout_nodes  # noqa: E402
 from tapdeck.app.widgets.rollout_tree import RolloutTree  # noqa: E402
-from tapdeck.proxy.graph import RolloutGraph  # noqa: E402
-from tapdeck.proxy.server import create_app  # noqa: E402
+from tapdeck.proxy.capture.graph import RolloutGraph  # noqa: E402
+from tapdeck.proxy.http.app import create_app  # noqa: E402
 from tapdeck.proxy.service import CaptureService  # noqa: E402
-from tapdeck.proxy.serving import ThreadedServer  # noqa: E402
-from tapdeck.proxy.store import Store  # noqa: E402
+from tapdeck.proxy.http.uvicorn_thread import ThreadedServer  # noqa: E402
+from tapdeck.proxy.store.database import Store  # noqa: E402
 from tapdeck.schema.sessions import GraphTurn, GraphView  # noqa: E402
 
 SESSION = "s-00000000000000be"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, field_validator
 
-from tapdeck.proxy.atomic_write import atomic_write
+from tapdeck.proxy.store.atomic_write import atomic_write
 from tapdeck.schema.addresses import check_public_url
 
 DATA_DIR_ENV = "TAPDECK_DATA_DIR"

@@ -1,6 +1,6 @@
 """The proxy's one error family: what went wrong, for whom, and whether trying again can help.
 
-Every error the proxy answers a caller with derives from `ProxyError`; `proxy/error_reply.py`
+Every error the proxy answers a caller with derives from `ProxyError`; `proxy/http/error_reply.py`
 renders any of them in the caller's dialect (or the admin API's shape), in one place.
 """
 

@@ -1,11 +1,11 @@
 """The capture service: one server's sessions, model calls and admin reads behind one object.
 
 A thin facade the routes and the runner hold; the work is done by
-- `SessionRegistry` (proxy/session_registry.py): opening, closing, lookup, summaries;
-- `CallPipeline` (proxy/call_pipeline.py): one harness request, from path and key to the reply
-  in its dialect, with `CallCapture` (proxy/call_capture.py) calling the engine and recording the
+- `SessionRegistry` (proxy/sessions/registry.py): opening, closing, lookup, summaries;
+- `CallPipeline` (proxy/http/call_pipeline.py): one harness request, from path and key to the reply
+  in its dialect, with `CallCapture` (proxy/capture/call.py) calling the engine and recording the
   turn before the reply leaves;
-- `SessionQueries` (proxy/session_queries.py): lists, findings, the graph, exports, one turn.
+- `SessionQueries` (proxy/sessions/queries.py): lists, findings, the graph, exports, one turn.
 """
 
 from __future__ import annotations
@@ -16,20 +16,21 @@ from typing import Any
 
 import httpx
 
-from tapdeck.proxy.activity import ActivityLog
-from tapdeck.proxy.call_capture import CallCapture
-from tapdeck.proxy.call_pipeline import CallPipeline
-from tapdeck.proxy.call_reply import CallReply
-from tapdeck.proxy.engine_client import DEFAULT_TIMEOUT
-from tapdeck.proxy.events import EventBus
-from tapdeck.proxy.export import rollout_document, training_trace
-from tapdeck.proxy.findings import Finding
-from tapdeck.proxy.session_queries import SessionQueries
-from tapdeck.proxy.session_registry import SessionRegistry
-from tapdeck.proxy.sessions import SessionInfo, SessionSpec, SessionSummary
-from tapdeck.proxy.sse import KEEPALIVE_SECONDS
-from tapdeck.proxy.store import Store
-from tapdeck.proxy.tiers import EngineSpec
+from tapdeck.proxy.sessions.activity import ActivityLog
+from tapdeck.proxy.capture.call import CallCapture
+from tapdeck.proxy.http.call_pipeline import CallPipeline
+from tapdeck.proxy.http.call_reply import CallReply
+from tapdeck.proxy.upstream.client import DEFAULT_TIMEOUT
+from tapdeck.proxy.http.events import EventBus
+from tapdeck.proxy.capture.export import rollout_document, training_trace
+from tapdeck.schema.findings import Finding
+from tapdeck.proxy.sessions.queries import SessionQueries
+from tapdeck.proxy.sessions.registry import SessionRegistry
+from tapdeck.schema.sessions import SessionInfo, SessionSummary
+from tapdeck.proxy.sessions.spec import SessionSpec
+from tapdeck.proxy.http.sse import KEEPALIVE_SECONDS
+from tapdeck.proxy.store.database import Store
+from tapdeck.proxy.upstream.tiers import EngineSpec
 
 
 class CaptureService:
@@ -142,7 +143,7 @@ class CaptureService:
     async def handle_call(self, path: str, query: Mapping[str, str], headers: Mapping[str, str],
                           body: bytes | Callable[[], Awaitable[bytes]],
                           until_disconnect: Callable[[], Awaitable[None]] | None = None) -> CallReply:
-        """Answer one harness request in its own dialect (proxy/call_pipeline.py)."""
+        """Answer one harness request in its own dialect (proxy/http/call_pipeline.py)."""
         return await self.calls.handle_call(path, query, headers, body, until_disconnect)
 
 

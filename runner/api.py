@@ -24,8 +24,8 @@ from typing import Any
 from fastapi import APIRouter, Depends, HTTPException
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from tapdeck.proxy.server import require_admin
-from tapdeck.proxy.tiers import EngineSpec
+from tapdeck.proxy.http.app import require_admin
+from tapdeck.proxy.upstream.tiers import EngineSpec
 from tapdeck.runner.batch import (
     BatchRunner,
     DatasetUnreachable,

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from tapdeck.proxy.findings import Finding
+from tapdeck.schema.findings import Finding
 
 Verdict = Literal["match", "mismatch", "none"]
 

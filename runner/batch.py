@@ -30,9 +30,9 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from tapdeck.proxy.atomic_write import atomic_write
-from tapdeck.proxy.engine_address import shown_url
-from tapdeck.proxy.tiers import EngineSpec
+from tapdeck.proxy.store.atomic_write import atomic_write
+from tapdeck.proxy.upstream.address import shown_url
+from tapdeck.proxy.upstream.tiers import EngineSpec
 from tapdeck.runner.engines import EMBEDDED, EngineChoiceError, resolve_engine
 from tapdeck.runner.rollout import RolloutSpec, run_rollout
 from tapdeck.runner.run_lock import RunLock
@@ -276,7 +276,7 @@ class BatchRunner:
     async def _check_model(self, engine: EngineSpec) -> None:
         """A model name the engine does not list is refused, naming the ones it does. An engine
         that does not answer now is left to the rollouts (each then ends `engine_unreachable`)."""
-        from tapdeck.proxy.engine_address import EngineAddressError, settle
+        from tapdeck.proxy.upstream.address import EngineAddressError, settle
 
         if engine.model is None or engine is self.default_engine:
             return
@@ -551,7 +551,7 @@ class BatchRunner:
 
         RunSessionsMissing (409) when a rollout names a session the store does not have, as
         `tapdeck export` refuses it: a partial export would pass for the whole run."""
-        from tapdeck.proxy.export import check_run_sessions, write_jsonl, write_parquet
+        from tapdeck.proxy.capture.export import check_run_sessions, write_jsonl, write_parquet
 
         run = self._load(run_id)
         results = self.results(run_id)

@@ -482,7 +482,7 @@ async def url_engine_info(url: str, *, api_key: str | None = None, model: str | 
     probe, as sessions do, where an engine serves several. An unprobed engine counts as the `text`
     tier (never assume the stronger tier).
     """
-    from tapdeck.proxy.engine_address import EngineAddressError, settle, shown_url
+    from tapdeck.proxy.upstream.address import EngineAddressError, settle, shown_url
 
     name = shown_url(url)
     try:
@@ -499,8 +499,8 @@ async def url_engine_info(url: str, *, api_key: str | None = None, model: str | 
     if not probe:
         return EngineInfo(name=name, url=base, tier="text", reachable=True, served_model=served,
                           why=f"{listed}; tier not probed (counts as text until probed)", **context)
-    from tapdeck.proxy.tiers import EngineSpec
-    from tapdeck.proxy.tiers import probe as probe_tier
+    from tapdeck.proxy.upstream.tiers import EngineSpec
+    from tapdeck.proxy.upstream.tiers import probe as probe_tier
 
     try:
         result = await asyncio.wait_for(probe_tier(EngineSpec(url=base, model=model, api_key=api_key)),

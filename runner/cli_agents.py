@@ -33,7 +33,7 @@ from harbor.agents.installed.base import NonZeroAgentExitCodeError
 from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
 
-from tapdeck.proxy.engine_client import ENGINE_READ_TIMEOUT_S
+from tapdeck.proxy.upstream.client import ENGINE_READ_TIMEOUT_S
 from tapdeck.runner import agent_install
 
 AGENT_ROOT = "/installed-agent"

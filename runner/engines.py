@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 
-from tapdeck.proxy.engine_address import EngineAddressError, normalize_address
-from tapdeck.proxy.tiers import EngineSpec
+from tapdeck.proxy.upstream.address import EngineAddressError, normalize_address
+from tapdeck.proxy.upstream.tiers import EngineSpec
 
 EMBEDDED = "embedded"
 API_KEY_ENV = "TAPDECK_ENGINE_API_KEY"
@@ -25,7 +25,7 @@ def normalize_engine_url(url: str) -> str:
     """`host:port` → `http://host:port`, trailing slash dropped; the path is left as given.
 
     Which base URL an address without a path means (`/v1` or the root) is settled by the proxy
-    when a session opens, by asking the engine (tapdeck.proxy.engine_address)."""
+    when a session opens, by asking the engine (tapdeck.proxy.upstream.address)."""
     try:
         return normalize_address(url)
     except EngineAddressError as exc:

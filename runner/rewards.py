@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tapdeck.proxy.findings import Finding
+from tapdeck.schema.findings import Finding
 
 REWARD_AMBIGUOUS = "reward_ambiguous"
 REWARD_KEY_MISSING = "reward_key_missing"

@@ -34,18 +34,14 @@ from urllib.parse import urlsplit
 import httpx
 
 from tapdeck.proxy.config import is_loopback
-from tapdeck.proxy.findings import Finding, Level
-from tapdeck.proxy.sessions import SessionInfo, SessionSpec, base_urls_for
-from tapdeck.proxy.tiers import EngineSpec, Tier
+from tapdeck.schema.findings import Finding, Level
+from tapdeck.schema.sessions import SessionInfo
+from tapdeck.proxy.sessions.spec import SessionSpec, base_urls_for
+from tapdeck.proxy.upstream.tiers import EngineSpec, Tier
 from tapdeck.runner.atif import CapturedCall, reconcile_file
 from tapdeck.runner.rewards import choose_reward, read_reward_files
-from tapdeck.runner.rollout_settings import (
-    DEFAULT_HARD_LIMIT_S,
-    DEFAULT_MAX_TURNS,
-    ResolvedSettings,
-    SettingsDoNotFit,
-    resolve,
-)
+from tapdeck.runner.rollout_settings import DEFAULT_HARD_LIMIT_S, DEFAULT_MAX_TURNS, SettingsDoNotFit, resolve
+from tapdeck.schema.settings import ResolvedSettings
 from tapdeck.schema.events import RolloutUpdated
 from tapdeck.schema.runs import Phase, RolloutResult, RolloutTemplate
 

@@ -24,8 +24,6 @@ from pathlib import Path
 
 from tapdeck.schema.settings import ResolvedSettings, RolloutSettings, Source
 
-__all__ = ["ResolvedSettings", "RolloutSettings", "Source"]
-
 OUTPUT_SHARE = 256
 """Default max output tokens = context // OUTPUT_SHARE (at least MIN_OUTPUT_TOKENS)."""
 MIN_OUTPUT_TOKENS = 128

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from tapdeck.proxy.export import RunSessionsMissing
+from tapdeck.proxy.capture.export import RunSessionsMissing
 from tapdeck.runner.batch import RunUnreadable
 from tapdeck.runner.recipes import RECIPES, Recipe, get_recipe, visible_gpus
 from tapdeck.runner.trackio_reader import TrackioReader, list_projects

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Literal
 
 import tapdeck
-from tapdeck.proxy.atomic_write import atomic_write
+from tapdeck.proxy.store.atomic_write import atomic_write
 from tapdeck.runner.process_group import process_running, signal_group
 from tapdeck.runner.recipes import Recipe, get_recipe
 from tapdeck.runner.train_env import SCRIPT as TRAIN_ENV_SCRIPT

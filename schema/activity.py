@@ -1,6 +1,6 @@
 """`GET /admin/sessions/{id}/activity`: what a session's agent is doing right now.
 
-Built by the proxy (`tapdeck.proxy.activity`) from the calls it relays, read by the TUI's
+Built by the proxy (`tapdeck.proxy.sessions.activity`) from the calls it relays, read by the TUI's
 stuck-rollout pane. Times are the server's wall clock; `now` lets a client turn them into ages
 without trusting its own clock.
 """

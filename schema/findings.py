@@ -59,3 +59,8 @@ class Finding(BaseModel, frozen=True):
         if match is None:
             return {"level": Level.INFO, "code": "unparsed", "detail": data}
         return {"level": match[1], "code": match[2], "detail": match[3]}
+
+
+def has_fatal(findings: list[Finding]) -> bool:
+    """True when any finding is FATAL."""
+    return any(f.level is Level.FATAL for f in findings)

@@ -164,7 +164,7 @@ def models_only_engine(path: str = "/v1") -> Iterator[str]:
     engine address that settles, whose model calls fail. Yields `http://127.0.0.1:PORT` (no path)."""
     from fastapi import FastAPI
 
-    from tapdeck.proxy.serving import ThreadedServer
+    from tapdeck.proxy.http.uvicorn_thread import ThreadedServer
 
     listing = vllm_fixture("models")["models"]["response"]
     app = FastAPI()
@@ -321,7 +321,7 @@ def hanging_engine(hold_s: float = 600.0) -> Iterator[Any]:
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse, Response
 
-    from tapdeck.proxy.serving import ThreadedServer
+    from tapdeck.proxy.http.uvicorn_thread import ThreadedServer
 
     listing = vllm_fixture("models")["models"]["response"]
     basic = vllm_fixture("chat_basic")["response"]

@@ -55,8 +55,8 @@ def test_wheel_imports_in_a_fresh_target(wheel: Path, tmp_path: Path) -> None:
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target),
                     str(wheel)], check=True, capture_output=True, timeout=300)
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import tapdeck.proxy.findings, tapdeck.app.cli;"
-            "print(tapdeck.proxy.findings.__file__)")
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import tapdeck.proxy.capture.graph, tapdeck.app.cli;"
+            "print(tapdeck.proxy.capture.graph.__file__)")
     out = subprocess.run([sys.executable, "-I", "-c", code, str(target)], capture_output=True, text=True,
                          timeout=120, cwd=tmp_path)
     assert out.returncode == 0, out.stderr

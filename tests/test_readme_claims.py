@@ -744,9 +744,9 @@ def test_the_training_environment_versions_are_the_pinned_ones() -> None:
 
 
 def test_every_admin_route_of_the_table_exists_on_the_server(tmp_path: Path) -> None:
-    from tapdeck.proxy.server import create_app
+    from tapdeck.proxy.http.app import create_app
     from tapdeck.proxy.service import CaptureService
-    from tapdeck.proxy.store import Store
+    from tapdeck.proxy.store.database import Store
     from tapdeck.runner.api import create_runner_router
 
     service = CaptureService(Store(tmp_path / "capture.db"), default_engine=None,
@@ -786,14 +786,7 @@ def test_the_settings_defaults_are_the_codes() -> None:
     from tapdeck.app.screens.setup import DEFAULT_ALTERNATIVES
     from tapdeck.runner.engine.model import DEFAULT_N_CTX
     from tapdeck.runner.rollout import BUDGET_PER_TURN
-    from tapdeck.runner.rollout_settings import (
-        DEFAULT_HARD_LIMIT_S,
-        DEFAULT_MAX_TURNS,
-        FALLBACK_CONTEXT_TOKENS,
-        MIN_OUTPUT_TOKENS,
-        OUTPUT_SHARE,
-        default_output_tokens,
-    )
+    from tapdeck.runner.rollout_settings import DEFAULT_HARD_LIMIT_S, DEFAULT_MAX_TURNS, FALLBACK_CONTEXT_TOKENS, MIN_OUTPUT_TOKENS, OUTPUT_SHARE, default_output_tokens
 
     assert f"has a {DEFAULT_N_CTX:,}-token context" in README
     assert f"1/{OUTPUT_SHARE} of the context, at least {MIN_OUTPUT_TOKENS} " \

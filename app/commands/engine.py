@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
         import threading
 
         from tapdeck.app.commands.serve import unresolvable
-        from tapdeck.proxy.serving import PortInUseError
+        from tapdeck.proxy.http.uvicorn_thread import PortInUseError
         from tapdeck.runner.engine.embedded import EmbeddedEngine
         from tapdeck.runner.engine.model import DEFAULT_N_CTX, ContextLengthError, ModelFileError
 

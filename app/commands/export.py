@@ -19,7 +19,7 @@ def session_rows(store: Any, session_id: str, **given: Any) -> list[dict[str, An
     """The training rows of one stored session (empty for an eval rollout); `given` are
     `proxy.export.trace_rows`'s keywords (a run's group, rollout id and its result's reward, which
     replaces the session's annotated one, None included)."""
-    from tapdeck.proxy.export import trace_rows
+    from tapdeck.proxy.capture.export import trace_rows
 
     record, graph = store.load_graph(session_id)
     return trace_rows(record, graph, record.get("tier", "text"), **given)
@@ -39,7 +39,7 @@ def run_rows(store: Any, run_dir: Path, *,
     otherwise learn from a rollout nobody graded. ExportFailed when no result can be read;
     RunSessionsMissing when a rollout to export names a session the store does not have.
     """
-    from tapdeck.proxy.export import check_run_sessions
+    from tapdeck.proxy.capture.export import check_run_sessions
     from tapdeck.runner.batch import RESULTS, load_results
 
     path = run_dir / RESULTS
@@ -114,7 +114,7 @@ def register(app: typer.Typer) -> None:
         """Write a session's or a run's captured rollouts as JSONL or Parquet."""
         from tapdeck.app.commands.runner_warnings import runner_warnings_on_stderr
         from tapdeck.app.commands.stored_capture import stored_capture
-        from tapdeck.proxy.export import RunSessionsMissing, write_jsonl, write_parquet
+        from tapdeck.proxy.capture.export import RunSessionsMissing, write_jsonl, write_parquet
         from tapdeck.runner.batch import is_run_id
 
         try:

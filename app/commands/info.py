@@ -141,7 +141,7 @@ def register(app: typer.Typer) -> None:
         import os
 
         os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-        from tapdeck.proxy.engine_address import EngineAddressError, normalize_address
+        from tapdeck.proxy.upstream.address import EngineAddressError, normalize_address
         from tapdeck.runner.catalog import build_catalog, list_datasets
 
         try:

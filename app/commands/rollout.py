@@ -38,13 +38,7 @@ from pydantic import ValidationError
 from tapdeck.app.client import ApiError, TapdeckClient, admin_key_refusal
 from tapdeck.app.commands.run_table import print_run_table
 from tapdeck.runner.harnesses import calls_a_model
-from tapdeck.runner.rollout_settings import (
-    DEFAULT_HARD_LIMIT_S,
-    DEFAULT_MAX_TURNS,
-    MIN_OUTPUT_TOKENS,
-    OUTPUT_SHARE,
-    PROMPT_SHARE,
-)
+from tapdeck.runner.rollout_settings import DEFAULT_HARD_LIMIT_S, DEFAULT_MAX_TURNS, MIN_OUTPUT_TOKENS, OUTPUT_SHARE, PROMPT_SHARE
 from tapdeck.schema.runs import (
     RolloutTemplate,
     RunDetail,
@@ -157,7 +151,7 @@ def register(app: typer.Typer) -> None:
         os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
         from tapdeck.app.failures import validation_line
         from tapdeck.proxy.config import ServerConfig, default_data_dir
-        from tapdeck.proxy.engine_address import EngineAddressError
+        from tapdeck.proxy.upstream.address import EngineAddressError
         from tapdeck.runner.batch import is_run_id
 
         data = (data_dir or default_data_dir()).expanduser()
@@ -283,7 +277,7 @@ def _resumed_engine(ctx: typer.Context, run: RunSummary, url_engine: str | None,
     its server with: the ones its rollouts called, which --engine/--engine-model may name again
     but not change (exit 2: the rollouts of one run must come from one engine). A run an older
     tapdeck wrote does not say which it called: the options decide, with a warning."""
-    from tapdeck.proxy.engine_address import shown_url
+    from tapdeck.proxy.upstream.address import shown_url
     from tapdeck.runner.engines import EMBEDDED
 
     used = run.engine_used
@@ -331,7 +325,7 @@ def _same_engine(given: str | None, used: str | None) -> bool:
 
 def _engine_words(url: str | None) -> str:
     """An engine as a message names it: `the embedded engine`, or its URL (no credentials)."""
-    from tapdeck.proxy.engine_address import shown_url
+    from tapdeck.proxy.upstream.address import shown_url
 
     return "the embedded engine" if url is None else f"the engine at {shown_url(url)}"
 
@@ -620,7 +614,7 @@ async def _submit(base: str, key: str | None, plan: RunPlan, resume: str | None,
 def _say_engine_of_remote_resume(run: RunSummary) -> None:
     """The line saying which engine a server resumes `run` on: the one it recorded (the server
     calls it again), or a warning that an older tapdeck recorded none."""
-    from tapdeck.proxy.engine_address import shown_url
+    from tapdeck.proxy.upstream.address import shown_url
     from tapdeck.runner.engines import EMBEDDED
 
     if not calls_a_model(run.plan.rollout.harness):

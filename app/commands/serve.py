@@ -104,8 +104,8 @@ def register(app: typer.Typer) -> None:
         from tapdeck.app.failures import validation_line
         from tapdeck.app.host import LocalServer
         from tapdeck.proxy.config import ConfigError, ServerConfig, read_key_file
-        from tapdeck.proxy.engine_address import EngineAddressError
-        from tapdeck.proxy.serving import PortInUseError
+        from tapdeck.proxy.upstream.address import EngineAddressError
+        from tapdeck.proxy.http.uvicorn_thread import PortInUseError
 
         fields = {"host": host, "port": port, "admin_key": admin_key, "engine_url": engine,
                   "engine_model": engine_model, "engine_api_key": engine_api_key,

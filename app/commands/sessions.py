@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 if TYPE_CHECKING:
-    from tapdeck.proxy.graph import RolloutGraph
-    from tapdeck.proxy.store import Store
+    from tapdeck.proxy.capture.graph import RolloutGraph
+    from tapdeck.proxy.store.database import Store
     from tapdeck.schema.sessions import SessionSummary, TurnDetail
 
 EXIT_NOT_FOUND, EXIT_USAGE = 1, 2
@@ -84,7 +84,7 @@ def register(app: typer.Typer) -> None:
 def stored_summary(record: dict[str, Any], graph: RolloutGraph) -> SessionSummary:
     """A stored session as the server summarises it (`GET /admin/sessions`), from its record and
     graph: the graph's stats, its state as stored and the FATAL/WARN findings it holds."""
-    from tapdeck.proxy.validation import reported_stats
+    from tapdeck.proxy.capture.validation import reported_stats
     from tapdeck.schema.findings import Finding, Level
     from tapdeck.schema.sessions import SessionSummary
 
@@ -175,7 +175,7 @@ def _show_session(record: dict[str, Any], graph: RolloutGraph, *, as_json: bool)
         session_state,
         turn_label,
     )
-    from tapdeck.proxy.export import graph_view, rollout_document
+    from tapdeck.proxy.capture.export import graph_view, rollout_document
     from tapdeck.schema.findings import Finding
     from tapdeck.schema.sessions import GraphView, RolloutDocument
 
@@ -240,7 +240,7 @@ def _show_turn(record: dict[str, Any], graph: RolloutGraph, seq: int, *, as_json
     (index, id, logprob, probability, text, the top alternatives captured), coloured by logprob
     on a terminal as the Rollout screen colours it."""
     from tapdeck.app.views import capture_mode_text, logprob_tone, phrase_lines
-    from tapdeck.proxy.export import turn_detail
+    from tapdeck.proxy.capture.export import turn_detail
     from tapdeck.schema.sessions import TurnDetail
 
     if seq not in graph.nodes:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import typer
 
 if TYPE_CHECKING:
-    from tapdeck.proxy.store import Store
+    from tapdeck.proxy.store.database import Store
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
 
@@ -27,7 +27,7 @@ def stored_capture(data_dir: Path | None, command: str) -> Iterator[tuple[Path, 
     import sqlite3
 
     from tapdeck.proxy.config import CAPTURE_DB, default_data_dir, usable_data_dir
-    from tapdeck.proxy.store import NotAStoreError, Store
+    from tapdeck.proxy.store.database import NotAStoreError, Store
 
     try:
         root = usable_data_dir(data_dir or default_data_dir())

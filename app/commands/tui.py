@@ -48,8 +48,8 @@ def run_embedded(data_dir: Path | None = None, *, port: int = 0, engine_url: str
     from tapdeck.app.settings import default_settings_path
     from tapdeck.app.tui import TapdeckApp  # noqa: F401 - import the UI before starting anything
     from tapdeck.proxy.config import ConfigError, ServerConfig, default_data_dir
-    from tapdeck.proxy.engine_address import EngineAddressError, normalize_address
-    from tapdeck.proxy.serving import PortInUseError
+    from tapdeck.proxy.upstream.address import EngineAddressError, normalize_address
+    from tapdeck.proxy.http.uvicorn_thread import PortInUseError
 
     data_dir = (data_dir or default_data_dir()).expanduser()
     try:

@@ -26,7 +26,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from tapdeck.proxy.dialects.reply import read_reply
-from tapdeck.proxy.findings import Finding
+from tapdeck.schema.findings import Finding
 
 _CAPACITY = 8192
 

@@ -13,7 +13,7 @@ from itertools import repeat
 from typing import Any, ClassVar
 
 from tapdeck.proxy.dialects.base import DialectError, DialectRequest, SSEEvent
-from tapdeck.proxy.engine_client import zero_filled_usage
+from tapdeck.proxy.upstream.client import zero_filled_usage
 
 DONE = SSEEvent(data="[DONE]")
 SYSTEM_ROLES = ("system", "developer")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tapdeck.proxy.serving import ThreadedServer
+from tapdeck.proxy.http.uvicorn_thread import ThreadedServer
 from tapdeck.runner.engine.model import DEFAULT_N_CTX, default_model_path
 
 __all__ = ["EmbeddedEngine", "default_model_path"]

@@ -196,7 +196,7 @@ class PolicyEngine:
 
     def start(self) -> PolicyEngine:
         """Serve the model on a thread."""
-        from tapdeck.proxy.serving import ThreadedServer
+        from tapdeck.proxy.http.uvicorn_thread import ThreadedServer
         from tapdeck.runner.engine.core import EngineCore
         from tapdeck.runner.engine.server import create_engine_app
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from tapdeck.proxy.toolcalls import EMBEDDED_TOOL_PARSER, TOOL_PARSERS, parses_tools
+from tapdeck.proxy.upstream.toolcalls import EMBEDDED_TOOL_PARSER, TOOL_PARSERS, parses_tools
 from tapdeck.runner.engine.errors import bad_param
 from tapdeck.runner.engine.generation import StopRules
 from tapdeck.runner.engine.sampling import SamplingParams

@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from tapdeck.proxy.atomic_write import atomic_write
+from tapdeck.proxy.store.atomic_write import atomic_write
 from tapdeck.runner.engine.embedded import EmbeddedEngine
 
 REGISTRY_ENV = "TAPDECK_ENGINE_REGISTRY"

@@ -34,7 +34,7 @@ from tapdeck.runner.engine.protocol import (
     TokenizeRequest,
 )
 from tapdeck.runner.engine.template import TemplateError
-from tapdeck.proxy.toolcalls import START as TOOL_START
+from tapdeck.proxy.upstream.toolcalls import START as TOOL_START
 
 _Req = TypeVar("_Req", bound=BaseModel)
 SSE_TYPE = "text/event-stream; charset=utf-8"

@@ -2,7 +2,7 @@
 
 The template is rendered with jinja2 the way Hugging Face tokenizers do (sandboxed, `trim_blocks`,
 `lstrip_blocks`, `raise_exception`, `tojson`). SmolLM2's ChatML template knows nothing of tools, so
-tool traffic is first rewritten into plain messages, Hermes style (see `proxy/toolcalls.py`):
+tool traffic is first rewritten into plain messages, Hermes style (see `proxy/upstream/toolcalls.py`):
 
 * `tools` → appended to the system prompt as a `<tools>` block, one JSON tool schema per line, plus
   how to call them. Without a system message a system message holding only that block is added
@@ -21,7 +21,7 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from tapdeck.proxy.toolcalls import render_tool_calls
+from tapdeck.proxy.upstream.toolcalls import render_tool_calls
 
 TOOLS_PREAMBLE = (
     "# Tools\n\n"

@@ -4,7 +4,7 @@ It does NOT train: no weights change (no CPU recipe here does; see `tapdeck.runn
 does, on any machine, step by step so a live plot shows it working:
 
 1. Reads the JSONL of a tapdeck run export — one row per captured agent turn as written by
-   `tapdeck export RUN` (`tapdeck.proxy.export.trace_rows` + `write_jsonl`), or one row per rollout
+   `tapdeck export RUN` (`tapdeck.proxy.capture.export.trace_rows` + `write_jsonl`), or one row per rollout
    with a nested `turns` list as written by `POST /admin/runs/{id}/export`. Rollouts whose rows say
    `ok: false` (failed or cancelled) are left out, named in the log.
 2. Validates every turn as TRL AsyncGRPO's loop-owning worker would read it: `loss_mask` covers

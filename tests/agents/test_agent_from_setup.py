@@ -20,7 +20,7 @@ from textual.widgets import DataTable, Select, SelectionList
 from tapdeck.app.client import TapdeckClient
 from tapdeck.app.tui import TapdeckApp
 from tapdeck.schema.runs import RolloutResult
-from tapdeck.proxy.serving import ThreadedServer
+from tapdeck.proxy.http.uvicorn_thread import ThreadedServer
 from tests.agents.test_agent_binaries import scripted_agent_reply
 from tests.agents.test_agent_rollouts import AGENT_CONTEXT, installed_or_skip
 from tests.app.pilot_wait import until

@@ -15,7 +15,7 @@ from harbor.models.task.config import EnvironmentConfig as TaskEnvironmentConfig
 from harbor.models.trial.paths import TrialPaths  # noqa: E402
 
 from tapdeck.proxy.config import ServerConfig, check_public_url  # noqa: E402
-from tapdeck.proxy.sessions import base_urls_for  # noqa: E402
+from tapdeck.proxy.sessions.spec import base_urls_for  # noqa: E402
 from tapdeck.runner.batch import RunPlan  # noqa: E402
 from tapdeck.runner.cli_agents import ProxyUnreachableError, check_proxy_reachable, proxy_root  # noqa: E402
 from tapdeck.runner.sandboxes.host import HostSandbox  # noqa: E402
@@ -48,8 +48,8 @@ def test_sessions_advertise_the_public_url_for_every_dialect() -> None:
 
 async def test_server_advertises_its_public_url_in_new_sessions(tmp_path: Path) -> None:
     from tapdeck.app.host import LocalServer
-    from tapdeck.proxy.sessions import SessionSpec
-    from tapdeck.proxy.tiers import EngineSpec
+    from tapdeck.proxy.sessions.spec import SessionSpec
+    from tapdeck.proxy.upstream.tiers import EngineSpec
 
     with models_only_engine() as engine:  # an address that settles; no model call is made
         server = LocalServer(ServerConfig(port=0, data_dir=tmp_path, engine_url=engine,

@@ -324,7 +324,7 @@ def test_train_refuses_a_server_address_that_is_not_a_url(tmp_path: Path) -> Non
 
 
 def test_export_says_which_out_path_it_cannot_write(tmp_path: Path) -> None:
-    from tapdeck.proxy.store import Store
+    from tapdeck.proxy.store.database import Store
 
     data = tmp_path / "data"
     data.mkdir()
@@ -342,7 +342,7 @@ def test_export_says_which_out_path_it_cannot_write(tmp_path: Path) -> None:
 
 
 def test_export_to_a_parquet_file_it_cannot_write_names_it_in_one_line(tmp_path: Path) -> None:
-    from tapdeck.proxy.store import Store
+    from tapdeck.proxy.store.database import Store
 
     data = tmp_path / "data"
     data.mkdir()

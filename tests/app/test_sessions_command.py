@@ -23,7 +23,7 @@ EVAL = "s-00000000000000d3"
 def _session(store: Any, sid: str, created: float, fixtures: list[str], *,
              rollout_type: str = "train", **metadata: Any) -> None:
     """A closed session holding recorded vLLM turns, linked as a server links them."""
-    from tapdeck.proxy.graph import RolloutGraph
+    from tapdeck.proxy.capture.graph import RolloutGraph
 
     store.create_session({"id": sid, "state": "closed", "tier": "tokens", "rollout_type": rollout_type,
                           "engine": {"url": "http://gpu:8000/v1", "model": "qwen"},
@@ -39,7 +39,7 @@ def data(tmp_path: Path) -> Path:
     """Three sessions: one of RUN whose first turn was answered twice (a fork: the retry that was
     never continued is discarded) and whose last call the harness's trajectory never recorded
     (demoted to auxiliary); one of no run, a plain chain, newer; the newest an eval rollout."""
-    from tapdeck.proxy.store import Store
+    from tapdeck.proxy.store.database import Store
 
     data = tmp_path / "data"
     data.mkdir()
@@ -85,7 +85,7 @@ def test_sessions_lists_each_session_newest_first_with_its_graph_counts_and_rewa
 
 def test_sessions_json_list_is_what_the_server_answers_for_its_store(data: Path) -> None:
     from tapdeck.proxy.service import CaptureService
-    from tapdeck.proxy.store import Store
+    from tapdeck.proxy.store.database import Store
 
     listed = json.loads(_sessions(data, "--json").output)["sessions"]
     store = Store(data / "capture.db")
@@ -102,7 +102,7 @@ def test_sessions_json_list_is_what_the_server_answers_for_its_store(data: Path)
 def test_sessions_json_says_how_long_since_each_sessions_last_call_as_the_server_does(
         data: Path) -> None:
     from tapdeck.proxy.service import CaptureService
-    from tapdeck.proxy.store import Store
+    from tapdeck.proxy.store.database import Store
 
     listed = json.loads(_sessions(data, "--json").output)["sessions"]
     store = Store(data / "capture.db")
@@ -133,7 +133,7 @@ def test_sessions_run_naming_no_run_exits_1_saying_so(data: Path) -> None:
 
 
 def test_the_list_shows_the_newest_twenty_and_counts_the_rest(tmp_path: Path) -> None:
-    from tapdeck.proxy.store import Store
+    from tapdeck.proxy.store.database import Store
 
     store = Store(tmp_path / "capture.db")
     for i in range(23):
@@ -170,7 +170,7 @@ def test_a_sessions_graph_nests_its_fork_and_shows_the_demoted_and_discarded_cal
 
 def test_a_sessions_json_is_its_rollout_document_as_the_server_answers(data: Path) -> None:
     from tapdeck.proxy.service import CaptureService
-    from tapdeck.proxy.store import Store
+    from tapdeck.proxy.store.database import Store
 
     doc = json.loads(_sessions(data, FORKED, "--json").output)
     store = Store(data / "capture.db")

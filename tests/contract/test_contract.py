@@ -19,9 +19,9 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
-from tapdeck.proxy.server import create_app
+from tapdeck.proxy.http.app import create_app
 from tapdeck.proxy.service import CaptureService
-from tapdeck.proxy.store import Store
+from tapdeck.proxy.store.database import Store
 from tapdeck.runner.api import create_runner_router
 from tapdeck.schema.catalog import Catalog
 from tapdeck.schema.events import EVENT_TYPES, parse_event

@@ -20,11 +20,11 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from tapdeck.proxy.server import create_app
+from tapdeck.proxy.http.app import create_app
 from tapdeck.proxy.service import CaptureService
-from tapdeck.proxy.serving import ThreadedServer, bind_socket
-from tapdeck.proxy.store import Store
-from tapdeck.proxy.tiers import EngineSpec
+from tapdeck.proxy.http.uvicorn_thread import ThreadedServer, bind_socket
+from tapdeck.proxy.store.database import Store
+from tapdeck.proxy.upstream.tiers import EngineSpec
 from tests.conftest import vllm_fixture, vllm_reply_to
 
 

@@ -17,7 +17,7 @@ import anthropic
 import openai
 import pytest
 
-from tapdeck.proxy.tiers import EngineSpec
+from tapdeck.proxy.upstream.tiers import EngineSpec
 from tests.dialects.conftest import CaptureServer, capture_server
 from tests.dialects.agent_recordings import gemini_router, recording
 from tests.rendered_findings import rendered

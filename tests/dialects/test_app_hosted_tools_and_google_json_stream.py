@@ -16,8 +16,8 @@ import anthropic
 import httpx
 import pytest
 
-from tapdeck.proxy.serving import ThreadedServer
-from tapdeck.proxy.tiers import EngineSpec
+from tapdeck.proxy.http.uvicorn_thread import ThreadedServer
+from tapdeck.proxy.upstream.tiers import EngineSpec
 from tests.dialects.conftest import CaptureServer, ScriptedUpstream, capture_server, scripted_upstream_app, vllm_error
 from tests.rendered_findings import rendered
 

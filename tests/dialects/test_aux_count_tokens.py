@@ -7,7 +7,7 @@ import socket
 import httpx
 import pytest
 
-from tapdeck.proxy.aux import (
+from tapdeck.proxy.http.token_counts import (
     aux_dialect,
     count_tokens,
     estimate_tokens,

@@ -25,9 +25,9 @@ from google.genai import errors as genai_errors
 from google.genai import types
 
 from tapdeck.proxy.errors import DialectError
-from tapdeck.proxy.model_route import ModelCallsFirst
-from tapdeck.proxy.serving import STOPPING_MESSAGE
-from tapdeck.proxy.tiers import EngineSpec
+from tapdeck.proxy.http.model_route import ModelCallsFirst
+from tapdeck.proxy.http.uvicorn_thread import STOPPING_MESSAGE
+from tapdeck.proxy.upstream.tiers import EngineSpec
 from tests.conftest import hanging_engine, models_only_engine
 from tests.dialects.agent_recordings import google_client
 from tests.dialects.conftest import SCRIPTED_KEEPALIVE_S, CaptureServer, ScriptedUpstream, capture_server

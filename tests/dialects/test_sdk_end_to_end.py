@@ -22,8 +22,8 @@ from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types
 
-from tapdeck.proxy.sse import KEEPALIVE_SECONDS
-from tapdeck.proxy.tiers import EngineSpec
+from tapdeck.proxy.http.sse import KEEPALIVE_SECONDS
+from tapdeck.proxy.upstream.tiers import EngineSpec
 from tests.conftest import models_only_engine
 from tests.dialects.conftest import CaptureServer, capture_server
 

@@ -9,7 +9,7 @@ from typing import Any
 import anthropic
 import pytest
 
-from tapdeck.proxy.tiers import EngineSpec
+from tapdeck.proxy.upstream.tiers import EngineSpec
 from tests.dialects.conftest import CaptureServer, capture_server
 
 pytestmark = pytest.mark.slow

@@ -53,8 +53,8 @@ def _conversation(url: str, admin: str, token_in: bool) -> tuple[str, list[dict[
 def test_token_id_prompt_gives_the_reply_the_chat_route_gives(engine):
     """The same prompt ids and seed on both routes: same text, ids and logprobs, so a harness
     cannot tell a token-in call from a text one."""
-    from tapdeck.proxy.engine_client import parse_capture
-    from tapdeck.proxy.token_in import completion_as_chat
+    from tapdeck.proxy.upstream.client import parse_capture
+    from tapdeck.proxy.upstream.token_in import completion_as_chat
 
     sampling = {"model": "smollm2", "temperature": 1.0, "seed": 11, "max_tokens": 24,
                 "return_token_ids": True}
@@ -74,7 +74,7 @@ def test_token_id_prompt_gives_the_reply_the_chat_route_gives(engine):
 def test_embedded_engine_answers_the_reasoning_marker_probe_as_vllm_does(engine):
     """SmolLM2 has no reasoning markers: the embedded engine's `/tokenize` gives the probe the
     ids and token texts recorded vLLM gave, so both are read as not-reasoning."""
-    from tapdeck.proxy.reasoning import probe_body, read_markers
+    from tapdeck.proxy.upstream.reasoning import probe_body, read_markers
 
     rec = vllm_fixture("tokenize_reasoning_markers")
     mine = httpx.post(f"{engine.url}/tokenize", json=probe_body(engine.served_name), timeout=60).json()

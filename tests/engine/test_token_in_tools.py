@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tapdeck.proxy.toolcalls import EMBEDDED_TOOL_PARSER
+from tapdeck.proxy.upstream.toolcalls import EMBEDDED_TOOL_PARSER
 from tests.conftest import local_server_on
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 
-from tapdeck.proxy.toolcalls import ParsedReply, parse_tool_calls, render_tool_calls
+from tapdeck.proxy.upstream.toolcalls import ParsedReply, parse_tool_calls, render_tool_calls
 from tapdeck.runner.engine.template import ChatTemplate
 from tests.conftest import vllm_fixture
 

@@ -26,8 +26,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from tapdeck.app.host import LocalServer
 from tapdeck.proxy.config import ServerConfig
-from tapdeck.proxy.serving import ThreadedServer
-from tapdeck.proxy.tiers import PROBES
+from tapdeck.proxy.http.uvicorn_thread import ThreadedServer
+from tapdeck.proxy.upstream.tiers import PROBES
 from tests.conftest import free_port
 from tests.conftest import vllm_error_case as recorded_error
 from tests.conftest import vllm_fixture as recorded

@@ -7,7 +7,7 @@ import asyncio
 
 import httpx
 
-from tapdeck.proxy.activity import CLOSED_KEPT, TEXT_TAIL, ActivityLog, message_view
+from tapdeck.proxy.sessions.activity import CLOSED_KEPT, TEXT_TAIL, ActivityLog, message_view
 from tapdeck.schema.activity import SessionActivity
 from tests.conftest import hanging_engine
 

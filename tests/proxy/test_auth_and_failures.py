@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from tapdeck.proxy import aux
+from tapdeck.proxy.http import token_counts as aux
 
 CHAT = {"model": "x", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
 

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from starlette.requests import Request
 
-from tapdeck.proxy.request_limits import (
+from tapdeck.proxy.http.limits import (
     MAX_JSON_DEPTH,
     BodyIncomplete,
     BodyTooLarge,

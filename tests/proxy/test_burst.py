@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import orjson
 
-from tapdeck.proxy.serving import KEEP_ALIVE_S, ThreadedServer
+from tapdeck.proxy.http.uvicorn_thread import KEEP_ALIVE_S, ThreadedServer
 from tests.conftest import vllm_fixture as recorded
 from tests.proxy.conftest import serve_process, wait_health
 

@@ -24,8 +24,8 @@ from tapdeck.proxy.config import (
     unsendable_admin_key,
     write_admin_key,
 )
-from tapdeck.proxy.events import EventBus
-from tapdeck.proxy.sessions import is_session_key, key_from_request, new_session_key
+from tapdeck.proxy.http.events import EventBus
+from tapdeck.proxy.sessions.keys import is_session_key, key_from_request, new_session_key
 
 
 def test_admin_key_file_is_owner_only(tmp_path: Path) -> None:
@@ -72,7 +72,7 @@ def test_an_admin_key_no_client_can_send_is_refused_on_any_bind(key: str, tmp_pa
 def test_admin_key_temp_file_is_never_followed(tmp_path: Path, monkeypatch) -> None:
     # The temporary name is random; a link planted where it will be (here: the name made known)
     # is refused by its name, never written through.
-    import tapdeck.proxy.atomic_write as atomic_write
+    import tapdeck.proxy.store.atomic_write as atomic_write
 
     monkeypatch.setattr(atomic_write.secrets, "token_hex", lambda n: "0" * 2 * n)
     victim = tmp_path / "victim"

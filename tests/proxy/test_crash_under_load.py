@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tapdeck.proxy.store import Store
+from tapdeck.proxy.store.database import Store
 from tests.proxy.conftest import Upstream, serve_process, wait_health
 
 pytestmark = pytest.mark.slow

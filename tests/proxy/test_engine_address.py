@@ -20,7 +20,7 @@ import pytest
 
 from tapdeck.app.host import LocalServer
 from tapdeck.proxy.config import ServerConfig
-from tapdeck.proxy.engine_address import (
+from tapdeck.proxy.upstream.address import (
     EngineAddressError,
     candidate_base_urls,
     settle,

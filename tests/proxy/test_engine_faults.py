@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from tapdeck.proxy.engine_address import EngineAddressError, shown_url
+from tapdeck.proxy.upstream.address import EngineAddressError, shown_url
 
 CHAT = {"model": "x", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
 ANTHROPIC = {"model": "x", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}
@@ -233,7 +233,7 @@ def test_a_tapdeck_failure_before_the_turn_is_recorded_ends_a_started_stream_wit
     # when the capture fails: the agent still gets its dialect's error event, saying nothing was kept.
     import anthropic
 
-    from tapdeck.proxy import call_capture
+    from tapdeck.proxy.capture import call as call_capture
 
     def broken(*_args, **_kwargs):
         raise RuntimeError("capture broke")

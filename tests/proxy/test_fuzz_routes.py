@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tapdeck.proxy import aux
+from tapdeck.proxy.http import token_counts as aux
 from tests.proxy.conftest import server_with_upstream
 
 FUZZ_EXAMPLES = 40

@@ -20,7 +20,7 @@ import pytest
 
 import tapdeck.proxy.service as service_module
 from tapdeck.proxy.config import ServerConfig
-from tapdeck.proxy.store import Store
+from tapdeck.proxy.store.database import Store
 from tests.proxy.conftest import Upstream, running
 
 DEFAULT_POOL = min(32, (os.cpu_count() or 1) + 4)

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import httpx
 
-from tapdeck.proxy import interning
-from tapdeck.proxy.server import create_app
+from tapdeck.proxy.capture import interning
+from tapdeck.proxy.http.app import create_app
 from tapdeck.proxy.service import CaptureService
-from tapdeck.proxy.store import Store
-from tapdeck.proxy.tiers import EngineSpec
+from tapdeck.proxy.store.database import Store
+from tapdeck.proxy.upstream.tiers import EngineSpec
 
 ADMIN = {"Authorization": "Bearer k"}
 

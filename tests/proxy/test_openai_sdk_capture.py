@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from tapdeck.proxy.store import Store
+from tapdeck.proxy.store.database import Store
 
 pytestmark = pytest.mark.slow
 

@@ -21,8 +21,8 @@ import pytest
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from tapdeck.proxy.serving import ThreadedServer
-from tapdeck.proxy.tiers import EngineSpec
+from tapdeck.proxy.http.uvicorn_thread import ThreadedServer
+from tapdeck.proxy.upstream.tiers import EngineSpec
 from tests.conftest import vllm_fixture
 from tests.dialects.conftest import CaptureServer, ScriptedUpstream, capture_server, scripted_upstream_app
 from tests.proxy_engine.test_reasoning_markers import END_THINK, THINK, think_tokenizer_reply

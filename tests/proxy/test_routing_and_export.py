@@ -12,11 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from tapdeck.proxy.server import create_app
+from tapdeck.proxy.http.app import create_app
 from tapdeck.proxy.service import CaptureService
-from tapdeck.proxy.sessions import SessionSpec
-from tapdeck.proxy.store import Store
-from tapdeck.proxy.tiers import EngineSpec
+from tapdeck.proxy.sessions.spec import SessionSpec
+from tapdeck.proxy.store.database import Store
+from tapdeck.proxy.upstream.tiers import EngineSpec
 
 CHAT = {"model": "x", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
 

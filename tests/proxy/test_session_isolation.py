@@ -13,8 +13,8 @@ import httpx
 import pytest
 from fastapi import FastAPI, Request
 
-from tapdeck.proxy.server import _event_stream
-from tapdeck.proxy.serving import ThreadedServer
+from tapdeck.proxy.http.app import _event_stream
+from tapdeck.proxy.http.uvicorn_thread import ThreadedServer
 from tests.conftest import vllm_fixture as recorded
 
 SAMPLED = {"A": '{"cmd": "ls"}', "B": '{"cmd":"ls"}'}
@@ -84,8 +84,8 @@ def test_tool_arguments_sampled_in_one_session_never_render_another(
 
 async def test_an_events_client_that_leaves_ends_the_stream_cleanly(upstream: Any, tmp_path: Any) -> None:
     from tapdeck.proxy.service import CaptureService
-    from tapdeck.proxy.store import Store
-    from tapdeck.proxy.tiers import EngineSpec
+    from tapdeck.proxy.store.database import Store
+    from tapdeck.proxy.upstream.tiers import EngineSpec
 
     with Store(tmp_path / "capture.db") as store:
         service = CaptureService(store, default_engine=EngineSpec(url=upstream.base_url),

@@ -14,11 +14,11 @@ from typing import Any
 import httpx
 import pytest
 
-from tapdeck.proxy import activity
+from tapdeck.proxy.sessions import activity
 from tapdeck.proxy.config import ServerConfig
 from tapdeck.proxy.dialects.base import DialectError
 from tapdeck.proxy.dialects.stored_responses import StoredResponses
-from tapdeck.proxy.graph import RolloutGraph
+from tapdeck.proxy.capture.graph import RolloutGraph
 from tests.proxy.conftest import Upstream, running
 
 SESSIONS = 12
@@ -118,7 +118,7 @@ def test_a_session_closed_while_a_departed_callers_turn_commits_is_released_afte
     import threading
     import time
 
-    from tapdeck.proxy.call_capture import CallCapture
+    from tapdeck.proxy.capture.call import CallCapture
 
     committing, go_on = threading.Event(), threading.Event()
     commit = CallCapture._commit_turn

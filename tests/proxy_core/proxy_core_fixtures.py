@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tapdeck.proxy.turn import Turn
+from tapdeck.proxy.capture.turn import Turn
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm"
 

@@ -1,4 +1,4 @@
-"""A file replaced whole or not at all (proxy/atomic_write.py), as every file tapdeck replaces."""
+"""A file replaced whole or not at all (proxy/store/atomic_write.py), as every file tapdeck replaces."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tapdeck.proxy.atomic_write import atomic_write
+from tapdeck.proxy.store.atomic_write import atomic_write
 
 
 def _mode(path: Path) -> int:

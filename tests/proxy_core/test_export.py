@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from proxy_core_fixtures import turn_from_fixture
 
-from tapdeck.proxy.export import (
+from tapdeck.proxy.capture.export import (
     ExportRefused,
     rollout_document,
     trace_rows,
@@ -20,7 +20,7 @@ from tapdeck.proxy.export import (
     write_jsonl,
     write_parquet,
 )
-from tapdeck.proxy.graph import RolloutGraph
+from tapdeck.proxy.capture.graph import RolloutGraph
 
 MULTI = ["chat_multiturn_1", "chat_multiturn_2", "chat_multiturn_3"]
 TOOL = {"type": "function", "function": {"name": "shell", "parameters": {"type": "object"}}}

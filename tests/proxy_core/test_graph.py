@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 from proxy_core_fixtures import turn_from_fixture
 
-from tapdeck.proxy import graph as graph_module
-from tapdeck.proxy.graph import RolloutGraph
-from tapdeck.proxy.turn import Turn
+from tapdeck.proxy.capture import graph as graph_module
+from tapdeck.proxy.capture import prefix_index
+from tapdeck.proxy.capture.graph import RolloutGraph
+from tapdeck.proxy.capture.turn import Turn
 
 MULTI = ["chat_multiturn_1", "chat_multiturn_2", "chat_multiturn_3"]
 TINY = ["tiny/chat_multiturn_1", "tiny/chat_multiturn_2", "tiny/chat_multiturn_3"]
@@ -102,8 +103,8 @@ def _agent_loop(n_turns, first=300, new=40, seed=0):
 
 def test_linking_an_extending_call_hashes_only_its_new_tokens(monkeypatch):
     hashed = []
-    real = graph_module._HASHER.prefix_hashes
-    monkeypatch.setattr(graph_module._HASHER, "prefix_hashes",
+    real = prefix_index.HASHER.prefix_hashes
+    monkeypatch.setattr(prefix_index.HASHER, "prefix_hashes",
                         lambda ids, *a, **k: hashed.append(ids.size) or real(ids, *a, **k))
     turns = _agent_loop(20)
     g = RolloutGraph()

@@ -10,8 +10,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tapdeck.proxy.graph import RolloutGraph
-from tapdeck.proxy.turn import Turn
+from tapdeck.proxy.capture.graph import RolloutGraph
+from tapdeck.proxy.capture.turn import Turn
 from tapdeck.schema.sessions import RolloutStats
 
 TOOLS = [{"type": "function", "function": {"name": "shell", "parameters": {"type": "object"}}}]

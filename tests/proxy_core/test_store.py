@@ -18,9 +18,9 @@ import orjson
 import pytest
 from proxy_core_fixtures import turn_from_fixture
 
-from tapdeck.proxy.findings import Finding
-from tapdeck.proxy.graph import RolloutGraph
-from tapdeck.proxy.store import Store
+from tapdeck.schema.findings import Finding
+from tapdeck.proxy.capture.graph import RolloutGraph
+from tapdeck.proxy.store.database import Store
 
 TINY = ["tiny/chat_multiturn_1", "tiny/chat_multiturn_2", "tiny/chat_multiturn_3"]
 MULTI = ["chat_multiturn_1", "chat_multiturn_2", "chat_multiturn_3"]
@@ -133,8 +133,8 @@ import sys
 import numpy as np
 sys.path.insert(0, sys.argv[2])
 from proxy_core_fixtures import turn_from_fixture
-from tapdeck.proxy.graph import RolloutGraph
-from tapdeck.proxy.store import Store
+from tapdeck.proxy.capture.graph import RolloutGraph
+from tapdeck.proxy.store.database import Store
 
 store = Store(sys.argv[1])
 store.create_session({"id": "live"})

@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
-from tapdeck.proxy.store import Store
-from tapdeck.proxy.store_writes import StoreUnavailable, StoreWrites
+from tapdeck.proxy.store.database import Store
+from tapdeck.proxy.store.writes import StoreUnavailable, StoreWrites
 
 
 async def test_write_result_and_store_fault_reach_the_caller(tmp_path):

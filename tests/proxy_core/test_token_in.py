@@ -17,16 +17,16 @@ import numpy as np
 import pytest
 from proxy_core_fixtures import load_fixture, turn_from_fixture
 
-from tapdeck.proxy.engine_client import parse_capture
-from tapdeck.proxy.graph import RolloutGraph
-from tapdeck.proxy.token_in import (
+from tapdeck.proxy.upstream.client import parse_capture
+from tapdeck.proxy.capture.graph import RolloutGraph
+from tapdeck.proxy.upstream.token_in import (
     BoundaryError,
     assistant_close,
     completion_as_chat,
     continuation_ids,
     difference,
 )
-from tapdeck.proxy.toolcalls import TOOL_PARSERS
+from tapdeck.proxy.upstream.toolcalls import TOOL_PARSERS
 from tests.conftest import assert_same_shape
 
 IM_END = 2

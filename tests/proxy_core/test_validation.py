@@ -7,10 +7,10 @@ import dataclasses
 import numpy as np
 from proxy_core_fixtures import turn_from_fixture
 
-from tapdeck.proxy.findings import Finding, Level
-from tapdeck.proxy.graph import RolloutGraph
-from tapdeck.proxy.tokens import as_logprobs
-from tapdeck.proxy.validation import (
+from tapdeck.schema.findings import Finding, Level
+from tapdeck.proxy.capture.graph import RolloutGraph
+from tapdeck.proxy.capture.tokens import as_logprobs
+from tapdeck.proxy.capture.validation import (
     rollout_ok,
     validate_rollout,
     validate_sequence,

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tapdeck.proxy.reasoning import MarkerCache, read_markers
+from tapdeck.proxy.upstream.reasoning import MarkerCache, read_markers
 from tests.conftest import vllm_error_case as recorded_error
 from tests.conftest import vllm_fixture as recorded
 

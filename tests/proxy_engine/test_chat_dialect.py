@@ -16,7 +16,7 @@ from tapdeck.proxy.dialects import DIALECTS, detect
 from tapdeck.proxy.dialects.base import DialectError, DialectRequest, SSEEvent
 from tapdeck.proxy.dialects.chat import DIALECT as chat
 from tapdeck.proxy.dialects.chat import fold_system_messages, merge_system_messages
-from tapdeck.proxy.sse import encode
+from tapdeck.proxy.http.sse import encode
 
 TOOL_REPLY_MESSAGE = {
     "role": "assistant", "content": None, "refusal": None, "annotations": None, "audio": None,

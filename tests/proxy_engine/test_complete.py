@@ -12,15 +12,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tapdeck.proxy.engine_client import (
+from tapdeck.proxy.upstream.client import (
     EngineClient,
     EngineError,
     parse_capture,
 )
-from tapdeck.proxy import upstream_http
-from tapdeck.proxy.findings import Level
-from tapdeck.proxy.tiers import EngineSpec, Tier
-from tapdeck.proxy.tokens import PromptIdsMemo, loads_with_prompt_ids
+from tapdeck.proxy.upstream import transport as upstream_http
+from tapdeck.schema.findings import Level
+from tapdeck.proxy.upstream.tiers import EngineSpec, Tier
+from tapdeck.proxy.capture.tokens import PromptIdsMemo, loads_with_prompt_ids
 
 URL = "http://vllm.test:8111/v1"
 SPEC = EngineSpec(url=URL)

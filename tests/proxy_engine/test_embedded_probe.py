@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tapdeck.proxy import tiers
-from tapdeck.proxy.engine_client import EngineClient, EngineError
-from tapdeck.proxy.tiers import EngineSpec, Tier, probe
+from tapdeck.proxy.upstream import tiers
+from tapdeck.proxy.upstream.client import EngineClient, EngineError
+from tapdeck.proxy.upstream.tiers import EngineSpec, Tier, probe
 
 pytestmark = pytest.mark.slow
 

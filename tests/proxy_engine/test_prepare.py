@@ -8,8 +8,8 @@ import copy
 import pytest
 
 from tapdeck.proxy.dialects.base import DialectError
-from tapdeck.proxy.engine_client import EngineClient, EngineError, prepare_request
-from tapdeck.proxy.tiers import EngineSpec, Tier
+from tapdeck.proxy.upstream.client import EngineClient, EngineError, prepare_request
+from tapdeck.proxy.upstream.tiers import EngineSpec, Tier
 
 SPEC = EngineSpec(url="http://vllm.test:8111/v1")
 
@@ -178,7 +178,7 @@ def test_training_tier_sends_temperature_one_when_neither_harness_nor_policy_set
 def test_training_policy_must_be_full_vocabulary(policy):
     from pydantic import ValidationError
 
-    from tapdeck.proxy.sessions import SessionSpec
+    from tapdeck.proxy.sessions.spec import SessionSpec
 
     with pytest.raises(ValidationError, match="training_sampling"):
         SessionSpec(training_sampling=policy)

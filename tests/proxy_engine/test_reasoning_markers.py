@@ -16,11 +16,11 @@ from typing import Any
 import httpx
 import pytest
 
-from tapdeck.proxy.engine_client import EngineClient
-from tapdeck.proxy.graph import RolloutGraph
-from tapdeck.proxy.reasoning import MARKER_FAMILIES, MarkerCache, probe_body, read_markers
-from tapdeck.proxy.tiers import EngineSpec
-from tapdeck.proxy.token_in import TokenIn
+from tapdeck.proxy.upstream.client import EngineClient
+from tapdeck.proxy.capture.graph import RolloutGraph
+from tapdeck.proxy.upstream.reasoning import MARKER_FAMILIES, MarkerCache, probe_body, read_markers
+from tapdeck.proxy.upstream.tiers import EngineSpec
+from tapdeck.proxy.upstream.token_in import TokenIn
 from tests.conftest import vllm_fixture as recorded
 from tests.proxy_core.proxy_core_fixtures import turn_from_fixture
 

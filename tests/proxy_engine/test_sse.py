@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from tapdeck.proxy.dialects.base import SSEEvent
-from tapdeck.proxy.sse import KEEPALIVE, encode, stream_with_keepalive
+from tapdeck.proxy.http.sse import KEEPALIVE, encode, stream_with_keepalive
 
 
 def test_encode_json_named_and_done():

@@ -9,10 +9,10 @@ import socket
 import httpx
 import pytest
 
-from tapdeck.proxy import tiers
-from tapdeck.proxy.engine_client import EngineClient
-from tapdeck.proxy.findings import Level
-from tapdeck.proxy.tiers import EngineSpec, Tier, classify_logprobs_mode, probe
+from tapdeck.proxy.upstream import tiers
+from tapdeck.proxy.upstream.client import EngineClient
+from tapdeck.schema.findings import Level
+from tapdeck.proxy.upstream.tiers import EngineSpec, Tier, classify_logprobs_mode, probe
 
 URL = "http://vllm.test:8111/v1"
 

@@ -14,10 +14,10 @@ import copy
 
 import pytest
 
-from tapdeck.proxy.engine_client import EngineClient
-from tapdeck.proxy.graph import RolloutGraph
-from tapdeck.proxy.tiers import EngineSpec
-from tapdeck.proxy.token_in import Plan, TokenIn
+from tapdeck.proxy.upstream.client import EngineClient
+from tapdeck.proxy.capture.graph import RolloutGraph
+from tapdeck.proxy.upstream.tiers import EngineSpec
+from tapdeck.proxy.upstream.token_in import Plan, TokenIn
 from tests.conftest import vllm_fixture as recorded
 from tests.proxy_engine.conftest import smollm2_markers
 from tests.proxy_core.proxy_core_fixtures import turn_from_fixture

@@ -24,11 +24,11 @@ import httpx
 import numpy as np
 import pytest
 
-from tapdeck.proxy.engine_client import EngineClient, parse_capture
-from tapdeck.proxy.graph import RolloutGraph
-from tapdeck.proxy.reasoning import MarkerCache
-from tapdeck.proxy.tiers import EngineSpec
-from tapdeck.proxy.token_in import (
+from tapdeck.proxy.upstream.client import EngineClient, parse_capture
+from tapdeck.proxy.capture.graph import RolloutGraph
+from tapdeck.proxy.upstream.reasoning import MarkerCache
+from tapdeck.proxy.upstream.tiers import EngineSpec
+from tapdeck.proxy.upstream.token_in import (
     Plan,
     TokenIn,
     assistant_close,

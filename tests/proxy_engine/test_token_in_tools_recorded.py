@@ -15,10 +15,10 @@ import json
 import re
 from typing import Any
 
-from tapdeck.proxy.engine_client import EngineClient
-from tapdeck.proxy.graph import RolloutGraph
-from tapdeck.proxy.token_in import TokenIn, completion_as_chat
-from tapdeck.proxy.toolcalls import TOOL_PARSERS
+from tapdeck.proxy.upstream.client import EngineClient
+from tapdeck.proxy.capture.graph import RolloutGraph
+from tapdeck.proxy.upstream.token_in import TokenIn, completion_as_chat
+from tapdeck.proxy.upstream.toolcalls import TOOL_PARSERS
 from tests.conftest import vllm_fixture as recorded
 from tests.proxy_core.proxy_core_fixtures import turn_from_fixture
 from tests.proxy_engine.test_token_in_recorded import SPEC, TOKENIZE_PARTS, RecordedExchanges

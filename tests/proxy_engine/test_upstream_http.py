@@ -10,10 +10,10 @@ import struct
 
 import pytest
 
-from tapdeck.proxy import upstream_http
-from tapdeck.proxy.engine_client import EngineClient, EngineError
-from tapdeck.proxy.tiers import EngineSpec
-from tapdeck.proxy.upstream_http import UpstreamHTTP
+from tapdeck.proxy.upstream import transport as upstream_http
+from tapdeck.proxy.upstream.client import EngineClient, EngineError
+from tapdeck.proxy.upstream.tiers import EngineSpec
+from tapdeck.proxy.upstream.transport import UpstreamHTTP
 
 
 async def _read_request(reader: asyncio.StreamReader) -> None:

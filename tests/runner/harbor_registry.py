@@ -17,7 +17,7 @@ def registry_knowing_no_dataset() -> Iterator[str]:
     not hold; yields its URL."""
     from fastapi import FastAPI
 
-    from tapdeck.proxy.serving import ThreadedServer
+    from tapdeck.proxy.http.uvicorn_thread import ThreadedServer
 
     app = FastAPI()
     app.api_route("/{path:path}", methods=["GET", "POST"])(lambda path: [])

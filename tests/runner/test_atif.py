@@ -14,7 +14,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from harbor.models.trajectories import Agent, Metrics, Step, Trajectory  # noqa: E402
 
-from tapdeck.proxy.findings import Level  # noqa: E402
+from tapdeck.schema.findings import Level  # noqa: E402
 from tapdeck.runner.atif import CapturedCall, reconcile, reconcile_file  # noqa: E402
 
 
@@ -182,9 +182,9 @@ def test_calls_the_trajectory_never_recorded_are_named_for_demotion() -> None:
 def _recorded_session(tmp_path: Path):
     """A closed train session on a real store holding the three recorded vLLM turns of one
     conversation (a chain), opened by a fresh capture service as a restarted server would."""
-    from tapdeck.proxy.graph import RolloutGraph
+    from tapdeck.proxy.capture.graph import RolloutGraph
     from tapdeck.proxy.service import CaptureService
-    from tapdeck.proxy.store import Store
+    from tapdeck.proxy.store.database import Store
     from tests.proxy_core.proxy_core_fixtures import turn_from_fixture
 
     store = Store(tmp_path / "capture.db")
@@ -248,7 +248,7 @@ def test_a_demoted_call_stays_out_of_an_export_read_straight_from_the_store(tmp_
     """`tapdeck export` reads the store without a server: the calls the harness's trajectory never
     recorded must stay out of its training rows there too, as they do in the server's export."""
     from tapdeck.app.commands.export import session_rows
-    from tapdeck.proxy.store import Store
+    from tapdeck.proxy.store.database import Store
     from tapdeck.runner.rollout import captured_calls
 
     store, restart = _recorded_session(tmp_path)

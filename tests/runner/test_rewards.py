@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tapdeck.proxy.findings import Level
+from tapdeck.schema.findings import Level
 from tapdeck.runner.rewards import (
     REWARD_AMBIGUOUS,
     REWARD_KEY_MISSING,

@@ -14,14 +14,8 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 from tapdeck.runner.batch import RunPlan  # noqa: E402
 from tapdeck.runner.datasets import SAMPLE_DATASET_DIR  # noqa: E402
 from tapdeck.runner.harnesses import RunDefaults, build_agent_pieces  # noqa: E402
-from tapdeck.runner.rollout_settings import (  # noqa: E402
-    DEFAULT_HARD_LIMIT_S,
-    MIN_OUTPUT_TOKENS,
-    OUTPUT_SHARE,
-    RolloutSettings,
-    SettingsDoNotFit,
-    resolve,
-)
+from tapdeck.runner.rollout_settings import DEFAULT_HARD_LIMIT_S, MIN_OUTPUT_TOKENS, OUTPUT_SHARE, SettingsDoNotFit, resolve
+from tapdeck.schema.settings import RolloutSettings
 from tapdeck.schema.runs import RolloutTemplate  # noqa: E402
 from tests.conftest import vllm_fixture  # noqa: E402
 
@@ -154,8 +148,8 @@ async def test_settings_that_do_not_fit_fail_the_rollout_before_the_trial(tmp_pa
     """Against a served engine listing vLLM's recorded `max_model_len` (2048): the session records
     the context, and codex (8.7k-token first prompt) is refused before any trial starts."""
     from tapdeck.proxy.service import CaptureService
-    from tapdeck.proxy.store import Store
-    from tapdeck.proxy.tiers import EngineSpec
+    from tapdeck.proxy.store.database import Store
+    from tapdeck.proxy.upstream.tiers import EngineSpec
     from tapdeck.runner.rollout import RolloutSpec, run_rollout
     from tests.proxy.conftest import started_upstream
 

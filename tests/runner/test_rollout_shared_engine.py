@@ -90,7 +90,7 @@ def test_a_reused_engine_is_gone_when_its_owner_exits_or_its_port_refuses_but_no
 
     from fastapi import FastAPI
 
-    from tapdeck.proxy.serving import ThreadedServer
+    from tapdeck.proxy.http.uvicorn_thread import ThreadedServer
     from tapdeck.runner.engine.registry import SharedEngine
 
     busy = FastAPI()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tapdeck.proxy.tiers import EngineSpec
+from tapdeck.proxy.upstream.tiers import EngineSpec
 from tapdeck.runner.batch import BatchRunner, RunPlan
 
 URL = "http://gpu-box:8000/v1"

@@ -21,9 +21,9 @@ import pytest
 import uvloop
 
 from tapdeck.proxy.service import CaptureService
-from tapdeck.proxy.sessions import SessionSpec
-from tapdeck.proxy.store import Store
-from tapdeck.proxy.tiers import EngineSpec
+from tapdeck.proxy.sessions.spec import SessionSpec
+from tapdeck.proxy.store.database import Store
+from tapdeck.proxy.upstream.tiers import EngineSpec
 from tapdeck.runner.batch import BatchRunner, RunPlan
 from tapdeck.runner.rollout import RolloutResult, RolloutSpec
 from tapdeck.runner.runner_loop import RunnerLoop

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tapdeck.proxy.tiers import EngineSpec
+from tapdeck.proxy.upstream.tiers import EngineSpec
 from tapdeck.runner import batch as batch_module
 from tapdeck.runner.batch import (
     PLAN,
@@ -185,8 +185,8 @@ async def test_agent_whose_engine_died_is_classified_engine_unreachable(tmp_path
     # An installed agent that exits non-zero (or exits 0 having captured nothing, as gemini-cli
     # did) after the proxy answered its calls with 502: the session's finding names the cause.
     from tapdeck.proxy.service import CaptureService
-    from tapdeck.proxy.sessions import SessionSpec
-    from tapdeck.proxy.store import Store
+    from tapdeck.proxy.sessions.spec import SessionSpec
+    from tapdeck.proxy.store.database import Store
     from tapdeck.runner.rollout import RolloutSpec, _finish
 
     with socket.socket() as s:

@@ -1,6 +1,6 @@
 """Training tests: export rows built from recorded vLLM turns, and a scratch data dir.
 
-The rows are produced by the real `tapdeck.proxy.export` functions (RolloutGraph → trace_rows →
+The rows are produced by the real `tapdeck.proxy.capture.export` functions (RolloutGraph → trace_rows →
 write_jsonl) from Turns built out of tests/fixtures/vllm bodies, exactly as `tapdeck export RUN` does.
 """
 

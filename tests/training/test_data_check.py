@@ -117,7 +117,7 @@ def test_data_check_with_an_out_dir_it_cannot_write_says_so_in_one_line(tmp_path
 
 
 def test_data_check_reads_a_parquet_export_as_it_reads_the_jsonl(tmp_path: Path, export_file: Path) -> None:
-    from tapdeck.proxy.export import write_parquet
+    from tapdeck.proxy.capture.export import write_parquet
 
     rows = [row for rid in ROLLOUTS for row in rollout_rows(rid)]
     parquet = write_parquet(tmp_path / "rows.parquet", rows)

@@ -20,9 +20,9 @@ from proxy_core_fixtures import turn_from_fixture
 from training_data import rollout_rows, write_export
 from typer.testing import CliRunner
 
-from tapdeck.proxy.export import write_jsonl
-from tapdeck.proxy.graph import RolloutGraph
-from tapdeck.proxy.store import Store
+from tapdeck.proxy.capture.export import write_jsonl
+from tapdeck.proxy.capture.graph import RolloutGraph
+from tapdeck.proxy.store.database import Store
 from tapdeck.runner.recipes import RECIPES
 from tapdeck.runner.train_env import SCRIPT
 from tapdeck.runner.train_jobs import read_metrics

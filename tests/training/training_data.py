@@ -6,8 +6,8 @@ from pathlib import Path
 
 from proxy_core_fixtures import turn_from_fixture
 
-from tapdeck.proxy.export import trace_rows, training_trace, write_jsonl
-from tapdeck.proxy.graph import RolloutGraph
+from tapdeck.proxy.capture.export import trace_rows, training_trace, write_jsonl
+from tapdeck.proxy.capture.graph import RolloutGraph
 
 # rollout id → (group id, reward, recorded vLLM exchanges in call order)
 ROLLOUTS: dict[str, tuple[str, float | None, list[str]]] = {

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import uvicorn
 
-from tapdeck.proxy.error_reply import error_response
+from tapdeck.proxy.http.error_reply import error_response
 from tapdeck.proxy.errors import ProxyError
 
 KEEP_ALIVE_S = 75

@@ -22,7 +22,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from tapdeck.proxy.findings import Finding
+from tapdeck.schema.findings import Finding
 
 JSON_TYPES = ("json_object", "json_schema")
 

@@ -25,13 +25,13 @@ same reply in its own dialect.
 Calls with tools: the tools block is rendered into the ids by the engine's template (`/tokenize`
 gets the call's `tools`), and the reply's tool calls are parsed here with the parser the engine's
 chat route runs (`EngineSpec.tool_call_parser`, one implementation shared with the embedded
-engine: `proxy/toolcalls.py`), decoded the way that parser asks (special tokens kept). They stay on
+engine: `proxy/upstream/toolcalls.py`), decoded the way that parser asks (special tokens kept). They stay on
 the text path when the parser is unknown, when `tool_choice` forces a call (vLLM then constrains
 decoding on the chat route) and for legacy `functions`. An engine running a reasoning parser sends
 every call as text: its chat route splits the reasoning out of the reply, its completions route
 does not, and the harness would get the reasoning as content. With no reasoning parser named, the
 session's first call asks the engine's tokenizer whether the model has reasoning markers
-(`proxy/reasoning.py`); if it has, every call goes by text (`reasoning_unparsed`) and the session
+(`proxy/upstream/reasoning.py`); if it has, every call goes by text (`reasoning_unparsed`) and the session
 gets a finding naming the flag to set.
 """
 
@@ -46,20 +46,20 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tapdeck.proxy.aux import tokenize_url
-from tapdeck.proxy.engine_client import (
+from tapdeck.proxy.http.token_counts import tokenize_url
+from tapdeck.proxy.upstream.client import (
     PASSTHROUGH_STATUS,
     EngineClient,
     EngineError,
     zero_filled_usage,
 )
-from tapdeck.proxy.findings import Finding
-from tapdeck.proxy.reasoning import ENGINE_MARKERS, MarkerCache, Markers
-from tapdeck.proxy.tokens import PromptIdsMemo
-from tapdeck.proxy.toolcalls import TOOL_PARSERS, ToolParser, parses_tools
+from tapdeck.schema.findings import Finding
+from tapdeck.proxy.upstream.reasoning import ENGINE_MARKERS, MarkerCache, Markers
+from tapdeck.proxy.capture.tokens import PromptIdsMemo
+from tapdeck.proxy.upstream.toolcalls import TOOL_PARSERS, ToolParser, parses_tools
 
 if TYPE_CHECKING:
-    from tapdeck.proxy.graph import RolloutGraph
+    from tapdeck.proxy.capture.graph import RolloutGraph
 
 DIFF_WINDOW = 64
 """Ids kept per side of the window where the text path and the token-in prompt differ."""

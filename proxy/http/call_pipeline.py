@@ -17,10 +17,10 @@ from typing import Any
 import httpx
 import orjson
 
-from tapdeck.proxy.access_log import CURRENT_CALL, AccessRecord
-from tapdeck.proxy.aux import aux_dialect, count_tokens, match_aux
-from tapdeck.proxy.call_capture import CallCapture
-from tapdeck.proxy.call_reply import CallReply, finish_reason, logged, unless_disconnected
+from tapdeck.proxy.http.access_log import CURRENT_CALL, AccessRecord
+from tapdeck.proxy.http.token_counts import aux_dialect, count_tokens, match_aux
+from tapdeck.proxy.capture.call import CallCapture
+from tapdeck.proxy.http.call_reply import CallReply, finish_reason, logged, unless_disconnected
 from tapdeck.proxy.dialects import detect
 from tapdeck.proxy.dialects.arguments import arguments_memo
 from tapdeck.proxy.dialects.base import Dialect, DialectError, DialectRequest, SSEEvent
@@ -29,14 +29,14 @@ from tapdeck.proxy.dialects.chat import DIALECT as CHAT
 from tapdeck.proxy.dialects.google import DIALECT as GOOGLE
 from tapdeck.proxy.dialects.google import JSON_ARRAY
 from tapdeck.proxy.dialects.responses import DIALECT as RESPONSES
-from tapdeck.proxy.error_reply import render_error, render_stream_error
+from tapdeck.proxy.http.error_reply import render_error, render_stream_error
 from tapdeck.proxy.errors import ProxyError
-from tapdeck.proxy.live_session import LiveSession
-from tapdeck.proxy.model_listing import ServedModel, listing, lookup
-from tapdeck.proxy.request_limits import MALFORMED, MAX_JSON_DEPTH, malformed_message, too_deep
-from tapdeck.proxy.session_registry import SessionRegistry
-from tapdeck.proxy.sessions import key_from_request
-from tapdeck.proxy.sse import KEEPALIVE, json_array_with_keepalive, stream_with_keepalive
+from tapdeck.proxy.sessions.live import LiveSession
+from tapdeck.proxy.http.model_listing import ServedModel, listing, lookup
+from tapdeck.proxy.http.limits import MALFORMED, MAX_JSON_DEPTH, malformed_message, too_deep
+from tapdeck.proxy.sessions.registry import SessionRegistry
+from tapdeck.proxy.sessions.keys import key_from_request
+from tapdeck.proxy.http.sse import KEEPALIVE, json_array_with_keepalive, stream_with_keepalive
 
 log = logging.getLogger("tapdeck.proxy")
 
@@ -63,7 +63,7 @@ class CallPipeline:
                model_id: str | None = None) -> CallReply:
         """A models route with a session key (`GET /v1/models[/{id}]`, `/v1beta/models[/{model}]`):
         the list, or the model `model_id`, holding the session's model only, in the shape of the
-        SDK asking (proxy/model_listing.py)."""
+        SDK asking (proxy/http/model_listing.py)."""
         dialect = _models_dialect(path, headers, query)
         session = self.registry.for_key(key_from_request(headers, query))
         if session is None:

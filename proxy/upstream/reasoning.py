@@ -23,9 +23,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tapdeck.proxy.aux import tokenize_url
-from tapdeck.proxy.engine_client import EngineClient, EngineError
-from tapdeck.proxy.findings import Finding
+from tapdeck.proxy.http.token_counts import tokenize_url
+from tapdeck.proxy.upstream.client import EngineClient, EngineError
+from tapdeck.schema.findings import Finding
 
 MARKER_FAMILIES: dict[str, tuple[str, str]] = {
     "think": ("<think>", "</think>"),

@@ -1,65 +1,18 @@
-"""Capture sessions: the wire models of the admin API and the keys harnesses authenticate with.
-
-A session key is the API key a harness sends; it is an unguessable random token with a fixed,
-checked charset, and it is never stored or logged (the store keeps only the public session id).
-"""
+"""What opens a capture session: `POST /admin/sessions`'s body, and its refusals."""
 
 from __future__ import annotations
 
 import math
-import re
-import secrets
-from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from tapdeck.proxy.engine_client import NEUTRAL_SAMPLING
 from tapdeck.proxy.errors import ProxyError
-from tapdeck.proxy.request_limits import MAX_JSON_DEPTH, too_deep
-from tapdeck.proxy.tiers import EngineSpec
-from tapdeck.schema.sessions import EngineRef, SessionInfo, SessionState, SessionSummary
-
-__all__ = ["EngineRef", "SessionInfo", "SessionState", "SessionSummary"]
-
-KEY_PREFIX = "tdk-"
-_KEY_RE = re.compile(r"^tdk-[A-Za-z0-9_-]{43}$")
+from tapdeck.proxy.http.limits import MAX_JSON_DEPTH, too_deep
+from tapdeck.proxy.upstream.client import NEUTRAL_SAMPLING
+from tapdeck.proxy.upstream.tiers import EngineSpec
 
 RolloutType = Literal["auto", "train", "eval"]
-
-
-def new_session_key() -> str:
-    """A fresh session key: `tdk-` + 32 random bytes, URL-safe base64 (256 bits)."""
-    return KEY_PREFIX + secrets.token_urlsafe(32)
-
-
-def new_session_id() -> str:
-    """A fresh public session id (not a secret: it appears in events, logs and exports)."""
-    return "s-" + secrets.token_hex(8)
-
-
-def is_session_key(value: str) -> bool:
-    """Charset and length check: anything else is never looked up."""
-    return bool(_KEY_RE.fullmatch(value))
-
-
-def key_from_request(headers: Mapping[str, str], query: Mapping[str, str]) -> str | None:
-    """The API key a harness sent: `Authorization: Bearer`, `x-api-key`, `x-goog-api-key`, `?key=`.
-
-    `headers` must be case-insensitive (Starlette's are). Returns the first present value; whether it
-    names a session is for the caller to check.
-    """
-    auth = headers.get("authorization")
-    if auth:
-        scheme, _, token = auth.partition(" ")
-        if scheme.lower() == "bearer" and token.strip():
-            return token.strip()
-    for name in ("x-api-key", "x-goog-api-key"):
-        value = headers.get(name)
-        if value and value.strip():
-            return value.strip()
-    value = query.get("key")
-    return value.strip() if value and value.strip() else None
 
 
 class SessionSpec(BaseModel):
@@ -81,7 +34,7 @@ class SessionSpec(BaseModel):
     requested next to what was sent."""
 
     token_in: bool | None = None
-    """Token-in capture (`proxy/token_in.py`): a call extending a held conversation continues
+    """Token-in capture (`proxy/upstream/token_in.py`): a call extending a held conversation continues
     from its stored ids. None → on for training sessions; it needs the tokens tier."""
     max_output_tokens: int | None = Field(default=None, ge=1)
     """Output tokens per call, enforced: a call asking for more (or for no limit) is sent with this

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from tapdeck.proxy.findings import Finding
+from tapdeck.schema.findings import Finding
 
 
 @dataclass

@@ -8,12 +8,9 @@ Memory: a node keeps only the prompt ids beyond its base (`prompt_tail`) plus it
 and logprobs, so memory grows with unique tokens, not with turns². The full sequence is rebuilt on
 demand by walking bases (`full_prompt`, `full_sequence`).
 
-Lookup: prefixes are hashed vectorised (two independent 64-bit polynomial hashes over per-token
-random values, numpy uint64 wrap-around arithmetic: a gather, a multiply and a cumsum per hash).
-Each node is indexed by the two hashes of its end sequence (prompt+sampled) and of its prompt.
-Candidate ends are found with one vectorised `searchsorted` over the sorted index keys at the
-distinct node lengths below the prompt length; no per-node Python work, no scan of node contents.
-Two independent 64-bit hashes plus the length make a false match negligible.
+Lookup (`prefix_index.py`): each node is indexed by the hashes of its end sequence
+(prompt+sampled) and of its prompt, and a new prompt's candidate ends are found without a scan of
+node contents.
 
 Only the new tokens are hashed in the common case: when the prompt starts with the last call's
 ids (or those of an ancestor it extends: a retry, a fork), compares prove the shared part and
@@ -40,20 +37,19 @@ Not thread-safe: the caller serialises `add` per session.
 
 from __future__ import annotations
 
-import bisect
 import copy
 import dataclasses
-import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
-import orjson
 
-from tapdeck.proxy.findings import Finding, has_fatal
-from tapdeck.proxy.tokens import ID_DTYPE, as_ids
-from tapdeck.proxy.turn import Turn
+from tapdeck.schema.findings import Finding, has_fatal
+from tapdeck.proxy.capture.tokens import ID_DTYPE, as_ids
+from tapdeck.proxy.capture.turn import Turn
+from tapdeck.proxy.capture.message_chain import chain_hashes, conversation, system_prompt
+from tapdeck.proxy.capture.prefix_index import HASHER, Key, LengthIndex
 from tapdeck.schema.sessions import RolloutStats
 
 LinkKind = Literal["root", "prefix", "retokenized", "message"]
@@ -61,219 +57,6 @@ Role = Literal["agent", "auxiliary", "discarded"]
 
 _LOGPROB_SLACK = 1e-6
 """Logprobs up to this above 0 are float rounding of log(1), not a positive logprob."""
-
-
-# ---------------------------------------------------------------------------------------------
-# prefix hashing
-
-
-class _PrefixHasher:
-    """Two polynomial hashes (independent random bases) of every prefix of a token array.
-
-    Tokens are first mapped through one table of random odd 64-bit values (ids outside the table
-    through splitmix64), which keeps structured id sequences from colliding. Vectorised: one
-    gather, then a multiply and a cumsum per hash, all wrapping uint64.
-    """
-
-    _TABLE_BITS = 18
-
-    def __init__(self, seed: int = 0x7A9DEC) -> None:
-        rng = np.random.default_rng(seed)
-        size = 1 << self._TABLE_BITS
-        self._table = rng.integers(0, 2**63, size, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
-        self._bases = [np.uint64(int(rng.integers(1, 2**62)) * 2 + 1) for _ in range(2)]
-        self._powers = [np.ones(1, dtype=np.uint64) for _ in range(2)]
-
-    def _power(self, which: int, start: int, stop: int) -> np.ndarray:
-        pw = self._powers[which]
-        if pw.size < stop:
-            grow = max(stop, 2 * pw.size) - pw.size
-            ext = np.cumprod(np.full(grow, self._bases[which], dtype=np.uint64)) * pw[-1]
-            pw = self._powers[which] = np.concatenate([pw, ext])
-        return pw[start:stop]
-
-    def prefix_hashes(self, ids: np.ndarray, offset: int = 0,
-                      start: tuple[int, int] = (0, 0)) -> tuple[np.ndarray, np.ndarray]:
-        """`(g1, g2)` with `g[i]` = hash of `prefix + ids[:i]` for i in 0..len(ids), where the
-        prefix has length `offset` and hashes `start` (`g[0]`), so a sequence can be hashed in
-        pieces."""
-        mask = (1 << self._TABLE_BITS) - 1
-        vals = self._table[ids & mask]
-        if ids.size and (int(ids.min()) < 0 or int(ids.max()) > mask):
-            wide = (ids < 0) | (ids > mask)
-            vals[wide] = _splitmix(ids[wide].astype(np.int64).view(np.uint64))
-        out = []
-        for which in range(2):
-            # Ufuncs into one buffer: np.cumsum and a separate start add cost ~10 µs of call
-            # overhead each on the few dozen ids a reply or an observation adds.
-            g = np.empty(ids.size + 1, dtype=np.uint64)
-            g[0] = start[which]
-            np.multiply(vals, self._power(which, offset, offset + ids.size), out=g[1:])
-            out.append(np.add.accumulate(g, out=g))
-        return out[0], out[1]
-
-    def window(self, ids: np.ndarray, base: int = 0,
-               start: tuple[int, int] = (0, 0)) -> tuple[np.ndarray, np.ndarray]:
-        """`(g1, g2)` with `g[i]` = hash of `ids[:base + i]` for i in 0..len(ids) - base, given
-        `start`, the hashes of `ids[:base]` (only `ids[base:]` is hashed)."""
-        return self.prefix_hashes(ids[base:], base, start)
-
-
-def _splitmix(x: np.ndarray) -> np.ndarray:
-    x = x + np.uint64(0x9E3779B97F4A7C15)
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
-_HASHER = _PrefixHasher()
-_MIX_INT = 0x9E3779B97F4A7C15
-_MIX = np.uint64(_MIX_INT)
-_U64 = (1 << 64) - 1
-
-
-Key = tuple[int, int, int]
-"""(length, hash1, hash2) of a token sequence."""
-
-
-class _LengthIndex:
-    """Token sequences indexed by (length, hash1, hash2); queried with a prompt's prefix hashes."""
-
-    _SCALAR_PROBES = 8
-    """At most this many candidate lengths are looked up one by one; more take the vectorised
-    probe. An extending call has one or two (the last call's end), where a dozen small numpy
-    calls cost more than the lookups they save."""
-
-    def __init__(self) -> None:
-        self._by_key: dict[Key, list[int]] = {}
-        self._lens: list[int] = []
-        """Distinct lengths, sorted."""
-        self._len_count: dict[int, int] = {}
-        self._packed: list[int] = []
-        """`_pack` of every key, sorted."""
-        self._arrays: tuple[np.ndarray, np.ndarray] | None = None
-        """`_lens` and `_packed` as arrays for the vectorised probe, built when first needed
-        after an add (an extending call never needs them)."""
-
-    @staticmethod
-    def _pack(length: np.ndarray, h1: np.ndarray) -> np.ndarray:
-        return np.asarray(h1, dtype=np.uint64) ^ (np.asarray(length, dtype=np.uint64) * _MIX)
-
-    def add(self, key: Key, seq: int) -> None:
-        bisect.insort(self._by_key.setdefault(key, []), seq)
-        length = key[0]
-        count = self._len_count.get(length, 0)
-        if count == 0:
-            bisect.insort(self._lens, length)
-        self._len_count[length] = count + 1
-        bisect.insort(self._packed, key[1] ^ ((length * _MIX_INT) & _U64))  # `_pack`, exactly
-        self._arrays = None
-
-    def get(self, key: Key) -> list[int]:
-        return self._by_key.get(key, [])
-
-    def longest(self, g1: np.ndarray, g2: np.ndarray, base: int, lo: int, hi: int,
-                accept: Any = None) -> tuple[int, list[int]] | None:
-        """Longest length L with lo < L <= hi whose prefix hash is indexed: `(L, seqs)`.
-
-        `g1`, `g2` are a window from `_PrefixHasher.window` starting at length `base`; lengths
-        below `base` are not looked at.
-        """
-        lo = max(lo, base - 1)
-        if not self._packed or hi <= lo:
-            return None
-        a, b = bisect.bisect_right(self._lens, lo), bisect.bisect_right(self._lens, hi)
-        if a == b:
-            return None
-        if b - a <= self._SCALAR_PROBES:
-            hits = self._lens[a:b]  # each is looked up by its full key below
-        else:
-            if self._arrays is None:
-                self._arrays = (np.array(self._lens, dtype=np.int64),
-                                np.array(self._packed, dtype=np.uint64))
-            lens, packed = self._arrays
-            cand = lens[a:b]
-            probe = self._pack(cand, g1[cand - base])
-            pos = np.searchsorted(packed, probe)
-            pos[pos >= packed.size] = 0
-            hits = cand[packed[pos] == probe].tolist()
-        for length in reversed(hits):
-            seqs = self._by_key.get((length, int(g1[length - base]), int(g2[length - base])))
-            if seqs:
-                ok = [s for s in seqs if accept is None or accept(s)]
-                if ok:
-                    return length, ok
-        return None
-
-
-# ---------------------------------------------------------------------------------------------
-# message normalisation (for calls without ids and for re-tokenisation checks)
-
-
-def _canon_args(args: Any) -> str:
-    if isinstance(args, str):
-        try:
-            args = orjson.loads(args)
-        except orjson.JSONDecodeError:
-            return args
-    return orjson.dumps(args, option=orjson.OPT_SORT_KEYS).decode()
-
-
-def _text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, dict) and isinstance(part.get("text"), str):
-                parts.append(part["text"])
-            elif isinstance(part, str):
-                parts.append(part)
-            else:
-                parts.append(orjson.dumps(part, option=orjson.OPT_SORT_KEYS).decode())
-        return "".join(parts)
-    return orjson.dumps(content, option=orjson.OPT_SORT_KEYS).decode()
-
-
-def normalize_message(msg: dict[str, Any]) -> bytes:
-    """Canonical bytes of a message for prefix comparison.
-
-    Compares role, text and tool calls (name + canonical JSON arguments). Ignores `refusal`,
-    `annotations`, `audio`, ids and the like; null and "" are the same; a role-less reply is the
-    assistant's.
-    """
-    role = msg.get("role") or "assistant"
-    calls: list[Any] = []
-    tool_calls = msg.get("tool_calls") or []
-    # A lenient engine may have answered a request whose tool calls are not objects: they are
-    # compared as their JSON (a strict one refuses such a request before it becomes a turn).
-    for tc in tool_calls if isinstance(tool_calls, list) else [tool_calls]:
-        if not isinstance(tc, dict):
-            calls.append(orjson.dumps(tc, option=orjson.OPT_SORT_KEYS).decode())
-            continue
-        fn = tc.get("function") if isinstance(tc.get("function"), dict) else tc
-        calls.append([fn.get("name") or "", _canon_args(fn.get("arguments"))])
-    if isinstance(msg.get("function_call"), dict):
-        fc = msg["function_call"]
-        calls.append([fc.get("name") or "", _canon_args(fc.get("arguments"))])
-    return orjson.dumps([role, _text(msg.get("content")), calls])
-
-
-def conversation(request: dict[str, Any]) -> list[dict[str, Any]]:
-    """The request's messages without the leading system/developer messages."""
-    msgs = [m for m in (request.get("messages") or []) if isinstance(m, dict)]
-    start = 0
-    while start < len(msgs) and msgs[start].get("role") in ("system", "developer"):
-        start += 1
-    return msgs[start:]
-
-
-def _system_prompt(request: dict[str, Any]) -> list[bytes]:
-    """The request's leading system/developer messages, canonical (what `conversation` skips)."""
-    msgs = [m for m in (request.get("messages") or []) if isinstance(m, dict)]
-    return [normalize_message(m) for m in msgs[:len(msgs) - len(conversation(request))]]
 
 
 def _reasoning_dropped(cand: Node, conv: list[dict[str, Any]]) -> bool:
@@ -284,18 +67,6 @@ def _reasoning_dropped(cand: Node, conv: list[dict[str, Any]]) -> bool:
         return False
     resent = conv[cand.conv_len - 1]
     return not (resent.get("reasoning") or resent.get("reasoning_content"))
-
-
-def _chain(prev: bytes, msg: dict[str, Any]) -> bytes:
-    return hashlib.blake2b(prev + normalize_message(msg), digest_size=16).digest()
-
-
-def _chain_hashes(msgs: list[dict[str, Any]], start: bytes = b"") -> list[bytes]:
-    out, h = [], start
-    for m in msgs:
-        h = _chain(h, m)
-        out.append(h)
-    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -422,8 +193,8 @@ class RolloutGraph:
     def __init__(self) -> None:
         self._nodes: dict[int, Node] = {}
         self._roots: list[int] = []
-        self._ends = _LengthIndex()
-        self._prompts = _LengthIndex()
+        self._ends = LengthIndex()
+        self._prompts = LengthIndex()
         self._conv: dict[bytes, list[int]] = {}
         self._root_groups: dict[Any, list[int]] = {}
         # The last call with ids: its prompt and sampled arrays (one prompt's memory per graph).
@@ -491,7 +262,7 @@ class RolloutGraph:
         `request`'s conversation under the same system prompt, followed by `new` > 0 messages;
         None when the request extends no call held here (a new root, an edited history)."""
         conv = conversation(request)
-        hashes = _chain_hashes(conv)
+        hashes = chain_hashes(conv)
         system = None
         for k in range(len(hashes) - 1, 0, -1):
             for s in sorted(self._conv.get(hashes[k - 1], []), reverse=True):
@@ -499,8 +270,8 @@ class RolloutGraph:
                 if not (n.has_prompt and n.sampled_len and n.conv_len == k):
                     continue
                 if system is None:
-                    system = _system_prompt(request)
-                if _system_prompt(n.turn.request) == system:
+                    system = system_prompt(request)
+                if system_prompt(n.turn.request) == system:
                     return s, len(conv) - k
         return None
 
@@ -695,7 +466,7 @@ class RolloutGraph:
         node.prompt_key = (n, *prompt_hash)
         s = node.sampled
         if s is not None and s.size:
-            e1, e2 = _HASHER.prefix_hashes(s, n, prompt_hash)
+            e1, e2 = HASHER.prefix_hashes(s, n, prompt_hash)
             node.end_key = (n + s.size, int(e1[-1]), int(e2[-1]))
         else:
             node.end_key = node.prompt_key
@@ -740,11 +511,11 @@ class RolloutGraph:
         hot = self._hot_start(prompt)
         if hot is not None:
             base = hot[0]
-            g1, g2 = _HASHER.window(prompt, base, hot[1])
+            g1, g2 = HASHER.window(prompt, base, hot[1])
             best = self._ends.longest(g1, g2, base, 0, n, accept=is_end)
         if best is None:
             base = 0
-            g1, g2 = _HASHER.window(prompt)
+            g1, g2 = HASHER.window(prompt)
             best = self._ends.longest(g1, g2, base, 0, n, accept=is_end)
         exact = best[1][0] if best else None
         exact_len = best[0] if best else 0
@@ -772,7 +543,7 @@ class RolloutGraph:
         return prompt_hash
 
     def _link_by_messages(self, node: Node, conv: list[dict[str, Any]]) -> None:
-        hashes = _chain_hashes(conv)
+        hashes = chain_hashes(conv)
         for i in range(len(hashes), 0, -1):
             seqs = [s for s in self._conv.get(hashes[i - 1], []) if s != node.seq]
             if seqs:
@@ -785,7 +556,7 @@ class RolloutGraph:
         k = cand.conv_len
         if len(conv) < k:
             return False
-        return _chain_hashes(conv[:k])[-1] == self._conv_hash(cand)
+        return chain_hashes(conv[:k])[-1] == self._conv_hash(cand)
 
     @staticmethod
     def _divergence(cand: Node, prompt: np.ndarray) -> int:
@@ -809,14 +580,14 @@ class RolloutGraph:
             floor = self._nodes[exact].conv_len
             if not any((m.get("role") or "assistant") == "assistant" for m in conv[floor:]):
                 return
-        hashes = _chain_hashes(conv)
+        hashes = chain_hashes(conv)
         for i in range(len(hashes), floor, -1):
             seqs = [s for s in self._conv.get(hashes[i - 1], []) if s != node.seq]
             if seqs:
                 other = self._nodes[min(seqs)]
                 if not other.has_prompt:
                     return
-                if _system_prompt(node.turn.request) != _system_prompt(other.turn.request):
+                if system_prompt(node.turn.request) != system_prompt(other.turn.request):
                     node.link_findings.append(Finding.info(
                         "other_system_prompt",
                         f"resends turn {other.seq}'s conversation under another system prompt (a "
@@ -971,13 +742,13 @@ class RolloutGraph:
 
     @staticmethod
     def _request_hash(node: Node) -> bytes:
-        hashes = _chain_hashes(conversation(node.turn.request))
+        hashes = chain_hashes(conversation(node.turn.request))
         return hashes[-1] if hashes else b""
 
     def _conv_hash(self, node: Node) -> bytes:
         if node.conv_hash is None:
             msgs = conversation(node.turn.request) + [node.turn.response or {}]
-            node.conv_hash = _chain_hashes(msgs)[-1]
+            node.conv_hash = chain_hashes(msgs)[-1]
         return node.conv_hash
 
     def _finish_conv_hash(self, node: Node, conv: list[dict[str, Any]]) -> None:
@@ -989,7 +760,7 @@ class RolloutGraph:
         p = self._nodes[node.parent] if node.parent is not None else None
         if (node.conv_hash is None and p is not None and node.kind == "prefix"
                 and p.conv_hash is not None and len(conv) >= p.conv_len):
-            node.conv_hash = _chain_hashes(conv[p.conv_len:] + [node.turn.response or {}],
+            node.conv_hash = chain_hashes(conv[p.conv_len:] + [node.turn.response or {}],
                                            start=p.conv_hash)[-1]
         self._conv.setdefault(self._conv_hash(node), []).append(node.seq)
 
@@ -1027,7 +798,7 @@ class RolloutGraph:
         if not new.has_prompt:
             if c.conv_len <= new.conv_len:
                 return False
-            hashes = _chain_hashes(conversation(c.turn.request)[: new.conv_len])
+            hashes = chain_hashes(conversation(c.turn.request)[: new.conv_len])
             return len(hashes) == new.conv_len and hashes[-1] == self._conv_hash(new)
         n = new.prompt_len
         if n >= c.prompt_len:

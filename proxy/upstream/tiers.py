@@ -24,8 +24,8 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict
 
-from tapdeck.proxy.engine_client import EngineClient, EngineError
-from tapdeck.proxy.findings import Finding
+from tapdeck.proxy.upstream.client import EngineClient, EngineError
+from tapdeck.schema.findings import Finding
 from tapdeck.schema.sessions import Tier
 
 LogprobsMode = Literal["processed", "raw", "unknown"]
@@ -52,7 +52,7 @@ class EngineSpec(BaseModel):
     api_key: str | None = None
     tool_call_parser: str | None = None
     """The parser the engine's chat route applies to tool calls (vLLM's `--tool-call-parser`;
-    `proxy/toolcalls.py` holds those tapdeck knows). None: unknown, so token-in capture sends calls
+    `proxy/upstream/toolcalls.py` holds those tapdeck knows). None: unknown, so token-in capture sends calls
     with tools as text."""
     reasoning_parser: str | None = None
     """vLLM's `--reasoning-parser` when the engine runs one: its chat route splits reasoning out of

@@ -17,33 +17,25 @@ from typing import Any
 
 import httpx
 
-from tapdeck.proxy.activity import ActivityLog
+from tapdeck.proxy.sessions.activity import ActivityLog
 from tapdeck.proxy.dialects.arguments import ArgumentsMemo
 from tapdeck.proxy.dialects.stored_responses import StoredResponses
-from tapdeck.proxy.engine_address import settle
-from tapdeck.proxy.engine_client import EngineClient
-from tapdeck.proxy.events import EventBus
-from tapdeck.proxy.findings import Finding
-from tapdeck.proxy.graph import RolloutGraph
-from tapdeck.proxy.interning import Interner
-from tapdeck.proxy.live_session import LiveSession, stored_stats
-from tapdeck.proxy.sessions import (
-    EngineRef,
-    SessionError,
-    SessionInfo,
-    SessionSpec,
-    SessionSummary,
-    base_urls_for,
-    is_session_key,
-    new_session_id,
-    new_session_key,
-)
-from tapdeck.proxy.store import Store
-from tapdeck.proxy.store_writes import StoreUnavailable, StoreWrites
-from tapdeck.proxy.tiers import EngineSpec, ProbeResult, Tier, probe
-from tapdeck.proxy.token_in import TokenIn
-from tapdeck.proxy.tokens import PromptIdsMemo
-from tapdeck.proxy.validation import reported_stats
+from tapdeck.proxy.upstream.address import settle
+from tapdeck.proxy.upstream.client import EngineClient
+from tapdeck.proxy.http.events import EventBus
+from tapdeck.schema.findings import Finding
+from tapdeck.proxy.capture.graph import RolloutGraph
+from tapdeck.proxy.capture.interning import Interner
+from tapdeck.proxy.sessions.live import LiveSession, stored_stats
+from tapdeck.schema.sessions import EngineRef, SessionInfo, SessionSummary
+from tapdeck.proxy.sessions.spec import SessionError, SessionSpec, base_urls_for
+from tapdeck.proxy.sessions.keys import is_session_key, new_session_id, new_session_key
+from tapdeck.proxy.store.database import Store
+from tapdeck.proxy.store.writes import StoreUnavailable, StoreWrites
+from tapdeck.proxy.upstream.tiers import EngineSpec, ProbeResult, Tier, probe
+from tapdeck.proxy.upstream.token_in import TokenIn
+from tapdeck.proxy.capture.tokens import PromptIdsMemo
+from tapdeck.proxy.capture.validation import reported_stats
 from tapdeck.schema.events import SessionClosed, SessionOpened, SessionUpdated
 from tapdeck.schema.sessions import RolloutStats
 

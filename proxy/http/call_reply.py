@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tapdeck.proxy.access_log import AccessRecord
+from tapdeck.proxy.http.access_log import AccessRecord
 from tapdeck.proxy.errors import ProxyError
 
 

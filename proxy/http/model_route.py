@@ -23,7 +23,7 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
 
-from tapdeck.proxy.error_reply import error_response
+from tapdeck.proxy.http.error_reply import error_response
 from tapdeck.proxy.errors import ProxyError
 
 Scope = dict[str, Any]

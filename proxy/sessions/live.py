@@ -11,13 +11,13 @@ from pydantic import ValidationError
 
 from tapdeck.proxy.dialects.arguments import ArgumentsMemo
 from tapdeck.proxy.dialects.stored_responses import StoredResponses
-from tapdeck.proxy.engine_client import EngineClient
-from tapdeck.proxy.findings import Finding, Level
-from tapdeck.proxy.graph import RolloutGraph
-from tapdeck.proxy.interning import Interner
-from tapdeck.proxy.tiers import EngineSpec, Tier
-from tapdeck.proxy.token_in import TokenIn
-from tapdeck.proxy.tokens import PromptIdsMemo
+from tapdeck.proxy.upstream.client import EngineClient
+from tapdeck.schema.findings import Finding, Level
+from tapdeck.proxy.capture.graph import RolloutGraph
+from tapdeck.proxy.capture.interning import Interner
+from tapdeck.proxy.upstream.tiers import EngineSpec, Tier
+from tapdeck.proxy.upstream.token_in import TokenIn
+from tapdeck.proxy.capture.tokens import PromptIdsMemo
 from tapdeck.schema.sessions import RolloutStats
 
 

@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 import orjson
 
-from tapdeck.proxy.atomic_write import atomic_write
+from tapdeck.proxy.store.atomic_write import atomic_write
 from tapdeck.proxy.errors import ProxyError
-from tapdeck.proxy.findings import Finding
-from tapdeck.proxy.graph import RolloutGraph
-from tapdeck.proxy.validation import is_train, reported_stats, rollout_ok, validate_rollout
+from tapdeck.schema.findings import Finding
+from tapdeck.proxy.capture.graph import RolloutGraph
+from tapdeck.proxy.capture.validation import is_train, reported_stats, rollout_ok, validate_rollout
 
 SCHEMA_VERSION = 1
 
@@ -328,7 +328,7 @@ _TYPED_SCALARS = {"rollout_id": "string", "group_id": "string", "session_id": "s
 
 def write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> Path:
     """One JSON object per line (numpy arrays written as lists). Returns the path. The file is
-    replaced whole or, on any failure, left as it was (proxy/atomic_write.py)."""
+    replaced whole or, on any failure, left as it was (proxy/store/atomic_write.py)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     opts = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS | orjson.OPT_APPEND_NEWLINE
@@ -340,7 +340,7 @@ def write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> Path:
 
 def write_parquet(path: Path, rows: Iterable[dict[str, Any]]) -> Path:
     """Parquet for a whole run: token columns as typed lists, nested dicts as JSON strings. The
-    file is replaced whole or, on any failure, left as it was (proxy/atomic_write.py)."""
+    file is replaced whole or, on any failure, left as it was (proxy/store/atomic_write.py)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 

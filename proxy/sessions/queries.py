@@ -9,13 +9,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from tapdeck.proxy.export import graph_view, turn_detail
-from tapdeck.proxy.findings import Finding
-from tapdeck.proxy.graph import RolloutGraph
-from tapdeck.proxy.session_registry import SessionRegistry
-from tapdeck.proxy.sessions import SessionError, SessionSummary
-from tapdeck.proxy.tiers import Tier
-from tapdeck.proxy.validation import validate_rollout
+from tapdeck.proxy.capture.export import graph_view, turn_detail
+from tapdeck.schema.findings import Finding
+from tapdeck.proxy.capture.graph import RolloutGraph
+from tapdeck.proxy.sessions.registry import SessionRegistry
+from tapdeck.proxy.sessions.spec import SessionError
+from tapdeck.schema.sessions import SessionSummary
+from tapdeck.proxy.upstream.tiers import Tier
+from tapdeck.proxy.capture.validation import validate_rollout
 
 T = TypeVar("T")
 Build = Callable[[dict[str, Any], RolloutGraph, Tier], T]

@@ -24,12 +24,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from tapdeck.proxy.config import DEFAULT_MAX_BODY_BYTES
-from tapdeck.proxy.error_reply import error_response
+from tapdeck.proxy.http.error_reply import error_response
 from tapdeck.proxy.errors import ProxyError
-from tapdeck.proxy.model_route import ModelCallsFirst
-from tapdeck.proxy.request_limits import ADMIN_KEY_REQUIRED, GuardedBodies, read_body
+from tapdeck.proxy.http.model_route import ModelCallsFirst
+from tapdeck.proxy.http.limits import ADMIN_KEY_REQUIRED, GuardedBodies, read_body
 from tapdeck.proxy.service import CallReply, CaptureService
-from tapdeck.proxy.sessions import SessionSpec
+from tapdeck.proxy.sessions.spec import SessionSpec
 from tapdeck.schema.activity import SessionActivity
 from tapdeck.schema.sessions import (
     GraphView,
@@ -216,7 +216,7 @@ def create_app(service: CaptureService, *, admin_key: str,
     for router in routers:
         app.include_router(router)
 
-    # The session's one model, in the asking SDK's shape (proxy/model_listing.py). A model id
+    # The session's one model, in the asking SDK's shape (proxy/http/model_listing.py). A model id
     # may hold slashes (`Qwen/Qwen3-8B`), hence `:path`.
     @app.get("/v1/models")
     @app.get("/v1beta/models")

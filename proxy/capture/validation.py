@@ -1,6 +1,6 @@
 """Validation per turn, per training sequence and per rollout (capture-cases F and K).
 
-Every finding renders as `[FATAL|WARN|INFO] code: detail` (see `tapdeck.proxy.findings`).
+Every finding renders as `[FATAL|WARN|INFO] code: detail` (see `tapdeck.schema.findings`).
 Any FATAL makes the rollout not ok; a FATAL turn stays linked in the graph, its tokens masked.
 """
 
@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from tapdeck.proxy.findings import Finding, has_fatal
-from tapdeck.proxy.graph import _LOGPROB_SLACK, RolloutGraph
-from tapdeck.proxy.turn import Turn
+from tapdeck.schema.findings import Finding, has_fatal
+from tapdeck.proxy.capture.graph import _LOGPROB_SLACK, RolloutGraph
+from tapdeck.proxy.capture.turn import Turn
 from tapdeck.schema.sessions import RolloutStats
 
 

@@ -30,17 +30,17 @@ from urllib.parse import quote
 import numpy as np
 import orjson
 
-from tapdeck.proxy.findings import Finding
-from tapdeck.proxy.graph import Link, RolloutGraph
-from tapdeck.proxy.interning import CONTENT_ADDRESSED, common_prefix, content_key
-from tapdeck.proxy.tokens import (
+from tapdeck.schema.findings import Finding
+from tapdeck.proxy.capture.graph import Link, RolloutGraph
+from tapdeck.proxy.capture.interning import CONTENT_ADDRESSED, common_prefix, content_key
+from tapdeck.proxy.capture.tokens import (
     as_ids,
     ids_from_bytes,
     ids_to_bytes,
     logprobs_from_bytes,
     logprobs_to_bytes,
 )
-from tapdeck.proxy.turn import Turn
+from tapdeck.proxy.capture.turn import Turn
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from starlette.responses import JSONResponse, Response
 
-from tapdeck.proxy.aux import aux_dialect, match_aux
-from tapdeck.proxy.call_reply import CallReply
+from tapdeck.proxy.http.token_counts import aux_dialect, match_aux
+from tapdeck.proxy.http.call_reply import CallReply
 from tapdeck.proxy.dialects import detect
 from tapdeck.proxy.dialects.base import Dialect, SSEEvent
 from tapdeck.proxy.dialects.chat import DIALECT as CHAT

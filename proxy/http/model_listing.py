@@ -17,9 +17,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from tapdeck.proxy.call_reply import CallReply
+from tapdeck.proxy.http.call_reply import CallReply
 from tapdeck.proxy.dialects.base import Dialect
-from tapdeck.proxy.error_reply import render_error
+from tapdeck.proxy.http.error_reply import render_error
 from tapdeck.proxy.errors import ProxyError
 
 OWNER = "tapdeck"

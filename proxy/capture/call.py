@@ -18,25 +18,25 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
-from tapdeck.proxy.access_log import CURRENT_CALL
-from tapdeck.proxy.activity import ActivityLog
-from tapdeck.proxy.aux import forget_engine
+from tapdeck.proxy.http.access_log import CURRENT_CALL
+from tapdeck.proxy.sessions.activity import ActivityLog
+from tapdeck.proxy.http.token_counts import forget_engine
 from tapdeck.proxy.dialects.arguments import not_object_findings
 from tapdeck.proxy.dialects.base import DialectError, DialectRequest
 from tapdeck.proxy.dialects.chat import fold_system_messages, has_late_system
-from tapdeck.proxy.engine_client import EngineClient, EngineError
-from tapdeck.proxy.export import capture_mode
-from tapdeck.proxy.findings import Finding
-from tapdeck.proxy.graph import Link
-from tapdeck.proxy.json_mode import answer_as_json, json_format
-from tapdeck.proxy.live_session import CallSlot, LiveSession
-from tapdeck.proxy.request_limits import MALFORMED, malformed_message
-from tapdeck.proxy.session_registry import SessionRegistry
-from tapdeck.proxy.store_writes import StoreUnavailable
-from tapdeck.proxy.tiers import PROBES
-from tapdeck.proxy.token_in import Plan
-from tapdeck.proxy.turn import Turn
-from tapdeck.proxy.validation import validate_turn
+from tapdeck.proxy.upstream.client import EngineClient, EngineError
+from tapdeck.proxy.capture.export import capture_mode
+from tapdeck.schema.findings import Finding
+from tapdeck.proxy.capture.graph import Link
+from tapdeck.proxy.upstream.json_mode import answer_as_json, json_format
+from tapdeck.proxy.sessions.live import CallSlot, LiveSession
+from tapdeck.proxy.http.limits import MALFORMED, malformed_message
+from tapdeck.proxy.sessions.registry import SessionRegistry
+from tapdeck.proxy.store.writes import StoreUnavailable
+from tapdeck.proxy.upstream.tiers import PROBES
+from tapdeck.proxy.upstream.token_in import Plan
+from tapdeck.proxy.capture.turn import Turn
+from tapdeck.proxy.capture.validation import validate_turn
 from tapdeck.schema.events import TurnCaptured
 from tapdeck.schema.sessions import TurnHeader
 
@@ -209,7 +209,7 @@ class CallCapture:
 
     async def _token_in_plan(self, session: LiveSession, req: DialectRequest,
                              upstream: dict[str, Any], fmt: Any) -> Plan:
-        """Token-in or text for this call (`proxy/token_in.py`); structured-output calls and
+        """Token-in or text for this call (`proxy/upstream/token_in.py`); structured-output calls and
         calls whose system messages had to be folded take the text path."""
         assert session.token_in is not None
         if session.graph is None:  # dropped by a store fault this instant: nothing is held

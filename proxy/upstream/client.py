@@ -23,14 +23,14 @@ import httpx
 import numpy as np
 import orjson
 
-from tapdeck.proxy.engine_address import shown_url
+from tapdeck.proxy.upstream.address import shown_url
 from tapdeck.proxy.errors import DialectError, ProxyError
-from tapdeck.proxy.findings import Finding
-from tapdeck.proxy.tokens import PromptIdsMemo, as_ids, as_logprobs, loads_with_prompt_ids
-from tapdeck.proxy.upstream_http import UpstreamHTTP, UpstreamReply, UpstreamTimeout, UpstreamUnreachable
+from tapdeck.schema.findings import Finding
+from tapdeck.proxy.capture.tokens import PromptIdsMemo, as_ids, as_logprobs, loads_with_prompt_ids
+from tapdeck.proxy.upstream.transport import UpstreamHTTP, UpstreamReply, UpstreamTimeout, UpstreamUnreachable
 
 if TYPE_CHECKING:
-    from tapdeck.proxy.tiers import EngineSpec, Tier
+    from tapdeck.proxy.upstream.tiers import EngineSpec, Tier
 
 DEFAULT_MAX_TOKENS_CAP = 8192
 ENGINE_READ_TIMEOUT_S = 2340.0

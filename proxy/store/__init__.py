@@ -1,0 +1,2 @@
+"""Durable capture: the SQLite store, its writer threads, and files replaced whole.
+"""
