@@ -123,6 +123,7 @@ def _shapes(recording: dict[str, Any], routes: dict[str, APIRoute]) -> dict[str,
 
 
 def test_every_admin_route_declares_its_response_model(admin_routes: dict[str, APIRoute]) -> None:
+    assert {"GET /health", "POST /admin/sessions", "GET /admin/runs"} <= set(admin_routes)
     undeclared = [key for key, route in admin_routes.items()
                   if key not in STREAMS and _model_of(route.response_model) is None]
     assert undeclared == []
@@ -136,6 +137,8 @@ def test_every_admin_route_is_recorded_or_said_why_not(recording: dict[str, Any]
 
 def test_recorded_replies_validate_against_their_routes_models_with_no_key_left_over(
         recording: dict[str, Any], admin_routes: dict[str, APIRoute]) -> None:
+    recorded = set(admin_routes) - set(NOT_RECORDED) - STREAMS
+    assert recorded and set(recording["routes"]) == recorded
     for key, body in recording["routes"].items():
         model = _model_of(admin_routes[key].response_model)
         model.model_validate(body)
@@ -165,6 +168,10 @@ def test_the_tuis_recorded_fixture_holds_to_the_same_models() -> None:
     bodies += [(GraphView, g) for g in data["graphs"].values()]
     bodies += [(TrainLog, log) for log in train["logs"].values()]
     bodies += [(TrainMetrics, m) for m in train["metrics"].values()]
+    kinds = {model for model, _ in bodies}
+    assert kinds == {Health, Catalog, SessionList, RunList, RecipeList, TrainRunList, SessionDetail,
+                     SessionActivity, RunDetail, RolloutDocument, TurnDetail, GraphView, TrainLog,
+                     TrainMetrics}, "the recording lacks a kind of body"
     for model, body in bodies:
         model.model_validate(body)
         assert shape(body, model)[1] == set(), model.__name__
@@ -193,7 +200,8 @@ def test_graph_view_since_n_is_the_documents_headers_from_n_without_tokens(
         recording: dict[str, Any]) -> None:
     doc = recording["routes"]["GET /admin/sessions/{session_id}/rollout"]
     view = GraphView.model_validate(recording["routes"]["GET /admin/sessions/{session_id}/graph"])
-    assert view.since == 1 and [t.seq for t in view.turns] == [t["seq"] for t in doc["turns"][1:]]
+    assert view.since == 1 and view.turns
+    assert [t.seq for t in view.turns] == [t["seq"] for t in doc["turns"][1:]]
     assert view.links == [(t["seq"], t["parent"], t["role"]) for t in doc["turns"]]
     for header in view.turns:
         full = next(t for t in doc["turns"] if t["seq"] == header.seq)

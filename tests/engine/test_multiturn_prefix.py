@@ -59,12 +59,15 @@ def test_greedy_conversation_keeps_the_exact_prefix(embedded_engine):
     for k in range(3):
         body = _chat(embedded_engine, messages, temperature=0, max_tokens=32)
         prompt, choice = body["prompt_token_ids"], body["choices"][0]
+        # Greedy, each reply ends on the EOS well within 32 tokens: the case this test is about
+        # (a length cut is test_length_cut_turn_gets_an_im_end_never_sampled's).
+        assert choice["finish_reason"] == "stop" and choice["token_ids"][-1] == IM_END, choice
         if prev is not None:
             prev_prompt, prev_ids = prev
             full = prev_prompt + prev_ids
             assert prompt[: len(full)] == full
-            if prev_ids[-1] == IM_END:  # the template's own tokens follow the sampled EOS
-                assert prompt[len(full): len(full) + 4] == [NEWLINE, IM_START, USER, NEWLINE]
+            # the template's own tokens follow the sampled EOS
+            assert prompt[len(full): len(full) + 4] == [NEWLINE, IM_START, USER, NEWLINE]
         prev = (prompt, choice["token_ids"])
         messages += [{"role": "assistant", "content": choice["message"]["content"]},
                      {"role": "user", "content": OBSERVATIONS[k % 2]}]

@@ -48,7 +48,9 @@ def test_processed_logprobs_scale_with_inverse_temperature(embedded_engine):
 
 def test_sampled_logprob_is_the_first_top_entry_and_consistent(embedded_engine):
     body = _chat(embedded_engine, temperature=1.0, seed=3, max_tokens=6, top_logprobs=20)
-    for entry in body["choices"][0]["logprobs"]["content"]:
+    entries = body["choices"][0]["logprobs"]["content"]
+    assert len(entries) == len(body["choices"][0]["token_ids"]) == 6  # this seed runs to max_tokens
+    for entry in entries:
         assert entry["top_logprobs"][0]["token"] == entry["token"]
         assert entry["top_logprobs"][0]["logprob"] == entry["logprob"]
         total = sum(math.exp(t["logprob"]) for t in entry["top_logprobs"])
@@ -58,7 +60,9 @@ def test_sampled_logprob_is_the_first_top_entry_and_consistent(embedded_engine):
 
 def test_top_k_renormalises_over_the_kept_tokens(embedded_engine):
     body = _chat(embedded_engine, temperature=1.0, seed=5, top_k=2, max_tokens=8, top_logprobs=3)
-    for entry in body["choices"][0]["logprobs"]["content"]:
+    entries = body["choices"][0]["logprobs"]["content"]
+    assert len(entries) == len(body["choices"][0]["token_ids"]) == 8
+    for entry in entries:
         finite = [t["logprob"] for t in entry["top_logprobs"] if t["logprob"] > -9999.0]
         assert len(finite) <= 2
         assert math.log(sum(math.exp(x) for x in finite)) == pytest.approx(0.0, abs=1e-9)
@@ -71,7 +75,9 @@ def test_top_p_and_min_p_keep_mass_on_the_kept_tokens(embedded_engine):
     for knobs in ({"top_p": 0.5}, {"min_p": 0.2}):
         body = _chat(embedded_engine, temperature=1.0, seed=2, max_tokens=6, top_logprobs=20,
                      **knobs)
-        for entry in body["choices"][0]["logprobs"]["content"]:
+        entries = body["choices"][0]["logprobs"]["content"]
+        assert len(entries) == len(body["choices"][0]["token_ids"]) == 6, knobs
+        for entry in entries:
             kept = [t["logprob"] for t in entry["top_logprobs"] if t["logprob"] > -9999.0]
             assert sum(math.exp(x) for x in kept) == pytest.approx(1.0, abs=1e-9), knobs
 

@@ -203,6 +203,7 @@ def test_return_tokens_as_token_ids_mode(token_id_engine):
     assert_same_shape(body, rec["response"])
     choice = body["choices"][0]
     assert choice["message"]["content"] and "token_id" not in choice["message"]["content"]
+    assert len(choice["logprobs"]["content"]) == len(choice["token_ids"]) > 0
     for entry, tid in zip(choice["logprobs"]["content"], choice["token_ids"]):
         assert entry["token"] == f"token_id:{tid}"
         assert entry["top_logprobs"][0]["token"] == f"token_id:{tid}"

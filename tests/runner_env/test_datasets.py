@@ -30,7 +30,9 @@ def test_none_and_sample_resolve_to_the_shipped_sample_dataset() -> None:
 def test_every_sample_task_is_a_valid_harbor_task_with_sensible_timeouts() -> None:
     from harbor.models.task.config import TaskConfig
 
-    for ref in resolve_dataset(None).tasks:
+    tasks = resolve_dataset(None).tasks
+    assert [ref.name for ref in tasks] == SAMPLE_TASKS
+    for ref in tasks:
         assert Task.is_valid_dir(ref.path)
         config = TaskConfig.model_validate_toml((ref.path / "task.toml").read_text())
         assert config.schema_version == "1.4"
