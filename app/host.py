@@ -31,6 +31,7 @@ from tapdeck.proxy.http.app import create_app
 from tapdeck.proxy.service import CaptureService
 from tapdeck.proxy.http.uvicorn_thread import ThreadedServer, bind_socket
 from tapdeck.proxy.store.database import Store
+from tapdeck.proxy.store.no_follow import open_no_follow
 from tapdeck.proxy.upstream.tiers import EngineSpec
 from tapdeck.proxy.upstream.toolcalls import EMBEDDED_TOOL_PARSER
 from tapdeck.runner.api import SHUTDOWN_GRACE_S, create_runner_router
@@ -182,7 +183,7 @@ class LocalServer:
 
     def _claim_key_file(self) -> bool:
         """Take the data dir's key lock for this server's life; False when a running server has it."""
-        fd = os.open(self.config.data_dir / KEY_LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        fd = open_no_follow(self.config.data_dir / KEY_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

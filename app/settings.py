@@ -8,12 +8,15 @@ Embedded mode keeps it in the data dir (`<data_dir>/tui.json`); attached mode in
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tapdeck.proxy.store.atomic_write import atomic_write
+
+log = logging.getLogger("tapdeck.settings")
 
 
 def default_settings_path(data_dir: Path | None = None) -> Path:
@@ -51,12 +54,13 @@ class Settings:
                    rollout={str(h): v for h, v in rollout.items() if isinstance(v, dict)})
 
     def save(self, path: Path | None) -> None:
-        """Write atomically; a read-only location is silently skipped (settings are a convenience)."""
+        """Write atomically; a location that cannot be written (read-only, a symbolic link in the
+        file's place) is skipped with a warning in the log (settings are a convenience)."""
         if path is None:
             return
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with atomic_write(path) as f:  # two TUIs saving at once: one whole file either way
                 f.write(json.dumps(asdict(self), indent=2).encode())
-        except OSError:
-            pass
+        except OSError as exc:
+            log.warning("the TUI's settings were not saved: %s", exc)

@@ -18,6 +18,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field, field_validator
 
 from tapdeck.proxy.store.atomic_write import atomic_write
+from tapdeck.proxy.store.no_follow import open_no_follow, refuse_link
 from tapdeck.schema.addresses import check_public_url
 
 DATA_DIR_ENV = "TAPDECK_DATA_DIR"
@@ -158,12 +159,13 @@ def read_key_file(path: Path) -> str:
 
 def secure_data_dir(config: ServerConfig) -> None:
     """Create the data directory owner-only (0700) and the capture database 0600, tightening
-    existing ones: they hold every captured conversation."""
+    existing ones: they hold every captured conversation. LinkRefused when the database or one of
+    its side files is a symbolic link (the data dir itself may be one)."""
     config.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(config.data_dir, 0o700)
-    fd = os.open(config.capture_db, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    os.close(fd)
+    os.close(open_no_follow(config.capture_db, os.O_WRONLY | os.O_CREAT, 0o600))
     for suffix in ("", "-wal", "-shm"):
+        refuse_link(f"{config.capture_db}{suffix}")  # os.chmod would change the file it names
         with contextlib.suppress(FileNotFoundError):
             os.chmod(f"{config.capture_db}{suffix}", 0o600)
 

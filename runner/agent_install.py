@@ -29,6 +29,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from tapdeck.proxy.store.no_follow import open_no_follow
 from tapdeck.runner.process_group import signal_group, wait_group_gone
 
 AGENTS_DIR_ENV = "TAPDECK_AGENTS_DIR"
@@ -138,7 +139,7 @@ def entry_path(name: str, root: Path | None = None) -> Path | None:
 @contextlib.contextmanager
 def _locked(root: Path, name: str) -> Iterator[None]:
     root.mkdir(parents=True, exist_ok=True)
-    with open(root / f".{name}.lock", "w") as handle:
+    with os.fdopen(open_no_follow(root / f".{name}.lock", os.O_RDWR | os.O_CREAT), "r+b") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield

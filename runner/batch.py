@@ -31,6 +31,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from tapdeck.proxy.store.atomic_write import atomic_write
+from tapdeck.proxy.store.no_follow import open_append, open_no_follow
 from tapdeck.proxy.upstream.address import shown_url
 from tapdeck.proxy.upstream.tiers import EngineSpec
 from tapdeck.runner.engines import EMBEDDED, EngineChoiceError, resolve_engine
@@ -461,7 +462,7 @@ class BatchRunner:
     def _record(self, run: _Run, result: RolloutResult) -> None:
         path = run.path / RESULTS
         _end_last_line(path)
-        with open(path, "a", encoding="utf-8") as fh:
+        with open_append(path) as fh:
             fh.write(result.model_dump_json() + "\n")
             fh.flush()
             os.fsync(fh.fileno())
@@ -653,7 +654,7 @@ def _end_last_line(path: Path) -> None:
     torn (it was never a result) and ended when it is whole, so that only a file's last line can
     ever be torn."""
     try:
-        with open(path, "r+b") as fh:
+        with os.fdopen(open_no_follow(path, os.O_RDWR), "r+b") as fh:
             if fh.seek(0, os.SEEK_END) == 0:
                 return
             fh.seek(-1, os.SEEK_END)

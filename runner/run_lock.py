@@ -13,6 +13,8 @@ import fcntl
 import os
 from pathlib import Path
 
+from tapdeck.proxy.store.no_follow import open_no_follow
+
 LOCK_FILE = "run.lock"
 
 
@@ -33,7 +35,7 @@ class RunLock:
         that holds it (0 when it wrote none yet)."""
         if self._fd is not None:
             return None
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fd = open_no_follow(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

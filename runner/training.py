@@ -35,6 +35,7 @@ from typing import Literal
 
 import tapdeck
 from tapdeck.proxy.store.atomic_write import atomic_write
+from tapdeck.proxy.store.no_follow import open_append, refuse_link
 from tapdeck.runner.process_group import process_running, signal_group
 from tapdeck.runner.recipes import Recipe, get_recipe
 from tapdeck.runner.train_env import SCRIPT as TRAIN_ENV_SCRIPT
@@ -294,8 +295,11 @@ class TrainingRun:
         if self.run_dir.exists() and (self.run_dir / "run.json").exists():
             raise FileExistsError(f"training run {self.run_id} already exists at {self.run_dir}")
         self.trackio_dir.mkdir(parents=True, exist_ok=True)
+        # Refused before the recipe starts, not once it runs (proxy/store/no_follow.py).
+        refuse_link(self.run_dir / "run.json")
+        refuse_link(self.log_path)
         if self.preamble:
-            with self.log_path.open("a", encoding="utf-8") as log:
+            with open_append(self.log_path) as log:
                 log.writelines(line + "\n" for line in self.preamble)
             for line in self.preamble:
                 self._emit(line)
@@ -343,7 +347,7 @@ class TrainingRun:
         assert self._proc is not None and self._proc.stdout is not None
         log_error = None
         try:
-            with self.log_path.open("a", encoding="utf-8") as log:
+            with open_append(self.log_path) as log:
                 for raw in self._proc.stdout:
                     if (text := _log_text(raw, self.trackio_dir, self.argv[0])) is None:
                         continue

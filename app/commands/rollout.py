@@ -205,6 +205,7 @@ def register(app: typer.Typer) -> None:
                                                    "engine_model": engine_model})
         _install_agent(harness)
         from tapdeck.app.host import LocalServer
+        from tapdeck.proxy.store.no_follow import refuse_link
 
         plan.rollout.engine = "embedded"  # the server's default engine is the one asked for
         # A run of oracle or nop calls no model: no engine is started (nor need one answer).
@@ -215,6 +216,8 @@ def register(app: typer.Typer) -> None:
             starting = "…"
         else:
             starting = " and the embedded engine (or reusing the one another tapdeck process serves)…"
+        log = data / "rollout.log"
+        refuse_link(log)  # before anything starts, so that nothing is left to stop
         typer.echo("starting a local tapdeck server" + starting, err=True)
         try:
             local = LocalServer(config, engine=with_engine).start()
@@ -224,7 +227,6 @@ def register(app: typer.Typer) -> None:
         except Exception as exc:  # a clear line, not a traceback
             typer.echo(f"tapdeck rollout: could not start a local server: {exc}", err=True)
             raise typer.Exit(EXIT_COULD_NOT_RUN) from None
-        log = data / "rollout.log"
         with _server_logs_to(log):
             try:
                 shared = local.embedded_engine
@@ -425,7 +427,10 @@ def _server_logs_to(path: Path) -> Iterator[None]:
 
     from litellm._logging import verbose_logger, verbose_proxy_logger, verbose_router_logger
 
-    handler = logging.FileHandler(path, encoding="utf-8")
+    from tapdeck.proxy.store.no_follow import open_append
+
+    handler = logging.FileHandler(path, encoding="utf-8", delay=True)
+    handler.setStream(open_append(path))  # never through a link (proxy/store/no_follow.py)
     handler.setLevel(logging.INFO)  # Harbor's DEBUG lines would bury the access log
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     litellm = [(lg, lg.handlers, lg.propagate)

@@ -16,8 +16,11 @@ import typer
 
 def _log_to_file(path: Path) -> logging.Handler:
     """Send all logging to a file while the TUI owns the terminal (stderr would tear the screen)."""
+    from tapdeck.proxy.store.no_follow import open_append
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(path)
+    handler = logging.FileHandler(path, delay=True)
+    handler.setStream(open_append(path))  # never through a link (proxy/store/no_follow.py)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     for old in list(root.handlers):

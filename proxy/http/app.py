@@ -29,6 +29,7 @@ from tapdeck.proxy.errors import ProxyError
 from tapdeck.proxy.http.model_route import ModelCallsFirst
 from tapdeck.proxy.http.limits import ADMIN_KEY_REQUIRED, GuardedBodies, read_body
 from tapdeck.proxy.service import CallReply, CaptureService
+from tapdeck.proxy.store.no_follow import LinkRefused
 from tapdeck.proxy.sessions.spec import SessionSpec
 from tapdeck.schema.activity import SessionActivity
 from tapdeck.schema.sessions import (
@@ -197,6 +198,12 @@ def create_app(service: CaptureService, *, admin_key: str,
     @app.exception_handler(ProxyError)
     async def _proxy_error(request: Request, exc: ProxyError) -> Response:
         return error_response(request.url.path, exc)
+
+    @app.exception_handler(LinkRefused)
+    async def _link_refused(request: Request, exc: LinkRefused) -> Response:
+        # A file this server would write (an export, a run's record) is a symbolic link: the line
+        # naming it, where a bare 500 would say nothing.
+        return error_response(request.url.path, ProxyError(500, str(exc), retryable=False))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:

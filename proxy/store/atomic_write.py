@@ -6,6 +6,7 @@ hidden temporary file beside the target and is renamed over it once complete: a 
 old file or the new one, never part of one, and a failed write leaves the old file as it was. The
 same holds for every file tapdeck replaces whole (settings, run records, the admin key), so each
 uses this one function rather than a temporary name of its own, which two writers could share.
+None of them is written through a symbolic link (proxy/store/no_follow.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
+
+from tapdeck.proxy.store.no_follow import refuse_link
 
 
 def _named(exc: OSError, path: Path) -> OSError:
@@ -30,12 +33,14 @@ def atomic_write(path: Path, *, mode: int | None = None) -> Iterator[BinaryIO]:
     """A binary file to write `path`'s new content to; it replaces `path` when the block ends
     without an exception, and is removed (leaving `path` untouched) when it does not.
 
-    A symlink at `path` is followed: the file it names is replaced and the link kept. The new
-    file gets `mode` when given, from the moment the temporary file exists (a secret is never
-    readable by others, even briefly); else the mode the old file had (a new one the umask's).
-    The temporary file is created anew (O_EXCL), so a link planted beside `path` is never
-    written through. An OSError raised here names `path`."""
-    target = Path(os.path.realpath(path))
+    A symbolic link at `path` is refused (LinkRefused), never written through; one planted there
+    meanwhile is replaced by the rename, not followed. The new file gets `mode` when given, from
+    the moment the temporary file exists (a secret is never readable by others, even briefly);
+    else the mode the old file had (a new one the umask's). The temporary file is created anew
+    (O_EXCL), so a link planted beside `path` is never written through either. An OSError raised
+    here names `path`."""
+    refuse_link(path)
+    target = Path(path)
     temp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.tmp")
     try:
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if mode is None else mode)

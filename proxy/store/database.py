@@ -41,6 +41,7 @@ from tapdeck.proxy.capture.tokens import (
     logprobs_to_bytes,
 )
 from tapdeck.proxy.capture.turn import Turn
+from tapdeck.proxy.store.no_follow import refuse_link
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -162,9 +163,15 @@ class Store:
 
         `read_only` is for a reader beside the server (`tapdeck export`): the file must exist and
         hold a store (NotAStoreError otherwise), and nothing is written to it, so a database that
-        is not a store is left exactly as it was rather than given tapdeck's tables."""
+        is not a store is left exactly as it was rather than given tapdeck's tables.
+
+        LinkRefused when a side file (`-wal`, `-shm`) or, read-write, the file itself is a
+        symbolic link: SQLite follows one at the file and refuses one at a side file (a reader
+        opens those too) as "unable to open database file", naming neither."""
         self.path = Path(path)
         self._read_only = read_only
+        for suffix in ("-wal", "-shm") if read_only else ("", "-wal", "-shm"):
+            refuse_link(f"{self.path}{suffix}")
         if not read_only:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         self.commits = 0

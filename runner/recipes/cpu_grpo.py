@@ -52,6 +52,7 @@ from typing import Any
 
 import httpx
 
+from tapdeck.proxy.store.atomic_write import atomic_write
 from tapdeck.schema.runs import RolloutTemplate, RunPlan
 
 TERMINAL_RUN_STATES = {"finished", "cancelled", "failed", "interrupted"}
@@ -427,7 +428,8 @@ def main(argv: list[str] | None = None) -> int:
         reference, started = Path(args.check_weights), time.monotonic()
         check_w = {"model": str(gguf), "reference": str(reference),
                    **weights_check(model, load_model(reference))}
-        (run_dir / "weights_check.json").write_text(json.dumps(check_w, indent=1))
+        with atomic_write(run_dir / "weights_check.json") as f:  # never through a link
+            f.write(json.dumps(check_w, indent=1).encode())
         print(f"[cpu-grpo] weights vs {reference.name}'s: at most "
               f"{max(check_w['excess'].values(), default=float('nan')):.1e} beyond F16 rounding over "
               f"{len(check_w['excess'])} tensors ({time.monotonic() - started:.0f} s)", flush=True)
@@ -489,7 +491,8 @@ def main(argv: list[str] | None = None) -> int:
             check["engine_vs_trainer_after"] = diff("engine_after", "trainer_after")
             check["engine_vs_trainer_before"] = diff("engine_before", "trainer_before")
             check["engine_change"] = diff("engine_after", "engine_before")
-            (run_dir / "logprob_check.json").write_text(json.dumps(check, indent=1))
+            with atomic_write(run_dir / "logprob_check.json") as f:
+                f.write(json.dumps(check, indent=1).encode())
             print(f"[cpu-grpo] logprob check: engine vs trainer after the step "
                   f"{check['engine_vs_trainer_after']:.2e}, engine change {check['engine_change']:.2e}, "
                   f"{check['tensors_changed']}/{check['tensors']} tensors changed", flush=True)

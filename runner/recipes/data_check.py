@@ -45,6 +45,8 @@ from typing import Any
 
 import numpy as np
 
+from tapdeck.proxy.store.atomic_write import atomic_write
+
 EPS = 1e-8
 
 
@@ -447,12 +449,16 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(args.step_delay)
     finally:
         trackio.finish()
-    with (out_dir / "advantages.jsonl").open("w") as f:
-        for line in adv_lines:
-            f.write(json.dumps(line) + "\n")
     summary = {"rollouts": len(rollouts), "groups": len(groups), **totals,
                "ok": totals["rollouts_invalid"] == 0}
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    try:  # a symbolic link in a file's place (refused), a full disk: one line naming the file
+        with atomic_write(out_dir / "advantages.jsonl") as f:
+            f.write("".join(json.dumps(line) + "\n" for line in adv_lines).encode())
+        with atomic_write(out_dir / "summary.json") as f:
+            f.write(json.dumps(summary, indent=2).encode())
+    except OSError as exc:
+        print(f"data-check: cannot write {exc.filename}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     print("data-check: summary " + " ".join(f"{k}={v}" for k, v in summary.items()))
     return 0 if summary["ok"] else 1
 

@@ -17,6 +17,8 @@ import fcntl
 import os
 from pathlib import Path
 
+from tapdeck.proxy.store.no_follow import open_append, open_no_follow
+
 STATE_DIR = Path("/run/tapdeck-host")
 _LOCK = "users.lock"
 _CREATED = "created"
@@ -35,7 +37,7 @@ class MountPoints:
         Blocks only while a last user is removing directories.
         """
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.state_dir / _LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = open_no_follow(self.state_dir / _LOCK, os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(fd, fcntl.LOCK_SH)
         self._fd = fd
         made: list[str] = []
@@ -51,7 +53,7 @@ class MountPoints:
                     made.append(str(directory))
         if made:
             # One O_APPEND write per claim: concurrent claims never interleave their lines.
-            with open(self.state_dir / _CREATED, "a") as record:
+            with open_append(self.state_dir / _CREATED) as record:
                 record.write("".join(f"{d}\n" for d in made))
 
     def release(self) -> list[str]:

@@ -116,6 +116,24 @@ def test_data_check_with_an_out_dir_it_cannot_write_says_so_in_one_line(tmp_path
     assert load_run(tmp_path / "data", job.run_id).error.startswith("data-check: cannot write")
 
 
+@pytest.mark.parametrize("name", ["advantages.jsonl", "summary.json"])
+def test_data_check_writes_no_output_file_through_a_link(tmp_path: Path, export_file: Path,
+                                                         name: str) -> None:
+    from tapdeck.proxy.store.no_follow import LINK_REFUSED
+
+    out = tmp_path / "out"
+    out.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("not tapdeck's\n")
+    (out / name).symlink_to(victim)
+    lines: list[str] = []
+    job = TrainingRun("data-check", ["--rows", str(export_file), "--out-dir", str(out)],
+                      data_dir=tmp_path / "data", on_line=lines.append).start()
+    assert job.wait() == 2
+    assert lines[-1] == f"data-check: cannot write {out / name}: {LINK_REFUSED}"
+    assert victim.read_text() == "not tapdeck's\n"
+
+
 def test_data_check_reads_a_parquet_export_as_it_reads_the_jsonl(tmp_path: Path, export_file: Path) -> None:
     from tapdeck.proxy.capture.export import write_parquet
 
