@@ -10,6 +10,7 @@ A thin facade the routes and the runner hold; the work is done by
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from functools import partial
 from typing import Any
@@ -111,7 +112,8 @@ class CaptureService:
         """Every session this server knows, newest first."""
         return self.queries.list()
 
-    def findings(self, session_id: str) -> list[Finding]:
+    # `list` in this class body is the method above: the builtin is named in full.
+    def findings(self, session_id: str) -> builtins.list[Finding]:
         """Session, turn and rollout findings."""
         return self.queries.findings(session_id)
 

@@ -136,5 +136,6 @@ _TRAIN_EVENTS: dict[str, type[TrainEvent]] = {
 
 def parse_train_event(data: object) -> TrainEvent | None:
     """One training event from its JSON; None for a type this schema does not know."""
-    model = _TRAIN_EVENTS.get(data.get("type")) if isinstance(data, dict) else None
+    kind = data.get("type") if isinstance(data, dict) else None
+    model = _TRAIN_EVENTS.get(kind) if isinstance(kind, str) else None
     return None if model is None else model.model_validate(data)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import orjson
@@ -111,7 +111,7 @@ def nest_tool_calls(message: dict[str, Any]) -> dict[str, Any]:
     return dict(message) | {"tool_calls": nested}
 
 
-def capture_mode(meta: dict[str, Any] | None) -> str:
+def capture_mode(meta: dict[str, Any] | None) -> Literal["ids", "text"]:
     """`ids` for a call continued from stored ids (token-in), else `text`."""
     mode = ((meta or {}).get("capture_mode") or {}).get("mode")
     return "ids" if mode == "ids" else "text"

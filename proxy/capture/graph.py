@@ -180,7 +180,7 @@ def _has_tools(request: dict[str, Any]) -> bool:
 
 
 def _is_special(text: str | None) -> bool:
-    return bool(text) and text.startswith("<") and text.endswith(">") and "|" in text
+    return text is not None and text.startswith("<") and text.endswith(">") and "|" in text
 
 
 # ---------------------------------------------------------------------------------------------
@@ -243,10 +243,14 @@ class RolloutGraph:
         pieces = [n.prompt_tail]
         need = n.base_len
         while need > 0:
+            # A base is a prefix of the parent's ids, held as its prompt's tail and its sampled ids.
+            assert n.parent is not None
             p = self._nodes[n.parent]
             own = need - p.base_len
             tail = p.prompt_tail
+            assert tail is not None
             if own > tail.size:
+                assert p.sampled is not None
                 pieces.append(p.sampled[: own - tail.size])
                 pieces.append(tail)
             else:
@@ -489,11 +493,17 @@ class RolloutGraph:
         shared = self._first_mismatch(prompt, hot_prompt)
         if shared == a and hot_sampled is not None:
             shared += self._first_mismatch(prompt[a:], hot_sampled)
-        while node.end_key[0] > shared or not node.end_key[0]:
+        # The last call and each call it extends by prefix have ids, so their keys are set.
+        end = node.end_key
+        assert end is not None
+        while end[0] > shared or not end[0]:
             if node.kind != "prefix":
                 return None
+            assert node.parent is not None
             node = self._nodes[node.parent]
-        return node.end_key[0], node.end_key[1:]
+            end = node.end_key
+            assert end is not None
+        return end[0], end[1:]
 
     def _link_by_tokens(self, node: Node, prompt: np.ndarray,
                         conv: list[dict[str, Any]]) -> tuple[int, int]:
@@ -633,6 +643,7 @@ class RolloutGraph:
                 f"turn {parent} was cut by length; this prompt continues at offset {offset} with "
                 f"ids {extra} the model never sampled (context, mask 0)", turn=node.seq))
         if kind == "retokenized":
+            assert offset is not None  # a retokenized link always says where the ids diverge
             j = offset - p.prompt_len
             why = "the reply's text re-tokenises to other ids"
             texts = p.turn.token_texts
@@ -655,6 +666,7 @@ class RolloutGraph:
         self._nodes[node.seq] = node
         self._attach(node)
         if node.has_prompt:
+            assert node.end_key is not None and node.prompt_key is not None  # set with the ids
             self._ends.add(node.end_key, node.seq)
             self._prompts.add(node.prompt_key, node.seq)
 
@@ -777,6 +789,7 @@ class RolloutGraph:
         """
         cands: set[int] = set(self._roots if new.parent is None else self._nodes[new.parent].children)
         if new.has_prompt:
+            assert new.end_key is not None and new.prompt_key is not None  # set with the ids
             for twin in self._ends.get(new.end_key) + self._prompts.get(new.prompt_key):
                 cands.update(self._nodes[twin].children)
         cands.discard(new.seq)
@@ -806,6 +819,7 @@ class RolloutGraph:
         if new.parent == c.parent and new.base_len == c.base_len:
             # Same base: the shared part is identical, compare only the new ids.
             t = new.prompt_tail
+            assert t is not None and c.prompt_tail is not None  # both have ids
             return bool(np.array_equal(c.prompt_tail[: t.size], t))
         return bool(np.array_equal(self.full_prompt(c.seq)[:n], self.full_prompt(new.seq)))
 

@@ -16,10 +16,11 @@ import orjson
 
 def _canon_args(args: Any) -> str:
     if isinstance(args, str):
+        text = args
         try:
-            args = orjson.loads(args)
+            args = orjson.loads(text)
         except orjson.JSONDecodeError:
-            return args
+            return text
     return orjson.dumps(args, option=orjson.OPT_SORT_KEYS).decode()
 
 
@@ -57,7 +58,9 @@ def normalize_message(msg: dict[str, Any]) -> bytes:
         if not isinstance(tc, dict):
             calls.append(orjson.dumps(tc, option=orjson.OPT_SORT_KEYS).decode())
             continue
-        fn = tc.get("function") if isinstance(tc.get("function"), dict) else tc
+        fn = tc.get("function")
+        if not isinstance(fn, dict):
+            fn = tc
         calls.append([fn.get("name") or "", _canon_args(fn.get("arguments"))])
     if isinstance(msg.get("function_call"), dict):
         fc = msg["function_call"]

@@ -14,6 +14,7 @@ import bisect
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 
 
@@ -70,7 +71,7 @@ class PrefixHasher:
         return self.prefix_hashes(ids[base:], base, start)
 
 
-def _splitmix(x: np.ndarray) -> np.ndarray:
+def _splitmix(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
     x = x + np.uint64(0x9E3779B97F4A7C15)
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)

@@ -124,8 +124,8 @@ def _convert_messages(messages: Any) -> list[dict[str, Any]]:
                     out.append({"role": "tool", "tool_call_id": block.get("tool_use_id") or "",
                                 "content": _tool_result_text(block, f"{where}.content[{b}]")})
                 elif kind == "text":
-                    text = block.get("text") or ""
-                    pending.append(strip_billing_header(text) if role == "system" else text)
+                    said = block.get("text") or ""
+                    pending.append(strip_billing_header(said) if role == "system" else said)
                 elif kind in _NON_TEXT:
                     raise _text_only(kind, f"{where}.content[{b}]")
             if pending or not blocks:
@@ -272,6 +272,7 @@ class AnthropicDialect:
             "stop_sequence": None, "usage": start_usage}})
         for index, block in enumerate(self._content(parsed)):
             kind = block["type"]
+            start: dict[str, Any]
             if kind == "thinking":
                 start = {"type": "thinking", "thinking": "", "signature": ""}
                 deltas = [{"type": "thinking_delta", "thinking": block["thinking"]},

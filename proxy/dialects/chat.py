@@ -172,17 +172,20 @@ class ChatDialect:
         choice = (full.get("choices") or [{}])[0]
         message = choice.get("message") or {}
 
-        def chunk(delta: dict[str, Any], *, finish: str | None = None, **extra: Any) -> SSEEvent:
+        def chunk_body(delta: dict[str, Any], *, finish: str | None = None, **extra: Any) -> dict[str, Any]:
             c: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
             c.update(extra)
             body: dict[str, Any] = {**head, "choices": [c]}
             if include_usage:
                 body["usage"] = None
-            return SSEEvent(data=body)
+            return body
+
+        def chunk(delta: dict[str, Any], *, finish: str | None = None, **extra: Any) -> SSEEvent:
+            return SSEEvent(data=chunk_body(delta, finish=finish, **extra))
 
         first: dict[str, Any] = {"role": "assistant", "content": ""}
         if "prompt_token_ids" in full:
-            yield SSEEvent(data={**chunk(first).data, "prompt_token_ids": full["prompt_token_ids"]})
+            yield SSEEvent(data={**chunk_body(first), "prompt_token_ids": full["prompt_token_ids"]})
         else:
             yield chunk(first)
         reasoning = message.get("reasoning") or message.get("reasoning_content")

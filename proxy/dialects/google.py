@@ -73,7 +73,7 @@ def json_schema(schema: Any) -> Any:
         return [json_schema(s) for s in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {}
+    out: dict[str, Any] = {}
     for key, value in schema.items():
         if key == "type" and isinstance(value, str) and value.upper() in _SCHEMA_TYPES:
             out[key] = value.lower()
@@ -187,7 +187,8 @@ def _camel(key: str) -> str:
 
 def _convert_tools(tools: Any) -> tuple[list[dict[str, Any]], list[str]]:
     """Chat tools, and the built-in tools dropped (camelCase keys: `googleSearch`, `codeExecution`)."""
-    out, dropped = [], []
+    out: list[dict[str, Any]] = []
+    dropped: list[str] = []
     for t, tool in enumerate(objects_at(tools, "tools")):
         # googleSearch / codeExecution / urlContext / ... run at Google; a local engine cannot.
         dropped.extend(_camel(key) for key, value in tool.items()

@@ -71,7 +71,8 @@ def require_admin(request: Request) -> None:
 
 
 def _service(request: Request) -> CaptureService:
-    return request.app.state.service
+    service: CaptureService = request.app.state.service  # set by create_app
+    return service
 
 
 def _reply(reply: CallReply) -> Response:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 QUEUE_LIMIT = 1000
@@ -93,7 +93,7 @@ class EventBus:
         with self._lock:
             return len(self._subscribers)
 
-    async def subscribe(self) -> AsyncIterator[dict[str, Any]]:
+    async def subscribe(self) -> AsyncGenerator[dict[str, Any], None]:
         """Yield events published after this call, until the consumer stops iterating or the bus
         is closed."""
         sub = _Subscriber(asyncio.get_running_loop(), self._limit)

@@ -9,7 +9,7 @@ and no real request comes close.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import orjson
@@ -105,7 +105,8 @@ def _over(item: dict[str, Any] | list[Any], left: int) -> bool:
         return True
     # Exact type checks: parsed JSON holds only dicts and lists, and `isinstance` with a tuple
     # cost twice as much per value (this visits every value of every call's conversation).
-    for child in item.values() if type(item) is dict else item:
+    children: Iterable[Any] = item.values() if type(item) is dict else item
+    for child in children:
         kind = type(child)
         if (kind is dict or kind is list) and _over(child, left - 1):
             return True

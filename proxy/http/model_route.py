@@ -17,16 +17,15 @@ runner routes, and every other method, go through FastAPI as before.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from tapdeck.proxy.http.error_reply import error_response
 from tapdeck.proxy.errors import ProxyError
 
-Scope = dict[str, Any]
 Endpoint = Callable[[str, Request], Awaitable[Response]]
 
 
@@ -41,7 +40,7 @@ class ModelCallsFirst(FastAPI):
 
     model_call_endpoint: Endpoint | None = None
 
-    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         endpoint = self.model_call_endpoint
         if endpoint is None or not is_model_call(scope):
             await super().__call__(scope, receive, send)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 
 import orjson
 
@@ -39,7 +39,7 @@ async def stream_with_keepalive(
     keepalive: bytes = KEEPALIVE,
     encode: Callable[[SSEEvent], bytes] = encode,
     keepalive_at_once: bool = False,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """Encoded SSE bytes for a stream whose events come from one awaited call.
 
     While `call` runs: `keepalive` (a `: keepalive` comment unless the dialect needs other bytes)

@@ -47,8 +47,10 @@ def bind_socket(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        why = {errno.EADDRINUSE: f"{exc.strerror} (is another server already using port {port}?)",
-               errno.EADDRNOTAVAIL: f"{host} is not an address of this machine"}.get(exc.errno, exc.strerror)
+        hints: dict[int | None, str] = {
+            errno.EADDRINUSE: f"{exc.strerror} (is another server already using port {port}?)",
+            errno.EADDRNOTAVAIL: f"{host} is not an address of this machine"}
+        why = hints.get(exc.errno, exc.strerror)
         raise PortInUseError(exc.errno, f"cannot bind {host}:{port}: {why}") from exc
     sock.listen(2048)
     sock.set_inheritable(True)
@@ -107,7 +109,8 @@ class ThreadedServer:
         """The bound port (useful when started on port 0)."""
         if self._sock is None:
             raise RuntimeError("server not started")
-        return self._sock.getsockname()[1]
+        port: int = self._sock.getsockname()[1]
+        return port
 
     @property
     def url(self) -> str:

@@ -15,10 +15,10 @@ from tapdeck.proxy.upstream.client import EngineClient
 from tapdeck.schema.findings import Finding, Level
 from tapdeck.proxy.capture.graph import RolloutGraph
 from tapdeck.proxy.capture.interning import Interner
-from tapdeck.proxy.upstream.tiers import EngineSpec, Tier
+from tapdeck.proxy.upstream.tiers import EngineSpec
 from tapdeck.proxy.upstream.token_in import TokenIn
 from tapdeck.proxy.capture.tokens import PromptIdsMemo
-from tapdeck.schema.sessions import RolloutStats
+from tapdeck.schema.sessions import RolloutStats, SessionState, Tier
 
 
 @dataclass
@@ -31,7 +31,7 @@ class LiveSession:
     engine: EngineSpec | None
     client: EngineClient | None
     served_model: str | None
-    state: str
+    state: SessionState
     call_budget: int | None = None
     output_limit: int | None = None
     """Output tokens per call, enforced on the wire whatever the harness asks (None: the engine's cap)."""

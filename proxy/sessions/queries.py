@@ -6,6 +6,7 @@ restarted or closed session's graph is rebuilt from the store for the read and n
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -14,8 +15,7 @@ from tapdeck.schema.findings import Finding
 from tapdeck.proxy.capture.graph import RolloutGraph
 from tapdeck.proxy.sessions.registry import SessionRegistry
 from tapdeck.proxy.sessions.spec import SessionError
-from tapdeck.schema.sessions import SessionSummary
-from tapdeck.proxy.upstream.tiers import Tier
+from tapdeck.schema.sessions import SessionSummary, Tier
 from tapdeck.proxy.capture.validation import validate_rollout
 
 T = TypeVar("T")
@@ -38,7 +38,8 @@ class SessionQueries:
         return sorted((self.registry.summary(s) for s in self.registry.sessions.values()),
                       key=lambda s: s.created_at, reverse=True)
 
-    def findings(self, session_id: str) -> list[Finding]:
+    # `list` in this class body is the method above: the builtin is named in full.
+    def findings(self, session_id: str) -> builtins.list[Finding]:
         """Session, turn and rollout findings."""
         session = self.registry.lookup(session_id)
         with session.rw:

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
@@ -27,12 +27,12 @@ from tapdeck.schema.findings import Finding
 from tapdeck.proxy.capture.graph import RolloutGraph
 from tapdeck.proxy.capture.interning import Interner
 from tapdeck.proxy.sessions.live import LiveSession, stored_stats
-from tapdeck.schema.sessions import EngineRef, SessionInfo, SessionSummary
+from tapdeck.schema.sessions import EngineRef, SessionInfo, SessionSummary, Tier
 from tapdeck.proxy.sessions.spec import SessionError, SessionSpec, base_urls_for
 from tapdeck.proxy.sessions.keys import is_session_key, new_session_id, new_session_key
 from tapdeck.proxy.store.database import Store
 from tapdeck.proxy.store.writes import StoreUnavailable, StoreWrites
-from tapdeck.proxy.upstream.tiers import EngineSpec, ProbeResult, Tier, probe
+from tapdeck.proxy.upstream.tiers import EngineSpec, ProbeResult, probe
 from tapdeck.proxy.upstream.token_in import TokenIn
 from tapdeck.proxy.capture.tokens import PromptIdsMemo
 from tapdeck.proxy.capture.validation import reported_stats
@@ -122,13 +122,13 @@ class SessionRegistry:
         if spec.rollout_type == "train" and result.tier is not Tier.TOKENS:
             raise SessionError(400, f"training needs an engine at the tokens tier; {engine.base_url} "
                                     f"is at the {result.tier} tier ({result.detail})")
-        rollout_type = "train" if (spec.rollout_type == "train" or (
+        rollout_type: Literal["train", "eval"] = "train" if (spec.rollout_type == "train" or (
             spec.rollout_type == "auto" and result.tier is Tier.TOKENS)) else "eval"
         now = time.time()
         sid, key = new_session_id(), new_session_key()
         ref = EngineRef(url=engine.base_url, model=result.served_model or engine.model,
                         max_model_len=result.max_model_len)
-        record = {
+        record: dict[str, Any] = {
             "id": sid, "state": "open", "tier": str(result.tier), "rollout_type": rollout_type,
             "engine": ref.model_dump(), "created_at": now, "metadata": dict(spec.metadata),
             "call_budget": spec.call_budget, "max_output_tokens": spec.max_output_tokens,

@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote
 
 import numpy as np
@@ -224,7 +224,7 @@ class Store:
         with self._read_lock:
             self._reader.close()
 
-    def _write(self, op: Callable[[sqlite3.Connection], Any]) -> Any:
+    def _write[T](self, op: Callable[[sqlite3.Connection], T]) -> T:
         """Run `op` in a committed write transaction, shared with whatever else is queued.
 
         Returns once the transaction holding `op` has committed (or failed): `op`'s result, or
@@ -243,7 +243,7 @@ class Store:
                 self._commit_group(batch)
         if item.error is not None:
             raise item.error
-        return item.result
+        return cast(T, item.result)  # what `op` returned: it raised nothing
 
     def _commit_group(self, batch: list[_Write]) -> None:
         """One transaction for `batch` (caller holds the write lock); outcomes set on each."""
@@ -307,7 +307,7 @@ class Store:
             row = db.execute("SELECT record FROM sessions WHERE id = ?", (session_id,)).fetchone()
             if row is None:
                 raise KeyError(f"no session {session_id!r} in {self.path}")
-            record = orjson.loads(row[0]) | fields
+            record: dict[str, Any] = orjson.loads(row[0]) | fields
             db.execute("UPDATE sessions SET record = ?, updated_at = ? WHERE id = ?",
                        (_dumps(record), time.time(), session_id))
             return record
@@ -329,7 +329,8 @@ class Store:
                                        (session_id,)).fetchone()
         if row is None:
             raise KeyError(f"no session {session_id!r} in {self.path}")
-        return orjson.loads(row[0])
+        record: dict[str, Any] = orjson.loads(row[0])
+        return record
 
     # -- turns -----------------------------------------------------------------------------
 
@@ -349,9 +350,10 @@ class Store:
         # Bodies keep the sender's key order (only the key is canonical), so loads are exact.
         # Only elements past the previous turn's keys can be new: those were all committed.
         new_bodies: dict[str, bytes] = {}
+        base, held = previous if previous is not None else (-1, {})  # none held: nothing shared
         for name, names in keys.items():
-            shared = common_prefix(names, previous[1].get(name, [])) if previous else 0
-            request[name] = {"base": previous[0], "keep": shared, "add": names[shared:]} if shared else names
+            shared = common_prefix(names, held.get(name, []))
+            request[name] = {"base": base, "keep": shared, "add": names[shared:]} if shared else names
             for key, value in zip(names[shared:], lists[name][shared:]):
                 if key not in stored and key not in new_bodies:
                     new_bodies[key] = _dumps(value)

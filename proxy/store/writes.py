@@ -71,7 +71,7 @@ class StoreWrites:
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """`fn(*args, **kwargs)` on a store thread; a store fault raises `StoreUnavailable`."""
         loop = asyncio.get_running_loop()
-        done = loop.create_future()
+        done: asyncio.Future[T] = loop.create_future()
         try:
             if self._closed:  # no thread is left to run it: refused, never left waiting
                 raise RuntimeError("the capture store's writer is closed")

@@ -30,7 +30,8 @@ from tapdeck.proxy.capture.tokens import PromptIdsMemo, as_ids, as_logprobs, loa
 from tapdeck.proxy.upstream.transport import UpstreamHTTP, UpstreamReply, UpstreamTimeout, UpstreamUnreachable
 
 if TYPE_CHECKING:
-    from tapdeck.proxy.upstream.tiers import EngineSpec, Tier
+    from tapdeck.proxy.upstream.tiers import EngineSpec
+    from tapdeck.schema.sessions import Tier
 
 DEFAULT_MAX_TOKENS_CAP = 8192
 ENGINE_READ_TIMEOUT_S = 2340.0
@@ -498,7 +499,8 @@ def _error_message(payload: Any) -> str | None:
         if isinstance(err, str):
             return err
         for key in ("message", "detail"):
-            if isinstance(payload.get(key), str):
-                return payload[key]
+            value = payload.get(key)
+            if isinstance(value, str):
+                return value
     return None
 

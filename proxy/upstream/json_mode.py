@@ -59,8 +59,9 @@ def minimal_instance(schema: Any) -> Any:
         kind = next((k for k in kind if str(k).lower() != "null"), "null")
     kind = str(kind or "object").lower()
     if kind == "object":
-        properties = schema.get("properties") if isinstance(schema.get("properties"), Mapping) else {}
-        required = schema.get("required") if isinstance(schema.get("required"), list) else list(properties)
+        declared, listed = schema.get("properties"), schema.get("required")
+        properties: Mapping[str, Any] = declared if isinstance(declared, Mapping) else {}
+        required: list[Any] = listed if isinstance(listed, list) else list(properties)
         return {name: minimal_instance(properties.get(name, {})) for name in required}
     return {"string": "", "integer": 0, "number": 0, "boolean": False, "array": [], "null": None}.get(kind, {})
 
@@ -86,7 +87,8 @@ def _fits(value: Any, schema: Mapping[str, Any]) -> bool:
     """A shallow check: an object schema's value is an object holding its required properties."""
     kind = str(schema.get("type") or "").lower()
     if kind == "object" or (not kind and "properties" in schema):
-        required = schema.get("required") if isinstance(schema.get("required"), list) else []
+        listed = schema.get("required")
+        required: list[Any] = listed if isinstance(listed, list) else []
         return isinstance(value, dict) and all(name in value for name in required)
     return True
 

@@ -74,7 +74,7 @@ def parse_tool_calls(text: str) -> ParsedReply:
     return ParsedReply(content or None, calls)
 
 
-def render_tool_call(name: str, arguments: str | dict | None) -> str:
+def render_tool_call(name: str, arguments: str | dict[str, Any] | None) -> str:
     """One `<tool_call>` block; `arguments` (a JSON string as on the wire) is inserted verbatim."""
     if isinstance(arguments, dict):
         arguments = json.dumps(arguments, ensure_ascii=False)
