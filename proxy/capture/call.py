@@ -290,6 +290,9 @@ def _request_findings(req: DialectRequest) -> list[Finding]:
         out.append(Finding.warn("dropped_tools", f"{', '.join(dropped)} (the engine cannot run hosted tools)"))
     if loosened := req.context.get("loosened_tool_choice"):
         out.append(Finding.warn("tool_choice_loosened", loosened))
+    if parts := req.context.get("dropped_parts"):
+        out.append(Finding.warn("part_dropped", "left out of the prompt, holding nothing an engine can "
+                                                f"read: {'; '.join(parts)}"))
     return out
 
 

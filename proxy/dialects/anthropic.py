@@ -4,7 +4,9 @@ Request: `system` (string or text blocks; Claude Code's per-request `x-anthropic
 line removed so the prompt stays byte-stable), `messages` with text / `tool_use` / `tool_result` /
 `thinking` blocks, `tools[].input_schema`, `tool_choice`, sampling and `stop_sequences`. Server
 tools and `mcp_servers` (run by Anthropic) are dropped and named in `context["dropped_tools"]`. A final
-assistant text (a prefill) is continued, as Anthropic continues it.
+assistant text (a prefill) is continued, as Anthropic continues it. `redacted_thinking` blocks
+(encrypted: only Anthropic reads them) are left out and named in `context["dropped_parts"]`; any
+other block type is a 400 naming it and where it was, never dropped silently.
 Reply: a `message` body with `stop_reason` end_turn / max_tokens / tool_use / stop_sequence, or the
 SSE sequence message_start, content_block_start/delta/stop, message_delta, message_stop.
 """
@@ -21,9 +23,11 @@ from tapdeck.proxy.dialects.base import (
     DialectError,
     DialectRequest,
     SSEEvent,
+    emptied_message,
     object_at,
     objects_at,
     strings_at,
+    unsupported_part,
 )
 from tapdeck.proxy.dialects.chat import merge_system_messages
 from tapdeck.proxy.dialects.reply import ChatReply, join_text, read_reply
@@ -64,8 +68,9 @@ def _tool_result_text(block: Mapping[str, Any], where: str) -> str:
         kind = inner.get("type", "text")
         if kind in _NON_TEXT:
             raise _text_only(kind, f"{where}.content[{i}]")
-        if kind == "text":
-            parts.append(inner.get("text") or "")
+        if kind != "text":
+            raise unsupported_part(kind, f"{where}.content[{i}]", "text blocks in a tool_result")
+        parts.append(inner.get("text") or "")
     return join_text(parts)
 
 
@@ -75,13 +80,16 @@ def _system_text(system: Any) -> str:
         kind = block.get("type", "text")
         if kind in _NON_TEXT:
             raise _text_only(kind, f"system[{i}]")
+        if kind != "text":
+            raise unsupported_part(kind, f"system[{i}]", "text blocks in the system prompt")
         text = strip_billing_header(block.get("text") or "")
         if text.strip():
             parts.append(text)
     return "\n\n".join(parts)
 
 
-def _convert_messages(messages: Any) -> list[dict[str, Any]]:
+def _convert_messages(messages: Any, dropped: list[str]) -> list[dict[str, Any]]:
+    """Chat messages; each block left out (it holds nothing an engine can read) is named in `dropped`."""
     if not isinstance(messages, list) or not messages:
         raise DialectError(400, "messages: a non-empty list of messages is required", param="messages")
     out: list[dict[str, Any]] = []
@@ -92,7 +100,7 @@ def _convert_messages(messages: Any) -> list[dict[str, Any]]:
         role = message.get("role")
         blocks = _blocks(message.get("content"), f"{where}.content")
         if role == "assistant":
-            text, reasoning, calls = [], [], []
+            text, reasoning, calls, left_out = [], [], [], []
             for b, block in enumerate(blocks):
                 kind = block.get("type", "text")
                 if kind == "text":
@@ -106,7 +114,15 @@ def _convert_messages(messages: Any) -> list[dict[str, Any]]:
                                       name, block.get("input") or {})}})
                 elif kind in _NON_TEXT:
                     raise _text_only(kind, f"{where}.content[{b}]")
-                # redacted_thinking and server-tool blocks carry nothing the engine can render.
+                elif kind == "redacted_thinking":
+                    # Reasoning encrypted by Anthropic: no other engine can read it.
+                    left_out.append(f"{where}.content[{b}] redacted_thinking (encrypted reasoning)")
+                else:
+                    raise unsupported_part(kind, f"{where}.content[{b}]", "text, thinking, "
+                                           "redacted_thinking and tool_use blocks from the assistant")
+            if left_out and not (text or reasoning or calls):
+                raise emptied_message(where, left_out)
+            dropped.extend(left_out)
             chat: dict[str, Any] = {"role": "assistant", "content": join_text([t for t in text if t])}
             if reasoning:
                 chat["reasoning_content"] = join_text(reasoning)
@@ -128,6 +144,9 @@ def _convert_messages(messages: Any) -> list[dict[str, Any]]:
                     pending.append(strip_billing_header(said) if role == "system" else said)
                 elif kind in _NON_TEXT:
                     raise _text_only(kind, f"{where}.content[{b}]")
+                else:
+                    raise unsupported_part(kind, f"{where}.content[{b}]",
+                                           f"text and tool_result blocks from the {role}")
             if pending or not blocks:
                 out.append({"role": role, "content": join_text(pending)})
         else:
@@ -180,7 +199,8 @@ class AnthropicDialect:
     def parse(self, body: Mapping[str, Any], path: str, query: Mapping[str, str]) -> DialectRequest:
         if not isinstance(body, Mapping):
             raise DialectError(400, "the request body must be a JSON object")
-        messages = _convert_messages(body.get("messages"))
+        dropped_parts: list[str] = []
+        messages = _convert_messages(body.get("messages"), dropped_parts)
         system = _system_text(body.get("system"))
         if system:
             messages.insert(0, {"role": "system", "content": system})
@@ -220,7 +240,7 @@ class AnthropicDialect:
         return DialectRequest(chat=chat, stream=body.get("stream") is True,
                               client_model=body.get("model"),
                               context={"stop_sequences": list(stops), "dropped_tools": dropped,
-                                       "object_arguments": True})
+                                       "dropped_parts": dropped_parts, "object_arguments": True})
 
     # ---- replies -------------------------------------------------------------------------------
 

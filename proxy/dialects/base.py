@@ -36,6 +36,23 @@ def loosened_tool_choice(where: str, allowed: list[str], tool_names: list[str]) 
             f"any tool, not a subset, so this call could call any of its {len(tool_names)} tools")
 
 
+def unsupported_part(kind: Any, where: str, translated: str) -> DialectError:
+    """A 400 for a content part the translation has no place for: dropped, it would leave the
+    model answering without what it held, and nothing would say so."""
+    return DialectError(400, f"{where}: content of type {kind!r} is not supported here (tapdeck "
+                             f"translates {translated}); it is refused rather than dropped, so the "
+                             "model never answers without it", param=where)
+
+
+def emptied_message(where: str, left_out: list[str]) -> DialectError:
+    """A 400 for a message whose every part is one the translation leaves out: sent empty, or left
+    out, it would change the conversation (a user turn gone makes the prompt end on an assistant
+    message, which the engine would continue as a prefill)."""
+    return DialectError(400, f"{where}: tapdeck leaves out {'; '.join(left_out)}, and nothing else is in "
+                             "the message: it would reach the model empty, so it is refused (send its "
+                             "content as text)", param=where)
+
+
 def object_at(value: Any, where: str) -> Mapping[str, Any]:
     """An optional object field (`{}` when absent), or a 400 naming it."""
     if value is None:

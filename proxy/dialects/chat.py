@@ -89,6 +89,8 @@ def _merged(system: list[Mapping[str, Any]]) -> dict[str, Any]:
                     parts.append({"type": "text", "text": c})
             elif isinstance(c, list):
                 parts.extend(c)
+            elif c is not None:
+                parts.append(c)  # kept for the engine to render or refuse, never dropped
         merged = parts
     out: dict[str, Any] = {"role": "system", "content": merged}
     names = {m.get("name") for m in system} - {None}

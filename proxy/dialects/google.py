@@ -13,6 +13,9 @@ Streaming is requested in the URL (`:streamGenerateContent` or `alt=sse`), never
 Google's JSON-array form: `[`, the same chunks comma-separated, `]` (application/json). Built-in
 tools (googleSearch, codeExecution, urlContext, ...) are dropped and named in
 `context["dropped_tools"]`; `cachedContent` names content only Google holds, so it is refused (400).
+A part holding anything but text, a functionCall (from the model) or a functionResponse (from the
+user) is a 400 naming the field and where it was; a part of metadata alone (a bare
+`thoughtSignature`) is left out and named in `context["dropped_parts"]`.
 """
 
 from __future__ import annotations
@@ -27,15 +30,22 @@ from tapdeck.proxy.dialects.base import (
     DialectError,
     DialectRequest,
     SSEEvent,
+    emptied_message,
     loosened_tool_choice,
     object_at,
     objects_at,
     strings_at,
+    unsupported_part,
 )
 from tapdeck.proxy.dialects.reply import ChatReply, join_text, read_reply
 
 _MODEL_IN_PATH = re.compile(r"/models/([^/:]+)", re.IGNORECASE)
 _NON_TEXT = ("inlineData", "inline_data", "fileData", "file_data")
+_PART_DATA = {"text": "text", "functionCall": "functionCall", "function_call": "functionCall",
+              "functionResponse": "functionResponse", "function_response": "functionResponse"}
+_PART_METADATA = {"thought", "thoughtSignature", "thought_signature", "partMetadata", "part_metadata",
+                  "videoMetadata", "video_metadata", "mediaResolution", "media_resolution"}
+"""Fields of a part that describe its data rather than hold any."""
 _STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
            409: "ABORTED", 413: "INVALID_ARGUMENT", 422: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED",
            499: "CANCELLED", 500: "INTERNAL", 501: "UNIMPLEMENTED", 502: "UNAVAILABLE",
@@ -89,7 +99,41 @@ def _text_only(key: str, where: str) -> DialectError:
                              "is text-only (send text parts only)", param=where)
 
 
-def _system_text(body: Mapping[str, Any]) -> str:
+def _held(part: Mapping[str, Any], where: str, allowed: tuple[str, ...], dropped: list[str]) -> bool:
+    """Whether a part holds data the translation keeps: text, or a call or response where `allowed`.
+    Media and any other data field are a 400 naming it; a part of metadata alone (a bare
+    `thoughtSignature`) holds nothing an engine can read, and is named in `dropped`."""
+    for key in _NON_TEXT:
+        if key in part:
+            raise _text_only(key, where)
+    fields = [key for key, value in part.items() if value is not None]
+    for key in fields:
+        if key not in _PART_DATA and key not in _PART_METADATA:
+            raise unsupported_part(key, where, "text, functionCall and functionResponse parts")
+    data = sorted({_PART_DATA[key] for key in fields if key in _PART_DATA})
+    if len(data) > 1:
+        # Google's part is one of them; translating one would drop the other.
+        raise DialectError(400, f"{where}: a part holds one of {' or '.join(data)}, not several",
+                           param=where)
+    if data and data[0] not in allowed:
+        raise unsupported_part(data[0], where, f"{' and '.join(allowed)} parts there")
+    if not data:
+        dropped.append(f"{where} {'/'.join(fields)} (a part with no text, call or response)" if fields
+                       else f"{where} (an empty part)")
+    return bool(data)
+
+
+def _held_parts(parts: list[Mapping[str, Any]], where: str, allowed: tuple[str, ...],
+                dropped: list[str]) -> None:
+    """Checks every part of a content (`_held`); one whose every part is left out is a 400."""
+    left_out: list[str] = []
+    held = [_held(part, f"{where}.parts[{p}]", allowed, left_out) for p, part in enumerate(parts)]
+    if parts and not any(held):
+        raise emptied_message(where, left_out)
+    dropped.extend(left_out)
+
+
+def _system_text(body: Mapping[str, Any], dropped: list[str]) -> str:
     system = _get(body, "systemInstruction", "system_instruction")
     if system is None:
         return ""
@@ -97,10 +141,9 @@ def _system_text(body: Mapping[str, Any]) -> str:
         return system
     parts = []
     system = object_at(system, "systemInstruction")
-    for i, part in enumerate(objects_at(system.get("parts"), "systemInstruction.parts")):
-        for key in _NON_TEXT:
-            if key in part:
-                raise _text_only(key, f"systemInstruction.parts[{i}]")
+    system_parts = objects_at(system.get("parts"), "systemInstruction.parts")
+    _held_parts(system_parts, "systemInstruction", ("text",), dropped)
+    for part in system_parts:
         if part.get("text"):
             parts.append(part["text"])
     return join_text(parts)
@@ -110,8 +153,9 @@ def _response_text(response: Any) -> str:
     return json.dumps(response if response is not None else {}, ensure_ascii=False)
 
 
-def _convert_contents(contents: Any) -> tuple[list[dict[str, Any]], int]:
-    """Chat messages and the number of function calls seen (the next call's id index)."""
+def _convert_contents(contents: Any, dropped: list[str]) -> tuple[list[dict[str, Any]], int]:
+    """Chat messages and the number of function calls seen (the next call's id index); each part
+    left out (it holds nothing an engine can read) is named in `dropped`."""
     if not isinstance(contents, list) or not contents:
         raise DialectError(400, "contents: a non-empty list of contents is required", param="contents")
     out: list[dict[str, Any]] = []
@@ -123,10 +167,8 @@ def _convert_contents(contents: Any) -> tuple[list[dict[str, Any]], int]:
             raise DialectError(400, f"{where} must be an object", param=where)
         role = content.get("role") or "user"
         parts = objects_at(content.get("parts"), f"{where}.parts")
-        for p, part in enumerate(parts):
-            for key in _NON_TEXT:
-                if key in part:
-                    raise _text_only(key, f"{where}.parts[{p}]")
+        allowed = ("text", "functionCall") if role == "model" else ("text", "functionResponse")
+        _held_parts(parts, where, allowed, dropped)
         if role == "model":
             text, thoughts, calls = [], [], []
             for part in parts:
@@ -248,8 +290,9 @@ class GoogleDialect:
             raise DialectError(400, "cachedContent is not supported by tapdeck: cached content lives "
                                     "at Google; send its contents and systemInstruction in the request",
                                param="cachedContent")
-        messages, call_count = _convert_contents(body.get("contents"))
-        system = _system_text(body)
+        dropped_parts: list[str] = []
+        messages, call_count = _convert_contents(body.get("contents"), dropped_parts)
+        system = _system_text(body, dropped_parts)
         if system:
             messages.insert(0, {"role": "system", "content": system})
         model = model_from_path(path)
@@ -286,7 +329,7 @@ class GoogleDialect:
                                        if schema else {"type": "json_object"})
         stream = is_streaming(path, query)
         context: dict[str, Any] = {"call_base": call_count, "dropped_tools": dropped,
-                                   "object_arguments": True}
+                                   "dropped_parts": dropped_parts, "object_arguments": True}
         if tools and loosened:
             context["loosened_tool_choice"] = loosened
         if _get(config, "responseLogprobs", "response_logprobs") is True:

@@ -14,6 +14,9 @@ response.created ... response.completed (response.incomplete when cut by length)
 A tool call is replayed as `local_shell_call` only when the request declared a `local_shell` tool.
 `previous_response_id` is resolved before translation, by the session's `StoredResponses`;
 `conversation` and a stored `prompt` name content only OpenAI holds, so they are refused (400).
+A content part of a type not translated is a 400 naming it and where it was; a `reasoning` item
+holding only `encrypted_content` (OpenAI alone reads it) is left out and named in
+`context["dropped_parts"]`.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from tapdeck.proxy.dialects.base import (
     SSEEvent,
     loosened_tool_choice,
     objects_at,
+    unsupported_part,
 )
 from tapdeck.proxy.dialects.reply import ChatReply, join_text, read_reply
 
@@ -78,6 +82,8 @@ def _content_text(content: Any, where: str) -> str:
             parts.append(part.get("refusal") or "")
         elif kind in _TEXT_PARTS or "text" in part:
             parts.append(part.get("text") or "")
+        else:
+            raise unsupported_part(kind, f"{where}[{i}]", "text and refusal parts")
     return join_text(parts)
 
 
@@ -117,10 +123,14 @@ class _Builder:
         self._assistant = None
 
 
-def _convert_input(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _convert_input(body: Mapping[str, Any], dropped: list[str]) -> list[dict[str, Any]]:
+    """Chat messages; each item left out (it holds nothing an engine can read) is named in `dropped`."""
     builder = _Builder()
-    if isinstance(body.get("instructions"), str) and body["instructions"]:
-        builder.system.append(body["instructions"])
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise DialectError(400, "instructions must be a string", param="instructions")
+    if instructions:
+        builder.system.append(instructions)
     items = body.get("input")
     if items is None:
         raise DialectError(400, "input: a string or a list of input items is required", param="input")
@@ -153,6 +163,9 @@ def _convert_input(body: Mapping[str, Any]) -> list[dict[str, Any]]:
             text = _content_text(content, f"{where}.content")
             if text:
                 builder.add_reasoning(text)
+            elif item.get("encrypted_content"):
+                # Reasoning encrypted by OpenAI, with no text beside it: no other engine can read it.
+                dropped.append(f"{where} reasoning (encrypted_content only)")
         elif kind == "function_call":
             builder.add_call(item.get("call_id") or item.get("id") or f"call_{i}", _call_name(item),
                              item.get("arguments") or "{}")
@@ -307,7 +320,8 @@ class ResponsesDialect:
         if isinstance(body.get("n"), int) and body["n"] > 1:
             raise DialectError(400, "n > 1 is not supported: one completion per call", param="n")
         _refuse_server_state(body)
-        chat: dict[str, Any] = {"model": body.get("model"), "messages": _convert_input(body)}
+        dropped_parts: list[str] = []
+        chat: dict[str, Any] = {"model": body.get("model"), "messages": _convert_input(body, dropped_parts)}
         flat_tools, namespaced = _flatten_namespaces(objects_at(body.get("tools"), "tools"))
         tools, custom, local, dropped = _convert_tools(flat_tools)
         choice, loosened = _convert_tool_choice(body.get("tool_choice"), dropped,
@@ -344,6 +358,7 @@ class ResponsesDialect:
                               context={"echo": echo, "custom_tools": sorted(custom),
                                        "top_logprobs": top_logprobs,
                                        "local_shell": bool(local), "dropped_tools": dropped,
+                                       "dropped_parts": dropped_parts,
                                        "namespaced": namespaced,
                                        "loosened_tool_choice": loosened if tools else None})
 
