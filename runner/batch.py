@@ -35,6 +35,16 @@ from tapdeck.proxy.store.no_follow import open_append, open_no_follow
 from tapdeck.proxy.upstream.address import shown_url
 from tapdeck.proxy.upstream.tiers import EngineSpec
 from tapdeck.runner.engines import EMBEDDED, EngineChoiceError, resolve_engine
+from tapdeck.runner.errors import (
+    DatasetUnreachable,
+    PlanError,
+    RolloutNotFound,
+    RolloutNotRunning,
+    RunElsewhere,
+    RunNotFound,
+    RunNotStartable,
+    RunUnreadable,
+)
 from tapdeck.runner.rollout import RolloutSpec, run_rollout
 from tapdeck.runner.run_lock import RunLock
 from tapdeck.runner.runner_loop import LoopTask, RunnerLoop, ServiceOnItsLoop
@@ -57,35 +67,6 @@ PLAN = "plan.json"
 STATE = "run.json"
 
 log = logging.getLogger("tapdeck.runner")
-
-
-class PlanError(ValueError):
-    """A plan that cannot run (unknown dataset/task/harness/sandbox, bad engine)."""
-
-
-class DatasetUnreachable(PlanError):
-    """A plan whose dataset's source (Harbor's registry, a git host) did not answer: the plan may
-    be fine, the run could not be done now (the run routes answer 502, not 400)."""
-
-
-class RunNotFound(KeyError):
-    """No run with that id in this data dir."""
-
-
-class RunElsewhere(PlanError):
-    """A run another process on this data dir runs now: starting it here would run its rollouts
-    twice. The message names that process."""
-
-    def __init__(self, run_id: str, pid: int) -> None:
-        who = f"process {pid}" if pid else "another process"
-        super().__init__(f"run {run_id} is running in {who} on this data dir; follow it on that "
-                         "process's server (--server), or resume it once that process has ended")
-        self.pid = pid
-
-
-class RunUnreadable(PlanError):
-    """A run whose plan.json cannot be read back (corrupt, truncated, another shape); the message
-    names the file and what is wrong with it."""
 
 
 def is_run_id(name: str) -> bool:
@@ -245,9 +226,12 @@ class BatchRunner:
         """The engine the run's rollouts call when it (re)starts: the plan's, unless the run
         recorded another (its plan's "embedded" named the default engine of a server started with
         another engine): then the recorded engine and model again, since the rollouts of one run
-        must come from one engine. PlanError for an embedded-engine run on a server whose default
-        engine is a URL (it has no embedded engine to call)."""
-        engine = self._engine(run.plan)
+        must come from one engine. RunNotStartable for an embedded-engine run on a server whose
+        default engine is a URL (it has no embedded engine to call), or a plan this server refuses."""
+        try:
+            engine = self._engine(run.plan)
+        except PlanError as exc:  # the plan was taken when the run was made: this server refuses it
+            raise RunNotStartable(exc.message) from exc
         used, model = run.engine_used, run.engine_model
         if engine is None or used is None or used == NO_ENGINE:
             return engine  # a run an older tapdeck wrote: which engine it called is not known
@@ -255,7 +239,7 @@ class BatchRunner:
             return engine if model is None or engine.model == model else engine.model_copy(
                 update={"model": model})
         if used == EMBEDDED:
-            raise PlanError(f"run {run.id}'s rollouts called the embedded engine and this server's "
+            raise RunNotStartable(f"run {run.id}'s rollouts called the embedded engine and this server's "
                             f"engine is {shown_url(engine.base_url)}: resume it on a server started "
                             "without --engine, so that all its rollouts come from one engine")
         template = run.plan.rollout
@@ -263,7 +247,7 @@ class BatchRunner:
             return resolve_engine(used, model=model, tool_parser=template.engine_tool_parser,
                                   reasoning_parser=template.engine_reasoning_parser)
         except EngineChoiceError as exc:  # a run.json edited by hand
-            raise PlanError(f"run {run.id} records an engine that is not an address: {exc}") from None
+            raise RunNotStartable(f"run {run.id} records an engine that is not an address: {exc}") from None
 
     def _engine_used(self, engine: EngineSpec | None) -> str:
         """What `RunSummary.engine_used` says of a run whose rollouts call `engine`."""
@@ -297,7 +281,7 @@ class BatchRunner:
         at once."""
         run = self._load(run_id)
         if run.task is not None and not run.task.done():
-            raise PlanError(f"run {run_id} is already running")
+            raise RunNotStartable(f"run {run_id} is already running")
         if (pid := run.lock.claim()) is not None:
             raise RunElsewhere(run_id, pid)
         try:
@@ -328,12 +312,12 @@ class BatchRunner:
 
     @staticmethod
     def _check_results(run: _Run) -> None:
-        """PlanError when lines of the run's results cannot be read: their rollouts finished."""
+        """RunNotStartable when lines of the run's results cannot be read: their rollouts finished."""
         if run.unreadable:  # read again: those lines may have been deleted since
             run.results, run.unreadable = read_results(run.path / RESULTS)
         if run.unreadable:
             # Their rollouts finished: running them again would redo work and bury their results.
-            raise PlanError(f"run {run.id} cannot resume: {len(run.unreadable)} line(s) of its "
+            raise RunNotStartable(f"run {run.id} cannot resume: {len(run.unreadable)} line(s) of its "
                             f"{RESULTS} hold results this tapdeck cannot read ({run.unreadable[0]}); "
                             "read them with the tapdeck that wrote them, or delete those lines to "
                             "run their rollouts again")
@@ -443,8 +427,8 @@ class BatchRunner:
         if task is None or task.done():
             known = {rid for _, _, rid in run.rollout_ids()}
             if rollout_id not in known:
-                raise RunNotFound(rollout_id)
-            raise PlanError(f"rollout {rollout_id} is not running")
+                raise RolloutNotFound(run_id, rollout_id)
+            raise RolloutNotRunning(rollout_id)
         run.cancel_requested.add(rollout_id)
         if self._loop is None:
             _cancel_if_started(task)
@@ -489,7 +473,7 @@ class BatchRunner:
                     run = self._load(path.name)
                 except RunNotFound:  # removed meanwhile
                     continue
-                except (OSError, ValueError) as exc:
+                except (OSError, ValueError, RunUnreadable) as exc:
                     # One unreadable run (RunUnreadable) must neither fail the list nor hide the
                     # others: it is left out, and said so in the log.
                     if self._skipped.get(path.name) != str(exc):

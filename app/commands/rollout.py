@@ -251,7 +251,8 @@ def _check_local_run(data: Path, run_id: str) -> RunSummary:
     """The run to resume (its stored plan, the engine it used); exits before a server and engine
     are started for nothing: 1 when the run is not in `data` or its plan.json cannot be read
     back, 0 when every rollout of it ran to its end."""
-    from tapdeck.runner.batch import PLAN, BatchRunner, RunElsewhere, RunUnreadable
+    from tapdeck.runner.batch import PLAN, BatchRunner
+    from tapdeck.runner.errors import RunElsewhere, RunUnreadable
     from tapdeck.runner.run_lock import RunLock
 
     if not (data / "runs" / run_id / PLAN).is_file():

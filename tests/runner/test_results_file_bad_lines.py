@@ -18,12 +18,12 @@ from tapdeck.app.commands.rollout import EXIT_COULD_NOT_RUN
 from tapdeck.runner.batch import (
     RESULTS,
     BatchRunner,
-    PlanError,
     RunPlan,
     load_results,
     read_results,
     rollout_id,
 )
+from tapdeck.runner.errors import PlanError
 from tapdeck.runner.rollout import RolloutSpec
 from tapdeck.schema.runs import RolloutResult
 from tests.conftest import local_server_on, models_only_engine

@@ -13,9 +13,7 @@ from tapdeck.runner import batch as batch_module
 from tapdeck.runner.batch import (
     PLAN,
     BatchRunner,
-    PlanError,
     RunPlan,
-    RunUnreadable,
     _Run,
     load_results,
     rollout_id,
@@ -26,6 +24,7 @@ from tapdeck.runner.engines import (
     normalize_engine_url,
     resolve_engine,
 )
+from tapdeck.runner.errors import PlanError, RunUnreadable
 from tapdeck.runner.rollout import RolloutResult, classify_exception
 
 DEFAULT = EngineSpec(url="http://127.0.0.1:9/v1", model="smollm2")
