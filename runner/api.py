@@ -33,6 +33,7 @@ from tapdeck.proxy.upstream.tiers import EngineSpec
 from tapdeck.runner.batch import BatchRunner
 from tapdeck.runner.errors import RunnerError, RunUnreadable
 from tapdeck.runner.runner_loop import RunnerLoop
+from tapdeck.runner.service_protocol import CaptureServiceProtocol
 from tapdeck.runner.train_jobs import TrainingJobs, run_rows_for_training
 from tapdeck.schema.catalog import Catalog
 from tapdeck.schema.runs import (
@@ -67,8 +68,9 @@ EXCEPTION_HANDLERS: dict[type[Exception], Callable[..., Any]] = {RunnerError: _r
 errors (`runner/errors.py`) and leave their rendering to it."""
 
 
-def create_runner_router(service: Any, *, data_dir: Path, default_engine: EngineSpec | None,
-                         admin_key: str | None = None, default_is_embedded: bool = False) -> APIRouter:
+def create_runner_router(service: CaptureServiceProtocol, *, data_dir: Path,
+                         default_engine: EngineSpec | None, admin_key: str | None = None,
+                         default_is_embedded: bool = False) -> APIRouter:
     """The runner routes for one capture service; the BatchRunner is exposed as `router.batch`,
     the training runs as `router.training`. `default_is_embedded`: the default engine is the
     embedded one (runs on it say "embedded", not its loopback URL).

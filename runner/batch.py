@@ -48,6 +48,7 @@ from tapdeck.runner.errors import (
 from tapdeck.runner.rollout import RolloutSpec, run_rollout
 from tapdeck.runner.run_lock import RunLock
 from tapdeck.runner.runner_loop import LoopTask, RunnerLoop, ServiceOnItsLoop
+from tapdeck.runner.service_protocol import CaptureServiceProtocol
 from tapdeck.schema.events import RolloutUpdated, RunFinished, RunStarted
 from tapdeck.schema.runs import (
     MAX_ROLLOUTS,
@@ -163,11 +164,12 @@ class BatchRunner:
     """Creates, runs, resumes, cancels and lists runs on one capture service.
 
     Runs execute on `loop` (the runner's own asyncio loop, apart from the server's) when given,
-    else on the loop that starts them."""
+    else on the loop that starts them. `service` None: a runner that reads runs (the CLI's), or
+    whose `rollout_fn` needs no capture service."""
 
-    def __init__(self, service: Any, *, data_dir: Path, default_engine: EngineSpec | None,
-                 rollout_fn: RolloutFn = run_rollout, loop: RunnerLoop | None = None,
-                 default_is_embedded: bool = False) -> None:
+    def __init__(self, service: CaptureServiceProtocol | None, *, data_dir: Path,
+                 default_engine: EngineSpec | None, rollout_fn: RolloutFn = run_rollout,
+                 loop: RunnerLoop | None = None, default_is_embedded: bool = False) -> None:
         self.service = service
         self.data_dir = Path(data_dir)
         self.runs_dir = self.data_dir / "runs"
@@ -322,7 +324,7 @@ class BatchRunner:
                             "read them with the tapdeck that wrote them, or delete those lines to "
                             "run their rollouts again")
 
-    async def run(self, run_id: str, service: Any = None) -> RunSummary:
+    async def run(self, run_id: str, service: CaptureServiceProtocol | None = None) -> RunSummary:
         """Execute every rollout of the run that has not finished yet; returns the final summary.
         The rollouts use `service` (default: this runner's) for their capture sessions."""
         service = self.service if service is None else service

@@ -41,6 +41,7 @@ from tapdeck.proxy.upstream.tiers import EngineSpec, Tier
 from tapdeck.runner.atif import CapturedCall, reconcile_file
 from tapdeck.runner.rewards import choose_reward, read_reward_files
 from tapdeck.runner.rollout_settings import DEFAULT_HARD_LIMIT_S, DEFAULT_MAX_TURNS, SettingsDoNotFit, resolve
+from tapdeck.runner.service_protocol import CaptureServiceProtocol
 from tapdeck.schema.settings import ResolvedSettings
 from tapdeck.schema.events import RolloutUpdated
 from tapdeck.schema.runs import Phase, RolloutResult, RolloutTemplate
@@ -151,7 +152,7 @@ def _seconds(timing: Any) -> float | None:
 class _Progress:
     """The rollout's live result: phase changes go to the session metadata and the event bus."""
 
-    def __init__(self, service: Any, result: RolloutResult,
+    def __init__(self, service: CaptureServiceProtocol, result: RolloutResult,
                  on_update: Callable[[RolloutResult], None] | None) -> None:
         self.service = service
         self.result = result
@@ -178,7 +179,7 @@ class _Progress:
                     RolloutUpdated(run_id=r.run_id, rollout=snapshot).model_dump(mode="json"))
 
 
-async def run_rollout(service: Any, spec: RolloutSpec, *,
+async def run_rollout(service: CaptureServiceProtocol, spec: RolloutSpec, *,
                       on_update: Callable[[RolloutResult], None] | None = None) -> RolloutResult:
     """Run one rollout on `service` (a CaptureService on this loop). Never raises.
 
@@ -311,7 +312,7 @@ def _fail(result: RolloutResult, kind: str, message: str) -> RolloutResult:
     return result
 
 
-async def _open_session(service: Any, spec: RolloutSpec, rid: str) -> SessionInfo:
+async def _open_session(service: CaptureServiceProtocol, spec: RolloutSpec, rid: str) -> SessionInfo:
     template = spec.rollout
     budget = template.call_budget or BUDGET_PER_TURN * (template.settings.max_turns or DEFAULT_MAX_TURNS)
     metadata = {"run_id": spec.run_id, "rollout_id": rid, "task": spec.task, "group": spec.group,
@@ -452,8 +453,9 @@ async def _run_trial(config: Any, progress: _Progress) -> Any:
     return await trial.run()
 
 
-async def _finish(service: Any, spec: RolloutSpec, result: RolloutResult, trial_result: Any,
-                  trial_dir: Path | None, findings: list[Finding], uses_model: bool) -> None:
+async def _finish(service: CaptureServiceProtocol, spec: RolloutSpec, result: RolloutResult,
+                  trial_result: Any, trial_dir: Path | None, findings: list[Finding],
+                  uses_model: bool) -> None:
     """Reward, capture summary, ATIF, ok-ness; close the session."""
     if trial_result is not None:
         _read_trial(spec, result, trial_result, trial_dir, findings)
