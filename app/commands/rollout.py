@@ -146,9 +146,6 @@ def register(app: typer.Typer) -> None:
             "e.g. an SSH reverse tunnel); sessions advertise it. Default: the bound address."),
     ) -> None:
         """Run N tasks × K rollouts through the capture proxy and print the results."""
-        import os
-
-        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
         from tapdeck.app.failures import validation_line
         from tapdeck.proxy.config import ServerConfig, default_data_dir
         from tapdeck.proxy.upstream.address import EngineAddressError

@@ -62,9 +62,6 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Launch a training recipe on a tapdeck server; stream its log; print its final metrics.
         Extra args go to the recipe."""
-        import os
-
-        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
         from tapdeck.proxy.config import ServerConfig, default_data_dir
         from tapdeck.runner.batch import is_run_id
 

@@ -62,9 +62,12 @@ import sys
 import time
 from pathlib import Path
 
-from harbor.environments.base import BaseEnvironment, ExecResult
-from harbor.environments.capabilities import EnvironmentCapabilities
-
+from tapdeck.runner.harbor_api import (
+    BaseEnvironment,
+    EnvironmentCapabilities,
+    ExecResult,
+    NetworkMode,
+)
 from tapdeck.runner.process_group import GONE_WITHIN_S, signal_group, wait_group_gone
 from tapdeck.runner.sandboxes.loopback_relay import LoopbackRelay
 from tapdeck.runner.sandboxes.mount_points import STATE_DIR, MountPoints
@@ -307,8 +310,6 @@ class HostSandbox(BaseEnvironment):
             return True
         if self._network_choice == "host":
             return False
-        from harbor.models.task.config import NetworkMode
-
         return self._network_disabled or self.task_env_config.network_mode == NetworkMode.NO_NETWORK
 
     @property
