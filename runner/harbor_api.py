@@ -26,7 +26,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 if TYPE_CHECKING:  # the same names, for type checkers and readers (`NAMES` is what runs)
     from harbor.agents.base import BaseAgent
     from harbor.agents.installed.base import NonZeroAgentExitCodeError
-    from harbor.environments.base import BaseEnvironment, ExecResult
+    from harbor.environments.base import BaseEnvironment, ExecResult, OutputCallback
     from harbor.environments.capabilities import EnvironmentCapabilities
     from harbor.environments.factory import EnvironmentFactory
     from harbor.environments.factory import _load_environment_class as load_environment_class
@@ -59,6 +59,7 @@ NAMES: dict[str, str] = {
     # Private in Harbor: the one way to import an environment class without making one.
     "load_environment_class": "harbor.environments.factory:_load_environment_class",
     "NetworkMode": "harbor.models.task.config:NetworkMode",
+    "OutputCallback": "harbor.environments.base:OutputCallback",
     # tasks and datasets
     "DatasetConfig": "harbor.models.job.config:DatasetConfig",
     "Task": "harbor.models.task.task:Task",
