@@ -34,7 +34,7 @@ from tapdeck.proxy.store.database import Store
 from tapdeck.proxy.store.no_follow import open_no_follow
 from tapdeck.proxy.upstream.tiers import EngineSpec
 from tapdeck.proxy.upstream.toolcalls import EMBEDDED_TOOL_PARSER
-from tapdeck.runner.api import SHUTDOWN_GRACE_S, create_runner_router
+from tapdeck.runner.api import EXCEPTION_HANDLERS, SHUTDOWN_GRACE_S, create_runner_router
 
 if TYPE_CHECKING:
     from tapdeck.runner.engine.registry import SharedEngine
@@ -124,7 +124,7 @@ class LocalServer:
             self.service = CaptureService(self._store, default_engine=self.default_engine,
                                           public_url=cfg.public_url or f"http://{public_host}:{port}")
             app = create_app(self.service, admin_key=self.admin_key, routers=self._runner_routers(),
-                             max_body_bytes=cfg.max_body_bytes)
+                             exception_handlers=EXCEPTION_HANDLERS, max_body_bytes=cfg.max_body_bytes)
             self.instance = app.state.instance
             # uvloop: the runner's trials run on a loop of their own (runner/runner_loop.py).
             self._http = ThreadedServer(app, cfg.host, port, name="tapdeck-server", loop="uvloop",

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -110,7 +109,6 @@ def main() -> None:
                         help="the agent phase's limit, seconds (default: the task's)")
     parser.add_argument("--rescore", action="store_true")
     args = parser.parse_args()
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     from tapdeck.app.host import LocalServer
     from tapdeck.proxy.config import ServerConfig
 

@@ -1,4 +1,6 @@
-"""The runner's admin routes, mounted into the server app through `create_app(routers=...)`.
+"""The runner's admin routes, mounted into the server app through `create_app(routers=...,
+exception_handlers=EXCEPTION_HANDLERS)`: routes raise the runner's errors (`runner/errors.py`, each
+with its status) and one handler answers them.
 
 `GET /admin/catalog`, `POST/GET /admin/runs`, `GET /admin/runs/{id}`, `POST /admin/runs/{id}/cancel`,
 `POST /admin/runs/{id}/rollouts/{rollout_id}/cancel` (one rollout), `POST /admin/runs/{id}/resume`, `POST /admin/runs/{id}/export`. Runs execute as asyncio tasks on the
@@ -17,31 +19,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from tapdeck.proxy.errors import ProxyError
 from tapdeck.proxy.http.app import require_admin
+from tapdeck.proxy.http.error_reply import error_response
 from tapdeck.proxy.upstream.tiers import EngineSpec
-from tapdeck.runner.batch import (
-    BatchRunner,
-    DatasetUnreachable,
-    PlanError,
-    RunElsewhere,
-    RunNotFound,
-    RunUnreadable,
-)
+from tapdeck.runner.batch import BatchRunner
+from tapdeck.runner.errors import RunnerError, RunUnreadable
 from tapdeck.runner.runner_loop import RunnerLoop
-from tapdeck.runner.train_jobs import (
-    TrainingJobs,
-    TrainNotFound,
-    TrainRefused,
-    TrainUsage,
-    run_rows_for_training,
-)
+from tapdeck.runner.service_protocol import CaptureServiceProtocol
+from tapdeck.runner.train_jobs import TrainingJobs, run_rows_for_training
 from tapdeck.schema.catalog import Catalog
 from tapdeck.schema.runs import (
     ExportRequest,
@@ -64,8 +57,20 @@ from tapdeck.schema.train import (
 SHUTDOWN_GRACE_S = 60.0
 
 
-def create_runner_router(service: Any, *, data_dir: Path, default_engine: EngineSpec | None,
-                         admin_key: str | None = None, default_is_embedded: bool = False) -> APIRouter:
+async def _runner_error(request: Request, exc: RunnerError) -> Response:
+    """A runner refusal in the shape every admin error has (`proxy/http/error_reply.py`)."""
+    return error_response(request.url.path, ProxyError(exc.status, exc.message))
+
+
+EXCEPTION_HANDLERS: dict[type[Exception], Callable[..., Any]] = {RunnerError: _runner_error}
+"""What an app that mounts the runner's routes registers with them
+(`create_app(routers=..., exception_handlers=EXCEPTION_HANDLERS)`): the routes raise the runner's
+errors (`runner/errors.py`) and leave their rendering to it."""
+
+
+def create_runner_router(service: CaptureServiceProtocol, *, data_dir: Path,
+                         default_engine: EngineSpec | None, admin_key: str | None = None,
+                         default_is_embedded: bool = False) -> APIRouter:
     """The runner routes for one capture service; the BatchRunner is exposed as `router.batch`,
     the training runs as `router.training`. `default_is_embedded`: the default engine is the
     embedded one (runs on it say "embedded", not its loopback URL).
@@ -98,15 +103,15 @@ def create_runner_router(service: Any, *, data_dir: Path, default_engine: Engine
     router.batch = batch  # type: ignore[attr-defined]
     router.training = training  # type: ignore[attr-defined]
 
-    def _run_or_404(run_id: str, doing: str = "read") -> Any:
-        """The run's summary and rollouts; 404 for no such run, 409 for one whose plan.json
-        cannot be read (saying which file and why, after `cannot <doing> run <id>:`)."""
+    def _run(run_id: str, doing: str = "read") -> tuple[RunSummary, list[RolloutResult]]:
+        """The run's summary and rollouts, read before a route acts on it: RunNotFound for no such
+        run; for one whose plan.json cannot be read, RunUnreadable saying which file and why after
+        `cannot <doing> run <id>:` (the batch's own message is the bare why, which the CLI words
+        its own way)."""
         try:
             return batch.get(run_id)
-        except RunNotFound as exc:
-            raise HTTPException(404, f"no run {run_id}") from exc
         except RunUnreadable as exc:
-            raise HTTPException(409, f"cannot {doing} run {run_id}: {exc}") from exc
+            raise RunUnreadable(f"cannot {doing} run {run_id}: {exc}") from exc
 
     @router.get("/catalog", response_model=Catalog)
     async def catalog() -> JSONResponse:
@@ -126,14 +131,8 @@ def create_runner_router(service: Any, *, data_dir: Path, default_engine: Engine
 
     @router.post("/runs", response_model=RunSummary)
     async def start_run(plan: RunPlan) -> JSONResponse:
-        try:
-            summary = await batch.create(plan)
-            batch.start(summary.id)
-        except DatasetUnreachable as exc:
-            # Bad gateway: what did not answer is the dataset's source, not this plan.
-            raise HTTPException(502, str(exc)) from exc
-        except PlanError as exc:
-            raise HTTPException(400, str(exc)) from exc
+        summary = await batch.create(plan)
+        batch.start(summary.id)
         return JSONResponse(batch.get(summary.id)[0].model_dump(mode="json"))
 
     @router.get("/runs", response_model=RunList)
@@ -143,50 +142,33 @@ def create_runner_router(service: Any, *, data_dir: Path, default_engine: Engine
 
     @router.get("/runs/{run_id}", response_model=RunDetail)
     async def get_run(run_id: str) -> JSONResponse:
-        summary, rollouts = _run_or_404(run_id)
+        summary, rollouts = _run(run_id)
         return JSONResponse({**summary.model_dump(mode="json"),
                              "rollouts": [r.model_dump(mode="json") for r in rollouts]})
 
     @router.post("/runs/{run_id}/cancel", response_model=RunSummary)
     async def cancel_run(run_id: str) -> JSONResponse:
-        _run_or_404(run_id, "cancel")
-        try:
-            summary = batch.cancel(run_id)
-        except RunElsewhere as exc:
-            raise HTTPException(409, str(exc)) from exc
+        _run(run_id, "cancel")
+        summary = batch.cancel(run_id)
         return JSONResponse(summary.model_dump(mode="json"))
 
     @router.post("/runs/{run_id}/rollouts/{rollout_id}/cancel", response_model=RolloutResult)
     async def cancel_rollout(run_id: str, rollout_id: str) -> JSONResponse:
-        _run_or_404(run_id, "cancel a rollout of")
-        try:
-            rollout = batch.cancel_rollout(run_id, rollout_id)
-        except RunNotFound as exc:
-            raise HTTPException(404, f"run {run_id} has no rollout {rollout_id}") from exc
-        except PlanError as exc:
-            raise HTTPException(409, str(exc)) from exc
+        _run(run_id, "cancel a rollout of")
+        rollout = batch.cancel_rollout(run_id, rollout_id)
         return JSONResponse(rollout.model_dump(mode="json"))
 
     @router.post("/runs/{run_id}/resume", response_model=RunSummary)
     async def resume_run(run_id: str) -> JSONResponse:
-        _run_or_404(run_id, "resume")
-        try:
-            batch.start(run_id)
-        except PlanError as exc:
-            raise HTTPException(409, str(exc)) from exc
+        _run(run_id, "resume")
+        batch.start(run_id)
         return JSONResponse(batch.get(run_id)[0].model_dump(mode="json"))
 
     @router.post("/runs/{run_id}/export", response_model=ExportResult)
     async def export_run(run_id: str, body: ExportRequest | None = None) -> JSONResponse:
-        _run_or_404(run_id, "export")
+        _run(run_id, "export")
         fmt = body.format if body is not None else "jsonl"
         return JSONResponse(await asyncio.to_thread(batch.export, run_id, fmt))
-
-    def _train_or_404(call: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return call(*args, **kwargs)
-        except TrainNotFound as exc:
-            raise HTTPException(404, f"no training run {exc.args[0]}") from exc
 
     @router.get("/train/recipes", response_model=RecipeList)
     async def train_recipes() -> JSONResponse:
@@ -195,10 +177,7 @@ def create_runner_router(service: Any, *, data_dir: Path, default_engine: Engine
 
     @router.post("/train", response_model=TrainRunInfo)
     async def start_training(request: TrainRequest) -> JSONResponse:
-        try:
-            info = await asyncio.to_thread(training.launch, request)
-        except TrainRefused as exc:
-            raise HTTPException(422 if isinstance(exc, TrainUsage) else 400, str(exc)) from exc
+        info = await asyncio.to_thread(training.launch, request)
         return JSONResponse(info.model_dump())
 
     @router.get("/train", response_model=TrainRunList)
@@ -208,22 +187,21 @@ def create_runner_router(service: Any, *, data_dir: Path, default_engine: Engine
 
     @router.get("/train/{run_id}", response_model=TrainRunInfo)
     async def get_training(run_id: str) -> JSONResponse:
-        return JSONResponse(_train_or_404(training.get, run_id).model_dump())
+        return JSONResponse(training.get(run_id).model_dump())
 
     @router.get("/train/{run_id}/log", response_model=TrainLog)
     async def training_log(run_id: str, offset: int | None = None, tail: int = 200) -> JSONResponse:
-        log = await asyncio.to_thread(_train_or_404, training.log, run_id, offset=offset,
-                                      tail=max(0, min(tail, 5000)))
+        log = await asyncio.to_thread(training.log, run_id, offset=offset, tail=max(0, min(tail, 5000)))
         return JSONResponse(log.model_dump())
 
     @router.get("/train/{run_id}/metrics", response_model=TrainMetrics)
     async def training_metrics(run_id: str, after: int = 0) -> JSONResponse:
-        metrics = await asyncio.to_thread(_train_or_404, training.metrics, run_id, after)
+        metrics = await asyncio.to_thread(training.metrics, run_id, after)
         return JSONResponse(metrics.model_dump())
 
     @router.get("/train/{run_id}/events")
     async def training_events(run_id: str) -> StreamingResponse:
-        _train_or_404(training.record, run_id)
+        training.record(run_id)  # TrainNotFound before the stream starts
 
         async def stream() -> AsyncIterator[bytes]:
             async for event in training.follow(run_id):
@@ -234,10 +212,7 @@ def create_runner_router(service: Any, *, data_dir: Path, default_engine: Engine
 
     @router.post("/train/{run_id}/stop", response_model=TrainRunInfo)
     async def stop_training(run_id: str) -> JSONResponse:
-        try:
-            info = await asyncio.to_thread(_train_or_404, training.stop, run_id)
-        except TrainRefused as exc:
-            raise HTTPException(409, str(exc)) from exc
+        info = await asyncio.to_thread(training.stop, run_id)
         return JSONResponse(info.model_dump())
 
     return router

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from tapdeck.runner import harbor_api
 from tapdeck.schema.findings import Finding
 
 Verdict = Literal["match", "mismatch", "none"]
@@ -60,9 +61,7 @@ def load_trajectory(path: Path) -> tuple[dict[str, Any] | None, Finding | None]:
     except (OSError, ValueError) as exc:
         return None, Finding.warn("atif_unreadable", f"{path}: {exc}")
     try:
-        from harbor.models.trajectories import Trajectory
-
-        Trajectory.model_validate(data)
+        harbor_api.Trajectory.model_validate(data)
     except Exception as exc:  # pydantic's ValidationError, or Harbor missing
         return data if isinstance(data, dict) else None, Finding.warn(
             "atif_invalid", f"{path} does not validate as ATIF: {str(exc).splitlines()[0]}")

@@ -1,11 +1,7 @@
 """Batches: N tasks × K rollouts per task (one GRPO group per task), C at a time, resumable.
 
-A run lives in `<data_dir>/runs/<run_id>/`:
-- `plan.json`     — the plan as given plus the resolved task list (name + path per group);
-- `run.json`      — state (`running`/`finished`/`cancelled`/`failed`), timestamps;
-- `results.jsonl` — one `RolloutResult` per finished rollout, appended and fsynced as each ends;
-- `trials/`       — Harbor's trial directories.
-A run whose process died shows as `interrupted`; `resume` runs exactly the rollouts that have no
+A run lives in `<data_dir>/runs/<run_id>/` (its files: `run_dir.py`); its plan is resolved before
+it is made (`plan_resolution.py`). A run whose process died shows as `interrupted`; `resume` runs exactly the rollouts that have no
 finished line in `results.jsonl` (a cancelled rollout is not finished), and refuses a run with a
 line holding a result this version cannot read (another version's schema) rather than run that
 rollout again. Progress is published on the capture service's event bus (`run_started`,
@@ -16,10 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import logging
-import os
-import secrets
 import shutil
 import threading
 import time
@@ -28,19 +21,38 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import ValidationError
-
-from tapdeck.proxy.store.atomic_write import atomic_write
-from tapdeck.proxy.store.no_follow import open_append, open_no_follow
 from tapdeck.proxy.upstream.address import shown_url
 from tapdeck.proxy.upstream.tiers import EngineSpec
 from tapdeck.runner.engines import EMBEDDED, EngineChoiceError, resolve_engine
+from tapdeck.runner.errors import (
+    PlanError,
+    RolloutNotFound,
+    RolloutNotRunning,
+    RunElsewhere,
+    RunNotFound,
+    RunNotStartable,
+    RunUnreadable,
+)
+from tapdeck.runner.plan_resolution import check_sandbox, resolve_tasks
 from tapdeck.runner.rollout import RolloutSpec, run_rollout
+from tapdeck.runner.run_dir import (
+    PLAN,
+    RESULTS,
+    STATE,
+    append_result,
+    is_run_id,
+    new_run_id,
+    read_json,
+    read_plan,
+    read_results,
+    rollout_id,
+    write_json,
+)
 from tapdeck.runner.run_lock import RunLock
 from tapdeck.runner.runner_loop import LoopTask, RunnerLoop, ServiceOnItsLoop
+from tapdeck.runner.service_protocol import CaptureServiceProtocol
 from tapdeck.schema.events import RolloutUpdated, RunFinished, RunStarted
 from tapdeck.schema.runs import (
-    MAX_ROLLOUTS,
     NO_ENGINE,
     RERUN_ON_RESUME,
     RolloutResult,
@@ -52,46 +64,7 @@ from tapdeck.schema.runs import (
     pass_rate,
 )
 
-RESULTS = "results.jsonl"
-PLAN = "plan.json"
-STATE = "run.json"
-
 log = logging.getLogger("tapdeck.runner")
-
-
-class PlanError(ValueError):
-    """A plan that cannot run (unknown dataset/task/harness/sandbox, bad engine)."""
-
-
-class DatasetUnreachable(PlanError):
-    """A plan whose dataset's source (Harbor's registry, a git host) did not answer: the plan may
-    be fine, the run could not be done now (the run routes answer 502, not 400)."""
-
-
-class RunNotFound(KeyError):
-    """No run with that id in this data dir."""
-
-
-class RunElsewhere(PlanError):
-    """A run another process on this data dir runs now: starting it here would run its rollouts
-    twice. The message names that process."""
-
-    def __init__(self, run_id: str, pid: int) -> None:
-        who = f"process {pid}" if pid else "another process"
-        super().__init__(f"run {run_id} is running in {who} on this data dir; follow it on that "
-                         "process's server (--server), or resume it once that process has ended")
-        self.pid = pid
-
-
-class RunUnreadable(PlanError):
-    """A run whose plan.json cannot be read back (corrupt, truncated, another shape); the message
-    names the file and what is wrong with it."""
-
-
-def is_run_id(name: str) -> bool:
-    """Whether `name` can name a run: a plain directory name under runs/ (not empty, not hidden,
-    which rules out `.` and `..`, and no path separator)."""
-    return bool(name) and not name.startswith(".") and "/" not in name and os.sep not in name
 
 
 class _Run:
@@ -149,16 +122,6 @@ def _model_of(engine: EngineSpec | None) -> str | None:
     return engine.model if engine is not None else None
 
 
-def rollout_id(run_id: str, group: int, index: int) -> str:
-    """`<run_id>.g<group>r<index>`: unique across runs, sortable within one."""
-    return f"{run_id}.g{group:03d}r{index:02d}"
-
-
-def new_run_id() -> str:
-    """`run-YYYYmmdd-HHMMSS-xxxx`."""
-    return time.strftime("run-%Y%m%d-%H%M%S-", time.localtime()) + secrets.token_hex(2)
-
-
 def summarize(run: _Run) -> RunSummary:
     """Counts, mean reward, pass rate and failures by cause for a run."""
     rollouts = run.all_rollouts()
@@ -182,11 +145,12 @@ class BatchRunner:
     """Creates, runs, resumes, cancels and lists runs on one capture service.
 
     Runs execute on `loop` (the runner's own asyncio loop, apart from the server's) when given,
-    else on the loop that starts them."""
+    else on the loop that starts them. `service` None: a runner that reads runs (the CLI's), or
+    whose `rollout_fn` needs no capture service."""
 
-    def __init__(self, service: Any, *, data_dir: Path, default_engine: EngineSpec | None,
-                 rollout_fn: RolloutFn = run_rollout, loop: RunnerLoop | None = None,
-                 default_is_embedded: bool = False) -> None:
+    def __init__(self, service: CaptureServiceProtocol | None, *, data_dir: Path,
+                 default_engine: EngineSpec | None, rollout_fn: RolloutFn = run_rollout,
+                 loop: RunnerLoop | None = None, default_is_embedded: bool = False) -> None:
         self.service = service
         self.data_dir = Path(data_dir)
         self.runs_dir = self.data_dir / "runs"
@@ -210,12 +174,12 @@ class BatchRunner:
         engine = self._engine(plan)
         if engine is not None:
             await self._check_model(engine)
-        await asyncio.to_thread(_check_sandbox, plan)
+        await asyncio.to_thread(check_sandbox, plan)
         run_id = new_run_id()
         path = self.runs_dir / run_id
         (path / "trials").mkdir(parents=True, exist_ok=False)
         created = time.time()
-        _write_json(path / PLAN, {"id": run_id, "created_at": created,
+        write_json(path / PLAN, {"id": run_id, "created_at": created,
                                   "plan": plan.model_dump(mode="json"), "tasks": tasks,
                                   "left_out": left_out})
         run = _Run(run_id, path, plan, tasks, created, left_out)
@@ -245,9 +209,12 @@ class BatchRunner:
         """The engine the run's rollouts call when it (re)starts: the plan's, unless the run
         recorded another (its plan's "embedded" named the default engine of a server started with
         another engine): then the recorded engine and model again, since the rollouts of one run
-        must come from one engine. PlanError for an embedded-engine run on a server whose default
-        engine is a URL (it has no embedded engine to call)."""
-        engine = self._engine(run.plan)
+        must come from one engine. RunNotStartable for an embedded-engine run on a server whose
+        default engine is a URL (it has no embedded engine to call), or a plan this server refuses."""
+        try:
+            engine = self._engine(run.plan)
+        except PlanError as exc:  # the plan was taken when the run was made: this server refuses it
+            raise RunNotStartable(exc.message) from exc
         used, model = run.engine_used, run.engine_model
         if engine is None or used is None or used == NO_ENGINE:
             return engine  # a run an older tapdeck wrote: which engine it called is not known
@@ -255,7 +222,7 @@ class BatchRunner:
             return engine if model is None or engine.model == model else engine.model_copy(
                 update={"model": model})
         if used == EMBEDDED:
-            raise PlanError(f"run {run.id}'s rollouts called the embedded engine and this server's "
+            raise RunNotStartable(f"run {run.id}'s rollouts called the embedded engine and this server's "
                             f"engine is {shown_url(engine.base_url)}: resume it on a server started "
                             "without --engine, so that all its rollouts come from one engine")
         template = run.plan.rollout
@@ -263,7 +230,7 @@ class BatchRunner:
             return resolve_engine(used, model=model, tool_parser=template.engine_tool_parser,
                                   reasoning_parser=template.engine_reasoning_parser)
         except EngineChoiceError as exc:  # a run.json edited by hand
-            raise PlanError(f"run {run.id} records an engine that is not an address: {exc}") from None
+            raise RunNotStartable(f"run {run.id} records an engine that is not an address: {exc}") from None
 
     def _engine_used(self, engine: EngineSpec | None) -> str:
         """What `RunSummary.engine_used` says of a run whose rollouts call `engine`."""
@@ -297,7 +264,7 @@ class BatchRunner:
         at once."""
         run = self._load(run_id)
         if run.task is not None and not run.task.done():
-            raise PlanError(f"run {run_id} is already running")
+            raise RunNotStartable(f"run {run_id} is already running")
         if (pid := run.lock.claim()) is not None:
             raise RunElsewhere(run_id, pid)
         try:
@@ -328,17 +295,17 @@ class BatchRunner:
 
     @staticmethod
     def _check_results(run: _Run) -> None:
-        """PlanError when lines of the run's results cannot be read: their rollouts finished."""
+        """RunNotStartable when lines of the run's results cannot be read: their rollouts finished."""
         if run.unreadable:  # read again: those lines may have been deleted since
             run.results, run.unreadable = read_results(run.path / RESULTS)
         if run.unreadable:
             # Their rollouts finished: running them again would redo work and bury their results.
-            raise PlanError(f"run {run.id} cannot resume: {len(run.unreadable)} line(s) of its "
+            raise RunNotStartable(f"run {run.id} cannot resume: {len(run.unreadable)} line(s) of its "
                             f"{RESULTS} hold results this tapdeck cannot read ({run.unreadable[0]}); "
                             "read them with the tapdeck that wrote them, or delete those lines to "
                             "run their rollouts again")
 
-    async def run(self, run_id: str, service: Any = None) -> RunSummary:
+    async def run(self, run_id: str, service: CaptureServiceProtocol | None = None) -> RunSummary:
         """Execute every rollout of the run that has not finished yet; returns the final summary.
         The rollouts use `service` (default: this runner's) for their capture sessions."""
         service = self.service if service is None else service
@@ -443,8 +410,8 @@ class BatchRunner:
         if task is None or task.done():
             known = {rid for _, _, rid in run.rollout_ids()}
             if rollout_id not in known:
-                raise RunNotFound(rollout_id)
-            raise PlanError(f"rollout {rollout_id} is not running")
+                raise RolloutNotFound(run_id, rollout_id)
+            raise RolloutNotRunning(rollout_id)
         run.cancel_requested.add(rollout_id)
         if self._loop is None:
             _cancel_if_started(task)
@@ -460,12 +427,7 @@ class BatchRunner:
         return summarize(run)
 
     def _record(self, run: _Run, result: RolloutResult) -> None:
-        path = run.path / RESULTS
-        _end_last_line(path)
-        with open_append(path) as fh:
-            fh.write(result.model_dump_json() + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        append_result(run.path / RESULTS, result)
         run.results[result.rollout_id] = result
         run.live.pop(result.rollout_id, None)
         self._publish(RolloutUpdated(run_id=run.id, rollout=result, run=summarize(run)))
@@ -489,7 +451,7 @@ class BatchRunner:
                     run = self._load(path.name)
                 except RunNotFound:  # removed meanwhile
                     continue
-                except (OSError, ValueError) as exc:
+                except (OSError, ValueError, RunUnreadable) as exc:
                     # One unreadable run (RunUnreadable) must neither fail the list nor hide the
                     # others: it is left out, and said so in the log.
                     if self._skipped.get(path.name) != str(exc):
@@ -521,7 +483,7 @@ class BatchRunner:
             raise RunNotFound(run_id)
         run = _Run(run_id, path, *read_plan(path / PLAN))
         run.results, run.unreadable = read_results(path / RESULTS)
-        state_doc = _read_json(path / STATE) or {}
+        state_doc = read_json(path / STATE) or {}
         state = state_doc.get("state", "running")
         run.finished_at = state_doc.get("finished_at")
         run.error = state_doc.get("error")
@@ -540,7 +502,7 @@ class BatchRunner:
 
     def _write_state(self, run: _Run, state: RunState) -> None:
         run.state = state
-        _write_json(run.path / STATE, {"state": state, "created_at": run.created_at,
+        write_json(run.path / STATE, {"state": state, "created_at": run.created_at,
                                        "finished_at": run.finished_at, "error": run.error,
                                        "engine_used": run.engine_used,
                                        "engine_model_used": run.engine_model})
@@ -579,157 +541,3 @@ class BatchRunner:
         return {"path": str(path), "rows": len(rows), "skipped": skipped}
 
 
-def load_results(path: Path) -> dict[str, RolloutResult]:
-    """Finished rollouts by id (last line wins), as `read_results` reads them."""
-    return read_results(path)[0]
-
-
-def read_results(path: Path) -> tuple[dict[str, RolloutResult], list[str]]:
-    """Finished rollouts by id (last line wins), and the lines that hold a result this version
-    cannot read, as `file:line: why`.
-
-    A torn last line (a crash mid-append) is ignored. Every other bad line is logged as a warning
-    naming it and skipped: a line that is not JSON held no result that can be recovered (its
-    rollout runs again on resume); a JSON line that is not a `RolloutResult` (another version's
-    schema) is also returned, so that a resume does not run its finished rollout again."""
-    out: dict[str, RolloutResult] = {}
-    unreadable: list[str] = []
-    if not path.is_file():
-        return out, unreadable
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    last = max((n for n, line in enumerate(lines, 1) if line.strip()), default=0)
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            result = RolloutResult.model_validate_json(line)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            if first["type"] == "json_invalid":
-                if n != last:
-                    log.warning("%s:%d: not JSON, skipped (%s)", path, n, first["msg"])
-                continue
-            why = f"{path}:{n}: not a rollout result ({_first_error(exc, 'line')})"
-            log.warning("%s, skipped", why)
-            unreadable.append(why)
-            continue
-        out[result.rollout_id] = result
-    return out, unreadable
-
-
-def _first_error(exc: ValidationError, whole: str) -> str:
-    """`field: why` of a validation error's first complaint (`whole` when it is about the whole)."""
-    first = exc.errors()[0]
-    return f"{'.'.join(str(p) for p in first['loc']) or whole}: {first['msg']}"
-
-
-def read_plan(path: Path) -> tuple[RunPlan, list[dict[str, str]], float, list[str]]:
-    """A run's plan.json as the run's plan, tasks, creation time and the task folders it left out
-    (none in a plan.json written before they were kept); RunUnreadable naming the file and what is
-    wrong with it."""
-    try:
-        doc = json.loads(path.read_bytes().decode("utf-8"))
-        missing = [key for key in ("plan", "tasks", "created_at")
-                   if not isinstance(doc, dict) or key not in doc]
-        if missing:
-            raise ValueError(f"no {', '.join(missing)}")
-        tasks = doc["tasks"]
-        if not isinstance(tasks, list) or not all(
-                isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("path"), str)
-                for t in tasks):
-            raise ValueError("tasks is not a list of {name, path}")
-        left_out = doc.get("left_out", [])
-        if not isinstance(left_out, list) or not all(isinstance(line, str) for line in left_out):
-            raise ValueError("left_out is not a list of strings")
-        return RunPlan.model_validate(doc["plan"]), tasks, float(doc["created_at"]), left_out
-    except ValidationError as exc:
-        why = f"plan.{_first_error(exc, 'plan')}"
-    except (OSError, ValueError, TypeError) as exc:  # unreadable, not UTF-8, not JSON, not a plan
-        why = f"{type(exc).__name__}: {exc}"
-    raise RunUnreadable(f"{path} is not a readable plan ({why})")
-
-
-def _end_last_line(path: Path) -> None:
-    """Before a result is appended: a last line a crash left without its newline is cut when it is
-    torn (it was never a result) and ended when it is whole, so that only a file's last line can
-    ever be torn."""
-    try:
-        with os.fdopen(open_no_follow(path, os.O_RDWR), "r+b") as fh:
-            if fh.seek(0, os.SEEK_END) == 0:
-                return
-            fh.seek(-1, os.SEEK_END)
-            if fh.read(1) == b"\n":
-                return
-            fh.seek(0)
-            data = fh.read()
-            start = data.rfind(b"\n") + 1
-            try:
-                json.loads(data[start:])
-            except ValueError:
-                fh.truncate(start)
-            else:
-                fh.write(b"\n")
-    except FileNotFoundError:
-        return
-
-
-def resolve_tasks(plan: RunPlan) -> tuple[list[dict[str, str]], list[str]]:
-    """The plan's tasks as `[{name, path}]` (one GRPO group each), via the dataset loader, and
-    the local dataset's task folders that Harbor leaves out (`catalog.unlisted_tasks`), so the
-    run can say so. A dataset whose source did not answer is DatasetUnreachable."""
-    from tapdeck.runner.catalog import dataset_problem, local_folder, unlisted_tasks
-    from tapdeck.runner.datasets import SAMPLE_DATASET_NAME, DatasetError, resolve_dataset
-
-    spec = plan.dataset or SAMPLE_DATASET_NAME
-    try:
-        dataset = resolve_dataset(plan.dataset)
-    except DatasetError as exc:
-        problem = dataset_problem(spec, exc)
-        raise (DatasetUnreachable if problem.unreachable else PlanError)(problem.message) from exc
-    except Exception as exc:
-        raise PlanError(f"cannot load dataset {plan.dataset or '(sample)'}: {exc}") from exc
-    folder = local_folder(spec)
-    left_out = unlisted_tasks(folder) if folder is not None else {}
-    tasks = [{"name": t.name, "path": str(t.path)} for t in dataset.tasks]
-    if plan.tasks:
-        by_name = {t["name"]: t for t in tasks}
-        broken = [left_out[n] for n in plan.tasks if n in left_out]
-        if broken:
-            raise PlanError(f"not a task Harbor can run: {'; '.join(broken)}")
-        missing = [n for n in plan.tasks if n not in by_name]
-        if missing:
-            raise PlanError(f"unknown task(s) {', '.join(missing)}; the dataset has "
-                            f"{', '.join(sorted(by_name)) or 'no tasks'}")
-        tasks = [by_name[n] for n in plan.tasks]
-    if plan.n_tasks is not None:
-        tasks = tasks[: plan.n_tasks]
-    if not tasks:
-        raise PlanError(f"dataset {plan.dataset or '(sample)'} has no tasks")
-    if len(tasks) * plan.k > MAX_ROLLOUTS:
-        raise PlanError(f"{len(tasks)} task(s) × k {plan.k} is {len(tasks) * plan.k} rollouts, "
-                        f"more than the {MAX_ROLLOUTS} a run may have; run fewer tasks or a "
-                        "smaller k")
-    # Named tasks were each found, so a folder left out is only news when the dataset is taken whole.
-    return tasks, [] if plan.tasks else list(left_out.values())
-
-
-def _check_sandbox(plan: RunPlan) -> None:
-    """PlanError for a sandbox name that is neither `host`, a Harbor backend nor `module:Class`."""
-    from tapdeck.runner.catalog import sandbox_environment_config
-
-    try:
-        sandbox_environment_config(plan.rollout.sandbox, **(plan.rollout.sandbox_kwargs or {}))
-    except ValueError as exc:
-        raise PlanError(str(exc)) from None
-
-
-def _write_json(path: Path, doc: dict[str, Any]) -> None:
-    with atomic_write(path) as f:
-        f.write(json.dumps(doc, indent=2).encode())
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None

@@ -32,6 +32,7 @@ import httpx
 from pydantic import ValidationError
 
 from tapdeck.runner import datasets as datasets_mod
+from tapdeck.runner import harbor_api
 from tapdeck.runner import harnesses as harnesses_mod
 from tapdeck.runner.rollout_settings import default_output_tokens, defaults_table
 from tapdeck.schema.catalog import (
@@ -86,18 +87,16 @@ UNCHECKED_BY_PREFLIGHT: dict[str, tuple[Callable[[], bool], str]] = {
 
 def _check_harbor_environment(env_type: str) -> tuple[bool, str]:
     """Import one Harbor environment class and run its preflight; never raises."""
-    from harbor.environments.factory import _load_environment_class
-    from harbor.models.environment_type import EnvironmentType
-
+    # Harbor's own modules are imported first: a Harbor that fails to import is no missing SDK.
+    load_environment_class = harbor_api.load_environment_class
+    environment_type = harbor_api.EnvironmentType
     try:
-        cls = _load_environment_class(EnvironmentType(env_type))
+        cls = load_environment_class(environment_type(env_type))
     except ImportError as exc:
         return False, _first_line(str(exc)) + " (SDK not installed)"
     except Exception as exc:  # noqa: BLE001 - any import failure means "not available"
         return False, f"cannot load: {type(exc).__name__}: {_first_line(str(exc))}"
-    from harbor.environments.base import BaseEnvironment
-
-    if getattr(cls.preflight, "__func__", None) is BaseEnvironment.preflight.__func__:
+    if getattr(cls.preflight, "__func__", None) is harbor_api.BaseEnvironment.preflight.__func__:
         return False, ("SDK installed, but Harbor has no preflight for it: its daemon or "
                        "credentials cannot be checked without starting a sandbox")
     try:
@@ -114,9 +113,7 @@ def _check_harbor_environment(env_type: str) -> tuple[bool, str]:
 
 def harbor_environment_types() -> list[str]:
     """Every `EnvironmentType` value of the installed Harbor."""
-    from harbor.models.environment_type import EnvironmentType
-
-    return [member.value for member in EnvironmentType]
+    return [member.value for member in harbor_api.EnvironmentType]
 
 
 _SANDBOX_CACHE: dict[str, Any] = {}
@@ -200,19 +197,16 @@ def sandbox_environment_config(name: str, **kwargs: Any):
 
     `kwargs` go to the environment's constructor (`EnvironmentConfig.kwargs`).
     """
-    from harbor.models.environment_type import EnvironmentType
-    from harbor.models.trial.config import EnvironmentConfig
-
     if name == HOST_SANDBOX:
-        return EnvironmentConfig(import_path=HOST_IMPORT_PATH, kwargs=kwargs)
+        return harbor_api.EnvironmentConfig(import_path=HOST_IMPORT_PATH, kwargs=kwargs)
     if ":" in name:
-        return EnvironmentConfig(import_path=name, kwargs=kwargs)
+        return harbor_api.EnvironmentConfig(import_path=name, kwargs=kwargs)
     try:
-        env_type = EnvironmentType(name)
+        env_type = harbor_api.EnvironmentType(name)
     except ValueError:
         raise ValueError(f"unknown sandbox {name!r}; use 'host', a Harbor environment type "
                          f"({', '.join(harbor_environment_types())}) or module:Class") from None
-    return EnvironmentConfig(type=env_type, kwargs=kwargs)
+    return harbor_api.EnvironmentConfig(type=env_type, kwargs=kwargs)
 
 
 # ------------------------------------------------------------------ harnesses
@@ -394,23 +388,20 @@ def unlisted_tasks(folder: Path) -> dict[str, str]:
 
 def _why_not_a_task(task_dir: Path) -> str:
     """Why Harbor refuses a folder holding a task.toml as a task, naming the file at fault."""
-    from harbor.models.task.config import TaskConfig
-    from harbor.models.task.task import Task
-
     toml = task_dir / "task.toml"
     try:
         text = toml.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         return f"{toml}: cannot be read ({exc})"
     try:
-        TaskConfig.model_validate_toml(text)
+        harbor_api.TaskConfig.model_validate_toml(text)
     except ValidationError as exc:
         first = exc.errors()[0]
         return f"{toml}: not a task config ({'.'.join(map(str, first['loc']))}: {first['msg']})"
     except ValueError as exc:  # tomllib's TOMLDecodeError
         return f"{toml}: not TOML ({exc})"
     try:
-        Task(task_dir)  # its own checks name the missing instruction or tests
+        harbor_api.Task(task_dir)  # its own checks name the missing instruction or tests
     except (OSError, ValueError, RuntimeError) as exc:
         return f"{task_dir}: {_first_line(str(exc)).rstrip('.')}"
     # The one check of Harbor's `is_valid_dir` that `Task()` does not make.

@@ -28,13 +28,14 @@ import tempfile
 from pathlib import Path
 from typing import Any, ClassVar
 
-from harbor.agents.base import BaseAgent
-from harbor.agents.installed.base import NonZeroAgentExitCodeError
-from harbor.environments.base import BaseEnvironment
-from harbor.models.agent.context import AgentContext
-
 from tapdeck.proxy.upstream.client import ENGINE_READ_TIMEOUT_S
 from tapdeck.runner import agent_install
+from tapdeck.runner.harbor_api import (
+    AgentContext,
+    BaseAgent,
+    BaseEnvironment,
+    NonZeroAgentExitCodeError,
+)
 
 AGENT_ROOT = "/installed-agent"
 AGENT_HOME = f"{AGENT_ROOT}/home"

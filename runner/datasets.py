@@ -22,6 +22,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from tapdeck.runner import harbor_api
+
 SAMPLE_DATASET_NAME = "sample"
 SAMPLE_DATASET_DIR = Path(__file__).parent / "sample_dataset"
 DEFAULT_REMOTE_TIMEOUT_S = 60.0
@@ -95,10 +97,8 @@ def first_line(instruction: str) -> str:
 
 
 def _task_name(task_dir: Path) -> str:
-    from harbor.models.task.config import TaskConfig
-
     try:
-        config = TaskConfig.model_validate_toml((task_dir / "task.toml").read_text())
+        config = harbor_api.TaskConfig.model_validate_toml((task_dir / "task.toml").read_text())
     except (OSError, ValueError):
         return task_dir.name
     return config.task.name if config.task is not None else task_dir.name
@@ -113,9 +113,7 @@ def task_ref(task_dir: Path) -> TaskRef:
 
 def is_task_dir(path: Path) -> bool:
     """Harbor's own validity test for a task folder."""
-    from harbor.models.task.task import Task
-
-    return Task.is_valid_dir(path)
+    return harbor_api.Task.is_valid_dir(path)
 
 
 def local_dataset(path: Path, *, name: str | None = None) -> Dataset:
@@ -149,28 +147,24 @@ def is_git_spec(spec: str) -> bool:
 
 def _remote_dataset_config(spec: str):
     """Harbor's `DatasetConfig` for a non-local spec, following `harbor run`'s parsing."""
-    from harbor.models.job.config import DatasetConfig
-
     if spec.startswith("repo:"):
-        return DatasetConfig(repo=spec.removeprefix("repo:"))
+        return harbor_api.DatasetConfig(repo=spec.removeprefix("repo:"))
     if is_git_spec(spec):
-        return DatasetConfig(repo=spec)
+        return harbor_api.DatasetConfig(repo=spec)
     name, _, version = spec.partition("@")
     if not name:
         raise DatasetError(f"cannot parse dataset spec {spec!r}")
     if "/" in name:
-        return DatasetConfig(name=name, ref=version or "latest")
-    return DatasetConfig(name=name, version=version or None)
+        return harbor_api.DatasetConfig(name=name, ref=version or "latest")
+    return harbor_api.DatasetConfig(name=name, version=version or None)
 
 
 async def _resolve_remote(spec: str) -> Dataset:
-    from harbor.tasks.client import TaskClient
-
     config = _remote_dataset_config(spec)
     task_configs = await config.get_task_configs()
     if not task_configs:
         raise DatasetError(f"dataset {spec!r} has no tasks")
-    downloaded = await TaskClient().download_tasks([tc.get_task_id() for tc in task_configs])
+    downloaded = await harbor_api.TaskClient().download_tasks([tc.get_task_id() for tc in task_configs])
     return Dataset(name=spec, source=spec, tasks=[task_ref(p) for p in downloaded.paths])
 
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from tapdeck.runner import harbor_api
+
 
 class Placement(StrEnum):
     """Where a harness's agent loop runs."""
@@ -243,16 +245,14 @@ class AgentPieces:
     override_timeout_sec: float | None
 
     def to_agent_config(self):
-        """Harbor's trial-side `AgentConfig` (imported lazily)."""
-        from harbor.models.trial.config import AgentConfig
-
+        """Harbor's trial-side `AgentConfig`."""
         fields: dict[str, Any] = {"env": self.env, "kwargs": self.kwargs}
         for key in ("name", "import_path", "model_name", "base_url", "model_api_format",
                     "override_timeout_sec"):
             value = getattr(self, key)
             if value is not None:
                 fields[key] = value
-        return AgentConfig(**fields)
+        return harbor_api.AgentConfig(**fields)
 
 
 def terminus2_kwargs(defaults: RunDefaults) -> dict[str, Any]:

@@ -38,14 +38,14 @@ from tapdeck.schema.findings import Finding, Level
 from tapdeck.schema.sessions import SessionInfo
 from tapdeck.proxy.sessions.spec import SessionSpec, base_urls_for
 from tapdeck.proxy.upstream.tiers import EngineSpec, Tier
+from tapdeck.runner import harbor_api
 from tapdeck.runner.atif import CapturedCall, reconcile_file
 from tapdeck.runner.rewards import choose_reward, read_reward_files
 from tapdeck.runner.rollout_settings import DEFAULT_HARD_LIMIT_S, DEFAULT_MAX_TURNS, SettingsDoNotFit, resolve
+from tapdeck.runner.service_protocol import CaptureServiceProtocol
 from tapdeck.schema.settings import ResolvedSettings
 from tapdeck.schema.events import RolloutUpdated
 from tapdeck.schema.runs import Phase, RolloutResult, RolloutTemplate
-
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 log = logging.getLogger("tapdeck.runner")
 
@@ -151,7 +151,7 @@ def _seconds(timing: Any) -> float | None:
 class _Progress:
     """The rollout's live result: phase changes go to the session metadata and the event bus."""
 
-    def __init__(self, service: Any, result: RolloutResult,
+    def __init__(self, service: CaptureServiceProtocol, result: RolloutResult,
                  on_update: Callable[[RolloutResult], None] | None) -> None:
         self.service = service
         self.result = result
@@ -178,7 +178,7 @@ class _Progress:
                     RolloutUpdated(run_id=r.run_id, rollout=snapshot).model_dump(mode="json"))
 
 
-async def run_rollout(service: Any, spec: RolloutSpec, *,
+async def run_rollout(service: CaptureServiceProtocol, spec: RolloutSpec, *,
                       on_update: Callable[[RolloutResult], None] | None = None) -> RolloutResult:
     """Run one rollout on `service` (a CaptureService on this loop). Never raises.
 
@@ -311,7 +311,7 @@ def _fail(result: RolloutResult, kind: str, message: str) -> RolloutResult:
     return result
 
 
-async def _open_session(service: Any, spec: RolloutSpec, rid: str) -> SessionInfo:
+async def _open_session(service: CaptureServiceProtocol, spec: RolloutSpec, rid: str) -> SessionInfo:
     template = spec.rollout
     budget = template.call_budget or BUDGET_PER_TURN * (template.settings.max_turns or DEFAULT_MAX_TURNS)
     metadata = {"run_id": spec.run_id, "rollout_id": rid, "task": spec.task, "group": spec.group,
@@ -398,10 +398,9 @@ def _holds_agent_installs(spec: RolloutSpec, folder: Path) -> bool:
 
 def _preflight(environment: Any) -> None:
     """Harbor's own sandbox preflight (Trial never runs it); SystemExit → sandbox_failed."""
-    from harbor.environments.factory import EnvironmentFactory
-
+    factory = harbor_api.EnvironmentFactory  # a Harbor that fails to import is not the sandbox's fault
     try:
-        EnvironmentFactory.run_preflight(environment.type, environment.import_path)
+        factory.run_preflight(environment.type, environment.import_path)
     except SystemExit as exc:
         raise RolloutSetupError("sandbox_failed", f"sandbox preflight failed: {exc}") from None
     except Exception as exc:
@@ -412,8 +411,6 @@ def _preflight(environment: Any) -> None:
 def _trial_config(spec: RolloutSpec, rid: str, info: SessionInfo | None, environment: Any,
                   settings: ResolvedSettings) -> Any:
     """The Harbor TrialConfig: task, harness seam (pointed at the proxy), sandbox."""
-    from harbor.models.trial.config import TaskConfig, TrialConfig
-
     from tapdeck.runner.harnesses import RunDefaults, build_agent_config
 
     defaults = RunDefaults(context_tokens=settings.context_tokens,
@@ -428,23 +425,22 @@ def _trial_config(spec: RolloutSpec, rid: str, info: SessionInfo | None, environ
             defaults=defaults, agent_kwargs=settings.harness_kwargs)
     except (KeyError, ValueError) as exc:
         raise RolloutSetupError("bad_plan", str(exc).strip("'\"")) from exc
-    return TrialConfig(task=TaskConfig(path=spec.task_path), trials_dir=spec.trials_dir,
-                       trial_name=spec.trial_name or rid, agent=agent, environment=environment)
+    return harbor_api.TrialConfig(task=harbor_api.TrialTaskConfig(path=spec.task_path),
+                                  trials_dir=spec.trials_dir, trial_name=spec.trial_name or rid,
+                                  agent=agent, environment=environment)
 
 
 async def _run_trial(config: Any, progress: _Progress) -> Any:
     """Create and run the Harbor trial, mirroring its lifecycle into the rollout's phase."""
-    from harbor.trial.hooks import TrialEvent
-    from harbor.trial.trial import Trial
-
+    events, trial_class = harbor_api.TrialEvent, harbor_api.Trial  # Harbor's import is not the task's
     try:
-        trial = await Trial.create(config)
+        trial = await trial_class.create(config)
     except Exception as exc:
         raise RolloutSetupError("bad_task", f"Harbor could not load the trial: "
                                             f"{type(exc).__name__}: {exc}") from exc
-    phases: dict[TrialEvent, Phase] = {TrialEvent.ENVIRONMENT_START: "sandbox",
-                                       TrialEvent.AGENT_START: "agent",
-                                       TrialEvent.VERIFICATION_START: "verify"}
+    phases: dict[harbor_api.TrialEvent, Phase] = {events.ENVIRONMENT_START: "sandbox",
+                                                  events.AGENT_START: "agent",
+                                                  events.VERIFICATION_START: "verify"}
     for event, phase in phases.items():
         async def hook(_event: Any, phase: Phase = phase) -> None:
             progress.phase(phase)
@@ -452,8 +448,9 @@ async def _run_trial(config: Any, progress: _Progress) -> Any:
     return await trial.run()
 
 
-async def _finish(service: Any, spec: RolloutSpec, result: RolloutResult, trial_result: Any,
-                  trial_dir: Path | None, findings: list[Finding], uses_model: bool) -> None:
+async def _finish(service: CaptureServiceProtocol, spec: RolloutSpec, result: RolloutResult,
+                  trial_result: Any, trial_dir: Path | None, findings: list[Finding],
+                  uses_model: bool) -> None:
     """Reward, capture summary, ATIF, ok-ness; close the session."""
     if trial_result is not None:
         _read_trial(spec, result, trial_result, trial_dir, findings)
@@ -518,10 +515,8 @@ def _timeout_advice(turns: int) -> str:
 
 def _read_timings(result: RolloutResult, trial_dir: Path) -> None:
     """Phase timings of a trial we cut short (Harbor still writes result.json when cancelled)."""
-    from harbor.models.trial.result import TrialResult
-
     try:
-        trial = TrialResult.model_validate_json((trial_dir / "result.json").read_text())
+        trial = harbor_api.TrialResult.model_validate_json((trial_dir / "result.json").read_text())
     except (OSError, ValueError):
         return
     _copy_timings(result, trial)

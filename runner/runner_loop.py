@@ -17,6 +17,8 @@ import threading
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any, TypeVar
 
+from tapdeck.runner.service_protocol import CaptureServiceProtocol
+
 T = TypeVar("T")
 
 STOP_GRACE_S = 10.0
@@ -123,7 +125,7 @@ class ServiceOnItsLoop:
     """The capture service as the runner's loop sees it: its coroutines run on the service's own
     loop; every other attribute is the service's."""
 
-    def __init__(self, service: Any, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, service: CaptureServiceProtocol, loop: asyncio.AbstractEventLoop) -> None:
         self._service = service
         self._loop = loop
 

@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from tapdeck.proxy.capture.export import RunSessionsMissing
-from tapdeck.runner.batch import RunUnreadable
+from tapdeck.runner.errors import (
+    RunNotFound,
+    RunUnreadable,
+    TrainElsewhere,
+    TrainNotFound,
+    TrainRefused,
+    TrainUsage,
+)
 from tapdeck.runner.recipes import RECIPES, Recipe, get_recipe, visible_gpus
 from tapdeck.runner.trackio_reader import TrackioReader, list_projects
 from tapdeck.runner.training import (
@@ -53,24 +60,12 @@ def run_info(record: RunRecord) -> TrainRunInfo:
                         run_dir=record.run_dir)
 
 
-class TrainNotFound(KeyError):
-    """No training run with that id in this data dir."""
-
-
-class TrainRefused(ValueError):
-    """A launch that cannot start (unknown recipe, missing run, no training environment)."""
-
-
-class TrainUsage(TrainRefused):
-    """A launch whose recipe args its own argument parser refuses: bad usage (422)."""
-
-
 def run_rows_for_training(batch: Any, run_id: str) -> tuple[str, list[str]]:
     """Export a rollout run's rows for a recipe that reads them: the JSONL's path, and the lines
     its job's log opens with (the finished rollouts that gave no rows, left out, as
     `tapdeck export` counts them).
 
-    KeyError for no such run. TrainRefused for one whose finished rollouts give no training rows
+    RunNotFound for no such run. TrainRefused for one whose finished rollouts give no training rows
     at all (eval tier, no capture session), saying which and why: its job could only find nothing
     to read. A run still going is exported as far as it got (its clients warn). TrainRefused,
     too, for a run whose files cannot be read or do not agree with the store, naming why."""
@@ -201,7 +196,7 @@ class TrainingJobs:
                 raise TrainRefused("this server cannot export runs")
             try:
                 rows, preamble = self.export_run(request.run)
-            except KeyError as exc:
+            except RunNotFound as exc:
                 raise TrainRefused(f"no rollout run {request.run!r} on this server") from exc
             args = ["--rows", str(rows), *args]
         elif request.run:
@@ -260,13 +255,14 @@ class TrainingJobs:
         return read_metrics(self.record(run_id), after)
 
     def stop(self, run_id: str, grace_s: float = STOP_GRACE_S) -> TrainRunInfo:
-        """SIGTERM, then SIGKILL the run's process group (blocking); its record afterwards."""
+        """SIGTERM, then SIGKILL the run's process group (blocking); its record afterwards.
+        TrainElsewhere for a running run another server process launched."""
         with self._lock:
             job = self._jobs.get(run_id)
         if job is None:
             record = self.record(run_id)  # TrainNotFound, or a run this server does not own
             if record.state == "running":
-                raise TrainRefused(f"{run_id} was launched by another server process (pid "
+                raise TrainElsewhere(f"{run_id} was launched by another server process (pid "
                                    f"{record.pid}); stop it there")
             return run_info(record)
         job.stop(grace_s=grace_s)

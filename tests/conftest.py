@@ -258,7 +258,7 @@ class SandboxProcesses:
 
     def commands(self) -> list[str]:
         """The command name of every process in the pinned namespaces."""
-        from tapdeck.runner.sandboxes.host import processes_in_namespace
+        from tapdeck.runner.sandboxes.namespaces import processes_in_namespace
 
         names = []
         for namespace in self.pins:
@@ -281,7 +281,7 @@ class SandboxProcesses:
 
     def close(self) -> None:
         """Kill whatever is left (a failing test leaves nothing running) and drop the pins."""
-        from tapdeck.runner.sandboxes.host import processes_in_namespace
+        from tapdeck.runner.sandboxes.namespaces import processes_in_namespace
 
         for namespace, fd in self.pins.items():
             for pid in processes_in_namespace(namespace):

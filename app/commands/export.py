@@ -40,7 +40,7 @@ def run_rows(store: Any, run_dir: Path, *,
     RunSessionsMissing when a rollout to export names a session the store does not have.
     """
     from tapdeck.proxy.capture.export import check_run_sessions
-    from tapdeck.runner.batch import RESULTS, load_results
+    from tapdeck.runner.run_dir import RESULTS, load_results
 
     path = run_dir / RESULTS
     results = load_results(path)
@@ -115,7 +115,7 @@ def register(app: typer.Typer) -> None:
         from tapdeck.app.commands.runner_warnings import runner_warnings_on_stderr
         from tapdeck.app.commands.stored_capture import stored_capture
         from tapdeck.proxy.capture.export import RunSessionsMissing, write_jsonl, write_parquet
-        from tapdeck.runner.batch import is_run_id
+        from tapdeck.runner.run_dir import is_run_id
 
         try:
             fmt = output_format(fmt, out)

@@ -138,9 +138,6 @@ def register(app: typer.Typer) -> None:
         show_all: bool = typer.Option(False, "--all", help="List every Harbor sandbox backend."),
     ) -> None:
         """Show what this machine can run now: sandboxes, datasets, harnesses, engines."""
-        import os
-
-        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
         from tapdeck.proxy.upstream.address import EngineAddressError, normalize_address
         from tapdeck.runner.catalog import build_catalog, list_datasets
 

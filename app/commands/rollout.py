@@ -146,13 +146,10 @@ def register(app: typer.Typer) -> None:
             "e.g. an SSH reverse tunnel); sessions advertise it. Default: the bound address."),
     ) -> None:
         """Run N tasks × K rollouts through the capture proxy and print the results."""
-        import os
-
-        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
         from tapdeck.app.failures import validation_line
         from tapdeck.proxy.config import ServerConfig, default_data_dir
         from tapdeck.proxy.upstream.address import EngineAddressError
-        from tapdeck.runner.batch import is_run_id
+        from tapdeck.runner.run_dir import is_run_id
 
         data = (data_dir or default_data_dir()).expanduser()
         if resume is not None and not is_run_id(resume):
@@ -251,7 +248,9 @@ def _check_local_run(data: Path, run_id: str) -> RunSummary:
     """The run to resume (its stored plan, the engine it used); exits before a server and engine
     are started for nothing: 1 when the run is not in `data` or its plan.json cannot be read
     back, 0 when every rollout of it ran to its end."""
-    from tapdeck.runner.batch import PLAN, BatchRunner, RunElsewhere, RunUnreadable
+    from tapdeck.runner.batch import BatchRunner
+    from tapdeck.runner.errors import RunElsewhere, RunUnreadable
+    from tapdeck.runner.run_dir import PLAN
     from tapdeck.runner.run_lock import RunLock
 
     if not (data / "runs" / run_id / PLAN).is_file():

@@ -38,7 +38,9 @@ def register(app: typer.Typer) -> None:
         """List the data dir's runs, newest first, or show one run's rollouts as `tapdeck rollout`
         prints them (exit 1: no such run; 2: an id that is a path)."""
         from tapdeck.proxy.config import default_data_dir, usable_data_dir
-        from tapdeck.runner.batch import BatchRunner, RunNotFound, RunUnreadable, is_run_id
+        from tapdeck.runner.batch import BatchRunner
+        from tapdeck.runner.errors import RunNotFound, RunUnreadable
+        from tapdeck.runner.run_dir import is_run_id
         from tapdeck.schema.runs import RunDetail, RunList
 
         if run_id is not None and not is_run_id(run_id):

@@ -51,7 +51,7 @@ def register(app: typer.Typer) -> None:
         """List the data dir's capture sessions, newest first, or show one session's rollout graph
         and findings, or one turn's tokens (exit 1: no such session or turn; 2: bad usage)."""
         from tapdeck.app.commands.stored_capture import stored_capture
-        from tapdeck.runner.batch import is_run_id
+        from tapdeck.runner.run_dir import is_run_id
 
         for given, what in ((session_id, "session"), (run, "run")):
             if given is not None and not is_run_id(given):

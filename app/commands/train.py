@@ -62,11 +62,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Launch a training recipe on a tapdeck server; stream its log; print its final metrics.
         Extra args go to the recipe."""
-        import os
-
-        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
         from tapdeck.proxy.config import ServerConfig, default_data_dir
-        from tapdeck.runner.batch import is_run_id
+        from tapdeck.runner.run_dir import is_run_id
 
         if run is not None and not is_run_id(run):  # as `export`: a path is no run's id
             typer.echo(f"tapdeck train: --run {run!r} is not a run id: give a plain id (run-…), "

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -165,9 +165,11 @@ async def _event_stream(service: CaptureService) -> AsyncIterator[bytes]:
         await events.aclose()
 
 
-def create_app(service: CaptureService, *, admin_key: str,
-               routers: Sequence[APIRouter] = (), max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
-    """The server's FastAPI app. `routers` are extra (admin-protected by their own dependency) routes.
+def create_app(service: CaptureService, *, admin_key: str, routers: Sequence[APIRouter] = (),
+               exception_handlers: Mapping[type[Exception], Callable[..., Any]] | None = None,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+    """The server's FastAPI app. `routers` are extra (admin-protected by their own dependency) routes;
+    `exception_handlers` answer the errors they raise (the proxy does not know the runner's).
 
     No request body is read before its key is checked, nor past `max_body_bytes`."""
     if not admin_key:
@@ -223,6 +225,8 @@ def create_app(service: CaptureService, *, admin_key: str,
     app.include_router(_admin_router())
     for router in routers:
         app.include_router(router)
+    for error, handler in (exception_handlers or {}).items():
+        app.add_exception_handler(error, handler)
 
     # The session's one model, in the asking SDK's shape (proxy/http/model_listing.py). A model id
     # may hold slashes (`Qwen/Qwen3-8B`), hence `:path`.

@@ -40,35 +40,51 @@ What this is and is not:
   `/proc`) and, unless the task asks for no network, the host's network.
 
 Harbor loads it by import path:
-`EnvironmentConfig(import_path="tapdeck.runner.sandboxes.host:HostSandbox")`.
+`EnvironmentConfig(import_path="tapdeck.runner.sandboxes.host:HostSandbox")`. This module is the
+environment class; its parts live beside it: `namespaces.py` (unshare/nsenter, the holder, killing
+a trial's processes), `filesystem_view.py` (the bash that binds the per-trial directories),
+`exec_command.py` (one command run), `file_copies.py` (files in and out), `environment_definition.py`
+(what is read of the task's environment/), `trial_dirs.py`, `mount_points.py`, `loopback_relay.py`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import codecs
 import contextlib
-import ctypes
 import os
 import posixpath
 import pwd
-import re
 import secrets
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from harbor.environments.base import BaseEnvironment, ExecResult
-from harbor.environments.capabilities import EnvironmentCapabilities
-
-from tapdeck.runner.process_group import GONE_WITHIN_S, signal_group, wait_group_gone
+from tapdeck.runner.harbor_api import (
+    BaseEnvironment,
+    EnvironmentCapabilities,
+    ExecResult,
+    NetworkMode,
+)
+from tapdeck.runner.sandboxes.environment_definition import compose_services, dockerfile_workdir
+from tapdeck.runner.sandboxes.exec_command import run_command
+from tapdeck.runner.sandboxes.file_copies import copy_dir, copy_file, host_path
+from tapdeck.runner.sandboxes.filesystem_view import as_root_script, hide_script, rootless_script
 from tapdeck.runner.sandboxes.loopback_relay import LoopbackRelay
 from tapdeck.runner.sandboxes.mount_points import STATE_DIR, MountPoints
-from tapdeck.runner.sandboxes.output_tail import OUTPUT_LIMIT_BYTES, OutputTail
+from tapdeck.runner.sandboxes.namespaces import (
+    HOLDER_READY_TIMEOUT_S,
+    ROOT_UNSHARE,
+    ROOTLESS_UNSHARE,
+    die_with_parent,
+    kill_namespace,
+    nsenter_argv,
+    nsenter_net_argv,
+    pin_namespace,
+    wait_for_holder,
+)
+from tapdeck.runner.sandboxes.output_tail import OUTPUT_LIMIT_BYTES
 from tapdeck.runner.sandboxes.trial_dirs import TrialDir, remove_abandoned
 
 TYPE_NAME = "tapdeck-host"
@@ -81,16 +97,7 @@ PRIVATE_HOME = "/tmp/tapdeck-home"
 # A container-like PATH: the host user's own PATH (pyenv shims, cargo, ...) does not leak in.
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 REQUIRED_TOOLS = ("unshare", "nsenter", "bash", "mount")
-# A PID namespace whose init is unshare's forked child; `--kill-child` gives that child SIGKILL
-# when unshare dies, and with the init the kernel kills every process of the namespace.
-PID_NAMESPACE = ("--pid", "--fork", "--kill-child")
-ROOT_UNSHARE = ("--mount", "--propagation", "private", *PID_NAMESPACE)
-# A user namespace mapping the invoking user to root, with its own mount and PID namespaces.
-ROOTLESS_UNSHARE = ("--user", "--map-root-user", "--mount", "--propagation", "private", *PID_NAMESPACE)
-_HOLDER_READY_TIMEOUT_S = 30.0  # a bound for a loaded machine; a healthy start takes well under 1 s
 _CHECK_TIMEOUT_S = 15.0
-_POLL_S = 0.05
-_DRAIN_AFTER_EXIT_S = 0.5
 
 LIMITATIONS = (
     "runs the trial as host processes in a private mount namespace; needs root (CAP_SYS_ADMIN) "
@@ -98,15 +105,6 @@ LIMITATIONS = (
     "root inside); ignores the task's Dockerfile (tools it would install must already be on "
     "the host); NOT a security boundary (real host users, filesystem, processes and network)"
 )
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In the forked holder: get SIGKILL if the process that started it dies (no stray holders)."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
 
 def check(rootless: bool | None = None) -> tuple[bool, str]:
     """Whether the host sandbox can run here, without raising: `(ok, why)`.
@@ -138,68 +136,6 @@ def check(rootless: bool | None = None) -> tuple[bool, str]:
                        f"{probe.stderr.strip() or probe.returncode}; {LIMITATIONS}")
     mode = "rootless, as this user (seen as root inside)" if rootless else "as root"
     return True, f"available ({mode}): {LIMITATIONS}"
-
-
-def compose_services(environment_dir: Path) -> list[str]:
-    """The service names of the task's `docker-compose.yaml` (none without one).
-
-    Raises ValueError, naming the file, when it is not a compose file that can be read.
-    """
-    import yaml
-
-    compose = environment_dir / "docker-compose.yaml"
-    if not compose.is_file():
-        return []
-    try:
-        services = (yaml.safe_load(compose.read_text(errors="replace")) or {}).get("services") or {}
-    except (yaml.YAMLError, AttributeError) as exc:
-        raise ValueError(f"{compose} is not a docker compose file that can be read: {exc}") from None
-    if not isinstance(services, dict):
-        raise ValueError(f"{compose}: `services` is not a mapping of service names")
-    return [str(name) for name in services]
-
-
-def dockerfile_workdir(environment_dir: Path) -> str | None:
-    """The last absolute `WORKDIR` of the task's Dockerfile (the only thing read from it)."""
-    dockerfile = environment_dir / "Dockerfile"
-    if not dockerfile.is_file():
-        return None
-    workdir = None
-    for line in dockerfile.read_text(errors="replace").splitlines():
-        match = re.match(r"\s*WORKDIR\s+(\S+)\s*$", line, re.IGNORECASE)
-        if match and match.group(1).startswith("/"):
-            workdir = match.group(1)
-    return workdir
-
-
-def _mount_namespace(pid: int) -> str | None:
-    try:
-        return os.readlink(f"/proc/{pid}/ns/mnt")
-    except OSError:
-        return None
-
-
-def _children(pid: int) -> list[int]:
-    """Pids whose parent is `pid` (read from /proc, which needs no CONFIG_PROC_CHILDREN)."""
-    children = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            status = Path(f"/proc/{entry}/status").read_text()
-            match = re.search(r"^PPid:\s*(\d+)", status, re.MULTILINE)
-            if match and int(match.group(1)) == pid:
-                children.append(int(entry))
-    return children
-
-
-def processes_in_namespace(namespace: str) -> list[int]:
-    """Pids of every process whose mount namespace is `namespace` (e.g. `mnt:[4026532177]`)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and _mount_namespace(int(entry)) == namespace:
-            pids.append(int(entry))
-    return pids
 
 
 class HostSandbox(BaseEnvironment):
@@ -307,8 +243,6 @@ class HostSandbox(BaseEnvironment):
             return True
         if self._network_choice == "host":
             return False
-        from harbor.models.task.config import NetworkMode
-
         return self._network_disabled or self.task_env_config.network_mode == NetworkMode.NO_NETWORK
 
     @property
@@ -375,7 +309,7 @@ class HostSandbox(BaseEnvironment):
                 start_new_session=True)
             self._inner_relays.append(inner)
             try:
-                line = await asyncio.wait_for(inner.stdout.readline(), _HOLDER_READY_TIMEOUT_S)
+                line = await asyncio.wait_for(inner.stdout.readline(), HOLDER_READY_TIMEOUT_S)
             except TimeoutError:
                 line = b""
             if line.strip() != b"ready":
@@ -427,26 +361,10 @@ class HostSandbox(BaseEnvironment):
 
         await self._spawn_holder(["unshare", *ROOT_UNSHARE], ["sleep", "infinity"])
 
-        # The per-trial root may live under a path about to be covered (the default is under
-        # /tmp), so it is first bound at a staging point and every bind reads from there.
-        # Parents are bound first, so a workdir nested under /tmp (say) lands on top, not hidden.
-        stage = shlex.quote(staging)
-        script = ["set -e", f"mount --bind {shlex.quote(str(self._root))} {stage}"]
-        for target, host_dir in sorted(self._binds.items(), key=lambda kv: kv[0].count("/")):
-            source = shlex.quote(f"{staging}/{host_dir.name}")
-            # A bind needs an existing mount point (claimed on the host above; under a private
-            # parent such as /tmp it is made here).
-            script.append(f"mkdir -p {shlex.quote(target)} && mount --bind {source} {shlex.quote(target)}")
-        script.append(f"umount {stage}")
-        script.append(f"mkdir -p -m 700 {shlex.quote(self._tmux_tmpdir)} {PRIVATE_HOME}")
-        # This script runs in the trial's PID namespace: a proc mounted here shows only its pids
-        # (where the kernel refuses, the trial keeps the host's, as rootless does).
-        script.append("mount -t proc proc /proc 2>/dev/null || true")
-        script += self._hide_script("")
-        if self.no_network:
-            # sysfs shows the network namespace it was mounted in: remount it for this one.
-            script += ["ip link set lo up", "mount -t sysfs sysfs /sys"]
-        result = await self._run_in_namespace(["bash", "-c", "\n".join(script)], timeout_sec=30)
+        assert self._root is not None
+        script = as_root_script(self._root, staging, self._binds, [self._tmux_tmpdir, PRIVATE_HOME],
+                                self._hidden_paths, self.logger, no_network=self.no_network)
+        result = await self._run_in_namespace(["bash", "-c", script], timeout_sec=30)
         if result.return_code != 0:
             raise RuntimeError(
                 f"host sandbox could not set up its mounts: {result.stderr or result.stdout}"
@@ -477,87 +395,15 @@ class HostSandbox(BaseEnvironment):
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
-        self._init_pid, self._namespace = await self._wait_for_namespace(self._holder)
-        self._namespace_fd = self._pin_namespace(self._init_pid, self._namespace)
+        self._init_pid, self._namespace = await wait_for_holder(self._holder)
+        self._namespace_fd = pin_namespace(self._init_pid, self._namespace)
 
     def _rootless_script(self, rootfs: Path) -> str:
-        """Bash for the holder: host top-level entries into `rootfs`, the binds, then chroot."""
-        root = str(rootfs)
-        whole = {t.strip("/") for t in self._binds if t.count("/") == 1}
-        # The script runs as init of the trial's PID namespace: a proc mounted by it shows only the
-        # trial's pids. A kernel that refuses proc in a user namespace (a host proc partly hidden,
-        # as in some containers) gets the host's, where pids inside and in /proc differ.
-        proc = shlex.quote(f"{root}/proc")
-        lines = ["set -e", f"mkdir {proc}",
-                 f"mount -t proc proc {proc} 2>/dev/null || mount --rbind /proc {proc}"]
-        for entry in sorted(os.listdir("/")):
-            if entry in whole or entry == "proc":
-                continue
-            source, target = shlex.quote(f"/{entry}"), shlex.quote(f"{root}/{entry}")
-            if os.path.islink(f"/{entry}"):
-                lines.append(f"ln -s {shlex.quote(os.readlink(f'/{entry}'))} {target}")
-            elif os.path.isdir(f"/{entry}"):
-                lines.append(f"mkdir {target} && mount --rbind {source} {target}")
-            elif os.path.isfile(f"/{entry}"):
-                lines.append(f"touch {target} && mount --bind {source} {target}")
-        for target, host_dir in sorted(self._binds.items(), key=lambda kv: kv[0].count("/")):
-            top = target.strip("/").split("/")[0]
-            if top not in whole and not os.path.isdir(target):
-                raise RuntimeError(
-                    f"rootless host sandbox cannot make {target}: /{top} is the host's own "
-                    "directory (making it there would need root); use a top-level workdir")
-            point = shlex.quote(f"{root}{target}")
-            lines.append(f"mkdir -p {point} && mount --bind {shlex.quote(str(host_dir))} {point}")
-        lines += self._hide_script(root)
-        if self.no_network:
-            lines += ["ip link set lo up", f"mount -t sysfs sysfs {shlex.quote(root)}/sys"]
-        lines.append(f"exec chroot {shlex.quote(root)} sleep infinity")
-        return "\n".join(lines)
-
-    def _hide_script(self, root: str) -> list[str]:
-        """Bash covering each hidden path that the trial would see (under `root`) with an empty
-        read-only tmpfs. A path holding a bound one (say `/`) is left: covering it would hide
-        the trial's own directories."""
-        lines = []
-        for path in self._hidden_paths:
-            if any(t == path or t.startswith(path.rstrip("/") + "/") for t in self._binds):
-                self.logger.warning("host sandbox cannot hide %s: it holds the trial's own %s",
-                                    path, ", ".join(sorted(self._binds)))
-                continue
-            point = shlex.quote(f"{root}{path}")
-            lines.append(f"if [ -d {point} ]; then "
-                         f"mount -t tmpfs -o ro,mode=0555,size=4k tapdeck-hidden {point}; fi")
-        return lines
-
-    async def _wait_for_namespace(self, holder: asyncio.subprocess.Process) -> tuple[int, str]:
-        """Wait until unshare's child (the trial's init) has left our mount namespace and exec'd
-        `sleep`; returns its host pid and its mount namespace."""
-        own = _mount_namespace(os.getpid())
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + _HOLDER_READY_TIMEOUT_S
-        while loop.time() < deadline:
-            if holder.returncode is not None:
-                err = (await holder.stderr.read()).decode(errors="replace") if holder.stderr else ""
-                raise RuntimeError(f"host sandbox namespace holder exited: {err.strip()}")
-            for pid in await asyncio.to_thread(_children, holder.pid):
-                namespace = _mount_namespace(pid)
-                with contextlib.suppress(OSError):
-                    comm = Path(f"/proc/{pid}/comm").read_text().strip()
-                    if comm == "sleep" and namespace and namespace != own:
-                        return pid, namespace
-            await asyncio.sleep(0.01)
-        raise RuntimeError("host sandbox namespace holder did not start in time")
-
-    @staticmethod
-    def _pin_namespace(pid: int, namespace: str) -> int:
-        """Open the holder's mount namespace and check it is still `namespace`."""
-        fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
-        if os.readlink(f"/proc/self/fd/{fd}") != namespace:
-            os.close(fd)
-            raise RuntimeError("host sandbox namespace holder exited while starting")
-        return fd
+        """Bash for the rootless holder: host top-level entries into `rootfs`, the binds, then chroot."""
+        return rootless_script(rootfs, self._binds, self._hidden_paths, self.logger,
+                               no_network=self.no_network)
 
     async def stop(self, delete: bool) -> None:
         """Kill every process in the trial's mount namespace, then remove the per-trial dirs.
@@ -592,20 +438,7 @@ class HostSandbox(BaseEnvironment):
         self._namespace, self._holder, self._namespace_fd, self._init_pid = None, None, None, None
         # Only a pinned namespace's id is known to still be ours; unpinned, kill just the holder.
         if pin is not None:
-            try:
-                # Loop: a process may fork while we kill its siblings, and a killed one is still
-                # listed until its signal lands (longer on a loaded machine).
-                deadline = time.monotonic() + GONE_WITHIN_S
-                while time.monotonic() < deadline:
-                    pids = processes_in_namespace(namespace)
-                    if not pids:
-                        break
-                    for pid in pids:
-                        with contextlib.suppress(ProcessLookupError):
-                            os.kill(pid, signal.SIGKILL)
-                    await asyncio.sleep(0.02)
-            finally:
-                os.close(pin)
+            await kill_namespace(namespace, pin)
         if holder is not None:
             if holder.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -617,25 +450,12 @@ class HostSandbox(BaseEnvironment):
     def _nsenter(self) -> list[str]:
         if self._init_pid is None:
             raise RuntimeError("host sandbox is not started")
-        # -p: nsenter forks the command into the trial's PID namespace, so it dies with the holder.
-        argv = ["nsenter", "-t", str(self._init_pid), "-m", "-p"]
-        if self._rootless:
-            # Keep our uid (mapped to root inside: setgroups is denied there) and take the
-            # holder's root and working directory, i.e. the trial's root directory.
-            argv += ["-U", "--preserve-credentials", "-r", "-w"]
-        if self.no_network:
-            argv.append("-n")
-        return [*argv, "--"]
+        return nsenter_argv(self._init_pid, rootless=self._rootless, no_network=self.no_network)
 
     def _nsenter_net(self) -> list[str]:
-        """Into the trial's network namespace only: the host's files stay in view, so this Python
-        (which may live under a /tmp the trial has its own of) and the relay's socket are found."""
         if self._init_pid is None:
             raise RuntimeError("host sandbox is not started")
-        argv = ["nsenter", "-t", str(self._init_pid), "-n", "-p"]
-        if self._rootless:
-            argv += ["-U", "--preserve-credentials"]  # the net namespace belongs to the trial's user namespace
-        return [*argv, "--"]
+        return nsenter_net_argv(self._init_pid, rootless=self._rootless)
 
     def _base_env(self, home: str) -> dict[str, str]:
         return {
@@ -674,10 +494,12 @@ class HostSandbox(BaseEnvironment):
         workdir = cwd or self.workdir
         argv += ["bash", "-c", f"cd {shlex.quote(workdir)} && {command}"]
         process_env = {**self._base_env(home), **(self._merge_env(env) or {})}
-        return await self._run(argv, process_env, timeout_sec, self._output_callback())
+        return await run_command(argv, process_env, timeout_sec, self._output_callback(),
+                                 output_limit=self._output_limit, logger=self.logger)
 
     async def _run_in_namespace(self, argv: list[str], timeout_sec: int) -> ExecResult:
-        return await self._run(self._nsenter() + argv, self._base_env("/root"), timeout_sec, None)
+        return await run_command(self._nsenter() + argv, self._base_env("/root"), timeout_sec, None,
+                                 output_limit=self._output_limit, logger=self.logger)
 
     @staticmethod
     def _host_user(user: str | int | None) -> tuple[str, str]:
@@ -692,104 +514,28 @@ class HostSandbox(BaseEnvironment):
             ) from None
         return entry.pw_name, entry.pw_dir
 
-    async def _run(self, argv, env, timeout_sec, on_output) -> ExecResult:
-        process = await asyncio.create_subprocess_exec(
-            *argv,
-            env=env,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
-        )
-
-        async def pump(stream: asyncio.StreamReader, name: str, sink: OutputTail) -> None:
-            decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-            while chunk := await stream.read(65536):
-                sink.add(chunk)
-                if on_output is not None and (text := decoder.decode(chunk)):
-                    await on_output(text, name)
-            if on_output is not None and (text := decoder.decode(b"", final=True)):
-                await on_output(text, name)
-
-        out, err = OutputTail(self._output_limit), OutputTail(self._output_limit)
-        pumps = asyncio.ensure_future(asyncio.gather(pump(process.stdout, "stdout", out),
-                                                     pump(process.stderr, "stderr", err)))
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_sec if timeout_sec else None
-        try:
-            while not pumps.done():
-                if process.returncode is not None:
-                    # Exited, but a detached child (`cmd &`) may hold the pipes open: take what
-                    # is buffered, then stop reading instead of waiting for that child.
-                    await asyncio.wait({pumps}, timeout=_DRAIN_AFTER_EXIT_S)
-                    break
-                if deadline is not None and loop.time() >= deadline:
-                    signal_group(process.pid)
-                    await asyncio.to_thread(wait_group_gone, process.pid)  # signals land asynchronously
-                    raise RuntimeError(f"Command timed out after {timeout_sec} seconds")
-                await asyncio.wait({pumps}, timeout=_POLL_S)
-        except BaseException:
-            signal_group(process.pid)
-            raise
-        finally:
-            if not pumps.done():
-                pumps.cancel()
-                # Private, but the only handle that closes our ends of the pipes.
-                process._transport.close()  # noqa: SLF001
-            with contextlib.suppress(BaseException):
-                await pumps
-        return_code = await process.wait()
-        for name, tail in (("stdout", out), ("stderr", err)):
-            if tail.dropped:
-                self.logger.warning("host sandbox kept the last %d bytes of a command's %s and cut "
-                                    "%d before them", tail.limit, name, tail.dropped)
-        return ExecResult(stdout=out.text(), stderr=err.text(), return_code=return_code)
-
     # ---------------------------------------------------------------- files
 
     def host_path(self, sandbox_path: str) -> Path:
-        """Where a sandbox path lives on the host: its per-trial directory, else via the holder.
-
-        Paths outside the bound directories are reached through `/proc/<holder>/root`, i.e. in the
-        namespace's own view (which for them is the real host filesystem).
-        """
+        """Where a sandbox path lives on the host: its per-trial directory, else via the holder
+        (`/proc/<holder>/root`, the namespace's own view: for such paths the real host)."""
         if self._init_pid is None:
             raise RuntimeError("host sandbox is not started")
-        path = posixpath.normpath(posixpath.join(self.workdir, sandbox_path))
-        best = max(
-            (t for t in self._binds if path == t or path.startswith(t.rstrip("/") + "/")),
-            key=len, default=None,
-        )
-        if best is None:
-            return Path(f"/proc/{self._init_pid}/root") / path.lstrip("/")
-        return self._binds[best] / posixpath.relpath(path, best)
+        return host_path(sandbox_path, workdir=self.workdir, binds=self._binds,
+                         holder_pid=self._init_pid)
 
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
         """Copy a host file to `target_path` in the sandbox (parents created)."""
-        target = self.host_path(target_path)
-
-        def copy() -> None:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source_path, target)
-
-        await asyncio.to_thread(copy)
+        await asyncio.to_thread(copy_file, source_path, self.host_path(target_path))
 
     async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
         """Copy a host directory's contents into `target_dir` in the sandbox."""
-        target = self.host_path(target_dir)
-        await asyncio.to_thread(shutil.copytree, source_dir, target, symlinks=True, dirs_exist_ok=True)
+        await asyncio.to_thread(copy_dir, source_dir, self.host_path(target_dir))
 
     async def download_file(self, source_path: str, target_path: Path | str) -> None:
         """Copy a sandbox file to a host path (parents created)."""
-        source = self.host_path(source_path)
-
-        def copy() -> None:
-            Path(target_path).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, target_path)
-
-        await asyncio.to_thread(copy)
+        await asyncio.to_thread(copy_file, self.host_path(source_path), target_path)
 
     async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
         """Copy a sandbox directory's contents into a host directory (overwriting)."""
-        source = self.host_path(source_dir)
-        await asyncio.to_thread(shutil.copytree, source, target_dir, symlinks=True, dirs_exist_ok=True)
+        await asyncio.to_thread(copy_dir, self.host_path(source_dir), target_dir)

@@ -300,7 +300,7 @@ def test_export_refuses_a_run_whose_sessions_are_not_in_the_store(tmp_path: Path
 async def test_the_servers_run_export_refuses_a_run_with_sessions_missing_as_the_cli_does(
         tmp_path: Path):
     from tapdeck.app.cli import app as cli
-    from tapdeck.runner.batch import rollout_id
+    from tapdeck.runner.run_dir import rollout_id
 
     data = _data_with_run(tmp_path, "".join(
         json.dumps({"rollout_id": rollout_id("r1", 0, i), "task": "t", "group": 0, "index": i,

@@ -27,7 +27,7 @@ from fastapi.responses import Response
 
 from tapdeck.proxy.http.uvicorn_thread import ThreadedServer
 from tapdeck.proxy.store.database import Store
-from tapdeck.runner.batch import RESULTS, load_results
+from tapdeck.runner.run_dir import RESULTS, load_results
 from tests.conftest import SandboxProcesses, free_port
 from tests.proxy.conftest import serve_process, started_upstream, wait_health
 

@@ -15,16 +15,10 @@ from typer.testing import CliRunner
 
 from tapdeck.app.cli import app
 from tapdeck.app.commands.rollout import EXIT_COULD_NOT_RUN
-from tapdeck.runner.batch import (
-    RESULTS,
-    BatchRunner,
-    PlanError,
-    RunPlan,
-    load_results,
-    read_results,
-    rollout_id,
-)
+from tapdeck.runner.batch import BatchRunner, RunPlan
+from tapdeck.runner.errors import PlanError
 from tapdeck.runner.rollout import RolloutSpec
+from tapdeck.runner.run_dir import RESULTS, load_results, read_results, rollout_id
 from tapdeck.schema.runs import RolloutResult
 from tests.conftest import local_server_on, models_only_engine
 

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tapdeck.runner.batch import RESULTS, BatchRunner, RunPlan, load_results, rollout_id
+from tapdeck.runner.batch import BatchRunner, RunPlan
 from tapdeck.runner.rollout import RolloutResult
+from tapdeck.runner.run_dir import RESULTS, load_results, rollout_id
 from tapdeck.schema.findings import Finding
 from tests.runner.conftest import RunnerServer
 

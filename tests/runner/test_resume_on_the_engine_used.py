@@ -18,7 +18,9 @@ from tapdeck.app.cli import app
 from tapdeck.app.commands.rollout import EXIT_COULD_NOT_RUN, EXIT_USAGE
 from tapdeck.proxy.store.database import Store
 from tapdeck.proxy.upstream.tiers import EngineSpec
-from tapdeck.runner.batch import STATE, BatchRunner, PlanError
+from tapdeck.runner.batch import BatchRunner
+from tapdeck.runner.errors import PlanError
+from tapdeck.runner.run_dir import STATE
 from tapdeck.schema.runs import RolloutTemplate, RunPlan, RunSummary
 from tests.conftest import free_port, local_server_on, models_only_engine
 

@@ -9,16 +9,11 @@ from pathlib import Path
 import pytest
 
 from tapdeck.proxy.upstream.tiers import EngineSpec
-from tapdeck.runner import batch as batch_module
+from tapdeck.runner import plan_resolution
 from tapdeck.runner.batch import (
-    PLAN,
     BatchRunner,
-    PlanError,
     RunPlan,
-    RunUnreadable,
     _Run,
-    load_results,
-    rollout_id,
     summarize,
 )
 from tapdeck.runner.engines import (
@@ -26,7 +21,9 @@ from tapdeck.runner.engines import (
     normalize_engine_url,
     resolve_engine,
 )
+from tapdeck.runner.errors import PlanError, RunUnreadable
 from tapdeck.runner.rollout import RolloutResult, classify_exception
+from tapdeck.runner.run_dir import PLAN, load_results, rollout_id
 
 DEFAULT = EngineSpec(url="http://127.0.0.1:9/v1", model="smollm2")
 
@@ -141,7 +138,7 @@ async def test_unknown_harness_is_refused(tmp_path: Path) -> None:
 
 async def test_a_plan_of_more_rollouts_than_a_run_may_have_is_refused_with_the_numbers(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(batch_module, "MAX_ROLLOUTS", 3)  # the real bound needs 98 tasks
+    monkeypatch.setattr(plan_resolution, "MAX_ROLLOUTS", 3)  # the real bound needs 98 tasks
     batch = BatchRunner(None, data_dir=tmp_path, default_engine=None)
     with pytest.raises(PlanError) as refused:
         await batch.create(RunPlan(harness="oracle", tasks=["hello-file"], k=4))

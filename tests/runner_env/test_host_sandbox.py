@@ -27,7 +27,12 @@ from harbor.models.trial.paths import TrialPaths  # noqa: E402
 from tapdeck.runner.catalog import sandbox_environment_config  # noqa: E402
 from tapdeck.runner.datasets import sample_dataset  # noqa: E402
 from tapdeck.runner.sandboxes import host  # noqa: E402
-from tapdeck.runner.sandboxes.host import HostSandbox, processes_in_namespace  # noqa: E402
+from tapdeck.runner.sandboxes.host import HostSandbox  # noqa: E402
+from tapdeck.runner.sandboxes.namespaces import (  # noqa: E402
+    ROOTLESS_UNSHARE,
+    children,
+    processes_in_namespace,
+)
 
 SAMPLE = sample_dataset()
 TASK_NAMES = [t.name for t in SAMPLE.tasks]
@@ -385,11 +390,11 @@ def test_rootless_namespace_works_for_an_unprivileged_user(tmp_path: Path) -> No
         rootfs = env.host_root / "rootfs"
         rootfs.mkdir()
         os.chown(rootfs, 65534, 65534)
-        holder = subprocess.Popen([*nobody, "unshare", *host.ROOTLESS_UNSHARE, "--", "bash", "-c",
+        holder = subprocess.Popen([*nobody, "unshare", *ROOTLESS_UNSHARE, "--", "bash", "-c",
                                    env._rootless_script(rootfs)], stderr=subprocess.PIPE, text=True)
         for _ in range(1200):  # a bound for a loaded machine
             assert holder.poll() is None, holder.stderr.read()  # the script failed: say why
-            init = [pid for pid in host._children(holder.pid)
+            init = [pid for pid in children(holder.pid)
                     if Path(f"/proc/{pid}/comm").read_text().strip() == "sleep"]
             if init:
                 break
