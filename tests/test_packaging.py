@@ -61,3 +61,13 @@ def test_wheel_imports_in_a_fresh_target(wheel: Path, tmp_path: Path) -> None:
                          timeout=120, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().startswith(str(target))
+
+
+def test_package_is_namespaced_under_tapdeck() -> None:
+    import tapdeck.app
+    import tapdeck.proxy
+    import tapdeck.runner
+
+    for sub in (tapdeck.app, tapdeck.proxy, tapdeck.runner):
+        assert sub.__name__.startswith("tapdeck.")
+    assert tapdeck.__version__

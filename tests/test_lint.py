@@ -1,0 +1,23 @@
+"""The tree passes its linters: import contracts (pyproject's [tool.importlinter])."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(tool: str, *args: str) -> subprocess.CompletedProcess[str]:
+    # The tools come with the test extra, installed beside the interpreter running the suite.
+    exe = Path(sys.executable).parent / tool
+    assert exe.exists(), f"{exe} is missing: install tapdeck's test extra"
+    return subprocess.run([str(exe), *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_imports_keep_the_layering_contracts() -> None:
+    # No cache: it would be written into the repo, and a stale one could hide a new import.
+    done = _run("lint-imports", "--no-cache", "--no-logo")
+    assert done.returncode == 0, done.stdout + done.stderr
+
