@@ -1,10 +1,12 @@
-"""The tree passes its linters: import contracts (pyproject's [tool.importlinter])."""
+"""The tree passes its linters: import contracts (pyproject's [tool.importlinter]) and ruff."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,3 +23,8 @@ def test_imports_keep_the_layering_contracts() -> None:
     done = _run("lint-imports", "--no-cache", "--no-logo")
     assert done.returncode == 0, done.stdout + done.stderr
 
+
+@pytest.mark.parametrize("args", [("check", "."), ("format", "--check", ".")], ids=["check", "format"])
+def test_ruff_finds_nothing(args: tuple[str, ...]) -> None:
+    done = _run("ruff", *args)
+    assert done.returncode == 0, done.stdout + done.stderr
