@@ -1,9 +1,10 @@
-"""The tree passes its linters: import contracts (pyproject's [tool.importlinter]) and ruff."""
+"""The tree passes its linters (import contracts, ruff) and the suite fails on tapdeck's deprecations."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -28,3 +29,11 @@ def test_imports_keep_the_layering_contracts() -> None:
 def test_ruff_finds_nothing(args: tuple[str, ...]) -> None:
     done = _run("ruff", *args)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("category", [DeprecationWarning, PendingDeprecationWarning])
+def test_a_deprecation_raised_from_tapdecks_code_fails_the_test(category: type[Warning]) -> None:
+    # Under pyproject's filterwarnings, as every test runs; attributed to a tapdeck module, as a
+    # warning raised there (or blamed there by its stacklevel) is.
+    with pytest.raises(category):
+        warnings.warn_explicit("old API", category, "proxy/config.py", 1, module="tapdeck.proxy.config")
