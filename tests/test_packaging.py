@@ -40,7 +40,7 @@ def test_wheel_installs_everything_under_the_tapdeck_package(wheel: Path) -> Non
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names}
     assert {t for t in top if not t.endswith(".dist-info")} == {"tapdeck"}
-    for module in ("tapdeck/proxy/graph.py", "tapdeck/proxy/dialects/anthropic.py",
+    for module in ("tapdeck/proxy/capture/graph.py", "tapdeck/proxy/dialects/anthropic.py",
                    "tapdeck/runner/sandboxes/host.py", "tapdeck/app/tui.py", "tapdeck/app/cli.py"):
         assert module in names, f"{module} missing from the wheel"
 
@@ -61,3 +61,13 @@ def test_wheel_imports_in_a_fresh_target(wheel: Path, tmp_path: Path) -> None:
                          timeout=120, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().startswith(str(target))
+
+
+def test_package_is_namespaced_under_tapdeck() -> None:
+    import tapdeck.app
+    import tapdeck.proxy
+    import tapdeck.runner
+
+    for sub in (tapdeck.app, tapdeck.proxy, tapdeck.runner):
+        assert sub.__name__.startswith("tapdeck.")
+    assert tapdeck.__version__

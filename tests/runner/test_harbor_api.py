@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import ast
 import importlib
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,3 +36,17 @@ def test_every_name_resolves_to_harbors_object(name: str) -> None:
 def test_a_name_it_does_not_list_is_an_attribute_error() -> None:
     with pytest.raises(AttributeError, match="Trail"):
         harbor_api.Trail  # noqa: B018
+
+
+def test_importing_harbor_api_imports_no_harbor_and_sets_the_litellm_switch() -> None:
+    code = ("import os, sys\n"
+            "import tapdeck.runner.harbor_api as harbor_api\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'harbor'),"
+            " os.environ.get('LITELLM_LOCAL_MODEL_COST_MAP'))\n"
+            "harbor_api.TaskConfig\n"
+            "print('harbor.models.task.config' in sys.modules, 'harbor.trial.trial' in sys.modules)\n")
+    env = {"PATH": "/usr/bin:/bin", **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"}}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["[] True", "True False"]
