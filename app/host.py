@@ -121,13 +121,15 @@ class LocalServer:
             public_host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::", "") else cfg.host
             public_host = f"[{public_host}]" if ":" in public_host else public_host
             self.service = CaptureService(self._store, default_engine=self.default_engine,
-                                          public_url=cfg.public_url or f"http://{public_host}:{port}")
+                                          public_url=cfg.public_url or f"http://{public_host}:{port}",
+                                          max_reply_bytes=cfg.max_reply_bytes)
             app = create_app(self.service, admin_key=self.admin_key, routers=self._runner_routers(),
                              max_body_bytes=cfg.max_body_bytes)
             self.instance = app.state.instance
             # uvloop: the runner's trials run on a loop of their own (runner/runner_loop.py).
             self._http = ThreadedServer(app, cfg.host, port, name="tapdeck-server", loop="uvloop",
-                                        on_shutdown=self.service.events.close)
+                                        on_shutdown=self.service.events.close,
+                                        limits=cfg.connection)
             self._http.start(sock=self._sock)
             self._check_health()
         except BaseException:

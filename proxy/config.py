@@ -15,7 +15,7 @@ import os
 import secrets
 from pathlib import Path
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tapdeck.proxy.store.atomic_write import atomic_write
 from tapdeck.schema.addresses import check_public_url
@@ -27,6 +27,28 @@ DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 """A long agent conversation resent whole on every call (a 12-17k-token first prompt with tools
 grows past 100k tokens, tool outputs included) is a few MB of JSON; images inline as base64 add
 more. 32 MiB leaves room for both and still bounds what one request can make the server buffer."""
+DEFAULT_MAX_REPLY_BYTES = 32 * 1024 * 1024
+"""An engine's whole reply to one call. The largest a real one gets: 8,192 sampled tokens (the
+proxy's `max_tokens` cap) with 20 top logprobs each (~1.3 kB of JSON a token, ~11 MB) plus the
+prompt's token ids (~7 bytes a token, ~1 MB at 128k tokens). 32 MiB leaves room and still bounds
+what one call makes the server buffer (a never-ending reply reached 60 MB unbounded)."""
+DEFAULT_MAX_HEADER_BYTES = 64 * 1024
+"""A request's head (request line and headers). Agent SDKs send under 2 kB; the largest common
+server defaults are 8-16 kB a line (nginx, Node), so 64 kB refuses no real client."""
+DEFAULT_MAX_HEADERS = 100
+"""Header lines in one request (the OpenAI SDK sends about 15; Apache refuses more than 100)."""
+DEFAULT_HEADER_TIMEOUT_S = 30.0
+"""From a request's first byte to the end of its headers (and the longest a new connection may
+send nothing). A client on any network sends a head of a few kB in well under a second; this only
+cuts off clients that trickle or idle."""
+DEFAULT_BODY_TIMEOUT_S = 30.0
+"""The longest a request body may pause between two reads. Counted as a gap, not a total, so a
+32 MiB body on a slow link still arrives; time the server itself is not reading is not counted."""
+DEFAULT_KEEP_ALIVE_S = 75.0
+"""Seconds an idle client connection is kept open. Longer than clients keep theirs (httpx, and so
+the openai and anthropic SDKs, drop an idle connection after 5 s): with uvicorn's own 5 s, a client
+reusing a connection just as the server closed it got `Connection reset by peer` (1-25 calls in
+1,300 at 64 concurrent sessions in bench/proxy.py), a dropped call for no reason of its own."""
 MIN_PUBLIC_KEY_CHARS = 24
 """An admin key guarding a non-loopback bind: at least this many characters from at least
 MIN_PUBLIC_KEY_CLASSES character classes (a generated key has 53)."""
@@ -39,6 +61,20 @@ def default_data_dir() -> Path:
     """`$TAPDECK_DATA_DIR` when set, else `~/.tapdeck`."""
     env = os.environ.get(DATA_DIR_ENV)
     return Path(env).expanduser() if env else Path.home() / ".tapdeck"
+
+
+class ConnectionLimits(BaseModel):
+    """What a client connection may send and how long it may take, enforced by the server's HTTP
+    protocol (`proxy/http/bounded_protocol.py`) before any key is checked: a head over its limits
+    gets a 431, a head or body that stalls a 408 (or a close when nothing was sent)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    max_header_bytes: int = Field(default=DEFAULT_MAX_HEADER_BYTES, gt=0)
+    max_headers: int = Field(default=DEFAULT_MAX_HEADERS, gt=0)
+    header_timeout_s: float = Field(default=DEFAULT_HEADER_TIMEOUT_S, gt=0)
+    body_timeout_s: float = Field(default=DEFAULT_BODY_TIMEOUT_S, gt=0)
+    keep_alive_s: float = Field(default=DEFAULT_KEEP_ALIVE_S, gt=0)
 
 
 class ServerConfig(BaseModel):
@@ -62,6 +98,9 @@ class ServerConfig(BaseModel):
     """The default engine's reasoning parser, if it runs one (`EngineSpec.reasoning_parser`)."""
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0)
     """Largest request body accepted (413 in the caller's dialect beyond it)."""
+    max_reply_bytes: int = Field(default=DEFAULT_MAX_REPLY_BYTES, gt=0)
+    """Largest engine reply read for one call (a 502 in the caller's dialect beyond it)."""
+    connection: ConnectionLimits = Field(default_factory=ConnectionLimits)
     public_url: str | None = None
     """The address sandboxes use to reach this server (`http://host:port`), advertised in every
     session's base URLs; None → this server's own bound address (loopback by default)."""
