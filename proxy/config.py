@@ -13,6 +13,7 @@ import contextlib
 import ipaddress
 import os
 import secrets
+import ssl
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -77,6 +78,15 @@ class ConnectionLimits(BaseModel):
     keep_alive_s: float = Field(default=DEFAULT_KEEP_ALIVE_S, gt=0)
 
 
+class TlsFiles(BaseModel):
+    """The certificate (PEM, its chain after it) and private key the server answers HTTPS with."""
+
+    model_config = ConfigDict(frozen=True)
+
+    cert: Path
+    key: Path
+
+
 class ServerConfig(BaseModel):
     """Everything `LocalServer` needs to start (also what `tapdeck serve` parses its flags into)."""
 
@@ -101,6 +111,8 @@ class ServerConfig(BaseModel):
     max_reply_bytes: int = Field(default=DEFAULT_MAX_REPLY_BYTES, gt=0)
     """Largest engine reply read for one call (a 502 in the caller's dialect beyond it)."""
     connection: ConnectionLimits = Field(default_factory=ConnectionLimits)
+    tls: TlsFiles | None = None
+    """Serve HTTPS with these; None → plain HTTP (what loopback and an SSH tunnel need)."""
     public_url: str | None = None
     """The address sandboxes use to reach this server (`http://host:port`), advertised in every
     session's base URLs; None → this server's own bound address (loopback by default)."""
@@ -141,10 +153,12 @@ def is_loopback(host: str) -> bool:
 
 
 def check_bind(config: ServerConfig) -> None:
-    """Refuse an admin key no client can send, and a non-loopback bind without an explicitly
-    chosen admin key of public strength."""
+    """Refuse an admin key no client can send, a certificate and key that cannot serve, and a
+    non-loopback bind without an explicitly chosen admin key of public strength."""
     if config.admin_key and (unsendable := unsendable_admin_key(config.admin_key, GIVEN_ADMIN_KEY)):
         raise ConfigError(unsendable)
+    if config.tls is not None:
+        check_tls(config.tls)
     if is_loopback(config.host):
         return
     if not config.admin_key:
@@ -156,6 +170,31 @@ def check_bind(config: ServerConfig) -> None:
     if weak:
         raise ConfigError(f"refusing to listen on {config.host} with a weak admin key: {weak} "
                           "(`python -c 'import secrets; print(secrets.token_urlsafe(32))'` makes one)")
+
+
+def check_tls(tls: TlsFiles) -> None:
+    """Load the pair as the server will, so a missing file, one that is not PEM or a key that is
+    not the certificate's is refused by name before anything starts (uvicorn would only fail in
+    its own thread)."""
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(tls.cert, tls.key)
+    except ssl.SSLError as exc:  # not PEM, or a key that is not the certificate's
+        why = f"{exc.reason or exc} (is each file PEM, and the key the certificate's?)"
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+    else:
+        return
+    raise ConfigError(f"cannot serve HTTPS with --tls-cert {tls.cert} and --tls-key {tls.key}: {why}")
+
+
+def cleartext_warning(config: ServerConfig) -> str | None:
+    """The one line a bind beyond loopback without TLS starts with (None for loopback or TLS): what
+    anyone on the network path can read."""
+    if config.tls is not None or is_loopback(config.host):
+        return None
+    return (f"warning: {config.host} is beyond loopback and this server has no TLS: session keys, the "
+            "admin key and every prompt and reply (the agent's code and files) cross the network in "
+            "the clear; give --tls-cert and --tls-key, or bind 127.0.0.1 and reach it over an SSH tunnel")
 
 
 def admin_key_weakness(key: str) -> str | None:

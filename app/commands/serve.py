@@ -106,6 +106,10 @@ def register(app: typer.Typer) -> None:
         max_reply_bytes: int | None = typer.Option(
             None, "--max-reply-bytes", min=1, help="Largest engine reply read for one call; a 502 "
             "naming this limit beyond it (default 32 MiB)."),
+        tls_cert: Path | None = typer.Option(
+            None, "--tls-cert", help="Serve HTTPS with this certificate (PEM, chain after it); needs "
+            "--tls-key. Use it when --host leaves loopback."),
+        tls_key: Path | None = typer.Option(None, "--tls-key", help="The private key of --tls-cert (PEM)."),
         data_dir: Path | None = typer.Option(None, "--data-dir",
                                              help="Data directory (default $TAPDECK_DATA_DIR or ~/.tapdeck)."),
         public_url: str | None = typer.Option(
@@ -124,6 +128,8 @@ def register(app: typer.Typer) -> None:
             ConfigError,
             ConnectionLimits,
             ServerConfig,
+            TlsFiles,
+            cleartext_warning,
             read_key_file,
         )
         from tapdeck.proxy.upstream.address import EngineAddressError
@@ -143,6 +149,11 @@ def register(app: typer.Typer) -> None:
                   "header_timeout_s": header_timeout, "body_timeout_s": body_timeout,
                   "keep_alive_s": keep_alive_timeout}
         fields["connection"] = ConnectionLimits(**{k: v for k, v in limits.items() if v is not None})
+        if (tls_cert is None) != (tls_key is None):
+            typer.echo("tapdeck serve: give --tls-cert and --tls-key together", err=True)
+            raise typer.Exit(2)
+        if tls_cert is not None and tls_key is not None:
+            fields["tls"] = TlsFiles(cert=tls_cert.expanduser(), key=tls_key.expanduser())
         try:
             if admin_key_file is not None:
                 if admin_key:
@@ -177,6 +188,8 @@ def register(app: typer.Typer) -> None:
             signal.signal(sig, lambda *_: stop.set())
         typer.echo(f"tapdeck server at {server.url}  (engine: {server.engine_url}; "
                    f"data: {config.data_dir})")
+        if (warning := cleartext_warning(config)) is not None:
+            typer.echo(f"tapdeck serve: {warning}", err=True)
         if (shared := server.embedded_engine) is not None and not shared.owned:
             typer.echo(shared.reuse_line())
         if server.admin_key_generated:
