@@ -34,8 +34,8 @@ proxy's `max_tokens` cap) with 20 top logprobs each (~1.3 kB of JSON a token, ~1
 prompt's token ids (~7 bytes a token, ~1 MB at 128k tokens). 32 MiB leaves room and still bounds
 what one call makes the server buffer (a never-ending reply reached 60 MB unbounded)."""
 DEFAULT_MAX_HEADER_BYTES = 64 * 1024
-"""A request's head (request line and headers). Agent SDKs send under 2 kB; the largest common
-server defaults are 8-16 kB a line (nginx, Node), so 64 kB refuses no real client."""
+"""A request's head (request line and headers). Agent SDKs send under 2 kB, and common servers take
+less than this by default (nginx 8 kB a line, Node 16 kB in all), so 64 kB refuses no real client."""
 DEFAULT_MAX_HEADERS = 100
 """Header lines in one request (the OpenAI SDK sends about 15; Apache refuses more than 100)."""
 DEFAULT_HEADER_TIMEOUT_S = 30.0
