@@ -62,11 +62,14 @@ def _root(
     engine_model: tui.EngineModelOption = None,
     engine_api_key: tui.EngineApiKeyOption = None,
     public_url: tui.PublicUrlOption = None,
+    tls_cert: tui.TlsCertOption = None,
+    tls_key: tui.TlsKeyOption = None,
 ) -> None:
     """Open the TUI when no command is given (it takes `tapdeck tui`'s options)."""
     if ctx.invoked_subcommand is None:
         tui.run_embedded(data_dir, port=port, engine_url=engine, engine_model=engine_model,
-                         engine_api_key=engine_api_key, public_url=public_url)
+                         engine_api_key=engine_api_key, public_url=public_url, tls_cert=tls_cert,
+                         tls_key=tls_key)
         return
     # Before a command they would be silently dropped: that command has its own (or none).
     given = [p.opts[0] for p in ctx.command.params

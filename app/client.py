@@ -7,6 +7,7 @@ Every failure surfaces as `ApiError` with a message a person can act on (never a
 from __future__ import annotations
 
 import json
+import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -37,6 +38,7 @@ from tapdeck.schema.sessions import (
     TrainingTrace,
     TurnDetail,
 )
+from tapdeck.schema.tls import CA_FILE_ENV, untrusted_certificate
 from tapdeck.schema.train import (
     RecipeInfo,
     RecipeList,
@@ -50,6 +52,11 @@ from tapdeck.schema.train import (
 )
 
 M = TypeVar("M", bound=BaseModel)
+
+
+CA_FILE_HELP = ("PEM certificates to trust for an https:// server: its private CA, or a self-signed "
+                "server's own certificate (default: the public CAs).")
+"""What `--ca-file` means, in every command that reaches a server it did not start."""
 
 
 def admin_key_refusal(data_dir: Path, *, found: bool) -> str:
@@ -92,7 +99,7 @@ class ApiError(Exception):
         self.message = message
         self.status = status
         self.url = url
-        self.kind = kind  # "unreachable" | "auth" | "not_found" | "rejected" | "server" | "bad_reply"
+        self.kind = kind  # "unreachable" | "untrusted" | "auth" | "not_found" | "rejected" | "server" | "bad_reply"
         self.detail = detail
         """The server's own words in its error reply (one line); None when no tapdeck reply came."""
 
@@ -148,11 +155,13 @@ class TapdeckClient:
     """`TapdeckClient(base_url, admin_key)`: the admin API of one tapdeck server."""
 
     def __init__(self, base_url: str, admin_key: str | None, *,
-                 transport: httpx.AsyncBaseTransport | None = None, timeout: float = 15.0) -> None:
+                 transport: httpx.AsyncBaseTransport | None = None, timeout: float = 15.0,
+                 verify: ssl.SSLContext | bool = True) -> None:
+        """`verify`: what an https server's certificate is checked against (`server_trust`)."""
         self.base_url = base_url.rstrip("/")
         headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
         self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout,
-                                       transport=transport)
+                                       transport=transport, verify=verify)
 
     async def aclose(self) -> None:
         """Close the connection pool."""
@@ -167,9 +176,19 @@ class TapdeckClient:
                            f"time ({type(exc).__name__}); is it overloaded?", url=url,
                            kind="unreachable") from exc
         except httpx.TransportError as exc:
+            self._refuse_untrusted(exc, url)
             raise ApiError(f"tapdeck server at {self.base_url} is not reachable ({exc or type(exc).__name__}); "
                            "is it running?", url=url, kind="unreachable") from exc
         return self._check(method, path, response)
+
+    def _refuse_untrusted(self, exc: httpx.TransportError, url: str) -> None:
+        """Raise the ApiError for a server certificate this client does not trust (a retry, or
+        waiting for the server, cannot help)."""
+        if (why := untrusted_certificate(exc)) is not None:
+            raise ApiError(f"the tapdeck server at {self.base_url} presented a certificate this client "
+                           f"does not trust ({why}); pass the CA that signed it, or the server's own "
+                           f"certificate, with --ca-file (or ${CA_FILE_ENV})", url=url,
+                           kind="untrusted") from exc
 
     def _check(self, method: str, path: str, response: httpx.Response) -> Any:
         url = str(response.request.url) if response.request else path
@@ -375,5 +394,6 @@ class TapdeckClient:
                     if field == "data":
                         data.append(value[1:] if value.startswith(" ") else value)
         except httpx.TransportError as exc:
+            self._refuse_untrusted(exc, f"{self.base_url}{path}")
             raise ApiError(f"lost the event stream of {self.base_url} ({exc or type(exc).__name__})",
                            url=f"{self.base_url}{path}", kind="unreachable") from exc

@@ -12,6 +12,7 @@ import fcntl
 import logging
 import os
 import socket
+import ssl
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -35,6 +36,7 @@ from tapdeck.proxy.store.no_follow import open_no_follow
 from tapdeck.proxy.upstream.tiers import EngineSpec
 from tapdeck.proxy.upstream.toolcalls import EMBEDDED_TOOL_PARSER
 from tapdeck.runner.api import EXCEPTION_HANDLERS, SHUTDOWN_GRACE_S, create_runner_router
+from tapdeck.schema.tls import pinned_to
 
 if TYPE_CHECKING:
     from tapdeck.runner.engine.registry import SharedEngine
@@ -76,7 +78,7 @@ class LocalServer:
 
     @property
     def url(self) -> str:
-        """`http://host:port` of the running server."""
+        """`http://host:port` (`https://` with TLS) of the running server."""
         if self._http is None:
             raise RuntimeError("server not started")
         return self._http.url
@@ -121,14 +123,17 @@ class LocalServer:
             port = self._sock.getsockname()[1]
             public_host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::", "") else cfg.host
             public_host = f"[{public_host}]" if ":" in public_host else public_host
+            scheme = "https" if cfg.tls else "http"
             self.service = CaptureService(self._store, default_engine=self.default_engine,
-                                          public_url=cfg.public_url or f"http://{public_host}:{port}")
+                                          public_url=cfg.public_url or f"{scheme}://{public_host}:{port}",
+                                          max_reply_bytes=cfg.max_reply_bytes)
             app = create_app(self.service, admin_key=self.admin_key, routers=self._runner_routers(),
                              exception_handlers=EXCEPTION_HANDLERS, max_body_bytes=cfg.max_body_bytes)
             self.instance = app.state.instance
             # uvloop: the runner's trials run on a loop of their own (runner/runner_loop.py).
             self._http = ThreadedServer(app, cfg.host, port, name="tapdeck-server", loop="uvloop",
-                                        on_shutdown=self.service.events.close)
+                                        on_shutdown=self.service.events.close,
+                                        limits=cfg.connection, tls=cfg.tls)
             self._http.start(sock=self._sock)
             self._check_health()
         except BaseException:
@@ -157,19 +162,29 @@ class LocalServer:
 
     def _runner_routers(self) -> list:
         assert self.service is not None
+        tls = self.config.tls
         return [create_runner_router(self.service, data_dir=self.config.data_dir,
                                      default_engine=self.default_engine, admin_key=self.admin_key,
-                                     default_is_embedded=self._engine is not None)]
+                                     default_is_embedded=self._engine is not None,
+                                     ca_file=tls.cert if tls else None)]
 
     def _check_health(self) -> None:
         """A stale server on a reused port would answer with another instance id."""
         health_host = "127.0.0.1" if self.config.host in ("0.0.0.0", "") else self.config.host
         health_host = "::1" if health_host == "::" else health_host
         health_host = f"[{health_host}]" if ":" in health_host else health_host
-        resp = httpx.get(f"http://{health_host}:{self._http.port}/health", timeout=10.0)
+        tls = self.config.tls
+        resp = httpx.get(f"{'https' if tls else 'http'}://{health_host}:{self._http.port}/health",
+                         timeout=10.0, verify=self.client_trust)
         resp.raise_for_status()
         if resp.json().get("instance") != self.instance:
             raise RuntimeError(f"another server answered on port {self._http.port}")
+
+    @property
+    def client_trust(self) -> ssl.SSLContext | bool:
+        """How a client in this process verifies this server: its own certificate, whatever host
+        name it names (this process reaches it over loopback)."""
+        return pinned_to(self.config.tls.cert) if self.config.tls else True
 
     def _kept_key(self) -> str | None:
         """The key a previous server left in `admin.key`, when it is one a client can send and

@@ -13,9 +13,10 @@ import contextlib
 import ipaddress
 import os
 import secrets
+import ssl
 from pathlib import Path
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tapdeck.proxy.store.atomic_write import atomic_write
 from tapdeck.proxy.store.no_follow import open_no_follow, refuse_link
@@ -28,6 +29,28 @@ DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 """A long agent conversation resent whole on every call (a 12-17k-token first prompt with tools
 grows past 100k tokens, tool outputs included) is a few MB of JSON; images inline as base64 add
 more. 32 MiB leaves room for both and still bounds what one request can make the server buffer."""
+DEFAULT_MAX_REPLY_BYTES = 32 * 1024 * 1024
+"""An engine's whole reply to one call. The largest a real one gets: 8,192 sampled tokens (the
+proxy's `max_tokens` cap) with 20 top logprobs each (~1.3 kB of JSON a token, ~11 MB) plus the
+prompt's token ids (~7 bytes a token, ~1 MB at 128k tokens). 32 MiB leaves room and still bounds
+what one call makes the server buffer (a never-ending reply reached 60 MB unbounded)."""
+DEFAULT_MAX_HEADER_BYTES = 64 * 1024
+"""A request's head (request line and headers). Agent SDKs send under 2 kB, and common servers take
+less than this by default (nginx 8 kB a line, Node 16 kB in all), so 64 kB refuses no real client."""
+DEFAULT_MAX_HEADERS = 100
+"""Header lines in one request (the OpenAI SDK sends about 15; Apache refuses more than 100)."""
+DEFAULT_HEADER_TIMEOUT_S = 30.0
+"""From a request's first byte to the end of its headers (and the longest a new connection may
+send nothing). A client on any network sends a head of a few kB in well under a second; this only
+cuts off clients that trickle or idle."""
+DEFAULT_BODY_TIMEOUT_S = 30.0
+"""The longest a request body may pause between two reads. Counted as a gap, not a total, so a
+32 MiB body on a slow link still arrives; time the server itself is not reading is not counted."""
+DEFAULT_KEEP_ALIVE_S = 75.0
+"""Seconds an idle client connection is kept open. Longer than clients keep theirs (httpx, and so
+the openai and anthropic SDKs, drop an idle connection after 5 s): with uvicorn's own 5 s, a client
+reusing a connection just as the server closed it got `Connection reset by peer` (1-25 calls in
+1,300 at 64 concurrent sessions in bench/proxy.py), a dropped call for no reason of its own."""
 MIN_PUBLIC_KEY_CHARS = 24
 """An admin key guarding a non-loopback bind: at least this many characters from at least
 MIN_PUBLIC_KEY_CLASSES character classes (a generated key has 53)."""
@@ -40,6 +63,29 @@ def default_data_dir() -> Path:
     """`$TAPDECK_DATA_DIR` when set, else `~/.tapdeck`."""
     env = os.environ.get(DATA_DIR_ENV)
     return Path(env).expanduser() if env else Path.home() / ".tapdeck"
+
+
+class ConnectionLimits(BaseModel):
+    """What a client connection may send and how long it may take, enforced by the server's HTTP
+    protocol (`proxy/http/bounded_protocol.py`) before any key is checked: a head over its limits
+    gets a 431, a head or body that stalls a 408 (or a close when nothing was sent)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    max_header_bytes: int = Field(default=DEFAULT_MAX_HEADER_BYTES, gt=0)
+    max_headers: int = Field(default=DEFAULT_MAX_HEADERS, gt=0)
+    header_timeout_s: float = Field(default=DEFAULT_HEADER_TIMEOUT_S, gt=0)
+    body_timeout_s: float = Field(default=DEFAULT_BODY_TIMEOUT_S, gt=0)
+    keep_alive_s: float = Field(default=DEFAULT_KEEP_ALIVE_S, gt=0)
+
+
+class TlsFiles(BaseModel):
+    """The certificate (PEM, its chain after it) and private key the server answers HTTPS with."""
+
+    model_config = ConfigDict(frozen=True)
+
+    cert: Path
+    key: Path
 
 
 class ServerConfig(BaseModel):
@@ -63,6 +109,11 @@ class ServerConfig(BaseModel):
     """The default engine's reasoning parser, if it runs one (`EngineSpec.reasoning_parser`)."""
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0)
     """Largest request body accepted (413 in the caller's dialect beyond it)."""
+    max_reply_bytes: int = Field(default=DEFAULT_MAX_REPLY_BYTES, gt=0)
+    """Largest engine reply read for one call (a 502 in the caller's dialect beyond it)."""
+    connection: ConnectionLimits = Field(default_factory=ConnectionLimits)
+    tls: TlsFiles | None = None
+    """Serve HTTPS with these; None → plain HTTP (what loopback and an SSH tunnel need)."""
     public_url: str | None = None
     """The address sandboxes use to reach this server (`http://host:port`), advertised in every
     session's base URLs; None → this server's own bound address (loopback by default)."""
@@ -103,10 +154,12 @@ def is_loopback(host: str) -> bool:
 
 
 def check_bind(config: ServerConfig) -> None:
-    """Refuse an admin key no client can send, and a non-loopback bind without an explicitly
-    chosen admin key of public strength."""
+    """Refuse an admin key no client can send, a certificate and key that cannot serve, and a
+    non-loopback bind without an explicitly chosen admin key of public strength."""
     if config.admin_key and (unsendable := unsendable_admin_key(config.admin_key, GIVEN_ADMIN_KEY)):
         raise ConfigError(unsendable)
+    if config.tls is not None:
+        check_tls(config.tls)
     if is_loopback(config.host):
         return
     if not config.admin_key:
@@ -118,6 +171,31 @@ def check_bind(config: ServerConfig) -> None:
     if weak:
         raise ConfigError(f"refusing to listen on {config.host} with a weak admin key: {weak} "
                           "(`python -c 'import secrets; print(secrets.token_urlsafe(32))'` makes one)")
+
+
+def check_tls(tls: TlsFiles) -> None:
+    """Load the pair as the server will, so a missing file, one that is not PEM or a key that is
+    not the certificate's is refused by name before anything starts (uvicorn would only fail in
+    its own thread)."""
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(tls.cert, tls.key)
+    except ssl.SSLError as exc:  # not PEM, or a key that is not the certificate's
+        why = f"{exc.reason or exc} (is each file PEM, and the key the certificate's?)"
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+    else:
+        return
+    raise ConfigError(f"cannot serve HTTPS with --tls-cert {tls.cert} and --tls-key {tls.key}: {why}")
+
+
+def cleartext_warning(config: ServerConfig) -> str | None:
+    """The one line a bind beyond loopback without TLS starts with (None for loopback or TLS): what
+    anyone on the network path can read."""
+    if config.tls is not None or is_loopback(config.host):
+        return None
+    return (f"warning: {config.host} is beyond loopback and this server has no TLS: session keys, the "
+            "admin key and every prompt and reply (the agent's code and files) cross the network in "
+            "the clear; give --tls-cert and --tls-key, or bind 127.0.0.1 and reach it over an SSH tunnel")
 
 
 def admin_key_weakness(key: str) -> str | None:

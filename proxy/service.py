@@ -19,6 +19,7 @@ import httpx
 
 from tapdeck.proxy.sessions.activity import ActivityLog
 from tapdeck.proxy.capture.call import CallCapture
+from tapdeck.proxy.config import DEFAULT_MAX_REPLY_BYTES
 from tapdeck.proxy.http.call_pipeline import CallPipeline
 from tapdeck.proxy.http.call_reply import CallReply
 from tapdeck.proxy.upstream.client import DEFAULT_TIMEOUT
@@ -39,7 +40,8 @@ class CaptureService:
 
     def __init__(self, store: Store, *, default_engine: EngineSpec | None, public_url: str,
                  keepalive_s: float = KEEPALIVE_SECONDS,
-                 engine_timeout: httpx.Timeout | float = DEFAULT_TIMEOUT) -> None:
+                 engine_timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
+                 max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES) -> None:
         self.store = store
         self.default_engine = default_engine
         self.public_url = public_url.rstrip("/")
@@ -47,7 +49,8 @@ class CaptureService:
         self.activity = ActivityLog()
         """Calls in flight and each session's last exchange (the stuck-rollout view)."""
         self.registry = SessionRegistry(store, self.events, self.activity, default_engine=default_engine,
-                                        public_url=self.public_url, engine_timeout=engine_timeout)
+                                        public_url=self.public_url, engine_timeout=engine_timeout,
+                                        max_reply_bytes=max_reply_bytes)
         self.writes = self.registry.writes
         self.queries = SessionQueries(self.registry)
         self.calls = CallPipeline(self.registry, CallCapture(self.registry, self.activity),

@@ -45,6 +45,7 @@ from tapdeck.schema.runs import (
     RunPlan,
     RunSummary,
 )
+from tapdeck.schema.tls import CA_FILE_ENV
 from tapdeck.schema.train import (
     RecipeList,
     TrainLog,
@@ -70,12 +71,14 @@ errors (`runner/errors.py`) and leave their rendering to it."""
 
 def create_runner_router(service: CaptureServiceProtocol, *, data_dir: Path,
                          default_engine: EngineSpec | None, admin_key: str | None = None,
-                         default_is_embedded: bool = False) -> APIRouter:
+                         default_is_embedded: bool = False,
+                         ca_file: Path | None = None) -> APIRouter:
     """The runner routes for one capture service; the BatchRunner is exposed as `router.batch`,
     the training runs as `router.training`. `default_is_embedded`: the default engine is the
     embedded one (runs on it say "embedded", not its loopback URL).
 
-    Recipes reach this server at its public URL with `admin_key` (passed in their environment).
+    Recipes reach this server at its public URL with `admin_key` (passed in their environment),
+    trusting `ca_file` (the server's own certificate, when it serves HTTPS).
     """
     runner_loop = RunnerLoop()
     batch = BatchRunner(service, data_dir=Path(data_dir), default_engine=default_engine,
@@ -83,6 +86,8 @@ def create_runner_router(service: CaptureServiceProtocol, *, data_dir: Path,
     server_env = {"TAPDECK_SERVER_URL": service.public_url}
     if admin_key:
         server_env["TAPDECK_ADMIN_KEY"] = admin_key
+    if ca_file is not None:
+        server_env[CA_FILE_ENV] = str(ca_file)
     training = TrainingJobs(Path(data_dir), server_env=server_env,
                             export_run=lambda run_id: run_rows_for_training(batch, run_id))
 

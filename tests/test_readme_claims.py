@@ -268,3 +268,26 @@ def test_no_test_asserts_on_wall_clock_time() -> None:
     offenders = [str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("*.py")
                  if elapsed.search(p.read_text())]
     assert offenders == []
+
+
+def test_the_connection_limits_are_serves_flags_with_the_codes_defaults() -> None:
+    import typer
+
+    from tapdeck.app.cli import app
+    from tapdeck.proxy.config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_REPLY_BYTES, ConnectionLimits
+
+    limits = ConnectionLimits()
+    documented = {
+        "--max-header-bytes": f"{limits.max_header_bytes} ({limits.max_header_bytes // 1024} KiB)",
+        "--max-headers": f"{limits.max_headers}",
+        "--header-timeout": f"{limits.header_timeout_s:g} s",
+        "--body-timeout": f"{limits.body_timeout_s:g} s",
+        "--keep-alive-timeout": f"{limits.keep_alive_s:g} s",
+        "--max-body-bytes": f"{DEFAULT_MAX_BODY_BYTES} ({DEFAULT_MAX_BODY_BYTES // 2**20} MiB)",
+        "--max-reply-bytes": f"{DEFAULT_MAX_REPLY_BYTES} ({DEFAULT_MAX_REPLY_BYTES // 2**20} MiB)",
+    }
+    table = _table(_section(_read("docs/api.md"), "## Connection limits"))
+    rows = re.findall(r"^\| `(--[\w-]+)` \| ([^|]+?) \|", table, re.M)
+    assert dict(rows) == documented
+    serve = typer.main.get_command(app).commands["serve"]
+    assert set(documented) <= {opt for param in serve.params for opt in param.opts}

@@ -8,12 +8,14 @@ $TAPDECK_ADMIN_KEY, then `<data-dir>/admin.key` (what a `serve` on this machine 
 from __future__ import annotations
 
 import asyncio
+import ssl
 import sys
 from pathlib import Path
 
 import typer
 
-from tapdeck.app.client import ApiError, TapdeckClient, admin_key_refusal, command_admin_key
+from tapdeck.app.client import CA_FILE_HELP, ApiError, TapdeckClient, admin_key_refusal, command_admin_key
+from tapdeck.schema.tls import CA_FILE_ENV
 
 
 def register(app: typer.Typer) -> None:
@@ -27,39 +29,45 @@ def register(app: typer.Typer) -> None:
         data_dir: Path | None = typer.Option(None, "--data-dir",
                                              help="Data directory whose admin.key holds the key of a server "
                                                   "on this machine (default $TAPDECK_DATA_DIR or ~/.tapdeck)."),
+        ca_file: Path | None = typer.Option(None, "--ca-file", envvar=CA_FILE_ENV, help=CA_FILE_HELP),
     ) -> None:
         """Open the TUI on a remote tapdeck server (over SSH: tunnel its port and attach to it)."""
         from tapdeck.app.commands.tui import run_app
         from tapdeck.app.settings import default_settings_path
         from tapdeck.proxy.config import default_data_dir
         from tapdeck.schema.addresses import http_base_url
+        from tapdeck.schema.tls import server_trust
 
         data = (data_dir or default_data_dir()).expanduser()
         try:
             base = http_base_url(url, "server URL")
             key = command_admin_key(admin_key, data)
+            trust = server_trust(ca_file)
         except ValueError as exc:
             print(f"tapdeck attach: {exc}", file=sys.stderr)
             raise typer.Exit(2) from None
         if key is None:
             print(f"tapdeck attach: {admin_key_refusal(data, found=False)}", file=sys.stderr)
             raise typer.Exit(1)
-        problem = asyncio.run(_check(base, key, key_dir=None if admin_key else data))
+        problem = asyncio.run(_check(base, key, key_dir=None if admin_key else data, verify=trust))
         if problem:
             print(f"tapdeck attach: {problem}", file=sys.stderr)
             raise typer.Exit(1)
-        run_app(base, key, server_label=base, settings_path=default_settings_path(None))
+        run_app(base, key, server_label=base, settings_path=default_settings_path(None), verify=trust)
 
 
-async def _check(base: str, admin_key: str, *, key_dir: Path | None) -> str | None:
+async def _check(base: str, admin_key: str, *, key_dir: Path | None,
+                 verify: ssl.SSLContext | bool = True) -> str | None:
     """What stops the TUI from working against `base` (None: nothing). The key is checked before
     the TUI takes the terminal: a refused key is one line, not a dead screen, naming where the key
     came from (`key_dir`: the data dir it was read from; None: --admin-key or $TAPDECK_ADMIN_KEY)."""
-    client = TapdeckClient(base, admin_key, timeout=15.0)
+    client = TapdeckClient(base, admin_key, timeout=15.0, verify=verify)
     try:
         try:
             await client.health()
         except ApiError as exc:
+            if exc.kind == "untrusted":
+                return exc.message
             return (f"no tapdeck server answers at {base} ({exc.message}); start one with "
                     "`tapdeck serve` or check the URL / SSH tunnel")
         try:

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import math
 import signal
+import ssl
 import threading
 import time
 from collections import Counter
@@ -35,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 from pydantic import ValidationError
 
-from tapdeck.app.client import ApiError, TapdeckClient, admin_key_refusal
+from tapdeck.app.client import CA_FILE_HELP, ApiError, TapdeckClient, admin_key_refusal
 from tapdeck.app.commands.run_table import print_run_table
 from tapdeck.runner.harnesses import calls_a_model
 from tapdeck.runner.rollout_settings import DEFAULT_HARD_LIMIT_S, DEFAULT_MAX_TURNS, MIN_OUTPUT_TOKENS, OUTPUT_SHARE, PROMPT_SHARE
@@ -46,6 +47,7 @@ from tapdeck.schema.runs import (
     RunSummary,
     runs_again_on_resume,
 )
+from tapdeck.schema.tls import CA_FILE_ENV
 
 if TYPE_CHECKING:
     from tapdeck.runner.engine.registry import SharedEngine
@@ -56,7 +58,7 @@ RETRY_FIRST_S, RETRY_MAX_S = 0.5, 5.0
 SERVER_GRACE_S = 60.0
 """How long a server may not answer before the command gives up following the run (a loaded
 machine can stall a server for a while; a dead one never comes back)."""
-NOT_PLAN_OPTIONS = frozenset({"data_dir", "server", "admin_key", "resume"})
+NOT_PLAN_OPTIONS = frozenset({"data_dir", "server", "admin_key", "ca_file", "resume"})
 """Options that say where the run is; every other one shapes a new run's plan."""
 LOCAL_ENGINE_OPTIONS = frozenset({"engine", "engine_model"})
 """Without --server these pick the local server's engine, which a resumed run uses again."""
@@ -127,6 +129,8 @@ def register(app: typer.Typer) -> None:
                                           "instead of starting one here."),
         admin_key: str | None = typer.Option(None, "--admin-key", envvar="TAPDECK_ADMIN_KEY",
                                              help="Admin key of --server (default: <data-dir>/admin.key)."),
+        ca_file: Path | None = typer.Option(None, "--ca-file", envvar=CA_FILE_ENV,
+                                            help=f"With --server: {CA_FILE_HELP}"),
         resume: str | None = typer.Option(None, "--resume", help="Resume an interrupted run by id "
                                           "(finished rollouts are not redone; it runs its stored "
                                           "plan on the engine it used, so plan options and "
@@ -179,7 +183,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"tapdeck rollout: plan refused: {_refusal(exc)}", err=True)
             raise typer.Exit(EXIT_USAGE) from None
         if server is not None:
-            _drive_remote(server, admin_key, data, plan, resume)
+            _drive_remote(server, admin_key, data, plan, resume, ca_file)
         url_engine = engine if engine.strip().lower() not in ("", "embedded", "default") else None
         try:
             config = ServerConfig(port=0, data_dir=data, engine_url=url_engine, engine_model=engine_model)
@@ -342,22 +346,25 @@ def _already_complete(run: RunDetail) -> str | None:
 
 
 def _drive_remote(server: str, admin_key: str | None, data: Path, plan: RunPlan,
-                  resume: str | None) -> None:
+                  resume: str | None, ca_file: Path | None) -> None:
     """Submit to (or resume on) the server at `server` and follow the run; exits."""
     from tapdeck.app.client import command_admin_key
     from tapdeck.schema.addresses import http_base_url
+    from tapdeck.schema.tls import server_trust
 
     try:
         base = http_base_url(server, "--server")
         key = command_admin_key(admin_key, data)
+        trust = server_trust(ca_file)
     except ValueError as exc:
         typer.echo(f"tapdeck rollout: {exc}", err=True)
         raise typer.Exit(EXIT_USAGE) from None
     if key is None:
         typer.echo(f"tapdeck rollout: {admin_key_refusal(data, found=False)}", err=True)
         raise typer.Exit(EXIT_COULD_NOT_RUN)
-    raise typer.Exit(_drive(base, key, plan, resume, resume_hint=f"--server {base}",
-                            key_dir=None if admin_key else data, say_engine=True))
+    hint = f"--server {base}" + (f" --ca-file {ca_file}" if ca_file else "")
+    raise typer.Exit(_drive(base, key, plan, resume, resume_hint=hint,
+                            key_dir=None if admin_key else data, say_engine=True, verify=trust))
 
 
 @contextlib.contextmanager
@@ -507,14 +514,15 @@ class NothingToResume(Exception):
 def _drive(base: str, key: str | None, plan: RunPlan, resume: str | None, *,
            resume_hint: str, tiny_engine: bool = False,
            engine_gone: Callable[[], str | None] | None = None, key_dir: Path | None = None,
-           say_engine: bool = False) -> int:
+           say_engine: bool = False, verify: ssl.SSLContext | bool = True) -> int:
     """Submit (or resume) the run, follow it until it ends, print the table; the exit code.
 
     `resume_hint` is what `tapdeck rollout --resume RUN` needs to find the run again; `key_dir`
     is where a key the server rejects was looked for (a server of another process);
-    `say_engine`: say which engine a resume runs on (a local one said it before it started)."""
+    `say_engine`: say which engine a resume runs on (a local one said it before it started);
+    `verify`: what an https server's certificate is checked against."""
     try:
-        summary = asyncio.run(_submit(base, key, plan, resume, say_engine=say_engine))
+        summary = asyncio.run(_submit(base, key, plan, resume, say_engine=say_engine, verify=verify))
     except NothingToResume as exc:
         typer.echo(str(exc))
         return EXIT_OK
@@ -537,10 +545,10 @@ def _drive(base: str, key: str | None, plan: RunPlan, resume: str | None, *,
     resume_command = f"tapdeck rollout --resume {run_id} {resume_hint}"
     try:
         with _terminate_as_interrupt():
-            doc = asyncio.run(_follow(base, key, run_id, engine_gone=engine_gone))
+            doc = asyncio.run(_follow(base, key, run_id, engine_gone=engine_gone, verify=verify))
     except KeyboardInterrupt:
         typer.echo("cancelling (tearing sandboxes down)…", err=True)
-        doc = asyncio.run(_follow(base, key, run_id, cancel=True))
+        doc = asyncio.run(_follow(base, key, run_id, cancel=True, verify=verify))
     except ServerGone as exc:
         typer.echo(f"tapdeck rollout: the server at {base} went away ({exc}); the run may still be "
                    f"going there: follow it, or resume it once the server is back, with "
@@ -548,7 +556,7 @@ def _drive(base: str, key: str | None, plan: RunPlan, resume: str | None, *,
         return EXIT_COULD_NOT_RUN
     except EngineGone as exc:
         typer.echo(f"tapdeck rollout: {exc}; cancelling the run…", err=True)
-        doc = asyncio.run(_follow(base, key, run_id, cancel=True))
+        doc = asyncio.run(_follow(base, key, run_id, cancel=True, verify=verify))
         print_run_table(doc)
         typer.echo(f"tapdeck rollout: the run was cancelled: `{resume_command}` runs the rollouts "
                    "it stopped again (on an engine that answers)", err=True)
@@ -581,11 +589,11 @@ def _engine_failure(doc: RunDetail, resume_command: str,
 
 
 async def _submit(base: str, key: str | None, plan: RunPlan, resume: str | None, *,
-                  say_engine: bool = False) -> RunSummary:
+                  say_engine: bool = False, verify: ssl.SSLContext | bool = True) -> RunSummary:
     """Start the plan's run, or resume run `resume` (follow it when it is running; raise
     NothingToResume, resuming nothing, when every rollout of it ran to its end). `say_engine`:
     say which engine the server resumes it on."""
-    client = TapdeckClient(base, key, timeout=30.0)
+    client = TapdeckClient(base, key, timeout=30.0, verify=verify)
     try:
         if resume is None:
             return await client.start_run(plan)
@@ -653,7 +661,8 @@ class _Backoff:
 
 
 async def _follow(base: str, key: str | None, run_id: str, *, cancel: bool = False,
-                  engine_gone: Callable[[], str | None] | None = None) -> RunDetail:
+                  engine_gone: Callable[[], str | None] | None = None,
+                  verify: ssl.SSLContext | bool = True) -> RunDetail:
     """Poll the run, showing a one-line progress status, until it is no longer running.
 
     Raises ServerGone when the server stops answering for good, EngineGone when `engine_gone`
@@ -661,7 +670,7 @@ async def _follow(base: str, key: str | None, run_id: str, *, cancel: bool = Fal
     from rich.console import Console
 
     console = Console(stderr=True)
-    client = TapdeckClient(base, key, timeout=30.0)
+    client = TapdeckClient(base, key, timeout=30.0, verify=verify)
     backoff = _Backoff()
     try:
         if cancel:

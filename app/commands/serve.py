@@ -89,6 +89,27 @@ def register(app: typer.Typer) -> None:
                                                    help="Read the admin API key from this file (first line)."),
         max_body_bytes: int | None = typer.Option(None, "--max-body-bytes", min=1,
                                                   help="Largest request body accepted (default 32 MiB)."),
+        max_header_bytes: int | None = typer.Option(
+            None, "--max-header-bytes", min=1, help="Largest request head (request line and headers) "
+            "accepted; a 431 beyond it, before any key is checked (default 64 KiB)."),
+        max_headers: int | None = typer.Option(None, "--max-headers", min=1,
+                                               help="Most header lines in one request; a 431 beyond (default 100)."),
+        header_timeout: float | None = typer.Option(
+            None, "--header-timeout", min=0.001, help="Seconds a request's headers may take from its "
+            "first byte (a 408 after), and a new connection may stay silent (default 30)."),
+        body_timeout: float | None = typer.Option(
+            None, "--body-timeout", min=0.001, help="Seconds a request body may pause between reads; "
+            "a 408 after (default 30)."),
+        keep_alive_timeout: float | None = typer.Option(
+            None, "--keep-alive-timeout", min=0.001, help="Seconds an idle client connection is kept "
+            "open between requests (default 75)."),
+        max_reply_bytes: int | None = typer.Option(
+            None, "--max-reply-bytes", min=1, help="Largest engine reply read for one call; a 502 "
+            "naming this limit beyond it (default 32 MiB)."),
+        tls_cert: Path | None = typer.Option(
+            None, "--tls-cert", help="Serve HTTPS with this certificate (PEM, chain after it); needs "
+            "--tls-key. Use it when --host leaves loopback."),
+        tls_key: Path | None = typer.Option(None, "--tls-key", help="The private key of --tls-cert (PEM)."),
         data_dir: Path | None = typer.Option(None, "--data-dir",
                                              help="Data directory (default $TAPDECK_DATA_DIR or ~/.tapdeck)."),
         public_url: str | None = typer.Option(
@@ -103,7 +124,14 @@ def register(app: typer.Typer) -> None:
 
         from tapdeck.app.failures import validation_line
         from tapdeck.app.host import LocalServer
-        from tapdeck.proxy.config import ConfigError, ServerConfig, read_key_file
+        from tapdeck.proxy.config import (
+            ConfigError,
+            ConnectionLimits,
+            ServerConfig,
+            TlsFiles,
+            cleartext_warning,
+            read_key_file,
+        )
         from tapdeck.proxy.upstream.address import EngineAddressError
         from tapdeck.proxy.http.uvicorn_thread import PortInUseError
 
@@ -115,6 +143,17 @@ def register(app: typer.Typer) -> None:
             fields["data_dir"] = data_dir
         if max_body_bytes is not None:
             fields["max_body_bytes"] = max_body_bytes
+        if max_reply_bytes is not None:
+            fields["max_reply_bytes"] = max_reply_bytes
+        limits = {"max_header_bytes": max_header_bytes, "max_headers": max_headers,
+                  "header_timeout_s": header_timeout, "body_timeout_s": body_timeout,
+                  "keep_alive_s": keep_alive_timeout}
+        fields["connection"] = ConnectionLimits(**{k: v for k, v in limits.items() if v is not None})
+        if (tls_cert is None) != (tls_key is None):
+            typer.echo("tapdeck serve: give --tls-cert and --tls-key together", err=True)
+            raise typer.Exit(2)
+        if tls_cert is not None and tls_key is not None:
+            fields["tls"] = TlsFiles(cert=tls_cert.expanduser(), key=tls_key.expanduser())
         try:
             if admin_key_file is not None:
                 if admin_key:
@@ -149,6 +188,8 @@ def register(app: typer.Typer) -> None:
             signal.signal(sig, lambda *_: stop.set())
         typer.echo(f"tapdeck server at {server.url}  (engine: {server.engine_url}; "
                    f"data: {config.data_dir})")
+        if (warning := cleartext_warning(config)) is not None:
+            typer.echo(f"tapdeck serve: {warning}", err=True)
         if (shared := server.embedded_engine) is not None and not shared.owned:
             typer.echo(shared.reuse_line())
         if server.admin_key_generated:

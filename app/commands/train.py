@@ -13,13 +13,15 @@ the recipe unchanged. Ctrl-C stops the recipe (SIGTERM, then SIGKILL of its proc
 from __future__ import annotations
 
 import asyncio
+import ssl
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from tapdeck.app.client import ApiError, TapdeckClient, command_admin_key
+from tapdeck.app.client import CA_FILE_HELP, ApiError, TapdeckClient, command_admin_key
 from tapdeck.runner.recipes import CPU_TRAINING, DEFAULT_RECIPE, RECIPES
+from tapdeck.schema.tls import CA_FILE_ENV
 from tapdeck.schema.train import TrainLogEvent, TrainRunInfo, TrainStateEvent
 
 # Metrics printed at the end when the recipe logged them (TRL's names under trackio's `train/` prefix).
@@ -58,6 +60,8 @@ def register(app: typer.Typer) -> None:
                                           "server instead of one started here."),
         admin_key: str | None = typer.Option(None, "--admin-key", envvar="TAPDECK_ADMIN_KEY",
                                              help="Admin key of --server (default: <data-dir>/admin.key)."),
+        ca_file: Path | None = typer.Option(None, "--ca-file", envvar=CA_FILE_ENV,
+                                            help=f"With --server: {CA_FILE_HELP}"),
         list_: bool = typer.Option(False, "--list", help="List recipes and whether the server can run each."),
     ) -> None:
         """Launch a training recipe on a tapdeck server; stream its log; print its final metrics.
@@ -98,18 +102,20 @@ def register(app: typer.Typer) -> None:
             except Exception as exc:  # a clear line, not a traceback
                 typer.echo(f"tapdeck train: could not start a local server: {exc}", err=True)
                 raise typer.Exit(1) from None
-            base, key = local.url, local.admin_key
+            base, key, trust = local.url, local.admin_key, local.client_trust
         else:
             from tapdeck.schema.addresses import http_base_url
+            from tapdeck.schema.tls import server_trust
 
             try:
                 base = http_base_url(server, "--server")
                 key = command_admin_key(admin_key, data)
+                trust = server_trust(ca_file)
             except ValueError as exc:
                 typer.echo(f"tapdeck train: {exc}", err=True)
                 raise typer.Exit(2) from None
         try:
-            code = asyncio.run(_drive(base, key, recipe, run, list(ctx.args), list_,
+            code = asyncio.run(_drive(base, key, recipe, run, list(ctx.args), list_, verify=trust,
                                       key_dir=None if local is not None or admin_key else data))
         finally:
             if local is not None:
@@ -118,10 +124,11 @@ def register(app: typer.Typer) -> None:
 
 
 async def _drive(base: str, key: str | None, recipe: str, run: str | None, args: list[str],
-                 list_only: bool, *, key_dir: Path | None = None) -> int:
+                 list_only: bool, *, key_dir: Path | None = None,
+                 verify: ssl.SSLContext | bool = True) -> int:
     """List the recipes or run one to its end; the exit code (README: 2 for an unknown recipe or
-    recipe args its parser refuses)."""
-    client = TapdeckClient(base, key)
+    recipe args its parser refuses). `verify`: what an https server's certificate is checked against."""
+    client = TapdeckClient(base, key, verify=verify)
     try:
         try:
             if list_only:

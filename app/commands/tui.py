@@ -7,6 +7,7 @@ in its own thread; the TUI talks to it over HTTP exactly as `tapdeck attach` tal
 from __future__ import annotations
 
 import logging
+import ssl
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -31,34 +32,41 @@ def _log_to_file(path: Path) -> logging.Handler:
 
 
 def run_app(base_url: str, admin_key: str | None, *, server_label: str, settings_path: Path,
-            owns_server: bool = False) -> None:
-    """Run the App against a server URL (shared by embedded and attached mode)."""
+            owns_server: bool = False, verify: ssl.SSLContext | bool = True) -> None:
+    """Run the App against a server URL (shared by embedded and attached mode); `verify`: what an
+    https server's certificate is checked against."""
     from tapdeck.app.client import TapdeckClient
     from tapdeck.app.tui import TapdeckApp
 
-    TapdeckApp(TapdeckClient(base_url, admin_key), server_label=server_label,
+    TapdeckApp(TapdeckClient(base_url, admin_key, verify=verify), server_label=server_label,
                settings_path=settings_path, owns_server=owns_server).run()
 
 
 def run_embedded(data_dir: Path | None = None, *, port: int = 0, engine_url: str | None = None,
                  engine_model: str | None = None, engine_api_key: str | None = None,
-                 public_url: str | None = None) -> None:
-    """Start a LocalServer on loopback (any free port by default), run the TUI on it, stop it on exit."""
+                 public_url: str | None = None, tls_cert: Path | None = None,
+                 tls_key: Path | None = None) -> None:
+    """Start a LocalServer on loopback (any free port by default), run the TUI on it, stop it on exit.
+    With a certificate and key it serves HTTPS (sandboxes reaching it through `public_url`)."""
     from pydantic import ValidationError
 
     from tapdeck.app.failures import validation_line
     from tapdeck.app.host import LocalServer
     from tapdeck.app.settings import default_settings_path
     from tapdeck.app.tui import TapdeckApp  # noqa: F401 - import the UI before starting anything
-    from tapdeck.proxy.config import ConfigError, ServerConfig, default_data_dir
+    from tapdeck.proxy.config import ConfigError, ServerConfig, TlsFiles, default_data_dir
     from tapdeck.proxy.upstream.address import EngineAddressError, normalize_address
     from tapdeck.proxy.http.uvicorn_thread import PortInUseError
 
     data_dir = (data_dir or default_data_dir()).expanduser()
+    if (tls_cert is None) != (tls_key is None):
+        print("tapdeck: give --tls-cert and --tls-key together", file=sys.stderr)
+        raise typer.Exit(2)
+    tls = TlsFiles(cert=tls_cert.expanduser(), key=tls_key.expanduser()) if tls_cert and tls_key else None
     try:
         config = ServerConfig(host="127.0.0.1", port=port, data_dir=data_dir, engine_url=engine_url,
                               engine_model=engine_model, engine_api_key=engine_api_key,
-                              public_url=public_url)
+                              public_url=public_url, tls=tls)
         if engine_url:  # a malformed address is refused before the server is said to start
             normalize_address(engine_url)
     except ValidationError as exc:  # bad usage, as `serve` says it: one line, exit 2
@@ -86,7 +94,8 @@ def run_embedded(data_dir: Path | None = None, *, port: int = 0, engine_url: str
         print(f"tapdeck: engine {server.engine_url}", file=sys.stderr, flush=True)
     try:
         run_app(server.url, server.admin_key, server_label=f"embedded {server.url}",
-                settings_path=default_settings_path(data_dir), owns_server=True)
+                settings_path=default_settings_path(data_dir), owns_server=True,
+                verify=server.client_trust)
     finally:
         server.stop()
 
@@ -104,6 +113,10 @@ EngineApiKeyOption = Annotated[str | None, typer.Option(
 PublicUrlOption = Annotated[str | None, typer.Option(
     "--public-url", help="Address sandboxes use to reach the proxy (http://HOST:PORT, e.g. an SSH "
     "reverse tunnel); sessions advertise it. Default: the bound address.")]
+TlsCertOption = Annotated[Path | None, typer.Option(
+    "--tls-cert", help="Serve the embedded server over HTTPS with this certificate (PEM); needs "
+    "--tls-key. For sandboxes that reach it through --public-url off this host.")]
+TlsKeyOption = Annotated[Path | None, typer.Option("--tls-key", help="The private key of --tls-cert (PEM).")]
 """The TUI's options, shared by `tapdeck tui` and `tapdeck` with no command."""
 
 
@@ -113,7 +126,9 @@ def register(app: typer.Typer) -> None:
     @app.command("tui")
     def tui(data_dir: DataDirOption = None, port: PortOption = 0, engine: EngineOption = None,
             engine_model: EngineModelOption = None, engine_api_key: EngineApiKeyOption = None,
-            public_url: PublicUrlOption = None) -> None:
+            public_url: PublicUrlOption = None, tls_cert: TlsCertOption = None,
+            tls_key: TlsKeyOption = None) -> None:
         """Open the TUI on an embedded tapdeck server (what `tapdeck` with no command does)."""
         run_embedded(data_dir, port=port, engine_url=engine, engine_model=engine_model,
-                     engine_api_key=engine_api_key, public_url=public_url)
+                     engine_api_key=engine_api_key, public_url=public_url, tls_cert=tls_cert,
+                     tls_key=tls_key)

@@ -19,14 +19,10 @@ from typing import Any, Literal
 
 import uvicorn
 
+from tapdeck.proxy.config import ConnectionLimits, TlsFiles
+from tapdeck.proxy.http.bounded_protocol import BoundedProtocol
 from tapdeck.proxy.http.error_reply import error_response
 from tapdeck.proxy.errors import ProxyError
-
-KEEP_ALIVE_S = 75
-"""Seconds an idle client connection is kept open. Longer than clients keep theirs (httpx, and so
-the openai and anthropic SDKs, drop an idle connection after 5 s): with uvicorn's own 5 s, a client
-reusing a connection just as the server closed it got `Connection reset by peer` (1-25 calls in
-1,300 at 64 concurrent sessions in bench/proxy.py), a dropped call for no reason of its own."""
 
 
 class PortInUseError(OSError):
@@ -89,12 +85,16 @@ class ThreadedServer:
     tapdeck server uses: less CPU per call; Harbor trials cannot run on it, see runner_loop).
 
     `start()` binds first (so a clash raises before anything runs), then waits until uvicorn accepts.
+    Every connection is held to `limits`; with `tls` it serves HTTPS (uvicorn's own TLS).
     """
 
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *,
                  name: str = "tapdeck-http", loop: Literal["asyncio", "uvloop"] = "asyncio",
-                 on_shutdown: Callable[[], None] | None = None) -> None:
+                 on_shutdown: Callable[[], None] | None = None,
+                 limits: ConnectionLimits = ConnectionLimits(), tls: TlsFiles | None = None) -> None:
         self.app = app
+        self.limits = limits
+        self.tls = tls
         self.on_shutdown = on_shutdown
         self.loop = loop
         self.host = host
@@ -114,20 +114,24 @@ class ThreadedServer:
 
     @property
     def url(self) -> str:
-        """`http://host:port` of the running server."""
+        """`http://host:port` (`https://` with TLS) of the running server."""
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
 
     def start(self, timeout: float = 30.0, *, sock: socket.socket | None = None) -> ThreadedServer:
         """Bind (or take `sock`, bound earlier with `bind_socket`), start the serving thread and
         wait until it is accepting connections."""
         self._sock = sock if sock is not None else bind_socket(self.host, self.requested_port)
         # No proxy_headers: nothing here reads the client's address, and uvicorn's middleware
-        # for X-Forwarded-For scanned every model call's headers for it.
+        # for X-Forwarded-For scanned every model call's headers for it. No websockets: nothing
+        # serves them, and an upgrade would hand the connection to a protocol without the limits.
         config = uvicorn.Config(self._app_quiet_at_shutdown, interface="asgi3", log_config=None,
                                 access_log=False, lifespan="on",
-                                timeout_graceful_shutdown=2, loop=self.loop, http="httptools",
-                                timeout_keep_alive=KEEP_ALIVE_S, proxy_headers=False)
+                                timeout_graceful_shutdown=2, loop=self.loop,
+                                http=BoundedProtocol.for_limits(self.limits), ws="none",
+                                timeout_keep_alive=self.limits.keep_alive_s, proxy_headers=False,
+                                ssl_certfile=self.tls.cert if self.tls else None,
+                                ssl_keyfile=self.tls.key if self.tls else None)
         self._server = _QuietServer(config)
         self._server.on_shutdown = self.on_shutdown
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},

@@ -47,13 +47,14 @@ class SessionRegistry:
 
     def __init__(self, store: Store, events: EventBus, activity: ActivityLog, *,
                  default_engine: EngineSpec | None, public_url: str,
-                 engine_timeout: httpx.Timeout | float) -> None:
+                 engine_timeout: httpx.Timeout | float, max_reply_bytes: int) -> None:
         self.store = store
         self.events = events
         self.activity = activity
         self.default_engine = default_engine
         self.public_url = public_url
         self.engine_timeout = engine_timeout
+        self.max_reply_bytes = max_reply_bytes
         self.writes = StoreWrites()
         """Every store write runs here, never in the default pool the admin reads share."""
         self.sessions: dict[str, LiveSession] = {}
@@ -95,7 +96,8 @@ class SessionRegistry:
         key = spec.cache_key()
         client = self.clients.get(key)
         if client is None:
-            client = self.clients[key] = EngineClient(spec, timeout=self.engine_timeout)
+            client = self.clients[key] = EngineClient(spec, timeout=self.engine_timeout,
+                                                             max_reply_bytes=self.max_reply_bytes)
         return client
 
     async def _settle(self, spec: EngineSpec) -> EngineSpec:

@@ -27,7 +27,14 @@ from tapdeck.proxy.upstream.address import shown_url
 from tapdeck.proxy.errors import DialectError, ProxyError
 from tapdeck.schema.findings import Finding
 from tapdeck.proxy.capture.tokens import PromptIdsMemo, as_ids, as_logprobs, loads_with_prompt_ids
-from tapdeck.proxy.upstream.transport import UpstreamHTTP, UpstreamReply, UpstreamTimeout, UpstreamUnreachable
+from tapdeck.proxy.config import DEFAULT_MAX_REPLY_BYTES
+from tapdeck.proxy.upstream.transport import (
+    UpstreamHTTP,
+    UpstreamReply,
+    UpstreamReplyTooLarge,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
 
 if TYPE_CHECKING:
     from tapdeck.proxy.upstream.tiers import EngineSpec
@@ -322,8 +329,11 @@ class EngineClient:
     def __init__(self, spec: EngineSpec, *, http: httpx.AsyncClient | None = None,
                  timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
                  max_tokens_cap: int = DEFAULT_MAX_TOKENS_CAP,
-                 max_model_len: int | None = None) -> None:
+                 max_model_len: int | None = None,
+                 max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES) -> None:
         self.spec = spec
+        self.max_reply_bytes = max_reply_bytes
+        """The most of one reply's body read; past it the call fails (a 502 naming the limit)."""
         self.url = spec.url.rstrip("/")
         self.shown = shown_url(self.url)
         """The URL as messages show it: credentials in it are never echoed to a harness."""
@@ -343,7 +353,7 @@ class EngineClient:
                 self._http = httpx.AsyncClient(timeout=t, limits=httpx.Limits(max_connections=None))
             else:
                 self._lean = UpstreamHTTP(self.url, connect_timeout=t.connect, read_timeout=t.read,
-                                          ssl_context=_shared_ssl() if self.url.startswith("https") else None)
+                                          max_reply_bytes=max_reply_bytes, ssl_context=_shared_ssl() if self.url.startswith("https") else None)
         self._owns_http = http is None
 
     @property
@@ -407,6 +417,10 @@ class EngineClient:
                                                 data, headers, prefixed=not absolute)
             else:
                 resp = await self._via_httpx(method, path, data, headers)
+        except UpstreamReplyTooLarge as exc:
+            raise EngineError("bad_reply", 502, f"engine at {self.shown} sent a reply larger than "
+                                                f"{exc.limit} bytes, the most this server reads for one "
+                                                "call (tapdeck serve --max-reply-bytes)", self.shown) from None
         except (httpx.TimeoutException, UpstreamTimeout) as exc:
             raise EngineError("timeout", 502, f"engine at {self.shown} timed out "
                                               f"({shown_url(_why(exc))})", self.shown) from None
@@ -433,14 +447,26 @@ class EngineClient:
                          headers: dict[str, str]) -> UpstreamReply:
         assert self._http is not None
         url = path if path.startswith(("http://", "https://")) else self.url + path
-        send = partial(self._http.request, method, url, content=data, headers=headers)
+        send = partial(self._read_capped, method, url, data, headers)
         try:
-            resp = await send()
+            return await send()
         except httpx.RemoteProtocolError:
             # A pooled keep-alive connection the engine closed just as it was reused: the
             # request never reached it, so one retry on a fresh connection is safe.
-            resp = await send()
-        return UpstreamReply(resp.status_code, resp.reason_phrase, resp.content)
+            return await send()
+
+    async def _read_capped(self, method: str, url: str, data: bytes | None,
+                           headers: dict[str, str]) -> UpstreamReply:
+        """One request through httpx, its reply read no further than `max_reply_bytes`."""
+        assert self._http is not None
+        async with self._http.stream(method, url, content=data, headers=headers) as resp:
+            chunks, size = [], 0
+            async for chunk in resp.aiter_bytes():
+                size += len(chunk)
+                if size > self.max_reply_bytes:
+                    raise UpstreamReplyTooLarge(self.max_reply_bytes)
+                chunks.append(chunk)
+            return UpstreamReply(resp.status_code, resp.reason_phrase, b"".join(chunks))
 
     def _http_error(self, resp: UpstreamReply, payload: Any) -> EngineError:
         status = resp.status

@@ -6,6 +6,10 @@ connection on every request). The proxy sends two kinds of request to one origin
 JSON bodies, so a protocol that writes the request in one buffer and feeds the reply to httptools'
 C parser does the same work for a small fraction of that.
 
+A reply is read whole, but never past `max_reply_bytes`: beyond it the connection is dropped and
+the call fails (`UpstreamReplyTooLarge`), so an engine that never ends a reply cannot make the
+proxy buffer without bound.
+
 Failures while the engine is up are retried: a kept-alive connection the engine closed as it was
 reused (the request never reached it), and a fresh connection refused or reset before any reply
 byte (an accept queue overflowing in a burst), with a short backoff. When every attempt fails the
@@ -22,6 +26,8 @@ from typing import NamedTuple
 from urllib.parse import urlsplit
 
 import httptools
+
+from tapdeck.proxy.config import DEFAULT_MAX_REPLY_BYTES
 
 CONNECT_ATTEMPTS = 4
 CONNECT_BACKOFF_S = (0.02, 0.05, 0.1)
@@ -50,6 +56,14 @@ class UpstreamTimeout(TimeoutError):
     """Connect or read timed out."""
 
 
+class UpstreamReplyTooLarge(Exception):
+    """The reply's body passed `limit` bytes; the rest was not read (its connection is closed)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"reply body over {limit} bytes")
+        self.limit = limit
+
+
 class _Lost(Exception):
     """The connection closed before the reply was complete; `started` if any reply byte came."""
 
@@ -61,11 +75,13 @@ class _Lost(Exception):
 class _Connection(asyncio.Protocol):
     """One keep-alive connection; one request at a time."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_reply_bytes: int) -> None:
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.idle_since = 0.0
         self._parser = httptools.HttpResponseParser(self)
+        self._max_body = max_reply_bytes
+        self._body_bytes = 0
         self._body: list[bytes] = []
         self._reason = b""
         self._started = False
@@ -96,6 +112,12 @@ class _Connection(asyncio.Protocol):
         self._reason += status
 
     def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
+        if self._body_bytes > self._max_body:
+            if not self.closed:  # the rest of this read is dropped with the connection
+                self._fail(UpstreamReplyTooLarge(self._max_body))
+                self.close()
+            return
         self._body.append(body)
 
     def on_message_complete(self) -> None:
@@ -114,7 +136,7 @@ class _Connection(asyncio.Protocol):
     def send(self, head: bytes, body: bytes | None) -> asyncio.Future[UpstreamReply]:
         """Write one request, its head and body as they are; the future holds its reply."""
         assert self.transport is not None
-        self._body, self._reason, self._started = [], b"", False
+        self._body, self._body_bytes, self._reason, self._started = [], 0, b"", False
         self._done = asyncio.get_running_loop().create_future()
         # Two buffers in one vectored write: joining them first copied every call's whole body
         # (~450 kB at a 107k-token prompt) into a new buffer only to send it.
@@ -135,6 +157,7 @@ class UpstreamHTTP:
     """
 
     def __init__(self, base_url: str, *, connect_timeout: float | None, read_timeout: float | None,
+                 max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
                  ssl_context: ssl.SSLContext | None = None) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -148,6 +171,7 @@ class UpstreamHTTP:
         self._ssl = (ssl_context or ssl.create_default_context()) if parts.scheme == "https" else None
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
+        self.max_reply_bytes = max_reply_bytes
         self._idle: collections.deque[_Connection] = collections.deque()
         self._closed = False
         self.connections_opened = 0
@@ -157,7 +181,7 @@ class UpstreamHTTP:
                       headers: dict[str, str] | None = None, prefixed: bool = True) -> UpstreamReply:
         """Send `method prefix+path` (`path` alone when not `prefixed`: a route beside the base
         URL's path, such as vLLM's `/tokenize`) and return the whole reply. Raises
-        UpstreamUnreachable or UpstreamTimeout."""
+        UpstreamUnreachable, UpstreamTimeout or UpstreamReplyTooLarge."""
         target = f"{self.prefix}{path}" if prefixed else path
         lines = [f"{method} {target} HTTP/1.1\r\n".encode(), b"Host: ", self._host_header,
                  b"\r\nAccept: application/json\r\n"]
@@ -225,7 +249,7 @@ class UpstreamHTTP:
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(self.connect_timeout):
             _, conn = await loop.create_connection(
-                _Connection, self.host, self.port, ssl=self._ssl,
+                lambda: _Connection(self.max_reply_bytes), self.host, self.port, ssl=self._ssl,
                 server_hostname=self.host if self._ssl else None)
         self.connections_opened += 1
         return conn
@@ -246,4 +270,5 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
-__all__ = ["UpstreamHTTP", "UpstreamReply", "UpstreamTimeout", "UpstreamUnreachable"]
+__all__ = ["UpstreamHTTP", "UpstreamReply", "UpstreamReplyTooLarge", "UpstreamTimeout",
+           "UpstreamUnreachable"]

@@ -3,7 +3,7 @@
 Recipes that train run in the training environment (Python 3.11, `tapdeck.runner.train_env`), where
 tapdeck's own dependencies are not installed; this module needs only httpx and the standard library,
 so it imports there (tests/training/test_train_env.py checks). Every route it uses is listed in the
-README's server API table.
+README's server API table. Its one tapdeck import, `schema.tls`, is standard library only.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from tapdeck.schema.tls import CA_FILE_ENV, server_trust, untrusted_certificate
 
 TERMINAL_RUN_STATES = frozenset({"finished", "cancelled", "failed", "interrupted"})
 
@@ -41,17 +43,23 @@ def read_admin_key(explicit: str | None = None, data_dir: Path | None = None) ->
 
 
 class AdminClient:
-    """One HTTP client for a tapdeck server's admin routes (not thread-safe: one per thread)."""
+    """One HTTP client for a tapdeck server's admin routes (not thread-safe: one per thread).
+    An https server's certificate is checked against `ca_file` (PEM: a private CA, or a self-signed
+    server's own certificate), else the public CAs; never skipped."""
 
-    def __init__(self, server: str, admin_key: str, *, timeout_s: float = 60.0) -> None:
+    def __init__(self, server: str, admin_key: str, *, timeout_s: float = 60.0,
+                 ca_file: str | None = None) -> None:
         self.server = server.rstrip("/")
-        self._http = httpx.Client(base_url=self.server, timeout=timeout_s,
+        self._http = httpx.Client(base_url=self.server, timeout=timeout_s, verify=server_trust(ca_file),
                                   headers={"Authorization": f"Bearer {admin_key}"})
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         try:
             resp = self._http.request(method, path, json=body)
         except httpx.HTTPError as exc:
+            if (why := untrusted_certificate(exc)) is not None:
+                raise AdminError(0, f"tapdeck server {self.server} presented a certificate this client "
+                                    f"does not trust ({why}); pass --ca-file (or ${CA_FILE_ENV})") from exc
             raise AdminError(0, f"tapdeck server {self.server} unreachable: {exc}") from exc
         if resp.status_code >= 400:
             raise AdminError(resp.status_code, f"{method} {path}: {resp.text[:300]}")

