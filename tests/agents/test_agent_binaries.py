@@ -13,8 +13,6 @@ first prompts.
 
 from __future__ import annotations
 
-import copy
-import json
 import os
 import subprocess
 import time
@@ -29,15 +27,10 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 from tapdeck.runner import agent_install  # noqa: E402
 from tapdeck.runner.cli_agents import AGENT_ROOT, CLI_AGENTS, HOME_DIRS  # noqa: E402
 from tapdeck.runner.rollout_settings import FIRST_PROMPT_TOKENS  # noqa: E402
-from tests.agents.test_agent_rollouts import installed_or_skip  # noqa: E402
-from tests.conftest import vllm_fixture, vllm_reply_to  # noqa: E402
-from tests.dialects.conftest import (  # noqa: E402,F401  (fixtures)
-    CaptureServer,
-    ScriptedUpstream,
-    capture,
-    scripted,
-    upstream,
-)
+from tests.support.agent_clis import installed_or_skip, scripted_agent_reply  # noqa: E402
+from tests.support.capture_server import CaptureServer  # noqa: E402
+from tests.support.fake_vllm import ScriptedUpstream  # noqa: E402
+from tests.support.vllm_recordings import vllm_fixture, vllm_reply_to  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -96,36 +89,6 @@ def test_claude_code_gives_up_on_a_400_and_prints_what_was_refused(
     assert 2 <= len(main) <= 8 and main[-1] > main[0], tools
     assert not (tmp_path / "work" / "hello.txt").exists()
     assert capture.summary(info["id"])["turns"] == 0
-
-
-SHELL_TOOLS = {"exec_command": "cmd", "Bash": "command", "run_shell_command": "command",
-               "bash": "command"}
-"""Each agent's shell tool and the name of its command argument (harness-clis.md)."""
-SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
-"""mini-swe-agent ends only when the model runs this."""
-
-
-def scripted_agent_reply(name: str, work: str = "echo hi > hello.txt") -> Any:
-    """The recorded vLLM reply, turned into the call a capable model would make: the agent's shell
-    tool running `work` (writing hello.txt), then (once a tool result is in the prompt) a plain
-    "done"."""
-    def answer(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        reply = copy.deepcopy(vllm_fixture("chat_basic")["response"])
-        choice = reply["choices"][0]
-        tools = {t["function"]["name"] for t in body.get("tools") or []}
-        shell = next((t for t in SHELL_TOOLS if t in tools), None)
-        answered = any(m.get("role") == "tool" for m in body["messages"])
-        command = SUBMIT if answered and name == "mini-swe-agent" else work
-        if shell and (not answered or command == SUBMIT):
-            choice["message"]["content"] = None
-            choice["message"]["tool_calls"] = [{
-                "id": "chatcmpl-tool-0abc", "type": "function",
-                "function": {"name": shell, "arguments": json.dumps({SHELL_TOOLS[shell]: command})}}]
-            choice["finish_reason"] = "tool_calls"
-        elif shell:
-            choice["message"]["content"] = "done"
-        return 200, vllm_reply_to(body, reply)
-    return answer
 
 
 @pytest.mark.parametrize("name", list(CLI_AGENTS))

@@ -21,11 +21,11 @@ from tapdeck.app.client import TapdeckClient
 from tapdeck.app.tui import TapdeckApp
 from tapdeck.schema.runs import RolloutResult
 from tapdeck.proxy.http.uvicorn_thread import ThreadedServer
-from tests.agents.test_agent_binaries import scripted_agent_reply
-from tests.agents.test_agent_rollouts import AGENT_CONTEXT, installed_or_skip
-from tests.app.pilot_wait import until
-from tests.conftest import local_server_on, vllm_fixture
-from tests.dialects.conftest import ScriptedUpstream, scripted_upstream_app
+from tests.support.agent_clis import AGENT_CONTEXT, installed_or_skip, scripted_agent_reply
+from tests.support.fake_vllm import ScriptedUpstream, scripted_upstream_app
+from tests.support.local_server import local_server_on
+from tests.support.pilot_wait import until
+from tests.support.vllm_recordings import vllm_fixture
 
 pytestmark = pytest.mark.slow
 

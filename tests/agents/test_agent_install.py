@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tapdeck.runner import agent_install
-from tests.conftest import process_gone
+from tests.support.processes import process_gone
 
 
 def _fake_install(root: Path, name: str, version: str | None = None) -> Path:

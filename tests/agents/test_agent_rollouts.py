@@ -20,31 +20,18 @@ from typing import Any
 
 import pytest
 
-from tests.runner.conftest import RunnerServer, runner_server_on
+from tests.support.agent_clis import AGENT_CONTEXT, installed_or_skip
+from tests.support.runner_server import RunnerServer, runner_server_on
 
 pytestmark = pytest.mark.slow
 
 # Smallest first prompt first.
 AGENTS = ["mini-swe-agent", "opencode", "codex", "gemini-cli", "claude-code", "qwen-code"]
-AGENT_CONTEXT = 32768
-"""The agents' first prompts are 8-17k tokens: more than SmolLM2's trained 8,192."""
 REASKS = {"mini-swe-agent"}
 """Agents that never resend a reply they rejected: a small model's calls do not chain for them."""
 TURNS = 2
 BUDGET = 3
 """Model calls per rollout: the agent's turns plus an auxiliary call (opencode's title)."""
-
-
-def installed_or_skip(name: str) -> None:
-    """Install the pinned CLI (cached after the first time); skip only if the registry is down."""
-    from tapdeck.runner import agent_install
-
-    try:
-        agent_install.install(name)
-    except agent_install.InstallError as exc:
-        if exc.network:
-            pytest.skip(f"{name}: the package registry is unreachable ({str(exc)[:200]})")
-        raise
 
 
 def start_engine(n_ctx: int = AGENT_CONTEXT) -> Any:

@@ -19,7 +19,9 @@ from tapdeck.proxy.sessions.spec import base_urls_for  # noqa: E402
 from tapdeck.runner.batch import RunPlan  # noqa: E402
 from tapdeck.runner.cli_agents import ProxyUnreachableError, check_proxy_reachable, proxy_root  # noqa: E402
 from tapdeck.runner.sandboxes.host import HostSandbox  # noqa: E402
-from tests.conftest import local_server_on, models_only_engine, vllm_fixture  # noqa: E402
+from tests.support.fake_vllm import models_only_engine  # noqa: E402
+from tests.support.local_server import local_server_on  # noqa: E402
+from tests.support.vllm_recordings import vllm_fixture  # noqa: E402
 
 
 def _closed_port() -> int:

@@ -32,7 +32,7 @@ import httpx
 from tapdeck.app.host import LocalServer
 from tapdeck.proxy.config import ServerConfig
 from tests.contract.record import write_recording
-from tests.proxy.conftest import Upstream, started_upstream
+from tests.support.fake_vllm import Upstream, started_upstream
 
 FIXTURE = Path(__file__).parent / "fixtures" / "api.json"
 REPO = Path(__file__).resolve().parents[2]

@@ -17,8 +17,9 @@ import httpx
 import pytest
 
 from tapdeck.proxy.config import write_admin_key
-from tests.app.tmux_driver import TAPDECK, Tmux, exit_code
-from tests.conftest import hanging_engine, tapdeck_serve
+from tests.support.fake_vllm import hanging_engine
+from tests.support.tapdeck_process import TAPDECK, tapdeck_serve
+from tests.support.tmux_driver import Tmux, exit_code
 
 ADMIN_KEY = "attach-test-admin-key"
 

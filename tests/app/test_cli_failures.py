@@ -20,8 +20,8 @@ import pytest
 from tapdeck.app.client import ApiError
 from tapdeck.app.failures import describe
 from tapdeck.runner.datasets import SAMPLE_DATASET_DIR
-from tests.conftest import free_port
-from tests.runner.harbor_registry import REGISTRY_URL_VAR, registry_knowing_no_dataset
+from tests.support.harbor_registry import REGISTRY_URL_VAR, registry_knowing_no_dataset
+from tests.support.ports import free_port
 
 
 def tapdeck(*args: str, tmp: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

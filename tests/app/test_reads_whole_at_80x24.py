@@ -13,8 +13,8 @@ from tapdeck.app.client import TapdeckClient
 from tapdeck.app.tui import TapdeckApp
 from tapdeck.app.widgets.session_table import SessionTable
 from tapdeck.app.widgets.token_view import TokenView
-from tests.app.conftest import FROZEN_NOW, recorded_transport
-from tests.app.pilot_wait import until
+from tests.support.pilot_wait import until
+from tests.support.recorded_api import FROZEN_NOW, recorded_transport
 
 
 def _drawn(app: TapdeckApp, widget: Widget) -> list[str]:

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from tapdeck.app.cli import app  # noqa: E402
-from tests.conftest import local_server_on  # noqa: E402
+from tests.support.local_server import local_server_on  # noqa: E402
 
 WIDE = {"COLUMNS": "200", "TERMINAL_WIDTH": "200"}
 
@@ -24,7 +24,7 @@ WIDE = {"COLUMNS": "200", "TERMINAL_WIDTH": "200"}
 @pytest.fixture
 def recorded_engine() -> Iterator[Any]:
     """A loopback engine answering with the recorded vLLM bodies."""
-    from tests.proxy.conftest import started_upstream
+    from tests.support.fake_vllm import started_upstream
 
     up = started_upstream(name="recorded-vllm")
     try:

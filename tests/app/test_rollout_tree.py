@@ -9,7 +9,7 @@ from textual.app import App, ComposeResult
 import tapdeck
 from tapdeck.app.views import rollout_nodes
 from tapdeck.app.widgets.rollout_tree import RolloutTree
-from tests.app.rollout_docs import graph_turns
+from tests.support.graph_turns import graph_turns
 
 
 class TreeApp(App):

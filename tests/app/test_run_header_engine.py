@@ -7,8 +7,8 @@ from textual.widgets import Static
 
 from tapdeck.app.client import TapdeckClient
 from tapdeck.app.tui import TapdeckApp
-from tests.app.conftest import FROZEN_NOW, recorded_transport
-from tests.app.pilot_wait import until
+from tests.support.pilot_wait import until
+from tests.support.recorded_api import FROZEN_NOW, recorded_transport
 
 
 def _header_for(api_data: dict, engine_used: str | None, width: int = 80):

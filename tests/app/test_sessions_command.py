@@ -12,7 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from tapdeck.app.cli import app
-from tests.proxy_core.proxy_core_fixtures import load_fixture, turn_from_fixture
+from tests.support.recorded_turns import turn_from_fixture
+from tests.support.vllm_recordings import vllm_fixture
 
 RUN = "run-20261201-100000-aaaa"
 FORKED = "s-00000000000000f1"
@@ -59,7 +60,7 @@ def _sessions(data: Path, *args: str) -> Any:
 
 
 def _sampled(*turns: int) -> list[int]:
-    return [len(load_fixture(f"chat_multiturn_{n}")["response"]["choices"][0]["token_ids"])
+    return [len(vllm_fixture(f"chat_multiturn_{n}")["response"]["choices"][0]["token_ids"])
             for n in turns]
 
 
@@ -156,7 +157,7 @@ def test_a_sessions_graph_nests_its_fork_and_shows_the_demoted_and_discarded_cal
                    "4 turn(s)", "1 fork(s)", "1 discarded"):
         assert phrase in head
     tree = lines[lines.index("") + 1:]
-    prompts = [len(load_fixture(name)["response"]["prompt_token_ids"])
+    prompts = [len(vllm_fixture(name)["response"]["prompt_token_ids"])
                for name in ("chat_multiturn_1", "chat_multiturn_2", "chat_multiturn_3")]
     # #0 forks into the continued #1 (its chain goes on under it: #2) and the retry #3.
     assert [(len(line) - len(line.lstrip()), line.split()[0], line.split()[-1])
@@ -188,7 +189,7 @@ def test_a_turns_tokens_come_one_a_line_with_the_engines_ids_and_logprobs(data: 
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert lines[0].startswith(f"session {OTHER} turn #1 · prefix link to #0 · prompt ")
-    choice = load_fixture("chat_multiturn_2")["response"]["choices"][0]
+    choice = vllm_fixture("chat_multiturn_2")["response"]["choices"][0]
     table = lines[lines.index(next(line for line in lines if line.split()[:2] == ["#", "id"])) + 1:]
     assert [(int(row.split()[1]), float(row.split()[2])) for row in table] == [
         (token_id, round(c["logprob"], 3))

@@ -12,8 +12,8 @@ from textual.widgets import Select, SelectionList
 
 from tapdeck.app.client import TapdeckClient
 from tapdeck.app.tui import TapdeckApp
-from tests.app.pilot_wait import until
-from tests.conftest import models_only_engine
+from tests.support.fake_vllm import models_only_engine
+from tests.support.pilot_wait import until
 
 pytestmark = pytest.mark.slow  # a real Harbor trial of the oracle
 

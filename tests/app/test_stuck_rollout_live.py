@@ -9,8 +9,8 @@ import pytest
 from tapdeck.app.screens.sessions import SessionsScreen
 from tapdeck.app.widgets.activity_pane import ActivityPane
 from tapdeck.app.widgets.session_table import SessionTable
-from tests.app.conftest import HungServer
-from tests.app.pilot_wait import until
+from tests.support.hung_server import HungServer
+from tests.support.pilot_wait import until
 
 pytestmark = pytest.mark.slow
 WAIT_S = 180.0  # a bound for a trial to reach its agent on 2 shared cores, not a speed check

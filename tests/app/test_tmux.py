@@ -10,7 +10,8 @@ import subprocess
 
 import pytest
 
-from tests.app.tmux_driver import TAPDECK, Tmux, exit_code
+from tests.support.tapdeck_process import TAPDECK
+from tests.support.tmux_driver import Tmux, exit_code
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux"),

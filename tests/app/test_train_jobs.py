@@ -12,8 +12,8 @@ from tapdeck.app.client import TapdeckClient
 from tapdeck.app.screens import train
 from tapdeck.app.tui import TapdeckApp
 from tapdeck.schema.train import TrainRunInfo
-from tests.app.conftest import FROZEN_NOW, recorded_transport
-from tests.app.pilot_wait import until
+from tests.support.pilot_wait import until
+from tests.support.recorded_api import FROZEN_NOW, recorded_transport
 
 CPU_LOG = ["cpu-grpo: step 1/2, loss 0.125", "cpu-grpo: step 2/2, loss 0.0625"]
 

@@ -11,8 +11,8 @@ import pytest
 
 from tapdeck.app.client import TapdeckClient
 from tapdeck.app.tui import TapdeckApp
-from tests.app.conftest import FROZEN_NOW, recorded_transport
-from tests.app.pilot_wait import until
+from tests.support.pilot_wait import until
+from tests.support.recorded_api import FROZEN_NOW, recorded_transport
 
 Y_LABEL = re.compile(r"^\s*(-?\d+(?:\.\d+)?)┤")
 

@@ -15,9 +15,9 @@ from tapdeck.app.host import LocalServer
 from tapdeck.app.tui import TapdeckApp
 from tapdeck.app.widgets.session_table import SessionTable
 from tapdeck.proxy.config import ServerConfig
-from tests.app.pilot_wait import until
-from tests.conftest import free_port
-from tests.proxy.conftest import started_upstream
+from tests.support.fake_vllm import started_upstream
+from tests.support.pilot_wait import until
+from tests.support.ports import free_port
 
 WAIT_S = 120.0  # a generous bound on 2 shared cores, not a speed check
 

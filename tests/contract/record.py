@@ -26,7 +26,7 @@ import httpx
 
 from tapdeck.app.host import LocalServer
 from tapdeck.proxy.config import ServerConfig
-from tests.proxy.conftest import started_upstream
+from tests.support.fake_vllm import started_upstream
 
 FIXTURE = Path(__file__).parent / "fixtures" / "api.json"
 RUN_WAIT_S = 240.0

@@ -24,10 +24,11 @@ import pytest
 from google.genai import errors as genai_errors
 from google.genai import types
 
-from tests.conftest import models_only_engine, vllm_fixture
-from tests.dialects.agent_recordings import gemini_router, google_client, recording
-from tests.dialects.conftest import SCRIPTED_KEEPALIVE_S, CaptureServer, ScriptedUpstream, vllm_error
-from tests.rendered_findings import rendered
+from tests.support.agent_recordings import gemini_router, google_client, recording
+from tests.support.capture_server import SCRIPTED_KEEPALIVE_S, CaptureServer
+from tests.support.fake_vllm import ScriptedUpstream, models_only_engine
+from tests.support.findings import rendered
+from tests.support.vllm_recordings import vllm_error, vllm_fixture
 
 DIALECTS = ["chat", "responses", "anthropic", "google"]
 STREAMING = pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
@@ -53,7 +54,7 @@ def answer_with(reply: dict[str, Any]) -> Any:
 
 
 def _shaped(body: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
-    from tests.conftest import vllm_reply_to
+    from tests.support.vllm_recordings import vllm_reply_to
     return vllm_reply_to(body, reply)
 
 

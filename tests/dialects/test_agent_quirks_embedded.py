@@ -18,9 +18,9 @@ import openai
 import pytest
 
 from tapdeck.proxy.upstream.tiers import EngineSpec
-from tests.dialects.conftest import CaptureServer, capture_server
-from tests.dialects.agent_recordings import gemini_router, recording
-from tests.rendered_findings import rendered
+from tests.support.agent_recordings import gemini_router, recording
+from tests.support.capture_server import CaptureServer, capture_server
+from tests.support.findings import rendered
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ from pydantic import TypeAdapter
 from tapdeck.proxy.dialects import detect
 from tapdeck.proxy.dialects.anthropic import DIALECT, strip_billing_header
 from tapdeck.proxy.dialects.base import DialectError
-from tests.conftest import vllm_fixture
+from tests.support.vllm_recordings import vllm_fixture
 
 BILLING = "x-anthropic-billing-header: cc_version=2.1.80.a1b; cc_entrypoint=cli; cch=7f3e9;"
 

@@ -18,8 +18,10 @@ import pytest
 
 from tapdeck.proxy.http.uvicorn_thread import ThreadedServer
 from tapdeck.proxy.upstream.tiers import EngineSpec
-from tests.dialects.conftest import CaptureServer, ScriptedUpstream, capture_server, scripted_upstream_app, vllm_error
-from tests.rendered_findings import rendered
+from tests.support.capture_server import CaptureServer, capture_server
+from tests.support.fake_vllm import ScriptedUpstream, scripted_upstream_app
+from tests.support.findings import rendered
+from tests.support.vllm_recordings import vllm_error
 
 UPSTREAM_PAUSE_S = 0.15
 HOSTED = "the engine cannot run hosted tools"

@@ -28,9 +28,9 @@ from tapdeck.proxy.errors import DialectError
 from tapdeck.proxy.http.model_route import ModelCallsFirst
 from tapdeck.proxy.http.uvicorn_thread import STOPPING_MESSAGE
 from tapdeck.proxy.upstream.tiers import EngineSpec
-from tests.conftest import hanging_engine, models_only_engine
-from tests.dialects.agent_recordings import google_client
-from tests.dialects.conftest import SCRIPTED_KEEPALIVE_S, CaptureServer, ScriptedUpstream, capture_server
+from tests.support.agent_recordings import google_client
+from tests.support.capture_server import SCRIPTED_KEEPALIVE_S, CaptureServer, capture_server
+from tests.support.fake_vllm import ScriptedUpstream, hanging_engine, models_only_engine
 
 DIALECTS = ["chat", "responses", "anthropic", "google"]
 

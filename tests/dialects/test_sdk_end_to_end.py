@@ -24,8 +24,8 @@ from google.genai import types
 
 from tapdeck.proxy.http.sse import KEEPALIVE_SECONDS
 from tapdeck.proxy.upstream.tiers import EngineSpec
-from tests.conftest import models_only_engine
-from tests.dialects.conftest import CaptureServer, capture_server
+from tests.support.capture_server import CaptureServer, capture_server
+from tests.support.fake_vllm import models_only_engine
 
 pytestmark = pytest.mark.slow
 

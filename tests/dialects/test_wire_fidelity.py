@@ -3,7 +3,7 @@ the provider gives them) and what a malformed request gets back (a 400 naming th
 caller's envelope, with nothing sent upstream).
 
 Every call goes through the capture server in front of the scripted engine, which answers with
-recorded vLLM 0.32 bodies (tests/dialects/conftest.py).
+recorded vLLM 0.32 bodies (tests/support/capture_server.py).
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ import pytest
 from google.genai import errors as genai_errors
 from google.genai import types
 
-from tests.conftest import vllm_fixture, vllm_reply_to
-from tests.rendered_findings import rendered
-from tests.dialects.agent_recordings import google_client
-from tests.dialects.conftest import CaptureServer, ScriptedUpstream
+from tests.support.agent_recordings import google_client
+from tests.support.capture_server import CaptureServer
+from tests.support.fake_vllm import ScriptedUpstream
+from tests.support.findings import rendered
+from tests.support.vllm_recordings import vllm_fixture, vllm_reply_to
 
 STREAMING = pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 

@@ -10,7 +10,7 @@ import anthropic
 import pytest
 
 from tapdeck.proxy.upstream.tiers import EngineSpec
-from tests.dialects.conftest import CaptureServer, capture_server
+from tests.support.capture_server import CaptureServer, capture_server
 
 pytestmark = pytest.mark.slow
 

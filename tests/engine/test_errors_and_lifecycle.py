@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import vllm_fixture
+from tests.support.vllm_recordings import vllm_fixture
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import vllm_fixture
+from tests.support.vllm_recordings import vllm_fixture
 
 pytestmark = pytest.mark.slow
 

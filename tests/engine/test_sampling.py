@@ -8,7 +8,7 @@ import math
 import httpx
 import pytest
 
-from tests.conftest import vllm_fixture
+from tests.support.vllm_recordings import vllm_fixture
 
 pytestmark = pytest.mark.slow
 

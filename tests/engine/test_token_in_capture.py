@@ -13,7 +13,8 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.conftest import local_server_on, vllm_fixture
+from tests.support.local_server import local_server_on
+from tests.support.vllm_recordings import vllm_fixture
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tapdeck.proxy.upstream.toolcalls import EMBEDDED_TOOL_PARSER
-from tests.conftest import local_server_on
+from tests.support.local_server import local_server_on
 
 pytestmark = pytest.mark.slow
 

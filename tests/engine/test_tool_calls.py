@@ -10,7 +10,7 @@ import pytest
 
 from tapdeck.proxy.upstream.toolcalls import ParsedReply, parse_tool_calls, render_tool_calls
 from tapdeck.runner.engine.template import ChatTemplate
-from tests.conftest import vllm_fixture
+from tests.support.vllm_recordings import vllm_fixture
 
 # SmolLM2-135M-Instruct's template, as stored in its GGUF metadata.
 SMOLLM2_TEMPLATE = (

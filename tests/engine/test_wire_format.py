@@ -7,7 +7,8 @@ import json
 import httpx
 import pytest
 
-from tests.conftest import assert_same_shape, vllm_fixture
+from tests.support.same_shape import assert_same_shape
+from tests.support.vllm_recordings import vllm_fixture
 
 pytestmark = pytest.mark.slow
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import httpx
 
-from tests.conftest import models_only_engine
-from tests.proxy.conftest import serve_process, wait_health
+from tests.support.fake_vllm import models_only_engine
+from tests.support.tapdeck_process import serve_process, wait_health
 
 
 def test_serve_logs_one_line_per_call_with_keys_redacted(tmp_path: Path, port_factory) -> None:

@@ -9,7 +9,7 @@ import httpx
 
 from tapdeck.proxy.sessions.activity import CLOSED_KEPT, TEXT_TAIL, ActivityLog, message_view
 from tapdeck.schema.activity import SessionActivity
-from tests.conftest import hanging_engine
+from tests.support.fake_vllm import hanging_engine
 
 CONVERSATION = [
     {"role": "system", "content": "You are a shell agent."},

@@ -16,7 +16,7 @@ from tapdeck.proxy.http.limits import (
     read_body,
     too_deep,
 )
-from tests.proxy.conftest import server_with_upstream
+from tests.support.local_server import server_with_upstream
 
 NESTED = "[" * 300 + "1" + "]" * 300
 CASES = [

@@ -14,8 +14,8 @@ import httpx
 import orjson
 
 from tapdeck.proxy.http.uvicorn_thread import KEEP_ALIVE_S, ThreadedServer
-from tests.conftest import vllm_fixture as recorded
-from tests.proxy.conftest import serve_process, wait_health
+from tests.support.tapdeck_process import serve_process, wait_health
+from tests.support.vllm_recordings import vllm_fixture as recorded
 
 SESSIONS, TURNS = 64, 3
 IM_START, IM_END = 1, 2

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from tests.proxy.conftest import Upstream
+from tests.support.fake_vllm import Upstream
 
 BUDGET = 3
 

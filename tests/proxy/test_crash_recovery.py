@@ -17,7 +17,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-from tests.proxy.conftest import ENV, TAPDECK, serve_process, wait_health
+from tests.support.tapdeck_process import ENV, TAPDECK, serve_process, wait_health
 
 
 def test_kill_9_mid_rollout_loses_no_replied_turn(embedded_engine, tmp_path: Path, port_factory):

@@ -13,7 +13,8 @@ import httpx
 import pytest
 
 from tapdeck.proxy.store.database import Store
-from tests.proxy.conftest import Upstream, serve_process, wait_health
+from tests.support.fake_vllm import Upstream
+from tests.support.tapdeck_process import serve_process, wait_health
 
 pytestmark = pytest.mark.slow
 

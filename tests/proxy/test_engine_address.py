@@ -27,7 +27,7 @@ from tapdeck.proxy.upstream.address import (
     settle_blocking,
 )
 from tapdeck.runner.engine.model import DEFAULT_N_CTX
-from tests.conftest import models_only_engine
+from tests.support.fake_vllm import models_only_engine
 
 CHAT = {"model": "x", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
 

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tapdeck.proxy.http import token_counts as aux
-from tests.proxy.conftest import server_with_upstream
+from tests.support.local_server import server_with_upstream
 
 FUZZ_EXAMPLES = 40
 EXAMPLES = int(os.environ.get("TAPDECK_FUZZ_EXAMPLES") or FUZZ_EXAMPLES)

@@ -18,7 +18,7 @@ from fastapi import FastAPI
 from tapdeck.app.host import LocalServer
 from tapdeck.proxy.config import ConfigError, ServerConfig, read_admin_key
 from tapdeck.proxy.http.uvicorn_thread import PortInUseError, ThreadedServer, bind_socket
-from tests.proxy.conftest import serve_process
+from tests.support.tapdeck_process import serve_process
 
 CHAT = {"model": "x", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
 

@@ -21,7 +21,8 @@ import pytest
 import tapdeck.proxy.service as service_module
 from tapdeck.proxy.config import ServerConfig
 from tapdeck.proxy.store.database import Store
-from tests.proxy.conftest import Upstream, running
+from tests.support.fake_vllm import Upstream
+from tests.support.local_server import running
 
 DEFAULT_POOL = min(32, (os.cpu_count() or 1) + 4)
 """asyncio's default executor size (what `asyncio.to_thread` runs on)."""

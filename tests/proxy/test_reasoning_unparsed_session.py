@@ -23,9 +23,9 @@ from fastapi.responses import JSONResponse
 
 from tapdeck.proxy.http.uvicorn_thread import ThreadedServer
 from tapdeck.proxy.upstream.tiers import EngineSpec
-from tests.conftest import vllm_fixture
-from tests.dialects.conftest import CaptureServer, ScriptedUpstream, capture_server, scripted_upstream_app
-from tests.proxy_engine.test_reasoning_markers import END_THINK, THINK, think_tokenizer_reply
+from tests.support.capture_server import CaptureServer, capture_server
+from tests.support.fake_vllm import ScriptedUpstream, scripted_upstream_app
+from tests.support.vllm_recordings import END_THINK, THINK, think_tokenizer_reply, vllm_fixture
 
 
 @pytest.fixture

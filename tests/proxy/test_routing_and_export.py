@@ -174,7 +174,7 @@ def test_an_export_that_fails_half_way_leaves_the_previous_file_whole_and_no_tem
     import resource
     import subprocess
 
-    from tests.app.tmux_driver import TAPDECK
+    from tests.support.tapdeck_process import TAPDECK
 
     data, infos = _two_captured_sessions(upstream, make_server, admin_for)
     run = data / "runs" / "run-1"

@@ -15,7 +15,7 @@ from fastapi import FastAPI, Request
 
 from tapdeck.proxy.http.app import _event_stream
 from tapdeck.proxy.http.uvicorn_thread import ThreadedServer
-from tests.conftest import vllm_fixture as recorded
+from tests.support.vllm_recordings import vllm_fixture as recorded
 
 SAMPLED = {"A": '{"cmd": "ls"}', "B": '{"cmd":"ls"}'}
 """The same object, sampled as two different strings by two GRPO siblings."""

@@ -19,7 +19,8 @@ from tapdeck.proxy.config import ServerConfig
 from tapdeck.proxy.dialects.base import DialectError
 from tapdeck.proxy.dialects.stored_responses import StoredResponses
 from tapdeck.proxy.capture.graph import RolloutGraph
-from tests.proxy.conftest import Upstream, running
+from tests.support.fake_vllm import Upstream
+from tests.support.local_server import running
 
 SESSIONS = 12
 CLOSED_KEPT = 4

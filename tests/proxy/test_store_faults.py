@@ -29,7 +29,8 @@ import pytest
 
 from tapdeck.app.host import LocalServer
 from tapdeck.proxy.config import ServerConfig
-from tests.proxy.conftest import Upstream, running
+from tests.support.fake_vllm import Upstream
+from tests.support.local_server import running
 
 BUDGET = 12
 

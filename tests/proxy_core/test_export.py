@@ -10,7 +10,6 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from proxy_core_fixtures import turn_from_fixture
 
 from tapdeck.proxy.capture.export import (
     ExportRefused,
@@ -21,6 +20,7 @@ from tapdeck.proxy.capture.export import (
     write_parquet,
 )
 from tapdeck.proxy.capture.graph import RolloutGraph
+from tests.support.recorded_turns import turn_from_fixture
 
 MULTI = ["chat_multiturn_1", "chat_multiturn_2", "chat_multiturn_3"]
 TOOL = {"type": "function", "function": {"name": "shell", "parameters": {"type": "object"}}}

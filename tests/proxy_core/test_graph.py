@@ -9,12 +9,12 @@ import random
 
 import numpy as np
 import pytest
-from proxy_core_fixtures import turn_from_fixture
 
 from tapdeck.proxy.capture import graph as graph_module
 from tapdeck.proxy.capture import prefix_index
 from tapdeck.proxy.capture.graph import RolloutGraph
 from tapdeck.proxy.capture.turn import Turn
+from tests.support.recorded_turns import turn_from_fixture
 
 MULTI = ["chat_multiturn_1", "chat_multiturn_2", "chat_multiturn_3"]
 TINY = ["tiny/chat_multiturn_1", "tiny/chat_multiturn_2", "tiny/chat_multiturn_3"]

@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
-from proxy_core_fixtures import turn_from_fixture
 
 from tapdeck.schema.findings import Finding
 from tapdeck.proxy.capture.graph import RolloutGraph
 from tapdeck.proxy.store.database import Store
+from tests.support.recorded_turns import turn_from_fixture
 
 TINY = ["tiny/chat_multiturn_1", "tiny/chat_multiturn_2", "tiny/chat_multiturn_3"]
 MULTI = ["chat_multiturn_1", "chat_multiturn_2", "chat_multiturn_3"]
@@ -132,9 +132,9 @@ WRITER = r"""
 import sys
 import numpy as np
 sys.path.insert(0, sys.argv[2])
-from proxy_core_fixtures import turn_from_fixture
 from tapdeck.proxy.capture.graph import RolloutGraph
 from tapdeck.proxy.store.database import Store
+from tests.support.recorded_turns import turn_from_fixture
 
 store = Store(sys.argv[1])
 store.create_session({"id": "live"})
@@ -153,7 +153,7 @@ while True:
 
 def test_every_acknowledged_turn_survives_kill_9(tmp_path):
     path = tmp_path / "capture.db"
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path), str(Path(__file__).parent)],
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path), str(Path(__file__).resolve().parents[2])],
                             stdout=subprocess.PIPE, text=True)
     acked = {}
     try:

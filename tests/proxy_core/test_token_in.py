@@ -15,7 +15,6 @@ import re
 
 import numpy as np
 import pytest
-from proxy_core_fixtures import load_fixture, turn_from_fixture
 
 from tapdeck.proxy.upstream.client import parse_capture
 from tapdeck.proxy.capture.graph import RolloutGraph
@@ -27,7 +26,9 @@ from tapdeck.proxy.upstream.token_in import (
     difference,
 )
 from tapdeck.proxy.upstream.toolcalls import TOOL_PARSERS
-from tests.conftest import assert_same_shape
+from tests.support.recorded_turns import turn_from_fixture
+from tests.support.same_shape import assert_same_shape
+from tests.support.vllm_recordings import vllm_fixture
 
 IM_END = 2
 NEWLINE = {"smollm2": 198, "tiny": 201}
@@ -43,7 +44,7 @@ CASES = [  # (held call, next call, text-path diverges at, why)
 
 
 def _pieces(held: str, nxt: str) -> tuple[list[int], list[int], list[int], list[int], str, list[int]]:
-    a, b = load_fixture(held)["response"], load_fixture(nxt)["response"]
+    a, b = vllm_fixture(held)["response"], vllm_fixture(nxt)["response"]
     prompt, sampled = a["prompt_token_ids"], a["choices"][0]["token_ids"]
     full = b["prompt_token_ids"]
     close = [IM_END, NEWLINE["tiny" if held.startswith("tiny/") else "smollm2"]]
@@ -122,7 +123,7 @@ def test_boundary_that_is_not_a_prefix_is_refused():
 
 
 def test_completion_reply_reads_as_the_chat_capture():
-    recorded = load_fixture("completions_ids")["response"]
+    recorded = vllm_fixture("completions_ids")["response"]
     chat = completion_as_chat(recorded, top_k=0)
     cap = parse_capture(chat)
     choice = recorded["choices"][0]
@@ -133,7 +134,7 @@ def test_completion_reply_reads_as_the_chat_capture():
     assert chat["choices"][0]["message"]["content"] == choice["text"]
     assert chat["choices"][0]["finish_reason"] == "length"
     # Shaped as the chat route answers (vLLM 0.32's recorded chat body), key for key.
-    assert_same_shape(chat, load_fixture("chat_basic")["response"])
+    assert_same_shape(chat, vllm_fixture("chat_basic")["response"])
 
 
 def test_token_in_replies_with_tools_read_as_vllms_hermes_chat_replies():
@@ -143,13 +144,13 @@ def test_token_in_replies_with_tools_read_as_vllms_hermes_chat_replies():
     the model sampled in the recorded call (its tokens' bytes, less the end token) reads back the
     same through token-in's parser."""
     hermes = TOOL_PARSERS["hermes"]
-    completion = load_fixture("tokenin_stop_turn2_ids")["response"]
+    completion = vllm_fixture("tokenin_stop_turn2_ids")["response"]
     plain = completion_as_chat(completion, top_k=0, parser=hermes)["choices"][0]
-    vllm_plain = load_fixture("chat_tools_no_call")["response"]["choices"][0]
+    vllm_plain = vllm_fixture("chat_tools_no_call")["response"]["choices"][0]
     assert list(plain["message"]) == list(vllm_plain["message"])
     assert plain["finish_reason"] == completion["choices"][0]["finish_reason"]
 
-    vllm_call = load_fixture("chat_tools_call")["response"]["choices"][0]
+    vllm_call = vllm_fixture("chat_tools_call")["response"]["choices"][0]
     entries = vllm_call["logprobs"]["content"]
     sampled = b"".join(bytes(e["bytes"]) for e in entries[:-1]).decode()
     with_call = copy.deepcopy(completion)

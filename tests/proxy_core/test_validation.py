@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-from proxy_core_fixtures import turn_from_fixture
 
 from tapdeck.schema.findings import Finding, Level
 from tapdeck.proxy.capture.graph import RolloutGraph
@@ -16,6 +15,7 @@ from tapdeck.proxy.capture.validation import (
     validate_sequence,
     validate_turn,
 )
+from tests.support.recorded_turns import turn_from_fixture
 
 
 def codes(findings, level=None):

@@ -21,8 +21,8 @@ from tapdeck.proxy.capture.graph import RolloutGraph
 from tapdeck.proxy.upstream.reasoning import MARKER_FAMILIES, MarkerCache, probe_body, read_markers
 from tapdeck.proxy.upstream.tiers import EngineSpec
 from tapdeck.proxy.upstream.token_in import TokenIn
-from tests.conftest import vllm_fixture as recorded
-from tests.proxy_core.proxy_core_fixtures import turn_from_fixture
+from tests.support.recorded_turns import turn_from_fixture
+from tests.support.vllm_recordings import vllm_fixture as recorded
 
 SPEC = EngineSpec(url="http://vllm.test/v1", model="smollm2")
 THINK, END_THINK = 248068, 248069  # <think>, </think> in the recorded think tokenizer

@@ -18,9 +18,9 @@ from tapdeck.proxy.upstream.client import EngineClient
 from tapdeck.proxy.capture.graph import RolloutGraph
 from tapdeck.proxy.upstream.tiers import EngineSpec
 from tapdeck.proxy.upstream.token_in import Plan, TokenIn
-from tests.conftest import vllm_fixture as recorded
-from tests.proxy_engine.conftest import smollm2_markers
-from tests.proxy_core.proxy_core_fixtures import turn_from_fixture
+from tests.support.recorded_turns import turn_from_fixture
+from tests.support.vllm_recordings import smollm2_markers
+from tests.support.vllm_recordings import vllm_fixture as recorded
 
 SPEC = EngineSpec(url="http://vllm.test/v1", model="smollm2")
 

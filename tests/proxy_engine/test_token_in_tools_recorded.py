@@ -19,9 +19,9 @@ from tapdeck.proxy.upstream.client import EngineClient
 from tapdeck.proxy.capture.graph import RolloutGraph
 from tapdeck.proxy.upstream.token_in import TokenIn, completion_as_chat
 from tapdeck.proxy.upstream.toolcalls import TOOL_PARSERS
-from tests.conftest import vllm_fixture as recorded
-from tests.proxy_core.proxy_core_fixtures import turn_from_fixture
 from tests.proxy_engine.test_token_in_recorded import SPEC, TOKENIZE_PARTS, RecordedExchanges
+from tests.support.recorded_turns import turn_from_fixture
+from tests.support.vllm_recordings import vllm_fixture as recorded
 
 HERMES = TOOL_PARSERS["hermes"]
 CALL_ID = re.compile(r"chatcmpl-tool-[0-9a-f]{16}")

@@ -185,7 +185,7 @@ def _recorded_session(tmp_path: Path):
     from tapdeck.proxy.capture.graph import RolloutGraph
     from tapdeck.proxy.service import CaptureService
     from tapdeck.proxy.store.database import Store
-    from tests.proxy_core.proxy_core_fixtures import turn_from_fixture
+    from tests.support.recorded_turns import turn_from_fixture
 
     store = Store(tmp_path / "capture.db")
     store.create_session({"id": "s-00000000000000a1", "state": "closed", "tier": "tokens",

@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 
 from tapdeck.app.cli import app
 from tapdeck.app.commands.rollout import EXIT_USAGE
-from tests.conftest import local_server_on, models_only_engine
+from tests.support.fake_vllm import models_only_engine
+from tests.support.local_server import local_server_on
 
 REFUSAL = "does not serve model 'nosuch'; it serves smollm2 (--engine-model)"
 

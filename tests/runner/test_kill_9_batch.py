@@ -28,8 +28,10 @@ from fastapi.responses import Response
 from tapdeck.proxy.http.uvicorn_thread import ThreadedServer
 from tapdeck.proxy.store.database import Store
 from tapdeck.runner.batch import RESULTS, load_results
-from tests.conftest import SandboxProcesses, free_port
-from tests.proxy.conftest import serve_process, started_upstream, wait_health
+from tests.support.fake_vllm import started_upstream
+from tests.support.ports import free_port
+from tests.support.processes import SandboxProcesses
+from tests.support.tapdeck_process import serve_process, wait_health
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ import pytest
 from tapdeck.runner.batch import RESULTS, BatchRunner, RunPlan, load_results, rollout_id
 from tapdeck.runner.rollout import RolloutResult
 from tapdeck.schema.findings import Finding
-from tests.runner.conftest import RunnerServer
+from tests.support.runner_server import RunnerServer
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,9 @@ from tapdeck.proxy.store.database import Store
 from tapdeck.proxy.upstream.tiers import EngineSpec
 from tapdeck.runner.batch import STATE, BatchRunner, PlanError
 from tapdeck.schema.runs import RolloutTemplate, RunPlan, RunSummary
-from tests.conftest import free_port, local_server_on, models_only_engine
+from tests.support.fake_vllm import models_only_engine
+from tests.support.local_server import local_server_on
+from tests.support.ports import free_port
 
 
 def _interrupted_run(data: Path, engine_url: str, model: str | None = None) -> RunSummary:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from tests.conftest import models_only_engine
+from tests.support.fake_vllm import models_only_engine
 
 pytestmark = pytest.mark.slow
 

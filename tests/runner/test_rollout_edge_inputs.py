@@ -20,12 +20,14 @@ from typer.testing import CliRunner
 from tapdeck.app.cli import app
 from tapdeck.app.commands.rollout import EXIT_COULD_NOT_RUN, EXIT_OK, EXIT_USAGE
 from tapdeck.runner.datasets import SAMPLE_DATASET_DIR
-from tests.conftest import free_port, local_server_on, models_only_engine
-from tests.runner.harbor_registry import (
+from tests.support.fake_vllm import models_only_engine
+from tests.support.harbor_registry import (
     REGISTRY_URL_VAR,
     registry_knowing_no_dataset,
     registry_never_answering,
 )
+from tests.support.local_server import local_server_on
+from tests.support.ports import free_port
 
 
 def _rollout(*args: str, registry: str, tmp: Path) -> subprocess.CompletedProcess:

@@ -22,8 +22,9 @@ from tapdeck.app.commands.rollout import (
     _engine_failure,
 )
 from tapdeck.schema.runs import RolloutResult, RunDetail, RunPlan
-from tests.conftest import local_server_on, models_only_engine
-from tests.runner.conftest import make_task
+from tests.support.fake_vllm import models_only_engine
+from tests.support.local_server import local_server_on
+from tests.support.runner_server import make_task
 
 
 def test_rollout_help_states_every_exit_code() -> None:

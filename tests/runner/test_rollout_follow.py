@@ -22,8 +22,11 @@ from typer.testing import CliRunner
 from tapdeck.app.cli import app
 from tapdeck.app.client import ApiError, TapdeckClient
 from tapdeck.app.commands import rollout as rollout_command
-from tests.conftest import SandboxProcesses, local_server_on, models_only_engine, tapdeck_serve
-from tests.runner.conftest import make_task
+from tests.support.fake_vllm import models_only_engine
+from tests.support.local_server import local_server_on
+from tests.support.processes import SandboxProcesses
+from tests.support.runner_server import make_task
+from tests.support.tapdeck_process import tapdeck_serve
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ from tapdeck.runner.harnesses import RunDefaults, build_agent_pieces  # noqa: E4
 from tapdeck.runner.rollout_settings import DEFAULT_HARD_LIMIT_S, MIN_OUTPUT_TOKENS, OUTPUT_SHARE, SettingsDoNotFit, resolve
 from tapdeck.schema.settings import RolloutSettings
 from tapdeck.schema.runs import RolloutTemplate  # noqa: E402
-from tests.conftest import vllm_fixture  # noqa: E402
+from tests.support.vllm_recordings import vllm_fixture  # noqa: E402
 
 HELLO = SAMPLE_DATASET_DIR / "hello-file"
 RECORDED_VLLM_CONTEXT = vllm_fixture("models")["models"]["response"]["data"][0]["max_model_len"]
@@ -151,7 +151,7 @@ async def test_settings_that_do_not_fit_fail_the_rollout_before_the_trial(tmp_pa
     from tapdeck.proxy.store.database import Store
     from tapdeck.proxy.upstream.tiers import EngineSpec
     from tapdeck.runner.rollout import RolloutSpec, run_rollout
-    from tests.proxy.conftest import started_upstream
+    from tests.support.fake_vllm import started_upstream
 
     up = started_upstream(name="recorded-vllm")
     service = CaptureService(Store(tmp_path / "capture.db"), default_engine=None,
@@ -181,8 +181,8 @@ def test_terminus2_runs_with_the_served_engines_context_and_the_session_records_
     import sqlite3
     from types import SimpleNamespace
 
-    from tests.proxy.conftest import started_upstream
-    from tests.runner.conftest import runner_server_on
+    from tests.support.fake_vllm import started_upstream
+    from tests.support.runner_server import runner_server_on
 
     up = started_upstream(name="recorded-vllm")
     try:

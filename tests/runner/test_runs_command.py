@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tapdeck.app.cli import app
-from tests.runner.other_process import holding_run_lock
+from tests.support.run_lock_holder import holding_run_lock
 
 
 def _run(data: Path, run_id: str, created: float, state: str, results: list[dict[str, Any]],

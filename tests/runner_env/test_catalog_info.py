@@ -17,7 +17,7 @@ from typer.testing import CliRunner  # noqa: E402
 from tapdeck.app.cli import app  # noqa: E402
 from tapdeck.app.commands.info import render  # noqa: E402
 from tapdeck.runner import catalog  # noqa: E402
-from tests.conftest import models_only_engine  # noqa: E402
+from tests.support.fake_vllm import models_only_engine  # noqa: E402
 
 
 def test_sandbox_catalog_lists_host_and_every_harbor_backend() -> None:
@@ -122,7 +122,7 @@ def test_an_engine_address_is_shown_without_its_credentials() -> None:
 
 
 def test_a_named_model_is_probed_on_an_engine_serving_several() -> None:
-    from tests.proxy.conftest import started_upstream
+    from tests.support.fake_vllm import started_upstream
 
     up = started_upstream()
     up.served = ["smollm2", "smollm2-lora"]

@@ -592,7 +592,7 @@ asyncio.run(main(*sys.argv[1:]))
 @pytest.mark.parametrize("rootless", MODES)
 def test_kill_9_of_the_server_kills_every_process_of_its_trial_tmux_included(
         rootless: bool, tmp_path: Path, hostdirs: Path) -> None:
-    from tests.conftest import SandboxProcesses
+    from tests.support.processes import SandboxProcesses
 
     server = subprocess.Popen([sys.executable, "-c", _TMUX_TRIAL, str(SAMPLE.task("hello-file").path),
                                str(tmp_path / "trials"), str(hostdirs), "1" if rootless else "0"],

@@ -7,7 +7,6 @@ write_jsonl) from Turns built out of tests/fixtures/vllm bodies, exactly as `tap
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,18 +14,15 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import models_only_engine
+from tests.support.fake_vllm import models_only_engine
+from tests.support.training_export import write_export
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "proxy_core"))
-sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture
 def export_file(tmp_path: Path) -> Path:
-    """An export JSONL of three groups (see training_data.ROLLOUTS)."""
-    from training_data import write_export
-
+    """An export JSONL of three groups (see tests.support.training_export.ROLLOUTS)."""
     return write_export(tmp_path / "exports" / "r-test.jsonl")
 
 
@@ -40,27 +36,6 @@ def train_python() -> Path:
     from tapdeck.runner.train_env import ensure_python
 
     return ensure_python()
-
-
-def run_in_train_env(python: Path, script: Path, *args: str, timeout_s: float = 900) -> str:
-    """Run a script of tests/training/train_env_scripts in the training environment; its stdout.
-
-    The script sees tapdeck's 3.11-clean modules through the PYTHONPATH link a recipe gets
-    (`package_path`, kept beside the environment) and TRL's experimental warning is silenced; a
-    failure shows the script's output.
-    """
-    import os
-    import subprocess
-
-    from tapdeck.runner.training import package_path
-
-    env = {**os.environ, "PYTHONPATH": str(package_path(python.parent.parent.parent / "train-src"))}
-    env.update(TRL_EXPERIMENTAL_SILENCE="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               PYTHONUNBUFFERED="1")
-    proc = subprocess.run([str(python), str(script), *args], capture_output=True, text=True,
-                          timeout=timeout_s, env=env)
-    assert proc.returncode == 0, f"{script.name} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
-    return proc.stdout
 
 
 @pytest.fixture

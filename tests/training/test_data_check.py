@@ -7,7 +7,6 @@ from pathlib import Path
 
 import orjson
 import pytest
-from training_data import EXPECTED_ADVANTAGES, ROLLOUTS, rollout_rows
 
 from tapdeck.runner.recipes.data_check import (
     build_rows,
@@ -17,6 +16,7 @@ from tapdeck.runner.recipes.data_check import (
 )
 from tapdeck.runner.trackio_reader import TrackioReader
 from tapdeck.runner.training import TRACKIO_PROJECT, TrainingRun, load_run
+from tests.support.training_export import EXPECTED_ADVANTAGES, ROLLOUTS, rollout_rows
 
 
 def _by_step(points):

@@ -1,6 +1,6 @@
 """data-check computes what TRL computes, checked against TRL 1.16's and OpenEnv 0.10's own code.
 
-The same recorded-vLLM rollouts (training_data.ROLLOUTS, through tapdeck's real export) go to
+The same recorded-vLLM rollouts (tests.support.training_export.ROLLOUTS, through tapdeck's real export) go to
 data-check's functions here and to TRL's `_chain_to_sequences`, `_score_group` and OpenEnv's strict
 `TrainingTrace` in the training environment (train_env_scripts/trl_reference.py); nothing on the
 TRL side is reimplemented.
@@ -15,8 +15,6 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
-from conftest import run_in_train_env
-from training_data import ROLLOUTS, TOOL_CALLS, rollout_trace, tool_call_trace
 
 from tapdeck.runner.recipes.data_check import (
     TurnRow,
@@ -25,6 +23,8 @@ from tapdeck.runner.recipes.data_check import (
     group_advantages,
     load_rollouts,
 )
+from tests.support.in_train_env import run_in_train_env
+from tests.support.training_export import ROLLOUTS, TOOL_CALLS, rollout_trace, tool_call_trace
 
 pytestmark = pytest.mark.slow  # imports torch and TRL in the training environment (tens of seconds)
 

@@ -16,8 +16,6 @@ from typing import Any
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
-from proxy_core_fixtures import turn_from_fixture
-from training_data import rollout_rows, write_export
 from typer.testing import CliRunner
 
 from tapdeck.proxy.capture.export import write_jsonl
@@ -27,6 +25,8 @@ from tapdeck.runner.recipes import RECIPES
 from tapdeck.runner.train_env import SCRIPT
 from tapdeck.runner.train_jobs import read_metrics
 from tapdeck.runner.training import TrainEnvMissing, TrainingRun, load_run, recipe_python
+from tests.support.recorded_turns import turn_from_fixture
+from tests.support.training_export import rollout_rows, write_export
 
 ENV = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
 
@@ -91,7 +91,8 @@ def test_a_servers_run_export_keeps_the_results_reward_and_error_kind_over_the_s
 
     import httpx
 
-    from tests.conftest import local_server_on, models_only_engine
+    from tests.support.fake_vllm import models_only_engine
+    from tests.support.local_server import local_server_on
 
     data = _data_dir_with_run(tmp_path, [_result(0, reward=None),
                                          _result(1, ok=False, error_kind="timeout")],
@@ -224,7 +225,8 @@ def _train_on_a_server_of(data: Path, *args: str) -> Any:
     """`tapdeck train --server` against a real server on `data` (a models-only default engine)."""
     from types import SimpleNamespace
 
-    from tests.conftest import local_server_on, models_only_engine
+    from tests.support.fake_vllm import models_only_engine
+    from tests.support.local_server import local_server_on
 
     with models_only_engine() as url:
         engine = SimpleNamespace(base_url=f"{url}/v1", served_name="smollm2")
@@ -233,7 +235,7 @@ def _train_on_a_server_of(data: Path, *args: str) -> Any:
 
 
 def test_train_on_a_run_still_going_warns_that_it_reads_what_is_done_so_far(tmp_path: Path) -> None:
-    from tests.runner.other_process import holding_run_lock
+    from tests.support.run_lock_holder import holding_run_lock
 
     data = _data_dir_with_run(tmp_path, [_result(0)])
     run = _write_plan(data, rollouts=2, state="running")
@@ -250,7 +252,8 @@ def test_train_refuses_recipe_args_that_name_the_runs_rows_or_run_again_before_a
         tmp_path: Path) -> None:
     from types import SimpleNamespace
 
-    from tests.conftest import local_server_on, models_only_engine
+    from tests.support.fake_vllm import models_only_engine
+    from tests.support.local_server import local_server_on
 
     data = _data_dir_with_run(tmp_path, [_result(0), _result(1)])
     _write_plan(data, rollouts=2, state="finished")

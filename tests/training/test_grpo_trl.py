@@ -29,7 +29,7 @@ from tapdeck.runner.recipes.grpo_trl import (
     task_name,
 )
 from tapdeck.schema.runs import RunPlan
-from tests.conftest import local_server_on
+from tests.support.local_server import local_server_on
 
 TRL_SAMPLING = {"temperature": 0.8, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "frequency_penalty": 0.0,
                 "presence_penalty": 0.0, "repetition_penalty": 1.0}
@@ -177,7 +177,7 @@ def test_unknown_task_is_refused_at_create_naming_the_task(tmp_path: Path) -> No
     from types import SimpleNamespace
 
     from tapdeck.runner.recipes.grpo_trl import TapdeckSessionFactory
-    from tests.proxy.conftest import started_upstream
+    from tests.support.fake_vllm import started_upstream
 
     up = started_upstream(name="recorded-vllm")
     try:

@@ -12,7 +12,7 @@ import pytest
 
 from tapdeck.runner.recipes import Recipe
 from tapdeck.runner.training import TrainingRun, list_runs, load_run, strip_ansi
-from tests.conftest import process_gone
+from tests.support.processes import process_gone
 
 SCRIPT = r'''
 import os, signal, subprocess, sys, time

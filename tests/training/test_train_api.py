@@ -12,11 +12,12 @@ from typing import Any
 
 import httpx
 import pytest
-from training_data import write_export
 
 from tapdeck.runner.recipes import RECIPES, Recipe
 from tapdeck.runner.training import death_reason, package_path
-from tests.conftest import models_only_engine, process_gone
+from tests.support.fake_vllm import models_only_engine
+from tests.support.processes import process_gone
+from tests.support.training_export import write_export
 
 def events(server: Any, run_id: str, timeout_s: float = 120.0) -> list[dict]:
     """Every SSE event of one training run, until the server ends the stream."""

@@ -15,13 +15,14 @@ import httpx
 import pytest
 from textual.widgets import Input, Select
 from textual_plotext import PlotextPlot
-from training_data import write_export
 
 from tapdeck.app.client import TapdeckClient
 from tapdeck.app.screens.train import TrainScreen
-from tests.app.pilot_wait import until
-from tests.app.tmux_driver import TAPDECK
-from tests.conftest import models_only_engine, process_gone, tapdeck_serve
+from tests.support.fake_vllm import models_only_engine
+from tests.support.pilot_wait import until
+from tests.support.processes import process_gone
+from tests.support.tapdeck_process import TAPDECK, tapdeck_serve
+from tests.support.training_export import write_export
 
 ADMIN_KEY = "train-attach-admin-key"
 

@@ -13,7 +13,8 @@ from typing import Any
 
 import httpx
 import pytest
-from training_data import write_export
+
+from tests.support.training_export import write_export
 
 TAPDECK = shutil.which("tapdeck", path=str(Path(os.sys.executable).parent)) or "tapdeck"
 ENV = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}

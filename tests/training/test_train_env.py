@@ -10,11 +10,11 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import run_in_train_env
 
 import tapdeck
 from tapdeck.runner.train_env import ensure_python
 from tapdeck.runner.training import package_path
+from tests.support.in_train_env import run_in_train_env
 
 SCRIPT = Path(__file__).parent / "train_env_scripts" / "recipe_imports.py"
 

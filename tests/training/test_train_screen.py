@@ -11,13 +11,13 @@ from textual.app import App
 from textual.reactive import reactive
 from textual.widgets import Input, RichLog, Select, Static
 from textual_plotext import PlotextPlot
-from training_data import write_export
 
 from tapdeck.app.client import TapdeckClient
 from tapdeck.app.screen_registry import SCREENS, key_of, screen_bindings
 from tapdeck.app.screens.train import TrainScreen
 from tapdeck.app.tui import TapdeckApp
-from tests.app.pilot_wait import until
+from tests.support.pilot_wait import until
+from tests.support.training_export import write_export
 
 SHOT_DIR = os.environ.get("TAPDECK_SHOT_DIR")
 

@@ -20,11 +20,11 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from conftest import run_in_train_env
 
 from tapdeck.runner.recipes.data_check import group_advantages
 from tapdeck.runner.recipes.grpo_trl import RolloutUnusable, check_trace
-from tests.conftest import tapdeck_serve
+from tests.support.in_train_env import run_in_train_env
+from tests.support.tapdeck_process import tapdeck_serve
 
 pytestmark = pytest.mark.slow  # real trials, the embedded model, torch and TRL (minutes)
 

@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 
 from tapdeck.proxy.capture.turn import Turn
-
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm"
-
-
-def load_fixture(name: str) -> dict:
-    """One recorded exchange (`{"request", "response", ...}`)."""
-    return json.loads((FIXTURES / f"{name}.json").read_text())
+from tests.support.vllm_recordings import vllm_fixture
 
 
 def turn_from_fixture(name: str, seq: int, session_id: str = "s1", *, ids: bool = True,
                       request: dict | None = None) -> Turn:
     """A Turn from a recorded chat exchange: request messages from `request`, ids from `response`."""
-    body = load_fixture(name)
+    body = vllm_fixture(name)
     resp = body["response"]
     choice = resp["choices"][0]
     content = choice["logprobs"]["content"] if choice.get("logprobs") else None
@@ -41,5 +32,3 @@ def turn_from_fixture(name: str, seq: int, session_id: str = "s1", *, ids: bool 
         meta={"dialect": "chat", "usage": resp.get("usage")},
         created_at=float(resp.get("created", 0)),
     )
-
-

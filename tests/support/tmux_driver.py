@@ -1,15 +1,12 @@
-"""Drive the installed `tapdeck` console script in a real terminal (tmux), as a person would."""
+"""Drive a program in a real terminal (tmux), as a person would: the installed `tapdeck` console
+script (tests.support.tapdeck_process.TAPDECK)."""
 
 from __future__ import annotations
 
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
-
-TAPDECK = Path(sys.executable).with_name("tapdeck")
-"""The console script of the environment running the tests (never another checkout's)."""
 
 
 class Tmux:

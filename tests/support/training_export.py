@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from proxy_core_fixtures import turn_from_fixture
-
 from tapdeck.proxy.capture.export import trace_rows, training_trace, write_jsonl
 from tapdeck.proxy.capture.graph import RolloutGraph
+from tests.support.recorded_turns import turn_from_fixture
 
 # rollout id → (group id, reward, recorded vLLM exchanges in call order)
 ROLLOUTS: dict[str, tuple[str, float | None, list[str]]] = {

@@ -9,7 +9,7 @@ from typing import Any
 from google import genai
 from google.genai import types
 
-RECORDINGS = Path(__file__).parent / "recordings"
+RECORDINGS = Path(__file__).resolve().parents[1] / "dialects" / "recordings"
 
 
 def recording(name: str) -> dict[str, Any]:
