@@ -29,7 +29,7 @@ from tapdeck.runner.cli_agents import AGENT_ROOT, CLI_AGENTS, HOME_DIRS  # noqa:
 from tapdeck.runner.rollout_settings import FIRST_PROMPT_TOKENS  # noqa: E402
 from tests.support.agent_clis import installed_or_skip, scripted_agent_reply  # noqa: E402
 from tests.support.capture_server import CaptureServer  # noqa: E402
-from tests.support.fake_vllm import ScriptedUpstream  # noqa: E402
+from tests.support.fake_vllm import FakeVllm  # noqa: E402
 from tests.support.vllm_recordings import vllm_fixture, vllm_reply_to  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -67,7 +67,7 @@ def run_cli(name: str, info: dict[str, Any], root: Path, instruction: str,
 
 
 def test_claude_code_gives_up_on_a_400_and_prints_what_was_refused(
-        capture: CaptureServer, upstream: ScriptedUpstream, tmp_path: Path) -> None:
+        capture: CaptureServer, upstream: FakeVllm, tmp_path: Path) -> None:
     installed_or_skip("claude-code")
     refusal = recorded_400()
     upstream.answer = lambda body: (400, refusal)
@@ -93,7 +93,7 @@ def test_claude_code_gives_up_on_a_400_and_prints_what_was_refused(
 
 @pytest.mark.parametrize("name", list(CLI_AGENTS))
 def test_agent_binary_runs_its_own_tool_loop_through_the_proxy(
-        capture: CaptureServer, upstream: ScriptedUpstream, tmp_path: Path, name: str) -> None:
+        capture: CaptureServer, upstream: FakeVllm, tmp_path: Path, name: str) -> None:
     # Each real binary's request shapes and its own tool loop through the capture server, in
     # seconds: the engine answers with recorded vLLM bodies, as a capable model would.
     installed_or_skip(name)
@@ -111,7 +111,7 @@ def test_agent_binary_runs_its_own_tool_loop_through_the_proxy(
 
 
 def test_qwen_code_after_a_length_cut_reply_stays_in_the_tasks_conversation(
-        capture: CaptureServer, upstream: ScriptedUpstream, tmp_path: Path) -> None:
+        capture: CaptureServer, upstream: FakeVllm, tmp_path: Path) -> None:
     # Its one run on the embedded engine made two roots: after a reply cut at max_tokens ended
     # its turn, its managed-memory sub-agent sent the conversation under another system prompt
     # and tool set. The per-trial settings turn that sub-agent off.
@@ -164,7 +164,7 @@ def prompt_parts(body: dict[str, Any], engine_text: tuple[Any, Any]) -> dict[str
 
 @pytest.mark.parametrize("name", LEAN_AGENTS)
 def test_lean_profile_sends_only_the_task_tools_and_keeps_the_agents_loop(
-        capture: CaptureServer, upstream: ScriptedUpstream, tmp_path: Path, name: str,
+        capture: CaptureServer, upstream: FakeVllm, tmp_path: Path, name: str,
         engine_text: tuple[Any, Any]) -> None:
     installed_or_skip(name)
     upstream.answer = scripted_agent_reply(name)

@@ -24,8 +24,7 @@ from typer.testing import CliRunner
 
 from tapdeck.app.cli import app
 from tapdeck.app.commands.rollout import EXIT_ROLLOUT_FAILED
-from tests.agents.test_agent_from_setup import recorded_vllm_answering
-from tests.support.agent_clis import installed_or_skip
+from tests.support.agent_clis import engine_for_agents, installed_or_skip
 from tests.support.vllm_recordings import vllm_fixture, vllm_reply_to
 
 pytestmark = pytest.mark.slow
@@ -41,9 +40,9 @@ def cut_at_max_tokens(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
 def test_an_agent_cli_that_exits_non_zero_is_reported_in_its_phase_with_its_own_words(
         tmp_path: Path) -> None:
     installed_or_skip("codex")
-    with recorded_vllm_answering(cut_at_max_tokens) as engine:
+    with engine_for_agents(cut_at_max_tokens) as engine:
         result = CliRunner().invoke(app, [
-            "rollout", "--harness", "codex", "--task", "hello-file", "--engine", engine.url,
+            "rollout", "--harness", "codex", "--task", "hello-file", "--engine", engine.base_url,
             "--harness-kwargs", json.dumps({"tool_profile": "lean"}), "--timeout", "300",
             "--data-dir", str(tmp_path / "data")], env={"COLUMNS": "80"})
     assert engine.requests, result.output
@@ -63,10 +62,10 @@ def test_an_agent_timeout_says_how_far_the_agent_got_and_how_to_give_it_longer(
             release.wait(300)
         return 200, vllm_reply_to(body, vllm_fixture("chat_basic")["response"])
 
-    with recorded_vllm_answering(never_in_time) as engine:
+    with engine_for_agents(never_in_time) as engine:
         try:
             result = CliRunner().invoke(app, [
-                "rollout", "--harness", "codex", "--task", "hello-file", "--engine", engine.url,
+                "rollout", "--harness", "codex", "--task", "hello-file", "--engine", engine.base_url,
                 "--harness-kwargs", json.dumps({"tool_profile": "lean"}), "--agent-timeout", "5",
                 "--data-dir", str(tmp_path / "data")], env={"COLUMNS": "80"})
         finally:

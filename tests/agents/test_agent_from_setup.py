@@ -7,11 +7,8 @@ captured turns.
 
 from __future__ import annotations
 
-import contextlib
-import copy
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -20,12 +17,10 @@ from textual.widgets import DataTable, Select, SelectionList
 from tapdeck.app.client import TapdeckClient
 from tapdeck.app.tui import TapdeckApp
 from tapdeck.schema.runs import RolloutResult
-from tapdeck.proxy.http.uvicorn_thread import ThreadedServer
-from tests.support.agent_clis import AGENT_CONTEXT, installed_or_skip, scripted_agent_reply
-from tests.support.fake_vllm import ScriptedUpstream, scripted_upstream_app
+from tests.support.agent_clis import engine_for_agents, installed_or_skip, scripted_agent_reply
+from tests.support.fake_vllm import FakeVllm
 from tests.support.local_server import local_server_on
 from tests.support.pilot_wait import until
-from tests.support.vllm_recordings import vllm_fixture
 
 pytestmark = pytest.mark.slow
 
@@ -35,40 +30,11 @@ SOLVE = "printf 'Hello, world!\\n' > /app/hello.txt"
 WAIT_S = 600.0  # a bound for install (first use), sandbox, agent and verifier on shared cores
 
 
-class RecordedVllm:
-    """The engine a tapdeck server is pointed at: `base_url` and `served_name`, as the embedded
-    engine offers them."""
-
-    def __init__(self, upstream: ScriptedUpstream) -> None:
-        self.base_url = upstream.url
-        self.served_name = vllm_fixture("models")["models"]["response"]["data"][0]["id"]
-
-
 @pytest.fixture
-def recorded_vllm() -> Iterator[ScriptedUpstream]:
+def recorded_vllm() -> Iterator[FakeVllm]:
     """The recorded engine, answering as a capable model would: the task solved by a tool call."""
-    with recorded_vllm_answering(scripted_agent_reply(HARNESS, SOLVE)) as up:
+    with engine_for_agents(scripted_agent_reply(HARNESS, SOLVE)) as up:
         yield up
-
-
-@contextlib.contextmanager
-def recorded_vllm_answering(answer: Any) -> Iterator[ScriptedUpstream]:
-    """A vLLM-shaped engine answering with recorded bodies as `answer` says; its models listing is
-    the recorded one with `max_model_len` as vLLM reports `--max-model-len 32768` (the recorded
-    server ran 2,048, which an agent's first prompt does not fit: the rollout would be refused
-    before its trial)."""
-    up = ScriptedUpstream(answer=answer)
-    app = scripted_upstream_app(up)
-    listing = copy.deepcopy(vllm_fixture("models")["models"]["response"])
-    listing["data"][0]["max_model_len"] = AGENT_CONTEXT
-    app.router.routes = [r for r in app.router.routes if getattr(r, "path", "") != "/v1/models"]
-    app.get("/v1/models")(lambda: listing)
-    server = ThreadedServer(app, "127.0.0.1", 0, name="recorded-vllm").start()
-    up.url = f"{server.url}/v1"
-    try:
-        yield up
-    finally:
-        server.stop()
 
 
 def _rollout(app: TapdeckApp) -> RolloutResult | None:
@@ -77,9 +43,9 @@ def _rollout(app: TapdeckApp) -> RolloutResult | None:
 
 
 async def test_agent_cli_started_from_setup_finishes_with_its_turns_on_the_runs_screen(
-        recorded_vllm: ScriptedUpstream, tmp_path: Path) -> None:
+        recorded_vllm: FakeVllm, tmp_path: Path) -> None:
     installed_or_skip(HARNESS)
-    with local_server_on(RecordedVllm(recorded_vllm), tmp_path / "data") as server:
+    with local_server_on(recorded_vllm, tmp_path / "data") as server:
         app = TapdeckApp(TapdeckClient(server.url, server.admin_key),
                          settings_path=tmp_path / "tui.json", initial_mode="setup")
         async with app.run_test(size=(80, 24)) as pilot:

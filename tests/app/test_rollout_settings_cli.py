@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -24,13 +23,10 @@ WIDE = {"COLUMNS": "200", "TERMINAL_WIDTH": "200"}
 @pytest.fixture
 def recorded_engine() -> Iterator[Any]:
     """A loopback engine answering with the recorded vLLM bodies."""
-    from tests.support.fake_vllm import started_upstream
+    from tests.support.fake_vllm import FakeVllm
 
-    up = started_upstream(name="recorded-vllm")
-    try:
-        yield SimpleNamespace(base_url=up.base_url, served_name="smollm2")
-    finally:
-        up.server.stop()
+    with FakeVllm() as up:
+        yield up
 
 
 def test_rollout_help_shows_every_setting_and_its_default() -> None:

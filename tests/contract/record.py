@@ -26,7 +26,7 @@ import httpx
 
 from tapdeck.app.host import LocalServer
 from tapdeck.proxy.config import ServerConfig
-from tests.support.fake_vllm import started_upstream
+from tests.support.fake_vllm import FakeVllm
 
 FIXTURE = Path(__file__).parent / "fixtures" / "api.json"
 RUN_WAIT_S = 240.0
@@ -47,7 +47,7 @@ own replies only)."""
 @contextmanager
 def recording_server(data_dir: Path) -> Iterator[LocalServer]:
     """A LocalServer on a loopback port whose default engine is a recorded-vLLM upstream."""
-    up = started_upstream(name="recorded-vllm")
+    up = FakeVllm().start()
     try:
         server = LocalServer(ServerConfig(port=0, data_dir=data_dir, engine_url=up.base_url,
                                           engine_model="smollm2")).start()
@@ -56,7 +56,7 @@ def recording_server(data_dir: Path) -> Iterator[LocalServer]:
         finally:
             server.stop()
     finally:
-        up.server.stop()
+        up.stop()
 
 
 async def _collect_events(http: httpx.AsyncClient, into: list[dict[str, Any]],

@@ -26,7 +26,7 @@ from google.genai import types
 
 from tests.support.agent_recordings import gemini_router, google_client, recording
 from tests.support.capture_server import SCRIPTED_KEEPALIVE_S, CaptureServer
-from tests.support.fake_vllm import ScriptedUpstream, models_only_engine
+from tests.support.fake_vllm import FakeVllm, models_only_engine
 from tests.support.findings import rendered
 from tests.support.vllm_recordings import vllm_error, vllm_fixture
 
@@ -126,7 +126,7 @@ SDK_ERRORS = (openai.APIError, anthropic.APIError, genai_errors.APIError)
 @pytest.mark.parametrize("dialect", DIALECTS)
 @STREAMING
 @pytest.mark.parametrize("engine_status, agent_status", [(400, 400), (500, 502)], ids=["400", "500"])
-def test_engine_error_reaches_each_sdk_with_its_real_status(capture: CaptureServer, upstream: ScriptedUpstream,
+def test_engine_error_reaches_each_sdk_with_its_real_status(capture: CaptureServer, upstream: FakeVllm,
                                                              dialect: str, stream: bool, engine_status: int,
                                                              agent_status: int) -> None:
     info = capture.open_session()
@@ -151,7 +151,7 @@ def test_dead_engine_gives_each_streaming_sdk_a_retryable_5xx_and_a_session_find
 
 
 def test_responses_error_after_the_stream_started_ends_in_response_failed(capture: CaptureServer,
-                                                                         upstream: ScriptedUpstream) -> None:
+                                                                         upstream: FakeVllm) -> None:
     # As OpenAI sends it: an `error` event, then `response.failed` (codex retries on it).
     info = capture.open_session()
     upstream.delay = SCRIPTED_KEEPALIVE_S + 1.0  # past the hold: the stream has started (HTTP 200)
@@ -163,7 +163,7 @@ def test_responses_error_after_the_stream_started_ends_in_response_failed(captur
 
 @pytest.mark.parametrize("dialect", ["chat", "anthropic", "google"])
 def test_engine_error_after_the_stream_started_is_raised_by_each_sdk(capture: CaptureServer,
-                                                                     upstream: ScriptedUpstream,
+                                                                     upstream: FakeVllm,
                                                                      dialect: str) -> None:
     info = capture.open_session()
     upstream.delay = SCRIPTED_KEEPALIVE_S + 1.0  # past the hold: the stream has started (HTTP 200)
@@ -177,7 +177,7 @@ def test_engine_error_after_the_stream_started_is_raised_by_each_sdk(capture: Ca
 
 
 def test_google_stream_error_after_start_is_a_bare_error_chunk(capture: CaptureServer,
-                                                               upstream: ScriptedUpstream) -> None:
+                                                               upstream: FakeVllm) -> None:
     info = capture.open_session()
     upstream.delay = SCRIPTED_KEEPALIVE_S + 1.0
     upstream.answer = lambda body: (500, vllm_error(500, "engine core died", "InternalServerError"))
@@ -197,7 +197,7 @@ def test_google_stream_error_after_start_is_a_bare_error_chunk(capture: CaptureS
     ("chat", "length"), ("responses", "incomplete"), ("anthropic", "max_tokens"),
     ("google", types.FinishReason.MAX_TOKENS)])
 @STREAMING
-def test_length_cut_reply_is_truncation_in_each_dialect(capture: CaptureServer, upstream: ScriptedUpstream,
+def test_length_cut_reply_is_truncation_in_each_dialect(capture: CaptureServer, upstream: FakeVllm,
                                                         dialect: str, expected: Any, stream: bool) -> None:
     info = capture.open_session()
     upstream.answer = answer_with(recorded_reply("chat_length"))
@@ -220,7 +220,7 @@ def _recorded_error(case: str) -> tuple[int, dict[str, Any]]:
     ("google", types.FinishReason.STOP)])
 @STREAMING
 def test_context_overflow_ends_the_conversation_with_a_plain_stop_in_each_dialect(
-        capture: CaptureServer, upstream: ScriptedUpstream, dialect: str, expected: Any,
+        capture: CaptureServer, upstream: FakeVllm, dialect: str, expected: Any,
         stream: bool) -> None:
     # Not an error: every agent retries or fails on one, while a normal end of turn ends its loop.
     info = capture.open_session()
@@ -263,7 +263,7 @@ def _claude_call(info: dict[str, Any], body: dict[str, Any], *, stream: bool) ->
 
 @STREAMING
 def test_claude_code_system_messages_stay_where_the_agent_put_them(capture: CaptureServer,
-                                                                   upstream: ScriptedUpstream,
+                                                                   upstream: FakeVllm,
                                                                    stream: bool) -> None:
     info = capture.open_session()
     _claude_call(info, _claude_second_call(), stream=stream)
@@ -275,7 +275,7 @@ def test_claude_code_system_messages_stay_where_the_agent_put_them(capture: Capt
 
 
 def test_template_refusing_late_system_messages_folds_them_with_a_finding(capture: CaptureServer,
-                                                                          upstream: ScriptedUpstream) -> None:
+                                                                          upstream: FakeVllm) -> None:
     info = capture.open_session()
 
     def template(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -299,7 +299,7 @@ def test_template_refusing_late_system_messages_folds_them_with_a_finding(captur
 
 @pytest.mark.parametrize("role", ["system", "developer"])
 def test_chat_and_responses_keep_a_late_system_message_in_place(capture: CaptureServer,
-                                                                upstream: ScriptedUpstream, role: str) -> None:
+                                                                upstream: FakeVllm, role: str) -> None:
     info = capture.open_session()
     client = openai_client(info)
     client.chat.completions.create(model="m", messages=[
@@ -334,7 +334,7 @@ def _codex_call(info: dict[str, Any], body: dict[str, Any], *, stream: bool) -> 
 
 
 @STREAMING
-def test_codex_namespace_tools_round_trip(capture: CaptureServer, upstream: ScriptedUpstream, stream: bool) -> None:
+def test_codex_namespace_tools_round_trip(capture: CaptureServer, upstream: FakeVllm, stream: bool) -> None:
     info = capture.open_session()
     body = recording("codex")["calls"][0]
     upstream.answer = answer_with(tool_reply("multi_agent_v1__spawn_agent", '{"message": "write hello.txt"}'))
@@ -350,7 +350,7 @@ def test_codex_namespace_tools_round_trip(capture: CaptureServer, upstream: Scri
     follow = copy.deepcopy(body)
     follow["input"] += [call_item.model_dump(exclude_none=True),
                         {"type": "function_call_output", "call_id": call_item.call_id, "output": "agent a1"}]
-    upstream.answer = None
+    upstream.answer = "chat_basic"
     _codex_call(info, follow, stream=stream)
     assistant = upstream.requests[-1]["messages"][-2]
     assert assistant["tool_calls"][0]["function"]["name"] == "multi_agent_v1__spawn_agent"
@@ -369,7 +369,7 @@ def _training_session(capture: CaptureServer) -> dict[str, Any]:
 
 
 def test_gemini_router_gets_json_from_an_engine_that_ignores_the_schema(capture: CaptureServer,
-                                                                         upstream: ScriptedUpstream) -> None:
+                                                                         upstream: FakeVllm) -> None:
     info = _training_session(capture)  # an agent turn with this format would be refused here
     response = gemini_router(info)  # the recorded engine answers prose
     assert json.loads(response.text) == {"complexity_reasoning": "", "complexity_score": 0}
@@ -384,7 +384,7 @@ def test_gemini_router_gets_json_from_an_engine_that_ignores_the_schema(capture:
 
 
 def test_json_mode_call_past_the_call_budget_still_gets_json(capture: CaptureServer,
-                                                            upstream: ScriptedUpstream) -> None:
+                                                            upstream: FakeVllm) -> None:
     reply = capture.admin.post("/admin/sessions", json={"call_budget": 1})
     reply.raise_for_status()
     info = reply.json()
@@ -394,7 +394,7 @@ def test_json_mode_call_past_the_call_budget_still_gets_json(capture: CaptureSer
     assert len(upstream.requests) == 1
 
 
-def test_json_answer_from_the_engine_goes_back_unchanged(capture: CaptureServer, upstream: ScriptedUpstream) -> None:
+def test_json_answer_from_the_engine_goes_back_unchanged(capture: CaptureServer, upstream: FakeVllm) -> None:
     info = capture.open_session()
     reply = recorded_reply()
     reply["choices"][0]["message"]["content"] = '{"complexity_reasoning": "one file", "complexity_score": 2}'
@@ -403,7 +403,7 @@ def test_json_answer_from_the_engine_goes_back_unchanged(capture: CaptureServer,
 
 
 @pytest.mark.parametrize("how", ["response_format", "text.format"])
-def test_openai_json_schema_modes_are_auxiliary_and_honoured(capture: CaptureServer, upstream: ScriptedUpstream,
+def test_openai_json_schema_modes_are_auxiliary_and_honoured(capture: CaptureServer, upstream: FakeVllm,
                                                              how: str) -> None:
     info = _training_session(capture)
     schema = {"type": "object", "properties": {"title": {"type": "string"}}, "required": ["title"]}
@@ -432,7 +432,7 @@ def test_agent_turn_in_a_training_session_is_never_constrained(capture: CaptureS
 
 @STREAMING
 def test_claude_code_max_tokens_cap_is_a_finding_and_a_cut_is_max_tokens(capture: CaptureServer,
-                                                                         upstream: ScriptedUpstream,
+                                                                         upstream: FakeVllm,
                                                                          stream: bool) -> None:
     info = capture.open_session()
     body = recording("claude_code")["calls"][0]
@@ -451,7 +451,7 @@ def test_claude_code_max_tokens_cap_is_a_finding_and_a_cut_is_max_tokens(capture
 
 
 def test_session_output_limit_holds_whatever_the_agent_asks(capture: CaptureServer,
-                                                            upstream: ScriptedUpstream) -> None:
+                                                            upstream: FakeVllm) -> None:
     # codex asks for 2,048 output tokens whatever it is configured with.
     reply = capture.admin.post("/admin/sessions", json={"max_output_tokens": 64})
     reply.raise_for_status()
@@ -470,7 +470,7 @@ def test_session_output_limit_holds_whatever_the_agent_asks(capture: CaptureServ
 
 @pytest.mark.parametrize("rollout_type, temperature, warned", [
     ("train", 0, True), ("train", 0.7, False), ("eval", 0, False)], ids=["train-greedy", "train-sampled", "eval-greedy"])
-def test_a_training_turn_sampled_greedily_is_a_finding(capture: CaptureServer, upstream: ScriptedUpstream,
+def test_a_training_turn_sampled_greedily_is_a_finding(capture: CaptureServer, upstream: FakeVllm,
                                                       rollout_type: str, temperature: float, warned: bool) -> None:
     info = capture.open_session(rollout_type=rollout_type)
     openai_client(info).chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
@@ -485,7 +485,7 @@ def test_a_training_turn_sampled_greedily_is_a_finding(capture: CaptureServer, u
 # ---- 9: one access-log line per call -----------------------------------------------------------------
 
 
-def test_every_call_writes_one_access_line_without_keys(capture: CaptureServer, upstream: ScriptedUpstream,
+def test_every_call_writes_one_access_line_without_keys(capture: CaptureServer, upstream: FakeVllm,
                                                         caplog: pytest.LogCaptureFixture) -> None:
     info = capture.open_session()
     key = info["api_key"]
@@ -517,7 +517,7 @@ def test_every_call_writes_one_access_line_without_keys(capture: CaptureServer, 
 
 @STREAMING
 def test_codex_call_with_client_metadata_include_and_store_false_item_ids(capture: CaptureServer,
-                                                                          upstream: ScriptedUpstream,
+                                                                          upstream: FakeVllm,
                                                                           stream: bool) -> None:
     info = capture.open_session()
     body = recording("codex")["calls"][0]
@@ -536,7 +536,7 @@ def test_codex_call_with_client_metadata_include_and_store_false_item_ids(captur
 
 @STREAMING
 def test_claude_code_thinking_output_config_context_management_and_deferred_tools(
-        capture: CaptureServer, upstream: ScriptedUpstream, stream: bool) -> None:
+        capture: CaptureServer, upstream: FakeVllm, stream: bool) -> None:
     info = capture.open_session()
     message = _claude_call(info, recording("claude_code")["calls"][0], stream=stream)
     assert message.content[0].text == "The capital of France is Paris."
@@ -562,7 +562,7 @@ def _gemini_main(info: dict[str, Any], contents: list[dict[str, Any]], *, stream
 
 @STREAMING
 def test_gemini_cli_parameters_json_schema_invented_call_ids_and_thought_signature(
-        capture: CaptureServer, upstream: ScriptedUpstream, stream: bool) -> None:
+        capture: CaptureServer, upstream: FakeVllm, stream: bool) -> None:
     info = capture.open_session()
     first = recording("gemini_cli")["main"]["body"]["contents"]
     upstream.answer = answer_with(tool_reply("run_shell_command", '{"command": "echo hi > hello.txt"}'))
@@ -578,7 +578,7 @@ def test_gemini_cli_parameters_json_schema_invented_call_ids_and_thought_signatu
                                            "thoughtSignature": "skip_thought_signature_validator"}]},
               {"role": "user", "parts": [{"functionResponse": {"id": invented, "name": "run_shell_command",
                                                                "response": {"output": "(no output)"}}}]}]
-    upstream.answer = None
+    upstream.answer = "chat_basic"
     chunks = _gemini_main(info, second, stream=stream)
     assert chunks[-1].candidates[0].finish_reason == types.FinishReason.STOP
     assistant, tool = upstream.requests[-1]["messages"][-2:]
@@ -586,7 +586,7 @@ def test_gemini_cli_parameters_json_schema_invented_call_ids_and_thought_signatu
 
 
 def test_opencode_title_call_is_auxiliary_and_the_quoted_prompt_passes_verbatim(capture: CaptureServer,
-                                                                               upstream: ScriptedUpstream) -> None:
+                                                                               upstream: FakeVllm) -> None:
     info = capture.open_session()
     rec = recording("opencode")
     client = openai_client(info)
@@ -622,7 +622,7 @@ def test_opencode_title_call_is_auxiliary_and_the_quoted_prompt_passes_verbatim(
 
 @STREAMING
 def test_qwen_code_parts_array_tool_result_and_null_assistant_content(capture: CaptureServer,
-                                                                      upstream: ScriptedUpstream,
+                                                                      upstream: FakeVllm,
                                                                       stream: bool) -> None:
     info = capture.open_session()
     body = copy.deepcopy(recording("qwen_code")["chat"]["body"])
@@ -648,7 +648,7 @@ def test_qwen_code_parts_array_tool_result_and_null_assistant_content(capture: C
 
 @STREAMING
 def test_qwen_code_anthropic_mode_bearer_auth_and_budget_equal_to_max_tokens(capture: CaptureServer,
-                                                                             upstream: ScriptedUpstream,
+                                                                             upstream: FakeVllm,
                                                                              stream: bool) -> None:
     info = capture.open_session()
     rec = recording("qwen_code")["anthropic"]
@@ -667,7 +667,7 @@ def test_qwen_code_anthropic_mode_bearer_auth_and_budget_equal_to_max_tokens(cap
 
 
 def test_mini_swe_agent_assistant_without_content_key_non_streaming(capture: CaptureServer,
-                                                                    upstream: ScriptedUpstream) -> None:
+                                                                    upstream: FakeVllm) -> None:
     info = capture.open_session()
     body = copy.deepcopy(recording("mini_swe_agent")["body"])
     body["messages"] += [
@@ -683,7 +683,7 @@ def test_mini_swe_agent_assistant_without_content_key_non_streaming(capture: Cap
 
 
 def test_other_400s_with_late_system_messages_are_not_folded(capture: CaptureServer,
-                                                            upstream: ScriptedUpstream) -> None:
+                                                            upstream: FakeVllm) -> None:
     info = capture.open_session()
     upstream.requests.clear()  # the engine probe's
     upstream.answer = lambda body: (400, vllm_error(400, "max_tokens=100000 cannot be greater than "

@@ -16,10 +16,9 @@ import anthropic
 import httpx
 import pytest
 
-from tapdeck.proxy.http.uvicorn_thread import ThreadedServer
 from tapdeck.proxy.upstream.tiers import EngineSpec
 from tests.support.capture_server import CaptureServer, capture_server
-from tests.support.fake_vllm import ScriptedUpstream, scripted_upstream_app
+from tests.support.fake_vllm import FakeVllm
 from tests.support.findings import rendered
 from tests.support.vllm_recordings import vllm_error
 
@@ -29,18 +28,14 @@ BODY = {"contents": [{"role": "user", "parts": [{"text": "What is the capital of
         "generationConfig": {"maxOutputTokens": 8}}
 
 
-SCRIPT = ScriptedUpstream(delay=UPSTREAM_PAUSE_S)
+SCRIPT = FakeVllm(delay=UPSTREAM_PAUSE_S)
 
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CaptureServer]:
-    upstream = ThreadedServer(scripted_upstream_app(SCRIPT), "127.0.0.1", 0, name="recorded-vllm").start()
-    try:
-        with capture_server(EngineSpec(url=f"{upstream.url}/v1"), tmp_path_factory.mktemp("capture"),
-                            keepalive_s=0.02) as server:
-            yield server
-    finally:
-        upstream.stop()
+    with SCRIPT, capture_server(EngineSpec(url=SCRIPT.base_url), tmp_path_factory.mktemp("capture"),
+                                keepalive_s=0.02) as server:
+        yield server
 
 
 def _dropped(turn: dict[str, Any]) -> list[str]:
@@ -130,7 +125,7 @@ def test_google_json_array_stream_error_is_an_error_element(app: CaptureServer) 
         reply = httpx.post(f"{app.url}/v1beta/models/g:streamGenerateContent", json=BODY,
                            headers={"x-goog-api-key": info["api_key"]}, timeout=30)
     finally:
-        SCRIPT.answer = None
+        SCRIPT.answer = "chat_basic"
     assert reply.status_code == 200
     body = json.loads(reply.content)
     assert isinstance(body, list) and body[-1]["error"]["code"] >= 500 and body[-1]["error"]["status"]

@@ -30,7 +30,7 @@ from tapdeck.proxy.http.uvicorn_thread import STOPPING_MESSAGE
 from tapdeck.proxy.upstream.tiers import EngineSpec
 from tests.support.agent_recordings import google_client
 from tests.support.capture_server import SCRIPTED_KEEPALIVE_S, CaptureServer, capture_server
-from tests.support.fake_vllm import ScriptedUpstream, hanging_engine, models_only_engine
+from tests.support.fake_vllm import FakeVllm, hanging_engine, models_only_engine
 
 DIALECTS = ["chat", "responses", "anthropic", "google"]
 
@@ -134,7 +134,7 @@ def _store_read_only(capture: CaptureServer) -> Iterator[None]:
 
 @pytest.mark.parametrize("dialect", DIALECTS)
 def test_a_store_that_cannot_write_is_a_retryable_503_saying_nothing_was_kept(
-        capture: CaptureServer, upstream: ScriptedUpstream, dialect: str) -> None:
+        capture: CaptureServer, upstream: FakeVllm, dialect: str) -> None:
     info = capture.open_session()
     with _store_read_only(capture):
         with pytest.raises(_sdk_class_for(dialect, 503)):

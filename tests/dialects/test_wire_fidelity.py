@@ -20,7 +20,7 @@ from google.genai import types
 
 from tests.support.agent_recordings import google_client
 from tests.support.capture_server import CaptureServer
-from tests.support.fake_vllm import ScriptedUpstream
+from tests.support.fake_vllm import FakeVllm
 from tests.support.findings import rendered
 from tests.support.vllm_recordings import vllm_fixture, vllm_reply_to
 
@@ -40,7 +40,7 @@ def _openai(info: dict[str, Any]) -> openai.OpenAI:
 
 @STREAMING
 def test_anthropic_input_tokens_exclude_the_prompt_tokens_read_from_cache(
-        upstream: ScriptedUpstream, capture: CaptureServer, stream: bool) -> None:
+        upstream: FakeVllm, capture: CaptureServer, stream: bool) -> None:
     # vLLM with --enable-prompt-tokens-details fills `prompt_tokens_details.cached_tokens` (the
     # recorded body has null there): 32 of chat_basic's 37 prompt tokens came from the prefix cache.
     reply = copy.deepcopy(vllm_fixture("chat_basic")["response"])
@@ -64,7 +64,7 @@ def test_anthropic_input_tokens_exclude_the_prompt_tokens_read_from_cache(
 # ---- malformed requests: a 400 naming the field, nothing sent upstream ---------------------------
 
 def test_anthropic_stop_sequences_as_a_string_are_refused_not_split_into_characters(
-        upstream: ScriptedUpstream, capture: CaptureServer) -> None:
+        upstream: FakeVllm, capture: CaptureServer) -> None:
     client = _anthropic(capture.open_session())
     with pytest.raises(anthropic.BadRequestError) as err:
         client.messages.create(model="claude-x", max_tokens=8, messages=[{"role": "user", "content": "q"}],
@@ -89,7 +89,7 @@ GOOGLE_MALFORMED = [
 
 
 @pytest.mark.parametrize("body, message", GOOGLE_MALFORMED, ids=[m.split(" ")[0] for _, m in GOOGLE_MALFORMED])
-def test_google_wrong_shaped_field_is_a_400_naming_it(upstream: ScriptedUpstream, capture: CaptureServer,
+def test_google_wrong_shaped_field_is_a_400_naming_it(upstream: FakeVllm, capture: CaptureServer,
                                                       body: dict[str, Any], message: str) -> None:
     info = capture.open_session()
     reply = httpx.post(f"{info['base_urls']['google']}/v1beta/models/gemini-x:generateContent",
@@ -108,7 +108,7 @@ RESPONSES_MALFORMED = [
 
 
 @pytest.mark.parametrize("body, message", RESPONSES_MALFORMED, ids=["empty-input", "content-part", "tool"])
-def test_responses_malformed_request_is_a_400_naming_the_field(upstream: ScriptedUpstream, capture: CaptureServer,
+def test_responses_malformed_request_is_a_400_naming_the_field(upstream: FakeVllm, capture: CaptureServer,
                                                                body: dict[str, Any], message: str) -> None:
     client = _openai(capture.open_session())
     with pytest.raises(openai.BadRequestError) as err:
@@ -120,7 +120,7 @@ def test_responses_malformed_request_is_a_400_naming_the_field(upstream: Scripte
 
 # ---- logprobs ------------------------------------------------------------------------------------
 
-def test_responses_logprobs_come_back_when_included(upstream: ScriptedUpstream, capture: CaptureServer) -> None:
+def test_responses_logprobs_come_back_when_included(upstream: FakeVllm, capture: CaptureServer) -> None:
     recorded = vllm_fixture("chat_top2")["response"]  # two alternatives per token
     upstream.answer = lambda body: (200, vllm_reply_to(body, recorded))
     client = _openai(capture.open_session())
@@ -145,7 +145,7 @@ def test_responses_logprobs_come_back_when_included(upstream: ScriptedUpstream, 
     assert plain.output[0].content[0].logprobs == []
 
 
-def test_responses_item_reference_refusal_points_to_what_works(upstream: ScriptedUpstream,
+def test_responses_item_reference_refusal_points_to_what_works(upstream: FakeVllm,
                                                               capture: CaptureServer) -> None:
     # The session does keep stored responses (previous_response_id works): the refusal must not
     # tell the caller otherwise.
@@ -158,7 +158,7 @@ def test_responses_item_reference_refusal_points_to_what_works(upstream: Scripte
 
 
 @STREAMING
-def test_google_logprobs_come_back_when_asked(upstream: ScriptedUpstream, capture: CaptureServer,
+def test_google_logprobs_come_back_when_asked(upstream: FakeVllm, capture: CaptureServer,
                                               stream: bool) -> None:
     recorded = vllm_fixture("chat_top2")["response"]  # two alternatives per token
     upstream.answer = lambda body: (200, vllm_reply_to(body, recorded))
@@ -192,7 +192,7 @@ SERVER_STATE = [({"conversation": "conv_68a1"}, "conversation"),
 
 @pytest.mark.parametrize("extra, param", SERVER_STATE, ids=["conversation-id", "conversation-object", "prompt"])
 def test_responses_conversation_or_stored_prompt_is_refused_not_answered_without_its_content(
-        upstream: ScriptedUpstream, capture: CaptureServer, extra: dict[str, Any], param: str) -> None:
+        upstream: FakeVllm, capture: CaptureServer, extra: dict[str, Any], param: str) -> None:
     # The client sends only its new input and relies on OpenAI to add the rest: answered anyway,
     # the model would reply without that content and nothing would say so.
     client = _openai(capture.open_session())
@@ -205,7 +205,7 @@ def test_responses_conversation_or_stored_prompt_is_refused_not_answered_without
     assert upstream.requests == []
 
 
-def test_google_cached_content_is_refused_not_answered_without_it(upstream: ScriptedUpstream,
+def test_google_cached_content_is_refused_not_answered_without_it(upstream: FakeVllm,
                                                                    capture: CaptureServer) -> None:
     client = google_client(capture.open_session())
     upstream.requests.clear()  # the engine's probe, when this test opens the module's first session
@@ -252,7 +252,7 @@ def _google_round_trip(info: dict[str, Any], tools: list[dict[str, Any]]) -> tup
 
 @pytest.mark.parametrize("round_trip", [_anthropic_round_trip, _google_round_trip], ids=["anthropic", "google"])
 def test_tool_arguments_that_are_not_a_json_object_are_a_finding_and_resent_as_sampled(
-        upstream: ScriptedUpstream, capture: CaptureServer, tool_reply: Any, round_trip: Any) -> None:
+        upstream: FakeVllm, capture: CaptureServer, tool_reply: Any, round_trip: Any) -> None:
     # Anthropic `input` and Google `args` must be objects, so the agent is handed {} for them: the
     # turn says so, and the {} it resends renders as what the model sampled (the chain holds).
     tools = [{"name": "bash", "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}]
@@ -269,7 +269,7 @@ def test_tool_arguments_that_are_not_a_json_object_are_a_finding_and_resent_as_s
 
 # ---- the proxy's own stop replies ---------------------------------------------------------------
 
-def test_chat_stop_reply_of_a_spent_budget_has_only_the_fields_vllm_sends(upstream: ScriptedUpstream,
+def test_chat_stop_reply_of_a_spent_budget_has_only_the_fields_vllm_sends(upstream: FakeVllm,
                                                                          capture: CaptureServer) -> None:
     info = capture.open_session(call_budget=1)
 
@@ -289,7 +289,7 @@ def test_chat_stop_reply_of_a_spent_budget_has_only_the_fields_vllm_sends(upstre
 # ---- a reply cut at a stop string ---------------------------------------------------------------
 
 def test_a_reply_cut_at_a_stop_string_names_the_stop_string_as_the_prefix_break(
-        upstream: ScriptedUpstream, capture: CaptureServer) -> None:
+        upstream: FakeVllm, capture: CaptureServer) -> None:
     # vLLM cuts the text before the stop string but keeps the tokens it sampled for it, so the
     # next prompt, rendered from the text the agent resends, leaves them out: a break whose cause
     # is the stop string, not a re-tokenisation. chat_basic cut at "Paris", as vLLM answers it.
@@ -331,7 +331,7 @@ def _loosened(capture: CaptureServer, session_id: str) -> list[str]:
                                            (["bash"], {"type": "function", "function": {"name": "bash"}}),
                                            (THREE_TOOLS, "required")], ids=["subset", "one", "all"])
 def test_google_allowed_function_names_the_engine_cannot_force_are_a_finding(
-        upstream: ScriptedUpstream, capture: CaptureServer, allowed: list[str], sent: Any) -> None:
+        upstream: FakeVllm, capture: CaptureServer, allowed: list[str], sent: Any) -> None:
     # vLLM forces one named tool or any tool: a subset of two goes out as "any", and the turn says so.
     # An eval session: a training one refuses a forced choice outright.
     info = capture.open_session(rollout_type="eval")
@@ -351,7 +351,7 @@ def test_google_allowed_function_names_the_engine_cannot_force_are_a_finding(
 
 @pytest.mark.parametrize("mode, sent", [("required", "required"), ("auto", None)])
 def test_responses_allowed_tools_subset_is_sent_as_the_nearest_choice_with_a_finding(
-        upstream: ScriptedUpstream, capture: CaptureServer, mode: str, sent: Any) -> None:
+        upstream: FakeVllm, capture: CaptureServer, mode: str, sent: Any) -> None:
     info = capture.open_session(rollout_type="eval")
     _openai(info).responses.create(
         model="gpt-x", input="q", max_output_tokens=8,
@@ -366,7 +366,7 @@ def test_responses_allowed_tools_subset_is_sent_as_the_nearest_choice_with_a_fin
 
 
 def test_a_training_sessions_refusal_of_a_forced_tool_names_the_field_the_google_client_sent(
-        upstream: ScriptedUpstream, capture: CaptureServer) -> None:
+        upstream: FakeVllm, capture: CaptureServer) -> None:
     client = google_client(capture.open_session())
     probes = len(upstream.requests)  # the session's tier probe
     config = types.GenerateContentConfig(

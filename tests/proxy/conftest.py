@@ -1,8 +1,8 @@
-"""Fixtures for the server tests: a tapdeck server in-process, and misbehaving loopback upstreams.
+"""Fixtures for the server tests: a tapdeck server in-process, and a fake vLLM on loopback per test.
 
-The upstreams are real HTTP servers on loopback whose bodies are the recorded vLLM ones
-(tests/fixtures/vllm), so the proxy meets exactly what vLLM sends, plus the failures vLLM can't be
-made to produce on demand (HTML bodies, hangs, 5xx).
+The fake (tests/support/fake_vllm.py) answers with the recorded vLLM bodies (tests/fixtures/vllm),
+so the proxy meets exactly what vLLM sends, plus the failures vLLM can't be made to produce on
+demand (HTML bodies, hangs, 5xx).
 """
 
 from __future__ import annotations
@@ -16,18 +16,15 @@ import pytest
 
 from tapdeck.app.host import LocalServer
 from tapdeck.proxy.config import ServerConfig
-from tests.support.fake_vllm import Upstream, started_upstream
+from tests.support.fake_vllm import FakeVllm
 from tests.support.ports import free_port
 
 
 @pytest.fixture
-def upstream() -> Iterator[Upstream]:
-    """A fresh loopback upstream per test (started; set `.mode` before calling)."""
-    up = started_upstream()
-    try:
+def upstream() -> Iterator[FakeVllm]:
+    """A fresh fake vLLM per test (started; set `.fault`, `.delay` or `.hold` before calling)."""
+    with FakeVllm() as up:
         yield up
-    finally:
-        up.server.stop()
 
 
 @pytest.fixture

@@ -180,7 +180,7 @@ def test_a_model_listing_with_a_bad_key_answers_in_the_sdks_own_error_shape(upst
 
 
 def test_training_on_a_text_tier_engine_is_refused_at_session_creation(upstream, make_server, admin_for):
-    upstream.mode = "no_logprobs"
+    upstream.fault = "no_logprobs"
     server = make_server(upstream.base_url)
     admin = admin_for(server)
     resp = admin.post("/admin/sessions", json={"rollout_type": "train"})
@@ -213,7 +213,7 @@ def test_engine_gone_after_the_session_opened_is_a_502_naming_the_url(upstream, 
     server = make_server(url)
     info = _open(admin_for(server))
     assert info["tier"] == "tokens"
-    upstream.server.stop()
+    upstream.stop()
     resp = httpx.post(f"{server.url}/v1/chat/completions", json=CHAT,
                       headers={"Authorization": f"Bearer {info['api_key']}"})
     assert resp.status_code == 502
@@ -225,17 +225,17 @@ def test_engine_gone_after_the_session_opened_is_a_502_naming_the_url(upstream, 
 def test_an_engine_found_down_is_probed_again_by_the_next_session(upstream, make_server, admin_for):
     # vLLM restarted at the same URL, now with the capture flags: the proxy must not keep the tier
     # it probed before the restart.
-    upstream.mode = "no_logprobs"
+    upstream.fault = "no_logprobs"
     server = make_server(upstream.base_url)
     admin = admin_for(server)
     info = _open(admin)
     assert info["tier"] == "text"
     assert _open(admin)["tier"] == "text"  # cached, as long as nothing says the engine changed
-    upstream.server.stop()
+    upstream.stop()
     resp = httpx.post(f"{server.url}/v1/chat/completions", json=CHAT,
                       headers={"Authorization": f"Bearer {info['api_key']}"})
     assert resp.status_code == 502
-    upstream.mode = "vllm"
+    upstream.fault = None
     upstream.serve_again()
     assert _open(admin)["tier"] == "tokens"
 
@@ -249,7 +249,7 @@ def test_an_engine_found_down_has_its_tokenize_asked_again(upstream, make_server
     assert count.status_code == 200, count.text
     tokenize = aux.tokenize_url(upstream.base_url)
     assert tokenize in aux._no_tokenize
-    upstream.server.stop()
+    upstream.stop()
     resp = httpx.post(f"{server.url}/v1/chat/completions", json=CHAT,
                       headers={"Authorization": f"Bearer {info['api_key']}"})
     assert resp.status_code == 502
@@ -259,7 +259,7 @@ def test_an_engine_found_down_has_its_tokenize_asked_again(upstream, make_server
 def test_html_body_is_a_classified_bad_reply(upstream, make_server, admin_for):
     server = make_server(upstream.base_url)
     info = _open(admin_for(server))
-    upstream.mode = "html"  # e.g. a gateway's error page in front of an engine that was answering
+    upstream.fault = "html"  # e.g. a gateway's error page in front of an engine that was answering
     client = openai.OpenAI(base_url=info["base_urls"]["openai"], api_key=info["api_key"], max_retries=0)
     with pytest.raises(openai.APIStatusError) as err:
         client.chat.completions.create(**CHAT)
@@ -272,7 +272,7 @@ def test_upstream_5xx_before_the_stream_starts_keeps_its_status(upstream, make_s
     # the SDK retries on, not HTTP 200 plus an error event (issue 17).
     server = make_server(upstream.base_url)
     info = _open(admin_for(server))
-    upstream.mode = "http500"
+    upstream.fault = "http500"
     resp = httpx.post(f"{server.url}/v1/chat/completions", json={**CHAT, "stream": True},
                       headers={"Authorization": f"Bearer {info['api_key']}"})
     assert resp.status_code == 502
@@ -290,7 +290,7 @@ def test_upstream_timeout_is_classified_and_cancels_nothing_else(upstream, tmp_p
     try:
         server.service.engine_timeout = 0.3
         info = _open(admin_for(server))
-        upstream.mode, upstream.delay = "slow", 5.0
+        upstream.delay = 5.0
         resp = httpx.post(f"{server.url}/v1/chat/completions", json=CHAT, timeout=30,
                           headers={"Authorization": f"Bearer {info['api_key']}"})
         assert resp.status_code == 502
@@ -304,7 +304,7 @@ def test_context_length_400_becomes_a_normal_stop_with_a_warning(upstream, make_
     server = make_server(upstream.base_url)
     admin = admin_for(server)
     info = _open(admin)
-    upstream.mode = "context_full"
+    upstream.fault = "context_full"
     client = openai.OpenAI(base_url=info["base_urls"]["openai"], api_key=info["api_key"], max_retries=0)
     reply = client.chat.completions.create(**CHAT)
     assert reply.choices[0].finish_reason == "stop"
@@ -330,7 +330,7 @@ def test_streaming_client_gets_keepalives_and_hang_up_cancels_the_call(upstream,
     server = make_server(upstream.base_url)
     info = _open(admin_for(server))
     server.service.keepalive_s = 0.05
-    upstream.mode, upstream.delay = "slow", 0.4
+    upstream.delay = 0.4
     resp = httpx.post(f"{server.url}/v1/chat/completions", json={**CHAT, "stream": True}, timeout=30,
                       headers={"Authorization": f"Bearer {info['api_key']}"})
     assert ": keepalive" in resp.text and _sse_data(resp.text)[-1] == "[DONE]"

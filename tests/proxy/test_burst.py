@@ -11,9 +11,9 @@ import time
 from typing import Any
 
 import httpx
-import orjson
 
-from tapdeck.proxy.http.uvicorn_thread import KEEP_ALIVE_S, ThreadedServer
+from tapdeck.proxy.http.uvicorn_thread import KEEP_ALIVE_S
+from tests.support.fake_vllm import FakeVllm
 from tests.support.tapdeck_process import serve_process, wait_health
 from tests.support.vllm_recordings import vllm_fixture as recorded
 
@@ -21,14 +21,13 @@ SESSIONS, TURNS = 64, 3
 IM_START, IM_END = 1, 2
 
 
-class ChainUpstream:
-    """A vLLM-shaped engine whose prompt ids extend call by call as a chat template's would:
-    each message renders to ids fixed by its text, an assistant message to the ids it was
-    sampled as. Bodies are the recorded chat reply with these ids put in."""
+class ChainReplies:
+    """Replies whose prompt ids extend call by call as a chat template's would: each message
+    renders to ids fixed by its text, an assistant message to the ids it was sampled as. Bodies
+    are the recorded chat reply with these ids put in."""
 
     def __init__(self) -> None:
         self.template = recorded("chat_basic")["response"]
-        self.models = orjson.dumps(recorded("models")["models"]["response"])
         self.sampled: dict[str, list[int]] = {}
         self.count = 0
 
@@ -39,7 +38,7 @@ class ChainUpstream:
         digest = hashlib.blake2b(f"{msg.get('role')}:{text}".encode(), digest_size=8).digest()
         return [IM_START, *(3 + b for b in digest), IM_END]
 
-    def reply(self, body: dict[str, Any]) -> bytes:
+    def __call__(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         self.count += 1
         text = f"reply {self.count}"
         sampled = [3 + (self.count * 7 + i) % 200 for i in range(4)] + [IM_END]
@@ -51,21 +50,7 @@ class ChainUpstream:
         choice["token_ids"] = sampled
         choice["logprobs"]["content"] = [{"token": f"t{t}", "logprob": -0.5, "bytes": [116],
                                           "top_logprobs": []} for t in sampled]
-        return orjson.dumps(out)
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return
-        chunks = []
-        while True:
-            msg = await receive()
-            chunks.append(msg.get("body", b""))
-            if not msg.get("more_body"):
-                break
-        payload = self.reply(orjson.loads(b"".join(chunks))) if scope["method"] == "POST" else self.models
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json")]})
-        await send({"type": "http.response.body", "body": payload})
+        return 200, out
 
 
 async def _rollout(client: httpx.AsyncClient, url: str, key: str, salt: int) -> list[str]:
@@ -89,9 +74,9 @@ async def _rollout(client: httpx.AsyncClient, url: str, key: str, salt: int) -> 
 
 
 def test_burst_of_concurrent_sessions_loses_no_call_and_captures_every_turn(make_server, admin_for):
-    engine = ThreadedServer(ChainUpstream(), "127.0.0.1", 0, name="chain-upstream").start()
+    engine = FakeVllm(answer=ChainReplies()).start()
     try:
-        server = make_server(f"{engine.url}/v1")
+        server = make_server(engine.base_url)
         admin = admin_for(server)
         infos = [admin.post("/admin/sessions", json={}).json() for _ in range(SESSIONS)]
 
@@ -130,9 +115,9 @@ def _response(sock: socket.socket) -> bytes:
 def test_idle_client_connection_outlives_the_clients_own_keepalive(make_server):
     """httpx (so the openai and anthropic SDKs) keeps an idle connection 5 s; a server closing at
     the same moment races a client reusing it (a reset call). The server keeps it longer."""
-    engine = ThreadedServer(ChainUpstream(), "127.0.0.1", 0, name="chain-upstream").start()
+    engine = FakeVllm(answer=ChainReplies()).start()
     try:
-        server = make_server(f"{engine.url}/v1")
+        server = make_server(engine.base_url)
         host, port = server.url.removeprefix("http://").split(":")
         request = f"GET /health HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
         with socket.create_connection((host, int(port)), timeout=10) as sock:
@@ -150,13 +135,13 @@ def test_two_serve_processes_share_one_batch_and_capture_every_turn(tmp_path, po
     """Scale-out: each `tapdeck serve` process has its own store; a session is pinned to the
     process that opened it (its key is only valid there), and the batch's calls are spread
     over both."""
-    engine = ThreadedServer(ChainUpstream(), "127.0.0.1", 0, name="chain-upstream").start()
+    engine = FakeVllm(answer=ChainReplies()).start()
     procs = []
     try:
         urls = []
         for n in range(2):
             port = port_factory()
-            procs.append(serve_process(port, tmp_path / f"data{n}", f"{engine.url}/v1"))
+            procs.append(serve_process(port, tmp_path / f"data{n}", engine.base_url))
             urls.append(f"http://127.0.0.1:{port}")
         for url, proc in zip(urls, procs, strict=True):
             wait_health(url, proc)

@@ -10,12 +10,12 @@ from typing import Any
 
 import httpx
 
-from tests.support.fake_vllm import Upstream
+from tests.support.fake_vllm import FakeVllm
 
 BUDGET = 3
 
 
-def test_budget_holds_while_commits_are_pending(upstream: Upstream, make_server: Any,
+def test_budget_holds_while_commits_are_pending(upstream: FakeVllm, make_server: Any,
                                                 admin_for: Any) -> None:
     server = make_server(upstream.base_url)
     info = admin_for(server).post("/admin/sessions", json={"call_budget": BUDGET}).json()

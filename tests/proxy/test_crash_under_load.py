@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tapdeck.proxy.store.database import Store
-from tests.support.fake_vllm import Upstream
+from tests.support.fake_vllm import FakeVllm
 from tests.support.tapdeck_process import serve_process, wait_health
 
 pytestmark = pytest.mark.slow
@@ -23,7 +23,7 @@ KILL_AFTER = 48
 """Replies received, across all sessions, before the server is killed."""
 
 
-def test_kill_9_under_load_loses_no_replied_turn(upstream: Upstream, tmp_path: Path,
+def test_kill_9_under_load_loses_no_replied_turn(upstream: FakeVllm, tmp_path: Path,
                                                  port_factory) -> None:
     data = tmp_path / "data"
     port = port_factory()

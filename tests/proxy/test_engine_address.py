@@ -73,7 +73,7 @@ def test_every_address_form_settles_on_the_recorded_engines_v1_base_url(upstream
 
 
 def test_an_engine_listing_models_at_its_root_settles_on_the_root() -> None:
-    with models_only_engine(path="") as root:
+    with models_only_engine(base_path="") as root:
         assert settle_blocking(root.removeprefix("http://")).base_url == root
         assert settle_blocking(f"{root}/").base_url == root
 
@@ -90,7 +90,7 @@ def test_a_wrong_address_is_one_line_naming_every_url_tried(dead_engine_url: str
 
 
 def test_an_address_that_answers_without_a_model_listing_is_refused_with_its_answer(upstream) -> None:
-    wrong_path = f"{upstream.server.url}/v2"
+    wrong_path = f"{upstream.url}/v2"
     with pytest.raises(EngineAddressError) as err:
         settle_blocking(wrong_path)
     assert f"GET {wrong_path}/models (HTTP 404)" in str(err.value)

@@ -55,7 +55,7 @@ def test_broken_engine_replies_are_502s_with_a_message_in_every_dialect(upstream
                                                                        admin_for, mode, status, words):
     server = make_server(upstream.base_url)
     info = _open(admin_for(server))
-    upstream.mode = mode
+    upstream.fault = mode
     key = {"Authorization": f"Bearer {info['api_key']}", "x-api-key": info["api_key"]}
     chat = httpx.post(f"{server.url}/v1/chat/completions", json=CHAT, headers=key, timeout=60)
     assert chat.status_code == status and words in chat.json()["error"]["message"]
@@ -110,11 +110,11 @@ class _Link:
 
 
 def test_engine_killed_mid_call_is_a_502_and_frees_its_slot(upstream, make_server, admin_for):
-    link = _Link(upstream.server.port)
+    link = _Link(upstream.port)
     server = make_server(f"http://127.0.0.1:{link.port}/v1")
     admin = admin_for(server)
     info = _open(admin)
-    upstream.mode, upstream.delay = "slow", 60.0
+    upstream.delay = 60.0
     result: dict = {}
 
     def call() -> None:
@@ -139,7 +139,7 @@ def test_engine_hang_past_the_timeout_frees_its_slot(upstream, make_server, admi
     server = make_server(upstream.base_url)
     server.service.engine_timeout = 0.3
     info = _open(admin_for(server))
-    upstream.mode, upstream.delay = "slow", 5.0
+    upstream.delay = 5.0
     resp = httpx.post(f"{server.url}/v1/messages", json={**ANTHROPIC, "stream": True}, timeout=60,
                       headers={"x-api-key": info["api_key"]})
     # A stream whose engine already failed gets its real status (held until the first keepalive).
@@ -153,7 +153,7 @@ def test_client_leaving_mid_stream_keeps_the_turn_and_leaks_nothing(upstream, ma
     server = make_server(upstream.base_url)
     admin = admin_for(server)
     info = _open(admin)
-    upstream.mode = "long"  # a reply far larger than socket buffers: the client leaves mid-write
+    upstream.fault = "long"  # a reply far larger than socket buffers: the client leaves mid-write
     key = {"Authorization": f"Bearer {info['api_key']}"}
     warm = httpx.post(f"{server.url}/v1/chat/completions", json=CHAT, headers=key, timeout=120)
     assert warm.status_code == 200
@@ -173,7 +173,7 @@ def test_engine_credentials_never_reach_an_error_message(upstream, make_server, 
     host = upstream.base_url.removeprefix("http://")
     server = make_server(f"http://tapdeck:s3cret-pass@{host}")
     info = _open(admin_for(server))
-    upstream.server.stop()
+    upstream.stop()
     resp = httpx.post(f"{server.url}/v1/chat/completions", json=CHAT, timeout=60,
                       headers={"Authorization": f"Bearer {info['api_key']}"})
     assert resp.status_code == 502
@@ -243,7 +243,7 @@ def test_a_tapdeck_failure_before_the_turn_is_recorded_ends_a_started_stream_wit
     server.service.keepalive_s = 0.05
     admin = admin_for(server)
     info = _open(admin)
-    upstream.mode, upstream.delay = "slow", 0.5
+    upstream.delay = 0.5
     client = anthropic.Anthropic(base_url=info["base_urls"]["anthropic"], api_key=info["api_key"],
                                  max_retries=0)
     with pytest.raises(anthropic.APIStatusError) as streamed:

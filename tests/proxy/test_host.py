@@ -158,7 +158,7 @@ def test_stopping_the_server_ends_its_event_streams_cleanly_without_a_traceback(
     answered: list = []
     session = httpx.post(f"{server.url}/admin/sessions", json={},
                          headers={"Authorization": f"Bearer {server.admin_key}"}).json()
-    upstream.mode, upstream.delay = "slow", 120.0
+    upstream.delay = 120.0
 
     def call() -> None:
         try:

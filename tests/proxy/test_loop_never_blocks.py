@@ -21,7 +21,7 @@ import pytest
 import tapdeck.proxy.service as service_module
 from tapdeck.proxy.config import ServerConfig
 from tapdeck.proxy.store.database import Store
-from tests.support.fake_vllm import Upstream
+from tests.support.fake_vllm import FakeVllm
 from tests.support.local_server import running
 
 DEFAULT_POOL = min(32, (os.cpu_count() or 1) + 4)
@@ -29,7 +29,7 @@ DEFAULT_POOL = min(32, (os.cpu_count() or 1) + 4)
 
 
 def test_commits_complete_while_slow_exports_hold_every_reader_thread(
-        upstream: Upstream, make_server: Any, admin_for: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        upstream: FakeVllm, make_server: Any, admin_for: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     server = make_server(upstream.base_url)
     admin = admin_for(server)
     chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
@@ -91,7 +91,7 @@ def _on_a_loop() -> bool:
 
 
 def test_a_restarted_sessions_activity_is_read_without_loading_its_graph_on_the_loop(
-        upstream: Upstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        upstream: FakeVllm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     config = ServerConfig(host="127.0.0.1", port=0, data_dir=tmp_path / "data",
                           engine_url=upstream.base_url)
     with running(config) as (server, admin):

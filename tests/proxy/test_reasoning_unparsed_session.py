@@ -18,36 +18,19 @@ from typing import Any
 
 import httpx
 import pytest
-from fastapi import Request
-from fastapi.responses import JSONResponse
 
-from tapdeck.proxy.http.uvicorn_thread import ThreadedServer
 from tapdeck.proxy.upstream.tiers import EngineSpec
 from tests.support.capture_server import CaptureServer, capture_server
-from tests.support.fake_vllm import ScriptedUpstream, scripted_upstream_app
+from tests.support.fake_vllm import FakeVllm
 from tests.support.vllm_recordings import END_THINK, THINK, think_tokenizer_reply, vllm_fixture
 
 
 @pytest.fixture
-def think_engine(tmp_path: Path) -> Iterator[tuple[ScriptedUpstream, list[dict[str, Any]], CaptureServer]]:
-    up = ScriptedUpstream()
-    app = scripted_upstream_app(up)
-    tokenized: list[dict[str, Any]] = []
-
-    @app.post("/tokenize")
-    async def tokenize(request: Request) -> JSONResponse:
-        body = await request.json()
-        tokenized.append(body)
-        reply = think_tokenizer_reply(body)
-        return JSONResponse(reply or {"detail": "not recorded"}, status_code=200 if reply else 400)
-
-    server = ThreadedServer(app, "127.0.0.1", 0, name="think-engine").start()
-    up.url = f"{server.url}/v1"
-    try:
-        with capture_server(EngineSpec(url=up.url), tmp_path, keepalive_s=0.3) as capture:
-            yield up, tokenized, capture
-    finally:
-        server.stop()
+def think_engine(tmp_path: Path) -> Iterator[tuple[FakeVllm, CaptureServer]]:
+    """The fake vLLM answering `/tokenize` as the think tokenizer, and a capture server on it."""
+    with FakeVllm(tokenize=think_tokenizer_reply) as up, \
+            capture_server(EngineSpec(url=up.base_url), tmp_path, keepalive_s=0.3) as capture:
+        yield up, capture
 
 
 def _thinking_reply(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -59,13 +42,13 @@ def _thinking_reply(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
 
 
 def test_reasoning_model_without_a_parser_is_named_once_and_its_calls_go_by_text(think_engine):
-    up, tokenized, capture = think_engine
+    up, capture = think_engine
     info = capture.admin.post("/admin/sessions", json={"rollout_type": "train", "token_in": True})
     info.raise_for_status()
     sid, key = info.json()["id"], info.json()["api_key"]
     messages = copy.deepcopy(vllm_fixture("chat_basic")["request"]["messages"])
     for k in range(2):
-        up.answer = _thinking_reply if k == 1 else None
+        up.answer = _thinking_reply if k == 1 else "chat_basic"
         r = httpx.post(f"{capture.url}/v1/chat/completions", timeout=60,
                        headers={"Authorization": f"Bearer {key}"},
                        json={"model": "smollm2", "messages": messages, "max_tokens": 24})
@@ -80,6 +63,7 @@ def test_reasoning_model_without_a_parser_is_named_once_and_its_calls_go_by_text
     assert "--engine-reasoning-parser" in session[0]["detail"]
     codes = [[f["code"] for f in t["findings"]] for t in turns]
     assert "reasoning_in_content" not in codes[0] and "reasoning_in_content" in codes[1]
+    tokenized = [s.body for s in up.sent if s.path == "/tokenize"]
     assert [b.get("return_token_strs") for b in tokenized] == [True]  # one probe, no renders
     graph = capture.admin.get(f"/admin/sessions/{sid}/graph").json()
     assert any(f["code"] == "reasoning_unparsed" for f in graph["findings"])

@@ -11,10 +11,9 @@ from typing import Any
 
 import httpx
 import pytest
-from fastapi import FastAPI, Request
 
 from tapdeck.proxy.http.app import _event_stream
-from tapdeck.proxy.http.uvicorn_thread import ThreadedServer
+from tests.support.fake_vllm import FakeVllm
 from tests.support.vllm_recordings import vllm_fixture as recorded
 
 SAMPLED = {"A": '{"cmd": "ls"}', "B": '{"cmd":"ls"}'}
@@ -25,19 +24,9 @@ SAMPLED = {"A": '{"cmd": "ls"}', "B": '{"cmd":"ls"}'}
 def tool_engine() -> Iterator[tuple[str, list[dict[str, Any]]]]:
     """A vLLM-shaped upstream that answers a Bash tool call, sampled per session as SAMPLED says
     (the session is named by the first user message)."""
-    seen: list[dict[str, Any]] = []
     basic = recorded("chat_basic")["response"]
-    models = recorded("models")["models"]["response"]
-    app = FastAPI()
 
-    @app.get("/v1/models")
-    async def list_models() -> Any:
-        return models
-
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> Any:
-        body = await request.json()
-        seen.append(body)
+    def answer(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         who = body["messages"][0]["content"]
         who = who if isinstance(who, str) else who[0]["text"]
         reply = copy.deepcopy(basic)
@@ -46,13 +35,10 @@ def tool_engine() -> Iterator[tuple[str, list[dict[str, Any]]]]:
         message["tool_calls"] = [{"id": f"call_{who}", "type": "function",
                                   "function": {"name": "Bash", "arguments": SAMPLED[who]}}]
         reply["choices"][0]["finish_reason"] = "tool_calls"
-        return reply
+        return 200, reply
 
-    server = ThreadedServer(app, "127.0.0.1", 0, name="tool-engine").start()
-    try:
-        yield f"{server.url}/v1", seen
-    finally:
-        server.stop()
+    with FakeVllm(answer=answer) as engine:
+        yield engine.base_url, engine.requests
 
 
 def test_tool_arguments_sampled_in_one_session_never_render_another(

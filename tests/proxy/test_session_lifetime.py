@@ -19,7 +19,7 @@ from tapdeck.proxy.config import ServerConfig
 from tapdeck.proxy.dialects.base import DialectError
 from tapdeck.proxy.dialects.stored_responses import StoredResponses
 from tapdeck.proxy.capture.graph import RolloutGraph
-from tests.support.fake_vllm import Upstream
+from tests.support.fake_vllm import FakeVllm
 from tests.support.local_server import running
 
 SESSIONS = 12
@@ -39,7 +39,7 @@ def _responses(url: str, key: str, text: str, previous: str | None = None) -> ht
                       headers={"Authorization": f"Bearer {key}"})
 
 
-def test_closed_sessions_release_their_live_state(upstream: Upstream, tmp_path: Path,
+def test_closed_sessions_release_their_live_state(upstream: FakeVllm, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(activity, "CLOSED_KEPT", CLOSED_KEPT)
     config = ServerConfig(host="127.0.0.1", port=0, data_dir=tmp_path / "data",
@@ -78,7 +78,7 @@ def test_closed_sessions_release_their_live_state(upstream: Upstream, tmp_path: 
         assert all(s.graph is None for s in restarted.service._sessions.values())
 
 
-def test_an_engine_repeating_reply_ids_still_chains_responses(upstream: Upstream,
+def test_an_engine_repeating_reply_ids_still_chains_responses(upstream: FakeVllm,
                                                               make_server: Any, admin_for: Any) -> None:
     # The upstream answers every call with the same recorded body, id included.
     server = make_server(upstream.base_url)
@@ -110,7 +110,7 @@ def test_stored_responses_are_bounded_and_a_chain_never_loops() -> None:
 
 
 def test_a_session_closed_while_a_departed_callers_turn_commits_is_released_after_it(
-        upstream: Upstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        upstream: FakeVllm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The caller hangs up while its turn is being committed, and the session is closed meanwhile:
     # its live state is released once the turn is on disk, not before (the commit would rebuild
     # the store's per-session state for a session nobody will forget again).

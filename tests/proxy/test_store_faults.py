@@ -29,7 +29,7 @@ import pytest
 
 from tapdeck.app.host import LocalServer
 from tapdeck.proxy.config import ServerConfig
-from tests.support.fake_vllm import Upstream
+from tests.support.fake_vllm import FakeVllm
 from tests.support.local_server import running
 
 BUDGET = 12
@@ -105,7 +105,7 @@ def data_dir(tmp_path: Path) -> Iterator[tuple[Path, bool]]:
 
 
 @pytest.mark.parametrize("kind", ["disk_full", "read_only", "locked"])
-def test_store_fault_answers_503_and_memory_matches_disk(kind: str, upstream: Upstream,
+def test_store_fault_answers_503_and_memory_matches_disk(kind: str, upstream: FakeVllm,
                                                          data_dir: tuple[Path, bool]) -> None:
     data, tmpfs = data_dir
     config = ServerConfig(host="127.0.0.1", port=0, data_dir=data, engine_url=upstream.base_url)
@@ -152,7 +152,7 @@ def test_store_fault_answers_503_and_memory_matches_disk(kind: str, upstream: Up
         assert len(admin.get(f"/admin/sessions/{sid}/rollout").json()["turns"]) == BUDGET
 
 
-def test_opening_a_session_on_a_refusing_store_is_a_503(upstream: Upstream, make_server: Any,
+def test_opening_a_session_on_a_refusing_store_is_a_503(upstream: FakeVllm, make_server: Any,
                                                         admin_for: Any) -> None:
     server = make_server(upstream.base_url)
     server.service.store._db.execute("PRAGMA query_only=1")

@@ -1,27 +1,28 @@
-"""A recorded-vLLM upstream for the engine-client tests.
+"""Fixtures for the engine-client tests: the fake vLLM in this process (an httpx transport).
 
-Every body it answers is a recorded vLLM 0.32 body from tests/fixtures/vllm/, verbatim; its
-refusals are the recorded refusals, triggered by the same conditions real vLLM checks (empty
-`tools`, `stream_options` without streaming, `max_tokens` over max_model_len, `top_logprobs`
-without `logprobs` or above 20, an unknown model).
+Every body it answers is a recorded vLLM 0.32 body from tests/fixtures/vllm/; its refusals are the
+recorded refusals, triggered by the same conditions real vLLM checks (empty `tools`,
+`stream_options` without streaming, `max_tokens` over max_model_len, `top_logprobs` without
+`logprobs` or above 20, an unknown model).
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from tests.support.fake_vllm import RecordedUpstream
+from tests.support.fake_vllm import FakeVllm
 from tests.support.vllm_recordings import vllm_error_case as recorded_error
 from tests.support.vllm_recordings import vllm_fixture as recorded
 
 
 @pytest.fixture
-def upstream() -> RecordedUpstream:
-    return RecordedUpstream()
+def upstream() -> FakeVllm:
+    return FakeVllm(refuse_like_vllm=True)
 
 
 @pytest.fixture
@@ -46,5 +47,6 @@ def vllm_error() -> Callable[[str], tuple[int, dict[str, Any]]]:
 
 
 @pytest.fixture
-def make_upstream() -> type[RecordedUpstream]:
-    return RecordedUpstream
+def make_upstream() -> Callable[..., FakeVllm]:
+    """`make_upstream(**kwargs)` → the fake vLLM (refusing as vLLM does) set up as `kwargs` say."""
+    return functools.partial(FakeVllm, refuse_like_vllm=True)

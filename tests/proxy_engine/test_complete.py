@@ -21,6 +21,7 @@ from tapdeck.proxy.upstream import transport as upstream_http
 from tapdeck.schema.findings import Level
 from tapdeck.proxy.upstream.tiers import EngineSpec, Tier
 from tapdeck.proxy.capture.tokens import PromptIdsMemo, loads_with_prompt_ids
+from tests.support.fake_vllm import FakeVllm
 
 URL = "http://vllm.test:8111/v1"
 SPEC = EngineSpec(url=URL)
@@ -109,7 +110,7 @@ async def test_complete_returns_recorded_reply_with_zero_filled_usage(upstream, 
 
 async def test_upstream_400_passed_through_with_engine_message(make_upstream, vllm_error, basic_chat):
     status, body = vllm_error("top_logprobs_too_large")
-    up = make_upstream(reply=lambda _b: (status, body))
+    up = make_upstream(answer=lambda _b: (status, body))
     with pytest.raises(EngineError) as err:
         await EngineClient(SPEC, http=up.client()).complete(basic_chat)
     assert (err.value.kind, err.value.status) == ("upstream_4xx", 400)
@@ -118,7 +119,7 @@ async def test_upstream_400_passed_through_with_engine_message(make_upstream, vl
 
 @pytest.mark.parametrize("status", [413, 422])
 async def test_upstream_413_422_keep_their_status(make_upstream, basic_chat, status):
-    up = make_upstream(reply=lambda _b: (status, {"error": {"message": "too big", "type": "x",
+    up = make_upstream(answer=lambda _b: (status, {"error": {"message": "too big", "type": "x",
                                                             "param": None, "code": status}}))
     with pytest.raises(EngineError) as err:
         await EngineClient(SPEC, http=up.client()).complete(basic_chat)
@@ -127,7 +128,7 @@ async def test_upstream_413_422_keep_their_status(make_upstream, basic_chat, sta
 
 async def test_context_length_400_classified(make_upstream, vllm_error, basic_chat):
     status, body = vllm_error("prompt_over_context")
-    up = make_upstream(reply=lambda _b: (status, body))
+    up = make_upstream(answer=lambda _b: (status, body))
     with pytest.raises(EngineError) as err:
         await EngineClient(SPEC, http=up.client()).complete(basic_chat)
     assert (err.value.kind, err.value.status) == ("context_length", 400)
@@ -141,7 +142,7 @@ async def test_unknown_model_404_becomes_classified_502(upstream, basic_chat):
 
 
 async def test_upstream_500_becomes_502(make_upstream, basic_chat):
-    up = make_upstream(reply=lambda _b: (500, {"error": {"message": "EngineCore died"}}))
+    up = make_upstream(answer=lambda _b: (500, {"error": {"message": "EngineCore died"}}))
     with pytest.raises(EngineError) as err:
         await EngineClient(SPEC, http=up.client()).complete(basic_chat)
     assert (err.value.kind, err.value.status) == ("upstream_5xx", 502)
@@ -151,7 +152,7 @@ async def test_upstream_500_becomes_502(make_upstream, basic_chat):
 async def test_200_without_choices_is_bad_reply(make_upstream, vllm, basic_chat):
     reply = vllm("chat_basic")["response"]
     del reply["choices"]
-    up = make_upstream(reply=lambda _b: (200, reply))
+    up = make_upstream(answer=lambda _b: (200, reply))
     with pytest.raises(EngineError) as err:
         await EngineClient(SPEC, http=up.client()).complete(basic_chat)
     assert (err.value.kind, err.value.status) == ("bad_reply", 502)
@@ -160,7 +161,7 @@ async def test_200_without_choices_is_bad_reply(make_upstream, vllm, basic_chat)
 async def test_html_error_page_named_with_engine_url(make_upstream, basic_chat):
     page = "<html><body><h1>502 Bad Gateway</h1>tunnel closed</body></html>"
     for status in (200, 502):
-        up = make_upstream(reply=lambda _b, s=status: (s, page))
+        up = make_upstream(answer=lambda _b, s=status: (s, page))
         with pytest.raises(EngineError) as err:
             await EngineClient(SPEC, http=up.client()).complete(basic_chat)
         assert err.value.status == 502 and URL in err.value.message
@@ -215,57 +216,41 @@ async def test_api_key_sent_as_bearer(make_upstream, basic_chat):
     up = make_upstream()
     client = EngineClient(EngineSpec(url=URL, api_key="sk-engine"), http=up.client())
     await client.complete(basic_chat)
-    assert up.requests[-1].headers["authorization"] == "Bearer sk-engine"
+    assert up.sent[-1].headers["authorization"] == "Bearer sk-engine"
     assert "sk-engine" not in repr(client.spec)
 
 
 async def test_concurrent_calls_all_in_flight_at_once_each_gets_its_reply(vllm, basic_chat):
     """Many sessions on one engine: calls are all in flight at once (no pool caps them), every
     caller gets the engine's reply, and a later call reuses a kept-alive connection."""
-    payload = json.dumps(vllm("chat_basic")["response"]).encode()
+    reply = vllm("chat_basic")["response"]
     calls = 17
-    arrived, all_in = 0, asyncio.Event()
-
-    async def engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nonlocal arrived
+    engine = FakeVllm(answer=lambda _body: (200, reply), hold=lambda _body: True)
+    with engine:
+        client = EngineClient(EngineSpec(url=engine.base_url))
         try:
-            while True:  # HTTP/1.1 keep-alive: one request after another on this connection
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
-                                  if line.lower().startswith(b"content-length")))
-                await reader.readexactly(length)
-                arrived += 1
-                if arrived == calls:
-                    all_in.set()
-                await all_in.wait()
-                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                             b"content-length: %d\r\n\r\n%s" % (len(payload), payload))
-                await writer.drain()
-        except asyncio.IncompleteReadError:  # the client closed the connection
-            writer.close()
-
-    server = await asyncio.start_server(engine, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    client = EngineClient(EngineSpec(url=f"http://127.0.0.1:{port}/v1"))
-    try:
-        replies = await asyncio.wait_for(
-            asyncio.gather(*(client.complete(basic_chat) for _ in range(calls))), 30)
-        assert client._lean.connections_opened == calls
-        await client.complete(basic_chat)  # a later call reuses a connection
-        assert client._lean.connections_opened == calls
-    finally:
-        await client.aclose()
-        server.close()
-    assert arrived == calls + 1
-    assert all(parse_capture(r).prompt_ids.tolist() == vllm("chat_basic")["response"]["prompt_token_ids"]
-               for r in replies)
+            replies = asyncio.gather(*(client.complete(basic_chat) for _ in range(calls)))
+            deadline = asyncio.get_running_loop().time() + 30
+            while engine.held < calls:  # the engine answers none until all have arrived
+                assert asyncio.get_running_loop().time() < deadline, f"only {engine.held} in flight"
+                await asyncio.sleep(0.05)
+            engine.hold = None
+            replies = await asyncio.wait_for(replies, 30)
+            assert client._lean.connections_opened == calls
+            await client.complete(basic_chat)  # a later call reuses a connection
+            assert client._lean.connections_opened == calls
+        finally:
+            await client.aclose()
+    assert len(engine.requests) == calls + 1
+    assert all(parse_capture(r).prompt_ids.tolist() == reply["prompt_token_ids"] for r in replies)
     with pytest.raises(RuntimeError, match="closed"):
         await client.complete(basic_chat)
 
 
 async def test_keepalive_connection_closed_by_the_engine_is_retried_once_on_a_fresh_one(vllm, basic_chat):
     """The engine closes an idle keep-alive connection just as the next call reuses it (uvicorn's
-    5 s keep-alive, seen in bench/proxy.py): the caller must get the reply, not a 502."""
+    5 s keep-alive, seen in bench/proxy.py): the caller must get the reply, not a 502. The engine
+    is a script on a raw socket, not the fake vLLM: no HTTP server drops a request unanswered."""
     payload = json.dumps(vllm("chat_basic")["response"]).encode()
     connections = 0
 

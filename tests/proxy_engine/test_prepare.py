@@ -54,7 +54,7 @@ async def test_stream_request_goes_upstream_unstreamed_without_stream_options(up
     body, _ = client.prepare(chat, Tier.TOKENS, "smollm2", training=False)
     assert body["stream"] is False and "stream_options" not in body
     await client.complete(body)
-    assert upstream.bodies[-1]["stream"] is False
+    assert upstream.requests[-1]["stream"] is False
 
 
 @pytest.mark.parametrize("given", [{}, {"top_logprobs": None}, {"logprobs": False, "top_logprobs": None}])

@@ -10,10 +10,8 @@ engine's answer is checked in tests/engine/test_token_in_capture.py.
 from __future__ import annotations
 
 import copy
-import json
 from typing import Any
 
-import httpx
 import pytest
 
 from tapdeck.proxy.upstream.client import EngineClient
@@ -21,38 +19,21 @@ from tapdeck.proxy.capture.graph import RolloutGraph
 from tapdeck.proxy.upstream.reasoning import MARKER_FAMILIES, MarkerCache, probe_body, read_markers
 from tapdeck.proxy.upstream.tiers import EngineSpec
 from tapdeck.proxy.upstream.token_in import TokenIn
+from tests.support.fake_vllm import FakeVllm
 from tests.support.recorded_turns import turn_from_fixture
+from tests.support.vllm_recordings import END_THINK, THINK, think_tokenizer_reply
 from tests.support.vllm_recordings import vllm_fixture as recorded
 
 SPEC = EngineSpec(url="http://vllm.test/v1", model="smollm2")
-THINK, END_THINK = 248068, 248069  # <think>, </think> in the recorded think tokenizer
 
 
-def think_tokenizer_reply(body: dict[str, Any]) -> dict[str, Any] | None:
-    """Recorded vLLM's reply to the marker probe from the think tokenizer, for a probe naming
-    any model; None for any other body."""
-    rec = recorded("tokenize_reasoning_markers_think")
-    if {**body, "model": rec["request"]["model"]} != rec["request"]:
-        return None
-    return rec["response"]
+def _think_engine() -> FakeVllm:
+    """The fake engine answering `/tokenize` as the think tokenizer, and nothing else."""
+    return FakeVllm(answer=None, tokenize=think_tokenizer_reply)
 
 
-class ThinkEngine:
-    """httpx transport: `/tokenize` as a think tokenizer; counts what it was asked."""
-
-    def __init__(self) -> None:
-        self.asked: list[dict[str, Any]] = []
-
-    def handler(self, request: httpx.Request) -> httpx.Response:
-        body = json.loads(request.content)
-        self.asked.append(body)
-        reply = think_tokenizer_reply(body) if request.url.path == "/tokenize" else None
-        if reply is not None:
-            return httpx.Response(200, json=reply)
-        return httpx.Response(404, json={"detail": "Not Found"})
-
-    def client(self) -> EngineClient:
-        return EngineClient(SPEC, http=httpx.AsyncClient(transport=httpx.MockTransport(self.handler)))
+def _client(engine: FakeVllm) -> EngineClient:
+    return EngineClient(SPEC, http=engine.client())
 
 
 def _held_call() -> tuple[RolloutGraph, dict[str, Any], dict[str, Any]]:
@@ -86,8 +67,8 @@ def test_think_tokenizer_has_reasoning_markers_by_recorded_vllm_tokenize():
 
 
 async def test_reasoning_model_without_a_parser_goes_by_text_and_names_the_flag():
-    engine = ThinkEngine()
-    token_in = TokenIn(engine.client(), marker_cache=MarkerCache())
+    engine = _think_engine()
+    token_in = TokenIn(_client(engine), marker_cache=MarkerCache())
     graph, request, upstream = _held_call()
     plan = await token_in.plan(graph, request, upstream)
     assert (plan.prompt_ids, plan.record["reason"]) == (None, "reasoning_unparsed")
@@ -98,25 +79,25 @@ async def test_reasoning_model_without_a_parser_goes_by_text_and_names_the_flag(
     assert token_in.take_finding() is None  # once per session
     again = await token_in.plan(graph, request, upstream)
     assert again.record["reason"] == "reasoning_unparsed"
-    assert [b.get("prompt") is not None for b in engine.asked] == [True]  # only the probe, once
+    assert [s.body.get("prompt") is not None for s in engine.sent] == [True]  # only the probe, once
 
 
 async def test_engine_is_asked_once_for_every_session():
-    engine, cache = ThinkEngine(), MarkerCache()
+    engine, cache = _think_engine(), MarkerCache()
     graph, request, upstream = _held_call()
     for _ in range(3):
-        token_in = TokenIn(engine.client(), marker_cache=cache)
+        token_in = TokenIn(_client(engine), marker_cache=cache)
         assert (await token_in.plan(graph, request, upstream)).record["reason"] == "reasoning_unparsed"
         assert token_in.take_finding() is not None  # each session gets its own finding
-    assert len(engine.asked) == 1
+    assert len(engine.sent) == 1
 
 
 async def test_configured_reasoning_parser_skips_the_probe():
-    engine = ThinkEngine()
-    token_in = TokenIn(engine.client(), reasoning_parser="qwen3", marker_cache=MarkerCache())
+    engine = _think_engine()
+    token_in = TokenIn(_client(engine), reasoning_parser="qwen3", marker_cache=MarkerCache())
     graph, request, upstream = _held_call()
     assert (await token_in.plan(graph, request, upstream)).record["reason"] == "reasoning_parser"
-    assert not engine.asked and token_in.take_finding() is None
+    assert not engine.sent and token_in.take_finding() is None
 
 
 def _reply_with(ids: list[int]) -> dict[str, Any]:
@@ -126,7 +107,7 @@ def _reply_with(ids: list[int]) -> dict[str, Any]:
 
 
 async def test_reply_holding_a_think_block_gets_a_turn_finding():
-    token_in = TokenIn(ThinkEngine().client(), marker_cache=MarkerCache())
+    token_in = TokenIn(_client(_think_engine()), marker_cache=MarkerCache())
     graph, request, upstream = _held_call()
     await token_in.plan(graph, request, upstream)
     sampled = recorded("chat_basic")["response"]["choices"][0]["token_ids"]
@@ -140,14 +121,7 @@ async def test_reply_holding_a_think_block_gets_a_turn_finding():
 async def test_smollm2_replies_get_no_reasoning_finding(parser):
     """No markers on SmolLM2 (recorded probe), and none looked for with a parser configured."""
     cache = MarkerCache()
-    rec = recorded("tokenize_reasoning_markers")
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        if json.loads(request.content) == rec["request"]:
-            return httpx.Response(rec["status"], json=rec["response"])
-        return httpx.Response(400, json={"error": {"message": "not recorded", "code": 400}})
-
-    client = EngineClient(SPEC, http=httpx.AsyncClient(transport=httpx.MockTransport(handler)))
+    client = _client(FakeVllm(answer=None, exchanges=("tokenize_reasoning_markers",)))
     token_in = TokenIn(client, reasoning_parser=parser, marker_cache=cache)
     graph, request, upstream = _held_call()
     if parser is None:

@@ -87,12 +87,12 @@ def test_ratio_unknown_when_far_from_half_and_one(vllm):
 
 async def test_probe_full_vllm_is_tokens_tier_with_served_name(make_upstream, vllm, monkeypatch):
     monkeypatch.setattr(tiers, "MIN_T1_GAP", 0.2)
-    up = make_upstream(reply=probe_replies(vllm, "processed"))
+    up = make_upstream(answer=probe_replies(vllm, "processed"))
     result = await probe(EngineSpec(url=URL), up.client())
     assert result.tier is Tier.TOKENS
     assert result.served_model == "smollm2" and result.max_model_len == 2048
     assert result.logprobs_mode == "processed" and result.findings == []
-    capture, t1, t2 = up.bodies
+    capture, t1, t2 = up.requests
     assert capture["return_token_ids"] is True and capture["model"] == "smollm2"
     assert (t1["temperature"], t2["temperature"]) == (1.0, 2.0)
     assert t1["top_logprobs"] == t2["top_logprobs"] == 5 and t1["max_tokens"] == 1
@@ -103,7 +103,7 @@ async def test_probe_engine_refusing_alternatives_keeps_tokens_and_asks_for_none
                                                                                  vllm_error):
     status, error = vllm_error("top_logprobs_too_large")
     good = probe_replies(vllm, "processed")
-    up = make_upstream(reply=lambda body: (status, error) if body.get("top_logprobs") else good(body))
+    up = make_upstream(answer=lambda body: (status, error) if body.get("top_logprobs") else good(body))
     result = await probe(EngineSpec(url=URL), up.client())
     assert result.tier is Tier.TOKENS and result.logprobs_mode == "unknown"
     assert result.alternatives == 0
@@ -111,33 +111,33 @@ async def test_probe_engine_refusing_alternatives_keeps_tokens_and_asks_for_none
 
 async def test_probe_raw_logprobs_demotes_with_fatal(make_upstream, vllm, monkeypatch):
     monkeypatch.setattr(tiers, "MIN_T1_GAP", 0.2)
-    up = make_upstream(reply=probe_replies(vllm, "raw"))
+    up = make_upstream(answer=probe_replies(vllm, "raw"))
     result = await probe(EngineSpec(url=URL), up.client())
     assert result.tier is Tier.LOGPROBS and result.measured_tier is Tier.TOKENS
     assert result.logprobs_mode == "raw"
     assert [(f.level, f.code) for f in result.findings] == [(Level.FATAL, "raw_logprobs")]
     # the operator's override keeps tokens, from the same cached probe (no new engine calls)
-    calls = len(up.requests)
+    calls = len(up.sent)
     allowed = await probe(EngineSpec(url=URL), up.client(), allow_raw_logprobs=True)
-    assert allowed.tier is Tier.TOKENS and len(up.requests) == calls
+    assert allowed.tier is Tier.TOKENS and len(up.sent) == calls
     assert [f.level for f in allowed.findings] == [Level.WARN]
 
 
 async def test_probe_unknown_mode_keeps_tokens_with_warning(make_upstream, vllm):
-    up = make_upstream(reply=probe_replies(vllm, "raw"))  # 0.25 gap < guard → unknown
+    up = make_upstream(answer=probe_replies(vllm, "raw"))  # 0.25 gap < guard → unknown
     result = await probe(EngineSpec(url=URL), up.client())
     assert result.tier is Tier.TOKENS and result.logprobs_mode == "unknown"
     assert [f.code for f in result.findings] == ["logprobs_mode_unknown"]
 
 
 async def test_probe_logprobs_without_ids_is_logprobs_tier(make_upstream, vllm):
-    up = make_upstream(reply=probe_replies(vllm, "processed", strip=("prompt_token_ids", "token_ids")))
+    up = make_upstream(answer=probe_replies(vllm, "processed", strip=("prompt_token_ids", "token_ids")))
     result = await probe(EngineSpec(url=URL), up.client())
     assert result.tier is Tier.LOGPROBS
 
 
 async def test_probe_neither_is_text_tier(make_upstream, vllm):
-    up = make_upstream(reply=probe_replies(vllm, "processed",
+    up = make_upstream(answer=probe_replies(vllm, "processed",
                                            strip=("prompt_token_ids", "token_ids", "logprobs")))
     result = await probe(EngineSpec(url=URL), up.client())
     assert result.tier is Tier.TEXT and "no per-token logprobs" in result.detail
@@ -146,23 +146,23 @@ async def test_probe_neither_is_text_tier(make_upstream, vllm):
 async def test_probe_ambiguous_models_is_text(make_upstream, vllm):
     listing = vllm("models")["models"]["response"]
     second = {**listing["data"][0], "id": "other"}
-    up = make_upstream(models={**listing, "data": [*listing["data"], second]})
+    up = make_upstream(listing={**listing, "data": [*listing["data"], second]})
     result = await probe(EngineSpec(url=URL), up.client())
     assert result.tier is Tier.TEXT and "smollm2, other" in result.detail
-    assert up.bodies == []  # no capture call to a guessed model
+    assert up.requests == []  # no capture call to a guessed model
     named = await probe(EngineSpec(url=URL, model="smollm2"), up.client())
     assert named.served_model == "smollm2" and named.tier is not Tier.TEXT
 
 
 async def test_probe_failing_capture_call_is_text(make_upstream, vllm_error):
     status, body = vllm_error("top_logprobs_too_large")
-    up = make_upstream(reply=lambda _b: (status, body))
+    up = make_upstream(answer=lambda _b: (status, body))
     result = await probe(EngineSpec(url=URL), up.client())
     assert result.tier is Tier.TEXT and "capture call failed" in result.detail
 
 
 async def test_probe_html_page_is_text(make_upstream):
-    up = make_upstream(reply=lambda _b: (200, "<html>tunnel gone</html>"))
+    up = make_upstream(answer=lambda _b: (200, "<html>tunnel gone</html>"))
     result = await probe(EngineSpec(url=URL), up.client())
     assert result.tier is Tier.TEXT
 
@@ -178,21 +178,21 @@ async def test_probe_unreachable_is_text_and_not_cached():
 
 
 async def test_concurrent_first_probes_share_one(make_upstream, vllm):
-    up = make_upstream(reply=probe_replies(vllm, "processed"))
+    up = make_upstream(answer=probe_replies(vllm, "processed"))
     http = up.client()
     spec = EngineSpec(url=URL, api_key="k1")
     results = await asyncio.gather(*(probe(spec, http) for _ in range(8)))
     assert len({r.tier for r in results}) == 1
-    models_calls = [r for r in up.requests if r.method == "GET"]
-    assert len(models_calls) == 1 and len(up.bodies) == 3
+    models_calls = [r for r in up.sent if r.method == "GET"]
+    assert len(models_calls) == 1 and len(up.requests) == 3
     await probe(spec, http)
-    assert len(up.bodies) == 3  # cached
+    assert len(up.requests) == 3  # cached
     await probe(EngineSpec(url=URL, api_key="k2"), http)  # another key → its own probe
-    assert len(up.bodies) == 6
+    assert len(up.requests) == 6
 
 
 async def test_probe_accepts_engine_client_and_sets_max_model_len(make_upstream, vllm):
-    up = make_upstream(reply=probe_replies(vllm, "processed"))
+    up = make_upstream(answer=probe_replies(vllm, "processed"))
     client = EngineClient(EngineSpec(url=URL), http=up.client())
     await probe(client.spec, client)
     assert client.max_model_len == 2048 and client.cap == 2048
@@ -208,20 +208,12 @@ async def test_server_refusing_return_token_ids_is_logprobs_tier(make_upstream, 
                                    "type": "invalid_request_error", "param": None, "code": None}}
         return inner(body)
 
-    result = await probe(EngineSpec(url=URL), make_upstream(reply=reply).client())
+    result = await probe(EngineSpec(url=URL), make_upstream(answer=reply).client())
     assert result.tier is Tier.LOGPROBS and result.served_model == "smollm2"
 
 
 async def test_named_model_probed_without_models_route(make_upstream, vllm):
-    up = make_upstream(reply=probe_replies(vllm, "processed"))
-    original = up.handler
-
-    def no_models(request):
-        if request.method == "GET":
-            return httpx.Response(404, json={"detail": "Not Found"})
-        return original(request)
-
-    up.handler = no_models
+    up = make_upstream(answer=probe_replies(vllm, "processed"), listing=None)
     assert (await probe(EngineSpec(url=URL), up.client())).tier is Tier.TEXT
     result = await probe(EngineSpec(url=URL, model="smollm2"), up.client())
     assert result.tier is Tier.TOKENS and result.max_model_len is None

@@ -45,10 +45,10 @@ async def test_engine_without_tokenize_falls_back_once_and_stays_text(upstream):
     plan = await token_in.plan(_held_graph(), request, body)
     assert (plan.prompt_ids, plan.record["mode"], plan.record["reason"]) == \
         (None, "text", "engine_unsupported")
-    asked = len(upstream.requests)
+    asked = len(upstream.sent)
     again = await token_in.plan(_held_graph(), request, body)
-    assert again.record["reason"] == "engine_unsupported" and len(upstream.requests) == asked
-    assert str(upstream.requests[0].url) == "http://vllm.test/tokenize"
+    assert again.record["reason"] == "engine_unsupported" and len(upstream.sent) == asked
+    assert upstream.sent[0].url == "http://vllm.test/tokenize"
 
 
 SH = [{"type": "function", "function": {"name": "sh"}}]
@@ -71,7 +71,7 @@ async def test_calls_that_extend_no_held_reply_take_text_without_asking_the_engi
     request, body = _next_call()
     change(request, body)
     plan = await token_in.plan(_held_graph(), request, body)
-    assert plan.prompt_ids is None and not upstream.requests
+    assert plan.prompt_ids is None and not upstream.sent
     assert (plan.record["mode"], plan.record["reason"]) == ("text", reason)
 
 
@@ -83,7 +83,7 @@ async def test_unknown_tool_parser_is_named_in_the_fallback(upstream):
     plan = await token_in.plan(_held_graph(), request, body)
     assert plan.record["reason"] == "tool_parser_unknown"
     assert "'mistral'" in plan.record["detail"] and "hermes" in plan.record["detail"]
-    assert not upstream.requests
+    assert not upstream.sent
 
 
 async def test_engine_with_a_reasoning_parser_sends_every_call_as_text(upstream):
@@ -94,7 +94,7 @@ async def test_engine_with_a_reasoning_parser_sends_every_call_as_text(upstream)
     request, body = _next_call()
     plan = await token_in.plan(_held_graph(), request, body)
     assert (plan.record["reason"], plan.prompt_ids) == ("reasoning_parser", None)
-    assert "deepseek_r1" in plan.record["detail"] and not upstream.requests
+    assert "deepseek_r1" in plan.record["detail"] and not upstream.sent
 
 
 async def test_engine_refusing_token_prompts_gets_the_call_as_text(upstream):
@@ -104,5 +104,5 @@ async def test_engine_refusing_token_prompts_gets_the_call_as_text(upstream):
     assert plan.record["mode"] == "text" and plan.record["reason"] == "engine_refused_ids"
     assert reply["choices"][0]["message"]["content"] == \
         recorded("chat_basic")["response"]["choices"][0]["message"]["content"]
-    assert [r.url.path for r in upstream.requests] == ["/v1/completions", "/v1/chat/completions"]
+    assert [r.path for r in upstream.sent] == ["/v1/completions", "/v1/chat/completions"]
     assert token_in.unsupported

@@ -20,7 +20,6 @@ import copy
 import json
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
 
@@ -36,50 +35,14 @@ from tapdeck.proxy.upstream.token_in import (
     continuation_ids,
     difference,
 )
+from tests.support.fake_vllm import FakeVllm
 from tests.support.recorded_turns import turn_from_fixture
-from tests.support.vllm_recordings import smollm2_markers
+from tests.support.vllm_recordings import TOKENIN_TOKENIZE_PARTS, smollm2_markers
 from tests.support.vllm_recordings import vllm_fixture as recorded
 
 SPEC = EngineSpec(url="http://vllm.test/v1", model="smollm2")
 TAGS = ("greedy", "stop", "retok")
-TOKENIZE_PARTS = ("full", "held", "history_gen", "history_empty")
 CLOSE = [2, 198]  # <|im_end|> "\n"
-
-
-def _key(path: str, body: Any) -> str:
-    return path + " " + json.dumps(body, sort_keys=True)
-
-
-class RecordedExchanges:
-    """httpx transport serving recorded exchanges, each only for its exact request body."""
-
-    def __init__(self, *names: str) -> None:
-        self.replies: dict[str, tuple[int, Any]] = {}
-        for name in names:
-            rec = recorded(name)
-            self.replies[_key(rec["endpoint"], rec["request"])] = (rec["status"], rec["response"])
-        self.any_body: dict[str, tuple[int, Any]] = {}
-        self.sent: list[tuple[str, dict[str, Any]]] = []
-
-    def add(self, path: str, body: dict[str, Any] | None, status: int, reply: Any) -> None:
-        """Answer `body` at `path` (any body when None) with `reply`."""
-        if body is None:
-            self.any_body[path] = (status, reply)
-        else:
-            self.replies[_key(path, body)] = (status, reply)
-
-    def handler(self, request: httpx.Request) -> httpx.Response:
-        body = json.loads(request.content)
-        self.sent.append((request.url.path, body))
-        hit = self.replies.get(_key(request.url.path, body)) or self.any_body.get(request.url.path)
-        if hit is None:
-            return httpx.Response(400, json={"error": {
-                "message": "no recorded vLLM reply to this body", "type": "BadRequestError",
-                "param": None, "code": 400}})
-        return httpx.Response(hit[0], json=hit[1])
-
-    def client(self) -> EngineClient:
-        return EngineClient(SPEC, http=httpx.AsyncClient(transport=httpx.MockTransport(self.handler)))
 
 
 def _refusal(case: str) -> dict[str, Any]:
@@ -87,9 +50,15 @@ def _refusal(case: str) -> dict[str, Any]:
     return next(c for c in recorded("tokenize_errors")["cases"] if c["case"] == case)
 
 
-def _engine(tag: str) -> RecordedExchanges:
-    return RecordedExchanges(*(f"tokenin_{tag}_tokenize_{p}" for p in TOKENIZE_PARTS),
-                             f"tokenin_{tag}_turn2_ids", "tokenize_reasoning_markers")
+def _engine(tag: str) -> FakeVllm:
+    """The fake engine answering only the exact bodies vLLM answered for conversation `tag`."""
+    tokenize = (f"tokenin_{tag}_tokenize_{p}" for p in TOKENIN_TOKENIZE_PARTS)
+    return FakeVllm(answer=None, exchanges=(*tokenize, f"tokenin_{tag}_turn2_ids",
+                                            "tokenize_reasoning_markers"))
+
+
+def _client(engine: FakeVllm) -> EngineClient:
+    return EngineClient(SPEC, http=engine.client())
 
 
 def _held_graph(tag: str) -> RolloutGraph:
@@ -121,7 +90,7 @@ def test_tokenize_boundaries_agree_with_vllms_chat_prompts(tag):
     """vLLM's `/tokenize` renders are its chat prompts: turn 1's prompt is the history with the
     generation prompt, turn 2's the full conversation; the held render is that prompt cut right
     after the template's close of the held reply."""
-    tok = {p: recorded(f"tokenin_{tag}_tokenize_{p}")["response"]["tokens"] for p in TOKENIZE_PARTS}
+    tok = {p: recorded(f"tokenin_{tag}_tokenize_{p}")["response"]["tokens"] for p in TOKENIN_TOKENIZE_PARTS}
     turn1 = recorded(f"tokenin_{tag}_turn1")["response"]
     turn2 = recorded(f"tokenin_{tag}_turn2_chat")["response"]
     assert tok["history_gen"] == turn1["prompt_token_ids"]
@@ -145,24 +114,24 @@ def test_close_after_an_empty_reply_is_the_close_after_any_reply():
 async def test_planner_asks_what_vllm_answered_and_builds_the_recorded_prompt(tag):
     engine = _engine(tag)
     request, upstream = _turn2(tag)
-    plan = await TokenIn(engine.client(), marker_cache=MarkerCache()).plan(_held_graph(tag), request,
+    plan = await TokenIn(_client(engine), marker_cache=MarkerCache()).plan(_held_graph(tag), request,
                                                                           upstream)
     sent = recorded(f"tokenin_{tag}_turn2_ids")["request"]
     assert plan.record["mode"] == "ids", plan.record
     assert plan.prompt_ids == sent["prompt"]
-    asked = sorted(json.dumps(b, sort_keys=True) for _, b in engine.sent)
+    asked = sorted(json.dumps(s.body, sort_keys=True) for s in engine.sent)
     # The four renders, and once per engine the reasoning-marker probe (SmolLM2 has none).
     assert asked == sorted(json.dumps(recorded(name)["request"], sort_keys=True)
-                           for name in [*(f"tokenin_{tag}_tokenize_{p}" for p in TOKENIZE_PARTS),
+                           for name in [*(f"tokenin_{tag}_tokenize_{p}" for p in TOKENIN_TOKENIZE_PARTS),
                                         "tokenize_reasoning_markers"])
-    assert {path for path, _ in engine.sent} == {"/tokenize"}
+    assert {s.path for s in engine.sent} == {"/tokenize"}
 
 
 @pytest.mark.parametrize(("tag", "diverge_at"), [("greedy", None), ("stop", None), ("retok", 52)])
 async def test_token_in_prompt_is_vllms_text_prompt_unless_the_reply_retokenises(tag, diverge_at):
     engine = _engine(tag)
     request, upstream = _turn2(tag)
-    plan = await TokenIn(engine.client()).plan(_held_graph(tag), request, upstream)
+    plan = await TokenIn(_client(engine)).plan(_held_graph(tag), request, upstream)
     turn1 = recorded(f"tokenin_{tag}_turn1")["response"]
     text_prompt = recorded(f"tokenin_{tag}_turn2_chat")["response"]["prompt_token_ids"]
     stored = turn1["prompt_token_ids"] + turn1["choices"][0]["token_ids"]
@@ -192,11 +161,11 @@ def test_sampled_end_token_is_kept_once_and_a_cut_reply_gets_the_close():
 async def test_token_id_completion_sent_is_the_recorded_one_and_reads_back(tag):
     engine = _engine(tag)
     request, upstream = _turn2(tag)
-    token_in = TokenIn(engine.client())
+    token_in = TokenIn(_client(engine))
     plan = await token_in.plan(_held_graph(tag), request, upstream)
     reply, followed = await token_in.send(upstream, plan)
     rec = recorded(f"tokenin_{tag}_turn2_ids")
-    assert followed is plan and engine.sent[-1] == ("/v1/completions", rec["request"])
+    assert followed is plan and (engine.sent[-1].path, engine.sent[-1].body) == ("/v1/completions", rec["request"])
     raw = rec["response"]["choices"][0]
     cap = parse_capture(reply)
     assert cap.prompt_ids.tolist() == raw["prompt_token_ids"] == plan.prompt_ids
@@ -213,7 +182,7 @@ async def test_token_in_reply_equals_vllms_chat_reply_for_the_same_prompt(tag):
     gave on the text path: content, ids, logprobs, token texts, bytes and top alternatives."""
     engine = _engine(tag)
     request, upstream = _turn2(tag)
-    token_in = TokenIn(engine.client())
+    token_in = TokenIn(_client(engine))
     plan = await token_in.plan(_held_graph(tag), request, upstream)
     reply, _ = await token_in.send(upstream, plan)
     chat = recorded(f"tokenin_{tag}_turn2_chat")["response"]
@@ -235,7 +204,7 @@ async def test_tokenize_refusal_for_these_messages_keeps_token_in_for_later_call
     refusal = _refusal("tokenize_continue_and_generation_prompt")
     status, body = refusal["status"], refusal["body"]
     engine.add("/tokenize", recorded("tokenin_greedy_tokenize_full")["request"], status, body)
-    token_in = TokenIn(engine.client())
+    token_in = TokenIn(_client(engine))
     request, upstream = _turn2("greedy")
     plan = await token_in.plan(_held_graph("greedy"), request, upstream)
     assert plan.record["reason"] == "tokenize_failed" and plan.record["extends"] == 0
@@ -248,16 +217,16 @@ async def test_vllm_refusing_a_token_id_prompt_sends_the_call_as_text():
     the chat route and later calls take text."""
     case = _refusal("completions_prompt_id_out_of_vocab")
     chat = recorded("tokenin_greedy_turn2_chat")["response"]
-    engine = RecordedExchanges()
+    engine = FakeVllm(answer=None)
     engine.add("/v1/completions", None, case["status"], case["body"])
     engine.add("/v1/chat/completions", None, 200, chat)
-    token_in = TokenIn(engine.client())
+    token_in = TokenIn(_client(engine))
     _, upstream = _turn2("greedy")
     reply, plan = await token_in.send(upstream, Plan(case["request"]["prompt"], {"mode": "ids"}))
     assert plan.record["reason"] == "engine_refused_ids"
     assert "out of vocabulary" in plan.record["detail"]
-    assert [p for p, _ in engine.sent] == ["/v1/completions", "/v1/chat/completions"]
-    assert engine.sent[0][1]["prompt"] == case["request"]["prompt"]
+    assert [s.path for s in engine.sent] == ["/v1/completions", "/v1/chat/completions"]
+    assert engine.sent[0].body["prompt"] == case["request"]["prompt"]
     assert reply["choices"][0]["token_ids"] == chat["choices"][0]["token_ids"]
     assert token_in.unsupported
 
@@ -281,8 +250,8 @@ async def test_turn_after_a_vllm_tool_call_breaks_the_prefix_and_stays_on_text()
     assert (link.parent, link.offset) == (0, n) and link.kind != "prefix" and g.stats().breaks == 1
     request = {k: copy.deepcopy(nxt["request"][k]) for k in ("messages", "tools", "max_tokens")}
     upstream, _ = EngineClient(SPEC).prepare(request, "tokens", "smollm2", True)
-    engine = RecordedExchanges()
-    plan = await TokenIn(engine.client(), marker_cache=smollm2_markers()).plan(g, request, upstream)
+    engine = FakeVllm(answer=None)
+    plan = await TokenIn(_client(engine), marker_cache=smollm2_markers()).plan(g, request, upstream)
     assert plan.prompt_ids is None and plan.record["mode"] == "text" and not engine.sent
 
 
@@ -291,7 +260,7 @@ def test_turn_after_a_tool_call_splits_at_the_message_boundary_and_keeps_the_cal
     render (its empty assistant turn) is a prefix of the full one, so the new `tool` message's
     ids come out exactly; the ids prompt keeps the sampled `<tool_call>` ids the text path drops,
     and vLLM continued from it (recorded, same reply text as the text path here)."""
-    tok = {p: recorded(f"tokenin_tools_tokenize_{p}")["response"]["tokens"] for p in TOKENIZE_PARTS}
+    tok = {p: recorded(f"tokenin_tools_tokenize_{p}")["response"]["tokens"] for p in TOKENIN_TOKENIZE_PARTS}
     call = recorded("chat_tools_call")["response"]
     text = recorded("chat_tools_result")["response"]
     close = assistant_close(tok["history_gen"], tok["history_empty"])

@@ -11,17 +11,20 @@ fact it leans on.
 from __future__ import annotations
 
 import copy
-import json
 import re
 from typing import Any
 
-from tapdeck.proxy.upstream.client import EngineClient
 from tapdeck.proxy.capture.graph import RolloutGraph
+from tapdeck.proxy.upstream.client import EngineClient
+from tapdeck.proxy.upstream.tiers import EngineSpec
 from tapdeck.proxy.upstream.token_in import TokenIn, completion_as_chat
 from tapdeck.proxy.upstream.toolcalls import TOOL_PARSERS
-from tests.proxy_engine.test_token_in_recorded import SPEC, TOKENIZE_PARTS, RecordedExchanges
+from tests.support.fake_vllm import FakeVllm
 from tests.support.recorded_turns import turn_from_fixture
+from tests.support.vllm_recordings import TOKENIN_TOKENIZE_PARTS
 from tests.support.vllm_recordings import vllm_fixture as recorded
+
+SPEC = EngineSpec(url="http://vllm.test/v1", model="smollm2")
 
 HERMES = TOOL_PARSERS["hermes"]
 CALL_ID = re.compile(r"chatcmpl-tool-[0-9a-f]{16}")
@@ -49,20 +52,11 @@ def test_tool_call_sampled_by_ids_reads_back_as_vllms_chat_route_call():
     assert ours["prompt_token_ids"] == chat["prompt_token_ids"]
 
 
-class ToolsCallEngine(RecordedExchanges):
-    """The recorded exchanges, answering token-in's bodies: `/tokenize` with `tools` as vLLM
-    answered it without them, the completion with `skip_special_tokens` as without it;
-    `asked` keeps the bodies as token-in sent them."""
-
-    asked: list[dict[str, Any]]
-
-    def handler(self, request):  # type: ignore[no-untyped-def]
-        body = json.loads(request.content)
-        self.asked = [*getattr(self, "asked", []), body]
-        drop = {"/tokenize": "tools", "/v1/completions": "skip_special_tokens"}[request.url.path]
-        stripped = {k: v for k, v in body.items() if k != drop}
-        return super().handler(request.__class__(request.method, request.url,
-                                                 json=stripped, headers=request.headers))
+def without_what_vllm_was_not_sent(path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """Token-in's body as the recorded one it stands for: `/tokenize` without `tools` (vLLM
+    answered it without them), the completion without `skip_special_tokens`."""
+    drop = {"/tokenize": "tools", "/v1/completions": "skip_special_tokens"}[path]
+    return {k: v for k, v in body.items() if k != drop}
 
 
 async def test_turn_after_a_tool_call_continues_by_ids_with_the_hermes_parser():
@@ -73,21 +67,22 @@ async def test_turn_after_a_tool_call_continues_by_ids_with_the_hermes_parser():
             == recorded("tokenize_chat_gen")["response"]["tokens"])  # tools render nothing here
     sent = recorded("tokenin_tools_turn2_ids")
     assert not set(sent["response"]["choices"][0]["token_ids"][:-1]) & set(SPECIAL_IDS)
-    engine = ToolsCallEngine(*(f"tokenin_tools_tokenize_{p}" for p in TOKENIZE_PARTS),
-                             "tokenin_tools_turn2_ids")
+    engine = FakeVllm(answer=None, recorded_as=without_what_vllm_was_not_sent,
+                      exchanges=(*(f"tokenin_tools_tokenize_{p}" for p in TOKENIN_TOKENIZE_PARTS),
+                                 "tokenin_tools_turn2_ids"))
     graph = RolloutGraph()
     graph.add(turn_from_fixture("chat_tools_call", 0))
     nxt = recorded("chat_tools_result")
     request = {k: copy.deepcopy(nxt["request"][k]) for k in
                ("messages", "tools", "max_tokens", "temperature", "logprobs", "top_logprobs")}
     upstream, _ = EngineClient(SPEC).prepare(request, "tokens", "smollm2", False)
-    token_in = TokenIn(engine.client(), tool_parser="hermes")
+    token_in = TokenIn(EngineClient(SPEC, http=engine.client()), tool_parser="hermes")
     plan = await token_in.plan(graph, request, upstream)
     assert (plan.record["mode"], plan.record["tool_parser"]) == ("ids", "hermes"), plan.record
     assert plan.prompt_ids == sent["request"]["prompt"]
     reply, followed = await token_in.send(upstream, plan)
     assert followed is plan
-    bodies = engine.asked
+    bodies = [s.body for s in engine.sent]  # as token-in sent them
     assert all(b["tools"] == request["tools"] for b in bodies[:4])
     assert bodies[4]["skip_special_tokens"] is False  # as hermes asks of the chat route
     assert reply["choices"][0]["message"] == nxt["response"]["choices"][0]["message"]

@@ -151,9 +151,9 @@ async def test_settings_that_do_not_fit_fail_the_rollout_before_the_trial(tmp_pa
     from tapdeck.proxy.store.database import Store
     from tapdeck.proxy.upstream.tiers import EngineSpec
     from tapdeck.runner.rollout import RolloutSpec, run_rollout
-    from tests.support.fake_vllm import started_upstream
+    from tests.support.fake_vllm import FakeVllm
 
-    up = started_upstream(name="recorded-vllm")
+    up = FakeVllm().start()
     service = CaptureService(Store(tmp_path / "capture.db"), default_engine=None,
                              public_url="http://127.0.0.1:9")
     try:
@@ -167,7 +167,7 @@ async def test_settings_that_do_not_fit_fail_the_rollout_before_the_trial(tmp_pa
         assert "agent_execution" not in result.timings
     finally:
         await service.aclose()
-        up.server.stop()
+        up.stop()
 
 
 
@@ -179,15 +179,13 @@ def test_terminus2_runs_with_the_served_engines_context_and_the_session_records_
     capture session record both."""
     import json
     import sqlite3
-    from types import SimpleNamespace
 
-    from tests.support.fake_vllm import started_upstream
+    from tests.support.fake_vllm import FakeVllm
     from tests.support.runner_server import runner_server_on
 
-    up = started_upstream(name="recorded-vllm")
+    up = FakeVllm().start()
     try:
-        engine = SimpleNamespace(base_url=up.base_url, served_name="smollm2")
-        with runner_server_on(engine, tmp_path) as server:
+        with runner_server_on(up, tmp_path) as server:
             doc = server.run(tasks=["hello-file"], harness="terminus-2", call_budget=2,
                              timeout_s=240, settings={"max_turns": 1})
             [r] = doc["rollouts"]
@@ -210,7 +208,7 @@ def test_terminus2_runs_with_the_served_engines_context_and_the_session_records_
             [(record,)] = db.execute("SELECT record FROM sessions WHERE id = ?", (r["session_id"],))
         assert json.loads(record)["max_output_tokens"] == 128
     finally:
-        up.server.stop()
+        up.stop()
 
 
 def test_a_flat_plan_as_older_servers_stored_it_reads_as_the_nested_plan() -> None:

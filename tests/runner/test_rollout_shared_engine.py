@@ -86,27 +86,14 @@ def test_rollout_names_the_reused_engine_and_stops_when_it_goes_away(
 
 def test_a_reused_engine_is_gone_when_its_owner_exits_or_its_port_refuses_but_not_when_busy(
         dead_engine_url: str) -> None:
-    import asyncio
-
-    from fastapi import FastAPI
-
-    from tapdeck.proxy.http.uvicorn_thread import ThreadedServer
     from tapdeck.runner.engine.registry import SharedEngine
-
-    busy = FastAPI()
-
-    @busy.get("/v1/models")
-    async def models() -> dict:  # longer than the check waits: an engine busy generating
-        await asyncio.sleep(60)
-        return {"data": []}
+    from tests.support.fake_vllm import FakeVllm
 
     exited = subprocess.Popen(["true"])
     exited.wait()
-    server = ThreadedServer(busy, "127.0.0.1", 0, name="busy-engine").start()
-    try:
-        assert SharedEngine(f"{server.url}/v1", "smollm2", 2048, owner_pid=os.getpid()).gone() is None
-    finally:
-        server.stop()
+    # Its listing takes longer than the check waits: an engine busy generating.
+    with FakeVllm(listing_delay=60) as busy:
+        assert SharedEngine(busy.base_url, "smollm2", 2048, owner_pid=os.getpid()).gone() is None
     refused = SharedEngine(dead_engine_url, "smollm2", 2048, owner_pid=os.getpid()).gone()
     assert refused == f"it no longer answers at {dead_engine_url} (ConnectError)"
     owner_gone = SharedEngine(dead_engine_url, "smollm2", 2048, owner_pid=exited.pid).gone()

@@ -122,15 +122,11 @@ def test_an_engine_address_is_shown_without_its_credentials() -> None:
 
 
 def test_a_named_model_is_probed_on_an_engine_serving_several() -> None:
-    from tests.support.fake_vllm import started_upstream
+    from tests.support.fake_vllm import FakeVllm, vllm_listing
 
-    up = started_upstream()
-    up.served = ["smollm2", "smollm2-lora"]
-    try:
+    with FakeVllm(listing=vllm_listing(served=["smollm2", "smollm2-lora"])) as up:
         unnamed = asyncio.run(catalog.url_engine_info(up.base_url))
         named = asyncio.run(catalog.url_engine_info(up.base_url, model="smollm2"))
-    finally:
-        up.server.stop()
     assert unnamed.tier == "text" and "several models" in unnamed.why
     assert named.tier == "tokens" and named.served_model == "smollm2", named.why
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.fake_vllm import Answer, FakeVllm, vllm_listing
 from tests.support.vllm_recordings import vllm_fixture, vllm_reply_to
 
 AGENT_CONTEXT = 32768
@@ -55,3 +56,10 @@ def scripted_agent_reply(name: str, work: str = "echo hi > hello.txt") -> Any:
             choice["message"]["content"] = "done"
         return 200, vllm_reply_to(body, reply)
     return answer
+
+
+def engine_for_agents(answer: Answer) -> FakeVllm:
+    """The fake vLLM (not started: use it in a `with`) answering as `answer` says, its listing
+    giving `max_model_len` as vLLM reports `--max-model-len 32768`: the recorded server ran 2,048,
+    which an agent's first prompt does not fit, and the rollout would be refused before its trial."""
+    return FakeVllm(answer=answer, listing=vllm_listing(max_model_len=AGENT_CONTEXT))

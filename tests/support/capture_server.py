@@ -1,6 +1,6 @@
 """The capture app (proxy routes and admin API, no runner) on loopback, and a module-scoped pair of
-it in front of a scripted fake vLLM for tests that share one (fixtures `scripted`, `upstream`,
-`capture`: a conftest.py imports them to offer them)."""
+it in front of the fake vLLM for tests that share one (fixtures `scripted`, `upstream`, `capture`:
+a conftest.py imports them to offer them)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from tapdeck.proxy.http.uvicorn_thread import ThreadedServer, bind_socket
 from tapdeck.proxy.service import CaptureService
 from tapdeck.proxy.store.database import Store
 from tapdeck.proxy.upstream.tiers import EngineSpec
-from tests.support.fake_vllm import ScriptedUpstream, scripted_upstream_app
+from tests.support.fake_vllm import FakeVllm
 
 SCRIPTED_KEEPALIVE_S = 2.0
 """The hold before a stream starts is one keepalive interval: an engine answering within it
@@ -72,28 +72,22 @@ def capture_server(engine: EngineSpec, data_dir: Path, *, keepalive_s: float) ->
 
 
 @pytest.fixture(scope="module")
-def scripted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ScriptedUpstream, CaptureServer]]:
-    """A scripted upstream and a capture server in front of it (keepalive every 2 s)."""
-    up = ScriptedUpstream()
-    server = ThreadedServer(scripted_upstream_app(up), "127.0.0.1", 0, name="scripted-vllm").start()
-    up.url = f"{server.url}/v1"
-    try:
-        with capture_server(EngineSpec(url=up.url), tmp_path_factory.mktemp("capture"),
-                            keepalive_s=SCRIPTED_KEEPALIVE_S) as capture:
-            yield up, capture
-    finally:
-        server.stop()
+def scripted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FakeVllm, CaptureServer]]:
+    """The fake vLLM and a capture server in front of it (keepalive every 2 s)."""
+    with FakeVllm() as up, capture_server(EngineSpec(url=up.base_url), tmp_path_factory.mktemp("capture"),
+                                          keepalive_s=SCRIPTED_KEEPALIVE_S) as capture:
+        yield up, capture
 
 
 @pytest.fixture
-def upstream(scripted: tuple[ScriptedUpstream, CaptureServer]) -> Iterator[ScriptedUpstream]:
-    """The scripted upstream, reset to the recorded reply after each test."""
+def upstream(scripted: tuple[FakeVllm, CaptureServer]) -> Iterator[FakeVllm]:
+    """The shared fake vLLM (set `.answer` and `.delay`), reset to the recorded reply after each test."""
     up = scripted[0]
     yield up
-    up.answer, up.delay = None, 0.0
+    up.answer, up.delay = "chat_basic", 0.0
     up.requests.clear()
 
 
 @pytest.fixture
-def capture(scripted: tuple[ScriptedUpstream, CaptureServer]) -> CaptureServer:
+def capture(scripted: tuple[FakeVllm, CaptureServer]) -> CaptureServer:
     return scripted[1]

@@ -11,7 +11,7 @@ import httpx
 
 from tapdeck.app.host import LocalServer
 from tapdeck.proxy.config import ServerConfig
-from tests.support.fake_vllm import Upstream, started_upstream
+from tests.support.fake_vllm import FakeVllm
 
 
 @contextlib.contextmanager
@@ -40,15 +40,12 @@ def running(config: ServerConfig) -> Iterator[tuple[LocalServer, httpx.Client]]:
 
 
 @contextlib.contextmanager
-def server_with_upstream(data_dir: Path, **overrides: Any) -> Iterator[tuple[Upstream, LocalServer]]:
-    """A started upstream and a server using it as its engine, for a module to share."""
-    up = started_upstream()
-    try:
+def server_with_upstream(data_dir: Path, **overrides: Any) -> Iterator[tuple[FakeVllm, LocalServer]]:
+    """A started fake vLLM and a server using it as its engine, for a module to share."""
+    with FakeVllm() as up:
         server = LocalServer(ServerConfig(host="127.0.0.1", port=0, engine_url=up.base_url,
                                           data_dir=data_dir, **overrides)).start()
         try:
             yield up, server
         finally:
             server.stop()
-    finally:
-        up.server.stop()

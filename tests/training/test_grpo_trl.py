@@ -174,15 +174,12 @@ def test_a_training_session_samples_at_the_trainers_temperature_and_passes_the_g
 def test_unknown_task_is_refused_at_create_naming_the_task(tmp_path: Path) -> None:
     """Refused when TRL asks for the session, never a run that ends without a reward: the
     factory raises the unscorable-rollout error naming the task, and the server holds no run."""
-    from types import SimpleNamespace
-
     from tapdeck.runner.recipes.grpo_trl import TapdeckSessionFactory
-    from tests.support.fake_vllm import started_upstream
+    from tests.support.fake_vllm import FakeVllm
 
-    up = started_upstream(name="recorded-vllm")
+    up = FakeVllm().start()
     try:
-        engine = SimpleNamespace(base_url=up.base_url, served_name="smollm2")
-        with local_server_on(engine, tmp_path) as server:
+        with local_server_on(up, tmp_path) as server:
             factory = TapdeckSessionFactory(server=server.url, admin_key=server.admin_key,
                                             harness="oracle", poll_s=0.2)
             with pytest.raises(RolloutUnusable, match="no-such-task") as err:
@@ -192,4 +189,4 @@ def test_unknown_task_is_refused_at_create_naming_the_task(tmp_path: Path) -> No
                              headers={"Authorization": f"Bearer {server.admin_key}"}).json()
             assert runs["runs"] == []
     finally:
-        up.server.stop()
+        up.stop()
