@@ -1,4 +1,5 @@
-"""Fixtures every test can use: the embedded engine, and a dead engine address.
+"""The test session's environment (tests/support/session_env.py), and fixtures every test can use:
+the embedded engine, and a dead engine address.
 
 Shared helpers are in tests/support (`from tests.support.vllm_recordings import vllm_fixture`);
 nothing imports from a conftest.py.
@@ -6,23 +7,17 @@ nothing imports from a conftest.py.
 
 from __future__ import annotations
 
-import atexit
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.support.ports import free_port
+from tests.support.session_env import apply_session_env, isolate_engine_registry
 
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-# Servers started by tests share embedded engines among themselves, never with one running on the
-# machine outside the test run (runner/engine/registry.py).
-if "TAPDECK_ENGINE_REGISTRY" not in os.environ:
-    os.environ["TAPDECK_ENGINE_REGISTRY"] = tempfile.mkdtemp(prefix="tapdeck-test-engines-")
-    atexit.register(shutil.rmtree, os.environ["TAPDECK_ENGINE_REGISTRY"], True)
+# Before any test module is imported (some import Harbor, and with it litellm, at their top).
+apply_session_env()
+isolate_engine_registry()
 
 
 @pytest.fixture

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from tests.support.session_env import base_env
+
 FORBIDDEN = {
     "tapdeck.proxy": ("tapdeck.runner", "tapdeck.app", "tapdeck.themes", "textual", "harbor"),
     "tapdeck.runner": ("tapdeck.app", "tapdeck.themes", "textual"),
@@ -38,7 +40,7 @@ def test_layer_imports_nothing_above_it(layer: str) -> None:
         "print(json.dumps(hits))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={"LITELLM_LOCAL_MODEL_COST_MAP": "True", "PATH": "/usr/bin:/bin"})
+                         env=base_env())
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", f"{layer} pulled in {out.stdout.strip()}"
 

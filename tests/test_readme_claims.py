@@ -668,12 +668,9 @@ runs they come from. Claims not pinned yet are listed at the end of their sectio
 
 from __future__ import annotations
 
-import os
 import re
 import tomllib
 from pathlib import Path
-
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

@@ -22,15 +22,13 @@ from typing import Any
 
 import pytest
 
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-
-from tapdeck.runner import agent_install  # noqa: E402
-from tapdeck.runner.cli_agents import AGENT_ROOT, CLI_AGENTS, HOME_DIRS  # noqa: E402
-from tapdeck.runner.rollout_settings import FIRST_PROMPT_TOKENS  # noqa: E402
-from tests.support.agent_clis import installed_or_skip, scripted_agent_reply  # noqa: E402
-from tests.support.capture_server import CaptureServer  # noqa: E402
-from tests.support.fake_vllm import FakeVllm  # noqa: E402
-from tests.support.vllm_recordings import vllm_fixture, vllm_reply_to  # noqa: E402
+from tapdeck.runner import agent_install
+from tapdeck.runner.cli_agents import AGENT_ROOT, CLI_AGENTS, HOME_DIRS
+from tapdeck.runner.rollout_settings import FIRST_PROMPT_TOKENS
+from tests.support.agent_clis import installed_or_skip, scripted_agent_reply
+from tests.support.capture_server import CaptureServer
+from tests.support.fake_vllm import FakeVllm
+from tests.support.vllm_recordings import vllm_fixture, vllm_reply_to
 
 pytestmark = pytest.mark.slow
 

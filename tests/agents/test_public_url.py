@@ -3,25 +3,21 @@
 from __future__ import annotations
 
 import logging
-import os
 import socket
 from pathlib import Path
 
 import pytest
+from harbor.models.task.config import EnvironmentConfig as TaskEnvironmentConfig
+from harbor.models.trial.paths import TrialPaths
 
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-
-from harbor.models.task.config import EnvironmentConfig as TaskEnvironmentConfig  # noqa: E402
-from harbor.models.trial.paths import TrialPaths  # noqa: E402
-
-from tapdeck.proxy.config import ServerConfig, check_public_url  # noqa: E402
-from tapdeck.proxy.sessions.spec import base_urls_for  # noqa: E402
-from tapdeck.runner.batch import RunPlan  # noqa: E402
-from tapdeck.runner.cli_agents import ProxyUnreachableError, check_proxy_reachable, proxy_root  # noqa: E402
-from tapdeck.runner.sandboxes.host import HostSandbox  # noqa: E402
-from tests.support.fake_vllm import models_only_engine  # noqa: E402
-from tests.support.local_server import local_server_on  # noqa: E402
-from tests.support.vllm_recordings import vllm_fixture  # noqa: E402
+from tapdeck.proxy.config import ServerConfig, check_public_url
+from tapdeck.proxy.sessions.spec import base_urls_for
+from tapdeck.runner.batch import RunPlan
+from tapdeck.runner.cli_agents import ProxyUnreachableError, check_proxy_reachable, proxy_root
+from tapdeck.runner.sandboxes.host import HostSandbox
+from tests.support.fake_vllm import models_only_engine
+from tests.support.local_server import local_server_on
+from tests.support.vllm_recordings import vllm_fixture
 
 
 def _closed_port() -> int:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,6 +32,7 @@ from tapdeck.app.host import LocalServer
 from tapdeck.proxy.config import ServerConfig
 from tests.contract.record import write_recording
 from tests.support.fake_vllm import FakeVllm, continues_a_conversation
+from tests.support.session_env import apply_session_env
 
 FIXTURE = Path(__file__).parent / "fixtures" / "api.json"
 REPO = Path(__file__).resolve().parents[2]
@@ -223,7 +223,7 @@ def _clocks(value: Any, start: float, key: str = "") -> Any:
 
 def record(data_dir: Path) -> dict[str, Any]:
     """A fresh, normalised recording from a server with its data in `data_dir`."""
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    apply_session_env()  # run as a script, without tests/conftest.py
     with recording_servers(data_dir) as (server, up):
         raw = asyncio.run(record_from(server, up))
     return normalise(raw, data_dir)

@@ -18,6 +18,7 @@ import pytest
 
 from tapdeck.proxy.config import write_admin_key
 from tests.support.fake_vllm import hanging_engine
+from tests.support.session_env import shell_assignments
 from tests.support.tapdeck_process import TAPDECK, tapdeck_serve
 from tests.support.tmux_driver import Tmux, exit_code
 
@@ -34,8 +35,7 @@ def _free_port() -> int:
 
 def _env(tmp: Path) -> dict[str, str]:
     """The child's environment: no settings or data written outside the test's tmp dir."""
-    return {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "XDG_CONFIG_HOME": str(tmp / "config"),
-            "TAPDECK_DATA_DIR": str(tmp / "client-data")}
+    return {**os.environ, "XDG_CONFIG_HOME": str(tmp / "config"), "TAPDECK_DATA_DIR": str(tmp / "client-data")}
 
 
 @dataclass
@@ -82,8 +82,8 @@ def test_attach_shows_a_remote_session_with_its_turn_and_quits_leaving_the_serve
 
     name = f"tapdeck-attach-{os.getpid()}"
     rc_file = tmp_path / "rc"
-    env = " ".join(f"{k}={v}" for k, v in _env(tmp_path).items()
-                   if k in ("LITELLM_LOCAL_MODEL_COST_MAP", "XDG_CONFIG_HOME", "TAPDECK_DATA_DIR"))
+    env = " ".join([shell_assignments(), *(f"{k}={v}" for k, v in _env(tmp_path).items()
+                                           if k in ("XDG_CONFIG_HOME", "TAPDECK_DATA_DIR"))])
     command = (f"env {env} {TAPDECK} attach {served.url} --admin-key {ADMIN_KEY}; "
                f"echo $? > {rc_file}; sleep 60")
     subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "80", "-y", "24", command], check=True)
@@ -142,7 +142,7 @@ def test_attach_reads_the_admin_key_a_server_on_this_machine_wrote_in_its_data_d
     data = served_here.log.parent / "data"
     name = f"tapdeck-attach-here-{os.getpid()}"
     rc_file = tmp_path / "rc"
-    command = (f"env -u TAPDECK_ADMIN_KEY LITELLM_LOCAL_MODEL_COST_MAP=True "
+    command = (f"env -u TAPDECK_ADMIN_KEY {shell_assignments()} "
                f"XDG_CONFIG_HOME={tmp_path / 'config'} TAPDECK_DATA_DIR={data} "
                f"{TAPDECK} attach {served_here.url}; echo $? > {rc_file}; sleep 60")
     subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "80", "-y", "24", command], check=True)

@@ -27,7 +27,7 @@ def test_info_reports_the_running_embedded_engine_with_its_tier(
         model_path=str(embedded_engine.core.model.path.resolve()),
         n_ctx=embedded_engine.core.model.n_ctx, started_at=time.time()).model_dump_json())
 
-    result = CliRunner().invoke(app, ["info", "--json"], env={"LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+    result = CliRunner().invoke(app, ["info", "--json"])
     assert result.exit_code == 0, result.output
     engines = json.loads(result.output)["engines"]
     [row] = [e for e in engines if e["name"] == "embedded"]
@@ -42,8 +42,7 @@ def test_info_without_a_running_engine_says_it_is_not_started(
     from tapdeck.runner.engine.registry import REGISTRY_ENV
 
     monkeypatch.setenv(REGISTRY_ENV, str(tmp_path / "registry"))
-    result = CliRunner().invoke(app, ["info", "--json", "--no-probe"],
-                                env={"LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+    result = CliRunner().invoke(app, ["info", "--json", "--no-probe"])
     assert result.exit_code == 0, result.output
     [row] = [e for e in json.loads(result.output)["engines"] if e["name"] == "embedded"]
     assert row["tier"] is None and "not started" in row["why"]

@@ -4,7 +4,6 @@ recorded vLLM bodies (`max_model_len` 2048)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,10 +11,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-
-from tapdeck.app.cli import app  # noqa: E402
-from tests.support.local_server import local_server_on  # noqa: E402
+from tapdeck.app.cli import app
+from tests.support.local_server import local_server_on
 
 WIDE = {"COLUMNS": "200", "TERMINAL_WIDTH": "200"}
 

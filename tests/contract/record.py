@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -27,6 +26,7 @@ import httpx
 from tapdeck.app.host import LocalServer
 from tapdeck.proxy.config import ServerConfig
 from tests.support.fake_vllm import FakeVllm
+from tests.support.session_env import apply_session_env
 
 FIXTURE = Path(__file__).parent / "fixtures" / "api.json"
 RUN_WAIT_S = 240.0
@@ -130,7 +130,7 @@ async def record_from(server: LocalServer) -> dict[str, Any]:
 
 def record(data_dir: Path) -> dict[str, Any]:
     """A fresh recording from a server with its data in `data_dir`."""
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    apply_session_env()  # run as a script, without tests/conftest.py
     with recording_server(data_dir) as server:
         return asyncio.run(record_from(server))
 

@@ -124,8 +124,7 @@ def test_serve_on_a_reused_engine_names_the_process_that_serves_it(registry: Pat
             [sys.executable, "-c", "from tapdeck.app.cli import main; main()", "serve", "--port",
              "0", "--data-dir", str(tmp_path / "data")],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-            env={k: v for k, v in os.environ.items() if not k.startswith("TAPDECK_ADMIN_KEY")}
-            | {"LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+            env={k: v for k, v in os.environ.items() if not k.startswith("TAPDECK_ADMIN_KEY")})
         lines: list[str] = []
         while not lines or not lines[-1].startswith("admin key:"):  # serve's last start-up line
             line = serve.stdout.readline()

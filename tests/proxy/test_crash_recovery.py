@@ -17,7 +17,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-from tests.support.tapdeck_process import ENV, TAPDECK, serve_process, wait_health
+from tests.support.tapdeck_process import TAPDECK, serve_process, wait_health
 
 
 def test_kill_9_mid_rollout_loses_no_replied_turn(embedded_engine, tmp_path: Path, port_factory):
@@ -84,7 +84,7 @@ def test_kill_9_mid_rollout_loses_no_replied_turn(embedded_engine, tmp_path: Pat
 
     out = tmp_path / "export.jsonl"
     done = subprocess.run([TAPDECK, "export", info["id"], "--format", "jsonl", "--out", str(out),
-                           "--data-dir", str(data)], env=ENV, capture_output=True, text=True, timeout=120)
+                           "--data-dir", str(data)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) >= len(replied)

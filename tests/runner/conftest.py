@@ -6,15 +6,12 @@ them only through the HTTP admin API, exactly as the CLI and the TUI do.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.support.runner_server import RunnerServer, runner_server_on
-
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 
 @pytest.fixture(scope="session")

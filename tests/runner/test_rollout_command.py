@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.support.fake_vllm import models_only_engine
+from tests.support.session_env import base_env
 
 pytestmark = pytest.mark.slow
 
@@ -50,8 +51,7 @@ def test_rollout_keeps_server_logs_off_stderr_and_summary_lines_whole_in_a_file(
         done = subprocess.run([str(tapdeck), "rollout", "--engine", engine, "--max-turns", "1",
                                "--timeout", "300", "--data-dir", str(data)],
                               capture_output=True, text=True, timeout=600,
-                              env={"LITELLM_LOCAL_MODEL_COST_MAP": "True", "PATH": "/usr/bin:/bin",
-                                   "HOME": str(Path.home()), "COLUMNS": "80"})
+                              env=base_env(HOME=str(Path.home()), COLUMNS="80"))
     assert done.returncode == 3, done.stderr
     assert "call 502" not in done.stderr and "LiteLLM" not in done.stderr, done.stderr
     assert f"server log: {data / 'rollout.log'}" in done.stderr
@@ -69,8 +69,7 @@ def test_rollout_log_records_every_answered_call(embedded_engine: Any, tmp_path:
                            "--max-turns", "1", "--max-output-tokens", "128", "--timeout", "300",
                            "--data-dir", str(data)],
                           capture_output=True, text=True, timeout=600,
-                          env={"LITELLM_LOCAL_MODEL_COST_MAP": "True", "PATH": "/usr/bin:/bin",
-                               "HOME": str(Path.home()), "COLUMNS": "80"})
+                          env=base_env(HOME=str(Path.home()), COLUMNS="80"))
     assert done.returncode in (0, 3), done.stderr  # the tiny model may or may not fail the task
     assert "call 200" not in done.stderr, done.stderr
     # An answered call is an INFO line of the access log: the log has it, not only the failures.

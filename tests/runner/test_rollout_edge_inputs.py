@@ -32,8 +32,7 @@ from tests.support.ports import free_port
 
 def _rollout(*args: str, registry: str, tmp: Path) -> subprocess.CompletedProcess:
     """`tapdeck rollout ARGS` in a process of its own whose Harbor looks datasets up at `registry`."""
-    env = os.environ | {REGISTRY_URL_VAR: registry, "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-                        "COLUMNS": "400"}
+    env = os.environ | {REGISTRY_URL_VAR: registry, "COLUMNS": "400"}
     return subprocess.run([sys.executable, "-c", "from tapdeck.app.cli import main; main()",
                            "rollout", *args, "--data-dir", str(tmp / "data")],
                           capture_output=True, text=True, timeout=300, env=env,

@@ -126,8 +126,7 @@ def test_sigterm_cancels_a_followed_run_as_ctrl_c_does(tmp_path: Path) -> None:
         command = subprocess.Popen(
             [str(tapdeck), "rollout", "--server", server.url, "--admin-key", ADMIN_KEY,
              "--dataset", str(task), "--harness", "oracle", "--timeout", "600"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             run_id = None
             for _ in range(1200):  # until its rollout sleeps in the verifier (bounded)

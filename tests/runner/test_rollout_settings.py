@@ -3,21 +3,18 @@ sources a rollout records, and how they reach the Harbor agent."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-
-from tapdeck.runner.batch import RunPlan  # noqa: E402
-from tapdeck.runner.datasets import SAMPLE_DATASET_DIR  # noqa: E402
-from tapdeck.runner.harnesses import RunDefaults, build_agent_pieces  # noqa: E402
+from tapdeck.runner.batch import RunPlan
+from tapdeck.runner.datasets import SAMPLE_DATASET_DIR
+from tapdeck.runner.harnesses import RunDefaults, build_agent_pieces
 from tapdeck.runner.rollout_settings import DEFAULT_HARD_LIMIT_S, MIN_OUTPUT_TOKENS, OUTPUT_SHARE, SettingsDoNotFit, resolve
 from tapdeck.schema.settings import RolloutSettings
-from tapdeck.schema.runs import RolloutTemplate  # noqa: E402
-from tests.support.vllm_recordings import vllm_fixture  # noqa: E402
+from tapdeck.schema.runs import RolloutTemplate
+from tests.support.vllm_recordings import vllm_fixture
 
 HELLO = SAMPLE_DATASET_DIR / "hello-file"
 RECORDED_VLLM_CONTEXT = vllm_fixture("models")["models"]["response"]["data"][0]["max_model_len"]

@@ -4,20 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 
 import pytest
+from rich.console import Console
+from typer.testing import CliRunner
 
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-
-from rich.console import Console  # noqa: E402
-from typer.testing import CliRunner  # noqa: E402
-
-from tapdeck.app.cli import app  # noqa: E402
-from tapdeck.app.commands.info import render  # noqa: E402
-from tapdeck.runner import catalog  # noqa: E402
-from tests.support.fake_vllm import models_only_engine  # noqa: E402
+from tapdeck.app.cli import app
+from tapdeck.app.commands.info import render
+from tapdeck.runner import catalog
+from tests.support.fake_vllm import models_only_engine
 
 
 def test_sandbox_catalog_lists_host_and_every_harbor_backend() -> None:

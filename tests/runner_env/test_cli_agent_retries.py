@@ -7,12 +7,9 @@ requests or seconds there; tests/agents/test_agent_rollouts.py's dead-engine tes
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-
-from tapdeck.runner.cli_agents import RETRIES, MiniSweAgentCli, QwenCodeCli  # noqa: E402
+from tapdeck.runner.cli_agents import RETRIES, MiniSweAgentCli, QwenCodeCli
 
 
 def _agent(cls: type, tmp_path: Path):

@@ -7,13 +7,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+from harbor.models.task.task import Task
 
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-
-from harbor.models.task.task import Task  # noqa: E402
-
-from tapdeck.runner import datasets  # noqa: E402
-from tapdeck.runner.datasets import DatasetError, DatasetTimeout, resolve_dataset  # noqa: E402
+from tapdeck.runner import datasets
+from tapdeck.runner.datasets import DatasetError, DatasetTimeout, resolve_dataset
 
 SAMPLE_TASKS = ["fizzbuzz-python", "greet-script", "hello-file", "json-config", "sum-numbers"]
 

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
+from harbor.agents.agent_auth_resolution import resolve_agent_model_connection
+from harbor.agents.factory import AgentFactory
+from harbor.models.trial.config import AgentConfig
 
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-
-from harbor.agents.agent_auth_resolution import resolve_agent_model_connection  # noqa: E402
-from harbor.agents.factory import AgentFactory  # noqa: E402
-from harbor.models.trial.config import AgentConfig  # noqa: E402
-
-from tapdeck.runner.harnesses import (  # noqa: E402
+from tapdeck.runner.harnesses import (
     HARNESSES,
     Placement,
     RunDefaults,

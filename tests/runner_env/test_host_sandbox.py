@@ -15,19 +15,16 @@ import types
 from pathlib import Path
 
 import pytest
+from harbor import Trial
+from harbor.agents.base import BaseAgent
+from harbor.models.task.config import EnvironmentConfig as TaskEnvironmentConfig
+from harbor.models.trial.config import AgentConfig, TaskConfig, TrialConfig
+from harbor.models.trial.paths import TrialPaths
 
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-
-from harbor import Trial  # noqa: E402
-from harbor.agents.base import BaseAgent  # noqa: E402
-from harbor.models.task.config import EnvironmentConfig as TaskEnvironmentConfig  # noqa: E402
-from harbor.models.trial.config import AgentConfig, TaskConfig, TrialConfig  # noqa: E402
-from harbor.models.trial.paths import TrialPaths  # noqa: E402
-
-from tapdeck.runner.catalog import sandbox_environment_config  # noqa: E402
-from tapdeck.runner.datasets import sample_dataset  # noqa: E402
-from tapdeck.runner.sandboxes import host  # noqa: E402
-from tapdeck.runner.sandboxes.host import HostSandbox, processes_in_namespace  # noqa: E402
+from tapdeck.runner.catalog import sandbox_environment_config
+from tapdeck.runner.datasets import sample_dataset
+from tapdeck.runner.sandboxes import host
+from tapdeck.runner.sandboxes.host import HostSandbox, processes_in_namespace
 
 SAMPLE = sample_dataset()
 TASK_NAMES = [t.name for t in SAMPLE.tasks]
@@ -596,8 +593,7 @@ def test_kill_9_of_the_server_kills_every_process_of_its_trial_tmux_included(
 
     server = subprocess.Popen([sys.executable, "-c", _TMUX_TRIAL, str(SAMPLE.task("hello-file").path),
                                str(tmp_path / "trials"), str(hostdirs), "1" if rootless else "0"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-                              env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     trial = None
     try:
         line = server.stdout.readline()  # the agent's line, or "" if the process died first
@@ -647,8 +643,7 @@ async def test_the_trial_folders_a_killed_process_left_are_removed_when_the_next
     await live.start(force_build=False)
     killed = subprocess.Popen([sys.executable, "-c", _HELD_SANDBOX, str(tmp_path / "task"),
                                str(tmp_path / "hostdirs")],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = killed.stdout.readline()
         assert line.strip(), killed.stderr.read() if killed.poll() is not None else line

@@ -19,13 +19,11 @@ from tests.support.ports import free_port
 TAPDECK = Path(sys.executable).with_name("tapdeck")
 """The console script of the environment running the tests."""
 
-ENV = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-
 
 def serve_process(port: int, data: Path, engine_url: str) -> subprocess.Popen:
     """A `tapdeck serve` process on `port` with its data in `data` (stdout and stderr piped)."""
     return subprocess.Popen([str(TAPDECK), "serve", "--port", str(port), "--data-dir", str(data),
-                             "--engine", engine_url], env=ENV,
+                             "--engine", engine_url],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
@@ -60,7 +58,7 @@ def tapdeck_serve(tapdeck: Path, data_dir: Path, log: Path, *, admin_key: str | 
         argv += ["--engine-model", engine_model]
     with log.open("w") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                   env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", **(env or {})})
+                                   env={**os.environ, **(env or {})})
     process.url = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
     try:
         deadline = time.monotonic() + 120

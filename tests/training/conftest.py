@@ -6,7 +6,6 @@ write_jsonl) from Turns built out of tests/fixtures/vllm bodies, exactly as `tap
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,8 +15,6 @@ import pytest
 
 from tests.support.fake_vllm import models_only_engine
 from tests.support.training_export import write_export
-
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 
 @pytest.fixture

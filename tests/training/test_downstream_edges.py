@@ -9,7 +9,6 @@ as real subprocesses.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +26,6 @@ from tapdeck.runner.train_jobs import read_metrics
 from tapdeck.runner.training import TrainEnvMissing, TrainingRun, load_run, recipe_python
 from tests.support.recorded_turns import turn_from_fixture
 from tests.support.training_export import rollout_rows, write_export
-
-ENV = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
 
 
 def _data_dir_with_run(tmp_path: Path, results: list[dict[str, Any]],
@@ -164,7 +161,7 @@ def test_metrics_of_a_recipe_that_renamed_its_trackio_run_and_project_still_reac
 def _train(*args: str) -> Any:
     from tapdeck.app.cli import app
 
-    return CliRunner().invoke(app, ["train", *args], env=ENV)
+    return CliRunner().invoke(app, ["train", *args])
 
 
 @pytest.mark.parametrize("run", ["../run-x", "runs/run-x", ".."])

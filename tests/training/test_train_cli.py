@@ -17,18 +17,17 @@ import pytest
 from tests.support.training_export import write_export
 
 TAPDECK = shutil.which("tapdeck", path=str(Path(os.sys.executable).parent)) or "tapdeck"
-ENV = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
 
 
 def train(server: Any, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([TAPDECK, "train", "--server", server.url, "--admin-key", server.admin_key, *args],
-                          capture_output=True, text=True, timeout=180, env=ENV)
+                          capture_output=True, text=True, timeout=180)
 
 
 def test_train_list_says_what_the_server_can_start(train_server: Any, tmp_path: Path) -> None:
     out = subprocess.run([TAPDECK, "train", "--server", train_server.url, "--admin-key",
                           train_server.admin_key, "--list"], capture_output=True, text=True, timeout=60,
-                         env={**ENV, "TAPDECK_TRAIN_ENV": str(tmp_path / "none")})
+                         env={**os.environ, "TAPDECK_TRAIN_ENV": str(tmp_path / "none")})
     assert out.returncode == 0, out.stderr
     assert "data-check  [can start there]" in out.stdout
     # The server's environment decides (the test server runs in this process, without the variable).
@@ -73,7 +72,7 @@ def test_train_with_a_rejected_admin_key_names_where_that_key_came_from(train_se
                                                                        tmp_path: Path) -> None:
     given = subprocess.run([TAPDECK, "train", "--server", train_server.url, "--data-dir",
                             str(tmp_path / "empty"), "--admin-key", "not-the-key", "--list"],
-                           capture_output=True, text=True, timeout=60, env=ENV)
+                           capture_output=True, text=True, timeout=60)
     assert given.returncode == 1
     assert "the server rejected the admin key from --admin-key or $TAPDECK_ADMIN_KEY" in given.stderr
     assert str(tmp_path) not in given.stderr  # the data dir's admin.key was not what was sent
@@ -81,7 +80,7 @@ def test_train_with_a_rejected_admin_key_names_where_that_key_came_from(train_se
     (tmp_path / "client" / "admin.key").write_text("not-the-key\n")
     read = subprocess.run([TAPDECK, "train", "--server", train_server.url, "--data-dir",
                            str(tmp_path / "client"), "--list"], capture_output=True, text=True, timeout=60,
-                          env={k: v for k, v in ENV.items() if k != "TAPDECK_ADMIN_KEY"})
+                          env={k: v for k, v in os.environ.items() if k != "TAPDECK_ADMIN_KEY"})
     assert read.returncode == 1
     assert (f"tapdeck train: the server rejected the admin key read from "
             f"{tmp_path / 'client' / 'admin.key'}; pass the server's key with --admin-key") in read.stderr
@@ -126,7 +125,7 @@ def test_train_output_gives_the_trackio_show_command_that_shows_this_job(
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**ENV, "TRACKIO_DIR": setting.split("=", 1)[1], "BROWSER": "true",
+    env = {**os.environ, "TRACKIO_DIR": setting.split("=", 1)[1], "BROWSER": "true",
            "GRADIO_SERVER_PORT": str(port), "HF_HOME": str(tmp_path / "hf")}
     show = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
@@ -177,7 +176,7 @@ def test_train_without_the_rows_its_recipe_reads_is_refused_before_a_job_starts(
     assert (set(jobs.iterdir()) if jobs.is_dir() else set()) == before
     # Without --server it is refused before a local server starts in the data dir.
     local = subprocess.run([TAPDECK, "train", "--data-dir", str(tmp_path / "local")],
-                           capture_output=True, text=True, timeout=60, env=ENV)
+                           capture_output=True, text=True, timeout=60)
     assert local.returncode == 2 and "data-check needs --run RUN" in local.stderr, local.stderr
     assert not (tmp_path / "local").exists()
 
