@@ -30,7 +30,7 @@ import httpx
 
 from tapdeck.app.host import LocalServer
 from tapdeck.proxy.config import ServerConfig
-from tests.contract.record import write_recording
+from tests.schema.record import write_recording
 from tests.support.fake_vllm import FakeVllm, continues_a_conversation
 from tests.support.session_env import apply_session_env
 

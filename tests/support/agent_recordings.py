@@ -1,4 +1,4 @@
-"""The agents' recorded request shapes (tests/dialects/recordings) and the calls that replay them."""
+"""The agents' recorded request shapes (tests/proxy/dialects/recordings) and the calls that replay them."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 from google import genai
 from google.genai import types
 
-RECORDINGS = Path(__file__).resolve().parents[1] / "dialects" / "recordings"
+RECORDINGS = Path(__file__).resolve().parents[1] / "proxy" / "dialects" / "recordings"
 
 
 def recording(name: str) -> dict[str, Any]:

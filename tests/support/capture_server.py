@@ -1,6 +1,6 @@
 """The capture app (proxy routes and admin API, no runner) on loopback, and a module-scoped pair of
 it in front of the fake vLLM for tests that share one (fixtures `scripted`, `upstream`, `capture`:
-a conftest.py imports them to offer them)."""
+tests/proxy/dialects/conftest.py and tests/runner/test_agent_binaries.py import them to offer them)."""
 
 from __future__ import annotations
 

@@ -6,9 +6,12 @@ import os
 import subprocess
 from pathlib import Path
 
+TRAIN_ENV_SCRIPTS = Path(__file__).resolve().parents[1] / "runner" / "train_env_scripts"
+"""The scripts tests run in the training environment."""
+
 
 def run_in_train_env(python: Path, script: Path, *args: str, timeout_s: float = 900) -> str:
-    """Run a script of tests/training/train_env_scripts in the training environment; its stdout.
+    """Run a script (of TRAIN_ENV_SCRIPTS) in the training environment; its stdout.
 
     The script sees tapdeck's 3.11-clean modules through the PYTHONPATH link a recipe gets
     (`package_path`, kept beside the environment) and TRL's experimental warning is silenced; a

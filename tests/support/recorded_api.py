@@ -21,7 +21,7 @@ def recorded_transport(data: dict | None = None) -> httpx.MockTransport:
     a real server (see tests/app/record.py for the states it drives the server through).
 
     `graphs` holds each rollout's `GET /admin/sessions/{id}/graph?since=0`; other `since` values get
-    the turns from `since` on, as the server answers (tests/contract checks that it does).
+    the turns from `since` on, as the server answers (tests/schema checks that it does).
     """
     data = data or json.loads(API_FIXTURE.read_text())
     train = data["train"]
