@@ -174,7 +174,7 @@ def test_the_command_table_names_every_command_the_cli_has() -> None:
 def test_the_data_dir_listing_names_every_file_a_server_leaves_there(tmp_path: Path) -> None:
     from tapdeck.app.host import LocalServer
     from tapdeck.proxy.config import ServerConfig
-    from tests.conftest import models_only_engine
+    from tests.support.fake_vllm import models_only_engine
 
     listing = _read("docs/cli.md").split("Data lives in `--data-dir`", 1)[1].split("\n\n", 1)[0]
     data = tmp_path / "data"

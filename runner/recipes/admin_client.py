@@ -2,7 +2,7 @@
 
 Recipes that train run in the training environment (Python 3.11, `tapdeck.runner.train_env`), where
 tapdeck's own dependencies are not installed; this module needs only httpx and the standard library,
-so it imports there (tests/training/test_train_env.py checks). Every route it uses is listed in the
+so it imports there (tests/runner/test_train_env.py checks). Every route it uses is listed in the
 README's server API table. Its one tapdeck import, `schema.tls`, is standard library only.
 """
 

@@ -14,7 +14,7 @@ does, on any machine, step by step so a live plot shows it working:
 3. Chains each rollout's turns into training rows the way TRL does (`build_rows`: clean append,
    realign or fork per transition; `--fork-threshold`, 0 as in grpo-trl's lossless mode), checks
    `input_ids`, `completion_mask`, `old_log_probs` have one length, and drops rows with no trained
-   token. tests/training/test_data_check_equals_trl.py runs TRL's own functions on the same rows.
+   token. tests/runner/recipes/test_data_check_equals_trl.py runs TRL's own functions on the same rows.
 4. Per group (`group_id`): the GRPO advantage of each scorable rollout,
    `(r − mean) / (std + 1e-8)` over the group's scorable rollouts only, with the population std
    (n, numpy's default), as TRL's AsyncGRPO worker computes it; `reward: null` is excluded (never

@@ -21,7 +21,7 @@ posts are `tapdeck.schema` models (pydantic only, which the training environment
 
 What ran here (a 2-core CPU box, no GPU): the session factory, the traces and TRL's own
 `_HarnessRolloutLoop` built with exactly `worker_kwargs(...)`, against a real `tapdeck serve` with
-the embedded engine (tests/training/test_trl_harness_loop.py). Not run: `AsyncGRPOTrainer`
+the embedded engine (tests/runner/recipes/test_trl_harness_loop.py). Not run: `AsyncGRPOTrainer`
 itself, vLLM and the NCCL weight sync (they need GPUs).
 
 Launch (2 GPUs, one host): start vLLM with the flags from `--print-vllm-command`; then
@@ -357,7 +357,7 @@ def factory_from_args(args: argparse.Namespace, plan: RunPlan | None = None) -> 
 
 def training_stack() -> SimpleNamespace:
     """The TRL, transformers and datasets classes `main` trains with (ImportError outside the
-    training environment; tests/training/test_train_env.py imports them there)."""
+    training environment; tests/runner/test_train_env.py imports them there)."""
     from datasets import Dataset
     from transformers import AutoTokenizer, GenerationConfig
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer

@@ -2,92 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import re
 import time
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 
-from tapdeck.app.client import TapdeckClient
-from tests.conftest import hanging_engine, local_server_on
-
-API_FIXTURE = Path(__file__).parent / "fixtures" / "api.json"
-FROZEN_NOW = 1000.0
-
-
-def recorded_transport(data: dict | None = None) -> httpx.MockTransport:
-    """Answers the admin API from `fixtures/api.json`, which `python -m tests.app.record` writes from
-    a real server (see tests/app/record.py for the states it drives the server through).
-
-    `graphs` holds each rollout's `GET /admin/sessions/{id}/graph?since=0`; other `since` values get
-    the turns from `since` on, as the server answers (tests/contract checks that it does).
-    """
-    data = data or json.loads(API_FIXTURE.read_text())
-    train = data["train"]
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        path = request.url.path
-        if path == "/health":
-            return httpx.Response(200, json=data["health"])
-        if request.headers.get("authorization") != "Bearer test-key":
-            return httpx.Response(401, json={"detail": "admin key required"})
-        if path == "/admin/catalog":
-            return httpx.Response(200, json=data["catalog"])
-        if path == "/admin/sessions":
-            return httpx.Response(200, json={"sessions": data["sessions"]})
-        if m := re.fullmatch(r"/admin/sessions/([^/]+)/(rollout|activity)", path):
-            return _found(data["rollouts" if m[2] == "rollout" else "activity"].get(m[1]), "session")
-        if m := re.fullmatch(r"/admin/sessions/([^/]+)", path):
-            return _found(data["session_details"].get(m[1]), "session")
-        if m := re.fullmatch(r"/admin/sessions/([^/]+)/graph", path):
-            view = data["graphs"].get(m[1])
-            if view is None:
-                return _found(None, "session")
-            since = int(request.url.params.get("since", 0))
-            return httpx.Response(200, json={**view, "since": since,
-                                             "turns": [t for t in view["turns"] if t["seq"] >= since]})
-        if m := re.fullmatch(r"/admin/sessions/([^/]+)/turns/(\d+)", path):
-            return _found(data["turns"].get(m[1], {}).get(m[2]), "turn")
-        if path == "/admin/runs" and request.method == "GET":
-            return httpx.Response(200, json={"runs": data["runs"]})
-        if m := re.fullmatch(r"/admin/runs/([^/]+)", path):
-            return _found(data["run_details"].get(m[1]), "run")
-        if path == "/admin/train/recipes":
-            return httpx.Response(200, json=train["recipes"])
-        if path == "/admin/train" and request.method == "GET":
-            return httpx.Response(200, json=train["runs"])
-        if m := re.fullmatch(r"/admin/train/([^/]+)/(log|metrics)", path):
-            return _found(train["logs" if m[2] == "log" else "metrics"].get(m[1]), "training run")
-        if m := re.fullmatch(r"/admin/train/([^/]+)/events", path):
-            events = train["events"].get(m[1])
-            if events is None:
-                return _found(None, "training run")
-            body = "".join(f"data: {json.dumps(e)}\n\n" for e in events)
-            return httpx.Response(200, text=body, headers={"content-type": "text/event-stream"})
-        return httpx.Response(404, json={"detail": f"not found: {path}"})
-
-    return httpx.MockTransport(handler)
-
-
-def _found(body: dict | None, what: str) -> httpx.Response:
-    return httpx.Response(200, json=body) if body is not None else \
-        httpx.Response(404, json={"detail": f"no such {what}"})
-
-
-def recorded_app(mode: str = "sessions", **kwargs):
-    """A TapdeckApp over the recorded API: no event stream, frozen clock, no settings file."""
-    from tapdeck.app.tui import TapdeckApp
-
-    client = TapdeckClient("http://tapdeck.test", "test-key", transport=recorded_transport())
-    return TapdeckApp(client, server_label="http://tapdeck.test", follow_events=False,
-                      clock=lambda: FROZEN_NOW, initial_mode=mode, **kwargs)
+from tests.support.fake_vllm import hanging_engine
+from tests.support.hung_server import HungServer
+from tests.support.local_server import local_server_on
+from tests.support.recorded_api import API_FIXTURE, recorded_app
 
 
 @pytest.fixture(autouse=True)
@@ -114,29 +40,6 @@ def api_data() -> dict:
 def make_app():
     """`make_app(mode, **kwargs)` → a TapdeckApp over the recorded API."""
     return recorded_app
-
-
-@dataclass
-class HungServer:
-    """A real LocalServer whose engine probes fine and never answers a model call (`engine.held`:
-    the calls it holds now), so a rollout stays in its first model call until it is cancelled."""
-
-    engine: Any
-    server: Any
-    settings_path: Path
-
-    @contextlib.asynccontextmanager
-    async def one_rollout_run(self, mode: str) -> AsyncIterator[tuple[Any, Any, Any]]:
-        """The TUI on this server at 80×24, opening on `mode`, with a run of one terminus-2 rollout
-        of hello-file started: yields (app, pilot, the run's summary)."""
-        from tapdeck.app.tui import TapdeckApp
-        from tapdeck.schema.runs import RunPlan
-
-        app = TapdeckApp(TapdeckClient(self.server.url, self.server.admin_key),
-                         settings_path=self.settings_path, initial_mode=mode)
-        async with app.run_test(size=(80, 24)) as pilot:
-            run = await app.client.start_run(RunPlan(tasks=["hello-file"], k=1, timeout_s=600))
-            yield app, pilot, run
 
 
 @pytest.fixture

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,8 +30,9 @@ import httpx
 
 from tapdeck.app.host import LocalServer
 from tapdeck.proxy.config import ServerConfig
-from tests.contract.record import write_recording
-from tests.proxy.conftest import Upstream, started_upstream
+from tests.schema.record import write_recording
+from tests.support.fake_vllm import FakeVllm, continues_a_conversation
+from tests.support.session_env import apply_session_env
 
 FIXTURE = Path(__file__).parent / "fixtures" / "api.json"
 REPO = Path(__file__).resolve().parents[2]
@@ -47,18 +47,18 @@ TOOLS = [{"type": "function", "function": {
 
 
 @contextmanager
-def recording_servers(data_dir: Path) -> Iterator[tuple[LocalServer, Upstream]]:
+def recording_servers(data_dir: Path) -> Iterator[tuple[LocalServer, FakeVllm]]:
     """A LocalServer on the embedded engine, and a recorded-vLLM upstream that holds follow-ups."""
-    up = started_upstream(mode="hold_followups", name="hanging-vllm")
+    up = FakeVllm(hold=continues_a_conversation).start()
     try:
         server = LocalServer(ServerConfig(port=0, data_dir=data_dir)).start()
         try:
             yield server, up
         finally:
-            up.mode = "vllm"  # lets a held call end before the server stops
+            up.hold = None  # lets a held call end before the server stops
             server.stop()
     finally:
-        up.server.stop()
+        up.stop()
 
 
 class Driver:
@@ -115,7 +115,7 @@ async def _train_events(http: httpx.AsyncClient, run_id: str) -> list[dict[str, 
     return events
 
 
-async def record_from(server: LocalServer, up: Upstream) -> dict[str, Any]:
+async def record_from(server: LocalServer, up: FakeVllm) -> dict[str, Any]:
     """Drive the server through every state the screens show; the bodies they read."""
     admin = {"Authorization": f"Bearer {server.admin_key}"}
     async with httpx.AsyncClient(base_url=server.url, headers=admin, timeout=120.0) as http:
@@ -165,7 +165,7 @@ async def record_from(server: LocalServer, up: Upstream) -> dict[str, Any]:
             *ask, {"role": "assistant", "content": reply.get("content") or "", "tool_calls": [call]},
             {"role": "tool", "tool_call_id": "call_0", "content": observation}], tools=TOOLS))
         async with asyncio.timeout(60):
-            while up.holding < 1:
+            while up.held < 1:
                 await asyncio.sleep(0.1)
         await asyncio.sleep(2.0)  # the call's age shows on the activity pane
 
@@ -182,7 +182,7 @@ async def record_from(server: LocalServer, up: Upstream) -> dict[str, Any]:
         out["runs"] = (await api.get("/admin/runs"))["runs"]
         out["run_details"] = {r["id"]: await api.get(f"/admin/runs/{r['id']}") for r in out["runs"]}
 
-        up.mode = "vllm"
+        up.hold = None
         await hung
     return out
 
@@ -223,7 +223,7 @@ def _clocks(value: Any, start: float, key: str = "") -> Any:
 
 def record(data_dir: Path) -> dict[str, Any]:
     """A fresh, normalised recording from a server with its data in `data_dir`."""
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    apply_session_env()  # run as a script, without tests/conftest.py
     with recording_servers(data_dir) as (server, up):
         raw = asyncio.run(record_from(server, up))
     return normalise(raw, data_dir)

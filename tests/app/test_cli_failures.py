@@ -20,15 +20,15 @@ import pytest
 from tapdeck.app.client import ApiError
 from tapdeck.app.failures import describe
 from tapdeck.runner.datasets import SAMPLE_DATASET_DIR
-from tests.conftest import free_port
-from tests.runner.harbor_registry import REGISTRY_URL_VAR, registry_knowing_no_dataset
+from tests.support.harbor_registry import REGISTRY_URL_VAR, registry_knowing_no_dataset
+from tests.support.ports import free_port
 
 
 def tapdeck(*args: str, tmp: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """`tapdeck ARGS` through the console script's entry point, with no key or data of the user's
     (`env` adds to or overrides its environment)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TAPDECK_ADMIN_KEY")} | {
-        "LITELLM_LOCAL_MODEL_COST_MAP": "True", "TAPDECK_DATA_DIR": str(tmp / "data"),
+        "TAPDECK_DATA_DIR": str(tmp / "data"),
         "XDG_CONFIG_HOME": str(tmp / "config"), "COLUMNS": "200"} | (env or {})
     return subprocess.run([sys.executable, "-c", "from tapdeck.app.cli import main; main()", *args],
                           capture_output=True, text=True, timeout=120, env=env,

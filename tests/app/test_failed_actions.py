@@ -15,8 +15,9 @@ from tapdeck.app.confirm import CONFIRM_S
 from tapdeck.app.tui import TapdeckApp
 from tapdeck.app.widgets.session_table import SessionTable
 from tapdeck.runner.datasets import SAMPLE_DATASET_DIR
-from tests.app.conftest import HungServer, recorded_transport
-from tests.app.pilot_wait import until
+from tests.support.hung_server import HungServer
+from tests.support.pilot_wait import until
+from tests.support.recorded_api import recorded_transport
 
 
 def _notes(app: TapdeckApp) -> list[str]:

@@ -10,8 +10,9 @@ import pytest
 
 from tapdeck.app.client import TapdeckClient
 from tapdeck.app.tui import TapdeckApp
-from tests.app.conftest import FROZEN_NOW, HungServer, recorded_transport
-from tests.app.pilot_wait import until
+from tests.support.hung_server import HungServer
+from tests.support.pilot_wait import until
+from tests.support.recorded_api import FROZEN_NOW, recorded_transport
 
 
 def _recorded(api_data: dict, run_state: str, *, owns_server: bool) -> TapdeckApp:

@@ -10,7 +10,7 @@ from tapdeck.app.screens.help import HelpScreen
 from tapdeck.app.tui import TapdeckApp, TapdeckCommands
 from tapdeck.app.widgets.nav_bar import NavBar
 from tapdeck.app.widgets.session_table import SessionTable
-from tests.app.pilot_wait import until
+from tests.support.pilot_wait import until
 
 
 def test_every_screen_has_a_number_key_a_binding_and_a_palette_entry() -> None:

@@ -20,7 +20,7 @@ from tapdeck.app.screen_registry import SCREENS
 from tapdeck.app.screens.help import HelpScreen
 from tapdeck.app.widgets.session_table import SessionTable
 from tapdeck.app.widgets.token_view import TokenView
-from tests.app.pilot_wait import until
+from tests.support.pilot_wait import until
 
 SESSIONS = 8
 """Sessions in the recording (the App's first screen shows them all)."""

@@ -10,7 +10,9 @@ import subprocess
 
 import pytest
 
-from tests.app.tmux_driver import TAPDECK, Tmux, exit_code
+from tests.support.session_env import shell_assignments
+from tests.support.tapdeck_process import TAPDECK
+from tests.support.tmux_driver import Tmux, exit_code
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux"),
@@ -27,7 +29,7 @@ def test_tapdeck_runs_a_rollout_by_keystrokes_and_quits_freeing_the_port(tmp_pat
     name = f"tapdeck-test-{os.getpid()}"
     rc_file = tmp_path / "rc"
     data_dir = tmp_path / "data"
-    command = (f"env TAPDECK_DATA_DIR={data_dir} LITELLM_LOCAL_MODEL_COST_MAP=True {TAPDECK}; "
+    command = (f"env TAPDECK_DATA_DIR={data_dir} {shell_assignments()} {TAPDECK}; "
                f"echo $? > {rc_file}; sleep 60")
     subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "100", "-y", "30", command], check=True)
     tmux = Tmux(name)

@@ -9,8 +9,8 @@ from tapdeck.app.client import TapdeckClient
 from tapdeck.app.messages import RunsChanged
 from tapdeck.app.tui import TapdeckApp
 from tapdeck.app.widgets.session_table import SessionTable
-from tests.app.conftest import FROZEN_NOW, recorded_transport
-from tests.app.pilot_wait import until
+from tests.support.pilot_wait import until
+from tests.support.recorded_api import FROZEN_NOW, recorded_transport
 
 
 def _app(api_data: dict, mode: str) -> TapdeckApp:

@@ -15,8 +15,8 @@ from tapdeck.app.views import session_state
 from tapdeck.app.widgets.rollout_tree import RolloutTree
 from tapdeck.app.widgets.session_table import SessionTable
 from tapdeck.app.widgets.token_view import TokenView
-from tests.app.pilot_wait import click_until, until
-from tests.conftest import local_server_on
+from tests.support.local_server import local_server_on
+from tests.support.pilot_wait import click_until, until
 
 WAIT_S = 120.0  # a generous bound for a rollout to finish on 2 shared cores (not a speed check)
 

@@ -7,7 +7,6 @@ import asyncio
 from pathlib import Path
 
 import httpx
-import pytest
 from textual.widgets import DataTable
 
 from tapdeck.app.client import TapdeckClient
@@ -15,20 +14,10 @@ from tapdeck.app.host import LocalServer
 from tapdeck.app.tui import TapdeckApp
 from tapdeck.app.widgets.session_table import SessionTable
 from tapdeck.proxy.config import ServerConfig
-from tests.app.pilot_wait import until
-from tests.conftest import free_port
-from tests.proxy.conftest import started_upstream
+from tests.support.pilot_wait import until
+from tests.support.ports import free_port
 
 WAIT_S = 120.0  # a generous bound on 2 shared cores, not a speed check
-
-
-@pytest.fixture
-def upstream():
-    up = started_upstream()
-    try:
-        yield up
-    finally:
-        up.server.stop()
 
 
 def _app(url: str, key: str, tmp_path: Path) -> TapdeckApp:

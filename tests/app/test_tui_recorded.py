@@ -21,8 +21,8 @@ from tapdeck.app.tui import TapdeckApp
 from tapdeck.app.widgets.session_table import SessionTable
 from tapdeck.app.widgets.token_view import TokenView
 from tapdeck.schema.events import parse_event
-from tests.app.conftest import recorded_transport
-from tests.app.pilot_wait import click_until, until
+from tests.support.pilot_wait import click_until, until
+from tests.support.recorded_api import recorded_transport
 
 
 def _event(kind: str, session: dict):

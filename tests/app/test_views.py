@@ -34,7 +34,7 @@ from tapdeck.app.client import ApiError, TapdeckClient
 from tapdeck.schema.findings import Finding
 from tapdeck.schema.runs import RolloutResult, RunDetail, RunPlan, RunSummary
 from tapdeck.schema.sessions import GraphView, SessionSummary, TurnDetail
-from tests.app.rollout_docs import graph_turns
+from tests.support.graph_turns import graph_turns
 
 
 def _summary(**kw) -> SessionSummary:

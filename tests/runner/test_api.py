@@ -7,7 +7,7 @@ import time
 import httpx
 import pytest
 
-from tests.runner.conftest import RunnerServer
+from tests.support.runner_server import RunnerServer
 
 pytestmark = pytest.mark.slow
 

@@ -6,16 +6,13 @@ Trajectories are built with Harbor's own ATIF models so they are shaped exactly 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+from harbor.models.trajectories import Agent, Metrics, Step, Trajectory
 
-from harbor.models.trajectories import Agent, Metrics, Step, Trajectory  # noqa: E402
-
-from tapdeck.schema.findings import Level  # noqa: E402
-from tapdeck.runner.atif import CapturedCall, reconcile, reconcile_file  # noqa: E402
+from tapdeck.schema.findings import Level
+from tapdeck.runner.atif import CapturedCall, reconcile, reconcile_file
 
 
 def _trajectory(counts: list[int | None], *, prompts: list[int] | None = None,
@@ -185,7 +182,7 @@ def _recorded_session(tmp_path: Path):
     from tapdeck.proxy.capture.graph import RolloutGraph
     from tapdeck.proxy.service import CaptureService
     from tapdeck.proxy.store.database import Store
-    from tests.proxy_core.proxy_core_fixtures import turn_from_fixture
+    from tests.support.recorded_turns import turn_from_fixture
 
     store = Store(tmp_path / "capture.db")
     store.create_session({"id": "s-00000000000000a1", "state": "closed", "tier": "tokens",

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from tapdeck.schema.runs import RolloutResult
-from tests.conftest import hanging_engine
-from tests.runner.conftest import RunnerServer, make_task, runner_server_on
+from tests.support.fake_vllm import hanging_engine
+from tests.support.runner_server import RunnerServer, make_task, runner_server_on
 
 pytestmark = pytest.mark.slow
 WAIT_S = 180.0  # a bound for a trial to reach its agent on 2 shared cores, not a speed check

@@ -28,8 +28,10 @@ from fastapi.responses import Response
 from tapdeck.proxy.http.uvicorn_thread import ThreadedServer
 from tapdeck.proxy.store.database import Store
 from tapdeck.runner.run_dir import RESULTS, load_results
-from tests.conftest import SandboxProcesses, free_port
-from tests.proxy.conftest import serve_process, started_upstream, wait_health
+from tests.support.fake_vllm import FakeVllm, continues_a_conversation
+from tests.support.ports import free_port
+from tests.support.processes import SandboxProcesses
+from tests.support.tapdeck_process import serve_process, wait_health
 
 pytestmark = pytest.mark.slow
 
@@ -86,7 +88,7 @@ def _admin(url: str, data: Path) -> httpx.Client:
 
 def test_kill_9_mid_batch_keeps_every_delivered_turn_and_resume_runs_only_the_unfinished_rollouts(
         tmp_path: Path) -> None:
-    up = started_upstream(name="recorded-vllm")
+    up = FakeVllm().start()
     data, port = tmp_path / "data", free_port()
     url = f"http://127.0.0.1:{port}"
     relay = Relay(url)
@@ -104,15 +106,15 @@ def test_kill_9_mid_batch_keeps_every_delivered_turn_and_resume_runs_only_the_un
             return admin.get(f"/admin/runs/{run_id}").json()["counts"]["done"]
 
         _until("a rollout finished", done)
-        up.mode = "hold_followups"
-        _until("two rollouts with a call held in flight", lambda: up.holding >= CONCURRENCY)
+        up.hold = continues_a_conversation
+        _until("two rollouts with a call held in flight", lambda: up.held >= CONCURRENCY)
         trial = SandboxProcesses(proc.pid)
         assert any(c.startswith("tmux") for c in trial.commands()), trial.commands()
         delivered = relay.snapshot()
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(30)
         assert trial.survivors() == [], "processes of the killed server's trials are still running"
-        up.mode = "vllm"
+        up.hold = None
 
         finished = load_results(run_dir / RESULTS)
         assert 1 <= len(finished) <= K - CONCURRENCY
@@ -152,7 +154,7 @@ def test_kill_9_mid_batch_keeps_every_delivered_turn_and_resume_runs_only_the_un
         if trial is not None:
             trial.close()
         relay.server.stop()
-        up.server.stop()
+        up.stop()
 
     # Every reply delivered before the kill is a stored turn: those of one session key are the
     # first turns of one session, in order.

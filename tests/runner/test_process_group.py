@@ -8,7 +8,7 @@ import subprocess
 import time
 
 from tapdeck.runner.process_group import group_alive, signal_group, wait_group_gone
-from tests.conftest import process_gone
+from tests.support.processes import process_gone
 
 
 def test_a_killed_group_with_a_background_child_is_waited_until_nothing_of_it_runs() -> None:

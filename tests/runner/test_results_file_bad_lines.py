@@ -20,7 +20,8 @@ from tapdeck.runner.errors import PlanError
 from tapdeck.runner.rollout import RolloutSpec
 from tapdeck.runner.run_dir import RESULTS, load_results, read_results, rollout_id
 from tapdeck.schema.runs import RolloutResult
-from tests.conftest import local_server_on, models_only_engine
+from tests.support.fake_vllm import models_only_engine
+from tests.support.local_server import local_server_on
 
 
 def _line(run_id: str, index: int) -> str:

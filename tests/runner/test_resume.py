@@ -13,7 +13,7 @@ from tapdeck.runner.batch import BatchRunner, RunPlan
 from tapdeck.runner.rollout import RolloutResult
 from tapdeck.runner.run_dir import RESULTS, load_results, rollout_id
 from tapdeck.schema.findings import Finding
-from tests.runner.conftest import RunnerServer
+from tests.support.runner_server import RunnerServer
 
 pytestmark = pytest.mark.slow
 

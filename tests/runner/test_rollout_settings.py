@@ -3,21 +3,18 @@ sources a rollout records, and how they reach the Harbor agent."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-
-from tapdeck.runner.batch import RunPlan  # noqa: E402
-from tapdeck.runner.datasets import SAMPLE_DATASET_DIR  # noqa: E402
-from tapdeck.runner.harnesses import RunDefaults, build_agent_pieces  # noqa: E402
+from tapdeck.runner.batch import RunPlan
+from tapdeck.runner.datasets import SAMPLE_DATASET_DIR
+from tapdeck.runner.harnesses import RunDefaults, build_agent_pieces
 from tapdeck.runner.rollout_settings import DEFAULT_HARD_LIMIT_S, MIN_OUTPUT_TOKENS, OUTPUT_SHARE, SettingsDoNotFit, resolve
 from tapdeck.schema.settings import RolloutSettings
-from tapdeck.schema.runs import RolloutTemplate  # noqa: E402
-from tests.conftest import vllm_fixture  # noqa: E402
+from tapdeck.schema.runs import RolloutTemplate
+from tests.support.vllm_recordings import vllm_fixture
 
 HELLO = SAMPLE_DATASET_DIR / "hello-file"
 RECORDED_VLLM_CONTEXT = vllm_fixture("models")["models"]["response"]["data"][0]["max_model_len"]
@@ -151,9 +148,9 @@ async def test_settings_that_do_not_fit_fail_the_rollout_before_the_trial(tmp_pa
     from tapdeck.proxy.store.database import Store
     from tapdeck.proxy.upstream.tiers import EngineSpec
     from tapdeck.runner.rollout import RolloutSpec, run_rollout
-    from tests.proxy.conftest import started_upstream
+    from tests.support.fake_vllm import FakeVllm
 
-    up = started_upstream(name="recorded-vllm")
+    up = FakeVllm().start()
     service = CaptureService(Store(tmp_path / "capture.db"), default_engine=None,
                              public_url="http://127.0.0.1:9")
     try:
@@ -167,7 +164,7 @@ async def test_settings_that_do_not_fit_fail_the_rollout_before_the_trial(tmp_pa
         assert "agent_execution" not in result.timings
     finally:
         await service.aclose()
-        up.server.stop()
+        up.stop()
 
 
 
@@ -179,15 +176,13 @@ def test_terminus2_runs_with_the_served_engines_context_and_the_session_records_
     capture session record both."""
     import json
     import sqlite3
-    from types import SimpleNamespace
 
-    from tests.proxy.conftest import started_upstream
-    from tests.runner.conftest import runner_server_on
+    from tests.support.fake_vllm import FakeVllm
+    from tests.support.runner_server import runner_server_on
 
-    up = started_upstream(name="recorded-vllm")
+    up = FakeVllm().start()
     try:
-        engine = SimpleNamespace(base_url=up.base_url, served_name="smollm2")
-        with runner_server_on(engine, tmp_path) as server:
+        with runner_server_on(up, tmp_path) as server:
             doc = server.run(tasks=["hello-file"], harness="terminus-2", call_budget=2,
                              timeout_s=240, settings={"max_turns": 1})
             [r] = doc["rollouts"]
@@ -210,7 +205,7 @@ def test_terminus2_runs_with_the_served_engines_context_and_the_session_records_
             [(record,)] = db.execute("SELECT record FROM sessions WHERE id = ?", (r["session_id"],))
         assert json.loads(record)["max_output_tokens"] == 128
     finally:
-        up.server.stop()
+        up.stop()
 
 
 def test_a_flat_plan_as_older_servers_stored_it_reads_as_the_nested_plan() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.runner.conftest import RunnerServer, make_task, runner_server_on
+from tests.support.runner_server import RunnerServer, make_task, runner_server_on
 
 pytestmark = pytest.mark.slow
 

@@ -16,8 +16,9 @@ from typer.testing import CliRunner
 from tapdeck.app.cli import app
 from tapdeck.app.commands.rollout import EXIT_COULD_NOT_RUN
 from tapdeck.runner.run_lock import RunLock
-from tests.conftest import hanging_engine, local_server_on
-from tests.runner.other_process import holding_run_lock
+from tests.support.fake_vllm import hanging_engine
+from tests.support.local_server import local_server_on
+from tests.support.run_lock_holder import holding_run_lock
 
 
 def test_the_lock_names_the_process_that_holds_it_and_dies_with_it(tmp_path: Path) -> None:

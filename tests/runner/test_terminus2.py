@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.runner.conftest import RunnerServer
+from tests.support.runner_server import RunnerServer
 
 pytestmark = pytest.mark.slow
 

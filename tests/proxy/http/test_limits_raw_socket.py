@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tapdeck.proxy.config import ConnectionLimits
-from tests.proxy.conftest import server_with_upstream
+from tests.support.local_server import server_with_upstream
 
 LIMITS = ConnectionLimits(max_header_bytes=16 * 1024, max_headers=40, header_timeout_s=1.0,
                           body_timeout_s=1.0, keep_alive_s=1.0)

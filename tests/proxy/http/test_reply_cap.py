@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.proxy.conftest import server_with_upstream
+from tests.support.local_server import server_with_upstream
 
 LIMIT = 1_000_000
 CHAT = {"model": "x", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
@@ -26,14 +26,14 @@ def served(tmp_path_factory):
 
 def test_a_reply_over_the_cap_is_a_502_naming_it_in_every_dialect(served):
     up, server, key = served
-    up.mode, up.long_chars = "long", 2 * LIMIT
+    up.fault, up.long_chars = "long", 2 * LIMIT
     try:
         chat = httpx.post(f"{server.url}/v1/chat/completions", json=CHAT, headers=key, timeout=60)
         messages = httpx.post(f"{server.url}/v1/messages", json=ANTHROPIC, headers=key, timeout=60)
         google = httpx.post(f"{server.url}/v1beta/models/m:generateContent", json=GOOGLE, headers=key,
                             timeout=60)
     finally:
-        up.mode = "vllm"
+        up.fault = None
     for reply in (chat, messages, google):
         assert reply.status_code == 502, reply.text
         message = reply.json()["error"]["message"]
@@ -44,10 +44,10 @@ def test_a_reply_over_the_cap_is_a_502_naming_it_in_every_dialect(served):
 
 def test_a_reply_under_the_cap_goes_through(served):
     up, server, key = served
-    up.mode, up.long_chars = "long", LIMIT // 2
+    up.fault, up.long_chars = "long", LIMIT // 2
     try:
         chat = httpx.post(f"{server.url}/v1/chat/completions", json=CHAT, headers=key, timeout=60)
     finally:
-        up.mode = "vllm"
+        up.fault = None
     assert chat.status_code == 200, chat.text
     assert len(chat.json()["choices"][0]["message"]["content"]) == LIMIT // 2

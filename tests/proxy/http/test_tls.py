@@ -27,8 +27,9 @@ from tapdeck.app.host import LocalServer
 from tapdeck.proxy.config import ConfigError, ServerConfig, TlsFiles, check_tls, cleartext_warning
 from tapdeck.runner.recipes.admin_client import AdminClient, AdminError
 from tapdeck.schema.tls import server_trust
-from tests.conftest import free_port
-from tests.proxy.conftest import server_with_upstream, started_upstream
+from tests.support.ports import free_port
+from tests.support.fake_vllm import FakeVllm
+from tests.support.local_server import server_with_upstream
 
 STRONG_KEY = "Tls-Test-Admin-Key-4f9c2e7a1b3d5e8f0a2c"
 WAIT_S = 120
@@ -172,7 +173,7 @@ def test_a_server_trusts_its_own_certificate_under_any_host_name(tmp_path):
     """A certificate naming only the public host: the server's own health check over loopback
     (pinned to that certificate) passes, while a client checking host names refuses 127.0.0.1."""
     tls = make_certificate(tmp_path / "cert", "tapdeck.example")
-    up = started_upstream()
+    up = FakeVllm().start()
     try:
         with LocalServer(ServerConfig(host="127.0.0.1", port=0, engine_url=up.base_url,
                                       data_dir=tmp_path / "data", tls=tls)) as server:
@@ -180,7 +181,7 @@ def test_a_server_trusts_its_own_certificate_under_any_host_name(tmp_path):
             with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
                 httpx.get(f"{server.url}/health", verify=server_trust(tls.cert), timeout=30)
     finally:
-        up.server.stop()
+        up.stop()
 
 
 def test_a_key_that_is_not_the_certificates_is_refused_by_name(tmp_path):
@@ -231,7 +232,7 @@ def _serve_stderr(args: list[str], tmp: Path, engine_url: str) -> tuple[str, str
 
 
 def test_serve_beyond_loopback_without_tls_starts_and_says_what_is_in_the_clear(tmp_path, tls):
-    up = started_upstream()
+    up = FakeVllm().start()
     try:
         out, err = _serve_stderr([], tmp_path / "plain", up.base_url)
         warnings = [line for line in err.splitlines() if "in the clear" in line]
@@ -242,4 +243,4 @@ def test_serve_beyond_loopback_without_tls_starts_and_says_what_is_in_the_clear(
         assert "https://0.0.0.0:" in out
         assert "in the clear" not in err
     finally:
-        up.server.stop()
+        up.stop()

@@ -1,0 +1,189 @@
+"""The closed RL loop on a CPU: `cpu-grpo` launched as a server job trains SmolLM2-135M with TRL's
+GRPOTrainer on real tapdeck rollouts (sample dataset, terminus-2, host sandbox, through the proxy)
+sampled by the engine that serves the weights being trained; the weights it loads from the served
+F16 file are the shipped Q4_1 file's.
+
+Needs the training environment (scripts/train-env.sh; built here when missing and the script is
+present). One optimizer step on one group of 3 one-turn rollouts (up to 3 model calls of 24 tokens each).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tapdeck.runner.engine.model_file import default_model_path, shipped_model_path
+from tapdeck.runner.recipes.cpu_grpo import TapdeckRollouts, format_score, is_flat, sample_from_rollout
+from tapdeck.runner.training import train_python
+
+REPO = Path(__file__).resolve().parents[3]
+LOGPROB_TOLERANCE = 1e-3
+"""Engine (fp32, KV cache, token by token) vs trainer (fp32, one full forward pass): measured
+~3e-5 apart here; the one step at lr 1e-4 moves these logprobs by far more than this."""
+
+
+@pytest.fixture(scope="module")
+def train_env() -> Path:
+    """The training environment's python, made by scripts/train-env.sh when it is missing."""
+    python = train_python()
+    if not python.exists():
+        script = REPO / "scripts" / "train-env.sh"
+        if not script.exists():
+            pytest.skip(f"no training environment at {python} and no scripts/train-env.sh to make one")
+        subprocess.run(["bash", str(script)], check=True, timeout=3600, stdout=subprocess.DEVNULL)
+    return python
+
+
+def test_format_score_gives_partial_credit_for_terminus_json() -> None:
+    assert format_score("") == 0.0 and format_score("ls -la") == 0.0
+    assert format_score('I will write "analysis" then "plan"') == pytest.approx(0.5 * 2 / 3)
+    assert format_score('{"analysis": "x", "plan": "y", "comm') == pytest.approx(0.25 + 0.5 * 2 / 3)
+    assert format_score('{"analysis": "", "plan": "", "commands": []}') == 1.0
+    assert format_score("{not json") == 0.25
+
+
+def test_sample_from_rollout_splits_at_the_first_trained_token_and_keeps_the_mask() -> None:
+    doc = {"sequences": [
+        {"role": "auxiliary", "input_ids": [9, 9], "loss_mask": [0, 1], "logprobs": [0.0, -1.0]},
+        {"role": "agent", "input_ids": [1, 2, 3, 4, 5, 6, 7], "loss_mask": [0, 0, 1, 1, 0, 1, 1],
+         "logprobs": [0.0, 0.0, -0.5, -0.25, 0.0, -2.0, -0.125]},
+        {"role": "agent", "input_ids": [1, 2, 8], "loss_mask": [0, 0, 1], "logprobs": [0.0, 0.0, -3.0]},
+    ]}
+    sample, n_agent = sample_from_rollout(doc)
+    assert n_agent == 2
+    assert sample == {"prompt_ids": [1, 2], "completion_ids": [3, 4, 5, 6, 7], "env_mask": [1, 1, 0, 1, 1],
+                      "logprobs": [-0.5, -0.25, 0.0, -2.0, -0.125]}
+    with pytest.raises(ValueError):
+        sample_from_rollout({"sequences": [{"role": "agent", "input_ids": [1], "loss_mask": [0],
+                                            "logprobs": [0.0]}]})
+
+
+def row(verifier: float | None, fmt: float | None) -> tuple[dict, float | None, float | None, dict]:
+    return {}, verifier, fmt, {}
+
+
+def test_a_group_is_flat_when_every_rollout_has_the_same_total_reward() -> None:
+    assert is_flat([row(0.0, 0.25), row(0.0, 0.25), row(0.0, 0.25)])
+    assert is_flat([row(None, None), row(None, None)])
+    assert not is_flat([row(0.0, 0.25), row(1.0, 0.25)])
+    assert not is_flat([row(0.0, 0.0), row(None, None)])  # unscorable is not a score of 0
+    assert not is_flat([row(0.0, 0.5), row(0.5, 0.0), row(0.0, 0.0)])
+
+
+class ScriptedRollouts(TapdeckRollouts):
+    """The redraw logic over scripted groups instead of server runs."""
+
+    def __init__(self, draws: list[list], redraws: int) -> None:
+        super().__init__(None, None, group_size=2, plan={}, timeout_s=1, eos_id=0, redraws=redraws)
+        self.draws = draws
+        self.submitted: list[str] = []
+
+    def _submit(self, task: str) -> str:
+        self.submitted.append(task)
+        return str(len(self.submitted) - 1)
+
+    def _collect(self, run_id: str) -> list:
+        return self.draws[int(run_id)]
+
+
+def test_a_flat_group_is_drawn_again_until_its_rewards_differ() -> None:
+    flat, varied = [row(0.0, 0.0), row(0.0, 0.0)], [row(0.0, 0.0), row(0.0, 0.5)]
+    rollouts = ScriptedRollouts([flat, flat, varied, flat], redraws=5)
+    group = rollouts._redraw_while_flat("hello-file", rollouts._collect(rollouts._submit("hello-file")))
+    assert group == varied and rollouts.submitted == ["hello-file"] * 3
+    assert [stats["redraws"] for *_, stats in group] == [2.0, 2.0]
+
+
+def test_redraws_stop_at_the_limit_and_keep_the_last_draw() -> None:
+    flat = [[row(0.0, float(i)), row(0.0, float(i))] for i in range(4)]
+    rollouts = ScriptedRollouts(flat, redraws=2)
+    group = rollouts._redraw_while_flat("t", rollouts._collect(rollouts._submit("t")))
+    assert group == flat[2] and len(rollouts.submitted) == 3
+
+
+def test_cpu_grpo_refuses_a_task_the_dataset_lacks_before_loading_its_model(train_server: Any,
+                                                                           tmp_path: Path) -> None:
+    import sys
+
+    from tapdeck.runner.training import TrainingRun, load_run
+
+    lines: list[str] = []
+    # The server's own Python has no torch: the recipe must say so before it would import it.
+    job = TrainingRun("cpu-grpo", ["--tasks", "hello-file,hello-fil"], data_dir=tmp_path / "data",
+                      python=sys.executable, on_line=lines.append,
+                      extra_env={"TAPDECK_SERVER_URL": train_server.url,
+                                 "TAPDECK_ADMIN_KEY": train_server.admin_key}).start()
+    assert job.wait() == 2, lines
+    assert lines == ["cpu-grpo: unknown task(s) hello-fil; the dataset has fizzbuzz-python, "
+                     "greet-script, hello-file, json-config, sum-numbers"]
+    assert load_run(tmp_path / "data", job.run_id).error.startswith("cpu-grpo: unknown task(s)")
+
+
+@pytest.mark.slow
+def test_cpu_grpo_trains_on_tapdeck_rollouts_from_its_current_weights(train_env: Path,
+                                                                      train_server: Any) -> None:
+    http = train_server.http
+    # One turn, but the server's call budget (3): terminus-2 re-asks after a reply it cannot parse,
+    # and the format credit averaged over up to 3 replies makes a group where all 3 rollouts score
+    # the same less common; such a group (nothing to learn, no update to check) is drawn again, up
+    # to 5 times (CI once met a flat group on the one draw it had).
+    args = ["--tasks", "hello-file", "--group-size", "3", "--steps", "1", "--max-turns", "1",
+            "--max-tokens", "24", "--lr", "1e-4", "--check-logprobs", "--rollout-timeout", "1200",
+            "--redraws", "5", "--check-weights", str(shipped_model_path())]
+    resp = http.post("/admin/train", json={"recipe": "cpu-grpo", "args": args})
+    assert resp.status_code == 200, resp.text
+    job = resp.json()
+    assert job["argv"][0] == str(train_env)
+    deadline = time.monotonic() + 3000
+    while (state := http.get(f"/admin/train/{job['id']}").json())["state"] == "running":
+        assert time.monotonic() < deadline, "cpu-grpo still running"
+        time.sleep(2)
+    log = "\n".join(http.get(f"/admin/train/{job['id']}/log", params={"tail": 60}).json()["lines"])
+    assert state["state"] == "finished", f"{state['error']}\n{log}"
+
+    # The trainer dequantised the served F16 file to the shipped Q4_1 file's weights (to within F16
+    # rounding): what it rescores and trains is what the engine sampled from.
+    weights = json.loads((Path(job["run_dir"]) / "weights_check.json").read_text())
+    assert weights["model"] == str(default_model_path())
+    assert weights["only_in_one"] == [] and weights["shape_differs"] == []
+    assert len(weights["excess"]) > 200  # every layer's tensors were compared
+    assert max(weights["excess"].values()) <= 0, {k: v for k, v in weights["excess"].items() if v > 0}
+
+    # trackio got TRL's metrics (read back by the server from the run's SQLite).
+    names = {p["name"] for p in http.get(f"/admin/train/{job['id']}/metrics").json()["points"]}
+    assert {"train/reward", "train/reward_std", "train/loss", "train/frac_reward_zero_std",
+            "train/rewards/verifier/mean", "train/rewards/reply_format/mean",
+            "train/rollout/sampled_tok_s", "train/completions/mean_length",
+            "train/rollout/redraws"} <= names, sorted(names)
+
+    # The rollouts were real tapdeck rollouts on the policy engine, captured at the tokens tier: one
+    # run per draw of the group.
+    redraws = [p["value"] for p in http.get(f"/admin/train/{job['id']}/metrics").json()["points"]
+               if p["name"] == "train/rollout/redraws"]
+    runs = http.get("/admin/runs").json()["runs"]
+    assert len(runs) == 1 + int(redraws[0]), (redraws, runs)
+    for run in runs:
+        assert run["plan"]["k"] == 3 and run["plan"]["tasks"] == ["hello-file"]
+        engine = run["plan"]["rollout"]["engine"]
+        assert engine.startswith("http://127.0.0.1:") and engine.endswith("/v1")
+        rollouts = http.get(f"/admin/runs/{run['id']}").json()["rollouts"]
+        assert len(rollouts) == 3 and all(r["tier"] == "tokens" for r in rollouts), rollouts
+
+    # The step changed the weights, and the engine serves them: its logprob of a fixed completion
+    # matches the trainer's forward pass before and after, and moved with the step.
+    check = json.loads((Path(job["run_dir"]) / "logprob_check.json").read_text())
+    assert check["engine_vs_trainer_before"] < LOGPROB_TOLERANCE
+    assert check["engine_vs_trainer_after"] < LOGPROB_TOLERANCE
+    wire_vs_score = max(abs(a - b) for a, b in zip(check["engine_wire"], check["engine_before"]))
+    assert wire_vs_score < LOGPROB_TOLERANCE
+    zero_std = [p["value"] for p in http.get(f"/admin/train/{job['id']}/metrics").json()["points"]
+                if p["name"] == "train/frac_reward_zero_std"]
+    if zero_std == [1.0]:
+        pytest.fail(f"the only group taught nothing (all rewards equal): no update to check\n{log}")
+    assert check["tensors_changed"] > 0
+    assert check["engine_change"] > 10 * LOGPROB_TOLERANCE
