@@ -11,6 +11,7 @@ rollout again. Progress is published on the capture service's event bus (`run_st
 from __future__ import annotations
 
 import asyncio
+import builtins
 import inspect
 import logging
 import shutil
@@ -114,7 +115,9 @@ class _Run:
 def _cancel_if_started(task: asyncio.Task[None]) -> None:
     """Cancel a rollout's task once it has started; one not yet started sees its cancel request
     when it starts (and records a plain `cancelled` result)."""
-    if inspect.getcoroutinestate(task.get_coro()) != inspect.CORO_CREATED:
+    coro = task.get_coro()
+    assert coro is not None, "only an eagerly run task has none, and rollouts' tasks are not eager"
+    if inspect.getcoroutinestate(coro) != inspect.CORO_CREATED:
         task.cancel()
 
 
@@ -280,8 +283,9 @@ class BatchRunner:
         if self._loop is None:
             run.task = here.create_task(self.run(run_id), name=f"tapdeck-{run_id}")
         else:
-            run.task = self._loop.spawn(self.run(run_id, ServiceOnItsLoop(self.service, here)),
-                                        name=f"tapdeck-{run_id}")
+            # No service (a rollout_fn that needs none): the run gets none, as on the running loop.
+            service = ServiceOnItsLoop(self.service, here) if self.service is not None else None
+            run.task = self._loop.spawn(self.run(run_id, service), name=f"tapdeck-{run_id}")
 
         def ended(_task: Any) -> None:
             # However it ends: a task cancelled before it started runs no finally, nor says how
@@ -461,12 +465,13 @@ class BatchRunner:
                 runs.append(run)
         return sorted((summarize(r) for r in runs), key=lambda s: s.created_at, reverse=True)
 
-    def get(self, run_id: str) -> tuple[RunSummary, list[RolloutResult]]:
+    # `builtins.list` below: in the class body, `list` is the method above.
+    def get(self, run_id: str) -> tuple[RunSummary, builtins.list[RolloutResult]]:
         """A run's summary and every rollout (finished, live, or still queued)."""
         run = self._load(run_id)
         return summarize(run), run.all_rollouts()
 
-    def results(self, run_id: str) -> list[RolloutResult]:
+    def results(self, run_id: str) -> builtins.list[RolloutResult]:
         """The finished rollouts of a run, in plan order."""
         run = self._load(run_id)
         return [run.results[rid] for _, _, rid in run.rollout_ids() if rid in run.results]
@@ -516,9 +521,13 @@ class BatchRunner:
         `tapdeck export` refuses it: a partial export would pass for the whole run."""
         from tapdeck.proxy.capture.export import check_run_sessions, write_jsonl, write_parquet
 
+        service = self.service
+        if service is None:
+            raise RuntimeError("exporting a run reads its sessions from the capture service; "
+                               "this runner was made without one")
         run = self._load(run_id)
         results = self.results(run_id)
-        check_run_sessions(self.service.store, run.id, results)
+        check_run_sessions(service.store, run.id, results)
         rows: list[dict[str, Any]] = []
         skipped: dict[str, str] = {}
         for result in results:
@@ -526,7 +535,7 @@ class BatchRunner:
                 skipped[result.rollout_id] = "no capture session"
                 continue
             try:
-                trace = self.service.training_trace(result.session_id)
+                trace = service.training_trace(result.session_id)
             except Exception as exc:  # eval tier (409); a missing session was refused above
                 skipped[result.rollout_id] = str(exc)
                 continue

@@ -303,9 +303,9 @@ class GeminiCli(CliAgent):
         # engine decoding that much takes a quarter of an hour.
         limit = {"match": {"model": self.model_name},
                  "modelConfig": {"generateContentConfig": {"maxOutputTokens": self.max_output_tokens}}}
-        settings = {**_SETTINGS_OFF, "security": {"auth": {"selectedType": "gemini-api-key"}},
-                    "model": {"maxSessionTurns": self.max_turns},
-                    "modelConfigs": {"customOverrides": [limit]}}
+        settings: dict[str, Any] = {
+            **_SETTINGS_OFF, "security": {"auth": {"selectedType": "gemini-api-key"}},
+            "model": {"maxSessionTurns": self.max_turns}, "modelConfigs": {"customOverrides": [limit]}}
         settings["general"] = {**settings["general"], "maxAttempts": RETRIES + 1}
         if self.lean:  # its `tools.core` allowlist
             settings["tools"] = {"core": list(self.LEAN_TOOLS)}

@@ -174,13 +174,14 @@ def _run_bounded(spec: str, timeout_s: float) -> Dataset:
     A daemon thread (not `asyncio.run` in the caller) because a stuck DNS lookup sits in an
     executor thread that a cancelled coroutine cannot interrupt, and `asyncio.run` would wait for it.
     """
-    box: dict[str, object] = {}
+    resolved: list[Dataset] = []
+    failed: list[BaseException] = []
 
     def work() -> None:
         try:
-            box["value"] = asyncio.run(_resolve_remote(spec))
+            resolved.append(asyncio.run(_resolve_remote(spec)))
         except BaseException as exc:  # noqa: BLE001 - handed back to the caller's thread
-            box["error"] = exc
+            failed.append(exc)
 
     thread = threading.Thread(target=work, name=f"tapdeck-dataset-{spec}", daemon=True)
     thread.start()
@@ -191,16 +192,16 @@ def _run_bounded(spec: str, timeout_s: float) -> Dataset:
             "(Harbor registry/git/HF sources need network access; offline, use a local folder "
             "or the sample dataset)"
         )
-    if "error" in box:
-        exc = box["error"]
+    if failed:
+        exc = failed[0]
         if isinstance(exc, DatasetError):
             raise exc
         raise DatasetError(
             f"dataset {spec!r} could not be resolved: {type(exc).__name__}: {exc} "
             "(registry/git/HF sources need network access; offline, use a local folder or the "
             "sample dataset)"
-        ) from exc  # type: ignore[misc]
-    return box["value"]  # type: ignore[return-value]
+        ) from exc
+    return resolved[0]
 
 
 def resolve_dataset(spec: str | None, *, timeout_s: float = DEFAULT_REMOTE_TIMEOUT_S) -> Dataset:

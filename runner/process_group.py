@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import time
+from typing import TypeGuard
 
 # Signals land asynchronously: a SIGKILLed process can still be running for a moment, longer on a
 # loaded machine. Waiting this long for the group to go covers a busy CI box without hanging.
@@ -30,7 +31,7 @@ def _stat(pid: int | str) -> list[bytes] | None:
         return None
 
 
-def _running(fields: list[bytes] | None) -> bool:
+def _running(fields: list[bytes] | None) -> TypeGuard[list[bytes]]:
     return fields is not None and fields[0] not in (b"Z", b"X")
 
 

@@ -35,9 +35,9 @@ import httpx
 
 from tapdeck.proxy.config import is_loopback
 from tapdeck.schema.findings import Finding, Level
-from tapdeck.schema.sessions import SessionInfo
+from tapdeck.schema.sessions import SessionInfo, Tier
 from tapdeck.proxy.sessions.spec import SessionSpec, base_urls_for
-from tapdeck.proxy.upstream.tiers import EngineSpec, Tier
+from tapdeck.proxy.upstream.tiers import EngineSpec
 from tapdeck.runner import harbor_api
 from tapdeck.runner.atif import CapturedCall, reconcile_file
 from tapdeck.runner.rewards import choose_reward, read_reward_files

@@ -73,6 +73,12 @@ def task_agent_timeout(task_path: Path) -> float | None:
 def resolve(settings: RolloutSettings, *, harness: str, engine_context: int | None,
             task_path: Path | None, hard_limit_s: float | None) -> ResolvedSettings:
     """The settings in force for one rollout; SettingsDoNotFit when one does not fit the engine."""
+    context_source: Source
+    output_source: Source
+    agent_timeout: float | None
+    agent_source: Source
+    hard_source: Source
+    turns_source: Source
     if settings.context_tokens is not None:
         if engine_context is not None and settings.context_tokens > engine_context:
             raise SettingsDoNotFit("context_tokens", f"{settings.context_tokens} is more than the "

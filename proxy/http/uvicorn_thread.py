@@ -129,7 +129,9 @@ class ThreadedServer:
                                 access_log=False, lifespan="on",
                                 timeout_graceful_shutdown=2, loop=self.loop,
                                 http=BoundedProtocol.for_limits(self.limits), ws="none",
-                                timeout_keep_alive=self.limits.keep_alive_s, proxy_headers=False,
+                                # uvicorn annotates int, but only hands it to loop.call_later
+                                timeout_keep_alive=self.limits.keep_alive_s,  # type: ignore[arg-type]
+                                proxy_headers=False,
                                 ssl_certfile=self.tls.cert if self.tls else None,
                                 ssl_keyfile=self.tls.key if self.tls else None)
         self._server = _QuietServer(config)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,7 +152,8 @@ class EngineCore:
             await asyncio.sleep(0.25)
 
     async def stream(self, prompt_ids: list[int], params: SamplingParams, rules: StopRules, *,
-                     n: int = 1, top_logprobs: int | None = None) -> AsyncIterator[StreamEvent]:
+                     n: int = 1, top_logprobs: int | None = None
+                     ) -> AsyncGenerator[StreamEvent, None]:
         """Generate `n` choices off the event loop, yielding tokens as they come.
 
         Closing the iterator (the client left) cancels the generation at the next token.

@@ -7,9 +7,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tapdeck.proxy.http.uvicorn_thread import ThreadedServer
 from tapdeck.runner.engine.model import DEFAULT_N_CTX, default_model_path
+
+if TYPE_CHECKING:  # the annotation only: the core is imported (with llama.cpp) on start
+    from tapdeck.runner.engine.core import EngineCore
 
 __all__ = ["EmbeddedEngine", "default_model_path"]
 
@@ -30,7 +34,7 @@ class EmbeddedEngine:
         self.n_ctx = n_ctx
         self.return_tokens_as_token_ids = return_tokens_as_token_ids
         self.n_threads = n_threads
-        self.core = None
+        self.core: EngineCore | None = None
         self._server: ThreadedServer | None = None
 
     @property

@@ -14,6 +14,7 @@ import ctypes
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NotRequired, TypedDict
 
 import numpy as np
 
@@ -98,7 +99,16 @@ def default_threads() -> int:
     return max(1, (os.cpu_count() or 1) - 1)
 
 
-def context_params(path: Path, n_ctx: int) -> dict[str, object]:
+class ContextParams(TypedDict):
+    """The keyword arguments of llama.cpp's `Llama` that `context_params` sets."""
+
+    n_ctx: int
+    rope_scaling_type: NotRequired[int]
+    rope_freq_scale: NotRequired[float]
+    yarn_orig_ctx: NotRequired[int]
+
+
+def context_params(path: Path, n_ctx: int) -> ContextParams:
     """llama.cpp context options for `n_ctx`: beyond the trained context, YaRN RoPE scaling by
     trained/n_ctx (llama.cpp applies YaRN's attention temperature itself). ContextLengthError for
     one the engine does not serve, raised before any weight is loaded."""

@@ -6,7 +6,7 @@ Unknown fields are accepted and ignored, as vLLM does.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict
 
@@ -182,7 +182,9 @@ class CompletionRequest(_Sampled):
             p = p[0]
         if isinstance(p, list) and not p:
             raise bad_param("prompt must not be empty.", "prompt")
-        return p
+        # A list left here is token ids: pydantic validated it as one of the prompt's list types,
+        # and its first item is no list or string (mypy cannot narrow a list by its items).
+        return cast("str | list[int]", p)
 
 
 class TokenizeRequest(BaseModel):

@@ -173,6 +173,7 @@ def acquire_embedded_engine(model_path: Path | None = None, *, n_ctx: int | None
             return SharedEngine(running.base_url, running.served_name, running.n_ctx,
                                 owner_pid=running.pid)
         engine = EmbeddedEngine(path, n_ctx=n_ctx).start()
+        assert engine.core is not None, "start() loaded the model"
         ann = Announcement(pid=os.getpid(), base_url=engine.base_url,
                            served_name=engine.served_name, model_path=str(path),
                            n_ctx=engine.core.model.n_ctx, started_at=time.time())

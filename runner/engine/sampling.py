@@ -11,6 +11,7 @@ gets the same numbers (masked tokens are -inf, reported clamped to -9999 on the 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,7 +48,8 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 class Sampler:
     """Turns one logits vector into (token id, processed logprobs over the vocabulary)."""
 
-    def __init__(self, params: SamplingParams, prompt_ids: np.ndarray, n_vocab: int) -> None:
+    def __init__(self, params: SamplingParams, prompt_ids: Sequence[int] | np.ndarray,
+                 n_vocab: int) -> None:
         self.params = params
         self.rng = np.random.default_rng(params.seed)
         self._n_vocab = n_vocab

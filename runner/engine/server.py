@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
 from tapdeck.runner.engine import wire
-from tapdeck.runner.engine.core import EngineCore
+from tapdeck.runner.engine.core import EngineCore, StreamEvent
 from tapdeck.runner.engine.errors import (
     EngineHTTPError,
     bad_param,
@@ -178,7 +178,7 @@ def create_engine_app(core: EngineCore, *, served_name: str = "smollm2",
                                 top_k=req.n_top_logprobs, return_ids=return_ids,
                                 content=content, tool_calls=calls, finish_reason=finish)
 
-    async def _chat_stream(events: AsyncIterator[Any], req: ChatCompletionRequest,
+    async def _chat_stream(events: AsyncGenerator[StreamEvent, None], req: ChatCompletionRequest,
                            prompt_ids: list[int], return_ids: bool, include_usage: bool
                            ) -> AsyncIterator[bytes]:
         writer = wire.ChunkWriter(served_name, namer, logprobs=bool(req.logprobs),
@@ -207,7 +207,9 @@ def create_engine_app(core: EngineCore, *, served_name: str = "smollm2",
                 if step is None:  # no token at all (cancelled, or no room in the context)
                     continue
                 choice = ev.choice
-                finish, delta = choice.finish_reason, {"content": texts[i][sent[i]:]}
+                assert choice is not None, "an event without a token ends its choice"
+                finish = choice.finish_reason
+                delta: dict[str, Any] = {"content": texts[i][sent[i]:]}
                 if req.parse_tools:
                     parsed = PARSER.parse(choice.text)
                     if parsed.tool_calls:

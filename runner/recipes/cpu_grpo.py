@@ -243,8 +243,8 @@ class TapdeckRollouts:
 
     def _unscorable(self, result: dict[str, Any]) -> tuple[dict[str, list], None, None, dict]:
         # One masked end token: the row exists (TRL wants num_generations per prompt) but trains nothing.
-        sample = {"prompt_ids": [self.eos_id], "completion_ids": [self.eos_id], "env_mask": [0],
-                  "logprobs": [0.0]}
+        sample: dict[str, list[Any]] = {"prompt_ids": [self.eos_id], "completion_ids": [self.eos_id],
+                                        "env_mask": [0], "logprobs": [0.0]}
         print(f"[cpu-grpo] unscorable rollout: {result.get('error_kind') or 'no capture'} "
               f"{(result.get('error') or '')[:200]}", flush=True)
         return sample, None, None, {"turns": 0.0, "agent_sequences": 0.0, "scorable": 0.0, "ok": 0.0}

@@ -153,20 +153,21 @@ def _ids(values: list[Any]) -> np.ndarray | None:
 def check_turn(turn: TurnRow) -> list[str]:
     """Contract findings for one turn (empty = TRL can use it)."""
     where = f"turn {turn.node_id}"
-    missing = [n for n, v in (("prompt_token_ids", turn.prompt), ("completion_token_ids", turn.completion),
-                              ("loss_mask", turn.mask)) if not isinstance(v, list)]
-    if missing:
+    prompt, completion, mask = turn.prompt, turn.completion, turn.mask
+    if not (isinstance(prompt, list) and isinstance(completion, list) and isinstance(mask, list)):
+        missing = [n for n, v in (("prompt_token_ids", prompt), ("completion_token_ids", completion),
+                                  ("loss_mask", mask)) if not isinstance(v, list)]
         return [f"{where}: missing {', '.join(missing)}"]
     out = []
-    if _ids(turn.prompt) is None or _ids(turn.completion) is None:
+    if _ids(prompt) is None or _ids(completion) is None:
         out.append(f"{where}: token ids must be non-negative integers")
-    n_prompt, n_completion = len(turn.prompt), len(turn.completion)
-    if len(turn.mask) != n_prompt + n_completion:
-        return out + [f"{where}: loss_mask has {len(turn.mask)} entries, prompt+completion "
+    n_prompt, n_completion = len(prompt), len(completion)
+    if len(mask) != n_prompt + n_completion:
+        return out + [f"{where}: loss_mask has {len(mask)} entries, prompt+completion "
                       f"{n_prompt}+{n_completion}"]
-    if any(m not in (0, 1) or isinstance(m, bool) for m in turn.mask):
+    if any(m not in (0, 1) or isinstance(m, bool) for m in mask):
         out.append(f"{where}: loss_mask values must be 0 or 1")
-    if any(turn.mask[:n_prompt]):
+    if any(mask[:n_prompt]):
         out.append(f"{where}: loss_mask is 1 inside the prompt")
     # OpenEnv's TrainingTurn (which TRL validates every trace with) wants a finite, non-positive
     # logprob for every completion token, trained or not.

@@ -42,6 +42,8 @@ async def run_command(argv: list[str], env: dict[str, str], timeout_sec: int | N
         if on_output is not None and (text := decoder.decode(b"", final=True)):
             await on_output(text, name)
 
+    # Both are pipes (PIPE above), so asyncio gave the process a reader for each.
+    assert process.stdout is not None and process.stderr is not None
     out, err = OutputTail(output_limit), OutputTail(output_limit)
     pumps = asyncio.ensure_future(asyncio.gather(pump(process.stdout, "stdout", out),
                                                  pump(process.stderr, "stderr", err)))
@@ -65,8 +67,8 @@ async def run_command(argv: list[str], env: dict[str, str], timeout_sec: int | N
     finally:
         if not pumps.done():
             pumps.cancel()
-            # Private, but the only handle that closes our ends of the pipes.
-            process._transport.close()  # noqa: SLF001
+            # Private (so not in the stubs), but the only handle that closes our ends of the pipes.
+            process._transport.close()  # type: ignore[attr-defined]  # noqa: SLF001
         with contextlib.suppress(BaseException):
             await pumps
     return_code = await process.wait()

@@ -308,6 +308,8 @@ class HostSandbox(BaseEnvironment):
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
                 start_new_session=True)
             self._inner_relays.append(inner)
+            # Both are pipes (PIPE above), so asyncio gave the process a reader for each.
+            assert inner.stdout is not None and inner.stderr is not None
             try:
                 line = await asyncio.wait_for(inner.stdout.readline(), HOLDER_READY_TIMEOUT_S)
             except TimeoutError:
@@ -328,7 +330,7 @@ class HostSandbox(BaseEnvironment):
         for target in targets:
             host_dir = self._root / target.strip("/").replace("/", "__")
             host_dir.mkdir(parents=True, exist_ok=True)
-            if target == parent:
+            if parent is not None and target == parent:
                 host_dir.chmod(os.stat(parent).st_mode & 0o7777)
             else:
                 host_dir.chmod(0o1777 if target == "/tmp" else 0o755)
@@ -438,6 +440,7 @@ class HostSandbox(BaseEnvironment):
         self._namespace, self._holder, self._namespace_fd, self._init_pid = None, None, None, None
         # Only a pinned namespace's id is known to still be ours; unpinned, kill just the holder.
         if pin is not None:
+            assert namespace is not None, "a namespace is pinned only once its id is known"
             await kill_namespace(namespace, pin)
         if holder is not None:
             if holder.returncode is None:
