@@ -7,7 +7,9 @@ its tool calls, all reading it as vLLM writes it (tests/fixtures/vllm/): an obje
 and a string (or null) `arguments`, and whose `id` is a string or null.
 
 `readable_message` names what in a message is not of that shape, and gives the message without
-it. The engine boundary refuses a reply with any such fault (proxy/upstream/reply_check.py).
+it. The engine boundary refuses a reply with any such fault (proxy/upstream/reply_check.py); a
+turn an older tapdeck stored with one is read back without it, and with a WARN that says what was
+left out (`readable_stored_reply`), so the exports and admin reads stay total over the store.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+
+from tapdeck.schema.findings import Finding
 
 _TEXT_FIELDS = ("content", "reasoning", "reasoning_content", "role")
 """Message fields that are a string or null."""
@@ -87,4 +91,16 @@ def readable_message(message: Any, where: str = "choices[0].message") -> tuple[d
     return out, faults
 
 
-__all__ = ["readable_message", "shown"]
+def readable_stored_reply(response: Any, seq: int) -> tuple[dict[str, Any], list[Finding]]:
+    """A stored turn's reply message as every reader takes it, and a WARN naming what was left
+    out of it (an older tapdeck stored replies it did not check). Its finish reason needs no such
+    care: the store's text column gives back a string or null whatever was bound to it."""
+    message, faults = readable_message(response, "response")
+    if not faults:
+        return message, []
+    return message, [Finding.warn(
+        "stored_reply_malformed", f"the stored reply is not of the shape tapdeck reads, so these "
+                                  f"were left out of it: {'; '.join(faults)}", seq)]
+
+
+__all__ = ["readable_message", "readable_stored_reply", "shown"]
