@@ -24,11 +24,12 @@ from tapdeck.proxy.http.token_counts import forget_engine
 from tapdeck.proxy.dialects.arguments import not_object_findings
 from tapdeck.proxy.dialects.base import DialectError, DialectRequest
 from tapdeck.proxy.dialects.chat import fold_system_messages, has_late_system
-from tapdeck.proxy.upstream.client import EngineClient, EngineError
+from tapdeck.proxy.upstream.client import EngineError
 from tapdeck.proxy.capture.export import capture_mode
 from tapdeck.schema.findings import Finding
 from tapdeck.proxy.capture.graph import Link
 from tapdeck.proxy.upstream.json_mode import answer_as_json, json_format
+from tapdeck.proxy.upstream.reply_check import CheckedReply, check_reply
 from tapdeck.proxy.sessions.live import CallSlot, LiveSession
 from tapdeck.proxy.http.limits import MALFORMED, malformed_message
 from tapdeck.proxy.sessions.registry import SessionRegistry
@@ -150,6 +151,7 @@ class CallCapture:
                 plan = Plan.text("system_folded") if plan is not None else None
                 reply = await session.client.complete(upstream, session.prompt_ids)
                 session.fold_system = True
+            checked = check_reply(reply, session.client.shown)
         except EngineError as exc:
             if exc.kind == "context_length":
                 await self.registry.add_finding(session, Finding.warn(
@@ -169,7 +171,7 @@ class CallCapture:
             raise
         # The proxy's own reply id: an engine that repeats ids must not make two replies one
         # (a Responses chain naming itself as its own previous response would never end).
-        reply = {**reply, "id": f"chatcmpl-tdk-{secrets.token_hex(12)}"}
+        reply = {**checked.reply, "id": f"chatcmpl-tdk-{secrets.token_hex(12)}"}
         # The reply id kept with the turn ties what a harness logged to what was captured.
         meta = {**meta, "latency_ms": round((time.perf_counter() - started) * 1000, 3),
                 "usage": reply.get("usage"), "reply_id": reply["id"]}
@@ -200,7 +202,7 @@ class CallCapture:
         # From here the engine did the work: record it even if the caller hangs up meanwhile.
         try:
             slot.recording = asyncio.ensure_future(
-                self._record_turn(session, req, reply, sampling, meta, slot))
+                self._record_turn(session, req, reply, checked, sampling, meta, slot))
             await asyncio.shield(slot.recording)
         except StoreUnavailable as exc:
             log.error("session %s: turn not recorded, the store refused it (%s)", session.id, exc.reason)
@@ -226,9 +228,10 @@ class CallCapture:
             return Plan.text("planning_failed", detail=f"{type(exc).__name__}: {exc}")
 
     async def _record_turn(self, session: LiveSession, req: DialectRequest, reply: dict[str, Any],
-                           sampling: dict[str, Any], meta: dict[str, Any], slot: CallSlot) -> None:
-        cap = EngineClient.parse_capture(reply)
-        choice = (reply.get("choices") or [{}])[0]
+                           checked: CheckedReply, sampling: dict[str, Any], meta: dict[str, Any],
+                           slot: CallSlot) -> None:
+        cap = checked.capture
+        choice = reply["choices"][0]
         async with session.lock:
             interned = session.interner.intern(req.chat)
             turn = Turn(session_id=session.id, seq=session.turns, prompt_ids=cap.prompt_ids,
@@ -238,7 +241,7 @@ class CallCapture:
                         response=choice.get("message") or {}, sampling=sampling,
                         token_texts=cap.token_texts, top_logprobs=cap.top_logprobs,
                         findings=[f if f.turn is not None else f.model_copy(update={"turn": session.turns})
-                                  for f in (*cap.findings, *_request_findings(req))],
+                                  for f in (*cap.findings, *checked.findings, *_request_findings(req))],
                         meta=meta)
             # Validated before linking: the graph decides trainability from the turn's findings.
             turn.findings.extend(validate_turn(turn, session.tier))

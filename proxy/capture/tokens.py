@@ -32,7 +32,10 @@ def as_ids(seq: Iterable[int] | np.ndarray | None) -> np.ndarray:
         if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in seq):
             bad = next(v for v in seq if isinstance(v, bool) or not isinstance(v, (int, np.integer)))
             raise ValueError(f"token id {bad!r} is not an integer")
-        arr = np.asarray(seq, dtype=np.int64) if seq else np.zeros(0, dtype=np.int64)
+        try:
+            arr = np.asarray(seq, dtype=np.int64) if seq else np.zeros(0, dtype=np.int64)
+        except OverflowError:  # past 64 bits, so past int32 too
+            raise ValueError("token id out of int32 range") from None
     if arr.dtype == ID_DTYPE and arr.flags.c_contiguous and arr.ndim == 1:
         return arr
     if arr.ndim != 1:

@@ -33,6 +33,7 @@ import orjson
 from tapdeck.schema.findings import Finding
 from tapdeck.proxy.capture.graph import Link, RolloutGraph
 from tapdeck.proxy.capture.interning import CONTENT_ADDRESSED, common_prefix, content_key
+from tapdeck.proxy.capture.reply_shape import readable_stored_reply
 from tapdeck.proxy.capture.tokens import (
     as_ids,
     ids_from_bytes,
@@ -445,14 +446,17 @@ class Store:
                     sequences[seq] = prompt if sampled is None else np.concatenate([prompt, sampled])
             if base_seq is not None and last_use.get(base_seq) == seq:
                 del sequences[base_seq]
+            # What an older tapdeck stored without checking the engine's reply is read back in
+            # the shape every reader takes, with a finding saying what was left out.
+            response, unread = readable_stored_reply(doc["response"], seq)
             turns.append(Turn(
                 session_id=session_id, seq=seq, prompt_ids=prompt, sampled_ids=sampled,
                 logprobs=None if lp_b is None else logprobs_from_bytes(lp_b),
-                finish_reason=finish, request=request, response=doc["response"],
+                finish_reason=finish, request=request, response=response,
                 sampling=doc["sampling"], token_texts=doc["token_texts"],
                 top_logprobs=None if doc["top_logprobs"] is None else
                 [[(t, lp) for t, lp in pos] for pos in doc["top_logprobs"]],
-                findings=[Finding.model_validate(f) for f in doc["findings"]],
+                findings=[*(Finding.model_validate(f) for f in doc["findings"]), *unread],
                 meta=doc["meta"], created_at=created))
         return record, turns
 

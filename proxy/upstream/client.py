@@ -4,7 +4,7 @@
 on, streaming off (streams are synthesised from the full reply), requests vLLM would refuse fixed,
 and at the training tier the sampling knobs that truncate the distribution reset to no-ops.
 `complete` sends it and classifies every failure as an `EngineError`; `parse_capture` reads the
-token ids and logprobs out of the reply.
+token ids and logprobs out of the reply (once `proxy/upstream/reply_check.py` has checked it).
 """
 
 from __future__ import annotations
@@ -382,9 +382,10 @@ class EngineClient:
         return await self._call("GET", "/models", None)
 
     async def complete(self, body: Mapping[str, Any], memo: PromptIdsMemo | None = None) -> dict[str, Any]:
-        """`POST {url}/chat/completions` (non-streaming); the reply with usage details zero-filled
-        and `prompt_token_ids` as an int array (see `loads_with_prompt_ids`; `memo` is the calling
-        session's, so only the ids its last prompt did not have are parsed).
+        """`POST {url}/chat/completions` (non-streaming); the reply, a JSON object with choices,
+        with `prompt_token_ids` as an int array (see `loads_with_prompt_ids`; `memo` is the calling
+        session's, so only the ids its last prompt did not have are parsed). Its fields are
+        checked, and usage zero-filled, by `proxy/upstream/reply_check.py`.
 
         Raises EngineError: upstream 400/413/422 keep their status (`upstream_4xx`, or
         `context_length` for a prompt that does not fit); anything else is a 502 of a named kind.
@@ -394,7 +395,6 @@ class EngineClient:
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
             raise EngineError("bad_reply", 502, f"engine at {self.shown} answered HTTP 200 without "
                                                 "choices", self.shown)
-        reply["usage"] = zero_filled_usage(reply.get("usage"))
         return reply
 
     async def post(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:

@@ -51,7 +51,6 @@ from tapdeck.proxy.upstream.client import (
     PASSTHROUGH_STATUS,
     EngineClient,
     EngineError,
-    zero_filled_usage,
 )
 from tapdeck.schema.findings import Finding
 from tapdeck.proxy.upstream.reasoning import ENGINE_MARKERS, MarkerCache, Markers
@@ -349,7 +348,7 @@ class TokenIn:
             body["skip_special_tokens"] = False
         reply = await self.client.post("/completions", body)
         chat = completion_as_chat(reply, top_k, parser)
-        chat["usage"] = zero_filled_usage(reply.get("usage"))
+        chat["usage"] = reply.get("usage")
         return chat
 
 

@@ -6,7 +6,8 @@ What tests need of it differently, and what sets it:
 
 - the reply to a chat call: `answer`, a recorded exchange by name (shaped to the request as vLLM
   shapes it: no logprobs asked, no ids or logprobs given), or a function of the request body giving
-  `(status, body)` (a text body goes out as an HTML page); None for no chat route at all;
+  `(status, body)` (a text body goes out as an HTML page, bytes as JSON exactly as given); None
+  for no chat route at all;
 - replies only to exact requests vLLM was recorded answering (`exchanges`, and `add()`; a request
   can be looked up as the recorded one it stands for with `recorded_as`): any other request is then
   refused with a 400, so code asking what vLLM was never asked fails;
@@ -249,8 +250,10 @@ class FakeVllm:
             status, reply = self.answer(body)
         else:
             status, reply = 200, vllm_reply_to(body, vllm_fixture(self.answer)["response"])
-        if isinstance(reply, (str, bytes)):
-            return _Reply(status, reply.encode() if isinstance(reply, str) else reply, "text/html")
+        if isinstance(reply, str):
+            return _Reply(status, reply.encode(), "text/html")
+        if isinstance(reply, bytes):  # a JSON body as sent, also one a JSON encoder would refuse
+            return _Reply(status, reply, "application/json")
         if self.fault == "no_logprobs":
             reply = vllm_reply_to({}, reply)
         elif self.fault == "long":

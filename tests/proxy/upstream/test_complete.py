@@ -18,6 +18,7 @@ from tapdeck.proxy.upstream.client import (
     parse_capture,
 )
 from tapdeck.proxy.upstream import transport as upstream_http
+from tapdeck.proxy.upstream.reply_check import check_reply
 from tapdeck.schema.findings import Level
 from tapdeck.proxy.upstream.tiers import EngineSpec, Tier
 from tapdeck.proxy.capture.tokens import PromptIdsMemo, loads_with_prompt_ids
@@ -98,10 +99,10 @@ def test_reply_without_capture_fields_has_nothing_to_train_on(vllm):
     assert cap.logprobs is None and cap.sampled_ids is None and cap.token_texts is None
 
 
-async def test_complete_returns_recorded_reply_with_zero_filled_usage(inprocess_vllm, basic_chat):
+async def test_complete_returns_recorded_reply_with_zero_filled_usage_once_checked(inprocess_vllm, basic_chat):
     client = EngineClient(SPEC, http=inprocess_vllm.client())
     body, _ = client.prepare(basic_chat, Tier.TOKENS, "smollm2", training=False)
-    reply = await client.complete(body)
+    reply = check_reply(await client.complete(body), URL).reply
     assert reply["prompt_token_ids"][:3].tolist() == [1, 9690, 198]
     assert reply["usage"]["prompt_tokens_details"] == {"cached_tokens": 0, "audio_tokens": 0}
     assert reply["usage"]["completion_tokens_details"]["reasoning_tokens"] == 0
