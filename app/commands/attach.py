@@ -8,12 +8,12 @@ $TAPDECK_ADMIN_KEY, then `<data-dir>/admin.key` (what a `serve` on this machine 
 from __future__ import annotations
 
 import asyncio
-import sys
 from pathlib import Path
 
 import typer
 
 from tapdeck.app.client import ApiError, TapdeckClient, admin_key_refusal, command_admin_key
+from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_USAGE, CommandError
 
 
 def register(app: typer.Typer) -> None:
@@ -39,15 +39,13 @@ def register(app: typer.Typer) -> None:
             base = http_base_url(url, "server URL")
             key = command_admin_key(admin_key, data)
         except ValueError as exc:
-            print(f"tapdeck attach: {exc}", file=sys.stderr)
-            raise typer.Exit(2) from None
+            raise CommandError(EXIT_USAGE, f"tapdeck attach: {exc}") from None
         if key is None:
-            print(f"tapdeck attach: {admin_key_refusal(data, found=False)}", file=sys.stderr)
-            raise typer.Exit(1)
+            raise CommandError(EXIT_COULD_NOT_RUN,
+                               f"tapdeck attach: {admin_key_refusal(data, found=False)}")
         problem = asyncio.run(_check(base, key, key_dir=None if admin_key else data))
         if problem:
-            print(f"tapdeck attach: {problem}", file=sys.stderr)
-            raise typer.Exit(1)
+            raise CommandError(EXIT_COULD_NOT_RUN, f"tapdeck attach: {problem}")
         run_app(base, key, server_label=base, settings_path=default_settings_path(None))
 
 

@@ -14,6 +14,8 @@ from typing import Any
 
 import typer
 
+from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_USAGE, CommandError
+
 
 def session_rows(store: Any, session_id: str, **given: Any) -> list[dict[str, Any]]:
     """The training rows of one stored session (empty for an eval rollout); `given` are
@@ -120,12 +122,10 @@ def register(app: typer.Typer) -> None:
         try:
             fmt = output_format(fmt, out)
         except ValueError as exc:
-            typer.echo(f"tapdeck export: {exc}", err=True)
-            raise typer.Exit(2) from None
+            raise CommandError(EXIT_USAGE, f"tapdeck export: {exc}") from None
         if not is_run_id(target):  # else `.`, `..` or a path would name another folder as the run
-            typer.echo(f"tapdeck export: {target!r} is not a session or run id: give a plain id "
-                       "(s-… or run-…), not a path", err=True)
-            raise typer.Exit(2)
+            raise CommandError(EXIT_USAGE, f"tapdeck export: {target!r} is not a session or run "
+                               "id: give a plain id (s-… or run-…), not a path")
         failed = 0
         with stored_capture(data_dir, "export") as (root, store):  # never changes the store
             run_dir = root / "runs" / target
@@ -141,8 +141,7 @@ def register(app: typer.Typer) -> None:
                     raise ExportFailed(f"{target!r} is neither a session in {store.path} nor a "
                                        f"run in {root / 'runs'}")
             except (ExportFailed, RunSessionsMissing) as exc:
-                typer.echo(f"tapdeck export: {exc}", err=True)
-                raise typer.Exit(1) from None
+                raise CommandError(EXIT_COULD_NOT_RUN, f"tapdeck export: {exc}") from None
         path = Path(out) if out else root / "exports" / f"{target}.{fmt}"
         (write_jsonl if fmt == "jsonl" else write_parquet)(path, rows)
         notes = [f"{empty} rollout(s) without training rows: eval tier or no calls"] if empty else []

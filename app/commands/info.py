@@ -12,6 +12,8 @@ from typing import Any
 
 import typer
 
+from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_USAGE, CommandError
+
 # Sandboxes listed even when unavailable (the usual choices), so their reason is visible.
 ALWAYS_SHOWN = ("host", "docker")
 
@@ -145,8 +147,7 @@ def register(app: typer.Typer) -> None:
             for address in engine:
                 normalize_address(address)
         except EngineAddressError as exc:
-            typer.echo(f"tapdeck info: {exc}", err=True)
-            raise typer.Exit(2) from None
+            raise CommandError(EXIT_USAGE, f"tapdeck info: {exc}") from None
 
         # Datasets first: a --dataset that names none is bad usage, refused before the slow part.
         listings = list_datasets(dataset)
@@ -158,7 +159,7 @@ def register(app: typer.Typer) -> None:
         for message in wrong:
             typer.echo(f"tapdeck info: {message}", err=True)
         if wrong:
-            raise typer.Exit(2)
+            raise typer.Exit(EXIT_USAGE)
         catalog = build_catalog(engine_urls=engine or None, engine_api_key=engine_api_key,
                                 datasets=listings, probe=probe)
         if (running := running_embedded_engine(probe=probe)) is not None:
@@ -181,4 +182,4 @@ def register(app: typer.Typer) -> None:
             if listing.problem is not None:
                 typer.echo(f"tapdeck info: {listing.problem.message}", err=True)
         if (engine and silent) or any(d.problem for d in named):
-            raise typer.Exit(1)
+            raise typer.Exit(EXIT_COULD_NOT_RUN)

@@ -37,6 +37,13 @@ from pydantic import ValidationError
 
 from tapdeck.app.client import ApiError, TapdeckClient, admin_key_refusal
 from tapdeck.app.commands.run_table import print_run_table
+from tapdeck.app.exit_codes import (
+    EXIT_COULD_NOT_RUN,
+    EXIT_OK,
+    EXIT_ROLLOUT_FAILED,
+    EXIT_USAGE,
+    CommandError,
+)
 from tapdeck.runner.harnesses import calls_a_model
 from tapdeck.runner.rollout_settings import DEFAULT_HARD_LIMIT_S, DEFAULT_MAX_TURNS, MIN_OUTPUT_TOKENS, OUTPUT_SHARE, PROMPT_SHARE
 from tapdeck.schema.runs import (
@@ -61,8 +68,6 @@ NOT_PLAN_OPTIONS = frozenset({"data_dir", "server", "admin_key", "resume"})
 LOCAL_ENGINE_OPTIONS = frozenset({"engine", "engine_model"})
 """Without --server these pick the local server's engine, which a resumed run uses again."""
 SETTINGS_PANEL = "Rollout settings (unset: the default shown; bad values refused, field named)"
-EXIT_OK, EXIT_COULD_NOT_RUN, EXIT_USAGE, EXIT_ROLLOUT_FAILED = 0, 1, 2, 3
-"""2 is also what the command line parser exits with for an unknown option or a bad value."""
 EXIT_CODES_HELP = (
     "Exit codes: 0 every rollout ok (or, with --resume, none left to run); 1 the run could not be "
     "run (server, engine or dataset source not answering); 2 bad usage (unknown option, options "
@@ -153,17 +158,15 @@ def register(app: typer.Typer) -> None:
 
         data = (data_dir or default_data_dir()).expanduser()
         if resume is not None and not is_run_id(resume):
-            typer.echo(f"tapdeck rollout: --resume {resume!r} is not a run id: give the id a run "
-                       "was started with (run-…), not a path", err=True)
-            raise typer.Exit(EXIT_USAGE)
+            raise CommandError(EXIT_USAGE, f"tapdeck rollout: --resume {resume!r} is not a run id: "
+                               "give the id a run was started with (run-…), not a path")
         if resume is not None and (given := _plan_options_given(ctx, local=server is None)):
-            typer.echo(f"tapdeck rollout: --resume runs the run's stored plan, so {', '.join(given)} "
-                       "would be ignored; drop them, or start a new run", err=True)
-            raise typer.Exit(EXIT_USAGE)
+            raise CommandError(EXIT_USAGE, f"tapdeck rollout: --resume runs the run's stored plan, so "
+                               f"{', '.join(given)} would be ignored; drop them, or start a new run")
         if task and _given(ctx, "n_tasks"):
-            typer.echo("tapdeck rollout: -n/--tasks picks the dataset's first N tasks, so with "
-                       "--task, which names them, it would be ignored; drop one of them", err=True)
-            raise typer.Exit(EXIT_USAGE)
+            raise CommandError(EXIT_USAGE, "tapdeck rollout: -n/--tasks picks the dataset's first N "
+                               "tasks, so with --task, which names them, it would be ignored; drop "
+                               "one of them")
         try:
             plan = RunPlan(dataset=dataset, tasks=task or None, n_tasks=None if task else n_tasks,
                            k=k, concurrency=concurrency, rollout=RolloutTemplate(
@@ -176,26 +179,23 @@ def register(app: typer.Typer) -> None:
                                    temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                                    harness_kwargs=harness_kwargs)))
         except ValidationError as exc:
-            typer.echo(f"tapdeck rollout: plan refused: {_refusal(exc)}", err=True)
-            raise typer.Exit(EXIT_USAGE) from None
+            raise CommandError(EXIT_USAGE, f"tapdeck rollout: plan refused: {_refusal(exc)}") from None
         if server is not None:
             _drive_remote(server, admin_key, data, plan, resume)
         url_engine = engine if engine.strip().lower() not in ("", "embedded", "default") else None
         try:
             config = ServerConfig(port=0, data_dir=data, engine_url=url_engine, engine_model=engine_model)
         except ValidationError as exc:
-            typer.echo(f"tapdeck rollout: {validation_line(exc)}", err=True)
-            raise typer.Exit(EXIT_USAGE) from None
+            raise CommandError(EXIT_USAGE, f"tapdeck rollout: {validation_line(exc)}") from None
         if resume is not None:
             resumed = _check_local_run(data, resume)
             # A resumed run runs its stored plan: its harness, not the option's default, decides.
             harness = resumed.plan.rollout.harness
             if not calls_a_model(harness) and (given := _flags_given(ctx, LOCAL_ENGINE_OPTIONS)):
                 # Its server starts no engine, so these would start nothing.
-                typer.echo(f"tapdeck rollout: --resume runs run {resume}'s stored plan, whose "
-                           f"harness {harness} calls no model, so {', '.join(given)} would be "
-                           "ignored; drop them", err=True)
-                raise typer.Exit(EXIT_USAGE)
+                raise CommandError(EXIT_USAGE, f"tapdeck rollout: --resume runs run {resume}'s "
+                                   f"stored plan, whose harness {harness} calls no model, so "
+                                   f"{', '.join(given)} would be ignored; drop them")
             if calls_a_model(harness):
                 url_engine, engine_model = _resumed_engine(ctx, resumed, url_engine, engine_model)
                 config = config.model_copy(update={"engine_url": url_engine,
@@ -219,11 +219,11 @@ def register(app: typer.Typer) -> None:
         try:
             local = LocalServer(config, engine=with_engine).start()
         except EngineAddressError as exc:
-            typer.echo(f"tapdeck rollout: {exc}", err=True)
-            raise typer.Exit(EXIT_USAGE if exc.status == 400 else EXIT_COULD_NOT_RUN) from None
+            raise CommandError(EXIT_USAGE if exc.status == 400 else EXIT_COULD_NOT_RUN,
+                               f"tapdeck rollout: {exc}") from None
         except Exception as exc:  # a clear line, not a traceback
-            typer.echo(f"tapdeck rollout: could not start a local server: {exc}", err=True)
-            raise typer.Exit(EXIT_COULD_NOT_RUN) from None
+            raise CommandError(EXIT_COULD_NOT_RUN,
+                               f"tapdeck rollout: could not start a local server: {exc}") from None
         with _server_logs_to(log):
             try:
                 shared = local.embedded_engine
@@ -254,18 +254,16 @@ def _check_local_run(data: Path, run_id: str) -> RunSummary:
     from tapdeck.runner.run_lock import RunLock
 
     if not (data / "runs" / run_id / PLAN).is_file():
-        typer.echo(f"tapdeck rollout: no run {run_id} in {data / 'runs'} (pass the --data-dir it "
-                   "ran in)", err=True)
-        raise typer.Exit(EXIT_COULD_NOT_RUN)
+        raise CommandError(EXIT_COULD_NOT_RUN, f"tapdeck rollout: no run {run_id} in "
+                           f"{data / 'runs'} (pass the --data-dir it ran in)")
     try:
         summary, rollouts = BatchRunner(None, data_dir=data, default_engine=None).get(run_id)
     except RunUnreadable as exc:
-        typer.echo(f"tapdeck rollout: cannot resume run {run_id}: {exc}", err=True)
-        raise typer.Exit(EXIT_COULD_NOT_RUN) from None
+        raise CommandError(EXIT_COULD_NOT_RUN,
+                           f"tapdeck rollout: cannot resume run {run_id}: {exc}") from None
     if summary.state == "running":  # this process runs nothing yet: another one runs it
         pid = RunLock(data / "runs" / run_id).holder()
-        typer.echo(f"tapdeck rollout: {RunElsewhere(run_id, pid or 0)}", err=True)
-        raise typer.Exit(EXIT_COULD_NOT_RUN)
+        raise CommandError(EXIT_COULD_NOT_RUN, f"tapdeck rollout: {RunElsewhere(run_id, pid or 0)}")
     if (done := _already_complete(RunDetail(**dict(summary), rollouts=rollouts))) is not None:
         typer.echo(done)
         raise typer.Exit(EXIT_OK)
@@ -293,17 +291,15 @@ def _resumed_engine(ctx: typer.Context, run: RunSummary, url_engine: str | None,
     model_used = run.plan.rollout.engine_model or run.engine_model_used
     if _given(ctx, "engine") and not _same_engine(url_engine, used_url):
         given = shown_url(ctx.params["engine"])
-        typer.echo(f"tapdeck rollout: run {run.id}'s rollouts called {_engine_words(used_url)}, "
-                   f"not --engine {given}, and the rollouts of one run must come from one engine: "
-                   f"drop --engine to resume on the engine it used, or start a new run with "
-                   f"--engine {given}", err=True)
-        raise typer.Exit(EXIT_USAGE)
+        raise CommandError(EXIT_USAGE, f"tapdeck rollout: run {run.id}'s rollouts called "
+                           f"{_engine_words(used_url)}, not --engine {given}, and the rollouts of "
+                           "one run must come from one engine: drop --engine to resume on the "
+                           f"engine it used, or start a new run with --engine {given}")
     if engine_model is not None and model_used is not None and engine_model != model_used:
-        typer.echo(f"tapdeck rollout: run {run.id}'s rollouts called model {model_used!r}, not "
-                   f"--engine-model {engine_model!r}, and the rollouts of one run must come from "
-                   "one model: drop --engine-model to resume on the one it used, or start a new "
-                   "run with it", err=True)
-        raise typer.Exit(EXIT_USAGE)
+        raise CommandError(EXIT_USAGE, f"tapdeck rollout: run {run.id}'s rollouts called model "
+                           f"{model_used!r}, not --engine-model {engine_model!r}, and the rollouts "
+                           "of one run must come from one model: drop --engine-model to resume on "
+                           "the one it used, or start a new run with it")
     if used_url is None:
         return None, engine_model
     if url_engine is None:
@@ -351,11 +347,10 @@ def _drive_remote(server: str, admin_key: str | None, data: Path, plan: RunPlan,
         base = http_base_url(server, "--server")
         key = command_admin_key(admin_key, data)
     except ValueError as exc:
-        typer.echo(f"tapdeck rollout: {exc}", err=True)
-        raise typer.Exit(EXIT_USAGE) from None
+        raise CommandError(EXIT_USAGE, f"tapdeck rollout: {exc}") from None
     if key is None:
-        typer.echo(f"tapdeck rollout: {admin_key_refusal(data, found=False)}", err=True)
-        raise typer.Exit(EXIT_COULD_NOT_RUN)
+        raise CommandError(EXIT_COULD_NOT_RUN,
+                           f"tapdeck rollout: {admin_key_refusal(data, found=False)}")
     raise typer.Exit(_drive(base, key, plan, resume, resume_hint=f"--server {base}",
                             key_dir=None if admin_key else data, say_engine=True))
 

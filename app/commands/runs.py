@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING
 import typer
 
 from tapdeck.app.commands.runner_warnings import runner_warnings_on_stderr
+from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_USAGE, CommandError
 
 if TYPE_CHECKING:
     from tapdeck.schema.runs import RunSummary
 
-EXIT_OK, EXIT_NOT_FOUND, EXIT_USAGE = 0, 1, 2
 HARNESS_CHARS = 14
 """The list's harness column: the longest harness name tapdeck offers, so none is cut."""
 
@@ -44,14 +44,12 @@ def register(app: typer.Typer) -> None:
         from tapdeck.schema.runs import RunDetail, RunList
 
         if run_id is not None and not is_run_id(run_id):
-            typer.echo(f"tapdeck runs: {run_id!r} is not a run id: give a plain id (run-…), not a "
-                       "path", err=True)
-            raise typer.Exit(EXIT_USAGE)
+            raise CommandError(EXIT_USAGE, f"tapdeck runs: {run_id!r} is not a run id: give a plain "
+                               "id (run-…), not a path")
         try:
             root = usable_data_dir(data_dir or default_data_dir())
         except ValueError as exc:
-            typer.echo(f"tapdeck runs: --data-dir: {exc}", err=True)
-            raise typer.Exit(EXIT_USAGE) from None
+            raise CommandError(EXIT_USAGE, f"tapdeck runs: --data-dir: {exc}") from None
         batch = BatchRunner(None, data_dir=root, default_engine=None)
         if run_id is None:
             with runner_warnings_on_stderr("runs"):  # a run left out, a line skipped: said once
@@ -67,12 +65,10 @@ def register(app: typer.Typer) -> None:
             with runner_warnings_on_stderr("runs"):
                 summary, rollouts = batch.get(run_id)
         except RunNotFound:
-            typer.echo(f"tapdeck runs: no run {run_id} in {batch.runs_dir} (pass the --data-dir "
-                       "it ran in)", err=True)
-            raise typer.Exit(EXIT_NOT_FOUND) from None
+            raise CommandError(EXIT_COULD_NOT_RUN, f"tapdeck runs: no run {run_id} in "
+                               f"{batch.runs_dir} (pass the --data-dir it ran in)") from None
         except RunUnreadable as exc:
-            typer.echo(f"tapdeck runs: {exc}", err=True)
-            raise typer.Exit(EXIT_NOT_FOUND) from None
+            raise CommandError(EXIT_COULD_NOT_RUN, f"tapdeck runs: {exc}") from None
         doc = RunDetail(**dict(summary), rollouts=rollouts)
         if as_json:
             typer.echo(json.dumps(doc.model_dump(mode="json"), indent=2))

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_USAGE, CommandError
+
 if TYPE_CHECKING:
     from tapdeck.app.host import LocalServer
 
@@ -122,14 +124,11 @@ def register(app: typer.Typer) -> None:
                 fields["admin_key"] = read_key_file(admin_key_file)
             config = ServerConfig(**fields)
         except ValidationError as exc:
-            typer.echo(f"tapdeck serve: {validation_line(exc)}", err=True)
-            raise typer.Exit(2) from None
+            raise CommandError(EXIT_USAGE, f"tapdeck serve: {validation_line(exc)}") from None
         except ValueError as exc:
-            typer.echo(f"tapdeck serve: {exc}", err=True)
-            raise typer.Exit(2) from None
+            raise CommandError(EXIT_USAGE, f"tapdeck serve: {exc}") from None
         if (problem := unresolvable(host)) is not None:
-            typer.echo(f"tapdeck serve: {problem}", err=True)
-            raise typer.Exit(2)
+            raise CommandError(EXIT_USAGE, f"tapdeck serve: {problem}")
         _log_to_stderr()
         server = LocalServer(config, on_embedded_engine=lambda: typer.echo(
             "starting the embedded engine, or reusing the one another tapdeck process serves "
@@ -138,11 +137,10 @@ def register(app: typer.Typer) -> None:
         try:
             server.start()
         except (ConfigError, PortInUseError) as exc:
-            typer.echo(f"tapdeck serve: {exc}", err=True)
-            raise typer.Exit(2) from None
+            raise CommandError(EXIT_USAGE, f"tapdeck serve: {exc}") from None
         except EngineAddressError as exc:
-            typer.echo(f"tapdeck serve: {exc}", err=True)
-            raise typer.Exit(2 if exc.status == 400 else 1) from None
+            raise CommandError(EXIT_USAGE if exc.status == 400 else EXIT_COULD_NOT_RUN,
+                               f"tapdeck serve: {exc}") from None
         settle_collector()
         stop = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_USAGE, CommandError
+
 if TYPE_CHECKING:
     from tapdeck.proxy.capture.graph import RolloutGraph
     from tapdeck.proxy.store.database import Store
     from tapdeck.schema.sessions import SessionSummary, TurnDetail
 
-EXIT_NOT_FOUND, EXIT_USAGE = 1, 2
 WIDTH = 80
 """Columns every line is laid out for (the narrowest terminal tapdeck supports)."""
 LIST_NEWEST = 20
@@ -55,16 +56,13 @@ def register(app: typer.Typer) -> None:
 
         for given, what in ((session_id, "session"), (run, "run")):
             if given is not None and not is_run_id(given):
-                typer.echo(f"tapdeck sessions: {given!r} is not a {what} id: give a plain id, not "
-                           "a path", err=True)
-                raise typer.Exit(EXIT_USAGE)
+                raise CommandError(EXIT_USAGE, f"tapdeck sessions: {given!r} is not a {what} id: "
+                                   "give a plain id, not a path")
         if turn is not None and session_id is None:
-            typer.echo("tapdeck sessions: --turn needs a SESSION", err=True)
-            raise typer.Exit(EXIT_USAGE)
+            raise CommandError(EXIT_USAGE, "tapdeck sessions: --turn needs a SESSION")
         if session_id is not None and (run is not None or show_all):
-            typer.echo("tapdeck sessions: --run and --all choose what the list shows; give them "
-                       "without a SESSION", err=True)
-            raise typer.Exit(EXIT_USAGE)
+            raise CommandError(EXIT_USAGE, "tapdeck sessions: --run and --all choose what the list "
+                               "shows; give them without a SESSION")
         with stored_capture(data_dir, "sessions") as (root, store):
             if session_id is None:
                 _list(store, run=run, show_all=show_all, as_json=as_json, runs_dir=root / "runs")
@@ -72,9 +70,9 @@ def register(app: typer.Typer) -> None:
             try:
                 record, graph = store.load_graph(session_id)
             except KeyError:
-                typer.echo(f"tapdeck sessions: no session {session_id} in {store.path} (`tapdeck "
-                           "sessions` lists them; pass the --data-dir it ran in)", err=True)
-                raise typer.Exit(EXIT_NOT_FOUND) from None
+                raise CommandError(EXIT_COULD_NOT_RUN, f"tapdeck sessions: no session {session_id} "
+                                   f"in {store.path} (`tapdeck sessions` lists them; pass the "
+                                   "--data-dir it ran in)") from None
             if turn is None:
                 _show_session(record, graph, as_json=as_json)
             else:
@@ -120,9 +118,8 @@ def _list(store: Store, *, run: str | None, show_all: bool, as_json: bool, runs_
     if run is not None:
         records = [r for r in records if (r.get("metadata") or {}).get("run_id") == run]
         if not records and not (runs_dir / run).is_dir():
-            typer.echo(f"tapdeck sessions: no run {run} in {runs_dir} (`tapdeck runs` lists them; "
-                       "pass the --data-dir it ran in)", err=True)
-            raise typer.Exit(EXIT_NOT_FOUND)
+            raise CommandError(EXIT_COULD_NOT_RUN, f"tapdeck sessions: no run {run} in {runs_dir} "
+                               "(`tapdeck runs` lists them; pass the --data-dir it ran in)")
     left = 0 if run is not None or show_all else max(0, len(records) - LIST_NEWEST)
     records = records[:len(records) - left]
     summaries = [stored_summary(*store.load_graph(r["id"])) for r in records]
@@ -245,8 +242,8 @@ def _show_turn(record: dict[str, Any], graph: RolloutGraph, seq: int, *, as_json
 
     if seq not in graph.nodes:
         last = f"it has turns 0-{max(graph.nodes)}" if graph.nodes else "it has no turns"
-        typer.echo(f"tapdeck sessions: session {record['id']} has no turn {seq} ({last})", err=True)
-        raise typer.Exit(EXIT_NOT_FOUND)
+        raise CommandError(EXIT_COULD_NOT_RUN,
+                           f"tapdeck sessions: session {record['id']} has no turn {seq} ({last})")
     detail = TurnDetail.model_validate(turn_detail(graph, seq))
     if as_json:
         typer.echo(json.dumps(detail.model_dump(mode="json"), indent=2))

@@ -19,6 +19,7 @@ from typing import Any
 import typer
 
 from tapdeck.app.client import ApiError, TapdeckClient, command_admin_key
+from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_OK, EXIT_USAGE, CommandError
 from tapdeck.runner.recipes import CPU_TRAINING, DEFAULT_RECIPE, RECIPES
 from tapdeck.schema.train import TrainLogEvent, TrainRunInfo, TrainStateEvent
 
@@ -66,20 +67,17 @@ def register(app: typer.Typer) -> None:
         from tapdeck.runner.run_dir import is_run_id
 
         if run is not None and not is_run_id(run):  # as `export`: a path is no run's id
-            typer.echo(f"tapdeck train: --run {run!r} is not a run id: give a plain id (run-…), "
-                       "not a path", err=True)
-            raise typer.Exit(2)
+            raise CommandError(EXIT_USAGE, f"tapdeck train: --run {run!r} is not a run id: give a "
+                               "plain id (run-…), not a path")
         if ctx.args and ctx.args[0] in RECIPES:
             # `tapdeck train cpu-grpo` would hand the name to the default recipe as an argument.
-            typer.echo(f"tapdeck train: give the recipe as an option: tapdeck train --recipe "
-                       f"{ctx.args[0]} ...", err=True)
-            raise typer.Exit(2)
+            raise CommandError(EXIT_USAGE, f"tapdeck train: give the recipe as an option: tapdeck "
+                               f"train --recipe {ctx.args[0]} ...")
         known = RECIPES.get(recipe)  # an unknown one is the server's to refuse, naming those it has
         if not list_ and known is not None and (
                 why := known.rows_missing(run, ctx.args) or known.run_refused(run)):
             # Its job would only die of its argument parser's usage error.
-            typer.echo(f"tapdeck train: {why}", err=True)
-            raise typer.Exit(2)
+            raise CommandError(EXIT_USAGE, f"tapdeck train: {why}")
         data = (data_dir or default_data_dir()).expanduser()
         local = None
         if server is None:
@@ -91,13 +89,12 @@ def register(app: typer.Typer) -> None:
             try:
                 config = ServerConfig(port=0, data_dir=data)
             except ValidationError as exc:
-                typer.echo(f"tapdeck train: {validation_line(exc)}", err=True)
-                raise typer.Exit(2) from None
+                raise CommandError(EXIT_USAGE, f"tapdeck train: {validation_line(exc)}") from None
             try:
                 local = LocalServer(config).start()
             except Exception as exc:  # a clear line, not a traceback
-                typer.echo(f"tapdeck train: could not start a local server: {exc}", err=True)
-                raise typer.Exit(1) from None
+                raise CommandError(EXIT_COULD_NOT_RUN,
+                                   f"tapdeck train: could not start a local server: {exc}") from None
             base, key = local.url, local.admin_key
         else:
             from tapdeck.schema.addresses import http_base_url
@@ -106,8 +103,7 @@ def register(app: typer.Typer) -> None:
                 base = http_base_url(server, "--server")
                 key = command_admin_key(admin_key, data)
             except ValueError as exc:
-                typer.echo(f"tapdeck train: {exc}", err=True)
-                raise typer.Exit(2) from None
+                raise CommandError(EXIT_USAGE, f"tapdeck train: {exc}") from None
         try:
             code = asyncio.run(_drive(base, key, recipe, run, list(ctx.args), list_,
                                       key_dir=None if local is not None or admin_key else data))
@@ -126,7 +122,7 @@ async def _drive(base: str, key: str | None, recipe: str, run: str | None, args:
         try:
             if list_only:
                 typer.echo(describe_recipes(await client.train_recipes()))
-                return 0
+                return EXIT_OK
             if run is not None and (known := RECIPES.get(recipe)) is not None and known.takes_run:
                 await _warn_if_still_going(client, recipe, run)
             job = await client.start_train(recipe, run=run, args=args)
@@ -134,8 +130,8 @@ async def _drive(base: str, key: str | None, recipe: str, run: str | None, args:
             typer.echo(f"tapdeck train: {exc.for_command(key_dir, key_found=bool(key))}", err=True)
             # 422: the recipe's own parser refused its args; else an unknown recipe is bad usage.
             if exc.kind == "rejected" and (exc.status == 422 or await _unknown_recipe(client, recipe)):
-                return 2
-            return 1
+                return EXIT_USAGE
+            return EXIT_COULD_NOT_RUN
         typer.echo(f"[tapdeck] training run {job.id} ({job.recipe}) on {base}, in {job.run_dir}")
         try:
             final = await _follow(client, job.id)
@@ -143,7 +139,7 @@ async def _drive(base: str, key: str | None, recipe: str, run: str | None, args:
             typer.echo("[tapdeck] stopping the recipe…", err=True)
             final = await client.stop_train(job.id)
         _print_summary(final, await _final_metrics(client, job.id))
-        return 0 if final.state == "finished" else 1
+        return EXIT_OK if final.state == "finished" else EXIT_COULD_NOT_RUN
     finally:
         await client.aclose()
 

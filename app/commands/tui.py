@@ -13,6 +13,8 @@ from typing import Annotated
 
 import typer
 
+from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_USAGE, CommandError
+
 
 def _log_to_file(path: Path) -> logging.Handler:
     """Send all logging to a file while the TUI owns the terminal (stderr would tear the screen)."""
@@ -62,11 +64,9 @@ def run_embedded(data_dir: Path | None = None, *, port: int = 0, engine_url: str
         if engine_url:  # a malformed address is refused before the server is said to start
             normalize_address(engine_url)
     except ValidationError as exc:  # bad usage, as `serve` says it: one line, exit 2
-        print(f"tapdeck: {validation_line(exc)}", file=sys.stderr)
-        raise typer.Exit(2) from None
+        raise CommandError(EXIT_USAGE, f"tapdeck: {validation_line(exc)}") from None
     except EngineAddressError as exc:
-        print(f"tapdeck: {exc}", file=sys.stderr)
-        raise typer.Exit(2) from None
+        raise CommandError(EXIT_USAGE, f"tapdeck: {exc}") from None
     _log_to_file(data_dir / "tui.log")
     print(f"tapdeck: starting the embedded server ({'engine ' + engine_url if engine_url else 'embedded engine'}"
           f", data in {data_dir})…", file=sys.stderr, flush=True)
@@ -74,14 +74,13 @@ def run_embedded(data_dir: Path | None = None, *, port: int = 0, engine_url: str
     try:
         server.start()
     except (ConfigError, PortInUseError) as exc:
-        print(f"tapdeck: {exc}", file=sys.stderr)
-        raise typer.Exit(2) from None
+        raise CommandError(EXIT_USAGE, f"tapdeck: {exc}") from None
     except EngineAddressError as exc:
-        print(f"tapdeck: {exc}", file=sys.stderr)
-        raise typer.Exit(2 if exc.status == 400 else 1) from None
+        raise CommandError(EXIT_USAGE if exc.status == 400 else EXIT_COULD_NOT_RUN,
+                           f"tapdeck: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - any start failure is reported as one line, no traceback
-        print(f"tapdeck: could not start the embedded server: {exc}", file=sys.stderr)
-        raise typer.Exit(1) from None
+        raise CommandError(EXIT_COULD_NOT_RUN,
+                           f"tapdeck: could not start the embedded server: {exc}") from None
     if engine_url:
         print(f"tapdeck: engine {server.engine_url}", file=sys.stderr, flush=True)
     try:

@@ -23,7 +23,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tapdeck.app.cli import app
-from tapdeck.app.commands.rollout import EXIT_ROLLOUT_FAILED
+from tapdeck.app.exit_codes import EXIT_ROLLOUT_FAILED
 from tests.agents.test_agent_from_setup import recorded_vllm_answering
 from tests.agents.test_agent_rollouts import installed_or_skip
 from tests.conftest import vllm_fixture, vllm_reply_to

@@ -14,7 +14,7 @@ import httpx
 from typer.testing import CliRunner
 
 from tapdeck.app.cli import app
-from tapdeck.app.commands.rollout import EXIT_COULD_NOT_RUN
+from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN
 from tapdeck.runner.run_lock import RunLock
 from tests.conftest import hanging_engine, local_server_on
 from tests.runner.other_process import holding_run_lock
