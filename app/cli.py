@@ -14,6 +14,12 @@ from typer.core import TyperGroup
 
 from tapdeck import __version__
 from tapdeck.app.commands import tui
+from tapdeck.app.commands.options import (
+    DataDirOption,
+    EngineApiKeyOption,
+    EngineModelOption,
+    PublicUrlOption,
+)
 from tapdeck.app.exit_codes import EXIT_USAGE, CommandError
 
 
@@ -73,12 +79,12 @@ def _root(
     ctx: typer.Context,
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                  help="Print the version and exit."),
-    data_dir: tui.DataDirOption = None,
+    data_dir: DataDirOption = None,
     port: tui.PortOption = 0,
     engine: tui.EngineOption = None,
-    engine_model: tui.EngineModelOption = None,
-    engine_api_key: tui.EngineApiKeyOption = None,
-    public_url: tui.PublicUrlOption = None,
+    engine_model: EngineModelOption = None,
+    engine_api_key: EngineApiKeyOption = None,
+    public_url: PublicUrlOption = None,
 ) -> None:
     """Open the TUI when no command is given (it takes `tapdeck tui`'s options)."""
     if ctx.invoked_subcommand is None:

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
 from tapdeck.app.client import ApiError, TapdeckClient, admin_key_refusal, command_admin_key
+from tapdeck.app.commands.options import admin_key_option, data_dir_option
 from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_USAGE, CommandError
 
 
@@ -22,11 +24,11 @@ def register(app: typer.Typer) -> None:
     @app.command("attach")
     def attach(
         url: str = typer.Argument(..., help="Base URL of a tapdeck server, e.g. http://127.0.0.1:8300"),
-        admin_key: str | None = typer.Option(None, "--admin-key", envvar="TAPDECK_ADMIN_KEY",
-                                             help="The server's admin key (default: <data-dir>/admin.key)."),
-        data_dir: Path | None = typer.Option(None, "--data-dir",
-                                             help="Data directory whose admin.key holds the key of a server "
-                                                  "on this machine (default $TAPDECK_DATA_DIR or ~/.tapdeck)."),
+        admin_key: Annotated[str | None, admin_key_option(
+            "The server's admin key (default: <data-dir>/admin.key).")] = None,
+        data_dir: Annotated[Path | None, data_dir_option(
+            "Data directory whose admin.key holds the key of a server on this machine (default "
+            "$TAPDECK_DATA_DIR or ~/.tapdeck).")] = None,
     ) -> None:
         """Open the TUI on a remote tapdeck server (over SSH: tunnel its port and attach to it)."""
         from tapdeck.app.commands.tui import run_app

@@ -14,6 +14,7 @@ from typing import Any
 
 import typer
 
+from tapdeck.app.commands.options import DataDirOption
 from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_USAGE, CommandError
 
 
@@ -110,8 +111,7 @@ def register(app: typer.Typer) -> None:
         include_failed: bool = typer.Option(False, "--include-failed",
                                             help="Also export rollouts that did not end ok (rows "
                                                  "marked ok: false); left out by default."),
-        data_dir: Path | None = typer.Option(None, "--data-dir",
-                                             help="Data directory (default $TAPDECK_DATA_DIR or ~/.tapdeck)."),
+        data_dir: DataDirOption = None,
     ) -> None:
         """Write a session's or a run's captured rollouts as JSONL or Parquet."""
         from tapdeck.app.commands.runner_warnings import runner_warnings_on_stderr

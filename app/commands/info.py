@@ -8,10 +8,11 @@ settles on, which is shown (plus the proxy's tier probe unless `--no-probe`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
+from tapdeck.app.commands.options import engine_api_key_option, engine_option
 from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_USAGE, CommandError
 
 # Sandboxes listed even when unavailable (the usual choices), so their reason is visible.
@@ -128,10 +129,10 @@ def register(app: typer.Typer) -> None:
 
     @app.command("info")
     def info(
-        engine: list[str] = typer.Option([], "--engine", help="Engine to check: HOST:PORT, "
-                                         "http://HOST:PORT or …/v1 (repeatable)."),
-        engine_api_key: str | None = typer.Option(None, "--engine-api-key", envvar="TAPDECK_ENGINE_API_KEY",
-                                                  help="API key for --engine (never printed)."),
+        engine: Annotated[list[str], engine_option(
+            "Engine to check: HOST:PORT, http://HOST:PORT or …/v1 (repeatable).")] = [],  # noqa: B006 - typer passes a new list
+        engine_api_key: Annotated[str | None, engine_api_key_option(
+            "API key for --engine (never printed).")] = None,
         dataset: list[str] = typer.Option([], "--dataset",
                                           help="Extra dataset to list (folder, name@version, org/name, git URL)."),
         probe: bool = typer.Option(True, "--probe/--no-probe",

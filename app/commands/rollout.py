@@ -30,12 +30,20 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from pydantic import ValidationError
 
 from tapdeck.app.client import ApiError, TapdeckClient, admin_key_refusal
+from tapdeck.app.commands.options import (
+    AdminKeyOption,
+    DataDirOption,
+    EngineModelOption,
+    PublicUrlOption,
+    engine_option,
+    server_option,
+)
 from tapdeck.app.commands.run_table import print_run_table
 from tapdeck.app.exit_codes import (
     EXIT_COULD_NOT_RUN,
@@ -87,8 +95,9 @@ def register(app: typer.Typer) -> None:
                                               "the first -n tasks)."),
         harness: str = typer.Option("terminus-2", "--harness", help="Agent harness."),
         sandbox: str = typer.Option("host", "--sandbox", help="Sandbox: host or a Harbor backend."),
-        engine: str = typer.Option("embedded", "--engine", help="`embedded`, or an engine: HOST:PORT, http://HOST:PORT or …/v1."),
-        engine_model: str | None = typer.Option(None, "--engine-model", help="Model name on that engine."),
+        engine: Annotated[str, engine_option(
+            "`embedded`, or an engine: HOST:PORT, http://HOST:PORT or …/v1.")] = "embedded",
+        engine_model: EngineModelOption = None,
         n_tasks: int = typer.Option(1, "-n", "--tasks", min=1, help="How many tasks (N)."),
         k: int = typer.Option(1, "-k", "--rollouts", min=1, help="Rollouts per task (GRPO group size)."),
         concurrency: int = typer.Option(1, "-c", "--concurrency", min=1, help="Rollouts at once."),
@@ -126,12 +135,10 @@ def register(app: typer.Typer) -> None:
         alternatives: int = typer.Option(0, "--alternatives", min=0, max=20,
                                          help="Top alternatives per sampled token to capture for "
                                          "inspection (default: only what the harness asks for)."),
-        data_dir: Path | None = typer.Option(None, "--data-dir",
-                                             help="Data directory (default $TAPDECK_DATA_DIR or ~/.tapdeck)."),
-        server: str | None = typer.Option(None, "--server", help="Submit to this tapdeck server "
-                                          "instead of starting one here."),
-        admin_key: str | None = typer.Option(None, "--admin-key", envvar="TAPDECK_ADMIN_KEY",
-                                             help="Admin key of --server (default: <data-dir>/admin.key)."),
+        data_dir: DataDirOption = None,
+        server: Annotated[str | None, server_option(
+            "Submit to this tapdeck server instead of starting one here.")] = None,
+        admin_key: AdminKeyOption = None,
         resume: str | None = typer.Option(None, "--resume", help="Resume an interrupted run by id "
                                           "(finished rollouts are not redone; it runs its stored "
                                           "plan on the engine it used, so plan options and "
@@ -146,9 +153,7 @@ def register(app: typer.Typer) -> None:
         engine_reasoning_parser: str | None = typer.Option(
             None, "--engine-reasoning-parser", help="The reasoning parser the engine runs, if any: "
             "token-in then sends every call as text."),
-        public_url: str | None = typer.Option(
-            None, "--public-url", help="Address sandboxes use to reach the proxy (http://HOST:PORT, "
-            "e.g. an SSH reverse tunnel); sessions advertise it. Default: the bound address."),
+        public_url: PublicUrlOption = None,
     ) -> None:
         """Run N tasks × K rollouts through the capture proxy and print the results."""
         from tapdeck.app.failures import validation_line

@@ -8,11 +8,11 @@ Runs screen does, but with only its finished rollouts: the live ones are in that
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
 
+from tapdeck.app.commands.options import DataDirOption
 from tapdeck.app.commands.runner_warnings import runner_warnings_on_stderr
 from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_USAGE, CommandError
 
@@ -32,8 +32,7 @@ def register(app: typer.Typer) -> None:
                                             help="A run id: its per-rollout table instead of the list."),
         as_json: bool = typer.Option(False, "--json", help="The list (or the run) as JSON, as the "
                                      "server's GET /admin/runs[/RUN] answers it."),
-        data_dir: Path | None = typer.Option(None, "--data-dir",
-                                             help="Data directory (default $TAPDECK_DATA_DIR or ~/.tapdeck)."),
+        data_dir: DataDirOption = None,
     ) -> None:
         """List the data dir's runs, newest first, or show one run's rollouts as `tapdeck rollout`
         prints them (exit 1: no such run; 2: an id that is a path)."""

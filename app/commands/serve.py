@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from tapdeck.app.commands.options import (
+    DataDirOption,
+    EngineApiKeyOption,
+    EngineModelOption,
+    PublicUrlOption,
+    admin_key_option,
+    engine_option,
+)
 from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_USAGE, CommandError
 
 if TYPE_CHECKING:
@@ -70,12 +78,11 @@ def register(app: typer.Typer) -> None:
                                  help="Port to listen on (0 = any free port)."),
         host: str = typer.Option("127.0.0.1", "--host",
                                  help="Address to bind. Beyond loopback an explicit, strong admin key is required."),
-        engine: str | None = typer.Option(None, "--engine",
-                                          help="Default engine: HOST:PORT, http://HOST:PORT or …/v1 "
-                                               "(settled by asking …/models). Omitted: start the embedded engine."),
-        engine_model: str | None = typer.Option(None, "--engine-model", help="Model name on that engine."),
-        engine_api_key: str | None = typer.Option(None, "--engine-api-key", envvar="TAPDECK_ENGINE_API_KEY",
-                                                  help="API key for that engine (never logged)."),
+        engine: Annotated[str | None, engine_option(
+            "Default engine: HOST:PORT, http://HOST:PORT or …/v1 (settled by asking …/models). "
+            "Omitted: start the embedded engine.")] = None,
+        engine_model: EngineModelOption = None,
+        engine_api_key: EngineApiKeyOption = None,
         engine_tool_parser: str | None = typer.Option(
             None, "--engine-tool-parser", help="The tool-call parser that engine's chat route runs "
             "(vLLM's --tool-call-parser, e.g. hermes): token-in capture parses tool calls with it. "
@@ -83,19 +90,15 @@ def register(app: typer.Typer) -> None:
         engine_reasoning_parser: str | None = typer.Option(
             None, "--engine-reasoning-parser", help="The reasoning parser that engine runs, if any "
             "(vLLM's --reasoning-parser): token-in capture then sends every call as text."),
-        admin_key: str | None = typer.Option(None, "--admin-key", envvar="TAPDECK_ADMIN_KEY",
-                                             help="Admin API key (visible in `ps`: prefer $TAPDECK_ADMIN_KEY "
-                                                  "or --admin-key-file). Omitted: generate one and write "
-                                                  "<data-dir>/admin.key."),
+        admin_key: Annotated[str | None, admin_key_option(
+            "Admin API key (visible in `ps`: prefer $TAPDECK_ADMIN_KEY or --admin-key-file). "
+            "Omitted: generate one and write <data-dir>/admin.key.")] = None,
         admin_key_file: Path | None = typer.Option(None, "--admin-key-file", envvar="TAPDECK_ADMIN_KEY_FILE",
                                                    help="Read the admin API key from this file (first line)."),
         max_body_bytes: int | None = typer.Option(None, "--max-body-bytes", min=1,
                                                   help="Largest request body accepted (default 32 MiB)."),
-        data_dir: Path | None = typer.Option(None, "--data-dir",
-                                             help="Data directory (default $TAPDECK_DATA_DIR or ~/.tapdeck)."),
-        public_url: str | None = typer.Option(
-            None, "--public-url", help="Address sandboxes use to reach the proxy (http://HOST:PORT, "
-            "e.g. an SSH reverse tunnel); sessions advertise it. Default: the bound address."),
+        data_dir: DataDirOption = None,
+        public_url: PublicUrlOption = None,
     ) -> None:
         """Serve the capture proxy and admin API until interrupted (Ctrl-C or SIGTERM)."""
         import signal

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from tapdeck.app.commands.options import DataDirOption
 from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_USAGE, CommandError
 
 if TYPE_CHECKING:
@@ -46,8 +47,7 @@ def register(app: typer.Typer) -> None:
                                       help=f"List every session (default: the {LIST_NEWEST} newest)."),
         as_json: bool = typer.Option(False, "--json", help="As the server's admin API answers: "
                                      "GET /admin/sessions, /sessions/S/rollout or /sessions/S/turns/N."),
-        data_dir: Path | None = typer.Option(None, "--data-dir",
-                                             help="Data directory (default $TAPDECK_DATA_DIR or ~/.tapdeck)."),
+        data_dir: DataDirOption = None,
     ) -> None:
         """List the data dir's capture sessions, newest first, or show one session's rollout graph
         and findings, or one turn's tokens (exit 1: no such session or turn; 2: bad usage)."""

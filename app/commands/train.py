@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
 from tapdeck.app.client import ApiError, TapdeckClient, command_admin_key
+from tapdeck.app.commands.options import AdminKeyOption, DataDirOption, server_option
 from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_OK, EXIT_USAGE, CommandError
 from tapdeck.runner.recipes import CPU_TRAINING, DEFAULT_RECIPE, RECIPES
 from tapdeck.schema.train import TrainLogEvent, TrainRunInfo, TrainStateEvent
@@ -53,12 +54,10 @@ def register(app: typer.Typer) -> None:
         run: str | None = typer.Option(None, "--run", help="A tapdeck rollout run id: the rows "
                                        "data-check checks, the dataset, tasks and harness grpo-trl "
                                        "trains on; cpu-grpo takes none."),
-        data_dir: Path | None = typer.Option(None, "--data-dir",
-                                             help="Data directory (default $TAPDECK_DATA_DIR or ~/.tapdeck)."),
-        server: str | None = typer.Option(None, "--server", help="Run it as a job of this tapdeck "
-                                          "server instead of one started here."),
-        admin_key: str | None = typer.Option(None, "--admin-key", envvar="TAPDECK_ADMIN_KEY",
-                                             help="Admin key of --server (default: <data-dir>/admin.key)."),
+        data_dir: DataDirOption = None,
+        server: Annotated[str | None, server_option(
+            "Run it as a job of this tapdeck server instead of one started here.")] = None,
+        admin_key: AdminKeyOption = None,
         list_: bool = typer.Option(False, "--list", help="List recipes and whether the server can run each."),
     ) -> None:
         """Launch a training recipe on a tapdeck server; stream its log; print its final metrics.

@@ -13,6 +13,13 @@ from typing import Annotated
 
 import typer
 
+from tapdeck.app.commands.options import (
+    DataDirOption,
+    EngineApiKeyOption,
+    EngineModelOption,
+    PublicUrlOption,
+    engine_option,
+)
 from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_USAGE, CommandError
 
 
@@ -90,20 +97,13 @@ def run_embedded(data_dir: Path | None = None, *, port: int = 0, engine_url: str
         server.stop()
 
 
-DataDirOption = Annotated[Path | None, typer.Option(
-    "--data-dir", help="Data directory (default $TAPDECK_DATA_DIR or ~/.tapdeck).")]
 PortOption = Annotated[int, typer.Option(
     "--port", min=0, max=65535, help="Loopback port of the embedded server (0 = any free).")]
-EngineOption = Annotated[str | None, typer.Option(
-    "--engine", help="Engine, e.g. a vLLM server: HOST:PORT, http://HOST:PORT or …/v1. Omitted: "
-    "the embedded SmolLM2 engine (never solves tasks).")]
-EngineModelOption = Annotated[str | None, typer.Option("--engine-model", help="Model name on that engine.")]
-EngineApiKeyOption = Annotated[str | None, typer.Option(
-    "--engine-api-key", envvar="TAPDECK_ENGINE_API_KEY", help="API key for that engine (never logged).")]
-PublicUrlOption = Annotated[str | None, typer.Option(
-    "--public-url", help="Address sandboxes use to reach the proxy (http://HOST:PORT, e.g. an SSH "
-    "reverse tunnel); sessions advertise it. Default: the bound address.")]
-"""The TUI's options, shared by `tapdeck tui` and `tapdeck` with no command."""
+EngineOption = Annotated[str | None, engine_option(
+    "Engine, e.g. a vLLM server: HOST:PORT, http://HOST:PORT or …/v1. Omitted: the embedded "
+    "SmolLM2 engine (never solves tasks).")]
+"""The TUI's own options, shared by `tapdeck tui` and `tapdeck` with no command (their others are
+the ones commands share, in options.py)."""
 
 
 def register(app: typer.Typer) -> None:
