@@ -83,7 +83,7 @@ def _print_list(listed: list[RunSummary]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from tapdeck.app.views import run_outcomes
+    from tapdeck.app.views.runs import run_outcomes
 
     console = Console(width=min(80, Console().width))
     table = Table(box=None, pad_edge=False, expand=False, show_edge=False, collapse_padding=True)

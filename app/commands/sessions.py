@@ -29,7 +29,8 @@ WIDTH = 80
 LIST_NEWEST = 20
 """Sessions the list shows unless --all or --run: each costs its graph's rebuild."""
 TONE_STYLES = {"sure": "green", "mid": "", "low": "yellow", "vlow": "bold red", "masked": "dim"}
-"""A sampled token's line on a terminal, by how likely the engine found it (`views.logprob_tone`)."""
+"""A sampled token's line on a terminal, by how likely the engine found it
+(`views.tokens.logprob_tone`)."""
 
 
 def register(app: typer.Typer) -> None:
@@ -141,7 +142,8 @@ def _print_list(summaries: list[SessionSummary]) -> None:
     Sessions screen words it, task, graph counts, findings and reward."""
     from rich.table import Table
 
-    from tapdeck.app.views import fmt_reward, session_state
+    from tapdeck.app.views.sessions import session_state
+    from tapdeck.app.views.text import fmt_reward
 
     table = Table(box=None, pad_edge=False, expand=False, show_edge=False, padding=(0, 1, 0, 0))
     table.add_column("session", no_wrap=True)
@@ -163,15 +165,9 @@ def _show_session(record: dict[str, Any], graph: RolloutGraph, *, as_json: bool)
     """The session's header, its rollout graph as an indented tree (forks nest, chains stay
     flat, as on the Rollout screen) and every finding: wrapped on a terminal, one line each in a
     file."""
-    from tapdeck.app.views import (
-        display_parents,
-        fmt_reward,
-        phrase_lines,
-        rollout_nodes,
-        rollout_roots,
-        session_state,
-        turn_label,
-    )
+    from tapdeck.app.views.graph import display_parents, rollout_nodes, rollout_roots, turn_label
+    from tapdeck.app.views.sessions import session_state
+    from tapdeck.app.views.text import fmt_reward, phrase_lines
     from tapdeck.proxy.capture.export import graph_view, rollout_document
     from tapdeck.schema.findings import Finding
     from tapdeck.schema.sessions import GraphView, RolloutDocument
@@ -236,7 +232,9 @@ def _show_turn(record: dict[str, Any], graph: RolloutGraph, seq: int, *, as_json
     """One turn: its link, lengths and findings, then each sampled token on a line of its own
     (index, id, logprob, probability, text, the top alternatives captured), coloured by logprob
     on a terminal as the Rollout screen colours it."""
-    from tapdeck.app.views import capture_mode_text, logprob_tone, phrase_lines
+    from tapdeck.app.views.graph import capture_mode_text
+    from tapdeck.app.views.text import phrase_lines
+    from tapdeck.app.views.tokens import logprob_tone
     from tapdeck.proxy.capture.export import turn_detail
     from tapdeck.schema.sessions import TurnDetail
 
