@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tapdeck.app.cli import app
-from tapdeck.app.commands.rollout import _engine_failure
+from tapdeck.app.commands.run_follow import _engine_failure
 from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_OK, EXIT_ROLLOUT_FAILED, EXIT_USAGE
 from tapdeck.schema.runs import RolloutResult, RunDetail, RunPlan
 from tests.conftest import local_server_on, models_only_engine

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from tapdeck.app.cli import app
 from tapdeck.app.client import ApiError, TapdeckClient
-from tapdeck.app.commands import rollout as rollout_command
+from tapdeck.app.commands import run_follow
 from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_OK, EXIT_ROLLOUT_FAILED
 from tests.conftest import SandboxProcesses, local_server_on, models_only_engine, tapdeck_serve
 from tests.runner.conftest import make_task
@@ -51,7 +51,7 @@ def _kill_once_verifying(server: Any, found: dict[str, Any]) -> None:
 
 def test_rollout_follow_gives_up_when_the_server_goes_away(tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(rollout_command, "SERVER_GRACE_S", 3.0)
+    monkeypatch.setattr(run_follow, "SERVER_GRACE_S", 3.0)
     unanswered = []
     real_run = TapdeckClient.run
 
