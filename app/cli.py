@@ -10,12 +10,36 @@ import importlib
 import sys
 
 import typer
+from typer.core import TyperGroup
 
 from tapdeck import __version__
 from tapdeck.app.commands import tui
+from tapdeck.app.commands.options import (
+    DataDirOption,
+    EngineApiKeyOption,
+    EngineModelOption,
+    PublicUrlOption,
+    TlsKeyOption,
+)
+from tapdeck.app.exit_codes import EXIT_USAGE, CommandError
+
+
+class _CommandGroup(TyperGroup):
+    """The root of the command line: where a CommandError raised below it (the root's callback, a
+    command, a command of a group such as `harness`) becomes its line on stderr and its exit code,
+    whichever way the app is invoked (the console script, typer's CliRunner)."""
+
+    def invoke(self, ctx: typer.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except CommandError as exc:
+            typer.echo(exc.line, err=True)
+            raise typer.Exit(exc.code) from None
+
 
 app = typer.Typer(
     name="tapdeck",
+    cls=_CommandGroup,
     help="An operator's terminal for agentic RL: capture proxy, Harbor runner and TUI.",
     no_args_is_help=False,
     add_completion=False,
@@ -56,14 +80,14 @@ def _root(
     ctx: typer.Context,
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                  help="Print the version and exit."),
-    data_dir: tui.DataDirOption = None,
+    data_dir: DataDirOption = None,
     port: tui.PortOption = 0,
     engine: tui.EngineOption = None,
-    engine_model: tui.EngineModelOption = None,
-    engine_api_key: tui.EngineApiKeyOption = None,
-    public_url: tui.PublicUrlOption = None,
+    engine_model: EngineModelOption = None,
+    engine_api_key: EngineApiKeyOption = None,
+    public_url: PublicUrlOption = None,
     tls_cert: tui.TlsCertOption = None,
-    tls_key: tui.TlsKeyOption = None,
+    tls_key: TlsKeyOption = None,
 ) -> None:
     """Open the TUI when no command is given (it takes `tapdeck tui`'s options)."""
     if ctx.invoked_subcommand is None:
@@ -76,9 +100,9 @@ def _root(
              if p.name not in (None, "version") and _on_command_line(ctx, p.name)]
     if given:
         command = ctx.invoked_subcommand
-        typer.echo(f"tapdeck: {', '.join(given)} before a command is the TUI's; {command} takes its "
-                   f"own options after it (tapdeck {command} --help lists them)", err=True)
-        raise typer.Exit(2)
+        raise CommandError(EXIT_USAGE, f"tapdeck: {', '.join(given)} before a command is the TUI's; "
+                           f"{command} takes its own options after it (tapdeck {command} --help "
+                           "lists them)")
 
 
 for _name in COMMAND_MODULES:

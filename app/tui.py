@@ -36,7 +36,8 @@ from tapdeck.app.screens.runs import RunsScreen
 from tapdeck.app.screens.setup import SetupScreen
 from tapdeck.app.screens.train import TrainScreen
 from tapdeck.app.settings import Settings
-from tapdeck.app.views import SessionBoard, describe_error
+from tapdeck.app.views.errors import describe_error
+from tapdeck.app.views.sessions import SessionBoard
 from tapdeck.app.widgets.nav_bar import NavBar
 from tapdeck.schema import events as api
 from tapdeck.themes import STYLESHEET

@@ -28,7 +28,7 @@ from textual.app import App, ComposeResult
 sys.path.insert(0, str(Path(__file__).parent))
 from graph import make_turns  # noqa: E402
 
-from tapdeck.app.views import LiveGraph, rollout_nodes  # noqa: E402
+from tapdeck.app.views.graph import LiveGraph, rollout_nodes  # noqa: E402
 from tapdeck.app.widgets.rollout_tree import RolloutTree  # noqa: E402
 from tapdeck.proxy.capture.graph import RolloutGraph  # noqa: E402
 from tapdeck.proxy.http.app import create_app  # noqa: E402

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-import sys
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
-from tapdeck.app.client import CA_FILE_HELP, ApiError, TapdeckClient, admin_key_refusal, command_admin_key
-from tapdeck.schema.tls import CA_FILE_ENV
+from tapdeck.app.client import ApiError, TapdeckClient, admin_key_refusal, command_admin_key
+from tapdeck.app.commands.options import CaFileOption, admin_key_option, data_dir_option
+from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_USAGE, CommandError
 
 
 def register(app: typer.Typer) -> None:
@@ -24,12 +25,12 @@ def register(app: typer.Typer) -> None:
     @app.command("attach")
     def attach(
         url: str = typer.Argument(..., help="Base URL of a tapdeck server, e.g. http://127.0.0.1:8300"),
-        admin_key: str | None = typer.Option(None, "--admin-key", envvar="TAPDECK_ADMIN_KEY",
-                                             help="The server's admin key (default: <data-dir>/admin.key)."),
-        data_dir: Path | None = typer.Option(None, "--data-dir",
-                                             help="Data directory whose admin.key holds the key of a server "
-                                                  "on this machine (default $TAPDECK_DATA_DIR or ~/.tapdeck)."),
-        ca_file: Path | None = typer.Option(None, "--ca-file", envvar=CA_FILE_ENV, help=CA_FILE_HELP),
+        admin_key: Annotated[str | None, admin_key_option(
+            "The server's admin key (default: <data-dir>/admin.key).")] = None,
+        data_dir: Annotated[Path | None, data_dir_option(
+            "Data directory whose admin.key holds the key of a server on this machine (default "
+            "$TAPDECK_DATA_DIR or ~/.tapdeck).")] = None,
+        ca_file: CaFileOption = None,
     ) -> None:
         """Open the TUI on a remote tapdeck server (over SSH: tunnel its port and attach to it)."""
         from tapdeck.app.commands.tui import run_app
@@ -44,15 +45,13 @@ def register(app: typer.Typer) -> None:
             key = command_admin_key(admin_key, data)
             trust = server_trust(ca_file)
         except ValueError as exc:
-            print(f"tapdeck attach: {exc}", file=sys.stderr)
-            raise typer.Exit(2) from None
+            raise CommandError(EXIT_USAGE, f"tapdeck attach: {exc}") from None
         if key is None:
-            print(f"tapdeck attach: {admin_key_refusal(data, found=False)}", file=sys.stderr)
-            raise typer.Exit(1)
+            raise CommandError(EXIT_COULD_NOT_RUN,
+                               f"tapdeck attach: {admin_key_refusal(data, found=False)}")
         problem = asyncio.run(_check(base, key, key_dir=None if admin_key else data, verify=trust))
         if problem:
-            print(f"tapdeck attach: {problem}", file=sys.stderr)
-            raise typer.Exit(1)
+            raise CommandError(EXIT_COULD_NOT_RUN, f"tapdeck attach: {problem}")
         run_app(base, key, server_label=base, settings_path=default_settings_path(None), verify=trust)
 
 

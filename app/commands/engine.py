@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_USAGE, CommandError
+
 
 def register(app: typer.Typer) -> None:
     """Add the `engine` command to the CLI."""
@@ -39,11 +41,9 @@ def register(app: typer.Typer) -> None:
         from tapdeck.runner.engine.model import DEFAULT_N_CTX, ContextLengthError, ModelFileError
 
         if (problem := unresolvable(host)) is not None:
-            typer.echo(f"tapdeck engine: {problem}", err=True)
-            raise typer.Exit(2)
+            raise CommandError(EXIT_USAGE, f"tapdeck engine: {problem}")
         if model is not None and not model.is_file():
-            typer.echo(f"tapdeck engine: --model {model} is not a file", err=True)
-            raise typer.Exit(2)
+            raise CommandError(EXIT_USAGE, f"tapdeck engine: --model {model} is not a file")
         eng = EmbeddedEngine(model, host=host, port=port, served_name=served_name,
                              n_ctx=DEFAULT_N_CTX if n_ctx is None else n_ctx,
                              return_tokens_as_token_ids=return_tokens_as_token_ids,
@@ -51,17 +51,13 @@ def register(app: typer.Typer) -> None:
         try:
             eng.start()
         except PortInUseError as exc:  # bad usage, as `serve` and `tui` say it
-            typer.echo(f"tapdeck engine: {exc}", err=True)
-            raise typer.Exit(2) from None
+            raise CommandError(EXIT_USAGE, f"tapdeck engine: {exc}") from None
         except ContextLengthError as exc:  # read from the GGUF before its weights load
-            typer.echo(f"tapdeck engine: --n-ctx {exc}", err=True)
-            raise typer.Exit(2) from None
+            raise CommandError(EXIT_USAGE, f"tapdeck engine: --n-ctx {exc}") from None
         except ModelFileError as exc:  # the file given is not a model: bad usage, as a missing one
-            typer.echo(f"tapdeck engine: --model: {exc}", err=True)
-            raise typer.Exit(2) from None
+            raise CommandError(EXIT_USAGE, f"tapdeck engine: --model: {exc}") from None
         except (FileNotFoundError, OSError, ValueError) as exc:
-            typer.echo(f"tapdeck engine: {exc}", err=True)
-            raise typer.Exit(1) from None
+            raise CommandError(EXIT_COULD_NOT_RUN, f"tapdeck engine: {exc}") from None
         typer.echo(f"serving {served_name} ({eng.core.model.path.name}, n_ctx {eng.core.model.n_ctx}) "
                    f"at {eng.base_url}", err=False)
         try:

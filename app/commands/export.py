@@ -14,6 +14,9 @@ from typing import Any
 
 import typer
 
+from tapdeck.app.commands.options import DataDirOption
+from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_USAGE, CommandError
+
 
 def session_rows(store: Any, session_id: str, **given: Any) -> list[dict[str, Any]]:
     """The training rows of one stored session (empty for an eval rollout); `given` are
@@ -108,8 +111,7 @@ def register(app: typer.Typer) -> None:
         include_failed: bool = typer.Option(False, "--include-failed",
                                             help="Also export rollouts that did not end ok (rows "
                                                  "marked ok: false); left out by default."),
-        data_dir: Path | None = typer.Option(None, "--data-dir",
-                                             help="Data directory (default $TAPDECK_DATA_DIR or ~/.tapdeck)."),
+        data_dir: DataDirOption = None,
     ) -> None:
         """Write a session's or a run's captured rollouts as JSONL or Parquet."""
         from tapdeck.app.commands.runner_warnings import runner_warnings_on_stderr
@@ -120,12 +122,10 @@ def register(app: typer.Typer) -> None:
         try:
             fmt = output_format(fmt, out)
         except ValueError as exc:
-            typer.echo(f"tapdeck export: {exc}", err=True)
-            raise typer.Exit(2) from None
+            raise CommandError(EXIT_USAGE, f"tapdeck export: {exc}") from None
         if not is_run_id(target):  # else `.`, `..` or a path would name another folder as the run
-            typer.echo(f"tapdeck export: {target!r} is not a session or run id: give a plain id "
-                       "(s-… or run-…), not a path", err=True)
-            raise typer.Exit(2)
+            raise CommandError(EXIT_USAGE, f"tapdeck export: {target!r} is not a session or run "
+                               "id: give a plain id (s-… or run-…), not a path")
         failed = 0
         with stored_capture(data_dir, "export") as (root, store):  # never changes the store
             run_dir = root / "runs" / target
@@ -141,8 +141,7 @@ def register(app: typer.Typer) -> None:
                     raise ExportFailed(f"{target!r} is neither a session in {store.path} nor a "
                                        f"run in {root / 'runs'}")
             except (ExportFailed, RunSessionsMissing) as exc:
-                typer.echo(f"tapdeck export: {exc}", err=True)
-                raise typer.Exit(1) from None
+                raise CommandError(EXIT_COULD_NOT_RUN, f"tapdeck export: {exc}") from None
         path = Path(out) if out else root / "exports" / f"{target}.{fmt}"
         (write_jsonl if fmt == "jsonl" else write_parquet)(path, rows)
         notes = [f"{empty} rollout(s) without training rows: eval tier or no calls"] if empty else []

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import typer
 
+from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_USAGE, CommandError
+
 
 def install_with_progress(names: list[str]) -> list:
     """Install each agent (skipping installed ones) with a live status line; returns the records.
@@ -34,7 +36,7 @@ def install_with_progress(names: list[str]) -> list:
             except agent_install.InstallError as exc:
                 why = "the registry is unreachable" if exc.network else "the install failed"
                 console.print(f"[red]{name}: {why}[/]\n{exc}")
-                raise typer.Exit(1) from None
+                raise typer.Exit(EXIT_COULD_NOT_RUN) from None
         console.print(f"{name} {record.version}: {record.size_bytes / 1e6:.0f} MB in "
                       f"{record.install_seconds:.0f} s → {record.path}")
         records.append(record)
@@ -57,9 +59,8 @@ def register(app: typer.Typer) -> None:
         wanted = names or list(agent_install.PACKAGES)
         unknown = [n for n in wanted if n not in agent_install.PACKAGES]
         if unknown:
-            typer.echo(f"no pinned install for {', '.join(unknown)}; installable: "
-                       f"{', '.join(agent_install.PACKAGES)}", err=True)
-            raise typer.Exit(2)
+            raise CommandError(EXIT_USAGE, f"no pinned install for {', '.join(unknown)}; "
+                               f"installable: {', '.join(agent_install.PACKAGES)}")
         for record in install_with_progress(wanted):
             typer.echo(f"{record.name} {record.version} installed at {record.path}")
 

@@ -8,9 +8,12 @@ settles on, which is shown (plus the proxy's tier probe unless `--no-probe`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
+
+from tapdeck.app.commands.options import engine_api_key_option, engine_option
+from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_USAGE, CommandError
 
 # Sandboxes listed even when unavailable (the usual choices), so their reason is visible.
 ALWAYS_SHOWN = ("host", "docker")
@@ -126,10 +129,10 @@ def register(app: typer.Typer) -> None:
 
     @app.command("info")
     def info(
-        engine: list[str] = typer.Option([], "--engine", help="Engine to check: HOST:PORT, "
-                                         "http://HOST:PORT or …/v1 (repeatable)."),
-        engine_api_key: str | None = typer.Option(None, "--engine-api-key", envvar="TAPDECK_ENGINE_API_KEY",
-                                                  help="API key for --engine (never printed)."),
+        engine: Annotated[list[str], engine_option(
+            "Engine to check: HOST:PORT, http://HOST:PORT or …/v1 (repeatable).")] = [],  # noqa: B006 - typer passes a new list
+        engine_api_key: Annotated[str | None, engine_api_key_option(
+            "API key for --engine (never printed).")] = None,
         dataset: list[str] = typer.Option([], "--dataset",
                                           help="Extra dataset to list (folder, name@version, org/name, git URL)."),
         probe: bool = typer.Option(True, "--probe/--no-probe",
@@ -145,8 +148,7 @@ def register(app: typer.Typer) -> None:
             for address in engine:
                 normalize_address(address)
         except EngineAddressError as exc:
-            typer.echo(f"tapdeck info: {exc}", err=True)
-            raise typer.Exit(2) from None
+            raise CommandError(EXIT_USAGE, f"tapdeck info: {exc}") from None
 
         # Datasets first: a --dataset that names none is bad usage, refused before the slow part.
         listings = list_datasets(dataset)
@@ -158,7 +160,7 @@ def register(app: typer.Typer) -> None:
         for message in wrong:
             typer.echo(f"tapdeck info: {message}", err=True)
         if wrong:
-            raise typer.Exit(2)
+            raise typer.Exit(EXIT_USAGE)
         catalog = build_catalog(engine_urls=engine or None, engine_api_key=engine_api_key,
                                 datasets=listings, probe=probe)
         if (running := running_embedded_engine(probe=probe)) is not None:
@@ -181,4 +183,4 @@ def register(app: typer.Typer) -> None:
             if listing.problem is not None:
                 typer.echo(f"tapdeck info: {listing.problem.message}", err=True)
         if (engine and silent) or any(d.problem for d in named):
-            raise typer.Exit(1)
+            raise typer.Exit(EXIT_COULD_NOT_RUN)

@@ -14,57 +14,43 @@ cancelled). A run where no rollout reached the engine is 1, as a local engine th
 answer is.
 
 While it follows a run it polls the server; a server that stops answering is tried again with a
-growing pause, and after SERVER_GRACE_S of silence the command gives up (exit 1) saying how to
-follow or resume the run. A local run on an embedded engine reused from another process is
+growing pause, and after run_follow.SERVER_GRACE_S of silence the command gives up (exit 1) saying
+how to follow or resume the run. A local run on an embedded engine reused from another process is
 cancelled (exit 1) when that engine goes away, rather than failing every call against it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import math
-import signal
-import ssl
-import threading
-import time
-from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
 
-from tapdeck.app.client import CA_FILE_HELP, ApiError, TapdeckClient, admin_key_refusal
-from tapdeck.app.commands.run_table import print_run_table
+from tapdeck.app.client import admin_key_refusal
+from tapdeck.app.commands.options import (
+    AdminKeyOption,
+    DataDirOption,
+    EngineModelOption,
+    PublicUrlOption,
+    ServerCaFileOption,
+    engine_option,
+    server_option,
+)
+from tapdeck.app.commands.run_follow import already_complete, drive, engine_watch
+from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_OK, EXIT_USAGE, CommandError
 from tapdeck.runner.harnesses import calls_a_model
 from tapdeck.runner.rollout_settings import DEFAULT_HARD_LIMIT_S, DEFAULT_MAX_TURNS, MIN_OUTPUT_TOKENS, OUTPUT_SHARE, PROMPT_SHARE
-from tapdeck.schema.runs import (
-    RolloutTemplate,
-    RunDetail,
-    RunPlan,
-    RunSummary,
-    runs_again_on_resume,
-)
-from tapdeck.schema.tls import CA_FILE_ENV
+from tapdeck.schema.runs import RolloutTemplate, RunDetail, RunPlan, RunSummary
 
-if TYPE_CHECKING:
-    from tapdeck.runner.engine.registry import SharedEngine
-
-POLL_S = 1.0
-RETRY_FIRST_S, RETRY_MAX_S = 0.5, 5.0
-"""Pause before the first retry at a server that does not answer, doubling up to the most."""
-SERVER_GRACE_S = 60.0
-"""How long a server may not answer before the command gives up following the run (a loaded
-machine can stall a server for a while; a dead one never comes back)."""
 NOT_PLAN_OPTIONS = frozenset({"data_dir", "server", "admin_key", "ca_file", "resume"})
 """Options that say where the run is; every other one shapes a new run's plan."""
 LOCAL_ENGINE_OPTIONS = frozenset({"engine", "engine_model"})
 """Without --server these pick the local server's engine, which a resumed run uses again."""
 SETTINGS_PANEL = "Rollout settings (unset: the default shown; bad values refused, field named)"
-EXIT_OK, EXIT_COULD_NOT_RUN, EXIT_USAGE, EXIT_ROLLOUT_FAILED = 0, 1, 2, 3
-"""2 is also what the command line parser exits with for an unknown option or a bad value."""
 EXIT_CODES_HELP = (
     "Exit codes: 0 every rollout ok (or, with --resume, none left to run); 1 the run could not be "
     "run (server, engine or dataset source not answering); 2 bad usage (unknown option, options "
@@ -84,8 +70,9 @@ def register(app: typer.Typer) -> None:
                                               "the first -n tasks)."),
         harness: str = typer.Option("terminus-2", "--harness", help="Agent harness."),
         sandbox: str = typer.Option("host", "--sandbox", help="Sandbox: host or a Harbor backend."),
-        engine: str = typer.Option("embedded", "--engine", help="`embedded`, or an engine: HOST:PORT, http://HOST:PORT or …/v1."),
-        engine_model: str | None = typer.Option(None, "--engine-model", help="Model name on that engine."),
+        engine: Annotated[str, engine_option(
+            "`embedded`, or an engine: HOST:PORT, http://HOST:PORT or …/v1.")] = "embedded",
+        engine_model: EngineModelOption = None,
         n_tasks: int = typer.Option(1, "-n", "--tasks", min=1, help="How many tasks (N)."),
         k: int = typer.Option(1, "-k", "--rollouts", min=1, help="Rollouts per task (GRPO group size)."),
         concurrency: int = typer.Option(1, "-c", "--concurrency", min=1, help="Rollouts at once."),
@@ -123,14 +110,11 @@ def register(app: typer.Typer) -> None:
         alternatives: int = typer.Option(0, "--alternatives", min=0, max=20,
                                          help="Top alternatives per sampled token to capture for "
                                          "inspection (default: only what the harness asks for)."),
-        data_dir: Path | None = typer.Option(None, "--data-dir",
-                                             help="Data directory (default $TAPDECK_DATA_DIR or ~/.tapdeck)."),
-        server: str | None = typer.Option(None, "--server", help="Submit to this tapdeck server "
-                                          "instead of starting one here."),
-        admin_key: str | None = typer.Option(None, "--admin-key", envvar="TAPDECK_ADMIN_KEY",
-                                             help="Admin key of --server (default: <data-dir>/admin.key)."),
-        ca_file: Path | None = typer.Option(None, "--ca-file", envvar=CA_FILE_ENV,
-                                            help=f"With --server: {CA_FILE_HELP}"),
+        data_dir: DataDirOption = None,
+        server: Annotated[str | None, server_option(
+            "Submit to this tapdeck server instead of starting one here.")] = None,
+        admin_key: AdminKeyOption = None,
+        ca_file: ServerCaFileOption = None,
         resume: str | None = typer.Option(None, "--resume", help="Resume an interrupted run by id "
                                           "(finished rollouts are not redone; it runs its stored "
                                           "plan on the engine it used, so plan options and "
@@ -145,9 +129,7 @@ def register(app: typer.Typer) -> None:
         engine_reasoning_parser: str | None = typer.Option(
             None, "--engine-reasoning-parser", help="The reasoning parser the engine runs, if any: "
             "token-in then sends every call as text."),
-        public_url: str | None = typer.Option(
-            None, "--public-url", help="Address sandboxes use to reach the proxy (http://HOST:PORT, "
-            "e.g. an SSH reverse tunnel); sessions advertise it. Default: the bound address."),
+        public_url: PublicUrlOption = None,
     ) -> None:
         """Run N tasks × K rollouts through the capture proxy and print the results."""
         from tapdeck.app.failures import validation_line
@@ -157,17 +139,15 @@ def register(app: typer.Typer) -> None:
 
         data = (data_dir or default_data_dir()).expanduser()
         if resume is not None and not is_run_id(resume):
-            typer.echo(f"tapdeck rollout: --resume {resume!r} is not a run id: give the id a run "
-                       "was started with (run-…), not a path", err=True)
-            raise typer.Exit(EXIT_USAGE)
+            raise CommandError(EXIT_USAGE, f"tapdeck rollout: --resume {resume!r} is not a run id: "
+                               "give the id a run was started with (run-…), not a path")
         if resume is not None and (given := _plan_options_given(ctx, local=server is None)):
-            typer.echo(f"tapdeck rollout: --resume runs the run's stored plan, so {', '.join(given)} "
-                       "would be ignored; drop them, or start a new run", err=True)
-            raise typer.Exit(EXIT_USAGE)
+            raise CommandError(EXIT_USAGE, f"tapdeck rollout: --resume runs the run's stored plan, so "
+                               f"{', '.join(given)} would be ignored; drop them, or start a new run")
         if task and _given(ctx, "n_tasks"):
-            typer.echo("tapdeck rollout: -n/--tasks picks the dataset's first N tasks, so with "
-                       "--task, which names them, it would be ignored; drop one of them", err=True)
-            raise typer.Exit(EXIT_USAGE)
+            raise CommandError(EXIT_USAGE, "tapdeck rollout: -n/--tasks picks the dataset's first N "
+                               "tasks, so with --task, which names them, it would be ignored; drop "
+                               "one of them")
         try:
             plan = RunPlan(dataset=dataset, tasks=task or None, n_tasks=None if task else n_tasks,
                            k=k, concurrency=concurrency, rollout=RolloutTemplate(
@@ -180,26 +160,23 @@ def register(app: typer.Typer) -> None:
                                    temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                                    harness_kwargs=harness_kwargs)))
         except ValidationError as exc:
-            typer.echo(f"tapdeck rollout: plan refused: {_refusal(exc)}", err=True)
-            raise typer.Exit(EXIT_USAGE) from None
+            raise CommandError(EXIT_USAGE, f"tapdeck rollout: plan refused: {_refusal(exc)}") from None
         if server is not None:
             _drive_remote(server, admin_key, data, plan, resume, ca_file)
         url_engine = engine if engine.strip().lower() not in ("", "embedded", "default") else None
         try:
             config = ServerConfig(port=0, data_dir=data, engine_url=url_engine, engine_model=engine_model)
         except ValidationError as exc:
-            typer.echo(f"tapdeck rollout: {validation_line(exc)}", err=True)
-            raise typer.Exit(EXIT_USAGE) from None
+            raise CommandError(EXIT_USAGE, f"tapdeck rollout: {validation_line(exc)}") from None
         if resume is not None:
             resumed = _check_local_run(data, resume)
             # A resumed run runs its stored plan: its harness, not the option's default, decides.
             harness = resumed.plan.rollout.harness
             if not calls_a_model(harness) and (given := _flags_given(ctx, LOCAL_ENGINE_OPTIONS)):
                 # Its server starts no engine, so these would start nothing.
-                typer.echo(f"tapdeck rollout: --resume runs run {resume}'s stored plan, whose "
-                           f"harness {harness} calls no model, so {', '.join(given)} would be "
-                           "ignored; drop them", err=True)
-                raise typer.Exit(EXIT_USAGE)
+                raise CommandError(EXIT_USAGE, f"tapdeck rollout: --resume runs run {resume}'s "
+                                   f"stored plan, whose harness {harness} calls no model, so "
+                                   f"{', '.join(given)} would be ignored; drop them")
             if calls_a_model(harness):
                 url_engine, engine_model = _resumed_engine(ctx, resumed, url_engine, engine_model)
                 config = config.model_copy(update={"engine_url": url_engine,
@@ -223,11 +200,11 @@ def register(app: typer.Typer) -> None:
         try:
             local = LocalServer(config, engine=with_engine).start()
         except EngineAddressError as exc:
-            typer.echo(f"tapdeck rollout: {exc}", err=True)
-            raise typer.Exit(EXIT_USAGE if exc.status == 400 else EXIT_COULD_NOT_RUN) from None
+            raise CommandError(EXIT_USAGE if exc.status == 400 else EXIT_COULD_NOT_RUN,
+                               f"tapdeck rollout: {exc}") from None
         except Exception as exc:  # a clear line, not a traceback
-            typer.echo(f"tapdeck rollout: could not start a local server: {exc}", err=True)
-            raise typer.Exit(EXIT_COULD_NOT_RUN) from None
+            raise CommandError(EXIT_COULD_NOT_RUN,
+                               f"tapdeck rollout: could not start a local server: {exc}") from None
         with _server_logs_to(log):
             try:
                 shared = local.embedded_engine
@@ -236,13 +213,13 @@ def register(app: typer.Typer) -> None:
                     typer.echo(f"started the embedded engine at {shared.base_url}", err=True)
                 elif shared is not None:
                     typer.echo(shared.reuse_line(), err=True)
-                    engine_gone = _engine_watch(shared)
+                    engine_gone = engine_watch(shared)
                 elif local.engine_url is not None:
                     typer.echo(f"engine {local.engine_url}", err=True)
                 typer.echo(f"server log: {log}", err=True)
-                code = _drive(local.url, local.admin_key, plan, resume, tiny_engine=url_engine is None,
-                              resume_hint=_local_resume_hint(data, url_engine, engine_model),
-                              engine_gone=engine_gone)
+                code = drive(local.url, local.admin_key, plan, resume, tiny_engine=url_engine is None,
+                             resume_hint=_local_resume_hint(data, url_engine, engine_model),
+                             engine_gone=engine_gone)
             finally:
                 local.stop()
         raise typer.Exit(code)
@@ -258,19 +235,17 @@ def _check_local_run(data: Path, run_id: str) -> RunSummary:
     from tapdeck.runner.run_lock import RunLock
 
     if not (data / "runs" / run_id / PLAN).is_file():
-        typer.echo(f"tapdeck rollout: no run {run_id} in {data / 'runs'} (pass the --data-dir it "
-                   "ran in)", err=True)
-        raise typer.Exit(EXIT_COULD_NOT_RUN)
+        raise CommandError(EXIT_COULD_NOT_RUN, f"tapdeck rollout: no run {run_id} in "
+                           f"{data / 'runs'} (pass the --data-dir it ran in)")
     try:
         summary, rollouts = BatchRunner(None, data_dir=data, default_engine=None).get(run_id)
     except RunUnreadable as exc:
-        typer.echo(f"tapdeck rollout: cannot resume run {run_id}: {exc}", err=True)
-        raise typer.Exit(EXIT_COULD_NOT_RUN) from None
+        raise CommandError(EXIT_COULD_NOT_RUN,
+                           f"tapdeck rollout: cannot resume run {run_id}: {exc}") from None
     if summary.state == "running":  # this process runs nothing yet: another one runs it
         pid = RunLock(data / "runs" / run_id).holder()
-        typer.echo(f"tapdeck rollout: {RunElsewhere(run_id, pid or 0)}", err=True)
-        raise typer.Exit(EXIT_COULD_NOT_RUN)
-    if (done := _already_complete(RunDetail(**dict(summary), rollouts=rollouts))) is not None:
+        raise CommandError(EXIT_COULD_NOT_RUN, f"tapdeck rollout: {RunElsewhere(run_id, pid or 0)}")
+    if (done := already_complete(RunDetail(**dict(summary), rollouts=rollouts))) is not None:
         typer.echo(done)
         raise typer.Exit(EXIT_OK)
     return summary
@@ -297,17 +272,15 @@ def _resumed_engine(ctx: typer.Context, run: RunSummary, url_engine: str | None,
     model_used = run.plan.rollout.engine_model or run.engine_model_used
     if _given(ctx, "engine") and not _same_engine(url_engine, used_url):
         given = shown_url(ctx.params["engine"])
-        typer.echo(f"tapdeck rollout: run {run.id}'s rollouts called {_engine_words(used_url)}, "
-                   f"not --engine {given}, and the rollouts of one run must come from one engine: "
-                   f"drop --engine to resume on the engine it used, or start a new run with "
-                   f"--engine {given}", err=True)
-        raise typer.Exit(EXIT_USAGE)
+        raise CommandError(EXIT_USAGE, f"tapdeck rollout: run {run.id}'s rollouts called "
+                           f"{_engine_words(used_url)}, not --engine {given}, and the rollouts of "
+                           "one run must come from one engine: drop --engine to resume on the "
+                           f"engine it used, or start a new run with --engine {given}")
     if engine_model is not None and model_used is not None and engine_model != model_used:
-        typer.echo(f"tapdeck rollout: run {run.id}'s rollouts called model {model_used!r}, not "
-                   f"--engine-model {engine_model!r}, and the rollouts of one run must come from "
-                   "one model: drop --engine-model to resume on the one it used, or start a new "
-                   "run with it", err=True)
-        raise typer.Exit(EXIT_USAGE)
+        raise CommandError(EXIT_USAGE, f"tapdeck rollout: run {run.id}'s rollouts called model "
+                           f"{model_used!r}, not --engine-model {engine_model!r}, and the rollouts "
+                           "of one run must come from one model: drop --engine-model to resume on "
+                           "the one it used, or start a new run with it")
     if used_url is None:
         return None, engine_model
     if url_engine is None:
@@ -335,16 +308,6 @@ def _engine_words(url: str | None) -> str:
     return "the embedded engine" if url is None else f"the engine at {shown_url(url)}"
 
 
-def _already_complete(run: RunDetail) -> str | None:
-    """The line saying that resuming `run` has nothing to run, every rollout of it having run to
-    its end; None when a resume would run some rollout, or the run is still going."""
-    if run.state == "running" or any(runs_again_on_resume(r) for r in run.rollouts):
-        return None
-    c = run.counts
-    return (f"run {run.id} is already complete: {c.total} rollout{'s' if c.total != 1 else ''}, "
-            f"{c.ok} ok, {c.failed} failed; nothing to resume (results: {run.path})")
-
-
 def _drive_remote(server: str, admin_key: str | None, data: Path, plan: RunPlan,
                   resume: str | None, ca_file: Path | None) -> None:
     """Submit to (or resume on) the server at `server` and follow the run; exits."""
@@ -357,33 +320,13 @@ def _drive_remote(server: str, admin_key: str | None, data: Path, plan: RunPlan,
         key = command_admin_key(admin_key, data)
         trust = server_trust(ca_file)
     except ValueError as exc:
-        typer.echo(f"tapdeck rollout: {exc}", err=True)
-        raise typer.Exit(EXIT_USAGE) from None
+        raise CommandError(EXIT_USAGE, f"tapdeck rollout: {exc}") from None
     if key is None:
-        typer.echo(f"tapdeck rollout: {admin_key_refusal(data, found=False)}", err=True)
-        raise typer.Exit(EXIT_COULD_NOT_RUN)
+        raise CommandError(EXIT_COULD_NOT_RUN,
+                           f"tapdeck rollout: {admin_key_refusal(data, found=False)}")
     hint = f"--server {base}" + (f" --ca-file {ca_file}" if ca_file else "")
-    raise typer.Exit(_drive(base, key, plan, resume, resume_hint=hint,
-                            key_dir=None if admin_key else data, say_engine=True, verify=trust))
-
-
-@contextlib.contextmanager
-def _terminate_as_interrupt() -> Iterator[None]:
-    """SIGTERM (a job scheduler, `timeout`, `kill`) stops the run as Ctrl-C does: cancelled,
-    sandboxes torn down, the table printed. Without it the command died at once, leaving a run on
-    a `--server` going and a local run recorded as running."""
-    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
-        yield
-        return
-
-    def interrupt(_signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    raise typer.Exit(drive(base, key, plan, resume, resume_hint=hint,
+                           key_dir=None if admin_key else data, say_engine=True, verify=trust))
 
 
 def _finite(value: float | None) -> float | None:
@@ -460,19 +403,6 @@ def _server_logs_to(path: Path) -> Iterator[None]:
         handler.close()
 
 
-def _engine_watch(shared: SharedEngine) -> Callable[[], str | None]:
-    """What the follow loop asks after each poll: why the reused embedded engine is gone, if it is."""
-
-    def gone() -> str | None:
-        why = shared.gone()
-        if why is None:
-            return None
-        return (f"the embedded engine served by pid {shared.owner_pid} at {shared.base_url} went "
-                f"away mid-run ({why})")
-
-    return gone
-
-
 def _settings(*, harness_kwargs: str | None, **fields: Any) -> dict[str, Any]:
     """The plan's `settings`: the flags given (the server fills in and checks the rest)."""
     import json
@@ -497,212 +427,6 @@ def _install_agent(harness: str) -> None:
         from tapdeck.app.commands.harness import install_with_progress
 
         install_with_progress([harness])
-
-
-class ServerGone(Exception):
-    """The server did not answer for SERVER_GRACE_S while the run was followed."""
-
-
-class EngineGone(Exception):
-    """The reused embedded engine went away mid-run; the message says whose and why."""
-
-
-class NothingToResume(Exception):
-    """The run to resume had every rollout run to its end; the message says so."""
-
-
-def _drive(base: str, key: str | None, plan: RunPlan, resume: str | None, *,
-           resume_hint: str, tiny_engine: bool = False,
-           engine_gone: Callable[[], str | None] | None = None, key_dir: Path | None = None,
-           say_engine: bool = False, verify: ssl.SSLContext | bool = True) -> int:
-    """Submit (or resume) the run, follow it until it ends, print the table; the exit code.
-
-    `resume_hint` is what `tapdeck rollout --resume RUN` needs to find the run again; `key_dir`
-    is where a key the server rejects was looked for (a server of another process);
-    `say_engine`: say which engine a resume runs on (a local one said it before it started);
-    `verify`: what an https server's certificate is checked against."""
-    try:
-        summary = asyncio.run(_submit(base, key, plan, resume, say_engine=say_engine, verify=verify))
-    except NothingToResume as exc:
-        typer.echo(str(exc))
-        return EXIT_OK
-    except ApiError as exc:
-        message = (f"no run {resume} on the server at {base}" if resume and exc.kind == "not_found"
-                   else exc.for_command(key_dir, key_found=key is not None))
-        typer.echo(f"tapdeck rollout: {message}", err=True)
-        # A refused plan is bad usage; a refused resume is a run that cannot be run again, and a
-        # dataset source that did not answer is a server-side error (502).
-        return EXIT_USAGE if exc.kind == "rejected" and resume is None else EXIT_COULD_NOT_RUN
-    run_id = summary.id
-    typer.echo(f"run {run_id}", err=True)
-    if resume is None:
-        for line in summary.left_out:
-            typer.echo(f"tapdeck rollout: warning: {line}; task left out", err=True)
-    groups = summary.counts.total // max(summary.plan.k, 1)
-    if resume is None and plan.n_tasks is not None and groups < plan.n_tasks:
-        typer.echo(f"the dataset has {groups} task{'s' if groups != 1 else ''}: running "
-                   f"{groups}, not the {plan.n_tasks} asked (-n)", err=True)
-    resume_command = f"tapdeck rollout --resume {run_id} {resume_hint}"
-    try:
-        with _terminate_as_interrupt():
-            doc = asyncio.run(_follow(base, key, run_id, engine_gone=engine_gone, verify=verify))
-    except KeyboardInterrupt:
-        typer.echo("cancelling (tearing sandboxes down)…", err=True)
-        doc = asyncio.run(_follow(base, key, run_id, cancel=True, verify=verify))
-    except ServerGone as exc:
-        typer.echo(f"tapdeck rollout: the server at {base} went away ({exc}); the run may still be "
-                   f"going there: follow it, or resume it once the server is back, with "
-                   f"`{resume_command}`", err=True)
-        return EXIT_COULD_NOT_RUN
-    except EngineGone as exc:
-        typer.echo(f"tapdeck rollout: {exc}; cancelling the run…", err=True)
-        doc = asyncio.run(_follow(base, key, run_id, cancel=True, verify=verify))
-        print_run_table(doc)
-        typer.echo(f"tapdeck rollout: the run was cancelled: `{resume_command}` runs the rollouts "
-                   "it stopped again (on an engine that answers)", err=True)
-        return EXIT_COULD_NOT_RUN
-    except ApiError as exc:
-        typer.echo(f"tapdeck rollout: {exc.message}", err=True)
-        return EXIT_COULD_NOT_RUN
-    print_run_table(doc, tiny_engine)
-    if doc.state == "finished" and doc.counts.failed == 0:
-        return EXIT_OK
-    if (why := _engine_failure(doc, resume_command, engine_gone)) is not None:
-        typer.echo(f"tapdeck rollout: {why}", err=True)
-        return EXIT_COULD_NOT_RUN
-    return EXIT_ROLLOUT_FAILED
-
-
-def _engine_failure(doc: RunDetail, resume_command: str,
-                    engine_gone: Callable[[], str | None] | None) -> str | None:
-    """Why an ended run counts as not run (exit 1) rather than as rollouts that failed: its
-    rollouts saw the reused engine go before a poll did, or none of them reached the engine."""
-    unreachable = sum(r.error_kind == "engine_unreachable" for r in doc.rollouts)
-    rerun = f"`{resume_command}` runs them again (on an engine that answers)"
-    # The run then ended on its own, without the cancel a poll that noticed first would send.
-    if unreachable and engine_gone is not None and (why := engine_gone()):
-        return f"{why}: {unreachable} rollout(s) ended engine_unreachable; {rerun}"
-    if doc.rollouts and unreachable == len(doc.rollouts):
-        # Nothing ran: the same as a local engine that does not answer at start.
-        return f"no rollout reached the engine: {doc.rollouts[0].error}; {rerun}"
-    return None
-
-
-async def _submit(base: str, key: str | None, plan: RunPlan, resume: str | None, *,
-                  say_engine: bool = False, verify: ssl.SSLContext | bool = True) -> RunSummary:
-    """Start the plan's run, or resume run `resume` (follow it when it is running; raise
-    NothingToResume, resuming nothing, when every rollout of it ran to its end). `say_engine`:
-    say which engine the server resumes it on."""
-    client = TapdeckClient(base, key, timeout=30.0, verify=verify)
-    try:
-        if resume is None:
-            return await client.start_run(plan)
-        try:
-            run = await client.run(resume)
-        except ApiError:
-            run = None  # the resume below fails too, and its refusal says why
-        if run is not None and (done := _already_complete(run)) is not None:
-            raise NothingToResume(done)
-        try:
-            resumed = await client.resume_run(resume)
-            if run is not None and say_engine:
-                _say_engine_of_remote_resume(run)
-            return resumed
-        except ApiError as exc:
-            if exc.status != 409:
-                raise
-            try:
-                run = await client.run(resume)
-            except ApiError:  # the run cannot be read either: the resume's refusal says why
-                raise exc from None
-            if run.state != "running":  # refused for its results, which that server cannot read
-                raise
-            typer.echo(f"run {resume} is running already: following it", err=True)
-            return run
-    finally:
-        await client.aclose()
-
-
-def _say_engine_of_remote_resume(run: RunSummary) -> None:
-    """The line saying which engine a server resumes `run` on: the one it recorded (the server
-    calls it again), or a warning that an older tapdeck recorded none."""
-    from tapdeck.proxy.upstream.address import shown_url
-    from tapdeck.runner.engines import EMBEDDED
-
-    if not calls_a_model(run.plan.rollout.harness):
-        return
-    if run.engine_used is None:
-        typer.echo(f"tapdeck rollout: warning: run {run.id} does not record the engine its "
-                   "rollouts called (an older tapdeck ran it); the server resumes it on its own "
-                   "engine", err=True)
-    elif run.engine_used != EMBEDDED:
-        typer.echo(f"resuming on the engine the run used: {shown_url(run.engine_used)}", err=True)
-
-
-class _Backoff:
-    """Pauses between tries at a server that does not answer: RETRY_FIRST_S, doubling up to
-    RETRY_MAX_S; ServerGone once it has not answered for SERVER_GRACE_S."""
-
-    def __init__(self) -> None:
-        self.silent_since: float | None = None
-        self.pause = RETRY_FIRST_S
-
-    def next_pause(self, exc: ApiError) -> float:
-        now = time.monotonic()
-        if self.silent_since is None:
-            self.silent_since = now
-        elif now - self.silent_since >= SERVER_GRACE_S:
-            raise ServerGone(f"no answer for {now - self.silent_since:.0f} s; last: {exc.message}")
-        pause, self.pause = self.pause, min(self.pause * 2, RETRY_MAX_S)
-        return pause
-
-    def answered(self) -> None:
-        self.silent_since, self.pause = None, RETRY_FIRST_S
-
-
-async def _follow(base: str, key: str | None, run_id: str, *, cancel: bool = False,
-                  engine_gone: Callable[[], str | None] | None = None,
-                  verify: ssl.SSLContext | bool = True) -> RunDetail:
-    """Poll the run, showing a one-line progress status, until it is no longer running.
-
-    Raises ServerGone when the server stops answering for good, EngineGone when `engine_gone`
-    (asked after each poll) says why the engine went away."""
-    from rich.console import Console
-
-    console = Console(stderr=True)
-    client = TapdeckClient(base, key, timeout=30.0, verify=verify)
-    backoff = _Backoff()
-    try:
-        if cancel:
-            await client.cancel_run(run_id)
-        with console.status("") as status:
-            while True:
-                try:
-                    doc = await client.run(run_id)
-                except ApiError as exc:
-                    if exc.kind != "unreachable":
-                        raise
-                    pause = backoff.next_pause(exc)
-                    status.update(f"the server does not answer; trying again in {pause:g} s…")
-                    await asyncio.sleep(pause)
-                    continue
-                backoff.answered()
-                status.update(_status_line(doc))
-                if doc.state != "running":
-                    return doc
-                if engine_gone is not None and (why := await asyncio.to_thread(engine_gone)):
-                    raise EngineGone(why)
-                await asyncio.sleep(POLL_S)
-    finally:
-        await client.aclose()
-
-
-def _status_line(doc: RunDetail) -> str:
-    c = doc.counts
-    phases = Counter(r.phase for r in doc.rollouts if r.phase not in ("done", "failed", "queued"))
-    live = ", ".join(f"{n} {p}" for p, n in sorted(phases.items()))
-    return (f"{c.done}/{c.total} done · {c.ok} ok · {c.failed} failed"
-            + (f" · {live}" if live else ""))
 
 
 def _refusal(exc: ValidationError) -> str:

@@ -8,17 +8,17 @@ Runs screen does, but with only its finished rollouts: the live ones are in that
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
 
+from tapdeck.app.commands.options import DataDirOption
 from tapdeck.app.commands.runner_warnings import runner_warnings_on_stderr
+from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_USAGE, CommandError
 
 if TYPE_CHECKING:
     from tapdeck.schema.runs import RunSummary
 
-EXIT_OK, EXIT_NOT_FOUND, EXIT_USAGE = 0, 1, 2
 HARNESS_CHARS = 14
 """The list's harness column: the longest harness name tapdeck offers, so none is cut."""
 
@@ -32,8 +32,7 @@ def register(app: typer.Typer) -> None:
                                             help="A run id: its per-rollout table instead of the list."),
         as_json: bool = typer.Option(False, "--json", help="The list (or the run) as JSON, as the "
                                      "server's GET /admin/runs[/RUN] answers it."),
-        data_dir: Path | None = typer.Option(None, "--data-dir",
-                                             help="Data directory (default $TAPDECK_DATA_DIR or ~/.tapdeck)."),
+        data_dir: DataDirOption = None,
     ) -> None:
         """List the data dir's runs, newest first, or show one run's rollouts as `tapdeck rollout`
         prints them (exit 1: no such run; 2: an id that is a path)."""
@@ -44,14 +43,12 @@ def register(app: typer.Typer) -> None:
         from tapdeck.schema.runs import RunDetail, RunList
 
         if run_id is not None and not is_run_id(run_id):
-            typer.echo(f"tapdeck runs: {run_id!r} is not a run id: give a plain id (run-…), not a "
-                       "path", err=True)
-            raise typer.Exit(EXIT_USAGE)
+            raise CommandError(EXIT_USAGE, f"tapdeck runs: {run_id!r} is not a run id: give a plain "
+                               "id (run-…), not a path")
         try:
             root = usable_data_dir(data_dir or default_data_dir())
         except ValueError as exc:
-            typer.echo(f"tapdeck runs: --data-dir: {exc}", err=True)
-            raise typer.Exit(EXIT_USAGE) from None
+            raise CommandError(EXIT_USAGE, f"tapdeck runs: --data-dir: {exc}") from None
         batch = BatchRunner(None, data_dir=root, default_engine=None)
         if run_id is None:
             with runner_warnings_on_stderr("runs"):  # a run left out, a line skipped: said once
@@ -67,12 +64,10 @@ def register(app: typer.Typer) -> None:
             with runner_warnings_on_stderr("runs"):
                 summary, rollouts = batch.get(run_id)
         except RunNotFound:
-            typer.echo(f"tapdeck runs: no run {run_id} in {batch.runs_dir} (pass the --data-dir "
-                       "it ran in)", err=True)
-            raise typer.Exit(EXIT_NOT_FOUND) from None
+            raise CommandError(EXIT_COULD_NOT_RUN, f"tapdeck runs: no run {run_id} in "
+                               f"{batch.runs_dir} (pass the --data-dir it ran in)") from None
         except RunUnreadable as exc:
-            typer.echo(f"tapdeck runs: {exc}", err=True)
-            raise typer.Exit(EXIT_NOT_FOUND) from None
+            raise CommandError(EXIT_COULD_NOT_RUN, f"tapdeck runs: {exc}") from None
         doc = RunDetail(**dict(summary), rollouts=rollouts)
         if as_json:
             typer.echo(json.dumps(doc.model_dump(mode="json"), indent=2))
@@ -88,7 +83,7 @@ def _print_list(listed: list[RunSummary]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from tapdeck.app.views import run_outcomes
+    from tapdeck.app.views.runs import run_outcomes
 
     console = Console(width=min(80, Console().width))
     table = Table(box=None, pad_edge=False, expand=False, show_edge=False, collapse_padding=True)

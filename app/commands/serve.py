@@ -3,9 +3,21 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+from tapdeck.app.commands.options import (
+    DataDirOption,
+    EngineApiKeyOption,
+    EngineModelOption,
+    PublicUrlOption,
+    TlsKeyOption,
+    admin_key_option,
+    engine_option,
+    tls_cert_option,
+)
+from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_USAGE, CommandError
 
 if TYPE_CHECKING:
     from tapdeck.app.host import LocalServer
@@ -68,12 +80,11 @@ def register(app: typer.Typer) -> None:
                                  help="Port to listen on (0 = any free port)."),
         host: str = typer.Option("127.0.0.1", "--host",
                                  help="Address to bind. Beyond loopback an explicit, strong admin key is required."),
-        engine: str | None = typer.Option(None, "--engine",
-                                          help="Default engine: HOST:PORT, http://HOST:PORT or …/v1 "
-                                               "(settled by asking …/models). Omitted: start the embedded engine."),
-        engine_model: str | None = typer.Option(None, "--engine-model", help="Model name on that engine."),
-        engine_api_key: str | None = typer.Option(None, "--engine-api-key", envvar="TAPDECK_ENGINE_API_KEY",
-                                                  help="API key for that engine (never logged)."),
+        engine: Annotated[str | None, engine_option(
+            "Default engine: HOST:PORT, http://HOST:PORT or …/v1 (settled by asking …/models). "
+            "Omitted: start the embedded engine.")] = None,
+        engine_model: EngineModelOption = None,
+        engine_api_key: EngineApiKeyOption = None,
         engine_tool_parser: str | None = typer.Option(
             None, "--engine-tool-parser", help="The tool-call parser that engine's chat route runs "
             "(vLLM's --tool-call-parser, e.g. hermes): token-in capture parses tool calls with it. "
@@ -81,10 +92,9 @@ def register(app: typer.Typer) -> None:
         engine_reasoning_parser: str | None = typer.Option(
             None, "--engine-reasoning-parser", help="The reasoning parser that engine runs, if any "
             "(vLLM's --reasoning-parser): token-in capture then sends every call as text."),
-        admin_key: str | None = typer.Option(None, "--admin-key", envvar="TAPDECK_ADMIN_KEY",
-                                             help="Admin API key (visible in `ps`: prefer $TAPDECK_ADMIN_KEY "
-                                                  "or --admin-key-file). Omitted: generate one and write "
-                                                  "<data-dir>/admin.key."),
+        admin_key: Annotated[str | None, admin_key_option(
+            "Admin API key (visible in `ps`: prefer $TAPDECK_ADMIN_KEY or --admin-key-file). "
+            "Omitted: generate one and write <data-dir>/admin.key.")] = None,
         admin_key_file: Path | None = typer.Option(None, "--admin-key-file", envvar="TAPDECK_ADMIN_KEY_FILE",
                                                    help="Read the admin API key from this file (first line)."),
         max_body_bytes: int | None = typer.Option(None, "--max-body-bytes", min=1,
@@ -106,15 +116,12 @@ def register(app: typer.Typer) -> None:
         max_reply_bytes: int | None = typer.Option(
             None, "--max-reply-bytes", min=1, help="Largest engine reply read for one call; a 502 "
             "naming this limit beyond it (default 32 MiB)."),
-        tls_cert: Path | None = typer.Option(
-            None, "--tls-cert", help="Serve HTTPS with this certificate (PEM, chain after it); needs "
-            "--tls-key. Use it when --host leaves loopback."),
-        tls_key: Path | None = typer.Option(None, "--tls-key", help="The private key of --tls-cert (PEM)."),
-        data_dir: Path | None = typer.Option(None, "--data-dir",
-                                             help="Data directory (default $TAPDECK_DATA_DIR or ~/.tapdeck)."),
-        public_url: str | None = typer.Option(
-            None, "--public-url", help="Address sandboxes use to reach the proxy (http://HOST:PORT, "
-            "e.g. an SSH reverse tunnel); sessions advertise it. Default: the bound address."),
+        tls_cert: Annotated[Path | None, tls_cert_option(
+            "Serve HTTPS with this certificate (PEM, chain after it); needs --tls-key. Use it when "
+            "--host leaves loopback.")] = None,
+        tls_key: TlsKeyOption = None,
+        data_dir: DataDirOption = None,
+        public_url: PublicUrlOption = None,
     ) -> None:
         """Serve the capture proxy and admin API until interrupted (Ctrl-C or SIGTERM)."""
         import signal
@@ -150,8 +157,7 @@ def register(app: typer.Typer) -> None:
                   "keep_alive_s": keep_alive_timeout}
         fields["connection"] = ConnectionLimits(**{k: v for k, v in limits.items() if v is not None})
         if (tls_cert is None) != (tls_key is None):
-            typer.echo("tapdeck serve: give --tls-cert and --tls-key together", err=True)
-            raise typer.Exit(2)
+            raise CommandError(EXIT_USAGE, "tapdeck serve: give --tls-cert and --tls-key together")
         if tls_cert is not None and tls_key is not None:
             fields["tls"] = TlsFiles(cert=tls_cert.expanduser(), key=tls_key.expanduser())
         try:
@@ -161,14 +167,11 @@ def register(app: typer.Typer) -> None:
                 fields["admin_key"] = read_key_file(admin_key_file)
             config = ServerConfig(**fields)
         except ValidationError as exc:
-            typer.echo(f"tapdeck serve: {validation_line(exc)}", err=True)
-            raise typer.Exit(2) from None
+            raise CommandError(EXIT_USAGE, f"tapdeck serve: {validation_line(exc)}") from None
         except ValueError as exc:
-            typer.echo(f"tapdeck serve: {exc}", err=True)
-            raise typer.Exit(2) from None
+            raise CommandError(EXIT_USAGE, f"tapdeck serve: {exc}") from None
         if (problem := unresolvable(host)) is not None:
-            typer.echo(f"tapdeck serve: {problem}", err=True)
-            raise typer.Exit(2)
+            raise CommandError(EXIT_USAGE, f"tapdeck serve: {problem}")
         _log_to_stderr()
         server = LocalServer(config, on_embedded_engine=lambda: typer.echo(
             "starting the embedded engine, or reusing the one another tapdeck process serves "
@@ -177,11 +180,10 @@ def register(app: typer.Typer) -> None:
         try:
             server.start()
         except (ConfigError, PortInUseError) as exc:
-            typer.echo(f"tapdeck serve: {exc}", err=True)
-            raise typer.Exit(2) from None
+            raise CommandError(EXIT_USAGE, f"tapdeck serve: {exc}") from None
         except EngineAddressError as exc:
-            typer.echo(f"tapdeck serve: {exc}", err=True)
-            raise typer.Exit(2 if exc.status == 400 else 1) from None
+            raise CommandError(EXIT_USAGE if exc.status == 400 else EXIT_COULD_NOT_RUN,
+                               f"tapdeck serve: {exc}") from None
         settle_collector()
         stop = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -16,18 +16,21 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from tapdeck.app.commands.options import DataDirOption
+from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_USAGE, CommandError
+
 if TYPE_CHECKING:
     from tapdeck.proxy.capture.graph import RolloutGraph
     from tapdeck.proxy.store.database import Store
     from tapdeck.schema.sessions import SessionSummary, TurnDetail
 
-EXIT_NOT_FOUND, EXIT_USAGE = 1, 2
 WIDTH = 80
 """Columns every line is laid out for (the narrowest terminal tapdeck supports)."""
 LIST_NEWEST = 20
 """Sessions the list shows unless --all or --run: each costs its graph's rebuild."""
 TONE_STYLES = {"sure": "green", "mid": "", "low": "yellow", "vlow": "bold red", "masked": "dim"}
-"""A sampled token's line on a terminal, by how likely the engine found it (`views.logprob_tone`)."""
+"""A sampled token's line on a terminal, by how likely the engine found it
+(`views.tokens.logprob_tone`)."""
 
 
 def register(app: typer.Typer) -> None:
@@ -45,8 +48,7 @@ def register(app: typer.Typer) -> None:
                                       help=f"List every session (default: the {LIST_NEWEST} newest)."),
         as_json: bool = typer.Option(False, "--json", help="As the server's admin API answers: "
                                      "GET /admin/sessions, /sessions/S/rollout or /sessions/S/turns/N."),
-        data_dir: Path | None = typer.Option(None, "--data-dir",
-                                             help="Data directory (default $TAPDECK_DATA_DIR or ~/.tapdeck)."),
+        data_dir: DataDirOption = None,
     ) -> None:
         """List the data dir's capture sessions, newest first, or show one session's rollout graph
         and findings, or one turn's tokens (exit 1: no such session or turn; 2: bad usage)."""
@@ -55,16 +57,13 @@ def register(app: typer.Typer) -> None:
 
         for given, what in ((session_id, "session"), (run, "run")):
             if given is not None and not is_run_id(given):
-                typer.echo(f"tapdeck sessions: {given!r} is not a {what} id: give a plain id, not "
-                           "a path", err=True)
-                raise typer.Exit(EXIT_USAGE)
+                raise CommandError(EXIT_USAGE, f"tapdeck sessions: {given!r} is not a {what} id: "
+                                   "give a plain id, not a path")
         if turn is not None and session_id is None:
-            typer.echo("tapdeck sessions: --turn needs a SESSION", err=True)
-            raise typer.Exit(EXIT_USAGE)
+            raise CommandError(EXIT_USAGE, "tapdeck sessions: --turn needs a SESSION")
         if session_id is not None and (run is not None or show_all):
-            typer.echo("tapdeck sessions: --run and --all choose what the list shows; give them "
-                       "without a SESSION", err=True)
-            raise typer.Exit(EXIT_USAGE)
+            raise CommandError(EXIT_USAGE, "tapdeck sessions: --run and --all choose what the list "
+                               "shows; give them without a SESSION")
         with stored_capture(data_dir, "sessions") as (root, store):
             if session_id is None:
                 _list(store, run=run, show_all=show_all, as_json=as_json, runs_dir=root / "runs")
@@ -72,9 +71,9 @@ def register(app: typer.Typer) -> None:
             try:
                 record, graph = store.load_graph(session_id)
             except KeyError:
-                typer.echo(f"tapdeck sessions: no session {session_id} in {store.path} (`tapdeck "
-                           "sessions` lists them; pass the --data-dir it ran in)", err=True)
-                raise typer.Exit(EXIT_NOT_FOUND) from None
+                raise CommandError(EXIT_COULD_NOT_RUN, f"tapdeck sessions: no session {session_id} "
+                                   f"in {store.path} (`tapdeck sessions` lists them; pass the "
+                                   "--data-dir it ran in)") from None
             if turn is None:
                 _show_session(record, graph, as_json=as_json)
             else:
@@ -120,9 +119,8 @@ def _list(store: Store, *, run: str | None, show_all: bool, as_json: bool, runs_
     if run is not None:
         records = [r for r in records if (r.get("metadata") or {}).get("run_id") == run]
         if not records and not (runs_dir / run).is_dir():
-            typer.echo(f"tapdeck sessions: no run {run} in {runs_dir} (`tapdeck runs` lists them; "
-                       "pass the --data-dir it ran in)", err=True)
-            raise typer.Exit(EXIT_NOT_FOUND)
+            raise CommandError(EXIT_COULD_NOT_RUN, f"tapdeck sessions: no run {run} in {runs_dir} "
+                               "(`tapdeck runs` lists them; pass the --data-dir it ran in)")
     left = 0 if run is not None or show_all else max(0, len(records) - LIST_NEWEST)
     records = records[:len(records) - left]
     summaries = [stored_summary(*store.load_graph(r["id"])) for r in records]
@@ -144,7 +142,8 @@ def _print_list(summaries: list[SessionSummary]) -> None:
     Sessions screen words it, task, graph counts, findings and reward."""
     from rich.table import Table
 
-    from tapdeck.app.views import fmt_reward, session_state
+    from tapdeck.app.views.sessions import session_state
+    from tapdeck.app.views.text import fmt_reward
 
     table = Table(box=None, pad_edge=False, expand=False, show_edge=False, padding=(0, 1, 0, 0))
     table.add_column("session", no_wrap=True)
@@ -166,15 +165,9 @@ def _show_session(record: dict[str, Any], graph: RolloutGraph, *, as_json: bool)
     """The session's header, its rollout graph as an indented tree (forks nest, chains stay
     flat, as on the Rollout screen) and every finding: wrapped on a terminal, one line each in a
     file."""
-    from tapdeck.app.views import (
-        display_parents,
-        fmt_reward,
-        phrase_lines,
-        rollout_nodes,
-        rollout_roots,
-        session_state,
-        turn_label,
-    )
+    from tapdeck.app.views.graph import display_parents, rollout_nodes, rollout_roots, turn_label
+    from tapdeck.app.views.sessions import session_state
+    from tapdeck.app.views.text import fmt_reward, phrase_lines
     from tapdeck.proxy.capture.export import graph_view, rollout_document
     from tapdeck.schema.findings import Finding
     from tapdeck.schema.sessions import GraphView, RolloutDocument
@@ -239,14 +232,16 @@ def _show_turn(record: dict[str, Any], graph: RolloutGraph, seq: int, *, as_json
     """One turn: its link, lengths and findings, then each sampled token on a line of its own
     (index, id, logprob, probability, text, the top alternatives captured), coloured by logprob
     on a terminal as the Rollout screen colours it."""
-    from tapdeck.app.views import capture_mode_text, logprob_tone, phrase_lines
+    from tapdeck.app.views.graph import capture_mode_text
+    from tapdeck.app.views.text import phrase_lines
+    from tapdeck.app.views.tokens import logprob_tone
     from tapdeck.proxy.capture.export import turn_detail
     from tapdeck.schema.sessions import TurnDetail
 
     if seq not in graph.nodes:
         last = f"it has turns 0-{max(graph.nodes)}" if graph.nodes else "it has no turns"
-        typer.echo(f"tapdeck sessions: session {record['id']} has no turn {seq} ({last})", err=True)
-        raise typer.Exit(EXIT_NOT_FOUND)
+        raise CommandError(EXIT_COULD_NOT_RUN,
+                           f"tapdeck sessions: session {record['id']} has no turn {seq} ({last})")
     detail = TurnDetail.model_validate(turn_detail(graph, seq))
     if as_json:
         typer.echo(json.dumps(detail.model_dump(mode="json"), indent=2))

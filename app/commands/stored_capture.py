@@ -8,12 +8,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import typer
+from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_USAGE, CommandError
 
 if TYPE_CHECKING:
     from tapdeck.proxy.store.database import Store
-
-EXIT_FAILED, EXIT_USAGE = 1, 2
 
 
 @contextmanager
@@ -32,12 +30,10 @@ def stored_capture(data_dir: Path | None, command: str) -> Iterator[tuple[Path, 
     try:
         root = usable_data_dir(data_dir or default_data_dir())
     except ValueError as exc:
-        typer.echo(f"tapdeck {command}: --data-dir: {exc}", err=True)
-        raise typer.Exit(EXIT_USAGE) from None
+        raise CommandError(EXIT_USAGE, f"tapdeck {command}: --data-dir: {exc}") from None
     db = root / CAPTURE_DB
     if not db.exists():
-        typer.echo(f"tapdeck {command}: no capture store at {db}", err=True)
-        raise typer.Exit(EXIT_FAILED)
+        raise CommandError(EXIT_COULD_NOT_RUN, f"tapdeck {command}: no capture store at {db}")
     try:
         store = Store(db, read_only=True)
         try:
@@ -45,9 +41,7 @@ def stored_capture(data_dir: Path | None, command: str) -> Iterator[tuple[Path, 
         finally:
             store.close()
     except NotAStoreError as exc:  # another program's database: said, and left as it is
-        typer.echo(f"tapdeck {command}: {exc}", err=True)
-        raise typer.Exit(EXIT_FAILED) from None
+        raise CommandError(EXIT_COULD_NOT_RUN, f"tapdeck {command}: {exc}") from None
     except sqlite3.DatabaseError as exc:
-        typer.echo(f"tapdeck {command}: capture.db at {db} is not a tapdeck store or is corrupt "
-                   f"({exc})", err=True)
-        raise typer.Exit(EXIT_FAILED) from None
+        raise CommandError(EXIT_COULD_NOT_RUN, f"tapdeck {command}: capture.db at {db} is not a "
+                           f"tapdeck store or is corrupt ({exc})") from None

@@ -15,13 +15,14 @@ from __future__ import annotations
 import asyncio
 import ssl
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
-from tapdeck.app.client import CA_FILE_HELP, ApiError, TapdeckClient, command_admin_key
+from tapdeck.app.client import ApiError, TapdeckClient, command_admin_key
+from tapdeck.app.commands.options import AdminKeyOption, DataDirOption, ServerCaFileOption, server_option
+from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_OK, EXIT_USAGE, CommandError
 from tapdeck.runner.recipes import CPU_TRAINING, DEFAULT_RECIPE, RECIPES
-from tapdeck.schema.tls import CA_FILE_ENV
 from tapdeck.schema.train import TrainLogEvent, TrainRunInfo, TrainStateEvent
 
 # Metrics printed at the end when the recipe logged them (TRL's names under trackio's `train/` prefix).
@@ -54,14 +55,11 @@ def register(app: typer.Typer) -> None:
         run: str | None = typer.Option(None, "--run", help="A tapdeck rollout run id: the rows "
                                        "data-check checks, the dataset, tasks and harness grpo-trl "
                                        "trains on; cpu-grpo takes none."),
-        data_dir: Path | None = typer.Option(None, "--data-dir",
-                                             help="Data directory (default $TAPDECK_DATA_DIR or ~/.tapdeck)."),
-        server: str | None = typer.Option(None, "--server", help="Run it as a job of this tapdeck "
-                                          "server instead of one started here."),
-        admin_key: str | None = typer.Option(None, "--admin-key", envvar="TAPDECK_ADMIN_KEY",
-                                             help="Admin key of --server (default: <data-dir>/admin.key)."),
-        ca_file: Path | None = typer.Option(None, "--ca-file", envvar=CA_FILE_ENV,
-                                            help=f"With --server: {CA_FILE_HELP}"),
+        data_dir: DataDirOption = None,
+        server: Annotated[str | None, server_option(
+            "Run it as a job of this tapdeck server instead of one started here.")] = None,
+        admin_key: AdminKeyOption = None,
+        ca_file: ServerCaFileOption = None,
         list_: bool = typer.Option(False, "--list", help="List recipes and whether the server can run each."),
     ) -> None:
         """Launch a training recipe on a tapdeck server; stream its log; print its final metrics.
@@ -70,20 +68,17 @@ def register(app: typer.Typer) -> None:
         from tapdeck.runner.run_dir import is_run_id
 
         if run is not None and not is_run_id(run):  # as `export`: a path is no run's id
-            typer.echo(f"tapdeck train: --run {run!r} is not a run id: give a plain id (run-…), "
-                       "not a path", err=True)
-            raise typer.Exit(2)
+            raise CommandError(EXIT_USAGE, f"tapdeck train: --run {run!r} is not a run id: give a "
+                               "plain id (run-…), not a path")
         if ctx.args and ctx.args[0] in RECIPES:
             # `tapdeck train cpu-grpo` would hand the name to the default recipe as an argument.
-            typer.echo(f"tapdeck train: give the recipe as an option: tapdeck train --recipe "
-                       f"{ctx.args[0]} ...", err=True)
-            raise typer.Exit(2)
+            raise CommandError(EXIT_USAGE, f"tapdeck train: give the recipe as an option: tapdeck "
+                               f"train --recipe {ctx.args[0]} ...")
         known = RECIPES.get(recipe)  # an unknown one is the server's to refuse, naming those it has
         if not list_ and known is not None and (
                 why := known.rows_missing(run, ctx.args) or known.run_refused(run)):
             # Its job would only die of its argument parser's usage error.
-            typer.echo(f"tapdeck train: {why}", err=True)
-            raise typer.Exit(2)
+            raise CommandError(EXIT_USAGE, f"tapdeck train: {why}")
         data = (data_dir or default_data_dir()).expanduser()
         local = None
         if server is None:
@@ -95,13 +90,12 @@ def register(app: typer.Typer) -> None:
             try:
                 config = ServerConfig(port=0, data_dir=data)
             except ValidationError as exc:
-                typer.echo(f"tapdeck train: {validation_line(exc)}", err=True)
-                raise typer.Exit(2) from None
+                raise CommandError(EXIT_USAGE, f"tapdeck train: {validation_line(exc)}") from None
             try:
                 local = LocalServer(config).start()
             except Exception as exc:  # a clear line, not a traceback
-                typer.echo(f"tapdeck train: could not start a local server: {exc}", err=True)
-                raise typer.Exit(1) from None
+                raise CommandError(EXIT_COULD_NOT_RUN,
+                                   f"tapdeck train: could not start a local server: {exc}") from None
             base, key, trust = local.url, local.admin_key, local.client_trust
         else:
             from tapdeck.schema.addresses import http_base_url
@@ -112,8 +106,7 @@ def register(app: typer.Typer) -> None:
                 key = command_admin_key(admin_key, data)
                 trust = server_trust(ca_file)
             except ValueError as exc:
-                typer.echo(f"tapdeck train: {exc}", err=True)
-                raise typer.Exit(2) from None
+                raise CommandError(EXIT_USAGE, f"tapdeck train: {exc}") from None
         try:
             code = asyncio.run(_drive(base, key, recipe, run, list(ctx.args), list_, verify=trust,
                                       key_dir=None if local is not None or admin_key else data))
@@ -133,7 +126,7 @@ async def _drive(base: str, key: str | None, recipe: str, run: str | None, args:
         try:
             if list_only:
                 typer.echo(describe_recipes(await client.train_recipes()))
-                return 0
+                return EXIT_OK
             if run is not None and (known := RECIPES.get(recipe)) is not None and known.takes_run:
                 await _warn_if_still_going(client, recipe, run)
             job = await client.start_train(recipe, run=run, args=args)
@@ -141,8 +134,8 @@ async def _drive(base: str, key: str | None, recipe: str, run: str | None, args:
             typer.echo(f"tapdeck train: {exc.for_command(key_dir, key_found=bool(key))}", err=True)
             # 422: the recipe's own parser refused its args; else an unknown recipe is bad usage.
             if exc.kind == "rejected" and (exc.status == 422 or await _unknown_recipe(client, recipe)):
-                return 2
-            return 1
+                return EXIT_USAGE
+            return EXIT_COULD_NOT_RUN
         typer.echo(f"[tapdeck] training run {job.id} ({job.recipe}) on {base}, in {job.run_dir}")
         try:
             final = await _follow(client, job.id)
@@ -150,7 +143,7 @@ async def _drive(base: str, key: str | None, recipe: str, run: str | None, args:
             typer.echo("[tapdeck] stopping the recipe…", err=True)
             final = await client.stop_train(job.id)
         _print_summary(final, await _final_metrics(client, job.id))
-        return 0 if final.state == "finished" else 1
+        return EXIT_OK if final.state == "finished" else EXIT_COULD_NOT_RUN
     finally:
         await client.aclose()
 

@@ -14,6 +14,17 @@ from typing import Annotated
 
 import typer
 
+from tapdeck.app.commands.options import (
+    DataDirOption,
+    EngineApiKeyOption,
+    EngineModelOption,
+    PublicUrlOption,
+    TlsKeyOption,
+    engine_option,
+    tls_cert_option,
+)
+from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_USAGE, CommandError
+
 
 def _log_to_file(path: Path) -> logging.Handler:
     """Send all logging to a file while the TUI owns the terminal (stderr would tear the screen)."""
@@ -60,8 +71,7 @@ def run_embedded(data_dir: Path | None = None, *, port: int = 0, engine_url: str
 
     data_dir = (data_dir or default_data_dir()).expanduser()
     if (tls_cert is None) != (tls_key is None):
-        print("tapdeck: give --tls-cert and --tls-key together", file=sys.stderr)
-        raise typer.Exit(2)
+        raise CommandError(EXIT_USAGE, "tapdeck: give --tls-cert and --tls-key together")
     tls = TlsFiles(cert=tls_cert.expanduser(), key=tls_key.expanduser()) if tls_cert and tls_key else None
     try:
         config = ServerConfig(host="127.0.0.1", port=port, data_dir=data_dir, engine_url=engine_url,
@@ -70,11 +80,9 @@ def run_embedded(data_dir: Path | None = None, *, port: int = 0, engine_url: str
         if engine_url:  # a malformed address is refused before the server is said to start
             normalize_address(engine_url)
     except ValidationError as exc:  # bad usage, as `serve` says it: one line, exit 2
-        print(f"tapdeck: {validation_line(exc)}", file=sys.stderr)
-        raise typer.Exit(2) from None
+        raise CommandError(EXIT_USAGE, f"tapdeck: {validation_line(exc)}") from None
     except EngineAddressError as exc:
-        print(f"tapdeck: {exc}", file=sys.stderr)
-        raise typer.Exit(2) from None
+        raise CommandError(EXIT_USAGE, f"tapdeck: {exc}") from None
     _log_to_file(data_dir / "tui.log")
     print(f"tapdeck: starting the embedded server ({'engine ' + engine_url if engine_url else 'embedded engine'}"
           f", data in {data_dir})…", file=sys.stderr, flush=True)
@@ -82,14 +90,13 @@ def run_embedded(data_dir: Path | None = None, *, port: int = 0, engine_url: str
     try:
         server.start()
     except (ConfigError, PortInUseError) as exc:
-        print(f"tapdeck: {exc}", file=sys.stderr)
-        raise typer.Exit(2) from None
+        raise CommandError(EXIT_USAGE, f"tapdeck: {exc}") from None
     except EngineAddressError as exc:
-        print(f"tapdeck: {exc}", file=sys.stderr)
-        raise typer.Exit(2 if exc.status == 400 else 1) from None
+        raise CommandError(EXIT_USAGE if exc.status == 400 else EXIT_COULD_NOT_RUN,
+                           f"tapdeck: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - any start failure is reported as one line, no traceback
-        print(f"tapdeck: could not start the embedded server: {exc}", file=sys.stderr)
-        raise typer.Exit(1) from None
+        raise CommandError(EXIT_COULD_NOT_RUN,
+                           f"tapdeck: could not start the embedded server: {exc}") from None
     if engine_url:
         print(f"tapdeck: engine {server.engine_url}", file=sys.stderr, flush=True)
     try:
@@ -100,24 +107,16 @@ def run_embedded(data_dir: Path | None = None, *, port: int = 0, engine_url: str
         server.stop()
 
 
-DataDirOption = Annotated[Path | None, typer.Option(
-    "--data-dir", help="Data directory (default $TAPDECK_DATA_DIR or ~/.tapdeck).")]
 PortOption = Annotated[int, typer.Option(
     "--port", min=0, max=65535, help="Loopback port of the embedded server (0 = any free).")]
-EngineOption = Annotated[str | None, typer.Option(
-    "--engine", help="Engine, e.g. a vLLM server: HOST:PORT, http://HOST:PORT or …/v1. Omitted: "
-    "the embedded SmolLM2 engine (never solves tasks).")]
-EngineModelOption = Annotated[str | None, typer.Option("--engine-model", help="Model name on that engine.")]
-EngineApiKeyOption = Annotated[str | None, typer.Option(
-    "--engine-api-key", envvar="TAPDECK_ENGINE_API_KEY", help="API key for that engine (never logged).")]
-PublicUrlOption = Annotated[str | None, typer.Option(
-    "--public-url", help="Address sandboxes use to reach the proxy (http://HOST:PORT, e.g. an SSH "
-    "reverse tunnel); sessions advertise it. Default: the bound address.")]
-TlsCertOption = Annotated[Path | None, typer.Option(
-    "--tls-cert", help="Serve the embedded server over HTTPS with this certificate (PEM); needs "
-    "--tls-key. For sandboxes that reach it through --public-url off this host.")]
-TlsKeyOption = Annotated[Path | None, typer.Option("--tls-key", help="The private key of --tls-cert (PEM).")]
-"""The TUI's options, shared by `tapdeck tui` and `tapdeck` with no command."""
+EngineOption = Annotated[str | None, engine_option(
+    "Engine, e.g. a vLLM server: HOST:PORT, http://HOST:PORT or …/v1. Omitted: the embedded "
+    "SmolLM2 engine (never solves tasks).")]
+TlsCertOption = Annotated[Path | None, tls_cert_option(
+    "Serve the embedded server over HTTPS with this certificate (PEM); needs --tls-key. For "
+    "sandboxes that reach it through --public-url off this host.")]
+"""The TUI's own options, shared by `tapdeck tui` and `tapdeck` with no command (their others are
+the ones commands share, in options.py)."""
 
 
 def register(app: typer.Typer) -> None:

@@ -17,15 +17,9 @@ from textual.widgets import Sparkline, Static, TabbedContent, TabPane, Tree
 
 from tapdeck.app.screens.base import TapdeckScreen
 from tapdeck.app.widgets.phrases import Phrases
-from tapdeck.app.views import (
-    LiveGraph,
-    capture_mode_text,
-    clip,
-    message_text,
-    rollout_nodes,
-    short_id,
-    token_detail,
-)
+from tapdeck.app.views.graph import LiveGraph, capture_mode_text, rollout_nodes
+from tapdeck.app.views.text import clip, short_id
+from tapdeck.app.views.tokens import message_text, token_detail
 from tapdeck.app.widgets.rollout_tree import RolloutTree
 from tapdeck.app.token_series import entropy_series, logprob_series
 from tapdeck.app.widgets.token_view import TokenView

@@ -14,18 +14,16 @@ from tapdeck.app.confirm import CONFIRM_S, TwoPress
 from tapdeck.app.histogram import bars, histogram, reward_line
 from tapdeck.app.screens.base import TapdeckScreen
 from tapdeck.app.table_rows import cursor_key, show_rows
-from tapdeck.app.views import (
-    clip,
+from tapdeck.app.views.runs import (
     failures_line,
-    fmt_phase,
     fmt_rate,
-    fmt_reward,
     rollout_settings_line,
-    id_tail,
-    run_groups,
     run_engine,
+    run_groups,
     run_outcomes,
 )
+from tapdeck.app.views.sessions import fmt_phase
+from tapdeck.app.views.text import clip, fmt_reward, id_tail
 from tapdeck.schema.runs import RolloutResult, RunDetail, RunSummary, runs_again_on_resume
 
 

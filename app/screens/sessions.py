@@ -17,7 +17,8 @@ from tapdeck.app.client import ApiError
 from tapdeck.app.confirm import CONFIRM_S, TwoPress
 from tapdeck.app.screens.base import TapdeckScreen
 from tapdeck.app.stuck_view import PaneLine, calls_per_second, pane_lines
-from tapdeck.app.views import ENDED_STATES, describe_error, rollout_state, session_state
+from tapdeck.app.views.errors import describe_error
+from tapdeck.app.views.sessions import ENDED_STATES, rollout_state, session_state
 from tapdeck.app.widgets.activity_pane import ActivityPane
 from tapdeck.app.widgets.session_table import SessionTable
 from tapdeck.schema.activity import SessionActivity

@@ -31,7 +31,7 @@ from textual.widgets import (
 from tapdeck.app.confirm import CONFIRM_S, TwoPress
 from tapdeck.app.messages import RunsChanged
 from tapdeck.app.screens.base import TapdeckScreen
-from tapdeck.app.views import instruction_preview
+from tapdeck.app.views.runs import instruction_preview
 from tapdeck.runner.harnesses import Placement
 from tapdeck.schema.addresses import check_public_url
 from tapdeck.schema.catalog import Catalog, DatasetInfo, EngineInfo, HarnessInfo, SandboxInfo

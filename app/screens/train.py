@@ -23,7 +23,7 @@ from textual.widgets import Button, DataTable, Input, RichLog, Select, Static
 from tapdeck.app.client import ApiError
 from tapdeck.app.screens.base import TapdeckScreen
 from tapdeck.app.table_rows import cursor_key, show_rows
-from tapdeck.app.views import describe_error
+from tapdeck.app.views.errors import describe_error
 from tapdeck.app.widgets.metric_plot import MetricPlot
 from tapdeck.schema.runs import RunSummary
 from tapdeck.schema.train import (

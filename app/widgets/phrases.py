@@ -12,7 +12,7 @@ from textual.strip import Strip
 from textual.style import Style
 from textual.visual import RenderOptions, Visual
 
-from tapdeck.app.views import PHRASE_SEP, phrase_lines
+from tapdeck.app.views.text import PHRASE_SEP, phrase_lines
 
 
 class Phrases(Visual):

@@ -12,7 +12,13 @@ from rich.text import Text
 from textual.widgets import Tree
 from textual.widgets.tree import TreeNode
 
-from tapdeck.app.views import TurnNode, display_parents, turn_label, turn_label_width, worst_level
+from tapdeck.app.views.graph import (
+    TurnNode,
+    display_parents,
+    turn_label,
+    turn_label_width,
+    worst_level,
+)
 from tapdeck.schema.findings import Level
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import DataTable
 
-from tapdeck.app.views import (
+from tapdeck.app.views.sessions import (
     NARROW_BELOW,
     NARROW_HIDDEN,
     SESSION_COLUMNS,

@@ -8,7 +8,7 @@ from textual.content import Content
 from textual.message import Message
 from textual.widgets import Static
 
-from tapdeck.app.views import logprob_tone, token_display
+from tapdeck.app.views.tokens import logprob_tone, token_display
 from tapdeck.schema.sessions import TurnDetail
 
 TONE_STYLES = {

@@ -11,7 +11,7 @@ from textual.widgets import DataTable, Select, SelectionList
 
 from tapdeck.app.client import TapdeckClient
 from tapdeck.app.tui import TapdeckApp
-from tapdeck.app.views import session_state
+from tapdeck.app.views.sessions import session_state
 from tapdeck.app.widgets.rollout_tree import RolloutTree
 from tapdeck.app.widgets.session_table import SessionTable
 from tapdeck.app.widgets.token_view import TokenView

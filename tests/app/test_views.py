@@ -5,31 +5,26 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tapdeck.app.views import (
+from tapdeck.app.views.errors import describe_error
+from tapdeck.app.views.graph import (
+    TURN_LABEL_WIDTH,
     LiveGraph,
-    SessionBoard,
     capture_mode_text,
-    clip,
-    diff_rows,
     display_parents,
-    describe_error,
+    rollout_nodes,
+    rollout_roots,
+    turn_label,
+)
+from tapdeck.app.views.runs import (
     failures_line,
     instruction_preview,
-    fmt_phase,
-    fmt_reward,
-    logprob_tone,
-    phrase_lines,
-    rollout_nodes,
-    id_tail,
-    rollout_roots,
     rollout_settings_line,
     run_groups,
     run_outcomes,
-    session_state,
-    token_detail,
-    turn_label,
-    TURN_LABEL_WIDTH,
 )
+from tapdeck.app.views.sessions import SessionBoard, diff_rows, fmt_phase, session_state
+from tapdeck.app.views.text import clip, fmt_reward, id_tail, phrase_lines
+from tapdeck.app.views.tokens import logprob_tone, token_detail
 from tapdeck.app.client import ApiError, TapdeckClient
 from tapdeck.schema.findings import Finding
 from tapdeck.schema.runs import RolloutResult, RunDetail, RunPlan, RunSummary

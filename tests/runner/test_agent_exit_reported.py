@@ -23,7 +23,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tapdeck.app.cli import app
-from tapdeck.app.commands.rollout import EXIT_ROLLOUT_FAILED
+from tapdeck.app.exit_codes import EXIT_ROLLOUT_FAILED
 from tests.support.agent_clis import engine_for_agents, installed_or_skip
 from tests.support.vllm_recordings import vllm_fixture, vllm_reply_to
 

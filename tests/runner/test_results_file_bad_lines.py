@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tapdeck.app.cli import app
-from tapdeck.app.commands.rollout import EXIT_COULD_NOT_RUN
+from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN
 from tapdeck.runner.batch import BatchRunner, RunPlan
 from tapdeck.runner.errors import PlanError
 from tapdeck.runner.rollout import RolloutSpec

@@ -14,7 +14,7 @@ import httpx
 from typer.testing import CliRunner
 
 from tapdeck.app.cli import app
-from tapdeck.app.commands.rollout import EXIT_COULD_NOT_RUN
+from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN
 from tapdeck.runner.run_lock import RunLock
 from tests.support.fake_vllm import hanging_engine
 from tests.support.local_server import local_server_on

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from typer.testing import CliRunner
 
 from tapdeck.app.cli import app
-from tapdeck.app.commands.rollout import EXIT_USAGE
+from tapdeck.app.exit_codes import EXIT_USAGE
 from tests.support.fake_vllm import models_only_engine
 from tests.support.local_server import local_server_on
 

@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tapdeck.app.cli import app
-from tapdeck.app.commands.rollout import EXIT_COULD_NOT_RUN, EXIT_USAGE
+from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_USAGE
 from tapdeck.proxy.store.database import Store
 from tapdeck.proxy.upstream.tiers import EngineSpec
 from tapdeck.runner.batch import BatchRunner

@@ -18,7 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tapdeck.app.cli import app
-from tapdeck.app.commands.rollout import EXIT_COULD_NOT_RUN, EXIT_OK, EXIT_USAGE
+from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_OK, EXIT_USAGE
 from tapdeck.runner.datasets import SAMPLE_DATASET_DIR
 from tests.support.fake_vllm import models_only_engine
 from tests.support.harbor_registry import (

@@ -14,13 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from tapdeck.app.cli import app
-from tapdeck.app.commands.rollout import (
-    EXIT_COULD_NOT_RUN,
-    EXIT_OK,
-    EXIT_ROLLOUT_FAILED,
-    EXIT_USAGE,
-    _engine_failure,
-)
+from tapdeck.app.commands.run_follow import _engine_failure
+from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_OK, EXIT_ROLLOUT_FAILED, EXIT_USAGE
 from tapdeck.schema.runs import RolloutResult, RunDetail, RunPlan
 from tests.support.fake_vllm import models_only_engine
 from tests.support.local_server import local_server_on

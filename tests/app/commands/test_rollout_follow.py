@@ -21,7 +21,8 @@ from typer.testing import CliRunner
 
 from tapdeck.app.cli import app
 from tapdeck.app.client import ApiError, TapdeckClient
-from tapdeck.app.commands import rollout as rollout_command
+from tapdeck.app.commands import run_follow
+from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_OK, EXIT_ROLLOUT_FAILED
 from tests.support.fake_vllm import models_only_engine
 from tests.support.local_server import local_server_on
 from tests.support.processes import SandboxProcesses
@@ -53,7 +54,7 @@ def _kill_once_verifying(server: Any, found: dict[str, Any]) -> None:
 
 def test_rollout_follow_gives_up_when_the_server_goes_away(tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(rollout_command, "SERVER_GRACE_S", 3.0)
+    monkeypatch.setattr(run_follow, "SERVER_GRACE_S", 3.0)
     unanswered = []
     real_run = TapdeckClient.run
 
@@ -90,7 +91,7 @@ def test_rollout_follow_gives_up_when_the_server_goes_away(tmp_path: Path,
                 found["trial"].close()
     assert not follower.is_alive(), "tapdeck rollout kept following a server that was killed"
     [result] = results
-    assert result.exit_code == rollout_command.EXIT_COULD_NOT_RUN, result.output
+    assert result.exit_code == EXIT_COULD_NOT_RUN, result.output
     text = " ".join(result.output.split())
     assert f"the server at {server.url} went away" in text
     assert f"`tapdeck rollout --resume {found['run']} --server {server.url}`" in text
@@ -110,7 +111,7 @@ def test_resume_of_a_run_still_going_follows_it(tmp_path: Path) -> None:
                 "dataset": str(task), "rollout": {"harness": "oracle", "timeout_s": 120}}).json()
             result = CliRunner().invoke(app, ["rollout", "--server", server.url, "--admin-key",
                                               server.admin_key, "--resume", run["id"]])
-    assert result.exit_code == rollout_command.EXIT_OK, result.output
+    assert result.exit_code == EXIT_OK, result.output
     assert f"run {run['id']} is running already: following it" in result.output
     assert f"run {run['id']} finished: 1/1 done, 1 ok" in result.output
 
@@ -146,7 +147,7 @@ def test_sigterm_cancels_a_followed_run_as_ctrl_c_does(tmp_path: Path) -> None:
             if command.poll() is None:
                 command.kill()
         state = httpx.get(f"{server.url}/admin/runs/{run_id}", headers=headers, timeout=5).json()["state"]
-    assert command.returncode == rollout_command.EXIT_ROLLOUT_FAILED, out + err
+    assert command.returncode == EXIT_ROLLOUT_FAILED, out + err
     assert "cancelling (tearing sandboxes down)…" in err and "Traceback" not in err
     assert f"run {run_id} cancelled" in " ".join(out.split()), out
     assert state == "cancelled"

@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tapdeck.app.cli import app
-from tapdeck.app.commands.rollout import EXIT_COULD_NOT_RUN
+from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from textual.app import App, ComposeResult
 
 import tapdeck
-from tapdeck.app.views import rollout_nodes
+from tapdeck.app.views.graph import rollout_nodes
 from tapdeck.app.widgets.rollout_tree import RolloutTree
 from tests.support.graph_turns import graph_turns
 
