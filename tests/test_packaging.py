@@ -29,6 +29,7 @@ def wheel(build: tuple[Path, str]) -> Path:
     return build[0]
 
 
+@pytest.mark.medium
 def test_the_package_configuration_triggers_no_setuptools_warnings(build: tuple[Path, str]) -> None:
     # e.g. "SetuptoolsDeprecationWarning: `project.license` as a TOML table is deprecated", or
     # "_Warning: Package 'tapdeck.runner.sample_dataset' is absent from the `packages` configuration"
@@ -51,6 +52,7 @@ def test_wheel_ships_the_sample_dataset_and_stylesheets(wheel: Path) -> None:
     assert any(n.startswith("tapdeck/themes/") and n.endswith(".tcss") for n in names)
 
 
+@pytest.mark.medium
 def test_wheel_imports_in_a_fresh_target(wheel: Path, tmp_path: Path) -> None:
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target),

@@ -62,6 +62,7 @@ def _run_setup(repo: Path, **env: str) -> subprocess.CompletedProcess[str]:
                           text=True, env=full_env, timeout=120)
 
 
+@pytest.mark.medium
 def test_a_first_set_up_prints_a_handful_of_lines_and_keeps_pips_output_in_the_log(
         scratch_repo: Path) -> None:
     out = _run_setup(scratch_repo, FAKE_BUILD_S="2.5")
@@ -101,6 +102,7 @@ def _steps(script: str) -> subprocess.CompletedProcess[str]:
                            + script], capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.medium
 def test_a_long_step_reports_the_elapsed_and_the_expected_time_until_it_ends() -> None:
     out = _steps('long_step "building x" "about 2 s" sleep 2.5; echo after')
     assert out.returncode == 0, out.stderr

@@ -60,6 +60,7 @@ def test_a_port_out_of_range_is_bad_usage(args: list[str], tmp_path: Path) -> No
     assert "Invalid value for '--port'" in one_line(result)
 
 
+@pytest.mark.medium
 @pytest.mark.parametrize(("n_ctx", "why"), [
     ("-5", "is below 256, the smallest context served"),
     ("0", "is below 256, the smallest context served"),
@@ -79,6 +80,7 @@ def test_engine_refuses_a_context_length_it_does_not_serve_as_bad_usage(n_ctx: s
         "give 256 to 32768"), line
 
 
+@pytest.mark.medium
 @pytest.mark.parametrize("threads", ["0", "-3"])
 def test_engine_refuses_a_thread_count_below_one_as_bad_usage(threads: str, tmp_path: Path) -> None:
     result = tapdeck("engine", "--port", "0", "--threads", threads, tmp=tmp_path)
@@ -87,6 +89,7 @@ def test_engine_refuses_a_thread_count_below_one_as_bad_usage(threads: str, tmp_
                                 "than or equal to 1")
 
 
+@pytest.mark.medium
 def test_engine_refuses_a_port_in_use_and_a_model_that_is_not_a_file_as_bad_usage(tmp_path: Path) -> None:
     with held_port() as port:
         result = tapdeck("engine", "--port", str(port), tmp=tmp_path)
@@ -97,6 +100,7 @@ def test_engine_refuses_a_port_in_use_and_a_model_that_is_not_a_file_as_bad_usag
     assert one_line(result) == f"tapdeck engine: --model {tmp_path / 'none.gguf'} is not a file"
 
 
+@pytest.mark.medium
 def test_engine_refuses_a_model_file_that_is_not_a_gguf_as_bad_usage(tmp_path: Path) -> None:
     notes = tmp_path / "notes.gguf"
     notes.write_text("not a model\n")
@@ -105,6 +109,7 @@ def test_engine_refuses_a_model_file_that_is_not_a_gguf_as_bad_usage(tmp_path: P
     assert one_line(result) == f"tapdeck engine: --model: llama.cpp could not read {notes} as a GGUF model"
 
 
+@pytest.mark.medium
 @pytest.mark.parametrize("command", ["engine", "serve"])
 def test_a_host_that_does_not_resolve_is_named_not_blamed_on_the_port(command: str,
                                                                       tmp_path: Path) -> None:
@@ -114,6 +119,7 @@ def test_a_host_that_does_not_resolve_is_named_not_blamed_on_the_port(command: s
     assert "'nosuchhost.invalid' does not resolve" in line and "port" not in line
 
 
+@pytest.mark.medium
 @pytest.mark.parametrize(("command", "args"), [("engine", []), ("serve", ["--engine", "http://127.0.0.1:9"])])
 def test_a_host_that_is_not_this_machines_is_named_not_blamed_on_the_port(command: str, args: list[str],
                                                                           tmp_path: Path) -> None:
@@ -127,6 +133,7 @@ def test_a_host_that_is_not_this_machines_is_named_not_blamed_on_the_port(comman
 
 
 # Port 9 (discard) answers nothing here: a check that reached the server would fail otherwise.
+@pytest.mark.medium
 @pytest.mark.parametrize("command", [
     ["serve"], ["rollout"], ["train", "--recipe", "data-check", "--rows", "rows.jsonl"],
     ["rollout", "--server", "http://127.0.0.1:9"],
@@ -143,6 +150,7 @@ def test_a_command_refuses_a_data_dir_that_is_a_file(command: list[str], tmp_pat
     assert one_line(result) == f"tapdeck {command[0]}: --data-dir: {afile} is not a directory"
 
 
+@pytest.mark.medium
 def test_serve_refuses_a_data_dir_from_the_environment_that_is_a_file_as_it_does_the_flag(
         tmp_path: Path) -> None:
     afile = tmp_path / "afile"
@@ -171,6 +179,7 @@ def test_a_client_refuses_an_admin_key_no_request_can_carry_as_bad_usage(client:
                                 "must be printable ASCII without spaces (an HTTP header carries it)")
 
 
+@pytest.mark.medium
 @pytest.mark.parametrize("given", ["flag", "env", "file"])
 def test_serve_refuses_an_admin_key_no_client_could_send(given: str, tmp_path: Path) -> None:
     key = "clé-ünïcødé-chosen-by-the-operator"
@@ -187,6 +196,7 @@ def test_serve_refuses_an_admin_key_no_client_could_send(given: str, tmp_path: P
     assert not (tmp_path / "data" / "capture.db").exists()  # refused before anything was made
 
 
+@pytest.mark.medium
 @pytest.mark.parametrize("command", [
     ["train", "--list", "--server", "http://127.0.0.1:9"], ["rollout", "--server", "http://127.0.0.1:9"],
     ["serve", "--port", "0", "--engine", "http://127.0.0.1:9", "--admin-key-file"]],
@@ -234,6 +244,7 @@ def test_a_server_that_is_not_tapdeck_is_said_in_one_line_not_dumped(command: li
     assert "<" not in line
 
 
+@pytest.mark.medium
 def test_serve_says_which_data_dir_it_cannot_create(tmp_path: Path, dead_engine_url: str) -> None:
     (tmp_path / "afile").write_text("x")
     where = tmp_path / "afile" / "data"
@@ -243,6 +254,7 @@ def test_serve_says_which_data_dir_it_cannot_create(tmp_path: Path, dead_engine_
     assert one_line(result) == f"tapdeck serve: cannot use {where}: Not a directory"
 
 
+@pytest.mark.medium
 def test_serve_refuses_a_public_url_that_is_not_http_in_one_line(tmp_path: Path) -> None:
     result = tapdeck("serve", "--public-url", "ftp://x", tmp=tmp_path)
     assert result.returncode == 2
@@ -251,6 +263,7 @@ def test_serve_refuses_a_public_url_that_is_not_http_in_one_line(tmp_path: Path)
                     "or https://HOST[:PORT]")
 
 
+@pytest.mark.medium
 def test_tui_refuses_a_public_url_and_a_data_dir_it_cannot_use_as_serve_does(tmp_path: Path) -> None:
     result = tapdeck("tui", "--public-url", "ftp://x", tmp=tmp_path)
     assert result.returncode == 2
@@ -267,6 +280,7 @@ def test_tui_refuses_a_public_url_and_a_data_dir_it_cannot_use_as_serve_does(tmp
     assert str(port) in one_line(result)
 
 
+@pytest.mark.medium
 @pytest.mark.parametrize("address", ["ftp://x", "127.0.0.1:99999"])
 def test_tui_refuses_a_malformed_engine_address_without_first_saying_it_starts(address: str,
                                                                              tmp_path: Path) -> None:
@@ -276,6 +290,7 @@ def test_tui_refuses_a_malformed_engine_address_without_first_saying_it_starts(a
     assert len(lines) == 1 and lines[0].startswith(f"tapdeck: engine address {address!r}"), lines
 
 
+@pytest.mark.medium
 def test_bare_tapdeck_takes_the_tui_options_as_tui_does(tmp_path: Path, dead_engine_url: str) -> None:
     afile = tmp_path / "afile"
     afile.write_text("x")
@@ -289,6 +304,7 @@ def test_bare_tapdeck_takes_the_tui_options_as_tui_does(tmp_path: Path, dead_eng
     assert version.returncode == 0 and version.stdout.startswith("tapdeck "), version.stderr
 
 
+@pytest.mark.medium
 def test_a_tui_option_before_a_command_is_refused_naming_where_it_goes(tmp_path: Path) -> None:
     result = tapdeck("--data-dir", str(tmp_path), "runs", tmp=tmp_path)
     assert result.returncode == 2
@@ -309,6 +325,7 @@ def test_info_refuses_an_engine_address_that_is_not_one(address: str, why: str,
     assert why in one_line(result)
 
 
+@pytest.mark.medium
 def test_train_against_a_server_that_does_not_answer_could_not_do_its_work(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{free_port()}"
     for args in (["--list"], ["--recipe", "data-check", "--run", "run-1"]):
@@ -369,6 +386,7 @@ def test_only_known_failure_kinds_lose_their_traceback() -> None:
         assert describe(bug) is None
 
 
+@pytest.mark.medium
 def test_info_lists_the_good_tasks_and_warns_naming_each_task_toml_it_cannot_parse(
         tmp_path: Path) -> None:
     dataset = tmp_path / "dataset"
@@ -405,6 +423,7 @@ def test_info_refuses_a_dataset_name_its_registry_does_not_know(tmp_path: Path) 
                                 "no-such-dataset not found)")
 
 
+@pytest.mark.medium
 def test_info_says_a_registry_that_does_not_answer_is_unreachable_and_exits_1(tmp_path: Path) -> None:
     result = tapdeck("info", "--no-probe", "--dataset", "no-such-dataset", tmp=tmp_path,
                      env={REGISTRY_URL_VAR: f"http://127.0.0.1:{free_port()}"})

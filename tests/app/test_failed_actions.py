@@ -30,6 +30,7 @@ def _app(hung_server: HungServer, mode: str) -> TapdeckApp:
                       settings_path=hung_server.settings_path, initial_mode=mode)
 
 
+@pytest.mark.medium
 @pytest.mark.parametrize("path", ["/nonexistent/ds4", "/tmp"])
 async def test_setup_start_with_a_bad_dataset_path_shows_the_servers_reason(hung_server, path):
     app = _app(hung_server, "setup")
@@ -54,6 +55,7 @@ async def test_setup_start_with_a_bad_dataset_path_shows_the_servers_reason(hung
         assert await app.client.runs() == []
 
 
+@pytest.mark.medium
 async def test_setup_start_warns_naming_each_task_folder_the_run_leaves_out(hung_server, tmp_path):
     dataset = tmp_path / "dataset"
     for name in ("hello-file", "greet-script"):
@@ -109,6 +111,7 @@ def _recorded(api_data: dict, clock: list[float], mode: str) -> TapdeckApp:
                       clock=lambda: clock[0], initial_mode=mode)
 
 
+@pytest.mark.medium
 async def test_runs_x_asks_first_then_cancels_and_a_cancelled_run_says_so(hung_server):
     async with hung_server.one_rollout_run("runs") as (app, pilot, run):
         screen = app.screen
@@ -212,6 +215,7 @@ async def test_sessions_x_confirmation_expires_and_a_failed_cancel_says_why(api_
                                        for n in app._notifications), "the server's refusal", 10)
 
 
+@pytest.mark.medium
 async def test_setup_start_twice_with_the_same_plan_asks_before_a_second_run(hung_server):
     app = _app(hung_server, "setup")
     async with app.run_test(size=(80, 24)) as pilot:

@@ -120,6 +120,7 @@ def test_a_restarted_server_keeps_the_admin_key_its_predecessor_wrote(upstream, 
         third.stop()
 
 
+@pytest.mark.medium
 def test_serve_beside_a_running_server_does_not_claim_its_key_is_in_the_file(upstream, tmp_path: Path,
                                                                                port_factory):
     first = serve_process(port_factory(), tmp_path, upstream.base_url)
@@ -148,6 +149,7 @@ def _key_line(proc) -> str:
     raise AssertionError(f"serve exited before its admin key line: {proc.stderr.read().decode()}")
 
 
+@pytest.mark.medium
 def test_stopping_the_server_ends_its_event_streams_cleanly_without_a_traceback(upstream, tmp_path: Path,
                                                                              caplog):
     """Attached TUIs hold `/admin/events` open, and an agent's model call may wait on the engine: a
@@ -199,6 +201,7 @@ def test_stopping_the_server_ends_its_event_streams_cleanly_without_a_traceback(
     assert all(e.startswith("Cancel 1 running task(s)") for e in errors), errors
 
 
+@pytest.mark.medium
 def test_restarted_server_lists_old_sessions_as_interrupted_and_exports_them(upstream, tmp_path: Path):
     cfg = ServerConfig(port=0, data_dir=tmp_path, engine_url=upstream.base_url)
     first = LocalServer(cfg).start()
@@ -301,6 +304,7 @@ def test_serve_cli_reads_the_admin_key_from_a_file_and_refuses_weak_ones_on_publ
     assert not (tmp_path / "capture.db").exists()  # refused before anything was made
 
 
+@pytest.mark.medium
 def test_serve_freezes_what_start_up_built_and_collects_young_objects_less_often():
     import gc
 
@@ -316,6 +320,7 @@ def test_serve_freezes_what_start_up_built_and_collects_young_objects_less_often
         gc.set_threshold(*before)
 
 
+@pytest.mark.medium
 def test_a_restarted_server_counts_each_sessions_fatal_and_warn_findings_as_before(
         upstream, tmp_path: Path):
     """The Sessions board marks a session by its findings (and calls one with a FATAL failed):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tapdeck.app.screen_registry import SCREENS
 from tapdeck.app.screens.help import HelpScreen
 from tapdeck.app.tui import TapdeckApp, TapdeckCommands
@@ -21,6 +23,7 @@ def test_every_screen_has_a_number_key_a_binding_and_a_palette_entry() -> None:
         assert ids[entry.binding_id].action == f"switch_mode('{entry.mode}')"
 
 
+@pytest.mark.medium
 async def test_a_rebound_key_shows_in_help_and_the_nav_bar(make_app, api_data, tmp_path) -> None:
     settings = tmp_path / "tui.json"
     settings.write_text(json.dumps({"keymap": {"app.runs": "7", "app.help": "f2", "sessions.details": "i"}}))

@@ -25,6 +25,7 @@ def _port_is_free(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) != 0
 
 
+@pytest.mark.medium
 def test_tapdeck_runs_a_rollout_by_keystrokes_and_quits_freeing_the_port(tmp_path):
     name = f"tapdeck-test-{os.getpid()}"
     rc_file = tmp_path / "rc"

@@ -3,6 +3,7 @@ state moves on (run events, a new run, coming back to a screen), and each rollou
 
 from __future__ import annotations
 
+import pytest
 from textual.widgets import DataTable, Static
 
 from tapdeck.app.client import TapdeckClient
@@ -44,6 +45,7 @@ def _rollout(api_data: dict, rollout_id: str) -> dict:
                 if r["rollout_id"] == rollout_id)
 
 
+@pytest.mark.medium
 async def test_runs_keeps_the_selected_rollout_when_the_run_updates(api_data):
     app = _app(api_data, "runs")
     async with app.run_test(size=(80, 24)) as pilot:
@@ -57,6 +59,7 @@ async def test_runs_keeps_the_selected_rollout_when_the_run_updates(api_data):
             "{task} #{index}".format(**_rollout(api_data, key)))
 
 
+@pytest.mark.medium
 async def test_runs_keeps_the_selected_rollout_when_coming_back_to_the_screen(api_data):
     app = _app(api_data, "runs")
     async with app.run_test(size=(80, 24)) as pilot:
@@ -70,6 +73,7 @@ async def test_runs_keeps_the_selected_rollout_when_coming_back_to_the_screen(ap
         assert _cursor_key(table) == key
 
 
+@pytest.mark.medium
 async def test_runs_moves_to_the_nearest_rollout_when_the_selected_one_is_gone(api_data):
     app = _app(api_data, "runs")
     async with app.run_test(size=(80, 24)) as pilot:
@@ -82,6 +86,7 @@ async def test_runs_moves_to_the_nearest_rollout_when_the_selected_one_is_gone(a
         assert _cursor_key(table) == after  # the row that took its place
 
 
+@pytest.mark.medium
 async def test_runs_keeps_the_selected_run_when_a_new_run_appears(api_data):
     app = _app(api_data, "runs")
     async with app.run_test(size=(80, 24)) as pilot:

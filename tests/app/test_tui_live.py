@@ -53,6 +53,7 @@ async def _start_batch(pilot, harness: str, task: str) -> None:
     await until(pilot, lambda: app.current_mode == "sessions", "the switch to Sessions", 60)
 
 
+@pytest.mark.medium
 async def test_oracle_batch_reaches_finished_and_run_exports(live_server, tmp_path):
     app = _app(live_server, "setup", tmp_path)
     async with app.run_test(size=(80, 24)) as pilot:
@@ -83,6 +84,7 @@ async def _open_rollout(pilot, session_id: str) -> None:
                 and any(v.turn is not None for v in app.screen.query(TokenView)), "turn 0", 30)
 
 
+@pytest.mark.medium
 async def test_live_session_rollout_grows_and_a_token_can_be_selected(live_server, tmp_path):
     admin = {"Authorization": f"Bearer {live_server.admin_key}"}
     async with httpx.AsyncClient(base_url=live_server.url, timeout=120) as http:
@@ -110,6 +112,7 @@ async def test_live_session_rollout_grows_and_a_token_can_be_selected(live_serve
             await http.delete(f"/admin/sessions/{info['id']}", headers=admin)
 
 
+@pytest.mark.medium
 async def test_rollout_findings_tab_shows_whole_rollout_checks_as_turns_arrive(live_server, tmp_path):
     """One call: the rollout check says `single_call`. A second call repeating the prompt makes every
     call a root: the Findings tab, open all along, says so without reopening the rollout."""

@@ -7,6 +7,7 @@ import asyncio
 from pathlib import Path
 
 import httpx
+import pytest
 from textual.widgets import DataTable
 
 from tapdeck.app.client import TapdeckClient
@@ -29,6 +30,7 @@ def _rows(app: TapdeckApp) -> dict[str, str]:
     return {str(row.value): str(table.get_cell(row.value, "state")) for row in table.rows}
 
 
+@pytest.mark.medium
 async def test_an_attached_tui_reconnects_to_a_server_restarted_on_its_data_dir(upstream, tmp_path):
     cfg = ServerConfig(port=free_port(), data_dir=tmp_path / "data", engine_url=upstream.base_url)
     first = await asyncio.to_thread(LocalServer(cfg).start)
@@ -59,6 +61,7 @@ async def test_an_attached_tui_reconnects_to_a_server_restarted_on_its_data_dir(
         await asyncio.to_thread(first.stop)
 
 
+@pytest.mark.medium
 async def test_a_run_another_client_cancels_leaves_no_queued_row_on_sessions(upstream, tmp_path):
     cfg = ServerConfig(port=0, data_dir=tmp_path / "data", engine_url=upstream.base_url)
     server = await asyncio.to_thread(LocalServer(cfg).start)
@@ -105,6 +108,7 @@ async def test_a_server_restarted_with_another_key_is_toasted_whole_and_the_tui_
         await asyncio.to_thread(first.stop)
 
 
+@pytest.mark.medium
 async def test_runs_after_a_reconnect_shows_the_run_as_the_restarted_server_has_it_and_unrun_rollouts_as_not_run(
         upstream, tmp_path):
     cfg = ServerConfig(port=free_port(), data_dir=tmp_path / "data", engine_url=upstream.base_url)

@@ -75,6 +75,7 @@ async def test_sessions_table_shows_states_and_updates_only_changed_cells(make_a
         assert str(table.get_cell("sess0000recorded", "turns")) == "4"
 
 
+@pytest.mark.medium
 async def test_many_sessions_refresh_by_diff_without_rebuilding(make_app, api_data):
     app = make_app("sessions")
     async with app.run_test(size=(80, 24)) as pilot:
@@ -90,6 +91,7 @@ async def test_many_sessions_refresh_by_diff_without_rebuilding(make_app, api_da
         assert table.apply(app.board.rows(app.clock())) == 100
 
 
+@pytest.mark.medium
 async def test_open_rollout_and_click_a_token_shows_its_logprob(make_app):
     app = make_app("sessions")
     async with app.run_test(size=(80, 24)) as pilot:
@@ -135,6 +137,7 @@ async def _catalog_loaded(pilot) -> None:
                 and pilot.app.screen.query_one("#tasks", SelectionList).option_count > 0, "the catalog")
 
 
+@pytest.mark.medium
 async def test_setup_refuses_an_unavailable_sandbox_with_the_reason(make_app):
     app = make_app("setup")
     async with app.run_test(size=(80, 24)) as pilot:
@@ -149,6 +152,7 @@ async def test_setup_refuses_an_unavailable_sandbox_with_the_reason(make_app):
         assert any("Docker daemon is not running" in n for n in notes)
 
 
+@pytest.mark.medium
 async def test_ticked_tasks_survive_a_catalog_reload(make_app):
     app = make_app("setup")
     async with app.run_test(size=(80, 24)) as pilot:
@@ -165,6 +169,7 @@ async def test_ticked_tasks_survive_a_catalog_reload(make_app):
         assert tasks.selected == [names[1]]
 
 
+@pytest.mark.medium
 async def test_setup_plan_captures_five_alternatives_unless_told_otherwise(make_app):
     app = make_app("setup")
     async with app.run_test(size=(80, 24)) as pilot:
@@ -236,6 +241,7 @@ async def test_setup_without_a_catalog_says_so_and_how_to_retry():
         assert any("is it running?" in n.message for n in app._notifications)
 
 
+@pytest.mark.medium
 async def test_theme_switch_is_remembered(make_app, tmp_path):
     settings = tmp_path / "tui.json"
     app = make_app("sessions", settings_path=settings)
@@ -270,6 +276,7 @@ async def test_a_keymap_id_no_binding_has_is_named_not_ignored_silently(make_app
                     == [said], "the one warning, naming only the unknown id")
 
 
+@pytest.mark.medium
 async def test_help_opens_with_f1_and_question_mark_and_closes_with_escape(make_app):
     app = make_app("sessions")
     async with app.run_test(size=(80, 24)) as pilot:
@@ -282,6 +289,7 @@ async def test_help_opens_with_f1_and_question_mark_and_closes_with_escape(make_
             assert type(app.screen).__name__ == "SessionsScreen"
 
 
+@pytest.mark.medium
 async def test_command_palette_offers_tapdeck_actions(make_app):
     app = make_app("sessions")
     async with app.run_test(size=(80, 24)) as pilot:
@@ -293,6 +301,7 @@ async def test_command_palette_offers_tapdeck_actions(make_app):
         await until(pilot, lambda: app.current_mode == "runs", "the Runs screen")
 
 
+@pytest.mark.medium
 async def test_number_keys_switch_screens_and_resize_does_not_crash(make_app):
     app = make_app("sessions")
     async with app.run_test(size=(80, 24)) as pilot:
@@ -339,6 +348,7 @@ def _set(screen, **values: str) -> None:
         screen.query_one(f"#set-{name}", Input).value = value
 
 
+@pytest.mark.medium
 async def test_setup_rollout_settings_are_sent_and_remembered_per_harness(make_app, tmp_path):
     path = tmp_path / "tui.json"
     app = make_app("setup", settings_path=path)
@@ -371,6 +381,7 @@ async def test_setup_rollout_settings_are_sent_and_remembered_per_harness(make_a
         assert again.screen.plan().rollout.settings.harness_kwargs == {"parser_name": "xml"}
 
 
+@pytest.mark.medium
 async def test_setup_settings_title_counts_what_is_typed_and_a_blank_pick_says_nothing_is_chosen(
         make_app):
     app = make_app("setup")
@@ -390,6 +401,7 @@ async def test_setup_settings_title_counts_what_is_typed_and_a_blank_pick_says_n
                     == "nothing chosen: pick one", "the blank pick's hint")
 
 
+@pytest.mark.medium
 async def test_setup_refuses_a_bad_setting_naming_the_field(make_app):
     cases = [({"max_turns": "0"}, "max_turns: Input should be greater than or equal to 1"),
              ({"top_p": "2"}, "top_p: Input should be less than or equal to 1"),
@@ -406,6 +418,7 @@ async def test_setup_refuses_a_bad_setting_naming_the_field(make_app):
         assert app.screen.plan().rollout.settings.model_dump(exclude_unset=True) == {}
 
 
+@pytest.mark.medium
 async def test_setup_settings_show_the_engines_defaults_and_keep_tab_order_short(make_app):
     app = make_app("setup")
     async with app.run_test(size=(80, 24)) as pilot:
@@ -426,6 +439,7 @@ async def test_runs_screen_states_each_rollouts_timeouts_and_their_sources(make_
         assert "agent 180 s (task) · hard limit 300 s (default)" in str(line.render())
 
 
+@pytest.mark.medium
 async def test_runs_screen_says_an_oracle_run_made_no_model_calls_as_the_cli_does(make_app, api_data):
     """An oracle run's rollouts resolved a context, output and turn limit that no model call was
     ever held to: the Runs screen shows their timeouts and `(no model calls)`, as `tapdeck runs`."""
@@ -592,6 +606,7 @@ async def test_a_turn_reaching_runs_while_its_tables_are_torn_down_is_ignored(ma
         assert app.is_running and app.return_code is None
 
 
+@pytest.mark.medium
 async def test_train_run_picker_follows_new_runs_without_a_reload(api_data):
     client = TapdeckClient("http://tapdeck.test", "test-key", transport=recorded_transport(api_data))
     app = TapdeckApp(client, follow_events=False, initial_mode="train")
@@ -649,6 +664,7 @@ async def test_rollout_at_80x24_shows_its_whole_header_and_every_turns_badge(mak
         assert len(warned) == 3  # every turn of this rollout has a warning
 
 
+@pytest.mark.medium
 @pytest.mark.parametrize("key", ["1", "2", "3", "4", "5", "6"])
 async def test_every_screens_footer_keeps_reload_help_and_quit_at_80x24(make_app, key):
     app = make_app("sessions")
@@ -686,6 +702,7 @@ def test_train_y_ticks_are_evenly_spaced_even_for_a_flat_series():
     assert even_ticks([2.0, 4.0]) == [2.0, 2.5, 3.0, 3.5, 4.0]
 
 
+@pytest.mark.medium
 async def test_setup_escape_leaves_a_text_field_so_screen_keys_work_again(make_app):
     app = make_app("setup")
     async with app.run_test(size=(80, 24)) as pilot:
@@ -701,6 +718,7 @@ async def test_setup_escape_leaves_a_text_field_so_screen_keys_work_again(make_a
         await until(pilot, lambda: app.current_mode == "sessions", "the screen key after esc", 10)
 
 
+@pytest.mark.medium
 async def test_setup_catalog_reload_leaves_focus_where_it_was(make_app):
     app = make_app("setup")
     async with app.run_test(size=(80, 24)) as pilot:
@@ -715,6 +733,7 @@ async def test_setup_catalog_reload_leaves_focus_where_it_was(make_app):
         assert app.focused is concurrency
 
 
+@pytest.mark.medium
 async def test_messages_of_another_session_open_at_their_top(make_app):
     app = make_app("sessions")
     async with app.run_test(size=(80, 16)) as pilot:  # short, so that the messages scroll
@@ -813,6 +832,7 @@ async def _data_check_picked(pilot) -> Any:
     return screen
 
 
+@pytest.mark.medium
 async def test_train_without_a_rollout_run_points_to_setup_unless_its_args_name_the_rows(api_data):
     api_data["runs"] = []
     app = _train_app(api_data)
@@ -830,6 +850,7 @@ async def test_train_without_a_rollout_run_points_to_setup_unless_its_args_name_
                     "the launch asked of the server")
 
 
+@pytest.mark.medium
 async def test_setup_shows_which_picker_has_focus_and_a_task_row_from_the_start(make_app):
     app = make_app("setup")
     async with app.run_test(size=(80, 24)) as pilot:
@@ -898,6 +919,7 @@ async def test_train_refuses_a_recipe_the_server_cannot_start_saying_why(api_dat
         assert ("POST", "/admin/train") not in asked  # refused here, not after a round trip
 
 
+@pytest.mark.medium
 async def test_train_passes_the_picked_run_to_a_recipe_that_reads_runs_itself(api_data):
     recipe = next(r for r in api_data["train"]["recipes"]["recipes"] if r["name"] == "grpo-trl")
     recipe.update(available=True, why="runs in the training environment")  # as a GPU box lists it

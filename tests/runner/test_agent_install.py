@@ -73,6 +73,7 @@ def test_qwen_vendored_ripgrep_gets_its_exec_bit(tmp_path: Path) -> None:
     assert rg.stat().st_mode & stat.S_IXUSR
 
 
+@pytest.mark.medium
 @pytest.mark.skipif(shutil.which("npm") is None, reason="needs npm (Node.js) on PATH")
 def test_unreachable_registry_is_a_network_install_error_and_leaves_nothing(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

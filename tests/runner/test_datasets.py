@@ -141,6 +141,7 @@ def test_a_git_host_without_the_repository_makes_it_an_unknown_dataset(tmp_path:
         f"ref (or one that needs credentials): git: fatal: repository '{spec}/' not found")
 
 
+@pytest.mark.medium
 def test_a_remote_source_that_never_answers_is_cut_off_at_the_bound() -> None:
     import socket
 

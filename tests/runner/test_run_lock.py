@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from typer.testing import CliRunner
 
 from tapdeck.app.cli import app
@@ -37,6 +38,7 @@ def _admin(server: Any) -> httpx.Client:
                         headers={"Authorization": f"Bearer {server.admin_key}"})
 
 
+@pytest.mark.medium
 def test_a_second_server_on_the_data_dir_sees_the_run_running_and_neither_resumes_nor_cancels_it(
         tmp_path: Path) -> None:
     data = tmp_path / "data"

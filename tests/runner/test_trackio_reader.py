@@ -36,6 +36,7 @@ def write_trackio(trackio_dir: Path, project: str, name: str, logs: list[dict]) 
     assert out.returncode == 0, out.stderr
 
 
+@pytest.mark.medium
 def test_reader_returns_exactly_the_values_trackio_logged(tmp_path: Path) -> None:
     logs = [{"metrics": {"train/reward": 0.25, "train/loss": 1.5}, "step": 0},
             {"metrics": {"train/reward": 0.75, "train/batch/trained_tokens_per_step": 128}, "step": 1},
@@ -55,6 +56,7 @@ def test_reader_returns_exactly_the_values_trackio_logged(tmp_path: Path) -> Non
     assert (run.run_name, run.rows, run.last_step) == ("run-1", 3, 5)
 
 
+@pytest.mark.medium
 def test_incremental_reads_return_only_new_points(tmp_path: Path) -> None:
     write_trackio(tmp_path, "proj", "first", [{"metrics": {"m": 1.0}, "step": 0}])
     reader = TrackioReader(tmp_path, "proj")
@@ -70,6 +72,7 @@ def test_incremental_reads_return_only_new_points(tmp_path: Path) -> None:
     assert len(TrackioReader(tmp_path, "proj").read_new()) == 3
 
 
+@pytest.mark.medium
 def test_trackio_step_counter_is_read_when_no_step_is_passed(tmp_path: Path) -> None:
     write_trackio(tmp_path, "proj", "auto", [{"metrics": {"x": 0.5}}, {"metrics": {"x": 0.25}}])
     assert [(p.step, p.value) for p in TrackioReader(tmp_path, "proj").read_new()] == [(0, 0.5), (1, 0.25)]

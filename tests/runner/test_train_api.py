@@ -19,6 +19,7 @@ from tests.support.fake_vllm import models_only_engine
 from tests.support.processes import process_gone
 from tests.support.training_export import write_export
 
+
 def events(server: Any, run_id: str, timeout_s: float = 120.0) -> list[dict]:
     """Every SSE event of one training run, until the server ends the stream."""
     out = []
@@ -59,6 +60,7 @@ def test_a_recipe_of_a_missing_training_environment_is_refused_saying_how_to_mak
     assert train_server.http.get("/admin/train").json() == {"runs": []}
 
 
+@pytest.mark.medium
 def test_data_check_job_streams_its_log_metrics_and_state_over_sse(train_server: Any, tmp_path: Path) -> None:
     rows = write_export(tmp_path / "rows.jsonl")
     resp = train_server.http.post("/admin/train", json={"recipe": "data-check", "args": ["--rows", str(rows)]})
@@ -87,6 +89,7 @@ def test_data_check_job_streams_its_log_metrics_and_state_over_sse(train_server:
     assert later == {"points": [], "cursor": metrics["cursor"]}
 
 
+@pytest.mark.medium
 def test_a_run_that_dies_says_why(train_server: Any, tmp_path: Path) -> None:
     garbled = tmp_path / "garbled.jsonl"
     garbled.write_text("not json\n")
@@ -98,6 +101,7 @@ def test_a_run_that_dies_says_why(train_server: Any, tmp_path: Path) -> None:
     assert train_server.http.get(f"/admin/train/{job['id']}").json()["error"] == final["error"]
 
 
+@pytest.mark.medium
 def test_stop_over_http_ends_a_running_job_and_its_process_group(train_server: Any, tmp_path: Path) -> None:
     rows = write_export(tmp_path / "rows.jsonl")
     job = train_server.http.post("/admin/train", json={"recipe": "data-check",
@@ -169,6 +173,7 @@ def test_death_reason_is_the_last_exception_line_else_the_last_line() -> None:
     assert death_reason(["torch.OutOfMemoryError: CPU"], 1).startswith("torch.OutOfMemoryError")
 
 
+@pytest.mark.medium
 def test_admin_key_reaches_the_recipe_but_never_its_record(train_server: Any, tmp_path: Path) -> None:
     rows = write_export(tmp_path / "rows.jsonl")
     job = train_server.http.post("/admin/train", json={"recipe": "data-check", "args": ["--rows", str(rows)]}).json()

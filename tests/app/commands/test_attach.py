@@ -105,6 +105,7 @@ def test_attach_shows_a_remote_session_with_its_turn_and_quits_leaving_the_serve
         subprocess.run(["tmux", "kill-session", "-t", name], check=False, capture_output=True)
 
 
+@pytest.mark.medium
 def test_attach_with_a_wrong_admin_key_exits_with_one_line_naming_the_key(served, tmp_path):
     result = _attach(served.url, "not-the-key", tmp_path)
     assert result.returncode == 1  # the server answered and refused: could not do the work
@@ -136,6 +137,7 @@ def served_here(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         yield Served(process.url, process, tmp / "serve.log")
 
 
+@pytest.mark.medium
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
 def test_attach_reads_the_admin_key_a_server_on_this_machine_wrote_in_its_data_dir(served_here, tmp_path):
     """It said "no admin key given" while `rollout --server` read the same file."""
@@ -180,6 +182,7 @@ def test_attach_to_an_address_that_is_not_a_server_url_is_bad_usage(url, why, tm
     assert why in line and "http://ftp://" not in line
 
 
+@pytest.mark.medium
 def test_attach_to_an_unreachable_url_exits_with_one_line_naming_the_url(tmp_path):
     url = f"http://127.0.0.1:{_free_port()}"
     result = _attach(url, ADMIN_KEY, tmp_path)

@@ -199,6 +199,7 @@ def test_a_missing_training_environment_names_the_whole_command_that_makes_it_th
     assert len(why) <= 300  # the API clients cut an error's detail at 300 characters
 
 
+@pytest.mark.medium
 def test_train_summary_shows_how_often_a_rollout_forked(train_server: Any, tmp_path: Path) -> None:
     rows = write_export(tmp_path / "rows.jsonl")
     res = _train("--server", train_server.url, "--admin-key", train_server.admin_key,
@@ -231,6 +232,7 @@ def _train_on_a_server_of(data: Path, *args: str) -> Any:
             return _train("--server", server.url, "--admin-key", server.admin_key, *args)
 
 
+@pytest.mark.medium
 def test_train_on_a_run_still_going_warns_that_it_reads_what_is_done_so_far(tmp_path: Path) -> None:
     from tests.support.run_lock_holder import holding_run_lock
 
@@ -324,6 +326,7 @@ def test_train_on_a_run_that_cannot_be_read_says_why_in_one_line(damage: str, tm
                            "run-x: ") and why in line, line
 
 
+@pytest.mark.medium
 def test_train_names_the_rollouts_of_a_run_that_gave_no_training_row_in_its_log(tmp_path: Path) -> None:
     data = _data_dir_with_run(tmp_path, [_result(0), _result(1)])
     run = _write_plan(data, rollouts=3, state="finished")

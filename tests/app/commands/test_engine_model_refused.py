@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 from typer.testing import CliRunner
 
 from tapdeck.app.cli import app
@@ -44,6 +45,7 @@ def test_a_server_refuses_a_plan_naming_a_model_its_engine_does_not_serve(tmp_pa
     assert not _runs(tmp_path)
 
 
+@pytest.mark.medium
 def test_serve_refuses_an_engine_model_the_engine_does_not_serve(tmp_path: Path) -> None:
     tapdeck = Path(sys.executable).parent / "tapdeck"
     with models_only_engine() as engine:

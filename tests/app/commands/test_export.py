@@ -68,6 +68,7 @@ def test_export_session_and_run_files(upstream, make_server, admin_for, tmp_path
     assert res.exit_code == 1 and "neither a session" in res.output
 
 
+@pytest.mark.medium
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
 def test_an_export_that_fails_half_way_leaves_the_previous_file_whole_and_no_temporary_one(
         upstream, make_server, admin_for, tmp_path: Path, fmt: str):

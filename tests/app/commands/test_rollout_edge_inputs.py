@@ -102,6 +102,7 @@ def test_resuming_a_complete_run_on_a_server_says_so_and_leaves_it_untouched(
     assert _files(complete_run.dir) == before  # its results, state and trials as the run left them
 
 
+@pytest.mark.medium
 def test_rollout_says_a_dataset_name_its_registry_does_not_know_is_unknown(tmp_path: Path) -> None:
     with registry_knowing_no_dataset() as registry, models_only_engine() as engine:
         result = _rollout("--dataset", "no-such-dataset", "--harness", "oracle", "--engine", engine,
@@ -113,6 +114,7 @@ def test_rollout_says_a_dataset_name_its_registry_does_not_know_is_unknown(tmp_p
         "no-such-dataset not found)")
 
 
+@pytest.mark.medium
 def test_rollout_says_a_registry_that_does_not_answer_is_unreachable_and_exits_1(
         tmp_path: Path) -> None:
     with models_only_engine() as engine:
@@ -126,6 +128,7 @@ def test_rollout_says_a_registry_that_does_not_answer_is_unreachable_and_exits_1
             "of that name here)") in line
 
 
+@pytest.mark.medium
 def test_a_registry_that_takes_the_lookup_but_never_answers_counts_as_unreachable() -> None:
     # The lookup runs out of the time it is given (its error then has no cause to read).
     script = (
@@ -160,6 +163,7 @@ def dataset_with_a_broken_task(tmp_path: Path) -> SimpleNamespace:
                                              "key/value pair (at line 1, column 6))")
 
 
+@pytest.mark.medium
 def test_rollout_refuses_a_named_task_whose_task_toml_harbor_cannot_read_saying_why(
         dataset_with_a_broken_task: SimpleNamespace, tmp_path: Path) -> None:
     with models_only_engine() as engine:

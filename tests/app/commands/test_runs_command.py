@@ -131,6 +131,7 @@ def test_runs_says_what_is_wrong_with_a_run_it_cannot_show(data: Path) -> None:
     assert "run-20261202-100000-bbbb" in result.output
 
 
+@pytest.mark.medium
 def test_runs_says_each_unreadable_run_file_once_as_its_own_warning(data: Path) -> None:
     # A real process: there Python printed the runner's log records bare on stderr, beside the
     # command's own line about the same run (pytest's log capture hides that in-process).

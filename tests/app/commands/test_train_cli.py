@@ -24,6 +24,7 @@ def train(server: Any, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=180)
 
 
+@pytest.mark.medium
 def test_train_list_says_what_the_server_can_start(train_server: Any, tmp_path: Path) -> None:
     out = subprocess.run([TAPDECK, "train", "--server", train_server.url, "--admin-key",
                           train_server.admin_key, "--list"], capture_output=True, text=True, timeout=60,
@@ -35,6 +36,7 @@ def test_train_list_says_what_the_server_can_start(train_server: Any, tmp_path: 
     assert "cpu-grpo updates SmolLM2-135M's weights on a CPU" in out.stdout
 
 
+@pytest.mark.medium
 def test_a_recipe_that_needs_gpus_cannot_start_on_a_server_without_them(
         train_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     # The server runs in this process: with no GPU visible to it, grpo-trl (vLLM + trainer) cannot start.
@@ -62,12 +64,14 @@ def test_gpu_count_decides_a_gpu_recipe_is_unavailable_and_says_why(
     assert RECIPES["grpo-trl"].gpus == 2
 
 
+@pytest.mark.medium
 def test_train_with_an_unknown_recipe_is_bad_usage(train_server: Any) -> None:
     out = train(train_server, "--recipe", "bogus")
     assert out.returncode == 2
     assert "unknown recipe 'bogus'; known: data-check" in out.stderr
 
 
+@pytest.mark.medium
 def test_train_with_a_rejected_admin_key_names_where_that_key_came_from(train_server: Any,
                                                                        tmp_path: Path) -> None:
     given = subprocess.run([TAPDECK, "train", "--server", train_server.url, "--data-dir",
@@ -86,6 +90,7 @@ def test_train_with_a_rejected_admin_key_names_where_that_key_came_from(train_se
             f"{tmp_path / 'client' / 'admin.key'}; pass the server's key with --admin-key") in read.stderr
 
 
+@pytest.mark.medium
 def test_train_streams_the_log_and_prints_final_metrics(train_server: Any, tmp_path: Path) -> None:
     rows = write_export(tmp_path / "rows.jsonl")
     out = train(train_server, "--rows", str(rows))
@@ -96,6 +101,7 @@ def test_train_streams_the_log_and_prints_final_metrics(train_server: Any, tmp_p
     assert str(tmp_path / "data" / "train") in out.stdout  # it ran in the server's data dir
 
 
+@pytest.mark.medium
 def test_train_output_leaves_out_trackios_upload_line_as_nothing_is_uploaded(
         train_server: Any, tmp_path: Path) -> None:
     # trackio prints it at finish() while it writes to the run's local TRACKIO_DIR.
@@ -108,6 +114,7 @@ def test_train_output_leaves_out_trackios_upload_line_as_nothing_is_uploaded(
     assert "Uploading logs" not in log and "data-check: summary" in log
 
 
+@pytest.mark.medium
 def test_train_output_gives_the_trackio_show_command_that_shows_this_job(
         train_server: Any, tmp_path: Path) -> None:
     # trackio's own `trackio show --project "tapdeck"` reads its default folder, not the job's.
@@ -140,11 +147,13 @@ def test_train_output_gives_the_trackio_show_command_that_shows_this_job(
         show.wait(timeout=60)
 
 
+@pytest.mark.medium
 def test_train_on_an_unknown_run_is_a_clear_error(train_server: Any) -> None:
     out = train(train_server, "--run", "r-missing")
     assert out.returncode == 1 and "no rollout run 'r-missing'" in out.stderr
 
 
+@pytest.mark.medium
 def test_a_recipe_that_dies_prints_why(train_server: Any, tmp_path: Path) -> None:
     garbled = tmp_path / "garbled.jsonl"
     garbled.write_text("not json\n")
@@ -153,6 +162,7 @@ def test_a_recipe_that_dies_prints_why(train_server: Any, tmp_path: Path) -> Non
     assert "failed (exit code 2)" in out.stdout and f"why: data-check: {garbled}:1" in out.stdout
 
 
+@pytest.mark.medium
 def test_train_with_rows_that_are_not_there_is_refused_before_a_job_starts(
         train_server: Any, tmp_path: Path) -> None:
     jobs = Path(train_server.config.data_dir) / "train"
@@ -166,6 +176,7 @@ def test_train_with_rows_that_are_not_there_is_refused_before_a_job_starts(
     assert not jobs.is_dir() or not any(jobs.iterdir())
 
 
+@pytest.mark.medium
 def test_train_without_the_rows_its_recipe_reads_is_refused_before_a_job_starts(
         train_server: Any, tmp_path: Path) -> None:
     jobs = Path(train_server.config.data_dir) / "train"
@@ -193,6 +204,7 @@ def test_recipe_args_that_name_its_rows_stand_in_for_run(args: list[str]) -> Non
     assert RECIPES["cpu-grpo"].rows_missing(None, []) is None  # it reads no exported rows
 
 
+@pytest.mark.medium
 def test_train_refuses_recipe_args_its_parser_refuses_as_bad_usage_before_a_job_starts(
         train_server: Any, tmp_path: Path) -> None:
     rows = write_export(tmp_path / "rows.jsonl")
@@ -222,6 +234,7 @@ def test_a_recipes_usage_check_leaves_help_to_the_job_and_takes_what_it_parses(
         ["--rows", str(tmp_path / "missing.jsonl")])
 
 
+@pytest.mark.medium
 def test_train_into_a_data_dir_whose_train_folder_cannot_be_written_says_so_in_one_line(
         train_server: Any, tmp_path: Path) -> None:
     rows = write_export(tmp_path / "rows.jsonl")
@@ -234,6 +247,7 @@ def test_train_into_a_data_dir_whose_train_folder_cannot_be_written_says_so_in_o
         f"under {jobs} (Not a directory)"]
 
 
+@pytest.mark.medium
 def test_cpu_grpo_refuses_numbers_out_of_range_before_its_model_loads(train_server: Any) -> None:
     from tapdeck.runner.recipes import RECIPES
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from textual.widget import Widget
 from textual.widgets import Input, SelectionList
 
@@ -81,6 +82,7 @@ async def test_rollout_turn_labels_show_whole_or_end_in_an_ellipsis_at_80_column
         assert all(re.match(r"#\d+ !warn length", label) for label in labels), labels
 
 
+@pytest.mark.medium
 async def test_setup_public_url_hint_and_task_preview_read_whole_at_80x24(api_data):
     task = api_data["catalog"]["datasets"][0]["tasks"][0]
     # The whole instruction, paragraphs and all, longer than the pane holds at 80×24: the rest is

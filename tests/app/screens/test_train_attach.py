@@ -38,6 +38,7 @@ def served(tmp_path: Path) -> Iterator[str]:
         yield process.url
 
 
+@pytest.mark.medium
 async def test_attached_tui_launches_a_recipe_on_the_server_sees_a_metric_and_stops_it(
         served: str, tmp_path: Path) -> None:
     from tapdeck.app.tui import TapdeckApp

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 from textual.widgets import DataTable, RichLog, Static
 
 from tapdeck.app.client import TapdeckClient
@@ -42,6 +43,7 @@ def _log(app: TapdeckApp) -> str:
     return "\n".join(line.text for line in app.screen.query_one("#train-log", RichLog).lines)
 
 
+@pytest.mark.medium
 async def test_train_lists_the_jobs_and_shows_the_highlighted_ones_log(api_data):
     app = _app(_with_cpu_grpo(api_data, "finished"))
     async with app.run_test(size=(80, 24)) as pilot:
@@ -86,6 +88,7 @@ async def test_a_running_job_not_shown_reads_ended_once_it_ends(api_data, monkey
         await until(pilot, lambda: jobs.get_row("train-0001")[2] == "finished", "the ended job's row")
 
 
+@pytest.mark.medium
 async def test_train_without_jobs_says_how_to_launch_one(api_data):
     recorded = api_data["train"]
     job = recorded["runs"]["runs"].pop()

@@ -38,6 +38,7 @@ async def _plot_lines(api_data: dict, size: tuple[int, int]) -> list[str]:
         return _screen_lines(app)
 
 
+@pytest.mark.medium
 @pytest.mark.parametrize("size", [(80, 24), (80, 30), (100, 40), (160, 48)])
 async def test_train_y_ticks_are_evenly_spaced_with_none_dropped(api_data, size):
     lines = await _plot_lines(api_data, size)

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
 from textual.app import App
 from textual.reactive import reactive
 from textual.widgets import Input, RichLog, Select, Static
@@ -46,6 +47,7 @@ class TrainOnlyApp(App[None]):
         return [(key_of(self, e.binding_id), e.mode, e.title) for e in SCREENS]
 
 
+@pytest.mark.medium
 async def test_train_screen_launches_data_check_on_the_server_and_plots_its_metrics(
         train_server: Any, tmp_path: Path) -> None:
     rows = write_export(tmp_path / "rows.jsonl")
@@ -83,6 +85,7 @@ async def test_train_screen_launches_data_check_on_the_server_and_plots_its_metr
     assert record["run_dir"].startswith(str(tmp_path / "data")) and record["argv"][-2:] == ["--rows", str(rows)]
 
 
+@pytest.mark.medium
 async def test_train_screen_refusal_is_shown_not_raised(train_server: Any, tmp_path: Path,
                                                         monkeypatch: Any) -> None:
     monkeypatch.setenv("TAPDECK_TRAIN_ENV", str(tmp_path / "no-train-env"))
@@ -101,6 +104,7 @@ async def test_train_screen_refusal_is_shown_not_raised(train_server: Any, tmp_p
     await client.aclose()
 
 
+@pytest.mark.medium
 async def test_train_screen_is_reachable_in_the_tapdeck_app_with_key_6(train_server: Any, tmp_path: Path) -> None:
     from tapdeck.app.tui import TapdeckApp
 

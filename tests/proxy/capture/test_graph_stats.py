@@ -7,6 +7,7 @@ import collections
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -94,6 +95,7 @@ def rollouts(draw: Any) -> tuple[list[Turn], list[int], list[int | None]]:
     return turns, list(order), demotions
 
 
+@pytest.mark.medium
 @settings(max_examples=150, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(rollouts())

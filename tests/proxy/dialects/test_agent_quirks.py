@@ -150,6 +150,7 @@ def test_dead_engine_gives_each_streaming_sdk_a_retryable_5xx_and_a_session_find
     assert any(f.startswith("[WARN] engine_unreachable: unreachable") for f in findings), findings
 
 
+@pytest.mark.medium
 def test_responses_error_after_the_stream_started_ends_in_response_failed(capture: CaptureServer,
                                                                          upstream: FakeVllm) -> None:
     # As OpenAI sends it: an `error` event, then `response.failed` (codex retries on it).
@@ -161,6 +162,7 @@ def test_responses_error_after_the_stream_started_ends_in_response_failed(captur
     assert events[-1].response.error.code == "server_error"
 
 
+@pytest.mark.medium
 @pytest.mark.parametrize("dialect", ["chat", "anthropic", "google"])
 def test_engine_error_after_the_stream_started_is_raised_by_each_sdk(capture: CaptureServer,
                                                                      upstream: FakeVllm,
@@ -176,6 +178,7 @@ def test_engine_error_after_the_stream_started_is_raised_by_each_sdk(capture: Ca
     assert "engine" in str(raised.value)
 
 
+@pytest.mark.medium
 def test_google_stream_error_after_start_is_a_bare_error_chunk(capture: CaptureServer,
                                                                upstream: FakeVllm) -> None:
     info = capture.open_session()

@@ -146,6 +146,7 @@ def test_a_store_that_cannot_write_is_a_retryable_503_saying_nothing_was_kept(
     assert capture.summary(info["id"])["turns"] == 1
 
 
+@pytest.mark.medium
 def test_a_call_cut_short_by_the_server_stopping_is_a_503_in_each_callers_own_envelope(
         tmp_path: Path) -> None:
     """A call still waiting on the engine when the server stops is cancelled after uvicorn's grace

@@ -8,11 +8,13 @@ import signal
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.support.fake_vllm import models_only_engine
 from tests.support.tapdeck_process import serve_process, wait_health
 
 
+@pytest.mark.medium
 def test_serve_logs_one_line_per_call_with_keys_redacted(tmp_path: Path, port_factory) -> None:
     port = port_factory()
     url = f"http://127.0.0.1:{port}"

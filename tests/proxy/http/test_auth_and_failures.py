@@ -300,6 +300,7 @@ def test_upstream_timeout_is_classified_and_cancels_nothing_else(upstream, tmp_p
         server.stop()
 
 
+@pytest.mark.medium
 def test_context_length_400_becomes_a_normal_stop_with_a_warning(upstream, make_server, admin_for):
     server = make_server(upstream.base_url)
     admin = admin_for(server)

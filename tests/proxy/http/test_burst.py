@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import httpx
+import pytest
 
 from tapdeck.proxy.config import DEFAULT_KEEP_ALIVE_S
 from tapdeck.proxy.http.uvicorn_thread import ThreadedServer
@@ -74,6 +75,7 @@ async def _rollout(client: httpx.AsyncClient, url: str, key: str, salt: int) -> 
     return failures
 
 
+@pytest.mark.medium
 def test_burst_of_concurrent_sessions_loses_no_call_and_captures_every_turn(make_server, admin_for):
     engine = FakeVllm(answer=ChainReplies()).start()
     try:
@@ -113,6 +115,7 @@ def _response(sock: socket.socket) -> bytes:
     return data
 
 
+@pytest.mark.medium
 def test_idle_client_connection_outlives_the_clients_own_keepalive(make_server):
     """httpx (so the openai and anthropic SDKs) keeps an idle connection 5 s; a server closing at
     the same moment races a client reusing it (a reset call). The server keeps it longer."""
@@ -132,6 +135,7 @@ def test_idle_client_connection_outlives_the_clients_own_keepalive(make_server):
         engine.stop()
 
 
+@pytest.mark.medium
 def test_two_serve_processes_share_one_batch_and_capture_every_turn(tmp_path, port_factory):
     """Scale-out: each `tapdeck serve` process has its own store; a session is pinned to the
     process that opened it (its key is only valid there), and the batch's calls are spread

@@ -283,6 +283,7 @@ def _streaming(body: dict[str, Any], route: tuple[str, str, str, bool]) -> dict[
 # ----------------------------------------------------------------------------- model routes
 
 
+@pytest.mark.medium
 @pytest.mark.parametrize("route", ROUTES, ids=[r[0] for r in ROUTES])
 @FUZZ
 @given(data=st.data())
@@ -384,6 +385,7 @@ def test_admin_routes_answer_fuzzed_input_with_4xx_details(fuzzed, clean_logs, d
     assert resp.status_code < 500 and "Traceback" not in resp.text, (path, resp.status_code, resp.text[:300])
 
 
+@pytest.mark.medium
 @FUZZ
 @given(raw=st.binary(max_size=64), how=st.sampled_from(["bytes", "oversized", "deep", "no-key"]))
 def test_admin_bodies_are_capped_and_keyed_before_reading(fuzzed, clean_logs, raw, how):

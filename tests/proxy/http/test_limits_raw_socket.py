@@ -126,6 +126,7 @@ def test_too_many_header_lines_are_a_431(server):
     assert "header lines" in _body(reply)["detail"] and "--max-headers" in _body(reply)["detail"]
 
 
+@pytest.mark.medium
 def test_a_head_sent_a_byte_at_a_time_is_a_408(server):
     """A byte every few hundred ms kept a connection open for good; the head's clock does not
     restart with each byte."""
@@ -169,6 +170,7 @@ def test_a_body_that_stops_short_is_a_408(server):
     assert "--body-timeout" in _body(reply)["detail"]
 
 
+@pytest.mark.medium
 def test_a_body_with_pauses_shorter_than_the_timeout_is_served(server):
     """The body timeout bounds each pause, not the whole body: one that takes longer than the
     timeout in all, but never pauses as long, is read to its end."""

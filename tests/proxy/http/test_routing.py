@@ -71,6 +71,7 @@ async def test_annotate_merges_metadata_and_publishes(upstream, tmp_path: Path):
     store.close()
 
 
+@pytest.mark.medium
 def test_two_sessions_on_two_engines_each_reach_their_own(upstream, embedded_engine, make_server,
                                                           admin_for):
     server = make_server(upstream.base_url)
@@ -88,6 +89,7 @@ def test_two_sessions_on_two_engines_each_reach_their_own(upstream, embedded_eng
     assert len(upstream.requests) == before + 1
 
 
+@pytest.mark.medium
 def test_count_tokens_is_answered_without_a_turn_and_needs_the_key(embedded_engine, make_server,
                                                                    admin_for):
     import anthropic

@@ -27,9 +27,9 @@ from tapdeck.app.host import LocalServer
 from tapdeck.proxy.config import ConfigError, ServerConfig, TlsFiles, check_tls, cleartext_warning
 from tapdeck.runner.recipes.admin_client import AdminClient, AdminError
 from tapdeck.schema.tls import server_trust
-from tests.support.ports import free_port
 from tests.support.fake_vllm import FakeVllm
 from tests.support.local_server import server_with_upstream
+from tests.support.ports import free_port
 
 STRONG_KEY = "Tls-Test-Admin-Key-4f9c2e7a1b3d5e8f0a2c"
 WAIT_S = 120
@@ -115,6 +115,7 @@ def test_a_client_without_the_ca_refuses_the_certificate(server):
         httpx.get(f"{server.url}/health", timeout=30)
 
 
+@pytest.mark.medium
 def test_attach_refuses_an_untrusted_certificate_and_goes_through_with_the_ca_file(server, tls, tmp_path):
     refused = asyncio.run(_check(server.url, server.admin_key, key_dir=None))
     assert refused is not None and "does not trust" in refused and "--ca-file" in refused
@@ -128,6 +129,7 @@ def test_attach_refuses_an_untrusted_certificate_and_goes_through_with_the_ca_fi
     assert result.returncode == 2 and "missing.pem" in last_line(result)
 
 
+@pytest.mark.medium
 def test_rollout_server_refuses_an_untrusted_certificate_and_goes_through_with_the_ca_file(server, tls, tmp_path):
     """Resuming a run the server does not have: with the CA the server's own 404 comes back, so
     the request went through; without it the certificate is refused first."""
@@ -142,6 +144,7 @@ def test_rollout_server_refuses_an_untrusted_certificate_and_goes_through_with_t
     assert "no run run-nonexistent on the server" in last_line(from_env), from_env.stderr
 
 
+@pytest.mark.medium
 def test_train_server_refuses_an_untrusted_certificate_and_goes_through_with_the_ca_file(server, tls, tmp_path):
     args = ("train", "--server", server.url, "--admin-key", server.admin_key, "--list")
     refused = tapdeck(*args, tmp=tmp_path)
@@ -231,6 +234,7 @@ def _serve_stderr(args: list[str], tmp: Path, engine_url: str) -> tuple[str, str
     return first + out, err
 
 
+@pytest.mark.medium
 def test_serve_beyond_loopback_without_tls_starts_and_says_what_is_in_the_clear(tmp_path, tls):
     up = FakeVllm().start()
     try:

@@ -14,11 +14,11 @@ from typing import Any
 import httpx
 import pytest
 
-from tapdeck.proxy.sessions import activity
+from tapdeck.proxy.capture.graph import RolloutGraph
 from tapdeck.proxy.config import ServerConfig
 from tapdeck.proxy.dialects.base import DialectError
 from tapdeck.proxy.dialects.stored_responses import StoredResponses
-from tapdeck.proxy.capture.graph import RolloutGraph
+from tapdeck.proxy.sessions import activity
 from tests.support.fake_vllm import FakeVllm
 from tests.support.local_server import running
 
@@ -39,6 +39,7 @@ def _responses(url: str, key: str, text: str, previous: str | None = None) -> ht
                       headers={"Authorization": f"Bearer {key}"})
 
 
+@pytest.mark.medium
 def test_closed_sessions_release_their_live_state(upstream: FakeVllm, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(activity, "CLOSED_KEPT", CLOSED_KEPT)

@@ -28,6 +28,7 @@ DEFAULT_POOL = min(32, (os.cpu_count() or 1) + 4)
 """asyncio's default executor size (what `asyncio.to_thread` runs on)."""
 
 
+@pytest.mark.medium
 def test_commits_complete_while_slow_exports_hold_every_reader_thread(
         upstream: FakeVllm, make_server: Any, admin_for: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     server = make_server(upstream.base_url)

@@ -87,6 +87,7 @@ def test_a_link_planted_in_the_data_dir_before_the_first_start_stops_the_start(
     assert (data / name).is_symlink()
 
 
+@pytest.mark.medium
 def test_serve_refuses_an_admin_key_link_in_one_line(tmp_path: Path, dead_engine_url: str) -> None:
     data = tmp_path / "data"
     target = plant(data / "admin.key")
@@ -205,6 +206,7 @@ def test_a_training_run_with_a_link_for_its_record_or_log_does_not_start(
     assert_untouched(target, dangling=True)
 
 
+@pytest.mark.medium
 @pytest.mark.parametrize("dangling", [False, True], ids=["to-a-file", "dangling"])
 def test_export_out_refuses_a_link_in_one_line(tmp_path: Path, dangling: bool) -> None:
     data = tmp_path / "data"
@@ -221,6 +223,7 @@ def test_export_out_refuses_a_link_in_one_line(tmp_path: Path, dangling: bool) -
     assert_untouched(target, dangling=dangling)
 
 
+@pytest.mark.medium
 def test_rollout_refuses_a_linked_server_log_before_starting_anything(tmp_path: Path) -> None:
     data = tmp_path / "data"
     target = plant(data / "rollout.log")

@@ -104,6 +104,7 @@ def data_dir(tmp_path: Path) -> Iterator[tuple[Path, bool]]:
             subprocess.run(["umount", "-l", str(where)], check=False)
 
 
+@pytest.mark.medium
 @pytest.mark.parametrize("kind", ["disk_full", "read_only", "locked"])
 def test_store_fault_answers_503_and_memory_matches_disk(kind: str, upstream: FakeVllm,
                                                          data_dir: tuple[Path, bool]) -> None:

@@ -96,6 +96,7 @@ def test_an_address_that_answers_without_a_model_listing_is_refused_with_its_ans
     assert f"GET {wrong_path}/models (HTTP 404)" in str(err.value)
 
 
+@pytest.mark.medium
 def test_serve_takes_every_address_form_as_its_default_engine(upstream, make_server, admin_for) -> None:
     for address in address_forms(upstream.base_url):
         server = make_server(address)
@@ -106,6 +107,7 @@ def test_serve_takes_every_address_form_as_its_default_engine(upstream, make_ser
     assert reply.json()["tier"] == "tokens"
 
 
+@pytest.mark.medium
 def test_session_bodies_take_every_address_form_and_say_where_they_settled(
         upstream, make_server, admin_for) -> None:
     server = make_server(upstream.base_url)
@@ -143,6 +145,7 @@ def test_a_server_naming_a_wrong_address_does_not_start_and_frees_its_port(
         sock.bind(("127.0.0.1", port))
 
 
+@pytest.mark.medium
 @pytest.mark.parametrize("command", [["serve", "--port", "0"], ["tui"], ["rollout", "--harness", "terminus-2"]])
 def test_commands_refuse_a_wrong_engine_address_in_one_line(
         command: list[str], tmp_path: Path, dead_engine_url: str) -> None:

@@ -149,6 +149,7 @@ def test_engine_hang_past_the_timeout_frees_its_slot(upstream, make_server, admi
     assert server.service._sessions[info["id"]].in_flight == 0
 
 
+@pytest.mark.medium
 def test_client_leaving_mid_stream_keeps_the_turn_and_leaks_nothing(upstream, make_server, admin_for):
     server = make_server(upstream.base_url)
     admin = admin_for(server)
@@ -227,6 +228,7 @@ def test_a_tapdeck_failure_after_the_engine_answered_is_a_500_in_the_callers_dia
     assert "render broke" in caplog.text
 
 
+@pytest.mark.medium
 def test_a_tapdeck_failure_before_the_turn_is_recorded_ends_a_started_stream_with_an_error_event(
         upstream, make_server, admin_for, monkeypatch):
     # The engine is slower than the stream's hold, so the stream has started (200, a keepalive)

@@ -13,8 +13,7 @@ import pytest
 
 from tapdeck.runner.engine import model_file
 from tapdeck.runner.engine.model import _meta
-from tapdeck.runner.engine.model_file import (ModelConversionError, default_model_path,
-                                              shipped_model_path)
+from tapdeck.runner.engine.model_file import ModelConversionError, default_model_path, shipped_model_path
 
 
 @pytest.fixture
@@ -24,6 +23,7 @@ def models_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return folder
 
 
+@pytest.mark.medium
 def test_first_use_converts_the_shipped_file_to_f16_once_keyed_by_name_size_and_version(
         models_dir: Path) -> None:
     import llama_cpp

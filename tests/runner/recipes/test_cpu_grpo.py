@@ -106,6 +106,7 @@ def test_redraws_stop_at_the_limit_and_keep_the_last_draw() -> None:
     assert group == flat[2] and len(rollouts.submitted) == 3
 
 
+@pytest.mark.medium
 def test_cpu_grpo_refuses_a_task_the_dataset_lacks_before_loading_its_model(train_server: Any,
                                                                            tmp_path: Path) -> None:
     import sys

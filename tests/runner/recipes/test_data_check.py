@@ -26,6 +26,7 @@ def _by_step(points):
     return out
 
 
+@pytest.mark.medium
 def test_data_check_logs_grpo_advantages_readable_by_the_reader(tmp_path: Path, export_file: Path) -> None:
     lines: list[str] = []
     job = TrainingRun("data-check", ["--rows", str(export_file)], data_dir=tmp_path, run_id="t-dc",
@@ -134,6 +135,7 @@ def test_data_check_writes_no_output_file_through_a_link(tmp_path: Path, export_
     assert victim.read_text() == "not tapdeck's\n"
 
 
+@pytest.mark.medium
 def test_data_check_reads_a_parquet_export_as_it_reads_the_jsonl(tmp_path: Path, export_file: Path) -> None:
     from tapdeck.proxy.capture.export import write_parquet
 

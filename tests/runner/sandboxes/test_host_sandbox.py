@@ -637,6 +637,7 @@ asyncio.run(main(*sys.argv[1:]))
 '''
 
 
+@pytest.mark.medium
 async def test_the_trial_folders_a_killed_process_left_are_removed_when_the_next_trial_starts(
         tmp_path: Path) -> None:
     (tmp_path / "hostdirs").mkdir()
@@ -741,6 +742,7 @@ def test_a_task_whose_compose_file_starts_other_services_is_refused_naming_them(
         _sandbox(tmp_path)
 
 
+@pytest.mark.medium
 async def test_trials_cut_off_from_the_network_each_serve_the_same_port_on_their_own_loopback(
         tmp_path: Path) -> None:
     # On the host's network two trials serving one fixed port collide (the second's verifier then
