@@ -225,7 +225,7 @@ def register(app: typer.Typer) -> None:
         except EngineAddressError as exc:
             typer.echo(f"tapdeck rollout: {exc}", err=True)
             raise typer.Exit(EXIT_USAGE if exc.status == 400 else EXIT_COULD_NOT_RUN) from None
-        except Exception as exc:  # a clear line, not a traceback
+        except Exception as exc:  # noqa: BLE001 - any start failure: a clear line, not a traceback
             typer.echo(f"tapdeck rollout: could not start a local server: {exc}", err=True)
             raise typer.Exit(EXIT_COULD_NOT_RUN) from None
         with _server_logs_to(log):

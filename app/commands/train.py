@@ -99,7 +99,7 @@ def register(app: typer.Typer) -> None:
                 raise typer.Exit(2) from None
             try:
                 local = LocalServer(config).start()
-            except Exception as exc:  # a clear line, not a traceback
+            except Exception as exc:  # noqa: BLE001 - any start failure: a clear line, not a traceback
                 typer.echo(f"tapdeck train: could not start a local server: {exc}", err=True)
                 raise typer.Exit(1) from None
             base, key, trust = local.url, local.admin_key, local.client_trust

@@ -257,7 +257,7 @@ class Store:
                     db.execute("SAVEPOINT write")
                     try:
                         item.result = item.op(db)
-                    except Exception as exc:
+                    except Exception as exc:  # noqa: BLE001 - the write's own error, handed to its caller
                         db.execute("ROLLBACK TO write")
                         item.error = exc
                     db.execute("RELEASE write")
