@@ -154,7 +154,8 @@ def completion_as_chat(reply: Mapping[str, Any], top_k: int,
     if legacy is not None:
         tops = legacy.get("top_logprobs") or []
         content = []
-        for i, (tok, lp) in enumerate(zip(legacy.get("tokens") or [], legacy.get("token_logprobs") or [])):
+        for i, (tok, lp) in enumerate(zip(legacy.get("tokens") or [], legacy.get("token_logprobs") or [],
+                                          strict=False)):
             alts = tops[i] if i < len(tops) and isinstance(tops[i], Mapping) else {}
             # The legacy map holds the sampled token and the k best; the chat route lists the k best.
             best = sorted(alts.items(), key=lambda kv: -kv[1])[:top_k]

@@ -171,7 +171,7 @@ def test_every_acknowledged_turn_survives_kill_9(tmp_path):
     _, turns = Store(path).load_session("live")
     got = {t.seq: len(t.prompt_ids) for t in turns}
     assert all(got.get(s) == n for s, n in acked.items())
-    for a, b in zip(turns, turns[1:]):  # every stored prompt extends the previous exactly
+    for a, b in zip(turns, turns[1:], strict=False):  # every stored prompt extends the previous exactly
         assert np.array_equal(b.prompt_ids[: len(a.prompt_ids)], a.prompt_ids)
 
 
