@@ -68,6 +68,8 @@ COMPLETION_KEYS = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty"
                    "stop_token_ids", "ignore_eos", "include_stop_str_in_output",
                    "skip_special_tokens", "min_tokens")
 """Sampling fields that carry over from the prepared chat body to the completion request."""
+NO_LOCK = nullcontext()
+"""`plan`'s lock when the caller has none (a nullcontext is reusable)."""
 
 
 class BoundaryError(Exception):
@@ -242,7 +244,7 @@ class TokenIn:
 
     async def plan(self, graph: RolloutGraph, request: Mapping[str, Any],
                    upstream: Mapping[str, Any],
-                   lock: AbstractContextManager[Any] = nullcontext(),
+                   lock: AbstractContextManager[Any] = NO_LOCK,
                    offload: Callable[..., Awaitable[Any]] = asyncio.to_thread) -> Plan:
         """Token-in when `request` (the harness's messages) extends a held turn, else text.
 
