@@ -17,10 +17,10 @@ import httpx
 import openai
 import pytest
 
-pytestmark = pytest.mark.slow
-
 from tests.support.fake_vllm import FakeVllm, continues_a_conversation
 from tests.support.tapdeck_process import TAPDECK, serve_process, wait_health
+
+pytestmark = pytest.mark.slow
 
 
 def test_kill_9_mid_rollout_loses_no_replied_turn(upstream: FakeVllm, tmp_path: Path, port_factory):
