@@ -22,7 +22,7 @@ def show_rows(table: DataTable, rows: dict[str, tuple[str, ...]]) -> None:
     if [row.key.value for row in table.ordered_rows] == list(rows):
         columns = [column.key for column in table.ordered_columns]
         for row_key, cells in rows.items():
-            for column, cell, before in zip(columns, cells, table.get_row(row_key)):
+            for column, cell, before in zip(columns, cells, table.get_row(row_key), strict=False):
                 if cell != before:
                     table.update_cell(row_key, column, cell, update_width=True)
         return

@@ -108,7 +108,7 @@ def main() -> None:
           f"for a prompt {last[1] / first[1]:.0f}x longer; retained memory ratio "
           f"{last[3] / max(first[3], 1):.2f}")
     print(f"median add over all turns: {statistics.median(untraced.values()) * 1e3:.3f} ms; "
-          f"store file {db_size / 1e6:.2f} MB for {sum(len(t.sampled_ids) for t in turns) + len(turns[0].prompt_ids) + sum(len(t.prompt_ids) - len(p.prompt_ids) - len(p.sampled_ids) for p, t in zip(turns, turns[1:]))} unique tokens")
+          f"store file {db_size / 1e6:.2f} MB for {sum(len(t.sampled_ids) for t in turns) + len(turns[0].prompt_ids) + sum(len(t.prompt_ids) - len(p.prompt_ids) - len(p.sampled_ids) for p, t in zip(turns, turns[1:], strict=False))} unique tokens")
 
     # Same longest prompt, varying new tokens.
     print("\none extra turn after the longest prompt, varying new tokens")

@@ -244,7 +244,7 @@ def _run_installer(package: AgentPackage, target: Path, scratch: Path,
         steps = [["npm", "install", "--prefix", str(target), "--no-audit", "--no-fund",
                   "--loglevel=http", package.spec]]
     else:
-        python = _python312()
+        python = sys.executable  # tapdeck's own, >= 3.12 (requires-python), as mini-swe-agent needs
         venv = target / "venv"
         steps = [[python, "-m", "venv", str(venv)],
                  [str(venv / "bin" / "python"), "-m", "pip", "install", "--progress-bar", "off",
@@ -252,16 +252,6 @@ def _run_installer(package: AgentPackage, target: Path, scratch: Path,
     deadline = time.monotonic() + timeout_s
     for argv in steps:
         _stream(argv, env, scratch, say, deadline, package)
-
-
-def _python312() -> str:
-    """A Python >= 3.12 for mini-swe-agent's venv: this interpreter when it is one."""
-    if sys.version_info >= (3, 12):
-        return sys.executable
-    for candidate in ("python3.14", "python3.13", "python3.12"):
-        if found := shutil.which(candidate):
-            return found
-    raise InstallError("mini-swe-agent needs Python 3.12 or newer, and none was found")
 
 
 def _stream(argv: list[str], env: dict[str, str], cwd: Path, say: Callable[[str], None],

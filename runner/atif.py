@@ -62,7 +62,7 @@ def load_trajectory(path: Path) -> tuple[dict[str, Any] | None, Finding | None]:
         return None, Finding.warn("atif_unreadable", f"{path}: {exc}")
     try:
         harbor_api.Trajectory.model_validate(data)
-    except Exception as exc:  # pydantic's ValidationError, or Harbor missing
+    except Exception as exc:  # noqa: BLE001 - pydantic's ValidationError, or Harbor missing
         return data if isinstance(data, dict) else None, Finding.warn(
             "atif_invalid", f"{path} does not validate as ATIF: {str(exc).splitlines()[0]}")
     return data, None

@@ -371,7 +371,7 @@ class BatchRunner:
                 t.cancel()
             # Let started rollouts record their cancelled results and tear their sandboxes down.
             await asyncio.shield(asyncio.gather(*tasks, return_exceptions=True))
-        except Exception as exc:  # a bug in the batch machinery itself: say so on the run
+        except Exception as exc:  # noqa: BLE001 - a bug in the batch machinery itself: say so on the run
             state = "failed"
             run.error = f"{type(exc).__name__}: {exc}"
             for t in tasks:
@@ -536,7 +536,7 @@ class BatchRunner:
                 continue
             try:
                 trace = service.training_trace(result.session_id)
-            except Exception as exc:  # eval tier (409); a missing session was refused above
+            except Exception as exc:  # noqa: BLE001 - eval tier (409); a missing session was refused above
                 skipped[result.rollout_id] = str(exc)
                 continue
             # The result's fields last: its reward is the run's verdict (null: never graded),

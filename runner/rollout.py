@@ -403,7 +403,7 @@ def _preflight(environment: Any) -> None:
         factory.run_preflight(environment.type, environment.import_path)
     except SystemExit as exc:
         raise RolloutSetupError("sandbox_failed", f"sandbox preflight failed: {exc}") from None
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever the preflight raises, the sandbox failed
         raise RolloutSetupError("sandbox_failed", f"sandbox preflight failed: "
                                                   f"{type(exc).__name__}: {exc}") from None
 

@@ -202,7 +202,7 @@ def register(app: typer.Typer) -> None:
         except EngineAddressError as exc:
             raise CommandError(EXIT_USAGE if exc.status == 400 else EXIT_COULD_NOT_RUN,
                                f"tapdeck rollout: {exc}") from None
-        except Exception as exc:  # a clear line, not a traceback
+        except Exception as exc:  # noqa: BLE001 - any start failure: a clear line, not a traceback
             raise CommandError(EXIT_COULD_NOT_RUN,
                                f"tapdeck rollout: could not start a local server: {exc}") from None
         with _server_logs_to(log):

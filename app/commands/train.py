@@ -93,7 +93,7 @@ def register(app: typer.Typer) -> None:
                 raise CommandError(EXIT_USAGE, f"tapdeck train: {validation_line(exc)}") from None
             try:
                 local = LocalServer(config).start()
-            except Exception as exc:  # a clear line, not a traceback
+            except Exception as exc:  # noqa: BLE001 - any start failure: a clear line, not a traceback
                 raise CommandError(EXIT_COULD_NOT_RUN,
                                    f"tapdeck train: could not start a local server: {exc}") from None
             base, key, trust = local.url, local.admin_key, local.client_trust

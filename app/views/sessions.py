@@ -266,5 +266,6 @@ def diff_rows(old: Mapping[str, tuple], new: Mapping[str, tuple]) -> RowDiff:
         if before is None:
             added.append((key, row))
             continue
-        changed.extend((key, i, cell) for i, (cell, prev) in enumerate(zip(row, before)) if cell != prev)
+        changed.extend((key, i, cell) for i, (cell, prev) in enumerate(zip(row, before, strict=False))
+                       if cell != prev)
     return RowDiff(removed, added, changed)

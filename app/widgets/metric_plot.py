@@ -83,7 +83,7 @@ class MetricPlot(PlotextPlot):
         plt.clear_data()
         plt.clear_figure()
         for label, points in self.series.items():
-            xs, ys = zip(*points)
+            xs, ys = zip(*points, strict=True)
             plt.plot(list(xs), list(ys), marker="braille", label=label)
         if self.series:
             ticks, top = y_axis([y for points in self.series.values() for _, y in points], rows)

@@ -90,7 +90,7 @@ class Interner:
         if before.keys and whole.startswith(head) and whole[len(head):len(head) + 1] in (b",", b"]"):
             return len(before.keys)
         shared = 0
-        for item, sent in zip(items, before.objects):
+        for item, sent in zip(items, before.objects, strict=False):
             if orjson.dumps(item, option=_EXACT) != orjson.dumps(sent, option=_EXACT):
                 break
             shared += 1

@@ -120,7 +120,7 @@ class CallPipeline:
                                               until_disconnect, access)
         except ProxyError as exc:  # every refusal, in the caller's own dialect
             return render_error(dialect, exc)
-        except Exception as exc:  # a tapdeck bug: still an answer the caller's SDK can read
+        except Exception as exc:  # noqa: BLE001 - a tapdeck bug: still an answer the caller's SDK can read
             return render_error(dialect, _internal_error(exc, access))
 
     async def _model_call(self, session: LiveSession, dialect: Dialect, path: str,
@@ -194,7 +194,7 @@ class CallPipeline:
                     return list(dialect.render_stream(reply, req))
             except ProxyError as exc:
                 failure = exc
-            except Exception as exc:  # a tapdeck bug, in the capture or the rendering
+            except Exception as exc:  # noqa: BLE001 - a tapdeck bug, in the capture or the rendering
                 failure = _internal_error(exc, access)
             access.error = f"{failure.kind}/{failure.status}-in-stream"
             return render_stream_error(dialect, failure)

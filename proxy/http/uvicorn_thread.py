@@ -55,6 +55,8 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 STOPPING_MESSAGE = "the tapdeck server is stopping; retry once it is back"
 """What a request the server cut short as it stopped is told (the client may retry it)."""
+DEFAULT_LIMITS = ConnectionLimits()
+"""The limits a server is held to unless it is given its own (frozen: one instance serves all)."""
 
 
 def stopping_error() -> ProxyError:
@@ -91,7 +93,7 @@ class ThreadedServer:
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *,
                  name: str = "tapdeck-http", loop: Literal["asyncio", "uvloop"] = "asyncio",
                  on_shutdown: Callable[[], None] | None = None,
-                 limits: ConnectionLimits = ConnectionLimits(), tls: TlsFiles | None = None) -> None:
+                 limits: ConnectionLimits = DEFAULT_LIMITS, tls: TlsFiles | None = None) -> None:
         self.app = app
         self.limits = limits
         self.tls = tls

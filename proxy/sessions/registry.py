@@ -245,7 +245,7 @@ class SessionRegistry:
         # fault is logged, never raised: the value holds in memory, only its record is lost.
         try:
             self.store.update_session(session.id, **{field: session.record[field]})
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any store fault: logged, the value kept in memory
             log.warning("session %s: %s not stored (%s)", session.id, field, exc)
 
     async def add_finding(self, session: LiveSession, finding: Finding) -> None:

@@ -258,7 +258,7 @@ class Store:
                     db.execute("SAVEPOINT write")
                     try:
                         item.result = item.op(db)
-                    except Exception as exc:
+                    except Exception as exc:  # noqa: BLE001 - the write's own error, handed to its caller
                         db.execute("ROLLBACK TO write")
                         item.error = exc
                     db.execute("RELEASE write")
@@ -355,7 +355,7 @@ class Store:
         for name, names in keys.items():
             shared = common_prefix(names, held.get(name, []))
             request[name] = {"base": base, "keep": shared, "add": names[shared:]} if shared else names
-            for key, value in zip(names[shared:], lists[name][shared:]):
+            for key, value in zip(names[shared:], lists[name][shared:], strict=True):
                 if key not in stored and key not in new_bodies:
                     new_bodies[key] = _dumps(value)
         doc = {

@@ -127,7 +127,7 @@ def _run(job: _Job) -> None:
         return
     try:
         result, error = fn(*args, **kwargs), None
-    except BaseException as exc:
+    except BaseException as exc:  # noqa: BLE001 - every outcome is handed to the caller's future
         result, error = None, exc
     try:
         loop.call_soon_threadsafe(_settle, done, result, error)

@@ -106,7 +106,7 @@ def read_markers(reply: Mapping[str, Any]) -> Markers:
     tokens, strs = reply.get("tokens"), reply.get("token_strs")
     if not isinstance(tokens, list) or not isinstance(strs, list) or len(tokens) != len(strs):
         return Markers(False, {}, "/tokenize gave no token_strs")
-    single = {s: t for t, s in zip(tokens, strs) if isinstance(s, str) and type(t) is int}
+    single = {s: t for t, s in zip(tokens, strs, strict=True) if isinstance(s, str) and type(t) is int}
     found = {family: (single[o], single[c]) for family, (o, c) in MARKER_FAMILIES.items()
              if o in single and c in single and single[o] != single[c]}
     return Markers(True, found)

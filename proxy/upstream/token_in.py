@@ -67,6 +67,8 @@ COMPLETION_KEYS = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty"
                    "stop_token_ids", "ignore_eos", "include_stop_str_in_output",
                    "skip_special_tokens", "min_tokens")
 """Sampling fields that carry over from the prepared chat body to the completion request."""
+NO_LOCK = nullcontext()
+"""`plan`'s lock when the caller has none (a nullcontext is reusable)."""
 
 
 class BoundaryError(Exception):
@@ -153,7 +155,8 @@ def completion_as_chat(reply: Mapping[str, Any], top_k: int,
     if legacy is not None:
         tops = legacy.get("top_logprobs") or []
         content = []
-        for i, (tok, lp) in enumerate(zip(legacy.get("tokens") or [], legacy.get("token_logprobs") or [])):
+        for i, (tok, lp) in enumerate(zip(legacy.get("tokens") or [], legacy.get("token_logprobs") or [],
+                                          strict=False)):
             alts = tops[i] if i < len(tops) and isinstance(tops[i], Mapping) else {}
             # The legacy map holds the sampled token and the k best; the chat route lists the k best.
             best = sorted(alts.items(), key=lambda kv: -kv[1])[:top_k]
@@ -240,7 +243,7 @@ class TokenIn:
 
     async def plan(self, graph: RolloutGraph, request: Mapping[str, Any],
                    upstream: Mapping[str, Any],
-                   lock: AbstractContextManager[Any] = nullcontext(),
+                   lock: AbstractContextManager[Any] = NO_LOCK,
                    offload: Callable[..., Awaitable[Any]] = asyncio.to_thread) -> Plan:
         """Token-in when `request` (the harness's messages) extends a held turn, else text.
 

@@ -105,7 +105,7 @@ class EngineCore:
                             emit(StreamEvent(index, step=step))
                     if emit is not None:
                         emit(StreamEvent(index, choice=gen.choice))
-            except BaseException as exc:  # handed to the waiting request, which re-raises it
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting request, which re-raises it
                 done(exc)
                 return
             done([g.choice for g in gens])

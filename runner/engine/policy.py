@@ -152,7 +152,8 @@ class PolicyModel:
             raise ValueError("cannot evaluate an empty prompt")
         ids = [int(t) for t in ids]
         keep = 0
-        for a, b in zip(self._ids, ids[:-1]):  # at least one token is evaluated: it gives the logits
+        # At least one token is evaluated: it gives the logits.
+        for a, b in zip(self._ids, ids[:-1], strict=False):
             if a != b:
                 break
             keep += 1

@@ -10,7 +10,7 @@ import json
 import secrets
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -36,11 +36,10 @@ from tapdeck.runner.engine.protocol import (
 from tapdeck.runner.engine.template import TemplateError
 from tapdeck.proxy.upstream.toolcalls import START as TOOL_START
 
-_Req = TypeVar("_Req", bound=BaseModel)
 SSE_TYPE = "text/event-stream; charset=utf-8"
 
 
-async def _parse(request: Request, model_cls: type[_Req]) -> _Req:
+async def _parse[Req: BaseModel](request: Request, model_cls: type[Req]) -> Req:
     raw = await request.body()
     try:
         data = json.loads(raw)

@@ -80,7 +80,7 @@ def chat_choice(index: int, choice: Choice, namer: TokenNamer, *, logprobs: bool
         "index": index,
         "message": chat_message(content, tool_calls),
         "logprobs": {"content": [namer.entry(t, lp, top, top_k) for t, lp, top
-                                 in zip(choice.token_ids, choice.logprobs, choice.tops)]}
+                                 in zip(choice.token_ids, choice.logprobs, choice.tops, strict=True)]}
         if logprobs else None,
         "finish_reason": finish_reason,
         "stop_reason": choice.stop_reason,
@@ -161,7 +161,7 @@ def legacy_logprobs(choice: Choice, namer: TokenNamer, k: int) -> dict[str, Any]
     """
     offsets, tokens, tops = [], [], []
     pos = 0
-    for t, top in zip(choice.token_ids, choice.tops):
+    for t, top in zip(choice.token_ids, choice.tops, strict=True):
         offsets.append(pos)
         pos += len(namer.texts[t])
         tokens.append(namer.name(t))

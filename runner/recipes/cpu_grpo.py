@@ -95,7 +95,7 @@ def sample_from_rollout(doc: dict[str, Any]) -> tuple[dict[str, list], int]:
         raise ValueError("no trained token")
     first = mask.index(1)
     logprobs = [float(lp) if m and lp is not None else 0.0
-                for lp, m in zip(best["logprobs"][first:], mask[first:])]
+                for lp, m in zip(best["logprobs"][first:], mask[first:], strict=False)]
     return ({"prompt_ids": list(ids[:first]), "completion_ids": list(ids[first:]),
              "env_mask": list(mask[first:]), "logprobs": logprobs}, len(agents))
 
@@ -496,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
             after = weight_fingerprint(model)
             check["tensors_changed"] = sum(before[n] != after[n] for n in before)
             check["tensors"] = len(before)
-            diff = lambda a, b: max(abs(x - y) for x, y in zip(check[a], check[b]))  # noqa: E731
+            diff = lambda a, b: max(abs(x - y) for x, y in zip(check[a], check[b], strict=True))  # noqa: E731
             check["engine_vs_trainer_after"] = diff("engine_after", "trainer_after")
             check["engine_vs_trainer_before"] = diff("engine_before", "trainer_before")
             check["engine_change"] = diff("engine_after", "engine_before")

@@ -391,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
                 for finding in r.findings:
                     print(f"data-check: INVALID rollout {r.rollout_id}: {finding}")
             advantages = group_advantages([r.reward for r in valid])
-            for r, a in zip(valid, advantages):
+            for r, a in zip(valid, advantages, strict=True):
                 r.advantage = a
             scored = [r.reward for r in valid if r.reward is not None]
             unscorable = not scored

@@ -37,7 +37,7 @@ def test_held_port_is_a_clear_error_naming_it(upstream, tmp_path: Path):
 def test_failed_later_start_step_frees_the_port(upstream, tmp_path: Path, port_factory):
     port = port_factory()
     (tmp_path / "capture.db").mkdir()  # the store cannot open a directory: a late start failure
-    with pytest.raises(Exception):
+    with pytest.raises(IsADirectoryError):
         LocalServer(ServerConfig(port=port, data_dir=tmp_path, engine_url=upstream.base_url)).start()
     bind_socket("127.0.0.1", port).close()
 

@@ -540,7 +540,8 @@ async def test_sessions_detail_indents_continuation_lines_of_a_multi_line_field(
         observation_rows = {}
         for width in (80, 110):  # (from 120 columns the pane sits beside a wider table)
             await pilot.resize_terminal(width, 24)
-            await until(pilot, lambda: text.size.width == width - 4, f"the pane at {width} columns")
+            await until(pilot, lambda width=width: text.size.width == width - 4,
+                        f"the pane at {width} columns")
             rows = [text.render_line(y).text.rstrip() for y in range(text.size.height)]
             assert [row[:14].strip() for row in rows if row[:14].strip()] == [
                 "rollout", "in flight", "calls", "assistant", "observation", "finding", "finding"], rows

@@ -1,5 +1,8 @@
 """Fixtures for the runner's tests: a real tapdeck server (proxy + store + runner routes) on the
-embedded engine in this process, and the training environment's python.
+embedded engine in this process, and the training environment's python. For the agent binaries, a
+scripted engine with a capture server in front (`scripted`, `upstream`, `capture`, from
+tests/support/capture_server.py): here `upstream` is that shared engine, reset after each test, not
+the fresh one per test of tests/conftest.py.
 
 Runs execute on the server's runner loop (an asyncio loop on a thread of its own), so tests drive
 them only through the HTTP admin API, exactly as the CLI and the TUI do.
@@ -13,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.capture_server import capture, scripted, upstream  # noqa: F401  (fixtures)
 from tests.support.runner_server import RunnerServer, runner_server_on
 
 

@@ -26,7 +26,7 @@ from tapdeck.runner import agent_install
 from tapdeck.runner.cli_agents import AGENT_ROOT, CLI_AGENTS, HOME_DIRS
 from tapdeck.runner.rollout_settings import FIRST_PROMPT_TOKENS
 from tests.support.agent_clis import installed_or_skip, scripted_agent_reply
-from tests.support.capture_server import CaptureServer, capture, scripted, upstream  # noqa: F401  (fixtures)
+from tests.support.capture_server import CaptureServer
 from tests.support.fake_vllm import FakeVllm
 from tests.support.vllm_recordings import vllm_fixture, vllm_reply_to
 

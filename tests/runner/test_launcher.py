@@ -89,7 +89,8 @@ def test_stop_kills_the_whole_process_group(tmp_path: Path, fake_recipe) -> None
     recipe, env = fake_recipe
     child: list[int] = []
     job = TrainingRun(recipe, ["hang"], data_dir=tmp_path, run_id="t-stop", extra_env=env,
-                      on_line=lambda l: child.append(int(l.split()[1])) if l.startswith("child ") else None)
+                      on_line=lambda line: (child.append(int(line.split()[1]))
+                                            if line.startswith("child ") else None))
     job.start()
     while not child:  # the recipe reports its child before it waits
         assert job._finished.is_set() is False, job.log_path.read_text()
@@ -138,7 +139,8 @@ def test_stop_records_the_run_when_an_escaped_child_keeps_its_output_open(
     recipe, env = fake_recipe
     child: list[int] = []
     job = TrainingRun(recipe, ["escape"], data_dir=tmp_path, run_id="t-escape", extra_env=env,
-                      on_line=lambda l: child.append(int(l.split()[1])) if l.startswith("child ") else None)
+                      on_line=lambda line: (child.append(int(line.split()[1]))
+                                            if line.startswith("child ") else None))
     job.start()
     try:
         while not child:

@@ -58,7 +58,7 @@ async def test_rollout_header_wraps_between_phrases_at_80_columns(api_data):
         await _rollout_open(api_data, pilot)
         for selector in ("#rollout-header", "#turn-header"):
             header = app.screen.query_one(selector)
-            await until(pilot, lambda: _drawn(app, header)[0].strip(), f"{selector} drawn")
+            await until(pilot, lambda header=header: _drawn(app, header)[0].strip(), f"{selector} drawn")
             lines = _drawn(app, header)
             width = header.content_region.width
             for phrase in str(header.render()).split(" · "):

@@ -44,8 +44,8 @@ async def test_train_y_ticks_are_evenly_spaced_with_none_dropped(api_data, size)
     lines = await _plot_lines(api_data, size)
     ticks = [(row, float(m[1])) for row, line in enumerate(lines) if (m := Y_LABEL.match(line))]
     assert len(ticks) >= 3, lines
-    row_gaps = {b[0] - a[0] for a, b in zip(ticks, ticks[1:])}
-    value_gaps = {round(a[1] - b[1], 6) for a, b in zip(ticks, ticks[1:])}
+    row_gaps = {b[0] - a[0] for a, b in zip(ticks, ticks[1:], strict=False)}
+    value_gaps = {round(a[1] - b[1], 6) for a, b in zip(ticks, ticks[1:], strict=False)}
     assert len(row_gaps) == 1 and len(value_gaps) == 1, (ticks, "\n".join(lines))
     # The recorded reward is 0 at every step: a flat series sits on a tick of its own.
     assert 0.0 in [value for _, value in ticks]

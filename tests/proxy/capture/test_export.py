@@ -55,7 +55,7 @@ def test_every_trace_turn_carries_its_own_prompt_ids():
     trace = training_trace(SESSION, graph_of(turns), "tokens")
     assert trace["schema_version"] == 1
     assert [e["node_id"] for e in trace["turns"]] == ["0", "1", "2"]
-    for e, t in zip(trace["turns"], turns):
+    for e, t in zip(trace["turns"], turns, strict=True):
         assert e["prompt_token_ids"] == t.prompt_ids.tolist()
         assert e["completion_token_ids"] == t.sampled_ids.tolist()
         assert e["per_token_logps"] == t.logprobs.tolist()
@@ -91,7 +91,7 @@ def test_rollout_document_sequences_mask_context_and_carry_findings():
     [s] = doc["sequences"]
     assert s["input_ids"] == turns[1].prompt_ids.tolist() + turns[1].sampled_ids.tolist()
     assert len(s["input_ids"]) == len(s["loss_mask"]) == len(s["logprobs"])
-    for i, (m, lp) in enumerate(zip(s["loss_mask"], s["logprobs"])):
+    for i, (m, lp) in enumerate(zip(s["loss_mask"], s["logprobs"], strict=True)):
         assert m == 1 or lp == 0.0, i
     injected = len(turns[0].prompt_ids) + len(turns[0].sampled_ids)  # the unsampled <|im_end|>
     assert s["input_ids"][injected] == 2 and s["loss_mask"][injected] == 0

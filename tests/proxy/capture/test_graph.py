@@ -108,7 +108,7 @@ def test_linking_an_extending_call_hashes_only_its_new_tokens(monkeypatch):
                         lambda ids, *a, **k: hashed.append(ids.size) or real(ids, *a, **k))
     turns = _agent_loop(20)
     g = RolloutGraph()
-    for prev, t in zip([None, *turns], turns):
+    for prev, t in zip([None, *turns], turns, strict=False):
         hashed.clear()
         g.add(t)
         new = t.prompt_ids.size - (prev.prompt_ids.size + prev.sampled_ids.size if prev else 0)
@@ -177,7 +177,7 @@ def test_retokenized_edge_splits_sequences_without_concatenating_ids():
     g, _ = build(turns)
     seqs = g.sequences()
     assert [s.nodes for s in seqs] == [[0], [1], [2]]
-    for s, t in zip(seqs, turns):
+    for s, t in zip(seqs, turns, strict=True):
         assert np.array_equal(s.input_ids, np.concatenate([t.prompt_ids, t.sampled_ids]))
         assert s.loss_mask[: len(t.prompt_ids)].sum() == 0
         assert s.loss_mask[len(t.prompt_ids):].all()

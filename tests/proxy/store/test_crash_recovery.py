@@ -17,10 +17,10 @@ import httpx
 import openai
 import pytest
 
-pytestmark = pytest.mark.slow
-
 from tests.support.fake_vllm import FakeVllm, continues_a_conversation
 from tests.support.tapdeck_process import TAPDECK, serve_process, wait_health
+
+pytestmark = pytest.mark.slow
 
 
 def test_kill_9_mid_rollout_loses_no_replied_turn(upstream: FakeVllm, tmp_path: Path, port_factory):
@@ -54,7 +54,7 @@ def test_kill_9_mid_rollout_loses_no_replied_turn(upstream: FakeVllm, tmp_path: 
                 reply = client.chat.completions.create(model="m", messages=messages, max_tokens=64,
                                                        temperature=0)
                 replied.append((reply.id, reply.choices[0].message.content))
-            except BaseException as exc:  # the server dies under it
+            except BaseException as exc:  # noqa: BLE001 - the server dies under it: the test reads it
                 in_flight_error.append(exc)
 
         thread = threading.Thread(target=third_call)

@@ -116,7 +116,7 @@ def test_concurrent_appends_from_threads(tmp_path):
             for i in range(20):
                 t = dataclasses.replace(base, session_id=sid, seq=i)
                 store.append_turn(t, g.add(t))
-        except Exception as exc:  # surfaced below
+        except Exception as exc:  # noqa: BLE001 - any thread's error is surfaced below
             errors.append(exc)
 
     threads = [threading.Thread(target=worker, args=(f"s{i}",)) for i in range(4)]
@@ -171,7 +171,7 @@ def test_every_acknowledged_turn_survives_kill_9(tmp_path):
     _, turns = Store(path).load_session("live")
     got = {t.seq: len(t.prompt_ids) for t in turns}
     assert all(got.get(s) == n for s, n in acked.items())
-    for a, b in zip(turns, turns[1:]):  # every stored prompt extends the previous exactly
+    for a, b in zip(turns, turns[1:], strict=False):  # every stored prompt extends the previous exactly
         assert np.array_equal(b.prompt_ids[: len(a.prompt_ids)], a.prompt_ids)
 
 
@@ -189,7 +189,7 @@ def _append_in_threads(store, turns, results):
         try:
             store.append_turn(turns[i], RolloutGraph().add(turns[i]))
             results[i] = None
-        except Exception as exc:  # checked by the test
+        except Exception as exc:  # noqa: BLE001 - whatever a write raised is checked by the test
             results[i] = exc
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(turns))]

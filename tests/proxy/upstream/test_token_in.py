@@ -93,7 +93,7 @@ def test_other_end_token_the_model_sampled_is_kept_before_the_close():
 def test_breaks_per_transition_off_and_on():
     """Figure (b): recorded vLLM cases, text mode vs token-in, as rollout-graph breaks."""
     off = on = 0
-    for i, (held, nxt, _, _) in enumerate(CASES):
+    for held, nxt, _, _ in CASES:
         a, b = turn_from_fixture(held, 0), turn_from_fixture(nxt, 1)
         g = RolloutGraph()
         g.add(a)

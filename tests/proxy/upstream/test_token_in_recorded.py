@@ -192,7 +192,7 @@ async def test_token_in_reply_equals_vllms_chat_reply_for_the_same_prompt(tag):
     assert reply["prompt_token_ids"] == chat["prompt_token_ids"]
     assert ours["logprobs"]["content"] == theirs["logprobs"]["content"]
     a, b = parse_capture(reply), parse_capture(chat)
-    for x, y in zip(a[:3], b[:3]):
+    for x, y in zip(a[:3], b[:3], strict=True):
         np.testing.assert_array_equal(x, y)
     assert a.token_texts == b.token_texts and a.top_logprobs == b.top_logprobs
 

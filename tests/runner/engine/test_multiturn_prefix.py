@@ -91,7 +91,7 @@ def test_length_cut_turn_gets_an_im_end_never_sampled(embedded_engine):
 
 
 def _break_offset(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             return i
     return None

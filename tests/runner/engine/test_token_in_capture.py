@@ -101,7 +101,7 @@ def test_token_in_conversation_is_one_chain_with_engine_logprobs(engine, tmp_pat
     assert modes[0]["reason"] == "not_held"
     assert [t["link_kind"] for t in doc["turns"]] == ["root", "prefix", "prefix"]
     assert (doc["stats"]["breaks"], doc["stats"]["fragmentation"]) == (0, 1.0)
-    for turn, reply in zip(doc["turns"], replies):
+    for turn, reply in zip(doc["turns"], replies, strict=True):
         assert turn["response"]["content"] == reply["choices"][0]["message"]["content"]
     assert [row["metadata"]["capture_mode"] for row in trace["turns"]] == ["text", "ids", "ids"]
 

@@ -47,7 +47,7 @@ def test_chat_body_has_vllm_structure_and_prompt_ids(embedded_engine, name):
             assert choice["finish_reason"] == "length"
             assert len(ids) == rec["request"]["max_tokens"] and 2 not in ids
         k = rec["request"].get("top_logprobs", 0)
-        for entry, tid in zip(content, ids):
+        for entry in content:
             assert entry["bytes"] == list(entry["token"].encode())
             assert len(entry["top_logprobs"]) == k
             if k:
@@ -205,7 +205,7 @@ def test_return_tokens_as_token_ids_mode(token_id_engine):
     choice = body["choices"][0]
     assert choice["message"]["content"] and "token_id" not in choice["message"]["content"]
     assert len(choice["logprobs"]["content"]) == len(choice["token_ids"]) > 0
-    for entry, tid in zip(choice["logprobs"]["content"], choice["token_ids"]):
+    for entry, tid in zip(choice["logprobs"]["content"], choice["token_ids"], strict=True):
         assert entry["token"] == f"token_id:{tid}"
         assert entry["top_logprobs"][0]["token"] == f"token_id:{tid}"
         # vLLM quirk: the sampled entry's bytes are the real token's, the top entries' bytes

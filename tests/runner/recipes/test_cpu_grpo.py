@@ -180,7 +180,7 @@ def test_cpu_grpo_trains_on_tapdeck_rollouts_from_its_current_weights(train_env:
     check = json.loads((Path(job["run_dir"]) / "logprob_check.json").read_text())
     assert check["engine_vs_trainer_before"] < LOGPROB_TOLERANCE
     assert check["engine_vs_trainer_after"] < LOGPROB_TOLERANCE
-    wire_vs_score = max(abs(a - b) for a, b in zip(check["engine_wire"], check["engine_before"]))
+    wire_vs_score = max(abs(a - b) for a, b in zip(check["engine_wire"], check["engine_before"], strict=True))
     assert wire_vs_score < LOGPROB_TOLERANCE
     zero_std = [p["value"] for p in http.get(f"/admin/train/{job['id']}/metrics").json()["points"]
                 if p["name"] == "train/frac_reward_zero_std"]

@@ -85,7 +85,7 @@ def test_data_check_rows_tallies_and_advantages_equal_trls(train_python: Path, t
             rows, tally = build_rows(rollout.turns, fork_threshold=threshold)
             ref = by_id[rid]
             assert len(rows) == len(ref["sequences"]), (threshold, rid)
-            for row, seq in zip(rows, ref["sequences"]):
+            for row, seq in zip(rows, ref["sequences"], strict=True):
                 assert row.input_ids.tolist() == seq["input_ids"]
                 assert row.completion_mask.tolist() == seq["completion_mask"]
                 assert row.old_log_probs.tolist() == pytest.approx(seq["old_log_probs"], abs=1e-6)
@@ -100,7 +100,7 @@ def test_data_check_rows_tallies_and_advantages_equal_trls(train_python: Path, t
             expected = group_advantages([r.reward for r in members])
             samples = iter(view["groups"].get(gid, []))
             scored = [r.reward for r in members if r.reward is not None]
-            for r, advantage in zip(members, expected):
+            for r, advantage in zip(members, expected, strict=True):
                 for _ in build_rows(r.turns, fork_threshold=threshold)[0]:
                     sample = next(samples)
                     assert sample["advantage"] == pytest.approx(0.0 if advantage is None else advantage, abs=1e-9)

@@ -38,7 +38,7 @@ TRL_SAMPLING = {"temperature": 0.8, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "fr
 @pytest.mark.parametrize("module", ["trl", "torch", "openenv"])
 def test_recipe_imports_and_parses_without_the_training_stack(module: str) -> None:
     code = ("import sys; import tapdeck.runner.recipes.grpo_trl as g; "
-            "g.arg_parser().parse_args([]); print(%r in sys.modules)" % module)
+            f"g.arg_parser().parse_args([]); print({module!r} in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"

@@ -107,7 +107,8 @@ def test_trls_rollout_loop_trains_on_exactly_what_tapdeck_captured(train_python:
     usable = [e for e in real if _usable(e)]
     assert usable, "no usable rollout of hello-file: " + "; ".join(str(e["result"].get("error")) for e in real)
     rewards = [e["result"]["reward"] for e in usable]
-    advantages = dict(zip((e["result"]["session_id"] for e in usable), group_advantages(rewards)))
+    advantages = dict(zip((e["result"]["session_id"] for e in usable), group_advantages(rewards),
+                          strict=True))
 
     matched = set()
     for e in usable:
