@@ -78,8 +78,9 @@ def _on_command_line(ctx: typer.Context, name: str) -> bool:
 @app.callback(invoke_without_command=True)
 def _root(
     ctx: typer.Context,
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                 help="Print the version and exit."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
     data_dir: DataDirOption = None,
     port: tui.PortOption = 0,
     engine: tui.EngineOption = None,
@@ -91,18 +92,31 @@ def _root(
 ) -> None:
     """Open the TUI when no command is given (it takes `tapdeck tui`'s options)."""
     if ctx.invoked_subcommand is None:
-        tui.run_embedded(data_dir, port=port, engine_url=engine, engine_model=engine_model,
-                         engine_api_key=engine_api_key, public_url=public_url, tls_cert=tls_cert,
-                         tls_key=tls_key)
+        tui.run_embedded(
+            data_dir,
+            port=port,
+            engine_url=engine,
+            engine_model=engine_model,
+            engine_api_key=engine_api_key,
+            public_url=public_url,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+        )
         return
     # Before a command they would be silently dropped: that command has its own (or none).
-    given = [p.opts[0] for p in ctx.command.params
-             if p.name not in (None, "version") and _on_command_line(ctx, p.name)]
+    given = [
+        p.opts[0]
+        for p in ctx.command.params
+        if p.name not in (None, "version") and _on_command_line(ctx, p.name)
+    ]
     if given:
         command = ctx.invoked_subcommand
-        raise CommandError(EXIT_USAGE, f"tapdeck: {', '.join(given)} before a command is the TUI's; "
-                           f"{command} takes its own options after it (tapdeck {command} --help "
-                           "lists them)")
+        raise CommandError(
+            EXIT_USAGE,
+            f"tapdeck: {', '.join(given)} before a command is the TUI's; "
+            f"{command} takes its own options after it (tapdeck {command} --help "
+            "lists them)",
+        )
 
 
 for _name in COMMAND_MODULES:

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
-
 from pydantic import BaseModel, ValidationError
 
 from tapdeck.proxy.config import (
@@ -54,8 +53,10 @@ from tapdeck.schema.train import (
 M = TypeVar("M", bound=BaseModel)
 
 
-CA_FILE_HELP = ("PEM certificates to trust for an https:// server: its private CA, or a self-signed "
-                "server's own certificate (default: the public CAs).")
+CA_FILE_HELP = (
+    "PEM certificates to trust for an https:// server: its private CA, or a self-signed "
+    "server's own certificate (default: the public CAs)."
+)
 """What `--ca-file` means, in every command that reaches a server it did not start."""
 
 
@@ -65,8 +66,10 @@ def admin_key_refusal(data_dir: Path, *, found: bool) -> str:
     path = data_dir / ADMIN_KEY_FILE
     if found:
         return f"the server rejected the admin key read from {path}; pass the server's key with --admin-key"
-    return (f"no admin key found (looked at --admin-key, $TAPDECK_ADMIN_KEY and {path}); "
-            "pass the server's key with --admin-key")
+    return (
+        f"no admin key found (looked at --admin-key, $TAPDECK_ADMIN_KEY and {path}); "
+        "pass the server's key with --admin-key"
+    )
 
 
 def given_admin_key(key: str | None) -> str | None:
@@ -93,13 +96,22 @@ def command_admin_key(given: str | None, data_dir: Path) -> str | None:
 class ApiError(Exception):
     """A request to the tapdeck server failed; `str()` says what happened and what to do."""
 
-    def __init__(self, message: str, *, status: int | None = None, url: str = "",
-                 kind: str = "error", detail: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        url: str = "",
+        kind: str = "error",
+        detail: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
         self.url = url
-        self.kind = kind  # "unreachable" | "untrusted" | "auth" | "not_found" | "rejected" | "server" | "bad_reply"
+        self.kind = (
+            kind  # "unreachable" | "untrusted" | "auth" | "not_found" | "rejected" | "server" | "bad_reply"
+        )
         self.detail = detail
         """The server's own words in its error reply (one line); None when no tapdeck reply came."""
 
@@ -124,8 +136,10 @@ def _detail(response: httpx.Response) -> str | None:
         if isinstance(detail, dict):
             detail = detail.get("message", detail)
         if isinstance(detail, list):  # pydantic validation errors
-            detail = "; ".join(f"{'.'.join(map(str, d.get('loc', ())))}: {d.get('msg')}"
-                               if isinstance(d, dict) else str(d) for d in detail)
+            detail = "; ".join(
+                f"{'.'.join(map(str, d.get('loc', ())))}: {d.get('msg')}" if isinstance(d, dict) else str(d)
+                for d in detail
+            )
         body = detail
     return _one_line(str(body), 300)
 
@@ -154,14 +168,21 @@ def _first_error(exc: ValidationError) -> str:
 class TapdeckClient:
     """`TapdeckClient(base_url, admin_key)`: the admin API of one tapdeck server."""
 
-    def __init__(self, base_url: str, admin_key: str | None, *,
-                 transport: httpx.AsyncBaseTransport | None = None, timeout: float = 15.0,
-                 verify: ssl.SSLContext | bool = True) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        admin_key: str | None,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+        timeout: float = 15.0,
+        verify: ssl.SSLContext | bool = True,
+    ) -> None:
         """`verify`: what an https server's certificate is checked against (`server_trust`)."""
         self.base_url = base_url.rstrip("/")
         headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
-        self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout,
-                                       transport=transport, verify=verify)
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url, headers=headers, timeout=timeout, transport=transport, verify=verify
+        )
 
     async def aclose(self) -> None:
         """Close the connection pool."""
@@ -172,37 +193,55 @@ class TapdeckClient:
         try:
             response = await self._http.request(method, path, **kwargs)
         except httpx.TimeoutException as exc:
-            raise ApiError(f"tapdeck server at {self.base_url} did not answer {method} {path} in "
-                           f"time ({type(exc).__name__}); is it overloaded?", url=url,
-                           kind="unreachable") from exc
+            raise ApiError(
+                f"tapdeck server at {self.base_url} did not answer {method} {path} in "
+                f"time ({type(exc).__name__}); is it overloaded?",
+                url=url,
+                kind="unreachable",
+            ) from exc
         except httpx.TransportError as exc:
             self._refuse_untrusted(exc, url)
-            raise ApiError(f"tapdeck server at {self.base_url} is not reachable ({exc or type(exc).__name__}); "
-                           "is it running?", url=url, kind="unreachable") from exc
+            raise ApiError(
+                f"tapdeck server at {self.base_url} is not reachable ({exc or type(exc).__name__}); "
+                "is it running?",
+                url=url,
+                kind="unreachable",
+            ) from exc
         return self._check(method, path, response)
 
     def _refuse_untrusted(self, exc: httpx.TransportError, url: str) -> None:
         """Raise the ApiError for a server certificate this client does not trust (a retry, or
         waiting for the server, cannot help)."""
         if (why := untrusted_certificate(exc)) is not None:
-            raise ApiError(f"the tapdeck server at {self.base_url} presented a certificate this client "
-                           f"does not trust ({why}); pass the CA that signed it, or the server's own "
-                           f"certificate, with --ca-file (or ${CA_FILE_ENV})", url=url,
-                           kind="untrusted") from exc
+            raise ApiError(
+                f"the tapdeck server at {self.base_url} presented a certificate this client "
+                f"does not trust ({why}); pass the CA that signed it, or the server's own "
+                f"certificate, with --ca-file (or ${CA_FILE_ENV})",
+                url=url,
+                kind="untrusted",
+            ) from exc
 
     def _check(self, method: str, path: str, response: httpx.Response) -> Any:
         url = str(response.request.url) if response.request else path
         if response.status_code == 401:
-            raise ApiError(f"the server rejected the admin key {GIVEN_ADMIN_KEY} (401): pass the key "
-                           "from the server's <data-dir>/admin.key with --admin-key", status=401, url=url,
-                           kind="auth")
+            raise ApiError(
+                f"the server rejected the admin key {GIVEN_ADMIN_KEY} (401): pass the key "
+                "from the server's <data-dir>/admin.key with --admin-key",
+                status=401,
+                url=url,
+                kind="auth",
+            )
         if response.status_code >= 400:
             self._refuse(method, path, response, url)
         try:
             return response.json()
         except ValueError as exc:
-            raise ApiError(f"{method} {path}: the reply is not JSON; is {self.base_url} a tapdeck "
-                           "server?", status=response.status_code, url=url, kind="bad_reply") from exc
+            raise ApiError(
+                f"{method} {path}: the reply is not JSON; is {self.base_url} a tapdeck server?",
+                status=response.status_code,
+                url=url,
+                kind="bad_reply",
+            ) from exc
 
     def _refuse(self, method: str, path: str, response: httpx.Response, url: str) -> None:
         """Raise the ApiError for an error reply (other than 401); one line whatever its body."""
@@ -211,17 +250,33 @@ class TapdeckClient:
         if detail is None:
             if (foreign := _foreign_body(response)) is not None:
                 # tapdeck's errors are JSON: something else answered at that address.
-                raise ApiError(f"{method} {path}: {self.base_url} answered {status} with {foreign}; "
-                               "is it a tapdeck server?", status=status, url=url, kind="bad_reply")
+                raise ApiError(
+                    f"{method} {path}: {self.base_url} answered {status} with {foreign}; "
+                    "is it a tapdeck server?",
+                    status=status,
+                    url=url,
+                    kind="bad_reply",
+                )
             detail = _one_line(response.text, 300) or response.reason_phrase
         if status == 404:
-            raise ApiError(f"{method} {path}: not found ({detail})", status=404, url=url,
-                           kind="not_found", detail=detail)
+            raise ApiError(
+                f"{method} {path}: not found ({detail})", status=404, url=url, kind="not_found", detail=detail
+            )
         if status < 500:
-            raise ApiError(f"{method} {path} refused ({status}): {detail}", status=status, url=url,
-                           kind="rejected", detail=detail)
-        raise ApiError(f"server error on {method} {path} ({status}): {detail}", status=status, url=url,
-                       kind="server", detail=detail)
+            raise ApiError(
+                f"{method} {path} refused ({status}): {detail}",
+                status=status,
+                url=url,
+                kind="rejected",
+                detail=detail,
+            )
+        raise ApiError(
+            f"server error on {method} {path} ({status}): {detail}",
+            status=status,
+            url=url,
+            kind="server",
+            detail=detail,
+        )
 
     async def _model(self, model: type[M], method: str, path: str, **kwargs: Any) -> M:
         """A request whose reply is validated into `model` (a reply that is not is `bad_reply`)."""
@@ -229,10 +284,13 @@ class TapdeckClient:
         try:
             return model.model_validate(body)
         except ValidationError as exc:
-            raise ApiError(f"{method} {path}: the reply does not match tapdeck's API "
-                           f"({exc.error_count()} errors, first: {_first_error(exc)}); is the server "
-                           "the same version as this client?", url=f"{self.base_url}{path}",
-                           kind="bad_reply") from exc
+            raise ApiError(
+                f"{method} {path}: the reply does not match tapdeck's API "
+                f"({exc.error_count()} errors, first: {_first_error(exc)}); is the server "
+                "the same version as this client?",
+                url=f"{self.base_url}{path}",
+                kind="bad_reply",
+            ) from exc
 
     # -- routes ---------------------------------------------------------------------------------
     async def health(self) -> Health:
@@ -263,8 +321,9 @@ class TapdeckClient:
 
     async def graph(self, session_id: str, since: int = 0) -> GraphView:
         """`GET /admin/sessions/{id}/graph?since=N`: turn headers from N on, links, stats."""
-        return await self._model(GraphView, "GET", f"/admin/sessions/{session_id}/graph",
-                                 params={"since": since})
+        return await self._model(
+            GraphView, "GET", f"/admin/sessions/{session_id}/graph", params={"since": since}
+        )
 
     async def trace(self, session_id: str) -> TrainingTrace:
         """`GET /admin/sessions/{id}/trace`: the per-call training trace (refused for eval)."""
@@ -292,8 +351,9 @@ class TapdeckClient:
 
     async def start_run(self, plan: RunPlan) -> RunSummary:
         """`POST /admin/runs` with a RunPlan."""
-        return await self._model(RunSummary, "POST", "/admin/runs",
-                                 json=plan.model_dump(mode="json", exclude_unset=True))
+        return await self._model(
+            RunSummary, "POST", "/admin/runs", json=plan.model_dump(mode="json", exclude_unset=True)
+        )
 
     async def cancel_run(self, run_id: str) -> RunSummary:
         """`POST /admin/runs/{id}/cancel`."""
@@ -309,16 +369,18 @@ class TapdeckClient:
 
     async def export_run(self, run_id: str, fmt: str = "jsonl") -> ExportResult:
         """`POST /admin/runs/{id}/export`: where the rows went (a path on the server's machine)."""
-        return await self._model(ExportResult, "POST", f"/admin/runs/{run_id}/export",
-                                 json={"format": fmt}, timeout=120.0)
+        return await self._model(
+            ExportResult, "POST", f"/admin/runs/{run_id}/export", json={"format": fmt}, timeout=120.0
+        )
 
     # -- training ---------------------------------------------------------------------------------
     async def train_recipes(self) -> list[RecipeInfo]:
         """`GET /admin/train/recipes`: recipes and whether the server's machine can start each."""
         return (await self._model(RecipeList, "GET", "/admin/train/recipes", timeout=60.0)).recipes
 
-    async def start_train(self, recipe: str, *, run: str | None = None,
-                          args: list[str] | None = None) -> TrainRunInfo:
+    async def start_train(
+        self, recipe: str, *, run: str | None = None, args: list[str] | None = None
+    ) -> TrainRunInfo:
         """`POST /admin/train`: launch a recipe on the server's machine."""
         body = TrainRequest(recipe=recipe, run=run, args=list(args or [])).model_dump()
         return await self._model(TrainRunInfo, "POST", "/admin/train", json=body, timeout=120.0)
@@ -340,8 +402,9 @@ class TapdeckClient:
 
     async def train_metrics(self, run_id: str, after: int = 0) -> TrainMetrics:
         """`GET /admin/train/{id}/metrics`: trackio scalars after a cursor."""
-        return await self._model(TrainMetrics, "GET", f"/admin/train/{run_id}/metrics",
-                                 params={"after": after})
+        return await self._model(
+            TrainMetrics, "GET", f"/admin/train/{run_id}/metrics", params={"after": after}
+        )
 
     async def stop_train(self, run_id: str) -> TrainRunInfo:
         """`POST /admin/train/{id}/stop`: SIGTERM, then SIGKILL, the recipe's process group."""
@@ -361,17 +424,20 @@ class TapdeckClient:
             try:
                 event = parse_event(data)
             except ValidationError as exc:
-                raise ApiError(f"an event from {self.base_url} does not match tapdeck's API "
-                               f"({_first_error(exc)})", url=f"{self.base_url}/admin/events",
-                               kind="bad_reply") from exc
+                raise ApiError(
+                    f"an event from {self.base_url} does not match tapdeck's API ({_first_error(exc)})",
+                    url=f"{self.base_url}/admin/events",
+                    kind="bad_reply",
+                ) from exc
             if event is not None:
                 yield event
 
     async def _sse(self, path: str) -> AsyncIterator[dict]:
         timeout = httpx.Timeout(10.0, read=None)
         try:
-            async with self._http.stream("GET", path, timeout=timeout,
-                                         headers={"Accept": "text/event-stream"}) as response:
+            async with self._http.stream(
+                "GET", path, timeout=timeout, headers={"Accept": "text/event-stream"}
+            ) as response:
                 if response.status_code != 200:
                     await response.aread()
                     self._check("GET", path, response)
@@ -395,5 +461,8 @@ class TapdeckClient:
                         data.append(value[1:] if value.startswith(" ") else value)
         except httpx.TransportError as exc:
             self._refuse_untrusted(exc, f"{self.base_url}{path}")
-            raise ApiError(f"lost the event stream of {self.base_url} ({exc or type(exc).__name__})",
-                           url=f"{self.base_url}{path}", kind="unreachable") from exc
+            raise ApiError(
+                f"lost the event stream of {self.base_url} ({exc or type(exc).__name__})",
+                url=f"{self.base_url}{path}",
+                kind="unreachable",
+            ) from exc

@@ -13,8 +13,11 @@ BARS = " ▁▂▃▄▅▆▇█"
 def histogram(values: Iterable[object], bins: int = 10, lo: float = 0.0, hi: float = 1.0) -> list[int]:
     """Counts of the graded values in `bins` equal bins over [lo, hi] (widened to hold every value);
     None (never graded) and non-numbers are left out, never counted as 0."""
-    graded = [float(v) for v in values
-              if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)]
+    graded = [
+        float(v)
+        for v in values
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    ]
     if not graded:
         return [0] * bins
     lo, hi = min(lo, *graded), max(hi, *graded)
@@ -40,7 +43,10 @@ def reward_line(values: Iterable[object], bins: int = 10) -> str:
     graded = sum(counts)
     if not graded:
         return "no graded rewards yet"
-    numbers = [float(v) for v in values if isinstance(v, int | float) and not isinstance(v, bool)
-               and math.isfinite(v)]
+    numbers = [
+        float(v)
+        for v in values
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    ]
     lo, hi = min(0.0, *numbers), max(1.0, *numbers)
     return f"{bars(counts)} {lo:g}–{hi:g} · {graded} graded"

@@ -27,12 +27,12 @@ from tapdeck.proxy.config import (
     secure_data_dir,
     write_admin_key,
 )
-from tapdeck.proxy.upstream.address import settle_blocking
 from tapdeck.proxy.http.app import create_app
-from tapdeck.proxy.service import CaptureService
 from tapdeck.proxy.http.uvicorn_thread import ThreadedServer, bind_socket
+from tapdeck.proxy.service import CaptureService
 from tapdeck.proxy.store.database import Store
 from tapdeck.proxy.store.no_follow import open_no_follow
+from tapdeck.proxy.upstream.address import settle_blocking
 from tapdeck.proxy.upstream.tiers import EngineSpec
 from tapdeck.proxy.upstream.toolcalls import EMBEDDED_TOOL_PARSER
 from tapdeck.runner.api import EXCEPTION_HANDLERS, SHUTDOWN_GRACE_S, create_runner_router
@@ -51,8 +51,13 @@ log = logging.getLogger("tapdeck.host")
 class LocalServer:
     """Start/stop a full tapdeck server (HTTP, capture service, store, maybe the embedded engine)."""
 
-    def __init__(self, config: ServerConfig, *, on_embedded_engine: Callable[[], None] | None = None,
-                 engine: bool = True) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        *,
+        on_embedded_engine: Callable[[], None] | None = None,
+        engine: bool = True,
+    ) -> None:
         self.config = config
         self.on_embedded_engine = on_embedded_engine
         """Called just before the embedded engine is started or reused (after the port is bound,
@@ -115,25 +120,44 @@ class LocalServer:
                     self.admin_key = new_admin_key()
                     # Overwriting it would lock the running server's clients out (they read the
                     # key from the file); this server's key stays with its own process.
-                    log.warning("another tapdeck server is running on %s and its admin key is in %s; "
-                                "this server's key is not written there (both share the capture "
-                                "store)", cfg.data_dir, cfg.admin_key_path)
+                    log.warning(
+                        "another tapdeck server is running on %s and its admin key is in %s; "
+                        "this server's key is not written there (both share the capture "
+                        "store)",
+                        cfg.data_dir,
+                        cfg.admin_key_path,
+                    )
             self.default_engine = self._start_engine() if self.with_engine else None
             self._store = Store(cfg.capture_db)
             port = self._sock.getsockname()[1]
             public_host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::", "") else cfg.host
             public_host = f"[{public_host}]" if ":" in public_host else public_host
             scheme = "https" if cfg.tls else "http"
-            self.service = CaptureService(self._store, default_engine=self.default_engine,
-                                          public_url=cfg.public_url or f"{scheme}://{public_host}:{port}",
-                                          max_reply_bytes=cfg.max_reply_bytes)
-            app = create_app(self.service, admin_key=self.admin_key, routers=self._runner_routers(),
-                             exception_handlers=EXCEPTION_HANDLERS, max_body_bytes=cfg.max_body_bytes)
+            self.service = CaptureService(
+                self._store,
+                default_engine=self.default_engine,
+                public_url=cfg.public_url or f"{scheme}://{public_host}:{port}",
+                max_reply_bytes=cfg.max_reply_bytes,
+            )
+            app = create_app(
+                self.service,
+                admin_key=self.admin_key,
+                routers=self._runner_routers(),
+                exception_handlers=EXCEPTION_HANDLERS,
+                max_body_bytes=cfg.max_body_bytes,
+            )
             self.instance = app.state.instance
             # uvloop: the runner's trials run on a loop of their own (runner/runner_loop.py).
-            self._http = ThreadedServer(app, cfg.host, port, name="tapdeck-server", loop="uvloop",
-                                        on_shutdown=self.service.events.close,
-                                        limits=cfg.connection, tls=cfg.tls)
+            self._http = ThreadedServer(
+                app,
+                cfg.host,
+                port,
+                name="tapdeck-server",
+                loop="uvloop",
+                on_shutdown=self.service.events.close,
+                limits=cfg.connection,
+                tls=cfg.tls,
+            )
             self._http.start(sock=self._sock)
             self._check_health()
         except BaseException:
@@ -148,25 +172,36 @@ class LocalServer:
             # that answers, and one where nothing answers stops the start (EngineAddressError).
             settled = settle_blocking(cfg.engine_url, api_key=cfg.engine_api_key)
             settled.require_model(cfg.engine_model)
-            return EngineSpec(url=settled.base_url, model=cfg.engine_model, api_key=cfg.engine_api_key,
-                              tool_call_parser=cfg.engine_tool_parser,
-                              reasoning_parser=cfg.engine_reasoning_parser)
+            return EngineSpec(
+                url=settled.base_url,
+                model=cfg.engine_model,
+                api_key=cfg.engine_api_key,
+                tool_call_parser=cfg.engine_tool_parser,
+                reasoning_parser=cfg.engine_reasoning_parser,
+            )
         from tapdeck.runner.engine.registry import acquire_embedded_engine
 
         if self.on_embedded_engine is not None:
             self.on_embedded_engine()
         # One embedded engine per machine: a second tapdeck process reuses the running one.
         self._engine = acquire_embedded_engine()
-        return EngineSpec(url=self._engine.base_url, model=self._engine.served_name,
-                          tool_call_parser=EMBEDDED_TOOL_PARSER)
+        return EngineSpec(
+            url=self._engine.base_url, model=self._engine.served_name, tool_call_parser=EMBEDDED_TOOL_PARSER
+        )
 
     def _runner_routers(self) -> list:
         assert self.service is not None
         tls = self.config.tls
-        return [create_runner_router(self.service, data_dir=self.config.data_dir,
-                                     default_engine=self.default_engine, admin_key=self.admin_key,
-                                     default_is_embedded=self._engine is not None,
-                                     ca_file=tls.cert if tls else None)]
+        return [
+            create_runner_router(
+                self.service,
+                data_dir=self.config.data_dir,
+                default_engine=self.default_engine,
+                admin_key=self.admin_key,
+                default_is_embedded=self._engine is not None,
+                ca_file=tls.cert if tls else None,
+            )
+        ]
 
     def _check_health(self) -> None:
         """A stale server on a reused port would answer with another instance id."""
@@ -174,8 +209,11 @@ class LocalServer:
         health_host = "::1" if health_host == "::" else health_host
         health_host = f"[{health_host}]" if ":" in health_host else health_host
         tls = self.config.tls
-        resp = httpx.get(f"{'https' if tls else 'http'}://{health_host}:{self._http.port}/health",
-                         timeout=10.0, verify=self.client_trust)
+        resp = httpx.get(
+            f"{'https' if tls else 'http'}://{health_host}:{self._http.port}/health",
+            timeout=10.0,
+            verify=self.client_trust,
+        )
         resp.raise_for_status()
         if resp.json().get("instance") != self.instance:
             raise RuntimeError(f"another server answered on port {self._http.port}")
@@ -224,7 +262,8 @@ class LocalServer:
         if self._store is not None and not ended:
             log.warning(
                 "the server did not stop in time; its store stays open until the process exits "
-                "(every committed turn is already on disk)")
+                "(every committed turn is already on disk)"
+            )
         elif self._store is not None:
             self._store.close()
             self._store = None

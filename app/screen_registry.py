@@ -38,25 +38,47 @@ class ScreenEntry:
 
 
 SCREENS: tuple[ScreenEntry, ...] = (
-    ScreenEntry("1", "setup", "Setup", "pick dataset, tasks, harness, sandbox, engine, K, concurrency "
-                "and alternatives; start a batch", SetupScreen),
-    ScreenEntry("2", "sessions", "Sessions", "live capture sessions; Enter opens one, d shows what the "
-                "highlighted rollout is doing (the call in flight, its phases), x cancels it",
-                SessionsScreen),
-    ScreenEntry("3", "rollout", "Rollout", "the rollout graph (a chain listed flat, forks nested), each "
-                "turn's messages and tokens coloured by logprob", RolloutScreen),
-    ScreenEntry("4", "runs", "Runs", "batches: per-task groups, rewards, pass rates, failures; export",
-                RunsScreen),
+    ScreenEntry(
+        "1",
+        "setup",
+        "Setup",
+        "pick dataset, tasks, harness, sandbox, engine, K, concurrency and alternatives; start a batch",
+        SetupScreen,
+    ),
+    ScreenEntry(
+        "2",
+        "sessions",
+        "Sessions",
+        "live capture sessions; Enter opens one, d shows what the "
+        "highlighted rollout is doing (the call in flight, its phases), x cancels it",
+        SessionsScreen,
+    ),
+    ScreenEntry(
+        "3",
+        "rollout",
+        "Rollout",
+        "the rollout graph (a chain listed flat, forks nested), each "
+        "turn's messages and tokens coloured by logprob",
+        RolloutScreen,
+    ),
+    ScreenEntry(
+        "4", "runs", "Runs", "batches: per-task groups, rewards, pass rates, failures; export", RunsScreen
+    ),
     ScreenEntry("5", "info", "Info", "what this machine can run, engine tier, the server", InfoScreen),
-    ScreenEntry("6", "train", "Train", "launch a recipe on the server's machine, follow its log and "
-                "reward/loss/KL/tokens-per-second plots, stop it", TrainScreen),
+    ScreenEntry(
+        "6",
+        "train",
+        "Train",
+        "launch a recipe on the server's machine, follow its log and "
+        "reward/loss/KL/tokens-per-second plots, stop it",
+        TrainScreen,
+    ),
 )
 
 
 def screen_bindings() -> list[Binding]:
     """The App's bindings that switch screens (one per entry, each with its id)."""
-    return [Binding(e.key, f"switch_mode('{e.mode}')", e.title, show=False, id=e.binding_id)
-            for e in SCREENS]
+    return [Binding(e.key, f"switch_mode('{e.mode}')", e.title, show=False, id=e.binding_id) for e in SCREENS]
 
 
 def live_keys(app: App, node: DOMNode | type[DOMNode], prefix: str) -> list[tuple[Binding, list[str]]]:
@@ -99,8 +121,10 @@ def key_of(app: App, binding_id: str, node: DOMNode | None = None) -> str:
 
 def keys_line(app: App, pairs: Iterable[tuple[Binding, list[str]]]) -> str:
     """`` `key` what · `key` what`` for a set of bindings."""
-    return " · ".join(f"`{' / '.join(_shown(app, k) for k in keys)}` {binding.description or binding.action}"
-                      for binding, keys in pairs)
+    return " · ".join(
+        f"`{' / '.join(_shown(app, k) for k in keys)}` {binding.description or binding.action}"
+        for binding, keys in pairs
+    )
 
 
 def help_tables(app: App) -> tuple[str, str]:

@@ -50,8 +50,11 @@ class Settings:
         keymap = raw.get("keymap") if isinstance(raw.get("keymap"), dict) else {}
         theme = raw.get("theme") if isinstance(raw.get("theme"), str) else None
         rollout = raw.get("rollout") if isinstance(raw.get("rollout"), dict) else {}
-        return cls(theme=theme, keymap={str(k): str(v) for k, v in keymap.items()},
-                   rollout={str(h): v for h, v in rollout.items() if isinstance(v, dict)})
+        return cls(
+            theme=theme,
+            keymap={str(k): str(v) for k, v in keymap.items()},
+            rollout={str(h): v for h, v in rollout.items() if isinstance(v, dict)},
+        )
 
     def save(self, path: Path | None) -> None:
         """Write atomically; a location that cannot be written (read-only, a symbolic link in the

@@ -1,7 +1,8 @@
 """What the stuck-rollout pane says about one session, free of Textual (testable alone).
 
 Inputs: the session's summary (from the board), its rollout's live result (from `rollout_updated`
-events, with `phase_started`), its `SessionActivity` and findings (all `tapdeck.schema` models). Times are the server's wall clock:
+events, with `phase_started`), its `SessionActivity` and findings (all `tapdeck.schema` models). Times are
+the server's wall clock:
 `server_now` is the activity's `now` advanced by the local time since it was fetched.
 """
 
@@ -18,8 +19,14 @@ from tapdeck.schema.sessions import SessionSummary
 
 STUCK_CALL_S = 60.0
 """A model call in flight this long is highlighted (the engine may be hung)."""
-PHASE_WORDS = {"queued": "queued", "install": "agent install", "sandbox": "environment setup",
-               "agent_setup": "agent setup", "agent": "agent", "verify": "verifier"}
+PHASE_WORDS = {
+    "queued": "queued",
+    "install": "agent install",
+    "sandbox": "environment setup",
+    "agent_setup": "agent setup",
+    "agent": "agent",
+    "verify": "verifier",
+}
 TAIL_LINES = 6
 MAX_FINDINGS = 5
 """Distinct findings shown (the newest; the Rollout screen's findings tab has them all)."""
@@ -69,26 +76,46 @@ def tail(text: str, lines: int = TAIL_LINES, width: int = 200) -> str:
     return "\n".join(kept)
 
 
-def pane_lines(summary: SessionSummary | None, rollout: RolloutResult | None,
-               activity: SessionActivity | None, findings: Sequence[Finding],
-               server_now: float) -> list[PaneLine]:
+def pane_lines(
+    summary: SessionSummary | None,
+    rollout: RolloutResult | None,
+    activity: SessionActivity | None,
+    findings: Sequence[Finding],
+    server_now: float,
+) -> list[PaneLine]:
     """Everything the pane shows, top to bottom."""
     meta = summary.metadata if summary is not None else {}
-    head = " · ".join(str(x) for x in (
-        (rollout.rollout_id if rollout else None) or meta.get("rollout_id") or "no rollout",
-        meta.get("task") or (rollout.task if rollout else None),
-        meta.get("harness") or (rollout.harness if rollout else None)) if x)
+    head = " · ".join(
+        str(x)
+        for x in (
+            (rollout.rollout_id if rollout else None) or meta.get("rollout_id") or "no rollout",
+            meta.get("task") or (rollout.task if rollout else None),
+            meta.get("harness") or (rollout.harness if rollout else None),
+        )
+        if x
+    )
     lines = [PaneLine("rollout", head)]
     if rollout is not None:
         phases = phase_timings(rollout, server_now)
-        text = " · ".join(f"{PHASE_WORDS[p]} {fmt_seconds(s)}{' (now)' if live else ''}"
-                          for p, s, live in phases) or rollout.phase
+        text = (
+            " · ".join(
+                f"{PHASE_WORDS[p]} {fmt_seconds(s)}{' (now)' if live else ''}" for p, s, live in phases
+            )
+            or rollout.phase
+        )
         lines.append(PaneLine("phases", text))
         if rollout.error_kind:
             lines.append(PaneLine("ended", f"{rollout.error_kind}: {rollout.error or ''}", "error"))
     if activity is None:
-        lines.append(PaneLine("model", "activity not loaded yet" if summary is not None else
-                              "no capture session: this rollout made no model calls", "muted"))
+        lines.append(
+            PaneLine(
+                "model",
+                "activity not loaded yet"
+                if summary is not None
+                else "no capture session: this rollout made no model calls",
+                "muted",
+            )
+        )
     else:
         lines.extend(_call_lines(activity, server_now))
     counts = Counter(str(f) for f in findings)
@@ -106,12 +133,20 @@ def _call_lines(activity: SessionActivity, server_now: float) -> list[PaneLine]:
         oldest = activity.in_flight[0]
         age = max(0.0, server_now - oldest.started_at)
         more = f" (+{len(activity.in_flight) - 1} more)" if len(activity.in_flight) > 1 else ""
-        lines.append(PaneLine("in flight", f"model call {fmt_seconds(age)} old · {oldest.dialect or '?'} · "
-                                           f"{oldest.messages} messages{more}",
-                              "error" if age >= STUCK_CALL_S else "accent"))
+        lines.append(
+            PaneLine(
+                "in flight",
+                f"model call {fmt_seconds(age)} old · {oldest.dialect or '?'} · "
+                f"{oldest.messages} messages{more}",
+                "error" if age >= STUCK_CALL_S else "accent",
+            )
+        )
     else:
-        since = "" if activity.last_ended_at is None else \
-            f" · last ended {fmt_seconds(max(0.0, server_now - activity.last_ended_at))} ago"
+        since = (
+            ""
+            if activity.last_ended_at is None
+            else f" · last ended {fmt_seconds(max(0.0, server_now - activity.last_ended_at))} ago"
+        )
         lines.append(PaneLine("in flight", f"no model call{since}", "muted"))
     counts = f"{plural(activity.calls_ended, 'call')} · {plural(activity.errors, 'error')}"
     if activity.last_finish_reason:
@@ -131,8 +166,9 @@ def _call_lines(activity: SessionActivity, server_now: float) -> list[PaneLine]:
     return lines
 
 
-def calls_per_second(ends: Sequence[float], server_now: float, buckets: int = 30,
-                     bucket_s: float = 2.0) -> list[float]:
+def calls_per_second(
+    ends: Sequence[float], server_now: float, buckets: int = 30, bucket_s: float = 2.0
+) -> list[float]:
     """Calls ended per second in each of the last `buckets` windows of `bucket_s` (oldest first)."""
     counts = [0] * buckets
     start = server_now - buckets * bucket_s

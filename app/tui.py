@@ -70,12 +70,17 @@ class TapdeckCommands(Provider):
         commands += [
             ("Start batch", app.action_start_batch, "start a batch with the Setup choices"),
             ("Export run as JSONL", partial(app.action_export_run, "jsonl"), "export the run shown on Runs"),
-            ("Export run as Parquet", partial(app.action_export_run, "parquet"), "export the run shown on Runs"),
+            (
+                "Export run as Parquet",
+                partial(app.action_export_run, "parquet"),
+                "export the run shown on Runs",
+            ),
             ("Reload sessions", app.action_resync, "re-read all sessions from the server"),
             ("Help", app.action_help, "keys and screens"),
         ]
-        commands += [(f"Theme: {name}", partial(setattr, app, "theme", name), "switch theme")
-                     for name in THEMES]
+        commands += [
+            (f"Theme: {name}", partial(setattr, app, "theme", name), "switch theme") for name in THEMES
+        ]
         return commands
 
     async def discover(self) -> Hits:
@@ -112,9 +117,17 @@ class TapdeckApp(App[None]):
     status: reactive[str] = reactive("")
     status_level: reactive[str] = reactive("info")
 
-    def __init__(self, client: TapdeckClient, *, server_label: str = "", settings_path: Path | None = None,
-                 follow_events: bool = True, clock: Callable[[], float] = time.monotonic,
-                 initial_mode: str | None = None, owns_server: bool = False) -> None:
+    def __init__(
+        self,
+        client: TapdeckClient,
+        *,
+        server_label: str = "",
+        settings_path: Path | None = None,
+        follow_events: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+        initial_mode: str | None = None,
+        owns_server: bool = False,
+    ) -> None:
         super().__init__()
         self.client = client
         self.server_label = server_label or client.base_url
@@ -150,9 +163,11 @@ class TapdeckApp(App[None]):
             self.set_keymap(self.settings.keymap)
             if unknown := unknown_keymap_ids(self, self.settings.keymap):
                 where = f" in {self.settings_path}" if self.settings_path else ""
-                self.notify(f"keymap{where}: no binding has the id "
-                            f"{', '.join(unknown)} (ignored); F1 lists the keys bound now",
-                            severity="warning")
+                self.notify(
+                    f"keymap{where}: no binding has the id "
+                    f"{', '.join(unknown)} (ignored); F1 lists the keys bound now",
+                    severity="warning",
+                )
             for nav in self.screen.query(NavBar):  # the default screen is up before the keymap
                 nav.show_keys()
         self.status = f"connecting to {self.server_label}…"
@@ -191,8 +206,14 @@ class TapdeckApp(App[None]):
             runs = []
         # A rollout shown before a reconnect may belong to a run that stopped meanwhile: only the
         # running runs' rollouts (and ended ones) stay, or a never-run one would read `queued` forever.
-        self.board.replace_rollouts([rollout for run in runs if run.state == "running"
-                                     for rollout in (await self.client.run(run.id)).rollouts])
+        self.board.replace_rollouts(
+            [
+                rollout
+                for run in runs
+                if run.state == "running"
+                for rollout in (await self.client.run(run.id)).rollouts
+            ]
+        )
         self.post_message(SessionsChanged())
 
     @work(group="resync", exclusive=True, exit_on_error=False)
@@ -213,27 +234,34 @@ class TapdeckApp(App[None]):
                 attempt = 0
                 async for event in self.client.events():
                     self.take_event(event)
-                raise ApiError(f"the tapdeck server at {self.server_label} ended the connection "
-                               "(stopping or restarting?)",
-                               kind="unreachable")
+                raise ApiError(
+                    f"the tapdeck server at {self.server_label} ended the connection "
+                    "(stopping or restarting?)",
+                    kind="unreachable",
+                )
             except ApiError as exc:
                 log.warning("event stream: %s", exc.message)
                 if exc.kind == "auth":
                     # Retrying cannot help (a server restarted with another key): say so, and stop.
-                    self.post_message(ConnectionChanged(
-                        False, f"{describe_error(exc)}; this TUI stopped following the server, so "
-                               "quit and attach again with that key", gave_up=True))
+                    self.post_message(
+                        ConnectionChanged(
+                            False,
+                            f"{describe_error(exc)}; this TUI stopped following the server, so "
+                            "quit and attach again with that key",
+                            gave_up=True,
+                        )
+                    )
                     return
                 delay = RECONNECT_S[min(attempt, len(RECONNECT_S) - 1)]
                 attempt += 1
-                self.post_message(ConnectionChanged(
-                    False, f"{describe_error(exc)} · retrying in {delay:g} s"))
+                self.post_message(
+                    ConnectionChanged(False, f"{describe_error(exc)} · retrying in {delay:g} s")
+                )
                 await asyncio.sleep(delay)
 
     def take_event(self, event: api.Event) -> None:
         """Apply one server event to the live state and tell the screens (coalesced)."""
-        if isinstance(event, api.SessionOpened | api.SessionUpdated | api.SessionClosed
-                      | api.TurnCaptured):
+        if isinstance(event, api.SessionOpened | api.SessionUpdated | api.SessionClosed | api.TurnCaptured):
             self.board.upsert(event.session, self.clock())
             self.post_message(SessionsChanged())
             if isinstance(event, api.TurnCaptured):
@@ -241,8 +269,9 @@ class TapdeckApp(App[None]):
                 if event.turn.finish_reason:
                     self.board.finish_reasons[event.session.id] = event.turn.finish_reason
                 self.post_message(TurnCaptured(event.session.id))
-            if isinstance(event, api.SessionUpdated | api.SessionClosed) \
-                    and event.session.metadata.get("run_id"):
+            if isinstance(event, api.SessionUpdated | api.SessionClosed) and event.session.metadata.get(
+                "run_id"
+            ):
                 self.post_message(RunsChanged())
             return
         if isinstance(event, api.RolloutUpdated):
@@ -290,8 +319,12 @@ class TapdeckApp(App[None]):
             self.status_level = "error"
             if was or message.gave_up:
                 # The status line holds one line at 80 columns: the whole sentence goes in a toast.
-                self.notify(message.error, title="Server connection lost", severity="error",
-                            timeout=30 if message.gave_up else 8)
+                self.notify(
+                    message.error,
+                    title="Server connection lost",
+                    severity="error",
+                    timeout=30 if message.gave_up else 8,
+                )
 
     # -- errors: the one place ----------------------------------------------------------------------
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
@@ -318,8 +351,9 @@ class TapdeckApp(App[None]):
     # -- actions ---------------------------------------------------------------------------------
     def open_rollout(self, session_id: str) -> None:
         """Show a session on the Rollout screen."""
-        self.run_worker(self._switch_and_show(session_id), group="open-rollout", exclusive=True,
-                        exit_on_error=False)
+        self.run_worker(
+            self._switch_and_show(session_id), group="open-rollout", exclusive=True, exit_on_error=False
+        )
 
     async def _switch_and_show(self, session_id: str) -> None:
         await self.switch_mode("rollout")
@@ -360,10 +394,14 @@ class TapdeckApp(App[None]):
             return
         self._quit.press("quit", now)
         left = sum(r.counts.total - r.counts.done for r in going)
-        self.notify(f"{left} rollout(s) of {len(going)} run(s) still going: quitting stops them "
-                    f"(resume them from Runs with {key_of(self, 'runs.resume', self.screens_by_mode['runs'])}). "
-                    f"Press {key_of(self, 'app.quit')} again within {CONFIRM_S:g} s to quit.",
-                    title="Runs are going", severity="warning", timeout=CONFIRM_S)
+        self.notify(
+            f"{left} rollout(s) of {len(going)} run(s) still going: quitting stops them "
+            f"(resume them from Runs with {key_of(self, 'runs.resume', self.screens_by_mode['runs'])}). "
+            f"Press {key_of(self, 'app.quit')} again within {CONFIRM_S:g} s to quit.",
+            title="Runs are going",
+            severity="warning",
+            timeout=CONFIRM_S,
+        )
 
     def action_resync(self) -> None:
         self.resync()

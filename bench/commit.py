@@ -30,51 +30,63 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from proxy import Upstream, words  # noqa: E402  (bench/proxy.py's upstream)
-
-from tapdeck.proxy.upstream.client import EngineClient  # noqa: E402
-from tapdeck.proxy.capture.graph import RolloutGraph  # noqa: E402
-from tapdeck.proxy.capture.interning import Interner  # noqa: E402
-from tapdeck.proxy.store.database import Store  # noqa: E402
-from tapdeck.proxy.capture.tokens import PromptIdsMemo, loads_with_prompt_ids  # noqa: E402
-from tapdeck.proxy.capture.turn import Turn  # noqa: E402
-from tapdeck.proxy.capture.validation import validate_turn  # noqa: E402
+from proxy import Upstream, words
+from tapdeck.proxy.capture.graph import RolloutGraph
+from tapdeck.proxy.capture.interning import Interner
+from tapdeck.proxy.capture.tokens import PromptIdsMemo, loads_with_prompt_ids
+from tapdeck.proxy.capture.turn import Turn
+from tapdeck.proxy.capture.validation import validate_turn
+from tapdeck.proxy.store.database import Store
+from tapdeck.proxy.upstream.client import EngineClient
 
 PARTS = ("add", "stats", "append_turn")
-SAMPLING = {"requested": {"max_tokens": 64, "temperature": 1.0},
-            "submitted": {"max_tokens": 64, "temperature": 1.0, "logprobs": True}}
+SAMPLING = {
+    "requested": {"max_tokens": 64, "temperature": 1.0},
+    "submitted": {"max_tokens": 64, "temperature": 1.0, "logprobs": True},
+}
 
 
-def rollout(up: Upstream, session_id: str, turns: int, first_tokens: int,
-            turn_tokens: int) -> list[Turn]:
+def rollout(up: Upstream, session_id: str, turns: int, first_tokens: int, turn_tokens: int) -> list[Turn]:
     """The turns a proxy session records for one rollout (no timing here)."""
     interner, memo = Interner(), PromptIdsMemo()
-    messages = [{"role": "system", "content": "You are a shell agent."},
-                {"role": "user", "content": words(first_tokens, session_id)}]
+    messages = [
+        {"role": "system", "content": "You are a shell agent."},
+        {"role": "user", "content": words(first_tokens, session_id)},
+    ]
     out = []
     for seq in range(turns):
         chat = {"model": "smollm2", "messages": messages, "max_tokens": 64, "temperature": 1.0}
-        upstream = chat | {"stream": False, "return_token_ids": True, "logprobs": True,
-                           "top_logprobs": 0}
+        upstream = chat | {"stream": False, "return_token_ids": True, "logprobs": True, "top_logprobs": 0}
         reply = loads_with_prompt_ids(up.reply(upstream), memo)
         assert isinstance(reply, dict)
         cap = EngineClient.parse_capture(reply)
         choice = reply["choices"][0]
         interned = interner.intern(chat)
-        turn = Turn(session_id=session_id, seq=seq, prompt_ids=cap.prompt_ids,
-                    sampled_ids=cap.sampled_ids, logprobs=cap.logprobs,
-                    finish_reason=choice.get("finish_reason"), request=interned.request,
-                    content_keys=interned.keys, response=choice.get("message") or {},
-                    sampling=SAMPLING, token_texts=cap.token_texts, top_logprobs=cap.top_logprobs,
-                    findings=list(cap.findings),
-                    meta={"latency_ms": 1.0, "usage": reply.get("usage"), "reply_id": f"r-{seq}"})
+        turn = Turn(
+            session_id=session_id,
+            seq=seq,
+            prompt_ids=cap.prompt_ids,
+            sampled_ids=cap.sampled_ids,
+            logprobs=cap.logprobs,
+            finish_reason=choice.get("finish_reason"),
+            request=interned.request,
+            content_keys=interned.keys,
+            response=choice.get("message") or {},
+            sampling=SAMPLING,
+            token_texts=cap.token_texts,
+            top_logprobs=cap.top_logprobs,
+            findings=list(cap.findings),
+            meta={"latency_ms": 1.0, "usage": reply.get("usage"), "reply_id": f"r-{seq}"},
+        )
         turn.findings.extend(validate_turn(turn, "tokens"))
         out.append(turn)
-        messages = [*messages, {"role": "assistant", "content": choice["message"]["content"]},
-                    {"role": "user", "content": words(turn_tokens, f"{session_id}-{seq}")}]
+        messages = [
+            *messages,
+            {"role": "assistant", "content": choice["message"]["content"]},
+            {"role": "user", "content": words(turn_tokens, f"{session_id}-{seq}")},
+        ]
     return out
 
 
@@ -105,8 +117,9 @@ def row(label: str, runs: list[dict[str, list[float]]]) -> None:
     print(f"{label:<34}{cells}{sum(means.values()):>13.1f}")
 
 
-def measure(short: list[list[Turn]], long: list[Turn], tmp: Path
-            ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+def measure(
+    short: list[list[Turn]], long: list[Turn], tmp: Path
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """One run: the short rollouts, then the long one, into a fresh store."""
     with Store(tmp / "capture.db") as store:
         merged: dict[str, list[float]] = {p: [] for p in PARTS}
@@ -124,12 +137,13 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
     up = Upstream()
-    short = [rollout(up, f"short-{i}", args.short_turns, 1000, 200)
-             for i in range(args.short_rollouts)]
+    short = [rollout(up, f"short-{i}", args.short_turns, 1000, 200) for i in range(args.short_rollouts)]
     long = rollout(up, "long", args.long_turns, 1000, 475)
-    print(f"CPU µs per turn ({args.short_rollouts} × {args.short_turns}-turn rollouts, ~1k tokens "
-          f"+ ~225 a turn; one {args.long_turns}-turn rollout to "
-          f"{long[-1].prompt_ids.size // 1000}k tokens)")
+    print(
+        f"CPU µs per turn ({args.short_rollouts} × {args.short_turns}-turn rollouts, ~1k tokens "
+        f"+ ~225 a turn; one {args.long_turns}-turn rollout to "
+        f"{long[-1].prompt_ids.size // 1000}k tokens)"
+    )
     print(f"{'':<34}" + "".join(f"{p:>13}" for p in PARTS) + f"{'total':>13}")
     short_runs, long_runs = [], []
     for _ in range(args.repeat):

@@ -30,17 +30,24 @@ def _system_text(eng: EmbeddedEngine, n: int) -> str:
     ids = model.tokenize("\n\n".join(topics[k] for k in sorted(topics)))
     if len(ids) < n:
         raise SystemExit(f"the fixed text has {len(ids)} tokens, {n} needed")
-    return model.detokenize(ids[:n - 40]).decode("utf-8", errors="ignore")  # room for the template
+    return model.detokenize(ids[: n - 40]).decode("utf-8", errors="ignore")  # room for the template
 
 
 def _first_call(path: Path, n: int, threads: int) -> tuple[int, float, float]:
     """Prompt tokens, wall seconds and CPU seconds of one first call on a freshly started engine."""
     eng = EmbeddedEngine(path, n_threads=threads).start()
     try:
-        body = {"model": "smollm2", "max_tokens": 8, "temperature": 0, "logprobs": True,
-                "return_token_ids": True,
-                "messages": [{"role": "system", "content": _system_text(eng, n)},
-                             {"role": "user", "content": "Create hello.txt containing hello."}]}
+        body = {
+            "model": "smollm2",
+            "max_tokens": 8,
+            "temperature": 0,
+            "logprobs": True,
+            "return_token_ids": True,
+            "messages": [
+                {"role": "system", "content": _system_text(eng, n)},
+                {"role": "user", "content": "Create hello.txt containing hello."},
+            ],
+        }
         cpu, wall = time.process_time(), time.perf_counter()
         reply = httpx.post(f"{eng.base_url}/chat/completions", json=body, timeout=3600)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
@@ -60,10 +67,16 @@ def main() -> None:
         cpu: dict[str, float] = {}
         for name, path in models.items():
             tokens, wall, cpu[name] = _first_call(path, n, args.threads)
-            print(f"  {name:15s} {tokens:6d}-token first call: wall {wall:6.1f} s, "
-                  f"CPU {cpu[name]:6.1f} s ({tokens / cpu[name]:.1f} tok per CPU-s)", flush=True)
-        print(f"{n} tokens: F16 takes {cpu['F16 (served)'] / cpu['Q4_1 (shipped)']:.2f}x "
-              "the shipped file's CPU time", flush=True)
+            print(
+                f"  {name:15s} {tokens:6d}-token first call: wall {wall:6.1f} s, "
+                f"CPU {cpu[name]:6.1f} s ({tokens / cpu[name]:.1f} tok per CPU-s)",
+                flush=True,
+            )
+        print(
+            f"{n} tokens: F16 takes {cpu['F16 (served)'] / cpu['Q4_1 (shipped)']:.2f}x "
+            "the shipped file's CPU time",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

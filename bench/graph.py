@@ -24,8 +24,8 @@ import orjson
 
 from tapdeck.proxy.capture.export import rollout_document, training_trace
 from tapdeck.proxy.capture.graph import RolloutGraph
-from tapdeck.proxy.store.database import Store
 from tapdeck.proxy.capture.turn import Turn
+from tapdeck.proxy.store.database import Store
 
 
 def make_turns(n_turns: int, new: int, first: int = 1000, seed: int = 0) -> list[Turn]:
@@ -38,9 +38,18 @@ def make_turns(n_turns: int, new: int, first: int = 1000, seed: int = 0) -> list
         msgs = [{"role": "system", "content": "sys"}, {"role": "user", "content": "task"}]
         for j in range(k):
             msgs += [{"role": "assistant", "content": f"reply {j}"}, {"role": "user", "content": f"obs {j}"}]
-        turns.append(Turn(session_id="bench", seq=k, prompt_ids=prompt, sampled_ids=sampled,
-                          logprobs=logprobs, finish_reason="stop", request={"messages": msgs},
-                          response={"role": "assistant", "content": f"reply {k}"}))
+        turns.append(
+            Turn(
+                session_id="bench",
+                seq=k,
+                prompt_ids=prompt,
+                sampled_ids=sampled,
+                logprobs=logprobs,
+                finish_reason="stop",
+                request={"messages": msgs},
+                response={"role": "assistant", "content": f"reply {k}"},
+            )
+        )
         obs = rng.integers(3, 49152, new - new // 2, dtype=np.int32)
         prompt = np.concatenate([prompt, sampled, obs])
     return turns
@@ -95,20 +104,33 @@ def main() -> None:
         untraced[k] = time.perf_counter() - t0
 
     print(f"linking turn k of a {args.turns}-turn rollout, ~{args.new} new tokens per turn")
-    print(f"{'k':>4} {'prompt':>8} {'add ms':>8} {'ns/prompt tok':>14} {'kept KB':>8} "
-          f"{'B/new tok':>10} {'peak KB':>8} {'store ms':>9}")
+    print(
+        f"{'k':>4} {'prompt':>8} {'add ms':>8} {'ns/prompt tok':>14} {'kept KB':>8} "
+        f"{'B/new tok':>10} {'peak KB':>8} {'store ms':>9}"
+    )
     base = None
     for k, plen, _dt, kept, peak, st in rows:
         dt = untraced[k]
         base = base or dt
-        print(f"{k:>4} {plen:>8} {dt * 1e3:>8.3f} {dt * 1e9 / plen:>14.1f} {kept / 1024:>8.1f} "
-              f"{kept / args.new:>10.1f} {peak / 1024:>8.1f} {st * 1e3:>9.3f}")
+        print(
+            f"{k:>4} {plen:>8} {dt * 1e3:>8.3f} {dt * 1e9 / plen:>14.1f} {kept / 1024:>8.1f} "
+            f"{kept / args.new:>10.1f} {peak / 1024:>8.1f} {st * 1e3:>9.3f}"
+        )
     first, last = rows[0], rows[-1]
-    print(f"ratio add(k={last[0]}) / add(k={first[0]}): {untraced[last[0]] / untraced[first[0]]:.2f} "
-          f"for a prompt {last[1] / first[1]:.0f}x longer; retained memory ratio "
-          f"{last[3] / max(first[3], 1):.2f}")
-    print(f"median add over all turns: {statistics.median(untraced.values()) * 1e3:.3f} ms; "
-          f"store file {db_size / 1e6:.2f} MB for {sum(len(t.sampled_ids) for t in turns) + len(turns[0].prompt_ids) + sum(len(t.prompt_ids) - len(p.prompt_ids) - len(p.sampled_ids) for p, t in zip(turns, turns[1:], strict=False))} unique tokens")
+    print(
+        f"ratio add(k={last[0]}) / add(k={first[0]}): {untraced[last[0]] / untraced[first[0]]:.2f} "
+        f"for a prompt {last[1] / first[1]:.0f}x longer; retained memory ratio "
+        f"{last[3] / max(first[3], 1):.2f}"
+    )
+    added = (
+        len(t.prompt_ids) - len(p.prompt_ids) - len(p.sampled_ids)
+        for p, t in zip(turns, turns[1:], strict=False)
+    )
+    unique = sum(len(t.sampled_ids) for t in turns) + len(turns[0].prompt_ids) + sum(added)
+    print(
+        f"median add over all turns: {statistics.median(untraced.values()) * 1e3:.3f} ms; "
+        f"store file {db_size / 1e6:.2f} MB for {unique} unique tokens"
+    )
 
     # Same longest prompt, varying new tokens.
     print("\none extra turn after the longest prompt, varying new tokens")
@@ -118,10 +140,15 @@ def main() -> None:
     rng = np.random.default_rng(1)
     res = []
     for i, extra in enumerate((50, 500, 5000, 50000)):
-        t = Turn(session_id="bench", seq=10_000 + i,
-                 prompt_ids=np.concatenate([full, rng.integers(3, 49152, extra, dtype=np.int32)]),
-                 sampled_ids=rng.integers(3, 49152, 16, dtype=np.int32), logprobs=-np.ones(16),
-                 request=last_t.request, response={"content": "x"})
+        t = Turn(
+            session_id="bench",
+            seq=10_000 + i,
+            prompt_ids=np.concatenate([full, rng.integers(3, 49152, extra, dtype=np.int32)]),
+            sampled_ids=rng.integers(3, 49152, 16, dtype=np.int32),
+            logprobs=-np.ones(16),
+            request=last_t.request,
+            response={"content": "x"},
+        )
         g2 = fresh
         t0 = time.perf_counter()
         g2.add(t)
@@ -137,11 +164,19 @@ def main() -> None:
         g.add(t)
     for name, fn in (
         ("rollout_document (lists) + orjson", lambda: orjson.dumps(rollout_document(session, g, "tokens"))),
-        ("rollout_document (numpy) + orjson", lambda: orjson.dumps(
-            rollout_document(session, g, "tokens", lists=False), option=orjson.OPT_SERIALIZE_NUMPY)),
+        (
+            "rollout_document (numpy) + orjson",
+            lambda: orjson.dumps(
+                rollout_document(session, g, "tokens", lists=False), option=orjson.OPT_SERIALIZE_NUMPY
+            ),
+        ),
         ("training_trace (lists) + orjson", lambda: orjson.dumps(training_trace(session, g, "tokens"))),
-        ("training_trace (numpy) + orjson", lambda: orjson.dumps(
-            training_trace(session, g, "tokens", lists=False), option=orjson.OPT_SERIALIZE_NUMPY)),
+        (
+            "training_trace (numpy) + orjson",
+            lambda: orjson.dumps(
+                training_trace(session, g, "tokens", lists=False), option=orjson.OPT_SERIALIZE_NUMPY
+            ),
+        ),
     ):
         t0 = time.perf_counter()
         out = fn()

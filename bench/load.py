@@ -55,12 +55,21 @@ def rss_kb(pid: int) -> int:
     return 0
 
 
-async def session(client: httpx.AsyncClient, url: str, headers: dict[str, str], turns: int,
-                  salt: str, direct: bool, deadline: float) -> tuple[list[float], list[str]]:
+async def session(
+    client: httpx.AsyncClient,
+    url: str,
+    headers: dict[str, str],
+    turns: int,
+    salt: str,
+    direct: bool,
+    deadline: float,
+) -> tuple[list[float], list[str]]:
     """One multi-turn conversation; per-call ms and the replies it was answered. A refused call
     ends the conversation (its status is counted in FAILED)."""
-    messages = [{"role": "system", "content": "You are a shell agent."},
-                {"role": "user", "content": bench_proxy.words(200, salt)}]
+    messages = [
+        {"role": "system", "content": "You are a shell agent."},
+        {"role": "user", "content": bench_proxy.words(200, salt)},
+    ]
     latencies: list[float] = []
     replies: list[str] = []
     for i in range(turns):
@@ -71,8 +80,9 @@ async def session(client: httpx.AsyncClient, url: str, headers: dict[str, str], 
             body |= {"stream": False, "return_token_ids": True, "logprobs": True, "top_logprobs": 0}
         start = time.perf_counter()
         try:
-            resp = await client.post(url, content=orjson.dumps(body),
-                                     headers={**headers, "content-type": "application/json"})
+            resp = await client.post(
+                url, content=orjson.dumps(body), headers={**headers, "content-type": "application/json"}
+            )
         except httpx.TransportError as exc:
             FAILED[type(exc).__name__] = FAILED.get(type(exc).__name__, 0) + 1
             break
@@ -82,46 +92,75 @@ async def session(client: httpx.AsyncClient, url: str, headers: dict[str, str], 
             break
         text = orjson.loads(resp.content)["choices"][0]["message"]["content"]
         replies.append(text)
-        messages = [*messages, {"role": "assistant", "content": text},
-                    {"role": "user", "content": bench_proxy.words(40, f"{salt}-{i}")}]
+        messages = [
+            *messages,
+            {"role": "assistant", "content": text},
+            {"role": "user", "content": bench_proxy.words(40, f"{salt}-{i}")},
+        ]
     return latencies, replies
 
 
-async def load_round(upstream_url: str, proxy_url: str, server_pid: int, sessions: int, turns: int,
-                     deadline: float) -> dict[str, Any]:
+async def load_round(
+    upstream_url: str, proxy_url: str, server_pid: int, sessions: int, turns: int, deadline: float
+) -> dict[str, Any]:
     admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
     # Idle connections are dropped before uvicorn's 5 s keep-alive ends them under a request.
-    limits = httpx.Limits(max_connections=sessions + 8, max_keepalive_connections=sessions + 8,
-                          keepalive_expiry=KEEPALIVE_S)
+    limits = httpx.Limits(
+        max_connections=sessions + 8, max_keepalive_connections=sessions + 8, keepalive_expiry=KEEPALIVE_S
+    )
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
         await bench_proxy.warm_up(client, upstream_url, proxy_url, ADMIN_KEY)
         rss_before = rss_kb(server_pid)
-        infos = await asyncio.gather(*(client.post(f"{proxy_url}/admin/sessions", json={},
-                                                   headers=admin) for _ in range(sessions)))
+        infos = await asyncio.gather(
+            *(client.post(f"{proxy_url}/admin/sessions", json={}, headers=admin) for _ in range(sessions))
+        )
         infos = [r.json() for r in infos]
         start = time.perf_counter()
-        proxied = await asyncio.gather(*(session(
-            client, f"{proxy_url}/v1/chat/completions", {"Authorization": f"Bearer {info['api_key']}"},
-            turns, f"p{i}", False, deadline) for i, info in enumerate(infos)))
+        proxied = await asyncio.gather(
+            *(
+                session(
+                    client,
+                    f"{proxy_url}/v1/chat/completions",
+                    {"Authorization": f"Bearer {info['api_key']}"},
+                    turns,
+                    f"p{i}",
+                    False,
+                    deadline,
+                )
+                for i, info in enumerate(infos)
+            )
+        )
         elapsed = time.perf_counter() - start
         rss_after = rss_kb(server_pid)
-        direct = await asyncio.gather(*(session(
-            client, f"{upstream_url}/v1/chat/completions", {}, turns, f"d{i}", True, deadline)
-            for i in range(sessions)))
+        direct = await asyncio.gather(
+            *(
+                session(client, f"{upstream_url}/v1/chat/completions", {}, turns, f"d{i}", True, deadline)
+                for i in range(sessions)
+            )
+        )
         lost = broken = 0
         for info, (_lat, replies) in zip(infos, proxied, strict=True):
             summary = (await client.get(f"{proxy_url}/admin/sessions/{info['id']}", headers=admin)).json()
-            doc = (await client.get(f"{proxy_url}/admin/sessions/{info['id']}/rollout",
-                                    headers=admin)).json()
+            doc = (await client.get(f"{proxy_url}/admin/sessions/{info['id']}/rollout", headers=admin)).json()
             stored = [t["response"]["content"] for t in doc["turns"]]
             lost += sum(1 for text in replies if text not in stored)
             broken += int(summary["roots"] != 1 or summary["breaks"] != 0 or summary["turns"] != len(replies))
     d = [x for lat, _ in direct for x in lat]
     p = [x for lat, _ in proxied for x in lat]
-    return {"sessions": sessions, "calls": len(p), "elapsed": elapsed, "direct_p50": pct(d, 50),
-            "direct_p99": pct(d, 99), "proxy_p50": pct(p, 50), "proxy_p99": pct(p, 99),
-            "rss_before": rss_before, "rss_after": rss_after, "lost": lost, "broken": broken,
-            "cut": time.monotonic() > deadline}
+    return {
+        "sessions": sessions,
+        "calls": len(p),
+        "elapsed": elapsed,
+        "direct_p50": pct(d, 50),
+        "direct_p99": pct(d, 99),
+        "proxy_p50": pct(p, 50),
+        "proxy_p99": pct(p, 99),
+        "rss_before": rss_before,
+        "rss_after": rss_after,
+        "lost": lost,
+        "broken": broken,
+        "cut": time.monotonic() > deadline,
+    }
 
 
 async def soak(proxy_url: str, server_pid: int, sessions: int, turns: int, deadline: float) -> dict[str, Any]:
@@ -136,9 +175,15 @@ async def soak(proxy_url: str, server_pid: int, sessions: int, turns: int, deadl
             if time.monotonic() > deadline:
                 return
             info = (await client.post(f"{proxy_url}/admin/sessions", json={}, headers=admin)).json()
-            _lat, replies = await session(client, f"{proxy_url}/v1/chat/completions",
-                                          {"Authorization": f"Bearer {info['api_key']}"}, turns,
-                                          f"s{i}", False, deadline)
+            _lat, replies = await session(
+                client,
+                f"{proxy_url}/v1/chat/completions",
+                {"Authorization": f"Bearer {info['api_key']}"},
+                turns,
+                f"s{i}",
+                False,
+                deadline,
+            )
             closed = (await client.delete(f"{proxy_url}/admin/sessions/{info['id']}", headers=admin)).json()
             lost += len(replies) - min(len(replies), closed["turns"])
             done += 1
@@ -155,7 +200,9 @@ def pct(values: list[float], q: float) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sessions", type=int, default=256, help="concurrent sessions (at most 256)")
     parser.add_argument("--turns", type=int, default=8, help="calls per session")
     parser.add_argument("--soak", type=int, default=0, help="run N short sessions instead, sampling RSS")
@@ -168,26 +215,48 @@ def main() -> None:
     up_port, proxy_port = bench_proxy.free_port(), bench_proxy.free_port()
     upstream_url, proxy_url = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{proxy_port}"
     data = Path(tempfile.mkdtemp(prefix="tapdeck-load-"))
-    up = subprocess.Popen([sys.executable, str(Path(__file__).with_name("proxy.py")), "--upstream",
-                           str(up_port)], env=env, stdout=subprocess.DEVNULL)
+    up = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("proxy.py")), "--upstream", str(up_port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
     server = None
     lost = 0
     try:
         bench_proxy.wait_ready(f"{upstream_url}/v1/models")
-        server = subprocess.Popen([str(Path(sys.executable).with_name("tapdeck")), "serve", "--port",
-                                   str(proxy_port), "--engine", f"{upstream_url}/v1", "--admin-key",
-                                   ADMIN_KEY, "--data-dir", str(data)], env=env,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        server = subprocess.Popen(
+            [
+                str(Path(sys.executable).with_name("tapdeck")),
+                "serve",
+                "--port",
+                str(proxy_port),
+                "--engine",
+                f"{upstream_url}/v1",
+                "--admin-key",
+                ADMIN_KEY,
+                "--data-dir",
+                str(data),
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         bench_proxy.wait_ready(f"{proxy_url}/health")
-        print(f"load, one run ({os.cpu_count()} cores; upstream, server and client are separate "
-              f"processes; store = SQLite WAL, synchronous=FULL)")
+        print(
+            f"load, one run ({os.cpu_count()} cores; upstream, server and client are separate "
+            f"processes; store = SQLite WAL, synchronous=FULL)"
+        )
         if args.soak:
             s = asyncio.run(soak(proxy_url, server.pid, args.soak, args.turns, deadline))
             lost = s["lost"]
-            print(f"soak: {s['done']} sessions of {args.turns} turns, opened, run, closed, 32 at a time"
-                  + (" (cut by --deadline)" if s["cut"] else ""))
-            print("  server RSS (MB) after n sessions: " + ", ".join(
-                f"{n}: {kb / 1024:.1f}" for n, kb in s["samples"]))
+            print(
+                f"soak: {s['done']} sessions of {args.turns} turns, opened, run, closed, 32 at a time"
+                + (" (cut by --deadline)" if s["cut"] else "")
+            )
+            print(
+                "  server RSS (MB) after n sessions: "
+                + ", ".join(f"{n}: {kb / 1024:.1f}" for n, kb in s["samples"])
+            )
             if len(s["samples"]) >= 2:
                 (n0, r0), (n1, r1) = s["samples"][0], s["samples"][-1]
                 print(f"  growth from {n0} to {n1} sessions: {(r1 - r0) / max(1, n1 - n0):.2f} kB/session")
@@ -195,15 +264,21 @@ def main() -> None:
         else:
             r = asyncio.run(load_round(upstream_url, proxy_url, server.pid, sessions, args.turns, deadline))
             lost = r["lost"]
-            print(f"{r['sessions']} concurrent sessions x {args.turns} turns = {r['calls']} proxied calls"
-                  + (" (cut by --deadline)" if r["cut"] else ""))
+            print(
+                f"{r['sessions']} concurrent sessions x {args.turns} turns = {r['calls']} proxied calls"
+                + (" (cut by --deadline)" if r["cut"] else "")
+            )
             print(f"  calls/s through the proxy: {r['calls'] / r['elapsed']:.0f}")
             print(f"  ms per call   direct p50 {r['direct_p50']:.1f}  p99 {r['direct_p99']:.1f}")
             print(f"                proxy  p50 {r['proxy_p50']:.1f}  p99 {r['proxy_p99']:.1f}")
-            print(f"  ratio proxy/direct: p50 {r['proxy_p50'] / r['direct_p50']:.2f}, "
-                  f"p99 {r['proxy_p99'] / r['direct_p99']:.2f}")
-            print(f"  server RSS {r['rss_before'] / 1024:.1f} -> {r['rss_after'] / 1024:.1f} MB, "
-                  f"{(r['rss_after'] - r['rss_before']) / sessions:.0f} kB per live session")
+            print(
+                f"  ratio proxy/direct: p50 {r['proxy_p50'] / r['direct_p50']:.2f}, "
+                f"p99 {r['proxy_p99'] / r['direct_p99']:.2f}"
+            )
+            print(
+                f"  server RSS {r['rss_before'] / 1024:.1f} -> {r['rss_after'] / 1024:.1f} MB, "
+                f"{(r['rss_after'] - r['rss_before']) / sessions:.0f} kB per live session"
+            )
             print(f"  sessions not one whole chain: {r['broken']}; turns lost: {lost}")
         print(f"  calls refused, by status: {FAILED or 'none'}")
     finally:

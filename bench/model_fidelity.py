@@ -26,23 +26,33 @@ from tapdeck.runner.engine.model_file import default_model_path, shipped_model_p
 def _prompts() -> dict[str, str]:
     from pydoc_data.topics import topics
 
-    chat = ("<|im_start|>system\nYou are a coding agent. Use the tools to inspect and edit files."
-            "<|im_end|>\n<|im_start|>user\n" + json.dumps({"task": topics["assert"]})
-            + "<|im_end|>\n<|im_start|>assistant\n")
+    chat = (
+        "<|im_start|>system\nYou are a coding agent. Use the tools to inspect and edit files."
+        "<|im_end|>\n<|im_start|>user\n"
+        + json.dumps({"task": topics["assert"]})
+        + "<|im_end|>\n<|im_start|>assistant\n"
+    )
     return {"prose": topics["class"], "python": inspect.getsource(argparse), "chat": chat}
 
 
 def _logprobs(path: Path, text: str, n: int, **attn: object) -> np.ndarray:
     import llama_cpp
 
-    llm = llama_cpp.Llama(model_path=str(path), n_threads=1, n_threads_batch=1, n_batch=_CHUNK,
-                          logits_all=True, verbose=False, **attn,
-                          **context_params(shipped_model_path(), 32768))
+    llm = llama_cpp.Llama(
+        model_path=str(path),
+        n_threads=1,
+        n_threads_batch=1,
+        n_batch=_CHUNK,
+        logits_all=True,
+        verbose=False,
+        **attn,
+        **context_params(shipped_model_path(), 32768),
+    )
     try:
         ids = llm.tokenize(text.encode(), add_bos=False, special=True)[:n]
         for pos in range(0, len(ids), _CHUNK):
-            llm.eval(ids[pos:pos + _CHUNK])
-        logits = np.array(llm.scores[:len(ids)], dtype=np.float64)
+            llm.eval(ids[pos : pos + _CHUNK])
+        logits = np.array(llm.scores[: len(ids)], dtype=np.float64)
     finally:
         llm.close()
     logits -= logits.max(axis=1, keepdims=True)
@@ -62,13 +72,16 @@ def main() -> None:
         params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0
         params.allow_requantize = True
         with suppress_stdout_stderr(disable=False):  # a line per tensor otherwise
-            llama_cpp.llama_model_quantize(str(shipped_model_path()).encode(), str(q8).encode(),
-                                           params)
-        variants = {"F16": (default_model_path(), {}),
-                    "F16, flash attn": (default_model_path(), {"flash_attn": True}),
-                    "F16, flash attn, KV q8_0": (default_model_path(),
-                                                 {"flash_attn": True, "type_k": 8, "type_v": 8}),
-                    "Q8_0": (q8, {})}
+            llama_cpp.llama_model_quantize(str(shipped_model_path()).encode(), str(q8).encode(), params)
+        variants = {
+            "F16": (default_model_path(), {}),
+            "F16, flash attn": (default_model_path(), {"flash_attn": True}),
+            "F16, flash attn, KV q8_0": (
+                default_model_path(),
+                {"flash_attn": True, "type_k": 8, "type_v": 8},
+            ),
+            "Q8_0": (q8, {}),
+        }
         print(f"against Q4_1 (shipped), default attention; up to {args.tokens} tokens per prompt")
         for name, text in _prompts().items():
             ref = _logprobs(shipped_model_path(), text, args.tokens)
@@ -78,8 +91,11 @@ def main() -> None:
                 lp = _logprobs(path, text, args.tokens, **attn)
                 diff = np.abs(np.take_along_axis(lp, top, axis=1) - ref_top)
                 agree = float((lp.argmax(axis=1) == top[:, 0]).mean())
-                print(f"  {name:7s} ({len(ref)} pos) {variant:25s} top-1 agreement {agree:6.1%}  "
-                      f"|dlogprob| top-20 max {diff.max():.4f} mean {diff.mean():.5f}", flush=True)
+                print(
+                    f"  {name:7s} ({len(ref)} pos) {variant:25s} top-1 agreement {agree:6.1%}  "
+                    f"|dlogprob| top-20 max {diff.max():.4f} mean {diff.mean():.5f}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

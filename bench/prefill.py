@@ -31,8 +31,11 @@ ATTENTION: dict[str, dict[str, object]] = {
     "flash attn": {"flash_attn": True},
     "flash attn, KV q8_0": {"flash_attn": True, "type_k": 8, "type_v": 8},  # GGML_TYPE_Q8_0
 }
-LONG_SETTINGS = {("F16 (served)", "default attn"), ("F16 (served)", "flash attn"),
-                 ("F16 (served)", "flash attn, KV q8_0")}
+LONG_SETTINGS = {
+    ("F16 (served)", "default attn"),
+    ("F16 (served)", "flash attn"),
+    ("F16 (served)", "flash attn, KV q8_0"),
+}
 """What runs beyond 2,048 tokens (minutes of CPU each): the served file's attention levers.
 Q4_1 against F16 on a long first call is bench/first_call.py's."""
 
@@ -46,8 +49,7 @@ def _q8_0(folder: Path) -> Path:
     params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0
     params.allow_requantize = True
     with suppress_stdout_stderr(disable=False):  # a line per tensor otherwise
-        failed = llama_cpp.llama_model_quantize(str(shipped_model_path()).encode(),
-                                                str(out).encode(), params)
+        failed = llama_cpp.llama_model_quantize(str(shipped_model_path()).encode(), str(out).encode(), params)
     if failed:
         raise SystemExit("llama.cpp could not make the Q8_0 file")
     return out
@@ -62,19 +64,24 @@ def _ids(llm, n: int) -> list[int]:
     return ids[:n]
 
 
-def _prefill_seconds(path: Path, attn: dict[str, object], n: int,
-                     threads: int | None) -> tuple[float, float]:
+def _prefill_seconds(path: Path, attn: dict[str, object], n: int, threads: int | None) -> tuple[float, float]:
     """CPU and wall seconds of one prefill of `n` tokens from an empty cache."""
     import llama_cpp
 
-    llm = llama_cpp.Llama(model_path=str(path), n_threads=threads, n_threads_batch=threads,
-                          n_batch=_CHUNK, verbose=False, **attn,
-                          **context_params(shipped_model_path(), 32768))
+    llm = llama_cpp.Llama(
+        model_path=str(path),
+        n_threads=threads,
+        n_threads_batch=threads,
+        n_batch=_CHUNK,
+        verbose=False,
+        **attn,
+        **context_params(shipped_model_path(), 32768),
+    )
     try:
         ids = _ids(llm, n)
         cpu, wall = time.process_time(), time.perf_counter()
         for pos in range(0, n, _CHUNK):
-            llm.eval(ids[pos:pos + _CHUNK])
+            llm.eval(ids[pos : pos + _CHUNK])
         return time.process_time() - cpu, time.perf_counter() - wall
     finally:
         llm.close()
@@ -87,24 +94,31 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="llama.cpp threads (default 1)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        models = {"Q4_1 (shipped)": shipped_model_path(), "F16 (served)": default_model_path(),
-                  "Q8_0": _q8_0(Path(tmp))}
+        models = {
+            "Q4_1 (shipped)": shipped_model_path(),
+            "F16 (served)": default_model_path(),
+            "Q8_0": _q8_0(Path(tmp)),
+        }
         for n in args.tokens:
-            settings = [(m, a) for m in models for a in ATTENTION
-                        if n <= 2048 or (m, a) in LONG_SETTINGS]
+            settings = [(m, a) for m in models for a in ATTENTION if n <= 2048 or (m, a) in LONG_SETTINGS]
             cpu: dict[tuple[str, str], list[float]] = {s: [] for s in settings}
-            print(f"prefill of {n} tokens from an empty cache, 32k context, threads={args.threads}",
-                  flush=True)
+            print(
+                f"prefill of {n} tokens from an empty cache, 32k context, threads={args.threads}", flush=True
+            )
             for _ in range(args.repeat):
                 for model, attn in settings:
                     used, wall = _prefill_seconds(models[model], ATTENTION[attn], n, args.threads)
                     cpu[(model, attn)].append(used)
-                    print(f"  {model:15s} {attn:20s} {n / used:6.1f} tok per CPU-s"
-                          f"  (wall {wall:.1f} s)", flush=True)
+                    print(
+                        f"  {model:15s} {attn:20s} {n / used:6.1f} tok per CPU-s  (wall {wall:.1f} s)",
+                        flush=True,
+                    )
             base = statistics.median(cpu[settings[0]])
             for (model, attn), runs in cpu.items():
-                print(f"{n:6d} tok  {model:15s} {attn:20s} "
-                      f"{base / statistics.median(runs):.2f}x the first setting's speed per CPU-s")
+                print(
+                    f"{n:6d} tok  {model:15s} {attn:20s} "
+                    f"{base / statistics.median(runs):.2f}x the first setting's speed per CPU-s"
+                )
 
 
 if __name__ == "__main__":

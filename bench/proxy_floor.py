@@ -29,8 +29,10 @@ import uvicorn
 from tapdeck.proxy.capture.tokens import PromptIdsMemo, loads_with_prompt_ids
 from tapdeck.proxy.upstream.transport import UpstreamHTTP
 
-SCHEMA = ("CREATE TABLE IF NOT EXISTS calls (session TEXT, seq INTEGER, request BLOB, prompt_ids BLOB, "
-          "sampled_ids BLOB, logprobs BLOB, reply BLOB)")
+SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS calls (session TEXT, seq INTEGER, request BLOB, prompt_ids BLOB, "
+    "sampled_ids BLOB, logprobs BLOB, reply BLOB)"
+)
 Row = tuple[str, int, bytes, bytes, bytes, bytes, bytes]
 
 
@@ -42,8 +44,9 @@ class GroupCommit:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
         self.db.execute(SCHEMA)
-        self.jobs: queue.SimpleQueue[tuple[asyncio.AbstractEventLoop, asyncio.Future[None], Row]] = \
+        self.jobs: queue.SimpleQueue[tuple[asyncio.AbstractEventLoop, asyncio.Future[None], Row]] = (
             queue.SimpleQueue()
+        )
         threading.Thread(target=self._work, daemon=True).start()
 
     async def write(self, row: Row) -> None:
@@ -59,7 +62,9 @@ class GroupCommit:
             while not self.jobs.empty():
                 batch.append(self.jobs.get())
             self.db.execute("BEGIN IMMEDIATE")
-            self.db.executemany("INSERT INTO calls VALUES (?, ?, ?, ?, ?, ?, ?)", [row for _, _, row in batch])
+            self.db.executemany(
+                "INSERT INTO calls VALUES (?, ?, ?, ?, ?, ?, ?)", [row for _, _, row in batch]
+            )
             self.db.execute("COMMIT")
             for loop, done, _ in batch:
                 loop.call_soon_threadsafe(done.set_result, None)
@@ -82,8 +87,13 @@ def floor_app(default_engine: str, db_path: str) -> Any:
     sessions: dict[str, dict[str, Any]] = {}  # api key -> {"id", "engine", "turns"}
 
     async def reply(send: Any, status: int, body: bytes) -> None:
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
     async def model_call(session: dict[str, Any], body: bytes, send: Any) -> None:
@@ -91,24 +101,43 @@ def floor_app(default_engine: str, db_path: str) -> Any:
         upstream = {**request, "stream": False, "return_token_ids": True, "logprobs": True, "top_logprobs": 0}
         engine = engines.get(session["engine"])
         if engine is None:
-            engine = engines[session["engine"]] = UpstreamHTTP(session["engine"], connect_timeout=10,
-                                                               read_timeout=300)
-        got = await engine.request("POST", "/chat/completions", orjson.dumps(upstream),
-                                   {"Content-Type": "application/json"})
+            engine = engines[session["engine"]] = UpstreamHTTP(
+                session["engine"], connect_timeout=10, read_timeout=300
+            )
+        got = await engine.request(
+            "POST", "/chat/completions", orjson.dumps(upstream), {"Content-Type": "application/json"}
+        )
         out = loads_with_prompt_ids(got.body, session["memo"])
         choice = out["choices"][0]
         logprobs = np.array([e["logprob"] for e in choice["logprobs"]["content"]], dtype=np.float64)
-        row = (session["id"], session["turns"], orjson.dumps(request["messages"]),
-               out["prompt_token_ids"].astype(np.int32).tobytes(),
-               np.asarray(choice["token_ids"], dtype=np.int32).tobytes(), logprobs.tobytes(),
-               orjson.dumps(choice["message"]))
+        row = (
+            session["id"],
+            session["turns"],
+            orjson.dumps(request["messages"]),
+            out["prompt_token_ids"].astype(np.int32).tobytes(),
+            np.asarray(choice["token_ids"], dtype=np.int32).tobytes(),
+            logprobs.tobytes(),
+            orjson.dumps(choice["message"]),
+        )
         session["turns"] += 1
         assert store is not None
         await store.write(row)
-        await reply(send, 200, orjson.dumps({
-            "id": out["id"], "object": "chat.completion", "created": out["created"], "model": out["model"],
-            "choices": [{"index": 0, "message": choice["message"], "finish_reason": choice["finish_reason"]}],
-            "usage": out["usage"]}))
+        await reply(
+            send,
+            200,
+            orjson.dumps(
+                {
+                    "id": out["id"],
+                    "object": "chat.completion",
+                    "created": out["created"],
+                    "model": out["model"],
+                    "choices": [
+                        {"index": 0, "message": choice["message"], "finish_reason": choice["finish_reason"]}
+                    ],
+                    "usage": out["usage"],
+                }
+            ),
+        )
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         nonlocal store
@@ -123,7 +152,12 @@ def floor_app(default_engine: str, db_path: str) -> Any:
         if path == "/admin/sessions" and scope["method"] == "POST":
             engine = ((orjson.loads(body) if body else {}).get("engine") or {}).get("url", default_engine)
             key = secrets.token_hex(16)
-            sessions[key] = {"id": secrets.token_hex(8), "engine": engine, "turns": 0, "memo": PromptIdsMemo()}
+            sessions[key] = {
+                "id": secrets.token_hex(8),
+                "engine": engine,
+                "turns": 0,
+                "memo": PromptIdsMemo(),
+            }
             await reply(send, 200, orjson.dumps({"id": sessions[key]["id"], "api_key": key}))
         elif path.startswith("/admin/sessions/"):
             found = next((s for s in sessions.values() if s["id"] == path.rsplit("/", 1)[1]), None)
@@ -143,8 +177,16 @@ def floor_app(default_engine: str, db_path: str) -> Any:
 
 def main() -> None:
     port, engine, db_path = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-    uvicorn.run(floor_app(engine, db_path), host="127.0.0.1", port=port, loop="uvloop", http="httptools",
-                log_level="warning", access_log=False, proxy_headers=False)
+    uvicorn.run(
+        floor_app(engine, db_path),
+        host="127.0.0.1",
+        port=port,
+        loop="uvloop",
+        http="httptools",
+        log_level="warning",
+        access_log=False,
+        proxy_headers=False,
+    )
 
 
 if __name__ == "__main__":

@@ -40,9 +40,8 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-import proxy as bench  # noqa: E402  (bench/proxy.py: upstream, load and /proc readers)
-
-from tapdeck.app.commands import serve as serve_command  # noqa: E402
+import proxy as bench
+from tapdeck.app.commands import serve as serve_command
 
 P = "tapdeck.proxy."
 STEPS: list[tuple[str, str]] = [
@@ -77,8 +76,12 @@ LOOP_THREAD = "tapdeck-server"
 ADMIN_KEY = "bench-admin-key"
 
 
-def _timed(step: str, fn: Callable[..., Any], totals: collections.Counter[tuple[str, str]],
-           counts: collections.Counter[tuple[str, str]]) -> Callable[..., Any]:
+def _timed(
+    step: str,
+    fn: Callable[..., Any],
+    totals: collections.Counter[tuple[str, str]],
+    counts: collections.Counter[tuple[str, str]],
+) -> Callable[..., Any]:
     clock = time.thread_time_ns
 
     def timed(*args: Any, **kwargs: Any) -> Any:
@@ -89,6 +92,7 @@ def _timed(step: str, fn: Callable[..., Any], totals: collections.Counter[tuple[
         finally:
             totals[(where, step)] += clock() - start
             counts[(where, step)] += 1
+
     return timed
 
 
@@ -129,16 +133,27 @@ def serve_timed(out: Path, argv: list[str]) -> None:
     serve_command.settle_collector = start_counting
 
     def dump() -> None:
-        out.write_text(json.dumps([[where, step, ns, counts[(where, step)]]
-                                   for (where, step), ns in totals.items()]))
+        out.write_text(
+            json.dumps([[where, step, ns, counts[(where, step)]] for (where, step), ns in totals.items()])
+        )
+
     atexit.register(dump)
     from tapdeck.app.cli import main
+
     sys.argv = ["tapdeck", "serve", *argv]
     main()
 
 
-async def drive(proxy_url: str, upstream_url: str, pid: int, sessions: int, calls: int,
-                rounds: int, turns: int, turn_tokens: int) -> tuple[int, float]:
+async def drive(
+    proxy_url: str,
+    upstream_url: str,
+    pid: int,
+    sessions: int,
+    calls: int,
+    rounds: int,
+    turns: int,
+    turn_tokens: int,
+) -> tuple[int, float]:
     """The rounds' calls (or the one long rollout's) and the loop thread's CPU seconds over them."""
     engine = {"url": f"{upstream_url}/v1"}
     limits = httpx.Limits(max_connections=sessions + 8, max_keepalive_connections=sessions + 8)
@@ -146,17 +161,29 @@ async def drive(proxy_url: str, upstream_url: str, pid: int, sessions: int, call
     async with httpx.AsyncClient(timeout=300, limits=limits) as client:
         await bench.warm_up(client, upstream_url, proxy_url, ADMIN_KEY, engine)
         if turns:
-            info = (await client.post(f"{proxy_url}/admin/sessions", json={"engine": engine},
-                                      headers={"Authorization": f"Bearer {ADMIN_KEY}"})).json()
+            info = (
+                await client.post(
+                    f"{proxy_url}/admin/sessions",
+                    json={"engine": engine},
+                    headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+                )
+            ).json()
             threads = bench.thread_cpu_s(pid)
-            await bench.conversation(client, f"{proxy_url}/v1/chat/completions",
-                                     {"Authorization": f"Bearer {info['api_key']}"}, turns=turns,
-                                     first_tokens=1000, turn_tokens=turn_tokens,
-                                     salt="parts-long", direct=False)
+            await bench.conversation(
+                client,
+                f"{proxy_url}/v1/chat/completions",
+                {"Authorization": f"Bearer {info['api_key']}"},
+                turns=turns,
+                first_tokens=1000,
+                turn_tokens=turn_tokens,
+                salt="parts-long",
+                direct=False,
+            )
             return turns, bench.busiest_delta(threads, bench.thread_cpu_s(pid))
         for k in range(rounds):
-            r = await bench.through_proxy(client, proxy_url, ADMIN_KEY, pid, engine, sessions,
-                                          calls, 1000, 200, f"parts{k}")
+            r = await bench.through_proxy(
+                client, proxy_url, ADMIN_KEY, pid, engine, sessions, calls, 1000, 200, f"parts{k}"
+            )
             if r["errors"]:
                 raise RuntimeError(f"calls failed: {r['errors'][0]}")
             done += len(r["flat"])
@@ -165,14 +192,20 @@ async def drive(proxy_url: str, upstream_url: str, pid: int, sessions: int, call
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--serve-timed", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--sessions", type=int, default=16)
     parser.add_argument("--calls", type=int, default=20, help="calls per session and round")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--turns", type=int, default=0,
-                        help="instead of the rounds, one rollout of this many turns whose prompt "
-                             "grows as bench/proxy.py's flatness round's does (200: ~107k tokens)")
+    parser.add_argument(
+        "--turns",
+        type=int,
+        default=0,
+        help="instead of the rounds, one rollout of this many turns whose prompt "
+        "grows as bench/proxy.py's flatness round's does (200: ~107k tokens)",
+    )
     parser.add_argument("--turn-tokens", type=int, default=500, help="tokens each turn adds (--turns)")
     args, rest = parser.parse_known_args()
     if args.serve_timed:
@@ -188,13 +221,38 @@ def main() -> None:
     server = None
     try:
         bench.wait_ready(f"{upstream_url}/v1/models")
-        server = subprocess.Popen([sys.executable, __file__, "--serve-timed", str(totals_file), "--port",
-                                   str(proxy_port), "--engine", f"{upstream_url}/v1", "--admin-key",
-                                   ADMIN_KEY, "--data-dir", str(data)], env=env,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        server = subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--serve-timed",
+                str(totals_file),
+                "--port",
+                str(proxy_port),
+                "--engine",
+                f"{upstream_url}/v1",
+                "--admin-key",
+                ADMIN_KEY,
+                "--data-dir",
+                str(data),
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         bench.wait_ready(f"{proxy_url}/health")
-        calls, loop_s = asyncio.run(drive(proxy_url, upstream_url, server.pid, args.sessions, args.calls,
-                                          args.rounds, args.turns, args.turn_tokens))
+        calls, loop_s = asyncio.run(
+            drive(
+                proxy_url,
+                upstream_url,
+                server.pid,
+                args.sessions,
+                args.calls,
+                args.rounds,
+                args.turns,
+                args.turn_tokens,
+            )
+        )
     finally:
         if server is not None:
             server.send_signal(signal.SIGINT)
@@ -204,10 +262,15 @@ def main() -> None:
     rows = json.loads(totals_file.read_text())
     # Every model call the server answered (the warm-up's too) reads its body once.
     answered = next(count for _where, step, _ns, count in rows if step == "_payload")
-    load = (f"one rollout of {args.turns} turns" if args.turns else
-            f"{args.rounds} × {args.sessions} sessions × {args.calls} calls")
-    print(f"thread CPU of each step inside `tapdeck serve` ({os.cpu_count()} cores, {bench.load()}; "
-          f"{load}, {answered} answered)")
+    load = (
+        f"one rollout of {args.turns} turns"
+        if args.turns
+        else f"{args.rounds} × {args.sessions} sessions × {args.calls} calls"
+    )
+    print(
+        f"thread CPU of each step inside `tapdeck serve` ({os.cpu_count()} cores, {bench.load()}; "
+        f"{load}, {answered} answered)"
+    )
     print(f"the event loop's whole CPU: {loop_s * 1e6 / calls:.0f} µs per call (/proc ticks)")
     print(f"{'thread':<7} {'µs/call':>8} {'runs/call':>9}  step")
     for where, step, ns, count in sorted(rows, key=lambda r: (r[0], -r[2])):

@@ -48,7 +48,9 @@ def charge(frames: list[str]) -> tuple[str, int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("file", type=Path)
     parser.add_argument("--top", help="list the heaviest frames charged to this part")
     args = parser.parse_args()
@@ -62,7 +64,9 @@ def main() -> None:
         part, at = charge(frames)
         shares[part] += int(count)
         if part == args.top:
-            frames_of[" < ".join(f.split(" (")[0] for f in frames[max(0, at - 2):at + 1][::-1])] += int(count)
+            frames_of[" < ".join(f.split(" (")[0] for f in frames[max(0, at - 2) : at + 1][::-1])] += int(
+                count
+            )
     total = sum(shares.values()) or 1
     print(f"{total} samples (start-up left out)")
     for part, n in shares.most_common():

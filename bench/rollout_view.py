@@ -26,16 +26,16 @@ import httpx
 from textual.app import App, ComposeResult
 
 sys.path.insert(0, str(Path(__file__).parent))
-from graph import make_turns  # noqa: E402
+from graph import make_turns
 
-from tapdeck.app.views.graph import LiveGraph, rollout_nodes  # noqa: E402
-from tapdeck.app.widgets.rollout_tree import RolloutTree  # noqa: E402
-from tapdeck.proxy.capture.graph import RolloutGraph  # noqa: E402
-from tapdeck.proxy.http.app import create_app  # noqa: E402
-from tapdeck.proxy.service import CaptureService  # noqa: E402
-from tapdeck.proxy.http.uvicorn_thread import ThreadedServer  # noqa: E402
-from tapdeck.proxy.store.database import Store  # noqa: E402
-from tapdeck.schema.sessions import GraphTurn, GraphView  # noqa: E402
+from tapdeck.app.views.graph import LiveGraph, rollout_nodes
+from tapdeck.app.widgets.rollout_tree import RolloutTree
+from tapdeck.proxy.capture.graph import RolloutGraph
+from tapdeck.proxy.http.app import create_app
+from tapdeck.proxy.http.uvicorn_thread import ThreadedServer
+from tapdeck.proxy.service import CaptureService
+from tapdeck.proxy.store.database import Store
+from tapdeck.schema.sessions import GraphTurn, GraphView
 
 SESSION = "s-00000000000000be"
 ADMIN = "bench-admin-key"
@@ -44,9 +44,17 @@ ADMIN = "bench-admin-key"
 def build_store(path: Path, turns: int, new: int) -> None:
     """A closed session of `turns` calls, linked and stored as the capture path does."""
     store = Store(path)
-    store.create_session({"id": SESSION, "tier": "tokens", "rollout_type": "train", "state": "closed",
-                          "created_at": time.time(), "metadata": {"task": "bench"},
-                          "engine": {"url": "http://127.0.0.1:9/v1"}})
+    store.create_session(
+        {
+            "id": SESSION,
+            "tier": "tokens",
+            "rollout_type": "train",
+            "state": "closed",
+            "created_at": time.time(),
+            "metadata": {"task": "bench"},
+            "engine": {"url": "http://127.0.0.1:9/v1"},
+        }
+    )
     graph = RolloutGraph()
     for turn in make_turns(turns, new):
         turn.session_id = SESSION
@@ -67,12 +75,17 @@ class TreeApp(App):
 async def measure(base: str, turns: int, repeat: int) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, list[float]]] = {"full document": {}, "graph since N-1": {}}
     app = TreeApp()
-    async with httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {ADMIN}"},
-                                 timeout=120) as http, app.run_test(size=(160, 48)) as pilot:
+    async with (
+        httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=120) as http,
+        app.run_test(size=(160, 48)) as pilot,
+    ):
         tree = app.query_one(RolloutTree)
         live = LiveGraph()
-        live.apply(GraphView.model_validate(
-            (await http.get(f"/admin/sessions/{SESSION}/graph", params={"since": 0})).json()))
+        live.apply(
+            GraphView.model_validate(
+                (await http.get(f"/admin/sessions/{SESSION}/graph", params={"since": 0})).json()
+            )
+        )
         tree.load(rollout_nodes(live.turns.values()))
         await pilot.pause()
         for _ in range(repeat):
@@ -91,8 +104,7 @@ async def measure(base: str, turns: int, repeat: int) -> dict[str, dict[str, flo
             # Now: the newest turn's header, every turn's (seq, parent, role), stats.
             live.turns.pop(turns - 1, None)
             t0 = time.perf_counter()
-            reply = await http.get(f"/admin/sessions/{SESSION}/graph",
-                                   params={"since": live.next_since()})
+            reply = await http.get(f"/admin/sessions/{SESSION}/graph", params={"since": live.next_since()})
             view = GraphView.model_validate(reply.json())
             t1 = time.perf_counter()
             if live.apply(view):
@@ -124,8 +136,9 @@ def main() -> None:
         live_session.state = "open"
         with live_session.rw:
             service._graph(live_session)
-        server = ThreadedServer(create_app(service, admin_key=ADMIN), "127.0.0.1", 0,
-                                name="bench-server").start()
+        server = ThreadedServer(
+            create_app(service, admin_key=ADMIN), "127.0.0.1", 0, name="bench-server"
+        ).start()
         try:
             result = asyncio.run(measure(server.url, args.turns, args.repeat))
         finally:
@@ -135,12 +148,18 @@ def main() -> None:
     print(f"{'':18}{'bytes':>12}{'fetch+parse ms':>16}{'tree+frame ms':>15}{'total ms':>10}")
     for name, row in result.items():
         total = row["fetch+parse ms"] + row["tree+frame ms"]
-        print(f"{name:18}{row['bytes']:>12,.0f}{row['fetch+parse ms']:>16.1f}"
-              f"{row['tree+frame ms']:>15.1f}{total:>10.1f}")
+        print(
+            f"{name:18}{row['bytes']:>12,.0f}{row['fetch+parse ms']:>16.1f}"
+            f"{row['tree+frame ms']:>15.1f}{total:>10.1f}"
+        )
     ratio = lambda key: full[key] / max(graph[key], 1e-9)  # noqa: E731
-    total = (full["fetch+parse ms"] + full["tree+frame ms"]) / (graph["fetch+parse ms"] + graph["tree+frame ms"])
-    print(f"\nfull / incremental: bytes ×{ratio('bytes'):.0f}, fetch+parse ×{ratio('fetch+parse ms'):.1f}, "
-          f"tree+frame ×{ratio('tree+frame ms'):.1f}, total ×{total:.1f}")
+    total = (full["fetch+parse ms"] + full["tree+frame ms"]) / (
+        graph["fetch+parse ms"] + graph["tree+frame ms"]
+    )
+    print(
+        f"\nfull / incremental: bytes ×{ratio('bytes'):.0f}, fetch+parse ×{ratio('fetch+parse ms'):.1f}, "
+        f"tree+frame ×{ratio('tree+frame ms'):.1f}, total ×{total:.1f}"
+    )
 
 
 if __name__ == "__main__":

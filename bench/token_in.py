@@ -25,12 +25,27 @@ import httpx
 import numpy as np
 
 
-def run_mode(base: str, headers: dict[str, str], harness: str, tasks: list[str], k: int,
-             max_turns: int, token_in: bool, timeout: float,
-             agent_timeout: float | None = None) -> list[dict[str, Any]]:
+def run_mode(
+    base: str,
+    headers: dict[str, str],
+    harness: str,
+    tasks: list[str],
+    k: int,
+    max_turns: int,
+    token_in: bool,
+    timeout: float,
+    agent_timeout: float | None = None,
+) -> list[dict[str, Any]]:
     """One run with the mode set; the rollout documents of its sessions."""
-    plan = {"harness": harness, "tasks": tasks, "k": k, "timeout_s": timeout, "token_in": token_in,
-            "training_sampling": {"temperature": 1.0}, "agent_kwargs": {"max_turns": max_turns}}
+    plan = {
+        "harness": harness,
+        "tasks": tasks,
+        "k": k,
+        "timeout_s": timeout,
+        "token_in": token_in,
+        "training_sampling": {"temperature": 1.0},
+        "agent_kwargs": {"max_turns": max_turns},
+    }
     if agent_timeout is not None:
         plan["agent_timeout_s"] = agent_timeout
     with httpx.Client(base_url=base, headers=headers, timeout=120.0) as http:
@@ -45,8 +60,7 @@ def run_mode(base: str, headers: dict[str, str], harness: str, tasks: list[str],
             time.sleep(2.0)
         for r in doc.get("rollouts", []):
             if not r.get("ok"):
-                print(f"  rollout failed: {r.get('error_kind')}: {str(r.get('error'))[:300]}",
-                      flush=True)
+                print(f"  rollout failed: {r.get('error_kind')}: {str(r.get('error'))[:300]}", flush=True)
         sessions = [r["session_id"] for r in doc.get("rollouts", []) if r.get("session_id")]
         return [http.get(f"/admin/sessions/{s}/rollout").json() for s in sessions]
 
@@ -66,10 +80,16 @@ def figures(docs: list[dict[str, Any]]) -> dict[str, Any]:
             modes["ids" if mode == "ids" else f"text:{record.get('reason', 'mode off')}"] += 1
             differ += mode == "ids" and not record.get("same")
     transitions = turns - conversations
-    return {"rollouts": len(docs), "turns": turns, "transitions": transitions, "breaks": breaks,
-            "breaks_per_transition": round(breaks / transitions, 3) if transitions else None,
-            "segments_per_conversation": round(segments / conversations, 3) if conversations else None,
-            "ids_prompts_differing_from_text": differ, "modes": dict(modes)}
+    return {
+        "rollouts": len(docs),
+        "turns": turns,
+        "transitions": transitions,
+        "breaks": breaks,
+        "breaks_per_transition": round(breaks / transitions, 3) if transitions else None,
+        "segments_per_conversation": round(segments / conversations, 3) if conversations else None,
+        "ids_prompts_differing_from_text": differ,
+        "modes": dict(modes),
+    }
 
 
 def rescore_longest(docs: list[dict[str, Any]], base: str, headers: dict[str, str]) -> str:
@@ -78,24 +98,36 @@ def rescore_longest(docs: list[dict[str, Any]], base: str, headers: dict[str, st
 
     best = None
     for d in docs:
-        trace = httpx.get(f"{base}/admin/sessions/{d['session_id']}/trace", headers=headers,
-                          timeout=120).json()
+        trace = httpx.get(
+            f"{base}/admin/sessions/{d['session_id']}/trace", headers=headers, timeout=120
+        ).json()
         for row in trace.get("turns", []):
             if row["metadata"]["capture_mode"] == "ids" and (
-                    best is None or len(row["prompt_token_ids"]) > len(best[1]["prompt_token_ids"])):
+                best is None or len(row["prompt_token_ids"]) > len(best[1]["prompt_token_ids"])
+            ):
                 best = (trace, row)
     if best is None:
         return "no token-in row to re-score"
     trace, last = best
     ids = last["prompt_token_ids"] + last["completion_token_ids"]
-    rows = [r for r in trace["turns"]
-            if ids[:len(r["prompt_token_ids"]) + len(r["completion_token_ids"])]
-            == r["prompt_token_ids"] + r["completion_token_ids"]]
+    rows = [
+        r
+        for r in trace["turns"]
+        if ids[: len(r["prompt_token_ids"]) + len(r["completion_token_ids"])]
+        == r["prompt_token_ids"] + r["completion_token_ids"]
+    ]
     again = rescore(ids, 1, temperature=1.0)
-    gaps = np.array([abs(again[len(r["prompt_token_ids"]) + i - 1] - lp)
-                     for r in rows for i, lp in enumerate(r["per_token_logps"])])
-    return (f"re-scored a {len(ids)}-token row ({len(rows)} calls, {gaps.size} sampled tokens) in "
-            f"one pass: max |gap| {gaps.max():.4f}, mean {gaps.mean():.5f}")
+    gaps = np.array(
+        [
+            abs(again[len(r["prompt_token_ids"]) + i - 1] - lp)
+            for r in rows
+            for i, lp in enumerate(r["per_token_logps"])
+        ]
+    )
+    return (
+        f"re-scored a {len(ids)}-token row ({len(rows)} calls, {gaps.size} sampled tokens) in "
+        f"one pass: max |gap| {gaps.max():.4f}, mean {gaps.mean():.5f}"
+    )
 
 
 def main() -> None:
@@ -105,19 +137,34 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=1)
     parser.add_argument("--max-turns", type=int, default=4)
     parser.add_argument("--timeout", type=float, default=300.0)
-    parser.add_argument("--agent-timeout", type=float, default=None,
-                        help="the agent phase's limit, seconds (default: the task's)")
+    parser.add_argument(
+        "--agent-timeout",
+        type=float,
+        default=None,
+        help="the agent phase's limit, seconds (default: the task's)",
+    )
     parser.add_argument("--rescore", action="store_true")
     args = parser.parse_args()
     from tapdeck.app.host import LocalServer
     from tapdeck.proxy.config import ServerConfig
 
-    with tempfile.TemporaryDirectory() as tmp, \
-            LocalServer(ServerConfig(port=0, data_dir=Path(tmp))) as server:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        LocalServer(ServerConfig(port=0, data_dir=Path(tmp))) as server,
+    ):
         headers = {"Authorization": f"Bearer {server.admin_key}"}
         for token_in in (False, True):
-            docs = run_mode(server.url, headers, args.harness, args.tasks, args.k, args.max_turns,
-                            token_in, args.timeout, args.agent_timeout)
+            docs = run_mode(
+                server.url,
+                headers,
+                args.harness,
+                args.tasks,
+                args.k,
+                args.max_turns,
+                token_in,
+                args.timeout,
+                args.agent_timeout,
+            )
             print(f"token-in {'on ' if token_in else 'off'}: {figures(docs)}", flush=True)
             if token_in and args.rescore:
                 print(rescore_longest(docs, server.url, headers), flush=True)

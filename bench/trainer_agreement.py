@@ -49,11 +49,18 @@ np.savez(sys.argv[4], **out)
 def _llama_cpp(path: Path, ids: list[int]) -> np.ndarray:
     import llama_cpp
 
-    llm = llama_cpp.Llama(model_path=str(path), n_threads=1, n_threads_batch=1, n_batch=_CHUNK,
-                          n_ctx=2048, logits_all=True, verbose=False)
+    llm = llama_cpp.Llama(
+        model_path=str(path),
+        n_threads=1,
+        n_threads_batch=1,
+        n_batch=_CHUNK,
+        n_ctx=2048,
+        logits_all=True,
+        verbose=False,
+    )
     try:
         llm.eval(ids)
-        logits = np.array(llm.scores[:len(ids)], dtype=np.float64)
+        logits = np.array(llm.scores[: len(ids)], dtype=np.float64)
     finally:
         llm.close()
     logits -= logits.max(axis=1, keepdims=True)
@@ -64,8 +71,11 @@ def _compare(name: str, ref: np.ndarray, other: np.ndarray) -> None:
     top = np.argsort(-ref, axis=1)[:, :20]
     diff = np.abs(np.take_along_axis(other, top, axis=1) - np.take_along_axis(ref, top, axis=1))
     agree = float((other.argmax(axis=1) == top[:, 0]).mean())
-    print(f"  {name:40s} top-1 agreement {agree:6.1%}  |dlogprob| top-20 "
-          f"max {diff.max():.4f} mean {diff.mean():.5f}", flush=True)
+    print(
+        f"  {name:40s} top-1 agreement {agree:6.1%}  |dlogprob| top-20 "
+        f"max {diff.max():.4f} mean {diff.mean():.5f}",
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -73,18 +83,29 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=384)
     ap.add_argument("--train-python", default=None)
     args = ap.parse_args()
-    import llama_cpp
     from pydoc_data.topics import topics
+
+    import llama_cpp
 
     q4, f16 = shipped_model_path(), default_model_path()
     vocab = llama_cpp.Llama(model_path=str(q4), vocab_only=True, verbose=False)
-    ids = vocab.tokenize(topics["class"].encode(), add_bos=False)[:args.tokens]
+    ids = vocab.tokenize(topics["class"].encode(), add_bos=False)[: args.tokens]
     cpp = {"q4_1": _llama_cpp(q4, ids), "f16": _llama_cpp(f16, ids)}
     train_python = args.train_python or str(env_dir() / "bin" / "python")
     with tempfile.TemporaryDirectory() as tmp:
         np.save(Path(tmp) / "ids.npy", np.array(ids, dtype=np.int64))
-        subprocess.run([train_python, "-c", TRAINER, str(Path(tmp) / "ids.npy"), str(q4), str(f16),
-                        str(Path(tmp) / "hf.npz")], check=True)
+        subprocess.run(
+            [
+                train_python,
+                "-c",
+                TRAINER,
+                str(Path(tmp) / "ids.npy"),
+                str(q4),
+                str(f16),
+                str(Path(tmp) / "hf.npz"),
+            ],
+            check=True,
+        )
         hf = dict(np.load(Path(tmp) / "hf.npz"))
     print(f"{len(ids)} positions of English text, trained context, one batch")
     _compare("llama.cpp Q4_1 vs transformers (Q4_1 file)", hf["q4_1"], cpp["q4_1"])

@@ -166,11 +166,14 @@ def check_bind(config: ServerConfig) -> None:
         raise ConfigError(
             f"refusing to listen on {config.host}: binding beyond loopback exposes the admin API, so "
             "an admin key must be given explicitly (--admin-key-file PATH or $TAPDECK_ADMIN_KEY); "
-            "or bind 127.0.0.1 and use an SSH tunnel")
+            "or bind 127.0.0.1 and use an SSH tunnel"
+        )
     weak = admin_key_weakness(config.admin_key)
     if weak:
-        raise ConfigError(f"refusing to listen on {config.host} with a weak admin key: {weak} "
-                          "(`python -c 'import secrets; print(secrets.token_urlsafe(32))'` makes one)")
+        raise ConfigError(
+            f"refusing to listen on {config.host} with a weak admin key: {weak} "
+            "(`python -c 'import secrets; print(secrets.token_urlsafe(32))'` makes one)"
+        )
 
 
 def check_tls(tls: TlsFiles) -> None:
@@ -193,17 +196,21 @@ def cleartext_warning(config: ServerConfig) -> str | None:
     anyone on the network path can read."""
     if config.tls is not None or is_loopback(config.host):
         return None
-    return (f"warning: {config.host} is beyond loopback and this server has no TLS: session keys, the "
-            "admin key and every prompt and reply (the agent's code and files) cross the network in "
-            "the clear; give --tls-cert and --tls-key, or bind 127.0.0.1 and reach it over an SSH tunnel")
+    return (
+        f"warning: {config.host} is beyond loopback and this server has no TLS: session keys, the "
+        "admin key and every prompt and reply (the agent's code and files) cross the network in "
+        "the clear; give --tls-cert and --tls-key, or bind 127.0.0.1 and reach it over an SSH tunnel"
+    )
 
 
 def admin_key_weakness(key: str) -> str | None:
     """Why `key` is too weak to guard a public bind, or None when it is strong enough."""
     if len(key) < MIN_PUBLIC_KEY_CHARS:
         return f"it has {len(key)} characters; at least {MIN_PUBLIC_KEY_CHARS} are needed"
-    classes = sum(any(test(c) for c in key)
-                  for test in (str.islower, str.isupper, str.isdigit, lambda c: not c.isalnum()))
+    classes = sum(
+        any(test(c) for c in key)
+        for test in (str.islower, str.isupper, str.isdigit, lambda c: not c.isalnum())
+    )
     if classes < MIN_PUBLIC_KEY_CLASSES or len(set(key)) < MIN_PUBLIC_KEY_CHARS // 2:
         return "it repeats too few distinct characters; use a random one"
     return None

@@ -13,9 +13,14 @@ RETRYABLE_STATUS = frozenset({408, 429, 499, 500, 502, 503, 504})
 client reconnects); the rest are refusals of the request itself."""
 
 _KIND_BY_STATUS = {
-    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-    404: "not_found_error", 409: "conflict_error", 413: "request_too_large",
-    429: "rate_limit_error", 503: "unavailable",
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    409: "conflict_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "unavailable",
 }
 
 
@@ -28,8 +33,15 @@ class ProxyError(Exception):
     """An error the proxy answers with: `status` (HTTP), `kind` (machine-readable), `message`
     (what happened and what to do, for a person), and whether a retry can succeed."""
 
-    def __init__(self, status: int, message: str, *, kind: str | None = None,
-                 retryable: bool | None = None, param: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        kind: str | None = None,
+        retryable: bool | None = None,
+        param: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -50,8 +62,9 @@ class DialectError(ProxyError):
     """A request the proxy refuses to translate or send (a field of the wrong shape, `n > 1`, a
     sampling knob a training session forbids); rendered in the caller's own error envelope."""
 
-    def __init__(self, status: int, message: str, *, kind: str = "invalid_request_error",
-                 param: str | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, *, kind: str = "invalid_request_error", param: str | None = None
+    ) -> None:
         super().__init__(status, message, kind=kind, param=param)
 
 

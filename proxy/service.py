@@ -17,44 +17,57 @@ from typing import Any
 
 import httpx
 
-from tapdeck.proxy.sessions.activity import ActivityLog
 from tapdeck.proxy.capture.call import CallCapture
+from tapdeck.proxy.capture.export import rollout_document, training_trace
 from tapdeck.proxy.config import DEFAULT_MAX_REPLY_BYTES
 from tapdeck.proxy.http.call_pipeline import CallPipeline
 from tapdeck.proxy.http.call_reply import CallReply
-from tapdeck.proxy.upstream.client import DEFAULT_TIMEOUT
 from tapdeck.proxy.http.events import EventBus
-from tapdeck.proxy.capture.export import rollout_document, training_trace
-from tapdeck.schema.findings import Finding
+from tapdeck.proxy.http.sse import KEEPALIVE_SECONDS
+from tapdeck.proxy.sessions.activity import ActivityLog
 from tapdeck.proxy.sessions.queries import SessionQueries
 from tapdeck.proxy.sessions.registry import SessionRegistry
-from tapdeck.schema.sessions import SessionInfo, SessionSummary
 from tapdeck.proxy.sessions.spec import SessionSpec
-from tapdeck.proxy.http.sse import KEEPALIVE_SECONDS
 from tapdeck.proxy.store.database import Store
+from tapdeck.proxy.upstream.client import DEFAULT_TIMEOUT
 from tapdeck.proxy.upstream.tiers import EngineSpec
+from tapdeck.schema.findings import Finding
+from tapdeck.schema.sessions import SessionInfo, SessionSummary
 
 
 class CaptureService:
     """Owns the sessions of one server and everything a model call goes through."""
 
-    def __init__(self, store: Store, *, default_engine: EngineSpec | None, public_url: str,
-                 keepalive_s: float = KEEPALIVE_SECONDS,
-                 engine_timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
-                 max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        default_engine: EngineSpec | None,
+        public_url: str,
+        keepalive_s: float = KEEPALIVE_SECONDS,
+        engine_timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
+        max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
+    ) -> None:
         self.store = store
         self.default_engine = default_engine
         self.public_url = public_url.rstrip("/")
         self.events = EventBus()
         self.activity = ActivityLog()
         """Calls in flight and each session's last exchange (the stuck-rollout view)."""
-        self.registry = SessionRegistry(store, self.events, self.activity, default_engine=default_engine,
-                                        public_url=self.public_url, engine_timeout=engine_timeout,
-                                        max_reply_bytes=max_reply_bytes)
+        self.registry = SessionRegistry(
+            store,
+            self.events,
+            self.activity,
+            default_engine=default_engine,
+            public_url=self.public_url,
+            engine_timeout=engine_timeout,
+            max_reply_bytes=max_reply_bytes,
+        )
         self.writes = self.registry.writes
         self.queries = SessionQueries(self.registry)
-        self.calls = CallPipeline(self.registry, CallCapture(self.registry, self.activity),
-                                  keepalive_s=keepalive_s)
+        self.calls = CallPipeline(
+            self.registry, CallCapture(self.registry, self.activity), keepalive_s=keepalive_s
+        )
         # The live maps, as tests and benches inspect them.
         self._sessions = self.registry.sessions
         self._clients = self.registry.clients
@@ -139,15 +152,21 @@ class CaptureService:
 
     # ----------------------------------------------------------------- model calls
 
-    def models(self, path: str, headers: Mapping[str, str], query: Mapping[str, str],
-               model_id: str | None = None) -> CallReply:
+    def models(
+        self, path: str, headers: Mapping[str, str], query: Mapping[str, str], model_id: str | None = None
+    ) -> CallReply:
         """A models route (`GET /v1/models[/{id}]`, `/v1beta/models[/{model}]`) with a session
         key: the session's model only, in the asking SDK's shape."""
         return self.calls.models(path, headers, query, model_id)
 
-    async def handle_call(self, path: str, query: Mapping[str, str], headers: Mapping[str, str],
-                          body: bytes | Callable[[], Awaitable[bytes]],
-                          until_disconnect: Callable[[], Awaitable[None]] | None = None) -> CallReply:
+    async def handle_call(
+        self,
+        path: str,
+        query: Mapping[str, str],
+        headers: Mapping[str, str],
+        body: bytes | Callable[[], Awaitable[bytes]],
+        until_disconnect: Callable[[], Awaitable[None]] | None = None,
+    ) -> CallReply:
         """Answer one harness request in its own dialect (proxy/http/call_pipeline.py)."""
         return await self.calls.handle_call(path, query, headers, body, until_disconnect)
 

@@ -3,8 +3,8 @@ qwen-code, mini-swe-agent), from their registries into tapdeck-managed folders.
 
 Each agent gets its own folder, `<agents dir>/<name>-<version>/`: an npm `--prefix` for the Node
 CLIs, a Python >= 3.12 venv for mini-swe-agent. A finished install writes `install.json` (package,
-version, size, seconds taken) last, so only a folder with a record counts as installed. Installing is idempotent and serialised per agent
-with a file lock (concurrent rollouts may all ask for it on first use).
+version, size, seconds taken) last, so only a folder with a record counts as installed. Installing is
+idempotent and serialised per agent with a file lock (concurrent rollouts may all ask for it on first use).
 
 The installs run with a scratch HOME and TMPDIR: postinstall scripts (opencode's makes
 `~/.cache/opencode/bin`) and the CLIs' first runs would otherwise write into the operator's home.
@@ -35,11 +35,22 @@ from tapdeck.runner.process_group import signal_group, wait_group_gone
 AGENTS_DIR_ENV = "TAPDECK_AGENTS_DIR"
 RECORD = "install.json"
 # Host settings an install needs to reach the registries (mirrors, proxies, CA bundles).
-_KEPT_ENV = re.compile(r"^(npm_config_|NPM_CONFIG_|PIP_|UV_|HTTPS?_PROXY$|NO_PROXY$|https?_proxy$|"
-                       r"no_proxy$|NODE_EXTRA_CA_CERTS$|SSL_CERT_|REQUESTS_CA_BUNDLE$|CURL_CA_BUNDLE$)")
-_NETWORK_MARKERS = ("ENOTFOUND", "EAI_AGAIN", "ETIMEDOUT", "ECONNREFUSED", "ECONNRESET",
-                    "network", "Could not find a version", "No matching distribution",
-                    "Temporary failure in name resolution", "Failed to establish a new connection")
+_KEPT_ENV = re.compile(
+    r"^(npm_config_|NPM_CONFIG_|PIP_|UV_|HTTPS?_PROXY$|NO_PROXY$|https?_proxy$|"
+    r"no_proxy$|NODE_EXTRA_CA_CERTS$|SSL_CERT_|REQUESTS_CA_BUNDLE$|CURL_CA_BUNDLE$)"
+)
+_NETWORK_MARKERS = (
+    "ENOTFOUND",
+    "EAI_AGAIN",
+    "ETIMEDOUT",
+    "ECONNREFUSED",
+    "ECONNRESET",
+    "network",
+    "Could not find a version",
+    "No matching distribution",
+    "Temporary failure in name resolution",
+    "Failed to establish a new connection",
+)
 
 
 @dataclass(frozen=True)
@@ -58,18 +69,24 @@ class AgentPackage:
     @property
     def spec(self) -> str:
         """The registry's package@version (npm) or package==version (pip) spelling."""
-        return f"{self.package}@{self.version}" if self.registry == "npm" else f"{self.package}=={self.version}"
+        return (
+            f"{self.package}@{self.version}" if self.registry == "npm" else f"{self.package}=={self.version}"
+        )
 
 
-PACKAGES: dict[str, AgentPackage] = {p.name: p for p in (
-    AgentPackage("codex", "npm", "@openai/codex", "0.169.0", "node_modules/.bin/codex"),
-    AgentPackage("claude-code", "npm", "@anthropic-ai/claude-code", "2.1.328",
-                 "node_modules/.bin/claude"),
-    AgentPackage("gemini-cli", "npm", "@google/gemini-cli", "0.61.0", "node_modules/.bin/gemini"),
-    AgentPackage("opencode", "npm", "opencode-ai", "1.18.33", "node_modules/.bin/opencode"),
-    AgentPackage("qwen-code", "npm", "@qwen-code/qwen-code", "0.24.4", "node_modules/.bin/qwen"),
-    AgentPackage("mini-swe-agent", "pypi", "mini-swe-agent", "2.4.6", "venv/bin/mini"),
-)}
+PACKAGES: dict[str, AgentPackage] = {
+    p.name: p
+    for p in (
+        AgentPackage("codex", "npm", "@openai/codex", "0.169.0", "node_modules/.bin/codex"),
+        AgentPackage(
+            "claude-code", "npm", "@anthropic-ai/claude-code", "2.1.328", "node_modules/.bin/claude"
+        ),
+        AgentPackage("gemini-cli", "npm", "@google/gemini-cli", "0.61.0", "node_modules/.bin/gemini"),
+        AgentPackage("opencode", "npm", "opencode-ai", "1.18.33", "node_modules/.bin/opencode"),
+        AgentPackage("qwen-code", "npm", "@qwen-code/qwen-code", "0.24.4", "node_modules/.bin/qwen"),
+        AgentPackage("mini-swe-agent", "pypi", "mini-swe-agent", "2.4.6", "venv/bin/mini"),
+    )
+}
 
 
 class InstallRecord(BaseModel):
@@ -147,9 +164,13 @@ def _locked(root: Path, name: str) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def install(name: str, *, root: Path | None = None,
-            on_progress: Callable[[str], None] | None = None,
-            timeout_s: float = 900.0) -> InstallRecord:
+def install(
+    name: str,
+    *,
+    root: Path | None = None,
+    on_progress: Callable[[str], None] | None = None,
+    timeout_s: float = 900.0,
+) -> InstallRecord:
     """Install `name`'s pinned version unless it already is; returns its record.
 
     `on_progress` gets one line at a time (what is being done, then the installer's own output).
@@ -176,13 +197,19 @@ def install(name: str, *, root: Path | None = None,
             if not (final / package.entry).exists():
                 raise InstallError(f"{package.spec} installed, but {package.entry} is missing")
             seconds = time.monotonic() - started
-            record = InstallRecord(name=name, package=package.package, version=package.version,
-                                   registry=package.registry, path=str(final), entry=package.entry,
-                                   size_bytes=folder_size(final), install_seconds=round(seconds, 1),
-                                   installed_at=time.time())
+            record = InstallRecord(
+                name=name,
+                package=package.package,
+                version=package.version,
+                registry=package.registry,
+                path=str(final),
+                entry=package.entry,
+                size_bytes=folder_size(final),
+                install_seconds=round(seconds, 1),
+                installed_at=time.time(),
+            )
             (final / RECORD).write_text(record.model_dump_json(indent=2))
-            say(f"{name} {package.version} installed: {record.size_bytes / 1e6:.0f} MB "
-                f"in {seconds:.0f} s")
+            say(f"{name} {package.version} installed: {record.size_bytes / 1e6:.0f} MB in {seconds:.0f} s")
             return record
         except BaseException:
             shutil.rmtree(final, ignore_errors=True)
@@ -201,8 +228,7 @@ def _installer_env(scratch: Path) -> dict[str, str]:
     tmp = scratch / "tmp"
     home.mkdir(exist_ok=True)
     tmp.mkdir(exist_ok=True)
-    env = {k: v for k, v in os.environ.items()
-           if k in ("PATH", "LANG", "LC_ALL") or _KEPT_ENV.search(k)}
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL") or _KEPT_ENV.search(k)}
     real_home = Path.home()
     for name in (".npmrc",):
         if (real_home / name).is_file():
@@ -212,9 +238,15 @@ def _installer_env(scratch: Path) -> dict[str, str]:
     if (global_npmrc := _npm_global_config()) is not None:
         env["npm_config_globalconfig"] = global_npmrc
     # The npm cache is shared between installs (and kept), the rest is scratch.
-    env.update(HOME=str(home), TMPDIR=str(tmp), npm_config_cache=str(agents_dir_cache()),
-               npm_config_update_notifier="false", npm_config_fund="false",
-               npm_config_audit="false", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    env.update(
+        HOME=str(home),
+        TMPDIR=str(tmp),
+        npm_config_cache=str(agents_dir_cache()),
+        npm_config_update_notifier="false",
+        npm_config_fund="false",
+        npm_config_audit="false",
+        PIP_DISABLE_PIP_VERSION_CHECK="1",
+    )
     return env
 
 
@@ -223,8 +255,9 @@ def _npm_global_config() -> str | None:
     if shutil.which("npm") is None:
         return None
     try:
-        found = subprocess.run(["npm", "config", "get", "globalconfig"], capture_output=True,
-                               text=True, timeout=30, check=False).stdout.strip()
+        found = subprocess.run(
+            ["npm", "config", "get", "globalconfig"], capture_output=True, text=True, timeout=30, check=False
+        ).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         return None
     return found if found and Path(found).is_file() else None
@@ -235,31 +268,57 @@ def agents_dir_cache() -> Path:
     return Path.home() / ".cache" / "tapdeck" / "npm-cache"
 
 
-def _run_installer(package: AgentPackage, target: Path, scratch: Path,
-                   say: Callable[[str], None], timeout_s: float) -> None:
+def _run_installer(
+    package: AgentPackage, target: Path, scratch: Path, say: Callable[[str], None], timeout_s: float
+) -> None:
     env = _installer_env(scratch)
     if package.registry == "npm":
         if shutil.which("npm") is None:
             raise InstallError(f"installing {package.name} needs npm (Node.js 20 or newer) on PATH")
-        steps = [["npm", "install", "--prefix", str(target), "--no-audit", "--no-fund",
-                  "--loglevel=http", package.spec]]
+        steps = [
+            [
+                "npm",
+                "install",
+                "--prefix",
+                str(target),
+                "--no-audit",
+                "--no-fund",
+                "--loglevel=http",
+                package.spec,
+            ]
+        ]
     else:
         python = sys.executable  # tapdeck's own, >= 3.12 (requires-python), as mini-swe-agent needs
         venv = target / "venv"
-        steps = [[python, "-m", "venv", str(venv)],
-                 [str(venv / "bin" / "python"), "-m", "pip", "install", "--progress-bar", "off",
-                  package.spec]]
+        steps = [
+            [python, "-m", "venv", str(venv)],
+            [str(venv / "bin" / "python"), "-m", "pip", "install", "--progress-bar", "off", package.spec],
+        ]
     deadline = time.monotonic() + timeout_s
     for argv in steps:
         _stream(argv, env, scratch, say, deadline, package)
 
 
-def _stream(argv: list[str], env: dict[str, str], cwd: Path, say: Callable[[str], None],
-            deadline: float, package: AgentPackage) -> None:
+def _stream(
+    argv: list[str],
+    env: dict[str, str],
+    cwd: Path,
+    say: Callable[[str], None],
+    deadline: float,
+    package: AgentPackage,
+) -> None:
     """Run one installer step, passing its output on line by line; InstallError on failure."""
-    process = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               errors="replace", start_new_session=True)
+    process = subprocess.Popen(
+        argv,
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+    )
     timed_out = threading.Event()
 
     def stop() -> None:
@@ -287,13 +346,16 @@ def _stream(argv: list[str], env: dict[str, str], cwd: Path, say: Callable[[str]
             process.wait()
     if timed_out.is_set() and code != 0:
         wait_group_gone(process.pid)  # what it started is gone before the error says it was stopped
-        raise InstallError(f"installing {package.spec} took longer than allowed; stopped it "
-                           f"(its last line: {tail[-1] if tail else 'none'})")
+        raise InstallError(
+            f"installing {package.spec} took longer than allowed; stopped it "
+            f"(its last line: {tail[-1] if tail else 'none'})"
+        )
     if code != 0:
         text = "\n".join(tail)
         network = any(marker.lower() in text.lower() for marker in _NETWORK_MARKERS)
-        raise InstallError(f"installing {package.spec} failed (exit {code}):\n{text[-2000:]}",
-                           network=network)
+        raise InstallError(
+            f"installing {package.spec} failed (exit {code}):\n{text[-2000:]}", network=network
+        )
 
 
 def _fix_permissions(package: AgentPackage, target: Path) -> None:

@@ -3,10 +3,10 @@ exception_handlers=EXCEPTION_HANDLERS)`: routes raise the runner's errors (`runn
 with its status) and one handler answers them.
 
 `GET /admin/catalog`, `POST/GET /admin/runs`, `GET /admin/runs/{id}`, `POST /admin/runs/{id}/cancel`,
-`POST /admin/runs/{id}/rollouts/{rollout_id}/cancel` (one rollout), `POST /admin/runs/{id}/resume`, `POST /admin/runs/{id}/export`. Runs execute as asyncio tasks on the
-runner's own loop and thread (`runner_loop.RunnerLoop`: the server's loop is uvloop, on which Harbor
-trials hang); when the server shuts down, running runs are cancelled (sandboxes torn down) and can
-be resumed later.
+`POST /admin/runs/{id}/rollouts/{rollout_id}/cancel` (one rollout), `POST /admin/runs/{id}/resume`, `POST
+/admin/runs/{id}/export`. Runs execute as asyncio tasks on the runner's own loop and thread
+(`runner_loop.RunnerLoop`: the server's loop is uvloop, on which Harbor trials hang); when the server shuts
+down, running runs are cancelled (sandboxes torn down) and can be resumed later.
 
 Training: `GET /admin/train/recipes`, `POST/GET /admin/train`, `GET /admin/train/{id}`,
 `GET /admin/train/{id}/log?offset=&tail=`, `GET /admin/train/{id}/metrics?after=`,
@@ -69,10 +69,15 @@ EXCEPTION_HANDLERS: dict[type[Exception], Callable[..., Any]] = {RunnerError: _r
 errors (`runner/errors.py`) and leave their rendering to it."""
 
 
-def create_runner_router(service: CaptureServiceProtocol, *, data_dir: Path,
-                         default_engine: EngineSpec | None, admin_key: str | None = None,
-                         default_is_embedded: bool = False,
-                         ca_file: Path | None = None) -> APIRouter:
+def create_runner_router(
+    service: CaptureServiceProtocol,
+    *,
+    data_dir: Path,
+    default_engine: EngineSpec | None,
+    admin_key: str | None = None,
+    default_is_embedded: bool = False,
+    ca_file: Path | None = None,
+) -> APIRouter:
     """The runner routes for one capture service; the BatchRunner is exposed as `router.batch`,
     the training runs as `router.training`. `default_is_embedded`: the default engine is the
     embedded one (runs on it say "embedded", not its loopback URL).
@@ -81,15 +86,21 @@ def create_runner_router(service: CaptureServiceProtocol, *, data_dir: Path,
     trusting `ca_file` (the server's own certificate, when it serves HTTPS).
     """
     runner_loop = RunnerLoop()
-    batch = BatchRunner(service, data_dir=Path(data_dir), default_engine=default_engine,
-                        loop=runner_loop, default_is_embedded=default_is_embedded)
+    batch = BatchRunner(
+        service,
+        data_dir=Path(data_dir),
+        default_engine=default_engine,
+        loop=runner_loop,
+        default_is_embedded=default_is_embedded,
+    )
     server_env = {"TAPDECK_SERVER_URL": service.public_url}
     if admin_key:
         server_env["TAPDECK_ADMIN_KEY"] = admin_key
     if ca_file is not None:
         server_env[CA_FILE_ENV] = str(ca_file)
-    training = TrainingJobs(Path(data_dir), server_env=server_env,
-                            export_run=lambda run_id: run_rows_for_training(batch, run_id))
+    training = TrainingJobs(
+        Path(data_dir), server_env=server_env, export_run=lambda run_id: run_rows_for_training(batch, run_id)
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Any) -> AsyncIterator[None]:
@@ -126,8 +137,9 @@ def create_runner_router(service: CaptureServiceProtocol, *, data_dir: Path,
         if default_engine is not None:
             # "embedded" in a plan means this server's default engine: report that one, probed on
             # this loop as its sessions are (same model, so the probe cache answers for both).
-            info = await url_engine_info(default_engine.url, api_key=default_engine.api_key,
-                                         model=default_engine.model)
+            info = await url_engine_info(
+                default_engine.url, api_key=default_engine.api_key, model=default_engine.model
+            )
             row = info.model_dump(mode="json")
             row["name"] = "embedded"
             row["why"] = f"this server's default engine; {row['why']}"
@@ -148,8 +160,9 @@ def create_runner_router(service: CaptureServiceProtocol, *, data_dir: Path,
     @router.get("/runs/{run_id}", response_model=RunDetail)
     async def get_run(run_id: str) -> JSONResponse:
         summary, rollouts = _run(run_id)
-        return JSONResponse({**summary.model_dump(mode="json"),
-                             "rollouts": [r.model_dump(mode="json") for r in rollouts]})
+        return JSONResponse(
+            {**summary.model_dump(mode="json"), "rollouts": [r.model_dump(mode="json") for r in rollouts]}
+        )
 
     @router.post("/runs/{run_id}/cancel", response_model=RunSummary)
     async def cancel_run(run_id: str) -> JSONResponse:
@@ -212,8 +225,9 @@ def create_runner_router(service: CaptureServiceProtocol, *, data_dir: Path,
             async for event in training.follow(run_id):
                 yield b"data: " + event.model_dump_json().encode() + b"\n\n"
 
-        return StreamingResponse(stream(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+        return StreamingResponse(
+            stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
 
     @router.post("/train/{run_id}/stop", response_model=TrainRunInfo)
     async def stop_training(run_id: str) -> JSONResponse:

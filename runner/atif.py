@@ -64,12 +64,14 @@ def load_trajectory(path: Path) -> tuple[dict[str, Any] | None, Finding | None]:
         harbor_api.Trajectory.model_validate(data)
     except Exception as exc:  # noqa: BLE001 - pydantic's ValidationError, or Harbor missing
         return data if isinstance(data, dict) else None, Finding.warn(
-            "atif_invalid", f"{path} does not validate as ATIF: {str(exc).splitlines()[0]}")
+            "atif_invalid", f"{path} does not validate as ATIF: {str(exc).splitlines()[0]}"
+        )
     return data, None
 
 
-def reconcile_file(calls: list[CapturedCall], trajectory_path: Path, *,
-                   rollout_type: str = "train") -> AtifReport:
+def reconcile_file(
+    calls: list[CapturedCall], trajectory_path: Path, *, rollout_type: str = "train"
+) -> AtifReport:
     """Reconcile the captured calls with the trajectory at `trajectory_path` (absent → `none`)."""
     data, problem = load_trajectory(trajectory_path)
     report = reconcile(calls, data, rollout_type=rollout_type)
@@ -95,12 +97,12 @@ def _agent_steps(trajectory: dict[str, Any]) -> tuple[list[dict[str, Any]], int]
     return kept, dropped
 
 
-def reconcile(calls: list[CapturedCall], trajectory: dict[str, Any] | None, *,
-              rollout_type: str = "train") -> AtifReport:
+def reconcile(
+    calls: list[CapturedCall], trajectory: dict[str, Any] | None, *, rollout_type: str = "train"
+) -> AtifReport:
     """Compare captured calls with a parsed trajectory (None → no trajectory → `none`)."""
     if trajectory is None:
-        return AtifReport("none", [Finding.info("atif_absent",
-                                                "the harness wrote no agent/trajectory.json")])
+        return AtifReport("none", [Finding.info("atif_absent", "the harness wrote no agent/trajectory.json")])
     findings: list[Finding] = []
     real_calls = [c for c in calls if not c.synthetic]
     ours = [c.completion_tokens for c in real_calls]
@@ -108,16 +110,22 @@ def reconcile(calls: list[CapturedCall], trajectory: dict[str, Any] | None, *,
     theirs: list[int | None] = [(s.get("metrics") or {}).get("completion_tokens") for s in steps]
 
     if dropped:
-        findings.append(Finding.info("atif_synthetic_steps",
-                                     f"{dropped} zero-token synthetic agent step(s) left out"))
+        findings.append(
+            Finding.info("atif_synthetic_steps", f"{dropped} zero-token synthetic agent step(s) left out")
+        )
     if trajectory.get("subagent_trajectories"):
-        findings.append(Finding.fatal(
-            "atif_subagents", f"the trajectory embeds {len(trajectory['subagent_trajectories'])} "
-                              "subagent trajectories: the reward cannot be attributed to one conversation"))
+        findings.append(
+            Finding.fatal(
+                "atif_subagents",
+                f"the trajectory embeds {len(trajectory['subagent_trajectories'])} "
+                "subagent trajectories: the reward cannot be attributed to one conversation",
+            )
+        )
     multi = [s.get("step_id") for s in steps if (s.get("llm_call_count") or 0) > 1]
     if multi:
-        findings.append(Finding.warn("atif_multi_call_steps",
-                                     f"agent steps {multi} aggregate several model calls"))
+        findings.append(
+            Finding.warn("atif_multi_call_steps", f"agent steps {multi} aggregate several model calls")
+        )
 
     def done(verdict: Verdict, auxiliary: list[int] | None = None) -> AtifReport:
         if any(f.code == "atif_subagents" for f in findings):
@@ -125,8 +133,12 @@ def reconcile(calls: list[CapturedCall], trajectory: dict[str, Any] | None, *,
         return AtifReport(verdict, findings, ours, theirs, auxiliary or [])
 
     if not steps or all(t in (0, None) for t in theirs):
-        findings.append(Finding.warn("atif_no_counts", "the trajectory has no agent steps with "
-                                                       "completion-token counts: nothing to compare"))
+        findings.append(
+            Finding.warn(
+                "atif_no_counts",
+                "the trajectory has no agent steps with completion-token counts: nothing to compare",
+            )
+        )
         return done("none")
 
     if rollout_type == "eval":
@@ -136,51 +148,68 @@ def reconcile(calls: list[CapturedCall], trajectory: dict[str, Any] | None, *,
         return done(_mismatch(findings, ours, theirs, "call counts differ"))
 
     recorded = [c for c in real_calls if not c.truncated]
-    truncated_unrecorded = (len(recorded) < len(real_calls)
-                            and theirs == [c.completion_tokens for c in recorded])
+    truncated_unrecorded = len(recorded) < len(real_calls) and theirs == [
+        c.completion_tokens for c in recorded
+    ]
     if truncated_unrecorded:
         cut = [c.seq for c in real_calls if c.truncated]
-        findings.append(Finding.warn(
-            "atif_truncated_unrecorded",
-            f"{len(cut)} call(s) cut by max_tokens (turns {cut}) are not in the trajectory: the "
-            "harness re-asked without recording them; every other call agrees"))
+        findings.append(
+            Finding.warn(
+                "atif_truncated_unrecorded",
+                f"{len(cut)} call(s) cut by max_tokens (turns {cut}) are not in the trajectory: the "
+                "harness re-asked without recording them; every other call agrees",
+            )
+        )
     aligned = recorded if truncated_unrecorded else real_calls
 
     if aligned:
         first_theirs = (steps[0].get("metrics") or {}).get("prompt_tokens")
         first_ours = aligned[0].prompt_tokens
         if first_theirs is not None and first_ours is not None and first_theirs != first_ours:
-            findings.append(Finding.warn("atif_first_prompt_differs",
-                                         f"first prompt: captured {first_ours} tokens, "
-                                         f"trajectory says {first_theirs}"))
+            findings.append(
+                Finding.warn(
+                    "atif_first_prompt_differs",
+                    f"first prompt: captured {first_ours} tokens, trajectory says {first_theirs}",
+                )
+            )
 
     if theirs == ours or truncated_unrecorded:
         return done("match")
     if len(theirs) == len(ours) and any(t is None for t in theirs):
         missing = [i for i, t in enumerate(theirs) if t is None]
         if all(t == o for t, o in zip(theirs, ours, strict=True) if t is not None):
-            findings.append(Finding.warn("atif_counts_missing",
-                                         f"agent steps at positions {missing} have no completion "
-                                         "count; the rest agree"))
+            findings.append(
+                Finding.warn(
+                    "atif_counts_missing",
+                    f"agent steps at positions {missing} have no completion count; the rest agree",
+                )
+            )
             return done("match")
     if None not in theirs and len(theirs) < len(ours) and _is_subsequence(theirs, ours):
         extra = len(ours) - len(theirs)
         if len(theirs) >= AUXILIARY_SHARE * len(ours):
             unrecorded = _unmatched(theirs, real_calls)
-            findings.append(Finding.warn("atif_extra_calls",
-                                         f"{extra} captured call(s) are not in the trajectory "
-                                         f"(turns {unrecorded}): demoted to auxiliary, masked out "
-                                         f"of training (ours {ours}, theirs {theirs})"))
+            findings.append(
+                Finding.warn(
+                    "atif_extra_calls",
+                    f"{extra} captured call(s) are not in the trajectory "
+                    f"(turns {unrecorded}): demoted to auxiliary, masked out "
+                    f"of training (ours {ours}, theirs {theirs})",
+                )
+            )
             return done("match", unrecorded)
-        findings.append(Finding.fatal("atif_mismatch",
-                                      f"the trajectory accounts for only {len(theirs)} of "
-                                      f"{len(ours)} captured calls (ours {ours}, theirs {theirs})"))
+        findings.append(
+            Finding.fatal(
+                "atif_mismatch",
+                f"the trajectory accounts for only {len(theirs)} of "
+                f"{len(ours)} captured calls (ours {ours}, theirs {theirs})",
+            )
+        )
         return done("mismatch")
     return done(_mismatch(findings, ours, theirs, "completion-token counts differ"))
 
 
-def _mismatch(findings: list[Finding], ours: list[int | None], theirs: list[int | None],
-              why: str) -> Verdict:
+def _mismatch(findings: list[Finding], ours: list[int | None], theirs: list[int | None], why: str) -> Verdict:
     findings.append(Finding.fatal("atif_mismatch", f"{why}: ours {ours}, theirs {theirs}"))
     return "mismatch"
 

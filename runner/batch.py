@@ -1,9 +1,9 @@
 """Batches: N tasks × K rollouts per task (one GRPO group per task), C at a time, resumable.
 
 A run lives in `<data_dir>/runs/<run_id>/` (its files: `run_dir.py`); its plan is resolved before
-it is made (`plan_resolution.py`). A run whose process died shows as `interrupted`; `resume` runs exactly the rollouts that have no
-finished line in `results.jsonl` (a cancelled rollout is not finished), and refuses a run with a
-line holding a result this version cannot read (another version's schema) rather than run that
+it is made (`plan_resolution.py`). A run whose process died shows as `interrupted`; `resume` runs exactly the
+rollouts that have no finished line in `results.jsonl` (a cancelled rollout is not finished), and refuses a
+run with a line holding a result this version cannot read (another version's schema) rather than run that
 rollout again. Progress is published on the capture service's event bus (`run_started`,
 `rollout_updated`, `run_finished`).
 """
@@ -71,8 +71,15 @@ log = logging.getLogger("tapdeck.runner")
 class _Run:
     """A run's in-process state."""
 
-    def __init__(self, run_id: str, path: Path, plan: RunPlan, tasks: list[dict[str, str]],
-                 created_at: float, left_out: list[str]) -> None:
+    def __init__(
+        self,
+        run_id: str,
+        path: Path,
+        plan: RunPlan,
+        tasks: list[dict[str, str]],
+        created_at: float,
+        left_out: list[str],
+    ) -> None:
         self.id = run_id
         self.path = path
         self.plan = plan
@@ -101,14 +108,16 @@ class _Run:
         """`RunSummary.engine_model_used`: the model name those rollouts' calls named."""
 
     def rollout_ids(self) -> list[tuple[int, int, str]]:
-        return [(g, i, rollout_id(self.id, g, i))
-                for g in range(len(self.tasks)) for i in range(self.plan.k)]
+        return [(g, i, rollout_id(self.id, g, i)) for g in range(len(self.tasks)) for i in range(self.plan.k)]
 
     def all_rollouts(self) -> list[RolloutResult]:
         out = []
         for g, i, rid in self.rollout_ids():
-            out.append(self.live.get(rid) or self.results.get(rid) or RolloutResult(
-                rollout_id=rid, run_id=self.id, task=self.tasks[g]["name"], group=g, index=i))
+            out.append(
+                self.live.get(rid)
+                or self.results.get(rid)
+                or RolloutResult(rollout_id=rid, run_id=self.id, task=self.tasks[g]["name"], group=g, index=i)
+            )
         return out
 
 
@@ -130,15 +139,29 @@ def summarize(run: _Run) -> RunSummary:
     rollouts = run.all_rollouts()
     finished = [r for r in rollouts if r.rollout_id in run.results and r.rollout_id not in run.live]
     failures = Counter(r.error_kind or "not_ok" for r in finished if not r.ok)
-    counts = RunCounts(total=len(rollouts), done=len(finished), ok=sum(r.ok for r in finished),
-                       failed=sum(not r.ok for r in finished), running=len(run.live))
+    counts = RunCounts(
+        total=len(rollouts),
+        done=len(finished),
+        ok=sum(r.ok for r in finished),
+        failed=sum(not r.ok for r in finished),
+        running=len(run.live),
+    )
     return RunSummary(
-        id=run.id, state=run.state, plan=run.plan, created_at=run.created_at,
-        finished_at=run.finished_at, counts=counts,
+        id=run.id,
+        state=run.state,
+        plan=run.plan,
+        created_at=run.created_at,
+        finished_at=run.finished_at,
+        counts=counts,
         mean_reward=mean_reward(r.reward for r in finished),
         pass_rate=pass_rate(r.reward for r in finished),
-        failures=dict(failures), error=run.error, path=str(run.path), left_out=run.left_out,
-        engine_used=run.engine_used, engine_model_used=run.engine_model)
+        failures=dict(failures),
+        error=run.error,
+        path=str(run.path),
+        left_out=run.left_out,
+        engine_used=run.engine_used,
+        engine_model_used=run.engine_model,
+    )
 
 
 RolloutFn = Callable[..., Awaitable[RolloutResult]]
@@ -151,9 +174,16 @@ class BatchRunner:
     else on the loop that starts them. `service` None: a runner that reads runs (the CLI's), or
     whose `rollout_fn` needs no capture service."""
 
-    def __init__(self, service: CaptureServiceProtocol | None, *, data_dir: Path,
-                 default_engine: EngineSpec | None, rollout_fn: RolloutFn = run_rollout,
-                 loop: RunnerLoop | None = None, default_is_embedded: bool = False) -> None:
+    def __init__(
+        self,
+        service: CaptureServiceProtocol | None,
+        *,
+        data_dir: Path,
+        default_engine: EngineSpec | None,
+        rollout_fn: RolloutFn = run_rollout,
+        loop: RunnerLoop | None = None,
+        default_is_embedded: bool = False,
+    ) -> None:
         self.service = service
         self.data_dir = Path(data_dir)
         self.runs_dir = self.data_dir / "runs"
@@ -182,9 +212,16 @@ class BatchRunner:
         path = self.runs_dir / run_id
         (path / "trials").mkdir(parents=True, exist_ok=False)
         created = time.time()
-        write_json(path / PLAN, {"id": run_id, "created_at": created,
-                                  "plan": plan.model_dump(mode="json"), "tasks": tasks,
-                                  "left_out": left_out})
+        write_json(
+            path / PLAN,
+            {
+                "id": run_id,
+                "created_at": created,
+                "plan": plan.model_dump(mode="json"),
+                "tasks": tasks,
+                "left_out": left_out,
+            },
+        )
         run = _Run(run_id, path, plan, tasks, created, left_out)
         run.engine_used, run.engine_model = self._engine_used(engine), _model_of(engine)
         with self._runs_lock:
@@ -202,9 +239,13 @@ class BatchRunner:
             raise PlanError(str(exc).strip("'\"")) from exc
         try:
             template = plan.rollout
-            return resolve_engine(template.engine, model=template.engine_model,
-                                  default=self.default_engine, tool_parser=template.engine_tool_parser,
-                                  reasoning_parser=template.engine_reasoning_parser)
+            return resolve_engine(
+                template.engine,
+                model=template.engine_model,
+                default=self.default_engine,
+                tool_parser=template.engine_tool_parser,
+                reasoning_parser=template.engine_reasoning_parser,
+            )
         except EngineChoiceError as exc:
             raise PlanError(str(exc)) from exc
 
@@ -222,16 +263,25 @@ class BatchRunner:
         if engine is None or used is None or used == NO_ENGINE:
             return engine  # a run an older tapdeck wrote: which engine it called is not known
         if self._engine_used(engine) == used:
-            return engine if model is None or engine.model == model else engine.model_copy(
-                update={"model": model})
+            return (
+                engine
+                if model is None or engine.model == model
+                else engine.model_copy(update={"model": model})
+            )
         if used == EMBEDDED:
-            raise RunNotStartable(f"run {run.id}'s rollouts called the embedded engine and this server's "
-                            f"engine is {shown_url(engine.base_url)}: resume it on a server started "
-                            "without --engine, so that all its rollouts come from one engine")
+            raise RunNotStartable(
+                f"run {run.id}'s rollouts called the embedded engine and this server's "
+                f"engine is {shown_url(engine.base_url)}: resume it on a server started "
+                "without --engine, so that all its rollouts come from one engine"
+            )
         template = run.plan.rollout
         try:
-            return resolve_engine(used, model=model, tool_parser=template.engine_tool_parser,
-                                  reasoning_parser=template.engine_reasoning_parser)
+            return resolve_engine(
+                used,
+                model=model,
+                tool_parser=template.engine_tool_parser,
+                reasoning_parser=template.engine_reasoning_parser,
+            )
         except EngineChoiceError as exc:  # a run.json edited by hand
             raise RunNotStartable(f"run {run.id} records an engine that is not an address: {exc}") from None
 
@@ -304,10 +354,12 @@ class BatchRunner:
             run.results, run.unreadable = read_results(run.path / RESULTS)
         if run.unreadable:
             # Their rollouts finished: running them again would redo work and bury their results.
-            raise RunNotStartable(f"run {run.id} cannot resume: {len(run.unreadable)} line(s) of its "
-                            f"{RESULTS} hold results this tapdeck cannot read ({run.unreadable[0]}); "
-                            "read them with the tapdeck that wrote them, or delete those lines to "
-                            "run their rollouts again")
+            raise RunNotStartable(
+                f"run {run.id} cannot resume: {len(run.unreadable)} line(s) of its "
+                f"{RESULTS} hold results this tapdeck cannot read ({run.unreadable[0]}); "
+                "read them with the tapdeck that wrote them, or delete those lines to "
+                "run their rollouts again"
+            )
 
     async def run(self, run_id: str, service: CaptureServiceProtocol | None = None) -> RunSummary:
         """Execute every rollout of the run that has not finished yet; returns the final summary.
@@ -317,8 +369,11 @@ class BatchRunner:
         engine = self._resumed_engine(run)
         run.engine_used, run.engine_model = self._engine_used(engine), _model_of(engine)
         self._write_state(run, "running")
-        pending = [(g, i, rid) for g, i, rid in run.rollout_ids()
-                   if rid not in run.results or run.results[rid].error_kind in RERUN_ON_RESUME]
+        pending = [
+            (g, i, rid)
+            for g, i, rid in run.rollout_ids()
+            if rid not in run.results or run.results[rid].error_kind in RERUN_ON_RESUME
+        ]
         self._publish(RunStarted(run_id=run.id, run=summarize(run), pending=len(pending)))
         semaphore = asyncio.Semaphore(run.plan.concurrency)
 
@@ -335,10 +390,17 @@ class BatchRunner:
                     if current is not None:
                         current.uncancel()
             if result is None:
-                result = RolloutResult(rollout_id=rid, run_id=run.id, task=run.tasks[group]["name"],
-                                       group=group, index=index, error_kind="cancelled",
-                                       error="cancelled before it started", phase="failed",
-                                       finished_at=time.time())
+                result = RolloutResult(
+                    rollout_id=rid,
+                    run_id=run.id,
+                    task=run.tasks[group]["name"],
+                    group=group,
+                    index=index,
+                    error_kind="cancelled",
+                    error="cancelled before it started",
+                    phase="failed",
+                    finished_at=time.time(),
+                )
             self._record(run, result)
 
         async def started(group: int, index: int, rid: str) -> RolloutResult:
@@ -349,9 +411,18 @@ class BatchRunner:
                     # A crashed attempt left a partial trial behind; its result was never recorded.
                     await asyncio.to_thread(shutil.rmtree, trial_dir, True)
                 spec = RolloutSpec(
-                    task=task["name"], task_path=Path(task["path"]), trials_dir=run.path / "trials",
-                    rollout=run.plan.rollout, engine=engine, trial_name=rid, rollout_id=rid,
-                    run_id=run.id, group=group, index=index, data_dir=self.data_dir)
+                    task=task["name"],
+                    task_path=Path(task["path"]),
+                    trials_dir=run.path / "trials",
+                    rollout=run.plan.rollout,
+                    engine=engine,
+                    trial_name=rid,
+                    rollout_id=rid,
+                    run_id=run.id,
+                    group=group,
+                    index=index,
+                    data_dir=self.data_dir,
+                )
 
                 def on_update(partial: RolloutResult) -> None:
                     run.live[rid] = partial
@@ -389,8 +460,7 @@ class BatchRunner:
     def running_here(self) -> list[str]:
         """The runs this process is running now."""
         with self._runs_lock:
-            return [run.id for run in self._runs.values()
-                    if run.task is not None and not run.task.done()]
+            return [run.id for run in self._runs.values() if run.task is not None and not run.task.done()]
 
     def cancel(self, run_id: str) -> RunSummary:
         """Cancel a running run: started rollouts end as `cancelled` (sandboxes torn down).
@@ -507,10 +577,17 @@ class BatchRunner:
 
     def _write_state(self, run: _Run, state: RunState) -> None:
         run.state = state
-        write_json(run.path / STATE, {"state": state, "created_at": run.created_at,
-                                       "finished_at": run.finished_at, "error": run.error,
-                                       "engine_used": run.engine_used,
-                                       "engine_model_used": run.engine_model})
+        write_json(
+            run.path / STATE,
+            {
+                "state": state,
+                "created_at": run.created_at,
+                "finished_at": run.finished_at,
+                "error": run.error,
+                "engine_used": run.engine_used,
+                "engine_model_used": run.engine_model,
+            },
+        )
 
     # ----------------------------------------------------------------- export
 
@@ -523,8 +600,10 @@ class BatchRunner:
 
         service = self.service
         if service is None:
-            raise RuntimeError("exporting a run reads its sessions from the capture service; "
-                               "this runner was made without one")
+            raise RuntimeError(
+                "exporting a run reads its sessions from the capture service; "
+                "this runner was made without one"
+            )
         run = self._load(run_id)
         results = self.results(run_id)
         check_run_sessions(service.store, run.id, results)
@@ -541,12 +620,20 @@ class BatchRunner:
                 continue
             # The result's fields last: its reward is the run's verdict (null: never graded),
             # whatever the session's metadata says.
-            rows.append({**trace, "run_id": run.id, "rollout_id": result.rollout_id,
-                         "task": result.task, "group": result.group, "index": result.index,
-                         "reward": result.reward, "ok": result.ok, "error_kind": result.error_kind,
-                         "session_id": result.session_id})
+            rows.append(
+                {
+                    **trace,
+                    "run_id": run.id,
+                    "rollout_id": result.rollout_id,
+                    "task": result.task,
+                    "group": result.group,
+                    "index": result.index,
+                    "reward": result.reward,
+                    "ok": result.ok,
+                    "error_kind": result.error_kind,
+                    "session_id": result.session_id,
+                }
+            )
         path = run.path / f"export.{fmt}"
         (write_parquet if fmt == "parquet" else write_jsonl)(path, rows)
         return {"path": str(path), "rows": len(rows), "skipped": skipped}
-
-

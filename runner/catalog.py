@@ -46,14 +46,19 @@ from tapdeck.schema.catalog import (
 
 HOST_SANDBOX = "host"
 HOST_IMPORT_PATH = "tapdeck.runner.sandboxes.host:HostSandbox"
-DEFAULTS = {"dataset": datasets_mod.SAMPLE_DATASET_NAME, "harness": harnesses_mod.DEFAULT_HARNESS,
-            "sandbox": HOST_SANDBOX, "engine": "embedded"}
+DEFAULTS = {
+    "dataset": datasets_mod.SAMPLE_DATASET_NAME,
+    "harness": harnesses_mod.DEFAULT_HARNESS,
+    "sandbox": HOST_SANDBOX,
+    "engine": "embedded",
+}
 SANDBOX_CHECK_TIMEOUT_S = 20.0
 ENGINE_LIST_TIMEOUT_S = 3.0
 ENGINE_PROBE_TIMEOUT_S = 30.0
 
 
 # ------------------------------------------------------------------ sandboxes
+
 
 def _first_line(text: str) -> str:
     """The first non-blank line; with the next one when it ends in ":" (an SDK's "Install it
@@ -71,16 +76,24 @@ def _aws_credentials_configured() -> bool:
     # the instance-metadata address, which is no place to send traffic from here.
     aws = Path(os.environ.get("AWS_CONFIG_FILE", "~/.aws/config")).expanduser()
     creds = Path(os.environ.get("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials")).expanduser()
-    return bool(os.environ.get("AWS_ACCESS_KEY_ID") or os.environ.get("AWS_PROFILE")
-                or aws.is_file() or creds.is_file())
+    return bool(
+        os.environ.get("AWS_ACCESS_KEY_ID")
+        or os.environ.get("AWS_PROFILE")
+        or aws.is_file()
+        or creds.is_file()
+    )
 
 
 UNCHECKED_BY_PREFLIGHT: dict[str, tuple[Callable[[], bool], str]] = {
-    "ec2": (_aws_credentials_configured,
-            "no AWS credentials configured (AWS_ACCESS_KEY_ID, AWS_PROFILE or ~/.aws); Harbor's "
-            "preflight checks only boto3 and ssh"),
-    "opensandbox": (lambda: bool(os.environ.get("OPENSANDBOX_DOMAIN")),
-                    "OPENSANDBOX_DOMAIN is not set: no OpenSandbox server to start trials on"),
+    "ec2": (
+        _aws_credentials_configured,
+        "no AWS credentials configured (AWS_ACCESS_KEY_ID, AWS_PROFILE or ~/.aws); Harbor's "
+        "preflight checks only boto3 and ssh",
+    ),
+    "opensandbox": (
+        lambda: bool(os.environ.get("OPENSANDBOX_DOMAIN")),
+        "OPENSANDBOX_DOMAIN is not set: no OpenSandbox server to start trials on",
+    ),
 }
 """Requirements Harbor's preflight lets pass (it only warns, or checks the SDK alone)."""
 
@@ -97,8 +110,10 @@ def _check_harbor_environment(env_type: str) -> tuple[bool, str]:
     except Exception as exc:  # noqa: BLE001 - any import failure means "not available"
         return False, f"cannot load: {type(exc).__name__}: {_first_line(str(exc))}"
     if getattr(cls.preflight, "__func__", None) is harbor_api.BaseEnvironment.preflight.__func__:
-        return False, ("SDK installed, but Harbor has no preflight for it: its daemon or "
-                       "credentials cannot be checked without starting a sandbox")
+        return False, (
+            "SDK installed, but Harbor has no preflight for it: its daemon or "
+            "credentials cannot be checked without starting a sandbox"
+        )
     try:
         cls.preflight()  # what it prints is dropped: its thread's name says it is a check's
     except SystemExit as exc:
@@ -165,7 +180,9 @@ def _checks_muted() -> Any:
                         setattr(sys, name, stream.stream)
 
 
-def sandbox_catalog(*, timeout_s: float = SANDBOX_CHECK_TIMEOUT_S, refresh: bool = False) -> list[SandboxInfo]:
+def sandbox_catalog(
+    *, timeout_s: float = SANDBOX_CHECK_TIMEOUT_S, refresh: bool = False
+) -> list[SandboxInfo]:
     """The host sandbox plus every Harbor backend, each with availability and the reason.
 
     Cached for the process (imports and preflights are slow); `refresh=True` re-checks.
@@ -204,12 +221,15 @@ def sandbox_environment_config(name: str, **kwargs: Any):
     try:
         env_type = harbor_api.EnvironmentType(name)
     except ValueError:
-        raise ValueError(f"unknown sandbox {name!r}; use 'host', a Harbor environment type "
-                         f"({', '.join(harbor_environment_types())}) or module:Class") from None
+        raise ValueError(
+            f"unknown sandbox {name!r}; use 'host', a Harbor environment type "
+            f"({', '.join(harbor_environment_types())}) or module:Class"
+        ) from None
     return harbor_api.EnvironmentConfig(type=env_type, kwargs=kwargs)
 
 
 # ------------------------------------------------------------------ harnesses
+
 
 def harness_catalog(sandboxes: list[SandboxInfo]) -> list[HarnessInfo]:
     """The seam table with availability: host-side needs its tools, installed needs a container."""
@@ -232,12 +252,22 @@ def harness_catalog(sandboxes: list[SandboxInfo]) -> list[HarnessInfo]:
             why = f"{h.notes}; container sandboxes here: {', '.join(containers)}"
         else:
             available = False
-            why = (f"{h.notes}; no container sandbox is available here (the host sandbox would "
-                   "install it into the host)")
+            why = (
+                f"{h.notes}; no container sandbox is available here (the host sandbox would "
+                "install it into the host)"
+            )
         if not h.validated:
             why += " [unvalidated]"
-        rows.append(HarnessInfo(name=h.name, dialect=h.dialect.value, placement=h.placement.value,
-                                validated=h.validated, available=available, why=why))
+        rows.append(
+            HarnessInfo(
+                name=h.name,
+                dialect=h.dialect.value,
+                placement=h.placement.value,
+                validated=h.validated,
+                available=available,
+                why=why,
+            )
+        )
     return rows
 
 
@@ -253,22 +283,35 @@ def _cli_harness_info(h: Any, host_ok: bool) -> HarnessInfo:
         state = f"installed {installed} at {record.path}"
     else:
         installed = None
-        state = (f"not installed: `tapdeck harness install {h.name}` (or on first use) fetches "
-                 f"{package.spec} from {package.registry}")
+        state = (
+            f"not installed: `tapdeck harness install {h.name}` (or on first use) fetches "
+            f"{package.spec} from {package.registry}"
+        )
     available = host_ok and (record is not None or tool is None or shutil.which(tool) is not None)
     why = f"{state}; {h.notes}"
     if not host_ok:
         why = f"needs the host sandbox, unavailable here; {why}"
     why += f" [validated here: {h.version}]" if h.validated else " [unvalidated]"
-    return HarnessInfo(name=h.name, dialect=h.dialect.value, placement=h.placement.value,
-                       validated=h.validated, available=available, why=why, version=h.version,
-                       installed=installed)
+    return HarnessInfo(
+        name=h.name,
+        dialect=h.dialect.value,
+        placement=h.placement.value,
+        validated=h.validated,
+        available=available,
+        why=why,
+        version=h.version,
+        installed=installed,
+    )
 
 
 # ------------------------------------------------------------------ datasets
 
-UNREACHABLE_ERRORS: tuple[type[BaseException], ...] = (httpx.TransportError, ConnectionError,
-                                                      TimeoutError, socket.gaierror)
+UNREACHABLE_ERRORS: tuple[type[BaseException], ...] = (
+    httpx.TransportError,
+    ConnectionError,
+    TimeoutError,
+    socket.gaierror,
+)
 """What a source that does not answer raises under Harbor's clients (a name that does not resolve,
 a refused or timed-out connection)."""
 
@@ -311,13 +354,18 @@ def _source_of(spec: str) -> str:
     return "the Harbor registry"
 
 
-GIT_UNREACHABLE = re.compile(r"could not resolve (host|proxy)|failed to connect|couldn't connect|"
-                             r"connection (refused|timed out|reset)|timed out|network is unreachable|"
-                             r"no route to host|temporary failure in name resolution", re.IGNORECASE)
+GIT_UNREACHABLE = re.compile(
+    r"could not resolve (host|proxy)|failed to connect|couldn't connect|"
+    r"connection (refused|timed out|reset)|timed out|network is unreachable|"
+    r"no route to host|temporary failure in name resolution",
+    re.IGNORECASE,
+)
 """What git (through libcurl or ssh) says when the host did not answer."""
-GIT_UNKNOWN = re.compile(r"not found|returned error: 40[134]|does not appear to be a git repository|"
-                         r"could not read username|authentication failed|could not resolve ref",
-                         re.IGNORECASE)
+GIT_UNKNOWN = re.compile(
+    r"not found|returned error: 40[134]|does not appear to be a git repository|"
+    r"could not read username|authentication failed|could not resolve ref",
+    re.IGNORECASE,
+)
 """What git says when the host answered but holds no such repository or ref for us (a missing
 repository and a private one look alike: hosts ask for credentials for both)."""
 
@@ -343,23 +391,43 @@ def dataset_problem(spec: str, exc: datasets_mod.DatasetError) -> DatasetProblem
     silent = next((c for c in causes if isinstance(c, UNREACHABLE_ERRORS)), None)
     git = _git_said(causes) if datasets_mod.is_git_spec(spec) else None
     if git is not None and GIT_UNKNOWN.search(git):
-        return DatasetProblem(unreachable=False, message=(
-            f"unknown dataset {spec!r}: {_source_of(spec)} answered, with no such repository or ref "
-            f"(or one that needs credentials): git: {git}"))
-    if silent is not None or isinstance(exc, datasets_mod.DatasetTimeout) or (
-            git is not None and GIT_UNREACHABLE.search(git)):
-        why = (f"{type(silent).__name__}: {silent}" if silent is not None
-               else f"git: {git}" if git is not None else "no answer in time")
-        return DatasetProblem(unreachable=True, message=(
-            f"dataset source unreachable: {_source_of(spec)} did not answer ({why}), so whether "
-            f"{spec!r} names a dataset there is not known (there is no folder of that name "
-            "here); try again once it answers, or use a local folder or the sample dataset"))
+        return DatasetProblem(
+            unreachable=False,
+            message=(
+                f"unknown dataset {spec!r}: {_source_of(spec)} answered, with no such repository or ref "
+                f"(or one that needs credentials): git: {git}"
+            ),
+        )
+    if (
+        silent is not None
+        or isinstance(exc, datasets_mod.DatasetTimeout)
+        or (git is not None and GIT_UNREACHABLE.search(git))
+    ):
+        why = (
+            f"{type(silent).__name__}: {silent}"
+            if silent is not None
+            else f"git: {git}"
+            if git is not None
+            else "no answer in time"
+        )
+        return DatasetProblem(
+            unreachable=True,
+            message=(
+                f"dataset source unreachable: {_source_of(spec)} did not answer ({why}), so whether "
+                f"{spec!r} names a dataset there is not known (there is no folder of that name "
+                "here); try again once it answers, or use a local folder or the sample dataset"
+            ),
+        )
     # Harbor's registry clients say a name, version or tag they do not hold with a ValueError.
     missing = next((c for c in causes if isinstance(c, ValueError) and "not found" in str(c)), None)
     if missing is not None:
-        return DatasetProblem(unreachable=False, message=(
-            f"unknown dataset {spec!r}: no folder of that name here, and {_source_of(spec)} does "
-            f"not know it ({missing})"))
+        return DatasetProblem(
+            unreachable=False,
+            message=(
+                f"unknown dataset {spec!r}: no folder of that name here, and {_source_of(spec)} does "
+                f"not know it ({missing})"
+            ),
+        )
     if git is not None:
         return DatasetProblem(unreachable=False, message=f"cannot load dataset {spec}: git: {git}")
     return DatasetProblem(unreachable=False, message=f"cannot load dataset {spec}: {exc}")
@@ -381,8 +449,9 @@ def unlisted_tasks(folder: Path) -> dict[str, str]:
     if (folder / "task.toml").exists():
         candidates = [folder]
     else:
-        candidates = [child for child in sorted(folder.iterdir())
-                      if child.is_dir() and (child / "task.toml").exists()]
+        candidates = [
+            child for child in sorted(folder.iterdir()) if child.is_dir() and (child / "task.toml").exists()
+        ]
     return {c.name: _why_not_a_task(c) for c in candidates if not datasets_mod.is_task_dir(c)}
 
 
@@ -417,18 +486,27 @@ def list_dataset(spec: str, *, timeout_s: float = 20.0) -> DatasetListing:
         ds = datasets_mod.resolve_dataset(spec, timeout_s=timeout_s)
     except datasets_mod.DatasetError as exc:
         problem = dataset_problem(spec, exc)
-        return DatasetListing(row=DatasetInfo(name=spec, source=spec, tasks=[], error=problem.message),
-                              problem=problem, unlisted=unlisted)
-    row = DatasetInfo(name=ds.name, source=ds.source,
-                      tasks=[TaskInfo(name=t.name, instruction=t.instruction,
-                                      instruction_text=t.instruction_text) for t in ds.tasks])
+        return DatasetListing(
+            row=DatasetInfo(name=spec, source=spec, tasks=[], error=problem.message),
+            problem=problem,
+            unlisted=unlisted,
+        )
+    row = DatasetInfo(
+        name=ds.name,
+        source=ds.source,
+        tasks=[
+            TaskInfo(name=t.name, instruction=t.instruction, instruction_text=t.instruction_text)
+            for t in ds.tasks
+        ],
+    )
     return DatasetListing(row=row, problem=None, unlisted=unlisted)
 
 
 def list_datasets(specs: list[str] | None = None, *, timeout_s: float = 20.0) -> list[DatasetListing]:
     """The sample dataset plus `specs`, each listed (`list_dataset`)."""
-    return [list_dataset(spec, timeout_s=timeout_s)
-            for spec in [datasets_mod.SAMPLE_DATASET_NAME, *(specs or [])]]
+    return [
+        list_dataset(spec, timeout_s=timeout_s) for spec in [datasets_mod.SAMPLE_DATASET_NAME, *(specs or [])]
+    ]
 
 
 def dataset_catalog(specs: list[str] | None = None, *, timeout_s: float = 20.0) -> list[DatasetInfo]:
@@ -438,34 +516,52 @@ def dataset_catalog(specs: list[str] | None = None, *, timeout_s: float = 20.0) 
 
 # ------------------------------------------------------------------ engines
 
+
 def embedded_engine_info() -> EngineInfo:
     """Whether the embedded engine could start here (nothing is started)."""
     if importlib.util.find_spec("llama_cpp") is None:
-        return EngineInfo(name="embedded", url=None, tier=None, reachable=False,
-                          why="llama-cpp-python is not installed (pip install 'tapdeck[engine]')")
+        return EngineInfo(
+            name="embedded",
+            url=None,
+            tier=None,
+            reachable=False,
+            why="llama-cpp-python is not installed (pip install 'tapdeck[engine]')",
+        )
     try:
-        from tapdeck.runner.engine.model import default_model_path
+        from tapdeck.runner.engine.model_file import default_model_path
 
         path = default_model_path()  # converts the shipped file once (about a second)
     except (ImportError, OSError) as exc:  # not installed, or the conversion could not be written
         return EngineInfo(name="embedded", url=None, tier=None, reachable=False, why=str(exc))
     if not path.is_file():
-        return EngineInfo(name="embedded", url=None, tier=None, reachable=False,
-                          why=f"model file {path} is missing")
+        return EngineInfo(
+            name="embedded", url=None, tier=None, reachable=False, why=f"model file {path} is missing"
+        )
     # Not started, so not probed: no tier is claimed (the server probes it when it starts).
     from tapdeck.runner.engine.model import DEFAULT_N_CTX
 
-    return EngineInfo(name="embedded", url=None, tier=None, reachable=True, served_model="smollm2",
-                      **_context(DEFAULT_N_CTX),
-                      why=f"available (not started; probed when a server starts it): SmolLM2-135M "
-                          f"at {path.name}; it never solves tasks (reward 0) — use --engine URL "
-                          "for a bigger model")
+    return EngineInfo(
+        name="embedded",
+        url=None,
+        tier=None,
+        reachable=True,
+        served_model="smollm2",
+        **_context(DEFAULT_N_CTX),
+        why=f"available (not started; probed when a server starts it): SmolLM2-135M "
+        f"at {path.name}; it never solves tasks (reward 0) — use --engine URL "
+        "for a bigger model",
+    )
 
 
-async def url_engine_info(url: str, *, api_key: str | None = None, model: str | None = None,
-                          probe: bool = True,
-                          list_timeout_s: float = ENGINE_LIST_TIMEOUT_S,
-                          probe_timeout_s: float = ENGINE_PROBE_TIMEOUT_S) -> EngineInfo:
+async def url_engine_info(
+    url: str,
+    *,
+    api_key: str | None = None,
+    model: str | None = None,
+    probe: bool = True,
+    list_timeout_s: float = ENGINE_LIST_TIMEOUT_S,
+    probe_timeout_s: float = ENGINE_PROBE_TIMEOUT_S,
+) -> EngineInfo:
     """Reach an engine URL with a short `GET /v1/models`; with `probe`, ask the proxy's tier probe.
 
     The address may be `HOST:PORT`, `http://HOST:PORT` or `…/v1`: `url` in the answer is the base
@@ -482,46 +578,69 @@ async def url_engine_info(url: str, *, api_key: str | None = None, model: str | 
         return EngineInfo(name=name, url=None, tier=None, reachable=False, why=str(exc))
     base, models = settled.base_url, settled.model_ids()
     served = model if model in models else models[0] if len(models) == 1 else None
-    lengths = [m.get("max_model_len") for m in settled.listing.get("data") or []
-               if isinstance(m, dict)]
+    lengths = [m.get("max_model_len") for m in settled.listing.get("data") or [] if isinstance(m, dict)]
     context = _context(lengths[0] if len(lengths) == 1 and isinstance(lengths[0], int) else None)
     # Led by the base URL the address settled on: that is what sessions talk to.
     listed = f"{shown_url(base)} serves " + (", ".join(str(m) for m in models) or "no models")
     if not probe:
-        return EngineInfo(name=name, url=base, tier="text", reachable=True, served_model=served,
-                          why=f"{listed}; tier not probed (counts as text until probed)", **context)
+        return EngineInfo(
+            name=name,
+            url=base,
+            tier="text",
+            reachable=True,
+            served_model=served,
+            why=f"{listed}; tier not probed (counts as text until probed)",
+            **context,
+        )
     from tapdeck.proxy.upstream.tiers import EngineSpec
     from tapdeck.proxy.upstream.tiers import probe as probe_tier
 
     try:
-        result = await asyncio.wait_for(probe_tier(EngineSpec(url=base, model=model, api_key=api_key)),
-                                        timeout=probe_timeout_s)
+        result = await asyncio.wait_for(
+            probe_tier(EngineSpec(url=base, model=model, api_key=api_key)), timeout=probe_timeout_s
+        )
     except TimeoutError:
-        return EngineInfo(name=name, url=base, tier="text", reachable=True, served_model=served,
-                          why=f"{listed}; tier probe did not finish in {probe_timeout_s:.0f} s",
-                          **context)
+        return EngineInfo(
+            name=name,
+            url=base,
+            tier="text",
+            reachable=True,
+            served_model=served,
+            why=f"{listed}; tier probe did not finish in {probe_timeout_s:.0f} s",
+            **context,
+        )
     if result.max_model_len:
         context = _context(result.max_model_len)
-    return EngineInfo(name=name, url=base, tier=result.tier.value, reachable=True,
-                      served_model=result.served_model or served,
-                      why=f"{listed}; {shown_url(result.detail)}",
-                      **context)
+    return EngineInfo(
+        name=name,
+        url=base,
+        tier=result.tier.value,
+        reachable=True,
+        served_model=result.served_model or served,
+        why=f"{listed}; {shown_url(result.detail)}",
+        **context,
+    )
 
 
 def _context(max_model_len: int | None) -> dict[str, int | None]:
     """An engine's context and the default output tokens it implies."""
-    return {"context_tokens": max_model_len,
-            "default_output_tokens": default_output_tokens(max_model_len) if max_model_len else None}
+    return {
+        "context_tokens": max_model_len,
+        "default_output_tokens": default_output_tokens(max_model_len) if max_model_len else None,
+    }
 
 
-def engine_catalog(urls: list[str] | None = None, *, api_key: str | None = None,
-                   probe: bool = True) -> list[EngineInfo]:
+def engine_catalog(
+    urls: list[str] | None = None, *, api_key: str | None = None, probe: bool = True
+) -> list[EngineInfo]:
     """The embedded engine plus each URL given (blocking; runs its own short event loop)."""
     rows = [embedded_engine_info()]
     if urls:
+
         async def gather() -> list[EngineInfo]:
-            return list(await asyncio.gather(*(url_engine_info(u, api_key=api_key, probe=probe)
-                                               for u in urls)))
+            return list(
+                await asyncio.gather(*(url_engine_info(u, api_key=api_key, probe=probe) for u in urls))
+            )
 
         rows += asyncio.run(gather())
     return rows
@@ -529,9 +648,15 @@ def engine_catalog(urls: list[str] | None = None, *, api_key: str | None = None,
 
 # ------------------------------------------------------------------ all
 
-def build_catalog(*, engine_urls: list[str] | None = None, engine_api_key: str | None = None,
-                  datasets: list[DatasetListing] | None = None, probe: bool = True,
-                  refresh: bool = False) -> Catalog:
+
+def build_catalog(
+    *,
+    engine_urls: list[str] | None = None,
+    engine_api_key: str | None = None,
+    datasets: list[DatasetListing] | None = None,
+    probe: bool = True,
+    refresh: bool = False,
+) -> Catalog:
     """Everything at once (blocking: call it via `asyncio.to_thread` from a server). `datasets`
     are the datasets as `list_datasets` listed them (default: the sample dataset)."""
     sandboxes = sandbox_catalog(refresh=refresh)

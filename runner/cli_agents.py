@@ -54,8 +54,11 @@ IDLE_TIMEOUT_MS = int(ENGINE_READ_TIMEOUT_S + 60) * 1000
 """Request/stream idle limits of 40 minutes, a minute past the proxy's engine read timeout: a CPU
 engine prefilling a 12-17k-token prompt on a loaded 2-core machine is silent for 20 minutes or more
 (claude-code's first 12.4k-token call outlasted 10), and the agent timeout bounds the run anyway."""
-_SETTINGS_OFF = {"privacy": {"usageStatisticsEnabled": False}, "telemetry": {"enabled": False},
-                 "general": {"disableAutoUpdate": True, "disableUpdateNag": True}}
+_SETTINGS_OFF = {
+    "privacy": {"usageStatisticsEnabled": False},
+    "telemetry": {"enabled": False},
+    "general": {"disableAutoUpdate": True, "disableUpdateNag": True},
+}
 
 
 TOOL_PROFILES = ("full", "lean")
@@ -78,10 +81,11 @@ _HEALTH_PROBE = (
     'u={url}; if command -v curl >/dev/null 2>&1; then curl -fsS -m 5 -o /dev/null "$u"; '
     'elif command -v python3 >/dev/null 2>&1; then python3 -c "import sys,urllib.request as r; '
     'r.urlopen(sys.argv[1], timeout=5)" "$u"; '
-    "elif command -v node >/dev/null 2>&1; then node -e \"fetch(process.argv[1],"
+    'elif command -v node >/dev/null 2>&1; then node -e "fetch(process.argv[1],'
     "{{signal:AbortSignal.timeout(5000)}}).then(r=>process.exit(r.ok?0:1),e=>"
-    "{{console.error(String(e.cause||e));process.exit(1)}})\" \"$u\"; "
-    'else echo "no curl, python3 or node in the sandbox to check with" >&2; exit 3; fi')
+    '{{console.error(String(e.cause||e));process.exit(1)}})" "$u"; '
+    'else echo "no curl, python3 or node in the sandbox to check with" >&2; exit 3; fi'
+)
 
 
 def proxy_root(proxy_url: str) -> str:
@@ -99,7 +103,8 @@ async def check_proxy_reachable(environment: BaseEnvironment, proxy_url: str) ->
         raise ProxyUnreachableError(
             f"the sandbox cannot reach the capture proxy at {url} ({detail or 'no answer'}): "
             "sandboxes not on this host need --public-url with an address they can reach (see "
-            "the README's SSH reverse tunnel recipe)")
+            "the README's SSH reverse tunnel recipe)"
+        )
 
 
 _ERROR_LINE = re.compile(r"\berror\b|\bfailed\b|\bexception\b", re.IGNORECASE)
@@ -128,17 +133,27 @@ class CliAgent(BaseAgent):
     LEAN_TOOLS: ClassVar[tuple[str, ...]] = ()
     """The tools the `lean` profile keeps: shell, edit, write and read, in the CLI's own names."""
 
-    def __init__(self, logs_dir: Path, model_name: str | None = None, *,
-                 proxy_url: str | None = None, session_key: str | None = None,
-                 max_turns: int = 3, max_output_tokens: int = 256, context_tokens: int = 32768,
-                 tool_profile: str = "full", agents_dir: str | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        logs_dir: Path,
+        model_name: str | None = None,
+        *,
+        proxy_url: str | None = None,
+        session_key: str | None = None,
+        max_turns: int = 3,
+        max_output_tokens: int = 256,
+        context_tokens: int = 32768,
+        tool_profile: str = "full",
+        agents_dir: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(logs_dir, model_name, **kwargs)
         if not (proxy_url and session_key and model_name):
             raise ValueError(f"{self.name()} needs proxy_url, session_key and a model name")
         if tool_profile not in TOOL_PROFILES:
-            raise ValueError(f"{self.name()}: tool_profile {tool_profile!r} is not one of "
-                             f"{', '.join(TOOL_PROFILES)}")
+            raise ValueError(
+                f"{self.name()}: tool_profile {tool_profile!r} is not one of {', '.join(TOOL_PROFILES)}"
+            )
         self.lean = tool_profile == "lean"
         self.proxy_url = proxy_url.rstrip("/")
         self.session_key = session_key
@@ -161,19 +176,20 @@ class CliAgent(BaseAgent):
         """Install the pinned CLI on the host if needed (on first use), check the sandbox sees it
         and reaches the proxy, and make the per-trial HOME and TMPDIR."""
         try:
-            record = await asyncio.to_thread(agent_install.install, self.HARNESS,
-                                             root=self.agents_dir)
+            record = await asyncio.to_thread(agent_install.install, self.HARNESS, root=self.agents_dir)
         except agent_install.InstallError as exc:
             raise AgentNotInstalledError(f"{self.name()}: {exc}") from exc
         self.entry = Path(record.path) / record.entry
         check = await environment.exec(
             f"test -x {shlex.quote(str(self.entry))} && mkdir -p {AGENT_TMP} "
             + " ".join(f"{AGENT_HOME}/{d}" for d in HOME_DIRS),
-            timeout_sec=30)
+            timeout_sec=30,
+        )
         if check.return_code != 0:
             raise AgentNotInstalledError(
                 f"{self.name()}: the sandbox cannot see tapdeck's install at {self.entry} (these "
-                "agents run from the host's install: use the host sandbox)")
+                "agents run from the host's install: use the host sandbox)"
+            )
         await check_proxy_reachable(environment, self.proxy_url)
         await self.write_config(environment)
 
@@ -183,12 +199,18 @@ class CliAgent(BaseAgent):
         """Environment for the CLI: per-trial HOME, TMPDIR and XDG folders, no package registry,
         and this CLI's own variables (the sandbox supplies PATH, where node is)."""
         assert self.entry is not None
-        return {"HOME": AGENT_HOME, "TMPDIR": AGENT_TMP, "XDG_CONFIG_HOME": f"{AGENT_HOME}/.config",
-                "XDG_DATA_HOME": f"{AGENT_HOME}/.local/share",
-                "XDG_CACHE_HOME": f"{AGENT_HOME}/.cache",
-                "XDG_STATE_HOME": f"{AGENT_HOME}/.local/state",
-                "npm_config_registry": DEAD_REGISTRY, "NO_UPDATE_NOTIFIER": "1",
-                "CI": "1", **self.cli_env()}
+        return {
+            "HOME": AGENT_HOME,
+            "TMPDIR": AGENT_TMP,
+            "XDG_CONFIG_HOME": f"{AGENT_HOME}/.config",
+            "XDG_DATA_HOME": f"{AGENT_HOME}/.local/share",
+            "XDG_CACHE_HOME": f"{AGENT_HOME}/.cache",
+            "XDG_STATE_HOME": f"{AGENT_HOME}/.local/state",
+            "npm_config_registry": DEAD_REGISTRY,
+            "NO_UPDATE_NOTIFIER": "1",
+            "CI": "1",
+            **self.cli_env(),
+        }
 
     def cli_env(self) -> dict[str, str]:
         """This CLI's variables (base URL, key, telemetry off)."""
@@ -212,21 +234,25 @@ class CliAgent(BaseAgent):
                 local.write_text(text)
                 await environment.upload_file(local, f"{AGENT_HOME}/{relative}")
 
-    async def run(self, instruction: str, environment: BaseEnvironment,
-                  context: AgentContext) -> None:
+    async def run(self, instruction: str, environment: BaseEnvironment, context: AgentContext) -> None:
         """Run the CLI once; its output goes to `agent/<name>.txt`; a non-zero exit raises."""
         # Teed inside the sandbox, so a run cut by the agent timeout still leaves its output.
         log = f"/logs/agent/{self.name()}.txt"
         command = f"set -o pipefail; {self.command(instruction)} 2>&1 </dev/null | tee {log}"
         result = await environment.exec(command, env=self.env())
         output = result.stdout or ""
-        context.metadata = {**(context.metadata or {}), "exit_code": result.return_code,
-                            "cli": self.name(), "cli_version": self.version()}
+        context.metadata = {
+            **(context.metadata or {}),
+            "exit_code": result.return_code,
+            "cli": self.name(),
+            "cli_version": self.version(),
+        }
         if result.return_code != 0:
             tail = output.strip()[-1500:]
             raise NonZeroAgentExitCodeError(
                 f"{self.name()} exited with {result.return_code}: {exit_reason(output)}\n"
-                f"its output ends (all of it in agent/{self.name()}.txt):\n{tail}")
+                f"its output ends (all of it in agent/{self.name()}.txt):\n{tail}"
+            )
 
     def _bin(self) -> str:
         assert self.entry is not None
@@ -241,27 +267,42 @@ class CodexCli(CliAgent):
     # "not supported in exec mode" on its own).
     LEAN_TOOLS = ("exec_command", "write_stdin", "request_user_input")
     # Its documented feature flags and web_search setting.
-    LEAN_CONFIG = ("features.multi_agent=false", "features.goals=false",
-                   "features.view_image=false", 'web_search="disabled"')
+    LEAN_CONFIG = (
+        "features.multi_agent=false",
+        "features.goals=false",
+        "features.view_image=false",
+        'web_search="disabled"',
+    )
 
     def cli_env(self) -> dict[str, str]:
         return {"CODEX_HOME": f"{AGENT_HOME}/.codex", "TAPDECK_SESSION_KEY": self.session_key}
 
     def command(self, instruction: str) -> str:
-        provider = {"name": '"tapdeck"', "base_url": json.dumps(self.proxy_url),
-                    "env_key": '"TAPDECK_SESSION_KEY"', "wire_api": '"responses"',
-                    "request_max_retries": str(RETRIES), "stream_max_retries": str(RETRIES),
-                    "stream_idle_timeout_ms": str(IDLE_TIMEOUT_MS)}
-        config = ["model_provider=tapdeck",
-                  *(f"model_providers.tapdeck.{k}={v}" for k, v in provider.items()),
-                  "check_for_update_on_startup=false", "analytics.enabled=false",
-                  "feedback.enabled=false", f"model_context_window={self.context_tokens}",
-                  f"model_max_output_tokens={self.max_output_tokens}",
-                  *(self.LEAN_CONFIG if self.lean else ())]
+        provider = {
+            "name": '"tapdeck"',
+            "base_url": json.dumps(self.proxy_url),
+            "env_key": '"TAPDECK_SESSION_KEY"',
+            "wire_api": '"responses"',
+            "request_max_retries": str(RETRIES),
+            "stream_max_retries": str(RETRIES),
+            "stream_idle_timeout_ms": str(IDLE_TIMEOUT_MS),
+        }
+        config = [
+            "model_provider=tapdeck",
+            *(f"model_providers.tapdeck.{k}={v}" for k, v in provider.items()),
+            "check_for_update_on_startup=false",
+            "analytics.enabled=false",
+            "feedback.enabled=false",
+            f"model_context_window={self.context_tokens}",
+            f"model_max_output_tokens={self.max_output_tokens}",
+            *(self.LEAN_CONFIG if self.lean else ()),
+        ]
         flags = " ".join(f"-c {shlex.quote(c)}" for c in config)
-        return (f"{self._bin()} exec {flags} -m {shlex.quote(self.model_name or '')} "
-                "--skip-git-repo-check --ephemeral --dangerously-bypass-approvals-and-sandbox "
-                f"--disable plugins -- {shlex.quote(instruction)}")
+        return (
+            f"{self._bin()} exec {flags} -m {shlex.quote(self.model_name or '')} "
+            "--skip-git-repo-check --ephemeral --dangerously-bypass-approvals-and-sandbox "
+            f"--disable plugins -- {shlex.quote(instruction)}"
+        )
 
 
 class ClaudeCodeCli(CliAgent):
@@ -272,19 +313,27 @@ class ClaudeCodeCli(CliAgent):
     """`--tools` takes the first four; it still sends its deferred-tool placeholder."""
 
     def cli_env(self) -> dict[str, str]:
-        return {"ANTHROPIC_BASE_URL": self.proxy_url, "ANTHROPIC_API_KEY": self.session_key,
-                "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1",
-                "DISABLE_AUTOUPDATER": "1", "DISABLE_BUG_COMMAND": "1",
-                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-                "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(self.max_output_tokens),
-                "CLAUDE_CODE_MAX_RETRIES": str(RETRIES), "API_TIMEOUT_MS": str(IDLE_TIMEOUT_MS)}
+        return {
+            "ANTHROPIC_BASE_URL": self.proxy_url,
+            "ANTHROPIC_API_KEY": self.session_key,
+            "DISABLE_TELEMETRY": "1",
+            "DISABLE_ERROR_REPORTING": "1",
+            "DISABLE_AUTOUPDATER": "1",
+            "DISABLE_BUG_COMMAND": "1",
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(self.max_output_tokens),
+            "CLAUDE_CODE_MAX_RETRIES": str(RETRIES),
+            "API_TIMEOUT_MS": str(IDLE_TIMEOUT_MS),
+        }
 
     def command(self, instruction: str) -> str:
         # The prompt goes after `--`: otherwise --allowedTools swallows it as a value.
         tools = f"--tools {','.join(self.LEAN_TOOLS[:4])} " if self.lean else ""
-        return (f"{self._bin()} -p --model {shlex.quote(self.model_name or '')} "
-                f"--max-turns {self.max_turns} --allowedTools 'Bash,Write,Edit,Read' {tools}"
-                f"-- {shlex.quote(instruction)}")
+        return (
+            f"{self._bin()} -p --model {shlex.quote(self.model_name or '')} "
+            f"--max-turns {self.max_turns} --allowedTools 'Bash,Write,Edit,Read' {tools}"
+            f"-- {shlex.quote(instruction)}"
+        )
 
 
 class GeminiCli(CliAgent):
@@ -294,26 +343,34 @@ class GeminiCli(CliAgent):
     LEAN_TOOLS = ("run_shell_command", "write_file", "replace", "read_file")
 
     def cli_env(self) -> dict[str, str]:
-        return {"GEMINI_API_KEY": self.session_key, "GOOGLE_GEMINI_BASE_URL": self.proxy_url,
-                "GEMINI_CLI_NO_RELAUNCH": "true", "GEMINI_TELEMETRY_ENABLED": "false",
-                "GEMINI_CLI_TRUST_WORKSPACE": "true"}
+        return {
+            "GEMINI_API_KEY": self.session_key,
+            "GOOGLE_GEMINI_BASE_URL": self.proxy_url,
+            "GEMINI_CLI_NO_RELAUNCH": "true",
+            "GEMINI_TELEMETRY_ENABLED": "false",
+            "GEMINI_CLI_TRUST_WORKSPACE": "true",
+        }
 
     def config_files(self) -> dict[str, str]:
         # Without an output limit the proxy's cap applies (8,192 tokens on a 32k engine): a CPU
         # engine decoding that much takes a quarter of an hour.
-        limit = {"match": {"model": self.model_name},
-                 "modelConfig": {"generateContentConfig": {"maxOutputTokens": self.max_output_tokens}}}
+        limit = {
+            "match": {"model": self.model_name},
+            "modelConfig": {"generateContentConfig": {"maxOutputTokens": self.max_output_tokens}},
+        }
         settings: dict[str, Any] = {
-            **_SETTINGS_OFF, "security": {"auth": {"selectedType": "gemini-api-key"}},
-            "model": {"maxSessionTurns": self.max_turns}, "modelConfigs": {"customOverrides": [limit]}}
+            **_SETTINGS_OFF,
+            "security": {"auth": {"selectedType": "gemini-api-key"}},
+            "model": {"maxSessionTurns": self.max_turns},
+            "modelConfigs": {"customOverrides": [limit]},
+        }
         settings["general"] = {**settings["general"], "maxAttempts": RETRIES + 1}
         if self.lean:  # its `tools.core` allowlist
             settings["tools"] = {"core": list(self.LEAN_TOOLS)}
         return {".gemini/settings.json": json.dumps(settings)}
 
     def command(self, instruction: str) -> str:
-        return (f"{self._bin()} --yolo -m {shlex.quote(self.model_name or '')} "
-                f"-p {shlex.quote(instruction)}")
+        return f"{self._bin()} --yolo -m {shlex.quote(self.model_name or '')} -p {shlex.quote(instruction)}"
 
 
 class OpencodeCli(CliAgent):
@@ -321,28 +378,42 @@ class OpencodeCli(CliAgent):
 
     HARNESS = "opencode"
     LEAN_TOOLS = ("bash", "edit", "write", "read")
-    ALL_TOOLS = ("bash", "edit", "glob", "grep", "read", "skill", "task", "todowrite", "webfetch",
-                 "write")
+    ALL_TOOLS = ("bash", "edit", "glob", "grep", "read", "skill", "task", "todowrite", "webfetch", "write")
 
     def cli_env(self) -> dict[str, str]:
-        return {"OPENCODE_CONFIG": f"{AGENT_HOME}/opencode.json",
-                "OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1",
-                "OPENCODE_DISABLE_SHARE": "1", "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
-                "OPENCODE_DISABLE_AUTOCOMPACT": "1", "TAPDECK_SESSION_KEY": self.session_key}
+        return {
+            "OPENCODE_CONFIG": f"{AGENT_HOME}/opencode.json",
+            "OPENCODE_DISABLE_AUTOUPDATE": "1",
+            "OPENCODE_DISABLE_MODELS_FETCH": "1",
+            "OPENCODE_DISABLE_SHARE": "1",
+            "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+            "OPENCODE_DISABLE_AUTOCOMPACT": "1",
+            "TAPDECK_SESSION_KEY": self.session_key,
+        }
 
     def config_files(self) -> dict[str, str]:
         model = self.model_name or ""
         config = {
             "$schema": "https://opencode.ai/config.json",
-            "provider": {"tapdeck": {
-                "npm": "@ai-sdk/openai-compatible", "name": "tapdeck",
-                # Substituted by opencode at load time: the key stays out of the file.
-                "options": {"baseURL": self.proxy_url, "apiKey": "{env:TAPDECK_SESSION_KEY}"},
-                "models": {model: {"name": model, "tool_call": True,
-                                   "limit": {"context": self.context_tokens,
-                                             "output": self.max_output_tokens}}}}},
-            "model": f"tapdeck/{model}", "small_model": f"tapdeck/{model}",
-            "autoupdate": False, "share": "disabled",
+            "provider": {
+                "tapdeck": {
+                    "npm": "@ai-sdk/openai-compatible",
+                    "name": "tapdeck",
+                    # Substituted by opencode at load time: the key stays out of the file.
+                    "options": {"baseURL": self.proxy_url, "apiKey": "{env:TAPDECK_SESSION_KEY}"},
+                    "models": {
+                        model: {
+                            "name": model,
+                            "tool_call": True,
+                            "limit": {"context": self.context_tokens, "output": self.max_output_tokens},
+                        }
+                    },
+                }
+            },
+            "model": f"tapdeck/{model}",
+            "small_model": f"tapdeck/{model}",
+            "autoupdate": False,
+            "share": "disabled",
             "permission": {"bash": "allow", "edit": "allow"},
             "agent": {"build": {"steps": self.max_turns}},
         }
@@ -351,8 +422,10 @@ class OpencodeCli(CliAgent):
         return {"opencode.json": json.dumps(config)}
 
     def command(self, instruction: str) -> str:
-        return (f"{self._bin()} run -m {shlex.quote('tapdeck/' + (self.model_name or ''))} "
-                f"{shlex.quote(instruction)}")
+        return (
+            f"{self._bin()} run -m {shlex.quote('tapdeck/' + (self.model_name or ''))} "
+            f"{shlex.quote(instruction)}"
+        )
 
 
 class QwenCodeCli(CliAgent):
@@ -360,17 +433,39 @@ class QwenCodeCli(CliAgent):
 
     HARNESS = "qwen-code"
     LEAN_TOOLS = ("run_shell_command", "edit", "write_file", "read_file")
-    ALL_TOOLS = ("agent", "edit", "enter_worktree", "exit_worktree", "get_goal", "glob",
-                 "grep_search", "list_agents", "notebook_edit", "read_file", "record_artifact",
-                 "report_findings", "run_shell_command", "send_message", "skill", "task_stop",
-                 "tool_call", "tool_search", "update_goal", "write_file")
+    ALL_TOOLS = (
+        "agent",
+        "edit",
+        "enter_worktree",
+        "exit_worktree",
+        "get_goal",
+        "glob",
+        "grep_search",
+        "list_agents",
+        "notebook_edit",
+        "read_file",
+        "record_artifact",
+        "report_findings",
+        "run_shell_command",
+        "send_message",
+        "skill",
+        "task_stop",
+        "tool_call",
+        "tool_search",
+        "update_goal",
+        "write_file",
+    )
     """Its built-in tools, the deferred ones included (they come inline once tool search is off)."""
 
     def cli_env(self) -> dict[str, str]:
         # No relaunch: under Node 20 it starts itself again as a second node process (for a
         # larger heap), 1.5-2 s more before its first call on every run, measured here.
-        return {"OPENAI_API_KEY": self.session_key, "OPENAI_BASE_URL": self.proxy_url,
-                "OPENAI_MODEL": self.model_name or "", "QWEN_CODE_NO_RELAUNCH": "true"}
+        return {
+            "OPENAI_API_KEY": self.session_key,
+            "OPENAI_BASE_URL": self.proxy_url,
+            "OPENAI_MODEL": self.model_name or "",
+            "QWEN_CODE_NO_RELAUNCH": "true",
+        }
 
     def config_files(self) -> dict[str, str]:
         # The idle guard is off: a CPU engine prefilling 16k tokens is silent for a long while.
@@ -378,20 +473,29 @@ class QwenCodeCli(CliAgent):
         # engine): a quarter of an hour of CPU decoding per call.
         # maxRetries is its OpenAI client's retries, under its own loop of 7 attempts per call
         # (1.5 s to 30 s apart, fixed in the CLI): any retry here only doubles the 5xx requests.
-        generation = {"maxRetries": 0, "streamIdleTimeoutMs": 0, "timeout": IDLE_TIMEOUT_MS,
-                      "samplingParams": {"max_tokens": self.max_output_tokens}}
+        generation = {
+            "maxRetries": 0,
+            "streamIdleTimeoutMs": 0,
+            "timeout": IDLE_TIMEOUT_MS,
+            "samplingParams": {"max_tokens": self.max_output_tokens},
+        }
         # Its managed memory runs a sub-agent after each finished turn (another system prompt and
         # tool set, extracting "memories" from the task's conversation), and its "dream" folds them
         # later: calls outside the task's conversation, a second root in the capture.
         memory = {"enableManagedAutoMemory": False, "enableManagedAutoDream": False}
-        settings = {**_SETTINGS_OFF, "security": {"auth": {"selectedType": "openai"}},
-                    "model": {"maxSessionTurns": self.max_turns, "generationConfig": generation},
-                    "memory": memory}
+        settings = {
+            **_SETTINGS_OFF,
+            "security": {"auth": {"selectedType": "openai"}},
+            "model": {"maxSessionTurns": self.max_turns, "generationConfig": generation},
+            "memory": memory,
+        }
         if self.lean:
             # `tools.core` is its allowlist; its built-in agent, goal and tool-search tools bypass
             # that by design and leave only through `tools.disabled`.
-            settings["tools"] = {"core": list(self.LEAN_TOOLS), "disabled": [
-                t for t in self.ALL_TOOLS if t not in self.LEAN_TOOLS]}
+            settings["tools"] = {
+                "core": list(self.LEAN_TOOLS),
+                "disabled": [t for t in self.ALL_TOOLS if t not in self.LEAN_TOOLS],
+            }
         return {".qwen/settings.json": json.dumps(settings)}
 
     def command(self, instruction: str) -> str:
@@ -405,22 +509,33 @@ class MiniSweAgentCli(CliAgent):
 
     def cli_env(self) -> dict[str, str]:
         # A plain traceback when it exits on an error: Typer's rich one took 6 s to render here.
-        return {"OPENAI_API_KEY": self.session_key, "MSWEA_CONFIGURED": "true",
-                "MSWEA_COST_TRACKING": "ignore_errors", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-                "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": str(RETRIES + 1),
-                "TYPER_STANDARD_TRACEBACK": "1"}
+        return {
+            "OPENAI_API_KEY": self.session_key,
+            "MSWEA_CONFIGURED": "true",
+            "MSWEA_COST_TRACKING": "ignore_errors",
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": str(RETRIES + 1),
+            "TYPER_STANDARD_TRACEBACK": "1",
+        }
 
     def command(self, instruction: str) -> str:
         # max_retries=0: the OpenAI client's own 2 retries under each of its attempts made 3
         # requests of every one; its attempts alone give RETRIES.
-        config = [f"model.model_kwargs.api_base={self.proxy_url}", "model.model_kwargs.max_retries=0",
-                  f"model.model_kwargs.max_tokens={self.max_output_tokens}",
-                  f"agent.step_limit={self.max_turns}"]
+        config = [
+            f"model.model_kwargs.api_base={self.proxy_url}",
+            "model.model_kwargs.max_retries=0",
+            f"model.model_kwargs.max_tokens={self.max_output_tokens}",
+            f"agent.step_limit={self.max_turns}",
+        ]
         flags = " ".join(f"-c {shlex.quote(c)}" for c in config)
-        return (f"{self._bin()} -y --exit-immediately -l 0 "
-                f"-m {shlex.quote('openai/' + (self.model_name or ''))} -c mini.yaml {flags} "
-                f"-o /logs/agent/mini.traj.json -t {shlex.quote(instruction)}")
+        return (
+            f"{self._bin()} -y --exit-immediately -l 0 "
+            f"-m {shlex.quote('openai/' + (self.model_name or ''))} -c mini.yaml {flags} "
+            f"-o /logs/agent/mini.traj.json -t {shlex.quote(instruction)}"
+        )
 
 
-CLI_AGENTS: dict[str, type[CliAgent]] = {cls.HARNESS: cls for cls in (
-    CodexCli, ClaudeCodeCli, GeminiCli, OpencodeCli, QwenCodeCli, MiniSweAgentCli)}
+CLI_AGENTS: dict[str, type[CliAgent]] = {
+    cls.HARNESS: cls
+    for cls in (CodexCli, ClaudeCodeCli, GeminiCli, OpencodeCli, QwenCodeCli, MiniSweAgentCli)
+}

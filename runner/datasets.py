@@ -64,8 +64,9 @@ class Dataset(BaseModel):
         for task in self.tasks:
             if task.name == name:
                 return task
-        raise KeyError(f"no task {name!r} in dataset {self.name!r}; tasks: "
-                       + ", ".join(t.name for t in self.tasks))
+        raise KeyError(
+            f"no task {name!r} in dataset {self.name!r}; tasks: " + ", ".join(t.name for t in self.tasks)
+        )
 
 
 def instruction_text(task_dir: Path) -> str:
@@ -107,8 +108,12 @@ def _task_name(task_dir: Path) -> str:
 def task_ref(task_dir: Path) -> TaskRef:
     """Describe one local task folder."""
     text = instruction_text(task_dir)
-    return TaskRef(name=_task_name(task_dir), path=task_dir.resolve(), instruction=first_line(text),
-                   instruction_text=text)
+    return TaskRef(
+        name=_task_name(task_dir),
+        path=task_dir.resolve(),
+        instruction=first_line(text),
+        instruction_text=text,
+    )
 
 
 def is_task_dir(path: Path) -> bool:
@@ -131,8 +136,7 @@ def local_dataset(path: Path, *, name: str | None = None) -> Dataset:
             "environment/ and tests/ (a dataset folder holds task folders)"
         )
     resolved = path.resolve()
-    return Dataset(name=name or resolved.name, source=str(resolved),
-                   tasks=[task_ref(d) for d in task_dirs])
+    return Dataset(name=name or resolved.name, source=str(resolved), tasks=[task_ref(d) for d in task_dirs])
 
 
 def sample_dataset() -> Dataset:

@@ -37,9 +37,15 @@ def is_embedded(choice: str | None) -> bool:
     return choice is None or choice.strip().lower() in ("", EMBEDDED, "default")
 
 
-def resolve_engine(choice: str | None, *, model: str | None = None, api_key: str | None = None,
-                   default: EngineSpec | None = None, tool_parser: str | None = None,
-                   reasoning_parser: str | None = None) -> EngineSpec:
+def resolve_engine(
+    choice: str | None,
+    *,
+    model: str | None = None,
+    api_key: str | None = None,
+    default: EngineSpec | None = None,
+    tool_parser: str | None = None,
+    reasoning_parser: str | None = None,
+) -> EngineSpec:
     """Resolve an engine choice to the spec a capture session names.
 
     `choice` None/"embedded" → `default` (the server's default engine, the embedded one unless the
@@ -48,18 +54,26 @@ def resolve_engine(choice: str | None, *, model: str | None = None, api_key: str
     `tool_parser` / `reasoning_parser` name the engine's parsers (None: the default engine's own,
     none known for a URL).
     """
-    parsers = {k: v for k, v in (("tool_call_parser", tool_parser),
-                                 ("reasoning_parser", reasoning_parser)) if v is not None}
+    parsers = {
+        k: v
+        for k, v in (("tool_call_parser", tool_parser), ("reasoning_parser", reasoning_parser))
+        if v is not None
+    }
     if is_embedded(choice):
         if default is None:
-            raise EngineChoiceError("no embedded engine is running on this server; start it with "
-                                    "the engine extra installed, or pass --engine URL")
+            raise EngineChoiceError(
+                "no embedded engine is running on this server; start it with "
+                "the engine extra installed, or pass --engine URL"
+            )
         if model is None and api_key is None and not parsers:
             return default
-        return default.model_copy(update={
-            "model": model or default.model,
-            "api_key": api_key if api_key is not None else default.api_key, **parsers})
+        return default.model_copy(
+            update={
+                "model": model or default.model,
+                "api_key": api_key if api_key is not None else default.api_key,
+                **parsers,
+            }
+        )
     assert choice is not None
     key = api_key if api_key is not None else (os.environ.get(API_KEY_ENV) or None)
     return EngineSpec(url=normalize_engine_url(choice), model=model, api_key=key, **parsers)
-

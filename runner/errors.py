@@ -57,8 +57,10 @@ class RunElsewhere(PlanError):
 
     def __init__(self, run_id: str, pid: int) -> None:
         who = f"process {pid}" if pid else "another process"
-        super().__init__(f"run {run_id} is running in {who} on this data dir; follow it on that "
-                         "process's server (--server), or resume it once that process has ended")
+        super().__init__(
+            f"run {run_id} is running in {who} on this data dir; follow it on that "
+            "process's server (--server), or resume it once that process has ended"
+        )
         self.pid = pid
 
 
@@ -128,6 +130,18 @@ class TrainNotFound(RunnerError):
         self.run_id = run_id
 
 
-__all__ = ["DatasetUnreachable", "PlanError", "RolloutNotFound", "RolloutNotRunning", "RunElsewhere",
-           "RunNotFound", "RunNotStartable", "RunUnreadable", "RunnerError", "TrainElsewhere",
-           "TrainNotFound", "TrainRefused", "TrainUsage"]
+__all__ = [
+    "DatasetUnreachable",
+    "PlanError",
+    "RolloutNotFound",
+    "RolloutNotRunning",
+    "RunElsewhere",
+    "RunNotFound",
+    "RunNotStartable",
+    "RunUnreadable",
+    "RunnerError",
+    "TrainElsewhere",
+    "TrainNotFound",
+    "TrainRefused",
+    "TrainUsage",
+]

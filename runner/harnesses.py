@@ -46,10 +46,18 @@ class Dialect(StrEnum):
 
 
 # The proxy's session `base_urls` key and Harbor's `model_api_format` for each dialect.
-_BASE_URL_KEY = {Dialect.CHAT: "openai", Dialect.RESPONSES: "openai",
-                 Dialect.ANTHROPIC: "anthropic", Dialect.GOOGLE: "google"}
-_API_FORMAT = {Dialect.CHAT: "openai_chat_completions", Dialect.RESPONSES: "openai_responses",
-               Dialect.ANTHROPIC: "anthropic_messages", Dialect.GOOGLE: "google_generate_content"}
+_BASE_URL_KEY = {
+    Dialect.CHAT: "openai",
+    Dialect.RESPONSES: "openai",
+    Dialect.ANTHROPIC: "anthropic",
+    Dialect.GOOGLE: "google",
+}
+_API_FORMAT = {
+    Dialect.CHAT: "openai_chat_completions",
+    Dialect.RESPONSES: "openai_responses",
+    Dialect.ANTHROPIC: "anthropic_messages",
+    Dialect.GOOGLE: "google_generate_content",
+}
 
 
 @dataclass(frozen=True)
@@ -94,83 +102,191 @@ _INSTALLED_NOTE = "installed in the sandbox at setup: needs internet there and t
 # The real agent CLIs tapdeck installs itself: dialect, what carries the proxy URL, and whether the
 # pinned version ran end to end here (host sandbox, embedded engine, through the proxy).
 _CLI_SEAMS: dict[str, tuple[Dialect, tuple[str, ...], tuple[str, ...], str | None, bool, str]] = {
-    "codex": (Dialect.RESPONSES, ("TAPDECK_SESSION_KEY",), (),
-              "-c model_providers.tapdeck.* (base_url, env_key, wire_api=responses)", True,
-              "`codex exec`, a custom model provider; plugins, analytics, update check off; "
-              "ran here on sample/hello-file (8.7k-token first prompt, one chain, reward 0)"),
-    "claude-code": (Dialect.ANTHROPIC, ("ANTHROPIC_API_KEY",), ("ANTHROPIC_BASE_URL",), None, True,
-                    "`claude -p --max-turns`; telemetry, error reports, updater, non-essential "
-                    "traffic off; ran here on sample/hello-file (12.4k-token first prompt, 3 "
-                    "agent turns in one chain, reward 0)"),
-    "gemini-cli": (Dialect.GOOGLE, ("GEMINI_API_KEY",), ("GOOGLE_GEMINI_BASE_URL",),
-                   "~/.gemini/settings.json (api-key auth, telemetry off, maxSessionTurns, "
-                   "maxOutputTokens override)", True,
-                   "`gemini --yolo -m <served> -p` (a named model skips its router call); the "
-                   "workspace trusted by env; ran here on sample/hello-file (11.2k-token first "
-                   "prompt, one agent turn, reward 0)"),
-    "opencode": (Dialect.CHAT, ("TAPDECK_SESSION_KEY",), (),
-                 "opencode.json (openai-compatible provider baseURL, key from env)", True,
-                 "`opencode run`; its concurrent title call is an auxiliary root; "
-                 "model fetch, autoupdate, share off; registry pointed nowhere; ran here on "
-                 "sample/hello-file (7.7k-token first prompt, one chain, reward 0)"),
-    "qwen-code": (Dialect.CHAT, ("OPENAI_API_KEY",), ("OPENAI_BASE_URL",),
-                  "~/.qwen/settings.json (usage stats off, maxSessionTurns, max_tokens, managed "
-                  "memory off)", True,
-                  "`qwen --yolo`; vendored rg made executable at install; ran here on "
-                  "sample/hello-file with the lean tool profile (9.6k-token first prompt, one "
-                  "agent turn, graded by the verifier)"),
-    "mini-swe-agent": (Dialect.CHAT, ("OPENAI_API_KEY",), (),
-                       "-c model.model_kwargs.api_base=<proxy>", True,
-                       "`mini -y --exit-immediately`, step_limit = max_turns; not streamed; "
-                       "ends only on its submit command, so the step limit or budget ends it; "
-                       "ran here on sample/hello-file (2 turns captured, reward 0); it drops a "
-                       "reply it rejects and asks again, so each such call is a new root"),
+    "codex": (
+        Dialect.RESPONSES,
+        ("TAPDECK_SESSION_KEY",),
+        (),
+        "-c model_providers.tapdeck.* (base_url, env_key, wire_api=responses)",
+        True,
+        "`codex exec`, a custom model provider; plugins, analytics, update check off; "
+        "ran here on sample/hello-file (8.7k-token first prompt, one chain, reward 0)",
+    ),
+    "claude-code": (
+        Dialect.ANTHROPIC,
+        ("ANTHROPIC_API_KEY",),
+        ("ANTHROPIC_BASE_URL",),
+        None,
+        True,
+        "`claude -p --max-turns`; telemetry, error reports, updater, non-essential "
+        "traffic off; ran here on sample/hello-file (12.4k-token first prompt, 3 "
+        "agent turns in one chain, reward 0)",
+    ),
+    "gemini-cli": (
+        Dialect.GOOGLE,
+        ("GEMINI_API_KEY",),
+        ("GOOGLE_GEMINI_BASE_URL",),
+        "~/.gemini/settings.json (api-key auth, telemetry off, maxSessionTurns, maxOutputTokens override)",
+        True,
+        "`gemini --yolo -m <served> -p` (a named model skips its router call); the "
+        "workspace trusted by env; ran here on sample/hello-file (11.2k-token first "
+        "prompt, one agent turn, reward 0)",
+    ),
+    "opencode": (
+        Dialect.CHAT,
+        ("TAPDECK_SESSION_KEY",),
+        (),
+        "opencode.json (openai-compatible provider baseURL, key from env)",
+        True,
+        "`opencode run`; its concurrent title call is an auxiliary root; "
+        "model fetch, autoupdate, share off; registry pointed nowhere; ran here on "
+        "sample/hello-file (7.7k-token first prompt, one chain, reward 0)",
+    ),
+    "qwen-code": (
+        Dialect.CHAT,
+        ("OPENAI_API_KEY",),
+        ("OPENAI_BASE_URL",),
+        "~/.qwen/settings.json (usage stats off, maxSessionTurns, max_tokens, managed memory off)",
+        True,
+        "`qwen --yolo`; vendored rg made executable at install; ran here on "
+        "sample/hello-file with the lean tool profile (9.6k-token first prompt, one "
+        "agent turn, graded by the verifier)",
+    ),
+    "mini-swe-agent": (
+        Dialect.CHAT,
+        ("OPENAI_API_KEY",),
+        (),
+        "-c model.model_kwargs.api_base=<proxy>",
+        True,
+        "`mini -y --exit-immediately`, step_limit = max_turns; not streamed; "
+        "ends only on its submit command, so the step limit or budget ends it; "
+        "ran here on sample/hello-file (2 turns captured, reward 0); it drops a "
+        "reply it rejects and asks again, so each such call is a new root",
+    ),
 }
 
 
 CLI_MAX_TURNS = 3
 """Default turn/step limit of the agent CLIs: a small model never finishes, and each first prompt
 is 8-17k tokens to prefill on CPU."""
-_CLI_CLASSES = {"codex": "CodexCli", "claude-code": "ClaudeCodeCli", "gemini-cli": "GeminiCli",
-                "opencode": "OpencodeCli", "qwen-code": "QwenCodeCli",
-                "mini-swe-agent": "MiniSweAgentCli"}
+_CLI_CLASSES = {
+    "codex": "CodexCli",
+    "claude-code": "ClaudeCodeCli",
+    "gemini-cli": "GeminiCli",
+    "opencode": "OpencodeCli",
+    "qwen-code": "QwenCodeCli",
+    "mini-swe-agent": "MiniSweAgentCli",
+}
 
 
 def _cli_row(name: str) -> Harness:
     from tapdeck.runner.agent_install import get_package
+
     dialect, key_env, base_url_env, config_file, validated, notes = _CLI_SEAMS[name]
-    return Harness(name, f"tapdeck.runner.cli_agents:{_CLI_CLASSES[name]}", dialect,
-                   Placement.HOST_INSTALL, "", key_env, base_url_env, config_file,
-                   validated=validated, version=get_package(name).version,
-                   default_kwargs={"max_turns": CLI_MAX_TURNS},
-                   notes=f"{notes}; runs from tapdeck's install (host sandbox only), per-trial "
-                         "HOME/TMPDIR, only the session key")
+    return Harness(
+        name,
+        f"tapdeck.runner.cli_agents:{_CLI_CLASSES[name]}",
+        dialect,
+        Placement.HOST_INSTALL,
+        "",
+        key_env,
+        base_url_env,
+        config_file,
+        validated=validated,
+        version=get_package(name).version,
+        default_kwargs={"max_turns": CLI_MAX_TURNS},
+        notes=f"{notes}; runs from tapdeck's install (host sandbox only), per-trial "
+        "HOME/TMPDIR, only the session key",
+    )
 
 
-HARNESSES: dict[str, Harness] = {h.name: h for h in (
-    Harness("terminus-2", "terminus-2", Dialect.CHAT, Placement.HOST_SIDE, "openai/", _OPENAI_KEYS,
+HARNESSES: dict[str, Harness] = {
+    h.name: h
+    for h in (
+        Harness(
+            "terminus-2",
+            "terminus-2",
+            Dialect.CHAT,
+            Placement.HOST_SIDE,
+            "openai/",
+            _OPENAI_KEYS,
             validated=True,
             notes="Harbor's own agent loop (LiteLLM) in the Harbor process; drives tmux in the "
-                  "sandbox via exec; proxy on loopback works with any sandbox. Run here on the "
-                  "host sandbox against the embedded engine (calls answered; SmolLM2 never "
-                  "solves a task, reward 0)"),
-    Harness("oracle", "oracle", Dialect.NONE, Placement.NO_MODEL, validated=True,
-            notes="runs the task's solution/solve.sh (reward 1 on a correct task)"),
-    Harness("nop", "nop", Dialect.NONE, Placement.NO_MODEL, validated=True,
-            notes="does nothing (reward-0 baseline)"),
-    *(_cli_row(name) for name in ("codex", "claude-code", "gemini-cli", "opencode", "qwen-code",
-                                  "mini-swe-agent")),
-    Harness("goose", "goose", Dialect.CHAT, Placement.INSTALLED, "openai/", _OPENAI_KEYS,
-            ("OPENAI_HOST",), notes=_INSTALLED_NOTE),
-    Harness("openhands-sdk", "openhands-sdk", Dialect.CHAT, Placement.INSTALLED, "openai/",
-            ("LLM_API_KEY", "OPENAI_API_KEY"), ("LLM_BASE_URL",), notes=_INSTALLED_NOTE),
-    Harness("openhands", "openhands", Dialect.CHAT, Placement.INSTALLED, "openai/",
-            ("LLM_API_KEY", "OPENAI_API_KEY"), ("LLM_BASE_URL",), notes=_INSTALLED_NOTE),
-    Harness("aider", "aider", Dialect.CHAT, Placement.INSTALLED, "openai/", _OPENAI_KEYS,
-            ("OPENAI_BASE_URL",), notes=_INSTALLED_NOTE),
-    Harness("swe-agent", "swe-agent", Dialect.CHAT, Placement.INSTALLED, "openai/", _OPENAI_KEYS,
-            ("OPENAI_BASE_URL",), notes=_INSTALLED_NOTE),
-)}
+            "sandbox via exec; proxy on loopback works with any sandbox. Run here on the "
+            "host sandbox against the embedded engine (calls answered; SmolLM2 never "
+            "solves a task, reward 0)",
+        ),
+        Harness(
+            "oracle",
+            "oracle",
+            Dialect.NONE,
+            Placement.NO_MODEL,
+            validated=True,
+            notes="runs the task's solution/solve.sh (reward 1 on a correct task)",
+        ),
+        Harness(
+            "nop",
+            "nop",
+            Dialect.NONE,
+            Placement.NO_MODEL,
+            validated=True,
+            notes="does nothing (reward-0 baseline)",
+        ),
+        *(
+            _cli_row(name)
+            for name in ("codex", "claude-code", "gemini-cli", "opencode", "qwen-code", "mini-swe-agent")
+        ),
+        Harness(
+            "goose",
+            "goose",
+            Dialect.CHAT,
+            Placement.INSTALLED,
+            "openai/",
+            _OPENAI_KEYS,
+            ("OPENAI_HOST",),
+            notes=_INSTALLED_NOTE,
+        ),
+        Harness(
+            "openhands-sdk",
+            "openhands-sdk",
+            Dialect.CHAT,
+            Placement.INSTALLED,
+            "openai/",
+            ("LLM_API_KEY", "OPENAI_API_KEY"),
+            ("LLM_BASE_URL",),
+            notes=_INSTALLED_NOTE,
+        ),
+        Harness(
+            "openhands",
+            "openhands",
+            Dialect.CHAT,
+            Placement.INSTALLED,
+            "openai/",
+            ("LLM_API_KEY", "OPENAI_API_KEY"),
+            ("LLM_BASE_URL",),
+            notes=_INSTALLED_NOTE,
+        ),
+        Harness(
+            "aider",
+            "aider",
+            Dialect.CHAT,
+            Placement.INSTALLED,
+            "openai/",
+            _OPENAI_KEYS,
+            ("OPENAI_BASE_URL",),
+            notes=_INSTALLED_NOTE,
+        ),
+        Harness(
+            "swe-agent",
+            "swe-agent",
+            Dialect.CHAT,
+            Placement.INSTALLED,
+            "openai/",
+            _OPENAI_KEYS,
+            ("OPENAI_BASE_URL",),
+            notes=_INSTALLED_NOTE,
+        ),
+    )
+}
 
 DEFAULT_HARNESS = "terminus-2"
 
@@ -209,12 +325,20 @@ def get_harness(name: str) -> Harness:
     if name in HARNESSES:
         return HARNESSES[name]
     if ":" in name:
-        return Harness(name, name, Dialect.CHAT, Placement.INSTALLED, "openai/", _OPENAI_KEYS,
-                       ("OPENAI_BASE_URL",),
-                       notes="custom Harbor agent loaded by import path (unvalidated; assumed to "
-                             "speak chat completions through OPENAI_BASE_URL/OPENAI_API_KEY)")
-    raise KeyError(f"unknown harness {name!r}; known: {', '.join(HARNESSES)} "
-                   "(or any Harbor agent as module:Class)")
+        return Harness(
+            name,
+            name,
+            Dialect.CHAT,
+            Placement.INSTALLED,
+            "openai/",
+            _OPENAI_KEYS,
+            ("OPENAI_BASE_URL",),
+            notes="custom Harbor agent loaded by import path (unvalidated; assumed to "
+            "speak chat completions through OPENAI_BASE_URL/OPENAI_API_KEY)",
+        )
+    raise KeyError(
+        f"unknown harness {name!r}; known: {', '.join(HARNESSES)} (or any Harbor agent as module:Class)"
+    )
 
 
 def calls_a_model(name: str) -> bool:
@@ -227,8 +351,11 @@ def calls_a_model(name: str) -> bool:
 
 def strip_secrets(env: dict[str, str] | None, session_key: str | None) -> dict[str, str]:
     """Drop credential-looking variables (other than the session key) from an env mapping."""
-    return {k: v for k, v in (env or {}).items()
-            if not _SECRET_NAME.search(k) or (session_key is not None and v == session_key)}
+    return {
+        k: v
+        for k, v in (env or {}).items()
+        if not _SECRET_NAME.search(k) or (session_key is not None and v == session_key)
+    }
 
 
 @dataclass(frozen=True)
@@ -247,8 +374,14 @@ class AgentPieces:
     def to_agent_config(self):
         """Harbor's trial-side `AgentConfig`."""
         fields: dict[str, Any] = {"env": self.env, "kwargs": self.kwargs}
-        for key in ("name", "import_path", "model_name", "base_url", "model_api_format",
-                    "override_timeout_sec"):
+        for key in (
+            "name",
+            "import_path",
+            "model_name",
+            "base_url",
+            "model_api_format",
+            "override_timeout_sec",
+        ):
             value = getattr(self, key)
             if value is not None:
                 fields[key] = value
@@ -269,10 +402,11 @@ def terminus2_kwargs(defaults: RunDefaults) -> dict[str, Any]:
             "input_cost_per_token": 0.0,
             "output_cost_per_token": 0.0,
         },
-        "llm_kwargs": {"max_tokens": defaults.max_output_tokens,
-                       **{k: v for k, v in defaults.sampling.items() if k != "temperature"}},
-        **({"temperature": defaults.sampling["temperature"]}
-           if "temperature" in defaults.sampling else {}),
+        "llm_kwargs": {
+            "max_tokens": defaults.max_output_tokens,
+            **{k: v for k, v in defaults.sampling.items() if k != "temperature"},
+        },
+        **({"temperature": defaults.sampling["temperature"]} if "temperature" in defaults.sampling else {}),
     }
 
 
@@ -301,24 +435,36 @@ def build_agent_pieces(
     kwargs.update(agent_kwargs or {})
     env = strip_secrets(extra_env, session_key)
     if not row.makes_model_calls:
-        return AgentPieces(name, import_path, None, None, None, env, kwargs,
-                           defaults.agent_timeout_s)
+        return AgentPieces(name, import_path, None, None, None, env, kwargs, defaults.agent_timeout_s)
 
     if not (base_urls and session_key and served_model):
-        raise ValueError(f"harness {row.name!r} makes model calls: it needs the session's base "
-                         "URLs, session key and served model name")
+        raise ValueError(
+            f"harness {row.name!r} makes model calls: it needs the session's base "
+            "URLs, session key and served model name"
+        )
     base_url = base_urls[_BASE_URL_KEY[row.dialect]]
     if row.placement is Placement.HOST_INSTALL:
         # tapdeck's own agent classes take the seam as kwargs: Harbor's base_url/model_api_format
         # overrides are for agents with a Harbor model connection, and no key goes into env.
-        seam = {"proxy_url": base_url, "session_key": session_key,
-                "max_turns": defaults.max_turns, "max_output_tokens": defaults.max_output_tokens,
-                "context_tokens": defaults.context_tokens}
+        seam = {
+            "proxy_url": base_url,
+            "session_key": session_key,
+            "max_turns": defaults.max_turns,
+            "max_output_tokens": defaults.max_output_tokens,
+            "context_tokens": defaults.context_tokens,
+        }
         # The seam's limits (the rollout's settings) win over the row's defaults; the operator's
         # own kwargs win over both.
-        return AgentPieces(name, import_path, served_model, None, None, env,
-                           {**row.default_kwargs, **seam, **(agent_kwargs or {})},
-                           defaults.agent_timeout_s)
+        return AgentPieces(
+            name,
+            import_path,
+            served_model,
+            None,
+            None,
+            env,
+            {**row.default_kwargs, **seam, **(agent_kwargs or {})},
+            defaults.agent_timeout_s,
+        )
     prefix = defaults.model_prefix or row.model_prefix
     if prefix == "hosted_vllm/" and not _HOSTED_VLLM_NAME.match(served_model):
         prefix = row.model_prefix
@@ -328,8 +474,16 @@ def build_agent_pieces(
         env[var] = base_url
     if row.agent == "terminus-2":
         kwargs.setdefault("llm_kwargs", {})["api_key"] = session_key
-    return AgentPieces(name, import_path, f"{prefix}{served_model}", base_url,
-                       row.model_api_format, env, kwargs, defaults.agent_timeout_s)
+    return AgentPieces(
+        name,
+        import_path,
+        f"{prefix}{served_model}",
+        base_url,
+        row.model_api_format,
+        env,
+        kwargs,
+        defaults.agent_timeout_s,
+    )
 
 
 def build_agent_config(harness: str | Harness, **options):
@@ -339,10 +493,19 @@ def build_agent_config(harness: str | Harness, **options):
 
 def harness_table() -> list[dict[str, Any]]:
     """The seam table as plain rows (for the catalog, the CLI and the TUI)."""
-    return [{
-        "name": h.name, "agent": h.agent, "dialect": h.dialect.value,
-        "placement": h.placement.value, "validated": h.validated,
-        "model_name": f"{h.model_prefix}<served>" if h.makes_model_calls else None,
-        "key_env": list(h.key_env), "base_url_env": list(h.base_url_env),
-        "config_file": h.config_file, "notes": h.notes, "version": h.version,
-    } for h in HARNESSES.values()]
+    return [
+        {
+            "name": h.name,
+            "agent": h.agent,
+            "dialect": h.dialect.value,
+            "placement": h.placement.value,
+            "validated": h.validated,
+            "model_name": f"{h.model_prefix}<served>" if h.makes_model_calls else None,
+            "key_env": list(h.key_env),
+            "base_url_env": list(h.base_url_env),
+            "config_file": h.config_file,
+            "notes": h.notes,
+            "version": h.version,
+        }
+        for h in HARNESSES.values()
+    ]

@@ -36,17 +36,21 @@ def resolve_tasks(plan: RunPlan) -> tuple[list[dict[str, str]], list[str]]:
             raise PlanError(f"not a task Harbor can run: {'; '.join(broken)}")
         missing = [n for n in plan.tasks if n not in by_name]
         if missing:
-            raise PlanError(f"unknown task(s) {', '.join(missing)}; the dataset has "
-                            f"{', '.join(sorted(by_name)) or 'no tasks'}")
+            raise PlanError(
+                f"unknown task(s) {', '.join(missing)}; the dataset has "
+                f"{', '.join(sorted(by_name)) or 'no tasks'}"
+            )
         tasks = [by_name[n] for n in plan.tasks]
     if plan.n_tasks is not None:
         tasks = tasks[: plan.n_tasks]
     if not tasks:
         raise PlanError(f"dataset {plan.dataset or '(sample)'} has no tasks")
     if len(tasks) * plan.k > MAX_ROLLOUTS:
-        raise PlanError(f"{len(tasks)} task(s) × k {plan.k} is {len(tasks) * plan.k} rollouts, "
-                        f"more than the {MAX_ROLLOUTS} a run may have; run fewer tasks or a "
-                        "smaller k")
+        raise PlanError(
+            f"{len(tasks)} task(s) × k {plan.k} is {len(tasks) * plan.k} rollouts, "
+            f"more than the {MAX_ROLLOUTS} a run may have; run fewer tasks or a "
+            "smaller k"
+        )
     # Named tasks were each found, so a folder left out is only news when the dataset is taken whole.
     return tasks, [] if plan.tasks else list(left_out.values())
 

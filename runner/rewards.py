@@ -63,8 +63,11 @@ def coerce_rewards(raw: Mapping[str, Any]) -> tuple[dict[str, float], list[Findi
     for key, value in raw.items():
         number = coerce_value(value)
         if number is None:
-            findings.append(Finding.warn("reward_value_dropped",
-                                         f"key {key!r} has no finite numeric value ({_short(value)})"))
+            findings.append(
+                Finding.warn(
+                    "reward_value_dropped", f"key {key!r} has no finite numeric value ({_short(value)})"
+                )
+            )
         else:
             kept[str(key)] = number
     return kept, findings
@@ -73,22 +76,31 @@ def coerce_rewards(raw: Mapping[str, Any]) -> tuple[dict[str, float], list[Findi
 def choose_reward(raw: Mapping[str, Any] | None, reward_key: str | None = None) -> RewardChoice:
     """Apply the reward rule to a verifier's reward dict (None = the verifier never produced one)."""
     if raw is None:
-        return RewardChoice(None, findings=[Finding.warn(
-            "reward_missing", "the verifier produced no rewards (it never ran or failed); "
-                              "reward is null, not 0")])
+        return RewardChoice(
+            None,
+            findings=[
+                Finding.warn(
+                    "reward_missing",
+                    "the verifier produced no rewards (it never ran or failed); reward is null, not 0",
+                )
+            ],
+        )
     if not isinstance(raw, Mapping):
         raw = {"reward": raw}
     rewards, findings = coerce_rewards(raw)
     keys = sorted(str(k) for k in raw)
     if not raw:
-        findings.append(Finding.warn("reward_missing", "the verifier wrote an empty reward dict; "
-                                                       "reward is null, not 0"))
+        findings.append(
+            Finding.warn("reward_missing", "the verifier wrote an empty reward dict; reward is null, not 0")
+        )
         return RewardChoice(None, rewards, findings=findings)
 
     if reward_key is not None:
         if reward_key not in raw:
-            message = (f"reward key {reward_key!r} is not among the verifier's keys "
-                       f"{', '.join(keys)}; pick one with --reward-key")
+            message = (
+                f"reward key {reward_key!r} is not among the verifier's keys "
+                f"{', '.join(keys)}; pick one with --reward-key"
+            )
             findings.append(Finding.fatal(REWARD_KEY_MISSING, message))
             return RewardChoice(None, rewards, None, findings, REWARD_KEY_MISSING, message)
         return _take(reward_key, rewards, findings)
@@ -102,16 +114,21 @@ def choose_reward(raw: Mapping[str, Any] | None, reward_key: str | None = None) 
     if not rewards:
         findings.append(Finding.warn("reward_missing", f"no usable reward among keys {', '.join(keys)}"))
         return RewardChoice(None, rewards, None, findings)
-    message = (f"the verifier returned several rewards ({', '.join(sorted(rewards))}) and none is "
-               f"named 'reward'; choose one with --reward-key")
+    message = (
+        f"the verifier returned several rewards ({', '.join(sorted(rewards))}) and none is "
+        f"named 'reward'; choose one with --reward-key"
+    )
     findings.append(Finding.fatal(REWARD_AMBIGUOUS, message))
     return RewardChoice(None, rewards, None, findings, REWARD_AMBIGUOUS, message)
 
 
 def _take(key: str, rewards: dict[str, float], findings: list[Finding]) -> RewardChoice:
     if key not in rewards:
-        findings.append(Finding.warn("reward_missing",
-                                     f"the chosen reward key {key!r} had no usable value; reward is null"))
+        findings.append(
+            Finding.warn(
+                "reward_missing", f"the chosen reward key {key!r} had no usable value; reward is null"
+            )
+        )
         return RewardChoice(None, rewards, key, findings)
     return RewardChoice(rewards[key], rewards, key, findings)
 
@@ -130,8 +147,7 @@ def read_reward_files(verifier_dir: Path) -> tuple[dict[str, Any] | None, list[F
         try:
             data = json.loads(text)
         except ValueError:
-            return None, [Finding.warn("reward_file_unparseable",
-                                       f"{json_path} is not JSON: {_short(text)}")]
+            return None, [Finding.warn("reward_file_unparseable", f"{json_path} is not JSON: {_short(text)}")]
         if isinstance(data, Mapping):
             return dict(data), []
         return {"reward": data}, []

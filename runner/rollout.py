@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 import traceback
 from collections.abc import Callable
@@ -34,8 +33,6 @@ from urllib.parse import urlsplit
 import httpx
 
 from tapdeck.proxy.config import is_loopback
-from tapdeck.schema.findings import Finding, Level
-from tapdeck.schema.sessions import SessionInfo, Tier
 from tapdeck.proxy.sessions.spec import SessionSpec, base_urls_for
 from tapdeck.proxy.upstream.tiers import EngineSpec
 from tapdeck.runner import harbor_api
@@ -43,9 +40,11 @@ from tapdeck.runner.atif import CapturedCall, reconcile_file
 from tapdeck.runner.rewards import choose_reward, read_reward_files
 from tapdeck.runner.rollout_settings import DEFAULT_HARD_LIMIT_S, DEFAULT_MAX_TURNS, SettingsDoNotFit, resolve
 from tapdeck.runner.service_protocol import CaptureServiceProtocol
-from tapdeck.schema.settings import ResolvedSettings
 from tapdeck.schema.events import RolloutUpdated
+from tapdeck.schema.findings import Finding, Level
 from tapdeck.schema.runs import Phase, RolloutResult, RolloutTemplate
+from tapdeck.schema.sessions import SessionInfo, Tier
+from tapdeck.schema.settings import ResolvedSettings
 
 log = logging.getLogger("tapdeck.runner")
 
@@ -102,11 +101,23 @@ _EXCEPTION_KINDS: dict[str, str] = {
     "ProxyUnreachableError": "proxy_unreachable",
     "AgentNotInstalledError": "harness_install_failed",
 }
-_ENGINE_TYPES = frozenset({
-    "APIConnectionError", "ApiConnectionError", "NetworkConnectionError", "InternalServerError",
-    "ServiceUnavailableError", "APIError", "ApiError", "Timeout", "ApiInternalServerError",
-    "UnknownApiError", "ApiResponseStalledError", "ApiConnectionClosedError", "RateLimitError",
-})
+_ENGINE_TYPES = frozenset(
+    {
+        "APIConnectionError",
+        "ApiConnectionError",
+        "NetworkConnectionError",
+        "InternalServerError",
+        "ServiceUnavailableError",
+        "APIError",
+        "ApiError",
+        "Timeout",
+        "ApiInternalServerError",
+        "UnknownApiError",
+        "ApiResponseStalledError",
+        "ApiConnectionClosedError",
+        "RateLimitError",
+    }
+)
 
 
 ENGINE_BLAMED = ("agent_failed", "agent_timeout", "no_model_calls", "engine_rejected")
@@ -119,8 +130,12 @@ def classify_exception(exception_type: str, phase: Phase) -> str:
         return _EXCEPTION_KINDS[exception_type]
     if exception_type in _ENGINE_TYPES:
         return "engine_unreachable"
-    return {"sandbox": "sandbox_failed", "agent_setup": "sandbox_failed", "agent": "agent_failed",
-            "verify": "verifier_failed"}.get(phase, "internal")
+    return {
+        "sandbox": "sandbox_failed",
+        "agent_setup": "sandbox_failed",
+        "agent": "agent_failed",
+        "verify": "verifier_failed",
+    }.get(phase, "internal")
 
 
 def _failed_phase(result: Any) -> Phase:
@@ -129,8 +144,10 @@ def _failed_phase(result: Any) -> Phase:
     out, so the last phase that ran is not where the failure was."""
     occurred = result.exception_info.occurred_at if result.exception_info is not None else None
     phases: tuple[tuple[Phase, Any], ...] = (
-        ("agent_setup", result.agent_setup), ("agent", result.agent_execution),
-        ("verify", result.verifier))
+        ("agent_setup", result.agent_setup),
+        ("agent", result.agent_execution),
+        ("verify", result.verifier),
+    )
     failed: Phase = "sandbox"
     for phase, timing in phases:
         if timing is None:
@@ -151,8 +168,12 @@ def _seconds(timing: Any) -> float | None:
 class _Progress:
     """The rollout's live result: phase changes go to the session metadata and the event bus."""
 
-    def __init__(self, service: CaptureServiceProtocol, result: RolloutResult,
-                 on_update: Callable[[RolloutResult], None] | None) -> None:
+    def __init__(
+        self,
+        service: CaptureServiceProtocol,
+        result: RolloutResult,
+        on_update: Callable[[RolloutResult], None] | None,
+    ) -> None:
         self.service = service
         self.result = result
         self.on_update = on_update
@@ -166,8 +187,15 @@ class _Progress:
         r = self.result
         if r.session_id is not None:
             with contextlib.suppress(Exception):  # a progress note must never fail a rollout
-                self.service.annotate(r.session_id, phase=r.phase, reward=r.reward, run_id=r.run_id,
-                                      rollout_id=r.rollout_id, task=r.task, group=r.group)
+                self.service.annotate(
+                    r.session_id,
+                    phase=r.phase,
+                    reward=r.reward,
+                    run_id=r.run_id,
+                    rollout_id=r.rollout_id,
+                    task=r.task,
+                    group=r.group,
+                )
         snapshot = r.model_copy(deep=True)
         if self.on_update is not None:
             with contextlib.suppress(Exception):
@@ -175,11 +203,16 @@ class _Progress:
         else:
             with contextlib.suppress(Exception):
                 self.service.events.publish(
-                    RolloutUpdated(run_id=r.run_id, rollout=snapshot).model_dump(mode="json"))
+                    RolloutUpdated(run_id=r.run_id, rollout=snapshot).model_dump(mode="json")
+                )
 
 
-async def run_rollout(service: CaptureServiceProtocol, spec: RolloutSpec, *,
-                      on_update: Callable[[RolloutResult], None] | None = None) -> RolloutResult:
+async def run_rollout(
+    service: CaptureServiceProtocol,
+    spec: RolloutSpec,
+    *,
+    on_update: Callable[[RolloutResult], None] | None = None,
+) -> RolloutResult:
     """Run one rollout on `service` (a CaptureService on this loop). Never raises.
 
     Cancellation of the calling task comes back as a result with `error_kind="cancelled"` after the
@@ -188,9 +221,16 @@ async def run_rollout(service: CaptureServiceProtocol, spec: RolloutSpec, *,
     from tapdeck.runner.harnesses import get_harness
 
     rid = spec.rollout_id or spec.trial_name or f"{spec.task}-{spec.index}"
-    result = RolloutResult(rollout_id=rid, run_id=spec.run_id, task=spec.task, group=spec.group,
-                           index=spec.index, harness=spec.rollout.harness, sandbox=spec.rollout.sandbox,
-                           started_at=time.time())
+    result = RolloutResult(
+        rollout_id=rid,
+        run_id=spec.run_id,
+        task=spec.task,
+        group=spec.group,
+        index=spec.index,
+        harness=spec.rollout.harness,
+        sandbox=spec.rollout.sandbox,
+        started_at=time.time(),
+    )
     progress = _Progress(service, result, on_update)
     findings: list[Finding] = []
     trial_result: Any = None
@@ -225,21 +265,25 @@ async def run_rollout(service: CaptureServiceProtocol, spec: RolloutSpec, *,
                 # Enforced on the wire: codex, for one, asks 2,048 whatever it is configured with.
                 service.limit_output(info.id, result.settings.max_output_tokens)
                 with contextlib.suppress(Exception):  # a note on the session, never a failure
-                    service.annotate(info.id, context_tokens=result.settings.context_tokens,
-                                     max_output_tokens=result.settings.max_output_tokens)
+                    service.annotate(
+                        info.id,
+                        context_tokens=result.settings.context_tokens,
+                        max_output_tokens=result.settings.max_output_tokens,
+                    )
             progress.publish()
             if info is not None and spec.rollout.public_url:
                 info = info.model_copy(update={"base_urls": base_urls_for(spec.rollout.public_url)})
             if spec.rollout.sandbox == "host":
-                environment = environment_config(spec.rollout.sandbox, host_sandbox_kwargs(
-                    spec, info.base_urls["openai"] if info is not None else None))
+                environment = environment_config(
+                    spec.rollout.sandbox,
+                    host_sandbox_kwargs(spec, info.base_urls["openai"] if info is not None else None),
+                )
             config = _trial_config(spec, rid, info, environment, result.settings)
             trial_dir = Path(config.trials_dir) / config.trial_name
             result.trial_dir = str(trial_dir)
             trial_result = await _run_trial(config, progress)
     except TimeoutError:
-        _fail(result, "timeout", f"the rollout exceeded its {hard_limit:g} s limit "
-                                 f"(in phase {result.phase})")
+        _fail(result, "timeout", f"the rollout exceeded its {hard_limit:g} s limit (in phase {result.phase})")
     except asyncio.CancelledError:
         # Turned into a result on purpose (a rollout never raises); the caller sees it as such.
         task = asyncio.current_task()
@@ -259,8 +303,7 @@ async def run_rollout(service: CaptureServiceProtocol, spec: RolloutSpec, *,
         result.timings["total"] = time.monotonic() - started
     # Everything below is local bookkeeping plus shielded session calls: quick and bounded.
     try:
-        await asyncio.shield(_finish(service, spec, result, trial_result, trial_dir, findings,
-                                     uses_model))
+        await asyncio.shield(_finish(service, spec, result, trial_result, trial_dir, findings, uses_model))
     except asyncio.CancelledError:
         if result.error_kind is None:
             _fail(result, "cancelled", "cancelled while finishing")
@@ -314,18 +357,34 @@ def _fail(result: RolloutResult, kind: str, message: str) -> RolloutResult:
 async def _open_session(service: CaptureServiceProtocol, spec: RolloutSpec, rid: str) -> SessionInfo:
     template = spec.rollout
     budget = template.call_budget or BUDGET_PER_TURN * (template.settings.max_turns or DEFAULT_MAX_TURNS)
-    metadata = {"run_id": spec.run_id, "rollout_id": rid, "task": spec.task, "group": spec.group,
-                "index": spec.index, "harness": template.harness, "sandbox": template.sandbox,
-                "phase": "sandbox", **(template.metadata or {})}
+    metadata = {
+        "run_id": spec.run_id,
+        "rollout_id": rid,
+        "task": spec.task,
+        "group": spec.group,
+        "index": spec.index,
+        "harness": template.harness,
+        "sandbox": template.sandbox,
+        "phase": "sandbox",
+        **(template.metadata or {}),
+    }
     try:
-        return await service.open_session(SessionSpec(engine=spec.engine, metadata=metadata,
-                                                      call_budget=budget, rollout_type="auto",
-                                                      alternatives=template.alternatives,
-                                                      training_sampling=_session_sampling(spec),
-                                                      token_in=template.token_in))
+        return await service.open_session(
+            SessionSpec(
+                engine=spec.engine,
+                metadata=metadata,
+                call_budget=budget,
+                rollout_type="auto",
+                alternatives=template.alternatives,
+                training_sampling=_session_sampling(spec),
+                token_in=template.token_in,
+            )
+        )
     except Exception as exc:
-        raise RolloutSetupError("engine_unreachable" if "engine" in str(exc).lower() else "internal",
-                                f"could not open a capture session: {exc}") from exc
+        raise RolloutSetupError(
+            "engine_unreachable" if "engine" in str(exc).lower() else "internal",
+            f"could not open a capture session: {exc}",
+        ) from exc
 
 
 def _session_sampling(spec: RolloutSpec) -> dict[str, Any] | None:
@@ -339,9 +398,13 @@ def _session_sampling(spec: RolloutSpec) -> dict[str, Any] | None:
 def _resolve_settings(spec: RolloutSpec, info: SessionInfo | None) -> ResolvedSettings:
     """The settings in force, against the engine the session reported; refused before the trial."""
     try:
-        return resolve(spec.rollout.settings, harness=spec.rollout.harness,
-                       engine_context=info.engine.max_model_len if info is not None else None,
-                       task_path=spec.task_path, hard_limit_s=spec.rollout.timeout_s)
+        return resolve(
+            spec.rollout.settings,
+            harness=spec.rollout.harness,
+            engine_context=info.engine.max_model_len if info is not None else None,
+            task_path=spec.task_path,
+            hard_limit_s=spec.rollout.timeout_s,
+        )
     except SettingsDoNotFit as exc:
         raise RolloutSetupError("settings_do_not_fit", f"setting {exc}") from None
 
@@ -404,30 +467,42 @@ def _preflight(environment: Any) -> None:
     except SystemExit as exc:
         raise RolloutSetupError("sandbox_failed", f"sandbox preflight failed: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - whatever the preflight raises, the sandbox failed
-        raise RolloutSetupError("sandbox_failed", f"sandbox preflight failed: "
-                                                  f"{type(exc).__name__}: {exc}") from None
+        raise RolloutSetupError(
+            "sandbox_failed", f"sandbox preflight failed: {type(exc).__name__}: {exc}"
+        ) from None
 
 
-def _trial_config(spec: RolloutSpec, rid: str, info: SessionInfo | None, environment: Any,
-                  settings: ResolvedSettings) -> Any:
+def _trial_config(
+    spec: RolloutSpec, rid: str, info: SessionInfo | None, environment: Any, settings: ResolvedSettings
+) -> Any:
     """The Harbor TrialConfig: task, harness seam (pointed at the proxy), sandbox."""
     from tapdeck.runner.harnesses import RunDefaults, build_agent_config
 
-    defaults = RunDefaults(context_tokens=settings.context_tokens,
-                           max_output_tokens=settings.max_output_tokens,
-                           max_turns=settings.max_turns, agent_timeout_s=settings.agent_timeout_s,
-                           sampling=settings.sampling)
+    defaults = RunDefaults(
+        context_tokens=settings.context_tokens,
+        max_output_tokens=settings.max_output_tokens,
+        max_turns=settings.max_turns,
+        agent_timeout_s=settings.agent_timeout_s,
+        sampling=settings.sampling,
+    )
     try:
         agent = build_agent_config(
-            spec.rollout.harness, base_urls=info.base_urls if info else None,
+            spec.rollout.harness,
+            base_urls=info.base_urls if info else None,
             session_key=info.api_key if info else None,
             served_model=info.engine.model if info else None,
-            defaults=defaults, agent_kwargs=settings.harness_kwargs)
+            defaults=defaults,
+            agent_kwargs=settings.harness_kwargs,
+        )
     except (KeyError, ValueError) as exc:
         raise RolloutSetupError("bad_plan", str(exc).strip("'\"")) from exc
-    return harbor_api.TrialConfig(task=harbor_api.TrialTaskConfig(path=spec.task_path),
-                                  trials_dir=spec.trials_dir, trial_name=spec.trial_name or rid,
-                                  agent=agent, environment=environment)
+    return harbor_api.TrialConfig(
+        task=harbor_api.TrialTaskConfig(path=spec.task_path),
+        trials_dir=spec.trials_dir,
+        trial_name=spec.trial_name or rid,
+        agent=agent,
+        environment=environment,
+    )
 
 
 async def _run_trial(config: Any, progress: _Progress) -> Any:
@@ -436,21 +511,32 @@ async def _run_trial(config: Any, progress: _Progress) -> Any:
     try:
         trial = await trial_class.create(config)
     except Exception as exc:
-        raise RolloutSetupError("bad_task", f"Harbor could not load the trial: "
-                                            f"{type(exc).__name__}: {exc}") from exc
-    phases: dict[harbor_api.TrialEvent, Phase] = {events.ENVIRONMENT_START: "sandbox",
-                                                  events.AGENT_START: "agent",
-                                                  events.VERIFICATION_START: "verify"}
+        raise RolloutSetupError(
+            "bad_task", f"Harbor could not load the trial: {type(exc).__name__}: {exc}"
+        ) from exc
+    phases: dict[harbor_api.TrialEvent, Phase] = {
+        events.ENVIRONMENT_START: "sandbox",
+        events.AGENT_START: "agent",
+        events.VERIFICATION_START: "verify",
+    }
     for event, phase in phases.items():
+
         async def hook(_event: Any, phase: Phase = phase) -> None:
             progress.phase(phase)
+
         trial.add_hook(event, hook)
     return await trial.run()
 
 
-async def _finish(service: CaptureServiceProtocol, spec: RolloutSpec, result: RolloutResult,
-                  trial_result: Any, trial_dir: Path | None, findings: list[Finding],
-                  uses_model: bool) -> None:
+async def _finish(
+    service: CaptureServiceProtocol,
+    spec: RolloutSpec,
+    result: RolloutResult,
+    trial_result: Any,
+    trial_dir: Path | None,
+    findings: list[Finding],
+    uses_model: bool,
+) -> None:
     """Reward, capture summary, ATIF, ok-ness; close the session."""
     if trial_result is not None:
         _read_trial(spec, result, trial_result, trial_dir, findings)
@@ -464,26 +550,35 @@ async def _finish(service: CaptureServiceProtocol, spec: RolloutSpec, result: Ro
         # Built on a thread: a long rollout's document must not hold the loop other rollouts use.
         capture = await asyncio.to_thread(service.findings, result.session_id)
         if trial_dir is not None:
-            calls = captured_calls(await asyncio.to_thread(service.rollout_document,
-                                                           result.session_id))
-            report = reconcile_file(calls, trial_dir / "agent" / "trajectory.json",
-                                    rollout_type=summary.rollout_type)
+            calls = captured_calls(await asyncio.to_thread(service.rollout_document, result.session_id))
+            report = reconcile_file(
+                calls, trial_dir / "agent" / "trajectory.json", rollout_type=summary.rollout_type
+            )
             result.atif = report.verdict
             findings.extend(report.findings)
             if report.auxiliary:
                 # A closed session's graph is rebuilt from the store: on a thread, like the above.
-                await asyncio.to_thread(service.mark_auxiliary, result.session_id, report.auxiliary,
-                                        "not in the harness's ATIF trajectory")
+                await asyncio.to_thread(
+                    service.mark_auxiliary,
+                    result.session_id,
+                    report.auxiliary,
+                    "not in the harness's ATIF trajectory",
+                )
                 summary = service.get(result.session_id)
         findings[:0] = capture
         down = next((f for f in capture if f.code == "engine_unreachable"), None)
-        if down is not None and (result.error_kind in ENGINE_BLAMED or
-                                 (result.error_kind is None and summary.turns == 0)):
+        if down is not None and (
+            result.error_kind in ENGINE_BLAMED or (result.error_kind is None and summary.turns == 0)
+        ):
             # The agent failed (or made no captured call) because the engine could not answer; an
             # agent that recovered from a passing engine fault and finished keeps its own verdict.
-            result.error_kind, result.error = "engine_unreachable", (
-                f"the engine stopped answering during the rollout ({down.detail}); the agent "
-                f"then: {result.error or 'ended'}")[:700]
+            result.error_kind, result.error = (
+                "engine_unreachable",
+                (
+                    f"the engine stopped answering during the rollout ({down.detail}); the agent "
+                    f"then: {result.error or 'ended'}"
+                )[:700],
+            )
         if result.error_kind == "agent_timeout":
             result.error = f"{result.error}{_timeout_advice(summary.turns)}"
         if result.error_kind is None:
@@ -496,20 +591,29 @@ async def _finish(service: CaptureServiceProtocol, spec: RolloutSpec, result: Ro
         _fail(result, "capture_fatal", str(first))
     result.findings = findings[:MAX_FINDINGS]
     if len(findings) > MAX_FINDINGS:
-        result.findings.append(Finding.info("findings_truncated",
-                                            f"{len(findings) - MAX_FINDINGS} more in the session"))
+        result.findings.append(
+            Finding.info("findings_truncated", f"{len(findings) - MAX_FINDINGS} more in the session")
+        )
     result.ok = result.error_kind is None
     if result.session_id is not None:
         with contextlib.suppress(Exception):
-            service.annotate(result.session_id, phase="done" if result.ok else "failed",
-                             reward=result.reward, ok=result.ok, error_kind=result.error_kind)
+            service.annotate(
+                result.session_id,
+                phase="done" if result.ok else "failed",
+                reward=result.reward,
+                ok=result.ok,
+                error_kind=result.error_kind,
+            )
 
 
 def _timeout_advice(turns: int) -> str:
     """What an agent timeout's message adds: how far the agent got (no call back at all is an
     engine too slow for its first prompt) and the flag that raises the limit."""
-    got = ("before any model call came back" if turns == 0
-           else f"after {turns} model call{'s' if turns != 1 else ''}")
+    got = (
+        "before any model call came back"
+        if turns == 0
+        else f"after {turns} model call{'s' if turns != 1 else ''}"
+    )
     return f", {got}; --agent-timeout raises it"
 
 
@@ -529,8 +633,9 @@ def _copy_timings(result: RolloutResult, trial: Any) -> None:
             result.timings[name] = seconds
 
 
-def _read_trial(spec: RolloutSpec, result: RolloutResult, trial: Any, trial_dir: Path | None,
-                findings: list[Finding]) -> None:
+def _read_trial(
+    spec: RolloutSpec, result: RolloutResult, trial: Any, trial_dir: Path | None, findings: list[Finding]
+) -> None:
     """Timings, reward and the classified exception from a TrialResult."""
     _copy_timings(result, trial)
     raw = trial.verifier_result.rewards if trial.verifier_result is not None else None
@@ -550,9 +655,12 @@ def _read_trial(spec: RolloutSpec, result: RolloutResult, trial: Any, trial_dir:
         message = exc.exception_message.strip().splitlines()[0] if exc.exception_message.strip() else ""
         _fail(result, kind, f"{exc.exception_type} during {phase}: {message}"[:500])
     elif exc is not None:
-        findings.append(Finding.warn("reward_recovered",
-                                     f"Harbor refused the reward file ({exc.exception_type}); "
-                                     "read value by value instead"))
+        findings.append(
+            Finding.warn(
+                "reward_recovered",
+                f"Harbor refused the reward file ({exc.exception_type}); read value by value instead",
+            )
+        )
     if choice.error_kind is not None:
         _fail(result, choice.error_kind, choice.error or choice.error_kind)
 
@@ -569,10 +677,13 @@ def captured_calls(document: dict[str, Any]) -> list[CapturedCall]:
         usage = (turn.get("meta") or {}).get("usage") or {}
         completion = turn.get("sampled_len")
         prompt = turn.get("prompt_len")
-        calls.append(CapturedCall(
-            seq=turn["seq"],
-            completion_tokens=completion if completion is not None else usage.get("completion_tokens"),
-            prompt_tokens=prompt if prompt is not None else usage.get("prompt_tokens"),
-            synthetic=bool((turn.get("meta") or {}).get("synthetic")),
-            truncated=turn.get("finish_reason") == "length"))
+        calls.append(
+            CapturedCall(
+                seq=turn["seq"],
+                completion_tokens=completion if completion is not None else usage.get("completion_tokens"),
+                prompt_tokens=prompt if prompt is not None else usage.get("prompt_tokens"),
+                synthetic=bool((turn.get("meta") or {}).get("synthetic")),
+                truncated=turn.get("finish_reason") == "length",
+            )
+        )
     return calls

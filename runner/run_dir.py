@@ -99,14 +99,16 @@ def read_plan(path: Path) -> tuple[RunPlan, list[dict[str, str]], float, list[st
     wrong with it."""
     try:
         doc = json.loads(path.read_bytes().decode("utf-8"))
-        missing = [key for key in ("plan", "tasks", "created_at")
-                   if not isinstance(doc, dict) or key not in doc]
+        missing = [
+            key for key in ("plan", "tasks", "created_at") if not isinstance(doc, dict) or key not in doc
+        ]
         if missing:
             raise ValueError(f"no {', '.join(missing)}")
         tasks = doc["tasks"]
         if not isinstance(tasks, list) or not all(
-                isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("path"), str)
-                for t in tasks):
+            isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("path"), str)
+            for t in tasks
+        ):
             raise ValueError("tasks is not a list of {name, path}")
         left_out = doc.get("left_out", [])
         if not isinstance(left_out, list) or not all(isinstance(line, str) for line in left_out):
@@ -167,5 +169,17 @@ def read_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
-__all__ = ["PLAN", "RESULTS", "STATE", "append_result", "is_run_id", "load_results", "new_run_id",
-           "read_json", "read_plan", "read_results", "rollout_id", "write_json"]
+__all__ = [
+    "PLAN",
+    "RESULTS",
+    "STATE",
+    "append_result",
+    "is_run_id",
+    "load_results",
+    "new_run_id",
+    "read_json",
+    "read_plan",
+    "read_results",
+    "rollout_id",
+    "write_json",
+]

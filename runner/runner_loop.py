@@ -43,8 +43,9 @@ class RunnerLoop:
                 # need the stdlib loop.
                 loop = asyncio.SelectorEventLoop()
                 ready = threading.Event()
-                self._thread = threading.Thread(target=self._serve, args=(loop, ready), name=self.name,
-                                                daemon=True)
+                self._thread = threading.Thread(
+                    target=self._serve, args=(loop, ready), name=self.name, daemon=True
+                )
                 self._thread.start()
                 ready.wait()
                 self._loop = loop

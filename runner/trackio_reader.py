@@ -125,7 +125,8 @@ class TrackioReader:
         try:
             rows = con.execute(
                 "SELECT run_id, run_name, COUNT(*), MAX(step), MIN(id) FROM metrics "
-                "GROUP BY run_id, run_name ORDER BY MIN(id)").fetchall()
+                "GROUP BY run_id, run_name ORDER BY MIN(id)"
+            ).fetchall()
         except sqlite3.OperationalError as exc:
             if "no such table" in str(exc):
                 return []
@@ -140,5 +141,8 @@ def series(points: list[MetricPoint], name: str, *, run_id: str | None = None) -
 
     Non-finite values are kept out: a plot cannot place them and trackio stores NaN as null anyway.
     """
-    return [(p.step, p.value) for p in points
-            if p.name == name and (run_id is None or p.run_id == run_id) and math.isfinite(p.value)]
+    return [
+        (p.step, p.value)
+        for p in points
+        if p.name == name and (run_id is None or p.run_id == run_id) and math.isfinite(p.value)
+    ]

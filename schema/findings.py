@@ -47,7 +47,6 @@ class Finding(BaseModel, frozen=True):
     def info(cls, code: str, detail: str = "", turn: int | None = None) -> Finding:
         return cls(level=Level.INFO, code=code, detail=detail, turn=turn)
 
-
     @model_validator(mode="before")
     @classmethod
     def _from_stored_text(cls, data: Any) -> Any:

@@ -131,8 +131,9 @@ class RolloutTemplate(BaseModel):
         if not isinstance(data, dict) or not (LEGACY_SETTINGS & data.keys()):
             return data
         data = dict(data)
-        legacy = RolloutSettings.from_legacy(data.pop("agent_kwargs", None),
-                                             data.pop("agent_timeout_s", None))
+        legacy = RolloutSettings.from_legacy(
+            data.pop("agent_kwargs", None), data.pop("agent_timeout_s", None)
+        )
         settings = data.get("settings")
         if isinstance(settings, RolloutSettings):
             settings = settings.model_dump(exclude_unset=True)
@@ -142,10 +143,15 @@ class RolloutTemplate(BaseModel):
     @model_validator(mode="after")
     def _one_temperature(self) -> RolloutTemplate:
         trainer = (self.training_sampling or {}).get("temperature")
-        if trainer is not None and self.settings.temperature is not None \
-                and trainer != self.settings.temperature:
-            raise ValueError(f"settings.temperature {self.settings.temperature} differs from "
-                             f"training_sampling.temperature {trainer}: a rollout samples at one")
+        if (
+            trainer is not None
+            and self.settings.temperature is not None
+            and trainer != self.settings.temperature
+        ):
+            raise ValueError(
+                f"settings.temperature {self.settings.temperature} differs from "
+                f"training_sampling.temperature {trainer}: a rollout samples at one"
+            )
         return self
 
     @field_validator("public_url")
@@ -195,8 +201,9 @@ class RunPlan(BaseModel):
     def _flat_plan(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
-        flat = {key: data[key] for key in data
-                if key in RolloutTemplate.model_fields or key in LEGACY_SETTINGS}
+        flat = {
+            key: data[key] for key in data if key in RolloutTemplate.model_fields or key in LEGACY_SETTINGS
+        }
         if not flat:
             return data
         nested = data.get("rollout")

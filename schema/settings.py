@@ -46,8 +46,9 @@ class RolloutSettings(BaseModel):
         return value
 
     @classmethod
-    def from_legacy(cls, agent_kwargs: dict[str, Any] | None,
-                    agent_timeout_s: float | None) -> dict[str, Any]:
+    def from_legacy(
+        cls, agent_kwargs: dict[str, Any] | None, agent_timeout_s: float | None
+    ) -> dict[str, Any]:
         """A plan's old `agent_kwargs`/`agent_timeout_s` as settings fields (`max_turns` lifted out)."""
         kwargs = dict(agent_kwargs or {})
         fields: dict[str, Any] = {}
@@ -61,8 +62,9 @@ class RolloutSettings(BaseModel):
 
     def sampling(self) -> dict[str, Any]:
         """The sampling fields that are set."""
-        return {k: v for k in ("temperature", "top_p", "top_k", "min_p")
-                if (v := getattr(self, k)) is not None}
+        return {
+            k: v for k in ("temperature", "top_p", "top_k", "min_p") if (v := getattr(self, k)) is not None
+        }
 
 
 class ResolvedSettings(BaseModel):
@@ -88,12 +90,16 @@ class ResolvedSettings(BaseModel):
         """Everything in one line, each value with its source (the CLI's result, Runs screen)."""
         sampling = "".join(f" · {k}={v}" for k, v in self.sampling.items())
         kwargs = f" · kwargs {', '.join(sorted(self.harness_kwargs))}" if self.harness_kwargs else ""
-        return (f"{self.timeouts_line()} · context {self.context_tokens} ({self.context_source})"
-                f" · output {self.max_output_tokens} ({self.max_output_source}) · max turns "
-                f"{self.max_turns} ({self.max_turns_source}){sampling}{kwargs}")
+        return (
+            f"{self.timeouts_line()} · context {self.context_tokens} ({self.context_source})"
+            f" · output {self.max_output_tokens} ({self.max_output_source}) · max turns "
+            f"{self.max_turns} ({self.max_turns_source}){sampling}{kwargs}"
+        )
 
     def timeouts_line(self) -> str:
         """`agent 180 s (task) · hard limit 300 s (default)` for tables and the Runs screen."""
-        agent = ("none" if self.agent_timeout_s is None else f"{self.agent_timeout_s:g} s")
-        return (f"agent {agent} ({self.agent_timeout_source}) · hard limit "
-                f"{self.hard_limit_s:g} s ({self.hard_limit_source})")
+        agent = "none" if self.agent_timeout_s is None else f"{self.agent_timeout_s:g} s"
+        return (
+            f"agent {agent} ({self.agent_timeout_source}) · hard limit "
+            f"{self.hard_limit_s:g} s ({self.hard_limit_source})"
+        )

@@ -44,8 +44,9 @@ class RecipeInfo(BaseModel):
         return self.takes_run or self.run_option
 
 
-def rows_missing(name: str, takes_run: bool, rows_options: Sequence[str], run: str | None,
-                 args: Sequence[str]) -> str | None:
+def rows_missing(
+    name: str, takes_run: bool, rows_options: Sequence[str], run: str | None, args: Sequence[str]
+) -> str | None:
     """Why a recipe that reads a run's rows is certain to fail at its argument parser when
     launched with `run` and these args (the rows named nowhere), or None.
 
@@ -131,7 +132,8 @@ class TrainStateEvent(BaseModel):
 
 TrainEvent = TrainLogEvent | TrainMetricsEvent | TrainStateEvent
 _TRAIN_EVENTS: dict[str, type[TrainEvent]] = {
-    m.model_fields["type"].default: m for m in (TrainLogEvent, TrainMetricsEvent, TrainStateEvent)}
+    m.model_fields["type"].default: m for m in (TrainLogEvent, TrainMetricsEvent, TrainStateEvent)
+}
 
 
 def parse_train_event(data: object) -> TrainEvent | None:

@@ -69,8 +69,13 @@ def make_server(tmp_path: Path) -> Iterator[Any]:
     started: list[LocalServer] = []
 
     def make(engine_url: str, **overrides: Any) -> LocalServer:
-        fields = {"host": "127.0.0.1", "port": 0, "data_dir": tmp_path / "data",
-                  "engine_url": engine_url, **overrides}
+        fields = {
+            "host": "127.0.0.1",
+            "port": 0,
+            "data_dir": tmp_path / "data",
+            "engine_url": engine_url,
+            **overrides,
+        }
         server = LocalServer(ServerConfig(**fields)).start()
         started.append(server)
         return server
@@ -86,8 +91,9 @@ def admin_for() -> Iterator[Any]:
     clients: list[httpx.Client] = []
 
     def make(server: Any) -> httpx.Client:
-        client = httpx.Client(base_url=server.url, timeout=120,
-                              headers={"Authorization": f"Bearer {server.admin_key}"})
+        client = httpx.Client(
+            base_url=server.url, timeout=120, headers={"Authorization": f"Bearer {server.admin_key}"}
+        )
         clients.append(client)
         return client
 
@@ -106,8 +112,9 @@ def train_server(tmp_path: Path) -> Iterator[Any]:
     # The server's default engine only has to settle at start: the recipes bring their own or none.
     with models_only_engine() as engine:
         local = LocalServer(ServerConfig(port=0, data_dir=tmp_path / "data", engine_url=engine)).start()
-    local.http = httpx.Client(base_url=local.url, timeout=60.0,
-                              headers={"Authorization": f"Bearer {local.admin_key}"})
+    local.http = httpx.Client(
+        base_url=local.url, timeout=60.0, headers={"Authorization": f"Bearer {local.admin_key}"}
+    )
     try:
         yield local
     finally:

@@ -32,11 +32,15 @@ def _marked(decorators: list[ast.expr]) -> bool:
 def _has_fast_test(tree: ast.Module) -> bool:
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(
-                isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets):
+            isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets
+        ):
             if _marked([node.value]):
                 return False
-    tests = [node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
-             and node.name.startswith("test_")]
+    tests = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith("test_")
+    ]
     return any(not _marked(t.decorator_list) for t in tests)
 
 
@@ -47,8 +51,13 @@ def _imports(path: Path, seen: set[Path]) -> set[str]:
     seen.add(path)
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                 else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+        names = (
+            [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module or ""]
+            if isinstance(node, ast.ImportFrom) and not node.level
+            else []
+        )
         for name in names:
             if name.startswith("tapdeck"):
                 found.add(name)
@@ -62,8 +71,11 @@ def _imports(path: Path, seen: set[Path]) -> set[str]:
 
 
 def _fast_files() -> list[Path]:
-    return [p for p in sorted(TESTS.rglob("test_*.py"))
-            if "support" not in p.parts and _has_fast_test(ast.parse(p.read_text(encoding="utf-8")))]
+    return [
+        p
+        for p in sorted(TESTS.rglob("test_*.py"))
+        if "support" not in p.parts and _has_fast_test(ast.parse(p.read_text(encoding="utf-8")))
+    ]
 
 
 def test_the_fast_tier_reaches_every_module() -> None:
@@ -91,8 +103,9 @@ def test_the_fast_tier_reaches_every_module() -> None:
 def test_a_module_no_fast_test_reaches_is_named(tmp_path: Path) -> None:
     """The check above can fail: a test file whose every test is marked gives no seed."""
     marked = tmp_path / "test_x.py"
-    marked.write_text("import pytest\nfrom tapdeck.proxy import errors\n\n\n"
-                      "@pytest.mark.medium\ndef test_a():\n    pass\n")
+    marked.write_text(
+        "import pytest\nfrom tapdeck.proxy import errors\n\n\n@pytest.mark.medium\ndef test_a():\n    pass\n"
+    )
     assert not _has_fast_test(ast.parse(marked.read_text()))
     module_marked = tmp_path / "test_y.py"
     module_marked.write_text("import pytest\n\npytestmark = pytest.mark.slow\n\n\ndef test_a():\n    pass\n")

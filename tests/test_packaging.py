@@ -17,9 +17,24 @@ ROOT = Path(__file__).resolve().parents[1]
 def build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """The wheel, and setuptools' whole output while building it (`-v` shows the backend's)."""
     out = tmp_path_factory.mktemp("wheel")
-    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                           "-v", "-w", str(out), str(ROOT)],
-                          check=True, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-v",
+            "-w",
+            str(out),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     (built,) = out.glob("tapdeck-*.whl")
     return built, done.stdout + done.stderr
 
@@ -41,8 +56,13 @@ def test_wheel_installs_everything_under_the_tapdeck_package(wheel: Path) -> Non
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names}
     assert {t for t in top if not t.endswith(".dist-info")} == {"tapdeck"}
-    for module in ("tapdeck/proxy/capture/graph.py", "tapdeck/proxy/dialects/anthropic.py",
-                   "tapdeck/runner/sandboxes/host.py", "tapdeck/app/tui.py", "tapdeck/app/cli.py"):
+    for module in (
+        "tapdeck/proxy/capture/graph.py",
+        "tapdeck/proxy/dialects/anthropic.py",
+        "tapdeck/runner/sandboxes/host.py",
+        "tapdeck/app/tui.py",
+        "tapdeck/app/cli.py",
+    ):
         assert module in names, f"{module} missing from the wheel"
 
 
@@ -55,12 +75,23 @@ def test_wheel_ships_the_sample_dataset_and_stylesheets(wheel: Path) -> None:
 @pytest.mark.medium
 def test_wheel_imports_in_a_fresh_target(wheel: Path, tmp_path: Path) -> None:
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target),
-                    str(wheel)], check=True, capture_output=True, timeout=300)
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import tapdeck.proxy.capture.graph, tapdeck.app.cli;"
-            "print(tapdeck.proxy.capture.graph.__file__)")
-    out = subprocess.run([sys.executable, "-I", "-c", code, str(target)], capture_output=True, text=True,
-                         timeout=120, cwd=tmp_path)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import tapdeck.proxy.capture.graph, tapdeck.app.cli;"
+        "print(tapdeck.proxy.capture.graph.__file__)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-I", "-c", code, str(target)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().startswith(str(target))
 

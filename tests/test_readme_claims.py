@@ -75,8 +75,7 @@ def _prose(text: str) -> str:
 
 def _headings(text: str) -> list[str]:
     """A document's headings (`#` to `###`), code blocks left out."""
-    return [line.strip("# ").strip() for line in _prose(text).splitlines()
-            if re.match(r"^#{1,3} \S", line)]
+    return [line.strip("# ").strip() for line in _prose(text).splitlines() if re.match(r"^#{1,3} \S", line)]
 
 
 def _section(text: str, heading: str) -> str:
@@ -95,14 +94,25 @@ def _table(text: str) -> str:
 
 
 def test_every_named_test_exists() -> None:
-    named = [test for sections in _claims().values() for section in sections
-             for entry in section.entries for test in entry.tests]
+    named = [
+        test
+        for sections in _claims().values()
+        for section in sections
+        for entry in section.entries
+        for test in entry.tests
+    ]
     assert len(named) > 100
     missing = []
     for test in named:
         match = NAMED.match(test)
-        if not match or not (ROOT / match[1]).is_file() or (
-                match[2] and not re.search(rf"^(async )?def {match[2]}\(", (ROOT / match[1]).read_text(), re.M)):
+        if (
+            not match
+            or not (ROOT / match[1]).is_file()
+            or (
+                match[2]
+                and not re.search(rf"^(async )?def {match[2]}\(", (ROOT / match[1]).read_text(), re.M)
+            )
+        ):
             missing.append(test)
     assert not missing, missing
 
@@ -118,15 +128,26 @@ def test_every_section_of_the_readme_and_docs_lists_its_claims() -> None:
 
 
 def test_every_claim_names_a_test_or_says_why_not() -> None:
-    empty = [f"{name} § {section.heading}" for name, sections in _claims().items()
-             for section in sections if not section.entries]
-    untested = [f"{name} § {section.heading}: {entry.text[:60]}"
-                for name, sections in _claims().items() for section in sections
-                for entry in section.entries
-                if not entry.tests and not entry.text.startswith(UNTESTED)]
-    said_why_and_tested = [entry.text[:60] for sections in _claims().values()
-                           for section in sections for entry in section.entries
-                           if entry.tests and entry.text.startswith(UNTESTED)]
+    empty = [
+        f"{name} § {section.heading}"
+        for name, sections in _claims().items()
+        for section in sections
+        if not section.entries
+    ]
+    untested = [
+        f"{name} § {section.heading}: {entry.text[:60]}"
+        for name, sections in _claims().items()
+        for section in sections
+        for entry in section.entries
+        if not entry.tests and not entry.text.startswith(UNTESTED)
+    ]
+    said_why_and_tested = [
+        entry.text[:60]
+        for sections in _claims().values()
+        for section in sections
+        for entry in section.entries
+        if entry.tests and entry.text.startswith(UNTESTED)
+    ]
     assert (empty, untested, said_why_and_tested) == ([], [], [])
 
 
@@ -147,8 +168,9 @@ def test_every_relative_link_points_to_a_file_and_heading_that_exist() -> None:
             links.append(target)
             assert linked.exists(), f"{document.name}: {target}"
             if anchor:
-                assert anchor in {_slug(h) for h in _headings(linked.read_text())}, \
+                assert anchor in {_slug(h) for h in _headings(linked.read_text())}, (
                     f"{document.name}: {target}"
+                )
     assert len(links) > 20
 
 
@@ -178,8 +200,7 @@ def test_the_data_dir_listing_names_every_file_a_server_leaves_there(tmp_path: P
 
     listing = _read("docs/cli.md").split("Data lives in `--data-dir`", 1)[1].split("\n\n", 1)[0]
     data = tmp_path / "data"
-    with models_only_engine() as engine, LocalServer(ServerConfig(port=0, data_dir=data,
-                                                                  engine_url=engine)):
+    with models_only_engine() as engine, LocalServer(ServerConfig(port=0, data_dir=data, engine_url=engine)):
         # SQLite's own -wal and -shm files go with `capture.db (SQLite, WAL)`.
         made = {re.sub(r"-(wal|shm)$", "", p.name) for p in data.iterdir()}
     assert {"capture.db", "admin.key", "admin.key.lock"} <= made
@@ -207,12 +228,19 @@ def test_every_admin_route_of_the_table_exists_on_the_server(tmp_path: Path) -> 
     from tapdeck.proxy.store.database import Store
     from tapdeck.runner.api import create_runner_router
 
-    service = CaptureService(Store(tmp_path / "capture.db"), default_engine=None,
-                             public_url="http://127.0.0.1:9")
-    app = create_app(service, admin_key="k", routers=[
-        create_runner_router(service, data_dir=tmp_path, default_engine=None)])
-    served = {(method.upper(), re.sub(r"\{\w+\}", "{}", path))
-              for path, ops in app.openapi()["paths"].items() for method in ops}
+    service = CaptureService(
+        Store(tmp_path / "capture.db"), default_engine=None, public_url="http://127.0.0.1:9"
+    )
+    app = create_app(
+        service,
+        admin_key="k",
+        routers=[create_runner_router(service, data_dir=tmp_path, default_engine=None)],
+    )
+    served = {
+        (method.upper(), re.sub(r"\{\w+\}", "{}", path))
+        for path, ops in app.openapi()["paths"].items()
+        for method in ops
+    }
     table = _table(_section(_read("docs/api.md"), "## Admin routes"))
     claimed: set[tuple[str, str]] = set()
     for row in re.findall(r"^\| (`[A-Z]+ .*?) \|", table, re.M):
@@ -233,7 +261,9 @@ def test_every_admin_route_of_the_table_exists_on_the_server(tmp_path: Path) -> 
 def _expand(path: str) -> list[str]:
     """`/runs[/{id}]` → both; `/{id}/cancel\\|resume` → each."""
     if m := re.search(r"\[([^\]]+)\]", path):
-        return _expand(path[:m.start()] + path[m.end():]) + _expand(path[:m.start()] + m[1] + path[m.end():])
+        return _expand(path[: m.start()] + path[m.end() :]) + _expand(
+            path[: m.start()] + m[1] + path[m.end() :]
+        )
     if "\\|" in path:
         head, _, tail = path.rpartition("/")
         return [f"{head}/{alt}" for alt in tail.split("\\|")]
@@ -244,29 +274,44 @@ def test_the_settings_defaults_are_the_codes() -> None:
     from tapdeck.app.screens.setup import DEFAULT_ALTERNATIVES
     from tapdeck.runner.engine.model import DEFAULT_N_CTX
     from tapdeck.runner.rollout import BUDGET_PER_TURN
-    from tapdeck.runner.rollout_settings import DEFAULT_HARD_LIMIT_S, DEFAULT_MAX_TURNS, FALLBACK_CONTEXT_TOKENS, MIN_OUTPUT_TOKENS, OUTPUT_SHARE, default_output_tokens
+    from tapdeck.runner.rollout_settings import (
+        DEFAULT_HARD_LIMIT_S,
+        DEFAULT_MAX_TURNS,
+        FALLBACK_CONTEXT_TOKENS,
+        MIN_OUTPUT_TOKENS,
+        OUTPUT_SHARE,
+        default_output_tokens,
+    )
 
     rollouts = _read("docs/rollouts.md")
     assert f"has a {DEFAULT_N_CTX:,}-token context" in rollouts
-    assert f"1/{OUTPUT_SHARE} of the context, at least {MIN_OUTPUT_TOKENS} " \
-           f"({default_output_tokens(DEFAULT_N_CTX)} on the embedded engine, " \
-           f"{default_output_tokens(131072)} at 128k)" in rollouts
+    assert (
+        f"1/{OUTPUT_SHARE} of the context, at least {MIN_OUTPUT_TOKENS} "
+        f"({default_output_tokens(DEFAULT_N_CTX)} on the embedded engine, "
+        f"{default_output_tokens(131072)} at 128k)" in rollouts
+    )
     assert f"{DEFAULT_HARD_LIMIT_S:g} s for the whole rollout" in rollouts
     assert f"| `--max-turns` | {DEFAULT_MAX_TURNS} (" in rollouts
     assert f"{FALLBACK_CONTEXT_TOKENS:,} if it lists none" in rollouts
     assert f"call budget of {BUDGET_PER_TURN} × max_turns" in rollouts
     assert f"{DEFAULT_ALTERNATIVES} by default" in _read("docs/tui.md")
     sample = ROOT / "runner" / "sample_dataset"
-    timeouts = {tomllib.loads((t / "task.toml").read_text())["agent"]["timeout_sec"]
-                for t in sample.iterdir() if (t / "task.toml").is_file()}
+    timeouts = {
+        tomllib.loads((t / "task.toml").read_text())["agent"]["timeout_sec"]
+        for t in sample.iterdir()
+        if (t / "task.toml").is_file()
+    }
     assert timeouts == {180.0} and "(180 s on the sample tasks)" in rollouts
 
 
 def test_no_test_asserts_on_wall_clock_time() -> None:
-    elapsed = re.compile(r"assert[^\n]*(time\.(monotonic|time|perf_counter)\(\)|elapsed|duration)"
-                         r"[^\n]*[<>]=?\s*\d")
-    offenders = [str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("*.py")
-                 if elapsed.search(p.read_text())]
+    elapsed = re.compile(
+        r"assert[^\n]*(time\.(monotonic|time|perf_counter)\(\)|elapsed|duration)"
+        r"[^\n]*[<>]=?\s*\d"
+    )
+    offenders = [
+        str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("*.py") if elapsed.search(p.read_text())
+    ]
     assert offenders == []
 
 

@@ -55,16 +55,28 @@ def scratch_repo(tmp_path: Path) -> Path:
 
 
 def _run_setup(repo: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    full_env = {**os.environ, "REAL_PYTHON": sys.executable, "TAPDECK_SETUP_PROGRESS_S": "1",
-                "TAPDECK_WHEEL_CACHE": str(repo.parent / "wheels"), "FAKE_PIP_FAIL_ON": "no-such-arg",
-                "PATH": f"{repo.parent / 'bin'}{os.pathsep}{os.environ['PATH']}", **env}
-    return subprocess.run(["bash", str(repo / "scripts" / "setup.sh")], capture_output=True,
-                          text=True, env=full_env, timeout=120)
+    full_env = {
+        **os.environ,
+        "REAL_PYTHON": sys.executable,
+        "TAPDECK_SETUP_PROGRESS_S": "1",
+        "TAPDECK_WHEEL_CACHE": str(repo.parent / "wheels"),
+        "FAKE_PIP_FAIL_ON": "no-such-arg",
+        "PATH": f"{repo.parent / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        **env,
+    }
+    return subprocess.run(
+        ["bash", str(repo / "scripts" / "setup.sh")],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=120,
+    )
 
 
 @pytest.mark.medium
 def test_a_first_set_up_prints_a_handful_of_lines_and_keeps_pips_output_in_the_log(
-        scratch_repo: Path) -> None:
+    scratch_repo: Path,
+) -> None:
     out = _run_setup(scratch_repo, FAKE_BUILD_S="2.5")
     assert out.returncode == 0, out.stdout + out.stderr
     lines = (out.stdout + out.stderr).splitlines()
@@ -98,8 +110,12 @@ def test_a_failed_step_shows_the_logs_tail_and_what_to_do(scratch_repo: Path) ->
 
 def _steps(script: str) -> subprocess.CompletedProcess[str]:
     """Run `script` after sourcing setup.sh (its functions only), logging to a temp file."""
-    return subprocess.run(["bash", "-c", f'source "{SETUP}"; SETUP_LOG="$(mktemp)"; PROGRESS_S=1; '
-                           + script], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        ["bash", "-c", f'source "{SETUP}"; SETUP_LOG="$(mktemp)"; PROGRESS_S=1; ' + script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.mark.medium
@@ -108,14 +124,18 @@ def test_a_long_step_reports_the_elapsed_and_the_expected_time_until_it_ends() -
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0] == "setup: building x, about 2 s"
-    assert any(line.startswith("setup:   still working: ") and line.endswith(" elapsed (about 2 s)")
-               for line in lines[1:-2]), lines
+    assert any(
+        line.startswith("setup:   still working: ") and line.endswith(" elapsed (about 2 s)")
+        for line in lines[1:-2]
+    ), lines
     assert lines[-2].startswith("setup:   done in ") and lines[-1] == "after"
 
 
 def test_a_failed_long_step_stops_the_script_with_its_own_output_only() -> None:
-    out = _steps('step "first" echo earlier-output; '
-                 'long_step "second" "soon" sh -c "echo its-output; exit 4"; echo not-reached')
+    out = _steps(
+        'step "first" echo earlier-output; '
+        'long_step "second" "soon" sh -c "echo its-output; exit 4"; echo not-reached'
+    )
     assert out.returncode == 1
     assert "not-reached" not in out.stdout
     assert "FAILED while second" in out.stderr and "its-output" in out.stderr

@@ -42,9 +42,19 @@ def test_mypy_finds_no_error() -> None:
         fcntl.flock(lock, fcntl.LOCK_EX)
         root = _package_root()
         out = subprocess.run(
-            [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"),
-             "--cache-dir", str(CACHE / "cache")],
-            cwd=ROOT, env={**os.environ, "MYPYPATH": str(root)}, capture_output=True, text=True,
+            [
+                sys.executable,
+                "-m",
+                "mypy",
+                "--config-file",
+                str(ROOT / "pyproject.toml"),
+                "--cache-dir",
+                str(CACHE / "cache"),
+            ],
+            cwd=ROOT,
+            env={**os.environ, "MYPYPATH": str(root)},
+            capture_output=True,
+            text=True,
             timeout=900,
         )
     # Paths as in the checkout, not through the link.

@@ -25,11 +25,16 @@ def register(app: typer.Typer) -> None:
     @app.command("attach")
     def attach(
         url: str = typer.Argument(..., help="Base URL of a tapdeck server, e.g. http://127.0.0.1:8300"),
-        admin_key: Annotated[str | None, admin_key_option(
-            "The server's admin key (default: <data-dir>/admin.key).")] = None,
-        data_dir: Annotated[Path | None, data_dir_option(
-            "Data directory whose admin.key holds the key of a server on this machine (default "
-            "$TAPDECK_DATA_DIR or ~/.tapdeck).")] = None,
+        admin_key: Annotated[
+            str | None, admin_key_option("The server's admin key (default: <data-dir>/admin.key).")
+        ] = None,
+        data_dir: Annotated[
+            Path | None,
+            data_dir_option(
+                "Data directory whose admin.key holds the key of a server on this machine (default "
+                "$TAPDECK_DATA_DIR or ~/.tapdeck)."
+            ),
+        ] = None,
         ca_file: CaFileOption = None,
     ) -> None:
         """Open the TUI on a remote tapdeck server (over SSH: tunnel its port and attach to it)."""
@@ -47,16 +52,16 @@ def register(app: typer.Typer) -> None:
         except ValueError as exc:
             raise CommandError(EXIT_USAGE, f"tapdeck attach: {exc}") from None
         if key is None:
-            raise CommandError(EXIT_COULD_NOT_RUN,
-                               f"tapdeck attach: {admin_key_refusal(data, found=False)}")
+            raise CommandError(EXIT_COULD_NOT_RUN, f"tapdeck attach: {admin_key_refusal(data, found=False)}")
         problem = asyncio.run(_check(base, key, key_dir=None if admin_key else data, verify=trust))
         if problem:
             raise CommandError(EXIT_COULD_NOT_RUN, f"tapdeck attach: {problem}")
         run_app(base, key, server_label=base, settings_path=default_settings_path(None), verify=trust)
 
 
-async def _check(base: str, admin_key: str, *, key_dir: Path | None,
-                 verify: ssl.SSLContext | bool = True) -> str | None:
+async def _check(
+    base: str, admin_key: str, *, key_dir: Path | None, verify: ssl.SSLContext | bool = True
+) -> str | None:
     """What stops the TUI from working against `base` (None: nothing). The key is checked before
     the TUI takes the terminal: a refused key is one line, not a dead screen, naming where the key
     came from (`key_dir`: the data dir it was read from; None: --admin-key or $TAPDECK_ADMIN_KEY)."""
@@ -67,8 +72,10 @@ async def _check(base: str, admin_key: str, *, key_dir: Path | None,
         except ApiError as exc:
             if exc.kind == "untrusted":
                 return exc.message
-            return (f"no tapdeck server answers at {base} ({exc.message}); start one with "
-                    "`tapdeck serve` or check the URL / SSH tunnel")
+            return (
+                f"no tapdeck server answers at {base} ({exc.message}); start one with "
+                "`tapdeck serve` or check the URL / SSH tunnel"
+            )
         try:
             await client.sessions()
         except ApiError as exc:
@@ -76,8 +83,10 @@ async def _check(base: str, admin_key: str, *, key_dir: Path | None,
                 return f"the server at {base} answered /health but not /admin/sessions ({exc.message})"
             if key_dir is not None:
                 return admin_key_refusal(key_dir, found=True)
-            return (f"the server at {base} rejected the admin key from --admin-key or $TAPDECK_ADMIN_KEY "
-                    "(401); pass the key from the server's <data-dir>/admin.key with --admin-key")
+            return (
+                f"the server at {base} rejected the admin key from --admin-key or $TAPDECK_ADMIN_KEY "
+                "(401); pass the key from the server's <data-dir>/admin.key with --admin-key"
+            )
         return None
     finally:
         await client.aclose()

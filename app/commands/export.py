@@ -32,8 +32,9 @@ class ExportFailed(Exception):
     """The export cannot be written; the message says why in one line."""
 
 
-def run_rows(store: Any, run_dir: Path, *,
-             include_failed: bool = False) -> tuple[list[dict[str, Any]], int, int]:
+def run_rows(
+    store: Any, run_dir: Path, *, include_failed: bool = False
+) -> tuple[list[dict[str, Any]], int, int]:
     """Rows of a run's rollouts that have a capture session; how many rollouts gave none; how many
     were left out for not ending ok.
 
@@ -48,11 +49,18 @@ def run_rows(store: Any, run_dir: Path, *,
     path = run_dir / RESULTS
     results = load_results(path)
     if not results:
-        lines = sum(1 for line in path.read_text(encoding="utf-8", errors="replace").splitlines()
-                    if line.strip()) if path.is_file() else 0
-        what = ("it is a directory, not a file" if path.is_dir()
-                else f"{lines} line(s), none a rollout result: the file is corrupt" if lines
-                else "it is empty or missing: no rollout of the run has finished")
+        lines = (
+            sum(1 for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip())
+            if path.is_file()
+            else 0
+        )
+        what = (
+            "it is a directory, not a file"
+            if path.is_dir()
+            else f"{lines} line(s), none a rollout result: the file is corrupt"
+            if lines
+            else "it is empty or missing: no rollout of the run has finished"
+        )
         raise ExportFailed(f"no rollout results can be read from {path} ({what})")
     wanted = [r for r in results.values() if r.ok or include_failed]
     failed = len(results) - len(wanted)
@@ -63,8 +71,13 @@ def run_rows(store: Any, run_dir: Path, *,
         if not result.session_id:
             empty += 1
             continue
-        got = session_rows(store, result.session_id, group_id=str(result.group),
-                           rollout_id=result.rollout_id, reward=result.reward)
+        got = session_rows(
+            store,
+            result.session_id,
+            group_id=str(result.group),
+            rollout_id=result.rollout_id,
+            reward=result.reward,
+        )
         for row in got:
             row["run_id"] = result.run_id or run_dir.name
             row["task"] = result.task
@@ -89,12 +102,10 @@ def output_format(fmt: str | None, out: str | None) -> str:
     if out is None:
         return chosen or "jsonl"
     if out.endswith("/") or Path(out).is_dir():
-        raise ValueError(f"--out {out} names a directory; give a file path, e.g. "
-                         f"{Path(out) / 'rows.jsonl'}")
+        raise ValueError(f"--out {out} names a directory; give a file path, e.g. {Path(out) / 'rows.jsonl'}")
     implied = FORMAT_SUFFIXES.get(Path(out).suffix.lower())
     if chosen is not None and implied is not None and implied != chosen:
-        raise ValueError(f"--out {out} names a {implied} file but --format is {chosen}; change "
-                         "one of them")
+        raise ValueError(f"--out {out} names a {implied} file but --format is {chosen}; change one of them")
     return chosen or implied or "jsonl"
 
 
@@ -104,13 +115,17 @@ def register(app: typer.Typer) -> None:
     @app.command("export")
     def export(
         target: str = typer.Argument(..., help="A session id (s-…) or a run id."),
-        fmt: str | None = typer.Option(None, "--format",
-                                       help="jsonl or parquet (default: --out's suffix, else jsonl)."),
-        out: str | None = typer.Option(None, "--out",
-                                       help="Output file (default <data-dir>/exports/<id>.<format>)."),
-        include_failed: bool = typer.Option(False, "--include-failed",
-                                            help="Also export rollouts that did not end ok (rows "
-                                                 "marked ok: false); left out by default."),
+        fmt: str | None = typer.Option(
+            None, "--format", help="jsonl or parquet (default: --out's suffix, else jsonl)."
+        ),
+        out: str | None = typer.Option(
+            None, "--out", help="Output file (default <data-dir>/exports/<id>.<format>)."
+        ),
+        include_failed: bool = typer.Option(
+            False,
+            "--include-failed",
+            help="Also export rollouts that did not end ok (rows marked ok: false); left out by default.",
+        ),
         data_dir: DataDirOption = None,
     ) -> None:
         """Write a session's or a run's captured rollouts as JSONL or Parquet."""
@@ -124,29 +139,34 @@ def register(app: typer.Typer) -> None:
         except ValueError as exc:
             raise CommandError(EXIT_USAGE, f"tapdeck export: {exc}") from None
         if not is_run_id(target):  # else `.`, `..` or a path would name another folder as the run
-            raise CommandError(EXIT_USAGE, f"tapdeck export: {target!r} is not a session or run "
-                               "id: give a plain id (s-… or run-…), not a path")
+            raise CommandError(
+                EXIT_USAGE,
+                f"tapdeck export: {target!r} is not a session or run "
+                "id: give a plain id (s-… or run-…), not a path",
+            )
         failed = 0
         with stored_capture(data_dir, "export") as (root, store):  # never changes the store
             run_dir = root / "runs" / target
             try:
                 if run_dir.is_dir():
                     with runner_warnings_on_stderr("export"):  # a result line skipped: said once
-                        rows, empty, failed = run_rows(store, run_dir,
-                                                       include_failed=include_failed)
+                        rows, empty, failed = run_rows(store, run_dir, include_failed=include_failed)
                 elif target in {s["id"] for s in store.list_sessions()}:
                     rows = session_rows(store, target)
                     empty = int(not rows)
                 else:
-                    raise ExportFailed(f"{target!r} is neither a session in {store.path} nor a "
-                                       f"run in {root / 'runs'}")
+                    raise ExportFailed(
+                        f"{target!r} is neither a session in {store.path} nor a run in {root / 'runs'}"
+                    )
             except (ExportFailed, RunSessionsMissing) as exc:
                 raise CommandError(EXIT_COULD_NOT_RUN, f"tapdeck export: {exc}") from None
         path = Path(out) if out else root / "exports" / f"{target}.{fmt}"
         (write_jsonl if fmt == "jsonl" else write_parquet)(path, rows)
         notes = [f"{empty} rollout(s) without training rows: eval tier or no calls"] if empty else []
         if failed:
-            notes.append(f"{failed} rollout(s) left out for not ending ok; --include-failed "
-                         "exports them marked ok: false")
+            notes.append(
+                f"{failed} rollout(s) left out for not ending ok; --include-failed "
+                "exports them marked ok: false"
+            )
         note = f" ({'; '.join(notes)})" if notes else ""
         typer.echo(f"wrote {len(rows)} turn row(s) to {path}{note}")

@@ -28,6 +28,7 @@ def install_with_progress(names: list[str]) -> list:
             continue
         package = agent_install.get_package(name)
         with console.status(f"installing {package.spec} ...") as status:
+
             def progress(line: str, status=status, spec=package.spec) -> None:
                 status.update(f"installing {spec}: {line[:100]}")
 
@@ -37,16 +38,21 @@ def install_with_progress(names: list[str]) -> list:
                 why = "the registry is unreachable" if exc.network else "the install failed"
                 console.print(f"[red]{name}: {why}[/]\n{exc}")
                 raise typer.Exit(EXIT_COULD_NOT_RUN) from None
-        console.print(f"{name} {record.version}: {record.size_bytes / 1e6:.0f} MB in "
-                      f"{record.install_seconds:.0f} s → {record.path}")
+        console.print(
+            f"{name} {record.version}: {record.size_bytes / 1e6:.0f} MB in "
+            f"{record.install_seconds:.0f} s → {record.path}"
+        )
         records.append(record)
     return records
 
 
 def register(app: typer.Typer) -> None:
     """Add the `harness` command group."""
-    group = typer.Typer(help="Install and list the agent CLIs tapdeck runs (pinned versions).",
-                        no_args_is_help=True, rich_markup_mode=None)
+    group = typer.Typer(
+        help="Install and list the agent CLIs tapdeck runs (pinned versions).",
+        no_args_is_help=True,
+        rich_markup_mode=None,
+    )
     app.add_typer(group, name="harness")
 
     @group.command("install")
@@ -59,8 +65,11 @@ def register(app: typer.Typer) -> None:
         wanted = names or list(agent_install.PACKAGES)
         unknown = [n for n in wanted if n not in agent_install.PACKAGES]
         if unknown:
-            raise CommandError(EXIT_USAGE, f"no pinned install for {', '.join(unknown)}; "
-                               f"installable: {', '.join(agent_install.PACKAGES)}")
+            raise CommandError(
+                EXIT_USAGE,
+                f"no pinned install for {', '.join(unknown)}; "
+                f"installable: {', '.join(agent_install.PACKAGES)}",
+            )
         for record in install_with_progress(wanted):
             typer.echo(f"{record.name} {record.version} installed at {record.path}")
 
@@ -71,6 +80,7 @@ def register(app: typer.Typer) -> None:
 
         for name, package in agent_install.PACKAGES.items():
             record = agent_install.installed(name)
-            state = (f"installed, {record.size_bytes / 1e6:.0f} MB, {record.path}" if record
-                     else "not installed")
+            state = (
+                f"installed, {record.size_bytes / 1e6:.0f} MB, {record.path}" if record else "not installed"
+            )
             typer.echo(f"{name:<15} {package.registry:<5} {package.spec:<32} {state}")

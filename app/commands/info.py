@@ -18,8 +18,10 @@ from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_USAGE, CommandError
 # Sandboxes listed even when unavailable (the usual choices), so their reason is visible.
 ALWAYS_SHOWN = ("host", "docker")
 
-CHECK_ENGINE = ("check that the engine is running at that host and port, and that --engine-api-key "
-                "is its key if it wants one")
+CHECK_ENGINE = (
+    "check that the engine is running at that host and port, and that --engine-api-key "
+    "is its key if it wants one"
+)
 """What to check when an `--engine` did not answer, after the row's list of what was tried."""
 
 
@@ -41,8 +43,9 @@ def render(catalog, *, show_all: bool = False, width: int = 80):
     wrap = {"overflow": "fold"}
     out = []
 
-    sandboxes = table("Sandboxes", ("name", {"no_wrap": True}), ("ok", {"no_wrap": True}),
-                      ("why", {"ratio": 1, **wrap}))
+    sandboxes = table(
+        "Sandboxes", ("name", {"no_wrap": True}), ("ok", {"no_wrap": True}), ("why", {"ratio": 1, **wrap})
+    )
     hidden = 0
     for s in catalog.sandboxes:
         if not show_all and not s.available and s.name not in ALWAYS_SHOWN:
@@ -56,47 +59,68 @@ def render(catalog, *, show_all: bool = False, width: int = 80):
     for d in catalog.datasets:
         count = f"{len(d.tasks)} task{'s' if len(d.tasks) != 1 else ''}"
         width_used = min(24, max((len(t.name) for t in d.tasks), default=5))
-        datasets = table(f"Dataset {escape(d.name)} ({count})",
-                         ("task", {"no_wrap": True, "min_width": width_used}),
-                         ("instruction", {"overflow": "ellipsis", "no_wrap": True,
-                                          "max_width": max(10, width - width_used - 7)}))
+        datasets = table(
+            f"Dataset {escape(d.name)} ({count})",
+            ("task", {"no_wrap": True, "min_width": width_used}),
+            (
+                "instruction",
+                {"overflow": "ellipsis", "no_wrap": True, "max_width": max(10, width - width_used - 7)},
+            ),
+        )
         if d.error:
             datasets.add_row("[red]error[/]", escape(d.error))
         for t in d.tasks:
             datasets.add_row(escape(t.name), escape(t.instruction))
         out.append(datasets)
 
-    harnesses = table("Harnesses", ("name", {"no_wrap": True}), ("dialect", {"no_wrap": True}),
-                      ("runs", {"no_wrap": True}), ("valid.", {"no_wrap": True}),
-                      ("ok", {"no_wrap": True}), ("installed", {"overflow": "fold"}))
+    harnesses = table(
+        "Harnesses",
+        ("name", {"no_wrap": True}),
+        ("dialect", {"no_wrap": True}),
+        ("runs", {"no_wrap": True}),
+        ("valid.", {"no_wrap": True}),
+        ("ok", {"no_wrap": True}),
+        ("installed", {"overflow": "fold"}),
+    )
     for h in catalog.harnesses:
         validated = _yes(h.validated) + (f" {h.version}" if h.validated and h.version else "")
         installed = h.installed or ("[red]no[/]" if h.version else "-")
         harnesses.add_row(h.name, h.dialect, h.placement, validated, _yes(h.available), installed)
-    harnesses.caption = ("validated = run end to end here (at that version); host-install = a "
-                         "pinned CLI tapdeck installs (`tapdeck harness install`) and runs on the "
-                         "host sandbox; installed = Harbor installs it inside a container sandbox")
+    harnesses.caption = (
+        "validated = run end to end here (at that version); host-install = a "
+        "pinned CLI tapdeck installs (`tapdeck harness install`) and runs on the "
+        "host sandbox; installed = Harbor installs it inside a container sandbox"
+    )
     out.append(harnesses)
 
-    engines = table("Engines", ("name", {"max_width": 28, **wrap}), ("tier", {"no_wrap": True}),
-                    ("ctx/out", {"no_wrap": True}), ("ok", {"no_wrap": True}),
-                    ("why", {"ratio": 1, **wrap}))
+    engines = table(
+        "Engines",
+        ("name", {"max_width": 28, **wrap}),
+        ("tier", {"no_wrap": True}),
+        ("ctx/out", {"no_wrap": True}),
+        ("ok", {"no_wrap": True}),
+        ("why", {"ratio": 1, **wrap}),
+    )
     for e in catalog.engines:
-        context = (f"{e.context_tokens}/{e.default_output_tokens}" if e.context_tokens else "-")
+        context = f"{e.context_tokens}/{e.default_output_tokens}" if e.context_tokens else "-"
         engines.add_row(escape(e.name), e.tier or "-", context, _yes(e.reachable), escape(e.why))
-    engines.caption = ("ctx/out = the context the engine lists (max_model_len) and the output "
-                       "tokens a rollout gets there unless set")
+    engines.caption = (
+        "ctx/out = the context the engine lists (max_model_len) and the output "
+        "tokens a rollout gets there unless set"
+    )
     out.append(engines)
 
-    settings = table("Rollout settings (defaults)", ("setting", {"no_wrap": True}),
-                     ("default", {"ratio": 1, **wrap}))
+    settings = table(
+        "Rollout settings (defaults)", ("setting", {"no_wrap": True}), ("default", {"ratio": 1, **wrap})
+    )
     for name, default in catalog.settings_defaults.items():
         settings.add_row(name, escape(default))
     out.append(settings)
 
     d = catalog.defaults
-    out.append(f"defaults: dataset={d['dataset']} harness={d['harness']} "
-               f"sandbox={d['sandbox']} engine={d['engine']}")
+    out.append(
+        f"defaults: dataset={d['dataset']} harness={d['harness']} sandbox={d['sandbox']} engine={d['engine']}"
+    )
     return out
 
 
@@ -109,7 +133,8 @@ def running_embedded_engine(*, probe: bool) -> Any | None:
     if importlib.util.find_spec("llama_cpp") is None:
         return None
     from tapdeck.runner.catalog import url_engine_info
-    from tapdeck.runner.engine.model import DEFAULT_N_CTX, default_model_path
+    from tapdeck.runner.engine.model import DEFAULT_N_CTX
+    from tapdeck.runner.engine.model_file import default_model_path
     from tapdeck.runner.engine.registry import find_running
 
     try:
@@ -129,14 +154,18 @@ def register(app: typer.Typer) -> None:
 
     @app.command("info")
     def info(
-        engine: Annotated[list[str], engine_option(
-            "Engine to check: HOST:PORT, http://HOST:PORT or …/v1 (repeatable).")] = [],  # noqa: B006 - typer passes a new list
-        engine_api_key: Annotated[str | None, engine_api_key_option(
-            "API key for --engine (never printed).")] = None,
-        dataset: list[str] = typer.Option([], "--dataset",
-                                          help="Extra dataset to list (folder, name@version, org/name, git URL)."),
-        probe: bool = typer.Option(True, "--probe/--no-probe",
-                                   help="Ask the engine's capture tier (a few 1-token calls)."),
+        engine: Annotated[
+            list[str], engine_option("Engine to check: HOST:PORT, http://HOST:PORT or …/v1 (repeatable).")
+        ] = [],  # noqa: B006 - typer passes a new list
+        engine_api_key: Annotated[
+            str | None, engine_api_key_option("API key for --engine (never printed).")
+        ] = None,
+        dataset: list[str] = typer.Option(
+            [], "--dataset", help="Extra dataset to list (folder, name@version, org/name, git URL)."
+        ),
+        probe: bool = typer.Option(
+            True, "--probe/--no-probe", help="Ask the engine's capture tier (a few 1-token calls)."
+        ),
         as_json: bool = typer.Option(False, "--json", help="Print the catalog as JSON."),
         show_all: bool = typer.Option(False, "--all", help="List every Harbor sandbox backend."),
     ) -> None:
@@ -161,8 +190,9 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"tapdeck info: {message}", err=True)
         if wrong:
             raise typer.Exit(EXIT_USAGE)
-        catalog = build_catalog(engine_urls=engine or None, engine_api_key=engine_api_key,
-                                datasets=listings, probe=probe)
+        catalog = build_catalog(
+            engine_urls=engine or None, engine_api_key=engine_api_key, datasets=listings, probe=probe
+        )
         if (running := running_embedded_engine(probe=probe)) is not None:
             catalog.engines = [running, *(e for e in catalog.engines if e.name != "embedded")]
         if as_json:

@@ -61,9 +61,14 @@ DataDirOption = Annotated[Path | None, data_dir_option()]
 EngineModelOption = Annotated[str | None, typer.Option("--engine-model", help="Model name on that engine.")]
 EngineApiKeyOption = Annotated[str | None, engine_api_key_option()]
 AdminKeyOption = Annotated[str | None, admin_key_option()]
-PublicUrlOption = Annotated[str | None, typer.Option(
-    "--public-url", help="Address sandboxes use to reach the proxy (http://HOST:PORT, e.g. an SSH "
-    "reverse tunnel); sessions advertise it. Default: the bound address.")]
+PublicUrlOption = Annotated[
+    str | None,
+    typer.Option(
+        "--public-url",
+        help="Address sandboxes use to reach the proxy (http://HOST:PORT, e.g. an SSH "
+        "reverse tunnel); sessions advertise it. Default: the bound address.",
+    ),
+]
 CaFileOption = Annotated[Path | None, ca_file_option()]
 ServerCaFileOption = Annotated[Path | None, ca_file_option(f"With --server: {CA_FILE_HELP}")]
 """`--ca-file` of a command that reaches a server only with --server."""

@@ -43,7 +43,13 @@ from tapdeck.app.commands.options import (
 from tapdeck.app.commands.run_follow import already_complete, drive, engine_watch
 from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_OK, EXIT_USAGE, CommandError
 from tapdeck.runner.harnesses import calls_a_model
-from tapdeck.runner.rollout_settings import DEFAULT_HARD_LIMIT_S, DEFAULT_MAX_TURNS, MIN_OUTPUT_TOKENS, OUTPUT_SHARE, PROMPT_SHARE
+from tapdeck.runner.rollout_settings import (
+    DEFAULT_HARD_LIMIT_S,
+    DEFAULT_MAX_TURNS,
+    MIN_OUTPUT_TOKENS,
+    OUTPUT_SHARE,
+    PROMPT_SHARE,
+)
 from tapdeck.schema.runs import RolloutTemplate, RunDetail, RunPlan, RunSummary
 
 NOT_PLAN_OPTIONS = frozenset({"data_dir", "server", "admin_key", "ca_file", "resume"})
@@ -55,7 +61,8 @@ EXIT_CODES_HELP = (
     "Exit codes: 0 every rollout ok (or, with --resume, none left to run); 1 the run could not be "
     "run (server, engine or dataset source not answering); 2 bad usage (unknown option, options "
     "that conflict, or a plan the server refused); 3 the run ended with some rollout not ok (failed "
-    "or cancelled; the table says why).")
+    "or cancelled; the table says why)."
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -64,71 +71,126 @@ def register(app: typer.Typer) -> None:
     @app.command("rollout", epilog=EXIT_CODES_HELP)
     def rollout(
         ctx: typer.Context,
-        dataset: str | None = typer.Option(None, "--dataset", help="Dataset: a local folder, a Harbor "
-                                           "registry name, a git URL (default: the sample dataset)."),
-        task: list[str] | None = typer.Option(None, "--task", help="Task name (repeatable; default: "
-                                              "the first -n tasks)."),
+        dataset: str | None = typer.Option(
+            None,
+            "--dataset",
+            help="Dataset: a local folder, a Harbor registry name, a git URL (default: the sample dataset).",
+        ),
+        task: list[str] | None = typer.Option(
+            None, "--task", help="Task name (repeatable; default: the first -n tasks)."
+        ),
         harness: str = typer.Option("terminus-2", "--harness", help="Agent harness."),
         sandbox: str = typer.Option("host", "--sandbox", help="Sandbox: host or a Harbor backend."),
-        engine: Annotated[str, engine_option(
-            "`embedded`, or an engine: HOST:PORT, http://HOST:PORT or …/v1.")] = "embedded",
+        engine: Annotated[
+            str, engine_option("`embedded`, or an engine: HOST:PORT, http://HOST:PORT or …/v1.")
+        ] = "embedded",
         engine_model: EngineModelOption = None,
         n_tasks: int = typer.Option(1, "-n", "--tasks", min=1, help="How many tasks (N)."),
         k: int = typer.Option(1, "-k", "--rollouts", min=1, help="Rollouts per task (GRPO group size)."),
         concurrency: int = typer.Option(1, "-c", "--concurrency", min=1, help="Rollouts at once."),
-        reward_key: str | None = typer.Option(None, "--reward-key",
-                                              help="Which verifier reward to use when there are several."),
+        reward_key: str | None = typer.Option(
+            None, "--reward-key", help="Which verifier reward to use when there are several."
+        ),
         timeout: float | None = typer.Option(
-            None, "--timeout", callback=_finite, help=f"Hard limit per rollout, seconds (default "
-            f"{DEFAULT_HARD_LIMIT_S:g}).", rich_help_panel=SETTINGS_PANEL),
+            None,
+            "--timeout",
+            callback=_finite,
+            help=f"Hard limit per rollout, seconds (default {DEFAULT_HARD_LIMIT_S:g}).",
+            rich_help_panel=SETTINGS_PANEL,
+        ),
         agent_timeout: float | None = typer.Option(
-            None, "--agent-timeout", callback=_finite, help="The agent phase's limit, seconds (default: the task's "
-            "agent.timeout_sec in task.toml; none if it has none).", rich_help_panel=SETTINGS_PANEL),
+            None,
+            "--agent-timeout",
+            callback=_finite,
+            help="The agent phase's limit, seconds (default: the task's "
+            "agent.timeout_sec in task.toml; none if it has none).",
+            rich_help_panel=SETTINGS_PANEL,
+        ),
         max_turns: int | None = typer.Option(
-            None, "--max-turns", help=f"Turn/step limit of the harness (default "
-            f"{DEFAULT_MAX_TURNS}).", rich_help_panel=SETTINGS_PANEL),
+            None,
+            "--max-turns",
+            help=f"Turn/step limit of the harness (default {DEFAULT_MAX_TURNS}).",
+            rich_help_panel=SETTINGS_PANEL,
+        ),
         max_output_tokens: int | None = typer.Option(
-            None, "--max-output-tokens", help=f"Output tokens per model call (default: 1/"
+            None,
+            "--max-output-tokens",
+            help=f"Output tokens per model call (default: 1/"
             f"{OUTPUT_SHARE} of the engine's context, at least {MIN_OUTPUT_TOKENS}; at most "
-            f"1/{PROMPT_SHARE} of it).", rich_help_panel=SETTINGS_PANEL),
+            f"1/{PROMPT_SHARE} of it).",
+            rich_help_panel=SETTINGS_PANEL,
+        ),
         context_tokens: int | None = typer.Option(
-            None, "--context-tokens", help="Context the agent is told it has (default: the "
-            "engine's max_model_len; more than that is refused).", rich_help_panel=SETTINGS_PANEL),
+            None,
+            "--context-tokens",
+            help="Context the agent is told it has (default: the "
+            "engine's max_model_len; more than that is refused).",
+            rich_help_panel=SETTINGS_PANEL,
+        ),
         temperature: float | None = typer.Option(
-            None, "--temperature", callback=_finite, help="Sampling temperature (default: the harness's own; "
-            "enforced on every call of a training-tier session).", rich_help_panel=SETTINGS_PANEL),
-        top_p: float | None = typer.Option(None, "--top-p", callback=_finite, help="Truncation knob asked by "
-                                           "terminus-2 (reset to its no-op at the training tier).",
-                                           rich_help_panel=SETTINGS_PANEL),
-        top_k: int | None = typer.Option(None, "--top-k", help="As --top-p.",
-                                         rich_help_panel=SETTINGS_PANEL),
-        min_p: float | None = typer.Option(None, "--min-p", callback=_finite, help="As --top-p.",
-                                           rich_help_panel=SETTINGS_PANEL),
+            None,
+            "--temperature",
+            callback=_finite,
+            help="Sampling temperature (default: the harness's own; "
+            "enforced on every call of a training-tier session).",
+            rich_help_panel=SETTINGS_PANEL,
+        ),
+        top_p: float | None = typer.Option(
+            None,
+            "--top-p",
+            callback=_finite,
+            help="Truncation knob asked by terminus-2 (reset to its no-op at the training tier).",
+            rich_help_panel=SETTINGS_PANEL,
+        ),
+        top_k: int | None = typer.Option(None, "--top-k", help="As --top-p.", rich_help_panel=SETTINGS_PANEL),
+        min_p: float | None = typer.Option(
+            None, "--min-p", callback=_finite, help="As --top-p.", rich_help_panel=SETTINGS_PANEL
+        ),
         harness_kwargs: str | None = typer.Option(
-            None, "--harness-kwargs", help="Keyword arguments passed verbatim to the Harbor agent, "
-            "a JSON object (default: none).", rich_help_panel=SETTINGS_PANEL),
-        alternatives: int = typer.Option(0, "--alternatives", min=0, max=20,
-                                         help="Top alternatives per sampled token to capture for "
-                                         "inspection (default: only what the harness asks for)."),
+            None,
+            "--harness-kwargs",
+            help="Keyword arguments passed verbatim to the Harbor agent, a JSON object (default: none).",
+            rich_help_panel=SETTINGS_PANEL,
+        ),
+        alternatives: int = typer.Option(
+            0,
+            "--alternatives",
+            min=0,
+            max=20,
+            help="Top alternatives per sampled token to capture for "
+            "inspection (default: only what the harness asks for).",
+        ),
         data_dir: DataDirOption = None,
-        server: Annotated[str | None, server_option(
-            "Submit to this tapdeck server instead of starting one here.")] = None,
+        server: Annotated[
+            str | None, server_option("Submit to this tapdeck server instead of starting one here.")
+        ] = None,
         admin_key: AdminKeyOption = None,
         ca_file: ServerCaFileOption = None,
-        resume: str | None = typer.Option(None, "--resume", help="Resume an interrupted run by id "
-                                          "(finished rollouts are not redone; it runs its stored "
-                                          "plan on the engine it used, so plan options and "
-                                          "another --engine are refused with it), or "
-                                          "follow it if it is running."),
+        resume: str | None = typer.Option(
+            None,
+            "--resume",
+            help="Resume an interrupted run by id "
+            "(finished rollouts are not redone; it runs its stored "
+            "plan on the engine it used, so plan options and "
+            "another --engine are refused with it), or "
+            "follow it if it is running.",
+        ),
         token_in: bool | None = typer.Option(
-            None, "--token-in/--no-token-in", help="Continue held conversations from their token "
-            "ids (default: on for training rollouts)."),
+            None,
+            "--token-in/--no-token-in",
+            help="Continue held conversations from their token ids (default: on for training rollouts).",
+        ),
         engine_tool_parser: str | None = typer.Option(
-            None, "--engine-tool-parser", help="The tool-call parser the engine runs (vLLM's "
-            "--tool-call-parser, e.g. hermes): token-in continues calls with tools with it."),
+            None,
+            "--engine-tool-parser",
+            help="The tool-call parser the engine runs (vLLM's "
+            "--tool-call-parser, e.g. hermes): token-in continues calls with tools with it.",
+        ),
         engine_reasoning_parser: str | None = typer.Option(
-            None, "--engine-reasoning-parser", help="The reasoning parser the engine runs, if any: "
-            "token-in then sends every call as text."),
+            None,
+            "--engine-reasoning-parser",
+            help="The reasoning parser the engine runs, if any: token-in then sends every call as text.",
+        ),
         public_url: PublicUrlOption = None,
     ) -> None:
         """Run N tasks × K rollouts through the capture proxy and print the results."""
@@ -139,26 +201,56 @@ def register(app: typer.Typer) -> None:
 
         data = (data_dir or default_data_dir()).expanduser()
         if resume is not None and not is_run_id(resume):
-            raise CommandError(EXIT_USAGE, f"tapdeck rollout: --resume {resume!r} is not a run id: "
-                               "give the id a run was started with (run-…), not a path")
+            raise CommandError(
+                EXIT_USAGE,
+                f"tapdeck rollout: --resume {resume!r} is not a run id: "
+                "give the id a run was started with (run-…), not a path",
+            )
         if resume is not None and (given := _plan_options_given(ctx, local=server is None)):
-            raise CommandError(EXIT_USAGE, f"tapdeck rollout: --resume runs the run's stored plan, so "
-                               f"{', '.join(given)} would be ignored; drop them, or start a new run")
+            raise CommandError(
+                EXIT_USAGE,
+                f"tapdeck rollout: --resume runs the run's stored plan, so "
+                f"{', '.join(given)} would be ignored; drop them, or start a new run",
+            )
         if task and _given(ctx, "n_tasks"):
-            raise CommandError(EXIT_USAGE, "tapdeck rollout: -n/--tasks picks the dataset's first N "
-                               "tasks, so with --task, which names them, it would be ignored; drop "
-                               "one of them")
+            raise CommandError(
+                EXIT_USAGE,
+                "tapdeck rollout: -n/--tasks picks the dataset's first N "
+                "tasks, so with --task, which names them, it would be ignored; drop "
+                "one of them",
+            )
         try:
-            plan = RunPlan(dataset=dataset, tasks=task or None, n_tasks=None if task else n_tasks,
-                           k=k, concurrency=concurrency, rollout=RolloutTemplate(
-                harness=harness, sandbox=sandbox, engine=engine, engine_model=engine_model,
-                engine_tool_parser=engine_tool_parser, engine_reasoning_parser=engine_reasoning_parser,
-                timeout_s=timeout, reward_key=reward_key, alternatives=alternatives,
-                public_url=public_url, token_in=token_in,
-                settings=_settings(agent_timeout_s=agent_timeout, max_turns=max_turns,
-                                   max_output_tokens=max_output_tokens, context_tokens=context_tokens,
-                                   temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-                                   harness_kwargs=harness_kwargs)))
+            plan = RunPlan(
+                dataset=dataset,
+                tasks=task or None,
+                n_tasks=None if task else n_tasks,
+                k=k,
+                concurrency=concurrency,
+                rollout=RolloutTemplate(
+                    harness=harness,
+                    sandbox=sandbox,
+                    engine=engine,
+                    engine_model=engine_model,
+                    engine_tool_parser=engine_tool_parser,
+                    engine_reasoning_parser=engine_reasoning_parser,
+                    timeout_s=timeout,
+                    reward_key=reward_key,
+                    alternatives=alternatives,
+                    public_url=public_url,
+                    token_in=token_in,
+                    settings=_settings(
+                        agent_timeout_s=agent_timeout,
+                        max_turns=max_turns,
+                        max_output_tokens=max_output_tokens,
+                        context_tokens=context_tokens,
+                        temperature=temperature,
+                        top_p=top_p,
+                        top_k=top_k,
+                        min_p=min_p,
+                        harness_kwargs=harness_kwargs,
+                    ),
+                ),
+            )
         except ValidationError as exc:
             raise CommandError(EXIT_USAGE, f"tapdeck rollout: plan refused: {_refusal(exc)}") from None
         if server is not None:
@@ -174,13 +266,15 @@ def register(app: typer.Typer) -> None:
             harness = resumed.plan.rollout.harness
             if not calls_a_model(harness) and (given := _flags_given(ctx, LOCAL_ENGINE_OPTIONS)):
                 # Its server starts no engine, so these would start nothing.
-                raise CommandError(EXIT_USAGE, f"tapdeck rollout: --resume runs run {resume}'s "
-                                   f"stored plan, whose harness {harness} calls no model, so "
-                                   f"{', '.join(given)} would be ignored; drop them")
+                raise CommandError(
+                    EXIT_USAGE,
+                    f"tapdeck rollout: --resume runs run {resume}'s "
+                    f"stored plan, whose harness {harness} calls no model, so "
+                    f"{', '.join(given)} would be ignored; drop them",
+                )
             if calls_a_model(harness):
                 url_engine, engine_model = _resumed_engine(ctx, resumed, url_engine, engine_model)
-                config = config.model_copy(update={"engine_url": url_engine,
-                                                   "engine_model": engine_model})
+                config = config.model_copy(update={"engine_url": url_engine, "engine_model": engine_model})
         _install_agent(harness)
         from tapdeck.app.host import LocalServer
         from tapdeck.proxy.store.no_follow import refuse_link
@@ -200,11 +294,13 @@ def register(app: typer.Typer) -> None:
         try:
             local = LocalServer(config, engine=with_engine).start()
         except EngineAddressError as exc:
-            raise CommandError(EXIT_USAGE if exc.status == 400 else EXIT_COULD_NOT_RUN,
-                               f"tapdeck rollout: {exc}") from None
+            raise CommandError(
+                EXIT_USAGE if exc.status == 400 else EXIT_COULD_NOT_RUN, f"tapdeck rollout: {exc}"
+            ) from None
         except Exception as exc:  # noqa: BLE001 - any start failure: a clear line, not a traceback
-            raise CommandError(EXIT_COULD_NOT_RUN,
-                               f"tapdeck rollout: could not start a local server: {exc}") from None
+            raise CommandError(
+                EXIT_COULD_NOT_RUN, f"tapdeck rollout: could not start a local server: {exc}"
+            ) from None
         with _server_logs_to(log):
             try:
                 shared = local.embedded_engine
@@ -217,9 +313,15 @@ def register(app: typer.Typer) -> None:
                 elif local.engine_url is not None:
                     typer.echo(f"engine {local.engine_url}", err=True)
                 typer.echo(f"server log: {log}", err=True)
-                code = drive(local.url, local.admin_key, plan, resume, tiny_engine=url_engine is None,
-                             resume_hint=_local_resume_hint(data, url_engine, engine_model),
-                             engine_gone=engine_gone)
+                code = drive(
+                    local.url,
+                    local.admin_key,
+                    plan,
+                    resume,
+                    tiny_engine=url_engine is None,
+                    resume_hint=_local_resume_hint(data, url_engine, engine_model),
+                    engine_gone=engine_gone,
+                )
             finally:
                 local.stop()
         raise typer.Exit(code)
@@ -235,13 +337,16 @@ def _check_local_run(data: Path, run_id: str) -> RunSummary:
     from tapdeck.runner.run_lock import RunLock
 
     if not (data / "runs" / run_id / PLAN).is_file():
-        raise CommandError(EXIT_COULD_NOT_RUN, f"tapdeck rollout: no run {run_id} in "
-                           f"{data / 'runs'} (pass the --data-dir it ran in)")
+        raise CommandError(
+            EXIT_COULD_NOT_RUN,
+            f"tapdeck rollout: no run {run_id} in {data / 'runs'} (pass the --data-dir it ran in)",
+        )
     try:
         summary, rollouts = BatchRunner(None, data_dir=data, default_engine=None).get(run_id)
     except RunUnreadable as exc:
-        raise CommandError(EXIT_COULD_NOT_RUN,
-                           f"tapdeck rollout: cannot resume run {run_id}: {exc}") from None
+        raise CommandError(
+            EXIT_COULD_NOT_RUN, f"tapdeck rollout: cannot resume run {run_id}: {exc}"
+        ) from None
     if summary.state == "running":  # this process runs nothing yet: another one runs it
         pid = RunLock(data / "runs" / run_id).holder()
         raise CommandError(EXIT_COULD_NOT_RUN, f"tapdeck rollout: {RunElsewhere(run_id, pid or 0)}")
@@ -251,8 +356,9 @@ def _check_local_run(data: Path, run_id: str) -> RunSummary:
     return summary
 
 
-def _resumed_engine(ctx: typer.Context, run: RunSummary, url_engine: str | None,
-                    engine_model: str | None) -> tuple[str | None, str | None]:
+def _resumed_engine(
+    ctx: typer.Context, run: RunSummary, url_engine: str | None, engine_model: str | None
+) -> tuple[str | None, str | None]:
     """The engine (a URL, or None: the embedded one) and model a local resume of `run` starts
     its server with: the ones its rollouts called, which --engine/--engine-model may name again
     but not change (exit 2: the rollouts of one run must come from one engine). A run an older
@@ -262,25 +368,37 @@ def _resumed_engine(ctx: typer.Context, run: RunSummary, url_engine: str | None,
 
     used = run.engine_used
     if used is None:
-        how = ("as --engine says" if url_engine is not None
-               else "(give the --engine it was started with if it ran on another)")
-        typer.echo(f"tapdeck rollout: warning: run {run.id} does not record the engine its "
-                   f"rollouts called (an older tapdeck ran it); resuming on "
-                   f"{_engine_words(url_engine)} {how}", err=True)
+        how = (
+            "as --engine says"
+            if url_engine is not None
+            else "(give the --engine it was started with if it ran on another)"
+        )
+        typer.echo(
+            f"tapdeck rollout: warning: run {run.id} does not record the engine its "
+            f"rollouts called (an older tapdeck ran it); resuming on "
+            f"{_engine_words(url_engine)} {how}",
+            err=True,
+        )
         return url_engine, engine_model
     used_url = None if used == EMBEDDED else used
     model_used = run.plan.rollout.engine_model or run.engine_model_used
     if _given(ctx, "engine") and not _same_engine(url_engine, used_url):
         given = shown_url(ctx.params["engine"])
-        raise CommandError(EXIT_USAGE, f"tapdeck rollout: run {run.id}'s rollouts called "
-                           f"{_engine_words(used_url)}, not --engine {given}, and the rollouts of "
-                           "one run must come from one engine: drop --engine to resume on the "
-                           f"engine it used, or start a new run with --engine {given}")
+        raise CommandError(
+            EXIT_USAGE,
+            f"tapdeck rollout: run {run.id}'s rollouts called "
+            f"{_engine_words(used_url)}, not --engine {given}, and the rollouts of "
+            "one run must come from one engine: drop --engine to resume on the "
+            f"engine it used, or start a new run with --engine {given}",
+        )
     if engine_model is not None and model_used is not None and engine_model != model_used:
-        raise CommandError(EXIT_USAGE, f"tapdeck rollout: run {run.id}'s rollouts called model "
-                           f"{model_used!r}, not --engine-model {engine_model!r}, and the rollouts "
-                           "of one run must come from one model: drop --engine-model to resume on "
-                           "the one it used, or start a new run with it")
+        raise CommandError(
+            EXIT_USAGE,
+            f"tapdeck rollout: run {run.id}'s rollouts called model "
+            f"{model_used!r}, not --engine-model {engine_model!r}, and the rollouts "
+            "of one run must come from one model: drop --engine-model to resume on "
+            "the one it used, or start a new run with it",
+        )
     if used_url is None:
         return None, engine_model
     if url_engine is None:
@@ -308,8 +426,9 @@ def _engine_words(url: str | None) -> str:
     return "the embedded engine" if url is None else f"the engine at {shown_url(url)}"
 
 
-def _drive_remote(server: str, admin_key: str | None, data: Path, plan: RunPlan,
-                  resume: str | None, ca_file: Path | None) -> None:
+def _drive_remote(
+    server: str, admin_key: str | None, data: Path, plan: RunPlan, resume: str | None, ca_file: Path | None
+) -> None:
     """Submit to (or resume on) the server at `server` and follow the run; exits."""
     from tapdeck.app.client import command_admin_key
     from tapdeck.schema.addresses import http_base_url
@@ -322,11 +441,20 @@ def _drive_remote(server: str, admin_key: str | None, data: Path, plan: RunPlan,
     except ValueError as exc:
         raise CommandError(EXIT_USAGE, f"tapdeck rollout: {exc}") from None
     if key is None:
-        raise CommandError(EXIT_COULD_NOT_RUN,
-                           f"tapdeck rollout: {admin_key_refusal(data, found=False)}")
+        raise CommandError(EXIT_COULD_NOT_RUN, f"tapdeck rollout: {admin_key_refusal(data, found=False)}")
     hint = f"--server {base}" + (f" --ca-file {ca_file}" if ca_file else "")
-    raise typer.Exit(drive(base, key, plan, resume, resume_hint=hint,
-                           key_dir=None if admin_key else data, say_engine=True, verify=trust))
+    raise typer.Exit(
+        drive(
+            base,
+            key,
+            plan,
+            resume,
+            resume_hint=hint,
+            key_dir=None if admin_key else data,
+            say_engine=True,
+            verify=trust,
+        )
+    )
 
 
 def _finite(value: float | None) -> float | None:
@@ -346,8 +474,7 @@ def _plan_options_given(ctx: typer.Context, *, local: bool) -> list[str]:
 def _flags_given(ctx: typer.Context, names: set[str] | frozenset[str]) -> list[str]:
     """Those of the options `names` given on the command line or by the environment, as their
     flags, in the command's order."""
-    return ["/".join(p.opts) for p in ctx.command.params
-            if p.name in names and _given(ctx, p.name)]
+    return ["/".join(p.opts) for p in ctx.command.params if p.name in names and _given(ctx, p.name)]
 
 
 def _given(ctx: typer.Context, name: str) -> bool:
@@ -382,8 +509,10 @@ def _server_logs_to(path: Path) -> Iterator[None]:
     handler.setStream(open_append(path))  # never through a link (proxy/store/no_follow.py)
     handler.setLevel(logging.INFO)  # Harbor's DEBUG lines would bury the access log
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    litellm = [(lg, lg.handlers, lg.propagate)
-               for lg in (verbose_logger, verbose_proxy_logger, verbose_router_logger)]
+    litellm = [
+        (lg, lg.handlers, lg.propagate)
+        for lg in (verbose_logger, verbose_proxy_logger, verbose_router_logger)
+    ]
     root = logging.getLogger()
     root.addHandler(handler)
     # The access log's answered calls are INFO lines, under the root logger's WARNING otherwise

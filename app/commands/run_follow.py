@@ -46,8 +46,10 @@ def engine_watch(shared: SharedEngine) -> Callable[[], str | None]:
         why = shared.gone()
         if why is None:
             return None
-        return (f"the embedded engine served by pid {shared.owner_pid} at {shared.base_url} went "
-                f"away mid-run ({why})")
+        return (
+            f"the embedded engine served by pid {shared.owner_pid} at {shared.base_url} went "
+            f"away mid-run ({why})"
+        )
 
     return gone
 
@@ -58,8 +60,10 @@ def already_complete(run: RunDetail) -> str | None:
     if run.state == "running" or any(runs_again_on_resume(r) for r in run.rollouts):
         return None
     c = run.counts
-    return (f"run {run.id} is already complete: {c.total} rollout{'s' if c.total != 1 else ''}, "
-            f"{c.ok} ok, {c.failed} failed; nothing to resume (results: {run.path})")
+    return (
+        f"run {run.id} is already complete: {c.total} rollout{'s' if c.total != 1 else ''}, "
+        f"{c.ok} ok, {c.failed} failed; nothing to resume (results: {run.path})"
+    )
 
 
 class ServerGone(Exception):
@@ -74,10 +78,19 @@ class NothingToResume(Exception):
     """The run to resume had every rollout run to its end; the message says so."""
 
 
-def drive(base: str, key: str | None, plan: RunPlan, resume: str | None, *,
-          resume_hint: str, tiny_engine: bool = False,
-          engine_gone: Callable[[], str | None] | None = None, key_dir: Path | None = None,
-          say_engine: bool = False, verify: ssl.SSLContext | bool = True) -> int:
+def drive(
+    base: str,
+    key: str | None,
+    plan: RunPlan,
+    resume: str | None,
+    *,
+    resume_hint: str,
+    tiny_engine: bool = False,
+    engine_gone: Callable[[], str | None] | None = None,
+    key_dir: Path | None = None,
+    say_engine: bool = False,
+    verify: ssl.SSLContext | bool = True,
+) -> int:
     """Submit (or resume) the run, follow it until it ends, print the table; the exit code.
 
     `resume_hint` is what `tapdeck rollout --resume RUN` needs to find the run again; `key_dir`
@@ -90,8 +103,11 @@ def drive(base: str, key: str | None, plan: RunPlan, resume: str | None, *,
         typer.echo(str(exc))
         return EXIT_OK
     except ApiError as exc:
-        message = (f"no run {resume} on the server at {base}" if resume and exc.kind == "not_found"
-                   else exc.for_command(key_dir, key_found=key is not None))
+        message = (
+            f"no run {resume} on the server at {base}"
+            if resume and exc.kind == "not_found"
+            else exc.for_command(key_dir, key_found=key is not None)
+        )
         typer.echo(f"tapdeck rollout: {message}", err=True)
         # A refused plan is bad usage; a refused resume is a run that cannot be run again, and a
         # dataset source that did not answer is a server-side error (502).
@@ -103,8 +119,11 @@ def drive(base: str, key: str | None, plan: RunPlan, resume: str | None, *,
             typer.echo(f"tapdeck rollout: warning: {line}; task left out", err=True)
     groups = summary.counts.total // max(summary.plan.k, 1)
     if resume is None and plan.n_tasks is not None and groups < plan.n_tasks:
-        typer.echo(f"the dataset has {groups} task{'s' if groups != 1 else ''}: running "
-                   f"{groups}, not the {plan.n_tasks} asked (-n)", err=True)
+        typer.echo(
+            f"the dataset has {groups} task{'s' if groups != 1 else ''}: running "
+            f"{groups}, not the {plan.n_tasks} asked (-n)",
+            err=True,
+        )
     resume_command = f"tapdeck rollout --resume {run_id} {resume_hint}"
     try:
         with _terminate_as_interrupt():
@@ -113,16 +132,22 @@ def drive(base: str, key: str | None, plan: RunPlan, resume: str | None, *,
         typer.echo("cancelling (tearing sandboxes down)…", err=True)
         doc = asyncio.run(_follow(base, key, run_id, cancel=True, verify=verify))
     except ServerGone as exc:
-        typer.echo(f"tapdeck rollout: the server at {base} went away ({exc}); the run may still be "
-                   f"going there: follow it, or resume it once the server is back, with "
-                   f"`{resume_command}`", err=True)
+        typer.echo(
+            f"tapdeck rollout: the server at {base} went away ({exc}); the run may still be "
+            f"going there: follow it, or resume it once the server is back, with "
+            f"`{resume_command}`",
+            err=True,
+        )
         return EXIT_COULD_NOT_RUN
     except EngineGone as exc:
         typer.echo(f"tapdeck rollout: {exc}; cancelling the run…", err=True)
         doc = asyncio.run(_follow(base, key, run_id, cancel=True, verify=verify))
         print_run_table(doc)
-        typer.echo(f"tapdeck rollout: the run was cancelled: `{resume_command}` runs the rollouts "
-                   "it stopped again (on an engine that answers)", err=True)
+        typer.echo(
+            f"tapdeck rollout: the run was cancelled: `{resume_command}` runs the rollouts "
+            "it stopped again (on an engine that answers)",
+            err=True,
+        )
         return EXIT_COULD_NOT_RUN
     except ApiError as exc:
         typer.echo(f"tapdeck rollout: {exc.message}", err=True)
@@ -136,8 +161,9 @@ def drive(base: str, key: str | None, plan: RunPlan, resume: str | None, *,
     return EXIT_ROLLOUT_FAILED
 
 
-def _engine_failure(doc: RunDetail, resume_command: str,
-                    engine_gone: Callable[[], str | None] | None) -> str | None:
+def _engine_failure(
+    doc: RunDetail, resume_command: str, engine_gone: Callable[[], str | None] | None
+) -> str | None:
     """Why an ended run counts as not run (exit 1) rather than as rollouts that failed: its
     rollouts saw the reused engine go before a poll did, or none of them reached the engine."""
     unreachable = sum(r.error_kind == "engine_unreachable" for r in doc.rollouts)
@@ -151,8 +177,15 @@ def _engine_failure(doc: RunDetail, resume_command: str,
     return None
 
 
-async def _submit(base: str, key: str | None, plan: RunPlan, resume: str | None, *,
-                  say_engine: bool = False, verify: ssl.SSLContext | bool = True) -> RunSummary:
+async def _submit(
+    base: str,
+    key: str | None,
+    plan: RunPlan,
+    resume: str | None,
+    *,
+    say_engine: bool = False,
+    verify: ssl.SSLContext | bool = True,
+) -> RunSummary:
     """Start the plan's run, or resume run `resume` (follow it when it is running; raise
     NothingToResume, resuming nothing, when every rollout of it ran to its end). `say_engine`:
     say which engine the server resumes it on."""
@@ -195,9 +228,12 @@ def _say_engine_of_remote_resume(run: RunSummary) -> None:
     if not calls_a_model(run.plan.rollout.harness):
         return
     if run.engine_used is None:
-        typer.echo(f"tapdeck rollout: warning: run {run.id} does not record the engine its "
-                   "rollouts called (an older tapdeck ran it); the server resumes it on its own "
-                   "engine", err=True)
+        typer.echo(
+            f"tapdeck rollout: warning: run {run.id} does not record the engine its "
+            "rollouts called (an older tapdeck ran it); the server resumes it on its own "
+            "engine",
+            err=True,
+        )
     elif run.engine_used != EMBEDDED:
         typer.echo(f"resuming on the engine the run used: {shown_url(run.engine_used)}", err=True)
 
@@ -223,9 +259,15 @@ class _Backoff:
         self.silent_since, self.pause = None, RETRY_FIRST_S
 
 
-async def _follow(base: str, key: str | None, run_id: str, *, cancel: bool = False,
-                  engine_gone: Callable[[], str | None] | None = None,
-                  verify: ssl.SSLContext | bool = True) -> RunDetail:
+async def _follow(
+    base: str,
+    key: str | None,
+    run_id: str,
+    *,
+    cancel: bool = False,
+    engine_gone: Callable[[], str | None] | None = None,
+    verify: ssl.SSLContext | bool = True,
+) -> RunDetail:
     """Poll the run, showing a one-line progress status, until it is no longer running.
 
     Raises ServerGone when the server stops answering for good, EngineGone when `engine_gone`
@@ -264,8 +306,7 @@ def _status_line(doc: RunDetail) -> str:
     c = doc.counts
     phases = Counter(r.phase for r in doc.rollouts if r.phase not in ("done", "failed", "queued"))
     live = ", ".join(f"{n} {p}" for p, n in sorted(phases.items()))
-    return (f"{c.done}/{c.total} done · {c.ok} ok · {c.failed} failed"
-            + (f" · {live}" if live else ""))
+    return f"{c.done}/{c.total} done · {c.ok} ok · {c.failed} failed" + (f" · {live}" if live else "")
 
 
 @contextlib.contextmanager

@@ -35,10 +35,20 @@ def print_run_table(doc: RunDetail, tiny_engine: bool = False) -> None:
     for r in doc.rollouts:
         reward = "-" if r.reward is None else f"{r.reward:.2f}"
         # `…` while it may still end ok; a rollout its stopped run never ran is not ok, and not done.
-        ok = "yes" if r.ok else ("…" if r.phase not in ENDED_PHASES and doc.state == "running"
-                                  else "-" if r.phase == "queued" else "no")
-        table.add_row(r.task, str(r.group), str(r.index), reward, ok, str(r.turns), r.atif,
-                      r.error_kind or "")
+        ok = (
+            "yes"
+            if r.ok
+            else (
+                "…"
+                if r.phase not in ENDED_PHASES and doc.state == "running"
+                else "-"
+                if r.phase == "queued"
+                else "no"
+            )
+        )
+        table.add_row(
+            r.task, str(r.group), str(r.index), reward, ok, str(r.turns), r.atif, r.error_kind or ""
+        )
     console.print(table)
 
     def say(line: str) -> None:
@@ -51,19 +61,22 @@ def print_run_table(doc: RunDetail, tiny_engine: bool = False) -> None:
     rate = "-" if doc.pass_rate is None else f"{doc.pass_rate:.0%}"
     # A cancel is a person's choice, not a failure: counted apart, as `tapdeck runs` and Runs do.
     failed, cancelled = run_outcomes(doc)
-    say(f"run {doc.id} {doc.state}: {c.done}/{c.total} done, {c.ok} ok, {failed} failed"
-        + (f", {cancelled} cancelled" if cancelled else ""))
+    say(
+        f"run {doc.id} {doc.state}: {c.done}/{c.total} done, {c.ok} ok, {failed} failed"
+        + (f", {cancelled} cancelled" if cancelled else "")
+    )
     say(f"mean reward {mean} (graded only) · pass rate {rate} (full reward, graded only)")
     if doc.failures:
         say(failures_line(doc.failures))
-    lines = {ran_with(r.settings, doc.plan.rollout.harness) for r in doc.rollouts
-             if r.settings is not None}
+    lines = {ran_with(r.settings, doc.plan.rollout.harness) for r in doc.rollouts if r.settings is not None}
     for line in sorted(lines):
         say(f"ran with: {line}")
     say(f"results: {doc.path}")
     if tiny_engine and doc.plan.rollout.harness not in ("oracle", "nop"):
-        say("note: the embedded model (SmolLM2-135M) exercises capture but never solves tasks "
-            "(reward 0); use --engine URL for a real model")
+        say(
+            "note: the embedded model (SmolLM2-135M) exercises capture but never solves tasks "
+            "(reward 0); use --engine URL for a real model"
+        )
 
 
 def failure_lines(rollouts: list[RolloutResult]) -> list[str]:
@@ -84,6 +97,5 @@ def failure_lines(rollouts: list[RolloutResult]) -> list[str]:
         if len(tasks) > ERROR_TASKS_NAMED:
             named += f" and {len(tasks) - ERROR_TASKS_NAMED} more"
         line = f"{named}: {error}"
-        lines.append(line if len(line) <= ERROR_LINE_CHARS else line[:ERROR_LINE_CHARS - 1] + "…")
+        lines.append(line if len(line) <= ERROR_LINE_CHARS else line[: ERROR_LINE_CHARS - 1] + "…")
     return lines
-

@@ -28,10 +28,14 @@ def register(app: typer.Typer) -> None:
 
     @app.command("runs")
     def runs(
-        run_id: str | None = typer.Argument(None, metavar="RUN",
-                                            help="A run id: its per-rollout table instead of the list."),
-        as_json: bool = typer.Option(False, "--json", help="The list (or the run) as JSON, as the "
-                                     "server's GET /admin/runs[/RUN] answers it."),
+        run_id: str | None = typer.Argument(
+            None, metavar="RUN", help="A run id: its per-rollout table instead of the list."
+        ),
+        as_json: bool = typer.Option(
+            False,
+            "--json",
+            help="The list (or the run) as JSON, as the server's GET /admin/runs[/RUN] answers it.",
+        ),
         data_dir: DataDirOption = None,
     ) -> None:
         """List the data dir's runs, newest first, or show one run's rollouts as `tapdeck rollout`
@@ -43,8 +47,9 @@ def register(app: typer.Typer) -> None:
         from tapdeck.schema.runs import RunDetail, RunList
 
         if run_id is not None and not is_run_id(run_id):
-            raise CommandError(EXIT_USAGE, f"tapdeck runs: {run_id!r} is not a run id: give a plain "
-                               "id (run-…), not a path")
+            raise CommandError(
+                EXIT_USAGE, f"tapdeck runs: {run_id!r} is not a run id: give a plain id (run-…), not a path"
+            )
         try:
             root = usable_data_dir(data_dir or default_data_dir())
         except ValueError as exc:
@@ -64,8 +69,10 @@ def register(app: typer.Typer) -> None:
             with runner_warnings_on_stderr("runs"):
                 summary, rollouts = batch.get(run_id)
         except RunNotFound:
-            raise CommandError(EXIT_COULD_NOT_RUN, f"tapdeck runs: no run {run_id} in "
-                               f"{batch.runs_dir} (pass the --data-dir it ran in)") from None
+            raise CommandError(
+                EXIT_COULD_NOT_RUN,
+                f"tapdeck runs: no run {run_id} in {batch.runs_dir} (pass the --data-dir it ran in)",
+            ) from None
         except RunUnreadable as exc:
             raise CommandError(EXIT_COULD_NOT_RUN, f"tapdeck runs: {exc}") from None
         doc = RunDetail(**dict(summary), rollouts=rollouts)
@@ -98,7 +105,14 @@ def _print_list(listed: list[RunSummary]) -> None:
     for run in listed:
         failed, cancelled = run_outcomes(run)
         reward = "-" if run.mean_reward is None else f"{run.mean_reward:.2f}"
-        table.add_row(run.id, run.state, run.plan.rollout.harness,
-                      f"{run.counts.done}/{run.counts.total}", str(run.counts.ok), str(failed),
-                      str(cancelled), reward)
+        table.add_row(
+            run.id,
+            run.state,
+            run.plan.rollout.harness,
+            f"{run.counts.done}/{run.counts.total}",
+            str(run.counts.ok),
+            str(failed),
+            str(cancelled),
+            reward,
+        )
     console.print(table)

@@ -76,49 +76,95 @@ def register(app: typer.Typer) -> None:
 
     @app.command("serve")
     def serve(
-        port: int = typer.Option(8300, "--port", min=0, max=65535,
-                                 help="Port to listen on (0 = any free port)."),
-        host: str = typer.Option("127.0.0.1", "--host",
-                                 help="Address to bind. Beyond loopback an explicit, strong admin key is required."),
-        engine: Annotated[str | None, engine_option(
-            "Default engine: HOST:PORT, http://HOST:PORT or …/v1 (settled by asking …/models). "
-            "Omitted: start the embedded engine.")] = None,
+        port: int = typer.Option(
+            8300, "--port", min=0, max=65535, help="Port to listen on (0 = any free port)."
+        ),
+        host: str = typer.Option(
+            "127.0.0.1",
+            "--host",
+            help="Address to bind. Beyond loopback an explicit, strong admin key is required.",
+        ),
+        engine: Annotated[
+            str | None,
+            engine_option(
+                "Default engine: HOST:PORT, http://HOST:PORT or …/v1 (settled by asking …/models). "
+                "Omitted: start the embedded engine."
+            ),
+        ] = None,
         engine_model: EngineModelOption = None,
         engine_api_key: EngineApiKeyOption = None,
         engine_tool_parser: str | None = typer.Option(
-            None, "--engine-tool-parser", help="The tool-call parser that engine's chat route runs "
+            None,
+            "--engine-tool-parser",
+            help="The tool-call parser that engine's chat route runs "
             "(vLLM's --tool-call-parser, e.g. hermes): token-in capture parses tool calls with it. "
-            "Unset or unknown: calls with tools are captured as text."),
+            "Unset or unknown: calls with tools are captured as text.",
+        ),
         engine_reasoning_parser: str | None = typer.Option(
-            None, "--engine-reasoning-parser", help="The reasoning parser that engine runs, if any "
-            "(vLLM's --reasoning-parser): token-in capture then sends every call as text."),
-        admin_key: Annotated[str | None, admin_key_option(
-            "Admin API key (visible in `ps`: prefer $TAPDECK_ADMIN_KEY or --admin-key-file). "
-            "Omitted: generate one and write <data-dir>/admin.key.")] = None,
-        admin_key_file: Path | None = typer.Option(None, "--admin-key-file", envvar="TAPDECK_ADMIN_KEY_FILE",
-                                                   help="Read the admin API key from this file (first line)."),
-        max_body_bytes: int | None = typer.Option(None, "--max-body-bytes", min=1,
-                                                  help="Largest request body accepted (default 32 MiB)."),
+            None,
+            "--engine-reasoning-parser",
+            help="The reasoning parser that engine runs, if any "
+            "(vLLM's --reasoning-parser): token-in capture then sends every call as text.",
+        ),
+        admin_key: Annotated[
+            str | None,
+            admin_key_option(
+                "Admin API key (visible in `ps`: prefer $TAPDECK_ADMIN_KEY or --admin-key-file). "
+                "Omitted: generate one and write <data-dir>/admin.key."
+            ),
+        ] = None,
+        admin_key_file: Path | None = typer.Option(
+            None,
+            "--admin-key-file",
+            envvar="TAPDECK_ADMIN_KEY_FILE",
+            help="Read the admin API key from this file (first line).",
+        ),
+        max_body_bytes: int | None = typer.Option(
+            None, "--max-body-bytes", min=1, help="Largest request body accepted (default 32 MiB)."
+        ),
         max_header_bytes: int | None = typer.Option(
-            None, "--max-header-bytes", min=1, help="Largest request head (request line and headers) "
-            "accepted; a 431 beyond it, before any key is checked (default 64 KiB)."),
-        max_headers: int | None = typer.Option(None, "--max-headers", min=1,
-                                               help="Most header lines in one request; a 431 beyond (default 100)."),
+            None,
+            "--max-header-bytes",
+            min=1,
+            help="Largest request head (request line and headers) "
+            "accepted; a 431 beyond it, before any key is checked (default 64 KiB).",
+        ),
+        max_headers: int | None = typer.Option(
+            None, "--max-headers", min=1, help="Most header lines in one request; a 431 beyond (default 100)."
+        ),
         header_timeout: float | None = typer.Option(
-            None, "--header-timeout", min=0.001, help="Seconds a request's headers may take from its "
-            "first byte (a 408 after), and a new connection may stay silent (default 30)."),
+            None,
+            "--header-timeout",
+            min=0.001,
+            help="Seconds a request's headers may take from its "
+            "first byte (a 408 after), and a new connection may stay silent (default 30).",
+        ),
         body_timeout: float | None = typer.Option(
-            None, "--body-timeout", min=0.001, help="Seconds a request body may pause between reads; "
-            "a 408 after (default 30)."),
+            None,
+            "--body-timeout",
+            min=0.001,
+            help="Seconds a request body may pause between reads; a 408 after (default 30).",
+        ),
         keep_alive_timeout: float | None = typer.Option(
-            None, "--keep-alive-timeout", min=0.001, help="Seconds an idle client connection is kept "
-            "open between requests (default 75)."),
+            None,
+            "--keep-alive-timeout",
+            min=0.001,
+            help="Seconds an idle client connection is kept open between requests (default 75).",
+        ),
         max_reply_bytes: int | None = typer.Option(
-            None, "--max-reply-bytes", min=1, help="Largest engine reply read for one call; a 502 "
-            "naming this limit beyond it (default 32 MiB)."),
-        tls_cert: Annotated[Path | None, tls_cert_option(
-            "Serve HTTPS with this certificate (PEM, chain after it); needs --tls-key. Use it when "
-            "--host leaves loopback.")] = None,
+            None,
+            "--max-reply-bytes",
+            min=1,
+            help="Largest engine reply read for one call; a 502 "
+            "naming this limit beyond it (default 32 MiB).",
+        ),
+        tls_cert: Annotated[
+            Path | None,
+            tls_cert_option(
+                "Serve HTTPS with this certificate (PEM, chain after it); needs --tls-key. Use it when "
+                "--host leaves loopback."
+            ),
+        ] = None,
         tls_key: TlsKeyOption = None,
         data_dir: DataDirOption = None,
         public_url: PublicUrlOption = None,
@@ -139,22 +185,33 @@ def register(app: typer.Typer) -> None:
             cleartext_warning,
             read_key_file,
         )
-        from tapdeck.proxy.upstream.address import EngineAddressError
         from tapdeck.proxy.http.uvicorn_thread import PortInUseError
+        from tapdeck.proxy.upstream.address import EngineAddressError
 
-        fields = {"host": host, "port": port, "admin_key": admin_key, "engine_url": engine,
-                  "engine_model": engine_model, "engine_api_key": engine_api_key,
-                  "engine_tool_parser": engine_tool_parser,
-                  "engine_reasoning_parser": engine_reasoning_parser, "public_url": public_url}
+        fields = {
+            "host": host,
+            "port": port,
+            "admin_key": admin_key,
+            "engine_url": engine,
+            "engine_model": engine_model,
+            "engine_api_key": engine_api_key,
+            "engine_tool_parser": engine_tool_parser,
+            "engine_reasoning_parser": engine_reasoning_parser,
+            "public_url": public_url,
+        }
         if data_dir is not None:
             fields["data_dir"] = data_dir
         if max_body_bytes is not None:
             fields["max_body_bytes"] = max_body_bytes
         if max_reply_bytes is not None:
             fields["max_reply_bytes"] = max_reply_bytes
-        limits = {"max_header_bytes": max_header_bytes, "max_headers": max_headers,
-                  "header_timeout_s": header_timeout, "body_timeout_s": body_timeout,
-                  "keep_alive_s": keep_alive_timeout}
+        limits = {
+            "max_header_bytes": max_header_bytes,
+            "max_headers": max_headers,
+            "header_timeout_s": header_timeout,
+            "body_timeout_s": body_timeout,
+            "keep_alive_s": keep_alive_timeout,
+        }
         fields["connection"] = ConnectionLimits(**{k: v for k, v in limits.items() if v is not None})
         if (tls_cert is None) != (tls_key is None):
             raise CommandError(EXIT_USAGE, "tapdeck serve: give --tls-cert and --tls-key together")
@@ -163,7 +220,9 @@ def register(app: typer.Typer) -> None:
         try:
             if admin_key_file is not None:
                 if admin_key:
-                    raise ValueError("give the admin key once: --admin-key/$TAPDECK_ADMIN_KEY or --admin-key-file")
+                    raise ValueError(
+                        "give the admin key once: --admin-key/$TAPDECK_ADMIN_KEY or --admin-key-file"
+                    )
                 fields["admin_key"] = read_key_file(admin_key_file)
             config = ServerConfig(**fields)
         except ValidationError as exc:
@@ -173,23 +232,27 @@ def register(app: typer.Typer) -> None:
         if (problem := unresolvable(host)) is not None:
             raise CommandError(EXIT_USAGE, f"tapdeck serve: {problem}")
         _log_to_stderr()
-        server = LocalServer(config, on_embedded_engine=lambda: typer.echo(
-            "starting the embedded engine, or reusing the one another tapdeck process serves "
-            "(SmolLM2-135M; it never solves tasks, reward 0 — pass --engine URL for a real model)…",
-            err=True))
+        server = LocalServer(
+            config,
+            on_embedded_engine=lambda: typer.echo(
+                "starting the embedded engine, or reusing the one another tapdeck process serves "
+                "(SmolLM2-135M; it never solves tasks, reward 0 — pass --engine URL for a real model)…",
+                err=True,
+            ),
+        )
         try:
             server.start()
         except (ConfigError, PortInUseError) as exc:
             raise CommandError(EXIT_USAGE, f"tapdeck serve: {exc}") from None
         except EngineAddressError as exc:
-            raise CommandError(EXIT_USAGE if exc.status == 400 else EXIT_COULD_NOT_RUN,
-                               f"tapdeck serve: {exc}") from None
+            raise CommandError(
+                EXIT_USAGE if exc.status == 400 else EXIT_COULD_NOT_RUN, f"tapdeck serve: {exc}"
+            ) from None
         settle_collector()
         stop = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
-        typer.echo(f"tapdeck server at {server.url}  (engine: {server.engine_url}; "
-                   f"data: {config.data_dir})")
+        typer.echo(f"tapdeck server at {server.url}  (engine: {server.engine_url}; data: {config.data_dir})")
         if (warning := cleartext_warning(config)) is not None:
             typer.echo(f"tapdeck serve: {warning}", err=True)
         if (shared := server.embedded_engine) is not None and not shared.owned:

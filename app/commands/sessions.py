@@ -38,16 +38,26 @@ def register(app: typer.Typer) -> None:
 
     @app.command("sessions")
     def sessions(
-        session_id: str | None = typer.Argument(None, metavar="SESSION",
-                                                help="A session id (s-…): its rollout graph."),
-        turn: int | None = typer.Option(None, "--turn", min=0,
-                                        help="With SESSION: this turn's sampled tokens, one a line "
-                                        "with id, logprob and the alternatives captured."),
+        session_id: str | None = typer.Argument(
+            None, metavar="SESSION", help="A session id (s-…): its rollout graph."
+        ),
+        turn: int | None = typer.Option(
+            None,
+            "--turn",
+            min=0,
+            help="With SESSION: this turn's sampled tokens, one a line "
+            "with id, logprob and the alternatives captured.",
+        ),
         run: str | None = typer.Option(None, "--run", help="List only this run's sessions."),
-        show_all: bool = typer.Option(False, "--all",
-                                      help=f"List every session (default: the {LIST_NEWEST} newest)."),
-        as_json: bool = typer.Option(False, "--json", help="As the server's admin API answers: "
-                                     "GET /admin/sessions, /sessions/S/rollout or /sessions/S/turns/N."),
+        show_all: bool = typer.Option(
+            False, "--all", help=f"List every session (default: the {LIST_NEWEST} newest)."
+        ),
+        as_json: bool = typer.Option(
+            False,
+            "--json",
+            help="As the server's admin API answers: "
+            "GET /admin/sessions, /sessions/S/rollout or /sessions/S/turns/N.",
+        ),
         data_dir: DataDirOption = None,
     ) -> None:
         """List the data dir's capture sessions, newest first, or show one session's rollout graph
@@ -57,13 +67,16 @@ def register(app: typer.Typer) -> None:
 
         for given, what in ((session_id, "session"), (run, "run")):
             if given is not None and not is_run_id(given):
-                raise CommandError(EXIT_USAGE, f"tapdeck sessions: {given!r} is not a {what} id: "
-                                   "give a plain id, not a path")
+                raise CommandError(
+                    EXIT_USAGE, f"tapdeck sessions: {given!r} is not a {what} id: give a plain id, not a path"
+                )
         if turn is not None and session_id is None:
             raise CommandError(EXIT_USAGE, "tapdeck sessions: --turn needs a SESSION")
         if session_id is not None and (run is not None or show_all):
-            raise CommandError(EXIT_USAGE, "tapdeck sessions: --run and --all choose what the list "
-                               "shows; give them without a SESSION")
+            raise CommandError(
+                EXIT_USAGE,
+                "tapdeck sessions: --run and --all choose what the list shows; give them without a SESSION",
+            )
         with stored_capture(data_dir, "sessions") as (root, store):
             if session_id is None:
                 _list(store, run=run, show_all=show_all, as_json=as_json, runs_dir=root / "runs")
@@ -71,9 +84,12 @@ def register(app: typer.Typer) -> None:
             try:
                 record, graph = store.load_graph(session_id)
             except KeyError:
-                raise CommandError(EXIT_COULD_NOT_RUN, f"tapdeck sessions: no session {session_id} "
-                                   f"in {store.path} (`tapdeck sessions` lists them; pass the "
-                                   "--data-dir it ran in)") from None
+                raise CommandError(
+                    EXIT_COULD_NOT_RUN,
+                    f"tapdeck sessions: no session {session_id} "
+                    f"in {store.path} (`tapdeck sessions` lists them; pass the "
+                    "--data-dir it ran in)",
+                ) from None
             if turn is None:
                 _show_session(record, graph, as_json=as_json)
             else:
@@ -87,19 +103,24 @@ def stored_summary(record: dict[str, Any], graph: RolloutGraph) -> SessionSummar
     from tapdeck.schema.findings import Finding, Level
     from tapdeck.schema.sessions import SessionSummary
 
-    findings = [*(Finding.model_validate(f) for f in record.get("findings") or []),
-                *graph.findings()]
+    findings = [*(Finding.model_validate(f) for f in record.get("findings") or []), *graph.findings()]
     rollout_type = record.get("rollout_type", "eval")
     stats = reported_stats(graph.stats(), record.get("tier", "text"), rollout_type)
     last_call = max((n.turn.created_at for n in graph.nodes.values()), default=None)
     return SessionSummary(
-        **stats, id=record["id"], state=record.get("state", "closed"),
-        tier=record.get("tier", "text"), rollout_type=rollout_type,
-        created_at=record.get("created_at", 0.0), last_call_at=last_call,
+        **stats,
+        id=record["id"],
+        state=record.get("state", "closed"),
+        tier=record.get("tier", "text"),
+        rollout_type=rollout_type,
+        created_at=record.get("created_at", 0.0),
+        last_call_at=last_call,
         seconds_since_last_call=None if last_call is None else time.time() - last_call,
-        metadata=record.get("metadata") or {}, engine=record.get("engine") or {"url": ""},
+        metadata=record.get("metadata") or {},
+        engine=record.get("engine") or {"url": ""},
         fatal=sum(f.level is Level.FATAL for f in findings),
-        warn=sum(f.level is Level.WARN for f in findings))
+        warn=sum(f.level is Level.WARN for f in findings),
+    )
 
 
 def _console() -> Any:
@@ -119,18 +140,20 @@ def _list(store: Store, *, run: str | None, show_all: bool, as_json: bool, runs_
     if run is not None:
         records = [r for r in records if (r.get("metadata") or {}).get("run_id") == run]
         if not records and not (runs_dir / run).is_dir():
-            raise CommandError(EXIT_COULD_NOT_RUN, f"tapdeck sessions: no run {run} in {runs_dir} "
-                               "(`tapdeck runs` lists them; pass the --data-dir it ran in)")
+            raise CommandError(
+                EXIT_COULD_NOT_RUN,
+                f"tapdeck sessions: no run {run} in {runs_dir} "
+                "(`tapdeck runs` lists them; pass the --data-dir it ran in)",
+            )
     left = 0 if run is not None or show_all else max(0, len(records) - LIST_NEWEST)
-    records = records[:len(records) - left]
+    records = records[: len(records) - left]
     summaries = [stored_summary(*store.load_graph(r["id"])) for r in records]
     if as_json:
         typer.echo(SessionList(sessions=summaries).model_dump_json(indent=2))
         return
     if not summaries:
         where = f" of run {run}" if run is not None else ""
-        typer.echo(f"no capture sessions{where} in {store.path} (tapdeck rollout makes some)",
-                   err=True)
+        typer.echo(f"no capture sessions{where} in {store.path} (tapdeck rollout makes some)", err=True)
         return
     _print_list(summaries)
     if left:
@@ -155,9 +178,17 @@ def _print_list(summaries: list[SessionSummary]) -> None:
     table.add_column("reward", justify="right", no_wrap=True)
     for s in summaries:
         marks = "F" * bool(s.fatal) + "W" * bool(s.warn) or "-"
-        table.add_row(s.id, session_state(s), str(s.metadata.get("task") or "-"), str(s.turns),
-                      str(s.roots), str(s.forks), marks, str(s.trainable_tokens),
-                      fmt_reward(s.metadata.get("reward")))
+        table.add_row(
+            s.id,
+            session_state(s),
+            str(s.metadata.get("task") or "-"),
+            str(s.turns),
+            str(s.roots),
+            str(s.forks),
+            marks,
+            str(s.trainable_tokens),
+            fmt_reward(s.metadata.get("reward")),
+        )
     _console().print(table)
 
 
@@ -179,19 +210,29 @@ def _show_session(record: dict[str, Any], graph: RolloutGraph, *, as_json: bool)
         return
     summary = stored_summary(record, graph)
     session_findings = [Finding.model_validate(f) for f in record.get("findings") or []]
-    view = GraphView.model_validate(graph_view(record, graph, tier, since=0,
-                                               findings=session_findings))
+    view = GraphView.model_validate(graph_view(record, graph, tier, since=0, findings=session_findings))
     meta, st = doc.metadata, doc.stats
     engine = record.get("engine") or {}
-    head = [f"session {doc.session_id}", session_state(summary), f"{tier} tier",
-            f"{doc.rollout_type} rollout", "ok" if doc.ok else "not ok"]
+    head = [
+        f"session {doc.session_id}",
+        session_state(summary),
+        f"{tier} tier",
+        f"{doc.rollout_type} rollout",
+        "ok" if doc.ok else "not ok",
+    ]
     head += [f"{key} {meta[key]}" for key in ("task", "harness", "rollout_id") if meta.get(key)]
     head.append("reward " + (fmt_reward(doc.reward) if doc.reward is not None else "– (never graded)"))
     if engine.get("url"):
         head.append(f"engine {engine.get('model') or '?'} at {engine['url']}")
-    head += [f"{st.turns} turn(s)", f"{st.roots} root(s)", f"{st.forks} fork(s)",
-             f"{st.breaks} break(s)", f"{st.discarded} discarded",
-             f"{st.trainable_tokens} trainable tokens", f"fragmentation {st.fragmentation:.2f}"]
+    head += [
+        f"{st.turns} turn(s)",
+        f"{st.roots} root(s)",
+        f"{st.forks} fork(s)",
+        f"{st.breaks} break(s)",
+        f"{st.discarded} discarded",
+        f"{st.trainable_tokens} trainable tokens",
+        f"fragmentation {st.fragmentation:.2f}",
+    ]
     console = _console()
     say = console.print
     for line in phrase_lines(head, WIDTH):
@@ -240,8 +281,9 @@ def _show_turn(record: dict[str, Any], graph: RolloutGraph, seq: int, *, as_json
 
     if seq not in graph.nodes:
         last = f"it has turns 0-{max(graph.nodes)}" if graph.nodes else "it has no turns"
-        raise CommandError(EXIT_COULD_NOT_RUN,
-                           f"tapdeck sessions: session {record['id']} has no turn {seq} ({last})")
+        raise CommandError(
+            EXIT_COULD_NOT_RUN, f"tapdeck sessions: session {record['id']} has no turn {seq} ({last})"
+        )
     detail = TurnDetail.model_validate(turn_detail(graph, seq))
     if as_json:
         typer.echo(json.dumps(detail.model_dump(mode="json"), indent=2))
@@ -253,14 +295,12 @@ def _show_turn(record: dict[str, Any], graph: RolloutGraph, seq: int, *, as_json
         console.print(str(f), markup=False, soft_wrap=not console.is_terminal)
     ids = detail.sampled_ids or []
     if not ids:
-        console.print("no sampled token ids captured (text tier, or the engine returned none)",
-                      markup=False)
+        console.print("no sampled token ids captured (text tier, or the engine returned none)", markup=False)
         return
     lps, mask, tops = detail.logprobs or [], detail.mask or [], detail.top_logprobs or []
     texts = detail.token_texts or []
     if not any(tops):
-        console.print("no alternatives captured (rollout --alternatives N asks for them)",
-                      markup=False)
+        console.print("no alternatives captured (rollout --alternatives N asks for them)", markup=False)
     console.print(f"{'#':>5} {'id':>7} {'logprob':>8} {'p':>5}  token", markup=False)
     for index, token_id in enumerate(ids):
         lp = lps[index] if index < len(lps) else None
@@ -277,9 +317,13 @@ def _show_turn(record: dict[str, Any], graph: RolloutGraph, seq: int, *, as_json
 def _turn_head(session_id: str, detail: TurnDetail, mode: str) -> list[str]:
     """The phrases of a turn's header line."""
     link = "a root" if detail.parent is None else f"{detail.link_kind} link to #{detail.parent}"
-    head = [f"session {session_id} turn #{detail.seq}", link,
-            "no prompt ids" if detail.prompt_len is None else f"prompt {detail.prompt_len} tokens",
-            f"{len(detail.sampled_ids or [])} sampled", f"finish {detail.finish_reason or '–'}"]
+    head = [
+        f"session {session_id} turn #{detail.seq}",
+        link,
+        "no prompt ids" if detail.prompt_len is None else f"prompt {detail.prompt_len} tokens",
+        f"{len(detail.sampled_ids or [])} sampled",
+        f"finish {detail.finish_reason or '–'}",
+    ]
     if detail.mask and not any(detail.mask):
         head.append("masked (not trained on)")
     if mode:

@@ -43,5 +43,7 @@ def stored_capture(data_dir: Path | None, command: str) -> Iterator[tuple[Path, 
     except NotAStoreError as exc:  # another program's database: said, and left as it is
         raise CommandError(EXIT_COULD_NOT_RUN, f"tapdeck {command}: {exc}") from None
     except sqlite3.DatabaseError as exc:
-        raise CommandError(EXIT_COULD_NOT_RUN, f"tapdeck {command}: capture.db at {db} is not a "
-                           f"tapdeck store or is corrupt ({exc})") from None
+        raise CommandError(
+            EXIT_COULD_NOT_RUN,
+            f"tapdeck {command}: capture.db at {db} is not a tapdeck store or is corrupt ({exc})",
+        ) from None

@@ -26,10 +26,19 @@ from tapdeck.runner.recipes import CPU_TRAINING, DEFAULT_RECIPE, RECIPES
 from tapdeck.schema.train import TrainLogEvent, TrainRunInfo, TrainStateEvent
 
 # Metrics printed at the end when the recipe logged them (TRL's names under trackio's `train/` prefix).
-HEADLINE = ("train/reward", "train/reward_std", "train/loss", "train/kl", "train/frac_reward_zero_std",
-            "train/batch/trained_tokens_per_step", "train/batch/samples_per_step",
-            "train/rollout/fork_frac",
-            "check/rows_valid_total", "check/rows_invalid_total", "check/trained_tokens_total")
+HEADLINE = (
+    "train/reward",
+    "train/reward_std",
+    "train/loss",
+    "train/kl",
+    "train/frac_reward_zero_std",
+    "train/batch/trained_tokens_per_step",
+    "train/batch/samples_per_step",
+    "train/rollout/fork_frac",
+    "check/rows_valid_total",
+    "check/rows_invalid_total",
+    "check/trained_tokens_total",
+)
 
 
 def describe_recipes(recipes: list[Any]) -> str:
@@ -37,9 +46,13 @@ def describe_recipes(recipes: list[Any]) -> str:
     lines = []
     for r in recipes:
         here = "can start there" if r.available else "cannot start there"
-        lines += [f"{r.name}  [{here}]", f"    where: {r.where}",
-                  f"    updates weights: {'yes' if r.updates_weights else 'no'}", f"    {r.summary}",
-                  f"    {r.why}"]
+        lines += [
+            f"{r.name}  [{here}]",
+            f"    where: {r.where}",
+            f"    updates weights: {'yes' if r.updates_weights else 'no'}",
+            f"    {r.summary}",
+            f"    {r.why}",
+        ]
     lines.append(CPU_TRAINING)
     return "\n".join(lines)
 
@@ -50,14 +63,20 @@ def register(app: typer.Typer) -> None:
     @app.command("train", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
     def train(
         ctx: typer.Context,
-        recipe: str = typer.Option(DEFAULT_RECIPE, "--recipe",
-                                   help="data-check, cpu-grpo or grpo-trl (see --list)."),
-        run: str | None = typer.Option(None, "--run", help="A tapdeck rollout run id: the rows "
-                                       "data-check checks, the dataset, tasks and harness grpo-trl "
-                                       "trains on; cpu-grpo takes none."),
+        recipe: str = typer.Option(
+            DEFAULT_RECIPE, "--recipe", help="data-check, cpu-grpo or grpo-trl (see --list)."
+        ),
+        run: str | None = typer.Option(
+            None,
+            "--run",
+            help="A tapdeck rollout run id: the rows "
+            "data-check checks, the dataset, tasks and harness grpo-trl "
+            "trains on; cpu-grpo takes none.",
+        ),
         data_dir: DataDirOption = None,
-        server: Annotated[str | None, server_option(
-            "Run it as a job of this tapdeck server instead of one started here.")] = None,
+        server: Annotated[
+            str | None, server_option("Run it as a job of this tapdeck server instead of one started here.")
+        ] = None,
         admin_key: AdminKeyOption = None,
         ca_file: ServerCaFileOption = None,
         list_: bool = typer.Option(False, "--list", help="List recipes and whether the server can run each."),
@@ -68,15 +87,22 @@ def register(app: typer.Typer) -> None:
         from tapdeck.runner.run_dir import is_run_id
 
         if run is not None and not is_run_id(run):  # as `export`: a path is no run's id
-            raise CommandError(EXIT_USAGE, f"tapdeck train: --run {run!r} is not a run id: give a "
-                               "plain id (run-…), not a path")
+            raise CommandError(
+                EXIT_USAGE,
+                f"tapdeck train: --run {run!r} is not a run id: give a plain id (run-…), not a path",
+            )
         if ctx.args and ctx.args[0] in RECIPES:
             # `tapdeck train cpu-grpo` would hand the name to the default recipe as an argument.
-            raise CommandError(EXIT_USAGE, f"tapdeck train: give the recipe as an option: tapdeck "
-                               f"train --recipe {ctx.args[0]} ...")
+            raise CommandError(
+                EXIT_USAGE,
+                f"tapdeck train: give the recipe as an option: tapdeck train --recipe {ctx.args[0]} ...",
+            )
         known = RECIPES.get(recipe)  # an unknown one is the server's to refuse, naming those it has
-        if not list_ and known is not None and (
-                why := known.rows_missing(run, ctx.args) or known.run_refused(run)):
+        if (
+            not list_
+            and known is not None
+            and (why := known.rows_missing(run, ctx.args) or known.run_refused(run))
+        ):
             # Its job would only die of its argument parser's usage error.
             raise CommandError(EXIT_USAGE, f"tapdeck train: {why}")
         data = (data_dir or default_data_dir()).expanduser()
@@ -94,8 +120,9 @@ def register(app: typer.Typer) -> None:
             try:
                 local = LocalServer(config).start()
             except Exception as exc:  # noqa: BLE001 - any start failure: a clear line, not a traceback
-                raise CommandError(EXIT_COULD_NOT_RUN,
-                                   f"tapdeck train: could not start a local server: {exc}") from None
+                raise CommandError(
+                    EXIT_COULD_NOT_RUN, f"tapdeck train: could not start a local server: {exc}"
+                ) from None
             base, key, trust = local.url, local.admin_key, local.client_trust
         else:
             from tapdeck.schema.addresses import http_base_url
@@ -108,17 +135,35 @@ def register(app: typer.Typer) -> None:
             except ValueError as exc:
                 raise CommandError(EXIT_USAGE, f"tapdeck train: {exc}") from None
         try:
-            code = asyncio.run(_drive(base, key, recipe, run, list(ctx.args), list_, verify=trust,
-                                      key_dir=None if local is not None or admin_key else data))
+            code = asyncio.run(
+                _drive(
+                    base,
+                    key,
+                    recipe,
+                    run,
+                    list(ctx.args),
+                    list_,
+                    verify=trust,
+                    key_dir=None if local is not None or admin_key else data,
+                )
+            )
         finally:
             if local is not None:
                 local.stop()
         raise typer.Exit(code)
 
 
-async def _drive(base: str, key: str | None, recipe: str, run: str | None, args: list[str],
-                 list_only: bool, *, key_dir: Path | None = None,
-                 verify: ssl.SSLContext | bool = True) -> int:
+async def _drive(
+    base: str,
+    key: str | None,
+    recipe: str,
+    run: str | None,
+    args: list[str],
+    list_only: bool,
+    *,
+    key_dir: Path | None = None,
+    verify: ssl.SSLContext | bool = True,
+) -> int:
     """List the recipes or run one to its end; the exit code (README: 2 for an unknown recipe or
     recipe args its parser refuses). `verify`: what an https server's certificate is checked against."""
     client = TapdeckClient(base, key, verify=verify)
@@ -168,8 +213,11 @@ async def _warn_if_still_going(client: TapdeckClient, recipe: str, run: str) -> 
     except ApiError:  # no such run: the launch says so
         return
     if going.state == "running":
-        typer.echo(f"tapdeck train: run {run} is still going: {recipe} reads the "
-                   f"{going.counts.done} of {going.counts.total} rollouts done so far", err=True)
+        typer.echo(
+            f"tapdeck train: run {run} is still going: {recipe} reads the "
+            f"{going.counts.done} of {going.counts.total} rollouts done so far",
+            err=True,
+        )
 
 
 async def _unknown_recipe(client: TapdeckClient, recipe: str) -> bool:

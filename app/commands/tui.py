@@ -42,21 +42,39 @@ def _log_to_file(path: Path) -> logging.Handler:
     return handler
 
 
-def run_app(base_url: str, admin_key: str | None, *, server_label: str, settings_path: Path,
-            owns_server: bool = False, verify: ssl.SSLContext | bool = True) -> None:
+def run_app(
+    base_url: str,
+    admin_key: str | None,
+    *,
+    server_label: str,
+    settings_path: Path,
+    owns_server: bool = False,
+    verify: ssl.SSLContext | bool = True,
+) -> None:
     """Run the App against a server URL (shared by embedded and attached mode); `verify`: what an
     https server's certificate is checked against."""
     from tapdeck.app.client import TapdeckClient
     from tapdeck.app.tui import TapdeckApp
 
-    TapdeckApp(TapdeckClient(base_url, admin_key, verify=verify), server_label=server_label,
-               settings_path=settings_path, owns_server=owns_server).run()
+    TapdeckApp(
+        TapdeckClient(base_url, admin_key, verify=verify),
+        server_label=server_label,
+        settings_path=settings_path,
+        owns_server=owns_server,
+    ).run()
 
 
-def run_embedded(data_dir: Path | None = None, *, port: int = 0, engine_url: str | None = None,
-                 engine_model: str | None = None, engine_api_key: str | None = None,
-                 public_url: str | None = None, tls_cert: Path | None = None,
-                 tls_key: Path | None = None) -> None:
+def run_embedded(
+    data_dir: Path | None = None,
+    *,
+    port: int = 0,
+    engine_url: str | None = None,
+    engine_model: str | None = None,
+    engine_api_key: str | None = None,
+    public_url: str | None = None,
+    tls_cert: Path | None = None,
+    tls_key: Path | None = None,
+) -> None:
     """Start a LocalServer on loopback (any free port by default), run the TUI on it, stop it on exit.
     With a certificate and key it serves HTTPS (sandboxes reaching it through `public_url`)."""
     from pydantic import ValidationError
@@ -66,17 +84,24 @@ def run_embedded(data_dir: Path | None = None, *, port: int = 0, engine_url: str
     from tapdeck.app.settings import default_settings_path
     from tapdeck.app.tui import TapdeckApp  # noqa: F401 - import the UI before starting anything
     from tapdeck.proxy.config import ConfigError, ServerConfig, TlsFiles, default_data_dir
-    from tapdeck.proxy.upstream.address import EngineAddressError, normalize_address
     from tapdeck.proxy.http.uvicorn_thread import PortInUseError
+    from tapdeck.proxy.upstream.address import EngineAddressError, normalize_address
 
     data_dir = (data_dir or default_data_dir()).expanduser()
     if (tls_cert is None) != (tls_key is None):
         raise CommandError(EXIT_USAGE, "tapdeck: give --tls-cert and --tls-key together")
     tls = TlsFiles(cert=tls_cert.expanduser(), key=tls_key.expanduser()) if tls_cert and tls_key else None
     try:
-        config = ServerConfig(host="127.0.0.1", port=port, data_dir=data_dir, engine_url=engine_url,
-                              engine_model=engine_model, engine_api_key=engine_api_key,
-                              public_url=public_url, tls=tls)
+        config = ServerConfig(
+            host="127.0.0.1",
+            port=port,
+            data_dir=data_dir,
+            engine_url=engine_url,
+            engine_model=engine_model,
+            engine_api_key=engine_api_key,
+            public_url=public_url,
+            tls=tls,
+        )
         if engine_url:  # a malformed address is refused before the server is said to start
             normalize_address(engine_url)
     except ValidationError as exc:  # bad usage, as `serve` says it: one line, exit 2
@@ -84,37 +109,57 @@ def run_embedded(data_dir: Path | None = None, *, port: int = 0, engine_url: str
     except EngineAddressError as exc:
         raise CommandError(EXIT_USAGE, f"tapdeck: {exc}") from None
     _log_to_file(data_dir / "tui.log")
-    print(f"tapdeck: starting the embedded server ({'engine ' + engine_url if engine_url else 'embedded engine'}"
-          f", data in {data_dir})…", file=sys.stderr, flush=True)
+    print(
+        "tapdeck: starting the embedded server "
+        f"({'engine ' + engine_url if engine_url else 'embedded engine'}, data in {data_dir})…",
+        file=sys.stderr,
+        flush=True,
+    )
     server = LocalServer(config)
     try:
         server.start()
     except (ConfigError, PortInUseError) as exc:
         raise CommandError(EXIT_USAGE, f"tapdeck: {exc}") from None
     except EngineAddressError as exc:
-        raise CommandError(EXIT_USAGE if exc.status == 400 else EXIT_COULD_NOT_RUN,
-                           f"tapdeck: {exc}") from None
+        raise CommandError(
+            EXIT_USAGE if exc.status == 400 else EXIT_COULD_NOT_RUN, f"tapdeck: {exc}"
+        ) from None
     except Exception as exc:  # noqa: BLE001 - any start failure is reported as one line, no traceback
-        raise CommandError(EXIT_COULD_NOT_RUN,
-                           f"tapdeck: could not start the embedded server: {exc}") from None
+        raise CommandError(
+            EXIT_COULD_NOT_RUN, f"tapdeck: could not start the embedded server: {exc}"
+        ) from None
     if engine_url:
         print(f"tapdeck: engine {server.engine_url}", file=sys.stderr, flush=True)
     try:
-        run_app(server.url, server.admin_key, server_label=f"embedded {server.url}",
-                settings_path=default_settings_path(data_dir), owns_server=True,
-                verify=server.client_trust)
+        run_app(
+            server.url,
+            server.admin_key,
+            server_label=f"embedded {server.url}",
+            settings_path=default_settings_path(data_dir),
+            owns_server=True,
+            verify=server.client_trust,
+        )
     finally:
         server.stop()
 
 
-PortOption = Annotated[int, typer.Option(
-    "--port", min=0, max=65535, help="Loopback port of the embedded server (0 = any free).")]
-EngineOption = Annotated[str | None, engine_option(
-    "Engine, e.g. a vLLM server: HOST:PORT, http://HOST:PORT or …/v1. Omitted: the embedded "
-    "SmolLM2 engine (never solves tasks).")]
-TlsCertOption = Annotated[Path | None, tls_cert_option(
-    "Serve the embedded server over HTTPS with this certificate (PEM); needs --tls-key. For "
-    "sandboxes that reach it through --public-url off this host.")]
+PortOption = Annotated[
+    int, typer.Option("--port", min=0, max=65535, help="Loopback port of the embedded server (0 = any free).")
+]
+EngineOption = Annotated[
+    str | None,
+    engine_option(
+        "Engine, e.g. a vLLM server: HOST:PORT, http://HOST:PORT or …/v1. Omitted: the embedded "
+        "SmolLM2 engine (never solves tasks)."
+    ),
+]
+TlsCertOption = Annotated[
+    Path | None,
+    tls_cert_option(
+        "Serve the embedded server over HTTPS with this certificate (PEM); needs --tls-key. For "
+        "sandboxes that reach it through --public-url off this host."
+    ),
+]
 """The TUI's own options, shared by `tapdeck tui` and `tapdeck` with no command (their others are
 the ones commands share, in options.py)."""
 
@@ -123,11 +168,24 @@ def register(app: typer.Typer) -> None:
     """Add `tapdeck tui` (the same as `tapdeck` with no command)."""
 
     @app.command("tui")
-    def tui(data_dir: DataDirOption = None, port: PortOption = 0, engine: EngineOption = None,
-            engine_model: EngineModelOption = None, engine_api_key: EngineApiKeyOption = None,
-            public_url: PublicUrlOption = None, tls_cert: TlsCertOption = None,
-            tls_key: TlsKeyOption = None) -> None:
+    def tui(
+        data_dir: DataDirOption = None,
+        port: PortOption = 0,
+        engine: EngineOption = None,
+        engine_model: EngineModelOption = None,
+        engine_api_key: EngineApiKeyOption = None,
+        public_url: PublicUrlOption = None,
+        tls_cert: TlsCertOption = None,
+        tls_key: TlsKeyOption = None,
+    ) -> None:
         """Open the TUI on an embedded tapdeck server (what `tapdeck` with no command does)."""
-        run_embedded(data_dir, port=port, engine_url=engine, engine_model=engine_model,
-                     engine_api_key=engine_api_key, public_url=public_url, tls_cert=tls_cert,
-                     tls_key=tls_key)
+        run_embedded(
+            data_dir,
+            port=port,
+            engine_url=engine,
+            engine_model=engine_model,
+            engine_api_key=engine_api_key,
+            public_url=public_url,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+        )

@@ -10,7 +10,6 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Markdown, Static
 
-
 SCREENS_MARK = "<!-- screens -->"
 KEYS_MARK = "<!-- keys -->"
 

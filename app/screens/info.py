@@ -20,8 +20,10 @@ class InfoScreen(TapdeckScreen):
     """Server, engines (tier: tokens = trainable, logprobs = eval, text = neither), harnesses, sandboxes."""
 
     MODE = "info"
-    HELP = ("What the server's machine can run, from /admin/catalog. Engine tier: tokens = trainable "
-            "(prompt ids, sampled ids, logprobs), logprobs = eval only, text = neither.")
+    HELP = (
+        "What the server's machine can run, from /admin/catalog. Engine tier: tokens = trainable "
+        "(prompt ids, sampled ids, logprobs), logprobs = eval only, text = neither."
+    )
 
     BINDINGS = [Binding("r", "reload", "Reload", id="info.reload")]
 
@@ -38,7 +40,8 @@ class InfoScreen(TapdeckScreen):
         self.action_reload()
         # The ✓ and ✗ are drawn in the theme's colours: a new theme draws the tables again.
         self.app.theme_changed_signal.subscribe(
-            self, lambda _theme: self.show_catalog(self.catalog) if self.catalog is not None else None)
+            self, lambda _theme: self.show_catalog(self.catalog) if self.catalog is not None else None
+        )
 
     def action_reload(self) -> None:
         self.load()
@@ -47,7 +50,8 @@ class InfoScreen(TapdeckScreen):
     async def load(self) -> None:
         health = await self.client.health()
         self.query_one("#server-info", Static).update(
-            f"server {self.app.server_label} · instance {health.instance[:8]} · status {health.status}")
+            f"server {self.app.server_label} · instance {health.instance[:8]} · status {health.status}"
+        )
         self.show_catalog(await self.client.catalog())
 
     def show_catalog(self, catalog: Catalog) -> None:
@@ -58,8 +62,15 @@ class InfoScreen(TapdeckScreen):
         no = f"[{theme.error}]✗[/]"
 
         def table(title: str, columns: list[str]) -> Table:
-            t = Table(title=title, title_justify="left", expand=True, show_edge=False, pad_edge=False,
-                      title_style="bold", box=box.SIMPLE_HEAD)
+            t = Table(
+                title=title,
+                title_justify="left",
+                expand=True,
+                show_edge=False,
+                pad_edge=False,
+                title_style="bold",
+                box=box.SIMPLE_HEAD,
+            )
             for i, column in enumerate(columns):
                 t.add_column(column, overflow="fold", ratio=3 if i == len(columns) - 1 else None)
             return t
@@ -69,20 +80,32 @@ class InfoScreen(TapdeckScreen):
 
         engines = table("Engines", ["", "engine", "tier", "why / url"])
         for e in catalog.engines:
-            engines.add_row(yes if e.reachable else no, escape(e.name), escape(e.tier or "text"),
-                            escape(e.why or e.url or ""))
+            engines.add_row(
+                yes if e.reachable else no,
+                escape(e.name),
+                escape(e.tier or "text"),
+                escape(e.why or e.url or ""),
+            )
         harnesses = table("Harnesses", ["", "harness", "dialect", "why"])
         for h in catalog.harnesses:
-            harnesses.add_row(yes if h.available else no, escape(h.name), escape(h.dialect),
-                              escape(h.why or ("validated" if h.validated else "")))
+            harnesses.add_row(
+                yes if h.available else no,
+                escape(h.name),
+                escape(h.dialect),
+                escape(h.why or ("validated" if h.validated else "")),
+            )
         sandboxes = table("Sandboxes", ["", "sandbox", "why"])
         for s in catalog.sandboxes:
             sandboxes.add_row(yes if s.available else no, escape(s.name), escape(s.why))
         datasets = table("Datasets", ["", "dataset", "tasks", "source / error"])
         for d in catalog.datasets:
-            datasets.add_row(no if d.error else yes, escape(d.name), str(len(d.tasks)),
-                             escape(d.error or d.source))
-        note = ("The embedded SmolLM2-135M engine never solves tasks (reward 0); point tapdeck at a "
-                "vLLM server for learning signal.")
-        self.query_one("#catalog-info", Static).update(Group(engines, "", harnesses, "", sandboxes, "",
-                                                             datasets, "", f"[dim]{escape(note)}[/]"))
+            datasets.add_row(
+                no if d.error else yes, escape(d.name), str(len(d.tasks)), escape(d.error or d.source)
+            )
+        note = (
+            "The embedded SmolLM2-135M engine never solves tasks (reward 0); point tapdeck at a "
+            "vLLM server for learning signal."
+        )
+        self.query_one("#catalog-info", Static).update(
+            Group(engines, "", harnesses, "", sandboxes, "", datasets, "", f"[dim]{escape(note)}[/]")
+        )

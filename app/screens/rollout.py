@@ -16,12 +16,12 @@ from textual.widget import Widget
 from textual.widgets import Sparkline, Static, TabbedContent, TabPane, Tree
 
 from tapdeck.app.screens.base import TapdeckScreen
-from tapdeck.app.widgets.phrases import Phrases
+from tapdeck.app.token_series import entropy_series, logprob_series
 from tapdeck.app.views.graph import LiveGraph, capture_mode_text, rollout_nodes
 from tapdeck.app.views.text import clip, short_id
 from tapdeck.app.views.tokens import message_text, token_detail
+from tapdeck.app.widgets.phrases import Phrases
 from tapdeck.app.widgets.rollout_tree import RolloutTree
-from tapdeck.app.token_series import entropy_series, logprob_series
 from tapdeck.app.widgets.token_view import TokenView
 from tapdeck.schema.findings import Finding
 from tapdeck.schema.sessions import RolloutStats, TurnDetail
@@ -57,8 +57,7 @@ class RolloutScreen(TapdeckScreen):
         """The session's and the whole rollout's findings (sequence checks), as of the last update."""
 
     def compose_body(self) -> Iterable[Widget]:
-        yield Static("No rollout open: pick a session on Sessions (2) and press Enter.",
-                     id="rollout-header")
+        yield Static("No rollout open: pick a session on Sessions (2) and press Enter.", id="rollout-header")
         with Horizontal(id="rollout-body"):
             yield RolloutTree(id="graph")
             with Vertical(id="turn-pane"):
@@ -166,8 +165,9 @@ class RolloutScreen(TapdeckScreen):
 
     def _show_findings(self) -> None:
         lines: list[tuple[str, str]] = []
-        rollout_findings = self.rollout_findings + [f for f in self.graph.findings
-                                                    if f not in self.rollout_findings]
+        rollout_findings = self.rollout_findings + [
+            f for f in self.graph.findings if f not in self.rollout_findings
+        ]
         if rollout_findings:
             lines.append(("Rollout\n", "bold"))
             lines.extend((f"{f}\n", LEVEL_STYLES[f.level]) for f in rollout_findings)
@@ -199,11 +199,14 @@ class RolloutScreen(TapdeckScreen):
         self.turn = turn
         self.turn_seq = turn.seq
         sampled = turn.sampled_ids or turn.token_texts or []
-        header = [f"turn #{turn.seq}",
-                  "root" if turn.parent is None else f"{turn.link_kind} link to #{turn.parent}",
-                  f"prompt {'?' if turn.prompt_len is None else turn.prompt_len} tok",
-                  f"sampled {len(sampled)}", f"finish {turn.finish_reason or '?'}",
-                  capture_mode_text(turn.meta)]
+        header = [
+            f"turn #{turn.seq}",
+            "root" if turn.parent is None else f"{turn.link_kind} link to #{turn.parent}",
+            f"prompt {'?' if turn.prompt_len is None else turn.prompt_len} tok",
+            f"sampled {len(sampled)}",
+            f"finish {turn.finish_reason or '?'}",
+            capture_mode_text(turn.meta),
+        ]
         self.query_one("#turn-header", Static).update(Phrases(header))
         self.query_one("#turn-logprobs", Sparkline).data = logprob_series(turn)
         entropy = entropy_series(turn)
@@ -214,21 +217,26 @@ class RolloutScreen(TapdeckScreen):
         view.show(turn, keep_selection=again)
         if view.selected is None:
             self.query_one("#token-detail", Static).update(
-                Content.styled("Click a token (or , .) for its logprob and alternatives.", "$text-muted"))
+                Content.styled("Click a token (or , .) for its logprob and alternatives.", "$text-muted")
+            )
         request = turn.request or {}
         parts: list[tuple[str, str]] = []
         for message in request.get("messages") or []:
-            parts.append((message_text(message)[:4000] + "\n\n",
-                          "bold $secondary" if message.get("role") == "system" else ""))
+            parts.append(
+                (
+                    message_text(message)[:4000] + "\n\n",
+                    "bold $secondary" if message.get("role") == "system" else "",
+                )
+            )
         response = turn.response or {}
         if response:
             parts.append(("⇒ " + message_text(response)[:4000], "bold $accent"))
         self.query_one("#messages-text", Static).update(
-            Content.assemble(*parts) if parts else Content("(no messages recorded)"))
+            Content.assemble(*parts) if parts else Content("(no messages recorded)")
+        )
         self._show_findings()
 
     @on(TokenView.Picked)
     def _token_picked(self, event: TokenView.Picked) -> None:
         if self.turn is not None:
-            self.query_one("#token-detail", Static).update(
-                Content(token_detail(self.turn, event.index)))
+            self.query_one("#token-detail", Static).update(Content(token_detail(self.turn, event.index)))

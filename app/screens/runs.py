@@ -26,7 +26,6 @@ from tapdeck.app.views.sessions import fmt_phase
 from tapdeck.app.views.text import clip, fmt_reward, id_tail
 from tapdeck.schema.runs import RolloutResult, RunDetail, RunSummary, runs_again_on_resume
 
-
 RUN_ID_MIN_W = 10
 OTHER_RUN_COLUMNS_W = 56
 """The runs table's columns but the id, with their padding and the scrollbar: the id gets the rest."""
@@ -41,16 +40,17 @@ class RunsScreen(TapdeckScreen):
     MODE = "runs"
     # Under 120 columns the groups and the rollouts stack: side by side, neither table fits.
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
-    HELP = ("Batches started from Setup (or the CLI). Enter shows a run's groups; o opens the "
-            "highlighted rollout; e / p export the run as JSONL / Parquet on the server's machine; "
-            "x twice within 5 s cancels the run; u resumes a stopped run (its cancelled and never-run "
-            "rollouts run again). fail / canc: rollouts that failed / were cancelled (a cancel is not "
-            "a failure).")
+    HELP = (
+        "Batches started from Setup (or the CLI). Enter shows a run's groups; o opens the "
+        "highlighted rollout; e / p export the run as JSONL / Parquet on the server's machine; "
+        "x twice within 5 s cancels the run; u resumes a stopped run (its cancelled and never-run "
+        "rollouts run again). fail / canc: rollouts that failed / were cancelled (a cancel is not "
+        "a failure)."
+    )
 
     # Short words and Parquet off the footer: at 80 columns it must keep r, f1 and q too.
     BINDINGS = [
-        Binding("e", "export('jsonl')", "Export", tooltip="Export the run as JSONL",
-                id="runs.export_jsonl"),
+        Binding("e", "export('jsonl')", "Export", tooltip="Export the run as JSONL", id="runs.export_jsonl"),
         Binding("p", "export('parquet')", "Parquet", show=False, id="runs.export_parquet"),
         Binding("x", "cancel", "Cancel", tooltip="Cancel the run (asks first)", id="runs.cancel"),
         Binding("u", "resume", "Resume", id="runs.resume"),
@@ -68,9 +68,16 @@ class RunsScreen(TapdeckScreen):
     def compose_body(self) -> Iterable[Widget]:
         runs = DataTable(id="runs-table", cursor_type="row", zebra_stripes=True)
         # Short headers, as the Sessions table's: with the cancelled apart, whole run ids still fit 80.
-        for label, key in (("run", "run"), ("state", "state"), ("done", "done"), ("ok", "ok"),
-                           ("fail", "failed"), ("canc", "cancelled"), ("reward", "reward"),
-                           ("pass", "pass")):
+        for label, key in (
+            ("run", "run"),
+            ("state", "state"),
+            ("done", "done"),
+            ("ok", "ok"),
+            ("fail", "failed"),
+            ("canc", "cancelled"),
+            ("reward", "reward"),
+            ("pass", "pass"),
+        ):
             runs.add_column(label, key=key)
         yield runs
         yield Static("", id="run-header")
@@ -83,8 +90,14 @@ class RunsScreen(TapdeckScreen):
                 yield Static("", id="failures")
             rollouts = DataTable(id="rollouts-table", cursor_type="row")
             # "calls", as the CLI's table says: a turn limit counts the agent's turns, not these.
-            for label, key in (("task", "task"), ("#", "#"), ("phase", "phase"), ("reward", "reward"),
-                               ("calls", "turns"), ("error", "error")):
+            for label, key in (
+                ("task", "task"),
+                ("#", "#"),
+                ("phase", "phase"),
+                ("reward", "reward"),
+                ("calls", "turns"),
+                ("error", "error"),
+            ):
                 rollouts.add_column(label, key=key)
             yield rollouts
 
@@ -119,11 +132,18 @@ class RunsScreen(TapdeckScreen):
 
     def _fill_runs_table(self) -> None:
         id_width = max(RUN_ID_MIN_W, self.size.width - OTHER_RUN_COLUMNS_W)
-        rows = {run.id: (id_tail(run.id, id_width), run.state,
-                         f"{run.counts.done}/{run.counts.total}", str(run.counts.ok),
-                         *map(str, run_outcomes(run)), fmt_reward(run.mean_reward),
-                         fmt_rate(run.pass_rate))
-                for run in self.runs}
+        rows = {
+            run.id: (
+                id_tail(run.id, id_width),
+                run.state,
+                f"{run.counts.done}/{run.counts.total}",
+                str(run.counts.ok),
+                *map(str, run_outcomes(run)),
+                fmt_reward(run.mean_reward),
+                fmt_rate(run.pass_rate),
+            )
+            for run in self.runs
+        }
         with self.app.batch_update():
             show_rows(self.query_one("#runs-table", DataTable), rows)
 
@@ -155,8 +175,10 @@ class RunsScreen(TapdeckScreen):
         another_run = self.detail is None or self.detail.id != detail.id
         self.detail = detail
         plan = detail.plan
-        before = (f"run {detail.id} · {plan.dataset or 'sample'} · {plan.rollout.harness} · "
-                  f"{plan.rollout.sandbox} · ")
+        before = (
+            f"run {detail.id} · {plan.dataset or 'sample'} · {plan.rollout.harness} · "
+            f"{plan.rollout.sandbox} · "
+        )
         after = f" · K={plan.k}"
         # The engine takes the line's room left (the header's padding is 2 cells), never under 16.
         room = max(16, self.size.width - 2 - len(before) - len(after))
@@ -167,22 +189,41 @@ class RunsScreen(TapdeckScreen):
             if another_run:  # its rows from the top, not from the last run's place
                 groups.clear()
                 table.clear()
-            show_rows(groups, {
-                group.task: (clip(group.task, 28), f"{group.done}/{group.total}",
-                             " ".join(fmt_reward(r) for r in group.rewards)[:24],
-                             fmt_reward(group.mean), fmt_rate(group.pass_rate),
-                             bars(histogram(group.rewards, GROUP_BINS)))
-                for group in run_groups(rollouts)})
-            show_rows(table, {
-                r.rollout_id: (clip(r.task, 24), str(r.index), fmt_phase(r, run_going=going),
-                               fmt_reward(r.reward),
-                               str(self._turns(r)), r.error_kind or "")
-                for r in sorted(rollouts, key=lambda r: (r.task, r.index))})
+            show_rows(
+                groups,
+                {
+                    group.task: (
+                        clip(group.task, 28),
+                        f"{group.done}/{group.total}",
+                        " ".join(fmt_reward(r) for r in group.rewards)[:24],
+                        fmt_reward(group.mean),
+                        fmt_rate(group.pass_rate),
+                        bars(histogram(group.rewards, GROUP_BINS)),
+                    )
+                    for group in run_groups(rollouts)
+                },
+            )
+            show_rows(
+                table,
+                {
+                    r.rollout_id: (
+                        clip(r.task, 24),
+                        str(r.index),
+                        fmt_phase(r, run_going=going),
+                        fmt_reward(r.reward),
+                        str(self._turns(r)),
+                        r.error_kind or "",
+                    )
+                    for r in sorted(rollouts, key=lambda r: (r.task, r.index))
+                },
+            )
         self._show_settings(self._selected_rollout())
         # The server's own counts (as the runs table's fail and canc), not recounted from the
         # rollouts: after a resume a rollout running again still carries its old failure.
         self.query_one("#failures", Static).update(
-            f"rewards {reward_line(r.reward for r in rollouts)}\n{failures_line(detail.failures, len(detail.left_out))}")
+            f"rewards {reward_line(r.reward for r in rollouts)}\n"
+            f"{failures_line(detail.failures, len(detail.left_out))}"
+        )
 
     def _turns(self, rollout: RolloutResult) -> int:
         """A rollout's captured turns: live from the App's session board (what Sessions shows),
@@ -204,7 +245,9 @@ class RunsScreen(TapdeckScreen):
         """What the highlighted rollout ran with: the timeouts in force and where each came from."""
         self.query_one("#run-settings", Static).update(
             rollout_settings_line(rollout, self.detail.plan.rollout.harness)
-            if rollout and self.detail else "")
+            if rollout and self.detail
+            else ""
+        )
 
     @on(DataTable.RowHighlighted, "#rollouts-table")
     def _rollout_highlighted(self) -> None:
@@ -221,8 +264,10 @@ class RunsScreen(TapdeckScreen):
         """Open the highlighted rollout's capture session."""
         rollout = self._selected_rollout()
         if rollout is None:
-            self.app.notify("No rollout to open: start a batch on Setup." if not self.runs else
-                            "No rollout highlighted.", severity="warning")
+            self.app.notify(
+                "No rollout to open: start a batch on Setup." if not self.runs else "No rollout highlighted.",
+                severity="warning",
+            )
             return
         if not rollout.session_id:
             self.app.notify("This rollout has no capture session yet.", severity="warning")
@@ -260,10 +305,14 @@ class RunsScreen(TapdeckScreen):
             from tapdeck.app.screen_registry import key_of  # the registry imports this screen
 
             left = run.counts.total - run.counts.done
-            self.app.notify(f"{left} rollout(s) of run {run.id} still to run. Press "
-                            f"{key_of(self.app, 'runs.cancel', self)} again "
-                            f"within {CONFIRM_S:g} s to cancel it.", title="Cancel run?",
-                            severity="warning", timeout=CONFIRM_S)
+            self.app.notify(
+                f"{left} rollout(s) of run {run.id} still to run. Press "
+                f"{key_of(self.app, 'runs.cancel', self)} again "
+                f"within {CONFIRM_S:g} s to cancel it.",
+                title="Cancel run?",
+                severity="warning",
+                timeout=CONFIRM_S,
+            )
             return
         self.cancel_run(run.id)
 
@@ -277,8 +326,9 @@ class RunsScreen(TapdeckScreen):
         if detail.state == "running":
             self.app.notify(f"run {detail.id} is running.", severity="warning")
         elif not left:
-            self.app.notify(f"Nothing to resume: every rollout of run {detail.id} ran to its end.",
-                            severity="warning")
+            self.app.notify(
+                f"Nothing to resume: every rollout of run {detail.id} ran to its end.", severity="warning"
+            )
         else:
             self.resume_run(detail.id, left)
 

@@ -37,9 +37,11 @@ class SessionsScreen(TapdeckScreen):
     HELP = SessionTable.HELP
 
     # Priority: the table's own (hidden) Enter would otherwise hide this one from the footer.
-    BINDINGS = [Binding("enter", "open", "Open rollout", id="sessions.open", show=True, priority=True),
-                Binding("d", "details", "Details", id="sessions.details", show=True),
-                Binding("x", "cancel_rollout", "Cancel rollout", id="sessions.cancel", show=True)]
+    BINDINGS = [
+        Binding("enter", "open", "Open rollout", id="sessions.open", show=True, priority=True),
+        Binding("d", "details", "Details", id="sessions.details", show=True),
+        Binding("x", "cancel_rollout", "Cancel rollout", id="sessions.cancel", show=True),
+    ]
 
     def __init__(self) -> None:
         super().__init__()
@@ -84,8 +86,11 @@ class SessionsScreen(TapdeckScreen):
         states = Counter(board.states())
         total = sum(states.values())
         by_state = " · ".join(f"{n} {s}" for s, n in sorted(states.items()))
-        summary = (f"{total} session{'s' if total != 1 else ''} · {by_state}" if total
-                   else "No capture sessions yet: start a batch on Setup (1).")
+        summary = (
+            f"{total} session{'s' if total != 1 else ''} · {by_state}"
+            if total
+            else "No capture sessions yet: start a batch on Setup (1)."
+        )
         if hidden := self.query_one(SessionTable).hidden():
             summary += f" · {'/'.join(hidden)} hidden (under 80 columns)"
         self.query_one("#sessions-summary", Static).update(summary)
@@ -97,7 +102,8 @@ class SessionsScreen(TapdeckScreen):
         rates = calls_per_second(self.app.board.call_times, now, RATE_BUCKETS, RATE_BUCKET_S)
         self.query_one("#board-rate", Sparkline).data = rates
         self.query_one("#board-rate-span", Static).update(
-            f"last {int(RATE_BUCKETS * RATE_BUCKET_S)} s · now {rates[-1]:.1f} · peak {max(rates):.1f}")
+            f"last {int(RATE_BUCKETS * RATE_BUCKET_S)} s · now {rates[-1]:.1f} · peak {max(rates):.1f}"
+        )
 
     def highlighted(self) -> str | None:
         """The key of the highlighted row (a session id, or a rollout id without a session)."""
@@ -116,8 +122,9 @@ class SessionsScreen(TapdeckScreen):
         if key in self.app.board.entries:
             self.app.open_rollout(key)
         else:
-            self.app.notify("This rollout has no capture session (its harness makes no model calls).",
-                            severity="warning")
+            self.app.notify(
+                "This rollout has no capture session (its harness makes no model calls).", severity="warning"
+            )
 
     @on(DataTable.RowSelected, "#sessions")
     def _row_selected(self, event: DataTable.RowSelected) -> None:
@@ -173,13 +180,23 @@ class SessionsScreen(TapdeckScreen):
             pane.show([PaneLine("session", "none: the table is empty", "muted")], [], "")
             return
         activity = self.activity if self.activity and self.activity.session_id == key else None
-        lines = pane_lines(self.app.board.get(key) if key else None, self.app.board.rollout_of(key), activity,
-                           self.findings if activity else [], self._server_now())
+        lines = pane_lines(
+            self.app.board.get(key) if key else None,
+            self.app.board.rollout_of(key),
+            activity,
+            self.findings if activity else [],
+            self._server_now(),
+        )
         if self.activity_error:
             lines.append(PaneLine("error", self.activity_error, "error"))
-        rates = calls_per_second(activity.recent_ends, self._server_now(), RATE_BUCKETS, RATE_BUCKET_S) \
-            if activity else []
-        pane.show(lines, rates, f"last {int(RATE_BUCKETS * RATE_BUCKET_S)} s · peak {max(rates, default=0):.1f}")
+        rates = (
+            calls_per_second(activity.recent_ends, self._server_now(), RATE_BUCKETS, RATE_BUCKET_S)
+            if activity
+            else []
+        )
+        pane.show(
+            lines, rates, f"last {int(RATE_BUCKETS * RATE_BUCKET_S)} s · peak {max(rates, default=0):.1f}"
+        )
 
     def action_cancel_rollout(self) -> None:
         """Cancel the highlighted rollout: the first press asks, a second one within CONFIRM_S
@@ -199,18 +216,19 @@ class SessionsScreen(TapdeckScreen):
         state = session_state(summary) if summary is not None else rollout_state(rollout)
         if state in ENDED_STATES:
             self._cancel.disarm()
-            self.app.notify(f"rollout {rollout_id} already {state}: nothing to cancel.",
-                            severity="warning")
+            self.app.notify(f"rollout {rollout_id} already {state}: nothing to cancel.", severity="warning")
             return
         if not self._cancel.press(rollout_id, self.app.clock()):
             from tapdeck.app.screen_registry import key_of  # the registry imports this screen
 
-            self.app.notify(f"Press {key_of(self.app, 'sessions.cancel', self)} again within "
-                            f"{CONFIRM_S:g} s to cancel rollout {rollout_id}.",
-                            title="Cancel rollout?", timeout=CONFIRM_S)
+            self.app.notify(
+                f"Press {key_of(self.app, 'sessions.cancel', self)} again within "
+                f"{CONFIRM_S:g} s to cancel rollout {rollout_id}.",
+                title="Cancel rollout?",
+                timeout=CONFIRM_S,
+            )
             return
-        self.run_worker(self._cancel_rollout(run_id, rollout_id), group="cancel-rollout",
-                        exit_on_error=False)
+        self.run_worker(self._cancel_rollout(run_id, rollout_id), group="cancel-rollout", exit_on_error=False)
 
     async def _cancel_rollout(self, run_id: str, rollout_id: str) -> None:
         await self.client.cancel_rollout(run_id, rollout_id)

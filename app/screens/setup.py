@@ -41,9 +41,11 @@ from tapdeck.schema.settings import RolloutSettings
 DEFAULT_ALTERNATIVES = 5
 """Top alternatives per token captured for runs started here (the Rollout screen shows them)."""
 
-SMALL_MODEL_NOTE = ("The embedded engine (SmolLM2-135M) never solves tasks: every reward is 0. It "
-                    "exercises capture and this UI; a bigger engine is one flag away "
-                    "(tapdeck tui --engine URL).")
+SMALL_MODEL_NOTE = (
+    "The embedded engine (SmolLM2-135M) never solves tasks: every reward is 0. It "
+    "exercises capture and this UI; a bigger engine is one flag away "
+    "(tapdeck tui --engine URL)."
+)
 
 
 SETTING_INPUTS: tuple[tuple[str, str, str, str], ...] = (
@@ -77,13 +79,16 @@ def _ok(item: CatalogItem) -> bool:
 TASKS_NONE_TICKED = "Tasks (none ticked = all)"
 PUBLIC_URL_HINT = "where sandboxes that are not on this host reach the proxy"
 
+
 class SetupScreen(TapdeckScreen):
     """The rollout plan editor."""
 
     MODE = "setup"
-    HELP = ("Pick what to run. ✓ = this machine can run it; ✗ = it cannot, and the line below says "
-            "why. In a text field, digits and q are typed as text: esc leaves the field, then the "
-            "screen numbers and q work again.")
+    HELP = (
+        "Pick what to run. ✓ = this machine can run it; ✗ = it cannot, and the line below says "
+        "why. In a text field, digits and q are typed as text: esc leaves the field, then the "
+        "screen numbers and q work again."
+    )
 
     BINDINGS = [
         Binding("ctrl+s", "start", "Start batch", id="setup.start"),
@@ -118,8 +123,7 @@ class SetupScreen(TapdeckScreen):
                 yield Label("Public URL")
                 # Short enough to show whole in the 36 cells the field has at 80 columns; the
                 # line below says what it is for, wrapped.
-                yield Input(placeholder="empty: this server's address", id="public-url",
-                            compact=True)
+                yield Input(placeholder="empty: this server's address", id="public-url", compact=True)
                 yield Static(PUBLIC_URL_HINT, id="why-public-url", classes="why")
                 with Horizontal(id="numbers"):
                     with Vertical():
@@ -132,8 +136,9 @@ class SetupScreen(TapdeckScreen):
                         yield Label("Alternatives")
                         # Shown per token on the Rollout screen; an explicit choice here, as the
                         # engine client asks for none a harness did not ask for.
-                        yield Input(str(DEFAULT_ALTERNATIVES), id="alternatives", type="integer",
-                                    compact=True)
+                        yield Input(
+                            str(DEFAULT_ALTERNATIVES), id="alternatives", type="integer", compact=True
+                        )
                 yield Button("Start batch", id="start", variant="primary", compact=True)
             with Vertical(id="setup-right"):
                 yield Label(TASKS_NONE_TICKED, id="tasks-title")
@@ -147,8 +152,13 @@ class SetupScreen(TapdeckScreen):
                     with Grid(id="settings-grid"):
                         for name, label, kind, placeholder in SETTING_INPUTS:
                             yield Label(label)
-                            yield Input(id=f"set-{name}", placeholder=placeholder, compact=True,
-                                        type=kind, classes="setting")  # type: ignore[arg-type]
+                            yield Input(
+                                id=f"set-{name}",
+                                placeholder=placeholder,
+                                compact=True,
+                                type=kind,
+                                classes="setting",
+                            )  # type: ignore[arg-type]
 
     def on_mount(self) -> None:
         self.action_reload()
@@ -225,11 +235,14 @@ class SetupScreen(TapdeckScreen):
         """The defaults in force on the chosen engine (its context, the output tokens it implies)."""
         engine = self._item("engine")
         context = engine.context_tokens if isinstance(engine, EngineInfo) else None
-        on_engine = (f"on {engine.name}: context {context}, output "
-                     f"{engine.default_output_tokens}" if isinstance(engine, EngineInfo) and context else
-                     "context: the engine's (known when its session opens)")
+        on_engine = (
+            f"on {engine.name}: context {context}, output {engine.default_output_tokens}"
+            if isinstance(engine, EngineInfo) and context
+            else "context: the engine's (known when its session opens)"
+        )
         self.query_one("#settings-defaults", Static).update(
-            f"Empty = default ({on_engine}); refused if it does not fit the engine.")
+            f"Empty = default ({on_engine}); refused if it does not fit the engine."
+        )
 
     @on(Collapsible.Expanded, "#rollout-settings")
     @on(Collapsible.Collapsed, "#rollout-settings")
@@ -241,8 +254,7 @@ class SetupScreen(TapdeckScreen):
     def _recall_settings(self) -> None:
         """Fill the settings with what this harness last ran with from here (empty otherwise)."""
         harness = self.query_one("#harness", Select).value
-        remembered = self.app.settings.rollout.get(str(harness), {}) if hasattr(
-            self.app, "settings") else {}
+        remembered = self.app.settings.rollout.get(str(harness), {}) if hasattr(self.app, "settings") else {}
         for name, *_ in SETTING_INPUTS:
             value = remembered.get(name)
             if name == "harness_kwargs" and value is not None:
@@ -254,11 +266,11 @@ class SetupScreen(TapdeckScreen):
     def _title_settings(self) -> None:
         """The settings' title says how many are set (for the harness picked), as typed now."""
         harness = self.query_one("#harness", Select).value
-        count = sum(bool(self.query_one(f"#set-{name}", Input).value.strip())
-                    for name, *_ in SETTING_INPUTS)
+        count = sum(bool(self.query_one(f"#set-{name}", Input).value.strip()) for name, *_ in SETTING_INPUTS)
         whose = f" for {harness}" if isinstance(harness, str) else ""
         self.query_one("#rollout-settings", Collapsible).title = (
-            f"Rollout settings ({count} set{whose})" if count else "Rollout settings (defaults)")
+            f"Rollout settings ({count} set{whose})" if count else "Rollout settings (defaults)"
+        )
 
     def rollout_settings(self) -> tuple[dict[str, Any], float | None]:
         """The settings typed here (only those set) and the hard limit; ValueError naming a field."""
@@ -268,11 +280,13 @@ class SetupScreen(TapdeckScreen):
             if not text:
                 continue
             try:
-                raw[name] = (json.loads(text) if kind == "text" else
-                             int(text) if kind == "integer" else float(text))
+                raw[name] = (
+                    json.loads(text) if kind == "text" else int(text) if kind == "integer" else float(text)
+                )
             except ValueError:
-                raise ValueError(f"{name} ({label}): {text!r} is not "
-                                 f"{'JSON' if kind == 'text' else 'a ' + kind}") from None
+                raise ValueError(
+                    f"{name} ({label}): {text!r} is not {'JSON' if kind == 'text' else 'a ' + kind}"
+                ) from None
         timeout = raw.pop("timeout_s", None)
         if timeout is not None and timeout <= 0:
             raise ValueError("timeout_s (Hard s): must be greater than 0")
@@ -289,15 +303,19 @@ class SetupScreen(TapdeckScreen):
             return None
         value = self.query_one(f"#{kind}", Select).value
         items: Sequence[CatalogItem] = {
-            "dataset": self.catalog.datasets, "harness": self.catalog.harnesses,
-            "sandbox": self.catalog.sandboxes, "engine": self.catalog.engines}[kind]
+            "dataset": self.catalog.datasets,
+            "harness": self.catalog.harnesses,
+            "sandbox": self.catalog.sandboxes,
+            "engine": self.catalog.engines,
+        }[kind]
         return next((i for i in items if i.name == value), None)
 
     def _why(self, kind: str, item: CatalogItem | None) -> tuple[bool, str]:
         """(can run, a line saying so or why not)."""
         if item is None:
-            return False, ("nothing chosen: pick one" if self.catalog
-                           else "nothing to choose (catalog not loaded)")
+            return False, (
+                "nothing chosen: pick one" if self.catalog else "nothing to choose (catalog not loaded)"
+            )
         if isinstance(item, DatasetInfo):
             if item.error:
                 return False, f"✗ {item.error}"
@@ -313,8 +331,11 @@ class SetupScreen(TapdeckScreen):
         if isinstance(item, HarnessInfo):
             extra = f"{item.placement}, {'validated' if item.validated else 'not validated'}"
             return ok, (f"✓ {extra}" if ok else f"✗ {detail or 'not available'}") + (
-                f" · {detail}" if ok and detail else "")
-        return ok, (f"✓ {detail}" if ok and detail else "✓ available") if ok else f"✗ {detail or 'not available'}"
+                f" · {detail}" if ok and detail else ""
+            )
+        return ok, (
+            f"✓ {detail}" if ok and detail else "✓ available"
+        ) if ok else f"✗ {detail or 'not available'}"
 
     def _engine_unused(self) -> str | None:
         """The picked harness's name when it calls no model (oracle, nop): no engine is used, so
@@ -327,18 +348,19 @@ class SetupScreen(TapdeckScreen):
     def _show_why(self, kind: str) -> None:
         if kind == "engine" and (harness := self._engine_unused()) is not None:
             self.query_one("#why-engine", Static).update(
-                Content.styled(f"not used: {harness} calls no model", "$text-muted"))
+                Content.styled(f"not used: {harness} calls no model", "$text-muted")
+            )
             return
         ok, text = self._why(kind, self._item(kind))
-        self.query_one(f"#why-{kind}", Static).update(
-            Content.styled(text, "$success" if ok else "$error"))
+        self.query_one(f"#why-{kind}", Static).update(Content.styled(text, "$success" if ok else "$error"))
 
     def _show_dataset(self) -> None:
         path = self.query_one("#dataset-path", Input).value.strip()
         if path:
             # A typed path wins over the picker: the hint must not vouch for the picked dataset.
-            self.query_one("#why-dataset", Static).update(Content.styled(
-                f"{path}: checked by the server when the batch starts", "$text-muted"))
+            self.query_one("#why-dataset", Static).update(
+                Content.styled(f"{path}: checked by the server when the batch starts", "$text-muted")
+            )
         else:
             self._show_why("dataset")
         item = self._item("dataset")
@@ -389,7 +411,8 @@ class SetupScreen(TapdeckScreen):
         # The tick glyph differs only by colour, which a plain or remote terminal may not show.
         ticked, total = len(event.selection_list.selected), event.selection_list.option_count
         self.query_one("#tasks-title", Label).update(
-            f"Tasks ({ticked} of {total} ticked)" if ticked else TASKS_NONE_TICKED)
+            f"Tasks ({ticked} of {total} ticked)" if ticked else TASKS_NONE_TICKED
+        )
 
     @on(SelectionList.SelectionHighlighted, "#tasks")
     def _task_highlighted(self, event: SelectionList.SelectionHighlighted) -> None:
@@ -417,8 +440,11 @@ class SetupScreen(TapdeckScreen):
             if not ok:
                 raise ValueError(f"dataset {dataset} cannot be used: {why.lstrip('✗ ')}")
         numbers = {}
-        for name, label, low, high in (("k", "K", 1, MAX_K), ("concurrency", "concurrency", 1, MAX_CONCURRENCY),
-                                       ("alternatives", "alternatives", 0, 20)):
+        for name, label, low, high in (
+            ("k", "K", 1, MAX_K),
+            ("concurrency", "concurrency", 1, MAX_CONCURRENCY),
+            ("alternatives", "alternatives", 0, 20),
+        ):
             raw = self.query_one(f"#{name}", Input).value.strip()
             if not raw.isdigit() or not low <= int(raw) <= high:
                 raise ValueError(f"{label} must be a whole number from {low} to {high}")
@@ -431,13 +457,21 @@ class SetupScreen(TapdeckScreen):
         engine = self.query_one("#engine", Select).value
         if not isinstance(engine, str):  # no engine picked: only a harness that calls none gets here
             engine = RolloutTemplate.model_fields["engine"].default
-        return RunPlan(dataset=str(dataset), tasks=ticked or None,
-                       k=numbers["k"], concurrency=numbers["concurrency"], rollout=RolloutTemplate(
-                           harness=str(self.query_one("#harness", Select).value),
-                           sandbox=str(self.query_one("#sandbox", Select).value),
-                           engine=engine,
-                           alternatives=numbers["alternatives"], public_url=public_url,
-                           settings=RolloutSettings.model_validate(settings), timeout_s=timeout))
+        return RunPlan(
+            dataset=str(dataset),
+            tasks=ticked or None,
+            k=numbers["k"],
+            concurrency=numbers["concurrency"],
+            rollout=RolloutTemplate(
+                harness=str(self.query_one("#harness", Select).value),
+                sandbox=str(self.query_one("#sandbox", Select).value),
+                engine=engine,
+                alternatives=numbers["alternatives"],
+                public_url=public_url,
+                settings=RolloutSettings.model_validate(settings),
+                timeout_s=timeout,
+            ),
+        )
 
     def action_start(self) -> None:
         """Start a batch with the current choices."""
@@ -469,21 +503,30 @@ class SetupScreen(TapdeckScreen):
             if last.state == "running" and not self._repeat.press(last.id, self.app.clock()):
                 from tapdeck.app.screen_registry import key_of  # the registry imports this screen
 
-                self.app.notify(f"run {last.id} with this same plan is still running "
-                                f"({last.counts.done}/{last.counts.total} done). Press "
-                                f"{key_of(self.app, 'setup.start', self)} again within "
-                                f"{CONFIRM_S:g} s to start another.", title="Start it twice?",
-                                severity="warning", timeout=CONFIRM_S)
+                self.app.notify(
+                    f"run {last.id} with this same plan is still running "
+                    f"({last.counts.done}/{last.counts.total} done). Press "
+                    f"{key_of(self.app, 'setup.start', self)} again within "
+                    f"{CONFIRM_S:g} s to start another.",
+                    title="Start it twice?",
+                    severity="warning",
+                    timeout=CONFIRM_S,
+                )
                 return
         run = await self.client.start_run(plan)
         self._last_start = (plan, run.id)
-        self.app.notify(f"run {run.id} started: {run.counts.total} "
-                        f"rollout{'' if run.counts.total == 1 else 's'}",
-                        title="Batch started")
+        self.app.notify(
+            f"run {run.id} started: {run.counts.total} rollout{'' if run.counts.total == 1 else 's'}",
+            title="Batch started",
+        )
         if run.left_out:
             # Harbor drops these folders without a word: say which, and why, once.
-            self.app.notify("\n".join(run.left_out), severity="warning", timeout=20,
-                            title=f"{len(run.left_out)} task folder{'' if len(run.left_out) == 1 else 's'}"
-                                  " left out: not tasks Harbor can run")
+            self.app.notify(
+                "\n".join(run.left_out),
+                severity="warning",
+                timeout=20,
+                title=f"{len(run.left_out)} task folder{'' if len(run.left_out) == 1 else 's'}"
+                " left out: not tasks Harbor can run",
+            )
         self.app.post_message(RunsChanged())
         self.app.switch_mode("sessions")

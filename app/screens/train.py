@@ -13,11 +13,11 @@ import shlex
 import time
 from collections.abc import Iterable
 
+from rich.text import Text
 from textual import on, work
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widget import Widget
-from rich.text import Text
 from textual.widgets import Button, DataTable, Input, RichLog, Select, Static
 
 from tapdeck.app.client import ApiError
@@ -37,8 +37,12 @@ from tapdeck.schema.train import (
 PANELS: dict[str, tuple[str, ...]] = {
     "reward": ("train/reward", "train/reward_std"),
     "loss": ("train/loss",),
-    "kl/clip": ("train/kl", "train/clip_ratio/region_mean", "train/clip_ratio/low_mean",
-                "train/clip_ratio/high_mean"),
+    "kl/clip": (
+        "train/kl",
+        "train/clip_ratio/region_mean",
+        "train/clip_ratio/low_mean",
+        "train/clip_ratio/high_mean",
+    ),
     "tokens/s": ("train/perf/trained_tok_s_wall_clock", "train/rollout/sampled_tok_s"),
     "tokens/step": ("train/batch/trained_tokens_per_step",),
 }
@@ -58,13 +62,15 @@ class TrainScreen(TapdeckScreen):
     """Launch a training recipe on the server; live log and metric plots; stop it."""
 
     MODE = "train"
-    HELP = ("Train: choose a recipe (and, for data-check, a rollout run), extra recipe arguments "
-            "if any, then l (or Launch): the recipe runs on the server's machine. The jobs table "
-            "lists the server's training jobs, newest first: the highlighted one's log and plots "
-            "show below. s stops it "
-            "(SIGTERM, then SIGKILL of its process group). p cycles the plot: reward, loss, "
-            "KL/clip, tokens/s, tokens/step. data-check only checks and scores rows; cpu-grpo trains SmolLM2 "
-            "here (minutes per step); grpo-trl needs a GPU box with vLLM.")
+    HELP = (
+        "Train: choose a recipe (and, for data-check, a rollout run), extra recipe arguments "
+        "if any, then l (or Launch): the recipe runs on the server's machine. The jobs table "
+        "lists the server's training jobs, newest first: the highlighted one's log and plots "
+        "show below. s stops it "
+        "(SIGTERM, then SIGKILL of its process group). p cycles the plot: reward, loss, "
+        "KL/clip, tokens/s, tokens/step. data-check only checks and scores rows; cpu-grpo trains SmolLM2 "
+        "here (minutes per step); grpo-trl needs a GPU box with vLLM."
+    )
 
     BINDINGS = [
         Binding("l", "launch", "Launch", id="train.launch"),
@@ -112,17 +118,24 @@ class TrainScreen(TapdeckScreen):
         yield Input(placeholder="recipe arguments, e.g. --steps 2", id="train-args", compact=True)
         yield Static("", id="train-state")
         jobs = DataTable(id="train-jobs", cursor_type="row")
-        for label, key in (("job", "job"), ("recipe", "recipe"), ("state", "state"),
-                           ("started", "started")):
+        for label, key in (("job", "job"), ("recipe", "recipe"), ("state", "state"), ("started", "started")):
             jobs.add_column(label, key=key)
         yield jobs
         from tapdeck.app.screen_registry import key_of  # the registry imports this screen
 
-        yield Static(f"no training jobs yet: pick a recipe above and press "
-                     f"{key_of(self.app, 'train.launch', self)} (Launch) to start one", id="train-no-jobs")
+        yield Static(
+            f"no training jobs yet: pick a recipe above and press "
+            f"{key_of(self.app, 'train.launch', self)} (Launch) to start one",
+            id="train-no-jobs",
+        )
         with Vertical(id="train-body"):
-            yield Select([(name, name) for name in PANELS], value=self.panel, allow_blank=False,
-                         id="train-panel", compact=True)
+            yield Select(
+                [(name, name) for name in PANELS],
+                value=self.panel,
+                allow_blank=False,
+                id="train-panel",
+                compact=True,
+            )
             yield MetricPlot(id="train-plot")
             # Wrapped: a recipe's long lines (paths, tracebacks) must read whole at 80 columns.
             yield RichLog(id="train-log", max_lines=2000, wrap=True)
@@ -178,8 +191,10 @@ class TrainScreen(TapdeckScreen):
         self.jobs = sorted(known.values(), key=lambda j: j.started_at, reverse=True)
         # No jobs: a line saying how to start one, not the table's bare header.
         self.set_class(not self.jobs, "-no-jobs")
-        show_rows(self.query_one("#train-jobs", DataTable),
-                  {j.id: (j.id, j.recipe, j.state, fmt_started(j.started_at)) for j in self.jobs})
+        show_rows(
+            self.query_one("#train-jobs", DataTable),
+            {j.id: (j.id, j.recipe, j.state, fmt_started(j.started_at)) for j in self.jobs},
+        )
 
     def _poll_jobs(self) -> None:
         live = self._live_job()
@@ -274,21 +289,29 @@ class TrainScreen(TapdeckScreen):
     @on(Button.Pressed, "#train-launch")
     def action_launch(self) -> None:
         if (live := self._live_job()) is not None:
-            self.notify(f"training job {live.id} ({live.recipe}) is already running; stop it first",
-                        severity="warning")
+            self.notify(
+                f"training job {live.id} ({live.recipe}) is already running; stop it first",
+                severity="warning",
+            )
             return
         name = self.query_one("#train-recipe", Select).value
         recipe = self.recipes.get(str(name))
         if recipe is None:
-            self.notify("no recipe chosen: pick one" if self.recipes
-                        else "no recipe to launch: the server lists none", severity="warning")
+            self.notify(
+                "no recipe chosen: pick one"
+                if self.recipes
+                else "no recipe to launch: the server lists none",
+                severity="warning",
+            )
             return
         if not recipe.available:
             # As the server reports it (a GPU recipe on a machine without GPUs, a training
             # environment not made): a launch would only be refused, after a round trip.
             self._state(f"{recipe.name} did not start: {recipe.why}")
-            self.notify(f"{recipe.name} cannot start on the server's machine: {recipe.why} "
-                        "(r checks again)", severity="warning")
+            self.notify(
+                f"{recipe.name} cannot start on the server's machine: {recipe.why} (r checks again)",
+                severity="warning",
+            )
             return
         try:
             args = shlex.split(self.query_one("#train-args", Input).value)
@@ -303,9 +326,11 @@ class TrainScreen(TapdeckScreen):
         going = self._rollout_runs.get(run_id) if run_id else None
         if going is not None and going.state == "running":
             # Allowed (a first look at a long batch), but it reads only what has finished so far.
-            self.notify(f"run {run_id} is still going: {recipe.name} reads the "
-                        f"{going.counts.done} of {going.counts.total} rollouts done so far",
-                        severity="warning")
+            self.notify(
+                f"run {run_id} is still going: {recipe.name} reads the "
+                f"{going.counts.done} of {going.counts.total} rollouts done so far",
+                severity="warning",
+            )
         self.launch(recipe.name, run_id, args)
 
     @work(group="train-launch", exclusive=True, exit_on_error=False)
@@ -415,4 +440,5 @@ class TrainScreen(TapdeckScreen):
         else:
             title = f"{self.panel}: nothing logged yet"
         self.query_one("#train-plot", MetricPlot).show(
-            {name.removeprefix("train/"): self.points[name] for name in shown}, title)
+            {name.removeprefix("train/"): self.points[name] for name in shown}, title
+        )

@@ -30,8 +30,10 @@ def describe_error(error: BaseException) -> str:
     if isinstance(error.__cause__, httpx.TransportError):
         return "the tapdeck server is not reachable; is it running?"
     if error.kind == "auth":
-        return ("the server rejected the admin key: pass the key from the server's "
-                "<data-dir>/admin.key with --admin-key")
+        return (
+            "the server rejected the admin key: pass the key from the server's "
+            "<data-dir>/admin.key with --admin-key"
+        )
     if error.kind == "bad_reply":
         return "the server's reply is not tapdeck's: is it a tapdeck server of the same version?"
     return error.message  # raised by the TUI itself, in words already (a closed event stream)

@@ -72,11 +72,20 @@ class LiveGraph:
 
 def rollout_nodes(turns: Iterable[GraphTurn]) -> dict[int, TurnNode]:
     """The tree's nodes from turn headers, keyed by seq, with children lists filled in."""
-    nodes = {turn.seq: TurnNode(seq=turn.seq, parent=turn.parent, kind=turn.link_kind,
-                                role=turn.role, discarded=turn.role == "discarded",
-                                finish_reason=turn.finish_reason, new_tokens=turn.sampled_len,
-                                findings=list(turn.findings), mode=turn.token_in)
-             for turn in turns}
+    nodes = {
+        turn.seq: TurnNode(
+            seq=turn.seq,
+            parent=turn.parent,
+            kind=turn.link_kind,
+            role=turn.role,
+            discarded=turn.role == "discarded",
+            finish_reason=turn.finish_reason,
+            new_tokens=turn.sampled_len,
+            findings=list(turn.findings),
+            mode=turn.token_in,
+        )
+        for turn in turns
+    }
     for node in nodes.values():
         if node.parent is not None and node.parent in nodes:
             nodes[node.parent].children.append(node.seq)
@@ -89,8 +98,11 @@ def capture_mode_text(meta: Mapping[str, Any]) -> str:
     """The Rollout screen's words for a turn's capture mode ("" outside token-in mode)."""
     record = meta.get("capture_mode") or {}
     if record.get("mode") == "ids":
-        same = "same ids as text" if record.get("same") else \
-            f"text path would differ from offset {record.get('diverge_at')}"
+        same = (
+            "same ids as text"
+            if record.get("same")
+            else f"text path would differ from offset {record.get('diverge_at')}"
+        )
         return f"token-in from #{record.get('extends')} ({same})"
     if record.get("mode") == "text":
         return f"text (fell back: {record.get('reason', '?')})"

@@ -85,8 +85,9 @@ def failures_line(failures: Mapping[str, int], left_out: int = 0) -> str:
     """`failures: timeout 2, not_ok 1 · cancelled 1 · 1 task folder left out`: failures by cause,
     most first, the cancelled rollouts apart from them, and the dataset's folders that were not
     tasks Harbor could run (so never rollouts)."""
-    failed = sorted(((kind, n) for kind, n in failures.items() if kind != "cancelled"),
-                    key=lambda item: -item[1])
+    failed = sorted(
+        ((kind, n) for kind, n in failures.items() if kind != "cancelled"), key=lambda item: -item[1]
+    )
     line = "failures: " + (", ".join(f"{kind} {n}" for kind, n in failed) if failed else "none")
     cancelled = failures.get("cancelled", 0)
     if cancelled:
@@ -133,6 +134,5 @@ def rollout_settings_line(rollout: RolloutResult, harness: str) -> str:
     name = f"{rollout.task} #{rollout.index}"
     if rollout.settings is None:
         return f"{name}: settings not resolved (resolved when its capture session opens)"
-    tense = ("ran" if rollout.phase in ENDED_PHASES else
-             "will run" if rollout.phase == "queued" else "runs")
+    tense = "ran" if rollout.phase in ENDED_PHASES else "will run" if rollout.phase == "queued" else "runs"
     return f"{name} {tense} with: {ran_with(rollout.settings, harness)}"

@@ -16,14 +16,23 @@ from tapdeck.schema.sessions import SessionSummary
 IDLE_AFTER_S = 60.0
 
 SESSION_COLUMNS: tuple[tuple[str, str, int], ...] = (  # key, header, width (fits 80 columns)
-    ("session", "session", 8), ("task", "task", 12), ("state", "state", 11), ("turns", "turn", 4),
-    ("roots", "root", 4), ("forks", "fork", 4), ("tokens", "tokens", 6), ("idle", "idle", 5),
+    ("session", "session", 8),
+    ("task", "task", 12),
+    ("state", "state", 11),
+    ("turns", "turn", 4),
+    ("roots", "root", 4),
+    ("forks", "fork", 4),
+    ("tokens", "tokens", 6),
+    ("idle", "idle", 5),
     ("reward", "reward", 6),
 )
 
 WIDE_COLUMNS: tuple[tuple[str, str, int], ...] = (  # shown from WIDE_AT columns on
-    ("harness", "harness", 12), ("run", "run", 24), ("elapsed", "elapsed", 7),
-    ("rate", "calls/min", 9), ("finish", "last finish", 11),
+    ("harness", "harness", 12),
+    ("run", "run", 24),
+    ("elapsed", "elapsed", 7),
+    ("rate", "calls/min", 9),
+    ("finish", "last finish", 11),
 )
 WIDE_AT = 120
 """Terminal width from which the session table shows WIDE_COLUMNS too."""
@@ -42,8 +51,13 @@ def session_state(summary: SessionSummary) -> str:
     """A person's word for where a session is, from the runner's `phase` metadata and its turns."""
     phase = summary.metadata.get("phase")
     ended = phase == "done" or summary.state == "closed"
-    state = _state(phase, ended=ended, fatal=summary.fatal > 0, turns=summary.turns,
-                   cancelled=summary.metadata.get("error_kind") == "cancelled")
+    state = _state(
+        phase,
+        ended=ended,
+        fatal=summary.fatal > 0,
+        turns=summary.turns,
+        cancelled=summary.metadata.get("error_kind") == "cancelled",
+    )
     # Its server stopped before it ended: it will never call again, so never a live word.
     return "interrupted" if summary.state == "interrupted" and state not in ENDED_STATES else state
 
@@ -52,8 +66,9 @@ def rollout_state(rollout: RolloutResult) -> str:
     """The same word for a rollout that has no capture session (its phase is all there is)."""
     ended = rollout.phase in ENDED_PHASES
     phase = "failed" if rollout.phase == "done" and not rollout.ok else rollout.phase
-    return _state(phase, ended=ended, fatal=False, turns=rollout.turns,
-                  cancelled=rollout.error_kind == "cancelled")
+    return _state(
+        phase, ended=ended, fatal=False, turns=rollout.turns, cancelled=rollout.error_kind == "cancelled"
+    )
 
 
 def _state(phase: Any, *, ended: bool, fatal: bool, turns: int, cancelled: bool) -> str:
@@ -76,9 +91,17 @@ def _state(phase: Any, *, ended: bool, fatal: bool, turns: int, cancelled: bool)
 ENDED_STATES = ("finished", "failed", "cancelled", "interrupted")
 """The states of a rollout that is over (nothing left to cancel)."""
 
-STATE_TONES = {"failed": "error", "finished": "success", "cancelled": "warning", "running": "accent",
-               "verifying": "accent", "booting": "muted", "no call yet": "warning", "queued": "muted",
-               "interrupted": "warning"}
+STATE_TONES = {
+    "failed": "error",
+    "finished": "success",
+    "cancelled": "warning",
+    "running": "accent",
+    "verifying": "accent",
+    "booting": "muted",
+    "no call yet": "warning",
+    "queued": "muted",
+    "interrupted": "warning",
+}
 
 
 def fmt_phase(rollout: RolloutResult, *, run_going: bool = True) -> str:
@@ -134,8 +157,9 @@ class SessionBoard:
 
     def run_ended(self, run_id: str) -> None:
         """A run ended: its rollouts that had not ended (queued ones never started) leave the board."""
-        self.rollouts = {rid: r for rid, r in self.rollouts.items()
-                         if r.run_id != run_id or r.phase in ENDED_PHASES}
+        self.rollouts = {
+            rid: r for rid, r in self.rollouts.items() if r.run_id != run_id or r.phase in ENDED_PHASES
+        }
         self.version += 1
 
     def sessionless(self) -> dict[str, RolloutResult]:
@@ -143,8 +167,11 @@ class SessionBoard:
         # A session names its rollout in its metadata from the moment it opens, while the
         # rollout's own session id comes later from the runs side: match on either.
         listed = {e.summary.metadata.get("rollout_id") for e in self.entries.values()}
-        return {rid: r for rid, r in self.rollouts.items()
-                if rid not in listed and not (r.session_id and r.session_id in self.entries)}
+        return {
+            rid: r
+            for rid, r in self.rollouts.items()
+            if rid not in listed and not (r.session_id and r.session_id in self.entries)
+        }
 
     def rollout_of(self, key: str | None) -> RolloutResult | None:
         """The rollout of a table row: by session id (the rule `sessionless` matches by), or the
@@ -182,16 +209,16 @@ class SessionBoard:
     def rows(self, now: float) -> dict[str, tuple[Cell, ...]]:
         """One row of cells per session (and per sessionless rollout), oldest first."""
         keyed: list[tuple[float, str, tuple[Cell, ...]]] = [
-            (entry.summary.created_at, sid, self._row(sid, entry, now))
-            for sid, entry in self.entries.items()]
-        keyed += [(r.started_at or 0, rid, self._rollout_row(r))
-                  for rid, r in self.sessionless().items()]
+            (entry.summary.created_at, sid, self._row(sid, entry, now)) for sid, entry in self.entries.items()
+        ]
+        keyed += [(r.started_at or 0, rid, self._rollout_row(r)) for rid, r in self.sessionless().items()]
         return {key: row for _, key, row in sorted(keyed, key=lambda item: (item[0], item[1]))}
 
     def states(self) -> list[str]:
         """The state of every row (for the summary line)."""
-        return ([session_state(e.summary) for e in self.entries.values()]
-                + [rollout_state(r) for r in self.sessionless().values()])
+        return [session_state(e.summary) for e in self.entries.values()] + [
+            rollout_state(r) for r in self.sessionless().values()
+        ]
 
     def _rollout_row(self, rollout: RolloutResult) -> tuple[Cell, ...]:
         state = rollout_state(rollout)
@@ -199,9 +226,16 @@ class SessionBoard:
             ("(none)", "muted"),
             (clip(rollout.task, 12) or "–", ""),
             (state, STATE_TONES.get(state, "")),
-            (str(rollout.turns), ""), ("–", ""), ("–", ""), ("–", ""), ("–", ""),
+            (str(rollout.turns), ""),
+            ("–", ""),
+            ("–", ""),
+            ("–", ""),
+            ("–", ""),
             (fmt_reward(rollout.reward), ""),
-            (clip(rollout.harness or "–", 12), ""), (rollout.run_id or "–", ""), ("–", ""), ("–", ""),
+            (clip(rollout.harness or "–", 12), ""),
+            (rollout.run_id or "–", ""),
+            ("–", ""),
+            ("–", ""),
             ("–", ""),
         )
 
@@ -231,9 +265,13 @@ class SessionBoard:
         elapsed = session_elapsed(s, max(0.0, now - entry.received))
         rate = f"{s.turns / (elapsed / 60):.1f}" if elapsed and s.turns else "–"
         finish = self.finish_reasons.get(sid)
-        return ((clip(str(s.metadata.get("harness") or "–"), 12), ""), (str(s.metadata.get("run_id") or "–"), ""),
-                ("–" if elapsed is None else f"{int(elapsed)}", ""), (rate, ""),
-                (finish or "–", "warning" if finish == "length" else ""))
+        return (
+            (clip(str(s.metadata.get("harness") or "–"), 12), ""),
+            (str(s.metadata.get("run_id") or "–"), ""),
+            ("–" if elapsed is None else f"{int(elapsed)}", ""),
+            (rate, ""),
+            (finish or "–", "warning" if finish == "length" else ""),
+        )
 
 
 def session_elapsed(summary: SessionSummary, since_received: float) -> float | None:
@@ -266,6 +304,7 @@ def diff_rows(old: Mapping[str, tuple], new: Mapping[str, tuple]) -> RowDiff:
         if before is None:
             added.append((key, row))
             continue
-        changed.extend((key, i, cell) for i, (cell, prev) in enumerate(zip(row, before, strict=False))
-                       if cell != prev)
+        changed.extend(
+            (key, i, cell) for i, (cell, prev) in enumerate(zip(row, before, strict=False)) if cell != prev
+        )
     return RowDiff(removed, added, changed)

@@ -28,13 +28,13 @@ def short_id(value: str | None, width: int = 8) -> str:
 
 def clip(value: str, width: int) -> str:
     """`value` when it fits in `width`, else its start and an ellipsis: a cut name says it is cut."""
-    return value if len(value) <= width else value[:width - 1] + "…"
+    return value if len(value) <= width else value[: width - 1] + "…"
 
 
 def id_tail(value: str, width: int) -> str:
     """The whole id when it fits in `width`, else its end: ids that share a prefix (run ids start
     with their date) differ at the end."""
-    return value if len(value) <= width else "…" + value[len(value) - width + 1:]
+    return value if len(value) <= width else "…" + value[len(value) - width + 1 :]
 
 
 PHRASE_SEP = " · "
@@ -51,8 +51,7 @@ def phrase_lines(phrases: Iterable[str], width: int) -> list[str]:
     for phrase in filter(None, phrases):
         if not lines:
             lines.append(phrase)
-        elif (cell_len(lines[-1] + PHRASE_SEP + phrase) <= width
-              or cell_len(lead + phrase) > width):
+        elif cell_len(lines[-1] + PHRASE_SEP + phrase) <= width or cell_len(lead + phrase) > width:
             lines[-1] += PHRASE_SEP + phrase
         else:
             lines.append(lead + phrase)

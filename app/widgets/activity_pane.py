@@ -11,8 +11,13 @@ from textual.widgets import Sparkline, Static
 from tapdeck.app.stuck_view import PaneLine
 from tapdeck.app.widgets.labelled_fields import LabelledFields, LabelledFieldsText
 
-TONE_STYLES = {"error": "bold $error", "accent": "$accent", "warning": "$warning", "muted": "dim",
-               "": "$foreground"}
+TONE_STYLES = {
+    "error": "bold $error",
+    "accent": "$accent",
+    "warning": "$warning",
+    "muted": "dim",
+    "": "$foreground",
+}
 LABEL_WIDTH = 14
 
 
@@ -20,10 +25,12 @@ class ActivityPane(VerticalScroll):
     """`show(lines)` replaces what the pane says (labels in a column, texts as literal text beside
     them: a text's continuation lines stay in its column)."""
 
-    HELP = ("The highlighted session's rollout: its phases and how long each took, the model call in "
-            "flight and its age (60 s or more is highlighted), the last assistant message and tool "
-            "call, the tail of what the agent was shown last, and findings. d hides it; x (twice) "
-            "cancels the rollout: its sandbox is torn down, its capture kept, its result 'cancelled'.")
+    HELP = (
+        "The highlighted session's rollout: its phases and how long each took, the model call in "
+        "flight and its age (60 s or more is highlighted), the last assistant message and tool "
+        "call, the tail of what the agent was shown last, and findings. d hides it; x (twice) "
+        "cancels the rollout: its sandbox is torn down, its capture kept, its result 'cancelled'."
+    )
 
     DEFAULT_CSS = """
     ActivityPane { height: 45%; border-top: solid $primary; padding: 0 1; display: none; }

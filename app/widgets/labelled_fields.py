@@ -35,7 +35,8 @@ class LabelledFields(Visual):
             self._laid_out[width] = Content("\n").join(
                 Content.styled(f"{label:<{self.label_width}}", self.label_style)
                 + indent.join(self._lines(text, width))
-                for label, text in self.fields)
+                for label, text in self.fields
+            )
         return self._laid_out[width]
 
     def _lines(self, text: Content, width: int | None) -> list[Content]:
@@ -46,8 +47,9 @@ class LabelledFields(Visual):
     def __str__(self) -> str:
         return self.laid_out(None).plain
 
-    def render_strips(self, width: int, height: int | None, style: Style,
-                      options: RenderOptions) -> list[Strip]:
+    def render_strips(
+        self, width: int, height: int | None, style: Style, options: RenderOptions
+    ) -> list[Strip]:
         """Part of the Visual protocol: the fields laid out for `width`."""
         return self.laid_out(width).render_strips(width, height, style, options)
 

@@ -27,8 +27,9 @@ class Phrases(Visual):
     def _content(self, width: int) -> Content:
         return Content("\n".join(phrase_lines(self.phrases, width)))
 
-    def render_strips(self, width: int, height: int | None, style: Style,
-                      options: RenderOptions) -> list[Strip]:
+    def render_strips(
+        self, width: int, height: int | None, style: Style, options: RenderOptions
+    ) -> list[Strip]:
         return self._content(width).render_strips(width, height, style, options)
 
     def get_optimal_width(self, rules: RulesMap, container_width: int) -> int:

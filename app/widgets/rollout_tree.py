@@ -25,12 +25,14 @@ from tapdeck.schema.findings import Level
 class RolloutTree(Tree[int]):
     """Nodes carry the turn's seq as data."""
 
-    HELP = ("The rollout graph: each node is one model call. A chain of calls, each continuing the "
-            "one above, is listed flat under its first call; a fork (calls continuing the same one) "
-            "nests its branches. "
-            "A label reads number, findings (!warn/!fatal), link kind, finish, then role "
-            "(auxiliary/discarded; an agent turn shows none); ≈retok = linked despite a "
-            "re-tokenisation break; a long label ends in …. Enter/click a turn to see its tokens.")
+    HELP = (
+        "The rollout graph: each node is one model call. A chain of calls, each continuing the "
+        "one above, is listed flat under its first call; a fork (calls continuing the same one) "
+        "nests its branches. "
+        "A label reads number, findings (!warn/!fatal), link kind, finish, then role "
+        "(auxiliary/discarded; an agent turn shows none); ≈retok = linked despite a "
+        "re-tokenisation break; a long label ends in …. Enter/click a turn to see its tokens."
+    )
 
     def __init__(self, **kwargs) -> None:
         super().__init__("rollout", data=None, **kwargs)
@@ -83,8 +85,11 @@ class RolloutTree(Tree[int]):
             return depths[seq]
 
         self._widths = {seq: turn_label_width(depth(seq)) for seq in nodes}
-        structure_changed = any(self._seq_parents.get(seq, place) != place
-                                for seq, place in places.items() if seq in self._seq_parents)
+        structure_changed = any(
+            self._seq_parents.get(seq, place) != place
+            for seq, place in places.items()
+            if seq in self._seq_parents
+        )
         structure_changed |= any(seq not in nodes for seq in self._seq_nodes)
         if structure_changed:
             self.clear()
@@ -106,8 +111,9 @@ class RolloutTree(Tree[int]):
                 # A fork's child or a head's first continuation goes last; a later continuation
                 # right after the turn it continues.
                 after = None if place in (None, node.parent) else self._seq_nodes[node.parent]
-                added = container.add(self._label(node), data=seq, expand=True, allow_expand=False,
-                                      after=after)
+                added = container.add(
+                    self._label(node), data=seq, expand=True, allow_expand=False, after=after
+                )
                 self._seq_nodes[seq] = added
                 self._seq_parents[seq] = place
                 self._seq_labels[seq] = self._plain(node)

@@ -22,11 +22,14 @@ ALL_KEYS = [key for key, _, _ in SESSION_COLUMNS + WIDE_COLUMNS]
 class SessionTable(DataTable):
     """`apply(rows)` makes the table show `rows` (key → cells) with the fewest changes."""
 
-    HELP = ("Live capture sessions (and rollouts without one, shown as session '(none)'). Enter opens the rollout of "
-            "the highlighted session. turn/root/fork = graph counts, tokens = trainable tokens, "
-            "idle = seconds since the agent's last model call (60 s or more is highlighted). "
-            "'all calls/s' above the table: every session's captured calls per second over the "
-            "last two minutes, as this TUI saw them arrive.")
+    HELP = (
+        "Live capture sessions (and rollouts without one, shown as session '(none)'). "
+        "Enter opens the rollout of "
+        "the highlighted session. turn/root/fork = graph counts, tokens = trainable tokens, "
+        "idle = seconds since the agent's last model call (60 s or more is highlighted). "
+        "'all calls/s' above the table: every session's captured calls per second over the "
+        "last two minutes, as this TUI saw them arrive."
+    )
 
     def __init__(self, **kwargs) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
@@ -70,9 +73,14 @@ class SessionTable(DataTable):
         if not tone:
             return text
         theme = self.app.current_theme
-        colour = {"error": theme.error, "success": theme.success, "accent": theme.accent,
-                  "warning": theme.warning, "muted": None,
-                  "idle": (theme.variables or {}).get("idle", theme.warning)}.get(tone)
+        colour = {
+            "error": theme.error,
+            "success": theme.success,
+            "accent": theme.accent,
+            "warning": theme.warning,
+            "muted": None,
+            "idle": (theme.variables or {}).get("idle", theme.warning),
+        }.get(tone)
         if tone == "idle":
             return Text(text, style=f"bold reverse {colour}")
         if tone == "muted" or colour is None:

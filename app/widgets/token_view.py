@@ -23,10 +23,12 @@ TONE_STYLES = {
 class TokenView(Static, can_focus=True):
     """Sampled tokens of one turn. Background = how unlikely the token was; struck-through = masked."""
 
-    HELP = ("Sampled tokens coloured by logprob: no background ≥ -0.1, yellow ≥ -1, orange ≥ -3, "
-            "red below (low-probability tokens stand out). Struck-through grey = masked (no "
-            "aligned logprob, not trained on). Click a token or use , and . to see its logprob "
-            "and the top alternatives.")
+    HELP = (
+        "Sampled tokens coloured by logprob: no background ≥ -0.1, yellow ≥ -1, orange ≥ -3, "
+        "red below (low-probability tokens stand out). Struck-through grey = masked (no "
+        "aligned logprob, not trained on). Click a token or use , and . to see its logprob "
+        "and the top alternatives."
+    )
 
     DEFAULT_CSS = """
     TokenView { link-style: not underline; link-color: $foreground; link-background: transparent;
@@ -64,8 +66,9 @@ class TokenView(Static, can_focus=True):
             ids = turn.sampled_ids or []
             texts = [f"⟨{i}⟩" for i in ids]
         if not texts:
-            self.update(Content.styled("This turn has no sampled tokens (text tier or no reply).",
-                                       "$text-muted"))
+            self.update(
+                Content.styled("This turn has no sampled tokens (text tier or no reply).", "$text-muted")
+            )
             return
         logprobs = turn.logprobs or []
         mask = turn.mask or []

@@ -18,43 +18,47 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
-from tapdeck.proxy.http.access_log import CURRENT_CALL
-from tapdeck.proxy.sessions.activity import ActivityLog
-from tapdeck.proxy.http.token_counts import forget_engine
+from tapdeck.proxy.capture.export import capture_mode
+from tapdeck.proxy.capture.graph import Link
+from tapdeck.proxy.capture.turn import Turn
+from tapdeck.proxy.capture.validation import validate_turn
 from tapdeck.proxy.dialects.arguments import not_object_findings
 from tapdeck.proxy.dialects.base import DialectError, DialectRequest
 from tapdeck.proxy.dialects.chat import fold_system_messages, has_late_system
-from tapdeck.proxy.upstream.client import EngineError
-from tapdeck.proxy.capture.export import capture_mode
-from tapdeck.schema.findings import Finding
-from tapdeck.proxy.capture.graph import Link
-from tapdeck.proxy.upstream.json_mode import answer_as_json, json_format
-from tapdeck.proxy.upstream.reply_check import CheckedReply, check_reply
-from tapdeck.proxy.sessions.live import CallSlot, LiveSession
+from tapdeck.proxy.http.access_log import CURRENT_CALL
 from tapdeck.proxy.http.limits import MALFORMED, malformed_message
+from tapdeck.proxy.http.token_counts import forget_engine
+from tapdeck.proxy.sessions.activity import ActivityLog
+from tapdeck.proxy.sessions.live import CallSlot, LiveSession
 from tapdeck.proxy.sessions.registry import SessionRegistry
 from tapdeck.proxy.store.writes import StoreUnavailable
+from tapdeck.proxy.upstream.client import EngineError
+from tapdeck.proxy.upstream.json_mode import answer_as_json, json_format
+from tapdeck.proxy.upstream.reply_check import CheckedReply, check_reply
 from tapdeck.proxy.upstream.tiers import PROBES
 from tapdeck.proxy.upstream.token_in import Plan
-from tapdeck.proxy.capture.turn import Turn
-from tapdeck.proxy.capture.validation import validate_turn
 from tapdeck.schema.events import TurnCaptured
+from tapdeck.schema.findings import Finding
 from tapdeck.schema.sessions import TurnHeader
 
 log = logging.getLogger("tapdeck.proxy")
 
-BUDGET_STOP_TEXT = ("[tapdeck] This session's model-call budget ({budget} calls) is used up; "
-                    "the conversation ends here.")
-CONTEXT_STOP_TEXT = ("[tapdeck] The conversation no longer fits the model's context window; "
-                     "the conversation ends here.")
+BUDGET_STOP_TEXT = (
+    "[tapdeck] This session's model-call budget ({budget} calls) is used up; the conversation ends here."
+)
+CONTEXT_STOP_TEXT = (
+    "[tapdeck] The conversation no longer fits the model's context window; the conversation ends here."
+)
 TEMPLATE_REFUSAL = re.compile(r"system|role|alternate|template", re.IGNORECASE)
 """What an engine's 400 says when its chat template refuses a message's place (vLLM passes the
 template's own words: "System message must be at the beginning.", "Conversation roles must
 alternate user/assistant/...")."""
 ENGINE_DOWN = ("unreachable", "timeout", "bad_reply", "upstream_5xx")
 """Engine failure kinds that mean the engine cannot serve (not a request it refused)."""
-STORE_DOWN_TEXT = ("tapdeck could not record this call ({reason}); nothing of it was kept. "
-                   "Retry once the capture store can write again.")
+STORE_DOWN_TEXT = (
+    "tapdeck could not record this call ({reason}); nothing of it was kept. "
+    "Retry once the capture store can write again."
+)
 
 
 class CallCapture:
@@ -82,10 +86,15 @@ class CallCapture:
         # No served name known (the probe could not list models): the client's name is the best
         # guess left; a wrong one comes back as the engine's own 404.
         served = session.served_model or req.client_model or "default"
-        prepare = partial(session.client.prepare, tier=session.tier, served_model=served,
-                          training=session.training and fmt is None,
-                          alternatives=session.record.get("alternatives", 0),
-                          policy=session.training_sampling, output_limit=session.output_limit)
+        prepare = partial(
+            session.client.prepare,
+            tier=session.tier,
+            served_model=served,
+            training=session.training and fmt is None,
+            alternatives=session.record.get("alternatives", 0),
+            policy=session.training_sampling,
+            output_limit=session.output_limit,
+        )
         try:
             upstream, sampling = prepare(chat)
         except MALFORMED as exc:
@@ -98,8 +107,7 @@ class CallCapture:
         slot = CallSlot(session)
         try:
             with self.activity.call(session.id, chat, meta) as call:
-                reply = await self._complete(session, req, meta, chat, fmt, prepare, upstream,
-                                             sampling, slot)
+                reply = await self._complete(session, req, meta, chat, fmt, prepare, upstream, sampling, slot)
                 call.replied(reply)
             return reply
         finally:
@@ -113,8 +121,9 @@ class CallCapture:
 
     def _recorded_late(self, session: LiveSession, slot: CallSlot, recording: asyncio.Future[None]) -> None:
         if not recording.cancelled() and (exc := recording.exception()) is not None:
-            log.error("session %s: the turn of a call whose caller had left was not recorded (%s)",
-                      session.id, exc)
+            log.error(
+                "session %s: the turn of a call whose caller had left was not recorded (%s)", session.id, exc
+            )
         self._give_back(session, slot)
 
     def _give_back(self, session: LiveSession, slot: CallSlot) -> None:
@@ -122,11 +131,18 @@ class CallCapture:
         if session.state != "open":
             self.registry.release_if_idle(session)
 
-    async def _complete(self, session: LiveSession, req: DialectRequest, meta: dict[str, Any],
-                        chat: dict[str, Any], fmt: Any,
-                        prepare: Callable[[dict[str, Any]], tuple[dict[str, Any], dict[str, Any]]],
-                        upstream: dict[str, Any], sampling: dict[str, Any],
-                        slot: CallSlot) -> dict[str, Any]:
+    async def _complete(
+        self,
+        session: LiveSession,
+        req: DialectRequest,
+        meta: dict[str, Any],
+        chat: dict[str, Any],
+        fmt: Any,
+        prepare: Callable[[dict[str, Any]], tuple[dict[str, Any], dict[str, Any]]],
+        upstream: dict[str, Any],
+        sampling: dict[str, Any],
+        slot: CallSlot,
+    ) -> dict[str, Any]:
         """The engine call and the turn's record, for a call holding a budget slot."""
         assert session.client is not None
         started = time.perf_counter()
@@ -141,8 +157,11 @@ class CallCapture:
                 else:
                     reply = await session.client.complete(upstream, session.prompt_ids)
             except EngineError as exc:
-                if not (exc.kind == "upstream_4xx" and TEMPLATE_REFUSAL.search(exc.message)
-                        and has_late_system(chat["messages"])):
+                if not (
+                    exc.kind == "upstream_4xx"
+                    and TEMPLATE_REFUSAL.search(exc.message)
+                    and has_late_system(chat["messages"])
+                ):
                     raise
                 # The chat template refuses system messages after the first turn: fold them into
                 # the leading one, for this session's later calls too once that is answered.
@@ -154,9 +173,13 @@ class CallCapture:
             checked = check_reply(reply, session.client.shown)
         except EngineError as exc:
             if exc.kind == "context_length":
-                await self.registry.add_finding(session, Finding.warn(
-                    "context_full", f"engine refused the prompt as too long; answered with a stop "
-                                    f"reply ({exc.message})"))
+                await self.registry.add_finding(
+                    session,
+                    Finding.warn(
+                        "context_full",
+                        f"engine refused the prompt as too long; answered with a stop reply ({exc.message})",
+                    ),
+                )
                 return _stop_answer(CONTEXT_STOP_TEXT, session, fmt)
             if exc.kind == "unreachable":
                 # An engine restarts through refusing connections, maybe with other flags
@@ -166,15 +189,23 @@ class CallCapture:
                 forget_engine(session.client.spec.url)
             if exc.kind in ENGINE_DOWN and not any(f.code == "engine_unreachable" for f in session.findings):
                 # Once per session: what a rollout that failed is classified by.
-                await self.registry.add_finding(session, Finding.warn(
-                    "engine_unreachable", f"{exc.kind}: {exc.message} (the agent got HTTP {exc.status})"))
+                await self.registry.add_finding(
+                    session,
+                    Finding.warn(
+                        "engine_unreachable", f"{exc.kind}: {exc.message} (the agent got HTTP {exc.status})"
+                    ),
+                )
             raise
         # The proxy's own reply id: an engine that repeats ids must not make two replies one
         # (a Responses chain naming itself as its own previous response would never end).
         reply = {**checked.reply, "id": f"chatcmpl-tdk-{secrets.token_hex(12)}"}
         # The reply id kept with the turn ties what a harness logged to what was captured.
-        meta = {**meta, "latency_ms": round((time.perf_counter() - started) * 1000, 3),
-                "usage": reply.get("usage"), "reply_id": reply["id"]}
+        meta = {
+            **meta,
+            "latency_ms": round((time.perf_counter() - started) * 1000, 3),
+            "usage": reply.get("usage"),
+            "reply_id": reply["id"],
+        }
         if plan is not None:
             meta["capture_mode"] = plan.record
         stop = ((reply.get("choices") or [{}])[0] or {}).get("stop_reason")
@@ -189,10 +220,14 @@ class CallCapture:
         if session.token_in is not None and (thought := session.token_in.reply_finding(reply)):
             findings.append(thought)
         if chat["messages"] is not req.chat["messages"] and has_late_system(req.chat["messages"]):
-            findings.append(Finding.warn(
-                "system_folded", "the engine's chat template refuses system messages after the "
-                                 "first turn, so this session's are folded into the leading system "
-                                 "prompt: the prompt's start changes where one is added"))
+            findings.append(
+                Finding.warn(
+                    "system_folded",
+                    "the engine's chat template refuses system messages after the "
+                    "first turn, so this session's are folded into the leading system "
+                    "prompt: the prompt's start changes where one is added",
+                )
+            )
             req.chat = {**req.chat, "messages": chat["messages"]}
         answer = reply
         if fmt is not None:
@@ -202,15 +237,17 @@ class CallCapture:
         # From here the engine did the work: record it even if the caller hangs up meanwhile.
         try:
             slot.recording = asyncio.ensure_future(
-                self._record_turn(session, req, reply, checked, sampling, meta, slot))
+                self._record_turn(session, req, reply, checked, sampling, meta, slot)
+            )
             await asyncio.shield(slot.recording)
         except StoreUnavailable as exc:
             log.error("session %s: turn not recorded, the store refused it (%s)", session.id, exc.reason)
             raise StoreUnavailable(STORE_DOWN_TEXT.format(reason=exc.reason)) from exc
         return answer
 
-    async def _token_in_plan(self, session: LiveSession, req: DialectRequest,
-                             upstream: dict[str, Any], fmt: Any) -> Plan:
+    async def _token_in_plan(
+        self, session: LiveSession, req: DialectRequest, upstream: dict[str, Any], fmt: Any
+    ) -> Plan:
         """Token-in or text for this call (`proxy/upstream/token_in.py`); structured-output calls and
         calls whose system messages had to be folded take the text path."""
         assert session.token_in is not None
@@ -221,28 +258,46 @@ class CallCapture:
         if upstream["messages"] is not req.chat["messages"] and has_late_system(req.chat["messages"]):
             return Plan.text("system_folded")
         try:
-            return await session.token_in.plan(session.graph, req.chat, upstream, lock=session.rw,
-                                               offload=self.registry.writes.run)
+            return await session.token_in.plan(
+                session.graph, req.chat, upstream, lock=session.rw, offload=self.registry.writes.run
+            )
         except Exception as exc:  # a planning bug must cost the call its token-in, never the call
             log.exception("session %s: token-in planning failed", session.id)
             return Plan.text("planning_failed", detail=f"{type(exc).__name__}: {exc}")
 
-    async def _record_turn(self, session: LiveSession, req: DialectRequest, reply: dict[str, Any],
-                           checked: CheckedReply, sampling: dict[str, Any], meta: dict[str, Any],
-                           slot: CallSlot) -> None:
+    async def _record_turn(
+        self,
+        session: LiveSession,
+        req: DialectRequest,
+        reply: dict[str, Any],
+        checked: CheckedReply,
+        sampling: dict[str, Any],
+        meta: dict[str, Any],
+        slot: CallSlot,
+    ) -> None:
         cap = checked.capture
         choice = reply["choices"][0]
         async with session.lock:
             interned = session.interner.intern(req.chat)
-            turn = Turn(session_id=session.id, seq=session.turns, prompt_ids=cap.prompt_ids,
-                        sampled_ids=cap.sampled_ids, logprobs=cap.logprobs,
-                        finish_reason=choice.get("finish_reason"), request=interned.request,
-                        content_keys=interned.keys,
-                        response=choice.get("message") or {}, sampling=sampling,
-                        token_texts=cap.token_texts, top_logprobs=cap.top_logprobs,
-                        findings=[f if f.turn is not None else f.model_copy(update={"turn": session.turns})
-                                  for f in (*cap.findings, *checked.findings, *_request_findings(req))],
-                        meta=meta)
+            turn = Turn(
+                session_id=session.id,
+                seq=session.turns,
+                prompt_ids=cap.prompt_ids,
+                sampled_ids=cap.sampled_ids,
+                logprobs=cap.logprobs,
+                finish_reason=choice.get("finish_reason"),
+                request=interned.request,
+                content_keys=interned.keys,
+                response=choice.get("message") or {},
+                sampling=sampling,
+                token_texts=cap.token_texts,
+                top_logprobs=cap.top_logprobs,
+                findings=[
+                    f if f.turn is not None else f.model_copy(update={"turn": session.turns})
+                    for f in (*cap.findings, *checked.findings, *_request_findings(req))
+                ],
+                meta=meta,
+            )
             # Validated before linking: the graph decides trainability from the turn's findings.
             turn.findings.extend(validate_turn(turn, session.tier))
             link = await self.registry.writes.run(self._commit_turn, session, turn)
@@ -257,13 +312,19 @@ class CallCapture:
 
         def captured() -> dict[str, Any]:  # built only when someone listens
             header = TurnHeader(
-                seq=turn.seq, parent=link.parent, link_kind=link.kind, link_offset=link.offset,
+                seq=turn.seq,
+                parent=link.parent,
+                link_kind=link.kind,
+                link_offset=link.offset,
                 capture_mode=capture_mode(turn.meta),
                 prompt_len=None if cap.prompt_ids is None else len(cap.prompt_ids),
                 sampled_len=None if cap.sampled_ids is None else len(cap.sampled_ids),
-                finish_reason=turn.finish_reason, created_at=turn.created_at,
-                findings=[*turn.findings, *link.findings])
+                finish_reason=turn.finish_reason,
+                created_at=turn.created_at,
+                findings=[*turn.findings, *link.findings],
+            )
             return TurnCaptured(turn=header, session=self.registry.summary(session)).model_dump(mode="json")
+
         self.registry.events.publish(captured)
 
     def _commit_turn(self, session: LiveSession, turn: Turn) -> Link:
@@ -290,12 +351,18 @@ def _request_findings(req: DialectRequest) -> list[Finding]:
     out = list(req.context.get("call_findings") or [])
     dropped = req.context.get("dropped_tools") or []
     if dropped:
-        out.append(Finding.warn("dropped_tools", f"{', '.join(dropped)} (the engine cannot run hosted tools)"))
+        out.append(
+            Finding.warn("dropped_tools", f"{', '.join(dropped)} (the engine cannot run hosted tools)")
+        )
     if loosened := req.context.get("loosened_tool_choice"):
         out.append(Finding.warn("tool_choice_loosened", loosened))
     if parts := req.context.get("dropped_parts"):
-        out.append(Finding.warn("part_dropped", "left out of the prompt, holding nothing an engine can "
-                                                f"read: {'; '.join(parts)}"))
+        out.append(
+            Finding.warn(
+                "part_dropped",
+                f"left out of the prompt, holding nothing an engine can read: {'; '.join(parts)}",
+            )
+        )
     return out
 
 
@@ -304,10 +371,13 @@ def _greedy_finding(sampling: Mapping[str, Any]) -> Finding | None:
     distribution its logprobs describe, and a group of such rollouts cannot differ."""
     temperature = sampling.get("submitted", {}).get("temperature")
     if isinstance(temperature, int | float) and not isinstance(temperature, bool) and temperature <= 0:
-        return Finding.warn("greedy_sampling", f"sampled at temperature {temperature} (greedy) in a "
-                                               "training session: its tokens were not drawn from the "
-                                               "policy its logprobs describe; give the rollout a "
-                                               "temperature (the temperature setting, or training_sampling)")
+        return Finding.warn(
+            "greedy_sampling",
+            f"sampled at temperature {temperature} (greedy) in a "
+            "training session: its tokens were not drawn from the "
+            "policy its logprobs describe; give the rollout a "
+            "temperature (the temperature setting, or training_sampling)",
+        )
     return None
 
 
@@ -322,11 +392,20 @@ def _cap_findings(sampling: Mapping[str, Any], reply: Mapping[str, Any]) -> list
             continue
         choice = (reply.get("choices") or [{}])[0] or {}
         if choice.get("finish_reason") == "length":
-            out.append(Finding.warn("max_tokens_capped", f"the agent asked for {key}={asked}; the engine "
-                                                         f"was sent {sent} and the reply was cut there"))
+            out.append(
+                Finding.warn(
+                    "max_tokens_capped",
+                    f"the agent asked for {key}={asked}; the engine "
+                    f"was sent {sent} and the reply was cut there",
+                )
+            )
         else:
-            out.append(Finding.info("max_tokens_capped", f"the agent asked for {key}={asked}; the "
-                                                         f"engine was sent {sent} (the proxy's cap)"))
+            out.append(
+                Finding.info(
+                    "max_tokens_capped",
+                    f"the agent asked for {key}={asked}; the engine was sent {sent} (the proxy's cap)",
+                )
+            )
     return out
 
 
@@ -340,10 +419,18 @@ def _stop_answer(text: str, session: LiveSession, fmt: Any) -> dict[str, Any]:
 def _stop_reply(text: str, session: LiveSession) -> dict[str, Any]:
     """A chat-completions reply that ends the conversation; never becomes a node."""
     return {
-        "id": f"chatcmpl-tapdeck-{time.time_ns():x}", "object": "chat.completion",
-        "created": int(time.time()), "model": session.served_model or "model",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                     "finish_reason": "stop", "logprobs": None}],
+        "id": f"chatcmpl-tapdeck-{time.time_ns():x}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": session.served_model or "model",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": "stop",
+                "logprobs": None,
+            }
+        ],
         "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
         "tapdeck_synthetic": True,
     }

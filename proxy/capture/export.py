@@ -13,11 +13,11 @@ from typing import Any, Literal
 import numpy as np
 import orjson
 
-from tapdeck.proxy.store.atomic_write import atomic_write
-from tapdeck.proxy.errors import ProxyError
-from tapdeck.schema.findings import Finding
 from tapdeck.proxy.capture.graph import RolloutGraph
 from tapdeck.proxy.capture.validation import is_train, reported_stats, rollout_ok, validate_rollout
+from tapdeck.proxy.errors import ProxyError
+from tapdeck.proxy.store.atomic_write import atomic_write
+from tapdeck.schema.findings import Finding
 
 SCHEMA_VERSION = 1
 
@@ -54,11 +54,16 @@ def check_run_sessions(store: Any, run_id: str, results: Iterable[Any]) -> None:
     missing = [r for r in results if r.session_id and r.session_id not in known]
     if not missing:
         return
-    more = f" (and {len(missing) - 1} more rollout(s) name sessions it does not have)" \
-        if len(missing) > 1 else ""
-    raise RunSessionsMissing(f"run {run_id}'s rollout {missing[0].rollout_id} names session "
-                             f"{missing[0].session_id}, which is not in {store.path}{more}: "
-                             "export from the data dir the run was made in")
+    more = (
+        f" (and {len(missing) - 1} more rollout(s) name sessions it does not have)"
+        if len(missing) > 1
+        else ""
+    )
+    raise RunSessionsMissing(
+        f"run {run_id}'s rollout {missing[0].rollout_id} names session "
+        f"{missing[0].session_id}, which is not in {store.path}{more}: "
+        "export from the data dir the run was made in"
+    )
 
 
 def _rollout_type(session: dict[str, Any], tier: str) -> str:
@@ -106,8 +111,13 @@ def nest_tool_calls(message: dict[str, Any]) -> dict[str, Any]:
         args = fn.get("arguments")
         if not isinstance(args, str):
             args = orjson.dumps(args if args is not None else {}).decode()
-        nested.append({"id": tc.get("id") or f"call_{i}", "type": "function",
-                       "function": {"name": fn.get("name") or "", "arguments": args}})
+        nested.append(
+            {
+                "id": tc.get("id") or f"call_{i}",
+                "type": "function",
+                "function": {"name": fn.get("name") or "", "arguments": args},
+            }
+        )
     return dict(message) | {"tool_calls": nested}
 
 
@@ -129,12 +139,12 @@ def _check_masks(sequences: list[Any]) -> None:
             if span.size and (span != value).any():
                 raise ExportError(f"turn {seq}: mixed loss mask inside its sampled span")
             if seen.setdefault(seq, value) != value:
-                raise ExportError(f"turn {seq}: loss mask {value} in one sequence, "
-                                  f"{seen[seq]} in another")
+                raise ExportError(f"turn {seq}: loss mask {value} in one sequence, {seen[seq]} in another")
 
 
-def rollout_document(session: dict[str, Any], graph: RolloutGraph, tier: str, *,
-                     lists: bool = True) -> dict[str, Any]:
+def rollout_document(
+    session: dict[str, Any], graph: RolloutGraph, tier: str, *, lists: bool = True
+) -> dict[str, Any]:
     """The whole rollout: turns, stats, sequences (input_ids, loss_mask, logprobs, role), findings.
 
     Eval rollouts get all-zero loss masks (no trainable rows). `lists=False` keeps numpy arrays
@@ -151,29 +161,42 @@ def rollout_document(session: dict[str, Any], graph: RolloutGraph, tier: str, *,
         mask, lps = s.loss_mask, s.logprobs
         if not train and mask is not None:
             mask, lps = np.zeros_like(mask), np.zeros_like(lps)
-        seq_docs.append({
-            "nodes": s.nodes, "role": s.role,
-            "input_ids": _out(s.input_ids, lists), "loss_mask": _out(mask, lists),
-            "logprobs": _out(lps, lists),
-            "spans": [{"seq": a, "start": b, "end": c} for a, b, c in s.spans],
-            "findings": [f.model_dump(mode="json") for f in rollout_findings if f.turn == s.nodes[-1]],
-        })
+        seq_docs.append(
+            {
+                "nodes": s.nodes,
+                "role": s.role,
+                "input_ids": _out(s.input_ids, lists),
+                "loss_mask": _out(mask, lists),
+                "logprobs": _out(lps, lists),
+                "spans": [{"seq": a, "start": b, "end": c} for a, b, c in s.spans],
+                "findings": [f.model_dump(mode="json") for f in rollout_findings if f.turn == s.nodes[-1]],
+            }
+        )
     turns = []
     for seq in sorted(graph.nodes):
         n = graph.nodes[seq]
         t = n.turn
-        turns.append({
-            "seq": seq, "parent": n.parent, "link_kind": n.kind, "link_offset": n.offset,
-            "capture_mode": capture_mode(t.meta),
-            "role": graph.node_role(seq, tools=tools), "discarded": graph.discarded(seq),
-            "trainable": train and graph.node_mask_on(seq, tools=tools),
-            "prompt_len": n.prompt_len if n.has_prompt else None,
-            "sampled_len": n.sampled_len if n.sampled is not None else None,
-            "finish_reason": t.finish_reason, "request": t.request,
-            "response": nest_tool_calls(t.response or {}), "sampling": t.sampling,
-            "meta": t.meta, "created_at": t.created_at,
-            "findings": [f.model_dump(mode="json") for f in t.findings + n.link_findings],
-        })
+        turns.append(
+            {
+                "seq": seq,
+                "parent": n.parent,
+                "link_kind": n.kind,
+                "link_offset": n.offset,
+                "capture_mode": capture_mode(t.meta),
+                "role": graph.node_role(seq, tools=tools),
+                "discarded": graph.discarded(seq),
+                "trainable": train and graph.node_mask_on(seq, tools=tools),
+                "prompt_len": n.prompt_len if n.has_prompt else None,
+                "sampled_len": n.sampled_len if n.sampled is not None else None,
+                "finish_reason": t.finish_reason,
+                "request": t.request,
+                "response": nest_tool_calls(t.response or {}),
+                "sampling": t.sampling,
+                "meta": t.meta,
+                "created_at": t.created_at,
+                "findings": [f.model_dump(mode="json") for f in t.findings + n.link_findings],
+            }
+        )
     stats = reported_stats(graph.stats(), tier, rtype)
     all_findings: list[Finding] = graph.findings() + rollout_findings
     return {
@@ -200,8 +223,11 @@ def turn_detail(graph: RolloutGraph, seq: int) -> dict[str, Any]:
     link = graph.link(seq)
     sampled, prompt = turn.sampled_ids, turn.prompt_ids
     return {
-        "seq": seq, "parent": link.parent, "link_kind": link.kind,
-        "request": turn.request, "response": turn.response,
+        "seq": seq,
+        "parent": link.parent,
+        "link_kind": link.kind,
+        "request": turn.request,
+        "response": turn.response,
         "prompt_len": None if prompt is None else int(len(prompt)),
         "sampled_ids": None if sampled is None else sampled.tolist(),
         "token_texts": turn.token_texts,
@@ -210,12 +236,14 @@ def turn_detail(graph: RolloutGraph, seq: int) -> dict[str, Any]:
         "mask": None if sampled is None else [1 if graph.node_mask_on(seq) else 0] * len(sampled),
         "finish_reason": turn.finish_reason,
         "findings": [f.model_dump(mode="json") for f in [*turn.findings, *link.findings]],
-        "sampling": turn.sampling, "meta": turn.meta,
+        "sampling": turn.sampling,
+        "meta": turn.meta,
     }
 
 
-def graph_view(session: dict[str, Any], graph: RolloutGraph, tier: str, *, since: int,
-               findings: Iterable[Finding]) -> dict[str, Any]:
+def graph_view(
+    session: dict[str, Any], graph: RolloutGraph, tier: str, *, since: int, findings: Iterable[Finding]
+) -> dict[str, Any]:
     """Turn headers from `since` on, every turn's (seq, parent, role), stats and the session's
     findings (`schema.sessions.GraphView`): no token arrays, no messages, no sequences, so a live
     view's refresh costs the new turns, not the whole rollout again."""
@@ -229,23 +257,38 @@ def graph_view(session: dict[str, Any], graph: RolloutGraph, tier: str, *, since
         if seq < since:
             continue
         t = n.turn
-        turns.append({
-            "seq": seq, "parent": n.parent, "link_kind": n.kind, "link_offset": n.offset,
-            "capture_mode": capture_mode(t.meta), "role": role,
-            "token_in": ((t.meta or {}).get("capture_mode") or {}).get("mode"),
-            "prompt_len": n.prompt_len if n.has_prompt else None,
-            "sampled_len": n.sampled_len if n.sampled is not None else None,
-            "finish_reason": t.finish_reason, "created_at": t.created_at,
-            "findings": [f.model_dump(mode="json") for f in t.findings + n.link_findings],
-        })
+        turns.append(
+            {
+                "seq": seq,
+                "parent": n.parent,
+                "link_kind": n.kind,
+                "link_offset": n.offset,
+                "capture_mode": capture_mode(t.meta),
+                "role": role,
+                "token_in": ((t.meta or {}).get("capture_mode") or {}).get("mode"),
+                "prompt_len": n.prompt_len if n.has_prompt else None,
+                "sampled_len": n.sampled_len if n.sampled is not None else None,
+                "finish_reason": t.finish_reason,
+                "created_at": t.created_at,
+                "findings": [f.model_dump(mode="json") for f in t.findings + n.link_findings],
+            }
+        )
     stats = reported_stats(graph.stats(), tier, rtype)
-    return {"session_id": session.get("id"), "tier": str(tier), "rollout_type": rtype,
-            "since": since, "stats": stats, "turns": turns, "links": links,
-            "findings": [f.model_dump(mode="json") for f in findings]}
+    return {
+        "session_id": session.get("id"),
+        "tier": str(tier),
+        "rollout_type": rtype,
+        "since": since,
+        "stats": stats,
+        "turns": turns,
+        "links": links,
+        "findings": [f.model_dump(mode="json") for f in findings],
+    }
 
 
-def training_trace(session: dict[str, Any], graph: RolloutGraph, tier: str, *,
-                   lists: bool = True) -> dict[str, Any]:
+def training_trace(
+    session: dict[str, Any], graph: RolloutGraph, tier: str, *, lists: bool = True
+) -> dict[str, Any]:
     """Per-call training data: one entry per agent turn (each call once, arrival order).
 
     Each entry is shaped as OpenEnv's strict `TrainingTurn`, which TRL's loop-owning worker reads:
@@ -257,9 +300,11 @@ def training_trace(session: dict[str, Any], graph: RolloutGraph, tier: str, *,
     """
     rtype = _rollout_type(session, tier)
     if not is_train(tier, rtype):
-        raise ExportRefused(f"session {session.get('id')} is an eval rollout (tier {tier}, "
-                            f"rollout type {rtype}): no training trace; export the rollout "
-                            "document instead")
+        raise ExportRefused(
+            f"session {session.get('id')} is an eval rollout (tier {tier}, "
+            f"rollout type {rtype}): no training trace; export the rollout "
+            "document instead"
+        )
     tools = graph.has_tools()
     entries = []
     for seq in sorted(graph.nodes):
@@ -270,38 +315,60 @@ def training_trace(session: dict[str, Any], graph: RolloutGraph, tier: str, *,
         on = graph.node_mask_on(seq, tools=tools)
         mask = np.zeros(prompt.size + n.sampled.size, dtype=np.int8)
         if on:
-            mask[prompt.size:] = 1
+            mask[prompt.size :] = 1
         t = n.turn
         logps, filled = _trace_logps(t.logprobs, int(n.sampled.size), lists)
-        entries.append({
-            "node_id": str(seq),
-            "prompt_token_ids": _out(prompt, lists),
-            "completion_token_ids": _out(n.sampled, lists),
-            "per_token_logps": logps,
-            "loss_mask": _out(mask, lists),
-            "request": t.request or {},
-            "response": {"choices": [{"message": nest_tool_calls(t.response or {}),
-                                      "finish_reason": t.finish_reason}]},
-            "metadata": {
-                "session_id": session.get("id"), "parent": n.parent, "link_kind": n.kind,
-                "capture_mode": capture_mode(t.meta),
-                "link_offset": n.offset, "finish_reason": t.finish_reason, "trainable": on,
-                "logprobs_filled": filled,
-                "sampling": t.sampling, "meta": t.meta, "created_at": t.created_at,
-                "findings": [f.model_dump(mode="json") for f in t.findings + n.link_findings],
-            },
-        })
-    return {"schema_version": SCHEMA_VERSION, "session_id": session.get("id"),
-            "tier": str(tier), "reward": _reward(session), "turns": entries}
+        entries.append(
+            {
+                "node_id": str(seq),
+                "prompt_token_ids": _out(prompt, lists),
+                "completion_token_ids": _out(n.sampled, lists),
+                "per_token_logps": logps,
+                "loss_mask": _out(mask, lists),
+                "request": t.request or {},
+                "response": {
+                    "choices": [
+                        {"message": nest_tool_calls(t.response or {}), "finish_reason": t.finish_reason}
+                    ]
+                },
+                "metadata": {
+                    "session_id": session.get("id"),
+                    "parent": n.parent,
+                    "link_kind": n.kind,
+                    "capture_mode": capture_mode(t.meta),
+                    "link_offset": n.offset,
+                    "finish_reason": t.finish_reason,
+                    "trainable": on,
+                    "logprobs_filled": filled,
+                    "sampling": t.sampling,
+                    "meta": t.meta,
+                    "created_at": t.created_at,
+                    "findings": [f.model_dump(mode="json") for f in t.findings + n.link_findings],
+                },
+            }
+        )
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "session_id": session.get("id"),
+        "tier": str(tier),
+        "reward": _reward(session),
+        "turns": entries,
+    }
 
 
 SESSION_REWARD: Any = object()
 """`trace_rows`'s default reward: the one the runner annotated on the session."""
 
 
-def trace_rows(session: dict[str, Any], graph: RolloutGraph, tier: str, *,
-               group_id: str | None = None, rollout_id: str | None = None,
-               reward: float | None = SESSION_REWARD) -> list[dict[str, Any]]:
+def trace_rows(
+    session: dict[str, Any],
+    graph: RolloutGraph,
+    tier: str,
+    *,
+    group_id: str | None = None,
+    rollout_id: str | None = None,
+    reward: float | None = SESSION_REWARD,
+) -> list[dict[str, Any]]:
     """Rows for a run file: one per trainable-capable agent turn, with group id and reward.
 
     `reward` defaults to the session's annotated reward. A reward given, None included, is the
@@ -314,16 +381,34 @@ def trace_rows(session: dict[str, Any], graph: RolloutGraph, tier: str, *,
         return []
     if reward is SESSION_REWARD:
         reward = trace["reward"]
-    return [{"rollout_id": rollout_id or session.get("id"), "group_id": group_id,
-             "session_id": session.get("id"), "reward": reward} | entry
-            for entry in trace["turns"]]
+    return [
+        {
+            "rollout_id": rollout_id or session.get("id"),
+            "group_id": group_id,
+            "session_id": session.get("id"),
+            "reward": reward,
+        }
+        | entry
+        for entry in trace["turns"]
+    ]
 
 
-_ARRAY_TYPES = {"prompt_token_ids": "int32", "completion_token_ids": "int32",
-                "loss_mask": "int8", "per_token_logps": "float64"}
-_TYPED_SCALARS = {"rollout_id": "string", "group_id": "string", "session_id": "string",
-                  "node_id": "string", "run_id": "string", "task": "string",
-                  "error_kind": "string", "ok": "bool_"}
+_ARRAY_TYPES = {
+    "prompt_token_ids": "int32",
+    "completion_token_ids": "int32",
+    "loss_mask": "int8",
+    "per_token_logps": "float64",
+}
+_TYPED_SCALARS = {
+    "rollout_id": "string",
+    "group_id": "string",
+    "session_id": "string",
+    "node_id": "string",
+    "run_id": "string",
+    "task": "string",
+    "error_kind": "string",
+    "ok": "bool_",
+}
 
 
 def write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> Path:
@@ -354,21 +439,32 @@ def write_parquet(path: Path, rows: Iterable[dict[str, Any]]) -> Path:
     for key in keys:
         values = [row.get(key) for row in rows]
         if key in _ARRAY_TYPES:
-            values = [None if v is None else np.asarray(
-                [np.nan if x is None else x for x in v] if isinstance(v, list) else v,
-                dtype=_ARRAY_TYPES[key]) for v in values]
+            values = [
+                None
+                if v is None
+                else np.asarray(
+                    [np.nan if x is None else x for x in v] if isinstance(v, list) else v,
+                    dtype=_ARRAY_TYPES[key],
+                )
+                for v in values
+            ]
             columns[key] = pa.array(values, type=pa.list_(getattr(pa, _ARRAY_TYPES[key])()))
         elif key == "reward":
-            columns[key] = pa.array([None if v is None else float(v) for v in values],
-                                    type=pa.float64())
+            columns[key] = pa.array([None if v is None else float(v) for v in values], type=pa.float64())
         elif key in _TYPED_SCALARS:
             # Typed even when every row holds null (a run whose rollouts all ended ok has no
             # error_kind): a null-typed column cannot be read together with another run's file.
             columns[key] = pa.array(values, type=getattr(pa, _TYPED_SCALARS[key])())
         elif any(isinstance(v, (dict, list)) for v in values):
-            columns[key] = pa.array([None if v is None else orjson.dumps(
-                v, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS).decode()
-                for v in values], type=pa.string())
+            columns[key] = pa.array(
+                [
+                    None
+                    if v is None
+                    else orjson.dumps(v, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS).decode()
+                    for v in values
+                ],
+                type=pa.string(),
+            )
         else:
             columns[key] = pa.array(values)
     # Opened here, not by pyarrow: its OSError names no file, so a path that cannot be written

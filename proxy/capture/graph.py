@@ -45,11 +45,11 @@ from typing import Any, Literal
 
 import numpy as np
 
-from tapdeck.schema.findings import Finding, has_fatal
-from tapdeck.proxy.capture.tokens import ID_DTYPE, as_ids
-from tapdeck.proxy.capture.turn import Turn
 from tapdeck.proxy.capture.message_chain import chain_hashes, conversation, system_prompt
 from tapdeck.proxy.capture.prefix_index import HASHER, Key, LengthIndex
+from tapdeck.proxy.capture.tokens import ID_DTYPE, as_ids
+from tapdeck.proxy.capture.turn import Turn
+from tapdeck.schema.findings import Finding, has_fatal
 from tapdeck.schema.sessions import RolloutStats
 
 LinkKind = Literal["root", "prefix", "retokenized", "message"]
@@ -414,10 +414,16 @@ class RolloutGraph:
         conversations = max(0, roots - t.broken_roots - duplicate_roots)
         breaks = t.retokenized + t.broken
         frag = (conversations + breaks) / max(conversations, 1) if self._nodes else 0.0
-        return RolloutStats(turns=len(self._nodes), roots=roots, forks=forks, breaks=breaks,
-                            discarded=len(self._dropped),
-                            trainable_tokens=t.tool_trainable if t.tool_calls else t.trainable,
-                            fragmentation=round(frag, 4), conversations=conversations)
+        return RolloutStats(
+            turns=len(self._nodes),
+            roots=roots,
+            forks=forks,
+            breaks=breaks,
+            discarded=len(self._dropped),
+            trainable_tokens=t.tool_trainable if t.tool_calls else t.trainable,
+            fragmentation=round(frag, 4),
+            conversations=conversations,
+        )
 
     def mark_auxiliary(self, seq: int, reason: str) -> None:
         """Demote a call to auxiliary after the fact (`meta.call_role`, which `node_role` reads),
@@ -447,9 +453,15 @@ class RolloutGraph:
         sampled = as_ids(turn.sampled_ids) if turn.sampled_ids is not None else None
         held = copy.copy(turn)  # a plain dataclass: what `dataclasses.replace` makes, for less
         held.prompt_ids = None
-        node = Node(seq=turn.seq, turn=held,
-                    has_prompt=has_prompt, prompt_len=int(prompt.size), sampled=sampled,
-                    trainable=turn_trainable(turn), tools=_has_tools(turn.request))
+        node = Node(
+            seq=turn.seq,
+            turn=held,
+            has_prompt=has_prompt,
+            prompt_len=int(prompt.size),
+            sampled=sampled,
+            trainable=turn_trainable(turn),
+            tools=_has_tools(turn.request),
+        )
         conv = conversation(turn.request)
         node.conv_len = len(conv) + 1
         if has_prompt:
@@ -505,8 +517,7 @@ class RolloutGraph:
             assert end is not None
         return end[0], end[1:]
 
-    def _link_by_tokens(self, node: Node, prompt: np.ndarray,
-                        conv: list[dict[str, Any]]) -> tuple[int, int]:
+    def _link_by_tokens(self, node: Node, prompt: np.ndarray, conv: list[dict[str, Any]]) -> tuple[int, int]:
         """Link by the longest exact token prefix; returns the prompt's hashes.
 
         Tries the window beyond the last call first; only when no call at or beyond it is an
@@ -530,8 +541,16 @@ class RolloutGraph:
         exact = best[1][0] if best else None
         exact_len = best[0] if best else 0
         # A deeper call whose prompt (not its reply) starts this prompt: maybe a re-tokenisation.
-        retok = self._prompts.longest(g1, g2, base, max(0, exact_len - 1), n - 1, accept=lambda s: (
-            s != node.seq and self._nodes[s].sampled_len > 0 and self._nodes[s].prompt_len < n))
+        retok = self._prompts.longest(
+            g1,
+            g2,
+            base,
+            max(0, exact_len - 1),
+            n - 1,
+            accept=lambda s: (
+                s != node.seq and self._nodes[s].sampled_len > 0 and self._nodes[s].prompt_len < n
+            ),
+        )
         prompt_hash = (int(g1[-1]), int(g2[-1]))
         if retok is not None:
             cand = self._nodes[retok[1][0]]
@@ -539,11 +558,15 @@ class RolloutGraph:
             if deeper and self._continues_as_text(cand, conv):
                 self._set_link(node, cand.seq, "retokenized", self._divergence(cand, prompt), prompt)
                 if _reasoning_dropped(cand, conv):
-                    node.link_findings = [Finding.warn(
-                        "reasoning_dropped",
-                        f"the agent resent turn {cand.seq}'s reply without the reasoning it sampled "
-                        f"(thought parts left out of its history), so the ids diverge at offset "
-                        f"{node.offset}: a new segment, not a re-tokenisation", turn=node.seq)]
+                    node.link_findings = [
+                        Finding.warn(
+                            "reasoning_dropped",
+                            f"the agent resent turn {cand.seq}'s reply without the reasoning it sampled "
+                            f"(thought parts left out of its history), so the ids diverge at offset "
+                            f"{node.offset}: a new segment, not a re-tokenisation",
+                            turn=node.seq,
+                        )
+                    ]
                 return prompt_hash
         if exact is not None:
             self._set_link(node, exact, "prefix", exact_len, prompt)
@@ -574,11 +597,12 @@ class RolloutGraph:
         start = cand.prompt_len
         s = cand.sampled if cand.sampled is not None else np.zeros(0, dtype=ID_DTYPE)
         m = min(s.size, prompt.size - start)
-        diff = np.flatnonzero(prompt[start:start + m] != s[:m])
+        diff = np.flatnonzero(prompt[start : start + m] != s[:m])
         return start + (int(diff[0]) if diff.size else m)
 
-    def _check_message_break(self, node: Node, conv: list[dict[str, Any]], prompt: np.ndarray,
-                             exact: int | None) -> None:
+    def _check_message_break(
+        self, node: Node, conv: list[dict[str, Any]], prompt: np.ndarray, exact: int | None
+    ) -> None:
         """Messages continue a deeper call than the token prefix explains: a visible break.
 
         Checked for roots, and for prefix links only when the messages beyond the parent hold an
@@ -598,21 +622,27 @@ class RolloutGraph:
                 if not other.has_prompt:
                     return
                 if system_prompt(node.turn.request) != system_prompt(other.turn.request):
-                    node.link_findings.append(Finding.info(
-                        "other_system_prompt",
-                        f"resends turn {other.seq}'s conversation under another system prompt (a "
-                        f"side call such as a summariser or memory extraction, or a system prompt "
-                        f"the agent changed): its own root, not a break of sampled text",
-                        turn=node.seq))
+                    node.link_findings.append(
+                        Finding.info(
+                            "other_system_prompt",
+                            f"resends turn {other.seq}'s conversation under another system prompt (a "
+                            f"side call such as a summariser or memory extraction, or a system prompt "
+                            f"the agent changed): its own root, not a break of sampled text",
+                            turn=node.seq,
+                        )
+                    )
                     return
                 node.break_of = other.seq
                 at = self._first_mismatch(self.full_sequence(other.seq), prompt)
-                node.link_findings.append(Finding.warn(
-                    "prefix_break",
-                    f"messages continue turn {other.seq} but the prompt ids diverge from its ids "
-                    f"at offset {at}; linked as {node.kind}"
-                    + (f" to turn {node.parent}" if node.parent is not None else ""),
-                    turn=node.seq))
+                node.link_findings.append(
+                    Finding.warn(
+                        "prefix_break",
+                        f"messages continue turn {other.seq} but the prompt ids diverge from its ids "
+                        f"at offset {at}; linked as {node.kind}"
+                        + (f" to turn {node.parent}" if node.parent is not None else ""),
+                        turn=node.seq,
+                    )
+                )
                 return
 
     @staticmethod
@@ -624,24 +654,29 @@ class RolloutGraph:
         diff = np.flatnonzero(a[:m] != b[:m])
         return int(diff[0]) if diff.size else m
 
-    def _set_link(self, node: Node, parent: int | None, kind: LinkKind, offset: int | None,
-                  prompt: np.ndarray | None) -> None:
+    def _set_link(
+        self, node: Node, parent: int | None, kind: LinkKind, offset: int | None, prompt: np.ndarray | None
+    ) -> None:
         """Attach `node` under `parent`, keeping only the prompt ids beyond the shared prefix."""
         node.parent, node.kind, node.offset = parent, kind, offset
         node.base_len = offset if kind in ("prefix", "retokenized") and offset else 0
         node.break_of = None
         node.link_findings = []
         if node.has_prompt and prompt is not None:
-            node.prompt_tail = np.array(prompt[node.base_len:], dtype=ID_DTYPE, copy=True)
+            node.prompt_tail = np.array(prompt[node.base_len :], dtype=ID_DTYPE, copy=True)
         if parent is None:
             return
         p = self._nodes[parent]
         if kind == "prefix" and p.turn.finish_reason == "length":
             extra = node.prompt_tail[:3].tolist() if node.prompt_tail is not None else []
-            node.link_findings.append(Finding.info(
-                "truncated_parent",
-                f"turn {parent} was cut by length; this prompt continues at offset {offset} with "
-                f"ids {extra} the model never sampled (context, mask 0)", turn=node.seq))
+            node.link_findings.append(
+                Finding.info(
+                    "truncated_parent",
+                    f"turn {parent} was cut by length; this prompt continues at offset {offset} with "
+                    f"ids {extra} the model never sampled (context, mask 0)",
+                    turn=node.seq,
+                )
+            )
         if kind == "retokenized":
             assert offset is not None  # a retokenized link always says where the ids diverge
             j = offset - p.prompt_len
@@ -651,16 +686,22 @@ class RolloutGraph:
             # Generation ends on the token completing the stop string, which spans at most its
             # byte length in tokens: a divergence there is the string left out of the text.
             if isinstance(stop, str) and j >= p.sampled_len - len(stop.encode()):
-                why = (f"turn {parent} stopped on the stop string {stop!r}, whose sampled tokens "
-                       "its reply's text leaves out")
+                why = (
+                    f"turn {parent} stopped on the stop string {stop!r}, whose sampled tokens "
+                    "its reply's text leaves out"
+                )
             elif texts and 0 <= j < len(texts) and _is_special(texts[j]):
                 why = f"special token {texts[j]!r} inside the reply (dropped from its text)"
             if p.turn.finish_reason == "length":
                 why += f"; turn {parent} was also cut by length"
-            node.link_findings.append(Finding.warn(
-                "retokenized",
-                f"prompt continues turn {parent}'s reply as text but the ids diverge at offset "
-                f"{offset} (reply token {j}): {why}", turn=node.seq))
+            node.link_findings.append(
+                Finding.warn(
+                    "retokenized",
+                    f"prompt continues turn {parent}'s reply as text but the ids diverge at offset "
+                    f"{offset} (reply token {j}): {why}",
+                    turn=node.seq,
+                )
+            )
 
     def _insert(self, node: Node) -> None:
         self._nodes[node.seq] = node
@@ -738,8 +779,11 @@ class RolloutGraph:
     def _count_live(self, node: Node, sign: int) -> None:
         """Add (`sign` 1) or take back (-1) a not discarded call's tools and trainable tokens."""
         t = self._tally
-        tokens = (node.sampled.size if node.trainable and node.sampled is not None
-                  and node.turn.meta.get("call_role") != "auxiliary" else 0)
+        tokens = (
+            node.sampled.size
+            if node.trainable and node.sampled is not None and node.turn.meta.get("call_role") != "auxiliary"
+            else 0
+        )
         t.trainable += sign * tokens
         if node.tools:
             t.tool_calls += sign
@@ -770,10 +814,16 @@ class RolloutGraph:
         messages beyond the parent's conversation are hashed (cost ∝ new messages).
         """
         p = self._nodes[node.parent] if node.parent is not None else None
-        if (node.conv_hash is None and p is not None and node.kind == "prefix"
-                and p.conv_hash is not None and len(conv) >= p.conv_len):
-            node.conv_hash = chain_hashes(conv[p.conv_len:] + [node.turn.response or {}],
-                                           start=p.conv_hash)[-1]
+        if (
+            node.conv_hash is None
+            and p is not None
+            and node.kind == "prefix"
+            and p.conv_hash is not None
+            and len(conv) >= p.conv_len
+        ):
+            node.conv_hash = chain_hashes(conv[p.conv_len :] + [node.turn.response or {}], start=p.conv_hash)[
+                -1
+            ]
         self._conv.setdefault(self._conv_hash(node), []).append(node.seq)
 
     # -- adoption --------------------------------------------------------------------------
@@ -783,9 +833,9 @@ class RolloutGraph:
 
         Candidates are only the calls that could have hung where `new` would: the new call's
         siblings (or the roots when it is a root) and the children of calls with the same
-        prompt+sampled ids or the same prompt (whose children may hang there by re-tokenisation). Each candidate is cheaply pre-checked (its prompt starts with the
-        new call's prompt), then re-linked with the same rule as `add`, so the graph is the one
-        in-order arrival would have built.
+        prompt+sampled ids or the same prompt (whose children may hang there by re-tokenisation). Each
+        candidate is cheaply pre-checked (its prompt starts with the new call's prompt), then re-linked with
+        the same rule as `add`, so the graph is the one in-order arrival would have built.
         """
         cands: set[int] = set(self._roots if new.parent is None else self._nodes[new.parent].children)
         if new.has_prompt:

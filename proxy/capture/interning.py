@@ -77,8 +77,9 @@ class Interner:
             shared = 0 if before is None else self._shared(items, whole, before)
             old_keys, old_objects = (before.keys, before.objects) if before else ([], [])
             new_keys = [content_key(item) for item in items[shared:]]
-            objects = old_objects[:shared] + [self.objects.setdefault(key, item)
-                                              for key, item in zip(new_keys, items[shared:], strict=True)]
+            objects = old_objects[:shared] + [
+                self.objects.setdefault(key, item) for key, item in zip(new_keys, items[shared:], strict=True)
+            ]
             out[name] = objects
             keys[name] = old_keys[:shared] + new_keys
             self._previous[name] = _Sent(whole, keys[name], objects)
@@ -87,7 +88,7 @@ class Interner:
     def _shared(self, items: list[Any], whole: bytes, before: _Sent) -> int:
         """How many leading `items` are, byte for byte, the ones the previous call sent."""
         head = before.json[:-1]  # `[a,b` of `[a,b]`
-        if before.keys and whole.startswith(head) and whole[len(head):len(head) + 1] in (b",", b"]"):
+        if before.keys and whole.startswith(head) and whole[len(head) : len(head) + 1] in (b",", b"]"):
             return len(before.keys)
         shared = 0
         for item, sent in zip(items, before.objects, strict=False):

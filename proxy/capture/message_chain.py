@@ -12,8 +12,6 @@ from typing import Any
 import orjson
 
 
-
-
 def _canon_args(args: Any) -> str:
     if isinstance(args, str):
         text = args
@@ -80,7 +78,7 @@ def conversation(request: dict[str, Any]) -> list[dict[str, Any]]:
 def system_prompt(request: dict[str, Any]) -> list[bytes]:
     """The request's leading system/developer messages, canonical (what `conversation` skips)."""
     msgs = [m for m in (request.get("messages") or []) if isinstance(m, dict)]
-    return [normalize_message(m) for m in msgs[:len(msgs) - len(conversation(request))]]
+    return [normalize_message(m) for m in msgs[: len(msgs) - len(conversation(request))]]
 
 
 def _chain(prev: bytes, msg: dict[str, Any]) -> bytes:

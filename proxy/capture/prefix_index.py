@@ -17,8 +17,6 @@ import numpy as np
 import numpy.typing as npt
 
 
-
-
 class PrefixHasher:
     """Two polynomial hashes (independent random bases) of every prefix of a token array.
 
@@ -44,8 +42,9 @@ class PrefixHasher:
             pw = self._powers[which] = np.concatenate([pw, ext])
         return pw[start:stop]
 
-    def prefix_hashes(self, ids: np.ndarray, offset: int = 0,
-                      start: tuple[int, int] = (0, 0)) -> tuple[np.ndarray, np.ndarray]:
+    def prefix_hashes(
+        self, ids: np.ndarray, offset: int = 0, start: tuple[int, int] = (0, 0)
+    ) -> tuple[np.ndarray, np.ndarray]:
         """`(g1, g2)` with `g[i]` = hash of `prefix + ids[:i]` for i in 0..len(ids), where the
         prefix has length `offset` and hashes `start` (`g[0]`), so a sequence can be hashed in
         pieces."""
@@ -64,8 +63,9 @@ class PrefixHasher:
             out.append(np.add.accumulate(g, out=g))
         return out[0], out[1]
 
-    def window(self, ids: np.ndarray, base: int = 0,
-               start: tuple[int, int] = (0, 0)) -> tuple[np.ndarray, np.ndarray]:
+    def window(
+        self, ids: np.ndarray, base: int = 0, start: tuple[int, int] = (0, 0)
+    ) -> tuple[np.ndarray, np.ndarray]:
         """`(g1, g2)` with `g[i]` = hash of `ids[:base + i]` for i in 0..len(ids) - base, given
         `start`, the hashes of `ids[:base]` (only `ids[base:]` is hashed)."""
         return self.prefix_hashes(ids[base:], base, start)
@@ -124,8 +124,9 @@ class LengthIndex:
     def get(self, key: Key) -> list[int]:
         return self._by_key.get(key, [])
 
-    def longest(self, g1: np.ndarray, g2: np.ndarray, base: int, lo: int, hi: int,
-                accept: Any = None) -> tuple[int, list[int]] | None:
+    def longest(
+        self, g1: np.ndarray, g2: np.ndarray, base: int, lo: int, hi: int, accept: Any = None
+    ) -> tuple[int, list[int]] | None:
         """Longest length L with lo < L <= hi whose prefix hash is indexed: `(L, seqs)`.
 
         `g1`, `g2` are a window from `PrefixHasher.window` starting at length `base`; lengths
@@ -141,8 +142,7 @@ class LengthIndex:
             hits = self._lens[a:b]  # each is looked up by its full key below
         else:
             if self._arrays is None:
-                self._arrays = (np.array(self._lens, dtype=np.int64),
-                                np.array(self._packed, dtype=np.uint64))
+                self._arrays = (np.array(self._lens, dtype=np.int64), np.array(self._packed, dtype=np.uint64))
             lens, packed = self._arrays
             cand = lens[a:b]
             probe = self._pack(cand, g1[cand - base])

@@ -23,8 +23,15 @@ from tapdeck.schema.findings import Finding
 _TEXT_FIELDS = ("content", "reasoning", "reasoning_content", "role")
 """Message fields that are a string or null."""
 
-_JSON_NAMES = {str: "a string", int: "a number", float: "a number", bool: "a boolean",
-               list: "a list", dict: "an object", type(None): "null"}
+_JSON_NAMES = {
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "a boolean",
+    list: "a list",
+    dict: "an object",
+    type(None): "null",
+}
 
 
 def shown(value: Any, limit: int = 60) -> str:
@@ -98,9 +105,14 @@ def readable_stored_reply(response: Any, seq: int) -> tuple[dict[str, Any], list
     message, faults = readable_message(response, "response")
     if not faults:
         return message, []
-    return message, [Finding.warn(
-        "stored_reply_malformed", f"the stored reply is not of the shape tapdeck reads, so these "
-                                  f"were left out of it: {'; '.join(faults)}", seq)]
+    return message, [
+        Finding.warn(
+            "stored_reply_malformed",
+            f"the stored reply is not of the shape tapdeck reads, so these "
+            f"were left out of it: {'; '.join(faults)}",
+            seq,
+        )
+    ]
 
 
 __all__ = ["readable_message", "readable_stored_reply", "shown"]

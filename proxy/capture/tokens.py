@@ -97,9 +97,9 @@ class PromptIdsMemo:
             room = np.empty(max(2 * (n + k), 1024), dtype=ID_DTYPE)
             room[:n] = self.ids
             self._room = room
-        room[n:n + k] = new
+        room[n : n + k] = new
         self._filled = n + k
-        return room[:n + k]
+        return room[: n + k]
 
 
 def loads_with_prompt_ids(body: bytes, memo: PromptIdsMemo | None = None) -> object:
@@ -124,7 +124,7 @@ def loads_with_prompt_ids(body: bytes, memo: PromptIdsMemo | None = None) -> obj
     known, tail = _after_known(body, start, end, memo)
     if tail.translate(None, _ID_CHARS):
         return orjson.loads(body)
-    payload = orjson.loads(body[:start - 1] + _SENTINEL + body[end + 1:])
+    payload = orjson.loads(body[: start - 1] + _SENTINEL + body[end + 1 :])
     if not isinstance(payload, dict) or payload.get("prompt_token_ids") != _SENTINEL_TEXT:
         return orjson.loads(body)  # the key was not the top-level one
     if tail.strip():
@@ -155,13 +155,14 @@ def loads_with_prompt_ids(body: bytes, memo: PromptIdsMemo | None = None) -> obj
     return payload
 
 
-def _after_known(body: bytes, start: int, end: int,
-                 memo: PromptIdsMemo | None) -> tuple[np.ndarray | None, bytes]:
+def _after_known(
+    body: bytes, start: int, end: int, memo: PromptIdsMemo | None
+) -> tuple[np.ndarray | None, bytes]:
     """`(ids already known, the list's text still to parse)`: the memo's ids and the text after
     them and their comma when the list starts with the memo's text ending at an id; else
     `(None, the whole list)`."""
     if memo is not None and memo.text and body.startswith(memo.text, start, end):
-        rest = body[start + len(memo.text):end].lstrip()
+        rest = body[start + len(memo.text) : end].lstrip()
         if not rest:
             return memo.ids, b""
         if rest[:1] == b",":

@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from tapdeck.schema.findings import Finding, has_fatal
 from tapdeck.proxy.capture.graph import _LOGPROB_SLACK, RolloutGraph
 from tapdeck.proxy.capture.turn import Turn
+from tapdeck.schema.findings import Finding, has_fatal
 from tapdeck.schema.sessions import RolloutStats
 
 
@@ -37,11 +37,19 @@ def validate_turn(turn: Turn, tier: str) -> list[Finding]:
     out: list[Finding] = []
     tokens = str(tier) == "tokens"
     if tokens and turn.prompt_ids is None:
-        out.append(Finding.fatal("no_prompt_ids", "tokens tier but the engine returned no "
-                                 "prompt_token_ids; the turn cannot be trained", seq))
+        out.append(
+            Finding.fatal(
+                "no_prompt_ids",
+                "tokens tier but the engine returned no prompt_token_ids; the turn cannot be trained",
+                seq,
+            )
+        )
     if tokens and turn.sampled_ids is None:
-        out.append(Finding.fatal("no_sampled_ids", "tokens tier but the engine returned no "
-                                 "token_ids for the reply", seq))
+        out.append(
+            Finding.fatal(
+                "no_sampled_ids", "tokens tier but the engine returned no token_ids for the reply", seq
+            )
+        )
     if turn.prompt_ids is not None:
         out += _check_ids("prompt ids", turn.prompt_ids, seq)
     if turn.sampled_ids is not None:
@@ -53,48 +61,78 @@ def validate_turn(turn: Turn, tier: str) -> list[Finding]:
     if turn.logprobs is not None:
         lp = np.asarray(turn.logprobs, dtype=np.float64)
         if turn.sampled_ids is not None and lp.shape != (len(turn.sampled_ids),):
-            out.append(Finding.fatal("length_mismatch", f"{lp.size} logprobs for "
-                                     f"{len(turn.sampled_ids)} sampled ids", seq))
+            out.append(
+                Finding.fatal(
+                    "length_mismatch", f"{lp.size} logprobs for {len(turn.sampled_ids)} sampled ids", seq
+                )
+            )
         nan = np.isnan(lp)
         if nan.any():
-            out.append(Finding.warn("logprob_null", f"{int(nan.sum())} logprobs missing (null), "
-                                    f"first at {int(np.flatnonzero(nan)[0])}; turn not trainable",
-                                    seq))
+            out.append(
+                Finding.warn(
+                    "logprob_null",
+                    f"{int(nan.sum())} logprobs missing (null), "
+                    f"first at {int(np.flatnonzero(nan)[0])}; turn not trainable",
+                    seq,
+                )
+            )
         inf = np.isinf(lp)
         if inf.any():
-            out.append(Finding.fatal("logprob_not_finite", f"non-finite logprob at "
-                                     f"{int(np.flatnonzero(inf)[0])}", seq))
+            out.append(
+                Finding.fatal(
+                    "logprob_not_finite", f"non-finite logprob at {int(np.flatnonzero(inf)[0])}", seq
+                )
+            )
         pos = lp > _LOGPROB_SLACK
         if pos.any():
             at = int(np.flatnonzero(pos)[0])
             out.append(Finding.fatal("logprob_positive", f"logprob[{at}] = {lp[at]} > 0", seq))
     if turn.finish_reason == "length":
-        out.append(Finding.warn("truncated", "reply cut by max_tokens (finish_reason length); the "
-                                "next prompt may add an end token the model never sampled", seq))
+        out.append(
+            Finding.warn(
+                "truncated",
+                "reply cut by max_tokens (finish_reason length); the "
+                "next prompt may add an end token the model never sampled",
+                seq,
+            )
+        )
     return out
 
 
-def validate_sequence(input_ids: Any, loss_mask: Any, logprobs: Any, *, label: str = "",
-                      turn: int | None = None) -> list[Finding]:
+def validate_sequence(
+    input_ids: Any, loss_mask: Any, logprobs: Any, *, label: str = "", turn: int | None = None
+) -> list[Finding]:
     """Checks on one training sequence (sequence coordinates)."""
     where = f"sequence {label}: " if label else ""
     ids, mask, lp = (np.asarray(a) for a in (input_ids, loss_mask, logprobs))
     if not (ids.shape == mask.shape == lp.shape):
-        return [Finding.fatal("sequence_length_mismatch", f"{where}input_ids {ids.shape}, "
-                              f"loss_mask {mask.shape}, logprobs {lp.shape}", turn)]
+        return [
+            Finding.fatal(
+                "sequence_length_mismatch",
+                f"{where}input_ids {ids.shape}, loss_mask {mask.shape}, logprobs {lp.shape}",
+                turn,
+            )
+        ]
     out = []
     lpf = lp.astype(np.float64)
     ctx = (mask == 0) & (lpf != 0)
     if ctx.any():
-        out.append(Finding.fatal("context_logprob", f"{where}position "
-                                 f"{int(np.flatnonzero(ctx)[0])} has mask 0 but logprob "
-                                 f"{lpf[ctx][0]}", turn))
+        out.append(
+            Finding.fatal(
+                "context_logprob",
+                f"{where}position {int(np.flatnonzero(ctx)[0])} has mask 0 but logprob {lpf[ctx][0]}",
+                turn,
+            )
+        )
     on = mask == 1
     if not on.any():
         out.append(Finding.fatal("nothing_trainable", f"{where}no position has loss_mask 1", turn))
     elif not np.isfinite(lpf[on]).all() or (lpf[on] > _LOGPROB_SLACK).any():
-        out.append(Finding.fatal("bad_trained_logprob", f"{where}a trained position has a "
-                                 "non-finite or positive logprob", turn))
+        out.append(
+            Finding.fatal(
+                "bad_trained_logprob", f"{where}a trained position has a non-finite or positive logprob", turn
+            )
+        )
     return out
 
 
@@ -115,29 +153,47 @@ def validate_rollout(graph: RolloutGraph, tier: str, *, rollout_type: str = "aut
     if stats.turns == 1:
         out.append(Finding.warn("single_call", "only one model call in this rollout"))
     elif len(agent_calls) > 1 and all(graph.nodes[seq].parent is None for seq in agent_calls):
-        out.append(Finding.warn("every_call_a_root", f"all {len(agent_calls)} agent calls are roots: "
-                                "nothing links by token prefix (the harness re-renders its "
-                                "prompts, or resends a prompt without the reply it got)"))
+        out.append(
+            Finding.warn(
+                "every_call_a_root",
+                f"all {len(agent_calls)} agent calls are roots: "
+                "nothing links by token prefix (the harness re-renders its "
+                "prompts, or resends a prompt without the reply it got)",
+            )
+        )
     elif stats.roots > 1:
-        out.append(Finding.warn("several_roots", f"{stats.roots} roots (subagents, title or "
-                                "summary calls, or broken prefixes)"))
+        out.append(
+            Finding.warn(
+                "several_roots",
+                f"{stats.roots} roots (subagents, title or summary calls, or broken prefixes)",
+            )
+        )
     if stats.discarded:
-        out.append(Finding.warn("discarded_turns", f"{stats.discarded} discarded turns "
-                                "(retries/resamples that were not continued)"))
+        out.append(
+            Finding.warn(
+                "discarded_turns",
+                f"{stats.discarded} discarded turns (retries/resamples that were not continued)",
+            )
+        )
     if stats.breaks:
-        out.append(Finding.warn("prefix_breaks", f"{stats.breaks} prefix breaks; fragmentation "
-                                f"{stats.fragmentation} token segments per conversation"))
+        out.append(
+            Finding.warn(
+                "prefix_breaks",
+                f"{stats.breaks} prefix breaks; fragmentation "
+                f"{stats.fragmentation} token segments per conversation",
+            )
+        )
     if is_train(tier, rollout_type):
         agent = [s for s in graph.sequences() if s.role == "agent" and s.input_ids is not None]
         trainable = False
         for i, s in enumerate(agent):
-            found = validate_sequence(s.input_ids, s.loss_mask, s.logprobs, label=str(i),
-                                      turn=s.nodes[-1])
+            found = validate_sequence(s.input_ids, s.loss_mask, s.logprobs, label=str(i), turn=s.nodes[-1])
             trainable = trainable or not any(f.code == "nothing_trainable" for f in found)
             out += found
         if not trainable:
-            out.append(Finding.fatal("no_trainable_sequence", "train rollout without any "
-                                     "trainable agent sequence"))
+            out.append(
+                Finding.fatal("no_trainable_sequence", "train rollout without any trainable agent sequence")
+            )
     return out
 
 

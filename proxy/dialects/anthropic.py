@@ -35,9 +35,17 @@ from tapdeck.proxy.dialects.reply import ChatReply, join_text, read_reply
 _BILLING_LINE = re.compile(r"^x-anthropic-billing-header:.*(?:\r?\n)?", re.MULTILINE | re.IGNORECASE)
 _NON_TEXT = {"image", "document", "file", "container_upload", "search_result"}
 _ERROR_TYPES = {
-    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
-    500: "api_error", 502: "api_error", 503: "overloaded_error", 504: "api_error", 529: "overloaded_error",
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    502: "api_error",
+    503: "overloaded_error",
+    504: "api_error",
+    529: "overloaded_error",
 }
 _KNOWN_ERROR_TYPES = set(_ERROR_TYPES.values())
 
@@ -48,8 +56,12 @@ def strip_billing_header(text: str) -> str:
 
 
 def _text_only(kind: str, where: str) -> DialectError:
-    return DialectError(400, f"{where}: content of type '{kind}' is not supported; the engine behind "
-                             "this proxy is text-only (send text content only)", param=where)
+    return DialectError(
+        400,
+        f"{where}: content of type '{kind}' is not supported; the engine behind "
+        "this proxy is text-only (send text content only)",
+        param=where,
+    )
 
 
 def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
@@ -109,17 +121,27 @@ def _convert_messages(messages: Any, dropped: list[str]) -> list[dict[str, Any]]
                     reasoning.append(block.get("thinking") or "")
                 elif kind == "tool_use":
                     name = block.get("name") or ""
-                    calls.append({"id": block.get("id") or f"toolu_{m}_{b}", "type": "function",
-                                  "function": {"name": name, "arguments": current_memo().encode(
-                                      name, block.get("input") or {})}})
+                    calls.append(
+                        {
+                            "id": block.get("id") or f"toolu_{m}_{b}",
+                            "type": "function",
+                            "function": {
+                                "name": name,
+                                "arguments": current_memo().encode(name, block.get("input") or {}),
+                            },
+                        }
+                    )
                 elif kind in _NON_TEXT:
                     raise _text_only(kind, f"{where}.content[{b}]")
                 elif kind == "redacted_thinking":
                     # Reasoning encrypted by Anthropic: no other engine can read it.
                     left_out.append(f"{where}.content[{b}] redacted_thinking (encrypted reasoning)")
                 else:
-                    raise unsupported_part(kind, f"{where}.content[{b}]", "text, thinking, "
-                                           "redacted_thinking and tool_use blocks from the assistant")
+                    raise unsupported_part(
+                        kind,
+                        f"{where}.content[{b}]",
+                        "text, thinking, redacted_thinking and tool_use blocks from the assistant",
+                    )
             if left_out and not (text or reasoning or calls):
                 raise emptied_message(where, left_out)
             dropped.extend(left_out)
@@ -137,21 +159,28 @@ def _convert_messages(messages: Any, dropped: list[str]) -> list[dict[str, Any]]
                     if pending:
                         out.append({"role": role, "content": join_text(pending)})
                         pending = []
-                    out.append({"role": "tool", "tool_call_id": block.get("tool_use_id") or "",
-                                "content": _tool_result_text(block, f"{where}.content[{b}]")})
+                    out.append(
+                        {
+                            "role": "tool",
+                            "tool_call_id": block.get("tool_use_id") or "",
+                            "content": _tool_result_text(block, f"{where}.content[{b}]"),
+                        }
+                    )
                 elif kind == "text":
                     said = block.get("text") or ""
                     pending.append(strip_billing_header(said) if role == "system" else said)
                 elif kind in _NON_TEXT:
                     raise _text_only(kind, f"{where}.content[{b}]")
                 else:
-                    raise unsupported_part(kind, f"{where}.content[{b}]",
-                                           f"text and tool_result blocks from the {role}")
+                    raise unsupported_part(
+                        kind, f"{where}.content[{b}]", f"text and tool_result blocks from the {role}"
+                    )
             if pending or not blocks:
                 out.append({"role": role, "content": join_text(pending)})
         else:
-            raise DialectError(400, f"{where}.role must be 'user' or 'assistant', got {role!r}",
-                               param=f"{where}.role")
+            raise DialectError(
+                400, f"{where}.role must be 'user' or 'assistant', got {role!r}", param=f"{where}.role"
+            )
     return out
 
 
@@ -189,8 +218,10 @@ class AnthropicDialect:
     """Anthropic Messages API."""
 
     name: ClassVar[str] = "anthropic"
-    chat_field_names: ClassVar[Mapping[str, str]] = {"response_format": "output_config.format",
-                                                     "stop": "stop_sequences"}
+    chat_field_names: ClassVar[Mapping[str, str]] = {
+        "response_format": "output_config.format",
+        "stop": "stop_sequences",
+    }
 
     def matches(self, path: str) -> bool:
         lowered = path.split("?", 1)[0].lower().rstrip("/")
@@ -218,8 +249,10 @@ class AnthropicDialect:
             raise DialectError(400, "n > 1 is not supported: one completion per call", param="n")
         tools, dropped = _convert_tools(objects_at(body.get("tools"), "tools"))
         # MCP servers are reached by Anthropic's own connector: their tools are hosted tools too.
-        dropped += [f"mcp_servers[{server.get('name') or server.get('url') or i}]"
-                    for i, server in enumerate(objects_at(body.get("mcp_servers"), "mcp_servers"))]
+        dropped += [
+            f"mcp_servers[{server.get('name') or server.get('url') or i}]"
+            for i, server in enumerate(objects_at(body.get("mcp_servers"), "mcp_servers"))
+        ]
         if tools:
             chat["tools"] = tools
             choice, parallel = _convert_tool_choice(body.get("tool_choice"))
@@ -235,12 +268,21 @@ class AnthropicDialect:
             chat["stop"] = list(stops)
         fmt = object_at(body.get("output_config"), "output_config").get("format")
         if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
-            chat["response_format"] = {"type": "json_schema",
-                                       "json_schema": {"name": "output", "schema": fmt.get("schema") or {}}}
-        return DialectRequest(chat=chat, stream=body.get("stream") is True,
-                              client_model=body.get("model"),
-                              context={"stop_sequences": list(stops), "dropped_tools": dropped,
-                                       "dropped_parts": dropped_parts, "object_arguments": True})
+            chat["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "output", "schema": fmt.get("schema") or {}},
+            }
+        return DialectRequest(
+            chat=chat,
+            stream=body.get("stream") is True,
+            client_model=body.get("model"),
+            context={
+                "stop_sequences": list(stops),
+                "dropped_tools": dropped,
+                "dropped_parts": dropped_parts,
+                "object_arguments": True,
+            },
+        )
 
     # ---- replies -------------------------------------------------------------------------------
 
@@ -262,8 +304,14 @@ class AnthropicDialect:
         if reply.text:
             blocks.append({"type": "text", "text": reply.text})
         for call in reply.tool_calls:
-            blocks.append({"type": "tool_use", "id": call.id, "name": call.name,
-                           "input": current_memo().decode(call.name, call.arguments)})
+            blocks.append(
+                {
+                    "type": "tool_use",
+                    "id": call.id,
+                    "name": call.name,
+                    "input": current_memo().decode(call.name, call.arguments),
+                }
+            )
         return blocks
 
     @staticmethod
@@ -271,56 +319,94 @@ class AnthropicDialect:
         # Anthropic's `input_tokens` are the prompt tokens NOT read from cache (a client's context
         # size is their sum with `cache_read_input_tokens`); vLLM's `prompt_tokens` count them all.
         cached = min(reply.cached_tokens, reply.prompt_tokens)
-        return {"input_tokens": reply.prompt_tokens - cached, "output_tokens": reply.completion_tokens,
-                "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
+        return {
+            "input_tokens": reply.prompt_tokens - cached,
+            "output_tokens": reply.completion_tokens,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": cached,
+        }
 
     def render(self, reply: Mapping[str, Any], request: DialectRequest) -> dict[str, Any]:
         parsed = read_reply(reply)
         stop_reason, stop_sequence = self._stop(parsed, request)
-        return {"id": f"msg_{parsed.id}", "type": "message", "role": "assistant",
-                "model": request.client_model or "", "content": self._content(parsed),
-                "stop_reason": stop_reason, "stop_sequence": stop_sequence,
-                "usage": self._usage(parsed)}
+        return {
+            "id": f"msg_{parsed.id}",
+            "type": "message",
+            "role": "assistant",
+            "model": request.client_model or "",
+            "content": self._content(parsed),
+            "stop_reason": stop_reason,
+            "stop_sequence": stop_sequence,
+            "usage": self._usage(parsed),
+        }
 
     def render_stream(self, reply: Mapping[str, Any], request: DialectRequest) -> Iterator[SSEEvent]:
         parsed = read_reply(reply)
         stop_reason, stop_sequence = self._stop(parsed, request)
         start_usage = self._usage(parsed) | {"output_tokens": 0}
-        yield _event("message_start", {"type": "message_start", "message": {
-            "id": f"msg_{parsed.id}", "type": "message", "role": "assistant",
-            "model": request.client_model or "", "content": [], "stop_reason": None,
-            "stop_sequence": None, "usage": start_usage}})
+        yield _event(
+            "message_start",
+            {
+                "type": "message_start",
+                "message": {
+                    "id": f"msg_{parsed.id}",
+                    "type": "message",
+                    "role": "assistant",
+                    "model": request.client_model or "",
+                    "content": [],
+                    "stop_reason": None,
+                    "stop_sequence": None,
+                    "usage": start_usage,
+                },
+            },
+        )
         for index, block in enumerate(self._content(parsed)):
             kind = block["type"]
             start: dict[str, Any]
             if kind == "thinking":
                 start = {"type": "thinking", "thinking": "", "signature": ""}
-                deltas = [{"type": "thinking_delta", "thinking": block["thinking"]},
-                          {"type": "signature_delta", "signature": ""}]
+                deltas = [
+                    {"type": "thinking_delta", "thinking": block["thinking"]},
+                    {"type": "signature_delta", "signature": ""},
+                ]
             elif kind == "text":
                 start = {"type": "text", "text": ""}
                 deltas = [{"type": "text_delta", "text": block["text"]}]
             else:
                 start = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
                 # The SDK parses the concatenated deltas, so send JSON that is known to parse.
-                deltas = [{"type": "input_json_delta", "partial_json": json.dumps(block["input"],
-                                                                                  ensure_ascii=False)}]
-            yield _event("content_block_start", {"type": "content_block_start", "index": index,
-                                                 "content_block": start})
+                deltas = [
+                    {
+                        "type": "input_json_delta",
+                        "partial_json": json.dumps(block["input"], ensure_ascii=False),
+                    }
+                ]
+            yield _event(
+                "content_block_start", {"type": "content_block_start", "index": index, "content_block": start}
+            )
             for delta in deltas:
-                yield _event("content_block_delta", {"type": "content_block_delta", "index": index,
-                                                     "delta": delta})
+                yield _event(
+                    "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
+                )
             yield _event("content_block_stop", {"type": "content_block_stop", "index": index})
-        yield _event("message_delta", {"type": "message_delta",
-                                       "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                                       "usage": self._usage(parsed)})
+        yield _event(
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+                "usage": self._usage(parsed),
+            },
+        )
         yield _event("message_stop", {"type": "message_stop"})
 
     # ---- errors --------------------------------------------------------------------------------
 
     def error_body(self, status: int, message: str, kind: str, param: str | None = None) -> dict[str, Any]:
-        error_type = kind if kind in _KNOWN_ERROR_TYPES else _ERROR_TYPES.get(
-            status, "invalid_request_error" if 400 <= status < 500 else "api_error")
+        error_type = (
+            kind
+            if kind in _KNOWN_ERROR_TYPES
+            else _ERROR_TYPES.get(status, "invalid_request_error" if 400 <= status < 500 else "api_error")
+        )
         return {"type": "error", "error": {"type": error_type, "message": message}}
 
     def stream_error(self, status: int, message: str, kind: str) -> Iterator[SSEEvent]:

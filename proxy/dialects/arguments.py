@@ -82,11 +82,16 @@ def as_object(arguments: str | None) -> dict[str, Any] | None:
 def not_object_findings(reply: Mapping[str, Any]) -> list[Finding]:
     """A WARN per tool call of `reply` whose sampled arguments are not a JSON object, for a call
     whose client takes arguments as objects (it is handed `{}` for them)."""
-    return [Finding.warn("tool_arguments_not_object",
-                         f"tool call {i} ({call.name}): the sampled arguments are not a JSON object, "
-                         f"so the agent was handed {{}} for {call.arguments[:80]!r}; resent, the "
-                         "call renders as sampled")
-            for i, call in enumerate(read_reply(reply).tool_calls) if as_object(call.arguments) is None]
+    return [
+        Finding.warn(
+            "tool_arguments_not_object",
+            f"tool call {i} ({call.name}): the sampled arguments are not a JSON object, "
+            f"so the agent was handed {{}} for {call.arguments[:80]!r}; resent, the "
+            "call renders as sampled",
+        )
+        for i, call in enumerate(read_reply(reply).tool_calls)
+        if as_object(call.arguments) is None
+    ]
 
 
 _CURRENT: ContextVar[ArgumentsMemo | None] = ContextVar("tapdeck_arguments_memo", default=None)

@@ -13,8 +13,7 @@ from typing import Any, ClassVar, Protocol
 
 from tapdeck.proxy.errors import DialectError
 
-__all__ = ["Dialect", "DialectError", "DialectRequest", "SSEEvent", "object_at", "objects_at",
-           "strings_at"]
+__all__ = ["Dialect", "DialectError", "DialectRequest", "SSEEvent", "object_at", "objects_at", "strings_at"]
 
 
 def strings_at(value: Any, where: str) -> list[str]:
@@ -32,25 +31,35 @@ def loosened_tool_choice(where: str, allowed: list[str], tool_names: list[str]) 
     `tool_choice`, which forces one named tool or any tool but never a subset; None if nothing."""
     if not allowed or set(tool_names) <= set(allowed):
         return None
-    return (f"{where} limits calls to {', '.join(allowed)}; the engine can force one named tool or "
-            f"any tool, not a subset, so this call could call any of its {len(tool_names)} tools")
+    return (
+        f"{where} limits calls to {', '.join(allowed)}; the engine can force one named tool or "
+        f"any tool, not a subset, so this call could call any of its {len(tool_names)} tools"
+    )
 
 
 def unsupported_part(kind: Any, where: str, translated: str) -> DialectError:
     """A 400 for a content part the translation has no place for: dropped, it would leave the
     model answering without what it held, and nothing would say so."""
-    return DialectError(400, f"{where}: content of type {kind!r} is not supported here (tapdeck "
-                             f"translates {translated}); it is refused rather than dropped, so the "
-                             "model never answers without it", param=where)
+    return DialectError(
+        400,
+        f"{where}: content of type {kind!r} is not supported here (tapdeck "
+        f"translates {translated}); it is refused rather than dropped, so the "
+        "model never answers without it",
+        param=where,
+    )
 
 
 def emptied_message(where: str, left_out: list[str]) -> DialectError:
     """A 400 for a message whose every part is one the translation leaves out: sent empty, or left
     out, it would change the conversation (a user turn gone makes the prompt end on an assistant
     message, which the engine would continue as a prefill)."""
-    return DialectError(400, f"{where}: tapdeck leaves out {'; '.join(left_out)}, and nothing else is in "
-                             "the message: it would reach the model empty, so it is refused (send its "
-                             "content as text)", param=where)
+    return DialectError(
+        400,
+        f"{where}: tapdeck leaves out {'; '.join(left_out)}, and nothing else is in "
+        "the message: it would reach the model empty, so it is refused (send its "
+        "content as text)",
+        param=where,
+    )
 
 
 def object_at(value: Any, where: str) -> Mapping[str, Any]:

@@ -1,9 +1,10 @@
 """OpenAI chat-completions: the proxy's internal form, so translation is mostly normalisation.
 
 Requests: the leading system and `developer` messages fold into one leading system message (one
-template rendering, one stable prompt prefix); later ones stay in place as `system` messages. Replies: the client's model name back, usage details
-zero-filled, capture fields the client did not ask for removed. Streams are synthesised from the
-full reply as the chunk sequence OpenAI's SDKs expect, ending in `data: [DONE]`.
+template rendering, one stable prompt prefix); later ones stay in place as `system` messages. Replies: the
+client's model name back, usage details zero-filled, capture fields the client did not ask for removed.
+Streams are synthesised from the full reply as the chunk sequence OpenAI's SDKs expect, ending in `data:
+[DONE]`.
 """
 
 from __future__ import annotations
@@ -37,8 +38,10 @@ def merge_system_messages(messages: list[Any], roles: list[Any] | None = None) -
     single = lead == 0 or (lead == 1 and roles[0] == "system")
     if "developer" not in roles[lead:]:
         return messages if single else [_merged(messages[:lead]), *messages[lead:]]
-    rest = [{**m, "role": "system"} if r == "developer" else m
-            for m, r in zip(messages[lead:], roles[lead:], strict=True)]
+    rest = [
+        {**m, "role": "system"} if r == "developer" else m
+        for m, r in zip(messages[lead:], roles[lead:], strict=True)
+    ]
     return [*messages[:lead], *rest] if single else [_merged(messages[:lead]), *rest]
 
 
@@ -121,8 +124,9 @@ class ChatDialect:
             raise DialectError(400, "every message must be an object with a `role`", param="messages")
         n = body.get("n")
         if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n > 1):
-            raise DialectError(400, f"n={n!r} is not supported: the capture proxy records one "
-                                    "completion per call", param="n")
+            raise DialectError(
+                400, f"n={n!r} is not supported: the capture proxy records one completion per call", param="n"
+            )
         model = body.get("model")
         chat = dict(body)
         chat["messages"] = merge_system_messages(messages, roles)
@@ -134,8 +138,9 @@ class ChatDialect:
             "top_logprobs": body.get("top_logprobs"),
             "return_token_ids": body.get("return_token_ids") is True,
         }
-        return DialectRequest(chat=chat, stream=stream,
-                              client_model=model if isinstance(model, str) else None, context=context)
+        return DialectRequest(
+            chat=chat, stream=stream, client_model=model if isinstance(model, str) else None, context=context
+        )
 
     def render(self, reply: Mapping[str, Any], request: DialectRequest) -> dict[str, Any]:
         """The reply as the client would get it from the engine directly, under its own model name."""
@@ -157,8 +162,7 @@ class ChatDialect:
                 choice["logprobs"] = None
             elif isinstance(choice.get("logprobs"), Mapping):
                 asked = ctx.get("top_logprobs")
-                choice["logprobs"] = _alternatives_cut(choice["logprobs"],
-                                                       asked if type(asked) is int else 0)
+                choice["logprobs"] = _alternatives_cut(choice["logprobs"], asked if type(asked) is int else 0)
             choices.append(choice)
         out["choices"] = choices
         return out
@@ -168,9 +172,13 @@ class ChatDialect:
         `stream_options.include_usage`), `[DONE]`."""
         full = self.render(reply, request)
         include_usage = bool(request.context.get("include_usage"))
-        head = {"id": full.get("id") or "chatcmpl-tapdeck", "object": "chat.completion.chunk",
-                "created": full.get("created") or 0, "model": full.get("model"),
-                "system_fingerprint": full.get("system_fingerprint")}
+        head = {
+            "id": full.get("id") or "chatcmpl-tapdeck",
+            "object": "chat.completion.chunk",
+            "created": full.get("created") or 0,
+            "model": full.get("model"),
+            "system_fingerprint": full.get("system_fingerprint"),
+        }
         choice = (full.get("choices") or [{}])[0]
         message = choice.get("message") or {}
 
@@ -203,8 +211,18 @@ class ChatDialect:
             yield chunk({"content": content or ""}, **extra)
         for i, call in enumerate(message.get("tool_calls") or []):
             fn = call.get("function") or {}
-            yield chunk({"tool_calls": [{"index": i, "id": call.get("id"), "type": "function",
-                                         "function": {"name": fn.get("name"), "arguments": ""}}]})
+            yield chunk(
+                {
+                    "tool_calls": [
+                        {
+                            "index": i,
+                            "id": call.get("id"),
+                            "type": "function",
+                            "function": {"name": fn.get("name"), "arguments": ""},
+                        }
+                    ]
+                }
+            )
             if fn.get("arguments"):
                 yield chunk({"tool_calls": [{"index": i, "function": {"arguments": fn["arguments"]}}]})
         yield chunk({}, finish=choice.get("finish_reason") or "stop")
@@ -228,9 +246,15 @@ def _alternatives_cut(logprobs: Mapping[str, Any], asked: int) -> dict[str, Any]
     content = logprobs.get("content")
     if not isinstance(content, list):
         return dict(logprobs)
-    return {**logprobs, "content": [
-        {**e, "top_logprobs": (e.get("top_logprobs") or [])[:max(asked, 0)]}
-        if isinstance(e, Mapping) else e for e in content]}
+    return {
+        **logprobs,
+        "content": [
+            {**e, "top_logprobs": (e.get("top_logprobs") or [])[: max(asked, 0)]}
+            if isinstance(e, Mapping)
+            else e
+            for e in content
+        ],
+    }
 
 
 DIALECT = ChatDialect()

@@ -41,15 +41,41 @@ from tapdeck.proxy.dialects.reply import ChatReply, join_text, read_reply
 
 _MODEL_IN_PATH = re.compile(r"/models/([^/:]+)", re.IGNORECASE)
 _NON_TEXT = ("inlineData", "inline_data", "fileData", "file_data")
-_PART_DATA = {"text": "text", "functionCall": "functionCall", "function_call": "functionCall",
-              "functionResponse": "functionResponse", "function_response": "functionResponse"}
-_PART_METADATA = {"thought", "thoughtSignature", "thought_signature", "partMetadata", "part_metadata",
-                  "videoMetadata", "video_metadata", "mediaResolution", "media_resolution"}
+_PART_DATA = {
+    "text": "text",
+    "functionCall": "functionCall",
+    "function_call": "functionCall",
+    "functionResponse": "functionResponse",
+    "function_response": "functionResponse",
+}
+_PART_METADATA = {
+    "thought",
+    "thoughtSignature",
+    "thought_signature",
+    "partMetadata",
+    "part_metadata",
+    "videoMetadata",
+    "video_metadata",
+    "mediaResolution",
+    "media_resolution",
+}
 """Fields of a part that describe its data rather than hold any."""
-_STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
-           409: "ABORTED", 413: "INVALID_ARGUMENT", 422: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED",
-           499: "CANCELLED", 500: "INTERNAL", 501: "UNIMPLEMENTED", 502: "UNAVAILABLE",
-           503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
+_STATUS = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    409: "ABORTED",
+    413: "INVALID_ARGUMENT",
+    422: "INVALID_ARGUMENT",
+    429: "RESOURCE_EXHAUSTED",
+    499: "CANCELLED",
+    500: "INTERNAL",
+    501: "UNIMPLEMENTED",
+    502: "UNAVAILABLE",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
 _SCHEMA_TYPES = {"STRING", "NUMBER", "INTEGER", "BOOLEAN", "ARRAY", "OBJECT", "NULL"}
 JSON_ARRAY = "json_array"
 """`DialectRequest.context["stream_format"]` of a stream without `alt=sse`: Google then sends one
@@ -95,8 +121,12 @@ def json_schema(schema: Any) -> Any:
 
 
 def _text_only(key: str, where: str) -> DialectError:
-    return DialectError(400, f"{where}: '{key}' parts are not supported; the engine behind this proxy "
-                             "is text-only (send text parts only)", param=where)
+    return DialectError(
+        400,
+        f"{where}: '{key}' parts are not supported; the engine behind this proxy "
+        "is text-only (send text parts only)",
+        param=where,
+    )
 
 
 def _held(part: Mapping[str, Any], where: str, allowed: tuple[str, ...], dropped: list[str]) -> bool:
@@ -113,18 +143,21 @@ def _held(part: Mapping[str, Any], where: str, allowed: tuple[str, ...], dropped
     data = sorted({_PART_DATA[key] for key in fields if key in _PART_DATA})
     if len(data) > 1:
         # Google's part is one of them; translating one would drop the other.
-        raise DialectError(400, f"{where}: a part holds one of {' or '.join(data)}, not several",
-                           param=where)
+        raise DialectError(400, f"{where}: a part holds one of {' or '.join(data)}, not several", param=where)
     if data and data[0] not in allowed:
         raise unsupported_part(data[0], where, f"{' and '.join(allowed)} parts there")
     if not data:
-        dropped.append(f"{where} {'/'.join(fields)} (a part with no text, call or response)" if fields
-                       else f"{where} (an empty part)")
+        dropped.append(
+            f"{where} {'/'.join(fields)} (a part with no text, call or response)"
+            if fields
+            else f"{where} (an empty part)"
+        )
     return bool(data)
 
 
-def _held_parts(parts: list[Mapping[str, Any]], where: str, allowed: tuple[str, ...],
-                dropped: list[str]) -> None:
+def _held_parts(
+    parts: list[Mapping[str, Any]], where: str, allowed: tuple[str, ...], dropped: list[str]
+) -> None:
     """Checks every part of a content (`_held`); one whose every part is left out is a 400."""
     left_out: list[str] = []
     held = [_held(part, f"{where}.parts[{p}]", allowed, left_out) for p, part in enumerate(parts)]
@@ -178,9 +211,16 @@ def _convert_contents(contents: Any, dropped: list[str]) -> tuple[list[dict[str,
                     call_id = call.get("id") or f"call_{call_count}"
                     call_count += 1
                     pending.append((call_id, name))
-                    calls.append({"id": call_id, "type": "function",
-                                  "function": {"name": name, "arguments": current_memo().encode(
-                                      name, call.get("args") or {})}})
+                    calls.append(
+                        {
+                            "id": call_id,
+                            "type": "function",
+                            "function": {
+                                "name": name,
+                                "arguments": current_memo().encode(name, call.get("args") or {}),
+                            },
+                        }
+                    )
                 elif part.get("thought") and part.get("text"):
                     thoughts.append(part["text"])
                 elif part.get("text"):
@@ -193,8 +233,9 @@ def _convert_contents(contents: Any, dropped: list[str]) -> tuple[list[dict[str,
             out.append(message)
             continue
         if role not in ("user", "function", "tool"):
-            raise DialectError(400, f"{where}.role must be 'user' or 'model', got {role!r}",
-                               param=f"{where}.role")
+            raise DialectError(
+                400, f"{where}.role must be 'user' or 'model', got {role!r}", param=f"{where}.role"
+            )
         texts: list[str] = []
         for part in parts:
             response = _get(part, "functionResponse", "function_response")
@@ -202,8 +243,13 @@ def _convert_contents(contents: Any, dropped: list[str]) -> tuple[list[dict[str,
                 if texts:
                     out.append({"role": "user", "content": join_text(texts)})
                     texts = []
-                out.append({"role": "tool", "tool_call_id": _match_call(response, pending),
-                            "content": _response_text(response.get("response"))})
+                out.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": _match_call(response, pending),
+                        "content": _response_text(response.get("response")),
+                    }
+                )
             elif part.get("text") is not None:
                 texts.append(part["text"])
         if texts or not parts:
@@ -233,14 +279,20 @@ def _convert_tools(tools: Any) -> tuple[list[dict[str, Any]], list[str]]:
     dropped: list[str] = []
     for t, tool in enumerate(objects_at(tools, "tools")):
         # googleSearch / codeExecution / urlContext / ... run at Google; a local engine cannot.
-        dropped.extend(_camel(key) for key, value in tool.items()
-                       if value is not None and key not in ("functionDeclarations", "function_declarations"))
-        for declaration in objects_at(_get(tool, "functionDeclarations", "function_declarations"),
-                                      f"tools[{t}].functionDeclarations"):
+        dropped.extend(
+            _camel(key)
+            for key, value in tool.items()
+            if value is not None and key not in ("functionDeclarations", "function_declarations")
+        )
+        for declaration in objects_at(
+            _get(tool, "functionDeclarations", "function_declarations"), f"tools[{t}].functionDeclarations"
+        ):
             parameters = _get(declaration, "parametersJsonSchema", "parameters_json_schema")
             if parameters is None:
-                parameters = json_schema(declaration.get("parameters")) or {"type": "object",
-                                                                          "properties": {}}
+                parameters = json_schema(declaration.get("parameters")) or {
+                    "type": "object",
+                    "properties": {},
+                }
             function: dict[str, Any] = {"name": declaration.get("name") or "", "parameters": parameters}
             if declaration.get("description"):
                 function["description"] = declaration["description"]
@@ -251,18 +303,24 @@ def _convert_tools(tools: Any) -> tuple[list[dict[str, Any]], list[str]]:
 def _convert_tool_choice(body: Mapping[str, Any], tool_names: list[str]) -> tuple[Any, str | None]:
     """The chat `tool_choice`, and what of the caller's restriction it cannot carry (or None)."""
     config = object_at(_get(body, "toolConfig", "tool_config"), "toolConfig")
-    calling = object_at(_get(config, "functionCallingConfig", "function_calling_config"),
-                        "toolConfig.functionCallingConfig")
+    calling = object_at(
+        _get(config, "functionCallingConfig", "function_calling_config"), "toolConfig.functionCallingConfig"
+    )
     mode = str(calling.get("mode") or "").upper()
-    allowed = list(strings_at(_get(calling, "allowedFunctionNames", "allowed_function_names"),
-                              "toolConfig.functionCallingConfig.allowedFunctionNames"))
+    allowed = list(
+        strings_at(
+            _get(calling, "allowedFunctionNames", "allowed_function_names"),
+            "toolConfig.functionCallingConfig.allowedFunctionNames",
+        )
+    )
     if mode == "NONE":
         return "none", None
     if mode == "ANY" and len(allowed) == 1:
         return {"type": "function", "function": {"name": allowed[0]}}, None
     choice = "required" if mode == "ANY" else "auto" if mode in ("AUTO", "VALIDATED") else None
-    return choice, loosened_tool_choice("toolConfig.functionCallingConfig.allowedFunctionNames",
-                                        allowed, tool_names)
+    return choice, loosened_tool_choice(
+        "toolConfig.functionCallingConfig.allowedFunctionNames", allowed, tool_names
+    )
 
 
 class GoogleDialect:
@@ -272,8 +330,10 @@ class GoogleDialect:
     chat_field_names: ClassVar[Mapping[str, str]] = {
         "tool_choice": "toolConfig.functionCallingConfig.mode",
         "response_format": "generationConfig.responseMimeType",
-        "max_tokens": "generationConfig.maxOutputTokens", "stop": "generationConfig.stopSequences",
-        "n": "generationConfig.candidateCount"}
+        "max_tokens": "generationConfig.maxOutputTokens",
+        "stop": "generationConfig.stopSequences",
+        "n": "generationConfig.candidateCount",
+    }
     sse_keepalive: ClassVar[bytes] = b"\n"
     """google-genai parses any non-`data:` line (an SSE comment too) as a JSON chunk and fails on
     `: keepalive`; a bare blank line is skipped by its parser and by every SSE parser."""
@@ -287,9 +347,12 @@ class GoogleDialect:
             raise DialectError(400, "the request body must be a JSON object")
         if _get(body, "cachedContent", "cached_content") is not None:
             # Answered without it, the model would never see what the cache holds.
-            raise DialectError(400, "cachedContent is not supported by tapdeck: cached content lives "
-                                    "at Google; send its contents and systemInstruction in the request",
-                               param="cachedContent")
+            raise DialectError(
+                400,
+                "cachedContent is not supported by tapdeck: cached content lives "
+                "at Google; send its contents and systemInstruction in the request",
+                param="cachedContent",
+            )
         dropped_parts: list[str] = []
         messages, call_count = _convert_contents(body.get("contents"), dropped_parts)
         system = _system_text(body, dropped_parts)
@@ -306,14 +369,20 @@ class GoogleDialect:
         config = object_at(_get(body, "generationConfig", "generation_config"), "generationConfig")
         candidates = _get(config, "candidateCount", "candidate_count")
         if isinstance(candidates, int) and candidates > 1:
-            raise DialectError(400, "generationConfig.candidateCount > 1 is not supported: one candidate "
-                                    "per call", param="generationConfig.candidateCount")
-        for camel, snake, key in (("temperature", "temperature", "temperature"), ("topP", "top_p", "top_p"),
-                                  ("topK", "top_k", "top_k"), ("maxOutputTokens", "max_output_tokens",
-                                                               "max_tokens"),
-                                  ("seed", "seed", "seed"),
-                                  ("presencePenalty", "presence_penalty", "presence_penalty"),
-                                  ("frequencyPenalty", "frequency_penalty", "frequency_penalty")):
+            raise DialectError(
+                400,
+                "generationConfig.candidateCount > 1 is not supported: one candidate per call",
+                param="generationConfig.candidateCount",
+            )
+        for camel, snake, key in (
+            ("temperature", "temperature", "temperature"),
+            ("topP", "top_p", "top_p"),
+            ("topK", "top_k", "top_k"),
+            ("maxOutputTokens", "max_output_tokens", "max_tokens"),
+            ("seed", "seed", "seed"),
+            ("presencePenalty", "presence_penalty", "presence_penalty"),
+            ("frequencyPenalty", "frequency_penalty", "frequency_penalty"),
+        ):
             value = _get(config, camel, snake)
             if value is not None:
                 chat[key] = value
@@ -322,14 +391,21 @@ class GoogleDialect:
             chat["stop"] = list(stops)
         mime = _get(config, "responseMimeType", "response_mime_type")
         schema = _get(config, "responseJsonSchema", "response_json_schema") or json_schema(
-            _get(config, "responseSchema", "response_schema"))
+            _get(config, "responseSchema", "response_schema")
+        )
         if mime == "application/json":
-            chat["response_format"] = ({"type": "json_schema", "json_schema": {"name": "response",
-                                                                              "schema": schema}}
-                                       if schema else {"type": "json_object"})
+            chat["response_format"] = (
+                {"type": "json_schema", "json_schema": {"name": "response", "schema": schema}}
+                if schema
+                else {"type": "json_object"}
+            )
         stream = is_streaming(path, query)
-        context: dict[str, Any] = {"call_base": call_count, "dropped_tools": dropped,
-                                   "dropped_parts": dropped_parts, "object_arguments": True}
+        context: dict[str, Any] = {
+            "call_base": call_count,
+            "dropped_tools": dropped,
+            "dropped_parts": dropped_parts,
+            "object_arguments": True,
+        }
         if tools and loosened:
             context["loosened_tool_choice"] = loosened
         if _get(config, "responseLogprobs", "response_logprobs") is True:
@@ -351,8 +427,15 @@ class GoogleDialect:
             parts.append({"text": reply.text})
         base = int(request.context.get("call_base") or 0)
         for n, call in enumerate(reply.tool_calls):
-            parts.append({"functionCall": {"id": f"call_{base + n}", "name": call.name,
-                                           "args": current_memo().decode(call.name, call.arguments)}})
+            parts.append(
+                {
+                    "functionCall": {
+                        "id": f"call_{base + n}",
+                        "name": call.name,
+                        "args": current_memo().decode(call.name, call.arguments),
+                    }
+                }
+            )
         return parts
 
     @staticmethod
@@ -361,16 +444,24 @@ class GoogleDialect:
 
     @staticmethod
     def _usage(reply: ChatReply) -> dict[str, Any]:
-        usage = {"promptTokenCount": reply.prompt_tokens, "candidatesTokenCount": reply.completion_tokens,
-                 "totalTokenCount": reply.total_tokens}
+        usage = {
+            "promptTokenCount": reply.prompt_tokens,
+            "candidatesTokenCount": reply.completion_tokens,
+            "totalTokenCount": reply.total_tokens,
+        }
         if reply.reasoning_tokens:
             usage["thoughtsTokenCount"] = reply.reasoning_tokens
         if reply.cached_tokens:
             usage["cachedContentTokenCount"] = reply.cached_tokens
         return usage
 
-    def _chunk(self, reply: ChatReply, request: DialectRequest, parts: list[dict[str, Any]],
-               final: Mapping[str, Any] | None) -> dict[str, Any]:
+    def _chunk(
+        self,
+        reply: ChatReply,
+        request: DialectRequest,
+        parts: list[dict[str, Any]],
+        final: Mapping[str, Any] | None,
+    ) -> dict[str, Any]:
         """One GenerateContentResponse; `final` (the engine's raw reply) for the last one, which
         carries finishReason, usage and the logprobs asked for."""
         candidate: dict[str, Any] = {"content": {"role": "model", "parts": parts}, "index": 0}
@@ -394,8 +485,9 @@ class GoogleDialect:
         parts = self._parts(parsed, request) or [{"text": ""}]
         # One chunk per part; the last carries finishReason and usage (clients read both from it).
         for index, part in enumerate(parts):
-            yield SSEEvent(data=self._chunk(parsed, request, [part],
-                                            final=reply if index == len(parts) - 1 else None))
+            yield SSEEvent(
+                data=self._chunk(parsed, request, [part], final=reply if index == len(parts) - 1 else None)
+            )
 
     # ---- errors --------------------------------------------------------------------------------
 
@@ -423,12 +515,24 @@ def _logprobs_result(reply: Mapping[str, Any], top: int) -> dict[str, Any]:
     if isinstance(ids, list) and len(ids) == len(chosen):
         for candidate, token_id in zip(chosen, ids, strict=True):
             candidate["tokenId"] = token_id
-    alternatives = [{"candidates": [{"token": a.get("token") or "", "logProbability": a.get("logprob")}
-                                    for a in (e.get("top_logprobs") or [])[:top]]} for e in entries]
+    alternatives = [
+        {
+            "candidates": [
+                {"token": a.get("token") or "", "logProbability": a.get("logprob")}
+                for a in (e.get("top_logprobs") or [])[:top]
+            ]
+        }
+        for e in entries
+    ]
     total = sum(c["logProbability"] for c in chosen if isinstance(c["logProbability"], (int, float)))
-    return {"avgLogprobs": total / len(chosen),
-            "logprobsResult": {"topCandidates": alternatives, "chosenCandidates": chosen,
-                               "logProbabilitySum": total}}
+    return {
+        "avgLogprobs": total / len(chosen),
+        "logprobsResult": {
+            "topCandidates": alternatives,
+            "chosenCandidates": chosen,
+            "logProbabilitySum": total,
+        },
+    }
 
 
 DIALECT = GoogleDialect()

@@ -67,8 +67,13 @@ def read_reply(reply: Mapping[str, Any]) -> ChatReply:
         arguments = function.get("arguments")
         if not isinstance(arguments, str):
             arguments = "{}" if arguments is None else json.dumps(arguments, ensure_ascii=False)
-        calls.append(ToolCall(id=call.get("id") or f"call_{uuid.uuid4().hex[:24]}_{index}",
-                              name=function.get("name") or "", arguments=arguments))
+        calls.append(
+            ToolCall(
+                id=call.get("id") or f"call_{uuid.uuid4().hex[:24]}_{index}",
+                name=function.get("name") or "",
+                arguments=arguments,
+            )
+        )
     usage = reply.get("usage") or {}
     prompt_details = usage.get("prompt_tokens_details") or {}
     completion_details = usage.get("completion_tokens_details") or {}

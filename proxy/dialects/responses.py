@@ -51,13 +51,26 @@ _LOCAL_SHELL_PARAMETERS = {
 _CUSTOM_PARAMETERS = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
 _TEXT_PARTS = {"input_text", "output_text", "text", "summary_text", "reasoning_text"}
 _NON_TEXT_PARTS = {"input_image", "input_file", "input_audio", "image_url", "image", "file"}
-_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
-             "frequency_penalty", "repetition_penalty", "parallel_tool_calls")
+_SAMPLING = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "parallel_tool_calls",
+)
 
 
 def _text_only(kind: str, where: str) -> DialectError:
-    return DialectError(400, f"{where}: content of type '{kind}' is not supported; the engine behind "
-                             "this proxy is text-only (send text content only)", param=where)
+    return DialectError(
+        400,
+        f"{where}: content of type '{kind}' is not supported; the engine behind "
+        "this proxy is text-only (send text content only)",
+        param=where,
+    )
 
 
 def _content_text(content: Any, where: str) -> str:
@@ -73,8 +86,9 @@ def _content_text(content: Any, where: str) -> str:
             parts.append(part)
             continue
         if not isinstance(part, Mapping):
-            raise DialectError(400, f"{where}[{i}] must be a string or a content part object",
-                               param=f"{where}[{i}]")
+            raise DialectError(
+                400, f"{where}[{i}] must be a string or a content part object", param=f"{where}[{i}]"
+            )
         kind = part.get("type")
         if kind in _NON_TEXT_PARTS:
             raise _text_only(kind, f"{where}[{i}]")
@@ -112,7 +126,8 @@ class _Builder:
 
     def add_call(self, call_id: str, name: str, arguments: str) -> None:
         self.assistant().setdefault("tool_calls", []).append(
-            {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+        )
 
     def add(self, message: dict[str, Any]) -> None:
         self.close_turn()
@@ -156,8 +171,11 @@ def _convert_input(body: Mapping[str, Any], dropped: list[str]) -> list[dict[str
             elif role == "user":
                 builder.add({"role": "user", "content": text})
             else:
-                raise DialectError(400, f"{where}.role {role!r} is not one of user, assistant, system, "
-                                        "developer", param=f"{where}.role")
+                raise DialectError(
+                    400,
+                    f"{where}.role {role!r} is not one of user, assistant, system, developer",
+                    param=f"{where}.role",
+                )
         elif kind == "reasoning":
             content = item.get("content") or item.get("summary") or []
             text = _content_text(content, f"{where}.content")
@@ -167,11 +185,17 @@ def _convert_input(body: Mapping[str, Any], dropped: list[str]) -> list[dict[str
                 # Reasoning encrypted by OpenAI, with no text beside it: no other engine can read it.
                 dropped.append(f"{where} reasoning (encrypted_content only)")
         elif kind == "function_call":
-            builder.add_call(item.get("call_id") or item.get("id") or f"call_{i}", _call_name(item),
-                             item.get("arguments") or "{}")
+            builder.add_call(
+                item.get("call_id") or item.get("id") or f"call_{i}",
+                _call_name(item),
+                item.get("arguments") or "{}",
+            )
         elif kind == "custom_tool_call":
-            builder.add_call(item.get("call_id") or item.get("id") or f"call_{i}", _call_name(item),
-                             json.dumps({"input": item.get("input") or ""}, ensure_ascii=False))
+            builder.add_call(
+                item.get("call_id") or item.get("id") or f"call_{i}",
+                _call_name(item),
+                json.dumps({"input": item.get("input") or ""}, ensure_ascii=False),
+            )
         elif kind == "local_shell_call":
             action = item.get("action") or {}
             arguments: dict[str, Any] = {"command": action.get("command") or []}
@@ -179,15 +203,26 @@ def _convert_input(body: Mapping[str, Any], dropped: list[str]) -> list[dict[str
                 arguments["workdir"] = action["working_directory"]
             if action.get("timeout_ms") is not None:
                 arguments["timeout_ms"] = action["timeout_ms"]
-            builder.add_call(item.get("call_id") or item.get("id") or f"call_{i}", LOCAL_SHELL,
-                             json.dumps(arguments, ensure_ascii=False))
+            builder.add_call(
+                item.get("call_id") or item.get("id") or f"call_{i}",
+                LOCAL_SHELL,
+                json.dumps(arguments, ensure_ascii=False),
+            )
         elif kind in ("function_call_output", "custom_tool_call_output", "local_shell_call_output"):
-            builder.add({"role": "tool", "tool_call_id": item.get("call_id") or item.get("id") or "",
-                         "content": _content_text(item.get("output"), f"{where}.output")})
+            builder.add(
+                {
+                    "role": "tool",
+                    "tool_call_id": item.get("call_id") or item.get("id") or "",
+                    "content": _content_text(item.get("output"), f"{where}.output"),
+                }
+            )
         elif kind == "item_reference":
-            raise DialectError(400, f"{where}: item_reference is not supported; send the item itself, "
-                                    "or continue a stored response with previous_response_id",
-                               param=where)
+            raise DialectError(
+                400,
+                f"{where}: item_reference is not supported; send the item itself, "
+                "or continue a stored response with previous_response_id",
+                param=where,
+            )
         elif kind in _NON_TEXT_PARTS:
             raise _text_only(kind, where)
         else:
@@ -197,8 +232,9 @@ def _convert_input(body: Mapping[str, Any], dropped: list[str]) -> list[dict[str
         messages.insert(0, {"role": "system", "content": "\n\n".join(builder.system)})
     if not messages:
         # The engine would answer an empty prompt, and the capture would hold a turn of nothing.
-        raise DialectError(400, "input is empty and there are no instructions: send at least one "
-                                "input item", param="input")
+        raise DialectError(
+            400, "input is empty and there are no instructions: send at least one input item", param="input"
+        )
     return messages
 
 
@@ -241,9 +277,10 @@ def _convert_tools(tools: Any) -> tuple[list[dict[str, Any]], set[str], set[str]
     for tool in tools or []:
         kind = tool.get("type")
         if kind == "function":
-            function: dict[str, Any] = {"name": tool.get("name") or "",
-                                        "parameters": tool.get("parameters") or {"type": "object",
-                                                                                 "properties": {}}}
+            function: dict[str, Any] = {
+                "name": tool.get("name") or "",
+                "parameters": tool.get("parameters") or {"type": "object", "properties": {}},
+            }
             if tool.get("description"):
                 function["description"] = tool["description"]
             if tool.get("strict") is not None:
@@ -257,9 +294,16 @@ def _convert_tools(tools: Any) -> tuple[list[dict[str, Any]], set[str], set[str]
             out.append({"type": "function", "function": function})
         elif kind == LOCAL_SHELL:
             local.add(LOCAL_SHELL)
-            out.append({"type": "function", "function": {
-                "name": LOCAL_SHELL, "description": "Run a command on the local machine.",
-                "parameters": _LOCAL_SHELL_PARAMETERS}})
+            out.append(
+                {
+                    "type": "function",
+                    "function": {
+                        "name": LOCAL_SHELL,
+                        "description": "Run a command on the local machine.",
+                        "parameters": _LOCAL_SHELL_PARAMETERS,
+                    },
+                }
+            )
         else:
             # Hosted tools (web_search, file_search, ...) run at OpenAI; a local engine cannot.
             dropped.append(str(kind))
@@ -278,17 +322,23 @@ def _convert_tool_choice(choice: Any, dropped: list[str], tool_names: list[str])
     if kind == LOCAL_SHELL:
         return {"type": "function", "function": {"name": LOCAL_SHELL}}, None
     if kind == "allowed_tools":
-        allowed = [t.get("name") or "" for t in objects_at(choice.get("tools"), "tool_choice.tools")
-                   if t.get("type") in ("function", "custom")]
+        allowed = [
+            t.get("name") or ""
+            for t in objects_at(choice.get("tools"), "tool_choice.tools")
+            if t.get("type") in ("function", "custom")
+        ]
         if choice.get("mode") != "required":
             return None, loosened_tool_choice("tool_choice.tools", allowed, tool_names)
         if len(allowed) == 1:
             return {"type": "function", "function": {"name": allowed[0]}}, None
         return "required", loosened_tool_choice("tool_choice.tools", allowed, tool_names)
     if kind in dropped:
-        raise DialectError(400, f"tool_choice forces the hosted tool {kind!r}, which runs only at "
-                                "OpenAI: tapdeck drops hosted tools, so the engine cannot call it",
-                           param="tool_choice")
+        raise DialectError(
+            400,
+            f"tool_choice forces the hosted tool {kind!r}, which runs only at "
+            "OpenAI: tapdeck drops hosted tools, so the engine cannot call it",
+            param="tool_choice",
+        )
     return None, None
 
 
@@ -308,8 +358,10 @@ class ResponsesDialect:
     """OpenAI Responses API."""
 
     name: ClassVar[str] = "responses"
-    chat_field_names: ClassVar[Mapping[str, str]] = {"response_format": "text.format",
-                                                     "max_tokens": "max_output_tokens"}
+    chat_field_names: ClassVar[Mapping[str, str]] = {
+        "response_format": "text.format",
+        "max_tokens": "max_output_tokens",
+    }
 
     def matches(self, path: str) -> bool:
         return path.split("?", 1)[0].lower().rstrip("/").endswith("/responses")
@@ -324,8 +376,9 @@ class ResponsesDialect:
         chat: dict[str, Any] = {"model": body.get("model"), "messages": _convert_input(body, dropped_parts)}
         flat_tools, namespaced = _flatten_namespaces(objects_at(body.get("tools"), "tools"))
         tools, custom, local, dropped = _convert_tools(flat_tools)
-        choice, loosened = _convert_tool_choice(body.get("tool_choice"), dropped,
-                                                [t["function"]["name"] for t in tools])
+        choice, loosened = _convert_tool_choice(
+            body.get("tool_choice"), dropped, [t["function"]["name"] for t in tools]
+        )
         if tools:
             chat["tools"] = tools
             if choice is not None:
@@ -343,8 +396,10 @@ class ResponsesDialect:
         top_logprobs = _asked_logprobs(body)
         if top_logprobs is not None:
             chat["logprobs"], chat["top_logprobs"] = True, top_logprobs
-        echo = {key: body.get(key) for key in ("instructions", "temperature", "top_p",
-                                              "max_output_tokens", "metadata", "user")}
+        echo = {
+            key: body.get(key)
+            for key in ("instructions", "temperature", "top_p", "max_output_tokens", "metadata", "user")
+        }
         echo["tools"] = list(body.get("tools") or [])
         echo["tool_choice"] = body.get("tool_choice") or "auto"
         echo["parallel_tool_calls"] = body.get("parallel_tool_calls", True) is not False
@@ -353,31 +408,52 @@ class ResponsesDialect:
         echo["previous_response_id"] = body.get("previous_response_id")
         echo["store"] = body.get("store") is not False
         echo["top_logprobs"] = body.get("top_logprobs")
-        return DialectRequest(chat=chat, stream=body.get("stream") is True,
-                              client_model=body.get("model"),
-                              context={"echo": echo, "custom_tools": sorted(custom),
-                                       "top_logprobs": top_logprobs,
-                                       "local_shell": bool(local), "dropped_tools": dropped,
-                                       "dropped_parts": dropped_parts,
-                                       "namespaced": namespaced,
-                                       "loosened_tool_choice": loosened if tools else None})
+        return DialectRequest(
+            chat=chat,
+            stream=body.get("stream") is True,
+            client_model=body.get("model"),
+            context={
+                "echo": echo,
+                "custom_tools": sorted(custom),
+                "top_logprobs": top_logprobs,
+                "local_shell": bool(local),
+                "dropped_tools": dropped,
+                "dropped_parts": dropped_parts,
+                "namespaced": namespaced,
+                "loosened_tool_choice": loosened if tools else None,
+            },
+        )
 
     # ---- replies -------------------------------------------------------------------------------
 
     @staticmethod
-    def _items(reply: ChatReply, request: DialectRequest,
-               logprobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _items(
+        reply: ChatReply, request: DialectRequest, logprobs: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
         status = "incomplete" if reply.truncated else "completed"
         items: list[dict[str, Any]] = []
         if reply.reasoning:
-            items.append({"type": "reasoning", "id": f"rs_{reply.id}", "summary": [],
-                          "content": [{"type": "reasoning_text", "text": reply.reasoning}],
-                          "status": status})
+            items.append(
+                {
+                    "type": "reasoning",
+                    "id": f"rs_{reply.id}",
+                    "summary": [],
+                    "content": [{"type": "reasoning_text", "text": reply.reasoning}],
+                    "status": status,
+                }
+            )
         if reply.text or not reply.tool_calls:
-            items.append({"type": "message", "id": f"msg_{reply.id}", "status": status,
-                          "role": "assistant",
-                          "content": [{"type": "output_text", "text": reply.text, "annotations": [],
-                                       "logprobs": logprobs}]})
+            items.append(
+                {
+                    "type": "message",
+                    "id": f"msg_{reply.id}",
+                    "status": status,
+                    "role": "assistant",
+                    "content": [
+                        {"type": "output_text", "text": reply.text, "annotations": [], "logprobs": logprobs}
+                    ],
+                }
+            )
         custom = set(request.context.get("custom_tools") or [])
         namespaced = request.context.get("namespaced") or {}
         for n, call in enumerate(reply.tool_calls):
@@ -388,59 +464,108 @@ class ResponsesDialect:
             name = namespaced[call.name][1] if call.name in namespaced else call.name
             if call.name == LOCAL_SHELL and request.context.get("local_shell"):
                 arguments = _object(call.arguments)
-                action: dict[str, Any] = {"type": "exec", "command": arguments.get("command") or [],
-                                          "env": {}}
+                action: dict[str, Any] = {
+                    "type": "exec",
+                    "command": arguments.get("command") or [],
+                    "env": {},
+                }
                 if arguments.get("workdir"):
                     action["working_directory"] = arguments["workdir"]
                 if arguments.get("timeout_ms") is not None:
                     action["timeout_ms"] = arguments["timeout_ms"]
-                items.append({"type": "local_shell_call", "id": item_id, "call_id": call.id,
-                              "action": action, "status": "completed"})
+                items.append(
+                    {
+                        "type": "local_shell_call",
+                        "id": item_id,
+                        "call_id": call.id,
+                        "action": action,
+                        "status": "completed",
+                    }
+                )
             elif call.name in custom:
-                items.append({"type": "custom_tool_call", "id": item_id, "call_id": call.id,
-                              **where, "name": name,
-                              "input": str(_object(call.arguments).get("input", ""))})
+                items.append(
+                    {
+                        "type": "custom_tool_call",
+                        "id": item_id,
+                        "call_id": call.id,
+                        **where,
+                        "name": name,
+                        "input": str(_object(call.arguments).get("input", "")),
+                    }
+                )
             else:
-                items.append({"type": "function_call", "id": item_id, "call_id": call.id,
-                              **where, "name": name, "arguments": call.arguments,
-                              "status": "completed"})
+                items.append(
+                    {
+                        "type": "function_call",
+                        "id": item_id,
+                        "call_id": call.id,
+                        **where,
+                        "name": name,
+                        "arguments": call.arguments,
+                        "status": "completed",
+                    }
+                )
         return items
 
     @staticmethod
     def _usage(reply: ChatReply) -> dict[str, Any]:
-        return {"input_tokens": reply.prompt_tokens,
-                "input_tokens_details": {"cached_tokens": reply.cached_tokens, "cache_write_tokens": 0},
-                "output_tokens": reply.completion_tokens,
-                "output_tokens_details": {"reasoning_tokens": reply.reasoning_tokens},
-                "total_tokens": reply.total_tokens}
+        return {
+            "input_tokens": reply.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": reply.cached_tokens, "cache_write_tokens": 0},
+            "output_tokens": reply.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": reply.reasoning_tokens},
+            "total_tokens": reply.total_tokens,
+        }
 
     @staticmethod
-    def _response(reply: ChatReply, request: DialectRequest, *, status: str,
-                  output: list[dict[str, Any]], usage: dict[str, Any] | None) -> dict[str, Any]:
+    def _response(
+        reply: ChatReply,
+        request: DialectRequest,
+        *,
+        status: str,
+        output: list[dict[str, Any]],
+        usage: dict[str, Any] | None,
+    ) -> dict[str, Any]:
         echo = request.context.get("echo") or {}
         incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
         return {
-            "id": f"resp_{reply.id}", "object": "response", "created_at": reply.created,
-            "status": status, "completed_at": int(time.time()) if status != "in_progress" else None,
-            "error": None, "incomplete_details": incomplete,
-            "instructions": echo.get("instructions"), "max_output_tokens": echo.get("max_output_tokens"),
-            "model": request.client_model or "", "output": output,
+            "id": f"resp_{reply.id}",
+            "object": "response",
+            "created_at": reply.created,
+            "status": status,
+            "completed_at": int(time.time()) if status != "in_progress" else None,
+            "error": None,
+            "incomplete_details": incomplete,
+            "instructions": echo.get("instructions"),
+            "max_output_tokens": echo.get("max_output_tokens"),
+            "model": request.client_model or "",
+            "output": output,
             "parallel_tool_calls": echo.get("parallel_tool_calls", True),
-            "previous_response_id": echo.get("previous_response_id"), "reasoning": echo.get("reasoning"),
-            "store": echo.get("store", True), "temperature": echo.get("temperature"),
+            "previous_response_id": echo.get("previous_response_id"),
+            "reasoning": echo.get("reasoning"),
+            "store": echo.get("store", True),
+            "temperature": echo.get("temperature"),
             "text": echo.get("text") or {"format": {"type": "text"}},
-            "tool_choice": echo.get("tool_choice") or "auto", "tools": echo.get("tools") or [],
-            "top_p": echo.get("top_p"), "top_logprobs": echo.get("top_logprobs"),
-            "truncation": "disabled", "usage": usage,
-            "user": echo.get("user"), "metadata": echo.get("metadata") or {},
+            "tool_choice": echo.get("tool_choice") or "auto",
+            "tools": echo.get("tools") or [],
+            "top_p": echo.get("top_p"),
+            "top_logprobs": echo.get("top_logprobs"),
+            "truncation": "disabled",
+            "usage": usage,
+            "user": echo.get("user"),
+            "metadata": echo.get("metadata") or {},
         }
 
     def render(self, reply: Mapping[str, Any], request: DialectRequest) -> dict[str, Any]:
         parsed = read_reply(reply)
         status = "incomplete" if parsed.truncated else "completed"
-        return self._response(parsed, request, status=status,
-                              output=self._items(parsed, request, _text_logprobs(reply, request)),
-                              usage=self._usage(parsed))
+        return self._response(
+            parsed,
+            request,
+            status=status,
+            output=self._items(parsed, request, _text_logprobs(reply, request)),
+            usage=self._usage(parsed),
+        )
 
     def render_stream(self, reply: Mapping[str, Any], request: DialectRequest) -> Iterator[SSEEvent]:
         parsed = read_reply(reply)
@@ -458,51 +583,122 @@ class ResponsesDialect:
             item_id = item["id"]
             kind = item["type"]
             if kind == "message":
-                yield event("response.output_item.added", output_index=index,
-                            item=item | {"status": "in_progress", "content": []})
+                yield event(
+                    "response.output_item.added",
+                    output_index=index,
+                    item=item | {"status": "in_progress", "content": []},
+                )
                 part = item["content"][0]
-                yield event("response.content_part.added", item_id=item_id, output_index=index,
-                            content_index=0, part=part | {"text": "", "logprobs": []})
+                yield event(
+                    "response.content_part.added",
+                    item_id=item_id,
+                    output_index=index,
+                    content_index=0,
+                    part=part | {"text": "", "logprobs": []},
+                )
                 if part["text"]:
-                    yield event("response.output_text.delta", item_id=item_id, output_index=index,
-                                content_index=0, delta=part["text"], logprobs=part["logprobs"])
-                yield event("response.output_text.done", item_id=item_id, output_index=index,
-                            content_index=0, text=part["text"], logprobs=part["logprobs"])
-                yield event("response.content_part.done", item_id=item_id, output_index=index,
-                            content_index=0, part=part)
+                    yield event(
+                        "response.output_text.delta",
+                        item_id=item_id,
+                        output_index=index,
+                        content_index=0,
+                        delta=part["text"],
+                        logprobs=part["logprobs"],
+                    )
+                yield event(
+                    "response.output_text.done",
+                    item_id=item_id,
+                    output_index=index,
+                    content_index=0,
+                    text=part["text"],
+                    logprobs=part["logprobs"],
+                )
+                yield event(
+                    "response.content_part.done",
+                    item_id=item_id,
+                    output_index=index,
+                    content_index=0,
+                    part=part,
+                )
             elif kind == "reasoning":
-                yield event("response.output_item.added", output_index=index,
-                            item=item | {"status": "in_progress", "content": []})
+                yield event(
+                    "response.output_item.added",
+                    output_index=index,
+                    item=item | {"status": "in_progress", "content": []},
+                )
                 text = item["content"][0]["text"]
-                yield event("response.content_part.added", item_id=item_id, output_index=index,
-                            content_index=0, part={"type": "reasoning_text", "text": ""})
-                yield event("response.reasoning_text.delta", item_id=item_id, output_index=index,
-                            content_index=0, delta=text)
-                yield event("response.reasoning_text.done", item_id=item_id, output_index=index,
-                            content_index=0, text=text)
-                yield event("response.content_part.done", item_id=item_id, output_index=index,
-                            content_index=0, part=item["content"][0])
+                yield event(
+                    "response.content_part.added",
+                    item_id=item_id,
+                    output_index=index,
+                    content_index=0,
+                    part={"type": "reasoning_text", "text": ""},
+                )
+                yield event(
+                    "response.reasoning_text.delta",
+                    item_id=item_id,
+                    output_index=index,
+                    content_index=0,
+                    delta=text,
+                )
+                yield event(
+                    "response.reasoning_text.done",
+                    item_id=item_id,
+                    output_index=index,
+                    content_index=0,
+                    text=text,
+                )
+                yield event(
+                    "response.content_part.done",
+                    item_id=item_id,
+                    output_index=index,
+                    content_index=0,
+                    part=item["content"][0],
+                )
             elif kind == "function_call":
-                yield event("response.output_item.added", output_index=index,
-                            item=item | {"status": "in_progress", "arguments": ""})
-                yield event("response.function_call_arguments.delta", item_id=item_id,
-                            output_index=index, delta=item["arguments"])
-                yield event("response.function_call_arguments.done", item_id=item_id,
-                            output_index=index, name=item["name"], arguments=item["arguments"])
+                yield event(
+                    "response.output_item.added",
+                    output_index=index,
+                    item=item | {"status": "in_progress", "arguments": ""},
+                )
+                yield event(
+                    "response.function_call_arguments.delta",
+                    item_id=item_id,
+                    output_index=index,
+                    delta=item["arguments"],
+                )
+                yield event(
+                    "response.function_call_arguments.done",
+                    item_id=item_id,
+                    output_index=index,
+                    name=item["name"],
+                    arguments=item["arguments"],
+                )
             elif kind == "custom_tool_call":
                 yield event("response.output_item.added", output_index=index, item=item | {"input": ""})
-                yield event("response.custom_tool_call_input.delta", item_id=item_id,
-                            output_index=index, delta=item["input"])
-                yield event("response.custom_tool_call_input.done", item_id=item_id,
-                            output_index=index, input=item["input"])
+                yield event(
+                    "response.custom_tool_call_input.delta",
+                    item_id=item_id,
+                    output_index=index,
+                    delta=item["input"],
+                )
+                yield event(
+                    "response.custom_tool_call_input.done",
+                    item_id=item_id,
+                    output_index=index,
+                    input=item["input"],
+                )
             else:
-                yield event("response.output_item.added", output_index=index,
-                            item=item | {"status": "in_progress"})
+                yield event(
+                    "response.output_item.added", output_index=index, item=item | {"status": "in_progress"}
+                )
             yield event("response.output_item.done", output_index=index, item=item)
         # A length-cut reply ends with `response.incomplete`, as OpenAI's does: clients that only
         # watch for the terminal event's type would take `response.completed` as a finished answer.
-        yield event(f"response.{status}", response=self._response(
-            parsed, request, status=status, output=items, usage=self._usage(parsed)))
+        yield event(
+            f"response.{status}",
+            response=self._response(parsed, request, status=status, output=items, usage=self._usage(parsed)),
+        )
 
     # ---- errors --------------------------------------------------------------------------------
 
@@ -511,19 +707,33 @@ class ResponsesDialect:
 
     def stream_error(self, status: int, message: str, kind: str) -> Iterator[SSEEvent]:
         code = _error_code(status)
-        yield SSEEvent(data={"type": "error", "sequence_number": 0, "code": code, "message": message,
-                             "param": None}, event="error")
-        failed = {"id": "resp_error", "object": "response", "created_at": int(time.time()),
-                  "status": "failed", "error": {"code": code, "message": message},
-                  "incomplete_details": None, "model": "", "output": [], "parallel_tool_calls": True,
-                  "tool_choice": "auto", "tools": [], "usage": None}
-        yield SSEEvent(data={"type": "response.failed", "sequence_number": 1, "response": failed},
-                       event="response.failed")
+        yield SSEEvent(
+            data={"type": "error", "sequence_number": 0, "code": code, "message": message, "param": None},
+            event="error",
+        )
+        failed = {
+            "id": "resp_error",
+            "object": "response",
+            "created_at": int(time.time()),
+            "status": "failed",
+            "error": {"code": code, "message": message},
+            "incomplete_details": None,
+            "model": "",
+            "output": [],
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "usage": None,
+        }
+        yield SSEEvent(
+            data={"type": "response.failed", "sequence_number": 1, "response": failed},
+            event="response.failed",
+        )
 
 
 _SERVER_STATE = {
     "conversation": "a conversation's items live at OpenAI; send the full conversation as input, "
-                    "or chain calls with previous_response_id",
+    "or chain calls with previous_response_id",
     "prompt": "a stored prompt template lives at OpenAI; send its text as instructions and input",
 }
 """Request fields that stand for content only OpenAI's servers hold."""
@@ -555,11 +765,19 @@ def _text_logprobs(reply: Mapping[str, Any], request: DialectRequest) -> list[di
     logprobs = choice.get("logprobs")
     if top is None or not isinstance(logprobs, Mapping) or not isinstance(logprobs.get("content"), list):
         return []
-    return [{"token": e.get("token") or "", "logprob": e.get("logprob"), "bytes": e.get("bytes") or [],
-             "top_logprobs": [{"token": a.get("token") or "", "logprob": a.get("logprob"),
-                               "bytes": a.get("bytes") or []}
-                              for a in (e.get("top_logprobs") or [])[:top]]}
-            for e in logprobs["content"] if isinstance(e, Mapping)]
+    return [
+        {
+            "token": e.get("token") or "",
+            "logprob": e.get("logprob"),
+            "bytes": e.get("bytes") or [],
+            "top_logprobs": [
+                {"token": a.get("token") or "", "logprob": a.get("logprob"), "bytes": a.get("bytes") or []}
+                for a in (e.get("top_logprobs") or [])[:top]
+            ],
+        }
+        for e in logprobs["content"]
+        if isinstance(e, Mapping)
+    ]
 
 
 def _error_code(status: int) -> str:

@@ -63,9 +63,12 @@ class StoredResponses:
             return out
         if not isinstance(previous, str) or previous not in self._by_id:
             raise DialectError(
-                400, f"previous response {previous!r} is not known to this session: tapdeck keeps "
-                     "responses made with store=true in memory until the server restarts; send the "
-                     "full conversation as input instead", param="previous_response_id")
+                400,
+                f"previous response {previous!r} is not known to this session: tapdeck keeps "
+                "responses made with store=true in memory until the server restarts; send the "
+                "full conversation as input instead",
+                param="previous_response_id",
+            )
         chain: list[_Stored] = []
         seen: set[str] = set()
         at: str | None = previous
@@ -73,9 +76,12 @@ class StoredResponses:
             stored = self._by_id.get(at)
             if stored is None:
                 raise DialectError(
-                    400, f"previous response {previous!r} follows {at!r}, which this session no "
-                         f"longer keeps (at most {self._limit} responses are kept); send the full "
-                         "conversation as input instead", param="previous_response_id")
+                    400,
+                    f"previous response {previous!r} follows {at!r}, which this session no "
+                    f"longer keeps (at most {self._limit} responses are kept); send the full "
+                    "conversation as input instead",
+                    param="previous_response_id",
+                )
             seen.add(at)
             self._by_id.move_to_end(at)  # a chain in use stays
             chain.append(stored)
@@ -94,9 +100,12 @@ class StoredResponses:
         previous = body.get("previous_response_id")
         rid = response["id"]
         self._by_id[rid] = _Stored(
-            previous=previous if isinstance(previous, str) and previous in self._by_id
-            and previous != rid else None,
-            input=_input_items(body.get("input")), output=list(response.get("output") or []))
+            previous=previous
+            if isinstance(previous, str) and previous in self._by_id and previous != rid
+            else None,
+            input=_input_items(body.get("input")),
+            output=list(response.get("output") or []),
+        )
         self._by_id.move_to_end(rid)
         while len(self._by_id) > self._limit:
             self._by_id.popitem(last=False)

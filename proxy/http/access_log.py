@@ -37,11 +37,14 @@ class AccessRecord:
     def line(self) -> str:
         """The log line (no key, no query string)."""
         ms = (time.perf_counter() - self.started) * 1000
-        parts = [f"call {self.status if self.status is not None else '-'}", self.dialect,
-                 self.path.split("?", 1)[0],
-                 f"session={self.session_id[:SESSION_ID_CHARS] if self.session_id else '-'}",
-                 f"turn={self.seq if self.seq is not None else '-'}",
-                 f"finish={self.finish or '-'}"]
+        parts = [
+            f"call {self.status if self.status is not None else '-'}",
+            self.dialect,
+            self.path.split("?", 1)[0],
+            f"session={self.session_id[:SESSION_ID_CHARS] if self.session_id else '-'}",
+            f"turn={self.seq if self.seq is not None else '-'}",
+            f"finish={self.finish or '-'}",
+        ]
         if self.error:
             parts.append(f"error={self.error}")
         parts.append("stream" if self.stream else "json")
@@ -58,8 +61,7 @@ class AccessRecord:
             return
         # The record is made here rather than by `log.log`, which walks the stack to find its
         # caller (always this method): that was a sixth of the line's CPU, on every model call.
-        log.handle(log.makeRecord(log.name, level, __file__, 0, "%s", (self.line(),), None,
-                                  func="emit"))
+        log.handle(log.makeRecord(log.name, level, __file__, 0, "%s", (self.line(),), None, func="emit"))
 
 
 CURRENT_CALL: ContextVar[AccessRecord | None] = ContextVar("tapdeck_current_call", default=None)

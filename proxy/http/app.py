@@ -24,13 +24,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from tapdeck.proxy.config import DEFAULT_MAX_BODY_BYTES
-from tapdeck.proxy.http.error_reply import error_response
 from tapdeck.proxy.errors import ProxyError
-from tapdeck.proxy.http.model_route import ModelCallsFirst
+from tapdeck.proxy.http.error_reply import error_response
 from tapdeck.proxy.http.limits import ADMIN_KEY_REQUIRED, GuardedBodies, read_body
+from tapdeck.proxy.http.model_route import ModelCallsFirst
 from tapdeck.proxy.service import CallReply, CaptureService
-from tapdeck.proxy.store.no_follow import LinkRefused
 from tapdeck.proxy.sessions.spec import SessionSpec
+from tapdeck.proxy.store.no_follow import LinkRefused
 from tapdeck.schema.activity import SessionActivity
 from tapdeck.schema.sessions import (
     GraphView,
@@ -134,8 +134,9 @@ def _admin_router() -> APIRouter:
 
     @router.get("/events")
     async def events(request: Request) -> Response:
-        return StreamingResponse(_event_stream(_service(request)), media_type="text/event-stream",
-                                 headers=SSE_HEADERS)
+        return StreamingResponse(
+            _event_stream(_service(request)), media_type="text/event-stream", headers=SSE_HEADERS
+        )
 
     return router
 
@@ -165,22 +166,27 @@ async def _event_stream(service: CaptureService) -> AsyncIterator[bytes]:
         await events.aclose()
 
 
-def create_app(service: CaptureService, *, admin_key: str, routers: Sequence[APIRouter] = (),
-               exception_handlers: Mapping[type[Exception], Callable[..., Any]] | None = None,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+def create_app(
+    service: CaptureService,
+    *,
+    admin_key: str,
+    routers: Sequence[APIRouter] = (),
+    exception_handlers: Mapping[type[Exception], Callable[..., Any]] | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> FastAPI:
     """The server's FastAPI app. `routers` are extra (admin-protected by their own dependency) routes;
     `exception_handlers` answer the errors they raise (the proxy does not know the runner's).
 
     No request body is read before its key is checked, nor past `max_body_bytes`."""
     if not admin_key:
         raise ValueError("an admin key is required")
+
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         yield
         await service.aclose()
 
-    app = ModelCallsFirst(title="tapdeck", docs_url=None, redoc_url=None, openapi_url=None,
-                          lifespan=lifespan)
+    app = ModelCallsFirst(title="tapdeck", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.service = service
     app.state.admin_key = admin_key
     app.state.instance = secrets.token_hex(8)
@@ -193,10 +199,18 @@ def create_app(service: CaptureService, *, admin_key: str, routers: Sequence[API
     @app.exception_handler(RequestValidationError)
     async def _invalid_request(_request: Request, exc: RequestValidationError) -> Response:
         # FastAPI's own handler echoes each error's input, and fails on a body that is not UTF-8.
-        return _JSON({"detail": [{"type": e.get("type"), "loc": [str(p) for p in e.get("loc", ())],
-                                  "msg": e.get("msg")} for e in exc.errors()],
-                      "kind": "invalid_request_error", "retryable": False}, status_code=422,
-                     headers={"x-should-retry": "false"})
+        return _JSON(
+            {
+                "detail": [
+                    {"type": e.get("type"), "loc": [str(p) for p in e.get("loc", ())], "msg": e.get("msg")}
+                    for e in exc.errors()
+                ],
+                "kind": "invalid_request_error",
+                "retryable": False,
+            },
+            status_code=422,
+            headers={"x-should-retry": "false"},
+        )
 
     @app.exception_handler(ProxyError)
     async def _proxy_error(request: Request, exc: ProxyError) -> Response:
@@ -249,16 +263,25 @@ def create_app(service: CaptureService, *, admin_key: str, routers: Sequence[API
             if lowered == root:
                 return await models(request)
             if lowered.startswith(root + "/"):
-                return await model(path[len(root) + 1:], request)
+                return await model(path[len(root) + 1 :], request)
         if lowered.startswith("admin/"):  # an admin route that takes other methods is a 405
-            allowed = [method for method in ("DELETE", "POST") if any(
-                route.matches({**request.scope, "method": method})[0] is Match.FULL
-                for route in app.router.routes if getattr(route, "path", None) != CATCH_ALL)]
+            allowed = [
+                method
+                for method in ("DELETE", "POST")
+                if any(
+                    route.matches({**request.scope, "method": method})[0] is Match.FULL
+                    for route in app.router.routes
+                    if getattr(route, "path", None) != CATCH_ALL
+                )
+            ]
             if allowed:
                 raise StarletteHTTPException(405, headers={"Allow": ", ".join(allowed)})
-        raise ProxyError(404, f"nothing answers GET /{path}: GET serves /health, /v1/models[/ID] "
-                              "and /v1beta/models[/MODEL]; model calls are POSTs, admin routes are "
-                              "under /admin")
+        raise ProxyError(
+            404,
+            f"nothing answers GET /{path}: GET serves /health, /v1/models[/ID] "
+            "and /v1beta/models[/MODEL]; model calls are POSTs, admin routes are "
+            "under /admin",
+        )
 
     @app.post(CATCH_ALL)
     async def model_call(path: str, request: Request) -> Response:
@@ -267,9 +290,13 @@ def create_app(service: CaptureService, *, admin_key: str, routers: Sequence[API
                 pass
 
         # The body is read by the service once the session key is known good.
-        reply = await service.handle_call("/" + path, request.query_params, request.headers,
-                                          partial(read_body, request, max_body_bytes),
-                                          until_disconnect)
+        reply = await service.handle_call(
+            "/" + path,
+            request.query_params,
+            request.headers,
+            partial(read_body, request, max_body_bytes),
+            until_disconnect,
+        )
         return _reply(reply)
 
     app.model_call_endpoint = model_call

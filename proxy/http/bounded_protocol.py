@@ -157,9 +157,14 @@ class BoundedProtocol(HttpToolsProtocol):
         if self._head_bytes == 0:
             self.transport.close()  # idle, nothing of a request sent: no reply owed
             return
-        self._reply_and_close(ProxyError(
-            408, f"request headers not complete within {self.limits.header_timeout_s:g} s "
-                 "(tapdeck serve --header-timeout)", kind="request_timeout"))
+        self._reply_and_close(
+            ProxyError(
+                408,
+                f"request headers not complete within {self.limits.header_timeout_s:g} s "
+                "(tapdeck serve --header-timeout)",
+                kind="request_timeout",
+            )
+        )
 
     def _body_late(self) -> None:
         self._timer = None
@@ -175,16 +180,25 @@ class BoundedProtocol(HttpToolsProtocol):
         if self.cycle is not None and self.cycle.response_started:
             self.transport.close()
             return
-        self._reply_and_close(ProxyError(
-            408, f"request body stalled: nothing for {limit:g} s (tapdeck serve --body-timeout)",
-            kind="request_timeout"))
+        self._reply_and_close(
+            ProxyError(
+                408,
+                f"request body stalled: nothing for {limit:g} s (tapdeck serve --body-timeout)",
+                kind="request_timeout",
+            )
+        )
 
     # refusals
     def _refuse_head(self, what: str) -> None:
-        self._reply_and_close(ProxyError(
-            431, f"request head has {what}; send fewer or smaller headers (tapdeck serve "
-                 "--max-header-bytes / --max-headers)", kind="request_header_too_large",
-            retryable=False))
+        self._reply_and_close(
+            ProxyError(
+                431,
+                f"request head has {what}; send fewer or smaller headers (tapdeck serve "
+                "--max-header-bytes / --max-headers)",
+                kind="request_header_too_large",
+                retryable=False,
+            )
+        )
 
     def _reply_and_close(self, error: ProxyError) -> None:
         """`error` in the admin API's shape (the path may not be known yet), then the end of the
@@ -192,9 +206,10 @@ class BoundedProtocol(HttpToolsProtocol):
         self._refused = True
         body = orjson.dumps(error.admin_body())
         phrase = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}[error.status]
-        self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\n"
-                             b"content-length: %d\r\nconnection: close\r\n\r\n%s"
-                             % (error.status, phrase, len(body), body))
+        self.transport.write(
+            b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (error.status, phrase, len(body), body)
+        )
         if self.transport.can_write_eof():  # TLS cannot half-close; its client has the length
             self.transport.write_eof()
         self._arm(LINGER_S, self.transport.close)

@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tapdeck.proxy.http.access_log import AccessRecord
 from tapdeck.proxy.errors import ProxyError
+from tapdeck.proxy.http.access_log import AccessRecord
 
 
 @dataclass
@@ -27,15 +27,20 @@ class CallReply:
     """Headers of a JSON reply (an error's `x-should-retry`)."""
 
 
-async def unless_disconnected(task: asyncio.Task[dict[str, Any]],
-                              until_disconnect: Callable[[], Awaitable[None]] | None,
-                              timeout: float | None = None) -> dict[str, Any] | None:
+async def unless_disconnected(
+    task: asyncio.Task[dict[str, Any]],
+    until_disconnect: Callable[[], Awaitable[None]] | None,
+    timeout: float | None = None,
+) -> dict[str, Any] | None:
     """Await the call, cancelling it if the client hangs up first; None when `timeout` passes
     first (the call goes on)."""
     watcher = asyncio.ensure_future(until_disconnect()) if until_disconnect is not None else None
     try:
-        await asyncio.wait({task} if watcher is None else {task, watcher}, timeout=timeout,
-                           return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(
+            {task} if watcher is None else {task, watcher},
+            timeout=timeout,
+            return_when=asyncio.FIRST_COMPLETED,
+        )
     finally:
         if watcher is not None:
             watcher.cancel()

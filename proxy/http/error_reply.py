@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from starlette.responses import JSONResponse, Response
 
-from tapdeck.proxy.http.token_counts import aux_dialect, match_aux
-from tapdeck.proxy.http.call_reply import CallReply
 from tapdeck.proxy.dialects import detect
 from tapdeck.proxy.dialects.base import Dialect, SSEEvent
 from tapdeck.proxy.dialects.chat import DIALECT as CHAT
 from tapdeck.proxy.errors import ProxyError
+from tapdeck.proxy.http.call_reply import CallReply
+from tapdeck.proxy.http.token_counts import aux_dialect, match_aux
 
 ADMIN_PREFIX = "/admin"
 
@@ -45,15 +45,24 @@ def in_callers_terms(dialect: Dialect, exc: ProxyError) -> ProxyError:
     own = dialect.chat_field_names.get(exc.param or "")
     if own is None:
         return exc
-    return ProxyError(exc.status, exc.message.replace(f"`{exc.param}`", f"`{own}`"), kind=exc.kind,
-                      retryable=exc.retryable, param=own)
+    return ProxyError(
+        exc.status,
+        exc.message.replace(f"`{exc.param}`", f"`{own}`"),
+        kind=exc.kind,
+        retryable=exc.retryable,
+        param=own,
+    )
 
 
 def render_error(dialect: Dialect, exc: ProxyError) -> CallReply:
     """`exc` as `dialect`'s error body, for the call pipeline."""
     exc = in_callers_terms(dialect, exc)
-    return CallReply(status=exc.status, body=dialect.error_body(exc.status, exc.message, exc.kind, exc.param),
-                     kind=exc.kind, headers=retry_header(exc))
+    return CallReply(
+        status=exc.status,
+        body=dialect.error_body(exc.status, exc.message, exc.kind, exc.param),
+        kind=exc.kind,
+        headers=retry_header(exc),
+    )
 
 
 def render_stream_error(dialect: Dialect, exc: ProxyError) -> list[SSEEvent]:
@@ -73,5 +82,11 @@ def error_response(path: str, exc: ProxyError) -> Response:
     return JSONResponse(body, status_code=exc.status, headers=retry_header(exc))
 
 
-__all__ = ["dialect_for_path", "error_response", "in_callers_terms", "render_error",
-           "render_stream_error", "retry_header"]
+__all__ = [
+    "dialect_for_path",
+    "error_response",
+    "in_callers_terms",
+    "render_error",
+    "render_stream_error",
+    "retry_header",
+]

@@ -30,8 +30,10 @@ of blocks belongs, a number for a tool list, ...): answered as a 400, never a 50
 
 def malformed_message(exc: Exception) -> str:
     """A 400's message for a request a dialect could not translate (never empty)."""
-    return ("request has a field of the wrong type or shape (check it against the API's schema): "
-            f"{type(exc).__name__}: {exc}")
+    return (
+        "request has a field of the wrong type or shape (check it against the API's schema): "
+        f"{type(exc).__name__}: {exc}"
+    )
 
 
 class BodyTooLarge(HTTPException, ProxyError):
@@ -40,8 +42,9 @@ class BodyTooLarge(HTTPException, ProxyError):
 
     def __init__(self, limit: int, declared: int | None = None) -> None:
         size = f"declares {declared} bytes" if declared is not None else "is larger"
-        message = (f"request body {size}; this server accepts at most {limit} bytes "
-                   "(tapdeck serve --max-body-bytes)")
+        message = (
+            f"request body {size}; this server accepts at most {limit} bytes (tapdeck serve --max-body-bytes)"
+        )
         ProxyError.__init__(self, 413, message, kind="request_too_large")
         HTTPException.__init__(self, 413, message)
         self.limit = limit
@@ -134,8 +137,7 @@ class GuardedBodies:
             return
         if scope["path"].startswith("/admin"):
             if not self.admin_ok(scope):
-                await _send_json(send, ProxyError(401, ADMIN_KEY_REQUIRED),
-                                 {b"www-authenticate": b"Bearer"})
+                await _send_json(send, ProxyError(401, ADMIN_KEY_REQUIRED), {b"www-authenticate": b"Bearer"})
                 return
             declared = declared_length(scope)
             if declared is not None and declared > self.limit:
@@ -155,16 +157,25 @@ class GuardedBodies:
         await self.app(scope, counted, send)
 
 
-ADMIN_KEY_REQUIRED = ("admin key required: send `Authorization: Bearer <admin key>` "
-                      "(printed by `tapdeck serve`, stored in <data_dir>/admin.key)")
+ADMIN_KEY_REQUIRED = (
+    "admin key required: send `Authorization: Bearer <admin key>` "
+    "(printed by `tapdeck serve`, stored in <data_dir>/admin.key)"
+)
 
 
-async def _send_json(send: Send, error: ProxyError,
-                     headers: dict[bytes, bytes] | None = None) -> None:
+async def _send_json(send: Send, error: ProxyError, headers: dict[bytes, bytes] | None = None) -> None:
     """`error` in the admin shape, sent without reading the request (the connection closes)."""
     body = orjson.dumps(error.admin_body())
-    await send({"type": "http.response.start", "status": error.status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode()), (b"connection", b"close"),
-                            *(headers or {}).items()]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": error.status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+                *(headers or {}).items(),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})

@@ -17,10 +17,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from tapdeck.proxy.http.call_reply import CallReply
 from tapdeck.proxy.dialects.base import Dialect
-from tapdeck.proxy.http.error_reply import render_error
 from tapdeck.proxy.errors import ProxyError
+from tapdeck.proxy.http.call_reply import CallReply
+from tapdeck.proxy.http.error_reply import render_error
 
 OWNER = "tapdeck"
 GOOGLE_METHODS = ["generateContent", "streamGenerateContent", "countTokens"]
@@ -42,13 +42,20 @@ def _openai(model: ServedModel) -> dict[str, Any]:
 
 def _anthropic(model: ServedModel) -> dict[str, Any]:
     created = datetime.fromtimestamp(model.created, UTC).isoformat(timespec="seconds")
-    return {"type": "model", "id": model.id, "display_name": model.id,
-            "created_at": created.replace("+00:00", "Z")}
+    return {
+        "type": "model",
+        "id": model.id,
+        "display_name": model.id,
+        "created_at": created.replace("+00:00", "Z"),
+    }
 
 
 def _google(model: ServedModel) -> dict[str, Any]:
-    return {"name": f"models/{model.id}", "displayName": model.id,
-            "supportedGenerationMethods": GOOGLE_METHODS}
+    return {
+        "name": f"models/{model.id}",
+        "displayName": model.id,
+        "supportedGenerationMethods": GOOGLE_METHODS,
+    }
 
 
 def _entry(dialect: Dialect, model: ServedModel) -> dict[str, Any]:
@@ -75,8 +82,10 @@ def lookup(dialect: Dialect, model: ServedModel, asked: str) -> CallReply:
     """The model `asked` for in `dialect`'s SDK's shape, or a 404 in its envelope naming the
     session's model."""
     if asked != model.id:
-        return render_error(dialect, ProxyError(
-            404, f"model {asked!r} is not served here: this session's model is {model.id!r}"))
+        return render_error(
+            dialect,
+            ProxyError(404, f"model {asked!r} is not served here: this session's model is {model.id!r}"),
+        )
     return CallReply(body=_entry(dialect, model))
 
 

@@ -23,8 +23,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from tapdeck.proxy.http.error_reply import error_response
 from tapdeck.proxy.errors import ProxyError
+from tapdeck.proxy.http.error_reply import error_response
 
 Endpoint = Callable[[str, Request], Awaitable[Response]]
 

@@ -24,8 +24,11 @@ KEEPALIVE = b": keepalive\n\n"
 def encode(event: SSEEvent) -> bytes:
     """`event: NAME\\n` (if named) and `data: ...\\n\\n`; mapping data is compact JSON. A `bare`
     event is its JSON alone on a line, with no `data:` field (see SSEEvent.bare)."""
-    data = event.data if isinstance(event.data, str) else \
-        orjson.dumps(event.data, option=orjson.OPT_SERIALIZE_NUMPY).decode()
+    data = (
+        event.data
+        if isinstance(event.data, str)
+        else orjson.dumps(event.data, option=orjson.OPT_SERIALIZE_NUMPY).decode()
+    )
     if event.bare:
         return f"{data}\n\n".encode()
     head = f"event: {event.event}\n" if event.event else ""
@@ -34,7 +37,8 @@ def encode(event: SSEEvent) -> bytes:
 
 
 async def stream_with_keepalive(
-    call: Awaitable[Iterable[SSEEvent]], *,
+    call: Awaitable[Iterable[SSEEvent]],
+    *,
     interval: float = KEEPALIVE_SECONDS,
     keepalive: bytes = KEEPALIVE,
     encode: Callable[[SSEEvent], bytes] = encode,
@@ -69,7 +73,8 @@ async def stream_with_keepalive(
 
 
 async def json_array_with_keepalive(
-    call: Awaitable[Iterable[SSEEvent]], *,
+    call: Awaitable[Iterable[SSEEvent]],
+    *,
     interval: float = KEEPALIVE_SECONDS,
 ) -> AsyncIterator[bytes]:
     """The events' data objects as one streamed JSON array (Google's non-SSE stream form).
@@ -82,13 +87,17 @@ async def json_array_with_keepalive(
     def element(event: SSEEvent) -> bytes:
         nonlocal count
         count += 1
-        data = event.data.encode() if isinstance(event.data, str) else \
-            orjson.dumps(event.data, option=orjson.OPT_SERIALIZE_NUMPY)
+        data = (
+            event.data.encode()
+            if isinstance(event.data, str)
+            else orjson.dumps(event.data, option=orjson.OPT_SERIALIZE_NUMPY)
+        )
         return (b"\r\n," if count > 1 else b"") + data
 
     yield b"["
-    async with contextlib.aclosing(stream_with_keepalive(call, interval=interval, keepalive=b"\n",
-                                                         encode=element)) as chunks:
+    async with contextlib.aclosing(
+        stream_with_keepalive(call, interval=interval, keepalive=b"\n", encode=element)
+    ) as chunks:
         async for chunk in chunks:
             yield chunk
     yield b"]"

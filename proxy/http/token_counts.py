@@ -24,9 +24,22 @@ AuxKind = Literal["anthropic_count_tokens", "google_count_tokens"]
 _CHARS_PER_TOKEN = 4
 _TOKENIZE_TIMEOUT = httpx.Timeout(10.0, connect=3.0)
 # Values that are protocol plumbing, not text the model reads.
-_SKIPPED_KEYS = frozenset({"type", "role", "id", "tool_use_id", "cache_control", "signature",
-                           "thoughtSignature", "thought_signature", "mimeType", "mime_type", "data",
-                           "model"})
+_SKIPPED_KEYS = frozenset(
+    {
+        "type",
+        "role",
+        "id",
+        "tool_use_id",
+        "cache_control",
+        "signature",
+        "thoughtSignature",
+        "thought_signature",
+        "mimeType",
+        "mime_type",
+        "data",
+        "model",
+    }
+)
 _no_tokenize: set[str] = set()
 """`/tokenize` URLs that answered 404/405: counts for their engine are estimated, until
 `forget_engine` (the engine refused connections, and may come back with other flags)."""
@@ -90,8 +103,15 @@ def _text_chars(value: Any, *, keys_count: bool) -> int:
     for key, inner in value.items():
         if key in _SKIPPED_KEYS:
             continue
-        if key in ("input", "args", "response", "input_schema", "parameters", "parametersJsonSchema",
-                   "parameters_json_schema"):
+        if key in (
+            "input",
+            "args",
+            "response",
+            "input_schema",
+            "parameters",
+            "parametersJsonSchema",
+            "parameters_json_schema",
+        ):
             total += _chars(inner)
         else:
             total += (len(str(key)) if keys_count else 0) + _text_chars(inner, keys_count=keys_count)
@@ -120,8 +140,9 @@ def _chat_for_count(kind: AuxKind, body: Mapping[str, Any]) -> dict[str, Any] | 
         return None
 
 
-async def _engine_count(url: str, chat: dict[str, Any], served_model: str | None, api_key: str | None,
-                        client: httpx.AsyncClient) -> int | None:
+async def _engine_count(
+    url: str, chat: dict[str, Any], served_model: str | None, api_key: str | None, client: httpx.AsyncClient
+) -> int | None:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     payload: dict[str, Any] = {"messages": chat["messages"], "add_generation_prompt": True}
     if served_model:
@@ -148,9 +169,15 @@ async def _engine_count(url: str, chat: dict[str, Any], served_model: str | None
     return None
 
 
-async def count_tokens(kind: AuxKind, body: Mapping[str, Any], *, engine_url: str | None,
-                       served_model: str | None = None, api_key: str | None = None,
-                       client: httpx.AsyncClient | None = None) -> tuple[dict[str, Any], str]:
+async def count_tokens(
+    kind: AuxKind,
+    body: Mapping[str, Any],
+    *,
+    engine_url: str | None,
+    served_model: str | None = None,
+    api_key: str | None = None,
+    client: httpx.AsyncClient | None = None,
+) -> tuple[dict[str, Any], str]:
     """The aux reply body and how it was counted (`"engine"` or `"estimate"`)."""
     if not isinstance(body, Mapping):
         raise DialectError(400, "the request body must be a JSON object")
@@ -170,5 +197,3 @@ async def count_tokens(kind: AuxKind, body: Mapping[str, Any], *, engine_url: st
     if kind == "anthropic_count_tokens":
         return {"input_tokens": count}, method
     return {"totalTokens": count}, method
-
-

@@ -20,9 +20,9 @@ from typing import Any, Literal
 import uvicorn
 
 from tapdeck.proxy.config import ConnectionLimits, TlsFiles
+from tapdeck.proxy.errors import ProxyError
 from tapdeck.proxy.http.bounded_protocol import BoundedProtocol
 from tapdeck.proxy.http.error_reply import error_response
-from tapdeck.proxy.errors import ProxyError
 
 
 class PortInUseError(OSError):
@@ -45,7 +45,8 @@ def bind_socket(host: str, port: int) -> socket.socket:
         sock.close()
         hints: dict[int | None, str] = {
             errno.EADDRINUSE: f"{exc.strerror} (is another server already using port {port}?)",
-            errno.EADDRNOTAVAIL: f"{host} is not an address of this machine"}
+            errno.EADDRNOTAVAIL: f"{host} is not an address of this machine",
+        }
         why = hints.get(exc.errno, exc.strerror)
         raise PortInUseError(exc.errno, f"cannot bind {host}:{port}: {why}") from exc
     sock.listen(2048)
@@ -90,10 +91,18 @@ class ThreadedServer:
     Every connection is held to `limits`; with `tls` it serves HTTPS (uvicorn's own TLS).
     """
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *,
-                 name: str = "tapdeck-http", loop: Literal["asyncio", "uvloop"] = "asyncio",
-                 on_shutdown: Callable[[], None] | None = None,
-                 limits: ConnectionLimits = DEFAULT_LIMITS, tls: TlsFiles | None = None) -> None:
+    def __init__(
+        self,
+        app: Any,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        name: str = "tapdeck-http",
+        loop: Literal["asyncio", "uvloop"] = "asyncio",
+        on_shutdown: Callable[[], None] | None = None,
+        limits: ConnectionLimits = DEFAULT_LIMITS,
+        tls: TlsFiles | None = None,
+    ) -> None:
         self.app = app
         self.limits = limits
         self.tls = tls
@@ -127,19 +136,27 @@ class ThreadedServer:
         # No proxy_headers: nothing here reads the client's address, and uvicorn's middleware
         # for X-Forwarded-For scanned every model call's headers for it. No websockets: nothing
         # serves them, and an upgrade would hand the connection to a protocol without the limits.
-        config = uvicorn.Config(self._app_quiet_at_shutdown, interface="asgi3", log_config=None,
-                                access_log=False, lifespan="on",
-                                timeout_graceful_shutdown=2, loop=self.loop,
-                                http=BoundedProtocol.for_limits(self.limits), ws="none",
-                                # uvicorn annotates int, but only hands it to loop.call_later
-                                timeout_keep_alive=self.limits.keep_alive_s,  # type: ignore[arg-type]
-                                proxy_headers=False,
-                                ssl_certfile=self.tls.cert if self.tls else None,
-                                ssl_keyfile=self.tls.key if self.tls else None)
+        config = uvicorn.Config(
+            self._app_quiet_at_shutdown,
+            interface="asgi3",
+            log_config=None,
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=2,
+            loop=self.loop,
+            http=BoundedProtocol.for_limits(self.limits),
+            ws="none",
+            # uvicorn annotates int, but only hands it to loop.call_later
+            timeout_keep_alive=self.limits.keep_alive_s,  # type: ignore[arg-type]
+            proxy_headers=False,
+            ssl_certfile=self.tls.cert if self.tls else None,
+            ssl_keyfile=self.tls.key if self.tls else None,
+        )
         self._server = _QuietServer(config)
         self._server.on_shutdown = self.on_shutdown
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
-                                        name=self.name, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, name=self.name, daemon=True
+        )
         self._thread.start()
         deadline = time.monotonic() + timeout
         while not self._server.started:

@@ -1,2 +1,1 @@
-"""Capture sessions: keys, what opens one, the live state of each, the registry and its reads.
-"""
+"""Capture sessions: keys, what opens one, the live state of each, the registry and its reads."""

@@ -68,19 +68,27 @@ class ActivityLog:
         """The session's live state (made on first use)."""
         state = self._sessions.get(session_id)
         if state is None:
-            state = self._sessions[session_id] = _SessionState(SessionActivity(session_id=session_id, now=0.0))
+            state = self._sessions[session_id] = _SessionState(
+                SessionActivity(session_id=session_id, now=0.0)
+            )
         return state
 
     @contextlib.contextmanager
-    def call(self, session_id: str, chat: Mapping[str, Any], meta: Mapping[str, Any]) -> Iterator[ActivityCall]:
+    def call(
+        self, session_id: str, chat: Mapping[str, Any], meta: Mapping[str, Any]
+    ) -> Iterator[ActivityCall]:
         """Mark a call in flight for the duration of the block; an exception is its error."""
         state = self.state(session_id)
         record = state.record
         call_id = next(self._ids)
         messages = chat.get("messages") or []
-        state.in_flight[call_id] = InFlightCall(call_id=call_id, started_at=self.clock(),
-                                                dialect=meta.get("dialect"), path=meta.get("path"),
-                                                messages=len(messages))
+        state.in_flight[call_id] = InFlightCall(
+            call_id=call_id,
+            started_at=self.clock(),
+            dialect=meta.get("dialect"),
+            path=meta.get("path"),
+            messages=len(messages),
+        )
         record.calls_started += 1
         _take_prompt(record, messages)
         try:
@@ -114,9 +122,13 @@ class ActivityLog:
         state = self._sessions.get(session_id) or self._closed.get(session_id)
         if state is None:
             return SessionActivity(session_id=session_id, now=self.clock())
-        return state.record.model_copy(update={
-            "now": self.clock(), "recent_ends": list(state.recent_ends),
-            "in_flight": sorted(state.in_flight.values(), key=lambda c: c.started_at)})
+        return state.record.model_copy(
+            update={
+                "now": self.clock(),
+                "recent_ends": list(state.recent_ends),
+                "in_flight": sorted(state.in_flight.values(), key=lambda c: c.started_at),
+            }
+        )
 
 
 def _take_prompt(record: SessionActivity, messages: Sequence[Any]) -> None:
@@ -144,15 +156,24 @@ def message_view(message: Mapping[str, Any]) -> MessageView:
     """A chat message as text (content parts joined), cut to its tail, with its tool calls."""
     content = message.get("content")
     if isinstance(content, list):
-        content = "\n".join(str(part.get("text", "")) if isinstance(part, Mapping) else str(part)
-                            for part in content)
+        content = "\n".join(
+            str(part.get("text", "")) if isinstance(part, Mapping) else str(part) for part in content
+        )
     text = str(content or "")
     calls = []
     given = message.get("tool_calls")  # the call's own body: the view reads it, never refuses it
     for call in given if isinstance(given, list) else []:
         function = call.get("function") if isinstance(call, Mapping) else None
         if isinstance(function, Mapping):
-            calls.append(ToolCallView(name=str(function.get("name") or "?"),
-                                      arguments=str(function.get("arguments") or "")[:ARGUMENTS_MAX]))
-    return MessageView(role=str(message.get("role") or "?"), text=text[-TEXT_TAIL:], tool_calls=calls,
-                       truncated=len(text) > TEXT_TAIL)
+            calls.append(
+                ToolCallView(
+                    name=str(function.get("name") or "?"),
+                    arguments=str(function.get("arguments") or "")[:ARGUMENTS_MAX],
+                )
+            )
+    return MessageView(
+        role=str(message.get("role") or "?"),
+        text=text[-TEXT_TAIL:],
+        tool_calls=calls,
+        truncated=len(text) > TEXT_TAIL,
+    )

@@ -9,15 +9,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from tapdeck.proxy.capture.graph import RolloutGraph
+from tapdeck.proxy.capture.interning import Interner
+from tapdeck.proxy.capture.tokens import PromptIdsMemo
 from tapdeck.proxy.dialects.arguments import ArgumentsMemo
 from tapdeck.proxy.dialects.stored_responses import StoredResponses
 from tapdeck.proxy.upstream.client import EngineClient
-from tapdeck.schema.findings import Finding, Level
-from tapdeck.proxy.capture.graph import RolloutGraph
-from tapdeck.proxy.capture.interning import Interner
 from tapdeck.proxy.upstream.tiers import EngineSpec
 from tapdeck.proxy.upstream.token_in import TokenIn
-from tapdeck.proxy.capture.tokens import PromptIdsMemo
+from tapdeck.schema.findings import Finding, Level
 from tapdeck.schema.sessions import RolloutStats, SessionState, Tier
 
 

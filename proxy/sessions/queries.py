@@ -11,12 +11,12 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from tapdeck.proxy.capture.export import graph_view, turn_detail
-from tapdeck.schema.findings import Finding
 from tapdeck.proxy.capture.graph import RolloutGraph
+from tapdeck.proxy.capture.validation import validate_rollout
 from tapdeck.proxy.sessions.registry import SessionRegistry
 from tapdeck.proxy.sessions.spec import SessionError
+from tapdeck.schema.findings import Finding
 from tapdeck.schema.sessions import SessionSummary, Tier
-from tapdeck.proxy.capture.validation import validate_rollout
 
 T = TypeVar("T")
 Build = Callable[[dict[str, Any], RolloutGraph, Tier], T]
@@ -35,8 +35,11 @@ class SessionQueries:
 
     def list(self) -> list[SessionSummary]:
         """Every session this server knows, newest first."""
-        return sorted((self.registry.summary(s) for s in self.registry.sessions.values()),
-                      key=lambda s: s.created_at, reverse=True)
+        return sorted(
+            (self.registry.summary(s) for s in self.registry.sessions.values()),
+            key=lambda s: s.created_at,
+            reverse=True,
+        )
 
     # `list` in this class body is the method above: the builtin is named in full.
     def findings(self, session_id: str) -> builtins.list[Finding]:
@@ -46,8 +49,9 @@ class SessionQueries:
             graph = self.registry.graph(session)
             out = list(session.findings)
             out.extend(graph.findings())
-            out.extend(validate_rollout(
-                graph, session.tier, rollout_type=session.record.get("rollout_type", "auto")))
+            out.extend(
+                validate_rollout(graph, session.tier, rollout_type=session.record.get("rollout_type", "auto"))
+            )
         return out
 
     def export(self, session_id: str, build: Build[T]) -> T:
@@ -60,8 +64,12 @@ class SessionQueries:
     def graph_view(self, session_id: str, since: int = 0) -> dict[str, Any]:
         """The graph without tokens: headers of turns from `since` on, links, stats, findings."""
         session = self.registry.lookup(session_id)
-        return self.export(session_id, lambda record, graph, tier: graph_view(
-            record, graph, tier, since=since, findings=session.findings))
+        return self.export(
+            session_id,
+            lambda record, graph, tier: graph_view(
+                record, graph, tier, since=since, findings=session.findings
+            ),
+        )
 
     def turn_detail(self, session_id: str, seq: int) -> dict[str, Any]:
         """Everything the TUI shows for one turn."""

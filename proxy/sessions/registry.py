@@ -17,27 +17,26 @@ from typing import Any, Literal
 
 import httpx
 
-from tapdeck.proxy.sessions.activity import ActivityLog
-from tapdeck.proxy.dialects.arguments import ArgumentsMemo
-from tapdeck.proxy.dialects.stored_responses import StoredResponses
-from tapdeck.proxy.upstream.address import settle
-from tapdeck.proxy.upstream.client import EngineClient
-from tapdeck.proxy.http.events import EventBus
-from tapdeck.schema.findings import Finding
 from tapdeck.proxy.capture.graph import RolloutGraph
 from tapdeck.proxy.capture.interning import Interner
-from tapdeck.proxy.sessions.live import LiveSession, stored_stats
-from tapdeck.schema.sessions import EngineRef, SessionInfo, SessionSummary, Tier
-from tapdeck.proxy.sessions.spec import SessionError, SessionSpec, base_urls_for
-from tapdeck.proxy.sessions.keys import is_session_key, new_session_id, new_session_key
-from tapdeck.proxy.store.database import Store
-from tapdeck.proxy.store.writes import StoreUnavailable, StoreWrites
-from tapdeck.proxy.upstream.tiers import EngineSpec, ProbeResult, probe
-from tapdeck.proxy.upstream.token_in import TokenIn
 from tapdeck.proxy.capture.tokens import PromptIdsMemo
 from tapdeck.proxy.capture.validation import reported_stats
+from tapdeck.proxy.dialects.arguments import ArgumentsMemo
+from tapdeck.proxy.dialects.stored_responses import StoredResponses
+from tapdeck.proxy.http.events import EventBus
+from tapdeck.proxy.sessions.activity import ActivityLog
+from tapdeck.proxy.sessions.keys import is_session_key, new_session_id, new_session_key
+from tapdeck.proxy.sessions.live import LiveSession, stored_stats
+from tapdeck.proxy.sessions.spec import SessionError, SessionSpec, base_urls_for
+from tapdeck.proxy.store.database import Store
+from tapdeck.proxy.store.writes import StoreUnavailable, StoreWrites
+from tapdeck.proxy.upstream.address import settle
+from tapdeck.proxy.upstream.client import EngineClient
+from tapdeck.proxy.upstream.tiers import EngineSpec, ProbeResult, probe
+from tapdeck.proxy.upstream.token_in import TokenIn
 from tapdeck.schema.events import SessionClosed, SessionOpened, SessionUpdated
-from tapdeck.schema.sessions import RolloutStats
+from tapdeck.schema.findings import Finding
+from tapdeck.schema.sessions import EngineRef, RolloutStats, SessionInfo, SessionSummary, Tier
 
 log = logging.getLogger("tapdeck.proxy")
 
@@ -45,9 +44,17 @@ log = logging.getLogger("tapdeck.proxy")
 class SessionRegistry:
     """Owns the sessions of one server, their engine clients and their store writes."""
 
-    def __init__(self, store: Store, events: EventBus, activity: ActivityLog, *,
-                 default_engine: EngineSpec | None, public_url: str,
-                 engine_timeout: httpx.Timeout | float, max_reply_bytes: int) -> None:
+    def __init__(
+        self,
+        store: Store,
+        events: EventBus,
+        activity: ActivityLog,
+        *,
+        default_engine: EngineSpec | None,
+        public_url: str,
+        engine_timeout: httpx.Timeout | float,
+        max_reply_bytes: int,
+    ) -> None:
         self.store = store
         self.events = events
         self.activity = activity
@@ -78,12 +85,19 @@ class SessionRegistry:
             engine = record.get("engine") or {}
             counts = record.get("finding_counts") or {}
             self.sessions[record["id"]] = LiveSession(
-                id=record["id"], record=record, tier=Tier(record.get("tier", Tier.TEXT)),
-                engine=None, client=None, served_model=engine.get("model"), state=state,
+                id=record["id"],
+                record=record,
+                tier=Tier(record.get("tier", Tier.TEXT)),
+                engine=None,
+                client=None,
+                served_model=engine.get("model"),
+                state=state,
                 turns=int(record.get("stored_turns") or 0),
                 findings=[Finding.model_validate(f) for f in record.get("findings") or []],
                 stats=stored_stats(record.get("stats")),
-                fatal=int(counts.get("fatal") or 0), warn=int(counts.get("warn") or 0))
+                fatal=int(counts.get("fatal") or 0),
+                warn=int(counts.get("warn") or 0),
+            )
 
     async def aclose(self) -> None:
         """Close the pooled engine connections; let the store writes already submitted finish."""
@@ -96,8 +110,9 @@ class SessionRegistry:
         key = spec.cache_key()
         client = self.clients.get(key)
         if client is None:
-            client = self.clients[key] = EngineClient(spec, timeout=self.engine_timeout,
-                                                             max_reply_bytes=self.max_reply_bytes)
+            client = self.clients[key] = EngineClient(
+                spec, timeout=self.engine_timeout, max_reply_bytes=self.max_reply_bytes
+            )
         return client
 
     async def _settle(self, spec: EngineSpec) -> EngineSpec:
@@ -117,52 +132,87 @@ class SessionRegistry:
         """Probe the session's engine (cached), pick the rollout type, mint the key."""
         engine = await self._settle(spec.engine) if spec.engine else self.default_engine
         if engine is None:
-            raise SessionError(400, "no engine given and this server has no default engine; "
-                                    "name one in the session's `engine` field")
+            raise SessionError(
+                400,
+                "no engine given and this server has no default engine; "
+                "name one in the session's `engine` field",
+            )
         client = self._client_for(engine)
         result: ProbeResult = await probe(engine, client, allow_raw_logprobs=spec.allow_raw_logprobs)
         if spec.rollout_type == "train" and result.tier is not Tier.TOKENS:
-            raise SessionError(400, f"training needs an engine at the tokens tier; {engine.base_url} "
-                                    f"is at the {result.tier} tier ({result.detail})")
-        rollout_type: Literal["train", "eval"] = "train" if (spec.rollout_type == "train" or (
-            spec.rollout_type == "auto" and result.tier is Tier.TOKENS)) else "eval"
+            raise SessionError(
+                400,
+                f"training needs an engine at the tokens tier; {engine.base_url} "
+                f"is at the {result.tier} tier ({result.detail})",
+            )
+        rollout_type: Literal["train", "eval"] = (
+            "train"
+            if (spec.rollout_type == "train" or (spec.rollout_type == "auto" and result.tier is Tier.TOKENS))
+            else "eval"
+        )
         now = time.time()
         sid, key = new_session_id(), new_session_key()
-        ref = EngineRef(url=engine.base_url, model=result.served_model or engine.model,
-                        max_model_len=result.max_model_len)
+        ref = EngineRef(
+            url=engine.base_url, model=result.served_model or engine.model, max_model_len=result.max_model_len
+        )
         record: dict[str, Any] = {
-            "id": sid, "state": "open", "tier": str(result.tier), "rollout_type": rollout_type,
-            "engine": ref.model_dump(), "created_at": now, "metadata": dict(spec.metadata),
-            "call_budget": spec.call_budget, "max_output_tokens": spec.max_output_tokens,
+            "id": sid,
+            "state": "open",
+            "tier": str(result.tier),
+            "rollout_type": rollout_type,
+            "engine": ref.model_dump(),
+            "created_at": now,
+            "metadata": dict(spec.metadata),
+            "call_budget": spec.call_budget,
+            "max_output_tokens": spec.max_output_tokens,
             "probe": result.detail,
             "alternatives": min(spec.alternatives, result.alternatives),
-            "token_in": result.tier is Tier.TOKENS and (
-                spec.token_in if spec.token_in is not None else rollout_type == "train"),
+            "token_in": result.tier is Tier.TOKENS
+            and (spec.token_in if spec.token_in is not None else rollout_type == "train"),
             "findings": [f.model_dump(mode="json") for f in result.findings],
         }
         try:
             await self.writes.run(self.store.create_session, record)
         except StoreUnavailable as exc:
-            raise SessionError(503, f"the capture store cannot record a new session "
-                                    f"({exc.reason}); retry later") from exc
+            raise SessionError(
+                503, f"the capture store cannot record a new session ({exc.reason}); retry later"
+            ) from exc
         graph = RolloutGraph()
-        session = LiveSession(id=sid, record=record, tier=result.tier, engine=engine, client=client,
-                              served_model=ref.model, state="open", call_budget=spec.call_budget,
-                              output_limit=spec.max_output_tokens,
-                              training=rollout_type == "train",
-                              training_sampling=spec.training_sampling, graph=graph,
-                              findings=list(result.findings), stats=graph.stats(),
-                              token_in=TokenIn(client, tool_parser=engine.tool_call_parser,
-                                               reasoning_parser=engine.reasoning_parser)
-                              if record["token_in"] else None)
+        session = LiveSession(
+            id=sid,
+            record=record,
+            tier=result.tier,
+            engine=engine,
+            client=client,
+            served_model=ref.model,
+            state="open",
+            call_budget=spec.call_budget,
+            output_limit=spec.max_output_tokens,
+            training=rollout_type == "train",
+            training_sampling=spec.training_sampling,
+            graph=graph,
+            findings=list(result.findings),
+            stats=graph.stats(),
+            token_in=TokenIn(
+                client, tool_parser=engine.tool_call_parser, reasoning_parser=engine.reasoning_parser
+            )
+            if record["token_in"]
+            else None,
+        )
         session.count(session.findings)
         self.sessions[sid] = session
         self.by_key[key] = session
         self.events.publish(SessionOpened(session=self.summary(session)).model_dump(mode="json"))
         return SessionInfo(
-            id=sid, api_key=key, tier=result.tier, rollout_type=rollout_type,
+            id=sid,
+            api_key=key,
+            tier=result.tier,
+            rollout_type=rollout_type,
             base_urls=base_urls_for(self.public_url),
-            engine=ref, created_at=now, metadata=record["metadata"])
+            engine=ref,
+            created_at=now,
+            metadata=record["metadata"],
+        )
 
     async def close(self, session_id: str) -> SessionSummary:
         """Stop accepting calls on the session and release its live state; its data stays.
@@ -179,12 +229,17 @@ class SessionRegistry:
             self.release_if_idle(session)
             stats = session.stats
             try:  # stats and finding counts kept so that a restart lists it without its graph
-                await self.writes.run(self.store.update_session, session_id, state="closed",
-                                      stats=None if stats is None else stats.model_dump(),
-                                      finding_counts={"fatal": session.fatal, "warn": session.warn})
+                await self.writes.run(
+                    self.store.update_session,
+                    session_id,
+                    state="closed",
+                    stats=None if stats is None else stats.model_dump(),
+                    finding_counts={"fatal": session.fatal, "warn": session.warn},
+                )
             except StoreUnavailable as exc:
-                log.warning("session %s: closed, but the store could not record it (%s)",
-                            session_id, exc.reason)
+                log.warning(
+                    "session %s: closed, but the store could not record it (%s)", session_id, exc.reason
+                )
         # A restarted session's stats may need its graph loaded: done on a thread.
         summary = await asyncio.to_thread(self.summary, session)
         self.events.publish(SessionClosed(session=summary).model_dump(mode="json"))
@@ -231,12 +286,19 @@ class SessionRegistry:
         session = self.lookup(session_id)
         with session.rw:
             graph = self.graph(session)
-            demoted = sorted({*session.record.get("metadata", {}).get("auxiliary_seqs", []),
-                              *(s for s in seqs if s in graph.nodes)})
+            demoted = sorted(
+                {
+                    *session.record.get("metadata", {}).get("auxiliary_seqs", []),
+                    *(s for s in seqs if s in graph.nodes),
+                }
+            )
             graph.demote(demoted, reason)
             session.stats = graph.stats()
-        session.record["metadata"] = {**session.record.get("metadata", {}),
-                                      "auxiliary_seqs": demoted, "auxiliary_reason": reason}
+        session.record["metadata"] = {
+            **session.record.get("metadata", {}),
+            "auxiliary_seqs": demoted,
+            "auxiliary_reason": reason,
+        }
         self.writes.submit_and_wait(self._store_field, session, "metadata")
         self.publish_update(session)
 
@@ -282,8 +344,12 @@ class SessionRegistry:
 
     def record(self, session: LiveSession) -> dict[str, Any]:
         """The session's stored record with its live state, turn count and last call time."""
-        return {**session.record, "state": session.state, "turns": session.turns,
-                "last_call_at": session.last_call_at}
+        return {
+            **session.record,
+            "state": session.state,
+            "turns": session.turns,
+            "last_call_at": session.last_call_at,
+        }
 
     def graph(self, session: LiveSession) -> RolloutGraph:
         """The session's graph. One that is not live (a restarted or closed session's) is
@@ -317,15 +383,21 @@ class SessionRegistry:
         now = time.time()
         # Turns counted on capture (the stats are those of the last linked turn).
         rollout_type = session.record.get("rollout_type", "eval")
-        stats = {**reported_stats(self._stats(session), session.tier, rollout_type),
-                 "turns": session.turns}
+        stats = {**reported_stats(self._stats(session), session.tier, rollout_type), "turns": session.turns}
         return SessionSummary(
-            **stats, id=session.id, state=session.state,
-            tier=session.tier, rollout_type=rollout_type,
-            created_at=session.record.get("created_at", 0.0), last_call_at=session.last_call_at,
+            **stats,
+            id=session.id,
+            state=session.state,
+            tier=session.tier,
+            rollout_type=rollout_type,
+            created_at=session.record.get("created_at", 0.0),
+            last_call_at=session.last_call_at,
             seconds_since_last_call=None if session.last_call_at is None else now - session.last_call_at,
-            metadata=session.record.get("metadata") or {}, fatal=session.fatal, warn=session.warn,
-            engine=EngineRef(**(session.record.get("engine") or {"url": ""})))
+            metadata=session.record.get("metadata") or {},
+            fatal=session.fatal,
+            warn=session.warn,
+            engine=EngineRef(**(session.record.get("engine") or {"url": ""})),
+        )
 
 
 __all__ = ["SessionRegistry"]

@@ -70,8 +70,10 @@ class SessionSpec(BaseModel):
                     raise ValueError("training_sampling: temperature must be > 0")
                 policy[key] = float(v)
             elif v != NEUTRAL_SAMPLING[key] and not (key == "top_k" and v == 0):
-                raise ValueError(f"training_sampling: {key} must be {NEUTRAL_SAMPLING[key]} (a "
-                                 f"truncated distribution's logprobs do not match the trainer's)")
+                raise ValueError(
+                    f"training_sampling: {key} must be {NEUTRAL_SAMPLING[key]} (a "
+                    f"truncated distribution's logprobs do not match the trainer's)"
+                )
             else:
                 policy[key] = NEUTRAL_SAMPLING[key]  # top_k 0 (TRL's "off") is sent as vLLM's -1
         return policy

@@ -1,2 +1,1 @@
-"""Durable capture: the SQLite store, its writer threads, and files replaced whole.
-"""
+"""Durable capture: the SQLite store, its writer threads, and files replaced whole."""

@@ -30,7 +30,6 @@ from urllib.parse import quote
 import numpy as np
 import orjson
 
-from tapdeck.schema.findings import Finding
 from tapdeck.proxy.capture.graph import Link, RolloutGraph
 from tapdeck.proxy.capture.interning import CONTENT_ADDRESSED, common_prefix, content_key
 from tapdeck.proxy.capture.reply_shape import readable_stored_reply
@@ -43,6 +42,7 @@ from tapdeck.proxy.capture.tokens import (
 )
 from tapdeck.proxy.capture.turn import Turn
 from tapdeck.proxy.store.no_follow import refuse_link
+from tapdeck.schema.findings import Finding
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -84,8 +84,9 @@ def _dumps(obj: Any) -> bytes:
     return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
 
 
-def _split_request(request: dict[str, Any], known: dict[str, list[str]] | None
-                   ) -> tuple[dict[str, Any], dict[str, list[str]], dict[str, list[Any]]]:
+def _split_request(
+    request: dict[str, Any], known: dict[str, list[str]] | None
+) -> tuple[dict[str, Any], dict[str, list[str]], dict[str, list[Any]]]:
     """The request with its content-addressed lists replaced by their keys (`known` ones reused),
     those keys by list name, and the lists by name."""
     stored = dict(request)
@@ -110,12 +111,14 @@ def _resolve_refs(docs: dict[int, dict[str, Any]], path: Path, session_id: str) 
             chain = [seq]
             while not isinstance(ref := docs[chain[-1]]["request"][name], list):
                 if ref["base"] not in docs:
-                    raise ValueError(f"{path}: turn {session_id}/{chain[-1]}'s {name} are stored "
-                                     f"against turn {ref['base']}, which is missing")
+                    raise ValueError(
+                        f"{path}: turn {session_id}/{chain[-1]}'s {name} are stored "
+                        f"against turn {ref['base']}, which is missing"
+                    )
                 chain.append(ref["base"])
             for s in reversed(chain[:-1]):
                 ref = docs[s]["request"][name]
-                docs[s]["request"][name] = docs[ref["base"]]["request"][name][:ref["keep"]] + ref["add"]
+                docs[s]["request"][name] = docs[ref["base"]]["request"][name][: ref["keep"]] + ref["add"]
 
 
 class _Write:
@@ -141,17 +144,22 @@ def _check_schema(db: sqlite3.Connection, path: Path) -> None:
     model = sqlite3.connect(":memory:")
     try:
         model.executescript(_SCHEMA)
-        tables = [name for (name,) in model.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY rowid")]
+        tables = [
+            name
+            for (name,) in model.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY rowid")
+        ]
         for table in tables:
             want = [row[1] for row in model.execute(f"PRAGMA table_info({table})")]
             have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
             if not have:
-                raise NotAStoreError(f"{path} is an SQLite database but not a tapdeck capture "
-                                     f"store: it has no {table!r} table")
+                raise NotAStoreError(
+                    f"{path} is an SQLite database but not a tapdeck capture store: it has no {table!r} table"
+                )
             if missing := [c for c in want if c not in have]:
-                raise NotAStoreError(f"{path} is not a tapdeck capture store: its {table!r} table "
-                                     f"has no column {', '.join(map(repr, missing))}")
+                raise NotAStoreError(
+                    f"{path} is not a tapdeck capture store: its {table!r} table "
+                    f"has no column {', '.join(map(repr, missing))}"
+                )
     finally:
         model.close()
 
@@ -202,8 +210,7 @@ class Store:
     def _connect(self, busy_timeout: float) -> sqlite3.Connection:
         # mode=ro: SQLite itself refuses every write, so a reader cannot change the file.
         target = f"file:{quote(str(self.path))}?mode=ro" if self._read_only else self.path
-        db = sqlite3.connect(target, check_same_thread=False, isolation_level=None,
-                             uri=self._read_only)
+        db = sqlite3.connect(target, check_same_thread=False, isolation_level=None, uri=self._read_only)
         db.execute("PRAGMA synchronous=FULL")
         db.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
         return db
@@ -270,8 +277,13 @@ class Store:
             self.commits += 1
         except BaseException as exc:
             # The leader's own interrupt is re-raised below; its group-mates get a plain error.
-            shared = exc if isinstance(exc, Exception) else RuntimeError(
-                f"write to {self.path} interrupted ({type(exc).__name__}); nothing committed")
+            shared = (
+                exc
+                if isinstance(exc, Exception)
+                else RuntimeError(
+                    f"write to {self.path} interrupted ({type(exc).__name__}); nothing committed"
+                )
+            )
             for item in batch:
                 if item.error is None:
                     item.error, item.result = shared, None
@@ -297,20 +309,22 @@ class Store:
         row = (record["id"], _dumps(record), float(record.get("created_at") or now), now)
 
         def insert(db: sqlite3.Connection) -> None:
-            db.execute("INSERT INTO sessions (id, record, created_at, updated_at) "
-                       "VALUES (?, ?, ?, ?)", row)
+            db.execute("INSERT INTO sessions (id, record, created_at, updated_at) VALUES (?, ?, ?, ?)", row)
 
         self._write(insert)
 
     def update_session(self, session_id: str, **fields: Any) -> dict[str, Any]:
         """Merge `fields` into the stored record; returns the new record."""
+
         def update(db: sqlite3.Connection) -> dict[str, Any]:
             row = db.execute("SELECT record FROM sessions WHERE id = ?", (session_id,)).fetchone()
             if row is None:
                 raise KeyError(f"no session {session_id!r} in {self.path}")
             record: dict[str, Any] = orjson.loads(row[0]) | fields
-            db.execute("UPDATE sessions SET record = ?, updated_at = ? WHERE id = ?",
-                       (_dumps(record), time.time(), session_id))
+            db.execute(
+                "UPDATE sessions SET record = ?, updated_at = ? WHERE id = ?",
+                (_dumps(record), time.time(), session_id),
+            )
             return record
 
         return self._write(update)
@@ -320,14 +334,14 @@ class Store:
         with self._read_lock:
             rows = self._reader.execute(
                 "SELECT s.record, (SELECT COUNT(*) FROM turns t WHERE t.session_id = s.id) "
-                "FROM sessions s ORDER BY s.created_at, s.id").fetchall()
+                "FROM sessions s ORDER BY s.created_at, s.id"
+            ).fetchall()
         return [orjson.loads(rec) | {"stored_turns": n} for rec, n in rows]
 
     def get_session(self, session_id: str) -> dict[str, Any]:
         """One session record; KeyError when unknown."""
         with self._read_lock:
-            row = self._reader.execute("SELECT record FROM sessions WHERE id = ?",
-                                       (session_id,)).fetchone()
+            row = self._reader.execute("SELECT record FROM sessions WHERE id = ?", (session_id,)).fetchone()
         if row is None:
             raise KeyError(f"no session {session_id!r} in {self.path}")
         record: dict[str, Any] = orjson.loads(row[0])
@@ -359,12 +373,16 @@ class Store:
                 if key not in stored and key not in new_bodies:
                     new_bodies[key] = _dumps(value)
         doc = {
-            "request": request, "refs": list(keys), "response": turn.response, "sampling": turn.sampling,
+            "request": request,
+            "refs": list(keys),
+            "response": turn.response,
+            "sampling": turn.sampling,
             "token_texts": turn.token_texts,
             "top_logprobs": turn.top_logprobs,
             "findings": [f.model_dump(mode="json") for f in turn.findings],
             "link_findings": [f.model_dump(mode="json") for f in link.findings],
-            "meta": turn.meta, "has_logprobs": turn.logprobs is not None,
+            "meta": turn.meta,
+            "has_logprobs": turn.logprobs is not None,
         }
         doc_b = _dumps(doc)
         sampled_b = None if sampled is None else ids_to_bytes(sampled)
@@ -372,15 +390,19 @@ class Store:
 
         def insert(db: sqlite3.Connection) -> None:
             # Same transaction as the turn: a committed turn never points at a missing message.
-            db.executemany("INSERT OR IGNORE INTO messages (hash, body) VALUES (?, ?)",
-                           new_bodies.items())
+            db.executemany("INSERT OR IGNORE INTO messages (hash, body) VALUES (?, ?)", new_bodies.items())
             # The base is looked up inside the transaction: it may be a turn of the same group.
             base_seq, base_len = None, 0
-            if (prompt is not None and link.parent is not None and link.offset
-                    and link.kind in ("prefix", "retokenized")):
+            if (
+                prompt is not None
+                and link.parent is not None
+                and link.offset
+                and link.kind in ("prefix", "retokenized")
+            ):
                 row = db.execute(
-                    "SELECT prompt_len, length(sampled) FROM turns "
-                    "WHERE session_id = ? AND seq = ?", (turn.session_id, link.parent)).fetchone()
+                    "SELECT prompt_len, length(sampled) FROM turns WHERE session_id = ? AND seq = ?",
+                    (turn.session_id, link.parent),
+                ).fetchone()
                 if row is not None and row[0] is not None:
                     base_full = row[0] + (row[1] or 0) // 4
                     if link.offset <= min(base_full, prompt.size):
@@ -389,11 +411,23 @@ class Store:
                 "INSERT INTO turns (session_id, seq, base_seq, base_len, prompt_len, "
                 "prompt_tail, sampled, logprobs, finish_reason, link_parent, link_kind, "
                 "link_offset, doc, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (turn.session_id, turn.seq, base_seq, base_len,
-                 None if prompt is None else int(prompt.size),
-                 None if prompt is None else ids_to_bytes(prompt[base_len:]),
-                 sampled_b, logprobs_b, turn.finish_reason, link.parent, link.kind, link.offset,
-                 doc_b, float(turn.created_at)))
+                (
+                    turn.session_id,
+                    turn.seq,
+                    base_seq,
+                    base_len,
+                    None if prompt is None else int(prompt.size),
+                    None if prompt is None else ids_to_bytes(prompt[base_len:]),
+                    sampled_b,
+                    logprobs_b,
+                    turn.finish_reason,
+                    link.parent,
+                    link.kind,
+                    link.offset,
+                    doc_b,
+                    float(turn.created_at),
+                ),
+            )
 
         self._write(insert)
         with self._queue_lock:
@@ -414,17 +448,18 @@ class Store:
             rows = self._reader.execute(
                 "SELECT seq, base_seq, base_len, prompt_len, prompt_tail, sampled, logprobs, "
                 "finish_reason, doc, created_at FROM turns WHERE session_id = ? ORDER BY seq",
-                (session_id,)).fetchall()
+                (session_id,),
+            ).fetchall()
             docs = [orjson.loads(row[8]) for row in rows]
-            _resolve_refs({row[0]: doc for row, doc in zip(rows, docs, strict=True)}, self.path,
-                          session_id)
+            _resolve_refs({row[0]: doc for row, doc in zip(rows, docs, strict=True)}, self.path, session_id)
             contents = self._load_contents(docs)
         # Keep a rebuilt sequence only until the last turn stored against it has been rebuilt.
         last_use = {row[1]: row[0] for row in rows if row[1] is not None}
         sequences: dict[int, np.ndarray] = {}
         turns: list[Turn] = []
-        for (seq, base_seq, base_len, prompt_len, tail, sampled_b, lp_b, finish, _doc_b,
-             created), doc in zip(rows, docs, strict=True):
+        for (seq, base_seq, base_len, prompt_len, tail, sampled_b, lp_b, finish, _doc_b, created), doc in zip(
+            rows, docs, strict=True
+        ):
             request = doc["request"]
             for name in doc.get("refs", ()):
                 request[name] = [contents[key] for key in request[name]]
@@ -434,14 +469,18 @@ class Store:
                 tail_ids = ids_from_bytes(tail)
                 if base_seq is not None:
                     if base_seq not in sequences:
-                        raise ValueError(f"{self.path}: turn {session_id}/{seq} is stored against "
-                                         f"turn {base_seq}, which is missing")
+                        raise ValueError(
+                            f"{self.path}: turn {session_id}/{seq} is stored against "
+                            f"turn {base_seq}, which is missing"
+                        )
                     prompt = np.concatenate([sequences[base_seq][:base_len], tail_ids])
                 else:
                     prompt = tail_ids
                 if prompt.size != prompt_len:
-                    raise ValueError(f"{self.path}: turn {session_id}/{seq} rebuilt to "
-                                     f"{prompt.size} prompt ids, {prompt_len} were stored")
+                    raise ValueError(
+                        f"{self.path}: turn {session_id}/{seq} rebuilt to "
+                        f"{prompt.size} prompt ids, {prompt_len} were stored"
+                    )
                 if seq in last_use:
                     sequences[seq] = prompt if sampled is None else np.concatenate([prompt, sampled])
             if base_seq is not None and last_use.get(base_seq) == seq:
@@ -449,33 +488,43 @@ class Store:
             # What an older tapdeck stored without checking the engine's reply is read back in
             # the shape every reader takes, with a finding saying what was left out.
             response, unread = readable_stored_reply(doc["response"], seq)
-            turns.append(Turn(
-                session_id=session_id, seq=seq, prompt_ids=prompt, sampled_ids=sampled,
-                logprobs=None if lp_b is None else logprobs_from_bytes(lp_b),
-                finish_reason=finish, request=request, response=response,
-                sampling=doc["sampling"], token_texts=doc["token_texts"],
-                top_logprobs=None if doc["top_logprobs"] is None else
-                [[(t, lp) for t, lp in pos] for pos in doc["top_logprobs"]],
-                findings=[*(Finding.model_validate(f) for f in doc["findings"]), *unread],
-                meta=doc["meta"], created_at=created))
+            turns.append(
+                Turn(
+                    session_id=session_id,
+                    seq=seq,
+                    prompt_ids=prompt,
+                    sampled_ids=sampled,
+                    logprobs=None if lp_b is None else logprobs_from_bytes(lp_b),
+                    finish_reason=finish,
+                    request=request,
+                    response=response,
+                    sampling=doc["sampling"],
+                    token_texts=doc["token_texts"],
+                    top_logprobs=None
+                    if doc["top_logprobs"] is None
+                    else [[(t, lp) for t, lp in pos] for pos in doc["top_logprobs"]],
+                    findings=[*(Finding.model_validate(f) for f in doc["findings"]), *unread],
+                    meta=doc["meta"],
+                    created_at=created,
+                )
+            )
         return record, turns
 
     def _load_contents(self, docs: list[dict[str, Any]]) -> dict[str, Any]:
         """The messages / tools the docs refer to, by key; each parsed once and shared between
         turns (caller holds the read lock)."""
-        keys = sorted({key for doc in docs for name in doc.get("refs", ())
-                       for key in doc["request"][name]})
+        keys = sorted({key for doc in docs for name in doc.get("refs", ()) for key in doc["request"][name]})
         contents: dict[str, Any] = {}
         for i in range(0, len(keys), _HASH_BATCH):
-            chunk = keys[i:i + _HASH_BATCH]
+            chunk = keys[i : i + _HASH_BATCH]
             marks = ",".join("?" * len(chunk))
             for key, body in self._reader.execute(
-                    f"SELECT hash, body FROM messages WHERE hash IN ({marks})", chunk):
+                f"SELECT hash, body FROM messages WHERE hash IN ({marks})", chunk
+            ):
                 contents[key] = orjson.loads(body)
         missing = [k for k in keys if k not in contents]
         if missing:
-            raise ValueError(f"{self.path}: {len(missing)} stored message(s) missing, "
-                             f"e.g. {missing[0]}")
+            raise ValueError(f"{self.path}: {len(missing)} stored message(s) missing, e.g. {missing[0]}")
         return contents
 
     def load_graph(self, session_id: str) -> tuple[dict[str, Any], RolloutGraph]:

@@ -46,8 +46,7 @@ def open_no_follow(path: str | os.PathLike[str], flags: int, mode: int = 0o666) 
 
 def open_append(path: str | os.PathLike[str]) -> TextIO:
     """`path` opened to append UTF-8 text, created when missing; LinkRefused for a link."""
-    return os.fdopen(open_no_follow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a",
-                     encoding="utf-8")
+    return os.fdopen(open_no_follow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a", encoding="utf-8")
 
 
 __all__ = ["LINK_REFUSED", "LinkRefused", "open_append", "open_no_follow", "refuse_link"]

@@ -61,8 +61,10 @@ class StoreWrites:
     def __init__(self, threads: int = WRITE_THREADS) -> None:
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._closed = False
-        self._threads = [threading.Thread(target=self._work, name=f"tapdeck-store-{i}", daemon=True)
-                         for i in range(threads)]
+        self._threads = [
+            threading.Thread(target=self._work, name=f"tapdeck-store-{i}", daemon=True)
+            for i in range(threads)
+        ]
         for thread in self._threads:
             thread.start()
         self._lane = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tapdeck-store-notes")
@@ -116,8 +118,9 @@ class StoreWrites:
             thread.join()
 
 
-_Job = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[..., Any], tuple[Any, ...],
-             dict[str, Any]]
+_Job = tuple[
+    asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[..., Any], tuple[Any, ...], dict[str, Any]
+]
 
 
 def _run(job: _Job) -> None:

@@ -31,8 +31,9 @@ class EngineAddressError(ProxyError, ValueError):
     """An address that is not an http(s) URL (`status` 400), or where no engine answered (502)."""
 
     def __init__(self, message: str, status: int) -> None:
-        super().__init__(status, message,
-                         kind="invalid_request_error" if status == 400 else "engine_unreachable")
+        super().__init__(
+            status, message, kind="invalid_request_error" if status == 400 else "engine_unreachable"
+        )
 
 
 @dataclass(frozen=True)
@@ -46,8 +47,7 @@ class SettledEngine:
 
     def model_ids(self) -> list[str]:
         """The ids of the served models, in the engine's order."""
-        return [str(m["id"]) for m in self.listing.get("data") or []
-                if isinstance(m, dict) and m.get("id")]
+        return [str(m["id"]) for m in self.listing.get("data") or [] if isinstance(m, dict) and m.get("id")]
 
     def require_model(self, model: str | None) -> None:
         """Refuse (EngineAddressError 400) a model name this engine does not serve, naming the
@@ -55,9 +55,12 @@ class SettledEngine:
         served = self.model_ids()
         if model is None or model in served:
             return
-        raise EngineAddressError(f"the engine at {shown_url(self.base_url)} does not serve model "
-                                 f"{model!r}; it serves {', '.join(served) or 'no model'} "
-                                 "(--engine-model)", 400)
+        raise EngineAddressError(
+            f"the engine at {shown_url(self.base_url)} does not serve model "
+            f"{model!r}; it serves {', '.join(served) or 'no model'} "
+            "(--engine-model)",
+            400,
+        )
 
 
 _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s]*@")
@@ -87,11 +90,15 @@ def normalize_address(address: str) -> str:
     except (ValueError, httpx.InvalidURL):  # a port that is not a number, a broken IPv6 literal...
         host = url = None
     if (port := out_of_range_port(text)) is not None:
-        raise EngineAddressError(f"engine address {shown_url(address)!r}: port {port} is out of range "
-                                 "(1-65535)", 400)
+        raise EngineAddressError(
+            f"engine address {shown_url(address)!r}: port {port} is out of range (1-65535)", 400
+        )
     if url is None or not host or not url.startswith(("http://", "https://")):
-        raise EngineAddressError(f"engine address {shown_url(address)!r} is not an http(s) URL; write it as "
-                                 "HOST:PORT, http://HOST:PORT or http://HOST:PORT/v1", 400)
+        raise EngineAddressError(
+            f"engine address {shown_url(address)!r} is not an http(s) URL; write it as "
+            "HOST:PORT, http://HOST:PORT or http://HOST:PORT/v1",
+            400,
+        )
     if why := bad_host(host):
         raise EngineAddressError(f"engine address {shown_url(address)!r}: {why}", 400)
     return url
@@ -105,8 +112,9 @@ def candidate_base_urls(address: str) -> list[str]:
     return [f"{base}/v1", base]
 
 
-def settle_blocking(address: str, *, api_key: str | None = None,
-                    timeout: httpx.Timeout | float = SETTLE_TIMEOUT) -> SettledEngine:
+def settle_blocking(
+    address: str, *, api_key: str | None = None, timeout: httpx.Timeout | float = SETTLE_TIMEOUT
+) -> SettledEngine:
     """`settle` without an event loop (for a server starting up). Raises EngineAddressError."""
     attempts = _Attempts(address)
     with httpx.Client(timeout=timeout, headers=_headers(api_key)) as http:
@@ -118,8 +126,9 @@ def settle_blocking(address: str, *, api_key: str | None = None,
     return attempts.result
 
 
-async def settle(address: str, *, api_key: str | None = None,
-                 timeout: httpx.Timeout | float = SETTLE_TIMEOUT) -> SettledEngine:
+async def settle(
+    address: str, *, api_key: str | None = None, timeout: httpx.Timeout | float = SETTLE_TIMEOUT
+) -> SettledEngine:
     """The base URL an engine address means: the first candidate whose `GET …/models` answers with
     a model listing. Raises EngineAddressError: 400 for an address that is not a URL, 502 (one line
     naming every URL tried and its answer) when no candidate answers."""
@@ -169,8 +178,12 @@ class _Attempts:
     @property
     def result(self) -> SettledEngine:
         if self._settled is None:
-            raise EngineAddressError(shown_url(f"no engine answered at {self.address.strip()!r}: tried GET "
-                                               + ", GET ".join(self.tried)), 502)
+            raise EngineAddressError(
+                shown_url(
+                    f"no engine answered at {self.address.strip()!r}: tried GET " + ", GET ".join(self.tried)
+                ),
+                502,
+            )
         return self._settled
 
 

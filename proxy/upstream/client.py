@@ -23,11 +23,10 @@ import httpx
 import numpy as np
 import orjson
 
-from tapdeck.proxy.upstream.address import shown_url
-from tapdeck.proxy.errors import DialectError, ProxyError
-from tapdeck.schema.findings import Finding
 from tapdeck.proxy.capture.tokens import PromptIdsMemo, as_ids, as_logprobs, loads_with_prompt_ids
 from tapdeck.proxy.config import DEFAULT_MAX_REPLY_BYTES
+from tapdeck.proxy.errors import DialectError, ProxyError
+from tapdeck.proxy.upstream.address import shown_url
 from tapdeck.proxy.upstream.transport import (
     UpstreamHTTP,
     UpstreamReply,
@@ -35,6 +34,7 @@ from tapdeck.proxy.upstream.transport import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
+from tapdeck.schema.findings import Finding
 
 if TYPE_CHECKING:
     from tapdeck.proxy.upstream.tiers import EngineSpec
@@ -49,23 +49,46 @@ prompt on a loaded machine says nothing for 20 minutes or more. A minute under t
 DEFAULT_TIMEOUT = httpx.Timeout(connect=10.0, read=ENGINE_READ_TIMEOUT_S, write=60.0, pool=60.0)
 
 NEUTRAL_SAMPLING: dict[str, float | int] = {
-    "top_p": 1.0, "top_k": -1, "min_p": 0.0,
-    "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
+    "top_p": 1.0,
+    "top_k": -1,
+    "min_p": 0.0,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "repetition_penalty": 1.0,
 }
 """No-op values of the knobs that reshape the distribution: with processed logprobs a truncated
 or penalised distribution's logprobs no longer match what a trainer recomputes."""
-SAMPLING_KEYS = ("temperature", *NEUTRAL_SAMPLING, "seed", "max_tokens", "max_completion_tokens",
-                 "stop", "n", "logit_bias", "response_format", "tool_choice")
-GUIDED_KEYS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
-               "guided_whitespace_pattern", "structured_outputs", "allowed_token_ids", "bad_words")
+SAMPLING_KEYS = (
+    "temperature",
+    *NEUTRAL_SAMPLING,
+    "seed",
+    "max_tokens",
+    "max_completion_tokens",
+    "stop",
+    "n",
+    "logit_bias",
+    "response_format",
+    "tool_choice",
+)
+GUIDED_KEYS = (
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "guided_whitespace_pattern",
+    "structured_outputs",
+    "allowed_token_ids",
+    "bad_words",
+)
 
-ErrorKind = Literal["unreachable", "timeout", "bad_reply", "upstream_4xx", "upstream_5xx",
-                    "context_length"]
+ErrorKind = Literal["unreachable", "timeout", "bad_reply", "upstream_4xx", "upstream_5xx", "context_length"]
 PASSTHROUGH_STATUS = (400, 413, 422)
 """Upstream refusals the harness must see as-is: a 502 would make it resend the same input."""
 _CONTEXT_LENGTH = re.compile(
     r"maximum context length|context length|context window|prompt is too long|"
-    r"input tokens.*exceeds|too many (input )?tokens", re.IGNORECASE)
+    r"input tokens.*exceeds|too many (input )?tokens",
+    re.IGNORECASE,
+)
 
 
 class EngineError(ProxyError):
@@ -73,8 +96,9 @@ class EngineError(ProxyError):
 
     kind: ErrorKind
 
-    def __init__(self, kind: ErrorKind, status: int, message: str, url: str,
-                 param: str | None = None) -> None:
+    def __init__(
+        self, kind: ErrorKind, status: int, message: str, url: str, param: str | None = None
+    ) -> None:
         super().__init__(status, message, kind=kind, param=param)
         self.url = url
 
@@ -93,10 +117,16 @@ class Capture(NamedTuple):
     findings: list[Finding]
 
 
-def prepare_request(chat: Mapping[str, Any], tier: Tier | str, served_model: str, training: bool,
-                    *, max_tokens_cap: int = DEFAULT_MAX_TOKENS_CAP,
-                    alternatives: int = 0,
-                    policy: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+def prepare_request(
+    chat: Mapping[str, Any],
+    tier: Tier | str,
+    served_model: str,
+    training: bool,
+    *,
+    max_tokens_cap: int = DEFAULT_MAX_TOKENS_CAP,
+    alternatives: int = 0,
+    policy: Mapping[str, Any] | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """The upstream body for a chat request, and the sampling record `{"submitted", "requested"}`.
 
     At the training tier the truncating knobs are reset to no-ops and then `policy` (the training
@@ -111,8 +141,12 @@ def prepare_request(chat: Mapping[str, Any], tier: Tier | str, served_model: str
     """
     n = chat.get("n")
     if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n > 1):
-        raise DialectError(400, f"n={n!r} is not supported: the capture proxy records one completion "
-                                "per call; send n separate requests", param="n")
+        raise DialectError(
+            400,
+            f"n={n!r} is not supported: the capture proxy records one completion "
+            "per call; send n separate requests",
+            param="n",
+        )
     if training:
         _refuse_untrainable(chat)
 
@@ -158,6 +192,7 @@ def prepare_request(chat: Mapping[str, Any], tier: Tier | str, served_model: str
 
 def _refuse_untrainable(chat: Mapping[str, Any]) -> None:
     """Training-tier refusals: each of these makes the sampled distribution differ from the policy."""
+
     def refuse(param: str, why: str) -> None:
         raise DialectError(400, f"`{param}` is not allowed in a training session: {why}", param=param)
 
@@ -199,12 +234,18 @@ def zero_filled_usage(usage: Mapping[str, Any] | None) -> dict[str, Any]:
     for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
         if not isinstance(out.get(key), int):
             out[key] = 0
-    out["prompt_tokens_details"] = {"cached_tokens": 0, "audio_tokens": 0,
-                                    **(out.get("prompt_tokens_details") or {})}
-    out["completion_tokens_details"] = {"reasoning_tokens": 0, "audio_tokens": 0,
-                                        "accepted_prediction_tokens": 0,
-                                        "rejected_prediction_tokens": 0,
-                                        **(out.get("completion_tokens_details") or {})}
+    out["prompt_tokens_details"] = {
+        "cached_tokens": 0,
+        "audio_tokens": 0,
+        **(out.get("prompt_tokens_details") or {}),
+    }
+    out["completion_tokens_details"] = {
+        "reasoning_tokens": 0,
+        "audio_tokens": 0,
+        "accepted_prediction_tokens": 0,
+        "rejected_prediction_tokens": 0,
+        **(out.get("completion_tokens_details") or {}),
+    }
     return out
 
 
@@ -258,7 +299,9 @@ def parse_capture(reply: Mapping[str, Any]) -> Capture:
     except ValueError as exc:
         findings.append(Finding.fatal("bad_sampled_ids", str(exc)))
 
-    content = (choice.get("logprobs") or {}).get("content") if isinstance(choice.get("logprobs"), Mapping) else None
+    content = (
+        (choice.get("logprobs") or {}).get("content") if isinstance(choice.get("logprobs"), Mapping) else None
+    )
     if not content:
         return Capture(prompt_ids, sampled_ids, None, None, None, findings)
 
@@ -287,29 +330,44 @@ def parse_capture(reply: Mapping[str, Any]) -> Capture:
     if all(type(v) is float for v in values):
         logprobs = np.array(values, dtype=np.float64)
     elif any(v is None or isinstance(v, bool) or not isinstance(v, (int, float)) for v in values):
-        first = next(i for i, v in enumerate(values)
-                     if v is None or isinstance(v, bool) or not isinstance(v, (int, float)))
-        findings.append(Finding.fatal("logprob_missing",
-                                      f"logprob {first} of {len(values)} is {values[first]!r}; "
-                                      "the turn is kept as context only"))
+        first = next(
+            i
+            for i, v in enumerate(values)
+            if v is None or isinstance(v, bool) or not isinstance(v, (int, float))
+        )
+        findings.append(
+            Finding.fatal(
+                "logprob_missing",
+                f"logprob {first} of {len(values)} is {values[first]!r}; the turn is kept as context only",
+            )
+        )
         logprobs = None
     else:
         logprobs = as_logprobs(values)
     for i, token in id_tokens:
         if logprobs is not None and not _token_id_matches(token, sampled_ids, i):
             have = None if sampled_ids is None or i >= sampled_ids.size else int(sampled_ids[i])
-            findings.append(Finding.fatal(
-                "token_id_mismatch",
-                f"logprob entry {i} is {token!r} but token_ids[{i}] is {have}; logprobs dropped, "
-                "ids kept as context"))
+            findings.append(
+                Finding.fatal(
+                    "token_id_mismatch",
+                    f"logprob entry {i} is {token!r} but token_ids[{i}] is {have}; logprobs dropped, "
+                    "ids kept as context",
+                )
+            )
             logprobs = None
 
     top: list[list[tuple[str, float]]] = []
     for entry in content:
         alts = entry.get("top_logprobs") if isinstance(entry, dict) or isinstance(entry, Mapping) else None
-        top.append([(known.get(str(a.get("token")), str(a.get("token"))), float(a["logprob"]))
-                    for a in alts if isinstance(a, Mapping)
-                    and isinstance(a.get("logprob"), (int, float))] if alts else [])
+        top.append(
+            [
+                (known.get(str(a.get("token")), str(a.get("token"))), float(a["logprob"]))
+                for a in alts
+                if isinstance(a, Mapping) and isinstance(a.get("logprob"), (int, float))
+            ]
+            if alts
+            else []
+        )
     return Capture(prompt_ids, sampled_ids, logprobs, token_texts, top, findings)
 
 
@@ -326,11 +384,16 @@ class EngineClient:
 
     parse_capture = staticmethod(parse_capture)
 
-    def __init__(self, spec: EngineSpec, *, http: httpx.AsyncClient | None = None,
-                 timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
-                 max_tokens_cap: int = DEFAULT_MAX_TOKENS_CAP,
-                 max_model_len: int | None = None,
-                 max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES) -> None:
+    def __init__(
+        self,
+        spec: EngineSpec,
+        *,
+        http: httpx.AsyncClient | None = None,
+        timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
+        max_tokens_cap: int = DEFAULT_MAX_TOKENS_CAP,
+        max_model_len: int | None = None,
+        max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
+    ) -> None:
         self.spec = spec
         self.max_reply_bytes = max_reply_bytes
         """The most of one reply's body read; past it the call fails (a 502 naming the limit)."""
@@ -352,8 +415,13 @@ class EngineClient:
                 # HTTP(S)_PROXY covers this engine: httpx honours it, the lean client does not.
                 self._http = httpx.AsyncClient(timeout=t, limits=httpx.Limits(max_connections=None))
             else:
-                self._lean = UpstreamHTTP(self.url, connect_timeout=t.connect, read_timeout=t.read,
-                                          max_reply_bytes=max_reply_bytes, ssl_context=_shared_ssl() if self.url.startswith("https") else None)
+                self._lean = UpstreamHTTP(
+                    self.url,
+                    connect_timeout=t.connect,
+                    read_timeout=t.read,
+                    max_reply_bytes=max_reply_bytes,
+                    ssl_context=_shared_ssl() if self.url.startswith("https") else None,
+                )
         self._owns_http = http is None
 
     @property
@@ -368,14 +436,21 @@ class EngineClient:
             return min(self.max_tokens_cap, self.max_model_len)
         return self.max_tokens_cap
 
-    def prepare(self, chat: Mapping[str, Any], tier: Tier | str, served_model: str,
-                training: bool, alternatives: int = 0,
-                policy: Mapping[str, Any] | None = None,
-                output_limit: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    def prepare(
+        self,
+        chat: Mapping[str, Any],
+        tier: Tier | str,
+        served_model: str,
+        training: bool,
+        alternatives: int = 0,
+        policy: Mapping[str, Any] | None = None,
+        output_limit: int | None = None,
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
         """See `prepare_request`; the cap is this engine's, lowered to a session's `output_limit`."""
         cap = min(self.cap, output_limit) if output_limit else self.cap
-        return prepare_request(chat, tier, served_model, training, max_tokens_cap=cap,
-                               alternatives=alternatives, policy=policy)
+        return prepare_request(
+            chat, tier, served_model, training, max_tokens_cap=cap, alternatives=alternatives, policy=policy
+        )
 
     async def models(self) -> dict[str, Any]:
         """`GET {url}/models`."""
@@ -393,8 +468,9 @@ class EngineClient:
         reply = await self._call("POST", "/chat/completions", body, memo)
         choices = reply.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
-            raise EngineError("bad_reply", 502, f"engine at {self.shown} answered HTTP 200 without "
-                                                "choices", self.shown)
+            raise EngineError(
+                "bad_reply", 502, f"engine at {self.shown} answered HTTP 200 without choices", self.shown
+            )
         return reply
 
     async def post(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -402,8 +478,9 @@ class EngineClient:
         beside `/v1`); failures raise EngineError as in `complete`."""
         return await self._call("POST", path, body)
 
-    async def _call(self, method: str, path: str, body: Mapping[str, Any] | None,
-                    memo: PromptIdsMemo | None = None) -> dict[str, Any]:
+    async def _call(
+        self, method: str, path: str, body: Mapping[str, Any] | None, memo: PromptIdsMemo | None = None
+    ) -> dict[str, Any]:
         if self._closed:
             raise RuntimeError(f"the client for engine {self.shown} is closed")
         # Encoded before the call is counted in flight: a body that cannot be encoded leaks nothing.
@@ -413,38 +490,58 @@ class EngineClient:
         try:
             if self._lean is not None:
                 absolute = path.startswith(("http://", "https://"))
-                resp = await self._lean.request(method, urlsplit(path).path if absolute else path,
-                                                data, headers, prefixed=not absolute)
+                resp = await self._lean.request(
+                    method, urlsplit(path).path if absolute else path, data, headers, prefixed=not absolute
+                )
             else:
                 resp = await self._via_httpx(method, path, data, headers)
         except UpstreamReplyTooLarge as exc:
-            raise EngineError("bad_reply", 502, f"engine at {self.shown} sent a reply larger than "
-                                                f"{exc.limit} bytes, the most this server reads for one "
-                                                "call (tapdeck serve --max-reply-bytes)", self.shown) from None
+            raise EngineError(
+                "bad_reply",
+                502,
+                f"engine at {self.shown} sent a reply larger than "
+                f"{exc.limit} bytes, the most this server reads for one "
+                "call (tapdeck serve --max-reply-bytes)",
+                self.shown,
+            ) from None
         except (httpx.TimeoutException, UpstreamTimeout) as exc:
-            raise EngineError("timeout", 502, f"engine at {self.shown} timed out "
-                                              f"({shown_url(_why(exc))})", self.shown) from None
+            raise EngineError(
+                "timeout", 502, f"engine at {self.shown} timed out ({shown_url(_why(exc))})", self.shown
+            ) from None
         except (httpx.TransportError, OSError) as exc:
-            raise EngineError("unreachable", 502, f"engine at {self.shown} is unreachable: "
-                                                  f"{shown_url(_why(exc))}", self.shown) from None
+            raise EngineError(
+                "unreachable",
+                502,
+                f"engine at {self.shown} is unreachable: {shown_url(_why(exc))}",
+                self.shown,
+            ) from None
         finally:
             self._calls_in_flight -= 1
         try:
-            payload = loads_with_prompt_ids(resp.body, memo) if path == "/chat/completions" \
+            payload = (
+                loads_with_prompt_ids(resp.body, memo)
+                if path == "/chat/completions"
                 else orjson.loads(resp.body)
+            )
         except orjson.JSONDecodeError:
             payload = None
         if resp.status >= 400:
             raise self._http_error(resp, payload)
         if not isinstance(payload, dict):
             snippet = resp.body[:120].decode("utf-8", "replace").replace("\n", " ").strip()
-            raise EngineError("bad_reply", 502, f"engine at {self.shown} answered HTTP "
-                                                f"{resp.status} with a body that is not a JSON "
-                                                f"object: {snippet!r}", self.shown)
+            raise EngineError(
+                "bad_reply",
+                502,
+                f"engine at {self.shown} answered HTTP "
+                f"{resp.status} with a body that is not a JSON "
+                f"object: {snippet!r}",
+                self.shown,
+            )
         return payload
 
-    async def _via_httpx(self, method: str, path: str, data: bytes | None,
-                         headers: dict[str, str]) -> UpstreamReply:
+    async def _via_httpx(
+        self, method: str, path: str, data: bytes | None, headers: dict[str, str]
+    ) -> UpstreamReply:
         assert self._http is not None
         url = path if path.startswith(("http://", "https://")) else self.url + path
         send = partial(self._read_capped, method, url, data, headers)
@@ -455,8 +552,9 @@ class EngineClient:
             # request never reached it, so one retry on a fresh connection is safe.
             return await send()
 
-    async def _read_capped(self, method: str, url: str, data: bytes | None,
-                           headers: dict[str, str]) -> UpstreamReply:
+    async def _read_capped(
+        self, method: str, url: str, data: bytes | None, headers: dict[str, str]
+    ) -> UpstreamReply:
         """One request through httpx, its reply read no further than `max_reply_bytes`."""
         assert self._http is not None
         async with self._http.stream(method, url, content=data, headers=headers) as resp:
@@ -471,15 +569,26 @@ class EngineClient:
     def _http_error(self, resp: UpstreamReply, payload: Any) -> EngineError:
         status = resp.status
         # Never empty (a harness shows it to the operator), and never echoing engine credentials.
-        message = shown_url(_error_message(payload) or resp.body[:200].decode("utf-8", "replace").strip()
-                            or resp.reason or f"HTTP {status} with an empty body")
+        message = shown_url(
+            _error_message(payload)
+            or resp.body[:200].decode("utf-8", "replace").strip()
+            or resp.reason
+            or f"HTTP {status} with an empty body"
+        )
         if status in PASSTHROUGH_STATUS:
-            param = payload.get("error", {}).get("param") if isinstance(payload, dict) and \
-                isinstance(payload.get("error"), dict) else None
-            kind: ErrorKind = "context_length" if (param == "input_tokens" or
-                                                   _CONTEXT_LENGTH.search(message)) else "upstream_4xx"
-            return EngineError(kind, status, message, self.shown,
-                               param=param if isinstance(param, str) else None)
+            param = (
+                payload.get("error", {}).get("param")
+                if isinstance(payload, dict) and isinstance(payload.get("error"), dict)
+                else None
+            )
+            kind: ErrorKind = (
+                "context_length"
+                if (param == "input_tokens" or _CONTEXT_LENGTH.search(message))
+                else "upstream_4xx"
+            )
+            return EngineError(
+                kind, status, message, self.shown, param=param if isinstance(param, str) else None
+            )
         kind = "upstream_4xx" if status < 500 else "upstream_5xx"
         return EngineError(kind, 502, f"engine at {self.shown} answered HTTP {status}: {message}", self.shown)
 
@@ -496,8 +605,13 @@ class EngineClient:
 def _why(exc: BaseException) -> str:
     """What went wrong, never empty (httpx's ReadError/WriteError often carry no text)."""
     text = str(exc).strip()
-    return text if isinstance(exc, (UpstreamTimeout, UpstreamUnreachable)) and text else \
-        f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return (
+        text
+        if isinstance(exc, (UpstreamTimeout, UpstreamUnreachable)) and text
+        else f"{type(exc).__name__}: {text}"
+        if text
+        else type(exc).__name__
+    )
 
 
 _SSL: list[ssl.SSLContext] = []
@@ -513,8 +627,9 @@ def _shared_ssl() -> ssl.SSLContext:
 def _behind_env_proxy(url: str) -> bool:
     host = urlsplit(url).hostname or ""
     proxies = urllib.request.getproxies()
-    return bool(proxies.get(urlsplit(url).scheme) or proxies.get("all")) and \
-        not urllib.request.proxy_bypass(host)
+    return bool(proxies.get(urlsplit(url).scheme) or proxies.get("all")) and not urllib.request.proxy_bypass(
+        host
+    )
 
 
 def _error_message(payload: Any) -> str | None:
@@ -529,4 +644,3 @@ def _error_message(payload: Any) -> str | None:
             if isinstance(value, str):
                 return value
     return None
-

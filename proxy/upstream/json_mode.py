@@ -63,7 +63,9 @@ def minimal_instance(schema: Any) -> Any:
         properties: Mapping[str, Any] = declared if isinstance(declared, Mapping) else {}
         required: list[Any] = listed if isinstance(listed, list) else list(properties)
         return {name: minimal_instance(properties.get(name, {})) for name in required}
-    return {"string": "", "integer": 0, "number": 0, "boolean": False, "array": [], "null": None}.get(kind, {})
+    return {"string": "", "integer": 0, "number": 0, "boolean": False, "array": [], "null": None}.get(
+        kind, {}
+    )
 
 
 def _first_json(text: str) -> Any:
@@ -112,14 +114,17 @@ def answer_as_json(reply: dict[str, Any], fmt: Mapping[str, Any]) -> tuple[dict[
         return reply, []
     if fits:
         answer = json.dumps(value, ensure_ascii=False)
-        finding = Finding.info("json_extracted", "the engine wrapped its JSON answer in other text; "
-                                                 "the agent got the JSON alone")
+        finding = Finding.info(
+            "json_extracted", "the engine wrapped its JSON answer in other text; the agent got the JSON alone"
+        )
     else:
         answer = json.dumps(minimal_instance(schema), ensure_ascii=False)
-        finding = Finding.warn("json_mode_unmet",
-                               f"the engine ignored the requested {fmt.get('type')} format (its reply "
-                               f"is not JSON that fits); the agent got the smallest value the schema "
-                               f"accepts, {answer}; the capture keeps the engine's text")
+        finding = Finding.warn(
+            "json_mode_unmet",
+            f"the engine ignored the requested {fmt.get('type')} format (its reply "
+            f"is not JSON that fits); the agent got the smallest value the schema "
+            f"accepts, {answer}; the capture keeps the engine's text",
+        )
     fixed = copy.deepcopy(reply)
     fixed_choice = fixed["choices"][0]
     fixed_choice["message"] = {**(fixed_choice.get("message") or {}), "content": answer}

@@ -71,8 +71,9 @@ class Markers:
 
     def describe(self) -> str:
         """The found markers as text: `<think>`=151667/`</think>`=151668."""
-        return ", ".join(f"{MARKER_FAMILIES[f][0]}={o}/{MARKER_FAMILIES[f][1]}={c}"
-                         for f, (o, c) in self.found.items())
+        return ", ".join(
+            f"{MARKER_FAMILIES[f][0]}={o}/{MARKER_FAMILIES[f][1]}={c}" for f, (o, c) in self.found.items()
+        )
 
     def finding(self) -> Finding:
         """The session finding for markers found with no reasoning parser configured."""
@@ -84,7 +85,8 @@ class Markers:
             f"this model's tokenizer has reasoning markers ({self.describe()}): it can emit "
             f"{pair[0]}…{pair[1]}, and with no reasoning parser the harness gets that thinking as "
             f"content. Start tapdeck with --engine-reasoning-parser NAME matching the engine's "
-            f"--reasoning-parser (for this family: {hint}); until then every call goes by text")
+            f"--reasoning-parser (for this family: {hint}); until then every call goes by text",
+        )
 
     def reply_finding(self, sampled: Sequence[int] | None) -> Finding | None:
         """A turn finding when `sampled` holds a marker id: the reply's thinking reached the
@@ -98,7 +100,8 @@ class Markers:
         return Finding.warn(
             "reasoning_in_content",
             f"the reply's sampled ids hold {len(hits)} reasoning marker(s) ({self.describe()}) and "
-            f"no reasoning parser is configured: the harness got the thinking as content")
+            f"no reasoning parser is configured: the harness got the thinking as content",
+        )
 
 
 def read_markers(reply: Mapping[str, Any]) -> Markers:
@@ -107,8 +110,11 @@ def read_markers(reply: Mapping[str, Any]) -> Markers:
     if not isinstance(tokens, list) or not isinstance(strs, list) or len(tokens) != len(strs):
         return Markers(False, {}, "/tokenize gave no token_strs")
     single = {s: t for t, s in zip(tokens, strs, strict=True) if isinstance(s, str) and type(t) is int}
-    found = {family: (single[o], single[c]) for family, (o, c) in MARKER_FAMILIES.items()
-             if o in single and c in single and single[o] != single[c]}
+    found = {
+        family: (single[o], single[c])
+        for family, (o, c) in MARKER_FAMILIES.items()
+        if o in single and c in single and single[o] != single[c]
+    }
     return Markers(True, found)
 
 

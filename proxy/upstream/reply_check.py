@@ -41,8 +41,9 @@ deeper one could be neither stored nor passed on)."""
 USAGE_DETAILS = ("prompt_tokens_details", "completion_tokens_details")
 _TEXT_OR_NULL = ("model", "object", "system_fingerprint")
 _READ_TOP = frozenset({"choices", "usage", "prompt_token_ids", "created", "id", *_TEXT_OR_NULL})
-_READ_CHOICE = frozenset({"message", "finish_reason", "stop_reason", "index", "logprobs", "token_ids",
-                          "prompt_token_ids"})
+_READ_CHOICE = frozenset(
+    {"message", "finish_reason", "stop_reason", "index", "logprobs", "token_ids", "prompt_token_ids"}
+)
 _SCALARS = (str, int, float, bool, type(None))
 _ENTRY_KEYS = {"token", "logprob", "bytes", "top_logprobs"}
 
@@ -64,8 +65,7 @@ def check_reply(reply: dict[str, Any], engine: str) -> CheckedReply:
     the agent cannot be answered with. `engine` is the engine's URL as messages show it."""
     choices = reply.get("choices")
     if not isinstance(choices, list) or not choices:
-        raise EngineError("bad_reply", 502, f"engine at {engine} answered HTTP 200 without choices",
-                          engine)
+        raise EngineError("bad_reply", 502, f"engine at {engine} answered HTTP 200 without choices", engine)
     choice = choices[0]
     if type(choice) is not dict:
         faults = [f"`choices[0]` is {shown(choice)}, not an object"]
@@ -78,8 +78,13 @@ def check_reply(reply: dict[str, Any], engine: str) -> CheckedReply:
             faults.append(f"`choices[0].finish_reason` is {shown(finish)}, not a string or null")
     if faults:
         more = f" (and {len(faults) - 3} more)" if len(faults) > 3 else ""
-        raise EngineError("bad_reply", 502, f"engine at {engine} answered HTTP 200 with a reply tapdeck "
-                                            f"cannot pass on: {'; '.join(faults[:3])}{more}", engine)
+        raise EngineError(
+            "bad_reply",
+            502,
+            f"engine at {engine} answered HTTP 200 with a reply tapdeck "
+            f"cannot pass on: {'; '.join(faults[:3])}{more}",
+            engine,
+        )
 
     dropped: list[str] = []
     if len(choices) > 1:
@@ -95,8 +100,12 @@ def check_reply(reply: dict[str, Any], engine: str) -> CheckedReply:
         elif finding.code == "bad_sampled_ids":
             choice.pop("token_ids", None)
     if dropped:
-        findings.append(Finding.warn("reply_cleaned", "dropped from the engine's reply, which the "
-                                                      f"agent got without them: {'; '.join(dropped)}"))
+        findings.append(
+            Finding.warn(
+                "reply_cleaned",
+                f"dropped from the engine's reply, which the agent got without them: {'; '.join(dropped)}",
+            )
+        )
     return CheckedReply(reply, capture, findings)
 
 
@@ -140,8 +149,9 @@ def _usage(usage: Any, dropped: list[str]) -> dict[str, Any]:
             continue
         if key in USAGE_DETAILS and type(value) is dict:
             out[key] = {k: v for k, v in value.items() if _count(v)}
-            dropped.extend(f"`usage.{key}.{k}` ({shown(v)})" for k, v in value.items()
-                           if v is not None and not _count(v))
+            dropped.extend(
+                f"`usage.{key}.{k}` ({shown(v)})" for k, v in value.items() if v is not None and not _count(v)
+            )
         elif key not in USAGE_DETAILS and _count(value):
             out[key] = value
         else:
@@ -157,19 +167,27 @@ def _drop_bad_capture_fields(reply: dict[str, Any], choice: dict[str, Any]) -> l
     """FATAL findings for capture fields that are not of their type, each dropped from the reply
     (ids that are a list of something else are `parse_capture`'s to report)."""
     out = []
-    for where, fields, key, code in (("", reply, "prompt_token_ids", "bad_prompt_ids"),
-                                     ("choices[0].", choice, "prompt_token_ids", "bad_prompt_ids"),
-                                     ("choices[0].", choice, "token_ids", "bad_sampled_ids")):
+    for where, fields, key, code in (
+        ("", reply, "prompt_token_ids", "bad_prompt_ids"),
+        ("choices[0].", choice, "prompt_token_ids", "bad_prompt_ids"),
+        ("choices[0].", choice, "token_ids", "bad_sampled_ids"),
+    ):
         ids = fields.get(key)
         if ids is not None and type(ids) is not list and not isinstance(ids, np.ndarray):
             del fields[key]
-            out.append(Finding.fatal(code, f"`{where}{key}` is {shown(ids)}, not a list of token "
-                                           "ids: dropped, so the turn is context only"))
+            out.append(
+                Finding.fatal(
+                    code,
+                    f"`{where}{key}` is {shown(ids)}, not a list of token "
+                    "ids: dropped, so the turn is context only",
+                )
+            )
     fault = _logprobs_fault(choice.get("logprobs"))
     if fault is not None:
         choice["logprobs"] = None
-        out.append(Finding.fatal("bad_logprobs", f"{fault}: the logprobs are dropped, so the turn is "
-                                                 "context only"))
+        out.append(
+            Finding.fatal("bad_logprobs", f"{fault}: the logprobs are dropped, so the turn is context only")
+        )
     return out
 
 
@@ -194,9 +212,14 @@ def _logprobs_fault(logprobs: Any) -> str | None:
         # other entry is looked at field by field.
         if type(entry) is dict and len(entry) == 4:
             token, raw, top = entry.get("token"), entry.get("bytes"), entry.get("top_logprobs")
-            if (type(token) is str and type(entry.get("logprob")) is float and type(raw) is list
-                    and type(top) is list and (not top or _alternatives_fit(top))
-                    and (not token.startswith("token_id:") or _is_bytes(raw))):
+            if (
+                type(token) is str
+                and type(entry.get("logprob")) is float
+                and type(raw) is list
+                and type(top) is list
+                and (not top or _alternatives_fit(top))
+                and (not token.startswith("token_id:") or _is_bytes(raw))
+            ):
                 continue
         if (fault := _entry_fault(entry, alternatives=True)) is not None:
             return f"`choices[0].logprobs.content[{i}]{fault}"
@@ -206,8 +229,13 @@ def _logprobs_fault(logprobs: Any) -> str | None:
 def _alternatives_fit(top: list[Any]) -> bool:
     """Whether a sampled token's alternatives are each exactly as vLLM writes them."""
     for alt in top:
-        if not (type(alt) is dict and len(alt) == 3 and type(alt.get("token")) is str
-                and type(alt.get("logprob")) is float and type(alt.get("bytes")) is list):
+        if not (
+            type(alt) is dict
+            and len(alt) == 3
+            and type(alt.get("token")) is str
+            and type(alt.get("logprob")) is float
+            and type(alt.get("bytes")) is list
+        ):
             return False
     return True
 
@@ -237,8 +265,9 @@ def _entry_fault(entry: Any, *, alternatives: bool) -> str | None:
             if (fault := _entry_fault(alt, alternatives=False)) is not None:
                 return f".top_logprobs[{j}]{fault}"
     for key, value in entry.items():
-        if (key not in _ENTRY_KEYS or (key == "top_logprobs" and not alternatives)) \
-                and not isinstance(value, _SCALARS):
+        if (key not in _ENTRY_KEYS or (key == "top_logprobs" and not alternatives)) and not isinstance(
+            value, _SCALARS
+        ):
             return f".{key}` is {shown(value)}"
     return None
 

@@ -69,7 +69,9 @@ class EngineSpec(BaseModel):
         return (self.base_url, self.model, digest)
 
     def __repr__(self) -> str:  # keys are never logged
-        return f"EngineSpec(url={self.url!r}, model={self.model!r}, api_key={'***' if self.api_key else None})"
+        return (
+            f"EngineSpec(url={self.url!r}, model={self.model!r}, api_key={'***' if self.api_key else None})"
+        )
 
     __str__ = __repr__
 
@@ -93,8 +95,9 @@ class ProbeResult:
     session may capture for inspection."""
 
 
-def classify_logprobs_mode(t1: Mapping[str, Any], t2: Mapping[str, Any], *,
-                           min_gap: float | None = None) -> tuple[LogprobsMode, str]:
+def classify_logprobs_mode(
+    t1: Mapping[str, Any], t2: Mapping[str, Any], *, min_gap: float | None = None
+) -> tuple[LogprobsMode, str]:
     """Compare one position's logprob entries (same context) sampled at T=1 and T=2.
 
     Tokens are matched by name, not list position: vLLM puts the sampled token first and may cut
@@ -103,6 +106,7 @@ def classify_logprobs_mode(t1: Mapping[str, Any], t2: Mapping[str, Any], *,
     `min_gap` defaults to MIN_T1_GAP.
     """
     min_gap = MIN_T1_GAP if min_gap is None else min_gap
+
     def table(entry: Mapping[str, Any]) -> dict[str, float]:
         out: dict[str, float] = {}
         for alt in entry.get("top_logprobs") or []:
@@ -120,8 +124,9 @@ def classify_logprobs_mode(t1: Mapping[str, Any], t2: Mapping[str, Any], *,
         return "unknown", f"the T=1 top token {first!r} is not among the T=2 alternatives"
     shared = [t for t in ranked[1:] if t in at2 and min(at1[t], at2[t]) >= RUNNER_UP_FLOOR]
     if not shared:
-        return "unknown", (f"no usable runner-up to {first!r} in both replies (absent, or at a "
-                           "clamp sentinel)")
+        return "unknown", (
+            f"no usable runner-up to {first!r} in both replies (absent, or at a clamp sentinel)"
+        )
     # The farthest usable runner-up: the widest gap reads the ratio least disturbed by rounding.
     second = shared[-1]
     gap1 = at1[first] - at1[second]
@@ -142,14 +147,18 @@ def apply_raw_policy(result: ProbeResult, *, allow_raw_logprobs: bool) -> ProbeR
     if result.tier is not Tier.TOKENS or result.logprobs_mode != "raw":
         return result
     if allow_raw_logprobs:
-        note = Finding.warn("raw_logprobs_allowed",
-                            "engine returns raw (pre-temperature) logprobs; kept at the tokens tier "
-                            "because the operator allowed it")
+        note = Finding.warn(
+            "raw_logprobs_allowed",
+            "engine returns raw (pre-temperature) logprobs; kept at the tokens tier "
+            "because the operator allowed it",
+        )
         return dataclasses.replace(result, findings=[*result.findings, note])
-    fatal = Finding.fatal("raw_logprobs",
-                          "engine returns raw (pre-temperature) logprobs, which a trainer cannot "
-                          "match; demoted to the logprobs tier (start vLLM with --logprobs-mode "
-                          "processed_logprobs, or allow raw logprobs explicitly)")
+    fatal = Finding.fatal(
+        "raw_logprobs",
+        "engine returns raw (pre-temperature) logprobs, which a trainer cannot "
+        "match; demoted to the logprobs tier (start vLLM with --logprobs-mode "
+        "processed_logprobs, or allow raw logprobs explicitly)",
+    )
     return dataclasses.replace(result, tier=Tier.LOGPROBS, findings=[*result.findings, fatal])
 
 
@@ -192,8 +201,12 @@ class _ProbeCache:
 PROBES = _ProbeCache()
 
 
-async def probe(spec: EngineSpec, client: EngineClient | httpx.AsyncClient | None = None, *,
-                allow_raw_logprobs: bool = False) -> ProbeResult:
+async def probe(
+    spec: EngineSpec,
+    client: EngineClient | httpx.AsyncClient | None = None,
+    *,
+    allow_raw_logprobs: bool = False,
+) -> ProbeResult:
     """The engine's capture tier, probed once per (url, model, key hash) and cached.
 
     `client` is the engine's pooled EngineClient (or a bare httpx client to wrap). Never raises for
@@ -213,11 +226,18 @@ async def probe(spec: EngineSpec, client: EngineClient | httpx.AsyncClient | Non
     return apply_raw_policy(result, allow_raw_logprobs=allow_raw_logprobs)
 
 
-def _text(detail: str, *, served: str | None = None, max_len: int | None = None,
-          cacheable: bool = True) -> ProbeResult:
-    return ProbeResult(tier=Tier.TEXT, served_model=served, logprobs_mode="unknown",
-                       max_model_len=max_len, detail=detail, measured_tier=Tier.TEXT,
-                       cacheable=cacheable)
+def _text(
+    detail: str, *, served: str | None = None, max_len: int | None = None, cacheable: bool = True
+) -> ProbeResult:
+    return ProbeResult(
+        tier=Tier.TEXT,
+        served_model=served,
+        logprobs_mode="unknown",
+        max_model_len=max_len,
+        detail=detail,
+        measured_tier=Tier.TEXT,
+        cacheable=cacheable,
+    )
 
 
 def _pick_model(spec: EngineSpec, listing: Mapping[str, Any]) -> tuple[str | None, int | None, str]:
@@ -254,32 +274,52 @@ async def _probe_engine(spec: EngineSpec, client: EngineClient) -> ProbeResult:
         listing = await client.models()
     except EngineError as exc:
         if exc.kind in ("unreachable", "timeout") or not spec.model:
-            return _text(f"model listing failed: {exc.message}",
-                         cacheable=exc.kind not in ("unreachable", "timeout"))
+            return _text(
+                f"model listing failed: {exc.message}", cacheable=exc.kind not in ("unreachable", "timeout")
+            )
         listing = {"data": []}  # no /models route, but a model was named: the capture call decides
     served, max_len, why = _pick_model(spec, listing)
     if served is None:
         return _text(why)
 
-    capture_body = {"model": served, "messages": PROBE_MESSAGES, "max_tokens": 1, "temperature": 0,
-                    "stream": False, "return_token_ids": True, "logprobs": True, "top_logprobs": 0}
+    capture_body = {
+        "model": served,
+        "messages": PROBE_MESSAGES,
+        "max_tokens": 1,
+        "temperature": 0,
+        "stream": False,
+        "return_token_ids": True,
+        "logprobs": True,
+        "top_logprobs": 0,
+    }
     try:
         reply = await client.complete(capture_body)
     except EngineError as exc:
         if exc.kind != "upstream_4xx":
-            return _text(f"capture call failed: {exc.message}", served=served, max_len=max_len,
-                         cacheable=exc.kind not in ("unreachable", "timeout"))
+            return _text(
+                f"capture call failed: {exc.message}",
+                served=served,
+                max_len=max_len,
+                cacheable=exc.kind not in ("unreachable", "timeout"),
+            )
         # An OpenAI-compatible server that refuses the unknown `return_token_ids` field may still
         # return logprobs (the eval tier): ask once more without it.
         capture_body.pop("return_token_ids")
         try:
             reply = await client.complete(capture_body)
         except EngineError as again:
-            return _text(f"capture call failed: {exc.message}; without return_token_ids: "
-                         f"{again.message}", served=served, max_len=max_len)
+            return _text(
+                f"capture call failed: {exc.message}; without return_token_ids: {again.message}",
+                served=served,
+                max_len=max_len,
+            )
     cap = EngineClient.parse_capture(reply)
-    has_ids = cap.prompt_ids is not None and cap.prompt_ids.size > 0 and cap.sampled_ids is not None \
+    has_ids = (
+        cap.prompt_ids is not None
+        and cap.prompt_ids.size > 0
+        and cap.sampled_ids is not None
         and cap.sampled_ids.size > 0
+    )
     has_logprobs = cap.logprobs is not None and cap.logprobs.size > 0
     if not has_logprobs:
         return _text("the engine returns no per-token logprobs", served=served, max_len=max_len)
@@ -288,12 +328,22 @@ async def _probe_engine(spec: EngineSpec, client: EngineClient) -> ProbeResult:
     mode, mode_detail, alternatives = await _ratio_probe(client, served)
     findings = list(cap.findings)
     if mode == "unknown" and measured is Tier.TOKENS:
-        findings.append(Finding.warn("logprobs_mode_unknown",
-                                     f"could not tell processed from raw logprobs ({mode_detail})"))
+        findings.append(
+            Finding.warn(
+                "logprobs_mode_unknown", f"could not tell processed from raw logprobs ({mode_detail})"
+            )
+        )
     what = "prompt ids, sampled ids and logprobs" if has_ids else "logprobs but no token ids"
-    return ProbeResult(tier=measured, served_model=served, logprobs_mode=mode, max_model_len=max_len,
-                       detail=f"engine returns {what}; logprobs {mode} ({mode_detail})",
-                       findings=findings, measured_tier=measured, alternatives=alternatives)
+    return ProbeResult(
+        tier=measured,
+        served_model=served,
+        logprobs_mode=mode,
+        max_model_len=max_len,
+        detail=f"engine returns {what}; logprobs {mode} ({mode_detail})",
+        findings=findings,
+        measured_tier=measured,
+        alternatives=alternatives,
+    )
 
 
 async def _ratio_probe(client: EngineClient, served: str) -> tuple[LogprobsMode, str, int]:
@@ -303,9 +353,16 @@ async def _ratio_probe(client: EngineClient, served: str) -> tuple[LogprobsMode,
     Also returns how many alternatives the engine gave (0 when a call failed or gave none)."""
     entries: list[Mapping[str, Any]] = []
     for temperature in (1.0, 2.0):
-        body = {"model": served, "messages": PROBE_MESSAGES, "max_tokens": 1,
-                "temperature": temperature, "seed": RATIO_SEED, "stream": False,
-                "logprobs": True, "top_logprobs": RATIO_TOP_LOGPROBS}
+        body = {
+            "model": served,
+            "messages": PROBE_MESSAGES,
+            "max_tokens": 1,
+            "temperature": temperature,
+            "seed": RATIO_SEED,
+            "stream": False,
+            "logprobs": True,
+            "top_logprobs": RATIO_TOP_LOGPROBS,
+        }
         try:
             reply = await client.complete(body)
         except EngineError as exc:

@@ -46,26 +46,39 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tapdeck.proxy.capture.tokens import PromptIdsMemo
 from tapdeck.proxy.http.token_counts import tokenize_url
 from tapdeck.proxy.upstream.client import (
     PASSTHROUGH_STATUS,
     EngineClient,
     EngineError,
 )
-from tapdeck.schema.findings import Finding
 from tapdeck.proxy.upstream.reasoning import ENGINE_MARKERS, MarkerCache, Markers
-from tapdeck.proxy.capture.tokens import PromptIdsMemo
 from tapdeck.proxy.upstream.toolcalls import TOOL_PARSERS, ToolParser, parses_tools
+from tapdeck.schema.findings import Finding
 
 if TYPE_CHECKING:
     from tapdeck.proxy.capture.graph import RolloutGraph
 
 DIFF_WINDOW = 64
 """Ids kept per side of the window where the text path and the token-in prompt differ."""
-COMPLETION_KEYS = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty",
-                   "presence_penalty", "repetition_penalty", "seed", "stop", "max_tokens",
-                   "stop_token_ids", "ignore_eos", "include_stop_str_in_output",
-                   "skip_special_tokens", "min_tokens")
+COMPLETION_KEYS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "seed",
+    "stop",
+    "max_tokens",
+    "stop_token_ids",
+    "ignore_eos",
+    "include_stop_str_in_output",
+    "skip_special_tokens",
+    "min_tokens",
+)
 """Sampling fields that carry over from the prepared chat body to the completion request."""
 NO_LOCK = nullcontext()
 """`plan`'s lock when the caller has none (a nullcontext is reusable)."""
@@ -99,19 +112,23 @@ def difference(text_ids: list[int], ids: list[int]) -> dict[str, Any]:
     if start == len(text_ids) == len(ids):
         return {"same": True, "text_len": len(text_ids), "ids_len": len(ids)}
     tail = 0
-    while (tail < len(text_ids) - start and tail < len(ids) - start
-           and text_ids[-1 - tail] == ids[-1 - tail]):
+    while tail < len(text_ids) - start and tail < len(ids) - start and text_ids[-1 - tail] == ids[-1 - tail]:
         tail += 1
-    return {"same": False, "text_len": len(text_ids), "ids_len": len(ids), "diverge_at": start,
-            "common_tail": tail,
-            "text_window": text_ids[start:len(text_ids) - tail][:DIFF_WINDOW],
-            "ids_window": ids[start:len(ids) - tail][:DIFF_WINDOW]}
+    return {
+        "same": False,
+        "text_len": len(text_ids),
+        "ids_len": len(ids),
+        "diverge_at": start,
+        "common_tail": tail,
+        "text_window": text_ids[start : len(text_ids) - tail][:DIFF_WINDOW],
+        "ids_window": ids[start : len(ids) - tail][:DIFF_WINDOW],
+    }
 
 
 def _strip_prefix(longer: list[int], shorter: list[int], what: str) -> list[int]:
-    if longer[:len(shorter)] != shorter:
+    if longer[: len(shorter)] != shorter:
         raise BoundaryError(f"{what}: the shorter render is not a prefix of the longer")
-    return longer[len(shorter):]
+    return longer[len(shorter) :]
 
 
 def assistant_close(history_gen: list[int], history_empty: list[int]) -> list[int]:
@@ -124,12 +141,18 @@ def assistant_close(history_gen: list[int], history_empty: list[int]) -> list[in
     return close
 
 
-def continuation_ids(stored: list[int], sampled: list[int], finish_reason: str | None,
-                     close: list[int], held_render: list[int], full_render: list[int]) -> list[int]:
+def continuation_ids(
+    stored: list[int],
+    sampled: list[int],
+    finish_reason: str | None,
+    close: list[int],
+    held_render: list[int],
+    full_render: list[int],
+) -> list[int]:
     """The token-in prompt: the held turn's ids (`stored` = its prompt + sampled ids), the
     template's close of its reply (without an end token the model sampled itself), then the new
     messages' ids with the generation prompt."""
-    if held_render[-len(close):] != close:
+    if held_render[-len(close) :] != close:
         raise BoundaryError("the held conversation's render does not end with the assistant close")
     new = _strip_prefix(full_render, held_render, "new messages")
     if not new:
@@ -140,32 +163,46 @@ def continuation_ids(stored: list[int], sampled: list[int], finish_reason: str |
     return [*stored, *glue, *new]
 
 
-def completion_as_chat(reply: Mapping[str, Any], top_k: int,
-                       parser: ToolParser | None = None) -> dict[str, Any]:
+def completion_as_chat(
+    reply: Mapping[str, Any], top_k: int, parser: ToolParser | None = None
+) -> dict[str, Any]:
     """A `/v1/completions` reply (token-id prompt) shaped as the chat completion the engine's chat
     route would have returned: the message (tool calls parsed by `parser` when the call offered
     tools, `finish_reason` then `tool_calls`), chat logprobs and top-level `prompt_token_ids`."""
     choices = reply.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
-        raise EngineError("bad_reply", 502, "engine answered a token-id completion without choices",
-                          "")
+        raise EngineError("bad_reply", 502, "engine answered a token-id completion without choices", "")
     c = choices[0]
     legacy = c.get("logprobs") if isinstance(c.get("logprobs"), Mapping) else None
     content = None
     if legacy is not None:
         tops = legacy.get("top_logprobs") or []
         content = []
-        for i, (tok, lp) in enumerate(zip(legacy.get("tokens") or [], legacy.get("token_logprobs") or [],
-                                          strict=False)):
+        for i, (tok, lp) in enumerate(
+            zip(legacy.get("tokens") or [], legacy.get("token_logprobs") or [], strict=False)
+        ):
             alts = tops[i] if i < len(tops) and isinstance(tops[i], Mapping) else {}
             # The legacy map holds the sampled token and the k best; the chat route lists the k best.
             best = sorted(alts.items(), key=lambda kv: -kv[1])[:top_k]
-            content.append({"token": tok, "logprob": lp, "bytes": list(str(tok).encode()),
-                            "top_logprobs": [{"token": t, "logprob": v, "bytes": list(str(t).encode())}
-                                             for t, v in best]})
+            content.append(
+                {
+                    "token": tok,
+                    "logprob": lp,
+                    "bytes": list(str(tok).encode()),
+                    "top_logprobs": [
+                        {"token": t, "logprob": v, "bytes": list(str(t).encode())} for t, v in best
+                    ],
+                }
+            )
     text, finish = c.get("text") or "", c.get("finish_reason")
-    message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None,
-                               "annotations": None, "audio": None, "function_call": None}
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": text,
+        "refusal": None,
+        "annotations": None,
+        "audio": None,
+        "function_call": None,
+    }
     if parser is not None:
         parsed = parser.parse(text)
         message["content"] = parsed.content
@@ -175,15 +212,24 @@ def completion_as_chat(reply: Mapping[str, Any], top_k: int,
     message["reasoning"] = None
     return {
         "id": str(reply.get("id", "")).replace("cmpl-", "chatcmpl-", 1),
-        "object": "chat.completion", "created": reply.get("created", int(time.time())),
+        "object": "chat.completion",
+        "created": reply.get("created", int(time.time())),
         "model": reply.get("model"),
-        "choices": [{"index": 0, "message": message,
-                     "logprobs": None if content is None else {"content": content},
-                     "finish_reason": finish, "stop_reason": c.get("stop_reason"),
-                     "token_ids": c.get("token_ids"), "routed_experts": c.get("routed_experts")}],
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": None if content is None else {"content": content},
+                "finish_reason": finish,
+                "stop_reason": c.get("stop_reason"),
+                "token_ids": c.get("token_ids"),
+                "routed_experts": c.get("routed_experts"),
+            }
+        ],
         "service_tier": reply.get("service_tier"),
         "system_fingerprint": reply.get("system_fingerprint"),
-        "usage": reply.get("usage"), "prompt_logprobs": None,
+        "usage": reply.get("usage"),
+        "prompt_logprobs": None,
         "prompt_token_ids": c.get("prompt_token_ids") or reply.get("prompt_token_ids"),
         "prompt_text": None,
         **{k: reply.get(k) for k in ("kv_transfer_params", "ec_transfer_params", "metrics")},
@@ -193,9 +239,14 @@ def completion_as_chat(reply: Mapping[str, Any], top_k: int,
 class TokenIn:
     """A session's token-in mode: plans each call, and sends the token-in ones."""
 
-    def __init__(self, client: EngineClient, *, tool_parser: str | None = None,
-                 reasoning_parser: str | None = None,
-                 marker_cache: MarkerCache = ENGINE_MARKERS) -> None:
+    def __init__(
+        self,
+        client: EngineClient,
+        *,
+        tool_parser: str | None = None,
+        reasoning_parser: str | None = None,
+        marker_cache: MarkerCache = ENGINE_MARKERS,
+    ) -> None:
         self.client = client
         self.marker_cache = marker_cache
         self.markers: Markers | None = None
@@ -215,21 +266,28 @@ class TokenIn:
             return Plan.text("functions")
         choice = upstream.get("tool_choice")
         if choice not in (None, "auto", "none"):
-            return Plan.text("tool_choice_forced", detail=f"tool_choice {choice!r}: the chat route "
-                                                          "constrains decoding to a call")
+            return Plan.text(
+                "tool_choice_forced",
+                detail=f"tool_choice {choice!r}: the chat route constrains decoding to a call",
+            )
         if not parses_tools(upstream):
             return None
         parser = TOOL_PARSERS.get(self.tool_parser or "")
         if parser is None:
-            detail = (f"tapdeck has no {self.tool_parser!r} parser (known: "
-                      f"{', '.join(sorted(TOOL_PARSERS))})" if self.tool_parser
-                      else "the engine's tool-call parser is not configured")
+            detail = (
+                f"tapdeck has no {self.tool_parser!r} parser (known: {', '.join(sorted(TOOL_PARSERS))})"
+                if self.tool_parser
+                else "the engine's tool-call parser is not configured"
+            )
             return Plan.text("tool_parser_unknown", detail=detail)
         return parser
 
     async def _tokenize(self, upstream: Mapping[str, Any], messages: list[Any], gen: bool) -> list[int]:
-        body: dict[str, Any] = {"model": upstream.get("model"), "messages": messages,
-                                "add_generation_prompt": gen}
+        body: dict[str, Any] = {
+            "model": upstream.get("model"),
+            "messages": messages,
+            "add_generation_prompt": gen,
+        }
         if upstream.get("tools"):
             body["tools"] = upstream["tools"]
         if upstream.get("chat_template_kwargs"):
@@ -237,14 +295,17 @@ class TokenIn:
         reply = await self.client.post(tokenize_url(self.client.url), body)
         tokens = reply.get("tokens")
         if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
-            raise EngineError("bad_reply", 502, "/tokenize answered without a `tokens` list",
-                              self.client.url)
+            raise EngineError("bad_reply", 502, "/tokenize answered without a `tokens` list", self.client.url)
         return tokens
 
-    async def plan(self, graph: RolloutGraph, request: Mapping[str, Any],
-                   upstream: Mapping[str, Any],
-                   lock: AbstractContextManager[Any] = NO_LOCK,
-                   offload: Callable[..., Awaitable[Any]] = asyncio.to_thread) -> Plan:
+    async def plan(
+        self,
+        graph: RolloutGraph,
+        request: Mapping[str, Any],
+        upstream: Mapping[str, Any],
+        lock: AbstractContextManager[Any] = NO_LOCK,
+        offload: Callable[..., Awaitable[Any]] = asyncio.to_thread,
+    ) -> Plan:
         """Token-in when `request` (the harness's messages) extends a held turn, else text.
 
         `graph` is read under `lock` by `offload` (a thread: the service passes the store's own
@@ -252,16 +313,20 @@ class TokenIn:
         if self.unsupported:
             return Plan.text("engine_unsupported", detail=self.unsupported)
         if self.reasoning_parser:
-            return Plan.text("reasoning_parser", detail=f"the engine runs the {self.reasoning_parser!r} "
-                                                        "reasoning parser on its chat route only")
+            return Plan.text(
+                "reasoning_parser",
+                detail=f"the engine runs the {self.reasoning_parser!r} "
+                "reasoning parser on its chat route only",
+            )
         if self.markers is None:
             markers = await self.marker_cache.markers(self.client, upstream.get("model"))
             if self.markers is None:  # a concurrent first call may have learnt them meanwhile
                 self.markers, self._finding_due = markers, bool(markers.found)
         if self.markers.found:
-            return Plan.text("reasoning_unparsed", detail=f"reasoning markers "
-                                                          f"{self.markers.describe()} and no "
-                                                          "reasoning parser configured")
+            return Plan.text(
+                "reasoning_unparsed",
+                detail=f"reasoning markers {self.markers.describe()} and no reasoning parser configured",
+            )
         parser = None
         if upstream.get("tools") or upstream.get("functions"):
             tools = self._tools_plan(upstream)
@@ -279,20 +344,21 @@ class TokenIn:
         cut = len(messages) - new_count
         try:
             full, held_render = await asyncio.gather(
-                self._tokenize(upstream, messages, True),
-                self._tokenize(upstream, messages[:cut], False))
+                self._tokenize(upstream, messages, True), self._tokenize(upstream, messages[:cut], False)
+            )
             if self._close is None:
-                history = messages[:cut - 1]
+                history = messages[: cut - 1]
                 self._close = assistant_close(
                     await self._tokenize(upstream, history, True),
-                    await self._tokenize(upstream, [*history, {"role": "assistant", "content": ""}],
-                                         False))
+                    await self._tokenize(upstream, [*history, {"role": "assistant", "content": ""}], False),
+                )
             ids = continuation_ids(stored, sampled, finish, self._close, held_render, full)
         except EngineError as exc:
             # No such route (a 404 comes back as a 502 `upstream_4xx`) or no token list: the
             # engine cannot tokenize messages. A 400 is about these messages only.
-            if exc.kind == "bad_reply" or (exc.kind == "upstream_4xx"
-                                           and exc.status not in PASSTHROUGH_STATUS):
+            if exc.kind == "bad_reply" or (
+                exc.kind == "upstream_4xx" and exc.status not in PASSTHROUGH_STATUS
+            ):
                 self.unsupported = f"/tokenize: {exc.message}"
                 return Plan.text("engine_unsupported", detail=self.unsupported)
             return Plan.text("tokenize_failed", detail=exc.message, extends=seq)
@@ -319,8 +385,9 @@ class TokenIn:
         sampled = choices[0].get("token_ids") if isinstance(choices[0], Mapping) else None
         return self.markers.reply_finding(sampled if isinstance(sampled, list) else None)
 
-    async def send(self, upstream: Mapping[str, Any], plan: Plan,
-                   memo: PromptIdsMemo | None = None) -> tuple[dict[str, Any], Plan]:
+    async def send(
+        self, upstream: Mapping[str, Any], plan: Plan, memo: PromptIdsMemo | None = None
+    ) -> tuple[dict[str, Any], Plan]:
         """The engine's reply to `plan` (as a chat completion) and the plan it followed: an engine
         that refuses token-id prompts gets this call, and every later one, as text (`memo`: the
         session's last prompt ids, see `EngineClient.complete`)."""
@@ -332,8 +399,7 @@ class TokenIn:
             if exc.kind != "upstream_4xx":
                 raise
             self.unsupported = f"token-id completion refused: {exc.message}"
-            fallback = Plan.text("engine_refused_ids", detail=exc.message,
-                                 extends=plan.record.get("extends"))
+            fallback = Plan.text("engine_refused_ids", detail=exc.message, extends=plan.record.get("extends"))
             return await self.client.complete(upstream, memo), fallback
 
     async def complete(self, upstream: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
@@ -355,8 +421,9 @@ class TokenIn:
         return chat
 
 
-def _held_read(graph: RolloutGraph, request: dict[str, Any],
-               lock: AbstractContextManager[Any]) -> tuple[int, int, list[int], list[int], str | None] | None:
+def _held_read(
+    graph: RolloutGraph, request: dict[str, Any], lock: AbstractContextManager[Any]
+) -> tuple[int, int, list[int], list[int], str | None] | None:
     """Under `lock`: the held turn `request` extends (its seq, how many messages are new, its full
     stored ids, its sampled ids, its finish reason), or None."""
     with lock:

@@ -66,8 +66,13 @@ def parse_tool_calls(text: str) -> ParsedReply:
             return ParsedReply(text, [])
         if not isinstance(name, str):
             return ParsedReply(text, [])
-        calls.append({"id": new_call_id(), "type": "function",
-                      "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}})
+        calls.append(
+            {
+                "id": new_call_id(),
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)},
+            }
+        )
     if not calls:
         return ParsedReply(text, [])
     content = text[: text.find(START)]
@@ -84,8 +89,7 @@ def render_tool_call(name: str, arguments: str | dict[str, Any] | None) -> str:
 
 def render_tool_calls(content: str | None, tool_calls: list[dict[str, Any]]) -> str:
     """An assistant turn's text: its content followed by its tool-call blocks."""
-    blocks = [render_tool_call(c["function"]["name"], c["function"].get("arguments"))
-              for c in tool_calls]
+    blocks = [render_tool_call(c["function"]["name"], c["function"].get("arguments")) for c in tool_calls]
     return (content or "") + "\n".join(blocks)
 
 

@@ -123,8 +123,11 @@ class _Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         done = self._done
         if done is not None and not done.done():
-            done.set_result(UpstreamReply(self._parser.get_status_code(), self._reason.decode("latin-1"),
-                                          b"".join(self._body)))
+            done.set_result(
+                UpstreamReply(
+                    self._parser.get_status_code(), self._reason.decode("latin-1"), b"".join(self._body)
+                )
+            )
         if not self._parser.should_keep_alive():
             self.close()
 
@@ -156,9 +159,15 @@ class UpstreamHTTP:
     how many it takes (vLLM queues them). Safe to share between tasks of one event loop.
     """
 
-    def __init__(self, base_url: str, *, connect_timeout: float | None, read_timeout: float | None,
-                 max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        connect_timeout: float | None,
+        read_timeout: float | None,
+        max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {base_url!r}")
@@ -177,14 +186,24 @@ class UpstreamHTTP:
         self.connections_opened = 0
         """Fresh connections made (for tests and the bench: reuse keeps this low)."""
 
-    async def request(self, method: str, path: str, body: bytes | None = None,
-                      headers: dict[str, str] | None = None, prefixed: bool = True) -> UpstreamReply:
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        prefixed: bool = True,
+    ) -> UpstreamReply:
         """Send `method prefix+path` (`path` alone when not `prefixed`: a route beside the base
         URL's path, such as vLLM's `/tokenize`) and return the whole reply. Raises
         UpstreamUnreachable, UpstreamTimeout or UpstreamReplyTooLarge."""
         target = f"{self.prefix}{path}" if prefixed else path
-        lines = [f"{method} {target} HTTP/1.1\r\n".encode(), b"Host: ", self._host_header,
-                 b"\r\nAccept: application/json\r\n"]
+        lines = [
+            f"{method} {target} HTTP/1.1\r\n".encode(),
+            b"Host: ",
+            self._host_header,
+            b"\r\nAccept: application/json\r\n",
+        ]
         for name, value in (headers or {}).items():
             lines.append(f"{name}: {value}\r\n".encode())
         if body is not None:
@@ -249,15 +268,20 @@ class UpstreamHTTP:
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(self.connect_timeout):
             _, conn = await loop.create_connection(
-                lambda: _Connection(self.max_reply_bytes), self.host, self.port, ssl=self._ssl,
-                server_hostname=self.host if self._ssl else None)
+                lambda: _Connection(self.max_reply_bytes),
+                self.host,
+                self.port,
+                ssl=self._ssl,
+                server_hostname=self.host if self._ssl else None,
+            )
         self.connections_opened += 1
         return conn
 
     def _down(self, failures: list[str]) -> UpstreamUnreachable:
         last = failures[-1]
-        return UpstreamUnreachable(f"{last} ({len(failures)} attempts over "
-                                   f"{sum(CONNECT_BACKOFF_S[:len(failures) - 1]):.2f} s)")
+        return UpstreamUnreachable(
+            f"{last} ({len(failures)} attempts over {sum(CONNECT_BACKOFF_S[: len(failures) - 1]):.2f} s)"
+        )
 
     def close(self) -> None:
         """Close idle connections; those in flight close when their call ends."""
@@ -270,5 +294,4 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
-__all__ = ["UpstreamHTTP", "UpstreamReply", "UpstreamReplyTooLarge", "UpstreamTimeout",
-           "UpstreamUnreachable"]
+__all__ = ["UpstreamHTTP", "UpstreamReply", "UpstreamReplyTooLarge", "UpstreamTimeout", "UpstreamUnreachable"]

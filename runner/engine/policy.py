@@ -29,8 +29,11 @@ def byte_decoder() -> dict[str, int]:
     Printable Latin-1 bytes stand for themselves; the other 68 bytes are shifted to code points
     256 and up, in byte order.
     """
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-                 *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     table = {chr(b): b for b in printable}
     shift = 0
     for b in range(256):
@@ -76,8 +79,9 @@ def load_model(gguf: Path, *, dtype: str = "float32") -> Any:
     from transformers import AutoModelForCausalLM
 
     gguf = Path(gguf)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
-                                                 dtype=getattr(torch, dtype))
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=getattr(torch, dtype)
+    )
     # The GGUF "quantizer" only dequantised at load: the parameters are plain float tensors. Left
     # attached, it makes transformers' Trainer refuse to train them ("purely quantized model").
     model.hf_quantizer = None
@@ -138,8 +142,11 @@ class PolicyModel:
         import torch
 
         with torch.no_grad():
-            out = self.module(input_ids=torch.tensor([list(new)], dtype=torch.long),
-                              past_key_values=self._cache, use_cache=True)
+            out = self.module(
+                input_ids=torch.tensor([list(new)], dtype=torch.long),
+                past_key_values=self._cache,
+                use_cache=True,
+            )
         if out.past_key_values is None:  # e.g. gradient checkpointing turns the cache off in training
             raise RuntimeError("the policy model returned no KV cache; turn gradient checkpointing off")
         self._cache = out.past_key_values
@@ -179,8 +186,9 @@ class PolicyModel:
 class PolicyEngine:
     """The policy served on loopback in vLLM's wire format (`base_url` ends in `/v1`)."""
 
-    def __init__(self, model: PolicyModel, *, served_name: str = "policy",
-                 host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self, model: PolicyModel, *, served_name: str = "policy", host: str = "127.0.0.1", port: int = 0
+    ) -> None:
         self.model = model
         self.served_name = served_name
         self.host = host
@@ -202,8 +210,7 @@ class PolicyEngine:
         from tapdeck.runner.engine.server import create_engine_app
 
         self.core = EngineCore(self.model)  # type: ignore[arg-type]
-        app = create_engine_app(self.core, served_name=self.served_name,
-                                return_tokens_as_token_ids=True)
+        app = create_engine_app(self.core, served_name=self.served_name, return_tokens_as_token_ids=True)
         self._server = ThreadedServer(app, self.host, self.port, name="tapdeck-policy-engine")
         self._server.start()
         return self
@@ -216,14 +223,14 @@ class PolicyEngine:
         with self.core.holding():  # a reply in progress finishes on the weights it started with
             self.model.weights_changed()
 
-    def score(self, prompt_ids: Sequence[int], completion_ids: Sequence[int], *,
-              temperature: float = 1.0) -> list[float]:
+    def score(
+        self, prompt_ids: Sequence[int], completion_ids: Sequence[int], *, temperature: float = 1.0
+    ) -> list[float]:
         """The engine's processed logprob of each completion token given the prompt (teacher forced
         through the same prefill/step path and log-softmax that sampling uses)."""
         from tapdeck.runner.engine.sampling import Sampler, SamplingParams
 
-        sampler = Sampler(SamplingParams(temperature=temperature), np.asarray(prompt_ids),
-                          self.model.n_vocab)
+        sampler = Sampler(SamplingParams(temperature=temperature), np.asarray(prompt_ids), self.model.n_vocab)
         out = []
         with self.core.holding() if self.core is not None else contextlib.nullcontext():
             logits = self.model.prefill(list(prompt_ids))

@@ -62,36 +62,50 @@ class _Sampled(BaseModel):
     def stop_rules(self, max_tokens: int) -> StopRules:
         """When generation ends."""
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        return StopRules(max_tokens=max_tokens, stop=tuple(s for s in stop if s),
-                         stop_token_ids=tuple(self.stop_token_ids or ()),
-                         ignore_eos=self.ignore_eos,
-                         include_stop_str_in_output=self.include_stop_str_in_output,
-                         skip_special_tokens=self.skip_special_tokens)
+        return StopRules(
+            max_tokens=max_tokens,
+            stop=tuple(s for s in stop if s),
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            ignore_eos=self.ignore_eos,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            skip_special_tokens=self.skip_special_tokens,
+        )
 
     def check_common(self, requested_max: int | None, max_model_len: int, param: str) -> None:
         """Checks that do not need the prompt."""
         if self.stream_options is not None and not self.stream:
-            raise bad_param("Stream options can only be defined when `stream=True`.",
-                            "stream_options")
+            raise bad_param("Stream options can only be defined when `stream=True`.", "stream_options")
         if self.n < 1:
             raise bad_param(f"n must be at least 1, got {self.n}.", "n", self.n, with_value=True)
         if self.temperature is not None and self.temperature < 0:
-            raise bad_param(f"temperature must be non-negative, got {self.temperature}.",
-                            "temperature", self.temperature, with_value=True)
+            raise bad_param(
+                f"temperature must be non-negative, got {self.temperature}.",
+                "temperature",
+                self.temperature,
+                with_value=True,
+            )
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
-            raise bad_param(f"top_p must be in (0, 1], got {self.top_p}.", "top_p", self.top_p,
-                            with_value=True)
+            raise bad_param(
+                f"top_p must be in (0, 1], got {self.top_p}.", "top_p", self.top_p, with_value=True
+            )
         if self.min_p is not None and not 0.0 <= self.min_p <= 1.0:
-            raise bad_param(f"min_p must be in [0, 1], got {self.min_p}.", "min_p", self.min_p,
-                            with_value=True)
+            raise bad_param(
+                f"min_p must be in [0, 1], got {self.min_p}.", "min_p", self.min_p, with_value=True
+            )
         if requested_max is not None:
             if requested_max < 1:
-                raise bad_param(f"{param} must be at least 1, got {requested_max}.", param,
-                                requested_max, with_value=True)
+                raise bad_param(
+                    f"{param} must be at least 1, got {requested_max}.", param, requested_max, with_value=True
+                )
             if requested_max > max_model_len:
-                raise bad_param(f"{param}={requested_max} cannot be greater than "
-                                f"max_model_len={max_model_len}. Please request fewer output "
-                                "tokens.", param, requested_max, with_value=True)
+                raise bad_param(
+                    f"{param}={requested_max} cannot be greater than "
+                    f"max_model_len={max_model_len}. Please request fewer output "
+                    "tokens.",
+                    param,
+                    requested_max,
+                    with_value=True,
+                )
 
 
 class ChatCompletionRequest(_Sampled):
@@ -111,8 +125,7 @@ class ChatCompletionRequest(_Sampled):
     @property
     def requested_max_tokens(self) -> int | None:
         """`max_completion_tokens` wins over the older `max_tokens`, as in the OpenAI API."""
-        return self.max_completion_tokens if self.max_completion_tokens is not None \
-            else self.max_tokens
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     @property
     def n_top_logprobs(self) -> int:
@@ -135,21 +148,29 @@ class ChatCompletionRequest(_Sampled):
     def check(self, max_model_len: int) -> None:
         """vLLM's request checks that do not need the prompt."""
         if self.tools is not None and len(self.tools) == 0:
-            raise bad_param("`tools` must not be an empty array. Either provide at least one tool "
-                            "or omit the field entirely.", "tools")
+            raise bad_param(
+                "`tools` must not be an empty array. Either provide at least one tool "
+                "or omit the field entirely.",
+                "tools",
+            )
         if self.top_logprobs is not None:
             if self.top_logprobs < 0 and self.top_logprobs != -1:
                 raise bad_param("`top_logprobs` must be a positive value.", "top_logprobs")
             if not self.logprobs:
-                raise bad_param("when using `top_logprobs`, `logprobs` must be set to true.",
-                                "top_logprobs")
+                raise bad_param("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs")
             if self.top_logprobs > MAX_TOP_LOGPROBS:
-                raise bad_param(f"Requested sample logprobs of {self.top_logprobs}, which is "
-                                f"greater than max allowed: {MAX_TOP_LOGPROBS}", "logprobs",
-                                self.top_logprobs, with_value=True)
+                raise bad_param(
+                    f"Requested sample logprobs of {self.top_logprobs}, which is "
+                    f"greater than max allowed: {MAX_TOP_LOGPROBS}",
+                    "logprobs",
+                    self.top_logprobs,
+                    with_value=True,
+                )
         if self.add_generation_prompt and self.continue_final_message:
-            raise bad_param("Cannot set both `continue_final_message` and "
-                            "`add_generation_prompt` to True.", "continue_final_message")
+            raise bad_param(
+                "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                "continue_final_message",
+            )
         param = "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
         self.check_common(self.requested_max_tokens, max_model_len, param)
 
@@ -165,9 +186,13 @@ class CompletionRequest(_Sampled):
     def check(self, max_model_len: int) -> None:
         """vLLM's checks that do not need the prompt."""
         if self.logprobs is not None and self.logprobs > MAX_TOP_LOGPROBS:
-            raise bad_param(f"Requested sample logprobs of {self.logprobs}, which is greater than "
-                            f"max allowed: {MAX_TOP_LOGPROBS}", "logprobs", self.logprobs,
-                            with_value=True)
+            raise bad_param(
+                f"Requested sample logprobs of {self.logprobs}, which is greater than "
+                f"max allowed: {MAX_TOP_LOGPROBS}",
+                "logprobs",
+                self.logprobs,
+                with_value=True,
+            )
         if self.echo:
             raise bad_param("`echo` is not supported by the embedded engine.", "echo")
         self.check_common(self.max_tokens, max_model_len, "max_tokens")
@@ -177,8 +202,10 @@ class CompletionRequest(_Sampled):
         p = self.prompt
         if isinstance(p, list) and p and isinstance(p[0], (list, str)):
             if len(p) != 1:
-                raise bad_param("the embedded engine serves one prompt per request; send "
-                                f"{len(p)} requests instead.", "prompt")
+                raise bad_param(
+                    f"the embedded engine serves one prompt per request; send {len(p)} requests instead.",
+                    "prompt",
+                )
             p = p[0]
         if isinstance(p, list) and not p:
             raise bad_param("prompt must not be empty.", "prompt")

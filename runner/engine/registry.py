@@ -55,9 +55,16 @@ class Announcement(BaseModel):
 class SharedEngine:
     """The machine's embedded engine as one process sees it: started here (`owned`) or reused."""
 
-    def __init__(self, base_url: str, served_name: str, n_ctx: int, *,
-                 engine: EmbeddedEngine | None = None, announcement: Path | None = None,
-                 owner_pid: int | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        served_name: str,
+        n_ctx: int,
+        *,
+        engine: EmbeddedEngine | None = None,
+        announcement: Path | None = None,
+        owner_pid: int | None = None,
+    ) -> None:
         self.base_url = base_url
         self.served_name = served_name
         self.n_ctx = n_ctx
@@ -74,8 +81,10 @@ class SharedEngine:
     def reuse_line(self) -> str:
         """What a command says when it reuses another process's engine: that engine's lifetime
         is not the command's, so the operator learns which process to keep."""
-        return (f"using the embedded engine already served by pid {self.owner_pid} at "
-                f"{self.base_url} (it stops when that process does)")
+        return (
+            f"using the embedded engine already served by pid {self.owner_pid} at "
+            f"{self.base_url} (it stops when that process does)"
+        )
 
     def gone(self) -> str | None:
         """Why a reused engine no longer serves (its owner exited, or it stopped answering
@@ -101,8 +110,11 @@ class SharedEngine:
         if self._announcement is not None:
             with _locked(self._announcement.parent):
                 current = _read(self._announcement)
-                if current is not None and current.pid == os.getpid() \
-                        and current.base_url == self.engine.base_url:
+                if (
+                    current is not None
+                    and current.pid == os.getpid()
+                    and current.base_url == self.engine.base_url
+                ):
                     self._announcement.unlink(missing_ok=True)
         self.engine.stop()
         self.engine = None
@@ -143,8 +155,13 @@ def _answers(ann: Announcement) -> bool:
         models = resp.json()["data"] if resp.status_code == 200 else []
     except (httpx.HTTPError, ValueError, KeyError, TypeError):
         return False
-    return any(m.get("id") == ann.served_name and m.get("root") == ann.model_path
-               and m.get("max_model_len") == ann.n_ctx for m in models if isinstance(m, dict))
+    return any(
+        m.get("id") == ann.served_name
+        and m.get("root") == ann.model_path
+        and m.get("max_model_len") == ann.n_ctx
+        for m in models
+        if isinstance(m, dict)
+    )
 
 
 def find_running(model_path: Path, n_ctx: int, folder: Path | None = None) -> Announcement | None:
@@ -155,14 +172,16 @@ def find_running(model_path: Path, n_ctx: int, folder: Path | None = None) -> An
     return ann if _alive(ann.pid) and _answers(ann) else None
 
 
-def acquire_embedded_engine(model_path: Path | None = None, *, n_ctx: int | None = None,
-                            folder: Path | None = None) -> SharedEngine:
+def acquire_embedded_engine(
+    model_path: Path | None = None, *, n_ctx: int | None = None, folder: Path | None = None
+) -> SharedEngine:
     """The machine's embedded engine: the running one when there is one, else started here.
 
     Start and announcement happen under a file lock, so two processes starting at once end up
     with one engine.
     """
-    from tapdeck.runner.engine.model import DEFAULT_N_CTX, default_model_path
+    from tapdeck.runner.engine.model import DEFAULT_N_CTX
+    from tapdeck.runner.engine.model_file import default_model_path
 
     folder = folder or registry_dir()
     path = Path(model_path or default_model_path()).resolve()
@@ -170,15 +189,20 @@ def acquire_embedded_engine(model_path: Path | None = None, *, n_ctx: int | None
     with _locked(folder):
         running = find_running(path, n_ctx, folder)
         if running is not None:
-            return SharedEngine(running.base_url, running.served_name, running.n_ctx,
-                                owner_pid=running.pid)
+            return SharedEngine(running.base_url, running.served_name, running.n_ctx, owner_pid=running.pid)
         engine = EmbeddedEngine(path, n_ctx=n_ctx).start()
         assert engine.core is not None, "start() loaded the model"
-        ann = Announcement(pid=os.getpid(), base_url=engine.base_url,
-                           served_name=engine.served_name, model_path=str(path),
-                           n_ctx=engine.core.model.n_ctx, started_at=time.time())
+        ann = Announcement(
+            pid=os.getpid(),
+            base_url=engine.base_url,
+            served_name=engine.served_name,
+            model_path=str(path),
+            n_ctx=engine.core.model.n_ctx,
+            started_at=time.time(),
+        )
         target = folder / _ANNOUNCEMENT
         with atomic_write(target) as f:
             f.write(ann.model_dump_json().encode())
-        return SharedEngine(engine.base_url, engine.served_name, ann.n_ctx, engine=engine,
-                            announcement=target)
+        return SharedEngine(
+            engine.base_url, engine.served_name, ann.n_ctx, engine=engine, announcement=target
+        )

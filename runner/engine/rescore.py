@@ -20,13 +20,20 @@ from typing import Literal
 
 import numpy as np
 
-from tapdeck.runner.engine.model import DEFAULT_N_CTX, context_params, default_model_path
+from tapdeck.runner.engine.model import DEFAULT_N_CTX, context_params
+from tapdeck.runner.engine.model_file import default_model_path
 from tapdeck.runner.engine.sampling import GREEDY_EPS, log_softmax
 
 
-def rescore(ids: Sequence[int], start: int, *, temperature: float = 1.0,
-            mode: Literal["one_pass", "decode"] = "one_pass", model_path: Path | None = None,
-            engine_n_ctx: int = DEFAULT_N_CTX) -> np.ndarray:
+def rescore(
+    ids: Sequence[int],
+    start: int,
+    *,
+    temperature: float = 1.0,
+    mode: Literal["one_pass", "decode"] = "one_pass",
+    model_path: Path | None = None,
+    engine_n_ctx: int = DEFAULT_N_CTX,
+) -> np.ndarray:
     """Logprobs of `ids[start:]`, each given `ids[:i]`.
 
     `engine_n_ctx` is the serving engine's context: its RoPE scaling is kept, while the context
@@ -41,17 +48,18 @@ def rescore(ids: Sequence[int], start: int, *, temperature: float = 1.0,
     size = len(ids) + 8
     params["n_ctx"] = size
     with suppress_stdout_stderr(disable=False):
-        llm = llama_cpp.Llama(model_path=str(path), n_batch=size, n_ubatch=size, logits_all=True,
-                              verbose=False, **params)
+        llm = llama_cpp.Llama(
+            model_path=str(path), n_batch=size, n_ubatch=size, logits_all=True, verbose=False, **params
+        )
     try:
         if mode == "one_pass":
             llm.eval(list(ids))
         else:
             if start > 1:
-                llm.eval(list(ids[:start - 1]))
-            for token in ids[start - 1:]:
+                llm.eval(list(ids[: start - 1]))
+            for token in ids[start - 1 :]:
                 llm.eval([token])
-        logits = np.asarray(llm.scores[start - 1:len(ids) - 1], dtype=np.float64)
+        logits = np.asarray(llm.scores[start - 1 : len(ids) - 1], dtype=np.float64)
     finally:
         llm.close()
     scale = temperature if temperature >= GREEDY_EPS else 1.0  # greedy logprobs are unscaled

@@ -48,8 +48,7 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 class Sampler:
     """Turns one logits vector into (token id, processed logprobs over the vocabulary)."""
 
-    def __init__(self, params: SamplingParams, prompt_ids: Sequence[int] | np.ndarray,
-                 n_vocab: int) -> None:
+    def __init__(self, params: SamplingParams, prompt_ids: Sequence[int] | np.ndarray, n_vocab: int) -> None:
         self.params = params
         self.rng = np.random.default_rng(params.seed)
         self._n_vocab = n_vocab

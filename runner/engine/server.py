@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
+from tapdeck.proxy.upstream.toolcalls import START as TOOL_START
 from tapdeck.runner.engine import wire
 from tapdeck.runner.engine.core import EngineCore, StreamEvent
 from tapdeck.runner.engine.errors import (
@@ -34,7 +35,6 @@ from tapdeck.runner.engine.protocol import (
     TokenizeRequest,
 )
 from tapdeck.runner.engine.template import TemplateError
-from tapdeck.proxy.upstream.toolcalls import START as TOOL_START
 
 SSE_TYPE = "text/event-stream; charset=utf-8"
 
@@ -69,15 +69,19 @@ def _safe_content(text: str) -> str:
     return text
 
 
-def create_engine_app(core: EngineCore, *, served_name: str = "smollm2",
-                      max_model_len: int | None = None, return_tokens_as_token_ids: bool = False,
-                      root: str | None = None) -> FastAPI:
+def create_engine_app(
+    core: EngineCore,
+    *,
+    served_name: str = "smollm2",
+    max_model_len: int | None = None,
+    return_tokens_as_token_ids: bool = False,
+    root: str | None = None,
+) -> FastAPI:
     """The FastAPI app serving `core` under `served_name` in vLLM's wire format."""
     model = core.model
     max_len = max_model_len or model.n_ctx
     namer = wire.TokenNamer(model.token_texts, as_ids=return_tokens_as_token_ids)
-    app = FastAPI(title="tapdeck embedded engine", docs_url=None, redoc_url=None,
-                  openapi_url=None)
+    app = FastAPI(title="tapdeck embedded engine", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.exception_handler(EngineHTTPError)
     async def _engine_error(_: Request, exc: EngineHTTPError) -> JSONResponse:
@@ -100,10 +104,13 @@ def create_engine_app(core: EngineCore, *, served_name: str = "smollm2",
     def chat_ids(req: ChatCompletionRequest | TokenizeRequest) -> list[int]:
         extra = dict(getattr(req, "chat_template_kwargs", None) or {})
         try:
-            return core.chat_prompt(req.messages or [], tools=req.tools,
-                                    add_generation_prompt=req.add_generation_prompt,
-                                    continue_final_message=getattr(req, "continue_final_message",
-                                                                   False), **extra)
+            return core.chat_prompt(
+                req.messages or [],
+                tools=req.tools,
+                add_generation_prompt=req.add_generation_prompt,
+                continue_final_message=getattr(req, "continue_final_message", False),
+                **extra,
+            )
         except (TemplateError, ValueError) as exc:
             raise bad_param(str(exc), "messages") from None
 
@@ -114,16 +121,36 @@ def create_engine_app(core: EngineCore, *, served_name: str = "smollm2",
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         now = int(time.time())
-        return {"object": "list", "data": [{
-            "id": served_name, "object": "model", "created": now, "owned_by": "vllm",
-            "root": root or str(model.path), "parent": None, "max_model_len": max_len,
-            "permission": [{
-                "id": f"modelperm-{secrets.token_hex(8)}", "object": "model_permission",
-                "created": now, "allow_create_engine": False, "allow_sampling": True,
-                "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
-                "allow_fine_tuning": False, "organization": "*", "group": None,
-                "is_blocking": False}],
-        }]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": served_name,
+                    "object": "model",
+                    "created": now,
+                    "owned_by": "vllm",
+                    "root": root or str(model.path),
+                    "parent": None,
+                    "max_model_len": max_len,
+                    "permission": [
+                        {
+                            "id": f"modelperm-{secrets.token_hex(8)}",
+                            "object": "model_permission",
+                            "created": now,
+                            "allow_create_engine": False,
+                            "allow_sampling": True,
+                            "allow_logprobs": True,
+                            "allow_search_indices": False,
+                            "allow_view": True,
+                            "allow_fine_tuning": False,
+                            "organization": "*",
+                            "group": None,
+                            "is_blocking": False,
+                        }
+                    ],
+                }
+            ],
+        }
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> dict[str, Any]:
@@ -153,18 +180,24 @@ def create_engine_app(core: EngineCore, *, served_name: str = "smollm2",
             include_usage = bool((req.stream_options or {}).get("include_usage"))
             events = core.stream(prompt_ids, params, rules, n=req.n, top_logprobs=top)
             return StreamingResponse(
-                _chat_stream(events, req, prompt_ids, return_ids, include_usage),
-                media_type=SSE_TYPE)
-        choices = await core.generate(prompt_ids, params, rules, n=req.n, top_logprobs=top,
-                                      disconnected=request.is_disconnected)
+                _chat_stream(events, req, prompt_ids, return_ids, include_usage), media_type=SSE_TYPE
+            )
+        choices = await core.generate(
+            prompt_ids, params, rules, n=req.n, top_logprobs=top, disconnected=request.is_disconnected
+        )
         body_choices = [_chat_choice(i, c, req, return_ids) for i, c in enumerate(choices)]
-        body = wire.chat_completion(wire.new_id("chatcmpl"), int(time.time()), served_name,
-                                    body_choices, prompt_ids,
-                                    sum(len(c.token_ids) for c in choices), return_ids=return_ids)
+        body = wire.chat_completion(
+            wire.new_id("chatcmpl"),
+            int(time.time()),
+            served_name,
+            body_choices,
+            prompt_ids,
+            sum(len(c.token_ids) for c in choices),
+            return_ids=return_ids,
+        )
         return JSONResponse(body)
 
-    def _chat_choice(index: int, c: Choice, req: ChatCompletionRequest, return_ids: bool
-                     ) -> dict[str, Any]:
+    def _chat_choice(index: int, c: Choice, req: ChatCompletionRequest, return_ids: bool) -> dict[str, Any]:
         content: str | None = c.text
         calls = None
         finish = c.finish_reason
@@ -173,15 +206,28 @@ def create_engine_app(core: EngineCore, *, served_name: str = "smollm2",
             content, calls = parsed.content, parsed.tool_calls or None
             if calls:
                 finish = "tool_calls"
-        return wire.chat_choice(index, c, namer, logprobs=bool(req.logprobs),
-                                top_k=req.n_top_logprobs, return_ids=return_ids,
-                                content=content, tool_calls=calls, finish_reason=finish)
+        return wire.chat_choice(
+            index,
+            c,
+            namer,
+            logprobs=bool(req.logprobs),
+            top_k=req.n_top_logprobs,
+            return_ids=return_ids,
+            content=content,
+            tool_calls=calls,
+            finish_reason=finish,
+        )
 
-    async def _chat_stream(events: AsyncGenerator[StreamEvent, None], req: ChatCompletionRequest,
-                           prompt_ids: list[int], return_ids: bool, include_usage: bool
-                           ) -> AsyncIterator[bytes]:
-        writer = wire.ChunkWriter(served_name, namer, logprobs=bool(req.logprobs),
-                                  top_k=req.n_top_logprobs, return_ids=return_ids)
+    async def _chat_stream(
+        events: AsyncGenerator[StreamEvent, None],
+        req: ChatCompletionRequest,
+        prompt_ids: list[int],
+        return_ids: bool,
+        include_usage: bool,
+    ) -> AsyncIterator[bytes]:
+        writer = wire.ChunkWriter(
+            served_name, namer, logprobs=bool(req.logprobs), top_k=req.n_top_logprobs, return_ids=return_ids
+        )
         completion_tokens = 0
         texts: dict[int, str] = {}
         sent: dict[int, int] = {}
@@ -199,7 +245,7 @@ def create_engine_app(core: EngineCore, *, served_name: str = "smollm2",
                         held[i] = ev.step
                         continue
                     safe = _safe_content(texts[i]) if req.parse_tools else texts[i]
-                    content, sent[i] = safe[sent[i]:], max(sent[i], len(safe))
+                    content, sent[i] = safe[sent[i] :], max(sent[i], len(safe))
                     yield _sse(writer.token(i, ev.step, delta={"content": content}))
                     continue
                 step = held.pop(i, None)
@@ -208,16 +254,20 @@ def create_engine_app(core: EngineCore, *, served_name: str = "smollm2",
                 choice = ev.choice
                 assert choice is not None, "an event without a token ends its choice"
                 finish = choice.finish_reason
-                delta: dict[str, Any] = {"content": texts[i][sent[i]:]}
+                delta: dict[str, Any] = {"content": texts[i][sent[i] :]}
                 if req.parse_tools:
                     parsed = PARSER.parse(choice.text)
                     if parsed.tool_calls:
                         finish = "tool_calls"
-                        delta = {"content": (parsed.content or "")[sent[i]:],
-                                 "tool_calls": [dict(c, index=k)
-                                                for k, c in enumerate(parsed.tool_calls)]}
-                yield _sse(writer.token(i, step, delta=delta, finish_reason=finish,
-                                        stop_reason=choice.stop_reason, final=True))
+                        delta = {
+                            "content": (parsed.content or "")[sent[i] :],
+                            "tool_calls": [dict(c, index=k) for k, c in enumerate(parsed.tool_calls)],
+                        }
+                yield _sse(
+                    writer.token(
+                        i, step, delta=delta, finish_reason=finish, stop_reason=choice.stop_reason, final=True
+                    )
+                )
             if include_usage:
                 yield _sse(writer.usage(len(prompt_ids), completion_tokens))
             yield b"data: [DONE]\n\n"
@@ -230,37 +280,57 @@ def create_engine_app(core: EngineCore, *, served_name: str = "smollm2",
         check_model(req.model)
         req.check(max_len)
         if req.stream:
-            raise bad_param("streaming legacy completions are not supported by the embedded "
-                            "engine; use /v1/chat/completions or stream=false.", "stream")
+            raise bad_param(
+                "streaming legacy completions are not supported by the embedded "
+                "engine; use /v1/chat/completions or stream=false.",
+                "stream",
+            )
         prompt = req.single_prompt()
         if isinstance(prompt, str):
             prompt_ids = model.tokenize(prompt)
         else:
             bad = [t for t in prompt if not 0 <= t < model.n_vocab]
             if bad:
-                raise bad_param(f"token id {bad[0]} is out of vocabulary (size {model.n_vocab}).",
-                                "prompt")
+                raise bad_param(f"token id {bad[0]} is out of vocabulary (size {model.n_vocab}).", "prompt")
             prompt_ids = list(prompt)
         if not prompt_ids:
             raise bad_param("prompt must not be empty.", "prompt")
         check_prompt(prompt_ids)
         rules = req.stop_rules(req.max_tokens or (max_len - len(prompt_ids)))
-        choices = await core.generate(prompt_ids, req.sampling(), rules, n=req.n,
-                                      top_logprobs=req.logprobs,
-                                      disconnected=request.is_disconnected)
+        choices = await core.generate(
+            prompt_ids,
+            req.sampling(),
+            rules,
+            n=req.n,
+            top_logprobs=req.logprobs,
+            disconnected=request.is_disconnected,
+        )
         return_ids = bool(req.return_token_ids)
-        body_choices = [{
-            "index": i, "text": c.text,
-            "logprobs": wire.legacy_logprobs(c, namer, req.logprobs)
-            if req.logprobs is not None else None,
-            "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
-            "token_ids": list(c.token_ids) if return_ids else None,
-            "prompt_logprobs": None,
-            "prompt_token_ids": list(prompt_ids) if return_ids else None,
-            "routed_experts": None,
-        } for i, c in enumerate(choices)]
-        return JSONResponse(wire.completion(wire.new_id("cmpl"), int(time.time()), served_name,
-                                            body_choices, len(prompt_ids),
-                                            sum(len(c.token_ids) for c in choices)))
+        body_choices = [
+            {
+                "index": i,
+                "text": c.text,
+                "logprobs": wire.legacy_logprobs(c, namer, req.logprobs)
+                if req.logprobs is not None
+                else None,
+                "finish_reason": c.finish_reason,
+                "stop_reason": c.stop_reason,
+                "token_ids": list(c.token_ids) if return_ids else None,
+                "prompt_logprobs": None,
+                "prompt_token_ids": list(prompt_ids) if return_ids else None,
+                "routed_experts": None,
+            }
+            for i, c in enumerate(choices)
+        ]
+        return JSONResponse(
+            wire.completion(
+                wire.new_id("cmpl"),
+                int(time.time()),
+                served_name,
+                body_choices,
+                len(prompt_ids),
+                sum(len(c.token_ids) for c in choices),
+            )
+        )
 
     return app

@@ -55,11 +55,9 @@ def _text(content: Any) -> str:
                 parts.append(str(part.get("text", "")))
             else:
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise TemplateError(f"content part of type {kind!r} is not supported by this "
-                                    "text-only model")
+                raise TemplateError(f"content part of type {kind!r} is not supported by this text-only model")
         return "\n".join(parts)
-    raise TemplateError(f"message content must be a string or a list of parts, got "
-                        f"{type(content).__name__}")
+    raise TemplateError(f"message content must be a string or a list of parts, got {type(content).__name__}")
 
 
 def tools_block(tools: list[dict[str, Any]]) -> str:
@@ -68,8 +66,9 @@ def tools_block(tools: list[dict[str, Any]]) -> str:
     return TOOLS_PREAMBLE.format(tools=lines)
 
 
-def plain_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
-                   ) -> list[dict[str, str]]:
+def plain_messages(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+) -> list[dict[str, str]]:
     """Rewrite chat messages (with tool traffic) into `{role, content}` strings for the template."""
     out: list[dict[str, str]] = []
     for i, m in enumerate(messages):
@@ -99,20 +98,29 @@ class ChatTemplate:
     def __init__(self, source: str) -> None:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise
-        env.filters["tojson"] = lambda v, indent=None: json.dumps(v, ensure_ascii=False,
-                                                                  indent=indent)
+        env.filters["tojson"] = lambda v, indent=None: json.dumps(v, ensure_ascii=False, indent=indent)
         try:
             self._template = env.from_string(source)
         except jinja2.TemplateError as exc:
             raise TemplateError(f"the model's chat template does not compile: {exc}") from exc
 
-    def render(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
-               add_generation_prompt: bool = True, **extra: Any) -> str:
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        **extra: Any,
+    ) -> str:
         """The prompt text for `messages` (ending with the assistant header when asked)."""
         try:
-            return self._template.render(messages=plain_messages(messages, tools),
-                                         add_generation_prompt=add_generation_prompt,
-                                         bos_token="", eos_token="", **extra)
+            return self._template.render(
+                messages=plain_messages(messages, tools),
+                add_generation_prompt=add_generation_prompt,
+                bos_token="",
+                eos_token="",
+                **extra,
+            )
         except TemplateError:
             raise
         except jinja2.TemplateError as exc:

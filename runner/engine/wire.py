@@ -35,8 +35,7 @@ class TokenNamer:
         """The string reported for `token`."""
         return f"token_id:{token}" if self.as_ids else self.texts[token]
 
-    def entry(self, token: int, logprob: float, top: list[tuple[int, float]], k: int
-              ) -> dict[str, Any]:
+    def entry(self, token: int, logprob: float, top: list[tuple[int, float]], k: int) -> dict[str, Any]:
         """One `logprobs.content[]` entry with the first k of `top` (sampled token first).
 
         vLLM quirk kept: the sampled entry's `bytes` are the token's text bytes even in token-id
@@ -46,16 +45,20 @@ class TokenNamer:
             "token": self.name(token),
             "logprob": logprob,
             "bytes": list(self.texts[token].encode("utf-8")),
-            "top_logprobs": [{"token": self.name(t), "logprob": lp,
-                              "bytes": list(self.name(t).encode("utf-8"))} for t, lp in top[:k]],
+            "top_logprobs": [
+                {"token": self.name(t), "logprob": lp, "bytes": list(self.name(t).encode("utf-8"))}
+                for t, lp in top[:k]
+            ],
         }
 
 
 def usage(prompt_tokens: int, completion_tokens: int, *, details: bool = True) -> dict[str, Any]:
     """The usage object (the streamed one has no `*_details` keys)."""
-    u: dict[str, Any] = {"prompt_tokens": prompt_tokens,
-                         "total_tokens": prompt_tokens + completion_tokens,
-                         "completion_tokens": completion_tokens}
+    u: dict[str, Any] = {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+    }
     if details:
         u["prompt_tokens_details"] = None
         u["completion_tokens_details"] = None
@@ -64,24 +67,44 @@ def usage(prompt_tokens: int, completion_tokens: int, *, details: bool = True) -
 
 def chat_message(content: str | None, tool_calls: list[dict[str, Any]] | None) -> dict[str, Any]:
     """The assistant message; `tool_calls` appears only when the reply made calls (vLLM 0.32)."""
-    msg: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None,
-                           "annotations": None, "audio": None, "function_call": None}
+    msg: dict[str, Any] = {
+        "role": "assistant",
+        "content": content,
+        "refusal": None,
+        "annotations": None,
+        "audio": None,
+        "function_call": None,
+    }
     if tool_calls is not None:
         msg["tool_calls"] = tool_calls
     msg["reasoning"] = None
     return msg
 
 
-def chat_choice(index: int, choice: Choice, namer: TokenNamer, *, logprobs: bool, top_k: int,
-                return_ids: bool, content: str | None, tool_calls: list[dict[str, Any]] | None,
-                finish_reason: str | None) -> dict[str, Any]:
+def chat_choice(
+    index: int,
+    choice: Choice,
+    namer: TokenNamer,
+    *,
+    logprobs: bool,
+    top_k: int,
+    return_ids: bool,
+    content: str | None,
+    tool_calls: list[dict[str, Any]] | None,
+    finish_reason: str | None,
+) -> dict[str, Any]:
     """One non-streaming chat choice."""
     return {
         "index": index,
         "message": chat_message(content, tool_calls),
-        "logprobs": {"content": [namer.entry(t, lp, top, top_k) for t, lp, top
-                                 in zip(choice.token_ids, choice.logprobs, choice.tops, strict=True)]}
-        if logprobs else None,
+        "logprobs": {
+            "content": [
+                namer.entry(t, lp, top, top_k)
+                for t, lp, top in zip(choice.token_ids, choice.logprobs, choice.tops, strict=True)
+            ]
+        }
+        if logprobs
+        else None,
         "finish_reason": finish_reason,
         "stop_reason": choice.stop_reason,
         "token_ids": list(choice.token_ids) if return_ids else None,
@@ -89,24 +112,41 @@ def chat_choice(index: int, choice: Choice, namer: TokenNamer, *, logprobs: bool
     }
 
 
-def chat_completion(rid: str, created: int, model: str, choices: list[dict[str, Any]],
-                    prompt_ids: list[int], completion_tokens: int, *, return_ids: bool
-                    ) -> dict[str, Any]:
+def chat_completion(
+    rid: str,
+    created: int,
+    model: str,
+    choices: list[dict[str, Any]],
+    prompt_ids: list[int],
+    completion_tokens: int,
+    *,
+    return_ids: bool,
+) -> dict[str, Any]:
     """The non-streaming chat completion body."""
     return {
-        "id": rid, "object": "chat.completion", "created": created, "model": model,
-        "choices": choices, "service_tier": None, "system_fingerprint": FINGERPRINT,
-        "usage": usage(len(prompt_ids), completion_tokens), "prompt_logprobs": None,
-        "prompt_token_ids": list(prompt_ids) if return_ids else None, "prompt_text": None,
-        "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None,
+        "id": rid,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": choices,
+        "service_tier": None,
+        "system_fingerprint": FINGERPRINT,
+        "usage": usage(len(prompt_ids), completion_tokens),
+        "prompt_logprobs": None,
+        "prompt_token_ids": list(prompt_ids) if return_ids else None,
+        "prompt_text": None,
+        "kv_transfer_params": None,
+        "ec_transfer_params": None,
+        "metrics": None,
     }
 
 
 class ChunkWriter:
     """Builds the streamed chat chunks of one response."""
 
-    def __init__(self, model: str, namer: TokenNamer, *, logprobs: bool, top_k: int,
-                 return_ids: bool) -> None:
+    def __init__(
+        self, model: str, namer: TokenNamer, *, logprobs: bool, top_k: int, return_ids: bool
+    ) -> None:
         self.id = new_id("chatcmpl")
         self.top_k = top_k
         self.created = int(time.time())
@@ -116,27 +156,48 @@ class ChunkWriter:
         self.return_ids = return_ids
 
     def _chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-                "model": self.model, "choices": choices}
+        return {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
 
     def role(self, index: int, prompt_ids: list[int]) -> dict[str, Any]:
         """The first chunk of a choice: the role, and the prompt ids (once, with choice 0)."""
-        c = self._chunk([{"index": index, "delta": {"role": "assistant", "content": ""},
-                          "logprobs": None, "finish_reason": None}])
+        c = self._chunk(
+            [
+                {
+                    "index": index,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            ]
+        )
         if self.return_ids and index == 0:
             c["prompt_token_ids"] = list(prompt_ids)
             c["prompt_text"] = None
         return c
 
-    def token(self, index: int, step: TokenStep, *, delta: dict[str, Any],
-              finish_reason: str | None = None, stop_reason: int | str | None = None,
-              final: bool = False) -> dict[str, Any]:
+    def token(
+        self,
+        index: int,
+        step: TokenStep,
+        *,
+        delta: dict[str, Any],
+        finish_reason: str | None = None,
+        stop_reason: int | str | None = None,
+        final: bool = False,
+    ) -> dict[str, Any]:
         """The chunk carrying one generated token (and the finish reason on the last one)."""
         choice: dict[str, Any] = {
-            "index": index, "delta": delta,
-            "logprobs": {"content": [self.namer.entry(step.token, step.logprob, step.top,
-                                                      self.top_k)]}
-            if self.logprobs else None,
+            "index": index,
+            "delta": delta,
+            "logprobs": {"content": [self.namer.entry(step.token, step.logprob, step.top, self.top_k)]}
+            if self.logprobs
+            else None,
             "finish_reason": finish_reason,
         }
         if final:
@@ -166,14 +227,28 @@ def legacy_logprobs(choice: Choice, namer: TokenNamer, k: int) -> dict[str, Any]
         pos += len(namer.texts[t])
         tokens.append(namer.name(t))
         tops.append({namer.name(tt): lp for tt, lp in top[: k + 1]})
-    return {"text_offset": offsets, "token_logprobs": list(choice.logprobs), "tokens": tokens,
-            "top_logprobs": tops}
+    return {
+        "text_offset": offsets,
+        "token_logprobs": list(choice.logprobs),
+        "tokens": tokens,
+        "top_logprobs": tops,
+    }
 
 
-def completion(rid: str, created: int, model: str, choices: list[dict[str, Any]],
-               prompt_len: int, completion_tokens: int) -> dict[str, Any]:
+def completion(
+    rid: str, created: int, model: str, choices: list[dict[str, Any]], prompt_len: int, completion_tokens: int
+) -> dict[str, Any]:
     """The legacy `/v1/completions` body."""
-    return {"id": rid, "object": "text_completion", "created": created, "model": model,
-            "choices": choices, "service_tier": None, "system_fingerprint": FINGERPRINT,
-            "usage": usage(prompt_len, completion_tokens), "kv_transfer_params": None,
-            "ec_transfer_params": None, "metrics": None}
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": choices,
+        "service_tier": None,
+        "system_fingerprint": FINGERPRINT,
+        "usage": usage(prompt_len, completion_tokens),
+        "kv_transfer_params": None,
+        "ec_transfer_params": None,
+        "metrics": None,
+    }

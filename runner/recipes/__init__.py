@@ -79,8 +79,7 @@ class Recipe:
             return why
         # The args as the job would get them; an existing file stands for the run's export the
         # launch makes, as the parser refuses rows that are not there.
-        given = (["--rows", os.devnull] if self.takes_run and run
-                 else ["--run", run] if run else [])
+        given = ["--rows", os.devnull] if self.takes_run and run else ["--run", run] if run else []
         parser = importlib.import_module(self.module).arg_parser()
 
         def refuse(message: str) -> NoReturn:
@@ -101,22 +100,33 @@ class Recipe:
         launch's has the server export the run's rows."""
         own_run = _option_value(args, "--run")
         if self.takes_run:
-            rows = next(((o, v) for o in (r.split()[0] for r in self.rows_options)
-                         if (v := _option_value(args, o)) is not None), None)
+            rows = next(
+                (
+                    (o, v)
+                    for o in (r.split()[0] for r in self.rows_options)
+                    if (v := _option_value(args, o)) is not None
+                ),
+                None,
+            )
             if run and rows:
-                return (f"{self.name}: --run {run} and {rows[0]} {rows[1]} both name the rows to "
-                        f"read: give one (--run: the server exports that run's rows; {rows[0]}: "
-                        "an export file on the server's machine)")
+                return (
+                    f"{self.name}: --run {run} and {rows[0]} {rows[1]} both name the rows to "
+                    f"read: give one (--run: the server exports that run's rows; {rows[0]}: "
+                    "an export file on the server's machine)"
+                )
             if own_run is not None and rows is None:
                 if run:
-                    return (f"{self.name}: --run {run} and its own --run {own_run} both name the "
-                            "run: give it once, as --run before -- (the server exports its rows)")
-                return (f"{self.name}: give the run as --run {own_run} before -- (the Train "
-                        f"screen: pick it), not as {self.name}'s own --run, which reads only an "
-                        "export already written")
+                    return (
+                        f"{self.name}: --run {run} and its own --run {own_run} both name the "
+                        "run: give it once, as --run before -- (the server exports its rows)"
+                    )
+                return (
+                    f"{self.name}: give the run as --run {own_run} before -- (the Train "
+                    f"screen: pick it), not as {self.name}'s own --run, which reads only an "
+                    "export already written"
+                )
         elif self.run_option and run and own_run is not None:
-            return (f"{self.name}: --run {run} and its own --run {own_run} both name the run: "
-                    "give it once")
+            return f"{self.name}: --run {run} and its own --run {own_run} both name the run: give it once"
         return None
 
     def run_refused(self, run: str | None) -> str | None:
@@ -124,8 +134,10 @@ class Recipe:
         run, so its argument parser would only die of an unknown `--run`."""
         if run is None or self.takes_run or self.run_option:
             return None
-        return (f"{self.name} takes no rollout run (--run {run}): it makes its own rollouts "
-                f"(its options: tapdeck train --recipe {self.name} -- --help)")
+        return (
+            f"{self.name} takes no rollout run (--run {run}): it makes its own rollouts "
+            f"(its options: tapdeck train --recipe {self.name} -- --help)"
+        )
 
 
 def _option_value(args: Sequence[str], option: str) -> str | None:
@@ -136,7 +148,7 @@ def _option_value(args: Sequence[str], option: str) -> str | None:
         if arg == option:
             value = args[i + 1] if i + 1 < len(args) else ""
         elif arg.startswith(option + "="):
-            value = arg[len(option) + 1:]
+            value = arg[len(option) + 1 :]
     return value
 
 
@@ -144,8 +156,10 @@ RECIPES: dict[str, Recipe] = {
     "data-check": Recipe(
         name="data-check",
         module="tapdeck.runner.recipes.data_check",
-        summary=("Checks an exported run against TRL's trainer contract and computes GRPO advantages "
-                 "per group; logs TRL-named metrics to trackio. Does NOT update weights."),
+        summary=(
+            "Checks an exported run against TRL's trainer contract and computes GRPO advantages "
+            "per group; logs TRL-named metrics to trackio. Does NOT update weights."
+        ),
         where="CPU, here (no GPU, no torch)",
         updates_weights=False,
         needs=("trackio",),
@@ -155,9 +169,11 @@ RECIPES: dict[str, Recipe] = {
     "cpu-grpo": Recipe(
         name="cpu-grpo",
         module="tapdeck.runner.recipes.cpu_grpo",
-        summary=("TRL GRPOTrainer on SmolLM2-135M (from the shipped GGUF) with rollout_func: each "
-                 "group is a tapdeck run on the sample dataset, sampled by an engine serving the "
-                 "trainer's current weights; updates weights. Minutes per step on 2 cores."),
+        summary=(
+            "TRL GRPOTrainer on SmolLM2-135M (from the shipped GGUF) with rollout_func: each "
+            "group is a tapdeck run on the sample dataset, sampled by an engine serving the "
+            "trainer's current weights; updates weights. Minutes per step on 2 cores."
+        ),
         where="CPU, here (training environment: CPU torch + TRL)",
         updates_weights=True,
         needs=("torch", "transformers", "trl", "trackio", "gguf"),
@@ -166,8 +182,10 @@ RECIPES: dict[str, Recipe] = {
     "grpo-trl": Recipe(
         name="grpo-trl",
         module="tapdeck.runner.recipes.grpo_trl",
-        summary=("TRL AsyncGRPO (loop-owning harness worker) on rollouts served by a tapdeck server; "
-                 "updates weights. Not run on this machine."),
+        summary=(
+            "TRL AsyncGRPO (loop-owning harness worker) on rollouts served by a tapdeck server; "
+            "updates weights. Not run on this machine."
+        ),
         where="GPU box: vLLM on one GPU (NCCL weight sync), the trainer on another",
         updates_weights=True,
         needs=("torch", "trl", "openenv", "trackio"),
@@ -178,15 +196,17 @@ RECIPES: dict[str, Recipe] = {
 }
 
 DEFAULT_RECIPE = "data-check"
-CPU_TRAINING = ("cpu-grpo updates SmolLM2-135M's weights on a CPU (slowly: minutes per step on "
-                "2 cores); the embedded llama.cpp engine cannot train, so that recipe samples from "
-                "its own torch copy of the model.")
+CPU_TRAINING = (
+    "cpu-grpo updates SmolLM2-135M's weights on a CPU (slowly: minutes per step on "
+    "2 cores); the embedded llama.cpp engine cannot train, so that recipe samples from "
+    "its own torch copy of the model."
+)
 
 
 def visible_gpus() -> int:
     """NVIDIA GPUs this process may use: the `/dev/nvidiaN` devices, narrowed by
     `$CUDA_VISIBLE_DEVICES` when set. Read from the device files so that asking never imports torch."""
-    devices = [p for p in Path("/dev").glob("nvidia*") if p.name[len("nvidia"):].isdigit()]
+    devices = [p for p in Path("/dev").glob("nvidia*") if p.name[len("nvidia") :].isdigit()]
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return len(devices)

@@ -37,8 +37,10 @@ def read_admin_key(explicit: str | None = None, data_dir: Path | None = None) ->
     root = data_dir or Path(os.environ.get("TAPDECK_DATA_DIR") or Path.home() / ".tapdeck")
     path = root / "admin.key"
     if not path.is_file():
-        raise FileNotFoundError(f"no admin key: pass --admin-key, set TAPDECK_ADMIN_KEY, or start the "
-                                f"server with --data-dir {root} (it writes {path})")
+        raise FileNotFoundError(
+            f"no admin key: pass --admin-key, set TAPDECK_ADMIN_KEY, or start the "
+            f"server with --data-dir {root} (it writes {path})"
+        )
     return path.read_text().strip()
 
 
@@ -47,19 +49,27 @@ class AdminClient:
     An https server's certificate is checked against `ca_file` (PEM: a private CA, or a self-signed
     server's own certificate), else the public CAs; never skipped."""
 
-    def __init__(self, server: str, admin_key: str, *, timeout_s: float = 60.0,
-                 ca_file: str | None = None) -> None:
+    def __init__(
+        self, server: str, admin_key: str, *, timeout_s: float = 60.0, ca_file: str | None = None
+    ) -> None:
         self.server = server.rstrip("/")
-        self._http = httpx.Client(base_url=self.server, timeout=timeout_s, verify=server_trust(ca_file),
-                                  headers={"Authorization": f"Bearer {admin_key}"})
+        self._http = httpx.Client(
+            base_url=self.server,
+            timeout=timeout_s,
+            verify=server_trust(ca_file),
+            headers={"Authorization": f"Bearer {admin_key}"},
+        )
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         try:
             resp = self._http.request(method, path, json=body)
         except httpx.HTTPError as exc:
             if (why := untrusted_certificate(exc)) is not None:
-                raise AdminError(0, f"tapdeck server {self.server} presented a certificate this client "
-                                    f"does not trust ({why}); pass --ca-file (or ${CA_FILE_ENV})") from exc
+                raise AdminError(
+                    0,
+                    f"tapdeck server {self.server} presented a certificate this client "
+                    f"does not trust ({why}); pass --ca-file (or ${CA_FILE_ENV})",
+                ) from exc
             raise AdminError(0, f"tapdeck server {self.server} unreachable: {exc}") from exc
         if resp.status_code >= 400:
             raise AdminError(resp.status_code, f"{method} {path}: {resp.text[:300]}")

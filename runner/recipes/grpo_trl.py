@@ -26,7 +26,8 @@ itself, vLLM and the NCCL weight sync (they need GPUs).
 
 Launch (2 GPUs, one host): start vLLM with the flags from `--print-vllm-command`; then
 `tapdeck serve --engine http://localhost:8000/v1`; then
-`CUDA_VISIBLE_DEVICES=1 tapdeck train --recipe grpo-trl -- --server http://127.0.0.1:8300 --vllm-url http://localhost:8000 ...`.
+`CUDA_VISIBLE_DEVICES=1 tapdeck train --recipe grpo-trl -- --server http://127.0.0.1:8300 --vllm-url
+http://localhost:8000 ...`.
 """
 
 from __future__ import annotations
@@ -59,18 +60,40 @@ class RolloutUnusable(RuntimeError):
     """
 
 
-def vllm_command(model: str, *, port: int = 8000, gpu: str = "0", tool_call_parser: str = "hermes",
-                 extra: list[str] | None = None) -> list[str]:
+def vllm_command(
+    model: str,
+    *,
+    port: int = 8000,
+    gpu: str = "0",
+    tool_call_parser: str = "hermes",
+    extra: list[str] | None = None,
+) -> list[str]:
     """The vLLM server command line TRL's NCCL weight sync and tapdeck's capture both need.
 
     `--enable-auto-tool-choice` needs a `--tool-call-parser` matching the model's chat template
     (hermes for Qwen2.5/Qwen3 instruct models, qwen3_xml for Qwen3.5).
     """
-    return ["env", f"CUDA_VISIBLE_DEVICES={gpu}", "VLLM_SERVER_DEV_MODE=1",
-            "vllm", "serve", model, "--host", "0.0.0.0", "--port", str(port),
-            "--logprobs-mode", "processed_logprobs", "--return-tokens-as-token-ids",
-            "--weight-transfer-config", '{"backend":"nccl"}',
-            "--enable-auto-tool-choice", "--tool-call-parser", tool_call_parser, *(extra or [])]
+    return [
+        "env",
+        f"CUDA_VISIBLE_DEVICES={gpu}",
+        "VLLM_SERVER_DEV_MODE=1",
+        "vllm",
+        "serve",
+        model,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(port),
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--return-tokens-as-token-ids",
+        "--weight-transfer-config",
+        '{"backend":"nccl"}',
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        tool_call_parser,
+        *(extra or []),
+    ]
 
 
 def check_trace(trace: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
@@ -80,8 +103,10 @@ def check_trace(trace: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]
     """
     sid = result.get("session_id")
     if not result.get("ok"):
-        raise RolloutUnusable(f"session {sid}: rollout not ok ({result.get('error_kind') or 'findings'}: "
-                              f"{result.get('error') or '; '.join(result.get('findings') or [])[:300]})")
+        raise RolloutUnusable(
+            f"session {sid}: rollout not ok ({result.get('error_kind') or 'findings'}: "
+            f"{result.get('error') or '; '.join(result.get('findings') or [])[:300]})"
+        )
     fatal = [f for f in result.get("findings") or [] if str(f).startswith("[FATAL]")]
     if fatal:
         raise RolloutUnusable(f"session {sid}: FATAL finding(s): {'; '.join(fatal[:3])}")
@@ -90,9 +115,19 @@ def check_trace(trace: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]
     turns = trace.get("turns") or []
     if not turns:
         raise RolloutUnusable(f"session {sid}: the trace has no agent turn")
-    problems = [p for t in turns for p in check_turn(TurnRow(t.get("node_id"), t.get("prompt_token_ids"),
-                                                             t.get("completion_token_ids"),
-                                                             t.get("per_token_logps"), t.get("loss_mask")))]
+    problems = [
+        p
+        for t in turns
+        for p in check_turn(
+            TurnRow(
+                t.get("node_id"),
+                t.get("prompt_token_ids"),
+                t.get("completion_token_ids"),
+                t.get("per_token_logps"),
+                t.get("loss_mask"),
+            )
+        )
+    ]
     if problems:
         raise RolloutUnusable(f"session {sid}: {'; '.join(problems[:3])}")
     if not any(any(t["loss_mask"]) for t in turns):
@@ -103,8 +138,9 @@ def check_trace(trace: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]
 class TapdeckSession:
     """One rollout on a tapdeck server, shaped like OpenEnv's `TrainableSession`."""
 
-    def __init__(self, factory: TapdeckSessionFactory, task: str, *, seed: int | None,
-                 episode_id: str | None) -> None:
+    def __init__(
+        self, factory: TapdeckSessionFactory, task: str, *, seed: int | None, episode_id: str | None
+    ) -> None:
         self.factory = factory
         self.task = task
         self.result: dict[str, Any] | None = None
@@ -120,8 +156,9 @@ class TapdeckSession:
         """Block until the run ends; the number of captured model calls. TimeoutError past `timeout_s`."""
         run = self.admin.wait_run(self.run_id, timeout_s=timeout_s, poll_s=self.factory.poll_s)
         rollouts = run.get("rollouts") or []
-        self.result = rollouts[0] if rollouts else {"ok": False, "reward": None,
-                                                    "error": f"run ended {run['state']}"}
+        self.result = (
+            rollouts[0] if rollouts else {"ok": False, "reward": None, "error": f"run ended {run['state']}"}
+        )
         return int(self.result.get("turns") or 0)
 
     def fetch_training_trace(self) -> Any:
@@ -131,9 +168,11 @@ class TapdeckSession:
         assert self.result is not None
         session_id = self.result.get("session_id")
         if not session_id:
-            raise RolloutUnusable(f"run {self.run_id}: no capture session "
-                                  f"({self.result.get('error_kind') or 'no model calls'}: "
-                                  f"{self.result.get('error') or 'nothing to train on'})")
+            raise RolloutUnusable(
+                f"run {self.run_id}: no capture session "
+                f"({self.result.get('error_kind') or 'no model calls'}: "
+                f"{self.result.get('error') or 'nothing to train on'})"
+            )
         try:
             trace = self.admin.trace(session_id)
         except AdminError as exc:
@@ -156,12 +195,22 @@ class TapdeckSession:
             self.wait_for_completion()
         assert self.result is not None
         reward = self.result.get("reward")
-        metrics = {"tapdeck/ok": float(bool(self.result.get("ok"))),
-                   "tapdeck/turns": float(self.result.get("turns") or 0)}
-        artifacts = {"run_id": self.run_id, "session_id": self.result.get("session_id"),
-                     "error_kind": self.result.get("error_kind"), "findings": self.result.get("findings")}
-        return VerifyResult(env_reward=None if reward is None else float(reward), done=True,
-                            metrics=metrics, artifacts=artifacts)
+        metrics = {
+            "tapdeck/ok": float(bool(self.result.get("ok"))),
+            "tapdeck/turns": float(self.result.get("turns") or 0),
+        }
+        artifacts = {
+            "run_id": self.run_id,
+            "session_id": self.result.get("session_id"),
+            "error_kind": self.result.get("error_kind"),
+            "findings": self.result.get("findings"),
+        }
+        return VerifyResult(
+            env_reward=None if reward is None else float(reward),
+            done=True,
+            metrics=metrics,
+            artifacts=artifacts,
+        )
 
     def close(self) -> None:
         """Cancel the run if it is still going; release the HTTP client. Safe to call twice."""
@@ -209,19 +258,34 @@ class TapdeckSessionFactory:
 
     def client(self) -> AdminClient:
         """A new admin client (one per session: sessions run on TRL's thread pool)."""
-        return AdminClient(self.server, self.admin_key, timeout_s=self.http_timeout_s,
-                           ca_file=self.ca_file)
+        return AdminClient(self.server, self.admin_key, timeout_s=self.http_timeout_s, ca_file=self.ca_file)
 
     def plan(self, task: str, *, seed: int | None = None, episode_id: str | None = None) -> RunPlan:
         """The `POST /admin/runs` plan for one rollout of `task`."""
         settings = None if self.settings is None else self.settings.model_dump(exclude_unset=True)
-        return RunPlan(dataset=self.dataset, tasks=[task], rollout=RolloutTemplate.model_validate({
-            "harness": self.harness, "sandbox": self.sandbox, "engine": self.engine,
-            "engine_model": self.engine_model, "timeout_s": self.timeout_s, "reward_key": self.reward_key,
-            "agent_kwargs": self.agent_kwargs, "settings": settings, "call_budget": self.call_budget,
-            "training_sampling": self.sampling,
-            "metadata": {"trl_group_id": seed, "trl_episode_id": episode_id,
-                         "trl_group_size": self.group_size}}))
+        return RunPlan(
+            dataset=self.dataset,
+            tasks=[task],
+            rollout=RolloutTemplate.model_validate(
+                {
+                    "harness": self.harness,
+                    "sandbox": self.sandbox,
+                    "engine": self.engine,
+                    "engine_model": self.engine_model,
+                    "timeout_s": self.timeout_s,
+                    "reward_key": self.reward_key,
+                    "agent_kwargs": self.agent_kwargs,
+                    "settings": settings,
+                    "call_budget": self.call_budget,
+                    "training_sampling": self.sampling,
+                    "metadata": {
+                        "trl_group_id": seed,
+                        "trl_episode_id": episode_id,
+                        "trl_group_size": self.group_size,
+                    },
+                }
+            ),
+        )
 
     def create(self, task: Any, seed: int | None = None, episode_id: str | None = None) -> TapdeckSession:
         """Start one rollout of `task` (a task name, or a dataset row / chat prompt naming one)."""
@@ -229,7 +293,8 @@ class TapdeckSessionFactory:
 
 
 def task_name(task: Any) -> str:
-    """The tapdeck task a TRL prompt names: a string, `{"task": ...}`, or a chat whose last user message is it."""
+    """The tapdeck task a TRL prompt names: a string, `{"task": ...}`, or a chat whose last user
+    message is it."""
     if isinstance(task, str):
         return task
     if isinstance(task, dict):
@@ -249,71 +314,124 @@ def dataset_rows(tasks: list[str]) -> list[dict[str, Any]]:
 def eos_token_ids(generation_eos: int | list[int] | None, tokenizer_eos: int | None) -> list[int]:
     """Every id that ends a completion, as AsyncGRPOTrainer derives it: the model's generation-config
     eos id(s), with the tokenizer's eos first when it is not among them."""
-    ids = [] if generation_eos is None else [generation_eos] if isinstance(generation_eos, int) \
+    ids = (
+        []
+        if generation_eos is None
+        else [generation_eos]
+        if isinstance(generation_eos, int)
         else list(generation_eos)
+    )
     return ids if tokenizer_eos is None or tokenizer_eos in ids else [tokenizer_eos, *ids]
 
 
 def config_kwargs(args: argparse.Namespace, *, run_name: str, output_dir: Path) -> dict[str, Any]:
     """`AsyncGRPOConfig` fields: sampling kept full-vocabulary (OpenEnv refuses anything else)."""
-    return {"output_dir": str(output_dir), "run_name": run_name, "project": args.project,
-            "report_to": "trackio", "learning_rate": args.learning_rate, "max_steps": args.max_steps,
-            "per_device_train_batch_size": args.per_device_batch,
-            "num_generations": args.num_generations, "max_completion_length": args.max_completion_length,
-            "max_staleness": args.max_staleness, "max_inflight_tasks": args.max_inflight,
-            "temperature": args.temperature, "top_p": 1.0, "top_k": 0, "min_p": None,
-            "repetition_penalty": 1.0, "vllm_server_base_url": args.vllm_url.rstrip("/")}
+    return {
+        "output_dir": str(output_dir),
+        "run_name": run_name,
+        "project": args.project,
+        "report_to": "trackio",
+        "learning_rate": args.learning_rate,
+        "max_steps": args.max_steps,
+        "per_device_train_batch_size": args.per_device_batch,
+        "num_generations": args.num_generations,
+        "max_completion_length": args.max_completion_length,
+        "max_staleness": args.max_staleness,
+        "max_inflight_tasks": args.max_inflight,
+        "temperature": args.temperature,
+        "top_p": 1.0,
+        "top_k": 0,
+        "min_p": None,
+        "repetition_penalty": 1.0,
+        "vllm_server_base_url": args.vllm_url.rstrip("/"),
+    }
 
 
-def worker_kwargs(config: Any, *, model_name: str, dataset: Any, processing_class: Any,
-                  eos_ids: list[int], factory: TapdeckSessionFactory) -> dict[str, Any]:
+def worker_kwargs(
+    config: Any,
+    *,
+    model_name: str,
+    dataset: Any,
+    processing_class: Any,
+    eos_ids: list[int],
+    factory: TapdeckSessionFactory,
+) -> dict[str, Any]:
     """`HarnessRolloutWorker`'s kwargs: what AsyncGRPOTrainer gives its own worker, from the same
     config, plus the session factory. No reward functions: the harness's verifier is the reward.
     The vLLM URL is the weight-sync server's; in loop-owning mode the loop never samples from it."""
-    return {"harness_session_factory": factory, "lossless_capture": True,
-            "model_name": model_name, "dataset": dataset, "reward_funcs": [],
-            "processing_class": processing_class, "eos_token_ids": eos_ids,
-            "num_generations": config.num_generations, "max_inflight_tasks": config.max_inflight_tasks,
-            "queue_maxsize": config.queue_maxsize, "vllm_server_url": config.vllm_server_base_url,
-            "max_tokens": config.max_completion_length, "temperature": config.temperature,
-            "top_p": config.top_p, "top_k": config.top_k, "min_p": config.min_p,
-            "repetition_penalty": config.repetition_penalty, "request_timeout": config.request_timeout,
-            "chat_template_kwargs": config.chat_template_kwargs,
-            "max_tool_calling_iterations": config.max_tool_calling_iterations,
-            "log_completions": config.log_completions,
-            "num_completions_to_print": config.num_completions_to_print,
-            "fork_threshold_tokens": config.fork_threshold_tokens}
+    return {
+        "harness_session_factory": factory,
+        "lossless_capture": True,
+        "model_name": model_name,
+        "dataset": dataset,
+        "reward_funcs": [],
+        "processing_class": processing_class,
+        "eos_token_ids": eos_ids,
+        "num_generations": config.num_generations,
+        "max_inflight_tasks": config.max_inflight_tasks,
+        "queue_maxsize": config.queue_maxsize,
+        "vllm_server_url": config.vllm_server_base_url,
+        "max_tokens": config.max_completion_length,
+        "temperature": config.temperature,
+        "top_p": config.top_p,
+        "top_k": config.top_k,
+        "min_p": config.min_p,
+        "repetition_penalty": config.repetition_penalty,
+        "request_timeout": config.request_timeout,
+        "chat_template_kwargs": config.chat_template_kwargs,
+        "max_tool_calling_iterations": config.max_tool_calling_iterations,
+        "log_completions": config.log_completions,
+        "num_completions_to_print": config.num_completions_to_print,
+        "fork_threshold_tokens": config.fork_threshold_tokens,
+    }
 
 
 def launch_names(explicit_run_name: str | None, output_dir: Path | None) -> tuple[str, Path]:
     """A run name and output dir unique to this launch (tapdeck's launcher passes a unique run id)."""
-    name = explicit_run_name or os.environ.get("TAPDECK_TRAIN_RUN_ID") \
+    name = (
+        explicit_run_name
+        or os.environ.get("TAPDECK_TRAIN_RUN_ID")
         or f"grpo-trl-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    )
     if output_dir is None:
         trackio_dir = os.environ.get("TRACKIO_DIR")
-        output_dir = (Path(trackio_dir).parent / "checkpoints" if trackio_dir
-                      else Path("grpo-trl-runs") / name)
+        output_dir = Path(trackio_dir).parent / "checkpoints" if trackio_dir else Path("grpo-trl-runs") / name
     return name, output_dir
 
 
 def arg_parser() -> argparse.ArgumentParser:
     """The recipe's options (defaults from TRL's Harbor example, see the reference)."""
-    p = argparse.ArgumentParser(prog="tapdeck.runner.recipes.grpo_trl", allow_abbrev=False,
-                                description="TRL AsyncGRPO on rollouts served by tapdeck (GPU box).")
+    p = argparse.ArgumentParser(
+        prog="tapdeck.runner.recipes.grpo_trl",
+        allow_abbrev=False,
+        description="TRL AsyncGRPO on rollouts served by tapdeck (GPU box).",
+    )
     p.add_argument("--server", default="http://127.0.0.1:8300", help="tapdeck server URL.")
     p.add_argument("--admin-key", default=None)
     p.add_argument("--data-dir", type=Path, default=None, help="Where the server's admin.key is.")
-    p.add_argument("--ca-file", default=os.environ.get(CA_FILE_ENV),
-                   help=f"PEM certificates to trust for an https:// server (default ${CA_FILE_ENV}; "
-                        "else the public CAs).")
+    p.add_argument(
+        "--ca-file",
+        default=os.environ.get(CA_FILE_ENV),
+        help=f"PEM certificates to trust for an https:// server (default ${CA_FILE_ENV}; "
+        "else the public CAs).",
+    )
     p.add_argument("--model", default="Qwen/Qwen3.5-2B", help="Policy model (the one vLLM serves).")
-    p.add_argument("--vllm-url", default="http://localhost:8000",
-                   help="vLLM server the trainer syncs weights into (AsyncGRPOConfig.vllm_server_base_url).")
-    p.add_argument("--engine-url", default=None,
-                   help="Engine the tapdeck rollouts sample from: a URL, or `embedded` for the "
-                        "server's default engine (default: VLLM_URL/v1).")
-    p.add_argument("--run", default=None,
-                   help="A tapdeck rollout run: train on its plan's dataset, tasks, harness and sandbox.")
+    p.add_argument(
+        "--vllm-url",
+        default="http://localhost:8000",
+        help="vLLM server the trainer syncs weights into (AsyncGRPOConfig.vllm_server_base_url).",
+    )
+    p.add_argument(
+        "--engine-url",
+        default=None,
+        help="Engine the tapdeck rollouts sample from: a URL, or `embedded` for the "
+        "server's default engine (default: VLLM_URL/v1).",
+    )
+    p.add_argument(
+        "--run",
+        default=None,
+        help="A tapdeck rollout run: train on its plan's dataset, tasks, harness and sandbox.",
+    )
     p.add_argument("--dataset", default=None, help="tapdeck dataset (default: the sample dataset).")
     p.add_argument("--tasks", nargs="+", default=None, help="Task names (default: all of the dataset).")
     p.add_argument("--harness", default=None, help="Default terminus-2.")
@@ -325,19 +443,31 @@ def arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-inflight", type=int, default=8)
     p.add_argument("--max-steps", type=int, default=20)
     p.add_argument("--learning-rate", type=float, default=1e-6)
-    p.add_argument("--temperature", type=float, default=1.0,
-                   help="Sampling temperature: the trainer's, enforced on every capture session.")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=1.0,
+        help="Sampling temperature: the trainer's, enforced on every capture session.",
+    )
     p.add_argument("--max-completion-length", type=int, default=1024)
     p.add_argument("--max-staleness", type=int, default=4)
     p.add_argument("--per-device-batch", type=int, default=4)
     p.add_argument("--tool-call-parser", default="hermes", help="For --print-vllm-command.")
-    p.add_argument("--output-dir", type=Path, default=None,
-                   help="Checkpoints (default: the tapdeck run's folder, else grpo-trl-runs/RUN_NAME).")
+    p.add_argument(
+        "--output-dir",
+        type=Path,
+        default=None,
+        help="Checkpoints (default: the tapdeck run's folder, else grpo-trl-runs/RUN_NAME).",
+    )
     p.add_argument("--project", default=os.environ.get("TAPDECK_TRAIN_PROJECT", "tapdeck"))
-    p.add_argument("--run-name", default=None,
-                   help="trackio run name (default: the launcher's run id, else a fresh unique name).")
-    p.add_argument("--print-vllm-command", action="store_true",
-                   help="Print the vLLM command this recipe needs and exit.")
+    p.add_argument(
+        "--run-name",
+        default=None,
+        help="trackio run name (default: the launcher's run id, else a fresh unique name).",
+    )
+    p.add_argument(
+        "--print-vllm-command", action="store_true", help="Print the vLLM command this recipe needs and exit."
+    )
     return p
 
 
@@ -346,13 +476,20 @@ def factory_from_args(args: argparse.Namespace, plan: RunPlan | None = None) -> 
     plan = plan or RunPlan()
     template = plan.rollout
     return TapdeckSessionFactory(
-        server=args.server, admin_key=read_admin_key(args.admin_key, args.data_dir), ca_file=args.ca_file,
-        dataset=args.dataset or plan.dataset, harness=args.harness or template.harness,
+        server=args.server,
+        admin_key=read_admin_key(args.admin_key, args.data_dir),
+        ca_file=args.ca_file,
+        dataset=args.dataset or plan.dataset,
+        harness=args.harness or template.harness,
         sandbox=args.sandbox or template.sandbox,
-        engine=args.engine_url or args.vllm_url.rstrip("/") + "/v1", engine_model=args.model,
-        timeout_s=args.timeout_s, reward_key=args.reward_key or template.reward_key,
-        settings=template.settings, call_budget=args.call_budget or template.call_budget,
-        group_size=args.num_generations)
+        engine=args.engine_url or args.vllm_url.rstrip("/") + "/v1",
+        engine_model=args.model,
+        timeout_s=args.timeout_s,
+        reward_key=args.reward_key or template.reward_key,
+        settings=template.settings,
+        call_budget=args.call_budget or template.call_budget,
+        group_size=args.num_generations,
+    )
 
 
 def training_stack() -> SimpleNamespace:
@@ -363,9 +500,14 @@ def training_stack() -> SimpleNamespace:
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
     from trl.experimental.async_grpo.openenv_harness import HarnessRolloutWorker
 
-    return SimpleNamespace(Dataset=Dataset, AutoTokenizer=AutoTokenizer, GenerationConfig=GenerationConfig,
-                           AsyncGRPOConfig=AsyncGRPOConfig, AsyncGRPOTrainer=AsyncGRPOTrainer,
-                           HarnessRolloutWorker=HarnessRolloutWorker)
+    return SimpleNamespace(
+        Dataset=Dataset,
+        AutoTokenizer=AutoTokenizer,
+        GenerationConfig=GenerationConfig,
+        AsyncGRPOConfig=AsyncGRPOConfig,
+        AsyncGRPOTrainer=AsyncGRPOTrainer,
+        HarnessRolloutWorker=HarnessRolloutWorker,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -395,22 +537,38 @@ def main(argv: list[str] | None = None) -> int:
     try:
         stack = training_stack()
     except ImportError as exc:
-        print(f"grpo-trl: needs trl 1.16, torch, openenv and datasets (the training environment, "
-              f"scripts/train-env.sh) and vllm on a GPU box: {exc}", file=sys.stderr)
+        print(
+            f"grpo-trl: needs trl 1.16, torch, openenv and datasets (the training environment, "
+            f"scripts/train-env.sh) and vllm on a GPU box: {exc}",
+            file=sys.stderr,
+        )
         return 3
     run_name, output_dir = launch_names(args.run_name, args.output_dir)
     print(f"grpo-trl: run {run_name}, {len(tasks)} task(s), output {output_dir}")
     config = stack.AsyncGRPOConfig(**config_kwargs(args, run_name=run_name, output_dir=output_dir))
     tokenizer = stack.AutoTokenizer.from_pretrained(args.model)
-    eos_ids = eos_token_ids(stack.GenerationConfig.from_pretrained(args.model).eos_token_id,
-                            tokenizer.eos_token_id)
+    eos_ids = eos_token_ids(
+        stack.GenerationConfig.from_pretrained(args.model).eos_token_id, tokenizer.eos_token_id
+    )
     dataset = stack.Dataset.from_list(dataset_rows(list(tasks)))
     # Not run here: the worker's constructor needs vllm, and the trainer a GPU and a vLLM server.
-    worker = stack.HarnessRolloutWorker(**worker_kwargs(config, model_name=args.model, dataset=dataset,
-                                                        processing_class=tokenizer, eos_ids=eos_ids,
-                                                        factory=factory))
-    trainer = stack.AsyncGRPOTrainer(model=args.model, args=config, train_dataset=dataset,
-                                     processing_class=tokenizer, rollout_worker=worker)
+    worker = stack.HarnessRolloutWorker(
+        **worker_kwargs(
+            config,
+            model_name=args.model,
+            dataset=dataset,
+            processing_class=tokenizer,
+            eos_ids=eos_ids,
+            factory=factory,
+        )
+    )
+    trainer = stack.AsyncGRPOTrainer(
+        model=args.model,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        rollout_worker=worker,
+    )
     trainer.train()
     return 0
 

@@ -18,9 +18,16 @@ from tapdeck.runner.sandboxes.output_tail import OutputTail
 POLL_S = 0.05
 DRAIN_AFTER_EXIT_S = 0.5
 
-async def run_command(argv: list[str], env: dict[str, str], timeout_sec: int | None,
-                      on_output: OutputCallback | None, *, output_limit: int,
-                      logger: logging.Logger) -> ExecResult:
+
+async def run_command(
+    argv: list[str],
+    env: dict[str, str],
+    timeout_sec: int | None,
+    on_output: OutputCallback | None,
+    *,
+    output_limit: int,
+    logger: logging.Logger,
+) -> ExecResult:
     """Run `argv` in a session of its own with `env`; its exit code and the last `output_limit`
     bytes of each stream (`on_output` gets all of it). On timeout the process group is killed and
     RuntimeError raised (as Harbor's docker environment does)."""
@@ -45,8 +52,9 @@ async def run_command(argv: list[str], env: dict[str, str], timeout_sec: int | N
     # Both are pipes (PIPE above), so asyncio gave the process a reader for each.
     assert process.stdout is not None and process.stderr is not None
     out, err = OutputTail(output_limit), OutputTail(output_limit)
-    pumps = asyncio.ensure_future(asyncio.gather(pump(process.stdout, "stdout", out),
-                                                 pump(process.stderr, "stderr", err)))
+    pumps = asyncio.ensure_future(
+        asyncio.gather(pump(process.stdout, "stdout", out), pump(process.stderr, "stderr", err))
+    )
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_sec if timeout_sec else None
     try:
@@ -68,14 +76,18 @@ async def run_command(argv: list[str], env: dict[str, str], timeout_sec: int | N
         if not pumps.done():
             pumps.cancel()
             # Private (so not in the stubs), but the only handle that closes our ends of the pipes.
-            process._transport.close()  # type: ignore[attr-defined]  # noqa: SLF001
+            process._transport.close()  # type: ignore[attr-defined]
         with contextlib.suppress(BaseException):
             await pumps
     return_code = await process.wait()
     for name, tail in (("stdout", out), ("stderr", err)):
         if tail.dropped:
-            logger.warning("host sandbox kept the last %d bytes of a command's %s and cut "
-                           "%d before them", tail.limit, name, tail.dropped)
+            logger.warning(
+                "host sandbox kept the last %d bytes of a command's %s and cut %d before them",
+                tail.limit,
+                name,
+                tail.dropped,
+            )
     return ExecResult(stdout=out.text(), stderr=err.text(), return_code=return_code)
 
 

@@ -17,7 +17,8 @@ def host_path(sandbox_path: str, *, workdir: str, binds: dict[str, Path], holder
     path = posixpath.normpath(posixpath.join(workdir, sandbox_path))
     best = max(
         (t for t in binds if path == t or path.startswith(t.rstrip("/") + "/")),
-        key=len, default=None,
+        key=len,
+        default=None,
     )
     if best is None:
         return Path(f"/proc/{holder_pid}/root") / path.lstrip("/")

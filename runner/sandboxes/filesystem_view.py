@@ -19,8 +19,16 @@ def _parents_first(binds: dict[str, Path]) -> list[tuple[str, Path]]:
     return sorted(binds.items(), key=lambda kv: kv[0].count("/"))
 
 
-def as_root_script(trial_root: Path, staging: str, binds: dict[str, Path], private_dirs: list[str],
-                   hidden_paths: list[str], logger: logging.Logger, *, no_network: bool) -> str:
+def as_root_script(
+    trial_root: Path,
+    staging: str,
+    binds: dict[str, Path],
+    private_dirs: list[str],
+    hidden_paths: list[str],
+    logger: logging.Logger,
+    *,
+    no_network: bool,
+) -> str:
     """Bash, run in the trial's namespaces as root: the binds over the real paths (their mount
     points exist, claimed on the host or under a private parent), `private_dirs` made (mode 700),
     the trial's own /proc, the hidden paths covered, and loopback up when cut off from the
@@ -46,8 +54,9 @@ def as_root_script(trial_root: Path, staging: str, binds: dict[str, Path], priva
     return "\n".join(script)
 
 
-def rootless_script(rootfs: Path, binds: dict[str, Path], hidden_paths: list[str],
-                    logger: logging.Logger, *, no_network: bool) -> str:
+def rootless_script(
+    rootfs: Path, binds: dict[str, Path], hidden_paths: list[str], logger: logging.Logger, *, no_network: bool
+) -> str:
     """Bash for the rootless holder: host top-level entries into `rootfs`, the binds, the hidden
     paths covered, then chroot. RuntimeError for a bound path it would have to make inside a host
     directory (that needs root)."""
@@ -57,8 +66,11 @@ def rootless_script(rootfs: Path, binds: dict[str, Path], hidden_paths: list[str
     # trial's pids. A kernel that refuses proc in a user namespace (a host proc partly hidden,
     # as in some containers) gets the host's, where pids inside and in /proc differ.
     proc = shlex.quote(f"{root}/proc")
-    lines = ["set -e", f"mkdir {proc}",
-             f"mount -t proc proc {proc} 2>/dev/null || mount --rbind /proc {proc}"]
+    lines = [
+        "set -e",
+        f"mkdir {proc}",
+        f"mount -t proc proc {proc} 2>/dev/null || mount --rbind /proc {proc}",
+    ]
     for entry in sorted(os.listdir("/")):
         if entry in whole or entry == "proc":
             continue
@@ -74,7 +86,8 @@ def rootless_script(rootfs: Path, binds: dict[str, Path], hidden_paths: list[str
         if top not in whole and not os.path.isdir(target):
             raise RuntimeError(
                 f"rootless host sandbox cannot make {target}: /{top} is the host's own "
-                "directory (making it there would need root); use a top-level workdir")
+                "directory (making it there would need root); use a top-level workdir"
+            )
         point = shlex.quote(f"{root}{target}")
         lines.append(f"mkdir -p {point} && mount --bind {shlex.quote(str(host_dir))} {point}")
     lines += hide_script(hidden_paths, binds, root, logger)
@@ -84,20 +97,23 @@ def rootless_script(rootfs: Path, binds: dict[str, Path], hidden_paths: list[str
     return "\n".join(lines)
 
 
-def hide_script(hidden_paths: list[str], binds: dict[str, Path], root: str,
-                logger: logging.Logger) -> list[str]:
+def hide_script(
+    hidden_paths: list[str], binds: dict[str, Path], root: str, logger: logging.Logger
+) -> list[str]:
     """Bash covering each hidden path that the trial would see (under `root`) with an empty
     read-only tmpfs. A path holding a bound one (say `/`) is left, with a warning: covering it
     would hide the trial's own directories."""
     lines = []
     for path in hidden_paths:
         if any(t == path or t.startswith(path.rstrip("/") + "/") for t in binds):
-            logger.warning("host sandbox cannot hide %s: it holds the trial's own %s",
-                           path, ", ".join(sorted(binds)))
+            logger.warning(
+                "host sandbox cannot hide %s: it holds the trial's own %s", path, ", ".join(sorted(binds))
+            )
             continue
         point = shlex.quote(f"{root}{path}")
-        lines.append(f"if [ -d {point} ]; then "
-                     f"mount -t tmpfs -o ro,mode=0555,size=4k tapdeck-hidden {point}; fi")
+        lines.append(
+            f"if [ -d {point} ]; then mount -t tmpfs -o ro,mode=0555,size=4k tapdeck-hidden {point}; fi"
+        )
     return lines
 
 

@@ -70,7 +70,7 @@ from tapdeck.runner.harbor_api import (
 from tapdeck.runner.sandboxes.environment_definition import compose_services, dockerfile_workdir
 from tapdeck.runner.sandboxes.exec_command import run_command
 from tapdeck.runner.sandboxes.file_copies import copy_dir, copy_file, host_path
-from tapdeck.runner.sandboxes.filesystem_view import as_root_script, hide_script, rootless_script
+from tapdeck.runner.sandboxes.filesystem_view import as_root_script, rootless_script
 from tapdeck.runner.sandboxes.loopback_relay import LoopbackRelay
 from tapdeck.runner.sandboxes.mount_points import STATE_DIR, MountPoints
 from tapdeck.runner.sandboxes.namespaces import (
@@ -106,6 +106,7 @@ LIMITATIONS = (
     "the host); NOT a security boundary (real host users, filesystem, processes and network)"
 )
 
+
 def check(rootless: bool | None = None) -> tuple[bool, str]:
     """Whether the host sandbox can run here, without raising: `(ok, why)`.
 
@@ -124,16 +125,23 @@ def check(rootless: bool | None = None) -> tuple[bool, str]:
     argv = ["unshare", *(ROOTLESS_UNSHARE if rootless else ROOT_UNSHARE)]
     what = "a user namespace" if rootless else "mount and PID namespaces"
     try:
-        probe = subprocess.run([*argv, "--", "true"], capture_output=True, text=True,
-                               timeout=_CHECK_TIMEOUT_S, check=False)
+        probe = subprocess.run(
+            [*argv, "--", "true"], capture_output=True, text=True, timeout=_CHECK_TIMEOUT_S, check=False
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return False, f"host sandbox could not create {what} ({exc}); {LIMITATIONS}"
     if probe.returncode != 0:
-        need = ("unprivileged user namespaces, which this system refuses (see "
-                "/proc/sys/user/max_user_namespaces and kernel.apparmor_restrict_unprivileged_userns)"
-                "; or run as root" if rootless else "CAP_SYS_ADMIN")
-        return False, (f"host sandbox could not create {what} (needs {need}): "
-                       f"{probe.stderr.strip() or probe.returncode}; {LIMITATIONS}")
+        need = (
+            "unprivileged user namespaces, which this system refuses (see "
+            "/proc/sys/user/max_user_namespaces and kernel.apparmor_restrict_unprivileged_userns)"
+            "; or run as root"
+            if rootless
+            else "CAP_SYS_ADMIN"
+        )
+        return False, (
+            f"host sandbox could not create {what} (needs {need}): "
+            f"{probe.stderr.strip() or probe.returncode}; {LIMITATIONS}"
+        )
     mode = "rootless, as this user (seen as root inside)" if rootless else "as root"
     return True, f"available ({mode}): {LIMITATIONS}"
 
@@ -203,9 +211,7 @@ class HostSandbox(BaseEnvironment):
         self._inner_relays: list[asyncio.subprocess.Process] = []
         super().__init__(*args, **kwargs)
         self.workdir = (
-            self.task_env_config.workdir
-            or dockerfile_workdir(self.environment_dir)
-            or DEFAULT_WORKDIR
+            self.task_env_config.workdir or dockerfile_workdir(self.environment_dir) or DEFAULT_WORKDIR
         )
 
     @staticmethod
@@ -227,7 +233,8 @@ class HostSandbox(BaseEnvironment):
             raise ValueError(
                 f"host sandbox cannot start compose service(s) {', '.join(others)}: use a "
                 f"container sandbox (--sandbox docker) for this task; the host sandbox runs one "
-                f"environment as host processes ({self.environment_dir}/docker-compose.yaml)")
+                f"environment as host processes ({self.environment_dir}/docker-compose.yaml)"
+            )
 
     @classmethod
     def preflight(cls) -> None:
@@ -284,8 +291,11 @@ class HostSandbox(BaseEnvironment):
             self.logger.debug("host sandbox ignores %s/Dockerfile", self.environment_dir)
         abandoned = await asyncio.to_thread(remove_abandoned, self._base_dir)
         if abandoned:
-            self.logger.info("host sandbox removed %d trial folder(s) a dead process left: %s",
-                             len(abandoned), ", ".join(map(str, abandoned)))
+            self.logger.info(
+                "host sandbox removed %d trial folder(s) a dead process left: %s",
+                len(abandoned),
+                ", ".join(map(str, abandoned)),
+            )
         targets = self._make_trial_dirs()
         if self._rootless:
             await self._start_rootless()
@@ -303,10 +313,14 @@ class HostSandbox(BaseEnvironment):
             await relay.start()
             self._relays.append(relay)
             inner = await asyncio.create_subprocess_exec(
-                *self._nsenter_net(), *relay.inner_command(str(self._binds["/tmp"] / name)),
-                env=self._base_env("/root"), stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                start_new_session=True)
+                *self._nsenter_net(),
+                *relay.inner_command(str(self._binds["/tmp"] / name)),
+                env=self._base_env("/root"),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+            )
             self._inner_relays.append(inner)
             # Both are pipes (PIPE above), so asyncio gave the process a reader for each.
             assert inner.stdout is not None and inner.stderr is not None
@@ -316,8 +330,10 @@ class HostSandbox(BaseEnvironment):
                 line = b""
             if line.strip() != b"ready":
                 err = (await inner.stderr.read()).decode(errors="replace") if inner.returncode else ""
-                raise RuntimeError(f"host sandbox could not relay loopback port {port} into the "
-                                   f"trial's network namespace: {err.strip() or 'no answer'}")
+                raise RuntimeError(
+                    f"host sandbox could not relay loopback port {port} into the "
+                    f"trial's network namespace: {err.strip() or 'no answer'}"
+                )
 
     def _make_trial_dirs(self) -> list[str]:
         """The per-trial host directories, one per bound path; returns the bound paths."""
@@ -347,8 +363,11 @@ class HostSandbox(BaseEnvironment):
         assert self._root is not None
         parent = str(self._root.parent.resolve())
         for target in targets:
-            if parent == target or (parent + "/").startswith(target.rstrip("/") + "/") \
-                    or target.startswith(parent.rstrip("/") + "/"):
+            if (
+                parent == target
+                or (parent + "/").startswith(target.rstrip("/") + "/")
+                or target.startswith(parent.rstrip("/") + "/")
+            ):
                 return None
         return parent
 
@@ -364,13 +383,18 @@ class HostSandbox(BaseEnvironment):
         await self._spawn_holder(["unshare", *ROOT_UNSHARE], ["sleep", "infinity"])
 
         assert self._root is not None
-        script = as_root_script(self._root, staging, self._binds, [self._tmux_tmpdir, PRIVATE_HOME],
-                                self._hidden_paths, self.logger, no_network=self.no_network)
+        script = as_root_script(
+            self._root,
+            staging,
+            self._binds,
+            [self._tmux_tmpdir, PRIVATE_HOME],
+            self._hidden_paths,
+            self.logger,
+            no_network=self.no_network,
+        )
         result = await self._run_in_namespace(["bash", "-c", script], timeout_sec=30)
         if result.return_code != 0:
-            raise RuntimeError(
-                f"host sandbox could not set up its mounts: {result.stderr or result.stdout}"
-            )
+            raise RuntimeError(f"host sandbox could not set up its mounts: {result.stderr or result.stdout}")
 
     async def _start_rootless(self) -> None:
         """The holder builds the trial's root directory in its own namespaces, then chroots."""
@@ -380,8 +404,9 @@ class HostSandbox(BaseEnvironment):
             (tmp / posixpath.relpath(private, "/tmp")).mkdir(mode=0o700, parents=True, exist_ok=True)
         rootfs = self._root / "rootfs"
         rootfs.mkdir()
-        await self._spawn_holder(["unshare", *ROOTLESS_UNSHARE],
-                                 ["bash", "-c", self._rootless_script(rootfs)])
+        await self._spawn_holder(
+            ["unshare", *ROOTLESS_UNSHARE], ["bash", "-c", self._rootless_script(rootfs)]
+        )
 
     async def _spawn_holder(self, unshare: list[str], command: list[str]) -> None:
         """Start the holder (`command` ends as `sleep infinity` in the new namespaces), wait for
@@ -389,7 +414,9 @@ class HostSandbox(BaseEnvironment):
         if self.no_network:
             unshare = [*unshare, "--net"]
         self._holder = await asyncio.create_subprocess_exec(
-            *unshare, "--", *command,
+            *unshare,
+            "--",
+            *command,
             # The holder is the trial's first process, its environment readable there (/proc/1/environ
             # in the rootless namespace): never the server's, which holds provider and admin keys.
             env=self._base_env("/root"),
@@ -404,8 +431,9 @@ class HostSandbox(BaseEnvironment):
 
     def _rootless_script(self, rootfs: Path) -> str:
         """Bash for the rootless holder: host top-level entries into `rootfs`, the binds, then chroot."""
-        return rootless_script(rootfs, self._binds, self._hidden_paths, self.logger,
-                               no_network=self.no_network)
+        return rootless_script(
+            rootfs, self._binds, self._hidden_paths, self.logger, no_network=self.no_network
+        )
 
     async def stop(self, delete: bool) -> None:
         """Kill every process in the trial's mount namespace, then remove the per-trial dirs.
@@ -492,17 +520,30 @@ class HostSandbox(BaseEnvironment):
             if self._rootless:
                 raise RuntimeError(
                     f"the rootless host sandbox runs every command as the invoking user (seen as "
-                    f"root inside); it cannot run one as {name!r}: run tapdeck as root for that")
+                    f"root inside); it cannot run one as {name!r}: run tapdeck as root for that"
+                )
             argv += ["runuser", "-u", name, "--"]
         workdir = cwd or self.workdir
         argv += ["bash", "-c", f"cd {shlex.quote(workdir)} && {command}"]
         process_env = {**self._base_env(home), **(self._merge_env(env) or {})}
-        return await run_command(argv, process_env, timeout_sec, self._output_callback(),
-                                 output_limit=self._output_limit, logger=self.logger)
+        return await run_command(
+            argv,
+            process_env,
+            timeout_sec,
+            self._output_callback(),
+            output_limit=self._output_limit,
+            logger=self.logger,
+        )
 
     async def _run_in_namespace(self, argv: list[str], timeout_sec: int) -> ExecResult:
-        return await run_command(self._nsenter() + argv, self._base_env("/root"), timeout_sec, None,
-                                 output_limit=self._output_limit, logger=self.logger)
+        return await run_command(
+            self._nsenter() + argv,
+            self._base_env("/root"),
+            timeout_sec,
+            None,
+            output_limit=self._output_limit,
+            logger=self.logger,
+        )
 
     @staticmethod
     def _host_user(user: str | int | None) -> tuple[str, str]:
@@ -524,8 +565,7 @@ class HostSandbox(BaseEnvironment):
         (`/proc/<holder>/root`, the namespace's own view: for such paths the real host)."""
         if self._init_pid is None:
             raise RuntimeError("host sandbox is not started")
-        return host_path(sandbox_path, workdir=self.workdir, binds=self._binds,
-                         holder_pid=self._init_pid)
+        return host_path(sandbox_path, workdir=self.workdir, binds=self._binds, holder_pid=self._init_pid)
 
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
         """Copy a host file to `target_path` in the sandbox (parents created)."""

@@ -17,6 +17,7 @@ import socket
 import sys
 from pathlib import Path
 
+
 async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     try:
         while data := await reader.read(65536):

@@ -141,6 +141,18 @@ def nsenter_net_argv(init_pid: int, *, rootless: bool) -> list[str]:
     return [*argv, "--"]
 
 
-__all__ = ["HOLDER_READY_TIMEOUT_S", "PID_NAMESPACE", "ROOTLESS_UNSHARE", "ROOT_UNSHARE", "children",
-           "die_with_parent", "kill_namespace", "mount_namespace", "nsenter_argv", "nsenter_net_argv",
-           "pin_namespace", "processes_in_namespace", "wait_for_holder"]
+__all__ = [
+    "HOLDER_READY_TIMEOUT_S",
+    "PID_NAMESPACE",
+    "ROOTLESS_UNSHARE",
+    "ROOT_UNSHARE",
+    "children",
+    "die_with_parent",
+    "kill_namespace",
+    "mount_namespace",
+    "nsenter_argv",
+    "nsenter_net_argv",
+    "pin_namespace",
+    "processes_in_namespace",
+    "wait_for_holder",
+]

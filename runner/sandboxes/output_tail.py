@@ -49,5 +49,7 @@ class OutputTail:
         kept = b"".join(self._chunks).decode("utf-8", errors="replace")
         if not self.dropped:
             return kept
-        return (f"[tapdeck host sandbox: {self.dropped} earlier bytes of this output were cut; "
-                f"the last {self.limit} are kept]\n{kept}")
+        return (
+            f"[tapdeck host sandbox: {self.dropped} earlier bytes of this output were cut; "
+            f"the last {self.limit} are kept]\n{kept}"
+        )

@@ -41,9 +41,16 @@ WAIT_S = 300.0
 EPOCH = 1_700_000_000.0
 SEED = 7
 SYSTEM = {"role": "system", "content": "You are a shell agent. Answer with one shell command."}
-TOOLS = [{"type": "function", "function": {
-    "name": "bash", "description": "Run a shell command.",
-    "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a shell command.",
+            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]},
+        },
+    }
+]
 
 
 @contextmanager
@@ -78,14 +85,25 @@ class Driver:
         return reply.json()
 
     async def session(self, task: str, engine: dict[str, Any] | None = None) -> dict[str, Any]:
-        return await self.post("/admin/sessions", {"metadata": {"task": task}, "engine": engine,
-                                                   "alternatives": 3})
+        return await self.post(
+            "/admin/sessions", {"metadata": {"task": task}, "engine": engine, "alternatives": 3}
+        )
 
     async def chat(self, session: dict[str, Any], messages: list[dict[str, Any]], **extra: Any) -> dict:
-        body = {"model": "m", "messages": messages, "max_tokens": 24, "temperature": 1.0, "seed": SEED,
-                **extra}
-        reply = await self.http.post("/v1/chat/completions", json=body, timeout=WAIT_S,
-                                     headers={"Authorization": f"Bearer {session['api_key']}"})
+        body = {
+            "model": "m",
+            "messages": messages,
+            "max_tokens": 24,
+            "temperature": 1.0,
+            "seed": SEED,
+            **extra,
+        }
+        reply = await self.http.post(
+            "/v1/chat/completions",
+            json=body,
+            timeout=WAIT_S,
+            headers={"Authorization": f"Bearer {session['api_key']}"},
+        )
         reply.raise_for_status()
         return reply.json()["choices"][0]["message"]
 
@@ -95,23 +113,25 @@ class Driver:
                 await asyncio.sleep(0.5)
         return body
 
-
     async def cancel_once_running(self, run_id: str, rollout_id: str) -> None:
         """Cancel one rollout of a run once its agent has started (a failure the Runs screen counts)."""
         async with asyncio.timeout(WAIT_S):
-            while not any(r["rollout_id"] == rollout_id and r["phase"] == "agent"
-                          for r in (await self.get(f"/admin/runs/{run_id}"))["rollouts"]):
+            while not any(
+                r["rollout_id"] == rollout_id and r["phase"] == "agent"
+                for r in (await self.get(f"/admin/runs/{run_id}"))["rollouts"]
+            ):
                 await asyncio.sleep(0.2)
         await self.post(f"/admin/runs/{run_id}/rollouts/{rollout_id}/cancel")
 
 
 async def _train_events(http: httpx.AsyncClient, run_id: str) -> list[dict[str, Any]]:
     events = []
-    async with http.stream("GET", f"/admin/train/{run_id}/events",
-                           timeout=httpx.Timeout(10.0, read=WAIT_S)) as reply:
+    async with http.stream(
+        "GET", f"/admin/train/{run_id}/events", timeout=httpx.Timeout(10.0, read=WAIT_S)
+    ) as reply:
         async for line in reply.aiter_lines():
             if line.startswith("data: "):
-                events.append(json.loads(line[len("data: "):]))
+                events.append(json.loads(line[len("data: ") :]))
     return events
 
 
@@ -135,12 +155,22 @@ async def record_from(server: LocalServer, up: FakeVllm) -> dict[str, Any]:
         await api.chat(closed, [*talk, reply, {"role": "user", "content": "Make it executable."}])
         await http.delete(f"/admin/sessions/{closed['id']}")
 
-        oracle = await api.post("/admin/runs", {"harness": "oracle", "tasks": ["hello-file", "greet-script"],
-                                                "k": 2, "concurrency": 2})
+        oracle = await api.post(
+            "/admin/runs",
+            {"harness": "oracle", "tasks": ["hello-file", "greet-script"], "k": 2, "concurrency": 2},
+        )
         await api.until_ended(f"/admin/runs/{oracle['id']}")
-        agent = await api.post("/admin/runs", {"harness": "terminus-2", "tasks": ["hello-file", "greet-script"],
-                                               "k": 2, "concurrency": 4, "call_budget": 2,
-                                               "settings": {"max_turns": 2, "max_output_tokens": 48}})
+        agent = await api.post(
+            "/admin/runs",
+            {
+                "harness": "terminus-2",
+                "tasks": ["hello-file", "greet-script"],
+                "k": 2,
+                "concurrency": 4,
+                "call_budget": 2,
+                "settings": {"max_turns": 2, "max_output_tokens": 48},
+            },
+        )
         await api.cancel_once_running(agent["id"], f"{agent['id']}.g001r01")
         await api.until_ended(f"/admin/runs/{agent['id']}")
 
@@ -158,12 +188,23 @@ async def record_from(server: LocalServer, up: FakeVllm) -> dict[str, Any]:
         stuck = await api.session("json-config", engine={"url": up.base_url, "model": "smollm2"})
         ask = [SYSTEM, {"role": "user", "content": "Fix /app/config.json."}]
         reply = await api.chat(stuck, ask, tools=TOOLS)
-        call = {"id": "call_0", "type": "function",
-                "function": {"name": "bash", "arguments": json.dumps({"cmd": "cat /app/config.json"})}}
+        call = {
+            "id": "call_0",
+            "type": "function",
+            "function": {"name": "bash", "arguments": json.dumps({"cmd": "cat /app/config.json"})},
+        }
         observation = '{"name": "demo",\n "port": 80\n "debug": true}\n'
-        hung = asyncio.create_task(api.chat(stuck, [
-            *ask, {"role": "assistant", "content": reply.get("content") or "", "tool_calls": [call]},
-            {"role": "tool", "tool_call_id": "call_0", "content": observation}], tools=TOOLS))
+        hung = asyncio.create_task(
+            api.chat(
+                stuck,
+                [
+                    *ask,
+                    {"role": "assistant", "content": reply.get("content") or "", "tool_calls": [call]},
+                    {"role": "tool", "tool_call_id": "call_0", "content": observation},
+                ],
+                tools=TOOLS,
+            )
+        )
         async with asyncio.timeout(60):
             while up.held < 1:
                 await asyncio.sleep(0.1)
@@ -175,10 +216,16 @@ async def record_from(server: LocalServer, up: FakeVllm) -> dict[str, Any]:
         out["activity"] = {s["id"]: await api.get(f"/admin/sessions/{s['id']}/activity") for s in sessions}
         with_turns = [s["id"] for s in sessions if s["turns"]]
         out["rollouts"] = {sid: await api.get(f"/admin/sessions/{sid}/rollout") for sid in with_turns}
-        out["graphs"] = {sid: await api.get(f"/admin/sessions/{sid}/graph", params={"since": 0})
-                         for sid in with_turns}
-        out["turns"] = {sid: {str(t["seq"]): await api.get(f"/admin/sessions/{sid}/turns/{t['seq']}")
-                              for t in out["graphs"][sid]["turns"]} for sid in with_turns}
+        out["graphs"] = {
+            sid: await api.get(f"/admin/sessions/{sid}/graph", params={"since": 0}) for sid in with_turns
+        }
+        out["turns"] = {
+            sid: {
+                str(t["seq"]): await api.get(f"/admin/sessions/{sid}/turns/{t['seq']}")
+                for t in out["graphs"][sid]["turns"]
+            }
+            for sid in with_turns
+        }
         out["runs"] = (await api.get("/admin/runs"))["runs"]
         out["run_details"] = {r["id"]: await api.get(f"/admin/runs/{r['id']}") for r in out["runs"]}
 
@@ -204,8 +251,15 @@ def normalise(recording: dict[str, Any], data_dir: Path) -> dict[str, Any]:
     return _clocks(data, start)
 
 
-TIME_KEYS = {"seconds_since_last_call", "total", "environment_setup", "agent_setup", "agent_execution",
-             "verifier", "session_open"}
+TIME_KEYS = {
+    "seconds_since_last_call",
+    "total",
+    "environment_setup",
+    "agent_setup",
+    "agent_execution",
+    "verifier",
+    "session_open",
+}
 """Durations the server measured (they vary from one recording to the next): whole seconds."""
 
 
@@ -230,8 +284,12 @@ def record(data_dir: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    write_recording(record, FIXTURE, __doc__.splitlines()[0],
-                    lambda r: f"{len(r['sessions'])} sessions, {len(r['runs'])} runs")
+    write_recording(
+        record,
+        FIXTURE,
+        __doc__.splitlines()[0],
+        lambda r: f"{len(r['sessions'])} sessions, {len(r['runs'])} runs",
+    )
 
 
 if __name__ == "__main__":

@@ -25,14 +25,18 @@ ALL = list(commands(typer.main.get_command(app)))
 
 
 @pytest.mark.parametrize(("path", "command"), ALL, ids=[" ".join(p) or "tapdeck" for p, _ in ALL])
-def test_help_at_80_columns_shows_every_option_name_whole(path: tuple[str, ...],
-                                                          command: Any) -> None:
-    result = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "80", "TERM": "dumb"},
-                                terminal_width=80)
+def test_help_at_80_columns_shows_every_option_name_whole(path: tuple[str, ...], command: Any) -> None:
+    result = CliRunner().invoke(
+        app, [*path, "--help"], env={"COLUMNS": "80", "TERM": "dumb"}, terminal_width=80
+    )
     assert result.exit_code == 0, result.output
     assert max(len(line) for line in result.output.splitlines()) <= 80
-    names = [name for param in command.params if param.param_type_name == "option"
-             for name in (*param.opts, *param.secondary_opts)]
+    names = [
+        name
+        for param in command.params
+        if param.param_type_name == "option"
+        for name in (*param.opts, *param.secondary_opts)
+    ]
     assert "--help" in result.output
     for name in names:
         assert re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", result.output), (name, result.output)

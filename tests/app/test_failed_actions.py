@@ -26,8 +26,11 @@ def _notes(app: TapdeckApp) -> list[str]:
 
 def _app(hung_server: HungServer, mode: str) -> TapdeckApp:
     server = hung_server.server
-    return TapdeckApp(TapdeckClient(server.url, server.admin_key),
-                      settings_path=hung_server.settings_path, initial_mode=mode)
+    return TapdeckApp(
+        TapdeckClient(server.url, server.admin_key),
+        settings_path=hung_server.settings_path,
+        initial_mode=mode,
+    )
 
 
 @pytest.mark.medium
@@ -40,8 +43,11 @@ async def test_setup_start_with_a_bad_dataset_path_shows_the_servers_reason(hung
         screen.query_one("#dataset-path", Input).value = path
         # The picked dataset's hint names its own path, which may be under /tmp too: wait for the
         # hint that starts with the typed path.
-        await until(pilot, lambda: str(screen.query_one("#why-dataset").render()).startswith(f"{path}:"),
-                    "the typed path's hint")
+        await until(
+            pilot,
+            lambda: str(screen.query_one("#why-dataset").render()).startswith(f"{path}:"),
+            "the typed path's hint",
+        )
         hint = str(screen.query_one("#why-dataset").render())
         assert hint.startswith(f"{path}:") and "sample" not in hint
         with pytest.raises(ApiError) as refused:  # what the server says to this very plan
@@ -80,8 +86,12 @@ async def test_setup_start_warns_naming_each_task_folder_the_run_leaves_out(hung
             shown = next(app.screen.query("#failures").results(), None)
             return str(shown.render()) if shown is not None else ""
 
-        await until(pilot, lambda: "· 1 task folder left out" in failures_line(),
-                    "the run's left-out folder on Runs", 60)
+        await until(
+            pilot,
+            lambda: "· 1 task folder left out" in failures_line(),
+            "the run's left-out folder on Runs",
+            60,
+        )
 
 
 async def test_a_refused_start_toasts_the_servers_message_not_the_request_or_its_status(api_data):
@@ -98,8 +108,12 @@ async def test_a_refused_start_toasts_the_servers_message_not_the_request_or_its
     async with app.run_test(size=(80, 24)) as pilot:
         await until(pilot, lambda: app.screen.catalog is not None, "the catalog", 10)
         await pilot.press("ctrl+s")
-        await until(pilot, lambda: any((n.title or "").endswith("failed") for n in app._notifications),
-                    "the refusal as a notification", 10)
+        await until(
+            pilot,
+            lambda: any((n.title or "").endswith("failed") for n in app._notifications),
+            "the refusal as a notification",
+            10,
+        )
         [note] = [n for n in app._notifications if (n.title or "").endswith("failed")]
         assert note.message == reason  # not "POST /admin/runs refused (400): …"
         assert app.status == reason and app.status_level == "error"
@@ -107,8 +121,13 @@ async def test_a_refused_start_toasts_the_servers_message_not_the_request_or_its
 
 def _recorded(api_data: dict, clock: list[float], mode: str) -> TapdeckApp:
     client = TapdeckClient("http://tapdeck.test", "test-key", transport=recorded_transport(api_data))
-    return TapdeckApp(client, server_label="http://tapdeck.test", follow_events=False,
-                      clock=lambda: clock[0], initial_mode=mode)
+    return TapdeckApp(
+        client,
+        server_label="http://tapdeck.test",
+        follow_events=False,
+        clock=lambda: clock[0],
+        initial_mode=mode,
+    )
 
 
 @pytest.mark.medium
@@ -117,14 +136,18 @@ async def test_runs_x_asks_first_then_cancels_and_a_cancelled_run_says_so(hung_s
         screen = app.screen
         await until(pilot, lambda: screen.run_id == run.id, "the run on Runs", 60)
         await pilot.press("x")
-        await until(pilot, lambda: any("Press x again within 5 s" in n for n in _notes(app)),
-                    "the confirmation", 10)
+        await until(
+            pilot, lambda: any("Press x again within 5 s" in n for n in _notes(app)), "the confirmation", 10
+        )
         assert (await app.client.run(run.id)).state == "running"  # one press only asks
         await pilot.press("x")
-        await until(pilot, lambda: any(f"run {run.id} cancelled" in n for n in _notes(app)),
-                    "the cancel", 60)
-        await until(pilot, lambda: next(r for r in screen.runs if r.id == run.id).state != "running",
-                    "the run's end on Runs", 120)
+        await until(pilot, lambda: any(f"run {run.id} cancelled" in n for n in _notes(app)), "the cancel", 60)
+        await until(
+            pilot,
+            lambda: next(r for r in screen.runs if r.id == run.id).state != "running",
+            "the run's end on Runs",
+            120,
+        )
         state = next(r for r in screen.runs if r.id == run.id).state
         assert (await app.client.run(run.id)).state == state
         await pilot.press("x")
@@ -143,8 +166,9 @@ async def test_runs_x_confirmation_expires_and_a_finished_run_is_not_cancelled(a
         await pilot.press("x")  # too late: it asks again instead of cancelling
         await pilot.pause()
         assert sum("Press x again" in n for n in _notes(app)) == 2
-        assert not any("cancel" in (n.title or "") and "failed" in (n.title or "")
-                       for n in app._notifications)
+        assert not any(
+            "cancel" in (n.title or "") and "failed" in (n.title or "") for n in app._notifications
+        )
 
         finished = api_data["runs"][1]
         screen.query_one("#runs-table", DataTable).move_cursor(row=1)
@@ -211,8 +235,12 @@ async def test_sessions_x_confirmation_expires_and_a_failed_cancel_says_why(api_
         await pilot.pause()
         assert sum("Press x again within 5 s" in n for n in _notes(app)) == 2
         await pilot.press("x")  # in time: the recorded API knows no such rollout, and says so
-        await until(pilot, lambda: any((n.title or "").startswith("cancel-rollout failed")
-                                       for n in app._notifications), "the server's refusal", 10)
+        await until(
+            pilot,
+            lambda: any((n.title or "").startswith("cancel-rollout failed") for n in app._notifications),
+            "the server's refusal",
+            10,
+        )
 
 
 @pytest.mark.medium
@@ -228,8 +256,12 @@ async def test_setup_start_twice_with_the_same_plan_asks_before_a_second_run(hun
         await pilot.press("1")
         await until(pilot, lambda: app.screen is screen, "Setup again", 10)
         await pilot.press("ctrl+s")
-        await until(pilot, lambda: any("with this same plan is still running" in n
-                                       for n in _notes(app)), "the warning", 60)
+        await until(
+            pilot,
+            lambda: any("with this same plan is still running" in n for n in _notes(app)),
+            "the warning",
+            60,
+        )
         assert [r.id for r in await app.client.runs()] == [first.id]
         await pilot.press("ctrl+s")
         await until(pilot, lambda: app.current_mode == "sessions", "the second run's start", 60)

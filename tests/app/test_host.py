@@ -58,8 +58,9 @@ def test_a_lifespan_failure_at_start_up_frees_the_port(port_factory):
 
 def test_non_loopback_bind_without_admin_key_refused_before_binding(tmp_path: Path):
     with pytest.raises(ConfigError, match="--admin-key"):
-        LocalServer(ServerConfig(host="0.0.0.0", port=0, data_dir=tmp_path,
-                                 engine_url="http://127.0.0.1:1/v1")).start()
+        LocalServer(
+            ServerConfig(host="0.0.0.0", port=0, data_dir=tmp_path, engine_url="http://127.0.0.1:1/v1")
+        ).start()
     assert not (tmp_path / "admin.key").exists()
 
 
@@ -83,8 +84,9 @@ def test_a_second_server_on_a_data_dir_leaves_the_running_ones_admin_key_file(up
             # Clients that read admin.key (train/rollout --server) keep reaching the first server.
             assert second.admin_key_generated and not second.admin_key_written
             assert read_admin_key(tmp_path) == first.admin_key != second.admin_key
-            ok = httpx.get(f"{second.url}/admin/sessions",
-                           headers={"Authorization": f"Bearer {second.admin_key}"})
+            ok = httpx.get(
+                f"{second.url}/admin/sessions", headers={"Authorization": f"Bearer {second.admin_key}"}
+            )
             assert ok.status_code == 200
         finally:
             second.stop()
@@ -121,8 +123,9 @@ def test_a_restarted_server_keeps_the_admin_key_its_predecessor_wrote(upstream, 
 
 
 @pytest.mark.medium
-def test_serve_beside_a_running_server_does_not_claim_its_key_is_in_the_file(upstream, tmp_path: Path,
-                                                                               port_factory):
+def test_serve_beside_a_running_server_does_not_claim_its_key_is_in_the_file(
+    upstream, tmp_path: Path, port_factory
+):
     first = serve_process(port_factory(), tmp_path, upstream.base_url)
     second = None
     try:
@@ -150,28 +153,40 @@ def _key_line(proc) -> str:
 
 
 @pytest.mark.medium
-def test_stopping_the_server_ends_its_event_streams_cleanly_without_a_traceback(upstream, tmp_path: Path,
-                                                                             caplog):
+def test_stopping_the_server_ends_its_event_streams_cleanly_without_a_traceback(
+    upstream, tmp_path: Path, caplog
+):
     """Attached TUIs hold `/admin/events` open, and an agent's model call may wait on the engine: a
     Ctrl-C of `serve` cancelled each after uvicorn's grace period, with an `Exception in ASGI
     application` traceback apiece."""
     server = LocalServer(ServerConfig(port=0, data_dir=tmp_path, engine_url=upstream.base_url)).start()
     ended: list[str] = []
     answered: list = []
-    session = httpx.post(f"{server.url}/admin/sessions", json={},
-                         headers={"Authorization": f"Bearer {server.admin_key}"}).json()
+    session = httpx.post(
+        f"{server.url}/admin/sessions", json={}, headers={"Authorization": f"Bearer {server.admin_key}"}
+    ).json()
     upstream.delay = 120.0
 
     def call() -> None:
         try:
-            answered.append(httpx.post(f"{server.url}/v1/chat/completions", json=CHAT, timeout=120,
-                                       headers={"Authorization": f"Bearer {session['api_key']}"}))
+            answered.append(
+                httpx.post(
+                    f"{server.url}/v1/chat/completions",
+                    json=CHAT,
+                    timeout=120,
+                    headers={"Authorization": f"Bearer {session['api_key']}"},
+                )
+            )
         except httpx.HTTPError as exc:
             answered.append(exc)
 
     def follow() -> None:
-        with httpx.stream("GET", f"{server.url}/admin/events", timeout=60,
-                          headers={"Authorization": f"Bearer {server.admin_key}"}) as resp:
+        with httpx.stream(
+            "GET",
+            f"{server.url}/admin/events",
+            timeout=60,
+            headers={"Authorization": f"Bearer {server.admin_key}"},
+        ) as resp:
             try:
                 for _ in resp.iter_bytes():
                     pass
@@ -210,8 +225,11 @@ def test_restarted_server_lists_old_sessions_as_interrupted_and_exports_them(ups
         open_id = httpx.post(f"{first.url}/admin/sessions", json={}, headers=admin).json()
         closed = httpx.post(f"{first.url}/admin/sessions", json={}, headers=admin).json()
         for info in (open_id, closed):
-            r = httpx.post(f"{first.url}/v1/chat/completions", json=CHAT,
-                           headers={"Authorization": f"Bearer {info['api_key']}"})
+            r = httpx.post(
+                f"{first.url}/v1/chat/completions",
+                json=CHAT,
+                headers={"Authorization": f"Bearer {info['api_key']}"},
+            )
             assert r.status_code == 200, r.text
         httpx.delete(f"{first.url}/admin/sessions/{closed['id']}", headers=admin)
     finally:
@@ -220,7 +238,9 @@ def test_restarted_server_lists_old_sessions_as_interrupted_and_exports_them(ups
     second = LocalServer(cfg).start()
     try:
         admin = {"Authorization": f"Bearer {second.admin_key}"}
-        sessions = {s["id"]: s for s in httpx.get(f"{second.url}/admin/sessions", headers=admin).json()["sessions"]}
+        sessions = {
+            s["id"]: s for s in httpx.get(f"{second.url}/admin/sessions", headers=admin).json()["sessions"]
+        }
         assert sessions[open_id["id"]]["state"] == "interrupted"
         assert sessions[closed["id"]]["state"] == "closed"
         assert sessions[open_id["id"]]["turns"] == 1
@@ -233,8 +253,11 @@ def test_restarted_server_lists_old_sessions_as_interrupted_and_exports_them(ups
         trace = httpx.get(f"{second.url}/admin/sessions/{open_id['id']}/trace", headers=admin).json()
         assert len(trace["turns"]) == 1 and trace["turns"][0]["prompt_token_ids"]
         # the old key died with the old server
-        r = httpx.post(f"{second.url}/v1/chat/completions", json=CHAT,
-                       headers={"Authorization": f"Bearer {open_id['api_key']}"})
+        r = httpx.post(
+            f"{second.url}/v1/chat/completions",
+            json=CHAT,
+            headers={"Authorization": f"Bearer {open_id['api_key']}"},
+        )
         assert r.status_code == 401
     finally:
         second.stop()
@@ -255,14 +278,17 @@ def test_serve_cli_refuses_public_bind_and_names_a_held_port(tmp_path: Path):
     from tapdeck.app.cli import app
 
     runner = CliRunner()
-    res = runner.invoke(app, ["serve", "--host", "0.0.0.0", "--engine", "http://127.0.0.1:9/v1",
-                              "--data-dir", str(tmp_path)])
+    res = runner.invoke(
+        app, ["serve", "--host", "0.0.0.0", "--engine", "http://127.0.0.1:9/v1", "--data-dir", str(tmp_path)]
+    )
     assert res.exit_code == 2 and "--admin-key" in res.output
     holder = bind_socket("127.0.0.1", 0)
     port = holder.getsockname()[1]
     try:
-        res = runner.invoke(app, ["serve", "--port", str(port), "--engine", "http://127.0.0.1:9/v1",
-                                  "--data-dir", str(tmp_path)])
+        res = runner.invoke(
+            app,
+            ["serve", "--port", str(port), "--engine", "http://127.0.0.1:9/v1", "--data-dir", str(tmp_path)],
+        )
         assert res.exit_code == 2 and str(port) in res.output
     finally:
         holder.close()
@@ -283,7 +309,8 @@ def test_a_second_serve_on_a_held_port_says_only_that_the_port_is_held(tmp_path:
     assert res.exit_code == 2
     assert res.output.strip().splitlines() == [
         f"tapdeck serve: cannot bind 127.0.0.1:{port}: Address already in use (is another server already "
-        f"using port {port}?)"]
+        f"using port {port}?)"
+    ]
 
 
 def test_serve_cli_reads_the_admin_key_from_a_file_and_refuses_weak_ones_on_public_binds(tmp_path: Path):
@@ -321,8 +348,7 @@ def test_serve_freezes_what_start_up_built_and_collects_young_objects_less_often
 
 
 @pytest.mark.medium
-def test_a_restarted_server_counts_each_sessions_fatal_and_warn_findings_as_before(
-        upstream, tmp_path: Path):
+def test_a_restarted_server_counts_each_sessions_fatal_and_warn_findings_as_before(upstream, tmp_path: Path):
     """The Sessions board marks a session by its findings (and calls one with a FATAL failed):
     a restart must not wipe those counts from the sessions it lists."""
     cfg = ServerConfig(port=0, data_dir=tmp_path, engine_url=upstream.base_url)
@@ -338,8 +364,11 @@ def test_a_restarted_server_counts_each_sessions_fatal_and_warn_findings_as_befo
         ids = []
         for close in (True, False):
             info = httpx.post(f"{first.url}/admin/sessions", json={}, headers=admin).json()
-            r = httpx.post(f"{first.url}/v1/chat/completions", json=CHAT,  # cut at 4 tokens: WARN
-                           headers={"Authorization": f"Bearer {info['api_key']}"})
+            r = httpx.post(
+                f"{first.url}/v1/chat/completions",
+                json=CHAT,  # cut at 4 tokens: WARN
+                headers={"Authorization": f"Bearer {info['api_key']}"},
+            )
             assert r.status_code == 200, r.text
             if close:
                 httpx.delete(f"{first.url}/admin/sessions/{info['id']}", headers=admin)

@@ -19,8 +19,14 @@ def _recorded(api_data: dict, run_state: str, *, owns_server: bool) -> TapdeckAp
     data = copy.deepcopy(api_data)
     data["runs"][0]["state"] = run_state
     client = TapdeckClient("http://tapdeck.test", "test-key", transport=recorded_transport(data))
-    return TapdeckApp(client, server_label="http://tapdeck.test", follow_events=False,
-                      clock=lambda: FROZEN_NOW, initial_mode="sessions", owns_server=owns_server)
+    return TapdeckApp(
+        client,
+        server_label="http://tapdeck.test",
+        follow_events=False,
+        clock=lambda: FROZEN_NOW,
+        initial_mode="sessions",
+        owns_server=owns_server,
+    )
 
 
 def _notes(app: TapdeckApp) -> list[str]:
@@ -39,10 +45,12 @@ async def test_q_with_a_run_going_on_its_own_server_asks_once_more_then_quits(ap
         await until(pilot, lambda: not app.is_running, "the quit", 10)
 
 
-@pytest.mark.parametrize(("run_state", "owns_server"), [("finished", True), ("running", False)],
-                         ids=["nothing-running", "attached"])
-async def test_q_quits_at_once_when_nothing_runs_or_the_server_is_elsewhere(api_data, run_state,
-                                                                           owns_server):
+@pytest.mark.parametrize(
+    ("run_state", "owns_server"),
+    [("finished", True), ("running", False)],
+    ids=["nothing-running", "attached"],
+)
+async def test_q_quits_at_once_when_nothing_runs_or_the_server_is_elsewhere(api_data, run_state, owns_server):
     app = _recorded(api_data, run_state, owns_server=owns_server)
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("q")
@@ -56,15 +64,22 @@ async def test_u_on_runs_resumes_a_cancelled_run_on_a_real_server(hung_server: H
     async with hung_server.one_rollout_run("runs") as (app, pilot, run):
         await until(pilot, lambda: engine.held, "the rollout's first model call", 180)
         await app.client.cancel_run(run.id)
-        await until(pilot, lambda: app.screen.detail is not None
-                    and app.screen.detail.id == run.id
-                    and app.screen.detail.rollouts[0].error_kind == "cancelled",
-                    "the cancelled rollout on Runs", 120)
+        await until(
+            pilot,
+            lambda: (
+                app.screen.detail is not None
+                and app.screen.detail.id == run.id
+                and app.screen.detail.rollouts[0].error_kind == "cancelled"
+            ),
+            "the cancelled rollout on Runs",
+            120,
+        )
         await until(pilot, lambda: not engine.held, "the cancelled call's end", 60)
 
         await pilot.press("u")
-        await until(pilot, lambda: any("resumed: 1 rollout(s)" in n for n in _notes(app)),
-                    "the resume notice", 30)
+        await until(
+            pilot, lambda: any("resumed: 1 rollout(s)" in n for n in _notes(app)), "the resume notice", 30
+        )
         await until(pilot, lambda: engine.held, "the resumed rollout's model call", 180)
         assert (await app.client.run(run.id)).state == "running"
         await app.client.cancel_run(run.id)

@@ -29,8 +29,11 @@ async def test_a_rebound_key_shows_in_help_and_the_nav_bar(make_app, api_data, t
     settings.write_text(json.dumps({"keymap": {"app.runs": "7", "app.help": "f2", "sessions.details": "i"}}))
     app = make_app("sessions", settings_path=settings)
     async with app.run_test(size=(100, 30)) as pilot:
-        await until(pilot, lambda: app.screen.query_one(SessionTable).row_count == len(api_data["sessions"]),
-                    "the sessions")
+        await until(
+            pilot,
+            lambda: app.screen.query_one(SessionTable).row_count == len(api_data["sessions"]),
+            "the sessions",
+        )
         assert " 7 Runs " in str(app.screen.query_one(NavBar).render())
         await pilot.press("f2")
         await until(pilot, lambda: isinstance(app.screen, HelpScreen), "help on the rebound key")

@@ -34,7 +34,8 @@ class _SaveBetweenOpenAndWrite:
 
 
 def test_two_settings_saves_at_once_leave_one_whole_file_and_no_stray_temp(
-        tmp_path: Path, monkeypatch) -> None:
+    tmp_path: Path, monkeypatch
+) -> None:
     path = tmp_path / "tui.json"
     first = Settings(theme="tapdeck-light")
     second = Settings(theme="tapdeck-dark", keymap={f"binding.{i}": "f2" for i in range(20)})

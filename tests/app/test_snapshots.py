@@ -44,29 +44,44 @@ class Shot:
 SHOTS: dict[str, Shot] = {
     "sessions": Shot((), lambda app: app.current_mode == "sessions"),
     # The newest session (the last row) has a call hanging in its engine.
-    "sessions-detail": Shot(("ctrl+end", "d"),
-                            lambda app: "in flight" in _text(app.screen, "#activity-text")),
+    "sessions-detail": Shot(
+        ("ctrl+end", "d"), lambda app: "in flight" in _text(app.screen, "#activity-text")
+    ),
     # The first row: a chat with a discarded root and a child; two tokens stepped (once its
     # first turn is shown: a step before that does nothing).
-    "rollout": Shot(("enter",), lambda app: app.current_mode == "rollout"
-                    and app.screen.query_one(TokenView).turn is not None,
-                    then=("full_stop", "full_stop"),
-                    done=lambda app: app.screen.query_one(TokenView).selected == 1),
+    "rollout": Shot(
+        ("enter",),
+        lambda app: app.current_mode == "rollout" and app.screen.query_one(TokenView).turn is not None,
+        then=("full_stop", "full_stop"),
+        done=lambda app: app.screen.query_one(TokenView).selected == 1,
+    ),
     "setup": Shot(("1",), lambda app: app.current_mode == "setup" and app.screen.catalog is not None),
-    "runs": Shot(("4",), lambda app: app.current_mode == "runs"
-                 and app.screen.query_one("#groups-table", DataTable).row_count == 2),
+    "runs": Shot(
+        ("4",),
+        lambda app: (
+            app.current_mode == "runs" and app.screen.query_one("#groups-table", DataTable).row_count == 2
+        ),
+    ),
     "info": Shot(("5",), lambda app: app.current_mode == "info" and app.screen.catalog is not None),
     # Train opens on the last training run: a data-check of the terminus-2 batch.
-    "train": Shot(("6",), lambda app: app.current_mode == "train"
-                  and "finished (exit code 0)" in _text(app.screen, "#train-state")),
+    "train": Shot(
+        ("6",),
+        lambda app: (
+            app.current_mode == "train" and "finished (exit code 0)" in _text(app.screen, "#train-state")
+        ),
+    ),
     "help": Shot(("f1",), lambda app: isinstance(app.screen, HelpScreen)),
     # Hits stream in as the query is typed: ready once the whole query has every screen's entry.
-    "palette": Shot(("ctrl+p", *"go to"), lambda app: isinstance(app.screen, CommandPalette)
-                    and app.screen.query_one(Input).value == "go to"
-                    and app.screen.query_one(CommandList).option_count == len(SCREENS)),
+    "palette": Shot(
+        ("ctrl+p", *"go to"),
+        lambda app: (
+            isinstance(app.screen, CommandPalette)
+            and app.screen.query_one(Input).value == "go to"
+            and app.screen.query_one(CommandList).option_count == len(SCREENS)
+        ),
+    ),
 }
-LOOKS = {"dark-80x24": ((), (80, 24)), "light-80x24": (("ctrl+t",), (80, 24)),
-         "dark-160x48": ((), (160, 48))}
+LOOKS = {"dark-80x24": ((), (80, 24)), "light-80x24": (("ctrl+t",), (80, 24)), "dark-160x48": ((), (160, 48))}
 
 
 @pytest.mark.parametrize("look", LOOKS)
@@ -77,8 +92,13 @@ def test_screen_snapshot(snap_compare, make_app, shot, look):
 
     async def press_to(pilot):
         app = pilot.app
-        await until(pilot, lambda: app.current_mode == "sessions"
-                    and app.screen.query_one(SessionTable).row_count == SESSIONS, "the recorded sessions")
+        await until(
+            pilot,
+            lambda: (
+                app.current_mode == "sessions" and app.screen.query_one(SessionTable).row_count == SESSIONS
+            ),
+            "the recorded sessions",
+        )
         await pilot.press(*theme_keys, *wanted.keys)
         await until(pilot, lambda: wanted.ready(app), f"the {shot} screen")
         if wanted.then:

@@ -30,8 +30,9 @@ def test_tapdeck_runs_a_rollout_by_keystrokes_and_quits_freeing_the_port(tmp_pat
     name = f"tapdeck-test-{os.getpid()}"
     rc_file = tmp_path / "rc"
     data_dir = tmp_path / "data"
-    command = (f"env TAPDECK_DATA_DIR={data_dir} {shell_assignments()} {TAPDECK}; "
-               f"echo $? > {rc_file}; sleep 60")
+    command = (
+        f"env TAPDECK_DATA_DIR={data_dir} {shell_assignments()} {TAPDECK}; echo $? > {rc_file}; sleep 60"
+    )
     subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "100", "-y", "30", command], check=True)
     tmux = Tmux(name)
     try:

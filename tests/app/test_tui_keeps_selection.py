@@ -41,8 +41,7 @@ async def _third_rollout_highlighted(pilot) -> tuple[DataTable, str]:
 
 
 def _rollout(api_data: dict, rollout_id: str) -> dict:
-    return next(r for r in api_data["run_details"]["run-0001"]["rollouts"]
-                if r["rollout_id"] == rollout_id)
+    return next(r for r in api_data["run_details"]["run-0001"]["rollouts"] if r["rollout_id"] == rollout_id)
 
 
 @pytest.mark.medium
@@ -56,7 +55,8 @@ async def test_runs_keeps_the_selected_rollout_when_the_run_updates(api_data):
         await until(pilot, lambda: str(table.get_cell(other, "reward")) == "1.00", "the run's update")
         assert _cursor_key(table) == key
         assert str(app.screen.query_one("#run-settings", Static).render()).startswith(
-            "{task} #{index}".format(**_rollout(api_data, key)))
+            "{task} #{index}".format(**_rollout(api_data, key))
+        )
 
 
 @pytest.mark.medium
@@ -68,8 +68,9 @@ async def test_runs_keeps_the_selected_rollout_when_coming_back_to_the_screen(ap
         await until(pilot, lambda: app.current_mode == "sessions", "the Sessions screen")
         _rollout(api_data, key)["reward"] = 1.0
         await pilot.press("4")
-        await until(pilot, lambda: str(table.get_cell(key, "reward")) == "1.00",
-                    "the run reloaded on coming back")
+        await until(
+            pilot, lambda: str(table.get_cell(key, "reward")) == "1.00", "the run reloaded on coming back"
+        )
         assert _cursor_key(table) == key
 
 
@@ -99,8 +100,11 @@ async def test_runs_keeps_the_selected_run_when_a_new_run_appears(api_data):
         api_data["runs"].insert(0, dict(api_data["runs"][0], id="run-0002", created_at=9e9))
         api_data["run_details"]["run-0002"] = dict(api_data["run_details"]["run-0001"], id="run-0002")
         app.post_message(RunsChanged())  # what a run_started event becomes
-        await until(pilot, lambda: runs.row_count == 3 and screen.detail.id == _cursor_key(runs),
-                    "the new run listed and the shown run's detail")
+        await until(
+            pilot,
+            lambda: runs.row_count == 3 and screen.detail.id == _cursor_key(runs),
+            "the new run listed and the shown run's detail",
+        )
         assert _cursor_key(runs) == screen.run_id == screen.detail.id == "run-0000"
 
 

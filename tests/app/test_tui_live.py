@@ -29,8 +29,9 @@ def live_server(embedded_engine, tmp_path_factory) -> Iterator[object]:
 
 
 def _app(server, mode: str, tmp_path: Path) -> TapdeckApp:
-    return TapdeckApp(TapdeckClient(server.url, server.admin_key), settings_path=tmp_path / "tui.json",
-                      initial_mode=mode)
+    return TapdeckApp(
+        TapdeckClient(server.url, server.admin_key), settings_path=tmp_path / "tui.json", initial_mode=mode
+    )
 
 
 def _states(table: SessionTable) -> list[str]:
@@ -59,12 +60,20 @@ async def test_oracle_batch_reaches_finished_and_run_exports(live_server, tmp_pa
     async with app.run_test(size=(80, 24)) as pilot:
         await _start_batch(pilot, "oracle", "hello-file")
         table = app.screen.query_one(SessionTable)
-        await until(pilot, lambda: "finished" in _states(table) or "failed" in _states(table),
-                    "the oracle rollout to end", WAIT_S)
+        await until(
+            pilot,
+            lambda: "finished" in _states(table) or "failed" in _states(table),
+            "the oracle rollout to end",
+            WAIT_S,
+        )
         assert "finished" in _states(table), app.status
         await pilot.press("4")
-        await until(pilot, lambda: app.screen.query_one("#groups-table", DataTable).row_count == 1,
-                    "the run's group", WAIT_S)
+        await until(
+            pilot,
+            lambda: app.screen.query_one("#groups-table", DataTable).row_count == 1,
+            "the run's group",
+            WAIT_S,
+        )
         groups = app.screen.query_one("#groups-table", DataTable)
         assert str(groups.get_row_at(0)[0]) == "hello-file"
         await pilot.press("e")
@@ -80,16 +89,23 @@ async def _open_rollout(pilot, session_id: str) -> None:
     await until(pilot, lambda: session_id in [r.value for r in table.rows], "the session row", 30)
     app.open_rollout(session_id)
     # query, not query_one: the mode switches before the Rollout screen has composed.
-    await until(pilot, lambda: app.current_mode == "rollout"
-                and any(v.turn is not None for v in app.screen.query(TokenView)), "turn 0", 30)
+    await until(
+        pilot,
+        lambda: (
+            app.current_mode == "rollout" and any(v.turn is not None for v in app.screen.query(TokenView))
+        ),
+        "turn 0",
+        30,
+    )
 
 
 @pytest.mark.medium
 async def test_live_session_rollout_grows_and_a_token_can_be_selected(live_server, tmp_path):
     admin = {"Authorization": f"Bearer {live_server.admin_key}"}
     async with httpx.AsyncClient(base_url=live_server.url, timeout=120) as http:
-        info = (await http.post("/admin/sessions", json={"metadata": {"task": "pilot-chat"}},
-                                headers=admin)).json()
+        info = (
+            await http.post("/admin/sessions", json={"metadata": {"task": "pilot-chat"}}, headers=admin)
+        ).json()
         key = {"Authorization": f"Bearer {info['api_key']}"}
         messages = [{"role": "user", "content": "Say hello."}]
         body = {"model": "any", "messages": messages, "max_tokens": 12, "temperature": 1.0}
@@ -100,8 +116,9 @@ async def test_live_session_rollout_grows_and_a_token_can_be_selected(live_serve
             await _open_rollout(pilot, info["id"])
             view = app.screen.query_one(TokenView)
             assert view.turn.token_texts and len(view.turn.logprobs) == len(view.turn.token_texts)
-            await click_until(pilot, TokenView, (0, 0), lambda: view.selected == 0,
-                              "the clicked token selected")
+            await click_until(
+                pilot, TokenView, (0, 0), lambda: view.selected == 0, "the clicked token selected"
+            )
             assert "logprob" in str(app.screen.query_one("#token-detail").render())
 
             # The agent continues while the screen is open: the tree grows from the event stream.
@@ -118,8 +135,9 @@ async def test_rollout_findings_tab_shows_whole_rollout_checks_as_turns_arrive(l
     call a root: the Findings tab, open all along, says so without reopening the rollout."""
     admin = {"Authorization": f"Bearer {live_server.admin_key}"}
     async with httpx.AsyncClient(base_url=live_server.url, timeout=120) as http:
-        info = (await http.post("/admin/sessions", json={"metadata": {"task": "findings"}},
-                                headers=admin)).json()
+        info = (
+            await http.post("/admin/sessions", json={"metadata": {"task": "findings"}}, headers=admin)
+        ).json()
         key = {"Authorization": f"Bearer {info['api_key']}"}
         body = {"model": "any", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4}
         await http.post("/v1/chat/completions", json=body, headers=key)
@@ -132,8 +150,9 @@ async def test_rollout_findings_tab_shows_whole_rollout_checks_as_turns_arrive(l
             await until(pilot, lambda: "single_call" in str(findings.render()), "the one-call check", 30)
 
             await http.post("/v1/chat/completions", json=body, headers=key)
-            await until(pilot, lambda: "every_call_a_root" in str(findings.render()),
-                        "the rollout's new check", 60)
+            await until(
+                pilot, lambda: "every_call_a_root" in str(findings.render()), "the rollout's new check", 60
+            )
             assert "single_call" not in str(findings.render())
             await http.delete(f"/admin/sessions/{info['id']}", headers=admin)
 
@@ -147,14 +166,23 @@ async def test_terminus2_rollout_finishes_with_captured_turns(live_server, tmp_p
         await _start_batch(pilot, "terminus-2", "hello-file")
 
         def ended() -> list[str]:
-            return [sid for sid in set(app.board.entries) - before
-                    if session_state(app.board.get(sid)) in ("finished", "failed")]
+            return [
+                sid
+                for sid in set(app.board.entries) - before
+                if session_state(app.board.get(sid)) in ("finished", "failed")
+            ]
 
         await until(pilot, lambda: bool(ended()), "the terminus-2 rollout to end", 400)
         session_id = ended()[0]
         assert app.board.get(session_id).turns > 0
         app.open_rollout(session_id)
         # query, not query_one: the mode switches before the Rollout screen has composed.
-        await until(pilot, lambda: app.current_mode == "rollout"
-                    and any(v.turn is not None for v in app.screen.query(TokenView)), "a captured turn", 60)
+        await until(
+            pilot,
+            lambda: (
+                app.current_mode == "rollout" and any(v.turn is not None for v in app.screen.query(TokenView))
+            ),
+            "a captured turn",
+            60,
+        )
         assert app.screen.query_one(RolloutTree)._seq_nodes

@@ -43,14 +43,20 @@ async def test_an_attached_tui_reconnects_to_a_server_restarted_on_its_data_dir(
             await until(pilot, lambda: app.connected and before in _rows(app), "the first server's session")
             await asyncio.to_thread(first.stop)
             await until(pilot, lambda: not app.connected, "the lost connection", WAIT_S)
-            await until(pilot, lambda: "the tapdeck server is not reachable; is it running?" in app.status,
-                        "the status line saying the server is gone", WAIT_S)
+            await until(
+                pilot,
+                lambda: "the tapdeck server is not reachable; is it running?" in app.status,
+                "the status line saying the server is gone",
+                WAIT_S,
+            )
 
             second = await asyncio.to_thread(LocalServer(cfg).start)
             try:
                 await until(pilot, lambda: app.connected, "the reconnection", WAIT_S)
                 async with httpx.AsyncClient(base_url=second.url, headers=admin, timeout=60) as http:
-                    after = (await http.post("/admin/sessions", json={"metadata": {"task": "after"}})).json()["id"]
+                    after = (await http.post("/admin/sessions", json={"metadata": {"task": "after"}})).json()[
+                        "id"
+                    ]
                 await until(pilot, lambda: after in _rows(app), "a session opened after the restart", WAIT_S)
                 rows = _rows(app)
                 assert set(rows) == {before, after}  # nothing lost, nothing twice
@@ -68,25 +74,39 @@ async def test_a_run_another_client_cancels_leaves_no_queued_row_on_sessions(ups
     try:
         admin = {"Authorization": f"Bearer {server.admin_key}"}
         async with httpx.AsyncClient(base_url=server.url, headers=admin, timeout=60) as http:
-            run = (await http.post("/admin/runs", json={"harness": "oracle", "tasks": ["hello-file"],
-                                                        "k": 20, "concurrency": 1})).json()
+            run = (
+                await http.post(
+                    "/admin/runs",
+                    json={"harness": "oracle", "tasks": ["hello-file"], "k": 20, "concurrency": 1},
+                )
+            ).json()
             app = _app(server.url, server.admin_key, tmp_path)
             async with app.run_test(size=(80, 24)) as pilot:
                 # Attached mid-run: the rollouts still to run are rows, `queued`.
                 await until(pilot, lambda: "queued" in _rows(app).values(), "the queued rollouts", WAIT_S)
                 (await http.post(f"/admin/runs/{run['id']}/cancel")).raise_for_status()
-                await until(pilot, lambda: all(state in ("finished", "failed", "cancelled")
-                                               for state in _rows(app).values()),
-                            "every row of the cancelled run ended or gone", WAIT_S)
+                await until(
+                    pilot,
+                    lambda: all(
+                        state in ("finished", "failed", "cancelled") for state in _rows(app).values()
+                    ),
+                    "every row of the cancelled run ended or gone",
+                    WAIT_S,
+                )
                 assert (await http.get(f"/admin/runs/{run['id']}")).json()["state"] == "cancelled"
     finally:
         await asyncio.to_thread(server.stop)
 
 
-async def test_a_server_restarted_with_another_key_is_toasted_whole_and_the_tui_stops_following(upstream,
-                                                                                               tmp_path):
-    cfg = ServerConfig(port=free_port(), data_dir=tmp_path / "data", engine_url=upstream.base_url,
-                       admin_key="first-key-first-key-first-key")
+async def test_a_server_restarted_with_another_key_is_toasted_whole_and_the_tui_stops_following(
+    upstream, tmp_path
+):
+    cfg = ServerConfig(
+        port=free_port(),
+        data_dir=tmp_path / "data",
+        engine_url=upstream.base_url,
+        admin_key="first-key-first-key-first-key",
+    )
     first = await asyncio.to_thread(LocalServer(cfg).start)
     app = _app(first.url, first.admin_key, tmp_path)
     try:
@@ -97,8 +117,12 @@ async def test_a_server_restarted_with_another_key_is_toasted_whole_and_the_tui_
             second = await asyncio.to_thread(LocalServer(other).start)
             try:
                 # The status line shows one line at 80 columns: the whole sentence is a toast.
-                await until(pilot, lambda: any("stopped following" in n.message for n in app._notifications),
-                            "the toast saying the key was refused", WAIT_S)
+                await until(
+                    pilot,
+                    lambda: any("stopped following" in n.message for n in app._notifications),
+                    "the toast saying the key was refused",
+                    WAIT_S,
+                )
                 toast = next(n.message for n in app._notifications if "stopped following" in n.message)
                 assert toast.startswith("the server rejected the admin key")
                 assert "--admin-key" in toast and not app.connected
@@ -109,16 +133,21 @@ async def test_a_server_restarted_with_another_key_is_toasted_whole_and_the_tui_
 
 
 @pytest.mark.medium
-async def test_runs_after_a_reconnect_shows_the_run_as_the_restarted_server_has_it_and_unrun_rollouts_as_not_run(
-        upstream, tmp_path):
+async def test_runs_after_a_reconnect_shows_the_run_as_the_restarted_server_has_it_and_unrun_rollouts_as_not_run(  # noqa: E501 - the name the claims list pins
+    upstream, tmp_path
+):
     cfg = ServerConfig(port=free_port(), data_dir=tmp_path / "data", engine_url=upstream.base_url)
     first = await asyncio.to_thread(LocalServer(cfg).start)
     admin = {"Authorization": f"Bearer {first.admin_key}"}
     async with httpx.AsyncClient(base_url=first.url, headers=admin, timeout=60) as http:
-        run_id = (await http.post("/admin/runs", json={"harness": "oracle", "tasks": ["hello-file"],
-                                                       "k": 20, "concurrency": 1})).json()["id"]
-    app = TapdeckApp(TapdeckClient(first.url, first.admin_key), settings_path=tmp_path / "tui.json",
-                     initial_mode="runs")
+        run_id = (
+            await http.post(
+                "/admin/runs", json={"harness": "oracle", "tasks": ["hello-file"], "k": 20, "concurrency": 1}
+            )
+        ).json()["id"]
+    app = TapdeckApp(
+        TapdeckClient(first.url, first.admin_key), settings_path=tmp_path / "tui.json", initial_mode="runs"
+    )
     try:
         async with app.run_test(size=(80, 24)) as pilot:
             runs = app.screen.query_one("#runs-table", DataTable)
@@ -135,14 +164,22 @@ async def test_runs_after_a_reconnect_shows_the_run_as_the_restarted_server_has_
                 async with httpx.AsyncClient(base_url=second.url, headers=admin, timeout=60) as http:
                     now = (await http.get(f"/admin/runs/{run_id}")).json()["state"]
                 assert now != "running"
-                await until(pilot, lambda: app.connected and state() == now, "the run's state after the restart",
-                            WAIT_S)
+                await until(
+                    pilot,
+                    lambda: app.connected and state() == now,
+                    "the run's state after the restart",
+                    WAIT_S,
+                )
 
                 def phases() -> list[str]:
                     return [str(rollouts.get_cell(key, "phase")) for key in rollouts.rows]
 
-                await until(pilot, lambda: "queued" not in phases() and "not run" in phases(),
-                            "the rollouts it never ran shown as not run", WAIT_S)
+                await until(
+                    pilot,
+                    lambda: "queued" not in phases() and "not run" in phases(),
+                    "the rollouts it never ran shown as not run",
+                    WAIT_S,
+                )
                 assert "agent" not in phases()
             finally:
                 await asyncio.to_thread(second.stop)

@@ -59,13 +59,24 @@ async def test_sessions_table_shows_states_and_updates_only_changed_cells(make_a
         await until(pilot, lambda: table.row_count == 8, "the recorded sessions")
         states = {row.value: str(table.get_cell(row, "state")) for row in table.rows}
         # Which of the batch's sessions was cancelled depends on the order its two trials started.
-        cancelled = next(r["session_id"] for run in api_data["run_details"].values()
-                         for r in run["rollouts"] if r["error_kind"] == "cancelled")
+        cancelled = next(
+            r["session_id"]
+            for run in api_data["run_details"].values()
+            for r in run["rollouts"]
+            if r["error_kind"] == "cancelled"
+        )
         batch = {f"sess000{i}recorded": "finished" for i in range(2, 6)}
-        assert states == {"sess0000recorded": "running", "sess0001recorded": "finished",
-                          **batch, cancelled: "cancelled",
-                          "sess0006recorded": "no call yet", "sess0007recorded": "running"}
-        idle = next(s for s in api_data["sessions"] if s["id"] == "sess0000recorded")["seconds_since_last_call"]
+        assert states == {
+            "sess0000recorded": "running",
+            "sess0001recorded": "finished",
+            **batch,
+            cancelled: "cancelled",
+            "sess0006recorded": "no call yet",
+            "sess0007recorded": "running",
+        }
+        idle = next(s for s in api_data["sessions"] if s["id"] == "sess0000recorded")[
+            "seconds_since_last_call"
+        ]
         assert str(table.get_cell("sess0000recorded", "idle")) == str(int(idle))  # the clock is frozen
         assert str(table.get_cell("sess0002recorded", "idle")) == "–"  # closed: not idle
         running = next(s for s in api_data["sessions"] if s["id"] == "sess0000recorded")
@@ -86,8 +97,9 @@ async def test_many_sessions_refresh_by_diff_without_rebuilding(make_app, api_da
             app.take_event(_event("session_opened", dict(template, id=f"bulk{i:05d}", created_at=2e9 + i)))
         await until(pilot, lambda: table.row_count == 308, "300 more sessions")
         for i in range(0, 300, 3):
-            app.take_event(_event("session_updated", dict(template, id=f"bulk{i:05d}", turns=9,
-                                                          created_at=2e9 + i)))
+            app.take_event(
+                _event("session_updated", dict(template, id=f"bulk{i:05d}", turns=9, created_at=2e9 + i))
+            )
         assert table.apply(app.board.rows(app.clock())) == 100
 
 
@@ -98,16 +110,24 @@ async def test_open_rollout_and_click_a_token_shows_its_logprob(make_app):
         table = app.screen.query_one(SessionTable)
         await until(pilot, lambda: table.row_count == 8, "the recorded sessions")
         await pilot.press("enter")  # first row: sess0000recorded
-        await until(pilot, lambda: app.current_mode == "rollout"
-                    and app.screen.query_one(TokenView).turn is not None, "turn 0 on Rollout")
+        await until(
+            pilot,
+            lambda: app.current_mode == "rollout" and app.screen.query_one(TokenView).turn is not None,
+            "turn 0 on Rollout",
+        )
         tree = app.screen.query_one("#graph")
         labels = [str(node.label) for node in tree.root.children]
         assert labels[0].startswith("#0 !warn length") and labels[1].startswith("#1 !warn length discarded")
         assert str(tree.root.children[0].children[0].label).startswith("#2 !warn length")
         view = app.screen.query_one(TokenView)
         assert view.turn is not None and view.turn.seq == 0
-        await click_until(pilot, TokenView, (2, 0), lambda: view.selected == 1,  # " SET" (token 1)
-                          "the clicked token picked")
+        await click_until(
+            pilot,
+            TokenView,
+            (2, 0),
+            lambda: view.selected == 1,  # " SET" (token 1)
+            "the clicked token picked",
+        )
         detail = str(app.screen.query_one("#token-detail").render())
         picked = f"token 1: {view.turn.token_texts[1]!r}"
         assert f"logprob {view.turn.logprobs[1]:.3f}" in detail and picked in detail
@@ -124,7 +144,9 @@ async def test_open_rollout_and_click_a_token_shows_its_logprob(make_app):
         app.screen.show_turn(view.turn.model_copy(update={"seq": 0}))
         await pilot.press("m")
         await pilot.pause(0.1)
-        assert "Create /app/hello.txt containing Hello." in str(app.screen.query_one("#messages-text").render())
+        assert "Create /app/hello.txt containing Hello." in str(
+            app.screen.query_one("#messages-text").render()
+        )
         # The picked token's line is the Tokens tab's: not shown under Messages, back with Tokens.
         detail = app.screen.query_one("#token-detail")
         await until(pilot, lambda: not detail.display, "the token line hidden under Messages")
@@ -133,8 +155,14 @@ async def test_open_rollout_and_click_a_token_shows_its_logprob(make_app):
 
 
 async def _catalog_loaded(pilot) -> None:
-    await until(pilot, lambda: pilot.app.screen.catalog is not None
-                and pilot.app.screen.query_one("#tasks", SelectionList).option_count > 0, "the catalog")
+    await until(
+        pilot,
+        lambda: (
+            pilot.app.screen.catalog is not None
+            and pilot.app.screen.query_one("#tasks", SelectionList).option_count > 0
+        ),
+        "the catalog",
+    )
 
 
 @pytest.mark.medium
@@ -144,8 +172,11 @@ async def test_setup_refuses_an_unavailable_sandbox_with_the_reason(make_app):
         await _catalog_loaded(pilot)
         screen = app.screen
         screen.query_one("#sandbox").value = "docker"
-        await until(pilot, lambda: "Docker daemon is not running"
-                    in str(screen.query_one("#why-sandbox").render()), "docker's reason")
+        await until(
+            pilot,
+            lambda: "Docker daemon is not running" in str(screen.query_one("#why-sandbox").render()),
+            "docker's reason",
+        )
         screen.action_start()
         await pilot.pause(0.1)
         notes = [n.message for n in app._notifications]
@@ -204,16 +235,20 @@ def _app_on_a_dead_server(mode: str) -> TapdeckApp:
     with socket.socket() as sock:  # a port with nothing listening
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    return TapdeckApp(TapdeckClient(f"http://127.0.0.1:{port}", "k"), follow_events=False,
-                      initial_mode=mode)
+    return TapdeckApp(TapdeckClient(f"http://127.0.0.1:{port}", "k"), follow_events=False, initial_mode=mode)
 
 
 async def test_server_gone_becomes_a_notification_and_status_line_not_a_traceback():
     app = _app_on_a_dead_server("info")
     async with app.run_test(size=(80, 24)) as pilot:
-        await until(pilot, lambda: "not reachable" in app.status
-                    and any("is it running?" in n.message for n in app._notifications),
-                    "the failed load on the status line and as a notification")
+        await until(
+            pilot,
+            lambda: (
+                "not reachable" in app.status
+                and any("is it running?" in n.message for n in app._notifications)
+            ),
+            "the failed load on the status line and as a notification",
+        )
         assert "not reachable" in app.status and app.status_level == "error"
         assert any("is it running?" in n.message for n in app._notifications)
         assert app.is_running
@@ -233,9 +268,14 @@ async def test_setup_without_a_catalog_says_so_and_how_to_retry():
     async with app.run_test(size=(80, 24)) as pilot:
         dataset = app.screen.query_one("#dataset", Select)
         label = dataset.query_one("SelectCurrent #label")
-        await until(pilot, lambda: "catalog not loaded" in str(label.render())
-                    and any("is it running?" in n.message for n in app._notifications),
-                    "the failed catalog load in the picker and as a notification")
+        await until(
+            pilot,
+            lambda: (
+                "catalog not loaded" in str(label.render())
+                and any("is it running?" in n.message for n in app._notifications)
+            ),
+            "the failed catalog load in the picker and as a notification",
+        )
         assert dataset.prompt == "catalog not loaded: ctrl+r retries"
         assert "catalog not loaded" in str(dataset.query_one("SelectCurrent #label").render())
         assert any("is it running?" in n.message for n in app._notifications)
@@ -272,8 +312,11 @@ async def test_a_keymap_id_no_binding_has_is_named_not_ignored_silently(make_app
     app = make_app("sessions", settings_path=settings)
     async with app.run_test(size=(80, 24)) as pilot:
         said = f"keymap in {settings}: no binding has the id bogus.id (ignored); F1 lists the keys bound now"
-        await until(pilot, lambda: [n.message for n in app._notifications if "keymap" in n.message]
-                    == [said], "the one warning, naming only the unknown id")
+        await until(
+            pilot,
+            lambda: [n.message for n in app._notifications if "keymap" in n.message] == [said],
+            "the one warning, naming only the unknown id",
+        )
 
 
 @pytest.mark.medium
@@ -328,8 +371,9 @@ async def test_runs_screen_shows_groups_and_failures_by_cause(make_app):
 
 
 async def test_runs_counts_cancelled_rollouts_apart_from_failed_ones(make_app, api_data):
-    cancelled = next(r for r in api_data["run_details"]["run-0001"]["rollouts"]
-                     if r["error_kind"] == "cancelled")
+    cancelled = next(
+        r for r in api_data["run_details"]["run-0001"]["rollouts"] if r["error_kind"] == "cancelled"
+    )
     app = make_app("runs")
     async with app.run_test(size=(80, 24)) as pilot:
         screen = app.screen
@@ -337,8 +381,10 @@ async def test_runs_counts_cancelled_rollouts_apart_from_failed_ones(make_app, a
         await until(pilot, lambda: cancelled["rollout_id"] in rollouts.rows, "the run's rollouts")
         runs = screen.query_one("#runs-table", DataTable)
         # The server counts the cancelled rollout among the failed (not ok); a cancel is no failure.
-        assert (str(runs.get_cell("run-0001", "failed")), str(runs.get_cell("run-0001", "cancelled"))) \
-            == ("0", "1")
+        assert (str(runs.get_cell("run-0001", "failed")), str(runs.get_cell("run-0001", "cancelled"))) == (
+            "0",
+            "1",
+        )
         assert str(screen.query_one("#failures").render()).endswith("failures: none · cancelled 1")
         assert str(rollouts.get_cell(cancelled["rollout_id"], "phase")) == "cancelled"
 
@@ -357,22 +403,34 @@ async def test_setup_rollout_settings_are_sent_and_remembered_per_harness(make_a
         screen = app.screen
         template = screen.plan().rollout
         assert template.settings.model_dump(exclude_unset=True) == {} and template.timeout_s is None
-        _set(screen, max_turns="5", agent_timeout_s="60", timeout_s="400",
-             harness_kwargs='{"parser_name": "xml"}')
+        _set(
+            screen,
+            max_turns="5",
+            agent_timeout_s="60",
+            timeout_s="400",
+            harness_kwargs='{"parser_name": "xml"}',
+        )
         template = screen.plan().rollout
         assert template.settings.model_dump(exclude_unset=True) == {
-            "max_turns": 5, "agent_timeout_s": 60.0, "harness_kwargs": {"parser_name": "xml"}}
+            "max_turns": 5,
+            "agent_timeout_s": 60.0,
+            "harness_kwargs": {"parser_name": "xml"},
+        }
         assert template.timeout_s == 400.0
         screen.action_start()
         await until(pilot, lambda: path.is_file(), "the settings file")
         assert json.loads(path.read_text())["rollout"]["terminus-2"]["max_turns"] == 5
 
         screen.query_one("#harness", Select).value = "oracle"
-        await until(pilot, lambda: screen.query_one("#set-max_turns", Input).value == "",
-                    "oracle's (unset) settings")
+        await until(
+            pilot, lambda: screen.query_one("#set-max_turns", Input).value == "", "oracle's (unset) settings"
+        )
         screen.query_one("#harness", Select).value = "terminus-2"
-        await until(pilot, lambda: screen.query_one("#set-max_turns", Input).value == "5",
-                    "terminus-2's remembered settings")
+        await until(
+            pilot,
+            lambda: screen.query_one("#set-max_turns", Input).value == "5",
+            "terminus-2's remembered settings",
+        )
 
     again = make_app("setup", settings_path=path)
     async with again.run_test(size=(80, 24)) as pilot:
@@ -382,8 +440,7 @@ async def test_setup_rollout_settings_are_sent_and_remembered_per_harness(make_a
 
 
 @pytest.mark.medium
-async def test_setup_settings_title_counts_what_is_typed_and_a_blank_pick_says_nothing_is_chosen(
-        make_app):
+async def test_setup_settings_title_counts_what_is_typed_and_a_blank_pick_says_nothing_is_chosen(make_app):
     app = make_app("setup")
     async with app.run_test(size=(80, 24)) as pilot:
         await _catalog_loaded(pilot)
@@ -391,22 +448,30 @@ async def test_setup_settings_title_counts_what_is_typed_and_a_blank_pick_says_n
         settings = screen.query_one("#rollout-settings", Collapsible)
         assert settings.title == "Rollout settings (defaults)"
         screen.query_one("#set-max_turns", Input).value = "1"
-        await until(pilot, lambda: settings.title == "Rollout settings (1 set for terminus-2)",
-                    "the title counting the typed setting")
+        await until(
+            pilot,
+            lambda: settings.title == "Rollout settings (1 set for terminus-2)",
+            "the title counting the typed setting",
+        )
         screen.query_one("#set-max_turns", Input).value = ""
         await until(pilot, lambda: settings.title == "Rollout settings (defaults)", "defaults again")
         # A loaded catalog with nothing picked is the user's choice, not a catalog that is missing.
         screen.query_one("#harness", Select).clear()
-        await until(pilot, lambda: str(screen.query_one("#why-harness").render())
-                    == "nothing chosen: pick one", "the blank pick's hint")
+        await until(
+            pilot,
+            lambda: str(screen.query_one("#why-harness").render()) == "nothing chosen: pick one",
+            "the blank pick's hint",
+        )
 
 
 @pytest.mark.medium
 async def test_setup_refuses_a_bad_setting_naming_the_field(make_app):
-    cases = [({"max_turns": "0"}, "max_turns: Input should be greater than or equal to 1"),
-             ({"top_p": "2"}, "top_p: Input should be less than or equal to 1"),
-             ({"harness_kwargs": "{"}, "harness_kwargs (kwargs): '{' is not JSON"),
-             ({"timeout_s": "-3"}, "timeout_s (Hard s): must be greater than 0")]
+    cases = [
+        ({"max_turns": "0"}, "max_turns: Input should be greater than or equal to 1"),
+        ({"top_p": "2"}, "top_p: Input should be less than or equal to 1"),
+        ({"harness_kwargs": "{"}, "harness_kwargs (kwargs): '{' is not JSON"),
+        ({"timeout_s": "-3"}, "timeout_s (Hard s): must be greater than 0"),
+    ]
     app = make_app("setup")
     async with app.run_test(size=(80, 24)) as pilot:
         await _catalog_loaded(pilot)
@@ -449,10 +514,10 @@ async def test_runs_screen_says_an_oracle_run_made_no_model_calls_as_the_cli_doe
         await until(pilot, lambda: "ran with" in str(line.render()), "the terminus-2 run's settings")
         app.screen.query_one("#runs-table", DataTable).move_cursor(row=1)  # run-0000: oracle
         header = app.screen.query_one("#run-header")
-        await until(pilot, lambda: "run-0000 · sample · oracle" in str(header.render()),
-                    "the oracle run")
+        await until(pilot, lambda: "run-0000 · sample · oracle" in str(header.render()), "the oracle run")
         assert str(line.render()).endswith(
-            " ran with: agent 180 s (task) · hard limit 300 s (default) (no model calls)")
+            " ran with: agent 180 s (task) · hard limit 300 s (default) (no model calls)"
+        )
 
 
 async def test_sessions_board_charts_every_sessions_calls_per_second(api_data):
@@ -460,8 +525,13 @@ async def test_sessions_board_charts_every_sessions_calls_per_second(api_data):
     last two minutes in 3 s buckets on the TUI's clock."""
     now = [1000.0]
     client = TapdeckClient("http://tapdeck.test", "test-key", transport=recorded_transport(api_data))
-    app = TapdeckApp(client, server_label="http://tapdeck.test", follow_events=False,
-                     clock=lambda: now[0], initial_mode="sessions")
+    app = TapdeckApp(
+        client,
+        server_label="http://tapdeck.test",
+        follow_events=False,
+        clock=lambda: now[0],
+        initial_mode="sessions",
+    )
     async with app.run_test(size=(80, 24)) as pilot:
         table = app.screen.query_one(SessionTable)
         await until(pilot, lambda: table.row_count == len(api_data["sessions"]), "the recorded sessions")
@@ -479,7 +549,11 @@ async def test_sessions_board_charts_every_sessions_calls_per_second(api_data):
         captured("sess0001recorded")
         now[0] = 1031.0
         await until(pilot, lambda: rate.data[-1] > 0, "the newest bucket")
-        assert rate.data[29] == 1.0 and rate.data[-1] == pytest.approx(1 / 3) and sum(rate.data) == pytest.approx(4 / 3)
+        assert (
+            rate.data[29] == 1.0
+            and rate.data[-1] == pytest.approx(1 / 3)
+            and sum(rate.data) == pytest.approx(4 / 3)
+        )
         assert "now 0.3 · peak 1.0" in str(app.screen.query_one("#board-rate-span").render())
 
 
@@ -508,31 +582,45 @@ async def test_sessions_table_keeps_its_highlighted_session_across_a_resize_and_
 async def test_info_draws_its_marks_again_in_a_new_themes_colours(make_app):
     def tick_colours(app) -> set:
         static = app.screen.query_one("#catalog-info")
-        return {seg.style.color for y in range(static.size.height)
-                for seg in static.render_line(y) if seg.text.strip() == "✓" and seg.style}
+        return {
+            seg.style.color
+            for y in range(static.size.height)
+            for seg in static.render_line(y)
+            if seg.text.strip() == "✓" and seg.style
+        }
 
     app = make_app("info")
     async with app.run_test(size=(100, 40)) as pilot:
-        await until(pilot, lambda: app.screen.catalog is not None and tick_colours(app), "the catalog's marks")
+        await until(
+            pilot, lambda: app.screen.catalog is not None and tick_colours(app), "the catalog's marks"
+        )
         assert tick_colours(app) == {Color.parse(app.current_theme.success)}
-        app.theme = next(name for name in app.available_themes
-                         if app.get_theme(name).success != app.current_theme.success)
-        await until(pilot, lambda: tick_colours(app) == {Color.parse(app.current_theme.success)},
-                    "the marks in the new theme's colour")
+        app.theme = next(
+            name for name in app.available_themes if app.get_theme(name).success != app.current_theme.success
+        )
+        await until(
+            pilot,
+            lambda: tick_colours(app) == {Color.parse(app.current_theme.success)},
+            "the marks in the new theme's colour",
+        )
 
 
 async def test_sessions_detail_indents_continuation_lines_of_a_multi_line_field(api_data):
     """The detail pane's labels stand alone in their column: a text's own line breaks and the lines
     it wraps into (at any width) start under its first line, never at a label's place."""
-    long_line = "FAILED tests/test_config.py::test_port - AssertionError: expected 8080, got 80 " \
-                "(the config file names the port twice)"
+    long_line = (
+        "FAILED tests/test_config.py::test_port - AssertionError: expected 8080, got 80 "
+        "(the config file names the port twice)"
+    )
     api_data["activity"]["sess0007recorded"]["last_observation"]["text"] = f"{long_line}\n1 failed"
     client = TapdeckClient("http://tapdeck.test", "test-key", transport=recorded_transport(api_data))
-    app = TapdeckApp(client, server_label="http://tapdeck.test", follow_events=False,
-                     initial_mode="sessions")
+    app = TapdeckApp(client, server_label="http://tapdeck.test", follow_events=False, initial_mode="sessions")
     async with app.run_test(size=(80, 24)) as pilot:
-        await until(pilot, lambda: app.screen.query_one(SessionTable).row_count == len(api_data["sessions"]),
-                    "the recorded sessions")
+        await until(
+            pilot,
+            lambda: app.screen.query_one(SessionTable).row_count == len(api_data["sessions"]),
+            "the recorded sessions",
+        )
         await pilot.press("ctrl+end", "d")
         text = app.screen.query_one("#activity-text")
         await until(pilot, lambda: "1 failed" in str(text.render()), "the observation in the pane")
@@ -540,11 +628,19 @@ async def test_sessions_detail_indents_continuation_lines_of_a_multi_line_field(
         observation_rows = {}
         for width in (80, 110):  # (from 120 columns the pane sits beside a wider table)
             await pilot.resize_terminal(width, 24)
-            await until(pilot, lambda width=width: text.size.width == width - 4,
-                        f"the pane at {width} columns")
+            await until(
+                pilot, lambda width=width: text.size.width == width - 4, f"the pane at {width} columns"
+            )
             rows = [text.render_line(y).text.rstrip() for y in range(text.size.height)]
             assert [row[:14].strip() for row in rows if row[:14].strip()] == [
-                "rollout", "in flight", "calls", "assistant", "observation", "finding", "finding"], rows
+                "rollout",
+                "in flight",
+                "calls",
+                "assistant",
+                "observation",
+                "finding",
+                "finding",
+            ], rows
             start = next(i for i, row in enumerate(rows) if row.startswith("observation"))
             end = next(i for i in range(start + 1, len(rows)) if rows[i][:14].strip())
             observation = rows[start:end]
@@ -578,18 +674,26 @@ async def test_runs_turns_column_follows_captured_turns_live_like_sessions(make_
     app = make_app("runs")
     async with app.run_test(size=(80, 24)) as pilot:
         table = app.screen.query_one("#rollouts-table", DataTable)
-        rollout = next(r for r in api_data["run_details"]["run-0001"]["rollouts"]
-                       if r["session_id"] == "sess0002recorded")
+        rollout = next(
+            r
+            for r in api_data["run_details"]["run-0001"]["rollouts"]
+            if r["session_id"] == "sess0002recorded"
+        )
         await until(pilot, lambda: rollout["rollout_id"] in table.rows, "the run's rollouts")
         assert str(table.get_cell(rollout["rollout_id"], "turns")) == str(rollout["turns"])
         session = next(s for s in api_data["sessions"] if s["id"] == "sess0002recorded")
-        turn = {k: v for k, v in api_data["graphs"]["sess0002recorded"]["turns"][0].items()
-                if k not in ("role", "token_in")}
+        turn = {
+            k: v
+            for k, v in api_data["graphs"]["sess0002recorded"]["turns"][0].items()
+            if k not in ("role", "token_in")
+        }
         # A turn captured mid-rollout: the run's own result still says 2 until the rollout ends.
-        app.take_event(parse_event({"type": "turn_captured", "turn": turn,
-                                    "session": dict(session, turns=7)}))
-        await until(pilot, lambda: str(table.get_cell(rollout["rollout_id"], "turns")) == "7",
-                    "the live turn count")
+        app.take_event(
+            parse_event({"type": "turn_captured", "turn": turn, "session": dict(session, turns=7)})
+        )
+        await until(
+            pilot, lambda: str(table.get_cell(rollout["rollout_id"], "turns")) == "7", "the live turn count"
+        )
 
 
 async def test_a_turn_reaching_runs_while_its_tables_are_torn_down_is_ignored(make_app, api_data):
@@ -599,10 +703,14 @@ async def test_a_turn_reaching_runs_while_its_tables_are_torn_down_is_ignored(ma
         await until(pilot, lambda: app.screen.detail is not None, "the run's detail")
         await app.screen.query_one("#run-detail").remove()
         session = next(s for s in api_data["sessions"] if s["id"] == "sess0002recorded")
-        turn = {k: v for k, v in api_data["graphs"]["sess0002recorded"]["turns"][0].items()
-                if k not in ("role", "token_in")}
-        app.take_event(parse_event({"type": "turn_captured", "turn": turn,
-                                    "session": dict(session, turns=7)}))
+        turn = {
+            k: v
+            for k, v in api_data["graphs"]["sess0002recorded"]["turns"][0].items()
+            if k not in ("role", "token_in")
+        }
+        app.take_event(
+            parse_event({"type": "turn_captured", "turn": turn, "session": dict(session, turns=7)})
+        )
         await pilot.pause()
         assert app.is_running and app.return_code is None
 
@@ -643,8 +751,7 @@ async def test_train_plots_tokens_per_step_under_its_own_name_not_tokens_per_sec
 
 def _screen_lines(app) -> list[str]:
     """What the terminal shows now, line by line."""
-    return ["".join(segment.text for segment in strip)
-            for strip in app.screen._compositor.render_strips()]
+    return ["".join(segment.text for segment in strip) for strip in app.screen._compositor.render_strips()]
 
 
 async def test_rollout_at_80x24_shows_its_whole_header_and_every_turns_badge(make_app, api_data):
@@ -653,8 +760,11 @@ async def test_rollout_at_80x24_shows_its_whole_header_and_every_turns_badge(mak
         table = app.screen.query_one(SessionTable)
         await until(pilot, lambda: table.row_count == 8, "the recorded sessions")
         await pilot.press("enter")
-        await until(pilot, lambda: app.current_mode == "rollout"
-                    and app.screen.query_one(TokenView).turn is not None, "the rollout")
+        await until(
+            pilot,
+            lambda: app.current_mode == "rollout" and app.screen.query_one(TokenView).turn is not None,
+            "the rollout",
+        )
         await until(pilot, lambda: "frag. " in " ".join(_screen_lines(app)[1:3]), "the drawn header")
         lines = _screen_lines(app)
         header = " ".join(lines[1:3])
@@ -674,8 +784,11 @@ async def test_every_screens_footer_keeps_reload_help_and_quit_at_80x24(make_app
 
         def drawn() -> bool:
             footer = _screen_lines(app)[-1]
-            return "f1 Help" in footer and "q Quit" in footer and (
-                key not in ("3", "4", "5", "6") or "r Reload" in footer)
+            return (
+                "f1 Help" in footer
+                and "q Quit" in footer
+                and (key not in ("3", "4", "5", "6") or "r Reload" in footer)
+            )
 
         await until(pilot, drawn, f"the footer of screen {key}")
         footer = _screen_lines(app)[-1]
@@ -689,11 +802,18 @@ async def test_train_log_lines_wrap_at_80_columns_instead_of_being_cut(make_app,
     assert len(last) > 80  # the recorded data-check summary
     app = make_app("train")
     async with app.run_test(size=(80, 24)) as pilot:
-        await until(pilot, lambda: "finished (exit code 0)" in str(
-            app.screen.query_one("#train-state").render()), "the last training run")
+        await until(
+            pilot,
+            lambda: "finished (exit code 0)" in str(app.screen.query_one("#train-state").render()),
+            "the last training run",
+        )
         # Cut at 80 columns, the line's end never shows; wrapped, it does once the log is drawn.
-        await until(pilot, lambda: last.split()[-1] in " ".join(_screen_lines(app)),
-                    "the end of the long log line", 20)
+        await until(
+            pilot,
+            lambda: last.split()[-1] in " ".join(_screen_lines(app)),
+            "the end of the long log line",
+            20,
+        )
 
 
 def test_train_y_ticks_are_evenly_spaced_even_for_a_flat_series():
@@ -741,8 +861,11 @@ async def test_messages_of_another_session_open_at_their_top(make_app):
         table = app.screen.query_one(SessionTable)
         await until(pilot, lambda: table.row_count == 8, "the recorded sessions")
         await pilot.press("enter")
-        await until(pilot, lambda: app.current_mode == "rollout"
-                    and app.screen.query_one(TokenView).turn is not None, "the first rollout")
+        await until(
+            pilot,
+            lambda: app.current_mode == "rollout" and app.screen.query_one(TokenView).turn is not None,
+            "the first rollout",
+        )
         screen = app.screen
         await pilot.press("m")
         scroll = screen.query_one("#messages-scroll")
@@ -751,8 +874,9 @@ async def test_messages_of_another_session_open_at_their_top(make_app):
         await until(pilot, lambda: scroll.scroll_y > 0, "the scrolled messages")
         first = screen.session_id
         await pilot.press("2", "down", "enter")
-        await until(pilot, lambda: app.current_mode == "rollout" and screen.session_id != first,
-                    "another rollout")
+        await until(
+            pilot, lambda: app.current_mode == "rollout" and screen.session_id != first, "another rollout"
+        )
         # The scroll home is applied after the next refresh of the screen.
         await until(pilot, lambda: scroll.scroll_y == 0, "the new session's messages at their top")
 
@@ -762,8 +886,9 @@ async def test_sessions_at_60x20_keeps_idle_and_reward_and_says_what_it_hides(ma
     async with app.run_test(size=(60, 20)) as pilot:
         table = app.screen.query_one(SessionTable)
         await until(pilot, lambda: table.row_count == 8, "the recorded sessions")
-        await until(pilot, lambda: "root/fork/tokens hidden" in " ".join(_screen_lines(app)[1:3]),
-                    "the drawn summary")
+        await until(
+            pilot, lambda: "root/fork/tokens hidden" in " ".join(_screen_lines(app)[1:3]), "the drawn summary"
+        )
         lines = _screen_lines(app)
         header = next(line for line in lines if line.lstrip().startswith("session"))
         assert "idle" in header and "reward" in header
@@ -788,8 +913,9 @@ async def test_runs_failures_line_agrees_with_the_failed_count_after_a_resume(ap
     run = api_data["run_details"]["run-0001"]
     summary = next(r for r in api_data["runs"] if r["id"] == "run-0001")
     for body in (run, summary):
-        body.update(state="running", failures={},
-                    counts={"done": 3, "failed": 0, "ok": 3, "running": 1, "total": 4})
+        body.update(
+            state="running", failures={}, counts={"done": 3, "failed": 0, "ok": 3, "running": 1, "total": 4}
+        )
     client = TapdeckClient("http://tapdeck.test", "test-key", transport=recorded_transport(api_data))
     app = TapdeckApp(client, follow_events=False, initial_mode="runs")
     async with app.run_test(size=(80, 24)) as pilot:
@@ -807,8 +933,11 @@ async def test_turn_header_of_a_token_in_turn_is_whole_at_80x24(make_app):
         await until(pilot, lambda: table.row_count == 8, "the recorded sessions")
         await pilot.press("enter")
         screen = app.screen
-        await until(pilot, lambda: app.current_mode == "rollout"
-                    and screen.query_one(TokenView).turn is not None, "the rollout")
+        await until(
+            pilot,
+            lambda: app.current_mode == "rollout" and screen.query_one(TokenView).turn is not None,
+            "the rollout",
+        )
         screen.load_turn(screen.session_id, 2)  # a continuation with the longest capture line
         await until(pilot, lambda: screen.turn is not None and screen.turn.seq == 2, "turn #2")
 
@@ -840,15 +969,21 @@ async def test_train_without_a_rollout_run_points_to_setup_unless_its_args_name_
     async with app.run_test(size=(80, 24)) as pilot:
         screen = await _data_check_picked(pilot)
         await pilot.press("l")
-        assert any(n.message == ("pick a rollout run first (Setup starts one): data-check needs "
-                                 "--run RUN (or --rows PATH)") for n in app._notifications)
+        assert any(
+            n.message
+            == ("pick a rollout run first (Setup starts one): data-check needs --run RUN (or --rows PATH)")
+            for n in app._notifications
+        )
         # The CLI's rule, as the server lists it: `--rows=PATH` names the rows too, so the launch
         # is asked of the server (the recording has no launch to answer it with).
         screen.query_one("#train-args", Input).value = "--rows=rows.jsonl"
         await pilot.press("l")
         state = screen.query_one("#train-state", Static)
-        await until(pilot, lambda: str(state.render()).startswith("data-check did not start"),
-                    "the launch asked of the server")
+        await until(
+            pilot,
+            lambda: str(state.render()).startswith("data-check did not start"),
+            "the launch asked of the server",
+        )
 
 
 @pytest.mark.medium
@@ -874,8 +1009,10 @@ async def test_train_on_a_run_still_going_warns_that_it_reads_what_is_done(api_d
         screen = await _data_check_picked(pilot)
         screen.query_one("#train-run", Select).value = run["id"]
         await pilot.press("l")
-        warned = (f"run {run['id']} is still going: data-check reads the {run['counts']['done']} of "
-                  f"{run['counts']['total']} rollouts done so far")
+        warned = (
+            f"run {run['id']} is still going: data-check reads the {run['counts']['done']} of "
+            f"{run['counts']['total']} rollouts done so far"
+        )
         await until(pilot, lambda: any(n.message == warned for n in app._notifications), "the warning")
 
 
@@ -883,15 +1020,26 @@ async def test_train_says_why_stop_and_launch_did_nothing(make_app):
     app = make_app("train")
     async with app.run_test(size=(80, 24)) as pilot:
         screen = app.screen
-        await until(pilot, lambda: "data-check" in screen.recipes and not screen.running,
-                    "the recipes, with no run going")
+        await until(
+            pilot,
+            lambda: "data-check" in screen.recipes and not screen.running,
+            "the recipes, with no run going",
+        )
         await pilot.press("s")
-        await until(pilot, lambda: any(n.message == "no training run is running here: nothing to "
-                                       "stop" for n in app._notifications), "stop's answer")
+        await until(
+            pilot,
+            lambda: any(
+                n.message == "no training run is running here: nothing to stop" for n in app._notifications
+            ),
+            "stop's answer",
+        )
         screen.query_one("#train-recipe", Select).clear()
         await pilot.press("l")
-        await until(pilot, lambda: any(n.message == "no recipe chosen: pick one"
-                                       for n in app._notifications), "launch's answer")
+        await until(
+            pilot,
+            lambda: any(n.message == "no recipe chosen: pick one" for n in app._notifications),
+            "launch's answer",
+        )
 
 
 async def test_train_refuses_a_recipe_the_server_cannot_start_saying_why(api_data):
@@ -913,10 +1061,12 @@ async def test_train_refuses_a_recipe_the_server_cannot_start_saying_why(api_dat
         await pilot.press("l")
         await until(pilot, lambda: app._notifications, "launch's answer", 10)
         assert [n.message for n in app._notifications] == [
-            "grpo-trl cannot start on the server's machine: needs 2 GPUs; this machine has 0 "
-            "(r checks again)"]
-        assert str(screen.query_one("#train-state", Static).render()) == \
-            "grpo-trl did not start: needs 2 GPUs; this machine has 0"
+            "grpo-trl cannot start on the server's machine: needs 2 GPUs; this machine has 0 (r checks again)"
+        ]
+        assert (
+            str(screen.query_one("#train-state", Static).render())
+            == "grpo-trl did not start: needs 2 GPUs; this machine has 0"
+        )
         assert ("POST", "/admin/train") not in asked  # refused here, not after a round trip
 
 
@@ -941,8 +1091,11 @@ async def test_train_passes_the_picked_run_to_a_recipe_that_reads_runs_itself(ap
         screen = app.screen
         await until(pilot, lambda: "grpo-trl" in screen.recipes, "the recipes")
         screen.query_one("#train-recipe", Select).value = "grpo-trl"
-        await until(pilot, lambda: any(o[1] == run for o in screen.query_one("#train-run", Select)._options),
-                    "the rollout runs")
+        await until(
+            pilot,
+            lambda: any(o[1] == run for o in screen.query_one("#train-run", Select)._options),
+            "the rollout runs",
+        )
         screen.query_one("#train-run", Select).value = run
         await pilot.press("l")
         await until(pilot, lambda: launches, "the launch", 10)
@@ -955,5 +1108,9 @@ async def test_train_reward_plot_says_nothing_is_logged_before_any_run(api_data)
     app = TapdeckApp(client, follow_events=False, initial_mode="train")
     async with app.run_test(size=(80, 24)) as pilot:
         await until(pilot, lambda: app.screen.recipes, "the recipes")
-        await until(pilot, lambda: "reward: nothing logged yet" in " ".join(_screen_lines(app)),
-                    "the empty plot's label", 10)
+        await until(
+            pilot,
+            lambda: "reward: nothing logged yet" in " ".join(_screen_lines(app)),
+            "the empty plot's label",
+            10,
+        )

@@ -85,7 +85,8 @@ def test_admin_key_temp_file_is_never_followed(tmp_path: Path, monkeypatch) -> N
 
 
 def test_admin_key_file_is_owner_only_from_creation_even_over_a_readable_one(
-        tmp_path: Path, monkeypatch) -> None:
+    tmp_path: Path, monkeypatch
+) -> None:
     path = tmp_path / "admin.key"
     path.write_text("tdk-admin-old\n")
     path.chmod(0o644)
@@ -156,13 +157,16 @@ def test_session_keys_are_unguessable_and_charset_checked() -> None:
         assert not is_session_key(bad)
 
 
-@pytest.mark.parametrize("headers,query", [
-    ({"authorization": "Bearer K"}, {}),
-    ({"authorization": "bearer   K "}, {}),
-    ({"x-api-key": "K"}, {}),
-    ({"x-goog-api-key": "K"}, {}),
-    ({}, {"key": "K"}),
-])
+@pytest.mark.parametrize(
+    "headers,query",
+    [
+        ({"authorization": "Bearer K"}, {}),
+        ({"authorization": "bearer   K "}, {}),
+        ({"x-api-key": "K"}, {}),
+        ({"x-goog-api-key": "K"}, {}),
+        ({}, {"key": "K"}),
+    ],
+)
 def test_key_is_read_from_every_provider_location(headers: dict, query: dict) -> None:
     assert key_from_request(headers, query) == "K"
 
@@ -189,6 +193,7 @@ async def test_event_bus_delivers_in_order_and_from_other_threads() -> None:
     thread = threading.Thread(target=bus.publish, args=({"type": "b"},))
     thread.start()
     thread.join()
+
     async def delivered(n: int) -> None:
         while len(got) < n:
             await asyncio.sleep(0.001)
@@ -208,6 +213,7 @@ async def test_event_given_as_function_is_built_only_when_someone_listens() -> N
         def build() -> dict:
             built.append(name)
             return {"type": name}
+
         return build
 
     bus.publish(event("unheard"))

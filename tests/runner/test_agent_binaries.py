@@ -39,14 +39,25 @@ def recorded_400() -> dict[str, Any]:
     return cases["stream_options_without_stream"]["body"]
 
 
-def run_cli(name: str, info: dict[str, Any], root: Path, instruction: str,
-            timeout_s: float = 180, tool_profile: str = "full") -> subprocess.CompletedProcess[str]:
+def run_cli(
+    name: str,
+    info: dict[str, Any],
+    root: Path,
+    instruction: str,
+    timeout_s: float = 180,
+    tool_profile: str = "full",
+) -> subprocess.CompletedProcess[str]:
     """Run the installed CLI once as tapdeck's Harbor agent would, with its per-trial folders
     under `root` instead of the sandbox's `/installed-agent`."""
     cls = CLI_AGENTS[name]
     dialect_url = {"claude-code": "anthropic", "gemini-cli": "google"}.get(name, "openai")
-    agent = cls(logs_dir=root / "logs", model_name="smollm2", tool_profile=tool_profile,
-                proxy_url=info["base_urls"][dialect_url], session_key=info["api_key"])
+    agent = cls(
+        logs_dir=root / "logs",
+        model_name="smollm2",
+        tool_profile=tool_profile,
+        proxy_url=info["base_urls"][dialect_url],
+        session_key=info["api_key"],
+    )
     agent.entry = agent_install.entry_path(name)
     assert agent.entry is not None
     env = {k: v.replace(AGENT_ROOT, str(root)) for k, v in agent.env().items()}
@@ -59,13 +70,20 @@ def run_cli(name: str, info: dict[str, Any], root: Path, instruction: str,
     work = root / "work"
     work.mkdir()
     env["PATH"] = os.environ["PATH"]
-    return subprocess.run(["bash", "-c", agent.command(instruction)], cwd=work, env=env,
-                          capture_output=True, text=True, timeout=timeout_s,
-                          stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        ["bash", "-c", agent.command(instruction)],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def test_claude_code_gives_up_on_a_400_and_prints_what_was_refused(
-        capture: CaptureServer, upstream: FakeVllm, tmp_path: Path) -> None:
+    capture: CaptureServer, upstream: FakeVllm, tmp_path: Path
+) -> None:
     installed_or_skip("claude-code")
     refusal = recorded_400()
     upstream.answer = lambda body: (400, refusal)
@@ -81,8 +99,10 @@ def test_claude_code_gives_up_on_a_400_and_prints_what_was_refused(
     # features each time (tool search off: its deferred tools come inline), then it stops.
     tools = [len(r.get("tools") or []) for r in upstream.requests]
     main = [n for n in tools if n]
-    print(f"\nclaude-code against a 400: {len(tools)} requests in {wall:.1f} s, tools per request "
-          f"{tools}, exit {done.returncode}")
+    print(
+        f"\nclaude-code against a 400: {len(tools)} requests in {wall:.1f} s, tools per request "
+        f"{tools}, exit {done.returncode}"
+    )
     assert len(tools) - len(main) <= 2, tools
     assert 2 <= len(main) <= 8 and main[-1] > main[0], tools
     assert not (tmp_path / "work" / "hello.txt").exists()
@@ -91,7 +111,8 @@ def test_claude_code_gives_up_on_a_400_and_prints_what_was_refused(
 
 @pytest.mark.parametrize("name", list(CLI_AGENTS))
 def test_agent_binary_runs_its_own_tool_loop_through_the_proxy(
-        capture: CaptureServer, upstream: FakeVllm, tmp_path: Path, name: str) -> None:
+    capture: CaptureServer, upstream: FakeVllm, tmp_path: Path, name: str
+) -> None:
     # Each real binary's request shapes and its own tool loop through the capture server, in
     # seconds: the engine answers with recorded vLLM bodies, as a capable model would.
     installed_or_skip(name)
@@ -109,7 +130,8 @@ def test_agent_binary_runs_its_own_tool_loop_through_the_proxy(
 
 
 def test_qwen_code_after_a_length_cut_reply_stays_in_the_tasks_conversation(
-        capture: CaptureServer, upstream: FakeVllm, tmp_path: Path) -> None:
+    capture: CaptureServer, upstream: FakeVllm, tmp_path: Path
+) -> None:
     # Its one run on the embedded engine made two roots: after a reply cut at max_tokens ended
     # its turn, its managed-memory sub-agent sent the conversation under another system prompt
     # and tool set. The per-trial settings turn that sub-agent off.
@@ -134,7 +156,8 @@ LEAN_AGENTS = [n for n, cls in CLI_AGENTS.items() if cls.LEAN_TOOLS]
 def engine_text() -> Iterator[tuple[Any, Any]]:
     """The embedded engine's tokenizer and chat template (no forward pass is run)."""
     pytest.importorskip("llama_cpp", reason="the engine's tokenizer needs llama-cpp-python")
-    from tapdeck.runner.engine.model import LlamaModel, default_model_path
+    from tapdeck.runner.engine.model import LlamaModel
+    from tapdeck.runner.engine.model_file import default_model_path
     from tapdeck.runner.engine.template import ChatTemplate
 
     model = LlamaModel(default_model_path(), n_ctx=512)
@@ -150,8 +173,7 @@ def prompt_parts(body: dict[str, Any], engine_text: tuple[Any, Any]) -> dict[str
     model, template = engine_text
 
     def count(messages: list[dict[str, Any]], tools: Any = None, gen: bool = True) -> int:
-        return len(model.tokenize(template.render(messages, tools=tools,
-                                                  add_generation_prompt=gen)))
+        return len(model.tokenize(template.render(messages, tools=tools, add_generation_prompt=gen)))
 
     messages = body["messages"]
     total = count(messages, body.get("tools"))
@@ -162,13 +184,12 @@ def prompt_parts(body: dict[str, Any], engine_text: tuple[Any, Any]) -> dict[str
 
 @pytest.mark.parametrize("name", LEAN_AGENTS)
 def test_lean_profile_sends_only_the_task_tools_and_keeps_the_agents_loop(
-        capture: CaptureServer, upstream: FakeVllm, tmp_path: Path, name: str,
-        engine_text: tuple[Any, Any]) -> None:
+    capture: CaptureServer, upstream: FakeVllm, tmp_path: Path, name: str, engine_text: tuple[Any, Any]
+) -> None:
     installed_or_skip(name)
     upstream.answer = scripted_agent_reply(name)
     info = capture.open_session()
-    done = run_cli(name, info, tmp_path, "Create a file hello.txt containing hi.",
-                   tool_profile="lean")
+    done = run_cli(name, info, tmp_path, "Create a file hello.txt containing hi.", tool_profile="lean")
     output = (done.stdout + done.stderr)[-3000:]
     assert done.returncode == 0, output
     # Its own loop still ran the shell tool and got to the file.

@@ -37,23 +37,38 @@ def cut_at_max_tokens(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     return 200, vllm_reply_to(body, vllm_fixture(recorded)["response"])
 
 
-def test_an_agent_cli_that_exits_non_zero_is_reported_in_its_phase_with_its_own_words(
-        tmp_path: Path) -> None:
+def test_an_agent_cli_that_exits_non_zero_is_reported_in_its_phase_with_its_own_words(tmp_path: Path) -> None:
     installed_or_skip("codex")
     with engine_for_agents(cut_at_max_tokens) as engine:
-        result = CliRunner().invoke(app, [
-            "rollout", "--harness", "codex", "--task", "hello-file", "--engine", engine.base_url,
-            "--harness-kwargs", json.dumps({"tool_profile": "lean"}), "--timeout", "300",
-            "--data-dir", str(tmp_path / "data")], env={"COLUMNS": "80"})
+        result = CliRunner().invoke(
+            app,
+            [
+                "rollout",
+                "--harness",
+                "codex",
+                "--task",
+                "hello-file",
+                "--engine",
+                engine.base_url,
+                "--harness-kwargs",
+                json.dumps({"tool_profile": "lean"}),
+                "--timeout",
+                "300",
+                "--data-dir",
+                str(tmp_path / "data"),
+            ],
+            env={"COLUMNS": "80"},
+        )
     assert engine.requests, result.output
     assert result.exit_code == EXIT_ROLLOUT_FAILED, result.output
     line = next((x for x in result.output.splitlines() if x.startswith("hello-file: ")), None)
-    assert line == ("hello-file: NonZeroAgentExitCodeError during agent: codex exited with 1: "
-                    "ERROR: Incomplete response returned, reason: max_output_tokens"), result.output
+    assert line == (
+        "hello-file: NonZeroAgentExitCodeError during agent: codex exited with 1: "
+        "ERROR: Incomplete response returned, reason: max_output_tokens"
+    ), result.output
 
 
-def test_an_agent_timeout_says_how_far_the_agent_got_and_how_to_give_it_longer(
-        tmp_path: Path) -> None:
+def test_an_agent_timeout_says_how_far_the_agent_got_and_how_to_give_it_longer(tmp_path: Path) -> None:
     installed_or_skip("codex")
     release = threading.Event()
 
@@ -64,16 +79,32 @@ def test_an_agent_timeout_says_how_far_the_agent_got_and_how_to_give_it_longer(
 
     with engine_for_agents(never_in_time) as engine:
         try:
-            result = CliRunner().invoke(app, [
-                "rollout", "--harness", "codex", "--task", "hello-file", "--engine", engine.base_url,
-                "--harness-kwargs", json.dumps({"tool_profile": "lean"}), "--agent-timeout", "5",
-                "--data-dir", str(tmp_path / "data")], env={"COLUMNS": "80"})
+            result = CliRunner().invoke(
+                app,
+                [
+                    "rollout",
+                    "--harness",
+                    "codex",
+                    "--task",
+                    "hello-file",
+                    "--engine",
+                    engine.base_url,
+                    "--harness-kwargs",
+                    json.dumps({"tool_profile": "lean"}),
+                    "--agent-timeout",
+                    "5",
+                    "--data-dir",
+                    str(tmp_path / "data"),
+                ],
+                env={"COLUMNS": "80"},
+            )
         finally:
             release.set()
     assert any(r.get("tools") for r in engine.requests), result.output
     assert result.exit_code == EXIT_ROLLOUT_FAILED, result.output
     assert "agent_timeout" in result.output
     line = next((x for x in result.output.splitlines() if x.startswith("hello-file: ")), None)
-    assert line == ("hello-file: AgentTimeoutError during agent: Agent execution timed out after "
-                    "5.0 seconds, before any model call came back; --agent-timeout raises it"), \
-        result.output
+    assert line == (
+        "hello-file: AgentTimeoutError during agent: Agent execution timed out after "
+        "5.0 seconds, before any model call came back; --agent-timeout raises it"
+    ), result.output

@@ -21,9 +21,16 @@ def _fake_install(root: Path, name: str, version: str | None = None) -> Path:
     entry.parent.mkdir(parents=True)
     entry.write_text("#!/bin/sh\n")
     record = agent_install.InstallRecord(
-        name=name, package=package.package, version=version or package.version,
-        registry=package.registry, path=str(folder), entry=package.entry, size_bytes=10,
-        install_seconds=1.0, installed_at=0.0)
+        name=name,
+        package=package.package,
+        version=version or package.version,
+        registry=package.registry,
+        path=str(folder),
+        entry=package.entry,
+        size_bytes=10,
+        install_seconds=1.0,
+        installed_at=0.0,
+    )
     (folder / agent_install.RECORD).write_text(record.model_dump_json())
     return folder
 
@@ -76,7 +83,8 @@ def test_qwen_vendored_ripgrep_gets_its_exec_bit(tmp_path: Path) -> None:
 @pytest.mark.medium
 @pytest.mark.skipif(shutil.which("npm") is None, reason="needs npm (Node.js) on PATH")
 def test_unreachable_registry_is_a_network_install_error_and_leaves_nothing(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Nothing listens on port 9 of loopback: npm gets a refused connection, as when offline.
     monkeypatch.setenv("npm_config_registry", "http://127.0.0.1:9/")
     monkeypatch.setenv("npm_config_fetch_retries", "0")
@@ -98,7 +106,8 @@ def test_folder_size_counts_hard_links_once(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(shutil.which("npm") is None, reason="needs npm (Node.js) on PATH")
 async def test_rollout_installs_its_agent_cli_on_first_use_publishing_each_installer_line(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from tapdeck.runner.datasets import SAMPLE_DATASET_DIR
     from tapdeck.runner.rollout import RolloutResult, RolloutSpec, run_rollout
     from tapdeck.schema.runs import RolloutTemplate
@@ -107,15 +116,20 @@ async def test_rollout_installs_its_agent_cli_on_first_use_publishing_each_insta
     monkeypatch.setenv("npm_config_registry", "http://127.0.0.1:9/")  # refused: offline
     monkeypatch.setenv("npm_config_fetch_retries", "0")
     seen: list[RolloutResult] = []
-    spec = RolloutSpec(task="hello-file", task_path=SAMPLE_DATASET_DIR / "hello-file",
-                       trials_dir=tmp_path / "trials", rollout=RolloutTemplate(harness="gemini-cli"))
+    spec = RolloutSpec(
+        task="hello-file",
+        task_path=SAMPLE_DATASET_DIR / "hello-file",
+        trials_dir=tmp_path / "trials",
+        rollout=RolloutTemplate(harness="gemini-cli"),
+    )
     # The install comes before the capture session: no service is reached when it fails.
     result = await run_rollout(None, spec, on_update=seen.append)
     assert result.error_kind == "agent_install_failed", result.error
     assert "@google/gemini-cli@0.61.0" in (result.error or "")
     details = [r.detail for r in seen if r.phase == "install" and r.detail]
-    assert details and details[0] == (f"installing @google/gemini-cli@0.61.0 from npm into "
-                                      f"{tmp_path / 'agents' / 'gemini-cli-0.61.0'}")
+    assert details and details[0] == (
+        f"installing @google/gemini-cli@0.61.0 from npm into {tmp_path / 'agents' / 'gemini-cli-0.61.0'}"
+    )
     assert len(details) >= 2  # npm's own lines follow
     assert result.detail is None and result.phase == "failed"
 
@@ -128,8 +142,14 @@ def test_an_installer_that_goes_quiet_is_stopped_at_its_deadline_with_its_childr
     argv = ["sh", "-c", "echo resolving; sleep 120 & echo $! ; wait"]
     said: list[str] = []
     with pytest.raises(agent_install.InstallError, match="took longer than allowed") as err:
-        agent_install._stream(argv, dict(os.environ), Path("/tmp"), said.append,
-                              time.monotonic() + 1.0, agent_install.get_package("codex"))
+        agent_install._stream(
+            argv,
+            dict(os.environ),
+            Path("/tmp"),
+            said.append,
+            time.monotonic() + 1.0,
+            agent_install.get_package("codex"),
+        )
     child = int(said[1])
     assert process_gone(child)
     assert "its last line" in str(err.value)

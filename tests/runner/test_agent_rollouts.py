@@ -63,7 +63,6 @@ def _agent_output(rollout: dict[str, Any], name: str) -> str:
     return path.read_text()[-3000:] if path.is_file() else "(no output kept)"
 
 
-
 def task_kwargs(name: str) -> dict[str, Any]:
     """The sample-task run's agent settings: two turns, and the lean tool profile where the agent
     has one (its first prompt a third to a half smaller, so a CPU engine prefills it in CI)."""
@@ -74,14 +73,21 @@ def task_kwargs(name: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("name", AGENTS)
 def test_agent_cli_runs_a_sample_task_offline_with_every_turn_captured(
-        agent_server: RunnerServer, name: str) -> None:
+    agent_server: RunnerServer, name: str
+) -> None:
     installed_or_skip(name)
     started = time.monotonic()
-    run = agent_server.start(tasks=["hello-file"], harness=name, timeout_s=2100, agent_timeout_s=1800,
-                             call_budget=BUDGET, agent_kwargs=task_kwargs(name),
-                             # The embedded engine's chat route parses hermes tool calls: named,
-                             # token-in continues calls with tools by ids (else `tool_parser_unknown`).
-                             engine_tool_parser="hermes")
+    run = agent_server.start(
+        tasks=["hello-file"],
+        harness=name,
+        timeout_s=2100,
+        agent_timeout_s=1800,
+        call_budget=BUDGET,
+        agent_kwargs=task_kwargs(name),
+        # The embedded engine's chat route parses hermes tool calls: named,
+        # token-in continues calls with tools by ids (else `tool_parser_unknown`).
+        engine_tool_parser="hermes",
+    )
     r = _only(agent_server.wait(run["id"], timeout_s=2200))  # the rollout's own limit, then some
     wall = time.monotonic() - started
     output = _agent_output(r, name)
@@ -106,7 +112,9 @@ def test_agent_cli_runs_a_sample_task_offline_with_every_turn_captured(
         # It drops a reply it rejects (no tool call, or cut by max_tokens) and asks again from
         # before it: each call is a root of its own, and the capture says so.
         assert len(roots) == len(agent_turns), shape
-        assert len(roots) == 1 or any(f["code"] == "every_call_a_root" for f in doc["findings"]), doc["findings"]
+        assert len(roots) == 1 or any(f["code"] == "every_call_a_root" for f in doc["findings"]), doc[
+            "findings"
+        ]
     else:
         # One conversation, one chain: every agent turn hangs off one root.
         assert len(roots) == 1, shape
@@ -117,27 +125,32 @@ def test_agent_cli_runs_a_sample_task_offline_with_every_turn_captured(
     first = min(agent_turns, key=lambda t: t["seq"])
     # From the rollout's start: a call the agent gave up on and re-sent still took this long.
     first_answer = first["created_at"] - r["started_at"]
-    print(f"\n{name}: exit={r['error_kind'] or 'ok'} turns={r['turns']} "
-          f"agent={len(agent_turns)} roles={[t['role'] for t in doc['turns']]} "
-          f"first_prompt={first['prompt_len']} tokens first_answer={first_answer:.0f}s after start "
-          f"(its own call {first['meta'].get('latency_ms', 0) / 1000:.1f}s) "
-          f"agent_phase={r['timings'].get('agent_execution', 0):.0f}s wall={wall:.0f}s "
-          f"shape={shape} modes={[(t['meta'] or {}).get('capture_mode') for t in doc['turns']]}")
-
-
+    print(
+        f"\n{name}: exit={r['error_kind'] or 'ok'} turns={r['turns']} "
+        f"agent={len(agent_turns)} roles={[t['role'] for t in doc['turns']]} "
+        f"first_prompt={first['prompt_len']} tokens first_answer={first_answer:.0f}s after start "
+        f"(its own call {first['meta'].get('latency_ms', 0) / 1000:.1f}s) "
+        f"agent_phase={r['timings'].get('agent_execution', 0):.0f}s wall={wall:.0f}s "
+        f"shape={shape} modes={[(t['meta'] or {}).get('capture_mode') for t in doc['turns']]}"
+    )
 
 
 @pytest.mark.parametrize("name", AGENTS)
-def test_dead_engine_ends_the_agent_and_is_engine_unreachable(
-        agent_server: RunnerServer, name: str) -> None:
+def test_dead_engine_ends_the_agent_and_is_engine_unreachable(agent_server: RunnerServer, name: str) -> None:
     installed_or_skip(name)
     # Its context must hold the agent's first prompt, or the rollout is refused before the trial
     # (`settings_do_not_fit`) and the agent never meets the dead engine.
     engine = start_engine()
     url = engine.base_url
-    run = agent_server.start(tasks=["hello-file"], harness=name, engine=url, timeout_s=400,
-                             agent_timeout_s=300, call_budget=BUDGET,
-                             agent_kwargs={"max_turns": TURNS})
+    run = agent_server.start(
+        tasks=["hello-file"],
+        harness=name,
+        engine=url,
+        timeout_s=400,
+        agent_timeout_s=300,
+        call_budget=BUDGET,
+        agent_kwargs={"max_turns": TURNS},
+    )
     try:
         # The session probes the live engine; it dies before the agent's first call.
         deadline = time.monotonic() + 120
@@ -161,15 +174,17 @@ def test_dead_engine_ends_the_agent_and_is_engine_unreachable(
         assert "Traceback (most recent call last)" in full and "╭" not in full, output
 
 
-def test_unreachable_public_url_fails_the_rollout_before_any_model_call(
-        agent_server: RunnerServer) -> None:
+def test_unreachable_public_url_fails_the_rollout_before_any_model_call(agent_server: RunnerServer) -> None:
     import socket
 
     installed_or_skip("codex")
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    r = _only(agent_server.run(tasks=["hello-file"], harness="codex", timeout_s=300,
-                               public_url=f"http://127.0.0.1:{port}"))
+    r = _only(
+        agent_server.run(
+            tasks=["hello-file"], harness="codex", timeout_s=300, public_url=f"http://127.0.0.1:{port}"
+        )
+    )
     assert not r["ok"] and r["error_kind"] == "proxy_unreachable", r
     assert f"http://127.0.0.1:{port}/health" in r["error"] and r["turns"] == 0

@@ -13,18 +13,27 @@ pytestmark = pytest.mark.slow
 
 
 def test_runner_routes_need_the_admin_key(runner_server: RunnerServer) -> None:
-    for method, path in (("GET", "/admin/catalog"), ("GET", "/admin/runs"), ("POST", "/admin/runs"),
-                         ("POST", "/admin/runs/x/cancel")):
+    for method, path in (
+        ("GET", "/admin/catalog"),
+        ("GET", "/admin/runs"),
+        ("POST", "/admin/runs"),
+        ("POST", "/admin/runs/x/cancel"),
+    ):
         for headers in ({}, {"Authorization": "Bearer wrong"}):
             resp = httpx.request(method, runner_server.local.url + path, headers=headers, json={})
             assert resp.status_code == 401, (method, path, resp.text)
 
 
 def test_catalog_lists_the_sample_dataset_harnesses_sandboxes_and_the_running_engine(
-        runner_server: RunnerServer) -> None:
+    runner_server: RunnerServer,
+) -> None:
     doc = runner_server.http.get("/admin/catalog").json()
-    assert doc["defaults"] == {"dataset": "sample", "harness": "terminus-2", "sandbox": "host",
-                               "engine": "embedded"}
+    assert doc["defaults"] == {
+        "dataset": "sample",
+        "harness": "terminus-2",
+        "sandbox": "host",
+        "engine": "embedded",
+    }
     sample = next(d for d in doc["datasets"] if d["name"] == "sample")
     assert "hello-file" in [t["name"] for t in sample["tasks"]]
     assert {"terminus-2", "oracle"} <= {h["name"] for h in doc["harnesses"]}
@@ -51,7 +60,9 @@ def test_bad_plans_are_400_with_the_reason(runner_server: RunnerServer) -> None:
 def test_cancelling_a_running_run_ends_its_rollouts_as_cancelled(runner_server: RunnerServer) -> None:
     run = runner_server.start(tasks=["hello-file"], k=2, timeout_s=300)
     deadline = time.monotonic() + 120
-    while not any(r["phase"] == "agent" for r in runner_server.http.get(f"/admin/runs/{run['id']}").json()["rollouts"]):
+    while not any(
+        r["phase"] == "agent" for r in runner_server.http.get(f"/admin/runs/{run['id']}").json()["rollouts"]
+    ):
         assert time.monotonic() < deadline
         time.sleep(0.2)
     summary = runner_server.http.post(f"/admin/runs/{run['id']}/cancel").json()
@@ -65,8 +76,12 @@ def test_cancelling_a_running_run_ends_its_rollouts_as_cancelled(runner_server: 
 
 
 def test_export_writes_training_rows_with_group_and_reward(runner_server: RunnerServer) -> None:
-    doc = runner_server.run(tasks=["hello-file"], timeout_s=600, call_budget=1,
-                            agent_kwargs={"max_turns": 1, "llm_kwargs": {"max_tokens": 16}})
+    doc = runner_server.run(
+        tasks=["hello-file"],
+        timeout_s=600,
+        call_budget=1,
+        agent_kwargs={"max_turns": 1, "llm_kwargs": {"max_tokens": 16}},
+    )
     resp = runner_server.http.post(f"/admin/runs/{doc['id']}/export", json={"format": "jsonl"})
     assert resp.status_code == 200, resp.text
     out = resp.json()

@@ -11,30 +11,48 @@ from typing import Any
 
 from harbor.models.trajectories import Agent, Metrics, Step, Trajectory
 
-from tapdeck.schema.findings import Level
 from tapdeck.runner.atif import CapturedCall, reconcile, reconcile_file
+from tapdeck.schema.findings import Level
 
 
-def _trajectory(counts: list[int | None], *, prompts: list[int] | None = None,
-                llm_call_counts: list[int | None] | None = None,
-                subagents: bool = False) -> dict[str, Any]:
+def _trajectory(
+    counts: list[int | None],
+    *,
+    prompts: list[int] | None = None,
+    llm_call_counts: list[int | None] | None = None,
+    subagents: bool = False,
+) -> dict[str, Any]:
     steps = [Step(step_id=1, source="user", message="do the task")]
     for i, count in enumerate(counts):
-        metrics = Metrics(completion_tokens=count,
-                          prompt_tokens=prompts[i] if prompts else 100 + i)
-        steps.append(Step(step_id=len(steps) + 1, source="agent", message=f"reply {i}", metrics=metrics,
-                          llm_call_count=llm_call_counts[i] if llm_call_counts else None))
+        metrics = Metrics(completion_tokens=count, prompt_tokens=prompts[i] if prompts else 100 + i)
+        steps.append(
+            Step(
+                step_id=len(steps) + 1,
+                source="agent",
+                message=f"reply {i}",
+                metrics=metrics,
+                llm_call_count=llm_call_counts[i] if llm_call_counts else None,
+            )
+        )
     traj = Trajectory(session_id="s", agent=Agent(name="terminus-2", version="2.0"), steps=steps)
     if subagents:
-        sub = Trajectory(session_id="s", trajectory_id="sub-1", agent=Agent(name="helper", version="1"),
-                         steps=[Step(step_id=1, source="user", message="sub")])
+        sub = Trajectory(
+            session_id="s",
+            trajectory_id="sub-1",
+            agent=Agent(name="helper", version="1"),
+            steps=[Step(step_id=1, source="user", message="sub")],
+        )
         traj = traj.model_copy(update={"subagent_trajectories": [sub]})
     return traj.to_json_dict()
 
 
-def _calls(counts: list[int | None], *, first_prompt: int = 100, synthetic: set[int] = frozenset()) -> list[CapturedCall]:
-    return [CapturedCall(seq=i, completion_tokens=c, prompt_tokens=first_prompt + i, synthetic=i in synthetic)
-            for i, c in enumerate(counts)]
+def _calls(
+    counts: list[int | None], *, first_prompt: int = 100, synthetic: set[int] = frozenset()
+) -> list[CapturedCall]:
+    return [
+        CapturedCall(seq=i, completion_tokens=c, prompt_tokens=first_prompt + i, synthetic=i in synthetic)
+        for i, c in enumerate(counts)
+    ]
 
 
 def _codes(report) -> dict[str, Level]:
@@ -147,10 +165,12 @@ def test_length_cut_calls_missing_from_the_trajectory_match_with_a_warning() -> 
     # terminus-2 re-asks after a max_tokens cut without recording the cut call (measured here:
     # ours [256, 178, 256, 96], theirs [178, 96]). The first prompt is compared with the first
     # recorded call's, not with the cut one's.
-    calls = [CapturedCall(seq=0, completion_tokens=256, prompt_tokens=838, truncated=True),
-             CapturedCall(seq=1, completion_tokens=178, prompt_tokens=1177),
-             CapturedCall(seq=2, completion_tokens=256, prompt_tokens=1400, truncated=True),
-             CapturedCall(seq=3, completion_tokens=96, prompt_tokens=1700)]
+    calls = [
+        CapturedCall(seq=0, completion_tokens=256, prompt_tokens=838, truncated=True),
+        CapturedCall(seq=1, completion_tokens=178, prompt_tokens=1177),
+        CapturedCall(seq=2, completion_tokens=256, prompt_tokens=1400, truncated=True),
+        CapturedCall(seq=3, completion_tokens=96, prompt_tokens=1700),
+    ]
     report = reconcile(calls, _trajectory([178, 96], prompts=[1177, 1700]))
     assert report.verdict == "match"
     assert _codes(report) == {"atif_truncated_unrecorded": Level.WARN}
@@ -159,11 +179,13 @@ def test_length_cut_calls_missing_from_the_trajectory_match_with_a_warning() -> 
 
 def test_recorded_calls_missing_besides_the_length_cut_ones_are_still_a_mismatch() -> None:
     # Left out are the cut call and two complete ones: under half of ours is accounted for.
-    calls = [CapturedCall(seq=0, completion_tokens=256, prompt_tokens=838, truncated=True),
-             CapturedCall(seq=1, completion_tokens=178, prompt_tokens=1177),
-             CapturedCall(seq=2, completion_tokens=60, prompt_tokens=1400),
-             CapturedCall(seq=3, completion_tokens=61, prompt_tokens=1500),
-             CapturedCall(seq=4, completion_tokens=96, prompt_tokens=1700)]
+    calls = [
+        CapturedCall(seq=0, completion_tokens=256, prompt_tokens=838, truncated=True),
+        CapturedCall(seq=1, completion_tokens=178, prompt_tokens=1177),
+        CapturedCall(seq=2, completion_tokens=60, prompt_tokens=1400),
+        CapturedCall(seq=3, completion_tokens=61, prompt_tokens=1500),
+        CapturedCall(seq=4, completion_tokens=96, prompt_tokens=1700),
+    ]
     report = reconcile(calls, _trajectory([178, 96], prompts=[1177, 1700]))
     assert report.verdict == "mismatch"
     assert _codes(report)["atif_mismatch"] is Level.FATAL
@@ -185,9 +207,17 @@ def _recorded_session(tmp_path: Path):
     from tests.support.recorded_turns import turn_from_fixture
 
     store = Store(tmp_path / "capture.db")
-    store.create_session({"id": "s-00000000000000a1", "state": "closed", "tier": "tokens",
-                          "rollout_type": "train", "engine": {"url": "http://e/v1"},
-                          "metadata": {}, "created_at": 1.0})
+    store.create_session(
+        {
+            "id": "s-00000000000000a1",
+            "state": "closed",
+            "tier": "tokens",
+            "rollout_type": "train",
+            "engine": {"url": "http://e/v1"},
+            "metadata": {},
+            "created_at": 1.0,
+        }
+    )
     graph = RolloutGraph()
     for i, name in enumerate(["chat_multiturn_1", "chat_multiturn_2", "chat_multiturn_3"]):
         turn = turn_from_fixture(name, i, "s-00000000000000a1")
@@ -234,8 +264,10 @@ def test_a_trajectory_recording_every_call_demotes_nothing(tmp_path: Path) -> No
     sid = "s-00000000000000a1"
     service = restart()
     calls = captured_calls(service.rollout_document(sid))
-    report = reconcile(calls, _trajectory([c.completion_tokens for c in calls],
-                                          prompts=[c.prompt_tokens or 0 for c in calls]))
+    report = reconcile(
+        calls,
+        _trajectory([c.completion_tokens for c in calls], prompts=[c.prompt_tokens or 0 for c in calls]),
+    )
     assert report.verdict == "match" and report.auxiliary == []
     assert _roles(service, sid) == ["agent"] * 3 and _trained_seqs(service, sid) == ["0", "1", "2"]
     store.close()

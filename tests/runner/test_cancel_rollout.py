@@ -80,22 +80,31 @@ def _marked(marker: str) -> list[int]:
     return pids
 
 
-def test_a_cancelled_rollouts_background_processes_are_killed(runner_server: RunnerServer,
-                                                                tmp_path: Path) -> None:
+def test_a_cancelled_rollouts_background_processes_are_killed(
+    runner_server: RunnerServer, tmp_path: Path
+) -> None:
     marker = f"tapdeck-bg-{secrets.token_hex(6)}"
-    task = make_task(tmp_path / "dataset", "background", "echo 1 > /logs/verifier/reward.txt\n",
-                     agent_timeout_s=600)
-    server_py = ("import http.server; http.server.HTTPServer(('127.0.0.1', 0), "
-                 "http.server.SimpleHTTPRequestHandler).serve_forever()")
+    task = make_task(
+        tmp_path / "dataset", "background", "echo 1 > /logs/verifier/reward.txt\n", agent_timeout_s=600
+    )
+    server_py = (
+        "import http.server; http.server.HTTPServer(('127.0.0.1', 0), "
+        "http.server.SimpleHTTPRequestHandler).serve_forever()"
+    )
     # A plain background job, one in a session of its own, a daemonised server, then the agent waits.
     (task / "solution" / "solve.sh").write_text(
         f"#!/bin/bash\n(exec -a {marker} sleep 1000) &\n(setsid bash -c 'exec -a {marker} sleep 1000' &)\n"
-        f"(nohup python3 -c \"{server_py}\" {marker} >/dev/null 2>&1 &)\n"
-        f"exec -a {marker} sleep 1000\n")
+        f'(nohup python3 -c "{server_py}" {marker} >/dev/null 2>&1 &)\n'
+        f"exec -a {marker} sleep 1000\n"
+    )
     hostdirs = tmp_path / "hostdirs"
     hostdirs.mkdir()
-    run = runner_server.start(dataset=str(tmp_path / "dataset"), harness="oracle", timeout_s=600,
-                              sandbox_kwargs={"base_dir": str(hostdirs)})
+    run = runner_server.start(
+        dataset=str(tmp_path / "dataset"),
+        harness="oracle",
+        timeout_s=600,
+        sandbox_kwargs={"base_dir": str(hostdirs)},
+    )
     rid = f"{run['id']}.g000r00"
     deadline = time.monotonic() + WAIT_S
     while len(_marked(marker)) < 4:

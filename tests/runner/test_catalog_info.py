@@ -32,8 +32,7 @@ def test_sandbox_catalog_lists_host_and_every_harbor_backend() -> None:
 def test_missing_sdk_reason_keeps_the_install_command_after_its_colon() -> None:
     from harbor.models.environment_type import EnvironmentType
 
-    missing = [row for row in catalog.sandbox_catalog(refresh=True)
-               if "Install it with" in row.why]
+    missing = [row for row in catalog.sandbox_catalog(refresh=True) if "Install it with" in row.why]
     # Harbor's optional sandbox SDKs (vercel, blaxel, ...) are not in tapdeck's environment.
     assert missing and {r.name for r in missing} <= {t.value for t in EnvironmentType}
     for row in missing:
@@ -82,7 +81,8 @@ def test_embedded_engine_is_available_without_starting_it_and_claims_no_tier() -
 
 
 def test_ec2_without_aws_credentials_is_unavailable_though_harbor_preflight_passes(
-        monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
     for var in ("AWS_ACCESS_KEY_ID", "AWS_PROFILE"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
@@ -138,8 +138,9 @@ def test_engine_listing_without_probe_counts_as_text_tier() -> None:
 def test_info_command_prints_the_base_url_a_bare_engine_address_settled_on() -> None:
     with models_only_engine() as engine:
         address = engine.removeprefix("http://")
-        result = CliRunner().invoke(app, ["info", "--engine", address, "--no-probe"],
-                                    env={"COLUMNS": "100", "TERM": "dumb"})
+        result = CliRunner().invoke(
+            app, ["info", "--engine", address, "--no-probe"], env={"COLUMNS": "100", "TERM": "dumb"}
+        )
     assert result.exit_code == 0, result.output
     assert f"{engine}/v1 serves smollm2" in result.output
 
@@ -152,15 +153,26 @@ def test_engine_url_tier_comes_from_the_proxy_probe(embedded_engine) -> None:
 
 
 def test_info_command_fits_80_columns_and_says_what_matters() -> None:
-    result = CliRunner().invoke(app, ["info", "--engine", "http://127.0.0.1:9/v1"],
-                                env={"COLUMNS": "80", "TERM": "dumb"})
+    result = CliRunner().invoke(
+        app, ["info", "--engine", "http://127.0.0.1:9/v1"], env={"COLUMNS": "80", "TERM": "dumb"}
+    )
     # The catalog is printed in full, and the engine named that does not answer makes it exit 1.
     assert result.exit_code == 1, result.output
     assert result.stderr.startswith("tapdeck info: no engine answered at 'http://127.0.0.1:9/v1'")
     out = result.stdout
-    for needle in ("Sandboxes", "host", "NOT a security boundary", "Dataset sample (5 tasks)",
-                   "hello-file", "Harnesses", "terminus-2", "Engines", "embedded",
-                   "127.0.0.1:9", "defaults: dataset=sample harness=terminus-2 sandbox=host"):
+    for needle in (
+        "Sandboxes",
+        "host",
+        "NOT a security boundary",
+        "Dataset sample (5 tasks)",
+        "hello-file",
+        "Harnesses",
+        "terminus-2",
+        "Engines",
+        "embedded",
+        "127.0.0.1:9",
+        "defaults: dataset=sample harness=terminus-2 sandbox=host",
+    ):
         assert needle in out, needle
     assert max(len(line) for line in out.splitlines()) <= 80
 
@@ -172,20 +184,25 @@ def test_info_engine_that_does_not_answer_says_on_stderr_what_was_tried_and_what
     tried = ("GET http://127.0.0.1:9/v1/models (", "GET http://127.0.0.1:9/models (")
     assert all(url in row["why"] for url in tried), row["why"]
     # One line: the row's own words (every URL tried and its answer), then what to check.
-    assert result.stderr == (f"tapdeck info: {row['why']}; check that the engine is running at "
-                             "that host and port, and that --engine-api-key is its key if it "
-                             "wants one\n")
+    assert result.stderr == (
+        f"tapdeck info: {row['why']}; check that the engine is running at "
+        "that host and port, and that --engine-api-key is its key if it "
+        "wants one\n"
+    )
 
 
 def test_info_json_is_the_catalog_document() -> None:
     result = CliRunner().invoke(app, ["info", "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
-    assert set(doc) == {"datasets", "harnesses", "sandboxes", "engines", "defaults",
-                        "settings_defaults"}
+    assert set(doc) == {"datasets", "harnesses", "sandboxes", "engines", "defaults", "settings_defaults"}
     assert doc["settings_defaults"]["max_turns"] == "3"
-    assert doc["defaults"] == {"dataset": "sample", "harness": "terminus-2", "sandbox": "host",
-                               "engine": "embedded"}
+    assert doc["defaults"] == {
+        "dataset": "sample",
+        "harness": "terminus-2",
+        "sandbox": "host",
+        "engine": "embedded",
+    }
     assert {"name", "dialect", "placement", "validated", "available", "why"} <= set(doc["harnesses"][0])
 
 
@@ -202,7 +219,8 @@ def test_render_hides_unavailable_backends_unless_asked() -> None:
 
 
 def test_sandbox_checks_that_print_out_of_order_leave_the_commands_output_alone(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     import sys
     import threading
 
@@ -231,8 +249,9 @@ def test_sandbox_checks_that_print_out_of_order_leave_the_commands_output_alone(
     classes = {"daytona": First, "modal": Second}
     monkeypatch.setattr(catalog, "_SANDBOX_CACHE", {})  # these rows are not this machine's
     monkeypatch.setattr(catalog, "harbor_environment_types", lambda: list(classes))
-    monkeypatch.setattr("harbor.environments.factory._load_environment_class",
-                        lambda env_type: classes[env_type.value])
+    monkeypatch.setattr(
+        "harbor.environments.factory._load_environment_class", lambda env_type: classes[env_type.value]
+    )
     stdout, stderr = sys.stdout, sys.stderr
     rows = {r.name: r for r in catalog.sandbox_catalog(refresh=True)}
     assert rows["daytona"].available and rows["modal"].available

@@ -20,8 +20,10 @@ def test_none_and_sample_resolve_to_the_shipped_sample_dataset() -> None:
         ds = resolve_dataset(spec)
         assert ds.name == "sample"
         assert [t.name for t in ds.tasks] == SAMPLE_TASKS
-    assert resolve_dataset(None).task("sum-numbers").instruction == \
-        "Add up these numbers: 17, 23, 58, 4, 91 and 305."
+    assert (
+        resolve_dataset(None).task("sum-numbers").instruction
+        == "Add up these numbers: 17, 23, 58, 4, 91 and 305."
+    )
 
 
 def test_every_sample_task_is_a_valid_harbor_task_with_sensible_timeouts() -> None:
@@ -52,8 +54,7 @@ def test_a_local_task_folder_is_one_task(tmp_path: Path) -> None:
     assert ds.tasks[0].instruction.startswith("Create a file named `hello.txt`")
 
 
-def test_a_task_carries_its_whole_instruction_for_a_preview_and_its_opening_line(
-        tmp_path: Path) -> None:
+def test_a_task_carries_its_whole_instruction_for_a_preview_and_its_opening_line(tmp_path: Path) -> None:
     task = shutil.copytree(datasets.SAMPLE_DATASET_DIR / "hello-file", tmp_path / "long")
     body = "# Make a file\n\nCreate `hello.txt`\nholding one line.\n\n## Checks\n\n" + "x" * 5000
     (task / "instruction.md").write_text(body)
@@ -118,7 +119,8 @@ def test_a_git_host_that_does_not_answer_is_unreachable_in_gits_own_words() -> N
     assert problem.message.startswith(
         "dataset source unreachable: the git host of http://127.0.0.1:9/org/tasks.git did not "
         "answer (git: fatal: unable to access 'http://127.0.0.1:9/org/tasks.git/': Failed to "
-        "connect to 127.0.0.1 port 9"), problem.message
+        "connect to 127.0.0.1 port 9"
+    ), problem.message
 
 
 def test_a_git_host_without_the_repository_makes_it_an_unknown_dataset(tmp_path: Path) -> None:
@@ -138,7 +140,8 @@ def test_a_git_host_without_the_repository_makes_it_an_unknown_dataset(tmp_path:
     assert not problem.unreachable  # a wrong spec, not an offline host: bad usage (exit 2)
     assert problem.message == (
         f"unknown dataset {spec!r}: the git host of {spec} answered, with no such repository or "
-        f"ref (or one that needs credentials): git: fatal: repository '{spec}/' not found")
+        f"ref (or one that needs credentials): git: fatal: repository '{spec}/' not found"
+    )
 
 
 @pytest.mark.medium

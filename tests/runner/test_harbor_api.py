@@ -17,10 +17,17 @@ from tapdeck.runner import harbor_api
 def _type_checking_imports() -> dict[str, str]:
     """`name: module:attribute` of the imports under the module's `if TYPE_CHECKING:`."""
     tree = ast.parse(Path(harbor_api.__file__).read_text(encoding="utf-8"))
-    block = next(node for node in tree.body if isinstance(node, ast.If)
-                 and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")
-    return {alias.asname or alias.name: f"{node.module}:{alias.name}"
-            for node in block.body if isinstance(node, ast.ImportFrom) for alias in node.names}
+    block = next(
+        node
+        for node in tree.body
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+    )
+    return {
+        alias.asname or alias.name: f"{node.module}:{alias.name}"
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
 
 
 def test_every_name_is_listed_for_type_checkers_too() -> None:
@@ -39,14 +46,15 @@ def test_a_name_it_does_not_list_is_an_attribute_error() -> None:
 
 
 def test_importing_harbor_api_imports_no_harbor_and_sets_the_litellm_switch() -> None:
-    code = ("import os, sys\n"
-            "import tapdeck.runner.harbor_api as harbor_api\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'harbor'),"
-            " os.environ.get('LITELLM_LOCAL_MODEL_COST_MAP'))\n"
-            "harbor_api.TaskConfig\n"
-            "print('harbor.models.task.config' in sys.modules, 'harbor.trial.trial' in sys.modules)\n")
+    code = (
+        "import os, sys\n"
+        "import tapdeck.runner.harbor_api as harbor_api\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'harbor'),"
+        " os.environ.get('LITELLM_LOCAL_MODEL_COST_MAP'))\n"
+        "harbor_api.TaskConfig\n"
+        "print('harbor.models.task.config' in sys.modules, 'harbor.trial.trial' in sys.modules)\n"
+    )
     env = {"PATH": "/usr/bin:/bin", **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"}}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env=env)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["[] True", "True False"]

@@ -20,20 +20,30 @@ from tapdeck.runner.harnesses import (
     strip_secrets,
 )
 
-BASE_URLS = {"openai": "http://127.0.0.1:8300/v1", "anthropic": "http://127.0.0.1:8300",
-             "google": "http://127.0.0.1:8300"}
+BASE_URLS = {
+    "openai": "http://127.0.0.1:8300/v1",
+    "anthropic": "http://127.0.0.1:8300",
+    "google": "http://127.0.0.1:8300",
+}
 SESSION_KEY = "tdk-session-key-123"
-REAL_KEYS = {"OPENAI_API_KEY": "sk-real-openai", "ANTHROPIC_API_KEY": "sk-ant-real",
-             "ANTHROPIC_AUTH_TOKEN": "sk-ant-real-token", "GEMINI_API_KEY": "real-gemini",
-             "GOOGLE_API_KEY": "real-google", "LLM_API_KEY": "real-llm"}
-MODEL_HARNESSES = [name for name, h in HARNESSES.items()
-                   if h.makes_model_calls and h.placement is not Placement.HOST_INSTALL]
+REAL_KEYS = {
+    "OPENAI_API_KEY": "sk-real-openai",
+    "ANTHROPIC_API_KEY": "sk-ant-real",
+    "ANTHROPIC_AUTH_TOKEN": "sk-ant-real-token",
+    "GEMINI_API_KEY": "real-gemini",
+    "GOOGLE_API_KEY": "real-google",
+    "LLM_API_KEY": "real-llm",
+}
+MODEL_HARNESSES = [
+    name for name, h in HARNESSES.items() if h.makes_model_calls and h.placement is not Placement.HOST_INSTALL
+]
 CLI_HARNESSES = [name for name, h in HARNESSES.items() if h.placement is Placement.HOST_INSTALL]
 
 
 def _build(name: str, **kw) -> AgentConfig:
-    return build_agent_config(name, base_urls=BASE_URLS, session_key=SESSION_KEY,
-                              served_model="smollm2", **kw)
+    return build_agent_config(
+        name, base_urls=BASE_URLS, session_key=SESSION_KEY, served_model="smollm2", **kw
+    )
 
 
 def test_terminus2_gets_the_small_model_defaults() -> None:
@@ -48,8 +58,12 @@ def test_terminus2_gets_the_small_model_defaults() -> None:
     assert k["record_terminal_session"] is False
     assert k["enable_summarize"] is False
     assert k["max_turns"] == 3
-    assert k["model_info"] == {"max_input_tokens": 8192, "max_output_tokens": 128,
-                               "input_cost_per_token": 0.0, "output_cost_per_token": 0.0}
+    assert k["model_info"] == {
+        "max_input_tokens": 8192,
+        "max_output_tokens": 128,
+        "input_cost_per_token": 0.0,
+        "output_cost_per_token": 0.0,
+    }
     assert k["llm_kwargs"] == {"max_tokens": 128, "api_key": SESSION_KEY}
 
 
@@ -57,8 +71,13 @@ def test_hosted_vllm_prefix_on_request_and_only_for_valid_names() -> None:
     vllm = RunDefaults(model_prefix="hosted_vllm/", context_tokens=32768)
     assert _build("terminus-2", defaults=vllm).model_name == "hosted_vllm/smollm2"
     assert _build("terminus-2", defaults=vllm).kwargs["model_info"]["max_input_tokens"] == 32768
-    odd = build_agent_config("terminus-2", base_urls=BASE_URLS, session_key=SESSION_KEY,
-                             served_model="Qwen/Qwen3-8B", defaults=vllm)
+    odd = build_agent_config(
+        "terminus-2",
+        base_urls=BASE_URLS,
+        session_key=SESSION_KEY,
+        served_model="Qwen/Qwen3-8B",
+        defaults=vllm,
+    )
     assert odd.model_name == "openai/Qwen/Qwen3-8B"
 
 
@@ -78,8 +97,15 @@ def test_no_model_harnesses_get_no_model_overrides(name: str) -> None:
 def test_harbor_resolves_only_the_session_key_even_with_real_keys_on_the_host(name: str, monkeypatch) -> None:
     for var, value in REAL_KEYS.items():
         monkeypatch.setenv(var, value)
-    cfg = _build(name, extra_env={"OPENAI_API_KEY": "sk-real-openai", "AWS_SECRET_ACCESS_KEY": "aws-real-secret",
-                                  "HF_TOKEN": "hf_real", "MY_FLAG": "1"})
+    cfg = _build(
+        name,
+        extra_env={
+            "OPENAI_API_KEY": "sk-real-openai",
+            "AWS_SECRET_ACCESS_KEY": "aws-real-secret",
+            "HF_TOKEN": "hf_real",
+            "MY_FLAG": "1",
+        },
+    )
     real = set(REAL_KEYS.values()) | {"aws-real-secret", "hf_real"}
     assert not real & set(cfg.env.values()), cfg.env
     assert cfg.env["MY_FLAG"] == "1"
@@ -147,8 +173,19 @@ def test_strip_secrets_keeps_the_session_key_only() -> None:
 
 def test_table_rows_are_plain_and_only_what_ran_here_is_validated() -> None:
     rows = {r["name"]: r for r in harness_table()}
-    assert {"terminus-2", "oracle", "nop", "mini-swe-agent", "opencode", "codex", "claude-code",
-            "gemini-cli", "goose", "openhands-sdk", "qwen-code"} <= set(rows)
+    assert {
+        "terminus-2",
+        "oracle",
+        "nop",
+        "mini-swe-agent",
+        "opencode",
+        "codex",
+        "claude-code",
+        "gemini-cli",
+        "goose",
+        "openhands-sdk",
+        "qwen-code",
+    } <= set(rows)
     assert rows["oracle"]["validated"] and rows["nop"]["validated"] and rows["terminus-2"]["validated"]
     installed = [r for r in rows.values() if r["placement"] == "installed"]
     assert installed and not any(r["validated"] for r in installed)
@@ -156,14 +193,20 @@ def test_table_rows_are_plain_and_only_what_ran_here_is_validated() -> None:
     clis = [r for r in rows.values() if r["placement"] == "host-install"]
     assert len(clis) == 6 and all(r["version"] for r in clis)
     # The CLIs that ran a sample task end to end here (tests/runner/test_agent_rollouts.py).
-    assert {r["name"] for r in clis if r["validated"]} == {"mini-swe-agent", "opencode", "codex",
-                                                            "claude-code", "gemini-cli",
-                                                            "qwen-code"}
+    assert {r["name"] for r in clis if r["validated"]} == {
+        "mini-swe-agent",
+        "opencode",
+        "codex",
+        "claude-code",
+        "gemini-cli",
+        "qwen-code",
+    }
 
 
 def test_an_unknown_tool_profile_is_refused_naming_the_profiles(tmp_path: Path) -> None:
     from tapdeck.runner.cli_agents import CLI_AGENTS
 
     with pytest.raises(ValueError, match="tool_profile 'tiny' is not one of full, lean"):
-        CLI_AGENTS["claude-code"](tmp_path, "smollm2", proxy_url="http://127.0.0.1:1/",
-                                  session_key="k", tool_profile="tiny")
+        CLI_AGENTS["claude-code"](
+            tmp_path, "smollm2", proxy_url="http://127.0.0.1:1/", session_key="k", tool_profile="tiny"
+        )

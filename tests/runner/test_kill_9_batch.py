@@ -50,19 +50,27 @@ class Relay:
         @app.api_route("/{path:path}", methods=["GET", "POST"])
         async def relay(path: str, request: Request) -> Response:
             body = await request.body()
-            headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
+            headers = {
+                k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")
+            }
             try:
                 async with httpx.AsyncClient(timeout=300) as client:
-                    reply = await client.request(request.method, f"{target}/{path}", content=body,
-                                                 headers=headers, params=request.query_params)
+                    reply = await client.request(
+                        request.method,
+                        f"{target}/{path}",
+                        content=body,
+                        headers=headers,
+                        params=request.query_params,
+                    )
             except httpx.HTTPError as exc:  # the server died under this call: nothing delivered
                 return Response(f"relay: {type(exc).__name__}", status_code=502)
             if request.method == "POST" and path.endswith("chat/completions") and reply.status_code == 200:
                 key = request.headers.get("authorization", "").removeprefix("Bearer ")
                 with self._lock:
                     self.delivered.append((key, reply.json()["id"]))
-            return Response(reply.content, status_code=reply.status_code,
-                            media_type=reply.headers.get("content-type"))
+            return Response(
+                reply.content, status_code=reply.status_code, media_type=reply.headers.get("content-type")
+            )
 
         self.server = ThreadedServer(app, "127.0.0.1", 0, name="delivery-relay").start()
 
@@ -82,12 +90,16 @@ def _until(what: str, check: Any, attempts: int = 3000) -> Any:
 
 
 def _admin(url: str, data: Path) -> httpx.Client:
-    return httpx.Client(base_url=url, timeout=60, headers={
-        "Authorization": f"Bearer {(data / 'admin.key').read_text().strip()}"})
+    return httpx.Client(
+        base_url=url,
+        timeout=60,
+        headers={"Authorization": f"Bearer {(data / 'admin.key').read_text().strip()}"},
+    )
 
 
 def test_kill_9_mid_batch_keeps_every_delivered_turn_and_resume_runs_only_the_unfinished_rollouts(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     up = FakeVllm().start()
     data, port = tmp_path / "data", free_port()
     url = f"http://127.0.0.1:{port}"
@@ -97,9 +109,18 @@ def test_kill_9_mid_batch_keeps_every_delivered_turn_and_resume_runs_only_the_un
     try:
         wait_health(url, proc)
         admin = _admin(url, data)
-        run = admin.post("/admin/runs", json={
-            "tasks": ["hello-file"], "harness": "terminus-2", "k": K, "concurrency": CONCURRENCY,
-            "timeout_s": 300, "settings": {"max_turns": 2}, "public_url": relay.server.url}).json()
+        run = admin.post(
+            "/admin/runs",
+            json={
+                "tasks": ["hello-file"],
+                "harness": "terminus-2",
+                "k": K,
+                "concurrency": CONCURRENCY,
+                "timeout_s": 300,
+                "settings": {"max_turns": 2},
+                "public_url": relay.server.url,
+            },
+        ).json()
         run_id, run_dir = run["id"], Path(run["path"])
 
         def done() -> int:
@@ -125,14 +146,19 @@ def test_kill_9_mid_batch_keeps_every_delivered_turn_and_resume_runs_only_the_un
         listed = {r["id"]: r for r in admin.get("/admin/runs").json()["runs"]}
         assert listed[run_id]["state"] == "interrupted"
         assert listed[run_id]["counts"]["done"] == len(finished)
-        before = {s["metadata"]["rollout_id"]: s for s in admin.get("/admin/sessions").json()["sessions"]
-                  if s["metadata"].get("run_id") == run_id}
+        before = {
+            s["metadata"]["rollout_id"]: s
+            for s in admin.get("/admin/sessions").json()["sessions"]
+            if s["metadata"].get("run_id") == run_id
+        }
         for rid, session in before.items():
             assert session["state"] == ("closed" if rid in finished else "interrupted"), session
 
         assert admin.post(f"/admin/runs/{run_id}/resume").status_code == 200
-        doc = _until("the resumed run finished", lambda: (
-            d if (d := admin.get(f"/admin/runs/{run_id}").json())["state"] != "running" else None))
+        doc = _until(
+            "the resumed run finished",
+            lambda: d if (d := admin.get(f"/admin/runs/{run_id}").json())["state"] != "running" else None,
+        )
         assert doc["state"] == "finished"
         assert doc["counts"] == {"total": K, "done": K, "ok": K, "failed": 0, "running": 0}
         after = {r["rollout_id"]: r for r in doc["rollouts"]}

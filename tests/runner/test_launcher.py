@@ -14,7 +14,7 @@ from tapdeck.runner.recipes import Recipe
 from tapdeck.runner.training import TrainingRun, list_runs, load_run, strip_ansi
 from tests.support.processes import process_gone
 
-SCRIPT = r'''
+SCRIPT = r"""
 import os, signal, subprocess, sys, time
 mode = sys.argv[1]
 print("\x1b[1m\x1b[38;5;208mhello\x1b[0m from recipe", flush=True)
@@ -36,7 +36,7 @@ if mode == "escape":
                              start_new_session=True)
     print(f"child {child.pid}", flush=True)
     time.sleep(600)
-'''
+"""
 
 
 @pytest.fixture
@@ -52,8 +52,9 @@ def fake_recipe(tmp_path: Path) -> tuple[Recipe, dict[str, str]]:
 def test_launcher_streams_stripped_lines_and_records_a_finished_run(tmp_path: Path, fake_recipe) -> None:
     recipe, env = fake_recipe
     lines: list[str] = []
-    job = TrainingRun(recipe, ["ok"], data_dir=tmp_path / "data", run_id="t-1", extra_env=env,
-                      on_line=lines.append).start()
+    job = TrainingRun(
+        recipe, ["ok"], data_dir=tmp_path / "data", run_id="t-1", extra_env=env, on_line=lines.append
+    ).start()
     assert job.wait() == 0
     trackio_dir = tmp_path / "data" / "train" / "t-1" / "trackio"
     assert lines == ["hello from recipe", f"TRACKIO_DIR={trackio_dir}", "progress 100%", "to stderr"]
@@ -88,9 +89,14 @@ def test_a_run_whose_log_cannot_be_written_still_ends_recorded(tmp_path: Path, f
 def test_stop_kills_the_whole_process_group(tmp_path: Path, fake_recipe) -> None:
     recipe, env = fake_recipe
     child: list[int] = []
-    job = TrainingRun(recipe, ["hang"], data_dir=tmp_path, run_id="t-stop", extra_env=env,
-                      on_line=lambda line: (child.append(int(line.split()[1]))
-                                            if line.startswith("child ") else None))
+    job = TrainingRun(
+        recipe,
+        ["hang"],
+        data_dir=tmp_path,
+        run_id="t-stop",
+        extra_env=env,
+        on_line=lambda line: child.append(int(line.split()[1])) if line.startswith("child ") else None,
+    )
     job.start()
     while not child:  # the recipe reports its child before it waits
         assert job._finished.is_set() is False, job.log_path.read_text()
@@ -123,24 +129,32 @@ def test_strip_ansi_keeps_text_only() -> None:
 def test_launcher_does_not_import_trackio_or_torch() -> None:
     import subprocess
 
-    code = ("import sys, tapdeck.runner.training, tapdeck.runner.trackio_reader, tapdeck.runner.recipes, "
-            "tapdeck.runner.recipes.data_check, tapdeck.runner.recipes.grpo_trl\n"
-            "print(sorted(m for m in ('trackio', 'torch', 'trl', 'textual') if m in sys.modules))")
+    code = (
+        "import sys, tapdeck.runner.training, tapdeck.runner.trackio_reader, tapdeck.runner.recipes, "
+        "tapdeck.runner.recipes.data_check, tapdeck.runner.recipes.grpo_trl\n"
+        "print(sorted(m for m in ('trackio', 'torch', 'trl', 'textual') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
 
 
 def test_stop_records_the_run_when_an_escaped_child_keeps_its_output_open(
-        tmp_path: Path, fake_recipe, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, fake_recipe, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from tapdeck.runner import training
 
     monkeypatch.setattr(training, "STOP_DRAIN_S", 0.5)
     recipe, env = fake_recipe
     child: list[int] = []
-    job = TrainingRun(recipe, ["escape"], data_dir=tmp_path, run_id="t-escape", extra_env=env,
-                      on_line=lambda line: (child.append(int(line.split()[1]))
-                                            if line.startswith("child ") else None))
+    job = TrainingRun(
+        recipe,
+        ["escape"],
+        data_dir=tmp_path,
+        run_id="t-escape",
+        extra_env=env,
+        on_line=lambda line: child.append(int(line.split()[1])) if line.startswith("child ") else None,
+    )
     job.start()
     try:
         while not child:

@@ -12,8 +12,9 @@ from tests.support.processes import process_gone
 
 
 def test_a_killed_group_with_a_background_child_is_waited_until_nothing_of_it_runs() -> None:
-    leader = subprocess.Popen(["sh", "-c", "sleep 120 & echo $!; wait"], stdout=subprocess.PIPE,
-                              text=True, start_new_session=True)
+    leader = subprocess.Popen(
+        ["sh", "-c", "sleep 120 & echo $!; wait"], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     assert leader.stdout is not None
     child = int(leader.stdout.readline())
     assert group_alive(leader.pid)

@@ -39,8 +39,10 @@ def test_public_url_is_checked_and_trimmed() -> None:
 
 def test_sessions_advertise_the_public_url_for_every_dialect() -> None:
     assert base_urls_for("http://gpu-box:18300") == {
-        "openai": "http://gpu-box:18300/v1", "anthropic": "http://gpu-box:18300",
-        "google": "http://gpu-box:18300"}
+        "openai": "http://gpu-box:18300/v1",
+        "anthropic": "http://gpu-box:18300",
+        "google": "http://gpu-box:18300",
+    }
     assert proxy_root("http://gpu-box:18300/v1") == "http://gpu-box:18300"
 
 
@@ -50,8 +52,9 @@ async def test_server_advertises_its_public_url_in_new_sessions(tmp_path: Path) 
     from tapdeck.proxy.upstream.tiers import EngineSpec
 
     with models_only_engine() as engine:  # an address that settles; no model call is made
-        server = LocalServer(ServerConfig(port=0, data_dir=tmp_path, engine_url=engine,
-                                          public_url="http://gpu-box:18300")).start()
+        server = LocalServer(
+            ServerConfig(port=0, data_dir=tmp_path, engine_url=engine, public_url="http://gpu-box:18300")
+        ).start()
         try:
             info = await server.service.open_session(SessionSpec(engine=EngineSpec(url=engine)))
             assert info.base_urls == base_urls_for("http://gpu-box:18300")
@@ -66,17 +69,25 @@ async def sandbox(tmp_path: Path):
     trial_paths = TrialPaths(tmp_path / "trial")
     trial_paths.mkdir()
     (tmp_path / "hostdirs").mkdir()
-    env = HostSandbox(environment_dir=env_dir, environment_name="t", session_id="t__env",
-                      trial_paths=trial_paths, task_env_config=TaskEnvironmentConfig(workdir="/app"),
-                      logger=logging.getLogger("test"), base_dir=str(tmp_path / "hostdirs"))
+    env = HostSandbox(
+        environment_dir=env_dir,
+        environment_name="t",
+        session_id="t__env",
+        trial_paths=trial_paths,
+        task_env_config=TaskEnvironmentConfig(workdir="/app"),
+        logger=logging.getLogger("test"),
+        base_dir=str(tmp_path / "hostdirs"),
+    )
     await env.start(force_build=False)
     yield env
     await env.stop(delete=True)
 
 
 async def test_reachable_proxy_passes_the_check_from_inside_the_host_sandbox(
-        sandbox: HostSandbox, tmp_path: Path) -> None:
+    sandbox: HostSandbox, tmp_path: Path
+) -> None:
     with models_only_engine() as engine:
+
         class Engine:  # local_server_on only reads these two; the name must be one it lists
             base_url, served_name = engine, vllm_fixture("models")["models"]["response"]["data"][0]["id"]
 

@@ -28,8 +28,9 @@ async def test_resume_after_a_crash_runs_only_the_unfinished_rollouts(runner_ser
     run_dir = Path(summary.path)
 
     def ended(index: int, **fields: object) -> RolloutResult:
-        return RolloutResult(rollout_id=rollout_id(run_id, 0, index), run_id=run_id,
-                             task="hello-file", index=index, **fields)
+        return RolloutResult(
+            rollout_id=rollout_id(run_id, 0, index), run_id=run_id, task="hello-file", index=index, **fields
+        )
 
     done = ended(0, ok=True, reward=1.0, phase="done", findings=[Finding.info("before_crash", "kept")])
     cancelled = ended(1, error_kind="cancelled", phase="failed")
@@ -62,7 +63,8 @@ async def test_resume_after_a_crash_runs_only_the_unfinished_rollouts(runner_ser
 
 
 async def test_a_resumed_run_reads_running_from_its_start_and_interrupted_if_cancelled_unstarted(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     # A client polling a resumed run for its end read the old "interrupted" until the run's task
     # got to write "running" on the runner's loop, and took the run as ended.
     crashed = BatchRunner(None, data_dir=tmp_path, default_engine=None)

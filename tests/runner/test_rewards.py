@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from tapdeck.schema.findings import Level
 from tapdeck.runner.rewards import (
     REWARD_AMBIGUOUS,
     REWARD_KEY_MISSING,
@@ -16,6 +15,7 @@ from tapdeck.runner.rewards import (
     coerce_rewards,
     read_reward_files,
 )
+from tapdeck.schema.findings import Level
 
 
 def test_single_key_is_the_reward_whatever_its_name() -> None:

@@ -11,27 +11,51 @@ from pydantic import ValidationError
 from tapdeck.runner.batch import RunPlan
 from tapdeck.runner.datasets import SAMPLE_DATASET_DIR
 from tapdeck.runner.harnesses import RunDefaults, build_agent_pieces
-from tapdeck.runner.rollout_settings import DEFAULT_HARD_LIMIT_S, MIN_OUTPUT_TOKENS, OUTPUT_SHARE, SettingsDoNotFit, resolve
-from tapdeck.schema.settings import RolloutSettings
+from tapdeck.runner.rollout_settings import (
+    DEFAULT_HARD_LIMIT_S,
+    MIN_OUTPUT_TOKENS,
+    OUTPUT_SHARE,
+    SettingsDoNotFit,
+    resolve,
+)
 from tapdeck.schema.runs import RolloutTemplate
+from tapdeck.schema.settings import RolloutSettings
 from tests.support.vllm_recordings import vllm_fixture
 
 HELLO = SAMPLE_DATASET_DIR / "hello-file"
 RECORDED_VLLM_CONTEXT = vllm_fixture("models")["models"]["response"]["data"][0]["max_model_len"]
-BASE_URLS = {"openai": "http://127.0.0.1:9/v1", "anthropic": "http://127.0.0.1:9",
-             "google": "http://127.0.0.1:9"}
+BASE_URLS = {
+    "openai": "http://127.0.0.1:9/v1",
+    "anthropic": "http://127.0.0.1:9",
+    "google": "http://127.0.0.1:9",
+}
 
 
-def _resolve(settings: RolloutSettings | None = None, *, harness: str = "terminus-2",
-             engine_context: int | None = 32768, task_path: Path | None = HELLO,
-             hard_limit_s: float | None = None):
-    return resolve(settings or RolloutSettings(), harness=harness, engine_context=engine_context,
-                   task_path=task_path, hard_limit_s=hard_limit_s)
+def _resolve(
+    settings: RolloutSettings | None = None,
+    *,
+    harness: str = "terminus-2",
+    engine_context: int | None = 32768,
+    task_path: Path | None = HELLO,
+    hard_limit_s: float | None = None,
+):
+    return resolve(
+        settings or RolloutSettings(),
+        harness=harness,
+        engine_context=engine_context,
+        task_path=task_path,
+        hard_limit_s=hard_limit_s,
+    )
 
 
-@pytest.mark.parametrize(("context", "output"), [(131072, 131072 // OUTPUT_SHARE),
-                                                 (32768, MIN_OUTPUT_TOKENS),
-                                                 (RECORDED_VLLM_CONTEXT, MIN_OUTPUT_TOKENS)])
+@pytest.mark.parametrize(
+    ("context", "output"),
+    [
+        (131072, 131072 // OUTPUT_SHARE),
+        (32768, MIN_OUTPUT_TOKENS),
+        (RECORDED_VLLM_CONTEXT, MIN_OUTPUT_TOKENS),
+    ],
+)
 def test_context_comes_from_the_engine_and_output_is_a_share_of_it(context: int, output: int) -> None:
     s = _resolve(engine_context=context)
     assert (s.context_tokens, s.context_source, s.engine_context_tokens) == (context, "engine", context)
@@ -69,8 +93,9 @@ def test_a_lean_tool_profile_fits_where_the_full_first_prompt_does_not() -> None
     # claude-code's full first prompt (12.4k) needs more than 8k; lean (4.2k) fits with 2k output.
     with pytest.raises(SettingsDoNotFit, match="claude-code's first prompt"):
         _resolve(harness="claude-code", engine_context=8192)
-    lean = _resolve(RolloutSettings(harness_kwargs={"tool_profile": "lean"}),
-                    harness="claude-code", engine_context=8192)
+    lean = _resolve(
+        RolloutSettings(harness_kwargs={"tool_profile": "lean"}), harness="claude-code", engine_context=8192
+    )
     assert lean.context_tokens == 8192 and lean.harness_kwargs == {"tool_profile": "lean"}
 
 
@@ -87,11 +112,16 @@ def test_timeouts_in_force_say_where_they_came_from(tmp_path: Path) -> None:
     assert unset.timeouts_line() == "agent none (none) · hard limit 300 s (default)"
 
 
-@pytest.mark.parametrize(("settings", "field"), [
-    ({"max_turns": 0}, "max_turns"), ({"agent_timeout_s": -1}, "agent_timeout_s"),
-    ({"temperature": float("nan")}, "temperature"), ({"top_p": 1.5}, "top_p"),
-    ({"max_tokens": 5}, "max_tokens"),
-])
+@pytest.mark.parametrize(
+    ("settings", "field"),
+    [
+        ({"max_turns": 0}, "max_turns"),
+        ({"agent_timeout_s": -1}, "agent_timeout_s"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"max_tokens": 5}, "max_tokens"),
+    ],
+)
 def test_bad_values_are_refused_with_the_field_named(settings: dict, field: str) -> None:
     with pytest.raises(ValidationError) as err:
         RunPlan.model_validate({"settings": settings})
@@ -111,20 +141,27 @@ def test_a_settings_temperature_that_contradicts_the_trainers_is_refused() -> No
 
 
 def test_old_plans_agent_kwargs_and_agent_timeout_fold_into_settings() -> None:
-    plan = RunPlan.model_validate({"agent_kwargs": {"max_turns": 2, "llm_kwargs": {"max_tokens": 16}},
-                                   "agent_timeout_s": 30})
-    assert plan.rollout.settings == RolloutSettings(max_turns=2, agent_timeout_s=30,
-                                                    harness_kwargs={"llm_kwargs": {"max_tokens": 16}})
+    plan = RunPlan.model_validate(
+        {"agent_kwargs": {"max_turns": 2, "llm_kwargs": {"max_tokens": 16}}, "agent_timeout_s": 30}
+    )
+    assert plan.rollout.settings == RolloutSettings(
+        max_turns=2, agent_timeout_s=30, harness_kwargs={"llm_kwargs": {"max_tokens": 16}}
+    )
     assert RunPlan.model_validate(plan.model_dump(mode="json")) == plan
 
 
 def test_terminus2_is_told_the_engines_context_and_the_sampling() -> None:
     s = _resolve(RolloutSettings(temperature=0.6, top_p=0.9), engine_context=131072)
-    defaults = RunDefaults(context_tokens=s.context_tokens, max_output_tokens=s.max_output_tokens,
-                           max_turns=s.max_turns, agent_timeout_s=s.agent_timeout_s,
-                           sampling=s.sampling)
-    pieces = build_agent_pieces("terminus-2", base_urls=BASE_URLS, session_key="k",
-                                served_model="m", defaults=defaults)
+    defaults = RunDefaults(
+        context_tokens=s.context_tokens,
+        max_output_tokens=s.max_output_tokens,
+        max_turns=s.max_turns,
+        agent_timeout_s=s.agent_timeout_s,
+        sampling=s.sampling,
+    )
+    pieces = build_agent_pieces(
+        "terminus-2", base_urls=BASE_URLS, session_key="k", served_model="m", defaults=defaults
+    )
     assert pieces.kwargs["model_info"]["max_input_tokens"] == 131072
     assert pieces.kwargs["model_info"]["max_output_tokens"] == 512
     assert pieces.kwargs["temperature"] == 0.6
@@ -133,10 +170,14 @@ def test_terminus2_is_told_the_engines_context_and_the_sampling() -> None:
 
 
 def test_agent_cli_limits_come_from_the_settings_and_harness_kwargs_win() -> None:
-    pieces = build_agent_pieces("mini-swe-agent", base_urls=BASE_URLS, session_key="k",
-                                served_model="m", defaults=RunDefaults(max_turns=7,
-                                                                       context_tokens=65536),
-                                agent_kwargs={"max_output_tokens": 99})
+    pieces = build_agent_pieces(
+        "mini-swe-agent",
+        base_urls=BASE_URLS,
+        session_key="k",
+        served_model="m",
+        defaults=RunDefaults(max_turns=7, context_tokens=65536),
+        agent_kwargs={"max_output_tokens": 99},
+    )
     assert pieces.kwargs["max_turns"] == 7 and pieces.kwargs["context_tokens"] == 65536
     assert pieces.kwargs["max_output_tokens"] == 99
 
@@ -151,11 +192,17 @@ async def test_settings_that_do_not_fit_fail_the_rollout_before_the_trial(tmp_pa
     from tests.support.fake_vllm import FakeVllm
 
     up = FakeVllm().start()
-    service = CaptureService(Store(tmp_path / "capture.db"), default_engine=None,
-                             public_url="http://127.0.0.1:9")
+    service = CaptureService(
+        Store(tmp_path / "capture.db"), default_engine=None, public_url="http://127.0.0.1:9"
+    )
     try:
-        spec = RolloutSpec(task="hello-file", task_path=HELLO, trials_dir=tmp_path / "trials",
-                           rollout=RolloutTemplate(harness="codex"), engine=EngineSpec(url=up.base_url))
+        spec = RolloutSpec(
+            task="hello-file",
+            task_path=HELLO,
+            trials_dir=tmp_path / "trials",
+            rollout=RolloutTemplate(harness="codex"),
+            engine=EngineSpec(url=up.base_url),
+        )
         result = await run_rollout(service, spec)
         assert not result.ok and result.error_kind == "settings_do_not_fit"
         assert result.error.startswith("setting context_tokens:") and "2048" in result.error
@@ -167,10 +214,8 @@ async def test_settings_that_do_not_fit_fail_the_rollout_before_the_trial(tmp_pa
         up.stop()
 
 
-
 @pytest.mark.slow  # a real Harbor trial (terminus-2 on the host sandbox)
-def test_terminus2_runs_with_the_served_engines_context_and_the_session_records_it(
-        tmp_path: Path) -> None:
+def test_terminus2_runs_with_the_served_engines_context_and_the_session_records_it(tmp_path: Path) -> None:
     """Through a real server whose engine lists vLLM's recorded `max_model_len` (2048): terminus-2
     is told 2048 tokens of context and 128 output tokens, asks for 128, and the result and the
     capture session record both."""
@@ -183,8 +228,13 @@ def test_terminus2_runs_with_the_served_engines_context_and_the_session_records_
     up = FakeVllm().start()
     try:
         with runner_server_on(up, tmp_path) as server:
-            doc = server.run(tasks=["hello-file"], harness="terminus-2", call_budget=2,
-                             timeout_s=240, settings={"max_turns": 1})
+            doc = server.run(
+                tasks=["hello-file"],
+                harness="terminus-2",
+                call_budget=2,
+                timeout_s=240,
+                settings={"max_turns": 1},
+            )
             [r] = doc["rollouts"]
             session = server.http.get(f"/admin/sessions/{r['session_id']}").json()
         settings = r["settings"]
@@ -198,8 +248,10 @@ def test_terminus2_runs_with_the_served_engines_context_and_the_session_records_
         agent_calls = [b for b in up.requests if "hello" in json.dumps(b.get("messages")).lower()]
         assert agent_calls and all(b["max_tokens"] == 128 for b in agent_calls)
         assert session["engine"]["max_model_len"] == 2048
-        assert (session["metadata"]["context_tokens"], session["metadata"]["max_output_tokens"]) \
-            == (2048, 128)
+        assert (session["metadata"]["context_tokens"], session["metadata"]["max_output_tokens"]) == (
+            2048,
+            128,
+        )
         # ...and the proxy enforces that limit on the session (an agent may ignore its own).
         with sqlite3.connect(next(tmp_path.rglob("capture.db"))) as db:
             [(record,)] = db.execute("SELECT record FROM sessions WHERE id = ?", (r["session_id"],))
@@ -209,12 +261,32 @@ def test_terminus2_runs_with_the_served_engines_context_and_the_session_records_
 
 
 def test_a_flat_plan_as_older_servers_stored_it_reads_as_the_nested_plan() -> None:
-    flat = {"dataset": "d", "k": 2, "harness": "codex", "sandbox": "docker", "timeout_s": 90,
-            "call_budget": 4, "metadata": {"trl_group_id": 1}, "agent_kwargs": {"max_turns": 3}}
+    flat = {
+        "dataset": "d",
+        "k": 2,
+        "harness": "codex",
+        "sandbox": "docker",
+        "timeout_s": 90,
+        "call_budget": 4,
+        "metadata": {"trl_group_id": 1},
+        "agent_kwargs": {"max_turns": 3},
+    }
     plan = RunPlan.model_validate(flat)
-    assert plan == RunPlan(dataset="d", k=2, rollout=RolloutTemplate(
-        harness="codex", sandbox="docker", timeout_s=90, call_budget=4, metadata={"trl_group_id": 1},
-        settings=RolloutSettings(max_turns=3)))
+    assert plan == RunPlan(
+        dataset="d",
+        k=2,
+        rollout=RolloutTemplate(
+            harness="codex",
+            sandbox="docker",
+            timeout_s=90,
+            call_budget=4,
+            metadata={"trl_group_id": 1},
+            settings=RolloutSettings(max_turns=3),
+        ),
+    )
     assert "harness" not in plan.model_dump() and RunPlan.model_validate(plan.model_dump()) == plan
     # A nested field wins over a flat one given alongside it.
-    assert RunPlan.model_validate({"harness": "codex", "rollout": {"harness": "oracle"}}).rollout.harness == "oracle"
+    assert (
+        RunPlan.model_validate({"harness": "codex", "rollout": {"harness": "oracle"}}).rollout.harness
+        == "oracle"
+    )

@@ -22,8 +22,12 @@ async def test_a_run_on_a_url_default_engine_records_the_url_not_embedded(tmp_pa
 
 
 async def test_a_run_on_the_embedded_default_engine_says_embedded(tmp_path: Path) -> None:
-    batch = BatchRunner(None, data_dir=tmp_path, default_engine=EngineSpec(url="http://127.0.0.1:9/v1"),
-                        default_is_embedded=True)
+    batch = BatchRunner(
+        None,
+        data_dir=tmp_path,
+        default_engine=EngineSpec(url="http://127.0.0.1:9/v1"),
+        default_is_embedded=True,
+    )
     assert (await batch.create(RunPlan(tasks=["hello-file"]))).engine_used == "embedded"
     chosen = await batch.create(RunPlan(tasks=["hello-file"], rollout={"engine": URL}))
     assert chosen.engine_used == URL

@@ -34,16 +34,23 @@ def test_the_lock_names_the_process_that_holds_it_and_dies_with_it(tmp_path: Pat
 
 
 def _admin(server: Any) -> httpx.Client:
-    return httpx.Client(base_url=server.url, timeout=30.0,
-                        headers={"Authorization": f"Bearer {server.admin_key}"})
+    return httpx.Client(
+        base_url=server.url, timeout=30.0, headers={"Authorization": f"Bearer {server.admin_key}"}
+    )
 
 
 @pytest.mark.medium
 def test_a_second_server_on_the_data_dir_sees_the_run_running_and_neither_resumes_nor_cancels_it(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     data = tmp_path / "data"
-    with hanging_engine() as engine, local_server_on(engine, data) as first, \
-            local_server_on(engine, data) as second, _admin(first) as a, _admin(second) as b:
+    with (
+        hanging_engine() as engine,
+        local_server_on(engine, data) as first,
+        local_server_on(engine, data) as second,
+        _admin(first) as a,
+        _admin(second) as b,
+    ):
         started = a.post("/admin/runs", json={"tasks": ["hello-file"], "k": 1, "timeout_s": 600})
         assert started.status_code == 200, started.text
         run_id = started.json()["id"]
@@ -72,27 +79,31 @@ def test_resuming_a_run_another_process_runs_says_which_and_starts_nothing(tmp_p
     data = tmp_path / "data"
     run_dir = data / "runs" / "run-x"
     run_dir.mkdir(parents=True)
-    (run_dir / "plan.json").write_text(json.dumps(
-        {"id": "run-x", "created_at": 1.0, "plan": {}, "tasks": [{"name": "t", "path": "/t"}]}))
+    (run_dir / "plan.json").write_text(
+        json.dumps({"id": "run-x", "created_at": 1.0, "plan": {}, "tasks": [{"name": "t", "path": "/t"}]})
+    )
     (run_dir / "run.json").write_text(json.dumps({"state": "running", "created_at": 1.0}))
     with holding_run_lock(run_dir) as other:
         result = CliRunner().invoke(app, ["rollout", "--resume", "run-x", "--data-dir", str(data)])
     assert result.exit_code == EXIT_COULD_NOT_RUN, result.output
     assert result.output.strip() == (
         f"tapdeck rollout: run run-x is running in process {other.pid} on this data dir; follow it "
-        "on that process's server (--server), or resume it once that process has ended")
+        "on that process's server (--server), or resume it once that process has ended"
+    )
     assert sorted(p.name for p in run_dir.iterdir()) == ["plan.json", "run.json", "run.lock"]
 
 
 def test_a_run_this_process_read_as_ended_is_read_afresh_once_another_process_resumes_it(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     from tapdeck.runner.batch import BatchRunner
 
     data = tmp_path / "data"
     run_dir = data / "runs" / "run-x"
     run_dir.mkdir(parents=True)
-    (run_dir / "plan.json").write_text(json.dumps(
-        {"id": "run-x", "created_at": 1.0, "plan": {}, "tasks": [{"name": "t", "path": "/t"}]}))
+    (run_dir / "plan.json").write_text(
+        json.dumps({"id": "run-x", "created_at": 1.0, "plan": {}, "tasks": [{"name": "t", "path": "/t"}]})
+    )
     (run_dir / "run.json").write_text(json.dumps({"state": "cancelled", "created_at": 1.0}))
     batch = BatchRunner(None, data_dir=data, default_engine=None)
     assert [r.state for r in batch.list()] == ["cancelled"]  # read once, and kept

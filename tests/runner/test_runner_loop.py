@@ -29,19 +29,23 @@ from tapdeck.runner.rollout import RolloutResult, RolloutSpec
 from tapdeck.runner.runner_loop import RunnerLoop
 
 
-def _on_uvloop(tmp_path: Path, body: Callable[[BatchRunner, CaptureService], Coroutine[Any, Any, None]],
-               rollout_fn: Any) -> None:
+def _on_uvloop(
+    tmp_path: Path, body: Callable[[BatchRunner, CaptureService], Coroutine[Any, Any, None]], rollout_fn: Any
+) -> None:
     """`body(batch, service)` on a uvloop loop (as the server's), the batch on a RunnerLoop."""
+
     async def main() -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
         store = Store(tmp_path / "capture.db")
-        service = CaptureService(store, default_engine=EngineSpec(url=dead, model="m"),
-                                 public_url="http://127.0.0.1:9")
+        service = CaptureService(
+            store, default_engine=EngineSpec(url=dead, model="m"), public_url="http://127.0.0.1:9"
+        )
         runner_loop = RunnerLoop()
-        batch = BatchRunner(service, data_dir=tmp_path, default_engine=None, rollout_fn=rollout_fn,
-                            loop=runner_loop)
+        batch = BatchRunner(
+            service, data_dir=tmp_path, default_engine=None, rollout_fn=rollout_fn, loop=runner_loop
+        )
         try:
             await body(batch, service)
         finally:
@@ -64,15 +68,31 @@ def test_a_run_started_from_uvloop_runs_on_asyncio_and_its_detached_tmux_returns
         info = await service.open_session(SessionSpec(metadata={"rollout_id": spec.rollout_id}))
         # What the host sandbox does for terminus-2: a detached tmux session, its output piped.
         tmux = await asyncio.create_subprocess_exec(
-            "tmux", "-L", tmux_socket, "new-session", "-d", "-s", "agent", "sleep 30",
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            "tmux",
+            "-L",
+            tmux_socket,
+            "new-session",
+            "-d",
+            "-s",
+            "agent",
+            "sleep 30",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         try:
             seen["tmux"] = await asyncio.wait_for(tmux.communicate(), 30)
         finally:
             subprocess.run(["tmux", "-L", tmux_socket, "kill-server"], capture_output=True)
         closed = await service.close_session(info.id)
-        return RolloutResult(rollout_id=spec.rollout_id or "r", run_id=spec.run_id, task=spec.task,
-                             session_id=info.id, ok=closed.state == "closed", reward=1.0, phase="done")
+        return RolloutResult(
+            rollout_id=spec.rollout_id or "r",
+            run_id=spec.run_id,
+            task=spec.task,
+            session_id=info.id,
+            ok=closed.state == "closed",
+            reward=1.0,
+            phase="done",
+        )
 
     async def body(batch: BatchRunner, service: CaptureService) -> None:
         seen["server_loop"] = type(asyncio.get_running_loop())
@@ -104,8 +124,13 @@ def test_cancelling_a_run_from_the_server_loop_waits_for_its_teardown(tmp_path: 
         except asyncio.CancelledError:
             await asyncio.sleep(0.2)  # a sandbox being torn down
             events.append("torn down")
-            return RolloutResult(rollout_id=spec.rollout_id or "r", run_id=spec.run_id,
-                                 task=spec.task, error_kind="cancelled", phase="failed")
+            return RolloutResult(
+                rollout_id=spec.rollout_id or "r",
+                run_id=spec.run_id,
+                task=spec.task,
+                error_kind="cancelled",
+                phase="failed",
+            )
         raise AssertionError("not cancelled")
 
     async def body(batch: BatchRunner, _service: CaptureService) -> None:

@@ -41,8 +41,7 @@ def test_engine_parsers_ride_with_the_engine_choice() -> None:
     spec = resolve_engine("http://gpu:8000", tool_parser="hermes", reasoning_parser="qwen3")
     assert (spec.tool_call_parser, spec.reasoning_parser) == ("hermes", "qwen3")
     again = resolve_engine(None, default=hermes, reasoning_parser="qwen3")
-    assert (again.url, again.tool_call_parser, again.reasoning_parser) == \
-        (DEFAULT.url, "hermes", "qwen3")
+    assert (again.url, again.tool_call_parser, again.reasoning_parser) == (DEFAULT.url, "hermes", "qwen3")
 
 
 def test_embedded_without_a_running_engine_says_what_to_do() -> None:
@@ -50,13 +49,17 @@ def test_embedded_without_a_running_engine_says_what_to_do() -> None:
         resolve_engine("embedded", default=None)
 
 
-@pytest.mark.parametrize(("given", "expected"), [
-    ("gpu-box:8000", "http://gpu-box:8000"),
-    ("http://gpu-box:8000/", "http://gpu-box:8000"),
-    ("https://api.example.com/v1/", "https://api.example.com/v1"),
-])
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("gpu-box:8000", "http://gpu-box:8000"),
+        ("http://gpu-box:8000/", "http://gpu-box:8000"),
+        ("https://api.example.com/v1/", "https://api.example.com/v1"),
+    ],
+)
 def test_engine_urls_get_a_scheme_and_keep_their_path_for_the_proxy_to_settle(
-        given: str, expected: str) -> None:
+    given: str, expected: str
+) -> None:
     assert normalize_engine_url(given) == expected
 
 
@@ -77,38 +80,53 @@ def test_bad_engine_url_is_refused() -> None:
         resolve_engine("ftp://nowhere", default=DEFAULT)
 
 
-@pytest.mark.parametrize(("exception_type", "phase", "kind"), [
-    ("AgentTimeoutError", "agent", "agent_timeout"),
-    ("RewardFileNotFoundError", "verify", "verifier_failed"),
-    ("VerifierOutputParseError", "verify", "verifier_failed"),
-    ("EnvironmentStartTimeoutError", "sandbox", "sandbox_failed"),
-    ("FileNotFoundError", "sandbox", "sandbox_failed"),
-    ("RuntimeError", "agent_setup", "sandbox_failed"),
-    ("APIConnectionError", "agent", "engine_unreachable"),
-    ("InternalServerError", "agent", "engine_unreachable"),
-    ("CancelledError", "agent", "cancelled"),
-    ("ValueError", "agent", "agent_failed"),
-])
+@pytest.mark.parametrize(
+    ("exception_type", "phase", "kind"),
+    [
+        ("AgentTimeoutError", "agent", "agent_timeout"),
+        ("RewardFileNotFoundError", "verify", "verifier_failed"),
+        ("VerifierOutputParseError", "verify", "verifier_failed"),
+        ("EnvironmentStartTimeoutError", "sandbox", "sandbox_failed"),
+        ("FileNotFoundError", "sandbox", "sandbox_failed"),
+        ("RuntimeError", "agent_setup", "sandbox_failed"),
+        ("APIConnectionError", "agent", "engine_unreachable"),
+        ("InternalServerError", "agent", "engine_unreachable"),
+        ("CancelledError", "agent", "cancelled"),
+        ("ValueError", "agent", "agent_failed"),
+    ],
+)
 def test_exceptions_are_classified_by_type_then_phase(exception_type: str, phase: str, kind: str) -> None:
     assert classify_exception(exception_type, phase) == kind  # type: ignore[arg-type]
 
 
 def test_results_written_with_rendered_findings_load_structured() -> None:
-    stored = RolloutResult.model_validate({"rollout_id": "r", "task": "t",
-                                           "findings": ["[FATAL] bad_ids: negative id at 3"]})
+    stored = RolloutResult.model_validate(
+        {"rollout_id": "r", "task": "t", "findings": ["[FATAL] bad_ids: negative id at 3"]}
+    )
     [f] = stored.findings
     assert (f.level.value, f.code, f.detail) == ("FATAL", "bad_ids", "negative id at 3")
 
 
 def _result(run_id: str, i: int, *, ok: bool, reward: float | None, kind: str | None = None) -> RolloutResult:
-    return RolloutResult(rollout_id=rollout_id(run_id, 0, i), run_id=run_id, task="t", index=i, ok=ok,
-                         reward=reward, error_kind=kind, phase="done" if ok else "failed")
+    return RolloutResult(
+        rollout_id=rollout_id(run_id, 0, i),
+        run_id=run_id,
+        task="t",
+        index=i,
+        ok=ok,
+        reward=reward,
+        error_kind=kind,
+        phase="done" if ok else "failed",
+    )
 
 
 def test_summary_counts_mean_reward_over_graded_and_failures_by_cause(tmp_path: Path) -> None:
     run = _Run("r", tmp_path, RunPlan(k=4), [{"name": "t", "path": "/x"}], 0.0, [])
-    for r in (_result("r", 0, ok=True, reward=1.0), _result("r", 1, ok=True, reward=0.0),
-              _result("r", 2, ok=False, reward=None, kind="timeout")):
+    for r in (
+        _result("r", 0, ok=True, reward=1.0),
+        _result("r", 1, ok=True, reward=0.0),
+        _result("r", 2, ok=False, reward=None, kind="timeout"),
+    ):
         run.results[r.rollout_id] = r
     s = summarize(run)
     assert s.counts.model_dump() == {"total": 4, "done": 3, "ok": 2, "failed": 1, "running": 0}
@@ -119,7 +137,7 @@ def test_summary_counts_mean_reward_over_graded_and_failures_by_cause(tmp_path: 
 
 def test_results_file_with_a_torn_last_line_loads_the_complete_ones(tmp_path: Path) -> None:
     path = tmp_path / "results.jsonl"
-    path.write_text(_result("r", 0, ok=True, reward=1.0).model_dump_json() + "\n{\"rollout_id\": \"r.g0")
+    path.write_text(_result("r", 0, ok=True, reward=1.0).model_dump_json() + '\n{"rollout_id": "r.g0')
     assert list(load_results(path)) == [rollout_id("r", 0, 0)]
 
 
@@ -137,30 +155,36 @@ async def test_unknown_harness_is_refused(tmp_path: Path) -> None:
 
 
 async def test_a_plan_of_more_rollouts_than_a_run_may_have_is_refused_with_the_numbers(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(plan_resolution, "MAX_ROLLOUTS", 3)  # the real bound needs 98 tasks
     batch = BatchRunner(None, data_dir=tmp_path, default_engine=None)
     with pytest.raises(PlanError) as refused:
         await batch.create(RunPlan(harness="oracle", tasks=["hello-file"], k=4))
-    assert str(refused.value) == ("1 task(s) × k 4 is 4 rollouts, more than the 3 a run may have; "
-                                  "run fewer tasks or a smaller k")
+    assert str(refused.value) == (
+        "1 task(s) × k 4 is 4 rollouts, more than the 3 a run may have; run fewer tasks or a smaller k"
+    )
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
-@pytest.mark.parametrize(("content", "why"), [
-    (b"{not json", "JSONDecodeError: Expecting property name enclosed in double quotes"),
-    (b"", "JSONDecodeError: Expecting value: line 1 column 1 (char 0)"),
-    (b"\xff\xfe{}", "UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff"),
-    (b'{"plan": {}}', "ValueError: no tasks, created_at"),
-    (b"[]", "ValueError: no plan, tasks, created_at"),
-    (b'{"plan": {"k": "many"}, "tasks": [], "created_at": 0}', "plan.k: Input should be a valid integer"),
-    (b'{"plan": {}, "tasks": ["t"], "created_at": 0}', "ValueError: tasks is not a list of {name, path}"),
-], ids=["not-json", "empty", "not-utf8", "keys-missing", "not-an-object", "bad-plan", "bad-tasks"])
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        (b"{not json", "JSONDecodeError: Expecting property name enclosed in double quotes"),
+        (b"", "JSONDecodeError: Expecting value: line 1 column 1 (char 0)"),
+        (b"\xff\xfe{}", "UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff"),
+        (b'{"plan": {}}', "ValueError: no tasks, created_at"),
+        (b"[]", "ValueError: no plan, tasks, created_at"),
+        (b'{"plan": {"k": "many"}, "tasks": [], "created_at": 0}', "plan.k: Input should be a valid integer"),
+        (b'{"plan": {}, "tasks": ["t"], "created_at": 0}', "ValueError: tasks is not a list of {name, path}"),
+    ],
+    ids=["not-json", "empty", "not-utf8", "keys-missing", "not-an-object", "bad-plan", "bad-tasks"],
+)
 async def test_a_run_whose_plan_file_cannot_be_read_is_refused_naming_it_and_left_out_of_the_list(
-        content: bytes, why: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    content: bytes, why: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     written = BatchRunner(None, data_dir=tmp_path, default_engine=None)
-    good, bad = [(await written.create(RunPlan(harness="oracle", tasks=["hello-file"]))).id
-                 for _ in range(2)]
+    good, bad = [(await written.create(RunPlan(harness="oracle", tasks=["hello-file"]))).id for _ in range(2)]
     plan = tmp_path / "runs" / bad / PLAN
     plan.write_bytes(content)
     restarted = BatchRunner(None, data_dir=tmp_path, default_engine=None)
@@ -172,13 +196,15 @@ async def test_a_run_whose_plan_file_cannot_be_read_is_refused_naming_it_and_lef
         assert [s.id for s in restarted.list()] == [good]
         assert [s.id for s in restarted.list()] == [good]
     # Said once, though the list is polled.
-    assert [r.getMessage() for r in caplog.records] == [
-        f"run {bad} left out of the list: {refused.value}"]
+    assert [r.getMessage() for r in caplog.records] == [f"run {bad} left out of the list: {refused.value}"]
 
 
-@pytest.mark.parametrize("agent_kind", ["agent_failed", None], ids=["exited-nonzero", "exited-0-without-turns"])
-async def test_agent_whose_engine_died_is_classified_engine_unreachable(tmp_path: Path,
-                                                                        agent_kind: str | None) -> None:
+@pytest.mark.parametrize(
+    "agent_kind", ["agent_failed", None], ids=["exited-nonzero", "exited-0-without-turns"]
+)
+async def test_agent_whose_engine_died_is_classified_engine_unreachable(
+    tmp_path: Path, agent_kind: str | None
+) -> None:
     # An installed agent that exits non-zero (or exits 0 having captured nothing, as gemini-cli
     # did) after the proxy answered its calls with 502: the session's finding names the cause.
     from tapdeck.proxy.service import CaptureService
@@ -193,11 +219,20 @@ async def test_agent_whose_engine_died_is_classified_engine_unreachable(tmp_path
     service = CaptureService(store, default_engine=EngineSpec(url=dead, model="m"), public_url="http://x")
     try:
         info = await service.open_session(SessionSpec())
-        reply = await service.handle_call("/v1/chat/completions", {}, {"authorization": f"Bearer {info.api_key}"},
-                                          b'{"model":"m","messages":[{"role":"user","content":"hi"}]}')
+        reply = await service.handle_call(
+            "/v1/chat/completions",
+            {},
+            {"authorization": f"Bearer {info.api_key}"},
+            b'{"model":"m","messages":[{"role":"user","content":"hi"}]}',
+        )
         assert reply.status == 502
-        result = RolloutResult(rollout_id="r-0", task="t", session_id=info.id, error_kind=agent_kind,
-                               error="the agent exited with 1" if agent_kind else None)
+        result = RolloutResult(
+            rollout_id="r-0",
+            task="t",
+            session_id=info.id,
+            error_kind=agent_kind,
+            error="the agent exited with 1" if agent_kind else None,
+        )
         spec = RolloutSpec(task="t", task_path=tmp_path, trials_dir=tmp_path)
         await _finish(service, spec, result, None, None, [], uses_model=True)
         assert (result.ok, result.error_kind) == (False, "engine_unreachable")

@@ -18,12 +18,14 @@ from tapdeck.runner.batch import BatchRunner, RunPlan, RunSummary
 async def _run_on_disk(data_dir: Path) -> str:
     """A run written by an earlier server process (its directory, nothing running)."""
     created = await BatchRunner(None, data_dir=data_dir, default_engine=None).create(
-        RunPlan(harness="oracle", tasks=["hello-file"]))
+        RunPlan(harness="oracle", tasks=["hello-file"])
+    )
     return created.id
 
 
-async def test_two_threads_loading_one_run_get_the_same_run(tmp_path: Path,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_two_threads_loading_one_run_get_the_same_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     run_id = await _run_on_disk(tmp_path)
     restarted = BatchRunner(None, data_dir=tmp_path, default_engine=None)
     both_reading = threading.Barrier(2, timeout=60)
@@ -41,7 +43,8 @@ async def test_two_threads_loading_one_run_get_the_same_run(tmp_path: Path,
 
 
 async def test_listing_runs_while_another_thread_loads_one_lists_them(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     run_id = await _run_on_disk(tmp_path)
     restarted = BatchRunner(None, data_dir=tmp_path, default_engine=None)
     runs = tmp_path / "runs"

@@ -11,9 +11,15 @@ pytestmark = pytest.mark.slow
 
 
 def test_terminus2_rollout_is_graded_captured_on_every_turn_and_reconciled(
-        runner_server: RunnerServer) -> None:
-    doc = runner_server.run(tasks=["hello-file"], harness="terminus-2", timeout_s=600, call_budget=2,
-                            agent_kwargs={"max_turns": 1, "llm_kwargs": {"max_tokens": 32}})
+    runner_server: RunnerServer,
+) -> None:
+    doc = runner_server.run(
+        tasks=["hello-file"],
+        harness="terminus-2",
+        timeout_s=600,
+        call_budget=2,
+        agent_kwargs={"max_turns": 1, "llm_kwargs": {"max_tokens": 32}},
+    )
     [r] = doc["rollouts"]
     assert r["error_kind"] is None, (r["error"], r["findings"])
     assert r["ok"] and r["phase"] == "done"
@@ -24,7 +30,9 @@ def test_terminus2_rollout_is_graded_captured_on_every_turn_and_reconciled(
     # model sampled; whatever it is, it is explained by a finding unless the counts matched.
     assert r["atif"] in ("match", "mismatch", "none")
     assert r["atif"] == "match" or any(f["code"].startswith("atif_") for f in r["findings"]), r
-    assert {"session_open", "environment_setup", "agent_setup", "agent_execution", "verifier"} <= set(r["timings"])
+    assert {"session_open", "environment_setup", "agent_setup", "agent_execution", "verifier"} <= set(
+        r["timings"]
+    )
 
     http = runner_server.http
     session = http.get(f"/admin/sessions/{r['session_id']}").json()

@@ -31,24 +31,30 @@ def write_trackio(trackio_dir: Path, project: str, name: str, logs: list[dict]) 
     """Log `logs` with the real trackio package in a fresh interpreter (as a recipe would)."""
     spec = json.dumps({"project": project, "name": name, "logs": logs})
     env = {**os.environ, "TRACKIO_DIR": str(trackio_dir)}
-    out = subprocess.run([sys.executable, "-c", WRITER, spec], env=env, capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", WRITER, spec], env=env, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
 
 
 @pytest.mark.medium
 def test_reader_returns_exactly_the_values_trackio_logged(tmp_path: Path) -> None:
-    logs = [{"metrics": {"train/reward": 0.25, "train/loss": 1.5}, "step": 0},
-            {"metrics": {"train/reward": 0.75, "train/batch/trained_tokens_per_step": 128}, "step": 1},
-            {"metrics": {"train/reward": -0.125, "note": "text is not a scalar"}, "step": 5}]
+    logs = [
+        {"metrics": {"train/reward": 0.25, "train/loss": 1.5}, "step": 0},
+        {"metrics": {"train/reward": 0.75, "train/batch/trained_tokens_per_step": 128}, "step": 1},
+        {"metrics": {"train/reward": -0.125, "note": "text is not a scalar"}, "step": 5},
+    ]
     write_trackio(tmp_path, "proj", "run-1", logs)
     reader = TrackioReader(tmp_path, "proj")
     points = reader.read_new()
     got = [(p.run_name, p.step, p.name, p.value) for p in points]
-    assert got == [("run-1", 0, "train/reward", 0.25), ("run-1", 0, "train/loss", 1.5),
-                   ("run-1", 1, "train/reward", 0.75),
-                   ("run-1", 1, "train/batch/trained_tokens_per_step", 128.0),
-                   ("run-1", 5, "train/reward", -0.125)]
+    assert got == [
+        ("run-1", 0, "train/reward", 0.25),
+        ("run-1", 0, "train/loss", 1.5),
+        ("run-1", 1, "train/reward", 0.75),
+        ("run-1", 1, "train/batch/trained_tokens_per_step", 128.0),
+        ("run-1", 5, "train/reward", -0.125),
+    ]
     assert len({p.run_id for p in points}) == 1 and points[0].run_id  # trackio's uuid
     assert series(points, "train/reward") == [(0, 0.25), (1, 0.75), (5, -0.125)]
     assert list_projects(tmp_path) == ["proj"]
@@ -62,8 +68,9 @@ def test_incremental_reads_return_only_new_points(tmp_path: Path) -> None:
     reader = TrackioReader(tmp_path, "proj")
     assert [(p.run_name, p.value) for p in reader.read_new()] == [("first", 1.0)]
     assert reader.read_new() == []
-    write_trackio(tmp_path, "proj", "second", [{"metrics": {"m": 2.0}, "step": 0},
-                                               {"metrics": {"m": 3.0}, "step": 1}])
+    write_trackio(
+        tmp_path, "proj", "second", [{"metrics": {"m": 2.0}, "step": 0}, {"metrics": {"m": 3.0}, "step": 1}]
+    )
     new = reader.read_new()
     assert [(p.run_name, p.step, p.value) for p in new] == [("second", 0, 2.0), ("second", 1, 3.0)]
     assert reader.read_new() == []

@@ -36,14 +36,34 @@ def test_recipe_modules_and_the_training_stack_import_in_the_training_environmen
     found = json.loads(run_in_train_env(train_python, SCRIPT))
     assert found["python"] == [3, 11]
     assert found["torch"].startswith("2.13.0") and found["cuda"] is None  # the CPU build
-    assert found["versions"] == {"trl": "1.16.0", "openenv": "0.10.0", "transformers": "5.18.0",
-                                 "trackio": "0.43.0", "gguf": "0.19.0"}
-    assert found["stack"] == ["AsyncGRPOConfig", "AsyncGRPOTrainer", "AutoTokenizer", "Dataset",
-                              "GenerationConfig", "HarnessRolloutWorker"]
+    assert found["versions"] == {
+        "trl": "1.16.0",
+        "openenv": "0.10.0",
+        "transformers": "5.18.0",
+        "trackio": "0.43.0",
+        "gguf": "0.19.0",
+    }
+    assert found["stack"] == [
+        "AsyncGRPOConfig",
+        "AsyncGRPOTrainer",
+        "AutoTokenizer",
+        "Dataset",
+        "GenerationConfig",
+        "HarnessRolloutWorker",
+    ]
     # The recipes build the run plan from the schema (pydantic only); never proxy, app or Harbor.
-    assert found["tapdeck_modules"] == ["tapdeck", "tapdeck.runner", "tapdeck.runner.recipes",
-                                        "tapdeck.runner.recipes.admin_client", "tapdeck.runner.recipes.data_check",
-                                        "tapdeck.runner.recipes.grpo_trl", "tapdeck.schema",
-                                        "tapdeck.schema.addresses", "tapdeck.schema.findings",
-                                        "tapdeck.schema.runs", "tapdeck.schema.settings",
-                                        "tapdeck.schema.tls", "tapdeck.schema.train"]
+    assert found["tapdeck_modules"] == [
+        "tapdeck",
+        "tapdeck.runner",
+        "tapdeck.runner.recipes",
+        "tapdeck.runner.recipes.admin_client",
+        "tapdeck.runner.recipes.data_check",
+        "tapdeck.runner.recipes.grpo_trl",
+        "tapdeck.schema",
+        "tapdeck.schema.addresses",
+        "tapdeck.schema.findings",
+        "tapdeck.schema.runs",
+        "tapdeck.schema.settings",
+        "tapdeck.schema.tls",
+        "tapdeck.schema.train",
+    ]

@@ -49,8 +49,9 @@ def recording_server(data_dir: Path) -> Iterator[LocalServer]:
     """A LocalServer on a loopback port whose default engine is a recorded-vLLM upstream."""
     up = FakeVllm().start()
     try:
-        server = LocalServer(ServerConfig(port=0, data_dir=data_dir, engine_url=up.base_url,
-                                          engine_model="smollm2")).start()
+        server = LocalServer(
+            ServerConfig(port=0, data_dir=data_dir, engine_url=up.base_url, engine_model="smollm2")
+        ).start()
         try:
             yield server
         finally:
@@ -59,13 +60,12 @@ def recording_server(data_dir: Path) -> Iterator[LocalServer]:
         up.stop()
 
 
-async def _collect_events(http: httpx.AsyncClient, into: list[dict[str, Any]],
-                          opened: asyncio.Event) -> None:
+async def _collect_events(http: httpx.AsyncClient, into: list[dict[str, Any]], opened: asyncio.Event) -> None:
     async with http.stream("GET", "/admin/events", timeout=httpx.Timeout(10.0, read=None)) as reply:
         async for line in reply.aiter_lines():
             opened.set()  # the stream's first comment: subscribed
             if line.startswith("data: "):
-                into.append(json.loads(line[len("data: "):]))
+                into.append(json.loads(line[len("data: ") :]))
 
 
 async def record_from(server: LocalServer) -> dict[str, Any]:
@@ -86,34 +86,50 @@ async def record_from(server: LocalServer) -> dict[str, Any]:
 
         await call("GET", "/health", "/health")
         await call("GET", "/admin/catalog", "/admin/catalog")
-        info = await call("POST", "/admin/sessions", "/admin/sessions",
-                          json={"metadata": {"task": "contract"}})
+        info = await call(
+            "POST", "/admin/sessions", "/admin/sessions", json={"metadata": {"task": "contract"}}
+        )
         sid = info["id"]
         messages = [{"role": "user", "content": "Say hello."}]
         for _ in range(2):
-            reply = await http.post("/v1/chat/completions", json={"model": "m", "messages": messages},
-                                    headers={"Authorization": f"Bearer {info['api_key']}"})
+            reply = await http.post(
+                "/v1/chat/completions",
+                json={"model": "m", "messages": messages},
+                headers={"Authorization": f"Bearer {info['api_key']}"},
+            )
             reply.raise_for_status()
             messages += [reply.json()["choices"][0]["message"], {"role": "user", "content": "Again."}]
         await call("GET", "/admin/sessions", "/admin/sessions")
         await call("GET", "/admin/sessions/{session_id}", f"/admin/sessions/{sid}")
         await call("GET", "/admin/sessions/{session_id}/rollout", f"/admin/sessions/{sid}/rollout")
         await call("GET", "/admin/sessions/{session_id}/trace", f"/admin/sessions/{sid}/trace")
-        await call("GET", "/admin/sessions/{session_id}/graph", f"/admin/sessions/{sid}/graph",
-                   params={"since": 1})
+        await call(
+            "GET", "/admin/sessions/{session_id}/graph", f"/admin/sessions/{sid}/graph", params={"since": 1}
+        )
         await call("GET", "/admin/sessions/{session_id}/turns/{seq}", f"/admin/sessions/{sid}/turns/1")
         await call("GET", "/admin/sessions/{session_id}/activity", f"/admin/sessions/{sid}/activity")
 
-        run = await call("POST", "/admin/runs", "/admin/runs",
-                         json={"harness": "terminus-2", "tasks": ["hello-file"], "k": 1, "timeout_s": 120,
-                               "call_budget": 2, "settings": {"max_turns": 1}})
+        run = await call(
+            "POST",
+            "/admin/runs",
+            "/admin/runs",
+            json={
+                "harness": "terminus-2",
+                "tasks": ["hello-file"],
+                "k": 1,
+                "timeout_s": 120,
+                "call_budget": 2,
+                "settings": {"max_turns": 1},
+            },
+        )
         async with asyncio.timeout(RUN_WAIT_S):
             while (await http.get(f"/admin/runs/{run['id']}")).json()["state"] == "running":
                 await asyncio.sleep(0.5)
         await call("GET", "/admin/runs", "/admin/runs")
         await call("GET", "/admin/runs/{run_id}", f"/admin/runs/{run['id']}")
-        await call("POST", "/admin/runs/{run_id}/export", f"/admin/runs/{run['id']}/export",
-                   json={"format": "jsonl"})
+        await call(
+            "POST", "/admin/runs/{run_id}/export", f"/admin/runs/{run['id']}/export", json={"format": "jsonl"}
+        )
         await call("POST", "/admin/runs/{run_id}/cancel", f"/admin/runs/{run['id']}/cancel")
         await call("POST", "/admin/runs/{run_id}/resume", f"/admin/runs/{run['id']}/resume")
         async with asyncio.timeout(RUN_WAIT_S):
@@ -135,8 +151,12 @@ def record(data_dir: Path) -> dict[str, Any]:
         return asyncio.run(record_from(server))
 
 
-def write_recording(record_into: Callable[[Path], dict[str, Any]], default_out: Path, description: str,
-                    summary: Callable[[dict[str, Any]], str]) -> None:
+def write_recording(
+    record_into: Callable[[Path], dict[str, Any]],
+    default_out: Path,
+    description: str,
+    summary: Callable[[dict[str, Any]], str],
+) -> None:
     """A recorder's command line: record with a fresh server data dir, write `--out` as sorted JSON."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--out", type=Path, default=default_out)
@@ -149,8 +169,12 @@ def write_recording(record_into: Callable[[Path], dict[str, Any]], default_out: 
 
 
 def main() -> None:
-    write_recording(record, FIXTURE, __doc__.splitlines()[0],
-                    lambda r: f"{len(r['routes'])} routes, {len(r['events'])} events")
+    write_recording(
+        record,
+        FIXTURE,
+        __doc__.splitlines()[0],
+        lambda r: f"{len(r['routes'])} routes, {len(r['events'])} events",
+    )
 
 
 if __name__ == "__main__":

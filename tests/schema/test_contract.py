@@ -23,9 +23,9 @@ from tapdeck.proxy.http.app import create_app
 from tapdeck.proxy.service import CaptureService
 from tapdeck.proxy.store.database import Store
 from tapdeck.runner.api import create_runner_router
+from tapdeck.schema.activity import SessionActivity
 from tapdeck.schema.catalog import Catalog
 from tapdeck.schema.events import EVENT_TYPES, parse_event
-from tapdeck.schema.activity import SessionActivity
 from tapdeck.schema.runs import RunDetail, RunList
 from tapdeck.schema.sessions import (
     GraphView,
@@ -52,13 +52,18 @@ def recording() -> dict[str, Any]:
 def admin_routes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, APIRoute]:
     """`METHOD /path` → route, for the server's app with the runner's routes mounted."""
     data = tmp_path_factory.mktemp("contract")
-    service = CaptureService(Store(data / "capture.db"), default_engine=None,
-                             public_url="http://127.0.0.1:9")
-    app: FastAPI = create_app(service, admin_key="contract-test",
-                              routers=[create_runner_router(service, data_dir=data, default_engine=None)])
-    return {f"{method} {route.path}": route for route in _api_routes(app.routes)
-            for method in route.methods
-            if route.path.startswith("/admin") or route.path == "/health"}
+    service = CaptureService(Store(data / "capture.db"), default_engine=None, public_url="http://127.0.0.1:9")
+    app: FastAPI = create_app(
+        service,
+        admin_key="contract-test",
+        routers=[create_runner_router(service, data_dir=data, default_engine=None)],
+    )
+    return {
+        f"{method} {route.path}": route
+        for route in _api_routes(app.routes)
+        for method in route.methods
+        if route.path.startswith("/admin") or route.path == "/health"
+    }
 
 
 def _api_routes(routes: list[Any]) -> list[APIRoute]:
@@ -117,26 +122,30 @@ def _event_annotation(event: dict[str, Any]) -> Any:
 def _shapes(recording: dict[str, Any], routes: dict[str, APIRoute]) -> dict[str, set[str]]:
     out = {key: shape(body, routes[key].response_model)[0] for key, body in recording["routes"].items()}
     for event in recording["events"]:
-        out.setdefault(f"event {event['type']}", set()).update(
-            shape(event, _event_annotation(event))[0])
+        out.setdefault(f"event {event['type']}", set()).update(shape(event, _event_annotation(event))[0])
     return out
 
 
 def test_every_admin_route_declares_its_response_model(admin_routes: dict[str, APIRoute]) -> None:
     assert {"GET /health", "POST /admin/sessions", "GET /admin/runs"} <= set(admin_routes)
-    undeclared = [key for key, route in admin_routes.items()
-                  if key not in STREAMS and _model_of(route.response_model) is None]
+    undeclared = [
+        key
+        for key, route in admin_routes.items()
+        if key not in STREAMS and _model_of(route.response_model) is None
+    ]
     assert undeclared == []
 
 
-def test_every_admin_route_is_recorded_or_said_why_not(recording: dict[str, Any],
-                                                       admin_routes: dict[str, APIRoute]) -> None:
+def test_every_admin_route_is_recorded_or_said_why_not(
+    recording: dict[str, Any], admin_routes: dict[str, APIRoute]
+) -> None:
     assert set(admin_routes) == set(recording["routes"]) | set(NOT_RECORDED) | STREAMS
     assert not set(recording["routes"]) & set(NOT_RECORDED)
 
 
 def test_recorded_replies_validate_against_their_routes_models_with_no_key_left_over(
-        recording: dict[str, Any], admin_routes: dict[str, APIRoute]) -> None:
+    recording: dict[str, Any], admin_routes: dict[str, APIRoute]
+) -> None:
     recorded = set(admin_routes) - set(NOT_RECORDED) - STREAMS
     assert recorded and set(recording["routes"]) == recorded
     for key, body in recording["routes"].items():
@@ -145,8 +154,7 @@ def test_recorded_replies_validate_against_their_routes_models_with_no_key_left_
         assert shape(body, model)[1] == set(), f"{key} sends keys its model lacks"
 
 
-def test_every_event_type_is_recorded_and_validates_with_no_key_left_over(
-        recording: dict[str, Any]) -> None:
+def test_every_event_type_is_recorded_and_validates_with_no_key_left_over(recording: dict[str, Any]) -> None:
     assert {e["type"] for e in recording["events"]} == EVENT_TYPES
     for event in recording["events"]:
         assert shape(event, _event_annotation(event))[1] == set(), event["type"]
@@ -156,10 +164,14 @@ def test_the_tuis_recorded_fixture_holds_to_the_same_models() -> None:
     """Every body `python -m tests.app.record` wrote, against the model its route declares."""
     data = json.loads(TUI_FIXTURE.read_text())
     train = data["train"]
-    bodies: list[tuple[Any, Any]] = [(Health, data["health"]), (Catalog, data["catalog"]),
-                                     (SessionList, {"sessions": data["sessions"]}),
-                                     (RunList, {"runs": data["runs"]}),
-                                     (RecipeList, train["recipes"]), (TrainRunList, train["runs"])]
+    bodies: list[tuple[Any, Any]] = [
+        (Health, data["health"]),
+        (Catalog, data["catalog"]),
+        (SessionList, {"sessions": data["sessions"]}),
+        (RunList, {"runs": data["runs"]}),
+        (RecipeList, train["recipes"]),
+        (TrainRunList, train["runs"]),
+    ]
     bodies += [(SessionDetail, s) for s in data["session_details"].values()]
     bodies += [(SessionActivity, a) for a in data["activity"].values()]
     bodies += [(RunDetail, r) for r in data["run_details"].values()]
@@ -169,9 +181,22 @@ def test_the_tuis_recorded_fixture_holds_to_the_same_models() -> None:
     bodies += [(TrainLog, log) for log in train["logs"].values()]
     bodies += [(TrainMetrics, m) for m in train["metrics"].values()]
     kinds = {model for model, _ in bodies}
-    assert kinds == {Health, Catalog, SessionList, RunList, RecipeList, TrainRunList, SessionDetail,
-                     SessionActivity, RunDetail, RolloutDocument, TurnDetail, GraphView, TrainLog,
-                     TrainMetrics}, "the recording lacks a kind of body"
+    assert kinds == {
+        Health,
+        Catalog,
+        SessionList,
+        RunList,
+        RecipeList,
+        TrainRunList,
+        SessionDetail,
+        SessionActivity,
+        RunDetail,
+        RolloutDocument,
+        TurnDetail,
+        GraphView,
+        TrainLog,
+        TrainMetrics,
+    }, "the recording lacks a kind of body"
     for model, body in bodies:
         model.model_validate(body)
         assert shape(body, model)[1] == set(), model.__name__
@@ -188,16 +213,16 @@ def test_the_shape_check_sees_a_field_the_model_lacks() -> None:
 
 
 @pytest.mark.slow
-def test_the_recording_is_not_stale(recording: dict[str, Any], admin_routes: dict[str, APIRoute],
-                                    tmp_path: Path) -> None:
+def test_the_recording_is_not_stale(
+    recording: dict[str, Any], admin_routes: dict[str, APIRoute], tmp_path: Path
+) -> None:
     """A fresh recording has the same routes, event types and fields as the committed one
     (values differ: ids, times); when this fails, run `python -m tests.schema.record`."""
     fresh = record(tmp_path)
     assert _shapes(fresh, admin_routes) == _shapes(recording, admin_routes)
 
 
-def test_graph_view_since_n_is_the_documents_headers_from_n_without_tokens(
-        recording: dict[str, Any]) -> None:
+def test_graph_view_since_n_is_the_documents_headers_from_n_without_tokens(recording: dict[str, Any]) -> None:
     doc = recording["routes"]["GET /admin/sessions/{session_id}/rollout"]
     view = GraphView.model_validate(recording["routes"]["GET /admin/sessions/{session_id}/graph"])
     assert view.since == 1 and view.turns
@@ -205,8 +230,9 @@ def test_graph_view_since_n_is_the_documents_headers_from_n_without_tokens(
     assert view.links == [(t["seq"], t["parent"], t["role"]) for t in doc["turns"]]
     for header in view.turns:
         full = next(t for t in doc["turns"] if t["seq"] == header.seq)
-        assert {k: full[k] for k in type(header).model_fields if k in full} \
-            == header.model_dump(mode="json", exclude={"token_in"})
+        assert {k: full[k] for k in type(header).model_fields if k in full} == header.model_dump(
+            mode="json", exclude={"token_in"}
+        )
     assert view.stats.model_dump() == doc["stats"]
     sent = shape(recording["routes"]["GET /admin/sessions/{session_id}/graph"], GraphView)[0]
     heavy = {"input_ids", "logprobs", "sampled_ids", "request", "response", "sequences"}

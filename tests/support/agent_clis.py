@@ -28,8 +28,7 @@ def installed_or_skip(name: str) -> None:
         raise
 
 
-SHELL_TOOLS = {"exec_command": "cmd", "Bash": "command", "run_shell_command": "command",
-               "bash": "command"}
+SHELL_TOOLS = {"exec_command": "cmd", "Bash": "command", "run_shell_command": "command", "bash": "command"}
 """Each agent's shell tool and the name of its command argument (harness-clis.md)."""
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 """mini-swe-agent ends only when the model runs this."""
@@ -39,6 +38,7 @@ def scripted_agent_reply(name: str, work: str = "echo hi > hello.txt") -> Any:
     """The recorded vLLM reply, turned into the call a capable model would make: the agent's shell
     tool running `work` (writing hello.txt), then (once a tool result is in the prompt) a plain
     "done"."""
+
     def answer(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         reply = copy.deepcopy(vllm_fixture("chat_basic")["response"])
         choice = reply["choices"][0]
@@ -48,13 +48,18 @@ def scripted_agent_reply(name: str, work: str = "echo hi > hello.txt") -> Any:
         command = SUBMIT if answered and name == "mini-swe-agent" else work
         if shell and (not answered or command == SUBMIT):
             choice["message"]["content"] = None
-            choice["message"]["tool_calls"] = [{
-                "id": "chatcmpl-tool-0abc", "type": "function",
-                "function": {"name": shell, "arguments": json.dumps({SHELL_TOOLS[shell]: command})}}]
+            choice["message"]["tool_calls"] = [
+                {
+                    "id": "chatcmpl-tool-0abc",
+                    "type": "function",
+                    "function": {"name": shell, "arguments": json.dumps({SHELL_TOOLS[shell]: command})},
+                }
+            ]
             choice["finish_reason"] = "tool_calls"
         elif shell:
             choice["message"]["content"] = "done"
         return 200, vllm_reply_to(body, reply)
+
     return answer
 
 

@@ -19,16 +19,20 @@ def recording(name: str) -> dict[str, Any]:
 
 def google_client(info: dict[str, Any]) -> genai.Client:
     """google-genai (the SDK gemini-cli bundles, in its Python form) on a session's base URL."""
-    return genai.Client(api_key=info["api_key"],
-                        http_options=types.HttpOptions(base_url=info["base_urls"]["google"]))
+    return genai.Client(
+        api_key=info["api_key"], http_options=types.HttpOptions(base_url=info["base_urls"]["google"])
+    )
 
 
 def gemini_router(info: dict[str, Any]) -> types.GenerateContentResponse:
     """gemini-cli's model-router call: non-streaming, JSON mode with a `responseJsonSchema`."""
     body = recording("gemini_cli")["router"]["body"]
     config = types.GenerateContentConfig.model_validate(
-        {**body["generationConfig"], "systemInstruction": body["systemInstruction"]})
+        {**body["generationConfig"], "systemInstruction": body["systemInstruction"]}
+    )
     client = google_client(info)  # held: a collected Client closes its connection pool
     return client.models.generate_content(
-        model="gemini-3.5-flash-lite", contents=[types.Content.model_validate(c) for c in body["contents"]],
-        config=config)
+        model="gemini-3.5-flash-lite",
+        contents=[types.Content.model_validate(c) for c in body["contents"]],
+        config=config,
+    )

@@ -60,8 +60,9 @@ def capture_server(engine: EngineSpec, data_dir: Path, *, keepalive_s: float) ->
     sock = bind_socket("127.0.0.1", 0)
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     service = CaptureService(store, default_engine=engine, public_url=url, keepalive_s=keepalive_s)
-    server = ThreadedServer(create_app(service, admin_key=admin_key), "127.0.0.1",
-                            sock.getsockname()[1]).start(sock=sock)
+    server = ThreadedServer(
+        create_app(service, admin_key=admin_key), "127.0.0.1", sock.getsockname()[1]
+    ).start(sock=sock)
     admin = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin_key}"}, timeout=60)
     try:
         yield CaptureServer(url=url, admin=admin, store=store)
@@ -74,8 +75,12 @@ def capture_server(engine: EngineSpec, data_dir: Path, *, keepalive_s: float) ->
 @pytest.fixture(scope="module")
 def scripted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FakeVllm, CaptureServer]]:
     """The fake vLLM and a capture server in front of it (keepalive every 2 s)."""
-    with FakeVllm() as up, capture_server(EngineSpec(url=up.base_url), tmp_path_factory.mktemp("capture"),
-                                          keepalive_s=SCRIPTED_KEEPALIVE_S) as capture:
+    with (
+        FakeVllm() as up,
+        capture_server(
+            EngineSpec(url=up.base_url), tmp_path_factory.mktemp("capture"), keepalive_s=SCRIPTED_KEEPALIVE_S
+        ) as capture,
+    ):
         yield up, capture
 
 

@@ -39,11 +39,12 @@ from tapdeck.proxy.http.uvicorn_thread import ThreadedServer
 from tapdeck.proxy.upstream.tiers import PROBES
 from tests.support.vllm_recordings import vllm_error, vllm_error_case, vllm_fixture, vllm_reply_to
 
-Fault = Literal["no_logprobs", "html", "context_full", "http500", "no_choices", "truncated_json",
-                "empty_503", "long"]
+Fault = Literal[
+    "no_logprobs", "html", "context_full", "http500", "no_choices", "truncated_json", "empty_503", "long"
+]
 FAULTS: dict[str, str] = {
     "no_logprobs": "the reply has no ids or logprobs whatever was asked (an engine ignoring the "
-                   "capture fields)",
+    "capture fields)",
     "html": "a gateway's HTML error page with status 200, for chat calls and the listing",
     "context_full": "vLLM's recorded 400 for a prompt over the context",
     "http500": "a 500 from an engine whose core died",
@@ -129,14 +130,23 @@ def _json(status: int, body: Any) -> _Reply:
 class FakeVllm:
     """A vLLM-shaped engine answering with recorded bodies; see the module docstring."""
 
-    def __init__(self, *, answer: str | Answer | None = "chat_basic", exchanges: tuple[str, ...] = (),
-                 refuse_like_vllm: bool = False, fault: Fault | None = None, delay: float = 0.0,
-                 hold: Callable[[dict[str, Any]], bool] | None = None, hold_s: float = 600.0,
-                 listing: dict[str, Any] | None | Literal["recorded"] = "recorded",
-                 listing_delay: float = 0.0, base_path: str = "/v1",
-                 tokenize: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
-                 recorded_as: Callable[[str, Any], Any] | None = None,
-                 long_chars: int = 2_000_000) -> None:
+    def __init__(
+        self,
+        *,
+        answer: str | Answer | None = "chat_basic",
+        exchanges: tuple[str, ...] = (),
+        refuse_like_vllm: bool = False,
+        fault: Fault | None = None,
+        delay: float = 0.0,
+        hold: Callable[[dict[str, Any]], bool] | None = None,
+        hold_s: float = 600.0,
+        listing: dict[str, Any] | None | Literal["recorded"] = "recorded",
+        listing_delay: float = 0.0,
+        base_path: str = "/v1",
+        tokenize: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
+        recorded_as: Callable[[str, Any], Any] | None = None,
+        long_chars: int = 2_000_000,
+    ) -> None:
         self.answer = answer
         self.refuse_like_vllm = refuse_like_vllm
         self.fault = fault
@@ -182,8 +192,15 @@ class FakeVllm:
         """The model the listing names first."""
         return (self.listing or vllm_listing())["data"][0]["id"]
 
-    async def _respond(self, method: str, url: str, path: str, headers: dict[str, str], raw: bytes,
-                       left: Callable[[], Awaitable[bool]]) -> _Reply:
+    async def _respond(
+        self,
+        method: str,
+        url: str,
+        path: str,
+        headers: dict[str, str],
+        raw: bytes,
+        left: Callable[[], Awaitable[bool]],
+    ) -> _Reply:
         body = json.loads(raw) if method == "POST" and raw else None
         self.sent.append(Sent(method, url, path, headers, body))
         if method == "GET" and path == f"{self.base_path}/models" and self.listing is not None:
@@ -240,8 +257,9 @@ class FakeVllm:
         if self.fault == "context_full":
             return _json(*vllm_error_case("prompt_over_context"))
         if self.fault == "http500":
-            return _json(500, {"error": {"message": "engine core died", "type": "InternalServerError",
-                                         "code": 500}})
+            return _json(
+                500, {"error": {"message": "engine core died", "type": "InternalServerError", "code": 500}}
+            )
         if self.fault == "no_choices":
             return _json(200, {"id": "x", "object": "chat.completion", "choices": []})
         if self.fault == "empty_503":
@@ -271,8 +289,14 @@ class FakeVllm:
             async def stays() -> bool:
                 return False
 
-            reply = await self._respond(request.method, str(request.url), request.url.path,
-                                        dict(request.headers), await request.aread(), stays)
+            reply = await self._respond(
+                request.method,
+                str(request.url),
+                request.url.path,
+                dict(request.headers),
+                await request.aread(),
+                stays,
+            )
             headers = {"content-type": reply.content_type} if reply.content_type else {}
             return httpx.Response(reply.status, content=reply.content, headers=headers)
 
@@ -286,9 +310,14 @@ class FakeVllm:
 
     def _app(self) -> Starlette:
         async def route(request: Request) -> Response:
-            reply = await self._respond(request.method, str(request.url), request.url.path,
-                                        dict(request.headers), await request.body(),
-                                        request.is_disconnected)
+            reply = await self._respond(
+                request.method,
+                str(request.url),
+                request.url.path,
+                dict(request.headers),
+                await request.body(),
+                request.is_disconnected,
+            )
             return Response(reply.content, status_code=reply.status, media_type=reply.content_type)
 
         return Starlette(routes=[Route("/{path:path}", route, methods=["GET", "POST"])])

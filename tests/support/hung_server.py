@@ -27,8 +27,11 @@ class HungServer:
         from tapdeck.app.tui import TapdeckApp
         from tapdeck.schema.runs import RunPlan
 
-        app = TapdeckApp(TapdeckClient(self.server.url, self.server.admin_key),
-                         settings_path=self.settings_path, initial_mode=mode)
+        app = TapdeckApp(
+            TapdeckClient(self.server.url, self.server.admin_key),
+            settings_path=self.settings_path,
+            initial_mode=mode,
+        )
         async with app.run_test(size=(80, 24)) as pilot:
             run = await app.client.start_run(RunPlan(tasks=["hello-file"], k=1, timeout_s=600))
             yield app, pilot, run

@@ -20,9 +20,13 @@ def run_in_train_env(python: Path, script: Path, *args: str, timeout_s: float = 
     from tapdeck.runner.training import package_path
 
     env = {**os.environ, "PYTHONPATH": str(package_path(python.parent.parent.parent / "train-src"))}
-    env.update(TRL_EXPERIMENTAL_SILENCE="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               PYTHONUNBUFFERED="1")
-    proc = subprocess.run([str(python), str(script), *args], capture_output=True, text=True,
-                          timeout=timeout_s, env=env)
-    assert proc.returncode == 0, f"{script.name} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+    env.update(
+        TRL_EXPERIMENTAL_SILENCE="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1"
+    )
+    proc = subprocess.run(
+        [str(python), str(script), *args], capture_output=True, text=True, timeout=timeout_s, env=env
+    )
+    assert proc.returncode == 0, (
+        f"{script.name} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+    )
     return proc.stdout

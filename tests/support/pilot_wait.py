@@ -18,8 +18,14 @@ async def until(pilot, predicate: Callable[[], bool], what: str, timeout: float 
         await pilot.pause(0.05)
 
 
-async def click_until(pilot, widget: type, offset: tuple[int, int], predicate: Callable[[], bool],
-                      what: str, timeout: float = 30.0) -> None:
+async def click_until(
+    pilot,
+    widget: type,
+    offset: tuple[int, int],
+    predicate: Callable[[], bool],
+    what: str,
+    timeout: float = 30.0,
+) -> None:
     """Click `widget` at `offset` until `predicate()` holds. A widget whose content was just
     replaced is laid out a frame or more later, so a click in between lands on the old layout
     (empty space, or the previous text): clicking again once it settles is what a person does."""

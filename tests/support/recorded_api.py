@@ -45,8 +45,9 @@ def recorded_transport(data: dict | None = None) -> httpx.MockTransport:
             if view is None:
                 return _found(None, "session")
             since = int(request.url.params.get("since", 0))
-            return httpx.Response(200, json={**view, "since": since,
-                                             "turns": [t for t in view["turns"] if t["seq"] >= since]})
+            return httpx.Response(
+                200, json={**view, "since": since, "turns": [t for t in view["turns"] if t["seq"] >= since]}
+            )
         if m := re.fullmatch(r"/admin/sessions/([^/]+)/turns/(\d+)", path):
             return _found(data["turns"].get(m[1], {}).get(m[2]), "turn")
         if path == "/admin/runs" and request.method == "GET":
@@ -71,8 +72,11 @@ def recorded_transport(data: dict | None = None) -> httpx.MockTransport:
 
 
 def _found(body: dict | None, what: str) -> httpx.Response:
-    return httpx.Response(200, json=body) if body is not None else \
-        httpx.Response(404, json={"detail": f"no such {what}"})
+    return (
+        httpx.Response(200, json=body)
+        if body is not None
+        else httpx.Response(404, json={"detail": f"no such {what}"})
+    )
 
 
 def recorded_app(mode: str = "sessions", **kwargs):
@@ -80,5 +84,11 @@ def recorded_app(mode: str = "sessions", **kwargs):
     from tapdeck.app.tui import TapdeckApp
 
     client = TapdeckClient("http://tapdeck.test", "test-key", transport=recorded_transport())
-    return TapdeckApp(client, server_label="http://tapdeck.test", follow_events=False,
-                      clock=lambda: FROZEN_NOW, initial_mode=mode, **kwargs)
+    return TapdeckApp(
+        client,
+        server_label="http://tapdeck.test",
+        follow_events=False,
+        clock=lambda: FROZEN_NOW,
+        initial_mode=mode,
+        **kwargs,
+    )

@@ -8,19 +8,20 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-HOLD = ("import sys, time\n"
-        "from pathlib import Path\n"
-        "from tapdeck.runner.run_lock import RunLock\n"
-        "assert RunLock(Path(sys.argv[1])).claim() is None\n"
-        "print('held', flush=True)\n"
-        "time.sleep(600)\n")
+HOLD = (
+    "import sys, time\n"
+    "from pathlib import Path\n"
+    "from tapdeck.runner.run_lock import RunLock\n"
+    "assert RunLock(Path(sys.argv[1])).claim() is None\n"
+    "print('held', flush=True)\n"
+    "time.sleep(600)\n"
+)
 
 
 @contextlib.contextmanager
 def holding_run_lock(run_dir: Path) -> Iterator[subprocess.Popen]:
     """A process that holds `run_dir`'s run lock until the block ends (then it is killed)."""
-    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
         yield proc

@@ -24,8 +24,9 @@ class RunnerServer:
     def __init__(self, local: Any, data_dir: Path) -> None:
         self.local = local
         self.data_dir = data_dir
-        self.http = httpx.Client(base_url=local.url, timeout=30.0,
-                                 headers={"Authorization": f"Bearer {local.admin_key}"})
+        self.http = httpx.Client(
+            base_url=local.url, timeout=30.0, headers={"Authorization": f"Bearer {local.admin_key}"}
+        )
 
     def start(self, **plan: Any) -> dict[str, Any]:
         resp = self.http.post("/admin/runs", json=plan)
@@ -67,7 +68,6 @@ def make_task(root: Path, name: str, test_sh: str, *, agent_timeout_s: float = 1
     task = root / name
     shutil.copytree(SAMPLE / "hello-file", task)
     (task / "tests" / "test.sh").write_text("#!/bin/bash\nmkdir -p /logs/verifier\n" + test_sh)
-    toml = (task / "task.toml").read_text().replace("timeout_sec = 180.0",
-                                                    f"timeout_sec = {agent_timeout_s}")
+    toml = (task / "task.toml").read_text().replace("timeout_sec = 180.0", f"timeout_sec = {agent_timeout_s}")
     (task / "task.toml").write_text(toml)
     return task

@@ -22,9 +22,11 @@ TAPDECK = Path(sys.executable).with_name("tapdeck")
 
 def serve_process(port: int, data: Path, engine_url: str) -> subprocess.Popen:
     """A `tapdeck serve` process on `port` with its data in `data` (stdout and stderr piped)."""
-    return subprocess.Popen([str(TAPDECK), "serve", "--port", str(port), "--data-dir", str(data),
-                             "--engine", engine_url],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [str(TAPDECK), "serve", "--port", str(port), "--data-dir", str(data), "--engine", engine_url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def wait_health(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
@@ -43,8 +45,16 @@ def wait_health(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
 
 
 @contextlib.contextmanager
-def tapdeck_serve(tapdeck: Path, data_dir: Path, log: Path, *, admin_key: str | None, engine_url: str,
-                  engine_model: str | None = None, env: dict[str, str] | None = None) -> Iterator[Any]:
+def tapdeck_serve(
+    tapdeck: Path,
+    data_dir: Path,
+    log: Path,
+    *,
+    admin_key: str | None,
+    engine_url: str,
+    engine_model: str | None = None,
+    env: dict[str, str] | None = None,
+) -> Iterator[Any]:
     """`tapdeck serve` as its own process on a free loopback port, until it answers /health.
     `admin_key` None: the server generates one and writes `<data_dir>/admin.key`.
 
@@ -57,8 +67,9 @@ def tapdeck_serve(tapdeck: Path, data_dir: Path, log: Path, *, admin_key: str | 
     if engine_model:
         argv += ["--engine-model", engine_model]
     with log.open("w") as out:
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                   env={**os.environ, **(env or {})})
+        process = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
     process.url = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
     try:
         deadline = time.monotonic() + 120

@@ -21,8 +21,9 @@ class Tmux:
             time.sleep(pause)
 
     def screen(self) -> str:
-        out = subprocess.run(["tmux", "capture-pane", "-p", "-t", self.name], check=True,
-                             capture_output=True, text=True).stdout
+        out = subprocess.run(
+            ["tmux", "capture-pane", "-p", "-t", self.name], check=True, capture_output=True, text=True
+        ).stdout
         return "\n".join(line.rstrip() for line in out.splitlines())
 
     def wait_for(self, pattern: str, timeout: float = 120.0) -> str:

@@ -54,9 +54,11 @@ def write_export(path: Path) -> Path:
     return write_jsonl(path, rows)
 
 
-TOOL_CALLS = [{"id": "c1", "name": "shell", "arguments": {"cmd": "ls"}},
-              {"id": "c2", "name": "shell", "arguments": {"cmd": "cat notes.txt"}},
-              {"id": "c3", "name": "write_file", "arguments": {"path": "a", "text": "b"}}]
+TOOL_CALLS = [
+    {"id": "c1", "name": "shell", "arguments": {"cmd": "ls"}},
+    {"id": "c2", "name": "shell", "arguments": {"cmd": "cat notes.txt"}},
+    {"id": "c3", "name": "write_file", "arguments": {"path": "a", "text": "b"}},
+]
 
 
 def tool_call_trace() -> dict:

@@ -35,7 +35,11 @@ def _free_port() -> int:
 
 def _env(tmp: Path) -> dict[str, str]:
     """The child's environment: no settings or data written outside the test's tmp dir."""
-    return {**os.environ, "XDG_CONFIG_HOME": str(tmp / "config"), "TAPDECK_DATA_DIR": str(tmp / "client-data")}
+    return {
+        **os.environ,
+        "XDG_CONFIG_HOME": str(tmp / "config"),
+        "TAPDECK_DATA_DIR": str(tmp / "client-data"),
+    }
 
 
 @dataclass
@@ -55,15 +59,28 @@ class Served:
 def served(embedded_engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """`tapdeck serve` as its own process, on a free port, over the shared embedded engine."""
     tmp = tmp_path_factory.mktemp("serve")
-    with tapdeck_serve(TAPDECK, tmp / "data", tmp / "serve.log", admin_key=ADMIN_KEY,
-                       engine_url=embedded_engine.base_url, engine_model=embedded_engine.served_name,
-                       env=_env(tmp)) as process:
+    with tapdeck_serve(
+        TAPDECK,
+        tmp / "data",
+        tmp / "serve.log",
+        admin_key=ADMIN_KEY,
+        engine_url=embedded_engine.base_url,
+        engine_model=embedded_engine.served_name,
+        env=_env(tmp),
+    ) as process:
         yield Served(process.url, process, tmp / "serve.log")
 
 
 def _attach(url: str, key: str, tmp: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([str(TAPDECK), "attach", url, "--admin-key", key], capture_output=True,
-                          text=True, timeout=120, env=_env(tmp), stdin=subprocess.DEVNULL, check=False)
+    return subprocess.run(
+        [str(TAPDECK), "attach", url, "--admin-key", key],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(tmp),
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
 
 
 @pytest.mark.slow
@@ -72,20 +89,27 @@ def test_attach_shows_a_remote_session_with_its_turn_and_quits_leaving_the_serve
     from openai import OpenAI
 
     admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
-    reply = httpx.post(f"{served.url}/admin/sessions", json={"metadata": {"task": "attach-chat"}},
-                       headers=admin, timeout=60)
+    reply = httpx.post(
+        f"{served.url}/admin/sessions", json={"metadata": {"task": "attach-chat"}}, headers=admin, timeout=60
+    )
     reply.raise_for_status()
     session = reply.json()
     agent = OpenAI(base_url=f"{served.url}/v1", api_key=session["api_key"], timeout=120)
-    agent.chat.completions.create(model="any", messages=[{"role": "user", "content": "Say hello."}],
-                                  max_tokens=8)
+    agent.chat.completions.create(
+        model="any", messages=[{"role": "user", "content": "Say hello."}], max_tokens=8
+    )
 
     name = f"tapdeck-attach-{os.getpid()}"
     rc_file = tmp_path / "rc"
-    env = " ".join([shell_assignments(), *(f"{k}={v}" for k, v in _env(tmp_path).items()
-                                           if k in ("XDG_CONFIG_HOME", "TAPDECK_DATA_DIR"))])
-    command = (f"env {env} {TAPDECK} attach {served.url} --admin-key {ADMIN_KEY}; "
-               f"echo $? > {rc_file}; sleep 60")
+    env = " ".join(
+        [
+            shell_assignments(),
+            *(f"{k}={v}" for k, v in _env(tmp_path).items() if k in ("XDG_CONFIG_HOME", "TAPDECK_DATA_DIR")),
+        ]
+    )
+    command = (
+        f"env {env} {TAPDECK} attach {served.url} --admin-key {ADMIN_KEY}; echo $? > {rc_file}; sleep 60"
+    )
     subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "80", "-y", "24", command], check=True)
     tmux = Tmux(name)
     try:
@@ -118,8 +142,15 @@ def test_attach_with_a_wrong_admin_key_exits_with_one_line_naming_the_key(served
 
 def test_attach_without_an_admin_key_says_where_it_looked(served, tmp_path):
     env = {k: v for k, v in _env(tmp_path).items() if k != "TAPDECK_ADMIN_KEY"}
-    result = subprocess.run([str(TAPDECK), "attach", served.url], capture_output=True, text=True,
-                            timeout=120, env=env, stdin=subprocess.DEVNULL, check=False)
+    result = subprocess.run(
+        [str(TAPDECK), "attach", served.url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
     assert result.returncode == 1
     [line] = result.stderr.strip().splitlines()
     assert f"looked at --admin-key, $TAPDECK_ADMIN_KEY and {tmp_path / 'client-data' / 'admin.key'}" in line
@@ -132,8 +163,12 @@ def served_here(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     tmp = tmp_path_factory.mktemp("serve-here")
     env = {**_env(tmp), "TAPDECK_DATA_DIR": str(tmp / "data")}
     env.pop("TAPDECK_ADMIN_KEY", None)
-    with hanging_engine() as engine, tapdeck_serve(TAPDECK, tmp / "data", tmp / "serve.log", admin_key=None,
-                                                   engine_url=engine.base_url, env=env) as process:
+    with (
+        hanging_engine() as engine,
+        tapdeck_serve(
+            TAPDECK, tmp / "data", tmp / "serve.log", admin_key=None, engine_url=engine.base_url, env=env
+        ) as process,
+    ):
         yield Served(process.url, process, tmp / "serve.log")
 
 
@@ -144,9 +179,11 @@ def test_attach_reads_the_admin_key_a_server_on_this_machine_wrote_in_its_data_d
     data = served_here.log.parent / "data"
     name = f"tapdeck-attach-here-{os.getpid()}"
     rc_file = tmp_path / "rc"
-    command = (f"env -u TAPDECK_ADMIN_KEY {shell_assignments()} "
-               f"XDG_CONFIG_HOME={tmp_path / 'config'} TAPDECK_DATA_DIR={data} "
-               f"{TAPDECK} attach {served_here.url}; echo $? > {rc_file}; sleep 60")
+    command = (
+        f"env -u TAPDECK_ADMIN_KEY {shell_assignments()} "
+        f"XDG_CONFIG_HOME={tmp_path / 'config'} TAPDECK_DATA_DIR={data} "
+        f"{TAPDECK} attach {served_here.url}; echo $? > {rc_file}; sleep 60"
+    )
     subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "80", "-y", "24", command], check=True)
     tmux = Tmux(name)
     try:
@@ -163,18 +200,29 @@ def test_attach_refused_the_key_of_its_data_dir_names_the_file_it_read(served_he
     stale = tmp_path / "other-data"
     write_admin_key(stale / "admin.key", "a-key-another-server-wrote-long-ago")
     env = {k: v for k, v in _env(tmp_path).items() if k != "TAPDECK_ADMIN_KEY"}
-    result = subprocess.run([str(TAPDECK), "attach", served_here.url, "--data-dir", str(stale)],
-                            capture_output=True, text=True, timeout=120, env=env,
-                            stdin=subprocess.DEVNULL, check=False)
+    result = subprocess.run(
+        [str(TAPDECK), "attach", served_here.url, "--data-dir", str(stale)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
     assert result.returncode == 1
     [line] = result.stderr.strip().splitlines()
     assert f"the server rejected the admin key read from {stale / 'admin.key'}" in line
 
 
-@pytest.mark.parametrize(("url", "why"), [("ftp://x", "is not an http(s) URL"),
-                                          ("127.0.0.1:99999", "port 99999 is out of range"),
-                                          ("http://127.0.0.1:0", "port 0 is out of range"),
-                                          ("not a url", "host 'not a url' is not a host name or IP address")])
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("ftp://x", "is not an http(s) URL"),
+        ("127.0.0.1:99999", "port 99999 is out of range"),
+        ("http://127.0.0.1:0", "port 0 is out of range"),
+        ("not a url", "host 'not a url' is not a host name or IP address"),
+    ],
+)
 def test_attach_to_an_address_that_is_not_a_server_url_is_bad_usage(url, why, tmp_path):
     result = _attach(url, ADMIN_KEY, tmp_path)
     assert result.returncode == 2

@@ -28,8 +28,9 @@ from tests.support.recorded_turns import turn_from_fixture
 from tests.support.training_export import rollout_rows, write_export
 
 
-def _data_dir_with_run(tmp_path: Path, results: list[dict[str, Any]],
-                       session_reward: float | None = 0.0, tier: str = "tokens") -> Path:
+def _data_dir_with_run(
+    tmp_path: Path, results: list[dict[str, Any]], session_reward: float | None = 0.0, tier: str = "tokens"
+) -> Path:
     """A data dir whose store holds one captured session per result (two recorded turns each,
     its metadata's reward `session_reward`, captured at `tier`: below `tokens` an eval rollout),
     and run `run-x` with those results."""
@@ -40,9 +41,14 @@ def _data_dir_with_run(tmp_path: Path, results: list[dict[str, Any]],
     try:
         for result in results:
             sid = result["session_id"]
-            store.create_session({"id": sid, "tier": tier,
-                                  "rollout_type": "train" if tier == "tokens" else "eval",
-                                  "metadata": {"reward": session_reward}})
+            store.create_session(
+                {
+                    "id": sid,
+                    "tier": tier,
+                    "rollout_type": "train" if tier == "tokens" else "eval",
+                    "metadata": {"reward": session_reward},
+                }
+            )
             graph = RolloutGraph()
             for seq, name in enumerate(["chat_multiturn_1", "chat_multiturn_2"]):
                 turn = turn_from_fixture(name, seq, sid)
@@ -54,8 +60,16 @@ def _data_dir_with_run(tmp_path: Path, results: list[dict[str, Any]],
 
 
 def _result(index: int, **fields: Any) -> dict[str, Any]:
-    return {"rollout_id": f"run-x.g000r{index:02d}", "run_id": "run-x", "task": "t", "group": 0,
-            "index": index, "session_id": f"s-{index}", "reward": 0.0, "ok": True} | fields
+    return {
+        "rollout_id": f"run-x.g000r{index:02d}",
+        "run_id": "run-x",
+        "task": "t",
+        "group": 0,
+        "index": index,
+        "session_id": f"s-{index}",
+        "reward": 0.0,
+        "ok": True,
+    } | fields
 
 
 def _export(data: Path, *args: str) -> Any:
@@ -65,16 +79,15 @@ def _export(data: Path, *args: str) -> Any:
 
 
 def test_run_export_keeps_a_never_graded_result_null_even_when_its_session_holds_a_reward(
-        tmp_path: Path) -> None:
-    data = _data_dir_with_run(tmp_path, [_result(0, reward=None), _result(1, reward=1.0)],
-                              session_reward=0.0)
+    tmp_path: Path,
+) -> None:
+    data = _data_dir_with_run(tmp_path, [_result(0, reward=None), _result(1, reward=1.0)], session_reward=0.0)
     out = tmp_path / "rows.jsonl"
     res = _export(data, "run-x", "--out", str(out))
     assert res.exit_code == 0, res.output
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     # The run's result is the reward rule's verdict: null (never graded) is never the session's 0.
-    assert {r["rollout_id"]: r["reward"] for r in rows} == {"run-x.g000r00": None,
-                                                            "run-x.g000r01": 1.0}
+    assert {r["rollout_id"]: r["reward"] for r in rows} == {"run-x.g000r00": None, "run-x.g000r01": 1.0}
     # A session exported on its own still carries the reward annotated on it.
     res = _export(data, "s-0", "--out", str(out))
     assert res.exit_code == 0, res.output
@@ -82,7 +95,8 @@ def test_run_export_keeps_a_never_graded_result_null_even_when_its_session_holds
 
 
 def test_a_servers_run_export_keeps_the_results_reward_and_error_kind_over_the_sessions(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     # What `tapdeck train --run` reads: the server's export, not the CLI's.
     from types import SimpleNamespace
 
@@ -91,20 +105,29 @@ def test_a_servers_run_export_keeps_the_results_reward_and_error_kind_over_the_s
     from tests.support.fake_vllm import models_only_engine
     from tests.support.local_server import local_server_on
 
-    data = _data_dir_with_run(tmp_path, [_result(0, reward=None),
-                                         _result(1, ok=False, error_kind="timeout")],
-                              session_reward=0.0)
-    (data / "runs" / "run-x" / "plan.json").write_text(json.dumps(
-        {"id": "run-x", "created_at": 1.0, "plan": {"k": 2}, "tasks": [{"name": "t", "path": "/t"}]}))
+    data = _data_dir_with_run(
+        tmp_path, [_result(0, reward=None), _result(1, ok=False, error_kind="timeout")], session_reward=0.0
+    )
+    (data / "runs" / "run-x" / "plan.json").write_text(
+        json.dumps(
+            {"id": "run-x", "created_at": 1.0, "plan": {"k": 2}, "tasks": [{"name": "t", "path": "/t"}]}
+        )
+    )
     with models_only_engine() as url:
         engine = SimpleNamespace(base_url=f"{url}/v1", served_name="smollm2")
         with local_server_on(engine, data) as server:
-            resp = httpx.post(f"{server.url}/admin/runs/run-x/export", json={"format": "jsonl"},
-                              headers={"Authorization": f"Bearer {server.admin_key}"}, timeout=60)
+            resp = httpx.post(
+                f"{server.url}/admin/runs/run-x/export",
+                json={"format": "jsonl"},
+                headers={"Authorization": f"Bearer {server.admin_key}"},
+                timeout=60,
+            )
     assert resp.status_code == 200, resp.text
     rows = [json.loads(line) for line in Path(resp.json()["path"]).read_text().splitlines()]
     assert {(r["rollout_id"], r["reward"], r["error_kind"]) for r in rows} == {
-        ("run-x.g000r00", None, None), ("run-x.g000r01", 0.0, "timeout")}
+        ("run-x.g000r00", None, None),
+        ("run-x.g000r01", 0.0, "timeout"),
+    }
 
 
 def test_parquet_exports_of_an_all_ok_run_and_a_failed_one_read_as_one_dataset(tmp_path: Path) -> None:
@@ -124,8 +147,9 @@ def test_parquet_exports_of_an_all_ok_run_and_a_failed_one_read_as_one_dataset(t
 def _check(tmp_path: Path, rows: list[dict[str, Any]]) -> tuple[TrainingRun, list[str]]:
     path = write_jsonl(tmp_path / "rows.jsonl", rows)
     lines: list[str] = []
-    job = TrainingRun("data-check", ["--rows", str(path)], data_dir=tmp_path / "data",
-                      on_line=lines.append).start()
+    job = TrainingRun(
+        "data-check", ["--rows", str(path)], data_dir=tmp_path / "data", on_line=lines.append
+    ).start()
     job.wait()
     return job, lines
 
@@ -148,10 +172,14 @@ def test_data_check_with_only_failed_rollouts_fails_saying_they_were_left_out(tm
 
 
 def test_metrics_of_a_recipe_that_renamed_its_trackio_run_and_project_still_reach_the_api(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     rows = write_export(tmp_path / "rows.jsonl")
-    job = TrainingRun("data-check", ["--rows", str(rows), "--name", "mine", "--project", "other"],
-                      data_dir=tmp_path / "data").start()
+    job = TrainingRun(
+        "data-check",
+        ["--rows", str(rows), "--name", "mine", "--project", "other"],
+        data_dir=tmp_path / "data",
+    ).start()
     assert job.wait() == 0
     points = read_metrics(load_run(tmp_path / "data", job.run_id), 0).points
     assert {p.step for p in points if p.name == "train/reward"} == {0, 2}
@@ -188,7 +216,8 @@ def test_train_refuses_a_run_for_a_recipe_that_takes_none(train_server: Any, tmp
 
 
 def test_a_missing_training_environment_names_the_whole_command_that_makes_it_there(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     env = tmp_path / "elsewhere"
     monkeypatch.setenv("TAPDECK_TRAIN_ENV", str(env))
     with pytest.raises(TrainEnvMissing) as caught:
@@ -202,8 +231,7 @@ def test_a_missing_training_environment_names_the_whole_command_that_makes_it_th
 @pytest.mark.medium
 def test_train_summary_shows_how_often_a_rollout_forked(train_server: Any, tmp_path: Path) -> None:
     rows = write_export(tmp_path / "rows.jsonl")
-    res = _train("--server", train_server.url, "--admin-key", train_server.admin_key,
-                 "--rows", str(rows))
+    res = _train("--server", train_server.url, "--admin-key", train_server.admin_key, "--rows", str(rows))
     assert res.exit_code == 0, res.output
     # Group 2's re-tokenised pair forks: a fragmented rollout is visible without opening trackio.
     assert "  train/rollout/fork_frac = 1 (step 2)" in res.output
@@ -212,9 +240,16 @@ def test_train_summary_shows_how_often_a_rollout_forked(train_server: Any, tmp_p
 def _write_plan(data: Path, *, rollouts: int, state: str) -> Path:
     """Give run-x a plan of one task × `rollouts` and a recorded state; its folder."""
     run = data / "runs" / "run-x"
-    (run / "plan.json").write_text(json.dumps(
-        {"id": "run-x", "created_at": 1.0, "plan": {"k": rollouts},
-         "tasks": [{"name": "t", "path": "/t"}]}))
+    (run / "plan.json").write_text(
+        json.dumps(
+            {
+                "id": "run-x",
+                "created_at": 1.0,
+                "plan": {"k": rollouts},
+                "tasks": [{"name": "t", "path": "/t"}],
+            }
+        )
+    )
     (run / "run.json").write_text(json.dumps({"state": state, "created_at": 1.0}))
     return run
 
@@ -242,13 +277,15 @@ def test_train_on_a_run_still_going_warns_that_it_reads_what_is_done_so_far(tmp_
         res = _train_on_a_server_of(data, "--run", "run-x")
     # Allowed, as on the Train screen (a first look at a long batch), but never silently partial.
     assert res.exit_code == 0, res.output
-    assert ("tapdeck train: run run-x is still going: data-check reads the 1 of 2 rollouts done "
-            "so far") in res.output
+    assert (
+        "tapdeck train: run run-x is still going: data-check reads the 1 of 2 rollouts done so far"
+    ) in res.output
     assert "data-check: 1 rollout(s) from" in res.output
 
 
 def test_train_refuses_recipe_args_that_name_the_runs_rows_or_run_again_before_a_job_starts(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     from types import SimpleNamespace
 
     from tests.support.fake_vllm import models_only_engine
@@ -261,6 +298,7 @@ def test_train_refuses_recipe_args_that_name_the_runs_rows_or_run_again_before_a
     with models_only_engine() as url:
         engine = SimpleNamespace(base_url=f"{url}/v1", served_name="smollm2")
         with local_server_on(engine, data) as server:
+
             def train(*args: str) -> Any:
                 return _train("--server", server.url, "--admin-key", server.admin_key, *args)
 
@@ -274,17 +312,21 @@ def test_train_refuses_recipe_args_that_name_the_runs_rows_or_run_again_before_a
         assert res.exit_code == 2, res.output
     assert both_rows.output.strip() == (
         f"{refused}--run run-x and --rows {rows} both name the rows to read: give one (--run: the "
-        "server exports that run's rows; --rows: an export file on the server's machine)")
+        "server exports that run's rows; --rows: an export file on the server's machine)"
+    )
     assert both_runs.output.strip() == (
         f"{refused}--run run-x and its own --run run-y both name the run: give it once, as --run "
-        "before -- (the server exports its rows)")
+        "before -- (the server exports its rows)"
+    )
     assert own_run.output.strip() == (
         f"{refused}give the run as --run run-x before -- (the Train screen: pick it), not as "
-        "data-check's own --run, which reads only an export already written")
+        "data-check's own --run, which reads only an export already written"
+    )
     assert not (data / "train").is_dir() or not any((data / "train").glob("t-*"))
     # grpo-trl, which is given the launch's run as its own --run, is refused so too.
     assert RECIPES["grpo-trl"].usage_error(["--run", "run-y"], run="run-x") == (
-        "grpo-trl: --run run-x and its own --run run-y both name the run: give it once")
+        "grpo-trl: --run run-x and its own --run run-y both name the run: give it once"
+    )
     assert RECIPES["grpo-trl"].usage_error([], run="run-x") is None
     assert RECIPES["data-check"].usage_error(["--rows", str(rows)]) is None
     assert RECIPES["data-check"].usage_error(["--step-delay", "0"], run="run-x") is None
@@ -295,8 +337,10 @@ def test_train_refuses_a_run_whose_rollouts_are_all_eval_tier_saying_so(tmp_path
     _write_plan(data, rollouts=2, state="finished")
     res = _train_on_a_server_of(data, "--run", "run-x")
     assert res.exit_code == 1, res.output
-    assert ("run run-x has nothing to train on: none of its 2 finished rollout(s) gave a "
-            "training row (run-x.g000r00: session s-0 is an eval rollout") in res.output
+    assert (
+        "run run-x has nothing to train on: none of its 2 finished rollout(s) gave a "
+        "training row (run-x.g000r00: session s-0 is an eval rollout"
+    ) in res.output
     assert "training run t-" not in res.output
 
 
@@ -304,7 +348,10 @@ def test_train_given_a_recipe_name_without_recipe_says_to_use_the_option(tmp_pat
     res = _train("cpu-grpo", "--steps", "1", "--data-dir", str(tmp_path / "data"))
     assert res.exit_code == 2, res.output
     # Not data-check's complaint about rows: the name was meant as the recipe.
-    assert res.output.strip() == "tapdeck train: give the recipe as an option: tapdeck train --recipe cpu-grpo ..."
+    assert (
+        res.output.strip()
+        == "tapdeck train: give the recipe as an option: tapdeck train --recipe cpu-grpo ..."
+    )
     assert not (tmp_path / "data").exists()  # refused before a server started there
 
 
@@ -319,11 +366,12 @@ def test_train_on_a_run_that_cannot_be_read_says_why_in_one_line(damage: str, tm
             results.write(json.dumps(_result(1, session_id="s-gone")) + "\n")
     res = _train_on_a_server_of(data, "--run", "run-x")
     assert res.exit_code == 1, res.output
-    line, = res.output.strip().splitlines()  # not the server's 500
-    why = ("run-x/plan.json is not a readable plan" if damage == "plan"
-           else "names session s-gone")
-    assert line.startswith("tapdeck train: POST /admin/train refused (400): cannot train on run "
-                           "run-x: ") and why in line, line
+    (line,) = res.output.strip().splitlines()  # not the server's 500
+    why = "run-x/plan.json is not a readable plan" if damage == "plan" else "names session s-gone"
+    assert (
+        line.startswith("tapdeck train: POST /admin/train refused (400): cannot train on run run-x: ")
+        and why in line
+    ), line
 
 
 @pytest.mark.medium
@@ -332,8 +380,9 @@ def test_train_names_the_rollouts_of_a_run_that_gave_no_training_row_in_its_log(
     run = _write_plan(data, rollouts=3, state="finished")
     store = Store(data / "capture.db")  # a third rollout, captured below the tokens tier
     try:
-        store.create_session({"id": "s-eval", "tier": "logprobs", "rollout_type": "eval",
-                              "metadata": {"reward": 0.0}})
+        store.create_session(
+            {"id": "s-eval", "tier": "logprobs", "rollout_type": "eval", "metadata": {"reward": 0.0}}
+        )
         graph = RolloutGraph()
         turn = turn_from_fixture("chat_multiturn_1", 0, "s-eval")
         store.append_turn(turn, graph.add(turn))
@@ -344,6 +393,8 @@ def test_train_names_the_rollouts_of_a_run_that_gave_no_training_row_in_its_log(
     res = _train_on_a_server_of(data, "--run", "run-x")
     assert res.exit_code == 0, res.output
     # As `tapdeck export` counts them: a check of 2 rollouts must not pass for the run's 3.
-    assert ("[tapdeck] left out 1 finished rollout(s) of run run-x that gave no training row: "
-            "run-x.g000r02: session s-eval is an eval rollout") in res.output
+    assert (
+        "[tapdeck] left out 1 finished rollout(s) of run run-x that gave no training row: "
+        "run-x.g000r02: session s-eval is an eval rollout"
+    ) in res.output
     assert "data-check: 2 rollout(s) from" in res.output

@@ -27,8 +27,9 @@ def _runs(data_dir: Path) -> list[Path]:
 
 def test_rollout_refuses_an_engine_model_the_engine_does_not_serve(tmp_path: Path) -> None:
     with models_only_engine() as engine:
-        result = CliRunner().invoke(app, ["rollout", "--engine", engine, "--engine-model", "nosuch",
-                                          "--data-dir", str(tmp_path)])
+        result = CliRunner().invoke(
+            app, ["rollout", "--engine", engine, "--engine-model", "nosuch", "--data-dir", str(tmp_path)]
+        )
     assert result.exit_code == EXIT_USAGE, result.output
     assert f"the engine at {engine}/v1 {REFUSAL}" in " ".join(result.output.split())
     assert not _runs(tmp_path)
@@ -38,8 +39,18 @@ def test_a_server_refuses_a_plan_naming_a_model_its_engine_does_not_serve(tmp_pa
     with models_only_engine() as url:
         engine = SimpleNamespace(base_url=f"{url}/v1", served_name="smollm2")
         with local_server_on(engine, tmp_path) as server:
-            result = CliRunner().invoke(app, ["rollout", "--server", server.url, "--admin-key",
-                                              server.admin_key, "--engine-model", "nosuch"])
+            result = CliRunner().invoke(
+                app,
+                [
+                    "rollout",
+                    "--server",
+                    server.url,
+                    "--admin-key",
+                    server.admin_key,
+                    "--engine-model",
+                    "nosuch",
+                ],
+            )
     assert result.exit_code == EXIT_USAGE, result.output
     assert REFUSAL in " ".join(result.output.split())
     assert not _runs(tmp_path)
@@ -49,8 +60,22 @@ def test_a_server_refuses_a_plan_naming_a_model_its_engine_does_not_serve(tmp_pa
 def test_serve_refuses_an_engine_model_the_engine_does_not_serve(tmp_path: Path) -> None:
     tapdeck = Path(sys.executable).parent / "tapdeck"
     with models_only_engine() as engine:
-        done = subprocess.run([str(tapdeck), "serve", "--port", "0", "--engine", engine,
-                               "--engine-model", "nosuch", "--data-dir", str(tmp_path)],
-                              capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            [
+                str(tapdeck),
+                "serve",
+                "--port",
+                "0",
+                "--engine",
+                engine,
+                "--engine-model",
+                "nosuch",
+                "--data-dir",
+                str(tmp_path),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     assert done.returncode == 2, done.stderr
     assert f"tapdeck serve: the engine at {engine}/v1 {REFUSAL}" in done.stderr

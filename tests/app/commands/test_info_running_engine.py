@@ -16,16 +16,23 @@ from tapdeck.app.cli import app
 
 
 def test_info_reports_the_running_embedded_engine_with_its_tier(
-        embedded_engine: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    embedded_engine: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from tapdeck.runner.engine.registry import REGISTRY_ENV, Announcement
 
     # Announced as a server announces the engine it starts (this process owns the test engine).
     monkeypatch.setenv(REGISTRY_ENV, str(tmp_path / "registry"))
     (tmp_path / "registry").mkdir()
-    (tmp_path / "registry" / "embedded.json").write_text(Announcement(
-        pid=os.getpid(), base_url=embedded_engine.base_url, served_name=embedded_engine.served_name,
-        model_path=str(embedded_engine.core.model.path.resolve()),
-        n_ctx=embedded_engine.core.model.n_ctx, started_at=time.time()).model_dump_json())
+    (tmp_path / "registry" / "embedded.json").write_text(
+        Announcement(
+            pid=os.getpid(),
+            base_url=embedded_engine.base_url,
+            served_name=embedded_engine.served_name,
+            model_path=str(embedded_engine.core.model.path.resolve()),
+            n_ctx=embedded_engine.core.model.n_ctx,
+            started_at=time.time(),
+        ).model_dump_json()
+    )
 
     result = CliRunner().invoke(app, ["info", "--json"])
     assert result.exit_code == 0, result.output
@@ -37,7 +44,8 @@ def test_info_reports_the_running_embedded_engine_with_its_tier(
 
 
 def test_info_without_a_running_engine_says_it_is_not_started(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytest.importorskip("llama_cpp", reason="the embedded engine needs llama-cpp-python")
     from tapdeck.runner.engine.registry import REGISTRY_ENV
 

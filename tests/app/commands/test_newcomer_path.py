@@ -20,8 +20,14 @@ TAPDECK = Path(sys.executable).with_name("tapdeck")
 def test_default_rollout_is_graded_and_ends_by_its_turn_budget(tmp_path: Path) -> None:
     pytest.importorskip("llama_cpp", reason="the embedded engine needs llama-cpp-python")
     env = dict(os.environ, COLUMNS="200")
-    proc = subprocess.run([str(TAPDECK), "rollout", "--data-dir", str(tmp_path)], env=env,
-                          capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        [str(TAPDECK), "rollout", "--data-dir", str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        stdin=subprocess.DEVNULL,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [run_dir] = (tmp_path / "runs").iterdir()
     [result] = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]

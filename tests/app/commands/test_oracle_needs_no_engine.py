@@ -12,7 +12,8 @@ pytestmark = pytest.mark.slow  # a real Harbor trial of the oracle
 
 
 def test_rollout_of_the_oracle_runs_without_starting_an_engine(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from tapdeck.app.cli import app
     from tapdeck.runner.batch import BatchRunner
     from tapdeck.runner.engine import registry
@@ -21,9 +22,21 @@ def test_rollout_of_the_oracle_runs_without_starting_an_engine(
         raise AssertionError("the embedded engine was started for a run that calls no model")
 
     monkeypatch.setattr(registry, "acquire_embedded_engine", no_engine_for_oracle)
-    result = CliRunner().invoke(app, ["rollout", "--harness", "oracle", "--task", "hello-file",
-                                      "--timeout", "120", "--data-dir", str(tmp_path)],
-                                env={"COLUMNS": "100"})
+    result = CliRunner().invoke(
+        app,
+        [
+            "rollout",
+            "--harness",
+            "oracle",
+            "--task",
+            "hello-file",
+            "--timeout",
+            "120",
+            "--data-dir",
+            str(tmp_path),
+        ],
+        env={"COLUMNS": "100"},
+    )
     assert result.exit_code == 0, result.output
     assert "starting a local tapdeck server (no engine: oracle calls no model)…" in result.stderr
     assert "1/1 done, 1 ok, 0 failed" in result.stdout
@@ -31,8 +44,7 @@ def test_rollout_of_the_oracle_runs_without_starting_an_engine(
     assert run.engine_used == "none"
 
 
-def test_resume_of_an_oracle_run_starts_no_engine(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_resume_of_an_oracle_run_starts_no_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import asyncio
 
     from tapdeck.app.cli import app
@@ -48,8 +60,9 @@ def test_resume_of_an_oracle_run_starts_no_engine(
         raise AssertionError("the embedded engine was started to resume a run that calls no model")
 
     monkeypatch.setattr(registry, "acquire_embedded_engine", no_engine_for_oracle)
-    result = CliRunner().invoke(app, ["rollout", "--resume", run.id, "--data-dir", str(tmp_path)],
-                                env={"COLUMNS": "100"})
+    result = CliRunner().invoke(
+        app, ["rollout", "--resume", run.id, "--data-dir", str(tmp_path)], env={"COLUMNS": "100"}
+    )
     assert result.exit_code == 0, result.output
     assert "starting a local tapdeck server (no engine: oracle calls no model)…" in result.stderr
     assert "1/1 done, 1 ok, 0 failed" in result.stdout

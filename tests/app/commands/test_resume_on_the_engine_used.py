@@ -30,8 +30,10 @@ from tests.support.ports import free_port
 def _interrupted_run(data: Path, engine_url: str, model: str | None = None) -> RunSummary:
     """A terminus-2 run whose process died before its rollout ran, started on a server whose
     default engine is `engine_url` (as `tapdeck rollout --engine URL` starts one)."""
-    plan = RunPlan(tasks=["hello-file"], rollout=RolloutTemplate(
-        timeout_s=120, engine_model=model, settings={"max_turns": 1}))
+    plan = RunPlan(
+        tasks=["hello-file"],
+        rollout=RolloutTemplate(timeout_s=120, engine_model=model, settings={"max_turns": 1}),
+    )
     batch = BatchRunner(None, data_dir=data, default_engine=EngineSpec(url=engine_url))
     return asyncio.run(batch.create(plan))
 
@@ -50,7 +52,8 @@ def _sessions_engines(data: Path) -> list[str]:
 
 @pytest.mark.slow
 def test_a_local_resume_without_engine_calls_the_engine_the_run_used(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("TAPDECK_ENGINE_REGISTRY", str(tmp_path / "registry"))  # no engine to reuse
     with models_only_engine() as engine:
         used = f"{engine}/v1"
@@ -66,7 +69,8 @@ def test_a_local_resume_without_engine_calls_the_engine_the_run_used(
 
 
 def test_a_local_resume_with_another_engine_is_refused_naming_both(
-        tmp_path: Path, dead_engine_url: str) -> None:
+    tmp_path: Path, dead_engine_url: str
+) -> None:
     run = _interrupted_run(tmp_path, dead_engine_url)
     other = f"http://127.0.0.1:{free_port()}/v1"
     for given, named in ((other, f"not --engine {other}"), ("embedded", "not --engine embedded")):
@@ -75,7 +79,8 @@ def test_a_local_resume_with_another_engine_is_refused_naming_both(
         assert result.output.strip() == (
             f"tapdeck rollout: run {run.id}'s rollouts called the engine at {dead_engine_url}, "
             f"{named}, and the rollouts of one run must come from one engine: drop --engine to "
-            f"resume on the engine it used, or start a new run with --engine {given}")
+            f"resume on the engine it used, or start a new run with --engine {given}"
+        )
     # The same engine spelt HOST:PORT is not another one: it is started (and does not answer).
     same = _resume(tmp_path, run.id, "--engine", dead_engine_url.removeprefix("http://").removesuffix("/v1"))
     assert same.exit_code == EXIT_COULD_NOT_RUN, same.output
@@ -85,18 +90,21 @@ def test_a_local_resume_with_another_engine_is_refused_naming_both(
 
 
 def test_a_local_resume_with_another_engine_model_is_refused_naming_both(
-        tmp_path: Path, dead_engine_url: str) -> None:
+    tmp_path: Path, dead_engine_url: str
+) -> None:
     run = _interrupted_run(tmp_path, dead_engine_url, model="first-model")
     result = _resume(tmp_path, run.id, "--engine-model", "other-model")
     assert result.exit_code == EXIT_USAGE, result.output
     assert result.output.strip() == (
         f"tapdeck rollout: run {run.id}'s rollouts called model 'first-model', not --engine-model "
         "'other-model', and the rollouts of one run must come from one model: drop "
-        "--engine-model to resume on the one it used, or start a new run with it")
+        "--engine-model to resume on the one it used, or start a new run with it"
+    )
 
 
 def test_a_local_resume_of_a_run_that_recorded_no_engine_warns_and_goes_by_engine(
-        tmp_path: Path, dead_engine_url: str) -> None:
+    tmp_path: Path, dead_engine_url: str
+) -> None:
     run = _interrupted_run(tmp_path, "http://gpu-box:8000/v1")
     state_file = Path(run.path) / STATE
     state = json.loads(state_file.read_text())
@@ -105,9 +113,11 @@ def test_a_local_resume_of_a_run_that_recorded_no_engine_warns_and_goes_by_engin
     result = _resume(tmp_path, run.id, "--engine", dead_engine_url)
     assert result.exit_code == EXIT_COULD_NOT_RUN, result.output
     text = " ".join(result.output.split())
-    assert (f"tapdeck rollout: warning: run {run.id} does not record the engine its rollouts "
-            f"called (an older tapdeck ran it); resuming on the engine at {dead_engine_url} as "
-            "--engine says") in text
+    assert (
+        f"tapdeck rollout: warning: run {run.id} does not record the engine its rollouts "
+        f"called (an older tapdeck ran it); resuming on the engine at {dead_engine_url} as "
+        "--engine says"
+    ) in text
     assert f"tried GET {dead_engine_url}/models" in text
 
 
@@ -118,15 +128,15 @@ def test_a_server_resumes_a_run_on_the_engine_it_recorded_not_its_own(tmp_path: 
         run = _interrupted_run(tmp_path, used)
         own = SimpleNamespace(base_url=f"{second}/v1", served_name="smollm2")
         with local_server_on(own, tmp_path) as server:
-            result = CliRunner().invoke(app, ["rollout", "--server", server.url, "--admin-key",
-                                              server.admin_key, "--resume", run.id])
+            result = CliRunner().invoke(
+                app, ["rollout", "--server", server.url, "--admin-key", server.admin_key, "--resume", run.id]
+            )
             assert [s["engine"]["url"] for s in server.service.store.list_sessions()] == [used]
             assert f"resuming on the engine the run used: {used}" in result.output
             assert json.loads((Path(run.path) / STATE).read_text())["engine_used"] == used
 
 
-async def test_a_server_with_a_url_engine_refuses_to_resume_an_embedded_engine_run(
-        tmp_path: Path) -> None:
+async def test_a_server_with_a_url_engine_refuses_to_resume_an_embedded_engine_run(tmp_path: Path) -> None:
     embedded = EngineSpec(url="http://127.0.0.1:9/v1")
     written = BatchRunner(None, data_dir=tmp_path, default_engine=embedded, default_is_embedded=True)
     run = await written.create(RunPlan(tasks=["hello-file"]))
@@ -136,5 +146,6 @@ async def test_a_server_with_a_url_engine_refuses_to_resume_an_embedded_engine_r
     assert str(refused.value) == (
         f"run {run.id}'s rollouts called the embedded engine and this server's engine is "
         "http://gpu-box:8000/v1: resume it on a server started without --engine, so that all its "
-        "rollouts come from one engine")
+        "rollouts come from one engine"
+    )
     assert elsewhere.get(run.id)[0].state == "interrupted"

@@ -19,16 +19,35 @@ pytestmark = pytest.mark.slow
 
 
 def test_rollout_command_runs_a_batch_and_prints_a_table_within_80_columns(
-        embedded_engine: Any, tmp_path: Path) -> None:
+    embedded_engine: Any, tmp_path: Path
+) -> None:
     from tapdeck.app.cli import app
 
-    result = CliRunner().invoke(app, [
-        "rollout", "--harness", "oracle", "-n", "2", "-k", "2", "-c", "2", "--timeout", "120",
-        "--engine", embedded_engine.base_url, "--data-dir", str(tmp_path)], env={"COLUMNS": "200"})
+    result = CliRunner().invoke(
+        app,
+        [
+            "rollout",
+            "--harness",
+            "oracle",
+            "-n",
+            "2",
+            "-k",
+            "2",
+            "-c",
+            "2",
+            "--timeout",
+            "120",
+            "--engine",
+            embedded_engine.base_url,
+            "--data-dir",
+            str(tmp_path),
+        ],
+        env={"COLUMNS": "200"},
+    )
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     header_at = next(i for i, line in enumerate(lines) if line.lstrip().startswith("task"))
-    table = lines[header_at:header_at + 5]
+    table = lines[header_at : header_at + 5]
     assert all(len(line) <= 80 for line in table), table
     assert table[0].split() == ["task", "grp", "#", "reward", "ok", "calls", "atif", "error"]
     rows = [line.split() for line in table[1:]]
@@ -48,10 +67,24 @@ def test_rollout_keeps_server_logs_off_stderr_and_summary_lines_whole_in_a_file(
     # Every model call fails (the engine only lists models): the proxy logs each 502 and LiteLLM
     # warns about the model's pricing, lines that used to flood stderr.
     with models_only_engine() as engine:
-        done = subprocess.run([str(tapdeck), "rollout", "--engine", engine, "--max-turns", "1",
-                               "--timeout", "300", "--data-dir", str(data)],
-                              capture_output=True, text=True, timeout=600,
-                              env=base_env(HOME=str(Path.home()), COLUMNS="80"))
+        done = subprocess.run(
+            [
+                str(tapdeck),
+                "rollout",
+                "--engine",
+                engine,
+                "--max-turns",
+                "1",
+                "--timeout",
+                "300",
+                "--data-dir",
+                str(data),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=base_env(HOME=str(Path.home()), COLUMNS="80"),
+        )
     assert done.returncode == 3, done.stderr
     assert "call 502" not in done.stderr and "LiteLLM" not in done.stderr, done.stderr
     assert f"server log: {data / 'rollout.log'}" in done.stderr
@@ -65,11 +98,26 @@ def test_rollout_keeps_server_logs_off_stderr_and_summary_lines_whole_in_a_file(
 def test_rollout_log_records_every_answered_call(embedded_engine: Any, tmp_path: Path) -> None:
     tapdeck = Path(sys.executable).parent / "tapdeck"
     data = tmp_path / "data"
-    done = subprocess.run([str(tapdeck), "rollout", "--engine", embedded_engine.base_url,
-                           "--max-turns", "1", "--max-output-tokens", "128", "--timeout", "300",
-                           "--data-dir", str(data)],
-                          capture_output=True, text=True, timeout=600,
-                          env=base_env(HOME=str(Path.home()), COLUMNS="80"))
+    done = subprocess.run(
+        [
+            str(tapdeck),
+            "rollout",
+            "--engine",
+            embedded_engine.base_url,
+            "--max-turns",
+            "1",
+            "--max-output-tokens",
+            "128",
+            "--timeout",
+            "300",
+            "--data-dir",
+            str(data),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=base_env(HOME=str(Path.home()), COLUMNS="80"),
+    )
     assert done.returncode in (0, 3), done.stderr  # the tiny model may or may not fail the task
     assert "call 200" not in done.stderr, done.stderr
     # An answered call is an INFO line of the access log: the log has it, not only the failures.

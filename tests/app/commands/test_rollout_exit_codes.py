@@ -26,8 +26,12 @@ def test_rollout_help_states_every_exit_code() -> None:
     result = CliRunner().invoke(app, ["rollout", "--help"], env={"COLUMNS": "100", "TERM": "dumb"})
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
-    for needle in ("Exit codes: 0 every rollout ok", "1 the run could not be run",
-                   "2 bad usage", "3 the run ended with some rollout not ok"):
+    for needle in (
+        "Exit codes: 0 every rollout ok",
+        "1 the run could not be run",
+        "2 bad usage",
+        "3 the run ended with some rollout not ok",
+    ):
         assert needle in text, needle
 
 
@@ -36,16 +40,16 @@ def test_an_unknown_option_exits_2() -> None:
 
 
 def test_no_engine_answering_exits_1(tmp_path: Path, dead_engine_url: str) -> None:
-    result = CliRunner().invoke(app, ["rollout", "--engine", dead_engine_url, "--data-dir",
-                                      str(tmp_path)])
+    result = CliRunner().invoke(app, ["rollout", "--engine", dead_engine_url, "--data-dir", str(tmp_path)])
     assert result.exit_code == EXIT_COULD_NOT_RUN, result.output
     assert f"tried GET {dead_engine_url}/models" in result.output
 
 
 def test_a_plan_the_server_refuses_exits_2(tmp_path: Path) -> None:
     with models_only_engine() as engine:
-        result = CliRunner().invoke(app, ["rollout", "--engine", engine, "--harness", "no-such-harness",
-                                          "--data-dir", str(tmp_path)])
+        result = CliRunner().invoke(
+            app, ["rollout", "--engine", engine, "--harness", "no-such-harness", "--data-dir", str(tmp_path)]
+        )
     assert result.exit_code == EXIT_USAGE, result.output
     assert "no-such-harness" in result.output
 
@@ -53,9 +57,21 @@ def test_a_plan_the_server_refuses_exits_2(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_a_failed_rollout_exits_3_and_the_table_says_why(tmp_path: Path) -> None:
     task = make_task(tmp_path / "tasks", "no-reward", "echo 'this verifier writes no reward'\n")
-    result = CliRunner().invoke(app, [
-        "rollout", "--dataset", str(task), "--harness", "oracle", "--timeout", "120",
-        "--data-dir", str(tmp_path / "data")], env={"COLUMNS": "100"})
+    result = CliRunner().invoke(
+        app,
+        [
+            "rollout",
+            "--dataset",
+            str(task),
+            "--harness",
+            "oracle",
+            "--timeout",
+            "120",
+            "--data-dir",
+            str(tmp_path / "data"),
+        ],
+        env={"COLUMNS": "100"},
+    )
     assert result.exit_code == EXIT_ROLLOUT_FAILED, result.output
     assert "(no engine: oracle calls no model)" in result.output
     assert "verifier_failed" in result.output and "0 ok, 1 failed" in result.output
@@ -72,8 +88,9 @@ def models_only_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any
 
 
 def _remote(server: Any, *args: str) -> Any:
-    return CliRunner().invoke(app, ["rollout", "--server", server.url, "--admin-key",
-                                    server.admin_key, *args])
+    return CliRunner().invoke(
+        app, ["rollout", "--server", server.url, "--admin-key", server.admin_key, *args]
+    )
 
 
 @pytest.mark.parametrize("option", ["--timeout", "--agent-timeout", "--temperature", "--top-p"])
@@ -103,14 +120,16 @@ def test_resuming_a_run_that_does_not_exist_exits_1(tmp_path: Path, models_only_
 
 
 def test_resuming_a_run_whose_plan_file_is_corrupt_exits_1_naming_the_file(
-        tmp_path: Path, models_only_server: Any, dead_engine_url: str) -> None:
+    tmp_path: Path, models_only_server: Any, dead_engine_url: str
+) -> None:
     # Locally it is refused before a server starts (a dead engine: no engine is needed to say so).
     plan = tmp_path / "runs" / "run-x" / "plan.json"
     plan.parent.mkdir(parents=True)
     plan.write_text("{not json")
     why = f"{plan} is not a readable plan (JSONDecodeError: Expecting property name"
-    local = CliRunner().invoke(app, ["rollout", "--resume", "run-x", "--data-dir", str(tmp_path),
-                                     "--engine", dead_engine_url])
+    local = CliRunner().invoke(
+        app, ["rollout", "--resume", "run-x", "--data-dir", str(tmp_path), "--engine", dead_engine_url]
+    )
     assert local.exit_code == EXIT_COULD_NOT_RUN, local.output
     [line] = local.output.strip().splitlines()
     assert line.startswith(f"tapdeck rollout: cannot resume run run-x: {why}")
@@ -120,12 +139,16 @@ def test_resuming_a_run_whose_plan_file_is_corrupt_exits_1_naming_the_file(
     remote = _remote(models_only_server, "--resume", "run-corrupt")
     assert remote.exit_code == EXIT_COULD_NOT_RUN, remote.output
     [line] = remote.output.strip().splitlines()
-    assert line == (f"tapdeck rollout: POST /admin/runs/run-corrupt/resume refused (409): cannot "
-                    f"resume run run-corrupt: {served} is not a readable plan (JSONDecodeError: "
-                    "Expecting value: line 1 column 1 (char 0))")
+    assert line == (
+        f"tapdeck rollout: POST /admin/runs/run-corrupt/resume refused (409): cannot "
+        f"resume run run-corrupt: {served} is not a readable plan (JSONDecodeError: "
+        "Expecting value: line 1 column 1 (char 0))"
+    )
     # Nor does it break the list of runs.
-    listed = httpx.get(f"{models_only_server.url}/admin/runs",
-                       headers={"Authorization": f"Bearer {models_only_server.admin_key}"})
+    listed = httpx.get(
+        f"{models_only_server.url}/admin/runs",
+        headers={"Authorization": f"Bearer {models_only_server.admin_key}"},
+    )
     assert listed.status_code == 200
     assert "run-corrupt" not in {r["id"] for r in listed.json()["runs"]}
 
@@ -134,20 +157,28 @@ def test_resuming_a_run_whose_plan_file_is_corrupt_exits_1_naming_the_file(
 def test_resume_refuses_a_run_id_that_is_not_a_plain_name(run_id: str, tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["rollout", "--resume", run_id, "--data-dir", str(tmp_path)])
     assert result.exit_code == EXIT_USAGE, result.output
-    assert result.output.strip() == (f"tapdeck rollout: --resume {run_id!r} is not a run id: give "
-                                     "the id a run was started with (run-…), not a path")
+    assert result.output.strip() == (
+        f"tapdeck rollout: --resume {run_id!r} is not a run id: give "
+        "the id a run was started with (run-…), not a path"
+    )
 
 
-@pytest.mark.parametrize(("args", "field"), [
-    (["-k", "1025"], "k: Input should be less than or equal to 1024"),
-    (["-k", "1000000000000"], "k: Input should be less than or equal to 1024"),
-    (["-c", "1025"], "concurrency: Input should be less than or equal to 1024"),
-    (["-n", "100001"], "n_tasks: Input should be less than or equal to 100000")])
-def test_a_size_past_its_bound_exits_2_naming_the_field(args: list[str], field: str,
-                                                        tmp_path: Path, dead_engine_url: str) -> None:
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["-k", "1025"], "k: Input should be less than or equal to 1024"),
+        (["-k", "1000000000000"], "k: Input should be less than or equal to 1024"),
+        (["-c", "1025"], "concurrency: Input should be less than or equal to 1024"),
+        (["-n", "100001"], "n_tasks: Input should be less than or equal to 100000"),
+    ],
+)
+def test_a_size_past_its_bound_exits_2_naming_the_field(
+    args: list[str], field: str, tmp_path: Path, dead_engine_url: str
+) -> None:
     # A dead engine: were the size not refused first, no engine would start either.
-    result = CliRunner().invoke(app, ["rollout", *args, "--engine", dead_engine_url,
-                                      "--data-dir", str(tmp_path)])
+    result = CliRunner().invoke(
+        app, ["rollout", *args, "--engine", dead_engine_url, "--data-dir", str(tmp_path)]
+    )
     assert result.exit_code == EXIT_USAGE, result.output
     assert result.output.strip() == f"tapdeck rollout: plan refused: {field}"
 
@@ -160,7 +191,8 @@ def test_resume_refuses_plan_options_naming_them() -> None:
 
 
 def test_resume_of_a_run_that_calls_no_model_refuses_engine_options_naming_them(
-        tmp_path: Path, dead_engine_url: str) -> None:
+    tmp_path: Path, dead_engine_url: str
+) -> None:
     import asyncio
 
     from tapdeck.runner.batch import BatchRunner
@@ -169,18 +201,32 @@ def test_resume_of_a_run_that_calls_no_model_refuses_engine_options_naming_them(
     # An oracle run whose process died before its rollout ran: its local server starts no engine.
     plan = RunPlan(tasks=["hello-file"], rollout=RolloutTemplate(harness="oracle", timeout_s=120))
     run = asyncio.run(BatchRunner(None, data_dir=tmp_path, default_engine=None).create(plan))
-    result = CliRunner().invoke(app, ["rollout", "--resume", run.id, "--data-dir", str(tmp_path),
-                                      "--engine", dead_engine_url, "--engine-model", "m"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "rollout",
+            "--resume",
+            run.id,
+            "--data-dir",
+            str(tmp_path),
+            "--engine",
+            dead_engine_url,
+            "--engine-model",
+            "m",
+        ],
+    )
     assert result.exit_code == EXIT_USAGE, result.output
     assert result.output.strip() == (
         f"tapdeck rollout: --resume runs run {run.id}'s stored plan, whose harness oracle calls no "
-        "model, so --engine, --engine-model would be ignored; drop them")
+        "model, so --engine, --engine-model would be ignored; drop them"
+    )
     [again] = BatchRunner(None, data_dir=tmp_path, default_engine=None).list()
     assert again.counts.done == 0  # nothing was run
 
 
-def test_a_dead_engine_behind_a_server_exits_1_as_a_local_one_does(models_only_server: Any,
-                                                                    dead_engine_url: str) -> None:
+def test_a_dead_engine_behind_a_server_exits_1_as_a_local_one_does(
+    models_only_server: Any, dead_engine_url: str
+) -> None:
     result = _remote(models_only_server, "--engine", dead_engine_url, "--timeout", "120")
     assert result.exit_code == EXIT_COULD_NOT_RUN, result.output
     assert "no rollout reached the engine" in result.output
@@ -188,33 +234,63 @@ def test_a_dead_engine_behind_a_server_exits_1_as_a_local_one_does(models_only_s
 
 
 def test_server_given_as_host_port_is_accepted_and_a_short_dataset_is_said(
-        tmp_path: Path, models_only_server: Any) -> None:
+    tmp_path: Path, models_only_server: Any
+) -> None:
     make_task(tmp_path / "tasks", "only-task", "echo 1 > /logs/verifier/reward.txt\n")
-    result = CliRunner().invoke(app, [
-        "rollout", "--server", models_only_server.url.removeprefix("http://"), "--admin-key",
-        models_only_server.admin_key, "--dataset", str(tmp_path / "tasks"), "-n", "3",
-        "--harness", "oracle", "--timeout", "120"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "rollout",
+            "--server",
+            models_only_server.url.removeprefix("http://"),
+            "--admin-key",
+            models_only_server.admin_key,
+            "--dataset",
+            str(tmp_path / "tasks"),
+            "-n",
+            "3",
+            "--harness",
+            "oracle",
+            "--timeout",
+            "120",
+        ],
+    )
     assert result.exit_code == EXIT_OK, result.output
     assert "the dataset has 1 task: running 1, not the 3 asked (-n)" in result.output
 
 
-def test_no_admin_key_found_says_where_it_looked(tmp_path: Path, models_only_server: Any,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_admin_key_found_says_where_it_looked(
+    tmp_path: Path, models_only_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("TAPDECK_ADMIN_KEY", raising=False)
-    result = CliRunner().invoke(app, ["rollout", "--server", models_only_server.url, "--data-dir",
-                                      str(tmp_path / "nonexistent")])
+    result = CliRunner().invoke(
+        app, ["rollout", "--server", models_only_server.url, "--data-dir", str(tmp_path / "nonexistent")]
+    )
     assert result.exit_code == EXIT_COULD_NOT_RUN, result.output
     text = " ".join(result.output.split())
-    assert (f"no admin key found (looked at --admin-key, $TAPDECK_ADMIN_KEY and "
-            f"{tmp_path / 'nonexistent' / 'admin.key'}); pass the server's key with --admin-key") in text
+    assert (
+        f"no admin key found (looked at --admin-key, $TAPDECK_ADMIN_KEY and "
+        f"{tmp_path / 'nonexistent' / 'admin.key'}); pass the server's key with --admin-key"
+    ) in text
     assert "401" not in text
 
 
-def test_a_rejected_admin_key_names_where_that_key_came_from(tmp_path: Path, models_only_server: Any,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_rejected_admin_key_names_where_that_key_came_from(
+    tmp_path: Path, models_only_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("TAPDECK_ADMIN_KEY", raising=False)
-    result = CliRunner().invoke(app, ["rollout", "--server", models_only_server.url, "--data-dir",
-                                      str(tmp_path / "empty"), "--admin-key", "not-the-key"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "rollout",
+            "--server",
+            models_only_server.url,
+            "--data-dir",
+            str(tmp_path / "empty"),
+            "--admin-key",
+            "not-the-key",
+        ],
+    )
     assert result.exit_code == EXIT_COULD_NOT_RUN, result.output
     text = " ".join(result.output.split())
     assert "the server rejected the admin key from --admin-key or $TAPDECK_ADMIN_KEY (401)" in text
@@ -222,18 +298,29 @@ def test_a_rejected_admin_key_names_where_that_key_came_from(tmp_path: Path, mod
     assert "run run-" not in text  # refused before any run exists
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "admin.key").write_text("not-the-key\n")
-    result = CliRunner().invoke(app, ["rollout", "--server", models_only_server.url, "--data-dir",
-                                      str(tmp_path / "data")])
+    result = CliRunner().invoke(
+        app, ["rollout", "--server", models_only_server.url, "--data-dir", str(tmp_path / "data")]
+    )
     assert result.exit_code == EXIT_COULD_NOT_RUN, result.output
-    assert (f"the server rejected the admin key read from {tmp_path / 'data' / 'admin.key'}; pass the "
-            "server's key with --admin-key") in " ".join(result.output.split())
+    assert (
+        f"the server rejected the admin key read from {tmp_path / 'data' / 'admin.key'}; pass the "
+        "server's key with --admin-key"
+    ) in " ".join(result.output.split())
 
 
 def _ended_run(*error_kinds: str | None) -> RunDetail:
-    rollouts = [RolloutResult(rollout_id=f"run-1-0-{i}", run_id="run-1", task="hello-file", index=i,
-                              ok=kind is None, error_kind=kind,
-                              error="engine http://127.0.0.1:9/v1 is unreachable" if kind else None)
-                for i, kind in enumerate(error_kinds)]
+    rollouts = [
+        RolloutResult(
+            rollout_id=f"run-1-0-{i}",
+            run_id="run-1",
+            task="hello-file",
+            index=i,
+            ok=kind is None,
+            error_kind=kind,
+            error="engine http://127.0.0.1:9/v1 is unreachable" if kind else None,
+        )
+        for i, kind in enumerate(error_kinds)
+    ]
     return RunDetail(id="run-1", state="finished", plan=RunPlan(), created_at=0.0, rollouts=rollouts)
 
 
@@ -242,22 +329,24 @@ GONE = "the embedded engine served by pid 7 at http://127.0.0.1:9/v1 went away m
 
 
 def test_a_run_whose_rollouts_saw_the_reused_engine_go_first_names_it_and_the_resume() -> None:
-    why = _engine_failure(_ended_run("engine_unreachable", None, "engine_unreachable"), RESUME,
-                          lambda: GONE)
-    assert why == (f"{GONE}: 2 rollout(s) ended engine_unreachable; `{RESUME}` runs them again "
-                   "(on an engine that answers)")
+    why = _engine_failure(_ended_run("engine_unreachable", None, "engine_unreachable"), RESUME, lambda: GONE)
+    assert why == (
+        f"{GONE}: 2 rollout(s) ended engine_unreachable; `{RESUME}` runs them again "
+        "(on an engine that answers)"
+    )
 
 
 def test_failed_rollouts_on_a_reused_engine_that_still_answers_are_rollout_failures() -> None:
     assert _engine_failure(_ended_run("engine_unreachable", None), RESUME, lambda: None) is None
     asked: list[bool] = []
     # Nothing ended engine_unreachable: the engine is not even asked.
-    assert _engine_failure(_ended_run("verifier_failed"), RESUME,
-                           lambda: asked.append(True) or GONE) is None
+    assert _engine_failure(_ended_run("verifier_failed"), RESUME, lambda: asked.append(True) or GONE) is None
     assert not asked
 
 
 def test_a_run_no_rollout_of_which_reached_the_engine_gives_the_resume() -> None:
     why = _engine_failure(_ended_run("engine_unreachable", "engine_unreachable"), RESUME, None)
-    assert why == ("no rollout reached the engine: engine http://127.0.0.1:9/v1 is unreachable; "
-                   f"`{RESUME}` runs them again (on an engine that answers)")
+    assert why == (
+        "no rollout reached the engine: engine http://127.0.0.1:9/v1 is unreachable; "
+        f"`{RESUME}` runs them again (on an engine that answers)"
+    )

@@ -40,8 +40,11 @@ def _kill_once_verifying(server: Any, found: dict[str, Any]) -> None:
     for _ in range(1200):
         try:
             runs = httpx.get(f"{server.url}/admin/runs", headers=headers, timeout=5).json()["runs"]
-            detail = httpx.get(f"{server.url}/admin/runs/{runs[0]['id']}", headers=headers,
-                               timeout=5).json() if runs else {}
+            detail = (
+                httpx.get(f"{server.url}/admin/runs/{runs[0]['id']}", headers=headers, timeout=5).json()
+                if runs
+                else {}
+            )
         except (httpx.HTTPError, ValueError, KeyError):
             detail = {}
         if any(r.get("phase") == "verify" for r in detail.get("rollouts", [])):
@@ -52,8 +55,9 @@ def _kill_once_verifying(server: Any, found: dict[str, Any]) -> None:
         time.sleep(0.1)
 
 
-def test_rollout_follow_gives_up_when_the_server_goes_away(tmp_path: Path,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rollout_follow_gives_up_when_the_server_goes_away(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(run_follow, "SERVER_GRACE_S", 3.0)
     unanswered = []
     real_run = TapdeckClient.run
@@ -71,17 +75,38 @@ def test_rollout_follow_gives_up_when_the_server_goes_away(tmp_path: Path,
     task = make_task(tmp_path / "tasks", "slow-verifier", "sleep 300\n")
     tapdeck = Path(sys.executable).parent / "tapdeck"
     found: dict[str, Any] = {}
-    with models_only_engine() as engine, tapdeck_serve(
-            tapdeck, tmp_path / "data", tmp_path / "serve.log", admin_key=ADMIN_KEY,
-            engine_url=engine) as server:
+    with (
+        models_only_engine() as engine,
+        tapdeck_serve(
+            tapdeck, tmp_path / "data", tmp_path / "serve.log", admin_key=ADMIN_KEY, engine_url=engine
+        ) as server,
+    ):
         killer = threading.Thread(target=_kill_once_verifying, args=(server, found))
         killer.start()
         results: list[Any] = []
         # The command runs in a thread of its own, so a follow loop that never gives up fails
         # this test at the join's bound instead of hanging it.
-        follower = threading.Thread(target=lambda: results.append(CliRunner().invoke(app, [
-            "rollout", "--server", server.url, "--admin-key", ADMIN_KEY, "--dataset", str(task),
-            "--harness", "oracle", "--timeout", "600"])), daemon=True)
+        follower = threading.Thread(
+            target=lambda: results.append(
+                CliRunner().invoke(
+                    app,
+                    [
+                        "rollout",
+                        "--server",
+                        server.url,
+                        "--admin-key",
+                        ADMIN_KEY,
+                        "--dataset",
+                        str(task),
+                        "--harness",
+                        "oracle",
+                        "--timeout",
+                        "600",
+                    ],
+                )
+            ),
+            daemon=True,
+        )
         follower.start()
         try:
             follower.join(300)
@@ -107,10 +132,16 @@ def test_resume_of_a_run_still_going_follows_it(tmp_path: Path) -> None:
         engine = SimpleNamespace(base_url=f"{url}/v1", served_name="smollm2")
         with local_server_on(engine, tmp_path / "data") as server:
             headers = {"Authorization": f"Bearer {server.admin_key}"}
-            run = httpx.post(f"{server.url}/admin/runs", headers=headers, timeout=60, json={
-                "dataset": str(task), "rollout": {"harness": "oracle", "timeout_s": 120}}).json()
-            result = CliRunner().invoke(app, ["rollout", "--server", server.url, "--admin-key",
-                                              server.admin_key, "--resume", run["id"]])
+            run = httpx.post(
+                f"{server.url}/admin/runs",
+                headers=headers,
+                timeout=60,
+                json={"dataset": str(task), "rollout": {"harness": "oracle", "timeout_s": 120}},
+            ).json()
+            result = CliRunner().invoke(
+                app,
+                ["rollout", "--server", server.url, "--admin-key", server.admin_key, "--resume", run["id"]],
+            )
     assert result.exit_code == EXIT_OK, result.output
     assert f"run {run['id']} is running already: following it" in result.output
     assert f"run {run['id']} finished: 1/1 done, 1 ok" in result.output
@@ -121,21 +152,38 @@ def test_sigterm_cancels_a_followed_run_as_ctrl_c_does(tmp_path: Path) -> None:
     task = make_task(tmp_path / "tasks", "slow-verifier", "sleep 300\n")
     tapdeck = Path(sys.executable).parent / "tapdeck"
     headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
-    with models_only_engine() as engine, tapdeck_serve(
-            tapdeck, tmp_path / "data", tmp_path / "serve.log", admin_key=ADMIN_KEY,
-            engine_url=engine) as server:
+    with (
+        models_only_engine() as engine,
+        tapdeck_serve(
+            tapdeck, tmp_path / "data", tmp_path / "serve.log", admin_key=ADMIN_KEY, engine_url=engine
+        ) as server,
+    ):
         command = subprocess.Popen(
-            [str(tapdeck), "rollout", "--server", server.url, "--admin-key", ADMIN_KEY,
-             "--dataset", str(task), "--harness", "oracle", "--timeout", "600"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            [
+                str(tapdeck),
+                "rollout",
+                "--server",
+                server.url,
+                "--admin-key",
+                ADMIN_KEY,
+                "--dataset",
+                str(task),
+                "--harness",
+                "oracle",
+                "--timeout",
+                "600",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             run_id = None
             for _ in range(1200):  # until its rollout sleeps in the verifier (bounded)
                 runs = httpx.get(f"{server.url}/admin/runs", headers=headers, timeout=5).json()["runs"]
                 if runs:
                     run_id = runs[0]["id"]
-                    detail = httpx.get(f"{server.url}/admin/runs/{run_id}", headers=headers,
-                                       timeout=5).json()
+                    detail = httpx.get(f"{server.url}/admin/runs/{run_id}", headers=headers, timeout=5).json()
                     if any(r.get("phase") == "verify" for r in detail["rollouts"]):
                         break
                 time.sleep(0.1)

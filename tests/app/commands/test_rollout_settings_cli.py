@@ -30,28 +30,56 @@ def test_rollout_help_shows_every_setting_and_its_default() -> None:
     result = CliRunner().invoke(app, ["rollout", "--help"], env=WIDE)
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
-    for flag in ("--agent-timeout", "--max-turns", "--max-output-tokens", "--context-tokens",
-                 "--temperature", "--top-p", "--top-k", "--min-p", "--harness-kwargs", "--timeout"):
+    for flag in (
+        "--agent-timeout",
+        "--max-turns",
+        "--max-output-tokens",
+        "--context-tokens",
+        "--temperature",
+        "--top-p",
+        "--top-k",
+        "--min-p",
+        "--harness-kwargs",
+        "--timeout",
+    ):
         assert flag in text
-    for default in ("default: the task's agent.timeout_sec in task.toml", "(default 3)",
-                    "1/256 of the engine's context, at least 128", "default 300",
-                    "default: the engine's max_model_len"):
+    for default in (
+        "default: the task's agent.timeout_sec in task.toml",
+        "(default 3)",
+        "1/256 of the engine's context, at least 128",
+        "default 300",
+        "default: the engine's max_model_len",
+    ):
         assert default in text, default
 
 
 def test_harness_kwargs_that_are_not_a_json_object_are_refused_before_anything_runs() -> None:
-    result = CliRunner().invoke(app, ["rollout", "--harness-kwargs", "[1]", "--server",
-                                      "http://127.0.0.1:9"], env=WIDE)
+    result = CliRunner().invoke(
+        app, ["rollout", "--harness-kwargs", "[1]", "--server", "http://127.0.0.1:9"], env=WIDE
+    )
     assert result.exit_code == 2 and "--harness-kwargs" in result.output
     assert "must be a JSON object" in result.output
 
 
-def test_a_bad_setting_is_refused_by_the_server_with_the_field_named(recorded_engine: Any,
-                                                                     tmp_path: Path) -> None:
+def test_a_bad_setting_is_refused_by_the_server_with_the_field_named(
+    recorded_engine: Any, tmp_path: Path
+) -> None:
     with local_server_on(recorded_engine, tmp_path) as server:
-        result = CliRunner().invoke(app, ["rollout", "--server", server.url, "--admin-key",
-                                          server.admin_key, "--max-turns", "0", "--top-p", "3"],
-                                    env=WIDE)
+        result = CliRunner().invoke(
+            app,
+            [
+                "rollout",
+                "--server",
+                server.url,
+                "--admin-key",
+                server.admin_key,
+                "--max-turns",
+                "0",
+                "--top-p",
+                "3",
+            ],
+            env=WIDE,
+        )
     assert result.exit_code == 2, result.output
     assert "settings.max_turns: Input should be greater than or equal to 1" in result.output
     assert "settings.top_p: Input should be less than or equal to 1" in result.output
@@ -59,8 +87,7 @@ def test_a_bad_setting_is_refused_by_the_server_with_the_field_named(recorded_en
 
 
 def test_info_shows_the_engines_context_and_the_settings_defaults(recorded_engine: Any) -> None:
-    result = CliRunner().invoke(app, ["info", "--no-probe", "--engine", recorded_engine.base_url],
-                                env=WIDE)
+    result = CliRunner().invoke(app, ["info", "--no-probe", "--engine", recorded_engine.base_url], env=WIDE)
     assert result.exit_code == 0, result.output
     row = next(line for line in result.output.splitlines() if recorded_engine.base_url in line)
     assert "2048/128" in row  # vLLM's max_model_len, and the output tokens it implies

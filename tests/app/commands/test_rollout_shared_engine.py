@@ -42,13 +42,18 @@ def _kill_once_a_run_exists(owner: subprocess.Popen, runs: Path) -> None:
 
 
 def test_rollout_names_the_reused_engine_and_stops_when_it_goes_away(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytest.importorskip("llama_cpp", reason="the embedded engine needs llama-cpp-python")
     registry = tmp_path / "registry"
     monkeypatch.setenv("TAPDECK_ENGINE_REGISTRY", str(registry))
-    owner = subprocess.Popen([sys.executable, "-c", OWNER], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True,
-                             env={**os.environ, "TAPDECK_ENGINE_REGISTRY": str(registry)})
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TAPDECK_ENGINE_REGISTRY": str(registry)},
+    )
     try:
         base_url = owner.stdout.readline().strip()  # type: ignore[union-attr]
         assert base_url.startswith("http://127.0.0.1:"), "the owner never started its engine"
@@ -58,8 +63,12 @@ def test_rollout_names_the_reused_engine_and_stops_when_it_goes_away(
         results: list[Any] = []
         # In a thread of its own: a command that never notices the engine is gone fails this
         # test at the join's bound instead of hanging it.
-        follower = threading.Thread(target=lambda: results.append(CliRunner().invoke(app, [
-            "rollout", "--data-dir", str(data), "--timeout", "600"])), daemon=True)
+        follower = threading.Thread(
+            target=lambda: results.append(
+                CliRunner().invoke(app, ["rollout", "--data-dir", str(data), "--timeout", "600"])
+            ),
+            daemon=True,
+        )
         follower.start()
         follower.join(600)
         killer.join()
@@ -85,7 +94,8 @@ def test_rollout_names_the_reused_engine_and_stops_when_it_goes_away(
 
 
 def test_a_reused_engine_is_gone_when_its_owner_exits_or_its_port_refuses_but_not_when_busy(
-        dead_engine_url: str) -> None:
+    dead_engine_url: str,
+) -> None:
     from tapdeck.runner.engine.registry import SharedEngine
     from tests.support.fake_vllm import FakeVllm
 

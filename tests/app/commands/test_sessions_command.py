@@ -21,14 +21,23 @@ OTHER = "s-00000000000000e2"
 EVAL = "s-00000000000000d3"
 
 
-def _session(store: Any, sid: str, created: float, fixtures: list[str], *,
-             rollout_type: str = "train", **metadata: Any) -> None:
+def _session(
+    store: Any, sid: str, created: float, fixtures: list[str], *, rollout_type: str = "train", **metadata: Any
+) -> None:
     """A closed session holding recorded vLLM turns, linked as a server links them."""
     from tapdeck.proxy.capture.graph import RolloutGraph
 
-    store.create_session({"id": sid, "state": "closed", "tier": "tokens", "rollout_type": rollout_type,
-                          "engine": {"url": "http://gpu:8000/v1", "model": "qwen"},
-                          "metadata": metadata, "created_at": created})
+    store.create_session(
+        {
+            "id": sid,
+            "state": "closed",
+            "tier": "tokens",
+            "rollout_type": rollout_type,
+            "engine": {"url": "http://gpu:8000/v1", "model": "qwen"},
+            "metadata": metadata,
+            "created_at": created,
+        }
+    )
     graph = RolloutGraph()
     for seq, name in enumerate(fixtures):
         turn = turn_from_fixture(name, seq, sid)
@@ -45,10 +54,18 @@ def data(tmp_path: Path) -> Path:
     data = tmp_path / "data"
     data.mkdir()
     store = Store(data / "capture.db")
-    _session(store, FORKED, 1.0,
-             ["chat_multiturn_1", "chat_multiturn_2", "chat_multiturn_3", "chat_multiturn_2"],
-             run_id=RUN, task="hello-file", harness="codex", reward=0.5,
-             auxiliary_seqs=[2], auxiliary_reason="not in the harness's ATIF trajectory")
+    _session(
+        store,
+        FORKED,
+        1.0,
+        ["chat_multiturn_1", "chat_multiturn_2", "chat_multiturn_3", "chat_multiturn_2"],
+        run_id=RUN,
+        task="hello-file",
+        harness="codex",
+        reward=0.5,
+        auxiliary_seqs=[2],
+        auxiliary_reason="not in the harness's ATIF trajectory",
+    )
     _session(store, OTHER, 2.0, ["chat_multiturn_1", "chat_multiturn_2"], task="sum-numbers")
     _session(store, EVAL, 3.0, ["chat_multiturn_1"], rollout_type="eval", task="sum-numbers")
     store.close()
@@ -60,14 +77,16 @@ def _sessions(data: Path, *args: str) -> Any:
 
 
 def _sampled(*turns: int) -> list[int]:
-    return [len(vllm_fixture(f"chat_multiturn_{n}")["response"]["choices"][0]["token_ids"])
-            for n in turns]
+    return [len(vllm_fixture(f"chat_multiturn_{n}")["response"]["choices"][0]["token_ids"]) for n in turns]
 
 
 def _files(data: Path) -> dict[str, str]:
     """Each file's digest, but SQLite's own -wal and -shm files (a reader in WAL mode opens them)."""
-    return {str(p.relative_to(data)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(data.rglob("*")) if p.is_file() and not p.name.endswith(("-wal", "-shm"))}
+    return {
+        str(p.relative_to(data)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(data.rglob("*"))
+        if p.is_file() and not p.name.endswith(("-wal", "-shm"))
+    }
 
 
 def test_sessions_lists_each_session_newest_first_with_its_graph_counts_and_reward(data: Path) -> None:
@@ -79,7 +98,8 @@ def test_sessions_lists_each_session_newest_first_with_its_graph_counts_and_rewa
         [EVAL, "finished", "sum-numbers", "1", "1", "0", "-", "0", "–"],  # never trained on
         [OTHER, "finished", "sum-numbers", "2", "1", "0", "-", str(sum(_sampled(1, 2))), "–"],
         # the demoted and the discarded calls are not trained on
-        [FORKED, "finished", "hello-file", "4", "1", "1", "-", str(sum(_sampled(1, 2))), "0.50"]]
+        [FORKED, "finished", "hello-file", "4", "1", "1", "-", str(sum(_sampled(1, 2))), "0.50"],
+    ]
     assert all(len(line) <= 80 for line in result.output.splitlines())
     assert _files(data) == before  # read-only: not a byte of the store changed
 
@@ -95,13 +115,24 @@ def test_sessions_json_list_is_what_the_server_answers_for_its_store(data: Path)
         served = [s.model_dump(mode="json") for s in service.queries.list()]
     finally:
         store.close()
-    keys = ("id", "state", "tier", "turns", "roots", "forks", "discarded", "trainable_tokens",
-            "fragmentation", "metadata", "fatal", "warn")
+    keys = (
+        "id",
+        "state",
+        "tier",
+        "turns",
+        "roots",
+        "forks",
+        "discarded",
+        "trainable_tokens",
+        "fragmentation",
+        "metadata",
+        "fatal",
+        "warn",
+    )
     assert [{k: s[k] for k in keys} for s in listed] == [{k: s[k] for k in keys} for s in served]
 
 
-def test_sessions_json_says_how_long_since_each_sessions_last_call_as_the_server_does(
-        data: Path) -> None:
+def test_sessions_json_says_how_long_since_each_sessions_last_call_as_the_server_does(data: Path) -> None:
     from tapdeck.proxy.service import CaptureService
     from tapdeck.proxy.store.database import Store
 
@@ -138,8 +169,16 @@ def test_the_list_shows_the_newest_twenty_and_counts_the_rest(tmp_path: Path) ->
 
     store = Store(tmp_path / "capture.db")
     for i in range(23):
-        store.create_session({"id": f"s-{i:016x}", "state": "closed", "tier": "tokens",
-                              "rollout_type": "train", "created_at": float(i + 1), "metadata": {}})
+        store.create_session(
+            {
+                "id": f"s-{i:016x}",
+                "state": "closed",
+                "tier": "tokens",
+                "rollout_type": "train",
+                "created_at": float(i + 1),
+                "metadata": {},
+            }
+        )
     store.close()
     lines = _sessions(tmp_path).output.splitlines()
     assert [line.split()[0] for line in lines[1:21]] == [f"s-{i:016x}" for i in range(22, 2, -1)]
@@ -151,19 +190,34 @@ def test_a_sessions_graph_nests_its_fork_and_shows_the_demoted_and_discarded_cal
     result = _sessions(data, FORKED)
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    head = " ".join(lines[:lines.index("")])
-    for phrase in ("session s-00000000000000f1", "finished", "tokens tier", "train rollout",
-                   "task hello-file", "harness codex", "reward 0.50", "engine qwen at http://gpu:8000/v1",
-                   "4 turn(s)", "1 fork(s)", "1 discarded"):
+    head = " ".join(lines[: lines.index("")])
+    for phrase in (
+        "session s-00000000000000f1",
+        "finished",
+        "tokens tier",
+        "train rollout",
+        "task hello-file",
+        "harness codex",
+        "reward 0.50",
+        "engine qwen at http://gpu:8000/v1",
+        "4 turn(s)",
+        "1 fork(s)",
+        "1 discarded",
+    ):
         assert phrase in head
-    tree = lines[lines.index("") + 1:]
-    prompts = [len(vllm_fixture(name)["response"]["prompt_token_ids"])
-               for name in ("chat_multiturn_1", "chat_multiturn_2", "chat_multiturn_3")]
+    tree = lines[lines.index("") + 1 :]
+    prompts = [
+        len(vllm_fixture(name)["response"]["prompt_token_ids"])
+        for name in ("chat_multiturn_1", "chat_multiturn_2", "chat_multiturn_3")
+    ]
     # #0 forks into the continued #1 (its chain goes on under it: #2) and the retry #3.
-    assert [(len(line) - len(line.lstrip()), line.split()[0], line.split()[-1])
-            for line in tree[:4]] == [(0, "#0", str(prompts[0])), (2, "#1", str(prompts[1])),
-                                      (4, "#2", str(prompts[2])), (2, "#3", str(prompts[1]))]
-    assert all(len(line) <= 80 for line in lines[:lines.index("") + 5])
+    assert [(len(line) - len(line.lstrip()), line.split()[0], line.split()[-1]) for line in tree[:4]] == [
+        (0, "#0", str(prompts[0])),
+        (2, "#1", str(prompts[1])),
+        (4, "#2", str(prompts[2])),
+        (2, "#3", str(prompts[1])),
+    ]
+    assert all(len(line) <= 80 for line in lines[: lines.index("") + 5])
     assert "auxiliary" in tree[2] and "discarded" in tree[3]
     assert "[WARN] discarded_turns: 1 discarded turns" in tree[5]
     assert f"a turn's tokens: tapdeck sessions {FORKED} --turn N" == lines[-1]
@@ -190,10 +244,11 @@ def test_a_turns_tokens_come_one_a_line_with_the_engines_ids_and_logprobs(data: 
     lines = result.output.splitlines()
     assert lines[0].startswith(f"session {OTHER} turn #1 · prefix link to #0 · prompt ")
     choice = vllm_fixture("chat_multiturn_2")["response"]["choices"][0]
-    table = lines[lines.index(next(line for line in lines if line.split()[:2] == ["#", "id"])) + 1:]
+    table = lines[lines.index(next(line for line in lines if line.split()[:2] == ["#", "id"])) + 1 :]
     assert [(int(row.split()[1]), float(row.split()[2])) for row in table] == [
         (token_id, round(c["logprob"], 3))
-        for token_id, c in zip(choice["token_ids"], choice["logprobs"]["content"], strict=True)]
+        for token_id, c in zip(choice["token_ids"], choice["logprobs"]["content"], strict=True)
+    ]
     detail = json.loads(_sessions(data, OTHER, "--turn", "1", "--json").output)
     assert detail["sampled_ids"] == choice["token_ids"] and detail["parent"] == 0
 

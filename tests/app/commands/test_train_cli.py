@@ -20,15 +20,23 @@ TAPDECK = shutil.which("tapdeck", path=str(Path(os.sys.executable).parent)) or "
 
 
 def train(server: Any, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([TAPDECK, "train", "--server", server.url, "--admin-key", server.admin_key, *args],
-                          capture_output=True, text=True, timeout=180)
+    return subprocess.run(
+        [TAPDECK, "train", "--server", server.url, "--admin-key", server.admin_key, *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
 
 
 @pytest.mark.medium
 def test_train_list_says_what_the_server_can_start(train_server: Any, tmp_path: Path) -> None:
-    out = subprocess.run([TAPDECK, "train", "--server", train_server.url, "--admin-key",
-                          train_server.admin_key, "--list"], capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "TAPDECK_TRAIN_ENV": str(tmp_path / "none")})
+    out = subprocess.run(
+        [TAPDECK, "train", "--server", train_server.url, "--admin-key", train_server.admin_key, "--list"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "TAPDECK_TRAIN_ENV": str(tmp_path / "none")},
+    )
     assert out.returncode == 0, out.stderr
     assert "data-check  [can start there]" in out.stdout
     # The server's environment decides (the test server runs in this process, without the variable).
@@ -38,7 +46,8 @@ def test_train_list_says_what_the_server_can_start(train_server: Any, tmp_path: 
 
 @pytest.mark.medium
 def test_a_recipe_that_needs_gpus_cannot_start_on_a_server_without_them(
-        train_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    train_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The server runs in this process: with no GPU visible to it, grpo-trl (vLLM + trainer) cannot start.
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     out = train(train_server, "--list")
@@ -50,14 +59,14 @@ def test_a_recipe_that_needs_gpus_cannot_start_on_a_server_without_them(
     assert "grpo-trl needs 2 GPUs; this machine has 0" in launched.stderr
 
 
-def test_gpu_count_decides_a_gpu_recipe_is_unavailable_and_says_why(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gpu_count_decides_a_gpu_recipe_is_unavailable_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
     from tapdeck.runner.recipes import RECIPES, Recipe
     from tapdeck.runner.train_jobs import recipe_info
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    needs_two = Recipe(name="gpu-recipe", module="m", summary="", where="GPU box",
-                       updates_weights=True, gpus=2)
+    needs_two = Recipe(
+        name="gpu-recipe", module="m", summary="", where="GPU box", updates_weights=True, gpus=2
+    )
     info = recipe_info(needs_two)
     assert not info.available and info.why == "needs 2 GPUs; this machine has 0"
     assert recipe_info(RECIPES["data-check"]).available  # no GPU asked, none needed
@@ -72,22 +81,42 @@ def test_train_with_an_unknown_recipe_is_bad_usage(train_server: Any) -> None:
 
 
 @pytest.mark.medium
-def test_train_with_a_rejected_admin_key_names_where_that_key_came_from(train_server: Any,
-                                                                       tmp_path: Path) -> None:
-    given = subprocess.run([TAPDECK, "train", "--server", train_server.url, "--data-dir",
-                            str(tmp_path / "empty"), "--admin-key", "not-the-key", "--list"],
-                           capture_output=True, text=True, timeout=60)
+def test_train_with_a_rejected_admin_key_names_where_that_key_came_from(
+    train_server: Any, tmp_path: Path
+) -> None:
+    given = subprocess.run(
+        [
+            TAPDECK,
+            "train",
+            "--server",
+            train_server.url,
+            "--data-dir",
+            str(tmp_path / "empty"),
+            "--admin-key",
+            "not-the-key",
+            "--list",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert given.returncode == 1
     assert "the server rejected the admin key from --admin-key or $TAPDECK_ADMIN_KEY" in given.stderr
     assert str(tmp_path) not in given.stderr  # the data dir's admin.key was not what was sent
     (tmp_path / "client").mkdir()
     (tmp_path / "client" / "admin.key").write_text("not-the-key\n")
-    read = subprocess.run([TAPDECK, "train", "--server", train_server.url, "--data-dir",
-                           str(tmp_path / "client"), "--list"], capture_output=True, text=True, timeout=60,
-                          env={k: v for k, v in os.environ.items() if k != "TAPDECK_ADMIN_KEY"})
+    read = subprocess.run(
+        [TAPDECK, "train", "--server", train_server.url, "--data-dir", str(tmp_path / "client"), "--list"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if k != "TAPDECK_ADMIN_KEY"},
+    )
     assert read.returncode == 1
-    assert (f"tapdeck train: the server rejected the admin key read from "
-            f"{tmp_path / 'client' / 'admin.key'}; pass the server's key with --admin-key") in read.stderr
+    assert (
+        f"tapdeck train: the server rejected the admin key read from "
+        f"{tmp_path / 'client' / 'admin.key'}; pass the server's key with --admin-key"
+    ) in read.stderr
 
 
 @pytest.mark.medium
@@ -103,7 +132,8 @@ def test_train_streams_the_log_and_prints_final_metrics(train_server: Any, tmp_p
 
 @pytest.mark.medium
 def test_train_output_leaves_out_trackios_upload_line_as_nothing_is_uploaded(
-        train_server: Any, tmp_path: Path) -> None:
+    train_server: Any, tmp_path: Path
+) -> None:
     # trackio prints it at finish() while it writes to the run's local TRACKIO_DIR.
     rows = write_export(tmp_path / "rows.jsonl")
     out = train(train_server, "--rows", str(rows), "--step-delay", "0")
@@ -116,7 +146,8 @@ def test_train_output_leaves_out_trackios_upload_line_as_nothing_is_uploaded(
 
 @pytest.mark.medium
 def test_train_output_gives_the_trackio_show_command_that_shows_this_job(
-        train_server: Any, tmp_path: Path) -> None:
+    train_server: Any, tmp_path: Path
+) -> None:
     # trackio's own `trackio show --project "tapdeck"` reads its default folder, not the job's.
     rows = write_export(tmp_path / "rows.jsonl")
     out = train(train_server, "--rows", str(rows))
@@ -132,13 +163,17 @@ def test_train_output_gives_the_trackio_show_command_that_shows_this_job(
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "TRACKIO_DIR": setting.split("=", 1)[1], "BROWSER": "true",
-           "GRADIO_SERVER_PORT": str(port), "HF_HOME": str(tmp_path / "hf")}
+    env = {
+        **os.environ,
+        "TRACKIO_DIR": setting.split("=", 1)[1],
+        "BROWSER": "true",
+        "GRADIO_SERVER_PORT": str(port),
+        "HF_HOME": str(tmp_path / "hf"),
+    }
     show = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
         assert show.stdout is not None
-        url = next((m[0] for text in show.stdout if (m := re.search(r"http://127\.0\.0\.1:\d+", text))),
-                   None)
+        url = next((m[0] for text in show.stdout if (m := re.search(r"http://127\.0\.0\.1:\d+", text))), None)
         assert url is not None, "trackio show printed no address"
         runs = httpx.post(f"{url}/api/get_runs_for_project", json={"data": ["tapdeck"]}, timeout=60)
         assert [r["name"] for r in runs.json()["data"]] == [job.name]
@@ -164,7 +199,8 @@ def test_a_recipe_that_dies_prints_why(train_server: Any, tmp_path: Path) -> Non
 
 @pytest.mark.medium
 def test_train_with_rows_that_are_not_there_is_refused_before_a_job_starts(
-        train_server: Any, tmp_path: Path) -> None:
+    train_server: Any, tmp_path: Path
+) -> None:
     jobs = Path(train_server.config.data_dir) / "train"
     missing = tmp_path / "missing.jsonl"
     out = train(train_server, "--rows", str(missing))
@@ -172,13 +208,15 @@ def test_train_with_rows_that_are_not_there_is_refused_before_a_job_starts(
     # The server checks its own machine's path (the TUI's launch gets the same 422).
     assert out.stderr.strip().splitlines() == [
         f"tapdeck train: POST /admin/train refused (422): data-check: argument --rows: no export "
-        f"file at {missing} (its options: tapdeck train --recipe data-check -- --help)"]
+        f"file at {missing} (its options: tapdeck train --recipe data-check -- --help)"
+    ]
     assert not jobs.is_dir() or not any(jobs.iterdir())
 
 
 @pytest.mark.medium
 def test_train_without_the_rows_its_recipe_reads_is_refused_before_a_job_starts(
-        train_server: Any, tmp_path: Path) -> None:
+    train_server: Any, tmp_path: Path
+) -> None:
     jobs = Path(train_server.config.data_dir) / "train"
     before = set(jobs.iterdir()) if jobs.is_dir() else set()
     out = train(train_server, "--step-delay", "0")  # the default recipe, data-check, given no rows
@@ -186,14 +224,14 @@ def test_train_without_the_rows_its_recipe_reads_is_refused_before_a_job_starts(
     assert "tapdeck train: data-check needs --run RUN (or --rows PATH)" in out.stderr
     assert (set(jobs.iterdir()) if jobs.is_dir() else set()) == before
     # Without --server it is refused before a local server starts in the data dir.
-    local = subprocess.run([TAPDECK, "train", "--data-dir", str(tmp_path / "local")],
-                           capture_output=True, text=True, timeout=60)
+    local = subprocess.run(
+        [TAPDECK, "train", "--data-dir", str(tmp_path / "local")], capture_output=True, text=True, timeout=60
+    )
     assert local.returncode == 2 and "data-check needs --run RUN" in local.stderr, local.stderr
     assert not (tmp_path / "local").exists()
 
 
-@pytest.mark.parametrize("args", [["--rows", "r.jsonl"], ["--rows=r.jsonl"], ["--run", "run-1"],
-                                  ["--help"]])
+@pytest.mark.parametrize("args", [["--rows", "r.jsonl"], ["--rows=r.jsonl"], ["--run", "run-1"], ["--help"]])
 def test_recipe_args_that_name_its_rows_stand_in_for_run(args: list[str]) -> None:
     from tapdeck.runner.recipes import DEFAULT_RECIPE, RECIPES
 
@@ -206,14 +244,16 @@ def test_recipe_args_that_name_its_rows_stand_in_for_run(args: list[str]) -> Non
 
 @pytest.mark.medium
 def test_train_refuses_recipe_args_its_parser_refuses_as_bad_usage_before_a_job_starts(
-        train_server: Any, tmp_path: Path) -> None:
+    train_server: Any, tmp_path: Path
+) -> None:
     rows = write_export(tmp_path / "rows.jsonl")
     jobs = Path(train_server.config.data_dir) / "train"
     typo = train(train_server, "--rows", str(rows), "--bogus", "3")
     assert typo.returncode == 2, typo.stdout + typo.stderr
     assert typo.stderr.strip().splitlines() == [
         "tapdeck train: POST /admin/train refused (422): data-check: unrecognized arguments: "
-        "--bogus 3 (its options: tapdeck train --recipe data-check -- --help)"]
+        "--bogus 3 (its options: tapdeck train --recipe data-check -- --help)"
+    ]
     # A value of the wrong type, for the CPU training recipe: refused before its model loads.
     steps = train(train_server, "--recipe", "cpu-grpo", "--steps", "one")
     assert steps.returncode == 2, steps.stdout + steps.stderr
@@ -221,8 +261,7 @@ def test_train_refuses_recipe_args_its_parser_refuses_as_bad_usage_before_a_job_
     assert not jobs.is_dir() or not any(p.name.startswith("t-") for p in jobs.iterdir())
 
 
-def test_a_recipes_usage_check_leaves_help_to_the_job_and_takes_what_it_parses(
-        tmp_path: Path) -> None:
+def test_a_recipes_usage_check_leaves_help_to_the_job_and_takes_what_it_parses(tmp_path: Path) -> None:
     from tapdeck.runner.recipes import RECIPES
 
     rows = write_export(tmp_path / "rows.jsonl")
@@ -231,12 +270,14 @@ def test_a_recipes_usage_check_leaves_help_to_the_job_and_takes_what_it_parses(
     assert RECIPES["grpo-trl"].usage_error(["--run", "run-1"]) is None
     assert RECIPES["data-check"].usage_error(["--rows", str(rows), "--step-delay", "0"]) is None
     assert "argument --rows: no export file at" in RECIPES["data-check"].usage_error(
-        ["--rows", str(tmp_path / "missing.jsonl")])
+        ["--rows", str(tmp_path / "missing.jsonl")]
+    )
 
 
 @pytest.mark.medium
 def test_train_into_a_data_dir_whose_train_folder_cannot_be_written_says_so_in_one_line(
-        train_server: Any, tmp_path: Path) -> None:
+    train_server: Any, tmp_path: Path
+) -> None:
     rows = write_export(tmp_path / "rows.jsonl")
     jobs = Path(train_server.config.data_dir) / "train"
     jobs.write_text("")  # a file where the runs' folder goes
@@ -244,7 +285,8 @@ def test_train_into_a_data_dir_whose_train_folder_cannot_be_written_says_so_in_o
     assert out.returncode == 1, out.stdout + out.stderr
     assert out.stderr.strip().splitlines() == [
         f"tapdeck train: POST /admin/train refused (400): cannot write the training run's files "
-        f"under {jobs} (Not a directory)"]
+        f"under {jobs} (Not a directory)"
+    ]
 
 
 @pytest.mark.medium

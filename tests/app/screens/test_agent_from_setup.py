@@ -43,18 +43,21 @@ def _rollout(app: TapdeckApp) -> RolloutResult | None:
 
 
 async def test_agent_cli_started_from_setup_finishes_with_its_turns_on_the_runs_screen(
-        recorded_vllm: FakeVllm, tmp_path: Path) -> None:
+    recorded_vllm: FakeVllm, tmp_path: Path
+) -> None:
     installed_or_skip(HARNESS)
     with local_server_on(recorded_vllm, tmp_path / "data") as server:
-        app = TapdeckApp(TapdeckClient(server.url, server.admin_key),
-                         settings_path=tmp_path / "tui.json", initial_mode="setup")
+        app = TapdeckApp(
+            TapdeckClient(server.url, server.admin_key),
+            settings_path=tmp_path / "tui.json",
+            initial_mode="setup",
+        )
         async with app.run_test(size=(80, 24)) as pilot:
             screen = app.screen
             await until(pilot, lambda: screen.catalog is not None, "the catalog", 60)
             screen.query_one("#harness", Select).value = HARNESS
             tasks = screen.query_one("#tasks", SelectionList)
-            await until(pilot, lambda: "hello-file" in [o.value for o in tasks.options],
-                        "the task list", 60)
+            await until(pilot, lambda: "hello-file" in [o.value for o in tasks.options], "the task list", 60)
             tasks.select("hello-file")
             await pilot.pause(0.1)
             why = str(screen.query_one("#why-harness").render())
@@ -62,8 +65,12 @@ async def test_agent_cli_started_from_setup_finishes_with_its_turns_on_the_runs_
             await pilot.press("ctrl+s")
             await until(pilot, lambda: app.current_mode == "sessions", "the switch to Sessions", 60)
             await pilot.press("4")
-            await until(pilot, lambda: getattr(_rollout(app), "phase", None) in ("done", "failed"),
-                        "the rollout to end on the Runs screen", WAIT_S)
+            await until(
+                pilot,
+                lambda: getattr(_rollout(app), "phase", None) in ("done", "failed"),
+                "the rollout to end on the Runs screen",
+                WAIT_S,
+            )
             rollout = _rollout(app)
             assert rollout is not None
             assert rollout.ok and rollout.error_kind is None, (rollout.error, rollout)

@@ -13,8 +13,10 @@ from tests.support.recorded_api import FROZEN_NOW, recorded_transport
 
 def _header_for(api_data: dict, engine_used: str | None, width: int = 80):
     """Run the App on Runs over `api_data` whose newest run called `engine_used`."""
-    for body in (api_data["run_details"]["run-0001"],
-                 next(r for r in api_data["runs"] if r["id"] == "run-0001")):
+    for body in (
+        api_data["run_details"]["run-0001"],
+        next(r for r in api_data["runs"] if r["id"] == "run-0001"),
+    ):
         assert body["plan"]["rollout"]["engine"] == "embedded"  # as `rollout --engine URL` writes it
         body["engine_used"] = engine_used
     client = TapdeckClient("http://tapdeck.test", "test-key", transport=recorded_transport(api_data))
@@ -33,7 +35,10 @@ async def test_run_header_shows_the_url_engine_a_run_of_the_default_engine_calle
     header = await _header(_header_for(api_data, url), (80, 24))
     assert "embedded" not in header
     # Cut to one line at 80 columns: its scheme and /v1 dropped, the host cut before its port.
-    assert len(header) == 78 and header == "run run-0001 · sample · terminus-2 · host · gpu-box.cluster.intern…:8000 · K=2"
+    assert (
+        len(header) == 78
+        and header == "run run-0001 · sample · terminus-2 · host · gpu-box.cluster.intern…:8000 · K=2"
+    )
     wide = await _header(_header_for(api_data, url), (160, 48))
     assert " · gpu-box.cluster.internal.example.org:8000 · K=2" in wide
 

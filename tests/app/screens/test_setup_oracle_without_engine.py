@@ -29,8 +29,11 @@ async def test_setup_starts_an_oracle_batch_while_the_default_engine_is_down(tmp
         stack.callback(server.stop)
         engine.close()  # the default engine goes down once the server runs
 
-        app = TapdeckApp(TapdeckClient(server.url, server.admin_key),
-                         settings_path=tmp_path / "tui.json", initial_mode="setup")
+        app = TapdeckApp(
+            TapdeckClient(server.url, server.admin_key),
+            settings_path=tmp_path / "tui.json",
+            initial_mode="setup",
+        )
         async with app.run_test(size=(80, 24)) as pilot:
             screen = app.screen
             why_engine = screen.query_one("#why-engine")
@@ -38,8 +41,11 @@ async def test_setup_starts_an_oracle_batch_while_the_default_engine_is_down(tmp
             screen.query_one("#harness", Select).value = "oracle"
             screen.query_one("#tasks", SelectionList).select("hello-file")
             assert screen.plan().rollout.harness == "oracle"  # refused before: "engine … unreachable"
-            await until(pilot, lambda: str(why_engine.render()) == "not used: oracle calls no model",
-                        "the engine said unused")
+            await until(
+                pilot,
+                lambda: str(why_engine.render()) == "not used: oracle calls no model",
+                "the engine said unused",
+            )
             await pilot.press("ctrl+s")
             await until(pilot, lambda: app.current_mode == "sessions", "the batch started")
             [run] = await app.client.runs()

@@ -21,7 +21,8 @@ def _pane_text(screen: SessionsScreen) -> str:
 
 
 async def test_stuck_rollout_pane_shows_the_hung_call_and_cancels_the_rollout(
-        hung_server: HungServer) -> None:
+    hung_server: HungServer,
+) -> None:
     engine = hung_server.engine
     async with hung_server.one_rollout_run("sessions") as (app, pilot, run):
         rid = f"{run.id}.g000r00"
@@ -30,8 +31,12 @@ async def test_stuck_rollout_pane_shows_the_hung_call_and_cancels_the_rollout(
         await until(pilot, lambda: screen.query_one(SessionTable).row_count == 1, "the session", WAIT_S)
         await pilot.press("d")
         assert screen.query_one(ActivityPane).has_class("shown")
-        await until(pilot, lambda: engine.held and " old · " in _pane_text(screen),
-                    "the hung call in the pane", WAIT_S)
+        await until(
+            pilot,
+            lambda: engine.held and " old · " in _pane_text(screen),
+            "the hung call in the pane",
+            WAIT_S,
+        )
         text = _pane_text(screen)
         assert rid in text and "terminus-2" in text
         assert "agent" in text and "(now)" in text and "environment setup" in text
@@ -40,8 +45,9 @@ async def test_stuck_rollout_pane_shows_the_hung_call_and_cancels_the_rollout(
         await pilot.press("x")
         assert app.board.rollouts[rid].error_kind is None  # one press only asks
         await pilot.press("x")
-        await until(pilot, lambda: app.board.rollouts[rid].error_kind == "cancelled",
-                    "the cancelled result", WAIT_S)
+        await until(
+            pilot, lambda: app.board.rollouts[rid].error_kind == "cancelled", "the cancelled result", WAIT_S
+        )
         await until(pilot, lambda: "cancelled" in _pane_text(screen), "the pane saying so", 10)
 
         rollout = app.board.rollouts[rid]

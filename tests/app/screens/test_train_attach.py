@@ -32,15 +32,19 @@ pytestmark = pytest.mark.skipif(not TAPDECK.exists(), reason="needs the installe
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[str]:
     """`tapdeck serve` as its own process on a free port (its engine is never needed here)."""
-    with models_only_engine() as engine, \
-            tapdeck_serve(TAPDECK, tmp_path / "server-data", tmp_path / "serve.log", admin_key=ADMIN_KEY,
-                          engine_url=engine) as process:
+    with (
+        models_only_engine() as engine,
+        tapdeck_serve(
+            TAPDECK, tmp_path / "server-data", tmp_path / "serve.log", admin_key=ADMIN_KEY, engine_url=engine
+        ) as process,
+    ):
         yield process.url
 
 
 @pytest.mark.medium
 async def test_attached_tui_launches_a_recipe_on_the_server_sees_a_metric_and_stops_it(
-        served: str, tmp_path: Path) -> None:
+    served: str, tmp_path: Path
+) -> None:
     from tapdeck.app.tui import TapdeckApp
 
     rows = write_export(tmp_path / "rows.jsonl")

@@ -22,15 +22,20 @@ CPU_LOG = ["cpu-grpo: step 1/2, loss 0.125", "cpu-grpo: step 2/2, loss 0.0625"]
 def _with_cpu_grpo(api_data: dict, state: str) -> dict:
     """`api_data` whose server also ran a cpu-grpo job after the recorded data-check."""
     recorded = api_data["train"]
-    job = {**copy.deepcopy(recorded["runs"]["runs"][0]), "id": "train-0001", "recipe": "cpu-grpo",
-           "state": state, "started_at": 1700003600.0, "pid": 13500,
-           "exit_code": 0 if state == "finished" else None,
-           "finished_at": 1700003700.0 if state == "finished" else None}
+    job = {
+        **copy.deepcopy(recorded["runs"]["runs"][0]),
+        "id": "train-0001",
+        "recipe": "cpu-grpo",
+        "state": state,
+        "started_at": 1700003600.0,
+        "pid": 13500,
+        "exit_code": 0 if state == "finished" else None,
+        "finished_at": 1700003700.0 if state == "finished" else None,
+    }
     recorded["runs"]["runs"].insert(0, job)
     recorded["logs"]["train-0001"] = {"lines": CPU_LOG, "offset": 64}
     recorded["metrics"]["train-0001"] = {"points": [], "cursor": 0}
-    recorded["events"]["train-0001"] = [{"type": "state", "run": job},
-                                        {"type": "log", "lines": CPU_LOG}]
+    recorded["events"]["train-0001"] = [{"type": "state", "run": job}, {"type": "log", "lines": CPU_LOG}]
     return api_data
 
 
@@ -48,11 +53,15 @@ async def test_train_lists_the_jobs_and_shows_the_highlighted_ones_log(api_data)
     app = _app(_with_cpu_grpo(api_data, "finished"))
     async with app.run_test(size=(80, 24)) as pilot:
         jobs = app.screen.query_one("#train-jobs", DataTable)
-        await until(pilot, lambda: jobs.row_count == 2 and "loss 0.0625" in _log(app),
-                    "the jobs, the newest one's log")
+        await until(
+            pilot,
+            lambda: jobs.row_count == 2 and "loss 0.0625" in _log(app),
+            "the jobs, the newest one's log",
+        )
         assert [jobs.get_row_at(i) for i in range(2)] == [
             ["train-0001", "cpu-grpo", "finished", "11-14 23:13"],
-            ["train-0000", "data-check", "finished", "11-14 22:14"]]
+            ["train-0000", "data-check", "finished", "11-14 22:14"],
+        ]
         # The older job, picked as a person does at 80×24: to the table, one row down.
         for _ in range(8):  # bounded: a changed focus order fails below instead of looping
             if app.focused is jobs:
@@ -61,8 +70,14 @@ async def test_train_lists_the_jobs_and_shows_the_highlighted_ones_log(api_data)
         assert app.focused is jobs
         await pilot.press("down")
         state = app.screen.query_one("#train-state", Static)
-        await until(pilot, lambda: "data-check: summary rollouts=4" in _log(app)
-                    and "finished (exit code 0)" in str(state.render()), "the data-check's log")
+        await until(
+            pilot,
+            lambda: (
+                "data-check: summary rollouts=4" in _log(app)
+                and "finished (exit code 0)" in str(state.render())
+            ),
+            "the data-check's log",
+        )
         assert "cpu-grpo" not in _log(app)
         assert str(state.render()).startswith("train-0000 · data-check · finished")
         assert app.screen.points  # its metrics, plotted
@@ -82,8 +97,11 @@ async def test_a_running_job_not_shown_reads_ended_once_it_ends(api_data, monkey
         # Another launch is refused while a job runs, though the shown one has ended.
         await until(pilot, lambda: "data-check: summary" in _log(app), "the data-check's log")
         app.screen.action_launch()
-        await until(pilot, lambda: any("train-0001 (cpu-grpo) is already running" in n.message
-                                       for n in app._notifications), "the launch refused")
+        await until(
+            pilot,
+            lambda: any("train-0001 (cpu-grpo) is already running" in n.message for n in app._notifications),
+            "the launch refused",
+        )
         data["train"]["runs"]["runs"][0].update(state="finished", exit_code=0)
         await until(pilot, lambda: jobs.get_row("train-0001")[2] == "finished", "the ended job's row")
 
@@ -97,8 +115,9 @@ async def test_train_without_jobs_says_how_to_launch_one(api_data):
         hint = "no training jobs yet: pick a recipe above and press l (Launch) to start one"
 
         def shown() -> str:
-            return "\n".join("".join(s.text for s in strip)
-                             for strip in app.screen._compositor.render_strips())
+            return "\n".join(
+                "".join(s.text for s in strip) for strip in app.screen._compositor.render_strips()
+            )
 
         await until(pilot, lambda: hint in shown(), "the hint")
         assert "started" not in shown()  # no bare header of an empty table

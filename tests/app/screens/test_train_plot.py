@@ -23,18 +23,24 @@ def _app(api_data: dict) -> TapdeckApp:
 
 
 def _screen_lines(app: TapdeckApp) -> list[str]:
-    return ["".join(segment.text for segment in strip)
-            for strip in app.screen._compositor.render_strips()]
+    return ["".join(segment.text for segment in strip) for strip in app.screen._compositor.render_strips()]
 
 
 async def _plot_lines(api_data: dict, size: tuple[int, int]) -> list[str]:
     """The terminal's lines once Train plots the recorded data-check's metrics."""
     app = _app(api_data)
     async with app.run_test(size=size) as pilot:
-        await until(pilot, lambda: "finished (exit code 0)" in str(
-            app.screen.query_one("#train-state").render()) and app.screen.points, "the plotted job")
-        await until(pilot, lambda: any("step" == line.strip() for line in _screen_lines(app)),
-                    "the plot drawn")
+        await until(
+            pilot,
+            lambda: (
+                "finished (exit code 0)" in str(app.screen.query_one("#train-state").render())
+                and app.screen.points
+            ),
+            "the plotted job",
+        )
+        await until(
+            pilot, lambda: any("step" == line.strip() for line in _screen_lines(app)), "the plot drawn"
+        )
         return _screen_lines(app)
 
 

@@ -49,20 +49,25 @@ class TrainOnlyApp(App[None]):
 
 @pytest.mark.medium
 async def test_train_screen_launches_data_check_on_the_server_and_plots_its_metrics(
-        train_server: Any, tmp_path: Path) -> None:
+    train_server: Any, tmp_path: Path
+) -> None:
     rows = write_export(tmp_path / "rows.jsonl")
     client = TapdeckClient(train_server.url, train_server.admin_key)
     app = TrainOnlyApp(client)
     async with app.run_test(size=(80, 24)) as pilot:
         screen = app.train
-        await until(pilot, lambda: screen.query_one("#train-recipe", Select).value == "data-check",
-                    "recipes loaded")
+        await until(
+            pilot, lambda: screen.query_one("#train-recipe", Select).value == "data-check", "recipes loaded"
+        )
         assert "does not update weights" in str(screen.query_one("#train-state", Static).render())
         screen.query_one("#train-args", Input).value = f"--rows {rows}"
         await pilot.click("#train-launch")
         await until(pilot, lambda: screen.job is not None and screen.job.state == "finished", "recipe ended")
-        await until(pilot, lambda: "exit code 0" in str(screen.query_one("#train-state", Static).render()),
-                    "final state shown")
+        await until(
+            pilot,
+            lambda: "exit code 0" in str(screen.query_one("#train-state", Static).render()),
+            "final state shown",
+        )
         assert screen.points["train/reward"] == [(0, 0.5), (2, 0.5)]  # group 1 is unscorable: no reward
         assert screen.shown_metrics() == ["train/reward", "train/reward_std"]
         if SHOT_DIR:
@@ -82,12 +87,16 @@ async def test_train_screen_launches_data_check_on_the_server_and_plots_its_metr
     await client.aclose()
     # The job ran on the server's machine, in its data dir.
     record = train_server.http.get(f"/admin/train/{screen.job.id}").json()
-    assert record["run_dir"].startswith(str(tmp_path / "data")) and record["argv"][-2:] == ["--rows", str(rows)]
+    assert record["run_dir"].startswith(str(tmp_path / "data")) and record["argv"][-2:] == [
+        "--rows",
+        str(rows),
+    ]
 
 
 @pytest.mark.medium
-async def test_train_screen_refusal_is_shown_not_raised(train_server: Any, tmp_path: Path,
-                                                        monkeypatch: Any) -> None:
+async def test_train_screen_refusal_is_shown_not_raised(
+    train_server: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
     monkeypatch.setenv("TAPDECK_TRAIN_ENV", str(tmp_path / "no-train-env"))
     client = TapdeckClient(train_server.url, train_server.admin_key)
     app = TrainOnlyApp(client)
@@ -95,22 +104,31 @@ async def test_train_screen_refusal_is_shown_not_raised(train_server: Any, tmp_p
         screen = app.train
         await until(pilot, lambda: "cpu-grpo" in screen.recipes, "recipes loaded")
         screen.query_one("#train-recipe", Select).value = "cpu-grpo"
-        await until(pilot, lambda: "train-env.sh" in str(screen.query_one("#train-state", Static).render()),
-                    "why it cannot start")
+        await until(
+            pilot,
+            lambda: "train-env.sh" in str(screen.query_one("#train-state", Static).render()),
+            "why it cannot start",
+        )
         await pilot.click("#train-launch")
-        await until(pilot, lambda: "did not start" in str(screen.query_one("#train-state", Static).render()),
-                    "the refusal")
+        await until(
+            pilot,
+            lambda: "did not start" in str(screen.query_one("#train-state", Static).render()),
+            "the refusal",
+        )
         assert screen.job is None
     await client.aclose()
 
 
 @pytest.mark.medium
-async def test_train_screen_is_reachable_in_the_tapdeck_app_with_key_6(train_server: Any, tmp_path: Path) -> None:
+async def test_train_screen_is_reachable_in_the_tapdeck_app_with_key_6(
+    train_server: Any, tmp_path: Path
+) -> None:
     from tapdeck.app.tui import TapdeckApp
 
     client = TapdeckClient(train_server.url, train_server.admin_key)
-    app = TapdeckApp(client, server_label=train_server.url, follow_events=False,
-                     settings_path=tmp_path / "tui.json")
+    app = TapdeckApp(
+        client, server_label=train_server.url, follow_events=False, settings_path=tmp_path / "tui.json"
+    )
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("6")
         await until(pilot, lambda: app.current_mode == "train", "switched to Train")

@@ -47,11 +47,17 @@ async def test_a_theme_change_draws_the_turns_again_in_its_colours() -> None:
     app = TreeApp()
     async with app.run_test(size=(80, 24)) as pilot:
         tree = app.query_one(RolloutTree)
-        tree.load(rollout_nodes(graph_turns([{"seq": 0, "parent": None},
-                                             {"seq": 1, "parent": 0, "link_kind": "retokenized"}])))
+        tree.load(
+            rollout_nodes(
+                graph_turns([{"seq": 0, "parent": None}, {"seq": 1, "parent": 0, "link_kind": "retokenized"}])
+            )
+        )
         assert str(tree._seq_nodes[1].label.style) == app.current_theme.warning
-        app.theme = next(name for name in ("textual-light", "nord")
-                         if app.get_theme(name).warning != app.current_theme.warning)
+        app.theme = next(
+            name
+            for name in ("textual-light", "nord")
+            if app.get_theme(name).warning != app.current_theme.warning
+        )
         await pilot.pause()
         assert str(tree._seq_nodes[1].label.style) == app.current_theme.warning
 
@@ -69,17 +75,28 @@ async def test_labels_three_forks_deep_end_in_an_ellipsis_inside_the_graph_colum
     # Each turn a fork: every level nests one deeper. Long labels: re-tokenised auxiliary turns
     # cut at their length, token-in, a four-digit token count.
     parents = {0: None, 1: 0, 2: 0, 3: 2, 4: 2, 5: 4, 6: 4, 7: 6, 8: 6}
-    turns = [{"seq": s, "parent": p, "link_kind": "retokenized" if p is not None else "root",
-              "role": "auxiliary" if s % 2 else "agent", "finish_reason": "length",
-              "sampled_len": 1234, "token_in": "ids"} for s, p in parents.items()]
+    turns = [
+        {
+            "seq": s,
+            "parent": p,
+            "link_kind": "retokenized" if p is not None else "root",
+            "role": "auxiliary" if s % 2 else "agent",
+            "finish_reason": "length",
+            "sampled_len": 1234,
+            "token_in": "ids",
+        }
+        for s, p in parents.items()
+    ]
     app = GraphColumnApp()
     async with app.run_test(size=(80, 24)) as pilot:
         tree = app.query_one(RolloutTree)
         tree.load(rollout_nodes(graph_turns(turns)))
         await pilot.pause()
         region = tree.scrollable_content_region
-        drawn = ["".join(segment.text for segment in strip)[region.x:region.right]
-                 for strip in app.screen._compositor.render_strips()][region.y:region.y + len(parents)]
+        drawn = [
+            "".join(segment.text for segment in strip)[region.x : region.right]
+            for strip in app.screen._compositor.render_strips()
+        ][region.y : region.y + len(parents)]
         labels = {seq: str(node.label) for seq, node in tree._seq_nodes.items()}
         for seq, label in labels.items():
             line = next(line for line in drawn if f"#{seq} " in line)

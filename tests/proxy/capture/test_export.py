@@ -41,8 +41,9 @@ def multi():
 def forked():
     """0 → 1 → 2 → 5, plus a resample of turn 2 (3) continued by turn 4: two live agent paths."""
     base = multi()
-    fork = dataclasses.replace(base[2], seq=3, sampled_ids=np.array([504, 2], np.int32),
-                               logprobs=np.array([-0.25, -0.5]))
+    fork = dataclasses.replace(
+        base[2], seq=3, sampled_ids=np.array([504, 2], np.int32), logprobs=np.array([-0.25, -0.5])
+    )
     cont_prompt = np.concatenate([base[2].prompt_ids, [504, 2, 198, 1, 4093, 198, 77]])
     cont = dataclasses.replace(base[2], seq=4, prompt_ids=cont_prompt.astype(np.int32))
     full2 = np.concatenate([base[2].prompt_ids, base[2].sampled_ids, [198, 1, 4093, 198, 78]])
@@ -61,7 +62,7 @@ def test_every_trace_turn_carries_its_own_prompt_ids():
         assert e["per_token_logps"] == t.logprobs.tolist()
         assert len(e["loss_mask"]) == len(t.prompt_ids) + len(t.sampled_ids)
         assert sum(e["loss_mask"][: len(t.prompt_ids)]) == 0
-        assert all(e["loss_mask"][len(t.prompt_ids):])
+        assert all(e["loss_mask"][len(t.prompt_ids) :])
         assert e["request"] == t.request
 
 
@@ -85,8 +86,9 @@ def test_trainable_tokens_are_counted_over_unique_turns():
 
 
 def test_rollout_document_sequences_mask_context_and_carry_findings():
-    turns = [turn_from_fixture(n, i) for i, n in enumerate(["chat_multiturn_trunc_1",
-                                                              "chat_multiturn_trunc_2"])]
+    turns = [
+        turn_from_fixture(n, i) for i, n in enumerate(["chat_multiturn_trunc_1", "chat_multiturn_trunc_2"])
+    ]
     doc = rollout_document(SESSION, graph_of(turns), "tokens")
     [s] = doc["sequences"]
     assert s["input_ids"] == turns[1].prompt_ids.tolist() + turns[1].sampled_ids.tolist()
@@ -97,20 +99,25 @@ def test_rollout_document_sequences_mask_context_and_carry_findings():
     assert s["input_ids"][injected] == 2 and s["loss_mask"][injected] == 0
     assert doc["tier"] == "tokens" and doc["ok"] is True and doc["reward"] is None
     assert any(f["level"] == "INFO" and f["code"].startswith("truncated_parent") for f in doc["findings"])
-    assert any(f["level"] == "WARN" and f["code"].startswith("truncated") for f in doc["turns"][1]["findings"]) is False
+    assert (
+        any(f["level"] == "WARN" and f["code"].startswith("truncated") for f in doc["turns"][1]["findings"])
+        is False
+    )
     orjson.dumps(doc)
 
 
 def test_auxiliary_node_inside_agent_path_zeroes_exactly_its_sampled_span():
     turns = multi()
-    turns = [dataclasses.replace(t, request=copy.deepcopy(t.request) | {"tools": [TOOL]})
-             if t.seq != 1 else t for t in turns]
+    turns = [
+        dataclasses.replace(t, request=copy.deepcopy(t.request) | {"tools": [TOOL]}) if t.seq != 1 else t
+        for t in turns
+    ]
     doc = rollout_document(SESSION, graph_of(turns), "tokens")
     [s] = doc["sequences"]
     spans = {sp["seq"]: (sp["start"], sp["end"]) for sp in s["spans"]}
     mask = np.array(s["loss_mask"])
     ones = np.flatnonzero(mask)
-    expected = np.r_[spans[0][0]:spans[0][1], spans[2][0]:spans[2][1]]
+    expected = np.r_[spans[0][0] : spans[0][1], spans[2][0] : spans[2][1]]
     assert np.array_equal(ones, expected)
     assert doc["turns"][1]["role"] == "auxiliary"
     assert [e["node_id"] for e in training_trace(SESSION, graph_of(turns), "tokens")["turns"]] == ["0", "2"]
@@ -118,18 +125,24 @@ def test_auxiliary_node_inside_agent_path_zeroes_exactly_its_sampled_span():
 
 def test_tool_calls_are_exported_nested():
     t = multi()[0]
-    t.response = {"role": "assistant", "content": None,
-                  "tool_calls": [{"id": "c1", "name": "shell", "arguments": {"cmd": "ls"}}]}
+    t.response = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "c1", "name": "shell", "arguments": {"cmd": "ls"}}],
+    }
     [e] = training_trace(SESSION, graph_of([t]), "tokens")["turns"]
     assert e["response"]["choices"][0]["message"]["tool_calls"] == [
-        {"id": "c1", "type": "function", "function": {"name": "shell", "arguments": '{"cmd":"ls"}'}}]
+        {"id": "c1", "type": "function", "function": {"name": "shell", "arguments": '{"cmd":"ls"}'}}
+    ]
 
 
 def test_eval_rollouts_have_no_trainable_rows_and_refuse_a_trace():
     turns = multi()
     g = graph_of(turns)
-    for session, tier in (({"id": "e", "rollout_type": "eval"}, "tokens"),
-                          ({"id": "e", "rollout_type": "auto"}, "logprobs")):
+    for session, tier in (
+        ({"id": "e", "rollout_type": "eval"}, "tokens"),
+        ({"id": "e", "rollout_type": "auto"}, "logprobs"),
+    ):
         doc = rollout_document(session, g, tier)
         assert doc["rollout_type"] == "eval" and doc["stats"]["trainable_tokens"] == 0
         assert all(not any(s["loss_mask"]) for s in doc["sequences"])
@@ -152,8 +165,9 @@ def test_null_logprob_is_exported_as_zero_masked_and_counted():
 def test_run_files_carry_group_and_reward_with_null_meaning_never_graded(tmp_path):
     graded = {"id": "r1", "rollout_type": "train", "metadata": {"reward": 0.0}}
     ungraded = {"id": "r2", "rollout_type": "train", "metadata": {}}
-    rows = (trace_rows(graded, graph_of(multi()), "tokens", group_id="task-a")
-            + trace_rows(ungraded, graph_of(multi()), "tokens", group_id="task-a"))
+    rows = trace_rows(graded, graph_of(multi()), "tokens", group_id="task-a") + trace_rows(
+        ungraded, graph_of(multi()), "tokens", group_id="task-a"
+    )
     lines = write_jsonl(tmp_path / "run.jsonl", rows).read_text().splitlines()
     first, last = orjson.loads(lines[0]), orjson.loads(lines[-1])
     assert first["reward"] == 0.0 and last["reward"] is None and first["group_id"] == "task-a"
@@ -172,6 +186,7 @@ def test_a_row_that_cannot_be_written_leaves_the_previous_jsonl_whole_and_no_tem
     (the good rows already written), and the file a trainer may be reading is the previous export,
     byte for byte. (Parquet builds its table before writing; a failure inside its write is
     tests/app/commands/test_export.py's.)"""
+
     def rows(reward: float) -> list[dict]:
         session = {"id": "r1", "rollout_type": "train", "metadata": {"reward": reward}}
         return trace_rows(session, graph_of(multi()), "tokens", group_id="task-a")

@@ -39,8 +39,13 @@ def multi():
 
 def resample(turn, seq, new_ids):
     """The same call retried: identical prompt, other sampled ids."""
-    return dataclasses.replace(turn, seq=seq, sampled_ids=np.asarray(new_ids, dtype=np.int32),
-                               logprobs=np.full(len(new_ids), -0.5), findings=[])
+    return dataclasses.replace(
+        turn,
+        seq=seq,
+        sampled_ids=np.asarray(new_ids, dtype=np.int32),
+        logprobs=np.full(len(new_ids), -0.5),
+        findings=[],
+    )
 
 
 def test_greedy_conversation_links_by_exact_prefix():
@@ -52,7 +57,13 @@ def test_greedy_conversation_links_by_exact_prefix():
 
 
 def test_full_prompt_rebuilds_exactly_what_the_engine_returned():
-    turns = multi() + [turn_from_fixture(n, 3 + i, ) for i, n in enumerate(TINY)]
+    turns = multi() + [
+        turn_from_fixture(
+            n,
+            3 + i,
+        )
+        for i, n in enumerate(TINY)
+    ]
     g, _ = build(turns)
     for t in turns:
         assert np.array_equal(g.full_prompt(t.seq), t.prompt_ids)
@@ -94,9 +105,18 @@ def _agent_loop(n_turns, first=300, new=40, seed=0):
         msgs = [{"role": "user", "content": "task"}]
         for j in range(k):
             msgs += [{"role": "assistant", "content": f"reply {j}"}, {"role": "user", "content": f"obs {j}"}]
-        turns.append(Turn(session_id="s", seq=k, prompt_ids=prompt, sampled_ids=sampled,
-                          logprobs=np.full(sampled.size, -0.5), finish_reason="stop",
-                          request={"messages": msgs}, response={"content": f"reply {k}"}))
+        turns.append(
+            Turn(
+                session_id="s",
+                seq=k,
+                prompt_ids=prompt,
+                sampled_ids=sampled,
+                logprobs=np.full(sampled.size, -0.5),
+                finish_reason="stop",
+                request={"messages": msgs},
+                response={"content": f"reply {k}"},
+            )
+        )
         prompt = np.concatenate([prompt, sampled, rng.integers(3, 49152, new - new // 2, dtype=np.int32)])
     return turns
 
@@ -104,8 +124,11 @@ def _agent_loop(n_turns, first=300, new=40, seed=0):
 def test_linking_an_extending_call_hashes_only_its_new_tokens(monkeypatch):
     hashed = []
     real = prefix_index.HASHER.prefix_hashes
-    monkeypatch.setattr(prefix_index.HASHER, "prefix_hashes",
-                        lambda ids, *a, **k: hashed.append(ids.size) or real(ids, *a, **k))
+    monkeypatch.setattr(
+        prefix_index.HASHER,
+        "prefix_hashes",
+        lambda ids, *a, **k: hashed.append(ids.size) or real(ids, *a, **k),
+    )
     turns = _agent_loop(20)
     g = RolloutGraph()
     for prev, t in zip([None, *turns], turns, strict=False):
@@ -128,9 +151,15 @@ def test_linking_from_the_last_call_gives_the_graph_full_hashing_gives():
             prompt = np.concatenate([full[:cut], np.asarray(rng.sample(range(3, 999), 5), dtype=np.int32)])
             if rng.random() < 0.2:
                 prompt = parent.prompt_ids  # a retry of the same call
-            turns.append(dataclasses.replace(parent, seq=seq, prompt_ids=prompt,
-                                             sampled_ids=np.asarray(rng.sample(range(3, 999), 4), dtype=np.int32),
-                                             logprobs=np.full(4, -0.5)))
+            turns.append(
+                dataclasses.replace(
+                    parent,
+                    seq=seq,
+                    prompt_ids=prompt,
+                    sampled_ids=np.asarray(rng.sample(range(3, 999), 4), dtype=np.int32),
+                    logprobs=np.full(4, -0.5),
+                )
+            )
         order = list(range(len(turns)))
         rng.shuffle(order)
         fast, _ = build(turns, order)
@@ -142,8 +171,9 @@ def test_linking_from_the_last_call_gives_the_graph_full_hashing_gives():
 
 
 def test_truncated_turn_links_as_prefix_with_info_about_the_unsampled_end_token():
-    turns = [turn_from_fixture(n, i) for i, n in enumerate(["chat_multiturn_trunc_1",
-                                                              "chat_multiturn_trunc_2"])]
+    turns = [
+        turn_from_fixture(n, i) for i, n in enumerate(["chat_multiturn_trunc_1", "chat_multiturn_trunc_2"])
+    ]
     g, links = build(turns)
     assert shape(g)[1] == (0, "prefix", 72)
     [f] = links[1].findings
@@ -152,8 +182,9 @@ def test_truncated_turn_links_as_prefix_with_info_about_the_unsampled_end_token(
 
 
 def test_retokenized_reply_links_with_warn_naming_node_and_offset():
-    turns = [turn_from_fixture(n, i) for i, n in enumerate(["chat_multiturn_retok_1",
-                                                              "chat_multiturn_retok_2"])]
+    turns = [
+        turn_from_fixture(n, i) for i, n in enumerate(["chat_multiturn_retok_1", "chat_multiturn_retok_2"])
+    ]
     g, links = build(turns)
     assert shape(g)[1] == (0, "retokenized", 52)
     [f] = links[1].findings
@@ -166,8 +197,7 @@ def test_retokenized_reply_links_with_warn_naming_node_and_offset():
 def test_special_tokens_inside_reply_are_visible_breaks():
     turns = [turn_from_fixture(n, i) for i, n in enumerate(TINY)]
     g, links = build(turns)
-    assert shape(g) == {0: (None, "root", None), 1: (0, "retokenized", 66),
-                        2: (1, "retokenized", 133)}
+    assert shape(g) == {0: (None, "root", None), 1: (0, "retokenized", 66), 2: (1, "retokenized", 133)}
     assert "'<|im_start|>'" in links[1].findings[0].detail
     assert g.stats().breaks == 2 and g.stats().fragmentation == 3.0
 
@@ -180,7 +210,7 @@ def test_retokenized_edge_splits_sequences_without_concatenating_ids():
     for s, t in zip(seqs, turns, strict=True):
         assert np.array_equal(s.input_ids, np.concatenate([t.prompt_ids, t.sampled_ids]))
         assert s.loss_mask[: len(t.prompt_ids)].sum() == 0
-        assert s.loss_mask[len(t.prompt_ids):].all()
+        assert s.loss_mask[len(t.prompt_ids) :].all()
 
 
 def test_late_ancestor_adopts_descendants():
@@ -193,9 +223,12 @@ def test_late_ancestor_adopts_descendants():
 
 def test_arrival_order_never_changes_the_graph():
     base = multi()
-    turns = base + [resample(base[1], 3, [504, 2]),
-                    dataclasses.replace(turn_from_fixture(MULTI[0], 4), findings=[]),
-                    turn_from_fixture(TINY[0], 5), turn_from_fixture(TINY[1], 6)]
+    turns = base + [
+        resample(base[1], 3, [504, 2]),
+        dataclasses.replace(turn_from_fixture(MULTI[0], 4), findings=[]),
+        turn_from_fixture(TINY[0], 5),
+        turn_from_fixture(TINY[1], 6),
+    ]
     expected = shape(build(turns)[0])
     orders = list(itertools.permutations(range(len(turns))))
     for order in random.Random(7).sample(orders, 400):
@@ -219,8 +252,9 @@ def test_any_changed_token_makes_a_new_root():
     t1 = base[1]
     ids = t1.prompt_ids.copy()
     ids[50] = 77  # inside turn 0's reply: the prompt no longer extends turn 0 exactly
-    changed = dataclasses.replace(t1, prompt_ids=ids, request={"messages": [{"role": "user",
-                                                                             "content": "x"}]})
+    changed = dataclasses.replace(
+        t1, prompt_ids=ids, request={"messages": [{"role": "user", "content": "x"}]}
+    )
     g, _ = build([base[0], changed])
     assert g.nodes[1].parent is None and g.stats().roots == 2
 
@@ -294,14 +328,14 @@ def test_stats_agree_with_the_per_call_queries_on_a_mixed_rollout():
     base = [with_tools(t) for t in multi()]
     fork, retry = resample(base[2], 3, [504, 2]), resample(base[1], 4, [504, 7, 2])
     title = turn_from_fixture("chat_basic", 5)
-    marked = dataclasses.replace(with_tools(turn_from_fixture(TINY[0], 6)),
-                                 meta={"call_role": "auxiliary"})
+    marked = dataclasses.replace(with_tools(turn_from_fixture(TINY[0], 6)), meta={"call_role": "auxiliary"})
     g, _ = build(base + [fork, retry, title, marked])
     st = g.stats()
     tools = g.has_tools()
     assert st.discarded == sum(g.discarded(s) for s in g.nodes) > 0
-    assert st.trainable_tokens == sum(g.nodes[s].sampled_len for s in g.nodes
-                                      if g.node_mask_on(s, tools=tools))
+    assert st.trainable_tokens == sum(
+        g.nodes[s].sampled_len for s in g.nodes if g.node_mask_on(s, tools=tools)
+    )
     assert st.forks == 1 + 1 and st.roots == len(g.roots()) == 3
     assert {g.node_role(s) for s in g.nodes} == {"agent", "auxiliary", "discarded"}
 
@@ -330,14 +364,21 @@ def test_message_linking_ignores_refusal_audio_null_vs_empty_and_system_prompt()
 
 
 def test_message_linking_compares_tool_calls_by_name_and_canonical_arguments():
-    call = {"id": "a", "type": "function", "function": {"name": "shell",
-                                                        "arguments": '{"cmd": "ls", "t": 1}'}}
-    echoed = {"id": "zzz", "type": "function", "function": {"name": "shell",
-                                                            "arguments": '{"t":1,"cmd":"ls"}'}}
-    first = no_ids(multi()[0], response={"role": "assistant", "content": None,
-                                         "tool_calls": [call]})
-    msgs = first.request["messages"] + [{"role": "assistant", "content": "", "tool_calls": [echoed]},
-                                        {"role": "tool", "tool_call_id": "zzz", "content": "x"}]
+    call = {
+        "id": "a",
+        "type": "function",
+        "function": {"name": "shell", "arguments": '{"cmd": "ls", "t": 1}'},
+    }
+    echoed = {
+        "id": "zzz",
+        "type": "function",
+        "function": {"name": "shell", "arguments": '{"t":1,"cmd":"ls"}'},
+    }
+    first = no_ids(multi()[0], response={"role": "assistant", "content": None, "tool_calls": [call]})
+    msgs = first.request["messages"] + [
+        {"role": "assistant", "content": "", "tool_calls": [echoed]},
+        {"role": "tool", "tool_call_id": "zzz", "content": "x"},
+    ]
     second = no_ids(multi()[1], request={"messages": msgs})
     g, _ = build([first, second])
     assert g.nodes[1].parent == 0
@@ -373,8 +414,12 @@ def test_conversation_resent_under_another_system_prompt_is_a_side_call_not_a_br
     messages[0] = {"role": "system", "content": "Summarise the conversation so far."}
     ids = base[1].prompt_ids.copy()
     ids[3] = 77  # the other system prompt's tokens
-    g, links = build([base[0], dataclasses.replace(base[1], prompt_ids=ids,
-                                                   request={**base[1].request, "messages": messages})])
+    g, links = build(
+        [
+            base[0],
+            dataclasses.replace(base[1], prompt_ids=ids, request={**base[1].request, "messages": messages}),
+        ]
+    )
     assert g.nodes[1].parent is None
     [f] = links[1].findings
     assert str(f).startswith("[INFO] other_system_prompt:") and "turn 0" in f.detail
@@ -383,8 +428,9 @@ def test_conversation_resent_under_another_system_prompt_is_a_side_call_not_a_br
 
 def test_reply_resent_without_its_sampled_reasoning_is_named_reasoning_dropped():
     # gemini-cli leaves thought parts out of the history it resends.
-    first, second = [turn_from_fixture(n, i) for i, n in enumerate(["chat_multiturn_retok_1",
-                                                                     "chat_multiturn_retok_2"])]
+    first, second = [
+        turn_from_fixture(n, i) for i, n in enumerate(["chat_multiturn_retok_1", "chat_multiturn_retok_2"])
+    ]
     first = dataclasses.replace(first, response={**first.response, "reasoning": "I should answer."})
     g, links = build([first, second])
     assert shape(g)[1] == (0, "retokenized", 52)
@@ -397,9 +443,18 @@ def test_reply_resent_without_its_sampled_reasoning_is_named_reasoning_dropped()
     assert str(links[1].findings[0]).startswith("[WARN] retokenized:")
 
 
-@pytest.mark.parametrize(("value", "trainable"), [
-    (-0.5, True), (0.0, True), (5e-7, True),  # up to 1e-6 above 0 is rounding of log(1)
-    (1e-5, False), (float("nan"), False), (float("inf"), False), (float("-inf"), False)])
+@pytest.mark.parametrize(
+    ("value", "trainable"),
+    [
+        (-0.5, True),
+        (0.0, True),
+        (5e-7, True),  # up to 1e-6 above 0 is rounding of log(1)
+        (1e-5, False),
+        (float("nan"), False),
+        (float("inf"), False),
+        (float("-inf"), False),
+    ],
+)
 def test_only_finite_non_positive_logprobs_make_a_turn_trainable(value, trainable):
     t = dataclasses.replace(multi()[0], findings=[])
     lp = t.logprobs.copy()

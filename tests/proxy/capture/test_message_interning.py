@@ -18,15 +18,22 @@ ADMIN = {"Authorization": "Bearer k"}
 def _conversation(k: int) -> dict:
     msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi"}]
     for i in range(k):
-        msgs += [{"role": "assistant", "content": f"reply {i}"},
-                 {"role": "user", "content": [{"type": "text", "text": f"more {i}"}]}]
-    return {"model": "x", "messages": msgs, "max_tokens": 4,
-            "tools": [{"type": "function", "function": {"name": "ls", "parameters": {}}}]}
+        msgs += [
+            {"role": "assistant", "content": f"reply {i}"},
+            {"role": "user", "content": [{"type": "text", "text": f"more {i}"}]},
+        ]
+    return {
+        "model": "x",
+        "messages": msgs,
+        "max_tokens": 4,
+        "tools": [{"type": "function", "function": {"name": "ls", "parameters": {}}}],
+    }
 
 
 async def _call(client: httpx.AsyncClient, key: str, k: int) -> None:
-    resp = await client.post("/v1/chat/completions", json=_conversation(k),
-                             headers={"Authorization": f"Bearer {key}"})
+    resp = await client.post(
+        "/v1/chat/completions", json=_conversation(k), headers={"Authorization": f"Bearer {key}"}
+    )
     assert resp.status_code == 200, resp.text
 
 
@@ -37,8 +44,9 @@ def _requests(service: CaptureService, sid: str) -> list[dict]:
 
 async def test_consecutive_turns_share_the_message_objects_they_resend(upstream, tmp_path: Path):
     store = Store(tmp_path / "capture.db")
-    service = CaptureService(store, default_engine=EngineSpec(url=upstream.base_url),
-                             public_url="http://testserver")
+    service = CaptureService(
+        store, default_engine=EngineSpec(url=upstream.base_url), public_url="http://testserver"
+    )
     transport = httpx.ASGITransport(app=create_app(service, admin_key="k"))
     async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
         info = (await client.post("/admin/sessions", json={}, headers=ADMIN)).json()
@@ -53,7 +61,6 @@ async def test_consecutive_turns_share_the_message_objects_they_resend(upstream,
         assert third["messages"][-1] is not second["messages"][-1]
     await service.aclose()
     store.close()
-
 
 
 def test_interner_keys_only_the_messages_the_previous_call_did_not_send(monkeypatch):

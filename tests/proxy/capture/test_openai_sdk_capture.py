@@ -33,8 +33,9 @@ def test_openai_sdk_three_turn_conversation_captured_as_one_root(embedded_engine
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "List the files."}]
     contents = []
     for i in range(3):
-        resp = client.chat.completions.create(model="my-harness-model", messages=messages,
-                                              max_tokens=12, temperature=0)
+        resp = client.chat.completions.create(
+            model="my-harness-model", messages=messages, max_tokens=12, temperature=0
+        )
         assert resp.model == "my-harness-model"
         text = resp.choices[0].message.content
         assert isinstance(text, str)
@@ -65,17 +66,26 @@ def test_openai_sdk_three_turn_conversation_captured_as_one_root(embedded_engine
     assert all(t["prompt_token_ids"] and t["completion_token_ids"] for t in trace["turns"])
 
 
-def test_openai_sdk_stream_matches_capture_and_turn_is_durable_first(embedded_engine, make_server,
-                                                                     admin_for, tmp_path):
+def test_openai_sdk_stream_matches_capture_and_turn_is_durable_first(
+    embedded_engine, make_server, admin_for, tmp_path
+):
     server = make_server(embedded_engine.base_url)
     admin = admin_for(server)
     info = _open(admin, alternatives=5)
     client = openai.OpenAI(base_url=info["base_urls"]["openai"], api_key=info["api_key"], max_retries=0)
     stream = client.chat.completions.create(
-        model="m", messages=[{"role": "system", "content": SYSTEM},
-                             {"role": "user", "content": "What is the capital of France?"}],
-        max_tokens=10, temperature=0, stream=True, stream_options={"include_usage": True},
-        logprobs=True, top_logprobs=2)
+        model="m",
+        messages=[
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": "What is the capital of France?"},
+        ],
+        max_tokens=10,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        logprobs=True,
+        top_logprobs=2,
+    )
     text, logprobs, alternatives, finish, usage = "", [], set(), None, None
     for chunk in stream:
         if chunk.usage is not None:
@@ -104,9 +114,12 @@ def test_session_header_and_alternative_key_headers_are_recorded(embedded_engine
     server = make_server(embedded_engine.base_url)
     admin = admin_for(server)
     info = _open(admin)
-    resp = httpx.post(f"{server.url}/V1/Chat/Completions", timeout=120,
-                      headers={"x-api-key": info["api_key"], "x-session-id": "opencode-ses-42"},
-                      json={"model": "x", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+    resp = httpx.post(
+        f"{server.url}/V1/Chat/Completions",
+        timeout=120,
+        headers={"x-api-key": info["api_key"], "x-session-id": "opencode-ses-42"},
+        json={"model": "x", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
+    )
     assert resp.status_code == 200, resp.text
     turn = admin.get(f"/admin/sessions/{info['id']}/turns/0").json()
     assert turn["meta"]["header_session_id"] == "opencode-ses-42"

@@ -6,7 +6,6 @@ import dataclasses
 
 import numpy as np
 
-from tapdeck.schema.findings import Finding, Level
 from tapdeck.proxy.capture.graph import RolloutGraph
 from tapdeck.proxy.capture.tokens import as_logprobs
 from tapdeck.proxy.capture.validation import (
@@ -15,6 +14,7 @@ from tapdeck.proxy.capture.validation import (
     validate_sequence,
     validate_turn,
 )
+from tapdeck.schema.findings import Finding, Level
 from tests.support.recorded_turns import turn_from_fixture
 
 
@@ -75,16 +75,17 @@ def test_null_inside_logprobs_makes_turn_untrainable_without_crashing():
 
 def test_tokens_tier_without_prompt_ids_or_logprobs_is_fatal():
     t = base()
-    assert "no_prompt_ids" in codes(validate_turn(dataclasses.replace(t, prompt_ids=None), "tokens"),
-                                    Level.FATAL)
-    assert "no_logprobs" in codes(validate_turn(dataclasses.replace(t, logprobs=None), "tokens"),
-                                  Level.FATAL)
+    assert "no_prompt_ids" in codes(
+        validate_turn(dataclasses.replace(t, prompt_ids=None), "tokens"), Level.FATAL
+    )
+    assert "no_logprobs" in codes(validate_turn(dataclasses.replace(t, logprobs=None), "tokens"), Level.FATAL)
     assert validate_turn(dataclasses.replace(t, prompt_ids=None, sampled_ids=None), "text") == []
 
 
 def test_zero_sampled_ids_and_length_finish_warn():
-    t = dataclasses.replace(base(), sampled_ids=np.zeros(0, np.int32), logprobs=np.zeros(0),
-                            finish_reason="length")
+    t = dataclasses.replace(
+        base(), sampled_ids=np.zeros(0, np.int32), logprobs=np.zeros(0), finish_reason="length"
+    )
     found = validate_turn(t, "tokens")
     assert {"empty_completion", "truncated"} <= codes(found, Level.WARN)
 
@@ -141,8 +142,9 @@ def test_a_title_call_beside_one_agent_call_is_not_every_call_a_root():
 
 def test_discarded_turns_warn():
     turns = [turn_from_fixture(f"chat_multiturn_{i + 1}", i) for i in range(3)]
-    retry = dataclasses.replace(turns[1], seq=3, sampled_ids=np.array([504, 2], np.int32),
-                                logprobs=np.array([-0.1, -0.2]))
+    retry = dataclasses.replace(
+        turns[1], seq=3, sampled_ids=np.array([504, 2], np.int32), logprobs=np.array([-0.1, -0.2])
+    )
     g = RolloutGraph()
     for t in turns + [retry]:
         g.add(t)

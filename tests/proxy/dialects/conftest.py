@@ -44,9 +44,13 @@ def tool_reply() -> Callable[..., dict[str, Any]]:
         choice = reply["choices"][0]
         choice["message"]["content"] = text
         choice["message"]["tool_calls"] = [
-            {"id": f"chatcmpl-tool-{i}abc", "type": "function",
-             "function": {"name": name, "arguments": arguments}}
-            for i, (name, arguments) in enumerate(calls or [("get_weather", '{"city": "Paris"}')])]
+            {
+                "id": f"chatcmpl-tool-{i}abc",
+                "type": "function",
+                "function": {"name": name, "arguments": arguments},
+            }
+            for i, (name, arguments) in enumerate(calls or [("get_weather", '{"city": "Paris"}')])
+        ]
         choice["finish_reason"] = "tool_calls"
         return reply
 

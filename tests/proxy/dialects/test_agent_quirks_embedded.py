@@ -44,42 +44,65 @@ def assert_one_chain(proxy: CaptureServer, session_id: str, turns: int) -> None:
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 def test_claude_code_system_reminders_leave_one_chain(proxy: CaptureServer, stream: bool) -> None:
     info = proxy.open_session()
-    client = anthropic.Anthropic(api_key=info["api_key"], base_url=info["base_urls"]["anthropic"], max_retries=0)
+    client = anthropic.Anthropic(
+        api_key=info["api_key"], base_url=info["base_urls"]["anthropic"], max_retries=0
+    )
     body = copy.deepcopy(recording("claude_code")["calls"][0])
     messages = body["messages"]
     for turn in range(3):
-        kwargs = dict(model=body["model"], max_tokens=MAX_TOKENS, system=body["system"], messages=messages,
-                      tools=body["tools"], extra_body={"temperature": 0})
+        kwargs = dict(
+            model=body["model"],
+            max_tokens=MAX_TOKENS,
+            system=body["system"],
+            messages=messages,
+            tools=body["tools"],
+            extra_body={"temperature": 0},
+        )
         if stream:
             with client.beta.messages.stream(**kwargs) as events:
                 message = events.get_final_message()
         else:
             message = client.beta.messages.create(**kwargs)
-        messages = [*messages, {"role": "assistant", "content": [b.model_dump(exclude_none=True)
-                                                                 for b in message.content]}]
+        messages = [
+            *messages,
+            {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in message.content]},
+        ]
         calls = [b for b in message.content if b.type == "tool_use"]
-        messages.append({"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": c.id, "content": "(no output)"} for c in calls]
-            or "Continue."})
+        messages.append(
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": c.id, "content": "(no output)"} for c in calls
+                ]
+                or "Continue.",
+            }
+        )
         # claude-code's reminder, inside `messages`, every few turns
         messages.append({"role": "system", "content": f"<system-reminder>turn {turn}</system-reminder>"})
     assert_one_chain(proxy, info["id"], 3)
     request = proxy.turn(info["id"], 2)["request"]["messages"]
     assert [m["content"] for m in request if m["role"] == "system"][-2:] == [
-        "<system-reminder>turn 0</system-reminder>", "<system-reminder>turn 1</system-reminder>"]
+        "<system-reminder>turn 0</system-reminder>",
+        "<system-reminder>turn 1</system-reminder>",
+    ]
 
 
 def test_chat_developer_message_after_the_first_turn_leaves_one_chain(proxy: CaptureServer) -> None:
     info = proxy.open_session()
     client = openai.OpenAI(api_key=info["api_key"], base_url=info["base_urls"]["openai"], max_retries=0)
-    messages: list[dict[str, Any]] = [{"role": "developer", "content": "You are terse."},
-                                      {"role": "user", "content": "Name a colour."}]
+    messages: list[dict[str, Any]] = [
+        {"role": "developer", "content": "You are terse."},
+        {"role": "user", "content": "Name a colour."},
+    ]
     for turn in range(3):
-        reply = client.chat.completions.create(model="m", messages=messages, max_tokens=MAX_TOKENS,
-                                               temperature=0)
-        messages += [{"role": "assistant", "content": reply.choices[0].message.content},
-                     {"role": "developer", "content": f"Reminder {turn}: stay terse."},
-                     {"role": "user", "content": "Another."}]
+        reply = client.chat.completions.create(
+            model="m", messages=messages, max_tokens=MAX_TOKENS, temperature=0
+        )
+        messages += [
+            {"role": "assistant", "content": reply.choices[0].message.content},
+            {"role": "developer", "content": f"Reminder {turn}: stay terse."},
+            {"role": "user", "content": "Another."},
+        ]
     assert_one_chain(proxy, info["id"], 3)
 
 

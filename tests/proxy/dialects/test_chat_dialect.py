@@ -19,15 +19,33 @@ from tapdeck.proxy.dialects.chat import fold_system_messages, merge_system_messa
 from tapdeck.proxy.http.sse import encode
 
 TOOL_REPLY_MESSAGE = {
-    "role": "assistant", "content": None, "refusal": None, "annotations": None, "audio": None,
-    "function_call": None, "reasoning": None,
-    "tool_calls": [{"id": "chatcmpl-tool-1", "type": "function",
-                    "function": {"name": "ls", "arguments": "{\"path\": \".\"}"}}],
+    "role": "assistant",
+    "content": None,
+    "refusal": None,
+    "annotations": None,
+    "audio": None,
+    "function_call": None,
+    "reasoning": None,
+    "tool_calls": [
+        {
+            "id": "chatcmpl-tool-1",
+            "type": "function",
+            "function": {"name": "ls", "arguments": '{"path": "."}'},
+        }
+    ],
 }
 
 
-@pytest.mark.parametrize("path", ["/v1/chat/completions", "/V1/Chat/Completions", "/chat/completions",
-                                  "/v1/chat/completions/", "/openai/v1/chat/completions?x=1"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/chat/completions",
+        "/V1/Chat/Completions",
+        "/chat/completions",
+        "/v1/chat/completions/",
+        "/openai/v1/chat/completions?x=1",
+    ],
+)
 def test_chat_path_detected_case_insensitively(path):
     assert chat.matches(path)
     assert detect(path) is chat
@@ -42,13 +60,18 @@ def test_registry_lists_chat_first():
     assert DIALECTS[0] is chat and detect("/nope") is None
 
 
-@pytest.mark.parametrize(("path", "name"), [
-    ("/v1/responses", "responses"), ("/V1/RESPONSES", "responses"),
-    ("/v1/messages", "anthropic"), ("/v1/Messages", "anthropic"),
-    ("/v1beta/models/gemini-2.5-pro:generateContent", "google"),
-    ("/v1beta/models/gemini-2.5-pro:streamGenerateContent", "google"),
-    ("/v1beta/models/x:STREAMGENERATECONTENT", "google"),
-])
+@pytest.mark.parametrize(
+    ("path", "name"),
+    [
+        ("/v1/responses", "responses"),
+        ("/V1/RESPONSES", "responses"),
+        ("/v1/messages", "anthropic"),
+        ("/v1/Messages", "anthropic"),
+        ("/v1beta/models/gemini-2.5-pro:generateContent", "google"),
+        ("/v1beta/models/gemini-2.5-pro:streamGenerateContent", "google"),
+        ("/v1beta/models/x:STREAMGENERATECONTENT", "google"),
+    ],
+)
 def test_registry_detects_every_dialect_case_insensitively(path, name):
     found = detect(path)
     assert found is not None and found.name == name
@@ -57,24 +80,33 @@ def test_registry_detects_every_dialect_case_insensitively(path, name):
 
 def test_leading_system_messages_merge_and_later_ones_stay_in_place():
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
-    messages = [{"role": "developer", "content": "Be terse."},
-                {"role": "system", "content": [{"type": "text", "text": "Tools: ls"}, image]},
-                {"role": "user", "content": "hi"},
-                {"role": "developer", "content": "Reminder."}]
+    messages = [
+        {"role": "developer", "content": "Be terse."},
+        {"role": "system", "content": [{"type": "text", "text": "Tools: ls"}, image]},
+        {"role": "user", "content": "hi"},
+        {"role": "developer", "content": "Reminder."},
+    ]
     before = copy.deepcopy(messages)
     merged = merge_system_messages(messages)
     assert [m["role"] for m in merged] == ["system", "user", "system"]
-    assert merged[0]["content"] == [{"type": "text", "text": "Be terse."},
-                                    {"type": "text", "text": "Tools: ls"}, image]
+    assert merged[0]["content"] == [
+        {"type": "text", "text": "Be terse."},
+        {"type": "text", "text": "Tools: ls"},
+        image,
+    ]
     assert merged[2] == {"role": "system", "content": "Reminder."}
     assert messages == before
     # For an engine whose template refuses late system messages, all of them fold into the first.
     folded = fold_system_messages(messages)
     assert [m["role"] for m in folded] == ["system", "user"]
     assert folded[0]["content"][-1] == {"type": "text", "text": "Reminder."}
-    text_only = merge_system_messages([{"role": "system", "content": "a"},
-                                       {"role": "developer", "content": "b"},
-                                       {"role": "user", "content": "q"}])
+    text_only = merge_system_messages(
+        [
+            {"role": "system", "content": "a"},
+            {"role": "developer", "content": "b"},
+            {"role": "user", "content": "q"},
+        ]
+    )
     assert text_only[0] == {"role": "system", "content": "a\n\nb"}
 
 
@@ -83,8 +115,16 @@ def test_single_leading_system_left_alone(vllm):
     assert merge_system_messages(messages) is messages
 
 
-@pytest.mark.parametrize("bad", [{}, {"messages": []}, {"messages": "hi"}, {"messages": [{"content": "x"}]},
-                                 {"messages": [{"role": "user", "content": "x"}], "n": 3}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {},
+        {"messages": []},
+        {"messages": "hi"},
+        {"messages": [{"content": "x"}]},
+        {"messages": [{"role": "user", "content": "x"}], "n": 3},
+    ],
+)
 def test_bad_requests_refused_with_400(bad):
     with pytest.raises(DialectError) as err:
         chat.parse(bad, "/v1/chat/completions", {})
@@ -92,8 +132,11 @@ def test_bad_requests_refused_with_400(bad):
 
 
 def parse(vllm, **extra) -> DialectRequest:
-    body = {k: v for k, v in vllm("chat_basic")["request"].items()
-            if k not in ("return_token_ids", "logprobs", "top_logprobs")}
+    body = {
+        k: v
+        for k, v in vllm("chat_basic")["request"].items()
+        if k not in ("return_token_ids", "logprobs", "top_logprobs")
+    }
     body.update(extra)
     return chat.parse(body, "/v1/chat/completions", {})
 
@@ -121,8 +164,13 @@ def test_render_keeps_capture_fields_the_client_asked_for(vllm):
 async def test_rendered_reply_parses_with_openai_sdk(vllm):
     req = parse(vllm, model="gpt-4o-mini")
     body = chat.render(vllm("chat_basic")["response"], req)
-    sdk = openai.AsyncOpenAI(api_key="k", base_url="http://proxy.test/v1", http_client=httpx.AsyncClient(
-        transport=httpx.MockTransport(lambda r: httpx.Response(200, json=body))))
+    sdk = openai.AsyncOpenAI(
+        api_key="k",
+        base_url="http://proxy.test/v1",
+        http_client=httpx.AsyncClient(
+            transport=httpx.MockTransport(lambda r: httpx.Response(200, json=body))
+        ),
+    )
     out = await sdk.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "x"}])
     assert out.choices[0].message.content == "The capital of France is Paris."
     assert out.usage.prompt_tokens_details.cached_tokens == 0
@@ -140,7 +188,11 @@ def test_stream_matches_recorded_vllm_chunk_sequence(vllm):
     reply = vllm("chat_basic")["response"]
     ours = events(chat.render_stream(reply, req))
     assert ours[-1] == recorded[-1] == "[DONE]"
-    assert ours[0]["choices"][0]["delta"] == recorded[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert (
+        ours[0]["choices"][0]["delta"]
+        == recorded[0]["choices"][0]["delta"]
+        == {"role": "assistant", "content": ""}
+    )
     assert ours[0]["object"] == recorded[0]["object"] == "chat.completion.chunk"
     assert ours[-2]["choices"] == recorded[-2]["choices"] == []
     assert ours[-2]["usage"]["completion_tokens"] == 8
@@ -159,11 +211,21 @@ def test_stream_without_include_usage_has_no_usage_chunk(vllm):
 
 
 async def sdk_stream(payload: bytes) -> list:
-    sdk = openai.AsyncOpenAI(api_key="k", base_url="http://proxy.test/v1", http_client=httpx.AsyncClient(
-        transport=httpx.MockTransport(lambda r: httpx.Response(
-            200, content=payload, headers={"content-type": "text/event-stream"}))))
-    stream = await sdk.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}],
-                                               stream=True, stream_options={"include_usage": True})
+    sdk = openai.AsyncOpenAI(
+        api_key="k",
+        base_url="http://proxy.test/v1",
+        http_client=httpx.AsyncClient(
+            transport=httpx.MockTransport(
+                lambda r: httpx.Response(200, content=payload, headers={"content-type": "text/event-stream"})
+            )
+        ),
+    )
+    stream = await sdk.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "x"}],
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     return [chunk async for chunk in stream]
 
 
@@ -182,7 +244,7 @@ async def test_tool_call_stream_reassembles_in_openai_sdk(vllm):
                 slot = calls.setdefault(tc.index, {"name": "", "arguments": ""})
                 slot["name"] += tc.function.name or ""
                 slot["arguments"] += tc.function.arguments or ""
-    assert calls == {0: {"name": "ls", "arguments": "{\"path\": \".\"}"}}
+    assert calls == {0: {"name": "ls", "arguments": '{"path": "."}'}}
     assert chunks[-1].usage.total_tokens == 45
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
 
@@ -194,7 +256,9 @@ def test_error_body_matches_vllm_envelope(vllm_error):
 
 
 async def test_stream_error_is_sse_error_then_done():
-    payload = b"".join(encode(e) for e in chat.stream_error(502, "engine at http://x/v1 is unreachable", "api_error"))
+    payload = b"".join(
+        encode(e) for e in chat.stream_error(502, "engine at http://x/v1 is unreachable", "api_error")
+    )
     assert payload.endswith(b"data: [DONE]\n\n")
     first = orjson.loads(payload.split(b"\n\n")[0].removeprefix(b"data: "))
     assert first["error"]["code"] == 502
@@ -228,5 +292,13 @@ async def test_tool_call_stream_from_recorded_vllm_reply_reassembles_like_vllms_
     reply = vllm("chat_tools_call")["response"]
     ours = await _sdk_calls(b"".join(encode(e) for e in chat.render_stream(reply, req)))
     assert ours == theirs
-    assert theirs[0] == {0: {"name": "run_shell", "arguments": reply["choices"][0]["message"][
-        "tool_calls"][0]["function"]["arguments"]}} and theirs[1] == "tool_calls"
+    assert (
+        theirs[0]
+        == {
+            0: {
+                "name": "run_shell",
+                "arguments": reply["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"],
+            }
+        }
+        and theirs[1] == "tool_calls"
+    )

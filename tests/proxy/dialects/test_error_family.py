@@ -40,32 +40,41 @@ def _openai(info: dict[str, Any]) -> openai.OpenAI:
 
 
 def _anthropic(info: dict[str, Any]) -> anthropic.Anthropic:
-    return anthropic.Anthropic(api_key=info["api_key"], base_url=info["base_urls"]["anthropic"],
-                               max_retries=0)
+    return anthropic.Anthropic(
+        api_key=info["api_key"], base_url=info["base_urls"]["anthropic"], max_retries=0
+    )
 
 
 def _call(dialect: str, info: dict[str, Any], *, refused: bool = False) -> None:
     """One non-streaming call through the dialect's SDK; `refused` makes it one the dialect
     refuses to translate (a second completion, an empty conversation, an unknown role)."""
     if dialect == "chat":
-        _openai(info).chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
-                                              max_tokens=8, n=2 if refused else 1)
+        _openai(info).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=8, n=2 if refused else 1
+        )
     elif dialect == "responses":
-        _openai(info).responses.create(model="m", max_output_tokens=16, input=[
-            {"role": "robot" if refused else "user", "content": "hi"}])
+        _openai(info).responses.create(
+            model="m", max_output_tokens=16, input=[{"role": "robot" if refused else "user", "content": "hi"}]
+        )
     elif dialect == "anthropic":
-        _anthropic(info).messages.create(model="claude-x", max_tokens=8, messages=[] if refused else [
-            {"role": "user", "content": "hi"}])
+        _anthropic(info).messages.create(
+            model="claude-x", max_tokens=8, messages=[] if refused else [{"role": "user", "content": "hi"}]
+        )
     else:
         client = google_client(info)  # held: a collected Client closes its connection pool
         client.models.generate_content(
-            model="g", contents="hi",
-            config=types.GenerateContentConfig(max_output_tokens=8, candidate_count=2 if refused else 1))
+            model="g",
+            contents="hi",
+            config=types.GenerateContentConfig(max_output_tokens=8, candidate_count=2 if refused else 1),
+        )
 
 
-REFUSAL = {"chat": "n=2 is not supported", "responses": "'robot' is not one of",
-           "anthropic": "a non-empty list of messages is required",
-           "google": "candidateCount > 1 is not supported"}
+REFUSAL = {
+    "chat": "n=2 is not supported",
+    "responses": "'robot' is not one of",
+    "anthropic": "a non-empty list of messages is required",
+    "google": "candidateCount > 1 is not supported",
+}
 
 
 def _raised(dialect: str, info: dict[str, Any], **kwargs: Any) -> tuple[int, str, str | None]:
@@ -83,21 +92,27 @@ def _sdk_class_for(dialect: str, status: int) -> type[BaseException]:
     if dialect == "google":
         return genai_errors.ClientError if status < 500 else genai_errors.ServerError
     sdk = openai if dialect in ("chat", "responses") else anthropic
-    return {400: sdk.BadRequestError, 401: sdk.AuthenticationError,
-            502: sdk.InternalServerError, 503: sdk.InternalServerError}[status]
+    return {
+        400: sdk.BadRequestError,
+        401: sdk.AuthenticationError,
+        502: sdk.InternalServerError,
+        503: sdk.InternalServerError,
+    }[status]
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
-def test_a_refused_request_is_a_400_each_sdk_raises_with_the_reason(capture: CaptureServer,
-                                                                   dialect: str) -> None:
+def test_a_refused_request_is_a_400_each_sdk_raises_with_the_reason(
+    capture: CaptureServer, dialect: str
+) -> None:
     status, message, retry = _raised(dialect, capture.open_session(), refused=True)
     assert (status, retry) == (400, "false")
     assert REFUSAL[dialect] in message
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
-def test_an_unknown_session_key_is_a_401_each_sdk_raises_as_authentication(capture: CaptureServer,
-                                                                          dialect: str) -> None:
+def test_an_unknown_session_key_is_a_401_each_sdk_raises_as_authentication(
+    capture: CaptureServer, dialect: str
+) -> None:
     info = {**capture.open_session(), "api_key": "tdk-" + "x" * 43}
     with pytest.raises(_sdk_class_for(dialect, 401)):
         _call(dialect, info)
@@ -107,8 +122,9 @@ def test_an_unknown_session_key_is_a_401_each_sdk_raises_as_authentication(captu
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
-def test_an_unreachable_engine_is_a_retryable_502_naming_the_engine(capture: CaptureServer,
-                                                                   dialect: str) -> None:
+def test_an_unreachable_engine_is_a_retryable_502_naming_the_engine(
+    capture: CaptureServer, dialect: str
+) -> None:
     with models_only_engine() as engine:  # settles the address, then is gone
         reply = capture.admin.post("/admin/sessions", json={"engine": {"url": engine, "model": "m"}})
     reply.raise_for_status()
@@ -134,7 +150,8 @@ def _store_read_only(capture: CaptureServer) -> Iterator[None]:
 
 @pytest.mark.parametrize("dialect", DIALECTS)
 def test_a_store_that_cannot_write_is_a_retryable_503_saying_nothing_was_kept(
-        capture: CaptureServer, upstream: FakeVllm, dialect: str) -> None:
+    capture: CaptureServer, upstream: FakeVllm, dialect: str
+) -> None:
     info = capture.open_session()
     with _store_read_only(capture):
         with pytest.raises(_sdk_class_for(dialect, 503)):
@@ -148,14 +165,16 @@ def test_a_store_that_cannot_write_is_a_retryable_503_saying_nothing_was_kept(
 
 @pytest.mark.medium
 def test_a_call_cut_short_by_the_server_stopping_is_a_503_in_each_callers_own_envelope(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """A call still waiting on the engine when the server stops is cancelled after uvicorn's grace
     period and answered 503. It was chat-shaped for every dialect: google-genai raised it with no
     status (`503 None`) and the anthropic SDK with an error type no Anthropic client knows."""
     raised: dict[str, Exception] = {}
     with hanging_engine() as engine:
-        with capture_server(EngineSpec(url=engine.base_url), tmp_path,
-                            keepalive_s=SCRIPTED_KEEPALIVE_S) as capture:
+        with capture_server(
+            EngineSpec(url=engine.base_url), tmp_path, keepalive_s=SCRIPTED_KEEPALIVE_S
+        ) as capture:
             info = capture.open_session()
 
             def call(dialect: str) -> None:
@@ -189,8 +208,11 @@ def test_a_call_cut_short_by_the_server_stopping_is_a_503_in_each_callers_own_en
 def test_admin_errors_carry_their_kind_and_whether_a_retry_can_help(capture: CaptureServer) -> None:
     missing = capture.admin.get("/admin/sessions/s-0000000000000000")
     assert missing.status_code == 404
-    assert missing.json() == {"detail": "no session s-0000000000000000", "kind": "not_found_error",
-                              "retryable": False}
+    assert missing.json() == {
+        "detail": "no session s-0000000000000000",
+        "kind": "not_found_error",
+        "retryable": False,
+    }
     session = capture.admin.post("/admin/sessions", json={"rollout_type": "eval"}).json()
     refused = capture.admin.get(f"/admin/sessions/{session['id']}/trace")
     assert refused.status_code == 409
@@ -208,13 +230,18 @@ def _escaping_app(error: Callable[[], Exception]) -> ModelCallsFirst:
     return app
 
 
-@pytest.mark.parametrize("path, shape", [
-    ("/v1/chat/completions", lambda b: b["error"]["param"] == "messages"),
-    ("/v1/messages", lambda b: b["type"] == "error" and b["error"]["type"] == "invalid_request_error"),
-    ("/v1beta/models/g:generateContent", lambda b: b["error"]["status"] == "INVALID_ARGUMENT"),
-], ids=["chat", "anthropic", "google"])
+@pytest.mark.parametrize(
+    "path, shape",
+    [
+        ("/v1/chat/completions", lambda b: b["error"]["param"] == "messages"),
+        ("/v1/messages", lambda b: b["type"] == "error" and b["error"]["type"] == "invalid_request_error"),
+        ("/v1beta/models/g:generateContent", lambda b: b["error"]["status"] == "INVALID_ARGUMENT"),
+    ],
+    ids=["chat", "anthropic", "google"],
+)
 async def test_an_error_escaping_the_model_route_is_rendered_in_the_paths_dialect(
-        path: str, shape: Callable[[dict[str, Any]], bool]) -> None:
+    path: str, shape: Callable[[dict[str, Any]], bool]
+) -> None:
     app = _escaping_app(lambda: DialectError(400, "messages: no", param="messages"))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
         reply = await client.post(path, json={})

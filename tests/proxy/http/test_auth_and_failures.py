@@ -35,8 +35,13 @@ def test_health_leaks_nothing(upstream, make_server):
 def test_admin_routes_need_the_admin_key(upstream, make_server, auth):
     server = make_server(upstream.base_url)
     headers = {"Authorization": auth} if auth else {}
-    for method, path in [("GET", "/admin/sessions"), ("POST", "/admin/sessions"), ("GET", "/admin/events"),
-                         ("GET", "/admin/sessions/s-0000000000000000"), ("DELETE", "/admin/sessions/x")]:
+    for method, path in [
+        ("GET", "/admin/sessions"),
+        ("POST", "/admin/sessions"),
+        ("GET", "/admin/events"),
+        ("GET", "/admin/sessions/s-0000000000000000"),
+        ("DELETE", "/admin/sessions/x"),
+    ]:
         resp = httpx.request(method, f"{server.url}{path}", headers=headers, json={})
         assert resp.status_code == 401, (method, path)
 
@@ -50,10 +55,18 @@ def test_every_admin_refusal_has_detail_kind_and_retryable(upstream, make_server
         (unauthorised, 401, "authentication_error", "admin key required"),
         (admin.get("/admin/runs/nope"), 404, "not_found_error", "no run nope"),
         (admin.get("/admin/train/nope"), 404, "not_found_error", "no training run nope"),
-        (admin.post("/admin/runs", json={"tasks": ["no-such-task"]}), 400, "invalid_request_error",
-         "no-such-task"),
-        (admin.post("/admin/sessions", content=b"notjson",
-                    headers={"content-type": "application/json"}), 422, "invalid_request_error", ""),
+        (
+            admin.post("/admin/runs", json={"tasks": ["no-such-task"]}),
+            400,
+            "invalid_request_error",
+            "no-such-task",
+        ),
+        (
+            admin.post("/admin/sessions", content=b"notjson", headers={"content-type": "application/json"}),
+            422,
+            "invalid_request_error",
+            "",
+        ),
     ]
     for resp, status, kind, words in refusals:
         body = resp.json()
@@ -84,7 +97,8 @@ def test_models_lists_only_the_sessions_model(upstream, make_server, admin_for):
 
 
 def test_openai_sdk_retrieves_the_sessions_model_and_gets_a_404_naming_it_for_another(
-        upstream, make_server, admin_for):
+    upstream, make_server, admin_for
+):
     """`client.models.retrieve(id)` (some agents call it at start-up) was a 405."""
     server = make_server(upstream.base_url)
     info = _open(admin_for(server))
@@ -94,17 +108,20 @@ def test_openai_sdk_retrieves_the_sessions_model_and_gets_a_404_naming_it_for_an
         with pytest.raises(openai.NotFoundError) as err:
             client.models.retrieve(other)
         assert err.value.body["type"] == "not_found_error"
-        assert err.value.body["message"] == (f"model {other!r} is not served here: this session's "
-                                             "model is 'smollm2'")
+        assert err.value.body["message"] == (
+            f"model {other!r} is not served here: this session's model is 'smollm2'"
+        )
 
 
 def test_anthropic_sdk_lists_and_retrieves_the_sessions_model_in_its_own_shape(
-        upstream, make_server, admin_for):
+    upstream, make_server, admin_for
+):
     """The listing was OpenAI's (no `type`, `display_name` or `created_at`) and a retrieve a 405."""
     server = make_server(upstream.base_url)
     info = _open(admin_for(server))
-    client = anthropic.Anthropic(base_url=info["base_urls"]["anthropic"], api_key=info["api_key"],
-                                 max_retries=0)
+    client = anthropic.Anthropic(
+        base_url=info["base_urls"]["anthropic"], api_key=info["api_key"], max_retries=0
+    )
     listed = list(client.models.list())
     assert [(m.id, m.type, m.display_name) for m in listed] == [("smollm2", "model", "smollm2")]
     assert int(listed[0].created_at.timestamp()) == int(info["created_at"])
@@ -116,8 +133,7 @@ def test_anthropic_sdk_lists_and_retrieves_the_sessions_model_in_its_own_shape(
 
 
 @pytest.mark.parametrize("api_version", ["v1", "v1beta"])  # google-genai's default; gemini-cli's
-def test_google_genai_sdk_gets_and_lists_the_sessions_model(upstream, make_server, admin_for,
-                                                            api_version):
+def test_google_genai_sdk_gets_and_lists_the_sessions_model(upstream, make_server, admin_for, api_version):
     """`client.models.get` was a 405 in the chat envelope (read as status None), and the listing,
     in OpenAI's shape, read as no models."""
     from google import genai
@@ -126,8 +142,10 @@ def test_google_genai_sdk_gets_and_lists_the_sessions_model(upstream, make_serve
 
     server = make_server(upstream.base_url)
     info = _open(admin_for(server))
-    client = genai.Client(api_key=info["api_key"], http_options=types.HttpOptions(
-        base_url=info["base_urls"]["google"], api_version=api_version))
+    client = genai.Client(
+        api_key=info["api_key"],
+        http_options=types.HttpOptions(base_url=info["base_urls"]["google"], api_version=api_version),
+    )
     model = client.models.get(model="smollm2")
     assert (model.name, model.display_name) == ("models/smollm2", "smollm2")
     assert "generateContent" in model.supported_actions
@@ -146,21 +164,25 @@ def test_an_unknown_get_path_is_a_404_naming_what_answers_get(upstream, make_ser
     for path in ["/nosuch", "/v1/nosuch", "/v1/chat/completions"]:
         resp = httpx.get(f"{server.url}{path}")
         assert resp.status_code == 404, (path, resp.text)
-        assert resp.json()["error"]["message"].startswith(f"nothing answers GET {path}: GET serves "
-                                                          "/health, /v1/models"), path
+        assert resp.json()["error"]["message"].startswith(
+            f"nothing answers GET {path}: GET serves /health, /v1/models"
+        ), path
     unknown = admin.get("/admin/nosuch")
     assert unknown.status_code == 404 and unknown.json()["kind"] == "not_found_error"
     post_only = admin.get("/admin/runs/r/cancel")  # a route that takes POST stays a 405
     assert post_only.status_code == 405 and post_only.headers["allow"] == "POST"
 
 
-def test_the_models_routes_are_matched_case_insensitively_as_model_calls_are(upstream, make_server,
-                                                                            admin_for):
+def test_the_models_routes_are_matched_case_insensitively_as_model_calls_are(
+    upstream, make_server, admin_for
+):
     server = make_server(upstream.base_url)
     info = _open(admin_for(server))
     auth = {"Authorization": f"Bearer {info['api_key']}"}
-    assert httpx.get(f"{server.url}/V1/MODELS", headers=auth).json() == \
-        httpx.get(f"{server.url}/v1/models", headers=auth).json()
+    assert (
+        httpx.get(f"{server.url}/V1/MODELS", headers=auth).json()
+        == httpx.get(f"{server.url}/v1/models", headers=auth).json()
+    )
     one = httpx.get(f"{server.url}/V1/Models/smollm2", headers=auth)
     assert one.status_code == 200 and one.json()["id"] == "smollm2"
     assert httpx.get(f"{server.url}/V1/MODELS/SmolLM2", headers=auth).status_code == 404  # ids keep case
@@ -207,15 +229,15 @@ def test_budget_reached_gives_a_non_empty_stop_and_no_node(upstream, make_server
     assert admin.get(f"/admin/sessions/{info['id']}").json()["turns"] == 1
 
 
-def test_engine_gone_after_the_session_opened_is_a_502_naming_the_url(upstream, make_server,
-                                                                      admin_for):
+def test_engine_gone_after_the_session_opened_is_a_502_naming_the_url(upstream, make_server, admin_for):
     url = upstream.base_url
     server = make_server(url)
     info = _open(admin_for(server))
     assert info["tier"] == "tokens"
     upstream.stop()
-    resp = httpx.post(f"{server.url}/v1/chat/completions", json=CHAT,
-                      headers={"Authorization": f"Bearer {info['api_key']}"})
+    resp = httpx.post(
+        f"{server.url}/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {info['api_key']}"}
+    )
     assert resp.status_code == 502
     err = resp.json()["error"]
     assert err["type"] == "unreachable"
@@ -232,8 +254,9 @@ def test_an_engine_found_down_is_probed_again_by_the_next_session(upstream, make
     assert info["tier"] == "text"
     assert _open(admin)["tier"] == "text"  # cached, as long as nothing says the engine changed
     upstream.stop()
-    resp = httpx.post(f"{server.url}/v1/chat/completions", json=CHAT,
-                      headers={"Authorization": f"Bearer {info['api_key']}"})
+    resp = httpx.post(
+        f"{server.url}/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {info['api_key']}"}
+    )
     assert resp.status_code == 502
     upstream.fault = None
     upstream.serve_again()
@@ -244,14 +267,18 @@ def test_an_engine_found_down_has_its_tokenize_asked_again(upstream, make_server
     # This engine has no /tokenize, so counts are estimated; restarted, it may serve one.
     server = make_server(upstream.base_url)
     info = _open(admin_for(server))
-    count = httpx.post(f"{server.url}/v1/messages/count_tokens", headers={"x-api-key": info["api_key"]},
-                       json={"model": "x", "messages": [{"role": "user", "content": "Hi"}]})
+    count = httpx.post(
+        f"{server.url}/v1/messages/count_tokens",
+        headers={"x-api-key": info["api_key"]},
+        json={"model": "x", "messages": [{"role": "user", "content": "Hi"}]},
+    )
     assert count.status_code == 200, count.text
     tokenize = aux.tokenize_url(upstream.base_url)
     assert tokenize in aux._no_tokenize
     upstream.stop()
-    resp = httpx.post(f"{server.url}/v1/chat/completions", json=CHAT,
-                      headers={"Authorization": f"Bearer {info['api_key']}"})
+    resp = httpx.post(
+        f"{server.url}/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {info['api_key']}"}
+    )
     assert resp.status_code == 502
     assert tokenize not in aux._no_tokenize
 
@@ -273,8 +300,11 @@ def test_upstream_5xx_before_the_stream_starts_keeps_its_status(upstream, make_s
     server = make_server(upstream.base_url)
     info = _open(admin_for(server))
     upstream.fault = "http500"
-    resp = httpx.post(f"{server.url}/v1/chat/completions", json={**CHAT, "stream": True},
-                      headers={"Authorization": f"Bearer {info['api_key']}"})
+    resp = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        json={**CHAT, "stream": True},
+        headers={"Authorization": f"Bearer {info['api_key']}"},
+    )
     assert resp.status_code == 502
     assert "engine core died" in resp.json()["error"]["message"]
     client = openai.OpenAI(base_url=info["base_urls"]["openai"], api_key=info["api_key"], max_retries=0)
@@ -291,8 +321,12 @@ def test_upstream_timeout_is_classified_and_cancels_nothing_else(upstream, tmp_p
         server.service.engine_timeout = 0.3
         info = _open(admin_for(server))
         upstream.delay = 5.0
-        resp = httpx.post(f"{server.url}/v1/chat/completions", json=CHAT, timeout=30,
-                          headers={"Authorization": f"Bearer {info['api_key']}"})
+        resp = httpx.post(
+            f"{server.url}/v1/chat/completions",
+            json=CHAT,
+            timeout=30,
+            headers={"Authorization": f"Bearer {info['api_key']}"},
+        )
         assert resp.status_code == 502
         assert resp.json()["error"]["type"] == "timeout"
         assert upstream.base_url in resp.json()["error"]["message"]
@@ -332,15 +366,25 @@ def test_streaming_client_gets_keepalives_and_hang_up_cancels_the_call(upstream,
     info = _open(admin_for(server))
     server.service.keepalive_s = 0.05
     upstream.delay = 0.4
-    resp = httpx.post(f"{server.url}/v1/chat/completions", json={**CHAT, "stream": True}, timeout=30,
-                      headers={"Authorization": f"Bearer {info['api_key']}"})
+    resp = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        json={**CHAT, "stream": True},
+        timeout=30,
+        headers={"Authorization": f"Bearer {info['api_key']}"},
+    )
     assert ": keepalive" in resp.text and _sse_data(resp.text)[-1] == "[DONE]"
 
     upstream.delay = 30.0
     before = upstream.cancelled
-    with httpx.Client(timeout=30) as client, client.stream(
-            "POST", f"{server.url}/v1/chat/completions", json={**CHAT, "stream": True},
-            headers={"Authorization": f"Bearer {info['api_key']}"}) as stream:
+    with (
+        httpx.Client(timeout=30) as client,
+        client.stream(
+            "POST",
+            f"{server.url}/v1/chat/completions",
+            json={**CHAT, "stream": True},
+            headers={"Authorization": f"Bearer {info['api_key']}"},
+        ) as stream,
+    ):
         assert next(stream.iter_lines()) == ": keepalive"
     # The client hung up: the proxy's engine request is aborted, so the upstream sees a cancel.
     deadline = time.monotonic() + 30  # a bound for a loaded machine, not a speed check
@@ -358,14 +402,18 @@ def test_admin_events_stream_session_and_turn_events(upstream, make_server, admi
     ready = threading.Event()
 
     def listen() -> None:
-        with httpx.Client(timeout=30) as c, c.stream(
-                "GET", f"{server.url}/admin/events",
-                headers={"Authorization": f"Bearer {server.admin_key}"}) as s:
+        with (
+            httpx.Client(timeout=30) as c,
+            c.stream(
+                "GET", f"{server.url}/admin/events", headers={"Authorization": f"Bearer {server.admin_key}"}
+            ) as s,
+        ):
             for line in s.iter_lines():
                 if line.startswith(": connected"):
                     ready.set()
                 if line.startswith("data: "):
                     import json
+
                     event = json.loads(line[6:])
                     seen.append(event["type"])
                     if event["type"] == "session_closed":
@@ -375,8 +423,9 @@ def test_admin_events_stream_session_and_turn_events(upstream, make_server, admi
     thread.start()
     assert ready.wait(60)
     info = _open(admin)
-    httpx.post(f"{server.url}/v1/chat/completions", json=CHAT,
-               headers={"Authorization": f"Bearer {info['api_key']}"})
+    httpx.post(
+        f"{server.url}/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {info['api_key']}"}
+    )
     server.service.events.publish({"type": "run_started", "run_id": "r1"})
     admin.delete(f"/admin/sessions/{info['id']}")
     thread.join(60)

@@ -14,7 +14,6 @@ import httpx
 import pytest
 
 from tapdeck.proxy.config import DEFAULT_KEEP_ALIVE_S
-from tapdeck.proxy.http.uvicorn_thread import ThreadedServer
 from tests.support.fake_vllm import FakeVllm
 from tests.support.tapdeck_process import serve_process, wait_health
 from tests.support.vllm_recordings import vllm_fixture as recorded
@@ -50,8 +49,9 @@ class ChainReplies:
         choice = out["choices"][0]
         choice["message"]["content"] = text
         choice["token_ids"] = sampled
-        choice["logprobs"]["content"] = [{"token": f"t{t}", "logprob": -0.5, "bytes": [116],
-                                          "top_logprobs": []} for t in sampled]
+        choice["logprobs"]["content"] = [
+            {"token": f"t{t}", "logprob": -0.5, "bytes": [116], "top_logprobs": []} for t in sampled
+        ]
         return 200, out
 
 
@@ -61,8 +61,11 @@ async def _rollout(client: httpx.AsyncClient, url: str, key: str, salt: int) -> 
     failures = []
     for turn in range(TURNS):
         try:
-            resp = await client.post(f"{url}/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
-                                     json={"model": "m", "messages": messages, "max_tokens": 8})
+            resp = await client.post(
+                f"{url}/v1/chat/completions",
+                headers={"Authorization": f"Bearer {key}"},
+                json={"model": "m", "messages": messages, "max_tokens": 8},
+            )
         except httpx.HTTPError as exc:
             failures.append(f"turn {turn}: {type(exc).__name__}: {exc}")
             break
@@ -70,8 +73,11 @@ async def _rollout(client: httpx.AsyncClient, url: str, key: str, salt: int) -> 
             failures.append(f"turn {turn}: HTTP {resp.status_code}: {resp.text[:200]}")
             break
         content = resp.json()["choices"][0]["message"]["content"]
-        messages = [*messages, {"role": "assistant", "content": content},
-                    {"role": "user", "content": f"next {salt}.{turn}"}]
+        messages = [
+            *messages,
+            {"role": "assistant", "content": content},
+            {"role": "user", "content": f"next {salt}.{turn}"},
+        ]
     return failures
 
 
@@ -87,8 +93,9 @@ def test_burst_of_concurrent_sessions_loses_no_call_and_captures_every_turn(make
             # Fresh connections all at once, to the proxy and (through it) to the engine.
             limits = httpx.Limits(max_connections=SESSIONS, max_keepalive_connections=SESSIONS)
             async with httpx.AsyncClient(timeout=120, limits=limits) as client:
-                results = await asyncio.gather(*(_rollout(client, server.url, info["api_key"], i)
-                                                  for i, info in enumerate(infos)))
+                results = await asyncio.gather(
+                    *(_rollout(client, server.url, info["api_key"], i) for i, info in enumerate(infos))
+                )
             return [f for failures in results for f in failures]
 
         assert asyncio.run(burst()) == []
@@ -108,8 +115,9 @@ def _response(sock: socket.socket) -> bytes:
             return data
         data += chunk
     head, _, body = data.partition(b"\r\n\r\n")
-    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                  if line.lower().startswith(b"content-length"))
+    length = next(
+        int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+    )
     while len(body) < length:
         body += sock.recv(4096)
     return data
@@ -150,15 +158,23 @@ def test_two_serve_processes_share_one_batch_and_capture_every_turn(tmp_path, po
             urls.append(f"http://127.0.0.1:{port}")
         for url, proc in zip(urls, procs, strict=True):
             wait_health(url, proc)
-        admins = [httpx.Client(base_url=url, timeout=60, headers={
-            "Authorization": f"Bearer {(tmp_path / f'data{n}' / 'admin.key').read_text().strip()}"})
-            for n, url in enumerate(urls)]
+        admins = [
+            httpx.Client(
+                base_url=url,
+                timeout=60,
+                headers={
+                    "Authorization": f"Bearer {(tmp_path / f'data{n}' / 'admin.key').read_text().strip()}"
+                },
+            )
+            for n, url in enumerate(urls)
+        ]
         opened = [(n % 2, admins[n % 2].post("/admin/sessions", json={}).json()) for n in range(16)]
 
         async def batch() -> list[str]:
             async with httpx.AsyncClient(timeout=120) as client:
-                results = await asyncio.gather(*(_rollout(client, urls[n], info["api_key"], i)
-                                                  for i, (n, info) in enumerate(opened)))
+                results = await asyncio.gather(
+                    *(_rollout(client, urls[n], info["api_key"], i) for i, (n, info) in enumerate(opened))
+                )
             return [f for failures in results for f in failures]
 
         assert asyncio.run(batch()) == []

@@ -36,56 +36,143 @@ BIG_INT, BIG_FLOAT, NEG_BIG = "\x00BIGINT\x00", "\x00BIGFLOAT\x00", "\x00NEGBIG\
 """Markers replaced in the encoded body by numbers no JSON encoder here writes."""
 _BIG_TEXT = {BIG_INT: b"1" + b"0" * 40, BIG_FLOAT: b"1e400", NEG_BIG: b"-99999999999999999999999"}
 
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
-                                       HealthCheck.data_too_large,
-                                       # clean_logs checks the whole run's log once more at the end
-                                       HealthCheck.function_scoped_fixture])
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.filter_too_much,
+        HealthCheck.data_too_large,
+        # clean_logs checks the whole run's log once more at the end
+        HealthCheck.function_scoped_fixture,
+    ],
+)
 
 BASES: dict[str, dict[str, Any]] = {
-    "chat": {"model": "m", "max_tokens": 4, "messages": [
-        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
-        "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]},
-    "responses": {"model": "m", "max_output_tokens": 4, "instructions": "Be brief.", "input": [
-        {"role": "user", "content": [{"type": "input_text", "text": "Hi"}]}],
-        "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}]},
-    "anthropic": {"model": "m", "max_tokens": 4, "system": [{"type": "text", "text": "Be brief."}],
-                  "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
-                  "tools": [{"name": "f", "description": "d", "input_schema": {"type": "object"}}]},
-    "google": {"contents": [{"role": "user", "parts": [{"text": "Hi"}]}],
-               "systemInstruction": {"parts": [{"text": "Be brief."}]},
-               "generationConfig": {"maxOutputTokens": 4},
-               "tools": [{"functionDeclarations": [{"name": "f", "parameters": {"type": "object"}}]}]},
+    "chat": {
+        "model": "m",
+        "max_tokens": 4,
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+    },
+    "responses": {
+        "model": "m",
+        "max_output_tokens": 4,
+        "instructions": "Be brief.",
+        "input": [{"role": "user", "content": [{"type": "input_text", "text": "Hi"}]}],
+        "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
+    },
+    "anthropic": {
+        "model": "m",
+        "max_tokens": 4,
+        "system": [{"type": "text", "text": "Be brief."}],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+        "tools": [{"name": "f", "description": "d", "input_schema": {"type": "object"}}],
+    },
+    "google": {
+        "contents": [{"role": "user", "parts": [{"text": "Hi"}]}],
+        "systemInstruction": {"parts": [{"text": "Be brief."}]},
+        "generationConfig": {"maxOutputTokens": 4},
+        "tools": [{"functionDeclarations": [{"name": "f", "parameters": {"type": "object"}}]}],
+    },
 }
 """A valid request per dialect: the fuzzer replaces one field of it."""
 BASES["anthropic_count"] = {k: v for k, v in BASES["anthropic"].items() if k != "max_tokens"}
 BASES["google_count"] = {"contents": BASES["google"]["contents"]}
 
 FIELDS: dict[str, list[tuple[Any, ...]]] = {
-    "chat": [("messages",), ("messages", 1), ("messages", 1, "content"), ("messages", 1, "role"),
-             ("messages", 0, "content"), ("tools",), ("tools", 0), ("tools", 0, "function"),
-             ("tool_choice",), ("stop",), ("temperature",), ("max_tokens",), ("response_format",),
-             ("stream_options",), ("n",), ("top_logprobs",), ("logprobs",), ("seed",), ("model",),
-             ("messages", 1, "tool_calls"), ("reasoning_effort",), ("max_completion_tokens",)],
-    "responses": [("input",), ("input", 0), ("input", 0, "content"), ("input", 0, "content", 0),
-                  ("input", 0, "content", 0, "text"), ("input", 0, "role"), ("input", 0, "type"),
-                  ("instructions",), ("tools",), ("tools", 0), ("tool_choice",), ("text",),
-                  ("reasoning",), ("previous_response_id",), ("max_output_tokens",),
-                  ("temperature",), ("include",), ("store",), ("model",), ("top_logprobs",)],
-    "anthropic": [("messages",), ("messages", 0), ("messages", 0, "content"),
-                  ("messages", 0, "content", 0), ("messages", 0, "content", 0, "text"),
-                  ("messages", 0, "content", 0, "type"), ("messages", 0, "role"), ("system",),
-                  ("system", 0), ("system", 0, "text"), ("tools",), ("tools", 0),
-                  ("tools", 0, "input_schema"), ("tool_choice",), ("stop_sequences",),
-                  ("output_config",), ("thinking",), ("temperature",), ("max_tokens",), ("top_k",),
-                  ("metadata",), ("model",)],
-    "google": [("contents",), ("contents", 0), ("contents", 0, "parts"), ("contents", 0, "parts", 0),
-               ("contents", 0, "parts", 0, "text"), ("contents", 0, "role"), ("systemInstruction",),
-               ("systemInstruction", "parts"), ("generationConfig",),
-               ("generationConfig", "maxOutputTokens"), ("generationConfig", "stopSequences"),
-               ("generationConfig", "responseMimeType"), ("generationConfig", "responseSchema"),
-               ("generationConfig", "temperature"), ("generationConfig", "thinkingConfig"),
-               ("tools",), ("tools", 0), ("tools", 0, "functionDeclarations"), ("toolConfig",)],
+    "chat": [
+        ("messages",),
+        ("messages", 1),
+        ("messages", 1, "content"),
+        ("messages", 1, "role"),
+        ("messages", 0, "content"),
+        ("tools",),
+        ("tools", 0),
+        ("tools", 0, "function"),
+        ("tool_choice",),
+        ("stop",),
+        ("temperature",),
+        ("max_tokens",),
+        ("response_format",),
+        ("stream_options",),
+        ("n",),
+        ("top_logprobs",),
+        ("logprobs",),
+        ("seed",),
+        ("model",),
+        ("messages", 1, "tool_calls"),
+        ("reasoning_effort",),
+        ("max_completion_tokens",),
+    ],
+    "responses": [
+        ("input",),
+        ("input", 0),
+        ("input", 0, "content"),
+        ("input", 0, "content", 0),
+        ("input", 0, "content", 0, "text"),
+        ("input", 0, "role"),
+        ("input", 0, "type"),
+        ("instructions",),
+        ("tools",),
+        ("tools", 0),
+        ("tool_choice",),
+        ("text",),
+        ("reasoning",),
+        ("previous_response_id",),
+        ("max_output_tokens",),
+        ("temperature",),
+        ("include",),
+        ("store",),
+        ("model",),
+        ("top_logprobs",),
+    ],
+    "anthropic": [
+        ("messages",),
+        ("messages", 0),
+        ("messages", 0, "content"),
+        ("messages", 0, "content", 0),
+        ("messages", 0, "content", 0, "text"),
+        ("messages", 0, "content", 0, "type"),
+        ("messages", 0, "role"),
+        ("system",),
+        ("system", 0),
+        ("system", 0, "text"),
+        ("tools",),
+        ("tools", 0),
+        ("tools", 0, "input_schema"),
+        ("tool_choice",),
+        ("stop_sequences",),
+        ("output_config",),
+        ("thinking",),
+        ("temperature",),
+        ("max_tokens",),
+        ("top_k",),
+        ("metadata",),
+        ("model",),
+    ],
+    "google": [
+        ("contents",),
+        ("contents", 0),
+        ("contents", 0, "parts"),
+        ("contents", 0, "parts", 0),
+        ("contents", 0, "parts", 0, "text"),
+        ("contents", 0, "role"),
+        ("systemInstruction",),
+        ("systemInstruction", "parts"),
+        ("generationConfig",),
+        ("generationConfig", "maxOutputTokens"),
+        ("generationConfig", "stopSequences"),
+        ("generationConfig", "responseMimeType"),
+        ("generationConfig", "responseSchema"),
+        ("generationConfig", "temperature"),
+        ("generationConfig", "thinkingConfig"),
+        ("tools",),
+        ("tools", 0),
+        ("tools", 0, "functionDeclarations"),
+        ("toolConfig",),
+    ],
 }
 FIELDS["anthropic_count"] = FIELDS["anthropic"]
 FIELDS["google_count"] = [f for f in FIELDS["google"] if f[0] == "contents"]
@@ -104,20 +191,79 @@ ROUTES = [
     ("generate-array", "google", "/v1beta/models/m:streamGenerateContent", True),
     ("count_tokens-google", "google_count", "/v1beta/models/m:countTokens", False),
 ]
-ENVELOPE = {"chat": "openai", "responses": "openai", "anthropic": "anthropic",
-            "anthropic_count": "anthropic", "google": "google", "google_count": "google"}
+ENVELOPE = {
+    "chat": "openai",
+    "responses": "openai",
+    "anthropic": "anthropic",
+    "anthropic_count": "anthropic",
+    "google": "google",
+    "google_count": "google",
+}
 
-KEYS = ["type", "text", "role", "content", "parts", "name", "input_schema", "function", "arguments",
-        "tool_calls", "id", "call_id", "output", "functionCall", "args", "inlineData", "data",
-        "image_url", "url", "source", "thought", "signature", "schema", "json_schema", "properties"]
-_leaf = (st.none() | st.booleans() | st.integers(-(2 ** 63), 2 ** 63 - 1)
-         | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=12)
-         | st.sampled_from(["text", "user", "assistant", "tool", "function", "image", "input_text",
-                            "tool_use", "tool_result", "json_schema", "json_object", "auto", "none",
-                            "required", BIG_INT, BIG_FLOAT, NEG_BIG, ""]))
-JSON = st.recursive(_leaf, lambda inner: st.lists(inner, max_size=3)
-                    | st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=6), inner, max_size=3),
-                    max_leaves=8)
+KEYS = [
+    "type",
+    "text",
+    "role",
+    "content",
+    "parts",
+    "name",
+    "input_schema",
+    "function",
+    "arguments",
+    "tool_calls",
+    "id",
+    "call_id",
+    "output",
+    "functionCall",
+    "args",
+    "inlineData",
+    "data",
+    "image_url",
+    "url",
+    "source",
+    "thought",
+    "signature",
+    "schema",
+    "json_schema",
+    "properties",
+]
+_leaf = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=12)
+    | st.sampled_from(
+        [
+            "text",
+            "user",
+            "assistant",
+            "tool",
+            "function",
+            "image",
+            "input_text",
+            "tool_use",
+            "tool_result",
+            "json_schema",
+            "json_object",
+            "auto",
+            "none",
+            "required",
+            BIG_INT,
+            BIG_FLOAT,
+            NEG_BIG,
+            "",
+        ]
+    )
+)
+JSON = st.recursive(
+    _leaf,
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
 DEEP = st.integers(60, 400).map(lambda n: {"json": n})
 """A nesting depth, built as text (a value nested that deep cannot be built by an encoder)."""
 
@@ -209,9 +355,11 @@ def _check(fuzzed: dict[str, Any], resp: httpx.Response, envelope: str) -> None:
     assert "Traceback" not in resp.text, resp.text[:500]
     if resp.status_code >= 400:
         _assert_envelope(envelope, resp.status_code, resp.json())
-    elif resp.headers.get("content-type", "").startswith(("text/event-stream", "application/json")) \
-            and resp.request.method == "POST" and ("stream" in resp.request.url.path.lower()
-                                                   or b'"stream":true' in resp.request.content):
+    elif (
+        resp.headers.get("content-type", "").startswith(("text/event-stream", "application/json"))
+        and resp.request.method == "POST"
+        and ("stream" in resp.request.url.path.lower() or b'"stream":true' in resp.request.content)
+    ):
         _assert_stream(resp)
 
 
@@ -243,15 +391,26 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     for logger in loggers:
         logger.addHandler(catcher)
     try:
-        with server_with_upstream(tmp_path_factory.mktemp("fuzz") / "data",
-                                  max_body_bytes=BODY_LIMIT) as (up, server), \
-                httpx.Client(base_url=server.url, timeout=60,
-                             headers={"Authorization": f"Bearer {server.admin_key}"}) as admin:
+        with (
+            server_with_upstream(tmp_path_factory.mktemp("fuzz") / "data", max_body_bytes=BODY_LIMIT) as (
+                up,
+                server,
+            ),
+            httpx.Client(
+                base_url=server.url, timeout=60, headers={"Authorization": f"Bearer {server.admin_key}"}
+            ) as admin,
+        ):
             info = admin.post("/admin/sessions", json={}).json()
             keys = {"x-api-key": info["api_key"], "Authorization": f"Bearer {info['api_key']}"}
             with httpx.Client(base_url=server.url, timeout=60, headers=keys) as model:
-                yield {"server": server, "admin": admin, "model": model, "session": info["id"],
-                       "catcher": catcher, "upstream": up}
+                yield {
+                    "server": server,
+                    "admin": admin,
+                    "model": model,
+                    "session": info["id"],
+                    "catcher": catcher,
+                    "upstream": up,
+                }
     finally:
         for logger in loggers:
             logger.removeHandler(catcher)
@@ -264,14 +423,19 @@ def clean_logs(fuzzed: dict[str, Any]) -> Iterator[None]:
     assert not fuzzed["catcher"].bad, fuzzed["catcher"].bad[:5]
 
 
-def _post(fuzzed: dict[str, Any], route: tuple[str, str, str, bool], content: bytes,
-          headers: dict[str, str] | None = None) -> httpx.Response:
+def _post(
+    fuzzed: dict[str, Any],
+    route: tuple[str, str, str, bool],
+    content: bytes,
+    headers: dict[str, str] | None = None,
+) -> httpx.Response:
     _name, dialect, path, streams = route
     # The engine here has no /tokenize; once that is known, count requests are only estimated and
     # never translated. Forgotten before each one, so the translation is fuzzed every time.
     aux._no_tokenize.clear()
-    return fuzzed["model"].post(path, content=content,
-                                headers={"Content-Type": "application/json", **(headers or {})})
+    return fuzzed["model"].post(
+        path, content=content, headers={"Content-Type": "application/json", **(headers or {})}
+    )
 
 
 def _streaming(body: dict[str, Any], route: tuple[str, str, str, bool]) -> dict[str, Any]:
@@ -306,13 +470,17 @@ def test_model_routes_answer_arbitrary_json_bodies(fuzzed, clean_logs, route, va
 
 
 @FUZZ
-@given(route=st.sampled_from(ROUTES), raw=st.binary(max_size=64), cut=st.integers(1, 200),
-       how=st.sampled_from(["bytes", "truncated", "invalid-utf8", "oversized", "deep"]))
+@given(
+    route=st.sampled_from(ROUTES),
+    raw=st.binary(max_size=64),
+    cut=st.integers(1, 200),
+    how=st.sampled_from(["bytes", "truncated", "invalid-utf8", "oversized", "deep"]),
+)
 def test_model_routes_answer_broken_bytes(fuzzed, clean_logs, route, raw, cut, how):
     valid = _encode(_streaming(BASES[route[1]], route))
     content = {
         "bytes": raw,
-        "truncated": valid[:min(cut, len(valid) - 1)],
+        "truncated": valid[: min(cut, len(valid) - 1)],
         "invalid-utf8": valid.replace(b'"Hi"', b'"H\xff\xfei' + raw.replace(b'"', b"") + b'"'),
         "oversized": valid[:-1] + b', "pad": "' + b"x" * (BODY_LIMIT + cut) + b'"}',
         "deep": valid[:-1] + b', "deep": ' + _nested(200 + cut) + b"}",
@@ -323,9 +491,10 @@ def test_model_routes_answer_broken_bytes(fuzzed, clean_logs, route, raw, cut, h
 
 
 @FUZZ
-@given(path=st.text(st.characters(min_codepoint=33, max_codepoint=126, exclude_characters="?#%\\"),
-                    max_size=30),
-       method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH"]))
+@given(
+    path=st.text(st.characters(min_codepoint=33, max_codepoint=126, exclude_characters="?#%\\"), max_size=30),
+    method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH"]),
+)
 def test_unknown_paths_are_4xx(fuzzed, clean_logs, path, method):
     resp = fuzzed["model"].request(method, "/v9/" + path.lstrip("/"), content=b"{}")
     assert 400 <= resp.status_code < 500, (resp.status_code, resp.text[:300])
@@ -334,24 +503,60 @@ def test_unknown_paths_are_4xx(fuzzed, clean_logs, path, method):
 
 # ----------------------------------------------------------------------------- admin routes
 
-URL_TEXT = st.text(st.characters(min_codepoint=33, max_codepoint=126, exclude_characters="/?#%\\"),
-                   min_size=1, max_size=20)
+URL_TEXT = st.text(
+    st.characters(min_codepoint=33, max_codepoint=126, exclude_characters="/?#%\\"), min_size=1, max_size=20
+)
 """Path segments a client can send at all (httpx refuses control characters itself)."""
 
-ADMIN_GETS = ["/admin/sessions/{id}", "/admin/sessions/{id}/rollout", "/admin/sessions/{id}/trace",
-              "/admin/sessions/{id}/turns/{seq}", "/admin/runs/{id}", "/admin/train/{id}",
-              "/admin/train/{id}/log", "/admin/train/{id}/metrics"]
-ADMIN_POSTS = ["/admin/sessions", "/admin/runs", "/admin/train", "/admin/runs/{id}/cancel",
-               "/admin/runs/{id}/resume", "/admin/runs/{id}/export", "/admin/train/{id}/stop"]
-SAFE_ENGINES = st.sampled_from([None, 5, "", "file:///etc/passwd", "ftp://x", "http://127.0.0.1:1",
-                                {"url": "file:///etc/passwd"}, {"url": "http://u:secret@127.0.0.1:1"},
-                                {"url": 5}, {"model": []}])
+ADMIN_GETS = [
+    "/admin/sessions/{id}",
+    "/admin/sessions/{id}/rollout",
+    "/admin/sessions/{id}/trace",
+    "/admin/sessions/{id}/turns/{seq}",
+    "/admin/runs/{id}",
+    "/admin/train/{id}",
+    "/admin/train/{id}/log",
+    "/admin/train/{id}/metrics",
+]
+ADMIN_POSTS = [
+    "/admin/sessions",
+    "/admin/runs",
+    "/admin/train",
+    "/admin/runs/{id}/cancel",
+    "/admin/runs/{id}/resume",
+    "/admin/runs/{id}/export",
+    "/admin/train/{id}/stop",
+]
+SAFE_ENGINES = st.sampled_from(
+    [
+        None,
+        5,
+        "",
+        "file:///etc/passwd",
+        "ftp://x",
+        "http://127.0.0.1:1",
+        {"url": "file:///etc/passwd"},
+        {"url": "http://u:secret@127.0.0.1:1"},
+        {"url": 5},
+        {"model": []},
+    ]
+)
 """Engine fields that can be refused quickly: nothing the fuzzer sends may reach another host."""
-SPEC = st.fixed_dictionaries({}, optional={
-    "engine": SAFE_ENGINES, "rollout_type": JSON, "call_budget": JSON, "metadata": JSON | DEEP,
-    "alternatives": JSON, "training_sampling": JSON, "allow_raw_logprobs": JSON})
-NOT_A_PLAN = st.dictionaries(st.sampled_from(["dataset", "tasks", "harness", "sandbox", "engine", "k"]),
-                             JSON, max_size=3).map(lambda d: {**d, "n_tasks": 0})
+SPEC = st.fixed_dictionaries(
+    {},
+    optional={
+        "engine": SAFE_ENGINES,
+        "rollout_type": JSON,
+        "call_budget": JSON,
+        "metadata": JSON | DEEP,
+        "alternatives": JSON,
+        "training_sampling": JSON,
+        "allow_raw_logprobs": JSON,
+    },
+)
+NOT_A_PLAN = st.dictionaries(
+    st.sampled_from(["dataset", "tasks", "harness", "sandbox", "engine", "k"]), JSON, max_size=3
+).map(lambda d: {**d, "n_tasks": 0})
 """A run plan that cannot validate (n_tasks must be >= 1): the fuzzer must never start a batch."""
 
 
@@ -359,10 +564,14 @@ NOT_A_PLAN = st.dictionaries(st.sampled_from(["dataset", "tasks", "harness", "sa
 @given(data=st.data())
 def test_admin_routes_answer_fuzzed_input_with_4xx_details(fuzzed, clean_logs, data):
     admin: httpx.Client = fuzzed["admin"]
-    ident = data.draw(URL_TEXT.filter(lambda s: s != fuzzed["session"] and s not in (".", ".."))
-                      | st.just(fuzzed["session"]), label="id")
-    seq = data.draw(st.integers(-5, 10 ** 30).map(str) | URL_TEXT.filter(lambda s: s not in (".", "..")),
-                    label="seq")
+    ident = data.draw(
+        URL_TEXT.filter(lambda s: s != fuzzed["session"] and s not in (".", ".."))
+        | st.just(fuzzed["session"]),
+        label="id",
+    )
+    seq = data.draw(
+        st.integers(-5, 10**30).map(str) | URL_TEXT.filter(lambda s: s not in (".", "..")), label="seq"
+    )
     if data.draw(st.booleans(), label="get"):
         path = data.draw(st.sampled_from(ADMIN_GETS), label="path")
         resp = admin.get(path.format(id=ident, seq=seq) if "{" in path else path)
@@ -373,8 +582,9 @@ def test_admin_routes_answer_fuzzed_input_with_4xx_details(fuzzed, clean_logs, d
         elif path == "/admin/runs":
             body = _encode(data.draw(NOT_A_PLAN | st.lists(JSON, max_size=2), label="body"))
         elif path == "/admin/train":
-            body = _encode(data.draw(JSON.filter(lambda v: not (isinstance(v, dict) and "recipe" in v)),
-                                     label="body"))
+            body = _encode(
+                data.draw(JSON.filter(lambda v: not (isinstance(v, dict) and "recipe" in v)), label="body")
+            )
         else:
             body = data.draw(st.binary(max_size=40), label="body")
         resp = admin.post(path.format(id=ident), content=body, headers={"Content-Type": "application/json"})
@@ -390,8 +600,12 @@ def test_admin_routes_answer_fuzzed_input_with_4xx_details(fuzzed, clean_logs, d
 @given(raw=st.binary(max_size=64), how=st.sampled_from(["bytes", "oversized", "deep", "no-key"]))
 def test_admin_bodies_are_capped_and_keyed_before_reading(fuzzed, clean_logs, raw, how):
     server = fuzzed["server"]
-    content = {"bytes": raw, "oversized": b'{"metadata": "' + b"x" * (BODY_LIMIT + 1) + b'"}',
-               "deep": b'{"metadata": {"a": ' + _nested(300) + b"}}", "no-key": b"x" * (BODY_LIMIT + 1)}[how]
+    content = {
+        "bytes": raw,
+        "oversized": b'{"metadata": "' + b"x" * (BODY_LIMIT + 1) + b'"}',
+        "deep": b'{"metadata": {"a": ' + _nested(300) + b"}}",
+        "no-key": b"x" * (BODY_LIMIT + 1),
+    }[how]
     headers = {} if how == "no-key" else {"Authorization": f"Bearer {server.admin_key}"}
     resp = httpx.post(f"{server.url}/admin/sessions", content=content, headers=headers, timeout=60)
     _check(fuzzed, resp, "admin")

@@ -15,8 +15,9 @@ import pytest
 from tapdeck.proxy.config import ConnectionLimits
 from tests.support.local_server import server_with_upstream
 
-LIMITS = ConnectionLimits(max_header_bytes=16 * 1024, max_headers=40, header_timeout_s=1.0,
-                          body_timeout_s=1.0, keep_alive_s=1.0)
+LIMITS = ConnectionLimits(
+    max_header_bytes=16 * 1024, max_headers=40, header_timeout_s=1.0, body_timeout_s=1.0, keep_alive_s=1.0
+)
 WAIT_S = 10.0
 """The most any one read here waits (the limits are 1 s: far past them on a loaded machine)."""
 MODEL_CALL = "/v1/chat/completions"
@@ -58,8 +59,11 @@ def _one_reply(sock: socket.socket) -> bytes:
     while b"\r\n\r\n" not in data and (chunk := sock.recv(65536)):
         data += chunk
     head, _, body = data.partition(b"\r\n\r\n")
-    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                  if line.lower().startswith(b"content-length:"))
+    length = next(
+        int(line.split(b":")[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
     while len(body) < length and (chunk := sock.recv(65536)):
         body += chunk
     return head + b"\r\n\r\n" + body
@@ -81,14 +85,16 @@ def test_a_head_at_the_limit_is_served(server):
     """The control: a head just under the byte limit, and one with the most lines, are answered."""
     filler = b"x" * (LIMITS.max_header_bytes - 200)
     with _connect(server) as sock:
-        sock.sendall(b"GET /health HTTP/1.1\r\nHost: tapdeck\r\nX-Pad: " + filler +
-                     b"\r\nConnection: close\r\n\r\n")
+        sock.sendall(
+            b"GET /health HTTP/1.1\r\nHost: tapdeck\r\nX-Pad: " + filler + b"\r\nConnection: close\r\n\r\n"
+        )
         reply, closed = _reply(sock)
     assert _status(reply) == 200 and closed
     lines = [b"X-N%d: 1" % n for n in range(LIMITS.max_headers - 2)]
     with _connect(server) as sock:
-        sock.sendall(b"\r\n".join([b"GET /health HTTP/1.1", b"Host: tapdeck", *lines,
-                                   b"Connection: close", b"", b""]))
+        sock.sendall(
+            b"\r\n".join([b"GET /health HTTP/1.1", b"Host: tapdeck", *lines, b"Connection: close", b"", b""])
+        )
         reply, closed = _reply(sock)
     assert _status(reply) == 200 and closed
 
@@ -161,8 +167,12 @@ def test_a_connection_that_sends_nothing_is_closed_without_a_reply(server):
 def test_a_body_that_stops_short_is_a_408(server):
     """A request announcing 1,000 bytes and sending 12 waited forever (here with the admin key,
     so the server does read its body)."""
-    head = _head("/admin/sessions", f"Authorization: Bearer {server.admin_key}".encode(),
-                 b"Content-Type: application/json", b"Content-Length: 1000")
+    head = _head(
+        "/admin/sessions",
+        f"Authorization: Bearer {server.admin_key}".encode(),
+        b"Content-Type: application/json",
+        b"Content-Length: 1000",
+    )
     with _connect(server) as sock:
         sock.sendall(head + b'{"metadata":')
         reply, closed = _reply(sock)
@@ -175,10 +185,14 @@ def test_a_body_with_pauses_shorter_than_the_timeout_is_served(server):
     """The body timeout bounds each pause, not the whole body: one that takes longer than the
     timeout in all, but never pauses as long, is read to its end."""
     payload = json.dumps({"metadata": {"pad": "p" * 100}}).encode()
-    head = _head("/admin/sessions", f"Authorization: Bearer {server.admin_key}".encode(),
-                 b"Content-Type: application/json", b"Content-Length: %d" % len(payload),
-                 b"Connection: close")
-    parts = [payload[i:i + 40] for i in range(0, len(payload), 40)]
+    head = _head(
+        "/admin/sessions",
+        f"Authorization: Bearer {server.admin_key}".encode(),
+        b"Content-Type: application/json",
+        b"Content-Length: %d" % len(payload),
+        b"Connection: close",
+    )
+    parts = [payload[i : i + 40] for i in range(0, len(payload), 40)]
     started = time.monotonic()
     with _connect(server) as sock:
         sock.sendall(head)
@@ -218,12 +232,17 @@ def test_an_idle_kept_alive_connection_is_closed(server):
 
 def test_httpx_calls_go_through_under_the_limits(server):
     """An ordinary client's requests are untouched by all of this."""
-    with httpx.Client(base_url=server.url, timeout=WAIT_S,
-                      headers={"Authorization": f"Bearer {server.admin_key}"}) as admin:
+    with httpx.Client(
+        base_url=server.url, timeout=WAIT_S, headers={"Authorization": f"Bearer {server.admin_key}"}
+    ) as admin:
         assert admin.get("/health").status_code == 200
         opened = admin.post("/admin/sessions", json={"metadata": {"n": 1}})
         assert opened.status_code == 200, opened.text
         key = opened.json()["api_key"]
-    chat = httpx.post(f"{server.url}{MODEL_CALL}", timeout=60, headers={"Authorization": f"Bearer {key}"},
-                      json={"model": "x", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+    chat = httpx.post(
+        f"{server.url}{MODEL_CALL}",
+        timeout=60,
+        headers={"Authorization": f"Bearer {key}"},
+        json={"model": "x", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
+    )
     assert chat.status_code == 200, chat.text

@@ -16,9 +16,16 @@ GOOGLE = {"contents": [{"role": "user", "parts": [{"text": "Hi"}]}]}
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    with server_with_upstream(tmp_path_factory.mktemp("reply-cap") / "data", max_reply_bytes=LIMIT) as (up, srv):
-        opened = httpx.post(f"{srv.url}/admin/sessions", json={}, timeout=60,
-                            headers={"Authorization": f"Bearer {srv.admin_key}"})
+    with server_with_upstream(tmp_path_factory.mktemp("reply-cap") / "data", max_reply_bytes=LIMIT) as (
+        up,
+        srv,
+    ):
+        opened = httpx.post(
+            f"{srv.url}/admin/sessions",
+            json={},
+            timeout=60,
+            headers={"Authorization": f"Bearer {srv.admin_key}"},
+        )
         assert opened.status_code == 200, opened.text
         key = opened.json()["api_key"]
         yield up, srv, {"Authorization": f"Bearer {key}", "x-api-key": key}
@@ -30,8 +37,9 @@ def test_a_reply_over_the_cap_is_a_502_naming_it_in_every_dialect(served):
     try:
         chat = httpx.post(f"{server.url}/v1/chat/completions", json=CHAT, headers=key, timeout=60)
         messages = httpx.post(f"{server.url}/v1/messages", json=ANTHROPIC, headers=key, timeout=60)
-        google = httpx.post(f"{server.url}/v1beta/models/m:generateContent", json=GOOGLE, headers=key,
-                            timeout=60)
+        google = httpx.post(
+            f"{server.url}/v1beta/models/m:generateContent", json=GOOGLE, headers=key, timeout=60
+        )
     finally:
         up.fault = None
     for reply in (chat, messages, google):

@@ -47,17 +47,25 @@ def make_certificate(folder: Path, *names: str) -> TlsFiles:
         except ValueError:
             alt.append(x509.DNSName(name))
     now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName(alt), critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName(alt), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
     files = TlsFiles(cert=folder / "cert.pem", key=folder / "key.pem")
     files.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    files.key.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                            serialization.NoEncryption()))
+    files.key.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
     files.key.chmod(0o600)
     return files
 
@@ -75,12 +83,28 @@ def server(tls, tmp_path_factory):
 
 def tapdeck(*args: str, tmp: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """`tapdeck ARGS` in its own process, with none of the user's keys, data or CA file."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("TAPDECK_ADMIN_KEY", "TAPDECK_CA_FILE"))}
-    env = clean | {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "TAPDECK_DATA_DIR": str(tmp / "data"),
-                   "XDG_CONFIG_HOME": str(tmp / "config"), "COLUMNS": "200"} | (env or {})
-    return subprocess.run([sys.executable, "-c", "from tapdeck.app.cli import main; main()", *args],
-                          capture_output=True, text=True, timeout=WAIT_S, env=env,
-                          stdin=subprocess.DEVNULL, check=False)
+    clean = {
+        k: v for k, v in os.environ.items() if not k.startswith(("TAPDECK_ADMIN_KEY", "TAPDECK_CA_FILE"))
+    }
+    env = (
+        clean
+        | {
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            "TAPDECK_DATA_DIR": str(tmp / "data"),
+            "XDG_CONFIG_HOME": str(tmp / "config"),
+            "COLUMNS": "200",
+        }
+        | (env or {})
+    )
+    return subprocess.run(
+        [sys.executable, "-c", "from tapdeck.app.cli import main; main()", *args],
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
 
 
 def last_line(result: subprocess.CompletedProcess) -> str:
@@ -93,8 +117,13 @@ def test_the_server_answers_https_with_its_certificate(server, tls):
     reply = httpx.get(f"{server.url}/health", verify=server_trust(tls.cert), timeout=30)
     assert reply.status_code == 200 and reply.json()["status"] == "ok"
     # Sessions advertise the address sandboxes use: https, as the server now is.
-    opened = httpx.post(f"{server.url}/admin/sessions", json={}, verify=server_trust(tls.cert), timeout=60,
-                        headers={"Authorization": f"Bearer {server.admin_key}"})
+    opened = httpx.post(
+        f"{server.url}/admin/sessions",
+        json={},
+        verify=server_trust(tls.cert),
+        timeout=60,
+        headers={"Authorization": f"Bearer {server.admin_key}"},
+    )
     assert opened.status_code == 200, opened.text
     assert all(url.startswith("https://") for url in opened.json()["base_urls"].values())
 
@@ -119,18 +148,29 @@ def test_a_client_without_the_ca_refuses_the_certificate(server):
 def test_attach_refuses_an_untrusted_certificate_and_goes_through_with_the_ca_file(server, tls, tmp_path):
     refused = asyncio.run(_check(server.url, server.admin_key, key_dir=None))
     assert refused is not None and "does not trust" in refused and "--ca-file" in refused
-    assert asyncio.run(_check(server.url, server.admin_key, key_dir=None, verify=server_trust(tls.cert))) is None
+    assert (
+        asyncio.run(_check(server.url, server.admin_key, key_dir=None, verify=server_trust(tls.cert))) is None
+    )
     # The command line: the same refusal, one line, exit 1 (the TUI never starts).
     result = tapdeck("attach", server.url, "--admin-key", server.admin_key, tmp=tmp_path)
     assert result.returncode == 1
     assert "does not trust" in last_line(result) and "--ca-file" in last_line(result)
-    result = tapdeck("attach", server.url, "--admin-key", server.admin_key, "--ca-file",
-                     str(tmp_path / "missing.pem"), tmp=tmp_path)
+    result = tapdeck(
+        "attach",
+        server.url,
+        "--admin-key",
+        server.admin_key,
+        "--ca-file",
+        str(tmp_path / "missing.pem"),
+        tmp=tmp_path,
+    )
     assert result.returncode == 2 and "missing.pem" in last_line(result)
 
 
 @pytest.mark.medium
-def test_rollout_server_refuses_an_untrusted_certificate_and_goes_through_with_the_ca_file(server, tls, tmp_path):
+def test_rollout_server_refuses_an_untrusted_certificate_and_goes_through_with_the_ca_file(
+    server, tls, tmp_path
+):
     """Resuming a run the server does not have: with the CA the server's own 404 comes back, so
     the request went through; without it the certificate is refused first."""
     args = ("rollout", "--server", server.url, "--admin-key", server.admin_key, "--resume", "run-nonexistent")
@@ -145,7 +185,9 @@ def test_rollout_server_refuses_an_untrusted_certificate_and_goes_through_with_t
 
 
 @pytest.mark.medium
-def test_train_server_refuses_an_untrusted_certificate_and_goes_through_with_the_ca_file(server, tls, tmp_path):
+def test_train_server_refuses_an_untrusted_certificate_and_goes_through_with_the_ca_file(
+    server, tls, tmp_path
+):
     args = ("train", "--server", server.url, "--admin-key", server.admin_key, "--list")
     refused = tapdeck(*args, tmp=tmp_path)
     assert refused.returncode == 1
@@ -178,9 +220,14 @@ def test_a_server_trusts_its_own_certificate_under_any_host_name(tmp_path):
     tls = make_certificate(tmp_path / "cert", "tapdeck.example")
     up = FakeVllm().start()
     try:
-        with LocalServer(ServerConfig(host="127.0.0.1", port=0, engine_url=up.base_url,
-                                      data_dir=tmp_path / "data", tls=tls)) as server:
-            assert httpx.get(f"{server.url}/health", verify=server.client_trust, timeout=30).status_code == 200
+        with LocalServer(
+            ServerConfig(
+                host="127.0.0.1", port=0, engine_url=up.base_url, data_dir=tmp_path / "data", tls=tls
+            )
+        ) as server:
+            assert (
+                httpx.get(f"{server.url}/health", verify=server.client_trust, timeout=30).status_code == 200
+            )
             with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
                 httpx.get(f"{server.url}/health", verify=server_trust(tls.cert), timeout=30)
     finally:
@@ -198,11 +245,18 @@ def test_a_key_that_is_not_the_certificates_is_refused_by_name(tmp_path):
     check_tls(one)
 
 
-@pytest.mark.parametrize("host, tls, warned", [
-    ("0.0.0.0", False, True), ("192.0.2.10", False, True), ("::", False, True),
-    ("0.0.0.0", True, False), ("127.0.0.1", False, False), ("::1", False, False),
-    ("localhost", False, False),
-])
+@pytest.mark.parametrize(
+    "host, tls, warned",
+    [
+        ("0.0.0.0", False, True),
+        ("192.0.2.10", False, True),
+        ("::", False, True),
+        ("0.0.0.0", True, False),
+        ("127.0.0.1", False, False),
+        ("::1", False, False),
+        ("localhost", False, False),
+    ],
+)
 def test_only_a_bind_beyond_loopback_without_tls_is_warned(tmp_path, host, tls, warned):
     files = TlsFiles(cert=tmp_path / "c.pem", key=tmp_path / "k.pem") if tls else None
     line = cleartext_warning(ServerConfig(host=host, data_dir=tmp_path, tls=files))
@@ -217,11 +271,31 @@ def _serve_stderr(args: list[str], tmp: Path, engine_url: str) -> tuple[str, str
     line on stdout, stop it; its stdout and stderr."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TAPDECK_")} | {
-        "LITELLM_LOCAL_MODEL_COST_MAP": "True", "TAPDECK_ADMIN_KEY": STRONG_KEY}
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "TAPDECK_ADMIN_KEY": STRONG_KEY,
+    }
     process = subprocess.Popen(
-        [sys.executable, "-c", "from tapdeck.app.cli import main; main()", "serve", "--host", "0.0.0.0",
-         "--port", str(port), "--engine", engine_url, "--data-dir", str(tmp / "data"), *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, stdin=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-c",
+            "from tapdeck.app.cli import main; main()",
+            "serve",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(port),
+            "--engine",
+            engine_url,
+            "--data-dir",
+            str(tmp / "data"),
+            *args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
     stuck = threading.Timer(WAIT_S, process.kill)  # a server that never starts ends the wait below
     stuck.start()
     try:
@@ -242,8 +316,9 @@ def test_serve_beyond_loopback_without_tls_starts_and_says_what_is_in_the_clear(
         warnings = [line for line in err.splitlines() if "in the clear" in line]
         assert len(warnings) == 1, err
         assert warnings[0].startswith("tapdeck serve: warning: 0.0.0.0 is beyond loopback")
-        out, err = _serve_stderr(["--tls-cert", str(tls.cert), "--tls-key", str(tls.key)],
-                                 tmp_path / "tls", up.base_url)
+        out, err = _serve_stderr(
+            ["--tls-cert", str(tls.cert), "--tls-key", str(tls.key)], tmp_path / "tls", up.base_url
+        )
         assert "https://0.0.0.0:" in out
         assert "in the clear" not in err
     finally:

@@ -14,9 +14,13 @@ from tests.support.fake_vllm import hanging_engine
 CONVERSATION = [
     {"role": "system", "content": "You are a shell agent."},
     {"role": "user", "content": "List the files."},
-    {"role": "assistant", "content": "",
-     "tool_calls": [{"id": "c1", "type": "function",
-                     "function": {"name": "bash", "arguments": "{\"cmd\": \"ls -la\"}"}}]},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"cmd": "ls -la"}'}}
+        ],
+    },
     {"role": "tool", "tool_call_id": "c1", "content": "total 8\nhello.txt\nnotes.md"},
 ]
 
@@ -33,20 +37,26 @@ async def _until(check, what: str, tries: int = 600) -> object:
 async def test_activity_shows_the_hung_call_then_its_end_when_the_agent_hangs_up(make_server):
     with hanging_engine() as engine:
         server = make_server(engine.base_url)
-        async with httpx.AsyncClient(base_url=server.url, timeout=60,
-                                     headers={"Authorization": f"Bearer {server.admin_key}"}) as admin:
+        async with httpx.AsyncClient(
+            base_url=server.url, timeout=60, headers={"Authorization": f"Bearer {server.admin_key}"}
+        ) as admin:
             info = (await admin.post("/admin/sessions", json={})).json()
             sid = info["id"]
             idle = SessionActivity.model_validate((await admin.get(f"/admin/sessions/{sid}/activity")).json())
             assert idle.in_flight == [] and idle.calls_started == 0
 
             agent = httpx.AsyncClient(timeout=None, headers={"Authorization": f"Bearer {info['api_key']}"})
-            call = asyncio.create_task(agent.post(f"{info['base_urls']['openai']}/chat/completions",
-                                                  json={"model": "m", "messages": CONVERSATION}))
+            call = asyncio.create_task(
+                agent.post(
+                    f"{info['base_urls']['openai']}/chat/completions",
+                    json={"model": "m", "messages": CONVERSATION},
+                )
+            )
 
             async def in_flight() -> SessionActivity | None:
                 doc = SessionActivity.model_validate(
-                    (await admin.get(f"/admin/sessions/{sid}/activity")).json())
+                    (await admin.get(f"/admin/sessions/{sid}/activity")).json()
+                )
                 return doc if doc.in_flight and engine.held else None
 
             doc = await _until(in_flight, "the call in flight")
@@ -63,7 +73,8 @@ async def test_activity_shows_the_hung_call_then_its_end_when_the_agent_hangs_up
 
             async def ended() -> SessionActivity | None:
                 doc = SessionActivity.model_validate(
-                    (await admin.get(f"/admin/sessions/{sid}/activity")).json())
+                    (await admin.get(f"/admin/sessions/{sid}/activity")).json()
+                )
                 return doc if not doc.in_flight else None
 
             doc = await _until(ended, "the call's end")
@@ -76,9 +87,22 @@ def test_a_reply_becomes_the_last_assistant_message_and_tool_call() -> None:
     log = ActivityLog(clock=lambda: 100.0)
     with log.call("s", {"messages": CONVERSATION}, {"dialect": "openai"}) as call:
         assert log.snapshot("s").in_flight[0].started_at == 100.0
-        call.replied({"choices": [{"finish_reason": "tool_calls", "message": {
-            "role": "assistant", "content": "Reading it.",
-            "tool_calls": [{"function": {"name": "read_file", "arguments": "{\"path\": \"notes.md\"}"}}]}}]})
+        call.replied(
+            {
+                "choices": [
+                    {
+                        "finish_reason": "tool_calls",
+                        "message": {
+                            "role": "assistant",
+                            "content": "Reading it.",
+                            "tool_calls": [
+                                {"function": {"name": "read_file", "arguments": '{"path": "notes.md"}'}}
+                            ],
+                        },
+                    }
+                ]
+            }
+        )
     doc = log.snapshot("s")
     assert doc.in_flight == [] and doc.calls_ended == 1 and doc.errors == 0
     assert doc.last_assistant is not None and doc.last_assistant.text == "Reading it."
@@ -111,8 +135,7 @@ def test_a_prompt_whose_tool_calls_are_not_a_list_is_viewed_without_them_not_fai
     # with a 500: the activity view iterated `tool_calls` whatever it was.
     log = ActivityLog(clock=lambda: 100.0)
     for odd in (1.5, 60, "call", {"function": {"name": "f"}}):
-        prompt = [{"role": "user", "content": "Hi"},
-                  {"role": "assistant", "content": "x", "tool_calls": odd}]
+        prompt = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "x", "tool_calls": odd}]
         with log.call("s", {"messages": prompt}, {}):
             pass
         assert message_view(prompt[1]).tool_calls == [], odd

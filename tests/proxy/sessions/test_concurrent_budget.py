@@ -15,8 +15,7 @@ from tests.support.fake_vllm import FakeVllm
 BUDGET = 3
 
 
-def test_budget_holds_while_commits_are_pending(upstream: FakeVllm, make_server: Any,
-                                                admin_for: Any) -> None:
+def test_budget_holds_while_commits_are_pending(upstream: FakeVllm, make_server: Any, admin_for: Any) -> None:
     server = make_server(upstream.base_url)
     info = admin_for(server).post("/admin/sessions", json={"call_budget": BUDGET}).json()
     store = server.service.store
@@ -33,10 +32,12 @@ def test_budget_holds_while_commits_are_pending(upstream: FakeVllm, make_server:
     store.append_turn = held_append  # type: ignore[method-assign]
 
     def call(i: int) -> str:
-        resp = httpx.post(f"{server.url}/v1/chat/completions", timeout=60,
-                          headers={"Authorization": f"Bearer {info['api_key']}"},
-                          json={"model": "m", "max_tokens": 8,
-                                "messages": [{"role": "user", "content": f"call {i}"}]})
+        resp = httpx.post(
+            f"{server.url}/v1/chat/completions",
+            timeout=60,
+            headers={"Authorization": f"Bearer {info['api_key']}"},
+            json={"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": f"call {i}"}]},
+        )
         assert resp.status_code == 200, resp.text
         return resp.json()["choices"][0]["message"]["content"]
 

@@ -32,8 +32,9 @@ def tool_engine() -> Iterator[tuple[str, list[dict[str, Any]]]]:
         reply = copy.deepcopy(basic)
         message = reply["choices"][0]["message"]
         message["content"] = None
-        message["tool_calls"] = [{"id": f"call_{who}", "type": "function",
-                                  "function": {"name": "Bash", "arguments": SAMPLED[who]}}]
+        message["tool_calls"] = [
+            {"id": f"call_{who}", "type": "function", "function": {"name": "Bash", "arguments": SAMPLED[who]}}
+        ]
         reply["choices"][0]["finish_reason"] = "tool_calls"
         return 200, reply
 
@@ -42,7 +43,8 @@ def tool_engine() -> Iterator[tuple[str, list[dict[str, Any]]]]:
 
 
 def test_tool_arguments_sampled_in_one_session_never_render_another(
-        tool_engine: tuple[str, list[dict[str, Any]]], make_server: Any, admin_for: Any) -> None:
+    tool_engine: tuple[str, list[dict[str, Any]]], make_server: Any, admin_for: Any
+) -> None:
     url, seen = tool_engine
     server = make_server(url)
     admin = admin_for(server)
@@ -50,8 +52,12 @@ def test_tool_arguments_sampled_in_one_session_never_render_another(
     tools = [{"name": "Bash", "description": "run", "input_schema": {"type": "object"}}]
 
     def call(who: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
-        resp = httpx.post(f"{server.url}/v1/messages", timeout=60, headers={"x-api-key": keys[who]},
-                          json={"model": "m", "max_tokens": 16, "tools": tools, "messages": messages})
+        resp = httpx.post(
+            f"{server.url}/v1/messages",
+            timeout=60,
+            headers={"x-api-key": keys[who]},
+            json={"model": "m", "max_tokens": 16, "tools": tools, "messages": messages},
+        )
         assert resp.status_code == 200, resp.text
         return resp.json()
 
@@ -59,10 +65,17 @@ def test_tool_arguments_sampled_in_one_session_never_render_another(
     for who in SAMPLED:
         [use] = [b for b in first[who]["content"] if b["type"] == "tool_use"]
         assert use["input"] == {"cmd": "ls"}
-        call(who, [{"role": "user", "content": who},
-                   {"role": "assistant", "content": [use]},
-                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use["id"],
-                                                 "content": "ok"}]}])
+        call(
+            who,
+            [
+                {"role": "user", "content": who},
+                {"role": "assistant", "content": [use]},
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_result", "tool_use_id": use["id"], "content": "ok"}],
+                },
+            ],
+        )
         history = seen[-1]["messages"][1]["tool_calls"][0]["function"]["arguments"]
         assert history == SAMPLED[who]
     assert json.loads(SAMPLED["A"]) == json.loads(SAMPLED["B"])
@@ -74,8 +87,9 @@ async def test_an_events_client_that_leaves_ends_the_stream_cleanly(upstream: An
     from tapdeck.proxy.upstream.tiers import EngineSpec
 
     with Store(tmp_path / "capture.db") as store:
-        service = CaptureService(store, default_engine=EngineSpec(url=upstream.base_url),
-                                 public_url="http://t")
+        service = CaptureService(
+            store, default_engine=EngineSpec(url=upstream.base_url), public_url="http://t"
+        )
         stream = _event_stream(service)
         assert await anext(stream) == b": connected\n\n"
         waiting = asyncio.ensure_future(anext(stream))

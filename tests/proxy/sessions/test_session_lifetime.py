@@ -35,16 +35,17 @@ def _responses(url: str, key: str, text: str, previous: str | None = None) -> ht
     body: dict[str, Any] = {"model": "m", "input": text, "max_output_tokens": 8}
     if previous:
         body["previous_response_id"] = previous
-    return httpx.post(f"{url}/v1/responses", json=body, timeout=60,
-                      headers={"Authorization": f"Bearer {key}"})
+    return httpx.post(
+        f"{url}/v1/responses", json=body, timeout=60, headers={"Authorization": f"Bearer {key}"}
+    )
 
 
 @pytest.mark.medium
-def test_closed_sessions_release_their_live_state(upstream: FakeVllm, tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_closed_sessions_release_their_live_state(
+    upstream: FakeVllm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(activity, "CLOSED_KEPT", CLOSED_KEPT)
-    config = ServerConfig(host="127.0.0.1", port=0, data_dir=tmp_path / "data",
-                          engine_url=upstream.base_url)
+    config = ServerConfig(host="127.0.0.1", port=0, data_dir=tmp_path / "data", engine_url=upstream.base_url)
     with running(config) as (server, admin):
         service = server.service
         before = _live_graphs()
@@ -57,9 +58,14 @@ def test_closed_sessions_release_their_live_state(upstream: FakeVllm, tmp_path: 
             admin.delete(f"/admin/sessions/{info['id']}")
         sessions = list(service._sessions.values())
         assert [s.state for s in sessions] == ["closed"] * SESSIONS
-        assert all(s.graph is None and len(s.stored_responses) == 0 and not s.interner._previous
-                   and s.arguments is not memos[s.id] and not s.arguments._items
-                   for s in sessions)
+        assert all(
+            s.graph is None
+            and len(s.stored_responses) == 0
+            and not s.interner._previous
+            and s.arguments is not memos[s.id]
+            and not s.arguments._items
+            for s in sessions
+        )
         assert service.store._previous == {} and service.store._stored_keys == {}
         assert _live_graphs() == before
         # The newest closed sessions' last exchange stays readable (the TUI's pane), no more.
@@ -79,8 +85,9 @@ def test_closed_sessions_release_their_live_state(upstream: FakeVllm, tmp_path: 
         assert all(s.graph is None for s in restarted.service._sessions.values())
 
 
-def test_an_engine_repeating_reply_ids_still_chains_responses(upstream: FakeVllm,
-                                                              make_server: Any, admin_for: Any) -> None:
+def test_an_engine_repeating_reply_ids_still_chains_responses(
+    upstream: FakeVllm, make_server: Any, admin_for: Any
+) -> None:
     # The upstream answers every call with the same recorded body, id included.
     server = make_server(upstream.base_url)
     info = admin_for(server).post("/admin/sessions", json={}).json()
@@ -111,7 +118,8 @@ def test_stored_responses_are_bounded_and_a_chain_never_loops() -> None:
 
 
 def test_a_session_closed_while_a_departed_callers_turn_commits_is_released_after_it(
-        upstream: FakeVllm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    upstream: FakeVllm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The caller hangs up while its turn is being committed, and the session is closed meanwhile:
     # its live state is released once the turn is on disk, not before (the commit would rebuild
     # the store's per-session state for a session nobody will forget again).
@@ -131,8 +139,7 @@ def test_a_session_closed_while_a_departed_callers_turn_commits_is_released_afte
         return commit(self, session, turn)
 
     monkeypatch.setattr(CallCapture, "_commit_turn", held_commit)
-    config = ServerConfig(host="127.0.0.1", port=0, data_dir=tmp_path / "data",
-                          engine_url=upstream.base_url)
+    config = ServerConfig(host="127.0.0.1", port=0, data_dir=tmp_path / "data", engine_url=upstream.base_url)
     with running(config) as (server, admin):
         info = admin.post("/admin/sessions", json={}).json()
 
@@ -142,10 +149,12 @@ def test_a_session_closed_while_a_departed_callers_turn_commits_is_released_afte
             body = json.dumps({"model": "m", "input": "hello", "max_output_tokens": 8}).encode()
             host, port = server.url.removeprefix("http://").rsplit(":", 1)
             with socket.create_connection((host, int(port)), timeout=60) as sock:
-                sock.sendall(f"POST /v1/responses HTTP/1.1\r\nHost: {host}:{port}\r\n"
-                             f"Authorization: Bearer {info['api_key']}\r\n"
-                             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-                             .encode() + body)
+                sock.sendall(
+                    f"POST /v1/responses HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                    f"Authorization: Bearer {info['api_key']}\r\n"
+                    f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
                 committing.wait(60)
 
         caller = threading.Thread(target=leave_mid_commit)

@@ -30,7 +30,8 @@ def open_umask():
 
 
 def test_a_private_file_is_owner_only_from_its_temporary_file_on_even_over_a_readable_one(
-        tmp_path: Path, open_umask) -> None:
+    tmp_path: Path, open_umask
+) -> None:
     target = tmp_path / "secret"
     target.write_text("old\n")
     target.chmod(0o644)

@@ -31,18 +31,21 @@ def test_kill_9_mid_rollout_loses_no_replied_turn(upstream: FakeVllm, tmp_path: 
     try:
         wait_health(url, proc)
         admin = {"Authorization": f"Bearer {(data / 'admin.key').read_text().strip()}"}
-        info = httpx.post(f"{url}/admin/sessions", json={"metadata": {"crash": True}}, timeout=60,
-                          headers=admin).json()
-        client = openai.OpenAI(base_url=info["base_urls"]["openai"], api_key=info["api_key"],
-                               max_retries=0, timeout=60)
+        info = httpx.post(
+            f"{url}/admin/sessions", json={"metadata": {"crash": True}}, timeout=60, headers=admin
+        ).json()
+        client = openai.OpenAI(
+            base_url=info["base_urls"]["openai"], api_key=info["api_key"], max_retries=0, timeout=60
+        )
         messages = [{"role": "user", "content": "Count to three."}]
         replied: list[tuple[str, str]] = []  # (reply id, text) of each reply the client got
         for _ in range(2):
-            reply = client.chat.completions.create(model="m", messages=messages, max_tokens=8,
-                                                   temperature=0)
+            reply = client.chat.completions.create(model="m", messages=messages, max_tokens=8, temperature=0)
             replied.append((reply.id, reply.choices[0].message.content))
-            messages += [{"role": "assistant", "content": replied[-1][1]},
-                         {"role": "user", "content": "Go on."}]
+            messages += [
+                {"role": "assistant", "content": replied[-1][1]},
+                {"role": "user", "content": "Go on."},
+            ]
 
         # From here the engine holds every call that continues the conversation: the third call
         # reaches it through the proxy and gets no reply before the kill.
@@ -51,8 +54,9 @@ def test_kill_9_mid_rollout_loses_no_replied_turn(upstream: FakeVllm, tmp_path: 
 
         def third_call() -> None:
             try:
-                reply = client.chat.completions.create(model="m", messages=messages, max_tokens=64,
-                                                       temperature=0)
+                reply = client.chat.completions.create(
+                    model="m", messages=messages, max_tokens=64, temperature=0
+                )
                 replied.append((reply.id, reply.choices[0].message.content))
             except BaseException as exc:  # noqa: BLE001 - the server dies under it: the test reads it
                 in_flight_error.append(exc)
@@ -61,11 +65,11 @@ def test_kill_9_mid_rollout_loses_no_replied_turn(upstream: FakeVllm, tmp_path: 
         thread.start()
         deadline = time.monotonic() + 60
         while upstream.held < 1:
-            assert thread.is_alive() and time.monotonic() < deadline, \
+            assert thread.is_alive() and time.monotonic() < deadline, (
                 f"the third call never reached the engine: {in_flight_error}"
+            )
             time.sleep(0.02)
-        activity = httpx.get(f"{url}/admin/sessions/{info['id']}/activity", headers=admin,
-                             timeout=60).json()
+        activity = httpx.get(f"{url}/admin/sessions/{info['id']}/activity", headers=admin, timeout=60).json()
         assert [c["messages"] for c in activity["in_flight"]] == [len(messages)]
         assert activity["calls_started"] == 3 and activity["calls_ended"] == 2
         os.kill(proc.pid, signal.SIGKILL)
@@ -92,8 +96,9 @@ def test_kill_9_mid_rollout_loses_no_replied_turn(upstream: FakeVllm, tmp_path: 
         assert old["state"] == "interrupted"
         assert old["turns"] == len(replied)  # the replied turns, and not the unanswered one
         for seq, (reply_id, text) in enumerate(replied):
-            turn = httpx.get(f"{url}/admin/sessions/{info['id']}/turns/{seq}", headers=admin,
-                             timeout=60).json()
+            turn = httpx.get(
+                f"{url}/admin/sessions/{info['id']}/turns/{seq}", headers=admin, timeout=60
+            ).json()
             assert turn["meta"]["reply_id"] == reply_id
             assert turn["response"]["content"] == text
             assert turn["sampled_ids"] and turn["logprobs"]
@@ -102,8 +107,12 @@ def test_kill_9_mid_rollout_loses_no_replied_turn(upstream: FakeVllm, tmp_path: 
         proc.wait(30)
 
     out = tmp_path / "export.jsonl"
-    done = subprocess.run([TAPDECK, "export", info["id"], "--format", "jsonl", "--out", str(out),
-                           "--data-dir", str(data)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [TAPDECK, "export", info["id"], "--format", "jsonl", "--out", str(out), "--data-dir", str(data)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == len(replied)

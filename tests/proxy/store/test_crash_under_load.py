@@ -23,8 +23,7 @@ KILL_AFTER = 48
 """Replies received, across all sessions, before the server is killed."""
 
 
-def test_kill_9_under_load_loses_no_replied_turn(upstream: FakeVllm, tmp_path: Path,
-                                                 port_factory) -> None:
+def test_kill_9_under_load_loses_no_replied_turn(upstream: FakeVllm, tmp_path: Path, port_factory) -> None:
     data = tmp_path / "data"
     port = port_factory()
     url = f"http://127.0.0.1:{port}"
@@ -35,17 +34,24 @@ def test_kill_9_under_load_loses_no_replied_turn(upstream: FakeVllm, tmp_path: P
     try:
         wait_health(url, proc)
         admin = {"Authorization": f"Bearer {(data / 'admin.key').read_text().strip()}"}
-        infos = [httpx.post(f"{url}/admin/sessions", json={}, headers=admin, timeout=60).json()
-                 for _ in range(SESSIONS)]
+        infos = [
+            httpx.post(f"{url}/admin/sessions", json={}, headers=admin, timeout=60).json()
+            for _ in range(SESSIONS)
+        ]
 
         def agent(info: dict) -> None:
             with httpx.Client(timeout=30, headers={"Authorization": f"Bearer {info['api_key']}"}) as c:
                 for i in range(1000):
                     text = f"{info['id']} call {i}"
                     try:
-                        resp = c.post(f"{url}/v1/chat/completions", json={
-                            "model": "m", "max_tokens": 8,
-                            "messages": [{"role": "user", "content": text}]})
+                        resp = c.post(
+                            f"{url}/v1/chat/completions",
+                            json={
+                                "model": "m",
+                                "max_tokens": 8,
+                                "messages": [{"role": "user", "content": text}],
+                            },
+                        )
                     except httpx.HTTPError:
                         return  # the server died under this call
                     assert resp.status_code == 200, resp.text
@@ -71,8 +77,10 @@ def test_kill_9_under_load_loses_no_replied_turn(upstream: FakeVllm, tmp_path: P
     try:
         wait_health(url, proc)
         admin = {"Authorization": f"Bearer {(data / 'admin.key').read_text().strip()}"}
-        listed = {s["id"]: s for s in httpx.get(f"{url}/admin/sessions", headers=admin,
-                                                timeout=60).json()["sessions"]}
+        listed = {
+            s["id"]: s
+            for s in httpx.get(f"{url}/admin/sessions", headers=admin, timeout=60).json()["sessions"]
+        }
         for sid, texts in replied.items():
             assert listed[sid]["state"] == "interrupted"
             assert listed[sid]["turns"] >= len(texts)
@@ -83,4 +91,4 @@ def test_kill_9_under_load_loses_no_replied_turn(upstream: FakeVllm, tmp_path: P
     with Store(data / "capture.db") as store:
         for sid, texts in replied.items():
             stored = [t.request["messages"][-1]["content"] for t in store.load_session(sid)[1]]
-            assert stored[:len(texts)] == texts
+            assert stored[: len(texts)] == texts

@@ -2,8 +2,8 @@
 event loop never takes the lock an export holds, nor reads a graph from the store.
 
 The export is held deliberately (a wrapper that waits on an event while it holds its session's
-graph lock) in as many admin requests, of as many sessions, as the default thread pool has threads, so every worker
-that admin reads and sandbox copies share is stuck; another session's calls must all be answered
+graph lock) in as many admin requests, of as many sessions, as the default thread pool has threads, so every
+worker that admin reads and sandbox copies share is stuck; another session's calls must all be answered
 and captured before the exports are let go. No clock is read: the order of events is the result.
 """
 
@@ -30,7 +30,8 @@ DEFAULT_POOL = min(32, (os.cpu_count() or 1) + 4)
 
 @pytest.mark.medium
 def test_commits_complete_while_slow_exports_hold_every_reader_thread(
-        upstream: FakeVllm, make_server: Any, admin_for: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    upstream: FakeVllm, make_server: Any, admin_for: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     server = make_server(upstream.base_url)
     admin = admin_for(server)
     chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
@@ -38,8 +39,12 @@ def test_commits_complete_while_slow_exports_hold_every_reader_thread(
     # One exported session per reader thread: each export holds its own session's lock.
     slow = [admin.post("/admin/sessions", json={}).json() for _ in range(DEFAULT_POOL)]
     for info in slow:
-        assert httpx.post(url, json=chat, headers={"Authorization": f"Bearer {info['api_key']}"},
-                          timeout=60).status_code == 200
+        assert (
+            httpx.post(
+                url, json=chat, headers={"Authorization": f"Bearer {info['api_key']}"}, timeout=60
+            ).status_code
+            == 200
+        )
     busy = admin.post("/admin/sessions", json={}).json()
 
     release = threading.Event()
@@ -55,8 +60,9 @@ def test_commits_complete_while_slow_exports_hold_every_reader_thread(
     events: list[str] = []
 
     def export(session_id: str) -> None:
-        with httpx.Client(base_url=server.url, timeout=120,
-                          headers={"Authorization": f"Bearer {server.admin_key}"}) as reader:
+        with httpx.Client(
+            base_url=server.url, timeout=120, headers={"Authorization": f"Bearer {server.admin_key}"}
+        ) as reader:
             assert reader.get(f"/admin/sessions/{session_id}/rollout").status_code == 200
         events.append("export")
 
@@ -69,8 +75,7 @@ def test_commits_complete_while_slow_exports_hold_every_reader_thread(
         # Every default-pool thread is now inside an export, one of them holding the lock.
         with httpx.Client(timeout=60, headers={"Authorization": f"Bearer {busy['api_key']}"}) as client:
             for i in range(3):
-                resp = client.post(url, json={**chat, "messages": [
-                    {"role": "user", "content": f"turn {i}"}]})
+                resp = client.post(url, json={**chat, "messages": [{"role": "user", "content": f"turn {i}"}]})
                 assert resp.status_code == 200, resp.text
                 events.append("commit")
         turns = server.service.store.load_session(busy["id"])[1]
@@ -92,14 +97,20 @@ def _on_a_loop() -> bool:
 
 
 def test_a_restarted_sessions_activity_is_read_without_loading_its_graph_on_the_loop(
-        upstream: FakeVllm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    config = ServerConfig(host="127.0.0.1", port=0, data_dir=tmp_path / "data",
-                          engine_url=upstream.base_url)
+    upstream: FakeVllm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = ServerConfig(host="127.0.0.1", port=0, data_dir=tmp_path / "data", engine_url=upstream.base_url)
     with running(config) as (server, admin):
         info = admin.post("/admin/sessions", json={}).json()
-        assert httpx.post(f"{server.url}/v1/chat/completions", timeout=60,
-                          json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
-                          headers={"Authorization": f"Bearer {info['api_key']}"}).status_code == 200
+        assert (
+            httpx.post(
+                f"{server.url}/v1/chat/completions",
+                timeout=60,
+                json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+                headers={"Authorization": f"Bearer {info['api_key']}"},
+            ).status_code
+            == 200
+        )
     loads: list[bool] = []  # per graph load: whether it ran on the loop's thread
     real_load = Store.load_graph
 

@@ -56,11 +56,19 @@ def assert_untouched(target: Path, *, dangling: bool = False) -> None:
 def tapdeck(*args: str, data: Path) -> subprocess.CompletedProcess:
     """`tapdeck ARGS` through the console script's entry point, as a user runs it."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TAPDECK_ADMIN_KEY")} | {
-        "LITELLM_LOCAL_MODEL_COST_MAP": "True", "TAPDECK_DATA_DIR": str(data),
-        "XDG_CONFIG_HOME": str(data.parent / "config")}
-    return subprocess.run([sys.executable, "-c", "from tapdeck.app.cli import main; main()", *args],
-                          capture_output=True, text=True, timeout=120, env=env,
-                          stdin=subprocess.DEVNULL, check=False)
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "TAPDECK_DATA_DIR": str(data),
+        "XDG_CONFIG_HOME": str(data.parent / "config"),
+    }
+    return subprocess.run(
+        [sys.executable, "-c", "from tapdeck.app.cli import main; main()", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
 
 
 def one_line(result: subprocess.CompletedProcess) -> str:
@@ -71,10 +79,12 @@ def one_line(result: subprocess.CompletedProcess) -> str:
 
 
 @pytest.mark.parametrize("dangling", [False, True], ids=["to-a-file", "dangling"])
-@pytest.mark.parametrize("name", ["admin.key", "admin.key.lock", "capture.db", "capture.db-wal",
-                                  "capture.db-shm"])
+@pytest.mark.parametrize(
+    "name", ["admin.key", "admin.key.lock", "capture.db", "capture.db-wal", "capture.db-shm"]
+)
 def test_a_link_planted_in_the_data_dir_before_the_first_start_stops_the_start(
-        tmp_path: Path, name: str, dangling: bool) -> None:
+    tmp_path: Path, name: str, dangling: bool
+) -> None:
     data = tmp_path / "data"
     data.mkdir(mode=0o700)
     target = plant(data / name, dangling=dangling)
@@ -91,8 +101,7 @@ def test_a_link_planted_in_the_data_dir_before_the_first_start_stops_the_start(
 def test_serve_refuses_an_admin_key_link_in_one_line(tmp_path: Path, dead_engine_url: str) -> None:
     data = tmp_path / "data"
     target = plant(data / "admin.key")
-    result = tapdeck("serve", "--port", "0", "--engine", dead_engine_url, "--data-dir", str(data),
-                     data=data)
+    result = tapdeck("serve", "--port", "0", "--engine", dead_engine_url, "--data-dir", str(data), data=data)
     assert result.returncode == 1
     assert one_line(result) == f"tapdeck serve: {refusal(data / 'admin.key')}"
     assert_untouched(target)
@@ -111,7 +120,8 @@ def test_a_data_dir_that_is_itself_a_link_is_used(tmp_path: Path) -> None:
 @pytest.mark.parametrize("suffix", ["-wal", "-shm"])
 @pytest.mark.parametrize("read_only", [False, True], ids=["writer", "reader"])
 def test_the_store_refuses_a_linked_side_file_before_sqlite_opens_it(
-        tmp_path: Path, suffix: str, read_only: bool) -> None:
+    tmp_path: Path, suffix: str, read_only: bool
+) -> None:
     db = tmp_path / "data" / "capture.db"
     Store(db).close()  # a store with no side files left: SQLite removes them on the last close
     target = plant(Path(f"{db}{suffix}"), dangling=True)
@@ -121,26 +131,33 @@ def test_the_store_refuses_a_linked_side_file_before_sqlite_opens_it(
     assert_untouched(target, dangling=True)
 
 
-def test_tui_settings_are_not_saved_through_a_link(tmp_path: Path,
-                                                   caplog: pytest.LogCaptureFixture) -> None:
+def test_tui_settings_are_not_saved_through_a_link(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "data" / "tui.json"
     target = plant(path)
     with caplog.at_level(logging.WARNING, logger="tapdeck.settings"):
         Settings(theme="nord").save(path)
     assert_untouched(target)
-    assert [r.getMessage() for r in caplog.records] == [
-        f"the TUI's settings were not saved: {refusal(path)}"]
+    assert [r.getMessage() for r in caplog.records] == [f"the TUI's settings were not saved: {refusal(path)}"]
 
 
 async def _run(data: Path) -> tuple[str, Path]:
     created = await BatchRunner(None, data_dir=data, default_engine=None).create(
-        RunPlan(harness="oracle", tasks=["hello-file"], k=1))
+        RunPlan(harness="oracle", tasks=["hello-file"], k=1)
+    )
     return created.id, Path(created.path)
 
 
 async def _rollout(service: Any, spec: RolloutSpec, **_: Any) -> RolloutResult:
-    return RolloutResult(rollout_id=spec.rollout_id, run_id=spec.run_id, task=spec.task,
-                         index=spec.index, ok=True, reward=1.0, phase="done", finished_at=1.0)
+    return RolloutResult(
+        rollout_id=spec.rollout_id,
+        run_id=spec.run_id,
+        task=spec.task,
+        index=spec.index,
+        ok=True,
+        reward=1.0,
+        phase="done",
+        finished_at=1.0,
+    )
 
 
 async def test_a_run_record_is_not_replaced_through_a_link(tmp_path: Path) -> None:
@@ -168,14 +185,25 @@ async def test_a_result_is_not_appended_through_a_link(tmp_path: Path, dangling:
 async def test_a_run_export_the_server_refuses_says_why_in_its_reply(tmp_path: Path) -> None:
     data = tmp_path / "data"
     run_id, run_dir = await _run(data)
-    (run_dir / RESULTS).write_text(RolloutResult(
-        rollout_id=rollout_id(run_id, 0, 0), run_id=run_id, task="hello-file", index=0, ok=True,
-        reward=1.0, phase="done", finished_at=1.0).model_dump_json() + "\n")
+    (run_dir / RESULTS).write_text(
+        RolloutResult(
+            rollout_id=rollout_id(run_id, 0, 0),
+            run_id=run_id,
+            task="hello-file",
+            index=0,
+            ok=True,
+            reward=1.0,
+            phase="done",
+            finished_at=1.0,
+        ).model_dump_json()
+        + "\n"
+    )
     target = plant(run_dir / "export.jsonl")
     with LocalServer(ServerConfig(port=0, data_dir=data), engine=False) as server:
         async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
-            reply = await client.post(f"/admin/runs/{run_id}/export",
-                                      headers={"authorization": f"Bearer {server.admin_key}"})
+            reply = await client.post(
+                f"/admin/runs/{run_id}/export", headers={"authorization": f"Bearer {server.admin_key}"}
+            )
     assert (reply.status_code, reply.json()["detail"]) == (500, refusal(run_dir / "export.jsonl"))
     assert_untouched(target)
 
@@ -183,9 +211,16 @@ async def test_a_run_export_the_server_refuses_says_why_in_its_reply(tmp_path: P
 def test_a_training_record_is_not_replaced_through_a_link(tmp_path: Path) -> None:
     run_dir = tmp_path / "data" / "train" / "t-1"
     target = plant(run_dir / "run.json")
-    record = RunRecord(run_id="t-1", recipe="data-check", argv=["python"], env={}, cwd=str(tmp_path),
-                       run_dir=str(run_dir), trackio_dir=str(run_dir / "trackio"),
-                       trackio_project="tapdeck")
+    record = RunRecord(
+        run_id="t-1",
+        recipe="data-check",
+        argv=["python"],
+        env={},
+        cwd=str(tmp_path),
+        run_dir=str(run_dir),
+        trackio_dir=str(run_dir / "trackio"),
+        trackio_project="tapdeck",
+    )
     with pytest.raises(LinkRefused) as refused:
         record.save()
     assert str(refused.value) == refusal(run_dir / "run.json")
@@ -193,12 +228,17 @@ def test_a_training_record_is_not_replaced_through_a_link(tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("name", ["run.json", "train.log"])
-def test_a_training_run_with_a_link_for_its_record_or_log_does_not_start(
-        tmp_path: Path, name: str) -> None:
+def test_a_training_run_with_a_link_for_its_record_or_log_does_not_start(tmp_path: Path, name: str) -> None:
     data = tmp_path / "data"
     target = plant(data / "train" / "t-1" / name, dangling=True)
-    job = TrainingRun("data-check", ["--rows", str(tmp_path / "none.jsonl")], data_dir=data,
-                      run_id="t-1", python=sys.executable, preamble=["exported: none"])
+    job = TrainingRun(
+        "data-check",
+        ["--rows", str(tmp_path / "none.jsonl")],
+        data_dir=data,
+        run_id="t-1",
+        python=sys.executable,
+        preamble=["exported: none"],
+    )
     with pytest.raises(LinkRefused) as refused:
         job.start()
     assert str(refused.value) == refusal(data / "train" / "t-1" / name)
@@ -214,7 +254,8 @@ def test_export_out_refuses_a_link_in_one_line(tmp_path: Path, dangling: bool) -
     Store(data / "capture.db").close()
     (data / "runs" / "r1").mkdir(parents=True)
     (data / "runs" / "r1" / RESULTS).write_text(
-        '{"rollout_id": "r1.g0r0", "task": "t", "group": 0, "index": 0, "ok": true}\n')
+        '{"rollout_id": "r1.g0r0", "task": "t", "group": 0, "index": 0, "ok": true}\n'
+    )
     out = tmp_path / "out" / "rows.jsonl"
     target = plant(out, dangling=dangling)
     result = tapdeck("export", "r1", "--data-dir", str(data), "--out", str(out), data=data)
@@ -227,8 +268,9 @@ def test_export_out_refuses_a_link_in_one_line(tmp_path: Path, dangling: bool) -
 def test_rollout_refuses_a_linked_server_log_before_starting_anything(tmp_path: Path) -> None:
     data = tmp_path / "data"
     target = plant(data / "rollout.log")
-    result = tapdeck("rollout", "--harness", "oracle", "--task", "hello-file", "--data-dir",
-                     str(data), data=data)
+    result = tapdeck(
+        "rollout", "--harness", "oracle", "--task", "hello-file", "--data-dir", str(data), data=data
+    )
     assert result.returncode == 1
     assert one_line(result) == f"tapdeck rollout: {refusal(data / 'rollout.log')}"
     assert "starting a local tapdeck server" not in result.stderr

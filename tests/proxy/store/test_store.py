@@ -17,9 +17,9 @@ import numpy as np
 import orjson
 import pytest
 
-from tapdeck.schema.findings import Finding
 from tapdeck.proxy.capture.graph import RolloutGraph
 from tapdeck.proxy.store.database import Store
+from tapdeck.schema.findings import Finding
 from tests.support.recorded_turns import turn_from_fixture
 
 TINY = ["tiny/chat_multiturn_1", "tiny/chat_multiturn_2", "tiny/chat_multiturn_3"]
@@ -62,8 +62,9 @@ def test_prompts_are_stored_as_deltas(tmp_path):
     turns = [turn_from_fixture(n, i) for i, n in enumerate(MULTI)]
     capture(store, "s1", turns)
     db = sqlite3.connect(tmp_path / "capture.db")
-    rows = db.execute("SELECT seq, base_seq, base_len, length(prompt_tail) FROM turns "
-                      "ORDER BY seq").fetchall()
+    rows = db.execute(
+        "SELECT seq, base_seq, base_len, length(prompt_tail) FROM turns ORDER BY seq"
+    ).fetchall()
     assert rows == [(0, None, 0, 48 * 4), (1, 0, 64, (87 - 64) * 4), (2, 1, 100, (121 - 100) * 4)]
 
 
@@ -153,8 +154,11 @@ while True:
 
 def test_every_acknowledged_turn_survives_kill_9(tmp_path):
     path = tmp_path / "capture.db"
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path), str(Path(__file__).resolve().parents[3])],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(path), str(Path(__file__).resolve().parents[3])],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     acked = {}
     try:
         for line in proc.stdout:
@@ -176,6 +180,7 @@ def test_every_acknowledged_turn_survives_kill_9(tmp_path):
 
 
 # -- group commit ---------------------------------------------------------------------------
+
 
 def _hold_write_lock(path):
     """Another connection holding SQLite's write lock: the store's next BEGIN waits behind it."""
@@ -294,21 +299,43 @@ def test_close_commits_queued_appends_then_refuses_writes(tmp_path):
 
 def _conversation_turns(n):
     """`n` turns of one agent conversation: each resends every earlier message plus two new ones."""
-    tools = [{"type": "function", "function": {"name": "bash", "description": "run a command",
-                                               "parameters": {"type": "object", "properties": {
-                                                   "cmd": {"type": "string"}}}}}]
-    msgs = [{"role": "system", "content": "You are an agent."},
-            {"role": "user", "content": [{"type": "text", "text": "fix the bug"},
-                                         {"type": "text", "text": "in main.py"}]}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "bash",
+                "description": "run a command",
+                "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}},
+            },
+        }
+    ]
+    msgs = [
+        {"role": "system", "content": "You are an agent."},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "fix the bug"}, {"type": "text", "text": "in main.py"}],
+        },
+    ]
     turns = []
     for k in range(n):
-        reply = {"role": "assistant", "content": None,
-                 "tool_calls": [{"id": f"call_{k}", "type": "function",
-                                 "function": {"name": "bash", "arguments": f'{{"cmd": "ls {k}"}}'}}]}
-        turns.append(dataclasses.replace(
-            turn_from_fixture(MULTI[0], k),
-            request={"model": "m", "messages": list(msgs), "tools": tools, "temperature": 0.5},
-            response=reply))
+        reply = {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": f"call_{k}",
+                    "type": "function",
+                    "function": {"name": "bash", "arguments": f'{{"cmd": "ls {k}"}}'},
+                }
+            ],
+        }
+        turns.append(
+            dataclasses.replace(
+                turn_from_fixture(MULTI[0], k),
+                request={"model": "m", "messages": list(msgs), "tools": tools, "temperature": 0.5},
+                response=reply,
+            )
+        )
         msgs = msgs + [reply, {"role": "tool", "tool_call_id": f"call_{k}", "content": f"out {k}"}]
     return turns
 
@@ -410,8 +437,9 @@ def test_failed_append_leaves_no_message_behind_and_a_later_turn_stores_it(tmp_p
 
 def test_a_forgotten_session_drops_its_stored_message_keys_and_shared_messages_still_load(tmp_path):
     store = Store(tmp_path / "capture.db")
-    turns = {sid: [dataclasses.replace(t, session_id=sid) for t in _conversation_turns(3)]
-             for sid in ("s1", "s2")}
+    turns = {
+        sid: [dataclasses.replace(t, session_id=sid) for t in _conversation_turns(3)] for sid in ("s1", "s2")
+    }
     for sid in turns:
         store.create_session({"id": sid})
         capture(store, sid, turns[sid][:2])

@@ -39,8 +39,9 @@ def _mount_tmpfs(where: Path, size: str) -> bool:
     where.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0:
         return False
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-                          capture_output=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True
+    )
     return done.returncode == 0
 
 
@@ -83,13 +84,21 @@ def _fault(kind: str, server: LocalServer, data: Path, tmpfs: bool) -> Iterator[
 
 
 def _chat(url: str, key: str, text: str) -> httpx.Response:
-    return httpx.post(f"{url}/v1/chat/completions", timeout=60, headers={"Authorization": f"Bearer {key}"},
-                      json={"model": "m", "messages": [{"role": "user", "content": text}], "max_tokens": 8})
+    return httpx.post(
+        f"{url}/v1/chat/completions",
+        timeout=60,
+        headers={"Authorization": f"Bearer {key}"},
+        json={"model": "m", "messages": [{"role": "user", "content": text}], "max_tokens": 8},
+    )
 
 
 def _anthropic(url: str, key: str, text: str) -> httpx.Response:
-    return httpx.post(f"{url}/v1/messages", timeout=60, headers={"x-api-key": key},
-                      json={"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": text}]})
+    return httpx.post(
+        f"{url}/v1/messages",
+        timeout=60,
+        headers={"x-api-key": key},
+        json={"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": text}]},
+    )
 
 
 @pytest.fixture
@@ -106,8 +115,9 @@ def data_dir(tmp_path: Path) -> Iterator[tuple[Path, bool]]:
 
 @pytest.mark.medium
 @pytest.mark.parametrize("kind", ["disk_full", "read_only", "locked"])
-def test_store_fault_answers_503_and_memory_matches_disk(kind: str, upstream: FakeVllm,
-                                                         data_dir: tuple[Path, bool]) -> None:
+def test_store_fault_answers_503_and_memory_matches_disk(
+    kind: str, upstream: FakeVllm, data_dir: tuple[Path, bool]
+) -> None:
     data, tmpfs = data_dir
     config = ServerConfig(host="127.0.0.1", port=0, data_dir=data, engine_url=upstream.base_url)
     with running(config) as (server, admin):
@@ -153,8 +163,9 @@ def test_store_fault_answers_503_and_memory_matches_disk(kind: str, upstream: Fa
         assert len(admin.get(f"/admin/sessions/{sid}/rollout").json()["turns"]) == BUDGET
 
 
-def test_opening_a_session_on_a_refusing_store_is_a_503(upstream: FakeVllm, make_server: Any,
-                                                        admin_for: Any) -> None:
+def test_opening_a_session_on_a_refusing_store_is_a_503(
+    upstream: FakeVllm, make_server: Any, admin_for: Any
+) -> None:
     server = make_server(upstream.base_url)
     server.service.store._db.execute("PRAGMA query_only=1")
     resp = admin_for(server).post("/admin/sessions", json={})

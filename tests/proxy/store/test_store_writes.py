@@ -80,8 +80,15 @@ def test_shutdown_finishes_the_writes_already_queued():
 
     async def queue_and_leave() -> None:
         for i in range(20):
-            writes._jobs.put((asyncio.get_running_loop(), asyncio.get_running_loop().create_future(),
-                              done.append, (i,), {}))
+            writes._jobs.put(
+                (
+                    asyncio.get_running_loop(),
+                    asyncio.get_running_loop().create_future(),
+                    done.append,
+                    (i,),
+                    {},
+                )
+            )
 
     asyncio.run(queue_and_leave())  # their loop is closed by the time they run: nobody waits
     writes.shutdown()

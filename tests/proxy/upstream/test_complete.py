@@ -12,16 +12,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tapdeck.proxy.capture.tokens import PromptIdsMemo, loads_with_prompt_ids
+from tapdeck.proxy.upstream import transport as upstream_http
 from tapdeck.proxy.upstream.client import (
     EngineClient,
     EngineError,
     parse_capture,
 )
-from tapdeck.proxy.upstream import transport as upstream_http
 from tapdeck.proxy.upstream.reply_check import check_reply
-from tapdeck.schema.findings import Level
 from tapdeck.proxy.upstream.tiers import EngineSpec, Tier
-from tapdeck.proxy.capture.tokens import PromptIdsMemo, loads_with_prompt_ids
+from tapdeck.schema.findings import Level
 from tests.support.fake_vllm import FakeVllm
 
 URL = "http://vllm.test:8111/v1"
@@ -35,7 +35,10 @@ def test_ids_and_logprobs_read_from_recorded_reply(vllm):
     assert cap.sampled_ids.tolist() == [504, 3575, 282, 4649, 314, 7042, 30, 2]
     assert cap.logprobs.dtype == np.float64
     assert cap.logprobs.tolist() == [e["logprob"] for e in reply["choices"][0]["logprobs"]["content"]]
-    assert cap.token_texts[-1] == "<|im_end|>" and "".join(cap.token_texts[:-1]) == "The capital of France is Paris."
+    assert (
+        cap.token_texts[-1] == "<|im_end|>"
+        and "".join(cap.token_texts[:-1]) == "The capital of France is Paris."
+    )
     assert cap.findings == []
 
 
@@ -94,12 +97,16 @@ def test_null_logprob_makes_turn_untrainable_not_a_crash(vllm):
 
 def test_reply_without_capture_fields_has_nothing_to_train_on(vllm):
     # errors.json's 200 case: a request without capture fields comes back with null logprobs/ids.
-    reply = next(c for c in vllm("errors")["cases"] if c["case"] == "max_tokens_plus_prompt_over_context")["body"]
+    reply = next(c for c in vllm("errors")["cases"] if c["case"] == "max_tokens_plus_prompt_over_context")[
+        "body"
+    ]
     cap = parse_capture(reply)
     assert cap.logprobs is None and cap.sampled_ids is None and cap.token_texts is None
 
 
-async def test_complete_returns_recorded_reply_with_zero_filled_usage_once_checked(inprocess_vllm, basic_chat):
+async def test_complete_returns_recorded_reply_with_zero_filled_usage_once_checked(
+    inprocess_vllm, basic_chat
+):
     client = EngineClient(SPEC, http=inprocess_vllm.client())
     body, _ = client.prepare(basic_chat, Tier.TOKENS, "smollm2", training=False)
     reply = check_reply(await client.complete(body), URL).reply
@@ -120,8 +127,12 @@ async def test_upstream_400_passed_through_with_engine_message(make_inprocess_vl
 
 @pytest.mark.parametrize("status", [413, 422])
 async def test_upstream_413_422_keep_their_status(make_inprocess_vllm, basic_chat, status):
-    up = make_inprocess_vllm(answer=lambda _b: (status, {"error": {"message": "too big", "type": "x",
-                                                            "param": None, "code": status}}))
+    up = make_inprocess_vllm(
+        answer=lambda _b: (
+            status,
+            {"error": {"message": "too big", "type": "x", "param": None, "code": status}},
+        )
+    )
     with pytest.raises(EngineError) as err:
         await EngineClient(SPEC, http=up.client()).complete(basic_chat)
     assert (err.value.kind, err.value.status, err.value.message) == ("upstream_4xx", status, "too big")
@@ -137,7 +148,9 @@ async def test_context_length_400_classified(make_inprocess_vllm, vllm_error, ba
 
 async def test_unknown_model_404_becomes_classified_502(inprocess_vllm, basic_chat):
     with pytest.raises(EngineError) as err:
-        await EngineClient(SPEC, http=inprocess_vllm.client()).complete({**basic_chat, "model": "no-such-model"})
+        await EngineClient(SPEC, http=inprocess_vllm.client()).complete(
+            {**basic_chat, "model": "no-such-model"}
+        )
     assert (err.value.kind, err.value.status) == ("upstream_4xx", 502)
     assert "does not exist" in err.value.message and URL in err.value.message
 
@@ -259,11 +272,18 @@ async def test_keepalive_connection_closed_by_the_engine_is_retried_once_on_a_fr
         nonlocal connections
         connections += 1
         head = await reader.readuntil(b"\r\n\r\n")
-        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
-                          if line.lower().startswith(b"content-length")))
+        length = int(
+            next(
+                line.split(b":")[1]
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length")
+            )
+        )
         await reader.readexactly(length)
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                     b"content-length: %d\r\n\r\n%s" % (len(payload), payload))
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n%s" % (len(payload), payload)
+        )
         await writer.drain()
         # Keep the connection "alive" for the client, then drop the next request unanswered.
         try:
@@ -294,12 +314,15 @@ def test_prompt_ids_decoded_straight_to_an_array_and_the_rest_as_plain_json(vllm
     assert fast == plain
 
 
-@pytest.mark.parametrize("body", [
-    {"choices": [{"prompt_token_ids": [4, 5]}], "prompt_token_ids": [1, 2]},  # nested key first
-    {"prompt_token_ids": [1.5, 2]},
-    {"prompt_token_ids": [1, "2"]},
-    {"x": "\"prompt_token_ids\":[1,2]"},
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"choices": [{"prompt_token_ids": [4, 5]}], "prompt_token_ids": [1, 2]},  # nested key first
+        {"prompt_token_ids": [1.5, 2]},
+        {"prompt_token_ids": [1, "2"]},
+        {"x": '"prompt_token_ids":[1,2]'},
+    ],
+)
 def test_prompt_ids_anything_unexpected_decodes_as_plain_json(body):
     assert loads_with_prompt_ids(json.dumps(body, separators=(",", ":")).encode()) == body
 
@@ -314,7 +337,9 @@ def test_prompt_ids_past_the_sessions_last_prompt_are_the_only_ones_parsed(vllm)
     memo = PromptIdsMemo()
     first = vllm("chat_multiturn_1")["response"]
     second = vllm("chat_multiturn_2")["response"]
-    assert loads_with_prompt_ids(_compact(first), memo)["prompt_token_ids"].tolist() == first["prompt_token_ids"]
+    assert (
+        loads_with_prompt_ids(_compact(first), memo)["prompt_token_ids"].tolist() == first["prompt_token_ids"]
+    )
     known = len(first["prompt_token_ids"])
     assert second["prompt_token_ids"][:known] == first["prompt_token_ids"]
     memo.keep(memo.text, np.full(known, -1, dtype=np.int32))
@@ -348,13 +373,16 @@ def test_extending_replies_share_one_growing_buffer_and_arrays_handed_out_keep_t
         assert got.tolist() == want
 
 
-@pytest.mark.parametrize(("last", "now"), [
-    ([1, 2], [1, 23, 4]),  # the last list's text ends inside an id of this one
-    ([1, 2], [1, 2]),  # the same list again
-    ([5, 6], [1, 2, 3]),  # another conversation
-    ([1, 2, 3], [1, 2]),  # shorter
-    ([1, 2], [1, 2, 3, 4]),
-])
+@pytest.mark.parametrize(
+    ("last", "now"),
+    [
+        ([1, 2], [1, 23, 4]),  # the last list's text ends inside an id of this one
+        ([1, 2], [1, 2]),  # the same list again
+        ([5, 6], [1, 2, 3]),  # another conversation
+        ([1, 2, 3], [1, 2]),  # shorter
+        ([1, 2], [1, 2, 3, 4]),
+    ],
+)
 def test_prompt_ids_with_a_memo_match_plain_json(last, now):
     memo = PromptIdsMemo()
     loads_with_prompt_ids(_compact({"prompt_token_ids": last}), memo)
@@ -376,8 +404,12 @@ def test_prompt_ids_arrive_as_int32_and_an_id_past_int32_decodes_as_plain_json()
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(0, 300_000), max_size=30), st.lists(st.integers(0, 300_000), max_size=30),
-       st.booleans(), st.sampled_from([",", ", "]))
+@given(
+    st.lists(st.integers(0, 300_000), max_size=30),
+    st.lists(st.integers(0, 300_000), max_size=30),
+    st.booleans(),
+    st.sampled_from([",", ", "]),
+)
 def test_prompt_ids_parsed_after_any_earlier_list_equal_plain_json(last, extra, extends, comma):
     now = last + extra if extends else extra
     memo = PromptIdsMemo()

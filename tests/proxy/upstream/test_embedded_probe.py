@@ -23,11 +23,21 @@ async def test_embedded_engine_probes_as_tokens_with_processed_logprobs(embedded
         assert result.findings == []
         assert client.max_model_len == result.max_model_len and result.max_model_len
 
-        chat = {"model": "whatever-the-harness-says", "stream": True,
-                "stream_options": {"include_usage": True}, "tools": [], "tool_choice": "auto",
-                "messages": [{"role": "system", "content": "You are terse."},
-                             {"role": "user", "content": "Say hi."}],
-                "max_tokens": 6, "temperature": 1.0, "top_p": 0.5, "seed": 3}
+        chat = {
+            "model": "whatever-the-harness-says",
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "tools": [],
+            "tool_choice": "auto",
+            "messages": [
+                {"role": "system", "content": "You are terse."},
+                {"role": "user", "content": "Say hi."},
+            ],
+            "max_tokens": 6,
+            "temperature": 1.0,
+            "top_p": 0.5,
+            "seed": 3,
+        }
         body, sampling = client.prepare(chat, result.tier, result.served_model, training=True)
         reply = await client.complete(body)
         cap = EngineClient.parse_capture(reply)

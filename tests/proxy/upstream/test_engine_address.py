@@ -35,29 +35,40 @@ CHAT = {"model": "x", "messages": [{"role": "user", "content": "Hi"}], "max_toke
 def address_forms(base_url: str) -> list[str]:
     """Every way an operator writes the engine whose base URL is `http://HOST:PORT/v1`."""
     host_port = base_url.removeprefix("http://").removesuffix("/v1")
-    return [host_port, f"http://{host_port}", f"http://{host_port}/", f"http://{host_port}/v1",
-            f"http://{host_port}/v1/"]
+    return [
+        host_port,
+        f"http://{host_port}",
+        f"http://{host_port}/",
+        f"http://{host_port}/v1",
+        f"http://{host_port}/v1/",
+    ]
 
 
 def test_an_address_without_a_path_is_asked_at_v1_then_at_the_root() -> None:
     assert candidate_base_urls("gpu-box:8000") == ["http://gpu-box:8000/v1", "http://gpu-box:8000"]
     assert candidate_base_urls("https://gpu-box/") == ["https://gpu-box/v1", "https://gpu-box"]
     assert candidate_base_urls("http://gpu-box:8000/v1/") == ["http://gpu-box:8000/v1"]
-    assert candidate_base_urls(" HTTPS://api.example.com/openai/v1 ") == [
-        "https://api.example.com/openai/v1"]
+    assert candidate_base_urls(" HTTPS://api.example.com/openai/v1 ") == ["https://api.example.com/openai/v1"]
 
 
-@pytest.mark.parametrize("address", ["ftp://gpu-box/v1", "gpu-box:port", "http://",
-                                     "", "http://:8000", "http://[::1:8000/v1"])
+@pytest.mark.parametrize(
+    "address", ["ftp://gpu-box/v1", "gpu-box:port", "http://", "", "http://:8000", "http://[::1:8000/v1"]
+)
 def test_an_address_that_is_not_an_http_url_is_a_400(address: str) -> None:
     with pytest.raises(EngineAddressError) as err:
         candidate_base_urls(address)
     assert err.value.status == 400 and "HOST:PORT" in str(err.value)
 
 
-@pytest.mark.parametrize(("address", "port"), [("gpu-box:99999", "99999"), ("127.0.0.1:0", "0"),
-                                               ("http://gpu-box:65536/v1", "65536"),
-                                               ("http://[::1]:0", "0")])
+@pytest.mark.parametrize(
+    ("address", "port"),
+    [
+        ("gpu-box:99999", "99999"),
+        ("127.0.0.1:0", "0"),
+        ("http://gpu-box:65536/v1", "65536"),
+        ("http://[::1]:0", "0"),
+    ],
+)
 def test_an_address_whose_port_is_out_of_range_says_so(address: str, port: str) -> None:
     with pytest.raises(EngineAddressError) as err:
         candidate_base_urls(address)
@@ -109,7 +120,8 @@ def test_serve_takes_every_address_form_as_its_default_engine(upstream, make_ser
 
 @pytest.mark.medium
 def test_session_bodies_take_every_address_form_and_say_where_they_settled(
-        upstream, make_server, admin_for) -> None:
+    upstream, make_server, admin_for
+) -> None:
     server = make_server(upstream.base_url)
     admin = admin_for(server)
     for address in address_forms(upstream.base_url):
@@ -117,15 +129,15 @@ def test_session_bodies_take_every_address_form_and_say_where_they_settled(
         assert reply.status_code == 200, reply.text
         info = reply.json()
         assert info["engine"]["url"] == upstream.base_url and info["tier"] == "tokens", address
-        client = openai.OpenAI(base_url=info["base_urls"]["openai"], api_key=info["api_key"],
-                               max_retries=0)
+        client = openai.OpenAI(base_url=info["base_urls"]["openai"], api_key=info["api_key"], max_retries=0)
         answer = client.chat.completions.create(**CHAT)
         assert answer.choices[0].message.content, address
         assert admin.get(f"/admin/sessions/{info['id']}").json()["turns"] == 1
 
 
 def test_a_session_naming_a_wrong_address_is_refused_naming_the_urls_tried(
-        upstream, make_server, admin_for, dead_engine_url: str) -> None:
+    upstream, make_server, admin_for, dead_engine_url: str
+) -> None:
     admin = admin_for(make_server(upstream.base_url))
     bare = dead_engine_url.removesuffix("/v1")
     reply = admin.post("/admin/sessions", json={"engine": {"url": bare}})
@@ -136,7 +148,8 @@ def test_a_session_naming_a_wrong_address_is_refused_naming_the_urls_tried(
 
 
 def test_a_server_naming_a_wrong_address_does_not_start_and_frees_its_port(
-        tmp_path: Path, dead_engine_url: str, port_factory) -> None:
+    tmp_path: Path, dead_engine_url: str, port_factory
+) -> None:
     port = port_factory()
     server = LocalServer(ServerConfig(port=port, data_dir=tmp_path, engine_url=dead_engine_url))
     with pytest.raises(EngineAddressError, match=f"tried GET {dead_engine_url}/models"):
@@ -146,14 +159,28 @@ def test_a_server_naming_a_wrong_address_does_not_start_and_frees_its_port(
 
 
 @pytest.mark.medium
-@pytest.mark.parametrize("command", [["serve", "--port", "0"], ["tui"], ["rollout", "--harness", "terminus-2"]])
+@pytest.mark.parametrize(
+    "command", [["serve", "--port", "0"], ["tui"], ["rollout", "--harness", "terminus-2"]]
+)
 def test_commands_refuse_a_wrong_engine_address_in_one_line(
-        command: list[str], tmp_path: Path, dead_engine_url: str) -> None:
+    command: list[str], tmp_path: Path, dead_engine_url: str
+) -> None:
     bare = dead_engine_url.removesuffix("/v1").removeprefix("http://")
     out = subprocess.run(
-        [sys.executable, "-c", "from tapdeck.app.cli import main; main()", *command,
-         "--engine", bare, "--data-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            "-c",
+            "from tapdeck.app.cli import main; main()",
+            *command,
+            "--engine",
+            bare,
+            "--data-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 1, out.stdout + out.stderr
     [line] = [line for line in out.stderr.splitlines() if "tried GET" in line]
     assert f"GET http://{bare}/v1/models" in line and f"GET http://{bare}/models" in line
@@ -169,10 +196,13 @@ def test_the_embedded_engine_is_reached_by_every_address_form(embedded_engine, t
         assert server.engine_url == base
         headers = {"Authorization": f"Bearer {server.admin_key}"}
         for address in forms[1:3]:
-            reply = httpx.post(f"{server.url}/admin/sessions", json={"engine": {"url": address}},
-                               headers=headers, timeout=120)
+            reply = httpx.post(
+                f"{server.url}/admin/sessions",
+                json={"engine": {"url": address}},
+                headers=headers,
+                timeout=120,
+            )
             assert reply.status_code == 200, reply.text
             # The session also records the context the engine reports (its `max_model_len`).
-            assert reply.json()["engine"] == {"url": base, "model": "smollm2",
-                                              "max_model_len": DEFAULT_N_CTX}
+            assert reply.json()["engine"] == {"url": base, "model": "smollm2", "max_model_len": DEFAULT_N_CTX}
             assert reply.json()["tier"] == "tokens"

@@ -45,14 +45,18 @@ def _engine_in_flight(server) -> int:
     return sum(client.in_flight for client in server.service._clients.values())
 
 
-@pytest.mark.parametrize("mode, status, words", [
-    ("truncated_json", 502, "not a JSON object"),
-    ("no_choices", 502, "without choices"),
-    ("html", 502, "not a JSON object"),
-    ("empty_503", 502, "HTTP 503"),
-])
-def test_broken_engine_replies_are_502s_with_a_message_in_every_dialect(upstream, make_server,
-                                                                       admin_for, mode, status, words):
+@pytest.mark.parametrize(
+    "mode, status, words",
+    [
+        ("truncated_json", 502, "not a JSON object"),
+        ("no_choices", 502, "without choices"),
+        ("html", 502, "not a JSON object"),
+        ("empty_503", 502, "HTTP 503"),
+    ],
+)
+def test_broken_engine_replies_are_502s_with_a_message_in_every_dialect(
+    upstream, make_server, admin_for, mode, status, words
+):
     server = make_server(upstream.base_url)
     info = _open(admin_for(server))
     upstream.fault = mode
@@ -62,8 +66,12 @@ def test_broken_engine_replies_are_502s_with_a_message_in_every_dialect(upstream
     messages = httpx.post(f"{server.url}/v1/messages", json=ANTHROPIC, headers=key, timeout=60)
     assert messages.status_code == status and messages.json()["type"] == "error"
     assert words in messages.json()["error"]["message"]
-    google = httpx.post(f"{server.url}/v1beta/models/m:generateContent", headers=key, timeout=60,
-                        json={"contents": [{"role": "user", "parts": [{"text": "Hi"}]}]})
+    google = httpx.post(
+        f"{server.url}/v1beta/models/m:generateContent",
+        headers=key,
+        timeout=60,
+        json={"contents": [{"role": "user", "parts": [{"text": "Hi"}]}]},
+    )
     assert google.status_code == status and words in google.json()["error"]["message"]
     assert _engine_in_flight(server) == 0
 
@@ -118,8 +126,12 @@ def test_engine_killed_mid_call_is_a_502_and_frees_its_slot(upstream, make_serve
     result: dict = {}
 
     def call() -> None:
-        result["resp"] = httpx.post(f"{server.url}/v1/chat/completions", json=CHAT, timeout=120,
-                                    headers={"Authorization": f"Bearer {info['api_key']}"})
+        result["resp"] = httpx.post(
+            f"{server.url}/v1/chat/completions",
+            json=CHAT,
+            timeout=120,
+            headers={"Authorization": f"Bearer {info['api_key']}"},
+        )
 
     before = len(upstream.requests)  # the probe's
     caller = threading.Thread(target=call)
@@ -140,8 +152,12 @@ def test_engine_hang_past_the_timeout_frees_its_slot(upstream, make_server, admi
     server.service.engine_timeout = 0.3
     info = _open(admin_for(server))
     upstream.delay = 5.0
-    resp = httpx.post(f"{server.url}/v1/messages", json={**ANTHROPIC, "stream": True}, timeout=60,
-                      headers={"x-api-key": info["api_key"]})
+    resp = httpx.post(
+        f"{server.url}/v1/messages",
+        json={**ANTHROPIC, "stream": True},
+        timeout=60,
+        headers={"x-api-key": info["api_key"]},
+    )
     # A stream whose engine already failed gets its real status (held until the first keepalive).
     assert resp.status_code == 502 and resp.json()["type"] == "error"
     assert "timed out" in resp.json()["error"]["message"]
@@ -159,9 +175,12 @@ def test_client_leaving_mid_stream_keeps_the_turn_and_leaks_nothing(upstream, ma
     warm = httpx.post(f"{server.url}/v1/chat/completions", json=CHAT, headers=key, timeout=120)
     assert warm.status_code == 200
     baseline = _pending_tasks()
-    with httpx.Client(timeout=120) as client, client.stream(
-            "POST", f"{server.url}/v1/chat/completions", json={**CHAT, "stream": True},
-            headers=key) as stream:
+    with (
+        httpx.Client(timeout=120) as client,
+        client.stream(
+            "POST", f"{server.url}/v1/chat/completions", json={**CHAT, "stream": True}, headers=key
+        ) as stream,
+    ):
         first = next(stream.iter_bytes())
         assert first
     assert _settles(lambda: admin.get(f"/admin/sessions/{info['id']}").json()["turns"], 2)
@@ -175,8 +194,12 @@ def test_engine_credentials_never_reach_an_error_message(upstream, make_server, 
     server = make_server(f"http://tapdeck:s3cret-pass@{host}")
     info = _open(admin_for(server))
     upstream.stop()
-    resp = httpx.post(f"{server.url}/v1/chat/completions", json=CHAT, timeout=60,
-                      headers={"Authorization": f"Bearer {info['api_key']}"})
+    resp = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        json=CHAT,
+        timeout=60,
+        headers={"Authorization": f"Bearer {info['api_key']}"},
+    )
     assert resp.status_code == 502
     message = resp.json()["error"]["message"]
     assert message and "s3cret-pass" not in message and "***@" in message
@@ -199,7 +222,8 @@ def test_non_http_engine_urls_are_refused(upstream, make_server, admin_for, url)
 
 
 def test_a_tapdeck_failure_after_the_engine_answered_is_a_500_in_the_callers_dialect(
-        upstream, make_server, admin_for, monkeypatch, caplog):
+    upstream, make_server, admin_for, monkeypatch, caplog
+):
     # A bug in rendering a reply must still reach the agent's SDK as its own error (plain
     # streaming included), not uvicorn's bare text 500 or a cut stream; the turn stays recorded.
     import anthropic
@@ -214,8 +238,9 @@ def test_a_tapdeck_failure_after_the_engine_answered_is_a_500_in_the_callers_dia
     server = make_server(upstream.base_url)
     admin = admin_for(server)
     info = _open(admin)
-    client = anthropic.Anthropic(base_url=info["base_urls"]["anthropic"], api_key=info["api_key"],
-                                 max_retries=0)
+    client = anthropic.Anthropic(
+        base_url=info["base_urls"]["anthropic"], api_key=info["api_key"], max_retries=0
+    )
     with pytest.raises(anthropic.InternalServerError) as err:
         client.messages.create(**ANTHROPIC)
     assert err.value.body["error"]["type"] == "api_error"
@@ -230,7 +255,8 @@ def test_a_tapdeck_failure_after_the_engine_answered_is_a_500_in_the_callers_dia
 
 @pytest.mark.medium
 def test_a_tapdeck_failure_before_the_turn_is_recorded_ends_a_started_stream_with_an_error_event(
-        upstream, make_server, admin_for, monkeypatch):
+    upstream, make_server, admin_for, monkeypatch
+):
     # The engine is slower than the stream's hold, so the stream has started (200, a keepalive)
     # when the capture fails: the agent still gets its dialect's error event, saying nothing was kept.
     import anthropic
@@ -246,8 +272,9 @@ def test_a_tapdeck_failure_before_the_turn_is_recorded_ends_a_started_stream_wit
     admin = admin_for(server)
     info = _open(admin)
     upstream.delay = 0.5
-    client = anthropic.Anthropic(base_url=info["base_urls"]["anthropic"], api_key=info["api_key"],
-                                 max_retries=0)
+    client = anthropic.Anthropic(
+        base_url=info["base_urls"]["anthropic"], api_key=info["api_key"], max_retries=0
+    )
     with pytest.raises(anthropic.APIStatusError) as streamed:
         list(client.messages.create(**ANTHROPIC, stream=True))
     assert "RuntimeError: capture broke" in streamed.value.message

@@ -46,9 +46,16 @@ from tests.support.vllm_recordings import vllm_reply_to
 
 ENGINE_FUZZ_EXAMPLES = 15
 EXAMPLES = int(os.environ.get("TAPDECK_FUZZ_EXAMPLES") or ENGINE_FUZZ_EXAMPLES)
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                       HealthCheck.function_scoped_fixture])
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.function_scoped_fixture,
+    ],
+)
 
 BASES = ["chat_basic", "chat_tools_call", "chat_length", "chat_token_id_strings", "chat_top2"]
 """Recorded replies the fuzzer starts from (plain text, a tool call, a cut reply, `token_id:N`
@@ -56,40 +63,118 @@ logprob tokens, alternatives)."""
 
 _C, _M, _LP = ("choices", 0), ("choices", 0, "message"), ("choices", 0, "logprobs", "content")
 FIELDS: list[tuple[Any, ...]] = [
-    (), ("id",), ("object",), ("created",), ("model",), ("system_fingerprint",),
-    ("kv_transfer_params",), ("prompt_token_ids",), ("prompt_token_ids", 0),
-    ("usage",), ("usage", "prompt_tokens"), ("usage", "completion_tokens"), ("usage", "total_tokens"),
-    ("usage", "prompt_tokens_details"), ("usage", "prompt_tokens_details", "cached_tokens"),
+    (),
+    ("id",),
+    ("object",),
+    ("created",),
+    ("model",),
+    ("system_fingerprint",),
+    ("kv_transfer_params",),
+    ("prompt_token_ids",),
+    ("prompt_token_ids", 0),
+    ("usage",),
+    ("usage", "prompt_tokens"),
+    ("usage", "completion_tokens"),
+    ("usage", "total_tokens"),
+    ("usage", "prompt_tokens_details"),
+    ("usage", "prompt_tokens_details", "cached_tokens"),
     ("usage", "completion_tokens_details"),
-    ("choices",), _C, ("choices", 1),
-    (*_C, "message"), (*_C, "finish_reason"), (*_C, "stop_reason"), (*_C, "logprobs"),
-    (*_C, "token_ids"), (*_C, "token_ids", 0), (*_C, "index"), (*_C, "prompt_token_ids"),
-    (*_M, "content"), (*_M, "role"), (*_M, "reasoning"), (*_M, "reasoning_content"),
-    (*_M, "refusal"), (*_M, "function_call"), (*_M, "tool_calls"), (*_M, "tool_calls", 0),
-    (*_M, "tool_calls", 1), (*_M, "tool_calls", 0, "id"), (*_M, "tool_calls", 0, "type"),
-    (*_M, "tool_calls", 0, "function"), (*_M, "tool_calls", 0, "function", "name"),
+    ("choices",),
+    _C,
+    ("choices", 1),
+    (*_C, "message"),
+    (*_C, "finish_reason"),
+    (*_C, "stop_reason"),
+    (*_C, "logprobs"),
+    (*_C, "token_ids"),
+    (*_C, "token_ids", 0),
+    (*_C, "index"),
+    (*_C, "prompt_token_ids"),
+    (*_M, "content"),
+    (*_M, "role"),
+    (*_M, "reasoning"),
+    (*_M, "reasoning_content"),
+    (*_M, "refusal"),
+    (*_M, "function_call"),
+    (*_M, "tool_calls"),
+    (*_M, "tool_calls", 0),
+    (*_M, "tool_calls", 1),
+    (*_M, "tool_calls", 0, "id"),
+    (*_M, "tool_calls", 0, "type"),
+    (*_M, "tool_calls", 0, "function"),
+    (*_M, "tool_calls", 0, "function", "name"),
     (*_M, "tool_calls", 0, "function", "arguments"),
-    (*_LP[:-1],), _LP, (*_LP, 0), (*_LP, 1), (*_LP, 0, "logprob"), (*_LP, 0, "token"),
-    (*_LP, 0, "bytes"), (*_LP, 0, "top_logprobs"), (*_LP, 0, "top_logprobs", 0),
-    (*_LP, 0, "top_logprobs", 0, "logprob"), (*_LP, 0, "top_logprobs", 0, "token"),
+    (*_LP[:-1],),
+    _LP,
+    (*_LP, 0),
+    (*_LP, 1),
+    (*_LP, 0, "logprob"),
+    (*_LP, 0, "token"),
+    (*_LP, 0, "bytes"),
+    (*_LP, 0, "top_logprobs"),
+    (*_LP, 0, "top_logprobs", 0),
+    (*_LP, 0, "top_logprobs", 0, "logprob"),
+    (*_LP, 0, "top_logprobs", 0, "token"),
 ]
 """Where a reply is changed: every field the proxy or a dialect reads, and some it passes on."""
 
 DEEP, HUGE_INT, HUGE_FLOAT, U64 = "\x00DEEP\x00", "\x00HUGEINT\x00", "\x00HUGEFLOAT\x00", "\x00U64\x00"
-_RAW = {DEEP: b"[" * 300 + b"1" + b"]" * 300, HUGE_INT: b"1" + b"0" * 40,
-        HUGE_FLOAT: b"1e308", U64: b"18446744073709551615"}
+_RAW = {
+    DEEP: b"[" * 300 + b"1" + b"]" * 300,
+    HUGE_INT: b"1" + b"0" * 40,
+    HUGE_FLOAT: b"1e308",
+    U64: b"18446744073709551615",
+}
 """Values written into the encoded reply as text: nesting past what orjson writes back (255), a
 number past 64 bits (parsed as a float), the largest finite double, the largest u64."""
 
-_KEYS = ["type", "text", "role", "content", "name", "arguments", "function", "id", "token",
-         "logprob", "bytes", "top_logprobs", "tool_calls", "prompt_tokens", "cached_tokens"]
-_leaf = (st.none() | st.booleans() | st.integers(-(2 ** 63), 2 ** 63 - 1)
-         | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=10)
-         | st.sampled_from(["", "stop", "length", "tool_calls", "assistant", "token_id:1",
-                            '{"a": 1}', DEEP, HUGE_INT, HUGE_FLOAT, U64]))
-JSON = st.recursive(_leaf, lambda inner: st.lists(inner, max_size=3)
-                    | st.dictionaries(st.sampled_from(_KEYS) | st.text(max_size=5), inner, max_size=3),
-                    max_leaves=6)
+_KEYS = [
+    "type",
+    "text",
+    "role",
+    "content",
+    "name",
+    "arguments",
+    "function",
+    "id",
+    "token",
+    "logprob",
+    "bytes",
+    "top_logprobs",
+    "tool_calls",
+    "prompt_tokens",
+    "cached_tokens",
+]
+_leaf = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=10)
+    | st.sampled_from(
+        [
+            "",
+            "stop",
+            "length",
+            "tool_calls",
+            "assistant",
+            "token_id:1",
+            '{"a": 1}',
+            DEEP,
+            HUGE_INT,
+            HUGE_FLOAT,
+            U64,
+        ]
+    )
+)
+JSON = st.recursive(
+    _leaf,
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.sampled_from(_KEYS) | st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
 
 
 def _encode(body: Any) -> bytes:
@@ -156,28 +241,51 @@ class FuzzedEngine(FakeVllm):
     def __init__(self) -> None:
         self.reply: bytes | None = None
         basic = recorded("chat_basic")["response"]
-        super().__init__(answer=lambda body: (200, self.reply if self.reply is not None
-                                              else vllm_reply_to(body, basic)))
+        super().__init__(
+            answer=lambda body: (200, self.reply if self.reply is not None else vllm_reply_to(body, basic))
+        )
 
 
 # ----------------------------------------------------------------------------- the routes
 
-TOOLS = {"chat": [{"type": "function", "function": {"name": "run_shell", "parameters": {"type": "object"}}}],
-         "responses": [{"type": "function", "name": "run_shell", "parameters": {"type": "object"}}],
-         "anthropic": [{"name": "run_shell", "input_schema": {"type": "object"}}],
-         "google": [{"functionDeclarations": [{"name": "run_shell", "parameters": {"type": "object"}}]}]}
+TOOLS = {
+    "chat": [{"type": "function", "function": {"name": "run_shell", "parameters": {"type": "object"}}}],
+    "responses": [{"type": "function", "name": "run_shell", "parameters": {"type": "object"}}],
+    "anthropic": [{"name": "run_shell", "input_schema": {"type": "object"}}],
+    "google": [{"functionDeclarations": [{"name": "run_shell", "parameters": {"type": "object"}}]}],
+}
 REQUESTS: dict[str, dict[str, Any]] = {
-    "chat": {"model": "m", "max_tokens": 24, "tools": TOOLS["chat"], "logprobs": True,
-             "top_logprobs": 1, "return_token_ids": True,
-             "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]},
-    "responses": {"model": "m", "max_output_tokens": 24, "instructions": "Be brief.",
-                  "tools": TOOLS["responses"], "include": ["message.output_text.logprobs"],
-                  "top_logprobs": 1, "input": [{"role": "user", "content": "Hi"}]},
-    "anthropic": {"model": "m", "max_tokens": 24, "system": "Be brief.", "tools": TOOLS["anthropic"],
-                  "messages": [{"role": "user", "content": "Hi"}]},
-    "google": {"contents": [{"role": "user", "parts": [{"text": "Hi"}]}],
-               "systemInstruction": {"parts": [{"text": "Be brief."}]}, "tools": TOOLS["google"],
-               "generationConfig": {"maxOutputTokens": 24, "responseLogprobs": True, "logprobs": 1}},
+    "chat": {
+        "model": "m",
+        "max_tokens": 24,
+        "tools": TOOLS["chat"],
+        "logprobs": True,
+        "top_logprobs": 1,
+        "return_token_ids": True,
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+    },
+    "responses": {
+        "model": "m",
+        "max_output_tokens": 24,
+        "instructions": "Be brief.",
+        "tools": TOOLS["responses"],
+        "include": ["message.output_text.logprobs"],
+        "top_logprobs": 1,
+        "input": [{"role": "user", "content": "Hi"}],
+    },
+    "anthropic": {
+        "model": "m",
+        "max_tokens": 24,
+        "system": "Be brief.",
+        "tools": TOOLS["anthropic"],
+        "messages": [{"role": "user", "content": "Hi"}],
+    },
+    "google": {
+        "contents": [{"role": "user", "parts": [{"text": "Hi"}]}],
+        "systemInstruction": {"parts": [{"text": "Be brief."}]},
+        "tools": TOOLS["google"],
+        "generationConfig": {"maxOutputTokens": 24, "responseLogprobs": True, "logprobs": 1},
+    },
 }
 # (route, dialect, path, streamed)
 ROUTES = [
@@ -333,13 +441,21 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     engine = FuzzedEngine().start()
     root: Path = tmp_path_factory.mktemp("engine-fuzz")
     try:
-        server = LocalServer(ServerConfig(host="127.0.0.1", port=0, engine_url=engine.base_url,
-                                          data_dir=root / "data")).start()
+        server = LocalServer(
+            ServerConfig(host="127.0.0.1", port=0, engine_url=engine.base_url, data_dir=root / "data")
+        ).start()
         try:
-            with httpx.Client(base_url=server.url, timeout=60,
-                              headers={"Authorization": f"Bearer {server.admin_key}"}) as admin:
-                yield {"server": server, "admin": admin, "engine": engine, "catcher": catcher,
-                       "data": root / "data", "exports": root / "exports"}
+            with httpx.Client(
+                base_url=server.url, timeout=60, headers={"Authorization": f"Bearer {server.admin_key}"}
+            ) as admin:
+                yield {
+                    "server": server,
+                    "admin": admin,
+                    "engine": engine,
+                    "catcher": catcher,
+                    "data": root / "data",
+                    "exports": root / "exports",
+                }
         finally:
             server.stop()
     finally:
@@ -355,8 +471,9 @@ def clean_logs(fuzzed: dict[str, Any]) -> Iterator[None]:
     assert not fuzzed["catcher"].bad, fuzzed["catcher"].bad[:3]
 
 
-def call_with_reply(fuzzed: dict[str, Any], route: tuple[str, str, str, bool],
-                    reply: bytes) -> tuple[str, httpx.Response]:
+def call_with_reply(
+    fuzzed: dict[str, Any], route: tuple[str, str, str, bool], reply: bytes
+) -> tuple[str, httpx.Response]:
     """A new session's one model call on `route`, its engine answering `reply`: (session id, answer)."""
     admin: httpx.Client = fuzzed["admin"]
     opened = admin.post("/admin/sessions", json={})
@@ -365,9 +482,12 @@ def call_with_reply(fuzzed: dict[str, Any], route: tuple[str, str, str, bool],
     assert info["tier"] == "tokens", info  # the fake engine gives ids and logprobs
     fuzzed["engine"].reply = reply
     try:
-        resp = httpx.post(f"{fuzzed['server'].url}{route[2]}", json=_request(route), timeout=60,
-                          headers={"Authorization": f"Bearer {info['api_key']}",
-                                   "x-api-key": info["api_key"]})
+        resp = httpx.post(
+            f"{fuzzed['server'].url}{route[2]}",
+            json=_request(route),
+            timeout=60,
+            headers={"Authorization": f"Bearer {info['api_key']}", "x-api-key": info["api_key"]},
+        )
     finally:
         fuzzed["engine"].reply = None
     return info["id"], resp
@@ -402,16 +522,27 @@ def _session(fuzzed: dict[str, Any], session_id: str) -> tuple[SessionDetail, Ro
 
 
 @pytest.mark.parametrize("route", ROUTES, ids=[r[0] for r in ROUTES])
-@pytest.mark.parametrize("path, value, words", [
-    ((*_M, "tool_calls"), '[{"id": "call_1", "type": "function"}]',
-     '`choices[0].message.tool_calls` is a string ("[{\\"id\\"'),
-    ((*_C, "finish_reason"), ["stop"], "`choices[0].finish_reason` is a list ([\"stop\"])"),
-    ((*_M, "content"), {"text": "Paris"}, "`choices[0].message.content` is an object"),
-    ((*_M, "tool_calls", 0, "function", "arguments"), {"command": "ls"},
-     "`choices[0].message.tool_calls[0].function.arguments` is an object"),
-], ids=["tool_calls-string", "finish_reason-list", "content-object", "arguments-object"])
-def test_a_reply_the_agent_cannot_be_answered_with_is_a_502_naming_the_field(fuzzed, clean_logs, route,
-                                                                            path, value, words):
+@pytest.mark.parametrize(
+    "path, value, words",
+    [
+        (
+            (*_M, "tool_calls"),
+            '[{"id": "call_1", "type": "function"}]',
+            '`choices[0].message.tool_calls` is a string ("[{\\"id\\"',
+        ),
+        ((*_C, "finish_reason"), ["stop"], '`choices[0].finish_reason` is a list (["stop"])'),
+        ((*_M, "content"), {"text": "Paris"}, "`choices[0].message.content` is an object"),
+        (
+            (*_M, "tool_calls", 0, "function", "arguments"),
+            {"command": "ls"},
+            "`choices[0].message.tool_calls[0].function.arguments` is an object",
+        ),
+    ],
+    ids=["tool_calls-string", "finish_reason-list", "content-object", "arguments-object"],
+)
+def test_a_reply_the_agent_cannot_be_answered_with_is_a_502_naming_the_field(
+    fuzzed, clean_logs, route, path, value, words
+):
     session_id, resp = call_with_reply(fuzzed, route, _recorded_with("chat_tools_call", path, value))
     assert resp.status_code == 502, resp.text[:300]
     message = _error_message(route[1], resp.json())
@@ -424,20 +555,46 @@ def test_a_reply_the_agent_cannot_be_answered_with_is_a_502_naming_the_field(fuz
 
 
 @pytest.mark.parametrize("route", ROUTES, ids=[r[0] for r in ROUTES])
-@pytest.mark.parametrize("path, value, level, code, words", [
-    (("usage",), [37, 24], "WARN", "reply_cleaned", "`usage` (a list ([37,24]))"),
-    (("usage", "prompt_tokens_details"), {"cached_tokens": "all"}, "WARN", "reply_cleaned",
-     "`usage.prompt_tokens_details.cached_tokens` (a string"),
-    (("usage", "prompt_tokens_details"), 1, "WARN", "reply_cleaned",
-     "`usage.prompt_tokens_details` (a number (1))"),
-    ((*_C, "stop_reason"), {"why": "eos"}, "WARN", "reply_cleaned", "`choices[0].stop_reason`"),
-    ((*_C, "token_ids"), "1 2 3", "FATAL", "bad_sampled_ids", "`choices[0].token_ids` is a string"),
-    ((*_LP, 0, "top_logprobs"), {"<": -1.1}, "FATAL", "bad_logprobs",
-     "`choices[0].logprobs.content[0].top_logprobs` is an object"),
-], ids=["usage-list", "usage-detail-string", "usage-details-number", "stop_reason-object", "token_ids-string",
-        "top_logprobs-object"])
-def test_a_field_the_answer_does_not_need_is_dropped_with_a_finding(fuzzed, clean_logs, route, path,
-                                                                   value, level, code, words):
+@pytest.mark.parametrize(
+    "path, value, level, code, words",
+    [
+        (("usage",), [37, 24], "WARN", "reply_cleaned", "`usage` (a list ([37,24]))"),
+        (
+            ("usage", "prompt_tokens_details"),
+            {"cached_tokens": "all"},
+            "WARN",
+            "reply_cleaned",
+            "`usage.prompt_tokens_details.cached_tokens` (a string",
+        ),
+        (
+            ("usage", "prompt_tokens_details"),
+            1,
+            "WARN",
+            "reply_cleaned",
+            "`usage.prompt_tokens_details` (a number (1))",
+        ),
+        ((*_C, "stop_reason"), {"why": "eos"}, "WARN", "reply_cleaned", "`choices[0].stop_reason`"),
+        ((*_C, "token_ids"), "1 2 3", "FATAL", "bad_sampled_ids", "`choices[0].token_ids` is a string"),
+        (
+            (*_LP, 0, "top_logprobs"),
+            {"<": -1.1},
+            "FATAL",
+            "bad_logprobs",
+            "`choices[0].logprobs.content[0].top_logprobs` is an object",
+        ),
+    ],
+    ids=[
+        "usage-list",
+        "usage-detail-string",
+        "usage-details-number",
+        "stop_reason-object",
+        "token_ids-string",
+        "top_logprobs-object",
+    ],
+)
+def test_a_field_the_answer_does_not_need_is_dropped_with_a_finding(
+    fuzzed, clean_logs, route, path, value, level, code, words
+):
     session_id, resp = call_with_reply(fuzzed, route, _recorded_with("chat_tools_call", path, value))
     assert resp.status_code == 200, resp.text[:300]
     _detail, doc = _session(fuzzed, session_id)

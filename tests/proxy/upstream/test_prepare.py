@@ -72,8 +72,9 @@ def test_harness_top_logprobs_kept_and_logprobs_tier_forces_too(basic_chat):
 
 @pytest.mark.parametrize(("asked", "sent"), [(None, 5), (0, 5), (2, 5), (8, 8), ("x", "x")])
 def test_calls_ask_the_engine_for_at_least_the_probed_alternatives(basic_chat, asked, sent):
-    body, _ = prepare_request({**basic_chat, "top_logprobs": asked}, Tier.TOKENS, "smollm2", False,
-                              alternatives=5)
+    body, _ = prepare_request(
+        {**basic_chat, "top_logprobs": asked}, Tier.TOKENS, "smollm2", False, alternatives=5
+    )
     assert body["top_logprobs"] == sent  # a bad value is the engine's to refuse, in its words
 
 
@@ -85,9 +86,11 @@ async def test_text_tier_adds_no_capture_fields(inprocess_vllm, basic_chat):
 
 
 def test_reasoning_content_sent_as_reasoning_without_mutating(basic_chat):
-    messages = [*basic_chat["messages"],
-                {"role": "assistant", "content": "Paris.", "reasoning_content": "France → Paris"},
-                {"role": "user", "content": "And Spain?"}]
+    messages = [
+        *basic_chat["messages"],
+        {"role": "assistant", "content": "Paris.", "reasoning_content": "France → Paris"},
+        {"role": "user", "content": "And Spain?"},
+    ]
     chat = {**basic_chat, "messages": messages}
     before = copy.deepcopy(chat)
     body, _ = prepare_request(chat, Tier.TOKENS, "smollm2", False)
@@ -121,8 +124,9 @@ async def test_cap_follows_probed_max_model_len(inprocess_vllm, basic_chat):
 
 async def test_model_rewritten_to_served_name(inprocess_vllm, basic_chat):
     client = client_for(inprocess_vllm)
-    body, _ = client.prepare({**basic_chat, "model": "openai/gpt-5-mangled"}, Tier.TOKENS, "smollm2",
-                             training=False)
+    body, _ = client.prepare(
+        {**basic_chat, "model": "openai/gpt-5-mangled"}, Tier.TOKENS, "smollm2", training=False
+    )
     assert body["model"] == "smollm2"
     await client.complete(body)  # the recorded server 404s any other name
 
@@ -141,8 +145,15 @@ def test_n_two_really_returns_two_choices_on_vllm(vllm):
 
 
 def test_training_tier_resets_truncating_knobs_and_keeps_requested(basic_chat):
-    knobs = {"temperature": 0.7, "top_p": 0.9, "top_k": 40, "min_p": 0.05, "frequency_penalty": 0.5,
-             "presence_penalty": 0.3, "repetition_penalty": 1.1}
+    knobs = {
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 40,
+        "min_p": 0.05,
+        "frequency_penalty": 0.5,
+        "presence_penalty": 0.3,
+        "repetition_penalty": 1.1,
+    }
     chat = {**basic_chat, **knobs}
     before = copy.deepcopy(chat)
     body, sampling = prepare_request(chat, Tier.TOKENS, "smollm2", True)
@@ -173,8 +184,16 @@ def test_training_tier_sends_temperature_one_when_neither_harness_nor_policy_set
     assert "temperature" not in eval_body and "temperature" not in eval_sampling["submitted"]
 
 
-@pytest.mark.parametrize("policy", [{"temperature": 0}, {"temperature": float("inf")}, {"top_p": 0.9},
-                                    {"temperature": 1.0, "seed": 3}, {"temperature": True}])
+@pytest.mark.parametrize(
+    "policy",
+    [
+        {"temperature": 0},
+        {"temperature": float("inf")},
+        {"top_p": 0.9},
+        {"temperature": 1.0, "seed": 3},
+        {"temperature": True},
+    ],
+)
 def test_training_policy_must_be_full_vocabulary(policy):
     from pydantic import ValidationError
 
@@ -182,11 +201,20 @@ def test_training_policy_must_be_full_vocabulary(policy):
 
     with pytest.raises(ValidationError, match="training_sampling"):
         SessionSpec(training_sampling=policy)
-    trl_policy = {"temperature": 0.8, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "frequency_penalty": 0.0,
-                  "presence_penalty": 0.0, "repetition_penalty": 1.0}
+    trl_policy = {
+        "temperature": 0.8,
+        "top_p": 1.0,
+        "top_k": -1,
+        "min_p": 0.0,
+        "frequency_penalty": 0.0,
+        "presence_penalty": 0.0,
+        "repetition_penalty": 1.0,
+    }
     assert SessionSpec(training_sampling=trl_policy).training_sampling == trl_policy
     assert SessionSpec(training_sampling={"temperature": 1, "top_k": 0}).training_sampling == {
-        "temperature": 1.0, "top_k": -1}
+        "temperature": 1.0,
+        "top_k": -1,
+    }
 
 
 def test_eval_call_keeps_harness_knobs(basic_chat):
@@ -194,23 +222,27 @@ def test_eval_call_keeps_harness_knobs(basic_chat):
     assert body["top_p"] == 0.9
 
 
-@pytest.mark.parametrize("extra", [
-    {"logit_bias": {"504": 5}},
-    {"guided_json": {"type": "object"}},
-    {"guided_regex": "a+"},
-    {"response_format": {"type": "json_object"}},
-    {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
-    {"tools": [TOOL], "tool_choice": "required"},
-    {"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "ls"}}},
-])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"logit_bias": {"504": 5}},
+        {"guided_json": {"type": "object"}},
+        {"guided_regex": "a+"},
+        {"response_format": {"type": "json_object"}},
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
+        {"tools": [TOOL], "tool_choice": "required"},
+        {"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "ls"}}},
+    ],
+)
 def test_training_tier_refuses_constrained_decoding(basic_chat, extra):
     with pytest.raises(DialectError) as err:
         prepare_request({**basic_chat, **extra}, Tier.TOKENS, "smollm2", True)
     assert err.value.status == 400 and err.value.param in extra
 
 
-@pytest.mark.parametrize("extra", [{"response_format": {"type": "text"}},
-                                   {"tools": [TOOL], "tool_choice": "auto"}])
+@pytest.mark.parametrize(
+    "extra", [{"response_format": {"type": "text"}}, {"tools": [TOOL], "tool_choice": "auto"}]
+)
 def test_training_tier_allows_unconstrained_settings(basic_chat, extra):
     body, _ = prepare_request({**basic_chat, **extra}, Tier.TOKENS, "smollm2", True)
     assert body["top_p"] == 1.0

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from tapdeck.proxy.upstream.client import EngineClient
 from tapdeck.proxy.capture.graph import RolloutGraph
+from tapdeck.proxy.upstream.client import EngineClient
 from tapdeck.proxy.upstream.reasoning import MARKER_FAMILIES, MarkerCache, probe_body, read_markers
 from tapdeck.proxy.upstream.tiers import EngineSpec
 from tapdeck.proxy.upstream.token_in import TokenIn
@@ -39,8 +39,10 @@ def _client(engine: FakeVllm) -> EngineClient:
 def _held_call() -> tuple[RolloutGraph, dict[str, Any], dict[str, Any]]:
     graph = RolloutGraph()
     graph.add(turn_from_fixture("chat_multiturn_1", 0))
-    request = {"messages": copy.deepcopy(recorded("chat_multiturn_2")["request"]["messages"]),
-               "max_tokens": 32}
+    request = {
+        "messages": copy.deepcopy(recorded("chat_multiturn_2")["request"]["messages"]),
+        "max_tokens": 32,
+    }
     upstream, _ = EngineClient(SPEC).prepare(request, "tokens", "smollm2", True)
     return graph, request, upstream
 

@@ -28,8 +28,10 @@ from tests.support.vllm_recordings import END_THINK, THINK, think_tokenizer_repl
 @pytest.fixture
 def think_engine(tmp_path: Path) -> Iterator[tuple[FakeVllm, CaptureServer]]:
     """The fake vLLM answering `/tokenize` as the think tokenizer, and a capture server on it."""
-    with FakeVllm(tokenize=think_tokenizer_reply) as up, \
-            capture_server(EngineSpec(url=up.base_url), tmp_path, keepalive_s=0.3) as capture:
+    with (
+        FakeVllm(tokenize=think_tokenizer_reply) as up,
+        capture_server(EngineSpec(url=up.base_url), tmp_path, keepalive_s=0.3) as capture,
+    ):
         yield up, capture
 
 
@@ -49,12 +51,17 @@ def test_reasoning_model_without_a_parser_is_named_once_and_its_calls_go_by_text
     messages = copy.deepcopy(vllm_fixture("chat_basic")["request"]["messages"])
     for k in range(2):
         up.answer = _thinking_reply if k == 1 else "chat_basic"
-        r = httpx.post(f"{capture.url}/v1/chat/completions", timeout=60,
-                       headers={"Authorization": f"Bearer {key}"},
-                       json={"model": "smollm2", "messages": messages, "max_tokens": 24})
+        r = httpx.post(
+            f"{capture.url}/v1/chat/completions",
+            timeout=60,
+            headers={"Authorization": f"Bearer {key}"},
+            json={"model": "smollm2", "messages": messages, "max_tokens": 24},
+        )
         assert r.status_code == 200, r.text
-        messages += [{"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]},
-                     {"role": "user", "content": "And Italy?"}]
+        messages += [
+            {"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]},
+            {"role": "user", "content": "And Italy?"},
+        ]
 
     turns = [capture.turn(sid, seq) for seq in range(2)]
     assert [t["meta"]["capture_mode"]["reason"] for t in turns] == ["reasoning_unparsed"] * 2

@@ -11,8 +11,8 @@ import pytest
 
 from tapdeck.proxy.upstream import tiers
 from tapdeck.proxy.upstream.client import EngineClient
-from tapdeck.schema.findings import Level
 from tapdeck.proxy.upstream.tiers import EngineSpec, Tier, classify_logprobs_mode, probe
+from tapdeck.schema.findings import Level
 
 URL = "http://vllm.test:8111/v1"
 
@@ -45,6 +45,7 @@ def probe_replies(vllm, kind: str = "raw", *, strip: tuple[str, ...] = ()):
                 out.pop(key, None)
                 out["choices"][0].pop(key, None)
         return 200, out
+
     return reply
 
 
@@ -99,8 +100,9 @@ async def test_probe_full_vllm_is_tokens_tier_with_served_name(make_inprocess_vl
     assert result.alternatives == 2  # what the recorded replies carry: calls will ask for 2
 
 
-async def test_probe_engine_refusing_alternatives_keeps_tokens_and_asks_for_none(make_inprocess_vllm, vllm,
-                                                                                 vllm_error):
+async def test_probe_engine_refusing_alternatives_keeps_tokens_and_asks_for_none(
+    make_inprocess_vllm, vllm, vllm_error
+):
     status, error = vllm_error("top_logprobs_too_large")
     good = probe_replies(vllm, "processed")
     up = make_inprocess_vllm(answer=lambda body: (status, error) if body.get("top_logprobs") else good(body))
@@ -137,8 +139,9 @@ async def test_probe_logprobs_without_ids_is_logprobs_tier(make_inprocess_vllm, 
 
 
 async def test_probe_neither_is_text_tier(make_inprocess_vllm, vllm):
-    up = make_inprocess_vllm(answer=probe_replies(vllm, "processed",
-                                           strip=("prompt_token_ids", "token_ids", "logprobs")))
+    up = make_inprocess_vllm(
+        answer=probe_replies(vllm, "processed", strip=("prompt_token_ids", "token_ids", "logprobs"))
+    )
     result = await probe(EngineSpec(url=URL), up.client())
     assert result.tier is Tier.TEXT and "no per-token logprobs" in result.detail
 
@@ -204,8 +207,14 @@ async def test_server_refusing_return_token_ids_is_logprobs_tier(make_inprocess_
 
     def reply(body: dict) -> tuple[int, dict]:
         if "return_token_ids" in body:
-            return 400, {"error": {"message": "Unrecognized request argument supplied: return_token_ids",
-                                   "type": "invalid_request_error", "param": None, "code": None}}
+            return 400, {
+                "error": {
+                    "message": "Unrecognized request argument supplied: return_token_ids",
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": None,
+                }
+            }
         return inner(body)
 
     result = await probe(EngineSpec(url=URL), make_inprocess_vllm(answer=reply).client())

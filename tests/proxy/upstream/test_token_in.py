@@ -16,8 +16,8 @@ import re
 import numpy as np
 import pytest
 
-from tapdeck.proxy.upstream.client import parse_capture
 from tapdeck.proxy.capture.graph import RolloutGraph
+from tapdeck.proxy.upstream.client import parse_capture
 from tapdeck.proxy.upstream.token_in import (
     BoundaryError,
     assistant_close,
@@ -49,15 +49,15 @@ def _pieces(held: str, nxt: str) -> tuple[list[int], list[int], list[int], list[
     full = b["prompt_token_ids"]
     close = [IM_END, NEWLINE["tiny" if held.startswith("tiny/") else "smollm2"]]
     end = full.index(IM_END, len(prompt))  # the template's close of the held reply
-    return prompt, sampled, full[:end + 2], full, a["choices"][0]["finish_reason"], close
+    return prompt, sampled, full[: end + 2], full, a["choices"][0]["finish_reason"], close
 
 
 @pytest.mark.parametrize(("held", "nxt", "text_break", "why"), CASES)
 def test_token_in_prompt_extends_the_held_ids_where_text_broke(held, nxt, text_break, why):
     prompt, sampled, held_render, full, finish, close = _pieces(held, nxt)
     ids = continuation_ids(prompt + sampled, sampled, finish, close, held_render, full)
-    assert ids[:len(prompt) + len(sampled)] == prompt + sampled
-    assert ids[len(ids) - (len(full) - len(held_render)):] == full[len(held_render):]
+    assert ids[: len(prompt) + len(sampled)] == prompt + sampled
+    assert ids[len(ids) - (len(full) - len(held_render)) :] == full[len(held_render) :]
     diff = difference(full, ids)
     if text_break is None:
         assert diff == {"same": True, "text_len": len(full), "ids_len": len(ids)}, why
@@ -67,11 +67,12 @@ def test_token_in_prompt_extends_the_held_ids_where_text_broke(held, nxt, text_b
 
 
 def test_length_cut_gets_the_close_the_model_never_sampled():
-    prompt, sampled, held_render, full, finish, close = _pieces("chat_multiturn_trunc_1",
-                                                                "chat_multiturn_trunc_2")
+    prompt, sampled, held_render, full, finish, close = _pieces(
+        "chat_multiturn_trunc_1", "chat_multiturn_trunc_2"
+    )
     assert finish == "length" and sampled[-1] != IM_END
     ids = continuation_ids(prompt + sampled, sampled, finish, close, held_render, full)
-    assert ids[len(prompt) + len(sampled):][:2] == close
+    assert ids[len(prompt) + len(sampled) :][:2] == close
 
 
 def test_sampled_end_token_is_not_doubled():
@@ -87,7 +88,7 @@ def test_other_end_token_the_model_sampled_is_kept_before_the_close():
     prompt, sampled, held_render, full, _, close = _pieces("chat_multiturn_1", "chat_multiturn_2")
     other = [*sampled[:-1], 0]
     ids = continuation_ids(prompt + other, other, "stop", close, held_render, full)
-    assert ids[len(prompt) + len(other) - 1:][:3] == [0, *close]
+    assert ids[len(prompt) + len(other) - 1 :][:3] == [0, *close]
 
 
 def test_breaks_per_transition_off_and_on():
@@ -103,8 +104,11 @@ def test_breaks_per_transition_off_and_on():
         ids = continuation_ids(prompt + sampled, sampled, finish, close, held_render, full)
         g = RolloutGraph()
         g.add(a)
-        link = g.add(turn_from_fixture(nxt, 1).__class__(
-            **{**b.__dict__, "prompt_ids": np.asarray(ids, dtype=np.int32)}))
+        link = g.add(
+            turn_from_fixture(nxt, 1).__class__(
+                **{**b.__dict__, "prompt_ids": np.asarray(ids, dtype=np.int32)}
+            )
+        )
         assert (link.parent, link.kind) == (0, "prefix"), (held, link)
         on += g.stats().breaks
     assert (off, on) == (4, 0)
@@ -158,8 +162,9 @@ def test_token_in_replies_with_tools_read_as_vllms_hermes_chat_replies():
     ours = completion_as_chat(with_call, top_k=0, parser=hermes)["choices"][0]
     assert list(ours["message"]) == list(vllm_call["message"])
     assert ours["message"]["content"] == vllm_call["message"]["content"] is None
-    assert [(c["type"], c["function"]) for c in ours["message"]["tool_calls"]] == \
-        [(c["type"], c["function"]) for c in vllm_call["message"]["tool_calls"]]
+    assert [(c["type"], c["function"]) for c in ours["message"]["tool_calls"]] == [
+        (c["type"], c["function"]) for c in vllm_call["message"]["tool_calls"]
+    ]
     ids = [c["id"] for c in ours["message"]["tool_calls"] + vllm_call["message"]["tool_calls"]]
     assert all(re.fullmatch(r"chatcmpl-tool-[0-9a-f]{16}", i) for i in ids)
     assert ours["finish_reason"] == vllm_call["finish_reason"] == "tool_calls"

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tapdeck.proxy.upstream.client import EngineClient, parse_capture
 from tapdeck.proxy.capture.graph import RolloutGraph
+from tapdeck.proxy.upstream.client import EngineClient, parse_capture
 from tapdeck.proxy.upstream.reasoning import MarkerCache
 from tapdeck.proxy.upstream.tiers import EngineSpec
 from tapdeck.proxy.upstream.token_in import (
@@ -53,8 +53,9 @@ def _refusal(case: str) -> dict[str, Any]:
 def _engine(tag: str) -> FakeVllm:
     """The fake engine answering only the exact bodies vLLM answered for conversation `tag`."""
     tokenize = (f"tokenin_{tag}_tokenize_{p}" for p in TOKENIN_TOKENIZE_PARTS)
-    return FakeVllm(answer=None, exchanges=(*tokenize, f"tokenin_{tag}_turn2_ids",
-                                            "tokenize_reasoning_markers"))
+    return FakeVllm(
+        answer=None, exchanges=(*tokenize, f"tokenin_{tag}_turn2_ids", "tokenize_reasoning_markers")
+    )
 
 
 def _client(engine: FakeVllm) -> EngineClient:
@@ -97,7 +98,7 @@ def test_tokenize_boundaries_agree_with_vllms_chat_prompts(tag):
     assert tok["full"] == turn2["prompt_token_ids"]
     assert assistant_close(tok["history_gen"], tok["history_empty"]) == CLOSE
     end = turn2["prompt_token_ids"].index(2, len(turn1["prompt_token_ids"]))
-    assert tok["held"] == turn2["prompt_token_ids"][:end + len(CLOSE)]
+    assert tok["held"] == turn2["prompt_token_ids"][: end + len(CLOSE)]
 
 
 def test_close_after_an_empty_reply_is_the_close_after_any_reply():
@@ -105,7 +106,7 @@ def test_close_after_an_empty_reply_is_the_close_after_any_reply():
     same way (its render without vs with `continue_final_message`)."""
     closed = recorded("tokenize_chat_assistant_last")["response"]["tokens"]
     open_ = recorded("tokenize_chat_continue")["response"]["tokens"]
-    assert closed[:len(open_)] == open_ and closed[len(open_):] == CLOSE
+    assert closed[: len(open_)] == open_ and closed[len(open_) :] == CLOSE
     empty = recorded("tokenin_stop_tokenize_history_empty")["response"]["tokens"]
     assert assistant_close(recorded("tokenize_chat_gen")["response"]["tokens"], empty) == CLOSE
 
@@ -114,16 +115,21 @@ def test_close_after_an_empty_reply_is_the_close_after_any_reply():
 async def test_planner_asks_what_vllm_answered_and_builds_the_recorded_prompt(tag):
     engine = _engine(tag)
     request, upstream = _turn2(tag)
-    plan = await TokenIn(_client(engine), marker_cache=MarkerCache()).plan(_held_graph(tag), request,
-                                                                          upstream)
+    plan = await TokenIn(_client(engine), marker_cache=MarkerCache()).plan(
+        _held_graph(tag), request, upstream
+    )
     sent = recorded(f"tokenin_{tag}_turn2_ids")["request"]
     assert plan.record["mode"] == "ids", plan.record
     assert plan.prompt_ids == sent["prompt"]
     asked = sorted(json.dumps(s.body, sort_keys=True) for s in engine.sent)
     # The four renders, and once per engine the reasoning-marker probe (SmolLM2 has none).
-    assert asked == sorted(json.dumps(recorded(name)["request"], sort_keys=True)
-                           for name in [*(f"tokenin_{tag}_tokenize_{p}" for p in TOKENIN_TOKENIZE_PARTS),
-                                        "tokenize_reasoning_markers"])
+    assert asked == sorted(
+        json.dumps(recorded(name)["request"], sort_keys=True)
+        for name in [
+            *(f"tokenin_{tag}_tokenize_{p}" for p in TOKENIN_TOKENIZE_PARTS),
+            "tokenize_reasoning_markers",
+        ]
+    )
     assert {s.path for s in engine.sent} == {"/tokenize"}
 
 
@@ -135,22 +141,25 @@ async def test_token_in_prompt_is_vllms_text_prompt_unless_the_reply_retokenises
     turn1 = recorded(f"tokenin_{tag}_turn1")["response"]
     text_prompt = recorded(f"tokenin_{tag}_turn2_chat")["response"]["prompt_token_ids"]
     stored = turn1["prompt_token_ids"] + turn1["choices"][0]["token_ids"]
-    assert plan.prompt_ids[:len(stored)] == stored
+    assert plan.prompt_ids[: len(stored)] == stored
     if diverge_at is None:
         assert plan.prompt_ids == text_prompt
         assert plan.record["same"] is True
     else:
         assert plan.record["same"] is False and plan.record["diverge_at"] == diverge_at
         assert difference(text_prompt, plan.prompt_ids)["diverge_at"] == diverge_at
-        assert text_prompt[:len(stored)] != stored
+        assert text_prompt[: len(stored)] != stored
 
 
 def test_sampled_end_token_is_kept_once_and_a_cut_reply_gets_the_close():
-    stop, greedy = recorded("tokenin_stop_turn2_ids")["request"], recorded("tokenin_greedy_turn2_ids")["request"]
+    stop, greedy = (
+        recorded("tokenin_stop_turn2_ids")["request"],
+        recorded("tokenin_greedy_turn2_ids")["request"],
+    )
     for tag, prompt in (("stop", stop["prompt"]), ("greedy", greedy["prompt"])):
         turn1 = recorded(f"tokenin_{tag}_turn1")["response"]
         n = len(turn1["prompt_token_ids"]) + len(turn1["choices"][0]["token_ids"])
-        after = prompt[n - 1:n + 2]
+        after = prompt[n - 1 : n + 2]
         if turn1["choices"][0]["finish_reason"] == "stop":
             assert after == [2, 198, 1]  # sampled <|im_end|>, then only the "\n" of the close
         else:
@@ -165,7 +174,10 @@ async def test_token_id_completion_sent_is_the_recorded_one_and_reads_back(tag):
     plan = await token_in.plan(_held_graph(tag), request, upstream)
     reply, followed = await token_in.send(upstream, plan)
     rec = recorded(f"tokenin_{tag}_turn2_ids")
-    assert followed is plan and (engine.sent[-1].path, engine.sent[-1].body) == ("/v1/completions", rec["request"])
+    assert followed is plan and (engine.sent[-1].path, engine.sent[-1].body) == (
+        "/v1/completions",
+        rec["request"],
+    )
     raw = rec["response"]["choices"][0]
     cap = parse_capture(reply)
     assert cap.prompt_ids.tolist() == raw["prompt_token_ids"] == plan.prompt_ids
@@ -242,7 +254,7 @@ async def test_turn_after_a_vllm_tool_call_breaks_the_prefix_and_stays_on_text()
     assert call["choices"][0]["finish_reason"] == "tool_calls"
     n = len(call["prompt_token_ids"])
     assert nxt["response"]["prompt_token_ids"][:n] == call["prompt_token_ids"]
-    assert nxt["response"]["prompt_token_ids"][n:n + 5] == [2, 198, 1, 19324, 198]  # …<|im_start|>tool\n
+    assert nxt["response"]["prompt_token_ids"][n : n + 5] == [2, 198, 1, 19324, 198]  # …<|im_start|>tool\n
     assert call["choices"][0]["token_ids"][:2] != [2, 198]
     g = RolloutGraph()
     g.add(turn_from_fixture("chat_tools_call", 0))
@@ -266,10 +278,11 @@ def test_turn_after_a_tool_call_splits_at_the_message_boundary_and_keeps_the_cal
     close = assistant_close(tok["history_gen"], tok["history_empty"])
     sampled = call["choices"][0]["token_ids"]
     stored = call["prompt_token_ids"] + sampled
-    ids = continuation_ids(stored, sampled, call["choices"][0]["finish_reason"], close,
-                           tok["held"], tok["full"])
+    ids = continuation_ids(
+        stored, sampled, call["choices"][0]["finish_reason"], close, tok["held"], tok["full"]
+    )
     sent = recorded("tokenin_tools_turn2_ids")
-    assert ids == sent["request"]["prompt"] and ids[:len(stored)] == stored
+    assert ids == sent["request"]["prompt"] and ids[: len(stored)] == stored
     assert tok["full"] == text["prompt_token_ids"]
     assert difference(text["prompt_token_ids"], ids)["diverge_at"] == len(call["prompt_token_ids"])
     reply = completion_as_chat(sent["response"], top_k=2)

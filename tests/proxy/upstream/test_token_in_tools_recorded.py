@@ -46,8 +46,11 @@ def test_tool_call_sampled_by_ids_reads_back_as_vllms_chat_route_call():
     ours = completion_as_chat(completion, top_k=2, parser=HERMES)
     a, b = ours["choices"][0], chat["choices"][0]
     assert _without_ids(a["message"]) == _without_ids(b["message"])
-    assert (a["finish_reason"], a["stop_reason"]) == (b["finish_reason"], b["stop_reason"]) \
+    assert (
+        (a["finish_reason"], a["stop_reason"])
+        == (b["finish_reason"], b["stop_reason"])
         == ("tool_calls", None)
+    )
     assert a["token_ids"] == b["token_ids"] and a["logprobs"] == b["logprobs"]
     assert ours["prompt_token_ids"] == chat["prompt_token_ids"]
 
@@ -63,18 +66,27 @@ async def test_turn_after_a_tool_call_continues_by_ids_with_the_hermes_parser():
     """vLLM's text path drops the sampled call from the next prompt (its template renders the
     assistant turn empty); token-in keeps the call's ids and adds the `tool` message's ids from
     the `/tokenize` boundary, and vLLM's completion reads back as the chat reply it gave."""
-    assert (recorded("tokenize_chat_tools")["response"]["tokens"]
-            == recorded("tokenize_chat_gen")["response"]["tokens"])  # tools render nothing here
+    assert (
+        recorded("tokenize_chat_tools")["response"]["tokens"]
+        == recorded("tokenize_chat_gen")["response"]["tokens"]
+    )  # tools render nothing here
     sent = recorded("tokenin_tools_turn2_ids")
     assert not set(sent["response"]["choices"][0]["token_ids"][:-1]) & set(SPECIAL_IDS)
-    engine = FakeVllm(answer=None, recorded_as=without_what_vllm_was_not_sent,
-                      exchanges=(*(f"tokenin_tools_tokenize_{p}" for p in TOKENIN_TOKENIZE_PARTS),
-                                 "tokenin_tools_turn2_ids"))
+    engine = FakeVllm(
+        answer=None,
+        recorded_as=without_what_vllm_was_not_sent,
+        exchanges=(
+            *(f"tokenin_tools_tokenize_{p}" for p in TOKENIN_TOKENIZE_PARTS),
+            "tokenin_tools_turn2_ids",
+        ),
+    )
     graph = RolloutGraph()
     graph.add(turn_from_fixture("chat_tools_call", 0))
     nxt = recorded("chat_tools_result")
-    request = {k: copy.deepcopy(nxt["request"][k]) for k in
-               ("messages", "tools", "max_tokens", "temperature", "logprobs", "top_logprobs")}
+    request = {
+        k: copy.deepcopy(nxt["request"][k])
+        for k in ("messages", "tools", "max_tokens", "temperature", "logprobs", "top_logprobs")
+    }
     upstream, _ = EngineClient(SPEC).prepare(request, "tokens", "smollm2", False)
     token_in = TokenIn(EngineClient(SPEC, http=engine.client()), tool_parser="hermes")
     plan = await token_in.plan(graph, request, upstream)

@@ -18,8 +18,14 @@ from tapdeck.proxy.upstream.transport import UpstreamHTTP
 
 async def _read_request(reader: asyncio.StreamReader) -> None:
     head = await reader.readuntil(b"\r\n\r\n")
-    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                   if line.lower().startswith(b"content-length")), 0)
+    length = next(
+        (
+            int(line.split(b":")[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length")
+        ),
+        0,
+    )
     await reader.readexactly(length)
 
 
@@ -59,8 +65,10 @@ async def test_connection_reset_before_any_reply_is_retried_while_the_engine_is_
         if connections == 1:
             _reset(writer)
             return
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                     b"content-length: %d\r\n\r\n%s" % (len(payload), payload))
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n%s" % (len(payload), payload)
+        )
         await writer.drain()
         writer.close()
 
@@ -82,8 +90,9 @@ async def test_engine_that_always_drops_the_request_fails_with_a_message_not_an_
 
     err = await _engine_error(engine, basic_chat)
     assert err.kind == "unreachable"
-    assert err.message.endswith(f"({upstream_http.CONNECT_ATTEMPTS} attempts over "
-                                f"{sum(upstream_http.CONNECT_BACKOFF_S):.2f} s)")
+    assert err.message.endswith(
+        f"({upstream_http.CONNECT_ATTEMPTS} attempts over {sum(upstream_http.CONNECT_BACKOFF_S):.2f} s)"
+    )
     assert "closed the connection before replying" in err.message
 
 
@@ -94,7 +103,7 @@ async def test_reply_cut_mid_body_is_not_retried(vllm, basic_chat):
         nonlocal calls
         calls += 1
         await _read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n{\"id\":")
+        writer.write(b'HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n{"id":')
         await writer.drain()
         writer.close()
 
@@ -105,6 +114,7 @@ async def test_reply_cut_mid_body_is_not_retried(vllm, basic_chat):
 
 async def _two_calls(response: bytes) -> tuple[UpstreamHTTP, list]:
     """Two GETs in a row to a keep-alive engine answering each with `response`."""
+
     async def engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while True:
             try:
@@ -127,8 +137,11 @@ async def _two_calls(response: bytes) -> tuple[UpstreamHTTP, list]:
 
 async def test_chunked_reply_and_keep_alive_reuse():
     parts = [b'{"object":', b'"list","data":[]}']
-    http, replies = await _two_calls(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + b"".join(
-        b"%x\r\n%s\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n")
+    http, replies = await _two_calls(
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+        + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts)
+        + b"0\r\n\r\n"
+    )
     assert [r.status for r in replies] == [200, 200]
     assert json.loads(replies[1].body) == {"object": "list", "data": []}
     assert http.connections_opened == 1

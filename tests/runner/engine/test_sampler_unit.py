@@ -47,6 +47,7 @@ def test_seeded_sampler_is_reproducible_and_follows_the_distribution():
     def draws(seed: int) -> list[int]:
         s = Sampler(SamplingParams(temperature=1.0, seed=seed), np.array([], dtype=np.int32), 5)
         return [s.sample(LOGITS)[0] for _ in range(4000)]
+
     a = draws(1)
     assert a == draws(1) and a != draws(2)
     freq = np.bincount(a, minlength=5) / len(a)
@@ -54,8 +55,7 @@ def test_seeded_sampler_is_reproducible_and_follows_the_distribution():
 
 
 def test_penalties_lower_seen_tokens():
-    s = Sampler(SamplingParams(temperature=0.0, repetition_penalty=3.0),
-                np.array([0], dtype=np.int32), 5)
+    s = Sampler(SamplingParams(temperature=0.0, repetition_penalty=3.0), np.array([0], dtype=np.int32), 5)
     lp = s.process(LOGITS)
     assert lp[0] < log_softmax(LOGITS)[0]  # the prompt token is penalised
     assert int(np.argmax(lp)) == 1

@@ -31,8 +31,9 @@ def test_processed_logprobs_scale_with_inverse_temperature(embedded_engine):
     req = vllm_fixture("probe_processed_t1")["request"]
     at = {}
     for t in (0.0, 1.0, 2.0):
-        body = _chat(embedded_engine, messages=req["messages"], temperature=t, seed=9,
-                     max_tokens=2, top_logprobs=5)
+        body = _chat(
+            embedded_engine, messages=req["messages"], temperature=t, seed=9, max_tokens=2, top_logprobs=5
+        )
         at[t] = body["choices"][0]["logprobs"]["content"][0]
     ranked = sorted(_tops(at[1.0]).items(), key=lambda kv: -kv[1])
     (a, la1), (b, lb1) = ranked[0], ranked[1]
@@ -67,14 +68,12 @@ def test_top_k_renormalises_over_the_kept_tokens(embedded_engine):
         assert len(finite) <= 2
         assert math.log(sum(math.exp(x) for x in finite)) == pytest.approx(0.0, abs=1e-9)
         # masked tokens are reported clamped, as vLLM does
-        assert all(t["logprob"] == -9999.0 for t in entry["top_logprobs"]
-                   if t["logprob"] <= -9999.0)
+        assert all(t["logprob"] == -9999.0 for t in entry["top_logprobs"] if t["logprob"] <= -9999.0)
 
 
 def test_top_p_and_min_p_keep_mass_on_the_kept_tokens(embedded_engine):
     for knobs in ({"top_p": 0.5}, {"min_p": 0.2}):
-        body = _chat(embedded_engine, temperature=1.0, seed=2, max_tokens=6, top_logprobs=20,
-                     **knobs)
+        body = _chat(embedded_engine, temperature=1.0, seed=2, max_tokens=6, top_logprobs=20, **knobs)
         entries = body["choices"][0]["logprobs"]["content"]
         assert len(entries) == len(body["choices"][0]["token_ids"]) == 6, knobs
         for entry in entries:
@@ -87,13 +86,16 @@ def test_greedy_is_deterministic(embedded_engine):
     b = _chat(embedded_engine, max_tokens=10, top_logprobs=2)
     ca, cb = a["choices"][0], b["choices"][0]
     assert ca["token_ids"] == cb["token_ids"]
-    assert [e["logprob"] for e in ca["logprobs"]["content"]] == \
-        pytest.approx([e["logprob"] for e in cb["logprobs"]["content"]], abs=1e-4)
+    assert [e["logprob"] for e in ca["logprobs"]["content"]] == pytest.approx(
+        [e["logprob"] for e in cb["logprobs"]["content"]], abs=1e-4
+    )
 
 
 def test_seeded_sampling_is_reproducible_and_seed_dependent(embedded_engine):
-    runs = {seed: _chat(embedded_engine, temperature=1.2, seed=seed, max_tokens=12)
-            ["choices"][0]["token_ids"] for seed in (11, 12, 13)}
+    runs = {
+        seed: _chat(embedded_engine, temperature=1.2, seed=seed, max_tokens=12)["choices"][0]["token_ids"]
+        for seed in (11, 12, 13)
+    }
     again = _chat(embedded_engine, temperature=1.2, seed=11, max_tokens=12)["choices"][0]
     assert again["token_ids"] == runs[11]
     assert len({tuple(v) for v in runs.values()}) > 1

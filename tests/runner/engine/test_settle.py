@@ -25,7 +25,8 @@ def _text_ids(model: Any, n: int) -> list[int]:
 
 
 def test_a_settle_that_gives_way_leaves_a_cache_whose_reuse_equals_a_fresh_prefill(
-        embedded_engine: Any) -> None:
+    embedded_engine: Any,
+) -> None:
     core = embedded_engine.core
     model = core.model
     ids = _text_ids(model, 600)
@@ -50,7 +51,8 @@ def test_a_settle_that_gives_way_leaves_a_cache_whose_reuse_equals_a_fresh_prefi
 
 
 def test_a_caller_waiting_for_the_model_stops_the_settle_of_the_reply_before_it(
-        embedded_engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    embedded_engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     core = embedded_engine.core
     model = core.model
     real_settle = model.settle
@@ -61,9 +63,11 @@ def test_a_caller_waiting_for_the_model_stops_the_settle_of_the_reply_before_it(
         # Runs under the model's lock right after the reply went out. From the second reply on,
         # another caller asks for the model now, before the settle's first batch.
         if settled:
+
             def second_caller() -> None:
                 with core.holding():
                     second_caller_served.set()
+
             threading.Thread(target=second_caller, daemon=True).start()
             while not core.wanted():
                 threading.Event().wait(0.01)
@@ -74,8 +78,13 @@ def test_a_caller_waiting_for_the_model_stops_the_settle_of_the_reply_before_it(
     monkeypatch.setattr(model, "settle", settle_with_a_caller_waiting)
     ids = _text_ids(model, 80)
     for prompt in (ids[:40], ids[40:]):
-        body = {"model": embedded_engine.served_name, "prompt": prompt, "max_tokens": 8,
-                "ignore_eos": True, "temperature": 0}
+        body = {
+            "model": embedded_engine.served_name,
+            "prompt": prompt,
+            "max_tokens": 8,
+            "ignore_eos": True,
+            "temperature": 0,
+        }
         reply = httpx.post(f"{embedded_engine.base_url}/completions", json=body, timeout=120)
         assert reply.status_code == 200, reply.text
     assert second_caller_served.wait(60), "the second caller never got the model"

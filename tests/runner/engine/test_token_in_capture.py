@@ -34,20 +34,28 @@ def engine() -> Iterator[Any]:
 
 def _conversation(url: str, admin: str, token_in: bool) -> tuple[str, list[dict[str, Any]]]:
     """Three sampled calls, each resending the reply verbatim plus an observation."""
-    info = httpx.post(f"{url}/admin/sessions", json={"rollout_type": "train", "token_in": token_in},
-                      headers={"Authorization": f"Bearer {admin}"}, timeout=120).json()
+    info = httpx.post(
+        f"{url}/admin/sessions",
+        json={"rollout_type": "train", "token_in": token_in},
+        headers={"Authorization": f"Bearer {admin}"},
+        timeout=120,
+    ).json()
     messages = list(vllm_fixture("chat_multiturn_1")["request"]["messages"])
     replies = []
     for k in range(3):
-        r = httpx.post(f"{url}/v1/chat/completions", timeout=300,
-                       headers={"Authorization": f"Bearer {info['api_key']}"},
-                       json={"model": "smollm2", "messages": messages, "temperature": 1.0,
-                             "seed": 4, "max_tokens": 24})
+        r = httpx.post(
+            f"{url}/v1/chat/completions",
+            timeout=300,
+            headers={"Authorization": f"Bearer {info['api_key']}"},
+            json={"model": "smollm2", "messages": messages, "temperature": 1.0, "seed": 4, "max_tokens": 24},
+        )
         assert r.status_code == 200, r.text
         replies.append(r.json())
         if k < 2:
-            messages += [{"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]},
-                         {"role": "user", "content": OBSERVATIONS[k]}]
+            messages += [
+                {"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]},
+                {"role": "user", "content": OBSERVATIONS[k]},
+            ]
     return info["id"], replies
 
 
@@ -57,13 +65,28 @@ def test_token_id_prompt_gives_the_reply_the_chat_route_gives(engine):
     from tapdeck.proxy.upstream.client import parse_capture
     from tapdeck.proxy.upstream.token_in import completion_as_chat
 
-    sampling = {"model": "smollm2", "temperature": 1.0, "seed": 11, "max_tokens": 24,
-                "return_token_ids": True}
-    chat = httpx.post(f"{engine.base_url}/chat/completions", timeout=300, json={
-        **sampling, "messages": vllm_fixture("chat_multiturn_1")["request"]["messages"],
-        "logprobs": True, "top_logprobs": 0}).json()
-    legacy = httpx.post(f"{engine.base_url}/completions", timeout=300, json={
-        **sampling, "prompt": chat["prompt_token_ids"], "logprobs": 0}).json()
+    sampling = {
+        "model": "smollm2",
+        "temperature": 1.0,
+        "seed": 11,
+        "max_tokens": 24,
+        "return_token_ids": True,
+    }
+    chat = httpx.post(
+        f"{engine.base_url}/chat/completions",
+        timeout=300,
+        json={
+            **sampling,
+            "messages": vllm_fixture("chat_multiturn_1")["request"]["messages"],
+            "logprobs": True,
+            "top_logprobs": 0,
+        },
+    ).json()
+    legacy = httpx.post(
+        f"{engine.base_url}/completions",
+        timeout=300,
+        json={**sampling, "prompt": chat["prompt_token_ids"], "logprobs": 0},
+    ).json()
     again = completion_as_chat(legacy, top_k=0)
     assert again["choices"][0]["message"]["content"] == chat["choices"][0]["message"]["content"]
     a, b = parse_capture(chat), parse_capture(again)
@@ -79,8 +102,7 @@ def test_embedded_engine_answers_the_reasoning_marker_probe_as_vllm_does(engine)
 
     rec = vllm_fixture("tokenize_reasoning_markers")
     mine = httpx.post(f"{engine.url}/tokenize", json=probe_body(engine.served_name), timeout=60).json()
-    assert (mine["tokens"], mine["token_strs"]) == (rec["response"]["tokens"],
-                                                    rec["response"]["token_strs"])
+    assert (mine["tokens"], mine["token_strs"]) == (rec["response"]["tokens"], rec["response"]["token_strs"])
     markers = read_markers(mine)
     assert markers.known and not markers.found
 
@@ -91,10 +113,8 @@ def test_token_in_conversation_is_one_chain_with_engine_logprobs(engine, tmp_pat
     with local_server_on(engine, tmp_path / "data") as server:
         headers = {"Authorization": f"Bearer {server.admin_key}"}
         sid, replies = _conversation(server.url, server.admin_key, token_in=True)
-        doc = httpx.get(f"{server.url}/admin/sessions/{sid}/rollout", headers=headers,
-                        timeout=120).json()
-        trace = httpx.get(f"{server.url}/admin/sessions/{sid}/trace", headers=headers,
-                          timeout=120).json()
+        doc = httpx.get(f"{server.url}/admin/sessions/{sid}/rollout", headers=headers, timeout=120).json()
+        trace = httpx.get(f"{server.url}/admin/sessions/{sid}/trace", headers=headers, timeout=120).json()
 
     modes = [t["meta"].get("capture_mode", {}) for t in doc["turns"]]
     assert [m.get("mode") for m in modes] == ["text", "ids", "ids"]
@@ -116,9 +136,12 @@ def test_token_in_conversation_is_one_chain_with_engine_logprobs(engine, tmp_pat
     # scores every call's sampled tokens; batched and single-token kernels round differently.
     last = trace["turns"][-1]
     ids = last["prompt_token_ids"] + last["completion_token_ids"]
-    captured = [(len(row["prompt_token_ids"]) + i, lp)
-                for row in trace["turns"] for i, lp in enumerate(row["per_token_logps"])]
-    assert all(ids[:len(r["prompt_token_ids"])] == r["prompt_token_ids"] for r in trace["turns"])
+    captured = [
+        (len(row["prompt_token_ids"]) + i, lp)
+        for row in trace["turns"]
+        for i, lp in enumerate(row["per_token_logps"])
+    ]
+    assert all(ids[: len(r["prompt_token_ids"])] == r["prompt_token_ids"] for r in trace["turns"])
     one_pass = rescore(ids, 1, temperature=1.0, engine_n_ctx=N_CTX)
     gaps = np.array([abs(one_pass[pos - 1] - lp) for pos, lp in captured])
     assert gaps.mean() < 0.2, gaps

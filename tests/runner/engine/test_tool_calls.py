@@ -18,23 +18,44 @@ SMOLLM2_TEMPLATE = (
     "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
     "Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + "
     "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
-    "{{ '<|im_start|>assistant\n' }}{% endif %}")
+    "{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
 
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "Get the weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                   "required": ["city"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get the weather for a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
 
 
 def _call(city: str, i: int) -> dict:
-    return {"role": "assistant", "content": None, "tool_calls": [{
-        "id": f"call_{i}", "type": "function",
-        "function": {"name": "get_weather", "arguments": json.dumps({"city": city})}}]}
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": f"call_{i}",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": json.dumps({"city": city})},
+            }
+        ],
+    }
 
 
 def test_parse_tool_call_blocks_like_vllm_hermes():
-    text = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n' \
-           '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    text = (
+        'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+        '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    )
     parsed = parse_tool_calls(text)
     assert parsed.content == "Let me check.\n"
     assert [c["function"]["name"] for c in parsed.tool_calls] == ["get_weather", "get_time"]
@@ -61,14 +82,19 @@ def test_block_without_arguments_leaves_the_reply_plain_content_like_vllm_hermes
 
 def test_template_renders_tools_calls_and_responses_hermes_style():
     tpl = ChatTemplate(SMOLLM2_TEMPLATE)
-    messages = [{"role": "user", "content": "Weather in Rome?"}, _call("Rome", 1),
-                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    messages = [
+        {"role": "user", "content": "Weather in Rome?"},
+        _call("Rome", 1),
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    ]
     text = tpl.render(messages, tools=TOOLS)
     assert text.startswith("<|im_start|>system\n# Tools\n")
     assert json.dumps(TOOLS[0]) in text.split("<tools>\n")[1].split("\n</tools>")[0]
     assert "SmolLM" not in text  # the tools system message replaces the default one
-    assert '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": ' \
-           '{"city": "Rome"}}\n</tool_call><|im_end|>\n' in text
+    assert (
+        '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": '
+        '{"city": "Rome"}}\n</tool_call><|im_end|>\n' in text
+    )
     assert "<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>\n" in text
     assert text.endswith("<|im_start|>assistant\n")
     with_system = tpl.render([{"role": "system", "content": "Be brief."}, *messages], tools=TOOLS)
@@ -78,24 +104,37 @@ def test_template_renders_tools_calls_and_responses_hermes_style():
 def test_template_without_tools_matches_the_model_template():
     tpl = ChatTemplate(SMOLLM2_TEMPLATE)
     text = tpl.render([{"role": "user", "content": [{"type": "text", "text": "hi"}]}])
-    assert text == ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
-                    "Hugging Face<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
-                    "<|im_start|>assistant\n")
+    assert text == (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
+        "Hugging Face<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
 
 
 def _fewshot() -> list[dict]:
     # The 135M model does not call tools unprompted; two in-context calls make it imitate them.
-    return [{"role": "system", "content": "You answer by calling tools."},
-            {"role": "user", "content": "Weather in Rome?"}, _call("Rome", 1),
-            {"role": "user", "content": "Weather in Oslo?"}, _call("Oslo", 2),
-            {"role": "user", "content": "Weather in Paris?"}]
+    return [
+        {"role": "system", "content": "You answer by calling tools."},
+        {"role": "user", "content": "Weather in Rome?"},
+        _call("Rome", 1),
+        {"role": "user", "content": "Weather in Oslo?"},
+        _call("Oslo", 2),
+        {"role": "user", "content": "Weather in Paris?"},
+    ]
 
 
 @pytest.mark.slow
 def test_tool_call_round_trip_keeps_the_token_prefix(embedded_engine):
     url = f"{embedded_engine.base_url}/chat/completions"
-    req = {"model": "smollm2", "messages": _fewshot(), "tools": TOOLS, "max_tokens": 40,
-           "temperature": 0, "return_token_ids": True, "logprobs": True}
+    req = {
+        "model": "smollm2",
+        "messages": _fewshot(),
+        "tools": TOOLS,
+        "max_tokens": 40,
+        "temperature": 0,
+        "return_token_ids": True,
+        "logprobs": True,
+    }
     body = httpx.post(url, json=req, timeout=120).json()
     choice = body["choices"][0]
     assert choice["finish_reason"] == "tool_calls"
@@ -104,11 +143,16 @@ def test_tool_call_round_trip_keeps_the_token_prefix(embedded_engine):
     assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
     assert choice["message"]["content"] is None
     # Send the assistant message back as a client would, plus the tool result.
-    reply = {"role": "assistant", "content": choice["message"]["content"],
-             "tool_calls": choice["message"]["tool_calls"]}
-    follow = dict(req, messages=[*_fewshot(), reply,
-                                 {"role": "tool", "tool_call_id": call["id"], "content": "rain"}],
-                  max_tokens=4)
+    reply = {
+        "role": "assistant",
+        "content": choice["message"]["content"],
+        "tool_calls": choice["message"]["tool_calls"],
+    }
+    follow = dict(
+        req,
+        messages=[*_fewshot(), reply, {"role": "tool", "tool_call_id": call["id"], "content": "rain"}],
+        max_tokens=4,
+    )
     nxt = httpx.post(url, json=follow, timeout=120).json()
     full = body["prompt_token_ids"] + choice["token_ids"]
     assert nxt["prompt_token_ids"][: len(full)] == full
@@ -116,8 +160,15 @@ def test_tool_call_round_trip_keeps_the_token_prefix(embedded_engine):
 
 @pytest.mark.slow
 def test_tool_call_streams_as_a_tool_calls_delta(embedded_engine):
-    req = {"model": "smollm2", "messages": _fewshot(), "tools": TOOLS, "max_tokens": 40,
-           "temperature": 0, "stream": True, "return_token_ids": True}
+    req = {
+        "model": "smollm2",
+        "messages": _fewshot(),
+        "tools": TOOLS,
+        "max_tokens": 40,
+        "temperature": 0,
+        "stream": True,
+        "return_token_ids": True,
+    }
     text = httpx.post(f"{embedded_engine.base_url}/chat/completions", json=req, timeout=120).text
     chunks = [json.loads(b[6:]) for b in text.split("\n\n") if b.startswith("data: {")]
     content = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
@@ -140,11 +191,11 @@ def test_parse_agrees_with_vllm_hermes_on_recorded_replies(name):
     parsed = parse_tool_calls(raw)
     theirs = choice["message"]
     assert parsed.content == theirs["content"]
-    assert [(c["type"], c["function"]) for c in parsed.tool_calls] == \
-        [(c["type"], c["function"]) for c in theirs.get("tool_calls", [])]
+    assert [(c["type"], c["function"]) for c in parsed.tool_calls] == [
+        (c["type"], c["function"]) for c in theirs.get("tool_calls", [])
+    ]
     assert all(c["id"].startswith("chatcmpl-tool-") for c in parsed.tool_calls)
     assert choice["finish_reason"] == ("tool_calls" if parsed.tool_calls else "stop")
-
 
 
 def test_token_id_completion_text_parses_to_vllms_chat_call():

@@ -21,13 +21,23 @@ def _sse_events(text: str) -> list:
     events = []
     for block in text.split("\n\n"):
         if block.startswith("data: "):
-            payload = block[len("data: "):]
+            payload = block[len("data: ") :]
             events.append(payload if payload == "[DONE]" else json.loads(payload))
     return events
 
 
-@pytest.mark.parametrize("name", ["chat_basic", "chat_top2", "chat_length", "chat_n2",
-                                  "chat_multiturn_1", "chat_multiturn_2", "chat_multiturn_3"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "chat_basic",
+        "chat_top2",
+        "chat_length",
+        "chat_n2",
+        "chat_multiturn_1",
+        "chat_multiturn_2",
+        "chat_multiturn_3",
+    ],
+)
 def test_chat_body_has_vllm_structure_and_prompt_ids(embedded_engine, name):
     rec = vllm_fixture(name)
     r = _post(embedded_engine, "/v1/chat/completions", rec["request"])
@@ -101,10 +111,10 @@ def test_stream_chunks_match_vllm_sequence_and_non_streaming_values(embedded_eng
     assert body["prompt_token_ids"] == first["prompt_token_ids"]
     assert body["choices"][0]["token_ids"] == ids
     assert body["choices"][0]["message"]["content"] == text
-    assert [e["token"] for e in body["choices"][0]["logprobs"]["content"]] == \
-        [e["token"] for e in lps]
-    assert [e["logprob"] for e in body["choices"][0]["logprobs"]["content"]] == \
-        pytest.approx([e["logprob"] for e in lps], abs=1e-4)
+    assert [e["token"] for e in body["choices"][0]["logprobs"]["content"]] == [e["token"] for e in lps]
+    assert [e["logprob"] for e in body["choices"][0]["logprobs"]["content"]] == pytest.approx(
+        [e["logprob"] for e in lps], abs=1e-4
+    )
     assert tokens[-1]["choices"][0]["finish_reason"] == body["choices"][0]["finish_reason"]
 
 
@@ -135,8 +145,7 @@ def test_legacy_completions_with_token_id_prompt(embedded_engine):
 def test_legacy_completions_with_text_prompt_equals_token_prompt(embedded_engine):
     req = dict(vllm_fixture("completions_ids")["request"], max_tokens=4)
     by_ids = _post(embedded_engine, "/v1/completions", req).json()
-    by_text = _post(embedded_engine, "/v1/completions",
-                    dict(req, prompt="The capital of France is")).json()
+    by_text = _post(embedded_engine, "/v1/completions", dict(req, prompt="The capital of France is")).json()
     assert by_text["choices"][0]["prompt_token_ids"] == req["prompt"]
     assert by_text["choices"][0]["token_ids"] == by_ids["choices"][0]["token_ids"]
 
@@ -155,20 +164,33 @@ def test_models_and_health_have_vllm_shape(embedded_engine):
 
 def test_tokenize_chat_and_text_forms(embedded_engine):
     rec = vllm_fixture("chat_basic")
-    r = _post(embedded_engine, "/tokenize", {"model": "smollm2",
-                                              "messages": rec["request"]["messages"]}).json()
+    r = _post(
+        embedded_engine, "/tokenize", {"model": "smollm2", "messages": rec["request"]["messages"]}
+    ).json()
     assert r["tokens"] == rec["response"]["prompt_token_ids"]
     assert r["count"] == 37 and r["max_model_len"] == 32768
     r = _post(embedded_engine, "/tokenize", {"prompt": "The capital of France is"}).json()
     assert r["tokens"] == [504, 3575, 282, 4649, 314] and r["count"] == 5
 
 
-@pytest.mark.parametrize("name", [
-    "tokenize_chat_gen", "tokenize_chat_default", "tokenize_chat_nogen", "tokenize_chat_special",
-    "tokenize_chat_no_system", "tokenize_chat_assistant_last", "tokenize_chat_continue",
-    "tokenize_prompt",
-    *(f"tokenin_{tag}_tokenize_{part}" for tag in ("greedy", "stop", "retok")
-      for part in ("full", "held", "history_gen", "history_empty"))])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "tokenize_chat_gen",
+        "tokenize_chat_default",
+        "tokenize_chat_nogen",
+        "tokenize_chat_special",
+        "tokenize_chat_no_system",
+        "tokenize_chat_assistant_last",
+        "tokenize_chat_continue",
+        "tokenize_prompt",
+        *(
+            f"tokenin_{tag}_tokenize_{part}"
+            for tag in ("greedy", "stop", "retok")
+            for part in ("full", "held", "history_gen", "history_empty")
+        ),
+    ],
+)
 def test_tokenize_answers_the_ids_vllm_answered(embedded_engine, name):
     """Every recorded vLLM `/tokenize` body without tools: the same ids and reply shape (tokens
     are the same tokenizer and template; tools are rendered into the prompt here by design)."""
@@ -226,20 +248,21 @@ def test_return_tokens_as_token_ids_stream(token_id_engine):
 def test_stream_with_stop_string_holds_back_and_matches_non_streaming(embedded_engine):
     req = dict(vllm_fixture("chat_basic")["request"], stop=["Paris"])
     body = _post(embedded_engine, "/v1/chat/completions", req).json()
-    events = _sse_events(_post(embedded_engine, "/v1/chat/completions",
-                               dict(req, stream=True)).text)
+    events = _sse_events(_post(embedded_engine, "/v1/chat/completions", dict(req, stream=True)).text)
     chunks = [e for e in events[1:] if e != "[DONE]"]
     text = "".join(c["choices"][0]["delta"]["content"] for c in chunks)
     assert text == body["choices"][0]["message"]["content"] == "The capital of France is "
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
     assert chunks[-1]["choices"][0]["stop_reason"] == "Paris"
-    assert [t for c in chunks for t in c["choices"][0]["token_ids"]] == \
-        body["choices"][0]["token_ids"]
+    assert [t for c in chunks for t in c["choices"][0]["token_ids"]] == body["choices"][0]["token_ids"]
 
 
 def test_unsupported_content_part_is_a_400(embedded_engine):
-    req = {"model": "smollm2", "max_tokens": 2, "messages": [
-        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}
+    req = {
+        "model": "smollm2",
+        "max_tokens": 2,
+        "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+    }
     r = _post(embedded_engine, "/v1/chat/completions", req)
     assert r.status_code == 400
     error = r.json()["error"]
@@ -247,11 +270,22 @@ def test_unsupported_content_part_is_a_400(embedded_engine):
 
 
 def test_continue_final_message_leaves_the_assistant_turn_open(embedded_engine):
-    messages = [*vllm_fixture("chat_basic")["request"]["messages"],
-                {"role": "assistant", "content": "The capital of France is"}]
-    body = _post(embedded_engine, "/v1/chat/completions", {
-        "model": "smollm2", "messages": messages, "max_tokens": 2, "temperature": 0,
-        "return_token_ids": True, "add_generation_prompt": False,
-        "continue_final_message": True}).json()
+    messages = [
+        *vllm_fixture("chat_basic")["request"]["messages"],
+        {"role": "assistant", "content": "The capital of France is"},
+    ]
+    body = _post(
+        embedded_engine,
+        "/v1/chat/completions",
+        {
+            "model": "smollm2",
+            "messages": messages,
+            "max_tokens": 2,
+            "temperature": 0,
+            "return_token_ids": True,
+            "add_generation_prompt": False,
+            "continue_final_message": True,
+        },
+    ).json()
     assert body["prompt_token_ids"][-5:] == [504, 3575, 282, 4649, 314]
     assert body["choices"][0]["token_ids"][0] == 7042  # " Paris"

@@ -48,19 +48,30 @@ def test_format_score_gives_partial_credit_for_terminus_json() -> None:
 
 
 def test_sample_from_rollout_splits_at_the_first_trained_token_and_keeps_the_mask() -> None:
-    doc = {"sequences": [
-        {"role": "auxiliary", "input_ids": [9, 9], "loss_mask": [0, 1], "logprobs": [0.0, -1.0]},
-        {"role": "agent", "input_ids": [1, 2, 3, 4, 5, 6, 7], "loss_mask": [0, 0, 1, 1, 0, 1, 1],
-         "logprobs": [0.0, 0.0, -0.5, -0.25, 0.0, -2.0, -0.125]},
-        {"role": "agent", "input_ids": [1, 2, 8], "loss_mask": [0, 0, 1], "logprobs": [0.0, 0.0, -3.0]},
-    ]}
+    doc = {
+        "sequences": [
+            {"role": "auxiliary", "input_ids": [9, 9], "loss_mask": [0, 1], "logprobs": [0.0, -1.0]},
+            {
+                "role": "agent",
+                "input_ids": [1, 2, 3, 4, 5, 6, 7],
+                "loss_mask": [0, 0, 1, 1, 0, 1, 1],
+                "logprobs": [0.0, 0.0, -0.5, -0.25, 0.0, -2.0, -0.125],
+            },
+            {"role": "agent", "input_ids": [1, 2, 8], "loss_mask": [0, 0, 1], "logprobs": [0.0, 0.0, -3.0]},
+        ]
+    }
     sample, n_agent = sample_from_rollout(doc)
     assert n_agent == 2
-    assert sample == {"prompt_ids": [1, 2], "completion_ids": [3, 4, 5, 6, 7], "env_mask": [1, 1, 0, 1, 1],
-                      "logprobs": [-0.5, -0.25, 0.0, -2.0, -0.125]}
+    assert sample == {
+        "prompt_ids": [1, 2],
+        "completion_ids": [3, 4, 5, 6, 7],
+        "env_mask": [1, 1, 0, 1, 1],
+        "logprobs": [-0.5, -0.25, 0.0, -2.0, -0.125],
+    }
     with pytest.raises(ValueError):
-        sample_from_rollout({"sequences": [{"role": "agent", "input_ids": [1], "loss_mask": [0],
-                                            "logprobs": [0.0]}]})
+        sample_from_rollout(
+            {"sequences": [{"role": "agent", "input_ids": [1], "loss_mask": [0], "logprobs": [0.0]}]}
+        )
 
 
 def row(verifier: float | None, fmt: float | None) -> tuple[dict, float | None, float | None, dict]:
@@ -107,35 +118,61 @@ def test_redraws_stop_at_the_limit_and_keep_the_last_draw() -> None:
 
 
 @pytest.mark.medium
-def test_cpu_grpo_refuses_a_task_the_dataset_lacks_before_loading_its_model(train_server: Any,
-                                                                           tmp_path: Path) -> None:
+def test_cpu_grpo_refuses_a_task_the_dataset_lacks_before_loading_its_model(
+    train_server: Any, tmp_path: Path
+) -> None:
     import sys
 
     from tapdeck.runner.training import TrainingRun, load_run
 
     lines: list[str] = []
     # The server's own Python has no torch: the recipe must say so before it would import it.
-    job = TrainingRun("cpu-grpo", ["--tasks", "hello-file,hello-fil"], data_dir=tmp_path / "data",
-                      python=sys.executable, on_line=lines.append,
-                      extra_env={"TAPDECK_SERVER_URL": train_server.url,
-                                 "TAPDECK_ADMIN_KEY": train_server.admin_key}).start()
+    job = TrainingRun(
+        "cpu-grpo",
+        ["--tasks", "hello-file,hello-fil"],
+        data_dir=tmp_path / "data",
+        python=sys.executable,
+        on_line=lines.append,
+        extra_env={"TAPDECK_SERVER_URL": train_server.url, "TAPDECK_ADMIN_KEY": train_server.admin_key},
+    ).start()
     assert job.wait() == 2, lines
-    assert lines == ["cpu-grpo: unknown task(s) hello-fil; the dataset has fizzbuzz-python, "
-                     "greet-script, hello-file, json-config, sum-numbers"]
+    assert lines == [
+        "cpu-grpo: unknown task(s) hello-fil; the dataset has fizzbuzz-python, "
+        "greet-script, hello-file, json-config, sum-numbers"
+    ]
     assert load_run(tmp_path / "data", job.run_id).error.startswith("cpu-grpo: unknown task(s)")
 
 
 @pytest.mark.slow
-def test_cpu_grpo_trains_on_tapdeck_rollouts_from_its_current_weights(train_env: Path,
-                                                                      train_server: Any) -> None:
+def test_cpu_grpo_trains_on_tapdeck_rollouts_from_its_current_weights(
+    train_env: Path, train_server: Any
+) -> None:
     http = train_server.http
     # One turn, but the server's call budget (3): terminus-2 re-asks after a reply it cannot parse,
     # and the format credit averaged over up to 3 replies makes a group where all 3 rollouts score
     # the same less common; such a group (nothing to learn, no update to check) is drawn again, up
     # to 5 times (CI once met a flat group on the one draw it had).
-    args = ["--tasks", "hello-file", "--group-size", "3", "--steps", "1", "--max-turns", "1",
-            "--max-tokens", "24", "--lr", "1e-4", "--check-logprobs", "--rollout-timeout", "1200",
-            "--redraws", "5", "--check-weights", str(shipped_model_path())]
+    args = [
+        "--tasks",
+        "hello-file",
+        "--group-size",
+        "3",
+        "--steps",
+        "1",
+        "--max-turns",
+        "1",
+        "--max-tokens",
+        "24",
+        "--lr",
+        "1e-4",
+        "--check-logprobs",
+        "--rollout-timeout",
+        "1200",
+        "--redraws",
+        "5",
+        "--check-weights",
+        str(shipped_model_path()),
+    ]
     resp = http.post("/admin/train", json={"recipe": "cpu-grpo", "args": args})
     assert resp.status_code == 200, resp.text
     job = resp.json()
@@ -157,15 +194,25 @@ def test_cpu_grpo_trains_on_tapdeck_rollouts_from_its_current_weights(train_env:
 
     # trackio got TRL's metrics (read back by the server from the run's SQLite).
     names = {p["name"] for p in http.get(f"/admin/train/{job['id']}/metrics").json()["points"]}
-    assert {"train/reward", "train/reward_std", "train/loss", "train/frac_reward_zero_std",
-            "train/rewards/verifier/mean", "train/rewards/reply_format/mean",
-            "train/rollout/sampled_tok_s", "train/completions/mean_length",
-            "train/rollout/redraws"} <= names, sorted(names)
+    assert {
+        "train/reward",
+        "train/reward_std",
+        "train/loss",
+        "train/frac_reward_zero_std",
+        "train/rewards/verifier/mean",
+        "train/rewards/reply_format/mean",
+        "train/rollout/sampled_tok_s",
+        "train/completions/mean_length",
+        "train/rollout/redraws",
+    } <= names, sorted(names)
 
     # The rollouts were real tapdeck rollouts on the policy engine, captured at the tokens tier: one
     # run per draw of the group.
-    redraws = [p["value"] for p in http.get(f"/admin/train/{job['id']}/metrics").json()["points"]
-               if p["name"] == "train/rollout/redraws"]
+    redraws = [
+        p["value"]
+        for p in http.get(f"/admin/train/{job['id']}/metrics").json()["points"]
+        if p["name"] == "train/rollout/redraws"
+    ]
     runs = http.get("/admin/runs").json()["runs"]
     assert len(runs) == 1 + int(redraws[0]), (redraws, runs)
     for run in runs:
@@ -182,8 +229,11 @@ def test_cpu_grpo_trains_on_tapdeck_rollouts_from_its_current_weights(train_env:
     assert check["engine_vs_trainer_after"] < LOGPROB_TOLERANCE
     wire_vs_score = max(abs(a - b) for a, b in zip(check["engine_wire"], check["engine_before"], strict=True))
     assert wire_vs_score < LOGPROB_TOLERANCE
-    zero_std = [p["value"] for p in http.get(f"/admin/train/{job['id']}/metrics").json()["points"]
-                if p["name"] == "train/frac_reward_zero_std"]
+    zero_std = [
+        p["value"]
+        for p in http.get(f"/admin/train/{job['id']}/metrics").json()["points"]
+        if p["name"] == "train/frac_reward_zero_std"
+    ]
     if zero_std == [1.0]:
         pytest.fail(f"the only group taught nothing (all rewards equal): no update to check\n{log}")
     assert check["tensors_changed"] > 0

@@ -34,8 +34,11 @@ THRESHOLDS = (0, 1024)  # TRL's loop-owning lossless mode, and its default elsew
 
 def _trl_view(train_python: Path, tmp_path: Path, rollouts: list[dict]) -> dict:
     spec = tmp_path / "spec.json"
-    spec.write_bytes(orjson.dumps({"fork_thresholds": list(THRESHOLDS), "rollouts": rollouts},
-                                  option=orjson.OPT_SERIALIZE_NUMPY))
+    spec.write_bytes(
+        orjson.dumps(
+            {"fork_thresholds": list(THRESHOLDS), "rollouts": rollouts}, option=orjson.OPT_SERIALIZE_NUMPY
+        )
+    )
     return json.loads(run_in_train_env(train_python, SCRIPT, str(spec)))
 
 
@@ -56,14 +59,18 @@ def _corrupted() -> list[dict]:
     return out
 
 
-def test_data_check_rows_tallies_and_advantages_equal_trls(train_python: Path, tmp_path: Path,
-                                                           export_file: Path) -> None:
+def test_data_check_rows_tallies_and_advantages_equal_trls(
+    train_python: Path, tmp_path: Path, export_file: Path
+) -> None:
     ours = {r.rollout_id: r for r in load_rollouts(export_file)}
-    rollouts = [{"rollout_id": rid, "group_id": group, "reward": reward,
-                 "trace": _trace_turns(rollout_trace(rid))} for rid, (group, reward, _) in ROLLOUTS.items()]
+    rollouts = [
+        {"rollout_id": rid, "group_id": group, "reward": reward, "trace": _trace_turns(rollout_trace(rid))}
+        for rid, (group, reward, _) in ROLLOUTS.items()
+    ]
     rollouts += _corrupted()
-    rollouts.append({"rollout_id": "tools", "group_id": "tools", "reward": 1.0,
-                     "trace": _trace_turns(tool_call_trace())})
+    rollouts.append(
+        {"rollout_id": "tools", "group_id": "tools", "reward": 1.0, "trace": _trace_turns(tool_call_trace())}
+    )
     trl = _trl_view(train_python, tmp_path, rollouts)
     # TRL counts tool calls from each turn's chat-completion response: all of tapdeck's, by name.
     tools = trl["0"]["rollouts"][-1]
@@ -74,11 +81,22 @@ def test_data_check_rows_tallies_and_advantages_equal_trls(train_python: Path, t
         by_id = {r["rollout_id"]: r for r in view["rollouts"]}
         # Every completion logprob is checked, as OpenEnv checks it: same verdict on every rollout.
         for r in rollouts:
-            turns = [TurnRow(t["node_id"], t["prompt_token_ids"], t["completion_token_ids"],
-                             t["per_token_logps"], t["loss_mask"]) for t in r["trace"]["turns"]]
+            turns = [
+                TurnRow(
+                    t["node_id"],
+                    t["prompt_token_ids"],
+                    t["completion_token_ids"],
+                    t["per_token_logps"],
+                    t["loss_mask"],
+                )
+                for t in r["trace"]["turns"]
+            ]
             findings = [f for t in turns for f in check_turn(t)]
-            assert by_id[r["rollout_id"]]["valid"] == (not findings), (r["rollout_id"], findings,
-                                                                        by_id[r["rollout_id"]].get("error"))
+            assert by_id[r["rollout_id"]]["valid"] == (not findings), (
+                r["rollout_id"],
+                findings,
+                by_id[r["rollout_id"]].get("error"),
+            )
         assert not by_id["null-logprob"]["valid"] and not by_id["positive-logprob"]["valid"]
 
         for rid, rollout in ours.items():
@@ -91,19 +109,31 @@ def test_data_check_rows_tallies_and_advantages_equal_trls(train_python: Path, t
                 assert row.old_log_probs.tolist() == pytest.approx(seq["old_log_probs"], abs=1e-6)
             # Per transition (turns − 1 of them), as TRL's fork_frac / realign_frac count.
             assert (tally.clean, tally.realign, tally.fork, tally.transitions) == (
-                ref["tally"]["clean"], ref["tally"]["realign"], ref["tally"]["fork"], ref["tally"]["transitions"])
-            assert (tally.drift_tokens, tally.drift_max) == (ref["tally"]["drift_tokens"], ref["tally"]["drift_max"])
+                ref["tally"]["clean"],
+                ref["tally"]["realign"],
+                ref["tally"]["fork"],
+                ref["tally"]["transitions"],
+            )
+            assert (tally.drift_tokens, tally.drift_max) == (
+                ref["tally"]["drift_tokens"],
+                ref["tally"]["drift_max"],
+            )
 
         # Advantages and reward std per group, population std, null rewards excluded.
         for gid in {g for g, _, _ in ROLLOUTS.values()}:
-            members = sorted((r for r in ours.values() if r.group_id == gid), key=lambda r: list(ROLLOUTS).index(r.rollout_id))
+            members = sorted(
+                (r for r in ours.values() if r.group_id == gid),
+                key=lambda r: list(ROLLOUTS).index(r.rollout_id),
+            )
             expected = group_advantages([r.reward for r in members])
             samples = iter(view["groups"].get(gid, []))
             scored = [r.reward for r in members if r.reward is not None]
             for r, advantage in zip(members, expected, strict=True):
                 for _ in build_rows(r.turns, fork_threshold=threshold)[0]:
                     sample = next(samples)
-                    assert sample["advantage"] == pytest.approx(0.0 if advantage is None else advantage, abs=1e-9)
+                    assert sample["advantage"] == pytest.approx(
+                        0.0 if advantage is None else advantage, abs=1e-9
+                    )
                     if scored:
                         assert sample["reward_std"] == pytest.approx(float(np.std(scored)), abs=1e-12)
             assert next(samples, None) is None

@@ -31,25 +31,41 @@ from tapdeck.runner.recipes.grpo_trl import (
 from tapdeck.schema.runs import RunPlan
 from tests.support.local_server import local_server_on
 
-TRL_SAMPLING = {"temperature": 0.8, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "frequency_penalty": 0.0,
-                "presence_penalty": 0.0, "repetition_penalty": 1.0}
+TRL_SAMPLING = {
+    "temperature": 0.8,
+    "top_p": 1.0,
+    "top_k": -1,
+    "min_p": 0.0,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "repetition_penalty": 1.0,
+}
 
 
 @pytest.mark.parametrize("module", ["trl", "torch", "openenv"])
 def test_recipe_imports_and_parses_without_the_training_stack(module: str) -> None:
-    code = ("import sys; import tapdeck.runner.recipes.grpo_trl as g; "
-            f"g.arg_parser().parse_args([]); print({module!r} in sys.modules)")
+    code = (
+        "import sys; import tapdeck.runner.recipes.grpo_trl as g; "
+        f"g.arg_parser().parse_args([]); print({module!r} in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
 
 
 def test_vllm_command_carries_the_flags_trl_and_capture_need(capsys) -> None:
-    assert main(["--print-vllm-command", "--model", "Qwen/Qwen3.5-2B", "--tool-call-parser", "qwen3_xml"]) == 0
+    assert (
+        main(["--print-vllm-command", "--model", "Qwen/Qwen3.5-2B", "--tool-call-parser", "qwen3_xml"]) == 0
+    )
     printed = capsys.readouterr().out
-    for flag in ("VLLM_SERVER_DEV_MODE=1", "--logprobs-mode processed_logprobs",
-                 "--return-tokens-as-token-ids", "--weight-transfer-config '{\"backend\":\"nccl\"}'",
-                 "--enable-auto-tool-choice --tool-call-parser qwen3_xml", "Qwen/Qwen3.5-2B"):
+    for flag in (
+        "VLLM_SERVER_DEV_MODE=1",
+        "--logprobs-mode processed_logprobs",
+        "--return-tokens-as-token-ids",
+        '--weight-transfer-config \'{"backend":"nccl"}\'',
+        "--enable-auto-tool-choice --tool-call-parser qwen3_xml",
+        "Qwen/Qwen3.5-2B",
+    ):
         assert flag in printed
 
 
@@ -62,8 +78,19 @@ def test_run_is_its_own_flag_never_a_prefix_of_run_name() -> None:
 
 def test_options_build_a_picklable_factory_bound_to_trls_sampling(tmp_path: Path) -> None:
     (tmp_path / "admin.key").write_text("k-123\n")
-    args = arg_parser().parse_args(["--data-dir", str(tmp_path), "--vllm-url", "http://gpu:8000/",
-                                    "--num-generations", "4", "--tasks", "hello-file", "greet-script"])
+    args = arg_parser().parse_args(
+        [
+            "--data-dir",
+            str(tmp_path),
+            "--vllm-url",
+            "http://gpu:8000/",
+            "--num-generations",
+            "4",
+            "--tasks",
+            "hello-file",
+            "greet-script",
+        ]
+    )
     assert args.max_staleness == 4 and args.tasks == ["hello-file", "greet-script"]
     # A --run's plan as an older server stored it (flat, with agent_kwargs): read as one template.
     run_plan = RunPlan.model_validate({"harness": "mini-swe-agent", "agent_kwargs": {"max_turns": 3}})
@@ -78,8 +105,9 @@ def test_options_build_a_picklable_factory_bound_to_trls_sampling(tmp_path: Path
     assert plan.rollout.harness == "mini-swe-agent" and plan.rollout.settings.max_turns == 3
     assert plan.rollout.training_sampling == TRL_SAMPLING
     assert plan.rollout.metadata == {"trl_group_id": 5, "trl_episode_id": "ep-9", "trl_group_size": 4}
-    engine = factory_from_args(arg_parser().parse_args(["--data-dir", str(tmp_path),
-                                                        "--engine-url", "http://proxy:9/v1"]))
+    engine = factory_from_args(
+        arg_parser().parse_args(["--data-dir", str(tmp_path), "--engine-url", "http://proxy:9/v1"])
+    )
     assert engine.engine == "http://proxy:9/v1"
 
 
@@ -87,8 +115,13 @@ def test_config_carries_the_vllm_url_and_full_vocabulary_sampling(tmp_path: Path
     args = arg_parser().parse_args(["--vllm-url", "http://gpu:8000/", "--temperature", "0.8"])
     config = config_kwargs(args, run_name="t-1", output_dir=tmp_path / "ckpt")
     assert config["vllm_server_base_url"] == "http://gpu:8000"
-    assert (config["temperature"], config["top_p"], config["top_k"], config["min_p"],
-            config["repetition_penalty"]) == (0.8, 1.0, 0, None, 1.0)
+    assert (
+        config["temperature"],
+        config["top_p"],
+        config["top_k"],
+        config["min_p"],
+        config["repetition_penalty"],
+    ) == (0.8, 1.0, 0, None, 1.0)
     assert config["run_name"] == "t-1" and config["output_dir"] == str(tmp_path / "ckpt")
     assert config["report_to"] == "trackio" and config["num_generations"] == 8
 
@@ -100,8 +133,10 @@ def test_each_launch_gets_its_own_run_name_and_output_dir(tmp_path: Path, monkey
     assert first[0] != second[0] and first[1] != second[1]
     monkeypatch.setenv("TAPDECK_TRAIN_RUN_ID", "t-20261201-120000-ab12")
     monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "train" / "t-20261201-120000-ab12" / "trackio"))
-    assert launch_names(None, None) == ("t-20261201-120000-ab12",
-                                        tmp_path / "train" / "t-20261201-120000-ab12" / "checkpoints")
+    assert launch_names(None, None) == (
+        "t-20261201-120000-ab12",
+        tmp_path / "train" / "t-20261201-120000-ab12" / "checkpoints",
+    )
 
 
 def test_eos_ids_put_the_tokenizers_first_when_the_model_lacks_it() -> None:
@@ -119,42 +154,70 @@ def test_task_names_come_from_strings_rows_or_chat_prompts() -> None:
         task_name(42)
 
 
-TURN = {"node_id": "0", "prompt_token_ids": [1, 2], "completion_token_ids": [3],
-        "per_token_logps": [-0.5], "loss_mask": [0, 0, 1]}
+TURN = {
+    "node_id": "0",
+    "prompt_token_ids": [1, 2],
+    "completion_token_ids": [3],
+    "per_token_logps": [-0.5],
+    "loss_mask": [0, 0, 1],
+}
 
 
-@pytest.mark.parametrize(("result", "trace", "why"), [
-    ({"ok": False, "error_kind": "agent_timeout", "error": "180 s"}, {"tier": "tokens", "turns": [TURN]},
-     "not ok"),
-    ({"ok": True, "findings": ["[FATAL] prefix_break: turn 2"]}, {"tier": "tokens", "turns": [TURN]}, "FATAL"),
-    ({"ok": True}, {"tier": "logprobs", "turns": [TURN]}, "eval only"),
-    ({"ok": True}, {"tier": "tokens", "turns": []}, "no agent turn"),
-    ({"ok": True}, {"tier": "tokens", "turns": [dict(TURN, loss_mask=[0, 0, 0])]}, "no trained token"),
-    ({"ok": True}, {"tier": "tokens", "turns": [dict(TURN, per_token_logps=[None])]}, "no logprob"),
-])
+@pytest.mark.parametrize(
+    ("result", "trace", "why"),
+    [
+        (
+            {"ok": False, "error_kind": "agent_timeout", "error": "180 s"},
+            {"tier": "tokens", "turns": [TURN]},
+            "not ok",
+        ),
+        (
+            {"ok": True, "findings": ["[FATAL] prefix_break: turn 2"]},
+            {"tier": "tokens", "turns": [TURN]},
+            "FATAL",
+        ),
+        ({"ok": True}, {"tier": "logprobs", "turns": [TURN]}, "eval only"),
+        ({"ok": True}, {"tier": "tokens", "turns": []}, "no agent turn"),
+        ({"ok": True}, {"tier": "tokens", "turns": [dict(TURN, loss_mask=[0, 0, 0])]}, "no trained token"),
+        ({"ok": True}, {"tier": "tokens", "turns": [dict(TURN, per_token_logps=[None])]}, "no logprob"),
+    ],
+)
 def test_rollouts_trl_must_not_train_on_are_unscorable_not_contract_errors(result, trace, why) -> None:
     with pytest.raises(RolloutUnusable, match=why) as err:
         check_trace({"schema_version": 1, **trace}, {"session_id": "s-1", **result})
     # TRL stops its worker on ValueError/TypeError/KeyError; a RuntimeError only drops the rollout.
     assert not isinstance(err.value, (ValueError, TypeError, KeyError))
-    assert check_trace({"schema_version": 1, "tier": "tokens", "session_id": "s", "turns": [TURN]},
-                       {"ok": True}) == {"schema_version": 1, "turns": [TURN]}
+    assert check_trace(
+        {"schema_version": 1, "tier": "tokens", "session_id": "s", "turns": [TURN]}, {"ok": True}
+    ) == {"schema_version": 1, "turns": [TURN]}
 
 
 @pytest.mark.slow  # the embedded model
-def test_a_training_session_samples_at_the_trainers_temperature_and_passes_the_gate(embedded_engine,
-                                                                                     tmp_path: Path) -> None:
+def test_a_training_session_samples_at_the_trainers_temperature_and_passes_the_gate(
+    embedded_engine, tmp_path: Path
+) -> None:
     with local_server_on(embedded_engine, tmp_path) as server:
         admin = AdminClient(server.url, server.admin_key, timeout_s=120)
         try:
-            opened = httpx.post(f"{server.url}/admin/sessions", timeout=120,
-                                headers={"Authorization": f"Bearer {server.admin_key}"},
-                                json={"rollout_type": "train", "training_sampling": TRL_SAMPLING}).json()
+            opened = httpx.post(
+                f"{server.url}/admin/sessions",
+                timeout=120,
+                headers={"Authorization": f"Bearer {server.admin_key}"},
+                json={"rollout_type": "train", "training_sampling": TRL_SAMPLING},
+            ).json()
             assert opened["tier"] == "tokens", opened
-            reply = httpx.post(f"{opened['base_urls']['openai']}/chat/completions", timeout=120,
-                               headers={"Authorization": f"Bearer {opened['api_key']}"},
-                               json={"model": "smollm2", "max_tokens": 6, "temperature": 0.3, "top_p": 0.5,
-                                     "messages": [{"role": "user", "content": "Say hi."}]})
+            reply = httpx.post(
+                f"{opened['base_urls']['openai']}/chat/completions",
+                timeout=120,
+                headers={"Authorization": f"Bearer {opened['api_key']}"},
+                json={
+                    "model": "smollm2",
+                    "max_tokens": 6,
+                    "temperature": 0.3,
+                    "top_p": 0.5,
+                    "messages": [{"role": "user", "content": "Say hi."}],
+                },
+            )
             assert reply.status_code == 200, reply.text
             trace = admin.trace(opened["id"])
             (turn,) = check_trace(trace, {"ok": True, "session_id": opened["id"]})["turns"]
@@ -162,13 +225,15 @@ def test_a_training_session_samples_at_the_trainers_temperature_and_passes_the_g
             assert sampling["requested"]["temperature"] == 0.3 and sampling["requested"]["top_p"] == 0.5
             assert sampling["submitted"]["temperature"] == 0.8 and sampling["submitted"]["top_p"] == 1.0
             assert turn["node_id"] == "0" and turn["response"]["choices"][0]["message"]["role"] == "assistant"
-            refused = httpx.post(f"{server.url}/admin/sessions", timeout=60,
-                                 headers={"Authorization": f"Bearer {server.admin_key}"},
-                                 json={"training_sampling": {"temperature": 1.0, "top_p": 0.9}})
+            refused = httpx.post(
+                f"{server.url}/admin/sessions",
+                timeout=60,
+                headers={"Authorization": f"Bearer {server.admin_key}"},
+                json={"training_sampling": {"temperature": 1.0, "top_p": 0.9}},
+            )
             assert refused.status_code == 422 and "top_p" in refused.text
         finally:
             admin.close()
-
 
 
 def test_unknown_task_is_refused_at_create_naming_the_task(tmp_path: Path) -> None:
@@ -180,13 +245,17 @@ def test_unknown_task_is_refused_at_create_naming_the_task(tmp_path: Path) -> No
     up = FakeVllm().start()
     try:
         with local_server_on(up, tmp_path) as server:
-            factory = TapdeckSessionFactory(server=server.url, admin_key=server.admin_key,
-                                            harness="oracle", poll_s=0.2)
+            factory = TapdeckSessionFactory(
+                server=server.url, admin_key=server.admin_key, harness="oracle", poll_s=0.2
+            )
             with pytest.raises(RolloutUnusable, match="no-such-task") as err:
                 factory.create("no-such-task")
             assert "hello-file" in str(err.value)  # the refusal lists the dataset's tasks
-            runs = httpx.get(f"{server.url}/admin/runs", timeout=30,
-                             headers={"Authorization": f"Bearer {server.admin_key}"}).json()
+            runs = httpx.get(
+                f"{server.url}/admin/runs",
+                timeout=30,
+                headers={"Authorization": f"Bearer {server.admin_key}"},
+            ).json()
             assert runs["runs"] == []
     finally:
         up.stop()

@@ -32,16 +32,30 @@ SCRIPT = TRAIN_ENV_SCRIPTS / "trl_harness_loop.py"
 ADMIN_KEY = "trl-loop-test-admin-key"
 TAPDECK = Path(sys.executable).parent / "tapdeck"
 # What _AsyncRolloutLoop requires, and what the worker adds itself.
-REQUIRED = {"model_name", "dataset", "reward_funcs", "processing_class", "eos_token_ids",
-            "harness_session_factory", "queue_maxsize", "dataset_start_index"}
+REQUIRED = {
+    "model_name",
+    "dataset",
+    "reward_funcs",
+    "processing_class",
+    "eos_token_ids",
+    "harness_session_factory",
+    "queue_maxsize",
+    "dataset_start_index",
+}
 
 
 @pytest.fixture(scope="module")
 def serve(embedded_engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`tapdeck serve` in its own process over the shared embedded engine; its URL."""
     tmp = tmp_path_factory.mktemp("trl-serve")
-    with tapdeck_serve(TAPDECK, tmp / "data", tmp / "serve.log", admin_key=ADMIN_KEY,
-                       engine_url=embedded_engine.base_url, engine_model=embedded_engine.served_name) as process:
+    with tapdeck_serve(
+        TAPDECK,
+        tmp / "data",
+        tmp / "serve.log",
+        admin_key=ADMIN_KEY,
+        engine_url=embedded_engine.base_url,
+        engine_model=embedded_engine.served_name,
+    ) as process:
         yield process.url
 
 
@@ -71,13 +85,24 @@ def _usable(entry: dict[str, Any]) -> bool:
     return True
 
 
-def test_trls_rollout_loop_trains_on_exactly_what_tapdeck_captured(train_python: Path, serve: str,
-                                                                   tmp_path: Path) -> None:
-    from tapdeck.runner.engine.model import default_model_path
+def test_trls_rollout_loop_trains_on_exactly_what_tapdeck_captured(
+    train_python: Path, serve: str, tmp_path: Path
+) -> None:
+    from tapdeck.runner.engine.model_file import default_model_path
 
     out = tmp_path / "loop.json"
-    run_in_train_env(train_python, SCRIPT, serve, ADMIN_KEY, str(default_model_path()), str(out), "2",
-                     "no-such-task", "hello-file", timeout_s=1800)
+    run_in_train_env(
+        train_python,
+        SCRIPT,
+        serve,
+        ADMIN_KEY,
+        str(default_model_path()),
+        str(out),
+        "2",
+        "no-such-task",
+        "hello-file",
+        timeout_s=1800,
+    )
     loop = json.loads(out.read_text())
     assert not loop["failed"] and loop["loop_stopped"]
     assert REQUIRED <= set(loop["loop_kwargs"])
@@ -94,21 +119,30 @@ def test_trls_rollout_loop_trains_on_exactly_what_tapdeck_captured(train_python:
         meta = e["session"]["metadata"]
         assert meta["trl_group_size"] == 2 and len(meta["trl_episode_id"]) == 32
         for turn in (e["trace"] or {}).get("turns", []):
-            assert turn["metadata"]["sampling"]["submitted"]["temperature"] == 0.8  # the trainer's, not the harness's
+            assert (
+                turn["metadata"]["sampling"]["submitted"]["temperature"] == 0.8
+            )  # the trainer's, not the harness's
 
     # The loop keeps starting groups (the dataset cycles) until it is stopped, so a fast machine
     # scores more than the two asked for: every sample must come from a hello-file group, and the
     # token-by-token comparison is over group 1, whose rollouts are all captured above.
-    hello_groups = {e["session"]["metadata"]["trl_group_id"] for e in rollouts
-                    if e["session"] and e["result"]["task"] == "hello-file"}
-    assert {s["group_id"] for s in loop["samples"]} <= hello_groups, \
+    hello_groups = {
+        e["session"]["metadata"]["trl_group_id"]
+        for e in rollouts
+        if e["session"] and e["result"]["task"] == "hello-file"
+    }
+    assert {s["group_id"] for s in loop["samples"]} <= hello_groups, (
         "the non-existent task's groups must give no sample"
+    )
     samples = [s for s in loop["samples"] if s["group_id"] == 1]
     usable = [e for e in real if _usable(e)]
-    assert usable, "no usable rollout of hello-file: " + "; ".join(str(e["result"].get("error")) for e in real)
+    assert usable, "no usable rollout of hello-file: " + "; ".join(
+        str(e["result"].get("error")) for e in real
+    )
     rewards = [e["result"]["reward"] for e in usable]
-    advantages = dict(zip((e["result"]["session_id"] for e in usable), group_advantages(rewards),
-                          strict=True))
+    advantages = dict(
+        zip((e["result"]["session_id"] for e in usable), group_advantages(rewards), strict=True)
+    )
 
     matched = set()
     for e in usable:
@@ -120,16 +154,24 @@ def test_trls_rollout_loop_trains_on_exactly_what_tapdeck_captured(train_python:
             matched.add(hits[0])
             assert s["completion_mask"] == row["loss_mask"]
             trained = np.asarray(row["loss_mask"]) == 1
-            assert np.allclose(np.asarray(s["old_log_probs"])[trained], np.asarray(row["logprobs"])[trained],
-                               atol=1e-6)
+            assert np.allclose(
+                np.asarray(s["old_log_probs"])[trained], np.asarray(row["logprobs"])[trained], atol=1e-6
+            )
             expected = advantages[e["result"]["session_id"]]
             assert s["advantage"] == pytest.approx(0.0 if expected is None else expected, abs=1e-9)
             assert s["metrics"]["reward"] == pytest.approx(e["result"]["reward"])
     assert matched == set(range(len(samples))), "every TRL sample is a captured row"
 
     # Tool counts: TRL reads choices[0].message.tool_calls; tapdeck's captured responses hold the same calls.
-    captured_calls = sum(len(t["response"]["choices"][0]["message"].get("tool_calls") or [])
-                         for e in usable for t in e["trace"]["turns"])
-    trl_calls = sum(v for m in loop["metrics"] for k, v in m.items()
-                    if k.startswith("tools/") and k.endswith("/call_total"))
+    captured_calls = sum(
+        len(t["response"]["choices"][0]["message"].get("tool_calls") or [])
+        for e in usable
+        for t in e["trace"]["turns"]
+    )
+    trl_calls = sum(
+        v
+        for m in loop["metrics"]
+        for k, v in m.items()
+        if k.startswith("tools/") and k.endswith("/call_total")
+    )
     assert trl_calls == captured_calls

@@ -42,7 +42,9 @@ def _reward(result) -> float:
 
 async def _trial(task_path: Path, agent: AgentConfig, tmp_path: Path, name: str, **env_kwargs):
     config = TrialConfig(
-        task=TaskConfig(path=task_path), trials_dir=tmp_path / "trials", trial_name=name,
+        task=TaskConfig(path=task_path),
+        trials_dir=tmp_path / "trials",
+        trial_name=name,
         agent=agent,
         environment=sandbox_environment_config("host", base_dir=str(tmp_path / "hostdirs"), **env_kwargs),
     )
@@ -60,10 +62,12 @@ def hostdirs(tmp_path: Path) -> Path:
 @pytest.mark.slow
 @pytest.mark.parametrize("task", TASK_NAMES)
 @pytest.mark.parametrize("rootless", MODES)
-async def test_oracle_solves_every_sample_task(task: str, rootless: bool, tmp_path: Path,
-                                               hostdirs: Path) -> None:
-    result = await _trial(SAMPLE.task(task).path, AgentConfig(name="oracle"), tmp_path,
-                          f"{task}__oracle", rootless=rootless)
+async def test_oracle_solves_every_sample_task(
+    task: str, rootless: bool, tmp_path: Path, hostdirs: Path
+) -> None:
+    result = await _trial(
+        SAMPLE.task(task).path, AgentConfig(name="oracle"), tmp_path, f"{task}__oracle", rootless=rootless
+    )
     assert _reward(result) == 1.0
     assert list(hostdirs.iterdir()) == [], "per-trial directories left on the host"
 
@@ -96,14 +100,19 @@ class ProbeAgent(BaseAgent):
         await asyncio.sleep(0.2)  # let the other trials write theirs
         listing = await environment.exec("ls /app")
         tmux = await environment.exec(
-            "tmux new-session -d -s terminus-2 -x 80 -y 24 && tmux display -p '#{socket_path}'")
+            "tmux new-session -d -s terminus-2 -x 80 -y 24 && tmux display -p '#{socket_path}'"
+        )
         assert tmux.return_code == 0, tmux.stderr
-        (self.logs_dir / "probe.txt").write_text("\n".join([
-            (listing.stdout or "").strip().replace("\n", ","),
-            (tmux.stdout or "").strip(),
-            environment.namespace,
-            str(environment.host_root),
-        ]))
+        (self.logs_dir / "probe.txt").write_text(
+            "\n".join(
+                [
+                    (listing.stdout or "").strip().replace("\n", ","),
+                    (tmux.stdout or "").strip(),
+                    environment.namespace,
+                    str(environment.host_root),
+                ]
+            )
+        )
 
 
 _agents = types.ModuleType("tapdeck_test_host_agents")
@@ -120,7 +129,9 @@ async def test_three_concurrent_trials_are_isolated_and_leave_nothing(tmp_path: 
     seen = {}
     for name, result in zip(names, results, strict=True):
         assert result.exception_info is None, result.exception_info
-        listing, socket, namespace, root = (tmp_path / "trials" / name / "agent" / "probe.txt").read_text().splitlines()
+        listing, socket, namespace, root = (
+            (tmp_path / "trials" / name / "agent" / "probe.txt").read_text().splitlines()
+        )
         assert listing == f"{name}.txt", "a trial saw another trial's /app"
         seen[name] = (socket, namespace)
         assert processes_in_namespace(namespace) == [], "processes left in the trial's namespace"
@@ -153,9 +164,15 @@ def _sandbox(tmp_path: Path, **kwargs) -> HostSandbox:
     trial_paths.mkdir()  # idempotent: two sandboxes may share one task and trial
     task_env = TaskEnvironmentConfig(**kwargs.pop("task_env", {}))
     kwargs.setdefault("base_dir", str(tmp_path / "hostdirs"))
-    return HostSandbox(environment_dir=env_dir, environment_name="t", session_id="t__env",
-                       trial_paths=trial_paths, task_env_config=task_env,
-                       logger=logging.getLogger("test"), **kwargs)
+    return HostSandbox(
+        environment_dir=env_dir,
+        environment_name="t",
+        session_id="t__env",
+        trial_paths=trial_paths,
+        task_env_config=task_env,
+        logger=logging.getLogger("test"),
+        **kwargs,
+    )
 
 
 @pytest.fixture
@@ -184,8 +201,9 @@ async def test_exec_env_is_clean_and_has_a_private_tmux_tmpdir(sandbox: HostSand
 
 
 @pytest.mark.parametrize("rootless", MODES)
-async def test_server_secrets_never_reach_the_trial_environment(rootless: bool, tmp_path: Path,
-                                                                monkeypatch) -> None:
+async def test_server_secrets_never_reach_the_trial_environment(
+    rootless: bool, tmp_path: Path, monkeypatch
+) -> None:
     # The namespace holder is the trial's first process (pid 1): its environment is readable inside.
     for name in ("ANTHROPIC_API_KEY", "TAPDECK_ADMIN_KEY", "TAPDECK_ENGINE_API_KEY"):
         monkeypatch.setenv(name, f"leak-{name}")
@@ -203,34 +221,41 @@ async def test_server_secrets_never_reach_the_trial_environment(rootless: bool, 
 
 
 @pytest.mark.parametrize("rootless", MODES)
-async def test_a_trial_sees_only_its_own_processes_with_its_holder_as_pid_1(rootless: bool,
-                                                                           tmp_path: Path) -> None:
+async def test_a_trial_sees_only_its_own_processes_with_its_holder_as_pid_1(
+    rootless: bool, tmp_path: Path
+) -> None:
     (tmp_path / "hostdirs").mkdir()
     env = _sandbox(tmp_path, rootless=rootless, task_env={"workdir": "/app"})
     await env.start(force_build=False)
     try:
-        seen = await env.exec("tmux new-session -d -s terminus-2 'sleep 60'; "
-                              "cat /proc/1/comm; echo ---; ps -e -o comm=")
+        seen = await env.exec(
+            "tmux new-session -d -s terminus-2 'sleep 60'; cat /proc/1/comm; echo ---; ps -e -o comm="
+        )
     finally:
         await env.stop(delete=True)
     init, _, listed = seen.stdout.partition("---")
     assert init.strip() == "sleep"
     # bash may have exec'd ps: nothing of the host, only the trial's own.
-    assert {"sleep", "tmux: server", "ps"} <= set(listed.split("\n")) <= {"sleep", "tmux: server",
-                                                                         "ps", "bash", ""}, listed
+    assert (
+        {"sleep", "tmux: server", "ps"}
+        <= set(listed.split("\n"))
+        <= {"sleep", "tmux: server", "ps", "bash", ""}
+    ), listed
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("rootless", MODES)
-async def test_a_trial_printing_its_environment_sees_no_server_key(rootless: bool, tmp_path: Path,
-                                                                    hostdirs: Path, monkeypatch) -> None:
+async def test_a_trial_printing_its_environment_sees_no_server_key(
+    rootless: bool, tmp_path: Path, hostdirs: Path, monkeypatch
+) -> None:
     for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "TAPDECK_ADMIN_KEY", "TAPDECK_ENGINE_API_KEY"):
         monkeypatch.setenv(name, f"leak-{name}")
     task = tmp_path / "print-env"
     shutil.copytree(SAMPLE.task("hello-file").path, task)
     # The oracle's solution prints its own environment and that of the trial's first process.
     (task / "solution" / "solve.sh").write_text(
-        "#!/bin/bash\n{ env; echo ---; tr '\\0' '\\n' < /proc/1/environ; } > /logs/agent/env.txt\n")
+        "#!/bin/bash\n{ env; echo ---; tr '\\0' '\\n' < /proc/1/environ; } > /logs/agent/env.txt\n"
+    )
     result = await _trial(task, AgentConfig(name="oracle"), tmp_path, "env__oracle", rootless=rootless)
     assert result.exception_info is None, result.exception_info
     printed = (tmp_path / "trials" / "env__oracle" / "agent" / "env.txt").read_text()
@@ -249,8 +274,11 @@ async def test_exec_runs_as_the_requested_host_user(sandbox: HostSandbox) -> Non
 async def test_exec_timeout_kills_the_process_group(sandbox: HostSandbox) -> None:
     with pytest.raises(RuntimeError, match="timed out"):
         await sandbox.exec("sleep 300 & sleep 301; wait", timeout_sec=1)
-    survivors = [pid for pid in processes_in_namespace(sandbox.namespace)
-                 if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sleep\x0030")]
+    survivors = [
+        pid
+        for pid in processes_in_namespace(sandbox.namespace)
+        if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sleep\x0030")
+    ]
     assert survivors == []
 
 
@@ -346,10 +374,18 @@ async def test_rootless_trial_runs_in_its_own_root_and_makes_nothing_on_the_host
     await env.start(force_build=False)
     try:
         assert env.rootless
-        result = await env.exec("id -u; pwd; echo made > here; ls /logs; echo $HOME; "
-                                "test -x /usr/bin/python3 && echo host-tools")
-        assert result.stdout.split() == ["0", "/app", "agent", "artifacts", "verifier",
-                                         "/tmp/tapdeck-home", "host-tools"], result
+        result = await env.exec(
+            "id -u; pwd; echo made > here; ls /logs; echo $HOME; test -x /usr/bin/python3 && echo host-tools"
+        )
+        assert result.stdout.split() == [
+            "0",
+            "/app",
+            "agent",
+            "artifacts",
+            "verifier",
+            "/tmp/tapdeck-home",
+            "host-tools",
+        ], result
         assert (env.host_root / "app" / "here").read_text() == "made\n"
         assert sorted(os.listdir("/")) == before  # no /app, /logs, ... made on the host
         with pytest.raises(RuntimeError, match="runs every command as the invoking user"):
@@ -383,20 +419,35 @@ def test_rootless_namespace_works_for_an_unprivileged_user(tmp_path: Path) -> No
         rootfs = env.host_root / "rootfs"
         rootfs.mkdir()
         os.chown(rootfs, 65534, 65534)
-        holder = subprocess.Popen([*nobody, "unshare", *ROOTLESS_UNSHARE, "--", "bash", "-c",
-                                   env._rootless_script(rootfs)], stderr=subprocess.PIPE, text=True)
+        holder = subprocess.Popen(
+            [*nobody, "unshare", *ROOTLESS_UNSHARE, "--", "bash", "-c", env._rootless_script(rootfs)],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for _ in range(1200):  # a bound for a loaded machine
             assert holder.poll() is None, holder.stderr.read()  # the script failed: say why
-            init = [pid for pid in children(holder.pid)
-                    if Path(f"/proc/{pid}/comm").read_text().strip() == "sleep"]
+            init = [
+                pid
+                for pid in children(holder.pid)
+                if Path(f"/proc/{pid}/comm").read_text().strip() == "sleep"
+            ]
             if init:
                 break
             time.sleep(0.05)
         assert init, "the namespace holder never started its init"
         env._init_pid = init[0]  # only its pid is used, to build the nsenter command
-        out = subprocess.run([*nobody, *env._nsenter(), "bash", "-c",
-                              "id -u; cd /app && echo made > here && cat here; ls /proc/self/ns/mnt"],
-                             capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            [
+                *nobody,
+                *env._nsenter(),
+                "bash",
+                "-c",
+                "id -u; cd /app && echo made > here && cat here; ls /proc/self/ns/mnt",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert out.stdout.split() == ["0", "made", "/proc/self/ns/mnt"], out.stderr
         made = env.host_root / "app" / "here"
         assert made.read_text() == "made\n" and made.stat().st_uid == 65534
@@ -417,8 +468,9 @@ async def test_no_network_task_gets_loopback_only(rootless: bool, tmp_path: Path
         links = await env.exec("ls /sys/class/net")
         assert links.stdout.split() == ["lo"]
         loop = await env.exec(
-            "python3 -c 'import socket; s=socket.socket(); s.bind((\"127.0.0.1\", 0)); s.listen();"
-            " c=socket.create_connection(s.getsockname()); print(\"ok\")'")
+            'python3 -c \'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); s.listen();'
+            ' c=socket.create_connection(s.getsockname()); print("ok")\''
+        )
         assert loop.stdout.strip() == "ok"
     finally:
         await env.stop(delete=True)
@@ -426,7 +478,8 @@ async def test_no_network_task_gets_loopback_only(rootless: bool, tmp_path: Path
 
 @pytest.mark.parametrize("rootless", MODES)
 async def test_no_network_trial_still_reaches_the_loopback_ports_it_is_given(
-        rootless: bool, tmp_path: Path) -> None:
+    rootless: bool, tmp_path: Path
+) -> None:
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         request = await reader.readline()
         writer.write(b"host saw " + request)
@@ -436,12 +489,15 @@ async def test_no_network_trial_still_reaches_the_loopback_ports_it_is_given(
     server = await asyncio.start_server(answer, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     (tmp_path / "hostdirs").mkdir()
-    env = _sandbox(tmp_path, rootless=rootless, network="none", loopback_ports=[port],
-                   task_env={"workdir": "/app"})
+    env = _sandbox(
+        tmp_path, rootless=rootless, network="none", loopback_ports=[port], task_env={"workdir": "/app"}
+    )
     await env.start(force_build=False)
     try:
-        talk = ("python3 -c 'import socket,sys; c=socket.create_connection((\"127.0.0.1\", "
-                "int(sys.argv[1]))); c.sendall(b\"ping\\n\"); print(c.makefile().readline().strip())' ")
+        talk = (
+            'python3 -c \'import socket,sys; c=socket.create_connection(("127.0.0.1", '
+            'int(sys.argv[1]))); c.sendall(b"ping\\n"); print(c.makefile().readline().strip())\' '
+        )
         reached = await env.exec(talk + str(port), timeout_sec=20)
         assert reached.stdout.strip() == "host saw ping", reached
         links = await env.exec("ls /sys/class/net")
@@ -493,15 +549,18 @@ async def test_no_network_task_trial_sees_only_loopback(tmp_path: Path, hostdirs
     task = tmp_path / "offline-task"
     for sub in ("environment", "tests", "solution"):
         (task / sub).mkdir(parents=True)
-    (task / "task.toml").write_text('schema_version = "1.4"\n[agent]\ntimeout_sec = 60.0\n'
-                                    '[verifier]\ntimeout_sec = 60.0\n[environment]\n'
-                                    'network_mode = "no-network"\n')
+    (task / "task.toml").write_text(
+        'schema_version = "1.4"\n[agent]\ntimeout_sec = 60.0\n'
+        "[verifier]\ntimeout_sec = 60.0\n[environment]\n"
+        'network_mode = "no-network"\n'
+    )
     (task / "instruction.md").write_text("Do nothing.\n")
     (task / "environment" / "Dockerfile").write_text("FROM debian:12\nWORKDIR /app\n")
     (task / "solution" / "solve.sh").write_text("#!/bin/bash\nls /sys/class/net > /app/links\n")
     (task / "tests" / "test.sh").write_text(
         '#!/bin/bash\n[ "$(cat /app/links)" = "lo" ] && [ "$(ls /sys/class/net)" = "lo" ] '
-        '&& echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n')
+        "&& echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n"
+    )
     result = await _trial(task, AgentConfig(name="oracle"), tmp_path, "offline__oracle")
     assert _reward(result) == 1.0
     assert list(hostdirs.iterdir()) == []
@@ -516,13 +575,17 @@ async def test_root_gets_a_private_home_so_host_dotfiles_stay_out(sandbox: HostS
 @pytest.mark.slow
 @pytest.mark.parametrize("rootless", MODES)
 async def test_terminus2_drives_tmux_in_the_host_sandbox_and_reaches_the_engine(
-        rootless: bool, tmp_path: Path, hostdirs: Path, embedded_engine) -> None:
+    rootless: bool, tmp_path: Path, hostdirs: Path, embedded_engine
+) -> None:
     from tapdeck.runner.harnesses import RunDefaults, build_agent_config
 
     agent = build_agent_config(
-        "terminus-2", base_urls={"openai": embedded_engine.base_url}, session_key="tdk-test-key",
+        "terminus-2",
+        base_urls={"openai": embedded_engine.base_url},
+        session_key="tdk-test-key",
         served_model=embedded_engine.served_name,
-        defaults=RunDefaults(max_turns=2, max_output_tokens=16, agent_timeout_s=30))
+        defaults=RunDefaults(max_turns=2, max_output_tokens=16, agent_timeout_s=30),
+    )
     result = await _trial(SAMPLE.task("hello-file").path, agent, tmp_path, "hello__t2", rootless=rootless)
     # SmolLM2 never solves it: the agent runs out of time, the verifier still grades.
     assert result.exception_info is None or result.exception_info.exception_type == "AgentTimeoutError"
@@ -589,12 +652,25 @@ asyncio.run(main(*sys.argv[1:]))
 @pytest.mark.slow
 @pytest.mark.parametrize("rootless", MODES)
 def test_kill_9_of_the_server_kills_every_process_of_its_trial_tmux_included(
-        rootless: bool, tmp_path: Path, hostdirs: Path) -> None:
+    rootless: bool, tmp_path: Path, hostdirs: Path
+) -> None:
     from tests.support.processes import SandboxProcesses
 
-    server = subprocess.Popen([sys.executable, "-c", _TMUX_TRIAL, str(SAMPLE.task("hello-file").path),
-                               str(tmp_path / "trials"), str(hostdirs), "1" if rootless else "0"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            _TMUX_TRIAL,
+            str(SAMPLE.task("hello-file").path),
+            str(tmp_path / "trials"),
+            str(hostdirs),
+            "1" if rootless else "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
     trial = None
     try:
         line = server.stdout.readline()  # the agent's line, or "" if the process died first
@@ -612,7 +688,7 @@ def test_kill_9_of_the_server_kills_every_process_of_its_trial_tmux_included(
             trial.close()
 
 
-_HELD_SANDBOX = '''
+_HELD_SANDBOX = """
 import asyncio, logging, sys
 from pathlib import Path
 from harbor.models.task.config import EnvironmentConfig
@@ -634,18 +710,22 @@ async def main(task_dir, base_dir):
 
 
 asyncio.run(main(*sys.argv[1:]))
-'''
+"""
 
 
 @pytest.mark.medium
 async def test_the_trial_folders_a_killed_process_left_are_removed_when_the_next_trial_starts(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     (tmp_path / "hostdirs").mkdir()
     live = _sandbox(tmp_path)  # a trial of this process, alive throughout: never swept
     await live.start(force_build=False)
-    killed = subprocess.Popen([sys.executable, "-c", _HELD_SANDBOX, str(tmp_path / "task"),
-                               str(tmp_path / "hostdirs")],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    killed = subprocess.Popen(
+        [sys.executable, "-c", _HELD_SANDBOX, str(tmp_path / "task"), str(tmp_path / "hostdirs")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = killed.stdout.readline()
         assert line.strip(), killed.stderr.read() if killed.poll() is not None else line
@@ -683,19 +763,18 @@ async def test_a_trial_folder_kept_on_purpose_is_never_removed_by_a_later_trial(
 
 
 @pytest.mark.parametrize("rootless", MODES)
-async def test_a_hidden_host_directory_shows_empty_and_read_only_in_the_trial(rootless: bool,
-                                                                              tmp_path: Path) -> None:
+async def test_a_hidden_host_directory_shows_empty_and_read_only_in_the_trial(
+    rootless: bool, tmp_path: Path
+) -> None:
     # Outside /tmp, which every trial already has its own of (as ~/.tapdeck is).
     hidden = Path(tempfile.mkdtemp(prefix="tapdeck-hidden-", dir="/var/tmp"))
     try:
         (hidden / "admin.key").write_text("tdk-admin-secret\n")
         (tmp_path / "hostdirs").mkdir()
-        env = _sandbox(tmp_path, rootless=rootless, hidden_paths=[str(hidden)],
-                       task_env={"workdir": "/app"})
+        env = _sandbox(tmp_path, rootless=rootless, hidden_paths=[str(hidden)], task_env={"workdir": "/app"})
         await env.start(force_build=False)
         try:
-            seen = await env.exec(f"ls -A {hidden}; cat {hidden}/admin.key; touch {hidden}/planted; "
-                                  "echo end")
+            seen = await env.exec(f"ls -A {hidden}; cat {hidden}/admin.key; touch {hidden}/planted; echo end")
         finally:
             await env.stop(delete=True)
         assert seen.stdout.split() == ["end"], seen
@@ -715,8 +794,10 @@ async def test_a_command_printing_without_end_returns_only_its_last_output(tmp_p
     await env.start(force_build=False)
     try:
         with env.scoped_output_callback(count):
-            result = await env.exec("head -c 20000000 /dev/zero | tr '\\0' x; echo; echo last-line; "
-                                    "head -c 3000000 /dev/zero | tr '\\0' y >&2; echo err-end >&2")
+            result = await env.exec(
+                "head -c 20000000 /dev/zero | tr '\\0' x; echo; echo last-line; "
+                "head -c 3000000 /dev/zero | tr '\\0' y >&2; echo err-end >&2"
+            )
     finally:
         await env.stop(delete=True)
     assert result.return_code == 0
@@ -732,10 +813,14 @@ def test_a_task_whose_compose_file_starts_other_services_is_refused_naming_them(
     compose.parent.mkdir(parents=True)
     compose.write_text("services:\n  main:\n    build: .\n")
     assert _sandbox(tmp_path).workdir == "/work/proj"  # `main` alone: ignored like the Dockerfile
-    compose.write_text("services:\n  main:\n    build: .\n  db:\n    image: postgres:16\n"
-                       "  cache:\n    image: redis:7\n")
-    with pytest.raises(ValueError, match=r"cannot start compose service\(s\) db, cache: use a "
-                                         r"container sandbox \(--sandbox docker\)"):
+    compose.write_text(
+        "services:\n  main:\n    build: .\n  db:\n    image: postgres:16\n  cache:\n    image: redis:7\n"
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"cannot start compose service\(s\) db, cache: use a "
+        r"container sandbox \(--sandbox docker\)",
+    ):
         _sandbox(tmp_path)
     compose.write_text("services: [main\n")
     with pytest.raises(ValueError, match="docker-compose.yaml is not a docker compose file"):
@@ -744,22 +829,26 @@ def test_a_task_whose_compose_file_starts_other_services_is_refused_naming_them(
 
 @pytest.mark.medium
 async def test_trials_cut_off_from_the_network_each_serve_the_same_port_on_their_own_loopback(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     # On the host's network two trials serving one fixed port collide (the second's verifier then
     # grades the first's server); `network="none"` gives each trial a loopback of its own.
     (tmp_path / "hostdirs").mkdir()
     trials = [_sandbox(tmp_path, network="none", task_env={"workdir": "/app"}) for _ in range(2)]
-    fetch = ("python3 -c 'import time, urllib.request\n"
-             "for _ in range(600):\n"
-             "    try:\n"
-             "        print(urllib.request.urlopen(\"http://127.0.0.1:18765/id.txt\").read().decode()); break\n"
-             "    except OSError:\n"
-             "        time.sleep(0.1)'")
+    fetch = (
+        "python3 -c 'import time, urllib.request\n"
+        "for _ in range(600):\n"
+        "    try:\n"
+        '        print(urllib.request.urlopen("http://127.0.0.1:18765/id.txt").read().decode()); break\n'
+        "    except OSError:\n"
+        "        time.sleep(0.1)'"
+    )
     try:
         for i, trial in enumerate(trials):
             await trial.start(force_build=False)
-            started = await trial.exec(f"echo trial{i} > id.txt; "
-                                       "(nohup python3 -m http.server 18765 >/dev/null 2>&1 &)")
+            started = await trial.exec(
+                f"echo trial{i} > id.txt; (nohup python3 -m http.server 18765 >/dev/null 2>&1 &)"
+            )
             assert started.return_code == 0, started
         served = [(await trial.exec(fetch, timeout_sec=120)).stdout.strip() for trial in trials]
     finally:
@@ -770,18 +859,22 @@ async def test_trials_cut_off_from_the_network_each_serve_the_same_port_on_their
 
 @pytest.mark.parametrize("rootless", MODES)
 async def test_trials_whose_folders_lie_outside_tmp_cannot_reach_each_others_workspace(
-        rootless: bool, tmp_path: Path) -> None:
+    rootless: bool, tmp_path: Path
+) -> None:
     # A base dir outside /tmp (TMPDIR=/var/tmp, say) is not covered by the trial's private /tmp.
     base = Path(tempfile.mkdtemp(prefix="tapdeck-base-", dir="/var/tmp"))
     try:
-        first, second = (_sandbox(tmp_path, rootless=rootless, base_dir=str(base),
-                                  task_env={"workdir": "/app"}) for _ in range(2))
+        first, second = (
+            _sandbox(tmp_path, rootless=rootless, base_dir=str(base), task_env={"workdir": "/app"})
+            for _ in range(2)
+        )
         await first.start(force_build=False)
         await second.start(force_build=False)
         try:
             await first.exec("echo first-answer > /app/answer.txt")
-            seen = await second.exec(f"ls -A {base}; cat {base}/*/app/answer.txt; "
-                                     f"touch {base}/planted; echo end")
+            seen = await second.exec(
+                f"ls -A {base}; cat {base}/*/app/answer.txt; touch {base}/planted; echo end"
+            )
             assert (await second.exec(f"ls {base}")).stdout.split() == ["planted"]  # its own, private
         finally:
             await second.stop(delete=True)

@@ -35,12 +35,18 @@ def test_a_mount_point_that_gained_files_is_left_in_place(tmp_path: Path) -> Non
 def test_a_trial_in_another_process_keeps_the_mount_points(tmp_path: Path) -> None:
     state, app = tmp_path / "state", str(tmp_path / "app")
     holder = subprocess.Popen(
-        [sys.executable, "-c",
-         "import sys, pathlib\n"
-         "from tapdeck.runner.sandboxes.mount_points import MountPoints\n"
-         f"m = MountPoints(pathlib.Path({str(state)!r})); m.claim([{app!r}])\n"
-         "print('claimed', flush=True); sys.stdin.readline(); m.release()\n"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys, pathlib\n"
+            "from tapdeck.runner.sandboxes.mount_points import MountPoints\n"
+            f"m = MountPoints(pathlib.Path({str(state)!r})); m.claim([{app!r}])\n"
+            "print('claimed', flush=True); sys.stdin.readline(); m.release()\n",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "claimed"
         mine = MountPoints(state)

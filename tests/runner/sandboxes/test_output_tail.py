@@ -14,7 +14,8 @@ def test_the_tail_keeps_exactly_the_last_bytes_across_chunk_boundaries() -> None
     assert tail.dropped == 8
     assert tail.text().splitlines() == [
         "[tapdeck host sandbox: 8 earlier bytes of this output were cut; the last 10 are kept]",
-        "ijklmnopqr"]
+        "ijklmnopqr",
+    ]
 
 
 def test_output_under_the_limit_comes_back_whole_and_none_stays_none() -> None:

@@ -15,10 +15,18 @@ import torch
 from tapdeck.runner.recipes import admin_client, data_check, grpo_trl  # noqa: F401  (what recipes import)
 
 stack = grpo_trl.training_stack()
-print(json.dumps({
-    "python": list(sys.version_info[:2]),
-    "torch": torch.__version__, "cuda": torch.version.cuda,
-    "versions": {d: importlib.metadata.version(d) for d in ("trl", "openenv", "transformers", "trackio", "gguf")},
-    "stack": sorted(vars(stack)),
-    "tapdeck_modules": sorted(m for m in sys.modules if m.startswith("tapdeck")),
-}))
+print(
+    json.dumps(
+        {
+            "python": list(sys.version_info[:2]),
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "versions": {
+                d: importlib.metadata.version(d)
+                for d in ("trl", "openenv", "transformers", "trackio", "gguf")
+            },
+            "stack": sorted(vars(stack)),
+            "tapdeck_modules": sorted(m for m in sys.modules if m.startswith("tapdeck")),
+        }
+    )
+)

@@ -37,33 +37,66 @@ DEADLINE_S = 1500
 def main(server: str, admin_key: str, gguf: str, out: str, groups: str, *tasks: str) -> None:
     PartialState()  # as the worker's child does before building the loop
     stack = grpo_trl.training_stack()
-    args = grpo_trl.arg_parser().parse_args([
-        "--server", server, "--admin-key", admin_key, "--vllm-url", CLOSED_PORT_URL,
-        "--engine-url", "embedded", "--model", "smollm2", "--num-generations", "2", "--max-inflight", "1",
-        "--temperature", "0.8", "--timeout-s", "600", "--call-budget", "1", "--tasks", *tasks])
+    args = grpo_trl.arg_parser().parse_args(
+        [
+            "--server",
+            server,
+            "--admin-key",
+            admin_key,
+            "--vllm-url",
+            CLOSED_PORT_URL,
+            "--engine-url",
+            "embedded",
+            "--model",
+            "smollm2",
+            "--num-generations",
+            "2",
+            "--max-inflight",
+            "1",
+            "--temperature",
+            "0.8",
+            "--timeout-s",
+            "600",
+            "--call-budget",
+            "1",
+            "--tasks",
+            *tasks,
+        ]
+    )
     run_name, output_dir = grpo_trl.launch_names(None, Path(out).parent / "grpo-out")
     # bf16 is a GPU setting TrainingArguments refuses on a CPU box; nothing else differs from the recipe.
-    config = stack.AsyncGRPOConfig(**grpo_trl.config_kwargs(args, run_name=run_name, output_dir=output_dir),
-                             bf16=False)
+    config = stack.AsyncGRPOConfig(
+        **grpo_trl.config_kwargs(args, run_name=run_name, output_dir=output_dir), bf16=False
+    )
     tokenizer = stack.AutoTokenizer.from_pretrained(str(Path(gguf).parent), gguf_file=Path(gguf).name)
     # TRL's loop insists on a reply parser for the tokenizer and knows no SmolLM2 one. Loop-owning mode
     # never parses a reply (the harness does): Qwen's, of the same ChatML family, stands in.
     tokenizer.response_template = qwen3_template
-    factory = dataclasses.replace(grpo_trl.factory_from_args(args), poll_s=0.5, agent_kwargs={
-        "max_turns": 1, "llm_kwargs": {"max_tokens": 32}})
-    kwargs = grpo_trl.worker_kwargs(config, model_name=args.model,
-                                    dataset=stack.Dataset.from_list(grpo_trl.dataset_rows(list(tasks))),
-                                    processing_class=tokenizer,
-                                    eos_ids=grpo_trl.eos_token_ids(None, tokenizer.eos_token_id),
-                                    factory=factory)
+    factory = dataclasses.replace(
+        grpo_trl.factory_from_args(args),
+        poll_s=0.5,
+        agent_kwargs={"max_turns": 1, "llm_kwargs": {"max_tokens": 32}},
+    )
+    kwargs = grpo_trl.worker_kwargs(
+        config,
+        model_name=args.model,
+        dataset=stack.Dataset.from_list(grpo_trl.dataset_rows(list(tasks))),
+        processing_class=tokenizer,
+        eos_ids=grpo_trl.eos_token_ids(None, tokenizer.eos_token_id),
+        factory=factory,
+    )
     with mock.patch.object(async_rollout_worker, "is_vllm_available", return_value=True):
         worker = stack.HarnessRolloutWorker(**kwargs)
     pickle.loads(pickle.dumps(worker._loop_kwargs))  # what start() checks before spawning
     loop = _HarnessRolloutLoop(
-        **worker._loop_kwargs, rollout_buffer=worker.rollout_buffer,
-        model_version_value=worker._model_version_value, heartbeat_value=worker._heartbeat_value,
-        failed_event=worker._failed_event, exception_info_queue=worker._exception_info_queue,
-        metrics_queue=worker.metrics_queue)
+        **worker._loop_kwargs,
+        rollout_buffer=worker.rollout_buffer,
+        model_version_value=worker._model_version_value,
+        heartbeat_value=worker._heartbeat_value,
+        failed_event=worker._failed_event,
+        exception_info_queue=worker._exception_info_queue,
+        metrics_queue=worker.metrics_queue,
+    )
     thread = threading.Thread(target=loop.run, name="trl-rollout-loop")
     thread.start()
 
@@ -87,18 +120,35 @@ def main(server: str, admin_key: str, gguf: str, out: str, groups: str, *tasks: 
                 s = worker.rollout_buffer.get(timeout=2.0)
             except queue.Empty:
                 break
-            samples.append({"group_id": s.group_id, "input_ids": s.input_ids.tolist(),
-                            "completion_mask": s.completion_mask.tolist(),
-                            "old_log_probs": s.old_log_probs.tolist(), "advantage": s.advantage,
-                            "metrics": s.metrics, "completion": s.completion})
+            samples.append(
+                {
+                    "group_id": s.group_id,
+                    "input_ids": s.input_ids.tolist(),
+                    "completion_mask": s.completion_mask.tolist(),
+                    "old_log_probs": s.old_log_probs.tolist(),
+                    "advantage": s.advantage,
+                    "metrics": s.metrics,
+                    "completion": s.completion,
+                }
+            )
     finally:
         loop._loop.call_soon_threadsafe(loop._stop_event.set)
         thread.join(timeout=120)
-    Path(out).write_text(json.dumps({
-        "samples": samples, "metrics": metrics, "loop_kwargs": sorted(worker._loop_kwargs),
-        "sampling": loop._factory.sampling, "fork_threshold": loop._fork_threshold_tokens,
-        "vllm_server_url": loop.vllm_server_url, "loop_stopped": not thread.is_alive(),
-        "failed": worker._failed_event.is_set()}, default=float))
+    Path(out).write_text(
+        json.dumps(
+            {
+                "samples": samples,
+                "metrics": metrics,
+                "loop_kwargs": sorted(worker._loop_kwargs),
+                "sampling": loop._factory.sampling,
+                "fork_threshold": loop._fork_threshold_tokens,
+                "vllm_server_url": loop.vllm_server_url,
+                "loop_stopped": not thread.is_alive(),
+                "failed": worker._failed_event.is_set(),
+            },
+            default=float,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """Run in the training environment: what TRL 1.16's and OpenEnv 0.10's own code make of tapdeck traces.
 
 Reads a JSON file `{"fork_thresholds": [N, ...], "rollouts": [{"rollout_id", "group_id", "reward",
-"trace"}]}` and writes, as JSON on stdout, for each fork threshold (as a string key), per rollout: whether OpenEnv's strict `TrainingTrace` accepts the trace
-(and the error), the `TurnRecord`s TRL reads from it, TRL's tool counts and transcript, and the rows and
-drift tally of TRL's `_chain_to_sequences`; per group: the samples of TRL's `_score_group` (advantage,
-reward, reward_std, row arrays). `_score_group` is TRL's unbound method called on a minimal loop
+"trace"}]}` and writes, as JSON on stdout, for each fork threshold (as a string key), per rollout:
+whether OpenEnv's strict `TrainingTrace` accepts the trace (and the error), the `TurnRecord`s TRL
+reads from it, TRL's tool counts and transcript, and the rows and drift tally of TRL's
+`_chain_to_sequences`; per group: the samples of TRL's `_score_group` (advantage, reward,
+reward_std, row arrays). `_score_group` is TRL's unbound method called on a minimal loop
 state: no reward functions, the harness's reward column only, as in loop-owning mode.
 """
 
@@ -44,31 +45,65 @@ def reference(spec: dict, threshold: int) -> dict:
         turns = _turns_from_training_trace(trace)
         entries = trace.to_trace_entries()
         sequences, tally = _chain_to_sequences(turns, r["rollout_id"], threshold)
-        doc.update(valid=True, tool_counts=_tool_call_counts_by_name(entries),
-                   transcript=_messages_from_trace(entries),
-                   turns=[{"prompt_ids": t.prompt_ids, "output_ids": t.output_ids,
-                           "output_log_probs": t.output_log_probs, "output_mask": t.output_mask}
-                          for t in turns],
-                   sequences=[{"input_ids": s.input_ids, "completion_mask": s.completion_mask,
-                               "old_log_probs": s.old_log_probs} for s in sequences],
-                   tally=tally)
+        doc.update(
+            valid=True,
+            tool_counts=_tool_call_counts_by_name(entries),
+            transcript=_messages_from_trace(entries),
+            turns=[
+                {
+                    "prompt_ids": t.prompt_ids,
+                    "output_ids": t.output_ids,
+                    "output_log_probs": t.output_log_probs,
+                    "output_mask": t.output_mask,
+                }
+                for t in turns
+            ],
+            sequences=[
+                {
+                    "input_ids": s.input_ids,
+                    "completion_mask": s.completion_mask,
+                    "old_log_probs": s.old_log_probs,
+                }
+                for s in sequences
+            ],
+            tally=tally,
+        )
         out_rollouts.append(doc)
         groups.setdefault(r["group_id"], []).append((doc, sequences, r["reward"]))
 
-    state = SimpleNamespace(reward_funcs=[], _env_reward_types=[], _provides_rollout_reward=True,
-                            reward_func_names=["harness_reward"])
+    state = SimpleNamespace(
+        reward_funcs=[],
+        _env_reward_types=[],
+        _provides_rollout_reward=True,
+        reward_func_names=["harness_reward"],
+    )
     out_groups = {}
     for gid, members in groups.items():
         group = RolloutGroup(
-            prompts=[[] for _ in members], reward_kwargs={}, completions=[[] for _ in members],
-            completions_ids=[[] for _ in members], completions_sequences=[seqs for _, seqs, _ in members],
-            tool_call_counts=[0 for _ in members], tool_failure_counts=[0 for _ in members],
-            model_version=0, group_id=0, env_rewards=[], rollout_rewards=[reward for _, _, reward in members])
+            prompts=[[] for _ in members],
+            reward_kwargs={},
+            completions=[[] for _ in members],
+            completions_ids=[[] for _ in members],
+            completions_sequences=[seqs for _, seqs, _ in members],
+            tool_call_counts=[0 for _ in members],
+            tool_failure_counts=[0 for _ in members],
+            model_version=0,
+            group_id=0,
+            env_rewards=[],
+            rollout_rewards=[reward for _, _, reward in members],
+        )
         samples = asyncio.run(_AsyncRolloutLoop._score_group(state, group))
-        out_groups[gid] = [{"advantage": s.advantage, "reward": s.metrics["reward"],
-                            "reward_std": s.metrics["reward_std"], "input_ids": s.input_ids.tolist(),
-                            "completion_mask": s.completion_mask.tolist(),
-                            "old_log_probs": s.old_log_probs.tolist()} for s in samples]
+        out_groups[gid] = [
+            {
+                "advantage": s.advantage,
+                "reward": s.metrics["reward"],
+                "reward_std": s.metrics["reward_std"],
+                "input_ids": s.input_ids.tolist(),
+                "completion_mask": s.completion_mask.tolist(),
+                "old_log_probs": s.old_log_probs.tolist(),
+            }
+            for s in samples
+        ]
     return {"rollouts": out_rollouts, "groups": out_groups}
 
 
