@@ -27,7 +27,7 @@ from tapdeck.proxy.config import (
     secure_data_dir,
     write_admin_key,
 )
-from tapdeck.proxy.http.app import create_app
+from tapdeck.proxy.http.server import create_app
 from tapdeck.proxy.http.uvicorn_thread import ThreadedServer, bind_socket
 from tapdeck.proxy.service import CaptureService
 from tapdeck.proxy.store.database import Store

@@ -30,7 +30,7 @@ PARTS = [
     ("request nesting check", r"request_limits.py"),
     ("validation, interning, json mode", r"validation.py|interning.py|json_mode.py"),
     ("service (call flow, request JSON)", r"proxy/service.py"),
-    ("server routes", r"proxy/http/model_route.py|proxy/http/app.py"),
+    ("server routes", r"proxy/http/model_route.py|proxy/http/server.py"),
     ("FastAPI/Starlette", r"starlette/|fastapi/"),
     ("uvicorn HTTP server", r"uvicorn/|httptools"),
     ("asyncio event loop", r"asyncio/|selectors.py"),

@@ -31,7 +31,7 @@ from graph import make_turns
 from tapdeck.app.views.graph import LiveGraph, rollout_nodes
 from tapdeck.app.widgets.rollout_tree import RolloutTree
 from tapdeck.proxy.capture.graph import RolloutGraph
-from tapdeck.proxy.http.app import create_app
+from tapdeck.proxy.http.server import create_app
 from tapdeck.proxy.http.uvicorn_thread import ThreadedServer
 from tapdeck.proxy.service import CaptureService
 from tapdeck.proxy.store.database import Store

@@ -27,8 +27,8 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from tapdeck.proxy.errors import ProxyError
-from tapdeck.proxy.http.app import require_admin
 from tapdeck.proxy.http.error_reply import error_response
+from tapdeck.proxy.http.server import require_admin
 from tapdeck.proxy.upstream.tiers import EngineSpec
 from tapdeck.runner.batch import BatchRunner
 from tapdeck.runner.errors import RunnerError, RunUnreadable

@@ -223,7 +223,7 @@ def test_the_training_environment_versions_are_the_pinned_ones() -> None:
 
 
 def test_every_admin_route_of_the_table_exists_on_the_server(tmp_path: Path) -> None:
-    from tapdeck.proxy.http.app import create_app
+    from tapdeck.proxy.http.server import create_app
     from tapdeck.proxy.service import CaptureService
     from tapdeck.proxy.store.database import Store
     from tapdeck.runner.api import create_runner_router

@@ -19,7 +19,7 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
-from tapdeck.proxy.http.app import create_app
+from tapdeck.proxy.http.server import create_app
 from tapdeck.proxy.service import CaptureService
 from tapdeck.proxy.store.database import Store
 from tapdeck.runner.api import create_runner_router

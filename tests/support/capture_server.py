@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tapdeck.proxy.http.app import create_app
+from tapdeck.proxy.http.server import create_app
 from tapdeck.proxy.http.uvicorn_thread import ThreadedServer, bind_socket
 from tapdeck.proxy.service import CaptureService
 from tapdeck.proxy.store.database import Store

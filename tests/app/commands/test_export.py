@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from tapdeck.proxy.http.app import create_app
+from tapdeck.proxy.http.server import create_app
 from tapdeck.proxy.service import CaptureService
 from tapdeck.proxy.store.database import Store
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import httpx
 
 from tapdeck.proxy.capture import interning
-from tapdeck.proxy.http.app import create_app
+from tapdeck.proxy.http.server import create_app
 from tapdeck.proxy.service import CaptureService
 from tapdeck.proxy.store.database import Store
 from tapdeck.proxy.upstream.tiers import EngineSpec

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tapdeck.proxy.http.app import create_app
+from tapdeck.proxy.http.server import create_app
 from tapdeck.proxy.service import CaptureService
 from tapdeck.proxy.sessions.spec import SessionSpec
 from tapdeck.proxy.store.database import Store

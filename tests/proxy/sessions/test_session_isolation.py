@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tapdeck.proxy.http.app import _event_stream
+from tapdeck.proxy.http.server import _event_stream
 from tests.support.fake_vllm import FakeVllm
 from tests.support.vllm_recordings import vllm_fixture as recorded
 
