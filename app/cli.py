@@ -10,6 +10,7 @@ import importlib
 import sys
 
 import typer
+from typer import _click  # typer's own copy of click, whose Context its groups are invoked with
 from typer.core import TyperGroup
 
 from tapdeck import __version__
@@ -29,7 +30,7 @@ class _CommandGroup(TyperGroup):
     command, a command of a group such as `harness`) becomes its line on stderr and its exit code,
     whichever way the app is invoked (the console script, typer's CliRunner)."""
 
-    def invoke(self, ctx: typer.Context) -> object:
+    def invoke(self, ctx: _click.Context) -> object:
         try:
             return super().invoke(ctx)
         except CommandError as exc:

@@ -75,7 +75,7 @@ class LocalServer:
         self.service: CaptureService | None = None
         self.default_engine: EngineSpec | None = None
         self.instance: str | None = None
-        self._engine = None
+        self._engine: SharedEngine | None = None
         self._store: Store | None = None
         self._http: ThreadedServer | None = None
         self._sock: socket.socket | None = None
@@ -205,6 +205,7 @@ class LocalServer:
 
     def _check_health(self) -> None:
         """A stale server on a reused port would answer with another instance id."""
+        assert self._http is not None  # start() calls this once the server runs
         health_host = "127.0.0.1" if self.config.host in ("0.0.0.0", "") else self.config.host
         health_host = "::1" if health_host == "::" else health_host
         health_host = f"[{health_host}]" if ":" in health_host else health_host

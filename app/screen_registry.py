@@ -4,14 +4,14 @@ the help's tables are all generated from it, and help shows the keys bound now (
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from textual.app import App
 from textual.binding import Binding, BindingsMap
 from textual.dom import DOMNode
-from textual.screen import Screen
 
+from tapdeck.app.screens.base import TapdeckScreen
 from tapdeck.app.screens.help import HelpScreen
 from tapdeck.app.screens.info import InfoScreen
 from tapdeck.app.screens.rollout import RolloutScreen
@@ -29,7 +29,7 @@ class ScreenEntry:
     mode: str
     title: str
     what: str
-    screen: Callable[[], Screen]
+    screen: type[TapdeckScreen]
 
     @property
     def binding_id(self) -> str:
@@ -101,7 +101,8 @@ def unknown_keymap_ids(app: App, keymap: Iterable[str]) -> list[str]:
     """The ids of `keymap` that name no binding of the App, its screens or help (a typo would
     otherwise be ignored without a word)."""
     known = {b.id for found in app._bindings.key_to_bindings.values() for b in found}
-    for cls in (*(e.screen for e in SCREENS), HelpScreen):
+    classes: list[type[DOMNode]] = [*(e.screen for e in SCREENS), HelpScreen]
+    for cls in classes:
         known |= {b.id for found in BindingsMap(cls.BINDINGS).key_to_bindings.values() for b in found}
     return sorted(set(keymap) - known)
 

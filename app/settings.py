@@ -47,9 +47,12 @@ class Settings:
             return cls()
         if not isinstance(raw, dict):
             return cls()
-        keymap = raw.get("keymap") if isinstance(raw.get("keymap"), dict) else {}
+        keymap, rollout = raw.get("keymap"), raw.get("rollout")
+        if not isinstance(keymap, dict):
+            keymap = {}
+        if not isinstance(rollout, dict):
+            rollout = {}
         theme = raw.get("theme") if isinstance(raw.get("theme"), str) else None
-        rollout = raw.get("rollout") if isinstance(raw.get("rollout"), dict) else {}
         return cls(
             theme=theme,
             keymap={str(k): str(v) for k, v in keymap.items()},

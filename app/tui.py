@@ -30,6 +30,7 @@ from tapdeck.app.messages import (
     TurnCaptured,
 )
 from tapdeck.app.screen_registry import SCREENS, help_tables, key_of, screen_bindings, unknown_keymap_ids
+from tapdeck.app.screens.base import TapdeckScreen
 from tapdeck.app.screens.help import HelpScreen
 from tapdeck.app.screens.rollout import RolloutScreen
 from tapdeck.app.screens.runs import RunsScreen
@@ -143,7 +144,10 @@ class TapdeckApp(App[None]):
         self.screens_by_mode = {entry.mode: entry.screen() for entry in SCREENS}
         for mode, screen in self.screens_by_mode.items():
             # One screen instance per mode, so the App can reach each screen directly.
-            self.add_mode(mode, lambda screen=screen: screen)
+            def base_screen(screen: TapdeckScreen = screen) -> TapdeckScreen:
+                return screen
+
+            self.add_mode(mode, base_screen)
 
     # -- start-up ---------------------------------------------------------------------------------
     def get_theme_variable_defaults(self) -> dict[str, str]:
@@ -282,7 +286,7 @@ class TapdeckApp(App[None]):
             self.post_message(SessionsChanged())
         self.post_message(RunsChanged())
 
-    def _mode_screen(self, mode: str):
+    def _mode_screen(self, mode: str) -> TapdeckScreen | None:
         """The base screen of `mode` (one instance per mode for the App's life)."""
         return self.screens_by_mode.get(mode)
 
@@ -312,7 +316,7 @@ class TapdeckApp(App[None]):
             self.status_level = "info"
             self.post_message(RunsChanged())  # runs moved on (or were stopped) while it was away
             rollout = self._mode_screen("rollout")
-            if rollout.is_mounted and rollout.session_id:
+            if isinstance(rollout, RolloutScreen) and rollout.is_mounted and rollout.session_id:
                 rollout.action_reload()
         else:
             self.status = message.error
@@ -357,7 +361,9 @@ class TapdeckApp(App[None]):
 
     async def _switch_and_show(self, session_id: str) -> None:
         await self.switch_mode("rollout")
-        self.screens_by_mode["rollout"].show_session(session_id)
+        screen = self.screens_by_mode["rollout"]
+        if isinstance(screen, RolloutScreen):  # the registry's Rollout entry: always
+            screen.show_session(session_id)
 
     def action_help(self) -> None:
         """Help for the focused widget, then the whole help."""

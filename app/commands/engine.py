@@ -71,6 +71,7 @@ def register(app: typer.Typer) -> None:
             raise CommandError(EXIT_USAGE, f"tapdeck engine: --model: {exc}") from None
         except (FileNotFoundError, OSError, ValueError) as exc:
             raise CommandError(EXIT_COULD_NOT_RUN, f"tapdeck engine: {exc}") from None
+        assert eng.core is not None  # start() loaded it
         typer.echo(
             f"serving {served_name} ({eng.core.model.path.name}, n_ctx {eng.core.model.n_ctx}) "
             f"at {eng.base_url}",

@@ -41,7 +41,7 @@ def render(catalog, *, show_all: bool = False, width: int = 80):
         return t
 
     wrap = {"overflow": "fold"}
-    out = []
+    out: list[Table | str] = []
 
     sandboxes = table(
         "Sandboxes", ("name", {"no_wrap": True}), ("ok", {"no_wrap": True}), ("why", {"ratio": 1, **wrap})

@@ -25,7 +25,7 @@ import contextlib
 import math
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import typer
 from pydantic import ValidationError
@@ -226,29 +226,32 @@ def register(app: typer.Typer) -> None:
                 n_tasks=None if task else n_tasks,
                 k=k,
                 concurrency=concurrency,
-                rollout=RolloutTemplate(
-                    harness=harness,
-                    sandbox=sandbox,
-                    engine=engine,
-                    engine_model=engine_model,
-                    engine_tool_parser=engine_tool_parser,
-                    engine_reasoning_parser=engine_reasoning_parser,
-                    timeout_s=timeout,
-                    reward_key=reward_key,
-                    alternatives=alternatives,
-                    public_url=public_url,
-                    token_in=token_in,
-                    settings=_settings(
-                        agent_timeout_s=agent_timeout,
-                        max_turns=max_turns,
-                        max_output_tokens=max_output_tokens,
-                        context_tokens=context_tokens,
-                        temperature=temperature,
-                        top_p=top_p,
-                        top_k=top_k,
-                        min_p=min_p,
-                        harness_kwargs=harness_kwargs,
-                    ),
+                rollout=RolloutTemplate.model_validate(
+                    dict(
+                        # From a dict: the flags' settings are checked as the template's (`settings.*`).
+                        harness=harness,
+                        sandbox=sandbox,
+                        engine=engine,
+                        engine_model=engine_model,
+                        engine_tool_parser=engine_tool_parser,
+                        engine_reasoning_parser=engine_reasoning_parser,
+                        timeout_s=timeout,
+                        reward_key=reward_key,
+                        alternatives=alternatives,
+                        public_url=public_url,
+                        token_in=token_in,
+                        settings=_settings(
+                            agent_timeout_s=agent_timeout,
+                            max_turns=max_turns,
+                            max_output_tokens=max_output_tokens,
+                            context_tokens=context_tokens,
+                            temperature=temperature,
+                            top_p=top_p,
+                            top_k=top_k,
+                            min_p=min_p,
+                            harness_kwargs=harness_kwargs,
+                        ),
+                    )
                 ),
             )
         except ValidationError as exc:
@@ -499,6 +502,7 @@ def _local_resume_hint(data: Path, url_engine: str | None, engine_model: str | N
 def _server_logs_to(path: Path) -> Iterator[None]:
     """While the in-process server runs, its log lines (its access log, runner warnings, LiteLLM's
     notices) go to `path`: stderr keeps the progress line and this command's own messages."""
+    import io
     import logging
 
     from litellm._logging import verbose_logger, verbose_proxy_logger, verbose_router_logger
@@ -506,7 +510,9 @@ def _server_logs_to(path: Path) -> Iterator[None]:
     from tapdeck.proxy.store.no_follow import open_append
 
     handler = logging.FileHandler(path, encoding="utf-8", delay=True)
-    handler.setStream(open_append(path))  # never through a link (proxy/store/no_follow.py)
+    # Never through a link (proxy/store/no_follow.py). Its TextIO is os.fdopen's TextIOWrapper, the
+    # stream type FileHandler is declared with.
+    handler.setStream(cast(io.TextIOWrapper, open_append(path)))
     handler.setLevel(logging.INFO)  # Harbor's DEBUG lines would bury the access log
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     litellm = [

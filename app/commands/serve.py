@@ -212,7 +212,9 @@ def register(app: typer.Typer) -> None:
             "body_timeout_s": body_timeout,
             "keep_alive_s": keep_alive_timeout,
         }
-        fields["connection"] = ConnectionLimits(**{k: v for k, v in limits.items() if v is not None})
+        fields["connection"] = ConnectionLimits.model_validate(
+            {k: v for k, v in limits.items() if v is not None}
+        )
         if (tls_cert is None) != (tls_key is None):
             raise CommandError(EXIT_USAGE, "tapdeck serve: give --tls-cert and --tls-key together")
         if tls_cert is not None and tls_key is not None:
@@ -224,7 +226,7 @@ def register(app: typer.Typer) -> None:
                         "give the admin key once: --admin-key/$TAPDECK_ADMIN_KEY or --admin-key-file"
                     )
                 fields["admin_key"] = read_key_file(admin_key_file)
-            config = ServerConfig(**fields)
+            config = ServerConfig.model_validate(fields)
         except ValidationError as exc:
             raise CommandError(EXIT_USAGE, f"tapdeck serve: {validation_line(exc)}") from None
         except ValueError as exc:

@@ -101,7 +101,7 @@ def stored_summary(record: dict[str, Any], graph: RolloutGraph) -> SessionSummar
     graph: the graph's stats, its state as stored and the FATAL/WARN findings it holds."""
     from tapdeck.proxy.capture.validation import reported_stats
     from tapdeck.schema.findings import Finding, Level
-    from tapdeck.schema.sessions import SessionSummary
+    from tapdeck.schema.sessions import EngineRef, SessionSummary
 
     findings = [*(Finding.model_validate(f) for f in record.get("findings") or []), *graph.findings()]
     rollout_type = record.get("rollout_type", "eval")
@@ -117,7 +117,7 @@ def stored_summary(record: dict[str, Any], graph: RolloutGraph) -> SessionSummar
         last_call_at=last_call,
         seconds_since_last_call=None if last_call is None else time.time() - last_call,
         metadata=record.get("metadata") or {},
-        engine=record.get("engine") or {"url": ""},
+        engine=EngineRef.model_validate(record.get("engine") or {"url": ""}),
         fatal=sum(f.level is Level.FATAL for f in findings),
         warn=sum(f.level is Level.WARN for f in findings),
     )

@@ -107,6 +107,7 @@ def register(app: typer.Typer) -> None:
             raise CommandError(EXIT_USAGE, f"tapdeck train: {why}")
         data = (data_dir or default_data_dir()).expanduser()
         local = None
+        key: str | None  # the local server's, else the one given or found for `server`
         if server is None:
             from pydantic import ValidationError
 

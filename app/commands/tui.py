@@ -6,11 +6,12 @@ in its own thread; the TUI talks to it over HTTP exactly as `tapdeck attach` tal
 
 from __future__ import annotations
 
+import io
 import logging
 import ssl
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, cast
 
 import typer
 
@@ -32,7 +33,9 @@ def _log_to_file(path: Path) -> logging.Handler:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(path, delay=True)
-    handler.setStream(open_append(path))  # never through a link (proxy/store/no_follow.py)
+    # Never through a link (proxy/store/no_follow.py). Its TextIO is os.fdopen's TextIOWrapper, the
+    # stream type FileHandler is declared with.
+    handler.setStream(cast(io.TextIOWrapper, open_append(path)))
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     for old in list(root.handlers):

@@ -66,7 +66,7 @@ class RunsScreen(TapdeckScreen):
         self._cancel = TwoPress()
 
     def compose_body(self) -> Iterable[Widget]:
-        runs = DataTable(id="runs-table", cursor_type="row", zebra_stripes=True)
+        runs: DataTable[str] = DataTable(id="runs-table", cursor_type="row", zebra_stripes=True)
         # Short headers, as the Sessions table's: with the cancelled apart, whole run ids still fit 80.
         for label, key in (
             ("run", "run"),
@@ -84,11 +84,11 @@ class RunsScreen(TapdeckScreen):
         yield Static("", id="run-settings")
         with Horizontal(id="run-detail"):
             with Vertical(id="groups-pane"):
-                groups = DataTable(id="groups-table", cursor_type="row")
+                groups: DataTable[str] = DataTable(id="groups-table", cursor_type="row")
                 groups.add_columns("task", "done", "rewards", "mean", "pass", "hist")
                 yield groups
                 yield Static("", id="failures")
-            rollouts = DataTable(id="rollouts-table", cursor_type="row")
+            rollouts: DataTable[str] = DataTable(id="rollouts-table", cursor_type="row")
             # "calls", as the CLI's table says: a turn limit counts the agent's turns, not these.
             for label, key in (
                 ("task", "task"),
@@ -126,6 +126,8 @@ class RunsScreen(TapdeckScreen):
             return
         # The run under the cursor: the one shown so far, or the nearest row once it is gone.
         self.run_id = cursor_key(self.query_one("#runs-table", DataTable))
+        if self.run_id is None:  # not while the table holds `self.runs`
+            return
         detail = await self.client.run(self.run_id)
         if detail.id == self.run_id:  # else another run was highlighted meanwhile
             self.show_detail(detail)

@@ -148,7 +148,11 @@ class SessionsScreen(TapdeckScreen):
 
     def _poll_activity(self) -> None:
         key = self.highlighted()
-        if not self.query_one(ActivityPane).has_class("shown") or key not in self.app.board.entries:
+        if (
+            not self.query_one(ActivityPane).has_class("shown")
+            or key is None
+            or key not in self.app.board.entries
+        ):
             self._show_pane()
             return
         self.run_worker(self._fetch_activity(key), group="activity", exclusive=True, exit_on_error=False)
@@ -213,7 +217,11 @@ class SessionsScreen(TapdeckScreen):
         if not run_id or not rollout_id:
             self.app.notify("This session is not a rollout of a run: nothing to cancel.", severity="warning")
             return
-        state = session_state(summary) if summary is not None else rollout_state(rollout)
+        if summary is not None:
+            state = session_state(summary)
+        else:
+            assert rollout is not None  # with neither there is no run id: returned above
+            state = rollout_state(rollout)
         if state in ENDED_STATES:
             self._cancel.disarm()
             self.app.notify(f"rollout {rollout_id} already {state}: nothing to cancel.", severity="warning")

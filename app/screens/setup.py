@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationError
 from textual import on, work
@@ -48,7 +48,7 @@ SMALL_MODEL_NOTE = (
 )
 
 
-SETTING_INPUTS: tuple[tuple[str, str, str, str], ...] = (
+SETTING_INPUTS: tuple[tuple[str, str, Literal["integer", "number", "text"], str], ...] = (
     # (RolloutSettings field or "timeout_s", label, Input type, placeholder = what unset means)
     ("agent_timeout_s", "Agent s", "number", "task's"),
     ("timeout_s", "Hard s", "number", "300"),
@@ -158,7 +158,7 @@ class SetupScreen(TapdeckScreen):
                                 compact=True,
                                 type=kind,
                                 classes="setting",
-                            )  # type: ignore[arg-type]
+                            )
 
     def on_mount(self) -> None:
         self.action_reload()
@@ -302,13 +302,13 @@ class SetupScreen(TapdeckScreen):
         if not self.catalog:
             return None
         value = self.query_one(f"#{kind}", Select).value
-        items: Sequence[CatalogItem] = {
+        items: dict[str, Sequence[CatalogItem]] = {
             "dataset": self.catalog.datasets,
             "harness": self.catalog.harnesses,
             "sandbox": self.catalog.sandboxes,
             "engine": self.catalog.engines,
-        }[kind]
-        return next((i for i in items if i.name == value), None)
+        }
+        return next((i for i in items[kind] if i.name == value), None)
 
     def _why(self, kind: str, item: CatalogItem | None) -> tuple[bool, str]:
         """(can run, a line saying so or why not)."""
@@ -368,7 +368,7 @@ class SetupScreen(TapdeckScreen):
         names = [task.name for task in item.tasks] if isinstance(item, DatasetInfo) else []
         # Refilled on every dataset change event, including the one a catalog (re)load causes:
         # keep what is ticked, or a tick made meanwhile would silently widen the batch to all.
-        if names != [option.value for option in tasks.options]:
+        if names != [tasks.get_option_at_index(i).value for i in range(tasks.option_count)]:
             ticked = set(tasks.selected)
             tasks.clear_options()
             tasks.add_options([(name, name, name in ticked) for name in names])

@@ -17,6 +17,7 @@ from rich.text import Text
 from textual import on, work
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.notifications import SeverityLevel
 from textual.widget import Widget
 from textual.widgets import Button, DataTable, Input, RichLog, Select, Static
 
@@ -117,7 +118,7 @@ class TrainScreen(TapdeckScreen):
             yield Button("Stop", id="train-stop", variant="error", disabled=True, compact=True)
         yield Input(placeholder="recipe arguments, e.g. --steps 2", id="train-args", compact=True)
         yield Static("", id="train-state")
-        jobs = DataTable(id="train-jobs", cursor_type="row")
+        jobs: DataTable[str] = DataTable(id="train-jobs", cursor_type="row")
         for label, key in (("job", "job"), ("recipe", "recipe"), ("state", "state"), ("started", "started")):
             jobs.add_column(label, key=key)
         yield jobs
@@ -387,7 +388,7 @@ class TrainScreen(TapdeckScreen):
         self.query_one("#train-stop", Button).disabled = True
         self._state(self._ended_line(job))
         why = f" · {job.error}" if job.error else ""
-        severity = "information" if job.state == "finished" else "warning"
+        severity: SeverityLevel = "information" if job.state == "finished" else "warning"
         self.notify(f"training run {job.id} {job.state}{why}", severity=severity)
 
     @staticmethod
@@ -397,7 +398,7 @@ class TrainScreen(TapdeckScreen):
 
     @on(Button.Pressed, "#train-stop")
     def action_stop(self) -> None:
-        if not self.running:
+        if self.job is None or not self.running:
             self.notify("no training run is running here: nothing to stop", severity="information")
             return
         self._state(f"{self.job.id} · stopping…")

@@ -60,11 +60,11 @@ class LiveGraph:
             self.turns[turn.seq] = turn
         self.missing = set()
         for seq, parent, role in view.links:
-            turn = self.turns.get(seq)
-            if turn is None:
+            known = self.turns.get(seq)
+            if known is None:
                 self.missing.add(seq)
-            elif (turn.parent, turn.role) != (parent, role):
-                self.turns[seq] = turn.model_copy(update={"parent": parent, "role": role})
+            elif (known.parent, known.role) != (parent, role):
+                self.turns[seq] = known.model_copy(update={"parent": parent, "role": role})
                 changed = True
         self.stats, self.findings, self.tier = view.stats, view.findings, str(view.tier)
         return changed
@@ -122,9 +122,13 @@ def display_parents(nodes: Mapping[int, TurnNode]) -> dict[int, int | None]:
     rollout's labels off the screen; only forks nest.
     """
     roots = set(rollout_roots(nodes))
+    # The parent of every turn but the roots (so one among `nodes`).
+    parents = {
+        seq: node.parent for seq, node in nodes.items() if node.parent is not None and node.parent in nodes
+    }
 
     def is_head(seq: int) -> bool:
-        return seq in roots or len(nodes[nodes[seq].parent].children) > 1
+        return seq in roots or len(nodes[parents[seq]].children) > 1
 
     heads: dict[int, int] = {}
     out: dict[int, int | None] = {}
@@ -133,7 +137,7 @@ def display_parents(nodes: Mapping[int, TurnNode]) -> dict[int, int | None]:
         at = seq
         while at not in heads and not is_head(at):
             walk.append(at)
-            at = nodes[at].parent
+            at = parents[at]
         head = heads.get(at, at)
         for step in walk:
             heads[step] = head
@@ -144,7 +148,7 @@ def display_parents(nodes: Mapping[int, TurnNode]) -> dict[int, int | None]:
         elif is_head(seq):
             out[seq] = node.parent
         else:
-            out[seq] = heads[node.parent]
+            out[seq] = heads[parents[seq]]
     return out
 
 

@@ -91,6 +91,7 @@ class MetricPlot(PlotextPlot):
             plt.yticks(ticks)
             steps, left, right = x_axis([x for points in self.series.values() for x, _ in points])
             plt.xlim(left, right)
-            plt.xticks(steps, [str(step) for step in steps])
+            positions: list[float] = list(steps)  # plotext is typed for float positions
+            plt.xticks(positions, [str(step) for step in steps])
         plt.title(self.heading)
         plt.xlabel("step")

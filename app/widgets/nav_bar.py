@@ -5,14 +5,23 @@ now), so a keymap change shows here too."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from textual import getters
 from textual.content import Content
 from textual.widgets import Static
+
+if TYPE_CHECKING:
+    from tapdeck.app.tui import TapdeckApp
 
 
 class NavBar(Static):
     """Screen tabs; `current` is the mode name of the screen it sits on."""
 
     HELP = "Click a screen name or press its number to switch screens."
+
+    if TYPE_CHECKING:
+        app = getters.app(TapdeckApp)  # for the checker only, as on TapdeckScreen
 
     DEFAULT_CSS = """
     NavBar { height: 1; background: $panel; color: $foreground; }

@@ -101,16 +101,18 @@ class RolloutTree(Tree[int]):
             progressed = False
             for seq in list(pending):
                 node, place = nodes[seq], places[seq]
+                # A fork's child or a head's first continuation goes last; a later continuation
+                # right after the turn it continues.
+                after: TreeNode[int] | None = None
                 if place is None:
                     container = self.root
                 elif place in self._seq_nodes and node.parent in self._seq_nodes:
                     container = self._seq_nodes[place]
                     container.allow_expand = True  # only turns with something under them fold
+                    if place != node.parent:
+                        after = self._seq_nodes[node.parent]
                 else:
                     continue
-                # A fork's child or a head's first continuation goes last; a later continuation
-                # right after the turn it continues.
-                after = None if place in (None, node.parent) else self._seq_nodes[node.parent]
                 added = container.add(
                     self._label(node), data=seq, expand=True, allow_expand=False, after=after
                 )
