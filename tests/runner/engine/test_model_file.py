@@ -66,11 +66,10 @@ def test_a_full_disk_refuses_with_the_space_needed_and_leaves_no_partial_file(
 
 def test_every_user_of_the_model_reads_the_served_file() -> None:
     from tapdeck.runner import catalog, train_jobs
-    from tapdeck.runner.engine import model, rescore
+    from tapdeck.runner.engine import rescore
     from tapdeck.runner.recipes import cpu_grpo
 
     served = default_model_path()
-    assert model.default_model_path() == served
     assert rescore.default_model_path() == served
     assert cpu_grpo.model_path(None) == served
     assert train_jobs._model_env() == {"TAPDECK_MODEL_GGUF": str(served)}
