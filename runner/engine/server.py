@@ -10,7 +10,7 @@ import json
 import secrets
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -36,10 +36,12 @@ from tapdeck.runner.engine.protocol import (
 )
 from tapdeck.runner.engine.template import TemplateError
 
+_Req = TypeVar("_Req", bound=BaseModel)
 SSE_TYPE = "text/event-stream; charset=utf-8"
 
 
-async def _parse[Req: BaseModel](request: Request, model_cls: type[Req]) -> Req:
+# A TypeVar, not PEP 695's syntax: the training environment's Python 3.11 runs this server too.
+async def _parse(request: Request, model_cls: type[_Req]) -> _Req:  # noqa: UP047
     raw = await request.body()
     try:
         data = json.loads(raw)
