@@ -51,9 +51,15 @@ def test_recipe_modules_and_the_training_stack_import_in_the_training_environmen
         "GenerationConfig",
         "HarnessRolloutWorker",
     ]
-    # The recipes build the run plan from the schema (pydantic only); never proxy, app or Harbor.
+    # The recipes build the run plan from the schema (pydantic only) and write their files through
+    # the store's standard-library writers (never through a link); never the proxy's server, the
+    # app or Harbor.
     assert found["tapdeck_modules"] == [
         "tapdeck",
+        "tapdeck.proxy",
+        "tapdeck.proxy.store",
+        "tapdeck.proxy.store.atomic_write",
+        "tapdeck.proxy.store.no_follow",
         "tapdeck.runner",
         "tapdeck.runner.recipes",
         "tapdeck.runner.recipes.admin_client",
