@@ -75,6 +75,9 @@ def task_kwargs(name: str) -> dict[str, Any]:
 def test_agent_cli_runs_a_sample_task_offline_with_every_turn_captured(
     agent_server: RunnerServer, name: str
 ) -> None:
+    """Over 120 s for qwen-code and gemini-cli (224 s and 146 s in a loaded full run): the embedded
+    engine prefills each agent's own first prompt (9.6k and 8.2k tokens with the lean tools) at
+    ~40-60 tokens/s on 2 cores, and a smaller prompt would no longer be the agent's real one."""
     installed_or_skip(name)
     started = time.monotonic()
     run = agent_server.start(

@@ -30,6 +30,8 @@ def test_engine_reports_its_stretched_context_as_max_model_len(embedded_engine: 
 
 
 def test_follow_up_with_a_shared_10k_prefix_evaluates_only_the_new_tokens(embedded_engine: Any) -> None:
+    """About 125 s: the first call prefills 10,000 tokens on 2 cores; a prefix past the model's
+    trained 8k context is what checks that the stretched context's cache is reused."""
     url = f"{embedded_engine.base_url}/completions"
     model = embedded_engine.core.model
     ids = _text_ids(embedded_engine, 10_050)
