@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import traceback
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,6 +26,7 @@ from hypothesis import strategies as st
 
 from tapdeck.proxy.http import token_counts as aux
 from tests.support.local_server import server_with_upstream
+from tests.support.log_catcher import TracebackCatcher
 
 FUZZ_EXAMPLES = 40
 EXAMPLES = int(os.environ.get("TAPDECK_FUZZ_EXAMPLES") or FUZZ_EXAMPLES)
@@ -363,22 +363,6 @@ def _check(fuzzed: dict[str, Any], resp: httpx.Response, envelope: str) -> None:
         _assert_stream(resp)
 
 
-class _TracebackCatcher(logging.Handler):
-    """Every log record, from any logger, that carries a traceback or an error."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.bad: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        text = record.getMessage()
-        if record.exc_info or "Traceback" in text or record.levelno >= logging.ERROR:
-            # The whole traceback: the example hypothesis reports may be a later one (the log is
-            # checked per test, not per example), so the trace is what names the failing input.
-            trace = "".join(traceback.format_exception(*record.exc_info)) if record.exc_info else ""
-            self.bad.append(f"{record.name}: {text}\n{trace}")
-
-
 # ----------------------------------------------------------------------------- the server
 
 
@@ -386,7 +370,7 @@ class _TracebackCatcher(logging.Handler):
 def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """One server for the module (its engine the recorded-vLLM upstream), an open session, clients,
     and the log catcher (checked after each property)."""
-    catcher = _TracebackCatcher()
+    catcher = TracebackCatcher()
     loggers = [logging.getLogger(name) for name in ("", "uvicorn", "uvicorn.error", "tapdeck")]
     for logger in loggers:
         logger.addHandler(catcher)

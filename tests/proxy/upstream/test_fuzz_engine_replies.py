@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 import logging
 import os
-import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,7 @@ from tapdeck.schema.sessions import (
     TurnDetail,
 )
 from tests.support.fake_vllm import FakeVllm
+from tests.support.log_catcher import TracebackCatcher
 from tests.support.vllm_recordings import vllm_fixture as recorded
 from tests.support.vllm_recordings import vllm_reply_to
 
@@ -414,27 +414,13 @@ def _check_reads(fuzzed: dict[str, Any], session_id: str, answered: bool) -> Non
     write_parquet(fuzzed["exports"] / "rows.parquet", rows)
 
 
-class _FailureCatcher(logging.Handler):
-    """Log records of tapdeck failing: an error, or any record carrying a traceback."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.bad: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        text = record.getMessage()
-        if record.exc_info or "Traceback" in text or record.levelno >= logging.ERROR:
-            trace = "".join(traceback.format_exception(*record.exc_info)) if record.exc_info else ""
-            self.bad.append(f"{record.name}: {text}\n{trace}")
-
-
 # ----------------------------------------------------------------------------- the server
 
 
 @pytest.fixture(scope="module")
 def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """One server for the module, its engine the fake one, and the log catcher."""
-    catcher = _FailureCatcher()
+    catcher = TracebackCatcher()
     loggers = [logging.getLogger(name) for name in ("", "uvicorn", "uvicorn.error", "tapdeck")]
     for logger in loggers:
         logger.addHandler(catcher)
