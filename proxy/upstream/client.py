@@ -269,7 +269,8 @@ def _ids(value: Any) -> np.ndarray:
     return as_ids(value)
 
 
-def _nonempty(value: Any) -> bool:
+def has_ids(value: Any) -> bool:
+    """Whether a token-id field holds any (a list, or the array the fast parser makes)."""
     return value.size > 0 if isinstance(value, np.ndarray) else bool(value)
 
 
@@ -286,11 +287,11 @@ def parse_capture(reply: Mapping[str, Any]) -> Capture:
     choice = choices[0] if isinstance(choices[0], Mapping) else {}
 
     raw_prompt = reply.get("prompt_token_ids")
-    if not _nonempty(raw_prompt):
+    if not has_ids(raw_prompt):
         raw_prompt = choice.get("prompt_token_ids")
     prompt_ids = sampled_ids = None
     try:
-        prompt_ids = _ids(raw_prompt) if _nonempty(raw_prompt) else None
+        prompt_ids = _ids(raw_prompt) if has_ids(raw_prompt) else None
     except ValueError as exc:
         findings.append(Finding.fatal("bad_prompt_ids", str(exc)))
     try:

@@ -30,6 +30,7 @@ from tapdeck.proxy.http.limits import too_deep
 from tapdeck.proxy.upstream.client import (
     Capture,
     EngineError,
+    has_ids,
     parse_capture,
     zero_filled_usage,
 )
@@ -129,8 +130,12 @@ def _clean_bookkeeping(reply: dict[str, Any], choice: dict[str, Any], dropped: l
         dropped.append(f"`choices[0].index` ({shown(index)})")
         choice["index"] = 0
     # Fields the proxy does not read are passed on as they are (the chat dialect answers with
-    # them), unless they nest too deep to be written back.
-    for where, fields, read in (("", reply, _READ_TOP), ("choices[0].", choice, _READ_CHOICE)):
+    # them), unless they nest too deep to be written back. SGLang's per-choice prompt ids are read
+    # only where the top level has none (parse_capture).
+    read_choice = _READ_CHOICE
+    if has_ids(reply.get("prompt_token_ids")):
+        read_choice = _READ_CHOICE - {"prompt_token_ids"}
+    for where, fields, read in (("", reply, _READ_TOP), ("choices[0].", choice, read_choice)):
         for key in [k for k, v in fields.items() if k not in read and too_deep(v, MAX_REPLY_DEPTH)]:
             dropped.append(f"`{where}{key}` (nested more than {MAX_REPLY_DEPTH} levels deep)")
             del fields[key]
@@ -215,10 +220,9 @@ def _logprobs_fault(logprobs: Any) -> str | None:
             if (
                 type(token) is str
                 and type(entry.get("logprob")) is float
-                and type(raw) is list
                 and type(top) is list
+                and _is_bytes(raw)
                 and (not top or _alternatives_fit(top))
-                and (not token.startswith("token_id:") or _is_bytes(raw))
             ):
                 continue
         if (fault := _entry_fault(entry, alternatives=True)) is not None:
@@ -234,7 +238,7 @@ def _alternatives_fit(top: list[Any]) -> bool:
             and len(alt) == 3
             and type(alt.get("token")) is str
             and type(alt.get("logprob")) is float
-            and type(alt.get("bytes")) is list
+            and _is_bytes(alt.get("bytes"))
         ):
             return False
     return True
@@ -242,8 +246,8 @@ def _alternatives_fit(top: list[Any]) -> bool:
 
 def _entry_fault(entry: Any, *, alternatives: bool) -> str | None:
     """What in one logprob entry is not of its type: `token` a string, `logprob` a number or
-    null, `bytes` a list or null (byte values in a `token_id:N` entry, whose text they are),
-    `top_logprobs` (of a sampled token) a list of such entries or null, anything else a plain
+    null, `bytes` a list of byte values or null (in a `token_id:N` entry, not null: they are its
+    text), `top_logprobs` (of a sampled token) a list of such entries or null, anything else a plain
     value. The whole rule, for an entry the fast path of `_logprobs_fault` did not pass."""
     if type(entry) is not dict:
         return f"` is {shown(entry)}, not an object"
@@ -252,10 +256,8 @@ def _entry_fault(entry: Any, *, alternatives: bool) -> str | None:
         return f".token` is {shown(token)}, not a string"
     if logprob is not None and type(logprob) is not float and type(logprob) is not int:
         return f".logprob` is {shown(logprob)}, not a number"
-    if raw is not None and type(raw) is not list:
-        return f".bytes` is {shown(raw)}, not a list"
-    if type(token) is str and token.startswith("token_id:") and not _is_bytes(raw):
-        # The one place tapdeck reads the bytes: the token's text in `token_id:N` form.
+    if (raw is not None or (type(token) is str and token.startswith("token_id:"))) and not _is_bytes(raw):
+        # Passed on to Responses callers, and the token's text where it is in `token_id:N` form.
         return f".bytes` is {shown(raw)}, not the byte values of the token's text"
     top = entry.get("top_logprobs")
     if top is not None and alternatives:
@@ -273,6 +275,7 @@ def _entry_fault(entry: Any, *, alternatives: bool) -> str | None:
 
 
 def _is_bytes(value: Any) -> bool:
+    """Whether `value` is a list of byte values (ints 0-255), as vLLM writes a token's bytes."""
     if type(value) is not list:
         return False
     try:

@@ -568,6 +568,29 @@ def test_a_reply_the_agent_cannot_be_answered_with_is_a_502_naming_the_field(
             "bad_logprobs",
             "`choices[0].logprobs.content[0].top_logprobs` is an object",
         ),
+        # Nesting past what orjson writes back (found by the fuzzer: a 500 on the Responses
+        # routes, which pass the bytes on, and on the chat routes, which pass the unread copy on).
+        (
+            (*_LP, 0, "bytes"),
+            [DEEP],
+            "FATAL",
+            "bad_logprobs",
+            "`choices[0].logprobs.content[0].bytes` is a list",
+        ),
+        (
+            (*_LP, 0, "top_logprobs", 0, "bytes"),
+            DEEP,
+            "FATAL",
+            "bad_logprobs",
+            "`choices[0].logprobs.content[0].top_logprobs[0].bytes` is a list",
+        ),
+        (
+            (*_C, "prompt_token_ids"),
+            [DEEP],
+            "WARN",
+            "reply_cleaned",
+            "`choices[0].prompt_token_ids` (nested more than 32 levels deep)",
+        ),
     ],
     ids=[
         "usage-list",
@@ -576,6 +599,9 @@ def test_a_reply_the_agent_cannot_be_answered_with_is_a_502_naming_the_field(
         "stop_reason-object",
         "token_ids-string",
         "top_logprobs-object",
+        "bytes-deep",
+        "alternative-bytes-deep",
+        "choice-prompt-ids-deep",
     ],
 )
 def test_a_field_the_answer_does_not_need_is_dropped_with_a_finding(
@@ -596,3 +622,4 @@ def test_a_field_the_answer_does_not_need_is_dropped_with_a_finding(
         assert choice["stop_reason"] is None
         assert ("token_ids" in choice) is (code != "bad_sampled_ids")
         assert (choice["logprobs"] is None) is (code == "bad_logprobs")
+        assert "prompt_token_ids" not in choice  # vLLM writes none there; SGLang's deep one is dropped
