@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tapdeck.proxy.http import token_counts as aux
+from tests.support.json_strategies import json_values
 from tests.support.local_server import server_with_upstream
 from tests.support.log_catcher import TracebackCatcher
 
@@ -227,41 +228,29 @@ KEYS = [
     "json_schema",
     "properties",
 ]
-_leaf = (
-    st.none()
-    | st.booleans()
-    | st.integers(-(2**63), 2**63 - 1)
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=12)
-    | st.sampled_from(
-        [
-            "text",
-            "user",
-            "assistant",
-            "tool",
-            "function",
-            "image",
-            "input_text",
-            "tool_use",
-            "tool_result",
-            "json_schema",
-            "json_object",
-            "auto",
-            "none",
-            "required",
-            BIG_INT,
-            BIG_FLOAT,
-            NEG_BIG,
-            "",
-        ]
-    )
-)
-JSON = st.recursive(
-    _leaf,
-    lambda inner: (
-        st.lists(inner, max_size=3)
-        | st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=6), inner, max_size=3)
-    ),
+JSON = json_values(
+    KEYS,
+    [
+        "text",
+        "user",
+        "assistant",
+        "tool",
+        "function",
+        "image",
+        "input_text",
+        "tool_use",
+        "tool_result",
+        "json_schema",
+        "json_object",
+        "auto",
+        "none",
+        "required",
+        BIG_INT,
+        BIG_FLOAT,
+        NEG_BIG,
+        "",
+    ],
+    text_size=12,
     max_leaves=8,
 )
 DEEP = st.integers(60, 400).map(lambda n: {"json": n})

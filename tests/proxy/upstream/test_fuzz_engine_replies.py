@@ -40,6 +40,7 @@ from tapdeck.schema.sessions import (
     TurnDetail,
 )
 from tests.support.fake_vllm import FakeVllm
+from tests.support.json_strategies import json_values
 from tests.support.log_catcher import TracebackCatcher
 from tests.support.vllm_recordings import vllm_fixture as recorded
 from tests.support.vllm_recordings import vllm_reply_to
@@ -145,34 +146,22 @@ _KEYS = [
     "prompt_tokens",
     "cached_tokens",
 ]
-_leaf = (
-    st.none()
-    | st.booleans()
-    | st.integers(-(2**63), 2**63 - 1)
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=10)
-    | st.sampled_from(
-        [
-            "",
-            "stop",
-            "length",
-            "tool_calls",
-            "assistant",
-            "token_id:1",
-            '{"a": 1}',
-            DEEP,
-            HUGE_INT,
-            HUGE_FLOAT,
-            U64,
-        ]
-    )
-)
-JSON = st.recursive(
-    _leaf,
-    lambda inner: (
-        st.lists(inner, max_size=3)
-        | st.dictionaries(st.sampled_from(_KEYS) | st.text(max_size=5), inner, max_size=3)
-    ),
+JSON = json_values(
+    _KEYS,
+    [
+        "",
+        "stop",
+        "length",
+        "tool_calls",
+        "assistant",
+        "token_id:1",
+        '{"a": 1}',
+        DEEP,
+        HUGE_INT,
+        HUGE_FLOAT,
+        U64,
+    ],
+    text_size=10,
     max_leaves=6,
 )
 
