@@ -142,7 +142,7 @@ def _clean_bookkeeping(reply: dict[str, Any], choice: dict[str, Any], dropped: l
 
 
 def _usage(usage: Any, dropped: list[str]) -> dict[str, Any]:
-    """Usage with only its non-negative integer counts (null counts read as absent)."""
+    """Usage with only its integer counts from 0 to MAX_COUNT (null counts read as absent)."""
     if usage is None:
         return {}
     if type(usage) is not dict:
@@ -164,8 +164,14 @@ def _usage(usage: Any, dropped: list[str]) -> dict[str, Any]:
     return out
 
 
+MAX_COUNT = 2**53 - 1
+"""The largest usage count kept: the largest integer every JSON reader holds exactly (JavaScript
+agents among them), and small enough that the dialects' sums of counts stay within the 64 bits
+orjson writes."""
+
+
 def _count(value: Any) -> bool:
-    return type(value) is int and value >= 0
+    return type(value) is int and 0 <= value <= MAX_COUNT
 
 
 def _drop_bad_capture_fields(reply: dict[str, Any], choice: dict[str, Any]) -> list[Finding]:

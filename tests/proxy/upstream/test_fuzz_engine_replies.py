@@ -548,6 +548,10 @@ def test_a_reply_the_agent_cannot_be_answered_with_is_a_502_naming_the_field(
             "reply_cleaned",
             "`usage.prompt_tokens_details` (a number (1))",
         ),
+        # Past what a JavaScript agent reads exactly; and the Responses and Google dialects' sum
+        # of counts overflowed the 64 bits orjson writes (a 500, found by a sweep of the fuzzer's
+        # values over every field).
+        (("usage", "completion_tokens"), U64, "WARN", "reply_cleaned", "`usage.completion_tokens` (a number"),
         ((*_C, "stop_reason"), {"why": "eos"}, "WARN", "reply_cleaned", "`choices[0].stop_reason`"),
         ((*_C, "token_ids"), "1 2 3", "FATAL", "bad_sampled_ids", "`choices[0].token_ids` is a string"),
         (
@@ -585,6 +589,7 @@ def test_a_reply_the_agent_cannot_be_answered_with_is_a_502_naming_the_field(
         "usage-list",
         "usage-detail-string",
         "usage-details-number",
+        "usage-count-u64",
         "stop_reason-object",
         "token_ids-string",
         "top_logprobs-object",
