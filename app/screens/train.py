@@ -286,6 +286,9 @@ class TrainScreen(TapdeckScreen):
             return
         weights = "updates weights" if recipe.updates_weights else "does not update weights"
         where = "can start on the server" if recipe.available else recipe.why
+        if recipe.available and "; " in recipe.why:
+            # What follows "runs in PYTHON; " is the server's GPU split for a GPU recipe.
+            where += f": {recipe.why.partition('; ')[2]}"
         self._state(f"{recipe.name}: {weights}; {where}")
 
     def _state(self, text: str) -> None:
