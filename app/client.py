@@ -44,6 +44,7 @@ from tapdeck.schema.train import (
     TrainEvent,
     TrainLog,
     TrainMetrics,
+    TrainPlan,
     TrainRequest,
     TrainRunInfo,
     TrainRunList,
@@ -384,6 +385,13 @@ class TapdeckClient:
         """`POST /admin/train`: launch a recipe on the server's machine."""
         body = TrainRequest(recipe=recipe, run=run, args=list(args or [])).model_dump()
         return await self._model(TrainRunInfo, "POST", "/admin/train", json=body, timeout=120.0)
+
+    async def train_plan(
+        self, recipe: str, *, run: str | None = None, args: list[str] | None = None
+    ) -> TrainPlan:
+        """`POST /admin/train/plan`: what a launch would run, and on which GPUs; starts nothing."""
+        body = TrainRequest(recipe=recipe, run=run, args=list(args or [])).model_dump()
+        return await self._model(TrainPlan, "POST", "/admin/train/plan", json=body, timeout=120.0)
 
     async def train_runs(self) -> list[TrainRunInfo]:
         """`GET /admin/train`: the server's training runs, newest first."""

@@ -8,7 +8,8 @@ with its status) and one handler answers them.
 (`runner_loop.RunnerLoop`: the server's loop is uvloop, on which Harbor trials hang); when the server shuts
 down, running runs are cancelled (sandboxes torn down) and can be resumed later.
 
-Training: `GET /admin/train/recipes`, `POST/GET /admin/train`, `GET /admin/train/{id}`,
+Training: `GET /admin/train/recipes`, `POST/GET /admin/train`, `POST /admin/train/plan` (a dry
+run: what a launch would start, and on which GPUs), `GET /admin/train/{id}`,
 `GET /admin/train/{id}/log?offset=&tail=`, `GET /admin/train/{id}/metrics?after=`,
 `GET /admin/train/{id}/events` (SSE: log, metrics, state; ends with the run),
 `POST /admin/train/{id}/stop`. Recipes run as subprocesses on the server's machine and are stopped
@@ -50,6 +51,7 @@ from tapdeck.schema.train import (
     RecipeList,
     TrainLog,
     TrainMetrics,
+    TrainPlan,
     TrainRequest,
     TrainRunInfo,
     TrainRunList,
@@ -197,6 +199,11 @@ def create_runner_router(
     async def start_training(request: TrainRequest) -> JSONResponse:
         info = await asyncio.to_thread(training.launch, request)
         return JSONResponse(info.model_dump())
+
+    @router.post("/train/plan", response_model=TrainPlan)
+    async def plan_training(request: TrainRequest) -> JSONResponse:
+        plan = await asyncio.to_thread(training.plan, request)
+        return JSONResponse(plan.model_dump())
 
     @router.get("/train", response_model=TrainRunList)
     async def list_training() -> JSONResponse:

@@ -10,6 +10,7 @@ SQLite (`trackio_reader`), never from importing trackio.
 from __future__ import annotations
 
 import asyncio
+import shlex
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -24,9 +25,12 @@ from tapdeck.runner.errors import (
     TrainRefused,
     TrainUsage,
 )
-from tapdeck.runner.recipes import RECIPES, Recipe, get_recipe, visible_gpus
+from tapdeck.runner.recipes import RECIPES, Recipe, get_recipe
+from tapdeck.runner.recipes.gpu_split import ENV as GPU_ENV
+from tapdeck.runner.recipes.gpu_split import GpuRefused, GpuSplit
 from tapdeck.runner.trackio_reader import TrackioReader, list_projects
 from tapdeck.runner.training import (
+    SECRET_ENV,
     RunRecord,
     TrainEnvMissing,
     TrainingRun,
@@ -37,6 +41,7 @@ from tapdeck.runner.training import (
     train_root,
 )
 from tapdeck.schema.train import (
+    LaunchCommand,
     MetricRow,
     RecipeInfo,
     TrainEvent,
@@ -44,6 +49,7 @@ from tapdeck.schema.train import (
     TrainLogEvent,
     TrainMetrics,
     TrainMetricsEvent,
+    TrainPlan,
     TrainRequest,
     TrainRunInfo,
     TrainStateEvent,
@@ -109,11 +115,16 @@ def _model_env() -> dict[str, str]:
         return {}
 
 
+def _shell_line(env: dict[str, str], argv: list[str]) -> str:
+    return shlex.join([f"{k}={v}" for k, v in env.items()] + argv)
+
+
 def recipe_info(recipe: Recipe) -> RecipeInfo:
     """Whether `recipe` can start on this machine, and why not."""
-    gpus = visible_gpus() if recipe.gpus else 0
-    if gpus < recipe.gpus:  # as launch: said before the environment, which cannot fix it
-        available, why = False, f"needs {recipe.gpus} GPUs; this machine has {gpus}"
+    try:  # said before the environment, which cannot make up for GPUs the machine does not have
+        split = recipe.split_gpus()
+    except GpuRefused as exc:
+        available, why = False, str(exc)
     else:
         try:
             python = recipe_python(recipe)
@@ -125,6 +136,8 @@ def recipe_info(recipe: Recipe) -> RecipeInfo:
             why = (
                 f"runs in {python}" if available else f"needs {', '.join(missing)}, not installed in {python}"
             )
+            if available and split is not None:
+                why += f"; {split.describe()} (--vllm-gpus/--trainer-gpus choose others)"
     return RecipeInfo(
         name=recipe.name,
         summary=recipe.summary,
@@ -194,8 +207,12 @@ class TrainingJobs:
         """Every recipe with its availability here."""
         return [recipe_info(r) for r in RECIPES.values()]
 
-    def launch(self, request: TrainRequest) -> TrainRunInfo:
-        """Start a recipe; TrainRefused when it cannot start (the reason in words)."""
+    def _prepare(
+        self, request: TrainRequest, *, export: bool
+    ) -> tuple[Recipe, list[str], dict[str, str], list[str], GpuSplit | None]:
+        """What a launch of `request` runs: the recipe, its args, the environment the server adds,
+        the log's opening lines and the GPU split. TrainRefused (TrainUsage for bad recipe args)
+        when it cannot start. `export`: export a run's rows (a dry run names them instead)."""
         try:
             recipe = get_recipe(request.recipe)
         except ValueError as exc:
@@ -205,17 +222,19 @@ class TrainingJobs:
         if why := recipe.usage_error(request.args, run=request.run):
             raise TrainUsage(why)
         # Before its environment: no install makes up for GPUs the machine does not have.
-        if recipe.gpus and (gpus := visible_gpus()) < recipe.gpus:
-            raise TrainRefused(
-                f"{recipe.name} needs {recipe.gpus} GPUs; this machine has {gpus} ({recipe.where})"
-            )
+        try:
+            split = recipe.split_gpus(request.args)
+        except GpuRefused as exc:
+            raise TrainRefused(str(exc)) from exc  # short: clients cut a detail at 300 characters
         try:
             recipe_python(recipe)
         except TrainEnvMissing as exc:
             raise TrainRefused(str(exc)) from exc
         args = list(request.args)
         preamble: list[str] = []
-        if recipe.takes_run and request.run:
+        if recipe.takes_run and request.run and not export:
+            args = ["--rows", f"<{request.run}'s rows, exported at launch>", *args]
+        elif recipe.takes_run and request.run:
             if self.export_run is None:
                 raise TrainRefused("this server cannot export runs")
             try:
@@ -233,6 +252,56 @@ class TrainingJobs:
         env = dict(self.server_env)
         if recipe.env == "train":
             env.update(_model_env())
+        if split is not None:
+            # The trainer sees its own GPU alone; vLLM, started by the operator, has the others.
+            env[GPU_ENV] = ",".join(split.trainer)
+            engine_env, engine_argv = recipe.engine_command(request.args, split)
+            preamble.append(
+                f"[tapdeck] {split.describe()} ({GPU_ENV}={env[GPU_ENV]} for the trainer); vLLM "
+                f"must serve on its GPU: {_shell_line(engine_env, engine_argv)}"
+            )
+        return recipe, args, env, preamble, split
+
+    def plan(self, request: TrainRequest) -> TrainPlan:
+        """What `launch(request)` would run and on which GPUs, started by nobody (a dry run);
+        refused as the launch would be."""
+        recipe, args, env, _, split = self._prepare(request, export=False)
+        job = TrainingRun(recipe, args, data_dir=self.data_dir, extra_env=env)
+        commands = []
+        if split is not None:
+            engine_env, engine_argv = recipe.engine_command(request.args, split)
+            commands.append(
+                LaunchCommand(
+                    role="vllm",
+                    started_by="operator",
+                    env=engine_env,
+                    argv=engine_argv,
+                    gpus=list(split.vllm),
+                )
+            )
+        commands.append(
+            LaunchCommand(
+                role="trainer",
+                started_by="server",
+                # Its GPUs first: the variable a reader looks for.
+                env=dict(
+                    sorted(
+                        ((k, v) for k, v in job.env.items() if k not in SECRET_ENV),
+                        key=lambda kv: kv[0] != GPU_ENV,
+                    )
+                ),
+                argv=job.argv,
+                gpus=list(split.trainer) if split is not None else [],
+            )
+        )
+        notes = [f"the run id ({job.run_id} here) is new at each launch"]
+        if split is None and recipe.env == "train":
+            notes.append(f"{GPU_ENV} is left as the server has it: {recipe.name} takes no GPU split")
+        return TrainPlan(recipe=recipe.name, commands=commands, notes=notes)
+
+    def launch(self, request: TrainRequest) -> TrainRunInfo:
+        """Start a recipe; TrainRefused when it cannot start (the reason in words)."""
+        recipe, args, env, preamble, _ = self._prepare(request, export=True)
         try:
             job = TrainingRun(recipe, args, data_dir=self.data_dir, extra_env=env, preamble=preamble).start()
         except OSError as exc:  # a data dir whose train/ is not a writable folder

@@ -75,6 +75,28 @@ class TrainRunInfo(BaseModel):
     run_dir: str
 
 
+class LaunchCommand(BaseModel):
+    """One process of a launch, as `POST /admin/train/plan` shows it."""
+
+    role: Literal["vllm", "trainer"]
+    """vLLM's server (the operator starts it) or the recipe's process (the server starts it)."""
+    started_by: Literal["operator", "server"]
+    env: dict[str, str] = Field(default_factory=dict)
+    """Variables set on top of the environment it inherits (secrets left out)."""
+    argv: list[str]
+    gpus: list[str] = Field(default_factory=list)
+    """The GPUs it gets (its `CUDA_VISIBLE_DEVICES`); empty: none set."""
+
+
+class TrainPlan(BaseModel):
+    """`POST /admin/train/plan`: what a launch of the request would run, started by nobody."""
+
+    recipe: str
+    commands: list[LaunchCommand]
+    notes: list[str] = Field(default_factory=list)
+    """What the commands cannot say (the run id is new at each launch, rows exported at launch)."""
+
+
 class TrainLog(BaseModel):
     """`GET /admin/train/{id}/log`: lines of the run's log and the byte offset to ask from next."""
 

@@ -7,12 +7,15 @@ started in this process on a free loopback port. `--list` says which recipes exi
 server's machine can start each. With `--run RUN_ID`, `data-check` checks that rollout run's rows
 (the server exports them); a recipe that reads rows and is given none (`--run`, or its own
 `--rows PATH`) is refused before any job starts (exit 2). Everything after the options is passed to
-the recipe unchanged. Ctrl-C stops the recipe (SIGTERM, then SIGKILL of its process group).
+the recipe unchanged. `--dry-run` prints what a launch would run (for grpo-trl: vLLM's command
+and the trainer's, and the GPUs each gets) and starts nothing. Ctrl-C stops the recipe (SIGTERM,
+then SIGKILL of its process group).
 """
 
 from __future__ import annotations
 
 import asyncio
+import shlex
 import ssl
 from pathlib import Path
 from typing import Annotated, Any
@@ -23,7 +26,7 @@ from tapdeck.app.client import ApiError, TapdeckClient, command_admin_key
 from tapdeck.app.commands.options import AdminKeyOption, DataDirOption, ServerCaFileOption, server_option
 from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_OK, EXIT_USAGE, CommandError
 from tapdeck.runner.recipes import CPU_TRAINING, DEFAULT_RECIPE, RECIPES
-from tapdeck.schema.train import TrainLogEvent, TrainRunInfo, TrainStateEvent
+from tapdeck.schema.train import TrainLogEvent, TrainPlan, TrainRunInfo, TrainStateEvent
 
 # Metrics printed at the end when the recipe logged them (TRL's names under trackio's `train/` prefix).
 HEADLINE = (
@@ -57,6 +60,20 @@ def describe_recipes(recipes: list[Any]) -> str:
     return "\n".join(lines)
 
 
+def describe_plan(plan: TrainPlan, base: str) -> str:
+    """The `--dry-run` text: each command as a shell line, who starts it and on which GPUs."""
+    lines = [f"[tapdeck] dry run of {plan.recipe} on {base}: nothing started"]
+    for command in plan.commands:
+        who = "you start it" if command.started_by == "operator" else "the server starts it"
+        gpus = f"GPU {','.join(command.gpus)}" if command.gpus else "no GPU split"
+        lines += [
+            f"{command.role} ({who}; {gpus}):",
+            "  " + shlex.join([f"{k}={v}" for k, v in command.env.items()] + command.argv),
+        ]
+    lines += [f"note: {note}" for note in plan.notes]
+    return "\n".join(lines)
+
+
 def register(app: typer.Typer) -> None:
     """Add the `train` command."""
 
@@ -80,6 +97,12 @@ def register(app: typer.Typer) -> None:
         admin_key: AdminKeyOption = None,
         ca_file: ServerCaFileOption = None,
         list_: bool = typer.Option(False, "--list", help="List recipes and whether the server can run each."),
+        dry_run: bool = typer.Option(
+            False,
+            "--dry-run",
+            help="Print the commands a launch would run (vLLM's and the trainer's for grpo-trl) "
+            "and the GPUs each gets; start nothing.",
+        ),
     ) -> None:
         """Launch a training recipe on a tapdeck server; stream its log; print its final metrics.
         Extra args go to the recipe."""
@@ -144,6 +167,7 @@ def register(app: typer.Typer) -> None:
                     run,
                     list(ctx.args),
                     list_,
+                    dry_run=dry_run,
                     verify=trust,
                     key_dir=None if local is not None or admin_key else data,
                 )
@@ -162,6 +186,7 @@ async def _drive(
     args: list[str],
     list_only: bool,
     *,
+    dry_run: bool = False,
     key_dir: Path | None = None,
     verify: ssl.SSLContext | bool = True,
 ) -> int:
@@ -172,6 +197,9 @@ async def _drive(
         try:
             if list_only:
                 typer.echo(describe_recipes(await client.train_recipes()))
+                return EXIT_OK
+            if dry_run:
+                typer.echo(describe_plan(await client.train_plan(recipe, run=run, args=args), base))
                 return EXIT_OK
             if run is not None and (known := RECIPES.get(recipe)) is not None and known.takes_run:
                 await _warn_if_still_going(client, recipe, run)

@@ -4,7 +4,8 @@ metrics of the one picked, stop it.
 Everything goes through the server API (`/admin/train`: recipes, launch, SSE of log/metrics/state,
 stop), so the recipe runs on the server's machine and this screen works the same embedded and
 under `tapdeck attach`. The plots show what TRL logs (reward and its std, loss, KL and clip
-ratios, tokens per second and per step) as the server reads them from the run's trackio database.
+ratios, tokens per second and per step) as the server reads them from the run's trackio database;
+above them, one line gives the sampler–trainer logprob mismatch per step.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from textual.widget import Widget
 from textual.widgets import Button, DataTable, Input, RichLog, Select, Static
 
 from tapdeck.app.client import ApiError
+from tapdeck.app.mismatch_line import mismatch_line
 from tapdeck.app.screens.base import TapdeckScreen
 from tapdeck.app.table_rows import cursor_key, show_rows
 from tapdeck.app.views.errors import describe_error
@@ -93,6 +95,7 @@ class TrainScreen(TapdeckScreen):
     TrainScreen.-no-jobs #train-jobs { display: none; }
     #train-body { height: 1fr; }
     #train-panel { height: 1; }
+    #train-mismatch { height: 1; padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
     #train-plot { height: 3fr; min-height: 5; }
     #train-log { height: 2fr; min-height: 4; border-top: hkey $panel; }
     """
@@ -137,6 +140,8 @@ class TrainScreen(TapdeckScreen):
                 id="train-panel",
                 compact=True,
             )
+            # Whatever the panel: a step where the sampler and the trainer part stands out.
+            yield Static("", id="train-mismatch")
             yield MetricPlot(id="train-plot")
             # Wrapped: a recipe's long lines (paths, tracebacks) must read whole at 80 columns.
             yield RichLog(id="train-log", max_lines=2000, wrap=True)
@@ -281,6 +286,9 @@ class TrainScreen(TapdeckScreen):
             return
         weights = "updates weights" if recipe.updates_weights else "does not update weights"
         where = "can start on the server" if recipe.available else recipe.why
+        if recipe.available and "; " in recipe.why:
+            # What follows "runs in PYTHON; " is the server's GPU split for a GPU recipe.
+            where += f": {recipe.why.partition('; ')[2]}"
         self._state(f"{recipe.name}: {weights}; {where}")
 
     def _state(self, text: str) -> None:
@@ -433,6 +441,7 @@ class TrainScreen(TapdeckScreen):
         return [m for m in PANELS[self.panel] if self.points.get(m)]
 
     def _plot(self) -> None:
+        self.query_one("#train-mismatch", Static).update(Text(mismatch_line(self.points)))
         shown = self.shown_metrics()
         if shown:
             first = shown[0].removeprefix("train/")

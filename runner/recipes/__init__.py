@@ -18,9 +18,9 @@ import importlib.util
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import NoReturn
 
+from tapdeck.runner.recipes.gpu_split import GpuSplit, GpuView, gpu_options, gpu_view, split_gpus
 from tapdeck.schema.train import rows_missing
 
 
@@ -52,8 +52,9 @@ class Recipe:
     """Its own `--run RUN` reads a rollout run itself (grpo-trl: that run's dataset, tasks and
     harness), so a launch's run is passed to it as `--run`. A recipe that neither takes a run nor has this
     option is given no run."""
-    gpus: int = 0
-    """CUDA GPUs it needs to train (counted by `visible_gpus`)."""
+    gpu_split: bool = False
+    """It trains on a GPU beside a vLLM server on others: a launch's GPUs are split by the rule of
+    `tapdeck.runner.recipes.gpu_split` (its module has `engine_command`, vLLM's command line)."""
 
     def missing(self) -> list[str]:
         """Required modules not installed in this interpreter (empty = it can start here).
@@ -62,6 +63,21 @@ class Recipe:
         if self.env == "train":
             return []
         return [m for m in self.needs if importlib.util.find_spec(m) is None]
+
+    def split_gpus(self, args: Sequence[str] = (), view: GpuView | None = None) -> GpuSplit | None:
+        """vLLM's and the trainer's GPUs for a launch with these recipe args, from the GPUs `view`
+        (default: the ones this process sees); None for a recipe that uses none. GpuRefused saying
+        what was seen and what is needed."""
+        if not self.gpu_split:
+            return None
+        vllm, trainer = gpu_options(args)
+        return split_gpus(view or gpu_view(), vllm=vllm, trainer=trainer, who=self.name)
+
+    def engine_command(self, args: Sequence[str], split: GpuSplit) -> tuple[dict[str, str], list[str]]:
+        """The environment and command line of the vLLM server a GPU recipe trains beside, on its
+        GPUs of `split` (the operator starts it; tapdeck does not)."""
+        module = importlib.import_module(self.module)
+        return module.engine_command(list(args), list(split.vllm))  # type: ignore[no-any-return]
 
     def rows_missing(self, run: str | None, args: Sequence[str]) -> str | None:
         """Why a launch with `run` and these recipe args is certain to fail at its argument parser
@@ -186,12 +202,15 @@ RECIPES: dict[str, Recipe] = {
             "TRL AsyncGRPO (loop-owning harness worker) on rollouts served by a tapdeck server; "
             "updates weights. Not run on this machine."
         ),
-        where="GPU box: vLLM on one GPU (NCCL weight sync), the trainer on another",
+        where=(
+            "GPU box: vLLM on one GPU (NCCL weight sync), the trainer on another "
+            "(--vllm-gpus/--trainer-gpus: default the first two the server sees)"
+        ),
         updates_weights=True,
         needs=("torch", "trl", "openenv", "trackio"),
         env="train",
         run_option=True,
-        gpus=2,
+        gpu_split=True,
     ),
 }
 
@@ -201,16 +220,6 @@ CPU_TRAINING = (
     "2 cores); the embedded llama.cpp engine cannot train, so that recipe samples from "
     "its own torch copy of the model."
 )
-
-
-def visible_gpus() -> int:
-    """NVIDIA GPUs this process may use: the `/dev/nvidiaN` devices, narrowed by
-    `$CUDA_VISIBLE_DEVICES` when set. Read from the device files so that asking never imports torch."""
-    devices = [p for p in Path("/dev").glob("nvidia*") if p.name[len("nvidia") :].isdigit()]
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return len(devices)
-    return min(len(devices), len([d for d in visible.split(",") if d.strip()]))
 
 
 def get_recipe(name: str) -> Recipe:

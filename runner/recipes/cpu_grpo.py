@@ -27,7 +27,9 @@ Runs in the training environment (Python 3.11, CPU torch, TRL 1.16), launched by
   again, up to `--redraws` times (DAPO's dynamic sampling; `rollout/redraws`); TRL logs the share of
   groups that still teach nothing as `frac_reward_zero_std`.
 * **Logs**: trackio through TRL (`report_to="trackio"`: TRL's metric names under `train/`), plus
-  `rollout/*` metrics of this recipe through TRL's `log_metric`.
+  `rollout/*` metrics of this recipe through TRL's `log_metric`, and every step the mismatch between
+  the engine's logprobs of the sampled tokens and the trainer's (`logprob_mismatch`: TRL's
+  `sampling/sampling_logp_difference/{mean,max}` and the share of ratios outside [0.5, 2]).
 
 `--check-logprobs` also samples a short fixed completion through the engine's HTTP API before
 training and, after the last step, compares the engine's logprob of it (teacher-forced through the
@@ -53,6 +55,7 @@ from typing import Any
 import httpx
 
 from tapdeck.proxy.store.atomic_write import atomic_write
+from tapdeck.runner.recipes.logprob_mismatch import mismatch_metrics
 from tapdeck.schema.runs import RolloutTemplate, RunPlan
 from tapdeck.schema.tls import CA_FILE_ENV, server_trust
 
@@ -318,6 +321,40 @@ def verifier(
 def reply_format(prompts: list, completions: list, format_credit: list, **_: Any) -> list[float | None]:
     """Partial credit for terminus-2's JSON reply format (None: unscorable rollout)."""
     return list(format_credit)
+
+
+def with_mismatch_metrics(trainer_class: type) -> type:
+    """`trainer_class` (TRL's GRPOTrainer) logging, every step, the sampler–trainer mismatch
+    (`logprob_mismatch`) between the engine's logprobs of the sampled tokens and the trainer's own,
+    from the loss's forward pass (no extra one): with one generation per step and one iteration, the
+    trainer scores them at the weights the engine sampled from. TRL measures it only for vLLM."""
+
+    class Measured(trainer_class):  # type: ignore[valid-type,misc]
+        _mismatch_inputs: dict[str, Any] | None = None
+
+        def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Any:
+            self._mismatch_inputs = inputs
+            try:
+                return super()._compute_loss(model, inputs)
+            finally:
+                self._mismatch_inputs = None
+
+        def _get_per_token_logps_and_entropies(self, *args: Any, **kwargs: Any) -> Any:
+            out = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+            inputs, self._mismatch_inputs = self._mismatch_inputs, None  # the loss's first call only
+            if inputs is not None and inputs.get("sampling_per_token_logps") is not None:
+                mask = inputs["completion_mask"].bool()
+                if inputs.get("tool_mask") is not None:  # the rollout's env_mask: sampled tokens only
+                    mask = mask & inputs["tool_mask"].bool()
+                metrics = mismatch_metrics(
+                    out[0].detach()[mask].float().tolist(),
+                    inputs["sampling_per_token_logps"][mask].float().tolist(),
+                )
+                for name, value in metrics.items():
+                    self._metrics["train"][name].append(value)
+            return out
+
+    return Measured
 
 
 def trainer_logprobs(
@@ -621,7 +658,7 @@ def main(argv: list[str] | None = None) -> int:
             shuffle_dataset=True,
             log_completions=False,
         )
-        trainer = GRPOTrainer(
+        trainer = with_mismatch_metrics(GRPOTrainer)(
             model=model,
             reward_funcs=[verifier, reply_format],
             args=config,

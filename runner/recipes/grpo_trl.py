@@ -24,10 +24,11 @@ What ran here (a 2-core CPU box, no GPU): the session factory, the traces and TR
 the embedded engine (tests/runner/recipes/test_trl_harness_loop.py). Not run: `AsyncGRPOTrainer`
 itself, vLLM and the NCCL weight sync (they need GPUs).
 
-Launch (2 GPUs, one host): start vLLM with the flags from `--print-vllm-command`; then
-`tapdeck serve --engine http://localhost:8000/v1`; then
-`CUDA_VISIBLE_DEVICES=1 tapdeck train --recipe grpo-trl -- --server http://127.0.0.1:8300 --vllm-url
-http://localhost:8000 ...`.
+Launch (2 GPUs, one host): `tapdeck train --recipe grpo-trl --dry-run -- --model M ...` prints
+the vLLM command (on vLLM's GPU) and the trainer's (on its own), by the rule of
+`tapdeck.runner.recipes.gpu_split`; start that vLLM command; then `tapdeck train --recipe grpo-trl
+-- --model M ...` (or `--server URL` for a server started apart) starts the trainer with
+`CUDA_VISIBLE_DEVICES` set to its GPU alone. scripts/gpu-check.sh does all of it on one box.
 """
 
 from __future__ import annotations
@@ -43,9 +44,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+from urllib.parse import urlsplit
 
 from tapdeck.runner.recipes.admin_client import AdminClient, AdminError, read_admin_key
 from tapdeck.runner.recipes.data_check import TurnRow, check_turn
+from tapdeck.runner.recipes.gpu_split import add_gpu_options
 from tapdeck.schema.runs import RolloutTemplate, RunPlan
 from tapdeck.schema.settings import RolloutSettings
 from tapdeck.schema.tls import CA_FILE_ENV
@@ -64,19 +67,19 @@ def vllm_command(
     model: str,
     *,
     port: int = 8000,
-    gpu: str = "0",
+    gpus: list[str] | None = None,
     tool_call_parser: str = "hermes",
     extra: list[str] | None = None,
-) -> list[str]:
-    """The vLLM server command line TRL's NCCL weight sync and tapdeck's capture both need.
+) -> tuple[dict[str, str], list[str]]:
+    """The environment and command line of the vLLM server TRL's NCCL weight sync and tapdeck's
+    capture both need, on `gpus` (default GPU 0; several: tensor parallel over them).
 
     `--enable-auto-tool-choice` needs a `--tool-call-parser` matching the model's chat template
     (hermes for Qwen2.5/Qwen3 instruct models, qwen3_xml for Qwen3.5).
     """
-    return [
-        "env",
-        f"CUDA_VISIBLE_DEVICES={gpu}",
-        "VLLM_SERVER_DEV_MODE=1",
+    gpus = gpus or ["0"]
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(gpus), "VLLM_SERVER_DEV_MODE": "1"}
+    argv = [
         "vllm",
         "serve",
         model,
@@ -92,8 +95,27 @@ def vllm_command(
         "--enable-auto-tool-choice",
         "--tool-call-parser",
         tool_call_parser,
+        *(["--tensor-parallel-size", str(len(gpus))] if len(gpus) > 1 else []),
         *(extra or []),
     ]
+    return env, argv
+
+
+def engine_command(args: list[str], gpus: list[str]) -> tuple[dict[str, str], list[str]]:
+    """vLLM's environment and command for a launch with these recipe args, on `gpus`: the model,
+    the port of `--vllm-url` and the tool-call parser they name."""
+    parsed = arg_parser().parse_args(args)
+    return vllm_command(
+        parsed.model,
+        port=urlsplit(parsed.vllm_url).port or 8000,
+        gpus=gpus,
+        tool_call_parser=parsed.tool_call_parser,
+    )
+
+
+def shell_line(env: dict[str, str], argv: list[str]) -> str:
+    """`NAME=value ... command args` as a shell reads it."""
+    return shlex.join([f"{k}={v}" for k, v in env.items()] + argv)
 
 
 def check_trace(trace: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
@@ -452,7 +474,8 @@ def arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-completion-length", type=int, default=1024)
     p.add_argument("--max-staleness", type=int, default=4)
     p.add_argument("--per-device-batch", type=int, default=4)
-    p.add_argument("--tool-call-parser", default="hermes", help="For --print-vllm-command.")
+    p.add_argument("--tool-call-parser", default="hermes", help="vLLM's, in the command it is given.")
+    add_gpu_options(p)
     p.add_argument(
         "--output-dir",
         type=Path,
@@ -466,7 +489,9 @@ def arg_parser() -> argparse.ArgumentParser:
         help="trackio run name (default: the launcher's run id, else a fresh unique name).",
     )
     p.add_argument(
-        "--print-vllm-command", action="store_true", help="Print the vLLM command this recipe needs and exit."
+        "--print-vllm-command",
+        action="store_true",
+        help="Print the vLLM command this recipe needs (on --vllm-gpus, default 0) and exit.",
     )
     return p
 
@@ -514,7 +539,13 @@ def main(argv: list[str] | None = None) -> int:
     """Parse, check the server, then train (the training part needs trl, torch, openenv and a GPU)."""
     args = arg_parser().parse_args(argv)
     if args.print_vllm_command:
-        print(shlex.join(vllm_command(args.model, tool_call_parser=args.tool_call_parser)))
+        env, argv = vllm_command(
+            args.model,
+            port=urlsplit(args.vllm_url).port or 8000,
+            gpus=args.vllm_gpus,
+            tool_call_parser=args.tool_call_parser,
+        )
+        print(shell_line(env, argv))
         return 0
     try:
         admin = AdminClient(args.server, read_admin_key(args.admin_key, args.data_dir), ca_file=args.ca_file)

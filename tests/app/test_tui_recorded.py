@@ -1044,7 +1044,11 @@ async def test_train_says_why_stop_and_launch_did_nothing(make_app):
 
 async def test_train_refuses_a_recipe_the_server_cannot_start_saying_why(api_data):
     recipe = next(r for r in api_data["train"]["recipes"]["recipes"] if r["name"] == "grpo-trl")
-    recipe.update(available=False, why="needs 2 GPUs; this machine has 0")  # as a CPU box lists it
+    why = (
+        "grpo-trl needs 2 GPUs (1 for vLLM, 1 for the trainer, not shared); the server has 0 usable "
+        "(no GPU; device nodes in /dev: none)"
+    )
+    recipe.update(available=False, why=why)  # as a CPU box lists it
     recorded = recorded_transport(api_data)
     asked: list[tuple[str, str]] = []
 
@@ -1061,19 +1065,17 @@ async def test_train_refuses_a_recipe_the_server_cannot_start_saying_why(api_dat
         await pilot.press("l")
         await until(pilot, lambda: app._notifications, "launch's answer", 10)
         assert [n.message for n in app._notifications] == [
-            "grpo-trl cannot start on the server's machine: needs 2 GPUs; this machine has 0 (r checks again)"
+            f"grpo-trl cannot start on the server's machine: {why} (r checks again)"
         ]
-        assert (
-            str(screen.query_one("#train-state", Static).render())
-            == "grpo-trl did not start: needs 2 GPUs; this machine has 0"
-        )
+        assert str(screen.query_one("#train-state", Static).render()) == f"grpo-trl did not start: {why}"
         assert ("POST", "/admin/train") not in asked  # refused here, not after a round trip
 
 
 @pytest.mark.medium
 async def test_train_passes_the_picked_run_to_a_recipe_that_reads_runs_itself(api_data):
     recipe = next(r for r in api_data["train"]["recipes"]["recipes"] if r["name"] == "grpo-trl")
-    recipe.update(available=True, why="runs in the training environment")  # as a GPU box lists it
+    split = "vLLM on GPU 0, trainer on GPU 1 (--vllm-gpus/--trainer-gpus choose others)"
+    recipe.update(available=True, why=f"runs in /env/bin/python; {split}")  # as a GPU box lists it
     assert recipe["run_option"] and not recipe["takes_run"]  # its own --run, not exported rows
     recorded = recorded_transport(api_data)
     launches: list[dict] = []
@@ -1090,12 +1092,18 @@ async def test_train_passes_the_picked_run_to_a_recipe_that_reads_runs_itself(ap
     async with app.run_test(size=(80, 24)) as pilot:
         screen = app.screen
         await until(pilot, lambda: "grpo-trl" in screen.recipes, "the recipes")
+        # Once the last job's line is shown, picking the recipe says what the server gives it.
+        line = lambda: str(screen.query_one("#train-state", Static).render())  # noqa: E731
+        await until(pilot, lambda: "exit code" in line(), "the last job's line")
         screen.query_one("#train-recipe", Select).value = "grpo-trl"
         await until(
             pilot,
             lambda: any(o[1] == run for o in screen.query_one("#train-run", Select)._options),
             "the rollout runs",
         )
+        # The status line gives the server's GPU split for the picked GPU recipe.
+        await until(pilot, lambda: line().startswith("grpo-trl"), "the recipe's line")
+        assert line() == f"grpo-trl: updates weights; can start on the server: {split}"
         screen.query_one("#train-run", Select).value = run
         await pilot.press("l")
         await until(pilot, lambda: launches, "the launch", 10)

@@ -64,6 +64,7 @@ def test_recipe_modules_and_the_training_stack_import_in_the_training_environmen
         "tapdeck.runner.recipes",
         "tapdeck.runner.recipes.admin_client",
         "tapdeck.runner.recipes.data_check",
+        "tapdeck.runner.recipes.gpu_split",
         "tapdeck.runner.recipes.grpo_trl",
         "tapdeck.schema",
         "tapdeck.schema.addresses",

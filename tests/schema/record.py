@@ -32,6 +32,8 @@ FIXTURE = Path(__file__).parent / "fixtures" / "api.json"
 RUN_WAIT_S = 240.0
 NOT_RECORDED = {
     "POST /admin/train": "launches a recipe in the training environment (minutes, GBs)",
+    "POST /admin/train/plan": "depends on this machine's GPUs and training environment; "
+    "tests/app/commands/test_train_gpus.py validates its replies",
     "GET /admin/train/{run_id}": "needs a training run",
     "GET /admin/train/{run_id}/log": "needs a training run",
     "GET /admin/train/{run_id}/metrics": "needs a training run",

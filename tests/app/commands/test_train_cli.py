@@ -56,7 +56,11 @@ def test_a_recipe_that_needs_gpus_cannot_start_on_a_server_without_them(
     assert "data-check  [can start there]" in out.stdout
     launched = train(train_server, "--recipe", "grpo-trl")
     assert launched.returncode != 0
-    assert "grpo-trl needs 2 GPUs; this machine has 0" in launched.stderr
+    assert (
+        "grpo-trl needs 2 GPUs (1 for vLLM, 1 for the trainer, not shared); the server has 0 usable "
+        "(no GPU; device nodes in /dev: "
+    ) in launched.stderr
+    assert "CUDA_VISIBLE_DEVICES='')" in launched.stderr
 
 
 def test_gpu_count_decides_a_gpu_recipe_is_unavailable_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -64,13 +68,15 @@ def test_gpu_count_decides_a_gpu_recipe_is_unavailable_and_says_why(monkeypatch:
     from tapdeck.runner.train_jobs import recipe_info
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setenv("TAPDECK_DEV_DIR", "/dev")
     needs_two = Recipe(
-        name="gpu-recipe", module="m", summary="", where="GPU box", updates_weights=True, gpus=2
+        name="gpu-recipe", module="m", summary="", where="GPU box", updates_weights=True, gpu_split=True
     )
     info = recipe_info(needs_two)
-    assert not info.available and info.why == "needs 2 GPUs; this machine has 0"
+    assert not info.available
+    assert info.why.startswith("gpu-recipe needs 2 GPUs (1 for vLLM, 1 for the trainer, not shared)")
     assert recipe_info(RECIPES["data-check"]).available  # no GPU asked, none needed
-    assert RECIPES["grpo-trl"].gpus == 2
+    assert RECIPES["grpo-trl"].gpu_split
 
 
 @pytest.mark.medium

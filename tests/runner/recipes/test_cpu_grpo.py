@@ -19,6 +19,7 @@ import pytest
 
 from tapdeck.runner.engine.model_file import default_model_path, shipped_model_path
 from tapdeck.runner.recipes.cpu_grpo import TapdeckRollouts, format_score, is_flat, sample_from_rollout
+from tapdeck.runner.recipes.logprob_mismatch import MAX, MEAN, OUTSIDE
 from tapdeck.runner.training import train_python
 
 REPO = Path(__file__).resolve().parents[3]
@@ -238,3 +239,36 @@ def test_cpu_grpo_trains_on_tapdeck_rollouts_from_its_current_weights(
         pytest.fail(f"the only group taught nothing (all rewards equal): no update to check\n{log}")
     assert check["tensors_changed"] > 0
     assert check["engine_change"] > 10 * LOGPROB_TOLERANCE
+
+
+@pytest.mark.slow
+def test_two_cpu_grpo_steps_record_the_sampler_trainer_mismatch_of_each(
+    train_env: Path, train_server: Any
+) -> None:
+    """The smallest run that has two steps: 2 one-turn rollouts of 8 tokens per step, no redraw."""
+    http = train_server.http
+    args = ["--tasks", "hello-file", "--group-size", "2", "--steps", "2", "--max-turns", "1"]
+    args += ["--max-tokens", "8", "--call-budget", "1", "--redraws", "0", "--rollout-timeout", "1200"]
+    resp = http.post("/admin/train", json={"recipe": "cpu-grpo", "args": args})
+    assert resp.status_code == 200, resp.text
+    job = resp.json()
+    deadline = time.monotonic() + 3000
+    while (state := http.get(f"/admin/train/{job['id']}").json())["state"] == "running":
+        assert time.monotonic() < deadline, "cpu-grpo still running"
+        time.sleep(2)
+    log = "\n".join(http.get(f"/admin/train/{job['id']}/log", params={"tail": 60}).json()["lines"])
+    assert state["state"] == "finished", f"{state['error']}\n{log}"
+    points = http.get(f"/admin/train/{job['id']}/metrics").json()["points"]
+    by_name: dict[str, list[tuple[int, float]]] = {}
+    for p in points:
+        by_name.setdefault(p["name"], []).append((p["step"], p["value"]))
+    for name in (MEAN, MAX, OUTSIDE):
+        values = [v for _, v in by_name.get(f"train/{name}", [])]
+        assert len(values) == 2, (name, sorted(by_name))  # one per step
+        assert all(v >= 0 for v in values)
+    # The engine serves the weights being trained: fp32 on both sides, a few 1e-5 apart, no token
+    # anywhere near a ratio of 2.
+    assert max(v for _, v in by_name[f"train/{MAX}"]) < 0.05
+    assert [v for _, v in by_name[f"train/{OUTSIDE}"]] == [0.0, 0.0]
+    means = [v for _, v in by_name[f"train/{MEAN}"]]
+    assert all(m <= x for m, x in zip(means, [v for _, v in by_name[f"train/{MAX}"]], strict=True))
