@@ -27,6 +27,7 @@ from tapdeck.schema.catalog import Catalog
 from tapdeck.schema.events import Event, parse_event
 from tapdeck.schema.runs import ExportResult, RolloutResult, RunDetail, RunList, RunPlan, RunSummary
 from tapdeck.schema.sessions import (
+    EngineVersions,
     GraphView,
     Health,
     RolloutDocument,
@@ -341,6 +342,10 @@ class TapdeckClient:
     async def close_session(self, session_id: str) -> SessionSummary:
         """`DELETE /admin/sessions/{id}`."""
         return await self._model(SessionSummary, "DELETE", f"/admin/sessions/{session_id}")
+
+    async def engine_versions(self) -> EngineVersions:
+        """`GET /admin/engines/version`: each engine's current policy version as the server knows it."""
+        return await self._model(EngineVersions, "GET", "/admin/engines/version")
 
     async def runs(self) -> list[RunSummary]:
         """`GET /admin/runs`."""

@@ -11,6 +11,13 @@ from tapdeck.schema.findings import Finding
 
 SessionState = Literal["open", "closed", "interrupted"]
 LinkKind = Literal["root", "prefix", "retokenized", "message"]
+PolicyVersion = int | str
+"""The weights that sampled a turn, as its engine or trainer names them: a step number, or an
+engine's own label (a label of digits is read as its number, so staleness can be counted)."""
+PolicySource = Literal["reply", "weight_info", "trainer"]
+"""Where a turn's policy version was read: the engine's reply (SGLang's `weight_version`), the
+engine's weight-info route before and after the call (vLLM's `GET /weight_info`), or the latest
+version the trainer posted (`POST /admin/engines/version`) before and after the call."""
 
 
 class Tier(StrEnum):
@@ -63,6 +70,16 @@ class RolloutStats(BaseModel):
     conversations: int = 0
 
 
+class PolicySpan(BaseModel):
+    """The policy versions one rollout's turns were sampled with: its oldest turn's (the first
+    stamped one's; a straddling turn gives the version before its update), its newest turn's (a
+    straddling turn gives the version after), and how many of its turns straddled an update."""
+
+    oldest: PolicyVersion
+    newest: PolicyVersion
+    straddled: int = 0
+
+
 class SessionSummary(RolloutStats):
     """One row of the sessions table (`GET /admin/sessions`, session events): the graph's stats and
     the session's own state."""
@@ -79,6 +96,8 @@ class SessionSummary(RolloutStats):
     fatal: int = 0
     warn: int = 0
     engine: EngineRef
+    policy: PolicySpan | None = None
+    """The policy versions its turns were sampled with (None: no turn was stamped with one)."""
 
 
 class SessionList(BaseModel):
@@ -113,6 +132,12 @@ class TurnDetail(BaseModel):
     sampling: dict[str, Any] | None
     meta: dict[str, Any]
     """What the proxy noted on the call: usage, capture_mode (token-in), call_role, synthetic."""
+    policy_version: PolicyVersion | None = None
+    """The policy version that sampled it (None: unknown, or it straddled an update)."""
+    policy_version_straddled: tuple[PolicyVersion | None, PolicyVersion | None] | None = None
+    """(before, after): the call was in flight while the weights changed, so no one version
+    sampled all of it (None: it did not straddle)."""
+    policy_source: PolicySource | None = None
 
 
 class TurnHeader(BaseModel):
@@ -128,6 +153,10 @@ class TurnHeader(BaseModel):
     finish_reason: str | None
     created_at: float
     findings: list[Finding]
+    policy_version: PolicyVersion | None = None
+    """The policy version that sampled it (None: unknown, or it straddled an update)."""
+    policy_version_straddled: tuple[PolicyVersion | None, PolicyVersion | None] | None = None
+    """(before, after) when the weights changed while the call was in flight."""
 
 
 class RolloutTurn(TurnHeader):
@@ -204,6 +233,8 @@ class RolloutDocument(BaseModel):
     sequences: list[RolloutSequence]
     turns: list[RolloutTurn]
     findings: list[Finding]
+    policy: PolicySpan | None = None
+    """The policy versions its turns were sampled with (None: none was stamped)."""
 
 
 class TraceEntry(BaseModel):
@@ -227,3 +258,50 @@ class TrainingTrace(BaseModel):
     tier: Tier
     reward: float | None
     turns: list[TraceEntry]
+
+
+class EngineVersionPost(BaseModel):
+    """`POST /admin/engines/version` body: the policy version an engine serves from now on, as the
+    trainer that just synced its weights says (grpo-trl and cpu-grpo post after every sync)."""
+
+    version: PolicyVersion
+    engine: str | None = None
+    """The engine's URL, as sessions name it (with or without `/v1`); None: every engine."""
+
+
+class EngineVersion(BaseModel):
+    """What the server knows of one engine's current policy version."""
+
+    engine: str | None
+    """The engine's URL without `/v1`; None: the version a trainer posted for every engine."""
+    version: PolicyVersion | None
+    source: PolicySource
+    at: float
+    """When it was posted or last read (the server's clock)."""
+
+
+class EngineVersions(BaseModel):
+    """`GET` and `POST /admin/engines/version`: every engine's current policy version known."""
+
+    engines: list[EngineVersion]
+
+    def current(self, engine_url: str | None) -> PolicyVersion | None:
+        """The version an engine at `engine_url` serves now: its own, else one posted for all."""
+        own = engine_root(engine_url) if engine_url else None
+        for entry in self.engines:
+            if own is not None and entry.engine == own:
+                return entry.version
+        return next((e.version for e in self.engines if e.engine is None), None)
+
+
+def engine_root(url: str) -> str:
+    """An engine URL as versions are keyed: no trailing slash, no `/v1`."""
+    return url.rstrip("/").removesuffix("/v1")
+
+
+def staleness(current: PolicyVersion | None, oldest: PolicyVersion | None) -> int | None:
+    """How many versions the policy moved since a rollout's oldest turn was sampled (None: either
+    is unknown or not a number)."""
+    if type(current) is int and type(oldest) is int:
+        return current - oldest
+    return None

@@ -17,7 +17,13 @@ from textual.widgets import Sparkline, Static, TabbedContent, TabPane, Tree
 
 from tapdeck.app.screens.base import TapdeckScreen
 from tapdeck.app.token_series import entropy_series, logprob_series
-from tapdeck.app.views.graph import LiveGraph, capture_mode_text, rollout_nodes
+from tapdeck.app.views.graph import (
+    LiveGraph,
+    capture_mode_text,
+    policy_span_text,
+    policy_text,
+    rollout_nodes,
+)
 from tapdeck.app.views.text import clip, short_id
 from tapdeck.app.views.tokens import message_text, token_detail
 from tapdeck.app.widgets.phrases import Phrases
@@ -158,6 +164,8 @@ class RolloutScreen(TapdeckScreen):
             parts.append(f"{key} {getattr(stats, key)}")
         parts.append(f"trainable {stats.trainable_tokens} tok")
         parts.append(f"frag. {stats.fragmentation:.2f}")
+        if span := policy_span_text(summary.policy if summary is not None else None):
+            parts.append(span)
         self.query_one("#rollout-header", Static).update(Phrases(parts))
         if tree_changed:
             self.query_one(RolloutTree).load(rollout_nodes(self.graph.turns.values()))
@@ -207,6 +215,9 @@ class RolloutScreen(TapdeckScreen):
             f"finish {turn.finish_reason or '?'}",
             capture_mode_text(turn.meta),
         ]
+        if policy := policy_text(turn.policy_version, turn.policy_version_straddled):
+            straddled = " (straddled an update)" if turn.policy_version_straddled else ""
+            header.append(f"policy {policy}{straddled}")
         self.query_one("#turn-header", Static).update(Phrases(header))
         self.query_one("#turn-logprobs", Sparkline).data = logprob_series(turn)
         entropy = entropy_series(turn)

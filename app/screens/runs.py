@@ -25,6 +25,7 @@ from tapdeck.app.views.runs import (
 from tapdeck.app.views.sessions import fmt_phase
 from tapdeck.app.views.text import clip, fmt_reward, id_tail
 from tapdeck.schema.runs import RolloutResult, RunDetail, RunSummary, runs_again_on_resume
+from tapdeck.schema.sessions import EngineVersions, staleness
 
 RUN_ID_MIN_W = 10
 OTHER_RUN_COLUMNS_W = 56
@@ -45,7 +46,8 @@ class RunsScreen(TapdeckScreen):
         "highlighted rollout; e / p export the run as JSONL / Parquet on the server's machine; "
         "x twice within 5 s cancels the run; u resumes a stopped run (its cancelled and never-run "
         "rollouts run again). fail / canc: rollouts that failed / were cancelled (a cancel is not "
-        "a failure)."
+        "a failure). stale: policy versions the engine moved on since the rollout's oldest turn "
+        "was sampled."
     )
 
     # Short words and Parquet off the footer: at 80 columns it must keep r, f1 and q too.
@@ -63,6 +65,8 @@ class RunsScreen(TapdeckScreen):
         self.runs: list[RunSummary] = []
         self.run_id: str | None = None
         self.detail: RunDetail | None = None
+        self.versions = EngineVersions(engines=[])
+        """The engines' current policy versions (the staleness column's "now")."""
         self._cancel = TwoPress()
 
     def compose_body(self) -> Iterable[Widget]:
@@ -96,6 +100,7 @@ class RunsScreen(TapdeckScreen):
                 ("phase", "phase"),
                 ("reward", "reward"),
                 ("calls", "turns"),
+                ("stale", "stale"),
                 ("error", "error"),
             ):
                 rollouts.add_column(label, key=key)
@@ -119,6 +124,7 @@ class RunsScreen(TapdeckScreen):
     @work(exclusive=True, group="runs", exit_on_error=False)
     async def load_runs(self) -> None:
         runs = await self.client.runs()
+        self.versions = await self.client.engine_versions()
         self.runs = sorted(runs, key=lambda r: r.created_at, reverse=True)
         self._fill_runs_table()
         if not self.runs:
@@ -214,6 +220,7 @@ class RunsScreen(TapdeckScreen):
                         fmt_phase(r, run_going=going),
                         fmt_reward(r.reward),
                         str(self._turns(r)),
+                        self._staleness(r),
                         r.error_kind or "",
                     )
                     for r in sorted(rollouts, key=lambda r: (r.task, r.index))
@@ -233,6 +240,15 @@ class RunsScreen(TapdeckScreen):
         summary = self.app.board.get(rollout.session_id) if rollout.session_id else None
         return max(rollout.turns, summary.turns) if summary is not None else rollout.turns
 
+    def _staleness(self, rollout: RolloutResult) -> str:
+        """Policy versions since the rollout's oldest turn was sampled: its engine's current
+        version minus that turn's ("–": unknown, or versions that are not step numbers)."""
+        summary = self.app.board.get(rollout.session_id) if rollout.session_id else None
+        if summary is None or summary.policy is None:
+            return "–"
+        lag = staleness(self.versions.current(summary.engine.url), summary.policy.oldest)
+        return "–" if lag is None else str(lag)
+
     def sessions_changed(self) -> None:
         """Called by the App on (coalesced) session events: the turns column follows them."""
         # None once Textual tears the screen down at exit, while server events still arrive.
@@ -242,6 +258,7 @@ class RunsScreen(TapdeckScreen):
         for rollout in self.detail.rollouts:
             if rollout.rollout_id in table.rows:
                 table.update_cell(rollout.rollout_id, "turns", str(self._turns(rollout)))
+                table.update_cell(rollout.rollout_id, "stale", self._staleness(rollout))
 
     def _show_settings(self, rollout: RolloutResult | None) -> None:
         """What the highlighted rollout ran with: the timeouts in force and where each came from."""

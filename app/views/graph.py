@@ -9,7 +9,7 @@ from typing import Any
 
 from tapdeck.app.views.text import clip
 from tapdeck.schema.findings import Finding, Level
-from tapdeck.schema.sessions import GraphTurn, GraphView, RolloutStats
+from tapdeck.schema.sessions import GraphTurn, GraphView, PolicySpan, PolicyVersion, RolloutStats
 
 
 @dataclass
@@ -27,6 +27,8 @@ class TurnNode:
     children: list[int] = field(default_factory=list)
     mode: str | None = None
     """Token-in sessions: `ids` (continued from stored ids) or `text` (fell back); else None."""
+    policy: str = ""
+    """The policy version that sampled it, as `policy_text` writes it ("" when unknown)."""
 
 
 def worst_level(findings: Iterable[Finding]) -> Level | None:
@@ -83,6 +85,7 @@ def rollout_nodes(turns: Iterable[GraphTurn]) -> dict[int, TurnNode]:
             new_tokens=turn.sampled_len,
             findings=list(turn.findings),
             mode=turn.token_in,
+            policy=policy_text(turn.policy_version, turn.policy_version_straddled),
         )
         for turn in turns
     }
@@ -92,6 +95,25 @@ def rollout_nodes(turns: Iterable[GraphTurn]) -> dict[int, TurnNode]:
     for node in nodes.values():
         node.children.sort()
     return nodes
+
+
+def policy_text(
+    version: PolicyVersion | None, straddled: tuple[PolicyVersion | None, PolicyVersion | None] | None
+) -> str:
+    """A turn's policy version in a few cells: `v3`, `v2→3` for a call that straddled an update
+    (`?` for a reading that said nothing), "" when unknown."""
+    if straddled is not None:
+        before, after = ("?" if v is None else v for v in straddled)
+        return f"v{before}→{after}"
+    return "" if version is None else f"v{version}"
+
+
+def policy_span_text(span: PolicySpan | None) -> str:
+    """A rollout's span of policy versions: `policy v0–2 (1 straddled)`, `policy v3`, "" if none."""
+    if span is None:
+        return ""
+    text = f"policy v{span.oldest}" + ("" if span.newest == span.oldest else f"–{span.newest}")
+    return text + (f" ({span.straddled} straddled)" if span.straddled else "")
 
 
 def capture_mode_text(meta: Mapping[str, Any]) -> str:
@@ -166,8 +188,9 @@ def turn_label_width(depth: int) -> int:
 
 def turn_label(node: TurnNode, width: int = TURN_LABEL_WIDTH) -> str:
     """Plain label of a tree node, most telling first so a cut keeps it: `#3 !warn ≈retok length
-    auxiliary ⇢ids 42 tok` (number, findings badge, link kind, finish reason other than stop, role
-    unless agent (the usual one), token-in mode, tokens sampled), clipped to `width`."""
+    auxiliary ⇢ids v2 42 tok` (number, findings badge, link kind, finish reason other than stop,
+    role unless agent (the usual one), token-in mode, policy version, tokens sampled), clipped to
+    `width`."""
     parts = [f"#{node.seq}"]
     worst = worst_level(node.findings)
     if worst is not None:
@@ -186,6 +209,8 @@ def turn_label(node: TurnNode, width: int = TURN_LABEL_WIDTH) -> str:
         parts.append("⇢ids")
     elif node.mode == "text" and node.parent is not None:
         parts.append("↩text")
+    if node.policy:
+        parts.append(node.policy)
     if node.new_tokens is not None:
         parts.append(f"{node.new_tokens} tok")
     return clip(" ".join(parts), width)

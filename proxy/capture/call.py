@@ -20,6 +20,7 @@ from typing import Any
 
 from tapdeck.proxy.capture.export import capture_mode
 from tapdeck.proxy.capture.graph import Link
+from tapdeck.proxy.capture.policy_stamp import PolicyStamp
 from tapdeck.proxy.capture.turn import Turn
 from tapdeck.proxy.capture.validation import validate_turn
 from tapdeck.proxy.dialects.arguments import not_object_findings
@@ -147,6 +148,8 @@ class CallCapture:
         assert session.client is not None
         started = time.perf_counter()
         plan: Plan | None = None
+        # The version readings before the call; `stamp` takes those after it.
+        watch = await self.registry.versions.watch(session.client)
         try:
             try:
                 if session.token_in is not None:
@@ -187,6 +190,7 @@ class CallCapture:
                 # trust its old tier. Not on a timeout or a 5xx: a busy engine keeps its tier.
                 PROBES.forget(session.client.spec)
                 forget_engine(session.client.spec.url)
+                self.registry.versions.forget(session.client.url)
             if exc.kind in ENGINE_DOWN and not any(f.code == "engine_unreachable" for f in session.findings):
                 # Once per session: what a rollout that failed is classified by.
                 await self.registry.add_finding(
@@ -196,6 +200,7 @@ class CallCapture:
                     ),
                 )
             raise
+        policy = await watch.stamp(checked.reply)
         # The proxy's own reply id: an engine that repeats ids must not make two replies one
         # (a Responses chain naming itself as its own previous response would never end).
         reply = {**checked.reply, "id": f"chatcmpl-tdk-{secrets.token_hex(12)}"}
@@ -213,6 +218,8 @@ class CallCapture:
             # The string's sampled tokens are not in the reply's text: the graph names the break.
             meta["stop_string"] = stop
         findings = _cap_findings(sampling, reply)
+        if policy is not None and (straddle := policy.finding()) is not None:
+            findings.append(straddle)
         if session.training and fmt is None and (greedy := _greedy_finding(sampling)) is not None:
             findings.append(greedy)
         if req.context.get("object_arguments"):
@@ -237,7 +244,7 @@ class CallCapture:
         # From here the engine did the work: record it even if the caller hangs up meanwhile.
         try:
             slot.recording = asyncio.ensure_future(
-                self._record_turn(session, req, reply, checked, sampling, meta, slot)
+                self._record_turn(session, req, reply, checked, sampling, meta, slot, policy)
             )
             await asyncio.shield(slot.recording)
         except StoreUnavailable as exc:
@@ -274,6 +281,7 @@ class CallCapture:
         sampling: dict[str, Any],
         meta: dict[str, Any],
         slot: CallSlot,
+        policy: PolicyStamp | None,
     ) -> None:
         cap = checked.capture
         choice = reply["choices"][0]
@@ -297,6 +305,7 @@ class CallCapture:
                     for f in (*cap.findings, *checked.findings, *_request_findings(req))
                 ],
                 meta=meta,
+                policy=policy,
             )
             # Validated before linking: the graph decides trainability from the turn's findings.
             turn.findings.extend(validate_turn(turn, session.tier))
@@ -305,6 +314,7 @@ class CallCapture:
             session.turns += 1
             slot.release()
             session.last_call_at = turn.created_at
+            session.policy.add(policy)
             access = CURRENT_CALL.get()
             if access is not None:
                 access.seq = turn.seq
@@ -322,6 +332,7 @@ class CallCapture:
                 finish_reason=turn.finish_reason,
                 created_at=turn.created_at,
                 findings=[*turn.findings, *link.findings],
+                **({} if policy is None else policy.fields()),
             )
             return TurnCaptured(turn=header, session=self.registry.summary(session)).model_dump(mode="json")
 

@@ -6,7 +6,7 @@ copies `reward` from the session metadata the runner annotated).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -14,6 +14,8 @@ import numpy as np
 import orjson
 
 from tapdeck.proxy.capture.graph import RolloutGraph
+from tapdeck.proxy.capture.policy_stamp import policy_span
+from tapdeck.proxy.capture.turn import Turn
 from tapdeck.proxy.capture.validation import is_train, reported_stats, rollout_ok, validate_rollout
 from tapdeck.proxy.errors import ProxyError
 from tapdeck.proxy.store.atomic_write import atomic_write
@@ -195,6 +197,7 @@ def rollout_document(
                 "meta": t.meta,
                 "created_at": t.created_at,
                 "findings": [f.model_dump(mode="json") for f in t.findings + n.link_findings],
+                **policy_fields(t),
             }
         )
     stats = reported_stats(graph.stats(), tier, rtype)
@@ -212,7 +215,31 @@ def rollout_document(
         "sequences": seq_docs,
         "turns": turns,
         "findings": [f.model_dump(mode="json") for f in all_findings],
+        "policy": _span(graph),
     }
+
+
+def policy_fields(turn: Turn) -> dict[str, Any]:
+    """A turn's `policy_version` (None: unknown or straddled) and `policy_version_straddled`
+    ([before, after] when its call straddled a weight update, else None), as the API's turn
+    models carry them."""
+    stamp = turn.policy
+    straddled = None if stamp is None else stamp.straddled
+    return {
+        "policy_version": None if stamp is None else stamp.version,
+        "policy_version_straddled": None if straddled is None else list(straddled),
+    }
+
+
+def _trace_policy(turn: Turn) -> dict[str, Any]:
+    """A trace entry's and a row's `policy_version`, and `policy_version_straddled` only where it
+    applies."""
+    return {"policy_version": None} if turn.policy is None else turn.policy.fields()
+
+
+def _span(graph: RolloutGraph) -> dict[str, Any] | None:
+    span = policy_span(graph.nodes[seq].turn.policy for seq in sorted(graph.nodes))
+    return None if span is None else span.model_dump()
 
 
 def turn_detail(graph: RolloutGraph, seq: int) -> dict[str, Any]:
@@ -238,6 +265,8 @@ def turn_detail(graph: RolloutGraph, seq: int) -> dict[str, Any]:
         "findings": [f.model_dump(mode="json") for f in [*turn.findings, *link.findings]],
         "sampling": turn.sampling,
         "meta": turn.meta,
+        **policy_fields(turn),
+        "policy_source": None if turn.policy is None else turn.policy.source,
     }
 
 
@@ -271,6 +300,7 @@ def graph_view(
                 "finish_reason": t.finish_reason,
                 "created_at": t.created_at,
                 "findings": [f.model_dump(mode="json") for f in t.findings + n.link_findings],
+                **policy_fields(t),
             }
         )
     stats = reported_stats(graph.stats(), tier, rtype)
@@ -344,6 +374,8 @@ def training_trace(
                     "meta": t.meta,
                     "created_at": t.created_at,
                     "findings": [f.model_dump(mode="json") for f in t.findings + n.link_findings],
+                    # In the metadata: OpenEnv's TrainingTurn forbids fields of its own.
+                    **_trace_policy(t),
                 },
             }
         )
@@ -387,10 +419,30 @@ def trace_rows(
             "group_id": group_id,
             "session_id": session.get("id"),
             "reward": reward,
+            **{k: v for k, v in entry["metadata"].items() if k in POLICY_FIELDS},
         }
         | entry
         for entry in trace["turns"]
     ]
+
+
+POLICY_FIELDS = ("policy_version", "policy_version_straddled")
+"""A row's columns that say which policy sampled its turn (`policy_fields`)."""
+
+
+def _policy_versions(rows: list[dict[str, Any]]) -> Iterator[Any]:
+    """Every version a run's rows name, straddled readings included (None left out)."""
+    for row in rows:
+        if row.get("policy_version") is not None:
+            yield row["policy_version"]
+        yield from (v for v in row.get("policy_version_straddled") or () if v is not None)
+
+
+def _as_labels(value: Any) -> Any:
+    """A version, or a straddled pair, as labels (the column type when an engine named one)."""
+    if isinstance(value, list):
+        return [None if v is None else str(v) for v in value]
+    return None if value is None else str(value)
 
 
 _ARRAY_TYPES = {
@@ -449,6 +501,14 @@ def write_parquet(path: Path, rows: Iterable[dict[str, Any]]) -> Path:
                 for v in values
             ]
             columns[key] = pa.array(values, type=pa.list_(getattr(pa, _ARRAY_TYPES[key])()))
+        elif key in POLICY_FIELDS:
+            # One type for both columns: step numbers as ints, unless some engine named its versions.
+            int_versions = all(type(v) is int for v in _policy_versions(rows))
+            element = pa.int64() if int_versions else pa.string()
+            columns[key] = pa.array(
+                values if int_versions else [_as_labels(v) for v in values],
+                type=pa.list_(element) if key == "policy_version_straddled" else element,
+            )
         elif key == "reward":
             columns[key] = pa.array([None if v is None else float(v) for v in values], type=pa.float64())
         elif key in _TYPED_SCALARS:

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from tapdeck.proxy.capture.policy_stamp import PolicyStamp
 from tapdeck.schema.findings import Finding
 
 
@@ -35,6 +36,8 @@ class Turn:
     created_at: float = field(default_factory=time.time)
     content_keys: dict[str, list[str]] | None = None
     """Content keys of the request's messages and tools, when capture already computed them."""
+    policy: PolicyStamp | None = None
+    """The policy version that sampled it, read before and after the call (None: unknown)."""
 
     @property
     def has_ids(self) -> bool:

@@ -23,6 +23,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
+from tapdeck.proxy.capture.policy_stamp import MAX_LABEL_CHARS, policy_version
 from tapdeck.proxy.config import DEFAULT_MAX_BODY_BYTES
 from tapdeck.proxy.errors import ProxyError
 from tapdeck.proxy.http.error_reply import error_response
@@ -33,6 +34,8 @@ from tapdeck.proxy.sessions.spec import SessionSpec
 from tapdeck.proxy.store.no_follow import LinkRefused
 from tapdeck.schema.activity import SessionActivity
 from tapdeck.schema.sessions import (
+    EngineVersionPost,
+    EngineVersions,
     GraphView,
     Health,
     RolloutDocument,
@@ -132,6 +135,16 @@ def _admin_router() -> APIRouter:
         summary = await _service(request).close_session(session_id)
         return _JSON(summary.model_dump(mode="json"))
 
+    @router.get("/engines/version", response_model=EngineVersions)
+    async def engine_versions(request: Request) -> Response:
+        return _JSON(_service(request).registry.versions.listing().model_dump(mode="json"))
+
+    @router.post("/engines/version", response_model=EngineVersions)
+    async def post_engine_version(request: Request) -> Response:
+        post = _version_post(await request.body())
+        listing = _service(request).registry.versions.post(post.version, post.engine)
+        return _JSON(listing.model_dump(mode="json"))
+
     @router.get("/events")
     async def events(request: Request) -> Response:
         return StreamingResponse(
@@ -139,6 +152,34 @@ def _admin_router() -> APIRouter:
         )
 
     return router
+
+
+def _version_post(raw: bytes) -> EngineVersionPost:
+    """The body of `POST /admin/engines/version`, or a 400 saying what is wrong with it."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ProxyError(400, f"the body is not JSON: {exc}", retryable=False) from None
+    if not isinstance(body, dict):
+        raise ProxyError(
+            400, 'the body must be a JSON object: {"version": N, "engine": URL}', retryable=False
+        )
+    if (unknown := sorted(set(body) - set(EngineVersionPost.model_fields))) != []:
+        raise ProxyError(
+            400, f"unknown field(s) {', '.join(unknown)}: give version and engine", retryable=False
+        )
+    version = policy_version(body.get("version"))
+    if version is None:
+        raise ProxyError(
+            400,
+            f"`version` must be a step number (an int ≥ 0) or a label of at most {MAX_LABEL_CHARS} "
+            f"characters, not {body.get('version')!r}",
+            retryable=False,
+        )
+    engine = body.get("engine")
+    if engine is not None and not (isinstance(engine, str) and engine.startswith(("http://", "https://"))):
+        raise ProxyError(400, f"`engine` must be an http(s) URL or null, not {engine!r}", retryable=False)
+    return EngineVersionPost(version=version, engine=engine)
 
 
 async def _event_stream(service: CaptureService) -> AsyncIterator[bytes]:

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from tapdeck.proxy.capture.graph import RolloutGraph
 from tapdeck.proxy.capture.interning import Interner
+from tapdeck.proxy.capture.policy_stamp import SpanTally
 from tapdeck.proxy.capture.tokens import PromptIdsMemo
 from tapdeck.proxy.dialects.arguments import ArgumentsMemo
 from tapdeck.proxy.dialects.stored_responses import StoredResponses
@@ -18,7 +19,7 @@ from tapdeck.proxy.upstream.client import EngineClient
 from tapdeck.proxy.upstream.tiers import EngineSpec
 from tapdeck.proxy.upstream.token_in import TokenIn
 from tapdeck.schema.findings import Finding, Level
-from tapdeck.schema.sessions import RolloutStats, SessionState, Tier
+from tapdeck.schema.sessions import PolicySpan, RolloutStats, SessionState, Tier
 
 
 @dataclass
@@ -66,6 +67,8 @@ class LiveSession:
     """The last prompt ids the engine replied with: the next reply's are parsed past them only."""
     stats: RolloutStats | None = None
     """The graph's stats as of the last commit (what summaries show; None until known)."""
+    policy: SpanTally = field(default_factory=SpanTally)
+    """The policy versions its turns were sampled with, as they were committed."""
 
     def count(self, findings: list[Finding]) -> None:
         """Add these findings to the session's FATAL and WARN counts."""
@@ -106,5 +109,16 @@ def stored_stats(value: Any) -> RolloutStats | None:
         return None
     try:
         return RolloutStats.model_validate(value)
+    except ValidationError:
+        return None
+
+
+def stored_span(value: Any) -> PolicySpan | None:
+    """The policy span a clean close stored with the session (None when absent or unreadable:
+    then known once the session's turns are loaded)."""
+    if not isinstance(value, dict):
+        return None
+    try:
+        return PolicySpan.model_validate(value)
     except ValidationError:
         return None

@@ -19,6 +19,7 @@ import httpx
 
 from tapdeck.proxy.capture.graph import RolloutGraph
 from tapdeck.proxy.capture.interning import Interner
+from tapdeck.proxy.capture.policy_stamp import SpanTally
 from tapdeck.proxy.capture.tokens import PromptIdsMemo
 from tapdeck.proxy.capture.validation import reported_stats
 from tapdeck.proxy.dialects.arguments import ArgumentsMemo
@@ -26,12 +27,13 @@ from tapdeck.proxy.dialects.stored_responses import StoredResponses
 from tapdeck.proxy.http.events import EventBus
 from tapdeck.proxy.sessions.activity import ActivityLog
 from tapdeck.proxy.sessions.keys import is_session_key, new_session_id, new_session_key
-from tapdeck.proxy.sessions.live import LiveSession, stored_stats
+from tapdeck.proxy.sessions.live import LiveSession, stored_span, stored_stats
 from tapdeck.proxy.sessions.spec import SessionError, SessionSpec, base_urls_for
 from tapdeck.proxy.store.database import Store
 from tapdeck.proxy.store.writes import StoreUnavailable, StoreWrites
 from tapdeck.proxy.upstream.address import settle
 from tapdeck.proxy.upstream.client import EngineClient
+from tapdeck.proxy.upstream.policy_versions import PolicyVersions
 from tapdeck.proxy.upstream.tiers import EngineSpec, ProbeResult, probe
 from tapdeck.proxy.upstream.token_in import TokenIn
 from tapdeck.schema.events import SessionClosed, SessionOpened, SessionUpdated
@@ -67,6 +69,8 @@ class SessionRegistry:
         self.sessions: dict[str, LiveSession] = {}
         self.by_key: dict[str, LiveSession] = {}
         self.clients: dict[tuple[str, str | None, str], EngineClient] = {}
+        self.versions = PolicyVersions()
+        """The engines' policy versions: posted by trainers, reported by engines."""
         self._settled: dict[tuple[str, str | None, str], str] = {}
         """Engine address (as a session named it) → the base URL it settled on."""
         self._load_existing()
@@ -234,6 +238,7 @@ class SessionRegistry:
                     session_id,
                     state="closed",
                     stats=None if stats is None else stats.model_dump(),
+                    policy=None if (span := session.policy.span()) is None else span.model_dump(),
                     finding_counts={"fatal": session.fatal, "warn": session.warn},
                 )
             except StoreUnavailable as exc:
@@ -365,6 +370,9 @@ class SessionRegistry:
         graph.demote(metadata.get("auxiliary_seqs") or [], metadata.get("auxiliary_reason", ""))
         session.turns = len(graph)
         session.stats = graph.stats()
+        session.policy = SpanTally()
+        for seq in sorted(graph.nodes):
+            session.policy.add(graph.nodes[seq].turn.policy)
         session.last_call_at = max((n.turn.created_at for n in graph.nodes.values()), default=None)
         if session.state == "open":
             session.graph = graph  # a live session's graph whose state a store fault dropped
@@ -397,6 +405,7 @@ class SessionRegistry:
             fatal=session.fatal,
             warn=session.warn,
             engine=EngineRef(**(session.record.get("engine") or {"url": ""})),
+            policy=session.policy.span() or stored_span(session.record.get("policy")),
         )
 
 

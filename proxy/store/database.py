@@ -32,6 +32,7 @@ import orjson
 
 from tapdeck.proxy.capture.graph import Link, RolloutGraph
 from tapdeck.proxy.capture.interning import CONTENT_ADDRESSED, common_prefix, content_key
+from tapdeck.proxy.capture.policy_stamp import PolicyStamp
 from tapdeck.proxy.capture.reply_shape import readable_stored_reply
 from tapdeck.proxy.capture.tokens import (
     as_ids,
@@ -73,6 +74,26 @@ CREATE TABLE IF NOT EXISTS messages (
     body BLOB NOT NULL
 );
 """
+
+POLICY_COLUMNS = (("policy_source", "TEXT"), ("policy_before", ""), ("policy_after", ""))
+"""The policy version stamp of a turn (proxy/capture/policy_stamp.py): where it was read, and the
+readings before and after the call (equal unless the call straddled a weight update). The
+readings have no declared type, so SQLite keeps an int as an int and a label as text. Added to
+`turns` by `_add_policy_columns`, to new stores and to those of an older tapdeck alike."""
+
+
+def _add_policy_columns(db: sqlite3.Connection) -> None:
+    """Migration step: the policy version columns, on a store that does not have them yet."""
+    have = {row[1] for row in db.execute("PRAGMA table_info(turns)")}
+    for name, kind in POLICY_COLUMNS:
+        if name not in have:
+            db.execute(f"ALTER TABLE turns ADD COLUMN {name} {kind}".rstrip())
+
+
+def _has_policy_columns(db: sqlite3.Connection) -> bool:
+    have = {row[1] for row in db.execute("PRAGMA table_info(turns)")}
+    return all(name in have for name, _ in POLICY_COLUMNS)
+
 
 _HASH_BATCH = 500
 """Keys per `IN (...)` lookup when loading (well under SQLite's bound-parameter limit)."""
@@ -202,6 +223,9 @@ class Store:
             else:
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.executescript(_SCHEMA)
+                _add_policy_columns(self._db)
+            self._policy_columns = _has_policy_columns(self._db)
+            """False only for a store of an older tapdeck opened read-only: its turns are unstamped."""
         except BaseException:
             self._db.close()
             raise
@@ -410,7 +434,8 @@ class Store:
             db.execute(
                 "INSERT INTO turns (session_id, seq, base_seq, base_len, prompt_len, "
                 "prompt_tail, sampled, logprobs, finish_reason, link_parent, link_kind, "
-                "link_offset, doc, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                "link_offset, doc, created_at, policy_source, policy_before, policy_after) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (
                     turn.session_id,
                     turn.seq,
@@ -426,6 +451,7 @@ class Store:
                     link.offset,
                     doc_b,
                     float(turn.created_at),
+                    *((None, None, None) if turn.policy is None else turn.policy),
                 ),
             )
 
@@ -447,7 +473,13 @@ class Store:
         with self._read_lock:
             rows = self._reader.execute(
                 "SELECT seq, base_seq, base_len, prompt_len, prompt_tail, sampled, logprobs, "
-                "finish_reason, doc, created_at FROM turns WHERE session_id = ? ORDER BY seq",
+                "finish_reason, doc, created_at, "
+                + (
+                    "policy_source, policy_before, policy_after"
+                    if self._policy_columns
+                    else "NULL, NULL, NULL"
+                )
+                + " FROM turns WHERE session_id = ? ORDER BY seq",
                 (session_id,),
             ).fetchall()
             docs = [orjson.loads(row[8]) for row in rows]
@@ -457,9 +489,9 @@ class Store:
         last_use = {row[1]: row[0] for row in rows if row[1] is not None}
         sequences: dict[int, np.ndarray] = {}
         turns: list[Turn] = []
-        for (seq, base_seq, base_len, prompt_len, tail, sampled_b, lp_b, finish, _doc_b, created), doc in zip(
-            rows, docs, strict=True
-        ):
+        for row, doc in zip(rows, docs, strict=True):
+            seq, base_seq, base_len, prompt_len, tail, sampled_b, lp_b, finish, _doc_b, created = row[:10]
+            source, before, after = row[10:13]
             request = doc["request"]
             for name in doc.get("refs", ()):
                 request[name] = [contents[key] for key in request[name]]
@@ -506,6 +538,7 @@ class Store:
                     findings=[*(Finding.model_validate(f) for f in doc["findings"]), *unread],
                     meta=doc["meta"],
                     created_at=created,
+                    policy=None if source is None else PolicyStamp(source, before, after),
                 )
             )
         return record, turns

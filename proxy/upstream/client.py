@@ -474,6 +474,11 @@ class EngineClient:
             )
         return reply
 
+    async def get(self, path: str) -> dict[str, Any]:
+        """`GET {url}{path}`, or `path` itself when it is a full URL (vLLM's `/weight_info` sits
+        beside `/v1`); failures raise EngineError as in `complete`."""
+        return await self._call("GET", path, None)
+
     async def post(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """`POST {url}{path}`, or to `path` itself when it is a full URL (vLLM's `/tokenize` sits
         beside `/v1`); failures raise EngineError as in `complete`."""

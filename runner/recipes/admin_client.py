@@ -106,6 +106,11 @@ class AdminClient:
         """`GET /admin/sessions/{id}/trace`: the per-call training trace (409 for an eval session)."""
         return self._call("GET", f"/admin/sessions/{session_id}/trace")
 
+    def post_engine_version(self, version: int | str, engine: str | None = None) -> dict[str, Any]:
+        """`POST /admin/engines/version`: `engine` (every engine when None) serves `version` from now
+        on; turns of engines that do not report their own are stamped with it."""
+        return self._call("POST", "/admin/engines/version", {"version": version, "engine": engine})
+
     def close(self) -> None:
         """Release the connection pool (idempotent)."""
         self._http.close()

@@ -26,6 +26,9 @@ Runs in the training environment (Python 3.11, CPU torch, TRL 1.16), launched by
   differ. A group whose rollouts all score the same teaches nothing (zero advantage) and is drawn
   again, up to `--redraws` times (DAPO's dynamic sampling; `rollout/redraws`); TRL logs the share of
   groups that still teach nothing as `frac_reward_zero_std`.
+* **Policy versions**: each `rollout_func` call first posts the optimizer steps taken so far to
+  `POST /admin/engines/version` for the policy engine, so every captured turn is stamped with the
+  step whose weights sampled it (0 for the first step's rollouts, 1 for the second's, ...).
 * **Logs**: trackio through TRL (`report_to="trackio"`: TRL's metric names under `train/`), plus
   `rollout/*` metrics of this recipe through TRL's `log_metric`, and every step the mismatch between
   the engine's logprobs of the sampled tokens and the trainer's (`logprob_mismatch`: TRL's
@@ -169,6 +172,7 @@ class TapdeckRollouts:
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
         self.engine.weights_changed()  # the optimizer stepped since the last call
+        self.post_version(int(trainer.state.global_step))
         g = self.group_size
         if len(prompts) % g:
             raise ValueError(f"{len(prompts)} prompts is not a whole number of groups of {g}")
@@ -203,6 +207,15 @@ class TapdeckRollouts:
             stats["sampled_tok_s"] = tokens / wall if wall > 0 else 0.0
             stats["rollout_wall_s"] = wall
         return out
+
+    def post_version(self, step: int) -> None:
+        """Tell the tapdeck server that the policy engine now serves the weights of `step`
+        (optimizer steps taken): the turns it samples from here on are stamped with it."""
+        resp = self.http.post(
+            "/admin/engines/version", json={"version": step, "engine": self.engine.base_url}
+        )
+        if resp.status_code >= 400:
+            raise RuntimeError(f"tapdeck refused policy version {step}: {resp.status_code} {resp.text[:300]}")
 
     def _redraw_while_flat(self, task: str, group: list[Drawn]) -> list[Drawn]:
         """Dynamic sampling (as in DAPO): a group whose rollouts all score the same has zero advantage

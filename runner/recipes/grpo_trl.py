@@ -517,6 +517,24 @@ def factory_from_args(args: argparse.Namespace, plan: RunPlan | None = None) -> 
     )
 
 
+def posting_versions(worker: Any, factory: TapdeckSessionFactory) -> Any:
+    """`worker` whose `update_model_version` (AsyncGRPOTrainer calls it after every weight sync)
+    also posts the version to the tapdeck server, for every engine: the turns its vLLM samples
+    from then on are stamped with it, and a call in flight across the sync straddles."""
+    update = worker.update_model_version
+
+    def update_and_post(model_version: int) -> None:
+        update(model_version)
+        admin = factory.client()
+        try:
+            admin.post_engine_version(int(model_version))
+        finally:
+            admin.close()
+
+    worker.update_model_version = update_and_post
+    return worker
+
+
 def training_stack() -> SimpleNamespace:
     """The TRL, transformers and datasets classes `main` trains with (ImportError outside the
     training environment; tests/runner/test_train_env.py imports them there)."""
@@ -583,15 +601,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     dataset = stack.Dataset.from_list(dataset_rows(list(tasks)))
     # Not run here: the worker's constructor needs vllm, and the trainer a GPU and a vLLM server.
-    worker = stack.HarnessRolloutWorker(
-        **worker_kwargs(
-            config,
-            model_name=args.model,
-            dataset=dataset,
-            processing_class=tokenizer,
-            eos_ids=eos_ids,
-            factory=factory,
-        )
+    worker = posting_versions(
+        stack.HarnessRolloutWorker(
+            **worker_kwargs(
+                config,
+                model_name=args.model,
+                dataset=dataset,
+                processing_class=tokenizer,
+                eos_ids=eos_ids,
+                factory=factory,
+            )
+        ),
+        factory,
     )
     trainer = stack.AsyncGRPOTrainer(
         model=args.model,

@@ -12,6 +12,8 @@ from tapdeck.app.views.graph import (
     LiveGraph,
     capture_mode_text,
     display_parents,
+    policy_span_text,
+    policy_text,
     rollout_nodes,
     rollout_roots,
     turn_label,
@@ -28,7 +30,7 @@ from tapdeck.app.views.text import clip, fmt_reward, id_tail, phrase_lines
 from tapdeck.app.views.tokens import logprob_tone, token_detail
 from tapdeck.schema.findings import Finding
 from tapdeck.schema.runs import RolloutResult, RunDetail, RunPlan, RunSummary
-from tapdeck.schema.sessions import GraphView, SessionSummary, TurnDetail
+from tapdeck.schema.sessions import GraphView, PolicySpan, SessionSummary, TurnDetail
 from tests.support.graph_turns import graph_turns
 
 
@@ -449,3 +451,23 @@ def test_an_instruction_preview_joins_wrapped_lines_and_keeps_markdown_blocks():
         "| a | b |",
         "| 1 | 2 |",
     ]
+
+
+def test_a_turn_label_shows_its_policy_version_and_a_straddle_both_readings():
+    turns = graph_turns(
+        [
+            {"seq": 0, "parent": None, "policy_version": 3},
+            {"seq": 1, "parent": 0, "policy_version_straddled": (3, 4)},
+            {"seq": 2, "parent": 1, "policy_version_straddled": (None, "b")},
+            {"seq": 3, "parent": 2},
+        ]
+    )
+    labels = [turn_label(n) for n in rollout_nodes(turns).values()]
+    assert labels == ["#0 v3 4 tok", "#1 v3→4 4 tok", "#2 v?→b 4 tok", "#3 4 tok"]
+    assert policy_text(None, None) == ""
+
+
+def test_a_rollouts_policy_span_names_its_oldest_newest_and_straddles():
+    assert policy_span_text(None) == ""
+    assert policy_span_text(PolicySpan(oldest=2, newest=2)) == "policy v2"
+    assert policy_span_text(PolicySpan(oldest=0, newest=2, straddled=1)) == "policy v0–2 (1 straddled)"

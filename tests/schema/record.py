@@ -92,6 +92,8 @@ async def record_from(server: LocalServer) -> dict[str, Any]:
             "POST", "/admin/sessions", "/admin/sessions", json={"metadata": {"task": "contract"}}
         )
         sid = info["id"]
+        # A trainer's version: the session's turns are stamped with it (the engine reports none).
+        await call("POST", "/admin/engines/version", "/admin/engines/version", json={"version": 3})
         messages = [{"role": "user", "content": "Say hello."}]
         for _ in range(2):
             reply = await http.post(
@@ -101,6 +103,7 @@ async def record_from(server: LocalServer) -> dict[str, Any]:
             )
             reply.raise_for_status()
             messages += [reply.json()["choices"][0]["message"], {"role": "user", "content": "Again."}]
+        await call("GET", "/admin/engines/version", "/admin/engines/version")
         await call("GET", "/admin/sessions", "/admin/sessions")
         await call("GET", "/admin/sessions/{session_id}", f"/admin/sessions/{sid}")
         await call("GET", "/admin/sessions/{session_id}/rollout", f"/admin/sessions/{sid}/rollout")

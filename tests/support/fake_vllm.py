@@ -16,7 +16,12 @@ What tests need of it differently, and what sets it:
 - timing: `delay` before each chat reply, `hold` for chat calls held until released, their caller
   leaves or `hold_s` passes, `listing_delay` for a busy engine's `/models`;
 - the models listing (`listing`; None for no `/models` route) and where the routes are
-  (`base_path`); `/tokenize` (`tokenize`).
+  (`base_path`); `/tokenize` (`tokenize`);
+- the policy version: `weight_info` for vLLM's `GET /weight_info` (dev mode, at the server root:
+  `{"weight_version": <str or null>}`; NO_ROUTE for an engine without it, as vLLM outside dev
+  mode), `reply_weight_version` for SGLang's `metadata.weight_version` in each reply; `gate`
+  holds chat calls until the test sets it (`arrived` is set once one waits there), so a weight
+  update can land while a call is in flight.
 
 Every request is kept in `sent`, every chat body in `requests`.
 """
@@ -26,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import threading
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Literal, NamedTuple
 
@@ -56,6 +62,8 @@ FAULTS: dict[str, str] = {
 """What each `fault` does to a chat call."""
 
 Answer = Callable[[dict[str, Any]], tuple[int, Any]]
+NO_ROUTE: Any = object()
+"""`weight_info` of an engine that does not serve `/weight_info` (a 404, as vLLM outside dev mode)."""
 HTML_PAGE = "<html><body>502 Bad Gateway</body></html>"
 NOT_RECORDED = vllm_error(400, "no recorded vLLM reply to this body")
 
@@ -146,6 +154,9 @@ class FakeVllm:
         tokenize: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
         recorded_as: Callable[[str, Any], Any] | None = None,
         long_chars: int = 2_000_000,
+        weight_info: str | None = NO_ROUTE,
+        reply_weight_version: str | None = None,
+        gate: threading.Event | None = None,
     ) -> None:
         self.answer = answer
         self.refuse_like_vllm = refuse_like_vllm
@@ -162,6 +173,15 @@ class FakeVllm:
         self.tokenize = tokenize
         self.long_chars = long_chars
         self.recorded_as = recorded_as
+        self.weight_info = weight_info
+        """What `GET /weight_info` answers as `weight_version` (a test changes it as a trainer's
+        `update_weight_version` would); NO_ROUTE: a 404."""
+        self.reply_weight_version = reply_weight_version
+        """SGLang's shape: each chat reply's `metadata.weight_version` (None: no metadata)."""
+        self.gate = gate
+        """Chat calls wait until it is set (None: they do not wait)."""
+        self.arrived = threading.Event()
+        """Set once a chat call waits at `gate`."""
         self._exchanges: dict[str, tuple[int, Any]] = {}
         self._any_body: dict[str, tuple[int, Any]] = {}
         for name in exchanges:
@@ -203,6 +223,8 @@ class FakeVllm:
     ) -> _Reply:
         body = json.loads(raw) if method == "POST" and raw else None
         self.sent.append(Sent(method, url, path, headers, body))
+        if method == "GET" and path == "/weight_info" and self.weight_info is not NO_ROUTE:
+            return _json(200, {"weight_version": self.weight_info})
         if method == "GET" and path == f"{self.base_path}/models" and self.listing is not None:
             if self.fault == "html":
                 return _Reply(200, HTML_PAGE.encode(), "text/html; charset=utf-8")
@@ -252,6 +274,9 @@ class FakeVllm:
                     await asyncio.sleep(0.05)
             finally:
                 self.held -= 1
+        if self.gate is not None and not_a_probe(body):
+            self.arrived.set()
+            await asyncio.to_thread(self.gate.wait)
         if self.fault == "html":
             return _Reply(200, HTML_PAGE.encode(), "text/html; charset=utf-8")
         if self.fault == "context_full":
@@ -278,6 +303,8 @@ class FakeVllm:
             reply["choices"][0]["message"]["content"] = "x" * self.long_chars
         elif self.fault == "truncated_json":
             return _Reply(status, _json(status, reply).content[:150], "application/json")
+        if self.reply_weight_version is not None and isinstance(reply, dict):
+            reply = {**reply, "metadata": {"weight_version": self.reply_weight_version}}
         return _json(status, reply)
 
     # --- in this process -----------------------------------------------------------------------

@@ -50,6 +50,9 @@ def recorded_transport(data: dict | None = None) -> httpx.MockTransport:
             )
         if m := re.fullmatch(r"/admin/sessions/([^/]+)/turns/(\d+)", path):
             return _found(data["turns"].get(m[1], {}).get(m[2]), "turn")
+        if path == "/admin/engines/version":
+            # What a server answers before any trainer posted a version (the recording has none).
+            return httpx.Response(200, json=data.get("engine_versions", {"engines": []}))
         if path == "/admin/runs" and request.method == "GET":
             return httpx.Response(200, json={"runs": data["runs"]})
         if m := re.fullmatch(r"/admin/runs/([^/]+)", path):

@@ -198,3 +198,32 @@ def test_a_row_that_cannot_be_written_leaves_the_previous_jsonl_whole_and_no_tem
         write_jsonl(path, [*regraded, {**regraded[-1], "request": {"messages": object()}}])
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["run.jsonl"]
+
+
+@pytest.mark.parametrize(
+    "stamps, column_type",
+    [
+        ([("trainer", 0, 0), ("trainer", 0, 1), None], pa.int64()),
+        ([("engine", "v7", "v7"), ("engine", "v7", 8), ("reply", 8, 8)], pa.string()),
+    ],
+    ids=["step-numbers", "engine-labels"],
+)
+def test_run_files_say_which_policy_sampled_each_turn_and_which_straddled(tmp_path, stamps, column_type):
+    from tapdeck.proxy.capture.policy_stamp import PolicyStamp
+
+    turns = [
+        dataclasses.replace(t, policy=None if s is None else PolicyStamp(*s))
+        for t, s in zip(multi(), stamps, strict=True)
+    ]
+    rows = trace_rows(SESSION, graph_of(turns), "tokens", group_id="g")
+    want = [None if s is None or s[1] != s[2] else s[1] for s in stamps]
+    straddled = [None if s is None or s[1] == s[2] else [s[1], s[2]] for s in stamps]
+    lines = [orjson.loads(x) for x in write_jsonl(tmp_path / "run.jsonl", rows).read_text().splitlines()]
+    assert [x["policy_version"] for x in lines] == want
+    assert [x.get("policy_version_straddled") for x in lines] == straddled
+    table = pq.read_table(write_parquet(tmp_path / "run.parquet", rows))
+    assert table.schema.field("policy_version").type == column_type
+    as_type = (lambda v: v) if column_type == pa.int64() else (lambda v: None if v is None else str(v))
+    assert table.column("policy_version").to_pylist() == [as_type(v) for v in want]
+    pairs = table.column("policy_version_straddled").to_pylist()
+    assert [None if p is None else [as_type(v) for v in p] for p in straddled] == pairs

@@ -241,11 +241,87 @@ def test_cpu_grpo_trains_on_tapdeck_rollouts_from_its_current_weights(
     assert check["engine_change"] > 10 * LOGPROB_TOLERANCE
 
 
+class OneCallRollouts(TapdeckRollouts):
+    """`rollout_func` whose group is one model call through a real capture server's proxy (a
+    session per draw), so the step's version posting is what stamps the captured turns."""
+
+    def __init__(self, capture: Any, engine: Any) -> None:
+        super().__init__(capture.admin, engine, group_size=1, plan={}, timeout_s=60, eos_id=0)
+        self.capture = capture
+        self.sessions: list[str] = []
+
+    def _submit(self, task: str) -> str:
+        info = self.capture.open_session(rollout_type="train")
+        self.sessions.append(info["id"])
+        call_through(self.capture, info["api_key"])
+        return info["id"]
+
+    def _collect(self, run_id: str) -> list:
+        return [
+            ({"prompt_ids": [0], "completion_ids": [0], "env_mask": [1], "logprobs": [0.0]}, 0.0, 0.0, {})
+        ]
+
+
+def call_through(capture: Any, key: str) -> None:
+    import httpx
+
+    from tests.support.vllm_recordings import vllm_fixture
+
+    reply = httpx.post(
+        f"{capture.url}/v1/chat/completions",
+        json=vllm_fixture("chat_basic")["request"],
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=60,
+    )
+    assert reply.status_code == 200, reply.text
+
+
+def test_each_steps_rollouts_are_stamped_with_the_steps_taken_and_a_call_across_a_step_straddles(
+    tmp_path: Path,
+) -> None:
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+    from types import SimpleNamespace
+
+    from tapdeck.proxy.upstream.tiers import EngineSpec
+    from tests.support.capture_server import capture_server
+    from tests.support.fake_vllm import FakeVllm
+
+    with (
+        FakeVllm() as up,  # an engine that reports no version of its own, as the policy engine
+        capture_server(EngineSpec(url=up.base_url), tmp_path, keepalive_s=0.5) as capture,
+    ):
+        policy = SimpleNamespace(base_url=up.base_url, weights_changed=lambda: None)
+        rollouts = OneCallRollouts(capture, policy)
+        for step in (0, 1):  # GRPOTrainer calls rollout_func once per step, global_step = steps taken
+            rollouts(["hello-file"], SimpleNamespace(state=SimpleNamespace(global_step=step)))
+        stamped = [capture.turn(sid, 0)["policy_version"] for sid in rollouts.sessions]
+        assert stamped == [0, 1]
+
+        # A rollout left running across the next step: its call is in flight when step 2 is posted.
+        info = capture.open_session(rollout_type="train")
+        up.gate = threading.Event()
+        with ThreadPoolExecutor(1) as pool:
+            call = pool.submit(call_through, capture, info["api_key"])
+            try:
+                assert up.arrived.wait(30)
+                rollouts.post_version(2)
+            finally:
+                up.gate.set()
+            call.result(timeout=60)
+        turn = capture.turn(info["id"], 0)
+        assert turn["policy_version"] is None and turn["policy_version_straddled"] == [1, 2]
+        assert "policy_version_straddled" in {f["code"] for f in turn["findings"]}
+
+
 @pytest.mark.slow
-def test_two_cpu_grpo_steps_record_the_sampler_trainer_mismatch_of_each(
+def test_two_cpu_grpo_steps_stamp_each_steps_turns_and_record_the_mismatch_of_each(
     train_env: Path, train_server: Any
 ) -> None:
-    """The smallest run that has two steps: 2 one-turn rollouts of 8 tokens per step, no redraw."""
+    """The smallest run that has two steps (2 one-turn rollouts of 8 tokens per step, no redraw),
+    shared by two checks: cpu-grpo posts the steps taken before each step's rollouts, so every turn
+    of the first step's run is stamped 0 and of the second's 1; and each step logs the
+    sampler-trainer mismatch."""
     http = train_server.http
     args = ["--tasks", "hello-file", "--group-size", "2", "--steps", "2", "--max-turns", "1"]
     args += ["--max-tokens", "8", "--call-budget", "1", "--redraws", "0", "--rollout-timeout", "1200"]
@@ -272,3 +348,18 @@ def test_two_cpu_grpo_steps_record_the_sampler_trainer_mismatch_of_each(
     assert [v for _, v in by_name[f"train/{OUTSIDE}"]] == [0.0, 0.0]
     means = [v for _, v in by_name[f"train/{MEAN}"]]
     assert all(m <= x for m, x in zip(means, [v for _, v in by_name[f"train/{MAX}"]], strict=True))
+
+    runs = sorted(http.get("/admin/runs").json()["runs"], key=lambda r: r["created_at"])
+    assert len(runs) == 2, runs
+    for step, run in enumerate(runs):
+        for rollout in http.get(f"/admin/runs/{run['id']}").json()["rollouts"]:
+            session = http.get(f"/admin/sessions/{rollout['session_id']}").json()
+            assert session["turns"] >= 1 and session["policy"] == {
+                "oldest": step,
+                "newest": step,
+                "straddled": 0,
+            }, session
+            trace = http.get(f"/admin/sessions/{rollout['session_id']}/trace").json()
+            assert {t["metadata"]["policy_version"] for t in trace["turns"]} == {step}
+    engines = http.get("/admin/engines/version").json()["engines"]
+    assert [(e["version"], e["source"]) for e in engines] == [(1, "trainer")]

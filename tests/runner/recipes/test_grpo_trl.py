@@ -11,6 +11,8 @@ import pickle
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import httpx
 import pytest
@@ -26,6 +28,7 @@ from tapdeck.runner.recipes.grpo_trl import (
     factory_from_args,
     launch_names,
     main,
+    posting_versions,
     task_name,
 )
 from tapdeck.schema.runs import RunPlan
@@ -259,3 +262,31 @@ def test_unknown_task_is_refused_at_create_naming_the_task(tmp_path: Path) -> No
             assert runs["runs"] == []
     finally:
         up.stop()
+
+
+def test_every_model_version_trl_announces_is_posted_to_tapdeck_after_the_worker_hears_it() -> None:
+    heard: list[tuple[str, Any]] = []
+
+    class Worker:
+        def update_model_version(self, model_version: int) -> None:
+            heard.append(("worker", model_version))
+
+    class Admin:
+        def post_engine_version(self, version: Any, engine: str | None = None) -> None:
+            heard.append(("tapdeck", (version, engine)))
+
+        def close(self) -> None:
+            heard.append(("closed", None))
+
+    factory = SimpleNamespace(client=Admin)
+    worker = posting_versions(Worker(), factory)
+    worker.update_model_version(1)
+    worker.update_model_version(2)
+    assert heard == [
+        ("worker", 1),
+        ("tapdeck", (1, None)),
+        ("closed", None),
+        ("worker", 2),
+        ("tapdeck", (2, None)),
+        ("closed", None),
+    ]
