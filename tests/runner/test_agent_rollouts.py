@@ -138,33 +138,49 @@ def test_agent_cli_runs_a_sample_task_offline_with_every_turn_captured(
     )
 
 
+@pytest.fixture(scope="module")
+def dead_engine_runs(agent_server: RunnerServer) -> dict[str, str]:
+    """One run per installed agent whose engine dies after its session opened, all started before
+    any is waited for: most of each run is the agent's own retry schedule against the proxy's 502s
+    (~75 s for opencode and qwen-code), and the schedules then overlap instead of adding up."""
+    runs: dict[str, str] = {}
+    for name in AGENTS:
+        try:
+            installed_or_skip(name)
+        except pytest.skip.Exception:
+            continue  # its test skips with the reason
+        # Its context must hold the agent's first prompt, or the rollout is refused before the
+        # trial (`settings_do_not_fit`) and the agent never meets the dead engine.
+        engine = start_engine()
+        run = agent_server.start(
+            tasks=["hello-file"],
+            harness=name,
+            engine=engine.base_url,
+            timeout_s=400,
+            agent_timeout_s=300,
+            call_budget=BUDGET,
+            agent_kwargs={"max_turns": TURNS},
+        )
+        runs[name] = run["id"]
+        try:
+            # The session probes the live engine; it dies before the agent's first call.
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                rollouts = agent_server.http.get(f"/admin/runs/{run['id']}").json()["rollouts"]
+                if rollouts and rollouts[0].get("session_id"):
+                    break
+                time.sleep(0.05)
+        finally:
+            engine.stop()
+    return runs
+
+
 @pytest.mark.parametrize("name", AGENTS)
-def test_dead_engine_ends_the_agent_and_is_engine_unreachable(agent_server: RunnerServer, name: str) -> None:
+def test_dead_engine_ends_the_agent_and_is_engine_unreachable(
+    agent_server: RunnerServer, dead_engine_runs: dict[str, str], name: str
+) -> None:
     installed_or_skip(name)
-    # Its context must hold the agent's first prompt, or the rollout is refused before the trial
-    # (`settings_do_not_fit`) and the agent never meets the dead engine.
-    engine = start_engine()
-    url = engine.base_url
-    run = agent_server.start(
-        tasks=["hello-file"],
-        harness=name,
-        engine=url,
-        timeout_s=400,
-        agent_timeout_s=300,
-        call_budget=BUDGET,
-        agent_kwargs={"max_turns": TURNS},
-    )
-    try:
-        # The session probes the live engine; it dies before the agent's first call.
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            rollouts = agent_server.http.get(f"/admin/runs/{run['id']}").json()["rollouts"]
-            if rollouts and rollouts[0].get("session_id"):
-                break
-            time.sleep(0.05)
-    finally:
-        engine.stop()
-    r = _only(agent_server.wait(run["id"]))
+    r = _only(agent_server.wait(dead_engine_runs[name]))
     output = _agent_output(r, name)
     print(f"\n{name}: dead engine, agent_phase={r['timings'].get('agent_execution', 0):.0f}s")
     assert not r["ok"] and r["error_kind"] == "engine_unreachable", (r, output)
