@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tapdeck.proxy.upstream.client import EngineClient, EngineError
 from tapdeck.schema.findings import Finding
-from tapdeck.schema.sessions import Tier
+from tapdeck.schema.sessions import Tier, is_embedded_engine
 
 LogprobsMode = Literal["processed", "raw", "unknown"]
 
@@ -226,6 +226,7 @@ async def probe(
             await owned.aclose()
     if result.max_model_len:
         client.max_model_len = result.max_model_len
+    client.embedded = is_embedded_engine(result.system_fingerprint)
     return apply_raw_policy(result, allow_raw_logprobs=allow_raw_logprobs)
 
 
