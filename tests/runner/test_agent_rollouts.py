@@ -14,7 +14,9 @@ tool call, which ends the loop of every agent but mini-swe-agent; a reply that r
 embedded engine's runaway bound (1,024 tokens, three times the longest reply the model ended by
 itself), which ends gemini-cli's, qwen-code's and opencode's loop, and which codex (at once) and
 claude-code (after 3 resumes) exit on (`model_output`).
-Skipped when the registries cannot be reached (the install fails with a network error).
+A competent model is the fake vLLM answering as one would: on a served engine's defaults (engine
+URL, nothing else set) every agent reaches reward 1 in at least 2 calls, its own output request
+standing. Skipped when the registries cannot be reached (the install fails with a network error).
 The dead-engine tests run each agent against an embedded engine of their own, reached by URL, with
 their own timeouts and budget.
 """
@@ -28,7 +30,14 @@ from typing import Any
 
 import pytest
 
-from tests.support.agent_clis import AGENT_CONTEXT, installed_or_skip
+from tests.support.agent_clis import (
+    AGENT_CONTEXT,
+    SOLVE,
+    engine_for_agents,
+    installed_or_skip,
+    scripted_agent_reply,
+)
+from tests.support.fake_vllm import not_a_probe
 from tests.support.runner_server import RunnerServer
 
 pytestmark = pytest.mark.slow
@@ -82,6 +91,12 @@ def _only(doc: dict[str, Any]) -> dict[str, Any]:
 def _agent_output(rollout: dict[str, Any], name: str) -> str:
     path = Path(rollout["trial_dir"]) / "agent" / f"{name}.txt"
     return path.read_text()[-3000:] if path.is_file() else "(no output kept)"
+
+
+def _output_limit(body: dict[str, Any]) -> int | None:
+    """A chat body's output limit, under either of its names."""
+    limit = body.get("max_tokens", body.get("max_completion_tokens"))
+    return limit if isinstance(limit, int) else None
 
 
 def _ended_by_turn_limit(rollout: dict[str, Any]) -> bool:
@@ -274,3 +289,53 @@ def test_unreachable_public_url_fails_the_rollout_before_any_model_call(agent_se
     )
     assert not r["ok"] and r["error_kind"] == "proxy_unreachable", r
     assert f"http://127.0.0.1:{port}/health" in r["error"] and r["turns"] == 0
+
+
+@pytest.mark.parametrize("name", AGENTS)
+def test_agent_cli_solves_the_sample_task_on_a_served_engines_defaults(
+    agent_server: RunnerServer, name: str
+) -> None:
+    """A competent model behind an engine URL (the fake vLLM answering as one would: the agent's
+    shell tool writing the task's file, then "done"), nothing else set: the served engine's defaults
+    (the agent's full tools, its own output request, the task's timeout) let every agent run its
+    loop to reward 1."""
+    from tapdeck.runner.rollout_settings import HARNESS_DEFAULTS
+
+    installed_or_skip(name)
+    with engine_for_agents(scripted_agent_reply(name, SOLVE)) as up:
+        r = _only(agent_server.run(tasks=[SAMPLE_TASK], harness=name, engine=up.base_url))
+        output = _agent_output(r, name)
+        settings = r["settings"]
+        assert settings is not None, (r["error_kind"], r["error"])
+        assert (settings["max_output_tokens"], settings["max_output_source"]) == (None, "default")
+        lean = HARNESS_DEFAULTS[name].lean_first_prompt_tokens is not None
+        assert (settings["tool_profile"], settings["tool_profile_source"]) == (
+            ("full", "default") if lean else (None, None)
+        )
+        assert (settings["agent_timeout_s"], settings["agent_timeout_source"]) == (180.0, "task")
+        assert r["ok"] and r["error_kind"] is None, (r["error"], output)
+        assert r["reward"] == 1.0, (r, output)
+        doc = agent_server.http.get(f"/admin/sessions/{r['session_id']}/rollout").json()
+        agent_turns = [t for t in doc["turns"] if t["role"] == "agent"]
+        assert len(agent_turns) >= 2, ([t["role"] for t in doc["turns"]], output)
+        # The agent's own output request went to the engine, lowered at most to its context (vLLM
+        # clamps within it); where it asked none, the proxy filled in the context.
+        for t in agent_turns:
+            asked, sent = (
+                _output_limit((t["sampling"] or {}).get(k) or {}) for k in ("requested", "submitted")
+            )
+            assert sent == min(asked or AGENT_CONTEXT, AGENT_CONTEXT), (t["seq"], t["sampling"])
+        capped = [
+            f["message"]
+            for t in doc["turns"]
+            for f in agent_server.http.get(f"/admin/sessions/{r['session_id']}/turns/{t['seq']}").json()[
+                "findings"
+            ]
+            if f["code"] == "max_tokens_capped"
+        ]
+        assert all(m.endswith(f"was sent {AGENT_CONTEXT} (the proxy's cap)") for m in capped), capped
+        limits = [_output_limit(b) for b in up.requests if not_a_probe(b)]
+        print(
+            f"\n{name} on a served engine: calls={r['turns']} agent={len(agent_turns)} "
+            f"capped={capped} output limits the engine got={limits}"
+        )
