@@ -34,7 +34,7 @@ from pydantic import ValidationError
 from tapdeck.runner import datasets as datasets_mod
 from tapdeck.runner import harbor_api
 from tapdeck.runner import harnesses as harnesses_mod
-from tapdeck.runner.rollout_settings import default_output_tokens, defaults_table
+from tapdeck.runner.rollout_settings import defaults_table, harness_defaults
 from tapdeck.schema.catalog import (
     Catalog,
     DatasetInfo,
@@ -43,6 +43,7 @@ from tapdeck.schema.catalog import (
     SandboxInfo,
     TaskInfo,
 )
+from tapdeck.schema.sessions import is_embedded_engine
 
 HOST_SANDBOX = "host"
 HOST_IMPORT_PATH = "tapdeck.runner.sandboxes.host:HostSandbox"
@@ -546,7 +547,8 @@ def embedded_engine_info() -> EngineInfo:
         tier=None,
         reachable=True,
         served_model="smollm2",
-        **_context(DEFAULT_N_CTX),
+        context_tokens=DEFAULT_N_CTX,
+        embedded=True,
         why=f"available (not started; probed when a server starts it): SmolLM2-135M "
         f"at {path.name}; it never solves tasks (reward 0) — use --engine URL "
         "for a bigger model",
@@ -579,7 +581,7 @@ async def url_engine_info(
     base, models = settled.base_url, settled.model_ids()
     served = model if model in models else models[0] if len(models) == 1 else None
     lengths = [m.get("max_model_len") for m in settled.listing.get("data") or [] if isinstance(m, dict)]
-    context = _context(lengths[0] if len(lengths) == 1 and isinstance(lengths[0], int) else None)
+    context = lengths[0] if len(lengths) == 1 and isinstance(lengths[0], int) else None
     # Led by the base URL the address settled on: that is what sessions talk to.
     listed = f"{shown_url(base)} serves " + (", ".join(str(m) for m in models) or "no models")
     if not probe:
@@ -590,7 +592,7 @@ async def url_engine_info(
             reachable=True,
             served_model=served,
             why=f"{listed}; tier not probed (counts as text until probed)",
-            **context,
+            context_tokens=context,
         )
     from tapdeck.proxy.upstream.tiers import EngineSpec
     from tapdeck.proxy.upstream.tiers import probe as probe_tier
@@ -607,27 +609,20 @@ async def url_engine_info(
             reachable=True,
             served_model=served,
             why=f"{listed}; tier probe did not finish in {probe_timeout_s:.0f} s",
-            **context,
+            context_tokens=context,
         )
     if result.max_model_len:
-        context = _context(result.max_model_len)
+        context = result.max_model_len
     return EngineInfo(
         name=name,
         url=base,
         tier=result.tier.value,
         reachable=True,
         served_model=result.served_model or served,
+        embedded=is_embedded_engine(result.system_fingerprint),
         why=f"{listed}; {shown_url(result.detail)}",
-        **context,
+        context_tokens=context,
     )
-
-
-def _context(max_model_len: int | None) -> dict[str, int | None]:
-    """An engine's context and the default output tokens it implies."""
-    return {
-        "context_tokens": max_model_len,
-        "default_output_tokens": default_output_tokens(max_model_len) if max_model_len else None,
-    }
 
 
 def engine_catalog(
@@ -667,4 +662,5 @@ def build_catalog(
         engines=engine_catalog(engine_urls, api_key=engine_api_key, probe=probe),
         defaults=dict(DEFAULTS),
         settings_defaults=dict(defaults_table()),
+        harness_defaults=harness_defaults(),
     )

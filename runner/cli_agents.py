@@ -11,11 +11,14 @@ instruction run once in the sandbox through `exec`) but run the binary tapdeck i
   so config, caches, session files and the temp files some CLIs leave behind go with the trial;
 - telemetry, update checks and other non-essential traffic off (env vars and settings files);
 - only the capture session key as a credential, and the proxy as the only endpoint;
-- a bounded run: the CLI's own turn/step limit where it has one, small output per call, and the
-  proxy's per-session call budget (its synthetic stop reply ends every text-terminated loop).
+- a bounded run: the CLI's own turn/step limit where it has one, the rollout's output limit per
+  call where it has one (none: the CLI's own request stands), and the proxy's per-session call
+  budget (its synthetic stop reply ends every text-terminated loop).
 
-A non-zero exit raises Harbor's `NonZeroAgentExitCodeError` (the rollout classifies it); the CLI's
-output (stdout and stderr) is kept as `agent/<name>.txt` in the trial folder.
+A non-zero exit raises Harbor's `NonZeroAgentExitCodeError` (the rollout classifies it), except
+the one a CLI makes when its own turn limit ends it (claude-code, gemini-cli, qwen-code): that is
+the end of its loop, as terminus-2's `max_turns` is. The CLI's output (stdout and stderr) is kept
+as `agent/<name>.txt` in the trial folder.
 """
 
 from __future__ import annotations
@@ -123,15 +126,17 @@ class CliAgent(BaseAgent):
     """One coding-agent CLI, run once on the task's instruction through the capture proxy.
 
     Kwargs (Harbor `AgentConfig.kwargs`): `proxy_url` (the session's base URL for this CLI's
-    dialect), `session_key`, `max_turns`, `max_output_tokens`, `context_tokens`, `tool_profile`
-    (`full` or `lean`, see TOOL_PROFILES), `agents_dir` (where tapdeck's installs live; default
-    `~/.cache/tapdeck/agents`).
+    dialect), `session_key`, `max_turns`, `max_output_tokens` (None: the CLI's own),
+    `context_tokens`, `tool_profile` (`full` or `lean`, see TOOL_PROFILES), `agents_dir` (where
+    tapdeck's installs live; default `~/.cache/tapdeck/agents`).
     """
 
     HARNESS: ClassVar[str] = ""
     """The `agent_install.PACKAGES` key."""
     LEAN_TOOLS: ClassVar[tuple[str, ...]] = ()
     """The tools the `lean` profile keeps: shell, edit, write and read, in the CLI's own names."""
+    TURN_LIMIT_EXIT: ClassVar[tuple[int, str] | None] = None
+    """The exit code, and the line it prints, when its turn limit ends it (measured)."""
 
     def __init__(
         self,
@@ -141,7 +146,7 @@ class CliAgent(BaseAgent):
         proxy_url: str | None = None,
         session_key: str | None = None,
         max_turns: int = 3,
-        max_output_tokens: int = 256,
+        max_output_tokens: int | None = 256,
         context_tokens: int = 32768,
         tool_profile: str = "full",
         agents_dir: str | None = None,
@@ -158,7 +163,7 @@ class CliAgent(BaseAgent):
         self.proxy_url = proxy_url.rstrip("/")
         self.session_key = session_key
         self.max_turns = int(max_turns)
-        self.max_output_tokens = int(max_output_tokens)
+        self.max_output_tokens = int(max_output_tokens) if max_output_tokens is not None else None
         self.context_tokens = int(context_tokens)
         self.agents_dir = Path(agents_dir) if agents_dir else None
         self.entry: Path | None = None
@@ -241,13 +246,19 @@ class CliAgent(BaseAgent):
         command = f"set -o pipefail; {self.command(instruction)} 2>&1 </dev/null | tee {log}"
         result = await environment.exec(command, env=self.env())
         output = result.stdout or ""
+        turn_limit = (
+            self.TURN_LIMIT_EXIT is not None
+            and result.return_code == self.TURN_LIMIT_EXIT[0]
+            and self.TURN_LIMIT_EXIT[1] in output
+        )
         context.metadata = {
             **(context.metadata or {}),
             "exit_code": result.return_code,
             "cli": self.name(),
             "cli_version": self.version(),
+            "ended_by_turn_limit": turn_limit,
         }
-        if result.return_code != 0:
+        if result.return_code != 0 and not turn_limit:
             tail = output.strip()[-1500:]
             raise NonZeroAgentExitCodeError(
                 f"{self.name()} exited with {result.return_code}: {exit_reason(output)}\n"
@@ -294,7 +305,11 @@ class CodexCli(CliAgent):
             "analytics.enabled=false",
             "feedback.enabled=false",
             f"model_context_window={self.context_tokens}",
-            f"model_max_output_tokens={self.max_output_tokens}",
+            *(
+                [f"model_max_output_tokens={self.max_output_tokens}"]
+                if self.max_output_tokens is not None
+                else []
+            ),
             *(self.LEAN_CONFIG if self.lean else ()),
         ]
         flags = " ".join(f"-c {shlex.quote(c)}" for c in config)
@@ -311,6 +326,7 @@ class ClaudeCodeCli(CliAgent):
     HARNESS = "claude-code"
     LEAN_TOOLS = ("Bash", "Write", "Edit", "Read", "DeferredToolPlaceholder")
     """`--tools` takes the first four; it still sends its deferred-tool placeholder."""
+    TURN_LIMIT_EXIT = (1, "Error: Reached max turns (")
 
     def cli_env(self) -> dict[str, str]:
         return {
@@ -321,7 +337,11 @@ class ClaudeCodeCli(CliAgent):
             "DISABLE_AUTOUPDATER": "1",
             "DISABLE_BUG_COMMAND": "1",
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-            "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(self.max_output_tokens),
+            **(
+                {"CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(self.max_output_tokens)}
+                if self.max_output_tokens is not None
+                else {}
+            ),
             "CLAUDE_CODE_MAX_RETRIES": str(RETRIES),
             "API_TIMEOUT_MS": str(IDLE_TIMEOUT_MS),
         }
@@ -341,6 +361,7 @@ class GeminiCli(CliAgent):
 
     HARNESS = "gemini-cli"
     LEAN_TOOLS = ("run_shell_command", "write_file", "replace", "read_file")
+    TURN_LIMIT_EXIT = (53, "Reached max session turns for this session.")
 
     def cli_env(self) -> dict[str, str]:
         return {
@@ -352,18 +373,19 @@ class GeminiCli(CliAgent):
         }
 
     def config_files(self) -> dict[str, str]:
-        # Without an output limit the proxy's cap applies (8,192 tokens on a 32k engine): a CPU
-        # engine decoding that much takes a quarter of an hour.
-        limit = {
-            "match": {"model": self.model_name},
-            "modelConfig": {"generateContentConfig": {"maxOutputTokens": self.max_output_tokens}},
-        }
+        # It asks for no output limit of its own, so the proxy's cap applies (8,192 tokens on a
+        # 32k engine): a CPU engine decoding that much takes a quarter of an hour.
         settings: dict[str, Any] = {
             **_SETTINGS_OFF,
             "security": {"auth": {"selectedType": "gemini-api-key"}},
             "model": {"maxSessionTurns": self.max_turns},
-            "modelConfigs": {"customOverrides": [limit]},
         }
+        if self.max_output_tokens is not None:
+            limit = {
+                "match": {"model": self.model_name},
+                "modelConfig": {"generateContentConfig": {"maxOutputTokens": self.max_output_tokens}},
+            }
+            settings["modelConfigs"] = {"customOverrides": [limit]}
         settings["general"] = {**settings["general"], "maxAttempts": RETRIES + 1}
         if self.lean:  # its `tools.core` allowlist
             settings["tools"] = {"core": list(self.LEAN_TOOLS)}
@@ -393,6 +415,9 @@ class OpencodeCli(CliAgent):
 
     def config_files(self) -> dict[str, str]:
         model = self.model_name or ""
+        # Its config needs an output figure beside the context: 0 is "not known", and it then asks
+        # for its own default (32,000, capped by the proxy to what the engine takes).
+        output = self.max_output_tokens if self.max_output_tokens is not None else 0
         config = {
             "$schema": "https://opencode.ai/config.json",
             "provider": {
@@ -405,7 +430,7 @@ class OpencodeCli(CliAgent):
                         model: {
                             "name": model,
                             "tool_call": True,
-                            "limit": {"context": self.context_tokens, "output": self.max_output_tokens},
+                            "limit": {"context": self.context_tokens, "output": output},
                         }
                     },
                 }
@@ -433,6 +458,7 @@ class QwenCodeCli(CliAgent):
 
     HARNESS = "qwen-code"
     LEAN_TOOLS = ("run_shell_command", "edit", "write_file", "read_file")
+    TURN_LIMIT_EXIT = (53, "Reached max session turns for this session.")
     ALL_TOOLS = (
         "agent",
         "edit",
@@ -473,12 +499,9 @@ class QwenCodeCli(CliAgent):
         # engine): a quarter of an hour of CPU decoding per call.
         # maxRetries is its OpenAI client's retries, under its own loop of 7 attempts per call
         # (1.5 s to 30 s apart, fixed in the CLI): any retry here only doubles the 5xx requests.
-        generation = {
-            "maxRetries": 0,
-            "streamIdleTimeoutMs": 0,
-            "timeout": IDLE_TIMEOUT_MS,
-            "samplingParams": {"max_tokens": self.max_output_tokens},
-        }
+        generation: dict[str, Any] = {"maxRetries": 0, "streamIdleTimeoutMs": 0, "timeout": IDLE_TIMEOUT_MS}
+        if self.max_output_tokens is not None:
+            generation["samplingParams"] = {"max_tokens": self.max_output_tokens}
         # Its managed memory runs a sub-agent after each finished turn (another system prompt and
         # tool set, extracting "memories" from the task's conversation), and its "dream" folds them
         # later: calls outside the task's conversation, a second root in the capture.
@@ -524,7 +547,11 @@ class MiniSweAgentCli(CliAgent):
         config = [
             f"model.model_kwargs.api_base={self.proxy_url}",
             "model.model_kwargs.max_retries=0",
-            f"model.model_kwargs.max_tokens={self.max_output_tokens}",
+            *(
+                [f"model.model_kwargs.max_tokens={self.max_output_tokens}"]
+                if self.max_output_tokens is not None
+                else []
+            ),
             f"agent.step_limit={self.max_turns}",
         ]
         flags = " ".join(f"-c {shlex.quote(c)}" for c in config)

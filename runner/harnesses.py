@@ -298,11 +298,14 @@ class RunDefaults:
     engine's measured ones (embedded-defaults.md), for building a config without an engine."""
 
     context_tokens: int = 8192
-    max_output_tokens: int = 128
+    max_output_tokens: int | None = 128
+    """None: the harness's own request (no limit of tapdeck's)."""
     max_turns: int = 3
     """With the call budget (3 calls a turn) a terminus-2 rollout on the embedded engine ends by
     its turn budget in ~9 short calls."""
     agent_timeout_s: float | None = 180.0
+    tool_profile: str | None = None
+    """The agent CLIs' tool profile (`cli_agents.TOOL_PROFILES`); None: the CLI's default."""
     sampling: dict[str, Any] = field(default_factory=dict)
     """temperature/top_p/top_k/min_p the harness asks for (terminus-2; the proxy enforces the
     temperature on training sessions for every harness)."""
@@ -389,7 +392,10 @@ class AgentPieces:
 
 
 def terminus2_kwargs(defaults: RunDefaults) -> dict[str, Any]:
-    """terminus-2 options for small local models (embedded-defaults.md)."""
+    """terminus-2 options for small local models (embedded-defaults.md). Without an output limit it
+    asks for none (the engine's own applies); LiteLLM still needs one in `model_info` for a
+    `hosted_vllm/` model, which then says the context."""
+    output = defaults.max_output_tokens
     return {
         "collect_rollout_details": True,
         "record_terminal_session": False,
@@ -398,12 +404,12 @@ def terminus2_kwargs(defaults: RunDefaults) -> dict[str, Any]:
         "suppress_max_turns_warning": True,
         "model_info": {
             "max_input_tokens": defaults.context_tokens,
-            "max_output_tokens": defaults.max_output_tokens,
+            "max_output_tokens": output if output is not None else defaults.context_tokens,
             "input_cost_per_token": 0.0,
             "output_cost_per_token": 0.0,
         },
         "llm_kwargs": {
-            "max_tokens": defaults.max_output_tokens,
+            **({"max_tokens": output} if output is not None else {}),
             **{k: v for k, v in defaults.sampling.items() if k != "temperature"},
         },
         **({"temperature": defaults.sampling["temperature"]} if "temperature" in defaults.sampling else {}),
@@ -452,6 +458,7 @@ def build_agent_pieces(
             "max_turns": defaults.max_turns,
             "max_output_tokens": defaults.max_output_tokens,
             "context_tokens": defaults.context_tokens,
+            **({"tool_profile": defaults.tool_profile} if defaults.tool_profile else {}),
         }
         # The seam's limits (the rollout's settings) win over the row's defaults; the operator's
         # own kwargs win over both.

@@ -38,12 +38,18 @@ from tapdeck.proxy.upstream.tiers import EngineSpec
 from tapdeck.runner import harbor_api
 from tapdeck.runner.atif import CapturedCall, reconcile_file
 from tapdeck.runner.rewards import choose_reward, read_reward_files
-from tapdeck.runner.rollout_settings import DEFAULT_HARD_LIMIT_S, DEFAULT_MAX_TURNS, SettingsDoNotFit, resolve
+from tapdeck.runner.rollout_settings import (
+    DEFAULT_HARD_LIMIT_S,
+    DEFAULT_MAX_TURNS,
+    RUNAWAY_OUTPUT_TOKENS,
+    SettingsDoNotFit,
+    resolve,
+)
 from tapdeck.runner.service_protocol import CaptureServiceProtocol
 from tapdeck.schema.events import RolloutUpdated
 from tapdeck.schema.findings import Finding, Level
 from tapdeck.schema.runs import Phase, RolloutResult, RolloutTemplate
-from tapdeck.schema.sessions import SessionInfo, Tier
+from tapdeck.schema.sessions import SessionInfo, Tier, is_embedded_engine
 from tapdeck.schema.settings import ResolvedSettings
 
 log = logging.getLogger("tapdeck.runner")
@@ -239,7 +245,7 @@ async def run_rollout(
     uses_model = True
     hard_limit = spec.rollout.timeout_s or DEFAULT_HARD_LIMIT_S
     try:
-        async with asyncio.timeout(hard_limit):
+        async with asyncio.timeout(hard_limit) as deadline:
             try:
                 uses_model = get_harness(spec.rollout.harness).makes_model_calls
             except KeyError as exc:
@@ -261,9 +267,16 @@ async def run_rollout(
                     if reason is not None:
                         raise RolloutSetupError("engine_unreachable", reason)
             result.settings = _resolve_settings(spec, info)
+            if result.settings.hard_limit_s != hard_limit:
+                # Raised to fit a longer agent timeout (or the plan's own): counted from the start.
+                hard_limit = result.settings.hard_limit_s
+                deadline.reschedule(
+                    asyncio.get_running_loop().time() + hard_limit - (time.monotonic() - started)
+                )
             if info is not None:
-                # Enforced on the wire: codex, for one, asks 2,048 whatever it is configured with.
-                service.limit_output(info.id, result.settings.max_output_tokens)
+                if result.settings.max_output_tokens is not None:
+                    # Enforced on the wire: codex, for one, asks for none whatever it is told.
+                    service.limit_output(info.id, result.settings.max_output_tokens)
                 with contextlib.suppress(Exception):  # a note on the session, never a failure
                     service.annotate(
                         info.id,
@@ -404,6 +417,7 @@ def _resolve_settings(spec: RolloutSpec, info: SessionInfo | None) -> ResolvedSe
             engine_context=info.engine.max_model_len if info is not None else None,
             task_path=spec.task_path,
             hard_limit_s=spec.rollout.timeout_s,
+            embedded=info is not None and is_embedded_engine(info.engine.system_fingerprint),
         )
     except SettingsDoNotFit as exc:
         raise RolloutSetupError("settings_do_not_fit", f"setting {exc}") from None
@@ -483,6 +497,7 @@ def _trial_config(
         max_output_tokens=settings.max_output_tokens,
         max_turns=settings.max_turns,
         agent_timeout_s=settings.agent_timeout_s,
+        tool_profile=settings.tool_profile,
         sampling=settings.sampling,
     )
     try:
@@ -549,8 +564,10 @@ async def _finish(
         result.rollout_type = summary.rollout_type
         # Built on a thread: a long rollout's document must not hold the loop other rollouts use.
         capture = await asyncio.to_thread(service.findings, result.session_id)
+        document: dict[str, Any] | None = None
         if trial_dir is not None:
-            calls = captured_calls(await asyncio.to_thread(service.rollout_document, result.session_id))
+            document = await asyncio.to_thread(service.rollout_document, result.session_id)
+            calls = captured_calls(document)
             report = reconcile_file(
                 calls, trial_dir / "agent" / "trajectory.json", rollout_type=summary.rollout_type
             )
@@ -579,6 +596,8 @@ async def _finish(
                     f"then: {result.error or 'ended'}"
                 )[:700],
             )
+        if result.error_kind == "agent_failed" and document is not None:
+            _blame_a_cut_reply(result, document)
         if result.error_kind == "agent_timeout":
             result.error = f"{result.error}{_timeout_advice(summary.turns)}"
         if result.error_kind is None:
@@ -604,6 +623,59 @@ async def _finish(
                 ok=result.ok,
                 error_kind=result.error_kind,
             )
+
+
+def _blame_a_cut_reply(result: RolloutResult, document: dict[str, Any]) -> None:
+    """An agent that exited non-zero after its last reply was cut at an output limit: `output_cap`
+    when a limit of tapdeck's cut an answer short (the rollout's setting, or the proxy's cap where
+    the agent asked for more or for none), a failure of the settings; `model_output` when the model
+    ran through the agent's own request, or through the embedded engine's runaway bound
+    (`RUNAWAY_OUTPUT_TOKENS`), without ending its reply, a failure of the model."""
+    agent = [t for t in document.get("turns") or [] if t.get("role") == "agent"]
+    last = max(agent, key=lambda t: t["seq"], default=None)
+    if (
+        last is None
+        or last.get("finish_reason") != "length"
+        or not isinstance(sampled := last.get("sampled_len"), int)
+    ):
+        return
+    sampling = last.get("sampling") or {}
+    asked = (sampling.get("requested") or {}).get("max_tokens")
+    sent = (sampling.get("submitted") or {}).get("max_tokens")
+    settings, harness = result.settings, result.harness
+    limit = settings.max_output_tokens if settings is not None else None
+    model: str | None = None
+    where = ""
+    if settings is not None and limit is not None and sampled >= limit:
+        if settings.max_output_source == "harness-default" and limit >= RUNAWAY_OUTPUT_TOKENS:
+            model = (
+                f"the model's reply ran to the embedded engine's {limit}-token bound "
+                "without ending (the replies it ends come in a few hundred tokens)"
+            )
+        else:
+            where = f"the {limit}-token output limit ({settings.max_output_source})"
+    elif isinstance(sent, int) and sampled >= sent and (not isinstance(asked, int) or sent < asked):
+        where = f"{sent} output tokens, the proxy's cap for this engine"
+    elif isinstance(asked, int) and sampled >= asked:
+        model = (
+            f"the model's reply ran through the {asked} output tokens {harness} itself asked "
+            "for without ending"
+        )
+    else:
+        return  # cut short of any limit (the engine's context, say): the agent's failure
+    if model is not None:
+        result.error_kind, result.error = (
+            "model_output",
+            (f"{model}, and {harness} exits on a cut reply; the agent: {result.error}")[:700],
+        )
+    else:
+        result.error_kind, result.error = (
+            "output_cap",
+            (
+                f"{harness} exited on its reply cut at {where}, which it does not survive; "
+                f"--max-output-tokens raises it; the agent: {result.error}"
+            )[:700],
+        )
 
 
 def _timeout_advice(turns: int) -> str:

@@ -59,8 +59,25 @@ class EngineInfo(BaseModel):
     served_model: str | None = None
     context_tokens: int | None = None
     """The context length the engine lists (`max_model_len`), None when it does not say."""
-    default_output_tokens: int | None = None
-    """The max output tokens a rollout gets on it unless set (`rollout_settings`)."""
+    embedded: bool = False
+    """tapdeck's embedded engine (a small CPU model): rollouts on it get the harnesses' embedded
+    defaults (`Catalog.harness_defaults`); on any other engine the harness's own requests stand."""
+
+
+class HarnessDefaultsInfo(BaseModel):
+    """One harness's defaults on the embedded engine (`rollout_settings.HARNESS_DEFAULTS`)."""
+
+    harness: str
+    tool_profile: str | None
+    """`lean` where the harness has that profile, else None (its only tool set)."""
+    first_prompt_tokens: int
+    """Its first prompt with that profile, as measured on the embedded engine."""
+    on_cut_reply: str
+    """What it does with a reply cut at its output limit: fatal, retries, ends, re-asks."""
+    output_tokens: int
+    """Output tokens per call."""
+    agent_timeout_s: float
+    """The agent timeout it gets at least (a task's shorter one gives way), at the default turns."""
 
 
 class Catalog(BaseModel):
@@ -73,3 +90,5 @@ class Catalog(BaseModel):
     defaults: dict[str, str]
     settings_defaults: dict[str, str] = Field(default_factory=dict)
     """Each rollout setting and its default (`rollout_settings.defaults_table`)."""
+    harness_defaults: list[HarnessDefaultsInfo] = Field(default_factory=list)
+    """The per-harness defaults on the embedded engine (`rollout_settings.harness_defaults`)."""

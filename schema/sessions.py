@@ -35,6 +35,17 @@ class Health(BaseModel):
     instance: str
 
 
+EMBEDDED_FINGERPRINT = "tapdeck-embedded-"
+"""How tapdeck's embedded engine's replies start their `system_fingerprint` (then its version)."""
+
+
+def is_embedded_engine(system_fingerprint: str | None) -> bool:
+    """Whether replies with this `system_fingerprint` come from tapdeck's embedded engine, however
+    it is reached (the server's default, or `--engine URL` in front of a `tapdeck engine`): the
+    runner's defaults and the proxy's output cap differ for it."""
+    return (system_fingerprint or "").startswith(EMBEDDED_FINGERPRINT)
+
+
 class EngineRef(BaseModel):
     """Which engine a session talks to (never its API key)."""
 
@@ -42,6 +53,9 @@ class EngineRef(BaseModel):
     model: str | None = None
     max_model_len: int | None = None
     """The engine's context length as its `/models` lists it (None: it does not say)."""
+    system_fingerprint: str | None = None
+    """What the engine's replies name it (None: they do not); tapdeck's embedded engine says
+    `tapdeck-embedded-<version>`, wherever it is reached from."""
 
 
 class SessionInfo(BaseModel):

@@ -10,7 +10,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-Source = Literal["plan", "task", "engine", "default", "none"]
+Source = Literal["plan", "task", "engine", "default", "harness-default", "none"]
+"""Where a value came from: `harness-default` is the harness's row of the defaults table for this
+engine (`rollout_settings.HARNESS_DEFAULTS`), `default` a rule for every harness."""
 
 
 class RolloutSettings(BaseModel):
@@ -19,11 +21,13 @@ class RolloutSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     agent_timeout_s: float | None = Field(default=None, gt=0)
-    """The agent phase's limit, seconds (None → the task's `[agent].timeout_sec`)."""
+    """The agent phase's limit, seconds (None → the task's `[agent].timeout_sec`, on the embedded
+    engine at least the harness's own default)."""
     max_turns: int | None = Field(default=None, ge=1, le=10_000)
     """Turn/step limit (terminus-2's max_turns, the agent CLIs' turn or step limit)."""
     max_output_tokens: int | None = Field(default=None, ge=1)
-    """Output tokens per model call (None → 1/OUTPUT_SHARE of the context)."""
+    """Output tokens per model call (None → the harness's own request on a served model, the
+    harness's default on the embedded engine)."""
     context_tokens: int | None = Field(default=None, ge=256)
     """The context the agent is told it has (None → the engine's; more than it is refused)."""
     temperature: float | None = Field(default=None, ge=0, le=10)
@@ -74,7 +78,8 @@ class ResolvedSettings(BaseModel):
     context_source: Source
     engine_context_tokens: int | None = None
     """What the engine reported (`max_model_len`), None when it did not say."""
-    max_output_tokens: int
+    max_output_tokens: int | None
+    """None: no limit of tapdeck's; the harness's own request stands (within the context)."""
     max_output_source: Source
     max_turns: int
     max_turns_source: Source
@@ -83,6 +88,9 @@ class ResolvedSettings(BaseModel):
     agent_timeout_source: Source
     hard_limit_s: float
     hard_limit_source: Source
+    tool_profile: str | None = None
+    """The agent CLI's tool profile (`full`, `lean`); None for a harness that has none."""
+    tool_profile_source: Source | None = None
     sampling: dict[str, Any] = Field(default_factory=dict)
     harness_kwargs: dict[str, Any] = Field(default_factory=dict)
 
@@ -90,10 +98,16 @@ class ResolvedSettings(BaseModel):
         """Everything in one line, each value with its source (the CLI's result, Runs screen)."""
         sampling = "".join(f" · {k}={v}" for k, v in self.sampling.items())
         kwargs = f" · kwargs {', '.join(sorted(self.harness_kwargs))}" if self.harness_kwargs else ""
+        output = self.max_output_tokens if self.max_output_tokens is not None else "the harness's own"
+        tools = (
+            f" · tools {self.tool_profile} ({self.tool_profile_source})"
+            if self.tool_profile is not None
+            else ""
+        )
         return (
             f"{self.timeouts_line()} · context {self.context_tokens} ({self.context_source})"
-            f" · output {self.max_output_tokens} ({self.max_output_source}) · max turns "
-            f"{self.max_turns} ({self.max_turns_source}){sampling}{kwargs}"
+            f" · output {output} ({self.max_output_source}) · max turns "
+            f"{self.max_turns} ({self.max_turns_source}){tools}{sampling}{kwargs}"
         )
 
     def timeouts_line(self) -> str:

@@ -277,23 +277,27 @@ def test_the_settings_defaults_are_the_codes() -> None:
     from tapdeck.runner.rollout_settings import (
         DEFAULT_HARD_LIMIT_S,
         DEFAULT_MAX_TURNS,
+        EMBEDDED_DECODE_TOKENS_PER_S,
+        EMBEDDED_PREFILL_TOKENS_PER_S,
         FALLBACK_CONTEXT_TOKENS,
-        MIN_OUTPUT_TOKENS,
-        OUTPUT_SHARE,
-        default_output_tokens,
+        HARD_LIMIT_MARGIN_S,
+        PREFILL_SAFETY,
     )
 
     rollouts = _read("docs/rollouts.md")
     assert f"has a {DEFAULT_N_CTX:,}-token context" in rollouts
     assert (
-        f"1/{OUTPUT_SHARE} of the context, at least {MIN_OUTPUT_TOKENS} "
-        f"({default_output_tokens(DEFAULT_N_CTX)} on the embedded engine, "
-        f"{default_output_tokens(131072)} at 128k)" in rollouts
-    )
-    assert f"{DEFAULT_HARD_LIMIT_S:g} s for the whole rollout" in rollouts
+        f"{DEFAULT_HARD_LIMIT_S:g} s for the whole rollout, sandbox start included, or the "
+        f"agent timeout + {HARD_LIMIT_MARGIN_S:g} s where that is longer"
+    ) in rollouts
     assert f"| `--max-turns` | {DEFAULT_MAX_TURNS} (" in rollouts
     assert f"{FALLBACK_CONTEXT_TOKENS:,} if it lists none" in rollouts
     assert f"call budget of {BUDGET_PER_TURN} × max_turns" in rollouts
+    assert (
+        f"prefill {'three' if PREFILL_SAFETY == 3 else PREFILL_SAFETY} times over at the "
+        f"measured {EMBEDDED_PREFILL_TOKENS_PER_S:g} tokens/s"
+    ) in " ".join(rollouts.split())
+    assert f"at {EMBEDDED_DECODE_TOKENS_PER_S:g} tokens/s" in " ".join(rollouts.split())
     assert f"{DEFAULT_ALTERNATIVES} by default" in _read("docs/tui.md")
     sample = ROOT / "runner" / "sample_dataset"
     timeouts = {
@@ -302,6 +306,24 @@ def test_the_settings_defaults_are_the_codes() -> None:
         if (t / "task.toml").is_file()
     }
     assert timeouts == {180.0} and "(180 s on the sample tasks)" in rollouts
+
+
+def test_the_per_harness_defaults_table_is_the_codes() -> None:
+    """docs/rollouts.md's table of the embedded engine's defaults is `HARNESS_DEFAULTS`, row by
+    row, in its order."""
+    from tapdeck.runner.rollout_settings import harness_defaults
+
+    rollouts = _read("docs/rollouts.md")
+    section = rollouts[rollouts.index("### Defaults per harness on the embedded engine") :]
+    rows = [line for line in section.splitlines() if line.startswith("| ")][1:]  # no header
+    expected = []
+    for h in harness_defaults():
+        expected.append(
+            f"| {h.harness} | {h.tool_profile or '-'} | {h.first_prompt_tokens:,} | "
+            f"{h.on_cut_reply} | {h.output_tokens:,} | {h.agent_timeout_s:,.0f} s |"
+        )
+    assert rows[: len(expected)] == expected
+    assert len(rows) == len(expected) or not rows[len(expected)].startswith("| ")
 
 
 def test_no_test_asserts_on_wall_clock_time() -> None:

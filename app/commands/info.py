@@ -97,16 +97,17 @@ def render(catalog, *, show_all: bool = False, width: int = 80):
         "Engines",
         ("name", {"max_width": 28, **wrap}),
         ("tier", {"no_wrap": True}),
-        ("ctx/out", {"no_wrap": True}),
+        ("ctx", {"no_wrap": True}),
         ("ok", {"no_wrap": True}),
         ("why", {"ratio": 1, **wrap}),
     )
     for e in catalog.engines:
-        context = f"{e.context_tokens}/{e.default_output_tokens}" if e.context_tokens else "-"
+        context = f"{e.context_tokens}" if e.context_tokens else "-"
         engines.add_row(escape(e.name), e.tier or "-", context, _yes(e.reachable), escape(e.why))
     engines.caption = (
-        "ctx/out = the context the engine lists (max_model_len) and the output "
-        "tokens a rollout gets there unless set"
+        "ctx = the context the engine lists (max_model_len); rollouts on the "
+        "embedded engine get the harness defaults below, on any other the "
+        "harness's own requests"
     )
     out.append(engines)
 
@@ -116,6 +117,31 @@ def render(catalog, *, show_all: bool = False, width: int = 80):
     for name, default in catalog.settings_defaults.items():
         settings.add_row(name, escape(default))
     out.append(settings)
+
+    per_harness = table(
+        "Harness defaults on the embedded engine",
+        ("harness", {"no_wrap": True}),
+        ("tools", {"no_wrap": True}),
+        ("1st prompt", {"no_wrap": True}),
+        ("cut reply", {"no_wrap": True}),
+        ("output", {"no_wrap": True}),
+        ("agent timeout", {"no_wrap": True}),
+    )
+    for h in catalog.harness_defaults:
+        per_harness.add_row(
+            h.harness,
+            h.tool_profile or "-",
+            f"{h.first_prompt_tokens}",
+            h.on_cut_reply,
+            f"{h.output_tokens}",
+            f"≥ {h.agent_timeout_s:g} s",
+        )
+    per_harness.caption = (
+        "measured here: each first prompt, and what the agent does with a "
+        "reply cut at its output limit (fatal, retries, ends, re-asks); the "
+        "agent timeout at the default turns"
+    )
+    out.append(per_harness)
 
     d = catalog.defaults
     out.append(

@@ -46,9 +46,9 @@ from tapdeck.runner.harnesses import calls_a_model
 from tapdeck.runner.rollout_settings import (
     DEFAULT_HARD_LIMIT_S,
     DEFAULT_MAX_TURNS,
-    MIN_OUTPUT_TOKENS,
-    OUTPUT_SHARE,
+    HARD_LIMIT_MARGIN_S,
     PROMPT_SHARE,
+    harness_defaults,
 )
 from tapdeck.schema.runs import RolloutTemplate, RunDetail, RunPlan, RunSummary
 
@@ -95,7 +95,8 @@ def register(app: typer.Typer) -> None:
             None,
             "--timeout",
             callback=_finite,
-            help=f"Hard limit per rollout, seconds (default {DEFAULT_HARD_LIMIT_S:g}).",
+            help=f"Hard limit per rollout, seconds (default "
+            f"{DEFAULT_HARD_LIMIT_S:g}, or the agent timeout + {HARD_LIMIT_MARGIN_S:g} where longer).",
             rich_help_panel=SETTINGS_PANEL,
         ),
         agent_timeout: float | None = typer.Option(
@@ -103,7 +104,8 @@ def register(app: typer.Typer) -> None:
             "--agent-timeout",
             callback=_finite,
             help="The agent phase's limit, seconds (default: the task's "
-            "agent.timeout_sec in task.toml; none if it has none).",
+            "agent.timeout_sec in task.toml, none if it has none; on the embedded engine at least "
+            f"the harness's: {_per_harness('agent_timeout_s')}).",
             rich_help_panel=SETTINGS_PANEL,
         ),
         max_turns: int | None = typer.Option(
@@ -115,9 +117,9 @@ def register(app: typer.Typer) -> None:
         max_output_tokens: int | None = typer.Option(
             None,
             "--max-output-tokens",
-            help=f"Output tokens per model call (default: 1/"
-            f"{OUTPUT_SHARE} of the engine's context, at least {MIN_OUTPUT_TOKENS}; at most "
-            f"1/{PROMPT_SHARE} of it).",
+            help="Output tokens per model call (default: on a served "
+            "model none of tapdeck's, the harness's own request; on the embedded engine "
+            f"{_per_harness('output_tokens')}; at most 1/{PROMPT_SHARE} of the context).",
             rich_help_panel=SETTINGS_PANEL,
         ),
         context_tokens: int | None = typer.Option(
@@ -149,7 +151,9 @@ def register(app: typer.Typer) -> None:
         harness_kwargs: str | None = typer.Option(
             None,
             "--harness-kwargs",
-            help="Keyword arguments passed verbatim to the Harbor agent, a JSON object (default: none).",
+            help="Keyword arguments passed verbatim to the Harbor agent, "
+            "a JSON object (default: none; an agent CLI's tool_profile is full on a served model, "
+            f"lean on the embedded engine: {_per_harness('tool_profile')}).",
             rich_help_panel=SETTINGS_PANEL,
         ),
         alternatives: int = typer.Option(
@@ -465,6 +469,16 @@ def _finite(value: float | None) -> float | None:
     if value is not None and not math.isfinite(value):
         raise typer.BadParameter("must be a finite number")
     return value
+
+
+def _per_harness(field: str) -> str:
+    """One of the harnesses' defaults on the embedded engine, each named, for `--help`."""
+    rows = harness_defaults()
+    if field == "tool_profile":
+        return ", ".join(r.harness for r in rows if r.tool_profile == "lean")
+    if field == "output_tokens":
+        return ", ".join(f"{r.harness} {r.output_tokens}" for r in rows)
+    return ", ".join(f"{r.harness} {r.agent_timeout_s:g} s" for r in rows)
 
 
 def _plan_options_given(ctx: typer.Context, *, local: bool) -> list[str]:

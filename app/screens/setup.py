@@ -33,6 +33,7 @@ from tapdeck.app.messages import RunsChanged
 from tapdeck.app.screens.base import TapdeckScreen
 from tapdeck.app.views.runs import instruction_preview
 from tapdeck.runner.harnesses import Placement
+from tapdeck.runner.rollout_settings import DEFAULT_HARD_LIMIT_S, HARD_LIMIT_MARGIN_S
 from tapdeck.schema.addresses import check_public_url
 from tapdeck.schema.catalog import Catalog, DatasetInfo, EngineInfo, HarnessInfo, SandboxInfo
 from tapdeck.schema.runs import MAX_CONCURRENCY, MAX_K, RolloutTemplate, RunPlan
@@ -53,7 +54,7 @@ SETTING_INPUTS: tuple[tuple[str, str, Literal["integer", "number", "text"], str]
     ("agent_timeout_s", "Agent s", "number", "task's"),
     ("timeout_s", "Hard s", "number", "300"),
     ("max_turns", "Max turns", "integer", "3"),
-    ("max_output_tokens", "Output", "integer", "ctx/256"),
+    ("max_output_tokens", "Output", "integer", "harness's"),
     ("context_tokens", "Context", "integer", "engine's"),
     ("temperature", "Temp.", "number", "harness's"),
     ("top_p", "top_p", "number", "harness's"),
@@ -232,16 +233,39 @@ class SetupScreen(TapdeckScreen):
         self._recall_settings()
 
     def _show_settings_defaults(self) -> None:
-        """The defaults in force on the chosen engine (its context, the output tokens it implies)."""
-        engine = self._item("engine")
+        """The defaults in force for the chosen harness on the chosen engine: its context, and on
+        the embedded engine the harness's tool profile, output limit and least agent timeout
+        (each input's placeholder says what leaving it empty gives)."""
+        engine, harness = self._item("engine"), self.query_one("#harness", Select).value
         context = engine.context_tokens if isinstance(engine, EngineInfo) else None
-        on_engine = (
-            f"on {engine.name}: context {context}, output {engine.default_output_tokens}"
-            if isinstance(engine, EngineInfo) and context
-            else "context: the engine's (known when its session opens)"
+        row = (
+            next((h for h in self.catalog.harness_defaults if h.harness == harness), None)
+            if self.catalog is not None and isinstance(engine, EngineInfo) and engine.embedded
+            else None
+        )
+        output, agent, hard = "harness's", "task's", f"{DEFAULT_HARD_LIMIT_S:g}"
+        parts = [f"context {context}" if context else "context: the engine's (known when its session opens)"]
+        if row is not None:
+            output = str(row.output_tokens)
+            agent = f"≥ {row.agent_timeout_s:g}"
+            hard = f"{max(DEFAULT_HARD_LIMIT_S, row.agent_timeout_s + HARD_LIMIT_MARGIN_S):g}"
+            parts += [
+                *([f"tools {row.tool_profile}"] if row.tool_profile else []),
+                f"output {output}",
+                f"agent ≥ {row.agent_timeout_s:g} s (the task's if longer)",
+            ]
+        elif isinstance(engine, EngineInfo) and engine.reachable:
+            parts.append("output: the harness's own request")
+        self.query_one("#set-max_output_tokens", Input).placeholder = output
+        self.query_one("#set-agent_timeout_s", Input).placeholder = agent
+        self.query_one("#set-timeout_s", Input).placeholder = hard
+        where = (
+            f"{harness} on {engine.name}"
+            if isinstance(engine, EngineInfo) and isinstance(harness, str)
+            else "on the engine"
         )
         self.query_one("#settings-defaults", Static).update(
-            f"Empty = default ({on_engine}); refused if it does not fit the engine."
+            f"Empty = default ({where}: {', '.join(parts)}); refused if it does not fit the engine."
         )
 
     @on(Collapsible.Expanded, "#rollout-settings")
@@ -398,7 +422,7 @@ class SetupScreen(TapdeckScreen):
         if kind == "harness":
             self._recall_settings()
             self._show_why("engine")  # used or not, by this harness
-        elif kind == "engine":
+        if kind in ("harness", "engine"):
             self._show_settings_defaults()
 
     @on(Input.Changed, "#dataset-path")

@@ -157,7 +157,10 @@ class SessionRegistry:
         now = time.time()
         sid, key = new_session_id(), new_session_key()
         ref = EngineRef(
-            url=engine.base_url, model=result.served_model or engine.model, max_model_len=result.max_model_len
+            url=engine.base_url,
+            model=result.served_model or engine.model,
+            max_model_len=result.max_model_len,
+            system_fingerprint=result.system_fingerprint,
         )
         record: dict[str, Any] = {
             "id": sid,

@@ -41,6 +41,9 @@ if TYPE_CHECKING:
     from tapdeck.schema.sessions import Tier
 
 DEFAULT_MAX_TOKENS_CAP = 8192
+"""The most output tokens asked of tapdeck's embedded engine (a small model on CPU that may ramble on
+without end), and of an engine that does not say its context (8,192 is the context assumed then).
+A served engine that says its context gets a harness's own request up to that context."""
 ENGINE_READ_TIMEOUT_S = 2340.0
 """Silence allowed from the engine: a CPU engine prefilling an agent CLI's 12-17k-token first
 prompt on a loaded machine says nothing for 20 minutes or more. A minute under the agents' own
@@ -404,6 +407,8 @@ class EngineClient:
         self.max_tokens_cap = max_tokens_cap
         self.max_model_len = max_model_len
         """From the probe; when known, `max_tokens` is also kept within it (vLLM refuses more)."""
+        self.embedded = False
+        """From the probe: the engine's replies name it tapdeck's embedded engine."""
         self._headers = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else {}
         self._http = http
         """An injected httpx client (tests' in-process upstreams); otherwise the lean client."""
@@ -432,7 +437,11 @@ class EngineClient:
 
     @property
     def cap(self) -> int:
-        """The largest `max_tokens` sent upstream."""
+        """The largest `max_tokens` sent upstream, also what is sent when a harness asks no limit:
+        a served engine's context where it says it (vLLM refuses more, and the harness's own request
+        stands within it), else `max_tokens_cap`, within the context."""
+        if self.max_model_len and not self.embedded:
+            return self.max_model_len
         if self.max_model_len:
             return min(self.max_tokens_cap, self.max_model_len)
         return self.max_tokens_cap

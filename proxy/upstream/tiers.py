@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tapdeck.proxy.upstream.client import EngineClient, EngineError
 from tapdeck.schema.findings import Finding
-from tapdeck.schema.sessions import Tier
+from tapdeck.schema.sessions import Tier, is_embedded_engine
 
 LogprobsMode = Literal["processed", "raw", "unknown"]
 
@@ -93,6 +93,9 @@ class ProbeResult:
     alternatives: int = 0
     """Top alternatives per token the engine gave the probe (0: it refused them): the most a
     session may capture for inspection."""
+    system_fingerprint: str | None = None
+    """What the engine's reply to the probe names it (vLLM `vllm-<version>-…`, tapdeck's embedded
+    engine `tapdeck-embedded-<version>`; None: it does not say)."""
 
 
 def classify_logprobs_mode(
@@ -223,6 +226,7 @@ async def probe(
             await owned.aclose()
     if result.max_model_len:
         client.max_model_len = result.max_model_len
+    client.embedded = is_embedded_engine(result.system_fingerprint)
     return apply_raw_policy(result, allow_raw_logprobs=allow_raw_logprobs)
 
 
@@ -314,6 +318,8 @@ async def _probe_engine(spec: EngineSpec, client: EngineClient) -> ProbeResult:
                 max_len=max_len,
             )
     cap = EngineClient.parse_capture(reply)
+    fingerprint = reply.get("system_fingerprint")
+    fingerprint = fingerprint if isinstance(fingerprint, str) else None
     has_ids = (
         cap.prompt_ids is not None
         and cap.prompt_ids.size > 0
@@ -343,6 +349,7 @@ async def _probe_engine(spec: EngineSpec, client: EngineClient) -> ProbeResult:
         findings=findings,
         measured_tier=measured,
         alternatives=alternatives,
+        system_fingerprint=fingerprint,
     )
 
 

@@ -15,8 +15,9 @@ from typing import Any
 
 from tapdeck import __version__
 from tapdeck.runner.engine.generation import Choice, TokenStep
+from tapdeck.schema.sessions import EMBEDDED_FINGERPRINT
 
-FINGERPRINT = f"tapdeck-embedded-{__version__}"
+FINGERPRINT = f"{EMBEDDED_FINGERPRINT}{__version__}"
 
 
 def new_id(prefix: str) -> str:

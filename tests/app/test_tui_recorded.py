@@ -489,7 +489,19 @@ async def test_setup_settings_show_the_engines_defaults_and_keep_tab_order_short
     async with app.run_test(size=(80, 24)) as pilot:
         await _catalog_loaded(pilot)
         screen = app.screen
-        assert "context 32768, output 128" in str(screen.query_one("#settings-defaults").render())
+        defaults = screen.query_one("#settings-defaults")
+        assert "terminus-2 on embedded: context 32768, output 128" in str(defaults.render())
+        # Per harness on the embedded engine: codex's lean tools, its output limit and the agent
+        # timeout its first prompt needs, in the line and in the inputs' placeholders.
+        codex = next(h for h in app.screen.catalog.harness_defaults if h.harness == "codex")
+        screen.query_one("#harness", Select).value = "codex"
+        await until(pilot, lambda: "codex on embedded" in str(defaults.render()), "codex's defaults")
+        assert f"tools lean, output {codex.output_tokens}, agent ≥ {codex.agent_timeout_s:g} s" in str(
+            defaults.render()
+        )
+        assert screen.query_one("#set-max_output_tokens", Input).placeholder == str(codex.output_tokens)
+        assert screen.query_one("#set-agent_timeout_s", Input).placeholder == f"≥ {codex.agent_timeout_s:g}"
+        assert screen.query_one("#set-timeout_s", Input).placeholder == f"{codex.agent_timeout_s + 120:g}"
         # Collapsed, after the task list: Tab from the Start button still lands on the tasks.
         screen.set_focus(screen.query_one("#start"))
         await pilot.press("tab")

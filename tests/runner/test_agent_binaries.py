@@ -6,6 +6,8 @@ first prompts.
   tool-call round trip, its own way of ending) and leaves hello.txt behind.
 - claude-code against a 400 (it answers one by retrying with fewer features, harness-clis.md): it
   stops on its own after a bounded number of tries and prints the refusal's own words.
+- What each does with a reply cut at its output limit (the defaults table's `on_cut_reply`), and how
+  claude-code, gemini-cli and qwen-code exit when their own turn limit ends them.
 - The `lean` tool profile: each binary, set through its own documented settings, sends only the
   tools a coding task needs, still runs its own loop, and its first prompt (rendered with the
   embedded engine's template and tokenizer) is smaller than with its full tool set.
@@ -24,7 +26,7 @@ import pytest
 
 from tapdeck.runner import agent_install
 from tapdeck.runner.cli_agents import AGENT_ROOT, CLI_AGENTS, HOME_DIRS
-from tapdeck.runner.rollout_settings import FIRST_PROMPT_TOKENS
+from tapdeck.runner.rollout_settings import HARNESS_DEFAULTS
 from tests.support.agent_clis import installed_or_skip, scripted_agent_reply
 from tests.support.capture_server import CaptureServer
 from tests.support.fake_vllm import FakeVllm
@@ -148,6 +150,59 @@ def test_qwen_code_after_a_length_cut_reply_stays_in_the_tasks_conversation(
     assert len(systems) == 1 and "memory extraction" not in next(iter(systems)), systems
 
 
+@pytest.mark.parametrize("name", list(CLI_AGENTS))
+def test_what_each_agent_does_with_a_cut_reply_is_its_row_of_the_defaults_table(
+    capture: CaptureServer, upstream: FakeVllm, tmp_path: Path, name: str
+) -> None:
+    # Every reply cut at max_tokens: the measurement behind `on_cut_reply`, which decides the
+    # output limit an agent gets on the embedded engine (codex's own, for one).
+    installed_or_skip(name)
+    cut = vllm_fixture("chat_length")["response"]
+    upstream.answer = lambda body: (200, vllm_reply_to(body, cut))
+    info = capture.open_session()
+    done = run_cli(name, info, tmp_path, "Create a file hello.txt containing hi.")
+    output = (done.stdout + done.stderr)[-3000:]
+    calls = [r for r in upstream.requests if r.get("tools")]  # not the probe, not a title call
+    behaviour = HARNESS_DEFAULTS[name].on_cut_reply
+    print(f"\n{name} on a cut reply: exit {done.returncode}, {len(calls)} calls ({behaviour})")
+    if behaviour == "fatal":  # codex: "Incomplete response returned, reason: max_output_tokens"
+        assert done.returncode != 0 and len(calls) == 1, output
+    elif behaviour == "retries":  # claude-code: "Output token limit hit. Resume directly ..."
+        assert done.returncode != 0 and len(calls) == 4, output
+        assert all(
+            c["messages"][-2] == {"role": "assistant", "content": "The capital of France is"}
+            for c in calls[1:]
+        ), [c["messages"][-2:] for c in calls[1:]]
+    elif behaviour == "ends":
+        assert done.returncode == 0 and len(calls) == 1, output
+    else:  # re-asks: mini-swe-agent's format error, until its step limit (3 by default)
+        assert behaviour == "re-asks" and done.returncode == 0 and len(calls) == 3, output
+
+
+@pytest.mark.parametrize("name", [n for n, cls in CLI_AGENTS.items() if cls.TURN_LIMIT_EXIT])
+def test_an_agents_own_turn_limit_exits_as_its_class_expects(
+    capture: CaptureServer, upstream: FakeVllm, tmp_path: Path, name: str
+) -> None:
+    # A model that calls the shell tool on every turn (a new command each time, or qwen-code's
+    # loop detection stops it first) runs the agent into its turn limit (3 by default): its exit
+    # code and line are what `CliAgent.run` takes for the end of its loop, not a failure.
+    installed_or_skip(name)
+    calls = iter(range(100))
+
+    def answer(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        without_results = {**body, "messages": [m for m in body["messages"] if m["role"] != "tool"]}
+        return scripted_agent_reply(name, f"echo {next(calls)} >> log.txt")(without_results)
+
+    upstream.answer = answer
+    info = capture.open_session()
+    done = run_cli(name, info, tmp_path, "Create a file hello.txt containing hi.")
+    code, line = CLI_AGENTS[name].TURN_LIMIT_EXIT or (0, "")
+    assert done.returncode == code and line in done.stdout + done.stderr, (
+        done.returncode,
+        (done.stdout + done.stderr)[-2000:],
+    )
+
+
 LEAN_AGENTS = [n for n, cls in CLI_AGENTS.items() if cls.LEAN_TOOLS]
 """mini-swe-agent has one tool (bash) and a 1k-token prompt: nothing to shrink."""
 
@@ -198,5 +253,6 @@ def test_lean_profile_sends_only_the_task_tools_and_keeps_the_agents_loop(
     sent = {t["function"]["name"] for t in first["tools"]}
     assert sent == set(CLI_AGENTS[name].LEAN_TOOLS), sent
     parts = prompt_parts(first, engine_text)
-    print(f"\n{name} lean first prompt: {parts} (full: {FIRST_PROMPT_TOKENS[name]})")
-    assert parts["total"] < FIRST_PROMPT_TOKENS[name], parts
+    full = HARNESS_DEFAULTS[name].first_prompt_tokens
+    print(f"\n{name} lean first prompt: {parts} (full: {full})")
+    assert parts["total"] < full, parts

@@ -195,7 +195,15 @@ def test_info_json_is_the_catalog_document() -> None:
     result = CliRunner().invoke(app, ["info", "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
-    assert set(doc) == {"datasets", "harnesses", "sandboxes", "engines", "defaults", "settings_defaults"}
+    assert set(doc) == {
+        "datasets",
+        "harnesses",
+        "sandboxes",
+        "engines",
+        "defaults",
+        "settings_defaults",
+        "harness_defaults",
+    }
     assert doc["settings_defaults"]["max_turns"] == "3"
     assert doc["defaults"] == {
         "dataset": "sample",

@@ -210,3 +210,40 @@ def test_an_unknown_tool_profile_is_refused_naming_the_profiles(tmp_path: Path) 
         CLI_AGENTS["claude-code"](
             tmp_path, "smollm2", proxy_url="http://127.0.0.1:1/", session_key="k", tool_profile="tiny"
         )
+
+
+@pytest.mark.parametrize(
+    ("name", "code", "output", "ends_its_loop"),
+    [
+        ("claude-code", 1, "Error: Reached max turns (3)", True),
+        ("gemini-cli", 53, "Reached max session turns for this session. Increase the number", True),
+        ("qwen-code", 53, "Reached max session turns for this session. Increase the number", True),
+        ("claude-code", 1, "API Error: Claude's response exceeded the 512 output token maximum", False),
+        ("gemini-cli", 1, "Reached max session turns for this session.", False),  # not its exit code
+        ("codex", 1, "ERROR: Incomplete response returned, reason: max_output_tokens", False),
+    ],
+)
+async def test_an_agent_cli_stopped_by_its_own_turn_limit_ends_its_loop_as_terminus2_does(
+    tmp_path: Path, name: str, code: int, output: str, ends_its_loop: bool
+) -> None:
+    from types import SimpleNamespace
+
+    from harbor.agents.installed.base import NonZeroAgentExitCodeError
+    from harbor.models.agent.context import AgentContext
+
+    from tapdeck.runner.cli_agents import CLI_AGENTS
+
+    class Sandbox:
+        async def exec(self, command: str, **_: object) -> SimpleNamespace:
+            return SimpleNamespace(return_code=code, stdout=f"working\n{output}\n", stderr="")
+
+    agent = CLI_AGENTS[name](tmp_path, "smollm2", proxy_url="http://127.0.0.1:1/v1", session_key="k")
+    agent.entry = tmp_path / "bin" / name
+    context = AgentContext()
+    if ends_its_loop:
+        await agent.run("do it", Sandbox(), context)  # type: ignore[arg-type]
+        assert context.metadata["ended_by_turn_limit"] is True
+    else:
+        with pytest.raises(NonZeroAgentExitCodeError, match=f"exited with {code}"):
+            await agent.run("do it", Sandbox(), context)  # type: ignore[arg-type]
+        assert context.metadata["ended_by_turn_limit"] is False

@@ -240,3 +240,67 @@ async def test_agent_whose_engine_died_is_classified_engine_unreachable(
     finally:
         await service.aclose()
         store.close()
+
+
+@pytest.mark.parametrize(
+    ("limit", "source", "asked", "sent", "sampled", "kind"),
+    [
+        (512, "harness-default", 512, 512, 512, "output_cap"),  # configured into the agent too
+        (128, "default", None, 128, 128, "output_cap"),  # codex asked for none; 128 cut it
+        (1024, "plan", None, 1024, 1024, "output_cap"),  # the operator's limit, however long
+        (None, "default", 32000, 8192, 8192, "output_cap"),  # the proxy's cap under the agent's ask
+        (None, "default", None, 8192, 8192, "output_cap"),  # the agent asked for none: the proxy's
+        # The embedded engine's runaway bound: a reply the model never ends, not an answer cut short.
+        (1024, "harness-default", None, 1024, 1024, "model_output"),
+        (None, "default", 2048, 2048, 2048, "model_output"),  # the agent's own 2,048, run through
+        (None, "default", 2048, 2048, 5, "agent_failed"),  # cut short of any limit: not a limit's
+    ],
+)
+def test_an_agent_failing_on_a_cut_reply_blames_whose_limit_cut_it(
+    limit: int | None, source: str, asked: int | None, sent: int, sampled: int, kind: str
+) -> None:
+    from tapdeck.runner.rollout import _blame_a_cut_reply
+    from tapdeck.schema.settings import ResolvedSettings
+
+    settings = ResolvedSettings(
+        context_tokens=32768,
+        context_source="engine",
+        max_output_tokens=limit,
+        max_output_source=source,
+        max_turns=3,  # type: ignore[arg-type]
+        max_turns_source="default",
+        agent_timeout_s=900.0,
+        agent_timeout_source="harness-default",
+        hard_limit_s=1020.0,
+        hard_limit_source="default",
+    )
+    result = RolloutResult(
+        rollout_id="r",
+        task="t",
+        harness="codex",
+        settings=settings,
+        error_kind="agent_failed",
+        error="codex exited with 1: ERROR: Incomplete",
+    )
+    requested = {"max_tokens": asked} if asked is not None else {}
+    turns = [
+        {"seq": 0, "role": "agent", "finish_reason": "stop", "sampled_len": 9},
+        {"seq": 1, "role": "auxiliary", "finish_reason": "stop", "sampled_len": 3},
+        {
+            "seq": 2,
+            "role": "agent",
+            "finish_reason": "length",
+            "sampled_len": sampled,
+            "sampling": {"requested": requested, "submitted": {"max_tokens": sent}},
+        },
+    ]
+    _blame_a_cut_reply(result, {"turns": turns})
+    assert result.error_kind == kind
+    assert result.error.endswith("codex exited with 1: ERROR: Incomplete")
+    if kind == "output_cap":
+        assert "--max-output-tokens raises it" in result.error
+        assert (
+            f"the {limit}-token output limit ({source})"
+            if limit
+            else f"{sent} output tokens, the proxy's cap"
+        ) in result.error

@@ -30,6 +30,8 @@ def installed_or_skip(name: str) -> None:
 
 SHELL_TOOLS = {"exec_command": "cmd", "Bash": "command", "run_shell_command": "command", "bash": "command"}
 """Each agent's shell tool and the name of its command argument (harness-clis.md)."""
+SOLVE = "printf 'Hello, world!\\n' > /app/hello.txt"
+"""What the sample task `hello-file` asks for: its verifier then gives reward 1."""
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 """mini-swe-agent ends only when the model runs this."""
 

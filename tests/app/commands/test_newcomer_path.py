@@ -1,6 +1,7 @@
 """The newcomer's path: `tapdeck rollout` with no flags (sample dataset, terminus-2, host sandbox,
 embedded engine) reaches a graded rollout that ended by the agent's own turn budget or completion,
-not by a timeout. How long it took on this machine kind is in the README, not asserted here."""
+not by a timeout, with terminus-2's defaults on the embedded engine. How long it took on this
+machine kind is in the README, not asserted here."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tapdeck.runner.rollout_settings import HARNESS_DEFAULTS
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +40,14 @@ def test_default_rollout_is_graded_and_ends_by_its_turn_budget(tmp_path: Path) -
     # What it ran with, taken from the engine and the task, each value with its source.
     settings = result["settings"]
     assert (settings["context_tokens"], settings["context_source"]) == (32768, "engine")
-    assert (settings["max_output_tokens"], settings["max_output_source"]) == (128, "default")
-    assert (settings["agent_timeout_s"], settings["agent_timeout_source"]) == (180.0, "task")
-    assert (settings["hard_limit_s"], settings["hard_limit_source"]) == (300.0, "default")
-    assert "ran with: agent 180 s (task) · hard limit 300 s (default)" in proc.stdout
+    # terminus-2's row of the embedded engine's defaults: the sample task's 180 s gives way to
+    # the time its nine calls (3 a turn, each re-asked after a cut) take at the measured rates.
+    row = HARNESS_DEFAULTS["terminus-2"]
+    agent = row.embedded_agent_timeout_s(max_turns=3, tool_profile=None, output_tokens=128)
+    assert agent > 180.0
+    assert (settings["max_output_tokens"], settings["max_output_source"]) == (128, "harness-default")
+    assert (settings["agent_timeout_s"], settings["agent_timeout_source"]) == (agent, "harness-default")
+    assert (settings["hard_limit_s"], settings["hard_limit_source"]) == (agent + 120, "default")
+    assert (
+        f"ran with: agent {agent:g} s (harness-default) · hard limit {agent + 120:g} s (default)"
+    ) in proc.stdout

@@ -46,11 +46,19 @@ def test_rollout_help_shows_every_setting_and_its_default() -> None:
     for default in (
         "default: the task's agent.timeout_sec in task.toml",
         "(default 3)",
-        "1/256 of the engine's context, at least 128",
+        "on a served model none of tapdeck's, the harness's own request",
         "default 300",
         "default: the engine's max_model_len",
+        "lean on the embedded engine",
     ):
         assert default in text, default
+    # Each harness's own values on the embedded engine, from the one table.
+    from tapdeck.runner.rollout_settings import harness_defaults
+
+    unwrapped = text.replace("- ", "-")  # a name wrapped at its hyphen
+    for row in harness_defaults():
+        assert f"{row.harness} {row.agent_timeout_s:g} s" in unwrapped
+        assert f"{row.harness} {row.output_tokens}" in unwrapped
 
 
 def test_harness_kwargs_that_are_not_a_json_object_are_refused_before_anything_runs() -> None:
@@ -90,7 +98,14 @@ def test_info_shows_the_engines_context_and_the_settings_defaults(recorded_engin
     result = CliRunner().invoke(app, ["info", "--no-probe", "--engine", recorded_engine.base_url], env=WIDE)
     assert result.exit_code == 0, result.output
     row = next(line for line in result.output.splitlines() if recorded_engine.base_url in line)
-    assert "2048/128" in row  # vLLM's max_model_len, and the output tokens it implies
+    assert "2048" in row  # vLLM's max_model_len
     assert "Rollout settings (defaults)" in result.output
-    assert "context/256, at least 128" in result.output
+    assert "served model: none of tapdeck's (the harness's own request" in result.output
     assert "the task's [agent].timeout_sec" in result.output
+    # The per-harness table: codex's lean tools, its output limit and its least agent timeout.
+    from tapdeck.runner.rollout_settings import harness_defaults
+
+    codex = next(r for r in harness_defaults() if r.harness == "codex")
+    line = [line for line in result.output.splitlines() if "│codex" in line][-1]
+    assert "lean" in line and "fatal" in line and f"{codex.output_tokens}" in line
+    assert f"≥ {codex.agent_timeout_s:g} s" in line

@@ -17,7 +17,7 @@ from textual.widgets import DataTable, Select, SelectionList
 from tapdeck.app.client import TapdeckClient
 from tapdeck.app.tui import TapdeckApp
 from tapdeck.schema.runs import RolloutResult
-from tests.support.agent_clis import engine_for_agents, installed_or_skip, scripted_agent_reply
+from tests.support.agent_clis import SOLVE, engine_for_agents, installed_or_skip, scripted_agent_reply
 from tests.support.fake_vllm import FakeVllm
 from tests.support.local_server import local_server_on
 from tests.support.pilot_wait import until
@@ -25,8 +25,6 @@ from tests.support.pilot_wait import until
 pytestmark = pytest.mark.slow
 
 HARNESS = "opencode"
-SOLVE = "printf 'Hello, world!\\n' > /app/hello.txt"
-"""What the sample task `hello-file` asks for: its verifier then gives reward 1."""
 WAIT_S = 600.0  # a bound for install (first use), sandbox, agent and verifier on shared cores
 
 

@@ -27,6 +27,7 @@ from tapdeck.proxy.upstream.address import (
     settle_blocking,
 )
 from tapdeck.runner.engine.model import DEFAULT_N_CTX
+from tapdeck.runner.engine.wire import FINGERPRINT
 from tests.support.fake_vllm import models_only_engine
 
 CHAT = {"model": "x", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
@@ -203,6 +204,12 @@ def test_the_embedded_engine_is_reached_by_every_address_form(embedded_engine, t
                 timeout=120,
             )
             assert reply.status_code == 200, reply.text
-            # The session also records the context the engine reports (its `max_model_len`).
-            assert reply.json()["engine"] == {"url": base, "model": "smollm2", "max_model_len": DEFAULT_N_CTX}
+            # The session also records the context the engine reports (its `max_model_len`), and
+            # what its replies name it.
+            assert reply.json()["engine"] == {
+                "url": base,
+                "model": "smollm2",
+                "max_model_len": DEFAULT_N_CTX,
+                "system_fingerprint": FINGERPRINT,
+            }
             assert reply.json()["tier"] == "tokens"
