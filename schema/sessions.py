@@ -79,6 +79,9 @@ class SessionSummary(RolloutStats):
     fatal: int = 0
     warn: int = 0
     engine: EngineRef
+    calls_awaiting_engine: int = 0
+    """Calls of this session the engine refuses with a 503 right now (it is updating its weights),
+    which the proxy is resending: the board's "engine updating"."""
 
 
 class SessionList(BaseModel):

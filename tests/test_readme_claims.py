@@ -319,7 +319,12 @@ def test_the_connection_limits_are_serves_flags_with_the_codes_defaults() -> Non
     import typer
 
     from tapdeck.app.cli import app
-    from tapdeck.proxy.config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_REPLY_BYTES, ConnectionLimits
+    from tapdeck.proxy.config import (
+        DEFAULT_ENGINE_UPDATE_WAIT_S,
+        DEFAULT_MAX_BODY_BYTES,
+        DEFAULT_MAX_REPLY_BYTES,
+        ConnectionLimits,
+    )
 
     limits = ConnectionLimits()
     documented = {
@@ -330,6 +335,7 @@ def test_the_connection_limits_are_serves_flags_with_the_codes_defaults() -> Non
         "--keep-alive-timeout": f"{limits.keep_alive_s:g} s",
         "--max-body-bytes": f"{DEFAULT_MAX_BODY_BYTES} ({DEFAULT_MAX_BODY_BYTES // 2**20} MiB)",
         "--max-reply-bytes": f"{DEFAULT_MAX_REPLY_BYTES} ({DEFAULT_MAX_REPLY_BYTES // 2**20} MiB)",
+        "--engine-update-wait": f"{DEFAULT_ENGINE_UPDATE_WAIT_S:g} s",
     }
     table = _table(_section(_read("docs/api.md"), "## Connection limits"))
     rows = re.findall(r"^\| `(--[\w-]+)` \| ([^|]+?) \|", table, re.M)

@@ -397,6 +397,7 @@ class SessionRegistry:
             fatal=session.fatal,
             warn=session.warn,
             engine=EngineRef(**(session.record.get("engine") or {"url": ""})),
+            calls_awaiting_engine=session.awaiting_engine,
         )
 
 

@@ -97,10 +97,18 @@ class EngineError(ProxyError):
     kind: ErrorKind
 
     def __init__(
-        self, kind: ErrorKind, status: int, message: str, url: str, param: str | None = None
+        self,
+        kind: ErrorKind,
+        status: int,
+        message: str,
+        url: str,
+        param: str | None = None,
+        upstream_status: int | None = None,
     ) -> None:
         super().__init__(status, message, kind=kind, param=param)
         self.url = url
+        self.upstream_status = upstream_status
+        """The engine's own HTTP status, when it answered with one."""
 
     def __repr__(self) -> str:
         return f"EngineError({self.kind!r}, {self.status}, {self.message!r})"
@@ -588,10 +596,21 @@ class EngineClient:
                 else "upstream_4xx"
             )
             return EngineError(
-                kind, status, message, self.shown, param=param if isinstance(param, str) else None
+                kind,
+                status,
+                message,
+                self.shown,
+                param=param if isinstance(param, str) else None,
+                upstream_status=status,
             )
         kind = "upstream_4xx" if status < 500 else "upstream_5xx"
-        return EngineError(kind, 502, f"engine at {self.shown} answered HTTP {status}: {message}", self.shown)
+        return EngineError(
+            kind,
+            502,
+            f"engine at {self.shown} answered HTTP {status}: {message}",
+            self.shown,
+            upstream_status=status,
+        )
 
     async def aclose(self) -> None:
         """Close the pooled connections (only if this client created them)."""
