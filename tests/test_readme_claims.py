@@ -282,6 +282,7 @@ def test_the_settings_defaults_are_the_codes() -> None:
         OUTPUT_SHARE,
         default_output_tokens,
     )
+    from tapdeck.schema.rollout_health import DEFAULT_MIN_LOSS_MASK_FRACTION
 
     rollouts = _read("docs/rollouts.md")
     assert f"has a {DEFAULT_N_CTX:,}-token context" in rollouts
@@ -295,6 +296,10 @@ def test_the_settings_defaults_are_the_codes() -> None:
     assert f"{FALLBACK_CONTEXT_TOKENS:,} if it lists none" in rollouts
     assert f"call budget of {BUDGET_PER_TURN} × max_turns" in rollouts
     assert f"{DEFAULT_ALTERNATIVES} by default" in _read("docs/tui.md")
+    assert f"`min_loss_mask_fraction` (0 to 1, default {DEFAULT_MIN_LOSS_MASK_FRACTION:g}," in rollouts
+    assert f"`min_loss_mask_fraction`, default {DEFAULT_MIN_LOSS_MASK_FRACTION:g};" in _read(
+        "docs/capture.md"
+    )
     sample = ROOT / "runner" / "sample_dataset"
     timeouts = {
         tomllib.loads((t / "task.toml").read_text())["agent"]["timeout_sec"]

@@ -153,7 +153,9 @@ def rollout_document(
     rtype = _rollout_type(session, tier)
     train = is_train(tier, rtype)
     tools = graph.has_tools()
-    rollout_findings = validate_rollout(graph, tier, rollout_type=rtype)
+    rollout_findings = validate_rollout(
+        graph, tier, rollout_type=rtype, min_loss_mask_fraction=session.get("min_loss_mask_fraction")
+    )
     sequences = graph.sequences()
     _check_masks(sequences)
     seq_docs = []

@@ -165,6 +165,7 @@ class SessionRegistry:
             "metadata": dict(spec.metadata),
             "call_budget": spec.call_budget,
             "max_output_tokens": spec.max_output_tokens,
+            "min_loss_mask_fraction": spec.min_loss_mask_fraction,
             "probe": result.detail,
             "alternatives": min(spec.alternatives, result.alternatives),
             "token_in": result.tier is Tier.TOKENS
