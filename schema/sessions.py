@@ -180,6 +180,9 @@ class RolloutSequence(BaseModel):
     input_ids: list[int] | None
     loss_mask: list[int] | None
     logprobs: list[float] | None
+    routed_experts: str | None = None
+    """The engine's MoE routing of every input id but the last, as vLLM sends it (base64 `.npy`
+    of a (tokens - 1, layers, experts per token) integer array); None when it sent none."""
     spans: list[dict[str, int]]
     findings: list[Finding]
 

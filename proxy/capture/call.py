@@ -315,6 +315,7 @@ class CallCapture:
                 prompt_ids=cap.prompt_ids,
                 sampled_ids=cap.sampled_ids,
                 logprobs=cap.logprobs,
+                routed_experts=cap.routed_experts,
                 finish_reason=choice.get("finish_reason"),
                 request=interned.request,
                 content_keys=interned.keys,
