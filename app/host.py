@@ -138,6 +138,7 @@ class LocalServer:
                 default_engine=self.default_engine,
                 public_url=cfg.public_url or f"{scheme}://{public_host}:{port}",
                 max_reply_bytes=cfg.max_reply_bytes,
+                engine_update_wait_s=cfg.engine_update_wait_s,
             )
             app = create_app(
                 self.service,

@@ -141,6 +141,14 @@ def _call_lines(activity: SessionActivity, server_now: float) -> list[PaneLine]:
                 "error" if age >= STUCK_CALL_S else "accent",
             )
         )
+        updating = [
+            c.engine_updating_since for c in activity.in_flight if c.engine_updating_since is not None
+        ]
+        if updating:
+            waited = fmt_seconds(max(0.0, server_now - min(updating)))
+            lines.append(
+                PaneLine("engine", f"updating: refused with 503 for {waited}, tapdeck resending", "warning")
+            )
     else:
         since = (
             ""

@@ -51,6 +51,11 @@ DEFAULT_KEEP_ALIVE_S = 75.0
 the openai and anthropic SDKs, drop an idle connection after 5 s): with uvicorn's own 5 s, a client
 reusing a connection just as the server closed it got `Connection reset by peer` (1-25 calls in
 1,300 at 64 concurrent sessions in bench/proxy.py), a dropped call for no reason of its own."""
+DEFAULT_ENGINE_UPDATE_WAIT_S = 300.0
+"""How long a call the engine refuses with a 503 (it is updating its weights or reconfiguring) is
+resent before the agent gets the 503. A weight sync broadcast from a trainer takes seconds to a
+minute; a from-disk reload of a mid-sized model a few minutes. Five minutes covers both and still
+leaves the reply inside the 600 s default timeout of the openai and anthropic SDKs."""
 MIN_PUBLIC_KEY_CHARS = 24
 """An admin key guarding a non-loopback bind: at least this many characters from at least
 MIN_PUBLIC_KEY_CLASSES character classes (a generated key has 53)."""
@@ -111,6 +116,8 @@ class ServerConfig(BaseModel):
     """Largest request body accepted (413 in the caller's dialect beyond it)."""
     max_reply_bytes: int = Field(default=DEFAULT_MAX_REPLY_BYTES, gt=0)
     """Largest engine reply read for one call (a 502 in the caller's dialect beyond it)."""
+    engine_update_wait_s: float = Field(default=DEFAULT_ENGINE_UPDATE_WAIT_S, ge=0)
+    """Seconds a call the engine refuses with a 503 is resent for (proxy/upstream/update_wait.py)."""
     connection: ConnectionLimits = Field(default_factory=ConnectionLimits)
     tls: TlsFiles | None = None
     """Serve HTTPS with these; None → plain HTTP (what loopback and an SSH tunnel need)."""

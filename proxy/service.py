@@ -19,7 +19,7 @@ import httpx
 
 from tapdeck.proxy.capture.call import CallCapture
 from tapdeck.proxy.capture.export import rollout_document, training_trace
-from tapdeck.proxy.config import DEFAULT_MAX_REPLY_BYTES
+from tapdeck.proxy.config import DEFAULT_ENGINE_UPDATE_WAIT_S, DEFAULT_MAX_REPLY_BYTES
 from tapdeck.proxy.http.call_pipeline import CallPipeline
 from tapdeck.proxy.http.call_reply import CallReply
 from tapdeck.proxy.http.events import EventBus
@@ -47,6 +47,7 @@ class CaptureService:
         keepalive_s: float = KEEPALIVE_SECONDS,
         engine_timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
         max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
+        engine_update_wait_s: float = DEFAULT_ENGINE_UPDATE_WAIT_S,
     ) -> None:
         self.store = store
         self.default_engine = default_engine
@@ -66,7 +67,9 @@ class CaptureService:
         self.writes = self.registry.writes
         self.queries = SessionQueries(self.registry)
         self.calls = CallPipeline(
-            self.registry, CallCapture(self.registry, self.activity), keepalive_s=keepalive_s
+            self.registry,
+            CallCapture(self.registry, self.activity, engine_update_wait_s=engine_update_wait_s),
+            keepalive_s=keepalive_s,
         )
         # The live maps, as tests and benches inspect them.
         self._sessions = self.registry.sessions

@@ -53,6 +53,7 @@ from tapdeck.runner.run_lock import RunLock
 from tapdeck.runner.runner_loop import LoopTask, RunnerLoop, ServiceOnItsLoop
 from tapdeck.runner.service_protocol import CaptureServiceProtocol
 from tapdeck.schema.events import RolloutUpdated, RunFinished, RunStarted
+from tapdeck.schema.rollout_health import degenerate_reasons
 from tapdeck.schema.runs import (
     NO_ENGINE,
     RERUN_ON_RESUME,
@@ -145,6 +146,7 @@ def summarize(run: _Run) -> RunSummary:
         ok=sum(r.ok for r in finished),
         failed=sum(not r.ok for r in finished),
         running=len(run.live),
+        degenerate=sum(bool(degenerate_reasons(r.findings)) for r in finished),
     )
     return RunSummary(
         id=run.id,

@@ -48,6 +48,7 @@ from tapdeck.runner.rollout_settings import (
 from tapdeck.runner.service_protocol import CaptureServiceProtocol
 from tapdeck.schema.events import RolloutUpdated
 from tapdeck.schema.findings import Finding, Level
+from tapdeck.schema.rollout_health import DEGENERATE
 from tapdeck.schema.runs import Phase, RolloutResult, RolloutTemplate
 from tapdeck.schema.sessions import SessionInfo, Tier, is_embedded_engine
 from tapdeck.schema.settings import ResolvedSettings
@@ -391,6 +392,7 @@ async def _open_session(service: CaptureServiceProtocol, spec: RolloutSpec, rid:
                 alternatives=template.alternatives,
                 training_sampling=_session_sampling(spec),
                 token_in=template.token_in,
+                min_loss_mask_fraction=template.min_loss_mask_fraction,
             )
         )
     except Exception as exc:
@@ -608,7 +610,8 @@ async def _finish(
     if result.error_kind is None and any(f.level is Level.FATAL for f in findings):
         first = next(f for f in findings if f.level is Level.FATAL)
         _fail(result, "capture_fatal", str(first))
-    result.findings = findings[:MAX_FINDINGS]
+    # The health grade is read from the result (a run's counts, trainers): never cut off.
+    result.findings = findings[:MAX_FINDINGS] + [f for f in findings[MAX_FINDINGS:] if f.code == DEGENERATE]
     if len(findings) > MAX_FINDINGS:
         result.findings.append(
             Finding.info("findings_truncated", f"{len(findings) - MAX_FINDINGS} more in the session")

@@ -36,6 +36,9 @@ class InFlightCall(BaseModel):
     path: str | None = None
     messages: int = 0
     """How many messages the call's prompt holds."""
+    engine_updating_since: float | None = None
+    """Since when the engine has refused this call with a 503 (updating its weights), the proxy
+    resending it; None while the engine works on it (or holds it, paused in keep mode)."""
 
 
 class SessionActivity(BaseModel):

@@ -116,6 +116,10 @@ class RolloutTemplate(BaseModel):
     training_sampling: dict[str, Any] | None = None
     """A trainer's sampling policy, enforced on each training-tier capture session
     (`SessionSpec.training_sampling`: temperature, truncating knobs at their no-ops)."""
+    min_loss_mask_fraction: float | None = Field(default=None, ge=0.0, le=1.0, allow_inf_nan=False)
+    """A rollout with a smaller share of its agent's sampled tokens in the loss is graded
+    `degenerate` and skipped by trainers (`SessionSpec.min_loss_mask_fraction`; None → the
+    default, `schema.rollout_health.DEFAULT_MIN_LOSS_MASK_FRACTION`)."""
     token_in: bool | None = None
     """Token-in capture for every rollout (`SessionSpec.token_in`; None → on when training)."""
     metadata: dict[str, Any] | None = None
@@ -219,6 +223,8 @@ class RunCounts(BaseModel):
     ok: int = 0
     failed: int = 0
     running: int = 0
+    degenerate: int = 0
+    """Ended rollouts graded `degenerate` (`schema.rollout_health`), ok or not: trainers skip them."""
 
 
 NO_ENGINE = "none"

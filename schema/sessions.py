@@ -112,6 +112,9 @@ class SessionSummary(RolloutStats):
     engine: EngineRef
     policy: PolicySpan | None = None
     """The policy versions its turns were sampled with (None: no turn was stamped with one)."""
+    calls_awaiting_engine: int = 0
+    """Calls of this session the engine refuses with a 503 right now (it is updating its weights),
+    which the proxy is resending: the board's "engine updating"."""
 
 
 class SessionList(BaseModel):
@@ -220,6 +223,9 @@ class RolloutSequence(BaseModel):
     input_ids: list[int] | None
     loss_mask: list[int] | None
     logprobs: list[float] | None
+    routed_experts: str | None = None
+    """The engine's MoE routing of every input id but the last, as vLLM sends it (base64 `.npy`
+    of a (tokens - 1, layers, experts per token) integer array); None when it sent none."""
     spans: list[dict[str, int]]
     findings: list[Finding]
 

@@ -283,6 +283,7 @@ def test_the_settings_defaults_are_the_codes() -> None:
         HARD_LIMIT_MARGIN_S,
         PREFILL_SAFETY,
     )
+    from tapdeck.schema.rollout_health import DEFAULT_MIN_LOSS_MASK_FRACTION
 
     rollouts = _read("docs/rollouts.md")
     assert f"has a {DEFAULT_N_CTX:,}-token context" in rollouts
@@ -299,6 +300,10 @@ def test_the_settings_defaults_are_the_codes() -> None:
     ) in " ".join(rollouts.split())
     assert f"at {EMBEDDED_DECODE_TOKENS_PER_S:g} tokens/s" in " ".join(rollouts.split())
     assert f"{DEFAULT_ALTERNATIVES} by default" in _read("docs/tui.md")
+    assert f"`min_loss_mask_fraction` (0 to 1, default {DEFAULT_MIN_LOSS_MASK_FRACTION:g}," in rollouts
+    assert f"`min_loss_mask_fraction`, default {DEFAULT_MIN_LOSS_MASK_FRACTION:g};" in _read(
+        "docs/capture.md"
+    )
     sample = ROOT / "runner" / "sample_dataset"
     timeouts = {
         tomllib.loads((t / "task.toml").read_text())["agent"]["timeout_sec"]
@@ -341,7 +346,12 @@ def test_the_connection_limits_are_serves_flags_with_the_codes_defaults() -> Non
     import typer
 
     from tapdeck.app.cli import app
-    from tapdeck.proxy.config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_REPLY_BYTES, ConnectionLimits
+    from tapdeck.proxy.config import (
+        DEFAULT_ENGINE_UPDATE_WAIT_S,
+        DEFAULT_MAX_BODY_BYTES,
+        DEFAULT_MAX_REPLY_BYTES,
+        ConnectionLimits,
+    )
 
     limits = ConnectionLimits()
     documented = {
@@ -352,6 +362,7 @@ def test_the_connection_limits_are_serves_flags_with_the_codes_defaults() -> Non
         "--keep-alive-timeout": f"{limits.keep_alive_s:g} s",
         "--max-body-bytes": f"{DEFAULT_MAX_BODY_BYTES} ({DEFAULT_MAX_BODY_BYTES // 2**20} MiB)",
         "--max-reply-bytes": f"{DEFAULT_MAX_REPLY_BYTES} ({DEFAULT_MAX_REPLY_BYTES // 2**20} MiB)",
+        "--engine-update-wait": f"{DEFAULT_ENGINE_UPDATE_WAIT_S:g} s",
     }
     table = _table(_section(_read("docs/api.md"), "## Connection limits"))
     rows = re.findall(r"^\| `(--[\w-]+)` \| ([^|]+?) \|", table, re.M)

@@ -50,6 +50,7 @@ from tapdeck.runner.rollout_settings import (
     PROMPT_SHARE,
     harness_defaults,
 )
+from tapdeck.schema.rollout_health import DEFAULT_MIN_LOSS_MASK_FRACTION
 from tapdeck.schema.runs import RolloutTemplate, RunDetail, RunPlan, RunSummary
 
 NOT_PLAN_OPTIONS = frozenset({"data_dir", "server", "admin_key", "ca_file", "resume"})
@@ -164,6 +165,15 @@ def register(app: typer.Typer) -> None:
             help="Top alternatives per sampled token to capture for "
             "inspection (default: only what the harness asks for).",
         ),
+        min_loss_mask_fraction: float | None = typer.Option(
+            None,
+            "--min-loss-mask-fraction",
+            min=0.0,
+            max=1.0,
+            help="Grade a training rollout degenerate (trainers skip it) when a smaller share of "
+            f"its agent's sampled tokens is in the loss (default {DEFAULT_MIN_LOSS_MASK_FRACTION:g}; "
+            "one call or no trainable token is degenerate too).",
+        ),
         data_dir: DataDirOption = None,
         server: Annotated[
             str | None, server_option("Submit to this tapdeck server instead of starting one here.")
@@ -244,6 +254,7 @@ def register(app: typer.Typer) -> None:
                         alternatives=alternatives,
                         public_url=public_url,
                         token_in=token_in,
+                        min_loss_mask_fraction=min_loss_mask_fraction,
                         settings=_settings(
                             agent_timeout_s=agent_timeout,
                             max_turns=max_turns,

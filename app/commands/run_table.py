@@ -20,7 +20,7 @@ def print_run_table(doc: RunDetail, tiny_engine: bool = False) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from tapdeck.app.views.runs import failures_line, ran_with, run_outcomes
+    from tapdeck.app.views.runs import degenerate_phrase, failures_line, ran_with, run_outcomes
 
     console = Console(width=min(80, Console().width))
     table = Table(box=None, pad_edge=False, expand=False, show_edge=False, padding=(0, 1, 0, 0))
@@ -64,6 +64,7 @@ def print_run_table(doc: RunDetail, tiny_engine: bool = False) -> None:
     say(
         f"run {doc.id} {doc.state}: {c.done}/{c.total} done, {c.ok} ok, {failed} failed"
         + (f", {cancelled} cancelled" if cancelled else "")
+        + degenerate_phrase(c.degenerate, ", ")
     )
     say(f"mean reward {mean} (graded only) · pass rate {rate} (full reward, graded only)")
     if doc.failures:

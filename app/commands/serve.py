@@ -158,6 +158,13 @@ def register(app: typer.Typer) -> None:
             help="Largest engine reply read for one call; a 502 "
             "naming this limit beyond it (default 32 MiB).",
         ),
+        engine_update_wait: float | None = typer.Option(
+            None,
+            "--engine-update-wait",
+            min=0,
+            help="Seconds a model call the engine refuses with a 503 (updating its weights) is "
+            "resent for before the agent gets the 503; 0 passes it on at once (default 300).",
+        ),
         tls_cert: Annotated[
             Path | None,
             tls_cert_option(
@@ -205,6 +212,8 @@ def register(app: typer.Typer) -> None:
             fields["max_body_bytes"] = max_body_bytes
         if max_reply_bytes is not None:
             fields["max_reply_bytes"] = max_reply_bytes
+        if engine_update_wait is not None:
+            fields["engine_update_wait_s"] = engine_update_wait
         limits = {
             "max_header_bytes": max_header_bytes,
             "max_headers": max_headers,

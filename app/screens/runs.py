@@ -15,6 +15,7 @@ from tapdeck.app.histogram import bars, histogram, reward_line
 from tapdeck.app.screens.base import TapdeckScreen
 from tapdeck.app.table_rows import cursor_key, show_rows
 from tapdeck.app.views.runs import (
+    degenerate_phrase,
     failures_line,
     fmt_rate,
     rollout_settings_line,
@@ -47,7 +48,8 @@ class RunsScreen(TapdeckScreen):
         "x twice within 5 s cancels the run; u resumes a stopped run (its cancelled and never-run "
         "rollouts run again). fail / canc: rollouts that failed / were cancelled (a cancel is not "
         "a failure). stale: policy versions the engine moved on since the rollout's oldest turn "
-        "was sampled."
+        "was sampled. Under the groups: the run's failures by cause, and its rollouts graded "
+        "degenerate (one call, or too little of it trainable), which trainers skip."
     )
 
     # Short words and Parquet off the footer: at 80 columns it must keep r, f1 and q too.
@@ -232,6 +234,7 @@ class RunsScreen(TapdeckScreen):
         self.query_one("#failures", Static).update(
             f"rewards {reward_line(r.reward for r in rollouts)}\n"
             f"{failures_line(detail.failures, len(detail.left_out))}"
+            f"{degenerate_phrase(detail.counts.degenerate, ' · ')}"
         )
 
     def _turns(self, rollout: RolloutResult) -> int:

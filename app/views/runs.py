@@ -97,6 +97,12 @@ def failures_line(failures: Mapping[str, int], left_out: int = 0) -> str:
     return line
 
 
+def degenerate_phrase(count: int, sep: str) -> str:
+    """`sep` and "N degenerate (skipped by trainers)" for a run with rollouts graded degenerate
+    (`schema.rollout_health`); "" for one without."""
+    return f"{sep}{count} degenerate (skipped by trainers)" if count else ""
+
+
 def run_engine(run: RunSummary, width: int) -> str:
     """The engine a run's rollouts call, in at most `width` cells: "embedded", "no engine" (oracle,
     nop), or the engine's URL without its scheme and `/v1`, its host cut before its port when

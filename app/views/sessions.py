@@ -17,8 +17,8 @@ IDLE_AFTER_S = 60.0
 
 SESSION_COLUMNS: tuple[tuple[str, str, int], ...] = (  # key, header, width (fits 80 columns)
     ("session", "session", 8),
-    ("task", "task", 12),
-    ("state", "state", 11),
+    ("task", "task", 10),
+    ("state", "state", 15),
     ("turns", "turn", 4),
     ("roots", "root", 4),
     ("forks", "fork", 4),
@@ -59,7 +59,10 @@ def session_state(summary: SessionSummary) -> str:
         cancelled=summary.metadata.get("error_kind") == "cancelled",
     )
     # Its server stopped before it ended: it will never call again, so never a live word.
-    return "interrupted" if summary.state == "interrupted" and state not in ENDED_STATES else state
+    if summary.state == "interrupted" and state not in ENDED_STATES:
+        return "interrupted"
+    # A call the engine refuses while it syncs weights is being resent: a wait, not a stuck agent.
+    return "engine updating" if summary.calls_awaiting_engine and state not in ENDED_STATES else state
 
 
 def rollout_state(rollout: RolloutResult) -> str:
@@ -101,6 +104,7 @@ STATE_TONES = {
     "no call yet": "warning",
     "queued": "muted",
     "interrupted": "warning",
+    "engine updating": "warning",
 }
 
 
@@ -224,7 +228,7 @@ class SessionBoard:
         state = rollout_state(rollout)
         return (
             ("(none)", "muted"),
-            (clip(rollout.task, 12) or "–", ""),
+            (clip(rollout.task, 10) or "–", ""),
             (state, STATE_TONES.get(state, "")),
             (str(rollout.turns), ""),
             ("–", ""),
@@ -248,7 +252,7 @@ class SessionBoard:
         task = s.metadata.get("task") or ""
         return (
             (short_id(sid), ""),
-            (clip(str(task), 12) or "–", ""),
+            (clip(str(task), 10) or "–", ""),
             (state, STATE_TONES.get(state, "")),
             (str(s.turns), ""),
             (str(s.roots), ""),

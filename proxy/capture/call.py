@@ -14,7 +14,7 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from typing import Any
 
@@ -23,21 +23,24 @@ from tapdeck.proxy.capture.graph import Link
 from tapdeck.proxy.capture.policy_stamp import PolicyStamp
 from tapdeck.proxy.capture.turn import Turn
 from tapdeck.proxy.capture.validation import validate_turn
+from tapdeck.proxy.config import DEFAULT_ENGINE_UPDATE_WAIT_S
 from tapdeck.proxy.dialects.arguments import not_object_findings
 from tapdeck.proxy.dialects.base import DialectError, DialectRequest
 from tapdeck.proxy.dialects.chat import fold_system_messages, has_late_system
 from tapdeck.proxy.http.access_log import CURRENT_CALL
 from tapdeck.proxy.http.limits import MALFORMED, malformed_message
 from tapdeck.proxy.http.token_counts import forget_engine
-from tapdeck.proxy.sessions.activity import ActivityLog
+from tapdeck.proxy.sessions.activity import ActivityCall, ActivityLog
 from tapdeck.proxy.sessions.live import CallSlot, LiveSession
 from tapdeck.proxy.sessions.registry import SessionRegistry
 from tapdeck.proxy.store.writes import StoreUnavailable
 from tapdeck.proxy.upstream.client import EngineError
 from tapdeck.proxy.upstream.json_mode import answer_as_json, json_format
+from tapdeck.proxy.upstream.policy_versions import CallWatch
 from tapdeck.proxy.upstream.reply_check import CheckedReply, check_reply
 from tapdeck.proxy.upstream.tiers import PROBES
 from tapdeck.proxy.upstream.token_in import Plan
+from tapdeck.proxy.upstream.update_wait import through_update
 from tapdeck.schema.events import TurnCaptured
 from tapdeck.schema.findings import Finding
 from tapdeck.schema.sessions import TurnHeader
@@ -65,9 +68,17 @@ STORE_DOWN_TEXT = (
 class CallCapture:
     """Sends a session's model calls to its engine and records each reply as a turn."""
 
-    def __init__(self, registry: SessionRegistry, activity: ActivityLog) -> None:
+    def __init__(
+        self,
+        registry: SessionRegistry,
+        activity: ActivityLog,
+        *,
+        engine_update_wait_s: float = DEFAULT_ENGINE_UPDATE_WAIT_S,
+    ) -> None:
         self.registry = registry
         self.activity = activity
+        self.engine_update_wait_s = engine_update_wait_s
+        """How long a call the engine refuses with a 503 is resent (proxy/upstream/update_wait.py)."""
 
     async def call(self, session: LiveSession, req: DialectRequest, meta: dict[str, Any]) -> dict[str, Any]:
         """One model call → a chat-completions reply (real, or a synthetic stop). Raises a ProxyError."""
@@ -108,7 +119,9 @@ class CallCapture:
         slot = CallSlot(session)
         try:
             with self.activity.call(session.id, chat, meta) as call:
-                reply = await self._complete(session, req, meta, chat, fmt, prepare, upstream, sampling, slot)
+                reply = await self._complete(
+                    session, req, meta, chat, fmt, prepare, upstream, sampling, slot, call
+                )
                 call.replied(reply)
             return reply
         finally:
@@ -143,22 +156,46 @@ class CallCapture:
         upstream: dict[str, Any],
         sampling: dict[str, Any],
         slot: CallSlot,
+        call: ActivityCall,
     ) -> dict[str, Any]:
         """The engine call and the turn's record, for a call holding a budget slot."""
         assert session.client is not None
+        client = session.client
         started = time.perf_counter()
         plan: Plan | None = None
-        # The version readings before the call; `stamp` takes those after it.
-        watch = await self.registry.versions.watch(session.client)
+        watch: CallWatch | None = None
+
+        async def watched[R](send: Callable[[], Awaitable[R]]) -> R:
+            # The version readings before each attempt (`stamp` takes those after it): a call the
+            # engine refused while it updated is answered by the weights it updated to.
+            nonlocal watch
+            watch = await self.registry.versions.watch(client)
+            return await send()
+
+        def awaiting(waiting: bool) -> None:
+            call.engine_updating(waiting)
+            session.awaiting_engine += 1 if waiting else -1
+            self.registry.publish_update(session)
+
+        def complete(body: dict[str, Any]) -> Awaitable[dict[str, Any]]:
+            # Resent while the engine refuses it as it updates: the board says "engine updating".
+            send = partial(watched, partial(client.complete, body, session.prompt_ids))
+            return through_update(send, self.engine_update_wait_s, awaiting)
+
         try:
             try:
                 if session.token_in is not None:
+                    token_in = session.token_in
                     plan = await self._token_in_plan(session, req, upstream, fmt)
-                    if (due := session.token_in.take_finding()) is not None:
+                    if (due := token_in.take_finding()) is not None:
                         await self.registry.add_finding(session, due)
-                    reply, plan = await session.token_in.send(upstream, plan, session.prompt_ids)
+                    reply, plan = await through_update(
+                        partial(watched, partial(token_in.send, upstream, plan, session.prompt_ids)),
+                        self.engine_update_wait_s,
+                        awaiting,
+                    )
                 else:
-                    reply = await session.client.complete(upstream, session.prompt_ids)
+                    reply = await complete(upstream)
             except EngineError as exc:
                 if not (
                     exc.kind == "upstream_4xx"
@@ -171,7 +208,7 @@ class CallCapture:
                 chat["messages"] = fold_system_messages(chat["messages"])
                 upstream, sampling = prepare(chat)
                 plan = Plan.text("system_folded") if plan is not None else None
-                reply = await session.client.complete(upstream, session.prompt_ids)
+                reply = await complete(upstream)
                 session.fold_system = True
             checked = check_reply(reply, session.client.shown)
         except EngineError as exc:
@@ -200,6 +237,7 @@ class CallCapture:
                     ),
                 )
             raise
+        assert watch is not None  # every answered call made an attempt
         policy = await watch.stamp(checked.reply)
         # The proxy's own reply id: an engine that repeats ids must not make two replies one
         # (a Responses chain naming itself as its own previous response would never end).
@@ -293,6 +331,7 @@ class CallCapture:
                 prompt_ids=cap.prompt_ids,
                 sampled_ids=cap.sampled_ids,
                 logprobs=cap.logprobs,
+                routed_experts=cap.routed_experts,
                 finish_reason=choice.get("finish_reason"),
                 request=interned.request,
                 content_keys=interned.keys,

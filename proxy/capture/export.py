@@ -13,8 +13,9 @@ from typing import Any, Literal
 import numpy as np
 import orjson
 
-from tapdeck.proxy.capture.graph import RolloutGraph
+from tapdeck.proxy.capture.graph import RolloutGraph, Sequence
 from tapdeck.proxy.capture.policy_stamp import policy_span
+from tapdeck.proxy.capture.routing import routing_text
 from tapdeck.proxy.capture.turn import Turn
 from tapdeck.proxy.capture.validation import is_train, reported_stats, rollout_ok, validate_rollout
 from tapdeck.proxy.errors import ProxyError
@@ -144,6 +145,15 @@ def _check_masks(sequences: list[Any]) -> None:
                 raise ExportError(f"turn {seq}: loss mask {value} in one sequence, {seen[seq]} in another")
 
 
+def _sequence_routing(graph: RolloutGraph, s: Sequence) -> str | None:
+    """A sequence's MoE routing: its last call's, which covers every input id but the last
+    (`proxy/capture/routing.py`); None when that call has none or covers other ids."""
+    routed = graph.nodes[s.nodes[-1]].turn.routed_experts
+    if routed is None or s.input_ids is None or routed.shape[0] != s.input_ids.size - 1:
+        return None
+    return routing_text(routed)
+
+
 def rollout_document(
     session: dict[str, Any], graph: RolloutGraph, tier: str, *, lists: bool = True
 ) -> dict[str, Any]:
@@ -155,7 +165,9 @@ def rollout_document(
     rtype = _rollout_type(session, tier)
     train = is_train(tier, rtype)
     tools = graph.has_tools()
-    rollout_findings = validate_rollout(graph, tier, rollout_type=rtype)
+    rollout_findings = validate_rollout(
+        graph, tier, rollout_type=rtype, min_loss_mask_fraction=session.get("min_loss_mask_fraction")
+    )
     sequences = graph.sequences()
     _check_masks(sequences)
     seq_docs = []
@@ -170,6 +182,7 @@ def rollout_document(
                 "input_ids": _out(s.input_ids, lists),
                 "loss_mask": _out(mask, lists),
                 "logprobs": _out(lps, lists),
+                "routed_experts": _sequence_routing(graph, s),
                 "spans": [{"seq": a, "start": b, "end": c} for a, b, c in s.spans],
                 "findings": [f.model_dump(mode="json") for f in rollout_findings if f.turn == s.nodes[-1]],
             }
@@ -370,6 +383,8 @@ def training_trace(
                     "finish_reason": t.finish_reason,
                     "trainable": on,
                     "logprobs_filled": filled,
+                    # Here, not beside `per_token_logps`: OpenEnv's TrainingTurn takes no other key.
+                    "routed_experts": routing_text(t.routed_experts),
                     "sampling": t.sampling,
                     "meta": t.meta,
                     "created_at": t.created_at,

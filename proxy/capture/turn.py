@@ -34,6 +34,9 @@ class Turn:
     findings: list[Finding] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
     created_at: float = field(default_factory=time.time)
+    routed_experts: np.ndarray | None = None
+    """MoE routing over prompt and completion, (tokens - 1, layers, experts per token), when the
+    engine returned it (`proxy/capture/routing.py`)."""
     content_keys: dict[str, list[str]] | None = None
     """Content keys of the request's messages and tools, when capture already computed them."""
     policy: PolicyStamp | None = None

@@ -13,6 +13,7 @@ import numpy as np
 from tapdeck.proxy.capture.graph import _LOGPROB_SLACK, RolloutGraph
 from tapdeck.proxy.capture.turn import Turn
 from tapdeck.schema.findings import Finding, has_fatal
+from tapdeck.schema.rollout_health import DEFAULT_MIN_LOSS_MASK_FRACTION, DEGENERATE, DegenerateReason
 from tapdeck.schema.sessions import RolloutStats
 
 
@@ -136,11 +137,19 @@ def validate_sequence(
     return out
 
 
-def validate_rollout(graph: RolloutGraph, tier: str, *, rollout_type: str = "auto") -> list[Finding]:
-    """Rollout-level findings plus the checks of every agent training sequence.
+def validate_rollout(
+    graph: RolloutGraph,
+    tier: str,
+    *,
+    rollout_type: str = "auto",
+    min_loss_mask_fraction: float | None = None,
+) -> list[Finding]:
+    """Rollout-level findings plus the checks of every agent training sequence, and a train
+    rollout's health grade (`degenerate_findings`).
 
     Turn and link findings live on the turns (`graph.findings()`); `rollout_ok` combines both.
-    `rollout_type` `auto` means train at the tokens tier, eval otherwise.
+    `rollout_type` `auto` means train at the tokens tier, eval otherwise. `min_loss_mask_fraction`
+    None is the default threshold (`schema.rollout_health`).
     """
     out: list[Finding] = []
     stats = graph.stats()
@@ -194,6 +203,52 @@ def validate_rollout(graph: RolloutGraph, tier: str, *, rollout_type: str = "aut
             out.append(
                 Finding.fatal("no_trainable_sequence", "train rollout without any trainable agent sequence")
             )
+        out += degenerate_findings(graph, min_loss_mask_fraction)
+    return out
+
+
+def loss_mask_tokens(graph: RolloutGraph) -> tuple[int, int]:
+    """(tokens the agent's calls sampled, those of them in the loss): each call counted once, as
+    the training trace has it (its completion tokens and their loss mask)."""
+    tools = graph.has_tools()
+    sampled = trained = 0
+    for seq, node in graph.nodes.items():
+        if node.sampled is None or graph.node_role(seq, tools=tools) != "agent":
+            continue
+        sampled += node.sampled_len
+        if graph.node_mask_on(seq, tools=tools):
+            trained += node.sampled_len
+    return sampled, trained
+
+
+def degenerate_findings(graph: RolloutGraph, min_loss_mask_fraction: float | None = None) -> list[Finding]:
+    """A train rollout's `degenerate` grade, one WARN finding per reason (none: it is healthy).
+
+    Its reasons: a single model call; no sampled token of the agent in the loss; a loss-mask
+    fraction (trained / sampled tokens of the agent's calls) below `min_loss_mask_fraction`
+    (None: `DEFAULT_MIN_LOSS_MASK_FRACTION`; 0: never)."""
+    threshold = DEFAULT_MIN_LOSS_MASK_FRACTION if min_loss_mask_fraction is None else min_loss_mask_fraction
+    out = []
+    calls = len(graph.nodes)
+    if calls == 1:
+        out.append(Finding.warn(DEGENERATE, f"{DegenerateReason.SINGLE_CALL}: one model call in the rollout"))
+    sampled, trained = loss_mask_tokens(graph)
+    if trained == 0:
+        out.append(
+            Finding.warn(
+                DEGENERATE,
+                f"{DegenerateReason.NO_TRAINABLE_TOKEN}: none of the agent's {sampled} sampled tokens "
+                "is in the loss",
+            )
+        )
+    elif trained / sampled < threshold:
+        out.append(
+            Finding.warn(
+                DEGENERATE,
+                f"{DegenerateReason.LOW_LOSS_MASK_FRACTION}: {trained} of the agent's {sampled} sampled "
+                f"tokens in the loss ({trained / sampled:.2f}), below the threshold {threshold:g}",
+            )
+        )
     return out
 
 

@@ -40,9 +40,15 @@ class _SessionState:
 class ActivityCall:
     """One call in flight; `replied(reply)` records the engine's answer before the call ends."""
 
-    def __init__(self, record: SessionActivity) -> None:
+    def __init__(self, record: SessionActivity, in_flight: InFlightCall, clock: Callable[[], float]) -> None:
         # The record itself, not its session id: a reply never re-creates a released entry.
         self._record = record
+        self._in_flight = in_flight
+        self._clock = clock
+
+    def engine_updating(self, waiting: bool) -> None:
+        """The engine refuses the call while it updates (the proxy resends it), or no longer does."""
+        self._in_flight.engine_updating_since = self._clock() if waiting else None
 
     def replied(self, reply: Mapping[str, Any]) -> None:
         """Take a chat-completions reply: its message becomes the last assistant message."""
@@ -82,7 +88,7 @@ class ActivityLog:
         record = state.record
         call_id = next(self._ids)
         messages = chat.get("messages") or []
-        state.in_flight[call_id] = InFlightCall(
+        in_flight = state.in_flight[call_id] = InFlightCall(
             call_id=call_id,
             started_at=self.clock(),
             dialect=meta.get("dialect"),
@@ -92,7 +98,7 @@ class ActivityLog:
         record.calls_started += 1
         _take_prompt(record, messages)
         try:
-            yield ActivityCall(record)
+            yield ActivityCall(record, in_flight, self.clock)
         except asyncio.CancelledError:
             record.errors += 1
             record.last_error = "cancelled (the caller hung up, or its rollout ended)"

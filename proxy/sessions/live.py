@@ -41,6 +41,8 @@ class LiveSession:
     graph: RolloutGraph | None = None
     turns: int = 0
     in_flight: int = 0
+    awaiting_engine: int = 0
+    """Calls waiting out an engine's 503 (proxy/upstream/update_wait.py) right now."""
     last_call_at: float | None = None
     fatal: int = 0
     warn: int = 0

@@ -50,7 +50,12 @@ class SessionQueries:
             out = list(session.findings)
             out.extend(graph.findings())
             out.extend(
-                validate_rollout(graph, session.tier, rollout_type=session.record.get("rollout_type", "auto"))
+                validate_rollout(
+                    graph,
+                    session.tier,
+                    rollout_type=session.record.get("rollout_type", "auto"),
+                    min_loss_mask_fraction=session.record.get("min_loss_mask_fraction"),
+                )
             )
         return out
 

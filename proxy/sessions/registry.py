@@ -172,6 +172,7 @@ class SessionRegistry:
             "metadata": dict(spec.metadata),
             "call_budget": spec.call_budget,
             "max_output_tokens": spec.max_output_tokens,
+            "min_loss_mask_fraction": spec.min_loss_mask_fraction,
             "probe": result.detail,
             "alternatives": min(spec.alternatives, result.alternatives),
             "token_in": result.tier is Tier.TOKENS
@@ -409,6 +410,7 @@ class SessionRegistry:
             warn=session.warn,
             engine=EngineRef(**(session.record.get("engine") or {"url": ""})),
             policy=session.policy.span() or stored_span(session.record.get("policy")),
+            calls_awaiting_engine=session.awaiting_engine,
         )
 
 

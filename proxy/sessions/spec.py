@@ -41,6 +41,9 @@ class SessionSpec(BaseModel):
     one, and its turn gets a `max_tokens_capped` finding. None → only the engine's own cap. The
     runner sets it to the rollout's `max_output_tokens` once the engine's context is known, since
     not every agent honours the limit it is configured with."""
+    min_loss_mask_fraction: float | None = Field(default=None, ge=0.0, le=1.0)
+    """The rollout is graded `degenerate` when a smaller share of the agent's sampled tokens is
+    in the loss (`schema.rollout_health`). None → `DEFAULT_MIN_LOSS_MASK_FRACTION`."""
     alternatives: int = Field(default=0, ge=0, le=20)
     """Top alternatives per sampled token to capture for inspection (the TUI shows them), as many
     as the engine gave the probe at most. 0, the design's default, asks for none a harness did

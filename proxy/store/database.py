@@ -34,6 +34,7 @@ from tapdeck.proxy.capture.graph import Link, RolloutGraph
 from tapdeck.proxy.capture.interning import CONTENT_ADDRESSED, common_prefix, content_key
 from tapdeck.proxy.capture.policy_stamp import PolicyStamp
 from tapdeck.proxy.capture.reply_shape import readable_stored_reply
+from tapdeck.proxy.capture.routing import routing_from_bytes, routing_to_bytes
 from tapdeck.proxy.capture.tokens import (
     as_ids,
     ids_from_bytes,
@@ -73,7 +74,16 @@ CREATE TABLE IF NOT EXISTS messages (
     hash TEXT PRIMARY KEY,
     body BLOB NOT NULL
 );
+CREATE TABLE IF NOT EXISTS routed_experts (
+    session_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (session_id, seq)
+);
 """
+_LATER_TABLES = frozenset({"routed_experts"})
+"""Tables a store written by an older tapdeck lacks: a read-only reader takes it as holding none
+(a read-write open creates them)."""
 
 POLICY_COLUMNS = (("policy_source", "TEXT"), ("policy_before", ""), ("policy_after", ""))
 """The policy version stamp of a turn (proxy/capture/policy_stamp.py): where it was read, and the
@@ -172,6 +182,8 @@ def _check_schema(db: sqlite3.Connection, path: Path) -> None:
         for table in tables:
             want = [row[1] for row in model.execute(f"PRAGMA table_info({table})")]
             have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+            if not have and table in _LATER_TABLES:
+                continue
             if not have:
                 raise NotAStoreError(
                     f"{path} is an SQLite database but not a tapdeck capture store: it has no {table!r} table"
@@ -411,6 +423,7 @@ class Store:
         doc_b = _dumps(doc)
         sampled_b = None if sampled is None else ids_to_bytes(sampled)
         logprobs_b = None if turn.logprobs is None else logprobs_to_bytes(turn.logprobs)
+        routing_b = None if turn.routed_experts is None else routing_to_bytes(turn.routed_experts)
 
         def insert(db: sqlite3.Connection) -> None:
             # Same transaction as the turn: a committed turn never points at a missing message.
@@ -454,6 +467,11 @@ class Store:
                     *((None, None, None) if turn.policy is None else turn.policy),
                 ),
             )
+            if routing_b is not None:
+                db.execute(
+                    "INSERT INTO routed_experts (session_id, seq, data) VALUES (?,?,?)",
+                    (turn.session_id, turn.seq, routing_b),
+                )
 
         self._write(insert)
         with self._queue_lock:
@@ -483,6 +501,7 @@ class Store:
                 (session_id,),
             ).fetchall()
             docs = [orjson.loads(row[8]) for row in rows]
+            routing = self._routing(session_id)
             _resolve_refs({row[0]: doc for row, doc in zip(rows, docs, strict=True)}, self.path, session_id)
             contents = self._load_contents(docs)
         # Keep a rebuilt sequence only until the last turn stored against it has been rebuilt.
@@ -527,6 +546,7 @@ class Store:
                     prompt_ids=prompt,
                     sampled_ids=sampled,
                     logprobs=None if lp_b is None else logprobs_from_bytes(lp_b),
+                    routed_experts=None if seq not in routing else routing_from_bytes(routing[seq]),
                     finish_reason=finish,
                     request=request,
                     response=response,
@@ -542,6 +562,19 @@ class Store:
                 )
             )
         return record, turns
+
+    def _routing(self, session_id: str) -> dict[int, bytes]:
+        """A session's stored MoE routing by turn (caller holds the read lock); none from a
+        read-only store an older tapdeck wrote, which has no such table."""
+        try:
+            rows = self._reader.execute(
+                "SELECT seq, data FROM routed_experts WHERE session_id = ?", (session_id,)
+            ).fetchall()
+        except sqlite3.OperationalError as exc:
+            if not (self._read_only and "no such table" in str(exc)):
+                raise
+            return {}
+        return dict(rows)
 
     def _load_contents(self, docs: list[dict[str, Any]]) -> dict[str, Any]:
         """The messages / tools the docs refer to, by key; each parsed once and shared between

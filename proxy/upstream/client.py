@@ -23,6 +23,7 @@ import httpx
 import numpy as np
 import orjson
 
+from tapdeck.proxy.capture.routing import read_routed_experts
 from tapdeck.proxy.capture.tokens import PromptIdsMemo, as_ids, as_logprobs, loads_with_prompt_ids
 from tapdeck.proxy.config import DEFAULT_MAX_REPLY_BYTES
 from tapdeck.proxy.errors import DialectError, ProxyError
@@ -100,10 +101,18 @@ class EngineError(ProxyError):
     kind: ErrorKind
 
     def __init__(
-        self, kind: ErrorKind, status: int, message: str, url: str, param: str | None = None
+        self,
+        kind: ErrorKind,
+        status: int,
+        message: str,
+        url: str,
+        param: str | None = None,
+        upstream_status: int | None = None,
     ) -> None:
         super().__init__(status, message, kind=kind, param=param)
         self.url = url
+        self.upstream_status = upstream_status
+        """The engine's own HTTP status, when it answered with one."""
 
     def __repr__(self) -> str:
         return f"EngineError({self.kind!r}, {self.status}, {self.message!r})"
@@ -118,6 +127,8 @@ class Capture(NamedTuple):
     token_texts: list[str] | None
     top_logprobs: list[list[tuple[str, float]]] | None
     findings: list[Finding]
+    routed_experts: np.ndarray | None = None
+    """MoE routing over prompt and completion (`proxy/capture/routing.py`)."""
 
 
 def prepare_request(
@@ -278,7 +289,7 @@ def has_ids(value: Any) -> bool:
 
 
 def parse_capture(reply: Mapping[str, Any]) -> Capture:
-    """Token ids and logprobs of `choices[0]`.
+    """Token ids, logprobs and MoE routing of `choices[0]`.
 
     Prompt ids come from the top-level `prompt_token_ids` (vLLM chat); SGLang's per-choice field is
     used only when the top level is empty. With `--return-tokens-as-token-ids` each `token_id:N`
@@ -302,12 +313,15 @@ def parse_capture(reply: Mapping[str, Any]) -> Capture:
         sampled_ids = _ids(raw_sampled) if raw_sampled is not None else None
     except ValueError as exc:
         findings.append(Finding.fatal("bad_sampled_ids", str(exc)))
+    tokens = None if prompt_ids is None or sampled_ids is None else prompt_ids.size + sampled_ids.size
+    routed, unread = read_routed_experts(choice.get("routed_experts"), tokens)
+    findings.extend(unread)
 
     content = (
         (choice.get("logprobs") or {}).get("content") if isinstance(choice.get("logprobs"), Mapping) else None
     )
     if not content:
-        return Capture(prompt_ids, sampled_ids, None, None, None, findings)
+        return Capture(prompt_ids, sampled_ids, None, None, None, findings, routed)
 
     # One pass over the entries (this runs on every call; dicts, as orjson builds them, skip the
     # slower Mapping check).
@@ -372,7 +386,7 @@ def parse_capture(reply: Mapping[str, Any]) -> Capture:
             if alts
             else []
         )
-    return Capture(prompt_ids, sampled_ids, logprobs, token_texts, top, findings)
+    return Capture(prompt_ids, sampled_ids, logprobs, token_texts, top, findings, routed)
 
 
 def _token_id_matches(token: str, sampled_ids: np.ndarray | None, i: int) -> bool:
@@ -602,10 +616,21 @@ class EngineClient:
                 else "upstream_4xx"
             )
             return EngineError(
-                kind, status, message, self.shown, param=param if isinstance(param, str) else None
+                kind,
+                status,
+                message,
+                self.shown,
+                param=param if isinstance(param, str) else None,
+                upstream_status=status,
             )
         kind = "upstream_4xx" if status < 500 else "upstream_5xx"
-        return EngineError(kind, 502, f"engine at {self.shown} answered HTTP {status}: {message}", self.shown)
+        return EngineError(
+            kind,
+            502,
+            f"engine at {self.shown} answered HTTP {status}: {message}",
+            self.shown,
+            upstream_status=status,
+        )
 
     async def aclose(self) -> None:
         """Close the pooled connections (only if this client created them)."""

@@ -12,6 +12,8 @@ that true of any HTTP 200 an engine gives, by one rule per kind of field:
 - **Capture fields**: `prompt_token_ids`, `choices[0].token_ids`, `choices[0].logprobs`. One of
   the wrong shape is dropped from the reply and from the turn, with a FATAL finding naming it: the
   agent gets its answer, and the turn is kept as context but never trained on.
+- **MoE routing**: `choices[0].routed_experts` not shaped as vLLM's is dropped from the reply and
+  the turn with a WARN (`proxy/capture/routing.py`): routing is optional for training.
 - **Bookkeeping**: `usage`, `created`, `model`, `object`, `system_fingerprint`,
   `choices[0].stop_reason`, `choices[0].index`, choices after the first, and any other field
   nesting past MAX_REPLY_DEPTH. One of the wrong type is dropped (usage counts read as 0) with one
@@ -100,6 +102,8 @@ def check_reply(reply: dict[str, Any], engine: str) -> CheckedReply:
             choice.pop("prompt_token_ids", None)
         elif finding.code == "bad_sampled_ids":
             choice.pop("token_ids", None)
+        elif finding.code == "bad_routed_experts":
+            choice.pop("routed_experts", None)
     if dropped:
         findings.append(
             Finding.warn(

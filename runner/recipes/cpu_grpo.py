@@ -18,7 +18,10 @@ Runs in the training environment (Python 3.11, CPU torch, TRL 1.16), launched by
   prompt as `prompt_ids`, everything after it as `completion_ids`, the capture's loss mask as
   `env_mask` (0 = tokens the environment or the template added), the engine's logprobs on sampled
   tokens. A rollout with several agent sequences (a prefix break) trains on its longest; the others
-  are counted, not used. A rollout without a capture is unscorable (every reward None).
+  are counted, not used. A rollout without a capture is unscorable (every reward None), and so is
+  one the proxy graded `degenerate` (`tapdeck.schema.rollout_health`: a single model call, no
+  trainable token, or a loss-mask fraction under `--min-loss-mask-fraction`): each is named in the
+  log and counted (`rollout/degenerate` per step, `rollout/degenerate_total`).
 * **Rewards** (summed by TRL): `verifier` — the task's own test (the sample tasks give 0 or 1);
   `reply_format` — partial credit for the reply format terminus-2 parses (a JSON object with
   `analysis`, `plan`, `commands`), averaged over the rollout's replies. SmolLM2-135M never solves a
@@ -59,6 +62,11 @@ import httpx
 
 from tapdeck.proxy.store.atomic_write import atomic_write
 from tapdeck.runner.recipes.logprob_mismatch import mismatch_metrics
+from tapdeck.schema.rollout_health import (
+    DEFAULT_MIN_LOSS_MASK_FRACTION,
+    degenerate_reasons,
+    loss_mask_fraction,
+)
 from tapdeck.schema.runs import RolloutTemplate, RunPlan
 from tapdeck.schema.tls import CA_FILE_ENV, server_trust
 
@@ -67,6 +75,8 @@ FORMAT_KEYS = ("analysis", "plan", "commands")
 CHECK_MESSAGES = [{"role": "user", "content": "Write a shell command that lists files."}]
 CHECK_TOKENS = 8
 CHECK_SEED = 7
+SUMMED_STATS = frozenset({"degenerate"})
+"""Rollout statistics logged as the step's count; the others as the step's mean."""
 
 
 def format_score(text: str | None) -> float:
@@ -130,10 +140,12 @@ Drawn = tuple[dict[str, list], float | None, float | None, dict]
 
 
 def is_flat(group: list[Drawn]) -> bool:
-    """True when every rollout of a group has the same total reward (unscorable ones included as
-    such): GRPO's advantages are then all zero."""
-    totals = {None if v is None and f is None else (v or 0.0) + (f or 0.0) for _, v, f, _ in group}
-    return len(totals) <= 1
+    """True when a group's scorable rollouts all have the same total reward, or fewer than two are
+    scorable (unscorable ones, degenerate included, are left out of TRL's group baseline and get no
+    advantage): GRPO's advantages are then all zero."""
+    totals = {(v or 0.0) + (f or 0.0) for _, v, f, _ in group if v is not None or f is not None}
+    scorable = sum(v is not None or f is not None for _, v, f, _ in group)
+    return len(totals) <= 1 or scorable < 2
 
 
 class TapdeckRollouts:
@@ -161,6 +173,8 @@ class TapdeckRollouts:
         self.poll_s = poll_s
         self.active: set[str] = set()
         """Runs submitted and not yet collected (cancelled if the recipe is stopped meanwhile)."""
+        self.degenerate_total = 0
+        """Rollouts skipped as degenerate so far (redrawn groups' included)."""
 
     def cancel_active(self) -> None:
         """Cancel the server-side runs still going (the recipe is ending)."""
@@ -206,6 +220,14 @@ class TapdeckRollouts:
         for stats in out["rollout_stats"]:
             stats["sampled_tok_s"] = tokens / wall if wall > 0 else 0.0
             stats["rollout_wall_s"] = wall
+            stats["degenerate_total"] = float(self.degenerate_total)
+        degenerate = int(sum(stats["degenerate"] for stats in out["rollout_stats"]))
+        if degenerate:
+            print(
+                f"[cpu-grpo] {degenerate} of this step's {len(out['rollout_stats'])} rollouts skipped as "
+                f"degenerate; {self.degenerate_total} so far",
+                flush=True,
+            )
         return out
 
     def post_version(self, step: int) -> None:
@@ -279,6 +301,10 @@ class TapdeckRollouts:
         session = result.get("session_id")
         if not session:
             return self._unscorable(result)
+        if reasons := degenerate_reasons(result.get("findings") or []):
+            self.degenerate_total += 1
+            why = f"degenerate ({', '.join(reasons)}), session {session}"
+            return self._unscorable(result, degenerate=why)
         resp = self.http.get(f"/admin/sessions/{session}/rollout")
         if resp.status_code >= 400:
             return self._unscorable(result)
@@ -296,10 +322,13 @@ class TapdeckRollouts:
             "agent_sequences": float(n_agent),
             "scorable": 1.0,
             "ok": float(bool(result.get("ok"))),
+            "degenerate": 0.0,
         }
         return sample, result.get("reward"), fmt, stats
 
-    def _unscorable(self, result: dict[str, Any]) -> tuple[dict[str, list], None, None, dict]:
+    def _unscorable(
+        self, result: dict[str, Any], *, degenerate: str | None = None
+    ) -> tuple[dict[str, list], None, None, dict]:
         # One masked end token: the row exists (TRL wants num_generations per prompt) but trains nothing.
         sample: dict[str, list[Any]] = {
             "prompt_ids": [self.eos_id],
@@ -307,12 +336,10 @@ class TapdeckRollouts:
             "env_mask": [0],
             "logprobs": [0.0],
         }
-        print(
-            f"[cpu-grpo] unscorable rollout: {result.get('error_kind') or 'no capture'} "
-            f"{(result.get('error') or '')[:200]}",
-            flush=True,
-        )
-        return sample, None, None, {"turns": 0.0, "agent_sequences": 0.0, "scorable": 0.0, "ok": 0.0}
+        why = degenerate or f"{result.get('error_kind') or 'no capture'} {(result.get('error') or '')[:200]}"
+        print(f"[cpu-grpo] unscorable rollout: {why}", flush=True)
+        stats = {"turns": 0.0, "agent_sequences": 0.0, "scorable": 0.0, "ok": 0.0}
+        return sample, None, None, stats | {"degenerate": float(degenerate is not None)}
 
 
 def verifier(
@@ -323,11 +350,12 @@ def verifier(
     log_metric: Any = None,
     **_: Any,
 ) -> list[float | None]:
-    """The task's own test (None: never graded). Also logs this step's rollout statistics."""
+    """The task's own test (None: never graded). Also logs this step's rollout statistics: their
+    mean, or their sum for those counted (`SUMMED_STATS`)."""
     if log_metric is not None and rollout_stats:
         for name in rollout_stats[0]:
             values = [s[name] for s in rollout_stats]
-            log_metric(f"rollout/{name}", sum(values) / len(values))
+            log_metric(f"rollout/{name}", sum(values) / (1 if name in SUMMED_STATS else len(values)))
     return [None if v is None else float(v) for v in verifier_rewards]
 
 
@@ -500,6 +528,13 @@ def arg_parser() -> argparse.ArgumentParser:
         help="times a group whose rollouts all score the same is drawn again (it would "
         "teach nothing: zero advantage)",
     )
+    p.add_argument(
+        "--min-loss-mask-fraction",
+        type=loss_mask_fraction,
+        default=DEFAULT_MIN_LOSS_MASK_FRACTION,
+        help="a rollout with a smaller share of its sampled tokens in the loss (0 to 1) is degenerate "
+        "and skipped, as are single-call ones and those with no trainable token (0: no fraction check)",
+    )
     p.add_argument("--lr", type=positive_number, default=1e-5, help="learning rate")
     p.add_argument("--temperature", type=positive_number, default=1.0, help="sampling = training temperature")
     p.add_argument("--seed", type=int, default=0)
@@ -629,6 +664,7 @@ def main(argv: list[str] | None = None) -> int:
                     "sandbox": "host",
                     "timeout_s": args.rollout_timeout,
                     "call_budget": args.call_budget,
+                    "min_loss_mask_fraction": args.min_loss_mask_fraction,
                     "agent_kwargs": {
                         "max_turns": args.max_turns,
                         "temperature": args.temperature,

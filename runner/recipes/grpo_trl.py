@@ -11,9 +11,13 @@ on the capture session (`training_sampling`: the trainer's temperature, truncati
 no-ops; each turn records what the harness requested next to what was sent) and tags it with
 TRL's group and episode ids; the trace is the capture (`GET /admin/sessions/{id}/trace`).
 
-A rollout TRL must not train on — not ok, eval tier, a FATAL finding, no trained token — raises
-`RolloutUnusable` (a RuntimeError), which TRL scores as an unscorable rollout; a ValueError,
-TypeError or KeyError would stop TRL's worker instead (its capture-contract error).
+A rollout TRL must not train on — graded `degenerate` by the proxy (`tapdeck.schema.rollout_health`:
+a single model call, no trainable token, a loss-mask fraction under `--min-loss-mask-fraction`), not
+ok, eval tier, a FATAL finding, no trained token — raises `RolloutUnusable` (a RuntimeError), which
+TRL scores as an unscorable rollout; a ValueError, TypeError or KeyError would stop TRL's worker
+instead (its capture-contract error). TRL logs an unscorable rollout as a warning with no metric, so
+a degenerate one's message carries the count of them skipped so far; each is also counted in its
+tapdeck run's `counts.degenerate` (`tapdeck runs`, the Runs screen).
 
 This module runs in the training environment (`tapdeck.runner.train_env`: Python 3.11, no tapdeck
 dependencies) and reaches tapdeck only through `tapdeck.runner.recipes.admin_client`; the plans it
@@ -34,6 +38,7 @@ the vLLM command (on vLLM's GPU) and the trainer's (on its own), by the rule of
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import os
 import secrets
@@ -49,11 +54,21 @@ from urllib.parse import urlsplit
 from tapdeck.runner.recipes.admin_client import AdminClient, AdminError, read_admin_key
 from tapdeck.runner.recipes.data_check import TurnRow, check_turn
 from tapdeck.runner.recipes.gpu_split import add_gpu_options
+from tapdeck.schema.findings import Finding, Level
+from tapdeck.schema.rollout_health import (
+    DEFAULT_MIN_LOSS_MASK_FRACTION,
+    degenerate_reasons,
+    loss_mask_fraction,
+)
 from tapdeck.schema.runs import RolloutTemplate, RunPlan
 from tapdeck.schema.settings import RolloutSettings
 from tapdeck.schema.tls import CA_FILE_ENV
 
 log = logging.getLogger(__name__)
+
+_degenerate_skipped = itertools.count(1)
+"""Numbers the degenerate rollouts this process skips (TRL's sessions run on its threads: a
+`next` is one step under the GIL)."""
 
 
 class RolloutUnusable(RuntimeError):
@@ -124,12 +139,18 @@ def check_trace(trace: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]
     `result` is the rollout's result from its run (ok, tier, findings); `trace` its session's trace.
     """
     sid = result.get("session_id")
+    findings = [Finding.model_validate(f) for f in result.get("findings") or []]
+    if reasons := degenerate_reasons(findings):
+        raise RolloutUnusable(
+            f"session {sid}: degenerate ({', '.join(reasons)}), skipped as unscorable; "
+            f"{next(_degenerate_skipped)} degenerate rollout(s) skipped so far"
+        )
     if not result.get("ok"):
         raise RolloutUnusable(
             f"session {sid}: rollout not ok ({result.get('error_kind') or 'findings'}: "
-            f"{result.get('error') or '; '.join(result.get('findings') or [])[:300]})"
+            f"{result.get('error') or '; '.join(map(str, findings))[:300]})"
         )
-    fatal = [f for f in result.get("findings") or [] if str(f).startswith("[FATAL]")]
+    fatal = [str(f) for f in findings if f.level is Level.FATAL]
     if fatal:
         raise RolloutUnusable(f"session {sid}: FATAL finding(s): {'; '.join(fatal[:3])}")
     if trace.get("tier") != "tokens":
@@ -266,6 +287,8 @@ class TapdeckSessionFactory:
     """The agent settings each rollout runs with (a --run's plan gives them)."""
     call_budget: int | None = None
     """Model calls per rollout before the proxy answers with a stop (None: the server's default)."""
+    min_loss_mask_fraction: float | None = None
+    """Below this share of its sampled tokens in the loss a rollout is degenerate (None: the default)."""
     poll_s: float = 1.0
     http_timeout_s: float = 60.0
     group_size: int | None = None
@@ -299,6 +322,7 @@ class TapdeckSessionFactory:
                     "agent_kwargs": self.agent_kwargs,
                     "settings": settings,
                     "call_budget": self.call_budget,
+                    "min_loss_mask_fraction": self.min_loss_mask_fraction,
                     "training_sampling": self.sampling,
                     "metadata": {
                         "trl_group_id": seed,
@@ -461,6 +485,13 @@ def arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout-s", type=float, default=300.0)
     p.add_argument("--reward-key", default=None)
     p.add_argument("--call-budget", type=int, default=None, help="Model calls per rollout (server default).")
+    p.add_argument(
+        "--min-loss-mask-fraction",
+        type=loss_mask_fraction,
+        default=DEFAULT_MIN_LOSS_MASK_FRACTION,
+        help="A rollout with a smaller share of its sampled tokens in the loss (0 to 1) is degenerate "
+        "and skipped, as are single-call ones and those with no trainable token (0: no fraction check).",
+    )
     p.add_argument("--num-generations", type=int, default=8)
     p.add_argument("--max-inflight", type=int, default=8)
     p.add_argument("--max-steps", type=int, default=20)
@@ -513,6 +544,7 @@ def factory_from_args(args: argparse.Namespace, plan: RunPlan | None = None) -> 
         reward_key=args.reward_key or template.reward_key,
         settings=template.settings,
         call_budget=args.call_budget or template.call_budget,
+        min_loss_mask_fraction=args.min_loss_mask_fraction,
         group_size=args.num_generations,
     )
 

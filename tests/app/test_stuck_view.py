@@ -54,6 +54,18 @@ def test_a_call_in_flight_past_the_threshold_is_highlighted_with_the_last_exchan
     assert lines["finding"].tone == "warning"
 
 
+def test_a_call_the_engine_refuses_while_updating_says_so_with_how_long() -> None:
+    activity = SessionActivity(
+        session_id="s",
+        now=100.0,
+        in_flight=[InFlightCall(call_id=1, started_at=50.0, engine_updating_since=70.0)],
+    )
+    lines = {line.label: line for line in pane_lines(None, ROLLOUT, activity, [], 100.0)}
+    assert lines["engine"].tone == "warning" and "503 for 30 s" in lines["engine"].text
+    held = SessionActivity(session_id="s", now=100.0, in_flight=[InFlightCall(call_id=1, started_at=50.0)])
+    assert "engine" not in {line.label for line in pane_lines(None, ROLLOUT, held, [], 100.0)}
+
+
 def test_calls_per_second_buckets_recent_call_ends() -> None:
     rates = calls_per_second([90.0, 99.0, 99.5, 10.0], 100.0, buckets=5, bucket_s=2.0)
     assert rates == [0.5, 0.0, 0.0, 0.0, 1.0]  # the call at 10 s is before the window

@@ -938,6 +938,21 @@ async def test_runs_failures_line_agrees_with_the_failed_count_after_a_resume(ap
         assert "failures: none" in str(failures.render())
 
 
+async def test_runs_shows_how_many_rollouts_of_a_run_are_degenerate(api_data):
+    run = api_data["run_details"]["run-0001"]
+    summary = next(r for r in api_data["runs"] if r["id"] == "run-0001")
+    for body in (run, summary):
+        body["counts"]["degenerate"] = 2
+    client = TapdeckClient("http://tapdeck.test", "test-key", transport=recorded_transport(api_data))
+    app = TapdeckApp(client, follow_events=False, initial_mode="runs")
+    async with app.run_test(size=(80, 24)) as pilot:
+        failures = app.screen.query_one("#failures")
+        await until(pilot, lambda: "failures:" in str(failures.render()), "the run's failures")
+        phrase = "failures: none · cancelled 1 · 2 degenerate (skipped by trainers)"
+        assert str(failures.render()).endswith(phrase)
+        assert any(line.strip() == phrase for line in _screen_lines(app)), "cut at 80 columns"
+
+
 async def test_turn_header_of_a_token_in_turn_is_whole_at_80x24(make_app):
     app = make_app("sessions")
     async with app.run_test(size=(80, 24)) as pilot:

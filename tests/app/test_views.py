@@ -60,6 +60,17 @@ def test_session_state_follows_runner_phase_then_turns():
     assert session_state(_summary(turns=0)) == "no call yet"  # a raw harness session, no runner phase
 
 
+def test_a_session_whose_call_waits_out_an_engine_update_reads_engine_updating_until_it_ends():
+    waiting = {"metadata": {"phase": "agent"}, "turns": 2, "calls_awaiting_engine": 1}
+    assert session_state(_summary(**waiting)) == "engine updating"
+    board = SessionBoard()
+    board.upsert(_summary(**waiting), 0.0)
+    assert board.rows(0.0)["s1"][2] == ("engine updating", "warning")
+    assert session_state(_summary(**waiting, state="interrupted")) == "interrupted"
+    assert session_state(_summary(**{**waiting, "metadata": {"phase": "done"}})) == "finished"
+    assert session_state(_summary(**{**waiting, "calls_awaiting_engine": 0})) == "running"
+
+
 def test_a_cancelled_rollout_reads_cancelled_not_failed_as_on_runs():
     cancelled = {"phase": "failed", "error_kind": "cancelled"}
     assert session_state(_summary(metadata=cancelled, state="closed")) == "cancelled"

@@ -129,7 +129,8 @@ def test_summary_counts_mean_reward_over_graded_and_failures_by_cause(tmp_path: 
     ):
         run.results[r.rollout_id] = r
     s = summarize(run)
-    assert s.counts.model_dump() == {"total": 4, "done": 3, "ok": 2, "failed": 1, "running": 0}
+    counts = {"total": 4, "done": 3, "ok": 2, "failed": 1, "running": 0, "degenerate": 0}
+    assert s.counts.model_dump() == counts
     assert s.mean_reward == 0.5  # the null reward is not a 0
     assert s.pass_rate == 0.5  # full reward over graded: the timeout is a failure, not a miss
     assert s.failures == {"timeout": 1}
@@ -304,3 +305,40 @@ def test_an_agent_failing_on_a_cut_reply_blames_whose_limit_cut_it(
             if limit
             else f"{sent} output tokens, the proxy's cap"
         ) in result.error
+
+
+async def test_a_templates_loss_mask_threshold_reaches_its_session_and_the_grade_is_never_cut(
+    tmp_path: Path, upstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tapdeck.proxy.service import CaptureService
+    from tapdeck.proxy.store.database import Store
+    from tapdeck.runner import rollout
+    from tapdeck.schema.findings import Finding
+    from tapdeck.schema.rollout_health import DegenerateReason, degenerate_reasons
+    from tapdeck.schema.runs import RolloutTemplate
+
+    store = Store(tmp_path / "capture.db")
+    engine = EngineSpec(url=upstream.base_url, model="m")
+    service = CaptureService(store, default_engine=engine, public_url="http://x")
+    try:
+        template = RolloutTemplate(min_loss_mask_fraction=0.25)
+        spec = rollout.RolloutSpec(task="t", task_path=tmp_path, trials_dir=tmp_path, rollout=template)
+        info = await rollout._open_session(service, spec, "r-0")
+        assert service._sessions[info.id].record["min_loss_mask_fraction"] == 0.25
+        reply = await service.handle_call(
+            "/v1/chat/completions",
+            {},
+            {"authorization": f"Bearer {info.api_key}"},
+            b'{"model":"m","messages":[{"role":"user","content":"hi"}]}',
+        )
+        assert reply.status == 200
+        result = RolloutResult(rollout_id="r-0", task="t", session_id=info.id)
+        # The grade comes after the one-call WARN: a cut at one finding would drop it.
+        monkeypatch.setattr(rollout, "MAX_FINDINGS", 1)
+        await rollout._finish(service, spec, result, None, None, [Finding.info("extra")], uses_model=True)
+        assert result.tier == "tokens" and result.findings[0].code != "degenerate"
+        assert degenerate_reasons(result.findings) == [DegenerateReason.SINGLE_CALL]
+        assert result.findings[-1].code == "findings_truncated"
+    finally:
+        await service.aclose()
+        store.close()

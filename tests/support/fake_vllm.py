@@ -15,6 +15,11 @@ What tests need of it differently, and what sets it:
 - failures vLLM cannot be made to produce on demand (`fault`: see FAULTS);
 - timing: `delay` before each chat reply, `hold` for chat calls held until released, their caller
   leaves or `hold_s` passes, `listing_delay` for a busy engine's `/models`;
+- a weight update, as vLLM goes through one: `POST /pause?mode=keep` (vLLM's
+  `vllm/entrypoints/serve/rlhf/api_router.py`, served with VLLM_SERVER_DEV_MODE) freezes chat calls,
+  in flight and new, until `POST /resume` (`GET /is_paused` says which); `scaling` answers every
+  request with the 503 vLLM's elastic-EP `ScalingMiddleware` gives while it reconfigures, for ever
+  or for the next `scaling_refusals` requests;
 - the models listing (`listing`; None for no `/models` route) and where the routes are
   (`base_path`); `/tokenize` (`tokenize`);
 - the policy version: `weight_info` for vLLM's `GET /weight_info` (dev mode, at the server root:
@@ -66,6 +71,9 @@ NO_ROUTE: Any = object()
 """`weight_info` of an engine that does not serve `/weight_info` (a 404, as vLLM outside dev mode)."""
 HTML_PAGE = "<html><body>502 Bad Gateway</body></html>"
 NOT_RECORDED = vllm_error(400, "no recorded vLLM reply to this body")
+SCALING_503 = {"error": "The model is currently scaling. Please try again later."}
+"""vLLM's body for every request while it reconfigures (`ScalingMiddleware` in
+vllm/entrypoints/serve/elastic_ep/middleware.py): a string `error`, not its usual error object."""
 
 
 class Sent(NamedTuple):
@@ -157,6 +165,8 @@ class FakeVllm:
         weight_info: str | None = NO_ROUTE,
         reply_weight_version: str | None = None,
         gate: threading.Event | None = None,
+        scaling: bool = False,
+        scaling_refusals: int | None = None,
     ) -> None:
         self.answer = answer
         self.refuse_like_vllm = refuse_like_vllm
@@ -182,6 +192,15 @@ class FakeVllm:
         """Chat calls wait until it is set (None: they do not wait)."""
         self.arrived = threading.Event()
         """Set once a chat call waits at `gate`."""
+        self.scaling = scaling
+        """Every request gets vLLM's scaling 503 (SCALING_503) while set."""
+        self.scaling_refusals = scaling_refusals
+        """While `scaling`, how many more requests are refused before it ends by itself (None: it
+        ends only when a test clears `scaling`)."""
+        self.refused_scaling = 0
+        """Requests answered with the scaling 503."""
+        self._resumed: asyncio.Event | None = None
+        """Set while generation runs; cleared by `/pause?mode=keep` (made on the server's loop)."""
         self._exchanges: dict[str, tuple[int, Any]] = {}
         self._any_body: dict[str, tuple[int, Any]] = {}
         for name in exchanges:
@@ -193,7 +212,7 @@ class FakeVllm:
         self.cancelled = 0
         """Chat calls whose caller left during `delay`."""
         self.held = 0
-        """Chat calls held now."""
+        """Chat calls held now (by `hold`, or by a pause)."""
         self.server: ThreadedServer | None = None
         self.port = 0
         """The port it was started on (kept when it stops)."""
@@ -223,6 +242,14 @@ class FakeVllm:
     ) -> _Reply:
         body = json.loads(raw) if method == "POST" and raw else None
         self.sent.append(Sent(method, url, path, headers, body))
+        if self.scaling:
+            if self.scaling_refusals is not None:
+                self.scaling_refusals -= 1
+                self.scaling = self.scaling_refusals > 0
+            self.refused_scaling += 1
+            return _json(503, SCALING_503)
+        if path in ("/pause", "/resume", "/is_paused"):
+            return self._pause_route(method, path, url)
         if method == "GET" and path == "/weight_info" and self.weight_info is not NO_ROUTE:
             return _json(200, {"weight_version": self.weight_info})
         if method == "GET" and path == f"{self.base_path}/models" and self.listing is not None:
@@ -245,6 +272,41 @@ class FakeVllm:
                 return _json(400, NOT_RECORDED)
         return _json(404, {"detail": "Not Found"})
 
+    def _pause_route(self, method: str, path: str, url: str) -> _Reply:
+        """vLLM's pause routes as it answers them; only `keep` mode is modelled (a call in flight
+        is frozen, not aborted or drained)."""
+        if self._resumed is None:
+            self._resumed = asyncio.Event()
+            self._resumed.set()
+        if method == "GET" and path == "/is_paused":
+            return _json(200, {"is_paused": not self._resumed.is_set()})
+        if method == "POST" and path == "/resume":
+            self._resumed.set()
+            return _json(200, {"status": "resumed"})
+        if method == "POST" and path == "/pause":
+            mode = httpx.URL(url).params.get("mode", "abort")
+            if mode != "keep":
+                return _json(400, {"error": f"the fake engine models only mode=keep, not {mode!r}"})
+            self._resumed.clear()
+            return _json(200, {"status": "paused"})
+        return _json(405, {"detail": "Method Not Allowed"})
+
+    async def _paused(self, left: Callable[[], Awaitable[bool]]) -> bool:
+        """Wait while generation is paused; True if the caller left meanwhile."""
+        resumed = self._resumed
+        if resumed is None or resumed.is_set():
+            return False
+        self.held += 1
+        try:
+            while not resumed.is_set():
+                if await left():
+                    return True
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(resumed.wait(), 0.05)
+            return False
+        finally:
+            self.held -= 1
+
     async def _waited(self, seconds: float, left: Callable[[], Awaitable[bool]]) -> bool:
         """Sleep `seconds`; True if the caller left meanwhile (uvicorn does not cancel a handler
         when its client leaves: it has to look)."""
@@ -260,6 +322,9 @@ class FakeVllm:
         self.requests.append(body)
         if self.refuse_like_vllm and (refusal := vllm_refusal(body)) is not None:
             return _json(*refusal)
+        if await self._paused(left):
+            self.cancelled += 1
+            return _Reply(499, b"", None)
         if self.delay and await self._waited(self.delay, left):
             self.cancelled += 1
             return _Reply(499, b"", None)
@@ -306,6 +371,14 @@ class FakeVllm:
         if self.reply_weight_version is not None and isinstance(reply, dict):
             reply = {**reply, "metadata": {"weight_version": self.reply_weight_version}}
         return _json(status, reply)
+
+    def pause(self) -> None:
+        """What a trainer does before it syncs weights: `POST /pause?mode=keep` (needs `start()`)."""
+        httpx.post(f"{self.url}/pause", params={"mode": "keep"}).raise_for_status()
+
+    def resume(self) -> None:
+        """What it does after: `POST /resume`; the frozen calls are answered."""
+        httpx.post(f"{self.url}/resume").raise_for_status()
 
     # --- in this process -----------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tapdeck.app.cli import app
+from tapdeck.schema.rollout_health import DEFAULT_MIN_LOSS_MASK_FRACTION
 from tests.support.local_server import local_server_on
 
 WIDE = {"COLUMNS": "200", "TERMINAL_WIDTH": "200"}
@@ -41,6 +42,7 @@ def test_rollout_help_shows_every_setting_and_its_default() -> None:
         "--min-p",
         "--harness-kwargs",
         "--timeout",
+        "--min-loss-mask-fraction",
     ):
         assert flag in text
     for default in (
@@ -50,6 +52,7 @@ def test_rollout_help_shows_every_setting_and_its_default() -> None:
         "default 300",
         "default: the engine's max_model_len",
         "lean on the embedded engine",
+        f"(default {DEFAULT_MIN_LOSS_MASK_FRACTION:g}; one call or no trainable token is degenerate too)",
     ):
         assert default in text, default
     # Each harness's own values on the embedded engine, from the one table.
@@ -59,6 +62,8 @@ def test_rollout_help_shows_every_setting_and_its_default() -> None:
     for row in harness_defaults():
         assert f"{row.harness} {row.agent_timeout_s:g} s" in unwrapped
         assert f"{row.harness} {row.output_tokens}" in unwrapped
+    refused = CliRunner().invoke(app, ["rollout", "--min-loss-mask-fraction", "1.5"], env=WIDE)
+    assert refused.exit_code == 2 and "--min-loss-mask-fraction" in refused.output
 
 
 def test_harness_kwargs_that_are_not_a_json_object_are_refused_before_anything_runs() -> None:

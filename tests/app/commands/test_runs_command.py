@@ -163,6 +163,39 @@ def test_runs_of_a_cancelled_run_counts_the_cancel_apart_and_the_unrun_rollout_a
     assert "failures: none · cancelled 1" in lines
 
 
+def test_a_runs_rollouts_graded_degenerate_are_counted(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    degenerate = {"level": "WARN", "code": "degenerate", "detail": "single_call: one model call"}
+    run = "run-20261201-100000-dddd"
+    _run(
+        data,
+        run,
+        1.0,
+        "finished",
+        [
+            # ok, yet degenerate: trainers skip it all the same
+            {"rollout_id": f"{run}.g000r00", "index": 0, "ok": True, "reward": 1.0, "findings": [degenerate]},
+            {"rollout_id": f"{run}.g000r01", "index": 1, "ok": True, "reward": 0.0},
+            {
+                "rollout_id": f"{run}.g000r02",
+                "index": 2,
+                "ok": False,
+                "phase": "failed",
+                "error_kind": "no_trainable",
+                "error": "a train rollout with no trainable sequence",
+                "findings": [degenerate | {"detail": "no_trainable_token: none of 4"}],
+            },
+        ],
+        k=3,
+    )
+    result = _runs(run, "--data-dir", str(data))
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert f"run {run} finished: 3/3 done, 2 ok, 1 failed, 2 degenerate (skipped by trainers)" in lines
+    listed = json.loads(_runs("--data-dir", str(data), "--json").output)
+    assert listed["runs"][0]["counts"]["degenerate"] == 2
+
+
 def test_runs_says_what_is_wrong_with_a_run_it_cannot_show(data: Path) -> None:
     result = _runs("../x", "--data-dir", str(data))
     assert result.exit_code == 2

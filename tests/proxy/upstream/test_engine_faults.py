@@ -51,7 +51,6 @@ def _engine_in_flight(server) -> int:
         ("truncated_json", 502, "not a JSON object"),
         ("no_choices", 502, "without choices"),
         ("html", 502, "not a JSON object"),
-        ("empty_503", 502, "HTTP 503"),
     ],
 )
 def test_broken_engine_replies_are_502s_with_a_message_in_every_dialect(

@@ -113,6 +113,31 @@ def test_a_version_posted_while_a_call_is_in_flight_stamps_it_as_straddling(engi
     assert entry["metadata"]["policy_version_straddled"] == [4, 5]
 
 
+def test_a_call_resent_after_the_engine_refused_it_during_an_update_has_the_new_version(engine, capture):
+    """Refused with vLLM's 503 while the weights change, then resent: the reply came from the new
+    weights alone, so the turn is theirs, not a straddle of the version it was first sent under."""
+    import time
+
+    sid, key = _session(capture)
+    _post(capture, {"version": 4})
+    chat_sent = len([s for s in engine.sent if s.path.endswith("/chat/completions")])
+    engine.scaling = True
+    with ThreadPoolExecutor(1) as pool:
+        call = pool.submit(_call, capture, key)
+        deadline = time.monotonic() + 30
+        # Refused as the model call itself (the prompt's /tokenize before it is refused too).
+        while len([s for s in engine.sent if s.path.endswith("/chat/completions")]) == chat_sent:
+            assert time.monotonic() < deadline and not call.done(), "the call never reached the engine"
+            time.sleep(0.02)
+        _post(capture, {"version": 5})
+        engine.scaling = False
+        call.result(timeout=60)
+
+    turn = capture.turn(sid, 0)
+    assert (turn["policy_version"], turn.get("policy_version_straddled")) == (5, None)
+    assert "policy_version_straddled" not in {f["code"] for f in turn["findings"]}
+
+
 def test_vllm_weight_info_is_read_before_and_after_each_call_and_wins_over_the_trainer(engine, capture):
     engine.weight_info = "7"
     sid, key = _session(capture)

@@ -302,3 +302,34 @@ def test_token_id_completion_of_a_tool_call_is_raw_text_the_proxy_must_parse():
     assert reply["logprobs"]["content"] == chat["logprobs"]["content"]
     assert reply["finish_reason"] == "stop" != chat["finish_reason"] == "tool_calls"
     assert reply["message"]["content"].startswith("<tool_call>") and "tool_calls" not in reply["message"]
+
+
+async def test_a_token_in_continuation_keeps_the_routing_of_its_whole_prompt() -> None:
+    """MoE routing as vLLM sends it (base64 `.npy`, one row per token but the last) on the
+    recorded token-id completion: the turn keeps it, over the continued prompt and the reply."""
+    import base64
+    import io
+
+    engine = _engine("greedy")
+    request, upstream = _turn2("greedy")
+    rec = recorded("tokenin_greedy_turn2_ids")
+    response = copy.deepcopy(rec["response"])
+    choice = response["choices"][0]
+    assert choice["routed_experts"] is None  # recorded with the flag off
+    rows = len(choice["prompt_token_ids"]) + len(choice["token_ids"]) - 1
+    routing = np.arange(rows * 4 * 2, dtype=np.uint16).reshape(rows, 4, 2)
+    buf = io.BytesIO()
+    np.save(buf, routing, allow_pickle=False)
+    choice["routed_experts"] = base64.b64encode(buf.getvalue()).decode("ascii")
+    engine.add("/v1/completions", rec["request"], 200, response)
+    token_in = TokenIn(_client(engine))
+    plan = await token_in.plan(_held_graph("greedy"), request, upstream)
+    reply, _ = await token_in.send(upstream, plan)
+    cap = parse_capture(reply)
+    assert cap.findings == [] and cap.routed_experts is not None
+    assert np.array_equal(cap.routed_experts, routing)
+    # The held turn's ids and the new ones: the prompt token-in continued, every row of it.
+    assert (
+        cap.prompt_ids.size + cap.sampled_ids.size - 1 == rows
+        and plan.prompt_ids == choice["prompt_token_ids"]
+    )

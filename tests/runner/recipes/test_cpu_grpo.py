@@ -18,9 +18,17 @@ from typing import Any
 import pytest
 
 from tapdeck.runner.engine.model_file import default_model_path, shipped_model_path
-from tapdeck.runner.recipes.cpu_grpo import TapdeckRollouts, format_score, is_flat, sample_from_rollout
+from tapdeck.runner.recipes.cpu_grpo import (
+    TapdeckRollouts,
+    arg_parser,
+    format_score,
+    is_flat,
+    sample_from_rollout,
+    verifier,
+)
 from tapdeck.runner.recipes.logprob_mismatch import MAX, MEAN, OUTSIDE
 from tapdeck.runner.training import train_python
+from tapdeck.schema.rollout_health import DEFAULT_MIN_LOSS_MASK_FRACTION
 
 REPO = Path(__file__).resolve().parents[3]
 LOGPROB_TOLERANCE = 1e-3
@@ -79,12 +87,16 @@ def row(verifier: float | None, fmt: float | None) -> tuple[dict, float | None, 
     return {}, verifier, fmt, {}
 
 
-def test_a_group_is_flat_when_every_rollout_has_the_same_total_reward() -> None:
+def test_a_group_is_flat_when_its_scorable_rollouts_have_the_same_total_reward() -> None:
     assert is_flat([row(0.0, 0.25), row(0.0, 0.25), row(0.0, 0.25)])
     assert is_flat([row(None, None), row(None, None)])
     assert not is_flat([row(0.0, 0.25), row(1.0, 0.25)])
-    assert not is_flat([row(0.0, 0.0), row(None, None)])  # unscorable is not a score of 0
     assert not is_flat([row(0.0, 0.5), row(0.5, 0.0), row(0.0, 0.0)])
+    # TRL's group baseline leaves unscorable rollouts (degenerate ones too) out, and gives them no
+    # advantage: they are neither a score of 0 nor a reason to call the rest varied.
+    assert not is_flat([row(0.0, 0.0), row(None, None), row(1.0, 0.0)])
+    assert is_flat([row(0.0, 0.0), row(None, None), row(0.0, 0.0)])
+    assert is_flat([row(1.0, 0.0), row(None, None)])  # one scorable: nothing to compare it with
 
 
 class ScriptedRollouts(TapdeckRollouts):
@@ -116,6 +128,41 @@ def test_redraws_stop_at_the_limit_and_keep_the_last_draw() -> None:
     rollouts = ScriptedRollouts(flat, redraws=2)
     group = rollouts._redraw_while_flat("t", rollouts._collect(rollouts._submit("t")))
     assert group == flat[2] and len(rollouts.submitted) == 3
+
+
+class NoServer:
+    """An http client that must not be used: a degenerate rollout is skipped before any request."""
+
+    def get(self, path: str) -> Any:
+        raise AssertionError(f"fetched {path} for a rollout graded degenerate")
+
+
+def test_degenerate_rollouts_are_skipped_as_unscorable_and_counted(capsys) -> None:
+    rollouts = TapdeckRollouts(NoServer(), None, group_size=2, plan={}, timeout_s=1, eos_id=0)
+    degenerate = {
+        "session_id": "s-1",
+        "ok": True,
+        "reward": 1.0,
+        "findings": [{"level": "WARN", "code": "degenerate", "detail": "single_call: one model call"}],
+    }
+    drawn = [rollouts._sample(degenerate), rollouts._sample(degenerate)]
+    for sample, verifier_reward, fmt, stats in drawn:
+        assert (verifier_reward, fmt) == (None, None)  # unscorable, whatever its reward
+        assert sample["env_mask"] == [0] and stats["degenerate"] == 1.0 and stats["scorable"] == 0.0
+    assert rollouts.degenerate_total == 2
+    assert "unscorable rollout: degenerate (single_call), session s-1" in capsys.readouterr().out
+    healthy = {"turns": 2.0, "agent_sequences": 1.0, "scorable": 1.0, "ok": 1.0, "degenerate": 0.0}
+    logged: dict[str, float] = {}
+    verifier([], [], [None, None, 0.0], [drawn[0][3], drawn[1][3], healthy], log_metric=logged.__setitem__)
+    # A count per step, not a share; the others stay means.
+    assert logged["rollout/degenerate"] == 2.0 and logged["rollout/scorable"] == pytest.approx(1 / 3)
+
+
+def test_the_loss_mask_threshold_is_a_flag_with_the_documented_default() -> None:
+    assert arg_parser().parse_args([]).min_loss_mask_fraction == DEFAULT_MIN_LOSS_MASK_FRACTION
+    assert arg_parser().parse_args(["--min-loss-mask-fraction", "0"]).min_loss_mask_fraction == 0.0
+    with pytest.raises(SystemExit):
+        arg_parser().parse_args(["--min-loss-mask-fraction", "1.5"])
 
 
 @pytest.mark.medium
@@ -152,7 +199,8 @@ def test_cpu_grpo_trains_on_tapdeck_rollouts_from_its_current_weights(
     # One turn, but the server's call budget (3): terminus-2 re-asks after a reply it cannot parse,
     # and the format credit averaged over up to 3 replies makes a group where all 3 rollouts score
     # the same less common; such a group (nothing to learn, no update to check) is drawn again, up
-    # to 5 times (CI once met a flat group on the one draw it had).
+    # to 5 times (CI once met a flat group on the one draw it had), as is one left with fewer than
+    # two scorable rollouts (a one-call rollout is degenerate and skipped).
     args = [
         "--tasks",
         "hello-file",
@@ -258,7 +306,12 @@ class OneCallRollouts(TapdeckRollouts):
 
     def _collect(self, run_id: str) -> list:
         return [
-            ({"prompt_ids": [0], "completion_ids": [0], "env_mask": [1], "logprobs": [0.0]}, 0.0, 0.0, {})
+            (
+                {"prompt_ids": [0], "completion_ids": [0], "env_mask": [1], "logprobs": [0.0]},
+                0.0,
+                0.0,
+                {"turns": 1.0, "agent_sequences": 1.0, "scorable": 1.0, "ok": 1.0, "degenerate": 0.0},
+            )
         ]
 
 
@@ -318,13 +371,14 @@ def test_each_steps_rollouts_are_stamped_with_the_steps_taken_and_a_call_across_
 def test_two_cpu_grpo_steps_stamp_each_steps_turns_and_record_the_mismatch_of_each(
     train_env: Path, train_server: Any
 ) -> None:
-    """The smallest run that has two steps (2 one-turn rollouts of 8 tokens per step, no redraw),
-    shared by two checks: cpu-grpo posts the steps taken before each step's rollouts, so every turn
-    of the first step's run is stamped 0 and of the second's 1; and each step logs the
-    sampler-trainer mismatch."""
+    """The smallest run that has two steps (2 one-turn rollouts of 8-token replies per step, no
+    redraw), shared by two checks: cpu-grpo posts the steps taken before each step's rollouts, so
+    every turn of the first step's run is stamped 0 and of the second's 1; and each step logs the
+    sampler-trainer mismatch. Two calls each: terminus-2 re-asks after a reply cut at 8 tokens, and
+    a one-call rollout would be skipped as degenerate."""
     http = train_server.http
     args = ["--tasks", "hello-file", "--group-size", "2", "--steps", "2", "--max-turns", "1"]
-    args += ["--max-tokens", "8", "--call-budget", "1", "--redraws", "0", "--rollout-timeout", "1200"]
+    args += ["--max-tokens", "8", "--call-budget", "2", "--redraws", "0", "--rollout-timeout", "1200"]
     resp = http.post("/admin/train", json={"recipe": "cpu-grpo", "args": args})
     assert resp.status_code == 200, resp.text
     job = resp.json()

@@ -31,6 +31,7 @@ from tapdeck.runner.recipes.grpo_trl import (
     posting_versions,
     task_name,
 )
+from tapdeck.schema.rollout_health import DEFAULT_MIN_LOSS_MASK_FRACTION
 from tapdeck.schema.runs import RunPlan
 from tests.support.local_server import local_server_on
 
@@ -174,10 +175,25 @@ TURN = {
             {"tier": "tokens", "turns": [TURN]},
             "not ok",
         ),
+        (  # its findings, structured, name why
+            {"ok": False, "findings": [{"level": "FATAL", "code": "no_calls", "detail": "none"}]},
+            {"tier": "tokens", "turns": [TURN]},
+            r"not ok \(findings: \[FATAL\] no_calls: none\)",
+        ),
         (
             {"ok": True, "findings": ["[FATAL] prefix_break: turn 2"]},
             {"tier": "tokens", "turns": [TURN]},
             "FATAL",
+        ),
+        (  # as the server's JSON carries them
+            {"ok": True, "findings": [{"level": "FATAL", "code": "prefix_break", "detail": "turn 2"}]},
+            {"tier": "tokens", "turns": [TURN]},
+            "FATAL",
+        ),
+        (
+            {"ok": True, "findings": [{"level": "WARN", "code": "degenerate", "detail": "single_call: x"}]},
+            {"tier": "tokens", "turns": [TURN]},
+            r"degenerate \(single_call\), skipped as unscorable",
         ),
         ({"ok": True}, {"tier": "logprobs", "turns": [TURN]}, "eval only"),
         ({"ok": True}, {"tier": "tokens", "turns": []}, "no agent turn"),
@@ -193,6 +209,36 @@ def test_rollouts_trl_must_not_train_on_are_unscorable_not_contract_errors(resul
     assert check_trace(
         {"schema_version": 1, "tier": "tokens", "session_id": "s", "turns": [TURN]}, {"ok": True}
     ) == {"schema_version": 1, "turns": [TURN]}
+
+
+def test_degenerate_rollouts_are_counted_as_they_are_skipped() -> None:
+    result = {
+        "ok": False,  # no trainable token also fails the rollout: it is counted as degenerate all the same
+        "session_id": "s-2",
+        "findings": [
+            {"level": "FATAL", "code": "no_trainable_sequence", "detail": ""},
+            {"level": "WARN", "code": "degenerate", "detail": "no_trainable_token: none of 3"},
+            {"level": "WARN", "code": "degenerate", "detail": "single_call: one model call"},
+        ],
+    }
+    counts = []
+    for _ in range(2):
+        with pytest.raises(RolloutUnusable, match=r"degenerate \(no_trainable_token, single_call\)") as err:
+            check_trace({"schema_version": 1, "tier": "tokens", "turns": [TURN]}, result)
+        counts.append(int(str(err.value).split("; ")[-1].split()[0]))
+    assert counts[1] == counts[0] + 1
+
+
+def test_the_loss_mask_threshold_reaches_each_rollouts_plan(tmp_path: Path) -> None:
+    key = tmp_path / "admin.key"
+    key.write_text("k")
+    args = arg_parser().parse_args(["--data-dir", str(tmp_path), "--min-loss-mask-fraction", "0.3"])
+    factory = factory_from_args(args)
+    assert factory.plan("hello-file").rollout.min_loss_mask_fraction == 0.3
+    default = factory_from_args(arg_parser().parse_args(["--data-dir", str(tmp_path)]))
+    assert default.plan("t").rollout.min_loss_mask_fraction == DEFAULT_MIN_LOSS_MASK_FRACTION
+    with pytest.raises(SystemExit):
+        arg_parser().parse_args(["--min-loss-mask-fraction", "2"])
 
 
 @pytest.mark.slow  # the embedded model

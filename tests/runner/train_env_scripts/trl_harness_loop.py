@@ -58,7 +58,7 @@ def main(server: str, admin_key: str, gguf: str, out: str, groups: str, *tasks: 
             "--timeout-s",
             "600",
             "--call-budget",
-            "1",
+            "2",
             "--tasks",
             *tasks,
         ]
@@ -75,7 +75,8 @@ def main(server: str, admin_key: str, gguf: str, out: str, groups: str, *tasks: 
     factory = dataclasses.replace(
         grpo_trl.factory_from_args(args),
         poll_s=0.5,
-        agent_kwargs={"max_turns": 1, "llm_kwargs": {"max_tokens": 32}},
+        # Two calls: a one-call rollout is graded degenerate, and grpo-trl skips it.
+        agent_kwargs={"max_turns": 2, "llm_kwargs": {"max_tokens": 32}},
     )
     kwargs = grpo_trl.worker_kwargs(
         config,
