@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -122,6 +123,35 @@ def environment_config(
     )
 
 
+_COMPOSE_FAILED = re.compile(
+    r"Docker compose command failed for environment \S+\. Command: (?P<command>.*?)\. "
+    r"Return code: (?P<code>-?\d+)\. Stdout: (?P<out>.*)\. Stderr: (?P<err>.*)\.",
+    re.DOTALL,
+)
+"""The message of the RuntimeError Harbor's docker environment raises when a compose command fails."""
+_CAUSE = re.compile(r"error|failed|denied|not found|no such|cannot|unable|invalid", re.IGNORECASE)
+
+
+def compose_failure(message: str) -> str | None:
+    """One line saying why a compose command of Harbor's docker environment failed: the command
+    (`build`, `up …`) and the last line of its output that reads as a cause (the build step that
+    failed, an image that could not be found), not the whole command line Harbor's message starts
+    with. None for any other message."""
+    found = _COMPOSE_FAILED.search(message)
+    if found is None:
+        return None
+    words = found["command"].split()
+    last_file = max((i for i, w in enumerate(words) if w == "-f"), default=-2)
+    command = " ".join(words[last_file + 2 :]) or "command"
+    lines = [
+        line.strip()
+        for line in f"{found['out']}\n{found['err']}".splitlines()
+        if line.strip() and line.strip() != "None"
+    ]
+    cause = ([line for line in lines if _CAUSE.search(line)] or lines or ["no output"])[-1]
+    return f"docker compose {command} failed (exit {found['code']}): {cause}"
+
+
 def sample_task_images() -> list[str]:
     """The images the shipped sample tasks' Dockerfiles start `FROM`."""
     from tapdeck.runner.datasets import SAMPLE_DATASET_DIR
@@ -173,6 +203,7 @@ __all__ = [
     "OWNER_LABEL",
     "agent_mounts",
     "check",
+    "compose_failure",
     "environment_config",
     "overlay",
     "owner",
