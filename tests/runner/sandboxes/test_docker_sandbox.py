@@ -9,6 +9,7 @@ image) they fail saying what is missing, unless TAPDECK_NO_CONTAINER_TESTS=1 opt
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -20,10 +21,11 @@ from typing import Any
 import httpx
 import pytest
 
+from tapdeck.runner.cli_agents import AGENT_HOME
 from tapdeck.runner.datasets import SAMPLE_DATASET_DIR, sample_dataset
 from tapdeck.runner.sandboxes import docker_sandbox
 from tapdeck.runner.sandboxes.docker_sandbox import OWNER_LABEL
-from tests.support.agent_clis import AGENT_CONTEXT, installed_or_skip
+from tests.support.agent_clis import AGENT_CONTEXT, engine_for_agents, installed_or_skip, scripted_agent_reply
 from tests.support.fake_vllm import FakeVllm
 from tests.support.ports import free_port
 from tests.support.runner_server import RunnerServer, make_task, runner_server_on
@@ -32,6 +34,8 @@ from tests.support.tapdeck_process import serve_process, wait_health
 pytestmark = pytest.mark.slow
 
 OPT_OUT = "TAPDECK_NO_CONTAINER_TESTS"
+BASE_IMAGE = "python:3.12-slim-bookworm"
+"""What the sample tasks' Dockerfiles start FROM (here, the stand-in the script builds)."""
 TASKS = [t.name for t in sample_dataset().tasks]
 LEAKS = {"OPENAI_API_KEY": "sk-provider-leak-check", "ANTHROPIC_API_KEY": "sk-ant-leak-check"}
 """Provider keys set in the server's own environment while a container runs: none may get in."""
@@ -93,6 +97,14 @@ def _until(what: str, check: Any, timeout_s: float = 240.0) -> Any:
 
 def _one_chain(server: RunnerServer, r: dict[str, Any]) -> list[dict[str, Any]]:
     """The session's agent turns, checked captured with ids and logprobs, hanging off one root."""
+    agent, doc = _captured(server, r)
+    assert [t["parent"] for t in agent].count(None) == 1, [(t["seq"], t["parent"]) for t in doc["turns"]]
+    return agent
+
+
+def _captured(server: RunnerServer, r: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The session's agent turns and its rollout graph, every turn checked captured with ids and
+    logprobs."""
     http = server.http
     doc = http.get(f"/admin/sessions/{r['session_id']}/rollout").json()
     agent = [t for t in doc["turns"] if t["role"] == "agent"]
@@ -101,8 +113,7 @@ def _one_chain(server: RunnerServer, r: dict[str, Any]) -> list[dict[str, Any]]:
         turn = http.get(f"/admin/sessions/{r['session_id']}/turns/{t['seq']}").json()
         assert turn["prompt_len"] and turn["sampled_ids"]
         assert len(turn["logprobs"]) == len(turn["sampled_ids"])
-    assert [t["parent"] for t in agent].count(None) == 1, [(t["seq"], t["parent"]) for t in doc["turns"]]
-    return agent
+    return agent, doc
 
 
 # ----------------------------------------------------------------------------- rollouts
@@ -128,6 +139,43 @@ def environ_task(root: Path) -> Path:
     )
 
 
+WATCH_SH = """#!/bin/sh
+# The container's first process: while it runs, every process's environment goes to environ-seen.txt.
+seen=/logs/agent/environ-seen.txt
+while :; do
+    for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' < "$f"; echo; done 2>/dev/null | sort -u > /tmp/now
+    sort -u /tmp/now "$seen" -o "$seen" 2>/dev/null || cp /tmp/now "$seen"
+    sleep 0.3
+done &
+exec "$@"
+"""
+
+
+def watched_task(task: Path) -> Path:
+    """`task` with its container also recording, while it runs, the environment of every process in
+    it (an agent CLI's, which is gone by the time the verifier looks) to /logs/agent/environ-seen.txt."""
+    (task / "environment" / "watch.sh").write_text(WATCH_SH)
+    dockerfile = task / "environment" / "Dockerfile"
+    dockerfile.write_text(
+        dockerfile.read_text()
+        + 'COPY watch.sh /watch.sh\nRUN chmod 755 /watch.sh\nENTRYPOINT ["/watch.sh"]\n'
+    )
+    return task
+
+
+def credentials(environ: str) -> set[str]:
+    """The credential-like variables (…KEY…, …TOKEN…, …SECRET…) among `environ`'s lines, less those
+    the base image sets itself (the real python image's GPG_KEY)."""
+    image = subprocess.run(
+        ["docker", "image", "inspect", "--format", "{{range .Config.Env}}{{println .}}{{end}}", BASE_IMAGE],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    pattern = re.compile(r"^\w*(?:KEY|TOKEN|SECRET)\w*=")
+    return {line for line in environ.splitlines() if pattern.match(line)} - set(image)
+
+
 def test_terminus2_in_a_container_is_captured_as_one_chain_and_no_key_gets_in(
     server: RunnerServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -149,25 +197,39 @@ def test_terminus2_in_a_container_is_captured_as_one_chain_and_no_key_gets_in(
     _one_chain(server, r)
     seen = (Path(r["trial_dir"]) / "verifier" / "environ.txt").read_text()
     print(f"\nthe container's processes' environments:\n{seen}")
-    assert "tmux" in seen or "TMUX" in seen, "terminus-2's tmux server is not among them"
+    assert "TMUX" in seen, "terminus-2's tmux server is not among them"
     admin_key = server.http.headers["Authorization"].removeprefix("Bearer ")
     for secret in [*LEAKS.values(), admin_key]:
         assert secret not in seen
+    # terminus-2's tmux session carries the session key (as OPENAI_API_KEY), and nothing else does.
+    assert [line.split("=")[0] for line in credentials(seen)] == ["OPENAI_API_KEY"], credentials(seen)
     assert containers() == []
 
 
-@pytest.mark.parametrize("name", ["codex"])
-def test_an_agent_cli_runs_in_a_container_from_the_host_install(
-    server: RunnerServer, tmp_path: Path, name: str
+def _only_the_session_key_was_inside(server: RunnerServer, r: dict[str, Any]) -> None:
+    """Every process the watched task's container ran, the agent CLI's included, had the session
+    key (as TAPDECK_SESSION_KEY) as its one credential, and no server or provider key."""
+    seen = (Path(r["trial_dir"]) / "agent" / "environ-seen.txt").read_text()
+    assert f"HOME={AGENT_HOME}\n" in seen, "the CLI's process was never seen"
+    admin_key = server.http.headers["Authorization"].removeprefix("Bearer ")
+    for secret in [*LEAKS.values(), admin_key]:
+        assert secret not in seen
+    assert [line.split("=")[0] for line in credentials(seen)] == ["TAPDECK_SESSION_KEY"], credentials(seen)
+
+
+def test_codex_runs_in_a_container_from_the_host_install_against_the_embedded_engine(
+    server: RunnerServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The CLI's host install is mounted read-only; it reaches the loopback proxy through the host
-    network; the session key is the one credential in its environment."""
-    installed_or_skip(name)
-    environ_task(tmp_path)
+    network; the session key is the one credential any process in the container had."""
+    installed_or_skip("codex")
+    for variable, value in LEAKS.items():
+        monkeypatch.setenv(variable, value)
+    watched_task(environ_task(tmp_path))
     r = _only(
         server.run(
             dataset=str(tmp_path),
-            harness=name,
+            harness="codex",
             sandbox="docker",
             timeout_s=1500,
             agent_timeout_s=1200,
@@ -176,14 +238,49 @@ def test_an_agent_cli_runs_in_a_container_from_the_host_install(
             engine_tool_parser="hermes",
         )
     )
-    output = Path(r["trial_dir"], "agent", f"{name}.txt")
+    output = Path(r["trial_dir"], "agent", "codex.txt")
     assert r["error_kind"] in (None, "agent_failed"), (r["error"], output.read_text()[-2000:])
     assert r["reward"] == 0.0 and r["tier"] == "tokens" and r["turns"] >= 1
     _one_chain(server, r)
-    seen = (Path(r["trial_dir"]) / "verifier" / "environ.txt").read_text()
-    admin_key = server.http.headers["Authorization"].removeprefix("Bearer ")
-    for secret in [*LEAKS.values(), admin_key]:
-        assert secret not in seen
+    _only_the_session_key_was_inside(server, r)
+    assert containers() == []
+
+
+SOLVE = "printf 'Hello, world!\\n' > /app/hello.txt"
+"""What the sample task hello-file asks for: its verifier then gives reward 1."""
+
+
+@pytest.mark.parametrize("name", ["codex", "opencode"])
+def test_an_agent_clis_tool_call_solves_a_sample_task_inside_the_container(
+    tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An engine answering as a capable model would (recorded vLLM bodies: the CLI's shell tool
+    writing hello.txt, then "done"), in seconds: the tool runs in the container, the verifier there
+    gives 1, and every call is captured (the recorded bodies' token ids extend no earlier call, so
+    they make no chain: the embedded engine's test checks that)."""
+    installed_or_skip(name)
+    for variable, value in LEAKS.items():
+        monkeypatch.setenv(variable, value)
+    shutil.copytree(SAMPLE_DATASET_DIR / "hello-file", tmp_path / "tasks" / "hello-file")
+    watched_task(tmp_path / "tasks" / "hello-file")
+    with (
+        engine_for_agents(scripted_agent_reply(name, SOLVE)) as engine,
+        runner_server_on(engine, tmp_path / "data") as server,
+    ):
+        r = _only(
+            server.run(
+                dataset=str(tmp_path / "tasks"),
+                harness=name,
+                sandbox="docker",
+                timeout_s=600,
+                agent_kwargs={"max_turns": 4, "tool_profile": "lean"},
+            )
+        )
+        output = Path(r["trial_dir"], "agent", f"{name}.txt")
+        assert r["ok"] and r["error_kind"] is None, (r["error"], output.read_text()[-2000:])
+        assert r["reward"] == 1.0 and r["turns"] >= 2
+        _captured(server, r)
+        _only_the_session_key_was_inside(server, r)
     assert containers() == []
 
 

@@ -91,3 +91,26 @@ def test_an_installed_node_cli_is_mounted_read_only_with_node(
     ]
     assert docker_sandbox.agent_mounts("claude-code", tmp_path) == []  # not installed there
     assert docker_sandbox.agent_mounts("terminus-2", tmp_path) == []
+
+
+def test_the_check_names_what_is_missing_and_the_script_that_readies_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert docker_sandbox.check() == (
+        False,
+        "no docker CLI on PATH; run scripts/container-sandbox.sh as root to ready it",
+    )
+    # A docker CLI whose daemon answers, with no compose plugin, then one without the base image.
+    docker = tmp_path / "docker"
+    docker.write_text(
+        "#!/bin/sh\n"
+        'case "$1" in info) echo 20.10.24;; compose) [ -f "$0.compose" ] && echo 2.29.7 || exit 1;; '
+        "image) exit 1;; esac\n"
+    )
+    docker.chmod(0o755)
+    ok, why = docker_sandbox.check()
+    assert not ok and why.startswith("dockerd 20.10.24 runs, but no `docker compose` v2 plugin; run scripts/")
+    (tmp_path / "docker.compose").write_text("")
+    ok, why = docker_sandbox.check()
+    assert not ok and "base image(s) python:3.12-slim-bookworm are not built here" in why, why
