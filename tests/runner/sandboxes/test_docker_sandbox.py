@@ -307,6 +307,19 @@ def test_a_container_that_cannot_build_fails_its_rollout_naming_the_cause_and_th
     assert containers() == []
 
 
+def test_a_container_that_cannot_start_fails_its_rollout_naming_the_cause(
+    server: RunnerServer, tmp_path: Path
+) -> None:
+    broken = make_task(tmp_path, "no-entrypoint", "echo 1 > /logs/verifier/reward.txt\n")
+    dockerfile = broken / "environment" / "Dockerfile"
+    dockerfile.write_text(dockerfile.read_text() + 'ENTRYPOINT ["/no/such/entrypoint"]\n')
+    r = _only(server.run(dataset=str(tmp_path), harness="oracle", sandbox="docker", timeout_s=600))
+    assert not r["ok"] and r["error_kind"] == "sandbox_failed" and r["reward"] is None, r
+    # It builds; starting it is what fails, and the error says so and why.
+    assert "docker compose up" in r["error"] and "/no/such/entrypoint" in r["error"], r["error"]
+    assert containers() == []
+
+
 def sleeping_task(root: Path) -> Path:
     """hello-file whose solution sleeps: its container stays up in the agent phase."""
     task = make_task(root, "sleeper", "echo 1 > /logs/verifier/reward.txt\n", agent_timeout_s=600)
