@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tapdeck's one entry point on a fresh machine.
 #   ./tapdeck.sh            set up (first time only) and open the TUI on the embedded defaults
-#   ./tapdeck.sh test [ARGS]  set up and run the whole test suite (ARGS go to pytest)
+#   ./tapdeck.sh test [ARGS]  set up, ready Docker for the container tests (as root), and run the
+#                             whole test suite (ARGS go to pytest)
 #   ./tapdeck.sh test --fast  the fast tier only (no test marked slow or medium)
 #   ./tapdeck.sh ARGS...    set up and run the tapdeck CLI with ARGS (e.g. `./tapdeck.sh info`)
 set -euo pipefail
@@ -13,6 +14,15 @@ if [ "${1:-}" = "test" ]; then
     if [ "${1:-}" = "--fast" ]; then  # the fast tier: no `slow` or `medium` test (docs/development.md)
         shift
         set -- -m "not slow and not medium" "$@"
+    elif [ -n "${TAPDECK_NO_CONTAINER_TESTS:-}" ]; then
+        echo "container tests: skipped (TAPDECK_NO_CONTAINER_TESTS is set)" >&2
+    elif [ "$(id -u)" = 0 ]; then
+        # The docker sandbox's tests need dockerd and the sample tasks' base image (seconds once built).
+        "$here/scripts/container-sandbox.sh" >&2 || echo "container tests: the backend is not ready" \
+            "(above); they will fail saying why" >&2
+    else
+        echo "container tests: cannot run: readying Docker needs root (scripts/container-sandbox.sh);" \
+            "they fail unless Docker is ready or TAPDECK_NO_CONTAINER_TESTS=1" >&2
     fi
     exec "$here/.venv/bin/python" -m pytest "$@"
 fi

@@ -34,6 +34,7 @@ from tapdeck.proxy.upstream.tiers import EngineSpec
 from tapdeck.runner.batch import BatchRunner
 from tapdeck.runner.errors import RunnerError, RunUnreadable
 from tapdeck.runner.runner_loop import RunnerLoop
+from tapdeck.runner.sandboxes.abandoned_containers import remove_abandoned
 from tapdeck.runner.service_protocol import CaptureServiceProtocol
 from tapdeck.runner.train_jobs import TrainingJobs, run_rows_for_training
 from tapdeck.schema.catalog import Catalog
@@ -106,7 +107,10 @@ def create_runner_router(
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Any) -> AsyncIterator[None]:
+        # Docker sandboxes a killed server left running go now (on a thread: start is not held).
+        sweep = asyncio.create_task(asyncio.to_thread(remove_abandoned))
         yield
+        await sweep
         await asyncio.to_thread(training.stop_all)
         running = batch.running_here()  # not another process's runs on the same data dir
         for run_id in running:

@@ -46,6 +46,7 @@ from tapdeck.schema.catalog import (
 from tapdeck.schema.sessions import is_embedded_engine
 
 HOST_SANDBOX = "host"
+DOCKER_SANDBOX = "docker"
 HOST_IMPORT_PATH = "tapdeck.runner.sandboxes.host:HostSandbox"
 DEFAULTS = {
     "dataset": datasets_mod.SAMPLE_DATASET_NAME,
@@ -100,6 +101,19 @@ UNCHECKED_BY_PREFLIGHT: dict[str, tuple[Callable[[], bool], str]] = {
 
 
 def _check_harbor_environment(env_type: str) -> tuple[bool, str]:
+    """Import one Harbor environment class and run its preflight; never raises. Docker is also
+    checked for what Harbor's preflight leaves out (the Compose plugin, the sample tasks' base
+    images), and says what is missing."""
+    ok, why = _harbor_preflight(env_type)
+    if env_type == DOCKER_SANDBOX:
+        from tapdeck.runner.sandboxes.docker_sandbox import check as docker_check
+
+        docker_ok, docker_why = docker_check()
+        return ok and docker_ok, docker_why if ok or not docker_ok else why
+    return ok, why
+
+
+def _harbor_preflight(env_type: str) -> tuple[bool, str]:
     """Import one Harbor environment class and run its preflight; never raises."""
     # Harbor's own modules are imported first: a Harbor that fails to import is no missing SDK.
     load_environment_class = harbor_api.load_environment_class
@@ -242,7 +256,8 @@ def harness_catalog(sandboxes: list[SandboxInfo]) -> list[HarnessInfo]:
         if h.placement is placement.NO_MODEL:
             available, why = True, h.notes
         elif h.placement is placement.HOST_INSTALL:
-            rows.append(_cli_harness_info(h, host_ok))
+            docker_ok = any(s.available and s.name == DOCKER_SANDBOX for s in sandboxes)
+            rows.append(_cli_harness_info(h, host_ok or docker_ok))
             continue
         elif h.placement is placement.HOST_SIDE:
             tmux = shutil.which("tmux") is not None
@@ -273,7 +288,8 @@ def harness_catalog(sandboxes: list[SandboxInfo]) -> list[HarnessInfo]:
 
 
 def _cli_harness_info(h: Any, host_ok: bool) -> HarnessInfo:
-    """An agent CLI tapdeck installs: runnable on the host sandbox once installed (or installable)."""
+    """An agent CLI tapdeck installs: runnable on the host or docker sandbox (its install mounted)
+    once installed (or installable). `host_ok`: one of those sandboxes is available."""
     from tapdeck.runner import agent_install
 
     record = agent_install.installed(h.name)
@@ -291,7 +307,7 @@ def _cli_harness_info(h: Any, host_ok: bool) -> HarnessInfo:
     available = host_ok and (record is not None or tool is None or shutil.which(tool) is not None)
     why = f"{state}; {h.notes}"
     if not host_ok:
-        why = f"needs the host sandbox, unavailable here; {why}"
+        why = f"needs the host or docker sandbox, neither available here; {why}"
     why += f" [validated here: {h.version}]" if h.validated else " [unvalidated]"
     return HarnessInfo(
         name=h.name,

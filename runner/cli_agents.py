@@ -4,8 +4,8 @@ Harbor's installed agents (`harbor.agents.installed.*`) install their CLI inside
 setup with scripts that need the internet (nvm from GitHub, uv from astral.sh) and point the CLI at
 a real provider. These classes keep Harbor's seam (a `BaseAgent` loaded by `module:Class`, the
 instruction run once in the sandbox through `exec`) but run the binary tapdeck installed on the host
-(`agent_install`, visible inside the host sandbox), with the command lines measured here
-(shared/reference/harness-clis.md):
+(`agent_install`, visible inside the host sandbox, mounted read-only into a docker one), with the
+command lines measured here (shared/reference/harness-clis.md):
 
 - a per-trial HOME and TMPDIR under `/installed-agent` (a per-trial directory in the host sandbox),
   so config, caches, session files and the temp files some CLIs leave behind go with the trial;
@@ -193,7 +193,7 @@ class CliAgent(BaseAgent):
         if check.return_code != 0:
             raise AgentNotInstalledError(
                 f"{self.name()}: the sandbox cannot see tapdeck's install at {self.entry} (these "
-                "agents run from the host's install: use the host sandbox)"
+                "agents run from the host's install: use the host sandbox, or docker, which mounts it)"
             )
         await check_proxy_reachable(environment, self.proxy_url)
         await self.write_config(environment)

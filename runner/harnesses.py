@@ -194,7 +194,7 @@ def _cli_row(name: str) -> Harness:
         validated=validated,
         version=get_package(name).version,
         default_kwargs={"max_turns": CLI_MAX_TURNS},
-        notes=f"{notes}; runs from tapdeck's install (host sandbox only), per-trial "
+        notes=f"{notes}; runs from tapdeck's install (host sandbox; docker mounts it), per-trial "
         "HOME/TMPDIR, only the session key",
     )
 

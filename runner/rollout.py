@@ -45,6 +45,7 @@ from tapdeck.runner.rollout_settings import (
     SettingsDoNotFit,
     resolve,
 )
+from tapdeck.runner.sandboxes.docker_sandbox import compose_failure
 from tapdeck.runner.service_protocol import CaptureServiceProtocol
 from tapdeck.schema.events import RolloutUpdated
 from tapdeck.schema.findings import Finding, Level
@@ -292,6 +293,10 @@ async def run_rollout(
                     spec.rollout.sandbox,
                     host_sandbox_kwargs(spec, info.base_urls["openai"] if info is not None else None),
                 )
+            elif spec.rollout.sandbox == "docker":
+                environment = await asyncio.to_thread(
+                    docker_environment, spec, info.base_urls["openai"] if info is not None else None
+                )
             config = _trial_config(spec, rid, info, environment, result.settings)
             trial_dir = Path(config.trials_dir) / config.trial_name
             result.trial_dir = str(trial_dir)
@@ -461,6 +466,33 @@ def host_sandbox_kwargs(spec: RolloutSpec, proxy_url: str | None) -> dict[str, A
         if get_harness(spec.rollout.harness).placement is Placement.HOST_INSTALL:
             kwargs.setdefault("network", "none")
     return kwargs
+
+
+def docker_environment(spec: RolloutSpec, proxy_url: str | None) -> Any:
+    """Harbor's docker environment as tapdeck runs it (`sandboxes/docker_sandbox.py`): on the host's
+    network when the proxy is on this host's loopback (unless the task asks for no network), the
+    agent CLI's install mounted read-only; containers a dead tapdeck left are removed first."""
+    from tapdeck.runner.sandboxes import abandoned_containers, docker_sandbox
+
+    abandoned_containers.remove_abandoned()
+    parsed = urlsplit(proxy_url or "")
+    on_loopback = bool(parsed.hostname and is_loopback(parsed.hostname)) and not _task_wants_no_network(spec)
+    agents_dir = spec.rollout.settings.harness_kwargs.get("agents_dir")
+    return docker_sandbox.environment_config(
+        harness=spec.rollout.harness,
+        proxy_on_loopback=on_loopback,
+        kwargs=spec.rollout.sandbox_kwargs,
+        agents_dir=Path(agents_dir) if agents_dir else None,
+    )
+
+
+def _task_wants_no_network(spec: RolloutSpec) -> bool:
+    """Whether the task's task.toml asks for no network (Harbor's own handling then applies)."""
+    try:
+        config = harbor_api.TaskConfig.model_validate_toml((spec.task_path / "task.toml").read_text())
+    except (OSError, ValueError):
+        return False
+    return config.environment.network_mode == harbor_api.NetworkMode.NO_NETWORK
 
 
 def _holds_agent_installs(spec: RolloutSpec, folder: Path) -> bool:
@@ -727,7 +759,9 @@ def _read_trial(
     if exc is not None and not (recovered and choice.reward is not None):
         phase = _failed_phase(trial)
         kind = classify_exception(exc.exception_type, phase)
-        message = exc.exception_message.strip().splitlines()[0] if exc.exception_message.strip() else ""
+        message = compose_failure(exc.exception_message) or (
+            exc.exception_message.strip().splitlines()[0] if exc.exception_message.strip() else ""
+        )
         _fail(result, kind, f"{exc.exception_type} during {phase}: {message}"[:500])
     elif exc is not None:
         findings.append(

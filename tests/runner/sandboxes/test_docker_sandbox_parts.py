@@ -1,0 +1,116 @@
+"""The parts of the docker sandbox that need no daemon: owner labels, the compose overlay, the
+agent mounts, and the one-line cause of a failed compose command."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tapdeck.runner.sandboxes import docker_sandbox
+
+# The shape of Harbor's message for a failed `docker compose build` (recorded here, paths cut).
+BUILD_FAILED = (
+    "Docker compose command failed for environment broken-image. Command: docker compose "
+    "--project-name run-1-g000r00__env --project-directory /t/broken-image/environment -f "
+    "/h/docker-compose-build.yaml -f /c/overlays/x.json build. Return code: 17. Stdout: #0 building "
+    'with "default" instance using docker driver\n\n#5 [main 2/2] RUN exit 7\n'
+    "#5 ERROR: executor failed running [/bin/sh -c exit 7]: exit code: 7\n------\n"
+    "failed to solve: executor failed running [/bin/sh -c exit 7]: exit code: 7\n. Stderr: None. "
+)
+
+
+def test_a_failed_compose_command_is_said_by_its_command_and_cause() -> None:
+    assert docker_sandbox.compose_failure(BUILD_FAILED) == (
+        "docker compose build failed (exit 17): failed to solve: executor failed running "
+        "[/bin/sh -c exit 7]: exit code: 7"
+    )
+    assert docker_sandbox.compose_failure("RuntimeError: something else") is None
+
+
+def test_an_owner_is_alive_while_its_process_runs() -> None:
+    me = docker_sandbox.owner()
+    assert me.split(":")[1] == str(os.getpid()) and docker_sandbox.owner_alive(me)
+    child = subprocess.Popen(["sleep", "30"])
+    label = docker_sandbox.owner(child.pid)
+    assert docker_sandbox.owner_alive(label)
+    child.kill()
+    child.wait()
+    assert not docker_sandbox.owner_alive(label)
+    # A pid reused by a later process is not the owner: its start time differs.
+    boot, pid, start = label.split(":")
+    assert not docker_sandbox.owner_alive(f"{boot}:{os.getpid()}:{start}")
+    # Another boot's (or machine's) containers are not ours to judge.
+    assert docker_sandbox.owner_alive(f"another-boot:{pid}:{start}")
+
+
+def test_the_overlay_labels_main_with_its_owner_and_puts_it_on_the_host_network_when_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TAPDECK_CONTAINER_CACHE", str(tmp_path))
+    host = json.loads(docker_sandbox.overlay(host_network=True).read_text())
+    bridge = json.loads(docker_sandbox.overlay(host_network=False).read_text())
+    assert host == {
+        "services": {"main": {"labels": {"tapdeck.owner": docker_sandbox.owner()}, "network_mode": "host"}}
+    }
+    assert bridge == {"services": {"main": {"labels": {"tapdeck.owner": docker_sandbox.owner()}}}}
+
+
+def test_an_installed_node_cli_is_mounted_read_only_with_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tapdeck.runner import agent_install
+
+    package = agent_install.get_package("codex")
+    folder = agent_install.install_dir(package, tmp_path)
+    (folder / package.entry).parent.mkdir(parents=True)
+    (folder / package.entry).write_text("#!/usr/bin/env node\n")
+    record = {
+        "name": "codex",
+        "package": package.package,
+        "version": package.version,
+        "registry": package.registry,
+        "path": str(folder),
+        "entry": package.entry,
+        "size_bytes": 1,
+        "install_seconds": 0.0,
+        "installed_at": 0.0,
+    }
+    (folder / agent_install.RECORD).write_text(json.dumps(record))
+    node = tmp_path / "bin" / "node"
+    node.parent.mkdir()
+    node.write_text("")
+    node.chmod(0o755)
+    monkeypatch.setenv("PATH", str(node.parent))
+    assert docker_sandbox.agent_mounts("codex", tmp_path) == [
+        {"type": "bind", "source": str(folder), "target": str(folder), "read_only": True},
+        {"type": "bind", "source": str(node), "target": "/usr/local/bin/node", "read_only": True},
+    ]
+    assert docker_sandbox.agent_mounts("claude-code", tmp_path) == []  # not installed there
+    assert docker_sandbox.agent_mounts("terminus-2", tmp_path) == []
+
+
+def test_the_check_names_what_is_missing_and_the_script_that_readies_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert docker_sandbox.check() == (
+        False,
+        "no docker CLI on PATH; run scripts/container-sandbox.sh as root to ready it",
+    )
+    # A docker CLI whose daemon answers, with no compose plugin, then one without the base image.
+    docker = tmp_path / "docker"
+    docker.write_text(
+        "#!/bin/sh\n"
+        'case "$1" in info) echo 20.10.24;; compose) [ -f "$0.compose" ] && echo 2.29.7 || exit 1;; '
+        "image) exit 1;; esac\n"
+    )
+    docker.chmod(0o755)
+    ok, why = docker_sandbox.check()
+    assert not ok and why.startswith("dockerd 20.10.24 runs, but no `docker compose` v2 plugin; run scripts/")
+    (tmp_path / "docker.compose").write_text("")
+    ok, why = docker_sandbox.check()
+    assert not ok and "base image(s) python:3.12-slim-bookworm are not built here" in why, why
