@@ -51,6 +51,12 @@ DEFAULT_KEEP_ALIVE_S = 75.0
 the openai and anthropic SDKs, drop an idle connection after 5 s): with uvicorn's own 5 s, a client
 reusing a connection just as the server closed it got `Connection reset by peer` (1-25 calls in
 1,300 at 64 concurrent sessions in bench/proxy.py), a dropped call for no reason of its own."""
+DEFAULT_ENGINE_WAIT_S = 1200.0
+"""How long a server waits for an engine URL that does not answer yet (`--engine-wait`). vLLM
+answers only once its model is loaded: a 70B model (~140 GB of bf16 weights) takes minutes from a
+local NVMe disk and over ten from a network filesystem, then compiling it and capturing its CUDA
+graphs takes one to a few more. Twenty minutes covers that; weights still to be downloaded are
+not covered (download them first)."""
 MIN_PUBLIC_KEY_CHARS = 24
 """An admin key guarding a non-loopback bind: at least this many characters from at least
 MIN_PUBLIC_KEY_CLASSES character classes (a generated key has 53)."""
@@ -107,6 +113,8 @@ class ServerConfig(BaseModel):
     the embedded engine's own when it is the default."""
     engine_reasoning_parser: str | None = None
     """The default engine's reasoning parser, if it runs one (`EngineSpec.reasoning_parser`)."""
+    engine_wait_s: float = Field(default=DEFAULT_ENGINE_WAIT_S, ge=0)
+    """How long the server waits for `engine_url` to answer (0: it must answer at start)."""
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0)
     """Largest request body accepted (413 in the caller's dialect beyond it)."""
     max_reply_bytes: int = Field(default=DEFAULT_MAX_REPLY_BYTES, gt=0)
