@@ -19,10 +19,12 @@ from tapdeck.app.commands.options import (
     DataDirOption,
     EngineApiKeyOption,
     EngineModelOption,
+    EngineWaitOption,
     PublicUrlOption,
     TlsKeyOption,
 )
 from tapdeck.app.exit_codes import EXIT_USAGE, CommandError
+from tapdeck.proxy.config import DEFAULT_ENGINE_WAIT_S
 
 
 class _CommandGroup(TyperGroup):
@@ -87,6 +89,7 @@ def _root(
     engine: tui.EngineOption = None,
     engine_model: EngineModelOption = None,
     engine_api_key: EngineApiKeyOption = None,
+    engine_wait: EngineWaitOption = DEFAULT_ENGINE_WAIT_S,
     public_url: PublicUrlOption = None,
     tls_cert: tui.TlsCertOption = None,
     tls_key: TlsKeyOption = None,
@@ -99,6 +102,7 @@ def _root(
             engine_url=engine,
             engine_model=engine_model,
             engine_api_key=engine_api_key,
+            engine_wait_s=engine_wait,
             public_url=public_url,
             tls_cert=tls_cert,
             tls_key=tls_key,

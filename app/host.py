@@ -1,9 +1,13 @@
 """A tapdeck server in this process: what `tapdeck serve` runs and what the TUI embeds (one code path).
 
 Start order matters: the port is bound first (a held port fails before anything else starts), then
-the embedded engine (when no engine URL is given), the capture store, the service and the runner's
-routes, and finally uvicorn on the already-bound socket. If any step fails, everything started so
-far is stopped and the port freed.
+the embedded engine (when no engine URL is given) or the first try of the engine URL, the capture
+store, the service and the runner's routes, and finally uvicorn on the already-bound socket. If any
+step fails, everything started so far is stopped and the port freed.
+
+An engine URL that does not answer yet (vLLM still loading) does not stop the start: the server
+comes up awaiting it (proxy/upstream/default_engine.py), and `wait_for_engine` is how a command
+waits for it, saying so every `SAY_EVERY_S`.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import logging
 import os
 import socket
 import ssl
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -32,7 +37,7 @@ from tapdeck.proxy.http.uvicorn_thread import ThreadedServer, bind_socket
 from tapdeck.proxy.service import CaptureService
 from tapdeck.proxy.store.database import Store
 from tapdeck.proxy.store.no_follow import open_no_follow
-from tapdeck.proxy.upstream.address import settle_blocking
+from tapdeck.proxy.upstream.default_engine import DefaultEngine
 from tapdeck.proxy.upstream.tiers import EngineSpec
 from tapdeck.proxy.upstream.toolcalls import EMBEDDED_TOOL_PARSER
 from tapdeck.runner.api import EXCEPTION_HANDLERS, SHUTDOWN_GRACE_S, create_runner_router
@@ -42,6 +47,8 @@ if TYPE_CHECKING:
     from tapdeck.runner.engine.registry import SharedEngine
 
 
+SAY_EVERY_S = 10.0
+"""How often a command waiting for its engine says so."""
 KEY_LOCK_FILE = "admin.key.lock"
 """Held (flock) by the server whose generated key `admin.key` holds, for as long as it runs."""
 
@@ -73,7 +80,9 @@ class LocalServer:
         self.admin_key_kept = False
         """Whether the generated key is the one a previous server on this data dir left in `admin.key`."""
         self.service: CaptureService | None = None
-        self.default_engine: EngineSpec | None = None
+        self.default_engine = DefaultEngine()
+        """The default engine, or why not yet: the one the service, its sessions and the runner's
+        routes hold."""
         self.instance: str | None = None
         self._engine: SharedEngine | None = None
         self._store: Store | None = None
@@ -90,8 +99,10 @@ class LocalServer:
 
     @property
     def engine_url(self) -> str | None:
-        """The default engine's base URL (the embedded one when it was started here)."""
-        return self.default_engine.url if self.default_engine else None
+        """The default engine's base URL (the embedded one when it was started here); None while
+        it is awaited."""
+        spec = self.default_engine.spec
+        return spec.url if spec else None
 
     @property
     def embedded_engine(self) -> SharedEngine | None:
@@ -127,7 +138,8 @@ class LocalServer:
                         cfg.data_dir,
                         cfg.admin_key_path,
                     )
-            self.default_engine = self._start_engine() if self.with_engine else None
+            if self.with_engine:
+                self.default_engine = self._start_engine()
             self._store = Store(cfg.capture_db)
             port = self._sock.getsockname()[1]
             public_host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::", "") else cfg.host
@@ -161,33 +173,42 @@ class LocalServer:
             )
             self._http.start(sock=self._sock)
             self._check_health()
+            self.default_engine.keep_trying()  # when it did not answer the first try
         except BaseException:
             self.stop()
             raise
         return self
 
-    def _start_engine(self) -> EngineSpec:
+    def _start_engine(self) -> DefaultEngine:
         cfg = self.config
         if cfg.engine_url:
             # HOST:PORT, http://HOST:PORT and …/v1 all work: the address is settled to the base URL
-            # that answers, and one where nothing answers stops the start (EngineAddressError).
-            settled = settle_blocking(cfg.engine_url, api_key=cfg.engine_api_key)
-            settled.require_model(cfg.engine_model)
-            return EngineSpec(
-                url=settled.base_url,
-                model=cfg.engine_model,
-                api_key=cfg.engine_api_key,
-                tool_call_parser=cfg.engine_tool_parser,
-                reasoning_parser=cfg.engine_reasoning_parser,
+            # that answers. One that answers as no engine does stops the start (EngineAddressError);
+            # one that does not answer yet is awaited, up to `engine_wait_s`.
+            engine = DefaultEngine.awaiting(
+                EngineSpec(
+                    url=cfg.engine_url,
+                    model=cfg.engine_model,
+                    api_key=cfg.engine_api_key,
+                    tool_call_parser=cfg.engine_tool_parser,
+                    reasoning_parser=cfg.engine_reasoning_parser,
+                ),
+                limit_s=cfg.engine_wait_s,
             )
+            engine.try_now()
+            return engine
         from tapdeck.runner.engine.registry import acquire_embedded_engine
 
         if self.on_embedded_engine is not None:
             self.on_embedded_engine()
         # One embedded engine per machine: a second tapdeck process reuses the running one.
         self._engine = acquire_embedded_engine()
-        return EngineSpec(
-            url=self._engine.base_url, model=self._engine.served_name, tool_call_parser=EMBEDDED_TOOL_PARSER
+        return DefaultEngine(
+            EngineSpec(
+                url=self._engine.base_url,
+                model=self._engine.served_name,
+                tool_call_parser=EMBEDDED_TOOL_PARSER,
+            )
         )
 
     def _runner_routers(self) -> list:
@@ -203,6 +224,30 @@ class LocalServer:
                 ca_file=tls.cert if tls else None,
             )
         ]
+
+    def wait_for_engine(
+        self,
+        say: Callable[[str], None],
+        *,
+        every_s: float = SAY_EVERY_S,
+        stop: threading.Event | None = None,
+    ) -> bool:
+        """Block until the default engine answers, calling `say` with "waiting for the engine at
+        URL (N s)" every `every_s` meanwhile. False when `stop` was set first; raises the
+        EngineAddressError that ended the wait (its limit passed, or the engine answered as no
+        engine does, or without the model asked for)."""
+        engine = self.default_engine
+        said = 0
+        while not engine.wait(min(0.5, every_s)):
+            if stop is not None and stop.is_set():
+                return False
+            wait = engine.waiting()
+            if wait is not None and (due := int(wait.waited_s // every_s)) > said:
+                said = due
+                say(wait.line())
+        if engine.failure is not None:
+            raise engine.failure
+        return True
 
     def _check_health(self) -> None:
         """A stale server on a reused port would answer with another instance id."""
@@ -258,6 +303,7 @@ class LocalServer:
         elif self._sock is not None:
             self._sock.close()
         self._sock = None
+        self.default_engine.close()
         if self._engine is not None:
             self._engine.stop()
             self._engine = None

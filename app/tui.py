@@ -41,12 +41,15 @@ from tapdeck.app.views.errors import describe_error
 from tapdeck.app.views.sessions import SessionBoard
 from tapdeck.app.widgets.nav_bar import NavBar
 from tapdeck.schema import events as api
+from tapdeck.schema.sessions import EngineWait
 from tapdeck.themes import STYLESHEET
 from tapdeck.themes.palettes import DEFAULT_THEME, THEMES, VARIABLE_DEFAULTS
 
 RECONNECT_S = (0.5, 1.0, 2.0, 5.0)
 FIRST_SCREEN_WAIT_S = 5.0
 """How long the first screen waits to learn whether the server has sessions (Setup or Sessions)."""
+ENGINE_POLL_S = 2.0
+"""How often `/health` is asked while the server waits for its default engine."""
 QUIT_CHECK_S = 2.0
 """How long `q` waits to learn whether runs are going; a server that does not answer lets it quit."""
 
@@ -141,6 +144,8 @@ class TapdeckApp(App[None]):
         self._quit = TwoPress()
         self.board = SessionBoard()
         self.connected = False
+        self.engine_wait: EngineWait | None = None
+        """What the server's `/health` last said of the engine it waits for (None: none)."""
         self.screens_by_mode = {entry.mode: entry.screen() for entry in SCREENS}
         for mode, screen in self.screens_by_mode.items():
             # One screen instance per mode, so the App can reach each screen directly.
@@ -176,6 +181,7 @@ class TapdeckApp(App[None]):
                 nav.show_keys()
         self.status = f"connecting to {self.server_label}…"
         await self.switch_mode(self.initial_mode or await self._first_mode())
+        self.watch_engine()
         if self.follow_events:
             self.follow()
         else:
@@ -225,7 +231,35 @@ class TapdeckApp(App[None]):
         """Re-read all sessions from the server."""
         await self._load_board()
         if not self.follow_events:
-            self.status = f"{self.server_label}"
+            self._show_answering(self.server_label)
+
+    def _show_answering(self, text: str) -> None:
+        """The status line of a server that answers: `text`, or while it waits for its engine, that
+        (sessions on the engine are refused meanwhile: it is the first thing to know)."""
+        wait = self.engine_wait
+        self.status, self.status_level = (wait.line(), "warning") if wait else (text, "info")
+
+    @work(group="engine", exclusive=True, exit_on_error=False)
+    async def watch_engine(self) -> None:
+        """Ask `/health` every ENGINE_POLL_S while the server waits for its default engine,
+        saying so on the status line, until the engine answers."""
+        while True:
+            try:
+                health = await self.client.health()
+            except ApiError as exc:
+                if exc.kind != "unreachable":
+                    return  # it answered, not as a tapdeck server does: the other screens say so
+                health = None  # the connection's own status line says why
+            if health is not None:
+                waited, self.engine_wait = self.engine_wait, health.engine_wait
+                if self.engine_wait is not None:
+                    self._show_answering("")
+                elif waited is not None:
+                    self._show_answering(f"the engine answered · connected to {self.server_label}")
+                    return
+                else:
+                    return
+            await asyncio.sleep(ENGINE_POLL_S)
 
     @work(group="events", exclusive=True, exit_on_error=False)
     async def follow(self) -> None:
@@ -312,8 +346,8 @@ class TapdeckApp(App[None]):
         if message.connected:
             if was:
                 return  # a resync while connected: keep whatever the status line says (an error)
-            self.status = f"connected to {self.server_label}"
-            self.status_level = "info"
+            self._show_answering(f"connected to {self.server_label}")
+            self.watch_engine()  # a server restarted meanwhile may wait for its engine now
             self.post_message(RunsChanged())  # runs moved on (or were stopped) while it was away
             rollout = self._mode_screen("rollout")
             if isinstance(rollout, RolloutScreen) and rollout.is_mounted and rollout.session_id:

@@ -56,6 +56,12 @@ DEFAULT_ENGINE_UPDATE_WAIT_S = 300.0
 resent before the agent gets the 503. A weight sync broadcast from a trainer takes seconds to a
 minute; a from-disk reload of a mid-sized model a few minutes. Five minutes covers both and still
 leaves the reply inside the 600 s default timeout of the openai and anthropic SDKs."""
+DEFAULT_ENGINE_WAIT_S = 1200.0
+"""How long a server waits for an engine URL that does not answer yet (`--engine-wait`). vLLM
+answers only once its model is loaded: a 70B model (~140 GB of bf16 weights) takes minutes from a
+local NVMe disk and over ten from a network filesystem, then compiling it and capturing its CUDA
+graphs takes one to a few more. Twenty minutes covers that; weights still to be downloaded are
+not covered (download them first)."""
 MIN_PUBLIC_KEY_CHARS = 24
 """An admin key guarding a non-loopback bind: at least this many characters from at least
 MIN_PUBLIC_KEY_CLASSES character classes (a generated key has 53)."""
@@ -112,6 +118,8 @@ class ServerConfig(BaseModel):
     the embedded engine's own when it is the default."""
     engine_reasoning_parser: str | None = None
     """The default engine's reasoning parser, if it runs one (`EngineSpec.reasoning_parser`)."""
+    engine_wait_s: float = Field(default=DEFAULT_ENGINE_WAIT_S, ge=0)
+    """How long the server waits for `engine_url` to answer (0: it must answer at start)."""
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0)
     """Largest request body accepted (413 in the caller's dialect beyond it)."""
     max_reply_bytes: int = Field(default=DEFAULT_MAX_REPLY_BYTES, gt=0)

@@ -41,6 +41,7 @@ class ProxyError(Exception):
         kind: str | None = None,
         retryable: bool | None = None,
         param: str | None = None,
+        retry_after: int | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -49,6 +50,8 @@ class ProxyError(Exception):
         self.retryable = status in RETRYABLE_STATUS if retryable is None else retryable
         self.param = param
         """The request field at fault, where the dialect's error shape has a place for it."""
+        self.retry_after = retry_after
+        """Seconds after which a retry may succeed (sent as `Retry-After`), where that is known."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.status}, {self.kind!r}, {self.message!r})"

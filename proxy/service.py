@@ -30,6 +30,7 @@ from tapdeck.proxy.sessions.registry import SessionRegistry
 from tapdeck.proxy.sessions.spec import SessionSpec
 from tapdeck.proxy.store.database import Store
 from tapdeck.proxy.upstream.client import DEFAULT_TIMEOUT
+from tapdeck.proxy.upstream.default_engine import DefaultEngine
 from tapdeck.proxy.upstream.tiers import EngineSpec
 from tapdeck.schema.findings import Finding
 from tapdeck.schema.sessions import SessionInfo, SessionSummary
@@ -42,7 +43,7 @@ class CaptureService:
         self,
         store: Store,
         *,
-        default_engine: EngineSpec | None,
+        default_engine: DefaultEngine | EngineSpec | None,
         public_url: str,
         keepalive_s: float = KEEPALIVE_SECONDS,
         engine_timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
@@ -50,7 +51,8 @@ class CaptureService:
         engine_update_wait_s: float = DEFAULT_ENGINE_UPDATE_WAIT_S,
     ) -> None:
         self.store = store
-        self.default_engine = default_engine
+        self.default_engine = DefaultEngine.of(default_engine)
+        """The server's default engine, or why not yet; the registry and the runner hold this one."""
         self.public_url = public_url.rstrip("/")
         self.events = EventBus()
         self.activity = ActivityLog()
@@ -59,7 +61,7 @@ class CaptureService:
             store,
             self.events,
             self.activity,
-            default_engine=default_engine,
+            default_engine=self.default_engine,
             public_url=self.public_url,
             engine_timeout=engine_timeout,
             max_reply_bytes=max_reply_bytes,

@@ -30,6 +30,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from tapdeck.proxy.errors import ProxyError
 from tapdeck.proxy.http.error_reply import error_response
 from tapdeck.proxy.http.server import require_admin
+from tapdeck.proxy.upstream.default_engine import DefaultEngine
 from tapdeck.proxy.upstream.tiers import EngineSpec
 from tapdeck.runner.batch import BatchRunner
 from tapdeck.runner.errors import RunnerError, RunUnreadable
@@ -37,7 +38,7 @@ from tapdeck.runner.runner_loop import RunnerLoop
 from tapdeck.runner.sandboxes.abandoned_containers import remove_abandoned
 from tapdeck.runner.service_protocol import CaptureServiceProtocol
 from tapdeck.runner.train_jobs import TrainingJobs, run_rows_for_training
-from tapdeck.schema.catalog import Catalog
+from tapdeck.schema.catalog import Catalog, EngineInfo
 from tapdeck.schema.runs import (
     ExportRequest,
     ExportResult,
@@ -76,7 +77,7 @@ def create_runner_router(
     service: CaptureServiceProtocol,
     *,
     data_dir: Path,
-    default_engine: EngineSpec | None,
+    default_engine: DefaultEngine | EngineSpec | None,
     admin_key: str | None = None,
     default_is_embedded: bool = False,
     ca_file: Path | None = None,
@@ -86,8 +87,10 @@ def create_runner_router(
     embedded one (runs on it say "embedded", not its loopback URL).
 
     Recipes reach this server at its public URL with `admin_key` (passed in their environment),
-    trusting `ca_file` (the server's own certificate, when it serves HTTPS).
+    trusting `ca_file` (the server's own certificate, when it serves HTTPS). `default_engine` is
+    the one the capture service holds: a server still waiting for it answers runs on it with a 503.
     """
+    default_engine = DefaultEngine.of(default_engine)
     runner_loop = RunnerLoop()
     batch = BatchRunner(
         service,
@@ -140,14 +143,17 @@ def create_runner_router(
         from tapdeck.runner.catalog import build_catalog, url_engine_info
 
         doc = (await asyncio.to_thread(build_catalog, probe=False)).model_dump(mode="json")
-        if default_engine is not None:
+        engine, wait = default_engine.spec, default_engine.waiting()
+        row: dict[str, Any] | None = None
+        if wait is not None:
+            waiting = EngineInfo(name="embedded", url=None, tier=None, reachable=False, why=wait.line())
+            row = waiting.model_dump()
+        elif engine is not None:
             # "embedded" in a plan means this server's default engine: report that one, probed on
             # this loop as its sessions are (same model, so the probe cache answers for both).
-            info = await url_engine_info(
-                default_engine.url, api_key=default_engine.api_key, model=default_engine.model
-            )
-            row = info.model_dump(mode="json")
-            row["name"] = "embedded"
+            info = await url_engine_info(engine.url, api_key=engine.api_key, model=engine.model)
+            row = {**info.model_dump(mode="json"), "name": "embedded"}
+        if row is not None:
             row["why"] = f"this server's default engine; {row['why']}"
             doc["engines"] = [row, *(e for e in doc["engines"] if e["name"] != "embedded")]
         return JSONResponse(doc)

@@ -22,9 +22,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Literal
 
+from tapdeck.proxy.errors import ProxyError
 from tapdeck.proxy.upstream.address import shown_url
+from tapdeck.proxy.upstream.default_engine import DefaultEngine
 from tapdeck.proxy.upstream.tiers import EngineSpec
-from tapdeck.runner.engines import EMBEDDED, EngineChoiceError, resolve_engine
+from tapdeck.runner.engines import EMBEDDED, EngineChoiceError, is_embedded, resolve_engine
 from tapdeck.runner.errors import (
     PlanError,
     RolloutNotFound,
@@ -181,7 +183,7 @@ class BatchRunner:
         service: CaptureServiceProtocol | None,
         *,
         data_dir: Path,
-        default_engine: EngineSpec | None,
+        default_engine: DefaultEngine | EngineSpec | None,
         rollout_fn: RolloutFn = run_rollout,
         loop: RunnerLoop | None = None,
         default_is_embedded: bool = False,
@@ -189,7 +191,8 @@ class BatchRunner:
         self.service = service
         self.data_dir = Path(data_dir)
         self.runs_dir = self.data_dir / "runs"
-        self.default_engine = default_engine
+        self.default_engine = DefaultEngine.of(default_engine)
+        """The server's default engine (the capture service's own), or why not yet."""
         self.default_is_embedded = default_is_embedded
         """Whether `default_engine` is the embedded engine (else an engine URL the server was given)."""
         self._rollout_fn = rollout_fn
@@ -239,12 +242,15 @@ class BatchRunner:
                 return None
         except KeyError as exc:
             raise PlanError(str(exc).strip("'\"")) from exc
+        template = plan.rollout
+        # A run on the default engine while the server still waits for it: a 503 with
+        # Retry-After (EngineLoading), as a session on it gets.
+        default = self.default_engine.get() if is_embedded(template.engine) else None
         try:
-            template = plan.rollout
             return resolve_engine(
                 template.engine,
                 model=template.engine_model,
-                default=self.default_engine,
+                default=default,
                 tool_parser=template.engine_tool_parser,
                 reasoning_parser=template.engine_reasoning_parser,
             )
@@ -291,7 +297,7 @@ class BatchRunner:
         """What `RunSummary.engine_used` says of a run whose rollouts call `engine`."""
         if engine is None:
             return NO_ENGINE
-        default = self.default_engine
+        default = self.default_engine.spec
         if self.default_is_embedded and default is not None and engine.base_url == default.base_url:
             return EMBEDDED
         return engine.base_url
@@ -301,7 +307,7 @@ class BatchRunner:
         that does not answer now is left to the rollouts (each then ends `engine_unreachable`)."""
         from tapdeck.proxy.upstream.address import EngineAddressError, settle
 
-        if engine.model is None or engine is self.default_engine:
+        if engine.model is None or engine is self.default_engine.spec:
             return
         try:
             settled = await settle(engine.url, api_key=engine.api_key)
@@ -325,7 +331,7 @@ class BatchRunner:
         try:
             self._check_results(run)
             self._resumed_engine(run)
-        except PlanError:
+        except (PlanError, ProxyError):  # ProxyError: EngineLoading, the default engine not up yet
             run.lock.release()
             raise
         # Running from now: the reply to a resume, and every read after it, say so before the

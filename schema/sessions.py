@@ -28,11 +28,31 @@ class Tier(StrEnum):
     TEXT = "text"
 
 
+class EngineWait(BaseModel):
+    """The default engine a server waits for: its address does not answer yet (`--engine-wait`)."""
+
+    url: str | None
+    """The address as given (without credentials); null to a caller without the admin key
+    (`/health` asks none)."""
+    waited_s: float
+    """Seconds since the server started waiting."""
+    limit_s: float
+    """Seconds it waits in all (`--engine-wait`) before it stops."""
+
+    def line(self) -> str:
+        """What the server prints and the TUI's status line shows while it waits."""
+        where = f" at {self.url}" if self.url is not None else ""
+        return f"waiting for the engine{where} ({self.waited_s:.0f} s)"
+
+
 class Health(BaseModel):
     """`GET /health`: the server is up; `instance` changes on every start."""
 
     status: Literal["ok"]
     instance: str
+    engine_wait: EngineWait | None = None
+    """Set while the server waits for its default engine to answer (sessions and runs on it get a
+    503 with Retry-After meanwhile); null once it answered, and on a server with no engine URL."""
 
 
 EMBEDDED_FINGERPRINT = "tapdeck-embedded-"

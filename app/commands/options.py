@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from tapdeck.app.client import CA_FILE_HELP
+from tapdeck.proxy.config import DEFAULT_ENGINE_WAIT_S
 from tapdeck.schema.tls import CA_FILE_ENV
 
 DATA_DIR_HELP = "Data directory (default $TAPDECK_DATA_DIR or ~/.tapdeck)."
@@ -67,6 +68,17 @@ PublicUrlOption = Annotated[
         "--public-url",
         help="Address sandboxes use to reach the proxy (http://HOST:PORT, e.g. an SSH "
         "reverse tunnel); sessions advertise it. Default: the bound address.",
+    ),
+]
+EngineWaitOption = Annotated[
+    float,
+    typer.Option(
+        "--engine-wait",
+        min=0,
+        help="Seconds to wait for an --engine that does not answer yet (vLLM loading its "
+        "model), saying so every 10 s; sessions and runs on it get a 503 meanwhile. Default "
+        f"{DEFAULT_ENGINE_WAIT_S:.0f}: a 70B model loading from a network disk and capturing "
+        "its CUDA graphs takes over ten minutes. 0: it must answer at once.",
     ),
 ]
 CaFileOption = Annotated[Path | None, ca_file_option()]

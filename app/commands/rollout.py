@@ -35,6 +35,7 @@ from tapdeck.app.commands.options import (
     AdminKeyOption,
     DataDirOption,
     EngineModelOption,
+    EngineWaitOption,
     PublicUrlOption,
     ServerCaFileOption,
     engine_option,
@@ -42,6 +43,7 @@ from tapdeck.app.commands.options import (
 )
 from tapdeck.app.commands.run_follow import already_complete, drive, engine_watch
 from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_OK, EXIT_USAGE, CommandError
+from tapdeck.proxy.config import DEFAULT_ENGINE_WAIT_S
 from tapdeck.runner.harnesses import calls_a_model
 from tapdeck.runner.rollout_settings import (
     DEFAULT_HARD_LIMIT_S,
@@ -53,7 +55,7 @@ from tapdeck.runner.rollout_settings import (
 from tapdeck.schema.rollout_health import DEFAULT_MIN_LOSS_MASK_FRACTION
 from tapdeck.schema.runs import RolloutTemplate, RunDetail, RunPlan, RunSummary
 
-NOT_PLAN_OPTIONS = frozenset({"data_dir", "server", "admin_key", "ca_file", "resume"})
+NOT_PLAN_OPTIONS = frozenset({"data_dir", "server", "admin_key", "ca_file", "resume", "engine_wait"})
 """Options that say where the run is; every other one shapes a new run's plan."""
 LOCAL_ENGINE_OPTIONS = frozenset({"engine", "engine_model"})
 """Without --server these pick the local server's engine, which a resumed run uses again."""
@@ -86,6 +88,7 @@ def register(app: typer.Typer) -> None:
             str, engine_option("`embedded`, or an engine: HOST:PORT, http://HOST:PORT or …/v1.")
         ] = "embedded",
         engine_model: EngineModelOption = None,
+        engine_wait: EngineWaitOption = DEFAULT_ENGINE_WAIT_S,
         n_tasks: int = typer.Option(1, "-n", "--tasks", min=1, help="How many tasks (N)."),
         k: int = typer.Option(1, "-k", "--rollouts", min=1, help="Rollouts per task (GRPO group size)."),
         concurrency: int = typer.Option(1, "-c", "--concurrency", min=1, help="Rollouts at once."),
@@ -226,6 +229,12 @@ def register(app: typer.Typer) -> None:
                 f"tapdeck rollout: --resume runs the run's stored plan, so "
                 f"{', '.join(given)} would be ignored; drop them, or start a new run",
             )
+        if server is not None and _given(ctx, "engine_wait"):
+            raise CommandError(
+                EXIT_USAGE,
+                "tapdeck rollout: --engine-wait is how long a server started here waits for its "
+                "engine; the server at --server waits for its own (tapdeck serve --engine-wait)",
+            )
         if task and _given(ctx, "n_tasks"):
             raise CommandError(
                 EXIT_USAGE,
@@ -275,7 +284,13 @@ def register(app: typer.Typer) -> None:
             _drive_remote(server, admin_key, data, plan, resume, ca_file)
         url_engine = engine if engine.strip().lower() not in ("", "embedded", "default") else None
         try:
-            config = ServerConfig(port=0, data_dir=data, engine_url=url_engine, engine_model=engine_model)
+            config = ServerConfig(
+                port=0,
+                data_dir=data,
+                engine_url=url_engine,
+                engine_model=engine_model,
+                engine_wait_s=engine_wait,
+            )
         except ValidationError as exc:
             raise CommandError(EXIT_USAGE, f"tapdeck rollout: {validation_line(exc)}") from None
         if resume is not None:
@@ -321,6 +336,12 @@ def register(app: typer.Typer) -> None:
             ) from None
         with _server_logs_to(log):
             try:
+                try:
+                    local.wait_for_engine(lambda line: typer.echo(line, err=True))
+                except EngineAddressError as exc:
+                    raise CommandError(
+                        EXIT_USAGE if exc.status == 400 else EXIT_COULD_NOT_RUN, f"tapdeck rollout: {exc}"
+                    ) from None
                 shared = local.embedded_engine
                 engine_gone = None
                 if shared is not None and shared.owned:

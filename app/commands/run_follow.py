@@ -25,6 +25,7 @@ import typer
 from tapdeck.app.client import ApiError, TapdeckClient
 from tapdeck.app.commands.run_table import print_run_table
 from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_OK, EXIT_ROLLOUT_FAILED, EXIT_USAGE
+from tapdeck.runner.engines import is_embedded
 from tapdeck.runner.harnesses import calls_a_model
 from tapdeck.schema.runs import RunDetail, RunPlan, RunSummary, runs_again_on_resume
 
@@ -192,6 +193,7 @@ async def _submit(
     client = TapdeckClient(base, key, timeout=30.0, verify=verify)
     try:
         if resume is None:
+            await _await_servers_engine_for(client, plan)
             return await client.start_run(plan)
         try:
             run = await client.run(resume)
@@ -199,6 +201,8 @@ async def _submit(
             run = None  # the resume below fails too, and its refusal says why
         if run is not None and (done := already_complete(run)) is not None:
             raise NothingToResume(done)
+        if run is not None:
+            await _await_servers_engine_for(client, run.plan)
         try:
             resumed = await client.resume_run(resume)
             if run is not None and say_engine:
@@ -217,6 +221,31 @@ async def _submit(
             return run
     finally:
         await client.aclose()
+
+
+async def _await_servers_engine_for(client: TapdeckClient, plan: RunPlan) -> None:
+    """Wait with the server for its default engine when `plan`'s rollouts call it: the server
+    refuses such a run with a 503 until it answers."""
+    if is_embedded(plan.rollout.engine) and calls_a_model(plan.rollout.harness):
+        await await_servers_engine(client, lambda line: typer.echo(line, err=True))
+
+
+async def await_servers_engine(
+    client: TapdeckClient, say: Callable[[str], None], *, every_s: float | None = None
+) -> None:
+    """Wait while the server waits for its default engine (its `/health` says so), saying
+    "waiting for the engine at URL (N s)" every `every_s` (default: as `serve` does): a run on that
+    engine submitted meanwhile would be refused with a 503. A server whose wait runs out exits,
+    and the ApiError of its going away ends this."""
+    from tapdeck.app.host import SAY_EVERY_S
+
+    every_s = SAY_EVERY_S if every_s is None else every_s
+    said = 0
+    while (wait := (await client.health()).engine_wait) is not None:
+        if (due := int(wait.waited_s // every_s)) > said:
+            said = due
+            say(wait.line())
+        await asyncio.sleep(min(POLL_S, every_s))
 
 
 def _say_engine_of_remote_resume(run: RunSummary) -> None:

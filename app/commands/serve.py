@@ -11,6 +11,7 @@ from tapdeck.app.commands.options import (
     DataDirOption,
     EngineApiKeyOption,
     EngineModelOption,
+    EngineWaitOption,
     PublicUrlOption,
     TlsKeyOption,
     admin_key_option,
@@ -18,6 +19,7 @@ from tapdeck.app.commands.options import (
     tls_cert_option,
 )
 from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_USAGE, CommandError
+from tapdeck.proxy.config import DEFAULT_ENGINE_WAIT_S
 
 if TYPE_CHECKING:
     from tapdeck.app.host import LocalServer
@@ -93,6 +95,7 @@ def register(app: typer.Typer) -> None:
         ] = None,
         engine_model: EngineModelOption = None,
         engine_api_key: EngineApiKeyOption = None,
+        engine_wait: EngineWaitOption = DEFAULT_ENGINE_WAIT_S,
         engine_tool_parser: str | None = typer.Option(
             None,
             "--engine-tool-parser",
@@ -193,7 +196,7 @@ def register(app: typer.Typer) -> None:
             read_key_file,
         )
         from tapdeck.proxy.http.uvicorn_thread import PortInUseError
-        from tapdeck.proxy.upstream.address import EngineAddressError
+        from tapdeck.proxy.upstream.address import EngineAddressError, shown_url
 
         fields = {
             "host": host,
@@ -202,6 +205,7 @@ def register(app: typer.Typer) -> None:
             "engine_url": engine,
             "engine_model": engine_model,
             "engine_api_key": engine_api_key,
+            "engine_wait_s": engine_wait,
             "engine_tool_parser": engine_tool_parser,
             "engine_reasoning_parser": engine_reasoning_parser,
             "public_url": public_url,
@@ -263,7 +267,9 @@ def register(app: typer.Typer) -> None:
         stop = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
-        typer.echo(f"tapdeck server at {server.url}  (engine: {server.engine_url}; data: {config.data_dir})")
+        awaited = server.engine_url is None  # an engine URL that did not answer yet
+        engine_line = f"waiting for {shown_url(engine or '')}" if awaited else server.engine_url
+        typer.echo(f"tapdeck server at {server.url}  (engine: {engine_line}; data: {config.data_dir})")
         if (warning := cleartext_warning(config)) is not None:
             typer.echo(f"tapdeck serve: {warning}", err=True)
         if (shared := server.embedded_engine) is not None and not shared.owned:
@@ -271,8 +277,17 @@ def register(app: typer.Typer) -> None:
         if server.admin_key_generated:
             typer.echo(f"admin key: {server.admin_key}  ({_where_the_key_is(server, config.admin_key_path)})")
         try:
+            if not server.wait_for_engine(lambda line: typer.echo(line, err=True), stop=stop):
+                return  # interrupted while it waited
+            if awaited:
+                waited = server.default_engine.waited_s
+                typer.echo(f"engine: {server.engine_url} (answered after {waited:.0f} s)")
             while not stop.wait(0.5):
                 pass
+        except EngineAddressError as exc:
+            raise CommandError(
+                EXIT_USAGE if exc.status == 400 else EXIT_COULD_NOT_RUN, f"tapdeck serve: {exc}"
+            ) from None
         finally:
             typer.echo("stopping…", err=True)
             server.stop()

@@ -10,8 +10,10 @@ import io
 import logging
 import ssl
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, cast
+from typing import TYPE_CHECKING, Annotated, cast
 
 import typer
 
@@ -19,12 +21,19 @@ from tapdeck.app.commands.options import (
     DataDirOption,
     EngineApiKeyOption,
     EngineModelOption,
+    EngineWaitOption,
     PublicUrlOption,
     TlsKeyOption,
     engine_option,
     tls_cert_option,
 )
 from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_USAGE, CommandError
+from tapdeck.proxy.config import DEFAULT_ENGINE_WAIT_S
+
+if TYPE_CHECKING:
+    from tapdeck.app.host import LocalServer
+    from tapdeck.app.tui import TapdeckApp
+    from tapdeck.proxy.upstream.address import EngineAddressError
 
 
 def _log_to_file(path: Path) -> logging.Handler:
@@ -53,18 +62,50 @@ def run_app(
     settings_path: Path,
     owns_server: bool = False,
     verify: ssl.SSLContext | bool = True,
+    before: Callable[[TapdeckApp], None] | None = None,
 ) -> None:
     """Run the App against a server URL (shared by embedded and attached mode); `verify`: what an
-    https server's certificate is checked against."""
+    https server's certificate is checked against; `before` is given the App before it runs."""
     from tapdeck.app.client import TapdeckClient
     from tapdeck.app.tui import TapdeckApp
 
-    TapdeckApp(
+    app = TapdeckApp(
         TapdeckClient(base_url, admin_key, verify=verify),
         server_label=server_label,
         settings_path=settings_path,
         owns_server=owns_server,
-    ).run()
+    )
+    if before is not None:
+        before(app)
+    app.run()
+
+
+class EngineWatch:
+    """While the embedded server waits for its engine: "waiting for the engine at URL (N s)" in
+    the log every 10 s (the TUI's status line says it on screen), and the TUI ended when the wait
+    runs out, with the refusal kept for the command's one line."""
+
+    def __init__(self, server: LocalServer) -> None:
+        self.server = server
+        self.failure: EngineAddressError | None = None
+        self.done = threading.Event()
+
+    def start(self, app: TapdeckApp) -> None:
+        threading.Thread(target=self._watch, args=(app,), name="tapdeck-engine-watch", daemon=True).start()
+
+    def _watch(self, app: TapdeckApp) -> None:
+        from tapdeck.proxy.upstream.address import EngineAddressError
+
+        try:
+            self.server.wait_for_engine(logging.getLogger("tapdeck.tui").info, stop=self.done)
+        except EngineAddressError as exc:
+            self.failure = exc
+            while not self.done.is_set():  # the App may not run yet: it ends once it does
+                try:
+                    app.call_from_thread(app.exit)
+                    return
+                except RuntimeError:
+                    self.done.wait(0.1)
 
 
 def run_embedded(
@@ -74,12 +115,14 @@ def run_embedded(
     engine_url: str | None = None,
     engine_model: str | None = None,
     engine_api_key: str | None = None,
+    engine_wait_s: float = DEFAULT_ENGINE_WAIT_S,
     public_url: str | None = None,
     tls_cert: Path | None = None,
     tls_key: Path | None = None,
 ) -> None:
     """Start a LocalServer on loopback (any free port by default), run the TUI on it, stop it on exit.
-    With a certificate and key it serves HTTPS (sandboxes reaching it through `public_url`)."""
+    With a certificate and key it serves HTTPS (sandboxes reaching it through `public_url`). An
+    engine URL that does not answer yet is waited for up to `engine_wait_s` with the TUI up."""
     from pydantic import ValidationError
 
     from tapdeck.app.failures import validation_line
@@ -88,7 +131,7 @@ def run_embedded(
     from tapdeck.app.tui import TapdeckApp  # noqa: F401 - import the UI before starting anything
     from tapdeck.proxy.config import ConfigError, ServerConfig, TlsFiles, default_data_dir
     from tapdeck.proxy.http.uvicorn_thread import PortInUseError
-    from tapdeck.proxy.upstream.address import EngineAddressError, normalize_address
+    from tapdeck.proxy.upstream.address import EngineAddressError, normalize_address, shown_url
 
     data_dir = (data_dir or default_data_dir()).expanduser()
     if (tls_cert is None) != (tls_key is None):
@@ -102,6 +145,7 @@ def run_embedded(
             engine_url=engine_url,
             engine_model=engine_model,
             engine_api_key=engine_api_key,
+            engine_wait_s=engine_wait_s,
             public_url=public_url,
             tls=tls,
         )
@@ -131,7 +175,10 @@ def run_embedded(
         raise CommandError(
             EXIT_COULD_NOT_RUN, f"tapdeck: could not start the embedded server: {exc}"
         ) from None
-    if engine_url:
+    watch = EngineWatch(server)
+    if engine_url and server.engine_url is None:
+        print(f"tapdeck: waiting for the engine at {shown_url(engine_url)}…", file=sys.stderr, flush=True)
+    elif engine_url:
         print(f"tapdeck: engine {server.engine_url}", file=sys.stderr, flush=True)
     try:
         run_app(
@@ -141,9 +188,15 @@ def run_embedded(
             settings_path=default_settings_path(data_dir),
             owns_server=True,
             verify=server.client_trust,
+            before=watch.start,
         )
     finally:
+        watch.done.set()
         server.stop()
+    if watch.failure is not None:
+        raise CommandError(
+            EXIT_USAGE if watch.failure.status == 400 else EXIT_COULD_NOT_RUN, f"tapdeck: {watch.failure}"
+        )
 
 
 PortOption = Annotated[
@@ -177,6 +230,7 @@ def register(app: typer.Typer) -> None:
         engine: EngineOption = None,
         engine_model: EngineModelOption = None,
         engine_api_key: EngineApiKeyOption = None,
+        engine_wait: EngineWaitOption = DEFAULT_ENGINE_WAIT_S,
         public_url: PublicUrlOption = None,
         tls_cert: TlsCertOption = None,
         tls_key: TlsKeyOption = None,
@@ -188,6 +242,7 @@ def register(app: typer.Typer) -> None:
             engine_url=engine,
             engine_model=engine_model,
             engine_api_key=engine_api_key,
+            engine_wait_s=engine_wait,
             public_url=public_url,
             tls_cert=tls_cert,
             tls_key=tls_key,

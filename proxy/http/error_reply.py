@@ -29,8 +29,11 @@ ADMIN_PREFIX = "/admin"
 
 
 def retry_header(exc: ProxyError) -> dict[str, str]:
-    """The header that tells an SDK whether to retry."""
-    return {"x-should-retry": "true" if exc.retryable else "false"}
+    """The headers that tell an SDK whether to retry (and, where known, when)."""
+    headers = {"x-should-retry": "true" if exc.retryable else "false"}
+    if exc.retry_after is not None:
+        headers["Retry-After"] = str(exc.retry_after)
+    return headers
 
 
 def dialect_for_path(path: str) -> Dialect:
@@ -51,6 +54,7 @@ def in_callers_terms(dialect: Dialect, exc: ProxyError) -> ProxyError:
         kind=exc.kind,
         retryable=exc.retryable,
         param=own,
+        retry_after=exc.retry_after,
     )
 
 

@@ -274,8 +274,19 @@ def create_app(
         return response
 
     @app.get("/health", response_model=Health)
-    async def health() -> Response:
-        return _JSON({"status": "ok", "instance": app.state.instance})
+    async def health(request: Request) -> Response:
+        wait = service.default_engine.waiting()
+        if wait is not None and not _is_admin(request.headers.get("authorization"), app.state.admin_key):
+            # /health asks no key: where the engine is (an address inside the cluster) is the
+            # admin's to know; that the server waits, and how long, is anyone's.
+            wait = wait.model_copy(update={"url": None})
+        return _JSON(
+            {
+                "status": "ok",
+                "instance": app.state.instance,
+                "engine_wait": wait.model_dump() if wait is not None else None,
+            }
+        )
 
     app.include_router(_admin_router())
     for router in routers:

@@ -33,6 +33,7 @@ from tapdeck.proxy.store.database import Store
 from tapdeck.proxy.store.writes import StoreUnavailable, StoreWrites
 from tapdeck.proxy.upstream.address import settle
 from tapdeck.proxy.upstream.client import EngineClient
+from tapdeck.proxy.upstream.default_engine import DefaultEngine
 from tapdeck.proxy.upstream.policy_versions import PolicyVersions
 from tapdeck.proxy.upstream.tiers import EngineSpec, ProbeResult, probe
 from tapdeck.proxy.upstream.token_in import TokenIn
@@ -52,7 +53,7 @@ class SessionRegistry:
         events: EventBus,
         activity: ActivityLog,
         *,
-        default_engine: EngineSpec | None,
+        default_engine: DefaultEngine,
         public_url: str,
         engine_timeout: httpx.Timeout | float,
         max_reply_bytes: int,
@@ -124,8 +125,8 @@ class SessionRegistry:
 
         An address where nothing answers is refused, naming the URLs tried, rather than opening a
         text-tier session whose every call would fail."""
-        if spec == self.default_engine:
-            return spec  # settled when the server started
+        if spec == self.default_engine.spec:
+            return spec  # settled when the server's engine answered
         key = spec.cache_key()
         base = self._settled.get(key)
         if base is None:
@@ -134,7 +135,8 @@ class SessionRegistry:
 
     async def open(self, spec: SessionSpec) -> SessionInfo:
         """Probe the session's engine (cached), pick the rollout type, mint the key."""
-        engine = await self._settle(spec.engine) if spec.engine else self.default_engine
+        # While the server still waits for its engine, a 503 with Retry-After (EngineLoading).
+        engine = await self._settle(spec.engine) if spec.engine else self.default_engine.get()
         if engine is None:
             raise SessionError(
                 400,

@@ -7,7 +7,9 @@ OpenAI routes under `/v1`, a few OpenAI-compatible servers at the root. So such 
 model listing; an address that names a path is asked only there. Taking the bare address as the
 base URL would open sessions at the `text` tier whose every call then fails with a 404.
 
-Where nothing answers, the error is one line naming every URL tried and what each answered.
+Where nothing answers, the error is one line naming every URL tried and what each answered. It is
+an `EngineNotUpYet` when some candidate failed as a starting engine fails (see `not_up_yet`): a
+server started beside its engine waits for it (proxy/upstream/default_engine.py).
 """
 
 from __future__ import annotations
@@ -34,6 +36,34 @@ class EngineAddressError(ProxyError, ValueError):
         super().__init__(
             status, message, kind="invalid_request_error" if status == 400 else "engine_unreachable"
         )
+
+
+class EngineNotUpYet(EngineAddressError):
+    """No candidate answered with a listing, and at least one failed as an engine that is still
+    starting does: it may answer later, where any other failure is an answer."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, 502)
+
+
+def not_up_yet(answer: httpx.Response | httpx.HTTPError) -> bool:
+    """Whether a failed `GET …/models` is what an engine that is still starting answers.
+
+    vLLM's api_server binds its port before it builds the engine but listens only once the weights
+    are loaded and the CUDA graphs captured (`setup_server` then `build_and_serve`), so meanwhile a
+    connect is refused; a slow or half-started one times out; a gateway in front of it (or vLLM
+    while it scales) answers 503. A name that does not resolve, any other status, or a 200 that is
+    not a listing is an answer: waiting cannot change it."""
+    if isinstance(answer, httpx.Response):
+        return answer.status_code == 503
+    if isinstance(answer, httpx.TimeoutException):
+        return True
+    cause: BaseException | None = answer
+    while cause is not None:
+        if isinstance(cause, ConnectionRefusedError):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 @dataclass(frozen=True)
@@ -154,6 +184,8 @@ class _Attempts:
         self.address = address
         self.bases = candidate_base_urls(address)
         self.tried: list[str] = []
+        self.starting = False
+        """Whether some candidate failed as a starting engine fails (`not_up_yet`)."""
         self._current = ""
         self._settled: SettledEngine | None = None
 
@@ -166,6 +198,7 @@ class _Attempts:
 
     def send(self, answer: httpx.Response | httpx.HTTPError) -> None:
         url = f"{self._current}/models"
+        self.starting = self.starting or not_up_yet(answer)
         if isinstance(answer, httpx.HTTPError):
             self.tried.append(f"{url} ({_describe(answer)})")
             return
@@ -178,12 +211,10 @@ class _Attempts:
     @property
     def result(self) -> SettledEngine:
         if self._settled is None:
-            raise EngineAddressError(
-                shown_url(
-                    f"no engine answered at {self.address.strip()!r}: tried GET " + ", GET ".join(self.tried)
-                ),
-                502,
+            line = shown_url(
+                f"no engine answered at {self.address.strip()!r}: tried GET " + ", GET ".join(self.tried)
             )
+            raise EngineNotUpYet(line) if self.starting else EngineAddressError(line, 502)
         return self._settled
 
 

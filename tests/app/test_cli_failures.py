@@ -294,7 +294,8 @@ def not_tapdeck(tmp_path: Path) -> Iterator[str]:
     [
         (["attach", "{url}"], "GET /health: {url} answered 404"),
         (["train", "--list", "--server", "{url}"], "GET /admin/train/recipes: {url} answered 404"),
-        (["rollout", "--server", "{url}"], "POST /admin/runs: {url} answered 501"),
+        # Its first request: whether the server still waits for its engine (run_follow.py).
+        (["rollout", "--server", "{url}"], "GET /health: {url} answered 404"),
     ],
     ids=["attach", "train", "rollout"],
 )
@@ -367,7 +368,7 @@ def test_bare_tapdeck_takes_the_tui_options_as_tui_does(tmp_path: Path, dead_eng
             ["--data-dir", str(afile)],
             ["--public-url", "ftp://x"],
             ["--port", str(port)],
-            ["--engine", dead_engine_url, "--engine-model", "m", "--engine-api-key", "k"],
+            ["--engine", dead_engine_url, "--engine-model", "m", "--engine-api-key", "k", "--engine-wait=0"],
         ):
             bare, tui = tapdeck(*options, tmp=tmp_path), tapdeck("tui", *options, tmp=tmp_path)
             assert bare.returncode == tui.returncode != 0, (options, bare.stderr)

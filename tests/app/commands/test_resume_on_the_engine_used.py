@@ -81,8 +81,10 @@ def test_a_local_resume_with_another_engine_is_refused_naming_both(
             f"{named}, and the rollouts of one run must come from one engine: drop --engine to "
             f"resume on the engine it used, or start a new run with --engine {given}"
         )
-    # The same engine spelt HOST:PORT is not another one: it is started (and does not answer).
-    same = _resume(tmp_path, run.id, "--engine", dead_engine_url.removeprefix("http://").removesuffix("/v1"))
+    # The same engine spelt HOST:PORT is not another one: it is started (and does not answer, with
+    # no time to wait for it).
+    bare = dead_engine_url.removeprefix("http://").removesuffix("/v1")
+    same = _resume(tmp_path, run.id, "--engine", bare, "--engine-wait", "0")
     assert same.exit_code == EXIT_COULD_NOT_RUN, same.output
     assert f"tried GET {dead_engine_url}/models" in " ".join(same.output.split())
     [again] = BatchRunner(None, data_dir=tmp_path, default_engine=None).list()
@@ -110,7 +112,7 @@ def test_a_local_resume_of_a_run_that_recorded_no_engine_warns_and_goes_by_engin
     state = json.loads(state_file.read_text())
     state.pop("engine_used"), state.pop("engine_model_used", None)  # as an older tapdeck wrote it
     state_file.write_text(json.dumps(state))
-    result = _resume(tmp_path, run.id, "--engine", dead_engine_url)
+    result = _resume(tmp_path, run.id, "--engine", dead_engine_url, "--engine-wait", "0")
     assert result.exit_code == EXIT_COULD_NOT_RUN, result.output
     text = " ".join(result.output.split())
     assert (

@@ -66,7 +66,9 @@ def test_rollout_refuses_n_with_a_single_task_or_several(
     # A dead engine: were the conflict not refused first, no engine would start either.
     named = [arg for name in tasks for arg in ("--task", name)]
     result = CliRunner().invoke(
-        app, ["rollout", *named, "-n", "3", "--engine", dead_engine_url, "--data-dir", str(tmp_path)]
+        app,
+        ["rollout", *named, "-n", "3", "--engine", dead_engine_url, "--engine-wait", "0"]
+        + ["--data-dir", str(tmp_path)],
     )
     assert result.exit_code == EXIT_USAGE, result.output
     assert result.output.strip() == (

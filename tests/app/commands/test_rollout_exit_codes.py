@@ -40,9 +40,12 @@ def test_an_unknown_option_exits_2() -> None:
 
 
 def test_no_engine_answering_exits_1(tmp_path: Path, dead_engine_url: str) -> None:
-    result = CliRunner().invoke(app, ["rollout", "--engine", dead_engine_url, "--data-dir", str(tmp_path)])
+    result = CliRunner().invoke(
+        app, ["rollout", "--engine", dead_engine_url, "--engine-wait", "0.5", "--data-dir", str(tmp_path)]
+    )
     assert result.exit_code == EXIT_COULD_NOT_RUN, result.output
-    assert f"tried GET {dead_engine_url}/models" in result.output
+    [line] = [ln for ln in result.output.splitlines() if ln.startswith("tapdeck rollout:")]
+    assert f"tried GET {dead_engine_url}/models" in line and line.endswith(" s; --engine-wait)")
 
 
 def test_a_plan_the_server_refuses_exits_2(tmp_path: Path) -> None:
@@ -177,7 +180,8 @@ def test_a_size_past_its_bound_exits_2_naming_the_field(
 ) -> None:
     # A dead engine: were the size not refused first, no engine would start either.
     result = CliRunner().invoke(
-        app, ["rollout", *args, "--engine", dead_engine_url, "--data-dir", str(tmp_path)]
+        app,
+        ["rollout", *args, "--engine", dead_engine_url, "--engine-wait", "0", "--data-dir", str(tmp_path)],
     )
     assert result.exit_code == EXIT_USAGE, result.output
     assert result.output.strip() == f"tapdeck rollout: plan refused: {field}"

@@ -27,8 +27,9 @@ def _sse_data(text: str) -> list[str]:
 def test_health_leaks_nothing(upstream, make_server):
     server = make_server(upstream.base_url)
     body = httpx.get(f"{server.url}/health").json()
-    assert set(body) == {"status", "instance"}
+    assert set(body) == {"status", "instance", "engine_wait"}
     assert body["status"] == "ok" and body["instance"] == server.instance
+    assert body["engine_wait"] is None  # its engine answered (one awaited: tests/app/test_engine_wait.py)
 
 
 @pytest.mark.parametrize("auth", [None, "Bearer wrong-key", "Basic abc", "Bearer"])

@@ -152,7 +152,9 @@ def test_a_server_naming_a_wrong_address_does_not_start_and_frees_its_port(
     tmp_path: Path, dead_engine_url: str, port_factory
 ) -> None:
     port = port_factory()
-    server = LocalServer(ServerConfig(port=port, data_dir=tmp_path, engine_url=dead_engine_url))
+    # No time to wait for it (a server that waits is in tests/app/test_engine_wait.py).
+    config = ServerConfig(port=port, data_dir=tmp_path, engine_url=dead_engine_url, engine_wait_s=0)
+    server = LocalServer(config)
     with pytest.raises(EngineAddressError, match=f"tried GET {dead_engine_url}/models"):
         server.start()
     with socket.socket() as sock:
@@ -175,6 +177,8 @@ def test_commands_refuse_a_wrong_engine_address_in_one_line(
             *command,
             "--engine",
             bare,
+            "--engine-wait",  # none: an engine not up yet is awaited (tests/app/test_engine_wait.py)
+            "0",
             "--data-dir",
             str(tmp_path),
         ],
