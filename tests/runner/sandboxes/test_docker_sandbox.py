@@ -144,7 +144,9 @@ WATCH_SH = """#!/bin/sh
 seen=/logs/agent/environ-seen.txt
 while :; do
     for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' < "$f"; echo; done 2>/dev/null | sort -u > /tmp/now
-    sort -u /tmp/now "$seen" -o "$seen" 2>/dev/null || cp /tmp/now "$seen"
+    # Replaced by a rename, never truncated in place: the container may be stopped mid-write.
+    sort -u /tmp/now "$seen" > "$seen.new" 2>/dev/null || cp /tmp/now "$seen.new"
+    mv "$seen.new" "$seen"
     sleep 0.3
 done &
 exec "$@"
