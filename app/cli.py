@@ -57,6 +57,7 @@ COMMAND_MODULES = [
     "info",
     "serve",
     "export",
+    "replay",
     "train",
     "rollout",
     "runs",

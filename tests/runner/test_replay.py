@@ -16,8 +16,6 @@ import pytest
 
 from tapdeck.app.commands.export import session_rows
 from tapdeck.proxy.capture.export import training_trace, write_parquet
-from tapdeck.proxy.capture.graph import RolloutGraph
-from tapdeck.proxy.capture.turn import Turn
 from tapdeck.proxy.store.database import Store
 from tapdeck.runner.errors import ReplayRefused, SessionNotReplayable
 from tapdeck.runner.recipes.logprob_mismatch import MAX, MEAN, OUTSIDE
@@ -26,45 +24,13 @@ from tapdeck.runner.replay.reference import ReferenceEngine
 from tapdeck.runner.replay.session import replay_session
 from tests.support.fake_vllm import FakeVllm, vllm_listing
 from tests.support.recorded_turns import turn_from_fixture
-
-CHAIN = ("chat_multiturn_1", "chat_multiturn_2", "chat_multiturn_3")
-OFF = 0.1
-"""The fake reference's logprob of every sampled token: the sampler's plus OFF ..."""
-SPIKE = (1, 4, 2.0)
-"""... except this one (turn seq, token index), off by 2 nats."""
-
-
-def _store_session(store: Store, session_id: str, turns: list[Turn], tier: str = "tokens") -> None:
-    store.create_session({"id": session_id, "tier": tier, "rollout_type": "train"})
-    graph = RolloutGraph()
-    for turn in turns:
-        store.append_turn(turn, graph.add(turn))
-
-
-def _chain_turns(session_id: str = "s-a") -> list[Turn]:
-    return [turn_from_fixture(name, seq, session_id) for seq, name in enumerate(CHAIN)]
-
-
-def _reference_scores(turns: list[Turn], *, text_of=None):
-    """A scorer for the fake engine: for each position of the chain, the sampler's logprob + OFF
-    (SPIKE's token + 2) where a sampled token lies, -1.0 elsewhere, with the captured texts."""
-    by_pos: dict[int, tuple[float, str]] = {}
-    for turn in turns:
-        start = turn.prompt_ids.size
-        for i, (lp, text) in enumerate(zip(turn.logprobs, turn.token_texts, strict=True)):
-            off = SPIKE[2] if (turn.seq, i) == SPIKE[:2] else OFF
-            by_pos[start + i] = (float(lp) + off, text if text_of is None else text_of(text))
-
-    def scores(ids: list[int]) -> list[tuple[float, str]]:
-        return [by_pos.get(pos, (-1.0, "x")) for pos in range(1, len(ids))]
-
-    return scores
+from tests.support.replay_sessions import OFF, SPIKE, chain_turns, reference_scores, store_session
 
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[Store]:
     with Store(tmp_path / "capture.db") as s:
-        _store_session(s, "s-a", _chain_turns())
+        store_session(s, "s-a", chain_turns())
         yield s
 
 
@@ -73,8 +39,8 @@ def _reference(engine: FakeVllm) -> ReferenceEngine:
 
 
 def test_a_chain_is_scored_in_one_request_with_trls_and_verls_figures(store: Store) -> None:
-    turns = _chain_turns()
-    with FakeVllm(answer=None, prompt_scores=_reference_scores(turns)) as engine:
+    turns = chain_turns()
+    with FakeVllm(answer=None, prompt_scores=reference_scores(turns)) as engine:
         result, _ = replay_session(store, "s-a", _reference(engine))
     sent = [s for s in engine.sent if s.path == "/v1/completions"]
     assert len(sent) == 1 and result.requests == 1 and not result.chunked
@@ -103,10 +69,10 @@ def test_a_chain_is_scored_in_one_request_with_trls_and_verls_figures(store: Sto
 
 
 def test_a_chain_past_the_references_context_is_scored_turn_by_turn(store: Store) -> None:
-    turns = _chain_turns()
+    turns = chain_turns()
     first, second = (t.prompt_ids.size + t.sampled_ids.size for t in turns[:2])
     listing = vllm_listing(max_model_len=second + 1)  # room for turns 0 and 1, not the whole chain
-    with FakeVllm(answer=None, listing=listing, prompt_scores=_reference_scores(turns)) as engine:
+    with FakeVllm(answer=None, listing=listing, prompt_scores=reference_scores(turns)) as engine:
         result, _ = replay_session(store, "s-a", _reference(engine))
     sizes = [len(s.body["prompt"]) for s in engine.sent if s.path == "/v1/completions"]
     assert result.chunked and result.requests == 2 and sizes == [first, second]
@@ -116,11 +82,11 @@ def test_a_chain_past_the_references_context_is_scored_turn_by_turn(store: Store
 
 
 def test_a_turn_without_logprobs_is_reported_unscored_never_as_zero(tmp_path: Path) -> None:
-    turns = _chain_turns("s-b")
+    turns = chain_turns("s-b")
     turns[1].logprobs = None
     with Store(tmp_path / "capture.db") as store:
-        _store_session(store, "s-b", turns)
-        with FakeVllm(answer=None, prompt_scores=_reference_scores(_chain_turns())) as engine:
+        store_session(store, "s-b", turns)
+        with FakeVllm(answer=None, prompt_scores=reference_scores(chain_turns())) as engine:
             result, _ = replay_session(store, "s-b", _reference(engine))
     assert [(t.scored, t.figures is None) for t in result.turns] == [
         (True, False),
@@ -134,9 +100,7 @@ def test_a_turn_without_logprobs_is_reported_unscored_never_as_zero(tmp_path: Pa
 
 def test_a_session_without_token_ids_is_refused(tmp_path: Path) -> None:
     with Store(tmp_path / "capture.db") as store:
-        _store_session(
-            store, "s-text", [turn_from_fixture("chat_basic", 0, "s-text", ids=False)], tier="text"
-        )
+        store_session(store, "s-text", [turn_from_fixture("chat_basic", 0, "s-text", ids=False)], tier="text")
         with FakeVllm(answer=None, prompt_scores=lambda ids: None) as engine:
             with pytest.raises(SessionNotReplayable) as refused:
                 replay_session(store, "s-text", _reference(engine))
@@ -145,8 +109,8 @@ def test_a_session_without_token_ids_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_reference_whose_tokenizer_differs_is_refused(store: Store) -> None:
-    turns = _chain_turns()
-    with FakeVllm(answer=None, prompt_scores=_reference_scores(turns, text_of=lambda t: t + "#")) as engine:
+    turns = chain_turns()
+    with FakeVllm(answer=None, prompt_scores=reference_scores(turns, text_of=lambda t: t + "#")) as engine:
         with pytest.raises(ReplayRefused) as refused:
             replay_session(store, "s-a", _reference(engine))
     token = int(turns[0].sampled_ids[0])
@@ -175,8 +139,8 @@ def _capture_rows(path: Path) -> dict[str, list[tuple]]:
 
 def test_a_replay_is_stored_beside_the_capture_and_deleting_it_leaves_the_capture(store: Store) -> None:
     before = _capture_rows(store.path)
-    turns = _chain_turns()
-    with FakeVllm(answer=None, prompt_scores=_reference_scores(turns)) as engine:
+    turns = chain_turns()
+    with FakeVllm(answer=None, prompt_scores=reference_scores(turns)) as engine:
         result, _ = replay_session(store, "s-a", _reference(engine))
     [doc] = store.list_replays("s-a")
     assert doc["id"] == result.id and doc["model"] == "smollm2" and doc["engine"] == engine.base_url
@@ -193,10 +157,10 @@ def test_a_replay_is_stored_beside_the_capture_and_deleting_it_leaves_the_captur
 
 
 def test_the_replay_is_exported_as_extra_columns(store: Store, tmp_path: Path) -> None:
-    turns = _chain_turns()
+    turns = chain_turns()
     plain = session_rows(store, "s-a")
     assert all("ref_logprobs" not in row and "reference" not in row for row in plain)
-    with FakeVllm(answer=None, prompt_scores=_reference_scores(turns)) as engine:
+    with FakeVllm(answer=None, prompt_scores=reference_scores(turns)) as engine:
         result, _ = replay_session(store, "s-a", _reference(engine))
     rows = session_rows(store, "s-a")
     name = f"smollm2@{engine.base_url}"
