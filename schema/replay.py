@@ -55,7 +55,8 @@ class TurnDrift(BaseModel):
     seq: int
     scored: bool
     reason: str | None = None
-    """Why the turn could not be scored (no token ids, no sampler logprobs, past the context)."""
+    """Why the turn could not be scored (no token ids, no sampler logprobs, past the context), or,
+    for a scored one, how many of its tokens were left out for want of a logprob."""
     figures: DriftFigures | None = None
 
 

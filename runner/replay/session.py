@@ -9,7 +9,6 @@ that gives no prompt logprobs. A turn that cannot be scored is reported with its
 
 from __future__ import annotations
 
-import math
 import secrets
 import time
 from pathlib import Path
@@ -123,8 +122,14 @@ def replay_session(
                 )
             )
             continue
-        every.extend(p for p in pairs if not (math.isnan(p.sampler) or math.isnan(p.reference)))
-        results.append(TurnDrift(seq=turn.seq, scored=True, figures=figures))
+        every.extend(p for p in pairs if p.known)
+        missing = len(pairs) - figures.tokens
+        partly = (
+            f"{missing} of {len(pairs)} tokens left out: an engine gave no logprob for them"
+            if missing
+            else None
+        )
+        results.append(TurnDrift(seq=turn.seq, scored=True, reason=partly, figures=figures))
     result = ReplayResult(
         id=f"rp-{secrets.token_hex(6)}",
         session_id=session_id,

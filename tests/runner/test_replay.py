@@ -129,6 +129,32 @@ def test_an_engine_without_prompt_logprobs_is_refused(store: Store) -> None:
     assert "\n" not in refused.value.message
 
 
+def test_a_reference_that_refuses_the_captured_ids_is_refused_as_another_tokenizer(store: Store) -> None:
+    error = {
+        "error": {"message": "Token id 60000 is out of vocabulary", "type": "BadRequestError", "code": 400}
+    }
+    with FakeVllm(answer=None) as engine:
+        engine.add("/v1/completions", None, 400, error)
+        with pytest.raises(ReplayRefused) as refused:
+            replay_session(store, "s-a", _reference(engine))
+    assert refused.value.message.startswith(
+        f"reference engine {engine.base_url}'s tokenizer differs from the sampler's "
+        "(it refused the captured ids"
+    )
+
+
+def test_tokens_an_engine_gave_no_logprob_for_are_left_out_and_counted(tmp_path: Path) -> None:
+    turns = chain_turns("s-n")
+    turns[0].logprobs[[2, 5]] = np.nan
+    with Store(tmp_path / "capture.db") as store:
+        store_session(store, "s-n", turns)
+        with FakeVllm(answer=None, prompt_scores=reference_scores(chain_turns())) as engine:
+            result, _ = replay_session(store, "s-n", _reference(engine))
+    first = result.turns[0]
+    assert first.scored and first.figures.tokens == turns[0].sampled_ids.size - 2
+    assert first.reason == "2 of 16 tokens left out: an engine gave no logprob for them"
+
+
 def _capture_rows(path: Path) -> dict[str, list[tuple]]:
     with sqlite3.connect(path) as db:
         return {
