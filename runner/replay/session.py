@@ -12,11 +12,11 @@ from __future__ import annotations
 import secrets
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from tapdeck.proxy.capture.turn import Turn
+from tapdeck.proxy.store.database import Store
 from tapdeck.runner.errors import ReplayRefused, SessionNotReplayable
 from tapdeck.runner.replay.chains import token_chains
 from tapdeck.runner.replay.drift import TokenPair, drift_figures
@@ -81,7 +81,7 @@ def _score(
 
 
 def replay_session(
-    store: Any, session_id: str, reference: ReferenceEngine
+    store: Store, session_id: str, reference: ReferenceEngine
 ) -> tuple[ReplayResult, list[TokenPair]]:
     """Score the session's sampled tokens under `reference`, store the result, and return it with
     the token pairs (for a run's figures). KeyError for an unknown session."""
@@ -145,7 +145,7 @@ def replay_session(
     return result, every
 
 
-def replay_run(store: Any, run_dir: Path, reference: ReferenceEngine) -> RunReplay:
+def replay_run(store: Store, run_dir: Path, reference: ReferenceEngine) -> RunReplay:
     """Replay every session of a run (its rollouts' capture sessions); sessions with nothing to
     score are listed in `skipped` with why. SessionNotReplayable when no session can be replayed."""
     from tapdeck.runner.run_dir import RESULTS, load_results
