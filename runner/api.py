@@ -17,7 +17,8 @@ when the server shuts down.
 
 Replays (runner/replay): `POST /admin/sessions/{id}/replay` (body `{engine, model, api_key}`;
 `engine: "embedded"` is this server's default engine when it is the embedded one),
-`GET /admin/sessions/{id}/replays`, `DELETE /admin/sessions/{id}/replays/{replay_id}`.
+`GET /admin/sessions/{id}/replays`, `GET /admin/sessions/{id}/replays/{replay_id}/logprobs` (both
+engines' logprobs per token), `DELETE /admin/sessions/{id}/replays/{replay_id}`.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from tapdeck.runner.runner_loop import RunnerLoop
 from tapdeck.runner.service_protocol import CaptureServiceProtocol
 from tapdeck.runner.train_jobs import TrainingJobs, run_rows_for_training
 from tapdeck.schema.catalog import Catalog
-from tapdeck.schema.replay import ReplayList, ReplayRequest, ReplayResult
+from tapdeck.schema.replay import ReplayList, ReplayLogprobs, ReplayRequest, ReplayResult
 from tapdeck.schema.runs import (
     ExportRequest,
     ExportResult,
@@ -228,6 +229,16 @@ def create_runner_router(
         await asyncio.to_thread(service.get, session_id)
         docs = await asyncio.to_thread(service.store.list_replays, session_id)
         return JSONResponse({"replays": docs})
+
+    @router.get("/sessions/{session_id}/replays/{replay_id}/logprobs", response_model=ReplayLogprobs)
+    async def get_replay_logprobs(session_id: str, replay_id: str) -> JSONResponse:
+        from tapdeck.runner.replay.session import replay_logprobs
+
+        await asyncio.to_thread(service.get, session_id)
+        if not any(doc["id"] == replay_id for doc in service.store.list_replays(session_id)):
+            raise ProxyError(404, f"session {session_id} has no replay {replay_id}")
+        body = await asyncio.to_thread(replay_logprobs, service.store, session_id, replay_id)
+        return JSONResponse(body.model_dump(mode="json"))
 
     @router.delete("/sessions/{session_id}/replays/{replay_id}", response_model=ReplayList)
     async def delete_replay(session_id: str, replay_id: str) -> JSONResponse:

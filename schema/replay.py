@@ -93,3 +93,20 @@ class RunReplay(BaseModel):
     run: DriftFigures | None
     skipped: list[str]
     """Sessions left out, each with why (`s-…: no token ids (tier text)`)."""
+
+
+class ReplayTurnLogprobs(BaseModel):
+    """One scored turn's sampled tokens under both engines, position by position (None: that engine
+    gave no logprob for the token)."""
+
+    seq: int
+    sampler: list[float | None]
+    reference: list[float | None]
+
+
+class ReplayLogprobs(BaseModel):
+    """A replay's per-token logprobs (`GET /admin/sessions/{id}/replays/{replay_id}/logprobs`): the
+    scored turns only, oldest first; what the TUI colours by Δ and buckets |Δ| from."""
+
+    replay_id: str
+    turns: list[ReplayTurnLogprobs]

@@ -21,7 +21,7 @@ from tapdeck.runner.errors import ReplayRefused, SessionNotReplayable
 from tapdeck.runner.replay.chains import token_chains
 from tapdeck.runner.replay.drift import TokenPair, drift_figures
 from tapdeck.runner.replay.reference import ReferenceEngine
-from tapdeck.schema.replay import ReplayResult, RunReplay, TurnDrift
+from tapdeck.schema.replay import ReplayLogprobs, ReplayResult, ReplayTurnLogprobs, RunReplay, TurnDrift
 
 
 def _check_tokenizer(reference: ReferenceEngine, turn: Turn, texts: list[str | None]) -> None:
@@ -143,6 +143,25 @@ def replay_session(
     )
     store.save_replay(result.model_dump(mode="json"), {t.seq: scored.get(t.seq) for t in turns if t.has_ids})
     return result, every
+
+
+def _numbers(values: np.ndarray) -> list[float | None]:
+    return [None if np.isnan(v) else float(v) for v in values.tolist()]
+
+
+def replay_logprobs(store: Store, session_id: str, replay_id: str) -> ReplayLogprobs:
+    """Both engines' logprobs of each turn the replay scored. KeyError for an unknown session."""
+    _, turns = store.load_session(session_id)
+    reference = store.replay_logprobs(replay_id)
+    scored: list[ReplayTurnLogprobs] = []
+    for turn in turns:
+        ref = reference.get(turn.seq)
+        if ref is None or turn.logprobs is None or turn.logprobs.shape != ref.shape:
+            continue
+        scored.append(
+            ReplayTurnLogprobs(seq=turn.seq, sampler=_numbers(turn.logprobs), reference=_numbers(ref))
+        )
+    return ReplayLogprobs(replay_id=replay_id, turns=scored)
 
 
 def replay_run(store: Store, run_dir: Path, reference: ReferenceEngine) -> RunReplay:

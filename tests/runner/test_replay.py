@@ -21,7 +21,7 @@ from tapdeck.runner.errors import ReplayRefused, SessionNotReplayable
 from tapdeck.runner.recipes.logprob_mismatch import MAX, MEAN, OUTSIDE
 from tapdeck.runner.replay.drift import K3_KL
 from tapdeck.runner.replay.reference import ReferenceEngine
-from tapdeck.runner.replay.session import replay_session
+from tapdeck.runner.replay.session import replay_logprobs, replay_session
 from tests.support.fake_vllm import FakeVllm, vllm_listing
 from tests.support.recorded_turns import turn_from_fixture
 from tests.support.replay_sessions import OFF, SPIKE, chain_turns, reference_scores, store_session
@@ -180,6 +180,20 @@ def test_a_replay_is_stored_beside_the_capture_and_deleting_it_leaves_the_captur
     assert store.delete_replay(result.id) is True
     assert store.list_replays("s-a") == [] and store.replay_logprobs(result.id) == {}
     assert _capture_rows(store.path) == before
+
+
+def test_a_replays_logprobs_pair_both_engines_token_by_token(store: Store) -> None:
+    turns = chain_turns()
+    with FakeVllm(answer=None, prompt_scores=reference_scores(turns)) as engine:
+        result, _ = replay_session(store, "s-a", _reference(engine))
+    got = replay_logprobs(store, "s-a", result.id)
+    assert got.replay_id == result.id and [t.seq for t in got.turns] == [t.seq for t in turns]
+    for pair, turn in zip(got.turns, turns, strict=True):
+        assert pair.sampler == pytest.approx(turn.logprobs.tolist())
+        off = [OFF] * turn.sampled_ids.size
+        if turn.seq == SPIKE[0]:
+            off[SPIKE[1]] = SPIKE[2]
+        assert [r - s for r, s in zip(pair.reference, pair.sampler, strict=True)] == pytest.approx(off)
 
 
 def test_the_replay_is_exported_as_extra_columns(store: Store, tmp_path: Path) -> None:

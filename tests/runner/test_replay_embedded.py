@@ -15,7 +15,7 @@ import pytest
 
 from tapdeck.runner.recipes.logprob_mismatch import MAX, MEAN, OUTSIDE
 from tapdeck.runner.replay.drift import K3_KL
-from tapdeck.schema.replay import ReplayList, ReplayResult
+from tapdeck.schema.replay import ReplayList, ReplayLogprobs, ReplayResult
 from tests.support.local_server import local_server_on
 from tests.support.vllm_recordings import vllm_fixture
 
@@ -89,6 +89,10 @@ def test_replaying_a_capture_on_the_engine_that_sampled_it_drifts_by_about_nothi
 
     listed = httpx.get(f"{url}/admin/sessions/{sid}/replays", headers=admin, timeout=60)
     assert ReplayList.model_validate(listed.json()).replays[-1].id == result.id
+    got = httpx.get(f"{url}/admin/sessions/{sid}/replays/{result.id}/logprobs", headers=admin, timeout=60)
+    pairs = ReplayLogprobs.model_validate(got.json())
+    assert [t.seq for t in pairs.turns] == [t.seq for t in result.turns]
+    assert sum(len(t.reference) for t in pairs.turns) == 72
     trace = httpx.get(f"{url}/admin/sessions/{sid}/trace", headers=admin, timeout=60).json()
     assert {e["metadata"]["reference"] for e in trace["turns"]} == {f"smollm2@{embedded_engine.base_url}"}
 
