@@ -116,9 +116,9 @@ def _shown(app: App, key: str) -> str:
     return app.get_key_display(Binding(key, ""))
 
 
-def key_of(app: App, binding_id: str, node: DOMNode | None = None) -> str:
-    """The key (as shown) that triggers a binding of `node` (default: the App) now, e.g. a screen's
-    number."""
+def key_of(app: App, binding_id: str, node: DOMNode | type[DOMNode] | None = None) -> str:
+    """The key (as shown) that triggers a binding of `node` (default: the App; a class: its
+    bindings as the keymap sets them) now, e.g. a screen's number."""
     for binding, keys in live_keys(app, node or app, binding_id):
         if binding.id == binding_id:
             return _shown(app, keys[0])

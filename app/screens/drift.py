@@ -11,6 +11,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer, Static
 
 from tapdeck.app.client import TapdeckClient
+from tapdeck.app.screens.rollout import RolloutScreen
 from tapdeck.app.views.drift import delta_buckets, deltas_line, histogram_rows, token_deltas
 
 BAR_W = 36
@@ -65,10 +66,13 @@ class RunDriftScreen(ModalScreen[None]):
             for turn in got.turns:
                 deltas.extend(token_deltas(turn))
         self.deltas = deltas
+        from tapdeck.app.screen_registry import key_of  # the registry imports this screen
+
+        replay_key = key_of(self.app, "rollout.replay", RolloutScreen)
         against = f" against {', '.join(sorted(references))}" if references else ""
         self.query_one("#drift-sessions", Static).update(
             f"{replayed} of {len(self.session_ids)} session(s) replayed{against}"
-            + ("" if replayed else ": p on a rollout (Rollout, 3) replays its session")
+            + ("" if replayed else f": {replay_key} on Rollout replays the open session")
         )
         self.query_one("#drift-summary", Static).update(deltas_line(deltas))
         if replayed:

@@ -196,3 +196,21 @@ async def test_d_on_runs_shows_the_runs_delta_histogram(make_app, api_data):
         await until(
             pilot, lambda: app.current_mode == "runs" and not isinstance(app.screen, RunDriftScreen), "closed"
         )
+
+
+async def test_d_on_runs_without_a_replay_says_which_key_makes_one(make_app):
+    app = make_app(None)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.screen.query_one(SessionTable).row_count == 8, "the recorded sessions")
+        await pilot.press("4")
+        await until(pilot, lambda: app.current_mode == "runs" and app.screen.detail is not None, "the run")
+        await pilot.press("d")
+        await until(pilot, lambda: isinstance(app.screen, RunDriftScreen), "the drift modal")
+        modal = app.screen
+        await until(pilot, lambda: modal.deltas == [], "the run's (no) replays")
+        assert (
+            _text(modal, "#drift-sessions")
+            == "0 of 4 session(s) replayed: p on Rollout replays the open session"
+        )
+        assert _text(modal, "#drift-summary") == "no scored tokens"
+        assert _text(modal, "#drift-histogram") == ""
