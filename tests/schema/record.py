@@ -46,7 +46,7 @@ NOT_RECORDED = {
     "GET /admin/sessions/{session_id}/replays": "needs a replay; tests/runner/test_replay_embedded.py "
     "validates its replies",
     "GET /admin/sessions/{session_id}/replays/{replay_id}/logprobs": "needs a replay; "
-    "tests/runner/test_replay_embedded.py validates its replies",
+    "tests/app/test_client_replay.py validates its replies",
     "DELETE /admin/sessions/{session_id}/replays/{replay_id}": "needs a replay; "
     "tests/runner/test_replay_embedded.py validates its replies",
 }
