@@ -123,6 +123,7 @@ class RolloutScreen(TapdeckScreen):
             self.replay, self.pairs = None, {}
             if self.is_mounted:
                 self.query_one(RolloutTree).load({})
+                self.query_one(TokenView).drift = False  # another session: its own replay, if any
                 self.query_one(TokenView).show(None)
                 self.query_one("#token-detail", Static).update("")
                 self.query_one("#turn-header", Static).update("")

@@ -214,3 +214,21 @@ async def test_d_on_runs_without_a_replay_says_which_key_makes_one(make_app):
         )
         assert _text(modal, "#drift-summary") == "no scored tokens"
         assert _text(modal, "#drift-histogram") == ""
+
+
+async def test_another_session_opens_coloured_by_logprob_again(make_app, api_data):
+    app = make_app(None, data=with_replays(api_data, stored=("sess0000recorded",)))
+    async with app.run_test(size=(80, 24)) as pilot:
+        view = await _open_first_rollout(pilot)
+        assert app.screen.session_id == "sess0000recorded"
+        await until(pilot, lambda: view.pair is not None, "the replay's logprobs")
+        await pilot.press("c")
+        assert view.drift
+        await pilot.press("2", "down", "enter")
+        await until(
+            pilot,
+            lambda: app.current_mode == "rollout" and app.screen.session_id == "sess0001recorded",
+            "the second session",
+        )
+        await until(pilot, lambda: view.turn is not None, "its first turn")
+        assert not view.drift and view.pair is None
