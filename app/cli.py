@@ -59,6 +59,7 @@ COMMAND_MODULES = [
     "info",
     "serve",
     "export",
+    "replay",
     "train",
     "rollout",
     "runs",

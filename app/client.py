@@ -25,6 +25,7 @@ from tapdeck.proxy.config import (
 from tapdeck.schema.activity import SessionActivity
 from tapdeck.schema.catalog import Catalog
 from tapdeck.schema.events import Event, parse_event
+from tapdeck.schema.replay import ReplayList, ReplayLogprobs, ReplayRequest, ReplayResult
 from tapdeck.schema.runs import ExportResult, RolloutResult, RunDetail, RunList, RunPlan, RunSummary
 from tapdeck.schema.sessions import (
     EngineVersions,
@@ -53,6 +54,9 @@ from tapdeck.schema.train import (
 )
 
 M = TypeVar("M", bound=BaseModel)
+
+REPLAY_TIMEOUT_S = 600.0
+"""A replay waits on the reference scoring every chain (the server's own limit per request)."""
 
 
 CA_FILE_HELP = (
@@ -378,6 +382,30 @@ class TapdeckClient:
         return await self._model(
             ExportResult, "POST", f"/admin/runs/{run_id}/export", json={"format": fmt}, timeout=120.0
         )
+
+    # -- replays ---------------------------------------------------------------------------------
+    async def replay(self, session_id: str, request: ReplayRequest | None = None) -> ReplayResult:
+        """`POST /admin/sessions/{id}/replay`: score the session under a reference engine (default:
+        the server's embedded one). A long session on a CPU engine takes minutes."""
+        body = (request or ReplayRequest()).model_dump(exclude_none=True)
+        return await self._model(
+            ReplayResult, "POST", f"/admin/sessions/{session_id}/replay", json=body, timeout=REPLAY_TIMEOUT_S
+        )
+
+    async def replays(self, session_id: str) -> list[ReplayResult]:
+        """`GET /admin/sessions/{id}/replays`: the session's stored replays, oldest first."""
+        return (await self._model(ReplayList, "GET", f"/admin/sessions/{session_id}/replays")).replays
+
+    async def replay_logprobs(self, session_id: str, replay_id: str) -> ReplayLogprobs:
+        """`GET /admin/sessions/{id}/replays/{replay_id}/logprobs`: both engines' per-token logprobs."""
+        return await self._model(
+            ReplayLogprobs, "GET", f"/admin/sessions/{session_id}/replays/{replay_id}/logprobs"
+        )
+
+    async def delete_replay(self, session_id: str, replay_id: str) -> list[ReplayResult]:
+        """`DELETE /admin/sessions/{id}/replays/{replay_id}`: the replays left (the capture stays)."""
+        path = f"/admin/sessions/{session_id}/replays/{replay_id}"
+        return (await self._model(ReplayList, "DELETE", path)).replays
 
     # -- training ---------------------------------------------------------------------------------
     async def train_recipes(self) -> list[RecipeInfo]:

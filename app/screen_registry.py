@@ -12,6 +12,7 @@ from textual.binding import Binding, BindingsMap
 from textual.dom import DOMNode
 
 from tapdeck.app.screens.base import TapdeckScreen
+from tapdeck.app.screens.drift import RunDriftScreen
 from tapdeck.app.screens.help import HelpScreen
 from tapdeck.app.screens.info import InfoScreen
 from tapdeck.app.screens.rollout import RolloutScreen
@@ -58,11 +59,15 @@ SCREENS: tuple[ScreenEntry, ...] = (
         "rollout",
         "Rollout",
         "the rollout graph (a chain listed flat, forks nested), each "
-        "turn's messages and tokens coloured by logprob",
+        "turn's messages and tokens coloured by logprob, or by drift after a replay",
         RolloutScreen,
     ),
     ScreenEntry(
-        "4", "runs", "Runs", "batches: per-task groups, rewards, pass rates, failures; export", RunsScreen
+        "4",
+        "runs",
+        "Runs",
+        "batches: per-task groups, rewards, pass rates, failures; export; drift",
+        RunsScreen,
     ),
     ScreenEntry("5", "info", "Info", "what this machine can run, engine tier, the server", InfoScreen),
     ScreenEntry(
@@ -101,7 +106,7 @@ def unknown_keymap_ids(app: App, keymap: Iterable[str]) -> list[str]:
     """The ids of `keymap` that name no binding of the App, its screens or help (a typo would
     otherwise be ignored without a word)."""
     known = {b.id for found in app._bindings.key_to_bindings.values() for b in found}
-    classes: list[type[DOMNode]] = [*(e.screen for e in SCREENS), HelpScreen]
+    classes: list[type[DOMNode]] = [*(e.screen for e in SCREENS), HelpScreen, RunDriftScreen]
     for cls in classes:
         known |= {b.id for found in BindingsMap(cls.BINDINGS).key_to_bindings.values() for b in found}
     return sorted(set(keymap) - known)
@@ -111,9 +116,9 @@ def _shown(app: App, key: str) -> str:
     return app.get_key_display(Binding(key, ""))
 
 
-def key_of(app: App, binding_id: str, node: DOMNode | None = None) -> str:
-    """The key (as shown) that triggers a binding of `node` (default: the App) now, e.g. a screen's
-    number."""
+def key_of(app: App, binding_id: str, node: DOMNode | type[DOMNode] | None = None) -> str:
+    """The key (as shown) that triggers a binding of `node` (default: the App; a class: its
+    bindings as the keymap sets them) now, e.g. a screen's number."""
     for binding, keys in live_keys(app, node or app, binding_id):
         if binding.id == binding_id:
             return _shown(app, keys[0])

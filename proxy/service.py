@@ -148,8 +148,10 @@ class CaptureService:
         return self.queries.graph_view(session_id, since)
 
     def training_trace(self, session_id: str, *, lists: bool = True) -> dict[str, Any]:
-        """The per-call training trace; refused (409) for an eval rollout. `lists` as above."""
-        return self.queries.export(session_id, partial(training_trace, lists=lists))
+        """The per-call training trace; refused (409) for an eval rollout. `lists` as above. The
+        session's latest replay, if any, adds its reference logprobs to each entry's metadata."""
+        reference = self.store.latest_reference(session_id)
+        return self.queries.export(session_id, partial(training_trace, lists=lists, reference=reference))
 
     def turn_detail(self, session_id: str, seq: int) -> dict[str, Any]:
         """Everything the TUI shows for one turn."""

@@ -14,6 +14,11 @@ run: what a launch would start, and on which GPUs), `GET /admin/train/{id}`,
 `GET /admin/train/{id}/events` (SSE: log, metrics, state; ends with the run),
 `POST /admin/train/{id}/stop`. Recipes run as subprocesses on the server's machine and are stopped
 when the server shuts down.
+
+Replays (runner/replay): `POST /admin/sessions/{id}/replay` (body `{engine, model, api_key}`;
+`engine: "embedded"` is this server's default engine when it is the embedded one),
+`GET /admin/sessions/{id}/replays`, `GET /admin/sessions/{id}/replays/{replay_id}/logprobs` (both
+engines' logprobs per token), `DELETE /admin/sessions/{id}/replays/{replay_id}`.
 """
 
 from __future__ import annotations
@@ -33,12 +38,13 @@ from tapdeck.proxy.http.server import require_admin
 from tapdeck.proxy.upstream.default_engine import DefaultEngine
 from tapdeck.proxy.upstream.tiers import EngineSpec
 from tapdeck.runner.batch import BatchRunner
-from tapdeck.runner.errors import RunnerError, RunUnreadable
+from tapdeck.runner.errors import ReplayRefused, RunnerError, RunUnreadable
 from tapdeck.runner.runner_loop import RunnerLoop
 from tapdeck.runner.sandboxes.abandoned_containers import remove_abandoned
 from tapdeck.runner.service_protocol import CaptureServiceProtocol
 from tapdeck.runner.train_jobs import TrainingJobs, run_rows_for_training
 from tapdeck.schema.catalog import Catalog, EngineInfo
+from tapdeck.schema.replay import ReplayList, ReplayLogprobs, ReplayRequest, ReplayResult
 from tapdeck.schema.runs import (
     ExportRequest,
     ExportResult,
@@ -199,6 +205,57 @@ def create_runner_router(
         _run(run_id, "export")
         fmt = body.format if body is not None else "jsonl"
         return JSONResponse(await asyncio.to_thread(batch.export, run_id, fmt))
+
+    def _replay(session_id: str, body: ReplayRequest) -> ReplayResult:
+        from tapdeck.runner.replay.reference import ReferenceEngine
+        from tapdeck.runner.replay.session import replay_session
+
+        service.get(session_id)  # an unknown session is a 404, as on the other session routes
+        if body.engine.strip().lower() == "embedded":
+            spec = default_engine.spec
+            if spec is None or not default_is_embedded:
+                raise ReplayRefused(
+                    "this server runs no embedded engine: give the reference engine's address as `engine`"
+                )
+            reference = ReferenceEngine.at(
+                spec.url, model=body.model or spec.model, api_key=spec.api_key, name="embedded"
+            )
+        else:
+            reference = ReferenceEngine.at(body.engine, model=body.model, api_key=body.api_key)
+        try:
+            return replay_session(service.store, session_id, reference)[0]
+        finally:
+            reference.close()
+
+    @router.post("/sessions/{session_id}/replay", response_model=ReplayResult)
+    async def replay(session_id: str, body: ReplayRequest | None = None) -> JSONResponse:
+        result = await asyncio.to_thread(_replay, session_id, body or ReplayRequest())
+        return JSONResponse(result.model_dump(mode="json"))
+
+    @router.get("/sessions/{session_id}/replays", response_model=ReplayList)
+    async def list_replays(session_id: str) -> JSONResponse:
+        await asyncio.to_thread(service.get, session_id)
+        docs = await asyncio.to_thread(service.store.list_replays, session_id)
+        return JSONResponse({"replays": docs})
+
+    @router.get("/sessions/{session_id}/replays/{replay_id}/logprobs", response_model=ReplayLogprobs)
+    async def get_replay_logprobs(session_id: str, replay_id: str) -> JSONResponse:
+        from tapdeck.runner.replay.session import replay_logprobs
+
+        await asyncio.to_thread(service.get, session_id)
+        if not any(doc["id"] == replay_id for doc in service.store.list_replays(session_id)):
+            raise ProxyError(404, f"session {session_id} has no replay {replay_id}")
+        body = await asyncio.to_thread(replay_logprobs, service.store, session_id, replay_id)
+        return JSONResponse(body.model_dump(mode="json"))
+
+    @router.delete("/sessions/{session_id}/replays/{replay_id}", response_model=ReplayList)
+    async def delete_replay(session_id: str, replay_id: str) -> JSONResponse:
+        await asyncio.to_thread(service.get, session_id)
+        if not any(doc["id"] == replay_id for doc in service.store.list_replays(session_id)):
+            raise ProxyError(404, f"session {session_id} has no replay {replay_id}")
+        await asyncio.to_thread(service.store.delete_replay, replay_id)
+        docs = await asyncio.to_thread(service.store.list_replays, session_id)
+        return JSONResponse({"replays": docs})
 
     @router.get("/train/recipes", response_model=RecipeList)
     async def train_recipes() -> JSONResponse:

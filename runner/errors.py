@@ -145,3 +145,25 @@ __all__ = [
     "TrainRefused",
     "TrainUsage",
 ]
+
+
+# ----------------------------------------------------------------- replays
+
+
+class ReplayRefused(RunnerError):
+    """A replay that cannot be made against this reference engine (its tokenizer differs, it gives
+    no prompt logprobs, it serves no such model, or `embedded` on a server without one)."""
+
+    status = 400
+
+
+class SessionNotReplayable(ReplayRefused):
+    """A session whose capture has nothing to score (no token ids: the eval tier), or none at all."""
+
+    status = 409
+
+
+class ReferenceUnreachable(ReplayRefused):
+    """The reference engine did not answer, or answered with an error of its own."""
+
+    status = 502

@@ -21,11 +21,13 @@ from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_USAGE, CommandError
 def session_rows(store: Any, session_id: str, **given: Any) -> list[dict[str, Any]]:
     """The training rows of one stored session (empty for an eval rollout); `given` are
     `proxy.export.trace_rows`'s keywords (a run's group, rollout id and its result's reward, which
-    replaces the session's annotated one, None included)."""
+    replaces the session's annotated one, None included). The session's latest replay, if any,
+    gives the `reference` and `ref_logprobs` columns."""
     from tapdeck.proxy.capture.export import trace_rows
 
     record, graph = store.load_graph(session_id)
-    return trace_rows(record, graph, record.get("tier", "text"), **given)
+    reference = store.latest_reference(session_id)
+    return trace_rows(record, graph, record.get("tier", "text"), reference=reference, **given)
 
 
 class ExportFailed(Exception):

@@ -1,4 +1,5 @@
-"""Rollout: the graph of one session's model calls, and each turn's messages and tokens.
+"""Rollout: the graph of one session's model calls, and each turn's messages and tokens, coloured
+by logprob or (after a replay, `p`) by drift against the reference (`c`).
 
 Works while the rollout runs: a `turn_captured` event for this session triggers a refresh that adds
 the new nodes to the tree without losing the cursor.
@@ -17,6 +18,7 @@ from textual.widgets import Sparkline, Static, TabbedContent, TabPane, Tree
 
 from tapdeck.app.screens.base import TapdeckScreen
 from tapdeck.app.token_series import entropy_series, logprob_series
+from tapdeck.app.views.drift import drift_detail, replay_line
 from tapdeck.app.views.graph import (
     LiveGraph,
     capture_mode_text,
@@ -29,7 +31,9 @@ from tapdeck.app.views.tokens import message_text, token_detail
 from tapdeck.app.widgets.phrases import Phrases
 from tapdeck.app.widgets.rollout_tree import RolloutTree
 from tapdeck.app.widgets.token_view import TokenView
+from tapdeck.runner.recipes.logprob_mismatch import MEAN
 from tapdeck.schema.findings import Finding
+from tapdeck.schema.replay import ReplayResult, ReplayTurnLogprobs
 from tapdeck.schema.sessions import RolloutStats, TurnDetail
 
 LEVEL_STYLES = {"FATAL": "bold $error", "WARN": "$warning", "INFO": "$text-muted"}
@@ -48,6 +52,18 @@ class RolloutScreen(TapdeckScreen):
         Binding("m", "tab('messages')", "Messages", id="rollout.messages"),
         Binding("f", "tab('findings')", "Findings", id="rollout.findings"),
         Binding("r", "reload", "Reload", id="rollout.reload"),
+        # Off the footer, as p: at 80 columns it must keep f1 and q.
+        Binding(
+            "c",
+            "colour",
+            "Drift",
+            show=False,
+            tooltip="Colour tokens by drift / by logprob",
+            id="rollout.colour",
+        ),
+        Binding(
+            "p", "replay", "Replay", show=False, tooltip="Replay on the embedded engine", id="rollout.replay"
+        ),
         # Screen-level so stepping works whichever pane has focus (the tree usually does).
         Binding("comma", "step_token(-1)", "Prev token", show=False, id="rollout.prev_token"),
         Binding("full_stop", "step_token(1)", "Next token", show=False, id="rollout.next_token"),
@@ -61,6 +77,11 @@ class RolloutScreen(TapdeckScreen):
         self.turn_seq: int | None = None
         self.rollout_findings: list[Finding] = []
         """The session's and the whole rollout's findings (sequence checks), as of the last update."""
+        self.replay: ReplayResult | None = None
+        """The session's latest replay, if any."""
+        self.pairs: dict[int, ReplayTurnLogprobs] = {}
+        """Its logprobs of each scored turn, by seq."""
+        self.replaying = False
 
     def compose_body(self) -> Iterable[Widget]:
         yield Static("No rollout open: pick a session on Sessions (2) and press Enter.", id="rollout-header")
@@ -99,8 +120,10 @@ class RolloutScreen(TapdeckScreen):
             self.turn = None
             self.turn_seq = None
             self.rollout_findings = []
+            self.replay, self.pairs = None, {}
             if self.is_mounted:
                 self.query_one(RolloutTree).load({})
+                self.query_one(TokenView).drift = False  # another session: its own replay, if any
                 self.query_one(TokenView).show(None)
                 self.query_one("#token-detail", Static).update("")
                 self.query_one("#turn-header", Static).update("")
@@ -141,6 +164,9 @@ class RolloutScreen(TapdeckScreen):
         if session_id != self.session_id:
             return
         self.rollout_findings = [f for f in detail.findings if f.turn is None]
+        replays = await self.client.replays(session_id)
+        if replays and (self.replay is None or replays[-1].id != self.replay.id):
+            await self._take_replay(session_id, replays[-1])
         self.apply_graph(changed)
         if self.turn_seq is None and self.graph.turns:
             first = min(self.graph.turns)
@@ -166,6 +192,10 @@ class RolloutScreen(TapdeckScreen):
         parts.append(f"frag. {stats.fragmentation:.2f}")
         if span := policy_span_text(summary.policy if summary is not None else None):
             parts.append(span)
+        if self.replaying:
+            parts.append("replaying…")
+        elif self.replay is not None and self.replay.session is not None:
+            parts.append(f"drift |Δ| {self.replay.session.metrics.get(MEAN, float('nan')):.3f}")
         self.query_one("#rollout-header", Static).update(Phrases(parts))
         if tree_changed:
             self.query_one(RolloutTree).load(rollout_nodes(self.graph.turns.values()))
@@ -225,7 +255,7 @@ class RolloutScreen(TapdeckScreen):
         for widget in self.query("#turn-series .entropy"):
             widget.display = bool(entropy)  # no alternatives captured: no entropy to draw
         view = self.query_one(TokenView)
-        view.show(turn, keep_selection=again)
+        view.show(turn, keep_selection=again, pair=self.pairs.get(turn.seq))
         if view.selected is None:
             self.query_one("#token-detail", Static).update(
                 Content.styled("Click a token (or , .) for its logprob and alternatives.", "$text-muted")
@@ -250,4 +280,60 @@ class RolloutScreen(TapdeckScreen):
     @on(TokenView.Picked)
     def _token_picked(self, event: TokenView.Picked) -> None:
         if self.turn is not None:
-            self.query_one("#token-detail", Static).update(Content(token_detail(self.turn, event.index)))
+            # After a replay, both logprobs (the sampler's and the reference's) in the logprob's place.
+            both = drift_detail(self.pairs.get(self.turn.seq), event.index) if self.replay else None
+            self.query_one("#token-detail", Static).update(
+                Content(token_detail(self.turn, event.index, both))
+            )
+
+    # -- drift against a replay --------------------------------------------------------------------
+    async def _take_replay(self, session_id: str, replay: ReplayResult) -> None:
+        """Fetch a replay's per-token logprobs and show them (the open turn recoloured)."""
+        got = await self.client.replay_logprobs(session_id, replay.id)
+        if session_id != self.session_id:
+            return
+        self.replay, self.pairs = replay, {t.seq: t for t in got.turns}
+        if self.turn is not None:
+            self.query_one(TokenView).show(self.turn, keep_selection=True, pair=self.pairs.get(self.turn.seq))
+
+    def action_colour(self) -> None:
+        """Colour the tokens by drift against the latest replay, or by logprob again."""
+        from tapdeck.app.screen_registry import key_of  # the registry imports this screen
+
+        view = self.query_one(TokenView)
+        if not view.drift and self.replay is None:
+            self.app.notify(
+                f"No replay of this session yet: {key_of(self.app, 'rollout.replay', self)} replays it "
+                "against the server's embedded engine (or run `tapdeck replay`).",
+                severity="warning",
+            )
+            return
+        view.colour_by(not view.drift)
+
+    def action_replay(self) -> None:
+        """Replay the open session against the server's embedded engine, then colour by drift."""
+        if not self.session_id:
+            self.app.notify("No rollout open: nothing to replay.", severity="warning")
+            return
+        if self.replaying:
+            self.app.notify("A replay of this session is running.", severity="warning")
+            return
+        self.replaying = True
+        self.apply_graph(tree_changed=False)
+        self.app.notify(f"Replaying session {short_id(self.session_id)} on the embedded engine…")
+        self.run_replay(self.session_id)
+
+    @work(group="replay", exit_on_error=False)
+    async def run_replay(self, session_id: str) -> None:
+        try:
+            replay = await self.client.replay(session_id)
+            await self._take_replay(session_id, replay)
+        finally:
+            if session_id == self.session_id:
+                self.replaying = False
+                self.apply_graph(tree_changed=False)
+        if session_id == self.session_id:
+            self.query_one(TokenView).colour_by(True)
+        self.app.notify(
+            f"session {short_id(session_id)}: {replay_line(replay)}", title="Replay done", timeout=10
+        )

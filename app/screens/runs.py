@@ -13,6 +13,7 @@ from textual.widgets import DataTable, Static
 from tapdeck.app.confirm import CONFIRM_S, TwoPress
 from tapdeck.app.histogram import bars, histogram, reward_line
 from tapdeck.app.screens.base import TapdeckScreen
+from tapdeck.app.screens.drift import RunDriftScreen
 from tapdeck.app.table_rows import cursor_key, show_rows
 from tapdeck.app.views.runs import (
     degenerate_phrase,
@@ -49,7 +50,8 @@ class RunsScreen(TapdeckScreen):
         "rollouts run again). fail / canc: rollouts that failed / were cancelled (a cancel is not "
         "a failure). stale: policy versions the engine moved on since the rollout's oldest turn "
         "was sampled. Under the groups: the run's failures by cause, and its rollouts graded "
-        "degenerate (one call, or too little of it trainable), which trainers skip."
+        "degenerate (one call, or too little of it trainable), which trainers skip. d shows "
+        "the run's drift: the |Δ| histogram of its sessions' latest replays."
     )
 
     # Short words and Parquet off the footer: at 80 columns it must keep r, f1 and q too.
@@ -60,6 +62,7 @@ class RunsScreen(TapdeckScreen):
         Binding("u", "resume", "Resume", id="runs.resume"),
         Binding("o", "open_rollout", "Open", tooltip="Open the highlighted rollout", id="runs.open"),
         Binding("r", "reload", "Reload", id="runs.reload"),
+        Binding("d", "drift", "Drift", show=False, tooltip="The run's |Δ| histogram", id="runs.drift"),
     ]
 
     def __init__(self) -> None:
@@ -365,3 +368,11 @@ class RunsScreen(TapdeckScreen):
         await self.client.cancel_run(run_id)
         self.app.notify(f"run {run_id} cancelled")
         self.load_runs()
+
+    def action_drift(self) -> None:
+        """Open the shown run's |Δ| histogram (its sessions' latest replays)."""
+        if self.detail is None:
+            self.app.notify("No run shown: nothing to measure.", severity="warning")
+            return
+        sessions = [r.session_id for r in self.detail.rollouts if r.session_id]
+        self.app.push_screen(RunDriftScreen(self.client, self.detail.id, sessions))

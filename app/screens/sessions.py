@@ -17,12 +17,14 @@ from tapdeck.app.client import ApiError
 from tapdeck.app.confirm import CONFIRM_S, TwoPress
 from tapdeck.app.screens.base import TapdeckScreen
 from tapdeck.app.stuck_view import PaneLine, calls_per_second, pane_lines
+from tapdeck.app.views.drift import replay_line
 from tapdeck.app.views.errors import describe_error
 from tapdeck.app.views.sessions import ENDED_STATES, rollout_state, session_state
 from tapdeck.app.widgets.activity_pane import ActivityPane
 from tapdeck.app.widgets.session_table import SessionTable
 from tapdeck.schema.activity import SessionActivity
 from tapdeck.schema.findings import Finding
+from tapdeck.schema.replay import ReplayResult
 
 REFRESH_HZ = 4
 ACTIVITY_POLL_S = 1.0
@@ -50,6 +52,8 @@ class SessionsScreen(TapdeckScreen):
         self.activity: SessionActivity | None = None
         self.activity_error = ""
         self.findings: list[Finding] = []
+        self.replay: ReplayResult | None = None
+        """The pane's session's latest replay (its drift line), if any."""
         self._fetched_at = 0.0
         self._cancel = TwoPress()
 
@@ -161,12 +165,14 @@ class SessionsScreen(TapdeckScreen):
         try:
             activity = await self.client.activity(session_id)
             findings = (await self.client.session(session_id)).findings
+            replays = await self.client.replays(session_id)
         except ApiError as exc:
             self.activity_error = describe_error(exc)  # said in the pane, not a notification a second
         else:
             if self.highlighted() != session_id:
                 return
             self.activity, self.findings, self.activity_error = activity, list(findings), ""
+            self.replay = replays[-1] if replays else None
             self._fetched_at = self.app.clock()
         self._show_pane()
 
@@ -191,6 +197,10 @@ class SessionsScreen(TapdeckScreen):
             self.findings if activity else [],
             self._server_now(),
         )
+        if activity and self.replay is not None and self.replay.session_id == key:
+            # Beside the calls, above the texts that fill the pane: in view at 80×24.
+            at = next((i + 1 for i, line in enumerate(lines) if line.label == "calls"), len(lines))
+            lines.insert(at, PaneLine("drift", replay_line(self.replay)))
         if self.activity_error:
             lines.append(PaneLine("error", self.activity_error, "error"))
         rates = (

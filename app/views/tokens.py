@@ -28,8 +28,9 @@ def token_display(text: str) -> str:
     return text.replace("\n", "↵\n").replace("\t", "→")
 
 
-def token_detail(turn: TurnDetail, index: int) -> str:
-    """One line on a sampled token: its text, id, logprob, probability and top alternatives."""
+def token_detail(turn: TurnDetail, index: int, logprobs: str | None = None) -> str:
+    """One line on a sampled token: its text, id, logprob, probability and top alternatives;
+    `logprobs` in the logprob's place (a replay's: both engines')."""
     texts = turn.token_texts or []
     ids = turn.sampled_ids or []
     lps = turn.logprobs or []
@@ -40,7 +41,9 @@ def token_detail(turn: TurnDetail, index: int) -> str:
     if index < len(ids):
         parts.append(f"id {ids[index]}")
     lp = lps[index] if index < len(lps) else None
-    if lp is not None:
+    if logprobs is not None:
+        parts.append(logprobs)
+    elif lp is not None:
         parts.append(f"logprob {lp:.3f} (p={math.exp(lp):.3f})")
     else:
         parts.append("no logprob")

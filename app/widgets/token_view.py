@@ -1,4 +1,5 @@
-"""A turn's sampled tokens coloured by logprob; click (or , and .) to inspect one token."""
+"""A turn's sampled tokens coloured by logprob, or by drift against a replay's reference; click (or
+, and .) to inspect one token."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from textual.content import Content
 from textual.message import Message
 from textual.widgets import Static
 
+from tapdeck.app.views.drift import drift_tone, token_deltas
 from tapdeck.app.views.tokens import logprob_tone, token_display
+from tapdeck.schema.replay import ReplayTurnLogprobs
 from tapdeck.schema.sessions import TurnDetail
 
 TONE_STYLES = {
@@ -19,6 +22,16 @@ TONE_STYLES = {
     "masked": "italic strike $logprob-masked",
 }
 
+DRIFT_STYLES = {
+    "same": "",
+    "small": "on $logprob-mid",
+    "mid": "on $logprob-low",
+    "outside": "bold on $logprob-vlow",
+    "unscored": "italic $logprob-masked",
+    "masked": "italic strike $logprob-masked",
+}
+"""The logprob colours again, by |Δ| this time: the further apart the engines, the hotter."""
+
 
 class TokenView(Static, can_focus=True):
     """Sampled tokens of one turn. Background = how unlikely the token was; struck-through = masked."""
@@ -27,7 +40,9 @@ class TokenView(Static, can_focus=True):
         "Sampled tokens coloured by logprob: no background ≥ -0.1, yellow ≥ -1, orange ≥ -3, "
         "red below (low-probability tokens stand out). Struck-through grey = masked (no "
         "aligned logprob, not trained on). Click a token or use , and . to see its logprob "
-        "and the top alternatives."
+        "and the top alternatives. In drift colouring (after a replay) the background is |Δ| "
+        "between the reference's and the sampler's logprob: none under 0.05, yellow under 0.3, "
+        "orange under ln 2, red from ln 2 (the ratio leaves [0.5, 2]); grey italic = not scored."
     )
 
     DEFAULT_CSS = """
@@ -46,14 +61,27 @@ class TokenView(Static, can_focus=True):
         super().__init__("", **kwargs)
         self.turn: TurnDetail | None = None
         self.selected: int | None = None
+        self.pair: ReplayTurnLogprobs | None = None
+        """The shown turn's logprobs under the replay (None: no replay scored it)."""
+        self.drift = False
+        """Colour by Δ against the replay instead of by logprob."""
 
-    def show(self, turn: TurnDetail | None, keep_selection: bool = False) -> None:
-        """Show a turn (the `GET /admin/sessions/{id}/turns/{seq}` body). `keep_selection`: the
-        same turn shown again (a refresh), so the token the operator picked stays picked."""
+    def show(
+        self, turn: TurnDetail | None, keep_selection: bool = False, pair: ReplayTurnLogprobs | None = None
+    ) -> None:
+        """Show a turn (the `GET /admin/sessions/{id}/turns/{seq}` body) and its replay's logprobs.
+        `keep_selection`: the same turn shown again (a refresh), so the token the operator picked
+        stays picked."""
         count = 0 if turn is None else len(turn.token_texts or turn.sampled_ids or [])
         if not keep_selection or self.selected is None or self.selected >= count:
             self.selected = None
         self.turn = turn
+        self.pair = pair
+        self._paint()
+
+    def colour_by(self, drift: bool) -> None:
+        """Colour by Δ (True) or by logprob."""
+        self.drift = drift
         self._paint()
 
     def _paint(self) -> None:
@@ -71,12 +99,15 @@ class TokenView(Static, can_focus=True):
             )
             return
         logprobs = turn.logprobs or []
+        deltas = token_deltas(self.pair)
         mask = turn.mask or []
         parts: list[tuple[str, str]] = []
         for i, text in enumerate(texts):
-            lp = logprobs[i] if i < len(logprobs) else None
             masked = bool(mask) and i < len(mask) and not mask[i]
-            style = TONE_STYLES[logprob_tone(lp, masked)]
+            if self.drift:
+                style = DRIFT_STYLES[drift_tone(deltas[i] if i < len(deltas) else None, masked)]
+            else:
+                style = TONE_STYLES[logprob_tone(logprobs[i] if i < len(logprobs) else None, masked)]
             if i == self.selected:
                 style = f"{style} reverse bold"
             parts.append((token_display(text) or "∅", f"{style} @click=pick({i})".strip()))

@@ -329,8 +329,32 @@ def graph_view(
     }
 
 
+Reference = tuple[str, dict[int, np.ndarray | None]]
+"""A replay as export takes it (`Store.latest_reference`): the reference's name and its logprobs of
+each turn's sampled tokens, by turn seq (None: that turn was not scored)."""
+
+REFERENCE_FIELDS = ("reference", "ref_logprobs")
+"""A trace entry's metadata and a row's columns that carry a replay's reference logprobs; present
+only when the session was replayed."""
+
+
+def _reference_fields(reference: Reference | None, seq: int, n: int, lists: bool) -> dict[str, Any]:
+    if reference is None:
+        return {}
+    name, by_seq = reference
+    arr = by_seq.get(seq)
+    if arr is not None and arr.shape != (n,):
+        raise ExportError(f"replay {name}'s turn {seq} holds {arr.size} logprobs for {n} sampled tokens")
+    return {"reference": name, "ref_logprobs": _out(arr, lists)}
+
+
 def training_trace(
-    session: dict[str, Any], graph: RolloutGraph, tier: str, *, lists: bool = True
+    session: dict[str, Any],
+    graph: RolloutGraph,
+    tier: str,
+    *,
+    lists: bool = True,
+    reference: Reference | None = None,
 ) -> dict[str, Any]:
     """Per-call training data: one entry per agent turn (each call once, arrival order).
 
@@ -339,7 +363,9 @@ def training_trace(
     `per_token_logps` (finite and non-positive for every completion token, see `_trace_logps`),
     `loss_mask` over prompt+completion (prompt all 0; completion 1 only when the turn's logprobs are
     aligned and valid), `request`, and `response` as a chat completion (`choices[0].message`, tool
-    calls nested). Raises ExportRefused for eval rollouts.
+    calls nested). With a `reference` (a replay), each entry's metadata also holds the
+    reference's name and its logprobs of the completion tokens (`REFERENCE_FIELDS`). Raises
+    ExportRefused for eval rollouts.
     """
     rtype = _rollout_type(session, tier)
     if not is_train(tier, rtype):
@@ -391,6 +417,7 @@ def training_trace(
                     "findings": [f.model_dump(mode="json") for f in t.findings + n.link_findings],
                     # In the metadata: OpenEnv's TrainingTurn forbids fields of its own.
                     **_trace_policy(t),
+                    **_reference_fields(reference, seq, int(n.sampled.size), lists),
                 },
             }
         )
@@ -415,15 +442,17 @@ def trace_rows(
     group_id: str | None = None,
     rollout_id: str | None = None,
     reward: float | None = SESSION_REWARD,
+    reference: Reference | None = None,
 ) -> list[dict[str, Any]]:
     """Rows for a run file: one per trainable-capable agent turn, with group id and reward.
 
     `reward` defaults to the session's annotated reward. A reward given, None included, is the
     one written: a run's result that says "never graded" stays null even when the session's
-    metadata holds a number. Eval rollouts give no rows.
+    metadata holds a number. Eval rollouts give no rows. A `reference` (a replay) adds the
+    `reference` and `ref_logprobs` columns.
     """
     try:
-        trace = training_trace(session, graph, tier, lists=False)
+        trace = training_trace(session, graph, tier, lists=False, reference=reference)
     except ExportRefused:
         return []
     if reward is SESSION_REWARD:
@@ -434,9 +463,10 @@ def trace_rows(
             "group_id": group_id,
             "session_id": session.get("id"),
             "reward": reward,
-            **{k: v for k, v in entry["metadata"].items() if k in POLICY_FIELDS},
+            **{k: v for k, v in entry["metadata"].items() if k in POLICY_FIELDS + REFERENCE_FIELDS},
         }
         | entry
+        | {"metadata": {k: v for k, v in entry["metadata"].items() if k not in REFERENCE_FIELDS}}
         for entry in trace["turns"]
     ]
 
@@ -465,6 +495,7 @@ _ARRAY_TYPES = {
     "completion_token_ids": "int32",
     "loss_mask": "int8",
     "per_token_logps": "float64",
+    "ref_logprobs": "float64",
 }
 _TYPED_SCALARS = {
     "rollout_id": "string",
@@ -474,6 +505,7 @@ _TYPED_SCALARS = {
     "run_id": "string",
     "task": "string",
     "error_kind": "string",
+    "reference": "string",
     "ok": "bool_",
 }
 

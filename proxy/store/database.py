@@ -85,6 +85,27 @@ _LATER_TABLES = frozenset({"routed_experts"})
 """Tables a store written by an older tapdeck lacks: a read-only reader takes it as holding none
 (a read-write open creates them)."""
 
+_REPLAY_SCHEMA = """
+CREATE TABLE IF NOT EXISTS replays (
+    id TEXT PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    engine TEXT NOT NULL,
+    model TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    doc BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS replay_turns (
+    replay_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    ref_logprobs BLOB,
+    PRIMARY KEY (replay_id, seq)
+);
+"""
+"""Replays (runner/replay): a session's sampled tokens scored under a reference engine, one row
+per (session, engine, model, time) and its reference logprobs per turn (NULL: not scored). A layer
+beside the capture: nothing here points into `turns`, and deleting a replay touches no other table.
+Not part of `_SCHEMA`: a store of an older tapdeck opened read-only simply has no replays."""
+
 POLICY_COLUMNS = (("policy_source", "TEXT"), ("policy_before", ""), ("policy_after", ""))
 """The policy version stamp of a turn (proxy/capture/policy_stamp.py): where it was read, and the
 readings before and after the call (equal unless the call straddled a weight update). The
@@ -234,7 +255,7 @@ class Store:
                 _check_schema(self._db, self.path)
             else:
                 self._db.execute("PRAGMA journal_mode=WAL")
-                self._db.executescript(_SCHEMA)
+                self._db.executescript(_SCHEMA + _REPLAY_SCHEMA)
                 _add_policy_columns(self._db)
             self._policy_columns = _has_policy_columns(self._db)
             """False only for a store of an older tapdeck opened read-only: its turns are unstamped."""
@@ -592,6 +613,75 @@ class Store:
         if missing:
             raise ValueError(f"{self.path}: {len(missing)} stored message(s) missing, e.g. {missing[0]}")
         return contents
+
+    # -- replays --------------------------------------------------------------------------
+
+    def _has_replays(self) -> bool:
+        row = self._reader.execute("SELECT 1 FROM sqlite_master WHERE name = 'replays'").fetchone()
+        return row is not None
+
+    def save_replay(self, doc: dict[str, Any], ref_logprobs: dict[int, np.ndarray | None]) -> None:
+        """Persist one replay (`doc` carries `id`, `session_id`, `engine`, `model`, `created_at`)
+        and its reference logprobs per turn seq, aligned to that turn's sampled ids."""
+        row = (
+            doc["id"],
+            doc["session_id"],
+            doc["engine"],
+            doc["model"],
+            float(doc["created_at"]),
+            _dumps(doc),
+        )
+        turns = [
+            (doc["id"], seq, None if lp is None else logprobs_to_bytes(lp))
+            for seq, lp in ref_logprobs.items()
+        ]
+
+        def insert(db: sqlite3.Connection) -> None:
+            db.execute(
+                "INSERT INTO replays (id, session_id, engine, model, created_at, doc) VALUES (?,?,?,?,?,?)",
+                row,
+            )
+            db.executemany("INSERT INTO replay_turns (replay_id, seq, ref_logprobs) VALUES (?,?,?)", turns)
+
+        self._write(insert)
+
+    def list_replays(self, session_id: str) -> list[dict[str, Any]]:
+        """The session's replay documents, oldest first."""
+        with self._read_lock:
+            if not self._has_replays():
+                return []
+            rows = self._reader.execute(
+                "SELECT doc FROM replays WHERE session_id = ? ORDER BY created_at, id", (session_id,)
+            ).fetchall()
+        return [orjson.loads(doc) for (doc,) in rows]
+
+    def replay_logprobs(self, replay_id: str) -> dict[int, np.ndarray | None]:
+        """A replay's reference logprobs by turn seq (None: the turn was not scored)."""
+        with self._read_lock:
+            if not self._has_replays():
+                return {}
+            rows = self._reader.execute(
+                "SELECT seq, ref_logprobs FROM replay_turns WHERE replay_id = ? ORDER BY seq", (replay_id,)
+            ).fetchall()
+        return {seq: None if blob is None else logprobs_from_bytes(blob) for seq, blob in rows}
+
+    def latest_reference(self, session_id: str) -> tuple[str, dict[int, np.ndarray | None]] | None:
+        """The session's latest replay as export columns take it: the reference's name
+        (`model@engine`) and its logprobs by turn seq; None when the session has no replay."""
+        replays = self.list_replays(session_id)
+        if not replays:
+            return None
+        last = replays[-1]
+        return f"{last['model']}@{last['engine']}", self.replay_logprobs(last["id"])
+
+    def delete_replay(self, replay_id: str) -> bool:
+        """Remove one replay; the capture is left exactly as it was. False when there is none."""
+
+        def delete(db: sqlite3.Connection) -> bool:
+            db.execute("DELETE FROM replay_turns WHERE replay_id = ?", (replay_id,))
+            return db.execute("DELETE FROM replays WHERE id = ?", (replay_id,)).rowcount > 0
+
+        return self._write(delete)
 
     def load_graph(self, session_id: str) -> tuple[dict[str, Any], RolloutGraph]:
         """The session record and its rollout graph, rebuilt by re-adding turns in arrival order,

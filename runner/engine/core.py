@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tapdeck.runner.engine.generation import Choice, Generation, StopRules, TokenStep
-from tapdeck.runner.engine.model import LlamaModel
+from tapdeck.runner.engine.model import LlamaModel, PromptScores
 from tapdeck.runner.engine.sampling import Sampler, SamplingParams
 from tapdeck.runner.engine.template import ChatTemplate
 
@@ -170,6 +170,15 @@ class EngineCore:
             cancel.set()  # no-op once finished; stops the worker if this request was cancelled
             if watcher is not None:
                 watcher.cancel()
+
+    async def score(self, prompt_ids: list[int], top: int = 0) -> PromptScores:
+        """Every prompt token's logprob (`LlamaModel.score`), off the event loop, holding the model."""
+
+        def run() -> PromptScores:
+            with self.holding():
+                return self.model.score(prompt_ids, top)
+
+        return await asyncio.to_thread(run)
 
     @staticmethod
     async def _watch(disconnected: Callable[[], Any], cancel: threading.Event) -> None:

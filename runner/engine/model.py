@@ -14,9 +14,11 @@ import ctypes
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NotRequired, TypedDict
+from typing import NamedTuple, NotRequired, TypedDict
 
 import numpy as np
+
+from tapdeck.runner.engine.sampling import log_softmax
 
 _CONTROL_ATTR = 8  # LLAMA_TOKEN_ATTR_CONTROL: <|im_start|>, <|im_end|>, ... (skipped in message text)
 _CHUNK = 512  # tokens per prefill batch (llama.cpp's n_batch)
@@ -125,6 +127,18 @@ def context_params(path: Path, n_ctx: int) -> ContextParams:
         "rope_freq_scale": trained / n_ctx,
         "yarn_orig_ctx": trained,
     }
+
+
+class PromptScores(NamedTuple):
+    """Each prompt token's logprob given the tokens before it (position 0 has none): vLLM's
+    `prompt_logprobs`, from the raw logits (no temperature), as a trainer computes them."""
+
+    logprobs: np.ndarray
+    """float64, one per token of the prompt but the first."""
+    ranks: np.ndarray
+    """int64: 1 for the most likely token, as vLLM's `rank`."""
+    tops: list[list[tuple[int, float]]]
+    """Per position, the `top` most likely tokens and their logprobs (empty when `top` is 0)."""
 
 
 class LlamaModel:
@@ -283,6 +297,50 @@ class LlamaModel:
         tail = llm.input_ids[start:end].tolist()
         llm.n_tokens = self._batched = start
         self._batched = start + self._eval_batched(tail, interrupted)
+
+    def score(self, ids: Sequence[int], top: int = 0) -> PromptScores:
+        """The logprob of every token of `ids` given the ones before it, in one forward pass.
+
+        Batches of up to 512 tokens with the logits of every position kept (the engine otherwise
+        keeps only the last): batch numerics, as vLLM's prompt logprobs and a trainer's forward
+        pass have them. The cache then holds `ids`, computed in batches, for a follow-up prefill.
+        """
+        if not ids:
+            raise ValueError("cannot score an empty prompt")
+        llm = self._llm
+        n = len(ids)
+        llm.n_tokens = 0
+        llm._ctx.kv_cache_seq_rm(-1, 0, -1)
+        self._batched = 0
+        logprobs = np.zeros(n - 1, dtype=np.float64)
+        ranks = np.zeros(n - 1, dtype=np.int64)
+        tops: list[list[tuple[int, float]]] = []
+        pos = 0
+        while pos < n:
+            size = min(_CHUNK, n - pos)
+            if n - pos - size == 1:
+                size -= 1  # no one-token batch: its numerics differ
+            chunk = list(ids[pos : pos + size])
+            llm._batch.set_batch(batch=chunk, n_past=pos, logits_all=True)
+            llm._ctx.decode(llm._batch)
+            llm.input_ids[pos : pos + size] = chunk
+            llm.n_tokens = pos + size
+            self.evaluated += size
+            for i in range(min(size, n - 1 - pos)):
+                ptr = self._lc.llama_get_logits_ith(llm._ctx.ctx, i)
+                row = log_softmax(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).astype(np.float64))
+                token = ids[pos + i + 1]
+                logprobs[pos + i] = row[token]
+                ranks[pos + i] = 1 + int(np.count_nonzero(row > row[token]))
+                if top:
+                    best = np.argpartition(-row, top)[:top]
+                    best = best[np.argsort(-row[best], kind="stable")]
+                    tops.append([(int(t), float(row[t])) for t in best])
+                else:
+                    tops.append([])
+            pos += size
+        self._batched = n if n > 1 else 0
+        return PromptScores(logprobs, ranks, tops)
 
     def _last_logits(self) -> np.ndarray:
         ptr = self._lc.llama_get_logits_ith(self._llm._ctx.ctx, -1)

@@ -182,6 +182,8 @@ class CompletionRequest(_Sampled):
     max_tokens: int | None = 16
     logprobs: int | None = None
     echo: bool = False
+    prompt_logprobs: int | None = None
+    """vLLM's: each prompt token's logprob given the tokens before it, plus this many top ones."""
 
     def check(self, max_model_len: int) -> None:
         """vLLM's checks that do not need the prompt."""
@@ -191,6 +193,13 @@ class CompletionRequest(_Sampled):
                 f"max allowed: {MAX_TOP_LOGPROBS}",
                 "logprobs",
                 self.logprobs,
+                with_value=True,
+            )
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS:
+            raise bad_param(
+                f"Requested prompt logprobs of {self.prompt_logprobs}; give 0 to {MAX_TOP_LOGPROBS}",
+                "prompt_logprobs",
+                self.prompt_logprobs,
                 with_value=True,
             )
         if self.echo:

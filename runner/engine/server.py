@@ -1,7 +1,7 @@
 """The embedded engine's HTTP app: vLLM's OpenAI-compatible wire format over `EngineCore`.
 
 Routes: `GET /health`, `GET /v1/models`, `POST /v1/chat/completions` (streaming or not),
-`POST /v1/completions` (text or token-id prompt), `POST /tokenize`.
+`POST /v1/completions` (text or token-id prompt, with vLLM's `prompt_logprobs`), `POST /tokenize`.
 """
 
 from __future__ import annotations
@@ -299,6 +299,10 @@ def create_engine_app(
             raise bad_param("prompt must not be empty.", "prompt")
         check_prompt(prompt_ids)
         rules = req.stop_rules(req.max_tokens or (max_len - len(prompt_ids)))
+        scored = None
+        if req.prompt_logprobs is not None:
+            scores = await core.score(prompt_ids, req.prompt_logprobs)
+            scored = wire.prompt_logprobs(prompt_ids, scores, namer)
         choices = await core.generate(
             prompt_ids,
             req.sampling(),
@@ -318,7 +322,7 @@ def create_engine_app(
                 "finish_reason": c.finish_reason,
                 "stop_reason": c.stop_reason,
                 "token_ids": list(c.token_ids) if return_ids else None,
-                "prompt_logprobs": None,
+                "prompt_logprobs": scored,
                 "prompt_token_ids": list(prompt_ids) if return_ids else None,
                 "routed_experts": None,
             }

@@ -15,6 +15,7 @@ from typing import Any
 
 from tapdeck import __version__
 from tapdeck.runner.engine.generation import Choice, TokenStep
+from tapdeck.runner.engine.model import PromptScores
 from tapdeck.schema.sessions import EMBEDDED_FINGERPRINT
 
 FINGERPRINT = f"{EMBEDDED_FINGERPRINT}{__version__}"
@@ -234,6 +235,24 @@ def legacy_logprobs(choice: Choice, namer: TokenNamer, k: int) -> dict[str, Any]
         "tokens": tokens,
         "top_logprobs": tops,
     }
+
+
+def prompt_logprobs(ids: list[int], scores: PromptScores, namer: TokenNamer) -> list[Any]:
+    """vLLM's per-choice `prompt_logprobs`: None for the first token, then per token a dict keyed by
+    token id (the prompt's own token first, then the top ones) of `{logprob, rank, decoded_token}`."""
+    out: list[Any] = [None]
+    for pos, token in enumerate(ids[1:]):
+        entry = {
+            str(token): {
+                "logprob": float(scores.logprobs[pos]),
+                "rank": int(scores.ranks[pos]),
+                "decoded_token": namer.name(token),
+            }
+        }
+        for rank, (t, lp) in enumerate(scores.tops[pos], start=1):
+            entry.setdefault(str(t), {"logprob": lp, "rank": rank, "decoded_token": namer.name(t)})
+        out.append(entry)
+    return out
 
 
 def completion(

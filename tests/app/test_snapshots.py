@@ -1,7 +1,8 @@
 """SVG snapshots of every screen, reached by key presses from the App's start (it opens on Sessions:
 the recorded server has sessions), over the API bodies `python -m tests.app.record` recorded from a
 real server (no ports, no clocks). Each screen in the dark and the light theme at 80×24, and in the
-dark theme at 160×48.
+dark theme at 160×48. The drift shots add a replay of each session (tests/support/recorded_replays.py:
+the recording has none).
 
 Update after an intended change (or a new recording): `pytest tests/app/test_snapshots.py
 --snapshot-update`, then look at the SVGs (rsvg-convert → PNG).
@@ -17,13 +18,17 @@ from textual.command import CommandList, CommandPalette
 from textual.widgets import DataTable, Input
 
 from tapdeck.app.screen_registry import SCREENS
+from tapdeck.app.screens.drift import RunDriftScreen
 from tapdeck.app.screens.help import HelpScreen
 from tapdeck.app.widgets.session_table import SessionTable
 from tapdeck.app.widgets.token_view import TokenView
 from tests.support.pilot_wait import until
+from tests.support.recorded_replays import with_replays
 
 SESSIONS = 8
 """Sessions in the recording (the App's first screen shows them all)."""
+REPLAYED = tuple(f"sess000{i}recorded" for i in (0, 1, 2, 4, 5, 7))
+"""The recorded sessions with sampled tokens: the ones the drift shots give a replay."""
 
 
 def _text(screen, selector: str) -> str:
@@ -39,6 +44,8 @@ class Shot:
     ready: Callable[[object], bool]
     then: tuple[str, ...] = ()
     done: Callable[[object], bool] | None = None
+    replays: bool = False
+    """Over the recording with a replay of each session (tests/support/recorded_replays.py)."""
 
 
 SHOTS: dict[str, Shot] = {
@@ -55,12 +62,34 @@ SHOTS: dict[str, Shot] = {
         then=("full_stop", "full_stop"),
         done=lambda app: app.screen.query_one(TokenView).selected == 1,
     ),
+    # The same, coloured by drift against a replay; the token whose ratio leaves [0.5, 2] picked.
+    "rollout-drift": Shot(
+        ("enter",),
+        lambda app: app.current_mode == "rollout" and app.screen.query_one(TokenView).pair is not None,
+        then=("c", *["full_stop"] * 8),
+        done=lambda app: app.screen.query_one(TokenView).selected == 7,
+        replays=True,
+    ),
+    "sessions-detail-drift": Shot(
+        ("ctrl+end", "d"),
+        lambda app: "vs smollm2@embedded" in _text(app.screen, "#activity-text"),
+        replays=True,
+    ),
     "setup": Shot(("1",), lambda app: app.current_mode == "setup" and app.screen.catalog is not None),
     "runs": Shot(
         ("4",),
         lambda app: (
             app.current_mode == "runs" and app.screen.query_one("#groups-table", DataTable).row_count == 2
         ),
+    ),
+    "runs-drift": Shot(
+        ("4",),
+        lambda app: (
+            app.current_mode == "runs" and app.screen.query_one("#groups-table", DataTable).row_count == 2
+        ),
+        then=("d",),
+        done=lambda app: isinstance(app.screen, RunDriftScreen) and app.screen.deltas is not None,
+        replays=True,
     ),
     "info": Shot(("5",), lambda app: app.current_mode == "info" and app.screen.catalog is not None),
     # Train opens on the last training run: a data-check of the terminus-2 batch.
@@ -86,7 +115,7 @@ LOOKS = {"dark-80x24": ((), (80, 24)), "light-80x24": (("ctrl+t",), (80, 24)), "
 
 @pytest.mark.parametrize("look", LOOKS)
 @pytest.mark.parametrize("shot", SHOTS)
-def test_screen_snapshot(snap_compare, make_app, shot, look):
+def test_screen_snapshot(snap_compare, make_app, api_data, shot, look):
     theme_keys, size = LOOKS[look]
     wanted = SHOTS[shot]
 
@@ -109,4 +138,5 @@ def test_screen_snapshot(snap_compare, make_app, shot, look):
         await pilot.pause(0.3)  # a refresh tick after the data, and any layout it causes
         await pilot.wait_for_scheduled_animations()
 
-    assert snap_compare(make_app(None), terminal_size=size, run_before=press_to)
+    data = with_replays(api_data, stored=REPLAYED) if wanted.replays else None
+    assert snap_compare(make_app(None, data=data), terminal_size=size, run_before=press_to)

@@ -41,6 +41,14 @@ NOT_RECORDED = {
     "POST /admin/train/{run_id}/stop": "needs a training run",
     "POST /admin/runs/{run_id}/rollouts/{rollout_id}/cancel": "needs a rollout hung mid-run; "
     "tests/runner/test_cancel_rollout.py validates its replies",
+    "POST /admin/sessions/{session_id}/replay": "needs a reference engine serving prompt logprobs; "
+    "tests/runner/test_replay_embedded.py validates its replies",
+    "GET /admin/sessions/{session_id}/replays": "needs a replay; tests/runner/test_replay_embedded.py "
+    "validates its replies",
+    "GET /admin/sessions/{session_id}/replays/{replay_id}/logprobs": "needs a replay; "
+    "tests/app/test_client_replay.py validates its replies",
+    "DELETE /admin/sessions/{session_id}/replays/{replay_id}": "needs a replay; "
+    "tests/runner/test_replay_embedded.py validates its replies",
 }
 """Admin routes the recording leaves out, and why (their models are checked by the training tests'
 own replies only)."""

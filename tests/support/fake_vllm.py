@@ -20,6 +20,9 @@ What tests need of it differently, and what sets it:
   in flight and new, until `POST /resume` (`GET /is_paused` says which); `scaling` answers every
   request with the 503 vLLM's elastic-EP `ScalingMiddleware` gives while it reconfigures, for ever
   or for the next `scaling_refusals` requests;
+- vLLM's `prompt_logprobs` on `/v1/completions` with a token-id prompt (`prompt_scores`: each
+  prompt token's logprob and text, or None for an engine that ignores the field), in the recorded
+  completions body's shape;
 - the models listing (`listing`; None for no `/models` route) and where the routes are
   (`base_path`); `/tokenize` (`tokenize`);
 - the policy version: `weight_info` for vLLM's `GET /weight_info` (dev mode, at the server root:
@@ -167,6 +170,7 @@ class FakeVllm:
         gate: threading.Event | None = None,
         scaling: bool = False,
         scaling_refusals: int | None = None,
+        prompt_scores: Callable[[list[int]], list[tuple[float, str]] | None] | None = None,
     ) -> None:
         self.answer = answer
         self.refuse_like_vllm = refuse_like_vllm
@@ -190,6 +194,9 @@ class FakeVllm:
         """SGLang's shape: each chat reply's `metadata.weight_version` (None: no metadata)."""
         self.gate = gate
         """Chat calls wait until it is set (None: they do not wait)."""
+        self.prompt_scores = prompt_scores
+        """`/v1/completions` with `prompt_logprobs`: for the ids sent, the (logprob, decoded text)
+        of every token after the first, or None to answer `prompt_logprobs: null`."""
         self.arrived = threading.Event()
         """Set once a chat call waits at `gate`."""
         self.scaling = scaling
@@ -263,6 +270,8 @@ class FakeVllm:
             recorded = self._exchanges.get(_exchange_key(path, as_recorded)) or self._any_body.get(path)
             if recorded is not None:
                 return _json(*recorded)
+            if path == f"{self.base_path}/completions" and self.prompt_scores is not None:
+                return _json(200, self._scored(body))
             if path == "/tokenize" and self.tokenize is not None:
                 reply = self.tokenize(body)
                 return _json(200, reply) if reply is not None else _json(400, NOT_RECORDED)
@@ -306,6 +315,23 @@ class FakeVllm:
             return False
         finally:
             self.held -= 1
+
+    def _scored(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The recorded completions body for a token-id prompt, with vLLM's `prompt_logprobs`:
+        None first, then `{str(token id): {logprob, rank, decoded_token}}` per token."""
+        assert self.prompt_scores is not None
+        ids = list(body["prompt"])
+        reply = json.loads(json.dumps(vllm_fixture("completions_ids")["response"]))
+        choice = reply["choices"][0]
+        scores = self.prompt_scores(ids)
+        if scores is not None and body.get("prompt_logprobs") is not None:
+            choice["prompt_logprobs"] = [None] + [
+                {str(t): {"logprob": lp, "rank": 1, "decoded_token": text}}
+                for t, (lp, text) in zip(ids[1:], scores, strict=True)
+            ]
+        choice["prompt_token_ids"] = ids if body.get("return_token_ids") else None
+        reply["usage"]["prompt_tokens"] = len(ids)
+        return reply
 
     async def _waited(self, seconds: float, left: Callable[[], Awaitable[bool]]) -> bool:
         """Sleep `seconds`; True if the caller left meanwhile (uvicorn does not cancel a handler

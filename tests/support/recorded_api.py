@@ -36,6 +36,8 @@ def recorded_transport(data: dict | None = None) -> httpx.MockTransport:
             return httpx.Response(200, json=data["catalog"])
         if path == "/admin/sessions":
             return httpx.Response(200, json={"sessions": data["sessions"]})
+        if m := re.fullmatch(r"/admin/sessions/([^/]+)/replays?(?:/([^/]+)/logprobs)?", path):
+            return _replays(data, request, m[1], m[2])
         if m := re.fullmatch(r"/admin/sessions/([^/]+)/(rollout|activity)", path):
             return _found(data["rollouts" if m[2] == "rollout" else "activity"].get(m[1]), "session")
         if m := re.fullmatch(r"/admin/sessions/([^/]+)", path):
@@ -74,6 +76,24 @@ def recorded_transport(data: dict | None = None) -> httpx.MockTransport:
     return httpx.MockTransport(handler)
 
 
+def _replays(data: dict, request: httpx.Request, session_id: str, replay_id: str | None) -> httpx.Response:
+    """The replay routes over `data`'s `replays` (none unless a test adds them:
+    tests/support/recorded_replays.py); `POST .../replay` answers `replay_posts`' document and lists
+    it from then on, as the server stores it."""
+    if session_id not in data["session_details"]:
+        return _found(None, "session")
+    stored = data.setdefault("replays", {}).setdefault(session_id, [])
+    if replay_id is not None:
+        return _found(data.get("replay_logprobs", {}).get(replay_id), "replay")
+    if request.method == "POST":
+        doc = data.get("replay_posts", {}).get(session_id)
+        if doc is None:
+            return httpx.Response(400, json={"detail": "this server runs no embedded engine"})
+        stored.append(doc)
+        return httpx.Response(200, json=doc)
+    return httpx.Response(200, json={"replays": stored})
+
+
 def _found(body: dict | None, what: str) -> httpx.Response:
     return (
         httpx.Response(200, json=body)
@@ -82,11 +102,12 @@ def _found(body: dict | None, what: str) -> httpx.Response:
     )
 
 
-def recorded_app(mode: str = "sessions", **kwargs):
-    """A TapdeckApp over the recorded API: no event stream, frozen clock, no settings file."""
+def recorded_app(mode: str = "sessions", data: dict | None = None, **kwargs):
+    """A TapdeckApp over the recorded API (or `data`, a changed copy of it): no event stream,
+    frozen clock, no settings file."""
     from tapdeck.app.tui import TapdeckApp
 
-    client = TapdeckClient("http://tapdeck.test", "test-key", transport=recorded_transport())
+    client = TapdeckClient("http://tapdeck.test", "test-key", transport=recorded_transport(data))
     return TapdeckApp(
         client,
         server_label="http://tapdeck.test",

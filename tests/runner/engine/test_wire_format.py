@@ -289,3 +289,37 @@ def test_continue_final_message_leaves_the_assistant_turn_open(embedded_engine):
     ).json()
     assert body["prompt_token_ids"][-5:] == [504, 3575, 282, 4649, 314]
     assert body["choices"][0]["token_ids"][0] == 7042  # " Paris"
+
+
+def test_prompt_logprobs_in_vllms_shape(embedded_engine):
+    """vLLM's `prompt_logprobs` on a token-id prompt: None for the first token, then per token a
+    dict keyed by token id, the prompt's own token first, with `logprob`, `rank`, `decoded_token`;
+    greedy continuations are rank 1 and carry the logprob the engine sampled them with."""
+    req = dict(vllm_fixture("completions_ids")["request"], max_tokens=4)
+    sampled = _post(embedded_engine, "/v1/completions", req).json()["choices"][0]
+    ids = req["prompt"] + sampled["token_ids"]
+    body = _post(
+        embedded_engine,
+        "/v1/completions",
+        {"model": "smollm2", "prompt": ids, "max_tokens": 1, "prompt_logprobs": 2},
+    ).json()
+    scored = body["choices"][0]["prompt_logprobs"]
+    assert scored[0] is None and len(scored) == len(ids)
+    for token, entry in zip(ids[1:], scored[1:], strict=True):
+        assert next(iter(entry)) == str(token)
+        assert set(entry[str(token)]) == {"logprob", "rank", "decoded_token"}
+        assert 1 <= len(entry) <= 3
+    tail = scored[len(req["prompt"]) :]
+    assert [e[str(t)]["rank"] for t, e in zip(sampled["token_ids"], tail, strict=True)] == [1] * 4
+    assert [e[str(t)]["decoded_token"] for t, e in zip(sampled["token_ids"], tail, strict=True)] == (
+        sampled["logprobs"]["tokens"]
+    )
+    got = [e[str(t)]["logprob"] for t, e in zip(sampled["token_ids"], tail, strict=True)]
+    assert got == pytest.approx(sampled["logprobs"]["token_logprobs"], abs=0.05)
+
+
+def test_prompt_logprobs_out_of_range_is_refused(embedded_engine):
+    r = _post(
+        embedded_engine, "/v1/completions", {"model": "smollm2", "prompt": [1, 2], "prompt_logprobs": 21}
+    )
+    assert r.status_code == 400 and "prompt_logprobs" in r.text
