@@ -151,8 +151,8 @@ def view_line(view: RowView, shown: int, total: int) -> str:
     return " · ".join(parts)
 
 
-def board_facts(board: SessionBoard, now: float) -> list[RowFacts]:
-    """The facts of the Sessions table's rows (`SessionBoard.rows`' keys)."""
+def board_facts(board: SessionBoard, now: float) -> dict[str, RowFacts]:
+    """The facts of the Sessions table's rows, by `SessionBoard.rows`' keys."""
     facts = []
     for sid, entry in board.entries.items():
         s = entry.summary
@@ -177,7 +177,7 @@ def board_facts(board: SessionBoard, now: float) -> list[RowFacts]:
         )
     for rid, rollout in board.sessionless().items():
         facts.append(rollout_facts(rollout, None, key=rid))
-    return facts
+    return {row.key: row for row in facts}
 
 
 def rollout_facts(

@@ -124,7 +124,7 @@ def test_board_facts_read_sessions_and_sessionless_rollouts_with_idle_for_live_o
     board.upsert(_summary("s-live", turns=2, metadata=meta, seconds_since_last_call=30.0), now=100.0)
     board.upsert(_summary("s-done", state="closed", turns=4, seconds_since_last_call=9.0), now=100.0)
     board.upsert_rollout(RolloutResult(rollout_id="r-oracle", run_id="r1", task="t", harness="oracle"))
-    facts = {f.key: f for f in board_facts(board, now=110.0)}
+    facts = board_facts(board, now=110.0)
     live = facts["s-live"]
     assert (live.task, live.run, live.harness, live.state) == ("fix-git", "r1", "codex", "running")
     assert (live.idle, live.calls, live.reward, live.start) == (40.0, 2, 0.5, 1.0)
