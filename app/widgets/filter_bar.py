@@ -31,8 +31,7 @@ class FilterBar(Widget):
     FilterBar { height: 1; display: none; padding: 0 1; }
     FilterBar.-shown { display: block; }
     FilterBar Static { color: $accent; }
-    FilterBar FilterInput { border: none; height: 1; padding: 0; display: none; }
-    FilterBar.-editing FilterInput { display: block; }
+    FilterBar FilterInput { border: none; height: 1; padding: 0; }
     FilterBar.-editing Static { display: none; }
     """
 
@@ -43,27 +42,27 @@ class FilterBar(Widget):
 
     def compose(self) -> ComposeResult:
         yield Static("", markup=False)
-        field = FilterInput(placeholder=self._placeholder, compact=True)
-        field.can_focus = False  # else the screen's first focus lands in it, hidden
-        yield field
 
     @property
     def editing(self) -> bool:
         return self.has_class("-editing")
 
     def edit(self, text: str) -> None:
-        """Open the field on `text`, the cursor at its end."""
-        field = self.query_one(FilterInput)
-        field.value = text
-        field.cursor_position = len(text)
+        """Open the field on `text`, the cursor at its end. It is mounted only while it is open:
+        a hidden Input in the screen takes key presses meant for the App under `App.run`."""
         self.add_class("-editing", "-shown")
-        field.can_focus = True
+        fields = self.query(FilterInput)
+        if fields:
+            fields.first().focus()
+            return
+        field = FilterInput(value=text, placeholder=self._placeholder, compact=True)
+        self.mount(field)
         field.focus()
 
     def done(self) -> None:
-        """Close the field (what it holds stays the filter)."""
+        """Close the field (what it held stays the filter)."""
         self.remove_class("-editing")
-        self.query_one(FilterInput).can_focus = False
+        self.query(FilterInput).remove()
         self.set_class(bool(self._line), "-shown")
 
     def show(self, line: str) -> None:
