@@ -1,4 +1,5 @@
-"""The TUI's small remembered settings (theme, key map, rollout settings per harness) in one JSON
+"""The TUI's small remembered settings (theme, key map, rollout settings per harness, each table's
+filter and sort) in one JSON
 file. Free of Textual.
 
 Embedded mode keeps it in the data dir (`<data_dir>/tui.json`); attached mode in
@@ -31,11 +32,12 @@ def default_settings_path(data_dir: Path | None = None) -> Path:
 class Settings:
     """`theme`: a theme name; `keymap`: binding id → keys (e.g. `{"app.help": "f2"}`);
     `rollout`: harness → the rollout settings Setup last started it with (`RolloutSettings` fields
-    that were set)."""
+    that were set); `views`: screen → its filter and sort (`RowView.to_json`)."""
 
     theme: str | None = None
     keymap: dict[str, str] = field(default_factory=dict)
     rollout: dict[str, dict[str, Any]] = field(default_factory=dict)
+    views: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def load(cls, path: Path | None) -> Settings:
@@ -47,16 +49,19 @@ class Settings:
             return cls()
         if not isinstance(raw, dict):
             return cls()
-        keymap, rollout = raw.get("keymap"), raw.get("rollout")
+        keymap, rollout, views = raw.get("keymap"), raw.get("rollout"), raw.get("views")
         if not isinstance(keymap, dict):
             keymap = {}
         if not isinstance(rollout, dict):
             rollout = {}
+        if not isinstance(views, dict):
+            views = {}
         theme = raw.get("theme") if isinstance(raw.get("theme"), str) else None
         return cls(
             theme=theme,
             keymap={str(k): str(v) for k, v in keymap.items()},
             rollout={str(h): v for h, v in rollout.items() if isinstance(v, dict)},
+            views={str(m): v for m, v in views.items() if isinstance(v, dict)},
         )
 
     def save(self, path: Path | None) -> None:

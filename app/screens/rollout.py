@@ -14,7 +14,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.content import Content
 from textual.widget import Widget
-from textual.widgets import Sparkline, Static, TabbedContent, TabPane, Tree
+from textual.widgets import Input, Sparkline, Static, TabbedContent, TabPane, Tree
 
 from tapdeck.app.screens.base import TapdeckScreen
 from tapdeck.app.token_series import entropy_series, logprob_series
@@ -28,6 +28,8 @@ from tapdeck.app.views.graph import (
 )
 from tapdeck.app.views.text import clip, short_id
 from tapdeck.app.views.tokens import message_text, token_detail
+from tapdeck.app.views.turn_search import find_turns, search_line, turn_texts
+from tapdeck.app.widgets.filter_bar import FilterBar, FilterInput
 from tapdeck.app.widgets.phrases import Phrases
 from tapdeck.app.widgets.rollout_tree import RolloutTree
 from tapdeck.app.widgets.token_view import TokenView
@@ -67,6 +69,10 @@ class RolloutScreen(TapdeckScreen):
         # Screen-level so stepping works whichever pane has focus (the tree usually does).
         Binding("comma", "step_token(-1)", "Prev token", show=False, id="rollout.prev_token"),
         Binding("full_stop", "step_token(1)", "Next token", show=False, id="rollout.next_token"),
+        Binding("slash", "search", "Search turns", show=False, id="rollout.search"),
+        Binding("n", "next_found(1)", "Next found turn", show=False, id="rollout.search_next"),
+        Binding("N", "next_found(-1)", "Previous found turn", show=False, id="rollout.search_prev"),
+        Binding("escape", "clear_search", "Clear search", show=False, id="rollout.clear_search"),
     ]
 
     def __init__(self) -> None:
@@ -82,9 +88,13 @@ class RolloutScreen(TapdeckScreen):
         self.pairs: dict[int, ReplayTurnLogprobs] = {}
         """Its logprobs of each scored turn, by seq."""
         self.replaying = False
+        self.search = ""
+        self.texts: dict[int, str] = {}
+        """Each turn's own text (`turn_texts`), fetched for a search; empty until one."""
 
     def compose_body(self) -> Iterable[Widget]:
         yield Static("No rollout open: pick a session on Sessions (2) and press Enter.", id="rollout-header")
+        yield FilterBar("search turn text (Enter keeps, n / N next / previous, Esc clears)")
         with Horizontal(id="rollout-body"):
             yield RolloutTree(id="graph")
             with Vertical(id="turn-pane"):
@@ -121,7 +131,9 @@ class RolloutScreen(TapdeckScreen):
             self.turn_seq = None
             self.rollout_findings = []
             self.replay, self.pairs = None, {}
+            self.search, self.texts = "", {}
             if self.is_mounted:
+                self.query_one(FilterBar).show("")
                 self.query_one(RolloutTree).load({})
                 self.query_one(TokenView).drift = False  # another session: its own replay, if any
                 self.query_one(TokenView).show(None)
@@ -137,6 +149,65 @@ class RolloutScreen(TapdeckScreen):
         if self.session_id and self.is_mounted:
             self.graph = LiveGraph()
             self.load_rollout(self.session_id)
+
+    # -- `/` search over turn text -------------------------------------------------------------
+    def action_search(self) -> None:
+        """Open the search field; the turns' text is fetched (again, if the rollout grew)."""
+        if not self.session_id:
+            return
+        self.query_one(FilterBar).edit(self.search)
+        if len(self.texts) != len(self.graph.turns) or not self.texts:
+            self.load_texts(self.session_id)
+
+    @work(exclusive=True, group="turn-texts", exit_on_error=False)
+    async def load_texts(self, session_id: str) -> None:
+        document = await self.client.rollout(session_id)
+        if session_id == self.session_id:
+            self.texts = turn_texts(document.turns)
+            self._show_found(jump=True)
+
+    @on(Input.Changed, "FilterBar FilterInput")
+    def _search_typed(self, event: Input.Changed) -> None:
+        if event.value != self.search:
+            self.search = event.value
+            self._show_found(jump=True)
+
+    @on(Input.Submitted, "FilterBar FilterInput")
+    def _search_kept(self) -> None:
+        self.query_one(FilterBar).done()
+        self.query_one(RolloutTree).focus()
+
+    @on(FilterInput.Cleared)
+    def _search_cleared(self) -> None:
+        self.action_clear_search()
+
+    def action_clear_search(self) -> None:
+        self.search = ""
+        self.query_one(FilterBar).done()
+        self._show_found()
+        self.query_one(RolloutTree).focus()
+
+    def action_next_found(self, step: int) -> None:
+        """The next (or previous) turn the search found, round the end."""
+        found = find_turns(self.texts, self.search)
+        if found:
+            at = found.index(self.turn_seq) + step if self.turn_seq in found else (0 if step > 0 else -1)
+            self._go_to(found[at % len(found)])
+
+    def _show_found(self, jump: bool = False) -> None:
+        """Say what the search finds; with `jump`, show its first turn (unless one is shown)."""
+        found = find_turns(self.texts, self.search)
+        if jump and found and self.turn_seq not in found:
+            self._go_to(found[0])
+            return
+        self.query_one(FilterBar).show(search_line(self.search, found, self.turn_seq))
+
+    def _go_to(self, seq: int) -> None:
+        self.query_one(RolloutTree).select_seq(seq)
+        self.turn_seq = seq
+        self.query_one(FilterBar).show(search_line(self.search, find_turns(self.texts, self.search), seq))
+        if self.session_id:
+            self.load_turn(self.session_id, seq)
 
     def action_tab(self, tab: str) -> None:
         self.query_one(TabbedContent).active = tab
@@ -276,6 +347,10 @@ class RolloutScreen(TapdeckScreen):
             Content.assemble(*parts) if parts else Content("(no messages recorded)")
         )
         self._show_findings()
+        if self.search:  # which of the found turns this is, however it was reached
+            self.query_one(FilterBar).show(
+                search_line(self.search, find_turns(self.texts, self.search), turn.seq)
+            )
 
     @on(TokenView.Picked)
     def _token_picked(self, event: TokenView.Picked) -> None:

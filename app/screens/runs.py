@@ -12,9 +12,10 @@ from textual.widgets import DataTable, Static
 
 from tapdeck.app.confirm import CONFIRM_S, TwoPress
 from tapdeck.app.histogram import bars, histogram, reward_line
-from tapdeck.app.screens.base import TapdeckScreen
 from tapdeck.app.screens.drift import RunDriftScreen
+from tapdeck.app.screens.row_view_keys import FILTER_PLACEHOLDER, RowViewKeys, row_view_bindings
 from tapdeck.app.table_rows import cursor_key, show_rows
+from tapdeck.app.views.row_view import arrange, rollout_facts, view_line
 from tapdeck.app.views.runs import (
     degenerate_phrase,
     failures_line,
@@ -26,6 +27,7 @@ from tapdeck.app.views.runs import (
 )
 from tapdeck.app.views.sessions import fmt_phase
 from tapdeck.app.views.text import clip, fmt_reward, id_tail
+from tapdeck.app.widgets.filter_bar import FilterBar
 from tapdeck.schema.runs import RolloutResult, RunDetail, RunSummary, runs_again_on_resume
 from tapdeck.schema.sessions import EngineVersions, staleness
 
@@ -37,7 +39,7 @@ GROUP_BINS = 5
 """A group's reward histogram: five bins over 0-1 (K is small; ten would be mostly empty)."""
 
 
-class RunsScreen(TapdeckScreen):
+class RunsScreen(RowViewKeys):
     """Top: all runs. Below: the highlighted run's groups, failures and rollouts."""
 
     MODE = "runs"
@@ -63,6 +65,7 @@ class RunsScreen(TapdeckScreen):
         Binding("o", "open_rollout", "Open", tooltip="Open the highlighted rollout", id="runs.open"),
         Binding("r", "reload", "Reload", id="runs.reload"),
         Binding("d", "drift", "Drift", show=False, tooltip="The run's |Δ| histogram", id="runs.drift"),
+        *row_view_bindings("runs"),
     ]
 
     def __init__(self) -> None:
@@ -91,6 +94,7 @@ class RunsScreen(TapdeckScreen):
         yield runs
         yield Static("", id="run-header")
         yield Static("", id="run-settings")
+        yield FilterBar(FILTER_PLACEHOLDER)  # the rollouts table's filter and sort
         with Horizontal(id="run-detail"):
             with Vertical(id="groups-pane"):
                 groups: DataTable[str] = DataTable(id="groups-table", cursor_type="row")
@@ -198,6 +202,10 @@ class RunsScreen(TapdeckScreen):
         self.query_one("#run-header", Static).update(before + run_engine(detail, room) + after)
         rollouts = detail.rollouts
         going = detail.state == "running"
+        by_id = {r.rollout_id: r for r in rollouts}
+        ordered = sorted(rollouts, key=lambda r: (r.task, r.index))
+        kept = arrange((rollout_facts(r, self.app.board, now=self.app.clock()) for r in ordered), self.view)
+        self.query_one(FilterBar).show(view_line(self.view, len(kept), len(rollouts)))
         with self.app.batch_update():
             if another_run:  # its rows from the top, not from the last run's place
                 groups.clear()
@@ -228,7 +236,7 @@ class RunsScreen(TapdeckScreen):
                         self._staleness(r),
                         r.error_kind or "",
                     )
-                    for r in sorted(rollouts, key=lambda r: (r.task, r.index))
+                    for r in (by_id[key] for key in kept)
                 },
             )
         self._show_settings(self._selected_rollout())
@@ -239,6 +247,13 @@ class RunsScreen(TapdeckScreen):
             f"{failures_line(detail.failures, len(detail.left_out))}"
             f"{degenerate_phrase(detail.counts.degenerate, ' · ')}"
         )
+
+    def view_changed(self) -> None:
+        if self.detail is not None:
+            self.show_detail(self.detail)
+
+    def focus_table(self) -> None:
+        self.query_one("#rollouts-table", DataTable).focus()
 
     def _turns(self, rollout: RolloutResult) -> int:
         """A rollout's captured turns: live from the App's session board (what Sessions shows),

@@ -15,12 +15,14 @@ from textual.widgets import DataTable, Sparkline, Static
 
 from tapdeck.app.client import ApiError
 from tapdeck.app.confirm import CONFIRM_S, TwoPress
-from tapdeck.app.screens.base import TapdeckScreen
+from tapdeck.app.screens.row_view_keys import FILTER_PLACEHOLDER, RowViewKeys, row_view_bindings
 from tapdeck.app.stuck_view import PaneLine, calls_per_second, pane_lines
 from tapdeck.app.views.drift import replay_line
 from tapdeck.app.views.errors import describe_error
+from tapdeck.app.views.row_view import arrange, board_facts, view_line
 from tapdeck.app.views.sessions import ENDED_STATES, rollout_state, session_state
 from tapdeck.app.widgets.activity_pane import ActivityPane
+from tapdeck.app.widgets.filter_bar import FilterBar
 from tapdeck.app.widgets.session_table import SessionTable
 from tapdeck.schema.activity import SessionActivity
 from tapdeck.schema.findings import Finding
@@ -32,7 +34,7 @@ RATE_BUCKETS, RATE_BUCKET_S = 40, 3.0
 """The calls/s lines (the board's, the pane's): the last two minutes in 3 s steps."""
 
 
-class SessionsScreen(TapdeckScreen):
+class SessionsScreen(RowViewKeys):
     """Reads the App's `SessionBoard`; repaints at most REFRESH_HZ times a second, only changed cells."""
 
     MODE = "sessions"
@@ -43,6 +45,7 @@ class SessionsScreen(TapdeckScreen):
         Binding("enter", "open", "Open rollout", id="sessions.open", show=True, priority=True),
         Binding("d", "details", "Details", id="sessions.details", show=True),
         Binding("x", "cancel_rollout", "Cancel rollout", id="sessions.cancel", show=True),
+        *row_view_bindings("sessions"),
     ]
 
     def __init__(self) -> None:
@@ -59,6 +62,7 @@ class SessionsScreen(TapdeckScreen):
 
     def compose_body(self) -> Iterable[Widget]:
         yield Static("", id="sessions-summary")
+        yield FilterBar(FILTER_PLACEHOLDER)
         with Horizontal(id="board-rate-row"):
             yield Static("all calls/s", id="board-rate-label")
             # Textual's Sparkline, as in the pane: one row above the table, in the theme's colours.
@@ -86,7 +90,11 @@ class SessionsScreen(TapdeckScreen):
         if not force and board.version == self._seen_version and second == self._seen_second:
             return
         self._seen_version, self._seen_second = board.version, second
-        self.query_one(SessionTable).apply(board.rows(now))
+        rows = board.rows(now)
+        facts = board_facts(board, now)
+        kept = arrange((facts[key] for key in rows), self.view)
+        self.query_one(SessionTable).apply({key: rows[key] for key in kept})
+        self.query_one(FilterBar).show(view_line(self.view, len(kept), len(rows)))
         states = Counter(board.states())
         total = sum(states.values())
         by_state = " · ".join(f"{n} {s}" for s, n in sorted(states.items()))
@@ -108,6 +116,12 @@ class SessionsScreen(TapdeckScreen):
         self.query_one("#board-rate-span", Static).update(
             f"last {int(RATE_BUCKETS * RATE_BUCKET_S)} s · now {rates[-1]:.1f} · peak {max(rates):.1f}"
         )
+
+    def view_changed(self) -> None:
+        self.refresh_table(force=True)
+
+    def focus_table(self) -> None:
+        self.query_one(SessionTable).focus()
 
     def highlighted(self) -> str | None:
         """The key of the highlighted row (a session id, or a rollout id without a session)."""

@@ -94,8 +94,11 @@ class SessionTable(DataTable):
         picked = [ALL_KEYS.index(key) for key in columns]
         rows = {key: tuple(row[i] for i in picked) for key, row in rows.items()}
         diff = diff_rows(self._shown, rows)
-        if not (diff.removed or diff.added or diff.changed):
+        if not (diff.removed or diff.added or diff.changed) and list(rows) == list(self._shown):
             return 0
+        kept = [key for key in self._shown if key in rows]
+        if kept + [key for key, _ in diff.added] != list(rows):  # a sort moved rows: lay them out again
+            return self._relaid(rows)
         with self.app.batch_update():
             for key in diff.removed:
                 self.remove_row(key)
@@ -105,6 +108,21 @@ class SessionTable(DataTable):
                 self.add_row(*(self._styled(c) for c in row), key=key)
         self._shown = dict(rows)
         return len(diff.removed) + len(diff.added) + len(diff.changed)
+
+    def _relaid(self, rows: dict[str, tuple[Cell, ...]]) -> int:
+        """Every row again in `rows`' order, the cursor staying on its session (or, that one
+        filtered out, on the row now at its place)."""
+        highlighted, place = self._highlighted(), self.cursor_row
+        self.clear()
+        with self.app.batch_update():
+            for key, row in rows.items():
+                self.add_row(*(self._styled(c) for c in row), key=key)
+        self._shown = dict(rows)
+        if rows:
+            self.move_cursor(
+                row=self.get_row_index(highlighted) if highlighted in rows else min(place, len(rows) - 1)
+            )
+        return len(rows)
 
     def restyle(self, highlighted: str | None = None) -> None:
         """Re-render every cell (after a theme change the tones map to new colours), the cursor

@@ -75,6 +75,26 @@ SHOTS: dict[str, Shot] = {
         lambda app: "vs smollm2@embedded" in _text(app.screen, "#activity-text"),
         replays=True,
     ),
+    # Typed and kept, then sorted by calls: the bar over the table says both.
+    "sessions-filtered": Shot(
+        ("slash", *"hello", "enter", "s", "s"),
+        lambda app: _text(app.screen, "FilterBar Static") == "/ hello (3 of 8) · sort calls ↓",
+    ),
+    "runs-filtered": Shot(
+        ("4",),
+        lambda app: (
+            app.current_mode == "runs" and app.screen.query_one("#groups-table", DataTable).row_count == 2
+        ),
+        then=("slash", *"greet", "enter", "S"),
+        done=lambda app: _text(app.screen, "FilterBar Static") == "/ greet (2 of 4) · sort idle ↑",
+    ),
+    # The first row's rollout, searched: turn #2 is the one told to show the file.
+    "rollout-search": Shot(
+        ("enter",),
+        lambda app: app.current_mode == "rollout" and app.screen.query_one(TokenView).turn is not None,
+        then=("slash", *"show the file", "enter"),
+        done=lambda app: _text(app.screen, "FilterBar Static") == "/ show the file: turn 1 of 1 (#2)",
+    ),
     "setup": Shot(("1",), lambda app: app.current_mode == "setup" and app.screen.catalog is not None),
     "runs": Shot(
         ("4",),
