@@ -72,24 +72,18 @@ def register(app: typer.Typer) -> None:
         data_dir: DataDirOption = None,
     ) -> None:
         """Score a session's or a run's sampled tokens under a reference engine; print the drift."""
-        from tapdeck.proxy.config import CAPTURE_DB, default_data_dir, usable_data_dir
-        from tapdeck.proxy.store.database import Store
+        from tapdeck.app.commands.stored_capture import stored_capture
+        from tapdeck.proxy.config import CAPTURE_DB
         from tapdeck.runner.run_dir import is_run_id
 
         if not is_run_id(target):
             raise CommandError(
                 EXIT_USAGE, f"tapdeck replay: {target!r} is not an id: give a plain id, not a path"
             )
-        try:
-            root = usable_data_dir(data_dir or default_data_dir())
-        except ValueError as exc:
-            raise CommandError(EXIT_USAGE, f"tapdeck replay: --data-dir: {exc}") from None
-        db = root / CAPTURE_DB
-        if not db.exists():
-            raise CommandError(EXIT_COULD_NOT_RUN, f"tapdeck replay: no capture store at {db}")
-        with Store(db) as store:
+        with stored_capture(data_dir, "replay", read_only=False) as (root, store):
             if delete:
                 if not store.delete_replay(target):
+                    db = root / CAPTURE_DB
                     raise CommandError(EXIT_COULD_NOT_RUN, f"tapdeck replay: no replay {target} in {db}")
                 typer.echo(f"deleted replay {target}; the capture is unchanged")
                 return

@@ -1,5 +1,6 @@
-"""The data dir's capture store, opened read-only for a command that reads it without a server
-(`tapdeck export`, `tapdeck sessions`): a server may be writing it at the same time."""
+"""The data dir's capture store, opened for a command that works on it without a server: read-only
+for one that reads it (`tapdeck export`, `tapdeck sessions`), as a server may be writing it at the
+same time; writable for one that adds its own layer beside the capture (`tapdeck replay`)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,14 @@ if TYPE_CHECKING:
 
 
 @contextmanager
-def stored_capture(data_dir: Path | None, command: str) -> Iterator[tuple[Path, Store]]:
-    """The data dir (--data-dir, else the default) and its store, read-only, closed afterwards.
+def stored_capture(
+    data_dir: Path | None, command: str, *, read_only: bool = True
+) -> Iterator[tuple[Path, Store]]:
+    """The data dir (--data-dir, else the default) and its store, closed afterwards.
 
     Ends the command, saying why: exit 2 for a data dir that cannot be one, exit 1 when it holds
     no store, or another program's database, or a corrupt one (also when a read inside the block
-    finds it corrupt). Nothing is written either way.
+    finds it corrupt). Nothing is written to a database that is not a store.
     """
     import sqlite3
 
@@ -35,7 +38,9 @@ def stored_capture(data_dir: Path | None, command: str) -> Iterator[tuple[Path, 
     if not db.exists():
         raise CommandError(EXIT_COULD_NOT_RUN, f"tapdeck {command}: no capture store at {db}")
     try:
-        store = Store(db, read_only=True)
+        if not read_only:  # a store, checked before anything is written to it
+            Store(db, read_only=True).close()
+        store = Store(db, read_only=read_only)
         try:
             yield root, store
         finally:

@@ -86,3 +86,18 @@ def test_refusals_are_one_line_and_delete_leaves_no_replay(tmp_path: Path) -> No
         assert store.list_replays("s-a") == []
     res = runner.invoke(app, ["replay", replay_id, "--delete", "--data-dir", str(data)])
     assert res.exit_code == 1 and f"no replay {replay_id}" in res.stderr
+
+
+def test_a_data_dir_holding_another_programs_database_is_refused_and_left_as_it_is(tmp_path: Path) -> None:
+    import sqlite3
+
+    db = tmp_path / "capture.db"
+    with sqlite3.connect(db) as other:
+        other.execute("CREATE TABLE notes (body TEXT)")
+    before = db.read_bytes()
+    res = CliRunner().invoke(
+        app, ["replay", "s-a", "--engine", "http://127.0.0.1:9", "--data-dir", str(tmp_path)]
+    )
+    assert res.exit_code == 1, res.output
+    assert res.stderr.startswith("tapdeck replay: ") and len(res.stderr.strip().splitlines()) == 1
+    assert db.read_bytes() == before  # no tapdeck table was added to it
