@@ -21,21 +21,10 @@ from tapdeck.app.tui import TapdeckApp
 from tapdeck.app.widgets.session_table import SessionTable
 from tapdeck.app.widgets.status_line import StatusLine
 from tests.support.pilot_wait import until
-from tests.support.recorded_api import API_FIXTURE, FROZEN_NOW, recorded_transport
+from tests.support.recorded_api import API_FIXTURE, recorded_app
 
 ENGINE = "http://gpu-box:8000/v1"
 WAITING = {"url": ENGINE, "waited_s": 42.4, "limit_s": 1200.0}
-
-
-def _app(data: dict) -> TapdeckApp:
-    client = TapdeckClient("http://tapdeck.test", "test-key", transport=recorded_transport(data))
-    return TapdeckApp(
-        client,
-        server_label="http://tapdeck.test",
-        follow_events=False,
-        clock=lambda: FROZEN_NOW,
-        initial_mode="sessions",
-    )
 
 
 def _waiting_data() -> dict:
@@ -51,7 +40,7 @@ def _status(app: TapdeckApp) -> str:
 async def test_the_status_line_says_the_engine_is_awaited_then_that_it_answered(monkeypatch) -> None:
     monkeypatch.setattr(tui, "ENGINE_POLL_S", 0.05)
     data = _waiting_data()
-    app = _app(data)
+    app = recorded_app("sessions", data)
     async with app.run_test(size=(80, 24)) as pilot:
         await until(pilot, lambda: app.screen.query_one(SessionTable).row_count > 0, "the sessions")
         await until(pilot, lambda: "waiting for the engine" in _status(app), "the wait said")
@@ -64,7 +53,7 @@ async def test_the_status_line_says_the_engine_is_awaited_then_that_it_answered(
 
 
 async def test_a_server_with_its_engine_up_says_nothing_of_it() -> None:
-    app = _app(json.loads(API_FIXTURE.read_text()))
+    app = recorded_app("sessions", json.loads(API_FIXTURE.read_text()))
     async with app.run_test(size=(80, 24)) as pilot:
         await until(pilot, lambda: app.screen.query_one(SessionTable).row_count > 0, "the sessions")
         await until(pilot, lambda: _status(app) == "http://tapdeck.test", "the server's line")
@@ -83,7 +72,7 @@ def test_snapshot_of_the_sessions_screen_while_the_engine_is_awaited(snap_compar
         await pilot.pause(0.3)  # a refresh tick after the data
         await pilot.wait_for_scheduled_animations()
 
-    assert snap_compare(_app(_waiting_data()), terminal_size=(80, 24), run_before=waited)
+    assert snap_compare(recorded_app("sessions", _waiting_data()), terminal_size=(80, 24), run_before=waited)
 
 
 @pytest.mark.medium

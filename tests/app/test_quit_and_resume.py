@@ -8,25 +8,16 @@ import copy
 
 import pytest
 
-from tapdeck.app.client import TapdeckClient
 from tapdeck.app.tui import TapdeckApp
 from tests.support.hung_server import HungServer
 from tests.support.pilot_wait import until
-from tests.support.recorded_api import FROZEN_NOW, recorded_transport
+from tests.support.recorded_api import recorded_app
 
 
 def _recorded(api_data: dict, run_state: str, *, owns_server: bool) -> TapdeckApp:
     data = copy.deepcopy(api_data)
     data["runs"][0]["state"] = run_state
-    client = TapdeckClient("http://tapdeck.test", "test-key", transport=recorded_transport(data))
-    return TapdeckApp(
-        client,
-        server_label="http://tapdeck.test",
-        follow_events=False,
-        clock=lambda: FROZEN_NOW,
-        initial_mode="sessions",
-        owns_server=owns_server,
-    )
+    return recorded_app("sessions", data, owns_server=owns_server)
 
 
 def _notes(app: TapdeckApp) -> list[str]:
