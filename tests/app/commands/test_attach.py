@@ -90,7 +90,7 @@ def test_attach_shows_a_remote_session_with_its_turn_and_quits_leaving_the_serve
 
     admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
     reply = httpx.post(
-        f"{served.url}/admin/sessions", json={"metadata": {"task": "attach-chat"}}, headers=admin, timeout=60
+        f"{served.url}/admin/sessions", json={"metadata": {"task": "attached"}}, headers=admin, timeout=60
     )
     reply.raise_for_status()
     session = reply.json()
@@ -115,7 +115,7 @@ def test_attach_shows_a_remote_session_with_its_turn_and_quits_leaving_the_serve
     try:
         tmux.wait_for(re.escape(f"connected to {served.url}"), 120)
         # The row: short id, task, state, then the turn count.
-        screen = tmux.wait_for(rf"{re.escape(session['id'][:8])}\s+attach-chat\s+\S+\s+1\b", 60)
+        screen = tmux.wait_for(rf"{re.escape(session['id'][:8])}\s+attached\s+\S+\s+1\b", 60)
         assert "Traceback" not in screen
         tmux.keys("q")
         code = exit_code(rc_file)
