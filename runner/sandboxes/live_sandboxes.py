@@ -27,8 +27,21 @@ OUTPUT_LIMIT_BYTES = 256 * 1024
 and small enough for one JSON reply."""
 EXEC_GRACE_S = 5.0
 """How long past its own limit a command's environment gets to kill it and answer."""
-PS_COMMAND = "ps -eo pid=,etimes=,times=,args="
-"""Every process: pid, seconds since it started, CPU seconds, command line (no header)."""
+PS_COMMAND = "ps -ww -eo pid=,etimes=,times=,args="
+"""Every process: pid, seconds since it started, CPU seconds, whole command line (no header)."""
+PROC_LISTING = (
+    "hz=$(getconf CLK_TCK 2>/dev/null || echo 100); read -r up _ < /proc/uptime; up=${up%.*}; "
+    "for d in /proc/[0-9]*; do "
+    'read -r stat 2>/dev/null < "$d/stat" || continue; '
+    "comm=${stat#*(}; comm=${comm%)*}; set -- ${stat##*) }; "
+    "cmd=$(tr '\\0' ' ' 2>/dev/null < \"$d/cmdline\"); cmd=${cmd% }; "
+    'echo "${d#/proc/} $(( up - ${20} / hz )) $(( (${12} + ${13}) / hz )) ${cmd:-[$comm]}"; '
+    "done"
+)
+"""The same lines read from /proc by bash, for a sandbox without `ps` (Debian's slim images have
+none): after the `)` that ends a stat line's command name, field 12 is utime, 13 stime, 20 the
+start time, in clock ticks since boot."""
+LISTING = f"if command -v ps >/dev/null 2>&1; then {PS_COMMAND}; else {PROC_LISTING}; fi"
 PS_TIMEOUT_S = 15.0
 AGENT_OUTPUT_SUFFIXES = (".pane", ".txt")
 """The agent's own output in the trial's `agent/` folder: terminus-2's tmux pane (`*.pane`), a
@@ -115,19 +128,20 @@ def _tail(text: str, limit: int) -> str:
 
 
 async def processes(sandbox: LiveSandbox) -> list[SandboxProcess]:
-    """The processes running in the sandbox, oldest first, without the `ps` that lists them."""
-    reply = await run_in(sandbox, PS_COMMAND, PS_TIMEOUT_S)
+    """The processes running in the sandbox, oldest first, without the listing's own."""
+    reply = await run_in(sandbox, LISTING, PS_TIMEOUT_S)
     if reply.exit_code != 0:
         why = (reply.stderr or reply.stdout).strip().splitlines()
         raise SandboxExecFailed(
-            f"`ps` failed in the sandbox (exit {reply.exit_code}): {why[-1] if why else 'no output'}"
+            f"listing the processes failed in the sandbox (exit {reply.exit_code}): "
+            f"{why[-1] if why else 'no output'}"
         )
     return parse_ps(reply.stdout)
 
 
 def parse_ps(text: str) -> list[SandboxProcess]:
-    """`PS_COMMAND`'s lines as processes, oldest first; its own lines (the ps and the shell that
-    ran it) left out."""
+    """`LISTING`'s lines as processes, oldest first; its own lines (the ps, the shell that ran it)
+    left out."""
     found = []
     for line in text.splitlines():
         parts = line.split(None, 3)

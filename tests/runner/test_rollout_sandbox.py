@@ -14,6 +14,7 @@ from click.testing import Result
 from typer.testing import CliRunner
 
 from tapdeck.app.cli import app
+from tapdeck.runner.sandboxes.live_sandboxes import PS_COMMAND
 from tapdeck.schema.sandbox import AgentOutput, ExecReply, ProcessList
 from tests.support.fake_vllm import hanging_engine
 from tests.support.runner_server import RunnerServer, make_task, runner_server_on
@@ -58,7 +59,7 @@ def test_a_running_rollouts_sandbox_answers_commands_processes_and_its_agents_ou
         listed = _until_up(server, base, marker)
         held = next(p for p in listed.processes if marker in p.command)
         assert held.command == f"{marker} 1000"
-        assert not any("ps -eo" in p.command for p in listed.processes)  # the listing's own ps is left out
+        assert not any(PS_COMMAND in p.command for p in listed.processes)  # the listing's own left out
 
         ran = server.http.post(f"{base}/exec", json={"command": "cat inside.txt; echo oops >&2; exit 7"})
         assert ran.status_code == 200, ran.text

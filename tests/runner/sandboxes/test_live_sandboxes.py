@@ -17,6 +17,8 @@ from tapdeck.runner.harbor_api import ExecResult
 from tapdeck.runner.run_dir import run_id_of
 from tapdeck.runner.runner_loop import RunnerLoop
 from tapdeck.runner.sandboxes.live_sandboxes import (
+    LISTING,
+    PROC_LISTING,
     PS_COMMAND,
     LiveSandbox,
     LiveSandboxes,
@@ -87,6 +89,20 @@ def test_ps_lines_become_processes_oldest_first_without_the_listing_itself() -> 
         (1, 3600, 12, "sleep infinity"),
         (7, 3000, 250, "python3 agent.py --task a b"),
     ]
+
+
+def test_a_sandbox_without_ps_lists_its_processes_from_proc_as_ps_would() -> None:
+    def listed(script: str) -> dict[int, str]:
+        done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True)
+        return {p.pid: p.command for p in parse_ps(done.stdout)}
+
+    from_proc, from_ps = listed(PROC_LISTING), listed(PS_COMMAND)
+    me = os.getpid()
+    assert (
+        from_proc[me] == from_ps[me] == " ".join(Path(f"/proc/{me}/cmdline").read_text().split("\0")).strip()
+    )
+    assert from_proc[1] == from_ps[1]
+    assert "command -v ps" in LISTING and PS_COMMAND in LISTING and PROC_LISTING in LISTING
 
 
 def _agent_output(folder: Path, tail_bytes: int) -> tuple[str | None, int, str]:
