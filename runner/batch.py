@@ -522,8 +522,11 @@ class BatchRunner:
         if rollout_id in run.results and rollout_id not in run.live:
             how = "ok" if rollout.ok else (rollout.error_kind or "failed")
             raise SandboxUnavailable(f"rollout {rollout_id} has ended ({how}): its sandbox is gone")
-        if rollout.phase in ("done", "failed"):
-            raise SandboxUnavailable(f"rollout {rollout_id} has ended: its sandbox is gone")
+        if rollout.phase in ("done", "failed") or "agent" in rollout.phase_started:
+            # Its trial has returned (the sandbox is released then), its result not recorded yet.
+            raise SandboxUnavailable(
+                f"rollout {rollout_id} is ending (phase {rollout.phase}): its sandbox is gone"
+            )
         if rollout_id not in run.live:
             raise SandboxUnavailable(f"rollout {rollout_id} is not running (its run is {run.state})")
         raise SandboxUnavailable(

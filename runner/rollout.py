@@ -568,6 +568,14 @@ async def _run_trial(config: Any, progress: _Progress, sandboxes: LiveSandboxes 
         raise RolloutSetupError(
             "bad_task", f"Harbor could not load the trial: {type(exc).__name__}: {exc}"
         ) from exc
+    if sandboxes is not None:
+        trial_dir = Path(config.trials_dir) / config.trial_name
+
+        async def hold(_event: Any) -> None:
+            sandboxes.hold(rid, trial.agent_environment, trial_dir)
+
+        # Before the phase hook: a rollout seen in its agent phase has its sandbox held.
+        trial.add_hook(events.AGENT_START, hold)
     phases: dict[harbor_api.TrialEvent, Phase] = {
         events.ENVIRONMENT_START: "sandbox",
         events.AGENT_START: "agent",
@@ -579,13 +587,6 @@ async def _run_trial(config: Any, progress: _Progress, sandboxes: LiveSandboxes 
             progress.phase(phase)
 
         trial.add_hook(event, hook)
-    if sandboxes is not None:
-        trial_dir = Path(config.trials_dir) / config.trial_name
-
-        async def hold(_event: Any) -> None:
-            sandboxes.hold(rid, trial.agent_environment, trial_dir)
-
-        trial.add_hook(events.AGENT_START, hold)
     try:
         return await trial.run()
     finally:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import shlex
 import ssl
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -25,6 +26,8 @@ from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_TIMED_OUT, EXIT_USAG
 from tapdeck.schema.sandbox import EXEC_TIMEOUT_MAX_S, EXEC_TIMEOUT_S
 
 SHELL_EXIT = frozenset({"exit", "logout"})
+EXIT_INTERRUPTED = 130
+"""The line shell's code for a command it stopped waiting for (Ctrl-C), as a shell gives 128 + SIGINT."""
 
 
 def register(app: typer.Typer) -> None:
@@ -76,8 +79,11 @@ def register(app: typer.Typer) -> None:
             raise CommandError(EXIT_USAGE, f"tapdeck exec: {exc}") from None
         key_dir = None if admin_key else data
         line = (command[0] if len(command) == 1 else shlex.join(command)) if command else None
-        code = asyncio.run(_exec(base, key, trust, run_id, rollout, line, timeout, key_dir))
-        raise typer.Exit(code)
+
+        def run(text: str) -> int:
+            return asyncio.run(_exec(base, key, trust, run_id, rollout, text, timeout, key_dir))
+
+        raise typer.Exit(run(line) if line is not None else _line_shell(run, rollout))
 
 
 async def _exec(
@@ -86,62 +92,51 @@ async def _exec(
     trust: ssl.SSLContext | bool,
     run_id: str,
     rollout: str,
-    line: str | None,
-    timeout_s: float,
-    key_dir: Path | None,
-) -> int:
-    client = TapdeckClient(base, key, verify=trust)
-    try:
-        if line is not None:
-            return await _run_one(client, run_id, rollout, line, timeout_s, key_dir, key)
-        return await _line_shell(client, run_id, rollout, timeout_s, key_dir, key)
-    finally:
-        await client.aclose()
-
-
-async def _run_one(
-    client: TapdeckClient,
-    run_id: str,
-    rollout: str,
     line: str,
     timeout_s: float,
     key_dir: Path | None,
-    key: str | None,
 ) -> int:
-    """Run `line`; its output printed, its exit code returned; a refusal raises CommandError."""
+    """Run `line` in the sandbox: its output printed, its exit code returned; a refusal raises
+    CommandError."""
+    client = TapdeckClient(base, key, verify=trust)
     try:
         reply = await client.exec_in_rollout(run_id, rollout, line, timeout_s)
     except ApiError as exc:
         why = exc.for_command(key_dir, key_found=bool(key))
-        raise CommandError(
-            EXIT_TIMED_OUT if exc.status == 504 else EXIT_COULD_NOT_RUN, f"tapdeck exec: {why}"
-        ) from None
+        code = EXIT_TIMED_OUT if exc.status == 504 else EXIT_COULD_NOT_RUN
+        raise CommandError(code, f"tapdeck exec: {why}") from None
+    finally:
+        await client.aclose()
     typer.echo(reply.stdout, nl=False)
     typer.echo(reply.stderr, nl=False, err=True)
     return reply.exit_code
 
 
-async def _line_shell(
-    client: TapdeckClient, run_id: str, rollout: str, timeout_s: float, key_dir: Path | None, key: str | None
-) -> int:
-    """Read lines and run each until `exit` or end of input; the last command's exit code. A
-    refusal ends it (the rollout has ended, say); a command that timed out is said and it goes on."""
-    typer.echo(
-        f"[tapdeck] a shell in rollout {rollout}'s sandbox: one command per line, `exit` ends it", err=True
-    )
+def _line_shell(run: Callable[[str], int], rollout: str) -> int:
+    """Read lines and `run` each until `exit` or end of input; the last command's exit code. A
+    refusal ends it (the rollout has ended, say); a command that timed out is said and it goes on.
+    Lines are read on the main thread, so Ctrl-C reaches the shell: at the prompt it drops the
+    line, during a command it stops waiting for it."""
+    typer.echo(f"[tapdeck] a shell in {rollout}'s sandbox: one command a line; `exit` ends it", err=True)
     last = 0
     while True:
         try:
-            line = await asyncio.to_thread(input, f"{rollout}$ ")
+            line = input(f"{rollout}$ ")
         except EOFError:
             typer.echo("", err=True)
             return last
+        except KeyboardInterrupt:
+            typer.echo("", err=True)
+            continue
         if line.strip() in SHELL_EXIT:
             return last
         if not line.strip():
             continue
         try:
-            last = await _run_one(client, run_id, rollout, line, timeout_s, key_dir, key)
+            last = run(line)
+        except KeyboardInterrupt:
+            typer.echo("[tapdeck] stopped waiting: the command runs on there until its --timeout", err=True)
+            last = EXIT_INTERRUPTED
         except CommandError as exc:
             typer.echo(exc.line, err=True)
             if exc.code != EXIT_TIMED_OUT:
