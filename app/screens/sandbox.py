@@ -18,7 +18,6 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer, Static
 
 from tapdeck.app.client import ApiError, TapdeckClient
-from tapdeck.app.stuck_view import fmt_seconds
 from tapdeck.schema.sandbox import AgentOutput, ProcessList
 
 REFRESH_S = 2.0
@@ -47,11 +46,20 @@ def run_shell(argv: list[str], env: dict[str, str]) -> int:
     return subprocess.run(argv, env=env, check=False).returncode
 
 
+def duration(seconds: int) -> str:
+    """`7 s`, `12 m 5 s`, `3 h 20 m`: whole seconds, as ps gives them."""
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} m {seconds % 60} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} m"
+
+
 def process_lines(listed: ProcessList) -> list[str]:
     """One line per process: pid, age, CPU time, command."""
-    lines = [f"{'PID':>7}  {'AGE':>9}  {'CPU':>9}  COMMAND"]
+    lines = [f"{'PID':<7} {'AGE':>9} {'CPU':>9}  COMMAND"]
     for p in listed.processes:
-        lines.append(f"{p.pid:>7}  {fmt_seconds(p.elapsed_s):>9}  {fmt_seconds(p.cpu_s):>9}  {p.command}")
+        lines.append(f"{p.pid:<7} {duration(p.elapsed_s):>9} {duration(p.cpu_s):>9}  {p.command}")
     return lines
 
 
@@ -81,6 +89,7 @@ class SandboxScreen(ModalScreen[None]):
     SandboxScreen #sandbox-title { text-style: bold; }
     SandboxScreen #sandbox-error { color: $error; }
     SandboxScreen #sandbox-processes { height: auto; max-height: 40%; }
+    SandboxScreen #sandbox-process-list { text-wrap: nowrap; text-overflow: ellipsis; }
     SandboxScreen #sandbox-output-scroll { height: 1fr; border-top: solid $primary; }
     """
 
@@ -99,7 +108,7 @@ class SandboxScreen(ModalScreen[None]):
             yield Static(f"rollout {self.rollout_id} · inside its sandbox", id="sandbox-title")
             yield Static("", id="sandbox-error")
             with VerticalScroll(id="sandbox-processes"):
-                yield Static("reading the sandbox's processes…", id="sandbox-process-list")
+                yield Static("reading the sandbox's processes…", id="sandbox-process-list", markup=False)
             with VerticalScroll(id="sandbox-output-scroll"):
                 yield Static("", id="sandbox-output", markup=False)
         yield Footer()

@@ -59,7 +59,7 @@ async def test_l_opens_the_rollouts_sandbox_and_s_runs_its_shell_with_the_tui_su
         assert any("tmux" in p.command for p in screen.processes.processes), screen.processes
         assert screen.output.file == "/logs/agent/terminus_2.pane"
         shown = str(screen.query_one("#sandbox-process-list").render())
-        assert shown.startswith("    PID") and "tmux" in shown
+        assert shown.startswith("PID") and "tmux" in shown
 
         # A terminal Textual cannot suspend (this headless one): said, and the screen stays.
         await pilot.press("s")
