@@ -569,10 +569,9 @@ async def _run_trial(config: Any, progress: _Progress, sandboxes: LiveSandboxes 
             "bad_task", f"Harbor could not load the trial: {type(exc).__name__}: {exc}"
         ) from exc
     if sandboxes is not None:
-        trial_dir = Path(config.trials_dir) / config.trial_name
 
         async def hold(_event: Any) -> None:
-            sandboxes.hold(rid, trial.agent_environment, trial_dir)
+            sandboxes.hold(rid, trial.agent_environment)
 
         # Before the phase hook: a rollout seen in its agent phase has its sandbox held.
         trial.add_hook(events.AGENT_START, hold)

@@ -57,11 +57,11 @@ class ProcessList(BaseModel):
 
 class AgentOutput(BaseModel):
     """`GET /admin/runs/{id}/rollouts/{rollout_id}/agent-output`: the end of the agent's own
-    output, from the log file its harness writes in the trial's `agent/` folder."""
+    output, from the log file its harness writes in the sandbox's `/logs/agent` (Harbor's)."""
 
     rollout_id: str
     file: str | None
-    """That file's path (None: the agent has written none yet)."""
+    """That file's path in the sandbox (None: the agent has written none yet)."""
     size: int
     """The file's whole size in bytes."""
     text: str

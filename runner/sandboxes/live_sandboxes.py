@@ -16,7 +16,6 @@ import shlex
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from tapdeck.runner.errors import SandboxExecFailed, SandboxExecTimedOut
@@ -55,12 +54,10 @@ _TERMINAL_CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x
 
 @dataclass(frozen=True)
 class LiveSandbox:
-    """A running rollout's sandbox: its Harbor environment, the loop the trial runs on, and the
-    trial's folder on this machine."""
+    """A running rollout's sandbox: its Harbor environment and the loop the trial runs on."""
 
     environment: Any
     loop: asyncio.AbstractEventLoop
-    trial_dir: Path
 
 
 class LiveSandboxes:
@@ -70,10 +67,10 @@ class LiveSandboxes:
         self._held: dict[str, LiveSandbox] = {}
         self._lock = threading.Lock()
 
-    def hold(self, rollout_id: str, environment: Any, trial_dir: Path) -> None:
+    def hold(self, rollout_id: str, environment: Any) -> None:
         """Called on the trial's loop once its agent starts."""
         with self._lock:
-            self._held[rollout_id] = LiveSandbox(environment, asyncio.get_running_loop(), trial_dir)
+            self._held[rollout_id] = LiveSandbox(environment, asyncio.get_running_loop())
 
     def release(self, rollout_id: str) -> None:
         """Called when the trial returns, however it ended."""

@@ -44,13 +44,13 @@ class _Environment:
         return ExecResult(stdout="x" * 300_000, stderr=None, return_code=5)
 
 
-def test_a_command_runs_on_the_trials_loop_and_its_output_is_cut_to_its_end(tmp_path: Path) -> None:
+def test_a_command_runs_on_the_trials_loop_and_its_output_is_cut_to_its_end() -> None:
     runner = RunnerLoop("test-live-sandboxes")
     environment = _Environment()
     sandboxes = LiveSandboxes()
 
     async def hold() -> None:
-        sandboxes.hold("r1", environment, tmp_path)
+        sandboxes.hold("r1", environment)
 
     try:
         asyncio.run(runner.spawn(hold()).wait())  # held on the runner's loop, as a trial's hook does
@@ -66,9 +66,9 @@ def test_a_command_runs_on_the_trials_loop_and_its_output_is_cut_to_its_end(tmp_
     assert sandboxes.get("r1") is None
 
 
-def test_a_command_past_its_limit_or_one_the_environment_refuses_is_an_error(tmp_path: Path) -> None:
+def test_a_command_past_its_limit_or_one_the_environment_refuses_is_an_error() -> None:
     async def run(environment: _Environment, timeout_s: float) -> None:
-        await run_in(LiveSandbox(environment, asyncio.get_running_loop(), tmp_path), "true", timeout_s)
+        await run_in(LiveSandbox(environment, asyncio.get_running_loop()), "true", timeout_s)
 
     with pytest.raises(SandboxExecTimedOut, match="ran past its 0.2 s limit"):
         asyncio.run(run(_Environment(wait_s=0.3, error=RuntimeError("Command timed out")), 0.2))
