@@ -63,6 +63,7 @@ COMMAND_MODULES = [
     "train",
     "rollout",
     "runs",
+    "sandbox_exec",
     "sessions",
     "harness",
 ]

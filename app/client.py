@@ -27,6 +27,7 @@ from tapdeck.schema.catalog import Catalog
 from tapdeck.schema.events import Event, parse_event
 from tapdeck.schema.replay import ReplayList, ReplayLogprobs, ReplayRequest, ReplayResult
 from tapdeck.schema.runs import ExportResult, RolloutResult, RunDetail, RunList, RunPlan, RunSummary
+from tapdeck.schema.sandbox import EXEC_TIMEOUT_S, AgentOutput, ExecReply, ProcessList
 from tapdeck.schema.sessions import (
     EngineVersions,
     GraphView,
@@ -58,6 +59,9 @@ M = TypeVar("M", bound=BaseModel)
 REPLAY_TIMEOUT_S = 600.0
 """A replay waits on the reference scoring every chain (the server's own limit per request)."""
 
+
+EXEC_REPLY_S = 15.0
+"""How long past a sandbox command's own limit its reply may take (the server's grace, the wire)."""
 
 CA_FILE_HELP = (
     "PEM certificates to trust for an https:// server: its private CA, or a self-signed "
@@ -185,6 +189,8 @@ class TapdeckClient:
     ) -> None:
         """`verify`: what an https server's certificate is checked against (`server_trust`)."""
         self.base_url = base_url.rstrip("/")
+        self.admin_key = admin_key
+        """What a command this client starts needs to reach the same server (the TUI's shell)."""
         headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
         self._http = httpx.AsyncClient(
             base_url=self.base_url, headers=headers, timeout=timeout, transport=transport, verify=verify
@@ -372,6 +378,38 @@ class TapdeckClient:
     async def cancel_rollout(self, run_id: str, rollout_id: str) -> RolloutResult:
         """`POST /admin/runs/{id}/rollouts/{rollout_id}/cancel`: end one rollout as cancelled."""
         return await self._model(RolloutResult, "POST", f"/admin/runs/{run_id}/rollouts/{rollout_id}/cancel")
+
+    # -- inside a running rollout's sandbox -------------------------------------------------------
+
+    async def exec_in_rollout(
+        self, run_id: str, rollout_id: str, command: str, timeout_s: float = EXEC_TIMEOUT_S
+    ) -> ExecReply:
+        """`POST /admin/runs/{id}/rollouts/{rollout_id}/exec`: run a bash command line there."""
+        return await self._model(
+            ExecReply,
+            "POST",
+            f"/admin/runs/{run_id}/rollouts/{rollout_id}/exec",
+            json={"command": command, "timeout_s": timeout_s},
+            timeout=timeout_s + EXEC_REPLY_S,
+        )
+
+    async def rollout_processes(self, run_id: str, rollout_id: str) -> ProcessList:
+        """`GET /admin/runs/{id}/rollouts/{rollout_id}/processes`."""
+        return await self._model(
+            ProcessList,
+            "GET",
+            f"/admin/runs/{run_id}/rollouts/{rollout_id}/processes",
+            timeout=EXEC_REPLY_S * 2,
+        )
+
+    async def agent_output(self, run_id: str, rollout_id: str, tail_bytes: int = 16384) -> AgentOutput:
+        """`GET /admin/runs/{id}/rollouts/{rollout_id}/agent-output`: the end of the agent's log."""
+        return await self._model(
+            AgentOutput,
+            "GET",
+            f"/admin/runs/{run_id}/rollouts/{rollout_id}/agent-output",
+            params={"tail_bytes": tail_bytes},
+        )
 
     async def resume_run(self, run_id: str) -> RunSummary:
         """`POST /admin/runs/{id}/resume`."""

@@ -15,6 +15,8 @@ EXIT_USAGE = 2
 """Bad usage: also what the command line parser exits with for an unknown option or a bad value."""
 EXIT_ROLLOUT_FAILED = 3
 """`tapdeck rollout`: the run ended with some rollout not ok (failed or cancelled)."""
+EXIT_TIMED_OUT = 124
+"""`tapdeck exec`: the command ran past --timeout and was killed (the code timeout(1) exits with)."""
 
 
 class CommandError(Exception):

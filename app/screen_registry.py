@@ -17,6 +17,7 @@ from tapdeck.app.screens.help import HelpScreen
 from tapdeck.app.screens.info import InfoScreen
 from tapdeck.app.screens.rollout import RolloutScreen
 from tapdeck.app.screens.runs import RunsScreen
+from tapdeck.app.screens.sandbox import SandboxScreen
 from tapdeck.app.screens.sessions import SessionsScreen
 from tapdeck.app.screens.setup import SetupScreen
 from tapdeck.app.screens.train import TrainScreen
@@ -106,7 +107,7 @@ def unknown_keymap_ids(app: App, keymap: Iterable[str]) -> list[str]:
     """The ids of `keymap` that name no binding of the App, its screens or help (a typo would
     otherwise be ignored without a word)."""
     known = {b.id for found in app._bindings.key_to_bindings.values() for b in found}
-    classes: list[type[DOMNode]] = [*(e.screen for e in SCREENS), HelpScreen, RunDriftScreen]
+    classes: list[type[DOMNode]] = [*(e.screen for e in SCREENS), HelpScreen, RunDriftScreen, SandboxScreen]
     for cls in classes:
         known |= {b.id for found in BindingsMap(cls.BINDINGS).key_to_bindings.values() for b in found}
     return sorted(set(keymap) - known)

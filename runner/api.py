@@ -4,7 +4,9 @@ with its status) and one handler answers them.
 
 `GET /admin/catalog`, `POST/GET /admin/runs`, `GET /admin/runs/{id}`, `POST /admin/runs/{id}/cancel`,
 `POST /admin/runs/{id}/rollouts/{rollout_id}/cancel` (one rollout), `POST /admin/runs/{id}/resume`, `POST
-/admin/runs/{id}/export`. Runs execute as asyncio tasks on the runner's own loop and thread
+/admin/runs/{id}/export`. Inside a running rollout's sandbox (runner/sandboxes/live_sandboxes.py):
+`POST .../rollouts/{rollout_id}/exec` (body `{command, timeout_s}`), `GET .../processes`,
+`GET .../agent-output?tail_bytes=`. Runs execute as asyncio tasks on the runner's own loop and thread
 (`runner_loop.RunnerLoop`: the server's loop is uvloop, on which Harbor trials hang); when the server shuts
 down, running runs are cancelled (sandboxes torn down) and can be resumed later.
 
@@ -41,6 +43,12 @@ from tapdeck.runner.batch import BatchRunner
 from tapdeck.runner.errors import ReplayRefused, RunnerError, RunUnreadable
 from tapdeck.runner.runner_loop import RunnerLoop
 from tapdeck.runner.sandboxes.abandoned_containers import remove_abandoned
+from tapdeck.runner.sandboxes.live_sandboxes import (
+    OUTPUT_LIMIT_BYTES,
+    agent_output,
+    processes,
+    run_in,
+)
 from tapdeck.runner.service_protocol import CaptureServiceProtocol
 from tapdeck.runner.train_jobs import TrainingJobs, run_rows_for_training
 from tapdeck.schema.catalog import Catalog, EngineInfo
@@ -54,6 +62,7 @@ from tapdeck.schema.runs import (
     RunPlan,
     RunSummary,
 )
+from tapdeck.schema.sandbox import AgentOutput, ExecReply, ExecRequest, ProcessList
 from tapdeck.schema.tls import CA_FILE_ENV
 from tapdeck.schema.train import (
     RecipeList,
@@ -193,6 +202,27 @@ def create_runner_router(
         _run(run_id, "cancel a rollout of")
         rollout = batch.cancel_rollout(run_id, rollout_id)
         return JSONResponse(rollout.model_dump(mode="json"))
+
+    @router.post("/runs/{run_id}/rollouts/{rollout_id}/exec", response_model=ExecReply)
+    async def exec_in_rollout(run_id: str, rollout_id: str, body: ExecRequest) -> JSONResponse:
+        _run(run_id, "reach a rollout of")
+        sandbox = batch.live_sandbox(run_id, rollout_id)
+        reply = await run_in(sandbox, body.command, body.timeout_s)
+        return JSONResponse(reply.model_dump(mode="json"))
+
+    @router.get("/runs/{run_id}/rollouts/{rollout_id}/processes", response_model=ProcessList)
+    async def rollout_processes(run_id: str, rollout_id: str) -> JSONResponse:
+        _run(run_id, "reach a rollout of")
+        found = await processes(batch.live_sandbox(run_id, rollout_id))
+        return JSONResponse(ProcessList(rollout_id=rollout_id, processes=found).model_dump(mode="json"))
+
+    @router.get("/runs/{run_id}/rollouts/{rollout_id}/agent-output", response_model=AgentOutput)
+    async def rollout_agent_output(run_id: str, rollout_id: str, tail_bytes: int = 16384) -> JSONResponse:
+        _run(run_id, "reach a rollout of")
+        sandbox = batch.live_sandbox(run_id, rollout_id)
+        path, size, text = await agent_output(sandbox, max(1, min(tail_bytes, OUTPUT_LIMIT_BYTES)))
+        doc = AgentOutput(rollout_id=rollout_id, file=path, size=size, text=text)
+        return JSONResponse(doc.model_dump(mode="json"))
 
     @router.post("/runs/{run_id}/resume", response_model=RunSummary)
     async def resume_run(run_id: str) -> JSONResponse:

@@ -35,6 +35,7 @@ from tapdeck.runner.errors import (
     RunNotFound,
     RunNotStartable,
     RunUnreadable,
+    SandboxUnavailable,
 )
 from tapdeck.runner.plan_resolution import check_sandbox, resolve_tasks
 from tapdeck.runner.rollout import RolloutSpec, run_rollout
@@ -53,6 +54,7 @@ from tapdeck.runner.run_dir import (
 )
 from tapdeck.runner.run_lock import RunLock
 from tapdeck.runner.runner_loop import LoopTask, RunnerLoop, ServiceOnItsLoop
+from tapdeck.runner.sandboxes.live_sandboxes import LiveSandbox, LiveSandboxes
 from tapdeck.runner.service_protocol import CaptureServiceProtocol
 from tapdeck.schema.events import RolloutUpdated, RunFinished, RunStarted
 from tapdeck.schema.rollout_health import degenerate_reasons
@@ -202,6 +204,8 @@ class BatchRunner:
         """Guards `_runs`: `list` loads runs on a worker thread while requests load them on others."""
         self._skipped: dict[str, str] = {}
         """Runs `list` leaves out, and why: each is warned about once, not on every poll."""
+        self.sandboxes = LiveSandboxes()
+        """The sandboxes of the rollouts running here, while their agents run."""
 
     # ----------------------------------------------------------------- plan → run directory
 
@@ -430,6 +434,7 @@ class BatchRunner:
                     group=group,
                     index=index,
                     data_dir=self.data_dir,
+                    sandboxes=self.sandboxes,
                 )
 
                 def on_update(partial: RolloutResult) -> None:
@@ -500,6 +505,34 @@ class BatchRunner:
         else:  # the task's state is read on its own loop, where it cannot change meanwhile
             self._loop.call_soon(_cancel_if_started, task)
         return next(r for r in run.all_rollouts() if r.rollout_id == rollout_id)
+
+    def live_sandbox(self, run_id: str, rollout_id: str) -> LiveSandbox:
+        """The sandbox of a rollout running here now. RolloutNotFound for none of that id;
+        RunElsewhere for a run another process runs (its sandboxes are that process's);
+        SandboxUnavailable, saying why, for a rollout that has not started its agent or has ended."""
+        run = self._load(run_id)
+        if rollout_id not in {rid for _, _, rid in run.rollout_ids()}:
+            raise RolloutNotFound(run_id, rollout_id)
+        if run.elsewhere is not None:
+            raise RunElsewhere(run_id, run.elsewhere)
+        sandbox = self.sandboxes.get(rollout_id)
+        if sandbox is not None:
+            return sandbox
+        rollout = next(r for r in run.all_rollouts() if r.rollout_id == rollout_id)
+        if rollout_id in run.results and rollout_id not in run.live:
+            how = "ok" if rollout.ok else (rollout.error_kind or "failed")
+            raise SandboxUnavailable(f"rollout {rollout_id} has ended ({how}): its sandbox is gone")
+        if rollout.phase in ("done", "failed") or "agent" in rollout.phase_started:
+            # Its trial has returned (the sandbox is released then), its result not recorded yet.
+            raise SandboxUnavailable(
+                f"rollout {rollout_id} is ending (phase {rollout.phase}): its sandbox is gone"
+            )
+        if rollout_id not in run.live:
+            raise SandboxUnavailable(f"rollout {rollout_id} is not running (its run is {run.state})")
+        raise SandboxUnavailable(
+            f"rollout {rollout_id} has no sandbox up yet (phase {rollout.phase}): "
+            "try again once its agent runs"
+        )
 
     async def wait(self, run_id: str) -> RunSummary:
         """Wait for a started run to end (cancelled or not) and return its summary."""

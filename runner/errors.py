@@ -140,6 +140,9 @@ __all__ = [
     "RunNotStartable",
     "RunUnreadable",
     "RunnerError",
+    "SandboxExecFailed",
+    "SandboxExecTimedOut",
+    "SandboxUnavailable",
     "TrainElsewhere",
     "TrainNotFound",
     "TrainRefused",
@@ -167,3 +170,26 @@ class ReferenceUnreachable(ReplayRefused):
     """The reference engine did not answer, or answered with an error of its own."""
 
     status = 502
+
+
+# ----------------------------------------------------------------- inside a rollout's sandbox
+
+
+class SandboxUnavailable(RunnerError):
+    """A rollout whose sandbox cannot be reached now: it has not started its agent yet, or it has
+    ended (its sandbox is gone). The message says which."""
+
+    status = 409
+
+
+class SandboxExecFailed(RunnerError):
+    """A command the sandbox could not run (its environment's `exec` raised), or a look inside it
+    (`ps`) that failed there."""
+
+    status = 502
+
+
+class SandboxExecTimedOut(RunnerError):
+    """A command that ran past its time limit in the sandbox and was killed."""
+
+    status = 504

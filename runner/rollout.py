@@ -46,6 +46,7 @@ from tapdeck.runner.rollout_settings import (
     resolve,
 )
 from tapdeck.runner.sandboxes.docker_sandbox import compose_failure
+from tapdeck.runner.sandboxes.live_sandboxes import LiveSandboxes
 from tapdeck.runner.service_protocol import CaptureServiceProtocol
 from tapdeck.schema.events import RolloutUpdated
 from tapdeck.schema.findings import Finding, Level
@@ -82,6 +83,9 @@ class RolloutSpec:
     index: int = 0
     data_dir: Path | None = None
     """The tapdeck data dir the rollout runs for, hidden from a host sandbox's trial."""
+    sandboxes: LiveSandboxes | None = None
+    """Where the rollout holds its sandbox while its agent runs (`tapdeck exec`, the TUI's look
+    inside); None: nowhere."""
 
 
 # Harbor exception type names → our error kinds. Anything not listed is classified by phase.
@@ -300,7 +304,7 @@ async def run_rollout(
             config = _trial_config(spec, rid, info, environment, result.settings)
             trial_dir = Path(config.trials_dir) / config.trial_name
             result.trial_dir = str(trial_dir)
-            trial_result = await _run_trial(config, progress)
+            trial_result = await _run_trial(config, progress, spec.sandboxes, rid)
     except TimeoutError:
         _fail(result, "timeout", f"the rollout exceeded its {hard_limit:g} s limit (in phase {result.phase})")
     except asyncio.CancelledError:
@@ -554,8 +558,9 @@ def _trial_config(
     )
 
 
-async def _run_trial(config: Any, progress: _Progress) -> Any:
-    """Create and run the Harbor trial, mirroring its lifecycle into the rollout's phase."""
+async def _run_trial(config: Any, progress: _Progress, sandboxes: LiveSandboxes | None, rid: str) -> Any:
+    """Create and run the Harbor trial, mirroring its lifecycle into the rollout's phase; its
+    sandbox is held in `sandboxes` from its agent's start to the trial's end."""
     events, trial_class = harbor_api.TrialEvent, harbor_api.Trial  # Harbor's import is not the task's
     try:
         trial = await trial_class.create(config)
@@ -563,6 +568,13 @@ async def _run_trial(config: Any, progress: _Progress) -> Any:
         raise RolloutSetupError(
             "bad_task", f"Harbor could not load the trial: {type(exc).__name__}: {exc}"
         ) from exc
+    if sandboxes is not None:
+
+        async def hold(_event: Any) -> None:
+            sandboxes.hold(rid, trial.agent_environment)
+
+        # Before the phase hook: a rollout seen in its agent phase has its sandbox held.
+        trial.add_hook(events.AGENT_START, hold)
     phases: dict[harbor_api.TrialEvent, Phase] = {
         events.ENVIRONMENT_START: "sandbox",
         events.AGENT_START: "agent",
@@ -574,7 +586,11 @@ async def _run_trial(config: Any, progress: _Progress) -> Any:
             progress.phase(phase)
 
         trial.add_hook(event, hook)
-    return await trial.run()
+    try:
+        return await trial.run()
+    finally:
+        if sandboxes is not None:
+            sandboxes.release(rid)
 
 
 async def _finish(

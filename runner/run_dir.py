@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import secrets
 import time
 from pathlib import Path
@@ -42,6 +43,12 @@ def is_run_id(name: str) -> bool:
 def rollout_id(run_id: str, group: int, index: int) -> str:
     """`<run_id>.g<group>r<index>`: unique across runs, sortable within one."""
     return f"{run_id}.g{group:03d}r{index:02d}"
+
+
+def run_id_of(rollout: str) -> str | None:
+    """The run a rollout id (`rollout_id`'s form) belongs to; None for a string of another form."""
+    run_id, _, rest = rollout.rpartition(".")
+    return run_id if is_run_id(run_id) and re.fullmatch(r"g\d+r\d+", rest) else None
 
 
 def new_run_id() -> str:

@@ -14,6 +14,7 @@ from tapdeck.app.confirm import CONFIRM_S, TwoPress
 from tapdeck.app.histogram import bars, histogram, reward_line
 from tapdeck.app.screens.drift import RunDriftScreen
 from tapdeck.app.screens.row_view_keys import FILTER_PLACEHOLDER, RowViewKeys, row_view_bindings
+from tapdeck.app.screens.sandbox import SandboxScreen
 from tapdeck.app.table_rows import cursor_key, show_rows
 from tapdeck.app.views.row_view import arrange, rollout_facts, view_line
 from tapdeck.app.views.runs import (
@@ -63,6 +64,7 @@ class RunsScreen(RowViewKeys):
         Binding("x", "cancel", "Cancel", tooltip="Cancel the run (asks first)", id="runs.cancel"),
         Binding("u", "resume", "Resume", id="runs.resume"),
         Binding("o", "open_rollout", "Open", tooltip="Open the highlighted rollout", id="runs.open"),
+        Binding("l", "inside", "Inside", show=False, tooltip="The rollout's sandbox", id="runs.inside"),
         Binding("r", "reload", "Reload", id="runs.reload"),
         Binding("d", "drift", "Drift", show=False, tooltip="The run's |Δ| histogram", id="runs.drift"),
         *row_view_bindings("runs"),
@@ -313,6 +315,16 @@ class RunsScreen(RowViewKeys):
             self.app.notify("This rollout has no capture session yet.", severity="warning")
             return
         self.app.open_rollout(rollout.session_id)
+
+    def action_inside(self) -> None:
+        """Open the highlighted rollout's sandbox: its processes and its agent's own output."""
+        rollout = self._selected_rollout()
+        if rollout is None:
+            self.app.notify("No rollout highlighted.", severity="warning")
+            return
+        self.app.push_screen(
+            SandboxScreen(self.client, rollout.run_id or self.run_id or "", rollout.rollout_id)
+        )
 
     @on(DataTable.RowSelected, "#rollouts-table")
     def _rollout_selected(self) -> None:

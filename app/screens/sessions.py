@@ -16,6 +16,7 @@ from textual.widgets import DataTable, Sparkline, Static
 from tapdeck.app.client import ApiError
 from tapdeck.app.confirm import CONFIRM_S, TwoPress
 from tapdeck.app.screens.row_view_keys import FILTER_PLACEHOLDER, RowViewKeys, row_view_bindings
+from tapdeck.app.screens.sandbox import SandboxScreen
 from tapdeck.app.stuck_view import PaneLine, calls_per_second, pane_lines
 from tapdeck.app.views.drift import replay_line
 from tapdeck.app.views.errors import describe_error
@@ -45,6 +46,7 @@ class SessionsScreen(RowViewKeys):
         Binding("enter", "open", "Open rollout", id="sessions.open", show=True, priority=True),
         Binding("d", "details", "Details", id="sessions.details", show=True),
         Binding("x", "cancel_rollout", "Cancel rollout", id="sessions.cancel", show=True),
+        Binding("l", "inside", "Inside the sandbox", id="sessions.inside", show=False),
         *row_view_bindings("sessions"),
     ]
 
@@ -261,6 +263,19 @@ class SessionsScreen(RowViewKeys):
             )
             return
         self.run_worker(self._cancel_rollout(run_id, rollout_id), group="cancel-rollout", exit_on_error=False)
+
+    def action_inside(self) -> None:
+        """Open the highlighted rollout's sandbox: its processes and its agent's own output."""
+        key = self.highlighted()
+        rollout = self.app.board.rollout_of(key) if key is not None else None
+        summary = self.app.board.get(key) if key is not None else None
+        meta = summary.metadata if summary is not None else {}
+        run_id = (rollout.run_id if rollout else None) or meta.get("run_id")
+        rollout_id = (rollout.rollout_id if rollout else None) or meta.get("rollout_id")
+        if not run_id or not rollout_id:
+            self.app.notify("This session is not a rollout of a run: it has no sandbox.", severity="warning")
+            return
+        self.app.push_screen(SandboxScreen(self.client, run_id, rollout_id))
 
     async def _cancel_rollout(self, run_id: str, rollout_id: str) -> None:
         await self.client.cancel_rollout(run_id, rollout_id)

@@ -20,10 +20,12 @@ from textual.widgets import DataTable, Input
 from tapdeck.app.screen_registry import SCREENS
 from tapdeck.app.screens.drift import RunDriftScreen
 from tapdeck.app.screens.help import HelpScreen
+from tapdeck.app.screens.sandbox import SandboxScreen
 from tapdeck.app.widgets.session_table import SessionTable
 from tapdeck.app.widgets.token_view import TokenView
 from tests.support.pilot_wait import until
 from tests.support.recorded_replays import with_replays
+from tests.support.recorded_sandbox import with_sandbox
 
 SESSIONS = 8
 """Sessions in the recording (the App's first screen shows them all)."""
@@ -46,6 +48,8 @@ class Shot:
     done: Callable[[object], bool] | None = None
     replays: bool = False
     """Over the recording with a replay of each session (tests/support/recorded_replays.py)."""
+    sandbox: bool = False
+    """Over the recording with each rollout's sandbox answering (tests/support/recorded_sandbox.py)."""
 
 
 SHOTS: dict[str, Shot] = {
@@ -111,6 +115,16 @@ SHOTS: dict[str, Shot] = {
         done=lambda app: isinstance(app.screen, RunDriftScreen) and app.screen.deltas is not None,
         replays=True,
     ),
+    # The highlighted rollout's processes and agent output.
+    "runs-sandbox": Shot(
+        ("4",),
+        lambda app: (
+            app.current_mode == "runs" and app.screen.query_one("#groups-table", DataTable).row_count == 2
+        ),
+        then=("l",),
+        done=lambda app: isinstance(app.screen, SandboxScreen) and app.screen.output is not None,
+        sandbox=True,
+    ),
     "info": Shot(("5",), lambda app: app.current_mode == "info" and app.screen.catalog is not None),
     # Train opens on the last training run: a data-check of the terminus-2 batch.
     "train": Shot(
@@ -159,4 +173,5 @@ def test_screen_snapshot(snap_compare, make_app, api_data, shot, look):
         await pilot.wait_for_scheduled_animations()
 
     data = with_replays(api_data, stored=REPLAYED) if wanted.replays else None
+    data = with_sandbox(api_data) if wanted.sandbox else data
     assert snap_compare(make_app(None, data=data), terminal_size=size, run_before=press_to)

@@ -41,6 +41,12 @@ NOT_RECORDED = {
     "POST /admin/train/{run_id}/stop": "needs a training run",
     "POST /admin/runs/{run_id}/rollouts/{rollout_id}/cancel": "needs a rollout hung mid-run; "
     "tests/runner/test_cancel_rollout.py validates its replies",
+    "POST /admin/runs/{run_id}/rollouts/{rollout_id}/exec": "needs a rollout held running; "
+    "tests/runner/test_rollout_sandbox.py validates its replies",
+    "GET /admin/runs/{run_id}/rollouts/{rollout_id}/processes": "needs a rollout held running; "
+    "tests/runner/test_rollout_sandbox.py validates its replies",
+    "GET /admin/runs/{run_id}/rollouts/{rollout_id}/agent-output": "needs a rollout held running; "
+    "tests/runner/test_rollout_sandbox.py validates its replies",
     "POST /admin/sessions/{session_id}/replay": "needs a reference engine serving prompt logprobs; "
     "tests/runner/test_replay_embedded.py validates its replies",
     "GET /admin/sessions/{session_id}/replays": "needs a replay; tests/runner/test_replay_embedded.py "

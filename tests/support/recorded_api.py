@@ -57,6 +57,12 @@ def recorded_transport(data: dict | None = None) -> httpx.MockTransport:
             return httpx.Response(200, json=data.get("engine_versions", {"engines": []}))
         if path == "/admin/runs" and request.method == "GET":
             return httpx.Response(200, json={"runs": data["runs"]})
+        if m := re.fullmatch(r"/admin/runs/([^/]+)/rollouts/([^/]+)/(processes|agent-output)", path):
+            # No rollout runs in the recording: a sandbox only where a test adds one (recorded_sandbox.py).
+            doc = data.get("sandboxes", {}).get(m[2], {}).get(m[3])
+            if doc is None:
+                return httpx.Response(409, json={"detail": f"rollout {m[2]} is not running"})
+            return httpx.Response(200, json=doc)
         if m := re.fullmatch(r"/admin/runs/([^/]+)", path):
             return _found(data["run_details"].get(m[1]), "run")
         if path == "/admin/train/recipes":

@@ -25,8 +25,10 @@ from tapdeck.runner.cli_agents import AGENT_HOME
 from tapdeck.runner.datasets import SAMPLE_DATASET_DIR, sample_dataset
 from tapdeck.runner.sandboxes import docker_sandbox
 from tapdeck.runner.sandboxes.docker_sandbox import OWNER_LABEL
+from tapdeck.runner.sandboxes.live_sandboxes import PROC_LISTING, PS_COMMAND, parse_ps
+from tapdeck.schema.sandbox import AgentOutput, ExecReply, ProcessList
 from tests.support.agent_clis import AGENT_CONTEXT, engine_for_agents, installed_or_skip, scripted_agent_reply
-from tests.support.fake_vllm import FakeVllm
+from tests.support.fake_vllm import FakeVllm, hanging_engine
 from tests.support.ports import free_port
 from tests.support.runner_server import RunnerServer, make_task, runner_server_on
 from tests.support.tapdeck_process import serve_process, wait_health
@@ -342,6 +344,53 @@ def test_cancel_stops_the_container(server: RunnerServer, tmp_path: Path) -> Non
     r = _only(server.wait(run["id"], timeout_s=300))
     assert r["error_kind"] == "cancelled", r
     assert containers() == [], "the cancelled rollout's container is still there"
+
+
+def test_a_running_containers_sandbox_answers_commands_processes_and_its_agents_output(
+    tmp_path: Path,
+) -> None:
+    """`tapdeck exec`'s routes reach a container as they reach the host sandbox (Harbor's docker
+    `exec`), and the /proc listing for an image without `ps` lists the container's processes."""
+    marker = f"tapdeck-held-{os.getpid()}"
+    task = make_task(
+        tmp_path / "dataset", "held", "echo 1 > /logs/verifier/reward.txt\n", agent_timeout_s=600
+    )
+    (task / "solution" / "solve.sh").write_text(
+        f"#!/bin/bash\necho 'the agent says {marker}'\nexec -a {marker} sleep 1000\n"
+    )
+    with hanging_engine() as engine, runner_server_on(engine, tmp_path / "data") as server:
+        run = server.start(
+            dataset=str(tmp_path / "dataset"), harness="oracle", sandbox="docker", timeout_s=900
+        )
+        rid = f"{run['id']}.g000r00"
+        base = f"/admin/runs/{run['id']}/rollouts/{rid}"
+
+        def held() -> ProcessList | None:
+            reply = server.http.get(f"{base}/processes")
+            if reply.status_code != 200:
+                assert reply.status_code == 409, reply.text
+                return None
+            listed = ProcessList.model_validate(reply.json())
+            return listed if any(p.command == f"{marker} 1000" for p in listed.processes) else None
+
+        listed = _until("the agent's process in the container", held)
+        assert not any(PS_COMMAND in p.command for p in listed.processes)
+        # The listing of a sandbox without `ps` (Debian's slim images), read from /proc there.
+        proc = server.http.post(f"{base}/exec", json={"command": PROC_LISTING}).json()
+        assert f"{marker} 1000" in [p.command for p in parse_ps(proc["stdout"])]
+        ran = ExecReply.model_validate(
+            server.http.post(
+                f"{base}/exec", json={"command": "test -f /.dockerenv && echo inside; exit 4"}
+            ).json()
+        )
+        assert (ran.exit_code, ran.stdout) == (4, "inside\n")
+        output = AgentOutput.model_validate(server.http.get(f"{base}/agent-output").json())
+        assert output.file == "/logs/agent/oracle.txt" and f"the agent says {marker}" in output.text
+
+        assert server.http.post(f"/admin/runs/{run['id']}/rollouts/{rid}/cancel").status_code == 200
+        server.wait(run["id"], 300)
+        refused = server.http.post(f"{base}/exec", json={"command": "true"})
+        assert refused.status_code == 409 and "has ended" in refused.json()["detail"]
 
 
 def test_a_killed_server_leaves_no_container_running_after_the_next_start(tmp_path: Path) -> None:
