@@ -508,6 +508,32 @@ async def test_setup_settings_show_the_engines_defaults_and_keep_tab_order_short
         assert app.focused is screen.query_one("#tasks")
 
 
+async def test_setup_starts_each_harness_on_the_same_defaults_as_the_cli(make_app):
+    """Setup's `ctrl+s` with any harness picked and nothing typed posts what `tapdeck rollout
+    --harness NAME` posts: the harness and no setting of its own, so the server resolves the same
+    per-harness defaults for both (tests/runner/test_rollout_settings.py checks that resolution)."""
+    from tapdeck.schema.runs import RolloutSettings, RolloutTemplate
+
+    # What Setup's selects name, as the CLI's flags do; and the top alternatives kept for the token
+    # view (Setup's field starts at 5): capture-only, asked of the engine beside the agent's own ask.
+    picked = {"harness", "sandbox", "engine", "alternatives"}
+
+    app = make_app("setup")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _catalog_loaded(pilot)
+        screen = app.screen
+        harnesses = [h.harness for h in screen.catalog.harness_defaults]
+        assert {"terminus-2", "codex", "claude-code", "gemini-cli", "opencode", "qwen-code"} <= set(harnesses)
+        for name in harnesses:
+            screen.query_one("#harness", Select).value = name
+            await until(pilot, lambda name=name: screen.plan().rollout.harness == name, f"{name} picked")
+            template = screen.plan().rollout
+            assert template.settings == RolloutSettings(), (name, template.settings)
+            assert (template.timeout_s, template.call_budget) == (None, None), name
+            # Every other field as a plan with no flag given leaves it.
+            assert template.model_dump(exclude=picked) == RolloutTemplate().model_dump(exclude=picked), name
+
+
 async def test_runs_screen_states_each_rollouts_timeouts_and_their_sources(make_app):
     app = make_app("runs")
     async with app.run_test(size=(80, 24)) as pilot:
