@@ -160,7 +160,7 @@ def test_kill_9_mid_batch_keeps_every_delivered_turn_and_resume_runs_only_the_un
             lambda: d if (d := admin.get(f"/admin/runs/{run_id}").json())["state"] != "running" else None,
         )
         assert doc["state"] == "finished"
-        assert doc["counts"] == {"total": K, "done": K, "ok": K, "failed": 0, "running": 0}
+        assert doc["counts"] == {"total": K, "done": K, "ok": K, "failed": 0, "running": 0, "degenerate": 0}
         after = {r["rollout_id"]: r for r in doc["rollouts"]}
         for rid, result in finished.items():  # finished before the kill: not run again
             assert after[rid]["session_id"] == result.session_id

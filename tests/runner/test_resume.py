@@ -50,7 +50,7 @@ async def test_resume_after_a_crash_runs_only_the_unfinished_rollouts(runner_ser
     doc = runner_server.wait(run_id)
 
     assert doc["state"] == "finished"
-    assert doc["counts"] == {"total": 6, "done": 6, "ok": 5, "failed": 1, "running": 0}
+    assert doc["counts"] == {"total": 6, "done": 6, "ok": 5, "failed": 1, "running": 0, "degenerate": 0}
     # The finished rollouts were not redone: same lines, no trial directories of their own.
     results = load_results(run_dir / RESULTS)
     assert results[done.rollout_id].findings == [Finding.info("before_crash", "kept")]

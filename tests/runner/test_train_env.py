@@ -69,6 +69,7 @@ def test_recipe_modules_and_the_training_stack_import_in_the_training_environmen
         "tapdeck.schema",
         "tapdeck.schema.addresses",
         "tapdeck.schema.findings",
+        "tapdeck.schema.rollout_health",
         "tapdeck.schema.runs",
         "tapdeck.schema.settings",
         "tapdeck.schema.tls",
