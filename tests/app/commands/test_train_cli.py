@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.trackio_runs import EVAL_SUMMARY
 from tests.support.training_export import write_export
 
 TAPDECK = shutil.which("tapdeck", path=str(Path(os.sys.executable).parent)) or "tapdeck"
@@ -134,6 +135,47 @@ def test_train_streams_the_log_and_prints_final_metrics(train_server: Any, tmp_p
     assert "  train/reward = 0.5 (step 2)" in out.stdout
     assert "finished (exit code 0)" in out.stdout
     assert str(tmp_path / "data" / "train") in out.stdout  # it ran in the server's data dir
+
+
+@pytest.fixture
+def eval_recipe(monkeypatch: pytest.MonkeyPatch) -> str:
+    """A recipe on the test server (it runs in this process) that logs, with real trackio, what
+    cpu-grpo logs around its held-out eval (tests/support/eval_recipe.py); its name."""
+    from tapdeck.runner.recipes import RECIPES, Recipe
+
+    root = str(Path(__file__).resolve().parents[3])  # where `tests.support` imports from
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])]))
+    recipe = Recipe(
+        name="eval-logs",
+        module="tests.support.eval_recipe",
+        summary="test: logs an eval'd run",
+        where="here",
+        updates_weights=False,
+        needs=("trackio",),
+    )
+    monkeypatch.setitem(RECIPES, recipe.name, recipe)
+    return recipe.name
+
+
+@pytest.mark.medium
+def test_train_ends_with_the_eval_verifier_reward_before_and_after(
+    train_server: Any, eval_recipe: str
+) -> None:
+    out = train(train_server, "--recipe", eval_recipe)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert "eval-recipe: logged step 3" in lines and "  train/reward = 0.7 (step 3)" in lines
+    assert lines[-1] == f"[tapdeck] {EVAL_SUMMARY}"
+
+
+@pytest.mark.medium
+def test_train_of_a_run_that_logged_no_eval_says_nothing_of_one(train_server: Any, eval_recipe: str) -> None:
+    out = train(train_server, "--recipe", eval_recipe, "--no-eval")
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert "  train/reward = 0.7 (step 3)" in lines and "finished (exit code 0)" in out.stdout
+    assert lines[-1] == "  train/loss = 0.166667 (step 3)"  # the headline metrics end it, as before
+    assert "verifier reward" not in out.stdout + out.stderr
 
 
 @pytest.mark.medium
