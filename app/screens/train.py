@@ -30,7 +30,7 @@ from tapdeck.app.mismatch_line import mismatch_line
 from tapdeck.app.screens.base import TapdeckScreen
 from tapdeck.app.table_rows import cursor_key, show_rows
 from tapdeck.app.views.errors import describe_error
-from tapdeck.app.widgets.metric_plot import IntervalPoint, MetricPlot
+from tapdeck.app.widgets.metric_plot import POINT_MARKER, IntervalPoint, MetricPlot
 from tapdeck.schema.runs import RunSummary
 from tapdeck.schema.train import (
     MetricRow,
@@ -206,8 +206,12 @@ class TrainScreen(TapdeckScreen):
         self.recipes = {r.name: r for r in recipes}
         recipe_select = self.query_one("#train-recipe", Select)
         current = recipe_select.value
-        recipe_select.set_options([(name, name) for name in self.recipes])
-        recipe_select.value = current if current in self.recipes else next(iter(self.recipes), Select.NULL)
+        # Not a pick of the operator's: its description must not replace how the job shown below
+        # went (it came after it when the job's log and metrics were read first); said below instead.
+        with recipe_select.prevent(Select.Changed):
+            recipe_select.set_options([(name, name) for name in self.recipes])
+            first = next(iter(self.recipes), Select.NULL)
+            recipe_select.value = current if current in self.recipes else first
         self._show_rollout_runs(runs)
         self._show_jobs(jobs)
         if self.job is None and self.jobs:
@@ -487,7 +491,9 @@ class TrainScreen(TapdeckScreen):
         if ev is not None:
             evals = [e for e in (ev.before, ev.after) if e is not None]
             marks[EVAL_LABEL] = [IntervalPoint(e.step, e.value, e.low, e.high) for e in evals]
-            title += " · eval " + " → ".join(f"{e.value:.2f}" for e in evals)
+            # The title names the marks too: at 80×24 plotext has no room for the legend.
+            ci = " (│ 95% CI)" if any(e.low is not None and e.high is not None for e in evals) else ""
+            title += f" · {POINT_MARKER} eval " + " → ".join(f"{e.value:.2f}" for e in evals) + ci
         self.query_one("#train-plot", MetricPlot).show(
             {name.removeprefix("train/"): self.points[name] for name in shown}, title, marks
         )
@@ -516,7 +522,7 @@ class TrainScreen(TapdeckScreen):
         )
         steps = {s for name, pts in self.points.items() if name.startswith(TRAIN_TASK) for s, _ in pts}
         note = (
-            f"mean verifier reward per task: training rollouts over {len(steps)} step(s), eval before → after"
+            f"verifier reward per task: training mean over {len(steps)} step(s); eval before → after"
             if rows
             else "reward per task: not logged by this run (cpu-grpo logs it with its held-out eval)"
         )

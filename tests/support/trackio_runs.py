@@ -61,7 +61,7 @@ def eval_run_logs(*, with_eval: bool = True) -> list[dict[str, Any]]:
     train = {
         1: {"hello-file": (0.25, 4)},
         2: {"hello-file": (0.5, 4), "sum-numbers": (0.0, 4)},
-        3: {"hello-file": (0.75, 4), "sum-numbers": (0.25, 4)},
+        3: {"hello-file": (0.75, 4), "sum-numbers": (0.5, 4)},
     }
     logs: list[dict[str, Any]] = []
     if with_eval:

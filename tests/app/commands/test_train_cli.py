@@ -137,26 +137,6 @@ def test_train_streams_the_log_and_prints_final_metrics(train_server: Any, tmp_p
     assert str(tmp_path / "data" / "train") in out.stdout  # it ran in the server's data dir
 
 
-@pytest.fixture
-def eval_recipe(monkeypatch: pytest.MonkeyPatch) -> str:
-    """A recipe on the test server (it runs in this process) that logs, with real trackio, what
-    cpu-grpo logs around its held-out eval (tests/support/eval_recipe.py); its name."""
-    from tapdeck.runner.recipes import RECIPES, Recipe
-
-    root = str(Path(__file__).resolve().parents[3])  # where `tests.support` imports from
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])]))
-    recipe = Recipe(
-        name="eval-logs",
-        module="tests.support.eval_recipe",
-        summary="test: logs an eval'd run",
-        where="here",
-        updates_weights=False,
-        needs=("trackio",),
-    )
-    monkeypatch.setitem(RECIPES, recipe.name, recipe)
-    return recipe.name
-
-
 @pytest.mark.medium
 def test_train_ends_with_the_eval_verifier_reward_before_and_after(
     train_server: Any, eval_recipe: str
