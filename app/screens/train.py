@@ -206,8 +206,8 @@ class TrainScreen(TapdeckScreen):
         self.recipes = {r.name: r for r in recipes}
         recipe_select = self.query_one("#train-recipe", Select)
         current = recipe_select.value
-        # Not a pick of the operator's: its description must not replace how the job shown below
-        # went (it came after it when the job's log and metrics were read first); said below instead.
+        # Set here, not picked: no Select.Changed, whose recipe description would replace the shown
+        # job's ended line (when the job's log came first). With no job shown it is described below.
         with recipe_select.prevent(Select.Changed):
             recipe_select.set_options([(name, name) for name in self.recipes])
             first = next(iter(self.recipes), Select.NULL)
@@ -487,7 +487,7 @@ class TrainScreen(TapdeckScreen):
             title = f"{label}, last {self.points[shown[0]][-1][1]:.4g}"
         else:
             title = self.panel if ev else f"{self.panel}: nothing logged yet"
-        marks = {}
+        marks: dict[str, list[IntervalPoint]] = {}
         if ev is not None:
             evals = [e for e in (ev.before, ev.after) if e is not None]
             marks[EVAL_LABEL] = [IntervalPoint(e.step, e.value, e.low, e.high) for e in evals]
