@@ -9,7 +9,8 @@ server's machine can start each. With `--run RUN_ID`, `data-check` checks that r
 `--rows PATH`) is refused before any job starts (exit 2). Everything after the options is passed to
 the recipe unchanged. `--dry-run` prints what a launch would run (for grpo-trl: vLLM's command
 and the trainer's, and the GPUs each gets) and starts nothing. Ctrl-C stops the recipe (SIGTERM,
-then SIGKILL of its process group).
+then SIGKILL of its process group). A run that logged a held-out eval (cpu-grpo) ends with one line:
+its verifier reward before training → after, with n and 95% intervals, and the difference.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import typer
 
 from tapdeck.app.client import ApiError, TapdeckClient, command_admin_key
 from tapdeck.app.commands.options import AdminKeyOption, DataDirOption, ServerCaFileOption, server_option
+from tapdeck.app.eval_reward import eval_reward, summary_line
 from tapdeck.app.exit_codes import EXIT_COULD_NOT_RUN, EXIT_OK, EXIT_USAGE, CommandError
 from tapdeck.runner.recipes import CPU_TRAINING, DEFAULT_RECIPE, RECIPES
 from tapdeck.schema.train import TrainLogEvent, TrainPlan, TrainRunInfo, TrainStateEvent
@@ -216,7 +218,7 @@ async def _drive(
         except (KeyboardInterrupt, asyncio.CancelledError):
             typer.echo("[tapdeck] stopping the recipe…", err=True)
             final = await client.stop_train(job.id)
-        _print_summary(final, await _final_metrics(client, job.id))
+        _print_summary(final, await _metric_series(client, job.id))
         return EXIT_OK if final.state == "finished" else EXIT_COULD_NOT_RUN
     finally:
         await client.aclose()
@@ -257,15 +259,17 @@ async def _unknown_recipe(client: TapdeckClient, recipe: str) -> bool:
         return False
 
 
-async def _final_metrics(client: Any, run_id: str) -> dict[str, tuple[int, float]]:
-    """The last (step, value) of every metric the run logged."""
-    last: dict[str, tuple[int, float]] = {}
+async def _metric_series(client: Any, run_id: str) -> dict[str, list[tuple[int, float]]]:
+    """Every metric the run logged: its (step, value) points in logging order."""
+    series: dict[str, list[tuple[int, float]]] = {}
     for p in (await client.train_metrics(run_id)).points:
-        last[p.name] = (p.step, p.value)
-    return last
+        series.setdefault(p.name, []).append((p.step, p.value))
+    return series
 
 
-def _print_summary(job: Any, last: dict[str, tuple[int, float]]) -> None:
+def _print_summary(job: Any, series: dict[str, list[tuple[int, float]]]) -> None:
+    """The job's end, its headline metrics' last values and, when it ran one, its eval's line."""
+    last = {name: points[-1] for name, points in series.items()}
     code = "-" if job.exit_code is None else job.exit_code
     typer.echo(f"[tapdeck] {job.id}: {job.state} (exit code {code}); log {job.run_dir}/train.log")
     if job.error:
@@ -276,3 +280,5 @@ def _print_summary(job: Any, last: dict[str, tuple[int, float]]) -> None:
         typer.echo(f"  {name} = {value:.6g} (step {step})")
     if not last:
         typer.echo("  (no trackio metrics logged)")
+    if (ev := eval_reward(series)) is not None:
+        typer.echo(f"[tapdeck] {summary_line(ev)}")

@@ -4,8 +4,10 @@ metrics of the one picked, stop it.
 Everything goes through the server API (`/admin/train`: recipes, launch, SSE of log/metrics/state,
 stop), so the recipe runs on the server's machine and this screen works the same embedded and
 under `tapdeck attach`. The plots show what TRL logs (reward and its std, loss, KL and clip
-ratios, tokens per second and per step) as the server reads them from the run's trackio database;
-above them, one line gives the sampler–trainer logprob mismatch per step.
+ratios, tokens per second and per step) as the server reads them from the run's trackio database,
+with the held-out eval's verifier reward before and after training as points on the reward plot; a
+last panel lists the reward per task. Above them, one line gives the sampler–trainer logprob
+mismatch per step.
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ from textual.widget import Widget
 from textual.widgets import Button, DataTable, Input, RichLog, Select, Static
 
 from tapdeck.app.client import ApiError
+from tapdeck.app.eval_reward import TRAIN_TASK, Estimate, eval_reward, task_rewards
 from tapdeck.app.mismatch_line import mismatch_line
 from tapdeck.app.screens.base import TapdeckScreen
 from tapdeck.app.table_rows import cursor_key, show_rows
 from tapdeck.app.views.errors import describe_error
-from tapdeck.app.widgets.metric_plot import MetricPlot
+from tapdeck.app.widgets.metric_plot import POINT_MARKER, IntervalPoint, MetricPlot
 from tapdeck.schema.runs import RunSummary
 from tapdeck.schema.train import (
     MetricRow,
@@ -51,6 +54,11 @@ PANELS: dict[str, tuple[str, ...]] = {
 }
 """Plot panels: each draws those of its metrics the run logged (TRL's names under trackio's `train/`)."""
 
+TASKS = "tasks"
+"""The panel after the plots: a table of the reward per task (`eval_reward.task_rewards`)."""
+EVAL_LABEL = "eval (95% CI)"
+"""The reward plot's legend entry for the eval points (`eval_reward.eval_reward`)."""
+
 JOBS_POLL_S = 5.0
 """While a job the screen does not follow is running, the job list is asked again this often: its
 row must not read "running" once it has ended."""
@@ -70,8 +78,11 @@ class TrainScreen(TapdeckScreen):
         "if any, then l (or Launch): the recipe runs on the server's machine. The jobs table "
         "lists the server's training jobs, newest first: the highlighted one's log and plots "
         "show below. s stops it "
-        "(SIGTERM, then SIGKILL of its process group). p cycles the plot: reward, loss, "
-        "KL/clip, tokens/s, tokens/step. data-check only checks and scores rows; cpu-grpo trains SmolLM2 "
+        "(SIGTERM, then SIGKILL of its process group). p cycles the plot: reward (with the held-out "
+        "eval's verifier reward before and after training as points, their 95% intervals as bars), "
+        "loss, KL/clip, tokens/s, tokens/step, then tasks: per task, the training rollouts and "
+        "their mean verifier reward, and the eval before → after. data-check only checks and "
+        "scores rows; cpu-grpo trains SmolLM2 "
         "here (minutes per step); grpo-trl needs a GPU box with vLLM."
     )
 
@@ -97,6 +108,12 @@ class TrainScreen(TapdeckScreen):
     #train-panel { height: 1; }
     #train-mismatch { height: 1; padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
     #train-plot { height: 3fr; min-height: 5; }
+    #train-tasks-view { height: 3fr; min-height: 5; display: none; }
+    TrainScreen.-tasks #train-tasks-view { display: block; }
+    TrainScreen.-tasks #train-plot { display: none; }
+    #train-tasks-note { height: 1; padding: 0 1; color: $text-muted;
+                        text-wrap: nowrap; text-overflow: ellipsis; }
+    #train-tasks { height: 1fr; }
     #train-log { height: 2fr; min-height: 4; border-top: hkey $panel; }
     """
 
@@ -134,7 +151,7 @@ class TrainScreen(TapdeckScreen):
         )
         with Vertical(id="train-body"):
             yield Select(
-                [(name, name) for name in PANELS],
+                [(name, name) for name in (*PANELS, TASKS)],
                 value=self.panel,
                 allow_blank=False,
                 id="train-panel",
@@ -143,6 +160,18 @@ class TrainScreen(TapdeckScreen):
             # Whatever the panel: a step where the sampler and the trainer part stands out.
             yield Static("", id="train-mismatch")
             yield MetricPlot(id="train-plot")
+            with Vertical(id="train-tasks-view"):
+                yield Static("", id="train-tasks-note")
+                tasks: DataTable[str] = DataTable(id="train-tasks", cursor_type="row")
+                for label, key in (
+                    ("task", "task"),
+                    ("train n", "n"),
+                    ("train reward", "reward"),
+                    ("eval before", "before"),
+                    ("eval after", "after"),
+                ):
+                    tasks.add_column(label, key=key)
+                yield tasks
             # Wrapped: a recipe's long lines (paths, tracebacks) must read whole at 80 columns.
             yield RichLog(id="train-log", max_lines=2000, wrap=True)
 
@@ -177,8 +206,12 @@ class TrainScreen(TapdeckScreen):
         self.recipes = {r.name: r for r in recipes}
         recipe_select = self.query_one("#train-recipe", Select)
         current = recipe_select.value
-        recipe_select.set_options([(name, name) for name in self.recipes])
-        recipe_select.value = current if current in self.recipes else next(iter(self.recipes), Select.NULL)
+        # Set here, not picked: no Select.Changed, whose recipe description would replace the shown
+        # job's ended line (when the job's log came first). With no job shown it is described below.
+        with recipe_select.prevent(Select.Changed):
+            recipe_select.set_options([(name, name) for name in self.recipes])
+            first = next(iter(self.recipes), Select.NULL)
+            recipe_select.value = current if current in self.recipes else first
         self._show_rollout_runs(runs)
         self._show_jobs(jobs)
         if self.job is None and self.jobs:
@@ -427,7 +460,7 @@ class TrainScreen(TapdeckScreen):
         self._plot()
 
     def action_next_panel(self) -> None:
-        names = list(PANELS)
+        names = [*PANELS, TASKS]
         self.query_one("#train-panel", Select).value = names[(names.index(self.panel) + 1) % len(names)]
 
     @on(Select.Changed, "#train-panel")
@@ -438,17 +471,59 @@ class TrainScreen(TapdeckScreen):
 
     def shown_metrics(self) -> list[str]:
         """The current panel's metrics that the run has logged."""
-        return [m for m in PANELS[self.panel] if self.points.get(m)]
+        return [m for m in PANELS.get(self.panel, ()) if self.points.get(m)]
 
     def _plot(self) -> None:
         self.query_one("#train-mismatch", Static).update(Text(mismatch_line(self.points)))
+        self.set_class(self.panel == TASKS, "-tasks")
+        if self.panel == TASKS:
+            self._show_tasks()
+            return
         shown = self.shown_metrics()
+        ev = eval_reward(self.points) if self.panel == "reward" else None
         if shown:
             first = shown[0].removeprefix("train/")
             label = self.panel if first == self.panel else f"{self.panel}: {first}"  # not "reward: reward"
             title = f"{label}, last {self.points[shown[0]][-1][1]:.4g}"
         else:
-            title = f"{self.panel}: nothing logged yet"
+            title = self.panel if ev else f"{self.panel}: nothing logged yet"
+        marks: dict[str, list[IntervalPoint]] = {}
+        if ev is not None:
+            evals = [e for e in (ev.before, ev.after) if e is not None]
+            marks[EVAL_LABEL] = [IntervalPoint(e.step, e.value, e.low, e.high) for e in evals]
+            # The title names the marks too: at 80×24 plotext has no room for the legend.
+            ci = " (│ 95% CI)" if any(e.low is not None and e.high is not None for e in evals) else ""
+            title += f" · {POINT_MARKER} eval " + " → ".join(f"{e.value:.2f}" for e in evals) + ci
         self.query_one("#train-plot", MetricPlot).show(
-            {name.removeprefix("train/"): self.points[name] for name in shown}, title
+            {name.removeprefix("train/"): self.points[name] for name in shown}, title, marks
         )
+
+    def _show_tasks(self) -> None:
+        """The tasks panel: per task, its training rollouts and their mean verifier reward over the
+        run, and its eval before → after."""
+        rows = task_rewards(self.points)
+
+        def cell(e: Estimate | None) -> str:
+            # No interval: a task's few eval rollouts give a wide one, and 80 columns have no room.
+            return "–" if e is None else f"{e.value:.2f}" + ("" if e.n is None else f" (n {e.n})")
+
+        show_rows(
+            self.query_one("#train-tasks", DataTable),
+            {
+                r.task: (
+                    r.task,
+                    str(r.train_n) if r.train_n else "–",
+                    "–" if r.train_reward is None else f"{r.train_reward:.2f}",
+                    cell(r.eval_before),
+                    cell(r.eval_after),
+                )
+                for r in rows
+            },
+        )
+        steps = {s for name, pts in self.points.items() if name.startswith(TRAIN_TASK) for s, _ in pts}
+        note = (
+            f"verifier reward per task: training mean over {len(steps)} step(s); eval before → after"
+            if rows
+            else "reward per task: not logged by this run (cpu-grpo logs it with its held-out eval)"
+        )
+        self.query_one("#train-tasks-note", Static).update(note)

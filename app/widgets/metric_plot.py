@@ -9,6 +9,7 @@ has, so every tick lands on its own row, evenly spaced, and the x ticks are whol
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from textual.app import RenderResult
 from textual_plotext import PlotextPlot
@@ -59,17 +60,42 @@ def x_axis(steps: list[int]) -> tuple[list[int], float, float]:
     return list(range(first, last + 1, stride)), first, last
 
 
+POINT_MARKER = "●"
+INTERVAL_MARKER = "│"
+POINT_COLOR = "orange"
+"""Marked points and their intervals: apart from the lines' braille dots and their colours
+(plotext's cycle starts blue, green, red)."""
+
+
+@dataclass(frozen=True, slots=True)
+class IntervalPoint:
+    """A value at one step, drawn as a point apart from the lines, with its interval when known."""
+
+    step: int
+    value: float
+    low: float | None = None
+    high: float | None = None
+
+
 class MetricPlot(PlotextPlot):
-    """Metric series (label → (step, value) points) as braille lines under a title."""
+    """Metric series (label → (step, value) points) as braille lines under a title, and marked
+    points (label → points with intervals, e.g. an eval's) drawn over them."""
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.series: dict[str, list[tuple[int, float]]] = {}
+        self.marks: dict[str, list[IntervalPoint]] = {}
         self.heading = ""
 
-    def show(self, series: dict[str, list[tuple[int, float]]], title: str) -> None:
-        """Plot `series` (none: just the title) and redraw."""
+    def show(
+        self,
+        series: dict[str, list[tuple[int, float]]],
+        title: str,
+        marks: dict[str, list[IntervalPoint]] | None = None,
+    ) -> None:
+        """Plot `series` and `marks` (none: just the title) and redraw."""
         self.series, self.heading = series, title
+        self.marks = {label: points for label, points in (marks or {}).items() if points}
         self.refresh()
 
     def render(self) -> RenderResult:
@@ -78,18 +104,35 @@ class MetricPlot(PlotextPlot):
         return super().render()
 
     def draw(self, rows: int) -> None:
-        """Lay the series out on plotext's figure for a canvas of `rows` rows."""
+        """Lay the series and marks out on plotext's figure for a canvas of `rows` rows."""
         plt = self.plt
         plt.clear_data()
         plt.clear_figure()
         for label, points in self.series.items():
-            xs, ys = zip(*points, strict=True)
-            plt.plot(list(xs), list(ys), marker="braille", label=label)
-        if self.series:
-            ticks, top = y_axis([y for points in self.series.values() for _, y in points], rows)
+            xs, values = zip(*points, strict=True)
+            plt.plot(list(xs), list(values), marker="braille", label=label)
+        ys = [y for points in self.series.values() for _, y in points]
+        steps = [x for points in self.series.values() for x, _ in points]
+        for label, marked in self.marks.items():
+            for p in marked:
+                if p.low is not None and p.high is not None:
+                    plt.plot([p.step, p.step], [p.low, p.high], marker=INTERVAL_MARKER, color=POINT_COLOR)
+                    ys += [p.low, p.high]
+            # After the intervals: each point is drawn over its own.
+            plt.scatter(
+                [p.step for p in marked],
+                [p.value for p in marked],
+                marker=POINT_MARKER,
+                color=POINT_COLOR,
+                label=label,
+            )
+            ys += [p.value for p in marked]
+            steps += [p.step for p in marked]
+        if ys:
+            ticks, top = y_axis(ys, rows)
             plt.ylim(ticks[0], top)
             plt.yticks(ticks)
-            steps, left, right = x_axis([x for points in self.series.values() for x, _ in points])
+            steps, left, right = x_axis(steps)
             plt.xlim(left, right)
             positions: list[float] = list(steps)  # plotext is typed for float positions
             plt.xticks(positions, [str(step) for step in steps])

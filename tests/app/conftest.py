@@ -47,3 +47,23 @@ def hung_server(tmp_path: Path) -> Iterator[HungServer]:
     """A `HungServer` on its own data dir, stopped (with its engine) after the test."""
     with hanging_engine() as engine, local_server_on(engine, tmp_path / "data") as server:
         yield HungServer(engine, server, tmp_path / "tui.json")
+
+
+@pytest.fixture
+def eval_recipe(monkeypatch: pytest.MonkeyPatch) -> str:
+    """A recipe on the test server (it runs in this process) that logs, with real trackio, what
+    cpu-grpo logs around its held-out eval (tests/support/eval_recipe.py); its name."""
+    from tapdeck.runner.recipes import RECIPES, Recipe
+
+    root = str(Path(__file__).resolve().parents[2])  # where `tests.support` imports from
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])]))
+    recipe = Recipe(
+        name="eval-logs",
+        module="tests.support.eval_recipe",
+        summary="test: logs an eval'd run",
+        where="here",
+        updates_weights=False,
+        needs=("trackio",),
+    )
+    monkeypatch.setitem(RECIPES, recipe.name, recipe)
+    return recipe.name

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,25 +12,7 @@ from tapdeck.runner.trackio_reader import (
     list_projects,
     series,
 )
-
-WRITER = """
-import json, sys, trackio
-spec = json.loads(sys.argv[1])
-trackio.init(project=spec["project"], name=spec["name"], config={"lr": 1e-6})
-for entry in spec["logs"]:
-    trackio.log(entry["metrics"], step=entry.get("step"))
-trackio.finish()
-"""
-
-
-def write_trackio(trackio_dir: Path, project: str, name: str, logs: list[dict]) -> None:
-    """Log `logs` with the real trackio package in a fresh interpreter (as a recipe would)."""
-    spec = json.dumps({"project": project, "name": name, "logs": logs})
-    env = {**os.environ, "TRACKIO_DIR": str(trackio_dir)}
-    out = subprocess.run(
-        [sys.executable, "-c", WRITER, spec], env=env, capture_output=True, text=True, timeout=120
-    )
-    assert out.returncode == 0, out.stderr
+from tests.support.trackio_runs import write_trackio
 
 
 @pytest.mark.medium

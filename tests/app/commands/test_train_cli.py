@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.trackio_runs import EVAL_SUMMARY
 from tests.support.training_export import write_export
 
 TAPDECK = shutil.which("tapdeck", path=str(Path(os.sys.executable).parent)) or "tapdeck"
@@ -134,6 +135,27 @@ def test_train_streams_the_log_and_prints_final_metrics(train_server: Any, tmp_p
     assert "  train/reward = 0.5 (step 2)" in out.stdout
     assert "finished (exit code 0)" in out.stdout
     assert str(tmp_path / "data" / "train") in out.stdout  # it ran in the server's data dir
+
+
+@pytest.mark.medium
+def test_train_ends_with_the_eval_verifier_reward_before_and_after(
+    train_server: Any, eval_recipe: str
+) -> None:
+    out = train(train_server, "--recipe", eval_recipe)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert "eval-recipe: logged step 3" in lines and "  train/reward = 0.7 (step 3)" in lines
+    assert lines[-1] == f"[tapdeck] {EVAL_SUMMARY}"
+
+
+@pytest.mark.medium
+def test_train_of_a_run_that_logged_no_eval_says_nothing_of_one(train_server: Any, eval_recipe: str) -> None:
+    out = train(train_server, "--recipe", eval_recipe, "--no-eval")
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert "  train/reward = 0.7 (step 3)" in lines and "finished (exit code 0)" in out.stdout
+    assert lines[-1] == "  train/loss = 0.166667 (step 3)"  # the headline metrics end it, as before
+    assert "verifier reward" not in out.stdout + out.stderr
 
 
 @pytest.mark.medium

@@ -10,13 +10,14 @@ from typing import Any
 import pytest
 from textual.app import App
 from textual.reactive import reactive
-from textual.widgets import Input, RichLog, Select, Static
+from textual.widgets import DataTable, Input, RichLog, Select, Static
 from textual_plotext import PlotextPlot
 
 from tapdeck.app.client import TapdeckClient
 from tapdeck.app.screen_registry import SCREENS, key_of, screen_bindings
-from tapdeck.app.screens.train import TrainScreen
+from tapdeck.app.screens.train import EVAL_LABEL, PANELS, TASKS, TrainScreen
 from tapdeck.app.tui import TapdeckApp
+from tapdeck.app.widgets.metric_plot import MetricPlot
 from tests.support.pilot_wait import until
 from tests.support.training_export import write_export
 
@@ -91,6 +92,35 @@ async def test_train_screen_launches_data_check_on_the_server_and_plots_its_metr
         "--rows",
         str(rows),
     ]
+
+
+@pytest.mark.medium
+async def test_train_screen_shows_a_live_jobs_eval_and_reward_per_task(
+    train_server: Any, eval_recipe: str
+) -> None:
+    # A real job of the server, its metrics read from its real trackio database as they arrive.
+    client = TapdeckClient(train_server.url, train_server.admin_key)
+    app = TrainOnlyApp(client)
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = app.train
+        await until(pilot, lambda: eval_recipe in screen.recipes, "recipes loaded")
+        screen.query_one("#train-recipe", Select).value = eval_recipe
+        await pilot.click("#train-launch")
+        await until(pilot, lambda: screen.job is not None and screen.job.state == "finished", "recipe ended")
+        await until(pilot, lambda: "eval/verifier_reward_delta" in screen.points, "the last step's metrics")
+        plot = screen.query_one("#train-plot", MetricPlot)
+        assert [(p.step, p.value) for p in plot.marks[EVAL_LABEL]] == [(0, 0.15), (3, 0.42)]
+        assert "● eval 0.15 → 0.42" in plot.heading
+        screen.set_focus(None)
+        for _ in PANELS:
+            await pilot.press("p")
+        assert screen.panel == TASKS
+        table = screen.query_one("#train-tasks", DataTable)
+        assert [table.get_row_at(i)[:3] for i in range(table.row_count)] == [
+            ["hello-file", "12", "0.50"],
+            ["sum-numbers", "8", "0.25"],
+        ]
+    await client.aclose()
 
 
 @pytest.mark.medium
