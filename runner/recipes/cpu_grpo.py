@@ -25,11 +25,12 @@ Runs in the training environment (Python 3.11, CPU torch, TRL 1.16), launched by
 * **Rewards** (summed by TRL): `verifier` — the task's own test (the sample tasks give 0 or 1);
   `reply_format` — partial credit for the reply format terminus-2 parses (a JSON object with
   `analysis`, `plan`, `commands`), averaged over the rollout's replies, a reply cut at the token
-  limit counting half (terminus-2 runs nothing of it). SmolLM2-135M never solves a sample task
-  (verifier 0 everywhere), so the format credit is what makes rollouts of a group differ there;
-  the `learn` tasks are the ones it sometimes solves. A group whose rollouts all score the same teaches nothing (zero advantage) and is drawn
-  again, up to `--redraws` times (DAPO's dynamic sampling; `rollout/redraws`); TRL logs the share of
-  groups that still teach nothing as `frac_reward_zero_std`.
+  limit counting half (terminus-2 runs nothing of it). SmolLM2-135M has solved no sample task and
+  no `learn` task yet (docs/training.md gives the counts), so the format credit is what makes
+  rollouts of a group differ. A group whose rollouts all score the same teaches nothing (zero
+  advantage) and is drawn again, up to `--redraws` times (DAPO's dynamic sampling;
+  `rollout/redraws`); TRL logs the share of groups that still teach nothing as
+  `frac_reward_zero_std`.
 * **Policy versions**: each `rollout_func` call first posts the optimizer steps taken so far to
   `POST /admin/engines/version` for the policy engine, so every captured turn is stamped with the
   step whose weights sampled it (0 for the first step's rollouts, 1 for the second's, ...).
@@ -504,6 +505,37 @@ def eval_callback(rollouts: TapdeckRollouts, dataset: str, tasks: list[str], k: 
     return EvalAround()
 
 
+THREADS_PROBE_TOKENS = 256
+
+
+def pick_torch_threads(model: Any, asked: int) -> tuple[int, str]:
+    """Set torch's intra-op threads for training and the policy engine: `asked`, or (0) whichever
+    of 1 and every core trains faster here and now, timed on one forward and backward pass of
+    `THREADS_PROBE_TOKENS` tokens each (after one untimed pass). On a machine other processes load,
+    one thread measured ~3x faster than two (two threads wait on each other); idle, two should win.
+    Returns the count and what was measured."""
+    import torch
+
+    if asked:
+        torch.set_num_threads(asked)
+        return asked, "--torch-threads"
+    ids = torch.arange(100, 100 + THREADS_PROBE_TOKENS).unsqueeze(0)
+    seconds: dict[int, float] = {}
+    for threads in sorted({1, os.cpu_count() or 1}):
+        torch.set_num_threads(threads)
+        for timed in (False, True):
+            started = time.perf_counter()
+            model(input_ids=ids).logits.float().logsumexp(-1).mean().backward()
+            if timed:
+                seconds[threads] = time.perf_counter() - started
+    model.zero_grad(set_to_none=True)
+    best = min(seconds, key=seconds.__getitem__)
+    torch.set_num_threads(best)
+    return best, ", ".join(f"{n} thread{'s' * (n > 1)} {s:.2f} s" for n, s in seconds.items()) + (
+        f" per forward and backward pass of {THREADS_PROBE_TOKENS} tokens"
+    )
+
+
 def step_profile(rollouts: TapdeckRollouts) -> Any:
     """A trainer callback that prints where each step's time went: the rollouts (`rollout_func`:
     the agents, the policy engine's prefill and decoding, the sandboxes), the trainer's forward and
@@ -717,6 +749,13 @@ def arg_parser() -> argparse.ArgumentParser:
         "and skipped, as are single-call ones and those with no trainable token (0: no fraction check)",
     )
     p.add_argument("--lr", type=positive_number, default=1e-5, help="learning rate")
+    p.add_argument(
+        "--torch-threads",
+        type=whole_number(0),
+        default=0,
+        help="torch threads for training and the policy engine (default 0: 1 or every core, whichever "
+        "a timed forward and backward pass finds faster at the start)",
+    )
     p.add_argument("--temperature", type=positive_number, default=1.0, help="sampling = training temperature")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rollout-timeout", type=positive_number, default=900.0, help="seconds per group")
@@ -805,6 +844,8 @@ def main(argv: list[str] | None = None) -> int:
     gguf = model_path(args.model)
     print(f"[cpu-grpo] loading {gguf.name} (dequantised to fp32)", flush=True)
     model, tokenizer = load_policy(gguf)
+    threads, timings = pick_torch_threads(model, args.torch_threads)
+    print(f"[cpu-grpo] torch threads: {threads} ({timings})", flush=True)
     if args.check_weights:
         reference, started = Path(args.check_weights), time.monotonic()
         check_w = {
