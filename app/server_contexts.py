@@ -81,10 +81,10 @@ class ServerContext:
                     raise ValueError(unsendable)
                 return key
             if self.data_dir is not None:
-                key = read_admin_key(usable_data_dir(self.data_dir))
-                if key is None:
+                written = read_admin_key(usable_data_dir(self.data_dir))
+                if written is None:
                     raise ValueError(f"its data_dir {self.data_dir} holds no admin.key")
-                return key
+                return written
         except ValueError as exc:
             raise ValueError(f"{where}: {exc}") from None
         return None

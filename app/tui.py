@@ -40,7 +40,7 @@ from tapdeck.app.server_links import SEVERAL_HELP, ServerLink, ServerLinks, host
 from tapdeck.app.settings import Settings
 from tapdeck.app.views.errors import describe_error
 from tapdeck.app.views.sessions import SessionBoard
-from tapdeck.app.widgets.nav_bar import NavBar
+from tapdeck.app.widgets.nav_bar import TARGETED, NavBar
 from tapdeck.schema import events as api
 from tapdeck.schema.sessions import EngineWait
 from tapdeck.themes import STYLESHEET
@@ -203,10 +203,12 @@ class TapdeckApp(App[None]):
         if link is None:
             return
         self.links.target = link
-        for mode in ("setup", "info", "train"):
+        for mode in TARGETED:
             screen = self._mode_screen(mode)
             if isinstance(screen, SetupScreen | InfoScreen | TrainScreen) and screen.is_mounted:
                 screen.action_reload()
+                for nav in screen.query(NavBar):
+                    nav.show_keys()
         self.notify(f"Setup, Info and Train now work on {link.name} ({link.label}).")
 
     def _show_links(self) -> None:

@@ -396,7 +396,7 @@ class RunsScreen(RowViewKeys):
         self.action_open_rollout()
 
     def _where(self, link: ServerLink) -> str:
-        """" on NAME" after a run's id in a notification, with several servers."""
+        """What follows a run's id in a notification with several servers: " on NAME"."""
         return f" on {link.name}" if self.app.links.several else ""
 
     def action_export(self, fmt: str) -> None:

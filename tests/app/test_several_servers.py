@@ -21,6 +21,7 @@ from tapdeck.app.client import TapdeckClient
 from tapdeck.app.server_links import ServerLink
 from tapdeck.app.tui import TapdeckApp
 from tapdeck.app.widgets.filter_bar import FilterBar
+from tapdeck.app.widgets.nav_bar import NavBar
 from tapdeck.app.widgets.session_table import SessionTable
 from tests.support.pilot_wait import until
 from tests.support.ports import free_port
@@ -35,20 +36,24 @@ BETA_URL = "http://beta.test"
 
 
 class Unplugged(httpx.AsyncBaseTransport):
-    """The recorded API, or, once `down`, a server that refuses connections."""
+    """The recorded API, or, once `down`, a server that refuses connections; `posts` lists the
+    paths of the POSTs it was sent."""
 
     def __init__(self) -> None:
         self.inner = recorded_transport()
         self.down = False
+        self.posts: list[str] = []
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if self.down:
             raise httpx.ConnectError("connection refused", request=request)
+        if request.method == "POST":
+            self.posts.append(request.url.path)
         return await self.inner.handle_async_request(request)
 
 
-def _recorded_pair(beta: Unplugged) -> TapdeckApp:
-    alpha = TapdeckClient("http://alpha.test", "test-key", transport=recorded_transport())
+def _recorded_pair(beta: Unplugged, alpha_transport: Unplugged | None = None) -> TapdeckApp:
+    alpha = TapdeckClient("http://alpha.test", "test-key", transport=alpha_transport or Unplugged())
     return TapdeckApp(
         alpha,
         server_name="alpha",
@@ -107,9 +112,14 @@ async def test_a_recorded_server_that_stops_answering_keeps_its_rows_greyed():
         beta.down = True
         app.resync()
         await until(pilot, lambda: "beta unreachable" in app.status, "the status line naming beta")
-        states = _cells(app, "state")
-        assert len(states) == 2 * RECORDED_SESSIONS  # nothing removed
-        assert all(_greyed(cell) == key.startswith("beta/") for key, cell in states.items())
+        await until(
+            pilot,
+            lambda: all(
+                _greyed(cell) == key.startswith("beta/") for key, cell in _cells(app, "state").items()
+            ),
+            "beta's rows greyed, alpha's not",
+        )
+        assert len(_cells(app, "state")) == 2 * RECORDED_SESSIONS  # nothing removed
         assert app.status_level == "error" and app.status.endswith("connected to alpha")
 
         beta.down = False
@@ -120,6 +130,40 @@ async def test_a_recorded_server_that_stops_answering_keeps_its_rows_greyed():
             "beta's rows no longer greyed",
         )
         assert app.status == "connected to alpha, beta"
+
+
+async def test_an_export_on_runs_goes_to_the_server_of_the_run_shown():
+    alpha, beta = Unplugged(), Unplugged()
+    app = _recorded_pair(beta, alpha)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("4")
+        runs = app.screen.query_one("#runs-table", DataTable)
+        await until(pilot, lambda: runs.row_count > 0 and runs.row_count == len(app.screen.runs), "the runs")
+        recorded = runs.row_count // 2
+        keys = [str(row.value) for row in runs.rows]
+        # The same recorded runs on each server: every run id twice, once per server.
+        assert sorted(k.split("/", 1)[0] for k in keys) == ["alpha"] * recorded + ["beta"] * recorded
+        beta_run = next(k for k in keys if k.startswith("beta/"))
+        runs.move_cursor(row=runs.get_row_index(beta_run))
+        await until(
+            pilot, lambda: app.screen.run_key == beta_run and app.screen.link.name == "beta", "beta's run"
+        )
+        await pilot.press("e")
+        await until(pilot, lambda: beta.posts, "the export request")
+        assert beta.posts == [f"/admin/runs/{beta_run.split('/', 1)[1]}/export"] and alpha.posts == []
+
+
+async def test_setup_info_and_train_work_on_the_server_picked_in_the_palette():
+    app = _recorded_pair(Unplugged())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("5")
+        info = app.screen.query_one("#server-info")
+        await until(pilot, lambda: "server http://alpha.test" in str(info.render()), "Info on alpha")
+        assert "5 Info on alpha" in str(app.screen.query_one(NavBar).render())
+        app.use_server("beta")
+        await until(pilot, lambda: "server http://beta.test" in str(info.render()), "Info on beta")
+        assert "5 Info on beta" in str(app.screen.query_one(NavBar).render())
+        assert app.client.base_url == "http://beta.test"
 
 
 def test_snapshot_of_sessions_on_two_servers(snap_compare):
@@ -140,6 +184,13 @@ def test_snapshot_of_sessions_with_one_of_two_servers_unreachable(snap_compare):
         beta.down = True
         app.resync()
         await until(pilot, lambda: "beta unreachable" in app.status, "beta shown unreachable")
+        await until(
+            pilot,
+            lambda: all(
+                _greyed(cell) for key, cell in _cells(app, "task").items() if key.startswith("beta/")
+            ),
+            "beta's rows greyed",
+        )
         await pilot.pause(0.3)
 
     assert snap_compare(_recorded_pair(beta), terminal_size=(80, 24), run_before=ready)

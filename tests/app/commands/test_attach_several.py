@@ -203,7 +203,10 @@ def test_attach_to_two_contexts_shows_both_servers_and_quits_leaving_them_up(ups
         subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "80", "-y", "24", command], check=True)
         tmux = Tmux(name)
         try:
+            # Neither server has a session yet: the TUI opens on Setup, which says where it starts runs.
             tmux.wait_for(re.escape("connected to alpha, beta"), 120)
+            tmux.wait_for(re.escape("1 Setup on alpha"), 30)
+            tmux.keys("2")
             screen = tmux.wait_for(r"server\s+session\s+task", 30)
             assert "Traceback" not in screen
             tmux.keys("q")
