@@ -187,6 +187,8 @@ class RunsScreen(RowViewKeys):
         if key is None or key not in self.listed:  # not while the table holds `self.runs`
             return
         link, run = self.listed[key]
+        if link.lost:
+            return  # its detail stays as last read: the status line says its server is gone
         detail = await link.client.run(run.id)
         if key == self.run_key:  # else another run was highlighted meanwhile
             self.show_detail(detail, link)

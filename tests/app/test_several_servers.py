@@ -109,6 +109,11 @@ async def test_a_recorded_server_that_stops_answering_keeps_its_rows_greyed():
     app = _recorded_pair(beta)
     async with app.run_test(size=(80, 24)) as pilot:
         await until(pilot, lambda: len(_cells(app, "state")) == 2 * RECORDED_SESSIONS, "both servers' rows")
+        await pilot.press("4")
+        runs = app.screen.query_one("#runs-table", DataTable)
+        await until(pilot, lambda: runs.row_count > 0 and runs.row_count == len(app.screen.runs), "the runs")
+        listed = runs.row_count
+        await pilot.press("2")
         beta.down = True
         app.resync()
         await until(pilot, lambda: "beta unreachable" in app.status, "the status line naming beta")
@@ -121,6 +126,20 @@ async def test_a_recorded_server_that_stops_answering_keeps_its_rows_greyed():
         )
         assert len(_cells(app, "state")) == 2 * RECORDED_SESSIONS  # nothing removed
         assert app.status_level == "error" and app.status.endswith("connected to alpha")
+
+        # Runs: beta's runs as it last listed them, greyed; no failure said for the server that is gone.
+        await pilot.press("4")
+        await until(
+            pilot,
+            lambda: all(
+                _greyed(runs.get_cell(row.value, "state")) == str(row.value).startswith("beta/")
+                for row in runs.rows
+            ),
+            "beta's runs greyed, alpha's not",
+        )
+        assert runs.row_count == listed
+        assert not any(n.severity == "error" and "failed" in (n.title or "") for n in app._notifications)
+        await pilot.press("2")
 
         beta.down = False
         app.resync()
