@@ -2,8 +2,9 @@
 sort key (or "stuck first") puts them in, and the line that says what is in force. Free of Textual.
 
 A filter is words, each of which a row must match (case-insensitive, anywhere in the value): a
-bare word matches any of task, session id, run, state and harness; `state:word` (or `task:`,
-`session:`, `run:`, `harness:`) only that field.
+bare word matches any of task, session id, run, state, harness and server; `state:word` (or
+`task:`, `session:`, `run:`, `harness:`, `server:`) only that field. The server is the short name
+of the server a row came from, with the TUI attached to several (app/server_links.py); "" with one.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 from tapdeck.app.views.sessions import SessionBoard, rollout_state, session_state
 from tapdeck.schema.runs import RolloutResult
 
-FILTER_FIELDS = ("task", "session", "run", "state", "harness")
+FILTER_FIELDS = ("task", "session", "run", "state", "harness", "server")
 SORT_KEYS = ("idle", "calls", "tokens", "reward", "state", "start")
 """The order the sort key cycles through."""
 STUCK = "stuck"
@@ -38,6 +39,7 @@ class RowFacts:
     run: str = ""
     state: str = ""
     harness: str = ""
+    server: str = ""
     idle: float | None = None
     calls: int = 0
     tokens: int | None = None
@@ -181,10 +183,16 @@ def board_facts(board: SessionBoard, now: float) -> dict[str, RowFacts]:
 
 
 def rollout_facts(
-    rollout: RolloutResult, board: SessionBoard | None, *, key: str | None = None, now: float = 0.0
+    rollout: RolloutResult,
+    board: SessionBoard | None,
+    *,
+    key: str | None = None,
+    now: float = 0.0,
+    server: str = "",
 ) -> RowFacts:
     """The facts of one rollout (a Runs row, or a Sessions row without a session): its capture
-    session's live counts from `board` when it has one there."""
+    session's live counts from `board` when it has one there; `server`: the name of the server it
+    ran on, with the TUI attached to several."""
     entry = board.entries.get(rollout.session_id) if board and rollout.session_id else None
     summary = entry.summary if entry is not None else None
     state = session_state(summary) if summary is not None else rollout_state(rollout)
@@ -195,6 +203,7 @@ def rollout_facts(
         run=rollout.run_id or "",
         state=state,
         harness=rollout.harness or "",
+        server=server,
         idle=board.idle_seconds(summary.id, now) if board and summary and state in _LIVE else None,
         calls=max(rollout.turns, summary.turns) if summary is not None else rollout.turns,
         tokens=summary.trainable_tokens if summary is not None else None,

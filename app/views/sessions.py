@@ -40,6 +40,10 @@ NARROW_BELOW = 80
 NARROW_HIDDEN = ("roots", "forks", "tokens")
 """Below NARROW_BELOW columns the table drops these (the graph counts, also on Rollout) so that
 state, idle and reward stay on screen; the summary line says they are hidden."""
+SERVER_COLUMN = ("server", "server", 10)
+"""First, with the TUI attached to several servers (app/server_links.py adds its cell)."""
+SERVER_HIDDEN = ("roots", "forks")
+"""With the server column, under WIDE_AT the table drops these too, so that it still fits 80."""
 
 CALL_TIMES_KEPT = 20_000
 """Captured calls remembered for the board's calls/s line (far more than two minutes hold)."""

@@ -8,6 +8,8 @@ from textual.widgets import DataTable
 from tapdeck.app.views.sessions import (
     NARROW_BELOW,
     NARROW_HIDDEN,
+    SERVER_COLUMN,
+    SERVER_HIDDEN,
     SESSION_COLUMNS,
     WIDE_AT,
     WIDE_COLUMNS,
@@ -15,8 +17,8 @@ from tapdeck.app.views.sessions import (
     diff_rows,
 )
 
-ALL_KEYS = [key for key, _, _ in SESSION_COLUMNS + WIDE_COLUMNS]
-"""The order of a row's cells (`SessionBoard.rows`)."""
+ALL_KEYS = [key for key, _, _ in (*SESSION_COLUMNS, *WIDE_COLUMNS, SERVER_COLUMN)]
+"""The order of a row's cells (`SessionBoard.rows`, then `ServerLinks.session_rows`' server)."""
 
 
 class SessionTable(DataTable):
@@ -31,8 +33,10 @@ class SessionTable(DataTable):
         "last two minutes, as this TUI saw them arrive."
     )
 
-    def __init__(self, **kwargs) -> None:
+    def __init__(self, *, with_server: bool = False, **kwargs) -> None:
+        """`with_server`: the TUI is attached to several servers (a server column first)."""
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
+        self.with_server = with_server
         self._shown: dict[str, tuple[Cell, ...]] = {}
         self._columns: tuple[tuple[str, str, int], ...] = ()
         self._given: dict[str, tuple[Cell, ...]] = {}
@@ -49,11 +53,13 @@ class SessionTable(DataTable):
 
     def _set_columns(self) -> bool:
         """The session columns (less NARROW_HIDDEN on a narrow terminal), plus WIDE_COLUMNS on a
-        wide one; True when they changed."""
+        wide one, after the server column with several servers; True when they changed."""
         width = self.app.size.width
         wanted = SESSION_COLUMNS + (WIDE_COLUMNS if width >= WIDE_AT else ())
-        if width < NARROW_BELOW:
-            wanted = tuple(c for c in wanted if c[0] not in NARROW_HIDDEN)
+        dropped = self._dropped(width)
+        wanted = ((SERVER_COLUMN,) if self.with_server else ()) + tuple(
+            c for c in wanted if c[0] not in dropped
+        )
         if wanted == self._columns:
             return False
         self.clear(columns=True)
@@ -62,11 +68,17 @@ class SessionTable(DataTable):
             self.add_column(label, key=key, width=width)
         return True
 
-    def hidden(self) -> list[str]:
-        """Headers of the columns a narrow terminal hides now."""
-        if self.app.size.width >= NARROW_BELOW:
-            return []
-        return [label for key, label, _ in SESSION_COLUMNS if key in NARROW_HIDDEN]
+    def _dropped(self, width: int) -> tuple[str, ...]:
+        """Keys of the columns a terminal `width` cells wide has no room for."""
+        if width < NARROW_BELOW:
+            return NARROW_HIDDEN
+        return SERVER_HIDDEN if self.with_server and width < WIDE_AT else ()
+
+    def hidden(self) -> tuple[list[str], int]:
+        """Headers of the columns the terminal's width hides now, and the width that shows them."""
+        dropped = self._dropped(self.app.size.width)
+        shown_at = NARROW_BELOW if dropped == NARROW_HIDDEN and not self.with_server else WIDE_AT
+        return [label for key, label, _ in SESSION_COLUMNS if key in dropped], shown_at
 
     def _styled(self, cell: Cell) -> Text | str:
         text, tone = cell
