@@ -20,7 +20,8 @@ FILTER_FIELDS = ("task", "session", "run", "state", "harness", "server")
 SORT_KEYS = ("idle", "calls", "tokens", "reward", "state", "start")
 """The order the sort key cycles through."""
 STUCK = "stuck"
-"""The sort that puts live rows first, the longest without a model call's end first."""
+"""The sort that puts live rows first: those waiting on a model call, the longest waiting first,
+then the others, the longest since a model call ended first."""
 
 _DESCENDING = {"idle", "calls", "tokens", "reward"}
 """Keys whose first order is largest first (what an operator looks for); state and start go up."""
@@ -31,7 +32,9 @@ _LIVE = ("running", "no call yet")
 @dataclass(frozen=True)
 class RowFacts:
     """What a filter and a sort read of one row. `idle`: seconds since the last model call ended,
-    for a live row only (an unanswered call keeps it growing); None where nothing is known."""
+    for a live row only (an unanswered call keeps it growing); None where nothing is known.
+    `calling`: seconds its oldest unanswered model call has waited, for a live row; None while it
+    has none in flight."""
 
     key: str
     task: str = ""
@@ -41,6 +44,7 @@ class RowFacts:
     harness: str = ""
     server: str = ""
     idle: float | None = None
+    calling: float | None = None
     calls: int = 0
     tokens: int | None = None
     reward: float | None = None
@@ -127,8 +131,10 @@ def arrange(rows: Iterable[RowFacts], view: RowView) -> list[str]:
     terms = filter_terms(view.filter)
     kept = [row for row in rows if matches(row, terms)]
     if view.sort == STUCK:
-        live = [row for row in kept if row.state in _LIVE and row.idle is not None]
-        live.sort(key=lambda row: row.idle or 0.0, reverse=True)
+        live = [row for row in kept if row.state in _LIVE and (row.idle, row.calling) != (None, None)]
+        live.sort(
+            key=lambda row: (row.calling is not None, row.calling or 0.0, row.idle or 0.0), reverse=True
+        )
         first = {row.key for row in live}
         return [row.key for row in live] + [row.key for row in kept if row.key not in first]
     if view.sort not in SORT_KEYS:
@@ -169,6 +175,7 @@ def board_facts(board: SessionBoard, now: float) -> dict[str, RowFacts]:
                 state=state,
                 harness=str(s.metadata.get("harness") or ""),
                 idle=board.idle_seconds(sid, now) if state in _LIVE else None,
+                calling=board.calling_seconds(sid, now) if state in _LIVE else None,
                 calls=s.turns,
                 tokens=s.trainable_tokens,
                 reward=float(reward)
@@ -205,6 +212,7 @@ def rollout_facts(
         harness=rollout.harness or "",
         server=server,
         idle=board.idle_seconds(summary.id, now) if board and summary and state in _LIVE else None,
+        calling=board.calling_seconds(summary.id, now) if board and summary and state in _LIVE else None,
         calls=max(rollout.turns, summary.turns) if summary is not None else rollout.turns,
         tokens=summary.trainable_tokens if summary is not None else None,
         reward=rollout.reward,

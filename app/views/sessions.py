@@ -214,6 +214,15 @@ class SessionBoard:
             return None
         return base + max(0.0, now - entry.received)
 
+    def calling_seconds(self, session_id: str, now: float) -> float | None:
+        """How long the session's oldest unanswered model call has waited, advanced locally; None
+        while no call is in flight."""
+        entry = self.entries[session_id]
+        base = entry.summary.seconds_calling
+        if base is None:
+            return None
+        return base + max(0.0, now - entry.received)
+
     def rows(self, now: float) -> dict[str, tuple[Cell, ...]]:
         """One row of cells per session (and per sessionless rollout), oldest first."""
         keyed: list[tuple[float, str, tuple[Cell, ...]]] = [
@@ -254,10 +263,13 @@ class SessionBoard:
         live = state in ("running", "no call yet")
         idle_tone = "idle" if live and idle is not None and idle >= IDLE_AFTER_S else ""
         task = s.metadata.get("task") or ""
+        calling = self.calling_seconds(sid, now) if live else None
         return (
             (short_id(sid), ""),
             (clip(str(task), 10) or "–", ""),
-            (state, STATE_TONES.get(state, "")),
+            (state, STATE_TONES.get(state, ""))
+            if calling is None
+            else (f"calling {int(calling)}s", "accent"),
             (str(s.turns), ""),
             (str(s.roots), ""),
             (str(s.forks), ""),
