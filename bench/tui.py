@@ -129,11 +129,12 @@ async def populate(
     """Fill the server at `url`: `sessions` sessions, the last `live` of them left open (each with
     `live_calls` calls made; on `live_engine` when given, an engine URL), one closed with
     `long_turns` calls when that is > 0 (task LONG_TASK), the others closed after 0 to
-    `closed_calls` calls. Returns {"live": [(id, api key, messages)], "long": id or None}."""
+    `closed_calls` calls. Returns {"ids": every session's id by its index, "live": [(id, api key,
+    messages)], "long": its id or None}."""
     admin = {"Authorization": f"Bearer {admin_key}"}
     gate = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency + 4, keepalive_expiry=2.0)
-    out: dict[str, Any] = {"live": [], "long": None}
+    out: dict[str, Any] = {"ids": [""] * sessions, "live": [], "long": None}
     async with httpx.AsyncClient(timeout=120, limits=limits) as client:
 
         async def open_session(meta: dict[str, Any], engine: str | None = None) -> dict[str, Any]:
@@ -149,15 +150,18 @@ async def populate(
             async with gate:
                 if i == 0 and long_turns > 0:
                     info = await open_session({**metadata(i, live=False), "task": LONG_TASK})
+                    out["ids"][i] = info["id"]
                     await converse(client, url, info["api_key"], long_turns, f"long{i}")
                     out["long"] = info["id"]
                 elif is_live:
                     info = await open_session(metadata(i, live=True), live_engine)
+                    out["ids"][i] = info["id"]
                     messages = await converse(client, url, info["api_key"], live_calls, f"s{i}")
                     out["live"].append((info["id"], info["api_key"], messages))
                     return
                 else:
                     info = await open_session(metadata(i, live=False))
+                    out["ids"][i] = info["id"]
                     await converse(client, url, info["api_key"], i % (closed_calls + 1), f"s{i}")
                 (await client.delete(f"{url}/admin/sessions/{info['id']}", headers=admin)).raise_for_status()
 
@@ -316,16 +320,19 @@ async def measure(
             try:
                 out[what].append(await probe.press(app, key, effect))
             except RuntimeError:
-                print("DEBUG", key, repr(sessions.view), app.focused, app.current_mode, probe.frames)
+                print("at the timeout:", sessions.view, app.focused, app.current_mode, probe.frames, "frames")
                 raise
             await asyncio.sleep(gap_s)  # a person's pace between keys
 
         def shown() -> int:
             return table.row_count
 
+        def filter_open() -> bool:
+            return type(app.focused).__name__ == "FilterInput"
+
         for r in range(rounds):
             # Filter: `/`, each character, Esc.
-            await press("filter keystroke", "slash", lambda: sessions.query_one("FilterInput").has_focus)
+            await press("filter keystroke", "slash", filter_open)
             typed = ""
             for ch in (f"task-{(7 * r) % TASKS:03d}", "run", "harness:cl")[r % 3]:
                 typed += ch
@@ -348,7 +355,7 @@ async def measure(
                     ),
                 )
             # Open the long rollout: its row alone under a filter, then Enter.
-            await probe.press(app, "slash", lambda: sessions.query_one("FilterInput").has_focus)
+            await probe.press(app, "slash", filter_open)
             for ch in "task:long":
                 await probe.press(
                     app, {":": "colon"}.get(ch, ch), lambda: True
