@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from tapdeck.app.views.sessions import SessionBoard, rollout_state, session_state
@@ -159,34 +160,39 @@ def view_line(view: RowView, shown: int, total: int) -> str:
     return " · ".join(parts)
 
 
-def board_facts(board: SessionBoard, now: float) -> dict[str, RowFacts]:
-    """The facts of the Sessions table's rows, by `SessionBoard.rows`' keys."""
-    facts = []
-    for sid, entry in board.entries.items():
-        s = entry.summary
-        state = session_state(s)
-        reward = s.metadata.get("reward")
-        facts.append(
-            RowFacts(
-                key=sid,
-                task=str(s.metadata.get("task") or ""),
-                session=sid,
-                run=str(s.metadata.get("run_id") or ""),
-                state=state,
-                harness=str(s.metadata.get("harness") or ""),
-                idle=board.idle_seconds(sid, now) if state in _LIVE else None,
-                calling=board.calling_seconds(sid, now) if state in _LIVE else None,
-                calls=s.turns,
-                tokens=s.trainable_tokens,
-                reward=float(reward)
-                if isinstance(reward, int | float) and not isinstance(reward, bool)
-                else None,
-                start=s.created_at,
-            )
-        )
+def board_facts(
+    board: SessionBoard, now: float, *, server: str = "", prefix: str = ""
+) -> dict[str, RowFacts]:
+    """The facts of the Sessions table's rows, by `SessionBoard.rows`' keys after `prefix` (the
+    table's keys with several servers); `server`: the name of the server the board is of."""
+    facts = [
+        board.settled(sid, f"facts {prefix}", partial(_session_facts, board, sid, now, server, prefix))
+        for sid in board.entries
+    ]
     for rid, rollout in board.sessionless().items():
-        facts.append(rollout_facts(rollout, None, key=rid))
+        facts.append(rollout_facts(rollout, None, key=prefix + rid, server=server))
     return {row.key: row for row in facts}
+
+
+def _session_facts(board: SessionBoard, sid: str, now: float, server: str, prefix: str) -> RowFacts:
+    s = board.entries[sid].summary
+    state = session_state(s)
+    reward = s.metadata.get("reward")
+    return RowFacts(
+        key=prefix + sid,
+        task=str(s.metadata.get("task") or ""),
+        session=sid,
+        run=str(s.metadata.get("run_id") or ""),
+        state=state,
+        harness=str(s.metadata.get("harness") or ""),
+        server=server,
+        idle=board.idle_seconds(sid, now) if state in _LIVE else None,
+        calling=board.calling_seconds(sid, now) if state in _LIVE else None,
+        calls=s.turns,
+        tokens=s.trainable_tokens,
+        reward=float(reward) if isinstance(reward, int | float) and not isinstance(reward, bool) else None,
+        start=s.created_at,
+    )
 
 
 def rollout_facts(
