@@ -10,7 +10,7 @@ servers: each server makes its own) and the tables gain a server column.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from heapq import merge
 
 from tapdeck.app.client import TapdeckClient
@@ -116,9 +116,11 @@ class ServerLinks:
     def session_facts(self, now: float) -> dict[str, RowFacts]:
         """What the filter and sort read of each row of `session_rows`, by the same keys."""
         return {
-            self.key(link, item_id): replace(facts, key=self.key(link, item_id), server=link.name)
+            key: facts
             for link in self.all
-            for item_id, facts in board_facts(link.board, now).items()
+            for key, facts in board_facts(
+                link.board, now, server=link.name, prefix=self.key(link, "")
+            ).items()
         }
 
     def states(self) -> list[str]:
