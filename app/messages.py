@@ -17,14 +17,19 @@ class SessionsChanged(Message):
 
 
 class TurnCaptured(Message):
-    """A new turn reached a session's rollout graph."""
+    """A new turn reached a session's rollout graph (`server`: the name of the server it is on)."""
 
-    def __init__(self, session_id: str) -> None:
+    def __init__(self, session_id: str, server: str) -> None:
         super().__init__()
         self.session_id = session_id
+        self.server = server
 
     def can_replace(self, message: Message) -> bool:
-        return isinstance(message, TurnCaptured) and message.session_id == self.session_id
+        return (
+            isinstance(message, TurnCaptured)
+            and message.session_id == self.session_id
+            and message.server == self.server
+        )
 
 
 class RunsChanged(Message):
@@ -35,14 +40,16 @@ class RunsChanged(Message):
 
 
 class ConnectionChanged(Message):
-    """The event stream connected or was lost (`error` says why and what to do)."""
+    """A server's event stream connected or was lost (`error` says why and what to do; `server`:
+    the name of that server)."""
 
-    def __init__(self, connected: bool, error: str = "", *, gave_up: bool = False) -> None:
+    def __init__(self, server: str, connected: bool, error: str = "", *, gave_up: bool = False) -> None:
         super().__init__()
+        self.server = server
         self.connected = connected
         self.error = error
         self.gave_up = gave_up
         """The TUI stopped trying to reconnect (the server refused its admin key)."""
 
     def can_replace(self, message: Message) -> bool:
-        return isinstance(message, ConnectionChanged)
+        return isinstance(message, ConnectionChanged) and message.server == self.server

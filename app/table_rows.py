@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.widgets import DataTable
 
 
@@ -12,8 +13,9 @@ def cursor_key(table: DataTable) -> str | None:
     return table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
 
 
-def show_rows(table: DataTable, rows: dict[str, tuple[str, ...]]) -> None:
-    """Make `table` show `rows` (key → cells, in order), its cursor staying on the same key.
+def show_rows(table: DataTable, rows: dict[str, tuple[str | Text, ...]]) -> None:
+    """Make `table` show `rows` (key → cells, plain or styled, in order), its cursor staying on the
+    same key.
 
     While the keys and their order stay (a run's update), only the changed cells are touched.
     Otherwise the rows are laid out again and the cursor goes back to its key or, that row gone,

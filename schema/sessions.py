@@ -125,6 +125,12 @@ class SessionSummary(RolloutStats):
     created_at: float
     last_call_at: float | None = None
     seconds_since_last_call: float | None = None
+    calling_since: float | None = None
+    """When the oldest of its model calls still unanswered reached the proxy (the server's clock);
+    None while no call is in flight."""
+    seconds_calling: float | None = None
+    """How long that call had waited when this summary was built (clients advance it on their
+    own clock, as `seconds_since_last_call`)."""
     metadata: dict[str, Any] = Field(default_factory=dict)
     """What the runner annotated: phase, task, reward, run_id, rollout_id, group."""
     fatal: int = 0

@@ -11,7 +11,7 @@ import logging
 import ssl
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, cast
 
@@ -32,6 +32,7 @@ from tapdeck.proxy.config import DEFAULT_ENGINE_WAIT_S
 
 if TYPE_CHECKING:
     from tapdeck.app.host import LocalServer
+    from tapdeck.app.server_links import ServerLink
     from tapdeck.app.tui import TapdeckApp
     from tapdeck.proxy.upstream.address import EngineAddressError
 
@@ -60,11 +61,14 @@ def run_app(
     *,
     server_label: str,
     settings_path: Path,
+    server_name: str = "",
+    others: Sequence[ServerLink] = (),
     owns_server: bool = False,
     verify: ssl.SSLContext | bool = True,
     before: Callable[[TapdeckApp], None] | None = None,
 ) -> None:
-    """Run the App against a server URL (shared by embedded and attached mode); `verify`: what an
+    """Run the App against a server URL (shared by embedded and attached mode), and `others` (more
+    servers attached at once, `server_name` naming this one beside them); `verify`: what an
     https server's certificate is checked against; `before` is given the App before it runs."""
     from tapdeck.app.client import TapdeckClient
     from tapdeck.app.tui import TapdeckApp
@@ -72,6 +76,8 @@ def run_app(
     app = TapdeckApp(
         TapdeckClient(base_url, admin_key, verify=verify),
         server_label=server_label,
+        server_name=server_name,
+        others=others,
         settings_path=settings_path,
         owns_server=owns_server,
     )

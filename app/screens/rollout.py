@@ -16,7 +16,9 @@ from textual.content import Content
 from textual.widget import Widget
 from textual.widgets import Input, Sparkline, Static, TabbedContent, TabPane, Tree
 
+from tapdeck.app.client import TapdeckClient
 from tapdeck.app.screens.base import TapdeckScreen
+from tapdeck.app.server_links import ServerLink
 from tapdeck.app.token_series import entropy_series, logprob_series
 from tapdeck.app.views.drift import drift_detail, replay_line
 from tapdeck.app.views.graph import (
@@ -44,7 +46,7 @@ TASK_W = 24
 
 
 class RolloutScreen(TapdeckScreen):
-    """Shows `session_id` (set by `App.open_rollout`)."""
+    """Shows `session_id` of the server `link` (set by `App.open_rollout`)."""
 
     MODE = "rollout"
     HELP = RolloutTree.HELP
@@ -78,6 +80,8 @@ class RolloutScreen(TapdeckScreen):
     def __init__(self) -> None:
         super().__init__()
         self.session_id: str | None = None
+        self.link: ServerLink | None = None
+        """The server the shown session is on (its requests go there)."""
         self.graph = LiveGraph()
         self.turn: TurnDetail | None = None
         self.turn_seq: int | None = None
@@ -122,10 +126,19 @@ class RolloutScreen(TapdeckScreen):
         """Select the previous/next sampled token of the shown turn."""
         self.query_one(TokenView).action_step(delta)
 
-    def show_session(self, session_id: str) -> None:
+    @property
+    def client(self) -> TapdeckClient:
+        """The client of the shown session's server."""
+        return self.link.client if self.link is not None else self.app.client
+
+    def shows(self, link: ServerLink) -> bool:
+        """A session of `link`'s is shown here."""
+        return self.session_id is not None and self.link is link
+
+    def show_session(self, session_id: str, link: ServerLink) -> None:
         """Open another session (clears the view) and load it."""
-        if session_id != self.session_id:
-            self.session_id = session_id
+        if session_id != self.session_id or link is not self.link:
+            self.session_id, self.link = session_id, link
             self.graph = LiveGraph()
             self.turn = None
             self.turn_seq = None
@@ -217,10 +230,11 @@ class RolloutScreen(TapdeckScreen):
         # The picked token's line belongs to the Tokens tab; under the others it read as theirs.
         self.query_one("#token-detail", Static).display = event.pane.id == "tokens"
 
-    def turn_captured(self, session_id: str) -> None:
-        """Called by the App for each (coalesced) turn_captured event: only the new turns' headers
-        (and every turn's parent and role) are fetched, never the tokens of turns not shown."""
-        if session_id == self.session_id and self.is_mounted:
+    def turn_captured(self, session_id: str, server: str) -> None:
+        """Called by the App for each (coalesced) turn_captured event of the server named `server`:
+        only the new turns' headers (and every turn's parent and role) are fetched, never the
+        tokens of turns not shown."""
+        if session_id == self.session_id and self.link and server == self.link.name and self.is_mounted:
             self.load_rollout(session_id)
 
     @work(exclusive=True, group="rollout", exit_on_error=False)
@@ -247,10 +261,13 @@ class RolloutScreen(TapdeckScreen):
     def apply_graph(self, tree_changed: bool = True) -> None:
         """Header, tree and findings from the screen's live copy of the graph."""
         stats = self.graph.stats or RolloutStats()
-        summary = self.app.board.get(self.session_id or "")
+        board = self.link.board if self.link is not None else self.app.board
+        summary = board.get(self.session_id or "")
         task = summary.metadata.get("task") if summary is not None else None
         # Terse, so that all of it fits the header's lines at 80 columns; each phrase kept whole.
         parts = [f"session {short_id(self.session_id)}"]
+        if self.link is not None and self.app.links.several:
+            parts.append(f"on {self.link.name}")
         if task:
             parts.append(clip(str(task), TASK_W))
         parts.append(f"tier {self.graph.tier}")

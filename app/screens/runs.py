@@ -1,20 +1,28 @@
-"""Runs: batches with per-task groups, rewards, pass rates and failures by cause; export a run."""
+"""Runs: batches with per-task groups, rewards, pass rates and failures by cause; export a run.
+
+Attached to several servers, the runs table holds every server's runs (keys `NAME/ID`, a server
+column, a server that stopped answering greyed with its runs as last listed) and each action goes to
+the shown run's server."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 
+from rich.text import Text
 from textual import on, work
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widget import Widget
 from textual.widgets import DataTable, Static
 
+from tapdeck.app.client import ApiError
 from tapdeck.app.confirm import CONFIRM_S, TwoPress
 from tapdeck.app.histogram import bars, histogram, reward_line
 from tapdeck.app.screens.drift import RunDriftScreen
 from tapdeck.app.screens.row_view_keys import FILTER_PLACEHOLDER, RowViewKeys, row_view_bindings
 from tapdeck.app.screens.sandbox import SandboxScreen
+from tapdeck.app.server_links import SERVER_W, ServerLink
 from tapdeck.app.table_rows import cursor_key, show_rows
 from tapdeck.app.views.row_view import arrange, rollout_facts, view_line
 from tapdeck.app.views.runs import (
@@ -35,6 +43,8 @@ from tapdeck.schema.sessions import EngineVersions, staleness
 RUN_ID_MIN_W = 10
 OTHER_RUN_COLUMNS_W = 56
 """The runs table's columns but the id, with their padding and the scrollbar: the id gets the rest."""
+SERVER_COLUMN_W = SERVER_W + 2
+"""The server column with its padding (attached to several servers)."""
 
 GROUP_BINS = 5
 """A group's reward histogram: five bins over 0-1 (K is small; ten would be mostly empty)."""
@@ -73,14 +83,30 @@ class RunsScreen(RowViewKeys):
     def __init__(self) -> None:
         super().__init__()
         self.runs: list[RunSummary] = []
-        self.run_id: str | None = None
+        """Every server's runs, newest first."""
+        self.listed: dict[str, tuple[ServerLink, RunSummary]] = {}
+        """Each row of the runs table by its key: the run and its server."""
+        self._last_listed: dict[str, list[RunSummary]] = {}
+        """Each server's runs as it last listed them (kept, greyed, while it does not answer)."""
+        self.run_key: str | None = None
+        """The key of the shown run (its id; after its server's name with several servers)."""
+        self.link: ServerLink | None = None
+        """The shown run's server."""
         self.detail: RunDetail | None = None
-        self.versions = EngineVersions(engines=[])
-        """The engines' current policy versions (the staleness column's "now")."""
+        self.versions: dict[str, EngineVersions] = {}
+        """Each server's engines' current policy versions (the staleness column's "now")."""
         self._cancel = TwoPress()
+
+    @property
+    def run_id(self) -> str | None:
+        """The shown run's id on its server."""
+        found = self.app.links.find(self.run_key)
+        return found[1] if found is not None else None
 
     def compose_body(self) -> Iterable[Widget]:
         runs: DataTable[str] = DataTable(id="runs-table", cursor_type="row", zebra_stripes=True)
+        if self.app.links.several:
+            runs.add_column("server", key="server")
         # Short headers, as the Sessions table's: with the cancelled apart, whole run ids still fit 80.
         for label, key in (
             ("run", "run"),
@@ -134,25 +160,58 @@ class RunsScreen(RowViewKeys):
 
     @work(exclusive=True, group="runs", exit_on_error=False)
     async def load_runs(self) -> None:
-        runs = await self.client.runs()
-        self.versions = await self.client.engine_versions()
-        self.runs = sorted(runs, key=lambda r: r.created_at, reverse=True)
+        links = self.app.links
+        if links.several:
+            # Each server asked at once; one that does not answer keeps its runs as last listed.
+            answers = await asyncio.gather(*(self._runs_of(link) for link in links))
+            for link, got in zip(links, answers, strict=True):
+                if got is not None:
+                    self._last_listed[link.name], self.versions[link.name] = got
+        else:
+            link = links.first
+            self._last_listed[link.name] = await link.client.runs()
+            self.versions[link.name] = await link.client.engine_versions()
+        listed = [
+            (links.key(link, run.id), (link, run))
+            for link in links
+            for run in self._last_listed.get(link.name, [])
+        ]
+        self.listed = dict(sorted(listed, key=lambda item: item[1][1].created_at, reverse=True))
+        self.runs = [run for _, run in self.listed.values()]
         self._fill_runs_table()
         if not self.runs:
             self.query_one("#run-header", Static).update("No runs yet: start a batch on Setup (1).")
             return
         # The run under the cursor: the one shown so far, or the nearest row once it is gone.
-        self.run_id = cursor_key(self.query_one("#runs-table", DataTable))
-        if self.run_id is None:  # not while the table holds `self.runs`
+        key = self.run_key = cursor_key(self.query_one("#runs-table", DataTable))
+        if key is None or key not in self.listed:  # not while the table holds `self.runs`
             return
-        detail = await self.client.run(self.run_id)
-        if detail.id == self.run_id:  # else another run was highlighted meanwhile
-            self.show_detail(detail)
+        link, run = self.listed[key]
+        if link.lost:
+            return  # its detail stays as last read: the status line says its server is gone
+        detail = await link.client.run(run.id)
+        if key == self.run_key:  # else another run was highlighted meanwhile
+            self.show_detail(detail, link)
+
+    async def _runs_of(self, link: ServerLink) -> tuple[list[RunSummary], EngineVersions] | None:
+        """A server's runs and engine versions; None when it does not answer (its status line and
+        greyed rows say so)."""
+        try:
+            return await link.client.runs(), await link.client.engine_versions()
+        except ApiError as exc:
+            if exc.kind != "unreachable":
+                raise
+            return None
 
     def _fill_runs_table(self) -> None:
-        id_width = max(RUN_ID_MIN_W, self.size.width - OTHER_RUN_COLUMNS_W)
-        rows = {
-            run.id: (
+        several = self.app.links.several
+        id_width = max(
+            RUN_ID_MIN_W, self.size.width - OTHER_RUN_COLUMNS_W - (SERVER_COLUMN_W if several else 0)
+        )
+        rows: dict[str, tuple[str | Text, ...]] = {}
+        for key, (link, run) in self.listed.items():
+            cells = (
+                *((clip(link.name, SERVER_W),) if several else ()),
                 id_tail(run.id, id_width),
                 run.state,
                 f"{run.counts.done}/{run.counts.total}",
@@ -161,8 +220,8 @@ class RunsScreen(RowViewKeys):
                 fmt_reward(run.mean_reward),
                 fmt_rate(run.pass_rate),
             )
-            for run in self.runs
-        }
+            # A server that stopped answering: its runs as it last listed them, greyed.
+            rows[key] = tuple(Text(cell, style="dim") for cell in cells) if link.lost else cells
         with self.app.batch_update():
             show_rows(self.query_one("#runs-table", DataTable), rows)
 
@@ -176,26 +235,28 @@ class RunsScreen(RowViewKeys):
         # The cursor's run now, not the event's: laying the rows out again highlights the first
         # row on the way to the kept one.
         key = cursor_key(self.query_one("#runs-table", DataTable))
-        if key and key != self.run_id:
-            self.run_id = key
+        if key and key != self.run_key and key in self.listed:
+            self.run_key = key
             self.load_detail(key)
 
     @work(exclusive=True, group="run-detail", exit_on_error=False)
-    async def load_detail(self, run_id: str) -> None:
-        detail = await self.client.run(run_id)
-        if run_id == self.run_id:  # else another run was highlighted meanwhile
-            self.show_detail(detail)
+    async def load_detail(self, key: str) -> None:
+        link, run = self.listed[key]
+        detail = await link.client.run(run.id)
+        if key == self.run_key:  # else another run was highlighted meanwhile
+            self.show_detail(detail, link)
 
-    def show_detail(self, detail: RunDetail) -> None:
-        """Groups, failures and rollouts of one run; the highlighted group and rollout stay
-        highlighted while the same run is shown again (a run event, coming back to the screen)."""
+    def show_detail(self, detail: RunDetail, link: ServerLink) -> None:
+        """Groups, failures and rollouts of one run (on `link`); the highlighted group and rollout
+        stay highlighted while the same run is shown again (a run event, coming back to the screen)."""
         groups = self.query_one("#groups-table", DataTable)
         table = self.query_one("#rollouts-table", DataTable)
-        another_run = self.detail is None or self.detail.id != detail.id
-        self.detail = detail
+        another_run = self.detail is None or self.detail.id != detail.id or self.link is not link
+        self.detail, self.link = detail, link
         plan = detail.plan
+        where = f" on {link.name}" if self.app.links.several else ""
         before = (
-            f"run {detail.id} · {plan.dataset or 'sample'} · {plan.rollout.harness} · "
+            f"run {detail.id}{where} · {plan.dataset or 'sample'} · {plan.rollout.harness} · "
             f"{plan.rollout.sandbox} · "
         )
         after = f" · K={plan.k}"
@@ -206,7 +267,10 @@ class RunsScreen(RowViewKeys):
         going = detail.state == "running"
         by_id = {r.rollout_id: r for r in rollouts}
         ordered = sorted(rollouts, key=lambda r: (r.task, r.index))
-        kept = arrange((rollout_facts(r, self.app.board, now=self.app.clock()) for r in ordered), self.view)
+        server = link.name if self.app.links.several else ""
+        kept = arrange(
+            (rollout_facts(r, link.board, now=self.app.clock(), server=server) for r in ordered), self.view
+        )
         self.query_one(FilterBar).show(view_line(self.view, len(kept), len(rollouts)))
         with self.app.batch_update():
             if another_run:  # its rows from the top, not from the last run's place
@@ -251,8 +315,8 @@ class RunsScreen(RowViewKeys):
         )
 
     def view_changed(self) -> None:
-        if self.detail is not None:
-            self.show_detail(self.detail)
+        if self.detail is not None and self.link is not None:
+            self.show_detail(self.detail, self.link)
 
     def focus_table(self) -> None:
         self.query_one("#rollouts-table", DataTable).focus()
@@ -260,16 +324,19 @@ class RunsScreen(RowViewKeys):
     def _turns(self, rollout: RolloutResult) -> int:
         """A rollout's captured turns: live from the App's session board (what Sessions shows),
         as the run's own result counts them only when the rollout ends."""
-        summary = self.app.board.get(rollout.session_id) if rollout.session_id else None
+        board = self.link.board if self.link is not None else None
+        summary = board.get(rollout.session_id) if board is not None and rollout.session_id else None
         return max(rollout.turns, summary.turns) if summary is not None else rollout.turns
 
     def _staleness(self, rollout: RolloutResult) -> str:
         """Policy versions since the rollout's oldest turn was sampled: its engine's current
         version minus that turn's ("–": unknown, or versions that are not step numbers)."""
-        summary = self.app.board.get(rollout.session_id) if rollout.session_id else None
-        if summary is None or summary.policy is None:
+        link = self.link
+        summary = link.board.get(rollout.session_id) if link is not None and rollout.session_id else None
+        if link is None or summary is None or summary.policy is None:
             return "–"
-        lag = staleness(self.versions.current(summary.engine.url), summary.policy.oldest)
+        versions = self.versions.get(link.name, EngineVersions(engines=[]))
+        lag = staleness(versions.current(summary.engine.url), summary.policy.oldest)
         return "–" if lag is None else str(lag)
 
     def sessions_changed(self) -> None:
@@ -314,51 +381,58 @@ class RunsScreen(RowViewKeys):
         if not rollout.session_id:
             self.app.notify("This rollout has no capture session yet.", severity="warning")
             return
-        self.app.open_rollout(rollout.session_id)
+        self.app.open_rollout(rollout.session_id, self.link)
 
     def action_inside(self) -> None:
         """Open the highlighted rollout's sandbox: its processes and its agent's own output."""
         rollout = self._selected_rollout()
-        if rollout is None:
+        if rollout is None or self.link is None:
             self.app.notify("No rollout highlighted.", severity="warning")
             return
         self.app.push_screen(
-            SandboxScreen(self.client, rollout.run_id or self.run_id or "", rollout.rollout_id)
+            SandboxScreen(self.link.client, rollout.run_id or self.run_id or "", rollout.rollout_id)
         )
 
     @on(DataTable.RowSelected, "#rollouts-table")
     def _rollout_selected(self) -> None:
         self.action_open_rollout()
 
+    def _where(self, link: ServerLink) -> str:
+        """What follows a run's id in a notification with several servers: " on NAME"."""
+        return f" on {link.name}" if self.app.links.several else ""
+
     def action_export(self, fmt: str) -> None:
-        """Export the shown run's training data."""
-        if not self.run_id:
+        """Export the shown run's training data (on its server's machine)."""
+        shown = self.listed.get(self.run_key or "")
+        if shown is None:
             self.app.notify("No run to export.", severity="warning")
             return
-        self.export_run(self.run_id, fmt)
+        link, run = shown
+        self.export_run(link, run.id, fmt)
 
     @work(group="export", exit_on_error=False)
-    async def export_run(self, run_id: str, fmt: str) -> None:
-        self.app.notify(f"exporting run {run_id} as {fmt}…")
-        result = await self.client.export_run(run_id, fmt)
-        self.app.notify(f"wrote {result.path}", title="Export done", timeout=10)
+    async def export_run(self, link: ServerLink, run_id: str, fmt: str) -> None:
+        self.app.notify(f"exporting run {run_id}{self._where(link)} as {fmt}…")
+        result = await link.client.export_run(run_id, fmt)
+        self.app.notify(f"wrote {result.path}{self._where(link)}", title="Export done", timeout=10)
 
     def action_cancel(self) -> None:
         """Cancel the shown run: the first press asks, a second one within CONFIRM_S cancels."""
-        run = next((r for r in self.runs if r.id == self.run_id), None)
-        if run is None:
+        shown = self.listed.get(self.run_key or "")
+        if shown is None:
             self.app.notify("No run to cancel: start a batch on Setup.", severity="warning")
             return
+        link, run = shown
         if run.state != "running":
             self._cancel.disarm()
             self.app.notify(f"run {run.id} already {run.state}: nothing to cancel.", severity="warning")
             return
-        if not self._cancel.press(run.id, self.app.clock()):
+        if not self._cancel.press(self.run_key or run.id, self.app.clock()):
             from tapdeck.app.screen_registry import key_of  # the registry imports this screen
 
             left = run.counts.total - run.counts.done
             self.app.notify(
-                f"{left} rollout(s) of run {run.id} still to run. Press "
+                f"{left} rollout(s) of run {run.id}{self._where(link)} still to run. Press "
                 f"{key_of(self.app, 'runs.cancel', self)} again "
                 f"within {CONFIRM_S:g} s to cancel it.",
                 title="Cancel run?",
@@ -366,12 +440,12 @@ class RunsScreen(RowViewKeys):
                 timeout=CONFIRM_S,
             )
             return
-        self.cancel_run(run.id)
+        self.cancel_run(link, run.id)
 
     def action_resume(self) -> None:
         """Resume the shown run: its never-run, cancelled and engine-unreachable rollouts run again."""
-        detail = self.detail
-        if detail is None:
+        detail, link = self.detail, self.link
+        if detail is None or link is None:
             self.app.notify("No run to resume.", severity="warning")
             return
         left = sum(runs_again_on_resume(r) for r in detail.rollouts)
@@ -382,24 +456,24 @@ class RunsScreen(RowViewKeys):
                 f"Nothing to resume: every rollout of run {detail.id} ran to its end.", severity="warning"
             )
         else:
-            self.resume_run(detail.id, left)
+            self.resume_run(link, detail.id, left)
 
     @work(group="resume", exit_on_error=False)
-    async def resume_run(self, run_id: str, left: int) -> None:
-        await self.client.resume_run(run_id)
-        self.app.notify(f"run {run_id} resumed: {left} rollout(s) to run")
+    async def resume_run(self, link: ServerLink, run_id: str, left: int) -> None:
+        await link.client.resume_run(run_id)
+        self.app.notify(f"run {run_id}{self._where(link)} resumed: {left} rollout(s) to run")
         self.load_runs()
 
     @work(group="cancel", exit_on_error=False)
-    async def cancel_run(self, run_id: str) -> None:
-        await self.client.cancel_run(run_id)
-        self.app.notify(f"run {run_id} cancelled")
+    async def cancel_run(self, link: ServerLink, run_id: str) -> None:
+        await link.client.cancel_run(run_id)
+        self.app.notify(f"run {run_id}{self._where(link)} cancelled")
         self.load_runs()
 
     def action_drift(self) -> None:
         """Open the shown run's |Δ| histogram (its sessions' latest replays)."""
-        if self.detail is None:
+        if self.detail is None or self.link is None:
             self.app.notify("No run shown: nothing to measure.", severity="warning")
             return
         sessions = [r.session_id for r in self.detail.rollouts if r.session_id]
-        self.app.push_screen(RunDriftScreen(self.client, self.detail.id, sessions))
+        self.app.push_screen(RunDriftScreen(self.link.client, self.detail.id, sessions))

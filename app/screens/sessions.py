@@ -1,5 +1,8 @@
 """Sessions: the live table of capture sessions, refreshed by diff from the event stream, and the
-stuck-rollout pane for the highlighted session (`d`), from which one rollout can be cancelled (`x`)."""
+stuck-rollout pane for the highlighted session (`d`), from which one rollout can be cancelled (`x`).
+
+Attached to several servers, the table holds every server's rows (keys `NAME/ID`, a server column)
+and each action goes to the highlighted row's server."""
 
 from __future__ import annotations
 
@@ -17,10 +20,11 @@ from tapdeck.app.client import ApiError
 from tapdeck.app.confirm import CONFIRM_S, TwoPress
 from tapdeck.app.screens.row_view_keys import FILTER_PLACEHOLDER, RowViewKeys, row_view_bindings
 from tapdeck.app.screens.sandbox import SandboxScreen
+from tapdeck.app.server_links import ServerLink
 from tapdeck.app.stuck_view import PaneLine, calls_per_second, pane_lines
 from tapdeck.app.views.drift import replay_line
 from tapdeck.app.views.errors import describe_error
-from tapdeck.app.views.row_view import arrange, board_facts, view_line
+from tapdeck.app.views.row_view import arrange, view_line
 from tapdeck.app.views.sessions import ENDED_STATES, rollout_state, session_state
 from tapdeck.app.widgets.activity_pane import ActivityPane
 from tapdeck.app.widgets.filter_bar import FilterBar
@@ -52,7 +56,7 @@ class SessionsScreen(RowViewKeys):
 
     def __init__(self) -> None:
         super().__init__()
-        self._seen_version = -1
+        self._seen_version: tuple[tuple[int, bool], ...] = ()
         self._seen_second = -1
         self.activity: SessionActivity | None = None
         self.activity_error = ""
@@ -70,7 +74,7 @@ class SessionsScreen(RowViewKeys):
             # Textual's Sparkline, as in the pane: one row above the table, in the theme's colours.
             yield Sparkline([], id="board-rate")
             yield Static("", id="board-rate-span")
-        yield SessionTable(id="sessions")
+        yield SessionTable(id="sessions", with_server=self.app.links.several)
         yield ActivityPane(id="activity")
 
     def on_mount(self) -> None:
@@ -85,35 +89,40 @@ class SessionsScreen(RowViewKeys):
         self.refresh_table(force=True)  # the summary says which columns a narrow width hides
 
     def refresh_table(self, force: bool = False) -> None:
-        """Apply the board to the table if it changed (or a second passed: idle counters move)."""
-        board = self.app.board
+        """Apply the boards to the table if one changed or a server stopped or started answering
+        (or a second passed: idle counters move)."""
+        links = self.app.links
         now = self.app.clock()
         second = int(now)
-        if not force and board.version == self._seen_version and second == self._seen_second:
+        version = tuple((link.board.version, bool(link.lost)) for link in links)
+        if not force and version == self._seen_version and second == self._seen_second:
             return
-        self._seen_version, self._seen_second = board.version, second
-        rows = board.rows(now)
-        facts = board_facts(board, now)
+        self._seen_version, self._seen_second = version, second
+        rows = links.session_rows(now)
+        facts = links.session_facts(now)
         kept = arrange((facts[key] for key in rows), self.view)
         self.query_one(SessionTable).apply({key: rows[key] for key in kept})
         self.query_one(FilterBar).show(view_line(self.view, len(kept), len(rows)))
-        states = Counter(board.states())
+        states = Counter(links.states())
         total = sum(states.values())
         by_state = " · ".join(f"{n} {s}" for s, n in sorted(states.items()))
+        # Several servers: the counts are every server's, summed (the server column tells them apart).
+        servers = f" on {len(links)} servers" if links.several else ""
         summary = (
-            f"{total} session{'s' if total != 1 else ''} · {by_state}"
+            f"{total} session{'s' if total != 1 else ''}{servers} · {by_state}"
             if total
             else "No capture sessions yet: start a batch on Setup (1)."
         )
-        if hidden := self.query_one(SessionTable).hidden():
-            summary += f" · {'/'.join(hidden)} hidden (under 80 columns)"
+        hidden, shown_at = self.query_one(SessionTable).hidden()
+        if hidden:
+            summary += f" · {'/'.join(hidden)} hidden (under {shown_at} columns)"
         self.query_one("#sessions-summary", Static).update(summary)
         self._show_board_rate(now)
         self._show_pane()
 
     def _show_board_rate(self, now: float) -> None:
         """Every session's captured calls per second, the last two minutes, as this TUI saw them."""
-        rates = calls_per_second(self.app.board.call_times, now, RATE_BUCKETS, RATE_BUCKET_S)
+        rates = calls_per_second(list(self.app.links.call_times()), now, RATE_BUCKETS, RATE_BUCKET_S)
         self.query_one("#board-rate", Sparkline).data = rates
         self.query_one("#board-rate-span", Static).update(
             f"last {int(RATE_BUCKETS * RATE_BUCKET_S)} s · now {rates[-1]:.1f} · peak {max(rates):.1f}"
@@ -126,11 +135,16 @@ class SessionsScreen(RowViewKeys):
         self.query_one(SessionTable).focus()
 
     def highlighted(self) -> str | None:
-        """The key of the highlighted row (a session id, or a rollout id without a session)."""
+        """The key of the highlighted row (a session id, or a rollout id without a session; each
+        after its server's name with several servers)."""
         table = self.query_one(SessionTable)
         if table.row_count == 0:
             return None
         return table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+
+    def _row(self, key: str | None) -> tuple[ServerLink, str] | None:
+        """The server and the id (a session's, or a sessionless rollout's) of the row `key`."""
+        return self.app.links.find(key)
 
     def action_open(self) -> None:
         """Open the highlighted session on the Rollout screen."""
@@ -139,8 +153,9 @@ class SessionsScreen(RowViewKeys):
             self._open(key)
 
     def _open(self, key: str) -> None:
-        if key in self.app.board.entries:
-            self.app.open_rollout(key)
+        row = self._row(key)
+        if row is not None and row[1] in row[0].board.entries:
+            self.app.open_rollout(row[1], row[0])
         else:
             self.app.notify(
                 "This rollout has no capture session (its harness makes no model calls).", severity="warning"
@@ -168,24 +183,28 @@ class SessionsScreen(RowViewKeys):
 
     def _poll_activity(self) -> None:
         key = self.highlighted()
+        row = self._row(key)
         if (
             not self.query_one(ActivityPane).has_class("shown")
             or key is None
-            or key not in self.app.board.entries
+            or row is None
+            or row[1] not in row[0].board.entries
         ):
             self._show_pane()
             return
-        self.run_worker(self._fetch_activity(key), group="activity", exclusive=True, exit_on_error=False)
+        self.run_worker(
+            self._fetch_activity(key, *row), group="activity", exclusive=True, exit_on_error=False
+        )
 
-    async def _fetch_activity(self, session_id: str) -> None:
+    async def _fetch_activity(self, key: str, link: ServerLink, session_id: str) -> None:
         try:
-            activity = await self.client.activity(session_id)
-            findings = (await self.client.session(session_id)).findings
-            replays = await self.client.replays(session_id)
+            activity = await link.client.activity(session_id)
+            findings = (await link.client.session(session_id)).findings
+            replays = await link.client.replays(session_id)
         except ApiError as exc:
             self.activity_error = describe_error(exc)  # said in the pane, not a notification a second
         else:
-            if self.highlighted() != session_id:
+            if self.highlighted() != key:
                 return
             self.activity, self.findings, self.activity_error = activity, list(findings), ""
             self.replay = replays[-1] if replays else None
@@ -201,14 +220,15 @@ class SessionsScreen(RowViewKeys):
         pane = self.query_one(ActivityPane)
         if not pane.has_class("shown"):
             return
-        key = self.highlighted()
-        if key is None:
+        row = self._row(self.highlighted())
+        if row is None:
             pane.show([PaneLine("session", "none: the table is empty", "muted")], [], "")
             return
+        link, key = row
         activity = self.activity if self.activity and self.activity.session_id == key else None
         lines = pane_lines(
-            self.app.board.get(key) if key else None,
-            self.app.board.rollout_of(key),
+            link.board.get(key),
+            link.board.rollout_of(key),
             activity,
             self.findings if activity else [],
             self._server_now(),
@@ -231,12 +251,13 @@ class SessionsScreen(RowViewKeys):
     def action_cancel_rollout(self) -> None:
         """Cancel the highlighted rollout: the first press asks, a second one within CONFIRM_S
         cancels."""
-        key = self.highlighted()
-        if key is None:
+        row = self._row(self.highlighted())
+        if row is None:
             self.app.notify("No session highlighted: nothing to cancel.", severity="warning")
             return
-        rollout = self.app.board.rollout_of(key)
-        summary = self.app.board.get(key)
+        link, key = row
+        rollout = link.board.rollout_of(key)
+        summary = link.board.get(key)
         meta = summary.metadata if summary is not None else {}
         run_id = (rollout.run_id if rollout else None) or meta.get("run_id")
         rollout_id = (rollout.rollout_id if rollout else None) or meta.get("rollout_id")
@@ -252,31 +273,35 @@ class SessionsScreen(RowViewKeys):
             self._cancel.disarm()
             self.app.notify(f"rollout {rollout_id} already {state}: nothing to cancel.", severity="warning")
             return
-        if not self._cancel.press(rollout_id, self.app.clock()):
+        where = f" on {link.name}" if self.app.links.several else ""
+        if not self._cancel.press(self.app.links.key(link, rollout_id), self.app.clock()):
             from tapdeck.app.screen_registry import key_of  # the registry imports this screen
 
             self.app.notify(
                 f"Press {key_of(self.app, 'sessions.cancel', self)} again within "
-                f"{CONFIRM_S:g} s to cancel rollout {rollout_id}.",
+                f"{CONFIRM_S:g} s to cancel rollout {rollout_id}{where}.",
                 title="Cancel rollout?",
                 timeout=CONFIRM_S,
             )
             return
-        self.run_worker(self._cancel_rollout(run_id, rollout_id), group="cancel-rollout", exit_on_error=False)
+        self.run_worker(
+            self._cancel_rollout(link, run_id, rollout_id, where), group="cancel-rollout", exit_on_error=False
+        )
 
     def action_inside(self) -> None:
         """Open the highlighted rollout's sandbox: its processes and its agent's own output."""
-        key = self.highlighted()
-        rollout = self.app.board.rollout_of(key) if key is not None else None
-        summary = self.app.board.get(key) if key is not None else None
+        row = self._row(self.highlighted())
+        link, key = row if row is not None else (self.app.links.first, "")
+        rollout = link.board.rollout_of(key) if row is not None else None
+        summary = link.board.get(key) if row is not None else None
         meta = summary.metadata if summary is not None else {}
         run_id = (rollout.run_id if rollout else None) or meta.get("run_id")
         rollout_id = (rollout.rollout_id if rollout else None) or meta.get("rollout_id")
         if not run_id or not rollout_id:
             self.app.notify("This session is not a rollout of a run: it has no sandbox.", severity="warning")
             return
-        self.app.push_screen(SandboxScreen(self.client, run_id, rollout_id))
+        self.app.push_screen(SandboxScreen(link.client, run_id, rollout_id))
 
-    async def _cancel_rollout(self, run_id: str, rollout_id: str) -> None:
-        await self.client.cancel_rollout(run_id, rollout_id)
-        self.app.notify(f"Cancelling rollout {rollout_id}: its sandbox is being torn down.")
+    async def _cancel_rollout(self, link: ServerLink, run_id: str, rollout_id: str, where: str) -> None:
+        await link.client.cancel_rollout(run_id, rollout_id)
+        self.app.notify(f"Cancelling rollout {rollout_id}{where}: its sandbox is being torn down.")

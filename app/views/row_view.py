@@ -2,24 +2,27 @@
 sort key (or "stuck first") puts them in, and the line that says what is in force. Free of Textual.
 
 A filter is words, each of which a row must match (case-insensitive, anywhere in the value): a
-bare word matches any of task, session id, run, state and harness; `state:word` (or `task:`,
-`session:`, `run:`, `harness:`) only that field.
+bare word matches any of task, session id, run, state, harness and server; `state:word` (or
+`task:`, `session:`, `run:`, `harness:`, `server:`) only that field. The server is the short name
+of the server a row came from, with the TUI attached to several (app/server_links.py); "" with one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from tapdeck.app.views.sessions import SessionBoard, rollout_state, session_state
 from tapdeck.schema.runs import RolloutResult
 
-FILTER_FIELDS = ("task", "session", "run", "state", "harness")
+FILTER_FIELDS = ("task", "session", "run", "state", "harness", "server")
 SORT_KEYS = ("idle", "calls", "tokens", "reward", "state", "start")
 """The order the sort key cycles through."""
 STUCK = "stuck"
-"""The sort that puts live rows first, the longest without a model call's end first."""
+"""The sort that puts live rows first: those waiting on a model call, the longest waiting first,
+then the others, the longest since a model call ended first."""
 
 _DESCENDING = {"idle", "calls", "tokens", "reward"}
 """Keys whose first order is largest first (what an operator looks for); state and start go up."""
@@ -30,7 +33,9 @@ _LIVE = ("running", "no call yet")
 @dataclass(frozen=True)
 class RowFacts:
     """What a filter and a sort read of one row. `idle`: seconds since the last model call ended,
-    for a live row only (an unanswered call keeps it growing); None where nothing is known."""
+    for a live row only (an unanswered call keeps it growing); None where nothing is known.
+    `calling`: seconds its oldest unanswered model call has waited, for a live row; None while it
+    has none in flight."""
 
     key: str
     task: str = ""
@@ -38,7 +43,9 @@ class RowFacts:
     run: str = ""
     state: str = ""
     harness: str = ""
+    server: str = ""
     idle: float | None = None
+    calling: float | None = None
     calls: int = 0
     tokens: int | None = None
     reward: float | None = None
@@ -125,8 +132,10 @@ def arrange(rows: Iterable[RowFacts], view: RowView) -> list[str]:
     terms = filter_terms(view.filter)
     kept = [row for row in rows if matches(row, terms)]
     if view.sort == STUCK:
-        live = [row for row in kept if row.state in _LIVE and row.idle is not None]
-        live.sort(key=lambda row: row.idle or 0.0, reverse=True)
+        live = [row for row in kept if row.state in _LIVE and (row.idle, row.calling) != (None, None)]
+        live.sort(
+            key=lambda row: (row.calling is not None, row.calling or 0.0, row.idle or 0.0), reverse=True
+        )
         first = {row.key for row in live}
         return [row.key for row in live] + [row.key for row in kept if row.key not in first]
     if view.sort not in SORT_KEYS:
@@ -151,40 +160,52 @@ def view_line(view: RowView, shown: int, total: int) -> str:
     return " · ".join(parts)
 
 
-def board_facts(board: SessionBoard, now: float) -> dict[str, RowFacts]:
-    """The facts of the Sessions table's rows, by `SessionBoard.rows`' keys."""
-    facts = []
-    for sid, entry in board.entries.items():
-        s = entry.summary
-        state = session_state(s)
-        reward = s.metadata.get("reward")
-        facts.append(
-            RowFacts(
-                key=sid,
-                task=str(s.metadata.get("task") or ""),
-                session=sid,
-                run=str(s.metadata.get("run_id") or ""),
-                state=state,
-                harness=str(s.metadata.get("harness") or ""),
-                idle=board.idle_seconds(sid, now) if state in _LIVE else None,
-                calls=s.turns,
-                tokens=s.trainable_tokens,
-                reward=float(reward)
-                if isinstance(reward, int | float) and not isinstance(reward, bool)
-                else None,
-                start=s.created_at,
-            )
-        )
+def board_facts(
+    board: SessionBoard, now: float, *, server: str = "", prefix: str = ""
+) -> dict[str, RowFacts]:
+    """The facts of the Sessions table's rows, by `SessionBoard.rows`' keys after `prefix` (the
+    table's keys with several servers); `server`: the name of the server the board is of."""
+    facts = [
+        board.settled(sid, f"facts {prefix}", partial(_session_facts, board, sid, now, server, prefix))
+        for sid in board.entries
+    ]
     for rid, rollout in board.sessionless().items():
-        facts.append(rollout_facts(rollout, None, key=rid))
+        facts.append(rollout_facts(rollout, None, key=prefix + rid, server=server))
     return {row.key: row for row in facts}
 
 
+def _session_facts(board: SessionBoard, sid: str, now: float, server: str, prefix: str) -> RowFacts:
+    s = board.entries[sid].summary
+    state = session_state(s)
+    reward = s.metadata.get("reward")
+    return RowFacts(
+        key=prefix + sid,
+        task=str(s.metadata.get("task") or ""),
+        session=sid,
+        run=str(s.metadata.get("run_id") or ""),
+        state=state,
+        harness=str(s.metadata.get("harness") or ""),
+        server=server,
+        idle=board.idle_seconds(sid, now) if state in _LIVE else None,
+        calling=board.calling_seconds(sid, now) if state in _LIVE else None,
+        calls=s.turns,
+        tokens=s.trainable_tokens,
+        reward=float(reward) if isinstance(reward, int | float) and not isinstance(reward, bool) else None,
+        start=s.created_at,
+    )
+
+
 def rollout_facts(
-    rollout: RolloutResult, board: SessionBoard | None, *, key: str | None = None, now: float = 0.0
+    rollout: RolloutResult,
+    board: SessionBoard | None,
+    *,
+    key: str | None = None,
+    now: float = 0.0,
+    server: str = "",
 ) -> RowFacts:
     """The facts of one rollout (a Runs row, or a Sessions row without a session): its capture
-    session's live counts from `board` when it has one there."""
+    session's live counts from `board` when it has one there; `server`: the name of the server it
+    ran on, with the TUI attached to several."""
     entry = board.entries.get(rollout.session_id) if board and rollout.session_id else None
     summary = entry.summary if entry is not None else None
     state = session_state(summary) if summary is not None else rollout_state(rollout)
@@ -195,7 +216,9 @@ def rollout_facts(
         run=rollout.run_id or "",
         state=state,
         harness=rollout.harness or "",
+        server=server,
         idle=board.idle_seconds(summary.id, now) if board and summary and state in _LIVE else None,
+        calling=board.calling_seconds(summary.id, now) if board and summary and state in _LIVE else None,
         calls=max(rollout.turns, summary.turns) if summary is not None else rollout.turns,
         tokens=summary.trainable_tokens if summary is not None else None,
         reward=rollout.reward,

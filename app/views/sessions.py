@@ -4,9 +4,10 @@ session summaries it is drawn from, and the least change that brings the table u
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from tapdeck.app.views.text import clip, fmt_reward, short_id
 from tapdeck.schema.runs import ENDED_PHASES, RolloutResult
@@ -40,11 +41,16 @@ NARROW_BELOW = 80
 NARROW_HIDDEN = ("roots", "forks", "tokens")
 """Below NARROW_BELOW columns the table drops these (the graph counts, also on Rollout) so that
 state, idle and reward stay on screen; the summary line says they are hidden."""
+SERVER_COLUMN = ("server", "server", 10)
+"""First, with the TUI attached to several servers (app/server_links.py adds its cell)."""
+SERVER_HIDDEN = ("roots", "forks")
+"""With the server column, under WIDE_AT the table drops these too, so that it still fits 80."""
 
 CALL_TIMES_KEPT = 20_000
 """Captured calls remembered for the board's calls/s line (far more than two minutes hold)."""
 
 Cell = tuple[str, str]  # (text, tone); the widget maps tones to theme colours
+T = TypeVar("T")
 
 
 def session_state(summary: SessionSummary) -> str:
@@ -140,6 +146,20 @@ class SessionBoard:
     call_times: deque[float] = field(default_factory=lambda: deque(maxlen=CALL_TIMES_KEPT))
     """When each `turn_captured` event reached this client (its clock), newest last: calls/s."""
     version: int = 0
+    _settled: dict[tuple[str, str], tuple[_Entry, Any]] = field(default_factory=dict, repr=False)
+    """What `settled` built from an ended session's summary, by (session id, what)."""
+
+    def settled(self, session_id: str, what: str, build: Callable[[], T]) -> T:
+        """`build()` of a session's row (`what` names which), built again for an open session
+        each time, but once per summary for one that ended: its row no longer moves with the
+        clock, and at 1,000 sessions most rows are such (the table is refreshed 4 times a second)."""
+        entry = self.entries[session_id]
+        if entry.summary.state == "open":
+            return build()
+        kept = self._settled.get((session_id, what))
+        if kept is None or kept[0] is not entry:
+            kept = self._settled[(session_id, what)] = (entry, build())
+        return kept[1]
 
     def note_call(self, now: float) -> None:
         """One model call captured by any session, seen at `now`."""
@@ -191,6 +211,7 @@ class SessionBoard:
     def replace_all(self, summaries: Iterable[SessionSummary], now: float) -> None:
         """Resynchronise from `GET /admin/sessions` (start-up or after the event stream reconnects)."""
         self.entries = {s.id: _Entry(s, now) for s in summaries}
+        self._settled = {}
         self.version += 1
 
     def upsert(self, summary: SessionSummary, now: float) -> None:
@@ -210,10 +231,20 @@ class SessionBoard:
             return None
         return base + max(0.0, now - entry.received)
 
+    def calling_seconds(self, session_id: str, now: float) -> float | None:
+        """How long the session's oldest unanswered model call has waited, advanced locally; None
+        while no call is in flight."""
+        entry = self.entries[session_id]
+        base = entry.summary.seconds_calling
+        if base is None:
+            return None
+        return base + max(0.0, now - entry.received)
+
     def rows(self, now: float) -> dict[str, tuple[Cell, ...]]:
         """One row of cells per session (and per sessionless rollout), oldest first."""
         keyed: list[tuple[float, str, tuple[Cell, ...]]] = [
-            (entry.summary.created_at, sid, self._row(sid, entry, now)) for sid, entry in self.entries.items()
+            (entry.summary.created_at, sid, self.settled(sid, "row", partial(self._row, sid, entry, now)))
+            for sid, entry in self.entries.items()
         ]
         keyed += [(r.started_at or 0, rid, self._rollout_row(r)) for rid, r in self.sessionless().items()]
         return {key: row for _, key, row in sorted(keyed, key=lambda item: (item[0], item[1]))}
@@ -250,10 +281,13 @@ class SessionBoard:
         live = state in ("running", "no call yet")
         idle_tone = "idle" if live and idle is not None and idle >= IDLE_AFTER_S else ""
         task = s.metadata.get("task") or ""
+        calling = self.calling_seconds(sid, now) if live else None
         return (
             (short_id(sid), ""),
             (clip(str(task), 10) or "–", ""),
-            (state, STATE_TONES.get(state, "")),
+            (state, STATE_TONES.get(state, ""))
+            if calling is None
+            else (f"calling {int(calling)}s", "accent"),
             (str(s.turns), ""),
             (str(s.roots), ""),
             (str(s.forks), ""),

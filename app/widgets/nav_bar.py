@@ -15,6 +15,10 @@ if TYPE_CHECKING:
     from tapdeck.app.tui import TapdeckApp
 
 
+TARGETED = ("setup", "info", "train")
+"""The screens that work on one server (`ServerLinks.target`) when the TUI is attached to several."""
+
+
 class NavBar(Static):
     """Screen tabs; `current` is the mode name of the screen it sits on."""
 
@@ -48,6 +52,8 @@ class NavBar(Static):
                 style = f"@click=app.switch_mode('{mode}')"
                 if mode == self.current:
                     style = f"bold reverse $primary {style}"
+                if mode == self.current and mode in TARGETED and self.app.links.several:
+                    title = f"{title} on {self.app.links.target.name}"  # which server it acts on
                 shown = f" {key} {title} " if titled or mode == self.current else f" {key} "
                 parts.append((shown, style))
             if sum(len(text) for text, _ in parts) <= width:

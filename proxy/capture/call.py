@@ -117,6 +117,7 @@ class CallCapture:
         # The slot is held until the turn is counted (or the call fails), so concurrent calls
         # never see a finished-but-uncounted call as free budget.
         slot = CallSlot(session)
+        self.registry.publish_update(session)  # the board's "calling" age starts now
         try:
             with self.activity.call(session.id, chat, meta) as call:
                 reply = await self._complete(
@@ -141,9 +142,12 @@ class CallCapture:
         self._give_back(session, slot)
 
     def _give_back(self, session: LiveSession, slot: CallSlot) -> None:
+        unanswered = slot.held  # a captured turn released its slot, and its event said so
         slot.release()
         if session.state != "open":
             self.registry.release_if_idle(session)
+        if unanswered:
+            self.registry.publish_update(session)  # the call failed: no longer in flight
 
     async def _complete(
         self,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,9 @@ class LiveSession:
     graph: RolloutGraph | None = None
     turns: int = 0
     in_flight: int = 0
+    call_starts: list[float] = field(default_factory=list)
+    """When each call now in flight reached the proxy (wall clock), oldest first: the board's
+    "calling" age and its stuck-first order."""
     awaiting_engine: int = 0
     """Calls waiting out an engine's 503 (proxy/upstream/update_wait.py) right now."""
     last_call_at: float | None = None
@@ -80,6 +84,10 @@ class LiveSession:
             elif f.level is Level.WARN:
                 self.warn += 1
 
+    def calling_since(self) -> float | None:
+        """When the oldest call now in flight reached the proxy; None while none is."""
+        return min(self.call_starts) if self.call_starts else None
+
     def budget_reached(self) -> bool:
         """Whether captured plus in-flight calls have used up the session's call budget."""
         return self.call_budget is not None and self.turns + self.in_flight >= self.call_budget
@@ -88,20 +96,23 @@ class LiveSession:
 class CallSlot:
     """One call's place in its session's in-flight count, given back exactly once."""
 
-    __slots__ = ("held", "recording", "session")
+    __slots__ = ("held", "recording", "session", "started_at")
 
     def __init__(self, session: LiveSession) -> None:
         self.session = session
         self.held = True
         self.recording: asyncio.Future[None] | None = None
         """The turn's record once the engine answered (it goes on if the caller leaves)."""
+        self.started_at = time.time()
         session.in_flight += 1
+        session.call_starts.append(self.started_at)
 
     def release(self) -> None:
         """Give the place back (a second release does nothing)."""
         if self.held:
             self.held = False
             self.session.in_flight -= 1
+            self.session.call_starts.remove(self.started_at)
 
 
 def stored_stats(value: Any) -> RolloutStats | None:

@@ -398,6 +398,7 @@ class SessionRegistry:
         # Turns counted on capture (the stats are those of the last linked turn).
         rollout_type = session.record.get("rollout_type", "eval")
         stats = {**reported_stats(self._stats(session), session.tier, rollout_type), "turns": session.turns}
+        calling = session.calling_since()
         return SessionSummary(
             **stats,
             id=session.id,
@@ -407,6 +408,8 @@ class SessionRegistry:
             created_at=session.record.get("created_at", 0.0),
             last_call_at=session.last_call_at,
             seconds_since_last_call=None if session.last_call_at is None else now - session.last_call_at,
+            calling_since=calling,
+            seconds_calling=None if calling is None else max(0.0, now - calling),
             metadata=session.record.get("metadata") or {},
             fatal=session.fatal,
             warn=session.warn,

@@ -73,6 +73,25 @@ def test_stuck_first_puts_live_rows_longest_idle_first_then_the_rest_in_order():
     assert keys("codex", sort=STUCK) == ["a", "b"]
 
 
+def test_stuck_first_puts_rows_waiting_on_a_call_first_the_longest_waiting_first_then_by_idle():
+    rows = [
+        RowFacts("idle-long", state="running", idle=300.0),
+        RowFacts("calling-short", state="running", idle=40.0, calling=5.0),
+        RowFacts("ended", state="finished", calls=4),
+        RowFacts("calling-long", state="running", idle=12.0, calling=42.0),
+        RowFacts("first-call", state="no call yet", calling=20.0),  # no call ended yet: no idle
+        RowFacts("idle-short", state="running", idle=3.0),
+    ]
+    assert arrange(rows, RowView(sort=STUCK)) == [
+        "calling-long",
+        "first-call",
+        "calling-short",
+        "idle-long",
+        "idle-short",
+        "ended",
+    ]
+
+
 def test_the_sort_key_cycles_through_every_key_then_back_to_none():
     view, seen = RowView("x"), []
     for _ in range(len(SORT_KEYS) + 1):
@@ -130,6 +149,23 @@ def test_board_facts_read_sessions_and_sessionless_rollouts_with_idle_for_live_o
     assert (live.idle, live.calls, live.reward, live.start) == (40.0, 2, 0.5, 1.0)
     assert facts["s-done"].idle is None  # ended: its idle time is not a stuck agent's
     assert facts["r-oracle"].harness == "oracle" and facts["r-oracle"].session == ""
+
+
+def test_board_facts_read_a_live_sessions_call_in_flight_advanced_locally():
+    board = SessionBoard()
+    meta = {"phase": "agent"}
+    board.upsert(_summary("s-calling", turns=2, metadata=meta, seconds_calling=7.0), now=100.0)
+    board.upsert(_summary("s-between", turns=2, metadata=meta, seconds_since_last_call=3.0), now=100.0)
+    board.upsert(
+        _summary("s-done", state="closed", turns=2, metadata={"phase": "done"}, seconds_calling=1.0),
+        now=100.0,
+    )
+    facts = board_facts(board, now=104.0)
+    assert (facts["s-calling"].calling, facts["s-between"].calling) == (11.0, None)
+    assert facts["s-done"].calling is None  # ended: a call it left behind is not a stuck agent's
+    rows = board.rows(now=104.0)
+    assert rows["s-calling"][2] == ("calling 11s", "accent")
+    assert rows["s-between"][2] == ("running", "accent")
 
 
 def test_rollout_facts_take_live_counts_from_the_rollouts_session():

@@ -54,13 +54,14 @@ def tapdeck_serve(
     engine_url: str,
     engine_model: str | None = None,
     env: dict[str, str] | None = None,
+    port: int | None = None,
 ) -> Iterator[Any]:
-    """`tapdeck serve` as its own process on a free loopback port, until it answers /health.
-    `admin_key` None: the server generates one and writes `<data_dir>/admin.key`.
+    """`tapdeck serve` as its own process on loopback (`port`, default a free one), until it
+    answers /health. `admin_key` None: the server generates one and writes `<data_dir>/admin.key`.
 
     Yields the process with `.url`; terminated (then killed) on exit.
     """
-    port = free_port()
+    port = port or free_port()
     argv = [str(tapdeck), "serve", "--port", str(port), "--engine", engine_url, "--data-dir", str(data_dir)]
     if admin_key is not None:
         argv += ["--admin-key", admin_key]

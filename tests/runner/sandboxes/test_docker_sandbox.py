@@ -221,19 +221,22 @@ def _only_the_session_key_was_inside(server: RunnerServer, r: dict[str, Any]) ->
     assert [line.split("=")[0] for line in credentials(seen)] == ["TAPDECK_SESSION_KEY"], credentials(seen)
 
 
-def test_codex_runs_in_a_container_from_the_host_install_against_the_embedded_engine(
-    server: RunnerServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("name", ["codex", "opencode"])
+def test_a_host_install_cli_runs_in_a_container_against_the_embedded_engine(
+    server: RunnerServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
 ) -> None:
     """The CLI's host install is mounted read-only; it reaches the loopback proxy through the host
-    network; the session key is the one credential any process in the container had."""
-    installed_or_skip("codex")
+    network; the session key is the one credential any process in the container had. The small
+    model makes no tool call, so the CLI ends on its text reply (reward 0): what is checked is the
+    path, the capture and the credentials."""
+    installed_or_skip(name)
     for variable, value in LEAKS.items():
         monkeypatch.setenv(variable, value)
     watched_task(environ_task(tmp_path))
     r = _only(
         server.run(
             dataset=str(tmp_path),
-            harness="codex",
+            harness=name,
             sandbox="docker",
             timeout_s=1500,
             agent_timeout_s=1200,
@@ -242,7 +245,7 @@ def test_codex_runs_in_a_container_from_the_host_install_against_the_embedded_en
             engine_tool_parser="hermes",
         )
     )
-    output = Path(r["trial_dir"], "agent", "codex.txt")
+    output = Path(r["trial_dir"], "agent", f"{name}.txt")
     assert r["error_kind"] in (None, "agent_failed"), (r["error"], output.read_text()[-2000:])
     assert r["reward"] == 0.0 and r["tier"] == "tokens" and r["turns"] >= 1
     _one_chain(server, r)
