@@ -95,8 +95,8 @@ def main() -> int:
             state = http.get(f"/admin/train/{job}", timeout=30).json()
             log = http.get(f"/admin/train/{job}/log", params={"tail": 5000}, timeout=30).json()["lines"]
             for line in log[len(lines) :]:
-                if line.startswith("[cpu-grpo]"):
-                    print(f"  {line}", flush=True)
+                if "[cpu-grpo]" in line:  # after a progress bar's carriage return, on a step's line
+                    print(f"  {line[line.index('[cpu-grpo]') :]}", flush=True)
             lines = log
             if state["state"] != "running":
                 break
