@@ -455,6 +455,8 @@ def local_folder(spec: str) -> Path | None:
     nothing, as `datasets.resolve_dataset` reads them)."""
     if spec.strip() in ("", datasets_mod.SAMPLE_DATASET_NAME):
         return datasets_mod.SAMPLE_DATASET_DIR
+    if spec.strip() in datasets_mod.SHIPPED_DATASETS:
+        return datasets_mod.SHIPPED_DATASETS[spec.strip()]
     path = Path(spec.strip()).expanduser()
     return path if path.is_dir() else None
 
@@ -520,14 +522,16 @@ def list_dataset(spec: str, *, timeout_s: float = 20.0) -> DatasetListing:
 
 
 def list_datasets(specs: list[str] | None = None, *, timeout_s: float = 20.0) -> list[DatasetListing]:
-    """The sample dataset plus `specs`, each listed (`list_dataset`)."""
+    """The shipped datasets plus `specs` (those not shipped), each listed (`list_dataset`)."""
+    shipped = list(datasets_mod.SHIPPED_DATASETS)
     return [
-        list_dataset(spec, timeout_s=timeout_s) for spec in [datasets_mod.SAMPLE_DATASET_NAME, *(specs or [])]
+        list_dataset(spec, timeout_s=timeout_s)
+        for spec in [*shipped, *(s for s in specs or [] if s.strip() not in shipped)]
     ]
 
 
 def dataset_catalog(specs: list[str] | None = None, *, timeout_s: float = 20.0) -> list[DatasetInfo]:
-    """The sample dataset plus `specs`, each listed or with the error that stopped it."""
+    """The shipped datasets plus `specs`, each listed or with the error that stopped it."""
     return [listing.row for listing in list_datasets(specs, timeout_s=timeout_s)]
 
 

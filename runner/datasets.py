@@ -2,6 +2,9 @@
 
 Spec forms (`resolve_dataset(spec)`):
 - `None` or `"sample"`: tapdeck's shipped sample dataset (offline).
+- `"learn"` / `"learn-eval"`: tapdeck's shipped learnable task set for terminus-2 on the embedded
+  model, and its held-out eval split (offline; `cpu-grpo` trains on the first, evaluates on the
+  second).
 - a local folder: one Harbor task if it is a valid task folder, else each valid immediate
   subfolder, sorted (Harbor's own rule; offline).
 - `org/name` or `org/name@ref`: a Harbor hub package dataset (network).
@@ -26,6 +29,13 @@ from tapdeck.runner import harbor_api
 
 SAMPLE_DATASET_NAME = "sample"
 SAMPLE_DATASET_DIR = Path(__file__).parent / "sample_dataset"
+LEARN_DATASET_DIR = Path(__file__).parent / "learn_dataset"
+SHIPPED_DATASETS: dict[str, Path] = {
+    SAMPLE_DATASET_NAME: SAMPLE_DATASET_DIR,
+    "learn": LEARN_DATASET_DIR / "train",
+    "learn-eval": LEARN_DATASET_DIR / "eval",
+}
+"""The datasets tapdeck ships, by name: folders of this package, offline."""
 DEFAULT_REMOTE_TIMEOUT_S = 60.0
 _GIT_PREFIXES = ("https://", "http://", "ssh://", "git://", "git@")
 _INSTRUCTION_MAX_CHARS = 200
@@ -217,6 +227,8 @@ def resolve_dataset(spec: str | None, *, timeout_s: float = DEFAULT_REMOTE_TIMEO
     if spec is None or spec.strip() in ("", SAMPLE_DATASET_NAME):
         return sample_dataset()
     spec = spec.strip()
+    if spec in SHIPPED_DATASETS:
+        return local_dataset(SHIPPED_DATASETS[spec], name=spec)
     path = Path(spec).expanduser()
     if path.exists():
         return local_dataset(path)

@@ -479,7 +479,7 @@ def test_info_lists_the_good_tasks_and_warns_naming_each_task_toml_it_cannot_par
     (dataset / "hello-file" / "task.toml").write_text('version = "1.0"\n[task]\nname = 5\n')
     result = tapdeck("info", "--no-probe", "--json", "--dataset", str(dataset), tmp=tmp_path)
     assert result.returncode == 0, result.stderr
-    listed = json.loads(result.stdout)["datasets"][1]
+    listed = json.loads(result.stdout)["datasets"][-1]  # after the shipped ones
     assert [t["name"] for t in listed["tasks"]] == ["fizzbuzz-python", "json-config", "sum-numbers"]
     assert result.stderr.splitlines() == [
         f"tapdeck info: warning: {dataset / 'greet-script' / 'task.toml'}: not TOML (Expected '=' "

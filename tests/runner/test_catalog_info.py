@@ -75,8 +75,12 @@ def test_agent_clis_need_the_host_sandbox_and_say_what_is_installed(tmp_path, mo
 
 def test_dataset_catalog_reports_errors_instead_of_raising(tmp_path) -> None:
     rows = catalog.dataset_catalog([str(tmp_path / "missing")])
-    assert rows[0].name == "sample" and len(rows[0].tasks) == 5 and rows[0].error is None
-    assert rows[1].tasks == [] and "does not exist" in rows[1].error
+    assert [(r.name, len(r.tasks), r.error) for r in rows[:3]] == [
+        ("sample", 5, None),
+        ("learn", 8, None),
+        ("learn-eval", 4, None),
+    ]
+    assert rows[3].tasks == [] and "does not exist" in rows[3].error
 
 
 def test_embedded_engine_is_available_without_starting_it_and_claims_no_tier() -> None:

@@ -368,17 +368,23 @@ def test_each_steps_rollouts_are_stamped_with_the_steps_taken_and_a_call_across_
 
 
 @pytest.mark.slow
-def test_two_cpu_grpo_steps_stamp_each_steps_turns_and_record_the_mismatch_of_each(
+def test_two_cpu_grpo_steps_on_the_learn_set_sample_from_each_steps_weights_and_eval_around_them(
     train_env: Path, train_server: Any
 ) -> None:
-    """The smallest run that has two steps (2 one-turn rollouts of 8-token replies per step, no
-    redraw), shared by two checks: cpu-grpo posts the steps taken before each step's rollouts, so
-    every turn of the first step's run is stamped 0 and of the second's 1; and each step logs the
-    sampler-trainer mismatch. Two calls each: terminus-2 re-asks after a reply cut at 8 tokens, and
-    a one-call rollout would be skipped as degenerate."""
+    """The smallest run that has two steps on the learnable set (2 one-turn rollouts of 8-token
+    replies per step) and an eval of one held-out rollout before and after, shared by four checks:
+    cpu-grpo posts the steps taken before each step's rollouts, so every turn of the eval before
+    and the first step's run is stamped 0, the second step's 1 and the eval after 2; each step logs
+    the sampler-trainer mismatch; the second step's rollouts, whose logprobs the proxy captured
+    over HTTP, were sampled from the weights the first step made (the trainer's forward pass at
+    those weights matches them, while the steps moved the engine's logprobs by far more); and the
+    eval's figures reach trackio at steps 0 and N. Two calls each: terminus-2 re-asks after a
+    reply cut at 8 tokens, and a one-call rollout would be skipped as degenerate."""
     http = train_server.http
-    args = ["--tasks", "hello-file", "--group-size", "2", "--steps", "2", "--max-turns", "1"]
-    args += ["--max-tokens", "8", "--call-budget", "2", "--redraws", "0", "--rollout-timeout", "1200"]
+    args = ["--dataset", "learn", "--tasks", "reply-fruit", "--group-size", "2", "--steps", "2"]
+    args += ["--eval-dataset", "learn-eval", "--eval-tasks", "reply-snack", "--eval-k", "1"]
+    args += ["--max-turns", "1", "--max-tokens", "8", "--call-budget", "2", "--redraws", "3"]
+    args += ["--lr", "1e-4", "--check-logprobs", "--rollout-timeout", "1200"]
     resp = http.post("/admin/train", json={"recipe": "cpu-grpo", "args": args})
     assert resp.status_code == 200, resp.text
     job = resp.json()
@@ -386,7 +392,8 @@ def test_two_cpu_grpo_steps_stamp_each_steps_turns_and_record_the_mismatch_of_ea
     while (state := http.get(f"/admin/train/{job['id']}").json())["state"] == "running":
         assert time.monotonic() < deadline, "cpu-grpo still running"
         time.sleep(2)
-    log = "\n".join(http.get(f"/admin/train/{job['id']}/log", params={"tail": 60}).json()["lines"])
+    lines = http.get(f"/admin/train/{job['id']}/log", params={"tail": 200}).json()["lines"]
+    log = "\n".join(lines)
     assert state["state"] == "finished", f"{state['error']}\n{log}"
     points = http.get(f"/admin/train/{job['id']}/metrics").json()["points"]
     by_name: dict[str, list[tuple[int, float]]] = {}
@@ -403,17 +410,37 @@ def test_two_cpu_grpo_steps_stamp_each_steps_turns_and_record_the_mismatch_of_ea
     means = [v for _, v in by_name[f"train/{MEAN}"]]
     assert all(m <= x for m, x in zip(means, [v for _, v in by_name[f"train/{MAX}"]], strict=True))
 
+    # A step whose group taught nothing leaves the weights as they were: the second step's check
+    # below needs the first to have moved them.
+    if by_name["train/frac_reward_zero_std"][0][1] == 1.0:
+        pytest.fail(f"the first step's group taught nothing (all rewards equal)\n{log}")
+    check = json.loads((Path(job["run_dir"]) / "logprob_check.json").read_text())
+    second_step_mismatch = by_name[f"train/{MAX}"][1][1]
+    assert check["engine_change"] > 20 * max(second_step_mismatch, LOGPROB_TOLERANCE), (check, by_name)
+
+    # The eval ran before the first step and after the last, on the held-out task only.
+    evals = by_name["eval/verifier_reward"]
+    assert [step for step, _ in evals] == [0, 2] and all(v in (0.0, 1.0) for _, v in evals)
+    assert [v for _, v in by_name["eval/n"]] == [1.0, 1.0]
+    assert len(by_name["eval/verifier_reward_delta"]) == 1
+    assert [v for _, v in by_name["train/task/reply-fruit/n"]] == [2.0, 2.0]
+    assert sum("[cpu-grpo] step " in line and "= rollouts" in line for line in lines) == 2
+
     runs = sorted(http.get("/admin/runs").json()["runs"], key=lambda r: r["created_at"])
-    assert len(runs) == 2, runs
-    for step, run in enumerate(runs):
+    redraws = [int(v) for _, v in by_name["train/rollout/redraws"]]
+    expected = [0] + [0] * (1 + redraws[0]) + [1] * (1 + redraws[1]) + [2]
+    assert len(runs) == len(expected), (runs, redraws)
+    for version, run in zip(expected, runs, strict=True):
+        held_out = version in (0, 2) and run["plan"]["dataset"] == "learn-eval"
+        assert run["plan"]["tasks"] == (["reply-snack"] if held_out else ["reply-fruit"]), run["plan"]
         for rollout in http.get(f"/admin/runs/{run['id']}").json()["rollouts"]:
             session = http.get(f"/admin/sessions/{rollout['session_id']}").json()
             assert session["turns"] >= 1 and session["policy"] == {
-                "oldest": step,
-                "newest": step,
+                "oldest": version,
+                "newest": version,
                 "straddled": 0,
             }, session
             trace = http.get(f"/admin/sessions/{rollout['session_id']}/trace").json()
-            assert {t["metadata"]["policy_version"] for t in trace["turns"]} == {step}
+            assert {t["metadata"]["policy_version"] for t in trace["turns"]} == {version}
     engines = http.get("/admin/engines/version").json()["engines"]
-    assert [(e["version"], e["source"]) for e in engines] == [(1, "trainer")]
+    assert [(e["version"], e["source"]) for e in engines] == [(2, "trainer")]

@@ -1,0 +1,2 @@
+#!/bin/bash
+echo green > /app/paint.txt

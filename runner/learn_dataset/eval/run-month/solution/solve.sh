@@ -1,0 +1,2 @@
+#!/bin/bash
+echo june > /app/month.txt

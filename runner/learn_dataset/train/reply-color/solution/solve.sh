@@ -1,0 +1,2 @@
+#!/bin/bash
+echo blue > /app/color.txt

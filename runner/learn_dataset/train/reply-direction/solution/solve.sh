@@ -1,0 +1,2 @@
+#!/bin/bash
+echo north > /app/direction.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+echo tea > /app/drink.txt

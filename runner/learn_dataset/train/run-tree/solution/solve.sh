@@ -1,0 +1,2 @@
+#!/bin/bash
+echo oak > /app/tree.txt
