@@ -15,6 +15,7 @@ asserted: the figures are the result. Needs the training environment (scripts/tr
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import secrets
@@ -26,18 +27,15 @@ from pathlib import Path
 
 import httpx
 
+_spec = importlib.util.spec_from_file_location("bench_proxy", Path(__file__).with_name("proxy.py"))
+assert _spec is not None and _spec.loader is not None
+bench_proxy = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench_proxy)
+
 STEP_LINE = re.compile(
     r"step (\d+)/\d+: ([\d.]+) s = rollouts ([\d.]+) s \+ "
     r"forward/backward ([\d.-]+) s \+ optimizer ([\d.]+) s"
 )
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def recipe_args(args: argparse.Namespace) -> list[str]:
@@ -67,7 +65,7 @@ def main() -> int:
     args = parser.parse_args()
 
     data = Path(tempfile.mkdtemp(prefix="tapdeck-learn-"))
-    port, key = free_port(), f"tdk-admin-{secrets.token_urlsafe(24)}"
+    port, key = bench_proxy.free_port(), f"tdk-admin-{secrets.token_urlsafe(24)}"
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     tapdeck = str(Path(sys.executable).with_name("tapdeck"))
     serve = [tapdeck, "serve", "--port", str(port), "--admin-key", key, "--data-dir", str(data)]
