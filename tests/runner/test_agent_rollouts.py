@@ -11,7 +11,7 @@ limit the agent does not survive: `output_cap`). The 135M model never solves the
 makes a tool call, so where its own output ends a rollout sooner, the end is named from the
 capture and accepted as the model's, explicitly (`model_caused`): a first reply of text without a
 tool call, which ends the loop of every agent but mini-swe-agent; a reply that rambled on to the
-embedded engine's runaway bound (1,024 tokens, three times the longest reply the model ended by
+embedded engine's runaway bound (512 tokens, past every reply the model was seen to end by
 itself), which ends gemini-cli's, qwen-code's and opencode's loop, and which codex (at once) and
 claude-code (after 3 resumes) exit on (`model_output`).
 A competent model is the fake vLLM answering as one would: on a served engine's defaults (engine
