@@ -52,12 +52,14 @@ HARD_LIMIT_MARGIN_S = 120.0
 limit is at least the agent timeout plus this (300 s over the sample tasks' 180 s, as before)."""
 EMBEDDED_OUTPUT_TOKENS = 128
 """Output tokens per call on the embedded engine for a harness with no row in `HARNESS_DEFAULTS`."""
-RUNAWAY_OUTPUT_TOKENS = 1024
-"""A reply of the embedded model this long is a runaway, not an answer cut short: on the agents'
-prompts the 21 replies it ended by itself ran 6-356 tokens, and none of the 29 that reached a limit
-of 512 or more had ended, 12 of them let run on to 1,024 or beyond (two to 2,048, codex's to the
-proxy's 8,192; 2026-12-07). A harness's limit there is at least this where a cut reply is fatal to
-it, and a cut at such a limit is the model's doing (`model_output`)."""
+RUNAWAY_OUTPUT_TOKENS = 512
+"""A reply of the embedded model this long is a runaway, not an answer cut short. On the agents'
+prompts at temperature 1 the 35 replies it ended by itself ran 6-356 tokens, and none of the 48 that
+reached 512 ended before a limit (22 of them let run on to 1,024 or beyond; 2026-12-07). Along 10 of
+those runaways, the model's own end-of-reply probability at each token gave a median 0.5% chance
+of ending between token 512 and 1,024 (one trajectory 62%, the rest under 6%). A harness's limit
+there is at least this where a cut reply is fatal to it, and a cut at such a limit is the model's
+doing (`model_output`). It was 1,024 before: twice the decode time for more of the same rambling."""
 
 EMBEDDED_PREFILL_TOKENS_PER_S = 36.0
 """The embedded engine's first-prompt prefill, wall tokens per second on 2 cores under the light
@@ -141,7 +143,7 @@ HARNESS_DEFAULTS: dict[str, HarnessDefaults] = {
 }
 """The harness table (docs/rollouts.md shows it, `tests/test_readme_claims.py` holds it to this).
 On the embedded engine a limit above its natural replies only sets what a rambling reply costs
-(1,024 tokens: 2-4 minutes); terminus-2's 128 cuts more, but it re-asks and nothing fails."""
+(512 tokens: 1-2 minutes); terminus-2's 128 cuts more, but it re-asks and nothing fails."""
 
 
 class SettingsDoNotFit(ValueError):

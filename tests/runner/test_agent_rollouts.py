@@ -11,7 +11,7 @@ limit the agent does not survive: `output_cap`). The 135M model never solves the
 makes a tool call, so where its own output ends a rollout sooner, the end is named from the
 capture and accepted as the model's, explicitly (`model_caused`): a first reply of text without a
 tool call, which ends the loop of every agent but mini-swe-agent; a reply that rambled on to the
-embedded engine's runaway bound (1,024 tokens, three times the longest reply the model ended by
+embedded engine's runaway bound (512 tokens, past every reply the model was seen to end by
 itself), which ends gemini-cli's, qwen-code's and opencode's loop, and which codex (at once) and
 claude-code (after 3 resumes) exit on (`model_output`).
 A competent model is the fake vLLM answering as one would: on a served engine's defaults (engine
@@ -154,9 +154,11 @@ def how_it_ended(
 def test_agent_cli_runs_a_sample_task_on_the_defaults_with_every_turn_captured(
     agent_server: RunnerServer, name: str
 ) -> None:
-    """Over 120 s for most agents: the embedded engine prefills each agent's own first prompt (4-10k
-    tokens with the lean tools) at ~40-60 tokens/s on 2 cores, and a reply that rambles on decodes
-    to the runaway bound at 4-8 tokens/s; a smaller prompt or limit would no longer be the defaults."""
+    """Over 120 s for gemini-cli, qwen-code and claude-code: the embedded engine prefills each
+    agent's own first prompt (4-10k tokens with the lean tools) at 60-125 tokens/s on 2 cores (load
+    2-5, 2026-12-07), and a reply that rambles on decodes to the runaway bound (512 tokens) at
+    11-44 tokens/s, four times over for claude-code, which resumes a cut reply 3 times; a smaller
+    prompt or limit would no longer be the defaults."""
     from tapdeck.runner.rollout import BUDGET_PER_TURN
     from tapdeck.runner.rollout_settings import HARNESS_DEFAULTS
 

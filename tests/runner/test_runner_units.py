@@ -246,13 +246,13 @@ async def test_agent_whose_engine_died_is_classified_engine_unreachable(
 @pytest.mark.parametrize(
     ("limit", "source", "asked", "sent", "sampled", "kind"),
     [
-        (512, "harness-default", 512, 512, 512, "output_cap"),  # configured into the agent too
+        (256, "harness-default", 256, 256, 256, "output_cap"),  # configured into the agent too
         (128, "default", None, 128, 128, "output_cap"),  # codex asked for none; 128 cut it
         (1024, "plan", None, 1024, 1024, "output_cap"),  # the operator's limit, however long
         (None, "default", 32000, 8192, 8192, "output_cap"),  # the proxy's cap under the agent's ask
         (None, "default", None, 8192, 8192, "output_cap"),  # the agent asked for none: the proxy's
         # The embedded engine's runaway bound: a reply the model never ends, not an answer cut short.
-        (1024, "harness-default", None, 1024, 1024, "model_output"),
+        (512, "harness-default", None, 512, 512, "model_output"),
         (None, "default", 2048, 2048, 2048, "model_output"),  # the agent's own 2,048, run through
         (None, "default", 2048, 2048, 5, "agent_failed"),  # cut short of any limit: not a limit's
     ],
