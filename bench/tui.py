@@ -40,12 +40,12 @@ import argparse
 import asyncio
 import contextlib
 import cProfile
-import importlib.util
 import json
 import os
 import pstats
 import random
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -55,11 +55,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-_spec = importlib.util.spec_from_file_location("bench_proxy", Path(__file__).with_name("proxy.py"))
-assert _spec is not None and _spec.loader is not None
-bench_proxy = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench_proxy)
 
 BENCH = Path(__file__).resolve().parent
 ADMIN_KEY = "bench-tui-admin-key-0123456789abcdef"
@@ -400,6 +395,23 @@ async def measure(
 # ----------------------------------------------------------------------------- the run
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_ready(url: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1).status_code < 500:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{url} did not come up")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -422,7 +434,7 @@ def main() -> None:
     cols, rows = (int(x) for x in args.size.lower().split("x"))
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     data = Path(tempfile.mkdtemp(prefix="tapdeck-bench-tui-"))
-    fast_port, slow_port, port = bench_proxy.free_port(), bench_proxy.free_port(), bench_proxy.free_port()
+    fast_port, slow_port, port = free_port(), free_port(), free_port()
     url = f"http://127.0.0.1:{port}"
     procs: list[subprocess.Popen] = []
 
@@ -435,13 +447,13 @@ def main() -> None:
         for p, latency in ((fast_port, 0.0), (slow_port, args.engine_s)):
             up = [sys.executable, str(BENCH / "proxy.py"), "--upstream", str(p), "--latency", str(latency)]
             start(up, stdout=subprocess.DEVNULL)
-            bench_proxy.wait_ready(f"http://127.0.0.1:{p}/v1/models")
+            wait_ready(f"http://127.0.0.1:{p}/v1/models")
         serve = [str(Path(sys.executable).with_name("tapdeck")), "serve", "--port", str(port)]
         serve += ["--engine", f"http://127.0.0.1:{fast_port}/v1", "--admin-key", ADMIN_KEY]
         server = start(
             [*serve, "--data-dir", str(data)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
-        bench_proxy.wait_ready(f"{url}/health")
+        wait_ready(f"{url}/health")
         t0 = time.perf_counter()
         filled = asyncio.run(
             populate(
