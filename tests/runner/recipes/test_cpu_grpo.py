@@ -1,10 +1,11 @@
 """The closed RL loop on a CPU: `cpu-grpo` launched as a server job trains SmolLM2-135M with TRL's
-GRPOTrainer on real tapdeck rollouts (sample dataset, terminus-2, host sandbox, through the proxy)
-sampled by the engine that serves the weights being trained; the weights it loads from the served
-F16 file are the shipped Q4_1 file's.
+GRPOTrainer on real tapdeck rollouts (the learnable task set, terminus-2, host sandbox, through the
+proxy) sampled by the engine that serves the weights being trained; the weights it loads from the
+served F16 file are the shipped Q4_1 file's.
 
 Needs the training environment (scripts/train-env.sh; built here when missing and the script is
-present). One optimizer step on one group of 3 one-turn rollouts (up to 3 model calls of 24 tokens each).
+present). One run of two optimizer steps, each on a group of 2 one-turn rollouts (2 model calls of
+8 tokens each), with one held-out eval rollout before and after.
 """
 
 from __future__ import annotations
@@ -191,104 +192,6 @@ def test_cpu_grpo_refuses_a_task_the_dataset_lacks_before_loading_its_model(
     assert load_run(tmp_path / "data", job.run_id).error.startswith("cpu-grpo: unknown task(s)")
 
 
-@pytest.mark.slow
-def test_cpu_grpo_trains_on_tapdeck_rollouts_from_its_current_weights(
-    train_env: Path, train_server: Any
-) -> None:
-    http = train_server.http
-    # One turn, but the server's call budget (3): terminus-2 re-asks after a reply it cannot parse,
-    # and the format credit averaged over up to 3 replies makes a group where all 3 rollouts score
-    # the same less common; such a group (nothing to learn, no update to check) is drawn again, up
-    # to 5 times (CI once met a flat group on the one draw it had), as is one left with fewer than
-    # two scorable rollouts (a one-call rollout is degenerate and skipped).
-    args = [
-        "--tasks",
-        "hello-file",
-        "--group-size",
-        "3",
-        "--steps",
-        "1",
-        "--max-turns",
-        "1",
-        "--max-tokens",
-        "24",
-        "--lr",
-        "1e-4",
-        "--check-logprobs",
-        "--rollout-timeout",
-        "1200",
-        "--redraws",
-        "5",
-        "--check-weights",
-        str(shipped_model_path()),
-    ]
-    resp = http.post("/admin/train", json={"recipe": "cpu-grpo", "args": args})
-    assert resp.status_code == 200, resp.text
-    job = resp.json()
-    assert job["argv"][0] == str(train_env)
-    deadline = time.monotonic() + 3000
-    while (state := http.get(f"/admin/train/{job['id']}").json())["state"] == "running":
-        assert time.monotonic() < deadline, "cpu-grpo still running"
-        time.sleep(2)
-    log = "\n".join(http.get(f"/admin/train/{job['id']}/log", params={"tail": 60}).json()["lines"])
-    assert state["state"] == "finished", f"{state['error']}\n{log}"
-
-    # The trainer dequantised the served F16 file to the shipped Q4_1 file's weights (to within F16
-    # rounding): what it rescores and trains is what the engine sampled from.
-    weights = json.loads((Path(job["run_dir"]) / "weights_check.json").read_text())
-    assert weights["model"] == str(default_model_path())
-    assert weights["only_in_one"] == [] and weights["shape_differs"] == []
-    assert len(weights["excess"]) > 200  # every layer's tensors were compared
-    assert max(weights["excess"].values()) <= 0, {k: v for k, v in weights["excess"].items() if v > 0}
-
-    # trackio got TRL's metrics (read back by the server from the run's SQLite).
-    names = {p["name"] for p in http.get(f"/admin/train/{job['id']}/metrics").json()["points"]}
-    assert {
-        "train/reward",
-        "train/reward_std",
-        "train/loss",
-        "train/frac_reward_zero_std",
-        "train/rewards/verifier/mean",
-        "train/rewards/reply_format/mean",
-        "train/rollout/sampled_tok_s",
-        "train/completions/mean_length",
-        "train/rollout/redraws",
-    } <= names, sorted(names)
-
-    # The rollouts were real tapdeck rollouts on the policy engine, captured at the tokens tier: one
-    # run per draw of the group.
-    redraws = [
-        p["value"]
-        for p in http.get(f"/admin/train/{job['id']}/metrics").json()["points"]
-        if p["name"] == "train/rollout/redraws"
-    ]
-    runs = http.get("/admin/runs").json()["runs"]
-    assert len(runs) == 1 + int(redraws[0]), (redraws, runs)
-    for run in runs:
-        assert run["plan"]["k"] == 3 and run["plan"]["tasks"] == ["hello-file"]
-        engine = run["plan"]["rollout"]["engine"]
-        assert engine.startswith("http://127.0.0.1:") and engine.endswith("/v1")
-        rollouts = http.get(f"/admin/runs/{run['id']}").json()["rollouts"]
-        assert len(rollouts) == 3 and all(r["tier"] == "tokens" for r in rollouts), rollouts
-
-    # The step changed the weights, and the engine serves them: its logprob of a fixed completion
-    # matches the trainer's forward pass before and after, and moved with the step.
-    check = json.loads((Path(job["run_dir"]) / "logprob_check.json").read_text())
-    assert check["engine_vs_trainer_before"] < LOGPROB_TOLERANCE
-    assert check["engine_vs_trainer_after"] < LOGPROB_TOLERANCE
-    wire_vs_score = max(abs(a - b) for a, b in zip(check["engine_wire"], check["engine_before"], strict=True))
-    assert wire_vs_score < LOGPROB_TOLERANCE
-    zero_std = [
-        p["value"]
-        for p in http.get(f"/admin/train/{job['id']}/metrics").json()["points"]
-        if p["name"] == "train/frac_reward_zero_std"
-    ]
-    if zero_std == [1.0]:
-        pytest.fail(f"the only group taught nothing (all rewards equal): no update to check\n{log}")
-    assert check["tensors_changed"] > 0
-    assert check["engine_change"] > 10 * LOGPROB_TOLERANCE
-
-
 class OneCallRollouts(TapdeckRollouts):
     """`rollout_func` whose group is one model call through a real capture server's proxy (a
     session per draw), so the step's version posting is what stamps the captured turns."""
@@ -372,22 +275,21 @@ def test_two_cpu_grpo_steps_on_the_learn_set_sample_from_each_steps_weights_and_
     train_env: Path, train_server: Any
 ) -> None:
     """The smallest run that has two steps on the learnable set (2 one-turn rollouts of 8-token
-    replies per step) and an eval of one held-out rollout before and after, shared by four checks:
-    cpu-grpo posts the steps taken before each step's rollouts, so every turn of the eval before
-    and the first step's run is stamped 0, the second step's 1 and the eval after 2; each step logs
-    the sampler-trainer mismatch; the second step's rollouts, whose logprobs the proxy captured
-    over HTTP, were sampled from the weights the first step made (the trainer's forward pass at
-    those weights matches them, while the steps moved the engine's logprobs by far more); and the
-    eval's figures reach trackio at steps 0 and N. Two calls each: terminus-2 re-asks after a
-    reply cut at 8 tokens, and a one-call rollout would be skipped as degenerate."""
+    replies per step) and an eval of one held-out rollout before and after; one run, for the five
+    checks below that each need a real model trained on real rollouts (each cpu-grpo run loads the
+    model and dequantises it: a test of its own would add a minute or more). Two calls a rollout:
+    terminus-2 re-asks after a reply cut at 8 tokens, and a one-call rollout would be skipped as
+    degenerate. A group whose rollouts all score the same is drawn again, up to 3 times."""
     http = train_server.http
     args = ["--dataset", "learn", "--tasks", "reply-fruit", "--group-size", "2", "--steps", "2"]
     args += ["--eval-dataset", "learn-eval", "--eval-tasks", "reply-snack", "--eval-k", "1"]
     args += ["--max-turns", "1", "--max-tokens", "8", "--call-budget", "2", "--redraws", "3"]
-    args += ["--lr", "1e-4", "--check-logprobs", "--rollout-timeout", "1200"]
+    args += ["--lr", "1e-4", "--check-logprobs", "--check-weights", str(shipped_model_path())]
+    args += ["--rollout-timeout", "1200"]
     resp = http.post("/admin/train", json={"recipe": "cpu-grpo", "args": args})
     assert resp.status_code == 200, resp.text
     job = resp.json()
+    assert job["argv"][0] == str(train_env)
     deadline = time.monotonic() + 3000
     while (state := http.get(f"/admin/train/{job['id']}").json())["state"] == "running":
         assert time.monotonic() < deadline, "cpu-grpo still running"
@@ -399,26 +301,54 @@ def test_two_cpu_grpo_steps_on_the_learn_set_sample_from_each_steps_weights_and_
     by_name: dict[str, list[tuple[int, float]]] = {}
     for p in points:
         by_name.setdefault(p["name"], []).append((p["step"], p["value"]))
+
+    # 1. The trainer dequantised the served F16 file to the shipped Q4_1 file's weights (to within
+    # F16 rounding): what it rescores and trains is what the engine sampled from.
+    weights = json.loads((Path(job["run_dir"]) / "weights_check.json").read_text())
+    assert weights["model"] == str(default_model_path())
+    assert weights["only_in_one"] == [] and weights["shape_differs"] == []
+    assert len(weights["excess"]) > 200  # every layer's tensors were compared
+    assert max(weights["excess"].values()) <= 0, {k: v for k, v in weights["excess"].items() if v > 0}
+
+    # 2. trackio got TRL's metrics (read back by the server from the run's SQLite), and each step
+    # the sampler-trainer mismatch: fp32 on both sides, a few 1e-5 apart, no ratio near 2.
+    assert {
+        "train/reward",
+        "train/reward_std",
+        "train/loss",
+        "train/frac_reward_zero_std",
+        "train/rewards/verifier/mean",
+        "train/rewards/reply_format/mean",
+        "train/rollout/sampled_tok_s",
+        "train/completions/mean_length",
+        "train/rollout/redraws",
+    } <= set(by_name), sorted(by_name)
     for name in (MEAN, MAX, OUTSIDE):
         values = [v for _, v in by_name.get(f"train/{name}", [])]
         assert len(values) == 2, (name, sorted(by_name))  # one per step
         assert all(v >= 0 for v in values)
-    # The engine serves the weights being trained: fp32 on both sides, a few 1e-5 apart, no token
-    # anywhere near a ratio of 2.
     assert max(v for _, v in by_name[f"train/{MAX}"]) < 0.05
     assert [v for _, v in by_name[f"train/{OUTSIDE}"]] == [0.0, 0.0]
     means = [v for _, v in by_name[f"train/{MEAN}"]]
     assert all(m <= x for m, x in zip(means, [v for _, v in by_name[f"train/{MAX}"]], strict=True))
 
-    # A step whose group taught nothing leaves the weights as they were: the second step's check
-    # below needs the first to have moved them.
+    # 3. The steps changed the weights and the engine serves them: its logprob of a fixed
+    # completion matches the trainer's forward pass before and after, and moved with the steps. A
+    # step whose group taught nothing leaves the weights as they were, so the first must have
+    # taught something; then the second step's rollouts, whose logprobs the proxy captured over
+    # HTTP, match the trainer at the first step's weights far closer than the steps moved them.
     if by_name["train/frac_reward_zero_std"][0][1] == 1.0:
         pytest.fail(f"the first step's group taught nothing (all rewards equal)\n{log}")
     check = json.loads((Path(job["run_dir"]) / "logprob_check.json").read_text())
+    assert check["engine_vs_trainer_before"] < LOGPROB_TOLERANCE
+    assert check["engine_vs_trainer_after"] < LOGPROB_TOLERANCE
+    wire_vs_score = max(abs(a - b) for a, b in zip(check["engine_wire"], check["engine_before"], strict=True))
+    assert wire_vs_score < LOGPROB_TOLERANCE
+    assert check["tensors_changed"] > 0
     second_step_mismatch = by_name[f"train/{MAX}"][1][1]
     assert check["engine_change"] > 20 * max(second_step_mismatch, LOGPROB_TOLERANCE), (check, by_name)
 
-    # The eval ran before the first step and after the last, on the held-out task only.
+    # 4. The eval ran before the first step and after the last, on the held-out task only.
     evals = by_name["eval/verifier_reward"]
     assert [step for step, _ in evals] == [0, 2] and all(v in (0.0, 1.0) for _, v in evals)
     assert [v for _, v in by_name["eval/n"]] == [1.0, 1.0]
@@ -426,6 +356,9 @@ def test_two_cpu_grpo_steps_on_the_learn_set_sample_from_each_steps_weights_and_
     assert [v for _, v in by_name["train/task/reply-fruit/n"]] == [2.0, 2.0]
     assert sum("[cpu-grpo] step " in line and "= rollouts" in line for line in lines) == 2
 
+    # 5. Every rollout was a real tapdeck rollout on the policy engine, captured at the tokens tier,
+    # one run per draw, and each turn is stamped with the steps taken before it was sampled: the
+    # eval before and the first step's runs 0, the second step's 1, the eval after 2.
     runs = sorted(http.get("/admin/runs").json()["runs"], key=lambda r: r["created_at"])
     redraws = [int(v) for _, v in by_name["train/rollout/redraws"]]
     expected = [0] + [0] * (1 + redraws[0]) + [1] * (1 + redraws[1]) + [2]
@@ -433,7 +366,12 @@ def test_two_cpu_grpo_steps_on_the_learn_set_sample_from_each_steps_weights_and_
     for version, run in zip(expected, runs, strict=True):
         held_out = version in (0, 2) and run["plan"]["dataset"] == "learn-eval"
         assert run["plan"]["tasks"] == (["reply-snack"] if held_out else ["reply-fruit"]), run["plan"]
-        for rollout in http.get(f"/admin/runs/{run['id']}").json()["rollouts"]:
+        assert run["plan"]["k"] == (1 if held_out else 2)
+        engine = run["plan"]["rollout"]["engine"]
+        assert engine.startswith("http://127.0.0.1:") and engine.endswith("/v1")
+        rollouts = http.get(f"/admin/runs/{run['id']}").json()["rollouts"]
+        assert all(r["tier"] == "tokens" for r in rollouts), rollouts
+        for rollout in rollouts:
             session = http.get(f"/admin/sessions/{rollout['session_id']}").json()
             assert session["turns"] >= 1 and session["policy"] == {
                 "oldest": version,
