@@ -430,4 +430,5 @@ def test_admin_events_stream_session_and_turn_events(upstream, make_server, admi
     server.service.events.publish({"type": "run_started", "run_id": "r1"})
     admin.delete(f"/admin/sessions/{info['id']}")
     thread.join(60)
-    assert seen == ["session_opened", "turn_captured", "run_started", "session_closed"]
+    # The call's start updates the session's summary (its call in flight), then its turn lands.
+    assert seen == ["session_opened", "session_updated", "turn_captured", "run_started", "session_closed"]
