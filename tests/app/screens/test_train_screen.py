@@ -16,6 +16,7 @@ from textual_plotext import PlotextPlot
 from tapdeck.app.client import TapdeckClient
 from tapdeck.app.screen_registry import SCREENS, key_of, screen_bindings
 from tapdeck.app.screens.train import EVAL_LABEL, PANELS, TASKS, TrainScreen
+from tapdeck.app.server_links import ServerLink, ServerLinks, host_port
 from tapdeck.app.tui import TapdeckApp
 from tapdeck.app.widgets.metric_plot import MetricPlot
 from tests.support.pilot_wait import until
@@ -38,6 +39,7 @@ class TrainOnlyApp(App[None]):
         super().__init__()
         self.client = client
         self.server_label = client.base_url
+        self.links = ServerLinks([ServerLink(host_port(client.base_url), client.base_url, client)])
         self.train = TrainScreen()
 
     def on_mount(self) -> None:

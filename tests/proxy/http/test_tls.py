@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from tapdeck.app.commands.attach import _check
+from tapdeck.app.commands.attach import Target, _check
 from tapdeck.app.host import LocalServer
 from tapdeck.proxy.config import ConfigError, ServerConfig, TlsFiles, check_tls, cleartext_warning
 from tapdeck.runner.recipes.admin_client import AdminClient, AdminError
@@ -146,11 +146,10 @@ def test_a_client_without_the_ca_refuses_the_certificate(server):
 
 @pytest.mark.medium
 def test_attach_refuses_an_untrusted_certificate_and_goes_through_with_the_ca_file(server, tls, tmp_path):
-    refused = asyncio.run(_check(server.url, server.admin_key, key_dir=None))
+    refused, _ = asyncio.run(_check(Target("s", server.url, server.admin_key, verify=True)))
     assert refused is not None and "does not trust" in refused and "--ca-file" in refused
-    assert (
-        asyncio.run(_check(server.url, server.admin_key, key_dir=None, verify=server_trust(tls.cert))) is None
-    )
+    trusted = Target("s", server.url, server.admin_key, verify=server_trust(tls.cert))
+    assert asyncio.run(_check(trusted)) == (None, False)
     # The command line: the same refusal, one line, exit 1 (the TUI never starts).
     result = tapdeck("attach", server.url, "--admin-key", server.admin_key, tmp=tmp_path)
     assert result.returncode == 1
