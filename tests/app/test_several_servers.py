@@ -9,7 +9,6 @@ the wrong one is refused), and SVG snapshots over the recorded API served twice 
 from __future__ import annotations
 
 import asyncio
-import subprocess
 from pathlib import Path
 
 import httpx
@@ -26,7 +25,7 @@ from tapdeck.app.widgets.session_table import SessionTable
 from tests.support.pilot_wait import until
 from tests.support.ports import free_port
 from tests.support.recorded_api import FROZEN_NOW, recorded_transport
-from tests.support.tapdeck_process import TAPDECK, tapdeck_serve
+from tests.support.tapdeck_process import TAPDECK, stop, tapdeck_serve
 
 ALPHA_KEY = "alpha-admin-key-alpha-admin-key"
 BETA_KEY = "beta-admin-key-beta-admin-key-b"
@@ -226,15 +225,6 @@ async def _call(method: str, url: str, key: str, path: str, body: dict | None = 
         return reply.json()
 
 
-def _stop(process: subprocess.Popen) -> None:
-    process.terminate()
-    try:
-        process.wait(30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(10)
-
-
 @pytest.mark.medium
 @pytest.mark.skipif(not TAPDECK.exists(), reason="needs the installed tapdeck console script")
 async def test_two_served_servers_in_one_tui_rows_actions_and_a_server_that_drops(upstream, tmp_path: Path):
@@ -299,7 +289,7 @@ async def test_two_served_servers_in_one_tui_rows_actions_and_a_server_that_drop
 
             # beta stops: its rows stay, greyed, and the status line names it.
             await pilot.press("2")
-            await asyncio.to_thread(_stop, beta)
+            await asyncio.to_thread(stop, beta)
             await until(pilot, lambda: "beta unreachable" in app.status, "beta shown unreachable", WAIT_S)
             await until(
                 pilot, lambda: _greyed(_cells(app, "state")[f"beta/{on_beta}"]), "beta's rows greyed", WAIT_S

@@ -85,9 +85,14 @@ def tapdeck_serve(
             time.sleep(0.3)
         yield process
     finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
+        stop(process)
+
+
+def stop(process: subprocess.Popen) -> None:
+    """Terminate a process, and kill it if it has not ended 30 s later."""
+    process.terminate()
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)
