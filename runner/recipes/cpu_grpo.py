@@ -26,7 +26,7 @@ Runs in the training environment (Python 3.11, CPU torch, TRL 1.16), launched by
   `reply_format` — partial credit for the reply format terminus-2 parses (a JSON object with
   `analysis`, `plan`, `commands`), averaged over the rollout's replies, a reply cut at the token
   limit counting half (terminus-2 runs nothing of it). SmolLM2-135M has solved no sample task and
-  no `learn` task yet (docs/training.md gives the counts), so the format credit is what makes
+  1 in 88 `learn` rollouts (docs/training.md gives the counts), so the format credit is what makes
   rollouts of a group differ. A group whose rollouts all score the same teaches nothing (zero
   advantage) and is drawn again, up to `--redraws` times (DAPO's dynamic sampling;
   `rollout/redraws`); TRL logs the share of groups that still teach nothing as
