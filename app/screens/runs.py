@@ -466,8 +466,10 @@ class RunsScreen(RowViewKeys):
 
     @work(group="cancel", exit_on_error=False)
     async def cancel_run(self, link: ServerLink, run_id: str) -> None:
-        await link.client.cancel_run(run_id)
-        self.app.notify(f"run {run_id}{self._where(link)} cancelled")
+        summary = await link.client.cancel_run(run_id)
+        # A started run ends once its sandboxes are torn down, after the reply.
+        done = "cancelled" if summary.state == "cancelled" else "cancelling: its rollouts are stopping"
+        self.app.notify(f"run {run_id}{self._where(link)} {done}")
         self.load_runs()
 
     def action_drift(self) -> None:

@@ -22,6 +22,7 @@ from tapdeck.app.tui import TapdeckApp
 from tapdeck.app.widgets.filter_bar import FilterBar
 from tapdeck.app.widgets.nav_bar import NavBar
 from tapdeck.app.widgets.session_table import SessionTable
+from tests.support.fake_vllm import not_a_probe
 from tests.support.pilot_wait import until
 from tests.support.ports import free_port
 from tests.support.recorded_api import FROZEN_NOW, recorded_transport
@@ -241,7 +242,10 @@ async def test_two_served_servers_in_one_tui_rows_actions_and_a_server_that_drop
             port=port,
         )
 
-    run_plan = {"harness": "oracle", "tasks": ["hello-file"], "k": 20, "concurrency": 1}
+    # Each run's first rollout waits on a model call the engine holds: neither run ends by itself
+    # (oracle rollouts did, before the cancel on a loaded machine).
+    upstream.hold = not_a_probe
+    run_plan = {"harness": "terminus-2", "tasks": ["hello-file"], "k": 2, "concurrency": 1}
     with serve("alpha", ALPHA_KEY) as alpha, serve("beta", BETA_KEY, beta_port) as beta:
         opened = {"metadata": {"task": "on-alpha"}}
         on_alpha = (await _call("POST", alpha.url, ALPHA_KEY, "/admin/sessions", opened))["id"]
@@ -278,11 +282,16 @@ async def test_two_served_servers_in_one_tui_rows_actions_and_a_server_that_drop
             await pilot.press("x", "x")
             await until(
                 pilot,
-                lambda: any("cancelled" in n.message and "on beta" in n.message for n in app._notifications),
-                "the cancel done",
+                lambda: any("cancel" in n.message and "on beta" in n.message for n in app._notifications),
+                "the cancel sent",
                 WAIT_S,
             )
-            assert (await _call("GET", beta.url, BETA_KEY, f"/admin/runs/{beta_run}"))["state"] == "cancelled"
+            for _ in range(int(WAIT_S * 5)):  # its held rollout is torn down after the reply
+                beta_state = (await _call("GET", beta.url, BETA_KEY, f"/admin/runs/{beta_run}"))["state"]
+                if beta_state != "running":
+                    break
+                await pilot.pause(0.2)
+            assert beta_state == "cancelled"
             assert (await _call("GET", alpha.url, ALPHA_KEY, f"/admin/runs/{alpha_run}"))[
                 "state"
             ] == "running"
