@@ -70,10 +70,10 @@ class ReplayResult(BaseModel):
     model: str
     created_at: float
     requests: int
-    """Requests sent: one per chain of turns, one per turn where the chain was too long."""
+    """Requests sent: one per chain of turns (its longest prefix that fits the reference)."""
     chunked: bool
-    """True when some chain was longer than the reference's context and was scored turn by turn
-    (each turn then conditioned on its own prompt only, as it was sampled)."""
+    """True when some chain was longer than the reference's context: its turns up to the context
+    were scored, the later ones are reported as not fitting."""
     turns: list[TurnDrift]
     session: DriftFigures | None
     """Over every scored token of the session; None when no turn could be scored."""

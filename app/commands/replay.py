@@ -37,7 +37,7 @@ def _print_replay(result: ReplayResult) -> None:
         else:
             typer.echo(f"  turn {turn.seq}: {_figures_line(turn.figures)}")
     how = f"{result.requests} request(s)" + (
-        ", chunked turn by turn for the reference's context" if result.chunked else ""
+        ", a chain cut at the reference's context" if result.chunked else ""
     )
     if result.session is None:
         typer.echo(f"session {result.session_id}: no turn could be scored (replay {result.id}, {how})")

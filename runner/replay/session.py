@@ -52,31 +52,31 @@ def _score(
     reference: ReferenceEngine, turns: list[Turn]
 ) -> tuple[dict[int, np.ndarray], dict[int, str], int, bool]:
     """Reference logprobs by turn seq, why the others were not scored, requests sent, and
-    whether a chain had to be split (one request per turn) for the reference's context."""
+    whether a chain was cut at the reference's context."""
     by_seq = {t.seq: t for t in turns}
     scored: dict[int, np.ndarray] = {}
     reasons: dict[int, str] = {}
     requests = 0
     chunked = False
     for chain in token_chains(turns):
-        if reference.fits(chain.ids.size):
-            pieces = [(chain.ids, chain.turns)]
-        else:
+        # The logprobs of a causal model at a position depend only on the ids before it, so the
+        # longest prefix that fits scores every turn ending inside it in one request. A turn past
+        # it cannot be scored at all: its own prompt holds that prefix and more.
+        fitting = [ct for ct in chain.turns if reference.fits(ct.start + ct.size)]
+        for ct in chain.turns[len(fitting) :]:
             chunked = True
-            pieces = [(chain.ids[: ct.start + ct.size], [ct]) for ct in chain.turns]
-        for ids, members in pieces:
-            if not reference.fits(ids.size):
-                for ct in members:
-                    reasons[ct.seq] = (
-                        f"its {ids.size} prompt and completion tokens do not fit the reference's "
-                        f"context of {reference.max_model_len}"
-                    )
-                continue
-            result = reference.score(ids)
-            requests += 1
-            for ct in members:
-                _check_tokenizer(reference, by_seq[ct.seq], result.texts[ct.start : ct.start + ct.size])
-                scored[ct.seq] = result.logprobs[ct.start : ct.start + ct.size]
+            reasons[ct.seq] = (
+                f"its {ct.start + ct.size} prompt and completion tokens do not fit the reference's "
+                f"context of {reference.max_model_len}"
+            )
+        if not fitting:
+            continue
+        last = fitting[-1]
+        result = reference.score(chain.ids[: last.start + last.size])
+        requests += 1
+        for ct in fitting:
+            _check_tokenizer(reference, by_seq[ct.seq], result.texts[ct.start : ct.start + ct.size])
+            scored[ct.seq] = result.logprobs[ct.start : ct.start + ct.size]
     return scored, reasons, requests, chunked
 
 

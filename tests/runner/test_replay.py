@@ -68,14 +68,14 @@ def test_a_chain_is_scored_in_one_request_with_trls_and_verls_figures(store: Sto
     assert result.turns[0].figures.metrics[MAX] == pytest.approx(OFF)
 
 
-def test_a_chain_past_the_references_context_is_scored_turn_by_turn(store: Store) -> None:
+def test_a_chain_past_the_references_context_is_scored_up_to_it_in_one_request(store: Store) -> None:
     turns = chain_turns()
-    first, second = (t.prompt_ids.size + t.sampled_ids.size for t in turns[:2])
+    second = turns[1].prompt_ids.size + turns[1].sampled_ids.size
     listing = vllm_listing(max_model_len=second + 1)  # room for turns 0 and 1, not the whole chain
     with FakeVllm(answer=None, listing=listing, prompt_scores=reference_scores(turns)) as engine:
         result, _ = replay_session(store, "s-a", _reference(engine))
     sizes = [len(s.body["prompt"]) for s in engine.sent if s.path == "/v1/completions"]
-    assert result.chunked and result.requests == 2 and sizes == [first, second]
+    assert result.chunked and result.requests == 1 and sizes == [second]
     assert [t.scored for t in result.turns] == [True, True, False]
     assert "do not fit the reference's context" in result.turns[2].reason
     assert result.session.tokens == turns[0].sampled_ids.size + turns[1].sampled_ids.size
