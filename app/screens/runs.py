@@ -40,6 +40,8 @@ from tapdeck.app.widgets.filter_bar import FilterBar
 from tapdeck.schema.runs import RolloutResult, RunDetail, RunSummary, runs_again_on_resume
 from tapdeck.schema.sessions import EngineVersions, staleness
 
+CANCEL_WAIT_S = 300.0
+"""How long the Runs screen follows a cancelled run to its end (its sandboxes' teardown)."""
 RUN_ID_MIN_W = 10
 OTHER_RUN_COLUMNS_W = 56
 """The runs table's columns but the id, with their padding and the scrollbar: the id gets the rest."""
@@ -466,10 +468,18 @@ class RunsScreen(RowViewKeys):
 
     @work(group="cancel", exit_on_error=False)
     async def cancel_run(self, link: ServerLink, run_id: str) -> None:
-        summary = await link.client.cancel_run(run_id)
-        # A started run ends once its sandboxes are torn down, after the reply.
-        done = "cancelled" if summary.state == "cancelled" else "cancelling: its rollouts are stopping"
-        self.app.notify(f"run {run_id}{self._where(link)} {done}")
+        state = (await link.client.cancel_run(run_id)).state
+        if state == "running":
+            # A started run ends once its sandboxes are torn down, after the reply: say so, and
+            # say how it ended once it has.
+            self.app.notify(f"run {run_id}{self._where(link)} cancelling: its rollouts are stopping")
+            self.load_runs()
+            deadline = asyncio.get_running_loop().time() + CANCEL_WAIT_S
+            while state == "running" and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.5)
+                state = (await link.client.run(run_id)).state
+        if state != "running":
+            self.app.notify(f"run {run_id}{self._where(link)} {state}")
         self.load_runs()
 
     def action_drift(self) -> None:
