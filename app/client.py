@@ -151,7 +151,13 @@ def _detail(response: httpx.Response) -> str | None:
                 for d in detail
             )
         body = detail
-    return _one_line(str(body), 300)
+    return _one_line(str(body), DETAIL_LIMIT)
+
+
+DETAIL_LIMIT = 1000
+"""Where a tapdeck error's detail is cut: its own messages name paths and whole commands, which a
+deep data directory makes long; a foreign body (an HTML page) is cut at FOREIGN_LIMIT."""
+FOREIGN_LIMIT = 300
 
 
 def _one_line(text: str, limit: int) -> str:
@@ -269,7 +275,7 @@ class TapdeckClient:
                     url=url,
                     kind="bad_reply",
                 )
-            detail = _one_line(response.text, 300) or response.reason_phrase
+            detail = _one_line(response.text, FOREIGN_LIMIT) or response.reason_phrase
         if status == 404:
             raise ApiError(
                 f"{method} {path}: not found ({detail})", status=404, url=url, kind="not_found", detail=detail

@@ -20,11 +20,12 @@ from tapdeck.proxy.store.database import Store
 from tapdeck.proxy.upstream.tiers import EngineSpec
 from tests.support.fake_vllm import FakeVllm
 
-SCRIPTED_KEEPALIVE_S = 2.0
+SCRIPTED_KEEPALIVE_S = 4.0
 """The hold before a stream starts is one keepalive interval: an engine answering within it
 (recorded replies come back in milliseconds) gives the caller its real status. Long enough for a
-loaded machine: a dead engine's refusal alone takes ~0.2 s of connect retries, and a stream that
-starts before the engine's error reaches the caller as an in-stream error, not a status."""
+loaded machine: a dead engine's refusal alone takes ~0.2 s of connect retries, a stream that
+starts before the engine's error reaches the caller as an in-stream error, not a status, and 2 s
+was once too short for the fake engine's instant 400 (load average ~7, the suite on 3 workers)."""
 
 
 @dataclass

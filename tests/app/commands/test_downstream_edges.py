@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
+from tapdeck.app.client import DETAIL_LIMIT
 from tapdeck.proxy.capture.export import write_jsonl
 from tapdeck.proxy.capture.graph import RolloutGraph
 from tapdeck.proxy.store.database import Store
@@ -225,7 +226,7 @@ def test_a_missing_training_environment_names_the_whole_command_that_makes_it_th
     why = str(caught.value)
     # Runnable from any directory, and it makes the environment where the server looks for it.
     assert f"TAPDECK_TRAIN_ENV={env} bash {SCRIPT}" in why and SCRIPT.is_absolute()
-    assert len(why) <= 300  # the API clients cut an error's detail at 300 characters
+    assert len(why) <= DETAIL_LIMIT  # where the API client cuts an error's detail
 
 
 @pytest.mark.medium
