@@ -6,9 +6,9 @@ from collections.abc import Iterable
 
 from rich.text import Text
 from textual._two_way_dict import TwoWayDict
-from textual.geometry import Size
+from textual.geometry import Region, Size
 from textual.widgets import DataTable
-from textual.widgets.data_table import RowKey
+from textual.widgets.data_table import ColumnKey, RowKey
 
 from tapdeck.app.views.sessions import (
     NARROW_BELOW,
@@ -118,10 +118,17 @@ class SessionTable(DataTable):
 
     def apply(self, rows: dict[str, tuple[Cell, ...]]) -> int:
         """Diff against what is shown; returns how many cells/rows were touched."""
-        self._given = dict(rows)
+        given, self._given = self._given, dict(rows)
         columns = [key for key, _, _ in self._columns]
         picked = [ALL_KEYS.index(key) for key in columns]
-        rows = {key: tuple(row[i] for i in picked) for key, row in rows.items()}
+        # A row given as the very object given last time (an ended session's, built once per
+        # summary) is shown as it is: only the others are picked out and compared cell by cell.
+        rows = {
+            key: self._shown[key]
+            if given.get(key) is row and key in self._shown
+            else tuple(row[i] for i in picked)
+            for key, row in rows.items()
+        }
         diff = diff_rows(self._shown, rows)
         if not (diff.removed or diff.added or diff.changed) and list(rows) == list(self._shown):
             return 0
@@ -132,14 +139,28 @@ class SessionTable(DataTable):
         with self.app.batch_update():
             for key in diff.removed:
                 self.remove_row(key)
-            for key, index, cell in diff.changed:
-                self.update_cell(key, columns[index], self._styled(cell), update_width=False)
+            if diff.changed:
+                self._update_cells(diff.changed, columns)
             for key, row in diff.added:
                 self.add_row(*(self._styled(c) for c in row), key=key)
             if kept + [key for key, _ in diff.added] != list(rows):
                 self._reorder(list(rows), highlighted, place)  # a sort moved rows
         self._shown = dict(rows)
         return len(diff.removed) + len(diff.added) + len(diff.changed)
+
+    def _update_cells(self, changed: list[tuple[str, int, Cell]], columns: list[str]) -> None:
+        """Set the changed cells, repainting only the rows of them in view. DataTable's own
+        `update_cell` repaints the whole table for each cell: with 256 live sessions a refresh
+        changes hundreds of cells, mostly in rows scrolled out of view."""
+        for key, index, cell in changed:
+            self._data[RowKey(key)][ColumnKey(columns[index])] = self._styled(cell)
+        self._update_count += 1  # the rendered cells and lines are cached under this count
+        header = self.header_height if self.show_header else 0
+        top, height = int(self.scroll_y), self.size.height - header
+        lines = {self._row_locations.get(RowKey(key)) - top for key, _, _ in changed}
+        shown = [Region(0, header + y, self.size.width, 1) for y in sorted(lines) if 0 <= y < height]
+        if shown:  # (no region at all would repaint the whole table)
+            self.refresh(*shown)
 
     def _reorder(self, keys: list[str], highlighted: str | None, place: int) -> None:
         """Put the rows (every one of them shown) in `keys`' order, the cursor staying on the
