@@ -49,6 +49,8 @@ class SessionTable(DataTable):
         self._columns: tuple[tuple[str, str, int], ...] = ()
         self._given: dict[str, tuple[Cell, ...]] = {}
         """The rows as last given (every column, shown or not)."""
+        self._unseen_changes = False
+        """Cells changed in rows out of view since the rendering caches were last invalidated."""
 
     def on_mount(self) -> None:
         self._set_columns()
@@ -154,13 +156,23 @@ class SessionTable(DataTable):
         changes hundreds of cells, mostly in rows scrolled out of view."""
         for key, index, cell in changed:
             self._data[RowKey(key)][ColumnKey(columns[index])] = self._styled(cell)
-        self._update_count += 1  # the rendered cells and lines are cached under this count
         header = self.header_height if self.show_header else 0
-        top, height = int(self.scroll_y), self.size.height - header
+        top, height = self.scroll_offset.y, self.size.height - header
         lines = {self._row_locations.get(RowKey(key)) - top for key, _, _ in changed}
         shown = [Region(0, header + y, self.size.width, 1) for y in sorted(lines) if 0 <= y < height]
-        if shown:  # (no region at all would repaint the whole table)
-            self.refresh(*shown)
+        if not shown:
+            # The rendered cells and lines are cached under `_update_count`: changes out of view
+            # move it only once they scroll into view, so that the rows in view stay cached.
+            self._unseen_changes = True
+            return
+        self._update_count += 1
+        self.refresh(*shown)  # (no region at all would repaint the whole table)
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        if self._unseen_changes and round(old_value) != round(new_value):
+            self._unseen_changes = False
+            self._update_count += 1
+        super().watch_scroll_y(old_value, new_value)
 
     def _reorder(self, keys: list[str], highlighted: str | None, place: int) -> None:
         """Put the rows (every one of them shown) in `keys`' order, the cursor staying on the
