@@ -8,7 +8,7 @@ from rich.text import Text
 from textual._two_way_dict import TwoWayDict
 from textual.geometry import Region, Size
 from textual.widgets import DataTable
-from textual.widgets.data_table import ColumnKey, RowKey
+from textual.widgets.data_table import ColumnKey, DuplicateKey, Row, RowKey
 
 from tapdeck.app.views.sessions import (
     NARROW_BELOW,
@@ -51,6 +51,8 @@ class SessionTable(DataTable):
         """The rows as last given (every column, shown or not)."""
         self._unseen_changes = False
         """Cells changed in rows out of view since the rendering caches were last invalidated."""
+        self._styled_rows: dict[str, tuple[tuple[Cell, ...], tuple[Text, ...]]] = {}
+        """Each row's cells as `_styled` made them last, with the row (shown columns) made from."""
 
     def on_mount(self) -> None:
         self._set_columns()
@@ -143,12 +145,41 @@ class SessionTable(DataTable):
                 self.remove_row(key)
             if diff.changed:
                 self._update_cells(diff.changed, columns)
-            for key, row in diff.added:
-                self.add_row(*(self._styled(c) for c in row), key=key)
+            self._add_rows(diff.added)
             if kept + [key for key, _ in diff.added] != list(rows):
                 self._reorder(list(rows), highlighted, place)  # a sort moved rows
         self._shown = dict(rows)
         return len(diff.removed) + len(diff.added) + len(diff.changed)
+
+    def _add_rows(self, rows: Iterable[tuple[str, tuple[Cell, ...]]]) -> None:
+        """Append `rows` (key, cells), as `add_row` would one by one: each of its calls checks the
+        cursor, lists the columns and schedules a refresh, most of a tenth of a second for the
+        1,000 rows an emptied filter brings back. A row given as the same object as when it was
+        last added takes the same styled cells."""
+        first = self.row_count
+        columns = [column.key for column in self.ordered_columns]
+        index = first
+        for key, row in rows:
+            row_key = RowKey(key)
+            if row_key in self._row_locations:
+                raise DuplicateKey(f"The row key {key!r} already exists.")
+            styled = self._styled_rows.get(key)
+            if styled is None or styled[0] is not row:
+                styled = self._styled_rows[key] = (row, tuple(self._styled(c) for c in row))
+            self._row_locations[row_key] = index
+            self._data[row_key] = dict(zip(columns, styled[1], strict=True))
+            self.rows[row_key] = Row(row_key, 1)
+            self._new_rows.add(row_key)
+            index += 1
+        if index == first:
+            return
+        self._require_update_dimensions = True
+        self._update_count += 1
+        self.cursor_coordinate = self.cursor_coordinate  # kept within the rows, as add_row does
+        if first == 0 and self.columns and self.show_cursor and self.cursor_type != "none":
+            self._highlight_cursor()  # a cursor row where there was none: as add_row says so
+        self.check_idle()
+        self.refresh()
 
     def _update_cells(self, changed: list[tuple[str, int, Cell]], columns: list[str]) -> None:
         """Set the changed cells, repainting only the rows of them in view. DataTable's own
@@ -193,8 +224,7 @@ class SessionTable(DataTable):
         highlighted, place = self._highlighted(), self.cursor_row
         self.clear()
         with self.app.batch_update():
-            for key, row in rows.items():
-                self.add_row(*(self._styled(c) for c in row), key=key)
+            self._add_rows(rows.items())
         self._shown = dict(rows)
         if rows:
             self.move_cursor(
@@ -206,7 +236,7 @@ class SessionTable(DataTable):
         """Re-render every cell (after a theme change the tones map to new colours), the cursor
         staying on the session it was on (or on `highlighted`, read before the columns changed)."""
         highlighted = highlighted or self._highlighted()
-        self._shown = {}
+        self._shown, self._styled_rows = {}, {}
         self.clear()
         self.apply(self._given)
         if highlighted is not None and highlighted in self._shown:
