@@ -189,7 +189,8 @@ class SessionTable(DataTable):
             self._data[RowKey(key)][ColumnKey(columns[index])] = self._styled(cell)
         header = self.header_height if self.show_header else 0
         top, height = self.scroll_offset.y, self.size.height - header
-        lines = {self._row_locations.get(RowKey(key)) - top for key, _, _ in changed}
+        places = (self._row_locations.get(RowKey(key)) for key, _, _ in changed)
+        lines = {place - top for place in places if place is not None}
         shown = [Region(0, header + y, self.size.width, 1) for y in sorted(lines) if 0 <= y < height]
         if not shown:
             # The rendered cells and lines are cached under `_update_count`: changes out of view
