@@ -69,6 +69,9 @@ class ServerLinks:
         self.all = list(links)
         self.target = self.all[0]
         """The server Setup, Info and Train work on."""
+        self._rows: dict[str, tuple[tuple[Cell, ...], bool, tuple[Cell, ...]]] = {}
+        """Each Sessions row last made, by key: the board's cells it was made of, whether they
+        were greyed, and the row (the same object while those are: the table skips it)."""
 
     def __iter__(self) -> Iterator[ServerLink]:
         return iter(self.all)
@@ -106,12 +109,18 @@ class ServerLinks:
     def session_rows(self, now: float) -> dict[str, tuple[Cell, ...]]:
         """Every server's rows (`SessionBoard.rows`, then the server cell), server by server in
         the order given; a server that stopped answering has its rows greyed."""
-        rows: dict[str, tuple[Cell, ...]] = {}
+        made: dict[str, tuple[tuple[Cell, ...], bool, tuple[Cell, ...]]] = {}
         for link in self.all:
+            lost = bool(link.lost)
             for item_id, cells in link.board.rows(now).items():
-                row = (*cells, (clip(link.name, SERVER_W), ""))
-                rows[self.key(link, item_id)] = greyed(row) if link.lost else row
-        return rows
+                key = self.key(link, item_id)
+                last = self._rows.get(key)
+                if last is None or last[0] is not cells or last[1] != lost:
+                    row = (*cells, (clip(link.name, SERVER_W), ""))
+                    last = (cells, lost, greyed(row) if lost else row)
+                made[key] = last
+        self._rows = made
+        return {key: row for key, (_, _, row) in made.items()}
 
     def session_facts(self, now: float) -> dict[str, RowFacts]:
         """What the filter and sort read of each row of `session_rows`, by the same keys."""

@@ -9,9 +9,9 @@ from textual import getters
 from textual.app import ComposeResult
 from textual.screen import Screen
 from textual.widget import Widget
-from textual.widgets import Footer
 from textual.worker import Worker
 
+from tapdeck.app.widgets.key_footer import KeyFooter
 from tapdeck.app.widgets.nav_bar import NavBar
 from tapdeck.app.widgets.status_line import StatusLine
 
@@ -35,7 +35,7 @@ class TapdeckScreen(Screen):
         yield NavBar(self.MODE)
         yield from self.compose_body()
         yield StatusLine()
-        yield Footer()
+        yield KeyFooter()
 
     def compose_body(self) -> Iterable[Widget]:
         return ()

@@ -7,6 +7,7 @@ the new nodes to the tree without losing the cursor.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 
 from textual import on, work
@@ -242,21 +243,24 @@ class RolloutScreen(TapdeckScreen):
         view = await self.client.graph(session_id, since=self.graph.next_since())
         if session_id != self.session_id:
             return
-        changed = self.graph.apply(view)
-        # The whole-rollout checks (roots, discards, each sequence's) are built over every turn, so
-        # the server reports them with the session, not on the incremental view: fetched per update.
-        detail = await self.client.session(session_id)
-        if session_id != self.session_id:
-            return
-        self.rollout_findings = [f for f in detail.findings if f.turn is None]
-        replays = await self.client.replays(session_id)
-        if replays and (self.replay is None or replays[-1].id != self.replay.id):
-            await self._take_replay(session_id, replays[-1])
-        self.apply_graph(changed)
+        # The tree first, and the first turn asked for: the rest comes from slower requests (a
+        # long rollout's checks take the server a while).
+        self.apply_graph(self.graph.apply(view))
         if self.turn_seq is None and self.graph.turns:
             first = min(self.graph.turns)
             self.query_one(RolloutTree).select_seq(first)
             self.load_turn(session_id, first)
+        # The whole-rollout checks (roots, discards, each sequence's) are built over every turn, so
+        # the server reports them with the session, not on the incremental view: fetched per update.
+        detail, replays = await asyncio.gather(
+            self.client.session(session_id), self.client.replays(session_id)
+        )
+        if session_id != self.session_id:
+            return
+        self.rollout_findings = [f for f in detail.findings if f.turn is None]
+        if replays and (self.replay is None or replays[-1].id != self.replay.id):
+            await self._take_replay(session_id, replays[-1])
+        self.apply_graph(tree_changed=False)
 
     def apply_graph(self, tree_changed: bool = True) -> None:
         """Header, tree and findings from the screen's live copy of the graph."""

@@ -90,7 +90,10 @@ class SessionsScreen(RowViewKeys):
 
     def refresh_table(self, force: bool = False) -> None:
         """Apply the boards to the table if one changed or a server stopped or started answering
-        (or a second passed: idle counters move)."""
+        (or a second passed: idle counters move). Not while another screen is shown: the table is
+        laid out again when this one comes back (`on_screen_resume`)."""
+        if not self.is_current:
+            return
         links = self.app.links
         now = self.app.clock()
         second = int(now)
@@ -99,8 +102,11 @@ class SessionsScreen(RowViewKeys):
             return
         self._seen_version, self._seen_second = version, second
         rows = links.session_rows(now)
-        facts = links.session_facts(now)
-        kept = arrange((facts[key] for key in rows), self.view)
+        if self.view.arranges:
+            facts = links.session_facts(now)
+            kept = arrange((facts[key] for key in rows), self.view)
+        else:
+            kept = list(rows)
         self.query_one(SessionTable).apply({key: rows[key] for key in kept})
         self.query_one(FilterBar).show(view_line(self.view, len(kept), len(rows)))
         states = Counter(links.states())
@@ -116,7 +122,7 @@ class SessionsScreen(RowViewKeys):
         hidden, shown_at = self.query_one(SessionTable).hidden()
         if hidden:
             summary += f" · {'/'.join(hidden)} hidden (under {shown_at} columns)"
-        self.query_one("#sessions-summary", Static).update(summary)
+        self._say("#sessions-summary", summary)
         self._show_board_rate(now)
         self._show_pane()
 
@@ -124,9 +130,17 @@ class SessionsScreen(RowViewKeys):
         """Every session's captured calls per second, the last two minutes, as this TUI saw them."""
         rates = calls_per_second(list(self.app.links.call_times()), now, RATE_BUCKETS, RATE_BUCKET_S)
         self.query_one("#board-rate", Sparkline).data = rates
-        self.query_one("#board-rate-span", Static).update(
-            f"last {int(RATE_BUCKETS * RATE_BUCKET_S)} s · now {rates[-1]:.1f} · peak {max(rates):.1f}"
+        self._say(
+            "#board-rate-span",
+            f"last {int(RATE_BUCKETS * RATE_BUCKET_S)} s · now {rates[-1]:.1f} · peak {max(rates):.1f}",
         )
+
+    def _say(self, selector: str, text: str) -> None:
+        """Put `text` in a line of the screen's unless it is there: each update lays the whole screen
+        out again, and the table is refreshed 4 times a second."""
+        line = self.query_one(selector, Static)
+        if line.content != text:
+            line.update(text)
 
     def view_changed(self) -> None:
         self.refresh_table(force=True)

@@ -64,6 +64,12 @@ class RowView:
     sort: str | None = None
     reverse: bool = False
 
+    @property
+    def arranges(self) -> bool:
+        """Whether `arrange` can drop or move a row under this view (else it keeps them all, in
+        the order given, and no row's facts need be read)."""
+        return bool(filter_terms(self.filter)) or self.sort is not None
+
     def next_sort(self) -> RowView:
         """The next key of SORT_KEYS (after the last, the table's own order), first order."""
         at = SORT_KEYS.index(self.sort) + 1 if self.sort in SORT_KEYS else 0
@@ -165,8 +171,9 @@ def board_facts(
 ) -> dict[str, RowFacts]:
     """The facts of the Sessions table's rows, by `SessionBoard.rows`' keys after `prefix` (the
     table's keys with several servers); `server`: the name of the server the board is of."""
+    what = f"facts {prefix}"
     facts = [
-        board.settled(sid, f"facts {prefix}", partial(_session_facts, board, sid, now, server, prefix))
+        board.settled(sid, what, partial(_session_facts, board, sid, now, server, prefix))
         for sid in board.entries
     ]
     for rid, rollout in board.sessionless().items():

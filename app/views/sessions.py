@@ -148,6 +148,8 @@ class SessionBoard:
     version: int = 0
     _settled: dict[tuple[str, str], tuple[_Entry, Any]] = field(default_factory=dict, repr=False)
     """What `settled` built from an ended session's summary, by (session id, what)."""
+    _made: dict[str, tuple[_Entry, tuple, tuple[Cell, ...]]] = field(default_factory=dict, repr=False)
+    """Each session's row as `_row` last made it: from which summary, with which moving values."""
 
     def settled(self, session_id: str, what: str, build: Callable[[], T]) -> T:
         """`build()` of a session's row (`what` names which), built again for an open session
@@ -211,7 +213,7 @@ class SessionBoard:
     def replace_all(self, summaries: Iterable[SessionSummary], now: float) -> None:
         """Resynchronise from `GET /admin/sessions` (start-up or after the event stream reconnects)."""
         self.entries = {s.id: _Entry(s, now) for s in summaries}
-        self._settled = {}
+        self._settled, self._made = {}, {}
         self.version += 1
 
     def upsert(self, summary: SessionSummary, now: float) -> None:
@@ -275,41 +277,46 @@ class SessionBoard:
         )
 
     def _row(self, sid: str, entry: _Entry, now: float) -> tuple[Cell, ...]:
+        """The row of a session; the one made last time (the same object) while neither its
+        summary nor what moves with the clock (its counters' whole seconds, its calls/min) changed."""
         s = entry.summary
         state = session_state(s)
-        idle = self.idle_seconds(sid, now)
         live = state in ("running", "no call yet")
-        idle_tone = "idle" if live and idle is not None and idle >= IDLE_AFTER_S else ""
-        task = s.metadata.get("task") or ""
+        idle = self.idle_seconds(sid, now) if live else None
         calling = self.calling_seconds(sid, now) if live else None
-        return (
+        elapsed = session_elapsed(s, max(0.0, now - entry.received))
+        moving = (
+            None if idle is None else int(idle),
+            "idle" if idle is not None and idle >= IDLE_AFTER_S else "",
+            None if calling is None else int(calling),
+            None if elapsed is None else int(elapsed),
+            f"{s.turns / (elapsed / 60):.1f}" if elapsed and s.turns else "–",
+            self.finish_reasons.get(sid),
+        )
+        made = self._made.get(sid)
+        if made is not None and made[0] is entry and made[1] == moving:
+            return made[2]
+        idle_s, idle_tone, calling_s, elapsed_s, rate, finish = moving
+        task = s.metadata.get("task") or ""
+        row = (
             (short_id(sid), ""),
             (clip(str(task), 10) or "–", ""),
-            (state, STATE_TONES.get(state, ""))
-            if calling is None
-            else (f"calling {int(calling)}s", "accent"),
+            (state, STATE_TONES.get(state, "")) if calling_s is None else (f"calling {calling_s}s", "accent"),
             (str(s.turns), ""),
             (str(s.roots), ""),
             (str(s.forks), ""),
             (str(s.trainable_tokens), ""),
-            ("–" if idle is None or not live else f"{int(idle)}", idle_tone),
+            ("–" if idle_s is None else f"{idle_s}", idle_tone),
             (fmt_reward(s.metadata.get("reward")), ""),
-            *self._wide(sid, entry, now),
-        )
-
-    def _wide(self, sid: str, entry: _Entry, now: float) -> tuple[Cell, ...]:
-        """harness, run, elapsed, calls/min, last finish reason (the wide table's columns)."""
-        s = entry.summary
-        elapsed = session_elapsed(s, max(0.0, now - entry.received))
-        rate = f"{s.turns / (elapsed / 60):.1f}" if elapsed and s.turns else "–"
-        finish = self.finish_reasons.get(sid)
-        return (
+            # The wide table's: harness, run, elapsed, calls/min, last finish reason.
             (clip(str(s.metadata.get("harness") or "–"), 12), ""),
             (str(s.metadata.get("run_id") or "–"), ""),
-            ("–" if elapsed is None else f"{int(elapsed)}", ""),
+            ("–" if elapsed_s is None else f"{elapsed_s}", ""),
             (rate, ""),
             (finish or "–", "warning" if finish == "length" else ""),
         )
+        self._made[sid] = (entry, moving, row)
+        return row
 
 
 def session_elapsed(summary: SessionSummary, since_received: float) -> float | None:
@@ -341,6 +348,8 @@ def diff_rows(old: Mapping[str, tuple], new: Mapping[str, tuple]) -> RowDiff:
         before = old.get(key)
         if before is None:
             added.append((key, row))
+            continue
+        if before is row:  # the same row object (one that ended): nothing in it changed
             continue
         changed.extend(
             (key, i, cell) for i, (cell, prev) in enumerate(zip(row, before, strict=False)) if cell != prev

@@ -67,6 +67,7 @@ class FilterBar(Widget):
 
     def show(self, line: str) -> None:
         """What is in force ("" hides the bar unless the field is open)."""
+        if line != self._line:  # (an update lays the screen out again: Sessions shows it 4 times a second)
+            self.query_one(Static).update(line)
         self._line = line
-        self.query_one(Static).update(line)
         self.set_class(bool(line) or self.editing, "-shown")

@@ -6,9 +6,9 @@ from collections.abc import Iterable
 
 from rich.text import Text
 from textual._two_way_dict import TwoWayDict
-from textual.geometry import Size
+from textual.geometry import Region, Size
 from textual.widgets import DataTable
-from textual.widgets.data_table import RowKey
+from textual.widgets.data_table import ColumnKey, DuplicateKey, Row, RowKey
 
 from tapdeck.app.views.sessions import (
     NARROW_BELOW,
@@ -49,6 +49,10 @@ class SessionTable(DataTable):
         self._columns: tuple[tuple[str, str, int], ...] = ()
         self._given: dict[str, tuple[Cell, ...]] = {}
         """The rows as last given (every column, shown or not)."""
+        self._unseen_changes = False
+        """Cells changed in rows out of view since the rendering caches were last invalidated."""
+        self._styled_rows: dict[str, tuple[tuple[Cell, ...], tuple[Text, ...]]] = {}
+        """Each row's cells as `_styled` made them last, with the row (shown columns) made from."""
 
     def on_mount(self) -> None:
         self._set_columns()
@@ -118,10 +122,17 @@ class SessionTable(DataTable):
 
     def apply(self, rows: dict[str, tuple[Cell, ...]]) -> int:
         """Diff against what is shown; returns how many cells/rows were touched."""
-        self._given = dict(rows)
+        given, self._given = self._given, dict(rows)
         columns = [key for key, _, _ in self._columns]
         picked = [ALL_KEYS.index(key) for key in columns]
-        rows = {key: tuple(row[i] for i in picked) for key, row in rows.items()}
+        # A row given as the very object given last time (an ended session's, built once per
+        # summary) is shown as it is: only the others are picked out and compared cell by cell.
+        rows = {
+            key: self._shown[key]
+            if given.get(key) is row and key in self._shown
+            else tuple(row[i] for i in picked)
+            for key, row in rows.items()
+        }
         diff = diff_rows(self._shown, rows)
         if not (diff.removed or diff.added or diff.changed) and list(rows) == list(self._shown):
             return 0
@@ -132,14 +143,68 @@ class SessionTable(DataTable):
         with self.app.batch_update():
             for key in diff.removed:
                 self.remove_row(key)
-            for key, index, cell in diff.changed:
-                self.update_cell(key, columns[index], self._styled(cell), update_width=False)
-            for key, row in diff.added:
-                self.add_row(*(self._styled(c) for c in row), key=key)
+            if diff.changed:
+                self._update_cells(diff.changed, columns)
+            self._add_rows(diff.added)
             if kept + [key for key, _ in diff.added] != list(rows):
                 self._reorder(list(rows), highlighted, place)  # a sort moved rows
         self._shown = dict(rows)
         return len(diff.removed) + len(diff.added) + len(diff.changed)
+
+    def _add_rows(self, rows: Iterable[tuple[str, tuple[Cell, ...]]]) -> None:
+        """Append `rows` (key, cells), as `add_row` would one by one: each of its calls checks the
+        cursor, lists the columns and schedules a refresh, most of a tenth of a second for the
+        1,000 rows an emptied filter brings back. A row given as the same object as when it was
+        last added takes the same styled cells."""
+        first = self.row_count
+        columns = [column.key for column in self.ordered_columns]
+        index = first
+        for key, row in rows:
+            row_key = RowKey(key)
+            if row_key in self._row_locations:
+                raise DuplicateKey(f"The row key {key!r} already exists.")
+            styled = self._styled_rows.get(key)
+            if styled is None or styled[0] is not row:
+                styled = self._styled_rows[key] = (row, tuple(self._styled(c) for c in row))
+            self._row_locations[row_key] = index
+            self._data[row_key] = dict(zip(columns, styled[1], strict=True))
+            self.rows[row_key] = Row(row_key, 1)
+            self._new_rows.add(row_key)
+            index += 1
+        if index == first:
+            return
+        self._require_update_dimensions = True
+        self._update_count += 1
+        self.cursor_coordinate = self.cursor_coordinate  # kept within the rows, as add_row does
+        if first == 0 and self.columns and self.show_cursor and self.cursor_type != "none":
+            self._highlight_cursor()  # a cursor row where there was none: as add_row says so
+        self.check_idle()
+        self.refresh()
+
+    def _update_cells(self, changed: list[tuple[str, int, Cell]], columns: list[str]) -> None:
+        """Set the changed cells, repainting only the rows of them in view. DataTable's own
+        `update_cell` repaints the whole table for each cell: with 256 live sessions a refresh
+        changes hundreds of cells, mostly in rows scrolled out of view."""
+        for key, index, cell in changed:
+            self._data[RowKey(key)][ColumnKey(columns[index])] = self._styled(cell)
+        header = self.header_height if self.show_header else 0
+        top, height = self.scroll_offset.y, self.size.height - header
+        places = (self._row_locations.get(RowKey(key)) for key, _, _ in changed)
+        lines = {place - top for place in places if place is not None}
+        shown = [Region(0, header + y, self.size.width, 1) for y in sorted(lines) if 0 <= y < height]
+        if not shown:
+            # The rendered cells and lines are cached under `_update_count`: changes out of view
+            # move it only once they scroll into view, so that the rows in view stay cached.
+            self._unseen_changes = True
+            return
+        self._update_count += 1
+        self.refresh(*shown)  # (no region at all would repaint the whole table)
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        if self._unseen_changes and round(old_value) != round(new_value):
+            self._unseen_changes = False
+            self._update_count += 1
+        super().watch_scroll_y(old_value, new_value)
 
     def _reorder(self, keys: list[str], highlighted: str | None, place: int) -> None:
         """Put the rows (every one of them shown) in `keys`' order, the cursor staying on the
@@ -160,8 +225,7 @@ class SessionTable(DataTable):
         highlighted, place = self._highlighted(), self.cursor_row
         self.clear()
         with self.app.batch_update():
-            for key, row in rows.items():
-                self.add_row(*(self._styled(c) for c in row), key=key)
+            self._add_rows(rows.items())
         self._shown = dict(rows)
         if rows:
             self.move_cursor(
@@ -173,7 +237,7 @@ class SessionTable(DataTable):
         """Re-render every cell (after a theme change the tones map to new colours), the cursor
         staying on the session it was on (or on `highlighted`, read before the columns changed)."""
         highlighted = highlighted or self._highlighted()
-        self._shown = {}
+        self._shown, self._styled_rows = {}, {}
         self.clear()
         self.apply(self._given)
         if highlighted is not None and highlighted in self._shown:
