@@ -24,6 +24,8 @@ if [ "${1:-}" = "test" ]; then
         echo "container tests: cannot run: readying Docker needs root (scripts/container-sandbox.sh);" \
             "they fail unless Docker is ready or TAPDECK_NO_CONTAINER_TESTS=1" >&2
     fi
-    exec "$here/.venv/bin/python" -m pytest "$@"
+    # Workers (pytest-xdist): most tests wait on servers and subprocesses, not the CPU, so 3
+    # workers on 2 cores cut the wall time (docs/development.md); TAPDECK_TEST_WORKERS=0: one process.
+    exec "$here/.venv/bin/python" -m pytest -n "${TAPDECK_TEST_WORKERS:-3}" --dist worksteal "$@"
 fi
 exec "$here/.venv/bin/tapdeck" "$@"

@@ -18,6 +18,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+PYTEST = "python -m pytest -n 3 --dist worksteal"
+"""pytest as tapdeck.sh runs it: on 3 workers unless TAPDECK_TEST_WORKERS says otherwise."""
+
+
 def _executable(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
@@ -61,30 +65,35 @@ def _test_command(repo: Path, *args: str, uid: int = 0, **env: str) -> tuple[lis
 
 def test_as_root_docker_is_readied_after_set_up_and_before_pytest(repo: Path) -> None:
     ran, said = _test_command(repo)
-    assert ran == ["setup.sh", "container-sandbox.sh", "python -m pytest"], ran
+    assert ran == ["setup.sh", "container-sandbox.sh", f"{PYTEST}"], ran
     assert said == ""
     # Arguments go to pytest; the backend is readied for them too.
     ran, _ = _test_command(repo, "tests/runner", "-x")
-    assert ran == ["setup.sh", "container-sandbox.sh", "python -m pytest tests/runner -x"], ran
+    assert ran == ["setup.sh", "container-sandbox.sh", f"{PYTEST} tests/runner -x"], ran
 
 
 def test_a_backend_that_cannot_be_readied_is_said_and_the_suite_still_runs(repo: Path) -> None:
     ran, said = _test_command(repo, READY_RC="1")
-    assert ran == ["setup.sh", "container-sandbox.sh", "python -m pytest"], ran
+    assert ran == ["setup.sh", "container-sandbox.sh", f"{PYTEST}"], ran
     assert said.strip() == "container tests: the backend is not ready (above); they will fail saying why"
 
 
 def test_without_root_nothing_is_readied_and_one_line_says_why(repo: Path) -> None:
     ran, said = _test_command(repo, uid=1000)
-    assert ran == ["setup.sh", "python -m pytest"], ran
+    assert ran == ["setup.sh", f"{PYTEST}"], ran
     assert len(said.splitlines()) == 1 and "readying Docker needs root" in said
     assert "TAPDECK_NO_CONTAINER_TESTS=1" in said
 
 
 def test_the_fast_tier_and_the_opt_out_ready_nothing(repo: Path) -> None:
     ran, said = _test_command(repo, "--fast")
-    assert ran == ["setup.sh", "python -m pytest -m not slow and not medium"], ran
+    assert ran == ["setup.sh", f"{PYTEST} -m not slow and not medium"], ran
     assert said == ""
     ran, said = _test_command(repo, TAPDECK_NO_CONTAINER_TESTS="1")
-    assert ran == ["setup.sh", "python -m pytest"], ran
+    assert ran == ["setup.sh", f"{PYTEST}"], ran
     assert said.strip() == "container tests: skipped (TAPDECK_NO_CONTAINER_TESTS is set)"
+
+
+def test_the_workers_can_be_set_and_zero_is_one_process(repo: Path) -> None:
+    ran, _ = _test_command(repo, "--fast", TAPDECK_TEST_WORKERS="0")
+    assert ran == ["setup.sh", "python -m pytest -n 0 --dist worksteal -m not slow and not medium"], ran
