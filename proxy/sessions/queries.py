@@ -1,7 +1,8 @@
 """The read side of the admin API: session lists, findings, the graph, exports, one turn.
 
 Each read runs on a worker thread and holds its session's graph lock only while it reads; a
-restarted or closed session's graph is rebuilt from the store for the read and not kept.
+restarted or closed session's graph is rebuilt from the store, and the last few are kept
+(proxy/sessions/kept_graphs.py).
 """
 
 from __future__ import annotations

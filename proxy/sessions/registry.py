@@ -26,6 +26,7 @@ from tapdeck.proxy.dialects.arguments import ArgumentsMemo
 from tapdeck.proxy.dialects.stored_responses import StoredResponses
 from tapdeck.proxy.http.events import EventBus
 from tapdeck.proxy.sessions.activity import ActivityLog
+from tapdeck.proxy.sessions.kept_graphs import KeptGraphs
 from tapdeck.proxy.sessions.keys import is_session_key, new_session_id, new_session_key
 from tapdeck.proxy.sessions.live import LiveSession, stored_span, stored_stats
 from tapdeck.proxy.sessions.spec import SessionError, SessionSpec, base_urls_for
@@ -74,6 +75,8 @@ class SessionRegistry:
         """The engines' policy versions: posted by trainers, reported by engines."""
         self._settled: dict[tuple[str, str | None, str], str] = {}
         """Engine address (as a session named it) → the base URL it settled on."""
+        self.kept = KeptGraphs()
+        """Graphs of sessions no longer live, for the reads that follow (opening a rollout)."""
         self._load_existing()
 
     def _load_existing(self) -> None:
@@ -261,6 +264,8 @@ class SessionRegistry:
         from the store when asked for, and nothing else of it is needed again."""
         if session.state == "open" or session.in_flight:
             return
+        if session.graph is not None:  # whole: the reads that follow a close need not rebuild it
+            self.kept.keep(session.id, session.graph)
         session.graph = None
         session.interner = Interner()
         session.arguments = ArgumentsMemo()
@@ -364,9 +369,11 @@ class SessionRegistry:
 
     def graph(self, session: LiveSession) -> RolloutGraph:
         """The session's graph. One that is not live (a restarted or closed session's) is
-        rebuilt from the store for this use and not kept. Call on a thread, holding `rw`."""
+        rebuilt from the store, and the last few are kept. Call on a thread, holding `rw`."""
         if session.graph is not None:
             return session.graph
+        if session.state != "open" and (kept := self.kept.get(session.id)) is not None:
+            return kept
         _record, graph = self.store.load_graph(session.id)
         session.fatal = session.warn = 0
         session.count([*session.findings, *graph.findings()])
@@ -382,6 +389,8 @@ class SessionRegistry:
         session.last_call_at = max((n.turn.created_at for n in graph.nodes.values()), default=None)
         if session.state == "open":
             session.graph = graph  # a live session's graph whose state a store fault dropped
+        else:
+            self.kept.keep(session.id, graph)
         return graph
 
     def _stats(self, session: LiveSession) -> RolloutStats:

@@ -1,7 +1,8 @@
 """Bounded memory: a closed session releases its live state (graph, interned messages, stored
 Responses, tool-argument memo, the store's per-session delta base and stored message keys; its
-activity entry is kept only while among the newest closed), listing a restarted server's
-sessions keeps no graph, stored Responses are bounded per session, and an engine that repeats its
+activity entry is kept only while among the newest closed; the graphs of the last few sessions
+read or closed are kept for the reads that follow), listing a restarted server's sessions keeps
+no graph, stored Responses are bounded per session, and an engine that repeats its
 reply ids cannot send a Responses chain round in a loop. Counted in live objects, not RSS (the
 RSS soak is bench/load.py --soak)."""
 
@@ -19,6 +20,7 @@ from tapdeck.proxy.config import ServerConfig
 from tapdeck.proxy.dialects.base import DialectError
 from tapdeck.proxy.dialects.stored_responses import StoredResponses
 from tapdeck.proxy.sessions import activity
+from tapdeck.proxy.sessions.kept_graphs import KEPT_GRAPHS
 from tests.support.fake_vllm import FakeVllm
 from tests.support.local_server import running
 
@@ -67,22 +69,48 @@ def test_closed_sessions_release_their_live_state(
             for s in sessions
         )
         assert service.store._previous == {} and service.store._stored_keys == {}
-        assert _live_graphs() == before
+        assert _live_graphs() == before + KEPT_GRAPHS  # the last closed, whole, for the reads after
         # The newest closed sessions' last exchange stays readable (the TUI's pane), no more.
         assert service.activity._sessions == {}
         assert list(service.activity._closed) == [s.id for s in sessions][-CLOSED_KEPT:]
         ends = [admin.get(f"/admin/sessions/{s.id}/activity").json()["calls_ended"] for s in sessions]
         assert ends == [0] * (SESSIONS - CLOSED_KEPT) + [2] * CLOSED_KEPT
-        # Still listed with their numbers, and exportable (rebuilt for the export, not kept).
+        # Still listed with their numbers, and exportable (the oldest rebuilt for it: one of the
+        # kept graphs gives way).
         listed = admin.get("/admin/sessions").json()["sessions"]
         assert [s["turns"] for s in listed] == [2] * SESSIONS
-        assert len(admin.get(f"/admin/sessions/{listed[0]['id']}/rollout").json()["turns"]) == 2
-        assert _live_graphs() == before
+        assert len(admin.get(f"/admin/sessions/{listed[-1]['id']}/rollout").json()["turns"]) == 2
+        assert _live_graphs() == before + KEPT_GRAPHS
 
     with running(config) as (restarted, admin):
         listed = admin.get("/admin/sessions").json()["sessions"]
         assert [s["turns"] for s in listed] == [2] * SESSIONS
         assert all(s.graph is None for s in restarted.service._sessions.values())
+
+
+@pytest.mark.medium
+def test_a_closed_sessions_graph_is_built_once_for_the_reads_that_follow(
+    upstream: FakeVllm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = ServerConfig(host="127.0.0.1", port=0, data_dir=tmp_path / "data", engine_url=upstream.base_url)
+    with running(config) as (server, admin):
+        info = admin.post("/admin/sessions", json={}).json()
+        assert _responses(server.url, info["api_key"], "hello").status_code == 200
+        admin.delete(f"/admin/sessions/{info['id']}")
+    with running(config) as (restarted, admin):
+        store = restarted.service.store
+        loads: list[str] = []
+        load_graph = store.load_graph
+        monkeypatch.setattr(store, "load_graph", lambda sid: loads.append(sid) or load_graph(sid))
+        # What the TUI asks on opening a rollout: its graph, the session with findings, a turn.
+        for path in ("/graph", "", "/turns/0", "/graph"):
+            assert admin.get(f"/admin/sessions/{info['id']}{path}").status_code == 200, path
+        assert loads == [info["id"]]
+        # Demoting a call after the fact changes the graph those reads share.
+        restarted.service.registry.mark_auxiliary(info["id"], [0], "not in the harness's trajectory")
+        graph = admin.get(f"/admin/sessions/{info['id']}/graph").json()
+        assert [t["role"] for t in graph["turns"]] == ["auxiliary"], graph["turns"]
+        assert loads == [info["id"]]
 
 
 def test_an_engine_repeating_reply_ids_still_chains_responses(
