@@ -159,6 +159,9 @@ async def test_rollout_findings_tab_shows_whole_rollout_checks_as_turns_arrive(l
 
 @pytest.mark.slow
 async def test_terminus2_rollout_finishes_with_captured_turns(live_server, tmp_path):
+    """Over 120 s when other engine tests share the 2 cores (147 s on 3 workers, 2026-12-07): a
+    whole terminus-2 rollout started from Setup, on the embedded engine, is what it checks the
+    TUI follows to its end; a shorter one would not be the rollout an operator starts."""
     app = _app(live_server, "setup", tmp_path)
     async with app.run_test(size=(80, 24)) as pilot:
         await until(pilot, lambda: app.screen.catalog is not None, "the catalog", 60)

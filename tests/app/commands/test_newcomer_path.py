@@ -21,6 +21,9 @@ TAPDECK = Path(sys.executable).with_name("tapdeck")
 
 
 def test_default_rollout_is_graded_and_ends_by_its_turn_budget(tmp_path: Path) -> None:
+    """About 25 s alone, over 120 s when the suite's other engine tests share the 2 cores (174 s
+    on 3 workers, 2026-12-07): it is the README's first rollout as it stands, so the defaults
+    (terminus-2's nine calls of up to 128 tokens on the embedded engine) are its size."""
     pytest.importorskip("llama_cpp", reason="the embedded engine needs llama-cpp-python")
     env = dict(os.environ, COLUMNS="200")
     proc = subprocess.run(

@@ -228,7 +228,9 @@ def test_a_host_install_cli_runs_in_a_container_against_the_embedded_engine(
     """The CLI's host install is mounted read-only; it reaches the loopback proxy through the host
     network; the session key is the one credential any process in the container had. The small
     model makes no tool call, so the CLI ends on its text reply (reward 0): what is checked is the
-    path, the capture and the credentials."""
+    path, the capture and the credentials. Up to 140 s (codex, suite on 3 workers, 2026-12-07): the
+    embedded engine prefills the CLI's own first prompt, thousands of tokens, and that prompt is
+    the CLI's, not the test's, to shorten."""
     installed_or_skip(name)
     for variable, value in LEAKS.items():
         monkeypatch.setenv(variable, value)
