@@ -13,9 +13,9 @@ follow the machine's load.
 
 `--rollout 200` then replays the benchmark rollout (bench/graph.py's: 200 turns, one chain reaching
 ~100k tokens) through the real path: stored in a SQLite store, `replay_session` against the embedded
-engine served over HTTP, its `prompt_logprobs` request, drift and the stored result. The embedded
-engine's context (32,768 tokens) cuts the chain: the replay scores the turns inside it in one request
-and reports the rest as not fitting. The same ids then go to the same engine as a plain completion
+engine served over HTTP, its `prompt_logprobs` request, drift and the stored result. The engine's
+context (32,768 tokens, or `--n-ctx`) cuts the chain: the replay scores the turns inside it in one
+request and reports the rest as not fitting. The same ids then go to the same engine as a plain completion
 (`max_tokens: 1`, no prompt logprobs) after a two-token call has emptied its prefix cache: the plain
 prefill of those tokens. The figure is the ratio of the two wall times, side by side in one run.
 """
@@ -35,7 +35,7 @@ from graph import make_turns  # bench/ is on sys.path when this runs as a script
 from tapdeck.proxy.capture.graph import RolloutGraph
 from tapdeck.proxy.store.database import Store
 from tapdeck.runner.engine.embedded import EmbeddedEngine
-from tapdeck.runner.engine.model import LlamaModel
+from tapdeck.runner.engine.model import DEFAULT_N_CTX, LlamaModel
 from tapdeck.runner.engine.model_file import default_model_path
 from tapdeck.runner.replay.reference import ReferenceEngine
 from tapdeck.runner.replay.session import replay_session
@@ -52,9 +52,9 @@ def _text_ids(model: LlamaModel, n: int) -> list[int]:
     raise SystemExit(f"pydoc's topics hold fewer than {n} tokens")
 
 
-def replay_rollout(turns: int) -> None:
-    """Replay the `turns`-turn benchmark rollout against the embedded engine, then prefill the same
-    ids plainly on it, and print both."""
+def replay_rollout(turns: int, n_ctx: int) -> None:
+    """Replay the `turns`-turn benchmark rollout against the embedded engine serving `n_ctx`
+    tokens of context, then prefill the same ids plainly on it, and print both."""
     rollout = make_turns(turns, 500)
     total = int(rollout[-1].prompt_ids.size + rollout[-1].sampled_ids.size)
     with tempfile.TemporaryDirectory() as tmp, Store(Path(tmp) / "capture.db") as store:
@@ -62,7 +62,7 @@ def replay_rollout(turns: int) -> None:
         graph = RolloutGraph()
         for turn in rollout:
             store.append_turn(turn, graph.add(turn))
-        engine = EmbeddedEngine().start()
+        engine = EmbeddedEngine(n_ctx=n_ctx).start()
         try:
             reference = ReferenceEngine.at(engine.base_url, name="embedded")
             start = time.perf_counter()
@@ -100,11 +100,17 @@ def main() -> None:
     parser.add_argument(
         "--rollout", type=int, default=0, metavar="TURNS", help="also replay the TURNS-turn benchmark rollout"
     )
+    parser.add_argument(
+        "--n-ctx",
+        type=int,
+        default=DEFAULT_N_CTX,
+        help="the engine's context for --rollout: where the chain is cut (32,768 takes over 14 min a side)",
+    )
     args = parser.parse_args()
     if args.tokens:
         score_against_prefill(args.tokens, args.repeat)
     if args.rollout:
-        replay_rollout(args.rollout)
+        replay_rollout(args.rollout, args.n_ctx)
 
 
 def score_against_prefill(tokens: int, repeat: int) -> None:

@@ -21,6 +21,10 @@ from tapdeck.runner.errors import ReferenceUnreachable, ReplayRefused
 
 REPLAY_TIMEOUT = httpx.Timeout(600.0, connect=10.0)
 """A long chain on a CPU engine takes minutes to score."""
+SLOWEST_SCORING = 20.0
+"""Tokens a second below which a reference is taken for dead: the embedded engine took over 14 min
+(under 40 tokens a second) for a 32,000-token chain on two idle cores, its attention growing with
+the context, so a chain's request waits ids / SLOWEST_SCORING seconds where that is past 600."""
 
 
 @dataclass
@@ -93,7 +97,10 @@ class ReferenceEngine:
         for ids its vocabulary does not have or an engine that gives no prompt logprobs."""
         body = {"model": self.model, "prompt": ids.tolist(), "max_tokens": 1, "prompt_logprobs": 0}
         try:
-            reply = self._http.post(f"{self.base_url}/completions", json=body)
+            wait = max(REPLAY_TIMEOUT.read or 0.0, ids.size / SLOWEST_SCORING)
+            reply = self._http.post(
+                f"{self.base_url}/completions", json=body, timeout=httpx.Timeout(wait, connect=10.0)
+            )
         except httpx.HTTPError as exc:
             raise ReferenceUnreachable(
                 f"reference engine {self.name} did not answer ({type(exc).__name__}: {exc})"
