@@ -10,6 +10,7 @@ import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
@@ -17,10 +18,10 @@ import pytest
 from tapdeck.app.commands.export import session_rows
 from tapdeck.proxy.capture.export import training_trace, write_parquet
 from tapdeck.proxy.store.database import Store
-from tapdeck.runner.errors import ReplayRefused, SessionNotReplayable
+from tapdeck.runner.errors import ReferenceUnreachable, ReplayRefused, SessionNotReplayable
 from tapdeck.runner.recipes.logprob_mismatch import MAX, MEAN, OUTSIDE
 from tapdeck.runner.replay.drift import K3_KL
-from tapdeck.runner.replay.reference import ReferenceEngine
+from tapdeck.runner.replay.reference import SLOWEST_SCORING, ReferenceEngine
 from tapdeck.runner.replay.session import replay_logprobs, replay_session
 from tests.support.fake_vllm import FakeVllm, vllm_listing
 from tests.support.recorded_turns import turn_from_fixture
@@ -215,3 +216,20 @@ def test_the_replay_is_exported_as_extra_columns(store: Store, tmp_path: Path) -
     trace = training_trace(record, graph, "tokens", reference=store.latest_reference("s-a"))
     assert [e["metadata"]["reference"] for e in trace["turns"]] == [name] * 3
     assert trace["turns"][0]["metadata"]["ref_logprobs"] == pytest.approx(rows[0]["ref_logprobs"].tolist())
+
+
+def test_a_long_chains_request_waits_by_its_length_not_600_s_flat(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The embedded engine scored 32,750 tokens in 1,188 s: past a flat 600 s reply timeout.
+    reference = ReferenceEngine("http://127.0.0.1:9/v1", "m", name="r", max_model_len=None)
+    waits: list[float | None] = []
+
+    def post(url: str, **kwargs: object) -> None:
+        waits.append(kwargs["timeout"].read)  # type: ignore[attr-defined]
+        raise httpx.ConnectError("not listening")
+
+    monkeypatch.setattr(reference._http, "post", post)
+    for size in (2_000, 32_750):
+        with pytest.raises(ReferenceUnreachable):
+            reference.score(np.arange(size))
+    assert waits == [600.0, 32_750 / SLOWEST_SCORING]
+    reference.close()
