@@ -5,8 +5,9 @@ Each Harbor name the runner uses is listed in `NAMES` and imported from Harbor w
 trial (the CLI's listings, a server before its first run) do not pay Harbor's imports (1 to 3 s),
 and listing a dataset imports only the part of Harbor that does it. Nothing is cached here, so a
 test that patches a Harbor module's attribute is seen. The modules whose classes subclass
-Harbor's (`cli_agents`, `sandboxes/host`) import their names at their top instead (`from
-tapdeck.runner.harbor_api import BaseEnvironment`): they load only where a trial runs.
+Harbor's (`cli_agents`, `sandboxes/host`, `sandboxes/relayed_docker`) import their names at their
+top instead (`from tapdeck.runner.harbor_api import BaseEnvironment`): they load only where a
+trial runs.
 
 Harbor's agents import litellm, which fetches its model cost map over the network as it is
 imported unless LITELLM_LOCAL_MODEL_COST_MAP says to use the map it ships: a stall offline. That
@@ -28,6 +29,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and readers (`NAMES` is w
     from harbor.agents.installed.base import NonZeroAgentExitCodeError
     from harbor.environments.base import BaseEnvironment, ExecResult, OutputCallback
     from harbor.environments.capabilities import EnvironmentCapabilities
+    from harbor.environments.docker.docker import DockerEnvironment
     from harbor.environments.factory import EnvironmentFactory
     from harbor.environments.factory import _load_environment_class as load_environment_class
     from harbor.models.agent.context import AgentContext
@@ -51,6 +53,7 @@ NAMES: dict[str, str] = {
     "NonZeroAgentExitCodeError": "harbor.agents.installed.base:NonZeroAgentExitCodeError",
     # environments (sandboxes)
     "BaseEnvironment": "harbor.environments.base:BaseEnvironment",
+    "DockerEnvironment": "harbor.environments.docker.docker:DockerEnvironment",
     "EnvironmentCapabilities": "harbor.environments.capabilities:EnvironmentCapabilities",
     "EnvironmentConfig": "harbor.models.trial.config:EnvironmentConfig",
     "EnvironmentFactory": "harbor.environments.factory:EnvironmentFactory",

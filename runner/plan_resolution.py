@@ -56,11 +56,16 @@ def resolve_tasks(plan: RunPlan) -> tuple[list[dict[str, str]], list[str]]:
 
 
 def check_sandbox(plan: RunPlan) -> None:
-    """PlanError for a sandbox name that is neither `host`, a Harbor backend nor `module:Class`."""
-    from tapdeck.runner.catalog import sandbox_environment_config
+    """PlanError for a sandbox name that is neither `host`, a Harbor backend nor `module:Class`, or
+    a docker sandbox `network` that is none of its choices."""
+    from tapdeck.runner.catalog import DOCKER_SANDBOX, sandbox_environment_config
+    from tapdeck.runner.sandboxes.docker_sandbox import network_mode
 
+    kwargs = plan.rollout.sandbox_kwargs or {}
     try:
-        sandbox_environment_config(plan.rollout.sandbox, **(plan.rollout.sandbox_kwargs or {}))
+        sandbox_environment_config(plan.rollout.sandbox, **kwargs)
+        if plan.rollout.sandbox == DOCKER_SANDBOX:
+            network_mode(str(kwargs.get("network", "auto")), agent_in_container=False, proxy_port=None)
     except ValueError as exc:
         raise PlanError(str(exc)) from None
 

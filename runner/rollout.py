@@ -473,30 +473,33 @@ def host_sandbox_kwargs(spec: RolloutSpec, proxy_url: str | None) -> dict[str, A
 
 
 def docker_environment(spec: RolloutSpec, proxy_url: str | None) -> Any:
-    """Harbor's docker environment as tapdeck runs it (`sandboxes/docker_sandbox.py`): on the host's
-    network when the proxy is on this host's loopback (unless the task asks for no network), the
-    agent CLI's install mounted read-only; containers a dead tapdeck left are removed first."""
+    """Harbor's docker environment as tapdeck runs it (`sandboxes/docker_sandbox.py`): on the
+    network the sandbox option `network` names (by default, an agent CLI's container has none but
+    the relayed proxy port), the agent CLI's install mounted read-only; containers a dead tapdeck
+    left are removed first."""
+    from tapdeck.runner.harnesses import Placement, get_harness
     from tapdeck.runner.sandboxes import abandoned_containers, docker_sandbox
 
     abandoned_containers.remove_abandoned()
+    kwargs = dict(spec.rollout.sandbox_kwargs or {})
     parsed = urlsplit(proxy_url or "")
-    on_loopback = bool(parsed.hostname and is_loopback(parsed.hostname)) and not _task_wants_no_network(spec)
+    on_loopback = bool(parsed.port and parsed.hostname and is_loopback(parsed.hostname))
+    try:
+        network = docker_sandbox.network_mode(
+            str(kwargs.pop("network", "auto")),
+            agent_in_container=get_harness(spec.rollout.harness).placement is Placement.HOST_INSTALL,
+            proxy_port=parsed.port if on_loopback else None,
+        )
+    except ValueError as exc:
+        raise RolloutSetupError("bad_plan", str(exc)) from None
     agents_dir = spec.rollout.settings.harness_kwargs.get("agents_dir")
     return docker_sandbox.environment_config(
         harness=spec.rollout.harness,
-        proxy_on_loopback=on_loopback,
-        kwargs=spec.rollout.sandbox_kwargs,
+        network=network,
+        proxy_port=parsed.port if on_loopback else None,
+        kwargs=kwargs,
         agents_dir=Path(agents_dir) if agents_dir else None,
     )
-
-
-def _task_wants_no_network(spec: RolloutSpec) -> bool:
-    """Whether the task's task.toml asks for no network (Harbor's own handling then applies)."""
-    try:
-        config = harbor_api.TaskConfig.model_validate_toml((spec.task_path / "task.toml").read_text())
-    except (OSError, ValueError):
-        return False
-    return config.environment.network_mode == harbor_api.NetworkMode.NO_NETWORK
 
 
 def _holds_agent_installs(spec: RolloutSpec, folder: Path) -> bool:

@@ -9,6 +9,7 @@ admin routes, the settings' defaults).
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import tomllib
@@ -319,16 +320,17 @@ def test_the_per_harness_defaults_table_is_the_codes() -> None:
     from tapdeck.runner.rollout_settings import harness_defaults
 
     rollouts = _read("docs/rollouts.md")
-    section = rollouts[rollouts.index("### Defaults per harness on the embedded engine") :]
-    rows = [line for line in section.splitlines() if line.startswith("| ")][1:]  # no header
+    section = rollouts[rollouts.index("### Defaults per harness on the embedded engine") :].splitlines()
+    first = next(i for i, line in enumerate(section) if line.startswith("| "))
+    table = itertools.takewhile(lambda line: line.startswith("|"), section[first:])
+    rows = [line for line in table if line.startswith("| ")][1:]  # no header, no |---| line
     expected = []
     for h in harness_defaults():
         expected.append(
             f"| {h.harness} | {h.tool_profile or '-'} | {h.first_prompt_tokens:,} | "
             f"{h.on_cut_reply} | {h.output_tokens:,} | {h.agent_timeout_s:,.0f} s |"
         )
-    assert rows[: len(expected)] == expected
-    assert len(rows) == len(expected) or not rows[len(expected)].startswith("| ")
+    assert rows == expected
 
 
 def test_no_test_asserts_on_wall_clock_time() -> None:

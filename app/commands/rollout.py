@@ -160,6 +160,13 @@ def register(app: typer.Typer) -> None:
             f"lean on the embedded engine: {_per_harness('tool_profile')}).",
             rich_help_panel=SETTINGS_PANEL,
         ),
+        sandbox_kwargs: str | None = typer.Option(
+            None,
+            "--sandbox-kwargs",
+            help="Keyword arguments for the sandbox, a JSON object (default: none), e.g. "
+            '\'{"network": "host"}\': docker\'s network is auto, none, host or bridge, the host '
+            "sandbox's auto, none or host (docs/rollouts.md).",
+        ),
         alternatives: int = typer.Option(
             0,
             "--alternatives",
@@ -254,6 +261,7 @@ def register(app: typer.Typer) -> None:
                         # From a dict: the flags' settings are checked as the template's (`settings.*`).
                         harness=harness,
                         sandbox=sandbox,
+                        sandbox_kwargs=_json_object(sandbox_kwargs, "--sandbox-kwargs"),
                         engine=engine,
                         engine_model=engine_model,
                         engine_tool_parser=engine_tool_parser,
@@ -586,18 +594,25 @@ def _server_logs_to(path: Path) -> Iterator[None]:
 
 def _settings(*, harness_kwargs: str | None, **fields: Any) -> dict[str, Any]:
     """The plan's `settings`: the flags given (the server fills in and checks the rest)."""
-    import json
-
     settings = {k: v for k, v in fields.items() if v is not None}
     if harness_kwargs is not None:
-        try:
-            parsed = json.loads(harness_kwargs)
-        except ValueError as exc:
-            raise typer.BadParameter(f"not JSON: {exc}", param_hint="--harness-kwargs") from None
-        if not isinstance(parsed, dict):
-            raise typer.BadParameter("must be a JSON object", param_hint="--harness-kwargs")
-        settings["harness_kwargs"] = parsed
+        settings["harness_kwargs"] = _json_object(harness_kwargs, "--harness-kwargs")
     return settings
+
+
+def _json_object(text: str | None, option: str) -> dict[str, Any] | None:
+    """An option's JSON object (None when the option was not given)."""
+    import json
+
+    if text is None:
+        return None
+    try:
+        parsed = json.loads(text)
+    except ValueError as exc:
+        raise typer.BadParameter(f"not JSON: {exc}", param_hint=option) from None
+    if not isinstance(parsed, dict):
+        raise typer.BadParameter("must be a JSON object", param_hint=option)
+    return parsed
 
 
 def _install_agent(harness: str) -> None:

@@ -3,10 +3,12 @@ starts, execs in and stops the container.
 
 - A compose overlay (Harbor's `extra_docker_compose`) labels the task's `main` container with its
   owner (this process: boot id, pid and start time), so a later process can tell the containers
-  of a dead tapdeck from a live one's (`abandoned_containers`). When the capture proxy is on this
-  host's loopback, the overlay also puts the container on the host's network (`network_mode:
-  host`): that is how a CLI agent inside reaches the proxy at the same loopback address, and no
-  docker bridge is involved. A task that asks for no network keeps Harbor's own handling.
+  of a dead tapdeck from a live one's (`abandoned_containers`), and sets its network (`NETWORKS`,
+  the sandbox option `network`). By default an agent CLI's container, whose agent calls the
+  capture proxy on this host's loopback, gets no network at all: the proxy's port is relayed in
+  (`relayed_docker`), so the agent reaches the proxy at the same loopback address and nothing
+  else. A container whose agent runs on the host (terminus-2, the oracle) never calls the proxy,
+  and keeps Harbor's own network: compose's bridge for the run, none where the task asks for none.
 - Agent CLIs that tapdeck installs on the host (`cli_agents`) run from that install: its folder is
   bind-mounted read-only at the same path, and so is the host's `node` (the Node CLIs' launcher)
   at /usr/local/bin/node. Harbor's own installed agents download their CLI inside the container
@@ -73,12 +75,34 @@ def state_dir() -> Path:
     return Path(os.environ.get("TAPDECK_CONTAINER_CACHE") or Path.home() / ".cache/tapdeck/container")
 
 
-def overlay(host_network: bool) -> Path:
-    """The compose overlay of this process's containers (written once per process and mode)."""
+NETWORKS = {
+    "auto": "none for an agent CLI whose proxy is on this host's loopback, else bridge",
+    "none": "no network; the capture proxy's loopback port relayed in, nothing else reachable",
+    "host": "the host's network: every address the host reaches, its loopback included",
+    "bridge": "Harbor's own: compose's bridge network for the run (none where the task asks for none)",
+}
+"""The docker sandbox's `network` option: each choice and what the container can reach."""
+RELAYED_IMPORT_PATH = "tapdeck.runner.sandboxes.relayed_docker:RelayedDockerEnvironment"
+
+
+def network_mode(choice: str, *, agent_in_container: bool, proxy_port: int | None) -> str:
+    """The network a container gets (`none`, `host` or `bridge`) for the `network` option's `choice`:
+    `auto` cuts an agent CLI's container off but for the proxy, when the proxy is on this host's
+    loopback (`proxy_port`), and leaves any other container on Harbor's own network."""
+    if choice not in NETWORKS:
+        raise ValueError(f"the docker sandbox's network must be one of {', '.join(NETWORKS)}, not {choice!r}")
+    if choice != "auto":
+        return choice
+    return "none" if agent_in_container and proxy_port is not None else "bridge"
+
+
+def overlay(network: str) -> Path:
+    """The compose overlay of this process's containers on `network` (written once per process
+    and network)."""
     main: dict[str, Any] = {"labels": {OWNER_LABEL: owner()}}
-    if host_network:
-        main["network_mode"] = "host"
-    path = state_dir() / "overlays" / f"{owner().replace(':', '-')}{'-host' if host_network else ''}.json"
+    if network in ("host", "none"):
+        main["network_mode"] = network
+    path = state_dir() / "overlays" / f"{owner().replace(':', '-')}-{network}.json"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         scratch = path.with_suffix(f".{os.getpid()}.new")
@@ -110,16 +134,23 @@ def agent_mounts(harness: str, agents_dir: Path | None = None) -> list[dict[str,
 def environment_config(
     *,
     harness: str,
-    proxy_on_loopback: bool,
+    network: str,
+    proxy_port: int | None,
     kwargs: dict[str, Any] | None = None,
     agents_dir: Path | None = None,
 ) -> Any:
-    """Harbor's `EnvironmentConfig` for its docker environment, with tapdeck's overlay and mounts."""
+    """Harbor's `EnvironmentConfig` for its docker environment (as `RelayedDockerEnvironment`), with
+    tapdeck's overlay and mounts, on `network` (`network_mode`); on `none`, `proxy_port` of this
+    host's loopback is relayed in."""
+    kwargs = dict(kwargs or {})
+    if network == "none" and proxy_port is not None:
+        kwargs["loopback_ports"] = [proxy_port]
     return harbor_api.EnvironmentConfig(
         type=harbor_api.EnvironmentType.DOCKER,
+        import_path=RELAYED_IMPORT_PATH,
         mounts=agent_mounts(harness, agents_dir) or None,
-        extra_docker_compose=[overlay(host_network=proxy_on_loopback)],
-        kwargs=dict(kwargs or {}),
+        extra_docker_compose=[overlay(network)],
+        kwargs=kwargs,
     )
 
 
@@ -200,11 +231,13 @@ def check() -> tuple[bool, str]:
 
 
 __all__ = [
+    "NETWORKS",
     "OWNER_LABEL",
     "agent_mounts",
     "check",
     "compose_failure",
     "environment_config",
+    "network_mode",
     "overlay",
     "owner",
     "owner_alive",

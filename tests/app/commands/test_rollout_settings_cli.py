@@ -74,6 +74,25 @@ def test_harness_kwargs_that_are_not_a_json_object_are_refused_before_anything_r
     assert "must be a JSON object" in result.output
 
 
+def test_sandbox_kwargs_that_are_not_a_json_object_are_refused_before_anything_runs() -> None:
+    result = CliRunner().invoke(
+        app, ["rollout", "--sandbox-kwargs", "host", "--server", "http://127.0.0.1:9"], env=WIDE
+    )
+    assert result.exit_code == 2 and "--sandbox-kwargs" in result.output and "not JSON" in result.output
+
+
+def test_a_docker_network_that_is_no_choice_is_refused_by_the_server_naming_the_choices(
+    recorded_engine: Any, tmp_path: Path
+) -> None:
+    with local_server_on(recorded_engine, tmp_path) as server:
+        argv = ["rollout", "--server", server.url, "--admin-key", server.admin_key, "--sandbox", "docker"]
+        result = CliRunner().invoke(app, [*argv, "--sandbox-kwargs", '{"network": "public"}'], env=WIDE)
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.output.split())
+    assert "network must be one of auto, none, host, bridge, not 'public'" in text, text
+    assert not list(tmp_path.glob("runs/*"))
+
+
 def test_a_bad_setting_is_refused_by_the_server_with_the_field_named(
     recorded_engine: Any, tmp_path: Path
 ) -> None:

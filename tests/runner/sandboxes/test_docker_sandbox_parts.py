@@ -47,16 +47,40 @@ def test_an_owner_is_alive_while_its_process_runs() -> None:
     assert docker_sandbox.owner_alive(f"another-boot:{pid}:{start}")
 
 
-def test_the_overlay_labels_main_with_its_owner_and_puts_it_on_the_host_network_when_asked(
+def test_the_overlay_labels_main_with_its_owner_and_sets_its_network(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("TAPDECK_CONTAINER_CACHE", str(tmp_path))
-    host = json.loads(docker_sandbox.overlay(host_network=True).read_text())
-    bridge = json.loads(docker_sandbox.overlay(host_network=False).read_text())
-    assert host == {
-        "services": {"main": {"labels": {"tapdeck.owner": docker_sandbox.owner()}, "network_mode": "host"}}
-    }
-    assert bridge == {"services": {"main": {"labels": {"tapdeck.owner": docker_sandbox.owner()}}}}
+    labels = {"tapdeck.owner": docker_sandbox.owner()}
+    for network in ("host", "none"):
+        main = json.loads(docker_sandbox.overlay(network).read_text())["services"]["main"]
+        assert main == {"labels": labels, "network_mode": network}
+    bridge = json.loads(docker_sandbox.overlay("bridge").read_text())
+    assert bridge == {"services": {"main": {"labels": labels}}}
+
+
+def test_auto_cuts_an_agent_clis_container_off_but_for_a_loopback_proxy() -> None:
+    def mode(choice: str, agent_in_container: bool, port: int | None) -> str:
+        return docker_sandbox.network_mode(choice, agent_in_container=agent_in_container, proxy_port=port)
+
+    assert mode("auto", True, 8123) == "none"
+    # terminus-2 and the oracle never call the proxy from inside: Harbor's own network.
+    assert mode("auto", False, 8123) == "bridge"
+    # A proxy elsewhere (a public URL) is reached over a network, not relayed.
+    assert mode("auto", True, None) == "bridge"
+    assert [mode(c, True, 8123) for c in ("host", "none", "bridge")] == ["host", "none", "bridge"]
+    with pytest.raises(ValueError, match="one of auto, none, host, bridge, not 'public'"):
+        mode("public", True, 8123)
+
+
+def test_the_environment_relays_the_proxy_port_only_into_a_container_without_network(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TAPDECK_CONTAINER_CACHE", str(tmp_path))
+    cut = docker_sandbox.environment_config(harness="oracle", network="none", proxy_port=8123)
+    assert cut.import_path == docker_sandbox.RELAYED_IMPORT_PATH and cut.kwargs == {"loopback_ports": [8123]}
+    bridged = docker_sandbox.environment_config(harness="oracle", network="bridge", proxy_port=8123)
+    assert bridged.kwargs == {} and bridged.extra_docker_compose[0].name.endswith("-bridge.json")
 
 
 def test_an_installed_node_cli_is_mounted_read_only_with_node(
