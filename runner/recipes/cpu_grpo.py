@@ -69,6 +69,7 @@ import httpx
 from tapdeck.proxy.store.atomic_write import atomic_write
 from tapdeck.runner.recipes.logprob_mismatch import mismatch_metrics
 from tapdeck.runner.recipes.reward_interval import difference_interval, mean_interval
+from tapdeck.runner.recipes.shared_prefix import with_shared_prefix
 from tapdeck.schema.rollout_health import (
     DEFAULT_MIN_LOSS_MASK_FRACTION,
     degenerate_reasons,
@@ -930,7 +931,7 @@ def main(argv: list[str] | None = None) -> int:
             shuffle_dataset=True,
             log_completions=False,
         )
-        trainer = with_mismatch_metrics(GRPOTrainer)(
+        trainer = with_mismatch_metrics(with_shared_prefix(GRPOTrainer))(
             model=model,
             reward_funcs=[verifier, reply_format],
             args=config,
@@ -942,7 +943,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         started = time.monotonic()
         trainer.train()
-        print(f"[cpu-grpo] {args.steps} step(s) in {time.monotonic() - started:.0f} s", flush=True)
+        print(
+            f"[cpu-grpo] {args.steps} step(s) in {time.monotonic() - started:.0f} s; "
+            f"{trainer.shared_prefix_rows} row(s) scored over their group's shared prompt",
+            flush=True,
+        )
         if check is not None:
             engine.weights_changed()
             check["engine_after"] = engine.score(
