@@ -17,7 +17,7 @@ from typing import Any
 from tapdeck.runner.engine.generation import Choice, Generation, StopRules, TokenStep
 from tapdeck.runner.engine.model import LlamaModel, PromptScores
 from tapdeck.runner.engine.sampling import Sampler, SamplingParams
-from tapdeck.runner.engine.template import ChatTemplate
+from tapdeck.runner.engine.template import ChatTemplate, turn_end_ids
 
 
 @dataclass
@@ -34,7 +34,18 @@ class EngineCore:
 
     def __init__(self, model: LlamaModel) -> None:
         self.model = model
-        self.template = ChatTemplate(model.chat_template) if model.chat_template else None
+        self.template = (
+            ChatTemplate(
+                model.chat_template,
+                bos_token=model.bos_text,
+                eos_token=model.pieces[model.eos_id].decode("utf-8", errors="replace"),
+            )
+            if model.chat_template
+            else None
+        )
+        self.end_ids = frozenset({model.eos_id, *turn_end_ids(self.template, model)})
+        """Tokens that end a reply: EOS, and the template's end of an assistant turn where that
+        is another token (Gemma's header EOS is `<eos>`, its turns end with `<end_of_turn>`)."""
         self.lock = threading.Lock()
         self._wanting = 0  # threads waiting in `holding()`: a settle in progress gives way to them
         self._wanting_guard = threading.Lock()
@@ -96,7 +107,15 @@ class EngineCore:
     ) -> list[Generation]:
         sampler = Sampler(params, prompt_ids, self.model.n_vocab)
         return [
-            Generation(self.model, prompt_ids, sampler, rules, top_logprobs=top_logprobs, cancelled=cancelled)
+            Generation(
+                self.model,
+                prompt_ids,
+                sampler,
+                rules,
+                top_logprobs=top_logprobs,
+                cancelled=cancelled,
+                end_ids=self.end_ids,
+            )
             for _ in range(n)
         ]
 

@@ -2,7 +2,8 @@
 
 Stop conditions, checked after each sampled token (the token that triggers a stop is kept in the
 ids and logprobs, as vLLM does):
-* the EOS id (`<|im_end|>` for SmolLM2) unless `ignore_eos` → "stop", `stop_reason` None;
+* the EOS id (`<|im_end|>` for SmolLM2), or the token the chat template ends a turn with where
+  that is another (Gemma's `<end_of_turn>`), unless `ignore_eos` → "stop", `stop_reason` None;
 * an id from `stop_token_ids` → "stop", `stop_reason` = that id;
 * a `stop` string in the decoded text → "stop", `stop_reason` = the string; the text is cut
   before it (kept when `include_stop_str_in_output`);
@@ -78,8 +79,10 @@ class Generation:
         *,
         top_logprobs: int | None = None,
         cancelled: Callable[[], bool] = lambda: False,
+        end_ids: frozenset[int] | None = None,
     ) -> None:
         self.model = model
+        self.end_ids = end_ids if end_ids is not None else frozenset({model.eos_id})
         self.prompt_ids = prompt_ids
         self.sampler = sampler
         self.rules = rules
@@ -127,12 +130,12 @@ class Generation:
             before = len(self._text)
             # A stop token's own text is left out unless asked for, as vLLM's detokenizer does
             # (with special tokens kept, the end token would otherwise end every reply's text).
-            stop_token = (token == model.eos_id and not rules.ignore_eos) or token in rules.stop_token_ids
+            stop_token = (token in self.end_ids and not rules.ignore_eos) or token in rules.stop_token_ids
             if not (rules.skip_special_tokens and model.special[token]) and not (
                 stop_token and not rules.include_stop_str_in_output
             ):
                 self._text += self._decoder.decode(model.pieces[token])
-            if token == model.eos_id and not rules.ignore_eos:
+            if token in self.end_ids and not rules.ignore_eos:
                 ch.finish_reason = "stop"
             elif token in rules.stop_token_ids:
                 ch.finish_reason, ch.stop_reason = "stop", token

@@ -179,6 +179,11 @@ class LlamaModel:
         self.chat_template: str | None = meta.get("tokenizer.chat_template")
         self.pieces: list[bytes] = [self._piece(i) for i in range(self.n_vocab)]
         vocab = self._llm._model.vocab
+        # Text of the BOS token for chat templates that write `{{ bos_token }}` themselves (Gemma's):
+        # without it such a model reads its prompt with no BOS and degrades badly.
+        self.bos_text: str = (
+            self.pieces[self.bos_id].decode("utf-8", errors="replace") if self.bos_id is not None else ""
+        )
         self.special = np.array(
             [bool(llama_cpp.llama_vocab_get_attr(vocab, i) & _CONTROL_ATTR) for i in range(self.n_vocab)],
             dtype=bool,

@@ -107,6 +107,7 @@ class PolicyModel:
         self.n_vocab = int(model.config.vocab_size)
         self.eos_id = int(tokenizer.eos_token_id)
         self.bos_id = tokenizer.bos_token_id
+        self.bos_text: str = tokenizer.bos_token or ""
         self.chat_template: str | None = tokenizer.chat_template
         self.pieces, self.special = token_pieces(tokenizer, self.n_vocab)
         self.token_texts = [p.decode("utf-8", errors="replace") for p in self.pieces]

@@ -95,7 +95,8 @@ def plain_messages(
 class ChatTemplate:
     """A compiled chat template."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, *, bos_token: str = "", eos_token: str = "") -> None:
+        self._bos_token, self._eos_token = bos_token, eos_token
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise
         env.filters["tojson"] = lambda v, indent=None: json.dumps(v, ensure_ascii=False, indent=indent)
@@ -117,11 +118,28 @@ class ChatTemplate:
             return self._template.render(
                 messages=plain_messages(messages, tools),
                 add_generation_prompt=add_generation_prompt,
-                bos_token="",
-                eos_token="",
+                bos_token=self._bos_token,
+                eos_token=self._eos_token,
                 **extra,
             )
         except TemplateError:
             raise
         except jinja2.TemplateError as exc:
             raise TemplateError(f"chat template failed: {exc}") from exc
+
+
+def turn_end_ids(template: ChatTemplate | None, model: Any) -> list[int]:
+    """The control token the template closes an assistant turn with (`<|im_end|>` in ChatML,
+    `<end_of_turn>` in Gemma's), found by rendering one; empty when it closes with none."""
+    if template is None:
+        return []
+    marker = "tapdeck-turn-end-probe"
+    try:
+        text = template.render(
+            [{"role": "user", "content": "u"}, {"role": "assistant", "content": marker}],
+            add_generation_prompt=False,
+        )
+    except TemplateError:
+        return []
+    after = model.tokenize(text[text.rindex(marker) + len(marker) :]) if marker in text else []
+    return after[:1] if after and model.special[after[0]] else []
