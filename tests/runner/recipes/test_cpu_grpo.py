@@ -11,6 +11,7 @@ present). One run of two optimizer steps, each on a group of 2 one-turn rollouts
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -353,8 +354,13 @@ def test_two_cpu_grpo_steps_on_the_learn_set_sample_from_each_steps_weights_and_
     assert [step for step, _ in evals] == [0, 2] and all(v in (0.0, 1.0) for _, v in evals)
     assert [v for _, v in by_name["eval/n"]] == [1.0, 1.0]
     assert len(by_name["eval/verifier_reward_delta"]) == 1
-    assert [v for _, v in by_name["train/task/reply-fruit/n"]] == [2.0, 2.0]
+    # Per step, the task's n is its scorable rollouts (a degenerate one is skipped, not scored 0).
+    scorable = [2 * v for _, v in by_name["train/rollout/scorable"]]
+    assert [v for _, v in by_name["train/task/reply-fruit/n"]] == scorable
     assert sum("[cpu-grpo] step " in line and "= rollouts" in line for line in lines) == 2
+    # A step whose two rollouts were both scorable shares their prompt in the trainer's pass.
+    shared = re.search(r"(\d+) row\(s\) scored over their group's shared prompt", log)
+    assert shared and int(shared[1]) >= 2 * scorable.count(2.0), log
 
     # 5. Every rollout was a real tapdeck rollout on the policy engine, captured at the tokens tier,
     # one run per draw, and each turn is stamped with the steps taken before it was sampled: the
