@@ -280,11 +280,13 @@ def test_two_cpu_grpo_steps_on_the_learn_set_sample_from_each_steps_weights_and_
     checks below that each need a real model trained on real rollouts (each cpu-grpo run loads the
     model and dequantises it: a test of its own would add a minute or more). Two calls a rollout:
     terminus-2 re-asks after a reply cut at 8 tokens, and a one-call rollout would be skipped as
-    degenerate. A group whose rollouts all score the same is drawn again, up to 3 times."""
+    degenerate. A group whose rollouts all score the same is drawn again, up to 6 times: with
+    8-token replies most draws score alike (4 flat draws in a row were seen twice in 3 runs here,
+    2026-12-07), and a first step that teaches nothing fails the test."""
     http = train_server.http
     args = ["--dataset", "learn", "--tasks", "reply-fruit", "--group-size", "2", "--steps", "2"]
     args += ["--eval-dataset", "learn-eval", "--eval-tasks", "reply-snack", "--eval-k", "1"]
-    args += ["--max-turns", "1", "--max-tokens", "8", "--call-budget", "2", "--redraws", "3"]
+    args += ["--max-turns", "1", "--max-tokens", "8", "--call-budget", "2", "--redraws", "6"]
     args += ["--lr", "1e-4", "--check-logprobs", "--check-weights", str(shipped_model_path())]
     args += ["--rollout-timeout", "1200"]
     resp = http.post("/admin/train", json={"recipe": "cpu-grpo", "args": args})

@@ -138,3 +138,36 @@ def test_the_check_names_what_is_missing_and_the_script_that_readies_it(
     (tmp_path / "docker.compose").write_text("")
     ok, why = docker_sandbox.check()
     assert not ok and "base image(s) python:3.12-slim-bookworm are not built here" in why, why
+
+
+def test_the_relayed_environment_mounts_the_relay_only_where_ports_are_relayed(tmp_path: Path) -> None:
+    """Harbor's docker environment as tapdeck makes it: with loopback ports, the trial's relay/
+    folder and the relay script (read-only) are mounted where the inner relay finds them; without,
+    nothing is added. No daemon is asked: only the constructor runs."""
+    from harbor.models.task.config import EnvironmentConfig as TaskEnvironmentConfig
+    from harbor.models.trial.paths import TrialPaths
+
+    from tapdeck.runner.sandboxes import loopback_relay
+    from tapdeck.runner.sandboxes.relayed_docker import RELAY_DIR, RELAY_SCRIPT, RelayedDockerEnvironment
+
+    (tmp_path / "env").mkdir()
+    (tmp_path / "env" / "Dockerfile").write_text("FROM scratch\n")
+
+    def made(ports: list[int] | None) -> RelayedDockerEnvironment:
+        return RelayedDockerEnvironment(
+            environment_dir=tmp_path / "env",
+            environment_name="t",
+            session_id="s",
+            trial_paths=TrialPaths(tmp_path / "trial"),
+            task_env_config=TaskEnvironmentConfig(),
+            loopback_ports=ports,
+        )
+
+    relayed = made([8123])
+    mounts = {m["target"]: (m["source"], m.get("read_only", False)) for m in relayed._host_mounts}
+    assert mounts == {
+        RELAY_DIR: (str(tmp_path / "trial" / "relay"), False),
+        RELAY_SCRIPT: (str(Path(loopback_relay.__file__).resolve()), True),
+    }
+    assert (tmp_path / "trial" / "relay").is_dir() and relayed.type().value == "docker"
+    assert made(None)._host_mounts == []

@@ -4,8 +4,9 @@ A small Llama (random weights, seeded) with TRL's fused LM head at temperature 0
 batch two ways: TRL's `GRPOTrainer._get_per_token_logps_and_entropies` (unbound, on a minimal
 trainer state) and `shared_prefix_logps`. The batch is two groups of rows, each group sharing a
 left-padded prompt, with right-padded completions of different lengths. Prints, as JSON: the
-largest |difference| of the logprobs, of their entropies and of the gradients of a GRPO-like loss over them, the
-largest gradient, and what `shared_prefix_logps` returns for rows whose prompts differ.
+largest |difference| of the logprobs, of their entropies and of the gradients of a GRPO-like loss
+over them, the largest gradient, and what `shared_prefix_logps` returns for rows whose prompts
+differ.
 """
 
 from __future__ import annotations
