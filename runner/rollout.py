@@ -455,6 +455,14 @@ def environment_config(sandbox: str, kwargs: dict[str, Any] | None = None) -> An
         raise RolloutSetupError("bad_plan", str(exc)) from None
 
 
+def loopback_port(proxy_url: str | None) -> int | None:
+    """The proxy's port when it listens on this host's loopback (what a sandbox can relay in)."""
+    parsed = urlsplit(proxy_url or "")
+    if parsed.port and parsed.hostname and is_loopback(parsed.hostname):
+        return parsed.port
+    return None
+
+
 def host_sandbox_kwargs(spec: RolloutSpec, proxy_url: str | None) -> dict[str, Any]:
     """Host sandbox kwargs: the proxy's loopback port carried into a trial cut off from the
     network, agent CLIs cut off by default (they need nothing but the proxy), and the data dir
@@ -464,9 +472,8 @@ def host_sandbox_kwargs(spec: RolloutSpec, proxy_url: str | None) -> dict[str, A
     kwargs = dict(spec.rollout.sandbox_kwargs or {})
     if spec.data_dir is not None and not _holds_agent_installs(spec, spec.data_dir):
         kwargs["hidden_paths"] = [*kwargs.get("hidden_paths", ()), str(spec.data_dir)]
-    parsed = urlsplit(proxy_url or "")
-    if parsed.port and parsed.hostname and is_loopback(parsed.hostname):
-        kwargs.setdefault("loopback_ports", [parsed.port])
+    if (port := loopback_port(proxy_url)) is not None:
+        kwargs.setdefault("loopback_ports", [port])
         if get_harness(spec.rollout.harness).placement is Placement.HOST_INSTALL:
             kwargs.setdefault("network", "none")
     return kwargs
@@ -482,13 +489,12 @@ def docker_environment(spec: RolloutSpec, proxy_url: str | None) -> Any:
 
     abandoned_containers.remove_abandoned()
     kwargs = dict(spec.rollout.sandbox_kwargs or {})
-    parsed = urlsplit(proxy_url or "")
-    on_loopback = bool(parsed.port and parsed.hostname and is_loopback(parsed.hostname))
+    proxy_port = loopback_port(proxy_url)
     try:
         network = docker_sandbox.network_mode(
             str(kwargs.pop("network", "auto")),
             agent_in_container=get_harness(spec.rollout.harness).placement is Placement.HOST_INSTALL,
-            proxy_port=parsed.port if on_loopback else None,
+            proxy_port=proxy_port,
         )
     except ValueError as exc:
         raise RolloutSetupError("bad_plan", str(exc)) from None
@@ -496,7 +502,7 @@ def docker_environment(spec: RolloutSpec, proxy_url: str | None) -> Any:
     return docker_sandbox.environment_config(
         harness=spec.rollout.harness,
         network=network,
-        proxy_port=parsed.port if on_loopback else None,
+        proxy_port=proxy_port,
         kwargs=kwargs,
         agents_dir=Path(agents_dir) if agents_dir else None,
     )

@@ -33,6 +33,10 @@ RELAY_READY_TIMEOUT_S = 30.0
 """How long the inner relay gets to say it listens: Python's start in a container, seconds."""
 
 
+def _relay_failed(port: int, why: str) -> RuntimeError:
+    return RuntimeError(f"docker sandbox could not relay the proxy's port {port} into the container: {why}")
+
+
 class RelayedDockerEnvironment(DockerEnvironment):
     """Harbor's `DockerEnvironment`; with `loopback_ports`, each of those host loopback ports is
     relayed into the container (whose compose overlay gives it no network)."""
@@ -77,11 +81,11 @@ class RelayedDockerEnvironment(DockerEnvironment):
                 timeout_sec=int(RELAY_READY_TIMEOUT_S),
             )
             if started.return_code != 0:
-                raise RuntimeError(
-                    f"docker sandbox could not relay the proxy's port {port} into the container: "
-                    f"{(started.stderr or started.stdout or '').strip() or f'exit {started.return_code}'} "
-                    "(the relay runs on the image's python3; give the image one, or pass the sandbox "
-                    "option network=host)"
+                said = (started.stderr or started.stdout or "").strip() or f"exit {started.return_code}"
+                raise _relay_failed(
+                    port,
+                    f"{said} (the relay runs on the image's python3; give the image one, or pass the "
+                    "sandbox option network=host)",
                 )
             await self._until_ready(port, log)
 
@@ -95,10 +99,8 @@ class RelayedDockerEnvironment(DockerEnvironment):
             if text.startswith("ready"):
                 return
             await asyncio.sleep(0.1)
-        raise RuntimeError(
-            f"docker sandbox could not relay the proxy's port {port} into the container: "
-            f"{text.strip()[-500:] or f'its relay said nothing in {RELAY_READY_TIMEOUT_S:g} s'}"
-        )
+        silent = f"its relay said nothing in {RELAY_READY_TIMEOUT_S:g} s"
+        raise _relay_failed(port, text.strip()[-500:] or silent)
 
     async def stop(self, delete: bool) -> Any:
         try:
